@@ -1,0 +1,46 @@
+# PandaStack. `make up` sets up this host (Debian 12) and starts the
+# all-in-one server; `make test` runs every test. See README.md.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+DATA_DIR ?= /var/lib/pandastack
+IMAGES   ?= $(DATA_DIR)/images
+GO       ?= go
+GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
+
+.PHONY: all build setup up test test-go bench clean check-go
+
+all: build
+
+check-go:
+	@command -v $(GO) >/dev/null || { echo "Go is missing: install Go 1.26 into /usr/local/go (see README)"; exit 1; }
+
+build: check-go bin/panda bin/panda-guest
+
+bin/panda: $(GOFILES)
+	$(GO) build -o $@ ./cmd/panda
+
+# The guest agent is static: it runs as PID 1 in guests without a libc.
+bin/panda-guest: $(GOFILES)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/panda-guest
+
+# setup installs missing host packages and builds the guest images. Idempotent.
+setup: build
+	@IMAGES=$(IMAGES) scripts/setup.sh deps
+	@IMAGES=$(IMAGES) scripts/setup.sh kernel
+	@mkdir -p $(IMAGES) && (cmp -s bin/panda-guest $(IMAGES)/panda-guest || install -m 0755 bin/panda-guest $(IMAGES)/panda-guest)
+	@IMAGES=$(IMAGES) scripts/setup.sh initramfs $(IMAGES)/panda-guest
+	@IMAGES=$(IMAGES) scripts/setup.sh rootfs tiny
+	@IMAGES=$(IMAGES) scripts/setup.sh rootfs base
+
+up: setup
+	bin/panda up --data-dir $(DATA_DIR)
+
+test: setup
+	PANDA_TEST_IMAGES=$(IMAGES) $(GO) test -count=1 -timeout 40m ./...
+
+bench: setup
+	bin/panda bench create --data-dir $(DATA_DIR) --template base --n 50
+
+clean:
+	rm -rf bin

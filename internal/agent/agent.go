@@ -1,0 +1,755 @@
+// Package agent is the host agent: it owns the sandboxes of one host, from
+// restore to kill. It keeps templates baked (package template), gives each
+// sandbox a reflink clone of its template's disk and a copy-on-write mapping
+// of its template's memory (package volume, package vmm), talks to the guest
+// agent in each sandbox (package guestproto), notices VMMs that die, and
+// re-adopts the VMMs of an earlier run after a restart. It keeps no durable
+// catalog: each sandbox's directory describes it (sandbox.json), and the
+// control plane's catalog is reconciled against Recover.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/volume"
+	"golang.org/x/sys/unix"
+)
+
+// Errors, classified for the API layer.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("wrong state")
+	ErrInvalid  = errors.New("invalid request")
+	ErrNoSpace  = errors.New("out of disk space")
+)
+
+// Config configures an Agent.
+type Config struct {
+	// DataDir holds everything the agent keeps: the store volume
+	// (templates, sandboxes) and run directories.
+	DataDir string
+	// ImagesDir holds the outputs of `make setup` (default DataDir/images).
+	ImagesDir string
+	// RunDir holds per-sandbox sockets (default DataDir/run). Keep it
+	// short: unix socket paths are limited to 108 bytes.
+	RunDir string
+	// Accel is auto (probe KVM once, cache the answer), kvm or tcg.
+	Accel vmm.Accel
+	// QEMU is the QEMU binary (default qemu-system-x86_64).
+	QEMU string
+	// VolumeSize is the size of the XFS image made when DataDir cannot
+	// reflink (0: automatic).
+	VolumeSize int64
+	// MinFreeBytes is the free space below which creates fail with
+	// ErrNoSpace (default 256 MiB).
+	MinFreeBytes int64
+	// DefaultTemplate, DefaultMemoryMiB and DefaultVCPUs fill in create
+	// requests that leave them out.
+	DefaultTemplate  string
+	DefaultMemoryMiB int
+	DefaultVCPUs     int
+	// OnExit, if set, is called (from its own goroutine) when a sandbox's
+	// VMM exits without being killed through the agent.
+	OnExit func(id string, err error)
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.ImagesDir == "" {
+		c.ImagesDir = filepath.Join(c.DataDir, "images")
+	}
+	if c.RunDir == "" {
+		c.RunDir = filepath.Join(c.DataDir, "run")
+	}
+	if c.Accel == "" {
+		c.Accel = vmm.AccelAuto
+	}
+	if c.MinFreeBytes == 0 {
+		c.MinFreeBytes = 256 << 20
+	}
+	if c.DefaultTemplate == "" {
+		c.DefaultTemplate = "base"
+	}
+	if c.DefaultMemoryMiB == 0 {
+		c.DefaultMemoryMiB = 1024
+	}
+	if c.DefaultVCPUs == 0 {
+		c.DefaultVCPUs = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Agent manages the sandboxes of this host. Safe for concurrent use.
+type Agent struct {
+	cfg       Config
+	log       *slog.Logger
+	vol       *volume.Volume
+	driver    *qemu.Driver
+	accel     vmm.Accel
+	templates *template.Store
+	images    template.Images
+	sbDir     string
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+	closed    bool
+}
+
+// Open prepares the host: opens (and if needed mounts) the store volume,
+// resolves the accelerator, and opens the template store. It starts no
+// goroutines and no VMs.
+func Open(ctx context.Context, cfg Config) (*Agent, error) {
+	cfg.setDefaults()
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, images: template.Images{Dir: cfg.ImagesDir}}
+	if _, err := os.Stat(a.images.Kernel()); err != nil {
+		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
+	}
+	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
+	a.driver = drv
+	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
+	accel, why, err := drv.ResolveAccel(ctx, cfg.Accel, a.images.Kernel(), filepath.Join(cfg.DataDir, "accel.cache"))
+	if err != nil {
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
+	a.accel = accel
+	a.log.Info("accelerator", "accel", accel, "why", why)
+	vol, err := volume.Open(ctx, cfg.DataDir, volume.Options{ImageSize: cfg.VolumeSize, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
+	a.vol = vol
+	a.sbDir = filepath.Join(vol.Dir, "sandboxes")
+	template.SetTSCkHz(qemu.TSCkHz)
+	ts, err := template.NewStore(template.Config{
+		Dir:    filepath.Join(vol.Dir, "templates"),
+		RunDir: cfg.RunDir,
+		Images: a.images,
+		Driver: drv,
+		Accel:  accel,
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		vol.Close()
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
+	a.templates = ts
+	if err := os.MkdirAll(a.sbDir, 0o755); err != nil {
+		vol.Close()
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
+	return a, nil
+}
+
+// Accel is the accelerator sandboxes run with.
+func (a *Agent) Accel() vmm.Accel { return a.accel }
+
+// StoreDir is the reflink volume's directory.
+func (a *Agent) StoreDir() string { return a.vol.Dir }
+
+// Templates exposes the template store.
+func (a *Agent) Templates() *template.Store { return a.templates }
+
+// TemplateParams fills in defaults for a template request.
+func (a *Agent) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+	if name == "" {
+		name = a.cfg.DefaultTemplate
+	}
+	if memoryMiB == 0 {
+		memoryMiB = a.cfg.DefaultMemoryMiB
+	}
+	if vcpus == 0 {
+		vcpus = a.cfg.DefaultVCPUs
+	}
+	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+}
+
+// State of a sandbox.
+type State string
+
+const (
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+)
+
+// Info describes a sandbox.
+type Info struct {
+	ID        string    `json:"id"`
+	Template  string    `json:"template"`
+	MemoryMiB int       `json:"memory_mib"`
+	VCPUs     int       `json:"vcpus"`
+	State     State     `json:"state"`
+	CreatedAt time.Time `json:"created_at"`
+	PID       int       `json:"pid"`
+	Hostname  string    `json:"hostname"`
+}
+
+// record is what sandbox.json holds: enough to adopt the VMM again.
+type record struct {
+	ID        string            `json:"id"`
+	Template  string            `json:"template"`
+	Spec      vmm.Spec          `json:"spec"`
+	Hostname  string            `json:"hostname"`
+	MachineID string            `json:"machine_id"`
+	Env       map[string]string `json:"env,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+type sandbox struct {
+	rec    record
+	dir    string // store directory: disk, memory link, state, sandbox.json
+	runDir string
+
+	mu      sync.Mutex
+	state   State
+	m       vmm.Machine
+	client  *guestproto.Client
+	killing bool
+}
+
+func (s *sandbox) info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pid := 0
+	if s.m != nil {
+		pid = s.m.PID()
+	}
+	return Info{
+		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
+		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
+	}
+}
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	// ID is the sandbox id (lowercase letters and digits); empty picks one.
+	ID        string
+	Template  string
+	MemoryMiB int
+	VCPUs     int
+	// Env is the default environment of every exec in the sandbox.
+	Env map[string]string
+	// Progress receives bake progress if the template must be baked first.
+	Progress template.Progress
+}
+
+// NewID returns a fresh sandbox id: 20 lowercase letters and digits.
+func NewID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+// ValidID reports whether id has the form of a sandbox id.
+func ValidID(id string) bool {
+	if len(id) < 1 || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// Create restores a new sandbox from a template and returns once its guest
+// agent has answered (clock set, RNG reseeded, identity written).
+func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	p := a.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
+	if err := p.Validate(); err != nil {
+		return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
+	}
+	if req.ID == "" {
+		req.ID = NewID()
+	} else if !ValidID(req.ID) {
+		return Info{}, fmt.Errorf("create sandbox: %w: id %q must be lowercase letters and digits", ErrInvalid, req.ID)
+	}
+	tmpl, err := a.templates.Get(ctx, p, req.Progress)
+	if err != nil {
+		if errors.Is(err, template.ErrNotFound) {
+			return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrNotFound, err)
+		}
+		if errors.Is(err, template.ErrInvalid) {
+			return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
+		}
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := a.checkSpace(); err != nil {
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	s := &sandbox{
+		rec: record{
+			ID: req.ID, Template: p.Key(), Hostname: req.ID, MachineID: randHex(16),
+			Env: req.Env, CreatedAt: time.Now().UTC(),
+		},
+		dir:    filepath.Join(a.sbDir, req.ID),
+		runDir: filepath.Join(a.cfg.RunDir, req.ID),
+		state:  StateStarting,
+	}
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return Info{}, fmt.Errorf("create sandbox: %w: host agent is shutting down", ErrConflict)
+	}
+	if _, dup := a.sandboxes[req.ID]; dup {
+		a.mu.Unlock()
+		return Info{}, fmt.Errorf("create sandbox: %w: id %s in use", ErrConflict, req.ID)
+	}
+	a.sandboxes[req.ID] = s
+	a.mu.Unlock()
+
+	if err := a.restore(ctx, s, tmpl); err != nil {
+		a.discard(s)
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	return s.info(), nil
+}
+
+func (a *Agent) checkSpace() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(a.vol.Dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", a.vol.Dir, err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if free < a.cfg.MinFreeBytes {
+		return fmt.Errorf("%w: %d MiB free in %s, need at least %d MiB; kill sandboxes or delete snapshots",
+			ErrNoSpace, free>>20, a.vol.Dir, a.cfg.MinFreeBytes>>20)
+	}
+	return nil
+}
+
+// restore sets up s's files from tmpl and starts its VMM.
+func (a *Agent) restore(ctx context.Context, s *sandbox, tmpl *template.Template) error {
+	t0 := time.Now()
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.runDir, 0o755); err != nil {
+		return err
+	}
+	disk := filepath.Join(s.dir, "rootfs.ext4")
+	if err := volume.Clone(tmpl.RootFS(), disk); err != nil {
+		return classifyIOError(err)
+	}
+	// A hard link to the template's memory keeps the same inode, hence the
+	// same page cache, and survives a re-bake that replaces the template.
+	mem := filepath.Join(s.dir, "vm.mem")
+	if err := os.Link(tmpl.MemFile(), mem); err != nil {
+		return classifyIOError(fmt.Errorf("link memory image: %w", err))
+	}
+	state := filepath.Join(s.dir, "vm.state")
+	if err := os.Link(tmpl.StateFile(), state); err != nil {
+		return classifyIOError(fmt.Errorf("link device state: %w", err))
+	}
+	spec := tmpl.Spec(a.images)
+	spec.MemoryFile = mem
+	spec.Disk = disk
+	spec.RunDir = s.runDir
+	s.rec.Spec = spec
+	if err := writeJSON(filepath.Join(s.dir, "sandbox.json"), s.rec); err != nil {
+		return classifyIOError(err)
+	}
+	tFiles := time.Since(t0)
+
+	m, err := a.driver.Start(ctx, spec)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.m = m
+	s.mu.Unlock()
+	tStart := time.Since(t0)
+	// Connect before loading: the guest then never sees the host side of
+	// its serial port go away across the restore.
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", m.AgentSocket())
+	if err != nil {
+		return fmt.Errorf("connect to guest agent: %w", err)
+	}
+	client := guestproto.NewClient(conn)
+	s.mu.Lock()
+	s.client = client
+	s.mu.Unlock()
+	if err := m.LoadState(ctx, state); err != nil {
+		return err
+	}
+	tLoad := time.Since(t0)
+	if err := m.Resume(ctx); err != nil {
+		return err
+	}
+	if err := a.hello(ctx, s, client); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.state = StateRunning
+	s.mu.Unlock()
+	go a.watch(s, m)
+	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart),
+		"load_ms", ms(tLoad), "ready_ms", ms(time.Since(t0)))
+	return nil
+}
+
+func (a *Agent) hello(ctx context.Context, s *sandbox, client *guestproto.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	reply, err := client.Hello(ctx, guestproto.HelloRequest{
+		Hostname: s.rec.Hostname, MachineID: s.rec.MachineID, SandboxID: s.rec.ID, Env: s.rec.Env,
+	})
+	if err != nil {
+		return fmt.Errorf("guest agent: %w", err)
+	}
+	for _, e := range reply.HookErrors {
+		a.log.Warn("guest restore hook failed", "sandbox_id", s.rec.ID, "err", e)
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// watch waits for the VMM to exit. An exit the agent did not ask for
+// removes the sandbox and reports it through Config.OnExit.
+func (a *Agent) watch(s *sandbox, m vmm.Machine) {
+	<-m.Done()
+	s.mu.Lock()
+	killing := s.killing
+	s.mu.Unlock()
+	if killing {
+		return
+	}
+	err := m.ExitError()
+	a.log.Warn("sandbox vmm exited", "sandbox_id", s.rec.ID, "err", err)
+	a.discard(s)
+	if a.cfg.OnExit != nil {
+		a.cfg.OnExit(s.rec.ID, err)
+	}
+}
+
+// discard stops s (if running) and removes everything it created.
+func (a *Agent) discard(s *sandbox) {
+	s.mu.Lock()
+	s.killing = true
+	s.state = StateStopping
+	m, client := s.m, s.client
+	s.mu.Unlock()
+	if client != nil {
+		client.Close()
+	}
+	if m != nil {
+		m.Kill()
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		a.log.Error("remove sandbox files", "sandbox_id", s.rec.ID, "err", err)
+	}
+	os.RemoveAll(s.runDir)
+	s.mu.Lock()
+	s.state = StateStopped
+	s.mu.Unlock()
+	a.mu.Lock()
+	if a.sandboxes[s.rec.ID] == s {
+		delete(a.sandboxes, s.rec.ID)
+	}
+	a.mu.Unlock()
+}
+
+func (a *Agent) get(id string) (*sandbox, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	return s, nil
+}
+
+// Get describes one sandbox.
+func (a *Agent) Get(id string) (Info, error) {
+	s, err := a.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	return s.info(), nil
+}
+
+// List describes every sandbox, oldest first.
+func (a *Agent) List() []Info {
+	a.mu.Lock()
+	all := make([]*sandbox, 0, len(a.sandboxes))
+	for _, s := range a.sandboxes {
+		all = append(all, s)
+	}
+	a.mu.Unlock()
+	out := make([]Info, 0, len(all))
+	for _, s := range all {
+		out = append(out, s.info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+// Kill stops a sandbox and removes its files. Killing an unknown sandbox
+// is ErrNotFound.
+func (a *Agent) Kill(ctx context.Context, id string) error {
+	s, err := a.get(id)
+	if err != nil {
+		return err
+	}
+	a.discard(s)
+	return nil
+}
+
+// Guest returns the guest agent client of a running sandbox.
+func (a *Agent) Guest(id string) (*guestproto.Client, error) {
+	s, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateRunning || s.client == nil {
+		return nil, fmt.Errorf("sandbox %s is %s: %w", id, s.state, ErrConflict)
+	}
+	return s.client, nil
+}
+
+// Exec runs a command in a sandbox; see guestproto.Client.Exec.
+func (a *Agent) Exec(ctx context.Context, id string, req guestproto.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (guestproto.ExecResult, error) {
+	c, err := a.Guest(id)
+	if err != nil {
+		return guestproto.ExecResult{}, err
+	}
+	return c.Exec(ctx, req, stdin, stdout, stderr)
+}
+
+// Close kills every sandbox and unmounts the store volume. Idempotent.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	a.closed = true
+	all := make([]*sandbox, 0, len(a.sandboxes))
+	for _, s := range a.sandboxes {
+		all = append(all, s)
+	}
+	a.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.discard(s) }()
+	}
+	wg.Wait()
+	return a.vol.Close()
+}
+
+// Detach forgets every sandbox without stopping its VMM, so that a later
+// agent can adopt them (Recover). The volume stays mounted. Idempotent.
+func (a *Agent) Detach() {
+	a.mu.Lock()
+	a.closed = true
+	all := a.sandboxes
+	a.sandboxes = map[string]*sandbox{}
+	a.mu.Unlock()
+	for _, s := range all {
+		s.mu.Lock()
+		s.killing = true // the watcher must not clean up a detached sandbox
+		if s.client != nil {
+			s.client.Close()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Recovered is the outcome of Recover for one sandbox directory.
+type Recovered struct {
+	ID  string
+	Err error // nil: adopted and answering; else its files were removed
+}
+
+// Recover adopts the VMMs that an earlier agent left running, reconnects
+// to their guests, and removes the files of sandboxes whose VMM is gone.
+func (a *Agent) Recover(ctx context.Context) []Recovered {
+	ents, _ := os.ReadDir(a.sbDir)
+	var out []Recovered
+	for _, e := range ents {
+		id := e.Name()
+		dir := filepath.Join(a.sbDir, id)
+		err := a.adopt(ctx, id, dir)
+		if err != nil {
+			a.log.Warn("cannot adopt sandbox; removing it", "sandbox_id", id, "err", err)
+		}
+		out = append(out, Recovered{ID: id, Err: err})
+	}
+	// Run directories of sandboxes that no longer exist.
+	runs, _ := os.ReadDir(a.cfg.RunDir)
+	for _, e := range runs {
+		if _, err := a.get(e.Name()); err != nil {
+			if !isBakeRunDir(e.Name()) {
+				os.RemoveAll(filepath.Join(a.cfg.RunDir, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+func isBakeRunDir(name string) bool { return len(name) > 5 && name[:5] == "bake-" }
+
+func (a *Agent) adopt(ctx context.Context, id, dir string) error {
+	s := &sandbox{dir: dir, runDir: filepath.Join(a.cfg.RunDir, id), state: StateStarting}
+	b, err := os.ReadFile(filepath.Join(dir, "sandbox.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &s.rec)
+	}
+	if err != nil || s.rec.ID != id {
+		s.rec.ID = id
+		a.discardFiles(s)
+		return fmt.Errorf("read sandbox.json: %v", err)
+	}
+	a.mu.Lock()
+	a.sandboxes[id] = s
+	a.mu.Unlock()
+	m, err := a.driver.Adopt(ctx, s.rec.Spec)
+	if err != nil {
+		a.discard(s)
+		return err
+	}
+	s.mu.Lock()
+	s.m = m
+	s.mu.Unlock()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", m.AgentSocket())
+	if err != nil {
+		a.discard(s)
+		return fmt.Errorf("connect to guest agent: %w", err)
+	}
+	client := guestproto.NewClient(conn)
+	s.mu.Lock()
+	s.client = client
+	s.mu.Unlock()
+	if err := a.hello(ctx, s, client); err != nil {
+		a.discard(s)
+		return err
+	}
+	s.mu.Lock()
+	s.state = StateRunning
+	s.mu.Unlock()
+	go a.watch(s, m)
+	return nil
+}
+
+func (a *Agent) discardFiles(s *sandbox) {
+	os.RemoveAll(s.dir)
+	os.RemoveAll(s.runDir)
+}
+
+func classifyIOError(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+	}
+	return err
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// MemStats is the host memory a sandbox's VMM uses, from smaps_rollup.
+type MemStats struct {
+	RSSBytes     int64 `json:"rss_bytes"`
+	PSSBytes     int64 `json:"pss_bytes"`     // shared pages divided among their sharers
+	PrivateBytes int64 `json:"private_bytes"` // pages only this sandbox maps (what it dirtied, plus VMM heap)
+	SharedBytes  int64 `json:"shared_bytes"`  // pages mapped by others too (its template's memory image, binaries)
+}
+
+// Memory reports a sandbox's memory use.
+func (a *Agent) Memory(id string) (MemStats, error) {
+	s, err := a.get(id)
+	if err != nil {
+		return MemStats{}, err
+	}
+	s.mu.Lock()
+	m := s.m
+	s.mu.Unlock()
+	if m == nil {
+		return MemStats{}, fmt.Errorf("sandbox %s has no vmm: %w", id, ErrConflict)
+	}
+	return ReadMemStats(m.PID())
+}
+
+// ReadMemStats reads /proc/PID/smaps_rollup.
+func ReadMemStats(pid int) (MemStats, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return MemStats{}, fmt.Errorf("read memory of process %d: %w", pid, err)
+	}
+	var st MemStats
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) < 1 {
+			continue
+		}
+		kib, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		n := kib << 10
+		switch k {
+		case "Rss":
+			st.RSSBytes = n
+		case "Pss":
+			st.PSSBytes = n
+		case "Shared_Clean", "Shared_Dirty":
+			st.SharedBytes += n
+		case "Private_Clean", "Private_Dirty":
+			st.PrivateBytes += n
+		}
+	}
+	return st, nil
+}

@@ -1,0 +1,205 @@
+// Package qmp is a small client for the QEMU Machine Protocol over a unix
+// socket: capability negotiation, synchronous commands (optionally passing
+// file descriptors with SCM_RIGHTS) and an event stream. One Client serves
+// one connection; commands from several goroutines are serialized.
+package qmp
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Error is an error reply from QEMU.
+type Error struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("qmp %s: %s", e.Class, e.Desc) }
+
+// Event is an asynchronous QMP event.
+type Event struct {
+	Name string          `json:"event"`
+	Data json.RawMessage `json:"data"`
+}
+
+// ErrClosed is returned for commands on a closed or broken connection.
+var ErrClosed = errors.New("qmp connection closed")
+
+type reply struct {
+	Return json.RawMessage `json:"return"`
+	Error  *Error          `json:"error"`
+	Event  string          `json:"event"`
+	Data   json.RawMessage `json:"data"`
+	ID     json.RawMessage `json:"id"`
+}
+
+// Client is a QMP connection.
+type Client struct {
+	conn *net.UnixConn
+
+	mu      sync.Mutex // serializes commands
+	replies chan reply
+
+	events    chan Event
+	closeOnce sync.Once
+	done      chan struct{}
+	readErr   error
+}
+
+// Dial connects to the QMP socket at path, retrying until ctx is done (the
+// socket appears shortly after QEMU starts), and negotiates capabilities.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil {
+			cl, err := newClient(ctx, c.(*net.UnixConn))
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			return cl, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("dial qmp %s: %w", path, err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+func newClient(ctx context.Context, c *net.UnixConn) (*Client, error) {
+	cl := &Client{
+		conn:    c,
+		replies: make(chan reply, 1),
+		events:  make(chan Event, 64),
+		done:    make(chan struct{}),
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	// Greeting.
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetReadDeadline(dl)
+	}
+	line, err := br.ReadBytes('\n')
+	if err != nil {
+		return nil, fmt.Errorf("read qmp greeting: %w", err)
+	}
+	var greet struct {
+		QMP json.RawMessage `json:"QMP"`
+	}
+	if err := json.Unmarshal(line, &greet); err != nil || greet.QMP == nil {
+		return nil, fmt.Errorf("unexpected qmp greeting %q", line)
+	}
+	c.SetReadDeadline(time.Time{})
+	go cl.readLoop(br)
+	if err := cl.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+func (c *Client) readLoop(br *bufio.Reader) {
+	defer close(c.done)
+	defer close(c.events)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			c.readErr = err
+			return
+		}
+		var r reply
+		if err := json.Unmarshal(line, &r); err != nil {
+			continue
+		}
+		if r.Event != "" {
+			select {
+			case c.events <- Event{Name: r.Event, Data: r.Data}:
+			default: // nobody listening fast enough; events are advisory
+			}
+			continue
+		}
+		select {
+		case c.replies <- r:
+		default:
+		}
+	}
+}
+
+// Events returns the event stream. It is closed when the connection ends.
+// Events are dropped when the buffer is full.
+func (c *Client) Events() <-chan Event { return c.events }
+
+// Done is closed when the connection ends (QEMU exited or Close).
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Execute runs a command with args (marshalled to JSON, nil for none) and
+// decodes its return value into out (nil to ignore).
+func (c *Client) Execute(ctx context.Context, cmd string, args any, out any) error {
+	return c.ExecuteWithFDs(ctx, cmd, args, out, nil)
+}
+
+// ExecuteWithFDs is Execute that passes fds along with the command
+// (SCM_RIGHTS), as getfd and add-fd expect.
+func (c *Client) ExecuteWithFDs(ctx context.Context, cmd string, args any, out any, fds []int) error {
+	msg := map[string]any{"execute": cmd}
+	if args != nil {
+		msg["arguments"] = args
+	}
+	b, err := json.Marshal(msg)
+	if err != nil {
+		return fmt.Errorf("encode qmp %s: %w", cmd, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.done:
+		return ErrClosed
+	default:
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.conn.SetWriteDeadline(dl)
+	}
+	if len(fds) > 0 {
+		_, _, err = c.conn.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
+	} else {
+		_, err = c.conn.Write(b)
+	}
+	if err != nil {
+		return fmt.Errorf("send qmp %s: %w", cmd, err)
+	}
+	select {
+	case r := <-c.replies:
+		if r.Error != nil {
+			return fmt.Errorf("qmp %s: %w", cmd, r.Error)
+		}
+		if out != nil && len(r.Return) > 0 {
+			if err := json.Unmarshal(r.Return, out); err != nil {
+				return fmt.Errorf("decode qmp %s reply: %w", cmd, err)
+			}
+		}
+		return nil
+	case <-c.done:
+		return fmt.Errorf("qmp %s: %w", cmd, ErrClosed)
+	case <-ctx.Done():
+		// The reply may still arrive; the connection is now out of step,
+		// so close it rather than hand a stale reply to the next command.
+		c.conn.Close()
+		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
+	}
+}
+
+// Close closes the connection. Idempotent.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() { c.conn.Close() })
+	return nil
+}

@@ -1,0 +1,506 @@
+// Package template bakes and keeps templates: a guest booted once from a
+// kernel, an initramfs (with the guest agent) and a root filesystem image,
+// paused and saved as vm.mem (guest RAM, byte for byte), vm.state (device
+// state) and rootfs.ext4 (the disk as it was at the pause). A template is
+// immutable; sandboxes map its vm.mem copy-on-write and reflink its disk.
+// Its metadata records the content hashes of its inputs, and a template
+// whose inputs changed is stale: Get re-bakes it instead of using it.
+package template
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Images locates the build outputs of `make setup`.
+type Images struct {
+	Dir string // kernel/vmlinuz, initramfs.img, panda-guest, rootfs-NAME.ext4
+}
+
+func (i Images) Kernel() string            { return filepath.Join(i.Dir, "kernel", "vmlinuz") }
+func (i Images) Initramfs() string         { return filepath.Join(i.Dir, "initramfs.img") }
+func (i Images) Agent() string             { return filepath.Join(i.Dir, "panda-guest") }
+func (i Images) RootFS(name string) string { return filepath.Join(i.Dir, "rootfs-"+name+".ext4") }
+func (i Images) hashCachePath() string     { return filepath.Join(i.Dir, ".hashes.json") }
+func (i Images) rootfsNames() (names []string) {
+	m, _ := filepath.Glob(filepath.Join(i.Dir, "rootfs-*.ext4"))
+	for _, p := range m {
+		names = append(names, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), "rootfs-"), ".ext4"))
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Params selects a template: the root filesystem name and the machine
+// shape, which a restore cannot change.
+type Params struct {
+	Name      string `json:"name"`
+	MemoryMiB int    `json:"memory_mib"`
+	VCPUs     int    `json:"vcpus"`
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+
+// Key names the directory of a template with these parameters.
+func (p Params) Key() string { return fmt.Sprintf("%s-%dm-%dc", p.Name, p.MemoryMiB, p.VCPUs) }
+
+// Limits on template parameters.
+const (
+	MinMemoryMiB = 128
+	MaxMemoryMiB = 64 << 10
+	MaxVCPUs     = 32
+)
+
+// Validate checks p's fields (not that the root filesystem exists).
+func (p Params) Validate() error {
+	switch {
+	case !nameRE.MatchString(p.Name):
+		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", ErrInvalid, p.Name)
+	case p.MemoryMiB < MinMemoryMiB || p.MemoryMiB > MaxMemoryMiB:
+		return fmt.Errorf("%w: memory_mib %d must be between %d and %d", ErrInvalid, p.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	case p.VCPUs < 1 || p.VCPUs > MaxVCPUs:
+		return fmt.Errorf("%w: vcpus %d must be between 1 and %d", ErrInvalid, p.VCPUs, MaxVCPUs)
+	}
+	return nil
+}
+
+// Errors returned by the store.
+var (
+	ErrNotFound = errors.New("template not found")
+	ErrInvalid  = errors.New("invalid template parameters")
+)
+
+// Meta is a baked template's metadata (template.json).
+type Meta struct {
+	Params
+	Accel   vmm.Accel `json:"accel"`
+	Cmdline string    `json:"cmdline"`
+	// Inputs are the SHA-256 hashes of kernel, initramfs, agent and rootfs.
+	Inputs  map[string]string `json:"inputs"`
+	BakedAt time.Time         `json:"baked_at"`
+	BakeMS  int64             `json:"bake_ms"`
+	// BootID of the guest that was snapshotted.
+	BootID string `json:"boot_id"`
+}
+
+// Template is a baked template on disk.
+type Template struct {
+	Meta
+	Dir string
+}
+
+func (t *Template) MemFile() string   { return filepath.Join(t.Dir, "vm.mem") }
+func (t *Template) StateFile() string { return filepath.Join(t.Dir, "vm.state") }
+func (t *Template) RootFS() string    { return filepath.Join(t.Dir, "rootfs.ext4") }
+
+// Spec returns the machine spec every restore of t must use; the caller
+// fills in the per-machine fields (Disk, RunDir, ConsoleLog).
+func (t *Template) Spec(images Images) vmm.Spec {
+	return vmm.Spec{
+		Kernel: images.Kernel(), Initramfs: images.Initramfs(), Cmdline: t.Cmdline,
+		MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, Accel: t.Accel,
+		MemoryFile: t.MemFile(), Incoming: true,
+	}
+}
+
+// Config configures a Store.
+type Config struct {
+	Dir    string // where templates live; must be on the reflink volume
+	RunDir string // parent of short-lived run directories for bakes
+	Images Images
+	Driver vmm.Driver
+	Accel  vmm.Accel // kvm or tcg
+	// BakeTimeout bounds one boot attempt (default 120 s).
+	BakeTimeout time.Duration
+	// ExtraCmdline is appended to the guest kernel command line.
+	ExtraCmdline string
+	Logger       *slog.Logger
+}
+
+// Store holds templates. Safe for concurrent use; concurrent Gets of one
+// template wait for a single bake.
+type Store struct {
+	cfg    Config
+	hashes *hashCache
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	baking map[string]*bake
+}
+
+type bake struct {
+	done chan struct{}
+	t    *Template
+	err  error
+}
+
+// NewStore returns a store. It starts nothing.
+func NewStore(cfg Config) (*Store, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BakeTimeout == 0 {
+		cfg.BakeTimeout = 120 * time.Second
+	}
+	if cfg.Accel != vmm.AccelKVM && cfg.Accel != vmm.AccelTCG {
+		return nil, fmt.Errorf("template store: accel must be kvm or tcg, got %q", cfg.Accel)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("template store: %w", err)
+	}
+	return &Store{
+		cfg:    cfg,
+		hashes: &hashCache{path: cfg.Images.hashCachePath()},
+		log:    cfg.Logger,
+		baking: map[string]*bake{},
+	}, nil
+}
+
+// Names lists the templates that can be baked (one per root filesystem).
+func (s *Store) Names() []string { return s.cfg.Images.rootfsNames() }
+
+// Progress receives human-readable progress lines during a bake.
+type Progress func(msg string)
+
+// Get returns the template for p, baking it first if it is missing or
+// stale. progress may be nil.
+func (s *Store) Get(ctx context.Context, p Params, progress Progress) (*Template, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	t, reason, err := s.Lookup(p)
+	if err != nil {
+		return nil, err
+	}
+	if reason == "" {
+		return t, nil
+	}
+	return s.bakeOnce(ctx, p, reason, progress)
+}
+
+// Bake re-bakes the template for p even if it is fresh.
+func (s *Store) Bake(ctx context.Context, p Params, progress Progress) (*Template, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(s.cfg.Images.RootFS(p.Name)); err != nil {
+		return nil, s.unknown(p.Name)
+	}
+	return s.bakeOnce(ctx, p, "bake requested", progress)
+}
+
+func (s *Store) unknown(name string) error {
+	names := s.Names()
+	if len(names) == 0 {
+		return fmt.Errorf("%w: %q: no root filesystems in %s (run make setup)", ErrNotFound, name, s.cfg.Images.Dir)
+	}
+	return fmt.Errorf("%w: %q (available: %s)", ErrNotFound, name, strings.Join(names, ", "))
+}
+
+// Lookup returns the baked template for p and why it cannot be used as
+// is ("" when it is fresh; t is nil when it was never baked).
+func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
+	if _, err := os.Stat(s.cfg.Images.RootFS(p.Name)); err != nil {
+		return nil, "", s.unknown(p.Name)
+	}
+	dir := filepath.Join(s.cfg.Dir, p.Key())
+	b, err := os.ReadFile(filepath.Join(dir, "template.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, "not baked yet", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("read template %s: %w", p.Key(), err)
+	}
+	t = &Template{Dir: dir}
+	if err := json.Unmarshal(b, &t.Meta); err != nil {
+		return nil, "corrupt metadata", nil
+	}
+	inputs, err := s.inputs(p.Name)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, k := range []string{"kernel", "initramfs", "agent", "rootfs"} {
+		if t.Inputs[k] != inputs[k] {
+			return t, k + " changed since the template was baked", nil
+		}
+	}
+	if t.Accel != s.cfg.Accel {
+		return t, fmt.Sprintf("baked for %s, running %s", t.Accel, s.cfg.Accel), nil
+	}
+	if t.Cmdline != s.cmdline() {
+		return t, "kernel command line changed", nil
+	}
+	return t, "", nil
+}
+
+// List returns the metadata of every baked template.
+func (s *Store) List() ([]Template, error) {
+	ents, err := os.ReadDir(s.cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	var out []Template
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(s.cfg.Dir, e.Name(), "template.json"))
+		if err != nil {
+			continue
+		}
+		t := Template{Dir: filepath.Join(s.cfg.Dir, e.Name())}
+		if json.Unmarshal(b, &t.Meta) == nil {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) inputs(name string) (map[string]string, error) {
+	im := s.cfg.Images
+	out := map[string]string{}
+	for k, path := range map[string]string{
+		"kernel": im.Kernel(), "initramfs": im.Initramfs(), "agent": im.Agent(), "rootfs": im.RootFS(name),
+	} {
+		h, err := s.hashes.hash(path)
+		if err != nil {
+			return nil, fmt.Errorf("template input %s: %w (run make setup)", k, err)
+		}
+		out[k] = h
+	}
+	return out, nil
+}
+
+func (s *Store) cmdline() string {
+	c := "console=ttyS0 quiet loglevel=3 panic=-1 pci=off reboot=t mitigations=off 8250.nr_uarts=1"
+	if s.cfg.Accel == vmm.AccelTCG {
+		if khz := tscKHz(); khz > 0 {
+			c += fmt.Sprintf(" tsc_early_khz=%d", khz)
+		}
+	}
+	if s.cfg.ExtraCmdline != "" {
+		c += " " + s.cfg.ExtraCmdline
+	}
+	return c
+}
+
+// tscKHz is replaced in tests; see qemu.TSCkHz.
+var tscKHz = func() int { return 0 }
+
+// SetTSCkHz sets the TSC frequency written into TCG guests' command lines.
+func SetTSCkHz(f func() int) { tscKHz = f }
+
+func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress Progress) (*Template, error) {
+	key := p.Key()
+	s.mu.Lock()
+	if b, ok := s.baking[key]; ok {
+		s.mu.Unlock()
+		if progress != nil {
+			progress("waiting for a bake of " + key + " already in progress")
+		}
+		select {
+		case <-b.done:
+			return b.t, b.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	b := &bake{done: make(chan struct{})}
+	s.baking[key] = b
+	s.mu.Unlock()
+
+	b.t, b.err = s.bake(ctx, p, reason, progress)
+	s.mu.Lock()
+	delete(s.baking, key)
+	s.mu.Unlock()
+	close(b.done)
+	return b.t, b.err
+}
+
+func (s *Store) bake(ctx context.Context, p Params, reason string, progress Progress) (*Template, error) {
+	say := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		s.log.Info("bake: "+msg, "template", p.Key())
+		if progress != nil {
+			progress(msg)
+		}
+	}
+	start := time.Now()
+	say("baking template %s (%s)", p.Key(), reason)
+	inputs, err := s.inputs(p.Name)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(s.cfg.Dir, ".bake-"+p.Key()+"-")
+	if err != nil {
+		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+	}
+	defer os.RemoveAll(tmp)
+	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs}}
+
+	var bootID string
+	const attempts = 2 // TCG boots occasionally hang in early timer calibration
+	for attempt := 1; ; attempt++ {
+		os.Remove(t.RootFS())
+		os.Remove(t.MemFile())
+		os.Remove(t.StateFile())
+		say("copying root filesystem %s", filepath.Base(s.cfg.Images.RootFS(p.Name)))
+		if err := copySparse(s.cfg.Images.RootFS(p.Name), t.RootFS()); err != nil {
+			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+		}
+		if err := createSparse(t.MemFile(), int64(p.MemoryMiB)<<20); err != nil {
+			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+		}
+		say("booting guest (attempt %d of %d, %s, %d MiB, %d vCPU)", attempt, attempts, s.cfg.Accel, p.MemoryMiB, p.VCPUs)
+		bootID, err = s.bootAndSave(ctx, t, tmp)
+		if err == nil {
+			break
+		}
+		if attempt == attempts || ctx.Err() != nil {
+			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+		}
+		say("boot failed, retrying: %v", err)
+	}
+	t.BootID = bootID
+	t.BakedAt = time.Now().UTC()
+	t.BakeMS = time.Since(start).Milliseconds()
+	b, _ := json.MarshalIndent(t.Meta, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "template.json"), b, 0o644); err != nil {
+		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+	}
+	final := filepath.Join(s.cfg.Dir, p.Key())
+	// Sandboxes hold the old vm.mem open and mapped: moving the directory
+	// aside keeps their files intact (a restored sandbox never needs the
+	// template again once its own files are set up).
+	old := ""
+	if _, err := os.Stat(final); err == nil {
+		old = filepath.Join(s.cfg.Dir, ".old-"+p.Key()+"-"+randHex(4))
+		if err := os.Rename(final, old); err != nil {
+			return nil, fmt.Errorf("bake %s: replace: %w", p.Key(), err)
+		}
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+	}
+	if old != "" {
+		os.RemoveAll(old)
+	}
+	t.Dir = final
+	say("baked %s in %.1fs", p.Key(), time.Since(start).Seconds())
+	return t, nil
+}
+
+// bootAndSave cold-boots t's guest with RAM written through to vm.mem,
+// waits for the agent, quiesces the channel, pauses and saves device state.
+func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string) (bootID string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.BakeTimeout)
+	defer cancel()
+	runDir, err := os.MkdirTemp(s.cfg.RunDir, "bake-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(runDir)
+	spec := t.Spec(s.cfg.Images)
+	spec.Incoming = false
+	spec.MemoryShared = true
+	spec.Disk = t.RootFS()
+	spec.RunDir = runDir
+	spec.ConsoleLog = filepath.Join(dir, "console.log")
+	m, err := s.cfg.Driver.Start(ctx, spec)
+	if err != nil {
+		return "", err
+	}
+	defer m.Kill()
+	conn, err := dialUnix(ctx, m.AgentSocket())
+	if err != nil {
+		return "", err
+	}
+	client := guestproto.NewClient(conn)
+	defer client.Close()
+	// Fail fast if the VMM dies while we wait for the agent.
+	go func() {
+		select {
+		case <-m.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	reply, err := client.Hello(ctx, guestproto.HelloRequest{Hostname: "panda-template", SandboxID: "template"})
+	if err != nil {
+		if e := m.ExitError(); e != nil {
+			return "", fmt.Errorf("guest agent did not start: vmm exited: %v (console: %s)", e, tail(spec.ConsoleLog))
+		}
+		return "", fmt.Errorf("guest agent did not answer: %w (console: %s)", err, tail(spec.ConsoleLog))
+	}
+	// Warm the guest: the first exec after a restore pays for loading the
+	// shell and its libraries from disk unless they are in the snapshot's
+	// page cache already.
+	for _, argv := range [][]string{{"true"}, {"/bin/sh", "-c", "true"}} {
+		if _, err := client.Exec(ctx, guestproto.ExecRequest{Argv: argv}, nil, nil, nil); err != nil {
+			return "", fmt.Errorf("warm-up exec %v: %w", argv, err)
+		}
+	}
+	if err := client.Barrier(ctx); err != nil {
+		return "", fmt.Errorf("quiesce agent: %w", err)
+	}
+	if err := m.Pause(ctx); err != nil {
+		return "", err
+	}
+	if err := m.SaveState(ctx, t.StateFile()); err != nil {
+		return "", err
+	}
+	return reply.BootID, nil
+}
+
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("connect to guest agent socket: %w", err)
+	}
+	return c, nil
+}
+
+func createSparse(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// tail returns the last lines of a console log for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no console log)"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 8 {
+		lines = lines[len(lines)-8:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

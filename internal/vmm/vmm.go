@@ -1,0 +1,117 @@
+// Package vmm defines the contract between the host agent and a virtual
+// machine monitor: start a machine (cold boot or waiting for saved state),
+// pause, save and load device state, resume, and stop. Guest RAM always lives
+// in a file (Spec.MemoryFile) so that a snapshot is that file plus the small
+// device state written by SaveState. Implementations live in subpackages
+// (vmm/qemu); they import this package, never the reverse.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Accel is the CPU virtualization back end.
+type Accel string
+
+const (
+	AccelAuto Accel = "auto" // probe KVM by booting a canary guest, else TCG
+	AccelKVM  Accel = "kvm"
+	AccelTCG  Accel = "tcg"
+)
+
+// Spec describes one machine. The same Spec (except the *Path fields
+// that name per-machine files, MemoryShared and Incoming) must be used to
+// restore a state that was saved from it: device layout, memory size and
+// vCPU count are part of the saved state.
+type Spec struct {
+	Kernel    string // path of the guest kernel (bzImage)
+	Initramfs string // path of the initramfs
+	Cmdline   string // kernel command line
+	MemoryMiB int
+	VCPUs     int
+	Accel     Accel // must be kvm or tcg (resolve auto before Start)
+
+	// MemoryFile backs guest RAM. With MemoryShared the guest writes
+	// through to the file (used when baking a template); otherwise the file
+	// is mapped copy-on-write (MAP_PRIVATE) and never modified.
+	MemoryFile   string
+	MemoryShared bool
+
+	// Disk is the root filesystem image, attached as the first virtio-blk
+	// device (/dev/vda). The machine opens it read-write.
+	Disk string
+
+	// RunDir holds the machine's sockets and console log; it must exist and
+	// be short enough for unix socket paths (< 100 bytes).
+	RunDir string
+	// ConsoleLog, when set, receives the guest serial console. Empty
+	// discards it.
+	ConsoleLog string
+
+	// Incoming starts the machine paused, waiting for LoadState instead of
+	// booting the kernel.
+	Incoming bool
+
+	// TBCacheMiB bounds the TCG translation cache (0: driver default).
+	TBCacheMiB int
+}
+
+// Driver starts machines. Implementations are safe for concurrent use.
+type Driver interface {
+	// Start launches a VMM process for spec and returns once its control
+	// channel answers. With spec.Incoming the machine is paused and waiting
+	// for LoadState; otherwise it is booting. The agent socket
+	// (Machine.AgentSocket) exists when Start returns. On error nothing is
+	// left running.
+	Start(ctx context.Context, spec Spec) (Machine, error)
+}
+
+// Machine is one running VMM process. Methods other than Kill and Done
+// are not safe to call concurrently with each other.
+type Machine interface {
+	// PID of the VMM process.
+	PID() int
+	// AgentSocket is the host end of the guest agent's serial port: a unix
+	// socket the host connects to. Connecting before LoadState means the
+	// guest never observes a disconnect across a restore.
+	AgentSocket() string
+
+	// LoadState loads device state saved by SaveState into a machine
+	// started with Spec.Incoming and leaves it paused.
+	LoadState(ctx context.Context, statePath string) error
+	// Pause stops the vCPUs. Idempotent.
+	Pause(ctx context.Context) error
+	// Resume starts the vCPUs. Idempotent.
+	Resume(ctx context.Context) error
+	// SaveState writes the device state (not RAM) of a paused machine to
+	// path. Guest RAM is whatever Spec.MemoryFile holds plus, for a
+	// copy-on-write mapping, the machine's private pages (see RAMMapping).
+	SaveState(ctx context.Context, path string) error
+	// RAMMapping locates guest RAM in the VMM's address space so that its
+	// private (dirtied) pages can be found through /proc/PID/pagemap.
+	RAMMapping() (RAMMapping, error)
+
+	// Kill stops the machine (SIGKILL if it does not quit at once), waits
+	// for the process to exit and removes its sockets. Idempotent.
+	Kill() error
+	// Done is closed when the VMM process has exited, for any reason.
+	Done() <-chan struct{}
+	// ExitError describes why the process exited (nil before Done, or if
+	// Kill ended it).
+	ExitError() error
+}
+
+// RAMMapping is the guest-RAM region of a VMM process.
+type RAMMapping struct {
+	PID   int
+	Start uint64 // virtual address of guest physical address 0
+	Size  uint64 // bytes
+}
+
+// ErrExited is returned by Machine methods after the VMM process has exited.
+var ErrExited = errors.New("vmm process exited")
+
+// DefaultStartTimeout bounds how long Start waits for the control channel.
+const DefaultStartTimeout = 10 * time.Second
