@@ -59,6 +59,8 @@ type Config struct {
 	// VolumeSize is the size of the XFS image made when DataDir cannot
 	// reflink (0: automatic).
 	VolumeSize int64
+	// AdoptMount: see volume.Options.AdoptMount.
+	AdoptMount bool
 	// MinFreeBytes is the free space below which creates fail with
 	// ErrNoSpace (default 256 MiB).
 	MinFreeBytes int64
@@ -142,7 +144,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.accel = accel
 	a.log.Info("accelerator", "accel", accel, "why", why)
-	vol, err := volume.Open(ctx, cfg.DataDir, volume.Options{ImageSize: cfg.VolumeSize, Logger: cfg.Logger})
+	vol, err := volume.Open(ctx, cfg.DataDir, volume.Options{ImageSize: cfg.VolumeSize, AdoptMount: cfg.AdoptMount, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
@@ -411,6 +413,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, tmpl *template.Template
 	if err := m.Resume(ctx); err != nil {
 		return err
 	}
+	tResume := time.Since(t0)
 	if err := a.hello(ctx, s, client); err != nil {
 		return err
 	}
@@ -419,7 +422,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, tmpl *template.Template
 	s.mu.Unlock()
 	go a.watch(s, m)
 	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart),
-		"load_ms", ms(tLoad), "ready_ms", ms(time.Since(t0)))
+		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "ready_ms", ms(time.Since(t0)))
 	return nil
 }
 

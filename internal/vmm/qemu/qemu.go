@@ -476,3 +476,10 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// HMP runs a human monitor command (for diagnostics, e.g. "info jit").
+func (m *Machine) HMP(ctx context.Context, cmd string) (string, error) {
+	var out string
+	err := m.exec(ctx, "human-monitor-command", map[string]string{"command-line": cmd}, &out)
+	return out, err
+}

@@ -1,0 +1,165 @@
+// Package guest is the guest agent that runs inside every sandbox VM (as PID 1
+// in production): it serves the guestproto protocol with process execution,
+// file operations and the restore hooks that make each restored or forked
+// copy of a snapshot unique (clock, kernel RNG, hostname, machine-id), and, as
+// PID 1, it sets up the system and reaps orphans.
+//
+// It depends on the standard library, golang.org/x/sys and guestproto only;
+// it must never import host code.
+package guest
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Hooks run on every HELLO. Required: production uses SystemHooks, tests
+	// a fake, so a test never changes the host's clock or hostname.
+	Hooks Hooks
+	// Reaper starts and reaps every exec. Required; its Run must be running.
+	Reaper *Reaper
+	// Logger receives errors; nil discards.
+	Logger *slog.Logger
+	// Version is reported in HELLO_ACK.
+	Version string
+	// PID1 is reported in HELLO_ACK.
+	PID1 bool
+	// Env is the base environment of execs ("K=V"); nil means os.Environ().
+	Env []string
+	// ExitGrace is how long an exec's output is still streamed after its
+	// process exited, for children that hold its pipes; then the pipes are
+	// closed. Zero means one second.
+	ExitGrace time.Duration
+}
+
+// Server implements guestproto.Handler.
+type Server struct {
+	hooks  Hooks
+	reaper *Reaper
+	log    *slog.Logger
+	cfg    Config
+	start  time.Time
+	base   map[string]string
+
+	mu         sync.Mutex
+	sessionEnv map[string]string
+}
+
+var _ guestproto.Handler = (*Server)(nil)
+
+// NewServer returns a server; it starts nothing.
+func NewServer(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	if cfg.ExitGrace == 0 {
+		cfg.ExitGrace = time.Second
+	}
+	base := make(map[string]string, len(cfg.Env))
+	for _, kv := range cfg.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			base[k] = v
+		}
+	}
+	return &Server{
+		hooks:  cfg.Hooks,
+		reaper: cfg.Reaper,
+		log:    cfg.Logger,
+		cfg:    cfg,
+		start:  time.Now(),
+		base:   base,
+	}
+}
+
+// Hello runs the restore hooks in order (clock first, so later timestamps
+// are right) and adopts the session's default env. A failed hook is logged
+// and reported in HookErrors; the session starts regardless.
+func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestproto.HelloReply {
+	var errs []string
+	run := func(name string, err error) {
+		if err != nil {
+			s.log.Error("restore hook failed", "hook", name, "err", err)
+			errs = append(errs, name+": "+err.Error())
+		}
+	}
+	if req.TimeUnixNano != 0 {
+		run("clock", s.hooks.SetClock(time.Unix(0, req.TimeUnixNano)))
+	}
+	run("entropy", s.hooks.AddEntropy(req.Entropy))
+	if req.Hostname != "" {
+		run("hostname", s.hooks.SetHostname(req.Hostname))
+	}
+	if req.MachineID != "" {
+		run("machine_id", s.hooks.SetMachineID(req.MachineID))
+	}
+	s.mu.Lock()
+	s.sessionEnv = maps.Clone(req.Env)
+	s.mu.Unlock()
+
+	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return guestproto.HelloReply{
+		AgentVersion: s.cfg.Version,
+		BootID:       strings.TrimSpace(string(bootID)),
+		PID1:         s.cfg.PID1,
+		UptimeMS:     time.Since(s.start).Milliseconds(),
+		HookErrors:   errs,
+	}
+}
+
+// ServeStream dispatches one stream by operation.
+func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *guestproto.OpenRequest) {
+	switch req.Op {
+	case guestproto.OpExec:
+		s.exec(ctx, st, req.Exec)
+	case guestproto.OpReadFile:
+		s.readFile(st, req)
+	case guestproto.OpWriteFile:
+		s.writeFile(st, req)
+	case guestproto.OpListDir:
+		s.listDir(st, req)
+	case guestproto.OpStat:
+		s.stat(st, req)
+	case guestproto.OpMkdir:
+		s.mkdir(st, req)
+	case guestproto.OpRemove:
+		s.remove(st, req)
+	case guestproto.OpRename:
+		s.rename(st, req)
+	default:
+		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})
+	}
+}
+
+// execEnv merges the base env, the session's default env and the request's
+// env, later ones winning, as sorted "K=V" strings.
+func (s *Server) execEnv(req map[string]string) []string {
+	s.mu.Lock()
+	session := s.sessionEnv
+	s.mu.Unlock()
+	env := maps.Clone(s.base)
+	maps.Copy(env, session)
+	maps.Copy(env, req)
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// replyErr sends a failed REPLY.
+func replyErr(st *guestproto.Stream, err error) {
+	_ = st.Reply(guestproto.Reply{Error: toProtoError(err)})
+}

@@ -1,0 +1,120 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults the agent sets as PID 1.
+const (
+	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	DefaultHome = "/root"
+	DefaultLang = "C.UTF-8"
+)
+
+type mountSpec struct {
+	target, fstype string
+	flags          uintptr
+	data           string
+}
+
+// systemMounts are mounted, in order, where nothing is mounted yet. /tmp
+// stays on the rootfs.
+var systemMounts = []mountSpec{
+	{"/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	{"/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	{"/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+	{"/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"},
+	{"/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	{"/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+}
+
+// InitSystem prepares the guest when the agent is PID 1: it mounts the
+// pseudo filesystems that are not mounted yet, sets PATH, HOME and LANG,
+// and brings up lo. Every step is best effort; the errors are joined.
+func InitSystem(log *slog.Logger) error {
+	var errs []error
+	for _, m := range systemMounts {
+		if err := mountIfAbsent(m); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// /dev/ptmx must lead to the devpts instance mounted above.
+	if fi, err := os.Lstat("/dev/ptmx"); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		_ = os.Remove("/dev/ptmx")
+		if err := os.Symlink("pts/ptmx", "/dev/ptmx"); err != nil {
+			errs = append(errs, fmt.Errorf("link /dev/ptmx: %w", err))
+		}
+	}
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		_ = os.Symlink(target, filepath.Join("/dev", name)) // exists already on most systems
+	}
+	for k, v := range map[string]string{"PATH": DefaultPath, "HOME": DefaultHome, "LANG": DefaultLang} {
+		if err := os.Setenv(k, v); err != nil {
+			errs = append(errs, fmt.Errorf("set %s: %w", k, err))
+		}
+	}
+	if err := linkUp("lo"); err != nil {
+		errs = append(errs, err)
+	}
+	if err := (SystemHooks{}).LinkIdentityFiles(); err != nil {
+		errs = append(errs, err)
+	}
+	err := errors.Join(errs...)
+	if err != nil {
+		log.Error("init system", "err", err)
+	}
+	return err
+}
+
+// mountIfAbsent mounts m unless its target is a mount point already.
+func mountIfAbsent(m mountSpec) error {
+	if err := os.MkdirAll(m.target, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", m.target, err)
+	}
+	if mounted, err := isMountPoint(m.target); err != nil || mounted {
+		return err
+	}
+	if err := unix.Mount(m.fstype, m.target, m.fstype, m.flags, m.data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether p is on another device than its parent (or is /).
+func isMountPoint(p string) (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", p, err)
+	}
+	if err := unix.Lstat(filepath.Dir(p), &parent); err != nil {
+		return false, fmt.Errorf("stat %s: %w", filepath.Dir(p), err)
+	}
+	return st.Dev != parent.Dev || st.Ino == parent.Ino, nil
+}
+
+// linkUp sets IFF_UP on the interface name.
+func linkUp(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring up %s: %w", name, err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return fmt.Errorf("bring up %s: %w", name, err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up %s: get flags: %w", name, err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up %s: set flags: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package guestproto
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+)
+
+// Code classifies an error reported by the guest.
+type Code string
+
+// Error codes. The host maps them to HTTP statuses.
+const (
+	CodeNotFound   Code = "not_found"  // no such file, directory or executable (404)
+	CodeExists     Code = "exists"     // the path already exists as something else (409)
+	CodeNotDir     Code = "not_dir"    // a path component is not a directory (422)
+	CodeIsDir      Code = "is_dir"     // a file operation named a directory (422)
+	CodeNotEmpty   Code = "not_empty"  // non-recursive remove of a non-empty directory (409)
+	CodePermission Code = "permission" // EACCES/EPERM (403)
+	CodeInvalid    Code = "invalid"    // malformed request: relative path, NUL byte... (422)
+	CodeTimeout    Code = "timeout"    // the operation timed out
+	CodeCanceled   Code = "canceled"   // the peer aborted the stream (RESET sent on cancel)
+	CodeInternal   Code = "internal"   // anything else
+)
+
+// Error is an error the guest reported (a Reply error or a RESET payload).
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message,omitempty"`
+}
+
+// Errorf returns an *Error with a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return "guest: " + string(e.Code)
+	}
+	return "guest: " + string(e.Code) + ": " + e.Message
+}
+
+// Is makes errors.Is match the sentinel of e's code (ErrNotFound...), and the
+// fs sentinels fs.ErrNotExist, fs.ErrExist and fs.ErrPermission.
+func (e *Error) Is(target error) bool {
+	switch t := target.(type) {
+	case *Error:
+		return t.Code == e.Code && (t.Message == "" || t.Message == e.Message)
+	}
+	switch target {
+	case fs.ErrNotExist:
+		return e.Code == CodeNotFound
+	case fs.ErrExist:
+		return e.Code == CodeExists
+	case fs.ErrPermission:
+		return e.Code == CodePermission
+	case context.DeadlineExceeded:
+		return e.Code == CodeTimeout
+	}
+	return false
+}
+
+// Sentinels for errors.Is; they match any *Error of the same code.
+var (
+	ErrNotFound   = &Error{Code: CodeNotFound}
+	ErrExists     = &Error{Code: CodeExists}
+	ErrNotDir     = &Error{Code: CodeNotDir}
+	ErrIsDir      = &Error{Code: CodeIsDir}
+	ErrNotEmpty   = &Error{Code: CodeNotEmpty}
+	ErrPermission = &Error{Code: CodePermission}
+	ErrInvalid    = &Error{Code: CodeInvalid}
+	ErrTimeout    = &Error{Code: CodeTimeout}
+	ErrCanceled   = &Error{Code: CodeCanceled}
+	ErrInternal   = &Error{Code: CodeInternal}
+)
+
+// CodeOf returns the code of the *Error in err's chain, or "" if there is none.
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// Connection-level errors. They are not *Error: nothing was reported by the guest.
+var (
+	// ErrClosed is returned after Close or after the connection failed.
+	ErrClosed = errors.New("guest connection closed")
+	// ErrNoSession is returned by stream operations before Hello succeeded.
+	ErrNoSession = errors.New("no guest session: call Hello first")
+	// ErrSessionReset is returned on the guest side for streams of a session
+	// that a new HELLO (or a disconnect) replaced.
+	ErrSessionReset = errors.New("guest session reset")
+	// ErrStreamDone is returned when writing to a stream the guest finished.
+	ErrStreamDone = errors.New("stream finished")
+)

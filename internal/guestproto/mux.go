@@ -1,0 +1,101 @@
+package guestproto
+
+import (
+	"encoding/json"
+	"sync"
+)
+
+// mux is the state both ends share: the stream table and the writer. The
+// read loop that feeds it belongs to Agent (guest) or Client (host).
+type mux struct {
+	host bool
+	w    *frameWriter
+
+	mu      sync.Mutex
+	streams map[uint32]*Stream
+}
+
+func newMux(host bool, w *frameWriter) *mux {
+	return &mux{host: host, w: w, streams: make(map[uint32]*Stream)}
+}
+
+// add registers a new stream; it returns nil if the id is taken.
+func (m *mux) add(id uint32, gen uint64) *Stream {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.streams[id]; ok {
+		return nil
+	}
+	s := newStream(m, id, gen)
+	m.streams[id] = s
+	return s
+}
+
+func (m *mux) lookup(id uint32) *Stream {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.streams[id]
+}
+
+// remove drops s from the table if it is still there.
+func (m *mux) remove(s *Stream) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.streams[s.id] == s {
+		delete(m.streams, s.id)
+	}
+}
+
+// count returns the number of streams in the table.
+func (m *mux) count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.streams)
+}
+
+// abortAll ends every stream with err and empties the table.
+func (m *mux) abortAll(err error) {
+	m.mu.Lock()
+	all := m.streams
+	m.streams = make(map[uint32]*Stream)
+	m.mu.Unlock()
+	for _, s := range all {
+		s.abort(err, nil)
+	}
+}
+
+// streamFrame handles the frame types both ends treat alike: DATA, WINDOW,
+// CLOSE and RESET. Frames for unknown streams are dropped: they belong to
+// streams this side already ended.
+func (m *mux) streamFrame(f Frame) {
+	s := m.lookup(f.Stream)
+	if s == nil {
+		return
+	}
+	switch f.Type {
+	case FrameData:
+		if err := s.onData(f.Flags, f.Payload); err != nil {
+			s.abort(&Error{Code: CodeInternal, Message: err.Error()}, &Error{Code: CodeInvalid, Message: err.Error()})
+		}
+	case FrameWindow:
+		if err := s.onWindow(f.Flags, f.Payload); err != nil {
+			s.abort(&Error{Code: CodeInternal, Message: err.Error()}, &Error{Code: CodeInvalid, Message: err.Error()})
+		}
+	case FrameClose:
+		s.onClose()
+		if m.host {
+			// The guest's CLOSE is its last frame: the stream is over.
+			m.remove(s)
+			s.detach()
+		}
+	case FrameReset:
+		e := &Error{Code: CodeCanceled, Message: "stream reset by peer"}
+		if len(f.Payload) > 0 {
+			var pe Error
+			if err := json.Unmarshal(f.Payload, &pe); err == nil && pe.Code != "" {
+				e = &pe
+			}
+		}
+		s.abort(e, nil)
+	}
+}

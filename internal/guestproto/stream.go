@@ -1,0 +1,386 @@
+package guestproto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// grantThreshold is how many consumed bytes a receiver lets accumulate before
+// it returns them to the sender as credit in one WINDOW frame.
+const grantThreshold = InitialWindow / 4
+
+// maxCredit bounds the credit a peer may grant, to catch runaway WINDOWs.
+const maxCredit = 1 << 30
+
+// errStreamFinished marks a guest stream whose handler returned.
+var errStreamFinished = errors.New("stream handler finished")
+
+// Stream is one multiplexed stream. Each stream has one data channel in each
+// direction plus, from guest to host, a second channel for exec stderr; each
+// channel has its own flow-control credit, so memory per stream is bounded
+// and a reader that stops reading stops the writer.
+//
+// Read, Write and WriteStderr may be called concurrently with each other; each
+// serializes with itself.
+type Stream struct {
+	id  uint32
+	m   *mux
+	gen uint64
+
+	rxMu [2]sync.Mutex // serializes readers of each channel
+	txMu [2]sync.Mutex // serializes writers of each channel
+
+	mu           sync.Mutex
+	rx           [2]rxState
+	tx           [2]txState
+	localClosed  bool // we sent CLOSE
+	remoteClosed bool // the peer sent CLOSE
+	err          error
+	done         chan struct{} // closed when err is set
+
+	// Host side only: the REPLY and EXIT payloads, and rclosed, closed on
+	// the guest's CLOSE.
+	reply   chan []byte
+	exit    chan []byte
+	rclosed chan struct{}
+	// stop detaches the host's context.AfterFunc; guarded by mu.
+	stop func() bool
+}
+
+type rxState struct {
+	chunks  [][]byte
+	n       int  // buffered bytes
+	avail   int  // credit the peer has left
+	unacked int  // consumed bytes not yet granted back
+	discard bool // nobody reads: drop data and grant credit at once
+	wake    chan struct{}
+}
+
+type txState struct {
+	credit int
+	wake   chan struct{}
+}
+
+func newStream(m *mux, id uint32, gen uint64) *Stream {
+	s := &Stream{id: id, m: m, gen: gen, done: make(chan struct{})}
+	for i := range s.rx {
+		s.rx[i] = rxState{avail: InitialWindow, wake: make(chan struct{}, 1)}
+		s.tx[i] = txState{credit: InitialWindow, wake: make(chan struct{}, 1)}
+	}
+	if m.host {
+		s.reply = make(chan []byte, 1)
+		s.exit = make(chan []byte, 1)
+		s.rclosed = make(chan struct{})
+	}
+	return s
+}
+
+// ID returns the stream id.
+func (s *Stream) ID() uint32 { return s.id }
+
+// Done is closed when the stream is aborted: reset by either side, its
+// session replaced, its connection closed, or (guest) its handler returned.
+func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// Err returns why Done was closed, or nil.
+func (s *Stream) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Read reads the peer's data (exec stdin, upload bytes, download bytes or
+// exec stdout). It returns io.EOF after the peer's CLOSE.
+func (s *Stream) Read(p []byte) (int, error) { return s.read(0, p) }
+
+// Write sends p as DATA, waiting for credit.
+func (s *Stream) Write(p []byte) (int, error) { return s.write(0, p) }
+
+// WriteStderr sends p as DATA flagged STDERR (guest side, exec only).
+func (s *Stream) WriteStderr(p []byte) (int, error) { return s.write(1, p) }
+
+// Reply sends the REPLY frame, the guest's first frame on a stream.
+func (s *Stream) Reply(r Reply) error { return s.sendJSON(FrameReply, r) }
+
+// Exit sends the EXIT frame, the final result of a stream (guest side).
+func (s *Stream) Exit(r Reply) error { return s.sendJSON(FrameExit, r) }
+
+// CloseWrite sends CLOSE: no more DATA from this side. It is idempotent.
+func (s *Stream) CloseWrite() error {
+	for i := range s.txMu {
+		s.txMu[i].Lock()
+		defer s.txMu[i].Unlock()
+	}
+	s.mu.Lock()
+	if s.localClosed || s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return err
+	}
+	s.localClosed = true
+	s.mu.Unlock()
+	return s.m.w.enqueue(&outFrame{f: Frame{Type: FrameClose, Stream: s.id}, gen: s.gen}, false)
+}
+
+// Reset aborts the stream and tells the peer why with a RESET frame.
+func (s *Stream) Reset(e *Error) {
+	s.abort(e, e)
+}
+
+// DiscardInput declares that nobody will read the peer's data any more:
+// what is buffered and what arrives later is dropped and its credit returned.
+func (s *Stream) DiscardInput() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.rx {
+		rx := &s.rx[i]
+		rx.discard = true
+		rx.unacked += rx.n
+		rx.chunks, rx.n = nil, 0
+		s.grantLocked(i, true)
+	}
+}
+
+func (s *Stream) sendJSON(t FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", t, err)
+	}
+	if len(b) > MaxPayload {
+		return fmt.Errorf("encode %s: %d bytes exceed the frame limit", t, len(b))
+	}
+	s.mu.Lock()
+	err = s.err
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.m.w.enqueue(&outFrame{f: Frame{Type: t, Stream: s.id, Payload: b}, gen: s.gen}, false)
+}
+
+func (s *Stream) write(ch int, p []byte) (int, error) {
+	s.txMu[ch].Lock()
+	defer s.txMu[ch].Unlock()
+	var flags uint8
+	if ch == 1 {
+		flags = FlagStderr
+	}
+	written := 0
+	for len(p) > 0 {
+		s.mu.Lock()
+		for s.err == nil && !s.localClosed && !(s.m.host && s.remoteClosed) && s.tx[ch].credit == 0 {
+			s.mu.Unlock()
+			select {
+			case <-s.tx[ch].wake:
+			case <-s.done:
+			}
+			s.mu.Lock()
+		}
+		switch {
+		case s.err != nil:
+			err := s.err
+			s.mu.Unlock()
+			return written, err
+		case s.localClosed:
+			s.mu.Unlock()
+			return written, io.ErrClosedPipe
+		case s.m.host && s.remoteClosed:
+			s.mu.Unlock()
+			return written, ErrStreamDone
+		}
+		k := min(len(p), s.tx[ch].credit, MaxPayload)
+		s.tx[ch].credit -= k
+		s.mu.Unlock()
+
+		bp := payloadPool.Get().(*[]byte)
+		buf := (*bp)[:k]
+		copy(buf, p)
+		of := &outFrame{f: Frame{Type: FrameData, Flags: flags, Stream: s.id, Payload: buf}, gen: s.gen, pooled: true}
+		if err := s.m.w.enqueue(of, false); err != nil {
+			return written, err
+		}
+		written += k
+		p = p[k:]
+	}
+	return written, nil
+}
+
+func (s *Stream) read(ch int, p []byte) (int, error) {
+	s.rxMu[ch].Lock()
+	defer s.rxMu[ch].Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rx := &s.rx[ch]
+	for {
+		if s.err != nil {
+			return 0, s.err
+		}
+		if rx.n > 0 {
+			if len(p) == 0 {
+				return 0, nil
+			}
+			n := 0
+			for n < len(p) && len(rx.chunks) > 0 {
+				c := copy(p[n:], rx.chunks[0])
+				n += c
+				if c == len(rx.chunks[0]) {
+					rx.chunks[0] = nil
+					rx.chunks = rx.chunks[1:]
+				} else {
+					rx.chunks[0] = rx.chunks[0][c:]
+				}
+			}
+			rx.n -= n
+			rx.unacked += n
+			s.grantLocked(ch, false)
+			return n, nil
+		}
+		if s.remoteClosed {
+			return 0, io.EOF
+		}
+		s.mu.Unlock()
+		select {
+		case <-rx.wake:
+		case <-s.done:
+		}
+		s.mu.Lock()
+	}
+}
+
+// grantLocked sends accumulated credit back to the peer once it is worth a
+// frame (or now, if force). Called with s.mu held.
+func (s *Stream) grantLocked(ch int, force bool) {
+	rx := &s.rx[ch]
+	if rx.unacked == 0 || (!force && rx.unacked < grantThreshold) || s.err != nil || s.remoteClosed {
+		return
+	}
+	n := rx.unacked
+	rx.unacked = 0
+	rx.avail += n
+	var flags uint8
+	if ch == 1 {
+		flags = FlagStderr
+	}
+	payload := binary.BigEndian.AppendUint32(nil, uint32(n))
+	// A failed enqueue means the session or connection is gone; the stream
+	// learns that through abort.
+	_ = s.m.w.enqueue(&outFrame{f: Frame{Type: FrameWindow, Flags: flags, Stream: s.id, Payload: payload}, gen: s.gen}, true)
+}
+
+// onData buffers an incoming DATA payload. It returns an error if the peer
+// exceeded its credit.
+func (s *Stream) onData(flags uint8, payload []byte) error {
+	ch := 0
+	if flags&FlagStderr != 0 {
+		ch = 1
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil || s.remoteClosed {
+		return nil
+	}
+	rx := &s.rx[ch]
+	if len(payload) > rx.avail {
+		return fmt.Errorf("stream %d: %d bytes of DATA exceed the %d bytes of credit", s.id, len(payload), rx.avail)
+	}
+	rx.avail -= len(payload)
+	if len(payload) == 0 {
+		return nil
+	}
+	if rx.discard {
+		rx.unacked += len(payload)
+		s.grantLocked(ch, true)
+		return nil
+	}
+	rx.chunks = append(rx.chunks, payload)
+	rx.n += len(payload)
+	notify(rx.wake)
+	return nil
+}
+
+// onWindow adds credit granted by the peer.
+func (s *Stream) onWindow(flags uint8, payload []byte) error {
+	ch := 0
+	if flags&FlagStderr != 0 {
+		ch = 1
+	}
+	n := int(binary.BigEndian.Uint32(payload))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tx := &s.tx[ch]
+	if tx.credit+n > maxCredit {
+		return fmt.Errorf("stream %d: WINDOW grants %d bytes over %d of credit", s.id, n, tx.credit)
+	}
+	tx.credit += n
+	notify(tx.wake)
+	return nil
+}
+
+// onClose records the peer's CLOSE.
+func (s *Stream) onClose() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.remoteClosed {
+		return
+	}
+	s.remoteClosed = true
+	if s.rclosed != nil {
+		close(s.rclosed)
+	}
+	for i := range s.rx {
+		notify(s.rx[i].wake)
+		notify(s.tx[i].wake)
+	}
+}
+
+// abort ends the stream with err, unless it already ended. If send is not
+// nil, a RESET carrying it goes to the peer. The stream leaves the table.
+func (s *Stream) abort(err error, send *Error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.err = err
+	close(s.done)
+	for i := range s.rx {
+		s.rx[i].chunks, s.rx[i].n = nil, 0
+	}
+	s.mu.Unlock()
+	if send != nil {
+		b, _ := json.Marshal(send)
+		_ = s.m.w.enqueue(&outFrame{f: Frame{Type: FrameReset, Stream: s.id, Payload: b}, gen: s.gen}, true)
+	}
+	s.m.remove(s)
+	s.detach()
+}
+
+// setStop records the function that detaches the host's context watcher.
+func (s *Stream) setStop(stop func() bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stop = stop
+}
+
+// detach stops watching the host's context, if it was watched.
+func (s *Stream) detach() {
+	s.mu.Lock()
+	stop := s.stop
+	s.stop = nil
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// notify wakes the waiter on c, if any, without blocking.
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
