@@ -34,7 +34,7 @@ setup: build
 	@IMAGES=$(IMAGES) scripts/setup.sh rootfs base
 
 up: setup
-	bin/panda up --data-dir $(DATA_DIR)
+	bin/panda up --data-dir $(DATA_DIR) --bake
 
 test: setup
 	PANDA_TEST_IMAGES=$(IMAGES) $(GO) test -count=1 -timeout 40m ./...

@@ -18,7 +18,7 @@ KERNEL_PACKAGE=linux-image-cloud-amd64
 GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console)
 BASE_PACKAGES=python3,git,curl,ca-certificates,procps,iproute2,less,xz-utils
 ROOTFS_BASE_MIB=${ROOTFS_BASE_MIB:-4096}
-ROOTFS_TINY_MIB=${ROOTFS_TINY_MIB:-256}
+ROOTFS_TINY_MIB=${ROOTFS_TINY_MIB:-2048}
 
 step_start=0
 step() { step_start=${EPOCHREALTIME/./}; printf '==> %s\n' "$*"; }
@@ -133,8 +133,15 @@ initramfs() {
 # rootfs builds an ext4 image from a directory tree without mounting anything.
 rootfs() {
 	local name=$1 out="$IMAGES/rootfs-$1.ext4"
-	if [ -f "$out" ] && [ -f "$out.stamp" ]; then
-		echo "==> rootfs $name: present ($(cat "$out.stamp"))"
+	# The recipe: what the image is built from. A change rebuilds it.
+	local recipe
+	case "$name" in
+	base) recipe="base ${ROOTFS_BASE_MIB}MiB $BASE_PACKAGES" ;;
+	tiny) recipe="tiny ${ROOTFS_TINY_MIB}MiB $(/bin/busybox --help 2>&1 | head -n1)" ;;
+	*) die "unknown rootfs $name (want base or tiny)" ;;
+	esac
+	if [ -f "$out" ] && [ -f "$out.stamp" ] && [ "$(head -n1 "$out.stamp")" = "$recipe" ]; then
+		echo "==> rootfs $name: up to date ($(tail -n1 "$out.stamp"))"
 		return
 	fi
 	need_root "building the $name root filesystem"
@@ -178,7 +185,7 @@ rootfs() {
 	truncate -s "${size}M" "$out.new"
 	mkfs.ext4 -q -F -L "rootfs-$name" -E lazy_itable_init=1,lazy_journal_init=1 -d "$tmp/root" "$out.new"
 	mv "$out.new" "$out"
-	echo "$name $(date -u +%Y-%m-%dT%H:%M:%SZ) ${size}MiB" >"$out.stamp"
+	printf '%s\nbuilt %s\n' "$recipe" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$out.stamp"
 	done_step
 }
 

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/pandastack/pandastack/internal/cli"
 	"github.com/spf13/cobra"
 )
 
@@ -20,20 +21,15 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		var ee exitError
+		// panda exec exits with the command's status, silently.
+		var ee cli.ExitError
 		if errors.As(err, &ee) {
-			os.Exit(ee.code)
+			os.Exit(ee.Code)
 		}
 		fmt.Fprintln(os.Stderr, "panda:", err)
 		os.Exit(1)
 	}
 }
-
-// exitError carries an exit status without a message (panda exec exits
-// with the command's status).
-type exitError struct{ code int }
-
-func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root := &cobra.Command{
@@ -45,7 +41,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(benchCmd())
+	root.AddCommand(upCmd(), benchCmd())
+	root.AddCommand(cli.Commands()...)
 	return root.ExecuteContext(ctx)
 }
 

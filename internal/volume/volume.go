@@ -28,7 +28,11 @@ type Options struct {
 	// ImageSize is the size of the sparse XFS image created when the data
 	// directory cannot reflink. Zero picks min(100 GiB, half the free space).
 	ImageSize int64
-	Logger    *slog.Logger
+	// AdoptMount makes an image found already mounted (left by a crashed
+	// run) count as mounted by us, so Close unmounts it. Only the process
+	// that owns the data directory (the server holding its lock) may set it.
+	AdoptMount bool
+	Logger     *slog.Logger
 }
 
 // Volume is an open store directory.
@@ -68,7 +72,7 @@ func Open(ctx context.Context, dataDir string, opts Options) (*Volume, error) {
 		}
 		if _, err := os.Stat(filepath.Join(dataDir, "store.xfs")); err == nil {
 			v.Image = filepath.Join(dataDir, "store.xfs")
-			v.mounted = true
+			v.mounted = opts.AdoptMount
 		}
 		return v, nil
 	}

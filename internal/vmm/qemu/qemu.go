@@ -252,7 +252,7 @@ func (m *Machine) exited(err error) {
 		if !m.killed {
 			msg := ""
 			if m.stderr != nil {
-				msg = strings.TrimSpace(m.stderr.String())
+				msg = cleanStderr(m.stderr.String())
 			}
 			if msg != "" {
 				err = fmt.Errorf("%v: %s", err, msg)
@@ -482,4 +482,17 @@ func (m *Machine) HMP(ctx context.Context, cmd string) (string, error) {
 	var out string
 	err := m.exec(ctx, "human-monitor-command", map[string]string{"command-line": cmd}, &out)
 	return out, err
+}
+
+// cleanStderr drops QEMU's harmless warnings from its stderr.
+func cleanStderr(s string) string {
+	var keep []string
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.Contains(line, "Expected vmdescription section") {
+			continue
+		}
+		keep = append(keep, line)
+	}
+	return strings.Join(keep, "; ")
 }

@@ -1,0 +1,136 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// apiError is an error with the HTTP status and code users see. Its
+// message is written for users.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func errorf(status int, code, format string, args ...any) *apiError {
+	return &apiError{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func badRequest(format string, args ...any) *apiError {
+	return errorf(http.StatusBadRequest, "bad_request", format, args...)
+}
+
+func invalid(format string, args ...any) *apiError {
+	return errorf(http.StatusUnprocessableEntity, "invalid", format, args...)
+}
+
+func notFound(format string, args ...any) *apiError {
+	return errorf(http.StatusNotFound, "not_found", format, args...)
+}
+
+func conflict(format string, args ...any) *apiError {
+	return errorf(http.StatusConflict, "conflict", format, args...)
+}
+
+// classify turns any error into the apiError users see. It is the only
+// place where internal error classes become HTTP statuses.
+func classify(err error) *apiError {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "request body is larger than %d bytes", mbe.Limit)
+	case errors.Is(err, agent.ErrNoSpace):
+		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "%s", userMessage(err))
+	case errors.Is(err, catalog.ErrQuota):
+		return errorf(http.StatusTooManyRequests, "quota_exceeded", "%s", userMessage(err))
+	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound):
+		return errorf(http.StatusNotFound, "not_found", "%s", userMessage(err))
+	case errors.Is(err, agent.ErrInvalid), errors.Is(err, template.ErrInvalid):
+		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", userMessage(err))
+	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict):
+		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
+	case errors.Is(err, context.DeadlineExceeded):
+		return errorf(http.StatusGatewayTimeout, "timeout", "the operation timed out")
+	}
+	switch guestproto.CodeOf(err) {
+	case guestproto.CodeNotFound:
+		return errorf(http.StatusNotFound, "not_found", "%s", guestMessage(err))
+	case guestproto.CodeExists, guestproto.CodeNotEmpty:
+		return errorf(http.StatusConflict, "conflict", "%s", guestMessage(err))
+	case guestproto.CodeNotDir, guestproto.CodeIsDir, guestproto.CodeInvalid:
+		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", guestMessage(err))
+	case guestproto.CodePermission:
+		return errorf(http.StatusForbidden, "forbidden", "%s", guestMessage(err))
+	case guestproto.CodeTimeout:
+		return errorf(http.StatusGatewayTimeout, "timeout", "%s", guestMessage(err))
+	}
+	if isNoSpace(err) {
+		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the sandbox is out of disk space")
+	}
+	return errorf(http.StatusInternalServerError, "internal", "internal error")
+}
+
+// userMessage is err's text; internal errors are wrapped with short
+// phrases that read well to users ("create sandbox: out of disk space: ...").
+func userMessage(err error) string { return err.Error() }
+
+// guestMessage prefers the guest's own message over the wrapping.
+func guestMessage(err error) string {
+	var ge *guestproto.Error
+	if errors.As(err, &ge) && ge.Message != "" {
+		return ge.Message
+	}
+	return err.Error()
+}
+
+func isNoSpace(err error) bool {
+	var ge *guestproto.Error
+	return errors.As(err, &ge) && strings.Contains(strings.ToLower(ge.Message), "no space left")
+}
+
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeError sends err as the JSON error body. Internal errors are logged
+// here, where they are handled, with the request's details.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	ae := classify(err)
+	if ae.Status >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
+	} else {
+		s.log.Debug("request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
+	}
+	writeJSON(w, ae.Status, errorBody{Error: errorDetail{Code: ae.Code, Message: ae.Message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(v); err != nil {
+		slog.Debug("write response", "err", err)
+	}
+}

@@ -1,0 +1,275 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+)
+
+type execRequest struct {
+	Cmd            string            `json:"cmd"`
+	Argv           []string          `json:"argv"`
+	Env            map[string]string `json:"env"`
+	Cwd            string            `json:"cwd"`
+	TimeoutSeconds *float64          `json:"timeout_seconds"`
+	Stdin          *string           `json:"stdin"`
+}
+
+const defaultExecTimeout = 60 * time.Second
+
+func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
+	g := guestproto.ExecRequest{Shell: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd}
+	switch {
+	case req.Cmd == "" && len(req.Argv) == 0:
+		return g, invalid("give cmd (a shell command) or argv (a program and its arguments)")
+	case req.Cmd != "" && len(req.Argv) > 0:
+		return g, invalid("give cmd or argv, not both")
+	}
+	if err := validateLabels("env", req.Env, 256); err != nil {
+		return g, err
+	}
+	if req.Cwd != "" {
+		if err := checkPath(req.Cwd); err != nil {
+			return g, invalid("cwd: %v", err.(*apiError).Message)
+		}
+	}
+	timeout := defaultExecTimeout
+	if req.TimeoutSeconds != nil {
+		t := *req.TimeoutSeconds
+		if t < 0 || math.IsNaN(t) || t > 7*24*3600 {
+			return g, invalid("timeout_seconds must be between 0 (no timeout) and 604800")
+		}
+		timeout = time.Duration(t * float64(time.Second))
+	}
+	g.TimeoutMS = timeout.Milliseconds()
+	g.Stdin = req.Stdin != nil
+	if err := g.Validate(); err != nil {
+		return g, invalid("%v", err)
+	}
+	return g, nil
+}
+
+// startExec validates the request and starts the process in the caller's
+// running sandbox. The process dies if ctx ends.
+func (s *Server) startExec(ctx context.Context, r *http.Request) (*guestproto.Process, *execRequest, error) {
+	var req execRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		return nil, nil, err
+	}
+	g, err := req.toGuest()
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err := s.running(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := s.host.Guest(sb.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := c.StartExec(ctx, g)
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.Stdin != nil {
+		go func() {
+			io.Copy(p.Stdin, strings.NewReader(*req.Stdin))
+			p.Stdin.Close()
+		}()
+	}
+	return p, &req, nil
+}
+
+// capped keeps the first max bytes written and notes whether more came.
+type capped struct {
+	buf       []byte
+	max       int
+	truncated bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - len(c.buf); room > 0 {
+		if len(p) > room {
+			c.buf = append(c.buf, p[:room]...)
+			c.truncated = true
+		} else {
+			c.buf = append(c.buf, p...)
+		}
+	} else if len(p) > 0 {
+		c.truncated = true
+	}
+	return len(p), nil
+}
+
+type execResult struct {
+	ExitCode   int    `json:"exit_code"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMS int64  `json:"duration_ms"`
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out"`
+	Truncated  bool   `json:"truncated"`
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	t0 := time.Now()
+	p, _, err := s.startExec(r.Context(), r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	stdout := &capped{max: s.cfg.MaxExecOutputBytes}
+	stderr := &capped{max: s.cfg.MaxExecOutputBytes}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); io.Copy(stdout, p.Stdout) }()
+	go func() { defer wg.Done(); io.Copy(stderr, p.Stderr) }()
+	wg.Wait()
+	res, err := p.Wait()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.metrics.execSeconds.Observe(time.Since(t0).Seconds())
+	writeJSON(w, http.StatusOK, execResult{
+		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, DurationMS: res.DurationMS,
+		Stdout: strings.ToValidUTF8(string(stdout.buf), "\uFFFD"), Stderr: strings.ToValidUTF8(string(stderr.buf), "\uFFFD"),
+		Truncated: stdout.truncated || stderr.truncated,
+	})
+}
+
+type execEvent struct {
+	Type       string       `json:"type"`
+	PID        int          `json:"pid,omitempty"`
+	Data       string       `json:"data,omitempty"`
+	ExitCode   *int         `json:"exit_code,omitempty"`
+	Signal     string       `json:"signal,omitempty"`
+	TimedOut   *bool        `json:"timed_out,omitempty"`
+	DurationMS *int64       `json:"duration_ms,omitempty"`
+	Error      *errorDetail `json:"error,omitempty"`
+}
+
+// ndjson writes events, one per line, flushing each; safe for concurrent use.
+type ndjson struct {
+	mu  sync.Mutex
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	enc *json.Encoder
+	err error
+}
+
+func (n *ndjson) send(ev any) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.err != nil {
+		return n.err
+	}
+	if err := n.enc.Encode(ev); err != nil {
+		n.err = err
+		return err
+	}
+	if err := n.rc.Flush(); err != nil {
+		n.err = err
+	}
+	return n.err
+}
+
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	n := &ndjson{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
+	n.rc.Flush()
+	return n
+}
+
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
+	t0 := time.Now()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	p, _, err := s.startExec(ctx, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := newNDJSON(w)
+	out.send(execEvent{Type: "start", PID: p.PID})
+	var wg sync.WaitGroup
+	pump := func(kind string, rd io.Reader) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		var carry []byte // an incomplete UTF-8 sequence from the last read
+		for {
+			n, err := rd.Read(buf)
+			if n > 0 {
+				data := append(carry, buf[:n]...)
+				cut := len(data) - incompleteSuffix(data)
+				carry = append([]byte(nil), data[cut:]...)
+				if cut > 0 {
+					if out.send(execEvent{Type: kind, Data: strings.ToValidUTF8(string(data[:cut]), "\uFFFD")}) != nil {
+						cancel() // the client went away: kill the command
+						io.Copy(io.Discard, rd)
+						return
+					}
+				}
+			}
+			if err != nil {
+				if len(carry) > 0 {
+					out.send(execEvent{Type: kind, Data: strings.ToValidUTF8(string(carry), "\uFFFD")})
+				}
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump("stdout", p.Stdout)
+	go pump("stderr", p.Stderr)
+	wg.Wait()
+	res, err := p.Wait()
+	if err != nil {
+		ae := classify(err)
+		out.send(execEvent{Type: "error", Error: &errorDetail{Code: ae.Code, Message: ae.Message}})
+		return
+	}
+	s.metrics.execSeconds.Observe(time.Since(t0).Seconds())
+	out.send(execEvent{Type: "exit", ExitCode: &res.ExitCode, Signal: res.Signal, TimedOut: &res.TimedOut, DurationMS: &res.DurationMS})
+}
+
+// incompleteSuffix returns how many trailing bytes of b start a UTF-8
+// sequence that is not complete yet (0 to 3).
+func incompleteSuffix(b []byte) int {
+	for i := 1; i <= 3 && i <= len(b); i++ {
+		c := b[len(b)-i]
+		if c < 0x80 {
+			return 0 // ASCII: complete
+		}
+		if utf8.RuneStart(c) {
+			need := 0
+			switch {
+			case c&0xE0 == 0xC0:
+				need = 2
+			case c&0xF0 == 0xE0:
+				need = 3
+			case c&0xF8 == 0xF0:
+				need = 4
+			default:
+				return 0
+			}
+			if i < need {
+				return i
+			}
+			return 0
+		}
+	}
+	return 0
+}

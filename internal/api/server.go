@@ -1,0 +1,257 @@
+// Package api is PandaStack's REST API under /v1 (api/openapi.yaml): API-key
+// authentication and per-key ownership, request validation, sandboxes,
+// exec (buffered and streamed), files, templates and keys, TTL enforcement,
+// /healthz and /metrics. It keeps durable state in a catalog.Catalog and
+// reaches sandboxes through a Host (the local host agent today; the seam is
+// where a remote host agent plugs in). Internal errors become HTTP statuses
+// only here (errors.go).
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Host is what the API needs from a host agent. *agent.Agent implements it.
+type Host interface {
+	Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error)
+	Kill(ctx context.Context, id string) error
+	Get(id string) (agent.Info, error)
+	List() []agent.Info
+	Guest(id string) (*guestproto.Client, error)
+	Memory(id string) (agent.MemStats, error)
+	Templates() *template.Store
+	TemplateParams(name string, memoryMiB, vcpus int) template.Params
+}
+
+var _ Host = (*agent.Agent)(nil)
+
+// Config configures the API server.
+type Config struct {
+	HostID string // name of the local host in sandbox records
+	// DefaultTTL applies when a create request has no ttl_seconds; MaxTTL
+	// bounds every TTL.
+	DefaultTTL time.Duration
+	MaxTTL     time.Duration
+	// Default per-key quotas (a key's own limits override them; <= 0 is
+	// unlimited).
+	MaxSandboxesPerKey int
+	MaxMemoryMiBPerKey int
+	// MaxUploadBytes bounds one file upload.
+	MaxUploadBytes int64
+	// MaxExecOutputBytes bounds stdout and stderr each in buffered exec.
+	MaxExecOutputBytes int
+	// StoppedRetention is how long stopped sandboxes stay visible.
+	StoppedRetention time.Duration
+	// OpenAPI is the document served at /v1/openapi.yaml.
+	OpenAPI []byte
+	Version string
+	Logger  *slog.Logger
+}
+
+// SetDefaults fills in zero fields.
+func (c *Config) SetDefaults() {
+	if c.HostID == "" {
+		c.HostID = "local"
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = 5 * time.Minute
+	}
+	if c.MaxTTL == 0 {
+		c.MaxTTL = 24 * time.Hour
+	}
+	if c.MaxSandboxesPerKey == 0 {
+		c.MaxSandboxesPerKey = 64
+	}
+	if c.MaxMemoryMiBPerKey == 0 {
+		c.MaxMemoryMiBPerKey = 64 << 10
+	}
+	if c.MaxUploadBytes == 0 {
+		c.MaxUploadBytes = 16 << 30
+	}
+	if c.MaxExecOutputBytes == 0 {
+		c.MaxExecOutputBytes = 16 << 20
+	}
+	if c.StoppedRetention == 0 {
+		c.StoppedRetention = time.Hour
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports configuration errors.
+func (c *Config) Validate() error {
+	switch {
+	case c.DefaultTTL <= 0 || c.MaxTTL <= 0:
+		return errors.New("ttl defaults must be positive")
+	case c.DefaultTTL > c.MaxTTL:
+		return fmt.Errorf("default ttl %s exceeds max ttl %s", c.DefaultTTL, c.MaxTTL)
+	}
+	return nil
+}
+
+// Server serves the API. Create it with New, serve Handler, run Run for
+// TTL enforcement.
+type Server struct {
+	cfg     Config
+	cat     catalog.Catalog
+	host    Host
+	log     *slog.Logger
+	metrics *metrics
+	handler http.Handler
+
+	// killing tracks sandboxes being stopped so that TTL expiry, kill
+	// requests and VMM exits do not race on one sandbox.
+	mu      sync.Mutex
+	busy    map[string]bool
+	closing bool
+}
+
+// New returns a server. It starts no goroutines.
+func New(cfg Config, cat catalog.Catalog, host Host, reg prometheus.Registerer) (*Server, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("api config: %w", err)
+	}
+	s := &Server{cfg: cfg, cat: cat, host: host, log: cfg.Logger, busy: map[string]bool{}}
+	m, err := newMetrics(reg, s)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Handler is the HTTP handler of the whole API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func (s *Server) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(s.recoverer)
+	r.Get("/healthz", s.health)
+	r.Handle("/metrics", s.metrics.handler())
+	r.Get("/v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.Write(s.cfg.OpenAPI)
+	})
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.authenticate)
+		r.Post("/sandboxes", s.createSandbox)
+		r.Get("/sandboxes", s.listSandboxes)
+		r.Get("/sandboxes/{id}", s.getSandbox)
+		r.Delete("/sandboxes/{id}", s.killSandbox)
+		r.Put("/sandboxes/{id}/ttl", s.setTTL)
+		r.Post("/sandboxes/{id}/exec", s.exec)
+		r.Post("/sandboxes/{id}/exec/stream", s.execStream)
+		r.Get("/sandboxes/{id}/files", s.readFile)
+		r.Put("/sandboxes/{id}/files", s.writeFile)
+		r.Delete("/sandboxes/{id}/files", s.removeFile)
+		r.Get("/sandboxes/{id}/files/list", s.listFiles)
+		r.Get("/sandboxes/{id}/files/stat", s.statFile)
+		r.Post("/sandboxes/{id}/files/mkdir", s.mkdir)
+		r.Post("/sandboxes/{id}/files/rename", s.rename)
+		r.Get("/templates", s.listTemplates)
+		r.Post("/templates/{name}/bake", s.bakeTemplate)
+		r.Post("/keys", s.createKey)
+		r.Get("/keys", s.listKeys)
+		r.Delete("/keys/{keyID}", s.revokeKey)
+	})
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, errorf(http.StatusMethodNotAllowed, "method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
+	})
+	return r
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": s.cfg.Version})
+}
+
+// recoverer turns a handler panic into a 500 instead of a dropped
+// connection, and logs it: a panic is a bug.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
+				s.writeError(w, r, fmt.Errorf("panic: %v", v))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+type ctxKey struct{}
+
+// caller is the authenticated API key of a request.
+type caller struct {
+	Key catalog.Key
+}
+
+// HashKey is how API key secrets are stored: hex SHA-256. Secrets are
+// random (160+ bits), so a fast hash is enough: nothing to brute-force.
+func HashKey(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		secret, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok || strings.TrimSpace(secret) == "" {
+			s.writeError(w, r, errorf(http.StatusUnauthorized, "unauthorized", "missing API key: send Authorization: Bearer <key>"))
+			return
+		}
+		key, err := s.cat.KeyByHash(r.Context(), HashKey(strings.TrimSpace(secret)))
+		if errors.Is(err, catalog.ErrNotFound) || (err == nil && !key.RevokedAt.IsZero()) {
+			s.writeError(w, r, errorf(http.StatusUnauthorized, "unauthorized", "unknown or revoked API key"))
+			return
+		}
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("look up api key: %w", err))
+			return
+		}
+		ctx := context.WithValue(r.Context(), ctxKey{}, &caller{Key: key})
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+func callerOf(r *http.Request) *caller {
+	c, _ := r.Context().Value(ctxKey{}).(*caller)
+	return c
+}
+
+func requireAdmin(r *http.Request) error {
+	if c := callerOf(r); c == nil || !c.Key.Admin {
+		return errorf(http.StatusForbidden, "forbidden", "this needs an admin API key")
+	}
+	return nil
+}
+
+// drain discards what is left of a request body (bounded) so that the
+// connection can be reused.
+func drain(r io.Reader) { io.CopyN(io.Discard, r, 1<<20) }

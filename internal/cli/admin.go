@@ -1,0 +1,275 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+	"github.com/spf13/cobra"
+)
+
+func templateCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "template",
+		Aliases: []string{"templates"},
+		Short:   "List and bake templates",
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "ls",
+		Short: "List templates, one line per baked shape",
+		Args:  args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("list templates: %w", err)
+			}
+			if g.json {
+				if ts == nil {
+					ts = []pandastack.Template{}
+				}
+				return printJSON(cmd.OutOrStdout(), map[string]any{"templates": ts})
+			}
+			t := newTable(cmd.OutOrStdout(), "NAME", "MEMORY", "VCPUS", "STATE", "BAKED", "BAKE TIME")
+			for _, tp := range ts {
+				state := tp.State
+				if tp.StaleReason != "" {
+					state += " (" + tp.StaleReason + ")"
+				}
+				bake := "-"
+				if tp.BakeMS > 0 {
+					bake = fmt.Sprintf("%.1fs", float64(tp.BakeMS)/1000)
+				}
+				t.row(tp.Name, mib(tp.MemoryMiB), num(tp.VCPUs), state, when(tp.BakedAt), bake)
+			}
+			return t.flush()
+		},
+	})
+	var mem, vcpus int
+	bake := &cobra.Command{
+		Use:   "bake NAME",
+		Short: "Bake (or re-bake) a template for a shape, showing progress (admin keys only)",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			// Progress goes to stdout for people, to stderr with --json.
+			pw := cmd.OutOrStdout()
+			if g.json {
+				pw = cmd.ErrOrStderr()
+			}
+			tp, err := c.BakeTemplate(cmd.Context(), args[0], mem, vcpus, func(msg string) { fmt.Fprintln(pw, msg) })
+			if err != nil {
+				return fmt.Errorf("bake %s: %w", args[0], err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), tp)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "baked %s (%s, %s vCPUs) in %.1fs\n", tp.Name, mib(tp.MemoryMiB), num(tp.VCPUs), float64(tp.BakeMS)/1000)
+			return err
+		},
+	}
+	bake.Flags().IntVar(&mem, "memory", 0, "guest memory in MiB (default: the server's)")
+	bake.Flags().IntVar(&vcpus, "vcpus", 0, "guest vCPUs (default: the server's)")
+	cmd.AddCommand(bake)
+	return cmd
+}
+
+func keysCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "keys",
+		Aliases: []string{"key"},
+		Short:   "Manage API keys (admin keys only)",
+	})
+	var (
+		admin bool
+		q     pandastack.Quotas
+	)
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create an API key and print its secret (shown only once)",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			k, err := c.CreateKey(cmd.Context(), args[0], admin, q)
+			if err != nil {
+				return fmt.Errorf("create key: %w", err)
+			}
+			if g.json {
+				err = printJSON(cmd.OutOrStdout(), k)
+			} else {
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), k.Key)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "Created key %s (%s). Store its secret now: it is not shown again.\n", k.ID, k.Name)
+			return err
+		},
+	}
+	create.Flags().BoolVar(&admin, "admin", false, "the key can manage keys and bake templates")
+	create.Flags().IntVar(&q.MaxSandboxes, "max-sandboxes", 0, "concurrent sandboxes allowed (default: the server's)")
+	create.Flags().IntVar(&q.MaxMemoryMiB, "max-memory", 0, "total guest memory allowed in MiB (default: the server's)")
+	cmd.AddCommand(create)
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "ls",
+		Short: "List API keys (without their secrets)",
+		Args:  args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			keys, err := c.ListKeys(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("list keys: %w", err)
+			}
+			if g.json {
+				if keys == nil {
+					keys = []pandastack.APIKey{}
+				}
+				return printJSON(cmd.OutOrStdout(), map[string]any{"keys": keys})
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "ADMIN", "PREFIX", "MAX SANDBOXES", "MAX MEMORY", "CREATED")
+			for _, k := range keys {
+				t.row(k.ID, k.Name, strconv.FormatBool(k.Admin), orDash(k.Prefix), num(k.MaxSandboxes), mib(k.MaxMemoryMiB), when(k.CreatedAt))
+			}
+			return t.flush()
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "revoke ID...",
+		Short: "Revoke API keys; their sandboxes are killed",
+		Args:  args(1, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var failed []error
+			for _, id := range args {
+				if err := c.RevokeKey(cmd.Context(), id); err != nil {
+					failed = append(failed, fmt.Errorf("revoke %s: %w", id, err))
+				}
+			}
+			return errors.Join(failed...)
+		},
+	})
+	return cmd
+}
+
+func snapshotCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "snapshot",
+		Aliases: []string{"snapshots"},
+		Short:   "Save sandboxes as snapshots, list and delete them",
+	})
+	var name string
+	create := &cobra.Command{
+		Use:   "create ID",
+		Short: "Save a sandbox's memory and disk; prints the snapshot's id",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.sandbox(args[0])
+			if err != nil {
+				return err
+			}
+			snap, err := sb.Snapshot(cmd.Context(), name)
+			if err != nil {
+				return fmt.Errorf("snapshot %s: %w", args[0], err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), snap)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), snap.ID)
+			return err
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "a name for the snapshot")
+	cmd.AddCommand(create)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "ls",
+		Short: "List your snapshots",
+		Args:  args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			snaps, err := c.Snapshots(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("list snapshots: %w", err)
+			}
+			if g.json {
+				if snaps == nil {
+					snaps = []pandastack.Snapshot{}
+				}
+				return printJSON(cmd.OutOrStdout(), map[string]any{"snapshots": snaps})
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "SANDBOX", "TEMPLATE", "MEMORY", "SIZE", "CREATED")
+			for _, s := range snaps {
+				size := "-"
+				if s.SizeBytes > 0 {
+					size = fmt.Sprintf("%.1f MiB", float64(s.SizeBytes)/(1<<20))
+				}
+				t.row(s.ID, orDash(s.Name), orDash(s.SandboxID), orDash(s.Template), mib(s.MemoryMiB), size, when(s.CreatedAt))
+			}
+			return t.flush()
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "rm ID...",
+		Short: "Delete snapshots",
+		Args:  args(1, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var failed []error
+			for _, id := range args {
+				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
+					failed = append(failed, fmt.Errorf("delete snapshot %s: %w", id, err))
+				}
+			}
+			return errors.Join(failed...)
+		},
+	})
+	return cmd
+}
+
+func hostsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "hosts",
+		Short: "List the hosts that run sandboxes",
+		Args:  args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			hosts, err := c.Hosts(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("list hosts: %w", err)
+			}
+			if g.json {
+				if hosts == nil {
+					hosts = []pandastack.Host{}
+				}
+				return printJSON(cmd.OutOrStdout(), map[string]any{"hosts": hosts})
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "ADDRESS", "STATE", "SANDBOXES", "MEMORY", "ALLOCATED", "LAST SEEN")
+			for _, h := range hosts {
+				t.row(h.ID, orDash(h.Address), h.State, strconv.Itoa(h.Sandboxes), mib(h.MemoryMiB), mib(h.MemoryAllocatedMiB), when(h.LastSeenAt))
+			}
+			return t.flush()
+		},
+	}
+}

@@ -1,0 +1,285 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// result is what one CLI invocation did.
+type result struct {
+	stdout, stderr string
+	err            error
+}
+
+// exitCode is the status main would exit with.
+func (r result) exitCode() int {
+	var ee ExitError
+	switch {
+	case r.err == nil:
+		return 0
+	case errors.As(r.err, &ee):
+		return ee.Code
+	}
+	return 1
+}
+
+// runCLI runs the verbs in-process under a root command like main's.
+func runCLI(ctx context.Context, stdin string, args ...string) result {
+	root := &cobra.Command{Use: "panda", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(Commands()...)
+	var stdout, stderr strings.Builder
+	root.SetArgs(args)
+	root.SetOut(&stdout)
+	root.SetErr(&stderr)
+	root.SetIn(strings.NewReader(stdin))
+	err := root.ExecuteContext(ctx)
+	return result{stdout.String(), stderr.String(), err}
+}
+
+// fakeAPI is a test double of the HTTP layer that records requests.
+type fakeAPI struct {
+	t    *testing.T
+	url  string
+	reqs []string // "METHOD PATH?QUERY BODY AUTH"
+}
+
+func newFakeAPI(t *testing.T, h func(w http.ResponseWriter, r *http.Request, body string)) *fakeAPI {
+	f := &fakeAPI{t: t}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		f.reqs = append(f.reqs, strings.TrimSpace(r.Method+" "+r.URL.RequestURI()+" "+string(b)+" "+r.Header.Get("Authorization")))
+		h(w, r, string(b))
+	}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+	return f
+}
+
+func isolateEnv(t *testing.T) {
+	t.Setenv("PANDASTACK_API_URL", "")
+	t.Setenv("PANDASTACK_API_KEY", "")
+	t.Setenv("PANDA_DATA_DIR", t.TempDir()) // no admin.key
+}
+
+func TestArgumentErrors(t *testing.T) {
+	isolateEnv(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"get"}, "usage: panda get ID"},
+		{[]string{"get", "a", "b"}, "usage: panda get ID"},
+		{[]string{"exec", "abc"}, "usage: panda exec ID"},
+		{[]string{"ttl", "abc", "soon"}, `SECONDS "soon"`},
+		{[]string{"ttl", "abc", "0"}, "at least 1"},
+		{[]string{"create", "--meta", "novalue"}, `--meta "novalue": want KEY=VALUE`},
+		{[]string{"exec", "abc", "--env", "=x", "--", "true"}, "want KEY=VALUE"},
+		{[]string{"exec", "abc", "--timeout", "-1", "--", "true"}, "--timeout"},
+		{[]string{"fs", "put", "abc", "/no/such/local/file", "/x"}, "no such file"},
+		{[]string{"fs", "put", "abc", "-", "/x", "--mode", "9z"}, "octal"},
+		{[]string{"kill"}, "usage: panda kill ID..."},
+		{[]string{"create", "--api-url", "localhost:7788"}, "invalid API URL"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			r := runCLI(context.Background(), "", tt.args...)
+			if r.err == nil || !strings.Contains(r.err.Error(), tt.want) {
+				t.Errorf("got error %v, want one containing %q", r.err, tt.want)
+			}
+			if r.exitCode() != 1 {
+				t.Errorf("got exit code %d, want 1", r.exitCode())
+			}
+		})
+	}
+}
+
+func TestConnectionRefused(t *testing.T) {
+	isolateEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + l.Addr().String()
+	l.Close()
+	r := runCLI(context.Background(), "", "ls", "--api-url", url)
+	if r.err == nil || !strings.Contains(r.err.Error(), "is `panda up` running at "+url) {
+		t.Errorf("got %v, want a hint to run panda up", r.err)
+	}
+}
+
+func TestAPIKeySources(t *testing.T) {
+	empty := func(w http.ResponseWriter, r *http.Request, _ string) {
+		if r.Header.Get("Authorization") == "" {
+			w.WriteHeader(401)
+			io.WriteString(w, `{"error":{"code":"unauthorized","message":"missing API key"}}`)
+			return
+		}
+		io.WriteString(w, `{"sandboxes":[]}`)
+	}
+	t.Run("admin key file", func(t *testing.T) {
+		isolateEnv(t)
+		dir := t.TempDir()
+		t.Setenv("PANDA_DATA_DIR", dir)
+		os.WriteFile(filepath.Join(dir, "admin.key"), []byte("ps_admin\n"), 0o600)
+		f := newFakeAPI(t, empty)
+		if r := runCLI(context.Background(), "", "ls", "--api-url", f.url); r.err != nil {
+			t.Fatal(r.err)
+		}
+		if got := f.reqs[0]; !strings.HasSuffix(got, "Bearer ps_admin") {
+			t.Errorf("got request %q, want the admin key file's key", got)
+		}
+	})
+	t.Run("env beats file", func(t *testing.T) {
+		isolateEnv(t)
+		dir := t.TempDir()
+		t.Setenv("PANDA_DATA_DIR", dir)
+		os.WriteFile(filepath.Join(dir, "admin.key"), []byte("ps_admin\n"), 0o600)
+		f := newFakeAPI(t, empty)
+		t.Setenv("PANDASTACK_API_URL", f.url)
+		t.Setenv("PANDASTACK_API_KEY", "ps_env")
+		runCLI(context.Background(), "", "ls")
+		runCLI(context.Background(), "", "ls", "--api-key", "ps_flag")
+		if len(f.reqs) != 2 || !strings.HasSuffix(f.reqs[0], "Bearer ps_env") || !strings.HasSuffix(f.reqs[1], "Bearer ps_flag") {
+			t.Errorf("got requests %q, want the env key then the flag's", f.reqs)
+		}
+	})
+	t.Run("no key hint", func(t *testing.T) {
+		isolateEnv(t)
+		f := newFakeAPI(t, empty)
+		r := runCLI(context.Background(), "", "ls", "--api-url", f.url)
+		if r.err == nil || !strings.Contains(r.err.Error(), "no API key is set") || !strings.Contains(r.err.Error(), "missing API key") {
+			t.Errorf("got %v, want the server's message and a hint", r.err)
+		}
+	})
+}
+
+func TestExecStreamsAndExits(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, body string) {
+		if strings.HasSuffix(r.URL.Path, "/exec") {
+			io.WriteString(w, `{"exit_code":2,"stdout":"o","stderr":"e","duration_ms":1}`)
+			return
+		}
+		io.WriteString(w, `{"type":"start","pid":1}`+"\n"+`{"type":"stdout","data":"out\n"}`+"\n"+
+			`{"type":"stderr","data":"err\n"}`+"\n"+`{"type":"exit","exit_code":7,"duration_ms":3}`+"\n")
+	})
+	ctx := context.Background()
+	r := runCLI(ctx, "", "exec", "--api-url", f.url, "--api-key", "k", "abc", "--", "echo hi; exit 7")
+	if r.exitCode() != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
+		t.Errorf("got exit %d stdout %q stderr %q (%v), want 7 out err", r.exitCode(), r.stdout, r.stderr, r.err)
+	}
+	runCLI(ctx, "in", "exec", "--api-url", f.url, "--api-key", "k", "-i", "abc", "--cwd", "/tmp", "-e", "A=1", "--timeout", "0", "--", "ls", "-l", "a b")
+	runCLI(ctx, "", "exec", "--api-url", f.url, "--api-key", "k", "abc", "--timeout", "2.5", "--", "true")
+	want := []string{
+		`POST /v1/sandboxes/abc/exec/stream {"cmd":"echo hi; exit 7"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-l","a b"],"env":{"A":"1"},"cwd":"/tmp","timeout_seconds":0,"stdin":"in"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"cmd":"true","timeout_seconds":2.5} Bearer k`,
+	}
+	for i := range want {
+		if i >= len(f.reqs) || f.reqs[i] != want[i] {
+			t.Errorf("request %d: got %q, want %q", i, f.reqs[min(i, len(f.reqs)-1)], want[i])
+		}
+	}
+
+	r = runCLI(ctx, "", "exec", "--api-url", f.url, "--api-key", "k", "--json", "abc", "--", "x")
+	var res struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.ExitCode != 2 || res.Stdout != "o" || r.exitCode() != 2 {
+		t.Errorf("got %q (%v), exit %d, want the JSON result and exit 2", r.stdout, err, r.exitCode())
+	}
+}
+
+func TestKillReportsEach(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, _ string) {
+		if strings.HasSuffix(r.URL.Path, "/bad") {
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":{"code":"not_found","message":"sandbox bad not found"}}`)
+			return
+		}
+		w.WriteHeader(204)
+	})
+	r := runCLI(context.Background(), "", "kill", "--api-url", f.url, "--api-key", "k", "a1", "bad", "a2")
+	if r.stdout != "a1\na2\n" || r.err == nil || !strings.Contains(r.err.Error(), "kill bad: sandbox bad not found") {
+		t.Errorf("got %q %v", r.stdout, r.err)
+	}
+}
+
+func TestForkPartial(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, _ string) {
+		io.WriteString(w, `{"children":[{"sandbox":{"id":"c1","state":"running"}},{"error":{"code":"quota_exceeded","message":"at most 2 sandboxes"}}]}`)
+	})
+	r := runCLI(context.Background(), "", "fork", "--api-url", f.url, "--api-key", "k", "abc", "-n", "2")
+	if r.stdout != "c1\n" || !strings.Contains(r.stderr, "at most 2 sandboxes") || r.err == nil || r.exitCode() != 1 {
+		t.Errorf("got %q %q %v", r.stdout, r.stderr, r.err)
+	}
+	if f.reqs[0] != `POST /v1/sandboxes/abc/fork {"count":2} Bearer k` {
+		t.Errorf("got request %q", f.reqs[0])
+	}
+}
+
+func TestHumanOutputs(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, _ string) {
+		switch r.URL.Path {
+		case "/v1/sandboxes":
+			io.WriteString(w, `{"sandboxes":[{"id":"k3v9","template":"tiny","state":"running","memory_mib":256,"vcpus":1,"created_at":"2025-01-01T00:00:00Z","metadata":{"b":"2","a":"1"}}]}`)
+		case "/v1/templates":
+			io.WriteString(w, `{"templates":[{"name":"tiny","memory_mib":256,"vcpus":1,"state":"ready","bake_ms":1500}]}`)
+		case "/v1/keys":
+			io.WriteString(w, `{"keys":[{"id":"key1","name":"ci","admin":false,"prefix":"ps_ab","created_at":"2025-01-01T00:00:00Z"}]}`)
+		case "/v1/sandboxes/abc/files/list":
+			io.WriteString(w, `{"entries":[{"name":"d","path":"/d","size":4096,"mode":493,"is_dir":true},{"name":"l","path":"/l","size":1,"mode":511,"is_dir":false,"is_symlink":true,"link_target":"/d"}]}`)
+		case "/v1/hosts":
+			io.WriteString(w, `{"hosts":[{"id":"h1","state":"ready","sandboxes":3}]}`)
+		}
+	})
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"ls"}, []string{"ID", "k3v9", "tiny", "running", "256 MiB", "a=1,b=2"}},
+		{[]string{"template", "ls"}, []string{"tiny", "ready", "1.5s"}},
+		{[]string{"keys", "ls"}, []string{"key1", "ci", "ps_ab"}},
+		{[]string{"fs", "ls", "abc", "/"}, []string{"drwxr-xr-x", "d/", "Lrwxrwxrwx", "l -> /d"}},
+		{[]string{"hosts"}, []string{"h1", "ready", "3"}},
+	}
+	for _, tt := range tests {
+		r := runCLI(context.Background(), "", append(tt.args, "--api-url", f.url, "--api-key", "k")...)
+		if r.err != nil {
+			t.Errorf("%v: %v", tt.args, r.err)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(r.stdout, w) {
+				t.Errorf("%v: got\n%s\nwant it to contain %q", tt.args, r.stdout, w)
+			}
+		}
+	}
+}
+
+func TestShort(t *testing.T) {
+	tests := []struct {
+		secs int
+		want string
+	}{{0, "0s"}, {59, "59s"}, {61, "1m01s"}, {3600, "1h00m"}, {3 * 86400, "3d"}}
+	for _, tt := range tests {
+		if got := short(timeSeconds(tt.secs)); got != tt.want {
+			t.Errorf("short(%ds) = %q, want %q", tt.secs, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+	"github.com/spf13/cobra"
+)
+
+func execCmd(g *globals) *cobra.Command {
+	var (
+		env     []string
+		cwd     string
+		timeout float64
+		stdin   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "exec ID [flags] -- CMD [ARGS...]",
+		Short: "Run a command in a sandbox, streaming its output; exits with its exit code",
+		Long: `Run a command in a sandbox. Its output is streamed as it is produced and
+panda exits with the command's exit code.
+
+A single CMD is run as a shell string (/bin/sh -c CMD); several words are run
+directly as a program and its arguments. Put the command after -- so that its
+own flags are not taken for panda's.
+
+With --json the output is collected and printed at the end as the API's
+ExecResult object (exit_code, stdout, stderr, ...); the exit code is still
+the command's.`,
+		Example: `  panda exec $ID -- 'echo hello && uname -a'
+  panda exec $ID --cwd /tmp --env DEBUG=1 -- ls -la
+  echo 'print(1+1)' | panda exec $ID -i -- python3`,
+		Args: args(2, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			e, err := pairs("env", env)
+			if err != nil {
+				return err
+			}
+			c := pandastack.Command{Env: e, Cwd: cwd}
+			if rest := args[1:]; len(rest) == 1 {
+				c.Cmd = rest[0]
+			} else {
+				c.Argv = rest
+			}
+			if cmd.Flags().Changed("timeout") {
+				switch {
+				case timeout < 0:
+					return fmt.Errorf("--timeout %v: want 0 (no timeout) or more seconds", timeout)
+				case timeout == 0:
+					c.Timeout = pandastack.NoTimeout
+				default:
+					c.Timeout = seconds(timeout)
+				}
+			}
+			if stdin {
+				b, err := io.ReadAll(cmd.InOrStdin())
+				if err != nil {
+					return fmt.Errorf("read standard input: %w", err)
+				}
+				c.Stdin = string(b)
+			}
+			sb, err := g.sandbox(args[0])
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			var res pandastack.ExecResult
+			if g.json {
+				res, err = sb.Exec(ctx, c)
+			} else {
+				res, err = sb.ExecStream(ctx, c, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
+			if err != nil {
+				if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+					return ExitError{Code: 130} // interrupted: the command was killed
+				}
+				return fmt.Errorf("exec in %s: %w", args[0], err)
+			}
+			if g.json {
+				if err := printJSON(cmd.OutOrStdout(), res); err != nil {
+					return err
+				}
+			} else if res.TimedOut {
+				fmt.Fprintf(cmd.ErrOrStderr(), "panda: the command timed out and was killed (%s)\n", orDash(res.Signal))
+			}
+			if res.ExitCode != 0 {
+				return ExitError{Code: res.ExitCode}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringVarP(&cwd, "cwd", "w", "", "working directory (default /root)")
+	f.Float64Var(&timeout, "timeout", 60, "kill the command after SEC seconds; 0 for no timeout")
+	f.BoolVarP(&stdin, "stdin", "i", false, "send panda's standard input to the command (read fully first)")
+	return cmd
+}
+
+func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }

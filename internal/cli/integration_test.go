@@ -1,0 +1,528 @@
+package cli
+
+// Integration tests of the verbs against a real server: `panda up` with its
+// own data directory on a free port, QEMU with TCG, template tiny at
+// 256 MiB. The server is started on first use and stopped (SIGTERM, then
+// SIGKILL) by TestMain; the unit tests of this package do not need it.
+// The server helper is a copy of the one in sdk/go/integration_test.go
+// (the SDK must not share code with internal packages).
+//
+// Environment: PANDA_BIN (default: build ./cmd/panda), PANDA_TEST_IMAGES
+// (default /var/lib/pandastack/images, from `make setup`).
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopServer()
+	os.Exit(code)
+}
+
+// server is a running `panda up`.
+type server struct {
+	url      string
+	adminKey string
+	root     string // temporary directory: data/, server.log, panda
+	bin      string // the panda binary
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	log      *os.File
+}
+
+var (
+	srvOnce sync.Once
+	srv     *server
+	srvErr  error
+)
+
+// testServer returns the shared server, starting it on first use.
+func testServer(t *testing.T) *server {
+	t.Helper()
+	srvOnce.Do(func() { srv, srvErr = startServer() })
+	if srvErr != nil {
+		t.Fatalf("cannot start the server: %v", srvErr)
+	}
+	return srv
+}
+
+func startServer() (s *server, err error) {
+	root, err := os.MkdirTemp("", "pit")
+	if err != nil {
+		return nil, err
+	}
+	s = &server{root: root, exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.stop()
+			srv = s // so that stopServer cleans up
+		}
+	}()
+	bin := os.Getenv("PANDA_BIN")
+	if bin == "" {
+		if bin, err = buildPanda(root); err != nil {
+			return s, err
+		}
+	}
+	images := os.Getenv("PANDA_TEST_IMAGES")
+	if images == "" {
+		images = "/var/lib/pandastack/images"
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return s, err
+	}
+	dataDir := filepath.Join(root, "data")
+	if err := os.Mkdir(dataDir, 0o755); err != nil {
+		return s, err
+	}
+	if s.log, err = os.Create(filepath.Join(root, "server.log")); err != nil {
+		return s, err
+	}
+	s.url = "http://" + addr
+	s.bin = bin
+	s.cmd = exec.Command(bin, "up", "--data-dir", dataDir, "--listen", addr, "--images", images, "--accel", "tcg")
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	// If this test binary dies without stopping the server, the kernel
+	// stops it.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := s.cmd.Start(); err != nil {
+		return s, fmt.Errorf("start %s: %w", bin, err)
+	}
+	go func() { s.cmd.Wait(); close(s.exited) }()
+
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		select {
+		case <-s.exited:
+			return s, fmt.Errorf("panda up exited early (%v); its log:\n%s", s.cmd.ProcessState, s.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return s, fmt.Errorf("panda up not healthy and ready after 3 minutes; its log:\n%s", s.logTail())
+		}
+		if healthy(s.url) {
+			if b, err := os.ReadFile(filepath.Join(dataDir, "admin.key")); err == nil && len(bytes.TrimSpace(b)) > 0 {
+				s.adminKey = string(bytes.TrimSpace(b))
+				return s, nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func healthy(url string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// buildPanda builds ./cmd/panda of this module into dir.
+func buildPanda(dir string) (string, error) {
+	modRoot, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	out := filepath.Join(dir, "panda")
+	cmd := exec.Command(goBin, "build", "-o", out, "./cmd/panda")
+	cmd.Dir = modRoot
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/panda: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// moduleRoot finds the directory of the pandastack go.mod above the
+// working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/pandastack/pandastack\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod of github.com/pandastack/pandastack above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func (s *server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.root, "server.log"))
+	if len(b) > 8000 {
+		b = b[len(b)-8000:]
+	}
+	return string(b)
+}
+
+// stop stops the server: SIGTERM, then SIGKILL after a minute.
+func (s *server) stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+		case <-time.After(time.Minute):
+			fmt.Fprintf(os.Stderr, "panda up ignored SIGTERM for a minute: killing it; its log:\n%s\n", s.logTail())
+			s.cmd.Process.Kill()
+			<-s.exited
+		}
+	}
+	if s.log != nil {
+		s.log.Close()
+	}
+	if err := os.RemoveAll(s.root); err != nil {
+		fmt.Fprintf(os.Stderr, "remove the test server's directory: %v\n", err)
+	}
+}
+
+func stopServer() {
+	if srv != nil {
+		srv.stop()
+		srv = nil
+	}
+}
+
+// --- helpers ---
+
+// itEnv points the CLI at the test server with its admin key.
+func itEnv(t *testing.T) *server {
+	t.Helper()
+	s := testServer(t)
+	t.Setenv("PANDASTACK_API_URL", s.url)
+	t.Setenv("PANDASTACK_API_KEY", s.adminKey)
+	t.Setenv("PANDA_DATA_DIR", t.TempDir())
+	return s
+}
+
+func itCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// mustRun runs the CLI and fails the test on an error.
+func mustRun(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	r := runCLI(itCtx(t), stdin, args...)
+	if r.err != nil {
+		t.Fatalf("panda %s: %v\nstderr: %s", strings.Join(args, " "), r.err, r.stderr)
+	}
+	return r
+}
+
+// createSandbox runs `panda create --json` for a tiny sandbox, killed at
+// the end of the test.
+func createSandbox(t *testing.T, extra ...string) string {
+	t.Helper()
+	r := mustRun(t, "", append([]string{"create", "--json", "--template", "tiny", "--memory", "256"}, extra...)...)
+	var sb struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil || sb.ID == "" || sb.State != "running" {
+		t.Fatalf("create --json: got %q (%v), want a running sandbox object", r.stdout, err)
+	}
+	t.Cleanup(func() { runCLI(context.Background(), "", "kill", sb.ID) })
+	return sb.ID
+}
+
+// --- tests ---
+
+func TestIntegrationLifecycle(t *testing.T) {
+	itEnv(t)
+	run := fmt.Sprint(time.Now().UnixNano())
+	id := createSandbox(t, "--meta", "run="+run, "--ttl", "600")
+
+	// Plain create prints only the id.
+	r := mustRun(t, "", "create", "--template", "tiny", "--memory", "256", "--meta", "run="+run)
+	id2 := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { runCLI(context.Background(), "", "kill", id2) })
+	if strings.ContainsAny(id2, " \n\t") || id2 == "" || id2 == id {
+		t.Errorf("create: got %q, want one new id", r.stdout)
+	}
+
+	r = mustRun(t, "", "get", id, "--json")
+	var got struct {
+		ID       string            `json:"id"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.ID != id || got.Metadata["run"] != run {
+		t.Errorf("get --json: got %q (%v)", r.stdout, err)
+	}
+	r = mustRun(t, "", "get", id)
+	if !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "running") {
+		t.Errorf("get: got %q", r.stdout)
+	}
+
+	r = mustRun(t, "", "ls", "--meta", "run="+run, "--json")
+	var list struct {
+		Sandboxes []struct {
+			ID string `json:"id"`
+		} `json:"sandboxes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list.Sandboxes) != 2 || list.Sandboxes[0].ID != id || list.Sandboxes[1].ID != id2 {
+		t.Errorf("ls --json: got %q (%v), want both sandboxes, oldest first", r.stdout, err)
+	}
+	r = mustRun(t, "", "ls", "--meta", "run="+run)
+	if !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "run="+run) {
+		t.Errorf("ls: got %q", r.stdout)
+	}
+
+	r = mustRun(t, "", "ttl", id, "120")
+	if !strings.Contains(r.stdout, "expires at") {
+		t.Errorf("ttl: got %q", r.stdout)
+	}
+
+	r = mustRun(t, "", "kill", id, id2)
+	if r.stdout != id+"\n"+id2+"\n" {
+		t.Errorf("kill: got %q", r.stdout)
+	}
+	r = mustRun(t, "", "ls", "--meta", "run="+run, "--json")
+	if strings.Contains(r.stdout, id) {
+		t.Errorf("ls after kill: got %q, want no killed sandboxes", r.stdout)
+	}
+	r = mustRun(t, "", "ls", "--meta", "run="+run, "--state", "stopped")
+	if !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "killed") {
+		t.Errorf("ls --state stopped: got %q", r.stdout)
+	}
+
+	r = runCLI(itCtx(t), "", "get", "nosuchsandbox0")
+	if r.exitCode() != 1 || r.err == nil || !strings.Contains(r.err.Error(), "not_found") {
+		t.Errorf("get unknown: got exit %d, %v", r.exitCode(), r.err)
+	}
+}
+
+func TestIntegrationExec(t *testing.T) {
+	itEnv(t)
+	id := createSandbox(t, "--env", "FROM_CREATE=c1")
+	ctx := itCtx(t)
+
+	tests := []struct {
+		name       string
+		stdin      string
+		args       []string
+		wantOut    string
+		wantErr    string
+		wantStatus int
+	}{
+		{"shell string", "", []string{"--", "echo out; echo err >&2; exit 7"}, "out\n", "err\n", 7},
+		{"argv", "", []string{"--", "printf", "%s|", "a b", "c"}, "a b|c|", "", 0},
+		{"env and cwd", "", []string{"--env", "A=1", "--cwd", "/tmp", "--", `echo "$A $FROM_CREATE $(pwd)"`}, "1 c1 /tmp\n", "", 0},
+		{"stdin", "hello", []string{"-i", "--", "cat"}, "hello", "", 0},
+		{"exit 0", "", []string{"--", "true"}, "", "", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCLI(ctx, tt.stdin, append([]string{"exec", id}, tt.args...)...)
+			if r.exitCode() != tt.wantStatus || r.stdout != tt.wantOut || r.stderr != tt.wantErr {
+				t.Errorf("got exit %d (%v) stdout %q stderr %q, want %d %q %q", r.exitCode(), r.err, r.stdout, r.stderr, tt.wantStatus, tt.wantOut, tt.wantErr)
+			}
+		})
+	}
+	t.Run("timeout", func(t *testing.T) {
+		r := runCLI(ctx, "", "exec", id, "--timeout", "1", "--", "sleep 30")
+		if r.exitCode() == 0 || !strings.Contains(r.stderr, "timed out") {
+			t.Errorf("got exit %d stderr %q, want a non-zero exit and a note", r.exitCode(), r.stderr)
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		r := runCLI(ctx, "", "exec", "--json", id, "--", "echo hi; exit 2")
+		var res struct {
+			ExitCode int    `json:"exit_code"`
+			Stdout   string `json:"stdout"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.ExitCode != 2 || res.Stdout != "hi\n" || r.exitCode() != 2 {
+			t.Errorf("got %q (%v) exit %d", r.stdout, err, r.exitCode())
+		}
+	})
+	t.Run("unknown sandbox", func(t *testing.T) {
+		r := runCLI(ctx, "", "exec", "nosuchsandbox0", "--", "true")
+		if r.exitCode() != 1 || r.err == nil || !strings.Contains(r.err.Error(), "not_found") {
+			t.Errorf("got exit %d %v", r.exitCode(), r.err)
+		}
+	})
+}
+
+// TestIntegrationBinary runs the real panda binary: the verbs must be
+// wired into main and exec's status must become the process's.
+func TestIntegrationBinary(t *testing.T) {
+	s := itEnv(t)
+	id := createSandbox(t)
+	run := func(args ...string) (string, string, int) {
+		cmd := exec.CommandContext(itCtx(t), s.bin, args...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("run panda: %v", err)
+		}
+		return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+	}
+	out, errs, code := run("exec", id, "--", "echo hi; exit 5")
+	if out != "hi\n" || errs != "" || code != 5 {
+		t.Errorf("panda exec: got stdout %q stderr %q status %d, want hi, nothing, 5", out, errs, code)
+	}
+	out, errs, code = run("get", "nosuchsandbox0")
+	if code != 1 || out != "" || !strings.HasPrefix(errs, "panda: ") || strings.Contains(errs, "goroutine") {
+		t.Errorf("panda get unknown: got stdout %q stderr %q status %d, want a one-line error and status 1", out, errs, code)
+	}
+}
+
+func TestIntegrationFiles(t *testing.T) {
+	itEnv(t)
+	id := createSandbox(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.bin")
+	data := make([]byte, 3<<20+17)
+	rand.Read(data)
+	if err := os.WriteFile(src, data, 0o750); err != nil {
+		t.Fatal(err)
+	}
+
+	r := mustRun(t, "", "fs", "put", id, src, "/work/in/", "--json")
+	var fi struct {
+		Path string `json:"path"`
+		Size int64  `json:"size"`
+		Mode uint32 `json:"mode"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &fi); err != nil || fi.Path != "/work/in/src.bin" || fi.Size != int64(len(data)) || fi.Mode != 0o750 {
+		t.Errorf("fs put --json: got %q (%v), want /work/in/src.bin, its size and mode 0750", r.stdout, err)
+	}
+
+	dst := filepath.Join(dir, "dst.bin")
+	mustRun(t, "", "fs", "get", id, "/work/in/src.bin", dst)
+	if b, err := os.ReadFile(dst); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("fs get to a file: got %d bytes (%v), want the %d uploaded", len(b), err, len(data))
+	}
+	r = mustRun(t, "", "fs", "get", id, "/work/in/src.bin", "-")
+	if r.stdout != string(data) {
+		t.Errorf("fs get to stdout: got %d bytes, want the %d uploaded", len(r.stdout), len(data))
+	}
+	mustRun(t, "from stdin", "fs", "put", id, "-", "/work/in/stdin.txt")
+	r = mustRun(t, "", "fs", "get", id, "/work/in/stdin.txt", "-")
+	if r.stdout != "from stdin" {
+		t.Errorf("fs put from stdin: got %q back", r.stdout)
+	}
+
+	mustRun(t, "", "fs", "mkdir", id, "/work/in/sub/dir")
+	r = mustRun(t, "", "fs", "ls", id, "/work/in", "--json")
+	var ls struct {
+		Entries []struct {
+			Name  string `json:"name"`
+			IsDir bool   `json:"is_dir"`
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &ls); err != nil || len(ls.Entries) != 3 || ls.Entries[0].Name != "src.bin" || ls.Entries[1].Name != "stdin.txt" || !ls.Entries[2].IsDir {
+		t.Errorf("fs ls --json: got %q (%v)", r.stdout, err)
+	}
+	r = mustRun(t, "", "fs", "ls", id, "/work/in")
+	if !strings.Contains(r.stdout, "sub/") || !strings.Contains(r.stdout, "-rwxr-x---") {
+		t.Errorf("fs ls: got %q", r.stdout)
+	}
+
+	r = runCLI(itCtx(t), "", "fs", "rm", id, "/work/in")
+	if r.err == nil {
+		t.Error("fs rm of a non-empty directory without -r: got no error")
+	}
+	mustRun(t, "", "fs", "rm", "-r", id, "/work/in")
+	r = runCLI(itCtx(t), "", "fs", "get", id, "/work/in/src.bin", filepath.Join(dir, "again"))
+	if r.err == nil || !strings.Contains(r.err.Error(), "not_found") {
+		t.Errorf("fs get of a removed file: got %v, want not_found", r.err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "again")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed fs get left a local file (%v)", err)
+	}
+}
+
+func TestIntegrationKeysAndTemplates(t *testing.T) {
+	s := itEnv(t)
+	r := mustRun(t, "", "keys", "create", "cli-test", "--max-sandboxes", "2", "--json")
+	var k struct {
+		ID           string `json:"id"`
+		Key          string `json:"key"`
+		MaxSandboxes int    `json:"max_sandboxes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &k); err != nil || k.ID == "" || k.Key == "" || k.MaxSandboxes != 2 {
+		t.Fatalf("keys create --json: got %q (%v)", r.stdout, err)
+	}
+	if !strings.Contains(r.stderr, "not shown again") {
+		t.Errorf("keys create: got stderr %q, want a warning to store the secret", r.stderr)
+	}
+	r = mustRun(t, "", "keys", "ls")
+	if !strings.Contains(r.stdout, k.ID) || strings.Contains(r.stdout, k.Key) {
+		t.Errorf("keys ls: got %q, want the key's id and not its secret", r.stdout)
+	}
+
+	// The new key works, and is not an admin.
+	r = runCLI(itCtx(t), "", "keys", "ls", "--api-key", k.Key)
+	if r.err == nil || !strings.Contains(r.err.Error(), "forbidden") {
+		t.Errorf("keys ls with a user key: got %v, want forbidden", r.err)
+	}
+	mustRun(t, "", "ls", "--api-key", k.Key)
+
+	mustRun(t, "", "keys", "revoke", k.ID)
+	r = runCLI(itCtx(t), "", "ls", "--api-key", k.Key)
+	if r.err == nil || !strings.Contains(r.err.Error(), "unauthorized") {
+		t.Errorf("ls with a revoked key: got %v, want unauthorized", r.err)
+	}
+
+	r = mustRun(t, "", "template", "ls", "--json")
+	var ts struct {
+		Templates []struct {
+			Name string `json:"name"`
+		} `json:"templates"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &ts); err != nil || !strings.Contains(r.stdout, `"tiny"`) {
+		t.Errorf("template ls --json: got %q (%v), want tiny listed", r.stdout, err)
+	}
+	r = mustRun(t, "", "template", "ls")
+	if !strings.Contains(r.stdout, "tiny") {
+		t.Errorf("template ls: got %q", r.stdout)
+	}
+
+	// No key anywhere: the local server's admin key file is used.
+	t.Setenv("PANDASTACK_API_KEY", "")
+	t.Setenv("PANDA_DATA_DIR", filepath.Join(s.root, "data"))
+	mustRun(t, "", "keys", "ls")
+}

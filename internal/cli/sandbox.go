@@ -1,0 +1,306 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+	"github.com/spf13/cobra"
+)
+
+func createCmd(g *globals) *cobra.Command {
+	var (
+		opts      pandastack.CreateOptions
+		meta, env []string
+	)
+	cmd := &cobra.Command{
+		Use:   "create",
+		Short: "Create a sandbox and print its id",
+		Example: `  panda create
+  panda create --template tiny --memory 256 --ttl 3600 --meta owner=me
+  ID=$(panda create) && panda exec $ID -- uname -a`,
+		Args: args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if opts.Metadata, err = pairs("meta", meta); err != nil {
+				return err
+			}
+			if opts.Env, err = pairs("env", env); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Create(cmd.Context(), opts)
+			if err != nil {
+				return fmt.Errorf("create sandbox: %w", err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), sb.Info)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), sb.ID)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Template, "template", "", "template (default base)")
+	f.IntVar(&opts.TTLSeconds, "ttl", 0, "seconds until the sandbox is killed (default 300)")
+	f.IntVar(&opts.MemoryMiB, "memory", 0, "guest memory in MiB (default 1024)")
+	f.IntVar(&opts.VCPUs, "vcpus", 0, "guest vCPUs (default 1)")
+	f.StringArrayVar(&meta, "meta", nil, "metadata label KEY=VALUE (repeatable)")
+	f.StringArrayVar(&env, "env", nil, "default environment variable KEY=VALUE of every command (repeatable)")
+	f.StringVar(&opts.SnapshotID, "snapshot", "", "create from this snapshot instead of a template")
+	return cmd
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var (
+		state string
+		meta  []string
+	)
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List your sandboxes (stopped ones only with --state stopped)",
+		Args:    args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := pairs("meta", meta)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sbs, err := c.List(cmd.Context(), pandastack.ListOptions{State: pandastack.SandboxState(state), Metadata: m})
+			if err != nil {
+				return fmt.Errorf("list sandboxes: %w", err)
+			}
+			out := cmd.OutOrStdout()
+			if g.json {
+				infos := make([]pandastack.SandboxInfo, len(sbs))
+				for i, sb := range sbs {
+					infos[i] = sb.Info
+				}
+				return printJSON(out, map[string]any{"sandboxes": infos})
+			}
+			t := newTable(out, "ID", "TEMPLATE", "STATE", "MEMORY", "VCPUS", "CREATED", "EXPIRES", "METADATA")
+			for _, sb := range sbs {
+				i := sb.Info
+				t.row(i.ID, i.Template, stateText(i), mib(i.MemoryMiB), num(i.VCPUs), when(i.CreatedAt), when(i.ExpiresAt), labels(i.Metadata))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: starting, running, paused, stopped")
+	cmd.Flags().StringArrayVar(&meta, "meta", nil, "only sandboxes with this metadata KEY=VALUE (repeatable)")
+	return cmd
+}
+
+// stateText is the state, with the reason of a stop.
+func stateText(i pandastack.SandboxInfo) string {
+	if i.StopReason != "" {
+		return string(i.State) + " (" + i.StopReason + ")"
+	}
+	return string(i.State)
+}
+
+// labels formats metadata as k=v,k=v sorted by key.
+func labels(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	for i, k := range ks {
+		ks[i] = k + "=" + m[k]
+	}
+	return strings.Join(ks, ",")
+}
+
+func getCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get ID",
+		Short: "Show a sandbox",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printSandbox(cmd.OutOrStdout(), g, sb.Info)
+		},
+	}
+}
+
+// printSandbox prints one sandbox, as JSON or as "field: value" lines.
+func printSandbox(w io.Writer, g *globals, i pandastack.SandboxInfo) error {
+	if g.json {
+		return printJSON(w, i)
+	}
+	t := newTable(w, "id:", i.ID)
+	t.row("template:", i.Template)
+	t.row("state:", stateText(i))
+	t.row("memory:", mib(i.MemoryMiB))
+	t.row("vcpus:", num(i.VCPUs))
+	t.row("created:", i.CreatedAt.Local().Format("2006-01-02 15:04:05")+" ("+when(i.CreatedAt)+")")
+	if !i.ExpiresAt.IsZero() {
+		t.row("expires:", i.ExpiresAt.Local().Format("2006-01-02 15:04:05")+" ("+when(i.ExpiresAt)+")")
+	}
+	if i.HostID != "" {
+		t.row("host:", i.HostID)
+	}
+	t.row("metadata:", labels(i.Metadata))
+	return t.flush()
+}
+
+func killCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "kill ID...",
+		Aliases: []string{"rm"},
+		Short:   "Kill sandboxes and free everything they used",
+		Args:    args(1, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			killed := []string{}
+			var failed []error
+			for _, id := range args {
+				if err := c.Sandbox(id).Kill(cmd.Context()); err != nil {
+					failed = append(failed, fmt.Errorf("kill %s: %w", id, err))
+					continue
+				}
+				killed = append(killed, id)
+				if !g.json {
+					fmt.Fprintln(cmd.OutOrStdout(), id)
+				}
+			}
+			if g.json {
+				if err := printJSON(cmd.OutOrStdout(), map[string]any{"killed": killed}); err != nil {
+					return err
+				}
+			}
+			return errors.Join(failed...)
+		},
+	}
+}
+
+func ttlCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "ttl ID SECONDS",
+		Short: "Set a sandbox to expire SECONDS from now",
+		Args:  args(2, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			secs, err := strconv.Atoi(args[1])
+			if err != nil || secs < 1 {
+				return fmt.Errorf("SECONDS %q: want a whole number of seconds, at least 1", args[1])
+			}
+			sb, err := g.sandbox(args[0])
+			if err != nil {
+				return err
+			}
+			if err := sb.SetTTL(cmd.Context(), secs); err != nil {
+				return fmt.Errorf("set ttl of %s: %w", args[0], err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), sb.Info)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (%s)\n", sb.ID, sb.Info.ExpiresAt.Local().Format("15:04:05"), when(sb.Info.ExpiresAt))
+			return err
+		},
+	}
+}
+
+// stateCmd is pause or resume.
+func stateCmd(g *globals, use, short string, do func(*pandastack.Sandbox, *cobra.Command) error) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " ID",
+		Short: short,
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.sandbox(args[0])
+			if err != nil {
+				return err
+			}
+			if err := do(sb, cmd); err != nil {
+				return fmt.Errorf("%s %s: %w", use, args[0], err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), sb.Info)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", sb.ID, sb.Info.State)
+			return err
+		},
+	}
+}
+
+func pauseCmd(g *globals) *cobra.Command {
+	return stateCmd(g, "pause", "Pause a sandbox (its vCPUs stop, its memory is kept)",
+		func(sb *pandastack.Sandbox, cmd *cobra.Command) error { return sb.Pause(cmd.Context()) })
+}
+
+func resumeCmd(g *globals) *cobra.Command {
+	return stateCmd(g, "resume", "Resume a paused sandbox",
+		func(sb *pandastack.Sandbox, cmd *cobra.Command) error { return sb.Resume(cmd.Context()) })
+}
+
+func forkCmd(g *globals) *cobra.Command {
+	var n int
+	cmd := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Copy a running sandbox (memory, disk and processes) N times; prints the children's ids",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.sandbox(args[0])
+			if err != nil {
+				return err
+			}
+			kids, err := sb.Fork(cmd.Context(), n)
+			var fe *pandastack.ForkError
+			if err != nil && !errors.As(err, &fe) {
+				return fmt.Errorf("fork %s: %w", args[0], err)
+			}
+			out := cmd.OutOrStdout()
+			if g.json {
+				infos := []pandastack.SandboxInfo{}
+				for _, k := range kids {
+					infos = append(infos, k.Info)
+				}
+				var fails []*pandastack.Error
+				if fe != nil {
+					fails = fe.Failures
+				}
+				if perr := printJSON(out, map[string]any{"children": infos, "errors": fails}); perr != nil {
+					return perr
+				}
+			} else {
+				for _, k := range kids {
+					fmt.Fprintln(out, k.ID)
+				}
+			}
+			if fe != nil {
+				for _, f := range fe.Failures {
+					fmt.Fprintf(cmd.ErrOrStderr(), "panda: fork %s: %v\n", args[0], f)
+				}
+				return fmt.Errorf("fork %s: %d of %d children failed", args[0], len(fe.Failures), n)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "children to make")
+	return cmd
+}

@@ -1,0 +1,326 @@
+// Package server wires the all-in-one PandaStack server (`panda up`): the
+// host agent, the catalog, the REST API and the TTL loop, started in order
+// and shut down in reverse order. It owns the server's configuration.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
+	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sys/unix"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the server's configuration (YAML file and flags).
+type Config struct {
+	Listen    string `yaml:"listen"`
+	DataDir   string `yaml:"data_dir"`
+	ImagesDir string `yaml:"images_dir"`
+	// Catalog is "" (SQLite in the data directory), a SQLite path, or a
+	// postgres:// URL.
+	Catalog string `yaml:"catalog"`
+	Accel   string `yaml:"accel"`
+	QEMU    string `yaml:"qemu"`
+
+	DefaultTemplate  string `yaml:"default_template"`
+	DefaultMemoryMiB int    `yaml:"default_memory_mib"`
+	DefaultVCPUs     int    `yaml:"default_vcpus"`
+
+	DefaultTTL         Duration `yaml:"default_ttl"`
+	MaxTTL             Duration `yaml:"max_ttl"`
+	MaxSandboxesPerKey int      `yaml:"max_sandboxes_per_key"`
+	MaxMemoryMiBPerKey int      `yaml:"max_memory_mib_per_key"`
+	MaxUploadBytes     int64    `yaml:"max_upload_bytes"`
+
+	// OnShutdown is what SIGTERM does to running sandboxes: "kill" (the
+	// default: nothing is left running) or "keep" (they keep running and
+	// the next start adopts them).
+	OnShutdown string `yaml:"on_shutdown"`
+	// BakeOnStart bakes the default template before serving.
+	BakeOnStart bool `yaml:"bake_on_start"`
+
+	LogLevel  string `yaml:"log_level"`
+	LogFormat string `yaml:"log_format"`
+}
+
+// Duration is a time.Duration read from YAML as "5m", "24h".
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", n.Value, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Defaults returns the configuration `panda up` runs with when nothing is
+// set.
+func Defaults() Config {
+	return Config{
+		Listen:           "127.0.0.1:7788",
+		DataDir:          "/var/lib/pandastack",
+		Accel:            "auto",
+		DefaultTemplate:  "base",
+		DefaultMemoryMiB: 1024,
+		DefaultVCPUs:     1,
+		DefaultTTL:       Duration(5 * time.Minute),
+		MaxTTL:           Duration(24 * time.Hour),
+		OnShutdown:       "kill",
+		LogLevel:         "info",
+		LogFormat:        "text",
+	}
+}
+
+// LoadFile merges a YAML file over c. Unknown keys are errors.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(b)))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate reports configuration errors.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		return errors.New("data_dir is required")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen %q: %w", c.Listen, err)
+	}
+	switch vmm.Accel(c.Accel) {
+	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
+	default:
+		return fmt.Errorf("accel %q must be auto, kvm or tcg", c.Accel)
+	}
+	switch c.OnShutdown {
+	case "kill", "keep":
+	default:
+		return fmt.Errorf("on_shutdown %q must be kill or keep", c.OnShutdown)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("log_format %q must be text or json", c.LogFormat)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return fmt.Errorf("log_level %q must be debug, info, warn or error", c.LogLevel)
+	}
+	return nil
+}
+
+// Logger builds the configured logger.
+func (c *Config) Logger(w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.LogLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// AdminKeyFile is where the first start writes the admin key.
+func AdminKeyFile(dataDir string) string { return filepath.Join(dataDir, "admin.key") }
+
+// Run runs the all-in-one server until ctx ends (SIGINT/SIGTERM), then
+// shuts down in reverse order of start. out receives the one-time admin
+// key and the listening address.
+func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io.Writer, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("cannot create data directory: %w", err)
+	}
+	// 1. One server per data directory.
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+
+	// 2. Host agent: volume, accelerator, templates.
+	var srv *api.Server
+	host, err := agent.Open(ctx, agent.Config{
+		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), QEMU: cfg.QEMU,
+		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
+		AdoptMount: true,
+		OnExit: func(id string, err error) {
+			if srv != nil {
+				srv.SandboxExited(id, err)
+			}
+		},
+		Logger: log.With("part", "agent"),
+	})
+	if err != nil {
+		return fmt.Errorf("cannot start host agent: %w", err)
+	}
+	keepRunning := false
+	defer func() {
+		if keepRunning {
+			host.Detach()
+			log.Info("left sandboxes running for the next start to adopt")
+			return
+		}
+		if err := host.Close(); err != nil {
+			log.Error("close host agent", "err", err)
+		}
+	}()
+
+	// 3. Catalog.
+	catURL := cfg.Catalog
+	if catURL == "" {
+		catURL = filepath.Join(cfg.DataDir, "panda.db")
+	}
+	cat, err := opencatalog.Open(ctx, catURL)
+	if err != nil {
+		return fmt.Errorf("cannot open catalog: %w", err)
+	}
+	defer cat.Close()
+
+	// 4. First start: an admin key.
+	if err := bootstrapAdmin(ctx, cat, cfg.DataDir, out, log); err != nil {
+		return err
+	}
+
+	// 5. API, and reconcile the catalog with what survived a restart.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err = api.New(api.Config{
+		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
+		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
+		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
+	}, cat, host, reg)
+	if err != nil {
+		return err
+	}
+	recovered := host.Recover(ctx)
+	if err := srv.Reconcile(ctx, recovered); err != nil {
+		return err
+	}
+	if n := len(recovered); n > 0 {
+		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", countOK(recovered))
+	}
+
+	if cfg.BakeOnStart {
+		p := host.TemplateParams("", 0, 0)
+		if _, err := host.Templates().Get(ctx, p, func(m string) { fmt.Fprintln(out, "  "+m) }); err != nil {
+			return fmt.Errorf("bake default template: %w", err)
+		}
+	}
+
+	// 6. Serve.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	ttlDone := make(chan struct{})
+	go func() { defer close(ttlDone); srv.Run(runCtx) }()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	fmt.Fprintf(out, "PandaStack listening on http://%s (accel %s, data %s)\n", ln.Addr(), host.Accel(), cfg.DataDir)
+	log.Info("serving", "addr", ln.Addr().String())
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		stopRun()
+		<-ttlDone
+		return fmt.Errorf("serve: %w", err)
+	}
+	// Shutdown, in reverse: stop taking requests, stop the TTL loop, then
+	// (deferred) the catalog, the sandboxes and the volume.
+	log.Info("shutting down", "on_shutdown", cfg.OnShutdown)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	stopRun()
+	<-ttlDone
+	if cfg.OnShutdown == "keep" {
+		keepRunning = true
+		return nil
+	}
+	for _, info := range host.List() {
+		if err := srv.StopForShutdown(sctx, info.ID); err != nil {
+			log.Error("stop sandbox at shutdown", "sandbox_id", info.ID, "err", err)
+		}
+	}
+	return nil
+}
+
+func countOK(rs []agent.Recovered) int {
+	n := 0
+	for _, r := range rs {
+		if r.Err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func bootstrapAdmin(ctx context.Context, cat catalog.Catalog, dataDir string, out io.Writer, log *slog.Logger) error {
+	n, err := cat.CountKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("count api keys: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	k, secret, err := api.NewKey(ctx, cat, "admin", true, 0, 0)
+	if err != nil {
+		return err
+	}
+	path := AdminKeyFile(dataDir)
+	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write admin key: %w", err)
+	}
+	fmt.Fprintf(out, "Created the admin API key (shown once; also saved to %s, mode 0600):\n\n    %s\n\n", path, secret)
+	log.Info("created admin api key", "key_id", k.ID, "file", path)
+	return nil
+}
+
+type dirLock struct{ f *os.File }
+
+func lockDataDir(dir string) (*dirLock, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "panda.lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock data directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another panda server is running with data directory %s", dir)
+	}
+	return &dirLock{f: f}, nil
+}
+
+func (l *dirLock) Close() error { return l.f.Close() }

@@ -1,0 +1,178 @@
+package pandastack
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// NoTimeout as Command.Timeout lets the command run until it exits.
+const NoTimeout time.Duration = -1
+
+// Command is a command to run in a sandbox: exactly one of Cmd (a shell
+// string, run with /bin/sh -c) and Argv (a program and its arguments, looked
+// up in PATH).
+type Command struct {
+	Cmd  string
+	Argv []string
+	// Env is added to the sandbox's default environment.
+	Env map[string]string
+	// Cwd is the working directory, absolute (default /root).
+	Cwd string
+	// Timeout kills the command's process group after this long. Zero
+	// means the server's default (60 s); NoTimeout means none.
+	Timeout time.Duration
+	// Stdin is fed to the command's standard input.
+	Stdin string
+}
+
+type execRequest struct {
+	Cmd     string            `json:"cmd,omitempty"`
+	Argv    []string          `json:"argv,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	Timeout *float64          `json:"timeout_seconds,omitempty"`
+	Stdin   string            `json:"stdin,omitempty"`
+}
+
+func (cmd Command) request() (execRequest, error) {
+	if (cmd.Cmd == "") == (len(cmd.Argv) == 0) {
+		return execRequest{}, newError(0, CodeInvalid, "a command needs exactly one of Cmd and Argv")
+	}
+	r := execRequest{Cmd: cmd.Cmd, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, Stdin: cmd.Stdin}
+	switch {
+	case cmd.Timeout < 0:
+		zero := 0.0
+		r.Timeout = &zero
+	case cmd.Timeout > 0:
+		s := cmd.Timeout.Seconds()
+		r.Timeout = &s
+	}
+	return r, nil
+}
+
+// ExecResult is how a command ended. A non-zero exit is not a Go error.
+type ExecResult struct {
+	// ExitCode is the exit status, or 128+N when killed by signal N.
+	ExitCode int `json:"exit_code"`
+	// Stdout and Stderr are the output as UTF-8 text (invalid bytes
+	// replaced), each cut at 16 MiB (see Truncated). ExecStream leaves
+	// them empty: it writes the output to its writers instead.
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMS int64  `json:"duration_ms"`
+	Signal     string `json:"signal,omitempty"` // e.g. SIGKILL
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty"`
+}
+
+// Exec runs cmd, waits for it to exit and returns its buffered output.
+func (s *Sandbox) Exec(ctx context.Context, cmd Command) (ExecResult, error) {
+	if err := checkID("sandbox", s.ID); err != nil {
+		return ExecResult{}, err
+	}
+	req, err := cmd.request()
+	if err != nil {
+		return ExecResult{}, err
+	}
+	var res ExecResult
+	err = s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "exec"), nil, req, &res)
+	return res, err
+}
+
+// execEvent is one line of the exec stream.
+type execEvent struct {
+	Type       string `json:"type"`
+	PID        int    `json:"pid"`
+	Data       string `json:"data"`
+	ExitCode   int    `json:"exit_code"`
+	Signal     string `json:"signal"`
+	TimedOut   bool   `json:"timed_out"`
+	DurationMS int64  `json:"duration_ms"`
+	Error      *Error `json:"error"`
+}
+
+// ErrStreamEnded is returned (wrapped) when a stream ends before its last
+// event, e.g. because the connection broke.
+var ErrStreamEnded = errors.New("stream ended early")
+
+// ExecStream runs cmd and writes its output to stdout and stderr as it is
+// produced (either may be nil to drop it). It returns when the command has
+// exited; the result's Stdout and Stderr are empty. Cancelling ctx kills
+// the command. If a writer fails, the command is killed and the write error
+// returned.
+func (s *Sandbox) ExecStream(ctx context.Context, cmd Command, stdout, stderr io.Writer) (ExecResult, error) {
+	if err := checkID("sandbox", s.ID); err != nil {
+		return ExecResult{}, err
+	}
+	r, err := cmd.request()
+	if err != nil {
+		return ExecResult{}, err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("encode request: %w", err)
+	}
+	// Our own cancel: returning early (a writer failed) must close the
+	// connection, which kills the command.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, err := s.c.newRequest(ctx, http.MethodPost, path("sandboxes", s.ID, "exec", "stream"), nil, bytes.NewReader(b), "application/json")
+	if err != nil {
+		return ExecResult{}, err
+	}
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := s.c.send(req)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	return readExecStream(resp.Body, stdout, stderr)
+}
+
+// readExecStream consumes exec events until exit or error.
+func readExecStream(r io.Reader, stdout, stderr io.Writer) (ExecResult, error) {
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	dec := json.NewDecoder(r)
+	for {
+		var ev execEvent
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				return ExecResult{}, fmt.Errorf("exec: %w before the command exited", ErrStreamEnded)
+			}
+			return ExecResult{}, fmt.Errorf("exec: read output stream: %w", err)
+		}
+		switch ev.Type {
+		case "start":
+		case "stdout":
+			if _, err := io.WriteString(stdout, ev.Data); err != nil {
+				return ExecResult{}, fmt.Errorf("exec: write stdout: %w", err)
+			}
+		case "stderr":
+			if _, err := io.WriteString(stderr, ev.Data); err != nil {
+				return ExecResult{}, fmt.Errorf("exec: write stderr: %w", err)
+			}
+		case "exit":
+			return ExecResult{
+				ExitCode: ev.ExitCode, Signal: ev.Signal, TimedOut: ev.TimedOut, DurationMS: ev.DurationMS,
+			}, nil
+		case "error":
+			if ev.Error == nil {
+				return ExecResult{}, newError(0, CodeInternal, "exec stream: error event without an error")
+			}
+			return ExecResult{}, newError(0, ev.Error.Code, ev.Error.Message)
+		default:
+			// Unknown events are future additions: skip them.
+		}
+	}
+}

@@ -1,0 +1,906 @@
+package pandastack_test
+
+// Integration tests against a real server: `panda up` with its own data
+// directory on a free port, QEMU with TCG, template tiny at 256 MiB. The
+// server is started on first use and stopped (SIGTERM, then SIGKILL) by
+// TestMain; the unit tests of this package do not need it.
+//
+// Environment: PANDA_BIN (default: build ./cmd/panda), PANDA_TEST_IMAGES
+// (default /var/lib/pandastack/images, from `make setup`).
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopServer()
+	os.Exit(code)
+}
+
+// server is a running `panda up`.
+type server struct {
+	url      string
+	adminKey string
+	root     string // temporary directory: data/, server.log, panda
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	log      *os.File
+}
+
+var (
+	srvOnce sync.Once
+	srv     *server
+	srvErr  error
+)
+
+// testServer returns the shared server, starting it on first use.
+func testServer(t *testing.T) *server {
+	t.Helper()
+	srvOnce.Do(func() { srv, srvErr = startServer() })
+	if srvErr != nil {
+		t.Fatalf("cannot start the server: %v", srvErr)
+	}
+	return srv
+}
+
+func startServer() (s *server, err error) {
+	root, err := os.MkdirTemp("", "pit")
+	if err != nil {
+		return nil, err
+	}
+	s = &server{root: root, exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.stop()
+			srv = s // so that stopServer cleans up
+		}
+	}()
+	bin := os.Getenv("PANDA_BIN")
+	if bin == "" {
+		if bin, err = buildPanda(root); err != nil {
+			return s, err
+		}
+	}
+	images := os.Getenv("PANDA_TEST_IMAGES")
+	if images == "" {
+		images = "/var/lib/pandastack/images"
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return s, err
+	}
+	dataDir := filepath.Join(root, "data")
+	if err := os.Mkdir(dataDir, 0o755); err != nil {
+		return s, err
+	}
+	if s.log, err = os.Create(filepath.Join(root, "server.log")); err != nil {
+		return s, err
+	}
+	s.url = "http://" + addr
+	s.cmd = exec.Command(bin, "up", "--data-dir", dataDir, "--listen", addr, "--images", images, "--accel", "tcg")
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	// If this test binary dies without stopping the server, the kernel
+	// stops it.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := s.cmd.Start(); err != nil {
+		return s, fmt.Errorf("start %s: %w", bin, err)
+	}
+	go func() { s.cmd.Wait(); close(s.exited) }()
+
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		select {
+		case <-s.exited:
+			return s, fmt.Errorf("panda up exited early (%v); its log:\n%s", s.cmd.ProcessState, s.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return s, fmt.Errorf("panda up not healthy and ready after 3 minutes; its log:\n%s", s.logTail())
+		}
+		if healthy(s.url) {
+			if b, err := os.ReadFile(filepath.Join(dataDir, "admin.key")); err == nil && len(bytes.TrimSpace(b)) > 0 {
+				s.adminKey = string(bytes.TrimSpace(b))
+				return s, nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func healthy(url string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// buildPanda builds ./cmd/panda of this module into dir.
+func buildPanda(dir string) (string, error) {
+	modRoot, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	out := filepath.Join(dir, "panda")
+	cmd := exec.Command(goBin, "build", "-o", out, "./cmd/panda")
+	cmd.Dir = modRoot
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/panda: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// moduleRoot finds the directory of the pandastack go.mod above the
+// working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/pandastack/pandastack\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod of github.com/pandastack/pandastack above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func (s *server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.root, "server.log"))
+	if len(b) > 8000 {
+		b = b[len(b)-8000:]
+	}
+	return string(b)
+}
+
+// stop stops the server: SIGTERM, then SIGKILL after a minute.
+func (s *server) stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+		case <-time.After(time.Minute):
+			fmt.Fprintf(os.Stderr, "panda up ignored SIGTERM for a minute: killing it; its log:\n%s\n", s.logTail())
+			s.cmd.Process.Kill()
+			<-s.exited
+		}
+	}
+	if s.log != nil {
+		s.log.Close()
+	}
+	if err := os.RemoveAll(s.root); err != nil {
+		fmt.Fprintf(os.Stderr, "remove the test server's directory: %v\n", err)
+	}
+}
+
+func stopServer() {
+	if srv != nil {
+		srv.stop()
+		srv = nil
+	}
+}
+
+// --- helpers ---
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func adminClient(t *testing.T) *pandastack.Client {
+	t.Helper()
+	s := testServer(t)
+	return clientWithKey(t, s.adminKey)
+}
+
+func clientWithKey(t *testing.T, key string) *pandastack.Client {
+	t.Helper()
+	c, err := pandastack.NewClient(pandastack.Options{APIURL: testServer(t).url, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// newKey makes a non-admin key and returns a client using it.
+func newKey(t *testing.T, q pandastack.Quotas) (*pandastack.Client, pandastack.KeyWithSecret) {
+	t.Helper()
+	k, err := adminClient(t).CreateKey(testCtx(t), "test-"+t.Name(), false, q)
+	if err != nil {
+		t.Fatalf("create key: %v", err)
+	}
+	if k.Key == "" || k.ID == "" || k.Admin {
+		t.Fatalf("got key %+v, want an id, a secret and admin false", k)
+	}
+	return clientWithKey(t, k.Key), k
+}
+
+// create makes a tiny sandbox that is killed at the end of the test.
+func create(t *testing.T, c *pandastack.Client, opts pandastack.CreateOptions) *pandastack.Sandbox {
+	t.Helper()
+	if opts.Template == "" {
+		opts.Template = "tiny"
+	}
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB = 256
+	}
+	sb, err := c.Create(testCtx(t), opts)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := sb.Kill(ctx); err != nil && !errors.Is(err, pandastack.ErrNotFound) && !errors.Is(err, pandastack.ErrUnauthorized) {
+			t.Errorf("kill %s: %v", sb.ID, err)
+		}
+	})
+	return sb
+}
+
+func wantErr(t *testing.T, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Errorf("%s: got error %v, want %v", what, err, want)
+	}
+}
+
+// --- tests ---
+
+func TestIntegrationHealth(t *testing.T) {
+	h, err := adminClient(t).Health(testCtx(t))
+	if err != nil || h.Status != "ok" {
+		t.Errorf("got %+v %v, want status ok", h, err)
+	}
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
+func TestIntegrationCreateExec(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	before := time.Now()
+	sb := create(t, c, pandastack.CreateOptions{
+		TTLSeconds: 600, Metadata: map[string]string{"test": "create"}, Env: map[string]string{"FROM_CREATE": "c1"},
+	})
+	i := sb.Info
+	if !idRE.MatchString(sb.ID) || i.ID != sb.ID || i.Template != "tiny" || i.State != pandastack.StateRunning || i.MemoryMiB != 256 || i.VCPUs < 1 {
+		t.Errorf("got %+v, want a running tiny sandbox of 256 MiB", i)
+	}
+	if i.CreatedAt.Before(before.Add(-time.Minute)) || i.CreatedAt.After(time.Now().Add(time.Minute)) {
+		t.Errorf("got created_at %v, want about now", i.CreatedAt)
+	}
+	// The TTL counts from some time during the create (which may bake the
+	// template first): expiry is 600 s after a moment within the call.
+	after := time.Now()
+	if i.ExpiresAt.Before(before.Add(595*time.Second)) || i.ExpiresAt.After(after.Add(605*time.Second)) {
+		t.Errorf("got expires_at %v, want 600 s after a moment between %v and %v", i.ExpiresAt, before, after)
+	}
+	if i.Metadata["test"] != "create" {
+		t.Errorf("got metadata %v", i.Metadata)
+	}
+	got, err := c.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != sb.ID || got.Info.State != pandastack.StateRunning || !got.Info.CreatedAt.Equal(i.CreatedAt) {
+		t.Errorf("Get: got %+v, want %+v", got.Info, i)
+	}
+
+	tests := []struct {
+		name string
+		cmd  pandastack.Command
+		want pandastack.ExecResult
+	}{
+		{"shell", pandastack.Command{Cmd: "echo hello && echo oops >&2"}, pandastack.ExecResult{Stdout: "hello\n", Stderr: "oops\n"}},
+		{"exit code", pandastack.Command{Cmd: "exit 3"}, pandastack.ExecResult{ExitCode: 3}},
+		{"argv", pandastack.Command{Argv: []string{"printf", "%s|", "a b", "c"}}, pandastack.ExecResult{Stdout: "a b|c|"}},
+		{"env", pandastack.Command{Cmd: `echo "$FROM_CREATE $FROM_CMD"`, Env: map[string]string{"FROM_CMD": "x y"}}, pandastack.ExecResult{Stdout: "c1 x y\n"}},
+		{"cwd", pandastack.Command{Cmd: "pwd", Cwd: "/tmp"}, pandastack.ExecResult{Stdout: "/tmp\n"}},
+		{"default cwd", pandastack.Command{Cmd: "pwd"}, pandastack.ExecResult{Stdout: "/root\n"}},
+		{"stdin", pandastack.Command{Argv: []string{"cat"}, Stdin: "from stdin"}, pandastack.ExecResult{Stdout: "from stdin"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := sb.Exec(ctx, tt.cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ExitCode != tt.want.ExitCode || res.Stdout != tt.want.Stdout || res.Stderr != tt.want.Stderr || res.TimedOut || res.Truncated {
+				t.Errorf("got %+v, want %+v", res, tt.want)
+			}
+			if res.DurationMS < 0 {
+				t.Errorf("got duration %d ms", res.DurationMS)
+			}
+		})
+	}
+	t.Run("timeout", func(t *testing.T) {
+		start := time.Now()
+		res, err := sb.Exec(ctx, pandastack.Command{Cmd: "sleep 30", Timeout: 1 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.TimedOut || res.ExitCode == 0 || res.Signal == "" {
+			t.Errorf("got %+v, want timed_out, a signal and a non-zero exit code", res)
+		}
+		if d := time.Since(start); d > 20*time.Second {
+			t.Errorf("took %v, want about 1 s", d)
+		}
+	})
+	t.Run("killed by signal", func(t *testing.T) {
+		res, err := sb.Exec(ctx, pandastack.Command{Cmd: "kill -9 $$"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 128+9 || res.Signal != "SIGKILL" {
+			t.Errorf("got %+v, want exit 137 and SIGKILL", res)
+		}
+	})
+	t.Run("invalid", func(t *testing.T) {
+		_, err := sb.Exec(ctx, pandastack.Command{Cmd: "pwd", Cwd: "relative/dir"})
+		wantErr(t, "relative cwd", err, pandastack.ErrInvalid)
+	})
+}
+
+// recorder records writes and when the first one happened.
+type recorder struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	first time.Time
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.first.IsZero() {
+		r.first = time.Now()
+	}
+	return r.buf.Write(p)
+}
+
+func TestIntegrationExecStream(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	sb := create(t, c, pandastack.CreateOptions{})
+
+	t.Run("live", func(t *testing.T) {
+		var out, errw recorder
+		res, err := sb.ExecStream(ctx, pandastack.Command{Cmd: "echo first; sleep 2; echo second; echo warn >&2; exit 4"}, &out, &errw)
+		end := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 4 || out.buf.String() != "first\nsecond\n" || errw.buf.String() != "warn\n" {
+			t.Errorf("got %+v stdout %q stderr %q", res, out.buf.String(), errw.buf.String())
+		}
+		if gap := end.Sub(out.first); gap < time.Second {
+			t.Errorf("the first line arrived %v before the end, want it streamed (about 2 s before)", gap)
+		}
+	})
+	t.Run("large output", func(t *testing.T) {
+		var out bytes.Buffer
+		res, err := sb.ExecStream(ctx, pandastack.Command{Cmd: "head -c 5000000 /dev/zero | tr '\\0' x"}, &out, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 0 || out.Len() != 5000000 || strings.Trim(out.String(), "x") != "" {
+			t.Errorf("got %+v and %d bytes, want 5000000 x", res, out.Len())
+		}
+	})
+	t.Run("executable not found", func(t *testing.T) {
+		_, err := sb.ExecStream(ctx, pandastack.Command{Argv: []string{"/no/such/program"}}, nil, nil)
+		var e *pandastack.Error
+		if !errors.As(err, &e) || e.Status < 400 || e.Status > 499 {
+			t.Errorf("got %v, want an HTTP 4xx error", err)
+		}
+	})
+	t.Run("cancel kills", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		var out recorder
+		done := make(chan error, 1)
+		go func() {
+			_, err := sb.ExecStream(cctx, pandastack.Command{Cmd: "echo started; exec sleep 300", Timeout: pandastack.NoTimeout}, &out, nil)
+			done <- err
+		}()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			out.mu.Lock()
+			started := out.buf.Len() > 0
+			out.mu.Unlock()
+			if started || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("got %v, want context.Canceled", err)
+		}
+		// The sleep must be gone soon after.
+		deadline = time.Now().Add(30 * time.Second)
+		for {
+			res, err := sb.Exec(ctx, pandastack.Command{Cmd: "ps | grep -c '[s]leep 300' || true"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.TrimSpace(res.Stdout) == "0" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("sleep 300 still runs 30 s after the stream was closed: %q", res.Stdout)
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+}
+
+// patternReader yields n bytes of a pattern without holding them.
+type patternReader struct{ n, off int64 }
+
+func (r *patternReader) Read(p []byte) (int, error) {
+	if r.off >= r.n {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), r.n-r.off)]
+	for i := range p {
+		x := uint64(r.off + int64(i))
+		p[i] = byte(x*2654435761>>13 ^ x)
+	}
+	r.off += int64(len(p))
+	return len(p), nil
+}
+
+func TestIntegrationFiles(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	sb := create(t, c, pandastack.CreateOptions{})
+
+	t.Run("20 MiB round trip", func(t *testing.T) {
+		const size = 20 << 20
+		up := sha256.New()
+		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(&patternReader{n: size}, up), 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size != size || fi.Path != "/work/big/blob.bin" || fi.Name != "blob.bin" || fi.Mode != 0o600 || fi.IsDir {
+			t.Errorf("got %+v, want the 20 MiB file with mode 0600", fi)
+		}
+		rc, err := sb.ReadFile(ctx, "/work/big/blob.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		down := sha256.New()
+		n, err := io.Copy(down, rc)
+		rc.Close()
+		if err != nil || n != size {
+			t.Fatalf("read back %d bytes (%v), want %d", n, err, size)
+		}
+		if !bytes.Equal(up.Sum(nil), down.Sum(nil)) {
+			t.Error("the SHA-256 of what was read differs from what was written")
+		}
+		// And the guest sees the same bytes.
+		res, err := sb.Exec(ctx, pandastack.Command{Cmd: "sha256sum /work/big/blob.bin"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("%x", up.Sum(nil)); !strings.HasPrefix(res.Stdout, want) {
+			t.Errorf("guest sha256sum: got %q, want %s", res.Stdout, want)
+		}
+	})
+	t.Run("default mode and empty file", func(t *testing.T) {
+		fi, err := sb.WriteFile(ctx, "/work/empty", strings.NewReader(""), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size != 0 || fi.Mode != 0o644 {
+			t.Errorf("got %+v, want an empty file with mode 0644", fi)
+		}
+		fi, err = sb.WriteFile(ctx, "/work/run.sh", strings.NewReader("#!/bin/sh\necho ran\n"), 0o755)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/work/run.sh"}})
+		if err != nil || res.Stdout != "ran\n" {
+			t.Errorf("got %+v %v, want the uploaded script to run", res, err)
+		}
+	})
+	t.Run("directories", func(t *testing.T) {
+		fi, err := sb.Mkdir(ctx, "/work/d1/d2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fi.IsDir || fi.Path != "/work/d1/d2" {
+			t.Errorf("mkdir: got %+v", fi)
+		}
+		if _, err := sb.WriteFile(ctx, "/work/d1/b.txt", strings.NewReader("bb"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.WriteFile(ctx, "/work/d1/a.txt", strings.NewReader("a"), 0); err != nil {
+			t.Fatal(err)
+		}
+		entries, err := sb.ListFiles(ctx, "/work/d1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name)
+		}
+		if strings.Join(names, ",") != "a.txt,b.txt,d2" || entries[1].Size != 2 || !entries[2].IsDir {
+			t.Errorf("got %+v, want a.txt, b.txt, d2 sorted", entries)
+		}
+		fi, err = sb.Rename(ctx, "/work/d1/a.txt", "/work/d1/d2/moved.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Path != "/work/d1/d2/moved.txt" || fi.Size != 1 {
+			t.Errorf("rename: got %+v", fi)
+		}
+		_, err = sb.Stat(ctx, "/work/d1/a.txt")
+		wantErr(t, "stat of a moved file", err, pandastack.ErrNotFound)
+		if err := sb.Remove(ctx, "/work/d1", false); err == nil {
+			t.Error("removing a non-empty directory without recursive: got no error")
+		}
+		if err := sb.Remove(ctx, "/work/d1", true); err != nil {
+			t.Fatal(err)
+		}
+		_, err = sb.Stat(ctx, "/work/d1")
+		wantErr(t, "stat of a removed directory", err, pandastack.ErrNotFound)
+	})
+	t.Run("symlink", func(t *testing.T) {
+		if _, err := sb.Exec(ctx, pandastack.Command{Cmd: "ln -s /etc/hosts /work/link"}); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := sb.Stat(ctx, "/work/link")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fi.IsSymlink || fi.LinkTarget != "/etc/hosts" {
+			t.Errorf("got %+v, want a symlink to /etc/hosts", fi)
+		}
+	})
+	t.Run("errors", func(t *testing.T) {
+		_, err := sb.ReadFile(ctx, "/no/such/file")
+		wantErr(t, "read a missing file", err, pandastack.ErrNotFound)
+		_, err = sb.ListFiles(ctx, "/no/such/dir")
+		wantErr(t, "list a missing directory", err, pandastack.ErrNotFound)
+		_, err = sb.WriteFile(ctx, "relative.txt", strings.NewReader("x"), 0)
+		wantErr(t, "write a relative path", err, pandastack.ErrInvalid)
+		_, err = sb.Stat(ctx, "relative.txt")
+		wantErr(t, "stat a relative path", err, pandastack.ErrInvalid)
+		err = sb.Remove(ctx, "/no/such/file", false)
+		wantErr(t, "remove a missing file", err, pandastack.ErrNotFound)
+	})
+}
+
+func TestIntegrationTTLAndKill(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	sb := create(t, c, pandastack.CreateOptions{})
+
+	before := time.Now()
+	if err := sb.SetTTL(ctx, 120); err != nil {
+		t.Fatal(err)
+	}
+	if d := sb.Info.ExpiresAt.Sub(before); d < 110*time.Second || d > 130*time.Second {
+		t.Errorf("after SetTTL(120): expires in %v, want about 120 s", d)
+	}
+	wantErr(t, "ttl 0", sb.SetTTL(ctx, 0), pandastack.ErrInvalid)
+	wantErr(t, "ttl 100 days", sb.SetTTL(ctx, 100*86400), pandastack.ErrInvalid)
+	wantErr(t, "ttl of an unknown sandbox", c.Sandbox("nosuchsandbox0").SetTTL(ctx, 60), pandastack.ErrNotFound)
+
+	// Expiry: the sandbox stops on its own.
+	if err := sb.SetTTL(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	waitStopped(t, c, sb.ID, "expired")
+	_, err := sb.Exec(ctx, pandastack.Command{Cmd: "true"})
+	wantErr(t, "exec on an expired sandbox", err, pandastack.ErrConflict)
+	wantErr(t, "ttl of an expired sandbox", sb.SetTTL(ctx, 60), pandastack.ErrConflict)
+
+	// Kill.
+	sb2 := create(t, c, pandastack.CreateOptions{})
+	if err := sb2.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStopped(t, c, sb2.ID, "killed")
+	_, err = sb2.Exec(ctx, pandastack.Command{Cmd: "true"})
+	wantErr(t, "exec on a killed sandbox", err, pandastack.ErrConflict)
+	_, err = sb2.WriteFile(ctx, "/x", strings.NewReader("x"), 0)
+	wantErr(t, "write to a killed sandbox", err, pandastack.ErrConflict)
+	wantErr(t, "kill of an unknown sandbox", c.Sandbox("nosuchsandbox0").Kill(ctx), pandastack.ErrNotFound)
+
+	// Stopped sandboxes are listed only when asked for.
+	all, err := c.List(ctx, pandastack.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hasID(all, sb.ID) || hasID(all, sb2.ID) {
+		t.Error("the default list has stopped sandboxes")
+	}
+	stopped, err := c.List(ctx, pandastack.ListOptions{State: pandastack.StateStopped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasID(stopped, sb.ID) || !hasID(stopped, sb2.ID) {
+		t.Error("the list of stopped sandboxes misses the expired or the killed one")
+	}
+}
+
+// waitStopped waits until the sandbox is stopped for reason.
+func waitStopped(t *testing.T, c *pandastack.Client, id, reason string) {
+	t.Helper()
+	ctx := testCtx(t)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		sb, err := c.Get(ctx, id)
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		if sb.Info.State == pandastack.StateStopped {
+			if sb.Info.StopReason != reason {
+				t.Errorf("got stop_reason %q, want %q", sb.Info.StopReason, reason)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still %s a minute later, want stopped (%s)", id, sb.Info.State, reason)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func hasID(sbs []*pandastack.Sandbox, id string) bool {
+	for _, sb := range sbs {
+		if sb.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestIntegrationList(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	run := fmt.Sprint(time.Now().UnixNano())
+	a := create(t, c, pandastack.CreateOptions{Metadata: map[string]string{"run": run, "role": "a"}})
+	b := create(t, c, pandastack.CreateOptions{Metadata: map[string]string{"run": run, "role": "b", "x": "a=b"}})
+
+	tests := []struct {
+		name string
+		opts pandastack.ListOptions
+		want []string
+	}{
+		{"by run", pandastack.ListOptions{Metadata: map[string]string{"run": run}}, []string{a.ID, b.ID}},
+		{"by run and role", pandastack.ListOptions{Metadata: map[string]string{"run": run, "role": "b"}}, []string{b.ID}},
+		{"value with =", pandastack.ListOptions{Metadata: map[string]string{"run": run, "x": "a=b"}}, []string{b.ID}},
+		{"running", pandastack.ListOptions{State: pandastack.StateRunning, Metadata: map[string]string{"run": run}}, []string{a.ID, b.ID}},
+		{"paused", pandastack.ListOptions{State: pandastack.StatePaused, Metadata: map[string]string{"run": run}}, nil},
+		{"no match", pandastack.ListOptions{Metadata: map[string]string{"run": run, "role": "c"}}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sbs, err := c.List(ctx, tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, sb := range sbs {
+				got = append(got, sb.ID)
+			}
+			if strings.Join(got, ",") != strings.Join(tt.want, ",") {
+				t.Errorf("got %v, want %v (oldest first)", got, tt.want)
+			}
+		})
+	}
+	_, err := c.List(ctx, pandastack.ListOptions{State: "sleeping"})
+	wantErr(t, "list with an unknown state", err, pandastack.ErrInvalid)
+}
+
+func TestIntegrationErrors(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	_, err := c.Get(ctx, "nosuchsandbox0")
+	var e *pandastack.Error
+	if !errors.As(err, &e) || e.Status != 404 || e.Code != "not_found" || e.Message == "" {
+		t.Errorf("get unknown: got %#v, want a 404 not_found with a message", err)
+	}
+	_, err = c.Create(ctx, pandastack.CreateOptions{Template: "nosuchtemplate", MemoryMiB: 256})
+	wantErr(t, "create from an unknown template", err, pandastack.ErrNotFound)
+	_, err = c.Create(ctx, pandastack.CreateOptions{Template: "tiny", MemoryMiB: 256, TTLSeconds: 100 * 86400})
+	wantErr(t, "create with a ttl of 100 days", err, pandastack.ErrInvalid)
+
+	_, err = clientWithKey(t, "ps_not_a_key").List(ctx, pandastack.ListOptions{})
+	wantErr(t, "unknown key", err, pandastack.ErrUnauthorized)
+	_, err = clientWithKey(t, "").List(ctx, pandastack.ListOptions{})
+	wantErr(t, "no key", err, pandastack.ErrUnauthorized)
+
+	user, _ := newKey(t, pandastack.Quotas{})
+	_, err = user.ListKeys(ctx)
+	wantErr(t, "list keys with a user key", err, pandastack.ErrForbidden)
+	_, err = user.CreateKey(ctx, "x", true, pandastack.Quotas{})
+	wantErr(t, "create a key with a user key", err, pandastack.ErrForbidden)
+	_, err = user.BakeTemplate(ctx, "tiny", 256, 1, nil)
+	wantErr(t, "bake with a user key", err, pandastack.ErrForbidden)
+
+	// A server that is not there.
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := pandastack.NewClient(pandastack.Options{APIURL: "http://" + addr, APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = gone.List(ctx, pandastack.ListOptions{})
+	if err == nil || !strings.Contains(err.Error(), "panda up") {
+		t.Errorf("got %v, want a hint to run panda up", err)
+	}
+}
+
+func TestIntegrationKeyIsolation(t *testing.T) {
+	ctx := testCtx(t)
+	admin := adminClient(t)
+	alice, aliceKey := newKey(t, pandastack.Quotas{})
+	bob, _ := newKey(t, pandastack.Quotas{})
+	sb := create(t, alice, pandastack.CreateOptions{})
+	if _, err := sb.WriteFile(ctx, "/work/secret", strings.NewReader("alice"), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// Bob sees nothing of Alice's sandbox, exactly as if it did not exist.
+	bobs := bob.Sandbox(sb.ID)
+	_, err := bob.Get(ctx, sb.ID)
+	wantErr(t, "bob get", err, pandastack.ErrNotFound)
+	_, err = bobs.Exec(ctx, pandastack.Command{Cmd: "true"})
+	wantErr(t, "bob exec", err, pandastack.ErrNotFound)
+	_, err = bobs.ExecStream(ctx, pandastack.Command{Cmd: "true"}, nil, nil)
+	wantErr(t, "bob exec stream", err, pandastack.ErrNotFound)
+	_, err = bobs.ReadFile(ctx, "/work/secret")
+	wantErr(t, "bob read file", err, pandastack.ErrNotFound)
+	_, err = bobs.WriteFile(ctx, "/work/secret", strings.NewReader("bob"), 0)
+	wantErr(t, "bob write file", err, pandastack.ErrNotFound)
+	wantErr(t, "bob ttl", bobs.SetTTL(ctx, 60), pandastack.ErrNotFound)
+	wantErr(t, "bob kill", bobs.Kill(ctx), pandastack.ErrNotFound)
+	list, err := bob.List(ctx, pandastack.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hasID(list, sb.ID) {
+		t.Error("bob's list has alice's sandbox")
+	}
+	// The admin key is a key like any other for sandboxes.
+	_, err = admin.Get(ctx, sb.ID)
+	wantErr(t, "admin get of alice's sandbox", err, pandastack.ErrNotFound)
+
+	// Alice's sandbox is untouched.
+	list, err = alice.List(ctx, pandastack.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasID(list, sb.ID) {
+		t.Error("alice's list misses her sandbox")
+	}
+	rc, err := sb.ReadFile(ctx, "/work/secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "alice" {
+		t.Errorf("got %q, want alice's file unchanged", b)
+	}
+
+	// Revoking Alice's key kills her sandboxes and locks her out.
+	keys, err := admin.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, k := range keys {
+		found = found || k.ID == aliceKey.ID
+	}
+	if !found {
+		t.Errorf("ListKeys misses alice's key %s", aliceKey.ID)
+	}
+	if err := admin.RevokeKey(ctx, aliceKey.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = alice.List(ctx, pandastack.ListOptions{})
+	wantErr(t, "alice after revoke", err, pandastack.ErrUnauthorized)
+	wantErr(t, "revoke an unknown key", admin.RevokeKey(ctx, "nosuchkey"), pandastack.ErrNotFound)
+}
+
+func TestIntegrationQuota(t *testing.T) {
+	ctx := testCtx(t)
+	limited, _ := newKey(t, pandastack.Quotas{MaxSandboxes: 1})
+	create(t, limited, pandastack.CreateOptions{})
+	_, err := limited.Create(ctx, pandastack.CreateOptions{Template: "tiny", MemoryMiB: 256})
+	wantErr(t, "second sandbox over a quota of 1", err, pandastack.ErrQuotaExceeded)
+
+	small, _ := newKey(t, pandastack.Quotas{MaxMemoryMiB: 300})
+	create(t, small, pandastack.CreateOptions{})
+	_, err = small.Create(ctx, pandastack.CreateOptions{Template: "tiny", MemoryMiB: 256})
+	wantErr(t, "512 MiB over a quota of 300 MiB", err, pandastack.ErrQuotaExceeded)
+}
+
+func TestIntegrationTemplates(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	create(t, c, pandastack.CreateOptions{}) // tiny at 256 MiB is baked by now
+	ts, err := c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, tp := range ts {
+		if tp.Name == "tiny" && tp.MemoryMiB == 256 && tp.State == pandastack.TemplateReady {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("got templates %+v, want tiny at 256 MiB ready", ts)
+	}
+
+	var progress []string
+	tp, err := c.BakeTemplate(ctx, "tiny", 256, 1, func(m string) { progress = append(progress, m) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp.Name != "tiny" || tp.MemoryMiB != 256 || tp.State != pandastack.TemplateReady || tp.BakedAt.IsZero() {
+		t.Errorf("got %+v, want tiny at 256 MiB ready", tp)
+	}
+	if len(progress) == 0 {
+		t.Error("got no progress messages")
+	}
+	// A sandbox from the re-baked template works.
+	sb := create(t, c, pandastack.CreateOptions{})
+	if res, err := sb.Exec(ctx, pandastack.Command{Cmd: "echo ok"}); err != nil || res.Stdout != "ok\n" {
+		t.Errorf("exec after re-bake: got %+v %v", res, err)
+	}
+	_, err = c.BakeTemplate(ctx, "nosuchtemplate", 256, 1, nil)
+	wantErr(t, "bake an unknown template", err, pandastack.ErrNotFound)
+}

@@ -1,0 +1,63 @@
+package pandastack
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// APIKey describes an API key, without its secret.
+type APIKey struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	Admin        bool      `json:"admin"`
+	Prefix       string    `json:"prefix,omitempty"` // first characters of the secret
+	MaxSandboxes int       `json:"max_sandboxes,omitempty"`
+	MaxMemoryMiB int       `json:"max_memory_mib,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// KeyWithSecret is a new key with its secret, which the server shows only
+// once.
+type KeyWithSecret struct {
+	APIKey
+	Key string `json:"key"`
+}
+
+// Quotas limit what a key may hold at once. Zero means the server's default.
+type Quotas struct {
+	MaxSandboxes int // concurrent sandboxes
+	MaxMemoryMiB int // total guest memory
+}
+
+// CreateKey creates an API key. Admin keys only.
+func (c *Client) CreateKey(ctx context.Context, name string, admin bool, q Quotas) (KeyWithSecret, error) {
+	in := struct {
+		Name         string `json:"name"`
+		Admin        bool   `json:"admin,omitempty"`
+		MaxSandboxes int    `json:"max_sandboxes,omitempty"`
+		MaxMemoryMiB int    `json:"max_memory_mib,omitempty"`
+	}{name, admin, q.MaxSandboxes, q.MaxMemoryMiB}
+	var k KeyWithSecret
+	err := c.doJSON(ctx, http.MethodPost, path("keys"), nil, in, &k)
+	return k, err
+}
+
+// ListKeys lists the API keys. Admin keys only.
+func (c *Client) ListKeys(ctx context.Context) ([]APIKey, error) {
+	var out struct {
+		Keys []APIKey `json:"keys"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, path("keys"), nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Keys, nil
+}
+
+// RevokeKey revokes the key id and kills its sandboxes. Admin keys only.
+func (c *Client) RevokeKey(ctx context.Context, id string) error {
+	if err := checkID("key", id); err != nil {
+		return err
+	}
+	return c.doJSON(ctx, http.MethodDelete, path("keys", id), nil, nil, nil)
+}

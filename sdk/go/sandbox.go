@@ -1,0 +1,240 @@
+package pandastack
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"sort"
+	"time"
+)
+
+// SandboxState is the lifecycle state of a sandbox.
+type SandboxState string
+
+// Sandbox states.
+const (
+	StateStarting SandboxState = "starting"
+	StateRunning  SandboxState = "running"
+	StatePaused   SandboxState = "paused"
+	StateStopped  SandboxState = "stopped"
+)
+
+// SandboxInfo is the Sandbox object of the API.
+type SandboxInfo struct {
+	ID         string            `json:"id"`
+	Template   string            `json:"template"`
+	State      SandboxState      `json:"state"`
+	MemoryMiB  int               `json:"memory_mib"`
+	VCPUs      int               `json:"vcpus"`
+	CreatedAt  time.Time         `json:"created_at"`
+	ExpiresAt  time.Time         `json:"expires_at,omitzero"` // zero: no expiry (or stopped)
+	TTLSeconds int               `json:"ttl_seconds,omitempty"`
+	Metadata   map[string]string `json:"metadata"`
+	HostID     string            `json:"host_id,omitempty"`
+	// StopReason says why a stopped sandbox stopped: killed, expired,
+	// vmm_exited, host_restarted.
+	StopReason string `json:"stop_reason,omitempty"`
+}
+
+// Sandbox is a handle on one sandbox. Its methods are safe for concurrent
+// use, except that Refresh, SetTTL, Pause and Resume update Info, which
+// callers must then not read concurrently.
+type Sandbox struct {
+	ID   string
+	Info SandboxInfo // as of the last call that returned the sandbox
+
+	c *Client
+}
+
+// CreateOptions describe a sandbox to create. Zero values leave the choice
+// to the server (template base, TTL 300 s, 1024 MiB, 1 vCPU).
+type CreateOptions struct {
+	Template   string
+	TTLSeconds int
+	MemoryMiB  int
+	VCPUs      int
+	Metadata   map[string]string // free-form labels, filterable in List
+	Env        map[string]string // default environment of every command
+	// SnapshotID, if set, creates the sandbox from a snapshot instead of
+	// a template (its template and shape come from the snapshot).
+	SnapshotID string
+}
+
+type createRequest struct {
+	Template   string            `json:"template,omitempty"`
+	TTLSeconds int               `json:"ttl_seconds,omitempty"`
+	MemoryMiB  int               `json:"memory_mib,omitempty"`
+	VCPUs      int               `json:"vcpus,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	SnapshotID string            `json:"snapshot_id,omitempty"`
+}
+
+// Create creates a sandbox and returns it running.
+func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
+	req := createRequest{
+		Template: opts.Template, TTLSeconds: opts.TTLSeconds, MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs,
+		Metadata: opts.Metadata, Env: opts.Env, SnapshotID: opts.SnapshotID,
+	}
+	var info SandboxInfo
+	if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {
+		return nil, err
+	}
+	return c.wrap(info), nil
+}
+
+// Sandbox returns a handle on the sandbox id without asking the server;
+// its Info is empty until Refresh.
+func (c *Client) Sandbox(id string) *Sandbox {
+	return &Sandbox{ID: id, Info: SandboxInfo{ID: id}, c: c}
+}
+
+func (c *Client) wrap(info SandboxInfo) *Sandbox {
+	return &Sandbox{ID: info.ID, Info: info, c: c}
+}
+
+// Get returns the sandbox id. Another key's sandbox is ErrNotFound.
+func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
+	if err := checkID("sandbox", id); err != nil {
+		return nil, err
+	}
+	var info SandboxInfo
+	if err := c.doJSON(ctx, http.MethodGet, path("sandboxes", id), nil, nil, &info); err != nil {
+		return nil, err
+	}
+	return c.wrap(info), nil
+}
+
+// ListOptions filter List.
+type ListOptions struct {
+	// State keeps only sandboxes in this state; empty means every state
+	// but stopped.
+	State SandboxState
+	// Metadata keeps only sandboxes whose metadata has all these pairs.
+	Metadata map[string]string
+}
+
+// List returns this key's sandboxes, oldest first.
+func (c *Client) List(ctx context.Context, opts ListOptions) ([]*Sandbox, error) {
+	q := url.Values{}
+	if opts.State != "" {
+		q.Set("state", string(opts.State))
+	}
+	keys := make([]string, 0, len(opts.Metadata))
+	for k := range opts.Metadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q.Add("metadata", k+"="+opts.Metadata[k])
+	}
+	var out struct {
+		Sandboxes []SandboxInfo `json:"sandboxes"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, path("sandboxes"), q, nil, &out); err != nil {
+		return nil, err
+	}
+	sbs := make([]*Sandbox, len(out.Sandboxes))
+	for i, info := range out.Sandboxes {
+		sbs[i] = c.wrap(info)
+	}
+	return sbs, nil
+}
+
+// Refresh fetches the sandbox's current Info.
+func (s *Sandbox) Refresh(ctx context.Context) error {
+	return s.update(ctx, http.MethodGet, path("sandboxes", s.ID), nil)
+}
+
+// update sends a request whose answer is the sandbox and stores it in Info.
+func (s *Sandbox) update(ctx context.Context, method, p string, in any) error {
+	if err := checkID("sandbox", s.ID); err != nil {
+		return err
+	}
+	var info SandboxInfo
+	if err := s.c.doJSON(ctx, method, p, nil, in, &info); err != nil {
+		return err
+	}
+	s.Info = info
+	return nil
+}
+
+// SetTTL sets the sandbox to expire seconds from now and updates Info.
+func (s *Sandbox) SetTTL(ctx context.Context, seconds int) error {
+	body := struct {
+		TTLSeconds int `json:"ttl_seconds"`
+	}{seconds}
+	return s.update(ctx, http.MethodPut, path("sandboxes", s.ID, "ttl"), body)
+}
+
+// Kill kills the sandbox and frees everything it used.
+func (s *Sandbox) Kill(ctx context.Context) error {
+	if err := checkID("sandbox", s.ID); err != nil {
+		return err
+	}
+	return s.c.doJSON(ctx, http.MethodDelete, path("sandboxes", s.ID), nil, nil, nil)
+}
+
+// Pause stops the sandbox's vCPUs, keeping its memory, and updates Info.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "pause"), nil)
+}
+
+// Resume restarts a paused sandbox and updates Info.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "resume"), nil)
+}
+
+// Fork makes count copies of the running sandbox (memory, disk and
+// processes). It returns the children that were made; if any could not be
+// made, the error is a *ForkError listing why.
+func (s *Sandbox) Fork(ctx context.Context, count int) ([]*Sandbox, error) {
+	if err := checkID("sandbox", s.ID); err != nil {
+		return nil, err
+	}
+	if count < 1 {
+		return nil, newError(0, CodeInvalid, "fork count must be at least 1")
+	}
+	in := struct {
+		Count int `json:"count"`
+	}{count}
+	var out struct {
+		Children []struct {
+			Sandbox *SandboxInfo `json:"sandbox"`
+			Error   *Error       `json:"error"`
+		} `json:"children"`
+	}
+	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
+		return nil, err
+	}
+	var children []*Sandbox
+	ferr := &ForkError{Requested: count}
+	for _, ch := range out.Children {
+		switch {
+		case ch.Sandbox != nil:
+			children = append(children, s.c.wrap(*ch.Sandbox))
+		case ch.Error != nil:
+			ferr.Failures = append(ferr.Failures, newError(0, ch.Error.Code, ch.Error.Message))
+		default:
+			ferr.Failures = append(ferr.Failures, newError(0, CodeInternal, "the server answered a fork child with neither a sandbox nor an error"))
+		}
+	}
+	if missing := count - len(out.Children); missing > 0 {
+		for range missing {
+			ferr.Failures = append(ferr.Failures, newError(0, CodeInternal, "the server answered fewer children than asked"))
+		}
+	}
+	if len(ferr.Failures) > 0 {
+		return children, ferr
+	}
+	return children, nil
+}
+
+// checkID rejects an empty id locally: it would address a different
+// endpoint (the collection) instead of failing.
+func checkID(what, id string) error {
+	if id == "" {
+		return newError(0, CodeInvalid, what+" id is empty")
+	}
+	return nil
+}
