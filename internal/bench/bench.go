@@ -79,10 +79,10 @@ type CreateResult struct {
 	Exec      Dist    `json:"exec"`
 	ExecP50MS float64 `json:"exec_p50_ms"`
 	// Proportional set size per idle sandbox (QEMU process, all mappings).
-	IdleSandboxes      int     `json:"idle_sandboxes"`
-	PSSMiBPerSandbox   float64 `json:"pss_mib_per_sandbox"`
-	PrivateMiBPerSbx   float64 `json:"private_mib_per_sandbox"`
-	HostPSSMiBAllIdle  float64 `json:"host_pss_mib_all_idle"`
+	IdleSandboxes     int     `json:"idle_sandboxes"`
+	PSSMiBPerSandbox  float64 `json:"pss_mib_per_sandbox"`
+	PrivateMiBPerSbx  float64 `json:"private_mib_per_sandbox"`
+	HostPSSMiBAllIdle float64 `json:"host_pss_mib_all_idle"`
 }
 
 // CreateBench measures create → first exec, exec round trips and idle
