@@ -11,7 +11,7 @@
 set -euo pipefail
 
 IMAGES=${IMAGES:-/var/lib/pandastack/images}
-HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux python3)
+HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux python3 postgresql)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
 # dependencies are added and ordered by the kernel step.

@@ -56,6 +56,8 @@ type Config struct {
 	Accel vmm.Accel
 	// QEMU is the QEMU binary (default qemu-system-x86_64).
 	QEMU string
+	// QEMUExtraArgs are appended to every QEMU command line (debugging).
+	QEMUExtraArgs []string
 	// VolumeSize is the size of the XFS image made when DataDir cannot
 	// reflink (0: automatic).
 	VolumeSize int64
@@ -130,7 +132,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
-	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, Logger: cfg.Logger})
+	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, ExtraArgs: cfg.QEMUExtraArgs, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}

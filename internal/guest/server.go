@@ -50,6 +50,10 @@ type Server struct {
 	cfg    Config
 	start  time.Time
 	base   map[string]string
+	// bootID is read once: it never changes for a guest kernel, and every
+	// restored copy of a snapshot shares it. Reading /proc on each HELLO
+	// would cost procfs code paths freshly translated after each restore.
+	bootID string
 
 	mu         sync.Mutex
 	sessionEnv map[string]string
@@ -74,7 +78,9 @@ func NewServer(cfg Config) *Server {
 			base[k] = v
 		}
 	}
+	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return &Server{
+		bootID: strings.TrimSpace(string(bootID)),
 		hooks:  cfg.Hooks,
 		reaper: cfg.Reaper,
 		log:    cfg.Logger,
@@ -109,10 +115,9 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 	s.sessionEnv = maps.Clone(req.Env)
 	s.mu.Unlock()
 
-	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return guestproto.HelloReply{
 		AgentVersion: s.cfg.Version,
-		BootID:       strings.TrimSpace(string(bootID)),
+		BootID:       s.bootID,
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,

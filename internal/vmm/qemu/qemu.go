@@ -32,6 +32,9 @@ type Config struct {
 	Binary string
 	// NoSandbox disables QEMU's seccomp sandbox (debugging only).
 	NoSandbox bool
+	// ExtraArgs are appended to every QEMU command line (debugging only,
+	// e.g. "-d in_asm -D /tmp/tb.log").
+	ExtraArgs []string
 	Logger    *slog.Logger
 }
 
@@ -117,7 +120,7 @@ func (d *Driver) args(spec vmm.Spec) ([]string, error) {
 	if spec.Incoming {
 		a = append(a, "-incoming", "defer", "-S")
 	}
-	return a, nil
+	return append(a, d.cfg.ExtraArgs...), nil
 }
 
 func cpuModel(a vmm.Accel) string {

@@ -1,0 +1,784 @@
+// Package catalogtest is the conformance suite of catalog.Catalog: every
+// implementation's tests call Run, so the stores cannot drift apart.
+package catalogtest
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+)
+
+// Run runs the suite. open must return a new, empty catalog each time it is
+// called (it may register its own cleanups with t); Run closes it.
+func Run(t *testing.T, open func(t *testing.T) catalog.Catalog) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, catalog.Catalog)
+	}{
+		{"KeyRoundTrip", testKeyRoundTrip},
+		{"KeyNotFound", testKeyNotFound},
+		{"KeyConflict", testKeyConflict},
+		{"ListKeys", testListKeys},
+		{"RevokeKey", testRevokeKey},
+		{"SandboxRoundTrip", testSandboxRoundTrip},
+		{"SandboxNotFound", testSandboxNotFound},
+		{"ReserveConflict", testReserveConflict},
+		{"ReserveUnknownKey", testReserveUnknownKey},
+		{"Quota", testQuota},
+		{"ReserveConcurrent", testReserveConcurrent},
+		{"ListSandboxes", testListSandboxes},
+		{"UpdateSandbox", testUpdateSandbox},
+		{"UpdateSandboxConcurrent", testUpdateSandboxConcurrent},
+		{"DeleteSandbox", testDeleteSandbox},
+		{"Due", testDue},
+		{"PurgeStopped", testPurgeStopped},
+		{"Snapshots", testSnapshots},
+		{"CloseTwice", testCloseTwice},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := open(t)
+			t.Cleanup(func() {
+				if err := c.Close(); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			})
+			tc.fn(t, c)
+		})
+	}
+}
+
+// t0 has nanoseconds, which a catalog drops (it keeps microseconds).
+var t0 = time.Date(2025, 3, 4, 5, 6, 7, 891234567, time.UTC)
+
+// elsewhere is a zone a catalog must convert from: times come back in UTC.
+var elsewhere = time.FixedZone("UTC+05:30", 5*3600+1800)
+
+func newKey(id string, created time.Time) catalog.Key {
+	return catalog.Key{ID: id, Name: "name of " + id, Hash: "hash-" + id, Prefix: "pfx" + id, CreatedAt: created}
+}
+
+func newSandbox(id, keyID string) catalog.Sandbox {
+	return catalog.Sandbox{ID: id, KeyID: keyID, Template: "base", HostID: "host1", State: catalog.StateRunning,
+		MemoryMiB: 512, VCPUs: 1, TTLSeconds: 300, OnExpire: "kill", CreatedAt: t0}
+}
+
+func createKey(t *testing.T, c catalog.Catalog, k catalog.Key) {
+	t.Helper()
+	if err := c.CreateKey(t.Context(), k); err != nil {
+		t.Fatalf("CreateKey(%s): %v", k.ID, err)
+	}
+}
+
+func reserve(t *testing.T, c catalog.Catalog, sbs ...catalog.Sandbox) {
+	t.Helper()
+	for _, sb := range sbs {
+		if err := c.ReserveSandbox(t.Context(), sb, 0, 0); err != nil {
+			t.Fatalf("ReserveSandbox(%s): %v", sb.ID, err)
+		}
+	}
+}
+
+// stored returns v as a catalog returns it: times truncated to
+// microseconds, nil maps empty.
+func stored[T any](v T) T {
+	rv := reflect.ValueOf(&v).Elem()
+	for i := range rv.NumField() {
+		switch f := rv.Field(i); x := f.Interface().(type) {
+		case time.Time:
+			f.Set(reflect.ValueOf(x.Truncate(time.Microsecond)))
+		case map[string]string:
+			if x == nil {
+				f.Set(reflect.ValueOf(map[string]string{}))
+			}
+		}
+	}
+	return v
+}
+
+// diff lists the fields in which got and want (structs of one type)
+// differ. Times must be equal instants and, when set, in UTC.
+func diff(got, want any) string {
+	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
+	var b strings.Builder
+	for i := range gv.NumField() {
+		name := gv.Type().Field(i).Name
+		g, w := gv.Field(i).Interface(), wv.Field(i).Interface()
+		if gt, ok := g.(time.Time); ok {
+			wt := w.(time.Time)
+			if !gt.Equal(wt) {
+				fmt.Fprintf(&b, "%s: got %v, want %v; ", name, gt, wt)
+			} else if !gt.IsZero() && gt.Location() != time.UTC {
+				fmt.Fprintf(&b, "%s: got location %v, want UTC; ", name, gt.Location())
+			}
+			continue
+		}
+		if !reflect.DeepEqual(g, w) {
+			fmt.Fprintf(&b, "%s: got %#v, want %#v; ", name, g, w)
+		}
+	}
+	return b.String()
+}
+
+func ids[T any](vs []T) []string {
+	out := []string{}
+	for _, v := range vs {
+		out = append(out, reflect.ValueOf(v).FieldByName("ID").String())
+	}
+	return out
+}
+
+func testKeyRoundTrip(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	if n, err := c.CountKeys(ctx); err != nil || n != 0 {
+		t.Fatalf("CountKeys on an empty catalog = %d, %v; want 0, nil", n, err)
+	}
+	keys := []catalog.Key{
+		{ID: "key_admin000001", Name: "admin 🐼", Hash: strings.Repeat("ab", 32), Prefix: "ps_12345", Admin: true,
+			MaxSandboxes: 100, MaxMemoryMiB: 65536, CreatedAt: t0.In(elsewhere)},
+		{ID: "key_user0000001", Name: "", Hash: strings.Repeat("cd", 32), Prefix: "ps_abcde", CreatedAt: t0.Add(time.Second)},
+		{ID: "key_revoked0001", Name: "old", Hash: strings.Repeat("ef", 32), Prefix: "ps_zzzzz",
+			CreatedAt: t0, RevokedAt: t0.Add(time.Hour).In(elsewhere)},
+	}
+	for _, k := range keys {
+		createKey(t, c, k)
+	}
+	for _, k := range keys {
+		want := stored(k)
+		got, err := c.GetKey(ctx, k.ID)
+		if err != nil {
+			t.Fatalf("GetKey(%s): %v", k.ID, err)
+		}
+		if d := diff(got, want); d != "" {
+			t.Errorf("GetKey(%s): %s", k.ID, d)
+		}
+		got, err = c.KeyByHash(ctx, k.Hash)
+		if err != nil {
+			t.Fatalf("KeyByHash(%s): %v", k.Hash, err)
+		}
+		if d := diff(got, want); d != "" {
+			t.Errorf("KeyByHash(%s): %s", k.Hash, d)
+		}
+	}
+	if n, err := c.CountKeys(ctx); err != nil || n != len(keys) {
+		t.Errorf("CountKeys = %d, %v; want %d, nil", n, err, len(keys))
+	}
+}
+
+func testKeyNotFound(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"GetKey", func() error { _, err := c.GetKey(ctx, "key_none"); return err }()},
+		{"KeyByHash", func() error { _, err := c.KeyByHash(ctx, "hash-key_none"); return err }()},
+		{"KeyByHash(id)", func() error { _, err := c.KeyByHash(ctx, "key_a"); return err }()},
+		{"RevokeKey", c.RevokeKey(ctx, "key_none", t0)},
+	} {
+		if !errors.Is(tc.err, catalog.ErrNotFound) {
+			t.Errorf("%s of an unknown key: got %v, want ErrNotFound", tc.name, tc.err)
+		}
+	}
+}
+
+func testKeyConflict(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	orig := newKey("key_a", t0)
+	createKey(t, c, orig)
+	for _, tc := range []struct {
+		name string
+		k    catalog.Key
+	}{
+		{"same id", catalog.Key{ID: "key_a", Hash: "other", CreatedAt: t0}},
+		{"same hash", catalog.Key{ID: "key_b", Hash: orig.Hash, CreatedAt: t0}},
+	} {
+		if err := c.CreateKey(ctx, tc.k); !errors.Is(err, catalog.ErrConflict) {
+			t.Errorf("CreateKey with the %s: got %v, want ErrConflict", tc.name, err)
+		}
+	}
+	if got, err := c.GetKey(ctx, "key_a"); err != nil || diff(got, stored(orig)) != "" {
+		t.Errorf("GetKey after conflicts = %+v, %v; want the original %+v", got, err, orig)
+	}
+	if n, err := c.CountKeys(ctx); err != nil || n != 1 {
+		t.Errorf("CountKeys = %d, %v; want 1, nil", n, err)
+	}
+}
+
+func testListKeys(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	if ks, err := c.ListKeys(ctx); err != nil || len(ks) != 0 {
+		t.Fatalf("ListKeys on an empty catalog = %v, %v; want none", ks, err)
+	}
+	// Created out of order; key_a and key_B tie on time and sort by id,
+	// bytewise (B < a), whatever the database's locale.
+	createKey(t, c, newKey("key_c", t0.Add(time.Hour)))
+	createKey(t, c, newKey("key_a", t0.Add(time.Minute)))
+	createKey(t, c, newKey("key_d", t0.Add(2*time.Hour)))
+	createKey(t, c, newKey("key_B", t0.Add(time.Minute)))
+	if err := c.RevokeKey(ctx, "key_c", t0.Add(3*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := c.ListKeys(ctx)
+	if err != nil {
+		t.Fatalf("ListKeys: %v", err)
+	}
+	if got, want := strings.Join(ids(ks), ","), "key_B,key_a,key_c,key_d"; got != want {
+		t.Errorf("ListKeys = %s, want %s (oldest first, revoked included)", got, want)
+	}
+}
+
+func testRevokeKey(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	k := newKey("key_a", t0)
+	createKey(t, c, k)
+	createKey(t, c, newKey("key_b", t0))
+	at := t0.Add(time.Hour)
+	if err := c.RevokeKey(ctx, "key_a", at); err != nil {
+		t.Fatalf("RevokeKey: %v", err)
+	}
+	// Revoking again succeeds and keeps the first time.
+	if err := c.RevokeKey(ctx, "key_a", at.Add(time.Hour)); err != nil {
+		t.Fatalf("RevokeKey again: %v", err)
+	}
+	want := stored(k)
+	want.RevokedAt = at.Truncate(time.Microsecond)
+	got, err := c.KeyByHash(ctx, k.Hash)
+	if err != nil {
+		t.Fatalf("KeyByHash of a revoked key: %v", err)
+	}
+	if d := diff(got, want); d != "" {
+		t.Errorf("KeyByHash of a revoked key: %s", d)
+	}
+	if !got.Revoked() {
+		t.Errorf("Revoked() = false after RevokeKey")
+	}
+	if b, err := c.GetKey(ctx, "key_b"); err != nil || b.Revoked() {
+		t.Errorf("GetKey(key_b) = revoked %v, %v; want active (only key_a was revoked)", b.Revoked(), err)
+	}
+}
+
+func testSandboxRoundTrip(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	full := catalog.Sandbox{
+		ID: "k3v9q2m8x7c1b5n4z6a0", KeyID: "key_a", Template: "base", HostID: "host-1",
+		State: catalog.StatePaused, StopReason: "host_restarted", MemoryMiB: 2048, VCPUs: 4,
+		Metadata: map[string]string{
+			"emoji": "🐼 panda", "中文键": "值", "quote\"back\\slash": "line\nbreak\ttab",
+			"a.b": "dotted key", "$.x": "path-like", "rtl": "שלום", "empty": "", "<html>&": "<script>",
+		},
+		Env:        map[string]string{"PATH": "/usr/bin:/bin", "GREETING": "héllo wörld ✓", "JSON": `{"a":[1,2]}`},
+		TTLSeconds: 86400, OnExpire: "pause", ParentID: "parent1", SnapshotID: "snap1",
+		CreatedAt: t0.In(elsewhere), UpdatedAt: t0.Add(time.Second), ExpiresAt: t0.Add(24 * time.Hour).In(elsewhere),
+		StoppedAt: t0.Add(2 * time.Second),
+	}
+	minimal := catalog.Sandbox{ID: "minimal", KeyID: "key_a", CreatedAt: t0}
+	for _, sb := range []catalog.Sandbox{full, minimal} {
+		reserve(t, c, sb)
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil {
+			t.Fatalf("GetSandbox(%s): %v", sb.ID, err)
+		}
+		if d := diff(got, stored(sb)); d != "" {
+			t.Errorf("GetSandbox(%s): %s", sb.ID, d)
+		}
+		if got.Metadata == nil || got.Env == nil {
+			t.Errorf("GetSandbox(%s): Metadata %v, Env %v; want non-nil maps", sb.ID, got.Metadata, got.Env)
+		}
+	}
+}
+
+func testSandboxNotFound(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	reserve(t, c, newSandbox("other", "key_a"))
+	called := false
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"GetSandbox", func() error { _, err := c.GetSandbox(ctx, "none"); return err }()},
+		{"DeleteSandbox", c.DeleteSandbox(ctx, "none")},
+		{"UpdateSandbox", func() error {
+			_, err := c.UpdateSandbox(ctx, "none", func(*catalog.Sandbox) error { called = true; return nil })
+			return err
+		}()},
+	} {
+		if !errors.Is(tc.err, catalog.ErrNotFound) {
+			t.Errorf("%s of an unknown sandbox: got %v, want ErrNotFound", tc.name, tc.err)
+		}
+	}
+	if called {
+		t.Errorf("UpdateSandbox of an unknown sandbox called fn")
+	}
+}
+
+func testReserveConflict(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	createKey(t, c, newKey("key_b", t0))
+	orig := newSandbox("sb1", "key_a")
+	reserve(t, c, orig)
+	for _, keyID := range []string{"key_a", "key_b"} {
+		dup := newSandbox("sb1", keyID)
+		dup.Template = "tiny"
+		if err := c.ReserveSandbox(ctx, dup, 0, 0); !errors.Is(err, catalog.ErrConflict) {
+			t.Errorf("ReserveSandbox with a taken id (key %s): got %v, want ErrConflict", keyID, err)
+		}
+	}
+	if got, err := c.GetSandbox(ctx, "sb1"); err != nil || diff(got, stored(orig)) != "" {
+		t.Errorf("GetSandbox after conflicts = %+v, %v; want the original", got, err)
+	}
+}
+
+func testReserveUnknownKey(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_revoked", t0))
+	if err := c.RevokeKey(ctx, "key_revoked", t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, keyID := range []string{"key_none", "key_revoked"} {
+		if err := c.ReserveSandbox(ctx, newSandbox("sb_"+keyID, keyID), 0, 0); !errors.Is(err, catalog.ErrNotFound) {
+			t.Errorf("ReserveSandbox for %s: got %v, want ErrNotFound", keyID, err)
+		}
+		if _, err := c.GetSandbox(ctx, "sb_"+keyID); !errors.Is(err, catalog.ErrNotFound) {
+			t.Errorf("GetSandbox after a refused reservation for %s: got %v, want ErrNotFound", keyID, err)
+		}
+	}
+}
+
+func testQuota(t *testing.T, c catalog.Catalog) {
+	type held struct {
+		mem   int
+		state string
+	}
+	tests := []struct {
+		name       string
+		mine       []held // the key's sandboxes before the reservation
+		others     []held // another key's
+		maxCount   int
+		maxMem     int
+		reqMem     int
+		wantLimit  string // "" = accepted
+		wantUsed   int
+		wantMaxNum int
+	}{
+		{name: "unlimited", mine: []held{{1024, "running"}, {1024, "running"}, {1024, "paused"}}, reqMem: 4096},
+		{name: "negative is unlimited", mine: []held{{1024, "running"}}, maxCount: -1, maxMem: -1, reqMem: 4096},
+		{name: "below count", mine: []held{{512, "running"}}, maxCount: 2, reqMem: 512},
+		{name: "at count", mine: []held{{512, "running"}, {512, "starting"}}, maxCount: 2, reqMem: 512,
+			wantLimit: catalog.QuotaSandboxes, wantUsed: 2, wantMaxNum: 2},
+		{name: "paused counts", mine: []held{{512, "paused"}}, maxCount: 1, reqMem: 512,
+			wantLimit: catalog.QuotaSandboxes, wantUsed: 1, wantMaxNum: 1},
+		{name: "stopped do not count", mine: []held{{512, "stopped"}, {512, "stopped"}, {4096, "stopped"}},
+			maxCount: 1, maxMem: 512, reqMem: 512},
+		{name: "other keys do not count", others: []held{{512, "running"}, {512, "running"}},
+			maxCount: 1, maxMem: 512, reqMem: 512},
+		{name: "memory up to the limit", mine: []held{{1024, "running"}, {1024, "paused"}}, maxMem: 3072, reqMem: 1024},
+		{name: "memory over the limit", mine: []held{{1024, "running"}, {1024, "paused"}}, maxMem: 3072, reqMem: 1025,
+			wantLimit: catalog.QuotaMemory, wantUsed: 2048, wantMaxNum: 3072},
+		{name: "memory alone over the limit", maxMem: 1024, reqMem: 2048,
+			wantLimit: catalog.QuotaMemory, wantUsed: 0, wantMaxNum: 1024},
+		{name: "stopped memory does not count", mine: []held{{8192, "stopped"}}, maxMem: 1024, reqMem: 1024},
+	}
+	ctx := t.Context()
+	for i, tc := range tests {
+		// One catalog for all cases: each case has its own keys.
+		mine, other := fmt.Sprintf("key_mine%d", i), fmt.Sprintf("key_other%d", i)
+		createKey(t, c, newKey(mine, t0))
+		createKey(t, c, newKey(other, t0))
+		for j, h := range tc.mine {
+			sb := newSandbox(fmt.Sprintf("q%dmine%d", i, j), mine)
+			sb.MemoryMiB, sb.State = h.mem, h.state
+			reserve(t, c, sb)
+		}
+		for j, h := range tc.others {
+			sb := newSandbox(fmt.Sprintf("q%dother%d", i, j), other)
+			sb.MemoryMiB, sb.State = h.mem, h.state
+			reserve(t, c, sb)
+		}
+		sb := newSandbox(fmt.Sprintf("q%dnew", i), mine)
+		sb.MemoryMiB = tc.reqMem
+		err := c.ReserveSandbox(ctx, sb, tc.maxCount, tc.maxMem)
+		_, getErr := c.GetSandbox(ctx, sb.ID)
+		if tc.wantLimit == "" {
+			if err != nil {
+				t.Errorf("%s: ReserveSandbox: %v, want success", tc.name, err)
+			} else if getErr != nil {
+				t.Errorf("%s: GetSandbox after ReserveSandbox: %v", tc.name, getErr)
+			}
+			continue
+		}
+		var qe *catalog.QuotaError
+		if !errors.Is(err, catalog.ErrQuota) || !errors.As(err, &qe) {
+			t.Errorf("%s: ReserveSandbox: got %v, want a QuotaError", tc.name, err)
+			continue
+		}
+		want := catalog.QuotaError{KeyID: mine, Limit: tc.wantLimit, Used: tc.wantUsed, Max: tc.wantMaxNum, Requested: 1}
+		if tc.wantLimit == catalog.QuotaMemory {
+			want.Requested = tc.reqMem
+		}
+		if *qe != want {
+			t.Errorf("%s: QuotaError = %+v, want %+v", tc.name, *qe, want)
+		}
+		for _, n := range []int{want.Used, want.Max} {
+			if !strings.Contains(err.Error(), strconv.Itoa(n)) {
+				t.Errorf("%s: error %q does not say %d", tc.name, err, n)
+			}
+		}
+		if !errors.Is(getErr, catalog.ErrNotFound) {
+			t.Errorf("%s: GetSandbox after a refused reservation: got %v, want ErrNotFound", tc.name, getErr)
+		}
+	}
+}
+
+func testReserveConcurrent(t *testing.T, c catalog.Catalog) {
+	tests := []struct {
+		name             string
+		maxCount, maxMem int
+		want             int
+	}{
+		{"count", 10, 0, 10},
+		{"memory", 0, 4096, 8}, // 512 MiB each
+	}
+	const callers = 30
+	for _, tc := range tests {
+		keyID := "key_" + tc.name
+		createKey(t, c, newKey(keyID, t0))
+		start := make(chan struct{})
+		errs := make([]error, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				<-start
+				errs[i] = c.ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("%s%02d", tc.name, i), keyID), tc.maxCount, tc.maxMem)
+			})
+		}
+		close(start)
+		wg.Wait()
+		ok, quota := 0, 0
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, catalog.ErrQuota):
+				quota++
+			default:
+				t.Errorf("%s: caller %d: %v, want nil or ErrQuota", tc.name, i, err)
+			}
+		}
+		if ok != tc.want || quota != callers-tc.want {
+			t.Errorf("%s: %d reservations succeeded and %d hit the quota, want %d and %d",
+				tc.name, ok, quota, tc.want, callers-tc.want)
+		}
+		sbs, err := c.ListSandboxes(t.Context(), catalog.SandboxFilter{KeyID: keyID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sbs) != tc.want {
+			t.Errorf("%s: %d sandboxes stored, want %d", tc.name, len(sbs), tc.want)
+		}
+	}
+}
+
+func testListSandboxes(t *testing.T, c catalog.Catalog) {
+	createKey(t, c, newKey("key_a", t0))
+	createKey(t, c, newKey("key_b", t0))
+	mk := func(id, keyID, state, host string, created time.Duration, md map[string]string) catalog.Sandbox {
+		sb := newSandbox(id, keyID)
+		sb.State, sb.HostID, sb.CreatedAt, sb.Metadata = state, host, t0.Add(created), md
+		return sb
+	}
+	// Stored out of order; s1 and s4 tie on time and sort by id.
+	reserve(t, c,
+		mk("s3", "key_a", "stopped", "h1", 3*time.Second, map[string]string{"env": "dev"}),
+		mk("s1", "key_a", "running", "h1", time.Second, map[string]string{"env": "prod", "team": "🐼"}),
+		mk("s5", "key_b", "starting", "h2", 0, nil),
+		mk("s4", "key_b", "running", "h1", time.Second, map[string]string{"env": "prod", "team": "🐼", "x": "y"}),
+		mk("s2", "key_a", "paused", "h2", 2*time.Second, map[string]string{"env": "prod", "note": ""}),
+	)
+	tests := []struct {
+		name string
+		f    catalog.SandboxFilter
+		want string
+	}{
+		{"all", catalog.SandboxFilter{}, "s5,s1,s4,s2,s3"},
+		{"key", catalog.SandboxFilter{KeyID: "key_a"}, "s1,s2,s3"},
+		{"unknown key", catalog.SandboxFilter{KeyID: "key_none"}, ""},
+		{"one state", catalog.SandboxFilter{States: []string{"running"}}, "s1,s4"},
+		{"not stopped", catalog.SandboxFilter{States: []string{"starting", "running", "paused"}}, "s5,s1,s4,s2"},
+		{"metadata", catalog.SandboxFilter{Metadata: map[string]string{"env": "prod"}}, "s1,s4,s2"},
+		{"metadata, all pairs", catalog.SandboxFilter{Metadata: map[string]string{"env": "prod", "team": "🐼"}}, "s1,s4"},
+		{"metadata, wrong value", catalog.SandboxFilter{Metadata: map[string]string{"env": "staging"}}, ""},
+		{"metadata, missing key", catalog.SandboxFilter{Metadata: map[string]string{"team": "🐼", "owner": "x"}}, ""},
+		{"metadata, empty value", catalog.SandboxFilter{Metadata: map[string]string{"note": ""}}, "s2"},
+		{"host", catalog.SandboxFilter{HostID: "h2"}, "s5,s2"},
+		{"everything", catalog.SandboxFilter{KeyID: "key_a", States: []string{"running", "stopped"}, HostID: "h1"}, "s1,s3"},
+		{"everything, metadata", catalog.SandboxFilter{KeyID: "key_b", States: []string{"running"}, HostID: "h1",
+			Metadata: map[string]string{"x": "y"}}, "s4"},
+	}
+	for _, tc := range tests {
+		sbs, err := c.ListSandboxes(t.Context(), tc.f)
+		if err != nil {
+			t.Errorf("%s: ListSandboxes: %v", tc.name, err)
+			continue
+		}
+		if got := strings.Join(ids(sbs), ","); got != tc.want {
+			t.Errorf("%s: ListSandboxes(%+v) = %q, want %q", tc.name, tc.f, got, tc.want)
+		}
+	}
+	// Listed sandboxes are complete records.
+	sbs, err := c.ListSandboxes(t.Context(), catalog.SandboxFilter{KeyID: "key_b", States: []string{"starting"}})
+	if err != nil || len(sbs) != 1 {
+		t.Fatalf("ListSandboxes = %v, %v; want s5", sbs, err)
+	}
+	if d := diff(sbs[0], stored(mk("s5", "key_b", "starting", "h2", 0, nil))); d != "" {
+		t.Errorf("listed s5: %s", d)
+	}
+}
+
+func testUpdateSandbox(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	orig := newSandbox("sb1", "key_a")
+	orig.ExpiresAt = t0.Add(time.Minute)
+	orig.Metadata = map[string]string{"a": "1"}
+	reserve(t, c, orig)
+
+	errFn := errors.New("state changed under us")
+	if _, err := c.UpdateSandbox(ctx, "sb1", func(sb *catalog.Sandbox) error {
+		sb.State = catalog.StateStopped
+		return errFn
+	}); !errors.Is(err, errFn) {
+		t.Errorf("UpdateSandbox with a failing fn: got %v, want fn's error", err)
+	}
+	if _, err := c.UpdateSandbox(ctx, "sb1", func(sb *catalog.Sandbox) error {
+		sb.ID = "sb2"
+		return nil
+	}); err == nil {
+		t.Errorf("UpdateSandbox changing the id succeeded")
+	}
+	if got, err := c.GetSandbox(ctx, "sb1"); err != nil || diff(got, stored(orig)) != "" {
+		t.Fatalf("GetSandbox after aborted updates = %+v, %v; want it unchanged: %s", got, err, diff(got, stored(orig)))
+	}
+
+	want := stored(orig)
+	want.State, want.StopReason = catalog.StateStopped, "killed"
+	want.StoppedAt, want.UpdatedAt = t0.Add(time.Hour).Truncate(time.Microsecond), t0.Add(time.Hour).Truncate(time.Microsecond)
+	want.ExpiresAt = time.Time{}
+	want.Metadata = map[string]string{"a": "1", "b": "ü"}
+	want.Env = map[string]string{"K": "V"}
+	want.HostID = "host2"
+	got, err := c.UpdateSandbox(ctx, "sb1", func(sb *catalog.Sandbox) error {
+		if d := diff(*sb, stored(orig)); d != "" {
+			t.Errorf("fn got %s", d)
+		}
+		sb.State, sb.StopReason = catalog.StateStopped, "killed"
+		sb.StoppedAt, sb.UpdatedAt = t0.Add(time.Hour).In(elsewhere), t0.Add(time.Hour)
+		sb.ExpiresAt = time.Time{}
+		sb.Metadata["b"] = "ü"
+		sb.Env = map[string]string{"K": "V"}
+		sb.HostID = "host2"
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("UpdateSandbox: %v", err)
+	}
+	if d := diff(got, want); d != "" {
+		t.Errorf("UpdateSandbox returned %s", d)
+	}
+	if got, err := c.GetSandbox(ctx, "sb1"); err != nil || diff(got, want) != "" {
+		t.Errorf("GetSandbox after UpdateSandbox: %v %s", err, diff(got, want))
+	}
+}
+
+func testUpdateSandboxConcurrent(t *testing.T, c catalog.Catalog) {
+	createKey(t, c, newKey("key_a", t0))
+	reserve(t, c, newSandbox("sb1", "key_a"))
+	const writers = 20
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			<-start
+			_, err := c.UpdateSandbox(t.Context(), "sb1", func(sb *catalog.Sandbox) error {
+				n, _ := strconv.Atoi(sb.Metadata["n"])
+				sb.Metadata["n"] = strconv.Itoa(n + 1)
+				return nil
+			})
+			if err != nil {
+				t.Errorf("UpdateSandbox: %v", err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	sb, err := c.GetSandbox(t.Context(), "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sb.Metadata["n"], strconv.Itoa(writers); got != want {
+		t.Errorf("counter after %d concurrent increments = %s, want %s", writers, got, want)
+	}
+}
+
+func testDeleteSandbox(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	reserve(t, c, newSandbox("sb1", "key_a"), newSandbox("sb2", "key_a"))
+	if err := c.DeleteSandbox(ctx, "sb1"); err != nil {
+		t.Fatalf("DeleteSandbox: %v", err)
+	}
+	if _, err := c.GetSandbox(ctx, "sb1"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("GetSandbox after DeleteSandbox: got %v, want ErrNotFound", err)
+	}
+	if err := c.DeleteSandbox(ctx, "sb1"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("DeleteSandbox twice: got %v, want ErrNotFound", err)
+	}
+	if _, err := c.GetSandbox(ctx, "sb2"); err != nil {
+		t.Errorf("GetSandbox of the other sandbox: %v", err)
+	}
+	// A deleted sandbox frees its quota.
+	if err := c.ReserveSandbox(ctx, newSandbox("sb3", "key_a"), 2, 0); err != nil {
+		t.Errorf("ReserveSandbox after a delete: %v", err)
+	}
+}
+
+func testDue(t *testing.T, c catalog.Catalog) {
+	createKey(t, c, newKey("key_a", t0))
+	now := t0
+	mk := func(id, state string, expires time.Time) catalog.Sandbox {
+		sb := newSandbox(id, "key_a")
+		sb.State, sb.ExpiresAt = state, expires
+		return sb
+	}
+	reserve(t, c,
+		mk("d1", "running", now.Add(-time.Second)),
+		mk("d2", "running", now.Add(-10*time.Second).In(elsewhere)),
+		mk("d3", "running", now), // exactly now is due
+		mk("d4", "stopped", now.Add(-20*time.Second)),
+		mk("d5", "running", time.Time{}),
+		mk("d6", "paused", now.Add(time.Second)),
+		mk("d7", "paused", now.Add(-5*time.Second)),
+		mk("d8", "starting", now.Add(-10*time.Second)), // ties with d2
+		mk("d9", "running", now.Add(time.Microsecond)),
+	)
+	sbs, err := c.Due(t.Context(), now)
+	if err != nil {
+		t.Fatalf("Due: %v", err)
+	}
+	if got, want := strings.Join(ids(sbs), ","), "d2,d8,d7,d1,d3"; got != want {
+		t.Errorf("Due = %s, want %s", got, want)
+	}
+	if sbs, err := c.Due(t.Context(), now.Add(-time.Hour)); err != nil || len(sbs) != 0 {
+		t.Errorf("Due an hour earlier = %v, %v; want none", ids(sbs), err)
+	}
+}
+
+func testPurgeStopped(t *testing.T, c catalog.Catalog) {
+	createKey(t, c, newKey("key_a", t0))
+	before := t0
+	mk := func(id, state string, stopped time.Time) catalog.Sandbox {
+		sb := newSandbox(id, "key_a")
+		sb.State, sb.StoppedAt = state, stopped
+		return sb
+	}
+	reserve(t, c,
+		mk("p1", "stopped", before.Add(-time.Hour)),
+		mk("p2", "stopped", before), // not strictly before
+		mk("p3", "stopped", time.Time{}),
+		mk("p4", "running", before.Add(-time.Hour)),
+		mk("p5", "stopped", before.Add(-time.Microsecond)),
+	)
+	n, err := c.PurgeStopped(t.Context(), before)
+	if err != nil || n != 2 {
+		t.Errorf("PurgeStopped = %d, %v; want 2, nil", n, err)
+	}
+	sbs, err := c.ListSandboxes(t.Context(), catalog.SandboxFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(ids(sbs), ","), "p2,p3,p4"; got != want {
+		t.Errorf("left after PurgeStopped: %s, want %s", got, want)
+	}
+	if n, err := c.PurgeStopped(t.Context(), before); err != nil || n != 0 {
+		t.Errorf("PurgeStopped again = %d, %v; want 0, nil", n, err)
+	}
+}
+
+func testSnapshots(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	createKey(t, c, newKey("key_b", t0))
+	snaps := []catalog.Snapshot{
+		{ID: "snap1", KeyID: "key_a", SandboxID: "sb1", Name: "après-ski 🎿", HostID: "h1", Template: "base",
+			MemoryMiB: 2048, VCPUs: 2, SizeBytes: 5 << 30, CreatedAt: t0.Add(time.Second).In(elsewhere)},
+		{ID: "snap2", KeyID: "key_b", SandboxID: "gone", HostID: "h2", Template: "tiny", MemoryMiB: 256, VCPUs: 1,
+			SizeBytes: 1, CreatedAt: t0},
+		{ID: "snap3", KeyID: "key_a", CreatedAt: t0},
+	}
+	for _, s := range snaps {
+		if err := c.CreateSnapshot(ctx, s); err != nil {
+			t.Fatalf("CreateSnapshot(%s): %v", s.ID, err)
+		}
+	}
+	for _, s := range snaps {
+		got, err := c.GetSnapshot(ctx, s.ID)
+		if err != nil {
+			t.Fatalf("GetSnapshot(%s): %v", s.ID, err)
+		}
+		if d := diff(got, stored(s)); d != "" {
+			t.Errorf("GetSnapshot(%s): %s", s.ID, d)
+		}
+	}
+	for _, tc := range []struct{ keyID, want string }{
+		{"key_a", "snap3,snap1"},
+		{"key_b", "snap2"},
+		{"key_none", ""},
+		{"", "snap2,snap3,snap1"},
+	} {
+		ss, err := c.ListSnapshots(ctx, tc.keyID)
+		if err != nil {
+			t.Errorf("ListSnapshots(%q): %v", tc.keyID, err)
+		} else if got := strings.Join(ids(ss), ","); got != tc.want {
+			t.Errorf("ListSnapshots(%q) = %s, want %s", tc.keyID, got, tc.want)
+		}
+	}
+
+	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snap1", KeyID: "key_b", CreatedAt: t0}); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("CreateSnapshot with a taken id: got %v, want ErrConflict", err)
+	}
+	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snap9", KeyID: "key_none", CreatedAt: t0}); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("CreateSnapshot for an unknown key: got %v, want ErrNotFound", err)
+	}
+	if err := c.DeleteSnapshot(ctx, "snap1"); err != nil {
+		t.Fatalf("DeleteSnapshot: %v", err)
+	}
+	if _, err := c.GetSnapshot(ctx, "snap1"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("GetSnapshot after DeleteSnapshot: got %v, want ErrNotFound", err)
+	}
+	if err := c.DeleteSnapshot(ctx, "snap1"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("DeleteSnapshot twice: got %v, want ErrNotFound", err)
+	}
+	if ss, err := c.ListSnapshots(ctx, "key_a"); err != nil || strings.Join(ids(ss), ",") != "snap3" {
+		t.Errorf("ListSnapshots(key_a) after a delete = %v, %v; want snap3", ids(ss), err)
+	}
+}
+
+func testCloseTwice(t *testing.T, c catalog.Catalog) {
+	for i := range 2 {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close #%d: %v", i+1, err)
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package migration
+
+import (
+	"slices"
+	"testing"
+	"testing/fstest"
+)
+
+func TestLoad(t *testing.T) {
+	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	tests := []struct {
+		name    string
+		files   fstest.MapFS
+		want    []string // names in order; nil = error
+		wantSQL string   // SQL of the first migration
+	}{
+		{"ordered", fstest.MapFS{
+			"m/0002_more.sql": file("B"), "m/0001_init.sql": file("A"), "m/README": file("x"),
+		}, []string{"0001_init.sql", "0002_more.sql"}, "A"},
+		{"gap", fstest.MapFS{"m/0001_a.sql": file("A"), "m/0003_c.sql": file("C")}, nil, ""},
+		{"duplicate", fstest.MapFS{"m/0001_a.sql": file("A"), "m/0001_b.sql": file("B")}, nil, ""},
+		{"not starting at 1", fstest.MapFS{"m/0002_a.sql": file("A")}, nil, ""},
+		{"bad name", fstest.MapFS{"m/init.sql": file("A")}, nil, ""},
+		{"none", fstest.MapFS{"m/README": file("x")}, nil, ""},
+		{"no directory", fstest.MapFS{}, nil, ""},
+	}
+	for _, tc := range tests {
+		ms, err := Load(tc.files, "m")
+		if tc.want == nil {
+			if err == nil {
+				t.Errorf("%s: Load = %v, want an error", tc.name, ms)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: Load: %v", tc.name, err)
+			continue
+		}
+		var got []string
+		for i, m := range ms {
+			got = append(got, m.Name)
+			if m.Version != i+1 {
+				t.Errorf("%s: %s has version %d, want %d", tc.name, m.Name, m.Version, i+1)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Load = %v, want %v", tc.name, got, tc.want)
+		}
+		if ms[0].SQL != tc.wantSQL {
+			t.Errorf("%s: first SQL = %q, want %q", tc.name, ms[0].SQL, tc.wantSQL)
+		}
+	}
+}
