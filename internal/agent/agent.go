@@ -166,9 +166,11 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
-	if err := os.MkdirAll(a.sbDir, 0o755); err != nil {
-		vol.Close()
-		return nil, fmt.Errorf("open host agent: %w", err)
+	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			vol.Close()
+			return nil, fmt.Errorf("open host agent: %w", err)
+		}
 	}
 	return a, nil
 }
@@ -202,6 +204,7 @@ type State string
 const (
 	StateStarting State = "starting"
 	StateRunning  State = "running"
+	StatePaused   State = "paused"
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 )
@@ -216,12 +219,17 @@ type Info struct {
 	CreatedAt time.Time `json:"created_at"`
 	PID       int       `json:"pid"`
 	Hostname  string    `json:"hostname"`
+	ParentID  string    `json:"parent_id,omitempty"`
+	Snapshot  string    `json:"snapshot_id,omitempty"`
 }
 
 // record is what sandbox.json holds: enough to adopt the VMM again.
 type record struct {
 	ID        string            `json:"id"`
 	Template  string            `json:"template"`
+	State     State             `json:"state"` // running or paused
+	ParentID  string            `json:"parent_id,omitempty"`
+	Snapshot  string            `json:"snapshot_id,omitempty"`
 	Spec      vmm.Spec          `json:"spec"`
 	Hostname  string            `json:"hostname"`
 	MachineID string            `json:"machine_id"`
@@ -233,6 +241,10 @@ type sandbox struct {
 	rec    record
 	dir    string // store directory: disk, memory link, state, sandbox.json
 	runDir string
+
+	// op serializes lifecycle operations on this sandbox (fork, snapshot,
+	// pause, resume, kill) so that they never interleave.
+	op sync.Mutex
 
 	mu      sync.Mutex
 	state   State
@@ -251,6 +263,7 @@ func (s *sandbox) info() Info {
 	return Info{
 		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
 		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
+		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot,
 	}
 }
 
@@ -263,6 +276,9 @@ type CreateRequest struct {
 	VCPUs     int
 	// Env is the default environment of every exec in the sandbox.
 	Env map[string]string
+	// SnapshotID, if set, restores the snapshot instead of a template
+	// (Template, MemoryMiB and VCPUs are then ignored).
+	SnapshotID string
 	// Progress receives bake progress if the template must be baked first.
 	Progress template.Progress
 }
@@ -294,54 +310,70 @@ func ValidID(id string) bool {
 // Create restores a new sandbox from a template and returns once its guest
 // agent has answered (clock set, RNG reseeded, identity written).
 func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
-	p := a.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
-	if err := p.Validate(); err != nil {
-		return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
-	}
 	if req.ID == "" {
 		req.ID = NewID()
 	} else if !ValidID(req.ID) {
 		return Info{}, fmt.Errorf("create sandbox: %w: id %q must be lowercase letters and digits", ErrInvalid, req.ID)
 	}
-	tmpl, err := a.templates.Get(ctx, p, req.Progress)
-	if err != nil {
-		if errors.Is(err, template.ErrNotFound) {
-			return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrNotFound, err)
+	var im image
+	if req.SnapshotID != "" {
+		snap, err := a.GetSnapshot(req.SnapshotID)
+		if err != nil {
+			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
-		if errors.Is(err, template.ErrInvalid) {
+		im = snap.image()
+	} else {
+		p := a.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
+		if err := p.Validate(); err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
 		}
-		return Info{}, fmt.Errorf("create sandbox: %w", err)
+		tmpl, err := a.templates.Get(ctx, p, req.Progress)
+		if err != nil {
+			if errors.Is(err, template.ErrNotFound) {
+				return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrNotFound, err)
+			}
+			if errors.Is(err, template.ErrInvalid) {
+				return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
+			}
+			return Info{}, fmt.Errorf("create sandbox: %w", err)
+		}
+		im = templateImage(tmpl, a.images)
 	}
 	if err := a.checkSpace(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	s := &sandbox{
-		rec: record{
-			ID: req.ID, Template: p.Key(), Hostname: req.ID, MachineID: randHex(16),
-			Env: req.Env, CreatedAt: time.Now().UTC(),
-		},
-		dir:    filepath.Join(a.sbDir, req.ID),
-		runDir: filepath.Join(a.cfg.RunDir, req.ID),
-		state:  StateStarting,
+	s, err := a.register(req.ID, req.Env)
+	if err != nil {
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	a.mu.Lock()
-	if a.closed {
-		a.mu.Unlock()
-		return Info{}, fmt.Errorf("create sandbox: %w: host agent is shutting down", ErrConflict)
-	}
-	if _, dup := a.sandboxes[req.ID]; dup {
-		a.mu.Unlock()
-		return Info{}, fmt.Errorf("create sandbox: %w: id %s in use", ErrConflict, req.ID)
-	}
-	a.sandboxes[req.ID] = s
-	a.mu.Unlock()
-
-	if err := a.restore(ctx, s, tmpl); err != nil {
+	s.rec.Snapshot = req.SnapshotID
+	if err := a.restore(ctx, s, im, false); err != nil {
 		a.discard(s)
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	return s.info(), nil
+}
+
+// register reserves id for a new sandbox in state starting.
+func (a *Agent) register(id string, env map[string]string) (*sandbox, error) {
+	s := &sandbox{
+		rec: record{
+			ID: id, Hostname: id, MachineID: randHex(16), Env: env, CreatedAt: time.Now().UTC(),
+		},
+		dir:    filepath.Join(a.sbDir, id),
+		runDir: filepath.Join(a.cfg.RunDir, id),
+		state:  StateStarting,
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, fmt.Errorf("%w: host agent is shutting down", ErrConflict)
+	}
+	if _, dup := a.sandboxes[id]; dup {
+		return nil, fmt.Errorf("%w: id %s in use", ErrConflict, id)
+	}
+	a.sandboxes[id] = s
+	return s, nil
 }
 
 func (a *Agent) checkSpace() error {
@@ -357,8 +389,29 @@ func (a *Agent) checkSpace() error {
 	return nil
 }
 
-// restore sets up s's files from tmpl and starts its VMM.
-func (a *Agent) restore(ctx context.Context, s *sandbox, tmpl *template.Template) error {
+// image is a saved machine that sandboxes are restored from: a template,
+// a snapshot, a fork's capture or a paused sandbox's capture. Dir holds
+// vm.mem, vm.state and rootfs.ext4; Spec is the machine shape they were
+// saved with (per-machine paths are filled in at restore).
+type image struct {
+	Dir      string
+	Spec     vmm.Spec
+	Template string // template key, for the record
+}
+
+func (im image) mem() string    { return filepath.Join(im.Dir, "vm.mem") }
+func (im image) state() string  { return filepath.Join(im.Dir, "vm.state") }
+func (im image) rootfs() string { return filepath.Join(im.Dir, "rootfs.ext4") }
+
+func templateImage(t *template.Template, images template.Images) image {
+	return image{Dir: t.Dir, Spec: t.Spec(images), Template: t.Key()}
+}
+
+// restore gives s its own files from im and starts its VMM. With move,
+// im's files are moved into s (resuming a paused sandbox from its own
+// capture); otherwise the disk is reflinked and the memory image and state
+// hard-linked, so im stays intact and may be deleted later.
+func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) error {
 	t0 := time.Now()
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return err
@@ -366,25 +419,36 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, tmpl *template.Template
 	if err := os.MkdirAll(s.runDir, 0o755); err != nil {
 		return err
 	}
-	disk := filepath.Join(s.dir, "rootfs.ext4")
-	if err := volume.Clone(tmpl.RootFS(), disk); err != nil {
-		return classifyIOError(err)
+	disk, mem, state := filepath.Join(s.dir, "rootfs.ext4"), filepath.Join(s.dir, "vm.mem"), filepath.Join(s.dir, "vm.state")
+	if move {
+		for _, f := range [][2]string{{im.rootfs(), disk}, {im.mem(), mem}, {im.state(), state}} {
+			if err := os.Rename(f[0], f[1]); err != nil {
+				return fmt.Errorf("move %s: %w", filepath.Base(f[0]), err)
+			}
+		}
+	} else {
+		if err := volume.Clone(im.rootfs(), disk); err != nil {
+			return classifyIOError(err)
+		}
+		// A hard link keeps the same inode, hence the same page cache as
+		// every other sandbox restored from im, and survives im's deletion.
+		if err := os.Link(im.mem(), mem); err != nil {
+			return classifyIOError(fmt.Errorf("link memory image: %w", err))
+		}
+		if err := os.Link(im.state(), state); err != nil {
+			return classifyIOError(fmt.Errorf("link device state: %w", err))
+		}
 	}
-	// A hard link to the template's memory keeps the same inode, hence the
-	// same page cache, and survives a re-bake that replaces the template.
-	mem := filepath.Join(s.dir, "vm.mem")
-	if err := os.Link(tmpl.MemFile(), mem); err != nil {
-		return classifyIOError(fmt.Errorf("link memory image: %w", err))
-	}
-	state := filepath.Join(s.dir, "vm.state")
-	if err := os.Link(tmpl.StateFile(), state); err != nil {
-		return classifyIOError(fmt.Errorf("link device state: %w", err))
-	}
-	spec := tmpl.Spec(a.images)
+	spec := im.Spec
 	spec.MemoryFile = mem
+	spec.MemoryShared = false
+	spec.Incoming = true
 	spec.Disk = disk
 	spec.RunDir = s.runDir
+	spec.ConsoleLog = ""
 	s.rec.Spec = spec
+	s.rec.Template = im.Template
+	s.rec.State = StateRunning
 	if err := writeJSON(filepath.Join(s.dir, "sandbox.json"), s.rec); err != nil {
 		return classifyIOError(err)
 	}
@@ -450,9 +514,9 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func (a *Agent) watch(s *sandbox, m vmm.Machine) {
 	<-m.Done()
 	s.mu.Lock()
-	killing := s.killing
+	ours := s.killing || s.m != m // killed by us, or replaced (pause)
 	s.mu.Unlock()
-	if killing {
+	if ours {
 		return
 	}
 	err := m.ExitError()
@@ -532,6 +596,8 @@ func (a *Agent) Kill(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	s.op.Lock()
+	defer s.op.Unlock()
 	a.discard(s)
 	return nil
 }
@@ -559,12 +625,21 @@ func (a *Agent) Exec(ctx context.Context, id string, req guestproto.ExecRequest,
 	return c.Exec(ctx, req, stdin, stdout, stderr)
 }
 
-// Close kills every sandbox and unmounts the store volume. Idempotent.
+// Close kills every running sandbox and unmounts the store volume. Paused
+// sandboxes hold no VMM: their captures stay on disk for the next Open.
+// Idempotent.
 func (a *Agent) Close() error {
 	a.mu.Lock()
 	a.closed = true
 	all := make([]*sandbox, 0, len(a.sandboxes))
-	for _, s := range a.sandboxes {
+	for id, s := range a.sandboxes {
+		s.mu.Lock()
+		paused := s.state == StatePaused
+		s.mu.Unlock()
+		if paused {
+			delete(a.sandboxes, id)
+			continue
+		}
 		all = append(all, s)
 	}
 	a.mu.Unlock()
@@ -615,6 +690,12 @@ func (a *Agent) Recover(ctx context.Context) []Recovered {
 		}
 		out = append(out, Recovered{ID: id, Err: err})
 	}
+	// Captures of forks and snapshots interrupted by a crash.
+	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
+	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
+	for _, d := range append(stale, tmps...) {
+		os.RemoveAll(d)
+	}
 	// Run directories of sandboxes that no longer exist.
 	runs, _ := os.ReadDir(a.cfg.RunDir)
 	for _, e := range runs {
@@ -643,6 +724,17 @@ func (a *Agent) adopt(ctx context.Context, id, dir string) error {
 	a.mu.Lock()
 	a.sandboxes[id] = s
 	a.mu.Unlock()
+	if s.rec.State == StatePaused {
+		// No VMM to adopt: its capture waits in the directory for Resume.
+		if _, err := os.Stat(filepath.Join(dir, "paused", "vm.state")); err != nil {
+			a.discard(s)
+			return fmt.Errorf("paused sandbox lost its capture: %w", err)
+		}
+		s.mu.Lock()
+		s.state = StatePaused
+		s.mu.Unlock()
+		return nil
+	}
 	m, err := a.driver.Adopt(ctx, s.rec.Spec)
 	if err != nil {
 		a.discard(s)

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -74,9 +75,11 @@ func Open(ctx context.Context, dataDir string, opts Options) (*Volume, error) {
 			v.Image = filepath.Join(dataDir, "store.xfs")
 			v.mounted = opts.AdoptMount
 		}
+		setSmallCoW(store)
 		return v, nil
 	}
 	if err := CheckReflink(store); err == nil {
+		setSmallCoW(store)
 		return v, nil
 	}
 	v.Image = filepath.Join(dataDir, "store.xfs")
@@ -87,6 +90,7 @@ func Open(ctx context.Context, dataDir string, opts Options) (*Volume, error) {
 		v.Close()
 		return nil, fmt.Errorf("open volume: mounted %s but %w", v.Image, err)
 	}
+	setSmallCoW(store)
 	return v, nil
 }
 
@@ -227,4 +231,47 @@ func unescapeMount(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// fsxattr is struct fsxattr of <linux/fs.h>.
+type fsxattr struct {
+	Xflags     uint32
+	Extsize    uint32
+	Nextents   uint32
+	Projid     uint32
+	Cowextsize uint32
+	Pad        [8]byte
+}
+
+const (
+	fsIocFsgetxattr   = 0x801c581f // _IOR('X', 31, struct fsxattr)
+	fsIocFssetxattr   = 0x401c5820 // _IOW('X', 32, struct fsxattr)
+	fsXflagCowextsize = 0x00010000
+)
+
+// setSmallCoW sets a 4 KiB copy-on-write extent size hint on dir and the
+// directories below it; files and directories created in them inherit it.
+// XFS's default hint (32 blocks) makes every 4 KiB page written into a
+// reflinked memory image allocate 128 KiB, which turned a fork that
+// dirtied 1.5 MiB into ~13 MiB of disk. Not every file system has the
+// hint (btrfs); their errors are ignored.
+func setSmallCoW(dir string) {
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return nil
+		}
+		defer f.Close()
+		var x fsxattr
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocFsgetxattr, uintptr(unsafe.Pointer(&x))); e != 0 {
+			return filepath.SkipAll
+		}
+		x.Xflags |= fsXflagCowextsize
+		x.Cowextsize = 4096
+		unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocFssetxattr, uintptr(unsafe.Pointer(&x)))
+		return nil
+	})
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestOpenMountsReflinkImageAndCloses(t *testing.T) {
@@ -86,5 +88,45 @@ func TestUnescapeMount(t *testing.T) {
 		if got := unescapeMount(tc.in); got != tc.want {
 			t.Errorf("unescapeMount(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// Writing a page into a reflinked file must allocate about a page, not an
+// XFS copy-on-write extent of 128 KiB (see setSmallCoW).
+func TestCloneWritesAllocatePages(t *testing.T) {
+	dir := t.TempDir()
+	v, err := Open(context.Background(), dir, Options{ImageSize: 2 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	sub := filepath.Join(v.Dir, "sub") // created after Open: inherits the hint
+	os.MkdirAll(sub, 0o755)
+	src := filepath.Join(sub, "base")
+	if err := os.WriteFile(src, bytes.Repeat([]byte{1}, 64<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(sub, "clone")
+	if err := Clone(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	var before, after unix.Statfs_t
+	unix.Sync()
+	unix.Statfs(v.Dir, &before)
+	f, err := os.OpenFile(dst, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := bytes.Repeat([]byte{2}, 4096)
+	for i := int64(0); i < 32; i++ {
+		f.WriteAt(page, i*(2<<20)) // 32 pages, 2 MiB apart
+	}
+	f.Close()
+	unix.Sync()
+	unix.Statfs(v.Dir, &after)
+	used := (int64(before.Bfree) - int64(after.Bfree)) * before.Bsize
+	t.Logf("32 scattered page writes into a clone allocated %d KiB", used>>10)
+	if used > 1<<20 {
+		t.Errorf("32 page writes allocated %d KiB, want about 128 KiB", used>>10)
 	}
 }
