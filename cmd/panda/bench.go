@@ -2,19 +2,26 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/vmm"
+	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
 )
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure PandaStack (medians and p99s)"}
-	cmd.AddCommand(benchCreateCmd())
+	cmd.AddCommand(benchCreateCmd(), benchAPICmd())
 	return cmd
 }
 
@@ -78,4 +85,124 @@ func benchCreateCmd() *cobra.Command {
 	f.IntVar(&idle, "idle", 20, "idle sandboxes whose memory is measured")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func benchAPICmd() *cobra.Command {
+	var (
+		apiURL, apiKey, tmpl, levels string
+		n, execs, mem                int
+		asJSON                       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "api",
+		Short: "Create → first exec, exec round trip and concurrent creates, through the REST API of a running server",
+		Long: `Measure a running server through its REST API (the Go SDK), as a client sees it:
+
+  - create → first successful exec of true, sequential (--n times)
+  - exec round trip of true in a warm sandbox (--execs times)
+  - for each concurrency level c > 1: c creates started at once, the time
+    until all of them answered their first exec, and each one's time
+
+Every sandbox it creates is labelled panda_bench=<run id> and killed before
+it exits, also on errors and Ctrl-C. It exits non-zero if any create of a
+concurrent batch failed.`,
+		Example: `  panda bench api --n 50 --concurrency 1,20
+  panda bench api --template tiny --memory 256 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conc, err := parseLevels(levels)
+			if err != nil {
+				return err
+			}
+			if n < 1 {
+				return fmt.Errorf("--n %d: want at least 1", n)
+			}
+			c, err := benchClient(apiURL, apiKey)
+			if err != nil {
+				return err
+			}
+			res, err := bench.APIBench(cmd.Context(), c, bench.APIOptions{
+				Template: tmpl, MemoryMiB: mem, N: n, Execs: execs, Concurrency: conc, Log: cmd.ErrOrStderr(),
+			})
+			if err != nil && !errors.Is(err, bench.ErrBatchFailed) {
+				return err
+			}
+			if perr := printAPIResult(cmd.OutOrStdout(), res, asJSON); perr != nil {
+				return perr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
+	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server; DATA_DIR is $PANDA_DATA_DIR or /var/lib/pandastack)")
+	f.StringVar(&tmpl, "template", "base", "template")
+	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
+	f.IntVar(&n, "n", 50, "sequential creates to measure")
+	f.IntVar(&execs, "execs", 100, "exec round trips to measure")
+	f.StringVar(&levels, "concurrency", "1,20", "comma-separated batch sizes; 1 is the sequential measurement, each c > 1 one batch of c creates at once")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// benchClient makes an SDK client the way the CLI does: flags, then the
+// environment, then the admin key of a server on this machine.
+func benchClient(apiURL, apiKey string) (*pandastack.Client, error) {
+	if apiURL == "" {
+		apiURL = os.Getenv("PANDASTACK_API_URL")
+	}
+	if apiKey == "" {
+		apiKey = os.Getenv("PANDASTACK_API_KEY")
+	}
+	if apiKey == "" {
+		path := filepath.Join(envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "admin.key")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("no API key: use --api-key or PANDASTACK_API_KEY (cannot read %s: %v)", path, err)
+		}
+		apiKey = strings.TrimSpace(string(b))
+	}
+	// Enough idle connections for the largest batch: the benchmark
+	// measures the server, not TCP handshakes.
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
+	return pandastack.NewClient(pandastack.Options{APIURL: apiURL, APIKey: apiKey, HTTPClient: hc, UserAgent: "panda-bench"})
+}
+
+func parseLevels(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("--concurrency %q: want positive integers separated by commas", s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func printAPIResult(out io.Writer, res bench.APIResult, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	fmt.Fprintf(out, "server %s, template %s, %d MiB\n", res.APIURL, res.Template, res.MemoryMiB)
+	d := res.CreateToFirstExec
+	fmt.Fprintf(out, "create → first exec:  p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.P50, d.P99, d.N)
+	d = res.Create
+	fmt.Fprintf(out, "create request alone: p50 %7.1f ms  p99 %7.1f ms\n", d.P50, d.P99)
+	d = res.Exec
+	fmt.Fprintf(out, "exec true:            p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.P50, d.P99, d.N)
+	for _, c := range res.Concurrent {
+		fmt.Fprintf(out, "%d concurrent creates: all ready in %.1f ms; each p50 %.1f ms  p99 %.1f ms; %d ok, %d failed\n",
+			c.Concurrency, c.AllReadyMS, c.P50MS, c.P99MS, c.OK, c.Failed)
+		for _, e := range c.Errors {
+			fmt.Fprintf(out, "  failed: %s\n", e)
+		}
+	}
+	return nil
 }

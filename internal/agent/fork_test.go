@@ -277,4 +277,3 @@ func TestForkOfPausedSandboxConflicts(t *testing.T) {
 	}
 	_ = time.Second
 }
-
