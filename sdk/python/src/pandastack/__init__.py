@@ -1,0 +1,78 @@
+"""PandaStack Python SDK: microVM sandboxes for AI agents.
+
+Configuration comes from ``PANDASTACK_API_KEY`` and ``PANDASTACK_API_URL``
+(default ``http://127.0.0.1:7788``); ``api_key=``/``api_url=`` arguments or
+an explicit :class:`Client` override them.
+
+Example::
+
+    from pandastack import Sandbox
+
+    with Sandbox.create(template="base", ttl_seconds=3600) as sb:
+        r = sb.exec("echo hi")
+        print(r.exit_code, r.stdout)
+        sb.filesystem.write("/work/goal.md", "make the failing test pass")
+        child = sb.fork()
+
+Standard library only; Python 3.9 or newer.
+"""
+
+from .client import DEFAULT_API_URL, ENV_API_KEY, ENV_API_URL, Client, __version__
+from .errors import (
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    ConflictError,
+    ForbiddenError,
+    ForkError,
+    InsufficientStorageError,
+    InvalidArgumentError,
+    NotFoundError,
+    PandaConnectionError,
+    PandaError,
+    PayloadTooLargeError,
+    QuotaExceededError,
+    RequestTimeoutError,
+    UnavailableError,
+)
+from .filesystem import Filesystem
+from .models import APIKey, ExecResult, FileInfo, MemoryUsage, SandboxInfo, Template
+from .sandbox import Sandbox
+from .snapshot import Snapshot
+
+#: ``pandastack.ConnectionError`` is :class:`PandaConnectionError` (also a
+#: subclass of the built-in ``ConnectionError``). It is left out of
+#: ``__all__`` so that ``from pandastack import *`` does not shadow the built-in.
+ConnectionError = PandaConnectionError
+
+__all__ = [
+    "__version__",
+    "Client",
+    "Sandbox",
+    "Snapshot",
+    "Filesystem",
+    "SandboxInfo",
+    "MemoryUsage",
+    "ExecResult",
+    "FileInfo",
+    "Template",
+    "APIKey",
+    "DEFAULT_API_URL",
+    "ENV_API_KEY",
+    "ENV_API_URL",
+    "PandaError",
+    "ConfigurationError",
+    "PandaConnectionError",
+    "RequestTimeoutError",
+    "BadRequestError",
+    "AuthenticationError",
+    "ForbiddenError",
+    "NotFoundError",
+    "ConflictError",
+    "PayloadTooLargeError",
+    "InvalidArgumentError",
+    "QuotaExceededError",
+    "InsufficientStorageError",
+    "UnavailableError",
+    "ForkError",
+]

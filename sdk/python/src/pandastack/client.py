@@ -1,0 +1,672 @@
+"""Connection settings and the HTTP transport of the SDK.
+
+A :class:`Client` holds the API URL, the API key and the timeout, and sends
+requests with :mod:`http.client` (standard library only). It keeps one idle
+keep-alive connection per thread, so a loop of ``exec`` calls does not
+reconnect each time. Clients are cheap and thread-safe; ``close()`` (or
+``with Client(...) as c:``) closes the idle connections.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import platform
+import select
+import socket
+import stat
+import threading
+import urllib.parse
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+from . import errors as _errors
+from ._ndjson import NDJSONDecoder
+from .errors import ConfigurationError, PandaConnectionError, PandaError, RequestTimeoutError
+from .models import APIKey, Template
+
+__all__ = [
+    "Client",
+    "DEFAULT_API_URL",
+    "ENV_API_KEY",
+    "ENV_API_URL",
+    "DEFAULT_TIMEOUT",
+    "LONG_OPERATION_TIMEOUT",
+    "default_client",
+    "quote_query",
+]
+
+#: Where the SDK looks for the server when neither ``api_url=`` nor
+#: ``PANDASTACK_API_URL`` say otherwise (what ``panda up`` listens on).
+DEFAULT_API_URL = "http://127.0.0.1:7788"
+#: Environment variable holding the API key.
+ENV_API_KEY = "PANDASTACK_API_KEY"
+#: Environment variable holding the API URL.
+ENV_API_URL = "PANDASTACK_API_URL"
+#: Default seconds to wait for the server (connect, and each read).
+DEFAULT_TIMEOUT = 60.0
+#: Operations that may bake a template or copy memory (create, fork,
+#: snapshot, resume, bake) wait at least this long for their answer.
+LONG_OPERATION_TIMEOUT = 600.0
+
+__version__ = "0.1.0"
+
+_IDEMPOTENT = frozenset(["GET", "HEAD", "PUT", "DELETE", "OPTIONS"])
+_STALE_ERRORS = (
+    http.client.RemoteDisconnected,
+    http.client.BadStatusLine,
+    BrokenPipeError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+)
+_UPLOAD_CHUNK = 1 << 20
+
+QueryValue = Union[str, int, float, bool]
+Query = Union[Mapping[str, Optional[QueryValue]], Sequence[Tuple[str, QueryValue]], None]
+Timeout = Optional[float]
+
+
+def quote_query(query: Query) -> str:
+    """Encode query parameters for a URL.
+
+    Accepts a mapping (``None`` values are left out) or a sequence of
+    ``(name, value)`` pairs (for repeated names). Booleans become
+    ``true``/``false``. Every reserved character is percent-encoded
+    (a space is ``%20``, never ``+``) except ``/``, so ``/work/a b&c`` is
+    sent as ``/work/a%20b%26c``.
+    """
+    if not query:
+        return ""
+    items: Iterable[Tuple[str, Any]]
+    if isinstance(query, Mapping):
+        items = query.items()
+    else:
+        items = query
+    pairs: List[Tuple[str, str]] = []
+    for k, v in items:
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        pairs.append((k, str(v)))
+    return urllib.parse.urlencode(pairs, quote_via=urllib.parse.quote, safe="/")
+
+
+def quote_segment(value: str) -> str:
+    """Percent-encode one URL path segment (an id or a name): nothing is left unescaped but ``A-Za-z0-9_.-~``."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("an id must be a non-empty string, got %r" % (value,))
+    return urllib.parse.quote(value, safe="")
+
+
+def _file_length(f: Any) -> Optional[int]:
+    """Bytes left to read in binary file ``f``, or ``None`` when that cannot be known cheaply."""
+    if isinstance(f, io.TextIOBase):
+        return None  # str chunks: the byte count is only known after encoding
+    try:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        pos = int(f.tell())
+        return max(0, st.st_size - pos)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    try:
+        if f.seekable():
+            pos = int(f.tell())
+            end = int(f.seek(0, io.SEEK_END))
+            f.seek(pos)
+            return max(0, end - pos)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    return None
+
+
+def _iter_file(f: Any, chunk_size: int = _UPLOAD_CHUNK) -> Iterator[bytes]:
+    """Read ``f`` in chunks; ``str`` chunks (text files) are encoded as UTF-8."""
+    while True:
+        chunk = f.read(chunk_size)
+        if not chunk:
+            return
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8")
+        elif not isinstance(chunk, bytes):
+            chunk = bytes(chunk)
+        yield chunk
+
+
+class _Body:
+    """A request body: bytes (replayable) or a stream (sent once)."""
+
+    def __init__(self, data: Union[bytes, Iterable[bytes], None], length: Optional[int], replayable: bool) -> None:
+        self.data = data
+        self.length = length
+        self.replayable = replayable
+
+    @classmethod
+    def from_any(cls, data: Any) -> "_Body":
+        if data is None:
+            return cls(None, 0, True)
+        if isinstance(data, str):
+            b = data.encode("utf-8")
+            return cls(b, len(b), True)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            b = bytes(data)
+            return cls(b, len(b), True)
+        if hasattr(data, "read"):
+            return cls(_iter_file(data), _file_length(data), False)
+        raise TypeError("a body must be str, bytes or a file-like object with read(), got %s" % type(data).__name__)
+
+
+class StreamResponse:
+    """A response whose body is read incrementally. Close it (or use ``with``).
+
+    Closing before the body is fully read closes the connection, which tells
+    the server to stop (for exec streams, to kill the command).
+    """
+
+    def __init__(self, client: "Client", conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        self._client = client
+        self._conn: Optional[http.client.HTTPConnection] = conn
+        self._resp = resp
+        self.status: int = resp.status
+        self.headers = resp.headers
+
+    def read1(self, size: int = 65536) -> bytes:
+        """Return what is available (up to ``size`` bytes, at least one unless the body ended)."""
+        try:
+            return self._resp.read1(size)
+        except Exception as e:  # noqa: BLE001 - converted to SDK errors
+            self.close()
+            raise self._client._convert_exc(e) from e
+
+    def iter_chunks(self, size: int = 65536) -> Iterator[bytes]:
+        """Yield the body in chunks as they arrive."""
+        while True:
+            chunk = self.read1(size)
+            if not chunk:
+                return
+            yield chunk
+
+    def iter_ndjson(self) -> Iterator[Any]:
+        """Yield the JSON values of an NDJSON body as their lines arrive."""
+        dec = NDJSONDecoder()
+        for chunk in self.iter_chunks():
+            yield from dec.feed(chunk)
+        yield from dec.close()
+
+    def close(self) -> None:
+        """Release the connection: back to the pool if the body was fully read, else closed."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._resp.isclosed() and not self._resp.will_close:
+            self._client._release(conn)
+        else:
+            try:
+                self._resp.close()
+            finally:
+                conn.close()
+
+    def __enter__(self) -> "StreamResponse":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Client:
+    """Connection settings for a PandaStack server.
+
+    Args:
+        api_key: API key sent as ``Authorization: Bearer``. Default: the
+            ``PANDASTACK_API_KEY`` environment variable. Only requests that need
+            one fail (with :class:`ConfigurationError`) when there is none.
+        api_url: Base URL of the server (``http://host:7788``; a path prefix is
+            kept). Default: ``PANDASTACK_API_URL``, else ``http://127.0.0.1:7788``.
+        timeout: Seconds to wait to connect and for each read of an ordinary
+            request. ``exec`` waits for its own ``timeout_seconds`` plus a margin;
+            create, fork, snapshot and resume wait at least
+            :data:`LONG_OPERATION_TIMEOUT`.
+
+    Example::
+
+        client = Client(api_key="pk_...", api_url="http://10.0.0.5:7788")
+        sb = Sandbox.create(template="tiny", client=client)
+    """
+
+    def __init__(self, api_key: Optional[str] = None, api_url: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+        if api_key is None:
+            api_key = os.environ.get(ENV_API_KEY) or None
+        if api_url is None:
+            api_url = os.environ.get(ENV_API_URL) or DEFAULT_API_URL
+        if api_key is not None:
+            if not isinstance(api_key, str):
+                raise TypeError("api_key must be a string")
+            api_key = api_key.strip() or None
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be positive or None (wait forever)")
+        self.api_key: Optional[str] = api_key
+        self.api_url: str = _normalize_url(api_url)
+        self.timeout: Optional[float] = timeout
+        parts = urllib.parse.urlsplit(self.api_url)
+        self._scheme = parts.scheme
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port
+        self._prefix = parts.path.rstrip("/")
+        # One idle keep-alive connection per thread, keyed by thread id, so
+        # that close() can reach them all.
+        self._idle_lock = threading.Lock()
+        self._idle: Dict[int, http.client.HTTPConnection] = {}
+        self._user_agent = "pandastack-python/%s Python/%s" % (__version__, platform.python_version())
+
+    def __repr__(self) -> str:
+        return "Client(api_url=%r, api_key=%s)" % (self.api_url, "set" if self.api_key else "unset")
+
+    # -- public API: server-level endpoints ---------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        """Return ``GET /healthz`` (``{"status": "ok", "version": ...}``); needs no API key.
+
+        Raises :class:`PandaConnectionError` when the server is not reachable.
+        """
+        body = self.request_json("GET", "/healthz", auth=False)
+        return dict(body) if isinstance(body, Mapping) else {}
+
+    def list_templates(self) -> List[Template]:
+        """List templates and the state of their baked snapshots."""
+        body = self.request_json("GET", "/v1/templates")
+        return [Template.from_dict(t) for t in body.get("templates") or []]
+
+    def bake_template(
+        self,
+        name: str,
+        *,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        on_progress: Optional[Callable[[str], None]] = None,
+    ) -> Template:
+        """Bake (or re-bake) template ``name``; admin keys only.
+
+        ``on_progress`` is called with each progress message as it arrives.
+        Returns the baked template; raises the error the server reports.
+        """
+        body: Dict[str, Any] = {}
+        if memory_mib is not None:
+            body["memory_mib"] = memory_mib
+        if vcpus is not None:
+            body["vcpus"] = vcpus
+        with self.stream("POST", "/v1/templates/%s/bake" % quote_segment(name), json_body=body, timeout=_long(self.timeout)) as resp:
+            for ev in resp.iter_ndjson():
+                if not isinstance(ev, Mapping):
+                    continue
+                t = ev.get("type")
+                if t == "progress" and on_progress is not None:
+                    on_progress(str(ev.get("message", "")))
+                elif t == "done":
+                    return Template.from_dict(ev.get("template") or {})
+                elif t == "error":
+                    raise _errors.error_from_body(ev.get("error") or {})
+        raise PandaConnectionError("the bake stream of template %r ended before a result" % name)
+
+    def create_key(
+        self,
+        name: str,
+        *,
+        admin: bool = False,
+        max_sandboxes: Optional[int] = None,
+        max_memory_mib: Optional[int] = None,
+    ) -> APIKey:
+        """Create an API key (admin only). The secret is in the result's ``key``, shown only this once."""
+        body: Dict[str, Any] = {"name": name, "admin": admin}
+        if max_sandboxes is not None:
+            body["max_sandboxes"] = max_sandboxes
+        if max_memory_mib is not None:
+            body["max_memory_mib"] = max_memory_mib
+        return APIKey.from_dict(self.request_json("POST", "/v1/keys", json_body=body))
+
+    def list_keys(self) -> List[APIKey]:
+        """List API keys, without their secrets (admin only)."""
+        body = self.request_json("GET", "/v1/keys")
+        return [APIKey.from_dict(k) for k in body.get("keys") or []]
+
+    def revoke_key(self, key_id: str) -> None:
+        """Revoke an API key (admin only); its sandboxes are killed."""
+        self.request("DELETE", "/v1/keys/%s" % quote_segment(key_id))
+
+    def close(self) -> None:
+        """Close the idle connections. The client stays usable (it reconnects when needed)."""
+        with self._idle_lock:
+            conns, self._idle = list(self._idle.values()), {}
+        for conn in conns:
+            conn.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- transport -----------------------------------------------------------
+
+    def url(self, path: str, query: Query = None) -> str:
+        """Full URL of API ``path`` (e.g. ``/v1/sandboxes``) with ``query``."""
+        return "%s://%s%s" % (self._scheme, self._netloc(), self._target(path, query))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query = None,
+        json_body: Any = None,
+        body: Any = None,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: Timeout = None,
+        auth: bool = True,
+    ) -> Tuple[int, "http.client.HTTPMessage", bytes]:
+        """Send a request and return ``(status, headers, body)`` of a 2xx answer.
+
+        A non-2xx answer raises the :class:`PandaError` subclass for its error
+        code. ``json_body`` is encoded as JSON; ``body`` (str, bytes or a
+        file-like object, streamed) is sent as ``application/octet-stream``.
+        ``timeout`` defaults to the client's.
+        """
+        resp, conn = self._send(method, path, query=query, json_body=json_body, body=body, headers=headers, timeout=timeout, auth=auth)
+        try:
+            data = resp.read()
+        except Exception as e:  # noqa: BLE001
+            conn.close()
+            raise self._convert_exc(e) from e
+        if resp.will_close:
+            conn.close()
+        else:
+            self._release(conn)
+        if not 200 <= resp.status < 300:
+            raise _errors.error_from_response(resp.status, data, resp.reason)
+        return resp.status, resp.headers, data
+
+    def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Like :meth:`request`, and decode the answer as JSON (``None`` for an empty body)."""
+        status, _, data = self.request(method, path, **kwargs)
+        if not data.strip():
+            return None
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise PandaError(
+                "the server at %s answered %s %s with something that is not JSON: %r" % (self.api_url, method, path, data[:200]),
+                status=status,
+            ) from e
+
+    def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query = None,
+        json_body: Any = None,
+        body: Any = None,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: Timeout = None,
+        auth: bool = True,
+    ) -> StreamResponse:
+        """Send a request and return its 2xx response unread, to be consumed incrementally.
+
+        A non-2xx answer is read and raised as a :class:`PandaError` subclass.
+        """
+        resp, conn = self._send(method, path, query=query, json_body=json_body, body=body, headers=headers, timeout=timeout, auth=auth)
+        if not 200 <= resp.status < 300:
+            try:
+                data = resp.read()
+            except Exception:  # noqa: BLE001 - the status is what matters
+                data = b""
+            conn.close()
+            raise _errors.error_from_response(resp.status, data, resp.reason)
+        return StreamResponse(self, conn, resp)
+
+    # -- internals -------------------------------------------------------------
+
+    def _netloc(self) -> str:
+        host = self._host
+        if ":" in host:
+            host = "[%s]" % host
+        return host if self._port is None else "%s:%d" % (host, self._port)
+
+    def _target(self, path: str, query: Query) -> str:
+        qs = quote_query(query)
+        return self._prefix + path + ("?" + qs if qs else "")
+
+    def _new_conn(self, timeout: Timeout) -> http.client.HTTPConnection:
+        if self._scheme == "https":
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _take(self, fresh: bool, timeout: Timeout) -> Tuple[http.client.HTTPConnection, bool]:
+        with self._idle_lock:
+            conn = self._idle.pop(threading.get_ident(), None)
+        if conn is not None and (fresh or _dropped(conn)):
+            conn.close()
+            conn = None
+        if conn is None:
+            return self._new_conn(timeout), False
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn, True
+
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        if conn.sock is None:
+            return
+        with self._idle_lock:
+            old = self._idle.get(threading.get_ident())
+            self._idle[threading.get_ident()] = conn
+        if old is not None and old is not conn:
+            old.close()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query,
+        json_body: Any,
+        body: Any,
+        headers: Optional[Mapping[str, str]],
+        timeout: Timeout,
+        auth: bool,
+    ) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        hdrs: Dict[str, str] = {"User-Agent": self._user_agent, "Accept": "application/json"}
+        if auth:
+            if not self.api_key:
+                raise ConfigurationError(
+                    "no PandaStack API key: set the %s environment variable or pass api_key= "
+                    "(`panda up` prints the admin key and keeps it in <data-dir>/admin.key)" % ENV_API_KEY
+                )
+            hdrs["Authorization"] = "Bearer " + self.api_key
+        if json_body is not None and body is not None:
+            raise ValueError("pass json_body or body, not both")
+        if json_body is not None:
+            b = _Body.from_any(json.dumps(json_body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+            hdrs["Content-Type"] = "application/json"
+        elif body is not None:
+            b = _Body.from_any(body)
+            hdrs["Content-Type"] = "application/octet-stream"
+        else:
+            b = _Body(None, None, True)
+        if headers:
+            hdrs.update(headers)
+        encode_chunked = False
+        if b.data is not None:
+            if b.length is not None:
+                hdrs["Content-Length"] = str(b.length)
+            else:
+                hdrs["Transfer-Encoding"] = "chunked"
+                encode_chunked = True
+        elif method in ("POST", "PUT", "PATCH"):
+            hdrs["Content-Length"] = "0"
+        target = self._target(path, query)
+        if timeout is None:
+            timeout = self.timeout
+        elif timeout == float("inf"):
+            timeout = None
+
+        # A non-replayable (streamed) body goes on a fresh connection: if a
+        # reused one turned out to be stale there would be no way to resend.
+        attempts = 2 if b.replayable else 1
+        for attempt in range(attempts):
+            conn, reused = self._take(fresh=not b.replayable, timeout=timeout)
+            sent = False
+            try:
+                conn.request(method, target, body=b.data, headers=hdrs, encode_chunked=encode_chunked)
+                sent = True
+                resp = conn.getresponse()
+                return resp, conn
+            except _STALE_ERRORS as e:
+                # Retry once on a fresh connection when the server closed an
+                # idle keep-alive connection under us, and resending is safe.
+                if reused and attempt + 1 < attempts and (method in _IDEMPOTENT or not sent):
+                    conn.close()
+                    continue
+                if not sent and b.data is not None:
+                    # The server may have answered early and stopped reading
+                    # the body (unknown sandbox, upload too large): its answer
+                    # says more than the broken pipe.
+                    early = _early_response(conn)
+                    if early is not None:
+                        raise early from e
+                conn.close()
+                raise self._convert_exc(e) from e
+            except Exception as e:  # noqa: BLE001
+                conn.close()
+                raise self._convert_exc(e) from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _convert_exc(self, e: BaseException) -> PandaError:
+        """Turn a transport exception into the SDK error users see."""
+        if isinstance(e, PandaError):
+            return e
+        if isinstance(e, socket.timeout):
+            return RequestTimeoutError(
+                "the PandaStack server at %s did not answer in time (Client timeout %ss; exec waits for its "
+                "timeout_seconds plus 30 s): raise Client(timeout=...) for slow operations" % (self.api_url, _fmt_timeout(self.timeout))
+            )
+        if isinstance(e, (ConnectionRefusedError, socket.gaierror)) or (
+            isinstance(e, OSError) and not isinstance(e, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError))
+        ):
+            return PandaConnectionError(
+                "cannot connect to the PandaStack server at %s: %s. Is `panda up` running at %s? "
+                "(set %s or pass api_url= to use another address)" % (self.api_url, e, self.api_url, ENV_API_URL)
+            )
+        if isinstance(e, (http.client.HTTPException, ConnectionError)):
+            return PandaConnectionError(
+                "the connection to the PandaStack server at %s broke: %s: %s. Is `panda up` still running?"
+                % (self.api_url, type(e).__name__, e)
+            )
+        if isinstance(e, (TypeError, ValueError)):
+            raise e
+        return PandaConnectionError("request to %s failed: %s: %s" % (self.api_url, type(e).__name__, e))
+
+
+def _early_response(conn: http.client.HTTPConnection) -> Optional[PandaError]:
+    """The error a server sent before it stopped reading our request body, if it can still be read."""
+    try:
+        if conn.sock is None:
+            return None
+        conn.sock.settimeout(2.0)
+        resp = conn.getresponse()
+        data = resp.read(64 << 10)
+    except Exception:  # noqa: BLE001 - best effort only
+        return None
+    finally:
+        conn.close()
+    if 200 <= resp.status < 300:
+        return None
+    return _errors.error_from_response(resp.status, data, resp.reason)
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Report whether an idle connection was closed by the server (readable at EOF)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _normalize_url(url: str) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("the PandaStack API URL is empty (set %s or pass api_url=)" % ENV_API_URL)
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError("bad PandaStack API URL %r: want http(s)://host[:port]" % url)
+    try:
+        parts.port
+    except ValueError as e:
+        raise ConfigurationError("bad PandaStack API URL %r: %s" % (url, e)) from e
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _long(timeout: Timeout) -> Timeout:
+    if timeout is None:
+        return float("inf")
+    return max(timeout, LONG_OPERATION_TIMEOUT)
+
+
+def _fmt_timeout(t: Timeout) -> str:
+    return "∞" if t is None else ("%g" % t)
+
+
+_default_lock = threading.Lock()
+_default_clients: Dict[Tuple[Optional[str], Optional[str]], Client] = {}
+
+
+def default_client() -> Client:
+    """The client built from ``PANDASTACK_API_KEY``/``PANDASTACK_API_URL``.
+
+    One client per distinct pair of values is kept, so connections are
+    reused, and a change of the environment variables takes effect.
+    """
+    k = (os.environ.get(ENV_API_KEY) or None, os.environ.get(ENV_API_URL) or None)
+    with _default_lock:
+        c = _default_clients.get(k)
+        if c is None:
+            c = Client()
+            _default_clients[k] = c
+        return c
+
+
+def resolve_client(client: Optional[Client], api_key: Optional[str], api_url: Optional[str]) -> Client:
+    """The client to use given the ``client=``, ``api_key=`` and ``api_url=`` arguments of a call."""
+    if client is not None:
+        if api_key is not None or api_url is not None:
+            raise ValueError("pass either client= or api_key=/api_url=, not both")
+        return client
+    if api_key is None and api_url is None:
+        return default_client()
+    return Client(api_key=api_key, api_url=api_url)

@@ -1,0 +1,330 @@
+"""Plain data returned by the API, as dataclasses.
+
+Each class has a ``from_dict`` that accepts the JSON object of the API
+(api/openapi.yaml) and ignores fields it does not know, so that a newer
+server does not break an older SDK; the object as received is kept in
+``raw``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, Mapping, Optional
+
+__all__ = ["SandboxInfo", "MemoryUsage", "ExecResult", "FileInfo", "Template", "APIKey", "parse_time"]
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?$"
+)
+
+
+def parse_time(value: Any) -> Optional[datetime]:
+    """Parse an RFC 3339 timestamp as the API sends it (``2024-05-01T12:00:00.123456789Z``).
+
+    Returns a timezone-aware :class:`datetime` (UTC when the string says
+    ``Z``), or ``None`` for ``None``/empty input or a string that is not a
+    timestamp. Fractions finer than a microsecond are truncated.
+    """
+    if not isinstance(value, str) or not value:
+        return None
+    m = _RFC3339.match(value.strip())
+    if not m:
+        return None
+    year, month, day, hour, minute, second = (int(m.group(i)) for i in range(1, 7))
+    frac = m.group(7) or ""
+    micro = int((frac + "000000")[:6]) if frac else 0
+    tz_s = m.group(8)
+    tz: timezone = timezone.utc
+    if tz_s and tz_s not in ("Z", "z"):
+        sign = 1 if tz_s[0] == "+" else -1
+        digits = tz_s[1:].replace(":", "")
+        tz = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    try:
+        return datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
+    except ValueError:
+        return None
+
+
+def _int(v: Any, default: int = 0) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return int(v)
+    return default
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    return None if v is None else _int(v)
+
+
+def _str(v: Any, default: str = "") -> str:
+    return v if isinstance(v, str) else default
+
+
+def _opt_str(v: Any) -> Optional[str]:
+    return v if isinstance(v, str) and v != "" else None
+
+
+def _str_map(v: Any) -> Dict[str, str]:
+    if not isinstance(v, Mapping):
+        return {}
+    return {str(k): str(x) for k, x in v.items()}
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Host memory a running sandbox uses, as the server measured it.
+
+    Attributes:
+        private_mib: Memory only this sandbox uses (pages it wrote).
+        shared_mib: Memory shared with other sandboxes (template or fork base).
+        pss_mib: Proportional set size: private plus its share of shared pages.
+    """
+
+    private_mib: float
+    shared_mib: float
+    pss_mib: float
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Optional[MemoryUsage]":
+        """Build from the ``memory`` object of a sandbox, or return ``None`` if there is none."""
+        if not isinstance(d, Mapping):
+            return None
+
+        def f(k: str) -> float:
+            v = d.get(k)
+            return float(v) if isinstance(v, (int, float)) else 0.0
+
+        return cls(private_mib=f("private_mib"), shared_mib=f("shared_mib"), pss_mib=f("pss_mib"))
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """The server's description of a sandbox (the API's ``Sandbox`` object).
+
+    Attributes:
+        id: Sandbox id (lowercase letters and digits).
+        template: Template it was created from.
+        state: ``"starting"``, ``"running"``, ``"paused"`` or ``"stopped"``.
+        memory_mib: Guest memory in MiB.
+        vcpus: Guest vCPUs.
+        created_at: When it was created (UTC), or ``None`` if the server sent no time.
+        expires_at: When its TTL runs out, or ``None``.
+        ttl_seconds: The TTL it was last given, if the server reports it.
+        metadata: Labels given at creation.
+        host_id: Host that runs it.
+        stop_reason: Why a stopped sandbox stopped (``killed``, ``expired``...).
+        parent_id: The sandbox it was forked from, if any.
+        snapshot_id: The snapshot it was created from, if any.
+        memory: Host memory it uses, when the server reports it (running sandboxes).
+        raw: The JSON object as received.
+    """
+
+    id: str
+    template: str
+    state: str
+    memory_mib: int
+    vcpus: int
+    created_at: Optional[datetime]
+    expires_at: Optional[datetime] = None
+    ttl_seconds: Optional[int] = None
+    metadata: Dict[str, str] = field(default_factory=dict)
+    host_id: Optional[str] = None
+    stop_reason: Optional[str] = None
+    parent_id: Optional[str] = None
+    snapshot_id: Optional[str] = None
+    memory: Optional[MemoryUsage] = field(default=None, compare=False)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        """Build from the API's ``Sandbox`` JSON object."""
+        return cls(
+            id=_str(d.get("id")),
+            template=_str(d.get("template")),
+            state=_str(d.get("state")),
+            memory_mib=_int(d.get("memory_mib")),
+            vcpus=_int(d.get("vcpus")),
+            created_at=parse_time(d.get("created_at")),
+            expires_at=parse_time(d.get("expires_at")),
+            ttl_seconds=_opt_int(d.get("ttl_seconds")),
+            metadata=_str_map(d.get("metadata")),
+            host_id=_opt_str(d.get("host_id")),
+            stop_reason=_opt_str(d.get("stop_reason")),
+            parent_id=_opt_str(d.get("parent_id")),
+            snapshot_id=_opt_str(d.get("snapshot_id")),
+            memory=MemoryUsage.from_dict(d.get("memory")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command ended and what it printed.
+
+    Attributes:
+        exit_code: Exit status, or 128+N when killed by signal N.
+        stdout: Standard output as text (invalid UTF-8 replaced).
+        stderr: Standard error as text.
+        duration_ms: Wall time of the command in the guest.
+        signal: Name of the signal that killed it (``"SIGKILL"``), or ``None``.
+        timed_out: The command was killed because ``timeout_seconds`` ran out.
+        truncated: stdout or stderr went over the server's limit (16 MiB) and was cut
+            (buffered exec only; streamed exec never truncates).
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: int
+    signal: Optional[str] = None
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """``True`` when the command exited with status 0."""
+        return self.exit_code == 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], stdout: Optional[str] = None, stderr: Optional[str] = None) -> "ExecResult":
+        """Build from an ``ExecResult`` object or a stream's ``exit`` event.
+
+        ``stdout``/``stderr`` override the object's fields (a stream's exit
+        event carries no output).
+        """
+        return cls(
+            exit_code=_int(d.get("exit_code")),
+            stdout=_str(d.get("stdout")) if stdout is None else stdout,
+            stderr=_str(d.get("stderr")) if stderr is None else stderr,
+            duration_ms=_int(d.get("duration_ms")),
+            signal=_opt_str(d.get("signal")),
+            timed_out=bool(d.get("timed_out", False)),
+            truncated=bool(d.get("truncated", False)),
+        )
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file or directory in a sandbox.
+
+    Attributes:
+        name: Base name.
+        path: Absolute path.
+        size: Size in bytes.
+        mode: Permission bits (``0o644``; ``oct(info.mode)`` to print).
+        is_dir: It is a directory.
+        is_symlink: It is a symbolic link (stat does not follow a final symlink).
+        link_target: Where the symlink points, or ``None``.
+        modified_at: Last modification time, or ``None``.
+        raw: The JSON object as received.
+    """
+
+    name: str
+    path: str
+    size: int
+    mode: int
+    is_dir: bool
+    is_symlink: bool = False
+    link_target: Optional[str] = None
+    modified_at: Optional[datetime] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FileInfo":
+        """Build from the API's ``FileInfo`` JSON object."""
+        return cls(
+            name=_str(d.get("name")),
+            path=_str(d.get("path")),
+            size=_int(d.get("size")),
+            mode=_int(d.get("mode")),
+            is_dir=bool(d.get("is_dir", False)),
+            is_symlink=bool(d.get("is_symlink", False)),
+            link_target=_opt_str(d.get("link_target")),
+            modified_at=parse_time(d.get("modified_at")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class Template:
+    """A template (a root filesystem) and the state of its baked snapshot.
+
+    Attributes:
+        name: Template name (``base``, ``tiny``...).
+        state: ``ready``, ``stale``, ``not_baked`` or ``baking``.
+        memory_mib: Memory of the baked shape, if any.
+        vcpus: vCPUs of the baked shape, if any.
+        stale_reason: Why a stale template is stale.
+        baked_at: When it was baked.
+        bake_ms: How long baking took.
+        raw: The JSON object as received.
+    """
+
+    name: str
+    state: str
+    memory_mib: Optional[int] = None
+    vcpus: Optional[int] = None
+    stale_reason: Optional[str] = None
+    baked_at: Optional[datetime] = None
+    bake_ms: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Template":
+        """Build from the API's ``Template`` JSON object."""
+        return cls(
+            name=_str(d.get("name")),
+            state=_str(d.get("state")),
+            memory_mib=_opt_int(d.get("memory_mib")),
+            vcpus=_opt_int(d.get("vcpus")),
+            stale_reason=_opt_str(d.get("stale_reason")),
+            baked_at=parse_time(d.get("baked_at")),
+            bake_ms=_opt_int(d.get("bake_ms")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class APIKey:
+    """An API key (admin endpoints).
+
+    Attributes:
+        id: Key id (use it to revoke the key).
+        name: Name given at creation.
+        admin: Admin keys may manage keys and bake templates.
+        created_at: When it was created.
+        prefix: First characters of the secret, to recognise it.
+        max_sandboxes: Concurrent sandboxes allowed (0: server default).
+        max_memory_mib: Total guest memory allowed (0: server default).
+        key: The secret; only set on the object returned by
+            :meth:`Client.create_key`, never shown again.
+        raw: The JSON object as received.
+    """
+
+    id: str
+    name: str
+    admin: bool
+    created_at: Optional[datetime]
+    prefix: Optional[str] = None
+    max_sandboxes: Optional[int] = None
+    max_memory_mib: Optional[int] = None
+    key: Optional[str] = field(default=None, repr=False)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "APIKey":
+        """Build from the API's ``APIKey`` JSON object."""
+        return cls(
+            id=_str(d.get("id")),
+            name=_str(d.get("name")),
+            admin=bool(d.get("admin", False)),
+            created_at=parse_time(d.get("created_at")),
+            prefix=_opt_str(d.get("prefix")),
+            max_sandboxes=_opt_int(d.get("max_sandboxes")),
+            max_memory_mib=_opt_int(d.get("max_memory_mib")),
+            key=_opt_str(d.get("key")),
+            raw=dict(d),
+        )

@@ -1,0 +1,474 @@
+"""Sandboxes: create, connect, list, exec, files, TTL, kill, fork, snapshot, pause."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
+
+from . import errors as _errors
+from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
+from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
+from .filesystem import Filesystem
+from .models import ExecResult, SandboxInfo
+from .snapshot import Snapshot
+
+__all__ = ["Sandbox", "OutputCallback", "Command"]
+
+#: Called with each piece of output (``str``) as it arrives.
+OutputCallback = Callable[[str], Any]
+#: A shell command line (run with ``/bin/sh -c``) or an argv list (run directly).
+Command = Union[str, Sequence[str]]
+
+# Extra seconds a client waits for an exec answer beyond the command's own timeout.
+_EXEC_MARGIN = 30.0
+_SERVER_DEFAULT_EXEC_TIMEOUT = 60.0
+
+
+def _check_str_map(name: str, m: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
+    if m is None:
+        return None
+    if not isinstance(m, Mapping):
+        raise TypeError("%s must be a mapping of str to str" % name)
+    out: Dict[str, str] = {}
+    for k, v in m.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError("%s must map str to str, got %r: %r" % (name, k, v))
+        out[k] = v
+    return out
+
+
+def _long_timeout(client: Client) -> float:
+    if client.timeout is None:
+        return float("inf")
+    return max(client.timeout, LONG_OPERATION_TIMEOUT)
+
+
+class Sandbox:
+    """A microVM sandbox.
+
+    Do not construct it directly: use :meth:`create`, :meth:`connect` or
+    :meth:`list`. A sandbox keeps the :class:`Client` it was obtained with.
+
+    Attributes:
+        filesystem: File operations in this sandbox (:class:`Filesystem`).
+
+    Example::
+
+        from pandastack import Sandbox
+
+        with Sandbox.create(template="tiny", ttl_seconds=600) as sb:
+            print(sb.exec("uname -a").stdout)
+    """
+
+    def __init__(self, info: SandboxInfo, client: Client) -> None:
+        self._info = info
+        self._client = client
+        self.filesystem: Filesystem = Filesystem(self)
+
+    # -- constructors ------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        template: Optional[str] = None,
+        ttl_seconds: Optional[int] = 3600,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+        *,
+        snapshot: Union[str, Snapshot, None] = None,
+        client: Optional[Client] = None,
+    ) -> "Sandbox":
+        """Create a sandbox and return it running.
+
+        Args:
+            template: Template name (``"base"``, ``"tiny"``...). ``None``: the
+                server's default, ``base``. Leave it out with ``snapshot``.
+            ttl_seconds: Seconds until the sandbox is killed (at most the server's
+                max TTL); extend it later with :meth:`set_ttl`. ``None``: the
+                server's default (300).
+            memory_mib: Guest memory (server default 1024). A template is baked
+                once per memory size, so the first create of a new size is slow.
+            vcpus: Guest vCPUs (server default 1).
+            metadata: Labels (str to str), filterable with :meth:`list`.
+            env: Default environment of every command run in the sandbox.
+            api_key: API key for this sandbox (default ``PANDASTACK_API_KEY``).
+            api_url: Server URL (default ``PANDASTACK_API_URL`` or ``http://127.0.0.1:7788``).
+            snapshot: Start from this snapshot (a :class:`Snapshot` or its id)
+                instead of a template.
+            client: Use this :class:`Client` instead of ``api_key``/``api_url``.
+
+        Raises:
+            NotFoundError: unknown template or snapshot.
+            InvalidArgumentError: a value out of range (e.g. TTL over the max).
+            QuotaExceededError: over the key's sandbox or memory quota.
+            InsufficientStorageError: the host is out of disk.
+
+        Example::
+
+            sb = Sandbox.create(template="tiny", memory_mib=256, metadata={"job": "42"})
+        """
+        c = resolve_client(client, api_key, api_url)
+        body: Dict[str, Any] = {}
+        if template is not None:
+            body["template"] = template
+        if snapshot is not None:
+            body["snapshot_id"] = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        if memory_mib is not None:
+            body["memory_mib"] = memory_mib
+        if vcpus is not None:
+            body["vcpus"] = vcpus
+        md = _check_str_map("metadata", metadata)
+        if md is not None:
+            body["metadata"] = md
+        e = _check_str_map("env", env)
+        if e is not None:
+            body["env"] = e
+        data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
+        return cls(SandboxInfo.from_dict(data or {}), c)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+        *,
+        client: Optional[Client] = None,
+    ) -> "Sandbox":
+        """Attach to an existing sandbox by id.
+
+        Raises :class:`NotFoundError` if it does not exist or belongs to another key.
+
+        Example::
+
+            sb = Sandbox.connect("k3v9q2m8x7c1b5n4z6a0")
+        """
+        c = resolve_client(client, api_key, api_url)
+        data = c.request_json("GET", "/v1/sandboxes/%s" % quote_segment(sandbox_id))
+        return cls(SandboxInfo.from_dict(data or {}), c)
+
+    @classmethod
+    def list(
+        cls,
+        state: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+        *,
+        client: Optional[Client] = None,
+    ) -> "List[Sandbox]":
+        """List your sandboxes, oldest first.
+
+        Args:
+            state: Only sandboxes in this state (``"running"``, ``"paused"``,
+                ``"stopped"``...). Without it, stopped sandboxes are left out.
+            metadata: Only sandboxes whose metadata has all these pairs.
+
+        Example::
+
+            for sb in Sandbox.list(metadata={"job": "42"}):
+                sb.kill()
+        """
+        c = resolve_client(client, api_key, api_url)
+        query: List[Tuple[str, str]] = []
+        if state is not None:
+            query.append(("state", state))
+        for k, v in (_check_str_map("metadata", metadata) or {}).items():
+            if "=" in k:
+                raise ValueError("a metadata key used as a filter cannot contain '=': %r" % k)
+            query.append(("metadata", "%s=%s" % (k, v)))
+        data = c.request_json("GET", "/v1/sandboxes", query=query) or {}
+        return [cls(SandboxInfo.from_dict(s), c) for s in data.get("sandboxes") or []]
+
+    # -- properties ----------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The sandbox id."""
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The server's description of the sandbox as of the last call that returned it (see :meth:`refresh`)."""
+        return self._info
+
+    @property
+    def state(self) -> str:
+        """Shortcut for ``info.state`` (not refreshed)."""
+        return self._info.state
+
+    @property
+    def client(self) -> Client:
+        """The client this sandbox's requests go through."""
+        return self._client
+
+    def _path(self, suffix: str) -> str:
+        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
+
+    def _update(self, data: Any) -> SandboxInfo:
+        if isinstance(data, Mapping) and data:
+            self._info = SandboxInfo.from_dict(data)
+        return self._info
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def refresh(self) -> SandboxInfo:
+        """Re-read the sandbox from the server, update :attr:`info` and return it.
+
+        A killed sandbox stays visible for a while with ``state == "stopped"``;
+        after that this raises :class:`NotFoundError`.
+        """
+        return self._update(self._client.request_json("GET", self._path("")))
+
+    def set_ttl(self, seconds: int) -> SandboxInfo:
+        """Set the time to live to ``seconds`` from now (at most the server's max TTL).
+
+        Updates and returns :attr:`info` (see ``info.expires_at``).
+
+        Example::
+
+            sb.set_ttl(3600)  # one more hour from now
+        """
+        body = self._client.request_json("PUT", self._path("/ttl"), json_body={"ttl_seconds": seconds})
+        return self._update(body)
+
+    def kill(self) -> None:
+        """Kill the sandbox and free what it used. Killing an already killed or expired sandbox is not an error."""
+        try:
+            self._client.request("DELETE", self._path(""))
+        except NotFoundError:
+            pass
+
+    def pause(self) -> SandboxInfo:
+        """Pause the sandbox (its vCPUs stop; memory stays). Updates and returns :attr:`info`.
+
+        Commands and file operations on a paused sandbox raise :class:`ConflictError`.
+        """
+        return self._update(self._client.request_json("POST", self._path("/pause"), json_body={}))
+
+    def resume(self) -> SandboxInfo:
+        """Resume a paused sandbox. Updates and returns :attr:`info`."""
+        return self._update(
+            self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long_timeout(self._client))
+        )
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.kill()
+            return
+        # Do not hide the exception that ended the block behind a kill failure.
+        try:
+            self.kill()
+        except PandaError:
+            pass
+
+    # -- fork and snapshot ---------------------------------------------------
+
+    @overload
+    def fork(self) -> "Sandbox": ...
+
+    @overload
+    def fork(self, count: int) -> "List[Sandbox]": ...
+
+    def fork(self, count: Optional[int] = None) -> "Union[Sandbox, List[Sandbox]]":
+        """Fork this running sandbox into live copies that continue from its current state.
+
+        The parent is paused for the copy (milliseconds) and then continues.
+        Children share the parent's memory and disk copy-on-write; each gets
+        fresh randomness, the current clock and its own identity. Network
+        connections open in the parent are dead in the children.
+
+        ``fork()`` returns one :class:`Sandbox` (and raises the error of that
+        child if it could not be created). ``fork(count=n)`` returns a list of
+        ``n``; if some children failed it raises :class:`ForkError`, whose
+        ``children`` are the ones created (running, yours to use or kill) and
+        whose ``errors`` are the failures.
+
+        Example::
+
+            children = sb.fork(count=4)
+            results = [c.exec("python3 try.py --seed %d" % i) for i, c in enumerate(children)]
+        """
+        n = 1 if count is None else count
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError("count must be a positive integer, got %r" % (count,))
+        data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long_timeout(self._client))
+        entries = (data or {}).get("children") if isinstance(data, Mapping) else None
+        if not isinstance(entries, list):
+            raise PandaError("the server's fork answer has no children list: %r" % (data,))
+        children: List[Sandbox] = []
+        errs: List[PandaError] = []
+        for entry in entries:
+            if isinstance(entry, Mapping) and isinstance(entry.get("sandbox"), Mapping):
+                children.append(Sandbox(SandboxInfo.from_dict(entry["sandbox"]), self._client))
+            elif isinstance(entry, Mapping) and entry.get("error") is not None:
+                errs.append(_errors.error_from_body(entry["error"]))
+            else:
+                errs.append(PandaError("the server's fork answer has a malformed child: %r" % (entry,)))
+        if len(children) + len(errs) != n:
+            errs.append(PandaError("asked for %d children, the server answered %d" % (n, len(children) + len(errs))))
+        if count is None:
+            if children and not errs:
+                return children[0]
+            if errs and not children:
+                raise errs[0]
+            raise ForkError(
+                "fork of %s: unexpected answer" % self.id, children=children, errors=errs, code=errs[0].code if errs else None
+            )
+        if errs:
+            first = errs[0]
+            raise ForkError(
+                "fork of %s: %d of %d children failed (first: %s)" % (self.id, len(errs), n, first),
+                children=children,
+                errors=errs,
+                status=first.status,
+                code=first.code,
+            )
+        return children
+
+    def snapshot(self, name: Optional[str] = None) -> Snapshot:
+        """Save this sandbox (memory, device state and disk) as a :class:`Snapshot`; the sandbox keeps running.
+
+        Example::
+
+            snap = sb.snapshot(name="after-setup")
+            other = Sandbox.create(snapshot=snap.id)
+        """
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        data = self._client.request_json("POST", self._path("/snapshots"), json_body=body, timeout=_long_timeout(self._client))
+        return Snapshot(data or {}, self._client)
+
+    # -- exec ----------------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: Command,
+        timeout_seconds: Optional[float] = 60,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+    ) -> ExecResult:
+        """Run a command and wait for it to end.
+
+        Args:
+            cmd: A shell command line (``"ls -l | wc -l"``, run with
+                ``/bin/sh -c``) or an argv list (``["ls", "-l"]``, run directly,
+                looked up in ``PATH``).
+            timeout_seconds: Kill the command's process group after this long
+                (``result.timed_out`` is then ``True``); ``0`` means no timeout;
+                ``None`` means the server's default (60).
+            env: Extra environment variables (over the sandbox's ``env``).
+            cwd: Working directory, absolute (default ``/root``).
+            stdin: Text fed to standard input (bytes must be UTF-8).
+            on_stdout: Called with each chunk of standard output (``str``) as
+                it is produced. With either callback the command runs through
+                the streaming endpoint; the full output is still returned.
+            on_stderr: Same for standard error.
+
+        Returns:
+            An :class:`ExecResult`. A non-zero exit is not an exception: check
+            ``result.exit_code`` (or ``result.ok``).
+
+        Raises:
+            NotFoundError: the sandbox is gone, or the executable of an argv list does not exist.
+            ConflictError: the sandbox is not running (paused or stopped).
+
+        Example::
+
+            r = sb.exec("echo hi && echo oops >&2; exit 3")
+            assert (r.stdout, r.stderr, r.exit_code) == ("hi\\n", "oops\\n", 3)
+            sb.exec("pip install -r requirements.txt", timeout_seconds=600, on_stdout=print)
+        """
+        body: Dict[str, Any] = {}
+        if isinstance(cmd, str):
+            if not cmd:
+                raise ValueError("cmd is empty")
+            body["cmd"] = cmd
+        elif isinstance(cmd, (bytes, bytearray)):
+            raise TypeError("cmd must be str or a list of str, not bytes")
+        else:
+            argv = list(cmd)
+            if not argv:
+                raise ValueError("argv is empty")
+            if not all(isinstance(a, str) for a in argv):
+                raise TypeError("every argv element must be a str: %r" % (argv,))
+            body["argv"] = argv
+        e = _check_str_map("env", env)
+        if e is not None:
+            body["env"] = e
+        if cwd is not None:
+            body["cwd"] = cwd
+        if timeout_seconds is not None:
+            if timeout_seconds < 0:
+                raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
+            body["timeout_seconds"] = timeout_seconds
+        if stdin is not None:
+            body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
+        wait = self._exec_wait(timeout_seconds)
+        if on_stdout is None and on_stderr is None:
+            data = self._client.request_json("POST", self._path("/exec"), json_body=body, timeout=wait)
+            return ExecResult.from_dict(data or {})
+        return self._exec_stream(body, wait, on_stdout, on_stderr)
+
+    def _exec_wait(self, timeout_seconds: Optional[float]) -> float:
+        """Socket timeout for an exec: the command's own timeout plus a margin."""
+        if timeout_seconds == 0 or self._client.timeout is None:
+            return float("inf")
+        t = _SERVER_DEFAULT_EXEC_TIMEOUT if timeout_seconds is None else float(timeout_seconds)
+        return max(self._client.timeout, t + _EXEC_MARGIN)
+
+    def _exec_stream(
+        self,
+        body: Dict[str, Any],
+        wait: float,
+        on_stdout: Optional[OutputCallback],
+        on_stderr: Optional[OutputCallback],
+    ) -> ExecResult:
+        out: List[str] = []
+        err: List[str] = []
+        with self._client.stream("POST", self._path("/exec/stream"), json_body=body, timeout=wait, headers={"Accept": "application/x-ndjson"}) as resp:
+            for ev in resp.iter_ndjson():
+                if not isinstance(ev, Mapping):
+                    continue
+                t = ev.get("type")
+                if t == "stdout":
+                    s = ev.get("data") or ""
+                    out.append(s)
+                    if on_stdout is not None and s:
+                        on_stdout(s)
+                elif t == "stderr":
+                    s = ev.get("data") or ""
+                    err.append(s)
+                    if on_stderr is not None and s:
+                        on_stderr(s)
+                elif t == "exit":
+                    return ExecResult.from_dict(ev, stdout="".join(out), stderr="".join(err))
+                elif t == "error":
+                    raise _errors.error_from_body(ev.get("error") or {})
+                # "start" and unknown event types are ignored.
+        raise PandaConnectionError(
+            "the exec stream of sandbox %s ended before the command's exit status (server restarted or connection cut)" % self.id
+        )
+
+    # -- misc ------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return "Sandbox(id=%r, template=%r, state=%r)" % (self.id, self._info.template, self._info.state)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("Sandbox", self.id))
