@@ -633,3 +633,168 @@ func TestVMMCrashIsRecorded(t *testing.T) {
 	}
 	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true"}), 409, "conflict")
 }
+
+func forkReq(t *testing.T, key, id string, count int) (resp, []map[string]any) {
+	t.Helper()
+	r := do(t, key, "POST", "/v1/sandboxes/"+id+"/fork", map[string]any{"count": count})
+	var out struct {
+		Children []map[string]any `json:"children"`
+	}
+	if r.status == 200 {
+		r.json(t, &out)
+		for _, c := range out.Children {
+			if sb, ok := c["sandbox"].(map[string]any); ok {
+				cid := sb["id"].(string)
+				t.Cleanup(func() { do(t, key, "DELETE", "/v1/sandboxes/"+cid, nil) })
+			}
+		}
+	}
+	return r, out.Children
+}
+
+func TestForkSnapshotPauseAPI(t *testing.T) {
+	key := newKey(t, "forker", nil)
+	parent := create(t, key, map[string]any{"metadata": map[string]string{"exp": "1"}})
+	run(t, key, parent.ID, map[string]any{"cmd": "echo parent > /root/f"})
+
+	r, children := forkReq(t, key, parent.ID, 3)
+	expect(t, r, 200, "")
+	if len(children) != 3 {
+		t.Fatalf("got %d children", len(children))
+	}
+	for _, c := range children {
+		sb, ok := c["sandbox"].(map[string]any)
+		if !ok {
+			t.Fatalf("child failed: %v", c)
+		}
+		if sb["parent_id"] != parent.ID || sb["state"] != "running" {
+			t.Errorf("child %v", sb)
+		}
+		if x := run(t, key, sb["id"].(string), map[string]any{"cmd": "cat /root/f; hostname"}); x.Stdout != "parent\n"+sb["id"].(string)+"\n" {
+			t.Errorf("child sees %q", x.Stdout)
+		}
+	}
+	// Errors: bad count, another key's sandbox, unknown sandbox.
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 0}), 422, "invalid")
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 65}), 422, "invalid")
+	other := newKey(t, "other", nil)
+	expect(t, do(t, other, "POST", "/v1/sandboxes/"+parent.ID+"/fork", map[string]any{}), 404, "not_found")
+	expect(t, do(t, key, "POST", "/v1/sandboxes/nosuch1/fork", map[string]any{}), 404, "not_found")
+
+	// Snapshot, then create from it; another key cannot see or use it.
+	r = do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/snapshots", map[string]any{"name": "s1"})
+	expect(t, r, 201, "")
+	var snap struct {
+		ID, Name string
+		SandboxID string `json:"sandbox_id"`
+	}
+	r.json(t, &snap)
+	if snap.Name != "s1" || snap.SandboxID != parent.ID {
+		t.Errorf("snapshot %+v", snap)
+	}
+	expect(t, do(t, other, "GET", "/v1/snapshots/"+snap.ID, nil), 404, "not_found")
+	expect(t, do(t, other, "POST", "/v1/sandboxes", map[string]any{"snapshot_id": snap.ID}), 404, "not_found")
+	var snaps struct{ Snapshots []struct{ ID string } }
+	do(t, key, "GET", "/v1/snapshots", nil).json(t, &snaps)
+	if len(snaps.Snapshots) != 1 || snaps.Snapshots[0].ID != snap.ID {
+		t.Errorf("list snapshots %+v", snaps)
+	}
+	restored := create(t, key, map[string]any{"snapshot_id": snap.ID})
+	if x := run(t, key, restored.ID, map[string]any{"cmd": "cat /root/f"}); x.Stdout != "parent\n" {
+		t.Errorf("restored sees %q", x.Stdout)
+	}
+	expect(t, do(t, key, "DELETE", "/v1/snapshots/"+snap.ID, nil), 204, "")
+	expect(t, do(t, key, "GET", "/v1/snapshots/"+snap.ID, nil), 404, "not_found")
+
+	// Pause: exec and fork are conflicts; resume brings it back.
+	r = do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/pause", nil)
+	expect(t, r, 200, "")
+	var got sandbox
+	r.json(t, &got)
+	if got.State != "paused" || got.ExpiresAt != nil {
+		t.Errorf("paused: %+v", got)
+	}
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/exec", map[string]any{"cmd": "true"}), 409, "conflict")
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/fork", map[string]any{}), 409, "conflict")
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/pause", nil), 409, "conflict")
+	r = do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/resume", nil)
+	expect(t, r, 200, "")
+	r.json(t, &got)
+	if got.State != "running" || got.ExpiresAt == nil {
+		t.Errorf("resumed: %+v", got)
+	}
+	if x := run(t, key, parent.ID, map[string]any{"cmd": "cat /root/f"}); x.Stdout != "parent\n" {
+		t.Errorf("after resume %q", x.Stdout)
+	}
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/resume", nil), 409, "conflict")
+
+	// A killed sandbox cannot be forked.
+	expect(t, do(t, key, "DELETE", "/v1/sandboxes/"+restored.ID, nil), 204, "")
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+restored.ID+"/fork", map[string]any{}), 409, "conflict")
+
+	// Memory accounting.
+	var full struct {
+		Memory *struct {
+			PrivateMiB float64 `json:"private_mib"`
+			SharedMiB  float64 `json:"shared_mib"`
+		} `json:"memory"`
+	}
+	do(t, key, "GET", "/v1/sandboxes/"+parent.ID, nil).json(t, &full)
+	if full.Memory == nil || full.Memory.PrivateMiB <= 0 || full.Memory.SharedMiB <= 0 {
+		t.Errorf("memory of a running sandbox: %+v", full.Memory)
+	}
+	var hosts struct {
+		Hosts []struct {
+			ID              string
+			Sandboxes       int
+			SandboxesPSSMiB float64 `json:"sandboxes_pss_mib"`
+		}
+	}
+	do(t, key, "GET", "/v1/hosts", nil).json(t, &hosts)
+	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes < 1 || hosts.Hosts[0].SandboxesPSSMiB <= 0 {
+		t.Errorf("hosts %+v", hosts)
+	}
+}
+
+func TestForkQuota(t *testing.T) {
+	key := newKey(t, "forkquota", map[string]int{"max_sandboxes": 3})
+	parent := create(t, key, nil)
+	r, children := forkReq(t, key, parent.ID, 4)
+	expect(t, r, 200, "")
+	ok, over := 0, 0
+	for _, c := range children {
+		if _, yes := c["sandbox"]; yes {
+			ok++
+		} else if e, _ := c["error"].(map[string]any); e["code"] == "quota_exceeded" {
+			over++
+		}
+	}
+	if ok != 2 || over != 2 {
+		t.Errorf("got %d children and %d over quota, want 2 and 2: %v", ok, over, children)
+	}
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/fork", map[string]any{}), 429, "quota_exceeded")
+}
+
+func TestOnExpirePause(t *testing.T) {
+	key := newKey(t, "expirepause", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 1, "on_expire": "pause"})
+	run(t, key, sb.ID, map[string]any{"cmd": "echo kept > /root/k"})
+	deadline := time.Now().Add(10 * time.Second)
+	var got sandbox
+	for time.Now().Before(deadline) {
+		do(t, key, "GET", "/v1/sandboxes/"+sb.ID, nil).json(t, &got)
+		if got.State == "paused" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if got.State != "paused" {
+		t.Fatalf("after its TTL: %+v", got)
+	}
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil), 200, "")
+	// The resumed sandbox has its 1 s TTL again: give it time to answer.
+	expect(t, do(t, key, "PUT", "/v1/sandboxes/"+sb.ID+"/ttl", map[string]any{"ttl_seconds": 60}), 200, "")
+	if x := run(t, key, sb.ID, map[string]any{"cmd": "cat /root/k"}); x.Stdout != "kept\n" {
+		t.Errorf("after resume %q", x.Stdout)
+	}
+}

@@ -16,6 +16,10 @@ type metrics struct {
 	creates       *prometheus.CounterVec
 	bakes         *prometheus.CounterVec
 	expired       prometheus.Counter
+	forks            prometheus.Counter
+	forkPauseSeconds prometheus.Histogram
+	snapshots        prometheus.Counter
+	pauses           prometheus.Counter
 }
 
 var latencyBuckets = []float64{.025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10, 30}
@@ -36,13 +40,20 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "panda_sandbox_expired_total", Help: "Sandboxes stopped because their TTL ran out."}),
 	}
+	m.forks = prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_forks_total", Help: "Fork requests that captured their parent."})
+	m.forkPauseSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "panda_fork_parent_pause_seconds", Help: "How long a fork kept its parent's vCPUs stopped.",
+		Buckets: []float64{.005, .01, .025, .05, .075, .1, .15, .25, .5, 1}})
+	m.snapshots = prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_snapshots_total", Help: "Snapshots taken."})
+	m.pauses = prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_pauses_total", Help: "Sandboxes paused."})
 	byState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_running", Help: "Sandboxes running."},
 		func() float64 { return s.countState(stateRunning) })
 	byStatePaused := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_paused", Help: "Sandboxes paused."},
 		func() float64 { return s.countState(statePaused) })
 	byStateStarting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_starting", Help: "Sandboxes starting."},
 		func() float64 { return s.countState(stateStarting) })
-	for _, c := range []prometheus.Collector{m.createSeconds, m.execSeconds, m.creates, m.bakes, m.expired, byState, byStatePaused, byStateStarting} {
+	for _, c := range []prometheus.Collector{m.createSeconds, m.execSeconds, m.creates, m.bakes, m.expired,
+		m.forks, m.forkPauseSeconds, m.snapshots, m.pauses, byState, byStatePaused, byStateStarting} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/template"
 )
 
 const maxJSONBody = 1 << 20
@@ -174,9 +175,6 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 	if err != nil {
 		return catalog.Sandbox{}, err
 	}
-	if req.SnapshotID != "" {
-		return catalog.Sandbox{}, invalid("snapshot_id is not supported yet")
-	}
 	if err := validateLabels("metadata", req.Metadata, 64); err != nil {
 		return catalog.Sandbox{}, err
 	}
@@ -191,38 +189,47 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 	switch req.OnExpire {
 	case "", "kill":
 		req.OnExpire = "kill"
+	case "pause":
 	default:
-		return catalog.Sandbox{}, invalid("on_expire must be \"kill\"")
+		return catalog.Sandbox{}, invalid("on_expire must be \"kill\" or \"pause\"")
 	}
-	p := s.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
-	if err := p.Validate(); err != nil {
-		return catalog.Sandbox{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
-	}
-	if _, _, err := s.host.Templates().Lookup(p); err != nil {
-		return catalog.Sandbox{}, err
+	var p template.Params
+	if req.SnapshotID != "" {
+		sn, err := s.cat.GetSnapshot(ctx, req.SnapshotID)
+		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !agent.ValidID(req.SnapshotID) {
+			return catalog.Sandbox{}, notFound("snapshot %s not found", req.SnapshotID)
+		}
+		if err != nil {
+			return catalog.Sandbox{}, fmt.Errorf("get snapshot: %w", err)
+		}
+		if (req.Template != "" && req.Template != sn.Template) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
+			return catalog.Sandbox{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
+		}
+		p = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
+	} else {
+		p = s.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
+		if err := p.Validate(); err != nil {
+			return catalog.Sandbox{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
+		}
+		if _, _, err := s.host.Templates().Lookup(p); err != nil {
+			return catalog.Sandbox{}, err
+		}
 	}
 	now := time.Now().UTC()
 	sb := catalog.Sandbox{
 		ID: agent.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: stateStarting,
 		MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Metadata: req.Metadata, Env: req.Env,
-		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire,
+		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
-	maxN, maxMem := s.cfg.MaxSandboxesPerKey, s.cfg.MaxMemoryMiBPerKey
-	if key.MaxSandboxes != 0 {
-		maxN = key.MaxSandboxes
-	}
-	if key.MaxMemoryMiB != 0 {
-		maxMem = key.MaxMemoryMiB
-	}
-	if err := s.cat.ReserveSandbox(ctx, sb, maxN, maxMem); err != nil {
+	if err := s.reserve(ctx, key, sb); err != nil {
 		return catalog.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	s.setBusy(sb.ID, true)
 	defer s.setBusy(sb.ID, false)
 	t0 := time.Now()
 	_, err = s.host.Create(ctx, agent.CreateRequest{
-		ID: sb.ID, Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env,
+		ID: sb.ID, Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
 	})
 	if err != nil {
 		s.metrics.creates.WithLabelValues("error").Inc()
@@ -246,7 +253,7 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 		s.host.Kill(context.WithoutCancel(ctx), sb.ID)
 		return catalog.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
 	}
-	s.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", p.Key(), "dur_ms", time.Since(t0).Milliseconds())
+	s.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", p.Key(), "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
 	return sb, nil
 }
 
@@ -438,10 +445,12 @@ func (s *Server) SandboxExited(id string, cause error) {
 // sandboxes the catalog does not list as live are killed, and live catalog
 // entries of this host that were not adopted are marked stopped.
 func (s *Server) Reconcile(ctx context.Context, adopted []agent.Recovered) error {
-	alive := map[string]bool{}
+	alive := map[string]agent.State{}
 	for _, rc := range adopted {
 		if rc.Err == nil {
-			alive[rc.ID] = true
+			if info, err := s.host.Get(rc.ID); err == nil {
+				alive[rc.ID] = info.State
+			}
 		}
 	}
 	live, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: s.cfg.HostID, States: []string{stateStarting, stateRunning, statePaused}})
@@ -451,11 +460,25 @@ func (s *Server) Reconcile(ctx context.Context, adopted []agent.Recovered) error
 	known := map[string]bool{}
 	for _, sb := range live {
 		known[sb.ID] = true
-		if sb.State == stateRunning && alive[sb.ID] {
-			s.log.Info("re-adopted sandbox", "sandbox_id", sb.ID)
+		st, ok := alive[sb.ID]
+		if ok && sb.State != stateStarting {
+			s.log.Info("re-adopted sandbox", "sandbox_id", sb.ID, "state", st)
+			if string(st) != sb.State { // e.g. a crash between pausing and recording it
+				_, err := s.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+					x.State = string(st)
+					x.UpdatedAt = time.Now().UTC()
+					if st == agent.StatePaused {
+						x.ExpiresAt = time.Time{}
+					}
+					return nil
+				})
+				if err != nil {
+					return fmt.Errorf("reconcile %s: %w", sb.ID, err)
+				}
+			}
 			continue
 		}
-		if alive[sb.ID] {
+		if ok {
 			s.host.Kill(ctx, sb.ID)
 		}
 		reason := "vmm_exited"
@@ -510,6 +533,14 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			go func() {
 				defer s.setBusy(sb.ID, false)
+				if sb.OnExpire == "pause" && sb.State == stateRunning {
+					if _, err := s.pause(ctx, sb.ID); err == nil {
+						s.metrics.expired.Inc()
+						return
+					} else {
+						s.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", err)
+					}
+				}
 				if err := s.stop(ctx, sb.ID, "expired"); err != nil {
 					s.log.Error("expire sandbox", "sandbox_id", sb.ID, "err", err)
 				}

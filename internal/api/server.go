@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -38,6 +39,13 @@ type Host interface {
 	Memory(id string) (agent.MemStats, error)
 	Templates() *template.Store
 	TemplateParams(name string, memoryMiB, vcpus int) template.Params
+	Accel() vmm.Accel
+
+	Fork(ctx context.Context, id string, childIDs []string) (agent.ForkResult, error)
+	Snapshot(ctx context.Context, id, snapshotID string) (agent.SnapshotInfo, error)
+	DeleteSnapshot(snapshotID string) error
+	Pause(ctx context.Context, id string) (agent.CaptureStats, error)
+	Resume(ctx context.Context, id string) (agent.Info, error)
 }
 
 var _ Host = (*agent.Agent)(nil)
@@ -159,6 +167,14 @@ func (s *Server) routes() http.Handler {
 		r.Get("/sandboxes/{id}", s.getSandbox)
 		r.Delete("/sandboxes/{id}", s.killSandbox)
 		r.Put("/sandboxes/{id}/ttl", s.setTTL)
+		r.Post("/sandboxes/{id}/fork", s.forkSandbox)
+		r.Post("/sandboxes/{id}/snapshots", s.createSnapshot)
+		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
+		r.Post("/sandboxes/{id}/resume", s.resumeSandbox)
+		r.Get("/snapshots", s.listSnapshots)
+		r.Get("/snapshots/{snapID}", s.getSnapshot)
+		r.Delete("/snapshots/{snapID}", s.deleteSnapshot)
+		r.Get("/hosts", s.listHosts)
 		r.Post("/sandboxes/{id}/exec", s.exec)
 		r.Post("/sandboxes/{id}/exec/stream", s.execStream)
 		r.Get("/sandboxes/{id}/files", s.readFile)

@@ -164,6 +164,14 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 		return err
 	}
 	defer lock.Close()
+	// Listen before touching any sandbox: a start that cannot serve (the
+	// port is taken) must fail before it adopts, and so owns, the
+	// sandboxes an earlier run left running.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen: %w", err)
+	}
+	defer ln.Close()
 
 	// 2. Host agent: volume, accelerator, templates.
 	var srv *api.Server
@@ -183,7 +191,9 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	}
 	keepRunning := false
 	defer func() {
-		if keepRunning {
+		// No VMM running: nothing to keep, so unmount the store too
+		// (paused sandboxes live on disk either way).
+		if keepRunning && vmmsRunning(host) {
 			host.Detach()
 			log.Info("left sandboxes running for the next start to adopt")
 			return
@@ -221,6 +231,9 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 		return err
 	}
 	recovered := host.Recover(ctx)
+	// Until it serves, a start that fails leaves the sandboxes it adopted
+	// running for the next start to adopt: they are not its to kill.
+	keepRunning = true
 	if err := srv.Reconcile(ctx, recovered); err != nil {
 		return err
 	}
@@ -235,11 +248,8 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 		}
 	}
 
-	// 6. Serve.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("cannot listen: %w", err)
-	}
+	// 6. Serve. From here on, shutdown follows cfg.OnShutdown.
+	keepRunning = false
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ttlDone := make(chan struct{})
@@ -271,11 +281,24 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 		return nil
 	}
 	for _, info := range host.List() {
+		if info.State == agent.StatePaused {
+			continue // paused sandboxes live on disk and survive the restart
+		}
 		if err := srv.StopForShutdown(sctx, info.ID); err != nil {
 			log.Error("stop sandbox at shutdown", "sandbox_id", info.ID, "err", err)
 		}
 	}
 	return nil
+}
+
+// vmmsRunning reports whether any sandbox of host has a VMM process.
+func vmmsRunning(host *agent.Agent) bool {
+	for _, info := range host.List() {
+		if info.State != agent.StatePaused {
+			return true
+		}
+	}
+	return false
 }
 
 func countOK(rs []agent.Recovered) int {

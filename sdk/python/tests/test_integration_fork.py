@@ -1,10 +1,5 @@
 """Integration tests of fork, snapshots and pause/resume against a real `panda up`.
 
-Kept out of the default test discovery (sdk/python/tests) until the server
-has these endpoints (issue 4). Run with:
-
-    python3 -m unittest discover -s sdk/python/tests_fork
-
 Same server fixture and environment variables as sdk/python/tests/_server.py.
 """
 
@@ -17,7 +12,7 @@ import time
 import unittest
 from typing import Optional
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _server import PandaServer  # noqa: E402
 import pandastack  # noqa: E402
@@ -28,7 +23,7 @@ ADMIN: Optional[Client] = None
 
 # A process that keeps running in the background: it proves a fork or a
 # resume continues the live machine instead of rebooting it.
-COUNTER = "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &"
+COUNTER = "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &"
 
 
 def setUpModule() -> None:
