@@ -397,6 +397,11 @@ type image struct {
 	Dir      string
 	Spec     vmm.Spec
 	Template string // template key, for the record
+	// fullCopy gives the sandbox a full private copy of its memory (every
+	// page copied into the VMM at start, shared with nobody): the naive
+	// baseline that `panda bench fork` compares against. Nothing else
+	// uses it.
+	fullCopy bool
 }
 
 func (im image) mem() string    { return filepath.Join(im.Dir, "vm.mem") }
@@ -446,6 +451,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) er
 	spec.Disk = disk
 	spec.RunDir = s.runDir
 	spec.ConsoleLog = ""
+	spec.Prealloc = im.fullCopy
 	s.rec.Spec = spec
 	s.rec.Template = im.Template
 	s.rec.State = StateRunning

@@ -126,6 +126,18 @@ type ForkResult struct {
 // parent keeps its id, processes and open streams. A child that fails to
 // start is reported in its ForkChild; the others are unaffected.
 func (a *Agent) Fork(ctx context.Context, id string, ids []string) (ForkResult, error) {
+	return a.fork(ctx, id, ids, false)
+}
+
+// ForkNaive is Fork where every child gets a full private copy of the
+// parent's memory (all of guest RAM copied into the child's VMM at start):
+// O(RAM) time and memory per child, no page sharing. It exists only
+// as the baseline `panda bench fork` measures Fork against.
+func (a *Agent) ForkNaive(ctx context.Context, id string, ids []string) (ForkResult, error) {
+	return a.fork(ctx, id, ids, true)
+}
+
+func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (ForkResult, error) {
 	var res ForkResult
 	if len(ids) == 0 {
 		return res, fmt.Errorf("fork: %w: no children requested", ErrInvalid)
@@ -152,6 +164,7 @@ func (a *Agent) Fork(ctx context.Context, id string, ids []string) (ForkResult, 
 	defer os.RemoveAll(dir)
 	res.Capture, err = a.capture(ctx, parent, dir, false)
 	im := parent.imageOf(dir)
+	im.fullCopy = naive
 	env := parent.rec.Env
 	parent.op.Unlock()
 	if err != nil {

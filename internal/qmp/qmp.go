@@ -166,9 +166,9 @@ func (c *Client) ExecuteWithFDs(ctx context.Context, cmd string, args any, out a
 		return ErrClosed
 	default:
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		c.conn.SetWriteDeadline(dl)
-	}
+	// A deadline from an earlier command must not outlive it.
+	dl, _ := ctx.Deadline()
+	c.conn.SetWriteDeadline(dl)
 	if len(fds) > 0 {
 		_, _, err = c.conn.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
 	} else {

@@ -38,6 +38,10 @@ type Spec struct {
 	// is mapped copy-on-write (MAP_PRIVATE) and never modified.
 	MemoryFile   string
 	MemoryShared bool
+	// Prealloc copies every page of MemoryFile into the machine at start
+	// (a full private copy of RAM). Only benchmarks use it, as the naive
+	// baseline of copy-on-write sharing.
+	Prealloc bool
 
 	// Disk is the root filesystem image, attached as the first virtio-blk
 	// device (/dev/vda). The machine opens it read-write.

@@ -189,11 +189,27 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // processes). It returns the children that were made; if any could not be
 // made, the error is a *ForkError listing why.
 func (s *Sandbox) Fork(ctx context.Context, count int) ([]*Sandbox, error) {
+	r, err := s.ForkWithStats(ctx, count)
+	return r.Children, err
+}
+
+// ForkResult is a fork's children with the cost of the fork to the parent.
+type ForkResult struct {
+	Children []*Sandbox
+	// ParentPausedMS is how long the parent's vCPUs were stopped.
+	ParentPausedMS float64
+	// DirtyBytes is the memory the parent had written since its restore,
+	// which the fork captured.
+	DirtyBytes int64
+}
+
+// ForkWithStats is Fork that also reports what the fork cost the parent.
+func (s *Sandbox) ForkWithStats(ctx context.Context, count int) (ForkResult, error) {
 	if err := checkID("sandbox", s.ID); err != nil {
-		return nil, err
+		return ForkResult{}, err
 	}
 	if count < 1 {
-		return nil, newError(0, CodeInvalid, "fork count must be at least 1")
+		return ForkResult{}, newError(0, CodeInvalid, "fork count must be at least 1")
 	}
 	in := struct {
 		Count int `json:"count"`
@@ -203,16 +219,18 @@ func (s *Sandbox) Fork(ctx context.Context, count int) ([]*Sandbox, error) {
 			Sandbox *SandboxInfo `json:"sandbox"`
 			Error   *Error       `json:"error"`
 		} `json:"children"`
+		ParentPausedMS float64 `json:"parent_paused_ms"`
+		DirtyBytes     int64   `json:"dirty_bytes"`
 	}
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
-		return nil, err
+		return ForkResult{}, err
 	}
-	var children []*Sandbox
+	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes}
 	ferr := &ForkError{Requested: count}
 	for _, ch := range out.Children {
 		switch {
 		case ch.Sandbox != nil:
-			children = append(children, s.c.wrap(*ch.Sandbox))
+			res.Children = append(res.Children, s.c.wrap(*ch.Sandbox))
 		case ch.Error != nil:
 			ferr.Failures = append(ferr.Failures, newError(0, ch.Error.Code, ch.Error.Message))
 		default:
@@ -225,9 +243,9 @@ func (s *Sandbox) Fork(ctx context.Context, count int) ([]*Sandbox, error) {
 		}
 	}
 	if len(ferr.Failures) > 0 {
-		return children, ferr
+		return res, ferr
 	}
-	return children, nil
+	return res, nil
 }
 
 // checkID rejects an empty id locally: it would address a different

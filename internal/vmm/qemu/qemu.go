@@ -88,6 +88,10 @@ func (d *Driver) args(spec vmm.Spec) ([]string, error) {
 	if spec.MemoryShared {
 		share = "on"
 	}
+	prealloc := "off"
+	if spec.Prealloc {
+		prealloc = "on"
+	}
 	console := "null"
 	if spec.ConsoleLog != "" {
 		console = "file:" + spec.ConsoleLog
@@ -99,8 +103,8 @@ func (d *Driver) args(spec vmm.Spec) ([]string, error) {
 		"-cpu", cpuModel(spec.Accel),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
 		"-smp", strconv.Itoa(spec.VCPUs),
-		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s,prealloc=off,discard-data=off",
-			spec.MemoryMiB, qemuEscape(spec.MemoryFile), share),
+		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s,prealloc=%s,discard-data=off",
+			spec.MemoryMiB, qemuEscape(spec.MemoryFile), share, prealloc),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-serial", console,
 		"-kernel", spec.Kernel,

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/vmm"
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+)
+
+// localStack is a private all-in-one server for benchmarks that need the
+// host agent next to the API (memory figures, the naive fork baseline).
+type localStack struct {
+	agent  *agent.Agent
+	client *pandastack.Client
+	close  func()
+}
+
+func startLocalStack(ctx context.Context, dataDir, images, accel string) (*localStack, error) {
+	var srv *api.Server
+	a, err := agent.Open(ctx, agent.Config{
+		DataDir: dataDir, ImagesDir: images, Accel: vmm.Accel(accel), AdoptMount: true,
+		OnExit: func(id string, err error) {
+			if srv != nil {
+				srv.SandboxExited(id, err)
+			}
+		},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(filepath.Join(dataDir, "bench.db"))
+	cat, err := sqlite.Open(ctx, filepath.Join(dataDir, "bench.db"))
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, a, prometheus.NewRegistry())
+	if err != nil {
+		cat.Close()
+		a.Close()
+		return nil, err
+	}
+	_, secret, err := api.NewKey(ctx, cat, "bench", true, 0, 0)
+	if err != nil {
+		cat.Close()
+		a.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cat.Close()
+		a.Close()
+		return nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	c, err := pandastack.NewClient(pandastack.Options{APIURL: "http://" + ln.Addr().String(), APIKey: secret})
+	if err != nil {
+		hs.Close()
+		cat.Close()
+		a.Close()
+		return nil, err
+	}
+	return &localStack{agent: a, client: c, close: func() {
+		hs.Close()
+		a.Close()
+		cat.Close()
+	}}, nil
+}
+
+func benchForkCmd() *cobra.Command {
+	var (
+		dataDir, images, accel, tmpl, sizes string
+		rounds, dirty, fanout, fanRuns, mem int
+		memChildren, childDirty             int
+		asJSON                              bool
+	)
+	cmd := &cobra.Command{
+		Use:   "fork",
+		Short: "Fork latency across guest RAM sizes, parent pause, fan-out, and memory against a naive copy",
+		Long: `Runs a private server (its own data directory, DATA_DIR/bench) and measures,
+through the HTTP API:
+  - fork → child's first exec and the parent's pause, for each guest RAM size,
+    with the parent having dirtied --dirty MiB;
+  - fork(count=--fanout) until every child answered;
+  - the host PSS that --mem-children children add when each dirties
+    --child-dirty MiB, beside the same children made as naive full copies.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if images == "" {
+				images = filepath.Join(dataDir, "images")
+			}
+			var memSizes []int
+			for _, f := range strings.Split(sizes, ",") {
+				v, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil || v <= 0 {
+					return fmt.Errorf("--sizes: %q is not a size in MiB", f)
+				}
+				memSizes = append(memSizes, v)
+			}
+			st, err := startLocalStack(ctx, filepath.Join(dataDir, "bench"), images, accel)
+			if err != nil {
+				return err
+			}
+			defer st.close()
+			res, err := bench.ForkBench(ctx, st.client, st.agent, bench.ForkOptions{
+				Template: tmpl, MemorySizes: memSizes, Rounds: rounds, DirtyMiB: dirty,
+				Fanout: fanout, FanoutRuns: fanRuns, MemChildren: memChildren, ChildDirtyMiB: childDirty,
+				MemoryMiB: mem, Log: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			fmt.Fprintf(out, "template %s, %s\n", res.Template, res.Accel)
+			for _, s := range res.BySize {
+				fmt.Fprintf(out, "%5d MiB: fork → first exec p50 %.1f ms p99 %.1f ms; parent paused p50 %.1f ms p99 %.1f ms; %.1f MiB dirty\n",
+					s.MemoryMiB, s.ForkToExec.P50, s.ForkToExec.P99, s.ParentPause.P50, s.ParentPause.P99, s.DirtyMiB)
+			}
+			fmt.Fprintf(out, "spread of fork → exec p50 across sizes: %.1f %%\n", res.SpreadPct)
+			fmt.Fprintf(out, "fork(count=%d) all ready: p50 %.1f ms p99 %.1f ms\n", res.Fanout.Count, res.Fanout.AllReadyMS.P50, res.Fanout.AllReadyMS.P99)
+			m := res.Memory
+			fmt.Fprintf(out, "%d children dirtying %d MiB each: fork added %.1f MiB PSS (budget %.1f), naive copies %.1f MiB: %.1fx\n",
+				m.Children, m.ChildDirtyMiB, m.ForkAddedPSSMiB, m.BudgetMiB, m.NaiveAddedPSSMiB, m.Ratio)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "data directory (the benchmark uses DATA_DIR/bench)")
+	f.StringVar(&images, "images", "", "guest images directory (default DATA_DIR/images)")
+	f.StringVar(&accel, "accel", "auto", "auto, kvm or tcg")
+	f.StringVar(&tmpl, "template", "base", "template")
+	f.StringVar(&sizes, "sizes", "512,1024,2048,4096", "guest RAM sizes (MiB) to compare")
+	f.IntVar(&rounds, "rounds", 10, "forks measured per size")
+	f.IntVar(&dirty, "dirty", 16, "MiB the parent dirties before it is forked")
+	f.IntVar(&fanout, "fanout", 8, "children of the fan-out measurement")
+	f.IntVar(&fanRuns, "fanout-runs", 5, "fan-out measurements")
+	f.IntVar(&mem, "memory", 1024, "guest RAM (MiB) of the fan-out and memory measurements")
+	f.IntVar(&memChildren, "mem-children", 10, "children of the memory measurement")
+	f.IntVar(&childDirty, "child-dirty", 8, "MiB each child dirties in the memory measurement")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
