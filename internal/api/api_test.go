@@ -685,7 +685,7 @@ func TestForkSnapshotPauseAPI(t *testing.T) {
 	r = do(t, key, "POST", "/v1/sandboxes/"+parent.ID+"/snapshots", map[string]any{"name": "s1"})
 	expect(t, r, 201, "")
 	var snap struct {
-		ID, Name string
+		ID, Name  string
 		SandboxID string `json:"sandbox_id"`
 	}
 	r.json(t, &snap)

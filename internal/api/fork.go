@@ -127,9 +127,9 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(ids), "paused_ms", res.Capture.PausedMS,
 		"dirty_mib", res.Capture.DirtyBytes>>20, "dur_ms", time.Since(t0).Milliseconds())
 	writeJSON(w, http.StatusOK, map[string]any{
-		"children":        out,
+		"children":         out,
 		"parent_paused_ms": res.Capture.PausedMS,
-		"dirty_bytes":     res.Capture.DirtyBytes,
+		"dirty_bytes":      res.Capture.DirtyBytes,
 	})
 }
 

@@ -10,12 +10,12 @@ import (
 )
 
 type metrics struct {
-	reg           prometheus.Gatherer
-	createSeconds prometheus.Histogram
-	execSeconds   prometheus.Histogram
-	creates       *prometheus.CounterVec
-	bakes         *prometheus.CounterVec
-	expired       prometheus.Counter
+	reg              prometheus.Gatherer
+	createSeconds    prometheus.Histogram
+	execSeconds      prometheus.Histogram
+	creates          *prometheus.CounterVec
+	bakes            *prometheus.CounterVec
+	expired          prometheus.Counter
 	forks            prometheus.Counter
 	forkPauseSeconds prometheus.Histogram
 	snapshots        prometheus.Counter
