@@ -265,9 +265,9 @@ func hostsCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"hosts": hosts})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "ADDRESS", "STATE", "SANDBOXES", "MEMORY", "ALLOCATED", "LAST SEEN")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "ACCEL", "SANDBOXES", "MEMORY", "AVAILABLE", "ALLOCATED", "SANDBOXES PSS")
 			for _, h := range hosts {
-				t.row(h.ID, orDash(h.Address), h.State, strconv.Itoa(h.Sandboxes), mib(h.MemoryMiB), mib(h.MemoryAllocatedMiB), when(h.LastSeenAt))
+				t.row(h.ID, h.State, orDash(h.Accel), strconv.Itoa(h.Sandboxes), mib(h.MemoryMiB), mib(h.MemoryAvailableMiB), mib(h.MemoryAllocatedMiB), fmt.Sprintf("%.1f MiB", h.SandboxesPSSMiB))
 			}
 			return t.flush()
 		},

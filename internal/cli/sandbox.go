@@ -89,10 +89,11 @@ func lsCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(out, map[string]any{"sandboxes": infos})
 			}
-			t := newTable(out, "ID", "TEMPLATE", "STATE", "MEMORY", "VCPUS", "CREATED", "EXPIRES", "METADATA")
+			t := newTable(out, "ID", "TEMPLATE", "STATE", "MEMORY", "PRIVATE", "SHARED", "VCPUS", "CREATED", "EXPIRES", "PARENT", "METADATA")
 			for _, sb := range sbs {
 				i := sb.Info
-				t.row(i.ID, i.Template, stateText(i), mib(i.MemoryMiB), num(i.VCPUs), when(i.CreatedAt), when(i.ExpiresAt), labels(i.Metadata))
+				priv, shared := usage(i.Memory)
+				t.row(i.ID, i.Template, stateText(i), mib(i.MemoryMiB), priv, shared, num(i.VCPUs), when(i.CreatedAt), when(i.ExpiresAt), orDash(i.ParentID), labels(i.Metadata))
 			}
 			return t.flush()
 		},
@@ -154,7 +155,17 @@ func printSandbox(w io.Writer, g *globals, i pandastack.SandboxInfo) error {
 	t.row("template:", i.Template)
 	t.row("state:", stateText(i))
 	t.row("memory:", mib(i.MemoryMiB))
+	if i.Memory != nil {
+		priv, shared := usage(i.Memory)
+		t.row("host memory:", fmt.Sprintf("%s private, %s shared, %.1f MiB PSS", priv, shared, i.Memory.PSSMiB))
+	}
 	t.row("vcpus:", num(i.VCPUs))
+	if i.ParentID != "" {
+		t.row("forked from:", i.ParentID)
+	}
+	if i.SnapshotID != "" {
+		t.row("snapshot:", i.SnapshotID)
+	}
 	t.row("created:", i.CreatedAt.Local().Format("2006-01-02 15:04:05")+" ("+when(i.CreatedAt)+")")
 	if !i.ExpiresAt.IsZero() {
 		t.row("expires:", i.ExpiresAt.Local().Format("2006-01-02 15:04:05")+" ("+when(i.ExpiresAt)+")")
@@ -303,4 +314,12 @@ func forkCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "children to make")
 	return cmd
+}
+
+// usage formats a running sandbox's private and shared host memory.
+func usage(m *pandastack.MemoryUsage) (private, shared string) {
+	if m == nil {
+		return "-", "-"
+	}
+	return fmt.Sprintf("%.1f MiB", m.PrivateMiB), fmt.Sprintf("%.1f MiB", m.SharedMiB)
 }

@@ -34,6 +34,21 @@ type SandboxInfo struct {
 	// StopReason says why a stopped sandbox stopped: killed, expired,
 	// vmm_exited, host_restarted.
 	StopReason string `json:"stop_reason,omitempty"`
+	OnExpire   string `json:"on_expire,omitempty"` // kill or pause
+	ParentID   string `json:"parent_id,omitempty"` // the sandbox it was forked from
+	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Memory is the host memory of a running sandbox (nil otherwise).
+	Memory *MemoryUsage `json:"memory,omitempty"`
+}
+
+// MemoryUsage is what a running sandbox costs the host, from its VMM's
+// smaps: pages only it maps (what it dirtied, plus VMM overhead), pages
+// it shares with other sandboxes (its template's or parent's memory
+// image), and its proportional set size.
+type MemoryUsage struct {
+	PrivateMiB float64 `json:"private_mib"`
+	SharedMiB  float64 `json:"shared_mib"`
+	PSSMiB     float64 `json:"pss_mib"`
 }
 
 // Sandbox is a handle on one sandbox. Its methods are safe for concurrent
