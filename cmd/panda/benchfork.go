@@ -50,7 +50,7 @@ func startLocalStack(ctx context.Context, dataDir, images, accel string) (*local
 		a.Close()
 		return nil, err
 	}
-	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, a, prometheus.NewRegistry())
+	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, api.Local(a), prometheus.NewRegistry())
 	if err != nil {
 		cat.Close()
 		a.Close()

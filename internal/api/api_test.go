@@ -76,7 +76,7 @@ func runMain(m *testing.M) int {
 	srv, err = api.New(api.Config{
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
-	}, cat, host, prometheus.NewRegistry())
+	}, cat, api.Local(host), prometheus.NewRegistry())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

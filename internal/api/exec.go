@@ -59,7 +59,7 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 
 // startExec validates the request and starts the process in the caller's
 // running sandbox. The process dies if ctx ends.
-func (s *Server) startExec(ctx context.Context, r *http.Request) (*guestproto.Process, *execRequest, error) {
+func (s *Server) startExec(ctx context.Context, r *http.Request) (Process, *execRequest, error) {
 	var req execRequest
 	if err := decodeJSON(r, &req, false); err != nil {
 		return nil, nil, err
@@ -82,8 +82,8 @@ func (s *Server) startExec(ctx context.Context, r *http.Request) (*guestproto.Pr
 	}
 	if req.Stdin != nil {
 		go func() {
-			io.Copy(p.Stdin, strings.NewReader(*req.Stdin))
-			p.Stdin.Close()
+			io.Copy(p.Stdin(), strings.NewReader(*req.Stdin))
+			p.Stdin().Close()
 		}()
 	}
 	return p, &req, nil
@@ -131,8 +131,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	stderr := &capped{max: s.cfg.MaxExecOutputBytes}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); io.Copy(stdout, p.Stdout) }()
-	go func() { defer wg.Done(); io.Copy(stderr, p.Stderr) }()
+	go func() { defer wg.Done(); io.Copy(stdout, p.Stdout()) }()
+	go func() { defer wg.Done(); io.Copy(stderr, p.Stderr()) }()
 	wg.Wait()
 	res, err := p.Wait()
 	if err != nil {
@@ -203,7 +203,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := newNDJSON(w)
-	out.send(execEvent{Type: "start", PID: p.PID})
+	out.send(execEvent{Type: "start", PID: p.PID()})
 	var wg sync.WaitGroup
 	pump := func(kind string, rd io.Reader) {
 		defer wg.Done()
@@ -232,8 +232,8 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	wg.Add(2)
-	go pump("stdout", p.Stdout)
-	go pump("stderr", p.Stderr)
+	go pump("stdout", p.Stdout())
+	go pump("stderr", p.Stderr())
 	wg.Wait()
 	res, err := p.Wait()
 	if err != nil {

@@ -58,7 +58,7 @@ func queryPath(r *http.Request, name string) (string, error) {
 }
 
 // guestFor returns the guest client of the caller's running sandbox.
-func (s *Server) guestFor(r *http.Request) (*guestproto.Client, error) {
+func (s *Server) guestFor(r *http.Request) (Guest, error) {
 	sb, err := s.running(r)
 	if err != nil {
 		return nil, err

@@ -28,7 +28,6 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
-	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,7 +50,7 @@ func (h routingHost) Create(context.Context, agent.CreateRequest) (agent.Info, e
 func (h routingHost) Kill(context.Context, string) error       { return agent.ErrNotFound }
 func (h routingHost) Get(string) (agent.Info, error)           { return agent.Info{}, agent.ErrNotFound }
 func (h routingHost) List() []agent.Info                       { return nil }
-func (h routingHost) Guest(string) (*guestproto.Client, error) { return nil, agent.ErrNotFound }
+func (h routingHost) Guest(string) (api.Guest, error) { return nil, agent.ErrNotFound }
 func (h routingHost) Memory(string) (agent.MemStats, error) {
 	return agent.MemStats{}, agent.ErrNotFound
 }

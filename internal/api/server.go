@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -29,13 +30,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Host is what the API needs from a host agent. *agent.Agent implements it.
+// Host is what the API needs from a host agent: the local one (Local) or,
+// later, a remote one. Errors are classified with the agent package's
+// sentinels (agent.ErrNotFound, ErrConflict, ErrInvalid, ErrNoSpace) and
+// guestproto's error codes.
 type Host interface {
 	Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error)
 	Kill(ctx context.Context, id string) error
 	Get(id string) (agent.Info, error)
 	List() []agent.Info
-	Guest(id string) (*guestproto.Client, error)
+	// Guest reaches the guest agent of a running sandbox (ErrConflict if
+	// it is not running).
+	Guest(id string) (Guest, error)
 	Memory(id string) (agent.MemStats, error)
 	Templates() *template.Store
 	TemplateParams(name string, memoryMiB, vcpus int) template.Params
@@ -48,7 +54,59 @@ type Host interface {
 	Resume(ctx context.Context, id string) (agent.Info, error)
 }
 
-var _ Host = (*agent.Agent)(nil)
+// Guest is a running sandbox's guest agent, as the API uses it. Methods
+// are safe for concurrent use; see guestproto.Client for their contracts.
+type Guest interface {
+	StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error)
+	ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error)
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error)
+	ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error)
+	Stat(ctx context.Context, path string) (guestproto.FileInfo, error)
+	Mkdir(ctx context.Context, path string) error
+	Remove(ctx context.Context, path string, recursive bool) error
+	Rename(ctx context.Context, oldpath, newpath string) error
+}
+
+// Process is a command started by Guest.StartExec. Read Stdout and Stderr
+// concurrently to EOF, then Wait. Cancelling StartExec's ctx kills it.
+type Process interface {
+	PID() int
+	Stdin() io.WriteCloser
+	Stdout() io.Reader
+	Stderr() io.Reader
+	Wait() (guestproto.ExecResult, error)
+}
+
+// Local adapts the host agent of this process to Host.
+func Local(a *agent.Agent) Host { return localHost{a} }
+
+type localHost struct{ *agent.Agent }
+
+func (h localHost) Guest(id string) (Guest, error) {
+	c, err := h.Agent.Guest(id)
+	if err != nil {
+		return nil, err
+	}
+	return localGuest{c}, nil
+}
+
+type localGuest struct{ *guestproto.Client }
+
+func (g localGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error) {
+	p, err := g.Client.StartExec(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return localProcess{p}, nil
+}
+
+type localProcess struct{ p *guestproto.Process }
+
+func (p localProcess) PID() int                             { return p.p.PID }
+func (p localProcess) Stdin() io.WriteCloser                { return p.p.Stdin }
+func (p localProcess) Stdout() io.Reader                    { return p.p.Stdout }
+func (p localProcess) Stderr() io.Reader                    { return p.p.Stderr }
+func (p localProcess) Wait() (guestproto.ExecResult, error) { return p.p.Wait() }
 
 // Config configures the API server.
 type Config struct {

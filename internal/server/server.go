@@ -226,7 +226,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
-	}, cat, host, reg)
+	}, cat, api.Local(host), reg)
 	if err != nil {
 		return err
 	}
