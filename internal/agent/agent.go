@@ -152,13 +152,13 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.vol = vol
 	a.sbDir = filepath.Join(vol.Dir, "sandboxes")
-	template.SetTSCkHz(qemu.TSCkHz)
 	ts, err := template.NewStore(template.Config{
 		Dir:    filepath.Join(vol.Dir, "templates"),
 		RunDir: cfg.RunDir,
 		Images: a.images,
 		Driver: drv,
 		Accel:  accel,
+		TSCkHz: qemu.TSCkHz(),
 		Logger: cfg.Logger,
 	})
 	if err != nil {

@@ -130,6 +130,11 @@ type Config struct {
 	BakeTimeout time.Duration
 	// ExtraCmdline is appended to the guest kernel command line.
 	ExtraCmdline string
+	// TSCkHz is the host's TSC frequency (qemu.TSCkHz). Under TCG the guest
+	// reads the host's TSC; telling its kernel the frequency
+	// (tsc_early_khz=) avoids a calibration that can hang under emulation.
+	// 0 leaves the kernel to calibrate.
+	TSCkHz int
 	Logger       *slog.Logger
 }
 
@@ -156,7 +161,7 @@ func NewStore(cfg Config) (*Store, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.BakeTimeout == 0 {
-		cfg.BakeTimeout = 120 * time.Second
+		cfg.BakeTimeout = 90 * time.Second
 	}
 	if cfg.Accel != vmm.AccelKVM && cfg.Accel != vmm.AccelTCG {
 		return nil, fmt.Errorf("template store: accel must be kvm or tcg, got %q", cfg.Accel)
@@ -286,22 +291,14 @@ func (s *Store) inputs(name string) (map[string]string, error) {
 
 func (s *Store) cmdline() string {
 	c := "console=ttyS0 quiet loglevel=3 panic=-1 pci=off reboot=t mitigations=off 8250.nr_uarts=1"
-	if s.cfg.Accel == vmm.AccelTCG {
-		if khz := tscKHz(); khz > 0 {
-			c += fmt.Sprintf(" tsc_early_khz=%d", khz)
-		}
+	if s.cfg.Accel == vmm.AccelTCG && s.cfg.TSCkHz > 0 {
+		c += fmt.Sprintf(" tsc_early_khz=%d", s.cfg.TSCkHz)
 	}
 	if s.cfg.ExtraCmdline != "" {
 		c += " " + s.cfg.ExtraCmdline
 	}
 	return c
 }
-
-// tscKHz is replaced in tests; see qemu.TSCkHz.
-var tscKHz = func() int { return 0 }
-
-// SetTSCkHz sets the TSC frequency written into TCG guests' command lines.
-func SetTSCkHz(f func() int) { tscKHz = f }
 
 func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress Progress) (*Template, error) {
 	key := p.Key()

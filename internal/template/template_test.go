@@ -1,0 +1,149 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
+)
+
+func testImages() string {
+	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
+		return d
+	}
+	return "/var/lib/pandastack/images"
+}
+
+// copyImages makes a private copy of the guest images that the test may
+// change.
+func copyImages(t *testing.T) Images {
+	t.Helper()
+	src := Images{Dir: testImages()}
+	dst := Images{Dir: t.TempDir()}
+	os.MkdirAll(filepath.Dir(dst.Kernel()), 0o755)
+	for _, f := range [][2]string{{src.Kernel(), dst.Kernel()}, {src.Initramfs(), dst.Initramfs()}, {src.Agent(), dst.Agent()}} {
+		in, err := os.Open(f[0])
+		if err != nil {
+			t.Fatalf("guest images missing (run make setup): %v", err)
+		}
+		out, _ := os.Create(f[1])
+		io.Copy(out, in)
+		in.Close()
+		out.Close()
+	}
+	if err := copySparse(src.RootFS("tiny"), dst.RootFS("tiny")); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+func TestStaleTemplateIsRebaked(t *testing.T) {
+	images := copyImages(t)
+	drv, err := qemu.New(qemu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := os.MkdirTemp("", "pt") // short: unix socket paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(run)
+	st, err := NewStore(Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv, Accel: vmm.AccelTCG, TSCkHz: qemu.TSCkHz()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	p := Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}
+
+	if _, reason, err := st.Lookup(p); err != nil || reason != "not baked yet" {
+		t.Fatalf("Lookup before bake: %q, %v", reason, err)
+	}
+	var progress []string
+	first, err := st.Get(ctx, p, func(m string) { progress = append(progress, m) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(progress) < 3 || first.BootID == "" || len(first.Inputs) != 4 {
+		t.Errorf("bake: progress %q, meta %+v", progress, first.Meta)
+	}
+	for _, f := range []string{first.MemFile(), first.StateFile(), first.RootFS()} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("baked template lacks %s", f)
+		}
+	}
+	again, err := st.Get(ctx, p, nil)
+	if err != nil || !again.BakedAt.Equal(first.BakedAt) {
+		t.Errorf("a fresh template was baked again: %v %v", again.BakedAt, err)
+	}
+
+	// A new guest agent makes the template stale: Get must re-bake it.
+	f, _ := os.OpenFile(images.Agent(), os.O_APPEND|os.O_WRONLY, 0)
+	f.Write([]byte{0})
+	f.Close()
+	if _, reason, _ := st.Lookup(p); !strings.Contains(reason, "agent changed") {
+		t.Errorf("Lookup after the agent changed: reason %q", reason)
+	}
+	second, err := st.Get(ctx, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !second.BakedAt.After(first.BakedAt) || second.Inputs["agent"] == first.Inputs["agent"] {
+		t.Errorf("stale template not re-baked: %v → %v", first.BakedAt, second.BakedAt)
+	}
+	if _, reason, _ := st.Lookup(p); reason != "" {
+		t.Errorf("after the re-bake: stale %q", reason)
+	}
+}
+
+func TestUnknownTemplate(t *testing.T) {
+	st, err := NewStore(Config{Dir: t.TempDir(), Images: Images{Dir: testImages()}, Accel: vmm.AccelTCG})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Get(context.Background(), Params{Name: "nosuch", MemoryMiB: 256, VCPUs: 1}, nil)
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "tiny") {
+		t.Errorf("got %v, want ErrNotFound listing the available templates", err)
+	}
+	for _, p := range []Params{{Name: "Bad", MemoryMiB: 256, VCPUs: 1}, {Name: "tiny", MemoryMiB: 1, VCPUs: 1}, {Name: "tiny", MemoryMiB: 256, VCPUs: 0}} {
+		if _, err := st.Get(context.Background(), p, nil); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Get(%+v): %v, want ErrInvalid", p, err)
+		}
+	}
+}
+
+func TestSparseHashAndCopy(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	f, _ := os.Create(src)
+	f.Truncate(64 << 20)
+	f.WriteAt([]byte("hello"), 10<<20)
+	f.Close()
+	dst := filepath.Join(dir, "dst")
+	if err := copySparse(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	h1, _ := sparseHash(src)
+	h2, _ := sparseHash(dst)
+	if h1 != h2 {
+		t.Errorf("copy hashes differently: %s vs %s", h1, h2)
+	}
+	b := make([]byte, 5)
+	g, _ := os.Open(dst)
+	g.ReadAt(b, 10<<20)
+	g.Close()
+	if string(b) != "hello" {
+		t.Errorf("copy lost data: %q", b)
+	}
+	os.WriteFile(src, []byte("x"), 0o644)
+	if h3, _ := sparseHash(src); h3 == h1 {
+		t.Errorf("hash did not change with the content")
+	}
+}
