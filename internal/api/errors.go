@@ -15,6 +15,15 @@ import (
 	"github.com/pandastack/pandastack/internal/template"
 )
 
+// Errors a Host returns beyond the agent's classes.
+var (
+	// ErrUnavailable: a remote host agent cannot be reached (503).
+	ErrUnavailable = errors.New("host agent unavailable")
+	// ErrHostShutdown is the cause SandboxExited is given when a host
+	// agent stopped a sandbox because it was shutting down.
+	ErrHostShutdown = errors.New("host agent shut down")
+)
+
 // apiError is an error with the HTTP status and code users see. Its
 // message is written for users.
 type apiError struct {
@@ -66,6 +75,8 @@ func classify(err error) *apiError {
 		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", userMessage(err))
 	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict):
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
+	case errors.Is(err, ErrUnavailable):
+		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return errorf(http.StatusGatewayTimeout, "timeout", "the operation timed out")
 	}

@@ -67,7 +67,9 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 			TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 		}
+		s.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
 		if err := s.reserve(ctx, key, child); err != nil {
+			s.setBusy(child.ID, false)
 			quotaErr = err
 			ae := classify(err)
 			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
@@ -75,7 +77,6 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		slot[child.ID] = i
 		ids = append(ids, child.ID)
-		s.setBusy(child.ID, true)
 	}
 	defer func() {
 		for _, id := range ids {

@@ -47,14 +47,14 @@ type routingHost struct {
 func (h routingHost) Create(context.Context, agent.CreateRequest) (agent.Info, error) {
 	return agent.Info{}, agent.ErrNotFound
 }
-func (h routingHost) Kill(context.Context, string) error       { return agent.ErrNotFound }
-func (h routingHost) Get(string) (agent.Info, error)           { return agent.Info{}, agent.ErrNotFound }
-func (h routingHost) List() []agent.Info                       { return nil }
-func (h routingHost) Guest(string) (api.Guest, error) { return nil, agent.ErrNotFound }
+func (h routingHost) Kill(context.Context, string) error { return agent.ErrNotFound }
+func (h routingHost) Get(string) (agent.Info, error)     { return agent.Info{}, agent.ErrNotFound }
+func (h routingHost) List() []agent.Info                 { return nil }
+func (h routingHost) Guest(string) (api.Guest, error)    { return nil, agent.ErrNotFound }
 func (h routingHost) Memory(string) (agent.MemStats, error) {
 	return agent.MemStats{}, agent.ErrNotFound
 }
-func (h routingHost) Templates() *template.Store { return h.templates }
+func (h routingHost) Templates() api.Templates { return h.templates }
 func (h routingHost) TemplateParams(name string, mem, vcpus int) template.Params {
 	if name == "" {
 		name = "base"

@@ -222,11 +222,12 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
+	// Busy from before the record exists: Resync leaves it alone.
+	s.setBusy(sb.ID, true)
+	defer s.setBusy(sb.ID, false)
 	if err := s.reserve(ctx, key, sb); err != nil {
 		return catalog.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	s.setBusy(sb.ID, true)
-	defer s.setBusy(sb.ID, false)
 	t0 := time.Now()
 	_, err = s.host.Create(ctx, agent.CreateRequest{
 		ID: sb.ID, Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
@@ -433,69 +434,136 @@ func (s *Server) StopForShutdown(ctx context.Context, id string) error {
 	return s.stop(ctx, id, "server_shutdown")
 }
 
-// SandboxExited is the host agent's OnExit callback: a VMM died by itself.
+// SandboxExited is the host agent's OnExit callback: a VMM died by itself
+// or, if cause is ErrHostShutdown, a host agent stopped it as it shut down.
 func (s *Server) SandboxExited(id string, cause error) {
-	s.log.Warn("sandbox vmm exited", "sandbox_id", id, "err", cause)
-	if err := s.markStopped(context.Background(), id, "vmm_exited"); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+	reason := "vmm_exited"
+	if errors.Is(cause, ErrHostShutdown) {
+		reason = "host_shutdown"
+	}
+	s.log.Warn("sandbox stopped by its host", "sandbox_id", id, "reason", reason, "err", cause)
+	if err := s.markStopped(context.Background(), id, reason); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		s.log.Error("record vmm exit", "sandbox_id", id, "err", err)
 	}
 }
 
-// Reconcile makes the catalog and the host agree after a restart: adopted
-// sandboxes the catalog does not list as live are killed, and live catalog
-// entries of this host that were not adopted are marked stopped.
+// Reconcile makes the catalog and the host agree after a restart of the
+// all-in-one server: see Resync; adopted is what the host recovered.
 func (s *Server) Reconcile(ctx context.Context, adopted []agent.Recovered) error {
-	alive := map[string]agent.State{}
-	for _, rc := range adopted {
-		if rc.Err == nil {
+	return s.Resync(ctx, func(context.Context) ([]agent.Info, error) {
+		var live []agent.Info
+		for _, rc := range adopted {
+			if rc.Err != nil {
+				continue
+			}
 			if info, err := s.host.Get(rc.ID); err == nil {
-				alive[rc.ID] = info.State
+				live = append(live, info)
 			}
 		}
-	}
+		return live, nil
+	})
+}
+
+// errChanged aborts a catalog update whose record changed since Resync
+// read it.
+var errChanged = errors.New("changed meanwhile")
+
+// Resync makes the catalog agree with what the host lists (list: the
+// host's sandboxes), after a restart or when the server reconnects to a
+// remote host that it may have missed events from. Live catalog entries of
+// this host that the host does not have are marked stopped (vmm_exited,
+// or host_restarted if they were still starting); sandboxes the host has
+// that the catalog does not list as live are killed; a sandbox the host
+// has paused (or running) takes that state in the catalog.
+//
+// It is safe while requests are served: the catalog is read before the
+// host is listed, sandboxes being created or forked (busy) are left
+// alone, and a record that changed since it was read is not touched.
+func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent.Info, error)) error {
 	live, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: s.cfg.HostID, States: []string{stateStarting, stateRunning, statePaused}})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
+	infos, err := list(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: list host sandboxes: %w", err)
+	}
+	alive := map[string]agent.State{}
+	for _, info := range infos {
+		alive[info.ID] = info.State
+	}
 	known := map[string]bool{}
 	for _, sb := range live {
 		known[sb.ID] = true
-		st, ok := alive[sb.ID]
-		if ok && sb.State != stateStarting {
-			s.log.Info("re-adopted sandbox", "sandbox_id", sb.ID, "state", st)
-			if string(st) != sb.State { // e.g. a crash between pausing and recording it
-				_, err := s.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
-					x.State = string(st)
-					x.UpdatedAt = time.Now().UTC()
-					if st == agent.StatePaused {
-						x.ExpiresAt = time.Time{}
-					}
-					return nil
-				})
-				if err != nil {
-					return fmt.Errorf("reconcile %s: %w", sb.ID, err)
-				}
-			}
+		if s.isBusy(sb.ID) {
 			continue
 		}
-		if ok {
-			s.host.Kill(ctx, sb.ID)
+		st, ok := alive[sb.ID]
+		var update func(x *catalog.Sandbox) error
+		switch {
+		case ok && sb.State != stateStarting && string(st) == sb.State:
+			continue
+		case ok && sb.State != stateStarting && (st == agent.StateRunning || st == agent.StatePaused):
+			// e.g. a crash between pausing and recording it
+			s.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
+			update = func(x *catalog.Sandbox) error {
+				x.State = string(st)
+				if st == agent.StatePaused {
+					x.ExpiresAt = time.Time{}
+				}
+				return nil
+			}
+		case ok && sb.State != stateStarting:
+			continue // starting or stopping on the host: the next resync sees how it ends
+		default:
+			if ok {
+				s.host.Kill(ctx, sb.ID) // a create that never finished
+			}
+			reason := "vmm_exited"
+			if sb.State == stateStarting {
+				reason = "host_restarted"
+			}
+			update = func(x *catalog.Sandbox) error {
+				now := time.Now().UTC()
+				x.State, x.StopReason, x.StoppedAt = stateStopped, reason, now
+				return nil
+			}
 		}
-		reason := "vmm_exited"
-		if sb.State == stateStarting {
-			reason = "host_restarted"
+		_, err := s.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+			if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
+				return errChanged
+			}
+			if err := update(x); err != nil {
+				return err
+			}
+			x.UpdatedAt = time.Now().UTC()
+			return nil
+		})
+		if errors.Is(err, errChanged) || errors.Is(err, catalog.ErrNotFound) {
+			continue
 		}
-		if err := s.markStopped(ctx, sb.ID, reason); err != nil {
-			return err
+		if err != nil {
+			return fmt.Errorf("reconcile %s: %w", sb.ID, err)
 		}
 	}
 	for id := range alive {
-		if !known[id] {
-			s.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
-			s.host.Kill(ctx, id)
+		if known[id] || s.isBusy(id) {
+			continue
 		}
+		// Created since the catalog was read?
+		if sb, err := s.cat.GetSandbox(ctx, id); err == nil && sb.State != stateStopped {
+			continue
+		}
+		s.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
+		s.host.Kill(ctx, id)
 	}
 	return nil
+}
+
+func (s *Server) isBusy(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy[id]
 }
 
 // Run enforces TTLs (a sandbox past its expiry is stopped within a few

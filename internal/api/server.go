@@ -30,10 +30,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Host is what the API needs from a host agent: the local one (Local) or,
-// later, a remote one. Errors are classified with the agent package's
-// sentinels (agent.ErrNotFound, ErrConflict, ErrInvalid, ErrNoSpace) and
-// guestproto's error codes.
+// Host is what the API needs from a host agent: the local one (Local) or a
+// remote one (package hostapi). Errors are classified with the agent
+// package's sentinels (agent.ErrNotFound, ErrConflict, ErrInvalid,
+// ErrNoSpace), the template package's (template.ErrNotFound, ErrInvalid),
+// guestproto's error codes, and ErrUnavailable when a remote host cannot be
+// reached. Methods without an error result report what they can: a
+// remote host that cannot be reached lists nothing.
 type Host interface {
 	Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error)
 	Kill(ctx context.Context, id string) error
@@ -43,7 +46,7 @@ type Host interface {
 	// it is not running).
 	Guest(id string) (Guest, error)
 	Memory(id string) (agent.MemStats, error)
-	Templates() *template.Store
+	Templates() Templates
 	TemplateParams(name string, memoryMiB, vcpus int) template.Params
 	Accel() vmm.Accel
 
@@ -52,6 +55,15 @@ type Host interface {
 	DeleteSnapshot(snapshotID string) error
 	Pause(ctx context.Context, id string) (agent.CaptureStats, error)
 	Resume(ctx context.Context, id string) (agent.Info, error)
+}
+
+// Templates is a host's template store, as the API uses it
+// (*template.Store); see there for the contracts.
+type Templates interface {
+	Lookup(p template.Params) (t *template.Template, staleReason string, err error)
+	List() ([]template.Template, error)
+	Names() []string
+	Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error)
 }
 
 // Guest is a running sandbox's guest agent, as the API uses it. Methods
@@ -81,6 +93,8 @@ type Process interface {
 func Local(a *agent.Agent) Host { return localHost{a} }
 
 type localHost struct{ *agent.Agent }
+
+func (h localHost) Templates() Templates { return h.Agent.Templates() }
 
 func (h localHost) Guest(id string) (Guest, error) {
 	c, err := h.Agent.Guest(id)

@@ -135,7 +135,7 @@ type Config struct {
 	// (tsc_early_khz=) avoids a calibration that can hang under emulation.
 	// 0 leaves the kernel to calibrate.
 	TSCkHz int
-	Logger       *slog.Logger
+	Logger *slog.Logger
 }
 
 // Store holds templates. Safe for concurrent use; concurrent Gets of one
