@@ -107,9 +107,6 @@ func (d *Driver) args(spec vmm.Spec) ([]string, error) {
 			spec.MemoryMiB, qemuEscape(spec.MemoryFile), share, prealloc),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-serial", console,
-		"-kernel", spec.Kernel,
-		"-initrd", spec.Initramfs,
-		"-append", spec.Cmdline,
 		"-drive", fmt.Sprintf("id=vda,file=%s,format=raw,if=none,cache=writeback,discard=unmap,detect-zeroes=unmap", qemuEscape(spec.Disk)),
 		"-device", "virtio-blk-device,drive=vda",
 		"-device", "virtio-serial-device,max_ports=2",
@@ -122,7 +119,12 @@ func (d *Driver) args(spec vmm.Spec) ([]string, error) {
 		a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	}
 	if spec.Incoming {
+		// A restore never runs the firmware or the kernel loader: guest
+		// RAM comes from the memory file. Not loading 20 MB of kernel and
+		// initramfs into fw_cfg saves ~20 ms of every start.
 		a = append(a, "-incoming", "defer", "-S")
+	} else {
+		a = append(a, "-kernel", spec.Kernel, "-initrd", spec.Initramfs, "-append", spec.Cmdline)
 	}
 	return append(a, d.cfg.ExtraArgs...), nil
 }
