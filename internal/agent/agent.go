@@ -412,11 +412,17 @@ func templateImage(t *template.Template, images template.Images) image {
 	return image{Dir: t.Dir, Spec: t.Spec(images), Template: t.Key()}
 }
 
+// restoreTimeout bounds one restore, from files to the guest's answer.
+const restoreTimeout = 90 * time.Second
+
 // restore gives s its own files from im and starts its VMM. With move,
 // im's files are moved into s (resuming a paused sandbox from its own
 // capture); otherwise the disk is reflinked and the memory image and state
 // hard-linked, so im stays intact and may be deleted later.
 func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) error {
+	// Bounded: a VMM that never answers must not leave the sandbox starting.
+	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
 	t0 := time.Now()
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return err

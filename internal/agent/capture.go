@@ -30,6 +30,9 @@ type CaptureStats struct {
 	Runs int `json:"runs"`
 }
 
+// captureTimeout bounds one capture (barrier, pause, save, resume).
+const captureTimeout = 60 * time.Second
+
 // capture saves a running sandbox into dir (created): device state,
 // memory image (a reflink of the sandbox's base image patched with the
 // pages it dirtied) and disk (a reflink taken while the vCPUs are
@@ -48,6 +51,10 @@ func (a *Agent) capture(ctx context.Context, s *sandbox, dir string, keepPaused 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return st, classifyIOError(err)
 	}
+	// Bounded: a hung guest or VMM must not hold s.op (and so block Kill)
+	// forever.
+	ctx, cancel := context.WithTimeout(ctx, captureTimeout)
+	defer cancel()
 	if err := client.Barrier(ctx); err != nil {
 		client.Resume(context.WithoutCancel(ctx))
 		return st, fmt.Errorf("quiesce guest agent: %w", err)
