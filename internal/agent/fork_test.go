@@ -68,7 +68,7 @@ func TestForkSharesStateAndIsolatesWrites(t *testing.T) {
 		if c.ParentID != parent.ID {
 			t.Errorf("child %s parent %q", c.ID, c.ParentID)
 		}
-		if got := sh(t, c.ID, "cat /root/file /dev/shm/mem; hostname"); got != "before\nshm\n"+c.ID+"\n" {
+		if got := sh(t, c.ID, "cat /root/file /dev/shm/mem; hostname; echo $PANDA_SANDBOX_ID"); got != "before\nshm\n"+c.ID+"\n"+c.ID+"\n" {
 			t.Errorf("child %s sees %q", c.ID, got)
 		}
 		if got := askKeeper(t, c.ID, keeper); got != secret {

@@ -42,6 +42,10 @@ type Config struct {
 	ExitGrace time.Duration
 }
 
+// SandboxIDEnv is the environment variable that tells commands their
+// sandbox's id.
+const SandboxIDEnv = "PANDA_SANDBOX_ID"
+
 // Server implements guestproto.Handler.
 type Server struct {
 	hooks  Hooks
@@ -111,8 +115,19 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 	if req.MachineID != "" {
 		run("machine_id", s.hooks.SetMachineID(req.MachineID))
 	}
+	env := maps.Clone(req.Env)
+	if req.SandboxID != "" {
+		// Every command can tell which sandbox it runs in, also in a fork's
+		// children, whose memory says otherwise.
+		if env == nil {
+			env = map[string]string{}
+		}
+		if _, set := env[SandboxIDEnv]; !set {
+			env[SandboxIDEnv] = req.SandboxID
+		}
+	}
 	s.mu.Lock()
-	s.sessionEnv = maps.Clone(req.Env)
+	s.sessionEnv = env
 	s.mu.Unlock()
 
 	return guestproto.HelloReply{
