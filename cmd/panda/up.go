@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -9,16 +10,14 @@ import (
 	apispec "github.com/pandastack/pandastack/api"
 	"github.com/pandastack/pandastack/internal/server"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func upCmd() *cobra.Command {
-	cfg := server.Defaults()
-	var configFile string
-	var defaultTTL, maxTTL time.Duration
-	cmd := &cobra.Command{
+	return daemonCmd(&cobra.Command{
 		Use:   "up",
 		Short: "Run the all-in-one server: REST API, scheduler and the local host agent",
 		Long: `Run the all-in-one server in the foreground: REST API on 127.0.0.1:7788,
@@ -26,65 +25,155 @@ state in SQLite in the data directory, sandboxes on this host.
 
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stop it with Ctrl-C or SIGTERM.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			// Precedence: defaults < config file < environment < flags.
-			final := server.Defaults()
-			if configFile != "" {
-				if err := final.LoadFile(configFile); err != nil {
-					return err
-				}
-			}
-			if v := os.Getenv("PANDA_DATA_DIR"); v != "" {
-				final.DataDir = v
-			}
-			f := cmd.Flags()
-			set := func(name string, apply func()) {
-				if f.Changed(name) {
-					apply()
-				}
-			}
-			set("listen", func() { final.Listen = cfg.Listen })
-			set("data-dir", func() { final.DataDir = cfg.DataDir })
-			set("images", func() { final.ImagesDir = cfg.ImagesDir })
-			set("catalog", func() { final.Catalog = cfg.Catalog })
-			set("accel", func() { final.Accel = cfg.Accel })
-			set("default-template", func() { final.DefaultTemplate = cfg.DefaultTemplate })
-			set("default-memory", func() { final.DefaultMemoryMiB = cfg.DefaultMemoryMiB })
-			set("default-ttl", func() { final.DefaultTTL = server.Duration(defaultTTL) })
-			set("max-ttl", func() { final.MaxTTL = server.Duration(maxTTL) })
-			set("max-sandboxes-per-key", func() { final.MaxSandboxesPerKey = cfg.MaxSandboxesPerKey })
-			set("max-memory-per-key", func() { final.MaxMemoryMiBPerKey = cfg.MaxMemoryMiBPerKey })
-			set("on-shutdown", func() { final.OnShutdown = cfg.OnShutdown })
-			set("bake", func() { final.BakeOnStart = cfg.BakeOnStart })
-			set("log-level", func() { final.LogLevel = cfg.LogLevel })
-			set("log-format", func() { final.LogFormat = cfg.LogFormat })
-			if final.ImagesDir == "" {
-				final.ImagesDir = filepath.Join(final.DataDir, "images")
-			}
-			if err := final.Validate(); err != nil {
-				return fmt.Errorf("config: %w", err)
-			}
-			log := final.Logger(cmd.ErrOrStderr())
-			return server.Run(cmd.Context(), final, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
-		},
+	}, server.Defaults, flagGroups(hostFlags, controlFlags), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+		return server.Run(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
+	})
+}
+
+func serverCmd() *cobra.Command {
+	return daemonCmd(&cobra.Command{
+		Use:   "server",
+		Short: "Run the control plane (REST API, TTLs, catalog) against a host agent",
+		Long: `Run the control plane of panda up without a host agent of its own: the REST
+API on 127.0.0.1:7788, the catalog (SQLite in the data directory, or
+PostgreSQL) and TTL enforcement, with the sandboxes of the panda agent at
+--agent. It reads the agent's token from --agent-token-file (default
+DATA_DIR/agent.token), waits for the agent to answer, and reconciles its
+catalog with the agent's sandboxes before serving and on every reconnect.
+
+On first start it creates an admin API key, prints it once and saves it to
+DATA_DIR/admin.key (mode 0600). Stopping it leaves the sandboxes running on
+the agent. See docs/deployment.md.`,
+	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+		return server.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
+	})
+}
+
+func agentCmd() *cobra.Command {
+	return daemonCmd(&cobra.Command{
+		Use:   "agent",
+		Short: "Run a host agent: this host's sandboxes, behind the host API for panda server",
+		Long: `Run the host agent of panda up without the control plane: sandboxes, templates
+and snapshots of this host, served to panda server over the internal host
+API on 127.0.0.1:7789. It adopts the sandboxes an earlier run left running.
+
+Requests need the agent token: on first start a random one is written to
+--token-file (default DATA_DIR/agent.token, mode 0600). SIGTERM kills the
+running sandboxes (--on-shutdown kill) or leaves them for the next start to
+adopt (keep). See docs/deployment.md.`,
+	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+	})
+}
+
+// The flags of the parts: panda up has both groups; panda agent the host's,
+// panda server the control plane's.
+var (
+	hostFlags    = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake"}
+	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key"}
+)
+
+// flagGroups is the flags every daemon has and those of groups.
+func flagGroups(groups ...[]string) []string {
+	out := []string{"listen", "data-dir", "log-level", "log-format"}
+	for _, g := range groups {
+		out = append(out, g...)
 	}
+	return out
+}
+
+// configFlag is a flag that sets one field of server.Config.
+type configFlag struct {
+	usage string
+	field func(c *server.Config) any // a pointer to the field
+}
+
+var configFlags = map[string]configFlag{
+	"listen":                {"address to listen on", func(c *server.Config) any { return &c.Listen }},
+	"data-dir":              {"data directory (env PANDA_DATA_DIR)", func(c *server.Config) any { return &c.DataDir }},
+	"images":                {"guest images from make setup (default DATA_DIR/images)", func(c *server.Config) any { return &c.ImagesDir }},
+	"catalog":               {"catalog: a SQLite file (default DATA_DIR/panda.db) or postgres://...", func(c *server.Config) any { return &c.Catalog }},
+	"accel":                 {"auto (probe KVM), kvm or tcg", func(c *server.Config) any { return &c.Accel }},
+	"default-template":      {"template of creates that name none", func(c *server.Config) any { return &c.DefaultTemplate }},
+	"default-memory":        {"guest memory (MiB) of creates that give none", func(c *server.Config) any { return &c.DefaultMemoryMiB }},
+	"default-ttl":           {"TTL of creates that give none", func(c *server.Config) any { return &c.DefaultTTL }},
+	"max-ttl":               {"longest TTL allowed", func(c *server.Config) any { return &c.MaxTTL }},
+	"max-sandboxes-per-key": {"concurrent sandboxes per API key (keys can override)", func(c *server.Config) any { return &c.MaxSandboxesPerKey }},
+	"max-memory-per-key":    {"total guest memory (MiB) per API key", func(c *server.Config) any { return &c.MaxMemoryMiBPerKey }},
+	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
+	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
+	"agent":                 {"URL of the host agent (panda agent)", func(c *server.Config) any { return &c.AgentURL }},
+	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
+	"token-file":            {"file holding the agent token, created on first start (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
+	"log-level":             {"debug, info, warn or error", func(c *server.Config) any { return &c.LogLevel }},
+	"log-format":            {"text or json", func(c *server.Config) any { return &c.LogFormat }},
+}
+
+// daemonCmd completes cmd into a daemon command with the named flags and
+// --config. Its configuration comes from defaults < config file <
+// environment < flags.
+func daemonCmd(cmd *cobra.Command, defaults func() server.Config, flags []string,
+	run func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error) *cobra.Command {
+	var configFile string
+	set := defaults() // what the flags parse into
 	f := cmd.Flags()
 	f.StringVar(&configFile, "config", "", "YAML config file (see docs/configuration.md)")
-	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve the API on")
-	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data directory (env PANDA_DATA_DIR)")
-	f.StringVar(&cfg.ImagesDir, "images", "", "guest images from make setup (default DATA_DIR/images)")
-	f.StringVar(&cfg.Catalog, "catalog", "", "catalog: a SQLite file (default DATA_DIR/panda.db) or postgres://...")
-	f.StringVar(&cfg.Accel, "accel", cfg.Accel, "auto (probe KVM), kvm or tcg")
-	f.StringVar(&cfg.DefaultTemplate, "default-template", cfg.DefaultTemplate, "template of creates that name none")
-	f.IntVar(&cfg.DefaultMemoryMiB, "default-memory", cfg.DefaultMemoryMiB, "guest memory (MiB) of creates that give none")
-	f.DurationVar(&defaultTTL, "default-ttl", time.Duration(cfg.DefaultTTL), "TTL of creates that give none")
-	f.DurationVar(&maxTTL, "max-ttl", time.Duration(cfg.MaxTTL), "longest TTL allowed")
-	f.IntVar(&cfg.MaxSandboxesPerKey, "max-sandboxes-per-key", 64, "concurrent sandboxes per API key (keys can override)")
-	f.IntVar(&cfg.MaxMemoryMiBPerKey, "max-memory-per-key", 64<<10, "total guest memory (MiB) per API key")
-	f.StringVar(&cfg.OnShutdown, "on-shutdown", cfg.OnShutdown, "what SIGTERM does to sandboxes: kill, or keep (adopted at next start)")
-	f.BoolVar(&cfg.BakeOnStart, "bake", false, "bake the default template before serving")
-	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
-	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+	for _, name := range flags {
+		addConfigFlag(f, name, configFlags[name].usage, configFlags[name].field(&set))
+	}
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		cfg := defaults()
+		if configFile != "" {
+			if err := cfg.LoadFile(configFile); err != nil {
+				return err
+			}
+		}
+		if v := os.Getenv("PANDA_DATA_DIR"); v != "" {
+			cfg.DataDir = v
+		}
+		for _, name := range flags {
+			if f.Changed(name) {
+				field := configFlags[name].field
+				copyField(field(&cfg), field(&set))
+			}
+		}
+		if cfg.ImagesDir == "" {
+			cfg.ImagesDir = filepath.Join(cfg.DataDir, "images")
+		}
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		return run(cmd, cfg, cfg.Logger(cmd.ErrOrStderr()))
+	}
 	return cmd
+}
+
+func addConfigFlag(f *pflag.FlagSet, name, usage string, p any) {
+	switch p := p.(type) {
+	case *string:
+		f.StringVar(p, name, *p, usage)
+	case *int:
+		f.IntVar(p, name, *p, usage)
+	case *bool:
+		f.BoolVar(p, name, *p, usage)
+	case *server.Duration:
+		f.DurationVar((*time.Duration)(p), name, time.Duration(*p), usage)
+	default:
+		panic(fmt.Sprintf("flag %s: unsupported type %T", name, p))
+	}
+}
+
+// copyField sets *dst to *src; both point to fields of one type.
+func copyField(dst, src any) {
+	switch d := dst.(type) {
+	case *string:
+		*d = *src.(*string)
+	case *int:
+		*d = *src.(*int)
+	case *bool:
+		*d = *src.(*bool)
+	case *server.Duration:
+		*d = *src.(*server.Duration)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -56,10 +57,11 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var srv *api.Server
+	onExit := func(id string, err error) { srv.SandboxExited(id, err) }
 	host, err := agent.Open(ctx, agent.Config{
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
-		OnExit: func(id string, err error) { srv.SandboxExited(id, err) },
+		OnExit: func(id string, err error) { onExit(id, err) },
 		Logger: log,
 	})
 	if err != nil {
@@ -67,6 +69,36 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer host.Close()
+	// PANDA_TEST_HOST=remote runs the suite with the agent behind the
+	// host API (package hostapi), as panda server drives panda agent.
+	h := api.Local(host)
+	if os.Getenv("PANDA_TEST_HOST") == "remote" {
+		hsrv := hostapi.NewServer(host, "test-token", log)
+		onExit = hsrv.SandboxExited
+		hh := httptest.NewServer(hsrv)
+		defer hh.Close()
+		defer hsrv.Close()
+		c, err := hostapi.Dial(hh.URL, "test-token", hostapi.WithLogger(log))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer c.Close()
+		h = c
+		synced := make(chan struct{})
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			var once sync.Once
+			c.Watch(watchCtx, hostapi.Watcher{
+				Connected: func(context.Context) error { once.Do(func() { close(synced) }); return nil },
+				Exited:    func(id string, err error) { srv.SandboxExited(id, err) },
+			})
+		}()
+		defer func() { stopWatch(); <-watchDone }()
+		<-synced
+	}
 	cat, err := sqlite.Open(ctx, dir+"/panda.db")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open catalog:", err)
@@ -76,7 +108,7 @@ func runMain(m *testing.M) int {
 	srv, err = api.New(api.Config{
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
-	}, cat, api.Local(host), prometheus.NewRegistry())
+	}, cat, h, prometheus.NewRegistry())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

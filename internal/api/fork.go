@@ -339,8 +339,37 @@ type hostJSON struct {
 	SandboxesPrivMiB   float64 `json:"sandboxes_private_mib"`
 }
 
+// Resources are a host machine's CPUs and memory.
+type Resources struct {
+	VCPUs              int `json:"vcpus"`
+	MemoryMiB          int `json:"memory_mib"`
+	MemoryAvailableMiB int `json:"memory_available_mib"`
+}
+
+// LocalResources describes the machine this process runs on.
+func LocalResources() Resources {
+	total, avail := meminfo()
+	return Resources{VCPUs: runtime.NumCPU(), MemoryMiB: total, MemoryAvailableMiB: avail}
+}
+
+// ResourceReporter is an optional ability of a Host that runs on another
+// machine: that machine's resources (an error: it cannot be reached). A
+// Host without it runs on this machine.
+type ResourceReporter interface {
+	Resources(ctx context.Context) (Resources, error)
+}
+
 func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
-	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel()), VCPUs: runtime.NumCPU()}
+	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel())}
+	res := LocalResources()
+	if rr, ok := s.host.(ResourceReporter); ok {
+		var err error
+		if res, err = rr.Resources(r.Context()); err != nil {
+			h.State = "unreachable"
+			s.log.Warn("host resources", "host_id", s.cfg.HostID, "err", err)
+		}
+	}
+	h.VCPUs, h.MemoryMiB, h.MemoryAvailableMiB = res.VCPUs, res.MemoryMiB, res.MemoryAvailableMiB
 	var pss, priv int64
 	for _, info := range s.host.List() {
 		if info.State != agent.StateRunning {
@@ -354,7 +383,6 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.SandboxesPSSMiB, h.SandboxesPrivMiB = mib(pss), mib(priv)
-	h.MemoryMiB, h.MemoryAvailableMiB = meminfo()
 	writeJSON(w, http.StatusOK, map[string]any{"hosts": []hostJSON{h}})
 }
 

@@ -610,6 +610,12 @@ func (s *Server) Run(ctx context.Context) error {
 					}
 				}
 				if err := s.stop(ctx, sb.ID, "expired"); err != nil {
+					if errors.Is(err, ErrUnavailable) {
+						// Retried every tick until the host is back;
+						// its absence is logged where it is noticed.
+						s.log.Debug("expire sandbox", "sandbox_id", sb.ID, "err", err)
+						return
+					}
 					s.log.Error("expire sandbox", "sandbox_id", sb.ID, "err", err)
 				}
 				s.metrics.expired.Inc()

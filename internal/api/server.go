@@ -2,9 +2,9 @@
 // authentication and per-key ownership, request validation, sandboxes,
 // exec (buffered and streamed), files, templates and keys, TTL enforcement,
 // /healthz and /metrics. It keeps durable state in a catalog.Catalog and
-// reaches sandboxes through a Host (the local host agent today; the seam is
-// where a remote host agent plugs in). Internal errors become HTTP statuses
-// only here (errors.go).
+// reaches sandboxes through a Host: the host agent of this process (Local,
+// `panda up`) or a remote one (hostapi.Client, `panda server`). Internal
+// errors become HTTP statuses only here (errors.go).
 package api
 
 import (
@@ -225,7 +225,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.recoverer)
+	r.Use(Recoverer(s.log, s.writeError))
 	r.Get("/healthz", s.health)
 	r.Handle("/metrics", s.metrics.handler())
 	r.Get("/v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
@@ -275,21 +275,24 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": s.cfg.Version})
 }
 
-// recoverer turns a handler panic into a 500 instead of a dropped
-// connection, and logs it: a panic is a bug.
-func (s *Server) recoverer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
+// Recoverer is middleware that turns a handler panic into reply's error
+// answer (a 500) instead of a dropped connection, and logs it: a panic is a
+// bug. http.ErrAbortHandler still aborts.
+func Recoverer(log *slog.Logger, reply func(w http.ResponseWriter, r *http.Request, err error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				if v := recover(); v != nil {
+					if v == http.ErrAbortHandler {
+						panic(v)
+					}
+					log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
+					reply(w, r, fmt.Errorf("panic: %v", v))
 				}
-				s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
-				s.writeError(w, r, fmt.Errorf("panic: %v", v))
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
+			}()
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 type ctxKey struct{}

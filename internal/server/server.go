@@ -1,6 +1,9 @@
-// Package server wires the all-in-one PandaStack server (`panda up`): the
-// host agent, the catalog, the REST API and the TTL loop, started in order
-// and shut down in reverse order. It owns the server's configuration.
+// Package server wires PandaStack's daemons: the all-in-one server
+// (`panda up`: the host agent, the catalog, the REST API and the TTL loop),
+// and the same parts run separately, the control plane (`panda server`,
+// RunServer) and a host agent behind its host API (`panda agent`,
+// RunAgent). Each starts its parts in order and shuts them down in reverse
+// order. It owns their configuration.
 package server
 
 import (
@@ -14,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
@@ -55,6 +59,14 @@ type Config struct {
 	// BakeOnStart bakes the default template before serving.
 	BakeOnStart bool `yaml:"bake_on_start"`
 
+	// AgentURL is the host agent's API that `panda server` drives
+	// (http://host:7789); `panda up` and `panda agent` ignore it.
+	AgentURL string `yaml:"agent_url"`
+	// AgentTokenFile holds the agent token: `panda agent` reads it, or
+	// creates it on first start; `panda server` reads it (default
+	// DATA_DIR/agent.token for both).
+	AgentTokenFile string `yaml:"agent_token_file"`
+
 	LogLevel  string `yaml:"log_level"`
 	LogFormat string `yaml:"log_format"`
 }
@@ -84,9 +96,12 @@ func Defaults() Config {
 		DefaultVCPUs:     1,
 		DefaultTTL:       Duration(5 * time.Minute),
 		MaxTTL:           Duration(24 * time.Hour),
-		OnShutdown:       "kill",
-		LogLevel:         "info",
-		LogFormat:        "text",
+		// The API's own defaults, spelled out for --help.
+		MaxSandboxesPerKey: 64,
+		MaxMemoryMiBPerKey: 64 << 10,
+		OnShutdown:         "kill",
+		LogLevel:           "info",
+		LogFormat:          "text",
 	}
 }
 
@@ -152,84 +167,30 @@ func AdminKeyFile(dataDir string) string { return filepath.Join(dataDir, "admin.
 // shuts down in reverse order of start. out receives the one-time admin
 // key and the listening address.
 func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io.Writer, log *slog.Logger) error {
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return fmt.Errorf("cannot create data directory: %w", err)
-	}
-	// 1. One server per data directory.
-	lock, err := lockDataDir(cfg.DataDir)
+	// 1. One server per data directory: it holds both the host's lock
+	// and the control plane's.
+	ln, release, err := prepare(cfg, lockHost, lockControl)
 	if err != nil {
 		return err
 	}
-	defer lock.Close()
-	// Listen before touching any sandbox: a start that cannot serve (the
-	// port is taken) must fail before it adopts, and so owns, the
-	// sandboxes an earlier run left running.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("cannot listen: %w", err)
-	}
-	defer ln.Close()
+	defer release()
 
 	// 2. Host agent: volume, accelerator, templates.
-	var srv *api.Server
-	host, err := agent.Open(ctx, agent.Config{
-		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), QEMU: cfg.QEMU,
-		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
-		AdoptMount: true,
-		OnExit: func(id string, err error) {
-			if srv != nil {
-				srv.SandboxExited(id, err)
-			}
-		},
-		Logger: log.With("part", "agent"),
-	})
+	host, exits, err := openHost(ctx, cfg, log)
 	if err != nil {
-		return fmt.Errorf("cannot start host agent: %w", err)
+		return err
 	}
 	keepRunning := false
-	defer func() {
-		// No VMM running: nothing to keep, so unmount the store too
-		// (paused sandboxes live on disk either way).
-		if keepRunning && vmmsRunning(host) {
-			host.Detach()
-			log.Info("left sandboxes running for the next start to adopt")
-			return
-		}
-		if err := host.Close(); err != nil {
-			log.Error("close host agent", "err", err)
-		}
-	}()
+	defer func() { closeHost(host, keepRunning, log) }()
 
-	// 3. Catalog.
-	catURL := cfg.Catalog
-	if catURL == "" {
-		catURL = filepath.Join(cfg.DataDir, "panda.db")
-	}
-	cat, err := opencatalog.Open(ctx, catURL)
+	// 3. Catalog, admin key, API; reconcile the catalog with what
+	// survived a restart.
+	srv, cat, err := openControlPlane(ctx, cfg, api.Local(host), version, openapi, out, log)
 	if err != nil {
-		return fmt.Errorf("cannot open catalog: %w", err)
+		return err
 	}
 	defer cat.Close()
-
-	// 4. First start: an admin key.
-	if err := bootstrapAdmin(ctx, cat, cfg.DataDir, out, log); err != nil {
-		return err
-	}
-
-	// 5. API, and reconcile the catalog with what survived a restart.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err = api.New(api.Config{
-		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
-		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
-		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
-	}, cat, api.Local(host), reg)
-	if err != nil {
-		return err
-	}
+	exits.set(srv.SandboxExited)
 	recovered := host.Recover(ctx)
 	// Until it serves, a start that fails leaves the sandboxes it adopted
 	// running for the next start to adopt: they are not its to kill.
@@ -240,55 +201,232 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	if n := len(recovered); n > 0 {
 		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", countOK(recovered))
 	}
-
-	if cfg.BakeOnStart {
-		p := host.TemplateParams("", 0, 0)
-		if _, err := host.Templates().Get(ctx, p, func(m string) { fmt.Fprintln(out, "  "+m) }); err != nil {
-			return fmt.Errorf("bake default template: %w", err)
-		}
+	if err := bakeOnStart(ctx, cfg, host, out); err != nil {
+		return err
 	}
 
-	// 6. Serve. From here on, shutdown follows cfg.OnShutdown.
+	// 4. Serve. From here on, shutdown follows cfg.OnShutdown.
 	keepRunning = false
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	runCtx, stopRun := context.WithCancel(context.Background())
-	ttlDone := make(chan struct{})
-	go func() { defer close(ttlDone); srv.Run(runCtx) }()
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
+	sv := startServing(ln, srv.Handler(), srv.Run)
 	fmt.Fprintf(out, "PandaStack listening on http://%s (accel %s, data %s)\n", ln.Addr(), host.Accel(), cfg.DataDir)
 	log.Info("serving", "addr", ln.Addr().String())
-
-	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
-		stopRun()
-		<-ttlDone
-		return fmt.Errorf("serve: %w", err)
+	if err := sv.wait(ctx); err != nil {
+		return err
 	}
 	// Shutdown, in reverse: stop taking requests, stop the TTL loop, then
-	// (deferred) the catalog, the sandboxes and the volume.
+	// the sandboxes, (deferred) the catalog and the volume.
 	log.Info("shutting down", "on_shutdown", cfg.OnShutdown)
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		hs.Close()
-	}
-	stopRun()
-	<-ttlDone
+	sv.stop()
 	if cfg.OnShutdown == "keep" {
 		keepRunning = true
 		return nil
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stopRunning(host, func(id string) error { return srv.StopForShutdown(sctx, id) }, log)
+	return nil
+}
+
+// stopRunning calls stop for each sandbox of host that has a VMM: paused
+// sandboxes live on disk and survive the restart.
+func stopRunning(host *agent.Agent, stop func(id string) error, log *slog.Logger) {
 	for _, info := range host.List() {
 		if info.State == agent.StatePaused {
-			continue // paused sandboxes live on disk and survive the restart
+			continue
 		}
-		if err := srv.StopForShutdown(sctx, info.ID); err != nil {
+		if err := stop(info.ID); err != nil {
 			log.Error("stop sandbox at shutdown", "sandbox_id", info.ID, "err", err)
 		}
 	}
+}
+
+// Lock files in the data directory: the host's (store, VMMs: panda up
+// and panda agent) and the control plane's (catalog, admin key: panda up
+// and panda server), so that panda server and panda agent can share one
+// data directory.
+const (
+	lockHost    = "panda.lock"
+	lockControl = "server.lock"
+)
+
+// prepare validates cfg, creates and locks the data directory and
+// listens: a start that cannot serve (the port is taken) must fail before
+// it adopts, and so owns, the sandboxes an earlier run left running.
+// release undoes it.
+func prepare(cfg Config, locks ...string) (ln net.Listener, release func(), err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("config: %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("cannot create data directory: %w", err)
+	}
+	var held []*dirLock
+	release = func() {
+		if ln != nil {
+			ln.Close()
+		}
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i].Close()
+		}
+	}
+	for _, name := range locks {
+		l, err := lockDataDir(cfg.DataDir, name)
+		if err != nil {
+			release()
+			return nil, nil, err
+		}
+		held = append(held, l)
+	}
+	ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("cannot listen: %w", err)
+	}
+	return ln, release, nil
+}
+
+// openHost opens the host agent of cfg. Its VMM exits go to exits, which
+// forwards them once told where (the consumer is built after the agent).
+func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Agent, exits *exitRelay, err error) {
+	exits = &exitRelay{}
+	host, err = agent.Open(ctx, agent.Config{
+		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), QEMU: cfg.QEMU,
+		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
+		AdoptMount: true,
+		OnExit:     exits.exited,
+		Logger:     log.With("part", "agent"),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot start host agent: %w", err)
+	}
+	return host, exits, nil
+}
+
+// exitRelay is a host agent's OnExit: it forwards to the function set last
+// (none: the exit is dropped; nothing runs yet to be told).
+type exitRelay struct {
+	mu sync.Mutex
+	to func(id string, err error)
+}
+
+func (r *exitRelay) set(to func(id string, err error)) {
+	r.mu.Lock()
+	r.to = to
+	r.mu.Unlock()
+}
+
+func (r *exitRelay) exited(id string, err error) {
+	r.mu.Lock()
+	to := r.to
+	r.mu.Unlock()
+	if to != nil {
+		to(id, err)
+	}
+}
+
+// closeHost closes the host agent, or with keep, leaves its VMMs running
+// for the next start to adopt. No VMM running: nothing to keep, so the
+// store is unmounted too (paused sandboxes live on disk either way).
+func closeHost(host *agent.Agent, keep bool, log *slog.Logger) {
+	if keep && vmmsRunning(host) {
+		host.Detach()
+		log.Info("left sandboxes running for the next start to adopt")
+		return
+	}
+	if err := host.Close(); err != nil {
+		log.Error("close host agent", "err", err)
+	}
+}
+
+// bakeOnStart bakes the default template if cfg asks for it.
+func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writer) error {
+	if !cfg.BakeOnStart {
+		return nil
+	}
+	p := host.TemplateParams("", 0, 0)
+	if _, err := host.Templates().Get(ctx, p, func(m string) { fmt.Fprintln(out, "  "+m) }); err != nil {
+		return fmt.Errorf("bake default template: %w", err)
+	}
 	return nil
+}
+
+// openControlPlane opens the catalog, creates the admin key on first
+// start and builds the API over host. The caller closes the catalog.
+func openControlPlane(ctx context.Context, cfg Config, host api.Host, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+	catURL := cfg.Catalog
+	if catURL == "" {
+		catURL = filepath.Join(cfg.DataDir, "panda.db")
+	}
+	cat, err := opencatalog.Open(ctx, catURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot open catalog: %w", err)
+	}
+	if err := bootstrapAdmin(ctx, cat, cfg.DataDir, out, log); err != nil {
+		cat.Close()
+		return nil, nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := api.New(api.Config{
+		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
+		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
+		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
+	}, cat, host, reg)
+	if err != nil {
+		cat.Close()
+		return nil, nil, err
+	}
+	return srv, cat, nil
+}
+
+// serving is an HTTP server and the loops that run beside it.
+type serving struct {
+	hs      *http.Server
+	errc    chan error
+	stopBg  context.CancelFunc
+	bgDone  sync.WaitGroup
+	stopped bool
+}
+
+// startServing serves h on ln and runs each of loops until stop.
+func startServing(ln net.Listener, h http.Handler, loops ...func(context.Context) error) *serving {
+	sv := &serving{hs: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}, errc: make(chan error, 1)}
+	bg, stop := context.WithCancel(context.Background())
+	sv.stopBg = stop
+	for _, loop := range loops {
+		sv.bgDone.Add(1)
+		go func() { defer sv.bgDone.Done(); loop(bg) }()
+	}
+	go func() { sv.errc <- sv.hs.Serve(ln) }()
+	return sv
+}
+
+// wait returns nil when ctx ends, or the error that stopped serving (then
+// having stopped everything).
+func (sv *serving) wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-sv.errc:
+		sv.stop()
+		return fmt.Errorf("serve: %w", err)
+	}
+}
+
+// stop stops taking requests (those in flight get 10 s), then the loops.
+// Idempotent.
+func (sv *serving) stop() {
+	if sv.stopped {
+		return
+	}
+	sv.stopped = true
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sv.hs.Shutdown(sctx); err != nil {
+		sv.hs.Close()
+	}
+	sv.stopBg()
+	sv.bgDone.Wait()
 }
 
 // vmmsRunning reports whether any sandbox of host has a VMM process.
@@ -334,14 +472,14 @@ func bootstrapAdmin(ctx context.Context, cat catalog.Catalog, dataDir string, ou
 
 type dirLock struct{ f *os.File }
 
-func lockDataDir(dir string) (*dirLock, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "panda.lock"), os.O_RDWR|os.O_CREATE, 0o644)
+func lockDataDir(dir, name string) (*dirLock, error) {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock data directory: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("another panda server is running with data directory %s", dir)
+		return nil, fmt.Errorf("another panda server is running with data directory %s (%s is locked)", dir, name)
 	}
 	return &dirLock{f: f}, nil
 }

@@ -1,0 +1,377 @@
+package hostapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Client is a remote host agent, as api.Host. Safe for concurrent use.
+//
+// Methods of api.Host that take no context (Get, List, Memory,
+// DeleteSnapshot, template lookups) are bounded by CallTimeout. Methods
+// without an error result answer from what the client knows: Accel and
+// TemplateParams from the agent's Info (fetched by Dial, refreshed on every
+// event stream connection), List and Names nothing if the agent cannot be
+// reached (use ListSandboxes to tell). Errors that a local Host reports from
+// Guest come from the guest operation that follows, with the same classes.
+type Client struct {
+	base  string
+	token string
+	http  *http.Client
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	info Info
+}
+
+var _ api.Host = (*Client)(nil)
+
+// CallTimeout bounds the calls that api.Host gives no context.
+const CallTimeout = 30 * time.Second
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithLogger sets where the client logs what it cannot return.
+func WithLogger(log *slog.Logger) Option { return func(c *Client) { c.log = log } }
+
+// Dial returns a client of the host agent at rawURL (http://host:port) and
+// checks that it answers and accepts token.
+func Dial(rawURL, token string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("host agent url %q: want http://host:port", rawURL)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
+	tr.MaxIdleConnsPerHost = 64
+	tr.DisableCompression = true
+	c := &Client{
+		base:  strings.TrimRight(u.String(), "/") + Prefix,
+		token: token,
+		http:  &http.Client{Transport: tr},
+		log:   slog.New(slog.DiscardHandler),
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Resources(ctx); err != nil {
+		return nil, fmt.Errorf("dial host agent %s: %w", rawURL, err)
+	}
+	return c, nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() error {
+	c.http.CloseIdleConnections()
+	return nil
+}
+
+func (c *Client) setInfo(info Info) {
+	c.mu.Lock()
+	c.info = info
+	c.mu.Unlock()
+}
+
+// Info is what the agent last said about itself.
+func (c *Client) Info() Info {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.info
+}
+
+// Resources asks the agent for its machine's resources (and refreshes
+// Info).
+func (c *Client) Resources(ctx context.Context) (api.Resources, error) {
+	var info Info
+	if err := c.call(ctx, http.MethodGet, "/info", nil, nil, &info); err != nil {
+		return api.Resources{}, err
+	}
+	c.setInfo(info)
+	return info.Resources, nil
+}
+
+var _ api.ResourceReporter = (*Client)(nil)
+
+// Accel is the agent's accelerator.
+func (c *Client) Accel() vmm.Accel { return c.Info().Accel }
+
+// TemplateParams fills in the agent's defaults, like agent.TemplateParams.
+func (c *Client) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+	p := c.Info().Defaults
+	if name != "" {
+		p.Name = name
+	}
+	if memoryMiB != 0 {
+		p.MemoryMiB = memoryMiB
+	}
+	if vcpus != 0 {
+		p.VCPUs = vcpus
+	}
+	return p
+}
+
+// request builds a request to path (under Prefix).
+func (c *Client) request(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Request, error) {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	return req, nil
+}
+
+// do sends req; a reply that is not 2xx becomes the agent's error.
+func (c *Client) do(req *http.Request) (*http.Response, error) {
+	res, err := c.http.Do(req)
+	if err != nil {
+		return nil, c.transportError(req.Context(), err)
+	}
+	if res.StatusCode/100 != 2 {
+		defer res.Body.Close()
+		return nil, readError(res)
+	}
+	return res, nil
+}
+
+// transportError classifies a failure to talk to the agent: the caller's
+// context ending, or the agent being unreachable.
+func (c *Client) transportError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: %s: %v", api.ErrUnavailable, c.base, err)
+}
+
+func readError(res *http.Response) error {
+	var eb errorBody
+	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
+		return fmt.Errorf("%w: host agent answered %s: %.200s", api.ErrUnavailable, res.Status, b)
+	}
+	return eb.Error.err()
+}
+
+// call sends in (if not nil) as JSON and decodes the reply into out (if
+// not nil).
+func (c *Client) call(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := c.request(ctx, method, path, q, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, res.Body)
+		return nil
+	}
+	if err := json.NewDecoder(res.Body).Decode(out); err != nil {
+		return c.transportError(ctx, fmt.Errorf("decode %s %s: %w", method, path, err))
+	}
+	return nil
+}
+
+// callShort is call bounded by CallTimeout.
+func (c *Client) callShort(method, path string, q url.Values, in, out any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+	defer cancel()
+	return c.call(ctx, method, path, q, in, out)
+}
+
+func sandboxPath(id string, rest ...string) string {
+	return "/sandboxes/" + url.PathEscape(id) + strings.Join(rest, "")
+}
+
+// Create restores a new sandbox (req.Progress is not called: a remote
+// bake reports no progress here).
+func (c *Client) Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error) {
+	var info agent.Info
+	err := c.call(ctx, http.MethodPost, "/sandboxes", nil, createRequest{
+		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+	}, &info)
+	return info, err
+}
+
+// Kill stops a sandbox.
+func (c *Client) Kill(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodDelete, sandboxPath(id), nil, nil, nil)
+}
+
+// Get describes a sandbox.
+func (c *Client) Get(id string) (agent.Info, error) {
+	var info agent.Info
+	err := c.callShort(http.MethodGet, sandboxPath(id), nil, nil, &info)
+	return info, err
+}
+
+// ListSandboxes describes every sandbox of the agent, oldest first.
+func (c *Client) ListSandboxes(ctx context.Context) ([]agent.Info, error) {
+	var out struct {
+		Sandboxes []agent.Info `json:"sandboxes"`
+	}
+	err := c.call(ctx, http.MethodGet, "/sandboxes", nil, nil, &out)
+	return out.Sandboxes, err
+}
+
+// List is ListSandboxes, or nothing if the agent cannot be reached.
+func (c *Client) List() []agent.Info {
+	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+	defer cancel()
+	list, err := c.ListSandboxes(ctx)
+	if err != nil {
+		c.log.Warn("list sandboxes of host agent", "err", err)
+	}
+	return list
+}
+
+// Memory reports a sandbox's memory use.
+func (c *Client) Memory(id string) (agent.MemStats, error) {
+	var st agent.MemStats
+	err := c.callShort(http.MethodGet, sandboxPath(id, "/memory"), nil, nil, &st)
+	return st, err
+}
+
+// Fork forks a running sandbox into children with ids.
+func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (agent.ForkResult, error) {
+	var out forkReply
+	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, forkRequest{IDs: childIDs}, &out); err != nil {
+		return agent.ForkResult{}, err
+	}
+	res := agent.ForkResult{Capture: capture(out.Capture), Children: make([]agent.ForkChild, len(out.Children))}
+	for i, ch := range out.Children {
+		res.Children[i].Info = ch.Info
+		if ch.Error != nil {
+			res.Children[i].Err = ch.Error.err()
+		}
+	}
+	return res, nil
+}
+
+// Snapshot captures a running sandbox into snapshot snapshotID.
+func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (agent.SnapshotInfo, error) {
+	var si agent.SnapshotInfo
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, snapshotRequest{SnapshotID: snapshotID}, &si)
+	si.Capture = capture(si.Capture)
+	return si, err
+}
+
+// DeleteSnapshot deletes a snapshot.
+func (c *Client) DeleteSnapshot(snapshotID string) error {
+	return c.callShort(http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, nil, nil)
+}
+
+// Pause captures a running sandbox to disk and stops its VMM.
+func (c *Client) Pause(ctx context.Context, id string) (agent.CaptureStats, error) {
+	var st agent.CaptureStats
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/pause"), nil, nil, &st)
+	return capture(st), err
+}
+
+// Resume restores a paused sandbox.
+func (c *Client) Resume(ctx context.Context, id string) (agent.Info, error) {
+	var info agent.Info
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/resume"), nil, nil, &info)
+	return info, err
+}
+
+// Templates is the agent's template store.
+func (c *Client) Templates() api.Templates { return templates{c} }
+
+type templates struct{ c *Client }
+
+func (t templates) Lookup(p template.Params) (*template.Template, string, error) {
+	var out lookupReply
+	if err := t.c.callShort(http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
+		return nil, "", err
+	}
+	return out.Template, out.StaleReason, nil
+}
+
+func (t templates) List() ([]template.Template, error) {
+	var out struct {
+		Templates []template.Template `json:"templates"`
+	}
+	err := t.c.callShort(http.MethodGet, "/templates", nil, nil, &out)
+	return out.Templates, err
+}
+
+func (t templates) Names() []string {
+	var out struct {
+		Names []string `json:"names"`
+	}
+	if err := t.c.callShort(http.MethodGet, "/templates/names", nil, nil, &out); err != nil {
+		t.c.log.Warn("list template names of host agent", "err", err)
+	}
+	return out.Names
+}
+
+func (t templates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+	b, _ := json.Marshal(p)
+	req, err := t.c.request(ctx, http.MethodPost, "/templates/bake", nil, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	res, err := t.c.do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var ev bakeEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return nil, t.c.transportError(ctx, fmt.Errorf("bake stream: %w", err))
+		}
+		switch ev.Type {
+		case "progress":
+			if progress != nil {
+				progress(ev.Message)
+			}
+		case "done":
+			return ev.Template, nil
+		case "error":
+			if ev.Error != nil {
+				return nil, ev.Error.err()
+			}
+		}
+	}
+	return nil, t.c.transportError(ctx, errors.New("bake stream ended without a result"))
+}

@@ -1,0 +1,304 @@
+// Package hostapi is the internal HTTP/JSON API between the control plane
+// (`panda server`) and a host agent (`panda agent`): NewServer exposes one
+// agent.Agent under /host/v1, and Client implements api.Host over it, so that
+// the REST API runs the same against a remote host as against the local one.
+//
+// Every request carries `Authorization: Bearer <agent token>`. Errors travel
+// as {"error": {"code", "message"}}; the code names the error class (the
+// agent's, the template store's, a guest's *guestproto.Error, a timeout), and
+// the client rebuilds an error of that same class with the same text, so the
+// API's error classification does not know whether the host is remote.
+//
+// Streams:
+//   - exec (POST …/exec) is full duplex over one HTTP request: the request
+//     body is one JSON line (the guestproto.ExecRequest) followed by the raw
+//     bytes of stdin; the response is a sequence of frames (a type byte, a
+//     big-endian uint32 length, the payload): start {"pid"}, stdout and
+//     stderr bytes, then exit (guestproto.ExecResult) or error. The server
+//     enables full duplex (http.ResponseController.EnableFullDuplex) so
+//     that it reads stdin while it writes output; Go's client sends a
+//     streamed request body concurrently with reading the response and
+//     flushes every chunk. The same handler works unchanged over HTTP/2.
+//     Closing the connection (the client's context ending) kills the
+//     process, as cancelling guestproto's StartExec does.
+//   - read file (GET …/files) answers one JSON line (the guestproto.FileInfo)
+//     and the file's bytes; an error after the first byte arrives in the
+//     X-Panda-Error trailer, so a failed download is never a short file.
+//   - write file (PUT …/files) streams the request body into the guest.
+//   - template bake and the event stream (GET /host/v1/events) are NDJSON.
+//
+// The event stream tells the control plane what it cannot ask for: a sandbox
+// whose VMM died (the agent's OnExit) or that the agent stopped as it shut
+// down. Its first event is hello (the host's accelerator and template
+// defaults), then exit events, and a ping every PingInterval. A client
+// reconnects when the stream breaks and reconciles with List on every
+// (re)connect, since events sent while it was away are lost.
+package hostapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Prefix is the path prefix of every endpoint.
+const Prefix = "/host/v1"
+
+// PingInterval is how often the event stream sends a ping; a client that
+// hears nothing for three intervals reconnects.
+const PingInterval = 10 * time.Second
+
+// ErrUnauthorized: the agent rejected the token.
+var ErrUnauthorized = errors.New("host agent rejected the token")
+
+// Info describes a host agent: what api.Host's Accel and TemplateParams
+// answer.
+type Info struct {
+	Accel vmm.Accel `json:"accel"`
+	// Defaults are the template parameters of a request that names none
+	// (TemplateParams("", 0, 0)).
+	Defaults template.Params `json:"defaults"`
+	// Resources are the host machine's, when the info was sent.
+	Resources api.Resources `json:"resources"`
+}
+
+// Event is one line of the event stream.
+type Event struct {
+	Type string `json:"type"` // hello, exit or ping
+	Info *Info  `json:"info,omitempty"`
+	// ID, Reason and Error describe an exit: Reason is vmm_exited (the
+	// VMM died by itself) or host_shutdown (the agent stopped it as it
+	// shut down).
+	ID     string `json:"id,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+const (
+	reasonExited   = "vmm_exited"
+	reasonShutdown = "host_shutdown"
+)
+
+// wire types of requests and replies.
+type (
+	createRequest struct {
+		ID         string            `json:"id"`
+		Template   string            `json:"template,omitempty"`
+		MemoryMiB  int               `json:"memory_mib,omitempty"`
+		VCPUs      int               `json:"vcpus,omitempty"`
+		Env        map[string]string `json:"env,omitempty"`
+		SnapshotID string            `json:"snapshot_id,omitempty"`
+	}
+	forkRequest struct {
+		IDs []string `json:"ids"`
+	}
+	forkChild struct {
+		Info  agent.Info `json:"info"`
+		Error *wireError `json:"error,omitempty"`
+	}
+	forkReply struct {
+		Children []forkChild        `json:"children"`
+		Capture  agent.CaptureStats `json:"capture"`
+	}
+	snapshotRequest struct {
+		SnapshotID string `json:"snapshot_id"`
+	}
+	lookupReply struct {
+		Template    *template.Template `json:"template"`
+		StaleReason string             `json:"stale_reason,omitempty"`
+	}
+	bakeEvent struct {
+		Type     string             `json:"type"` // progress, done or error
+		Message  string             `json:"message,omitempty"`
+		Template *template.Template `json:"template,omitempty"`
+		Error    *wireError         `json:"error,omitempty"`
+	}
+	pathRequest struct {
+		Path string `json:"path"`
+	}
+	renameRequest struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	writeReply struct {
+		Written int64 `json:"written"`
+	}
+	startFrame struct {
+		PID int `json:"pid"`
+	}
+)
+
+// capture fills in CaptureStats.Paused, which travels as PausedMS.
+func capture(st agent.CaptureStats) agent.CaptureStats {
+	st.Paused = time.Duration(st.PausedMS * float64(time.Millisecond))
+	return st
+}
+
+// Error classes, in the order the API classifies them (internal/api
+// classify), so that an error matching several is sent as the class that
+// decides its HTTP status.
+var classes = []struct {
+	code   string
+	status int
+	class  error
+}{
+	{"no_space", http.StatusInsufficientStorage, agent.ErrNoSpace},
+	{"not_found", http.StatusNotFound, agent.ErrNotFound},
+	{"template_not_found", http.StatusNotFound, template.ErrNotFound},
+	{"invalid", http.StatusUnprocessableEntity, agent.ErrInvalid},
+	{"template_invalid", http.StatusUnprocessableEntity, template.ErrInvalid},
+	{"conflict", http.StatusConflict, agent.ErrConflict},
+	{"unavailable", http.StatusServiceUnavailable, api.ErrUnavailable},
+	{"timeout", http.StatusGatewayTimeout, context.DeadlineExceeded},
+	{"canceled", http.StatusServiceUnavailable, context.Canceled},
+	{"unauthorized", http.StatusUnauthorized, ErrUnauthorized},
+}
+
+// guestCodePrefix marks the code of a *guestproto.Error ("guest.not_found").
+const guestCodePrefix = "guest."
+
+type errorBody struct {
+	Error wireError `json:"error"`
+}
+
+type wireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// GuestMessage is the guest's own message of a guest error.
+	GuestMessage string `json:"guest_message,omitempty"`
+}
+
+// encodeError classifies err for the wire.
+func encodeError(err error) (int, wireError) {
+	for _, c := range classes {
+		if errors.Is(err, c.class) {
+			return c.status, wireError{Code: c.code, Message: err.Error()}
+		}
+	}
+	var ge *guestproto.Error
+	if errors.As(err, &ge) {
+		status := http.StatusUnprocessableEntity
+		switch ge.Code {
+		case guestproto.CodeNotFound:
+			status = http.StatusNotFound
+		case guestproto.CodeExists, guestproto.CodeNotEmpty:
+			status = http.StatusConflict
+		case guestproto.CodePermission:
+			status = http.StatusForbidden
+		case guestproto.CodeInternal, guestproto.CodeCanceled:
+			status = http.StatusInternalServerError
+		}
+		return status, wireError{Code: guestCodePrefix + string(ge.Code), Message: err.Error(), GuestMessage: ge.Message}
+	}
+	return http.StatusInternalServerError, wireError{Code: "internal", Message: err.Error()}
+}
+
+// remoteError is an error the agent reported: its text, and the class it
+// had there (nil for internal errors).
+type remoteError struct {
+	msg   string
+	class error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.class }
+
+// decodeError rebuilds the error the agent sent.
+func (we wireError) err() error {
+	re := &remoteError{msg: we.Message}
+	if re.msg == "" {
+		re.msg = we.Code
+	}
+	for _, c := range classes {
+		if c.code == we.Code {
+			re.class = c.class
+			return re
+		}
+	}
+	if len(we.Code) > len(guestCodePrefix) && we.Code[:len(guestCodePrefix)] == guestCodePrefix {
+		re.class = &guestproto.Error{Code: guestproto.Code(we.Code[len(guestCodePrefix):]), Message: we.GuestMessage}
+	}
+	return re
+}
+
+// Exec response frames.
+const (
+	frameStart  byte = 'S' // JSON startFrame
+	frameStdout byte = '1' // raw bytes
+	frameStderr byte = '2' // raw bytes
+	frameExit   byte = 'X' // JSON guestproto.ExecResult; last
+	frameError  byte = 'E' // JSON wireError; last
+)
+
+// maxFrame bounds one frame's payload.
+const maxFrame = 1 << 20
+
+func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			return 0, nil, io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > maxFrame {
+		return 0, nil, fmt.Errorf("exec frame of %d bytes exceeds %d", n, maxFrame)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, err
+	}
+	return hdr[0], buf, nil
+}
+
+func appendFrame(dst []byte, typ byte, payload []byte) []byte {
+	dst = append(dst, typ, 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(dst[len(dst)-4:], uint32(len(payload)))
+	return append(dst, payload...)
+}
+
+func jsonFrame(typ byte, v any) []byte {
+	b, _ := json.Marshal(v)
+	return appendFrame(nil, typ, b)
+}
+
+// srcReader remembers the failure (not EOF) of the reader it wraps, to tell
+// a failed source from a failed destination after io.Copy, or an upload's
+// source from the transport.
+type srcReader struct {
+	r   io.Reader
+	err error
+}
+
+func (s *srcReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		s.err = err
+	}
+	return n, err
+}
+
+// readJSONLine decodes the JSON line that begins a stream.
+func readJSONLine(r *bufio.Reader, v any) error {
+	line, err := r.ReadSlice('\n')
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(line, v)
+}

@@ -1,0 +1,837 @@
+package hostapi_test
+
+// The tests run one real host agent (QEMU under TCG, the tiny template at
+// 256 MiB) behind hostapi.NewServer on an httptest server, and drive it
+// through hostapi.Client, comparing with the same agent used locally
+// (api.Local) where the two must agree.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	stdlog "log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/template"
+	"golang.org/x/sys/unix"
+)
+
+const testToken = "test-token-0123456789"
+
+var (
+	host     *agent.Agent
+	local    api.Host // the same agent, as panda up uses it
+	client   *hostapi.Client
+	hsrv     *hostapi.Server
+	hs       *httptest.Server
+	connects atomic.Int32 // Watcher.Connected calls
+)
+
+type exit struct {
+	id  string
+	err error
+}
+
+// exits receives Watcher.Exited calls (tests do not run in parallel).
+var exits = make(chan exit, 64)
+
+// waitExit waits for the exit of sandbox id, dropping others'.
+func waitExit(t *testing.T, id string) error {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-exits:
+			if e.id == id {
+				return e.err
+			}
+		case <-timeout:
+			t.Fatalf("no exit event for %s within 30 s", id)
+		}
+	}
+}
+
+func testImages() string {
+	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
+		return d
+	}
+	return "/var/lib/pandastack/images"
+}
+
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+// panicWatch passes the HTTP server's log on to stderr and notes a panic.
+type panicWatch struct{ seen atomic.Bool }
+
+func (p *panicWatch) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("panic")) {
+		p.seen.Store(true)
+	}
+	return os.Stderr.Write(b)
+}
+
+func runMain(m *testing.M) (code int) {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "ph") // short: unix socket paths under it
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	host, err = agent.Open(ctx, agent.Config{
+		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
+		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
+		OnExit: func(id string, err error) { hsrv.SandboxExited(id, err) },
+		Logger: log,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open host agent:", err)
+		return 1
+	}
+	defer host.Close() // kills what a failed test left running, unmounts the store
+	local = api.Local(host)
+	hsrv = hostapi.NewServer(host, testToken, log)
+	// The HTTP server's own log: a handler panic (net/http recovers it)
+	// fails the run.
+	var watch panicWatch
+	hs = httptest.NewUnstartedServer(hsrv)
+	hs.Config.ErrorLog = stdlog.New(&watch, "http server: ", 0)
+	hs.Start()
+	defer hs.Close()
+	defer func() {
+		if watch.seen.Load() {
+			fmt.Fprintln(os.Stderr, "FAIL: the HTTP server logged a panic (above)")
+			code = 1
+		}
+	}()
+	defer hsrv.Close() // before hs.Close: event streams end
+	if _, err := host.Templates().Get(ctx, host.TemplateParams("tiny", 256, 1), nil); err != nil {
+		fmt.Fprintln(os.Stderr, "bake:", err)
+		return 1
+	}
+	client, err = hostapi.Dial(hs.URL, testToken, hostapi.WithLogger(log))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dial:", err)
+		return 1
+	}
+	defer client.Close()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		client.Watch(watchCtx, hostapi.Watcher{
+			Connected: func(context.Context) error { connects.Add(1); return nil },
+			Exited:    func(id string, err error) { exits <- exit{id, err} },
+		})
+	}()
+	defer func() { stopWatch(); <-watchDone }()
+	if !waitFor(30*time.Second, func() bool { return connects.Load() > 0 }) {
+		fmt.Fprintln(os.Stderr, "the event stream never connected")
+		return 1
+	}
+	return m.Run()
+}
+
+// waitFor polls cond every 10 ms until it holds or timeout passes.
+func waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// create makes a sandbox through the client, killed when the test ends.
+func create(t *testing.T, h api.Host) agent.Info {
+	t.Helper()
+	info, err := h.Create(ctxT(t), agent.CreateRequest{})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { host.Kill(context.Background(), info.ID) })
+	return info
+}
+
+type execOut struct {
+	stdout, stderr string
+	res            guestproto.ExecResult
+}
+
+// run executes a shell command through h, with stdin if not nil.
+func run(t *testing.T, h api.Host, id, cmd string, stdin io.Reader) execOut {
+	t.Helper()
+	g, err := h.Guest(id)
+	if err != nil {
+		t.Fatalf("guest %s: %v", id, err)
+	}
+	p, err := g.StartExec(ctxT(t), guestproto.ExecRequest{Shell: cmd, Stdin: stdin != nil})
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	if stdin != nil {
+		go func() { io.Copy(p.Stdin(), stdin); p.Stdin().Close() }()
+	}
+	var out, errOut bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); io.Copy(&out, p.Stdout()) }()
+	go func() { defer wg.Done(); io.Copy(&errOut, p.Stderr()) }()
+	wg.Wait()
+	res, err := p.Wait()
+	if err != nil {
+		t.Fatalf("exec %q: wait: %v", cmd, err)
+	}
+	return execOut{out.String(), errOut.String(), res}
+}
+
+func mustRun(t *testing.T, h api.Host, id, cmd string) string {
+	t.Helper()
+	r := run(t, h, id, cmd, nil)
+	if r.res.ExitCode != 0 {
+		t.Fatalf("exec %q: exit %d, stderr %q", cmd, r.res.ExitCode, r.stderr)
+	}
+	return r.stdout
+}
+
+func TestLifecycle(t *testing.T) {
+	ctx := ctxT(t)
+	info := create(t, client)
+	if info.State != agent.StateRunning || info.PID == 0 {
+		t.Fatalf("create: got state %s pid %d, want running with a VMM", info.State, info.PID)
+	}
+	got, err := client.Get(info.ID)
+	if err != nil || got.ID != info.ID || got.State != agent.StateRunning {
+		t.Fatalf("get: got %+v, %v", got, err)
+	}
+	list, err := client.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !containsID(list, info.ID) || !containsID(client.List(), info.ID) {
+		t.Errorf("list does not have %s", info.ID)
+	}
+	if m, err := client.Memory(info.ID); err != nil || m.RSSBytes == 0 {
+		t.Errorf("memory: got %+v, %v; want RSS > 0", m, err)
+	}
+	if got, want := client.Accel(), host.Accel(); got != want {
+		t.Errorf("accel: got %s, want %s", got, want)
+	}
+	if got, want := client.TemplateParams("", 0, 0), host.TemplateParams("", 0, 0); got != want {
+		t.Errorf("template params: got %+v, want %+v", got, want)
+	}
+	if got, want := client.TemplateParams("base", 512, 2), host.TemplateParams("base", 512, 2); got != want {
+		t.Errorf("template params: got %+v, want %+v", got, want)
+	}
+	if err := client.Kill(ctx, info.ID); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	if _, err := client.Get(info.ID); !errors.Is(err, agent.ErrNotFound) {
+		t.Errorf("get after kill: got %v, want agent.ErrNotFound", err)
+	}
+	if err := client.Kill(ctx, info.ID); !errors.Is(err, agent.ErrNotFound) {
+		t.Errorf("kill twice: got %v, want agent.ErrNotFound", err)
+	}
+}
+
+func containsID(list []agent.Info, id string) bool {
+	for _, i := range list {
+		if i.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestExec(t *testing.T) {
+	sb := create(t, client)
+	t.Run("output and exit code", func(t *testing.T) {
+		r := run(t, client, sb.ID, "echo out; echo err >&2; exit 3", nil)
+		if r.stdout != "out\n" || r.stderr != "err\n" || r.res.ExitCode != 3 {
+			t.Errorf("got stdout %q stderr %q exit %d; want out, err, 3", r.stdout, r.stderr, r.res.ExitCode)
+		}
+	})
+	t.Run("stdin", func(t *testing.T) {
+		data := make([]byte, 3<<20)
+		rand.Read(data)
+		sum := sha256.Sum256(data)
+		r := run(t, client, sb.ID, "sha256sum", bytes.NewReader(data))
+		if got, want := strings.Fields(r.stdout + " ")[0], hex.EncodeToString(sum[:]); got != want {
+			t.Errorf("sha256 of 3 MiB of stdin in the guest: got %s, want %s", got, want)
+		}
+	})
+	t.Run("large output", func(t *testing.T) {
+		r := run(t, client, sb.ID, "head -c 4194304 /dev/urandom > /tmp/big; cat /tmp/big; sha256sum /tmp/big >&2", nil)
+		sum := sha256.Sum256([]byte(r.stdout))
+		if len(r.stdout) != 4<<20 || !strings.HasPrefix(r.stderr, hex.EncodeToString(sum[:])) {
+			t.Errorf("got %d bytes hashing to %x, guest says %q; want 4 MiB and the same hash", len(r.stdout), sum, r.stderr)
+		}
+	})
+	t.Run("full duplex", func(t *testing.T) {
+		// An answer to each line before stdin is closed: stdin and
+		// output stream at once.
+		g, _ := client.Guest(sb.ID)
+		p, err := g.StartExec(ctxT(t), guestproto.ExecRequest{Shell: "while read l; do echo got $l; done", Stdin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, p.Stderr())
+		buf := make([]byte, 64)
+		for i := range 3 {
+			fmt.Fprintf(p.Stdin(), "line%d\n", i)
+			n, err := io.ReadAtLeast(p.Stdout(), buf, len("got lineN\n"))
+			if want := fmt.Sprintf("got line%d\n", i); err != nil || string(buf[:n]) != want {
+				t.Fatalf("answer %d with stdin open: got %q, %v; want %q", i, buf[:n], err, want)
+			}
+		}
+		p.Stdin().Close()
+		io.Copy(io.Discard, p.Stdout())
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+			t.Errorf("wait: got %+v, %v; want exit 0", res, err)
+		}
+	})
+	t.Run("exit with stdin open", func(t *testing.T) {
+		g, _ := client.Guest(sb.ID)
+		p, err := g.StartExec(ctxT(t), guestproto.ExecRequest{Shell: "exit 7", Stdin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, p.Stdout())
+		io.Copy(io.Discard, p.Stderr())
+		if res, err := p.Wait(); err != nil || res.ExitCode != 7 {
+			t.Errorf("wait: got %+v, %v; want exit 7", res, err)
+		}
+		// Writes after the end fail rather than block.
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Stdin().Write(make([]byte, 1<<20))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("stdin write after exit: got no error")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("stdin write after exit blocked")
+		}
+	})
+	t.Run("cancel kills", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		g, _ := client.Guest(sb.ID)
+		p, err := g.StartExec(ctx, guestproto.ExecRequest{Shell: "echo $$ > /tmp/sleeper.pid; exec sleep 600"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, p.Stdout())
+		go io.Copy(io.Discard, p.Stderr())
+		var pid string
+		if !waitFor(30*time.Second, func() bool {
+			pid = strings.TrimSpace(run(t, local, sb.ID, "cat /tmp/sleeper.pid 2>/dev/null", nil).stdout)
+			return pid != ""
+		}) {
+			t.Fatal("the command never started")
+		}
+		cancel()
+		if _, err := p.Wait(); err == nil {
+			t.Errorf("wait after cancel: got no error")
+		}
+		if !waitFor(30*time.Second, func() bool {
+			return run(t, local, sb.ID, "kill -0 "+pid, nil).res.ExitCode != 0
+		}) {
+			t.Errorf("process %s still runs 30 s after its exec was cancelled", pid)
+		}
+	})
+}
+
+func TestFiles(t *testing.T) {
+	ctx := ctxT(t)
+	sb := create(t, client)
+	g, _ := client.Guest(sb.ID)
+	data := make([]byte, 5<<20+123)
+	rand.Read(data)
+	want := sha256.Sum256(data)
+	n, err := g.WriteFile(ctx, "/root/d/blob", bytes.NewReader(data), 0o640)
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("write: got %d, %v; want %d", n, err, len(data))
+	}
+	rc, fi, err := g.ReadFile(ctx, "/root/d/blob")
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, rc)
+	rc.Close()
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if got := h.Sum(nil); !bytes.Equal(got, want[:]) || fi.Size != int64(len(data)) || fi.Mode&0o777 != 0o640 {
+		t.Errorf("read back: sha256 %x size %d mode %o; want %x, %d, 640", got, fi.Size, fi.Mode&0o777, want, len(data))
+	}
+	if got := mustRun(t, client, sb.ID, "sha256sum /root/d/blob"); !strings.HasPrefix(got, hex.EncodeToString(want[:])) {
+		t.Errorf("sha256sum in the guest: got %q, want %x", got, want)
+	}
+	if err := g.Mkdir(ctx, "/root/d/sub"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Rename(ctx, "/root/d/blob", "/root/d/sub/moved"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := g.Stat(ctx, "/root/d/sub/moved")
+	if err != nil || st.Size != int64(len(data)) {
+		t.Errorf("stat: got %+v, %v", st, err)
+	}
+	list, err := g.ListDir(ctx, "/root/d")
+	if err != nil || len(list) != 1 || list[0].Name != "sub" || !list[0].IsDir {
+		t.Errorf("list /root/d: got %+v, %v; want [sub/]", list, err)
+	}
+	if err := g.Remove(ctx, "/root/d", false); !errors.Is(err, guestproto.ErrNotEmpty) {
+		t.Errorf("remove a non-empty dir: got %v, want guestproto.ErrNotEmpty", err)
+	}
+	if err := g.Remove(ctx, "/root/d", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Stat(ctx, "/root/d"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("stat after remove: got %v, want fs.ErrNotExist", err)
+	}
+	// A download closed early aborts it; the sandbox carries on.
+	mustRun(t, client, sb.ID, "head -c 8388608 /dev/zero > /tmp/zero")
+	rc, _, err = g.ReadFile(ctx, "/tmp/zero")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadFull(rc, make([]byte, 4096))
+	rc.Close()
+	if got := mustRun(t, client, sb.ID, "echo alive"); got != "alive\n" {
+		t.Errorf("after an aborted download: got %q", got)
+	}
+	// An upload whose source fails stores nothing and says why.
+	boom := errors.New("source broke")
+	_, err = g.WriteFile(ctx, "/root/partial", io.MultiReader(bytes.NewReader(data[:1<<20]), errReader{boom}), 0o644)
+	if !errors.Is(err, boom) {
+		t.Errorf("upload with a failing source: got %v, want the source's error", err)
+	}
+	if _, err := g.Stat(ctx, "/root/partial"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("stat after a failed upload: got %v, want fs.ErrNotExist", err)
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// TestErrorsMatchLocal runs failing operations on the agent locally and
+// through the client: the errors must have the same text and the same
+// classes (what internal/api's classify looks at).
+func TestErrorsMatchLocal(t *testing.T) {
+	sb := create(t, client)
+	paused := create(t, client)
+	if _, err := client.Pause(ctxT(t), paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	classes := []error{
+		agent.ErrNotFound, agent.ErrConflict, agent.ErrInvalid, agent.ErrNoSpace,
+		template.ErrNotFound, template.ErrInvalid, context.DeadlineExceeded,
+		guestproto.ErrNotFound, guestproto.ErrExists, guestproto.ErrNotDir, guestproto.ErrIsDir,
+		guestproto.ErrNotEmpty, guestproto.ErrPermission, guestproto.ErrInvalid, guestproto.ErrTimeout,
+	}
+	guestOp := func(id string, op func(g api.Guest) error) func(h api.Host) error {
+		return func(h api.Host) error {
+			g, err := h.Guest(id)
+			if err != nil {
+				return err
+			}
+			return op(g)
+		}
+	}
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		op   func(h api.Host) error
+		want error
+	}{
+		{"get unknown", func(h api.Host) error { _, err := h.Get("nosuchsandbox"); return err }, agent.ErrNotFound},
+		{"kill unknown", func(h api.Host) error { return h.Kill(ctx, "nosuchsandbox") }, agent.ErrNotFound},
+		{"memory unknown", func(h api.Host) error { _, err := h.Memory("nosuchsandbox"); return err }, agent.ErrNotFound},
+		{"create bad id", func(h api.Host) error {
+			_, err := h.Create(ctx, agent.CreateRequest{ID: "Bad-ID"})
+			return err
+		}, agent.ErrInvalid},
+		{"create unknown template", func(h api.Host) error {
+			_, err := h.Create(ctx, agent.CreateRequest{Template: "nosuchtemplate"})
+			return err
+		}, agent.ErrNotFound},
+		{"create too little memory", func(h api.Host) error {
+			_, err := h.Create(ctx, agent.CreateRequest{MemoryMiB: 1})
+			return err
+		}, agent.ErrInvalid},
+		{"create unknown snapshot", func(h api.Host) error {
+			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: "nosuchsnapshot"})
+			return err
+		}, agent.ErrNotFound},
+		{"lookup unknown template", func(h api.Host) error {
+			_, _, err := h.Templates().Lookup(template.Params{Name: "nosuchtemplate", MemoryMiB: 256, VCPUs: 1})
+			return err
+		}, template.ErrNotFound},
+		{"bake invalid", func(h api.Host) error {
+			_, err := h.Templates().Bake(ctx, template.Params{Name: "tiny", MemoryMiB: 1, VCPUs: 1}, nil)
+			return err
+		}, template.ErrInvalid},
+		{"fork no children", func(h api.Host) error { _, err := h.Fork(ctx, sb.ID, nil); return err }, agent.ErrInvalid},
+		{"fork paused", func(h api.Host) error { _, err := h.Fork(ctx, paused.ID, []string{"child1"}); return err }, agent.ErrConflict},
+		{"pause paused", func(h api.Host) error { _, err := h.Pause(ctx, paused.ID); return err }, agent.ErrConflict},
+		{"resume running", func(h api.Host) error { _, err := h.Resume(ctx, sb.ID); return err }, agent.ErrConflict},
+		{"snapshot bad id", func(h api.Host) error { _, err := h.Snapshot(ctx, sb.ID, "Bad-ID"); return err }, agent.ErrInvalid},
+		{"delete unknown snapshot", func(h api.Host) error { return h.DeleteSnapshot("nosuchsnapshot") }, agent.ErrNotFound},
+		{"exec in paused", guestOp(paused.ID, func(g api.Guest) error {
+			_, err := g.StartExec(ctx, guestproto.ExecRequest{Shell: "true"})
+			return err
+		}), agent.ErrConflict},
+		{"stat in unknown", guestOp("nosuchsandbox", func(g api.Guest) error { _, err := g.Stat(ctx, "/"); return err }), agent.ErrNotFound},
+		{"exec missing program", guestOp(sb.ID, func(g api.Guest) error {
+			_, err := g.StartExec(ctx, guestproto.ExecRequest{Argv: []string{"/no/such/program"}})
+			return err
+		}), guestproto.ErrNotFound},
+		{"exec invalid", guestOp(sb.ID, func(g api.Guest) error {
+			_, err := g.StartExec(ctx, guestproto.ExecRequest{})
+			return err
+		}), guestproto.ErrInvalid},
+		{"stat missing", guestOp(sb.ID, func(g api.Guest) error { _, err := g.Stat(ctx, "/no/such/file"); return err }), guestproto.ErrNotFound},
+		{"read a directory", guestOp(sb.ID, func(g api.Guest) error {
+			rc, _, err := g.ReadFile(ctx, "/etc")
+			if err == nil {
+				rc.Close()
+			}
+			return err
+		}), guestproto.ErrIsDir},
+		{"list a file", guestOp(sb.ID, func(g api.Guest) error { _, err := g.ListDir(ctx, "/etc/passwd"); return err }), guestproto.ErrNotDir},
+		{"mkdir relative", guestOp(sb.ID, func(g api.Guest) error { return g.Mkdir(ctx, "relative") }), guestproto.ErrInvalid},
+		{"write over a directory", guestOp(sb.ID, func(g api.Guest) error {
+			_, err := g.WriteFile(ctx, "/etc", strings.NewReader("x"), 0o644)
+			return err
+		}), guestproto.ErrIsDir},
+		{"rename missing", guestOp(sb.ID, func(g api.Guest) error { return g.Rename(ctx, "/no/such", "/tmp/x") }), guestproto.ErrNotFound},
+		{"remove missing", guestOp(sb.ID, func(g api.Guest) error { return g.Remove(ctx, "/no/such", false) }), guestproto.ErrNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lerr, rerr := tc.op(local), tc.op(client)
+			if lerr == nil || rerr == nil {
+				t.Fatalf("got local %v, remote %v; want errors", lerr, rerr)
+			}
+			if !errors.Is(rerr, tc.want) {
+				t.Errorf("remote error %q is not %v", rerr, tc.want)
+			}
+			if lerr.Error() != rerr.Error() {
+				t.Errorf("error text: local %q, remote %q", lerr, rerr)
+			}
+			for _, c := range classes {
+				if errors.Is(lerr, c) != errors.Is(rerr, c) {
+					t.Errorf("errors.Is(_, %v): local %v, remote %v (%q)", c, errors.Is(lerr, c), errors.Is(rerr, c), rerr)
+				}
+			}
+			var lge, rge *guestproto.Error
+			if errors.As(lerr, &lge) != errors.As(rerr, &rge) || (lge != nil && *lge != *rge) {
+				t.Errorf("guest error: local %+v, remote %+v", lge, rge)
+			}
+		})
+	}
+}
+
+func TestForkSnapshotPauseResume(t *testing.T) {
+	ctx := ctxT(t)
+	parent := create(t, client)
+	mustRun(t, client, parent.ID, "echo from-parent > /root/mark")
+	ids := []string{agent.NewID(), agent.NewID()}
+	for _, id := range ids {
+		t.Cleanup(func() { host.Kill(context.Background(), id) })
+	}
+	res, err := client.Fork(ctx, parent.ID, ids)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if len(res.Children) != 2 || res.Capture.Paused <= 0 || res.Capture.PausedMS <= 0 {
+		t.Fatalf("fork: got %d children, paused %v (%v ms); want 2 and a pause", len(res.Children), res.Capture.Paused, res.Capture.PausedMS)
+	}
+	for i, c := range res.Children {
+		if c.Err != nil || c.Info.ID != ids[i] || c.Info.ParentID != parent.ID {
+			t.Fatalf("child %d: got %+v, %v", i, c.Info, c.Err)
+		}
+		if got := mustRun(t, client, c.Info.ID, "cat /root/mark"); got != "from-parent\n" {
+			t.Errorf("child %s sees %q, want the parent's file", c.Info.ID, got)
+		}
+	}
+	// A child that cannot start is reported in its slot.
+	dup, err := client.Fork(ctx, parent.ID, []string{ids[0]})
+	if err != nil || len(dup.Children) != 1 || !errors.Is(dup.Children[0].Err, agent.ErrConflict) {
+		t.Errorf("fork into a used id: got %+v, %v; want the child's error agent.ErrConflict", dup, err)
+	}
+
+	snapID := agent.NewID()
+	si, err := client.Snapshot(ctx, parent.ID, snapID)
+	if err != nil || si.ID != snapID || si.SandboxID != parent.ID || si.SizeBytes <= 0 {
+		t.Fatalf("snapshot: got %+v, %v", si, err)
+	}
+	t.Cleanup(func() { host.DeleteSnapshot(snapID) })
+	restored, err := client.Create(ctx, agent.CreateRequest{SnapshotID: snapID})
+	if err != nil {
+		t.Fatalf("create from snapshot: %v", err)
+	}
+	t.Cleanup(func() { host.Kill(context.Background(), restored.ID) })
+	if restored.Snapshot != snapID {
+		t.Errorf("created from snapshot: got snapshot_id %q, want %q", restored.Snapshot, snapID)
+	}
+	if got := mustRun(t, client, restored.ID, "cat /root/mark"); got != "from-parent\n" {
+		t.Errorf("sandbox from the snapshot sees %q", got)
+	}
+	if err := client.DeleteSnapshot(snapID); err != nil {
+		t.Errorf("delete snapshot: %v", err)
+	}
+
+	st, err := client.Pause(ctx, parent.ID)
+	if err != nil || st.Paused <= 0 {
+		t.Fatalf("pause: got %+v, %v", st, err)
+	}
+	if info, _ := client.Get(parent.ID); info.State != agent.StatePaused {
+		t.Errorf("after pause: state %s", info.State)
+	}
+	info, err := client.Resume(ctx, parent.ID)
+	if err != nil || info.State != agent.StateRunning {
+		t.Fatalf("resume: got %+v, %v", info, err)
+	}
+	if got := mustRun(t, client, parent.ID, "cat /root/mark"); got != "from-parent\n" {
+		t.Errorf("after resume: got %q", got)
+	}
+}
+
+func TestTemplates(t *testing.T) {
+	lt, err := host.Templates().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := client.Templates().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lt) == 0 || len(lt) != len(rt) || lt[0].Key() != rt[0].Key() || !lt[0].BakedAt.Equal(rt[0].BakedAt) {
+		t.Errorf("list: local %+v, remote %+v", lt, rt)
+	}
+	if got, want := strings.Join(client.Templates().Names(), ","), strings.Join(host.Templates().Names(), ","); got != want || got == "" {
+		t.Errorf("names: got %q, want %q", got, want)
+	}
+	p := host.TemplateParams("tiny", 256, 1)
+	ltm, lr, lerr := host.Templates().Lookup(p)
+	rtm, rr, rerr := client.Templates().Lookup(p)
+	if lerr != nil || rerr != nil || lr != rr || ltm == nil || rtm == nil || ltm.Dir != rtm.Dir || ltm.Inputs["rootfs"] != rtm.Inputs["rootfs"] {
+		t.Errorf("lookup: local %+v %q %v, remote %+v %q %v", ltm, lr, lerr, rtm, rr, rerr)
+	}
+	if testing.Short() {
+		t.Skip("bake: skipped with -short")
+	}
+	var progress []string
+	bp := template.Params{Name: "tiny", MemoryMiB: 128, VCPUs: 1}
+	tm, err := client.Templates().Bake(ctxT(t), bp, func(m string) { progress = append(progress, m) })
+	if err != nil {
+		t.Fatalf("bake: %v", err)
+	}
+	if tm.Key() != bp.Key() || len(progress) == 0 {
+		t.Errorf("bake: got %s with progress %q; want %s and progress lines", tm.Key(), progress, bp.Key())
+	}
+	if _, reason, err := client.Templates().Lookup(bp); err != nil || reason != "" {
+		t.Errorf("lookup after bake: stale %q, %v; want fresh", reason, err)
+	}
+}
+
+// TestVMMExit: a VMM killed behind the agent's back reaches the client's
+// Watcher as an exit of that sandbox.
+func TestVMMExit(t *testing.T) {
+	sb := create(t, client)
+	if err := unix.Kill(sb.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitExit(t, sb.ID); errors.Is(err, api.ErrHostShutdown) {
+		t.Errorf("exit cause %v: not a host shutdown", err)
+	}
+	if _, err := client.Get(sb.ID); !errors.Is(err, agent.ErrNotFound) {
+		t.Errorf("get after the VMM died: got %v, want agent.ErrNotFound", err)
+	}
+}
+
+// TestWatchReconnects: when the stream breaks the client reconnects and
+// calls Connected again.
+func TestWatchReconnects(t *testing.T) {
+	before := connects.Load()
+	hs.CloseClientConnections()
+	if !waitFor(30*time.Second, func() bool { return connects.Load() > before }) {
+		t.Fatalf("Connected not called again within 30 s of the stream breaking")
+	}
+	// Events flow on the new stream.
+	sb := create(t, client)
+	unix.Kill(sb.PID, unix.SIGKILL)
+	waitExit(t, sb.ID)
+}
+
+func TestAuth(t *testing.T) {
+	if _, err := hostapi.Dial(hs.URL, "wrong-token"); !errors.Is(err, hostapi.ErrUnauthorized) {
+		t.Errorf("dial with a wrong token: got %v, want hostapi.ErrUnauthorized", err)
+	}
+	for _, h := range []string{"", "Bearer ", "Bearer wrong", "Basic " + testToken, testToken} {
+		req, _ := http.NewRequest(http.MethodGet, hs.URL+hostapi.Prefix+"/sandboxes", nil)
+		if h != "" {
+			req.Header.Set("Authorization", h)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `"code":"unauthorized"`) {
+			t.Errorf("Authorization %q: got %d %s, want 401 unauthorized", h, res.StatusCode, body)
+		}
+	}
+	res, err := http.Get(hs.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("GET /healthz without a token: got %d, want 200", res.StatusCode)
+	}
+	if _, err := hostapi.Dial("http://127.0.0.1:1", testToken); !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("dial nothing: got %v, want api.ErrUnavailable", err)
+	}
+}
+
+// TestShutdown: a server that shuts down refuses new requests, still
+// sends exit events until Close, and then ends its streams.
+func TestShutdown(t *testing.T) {
+	s2 := hostapi.NewServer(host, testToken, nil)
+	hs2 := httptest.NewServer(s2)
+	defer hs2.Close()
+	defer s2.Close()
+	c2, err := hostapi.Dial(hs2.URL, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	got := make(chan error, 1)
+	connected := make(chan struct{}, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		c2.Watch(ctx, hostapi.Watcher{
+			Connected: func(context.Context) error { connected <- struct{}{}; return nil },
+			Exited:    func(id string, err error) { got <- err },
+		})
+	}()
+	defer func() { cancel(); <-watchDone }()
+	select {
+	case <-connected:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not connected")
+	}
+	if err := s2.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.ListSandboxes(context.Background()); !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("request after Shutdown: got %v, want api.ErrUnavailable", err)
+	}
+	s2.SandboxExited("somesandbox", api.ErrHostShutdown)
+	select {
+	case err := <-got:
+		if !errors.Is(err, api.ErrHostShutdown) {
+			t.Errorf("exit cause: got %v, want api.ErrHostShutdown", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit event after Shutdown")
+	}
+	s2.Close()
+	// The stream ends; reconnecting is refused.
+	req, _ := http.NewRequest(http.MethodGet, hs2.URL+hostapi.Prefix+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("events after Close: got %d, want 503", res.StatusCode)
+	}
+}
+
+func TestToken(t *testing.T) {
+	path := t.TempDir() + "/agent.token"
+	tok, created, err := hostapi.LoadOrCreateToken(path)
+	if err != nil || !created || len(tok) < 32 {
+		t.Fatalf("first start: got %q, created %v, %v; want a new random token", tok, created, err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("token file: %v, %v; want mode 600", st, err)
+	}
+	again, created, err := hostapi.LoadOrCreateToken(path)
+	if err != nil || created || again != tok {
+		t.Errorf("second start: got %q, created %v, %v; want %q again", again, created, err, tok)
+	}
+	if got, err := hostapi.ReadToken(path); err != nil || got != tok {
+		t.Errorf("read: got %q, %v; want %q", got, err, tok)
+	}
+	os.WriteFile(path, []byte(" \n"), 0o600)
+	if _, _, err := hostapi.LoadOrCreateToken(path); err == nil {
+		t.Errorf("empty token file: got no error")
+	}
+	if _, err := hostapi.ReadToken(path + ".missing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing token file: got %v, want fs.ErrNotExist", err)
+	}
+}
+
+// TestDownloadCutShort: a download whose guest dies midway ends with an
+// error, never with a short file and EOF.
+func TestDownloadCutShort(t *testing.T) {
+	ctx := ctxT(t)
+	sb := create(t, client)
+	mustRun(t, client, sb.ID, "head -c 16777216 /dev/zero > /tmp/big")
+	g, _ := client.Guest(sb.ID)
+	rc, fi, err := g.ReadFile(ctx, "/tmp/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, err := io.ReadFull(rc, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	unix.Kill(sb.PID, unix.SIGKILL)
+	n, err := io.Copy(io.Discard, rc)
+	t.Logf("download cut short after %d more bytes: %v", n, err)
+	if err == nil {
+		t.Errorf("download of a sandbox killed midway: got %d of %d more bytes and no error", n, fi.Size-1<<20)
+	}
+	waitExit(t, sb.ID)
+}

@@ -1,0 +1,575 @@
+package hostapi
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// Server serves one host agent's API. Create it with NewServer, wire
+// SandboxExited into agent.Config.OnExit, serve it as an http.Handler; at
+// shutdown call Shutdown, then Close.
+type Server struct {
+	a       *agent.Agent
+	token   [sha256.Size]byte
+	log     *slog.Logger
+	handler http.Handler
+
+	mu       sync.Mutex
+	subs     map[chan Event]struct{}
+	active   int           // requests in flight, event streams excepted
+	idle     chan struct{} // closed when active drops to 0 while draining
+	draining bool
+	closed   chan struct{} // closed by Close: event streams end
+}
+
+// NewServer returns the API of a (serving requests only with the given
+// token). It starts no goroutines.
+func NewServer(a *agent.Agent, token string, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{a: a, token: sha256.Sum256([]byte(token)), log: log, subs: map[chan Event]struct{}{}, closed: make(chan struct{})}
+	s.handler = s.routes()
+	return s
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+func (s *Server) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(api.Recoverer(s.log, func(w http.ResponseWriter, r *http.Request, err error) { writeError(w, err) }))
+	// Liveness, for supervisors: no token, no information.
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.With(s.authenticate).Get(Prefix+"/events", s.events)
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate, s.track)
+		r.Get(Prefix+"/info", s.json(func(r *http.Request) (any, error) { return s.info(), nil }))
+		r.Get(Prefix+"/sandboxes", s.json(func(r *http.Request) (any, error) {
+			return map[string]any{"sandboxes": s.a.List()}, nil
+		}))
+		r.Post(Prefix+"/sandboxes", s.json(s.create))
+		r.Get(Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) { return s.a.Get(chi.URLParam(r, "id")) }))
+		r.Delete(Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) {
+			return nil, s.a.Kill(r.Context(), chi.URLParam(r, "id"))
+		}))
+		r.Get(Prefix+"/sandboxes/{id}/memory", s.json(func(r *http.Request) (any, error) { return s.a.Memory(chi.URLParam(r, "id")) }))
+		r.Post(Prefix+"/sandboxes/{id}/fork", s.json(s.fork))
+		r.Post(Prefix+"/sandboxes/{id}/snapshot", s.json(func(r *http.Request) (any, error) {
+			var req snapshotRequest
+			if err := decode(r, &req); err != nil {
+				return nil, err
+			}
+			return s.a.Snapshot(r.Context(), chi.URLParam(r, "id"), req.SnapshotID)
+		}))
+		r.Delete(Prefix+"/snapshots/{snapID}", s.json(func(r *http.Request) (any, error) {
+			return nil, s.a.DeleteSnapshot(chi.URLParam(r, "snapID"))
+		}))
+		r.Post(Prefix+"/sandboxes/{id}/pause", s.json(func(r *http.Request) (any, error) { return s.a.Pause(r.Context(), chi.URLParam(r, "id")) }))
+		r.Post(Prefix+"/sandboxes/{id}/resume", s.json(func(r *http.Request) (any, error) { return s.a.Resume(r.Context(), chi.URLParam(r, "id")) }))
+
+		r.Get(Prefix+"/templates", s.json(func(r *http.Request) (any, error) {
+			list, err := s.a.Templates().List()
+			return map[string]any{"templates": list}, err
+		}))
+		r.Get(Prefix+"/templates/names", s.json(func(r *http.Request) (any, error) {
+			return map[string]any{"names": s.a.Templates().Names()}, nil
+		}))
+		r.Post(Prefix+"/templates/lookup", s.json(func(r *http.Request) (any, error) {
+			var p template.Params
+			if err := decode(r, &p); err != nil {
+				return nil, err
+			}
+			t, reason, err := s.a.Templates().Lookup(p)
+			return lookupReply{Template: t, StaleReason: reason}, err
+		}))
+		r.Post(Prefix+"/templates/bake", s.bake)
+
+		r.Post(Prefix+"/sandboxes/{id}/exec", s.exec)
+		r.Get(Prefix+"/sandboxes/{id}/files", s.readFile)
+		r.Put(Prefix+"/sandboxes/{id}/files", s.writeFile)
+		r.Delete(Prefix+"/sandboxes/{id}/files", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			recursive, _ := strconv.ParseBool(r.URL.Query().Get("recursive"))
+			return nil, g.Remove(r.Context(), r.URL.Query().Get("path"), recursive)
+		}))
+		r.Get(Prefix+"/sandboxes/{id}/files/list", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			list, err := g.ListDir(r.Context(), r.URL.Query().Get("path"))
+			return map[string]any{"entries": list}, err
+		}))
+		r.Get(Prefix+"/sandboxes/{id}/files/stat", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			return g.Stat(r.Context(), r.URL.Query().Get("path"))
+		}))
+		r.Post(Prefix+"/sandboxes/{id}/files/mkdir", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			var req pathRequest
+			if err := decode(r, &req); err != nil {
+				return nil, err
+			}
+			return nil, g.Mkdir(r.Context(), req.Path)
+		}))
+		r.Post(Prefix+"/sandboxes/{id}/files/rename", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			var req renameRequest
+			if err := decode(r, &req); err != nil {
+				return nil, err
+			}
+			return nil, g.Rename(r.Context(), req.From, req.To)
+		}))
+	})
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%w: no such endpoint: %s %s", agent.ErrNotFound, r.Method, r.URL.Path))
+	})
+	return r
+}
+
+func (s *Server) info() Info {
+	return Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: api.LocalResources()}
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
+			writeError(w, fmt.Errorf("%w: send Authorization: Bearer <agent token>", ErrUnauthorized))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// track counts requests in flight so that Shutdown can wait for them, and
+// refuses new ones once it has been called.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.draining {
+			s.mu.Unlock()
+			writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+			return
+		}
+		s.active++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.active--
+			if s.active == 0 && s.idle != nil {
+				close(s.idle)
+				s.idle = nil
+			}
+			s.mu.Unlock()
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Shutdown refuses new requests (event streams excepted) and waits until
+// those in flight have finished or ctx ends. Exit events sent after it
+// still reach connected clients, until Close.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	if s.active == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close ends every event stream and refuses new ones. Idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	select {
+	case <-s.closed:
+	default:
+		close(s.closed)
+	}
+	return nil
+}
+
+// SandboxExited tells connected clients that a sandbox stopped without
+// being killed through this API: its VMM exited (wire it into
+// agent.Config.OnExit), or, when err is api.ErrHostShutdown, the agent
+// stopped it as it shut down. A client too slow to take the event loses
+// its stream and reconciles when it reconnects.
+func (s *Server) SandboxExited(id string, err error) {
+	ev := Event{Type: "exit", ID: id, Reason: reasonExited}
+	if errors.Is(err, api.ErrHostShutdown) {
+		ev.Reason = reasonShutdown
+	}
+	if err != nil {
+		ev.Error = err.Error()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- ev:
+		default:
+			delete(s.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	ch := make(chan Event, 256)
+	s.mu.Lock()
+	select {
+	case <-s.closed:
+		s.mu.Unlock()
+		writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+		return
+	default:
+	}
+	s.subs[ch] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if _, ok := s.subs[ch]; ok {
+			delete(s.subs, ch)
+			close(ch)
+		}
+		s.mu.Unlock()
+	}()
+	out := newNDJSON(w)
+	// Subscribed before hello: whatever happens after the client's
+	// reconciliation on hello reaches it.
+	info := s.info()
+	if out.send(Event{Type: "hello", Info: &info}) != nil {
+		return
+	}
+	ping := time.NewTicker(PingInterval)
+	defer ping.Stop()
+	for {
+		var ev Event
+		select {
+		case <-r.Context().Done():
+			return
+		case <-s.closed:
+			return
+		case <-ping.C:
+			ev = Event{Type: "ping"}
+		case e, ok := <-ch:
+			if !ok {
+				s.log.Warn("event stream too slow; dropping it", "remote", r.RemoteAddr)
+				return
+			}
+			ev = e
+		}
+		if out.send(ev) != nil {
+			return
+		}
+	}
+}
+
+// ndjson writes one JSON value a line, flushing each.
+type ndjson struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+	rc  *http.ResponseController
+}
+
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	return &ndjson{enc: json.NewEncoder(w), rc: rc}
+}
+
+func (n *ndjson) send(v any) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.enc.Encode(v); err != nil {
+		return err
+	}
+	return n.rc.Flush()
+}
+
+// json adapts an operation that returns a value (nil: 204) or an error.
+func (s *Server) json(fn func(r *http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := fn(r)
+		if err != nil {
+			s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			writeError(w, err)
+			return
+		}
+		if v == nil {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// guestJSON is json for an operation on a sandbox's guest agent.
+func (s *Server) guestJSON(fn func(r *http.Request, g *guestproto.Client) (any, error)) http.HandlerFunc {
+	return s.json(func(r *http.Request) (any, error) {
+		g, err := s.a.Guest(chi.URLParam(r, "id"))
+		if err != nil {
+			return nil, err
+		}
+		return fn(r, g)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, we := encodeError(err)
+	writeJSON(w, status, errorBody{Error: we})
+}
+
+// decode reads a JSON request body (at most 1 MiB).
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: malformed request: %v", agent.ErrInvalid, err)
+	}
+	return nil
+}
+
+func (s *Server) create(r *http.Request) (any, error) {
+	var req createRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
+	}
+	return s.a.Create(r.Context(), agent.CreateRequest{
+		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+	})
+}
+
+func (s *Server) fork(r *http.Request) (any, error) {
+	var req forkRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
+	}
+	res, err := s.a.Fork(r.Context(), chi.URLParam(r, "id"), req.IDs)
+	if err != nil {
+		return nil, err
+	}
+	out := forkReply{Capture: res.Capture, Children: make([]forkChild, len(res.Children))}
+	for i, c := range res.Children {
+		out.Children[i].Info = c.Info
+		if c.Err != nil {
+			_, we := encodeError(c.Err)
+			out.Children[i].Error = &we
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) bake(w http.ResponseWriter, r *http.Request) {
+	var p template.Params
+	if err := decode(r, &p); err != nil {
+		writeError(w, err)
+		return
+	}
+	out := newNDJSON(w)
+	t, err := s.a.Templates().Bake(r.Context(), p, func(msg string) {
+		out.send(bakeEvent{Type: "progress", Message: msg})
+	})
+	if err != nil {
+		_, we := encodeError(err)
+		out.send(bakeEvent{Type: "error", Error: &we})
+		return
+	}
+	out.send(bakeEvent{Type: "done", Template: t})
+}
+
+// writeErrorUnread answers err to a full-duplex request whose body may not
+// have been read to its end, and closes the connection after it. (Keeping
+// it would have net/http finish reading the body after the handler and
+// then read the next request concurrently with its own background read:
+// "invalid concurrent Body.Read call", Go 1.26.)
+func writeErrorUnread(w http.ResponseWriter, err error) {
+	w.Header().Set("Connection", "close")
+	writeError(w, err)
+}
+
+// exec runs a command, full duplex: see the package documentation.
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	// Read stdin while writing output (HTTP/1; HTTP/2 always can).
+	rc.EnableFullDuplex()
+	body := bufio.NewReader(r.Body)
+	var req guestproto.ExecRequest
+	if err := readJSONLine(body, &req); err != nil {
+		writeErrorUnread(w, fmt.Errorf("%w: malformed exec request: %v", agent.ErrInvalid, err))
+		return
+	}
+	fail := writeErrorUnread // stdin may still be coming
+	if !req.Stdin {
+		// Reach the body's end: the server then watches the connection
+		// and cancels r.Context() when the client goes away.
+		io.Copy(io.Discard, io.LimitReader(body, 1<<20))
+		fail = writeError
+	}
+	g, err := s.a.Guest(chi.URLParam(r, "id"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	p, err := g.StartExec(ctx, req)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-panda-exec")
+	w.WriteHeader(http.StatusOK)
+	var wmu sync.Mutex
+	send := func(frame []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		if _, err := w.Write(frame); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	send(jsonFrame(frameStart, startFrame{PID: p.PID}))
+
+	stdinDone := make(chan struct{})
+	if req.Stdin {
+		go func() {
+			defer close(stdinDone)
+			src := &srcReader{r: body}
+			io.Copy(p.Stdin, src)
+			if src.err != nil {
+				// The client went away mid-stdin (or the process ended
+				// and the read was cut short below: then this is moot).
+				cancel()
+			}
+			p.Stdin.Close()
+		}()
+	} else {
+		close(stdinDone)
+	}
+	var wg sync.WaitGroup
+	pump := func(typ byte, rd io.Reader) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		frame := make([]byte, 0, len(buf)+5)
+		for {
+			n, err := rd.Read(buf)
+			if n > 0 {
+				if send(appendFrame(frame[:0], typ, buf[:n])) != nil {
+					cancel() // the client went away: kill the command
+					io.Copy(io.Discard, rd)
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(frameStdout, p.Stdout)
+	go pump(frameStderr, p.Stderr)
+	wg.Wait()
+	res, err := p.Wait()
+	if err != nil {
+		_, we := encodeError(err)
+		send(jsonFrame(frameError, we))
+	} else {
+		send(jsonFrame(frameExit, res))
+	}
+	select {
+	case <-stdinDone:
+	default:
+		// The process is gone: stop waiting for stdin the client still
+		// holds open (the connection is then not reused).
+		rc.SetReadDeadline(time.Now())
+		<-stdinDone
+	}
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	g, err := s.a.Guest(chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	rd, fi, err := g.ReadFile(r.Context(), r.URL.Query().Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer rd.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Trailer", "X-Panda-Error")
+	w.WriteHeader(http.StatusOK)
+	line, _ := json.Marshal(fi)
+	if _, err := w.Write(append(line, '\n')); err != nil {
+		return
+	}
+	src := &srcReader{r: rd}
+	if _, err := io.Copy(w, src); err != nil && src.err != nil {
+		_, we := encodeError(src.err)
+		b, _ := json.Marshal(we)
+		w.Header().Set("X-Panda-Error", string(b))
+	}
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
+	// An error can then be answered before the body is read to its end;
+	// the client gets it instead of a broken pipe.
+	http.NewResponseController(w).EnableFullDuplex()
+	q := r.URL.Query()
+	mode, err := strconv.ParseUint(q.Get("mode"), 10, 32)
+	if err != nil {
+		writeErrorUnread(w, fmt.Errorf("%w: mode %q", agent.ErrInvalid, q.Get("mode")))
+		return
+	}
+	g, err := s.a.Guest(chi.URLParam(r, "id"))
+	if err != nil {
+		writeErrorUnread(w, err)
+		return
+	}
+	n, err := g.WriteFile(r.Context(), q.Get("path"), r.Body, fs.FileMode(mode))
+	if err != nil {
+		writeErrorUnread(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, writeReply{Written: n})
+}

@@ -1,0 +1,101 @@
+package hostapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/api"
+)
+
+// Watcher receives what the agent's event stream says.
+type Watcher struct {
+	// Connected is called on every (re)connection, once the stream is
+	// live: reconcile with ListSandboxes here, since events sent while
+	// the stream was down are lost. An error drops the stream and retries.
+	Connected func(ctx context.Context) error
+	// Exited is called when a sandbox stopped without being killed
+	// through the API: its VMM exited, or (err wraps api.ErrHostShutdown)
+	// the agent stopped it as it shut down. Same contract as
+	// agent.Config.OnExit.
+	Exited func(id string, err error)
+}
+
+// Watch follows the agent's event stream until ctx ends, reconnecting
+// with backoff (100 ms doubling to 5 s) whenever it breaks or stays silent
+// for three ping intervals. It returns nil when ctx ends.
+func (c *Client) Watch(ctx context.Context, w Watcher) error {
+	backoff := 100 * time.Millisecond
+	for {
+		t0 := time.Now()
+		err := c.watchOnce(ctx, w)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(t0) > time.Minute {
+			backoff = 100 * time.Millisecond
+		}
+		c.log.Warn("host agent event stream lost; reconnecting", "err", err, "retry_ms", backoff.Milliseconds())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (c *Client) watchOnce(ctx context.Context, w Watcher) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, err := c.request(ctx, http.MethodGet, "/events", nil, nil)
+	if err != nil {
+		return err
+	}
+	res, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	// Silence for three pings: the agent or the network is gone.
+	idle := time.AfterFunc(3*PingInterval, cancel)
+	defer idle.Stop()
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	hello := false
+	for sc.Scan() {
+		idle.Reset(3 * PingInterval)
+		var ev Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return fmt.Errorf("event stream: %w", err)
+		}
+		switch {
+		case ev.Type == "hello" && ev.Info != nil:
+			c.setInfo(*ev.Info)
+			hello = true
+			if w.Connected != nil {
+				idle.Stop() // however long reconciling takes
+				if err := w.Connected(ctx); err != nil {
+					return fmt.Errorf("on connect: %w", err)
+				}
+				idle.Reset(3 * PingInterval)
+			}
+		case ev.Type == "exit" && hello && w.Exited != nil:
+			var cause error
+			if ev.Reason == reasonShutdown {
+				cause = fmt.Errorf("%w: %s", api.ErrHostShutdown, ev.Error)
+			} else if ev.Error != "" {
+				cause = errors.New(ev.Error)
+			}
+			w.Exited(ev.ID, cause)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return c.transportError(ctx, err)
+	}
+	return errors.New("event stream ended")
+}
