@@ -57,6 +57,20 @@ func queryPath(r *http.Request, name string) (string, error) {
 	return p, nil
 }
 
+// pathAndGuest reads the path query parameter and reaches the caller's
+// running sandbox; on failure it has written the error and returns ok false.
+func (s *Server) pathAndGuest(w http.ResponseWriter, r *http.Request) (p string, g Guest, ok bool) {
+	p, err := queryPath(r, "path")
+	if err == nil {
+		g, err = s.guestFor(r)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return "", nil, false
+	}
+	return p, g, true
+}
+
 // guestFor returns the guest client of the caller's running sandbox.
 func (s *Server) guestFor(r *http.Request) (Guest, error) {
 	sb, err := s.running(r)
@@ -67,14 +81,8 @@ func (s *Server) guestFor(r *http.Request) (Guest, error) {
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r, "path")
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	c, err := s.guestFor(r)
-	if err != nil {
-		s.writeError(w, r, err)
+	p, c, ok := s.pathAndGuest(w, r)
+	if !ok {
 		return
 	}
 	rc, fi, err := c.ReadFile(r.Context(), p)
@@ -170,14 +178,8 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r, "path")
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	c, err := s.guestFor(r)
-	if err != nil {
-		s.writeError(w, r, err)
+	p, c, ok := s.pathAndGuest(w, r)
+	if !ok {
 		return
 	}
 	list, err := c.ListDir(r.Context(), p)
@@ -193,14 +195,8 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r, "path")
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	c, err := s.guestFor(r)
-	if err != nil {
-		s.writeError(w, r, err)
+	p, c, ok := s.pathAndGuest(w, r)
+	if !ok {
 		return
 	}
 	fi, err := c.Stat(r.Context(), p)
