@@ -1,0 +1,230 @@
+package main
+
+// End-to-end tests of `panda agent` and `panda server` run as two
+// processes, used through the Go SDK. Same environment, helpers and
+// clean-up as e2e_test.go.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+	"golang.org/x/sys/unix"
+)
+
+// startAgent starts `panda agent` on dataDir at addr.
+func startAgent(t *testing.T, name, dataDir, addr string, extra ...string) *upProc {
+	t.Helper()
+	return startPanda(t, name, dataDir, addr, append([]string{"agent", "--data-dir", dataDir, "--listen", addr,
+		"--images", testImages(), "--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"}, extra...))
+}
+
+// serverArgs is the command line of `panda server` on dataDir at addr
+// against the agent at agentURL.
+func serverArgs(dataDir, addr, agentURL string, extra ...string) []string {
+	return append([]string{"server", "--data-dir", dataDir, "--listen", addr, "--agent", agentURL}, extra...)
+}
+
+// startSplitServer starts `panda server` and reads its admin key.
+func startSplitServer(t *testing.T, name, dataDir, agentURL string, extra ...string) *upProc {
+	t.Helper()
+	addr := freeAddr(t)
+	s := startPanda(t, name, dataDir, addr, serverArgs(dataDir, addr, agentURL, extra...))
+	s.key = readKey(t, name, dataDir)
+	return s
+}
+
+// mustStop stops p and reports whether it exited 0 (an error if not).
+func mustStop(t *testing.T, p *upProc) bool {
+	t.Helper()
+	if code := p.stop(); code != 0 {
+		t.Errorf("%s: exit code %d after SIGTERM, want 0; stderr:\n%s", p.name, code, tail(p.stderr.String(), 3000))
+		return false
+	}
+	return true
+}
+
+// stopAgentClean stops an agent on dir with --on-shutdown kill, and checks
+// that it left no VMM and unmounted its store.
+func stopAgentClean(t *testing.T, ag *upProc, dir string) {
+	t.Helper()
+	mustStop(t, ag)
+	if pids := qemuPIDs(dir); len(pids) != 0 {
+		t.Errorf("QEMU processes after the agent's graceful stop: got %v, want none", pids)
+	}
+	if store := filepath.Join(dir, "store"); mounted(store) {
+		t.Errorf("%s is still mounted after the agent's graceful stop", store)
+	}
+}
+
+// waitStopped polls until sandbox id is stopped and returns its record.
+func waitStopped(t *testing.T, ctx context.Context, c *pandastack.Client, id string) pandastack.SandboxInfo {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		info := mustGet(t, ctx, c, id)
+		if info.State == pandastack.StateStopped {
+			return info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still %s a minute later, want stopped", id, info.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSplitServerAgent: the control plane and a host agent as two
+// processes, each on its own data directory. Create, exec (stdin, streamed
+// output), files, fork and kill work through the public API; a VMM that
+// dies is recorded; the server restarts without touching the sandboxes;
+// the agent's shutdown kills them and the server records why.
+func TestSplitServerAgent(t *testing.T) {
+	e2e(t)
+	agentDir, serverDir := newDataDir(t), newDataDir(t)
+	ctx := ctxFor(t)
+	ag := startAgent(t, "agent", agentDir, freeAddr(t))
+	tokenFile := filepath.Join(agentDir, "agent.token")
+	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("agent token file: %v, %v; want mode 600", st, err)
+	}
+	if out := ag.stdout.String(); !strings.Contains(out, tokenFile) {
+		t.Errorf("agent output does not name the token file %s:\n%s", tokenFile, out)
+	}
+
+	// A server with the wrong token stops at once and says why.
+	badToken := filepath.Join(serverDir, "bad.token")
+	os.WriteFile(badToken, []byte("wrong\n"), 0o600)
+	bad := exec.CommandContext(ctx, pandaBin, serverArgs(serverDir, freeAddr(t), ag.url, "--agent-token-file", badToken)...)
+	bad.Env = append(os.Environ(), "PANDA_DATA_DIR=")
+	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "rejected the token") {
+		t.Errorf("server with a wrong agent token: got %v, want a failure saying the token was rejected; output:\n%s", err, out)
+	}
+
+	sv := startSplitServer(t, "server", serverDir, ag.url, "--agent-token-file", tokenFile)
+	c := sv.client(t)
+	parent := mustCreate(t, ctx, c)
+	writeFile(t, ctx, parent, "/root/mark", "parent\n")
+	r, err := parent.Exec(ctx, pandastack.Command{Cmd: "cat; echo done >&2; exit 3", Stdin: "from stdin"})
+	if err != nil || r.Stdout != "from stdin" || r.Stderr != "done\n" || r.ExitCode != 3 {
+		t.Errorf("exec with stdin: got %+v, %v; want stdout %q, stderr %q, exit 3", r, err, "from stdin", "done\n")
+	}
+	var out, errOut bytes.Buffer
+	sr, err := parent.ExecStream(ctx, pandastack.Command{Cmd: "for i in 1 2 3; do echo $i; done; echo e >&2"}, &out, &errOut)
+	if err != nil || sr.ExitCode != 0 || out.String() != "1\n2\n3\n" || errOut.String() != "e\n" {
+		t.Errorf("streamed exec: got %+v, %v, stdout %q, stderr %q", sr, err, out.String(), errOut.String())
+	}
+	if hosts, err := c.Hosts(ctx); err != nil || len(hosts) != 1 || hosts[0].State != "ready" || hosts[0].Accel != "tcg" ||
+		hosts[0].Sandboxes != 1 || hosts[0].VCPUs < 1 || hosts[0].MemoryMiB < 1 {
+		t.Errorf("hosts: got %+v, %v; want one ready tcg host with one sandbox, its CPUs and memory", hosts, err)
+	}
+
+	kids, err := parent.Fork(ctx, 2)
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("fork: got %d children, %v", len(kids), err)
+	}
+	for _, k := range kids {
+		if got := mustExec(t, ctx, k, "cat /root/mark"); got != "parent\n" {
+			t.Errorf("child %s sees %q, want the parent's file", k.ID, got)
+		}
+	}
+	// A VMM that dies reaches the catalog through the event stream.
+	if err := unix.Kill(vmmPID(t, agentDir, kids[0].ID), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitStopped(t, ctx, c, kids[0].ID); info.StopReason != "vmm_exited" {
+		t.Errorf("child whose VMM died: got stop_reason %q, want vmm_exited", info.StopReason)
+	}
+	if err := kids[1].Kill(ctx); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	if info := mustGet(t, ctx, c, kids[1].ID); info.State != pandastack.StateStopped || info.StopReason != "killed" {
+		t.Errorf("killed child: got %s (%s), want stopped (killed)", info.State, info.StopReason)
+	}
+	if pids := qemuPIDs(agentDir); len(pids) != 1 {
+		t.Errorf("QEMU processes with one sandbox left: got %v", pids)
+	}
+
+	// The server's restart leaves the agent's sandboxes alone.
+	pid := vmmPID(t, agentDir, parent.ID)
+	mustStop(t, sv)
+	if !alive(pid) {
+		t.Fatalf("the VMM of %s died with the server", parent.ID)
+	}
+	sv2 := startSplitServer(t, "server2", serverDir, ag.url, "--agent-token-file", tokenFile)
+	c = sv2.client(t)
+	if got := mustExec(t, ctx, c.Sandbox(parent.ID), "cat /root/mark"); got != "parent\n" {
+		t.Errorf("after the server's restart: got %q", got)
+	}
+
+	// The agent's shutdown kills its sandboxes and tells the server.
+	stopAgentClean(t, ag, agentDir)
+	if info := waitStopped(t, ctx, c, parent.ID); info.StopReason != "host_shutdown" {
+		t.Errorf("sandbox of a stopped agent: got stop_reason %q, want host_shutdown", info.StopReason)
+	}
+	// No agent: what needs it is unavailable (503), the rest works.
+	if _, err := c.Create(ctx, pandastack.CreateOptions{}); !errors.Is(err, pandastack.ErrUnavailable) {
+		t.Errorf("create without an agent: got %v, want ErrUnavailable", err)
+	}
+	if _, err := c.List(ctx, pandastack.ListOptions{}); err != nil {
+		t.Errorf("list without an agent: %v", err)
+	}
+	if hosts, err := c.Hosts(ctx); err != nil || len(hosts) != 1 || hosts[0].State != "unreachable" {
+		t.Errorf("hosts without an agent: got %+v, %v; want one, unreachable", hosts, err)
+	}
+	mustStop(t, sv2)
+}
+
+// TestSplitAgentRestart: agent and server share one data directory (and
+// the default token file). The agent stops with --on-shutdown keep; while
+// it is down one VMM dies; the restarted agent adopts the survivor, the
+// server reconnects by itself, keeps the survivor and records the loss.
+func TestSplitAgentRestart(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	ctx := ctxFor(t)
+	agentAddr := freeAddr(t)
+	ag := startAgent(t, "agent", dir, agentAddr, "--on-shutdown", "keep")
+	sv := startSplitServer(t, "server", dir, ag.url)
+	c := sv.client(t)
+	keep, lost := mustCreate(t, ctx, c), mustCreate(t, ctx, c)
+	writeFile(t, ctx, keep, "/root/kept.txt", "kept\n")
+	keepPID, lostPID := vmmPID(t, dir, keep.ID), vmmPID(t, dir, lost.ID)
+
+	if !mustStop(t, ag) {
+		t.FailNow()
+	}
+	if !alive(keepPID) || !alive(lostPID) {
+		t.Fatalf("VMMs after the agent stopped with --on-shutdown keep: alive %v, %v; want both", alive(keepPID), alive(lostPID))
+	}
+	if _, err := keep.Exec(ctx, pandastack.Command{Cmd: "true"}); !errors.Is(err, pandastack.ErrUnavailable) {
+		t.Errorf("exec while the agent is down: got %v, want ErrUnavailable", err)
+	}
+	unix.Kill(lostPID, unix.SIGKILL)
+	if !waitGone(lostPID, 10*time.Second) {
+		t.Fatalf("VMM %d alive 10 s after SIGKILL", lostPID)
+	}
+
+	ag2 := startAgent(t, "agent2", dir, agentAddr)
+	// The server reconnects on its own (backoff up to 5 s) and reconciles.
+	if info := waitStopped(t, ctx, c, lost.ID); info.StopReason != "vmm_exited" {
+		t.Errorf("sandbox whose VMM died while the agent was down: got stop_reason %q, want vmm_exited", info.StopReason)
+	}
+	if info := mustGet(t, ctx, c, keep.ID); info.State != pandastack.StateRunning {
+		t.Errorf("survivor: got %s (%s), want running", info.State, info.StopReason)
+	}
+	if got := mustExec(t, ctx, keep, "cat /root/kept.txt"); got != "kept\n" {
+		t.Errorf("survivor's file: got %q, want %q", got, "kept\n")
+	}
+	if pids := qemuPIDs(dir); len(pids) != 1 || pids[0] != keepPID {
+		t.Errorf("QEMU processes: got %v, want [%d]", pids, keepPID)
+	}
+	mustStop(t, sv)
+	stopAgentClean(t, ag2, dir)
+}
