@@ -68,7 +68,12 @@ func classify(err error) *apiError {
 	case errors.Is(err, agent.ErrNoSpace):
 		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "%s", userMessage(err))
 	case errors.Is(err, catalog.ErrQuota):
-		return errorf(http.StatusTooManyRequests, "quota_exceeded", "%s", userMessage(err))
+		msg := userMessage(err)
+		var qe *catalog.QuotaError
+		if errors.As(err, &qe) {
+			msg = qe.Error() // says which limit and the numbers, without our wrapping
+		}
+		return errorf(http.StatusTooManyRequests, "quota_exceeded", "%s", msg)
 	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound):
 		return errorf(http.StatusNotFound, "not_found", "%s", userMessage(err))
 	case errors.Is(err, agent.ErrInvalid), errors.Is(err, template.ErrInvalid):
@@ -77,6 +82,9 @@ func classify(err error) *apiError {
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
 	case errors.Is(err, ErrUnavailable):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads this answer. 499 as nginx does.
+		return errorf(499, "canceled", "the request was canceled")
 	case errors.Is(err, context.DeadlineExceeded):
 		return errorf(http.StatusGatewayTimeout, "timeout", "the operation timed out")
 	}

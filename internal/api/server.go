@@ -227,7 +227,7 @@ func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(Recoverer(s.log, s.writeError))
 	r.Get("/healthz", s.health)
-	r.Handle("/metrics", s.metrics.handler())
+	r.Get("/metrics", s.metrics.handler().ServeHTTP)
 	r.Get("/v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Write(s.cfg.OpenAPI)

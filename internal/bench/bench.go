@@ -37,7 +37,7 @@ func Summarize(d []time.Duration) Dist {
 	sort.Float64s(ms)
 	return Dist{
 		N: len(ms), P50: Percentile(ms, 50), P90: Percentile(ms, 90), P99: Percentile(ms, 99),
-		Min: ms[0], Max: ms[len(ms)-1],
+		Min: round(ms[0]), Max: round(ms[len(ms)-1]),
 	}
 }
 

@@ -1,0 +1,44 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+func TestClassify(t *testing.T) {
+	quota := &catalog.QuotaError{KeyID: "k1", Limit: catalog.QuotaMemory, Used: 0, Requested: 8192, Max: 4096}
+	for _, tc := range []struct {
+		err    error
+		status int
+		code   string
+		text   string // the message must contain it
+		not    string // and must not contain it
+	}{
+		{fmt.Errorf("create sandbox: %w", agent.ErrNoSpace), http.StatusInsufficientStorage, "insufficient_storage", "out of disk space", ""},
+		{fmt.Errorf("create sandbox: reserve sandbox: %w", quota), http.StatusTooManyRequests, "quota_exceeded", "8192 MiB", "reserve sandbox"},
+		{fmt.Errorf("x: %w", agent.ErrNotFound), http.StatusNotFound, "not_found", "", ""},
+		{fmt.Errorf("x: %w", template.ErrInvalid), http.StatusUnprocessableEntity, "invalid", "", ""},
+		{fmt.Errorf("x: %w", agent.ErrConflict), http.StatusConflict, "conflict", "", ""},
+		{fmt.Errorf("exec: %w", guestproto.Errorf(guestproto.CodeNotFound, "no such file: /x")), http.StatusNotFound, "not_found", "no such file: /x", "exec:"},
+		{guestproto.Errorf(guestproto.CodeNotEmpty, "dir"), http.StatusConflict, "conflict", "", ""},
+		{guestproto.Errorf(guestproto.CodeInternal, "write: no space left on device"), http.StatusInsufficientStorage, "insufficient_storage", "", ""},
+		{fmt.Errorf("hello: %w", context.Canceled), 499, "canceled", "", ""},
+		{fmt.Errorf("op: %w", context.DeadlineExceeded), http.StatusGatewayTimeout, "timeout", "", ""},
+		{errors.New("disk exploded at 0x1234"), http.StatusInternalServerError, "internal", "internal error", "0x1234"},
+	} {
+		got := classify(tc.err)
+		if got.Status != tc.status || got.Code != tc.code || !strings.Contains(got.Message, tc.text) ||
+			(tc.not != "" && strings.Contains(got.Message, tc.not)) {
+			t.Errorf("classify(%v) = %d %s %q, want %d %s containing %q", tc.err, got.Status, got.Code, got.Message, tc.status, tc.code, tc.text)
+		}
+	}
+}
