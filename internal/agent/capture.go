@@ -95,12 +95,13 @@ func (a *Agent) saveMachine(ctx context.Context, s *sandbox, m vmm.Machine, dir 
 		return err
 	}
 	region := memimage.Region{PID: r.PID, Start: r.Start, Size: r.Size}
-	runs, dirty, err := memimage.DirtyPages(region)
+	pm, err := memimage.Scan(region)
 	if err != nil {
 		return err
 	}
-	st.DirtyBytes, st.Runs = dirty, len(runs)
-	if _, err := memimage.Write(filepath.Join(dir, "vm.mem"), s.rec.Spec.MemoryFile, volume.Clone, region, runs); err != nil {
+	st.DirtyBytes, st.Runs = pm.DirtyBytes, len(pm.Dirty)
+	mem := filepath.Join(dir, "vm.mem")
+	if _, err := memimage.Write(mem, s.rec.Spec.MemoryFile, volume.Clone, region, pm.Dirty); err != nil {
 		return classifyIOError(err)
 	}
 	if err := volume.Clone(s.rec.Spec.Disk, filepath.Join(dir, "rootfs.ext4")); err != nil {

@@ -39,43 +39,57 @@ type Region struct {
 	Size  uint64
 }
 
-// DirtyPages returns the pages of r that the process holds privately:
-// present and anonymous (written since the file was mapped), or swapped
-// out (only anonymous pages swap). Adjacent pages are merged into runs.
-// The process should be stopped (paused VMM) for the answer to be exact.
-func DirtyPages(r Region) ([]Run, int64, error) {
+// Map is what a scan of a guest-RAM mapping found.
+type Map struct {
+	// Dirty are the pages the process holds privately: present and
+	// anonymous (written since the file was mapped), or swapped out (only
+	// anonymous pages swap).
+	Dirty      []Run
+	DirtyBytes int64
+	// ResidentBytes counts the pages present and still the file's: what
+	// the guest read since its restore.
+	ResidentBytes int64
+}
+
+// Scan reads r's page map. Adjacent pages are merged into runs. The
+// process should be stopped (paused VMM) for the answer to be exact.
+func Scan(r Region) (Map, error) {
+	var m Map
 	f, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", r.PID))
 	if err != nil {
-		return nil, 0, fmt.Errorf("open pagemap: %w", err)
+		return m, fmt.Errorf("open pagemap: %w", err)
 	}
 	defer f.Close()
 	pages := int64(r.Size / PageSize)
 	const chunk = 64 << 10 // entries per read (512 KiB)
 	buf := make([]byte, chunk*8)
-	var runs []Run
-	var total int64
 	for first := int64(0); first < pages; first += chunk {
 		n := min(chunk, pages-first)
 		off := int64(r.Start/PageSize+uint64(first)) * 8
 		if _, err := f.ReadAt(buf[:n*8], off); err != nil && !errors.Is(err, io.EOF) {
-			return nil, 0, fmt.Errorf("read pagemap: %w", err)
+			return m, fmt.Errorf("read pagemap: %w", err)
 		}
 		for i := int64(0); i < n; i++ {
 			e := binary.LittleEndian.Uint64(buf[i*8:])
-			dirty := (e&pmPresent != 0 && e&pmFile == 0) || e&pmSwapped != 0
-			if !dirty {
-				continue
-			}
 			pageOff := (first + i) * PageSize
-			total += PageSize
-			if k := len(runs) - 1; k >= 0 && runs[k].Off+runs[k].Len == pageOff {
-				runs[k].Len += PageSize
-			} else {
-				runs = append(runs, Run{Off: pageOff, Len: PageSize})
+			switch {
+			case (e&pmPresent != 0 && e&pmFile == 0) || e&pmSwapped != 0:
+				m.Dirty = appendPage(m.Dirty, pageOff)
+				m.DirtyBytes += PageSize
+			case e&pmPresent != 0:
+				m.ResidentBytes += PageSize
 			}
 		}
 	}
-	return runs, total, nil
+	return m, nil
+}
+
+func appendPage(runs []Run, off int64) []Run {
+	if k := len(runs) - 1; k >= 0 && runs[k].Off+runs[k].Len == off {
+		runs[k].Len += PageSize
+		return runs
+	}
+	return append(runs, Run{Off: off, Len: PageSize})
 }
 
 // Cloner makes dst a copy-on-write clone of src (volume.Clone).
