@@ -37,7 +37,7 @@ up: setup
 	bin/panda up --data-dir $(DATA_DIR) --bake
 
 test: setup
-	PANDA_TEST_IMAGES=$(IMAGES) $(GO) test -count=1 -timeout 40m ./...
+	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./...
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/api/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
 
