@@ -9,57 +9,38 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )
 
-// startAgent starts `panda agent` on dataDir at addr.
-func startAgent(t *testing.T, name, dataDir, addr string, extra ...string) *upProc {
-	t.Helper()
-	return startPanda(t, name, dataDir, addr, append([]string{"agent", "--data-dir", dataDir, "--listen", addr,
-		"--images", testImages(), "--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"}, extra...))
+// agentOptions is `panda agent` on dataDir at addr ("" for a free port)
+// with the tiny defaults and extra flags.
+func agentOptions(dataDir, addr string, extra ...string) pandatest.Options {
+	return pandatest.Options{Command: "agent", DataDir: dataDir, Addr: addr, Args: append(slices.Clone(tinyDefaults), extra...)}
 }
 
-// serverArgs is the command line of `panda server` on dataDir at addr
-// against the agent at agentURL.
-func serverArgs(dataDir, addr, agentURL string, extra ...string) []string {
-	return append([]string{"server", "--data-dir", dataDir, "--listen", addr, "--agent", agentURL}, extra...)
-}
-
-// startSplitServer starts `panda server` and reads its admin key.
-func startSplitServer(t *testing.T, name, dataDir, agentURL string, extra ...string) *upProc {
-	t.Helper()
-	addr := freeAddr(t)
-	s := startPanda(t, name, dataDir, addr, serverArgs(dataDir, addr, agentURL, extra...))
-	s.key = readKey(t, name, dataDir)
-	return s
-}
-
-// mustStop stops p and reports whether it exited 0 (an error if not).
-func mustStop(t *testing.T, p *upProc) bool {
-	t.Helper()
-	if code := p.stop(); code != 0 {
-		t.Errorf("%s: exit code %d after SIGTERM, want 0; stderr:\n%s", p.name, code, tail(p.stderr.String(), 3000))
-		return false
-	}
-	return true
+// serverOptions is `panda server` on dataDir against the agent at
+// agentURL, with extra flags.
+func serverOptions(dataDir, agentURL string, extra ...string) pandatest.Options {
+	return pandatest.Options{Command: "server", DataDir: dataDir, Args: append([]string{"--agent", agentURL}, extra...)}
 }
 
 // stopAgentClean stops an agent on dir with --on-shutdown kill, and checks
 // that it left no VMM and unmounted its store.
-func stopAgentClean(t *testing.T, ag *upProc, dir string) {
+func stopAgentClean(t *testing.T, ag *proc, dir string) {
 	t.Helper()
 	mustStop(t, ag)
-	if pids := qemuPIDs(dir); len(pids) != 0 {
+	if pids := pandatest.QEMUPIDs(dir); len(pids) != 0 {
 		t.Errorf("QEMU processes after the agent's graceful stop: got %v, want none", pids)
 	}
-	if store := filepath.Join(dir, "store"); mounted(store) {
+	if store := filepath.Join(dir, "store"); pandatest.Mounted(store) {
 		t.Errorf("%s is still mounted after the agent's graceful stop", store)
 	}
 }
@@ -89,25 +70,23 @@ func TestSplitServerAgent(t *testing.T) {
 	e2e(t)
 	agentDir, serverDir := newDataDir(t), newDataDir(t)
 	ctx := ctxFor(t)
-	ag := startAgent(t, "agent", agentDir, freeAddr(t))
+	ag := start(t, "agent", agentOptions(agentDir, ""))
 	tokenFile := filepath.Join(agentDir, "agent.token")
 	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("agent token file: %v, %v; want mode 600", st, err)
 	}
-	if out := ag.stdout.String(); !strings.Contains(out, tokenFile) {
+	if out := ag.Stdout(); !strings.Contains(out, tokenFile) {
 		t.Errorf("agent output does not name the token file %s:\n%s", tokenFile, out)
 	}
 
 	// A server with the wrong token stops at once and says why.
 	badToken := filepath.Join(serverDir, "bad.token")
 	os.WriteFile(badToken, []byte("wrong\n"), 0o600)
-	bad := exec.CommandContext(ctx, pandaBin, serverArgs(serverDir, freeAddr(t), ag.url, "--agent-token-file", badToken)...)
-	bad.Env = append(os.Environ(), "PANDA_DATA_DIR=")
-	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "rejected the token") {
+	if out, err := runToEnd(t, ctx, serverOptions(serverDir, ag.URL(), "--agent-token-file", badToken)); err == nil || !strings.Contains(out, "rejected the token") {
 		t.Errorf("server with a wrong agent token: got %v, want a failure saying the token was rejected; output:\n%s", err, out)
 	}
 
-	sv := startSplitServer(t, "server", serverDir, ag.url, "--agent-token-file", tokenFile)
+	sv := start(t, "server", serverOptions(serverDir, ag.URL(), "--agent-token-file", tokenFile))
 	c := sv.client(t)
 	parent := mustCreate(t, ctx, c)
 	writeFile(t, ctx, parent, "/root/mark", "parent\n")
@@ -147,17 +126,17 @@ func TestSplitServerAgent(t *testing.T) {
 	if info := mustGet(t, ctx, c, kids[1].ID); info.State != pandastack.StateStopped || info.StopReason != "killed" {
 		t.Errorf("killed child: got %s (%s), want stopped (killed)", info.State, info.StopReason)
 	}
-	if pids := qemuPIDs(agentDir); len(pids) != 1 {
+	if pids := pandatest.QEMUPIDs(agentDir); len(pids) != 1 {
 		t.Errorf("QEMU processes with one sandbox left: got %v", pids)
 	}
 
 	// The server's restart leaves the agent's sandboxes alone.
 	pid := vmmPID(t, agentDir, parent.ID)
 	mustStop(t, sv)
-	if !alive(pid) {
+	if !pandatest.Alive(pid) {
 		t.Fatalf("the VMM of %s died with the server", parent.ID)
 	}
-	sv2 := startSplitServer(t, "server2", serverDir, ag.url, "--agent-token-file", tokenFile)
+	sv2 := start(t, "server2", serverOptions(serverDir, ag.URL(), "--agent-token-file", tokenFile))
 	c = sv2.client(t)
 	if got := mustExec(t, ctx, c.Sandbox(parent.ID), "cat /root/mark"); got != "parent\n" {
 		t.Errorf("after the server's restart: got %q", got)
@@ -189,9 +168,12 @@ func TestSplitAgentRestart(t *testing.T) {
 	e2e(t)
 	dir := newDataDir(t)
 	ctx := ctxFor(t)
-	agentAddr := freeAddr(t)
-	ag := startAgent(t, "agent", dir, agentAddr, "--on-shutdown", "keep")
-	sv := startSplitServer(t, "server", dir, ag.url)
+	agentAddr, err := pandatest.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag := start(t, "agent", agentOptions(dir, agentAddr, "--on-shutdown", "keep"))
+	sv := start(t, "server", serverOptions(dir, ag.URL()))
 	c := sv.client(t)
 	keep, lost := mustCreate(t, ctx, c), mustCreate(t, ctx, c)
 	writeFile(t, ctx, keep, "/root/kept.txt", "kept\n")
@@ -200,18 +182,18 @@ func TestSplitAgentRestart(t *testing.T) {
 	if !mustStop(t, ag) {
 		t.FailNow()
 	}
-	if !alive(keepPID) || !alive(lostPID) {
-		t.Fatalf("VMMs after the agent stopped with --on-shutdown keep: alive %v, %v; want both", alive(keepPID), alive(lostPID))
+	if !pandatest.Alive(keepPID) || !pandatest.Alive(lostPID) {
+		t.Fatalf("VMMs after the agent stopped with --on-shutdown keep: alive %v, %v; want both", pandatest.Alive(keepPID), pandatest.Alive(lostPID))
 	}
 	if _, err := keep.Exec(ctx, pandastack.Command{Cmd: "true"}); !errors.Is(err, pandastack.ErrUnavailable) {
 		t.Errorf("exec while the agent is down: got %v, want ErrUnavailable", err)
 	}
 	unix.Kill(lostPID, unix.SIGKILL)
-	if !waitGone(lostPID, 10*time.Second) {
+	if !pandatest.WaitGone(lostPID, 10*time.Second) {
 		t.Fatalf("VMM %d alive 10 s after SIGKILL", lostPID)
 	}
 
-	ag2 := startAgent(t, "agent2", dir, agentAddr)
+	ag2 := start(t, "agent2", agentOptions(dir, agentAddr))
 	// The server reconnects on its own (backoff up to 5 s) and reconciles.
 	if info := waitStopped(t, ctx, c, lost.ID); info.StopReason != "vmm_exited" {
 		t.Errorf("sandbox whose VMM died while the agent was down: got stop_reason %q, want vmm_exited", info.StopReason)
@@ -222,7 +204,7 @@ func TestSplitAgentRestart(t *testing.T) {
 	if got := mustExec(t, ctx, keep, "cat /root/kept.txt"); got != "kept\n" {
 		t.Errorf("survivor's file: got %q, want %q", got, "kept\n")
 	}
-	if pids := qemuPIDs(dir); len(pids) != 1 || pids[0] != keepPID {
+	if pids := pandatest.QEMUPIDs(dir); len(pids) != 1 || pids[0] != keepPID {
 		t.Errorf("QEMU processes: got %v, want [%d]", pids, keepPID)
 	}
 	mustStop(t, sv)

@@ -2,10 +2,8 @@ package cli
 
 // Integration tests of the verbs against a real server: `panda up` with its
 // own data directory on a free port, QEMU with TCG, template tiny at
-// 256 MiB. The server is started on first use and stopped (SIGTERM, then
-// SIGKILL) by TestMain; the unit tests of this package do not need it.
-// The server helper is a copy of the one in sdk/go/integration_test.go
-// (the SDK must not share code with internal packages).
+// 256 MiB. The server (pandatest.Shared) is started on first use and
+// stopped by TestMain; the unit tests of this package do not need it.
 //
 // Environment: PANDA_BIN (default: build ./cmd/panda), PANDA_TEST_IMAGES
 // (default /var/lib/pandastack/images, from `make setup`).
@@ -17,219 +15,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/pandatest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	stopServer()
-	os.Exit(code)
-}
-
-// server is a running `panda up`.
-type server struct {
-	url      string
-	adminKey string
-	root     string // temporary directory: data/, server.log, panda
-	bin      string // the panda binary
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	log      *os.File
-}
-
-var (
-	srvOnce sync.Once
-	srv     *server
-	srvErr  error
-)
-
-// testServer returns the shared server, starting it on first use.
-func testServer(t *testing.T) *server {
-	t.Helper()
-	srvOnce.Do(func() { srv, srvErr = startServer() })
-	if srvErr != nil {
-		t.Fatalf("cannot start the server: %v", srvErr)
-	}
-	return srv
-}
-
-func startServer() (s *server, err error) {
-	root, err := os.MkdirTemp("", "pit")
-	if err != nil {
-		return nil, err
-	}
-	s = &server{root: root, exited: make(chan struct{})}
-	defer func() {
-		if err != nil {
-			s.stop()
-			srv = s // so that stopServer cleans up
-		}
-	}()
-	bin := os.Getenv("PANDA_BIN")
-	if bin == "" {
-		if bin, err = buildPanda(root); err != nil {
-			return s, err
-		}
-	}
-	images := os.Getenv("PANDA_TEST_IMAGES")
-	if images == "" {
-		images = "/var/lib/pandastack/images"
-	}
-	addr, err := freeAddr()
-	if err != nil {
-		return s, err
-	}
-	dataDir := filepath.Join(root, "data")
-	if err := os.Mkdir(dataDir, 0o755); err != nil {
-		return s, err
-	}
-	if s.log, err = os.Create(filepath.Join(root, "server.log")); err != nil {
-		return s, err
-	}
-	s.url = "http://" + addr
-	s.bin = bin
-	s.cmd = exec.Command(bin, "up", "--data-dir", dataDir, "--listen", addr, "--images", images, "--accel", "tcg")
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	// If this test binary dies without stopping the server, the kernel
-	// stops it.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := s.cmd.Start(); err != nil {
-		return s, fmt.Errorf("start %s: %w", bin, err)
-	}
-	go func() { s.cmd.Wait(); close(s.exited) }()
-
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		select {
-		case <-s.exited:
-			return s, fmt.Errorf("panda up exited early (%v); its log:\n%s", s.cmd.ProcessState, s.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			return s, fmt.Errorf("panda up not healthy and ready after 3 minutes; its log:\n%s", s.logTail())
-		}
-		if healthy(s.url) {
-			if b, err := os.ReadFile(filepath.Join(dataDir, "admin.key")); err == nil && len(bytes.TrimSpace(b)) > 0 {
-				s.adminKey = string(bytes.TrimSpace(b))
-				return s, nil
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func healthy(url string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-// buildPanda builds ./cmd/panda of this module into dir.
-func buildPanda(dir string) (string, error) {
-	modRoot, err := moduleRoot()
-	if err != nil {
-		return "", err
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = "/usr/local/go/bin/go"
-	}
-	out := filepath.Join(dir, "panda")
-	cmd := exec.Command(goBin, "build", "-o", out, "./cmd/panda")
-	cmd.Dir = modRoot
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/panda: %v\n%s", err, b)
-	}
-	return out, nil
-}
-
-// moduleRoot finds the directory of the pandastack go.mod above the
-// working directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/pandastack/pandastack\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod of github.com/pandastack/pandastack above the working directory")
-		}
-		dir = parent
-	}
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
-func (s *server) logTail() string {
-	b, _ := os.ReadFile(filepath.Join(s.root, "server.log"))
-	if len(b) > 8000 {
-		b = b[len(b)-8000:]
-	}
-	return string(b)
-}
-
-// stop stops the server: SIGTERM, then SIGKILL after a minute.
-func (s *server) stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(time.Minute):
-			fmt.Fprintf(os.Stderr, "panda up ignored SIGTERM for a minute: killing it; its log:\n%s\n", s.logTail())
-			s.cmd.Process.Kill()
-			<-s.exited
-		}
-	}
-	if s.log != nil {
-		s.log.Close()
-	}
-	if err := os.RemoveAll(s.root); err != nil {
-		fmt.Fprintf(os.Stderr, "remove the test server's directory: %v\n", err)
-	}
-}
-
-func stopServer() {
-	if srv != nil {
-		srv.stop()
-		srv = nil
-	}
-}
+func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
 
 // --- helpers ---
 
-// itEnv points the CLI at the test server with its admin key.
-func itEnv(t *testing.T) *server {
+// itEnv points the CLI at the shared test server with its admin key.
+func itEnv(t *testing.T) *pandatest.Server {
 	t.Helper()
-	s := testServer(t)
-	t.Setenv("PANDASTACK_API_URL", s.url)
-	t.Setenv("PANDASTACK_API_KEY", s.adminKey)
+	s, err := pandatest.Shared()
+	if err != nil {
+		t.Fatalf("cannot start the server: %v", err)
+	}
+	t.Setenv("PANDASTACK_API_URL", s.URL())
+	t.Setenv("PANDASTACK_API_KEY", s.AdminKey())
 	t.Setenv("PANDA_DATA_DIR", t.TempDir())
 	return s
 }
@@ -386,10 +194,14 @@ func TestIntegrationExec(t *testing.T) {
 // TestIntegrationBinary runs the real panda binary: the verbs must be
 // wired into main and exec's status must become the process's.
 func TestIntegrationBinary(t *testing.T) {
-	s := itEnv(t)
+	itEnv(t)
 	id := createSandbox(t)
+	bin, err := pandatest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	run := func(args ...string) (string, string, int) {
-		cmd := exec.CommandContext(itCtx(t), s.bin, args...)
+		cmd := exec.CommandContext(itCtx(t), bin, args...)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()
@@ -523,6 +335,6 @@ func TestIntegrationKeysAndTemplates(t *testing.T) {
 
 	// No key anywhere: the local server's admin key file is used.
 	t.Setenv("PANDASTACK_API_KEY", "")
-	t.Setenv("PANDA_DATA_DIR", filepath.Join(s.root, "data"))
+	t.Setenv("PANDA_DATA_DIR", s.DataDir())
 	mustRun(t, "", "keys", "ls")
 }

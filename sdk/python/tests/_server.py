@@ -4,6 +4,8 @@ Starts ``bin/panda up --data-dir <tmp> --listen 127.0.0.1:<free port>
 --images ${PANDA_TEST_IMAGES:-/var/lib/pandastack/images} --accel tcg`` from
 the repository root, waits for ``GET /healthz``, reads the admin key from
 ``<tmp>/admin.key``, and stops it with SIGTERM (then waits) at teardown.
+Also what the integration modules share: ``start_module_server`` for their
+``setUpModule``, ``create_tiny`` and ``tag``.
 
 Environment:
     PANDA_BIN                 the binary (default <repo>/bin/panda)
@@ -18,17 +20,20 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import unittest
 import urllib.error
 import urllib.request
-from typing import Optional
+from typing import Optional, Tuple
 
 import _helpers  # noqa: F401  (import path)
+from pandastack import Client, Sandbox
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 
@@ -144,3 +149,30 @@ class PandaServer:
                         print("warning: %s is still mounted; leaving %s in place" % (p, d))
                         return
         shutil.rmtree(d, ignore_errors=True)
+
+
+def start_module_server() -> Tuple[PandaServer, Client]:
+    """Start a server for a test module (call it from ``setUpModule``).
+
+    Returns the server and an admin client (timeout 120 s); module cleanups
+    close both, and run even if the start or a test fails.
+    """
+    srv = PandaServer()
+    unittest.addModuleCleanup(srv.stop)
+    srv.start()
+    admin = Client(api_key=srv.admin_key, api_url=srv.url, timeout=120)
+    unittest.addModuleCleanup(admin.close)
+    return srv, admin
+
+
+def create_tiny(client: Client, **kw) -> Sandbox:
+    """A tiny sandbox (256 MiB, 10 min TTL) unless told otherwise."""
+    kw.setdefault("template", "tiny")
+    kw.setdefault("memory_mib", 256)
+    kw.setdefault("ttl_seconds", 600)
+    return Sandbox.create(client=client, **kw)
+
+
+def tag() -> str:
+    """A short random string that tells this run's names apart."""
+    return secrets.token_hex(4)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import secrets
 import tempfile
 import time
 import unittest
@@ -18,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import List, Optional
 from unittest import mock
 
-from _server import PandaServer, free_port
+from _server import PandaServer, create_tiny, free_port, start_module_server, tag
 import pandastack
 from pandastack import Client, Sandbox
 
@@ -30,24 +29,12 @@ MiB = 1 << 20
 
 def setUpModule() -> None:
     global SERVER, ADMIN
-    srv = PandaServer()
-    unittest.addModuleCleanup(srv.stop)  # runs even if start() or a test fails
-    srv.start()
-    SERVER = srv
-    ADMIN = Client(api_key=srv.admin_key, api_url=srv.url, timeout=120)
-    unittest.addModuleCleanup(ADMIN.close)
+    SERVER, ADMIN = start_module_server()
 
 
 def create(client: Optional[Client] = None, **kw) -> Sandbox:
-    """A tiny sandbox (256 MiB, 10 min TTL) unless told otherwise."""
-    kw.setdefault("template", "tiny")
-    kw.setdefault("memory_mib", 256)
-    kw.setdefault("ttl_seconds", 600)
-    return Sandbox.create(client=client or ADMIN, **kw)
-
-
-def tag() -> str:
-    return secrets.token_hex(4)
+    """A tiny sandbox of ADMIN's unless told otherwise (see create_tiny)."""
+    return create_tiny(client or ADMIN, **kw)
 
 
 class SandboxCase(unittest.TestCase):

@@ -6,7 +6,6 @@ Same server fixture and environment variables as sdk/python/tests/_server.py.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import time
 import unittest
@@ -14,7 +13,7 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _server import PandaServer  # noqa: E402
+from _server import PandaServer, create_tiny, start_module_server, tag  # noqa: E402
 import pandastack  # noqa: E402
 from pandastack import Client, Sandbox, Snapshot  # noqa: E402
 
@@ -28,23 +27,12 @@ COUNTER = "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 
 
 def setUpModule() -> None:
     global SERVER, ADMIN
-    srv = PandaServer()
-    unittest.addModuleCleanup(srv.stop)
-    srv.start()
-    SERVER = srv
-    ADMIN = Client(api_key=srv.admin_key, api_url=srv.url, timeout=120)
-    unittest.addModuleCleanup(ADMIN.close)
+    SERVER, ADMIN = start_module_server()
 
 
 def create(client: Optional[Client] = None, **kw) -> Sandbox:
-    kw.setdefault("template", "tiny")
-    kw.setdefault("memory_mib", 256)
-    kw.setdefault("ttl_seconds", 600)
-    return Sandbox.create(client=client or ADMIN, **kw)
-
-
-def tag() -> str:
-    return secrets.token_hex(4)
+    """A tiny sandbox of ADMIN's unless told otherwise (see create_tiny)."""
+    return create_tiny(client or ADMIN, **kw)
 
 
 def counter(sb: Sandbox) -> int:

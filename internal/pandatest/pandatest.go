@@ -1,0 +1,622 @@
+// Package pandatest starts real `panda` processes for tests: `panda up`,
+// `panda server` or `panda agent` on a data directory and a free port, with
+// QEMU under TCG, waited for until they serve; their output kept for failure
+// messages; stopped with SIGTERM (SIGKILL a minute later) or crashed with
+// SIGKILL; and their data directories checked for leftovers (QEMU processes,
+// mounts) and removed.
+//
+// A test package that uses it ends with Main, which stops what is still
+// running and removes the binary it built:
+//
+//	func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
+//
+// Environment (read here because only tests use this package): PANDA_BIN,
+// the binary (default: go build ./cmd/panda of this module, once per test
+// binary), and PANDA_TEST_IMAGES, the guest images (default
+// /var/lib/pandastack/images, from `make setup`).
+//
+// It imports only the standard library: the tests of sdk/go use it, and the
+// Go SDK must not depend on internal packages. It is Linux-only, like panda.
+package pandatest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options says which process Start runs. The zero value is `panda up` on
+// a new temporary data directory.
+type Options struct {
+	// Command is "up" (the default), "server" or "agent".
+	Command string
+	// DataDir is the data directory. "" is a new short temporary
+	// directory (unix socket paths under it are limited to 108 bytes),
+	// removed by Stop.
+	DataDir string
+	// Addr is the address to listen on; "" is a free port on 127.0.0.1.
+	Addr string
+	// Images is the guest images directory (up and agent only); "" is
+	// Images().
+	Images string
+	// Bin is the panda binary; "" is Binary().
+	Bin string
+	// Args are more flags, after the defaults (--data-dir, --listen and,
+	// for up and agent, --images and --accel tcg); a flag given again
+	// overrides its default.
+	Args []string
+}
+
+// startTimeout bounds how long Start waits for the process to serve.
+const startTimeout = 3 * time.Minute
+
+// stopTimeout is how long Stop waits after SIGTERM before SIGKILL.
+const stopTimeout = time.Minute
+
+// Images is the guest images directory of tests: $PANDA_TEST_IMAGES, or
+// /var/lib/pandastack/images.
+func Images() string {
+	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
+		return d
+	}
+	return "/var/lib/pandastack/images"
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment
+// ago.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// Command returns the command that Start would run for opts, not started
+// and without output set: for a process that is expected to fail (a port
+// that is taken, a locked data directory, a wrong token). opts.DataDir must
+// be set; an empty opts.Addr is a free port. Like Start's, the process gets
+// SIGTERM if the thread that started it dies, and its configuration comes
+// from flags only (PANDA_DATA_DIR is cleared).
+func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
+	if opts.DataDir == "" {
+		return nil, errors.New("pandatest.Command: no data directory")
+	}
+	if opts.Bin == "" {
+		bin, err := Binary()
+		if err != nil {
+			return nil, err
+		}
+		opts.Bin = bin
+	}
+	if opts.Addr == "" {
+		addr, err := FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		opts.Addr = addr
+	}
+	cmdName := opts.Command
+	if cmdName == "" {
+		cmdName = "up"
+	}
+	args := []string{cmdName, "--data-dir", opts.DataDir, "--listen", opts.Addr}
+	switch cmdName {
+	case "up", "agent":
+		images := opts.Images
+		if images == "" {
+			images = Images()
+		}
+		args = append(args, "--images", images, "--accel", "tcg")
+	case "server":
+	default:
+		return nil, fmt.Errorf("pandatest.Command: unknown command %q, want up, server or agent", cmdName)
+	}
+	cmd := exec.CommandContext(ctx, opts.Bin, append(args, opts.Args...)...)
+	cmd.Env = append(os.Environ(), "PANDA_DATA_DIR=")
+	// If the test binary dies without stopping it, the kernel stops it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	// Should a child of panda hold its output open, Wait still returns.
+	cmd.WaitDelay = 10 * time.Second
+	return cmd, nil
+}
+
+// Server is a started panda process. Its methods are safe for concurrent
+// use.
+type Server struct {
+	command  string // up, server or agent
+	url      string
+	adminKey string
+	dataDir  string
+	ownDir   bool // Start made dataDir: Stop removes it
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when cmd.Wait has returned
+	stdout   headBuffer
+	log      tailBuffer // stdout and stderr, interleaved
+
+	mu      sync.Mutex
+	killed  bool // by Kill
+	stopped bool // Stop has run
+}
+
+// Start starts panda as opts say and waits, for at most three minutes,
+// until it answers GET /healthz and, for up and server, has written the
+// admin key. If it does not, Start stops it and returns an error with the
+// end of its output.
+func Start(opts Options) (_ *Server, err error) {
+	s := &Server{command: opts.Command, dataDir: opts.DataDir, exited: make(chan struct{})}
+	if s.command == "" {
+		s.command = "up"
+	}
+	if s.dataDir == "" {
+		if s.dataDir, err = os.MkdirTemp("", "pt"); err != nil {
+			return nil, fmt.Errorf("make a data directory: %w", err)
+		}
+		s.ownDir = true
+	}
+	if opts.Addr == "" {
+		if opts.Addr, err = FreeAddr(); err != nil {
+			s.removeOwnDir()
+			return nil, err
+		}
+	}
+	opts.DataDir = s.dataDir
+	s.url = "http://" + opts.Addr
+	if s.cmd, err = Command(context.Background(), opts); err != nil {
+		s.removeOwnDir()
+		return nil, err
+	}
+	s.cmd.Stdout = io.MultiWriter(&s.stdout, &s.log)
+	s.cmd.Stderr = &s.log
+	if err := s.cmd.Start(); err != nil {
+		s.removeOwnDir()
+		return nil, fmt.Errorf("start %s: %w", s.cmd.Path, err)
+	}
+	go func() {
+		s.cmd.Wait()
+		close(s.exited)
+	}()
+	register(s)
+	defer func() {
+		if err != nil {
+			s.Kill()
+			err = errors.Join(err, s.Stop())
+		}
+	}()
+
+	keyFile := ""
+	if s.command != "agent" {
+		keyFile = filepath.Join(s.dataDir, "admin.key")
+	}
+	deadline := time.Now().Add(startTimeout)
+	for {
+		select {
+		case <-s.exited:
+			return nil, fmt.Errorf("%s exited during start (%v); its output:\n%s", s.name(), s.cmd.ProcessState, s.Log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s not serving after %v; its output:\n%s", s.name(), startTimeout, s.Log())
+		}
+		if s.Healthy() {
+			if keyFile == "" {
+				return s, nil
+			}
+			if b, err := os.ReadFile(keyFile); err == nil && len(bytes.TrimSpace(b)) > 0 {
+				s.adminKey = string(bytes.TrimSpace(b))
+				return s, nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *Server) name() string { return "panda " + s.command }
+
+// URL is the base URL of its API: http://127.0.0.1:PORT.
+func (s *Server) URL() string { return s.url }
+
+// AdminKey is the admin API key from DATA_DIR/admin.key ("" for an agent).
+func (s *Server) AdminKey() string { return s.adminKey }
+
+// DataDir is its data directory.
+func (s *Server) DataDir() string { return s.dataDir }
+
+// PID is its process id.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
+// Stdout is what it has written to stdout (the first MiB).
+func (s *Server) Stdout() string { return s.stdout.String() }
+
+// Log is the end of what it has written to stdout and stderr, for failure
+// messages.
+func (s *Server) Log() string { return s.log.Tail(8000) }
+
+// Healthy reports whether GET /healthz answers 200 now.
+func (s *Server) Healthy() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"/healthz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Kill kills the process with SIGKILL, as a crash would, and waits for it.
+// The data directory stays as the process left it (Stop still removes one
+// Start made); Stop then reports no exit status.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	s.killed = true
+	select {
+	case <-s.exited:
+	default:
+		s.cmd.Process.Kill()
+	}
+	s.mu.Unlock()
+	<-s.exited
+}
+
+// Stop stops the process: SIGTERM, and SIGKILL if it has not exited a
+// minute later; then, if Start made the data directory, it removes it
+// (see RemoveDataDir). It returns an error if the process had to be
+// killed, exited with a non-zero status, had exited on its own before
+// (unless by Kill), or if its data directory was left with QEMU processes
+// or mounts or could not be removed. Only the first call does that; later
+// calls return nil.
+func (s *Server) Stop() error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	killed := s.killed
+	var errs []error
+	select {
+	case <-s.exited:
+		if !killed {
+			errs = append(errs, fmt.Errorf("%s had exited before Stop (%v)", s.name(), s.cmd.ProcessState))
+		}
+	default:
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+			if !s.cmd.ProcessState.Success() {
+				errs = append(errs, fmt.Errorf("%s: %v after SIGTERM, want exit status 0", s.name(), s.cmd.ProcessState))
+			}
+		case <-time.After(stopTimeout):
+			s.cmd.Process.Kill()
+			<-s.exited
+			errs = append(errs, fmt.Errorf("%s ignored SIGTERM for %v: killed it", s.name(), stopTimeout))
+		}
+	}
+	s.mu.Unlock()
+	unregister(s)
+	if s.ownDir {
+		left, err := RemoveDataDir(s.dataDir)
+		for _, l := range left {
+			errs = append(errs, fmt.Errorf("%s left behind %s", s.name(), l))
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeOwnDir removes the data directory Start made, when nothing ran.
+func (s *Server) removeOwnDir() {
+	if s.ownDir {
+		os.RemoveAll(s.dataDir)
+	}
+}
+
+// The servers started and not yet stopped, for Main.
+var (
+	liveMu sync.Mutex
+	live   []*Server
+)
+
+func register(s *Server) {
+	liveMu.Lock()
+	defer liveMu.Unlock()
+	live = append(live, s)
+}
+
+func unregister(s *Server) {
+	liveMu.Lock()
+	defer liveMu.Unlock()
+	live = slices.DeleteFunc(live, func(x *Server) bool { return x == s })
+}
+
+// shared is the server of Shared.
+var shared struct {
+	once sync.Once
+	s    *Server
+	err  error
+}
+
+// Shared returns the `panda up` of this test binary (default Options),
+// started on the first call; later calls return the same server, or the
+// same error. Main stops it.
+func Shared() (*Server, error) {
+	shared.once.Do(func() {
+		shared.s, shared.err = Start(Options{})
+		if shared.err != nil {
+			shared.err = fmt.Errorf("start the shared panda up: %w", shared.err)
+		}
+	})
+	return shared.s, shared.err
+}
+
+// Main runs the tests (m is a *testing.M), then stops every server that is
+// still running (Shared's among them) and removes the binary Binary built.
+// It returns the exit code for os.Exit: the tests', or 1 if they passed but
+// the clean-up failed (a server that would not stop cleanly, leftovers);
+// what went wrong is written to stderr.
+func Main(m interface{ Run() int }) int {
+	code := m.Run()
+	liveMu.Lock()
+	servers := slices.Clone(live)
+	liveMu.Unlock()
+	failed := false
+	for _, s := range servers {
+		if err := s.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pandatest: stop %s on %s: %v\nits output:\n%s\n", s.name(), s.dataDir, err, s.Log())
+			failed = true
+		}
+	}
+	if err := removeBinary(); err != nil {
+		fmt.Fprintf(os.Stderr, "pandatest: %v\n", err)
+		failed = true
+	}
+	if failed && code == 0 {
+		code = 1
+	}
+	return code
+}
+
+// The binary built by Binary.
+var built struct {
+	once sync.Once
+	dir  string // temporary directory holding it
+	bin  string
+	err  error
+}
+
+// Binary returns the panda binary under test: $PANDA_BIN, or else
+// ./cmd/panda of the module above the working directory, built on the
+// first call into a temporary directory that Main removes.
+func Binary() (string, error) {
+	if bin := os.Getenv("PANDA_BIN"); bin != "" {
+		return bin, nil
+	}
+	built.once.Do(func() { built.bin, built.dir, built.err = build() })
+	return built.bin, built.err
+}
+
+func build() (bin, dir string, err error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	if dir, err = os.MkdirTemp("", "ptbin"); err != nil {
+		return "", "", fmt.Errorf("make a directory for the panda binary: %w", err)
+	}
+	bin = filepath.Join(dir, "panda")
+	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/panda")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", "", fmt.Errorf("go build ./cmd/panda: %v\n%s", err, out)
+	}
+	return bin, dir, nil
+}
+
+func removeBinary() error {
+	if built.dir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(built.dir); err != nil {
+		return fmt.Errorf("remove the built panda binary: %w", err)
+	}
+	return nil
+}
+
+// moduleRoot finds the directory of the pandastack go.mod above the
+// working directory (a test runs in its package's directory).
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/pandastack/pandastack\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod of github.com/pandastack/pandastack above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// RemoveDataDir removes the data directory of panda processes that have
+// exited. What they must not leave behind it cleans up first and returns,
+// one line each: QEMU processes serving dir (killed) and file systems
+// mounted under it (unmounted, or detached if busy). err is what kept it
+// from removing dir.
+func RemoveDataDir(dir string) (leftovers []string, err error) {
+	if pids := QEMUPIDs(dir); len(pids) > 0 {
+		leftovers = append(leftovers, fmt.Sprintf("QEMU processes %v of %s (killed)", pids, dir))
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, pid := range pids {
+			WaitGone(pid, 10*time.Second)
+		}
+	}
+	for _, mp := range mountsUnder(dir) {
+		// Files of just-killed processes can take a moment to close.
+		var err error
+		for range 50 {
+			if err = syscall.Unmount(mp, 0); err == nil || !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err == nil {
+			leftovers = append(leftovers, fmt.Sprintf("%s mounted (unmounted)", mp))
+			continue
+		}
+		open := holders(mp)
+		syscall.Unmount(mp, syscall.MNT_DETACH)
+		leftovers = append(leftovers, fmt.Sprintf("%s mounted (unmount: %v; open there: %s; detached)", mp, err, open))
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return leftovers, fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return leftovers, nil
+}
+
+// QEMUPIDs lists the live QEMU processes whose command line mentions a
+// path under dir.
+func QEMUPIDs(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(b) == 0 { // gone, or a zombie
+			continue
+		}
+		argv := bytes.Split(b, []byte{0})
+		if strings.Contains(filepath.Base(string(argv[0])), "qemu-system") && bytes.Contains(b, []byte(dir+"/")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// Alive reports whether pid is a running (not zombie) process.
+func Alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...; comm may contain spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// WaitGone waits until pid is not Alive, for at most timeout, and reports
+// whether it is gone.
+func WaitGone(pid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for Alive(pid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// Mounted reports whether path is a mount point of this process's mount
+// namespace.
+func Mounted(path string) bool {
+	return slices.Contains(mountPoints(), path)
+}
+
+// mountsUnder lists the mount points under dir, deepest first.
+func mountsUnder(dir string) []string {
+	var out []string
+	for _, mp := range mountPoints() {
+		if strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return out
+}
+
+// mountInfoEscapes undoes the octal escapes of /proc/self/mountinfo.
+var mountInfoEscapes = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+
+// mountPoints lists the mount points in /proc/self/mountinfo.
+func mountPoints() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
+			out = append(out, mountInfoEscapes.Replace(fields[4]))
+		}
+	}
+	return out
+}
+
+// holders lists the processes with files open or mapped under dir.
+func holders(dir string) string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		held := false
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); strings.HasPrefix(l, dir+"/") {
+				held = true
+			}
+		}
+		if m, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "maps")); bytes.Contains(m, []byte(dir+"/")) {
+			held = true
+		}
+		if held {
+			comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+			out = append(out, e.Name()+" ("+strings.TrimSpace(string(comm))+")")
+		}
+	}
+	if len(out) == 0 {
+		return "no process"
+	}
+	return strings.Join(out, ", ")
+}

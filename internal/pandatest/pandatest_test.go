@@ -1,0 +1,303 @@
+package pandatest
+
+// These tests run a fake panda: this test binary again, with PANDATEST_FAKE
+// set to how it should behave. The real one is tested by the suites that
+// use this package.
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("PANDATEST_FAKE"); mode != "" {
+		os.Exit(fakePanda(mode, os.Args[1:]))
+	}
+	os.Exit(Main(m))
+}
+
+// fakePanda serves GET /healthz like `panda up|server|agent`: it writes
+// its arguments to DATA_DIR/argv, the admin key (not as an agent) and a
+// banner to stdout, a log line to stderr, and exits at SIGTERM. mode is
+// "ok" (exit 0 at SIGTERM), "exit3" (exit 3 at SIGTERM) or "die" (exit 1
+// at once); "sleep" only sleeps, as a fake QEMU.
+func fakePanda(mode string, args []string) int {
+	if mode == "sleep" {
+		time.Sleep(10 * time.Minute)
+		return 0
+	}
+	fs := flag.NewFlagSet("panda", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "", "")
+	listen := fs.String("listen", "", "")
+	fs.String("images", "", "")
+	fs.String("accel", "", "")
+	fs.String("extra", "", "")
+	if len(args) == 0 || fs.Parse(args[1:]) != nil {
+		return 2
+	}
+	fmt.Fprintln(os.Stderr, "fake panda: starting")
+	if mode == "die" {
+		fmt.Fprintln(os.Stderr, "fake panda: boom")
+		return 1
+	}
+	if err := os.WriteFile(filepath.Join(*dataDir, "argv"), []byte(strings.Join(args, "\n")), 0o600); err != nil {
+		return 1
+	}
+	if args[0] != "agent" {
+		if err := os.WriteFile(filepath.Join(*dataDir, "admin.key"), []byte("panda_fake\n"), 0o600); err != nil {
+			return 1
+		}
+		fmt.Println("Created the admin API key: panda_fake")
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+		}
+	}))
+	<-term
+	if mode == "exit3" {
+		return 3
+	}
+	return 0
+}
+
+// startFake starts the fake panda in mode.
+func startFake(t *testing.T, mode string, opts Options) *Server {
+	t.Helper()
+	t.Setenv("PANDATEST_FAKE", mode)
+	opts.Bin = os.Args[0]
+	s, err := Start(opts)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+func TestStartStop(t *testing.T) {
+	tests := []struct {
+		command  string
+		wantArgs string
+		wantKey  string
+	}{
+		{"", "up --data-dir D --listen A --images I --accel tcg --extra x", "panda_fake"},
+		{"agent", "agent --data-dir D --listen A --images I --accel tcg --extra x", ""},
+		{"server", "server --data-dir D --listen A --extra x", "panda_fake"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.command, func(t *testing.T) {
+			s := startFake(t, "ok", Options{Command: tt.command, Images: "I", Args: []string{"--extra", "x"}})
+			dir := s.DataDir()
+			if len(dir) > len(os.TempDir())+16 {
+				t.Errorf("data directory %s: want a short name", dir)
+			}
+			b, err := os.ReadFile(filepath.Join(dir, "argv"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := strings.TrimPrefix(s.URL(), "http://")
+			got := strings.NewReplacer(dir, "D", addr, "A").Replace(strings.ReplaceAll(string(b), "\n", " "))
+			if got != tt.wantArgs {
+				t.Errorf("got arguments %q, want %q", got, tt.wantArgs)
+			}
+			if s.AdminKey() != tt.wantKey {
+				t.Errorf("got admin key %q, want %q", s.AdminKey(), tt.wantKey)
+			}
+			if !s.Healthy() || s.PID() <= 0 {
+				t.Errorf("Healthy() %v, PID() %d: want true and a PID", s.Healthy(), s.PID())
+			}
+			if tt.wantKey != "" && !strings.Contains(s.Stdout(), "Created the admin API key") {
+				t.Errorf("got stdout %q, want the banner", s.Stdout())
+			}
+			if !strings.Contains(s.Log(), "fake panda: starting") {
+				t.Errorf("got log %q, want what it wrote to stderr", s.Log())
+			}
+			if err := s.Stop(); err != nil {
+				t.Errorf("Stop: %v", err)
+			}
+			if Alive(s.PID()) {
+				t.Errorf("process %d alive after Stop", s.PID())
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("data directory after Stop: got %v, want it removed", err)
+			}
+			if err := s.Stop(); err != nil {
+				t.Errorf("second Stop: got %v, want nil", err)
+			}
+		})
+	}
+}
+
+func TestStopReportsExitStatus(t *testing.T) {
+	s := startFake(t, "exit3", Options{})
+	if err := s.Stop(); err == nil || !strings.Contains(err.Error(), "exit status 3") {
+		t.Errorf("Stop: got %v, want an error with exit status 3", err)
+	}
+}
+
+func TestKillKeepsDataDir(t *testing.T) {
+	dir := t.TempDir()
+	s := startFake(t, "exit3", Options{DataDir: dir})
+	s.Kill()
+	if Alive(s.PID()) || s.Healthy() {
+		t.Fatalf("process %d alive after Kill", s.PID())
+	}
+	if err := s.Stop(); err != nil {
+		t.Errorf("Stop after Kill: got %v, want nil", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "admin.key")); err != nil {
+		t.Errorf("the caller's data directory after Kill and Stop: %v", err)
+	}
+}
+
+func TestStartFails(t *testing.T) {
+	t.Setenv("PANDATEST_FAKE", "die")
+	s, err := Start(Options{Bin: os.Args[0], DataDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "fake panda: boom") {
+		t.Errorf("Start: got %v, %v; want an error with the process's output", s, err)
+	}
+}
+
+func TestCommandErrors(t *testing.T) {
+	if _, err := Command(t.Context(), Options{Bin: "/bin/true"}); err == nil {
+		t.Error("Command without a data directory: got no error")
+	}
+	if _, err := Command(t.Context(), Options{Bin: "/bin/true", DataDir: "/d", Command: "bake"}); err == nil {
+		t.Error("Command bake: got no error")
+	}
+}
+
+// runner is a fake *testing.M.
+type runner int
+
+func (r runner) Run() int { return int(r) }
+
+func TestMainStopsServers(t *testing.T) {
+	ok := startFake(t, "ok", Options{})
+	if code := Main(runner(0)); code != 0 {
+		t.Errorf("Main after a clean stop: got %d, want 0", code)
+	}
+	if ok.Healthy() {
+		t.Error("the server is healthy after Main")
+	}
+	startFake(t, "exit3", Options{})
+	if code := Main(runner(0)); code != 1 {
+		t.Errorf("Main after a stop with exit status 3: got %d, want 1", code)
+	}
+	if code := Main(runner(2)); code != 2 {
+		t.Errorf("Main of failed tests: got %d, want 2", code)
+	}
+}
+
+func TestRemoveDataDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	dir, err := os.MkdirTemp("", "pt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Unmount(filepath.Join(dir, "store"), syscall.MNT_DETACH)
+		os.RemoveAll(dir)
+	})
+	// A mount and a "QEMU" (a copy of this binary, sleeping) left behind.
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", store, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	if !Mounted(store) {
+		t.Fatalf("Mounted(%s) = false after mounting it", store)
+	}
+	qemu := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+	copyFile(t, os.Args[0], qemu)
+	cmd := exec.Command(qemu, "-drive", dir+"/disk")
+	cmd.Env = append(os.Environ(), "PANDATEST_FAKE=sleep")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go cmd.Wait()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	deadline := time.Now().Add(10 * time.Second)
+	for len(QEMUPIDs(dir)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := QEMUPIDs(dir); len(got) != 1 || got[0] != cmd.Process.Pid {
+		t.Fatalf("QEMUPIDs: got %v, want [%d]", got, cmd.Process.Pid)
+	}
+
+	left, err := RemoveDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 || !strings.Contains(left[0], "QEMU processes") || !strings.Contains(left[1], store+" mounted (unmounted)") {
+		t.Errorf("got leftovers %q, want the QEMU process and the mount", left)
+	}
+	if Alive(cmd.Process.Pid) || Mounted(store) {
+		t.Errorf("after RemoveDataDir: QEMU alive %v, store mounted %v; want neither", Alive(cmd.Process.Pid), Mounted(store))
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after RemoveDataDir: got %v, want it removed", dir, err)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	in, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTailBuffer(t *testing.T) {
+	var b tailBuffer
+	for i := range 3 * tailMax / 10 {
+		fmt.Fprintf(&b, "%09d\n", i)
+	}
+	got := b.Tail(20)
+	if want := fmt.Sprintf("...%09d\n%09d\n", 3*tailMax/10-2, 3*tailMax/10-1); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if len(b.b) > 2*tailMax {
+		t.Errorf("holds %d bytes, want at most %d", len(b.b), 2*tailMax)
+	}
+	var short tailBuffer
+	short.Write([]byte("abc"))
+	if got := short.Tail(20); got != "abc" {
+		t.Errorf("got %q, want abc", got)
+	}
+}
