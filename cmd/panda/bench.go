@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,18 +26,17 @@ func benchCmd() *cobra.Command {
 
 func benchCreateCmd() *cobra.Command {
 	var (
-		dataDir, images, accel, tmpl string
-		n, execs, idle, mem, vcpus   int
-		asJSON                       bool
+		loc                        localBench
+		tmpl                       string
+		n, execs, idle, mem, vcpus int
+		asJSON                     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
 		Short: "Create → first exec latency, exec round trip and idle memory, through the host agent",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			if images == "" {
-				images = filepath.Join(dataDir, "images")
-			}
+			dataDir, images, accel := loc.dataDir, loc.imagesDir(), loc.accel
 			// Its own data directory (next to the server's) so that a
 			// running server and the benchmark never share sandboxes.
 			a, err := agent.Open(ctx, agent.Config{
@@ -57,9 +55,7 @@ func benchCreateCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
+				return writeJSON(cmd.OutOrStdout(), res)
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "template %s, %d MiB, %s\n", res.Template, res.MemoryMiB, res.Accel)
@@ -74,9 +70,7 @@ func benchCreateCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "data directory (the benchmark uses DATA_DIR/bench)")
-	f.StringVar(&images, "images", "", "guest images directory (default DATA_DIR/images)")
-	f.StringVar(&accel, "accel", "auto", "auto, kvm or tcg")
+	loc.register(f)
 	f.StringVar(&tmpl, "template", "base", "template")
 	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
 	f.IntVar(&vcpus, "vcpus", 1, "vCPUs")
@@ -186,9 +180,7 @@ func parseLevels(s string) ([]int, error) {
 
 func printAPIResult(out io.Writer, res bench.APIResult, asJSON bool) error {
 	if asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		return writeJSON(out, res)
 	}
 	fmt.Fprintf(out, "server %s, template %s, %d MiB\n", res.APIURL, res.Template, res.MemoryMiB)
 	d := res.CreateToFirstExec

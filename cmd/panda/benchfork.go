@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // localStack is a private all-in-one server for benchmarks that need the
@@ -86,7 +88,8 @@ func startLocalStack(ctx context.Context, dataDir, images, accel string) (*local
 
 func benchForkCmd() *cobra.Command {
 	var (
-		dataDir, images, accel, tmpl, sizes string
+		loc                                 localBench
+		tmpl, sizes                         string
 		rounds, dirty, fanout, fanRuns, mem int
 		memChildren, childDirty             int
 		asJSON                              bool
@@ -103,9 +106,7 @@ through the HTTP API:
     --child-dirty MiB, beside the same children made as naive full copies.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			if images == "" {
-				images = filepath.Join(dataDir, "images")
-			}
+			dataDir, images, accel := loc.dataDir, loc.imagesDir(), loc.accel
 			var memSizes []int
 			for _, f := range strings.Split(sizes, ",") {
 				v, err := strconv.Atoi(strings.TrimSpace(f))
@@ -129,9 +130,7 @@ through the HTTP API:
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
+				return writeJSON(out, res)
 			}
 			fmt.Fprintf(out, "template %s, %s\n", res.Template, res.Accel)
 			for _, s := range res.BySize {
@@ -147,9 +146,7 @@ through the HTTP API:
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "data directory (the benchmark uses DATA_DIR/bench)")
-	f.StringVar(&images, "images", "", "guest images directory (default DATA_DIR/images)")
-	f.StringVar(&accel, "accel", "auto", "auto, kvm or tcg")
+	loc.register(f)
 	f.StringVar(&tmpl, "template", "base", "template")
 	f.StringVar(&sizes, "sizes", "512,1024,2048,4096", "guest RAM sizes (MiB) to compare")
 	f.IntVar(&rounds, "rounds", 10, "forks measured per size")
@@ -161,4 +158,27 @@ through the HTTP API:
 	f.IntVar(&childDirty, "child-dirty", 8, "MiB each child dirties in the memory measurement")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// localBench holds the flags of benchmarks that run their own host agent
+// on DATA_DIR/bench.
+type localBench struct{ dataDir, images, accel string }
+
+func (l *localBench) register(f *pflag.FlagSet) {
+	f.StringVar(&l.dataDir, "data-dir", envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "data directory (the benchmark uses DATA_DIR/bench)")
+	f.StringVar(&l.images, "images", "", "guest images directory (default DATA_DIR/images)")
+	f.StringVar(&l.accel, "accel", "auto", "auto, kvm or tcg")
+}
+
+func (l *localBench) imagesDir() string {
+	if l.images != "" {
+		return l.images
+	}
+	return filepath.Join(l.dataDir, "images")
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

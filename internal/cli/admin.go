@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -149,17 +150,9 @@ func keysCmd(g *globals) *cobra.Command {
 		Short: "Revoke API keys; their sandboxes are killed",
 		Args:  args(1, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			var failed []error
-			for _, id := range args {
-				if err := c.RevokeKey(cmd.Context(), id); err != nil {
-					failed = append(failed, fmt.Errorf("revoke %s: %w", id, err))
-				}
-			}
-			return errors.Join(failed...)
+			return eachID(cmd, g, args, "revoke", func(ctx context.Context, c *pandastack.Client, id string) error {
+				return c.RevokeKey(ctx, id)
+			})
 		},
 	})
 	return cmd
@@ -229,17 +222,9 @@ func snapshotCmd(g *globals) *cobra.Command {
 		Short: "Delete snapshots",
 		Args:  args(1, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			var failed []error
-			for _, id := range args {
-				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
-					failed = append(failed, fmt.Errorf("delete snapshot %s: %w", id, err))
-				}
-			}
-			return errors.Join(failed...)
+			return eachID(cmd, g, args, "delete snapshot", func(ctx context.Context, c *pandastack.Client, id string) error {
+				return c.DeleteSnapshot(ctx, id)
+			})
 		},
 	})
 	return cmd
@@ -272,4 +257,20 @@ func hostsCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
+}
+
+// eachID runs fn for every id, going on after failures, and returns them
+// all ("verb id: error" each).
+func eachID(cmd *cobra.Command, g *globals, ids []string, verb string, fn func(context.Context, *pandastack.Client, string) error) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	var failed []error
+	for _, id := range ids {
+		if err := fn(cmd.Context(), c, id); err != nil {
+			failed = append(failed, fmt.Errorf("%s %s: %w", verb, id, err))
+		}
+	}
+	return errors.Join(failed...)
 }
