@@ -279,6 +279,12 @@ type CreateRequest struct {
 	// SnapshotID, if set, restores the snapshot instead of a template
 	// (Template, MemoryMiB and VCPUs are then ignored).
 	SnapshotID string
+	// Owner is the tenant (API key) the sandbox belongs to. Sandboxes of
+	// one owner share their template's memory pages; sandboxes of
+	// different owners never share a page: each owner maps its own reflink
+	// copy of the template's memory image, whose page cache is its own. ""
+	// shares with every other "" (tests, benchmarks).
+	Owner string
 	// Progress receives bake progress if the template must be baked first.
 	Progress template.Progress
 }
@@ -338,6 +344,13 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
 		im = templateImage(tmpl, a.images)
+		if req.Owner != "" {
+			mem, err := a.tenantMemory(tmpl, req.Owner)
+			if err != nil {
+				return Info{}, fmt.Errorf("create sandbox: %w", err)
+			}
+			im.memFile = mem
+		}
 	}
 	if err := a.checkSpace(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
@@ -352,6 +365,63 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	return s.info(), nil
+}
+
+// tenantMemory returns owner's copy of tmpl's memory image, making it on
+// first use: a reflink clone (O(metadata) on disk) that does not share page
+// cache with the original, so pages are shared copy-on-write only among
+// one owner's sandboxes. Copies are keyed by the template's boot id: a
+// re-bake gets new copies, and tenantGC removes the old ones.
+func (a *Agent) tenantMemory(tmpl *template.Template, owner string) (string, error) {
+	if !validOwner(owner) {
+		return "", fmt.Errorf("%w: owner %q", ErrInvalid, owner)
+	}
+	dir := filepath.Join(a.vol.Dir, "tenants", owner)
+	path := filepath.Join(dir, tmpl.Key()+"-"+tmpl.BootID+".mem")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", classifyIOError(err)
+	}
+	tmp := fmt.Sprintf("%s.tmp-%s", path, randHex(4))
+	if err := volume.Clone(tmpl.MemFile(), tmp); err != nil {
+		return "", classifyIOError(fmt.Errorf("copy template memory for %s: %w", owner, err))
+	}
+	if err := os.Rename(tmp, path); err != nil { // concurrent creates: either copy is fine
+		os.Remove(tmp)
+		return "", fmt.Errorf("copy template memory for %s: %w", owner, err)
+	}
+	return path, nil
+}
+
+func validOwner(owner string) bool {
+	if owner == "" || len(owner) > 64 {
+		return false
+	}
+	for _, c := range owner {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// tenantGC removes tenants' copies of template memory images whose bake is
+// gone. Running sandboxes are unaffected: they hold hard links.
+func (a *Agent) tenantGC() {
+	current := map[string]bool{}
+	if list, err := a.templates.List(); err == nil {
+		for _, t := range list {
+			current[t.Key()+"-"+t.BootID+".mem"] = true
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(a.vol.Dir, "tenants", "*", "*"))
+	for _, f := range files {
+		if !current[filepath.Base(f)] {
+			os.Remove(f)
+		}
+	}
 }
 
 // register reserves id for a new sandbox in state starting.
@@ -397,6 +467,9 @@ type image struct {
 	Dir      string
 	Spec     vmm.Spec
 	Template string // template key, for the record
+	// memFile, if set, replaces Dir/vm.mem (a tenant's copy of a
+	// template's memory image).
+	memFile string
 	// fullCopy gives the sandbox a full private copy of its memory (every
 	// page copied into the VMM at start, shared with nobody): the naive
 	// baseline that `panda bench fork` compares against. Nothing else
@@ -404,7 +477,12 @@ type image struct {
 	fullCopy bool
 }
 
-func (im image) mem() string    { return filepath.Join(im.Dir, "vm.mem") }
+func (im image) mem() string {
+	if im.memFile != "" {
+		return im.memFile
+	}
+	return filepath.Join(im.Dir, "vm.mem")
+}
 func (im image) state() string  { return filepath.Join(im.Dir, "vm.state") }
 func (im image) rootfs() string { return filepath.Join(im.Dir, "rootfs.ext4") }
 
@@ -702,6 +780,7 @@ func (a *Agent) Recover(ctx context.Context) []Recovered {
 		}
 		out = append(out, Recovered{ID: id, Err: err})
 	}
+	a.tenantGC()
 	// Captures of forks and snapshots interrupted by a crash.
 	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))

@@ -400,3 +400,36 @@ func TestConcurrentCreates(t *testing.T) {
 		testAgent.Kill(context.Background(), ids[i])
 	}
 }
+
+// Sandboxes of one owner map the same memory image; sandboxes of different
+// owners never share one (so they share no page cache page).
+func TestMemoryIsSharedOnlyWithinAnOwner(t *testing.T) {
+	inode := func(owner string) (uint64, string) {
+		info, err := testAgent.Create(ctxT(t), CreateRequest{Owner: owner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { testAgent.Kill(context.Background(), info.ID) })
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(testAgent.sbDir, info.ID, "vm.mem"), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino, info.ID
+	}
+	a1, id := inode("keyalice")
+	a2, _ := inode("keyalice")
+	b1, _ := inode("keybob")
+	none, _ := inode("")
+	if a1 != a2 {
+		t.Errorf("two sandboxes of one owner map different images (%d, %d)", a1, a2)
+	}
+	if a1 == b1 || b1 == none || a1 == none {
+		t.Errorf("owners share a memory image: alice %d, bob %d, none %d", a1, b1, none)
+	}
+	if got := sh(t, id, "echo ok"); got != "ok\n" {
+		t.Errorf("sandbox on an owner's copy: %q", got)
+	}
+	if _, err := testAgent.Create(ctxT(t), CreateRequest{Owner: "../etc"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad owner: %v, want ErrInvalid", err)
+	}
+}

@@ -231,6 +231,7 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 	t0 := time.Now()
 	_, err = s.host.Create(ctx, agent.CreateRequest{
 		ID: sb.ID, Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+		Owner: key.ID,
 	})
 	if err != nil {
 		s.metrics.creates.WithLabelValues("error").Inc()

@@ -224,7 +224,7 @@ func sandboxPath(id string, rest ...string) string {
 func (c *Client) Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error) {
 	var info agent.Info
 	err := c.call(ctx, http.MethodPost, "/sandboxes", nil, createRequest{
-		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
 	}, &info)
 	return info, err
 }

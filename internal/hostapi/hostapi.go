@@ -100,6 +100,7 @@ type (
 		VCPUs      int               `json:"vcpus,omitempty"`
 		Env        map[string]string `json:"env,omitempty"`
 		SnapshotID string            `json:"snapshot_id,omitempty"`
+		Owner      string            `json:"owner,omitempty"`
 	}
 	forkRequest struct {
 		IDs []string `json:"ids"`

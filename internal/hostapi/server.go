@@ -373,7 +373,7 @@ func (s *Server) create(r *http.Request) (any, error) {
 		return nil, err
 	}
 	return s.a.Create(r.Context(), agent.CreateRequest{
-		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
 	})
 }
 
