@@ -56,6 +56,51 @@ func Run(t *testing.T, open func(t *testing.T) catalog.Catalog) {
 	}
 }
 
+// Shared checks what must hold across several catalogs open on one store
+// at once, as control-plane processes or replicas have them: many
+// reservations for one key, spread over every catalog, never take it over
+// its quota, and each catalog sees every sandbox the others stored. cats
+// share one empty store; Shared does not close them.
+func Shared(t *testing.T, cats []catalog.Catalog) {
+	createKey(t, cats[0], newKey("key_a", t0))
+	const limit = 10
+	ok, _ := reserveAtOnce(t, 40, func(i int) error {
+		return cats[i%len(cats)].ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("sb%02d", i), "key_a"), limit, 0)
+	})
+	if ok != limit {
+		t.Errorf("%d reservations across %d catalogs succeeded, want %d", ok, len(cats), limit)
+	}
+	for i, c := range cats {
+		sbs, err := c.ListSandboxes(t.Context(), catalog.SandboxFilter{KeyID: "key_a"})
+		if err != nil || len(sbs) != limit {
+			t.Errorf("catalog %d lists %d sandboxes (%v), want %d", i, len(sbs), err, limit)
+		}
+	}
+}
+
+// NewerSchema checks that a program refuses a store migrated by a newer
+// one rather than running against a schema it does not know. open opens
+// the store (the same, initially empty, one each time); addVersion records
+// a schema version in the store's schema_migrations table.
+func NewerSchema[C catalog.Catalog](t *testing.T, open func() (C, error), addVersion func(version int) error) {
+	c, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := addVersion(9999); err != nil {
+		t.Fatal(err)
+	}
+	c, err = open()
+	if err == nil {
+		c.Close()
+		t.Fatal("Open of a store with a newer schema succeeded")
+	}
+	if !strings.Contains(err.Error(), "9999") {
+		t.Errorf("Open: %v; want it to name the newer version", err)
+	}
+}
+
 // t0 has nanoseconds, which a catalog drops (it keeps microseconds).
 var t0 = time.Date(2025, 3, 4, 5, 6, 7, 891234567, time.UTC)
 
@@ -455,28 +500,9 @@ func testReserveConcurrent(t *testing.T, c catalog.Catalog) {
 	for _, tc := range tests {
 		keyID := "key_" + tc.name
 		createKey(t, c, newKey(keyID, t0))
-		start := make(chan struct{})
-		errs := make([]error, callers)
-		var wg sync.WaitGroup
-		for i := range callers {
-			wg.Go(func() {
-				<-start
-				errs[i] = c.ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("%s%02d", tc.name, i), keyID), tc.maxCount, tc.maxMem)
-			})
-		}
-		close(start)
-		wg.Wait()
-		ok, quota := 0, 0
-		for i, err := range errs {
-			switch {
-			case err == nil:
-				ok++
-			case errors.Is(err, catalog.ErrQuota):
-				quota++
-			default:
-				t.Errorf("%s: caller %d: %v, want nil or ErrQuota", tc.name, i, err)
-			}
-		}
+		ok, quota := reserveAtOnce(t, callers, func(i int) error {
+			return c.ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("%s%02d", tc.name, i), keyID), tc.maxCount, tc.maxMem)
+		})
 		if ok != tc.want || quota != callers-tc.want {
 			t.Errorf("%s: %d reservations succeeded and %d hit the quota, want %d and %d",
 				tc.name, ok, quota, tc.want, callers-tc.want)
@@ -489,6 +515,35 @@ func testReserveConcurrent(t *testing.T, c catalog.Catalog) {
 			t.Errorf("%s: %d sandboxes stored, want %d", tc.name, len(sbs), tc.want)
 		}
 	}
+}
+
+// reserveAtOnce calls reserve(0) to reserve(callers-1) from as many
+// goroutines released together and returns how many succeeded and how many
+// hit a quota. Any other error fails the test.
+func reserveAtOnce(t *testing.T, callers int, reserve func(i int) error) (ok, quota int) {
+	t.Helper()
+	start := make(chan struct{})
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			errs[i] = reserve(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, catalog.ErrQuota):
+			quota++
+		default:
+			t.Errorf("caller %d: %v, want nil or ErrQuota", i, err)
+		}
+	}
+	return ok, quota
 }
 
 func testListSandboxes(t *testing.T, c catalog.Catalog) {

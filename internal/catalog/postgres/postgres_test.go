@@ -2,12 +2,9 @@ package postgres_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -39,11 +36,17 @@ func TestPostgres(t *testing.T) {
 // are applied once and that a key's quota holds across all of them.
 func testReplicas(t *testing.T, dsn string) {
 	const replicas = 4
-	cats := make([]*postgres.Catalog, replicas)
+	cats := make([]catalog.Catalog, replicas)
 	errs := make([]error, replicas)
 	var wg sync.WaitGroup
 	for i := range replicas {
-		wg.Go(func() { cats[i], errs[i] = postgres.Open(t.Context(), dsn) })
+		wg.Go(func() {
+			c, err := postgres.Open(t.Context(), dsn)
+			if err == nil {
+				cats[i] = c
+			}
+			errs[i] = err
+		})
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -66,64 +69,18 @@ func testReplicas(t *testing.T, dsn string) {
 		t.Errorf("schema_migrations has %d rows for %d versions, want one row per version", rows, versions)
 	}
 
-	now := time.Now()
-	if err := cats[0].CreateKey(t.Context(), catalog.Key{ID: "key_a", Hash: "h", CreatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	const callers, limit = 40, 10
-	start := make(chan struct{})
-	results := make([]error, callers)
-	for i := range callers {
-		wg.Go(func() {
-			<-start
-			sb := catalog.Sandbox{ID: fmt.Sprintf("sb%02d", i), KeyID: "key_a", State: catalog.StateRunning, MemoryMiB: 256, CreatedAt: now}
-			results[i] = cats[i%replicas].ReserveSandbox(t.Context(), sb, limit, 0)
-		})
-	}
-	close(start)
-	wg.Wait()
-	ok := 0
-	for i, err := range results {
-		switch {
-		case err == nil:
-			ok++
-		case !errors.Is(err, catalog.ErrQuota):
-			t.Errorf("caller %d: %v, want nil or ErrQuota", i, err)
-		}
-	}
-	if ok != limit {
-		t.Errorf("%d reservations across %d replicas succeeded, want %d", ok, replicas, limit)
-	}
-	for i, c := range cats {
-		sbs, err := c.ListSandboxes(t.Context(), catalog.SandboxFilter{KeyID: "key_a"})
-		if err != nil || len(sbs) != limit {
-			t.Errorf("replica %d lists %d sandboxes (%v), want %d", i, len(sbs), err, limit)
-		}
-	}
+	catalogtest.Shared(t, cats)
 }
 
-// testNewerSchema checks that a program refuses a database migrated by a
-// newer one rather than running against a schema it does not know.
 func testNewerSchema(t *testing.T, dsn string) {
-	c, err := postgres.Open(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.WithoutCancel(t.Context()))
-	if _, err := conn.Exec(t.Context(), `INSERT INTO schema_migrations (version, name) VALUES (9999, '9999_future.sql')`); err != nil {
-		t.Fatal(err)
-	}
-	c, err = postgres.Open(t.Context(), dsn)
-	if err == nil {
-		c.Close()
-		t.Fatal("Open of a database with a newer schema succeeded")
-	}
-	if !strings.Contains(err.Error(), "9999") {
-		t.Errorf("Open: %v; want it to name the newer version", err)
-	}
+	open := func() (*postgres.Catalog, error) { return postgres.Open(t.Context(), dsn) }
+	catalogtest.NewerSchema(t, open, func(version int) error {
+		conn, err := pgx.Connect(t.Context(), dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(t.Context()))
+		_, err = conn.Exec(t.Context(), `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, version, fmt.Sprintf("%04d_future.sql", version))
+		return err
+	})
 }

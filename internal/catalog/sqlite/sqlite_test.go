@@ -2,11 +2,9 @@ package sqlite_test
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,73 +51,31 @@ func TestReopen(t *testing.T) {
 	}
 }
 
-// TestTwoCatalogs opens one file twice, as two processes would, and checks
-// that a key's quota holds across both.
+// TestTwoCatalogs opens one file twice, as two processes would.
 func TestTwoCatalogs(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "catalog.db")
-	var cats [2]*sqlite.Catalog
-	for i := range cats {
+	var cats []catalog.Catalog
+	for i := range 2 {
 		c, err := sqlite.Open(t.Context(), path)
 		if err != nil {
 			t.Fatalf("Open #%d: %v", i, err)
 		}
 		t.Cleanup(func() { c.Close() })
-		cats[i] = c
+		cats = append(cats, c)
 	}
-	now := time.Now()
-	if err := cats[0].CreateKey(t.Context(), catalog.Key{ID: "key_a", Hash: "h", CreatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	const callers, limit = 30, 10
-	start := make(chan struct{})
-	results := make([]error, callers)
-	var wg sync.WaitGroup
-	for i := range callers {
-		wg.Go(func() {
-			<-start
-			sb := catalog.Sandbox{ID: fmt.Sprintf("sb%02d", i), KeyID: "key_a", State: catalog.StateRunning, CreatedAt: now}
-			results[i] = cats[i%2].ReserveSandbox(t.Context(), sb, limit, 0)
-		})
-	}
-	close(start)
-	wg.Wait()
-	ok := 0
-	for i, err := range results {
-		switch {
-		case err == nil:
-			ok++
-		case !errors.Is(err, catalog.ErrQuota):
-			t.Errorf("caller %d: %v, want nil or ErrQuota", i, err)
-		}
-	}
-	if ok != limit {
-		t.Errorf("%d reservations across two catalogs succeeded, want %d", ok, limit)
-	}
+	catalogtest.Shared(t, cats)
 }
 
-// TestNewerSchema checks that a program refuses a file migrated by a newer
-// one rather than running against a schema it does not know.
 func TestNewerSchema(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "catalog.db")
-	c, err := sqlite.Open(t.Context(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name) VALUES (9999, '9999_future.sql')`); err != nil {
-		t.Fatal(err)
-	}
-	c, err = sqlite.Open(t.Context(), path)
-	if err == nil {
-		c.Close()
-		t.Fatal("Open of a file with a newer schema succeeded")
-	}
-	if !strings.Contains(err.Error(), "9999") {
-		t.Errorf("Open: %v; want it to name the newer version", err)
-	}
+	open := func() (*sqlite.Catalog, error) { return sqlite.Open(t.Context(), path) }
+	catalogtest.NewerSchema(t, open, func(version int) error {
+		db, err := sql.Open("sqlite", path)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.Exec(`INSERT INTO schema_migrations (version, name) VALUES (?, ?)`, version, fmt.Sprintf("%04d_future.sql", version))
+		return err
+	})
 }

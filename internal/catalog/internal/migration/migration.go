@@ -1,6 +1,7 @@
 // Package migration reads the catalog's versioned schema migrations from an
 // embedded directory. Applying them is each store's business (locking and
-// transactions differ); this package only decides what the list is.
+// transactions differ); this package only decides what the list is and
+// what is left of it to apply.
 package migration
 
 import (
@@ -55,4 +56,15 @@ func Load(fsys fs.FS, dir string) ([]Migration, error) {
 		return nil, fmt.Errorf("read migrations: none in %s", dir)
 	}
 	return ms, nil
+}
+
+// Pending returns the migrations of ms (as Load returns them) after
+// version applied, the newest one a store has recorded. A store newer than
+// ms, migrated by a newer program, is an error: running against a schema
+// the program does not know could damage it.
+func Pending(ms []Migration, applied int) ([]Migration, error) {
+	if applied > len(ms) {
+		return nil, fmt.Errorf("schema version %d is newer than this program's %d: run a newer panda", applied, len(ms))
+	}
+	return ms[applied:], nil
 }

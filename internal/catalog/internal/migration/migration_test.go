@@ -51,3 +51,20 @@ func TestLoad(t *testing.T) {
 		}
 	}
 }
+
+func TestPending(t *testing.T) {
+	ms := []Migration{{Version: 1}, {Version: 2}, {Version: 3}}
+	for _, tc := range []struct {
+		applied, want int // want: how many are pending; -1 = error
+	}{{0, 3}, {1, 2}, {3, 0}, {4, -1}} {
+		got, err := Pending(ms, tc.applied)
+		switch {
+		case tc.want < 0 && err == nil:
+			t.Errorf("Pending(applied %d) = %v, want an error", tc.applied, got)
+		case tc.want >= 0 && (err != nil || len(got) != tc.want):
+			t.Errorf("Pending(applied %d) = %d migrations, %v; want %d", tc.applied, len(got), err, tc.want)
+		case tc.want > 0 && got[0].Version != tc.applied+1:
+			t.Errorf("Pending(applied %d) starts at version %d, want %d", tc.applied, got[0].Version, tc.applied+1)
+		}
+	}
+}
