@@ -279,6 +279,7 @@ func TestAuth(t *testing.T) {
 	expect(t, do(t, e.admin, "DELETE", "/v1/keys/"+id, nil), 204, "")
 	expect(t, do(t, key, "GET", "/v1/sandboxes", nil), 401, "unauthorized")
 	expect(t, do(t, e.admin, "DELETE", "/v1/keys/nosuchkey", nil), 404, "not_found")
+	expect(t, do(t, e.admin, "POST", "/v1/keys", `{"name":"a\u0000b"}`), 422, "invalid")
 }
 
 func TestCreateExecFilesKill(t *testing.T) {
@@ -463,6 +464,7 @@ func TestMalformedRequests(t *testing.T) {
 		{"bad metadata filter", "GET", "/v1/sandboxes?metadata=nokv", nil, 422, "invalid"},
 		{"unknown route", "GET", "/v1/nothing", nil, 404, "not_found"},
 		{"ttl missing", "PUT", "/v1/sandboxes/abc/ttl", `{}`, 422, "invalid"},
+		{"NUL in metadata", "POST", "/v1/sandboxes", `{"metadata":{"a":"x\u0000y"}}`, 422, "invalid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expect(t, do(t, key, tc.method, tc.path, tc.body), tc.status, tc.code)

@@ -71,8 +71,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Name = strings.TrimSpace(req.Name)
 	switch {
-	case req.Name == "" || len(req.Name) > 64:
-		s.writeError(w, r, invalid("name must be 1 to 64 characters"))
+	case req.Name == "" || len(req.Name) > 64 || strings.ContainsRune(req.Name, 0):
+		s.writeError(w, r, invalid("name must be 1 to 64 characters, without NUL"))
 		return
 	case req.MaxSandboxes < 0 || req.MaxMemoryMiB < 0:
 		s.writeError(w, r, invalid("quotas must not be negative (0 means the server default)"))
