@@ -16,12 +16,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// hashCache remembers file hashes by (path, size, mtime, inode) in a JSON
-// file, so that checking a template for staleness does not read a 4 GiB
-// root filesystem every time.
+// hashCache remembers file hashes by (path, size, mtime, inode), in memory
+// and in a JSON file that outlives the process, so that checking a template
+// for staleness (on every create) costs a stat per input, not a read of a
+// 4 GiB root filesystem, nor of the cache file.
 type hashCache struct {
 	path string
-	mu   sync.Mutex
+
+	mu      sync.Mutex
+	entries map[string]hashEntry // nil until loaded from path
 }
 
 type hashEntry struct {
@@ -45,13 +48,15 @@ func (c *hashCache) hash(path string) (string, error) {
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	entries := map[string]hashEntry{}
-	if c.path != "" {
-		if b, err := os.ReadFile(c.path); err == nil {
-			json.Unmarshal(b, &entries)
+	if c.entries == nil {
+		c.entries = map[string]hashEntry{}
+		if c.path != "" {
+			if b, err := os.ReadFile(c.path); err == nil {
+				json.Unmarshal(b, &c.entries)
+			}
 		}
 	}
-	if e, ok := entries[abs]; ok && e.Size == key.Size && e.Mtime == key.Mtime && e.Ino == key.Ino {
+	if e, ok := c.entries[abs]; ok && e.Size == key.Size && e.Mtime == key.Mtime && e.Ino == key.Ino {
 		return e.Hash, nil
 	}
 	h, err := sparseHash(path)
@@ -59,9 +64,9 @@ func (c *hashCache) hash(path string) (string, error) {
 		return "", err
 	}
 	key.Hash = h
-	entries[abs] = key
+	c.entries[abs] = key
 	if c.path != "" {
-		if b, err := json.Marshal(entries); err == nil {
+		if b, err := json.Marshal(c.entries); err == nil {
 			tmp := c.path + ".tmp"
 			if os.WriteFile(tmp, b, 0o644) == nil {
 				os.Rename(tmp, c.path)
