@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"io"
 	"io/fs"
@@ -140,12 +141,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	fi, err := c.Stat(r.Context(), p)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fileJSON(fi))
+	s.opThenStat(w, r, c, nil, p, nil)
 }
 
 func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
@@ -199,12 +195,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	fi, err := c.Stat(r.Context(), p)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fileJSON(fi))
+	s.opThenStat(w, r, c, nil, p, nil)
 }
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
@@ -215,25 +206,9 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkPath(req.Path); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	c, err := s.guestFor(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := c.Mkdir(r.Context(), req.Path); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	fi, err := c.Stat(r.Context(), req.Path)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fileJSON(fi))
+	s.opThenStat(w, r, nil, []string{req.Path}, req.Path, func(ctx context.Context, c Guest) error {
+		return c.Mkdir(ctx, req.Path)
+	})
 }
 
 func (s *Server) rename(w http.ResponseWriter, r *http.Request) {
@@ -245,22 +220,30 @@ func (s *Server) rename(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	for _, p := range []string{req.From, req.To} {
-		if err := checkPath(p); err != nil {
-			s.writeError(w, r, err)
-			return
+	s.opThenStat(w, r, nil, []string{req.From, req.To}, req.To, func(ctx context.Context, c Guest) error {
+		return c.Rename(ctx, req.From, req.To)
+	})
+}
+
+// opThenStat checks paths, reaches the caller's running sandbox (unless c
+// is given), runs op (if any) and answers with the FileInfo of result.
+func (s *Server) opThenStat(w http.ResponseWriter, r *http.Request, c Guest, paths []string, result string, op func(context.Context, Guest) error) {
+	var err error
+	for _, p := range paths {
+		if err = checkPath(p); err != nil {
+			break
 		}
 	}
-	c, err := s.guestFor(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
+	if err == nil && c == nil {
+		c, err = s.guestFor(r)
 	}
-	if err := c.Rename(r.Context(), req.From, req.To); err != nil {
-		s.writeError(w, r, err)
-		return
+	if err == nil && op != nil {
+		err = op(r.Context(), c)
 	}
-	fi, err := c.Stat(r.Context(), req.To)
+	var fi guestproto.FileInfo
+	if err == nil {
+		fi, err = c.Stat(r.Context(), result)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -107,13 +107,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
 			continue
 		}
-		done := time.Now().UTC()
-		sb, err := s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
-			x.State = stateRunning
-			x.ExpiresAt = done.Add(ttl)
-			x.UpdatedAt = done
-			return nil
-		})
+		sb, err := s.markRunning(ctx, id, ttl)
 		if err != nil {
 			s.host.Kill(context.WithoutCancel(ctx), id)
 			ae := classify(err)
@@ -312,13 +306,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	if ttl <= 0 {
 		ttl = s.cfg.DefaultTTL
 	}
-	sb, err = s.cat.UpdateSandbox(context.WithoutCancel(r.Context()), sb.ID, func(x *catalog.Sandbox) error {
-		now := time.Now().UTC()
-		x.State = stateRunning
-		x.ExpiresAt = now.Add(ttl)
-		x.UpdatedAt = now
-		return nil
-	})
+	sb, err = s.markRunning(r.Context(), sb.ID, ttl)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

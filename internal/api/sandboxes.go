@@ -243,14 +243,7 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 	}
 	s.metrics.createSeconds.Observe(time.Since(t0).Seconds())
 	s.metrics.creates.WithLabelValues("ok").Inc()
-	// The TTL counts from when the sandbox is usable.
-	now = time.Now().UTC()
-	sb, err = s.cat.UpdateSandbox(context.WithoutCancel(ctx), sb.ID, func(x *catalog.Sandbox) error {
-		x.State = stateRunning
-		x.ExpiresAt = now.Add(ttl)
-		x.UpdatedAt = now
-		return nil
-	})
+	sb, err = s.markRunning(ctx, sb.ID, ttl)
 	if err != nil {
 		s.host.Kill(context.WithoutCancel(ctx), sb.ID)
 		return catalog.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
@@ -409,6 +402,18 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	return s.markStopped(ctx, id, reason)
+}
+
+// markRunning records that a sandbox runs; its TTL counts from now, when
+// it became usable. It completes even if ctx is canceled: the sandbox runs.
+func (s *Server) markRunning(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
+	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+		now := time.Now().UTC()
+		x.State = stateRunning
+		x.ExpiresAt = now.Add(ttl)
+		x.UpdatedAt = now
+		return nil
+	})
 }
 
 func (s *Server) markStopped(ctx context.Context, id, reason string) error {

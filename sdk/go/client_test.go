@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/guestproto"
 	"go/parser"
 	"go/token"
 	"io"
@@ -386,22 +387,6 @@ func TestExecStreamWriterFails(t *testing.T) {
 	}
 }
 
-// patternReader yields n bytes of a pattern, without holding them.
-type patternReader struct{ n, off int64 }
-
-func (r *patternReader) Read(p []byte) (int, error) {
-	if r.off >= r.n {
-		return 0, io.EOF
-	}
-	p = p[:min(int64(len(p)), r.n-r.off)]
-	for i := range p {
-		x := uint64(r.off + int64(i))
-		p[i] = byte(x*2654435761>>13 ^ x)
-	}
-	r.off += int64(len(p))
-	return len(p), nil
-}
-
 func TestWriteFileStreams(t *testing.T) {
 	const size = 20 << 20
 	var gotSum [32]byte
@@ -420,7 +405,7 @@ func TestWriteFileStreams(t *testing.T) {
 
 	// Unknown length: chunked.
 	h := sha256.New()
-	fi, err := sb.WriteFile(ctx, "/f", io.TeeReader(&patternReader{n: size}, h), 0o600)
+	fi, err := sb.WriteFile(ctx, "/f", io.TeeReader(guestproto.PatternReader(1, size), h), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}

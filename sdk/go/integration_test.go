@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/guestproto"
 	"io"
 	"os"
 	"regexp"
@@ -293,22 +294,6 @@ func TestIntegrationExecStream(t *testing.T) {
 	})
 }
 
-// patternReader yields n bytes of a pattern without holding them.
-type patternReader struct{ n, off int64 }
-
-func (r *patternReader) Read(p []byte) (int, error) {
-	if r.off >= r.n {
-		return 0, io.EOF
-	}
-	p = p[:min(int64(len(p)), r.n-r.off)]
-	for i := range p {
-		x := uint64(r.off + int64(i))
-		p[i] = byte(x*2654435761>>13 ^ x)
-	}
-	r.off += int64(len(p))
-	return len(p), nil
-}
-
 func TestIntegrationFiles(t *testing.T) {
 	c := adminClient(t)
 	ctx := testCtx(t)
@@ -317,7 +302,7 @@ func TestIntegrationFiles(t *testing.T) {
 	t.Run("20 MiB round trip", func(t *testing.T) {
 		const size = 20 << 20
 		up := sha256.New()
-		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(&patternReader{n: size}, up), 0o600)
+		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(guestproto.PatternReader(1, size), up), 0o600)
 		if err != nil {
 			t.Fatal(err)
 		}
