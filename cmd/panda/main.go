@@ -13,10 +13,19 @@ import (
 	"syscall"
 
 	"github.com/pandastack/pandastack/internal/cli"
+	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/spf13/cobra"
 )
 
 func main() {
+	// Tests stop processes at named points of critical sequences to test
+	// crash recovery there (package failpoint); never set otherwise.
+	if spec := os.Getenv("PANDA_FAILPOINTS"); spec != "" {
+		if err := failpoint.Enable(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "panda:", err)
+			os.Exit(2)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -70,7 +70,8 @@ adopt (keep). See docs/deployment.md.`,
 // panda server the control plane's.
 var (
 	hostFlags    = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake"}
-	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key"}
+	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key",
+		"max-vcpus-per-key", "max-disk-per-key", "metrics-listen"}
 )
 
 // flagGroups is the flags every daemon has and those of groups.
@@ -100,6 +101,9 @@ var configFlags = map[string]configFlag{
 	"max-ttl":               {"longest TTL allowed", func(c *server.Config) any { return &c.MaxTTL }},
 	"max-sandboxes-per-key": {"concurrent sandboxes per API key (keys can override)", func(c *server.Config) any { return &c.MaxSandboxesPerKey }},
 	"max-memory-per-key":    {"total guest memory (MiB) per API key", func(c *server.Config) any { return &c.MaxMemoryMiBPerKey }},
+	"max-vcpus-per-key":     {"total vCPUs per API key", func(c *server.Config) any { return &c.MaxVCPUsPerKey }},
+	"max-disk-per-key":      {"disk (MiB) per API key: sandbox disks, paused sandboxes, snapshots", func(c *server.Config) any { return &c.MaxDiskMiBPerKey }},
+	"metrics-listen":        {"serve /metrics without a key on this address too (e.g. 127.0.0.1:9788)", func(c *server.Config) any { return &c.MetricsListen }},
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent)", func(c *server.Config) any { return &c.AgentURL }},

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
@@ -40,6 +41,12 @@ var (
 	ErrConflict = errors.New("wrong state")
 	ErrInvalid  = errors.New("invalid request")
 	ErrNoSpace  = errors.New("out of disk space")
+	// ErrCorrupt: a capture (snapshot, paused sandbox) failed its checksum
+	// and was not restored.
+	ErrCorrupt = errors.New("corrupt")
+	// ErrNotReady: the sandbox's guest agent has not answered since the
+	// host agent restarted; retry shortly.
+	ErrNotReady = errors.New("guest agent not answering yet")
 )
 
 // Config configures an Agent.
@@ -118,6 +125,9 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closed    bool
+	// verified lists the snapshots whose files passed their checksums in
+	// this process: they are immutable, so one check per start suffices.
+	verified map[string]bool
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,
@@ -128,7 +138,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, images: template.Images{Dir: cfg.ImagesDir}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]bool{}, images: template.Images{Dir: cfg.ImagesDir}}
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
@@ -137,7 +147,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.driver = drv
-	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	accel, why, err := drv.ResolveAccel(ctx, cfg.Accel, a.images.Kernel(), filepath.Join(cfg.DataDir, "accel.cache"))
@@ -166,8 +176,8 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
-	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			vol.Close()
 			return nil, fmt.Errorf("open host agent: %w", err)
 		}
@@ -198,15 +208,18 @@ func (a *Agent) TemplateParams(name string, memoryMiB, vcpus int) template.Param
 	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
 }
 
-// State of a sandbox.
-type State string
+// State of a sandbox: the lifecycle package's.
+type State = lifecycle.State
 
+// The states, named as this package always has.
 const (
-	StateStarting State = "starting"
-	StateRunning  State = "running"
-	StatePaused   State = "paused"
-	StateStopping State = "stopping"
-	StateStopped  State = "stopped"
+	StateStarting = lifecycle.Starting
+	StateRunning  = lifecycle.Running
+	StatePausing  = lifecycle.Pausing
+	StatePaused   = lifecycle.Paused
+	StateResuming = lifecycle.Resuming
+	StateStopping = lifecycle.Stopping
+	StateStopped  = lifecycle.Stopped
 )
 
 // Info describes a sandbox.
@@ -223,11 +236,16 @@ type Info struct {
 	Snapshot  string    `json:"snapshot_id,omitempty"`
 }
 
-// record is what sandbox.json holds: enough to adopt the VMM again.
+// record is what sandbox.json holds: enough to adopt the VMM again, or to
+// finish or roll back the operation a crash interrupted (Op).
 type record struct {
-	ID        string            `json:"id"`
-	Template  string            `json:"template"`
-	State     State             `json:"state"` // running or paused
+	ID       string `json:"id"`
+	Template string `json:"template"`
+	State    State  `json:"state"`
+	// Op is the operation in flight that recovery must finish or roll
+	// back: opPause or opResume ("" for none).
+	Op        string            `json:"op,omitempty"`
+	Owner     string            `json:"owner,omitempty"`
 	ParentID  string            `json:"parent_id,omitempty"`
 	Snapshot  string            `json:"snapshot_id,omitempty"`
 	Spec      vmm.Spec          `json:"spec"`
@@ -237,21 +255,11 @@ type record struct {
 	CreatedAt time.Time         `json:"created_at"`
 }
 
-type sandbox struct {
-	rec    record
-	dir    string // store directory: disk, memory link, state, sandbox.json
-	runDir string
-
-	// op serializes lifecycle operations on this sandbox (fork, snapshot,
-	// pause, resume, kill) so that they never interleave.
-	op sync.Mutex
-
-	mu      sync.Mutex
-	state   State
-	m       vmm.Machine
-	client  *guestproto.Client
-	killing bool
-}
+// Operations recorded in record.Op.
+const (
+	opPause  = "pause"
+	opResume = "resume"
+)
 
 func (s *sandbox) info() Info {
 	s.mu.Lock()
@@ -321,10 +329,16 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	} else if !ValidID(req.ID) {
 		return Info{}, fmt.Errorf("create sandbox: %w: id %q must be lowercase letters and digits", ErrInvalid, req.ID)
 	}
+	if req.Owner != "" && !validOwner(req.Owner) {
+		return Info{}, fmt.Errorf("create sandbox: %w: owner %q", ErrInvalid, req.Owner)
+	}
 	var im image
 	if req.SnapshotID != "" {
 		snap, err := a.GetSnapshot(req.SnapshotID)
 		if err != nil {
+			return Info{}, fmt.Errorf("create sandbox: %w", err)
+		}
+		if err := a.verifySnapshot(snap); err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
 		im = snap.image()
@@ -355,16 +369,42 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := a.checkSpace(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	s, err := a.register(req.ID, req.Env)
+	s, err := a.register(record{ID: req.ID, Env: req.Env, Owner: req.Owner, Snapshot: req.SnapshotID})
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	s.rec.Snapshot = req.SnapshotID
-	if err := a.restore(ctx, s, im, false); err != nil {
-		a.discard(s)
+	if err := a.start(ctx, s, im); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	return s.info(), nil
+}
+
+// start restores a registered (starting) sandbox from im and makes it
+// running; on failure, or if it is killed meanwhile, it is stopped and its
+// files are gone.
+func (a *Agent) start(ctx context.Context, s *sandbox, im image) error {
+	ctx, end, err := s.begin(ctx, "start", StateStarting)
+	if err != nil {
+		a.stop(s)
+		return err
+	}
+	err = a.restore(ctx, s, im)
+	if err == nil {
+		err = s.transition(lifecycle.Started)
+	}
+	if err == nil {
+		err = classifyIOError(s.writeRecord(false))
+	}
+	end()
+	if err != nil {
+		killed := s.stopping()
+		a.stop(s)
+		if killed {
+			return errStopped(s, "start")
+		}
+		return err
+	}
+	return nil
 }
 
 // tenantMemory returns owner's copy of tmpl's memory image, making it on
@@ -373,15 +413,12 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 // one owner's sandboxes. Copies are keyed by the template's boot id: a
 // re-bake gets new copies, and tenantGC removes the old ones.
 func (a *Agent) tenantMemory(tmpl *template.Template, owner string) (string, error) {
-	if !validOwner(owner) {
-		return "", fmt.Errorf("%w: owner %q", ErrInvalid, owner)
-	}
 	dir := filepath.Join(a.vol.Dir, "tenants", owner)
 	path := filepath.Join(dir, tmpl.Key()+"-"+tmpl.BootID+".mem")
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", classifyIOError(err)
 	}
 	tmp := fmt.Sprintf("%s.tmp-%s", path, randHex(4))
@@ -424,28 +461,26 @@ func (a *Agent) tenantGC() {
 	}
 }
 
-// register reserves id for a new sandbox in state starting.
-func (a *Agent) register(id string, env map[string]string) (*sandbox, error) {
-	s := &sandbox{
-		rec: record{
-			ID: id, Hostname: id, MachineID: randHex(16), Env: env, CreatedAt: time.Now().UTC(),
-		},
-		dir:    filepath.Join(a.sbDir, id),
-		runDir: filepath.Join(a.cfg.RunDir, id),
-		state:  StateStarting,
-	}
+// register reserves rec.ID for a new sandbox in state starting.
+func (a *Agent) register(rec record) (*sandbox, error) {
+	rec.Hostname = rec.ID
+	rec.MachineID = randHex(16)
+	rec.CreatedAt = time.Now().UTC()
+	s := newSandbox(rec, filepath.Join(a.sbDir, rec.ID), filepath.Join(a.cfg.RunDir, rec.ID), StateStarting)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return nil, fmt.Errorf("%w: host agent is shutting down", ErrConflict)
 	}
-	if _, dup := a.sandboxes[id]; dup {
-		return nil, fmt.Errorf("%w: id %s in use", ErrConflict, id)
+	if _, dup := a.sandboxes[rec.ID]; dup {
+		return nil, fmt.Errorf("%w: id %s in use", ErrConflict, rec.ID)
 	}
-	a.sandboxes[id] = s
+	a.sandboxes[rec.ID] = s
 	return s, nil
 }
 
+// checkSpace fails with ErrNoSpace when the store is nearly full. The
+// message is for users: it names no host path (the log does).
 func (a *Agent) checkSpace() error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(a.vol.Dir, &st); err != nil {
@@ -453,8 +488,9 @@ func (a *Agent) checkSpace() error {
 	}
 	free := int64(st.Bavail) * st.Bsize
 	if free < a.cfg.MinFreeBytes {
-		return fmt.Errorf("%w: %d MiB free in %s, need at least %d MiB; kill sandboxes or delete snapshots",
-			ErrNoSpace, free>>20, a.vol.Dir, a.cfg.MinFreeBytes>>20)
+		a.log.Warn("store nearly full", "dir", a.vol.Dir, "free_mib", free>>20, "min_free_mib", a.cfg.MinFreeBytes>>20)
+		return fmt.Errorf("%w: the host has %d MiB free for sandboxes and needs at least %d MiB; kill sandboxes or delete snapshots",
+			ErrNoSpace, free>>20, a.cfg.MinFreeBytes>>20)
 	}
 	return nil
 }
@@ -493,40 +529,48 @@ func templateImage(t *template.Template, images template.Images) image {
 // restoreTimeout bounds one restore, from files to the guest's answer.
 const restoreTimeout = 90 * time.Second
 
-// restore gives s its own files from im and starts its VMM. With move,
-// im's files are moved into s (resuming a paused sandbox from its own
-// capture); otherwise the disk is reflinked and the memory image and state
-// hard-linked, so im stays intact and may be deleted later.
-func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) error {
+// The files of a sandbox's running machine, in its directory.
+const (
+	diskFile  = "rootfs.ext4"
+	memFile   = "vm.mem"
+	stateFile = "vm.state"
+)
+
+// restore gives s its own files from im and starts its VMM: the disk is a
+// reflink clone, the memory image and device state are hard links, so im
+// stays intact (a paused sandbox's capture survives a failed resume) and
+// may be deleted later. On failure everything restore made is undone; s's
+// state is the caller's to change.
+func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	// Bounded: a VMM that never answers must not leave the sandbox starting.
 	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
+	defer func() {
+		if err != nil {
+			a.undoRestore(s)
+		}
+	}()
 	t0 := time.Now()
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return classifyIOError(err)
+	}
+	if err := os.MkdirAll(s.runDir, 0o700); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(s.runDir, 0o755); err != nil {
-		return err
+	disk, mem, state := filepath.Join(s.dir, diskFile), filepath.Join(s.dir, memFile), filepath.Join(s.dir, stateFile)
+	for _, f := range []string{disk, mem, state} {
+		os.Remove(f) // a leftover of an interrupted restore
 	}
-	disk, mem, state := filepath.Join(s.dir, "rootfs.ext4"), filepath.Join(s.dir, "vm.mem"), filepath.Join(s.dir, "vm.state")
-	if move {
-		for _, f := range [][2]string{{im.rootfs(), disk}, {im.mem(), mem}, {im.state(), state}} {
-			if err := os.Rename(f[0], f[1]); err != nil {
-				return fmt.Errorf("move %s: %w", filepath.Base(f[0]), err)
-			}
-		}
-	} else {
-		if err := volume.Clone(im.rootfs(), disk); err != nil {
-			return classifyIOError(err)
-		}
-		// A hard link keeps the same inode, hence the same page cache as
-		// every other sandbox restored from im, and survives im's deletion.
-		if err := os.Link(im.mem(), mem); err != nil {
-			return classifyIOError(fmt.Errorf("link memory image: %w", err))
-		}
-		if err := os.Link(im.state(), state); err != nil {
-			return classifyIOError(fmt.Errorf("link device state: %w", err))
-		}
+	if err := volume.Clone(im.rootfs(), disk); err != nil {
+		return classifyIOError(err)
+	}
+	// A hard link keeps the same inode, hence the same page cache as
+	// every other sandbox restored from im, and survives im's deletion.
+	if err := os.Link(im.mem(), mem); err != nil {
+		return classifyIOError(fmt.Errorf("link memory image: %w", err))
+	}
+	if err := os.Link(im.state(), state); err != nil {
+		return classifyIOError(fmt.Errorf("link device state: %w", err))
 	}
 	spec := im.Spec
 	spec.MemoryFile = mem
@@ -536,10 +580,11 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) er
 	spec.RunDir = s.runDir
 	spec.ConsoleLog = ""
 	spec.Prealloc = im.fullCopy
+	s.mu.Lock()
 	s.rec.Spec = spec
 	s.rec.Template = im.Template
-	s.rec.State = StateRunning
-	if err := writeJSON(filepath.Join(s.dir, "sandbox.json"), s.rec); err != nil {
+	s.mu.Unlock()
+	if err := s.writeRecord(false); err != nil {
 		return classifyIOError(err)
 	}
 	tFiles := time.Since(t0)
@@ -548,9 +593,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) er
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.m = m
-	s.mu.Unlock()
+	s.setMachine(m, nil, nil)
 	tStart := time.Since(t0)
 	// Connect before loading: the guest then never sees the host side of
 	// its serial port go away across the restore.
@@ -559,9 +602,11 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) er
 		return fmt.Errorf("connect to guest agent: %w", err)
 	}
 	client := guestproto.NewClient(conn)
-	s.mu.Lock()
-	s.client = client
-	s.mu.Unlock()
+	ready := make(chan struct{})
+	s.setMachine(m, client, ready)
+	if s.stopping() { // killed before it could see the machine
+		return errStopped(s, "restore")
+	}
 	if err := m.LoadState(ctx, state); err != nil {
 		return err
 	}
@@ -573,21 +618,48 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image, move bool) er
 	if err := a.hello(ctx, s, client); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.state = StateRunning
-	s.mu.Unlock()
+	close(ready)
 	go a.watch(s, m)
 	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart),
 		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "ready_ms", ms(time.Since(t0)))
 	return nil
 }
 
+// undoRestore kills the VMM a failed restore started and removes the
+// files it made (the sandbox's directory and record stay).
+func (a *Agent) undoRestore(s *sandbox) {
+	s.mu.Lock()
+	m, client := s.m, s.client
+	s.m, s.client, s.ready = nil, nil, nil // the watcher ignores a VMM that is no longer s.m
+	s.mu.Unlock()
+	if client != nil {
+		client.Close()
+	}
+	if m != nil {
+		m.Kill()
+	}
+	a.removeLiveFiles(s)
+}
+
+// removeLiveFiles removes the files of s's machine (not its record or
+// pause capture) and its run directory.
+func (a *Agent) removeLiveFiles(s *sandbox) {
+	for _, f := range []string{diskFile, memFile, stateFile} {
+		os.Remove(filepath.Join(s.dir, f))
+	}
+	os.RemoveAll(s.runDir)
+}
+
+// helloTimeout bounds the guest's answer to HELLO.
+const helloTimeout = 30 * time.Second
+
 func (a *Agent) hello(ctx context.Context, s *sandbox, client *guestproto.Client) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, helloTimeout)
 	defer cancel()
-	reply, err := client.Hello(ctx, guestproto.HelloRequest{
-		Hostname: s.rec.Hostname, MachineID: s.rec.MachineID, SandboxID: s.rec.ID, Env: s.rec.Env,
-	})
+	s.mu.Lock()
+	req := guestproto.HelloRequest{Hostname: s.rec.Hostname, MachineID: s.rec.MachineID, SandboxID: s.rec.ID, Env: s.rec.Env}
+	s.mu.Unlock()
+	reply, err := client.Hello(ctx, req)
 	if err != nil {
 		return fmt.Errorf("guest agent: %w", err)
 	}
@@ -599,49 +671,24 @@ func (a *Agent) hello(ctx context.Context, s *sandbox, client *guestproto.Client
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// watch waits for the VMM to exit. An exit the agent did not ask for
-// removes the sandbox and reports it through Config.OnExit.
+// watch waits for the VMM to exit. An exit the agent did not cause stops
+// the sandbox and is reported through Config.OnExit.
 func (a *Agent) watch(s *sandbox, m vmm.Machine) {
 	<-m.Done()
 	s.mu.Lock()
-	ours := s.killing || s.m != m // killed by us, or replaced (pause)
+	// Killed by us, replaced (pause, a failed resume) or left to the next
+	// agent (Detach).
+	ours := s.m != m || s.detached || s.state == StateStopping || s.state == StateStopped
 	s.mu.Unlock()
 	if ours {
 		return
 	}
 	err := m.ExitError()
 	a.log.Warn("sandbox vmm exited", "sandbox_id", s.rec.ID, "err", err)
-	a.discard(s)
+	a.stop(s)
 	if a.cfg.OnExit != nil {
 		a.cfg.OnExit(s.rec.ID, err)
 	}
-}
-
-// discard stops s (if running) and removes everything it created.
-func (a *Agent) discard(s *sandbox) {
-	s.mu.Lock()
-	s.killing = true
-	s.state = StateStopping
-	m, client := s.m, s.client
-	s.mu.Unlock()
-	if client != nil {
-		client.Close()
-	}
-	if m != nil {
-		m.Kill()
-	}
-	if err := os.RemoveAll(s.dir); err != nil {
-		a.log.Error("remove sandbox files", "sandbox_id", s.rec.ID, "err", err)
-	}
-	os.RemoveAll(s.runDir)
-	s.mu.Lock()
-	s.state = StateStopped
-	s.mu.Unlock()
-	a.mu.Lock()
-	if a.sandboxes[s.rec.ID] == s {
-		delete(a.sandboxes, s.rec.ID)
-	}
-	a.mu.Unlock()
 }
 
 func (a *Agent) get(id string) (*sandbox, error) {
@@ -679,20 +726,22 @@ func (a *Agent) List() []Info {
 	return out
 }
 
-// Kill stops a sandbox and removes its files. Killing an unknown sandbox
-// is ErrNotFound.
+// Kill stops a sandbox and removes its files, whatever it is doing: an
+// operation in flight is cancelled, and Kill returns within seconds even if
+// the guest or the VMM does not answer. Killing an unknown sandbox is
+// ErrNotFound.
 func (a *Agent) Kill(ctx context.Context, id string) error {
 	s, err := a.get(id)
 	if err != nil {
 		return err
 	}
-	s.op.Lock()
-	defer s.op.Unlock()
-	a.discard(s)
+	a.stop(s)
 	return nil
 }
 
-// Guest returns the guest agent client of a running sandbox.
+// Guest returns the guest agent client of a running sandbox: ErrConflict
+// if it is not running, ErrNotReady if it was adopted after a restart and
+// its guest has not answered yet.
 func (a *Agent) Guest(id string) (*guestproto.Client, error) {
 	s, err := a.get(id)
 	if err != nil {
@@ -702,6 +751,11 @@ func (a *Agent) Guest(id string) (*guestproto.Client, error) {
 	defer s.mu.Unlock()
 	if s.state != StateRunning || s.client == nil {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, s.state, ErrConflict)
+	}
+	select {
+	case <-s.ready:
+	default:
+		return nil, fmt.Errorf("sandbox %s: %w", id, ErrNotReady)
 	}
 	return s.client, nil
 }
@@ -715,28 +769,57 @@ func (a *Agent) Exec(ctx context.Context, id string, req guestproto.ExecRequest,
 	return c.Exec(ctx, req, stdin, stdout, stderr)
 }
 
-// Close kills every running sandbox and unmounts the store volume. Paused
-// sandboxes hold no VMM: their captures stay on disk for the next Open.
-// Idempotent.
-func (a *Agent) Close() error {
+// closeWait bounds how long Close and Detach wait for operations in flight
+// (a pause finishing its capture) before cancelling them.
+const closeWait = 60 * time.Second
+
+// quiesce stops new operations and waits for those in flight on every
+// sandbox (cancelling them after closeWait); it returns the sandboxes.
+func (a *Agent) quiesce() []*sandbox {
 	a.mu.Lock()
 	a.closed = true
 	all := make([]*sandbox, 0, len(a.sandboxes))
-	for id, s := range a.sandboxes {
-		s.mu.Lock()
-		paused := s.state == StatePaused
-		s.mu.Unlock()
-		if paused {
-			delete(a.sandboxes, id)
-			continue
-		}
+	for _, s := range a.sandboxes {
 		all = append(all, s)
 	}
 	a.mu.Unlock()
+	deadline := time.After(closeWait)
+	for _, s := range all {
+		select {
+		case s.slot <- struct{}{}:
+			<-s.slot
+		case <-s.gone:
+		case <-deadline:
+			s.mu.Lock()
+			if s.opCancel != nil {
+				s.opCancel()
+			}
+			s.mu.Unlock()
+			select {
+			case s.slot <- struct{}{}:
+				<-s.slot
+			case <-s.gone:
+			}
+		}
+	}
+	return all
+}
+
+// Close waits for operations in flight, kills every sandbox that has a
+// VMM and unmounts the store volume. Paused sandboxes hold no VMM: their
+// captures stay on disk for the next Open. Idempotent.
+func (a *Agent) Close() error {
+	all := a.quiesce()
 	var wg sync.WaitGroup
 	for _, s := range all {
+		if s.getState() == StatePaused {
+			a.mu.Lock()
+			delete(a.sandboxes, s.rec.ID)
+			a.mu.Unlock()
+			continue
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); a.discard(s) }()
+		go func() { defer wg.Done(); a.stop(s) }()
 	}
 	wg.Wait()
 	return a.vol.Close()
@@ -745,14 +828,13 @@ func (a *Agent) Close() error {
 // Detach forgets every sandbox without stopping its VMM, so that a later
 // agent can adopt them (Recover). The volume stays mounted. Idempotent.
 func (a *Agent) Detach() {
+	all := a.quiesce()
 	a.mu.Lock()
-	a.closed = true
-	all := a.sandboxes
 	a.sandboxes = map[string]*sandbox{}
 	a.mu.Unlock()
 	for _, s := range all {
 		s.mu.Lock()
-		s.killing = true // the watcher must not clean up a detached sandbox
+		s.detached = true // the watcher must not clean up a detached sandbox
 		if s.client != nil {
 			s.client.Close()
 		}
@@ -760,123 +842,14 @@ func (a *Agent) Detach() {
 	}
 }
 
-// Recovered is the outcome of Recover for one sandbox directory.
-type Recovered struct {
-	ID  string
-	Err error // nil: adopted and answering; else its files were removed
-}
-
-// Recover adopts the VMMs that an earlier agent left running, reconnects
-// to their guests, and removes the files of sandboxes whose VMM is gone.
-func (a *Agent) Recover(ctx context.Context) []Recovered {
-	ents, _ := os.ReadDir(a.sbDir)
-	var out []Recovered
-	for _, e := range ents {
-		id := e.Name()
-		dir := filepath.Join(a.sbDir, id)
-		err := a.adopt(ctx, id, dir)
-		if err != nil {
-			a.log.Warn("cannot adopt sandbox; removing it", "sandbox_id", id, "err", err)
-		}
-		out = append(out, Recovered{ID: id, Err: err})
-	}
-	a.tenantGC()
-	// Captures of forks and snapshots interrupted by a crash.
-	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
-	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
-	for _, d := range append(stale, tmps...) {
-		os.RemoveAll(d)
-	}
-	// Run directories of sandboxes that no longer exist.
-	runs, _ := os.ReadDir(a.cfg.RunDir)
-	for _, e := range runs {
-		if _, err := a.get(e.Name()); err != nil {
-			if !isBakeRunDir(e.Name()) {
-				os.RemoveAll(filepath.Join(a.cfg.RunDir, e.Name()))
-			}
-		}
-	}
-	return out
-}
-
-func isBakeRunDir(name string) bool { return len(name) > 5 && name[:5] == "bake-" }
-
-func (a *Agent) adopt(ctx context.Context, id, dir string) error {
-	s := &sandbox{dir: dir, runDir: filepath.Join(a.cfg.RunDir, id), state: StateStarting}
-	b, err := os.ReadFile(filepath.Join(dir, "sandbox.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &s.rec)
-	}
-	if err != nil || s.rec.ID != id {
-		s.rec.ID = id
-		a.discardFiles(s)
-		return fmt.Errorf("read sandbox.json: %v", err)
-	}
-	a.mu.Lock()
-	a.sandboxes[id] = s
-	a.mu.Unlock()
-	if s.rec.State == StatePaused {
-		// No VMM to adopt: its capture waits in the directory for Resume.
-		if _, err := os.Stat(filepath.Join(dir, "paused", "vm.state")); err != nil {
-			a.discard(s)
-			return fmt.Errorf("paused sandbox lost its capture: %w", err)
-		}
-		s.mu.Lock()
-		s.state = StatePaused
-		s.mu.Unlock()
-		return nil
-	}
-	m, err := a.driver.Adopt(ctx, s.rec.Spec)
-	if err != nil {
-		a.discard(s)
-		return err
-	}
-	s.mu.Lock()
-	s.m = m
-	s.mu.Unlock()
-	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", m.AgentSocket())
-	if err != nil {
-		a.discard(s)
-		return fmt.Errorf("connect to guest agent: %w", err)
-	}
-	client := guestproto.NewClient(conn)
-	s.mu.Lock()
-	s.client = client
-	s.mu.Unlock()
-	if err := a.hello(ctx, s, client); err != nil {
-		a.discard(s)
-		return err
-	}
-	s.mu.Lock()
-	s.state = StateRunning
-	s.mu.Unlock()
-	go a.watch(s, m)
-	return nil
-}
-
-func (a *Agent) discardFiles(s *sandbox) {
-	os.RemoveAll(s.dir)
-	os.RemoveAll(s.runDir)
-}
-
 func classifyIOError(err error) error {
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
 	}
 	return err
 }
 
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+func jsonIndent(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
 
 func randHex(n int) string {
 	b := make([]byte, n)

@@ -11,6 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/memimage"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/volume"
@@ -28,10 +32,17 @@ type CaptureStats struct {
 	DirtyBytes int64 `json:"dirty_bytes"`
 	// Runs is the number of contiguous dirty ranges.
 	Runs int `json:"runs"`
+	// SizeBytes is the disk space a pause capture holds (allocated blocks
+	// of its files); 0 for other captures.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
 }
 
 // captureTimeout bounds one capture (barrier, pause, save, resume).
 const captureTimeout = 60 * time.Second
+
+// runOnTimeout bounds continuing a machine after a capture: QMP cont and
+// RESUME to a guest that may not read its port.
+const runOnTimeout = 10 * time.Second
 
 // capture saves a running sandbox into dir (created): device state,
 // memory image (a reflink of the sandbox's base image patched with the
@@ -39,45 +50,43 @@ const captureTimeout = 60 * time.Second
 // stopped, so disk and memory agree). The guest channel is quiesced with a
 // barrier first so that any copy restored from dir starts at a frame
 // boundary. Unless keepPaused, the sandbox then runs on: its open streams
-// and processes continue. The caller holds s.op.
+// and processes continue; with keepPaused it stays stopped and the caller
+// must either stop its VMM or call runOn. A failed capture always runs
+// the sandbox on and removes dir. The caller holds s's operation slot.
 func (a *Agent) capture(ctx context.Context, s *sandbox, dir string, keepPaused bool) (CaptureStats, error) {
 	var st CaptureStats
 	s.mu.Lock()
-	m, client, state := s.m, s.client, s.state
+	m, client := s.m, s.client
 	s.mu.Unlock()
-	if state != StateRunning || m == nil || client == nil {
-		return st, fmt.Errorf("sandbox %s is %s, not running: %w", s.rec.ID, state, ErrConflict)
+	if m == nil || client == nil {
+		return st, fmt.Errorf("sandbox %s has no running machine: %w", s.rec.ID, ErrConflict)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return st, classifyIOError(err)
 	}
-	// Bounded: a hung guest or VMM must not hold s.op (and so block Kill)
-	// forever.
+	// Bounded: a hung guest or VMM must not hold the operation slot
+	// forever (and a kill cancels ctx at once).
 	ctx, cancel := context.WithTimeout(ctx, captureTimeout)
 	defer cancel()
 	if err := client.Barrier(ctx); err != nil {
-		client.Resume(context.WithoutCancel(ctx))
+		a.runOn(s, nil, client)
+		os.RemoveAll(dir)
 		return st, fmt.Errorf("quiesce guest agent: %w", err)
 	}
 	t0 := time.Now()
 	if err := m.Pause(ctx); err != nil {
-		client.Resume(context.WithoutCancel(ctx))
+		a.runOn(s, m, client)
+		os.RemoveAll(dir)
 		return st, err
 	}
+	failpoint.Hit("capture-stopped")
 	err := a.saveMachine(ctx, s, m, dir, &st)
 	if !keepPaused || err != nil {
-		// Always run the sandbox on after a failed capture.
-		bg := context.WithoutCancel(ctx)
-		if rerr := m.Resume(bg); rerr != nil && err == nil {
+		if rerr := a.runOn(s, m, client); rerr != nil && err == nil {
 			err = rerr
 		}
-		st.Paused = time.Since(t0)
-		if rerr := client.Resume(bg); rerr != nil && err == nil {
-			err = fmt.Errorf("resume guest agent: %w", rerr)
-		}
-	} else {
-		st.Paused = time.Since(t0)
 	}
+	st.Paused = time.Since(t0)
 	st.PausedMS = ms(st.Paused)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -86,8 +95,29 @@ func (a *Agent) capture(ctx context.Context, s *sandbox, dir string, keepPaused 
 	return st, nil
 }
 
+// runOn continues a machine that a capture stopped (m, if not nil) and
+// ends the guest channel's barrier, each bounded in time: a guest that
+// does not read its port fails its connection instead of blocking here.
+func (a *Agent) runOn(s *sandbox, m vmm.Machine, client *guestproto.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), runOnTimeout)
+	defer cancel()
+	var err error
+	if m != nil {
+		if err = m.Resume(ctx); err != nil {
+			a.log.Warn("continue vmm after capture", "sandbox_id", s.rec.ID, "err", err)
+		}
+	}
+	if rerr := client.Resume(ctx); rerr != nil {
+		a.log.Warn("resume guest channel after capture", "sandbox_id", s.rec.ID, "err", rerr)
+		if err == nil {
+			err = fmt.Errorf("resume guest agent: %w", rerr)
+		}
+	}
+	return err
+}
+
 func (a *Agent) saveMachine(ctx context.Context, s *sandbox, m vmm.Machine, dir string, st *CaptureStats) error {
-	if err := m.SaveState(ctx, filepath.Join(dir, "vm.state")); err != nil {
+	if err := m.SaveState(ctx, filepath.Join(dir, stateFile)); err != nil {
 		return err
 	}
 	r, err := m.RAMMapping()
@@ -100,11 +130,13 @@ func (a *Agent) saveMachine(ctx context.Context, s *sandbox, m vmm.Machine, dir 
 		return err
 	}
 	st.DirtyBytes, st.Runs = pm.DirtyBytes, len(pm.Dirty)
-	mem := filepath.Join(dir, "vm.mem")
-	if _, err := memimage.Write(mem, s.rec.Spec.MemoryFile, volume.Clone, region, pm.Dirty); err != nil {
+	s.mu.Lock()
+	spec := s.rec.Spec
+	s.mu.Unlock()
+	if _, err := memimage.Write(filepath.Join(dir, memFile), spec.MemoryFile, volume.Clone, region, pm.Dirty); err != nil {
 		return classifyIOError(err)
 	}
-	if err := volume.Clone(s.rec.Spec.Disk, filepath.Join(dir, "rootfs.ext4")); err != nil {
+	if err := volume.Clone(spec.Disk, filepath.Join(dir, diskFile)); err != nil {
 		return classifyIOError(err)
 	}
 	return nil
@@ -112,6 +144,8 @@ func (a *Agent) saveMachine(ctx context.Context, s *sandbox, m vmm.Machine, dir 
 
 // imageOf is the image a capture of s in dir restores to.
 func (s *sandbox) imageOf(dir string) image {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return image{Dir: dir, Spec: s.rec.Spec, Template: s.rec.Template}
 }
 
@@ -162,22 +196,33 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	if err := a.checkSpace(); err != nil {
 		return res, fmt.Errorf("fork: %w", err)
 	}
-	parent.op.Lock()
+	octx, end, err := parent.begin(ctx, "fork", StateRunning)
+	if err != nil {
+		return res, err
+	}
 	dir, err := os.MkdirTemp(filepath.Join(a.vol.Dir, "forks"), id+"-")
 	if err != nil {
-		parent.op.Unlock()
+		end()
 		return res, fmt.Errorf("fork: %w", classifyIOError(err))
 	}
 	// The capture's files live on in the children (hard links, reflinks).
+	// A fork's capture is transient: it is neither flushed nor sealed, and
+	// recovery removes it after a crash.
 	defer os.RemoveAll(dir)
-	res.Capture, err = a.capture(ctx, parent, dir, false)
+	res.Capture, err = a.capture(octx, parent, dir, false)
 	im := parent.imageOf(dir)
 	im.fullCopy = naive
-	env := parent.rec.Env
-	parent.op.Unlock()
+	parent.mu.Lock()
+	env, owner := parent.rec.Env, parent.rec.Owner
+	parent.mu.Unlock()
+	end()
 	if err != nil {
+		if parent.stopping() {
+			return res, errStopped(parent, "fork")
+		}
 		return res, fmt.Errorf("fork %s: %w", id, err)
 	}
+	failpoint.Hit("fork-captured")
 	a.log.Info("fork captured", "sandbox_id", id, "children", len(ids), "paused_ms", res.Capture.PausedMS,
 		"dirty_mib", res.Capture.DirtyBytes>>20)
 
@@ -190,14 +235,12 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s, err := a.register(cid, env)
+			s, err := a.register(record{ID: cid, Env: env, Owner: owner, ParentID: id})
 			if err != nil {
 				res.Children[i].Err = err
 				return
 			}
-			s.rec.ParentID = id
-			if err := a.restore(ctx, s, im, false); err != nil {
-				a.discard(s)
+			if err := a.start(ctx, s, im); err != nil {
 				res.Children[i].Err = fmt.Errorf("restore child %s: %w", cid, err)
 				return
 			}
@@ -229,8 +272,13 @@ func (si SnapshotInfo) image() image {
 
 func (a *Agent) snapshotDir(id string) string { return filepath.Join(a.vol.Dir, "snapshots", id) }
 
+// snapshotMeta is the snapshot's metadata file inside its directory.
+const snapshotMeta = "snapshot.json"
+
 // Snapshot captures the running sandbox id into a durable snapshot
-// snapID. The sandbox runs on.
+// snapID. The sandbox runs on. When Snapshot returns, the snapshot's files
+// are on stable storage with their checksums (a crash before that leaves
+// only a temporary directory that recovery removes).
 func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, error) {
 	if !ValidID(snapID) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot: %w: id %q must be lowercase letters and digits", ErrInvalid, snapID)
@@ -246,27 +294,41 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 	if _, err := os.Stat(dir); err == nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: exists", snapID, ErrConflict)
 	}
+	ctx, end, err := s.begin(ctx, "snapshot", StateRunning)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer end()
 	tmp := dir + ".tmp"
 	os.RemoveAll(tmp)
-	s.op.Lock()
 	st, err := a.capture(ctx, s, tmp, false)
-	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st}
-	s.op.Unlock()
 	if err != nil {
+		if s.stopping() {
+			return SnapshotInfo{}, errStopped(s, "snapshot")
+		}
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
+	s.mu.Lock()
+	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st}
+	s.mu.Unlock()
 	// Per-machine paths are not part of a snapshot.
 	si.Spec.MemoryFile, si.Spec.Disk, si.Spec.RunDir, si.Spec.ConsoleLog = "", "", "", ""
 	si.SizeBytes = allocated(tmp)
-	if err := writeJSON(filepath.Join(tmp, "snapshot.json"), si); err != nil {
-		os.RemoveAll(tmp)
-		return SnapshotInfo{}, classifyIOError(err)
+	err = writeJSON(filepath.Join(tmp, snapshotMeta), si, false)
+	if err == nil {
+		_, err = manifest.Seal(tmp, memFile, stateFile, diskFile, snapshotMeta)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
+	if err == nil {
+		err = manifest.Rename(tmp, dir)
+	}
+	if err != nil {
 		os.RemoveAll(tmp)
-		return SnapshotInfo{}, fmt.Errorf("snapshot: %w", err)
+		return SnapshotInfo{}, fmt.Errorf("snapshot: %w", classifyIOError(err))
 	}
 	si.dir = dir
+	a.mu.Lock()
+	a.verified[snapID] = true // its checksums were just computed from these files
+	a.mu.Unlock()
 	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
 	return si, nil
 }
@@ -277,7 +339,7 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
 	dir := a.snapshotDir(id)
-	b, err := os.ReadFile(filepath.Join(dir, "snapshot.json"))
+	b, err := os.ReadFile(filepath.Join(dir, snapshotMeta))
 	if errors.Is(err, os.ErrNotExist) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
@@ -286,10 +348,45 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 	}
 	var si SnapshotInfo
 	if err := json.Unmarshal(b, &si); err != nil {
-		return SnapshotInfo{}, fmt.Errorf("read snapshot %s: %w", id, err)
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: unreadable metadata", id, ErrCorrupt)
 	}
 	si.dir = dir
 	return si, nil
+}
+
+// verifySnapshot checks a snapshot's files against their checksums, once
+// per process: ErrCorrupt if they do not match. Snapshots taken before
+// checksums existed have no manifest and are trusted as they are.
+func (a *Agent) verifySnapshot(si SnapshotInfo) error {
+	a.mu.Lock()
+	ok := a.verified[si.ID]
+	a.mu.Unlock()
+	if ok {
+		return nil
+	}
+	if err := verifyCapture(si.dir); err != nil {
+		a.log.Error("snapshot failed its checksums", "snapshot_id", si.ID, "err", err)
+		return fmt.Errorf("snapshot %s: %w: its files do not match their checksums; delete it", si.ID, ErrCorrupt)
+	}
+	a.mu.Lock()
+	a.verified[si.ID] = true
+	a.mu.Unlock()
+	return nil
+}
+
+// verifyCapture checks a sealed capture directory; a directory sealed by
+// no one (made before checksums existed) passes if its files exist.
+func verifyCapture(dir string) error {
+	err := manifest.Verify(dir)
+	if errors.Is(err, manifest.ErrNoManifest) {
+		for _, f := range []string{memFile, stateFile, diskFile} {
+			if _, serr := os.Stat(filepath.Join(dir, f)); serr != nil {
+				return fmt.Errorf("%w: %s is missing", manifest.ErrCorrupt, f)
+			}
+		}
+		return nil
+	}
+	return err
 }
 
 // Snapshots lists the snapshots on this host, oldest first.
@@ -308,82 +405,144 @@ func (a *Agent) Snapshots() []SnapshotInfo {
 // DeleteSnapshot removes a snapshot. Sandboxes restored from it keep
 // running: they hold their own links to its files.
 func (a *Agent) DeleteSnapshot(id string) error {
-	if _, err := a.GetSnapshot(id); err != nil {
-		return err
+	if !ValidID(id) {
+		return fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
-	if err := os.RemoveAll(a.snapshotDir(id)); err != nil {
+	dir := a.snapshotDir(id)
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+	}
+	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
+	a.mu.Lock()
+	delete(a.verified, id)
+	a.mu.Unlock()
 	return nil
 }
 
+// The pause capture in a paused sandbox's directory.
+const (
+	pausedDir    = "paused"
+	pausedTmpDir = "paused.tmp"
+)
+
 // Pause captures a running sandbox to disk and stops its VMM, freeing its
-// memory. Resume brings it back under the same id.
+// memory. Resume brings it back under the same id. The capture is on
+// stable storage, sealed with checksums, and the sandbox recorded paused
+// before its VMM is stopped: a crash at any point leaves either the
+// running sandbox or the paused one.
 func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 	s, err := a.get(id)
 	if err != nil {
 		return CaptureStats{}, err
 	}
-	s.op.Lock()
-	defer s.op.Unlock()
-	s.mu.Lock()
-	state := s.state
-	s.mu.Unlock()
-	if state != StateRunning {
-		return CaptureStats{}, fmt.Errorf("pause: sandbox %s is %s, not running: %w", id, state, ErrConflict)
+	if err := a.checkSpace(); err != nil {
+		return CaptureStats{}, fmt.Errorf("pause: %w", err)
 	}
-	dir := filepath.Join(s.dir, "paused")
-	os.RemoveAll(dir) // a leftover of a failed pause
-	st, err := a.capture(ctx, s, dir, true)
+	ctx, end, err := s.begin(ctx, "pause", StateRunning)
 	if err != nil {
-		return st, fmt.Errorf("pause %s: %w", id, err)
+		return CaptureStats{}, err
+	}
+	defer end()
+	if err := s.transition(lifecycle.Pause); err != nil {
+		return CaptureStats{}, err
+	}
+	fail := func(err error) (CaptureStats, error) {
+		os.RemoveAll(filepath.Join(s.dir, pausedTmpDir))
+		os.RemoveAll(filepath.Join(s.dir, pausedDir))
+		if s.stopping() {
+			return CaptureStats{}, errStopped(s, "pause")
+		}
+		s.transition(lifecycle.PauseFailed)
+		s.setOp("", false)
+		return CaptureStats{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	if err := s.setOp(opPause, false); err != nil {
+		return fail(classifyIOError(err))
+	}
+	tmp, final := filepath.Join(s.dir, pausedTmpDir), filepath.Join(s.dir, pausedDir)
+	os.RemoveAll(tmp)
+	os.RemoveAll(final)
+	st, err := a.capture(ctx, s, tmp, true)
+	if err != nil {
+		return fail(err)
 	}
 	s.mu.Lock()
 	m, client := s.m, s.client
-	s.m, s.client = nil, nil // the watcher ignores the exit of a VMM that is no longer s.m
-	s.state = StatePaused
-	s.rec.State = StatePaused
 	s.mu.Unlock()
+	// The machine is stopped and its guest channel quiesced: seal the
+	// capture, then record the sandbox paused, durably, while the VMM can
+	// still be continued if either fails.
+	_, err = manifest.Seal(tmp, memFile, stateFile, diskFile)
+	if err == nil {
+		err = manifest.Rename(tmp, final)
+	}
+	if err == nil {
+		failpoint.Hit("pause-sealed")
+		s.mu.Lock()
+		s.transitionLocked(lifecycle.PauseDone)
+		s.rec.Op = ""
+		s.mu.Unlock()
+		if err = s.writeRecord(true); err != nil {
+			s.mu.Lock()
+			s.state = StatePausing // PauseDone is undone below by PauseFailed
+			s.mu.Unlock()
+		}
+	}
+	if err != nil {
+		a.runOn(s, m, client)
+		return fail(classifyIOError(err))
+	}
+	st.SizeBytes = allocated(final)
+	failpoint.Hit("pause-recorded")
+	s.setMachine(nil, nil, nil) // the watcher ignores the exit of a VMM that is no longer s.m
 	client.Close()
 	m.Kill()
 	// The disk and memory the VMM used are superseded by the capture.
-	os.Remove(filepath.Join(s.dir, "rootfs.ext4"))
-	os.Remove(filepath.Join(s.dir, "vm.mem"))
-	os.Remove(filepath.Join(s.dir, "vm.state"))
-	if err := writeJSON(filepath.Join(s.dir, "sandbox.json"), s.rec); err != nil {
-		return st, classifyIOError(err)
-	}
+	a.removeLiveFiles(s)
 	a.log.Info("sandbox paused", "sandbox_id", id, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
 	return st, nil
 }
 
 // Resume restores a paused sandbox from its capture, same id, hostname
-// and files; processes continue where they were.
+// and files; processes continue where they were. The capture is checked
+// against its checksums first (ErrCorrupt: not restored). If the restore
+// fails the sandbox stays paused with its capture intact.
 func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 	s, err := a.get(id)
 	if err != nil {
 		return Info{}, err
 	}
-	s.op.Lock()
-	defer s.op.Unlock()
-	s.mu.Lock()
-	state := s.state
-	s.mu.Unlock()
-	if state != StatePaused {
-		return Info{}, fmt.Errorf("resume: sandbox %s is %s, not paused: %w", id, state, ErrConflict)
+	ctx, end, err := s.begin(ctx, "resume", StatePaused)
+	if err != nil {
+		return Info{}, err
 	}
-	s.mu.Lock()
-	s.state = StateStarting
-	s.mu.Unlock()
-	dir := filepath.Join(s.dir, "paused")
-	if err := a.restore(ctx, s, s.imageOf(dir), true); err != nil {
-		a.log.Error("resume failed", "sandbox_id", id, "err", err)
-		// The capture may have been moved into place already: the sandbox
-		// cannot be brought back consistently, so it ends here.
-		a.discard(s)
+	defer end()
+	dir := filepath.Join(s.dir, pausedDir)
+	if err := verifyCapture(dir); err != nil {
+		a.log.Error("paused sandbox failed its checksums", "sandbox_id", id, "err", err)
+		return Info{}, fmt.Errorf("resume %s: %w: its saved memory or disk does not match its checksums", id, ErrCorrupt)
+	}
+	if err := s.transition(lifecycle.Resume); err != nil {
+		return Info{}, err
+	}
+	if err := s.setOp(opResume, false); err == nil {
+		err = a.restore(ctx, s, s.imageOf(dir))
+	}
+	if err != nil {
+		if s.stopping() {
+			return Info{}, errStopped(s, "resume")
+		}
+		a.log.Error("resume failed; the sandbox stays paused", "sandbox_id", id, "err", err)
+		s.transition(lifecycle.ResumeFailed)
+		s.setOp("", true)
 		return Info{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	os.RemoveAll(dir)
+	failpoint.Hit("resume-restored")
+	s.transition(lifecycle.ResumeDone)
+	s.setOp("", false)
+	os.RemoveAll(dir) // the sandbox holds links to what it needs
 	return s.info(), nil
 }
 

@@ -66,7 +66,12 @@ func classify(err error) *apiError {
 	case errors.As(err, &mbe):
 		return errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "request body is larger than %d bytes", mbe.Limit)
 	case errors.Is(err, agent.ErrNoSpace):
-		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "%s", userMessage(err))
+		// The underlying error names host paths: users get the class.
+		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the host is out of disk space for sandboxes; kill sandboxes or delete snapshots")
+	case errors.Is(err, agent.ErrCorrupt):
+		return errorf(http.StatusConflict, "corrupt", "%s", userMessage(err))
+	case errors.Is(err, agent.ErrNotReady):
+		return errorf(http.StatusServiceUnavailable, "unavailable", "the sandbox's guest agent has not answered since the server restarted; retry in a few seconds")
 	case errors.Is(err, catalog.ErrQuota):
 		msg := userMessage(err)
 		var qe *catalog.QuotaError
@@ -137,8 +142,10 @@ type errorDetail struct {
 // here, where they are handled, with the request's details.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := classify(err)
-	if ae.Status >= 500 {
+	if ae.Status >= 500 && ae.Status != http.StatusServiceUnavailable && ae.Status != http.StatusInsufficientStorage {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
+	} else if ae.Status >= 500 {
+		s.log.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
 	} else {
 		s.log.Debug("request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -89,35 +90,111 @@ func (s *Server) startExec(ctx context.Context, r *http.Request) (Process, *exec
 	return p, &req, nil
 }
 
-// capped keeps the first max bytes written and notes whether more came.
+// outputChunk is the unit in which buffered exec output is kept and
+// charged to the server's output budget.
+const outputChunk = 64 << 10
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, 0, outputChunk); return &b }}
+
+// capped keeps the first max bytes written, in chunks charged to budget,
+// and notes whether more came (or the budget ran out). Free returns the
+// chunks.
 type capped struct {
-	buf       []byte
 	max       int
+	budget    *outputBudget
+	chunks    []*[]byte
+	n         int
 	truncated bool
 }
 
 func (c *capped) Write(p []byte) (int, error) {
-	if room := c.max - len(c.buf); room > 0 {
-		if len(p) > room {
-			c.buf = append(c.buf, p[:room]...)
+	total := len(p)
+	for len(p) > 0 {
+		if c.n >= c.max {
 			c.truncated = true
-		} else {
-			c.buf = append(c.buf, p...)
+			break
 		}
-	} else if len(p) > 0 {
-		c.truncated = true
+		if len(c.chunks) == 0 || len(*c.chunks[len(c.chunks)-1]) == outputChunk {
+			if !c.budget.take(outputChunk) {
+				c.truncated = true
+				break
+			}
+			c.chunks = append(c.chunks, chunkPool.Get().(*[]byte))
+		}
+		last := c.chunks[len(c.chunks)-1]
+		k := min(len(p), outputChunk-len(*last), c.max-c.n)
+		*last = append(*last, p[:k]...)
+		c.n += k
+		p = p[k:]
 	}
-	return len(p), nil
+	return total, nil
 }
 
-type execResult struct {
-	ExitCode   int    `json:"exit_code"`
-	Stdout     string `json:"stdout"`
-	Stderr     string `json:"stderr"`
-	DurationMS int64  `json:"duration_ms"`
-	Signal     string `json:"signal,omitempty"`
-	TimedOut   bool   `json:"timed_out"`
-	Truncated  bool   `json:"truncated"`
+// Free returns the chunks to the pool and the budget.
+func (c *capped) Free() {
+	for _, b := range c.chunks {
+		*b = (*b)[:0]
+		chunkPool.Put(b)
+	}
+	c.budget.give(int64(len(c.chunks)) * outputChunk)
+	c.chunks = nil
+}
+
+// writeJSONString writes the kept bytes as a JSON string: invalid UTF-8
+// becomes U+FFFD, as strings.ToValidUTF8 would, without making a copy of
+// the whole output.
+func (c *capped) writeJSONString(w *bufio.Writer) {
+	w.WriteByte('"')
+	var carry []byte // an incomplete UTF-8 sequence at the end of a chunk
+	for i, b := range c.chunks {
+		data := *b
+		if len(carry) > 0 {
+			data = append(carry, data...)
+			carry = nil
+		}
+		if i < len(c.chunks)-1 {
+			if k := incompleteSuffix(data); k > 0 {
+				carry = append([]byte(nil), data[len(data)-k:]...)
+				data = data[:len(data)-k]
+			}
+		}
+		writeJSONEscaped(w, data)
+	}
+	w.WriteByte('"')
+}
+
+// writeJSONEscaped writes b's runes escaped for a JSON string.
+func writeJSONEscaped(w *bufio.Writer, b []byte) {
+	const hex = "0123456789abcdef"
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			w.WriteString("\ufffd")
+		case r == '"' || r == '\\':
+			w.WriteByte('\\')
+			w.WriteByte(byte(r))
+		case r == '\n':
+			w.WriteString("\\n")
+		case r == '\r':
+			w.WriteString("\\r")
+		case r == '\t':
+			w.WriteString("\\t")
+		case r < 0x20 || r == '<' || r == '>' || r == '&' || r == '\u2028' || r == '\u2029':
+			w.WriteString("\\u")
+			if r > 0xff {
+				w.WriteByte(hex[r>>12&0xf])
+				w.WriteByte(hex[r>>8&0xf])
+			} else {
+				w.WriteString("00")
+			}
+			w.WriteByte(hex[r>>4&0xf])
+			w.WriteByte(hex[r&0xf])
+		default:
+			w.Write(b[:size])
+		}
+		b = b[size:]
+	}
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
@@ -127,8 +204,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	stdout := &capped{max: s.cfg.MaxExecOutputBytes}
-	stderr := &capped{max: s.cfg.MaxExecOutputBytes}
+	stdout := &capped{max: s.cfg.MaxExecOutputBytes, budget: s.output}
+	stderr := &capped{max: s.cfg.MaxExecOutputBytes, budget: s.output}
+	defer stdout.Free()
+	defer stderr.Free()
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); io.Copy(stdout, p.Stdout()) }()
@@ -140,11 +219,33 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.execSeconds.Observe(time.Since(t0).Seconds())
-	writeJSON(w, http.StatusOK, execResult{
+	// The answer is written as it is encoded: output is never copied into
+	// one string (up to 2 × MaxExecOutputBytes, and JSON escapes can make
+	// it several times larger).
+	head, _ := json.Marshal(execResult{
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, DurationMS: res.DurationMS,
-		Stdout: strings.ToValidUTF8(string(stdout.buf), "\uFFFD"), Stderr: strings.ToValidUTF8(string(stderr.buf), "\uFFFD"),
 		Truncated: stdout.truncated || stderr.truncated,
 	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	bw.Write(head[:len(head)-1]) // without its closing brace
+	bw.WriteString(`,"stdout":`)
+	stdout.writeJSONString(bw)
+	bw.WriteString(`,"stderr":`)
+	stderr.writeJSONString(bw)
+	bw.WriteString("}\n")
+	bw.Flush()
+}
+
+// execResult is the buffered exec's answer (stdout and stderr are written
+// after these fields, by exec).
+type execResult struct {
+	ExitCode   int    `json:"exit_code"`
+	DurationMS int64  `json:"duration_ms"`
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out"`
+	Truncated  bool   `json:"truncated"`
 }
 
 type execEvent struct {

@@ -10,10 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/failpoint"
 )
 
 // MaxForkCount bounds the children of one fork request.
@@ -45,99 +47,117 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	key := callerOf(r).Key
-	ctx := r.Context()
-	t0 := time.Now()
-
-	// Reserve quota for each child first; a child over quota is reported
-	// in its slot and not attempted.
-	out := make([]forkChildJSON, count)
-	var ids []string
-	slot := map[string]int{}
-	now := time.Now().UTC()
-	ttl := time.Duration(parent.TTLSeconds) * time.Second
-	if ttl <= 0 {
-		ttl = s.cfg.DefaultTTL
-	}
-	var quotaErr error
-	for i := 0; i < count; i++ {
-		child := catalog.Sandbox{
-			ID: agent.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: stateStarting,
-			MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, Metadata: parent.Metadata, Env: parent.Env,
-			TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
-			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
-		}
-		s.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
-		if err := s.reserve(ctx, key, child); err != nil {
-			s.setBusy(child.ID, false)
-			quotaErr = err
-			ae := classify(err)
-			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
-			continue
-		}
-		slot[child.ID] = i
-		ids = append(ids, child.ID)
-	}
-	defer func() {
-		for _, id := range ids {
-			s.setBusy(id, false)
-		}
-	}()
-	if len(ids) == 0 {
-		s.writeError(w, r, quotaErr)
-		return
-	}
-	res, err := s.host.Fork(ctx, parent.ID, ids)
+	o, err := s.fork(callerOf(r).Key, parent, count)
 	if err != nil {
-		for _, id := range ids {
-			s.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
-		}
 		s.writeError(w, r, err)
 		return
 	}
-	for j, id := range ids { // children come back in request order
-		i := slot[id]
-		c := res.Children[j]
-		if c.Err != nil {
-			s.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
-			ae := classify(c.Err)
-			if ae.Code == "internal" {
-				s.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
-			}
-			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
-			continue
-		}
-		sb, err := s.markRunning(ctx, id, ttl)
-		if err != nil {
-			s.host.Kill(context.WithoutCancel(ctx), id)
-			ae := classify(err)
-			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
-			continue
-		}
-		j := toJSON(sb)
-		out[i].Sandbox = &j
+	_, val, err := o.wait(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
-	s.metrics.forks.Inc()
-	s.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
-	s.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(ids), "paused_ms", res.Capture.PausedMS,
-		"dirty_mib", res.Capture.DirtyBytes>>20, "dur_ms", time.Since(t0).Milliseconds())
-	writeJSON(w, http.StatusOK, map[string]any{
-		"children":         out,
-		"parent_paused_ms": res.Capture.PausedMS,
-		"dirty_bytes":      res.Capture.DirtyBytes,
+	writeJSON(w, http.StatusOK, val)
+}
+
+// fork reserves count children of parent against the key's quota and
+// forks them, detached from the request: children a client never hears of
+// still end up recorded (running, or gone if they failed). A child over
+// quota is reported in its slot and not attempted.
+func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, error) {
+	return s.detach(parent.ID, "fork", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		t0 := time.Now()
+		out := make([]forkChildJSON, count)
+		var ids []string
+		slot := map[string]int{}
+		now := time.Now().UTC()
+		ttl := s.ttlOf(parent)
+		var quotaErr error
+		for i := 0; i < count; i++ {
+			child := catalog.Sandbox{
+				ID: agent.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: catalog.StateStarting,
+				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
+				TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
+				CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
+			}
+			s.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
+			if err := s.reserve(ctx, key, child); err != nil {
+				s.setBusy(child.ID, false)
+				quotaErr = err
+				ae := classify(err)
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+				continue
+			}
+			slot[child.ID] = i
+			ids = append(ids, child.ID)
+		}
+		defer func() {
+			for _, id := range ids {
+				s.setBusy(id, false)
+			}
+		}()
+		if len(ids) == 0 {
+			return catalog.Sandbox{}, nil, quotaErr
+		}
+		res, err := s.host.Fork(ctx, parent.ID, ids)
+		if err != nil {
+			for _, id := range ids {
+				s.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
+			}
+			return catalog.Sandbox{}, nil, err
+		}
+		for j, id := range ids { // children come back in request order
+			i := slot[id]
+			c := res.Children[j]
+			if c.Err != nil {
+				s.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
+				ae := classify(c.Err)
+				if ae.Code == "internal" {
+					s.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
+				}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+				continue
+			}
+			sb, err := s.started(ctx, id, ttl)
+			if err != nil {
+				ae := classify(err)
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+				continue
+			}
+			j := toJSON(sb)
+			out[i].Sandbox = &j
+		}
+		s.metrics.forks.Inc()
+		s.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
+		s.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(ids), "paused_ms", res.Capture.PausedMS,
+			"dirty_mib", res.Capture.DirtyBytes>>20, "dur_ms", time.Since(t0).Milliseconds())
+		return parent, map[string]any{
+			"children":         out,
+			"parent_paused_ms": res.Capture.PausedMS,
+			"dirty_bytes":      res.Capture.DirtyBytes,
+		}, nil
 	})
+}
+
+// limits are a key's quota limits: its own, else the server's defaults.
+func (s *Server) limits(key catalog.Key) catalog.Limits {
+	pick := func(own, def int) int {
+		if own != 0 {
+			return own
+		}
+		return def
+	}
+	return catalog.Limits{
+		Sandboxes: pick(key.MaxSandboxes, s.cfg.MaxSandboxesPerKey),
+		MemoryMiB: pick(key.MaxMemoryMiB, s.cfg.MaxMemoryMiBPerKey),
+		VCPUs:     pick(key.MaxVCPUs, s.cfg.MaxVCPUsPerKey),
+		DiskMiB:   pick(key.MaxDiskMiB, s.cfg.MaxDiskMiBPerKey),
+	}
 }
 
 // reserve records a new sandbox against the key's quota.
 func (s *Server) reserve(ctx context.Context, key catalog.Key, sb catalog.Sandbox) error {
-	maxN, maxMem := s.cfg.MaxSandboxesPerKey, s.cfg.MaxMemoryMiBPerKey
-	if key.MaxSandboxes != 0 {
-		maxN = key.MaxSandboxes
-	}
-	if key.MaxMemoryMiB != 0 {
-		maxMem = key.MaxMemoryMiB
-	}
-	if err := s.cat.ReserveSandbox(ctx, sb, maxN, maxMem); err != nil {
+	if err := s.cat.ReserveSandbox(ctx, sb, s.limits(key)); err != nil {
 		return fmt.Errorf("reserve sandbox: %w", err)
 	}
 	return nil
@@ -167,7 +187,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if len(req.Name) > 128 || strings.ContainsRune(req.Name, 0) {
+	if len(req.Name) > 128 || strings.ContainsRune(req.Name, 0) || !utf8.ValidString(req.Name) {
 		s.writeError(w, r, invalid("name must be at most 128 characters"))
 		return
 	}
@@ -176,24 +196,44 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	id := agent.NewID()
-	si, err := s.host.Snapshot(r.Context(), sb.ID, id)
+	o, err := s.snapshot(callerOf(r).Key, sb, req.Name)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	sn := catalog.Snapshot{
-		ID: id, KeyID: callerOf(r).Key.ID, SandboxID: sb.ID, Name: req.Name, HostID: sb.HostID,
-		Template: sb.Template, MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs, SizeBytes: si.SizeBytes,
-		CreatedAt: si.CreatedAt,
-	}
-	if err := s.cat.CreateSnapshot(r.Context(), sn); err != nil {
-		s.host.DeleteSnapshot(id)
+	_, val, err := o.wait(r.Context())
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.metrics.snapshots.Inc()
-	writeJSON(w, http.StatusCreated, snapToJSON(sn))
+	writeJSON(w, http.StatusCreated, val)
+}
+
+// snapshot takes a snapshot of a running sandbox, detached from the
+// request: once the host has it on stable storage it is recorded for the
+// key (a crash in between is repaired by Resync).
+func (s *Server) snapshot(key catalog.Key, sb catalog.Sandbox, name string) (*op, error) {
+	return s.detach(sb.ID, "snapshot", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		id := agent.NewID()
+		si, err := s.host.Snapshot(ctx, sb.ID, id)
+		if err != nil {
+			return sb, nil, err
+		}
+		failpoint.Hit("api-snapshot-taken")
+		sn := catalog.Snapshot{
+			ID: id, KeyID: key.ID, SandboxID: sb.ID, Name: name, HostID: sb.HostID,
+			Template: sb.Template, MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs, SizeBytes: si.SizeBytes,
+			CreatedAt: si.CreatedAt,
+		}
+		if err := s.cat.CreateSnapshot(ctx, sn, s.limits(key)); err != nil {
+			if derr := s.host.DeleteSnapshot(id); derr != nil {
+				s.log.Error("delete unrecorded snapshot", "snapshot_id", id, "err", derr)
+			}
+			return sb, nil, err
+		}
+		s.metrics.snapshots.Inc()
+		return sb, snapToJSON(sn), nil
+	})
 }
 
 // ownedSnapshot returns the caller's snapshot from the URL.
@@ -248,39 +288,18 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := decodeJSON(r, &struct{}{}, true); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.running(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err = s.pause(r.Context(), sb.ID)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, toJSON(sb))
-}
-
-// pause captures a running sandbox to disk and stops its VMM. A paused
-// sandbox does not expire.
-func (s *Server) pause(ctx context.Context, id string) (catalog.Sandbox, error) {
-	if _, err := s.host.Pause(ctx, id); err != nil {
-		return catalog.Sandbox{}, err
-	}
-	s.metrics.pauses.Inc()
-	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
-		x.State = statePaused
-		x.ExpiresAt = time.Time{}
-		x.UpdatedAt = time.Now().UTC()
-		return nil
-	})
+	s.lifecycleOp(w, r, s.pause, catalog.StateRunning)
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	s.lifecycleOp(w, r, s.resume, catalog.StatePaused)
+}
+
+// lifecycleOp serves pause and resume: the sandbox must be in state from
+// (or already in the operation: the request joins it), the operation runs
+// detached, and the answer is the sandbox as it left it. A client that
+// goes away does not cancel it; GET tells how it ended (state, last_error).
+func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(id string) (*op, error), from string) {
 	if err := decodeJSON(r, &struct{}{}, true); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -290,24 +309,17 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if sb.State != statePaused {
-		s.writeError(w, r, conflict("sandbox %s is %s, not paused", sb.ID, sb.State))
-		return
-	}
-	if _, err := s.host.Resume(r.Context(), sb.ID); err != nil {
-		if !errors.Is(err, agent.ErrConflict) {
-			// A failed resume loses the sandbox (its capture is consumed).
-			s.markStopped(context.WithoutCancel(r.Context()), sb.ID, "resume_failed")
-		}
+	o, err := run(sb.ID)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	ttl := time.Duration(sb.TTLSeconds) * time.Second
-	if ttl <= 0 {
-		ttl = s.cfg.DefaultTTL
-	}
-	sb, err = s.markRunning(r.Context(), sb.ID, ttl)
+	sb, _, err = o.wait(r.Context())
 	if err != nil {
+		var sc *stateConflict
+		if errors.As(err, &sc) {
+			err = conflict("sandbox %s is %s, not %s", sc.id, sc.state, from)
+		}
 		s.writeError(w, r, err)
 		return
 	}
@@ -347,6 +359,8 @@ type ResourceReporter interface {
 	Resources(ctx context.Context) (Resources, error)
 }
 
+// listHosts describes the hosts. An admin key sees every sandbox on them;
+// other keys see the machines' capacity and only their own sandboxes.
 func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel())}
 	res := LocalResources()
@@ -358,14 +372,30 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.VCPUs, h.MemoryMiB, h.MemoryAvailableMiB = res.VCPUs, res.MemoryMiB, res.MemoryAvailableMiB
-	var pss, priv int64
-	for _, info := range s.host.List() {
-		if info.State != agent.StateRunning {
-			continue
+	var running []string
+	key := callerOf(r).Key
+	if key.Admin {
+		for _, info := range s.host.List() {
+			if info.State == agent.StateRunning {
+				running = append(running, info.ID)
+				h.MemoryAllocatedMiB += info.MemoryMiB
+			}
 		}
+	} else {
+		own, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: key.ID, HostID: s.cfg.HostID, States: []string{catalog.StateRunning}})
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		for _, sb := range own {
+			running = append(running, sb.ID)
+			h.MemoryAllocatedMiB += sb.MemoryMiB
+		}
+	}
+	var pss, priv int64
+	for _, id := range running {
 		h.Sandboxes++
-		h.MemoryAllocatedMiB += info.MemoryMiB
-		if m, err := s.host.Memory(info.ID); err == nil {
+		if m, err := s.host.Memory(id); err == nil {
 			pss += m.PSSBytes
 			priv += m.PrivateBytes
 		}

@@ -20,6 +20,8 @@ type keyJSON struct {
 	Prefix       string    `json:"prefix"`
 	MaxSandboxes int       `json:"max_sandboxes"`
 	MaxMemoryMiB int       `json:"max_memory_mib"`
+	MaxVCPUs     int       `json:"max_vcpus"`
+	MaxDiskMiB   int       `json:"max_disk_mib"`
 	CreatedAt    time.Time `json:"created_at"`
 	Revoked      bool      `json:"revoked,omitempty"`
 	Key          string    `json:"key,omitempty"`
@@ -27,7 +29,7 @@ type keyJSON struct {
 
 func keyToJSON(k catalog.Key) keyJSON {
 	return keyJSON{ID: k.ID, Name: k.Name, Admin: k.Admin, Prefix: k.Prefix, MaxSandboxes: k.MaxSandboxes,
-		MaxMemoryMiB: k.MaxMemoryMiB, CreatedAt: k.CreatedAt.UTC(), Revoked: !k.RevokedAt.IsZero()}
+		MaxMemoryMiB: k.MaxMemoryMiB, MaxVCPUs: k.MaxVCPUs, MaxDiskMiB: k.MaxDiskMiB, CreatedAt: k.CreatedAt.UTC(), Revoked: !k.RevokedAt.IsZero()}
 }
 
 func randomString(n int) string {
@@ -43,10 +45,15 @@ func randomString(n int) string {
 // NewKey creates an API key and returns it with its secret, which is
 // not stored anywhere.
 func NewKey(ctx context.Context, cat catalog.Catalog, name string, admin bool, maxSandboxes, maxMemoryMiB int) (catalog.Key, string, error) {
+	return newKey(ctx, cat, name, admin, catalog.Limits{Sandboxes: maxSandboxes, MemoryMiB: maxMemoryMiB})
+}
+
+func newKey(ctx context.Context, cat catalog.Catalog, name string, admin bool, lim catalog.Limits) (catalog.Key, string, error) {
 	secret := "panda_" + randomString(40)
 	k := catalog.Key{
 		ID: "key" + randomString(12), Name: name, Hash: HashKey(secret), Prefix: secret[:12], Admin: admin,
-		MaxSandboxes: maxSandboxes, MaxMemoryMiB: maxMemoryMiB, CreatedAt: time.Now().UTC(),
+		MaxSandboxes: lim.Sandboxes, MaxMemoryMiB: lim.MemoryMiB, MaxVCPUs: lim.VCPUs, MaxDiskMiB: lim.DiskMiB,
+		CreatedAt: time.Now().UTC(),
 	}
 	if err := cat.CreateKey(ctx, k); err != nil {
 		return catalog.Key{}, "", fmt.Errorf("create key: %w", err)
@@ -64,6 +71,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 		Admin        bool   `json:"admin"`
 		MaxSandboxes int    `json:"max_sandboxes"`
 		MaxMemoryMiB int    `json:"max_memory_mib"`
+		MaxVCPUs     int    `json:"max_vcpus"`
+		MaxDiskMiB   int    `json:"max_disk_mib"`
 	}
 	if err := decodeJSON(r, &req, false); err != nil {
 		s.writeError(w, r, err)
@@ -74,11 +83,12 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	case req.Name == "" || len(req.Name) > 64 || strings.ContainsRune(req.Name, 0):
 		s.writeError(w, r, invalid("name must be 1 to 64 characters, without NUL"))
 		return
-	case req.MaxSandboxes < 0 || req.MaxMemoryMiB < 0:
+	case req.MaxSandboxes < 0 || req.MaxMemoryMiB < 0 || req.MaxVCPUs < 0 || req.MaxDiskMiB < 0:
 		s.writeError(w, r, invalid("quotas must not be negative (0 means the server default)"))
 		return
 	}
-	k, secret, err := NewKey(r.Context(), s.cat, req.Name, req.Admin, req.MaxSandboxes, req.MaxMemoryMiB)
+	k, secret, err := newKey(r.Context(), s.cat, req.Name, req.Admin, catalog.Limits{
+		Sandboxes: req.MaxSandboxes, MemoryMiB: req.MaxMemoryMiB, VCPUs: req.MaxVCPUs, DiskMiB: req.MaxDiskMiB})
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -125,7 +135,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A revoked key's sandboxes go with it.
-	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: id, States: []string{stateStarting, stateRunning, statePaused}})
+	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: id, States: liveStates})
 	if err == nil {
 		for _, sb := range live {
 			if err := s.stop(r.Context(), sb.ID, "key_revoked"); err != nil {

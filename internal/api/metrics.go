@@ -47,11 +47,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	m.snapshots = prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_snapshots_total", Help: "Snapshots taken."})
 	m.pauses = prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_pauses_total", Help: "Sandboxes paused."})
 	byState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_running", Help: "Sandboxes running."},
-		func() float64 { return s.countState(stateRunning) })
+		func() float64 { return s.countState(catalog.StateRunning) })
 	byStatePaused := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_paused", Help: "Sandboxes paused."},
-		func() float64 { return s.countState(statePaused) })
+		func() float64 { return s.countState(catalog.StatePaused) })
 	byStateStarting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_starting", Help: "Sandboxes starting."},
-		func() float64 { return s.countState(stateStarting) })
+		func() float64 { return s.countState(catalog.StateStarting) })
 	for _, c := range []prometheus.Collector{m.createSeconds, m.execSeconds, m.creates, m.bakes, m.expired,
 		m.forks, m.forkPauseSeconds, m.snapshots, m.pauses, byState, byStatePaused, byStateStarting} {
 		if err := reg.Register(c); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -74,6 +75,7 @@ type sandboxJSON struct {
 	Metadata   map[string]string `json:"metadata"`
 	HostID     string            `json:"host_id"`
 	StopReason string            `json:"stop_reason,omitempty"`
+	LastError  string            `json:"last_error,omitempty"`
 	ParentID   string            `json:"parent_id,omitempty"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
 	Memory     *memoryJSON       `json:"memory,omitempty"`
@@ -89,13 +91,13 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 	out := sandboxJSON{
 		ID: sb.ID, Template: sb.Template, State: sb.State, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
 		CreatedAt: sb.CreatedAt.UTC(), TTLSeconds: sb.TTLSeconds, OnExpire: sb.OnExpire,
-		Metadata: sb.Metadata, HostID: sb.HostID, StopReason: sb.StopReason,
+		Metadata: sb.Metadata, HostID: sb.HostID, StopReason: sb.StopReason, LastError: sb.LastError,
 		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID,
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
 	}
-	if !sb.ExpiresAt.IsZero() && sb.State != stateStopped {
+	if !sb.ExpiresAt.IsZero() && sb.State != catalog.StateStopped {
 		t := sb.ExpiresAt.UTC()
 		out.ExpiresAt = &t
 	}
@@ -107,7 +109,7 @@ func mib(b int64) float64 { return float64(b*10/(1<<20)) / 10 }
 // withMemory adds live memory figures for a running sandbox.
 func (s *Server) withMemory(sb catalog.Sandbox) sandboxJSON {
 	out := toJSON(sb)
-	if sb.State == stateRunning {
+	if sb.State == catalog.StateRunning {
 		if m, err := s.host.Memory(sb.ID); err == nil {
 			out.Memory = &memoryJSON{PrivateMiB: mib(m.PrivateBytes), SharedMiB: mib(m.SharedBytes), PSSMiB: mib(m.PSSBytes)}
 		}
@@ -115,12 +117,14 @@ func (s *Server) withMemory(sb catalog.Sandbox) sandboxJSON {
 	return out
 }
 
-const (
-	stateStarting = "starting"
-	stateRunning  = "running"
-	statePaused   = "paused"
-	stateStopped  = "stopped"
-)
+// liveStates are every state but stopped.
+var liveStates = func() []string {
+	var out []string
+	for _, st := range lifecycle.Live {
+		out = append(out, string(st))
+	}
+	return out
+}()
 
 type createRequest struct {
 	Template   string            `json:"template"`
@@ -162,7 +166,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err := s.create(r.Context(), callerOf(r).Key, req)
+	key := callerOf(r).Key
+	sb, hreq, err := s.newSandbox(r.Context(), key, req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err = s.create(r.Context(), key, sb, hreq)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -170,20 +180,22 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.withMemory(sb))
 }
 
-func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest) (catalog.Sandbox, error) {
+// newSandbox validates a create request and returns the record to
+// reserve and the host's request.
+func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequest) (catalog.Sandbox, agent.CreateRequest, error) {
 	ttl, err := s.ttl(req.TTLSeconds)
 	if err != nil {
-		return catalog.Sandbox{}, err
+		return catalog.Sandbox{}, agent.CreateRequest{}, err
 	}
 	if err := validateLabels("metadata", req.Metadata, 64); err != nil {
-		return catalog.Sandbox{}, err
+		return catalog.Sandbox{}, agent.CreateRequest{}, err
 	}
 	if err := validateLabels("env", req.Env, 256); err != nil {
-		return catalog.Sandbox{}, err
+		return catalog.Sandbox{}, agent.CreateRequest{}, err
 	}
 	for k := range req.Env {
 		if strings.ContainsRune(k, '=') {
-			return catalog.Sandbox{}, invalid("env name %q must not contain '='", k)
+			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("env name %q must not contain '='", k)
 		}
 	}
 	switch req.OnExpire {
@@ -191,65 +203,62 @@ func (s *Server) create(ctx context.Context, key catalog.Key, req createRequest)
 		req.OnExpire = "kill"
 	case "pause":
 	default:
-		return catalog.Sandbox{}, invalid("on_expire must be \"kill\" or \"pause\"")
+		return catalog.Sandbox{}, agent.CreateRequest{}, invalid("on_expire must be \"kill\" or \"pause\"")
 	}
 	var p template.Params
+	diskMiB := 0
 	if req.SnapshotID != "" {
 		sn, err := s.cat.GetSnapshot(ctx, req.SnapshotID)
 		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !agent.ValidID(req.SnapshotID) {
-			return catalog.Sandbox{}, notFound("snapshot %s not found", req.SnapshotID)
+			return catalog.Sandbox{}, agent.CreateRequest{}, notFound("snapshot %s not found", req.SnapshotID)
 		}
 		if err != nil {
-			return catalog.Sandbox{}, fmt.Errorf("get snapshot: %w", err)
+			return catalog.Sandbox{}, agent.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
 		}
 		if (req.Template != "" && req.Template != sn.Template) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
-			return catalog.Sandbox{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
+			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
 		}
 		p = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
+		if t, _, err := s.host.Templates().Lookup(p); err == nil && t != nil {
+			diskMiB = t.DiskMiB
+		}
 	} else {
 		p = s.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
 		if err := p.Validate(); err != nil {
-			return catalog.Sandbox{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
+			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 		}
-		if _, _, err := s.host.Templates().Lookup(p); err != nil {
-			return catalog.Sandbox{}, err
+		t, reason, err := s.host.Templates().Lookup(p)
+		if err != nil {
+			return catalog.Sandbox{}, agent.CreateRequest{}, err
+		}
+		if t == nil && !key.Admin && !allowedShape(p) {
+			// Creating with a shape never baked bakes it: a new template
+			// on disk. Keys other than admin ones get a bounded set.
+			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("template %s has never been baked with %d MiB and %d vCPUs (%s); "+
+				"without an admin key, memory_mib and vcpus must be powers of two (e.g. 512, 1024, 2048 MiB and 1, 2, 4 vCPUs)",
+				p.Name, p.MemoryMiB, p.VCPUs, reason)
+		}
+		if t != nil {
+			diskMiB = t.DiskMiB
 		}
 	}
 	now := time.Now().UTC()
 	sb := catalog.Sandbox{
-		ID: agent.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: stateStarting,
-		MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Metadata: req.Metadata, Env: req.Env,
+		ID: agent.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: catalog.StateStarting,
+		MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
 		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
-	// Busy from before the record exists: Resync leaves it alone.
-	s.setBusy(sb.ID, true)
-	defer s.setBusy(sb.ID, false)
-	if err := s.reserve(ctx, key, sb); err != nil {
-		return catalog.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
-	}
-	t0 := time.Now()
-	_, err = s.host.Create(ctx, agent.CreateRequest{
-		ID: sb.ID, Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
-		Owner: key.ID,
-	})
-	if err != nil {
-		s.metrics.creates.WithLabelValues("error").Inc()
-		// The record only held the quota reservation.
-		if derr := s.cat.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil {
-			s.log.Error("remove record of failed create", "sandbox_id", sb.ID, "err", derr)
-		}
-		return catalog.Sandbox{}, err
-	}
-	s.metrics.createSeconds.Observe(time.Since(t0).Seconds())
-	s.metrics.creates.WithLabelValues("ok").Inc()
-	sb, err = s.markRunning(ctx, sb.ID, ttl)
-	if err != nil {
-		s.host.Kill(context.WithoutCancel(ctx), sb.ID)
-		return catalog.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
-	}
-	s.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", p.Key(), "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
-	return sb, nil
+	hreq := agent.CreateRequest{Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID}
+	return sb, hreq, nil
+}
+
+// allowedShape reports whether a key without admin rights may bake p's
+// shape by creating a sandbox with it: powers of two only, so that the
+// templates any key can make are few.
+func allowedShape(p template.Params) bool {
+	pow2 := func(n int) bool { return n > 0 && n&(n-1) == 0 }
+	return pow2(p.MemoryMiB) && pow2(p.VCPUs)
 }
 
 // owned returns the caller's sandbox id from the URL; another key's
@@ -275,7 +284,7 @@ func (s *Server) running(r *http.Request) (catalog.Sandbox, error) {
 	if err != nil {
 		return sb, err
 	}
-	if sb.State != stateRunning {
+	if sb.State != catalog.StateRunning {
 		return sb, conflict("sandbox %s is %s, not running", sb.ID, sb.State)
 	}
 	return sb, nil
@@ -293,13 +302,13 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := catalog.SandboxFilter{KeyID: callerOf(r).Key.ID}
-	switch st := q.Get("state"); st {
-	case "":
-		f.States = []string{stateStarting, stateRunning, statePaused}
-	case stateStarting, stateRunning, statePaused, stateStopped:
+	switch st := q.Get("state"); {
+	case st == "":
+		f.States = liveStates
+	case lifecycle.State(st).Valid():
 		f.States = []string{st}
 	default:
-		s.writeError(w, r, invalid("state must be one of starting, running, paused, stopped"))
+		s.writeError(w, r, invalid("state must be one of starting, running, pausing, paused, resuming, stopping, stopped"))
 		return
 	}
 	for _, kv := range q["metadata"] {
@@ -361,12 +370,19 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, err = s.cat.UpdateSandbox(r.Context(), sb.ID, func(x *catalog.Sandbox) error {
-		if x.State == stateStopped {
-			return conflict("sandbox %s is stopped", x.ID)
+		switch x.State {
+		case catalog.StateStopped, catalog.StateStopping:
+			return conflict("sandbox %s is %s", x.ID, x.State)
 		}
 		now := time.Now().UTC()
 		x.TTLSeconds = int(ttl.Seconds())
-		x.ExpiresAt = now.Add(ttl)
+		// A paused sandbox does not expire: its new TTL counts from its
+		// resume (so does a pausing one's; a resuming one's from now).
+		if x.State == catalog.StatePaused || x.State == catalog.StatePausing {
+			x.ExpiresAt = time.Time{}
+		} else {
+			x.ExpiresAt = now.Add(ttl)
+		}
 		x.UpdatedAt = now
 		return nil
 	})
@@ -375,263 +391,4 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.withMemory(sb))
-}
-
-func (s *Server) setBusy(id string, busy bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if busy {
-		s.busy[id] = true
-	} else {
-		delete(s.busy, id)
-	}
-}
-
-// stop kills a sandbox on its host and records it as stopped. Stopping a
-// stopped sandbox is a no-op.
-func (s *Server) stop(ctx context.Context, id, reason string) error {
-	ctx = context.WithoutCancel(ctx)
-	sb, err := s.cat.GetSandbox(ctx, id)
-	if err != nil {
-		return fmt.Errorf("stop sandbox: %w", err)
-	}
-	if sb.State == stateStopped {
-		return nil
-	}
-	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
-		return fmt.Errorf("kill sandbox %s: %w", id, err)
-	}
-	return s.markStopped(ctx, id, reason)
-}
-
-// markRunning records that a sandbox runs; its TTL counts from now, when
-// it became usable. It completes even if ctx is canceled: the sandbox runs.
-func (s *Server) markRunning(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
-	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
-		now := time.Now().UTC()
-		x.State = stateRunning
-		x.ExpiresAt = now.Add(ttl)
-		x.UpdatedAt = now
-		return nil
-	})
-}
-
-func (s *Server) markStopped(ctx context.Context, id, reason string) error {
-	_, err := s.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error {
-		if x.State == stateStopped {
-			return nil
-		}
-		now := time.Now().UTC()
-		x.State = stateStopped
-		x.StopReason = reason
-		x.StoppedAt = now
-		x.UpdatedAt = now
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("record stop of %s: %w", id, err)
-	}
-	s.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
-	return nil
-}
-
-// StopForShutdown stops a sandbox because the server is shutting down.
-func (s *Server) StopForShutdown(ctx context.Context, id string) error {
-	return s.stop(ctx, id, "server_shutdown")
-}
-
-// SandboxExited is the host agent's OnExit callback: a VMM died by itself
-// or, if cause is ErrHostShutdown, a host agent stopped it as it shut down.
-func (s *Server) SandboxExited(id string, cause error) {
-	reason := "vmm_exited"
-	if errors.Is(cause, ErrHostShutdown) {
-		reason = "host_shutdown"
-	}
-	s.log.Warn("sandbox stopped by its host", "sandbox_id", id, "reason", reason, "err", cause)
-	if err := s.markStopped(context.Background(), id, reason); err != nil && !errors.Is(err, catalog.ErrNotFound) {
-		s.log.Error("record vmm exit", "sandbox_id", id, "err", err)
-	}
-}
-
-// Reconcile makes the catalog and the host agree after a restart of the
-// all-in-one server: see Resync; adopted is what the host recovered.
-func (s *Server) Reconcile(ctx context.Context, adopted []agent.Recovered) error {
-	return s.Resync(ctx, func(context.Context) ([]agent.Info, error) {
-		var live []agent.Info
-		for _, rc := range adopted {
-			if rc.Err != nil {
-				continue
-			}
-			if info, err := s.host.Get(rc.ID); err == nil {
-				live = append(live, info)
-			}
-		}
-		return live, nil
-	})
-}
-
-// errChanged aborts a catalog update whose record changed since Resync
-// read it.
-var errChanged = errors.New("changed meanwhile")
-
-// Resync makes the catalog agree with what the host lists (list: the
-// host's sandboxes), after a restart or when the server reconnects to a
-// remote host that it may have missed events from. Live catalog entries of
-// this host that the host does not have are marked stopped (vmm_exited,
-// or host_restarted if they were still starting); sandboxes the host has
-// that the catalog does not list as live are killed; a sandbox the host
-// has paused (or running) takes that state in the catalog.
-//
-// It is safe while requests are served: the catalog is read before the
-// host is listed, sandboxes being created or forked (busy) are left
-// alone, and a record that changed since it was read is not touched.
-func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent.Info, error)) error {
-	live, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: s.cfg.HostID, States: []string{stateStarting, stateRunning, statePaused}})
-	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
-	}
-	infos, err := list(ctx)
-	if err != nil {
-		return fmt.Errorf("reconcile: list host sandboxes: %w", err)
-	}
-	alive := map[string]agent.State{}
-	for _, info := range infos {
-		alive[info.ID] = info.State
-	}
-	known := map[string]bool{}
-	for _, sb := range live {
-		known[sb.ID] = true
-		if s.isBusy(sb.ID) {
-			continue
-		}
-		st, ok := alive[sb.ID]
-		var update func(x *catalog.Sandbox) error
-		switch {
-		case ok && sb.State != stateStarting && string(st) == sb.State:
-			continue
-		case ok && sb.State != stateStarting && (st == agent.StateRunning || st == agent.StatePaused):
-			// e.g. a crash between pausing and recording it
-			s.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
-			update = func(x *catalog.Sandbox) error {
-				x.State = string(st)
-				if st == agent.StatePaused {
-					x.ExpiresAt = time.Time{}
-				}
-				return nil
-			}
-		case ok && sb.State != stateStarting:
-			continue // starting or stopping on the host: the next resync sees how it ends
-		default:
-			if ok {
-				s.host.Kill(ctx, sb.ID) // a create that never finished
-			}
-			reason := "vmm_exited"
-			if sb.State == stateStarting {
-				reason = "host_restarted"
-			}
-			update = func(x *catalog.Sandbox) error {
-				now := time.Now().UTC()
-				x.State, x.StopReason, x.StoppedAt = stateStopped, reason, now
-				return nil
-			}
-		}
-		_, err := s.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
-			if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
-				return errChanged
-			}
-			if err := update(x); err != nil {
-				return err
-			}
-			x.UpdatedAt = time.Now().UTC()
-			return nil
-		})
-		if errors.Is(err, errChanged) || errors.Is(err, catalog.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("reconcile %s: %w", sb.ID, err)
-		}
-	}
-	for id := range alive {
-		if known[id] || s.isBusy(id) {
-			continue
-		}
-		// Created since the catalog was read?
-		if sb, err := s.cat.GetSandbox(ctx, id); err == nil && sb.State != stateStopped {
-			continue
-		}
-		s.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
-		s.host.Kill(ctx, id)
-	}
-	return nil
-}
-
-func (s *Server) isBusy(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.busy[id]
-}
-
-// Run enforces TTLs (a sandbox past its expiry is stopped within a few
-// hundred milliseconds) and forgets long-stopped sandboxes, until ctx ends.
-func (s *Server) Run(ctx context.Context) error {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	lastPurge := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		now := time.Now().UTC()
-		due, err := s.cat.Due(ctx, now)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Error("list expired sandboxes", "err", err)
-			}
-			continue
-		}
-		for _, sb := range due {
-			if sb.HostID != s.cfg.HostID || sb.State == stateStarting {
-				continue
-			}
-			s.mu.Lock()
-			busy := s.busy[sb.ID]
-			if !busy {
-				s.busy[sb.ID] = true
-			}
-			s.mu.Unlock()
-			if busy {
-				continue
-			}
-			go func() {
-				defer s.setBusy(sb.ID, false)
-				if sb.OnExpire == "pause" && sb.State == stateRunning {
-					if _, err := s.pause(ctx, sb.ID); err == nil {
-						s.metrics.expired.Inc()
-						return
-					} else {
-						s.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", err)
-					}
-				}
-				if err := s.stop(ctx, sb.ID, "expired"); err != nil {
-					if errors.Is(err, ErrUnavailable) {
-						// Retried every tick until the host is back;
-						// its absence is logged where it is noticed.
-						s.log.Debug("expire sandbox", "sandbox_id", sb.ID, "err", err)
-						return
-					}
-					s.log.Error("expire sandbox", "sandbox_id", sb.ID, "err", err)
-				}
-				s.metrics.expired.Inc()
-			}()
-		}
-		if time.Since(lastPurge) > time.Minute {
-			lastPurge = time.Now()
-			if _, err := s.cat.PurgeStopped(ctx, now.Add(-s.cfg.StoppedRetention)); err != nil && ctx.Err() == nil {
-				s.log.Error("purge stopped sandboxes", "err", err)
-			}
-		}
-	}
 }

@@ -96,6 +96,10 @@ type localHost struct{ *agent.Agent }
 
 func (h localHost) Templates() Templates { return h.Agent.Templates() }
 
+func (h localHost) Snapshots(context.Context) ([]agent.SnapshotInfo, error) {
+	return h.Agent.Snapshots(), nil
+}
+
 func (h localHost) Guest(id string) (Guest, error) {
 	c, err := h.Agent.Guest(id)
 	if err != nil {
@@ -129,10 +133,23 @@ type Config struct {
 	// bounds every TTL.
 	DefaultTTL time.Duration
 	MaxTTL     time.Duration
-	// Default per-key quotas (a key's own limits override them; <= 0 is
-	// unlimited).
+	// Default per-key quotas (a key's own limits override them; < 0 is
+	// unlimited). Disk counts sandbox disks, paused sandboxes and
+	// snapshots.
 	MaxSandboxesPerKey int
 	MaxMemoryMiBPerKey int
+	MaxVCPUsPerKey     int
+	MaxDiskMiBPerKey   int
+	// Requests that reach a sandbox's guest agent (exec, exec streams, file
+	// operations) in flight at once, per sandbox and per key; more are
+	// refused with 429.
+	MaxGuestRequestsPerSandbox int
+	MaxGuestRequestsPerKey     int
+	// ExecOutputBudgetBytes bounds the output that all buffered execs in
+	// flight hold in this server's memory together (each is also bounded
+	// by MaxExecOutputBytes per stream). Output beyond it is dropped and
+	// the exec reports truncated: /exec/stream has no such bound.
+	ExecOutputBudgetBytes int64
 	// MaxUploadBytes bounds one file upload.
 	MaxUploadBytes int64
 	// MaxExecOutputBytes bounds stdout and stderr each in buffered exec.
@@ -161,6 +178,21 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxMemoryMiBPerKey == 0 {
 		c.MaxMemoryMiBPerKey = 64 << 10
+	}
+	if c.MaxVCPUsPerKey == 0 {
+		c.MaxVCPUsPerKey = 128
+	}
+	if c.MaxDiskMiBPerKey == 0 {
+		c.MaxDiskMiBPerKey = 1 << 20 // 1 TiB
+	}
+	if c.MaxGuestRequestsPerSandbox == 0 {
+		c.MaxGuestRequestsPerSandbox = 32
+	}
+	if c.MaxGuestRequestsPerKey == 0 {
+		c.MaxGuestRequestsPerKey = 256
+	}
+	if c.ExecOutputBudgetBytes == 0 {
+		c.ExecOutputBudgetBytes = 256 << 20
 	}
 	if c.MaxUploadBytes == 0 {
 		c.MaxUploadBytes = 16 << 30
@@ -197,10 +229,19 @@ type Server struct {
 	metrics *metrics
 	handler http.Handler
 
-	// killing tracks sandboxes being stopped so that TTL expiry, kill
-	// requests and VMM exits do not race on one sandbox.
-	mu      sync.Mutex
-	busy    map[string]bool
+	guests *limiter      // guest requests in flight
+	output *outputBudget // buffered exec output held
+
+	// life is the context of detached operations; stopLife cancels it.
+	life     context.Context
+	stopLife context.CancelFunc
+
+	mu sync.Mutex
+	// busy counts what works on a sandbox (a create, an operation, a TTL
+	// expiry) so that Resync and the TTL loop leave it alone.
+	busy    map[string]int
+	ops     map[string]*op // the detached operation of each sandbox
+	opsWG   sync.WaitGroup
 	closing bool
 }
 
@@ -210,7 +251,10 @@ func New(cfg Config, cat catalog.Catalog, host Host, reg prometheus.Registerer) 
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("api config: %w", err)
 	}
-	s := &Server{cfg: cfg, cat: cat, host: host, log: cfg.Logger, busy: map[string]bool{}}
+	s := &Server{cfg: cfg, cat: cat, host: host, log: cfg.Logger, busy: map[string]int{}, ops: map[string]*op{},
+		guests: newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey),
+		output: &outputBudget{max: cfg.ExecOutputBudgetBytes}}
+	s.life, s.stopLife = context.WithCancel(context.Background())
 	m, err := newMetrics(reg, s)
 	if err != nil {
 		return nil, err
@@ -223,11 +267,17 @@ func New(cfg Config, cat catalog.Catalog, host Host, reg prometheus.Registerer) 
 // Handler is the HTTP handler of the whole API.
 func (s *Server) Handler() http.Handler { return s.handler }
 
+// MetricsHandler serves the Prometheus metrics without authentication, for
+// a listener of their own (the API's /metrics needs an admin key).
+func (s *Server) MetricsHandler() http.Handler { return s.metrics.handler() }
+
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(Recoverer(s.log, s.writeError))
 	r.Get("/healthz", s.health)
-	r.Get("/metrics", s.metrics.handler().ServeHTTP)
+	// Metrics describe every tenant: admin keys only here (operators can
+	// serve MetricsHandler on a separate address instead).
+	r.With(s.authenticate, s.adminOnly).Get("/metrics", s.metrics.handler().ServeHTTP)
 	r.Get("/v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Write(s.cfg.OpenAPI)
@@ -247,15 +297,19 @@ func (s *Server) routes() http.Handler {
 		r.Get("/snapshots/{snapID}", s.getSnapshot)
 		r.Delete("/snapshots/{snapID}", s.deleteSnapshot)
 		r.Get("/hosts", s.listHosts)
-		r.Post("/sandboxes/{id}/exec", s.exec)
-		r.Post("/sandboxes/{id}/exec/stream", s.execStream)
-		r.Get("/sandboxes/{id}/files", s.readFile)
-		r.Put("/sandboxes/{id}/files", s.writeFile)
-		r.Delete("/sandboxes/{id}/files", s.removeFile)
-		r.Get("/sandboxes/{id}/files/list", s.listFiles)
-		r.Get("/sandboxes/{id}/files/stat", s.statFile)
-		r.Post("/sandboxes/{id}/files/mkdir", s.mkdir)
-		r.Post("/sandboxes/{id}/files/rename", s.rename)
+		r.Group(func(r chi.Router) {
+			// Requests that hold a guest stream: bounded per sandbox and key.
+			r.Use(s.limitGuest)
+			r.Post("/sandboxes/{id}/exec", s.exec)
+			r.Post("/sandboxes/{id}/exec/stream", s.execStream)
+			r.Get("/sandboxes/{id}/files", s.readFile)
+			r.Put("/sandboxes/{id}/files", s.writeFile)
+			r.Delete("/sandboxes/{id}/files", s.removeFile)
+			r.Get("/sandboxes/{id}/files/list", s.listFiles)
+			r.Get("/sandboxes/{id}/files/stat", s.statFile)
+			r.Post("/sandboxes/{id}/files/mkdir", s.mkdir)
+			r.Post("/sandboxes/{id}/files/rename", s.rename)
+		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)
 		r.Post("/keys", s.createKey)
@@ -334,6 +388,17 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 func callerOf(r *http.Request) *caller {
 	c, _ := r.Context().Value(ctxKey{}).(*caller)
 	return c
+}
+
+// adminOnly lets only admin keys through.
+func (s *Server) adminOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := requireAdmin(r); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func requireAdmin(r *http.Request) error {

@@ -20,12 +20,24 @@ type templateJSON struct {
 	BakeMS      int64      `json:"bake_ms,omitempty"`
 }
 
+// listTemplates lists the templates. An admin key sees every shape baked;
+// other keys see each template at its default shape (which shapes others
+// had baked is theirs to know).
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	store := s.host.Templates()
 	baked, err := store.List()
 	if err != nil {
 		s.writeError(w, r, err)
 		return
+	}
+	if !callerOf(r).Key.Admin {
+		var defaults []template.Template
+		for _, t := range baked {
+			if t.Params == s.host.TemplateParams(t.Name, 0, 0) {
+				defaults = append(defaults, t)
+			}
+		}
+		baked = defaults
 	}
 	var out []templateJSON
 	seen := map[string]bool{}

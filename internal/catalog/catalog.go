@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/lifecycle"
 )
 
 // Error classes. Methods wrap them with detail; test with errors.Is.
@@ -30,14 +32,17 @@ var (
 	ErrQuota = errors.New("quota exceeded")
 )
 
-// Sandbox states. A stopped sandbox is kept (for listing and its stop
-// reason) until PurgeStopped removes it; it no longer counts against quotas
-// and never leaves that state.
+// Sandbox states (the lifecycle package's, as stored). A stopped sandbox
+// is kept (for listing and its stop reason) until PurgeStopped removes it;
+// it no longer counts against quotas and never leaves that state.
 const (
-	StateStarting = "starting"
-	StateRunning  = "running"
-	StatePaused   = "paused"
-	StateStopped  = "stopped"
+	StateStarting = string(lifecycle.Starting)
+	StateRunning  = string(lifecycle.Running)
+	StatePausing  = string(lifecycle.Pausing)
+	StatePaused   = string(lifecycle.Paused)
+	StateResuming = string(lifecycle.Resuming)
+	StateStopping = string(lifecycle.Stopping)
+	StateStopped  = string(lifecycle.Stopped)
 )
 
 // Key is an API key. The secret itself is never stored, only its hash.
@@ -49,6 +54,8 @@ type Key struct {
 	Admin        bool
 	MaxSandboxes int // 0 = server default
 	MaxMemoryMiB int // 0 = server default
+	MaxVCPUs     int // 0 = server default
+	MaxDiskMiB   int // 0 = server default
 	CreatedAt    time.Time
 	RevokedAt    time.Time // zero = active
 }
@@ -63,20 +70,27 @@ type Sandbox struct {
 	KeyID      string // the key that created it; must exist
 	Template   string
 	HostID     string
-	State      string // StateStarting, StateRunning, StatePaused, StateStopped
+	State      string // one of the State constants
 	StopReason string // "killed", "expired", "vmm_exited", "host_restarted", ...
-	MemoryMiB  int
-	VCPUs      int
-	Metadata   map[string]string
-	Env        map[string]string
-	TTLSeconds int
-	OnExpire   string // "kill" or "pause"
-	ParentID   string // the sandbox it was forked from, if any
-	SnapshotID string // the snapshot it was restored from, if any
-	CreatedAt  time.Time
-	UpdatedAt  time.Time // zero = unset
-	ExpiresAt  time.Time // zero = never
-	StoppedAt  time.Time // zero = not stopped
+	// LastError is the user-facing message of the last operation that
+	// failed and left the sandbox as it was (a resume that left it paused).
+	LastError string
+	MemoryMiB int
+	VCPUs     int
+	// DiskMiB is the size of the sandbox's disk (what it may fill);
+	// PausedBytes what its pause capture holds on disk while it is paused.
+	DiskMiB     int
+	PausedBytes int64
+	Metadata    map[string]string
+	Env         map[string]string
+	TTLSeconds  int
+	OnExpire    string // "kill" or "pause"
+	ParentID    string // the sandbox it was forked from, if any
+	SnapshotID  string // the snapshot it was restored from, if any
+	CreatedAt   time.Time
+	UpdatedAt   time.Time // zero = unset
+	ExpiresAt   time.Time // zero = never
+	StoppedAt   time.Time // zero = not stopped
 }
 
 // Snapshot is a saved sandbox (memory and disk) that new sandboxes can
@@ -128,12 +142,11 @@ type Catalog interface {
 
 	// ReserveSandbox inserts sb if its key stays within its limits, checked
 	// and inserted atomically (also across processes sharing the store).
-	// The key's usage is its sandboxes not in StateStopped: their number
-	// plus one must be <= maxCount, and their MemoryMiB summed plus
-	// sb.MemoryMiB must be <= maxMemoryMiB. A limit <= 0 means unlimited.
+	// The key's usage (see Usage) is its sandboxes not in StateStopped
+	// and its snapshots; with sb added, each must stay within lim.
 	// Errors: ErrQuota (a *QuotaError), ErrConflict if the id is taken,
 	// ErrNotFound if sb.KeyID is unknown or revoked.
-	ReserveSandbox(ctx context.Context, sb Sandbox, maxCount, maxMemoryMiB int) error
+	ReserveSandbox(ctx context.Context, sb Sandbox, lim Limits) error
 	// GetSandbox returns the sandbox. ErrNotFound.
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	// ListSandboxes returns the sandboxes matching f, oldest first (by
@@ -156,9 +169,11 @@ type Catalog interface {
 	// set and before the given time, and returns how many it deleted.
 	PurgeStopped(ctx context.Context, before time.Time) (int, error)
 
-	// CreateSnapshot stores a new snapshot. ErrConflict if the id is taken,
+	// CreateSnapshot stores a new snapshot if its key's disk usage stays
+	// within lim.DiskMiB with it (checked and inserted atomically).
+	// ErrQuota (a *QuotaError), ErrConflict if the id is taken,
 	// ErrNotFound if s.KeyID is unknown.
-	CreateSnapshot(ctx context.Context, s Snapshot) error
+	CreateSnapshot(ctx context.Context, s Snapshot, lim Limits) error
 	// GetSnapshot returns the snapshot. ErrNotFound.
 	GetSnapshot(ctx context.Context, id string) (Snapshot, error)
 	// ListSnapshots returns the key's snapshots ("" = every key's), oldest
@@ -172,13 +187,41 @@ type Catalog interface {
 	Close() error
 }
 
-// QuotaError is the error ReserveSandbox returns when a key is at one of
-// its limits. It matches ErrQuota with errors.Is.
+// Limits bound what one key holds at once. A limit <= 0 is unlimited.
+type Limits struct {
+	Sandboxes int
+	MemoryMiB int
+	VCPUs     int
+	// DiskMiB bounds the disk of the key's live sandboxes, their pause
+	// captures and its snapshots.
+	DiskMiB int
+}
+
+// Usage is what a key holds, or what it asks for: sandboxes not stopped
+// (their number, memory, vCPUs, disk and pause captures) and snapshots
+// (their size, in DiskMiB).
+type Usage struct {
+	Sandboxes int
+	MemoryMiB int
+	VCPUs     int
+	DiskMiB   int
+}
+
+// UsageOf is what one live sandbox counts for.
+func UsageOf(sb Sandbox) Usage {
+	return Usage{Sandboxes: 1, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskMiB: sb.DiskMiB + MiBCeil(sb.PausedBytes)}
+}
+
+// MiBCeil is n bytes in MiB, rounded up.
+func MiBCeil(n int64) int { return int((n + 1<<20 - 1) >> 20) }
+
+// QuotaError is the error ReserveSandbox and CreateSnapshot return when a
+// key is at one of its limits. It matches ErrQuota with errors.Is.
 type QuotaError struct {
 	KeyID     string
-	Limit     string // QuotaSandboxes or QuotaMemory
-	Used      int    // sandboxes, or MiB, the key already holds
-	Requested int    // 1, or the new sandbox's MiB
+	Limit     string // one of the Quota constants
+	Used      int    // what the key already holds, in the limit's unit
+	Requested int    // what it asked for
 	Max       int    // the limit
 }
 
@@ -186,11 +229,20 @@ type QuotaError struct {
 const (
 	QuotaSandboxes = "sandboxes"
 	QuotaMemory    = "memory"
+	QuotaVCPUs     = "vcpus"
+	QuotaDisk      = "disk"
 )
 
 func (e *QuotaError) Error() string {
-	if e.Limit == QuotaMemory {
+	switch e.Limit {
+	case QuotaMemory:
 		return fmt.Sprintf("memory quota exceeded: key %s uses %d MiB, %d MiB more would pass its limit of %d MiB",
+			e.KeyID, e.Used, e.Requested, e.Max)
+	case QuotaVCPUs:
+		return fmt.Sprintf("vCPU quota exceeded: key %s uses %d vCPUs, %d more would pass its limit of %d",
+			e.KeyID, e.Used, e.Requested, e.Max)
+	case QuotaDisk:
+		return fmt.Sprintf("disk quota exceeded: key %s holds %d MiB (sandbox disks, paused sandboxes, snapshots), %d MiB more would pass its limit of %d MiB",
 			e.KeyID, e.Used, e.Requested, e.Max)
 	}
 	return fmt.Sprintf("sandbox quota exceeded: key %s has %d of %d sandboxes", e.KeyID, e.Used, e.Max)
@@ -199,15 +251,22 @@ func (e *QuotaError) Error() string {
 // Unwrap makes a QuotaError match ErrQuota.
 func (e *QuotaError) Unwrap() error { return ErrQuota }
 
-// CheckQuota returns a *QuotaError if a key holding count sandboxes with
-// memMiB of memory cannot take one more of reqMiB under the limits (<= 0:
-// unlimited). Implementations call it inside their reserving transaction.
-func CheckQuota(keyID string, count, memMiB, reqMiB, maxCount, maxMemoryMiB int) error {
-	if maxCount > 0 && count+1 > maxCount {
-		return &QuotaError{KeyID: keyID, Limit: QuotaSandboxes, Used: count, Requested: 1, Max: maxCount}
-	}
-	if maxMemoryMiB > 0 && memMiB+reqMiB > maxMemoryMiB {
-		return &QuotaError{KeyID: keyID, Limit: QuotaMemory, Used: memMiB, Requested: reqMiB, Max: maxMemoryMiB}
+// CheckQuota returns a *QuotaError if a key holding used cannot take req
+// more under lim. Implementations call it inside their reserving
+// transaction.
+func CheckQuota(keyID string, used, req Usage, lim Limits) error {
+	for _, c := range []struct {
+		name           string
+		used, req, max int
+	}{
+		{QuotaSandboxes, used.Sandboxes, req.Sandboxes, lim.Sandboxes},
+		{QuotaMemory, used.MemoryMiB, req.MemoryMiB, lim.MemoryMiB},
+		{QuotaVCPUs, used.VCPUs, req.VCPUs, lim.VCPUs},
+		{QuotaDisk, used.DiskMiB, req.DiskMiB, lim.DiskMiB},
+	} {
+		if c.max > 0 && c.req > 0 && c.used+c.req > c.max {
+			return &QuotaError{KeyID: keyID, Limit: c.name, Used: c.used, Requested: c.req, Max: c.max}
+		}
 	}
 	return nil
 }

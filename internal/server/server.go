@@ -50,6 +50,8 @@ type Config struct {
 	MaxTTL             Duration `yaml:"max_ttl"`
 	MaxSandboxesPerKey int      `yaml:"max_sandboxes_per_key"`
 	MaxMemoryMiBPerKey int      `yaml:"max_memory_mib_per_key"`
+	MaxVCPUsPerKey     int      `yaml:"max_vcpus_per_key"`
+	MaxDiskMiBPerKey   int      `yaml:"max_disk_mib_per_key"`
 	MaxUploadBytes     int64    `yaml:"max_upload_bytes"`
 
 	// OnShutdown is what SIGTERM does to running sandboxes: "kill" (the
@@ -58,6 +60,10 @@ type Config struct {
 	OnShutdown string `yaml:"on_shutdown"`
 	// BakeOnStart bakes the default template before serving.
 	BakeOnStart bool `yaml:"bake_on_start"`
+	// MetricsListen, if set, serves /metrics there without authentication
+	// (e.g. 127.0.0.1:9788 for a local Prometheus); the API's own /metrics
+	// needs an admin key either way.
+	MetricsListen string `yaml:"metrics_listen"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (http://host:7789); `panda up` and `panda agent` ignore it.
@@ -99,6 +105,8 @@ func Defaults() Config {
 		// The API's own defaults, spelled out for --help.
 		MaxSandboxesPerKey: 64,
 		MaxMemoryMiBPerKey: 64 << 10,
+		MaxVCPUsPerKey:     128,
+		MaxDiskMiBPerKey:   1 << 20,
 		OnShutdown:         "kill",
 		LogLevel:           "info",
 		LogFormat:          "text",
@@ -126,6 +134,11 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen %q: %w", c.Listen, err)
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return fmt.Errorf("metrics_listen %q: %w", c.MetricsListen, err)
+		}
 	}
 	switch vmm.Accel(c.Accel) {
 	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
@@ -208,6 +221,14 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	// 4. Serve. From here on, shutdown follows cfg.OnShutdown.
 	keepRunning = false
 	sv := startServing(ln, srv.Handler(), srv.Run)
+	if cfg.MetricsListen != "" {
+		stopMetrics, err := serveMetrics(cfg.MetricsListen, srv.MetricsHandler(), log)
+		if err != nil {
+			sv.stop()
+			return err
+		}
+		defer stopMetrics()
+	}
 	fmt.Fprintf(out, "PandaStack listening on http://%s (accel %s, data %s)\n", ln.Addr(), host.Accel(), cfg.DataDir)
 	log.Info("serving", "addr", ln.Addr().String())
 	if err := sv.wait(ctx); err != nil {
@@ -217,6 +238,11 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	// the sandboxes, (deferred) the catalog and the volume.
 	log.Info("shutting down", "on_shutdown", cfg.OnShutdown)
 	sv.stop()
+	// Operations in flight (pause, resume, snapshot, fork) are cancelled
+	// and roll back on the host: nothing is left half done.
+	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
+	srv.Shutdown(octx)
+	ocancel()
 	if cfg.OnShutdown == "keep" {
 		keepRunning = true
 		return nil
@@ -370,6 +396,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, version st
 	srv, err := api.New(api.Config{
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
+		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
 	}, cat, host, reg)
 	if err != nil {
@@ -427,6 +454,18 @@ func (sv *serving) stop() {
 	}
 	sv.stopBg()
 	sv.bgDone.Wait()
+}
+
+// serveMetrics serves h (the metrics) on addr until stop is called.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cannot listen for metrics: %w", err)
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	go hs.Serve(ln)
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	return func() { hs.Close() }, nil
 }
 
 // vmmsRunning reports whether any sandbox of host has a VMM process.

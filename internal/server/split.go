@@ -180,6 +180,9 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	// event stream, the catalog, the connection to the agent.
 	log.Info("shutting down")
 	sv.stop()
+	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
+	srv.Shutdown(octx)
+	ocancel()
 	return nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -86,6 +87,9 @@ var (
 	ErrInvalid  = errors.New("invalid template parameters")
 )
 
+// metaFile holds a baked template's Meta.
+const metaFile = "template.json"
+
 // Meta is a baked template's metadata (template.json).
 type Meta struct {
 	Params
@@ -97,6 +101,9 @@ type Meta struct {
 	BakeMS  int64             `json:"bake_ms"`
 	// BootID of the guest that was snapshotted.
 	BootID string `json:"boot_id"`
+	// DiskMiB is the size of the template's disk: what each of its
+	// sandboxes may fill (and counts against its key's disk quota).
+	DiskMiB int `json:"disk_mib"`
 }
 
 // Template is a baked template on disk.
@@ -147,6 +154,9 @@ type Store struct {
 
 	mu     sync.Mutex
 	baking map[string]*bake
+	// verified maps a template directory to the boot id whose files passed
+	// their checksums in this process.
+	verified map[string]string
 }
 
 type bake struct {
@@ -166,14 +176,15 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.Accel != vmm.AccelKVM && cfg.Accel != vmm.AccelTCG {
 		return nil, fmt.Errorf("template store: accel must be kvm or tcg, got %q", cfg.Accel)
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("template store: %w", err)
 	}
 	return &Store{
-		cfg:    cfg,
-		hashes: &hashCache{path: cfg.Images.hashCachePath()},
-		log:    cfg.Logger,
-		baking: map[string]*bake{},
+		cfg:      cfg,
+		hashes:   &hashCache{path: cfg.Images.hashCachePath()},
+		log:      cfg.Logger,
+		baking:   map[string]*bake{},
+		verified: map[string]string{},
 	}, nil
 }
 
@@ -194,9 +205,52 @@ func (s *Store) Get(ctx context.Context, p Params, progress Progress) (*Template
 		return nil, err
 	}
 	if reason == "" {
-		return t, nil
+		if err := s.verify(t); err == nil {
+			return t, nil
+		} else {
+			reason = err.Error()
+		}
 	}
 	return s.bakeOnce(ctx, p, reason, progress)
+}
+
+// verify checks t's files against their checksums once per bake and
+// process (templates are immutable; a re-bake has a new boot id).
+func (s *Store) verify(t *Template) error {
+	s.mu.Lock()
+	ok := s.verified[t.Dir] == t.BootID
+	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	if err := manifest.Verify(t.Dir); err != nil {
+		s.log.Error("template failed its checksums; re-baking it", "template", t.Key(), "err", err)
+		return errors.New("its files do not match their checksums")
+	}
+	s.setVerified(t.Dir, t.BootID)
+	return nil
+}
+
+func (s *Store) setVerified(dir, bootID string) {
+	s.mu.Lock()
+	s.verified[dir] = bootID
+	s.mu.Unlock()
+}
+
+// RemoveLeftovers removes what interrupted bakes left in the store
+// (temporary and replaced template directories) and returns how many. Call
+// it only when no bake runs, e.g. at start-up.
+func (s *Store) RemoveLeftovers() int {
+	var n int
+	for _, pat := range []string{".bake-*", ".old-*"} {
+		m, _ := filepath.Glob(filepath.Join(s.cfg.Dir, pat))
+		for _, d := range m {
+			if os.RemoveAll(d) == nil {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // Bake re-bakes the template for p even if it is fresh.
@@ -213,7 +267,7 @@ func (s *Store) Bake(ctx context.Context, p Params, progress Progress) (*Templat
 func (s *Store) unknown(name string) error {
 	names := s.Names()
 	if len(names) == 0 {
-		return fmt.Errorf("%w: %q: no root filesystems in %s (run make setup)", ErrNotFound, name, s.cfg.Images.Dir)
+		return fmt.Errorf("%w: %q: the host has no root filesystems (run make setup)", ErrNotFound, name)
 	}
 	return fmt.Errorf("%w: %q (available: %s)", ErrNotFound, name, strings.Join(names, ", "))
 }
@@ -225,7 +279,7 @@ func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
 		return nil, "", s.unknown(p.Name)
 	}
 	dir := filepath.Join(s.cfg.Dir, p.Key())
-	b, err := os.ReadFile(filepath.Join(dir, "template.json"))
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, "not baked yet", nil
 	}
@@ -251,6 +305,12 @@ func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
 	if t.Cmdline != s.cmdline() {
 		return t, "kernel command line changed", nil
 	}
+	if err := manifest.Check(dir); err != nil {
+		if errors.Is(err, manifest.ErrNoManifest) {
+			return t, "baked before templates carried checksums", nil
+		}
+		return t, "its files are incomplete", nil
+	}
 	return t, "", nil
 }
 
@@ -262,7 +322,7 @@ func (s *Store) List() ([]Template, error) {
 	}
 	var out []Template
 	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(s.cfg.Dir, e.Name(), "template.json"))
+		b, err := os.ReadFile(filepath.Join(s.cfg.Dir, e.Name(), metaFile))
 		if err != nil {
 			continue
 		}
@@ -372,10 +432,19 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		say("boot failed, retrying: %v", err)
 	}
 	t.BootID = bootID
+	if st, err := os.Stat(t.RootFS()); err == nil {
+		t.DiskMiB = int((st.Size() + 1<<20 - 1) >> 20)
+	}
 	t.BakedAt = time.Now().UTC()
 	t.BakeMS = time.Since(start).Milliseconds()
 	b, _ := json.MarshalIndent(t.Meta, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, "template.json"), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, metaFile), b, 0o600); err != nil {
+		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
+	}
+	// On stable storage with checksums before it is renamed into place: a
+	// crash leaves a .bake- directory (removed at the next start) or a
+	// whole template, never a torn one.
+	if _, err := manifest.Seal(tmp, "vm.mem", "vm.state", "rootfs.ext4", metaFile); err != nil {
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 	}
 	final := filepath.Join(s.cfg.Dir, p.Key())
@@ -389,9 +458,10 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 			return nil, fmt.Errorf("bake %s: replace: %w", p.Key(), err)
 		}
 	}
-	if err := os.Rename(tmp, final); err != nil {
+	if err := manifest.Rename(tmp, final); err != nil {
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 	}
+	s.setVerified(final, t.BootID)
 	if old != "" {
 		os.RemoveAll(old)
 	}

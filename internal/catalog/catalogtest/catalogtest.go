@@ -33,6 +33,7 @@ func Run(t *testing.T, open func(t *testing.T) catalog.Catalog) {
 		{"ReserveUnknownKey", testReserveUnknownKey},
 		{"Quota", testQuota},
 		{"ReserveConcurrent", testReserveConcurrent},
+		{"QuotaVCPUsAndDisk", testQuotaVCPUsAndDisk},
 		{"ListSandboxes", testListSandboxes},
 		{"UpdateSandbox", testUpdateSandbox},
 		{"UpdateSandboxConcurrent", testUpdateSandboxConcurrent},
@@ -65,7 +66,7 @@ func Shared(t *testing.T, cats []catalog.Catalog) {
 	createKey(t, cats[0], newKey("key_a", t0))
 	const limit = 10
 	ok, _ := reserveAtOnce(t, 40, func(i int) error {
-		return cats[i%len(cats)].ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("sb%02d", i), "key_a"), limit, 0)
+		return cats[i%len(cats)].ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("sb%02d", i), "key_a"), catalog.Limits{Sandboxes: limit})
 	})
 	if ok != limit {
 		t.Errorf("%d reservations across %d catalogs succeeded, want %d", ok, len(cats), limit)
@@ -126,7 +127,7 @@ func createKey(t *testing.T, c catalog.Catalog, k catalog.Key) {
 func reserve(t *testing.T, c catalog.Catalog, sbs ...catalog.Sandbox) {
 	t.Helper()
 	for _, sb := range sbs {
-		if err := c.ReserveSandbox(t.Context(), sb, 0, 0); err != nil {
+		if err := c.ReserveSandbox(t.Context(), sb, catalog.Limits{}); err != nil {
 			t.Fatalf("ReserveSandbox(%s): %v", sb.ID, err)
 		}
 	}
@@ -188,7 +189,7 @@ func testKeyRoundTrip(t *testing.T, c catalog.Catalog) {
 	}
 	keys := []catalog.Key{
 		{ID: "key_admin000001", Name: "admin 🐼", Hash: strings.Repeat("ab", 32), Prefix: "ps_12345", Admin: true,
-			MaxSandboxes: 100, MaxMemoryMiB: 65536, CreatedAt: t0.In(elsewhere)},
+			MaxSandboxes: 100, MaxMemoryMiB: 65536, MaxVCPUs: 64, MaxDiskMiB: 1 << 20, CreatedAt: t0.In(elsewhere)},
 		{ID: "key_user0000001", Name: "", Hash: strings.Repeat("cd", 32), Prefix: "ps_abcde", CreatedAt: t0.Add(time.Second)},
 		{ID: "key_revoked0001", Name: "old", Hash: strings.Repeat("ef", 32), Prefix: "ps_zzzzz",
 			CreatedAt: t0, RevokedAt: t0.Add(time.Hour).In(elsewhere)},
@@ -317,7 +318,8 @@ func testSandboxRoundTrip(t *testing.T, c catalog.Catalog) {
 	createKey(t, c, newKey("key_a", t0))
 	full := catalog.Sandbox{
 		ID: "k3v9q2m8x7c1b5n4z6a0", KeyID: "key_a", Template: "base", HostID: "host-1",
-		State: catalog.StatePaused, StopReason: "host_restarted", MemoryMiB: 2048, VCPUs: 4,
+		State: catalog.StatePaused, StopReason: "host_restarted", LastError: "resume failed: 🐼 \"quoted\"",
+		MemoryMiB: 2048, VCPUs: 4, DiskMiB: 4096, PausedBytes: 5<<30 + 17,
 		Metadata: map[string]string{
 			"emoji": "🐼 panda", "中文键": "值", "quote\"back\\slash": "line\nbreak\ttab",
 			"a.b": "dotted key", "$.x": "path-like", "rtl": "שלום", "empty": "", "<html>&": "<script>",
@@ -377,7 +379,7 @@ func testReserveConflict(t *testing.T, c catalog.Catalog) {
 	for _, keyID := range []string{"key_a", "key_b"} {
 		dup := newSandbox("sb1", keyID)
 		dup.Template = "tiny"
-		if err := c.ReserveSandbox(ctx, dup, 0, 0); !errors.Is(err, catalog.ErrConflict) {
+		if err := c.ReserveSandbox(ctx, dup, catalog.Limits{}); !errors.Is(err, catalog.ErrConflict) {
 			t.Errorf("ReserveSandbox with a taken id (key %s): got %v, want ErrConflict", keyID, err)
 		}
 	}
@@ -393,7 +395,7 @@ func testReserveUnknownKey(t *testing.T, c catalog.Catalog) {
 		t.Fatal(err)
 	}
 	for _, keyID := range []string{"key_none", "key_revoked"} {
-		if err := c.ReserveSandbox(ctx, newSandbox("sb_"+keyID, keyID), 0, 0); !errors.Is(err, catalog.ErrNotFound) {
+		if err := c.ReserveSandbox(ctx, newSandbox("sb_"+keyID, keyID), catalog.Limits{}); !errors.Is(err, catalog.ErrNotFound) {
 			t.Errorf("ReserveSandbox for %s: got %v, want ErrNotFound", keyID, err)
 		}
 		if _, err := c.GetSandbox(ctx, "sb_"+keyID); !errors.Is(err, catalog.ErrNotFound) {
@@ -454,7 +456,7 @@ func testQuota(t *testing.T, c catalog.Catalog) {
 		}
 		sb := newSandbox(fmt.Sprintf("q%dnew", i), mine)
 		sb.MemoryMiB = tc.reqMem
-		err := c.ReserveSandbox(ctx, sb, tc.maxCount, tc.maxMem)
+		err := c.ReserveSandbox(ctx, sb, catalog.Limits{Sandboxes: tc.maxCount, MemoryMiB: tc.maxMem})
 		_, getErr := c.GetSandbox(ctx, sb.ID)
 		if tc.wantLimit == "" {
 			if err != nil {
@@ -487,6 +489,66 @@ func testQuota(t *testing.T, c catalog.Catalog) {
 	}
 }
 
+// vCPUs and disk count like memory; disk counts sandbox disks, pause
+// captures and snapshots, and CreateSnapshot checks it too.
+func testQuotaVCPUsAndDisk(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	createKey(t, c, newKey("key_b", t0))
+	held := newSandbox("held", "key_a")
+	held.VCPUs, held.DiskMiB, held.State, held.PausedBytes = 3, 1000, catalog.StatePaused, 100<<20+1 // counts 101 MiB
+	gone := newSandbox("gone", "key_a")
+	gone.VCPUs, gone.DiskMiB, gone.State = 16, 100000, catalog.StateStopped
+	other := newSandbox("other", "key_b")
+	other.VCPUs, other.DiskMiB = 16, 100000
+	reserve(t, c, held, gone, other)
+	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snapa", KeyID: "key_a", SizeBytes: 200 << 20, CreatedAt: t0}, catalog.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	// key_a holds 3 vCPUs and 1000 + 101 + 200 = 1301 MiB of disk.
+	tests := []struct {
+		name      string
+		vcpus     int
+		disk      int
+		lim       catalog.Limits
+		wantLimit string
+		wantUsed  int
+	}{
+		{"vcpus fit", 1, 0, catalog.Limits{VCPUs: 4}, "", 0},
+		{"vcpus over", 2, 0, catalog.Limits{VCPUs: 4}, catalog.QuotaVCPUs, 3},
+		{"disk fits", 1, 99, catalog.Limits{DiskMiB: 1400}, "", 0},
+		{"disk over", 1, 100, catalog.Limits{DiskMiB: 1400}, catalog.QuotaDisk, 1301},
+	}
+	for i, tc := range tests {
+		sb := newSandbox(fmt.Sprintf("vd%d", i), "key_a")
+		sb.VCPUs, sb.DiskMiB = tc.vcpus, tc.disk
+		err := c.ReserveSandbox(ctx, sb, tc.lim)
+		if tc.wantLimit == "" {
+			if err != nil {
+				t.Errorf("%s: %v, want success", tc.name, err)
+			}
+			c.DeleteSandbox(ctx, sb.ID)
+			continue
+		}
+		var qe *catalog.QuotaError
+		if !errors.As(err, &qe) || qe.Limit != tc.wantLimit || qe.Used != tc.wantUsed {
+			t.Errorf("%s: got %v (%+v), want a %s QuotaError with %d used", tc.name, err, qe, tc.wantLimit, tc.wantUsed)
+		}
+	}
+	// A snapshot that would pass the disk limit is refused and not stored.
+	err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snapb", KeyID: "key_a", SizeBytes: 100 << 20, CreatedAt: t0}, catalog.Limits{DiskMiB: 1400})
+	var qe *catalog.QuotaError
+	if !errors.As(err, &qe) || qe.Limit != catalog.QuotaDisk || qe.Used != 1301 || qe.Requested != 100 {
+		t.Errorf("CreateSnapshot over the disk limit: %v (%+v), want a disk QuotaError, 1301 used, 100 requested", err, qe)
+	}
+	if _, err := c.GetSnapshot(ctx, "snapb"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("refused snapshot stored: %v", err)
+	}
+	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snapc", KeyID: "key_a", SizeBytes: 99 << 20, CreatedAt: t0}, catalog.Limits{DiskMiB: 1400}); err != nil {
+		t.Errorf("CreateSnapshot within the disk limit: %v", err)
+	}
+}
+
 func testReserveConcurrent(t *testing.T, c catalog.Catalog) {
 	tests := []struct {
 		name             string
@@ -501,7 +563,7 @@ func testReserveConcurrent(t *testing.T, c catalog.Catalog) {
 		keyID := "key_" + tc.name
 		createKey(t, c, newKey(keyID, t0))
 		ok, quota := reserveAtOnce(t, callers, func(i int) error {
-			return c.ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("%s%02d", tc.name, i), keyID), tc.maxCount, tc.maxMem)
+			return c.ReserveSandbox(t.Context(), newSandbox(fmt.Sprintf("%s%02d", tc.name, i), keyID), catalog.Limits{Sandboxes: tc.maxCount, MemoryMiB: tc.maxMem})
 		})
 		if ok != tc.want || quota != callers-tc.want {
 			t.Errorf("%s: %d reservations succeeded and %d hit the quota, want %d and %d",
@@ -704,7 +766,7 @@ func testDeleteSandbox(t *testing.T, c catalog.Catalog) {
 		t.Errorf("GetSandbox of the other sandbox: %v", err)
 	}
 	// A deleted sandbox frees its quota.
-	if err := c.ReserveSandbox(ctx, newSandbox("sb3", "key_a"), 2, 0); err != nil {
+	if err := c.ReserveSandbox(ctx, newSandbox("sb3", "key_a"), catalog.Limits{Sandboxes: 2}); err != nil {
 		t.Errorf("ReserveSandbox after a delete: %v", err)
 	}
 }
@@ -783,7 +845,7 @@ func testSnapshots(t *testing.T, c catalog.Catalog) {
 		{ID: "snap3", KeyID: "key_a", CreatedAt: t0},
 	}
 	for _, s := range snaps {
-		if err := c.CreateSnapshot(ctx, s); err != nil {
+		if err := c.CreateSnapshot(ctx, s, catalog.Limits{}); err != nil {
 			t.Fatalf("CreateSnapshot(%s): %v", s.ID, err)
 		}
 	}
@@ -810,10 +872,10 @@ func testSnapshots(t *testing.T, c catalog.Catalog) {
 		}
 	}
 
-	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snap1", KeyID: "key_b", CreatedAt: t0}); !errors.Is(err, catalog.ErrConflict) {
+	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snap1", KeyID: "key_b", CreatedAt: t0}, catalog.Limits{}); !errors.Is(err, catalog.ErrConflict) {
 		t.Errorf("CreateSnapshot with a taken id: got %v, want ErrConflict", err)
 	}
-	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snap9", KeyID: "key_none", CreatedAt: t0}); !errors.Is(err, catalog.ErrNotFound) {
+	if err := c.CreateSnapshot(ctx, catalog.Snapshot{ID: "snap9", KeyID: "key_none", CreatedAt: t0}, catalog.Limits{}); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("CreateSnapshot for an unknown key: got %v, want ErrNotFound", err)
 	}
 	if err := c.DeleteSnapshot(ctx, "snap1"); err != nil {

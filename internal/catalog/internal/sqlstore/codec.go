@@ -12,8 +12,9 @@ import (
 // Columns of each table, in the order of the scan and args functions below.
 var (
 	keyColumns = []string{"id", "name", "hash", "prefix", "admin", "max_sandboxes", "max_memory_mib",
-		"created_at", "revoked_at"}
-	sandboxColumns = []string{"id", "key_id", "template", "host_id", "state", "stop_reason", "memory_mib", "vcpus",
+		"max_vcpus", "max_disk_mib", "created_at", "revoked_at"}
+	sandboxColumns = []string{"id", "key_id", "template", "host_id", "state", "stop_reason", "last_error",
+		"memory_mib", "vcpus", "disk_mib", "paused_bytes",
 		"metadata", "env", "ttl_seconds", "on_expire", "parent_id", "snapshot_id",
 		"created_at", "updated_at", "expires_at", "stopped_at"}
 	snapshotColumns = []string{"id", "key_id", "sandbox_id", "name", "host_id", "template", "memory_mib", "vcpus",
@@ -40,18 +41,19 @@ type scanner interface{ Scan(dest ...any) error }
 func scanKey(row scanner) (catalog.Key, error) {
 	var k catalog.Key
 	err := row.Scan(&k.ID, &k.Name, &k.Hash, &k.Prefix, &k.Admin, &k.MaxSandboxes, &k.MaxMemoryMiB,
-		timeDest{&k.CreatedAt}, timeDest{&k.RevokedAt})
+		&k.MaxVCPUs, &k.MaxDiskMiB, timeDest{&k.CreatedAt}, timeDest{&k.RevokedAt})
 	return k, err
 }
 
 func (s *Store) keyArgs(k catalog.Key) []any {
 	return []any{k.ID, k.Name, k.Hash, k.Prefix, k.Admin, k.MaxSandboxes, k.MaxMemoryMiB,
-		s.timeArg(k.CreatedAt), s.timeArg(k.RevokedAt)}
+		k.MaxVCPUs, k.MaxDiskMiB, s.timeArg(k.CreatedAt), s.timeArg(k.RevokedAt)}
 }
 
 func scanSandbox(row scanner) (catalog.Sandbox, error) {
 	var sb catalog.Sandbox
-	err := row.Scan(&sb.ID, &sb.KeyID, &sb.Template, &sb.HostID, &sb.State, &sb.StopReason, &sb.MemoryMiB, &sb.VCPUs,
+	err := row.Scan(&sb.ID, &sb.KeyID, &sb.Template, &sb.HostID, &sb.State, &sb.StopReason, &sb.LastError,
+		&sb.MemoryMiB, &sb.VCPUs, &sb.DiskMiB, &sb.PausedBytes,
 		mapDest{&sb.Metadata}, mapDest{&sb.Env}, &sb.TTLSeconds, &sb.OnExpire, &sb.ParentID, &sb.SnapshotID,
 		timeDest{&sb.CreatedAt}, timeDest{&sb.UpdatedAt}, timeDest{&sb.ExpiresAt}, timeDest{&sb.StoppedAt})
 	return sb, err
@@ -66,7 +68,8 @@ func (s *Store) sandboxArgs(sb catalog.Sandbox) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode env: %w", err)
 	}
-	return []any{sb.ID, sb.KeyID, sb.Template, sb.HostID, sb.State, sb.StopReason, sb.MemoryMiB, sb.VCPUs,
+	return []any{sb.ID, sb.KeyID, sb.Template, sb.HostID, sb.State, sb.StopReason, sb.LastError,
+		sb.MemoryMiB, sb.VCPUs, sb.DiskMiB, sb.PausedBytes,
 		md, env, sb.TTLSeconds, sb.OnExpire, sb.ParentID, sb.SnapshotID,
 		s.timeArg(sb.CreatedAt), s.timeArg(sb.UpdatedAt), s.timeArg(sb.ExpiresAt), s.timeArg(sb.StoppedAt)}, nil
 }

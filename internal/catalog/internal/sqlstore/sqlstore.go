@@ -221,46 +221,57 @@ func (s *Store) CountKeys(ctx context.Context) (int, error) {
 
 // Sandboxes.
 
-func (s *Store) ReserveSandbox(ctx context.Context, sb catalog.Sandbox, maxCount, maxMemoryMiB int) error {
-	if err := s.reserve(ctx, sb, maxCount, maxMemoryMiB); err != nil {
-		return fmt.Errorf("reserve sandbox %s: %w", sb.ID, err)
-	}
-	return nil
-}
-
-func (s *Store) reserve(ctx context.Context, sb catalog.Sandbox, maxCount, maxMemoryMiB int) error {
+func (s *Store) ReserveSandbox(ctx context.Context, sb catalog.Sandbox, lim catalog.Limits) error {
 	args, err := s.sandboxArgs(sb)
 	if err != nil {
-		return err
+		return fmt.Errorf("reserve sandbox %s: %w", sb.ID, err)
 	}
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		// Locking the key's row (or the whole database) serializes every
-		// reservation for the key until this transaction ends, so the
-		// count below cannot go stale before the insert.
-		var revoked time.Time
-		err := tx.QueryRowContext(ctx, s.d.bind(`SELECT revoked_at FROM keys WHERE id = ?`+s.d.LockRow), sb.KeyID).
-			Scan(timeDest{&revoked})
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("key %s: %w", sb.KeyID, catalog.ErrNotFound)
-		} else if err != nil {
-			return err
-		}
-		if !revoked.IsZero() {
-			return fmt.Errorf("key %s is revoked: %w", sb.KeyID, catalog.ErrNotFound)
-		}
-		var count, mem int
-		if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT count(*), coalesce(sum(memory_mib), 0) FROM sandboxes
-			WHERE key_id = ? AND state <> 'stopped'`), sb.KeyID).Scan(&count, &mem); err != nil {
-			return err
-		}
-		if err := catalog.CheckQuota(sb.KeyID, count, mem, sb.MemoryMiB, maxCount, maxMemoryMiB); err != nil {
-			return err
-		}
+	err = s.withinQuota(ctx, sb.KeyID, catalog.UsageOf(sb), lim, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, s.d.bind(`INSERT INTO sandboxes (`+sandboxCols+`)
 			VALUES (`+params(sandboxColumns)+`)`), args...); err != nil {
 			return s.d.Classify(err)
 		}
 		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reserve sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// withinQuota runs insert in a transaction if the key (which must exist,
+// unrevoked) can take req more under lim, checked in the same transaction.
+func (s *Store) withinQuota(ctx context.Context, keyID string, req catalog.Usage, lim catalog.Limits, insert func(*sql.Tx) error) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		// Locking the key's row (or the whole database) serializes every
+		// reservation for the key until this transaction ends, so the
+		// count below cannot go stale before the insert.
+		var revoked time.Time
+		err := tx.QueryRowContext(ctx, s.d.bind(`SELECT revoked_at FROM keys WHERE id = ?`+s.d.LockRow), keyID).
+			Scan(timeDest{&revoked})
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("key %s: %w", keyID, catalog.ErrNotFound)
+		} else if err != nil {
+			return err
+		}
+		if !revoked.IsZero() {
+			return fmt.Errorf("key %s is revoked: %w", keyID, catalog.ErrNotFound)
+		}
+		var used catalog.Usage
+		var disk, paused, snaps int64
+		if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT count(*), coalesce(sum(memory_mib), 0), coalesce(sum(vcpus), 0),
+			coalesce(sum(disk_mib), 0), coalesce(sum(paused_bytes), 0) FROM sandboxes
+			WHERE key_id = ? AND state <> 'stopped'`), keyID).Scan(&used.Sandboxes, &used.MemoryMiB, &used.VCPUs, &disk, &paused); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT coalesce(sum(size_bytes), 0) FROM snapshots WHERE key_id = ?`), keyID).Scan(&snaps); err != nil {
+			return err
+		}
+		used.DiskMiB = int(disk) + catalog.MiBCeil(paused+snaps)
+		if err := catalog.CheckQuota(keyID, used, req, lim); err != nil {
+			return err
+		}
+		return insert(tx)
 	})
 }
 
@@ -362,10 +373,18 @@ func (s *Store) PurgeStopped(ctx context.Context, before time.Time) (int, error)
 
 // Snapshots.
 
-func (s *Store) CreateSnapshot(ctx context.Context, sn catalog.Snapshot) error {
-	_, err := s.exec(ctx, "create snapshot "+sn.ID,
-		`INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+params(snapshotColumns)+`)`, s.snapshotArgs(sn)...)
-	return err
+func (s *Store) CreateSnapshot(ctx context.Context, sn catalog.Snapshot, lim catalog.Limits) error {
+	err := s.withinQuota(ctx, sn.KeyID, catalog.Usage{DiskMiB: catalog.MiBCeil(sn.SizeBytes)}, lim, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, s.d.bind(`INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+params(snapshotColumns)+`)`),
+			s.snapshotArgs(sn)...); err != nil {
+			return s.d.Classify(err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
+	}
+	return nil
 }
 
 func (s *Store) GetSnapshot(ctx context.Context, id string) (catalog.Snapshot, error) {

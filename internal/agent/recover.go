@@ -1,0 +1,275 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Recovered is the outcome of Recover for one sandbox directory.
+type Recovered struct {
+	ID string
+	// State is what the sandbox is now: running (its VMM adopted) or
+	// paused (its capture kept). Unset when Err is set.
+	State State
+	// Err says why the sandbox could not be kept: its VMM was gone (its
+	// memory with it) or it was interrupted while starting. Its files are
+	// removed, unless they held a capture that could not be read: those
+	// are moved to lost+found in the store for an operator to inspect.
+	Err error
+}
+
+// Recovery bounds: adoption runs in parallel, each VMM with a short
+// deadline; a guest that has not answered HELLO within adoptHelloWait is
+// adopted anyway and keeps being greeted in the background.
+const (
+	adoptParallel  = 16
+	adoptTimeout   = 10 * time.Second
+	adoptHelloWait = 5 * time.Second
+)
+
+// Recover adopts what an earlier agent left: VMMs still running are
+// continued (a crash during a capture leaves them stopped) and reconnected
+// to, paused sandboxes are kept, and an operation the crash interrupted is
+// finished or rolled back: a pause whose capture is complete and sealed is
+// finished (the VMM is stopped), one whose capture is not is rolled back
+// (the capture is removed, the VMM continued); a resume is rolled back
+// (the new VMM is stopped; the capture was never touched). Nothing whose
+// memory or disk can still be used is deleted. Then leftovers of
+// interrupted work are removed: fork and snapshot captures that were not
+// complete, bakes, run directories.
+func (a *Agent) Recover(ctx context.Context) []Recovered {
+	ents, _ := os.ReadDir(a.sbDir)
+	out := make([]Recovered, len(ents))
+	sem := make(chan struct{}, adoptParallel)
+	var wg sync.WaitGroup
+	for i, e := range ents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			id := e.Name()
+			st, err := a.recoverOne(ctx, id)
+			if err != nil {
+				a.log.Warn("sandbox not recovered", "sandbox_id", id, "err", err)
+			}
+			out[i] = Recovered{ID: id, State: st, Err: err}
+		}()
+	}
+	wg.Wait()
+	a.cleanLeftovers(ctx)
+	return out
+}
+
+func (a *Agent) recoverOne(ctx context.Context, id string) (State, error) {
+	dir := filepath.Join(a.sbDir, id)
+	runDir := filepath.Join(a.cfg.RunDir, id)
+	var rec record
+	b, err := os.ReadFile(filepath.Join(dir, "sandbox.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err == nil && rec.ID != id {
+		err = fmt.Errorf("it names sandbox %q", rec.ID)
+	}
+	if err != nil {
+		if _, perr := os.Stat(filepath.Join(dir, pausedDir)); perr == nil {
+			a.quarantine(dir, id, "unreadable sandbox.json next to a pause capture")
+		} else {
+			os.RemoveAll(dir) // a create interrupted before it recorded anything
+		}
+		os.RemoveAll(runDir)
+		return "", fmt.Errorf("read sandbox.json: %v", err)
+	}
+	s := newSandbox(rec, dir, runDir, rec.State)
+	paused := filepath.Join(dir, pausedDir)
+	switch {
+	case rec.State == StatePaused || rec.State == StateResuming:
+		if rec.Op == opResume || rec.State == StateResuming {
+			// Roll the resume back: the capture was only linked from.
+			a.killStale(ctx, rec.Spec)
+			a.removeLiveFiles(s)
+		}
+		return a.keepPaused(s)
+	case rec.Op == opPause && captureComplete(paused):
+		// Finish the pause: the capture is all the sandbox needs.
+		a.killStale(ctx, rec.Spec)
+		a.removeLiveFiles(s)
+		return a.keepPaused(s)
+	case rec.State == StateRunning || rec.State == StatePausing:
+		os.RemoveAll(filepath.Join(dir, pausedTmpDir))
+		os.RemoveAll(paused)
+		return a.adoptRunning(ctx, s)
+	default:
+		// Starting (a create or a fork child that never answered) or
+		// stopping: nothing a user was given.
+		a.killStale(ctx, rec.Spec)
+		os.RemoveAll(dir)
+		os.RemoveAll(runDir)
+		return "", fmt.Errorf("it was %s when the host agent stopped", rec.State)
+	}
+}
+
+// captureComplete reports whether dir holds a whole pause capture: sealed
+// with every file at its size, or (made before captures were sealed) with
+// its files present.
+func captureComplete(dir string) bool {
+	err := manifest.Check(dir)
+	if errors.Is(err, manifest.ErrNoManifest) {
+		_, serr := os.Stat(filepath.Join(dir, stateFile))
+		return serr == nil
+	}
+	return err == nil
+}
+
+// keepPaused registers s as paused if its capture is complete.
+func (a *Agent) keepPaused(s *sandbox) (State, error) {
+	if !captureComplete(filepath.Join(s.dir, pausedDir)) {
+		a.quarantine(s.dir, s.rec.ID, "paused, but its capture is incomplete")
+		os.RemoveAll(s.runDir)
+		return "", errors.New("paused sandbox lost its capture")
+	}
+	s.mu.Lock()
+	s.state, s.rec.Op = StatePaused, ""
+	s.mu.Unlock()
+	if err := s.writeRecord(true); err != nil {
+		return "", fmt.Errorf("record paused sandbox: %w", err)
+	}
+	a.mu.Lock()
+	a.sandboxes[s.rec.ID] = s
+	a.mu.Unlock()
+	return StatePaused, nil
+}
+
+// adoptRunning takes over s's VMM, continues it (a capture may have left
+// it stopped) and greets its guest. A VMM that is gone took the sandbox's
+// memory with it: the sandbox's files are removed.
+func (a *Agent) adoptRunning(ctx context.Context, s *sandbox) (State, error) {
+	actx, cancel := context.WithTimeout(ctx, adoptTimeout)
+	defer cancel()
+	fail := func(err error) (State, error) {
+		os.RemoveAll(s.dir)
+		os.RemoveAll(s.runDir)
+		return "", err
+	}
+	m, err := a.driver.Adopt(actx, s.rec.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if err := m.Resume(actx); err != nil {
+		m.Kill()
+		return fail(fmt.Errorf("continue vmm: %w", err))
+	}
+	conn, err := (&net.Dialer{}).DialContext(actx, "unix", m.AgentSocket())
+	if err != nil {
+		m.Kill()
+		return fail(fmt.Errorf("connect to guest agent: %w", err))
+	}
+	client := guestproto.NewClient(conn)
+	ready := make(chan struct{})
+	s.mu.Lock()
+	s.m, s.client, s.ready = m, client, ready
+	s.state, s.rec.Op = StateRunning, ""
+	s.mu.Unlock()
+	s.writeRecord(false)
+	a.mu.Lock()
+	a.sandboxes[s.rec.ID] = s
+	a.mu.Unlock()
+	go a.watch(s, m)
+	// Greet the guest until it answers or the sandbox goes; Recover waits
+	// a little so that most sandboxes are ready when it returns.
+	go func() {
+		hctx, hcancel := context.WithCancel(context.Background())
+		defer hcancel()
+		go func() {
+			select {
+			case <-s.gone:
+				hcancel()
+			case <-hctx.Done():
+			}
+		}()
+		for {
+			err := a.hello(hctx, s, client)
+			if err == nil {
+				close(ready)
+				return
+			}
+			if hctx.Err() != nil || client.Err() != nil {
+				a.log.Warn("adopted sandbox's guest agent did not answer", "sandbox_id", s.rec.ID, "err", err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(adoptHelloWait):
+		a.log.Warn("adopted sandbox's guest agent has not answered yet; still trying", "sandbox_id", s.rec.ID)
+	}
+	return StateRunning, nil
+}
+
+// killStale stops the VMM an earlier agent started for spec, if it still
+// runs (identified by its run directory, never by PID alone).
+func (a *Agent) killStale(ctx context.Context, spec vmm.Spec) {
+	if spec.RunDir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, adoptTimeout)
+	defer cancel()
+	if m, err := a.driver.Adopt(ctx, spec); err == nil {
+		m.Kill()
+	}
+}
+
+// quarantine moves a sandbox directory that holds data recovery cannot use
+// to lost+found in the store, for an operator to inspect.
+func (a *Agent) quarantine(dir, id, why string) {
+	lf := filepath.Join(a.vol.Dir, "lost+found")
+	os.MkdirAll(lf, 0o700)
+	dst := filepath.Join(lf, fmt.Sprintf("%s-%d", id, time.Now().Unix()))
+	if err := os.Rename(dir, dst); err != nil {
+		a.log.Error("cannot move sandbox files to lost+found", "sandbox_id", id, "err", err)
+		return
+	}
+	a.log.Error("moved sandbox files to lost+found", "sandbox_id", id, "why", why, "dir", dst)
+}
+
+// cleanLeftovers removes what interrupted work left: fork captures (their
+// children were never handed out), snapshot captures that were not
+// complete, tenants' copies of templates that were re-baked, bakes and
+// their VMMs, and run directories of sandboxes that are gone.
+func (a *Agent) cleanLeftovers(ctx context.Context) {
+	a.tenantGC()
+	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
+	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
+	for _, d := range append(stale, tmps...) {
+		os.RemoveAll(d)
+	}
+	runs, _ := os.ReadDir(a.cfg.RunDir)
+	for _, e := range runs {
+		if _, err := a.get(e.Name()); err == nil {
+			continue
+		}
+		dir := filepath.Join(a.cfg.RunDir, e.Name())
+		if strings.HasPrefix(e.Name(), "bake-") {
+			// A bake's VMM outlives a crash of its agent like any other.
+			a.killStale(ctx, vmm.Spec{RunDir: dir})
+		}
+		os.RemoveAll(dir)
+	}
+	if n := a.templates.RemoveLeftovers(); n > 0 {
+		a.log.Info("removed leftovers of interrupted bakes", "count", n)
+	}
+}

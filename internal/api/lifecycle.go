@@ -1,0 +1,610 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/lifecycle"
+)
+
+// The control plane's half of a sandbox's lifecycle. The catalog record is
+// the owner of a sandbox's state as users see it; every change of it goes
+// through transition, which applies the lifecycle table in the same
+// transaction as the change, so that two actors (a request, the TTL loop,
+// a VMM exit, a reconcile) can never silently overwrite each other: the
+// second one's transition fails and it knows.
+//
+// Long operations (pause, resume, snapshot, fork) run detached from the
+// request that asked for them: a client that goes away does not cancel
+// them, and it learns the outcome later (GET). Pause and resume have states
+// of their own (pausing, resuming), so a crash of this server in the middle
+// is visible afterwards, and Resync settles them from what the host has.
+
+// transition applies ev to sandbox id's record and then mut, in one catalog
+// transaction. A sandbox in a state where ev cannot happen is a conflict
+// naming its state. It completes even if ctx is canceled.
+func (s *Server) transition(ctx context.Context, id string, ev lifecycle.Event, mut func(*catalog.Sandbox)) (catalog.Sandbox, error) {
+	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+		next, err := lifecycle.Next(lifecycle.State(x.State), ev)
+		if err != nil {
+			return &stateConflict{id: x.ID, state: x.State, ev: ev}
+		}
+		x.State = string(next)
+		x.UpdatedAt = time.Now().UTC()
+		if mut != nil {
+			mut(x)
+		}
+		return nil
+	})
+}
+
+// stateConflict is a transition the record's state does not allow.
+type stateConflict struct {
+	id, state string
+	ev        lifecycle.Event
+}
+
+func (e *stateConflict) Error() string {
+	return fmt.Sprintf("sandbox %s is %s: cannot %s", e.id, e.state, e.ev)
+}
+
+// op is one long operation on a sandbox, running detached from requests.
+type op struct {
+	kind string
+	done chan struct{}
+	sb   catalog.Sandbox // the record as the operation left it
+	val  any             // the operation's own result (capture stats, a snapshot, fork children)
+	err  error
+}
+
+// wait returns the operation's outcome, or ctx's error if ctx ends first
+// (the operation goes on).
+func (o *op) wait(ctx context.Context) (catalog.Sandbox, any, error) {
+	select {
+	case <-o.done:
+		return o.sb, o.val, o.err
+	case <-ctx.Done():
+		return catalog.Sandbox{}, nil, ctx.Err()
+	}
+}
+
+// detach runs fn as operation kind on sandbox id, detached from the
+// request: fn gets the server's own context, canceled only when the server
+// shuts down. A request for the same kind while one runs joins it (a
+// client retrying a resume waits for the first); another kind is a
+// conflict. The sandbox is busy meanwhile: Resync and the TTL loop leave
+// it alone.
+func (s *Server) detach(id, kind string, fn func(ctx context.Context) (catalog.Sandbox, any, error)) (*op, error) {
+	s.mu.Lock()
+	if o, ok := s.ops[id]; ok {
+		s.mu.Unlock()
+		if o.kind == kind {
+			return o, nil
+		}
+		return nil, conflict("sandbox %s is busy: a %s is in progress", id, o.kind)
+	}
+	if s.closing {
+		s.mu.Unlock()
+		return nil, errorf(503, "unavailable", "the server is shutting down")
+	}
+	o := &op{kind: kind, done: make(chan struct{})}
+	s.ops[id] = o
+	s.busy[id]++
+	s.opsWG.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.opsWG.Done()
+		o.sb, o.val, o.err = fn(s.life)
+		s.mu.Lock()
+		delete(s.ops, id)
+		s.decBusy(id)
+		s.mu.Unlock()
+		close(o.done)
+	}()
+	return o, nil
+}
+
+// Shutdown cancels the operations in flight (on the host they roll back:
+// a resume leaves the sandbox paused, a pause leaves it running) and waits
+// for them, at most until ctx ends. Requests must have stopped first.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.stopLife()
+	done := make(chan struct{})
+	go func() { s.opsWG.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("operations still running at shutdown")
+	}
+}
+
+// setBusy marks a sandbox busy (counted: create, TTL expiry and
+// operations may overlap) or releases one mark.
+func (s *Server) setBusy(id string, busy bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if busy {
+		s.busy[id]++
+	} else {
+		s.decBusy(id)
+	}
+}
+
+// decBusy releases one busy mark. Called with s.mu held.
+func (s *Server) decBusy(id string) {
+	if s.busy[id]--; s.busy[id] <= 0 {
+		delete(s.busy, id)
+	}
+}
+
+func (s *Server) isBusy(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy[id] > 0
+}
+
+// create reserves a sandbox against its key's quota (state starting),
+// restores it on the host and records it running; its TTL counts from
+// then. A kill that arrives while it starts wins: the sandbox is stopped
+// and the create fails with a conflict.
+func (s *Server) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox, req agent.CreateRequest) (catalog.Sandbox, error) {
+	ttl := time.Duration(sb.TTLSeconds) * time.Second
+	// Busy from before the record exists: Resync leaves it alone.
+	s.setBusy(sb.ID, true)
+	defer s.setBusy(sb.ID, false)
+	if err := s.reserve(ctx, key, sb); err != nil {
+		return catalog.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	t0 := time.Now()
+	req.ID, req.Owner = sb.ID, key.ID
+	if _, err := s.host.Create(ctx, req); err != nil {
+		s.metrics.creates.WithLabelValues("error").Inc()
+		// The record only held the quota reservation.
+		if derr := s.cat.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil && !errors.Is(derr, catalog.ErrNotFound) {
+			s.log.Error("remove record of failed create", "sandbox_id", sb.ID, "err", derr)
+		}
+		return catalog.Sandbox{}, err
+	}
+	s.metrics.createSeconds.Observe(time.Since(t0).Seconds())
+	s.metrics.creates.WithLabelValues("ok").Inc()
+	sb, err := s.started(ctx, sb.ID, ttl)
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	s.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", req.Template, "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
+	return sb, nil
+}
+
+// started records that a sandbox the host restored runs; its TTL counts
+// from now. If it was killed meanwhile, the host's sandbox is stopped too.
+func (s *Server) started(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
+	sb, err := s.transition(ctx, id, lifecycle.Started, func(x *catalog.Sandbox) {
+		x.ExpiresAt = time.Now().UTC().Add(ttl)
+	})
+	if err != nil {
+		s.host.Kill(context.WithoutCancel(ctx), id)
+		var sc *stateConflict
+		if errors.As(err, &sc) || errors.Is(err, catalog.ErrNotFound) {
+			return catalog.Sandbox{}, conflict("sandbox %s was killed while it was starting", id)
+		}
+		return catalog.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// stop kills a sandbox on its host and records it stopped. Stopping a
+// stopped sandbox is a no-op. If the host cannot be reached the record
+// stays stopping; the TTL loop and Resync finish it.
+func (s *Server) stop(ctx context.Context, id, reason string) error {
+	ctx = context.WithoutCancel(ctx)
+	sb, err := s.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return fmt.Errorf("stop sandbox: %w", err)
+	}
+	if sb.State == catalog.StateStopped {
+		return nil
+	}
+	if sb.State != catalog.StateStopping {
+		if _, err := s.transition(ctx, id, lifecycle.Stop, nil); err != nil {
+			var sc *stateConflict
+			if errors.As(err, &sc) && (sc.state == catalog.StateStopped || sc.state == catalog.StateStopping) {
+				if sc.state == catalog.StateStopped {
+					return nil
+				}
+			} else {
+				return fmt.Errorf("stop sandbox %s: %w", id, err)
+			}
+		}
+	}
+	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	return s.markStopped(ctx, id, reason)
+}
+
+// markStopped records that a sandbox is gone, from any live state (its
+// host no longer has it).
+func (s *Server) markStopped(ctx context.Context, id, reason string) error {
+	_, err := s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+		if x.State == catalog.StateStopped {
+			return nil
+		}
+		now := time.Now().UTC()
+		x.State = catalog.StateStopped
+		x.StopReason = reason
+		x.StoppedAt = now
+		x.UpdatedAt = now
+		x.PausedBytes = 0
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record stop of %s: %w", id, err)
+	}
+	s.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
+	return nil
+}
+
+// pause captures a running sandbox to disk and stops its VMM, detached
+// from the caller. A paused sandbox does not expire. If the capture fails
+// the sandbox runs on and the error is recorded.
+func (s *Server) pause(id string) (*op, error) {
+	return s.detach(id, "pause", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		if _, err := s.transition(ctx, id, lifecycle.Pause, func(x *catalog.Sandbox) { x.LastError = "" }); err != nil {
+			return catalog.Sandbox{}, nil, err
+		}
+		st, err := s.host.Pause(ctx, id)
+		if err != nil {
+			return s.failed(ctx, id, lifecycle.PauseFailed, "pause", err)
+		}
+		s.metrics.pauses.Inc()
+		sb, err := s.transition(ctx, id, lifecycle.PauseDone, func(x *catalog.Sandbox) {
+			x.ExpiresAt = time.Time{}
+			x.PausedBytes = st.SizeBytes
+		})
+		return sb, st, err
+	})
+}
+
+// resume restores a paused sandbox, detached from the caller. If the
+// restore fails the sandbox stays paused with its capture, and the error is
+// recorded (last_error).
+func (s *Server) resume(id string) (*op, error) {
+	return s.detach(id, "resume", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		sb, err := s.transition(ctx, id, lifecycle.Resume, func(x *catalog.Sandbox) { x.LastError = "" })
+		if err != nil {
+			return catalog.Sandbox{}, nil, err
+		}
+		if _, err := s.host.Resume(ctx, id); err != nil {
+			return s.failed(ctx, id, lifecycle.ResumeFailed, "resume", err)
+		}
+		failpoint.Hit("api-resume-restored")
+		ttl := s.ttlOf(sb)
+		sb, err = s.transition(ctx, id, lifecycle.ResumeDone, func(x *catalog.Sandbox) {
+			x.ExpiresAt = time.Now().UTC().Add(ttl)
+			x.PausedBytes = 0
+		})
+		return sb, nil, err
+	})
+}
+
+// failed records an operation's failure: the sandbox goes back (ev) with
+// the error's user message as its last_error, or, if its host no longer
+// has it, it is stopped. The operation's error is returned.
+func (s *Server) failed(ctx context.Context, id string, ev lifecycle.Event, what string, opErr error) (catalog.Sandbox, any, error) {
+	if errors.Is(opErr, agent.ErrNotFound) {
+		// Killed meanwhile, or its VMM died: the stop is recorded by
+		// whoever caused it; make sure it is.
+		s.markStopped(ctx, id, "vmm_exited")
+		sb, _ := s.cat.GetSandbox(ctx, id)
+		return sb, nil, opErr
+	}
+	ae := classify(opErr)
+	if ae.Status >= 500 {
+		s.log.Error(what+" failed", "sandbox_id", id, "err", opErr)
+	}
+	sb, err := s.transition(ctx, id, ev, func(x *catalog.Sandbox) { x.LastError = what + " failed: " + ae.Message })
+	if err != nil {
+		s.log.Warn("record failed "+what, "sandbox_id", id, "err", err)
+	}
+	return sb, nil, opErr
+}
+
+// ttlOf is a sandbox's TTL.
+func (s *Server) ttlOf(sb catalog.Sandbox) time.Duration {
+	if ttl := time.Duration(sb.TTLSeconds) * time.Second; ttl > 0 {
+		return ttl
+	}
+	return s.cfg.DefaultTTL
+}
+
+// StopForShutdown stops a sandbox because the server is shutting down.
+func (s *Server) StopForShutdown(ctx context.Context, id string) error {
+	return s.stop(ctx, id, "server_shutdown")
+}
+
+// SandboxExited is the host agent's OnExit callback: a VMM died by itself
+// or, if cause is ErrHostShutdown, a host agent stopped it as it shut down.
+func (s *Server) SandboxExited(id string, cause error) {
+	reason := "vmm_exited"
+	if errors.Is(cause, ErrHostShutdown) {
+		reason = "host_shutdown"
+	}
+	s.log.Warn("sandbox stopped by its host", "sandbox_id", id, "reason", reason, "err", cause)
+	if err := s.markStopped(context.Background(), id, reason); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		s.log.Error("record vmm exit", "sandbox_id", id, "err", err)
+	}
+}
+
+// Reconcile makes the catalog and the host agree after a restart of the
+// all-in-one server: see Resync; adopted is what the host recovered.
+func (s *Server) Reconcile(ctx context.Context, adopted []agent.Recovered) error {
+	return s.Resync(ctx, func(context.Context) ([]agent.Info, error) {
+		var live []agent.Info
+		for _, rc := range adopted {
+			if rc.Err != nil {
+				continue
+			}
+			if info, err := s.host.Get(rc.ID); err == nil {
+				live = append(live, info)
+			}
+		}
+		return live, nil
+	})
+}
+
+// errChanged aborts a catalog update whose record changed since Resync
+// read it.
+var errChanged = errors.New("changed meanwhile")
+
+// Resync makes the catalog agree with what the host lists (list: the
+// host's sandboxes), after a restart or when the server reconnects to a
+// remote host that it may have missed events from. The host is the truth
+// about what exists and in which settled state:
+//
+//   - a live record whose sandbox the host does not have is stopped
+//     (vmm_exited, or host_restarted if it was still starting);
+//   - a record the host has running or paused takes that state: a pause
+//     or resume that a crash interrupted ends as the host finished or
+//     rolled it back (a resume rolled back says so in last_error);
+//   - a record stopping is finished (the host's sandbox is killed);
+//   - a sandbox the host has that the catalog does not list as live is
+//     killed (a create that never finished);
+//   - a snapshot the host completed that the catalog never recorded (a
+//     crash between the two) is recorded for the key that owns its
+//     sandbox.
+//
+// It is safe while requests are served: the catalog is read before the
+// host is listed, sandboxes being created or operated on (busy) are left
+// alone, and a record that changed since it was read is not touched.
+func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent.Info, error)) error {
+	live, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: s.cfg.HostID, States: liveStates})
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	infos, err := list(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: list host sandboxes: %w", err)
+	}
+	alive := map[string]agent.State{}
+	for _, info := range infos {
+		alive[info.ID] = info.State
+	}
+	known := map[string]bool{}
+	for _, sb := range live {
+		known[sb.ID] = true
+		if s.isBusy(sb.ID) {
+			continue
+		}
+		st, ok := alive[sb.ID]
+		settled := ok && (st == agent.StateRunning || st == agent.StatePaused)
+		var update func(x *catalog.Sandbox) error
+		switch {
+		case ok && !settled:
+			continue // an operation in flight on the host: the next resync sees how it ends
+		case sb.State == catalog.StateStopping:
+			if ok {
+				s.host.Kill(ctx, sb.ID)
+			}
+			update = stoppedBy("killed")
+		case settled && sb.State == string(st):
+			continue
+		case settled && sb.State != catalog.StateStarting:
+			s.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
+			update = func(x *catalog.Sandbox) error {
+				if x.State == catalog.StateResuming && st == agent.StatePaused {
+					x.LastError = "resume failed: interrupted by a restart; resume it again"
+				}
+				if x.State == catalog.StatePausing && st == agent.StateRunning {
+					x.LastError = "pause failed: interrupted by a restart; the sandbox runs on"
+				}
+				x.State = string(st)
+				if st == agent.StatePaused {
+					x.ExpiresAt = time.Time{}
+				} else if x.ExpiresAt.IsZero() {
+					x.ExpiresAt = time.Now().UTC().Add(s.ttlOf(*x))
+				}
+				if st == agent.StateRunning {
+					x.PausedBytes = 0
+				}
+				return nil
+			}
+		default:
+			if ok {
+				s.host.Kill(ctx, sb.ID) // a create that never finished
+			}
+			reason := "vmm_exited"
+			if sb.State == catalog.StateStarting {
+				reason = "host_restarted"
+			}
+			update = stoppedBy(reason)
+		}
+		_, err := s.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+			if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
+				return errChanged
+			}
+			if err := update(x); err != nil {
+				return err
+			}
+			x.UpdatedAt = time.Now().UTC()
+			return nil
+		})
+		if errors.Is(err, errChanged) || errors.Is(err, catalog.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("reconcile %s: %w", sb.ID, err)
+		}
+	}
+	for id := range alive {
+		if known[id] || s.isBusy(id) {
+			continue
+		}
+		// Created since the catalog was read?
+		if sb, err := s.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped {
+			continue
+		}
+		s.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
+		s.host.Kill(ctx, id)
+	}
+	s.resyncSnapshots(ctx)
+	return nil
+}
+
+func stoppedBy(reason string) func(x *catalog.Sandbox) error {
+	return func(x *catalog.Sandbox) error {
+		x.State, x.StopReason, x.StoppedAt, x.PausedBytes = catalog.StateStopped, reason, time.Now().UTC(), 0
+		return nil
+	}
+}
+
+// SnapshotLister is an optional ability of a Host: listing the snapshots
+// it holds, so that Resync can record one a crash left unrecorded.
+type SnapshotLister interface {
+	Snapshots(ctx context.Context) ([]agent.SnapshotInfo, error)
+}
+
+// resyncSnapshots records the host's snapshots the catalog does not know,
+// for the key that owns the sandbox they were taken from.
+func (s *Server) resyncSnapshots(ctx context.Context) {
+	sl, ok := s.host.(SnapshotLister)
+	if !ok {
+		return
+	}
+	snaps, err := sl.Snapshots(ctx)
+	if err != nil {
+		s.log.Warn("reconcile snapshots: list host snapshots", "err", err)
+		return
+	}
+	for _, si := range snaps {
+		if _, err := s.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
+			continue
+		}
+		from, err := s.cat.GetSandbox(ctx, si.SandboxID)
+		if err != nil {
+			s.log.Warn("snapshot on the host has no known owner; leaving it", "snapshot_id", si.ID, "sandbox_id", si.SandboxID)
+			continue
+		}
+		sn := catalog.Snapshot{ID: si.ID, KeyID: from.KeyID, SandboxID: si.SandboxID, HostID: from.HostID,
+			Template: from.Template, MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs, SizeBytes: si.SizeBytes, CreatedAt: si.CreatedAt}
+		if err := s.cat.CreateSnapshot(ctx, sn, catalog.Limits{}); err != nil && !errors.Is(err, catalog.ErrConflict) {
+			s.log.Warn("record snapshot found on the host", "snapshot_id", si.ID, "err", err)
+			continue
+		}
+		s.log.Info("recorded a snapshot a restart left unrecorded", "snapshot_id", si.ID, "key_id", from.KeyID)
+	}
+}
+
+// Run enforces TTLs (a running sandbox past its expiry is stopped, or
+// paused if it asked for that, within a few hundred milliseconds; paused
+// sandboxes never expire) and forgets long-stopped sandboxes, until ctx
+// ends.
+func (s *Server) Run(ctx context.Context) error {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	lastPurge := time.Now()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		now := time.Now().UTC()
+		due, err := s.cat.Due(ctx, now)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("list expired sandboxes", "err", err)
+			}
+			continue
+		}
+		for _, sb := range due {
+			// Only running sandboxes expire (and stopping ones whose
+			// stop could not reach their host are retried).
+			if sb.HostID != s.cfg.HostID || (sb.State != catalog.StateRunning && sb.State != catalog.StateStopping) {
+				continue
+			}
+			s.mu.Lock()
+			busy := s.busy[sb.ID] > 0
+			if !busy {
+				s.busy[sb.ID]++
+			}
+			s.mu.Unlock()
+			if busy {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer s.setBusy(sb.ID, false)
+				s.expire(ctx, sb)
+			}()
+		}
+		if time.Since(lastPurge) > time.Minute {
+			lastPurge = time.Now()
+			if _, err := s.cat.PurgeStopped(ctx, now.Add(-s.cfg.StoppedRetention)); err != nil && ctx.Err() == nil {
+				s.log.Error("purge stopped sandboxes", "err", err)
+			}
+		}
+	}
+}
+
+// expire ends a sandbox whose TTL ran out: paused if it asked for that
+// (and the pause works), else stopped.
+func (s *Server) expire(ctx context.Context, sb catalog.Sandbox) {
+	if sb.OnExpire == "pause" && sb.State == catalog.StateRunning {
+		o, err := s.pause(sb.ID)
+		var perr error
+		if err == nil {
+			_, _, perr = o.wait(ctx)
+		}
+		if err == nil && perr == nil {
+			s.metrics.expired.Inc()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", errors.Join(err, perr))
+	}
+	if err := s.stop(ctx, sb.ID, "expired"); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			// Retried every tick until the host is back; its absence is
+			// logged where it is noticed.
+			s.log.Debug("expire sandbox", "sandbox_id", sb.ID, "err", err)
+			return
+		}
+		s.log.Error("expire sandbox", "sandbox_id", sb.ID, "err", err)
+		return
+	}
+	s.metrics.expired.Inc()
+}
