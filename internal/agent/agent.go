@@ -125,9 +125,9 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closed    bool
-	// verified lists the snapshots whose files passed their checksums in
-	// this process: they are immutable, so one check per start suffices.
-	verified map[string]bool
+	// verified maps a snapshot to the fingerprint its files had when they
+	// last passed their checksums: unchanged files need no new check.
+	verified map[string]string
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,
@@ -138,7 +138,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]bool{}, images: template.Images{Dir: cfg.ImagesDir}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, images: template.Images{Dir: cfg.ImagesDir}}
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}

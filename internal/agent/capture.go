@@ -326,9 +326,11 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 		return SnapshotInfo{}, fmt.Errorf("snapshot: %w", classifyIOError(err))
 	}
 	si.dir = dir
-	a.mu.Lock()
-	a.verified[snapID] = true // its checksums were just computed from these files
-	a.mu.Unlock()
+	if fp, err := manifest.Fingerprint(dir); err == nil {
+		a.mu.Lock()
+		a.verified[snapID] = fp // its checksums were just computed from these files
+		a.mu.Unlock()
+	}
 	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
 	return si, nil
 }
@@ -354,23 +356,29 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 	return si, nil
 }
 
-// verifySnapshot checks a snapshot's files against their checksums, once
-// per process: ErrCorrupt if they do not match. Snapshots taken before
-// checksums existed have no manifest and are trusted as they are.
+// verifySnapshot checks a snapshot's files against their checksums before
+// a restore: ErrCorrupt if they do not match. Files unchanged since they
+// last passed (same fingerprint) are not read again. Snapshots taken
+// before checksums existed have no manifest and are trusted as they are.
 func (a *Agent) verifySnapshot(si SnapshotInfo) error {
-	a.mu.Lock()
-	ok := a.verified[si.ID]
-	a.mu.Unlock()
-	if ok {
-		return nil
+	fp, err := manifest.Fingerprint(si.dir)
+	if err == nil {
+		a.mu.Lock()
+		ok := a.verified[si.ID] == fp
+		a.mu.Unlock()
+		if ok {
+			return nil
+		}
 	}
 	if err := verifyCapture(si.dir); err != nil {
 		a.log.Error("snapshot failed its checksums", "snapshot_id", si.ID, "err", err)
 		return fmt.Errorf("snapshot %s: %w: its files do not match their checksums; delete it", si.ID, ErrCorrupt)
 	}
-	a.mu.Lock()
-	a.verified[si.ID] = true
-	a.mu.Unlock()
+	if fp != "" {
+		a.mu.Lock()
+		a.verified[si.ID] = fp
+		a.mu.Unlock()
+	}
 	return nil
 }
 

@@ -251,7 +251,10 @@ func TestHealthOpenAPIMetrics(t *testing.T) {
 	if r.status != 200 || !strings.HasPrefix(string(r.body), "openapi:") {
 		t.Errorf("openapi: got %d %q", r.status, r.body)
 	}
-	r = do(t, "", "GET", "/metrics", nil)
+	// Metrics describe every tenant: admin keys only.
+	expect(t, do(t, "", "GET", "/metrics", nil), 401, "unauthorized")
+	expect(t, do(t, newKey(t, "metrics-user", nil), "GET", "/metrics", nil), 403, "forbidden")
+	r = do(t, e.admin, "GET", "/metrics", nil)
 	for _, m := range []string{"panda_sandbox_create_seconds", "panda_exec_seconds", "panda_sandboxes_running", "panda_template_bakes_total"} {
 		if !strings.Contains(string(r.body), m) {
 			t.Errorf("metrics lack %s", m)

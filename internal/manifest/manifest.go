@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -225,6 +226,38 @@ func Verify(dir string) error {
 		}
 	}
 	return nil
+}
+
+// Fingerprint identifies the current version of a sealed directory's files
+// without reading them: the inode, size and modification time of the
+// manifest and of every file it lists. A write to any of them changes it,
+// so a directory verified with one fingerprint needs no new Verify while
+// its fingerprint stays the same. (Not the change time: hard links, which
+// every restore makes, and ownership changes set it. What a fingerprint
+// cannot see is a disk corrupting data behind the file system's back, or
+// someone resetting times on purpose; only Verify sees those.)
+func Fingerprint(dir string) (string, error) {
+	m, err := Read(dir)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, name := range append([]string{Name}, fileNames(m)...) {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(dir, name), &st); err != nil {
+			return "", fmt.Errorf("%w: %s is missing", ErrCorrupt, name)
+		}
+		fmt.Fprintf(&b, "%s:%d:%d:%d.%d;", name, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec)
+	}
+	return b.String(), nil
+}
+
+func fileNames(m Manifest) []string {
+	out := make([]string, len(m.Files))
+	for i, f := range m.Files {
+		out[i] = f.Name
+	}
+	return out
 }
 
 func syncFile(path string) error {

@@ -170,3 +170,22 @@ func BenchmarkSum(b *testing.B) {
 		}
 	}
 }
+
+func TestFingerprintChangesOnWrite(t *testing.T) {
+	dir := t.TempDir()
+	writeSparse(t, filepath.Join(dir, "vm.state"), 4096, 1, [2]int64{0, 4096})
+	if _, err := Seal(dir, "vm.state"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := Fingerprint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := Fingerprint(dir); b != a {
+		t.Errorf("fingerprint changed without a write: %q, %q", a, b)
+	}
+	flip(t, filepath.Join(dir, "vm.state"), 10)
+	if b, _ := Fingerprint(dir); b == a {
+		t.Errorf("fingerprint %q unchanged after a write", b)
+	}
+}

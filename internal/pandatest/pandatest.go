@@ -59,6 +59,9 @@ type Options struct {
 	// for up and agent, --images and --accel tcg); a flag given again
 	// overrides its default.
 	Args []string
+	// Env are more environment variables (KEY=value), e.g.
+	// PANDA_FAILPOINTS.
+	Env []string
 }
 
 // startTimeout bounds how long Start waits for the process to serve.
@@ -128,7 +131,7 @@ func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
 		return nil, fmt.Errorf("pandatest.Command: unknown command %q, want up, server or agent", cmdName)
 	}
 	cmd := exec.CommandContext(ctx, opts.Bin, append(args, opts.Args...)...)
-	cmd.Env = append(os.Environ(), "PANDA_DATA_DIR=")
+	cmd.Env = append(append(os.Environ(), "PANDA_DATA_DIR="), opts.Env...)
 	// If the test binary dies without stopping it, the kernel stops it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	// Should a child of panda hold its output open, Wait still returns.
@@ -238,6 +241,9 @@ func (s *Server) AdminKey() string { return s.adminKey }
 func (s *Server) DataDir() string { return s.dataDir }
 
 // PID is its process id.
+// Exited is closed when the process has exited (and been waited for).
+func (s *Server) Exited() <-chan struct{} { return s.exited }
+
 func (s *Server) PID() int { return s.cmd.Process.Pid }
 
 // Stdout is what it has written to stdout (the first MiB).

@@ -154,8 +154,8 @@ type Store struct {
 
 	mu     sync.Mutex
 	baking map[string]*bake
-	// verified maps a template directory to the boot id whose files passed
-	// their checksums in this process.
+	// verified maps a template directory to the fingerprint its files had
+	// when they last passed their checksums.
 	verified map[string]string
 }
 
@@ -214,27 +214,33 @@ func (s *Store) Get(ctx context.Context, p Params, progress Progress) (*Template
 	return s.bakeOnce(ctx, p, reason, progress)
 }
 
-// verify checks t's files against their checksums once per bake and
-// process (templates are immutable; a re-bake has a new boot id).
+// verify checks t's files against their checksums, unless they are
+// unchanged (same fingerprint) since they last passed.
 func (s *Store) verify(t *Template) error {
-	s.mu.Lock()
-	ok := s.verified[t.Dir] == t.BootID
-	s.mu.Unlock()
-	if ok {
-		return nil
+	fp, err := manifest.Fingerprint(t.Dir)
+	if err == nil {
+		s.mu.Lock()
+		ok := s.verified[t.Dir] == fp
+		s.mu.Unlock()
+		if ok {
+			return nil
+		}
 	}
 	if err := manifest.Verify(t.Dir); err != nil {
 		s.log.Error("template failed its checksums; re-baking it", "template", t.Key(), "err", err)
 		return errors.New("its files do not match their checksums")
 	}
-	s.setVerified(t.Dir, t.BootID)
+	s.setVerified(t.Dir)
 	return nil
 }
 
-func (s *Store) setVerified(dir, bootID string) {
-	s.mu.Lock()
-	s.verified[dir] = bootID
-	s.mu.Unlock()
+// setVerified records that dir's files passed their checksums as they are.
+func (s *Store) setVerified(dir string) {
+	if fp, err := manifest.Fingerprint(dir); err == nil {
+		s.mu.Lock()
+		s.verified[dir] = fp
+		s.mu.Unlock()
+	}
 }
 
 // RemoveLeftovers removes what interrupted bakes left in the store
@@ -461,7 +467,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 	if err := manifest.Rename(tmp, final); err != nil {
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 	}
-	s.setVerified(final, t.BootID)
+	s.setVerified(final)
 	if old != "" {
 		os.RemoveAll(old)
 	}

@@ -15,7 +15,10 @@ type SandboxState string
 const (
 	StateStarting SandboxState = "starting"
 	StateRunning  SandboxState = "running"
+	StatePausing  SandboxState = "pausing"
 	StatePaused   SandboxState = "paused"
+	StateResuming SandboxState = "resuming"
+	StateStopping SandboxState = "stopping"
 	StateStopped  SandboxState = "stopped"
 )
 
@@ -34,6 +37,9 @@ type SandboxInfo struct {
 	// StopReason says why a stopped sandbox stopped: killed, expired,
 	// vmm_exited, host_restarted.
 	StopReason string `json:"stop_reason,omitempty"`
+	// LastError is the message of the last operation that failed and left
+	// the sandbox as it was, e.g. a resume that left it paused.
+	LastError string `json:"last_error,omitempty"`
 	OnExpire   string `json:"on_expire,omitempty"` // kill or pause
 	ParentID   string `json:"parent_id,omitempty"` // the sandbox it was forked from
 	SnapshotID string `json:"snapshot_id,omitempty"`
@@ -190,12 +196,18 @@ func (s *Sandbox) Kill(ctx context.Context) error {
 	return s.c.doJSON(ctx, http.MethodDelete, path("sandboxes", s.ID), nil, nil, nil)
 }
 
-// Pause stops the sandbox's vCPUs, keeping its memory, and updates Info.
+// Pause saves the running sandbox to the server's disk (its memory, disk
+// and processes) and stops its VM: a paused sandbox uses no memory and does
+// not expire. It updates Info. The pause runs on the server even if ctx
+// ends first; Refresh then tells how it ended (State, LastError).
 func (s *Sandbox) Pause(ctx context.Context) error {
 	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "pause"), nil)
 }
 
-// Resume restarts a paused sandbox and updates Info.
+// Resume restores a paused sandbox where it was and updates Info. The
+// resume runs on the server even if ctx ends first; Refresh tells how it
+// ended. If it fails the sandbox stays paused (LastError says why) and can
+// be resumed again.
 func (s *Sandbox) Resume(ctx context.Context) error {
 	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "resume"), nil)
 }
