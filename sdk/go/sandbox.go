@@ -39,7 +39,7 @@ type SandboxInfo struct {
 	StopReason string `json:"stop_reason,omitempty"`
 	// LastError is the message of the last operation that failed and left
 	// the sandbox as it was, e.g. a resume that left it paused.
-	LastError string `json:"last_error,omitempty"`
+	LastError  string `json:"last_error,omitempty"`
 	OnExpire   string `json:"on_expire,omitempty"` // kill or pause
 	ParentID   string `json:"parent_id,omitempty"` // the sandbox it was forked from
 	SnapshotID string `json:"snapshot_id,omitempty"`
