@@ -838,6 +838,9 @@ func (a *Agent) Detach() {
 		if s.client != nil {
 			s.client.Close()
 		}
+		if r, ok := s.m.(interface{ Release() }); ok {
+			r.Release() // the next agent's QMP connection must get through
+		}
 		s.mu.Unlock()
 	}
 }

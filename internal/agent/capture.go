@@ -535,7 +535,8 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 	if err := s.transition(lifecycle.Resume); err != nil {
 		return Info{}, err
 	}
-	if err := s.setOp(opResume, false); err == nil {
+	err = s.setOp(opResume, false)
+	if err == nil {
 		err = a.restore(ctx, s, s.imageOf(dir))
 	}
 	if err != nil {

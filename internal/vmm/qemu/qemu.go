@@ -466,6 +466,16 @@ func (m *Machine) Kill() error {
 	return nil
 }
 
+// Release closes the connection to the VMM's control socket without
+// stopping the VMM, so that another process (a restarted host agent) can
+// adopt it: QEMU serves one QMP client at a time. The Machine must not be
+// used afterwards.
+func (m *Machine) Release() {
+	if m.qmp != nil {
+		m.qmp.Close()
+	}
+}
+
 // limitedBuffer keeps the first max bytes written to it.
 type limitedBuffer struct {
 	mu  sync.Mutex

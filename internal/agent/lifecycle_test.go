@@ -1,0 +1,400 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/manifest"
+	"golang.org/x/sys/unix"
+)
+
+// openSecond opens a host agent of its own on a new data directory (for
+// tests that restart an agent), closed and removed when the test ends.
+func openSecond(t *testing.T, dir string) *Agent {
+	t.Helper()
+	a, err := Open(context.Background(), Config{
+		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, AdoptMount: true,
+		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatalf("open agent on %s: %v", dir, err)
+	}
+	return a
+}
+
+// restartable makes a data directory whose agents the test opens one
+// after the other; whatever is left is closed and removed at the end.
+func restartable(t *testing.T) (dir string, open func() *Agent) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "par")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last *Agent
+	t.Cleanup(func() {
+		if last != nil {
+			last.Close()
+		}
+		if left := leftoversIn(dir); left != "" {
+			t.Errorf("left behind: %s", left)
+		}
+		os.RemoveAll(dir)
+	})
+	return dir, func() *Agent {
+		last = openSecond(t, dir)
+		return last
+	}
+}
+
+// leftoversIn reports QEMU processes serving dir and mounts under it.
+func leftoversIn(dir string) string {
+	saved := testDir
+	testDir = dir
+	defer func() { testDir = saved }()
+	return leftovers(filepath.Join(dir, "store"))
+}
+
+func shOn(t *testing.T, a *Agent, id, cmd string) string {
+	t.Helper()
+	var out bytes.Buffer
+	res, err := a.Exec(ctxT(t), id, guestproto.ExecRequest{Shell: cmd}, nil, &out, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec %q in %s: %+v, %v", cmd, id, res, err)
+	}
+	return out.String()
+}
+
+// TestRecoverContinuesAStoppedVMM: a crash while a capture holds the VMM
+// stopped (vCPUs paused, guest channel quiesced) used to make the next
+// agent give up on the guest and delete the sandbox. The next agent now
+// continues the VMM: the sandbox runs with its memory and files.
+func TestRecoverContinuesAStoppedVMM(t *testing.T) {
+	_, open := restartable(t)
+	a := open()
+	info, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shOn(t, a, info.ID, "echo disk > /root/f; echo mem > /dev/shm/m")
+	s, _ := a.get(info.ID)
+	// What a capture does before it saves, then the agent goes away.
+	if err := s.client.Barrier(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.m.Pause(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	a.Detach()
+
+	b := open()
+	rec := b.Recover(ctxT(t))
+	if len(rec) != 1 || rec[0].Err != nil || rec[0].State != StateRunning {
+		t.Fatalf("Recover = %+v, want %s running", rec, info.ID)
+	}
+	if got := shOn(t, b, info.ID, "cat /root/f /dev/shm/m"); got != "disk\nmem\n" {
+		t.Errorf("after recovery: %q, want %q", got, "disk\nmem\n")
+	}
+}
+
+// TestRecoverFinishesOrRollsBackAPause: a pause whose capture was sealed
+// when the agent went away is finished (paused, resumable); one whose
+// capture was not is rolled back (running).
+func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
+	for _, sealed := range []bool{true, false} {
+		name := map[bool]string{true: "sealed", false: "unsealed"}[sealed]
+		t.Run(name, func(t *testing.T) {
+			_, open := restartable(t)
+			a := open()
+			info, err := a.Create(ctxT(t), CreateRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			shOn(t, a, info.ID, "echo disk > /root/f; echo mem > /dev/shm/m")
+			s, _ := a.get(info.ID)
+			// Pause, as far as the crash lets it go.
+			ctx, end, err := s.begin(ctxT(t), "test", StateRunning)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.transition(lifecycle.Pause)
+			s.setOp(opPause, false)
+			tmp := filepath.Join(s.dir, pausedTmpDir)
+			if _, err := a.capture(ctx, s, tmp, true); err != nil {
+				t.Fatal(err)
+			}
+			if sealed {
+				if _, err := manifest.Seal(tmp, memFile, stateFile, diskFile); err != nil {
+					t.Fatal(err)
+				}
+				if err := manifest.Rename(tmp, filepath.Join(s.dir, pausedDir)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			end()
+			vmm := s.m.PID()
+			a.Detach()
+
+			b := open()
+			rec := b.Recover(ctxT(t))
+			want := map[bool]State{true: StatePaused, false: StateRunning}[sealed]
+			if len(rec) != 1 || rec[0].Err != nil || rec[0].State != want {
+				t.Fatalf("Recover = %+v, want %s %s", rec, info.ID, want)
+			}
+			if sealed {
+				if alive(vmm) {
+					t.Errorf("the paused sandbox's old VMM %d still runs", vmm)
+				}
+				if _, err := b.Resume(ctxT(t), info.ID); err != nil {
+					t.Fatalf("resume: %v", err)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(s.dir, pausedTmpDir)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("an unsealed capture is left: %v", err)
+			}
+			if got := shOn(t, b, info.ID, "cat /root/f /dev/shm/m"); got != "disk\nmem\n" {
+				t.Errorf("after recovery: %q, want %q", got, "disk\nmem\n")
+			}
+		})
+	}
+}
+
+// TestRecoverRollsBackAResume: a resume interrupted after its VMM started
+// is rolled back: the VMM is stopped and the sandbox is paused with its
+// capture, which a later resume restores.
+func TestRecoverRollsBackAResume(t *testing.T) {
+	_, open := restartable(t)
+	a := open()
+	info, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shOn(t, a, info.ID, "echo disk > /root/f; echo mem > /dev/shm/m")
+	if _, err := a.Pause(ctxT(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := a.get(info.ID)
+	ctx, end, err := s.begin(ctxT(t), "test", StatePaused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.transition(lifecycle.Resume)
+	s.setOp(opResume, false)
+	if err := a.restore(ctx, s, s.imageOf(filepath.Join(s.dir, pausedDir))); err != nil {
+		t.Fatal(err)
+	}
+	end()
+	vmm := s.m.PID()
+	a.Detach()
+
+	b := open()
+	rec := b.Recover(ctxT(t))
+	if len(rec) != 1 || rec[0].Err != nil || rec[0].State != StatePaused {
+		t.Fatalf("Recover = %+v, want %s paused", rec, info.ID)
+	}
+	if alive(vmm) {
+		t.Errorf("the interrupted resume's VMM %d still runs", vmm)
+	}
+	if _, err := b.Resume(ctxT(t), info.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got := shOn(t, b, info.ID, "cat /root/f /dev/shm/m"); got != "disk\nmem\n" {
+		t.Errorf("after the resume: %q, want %q", got, "disk\nmem\n")
+	}
+}
+
+// TestFailedResumeStaysPaused: a restore that fails (here: device state
+// the VMM cannot load) leaves the sandbox paused with its capture, and a
+// later resume works once the capture is whole again.
+func TestFailedResumeStaysPaused(t *testing.T) {
+	info := create(t)
+	sh(t, info.ID, "echo kept > /root/f")
+	if _, err := testAgent.Pause(ctxT(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := testAgent.get(info.ID)
+	paused := filepath.Join(s.dir, pausedDir)
+	state := filepath.Join(paused, stateFile)
+	orig, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Garbage that passes the checksums (resealed) but not the VMM.
+	if err := os.WriteFile(state, []byte("not a device state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := manifest.Seal(paused, memFile, stateFile, diskFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testAgent.Resume(ctxT(t), info.ID); err == nil {
+		t.Fatal("resume with a garbled device state succeeded")
+	}
+	if got, _ := testAgent.Get(info.ID); got.State != StatePaused || got.PID != 0 {
+		t.Fatalf("after a failed resume: state %s, pid %d; want paused, no VMM", got.State, got.PID)
+	}
+	if err := os.WriteFile(state, orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := manifest.Seal(paused, memFile, stateFile, diskFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testAgent.Resume(ctxT(t), info.ID); err != nil {
+		t.Fatalf("resume after repair: %v", err)
+	}
+	if got := sh(t, info.ID, "cat /root/f"); got != "kept\n" {
+		t.Errorf("after resume: %q", got)
+	}
+}
+
+// TestCorruptCapturesAreRefused: a paused sandbox or a snapshot whose files
+// no longer match their checksums is not restored (ErrCorrupt), and the
+// paused sandbox stays paused.
+func TestCorruptCapturesAreRefused(t *testing.T) {
+	info := create(t)
+	sh(t, info.ID, "head -c 1000000 /dev/urandom > /dev/shm/blob")
+	snap, err := testAgent.Snapshot(ctxT(t), info.ID, NewID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testAgent.DeleteSnapshot(snap.ID) })
+	if _, err := testAgent.Pause(ctxT(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := testAgent.get(info.ID)
+	for _, f := range []string{filepath.Join(s.dir, pausedDir, stateFile), filepath.Join(snap.dir, stateFile)} {
+		corrupt(t, f)
+	}
+	if _, err := testAgent.Resume(ctxT(t), info.ID); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("resume of a corrupt capture: %v, want ErrCorrupt", err)
+	}
+	if got, _ := testAgent.Get(info.ID); got.State != StatePaused {
+		t.Errorf("after a refused resume: %s, want paused", got.State)
+	}
+	if _, err := testAgent.Create(ctxT(t), CreateRequest{SnapshotID: snap.ID}); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("create from a corrupt snapshot: %v, want ErrCorrupt", err)
+	}
+}
+
+func corrupt(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	f.ReadAt(b, 100)
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, 100); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKillDuringAHungCapture: a snapshot waits on a VMM that does not
+// answer (stopped with SIGSTOP: neither QMP nor the guest respond). Kill
+// still returns within seconds, the snapshot fails, and nothing is left.
+func TestKillDuringAHungCapture(t *testing.T) {
+	info := create(t)
+	if err := unix.Kill(info.PID, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := testAgent.Snapshot(context.Background(), info.ID, NewID())
+		done <- err
+	}()
+	// Wait until the snapshot holds the operation slot.
+	s, _ := testAgent.get(info.ID)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		s.mu.Lock()
+		busy := s.opCancel != nil
+		s.mu.Unlock()
+		if busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the snapshot never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t0 := time.Now()
+	if err := testAgent.Kill(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > 15*time.Second {
+		t.Errorf("kill during a hung capture took %v", d)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the snapshot of a killed sandbox succeeded")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the snapshot did not return after its sandbox was killed")
+	}
+	if alive(info.PID) {
+		t.Errorf("VMM %d of the killed sandbox still runs", info.PID)
+	}
+	if _, err := os.Stat(s.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("files of the killed sandbox: %v", err)
+	}
+}
+
+// TestKillWinsOverACreate: a kill while a sandbox starts stops it, and the
+// create fails instead of resurrecting it.
+func TestKillWinsOverACreate(t *testing.T) {
+	id := NewID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := testAgent.Create(ctxT(t), CreateRequest{ID: id})
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := testAgent.get(id); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the create never registered its sandbox")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := testAgent.Kill(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		testAgent.Kill(context.Background(), id)
+		// The restore may have finished just before the kill: then the
+		// kill stopped a running sandbox, which is fine too.
+		if _, gerr := testAgent.Get(id); gerr == nil {
+			t.Fatal("a killed sandbox is still there")
+		}
+	}
+	if _, err := testAgent.Get(id); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after the kill: Get = %v, want ErrNotFound", err)
+	}
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	rest := b[bytes.LastIndexByte(b, ')')+1:]
+	f := strings.Fields(string(rest))
+	return len(f) > 0 && f[0] != "Z"
+}
