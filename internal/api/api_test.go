@@ -36,6 +36,10 @@ type env struct {
 
 var e *env
 
+// guestLimit is the test server's limit of guest requests in flight per
+// sandbox.
+const guestLimit = 8
+
 func testImages() string {
 	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
 		return d
@@ -107,6 +111,7 @@ func runMain(m *testing.M) int {
 	defer cat.Close()
 	srv, err = api.New(api.Config{
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
+		MaxGuestRequestsPerSandbox: guestLimit,
 		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
 	}, cat, h, prometheus.NewRegistry())
 	if err != nil {

@@ -1,0 +1,271 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// waitFor polls sandbox id until cond holds (at most a minute).
+func waitFor(t *testing.T, key, id string, what string, cond func(sandbox) bool) sandbox {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	var sb sandbox
+	for {
+		do(t, key, "GET", "/v1/sandboxes/"+id, nil).json(t, &sb)
+		if cond(sb) {
+			return sb
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s: %+v after a minute, want %s", id, sb, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+}
+
+// startingSandbox starts a create that bakes a new shape (slow) with key
+// and returns the id of the sandbox while it is still starting, and the
+// create's outcome.
+func startingSandbox(t *testing.T, key string, memoryMiB int) (string, <-chan resp) {
+	t.Helper()
+	out := make(chan resp, 1)
+	go func() { out <- do(t, key, "POST", "/v1/sandboxes", map[string]any{"memory_mib": memoryMiB}) }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var list struct{ Sandboxes []sandbox }
+		do(t, key, "GET", "/v1/sandboxes?state=starting", nil).json(t, &list)
+		if len(list.Sandboxes) == 1 {
+			return list.Sandboxes[0].ID, out
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the create never showed a starting sandbox")
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+}
+
+// A kill or a key revocation that arrives while a sandbox starts (here:
+// while its template shape bakes) wins: the create fails, the sandbox is
+// recorded stopped, and nothing runs on the host.
+func TestKillAndRevokeWinOverAStartingSandbox(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		memory       int
+		end          func(t *testing.T, key, keyID, id string)
+	}{
+		{"kill", "killed", 320, func(t *testing.T, key, _, id string) {
+			expect(t, do(t, key, "DELETE", "/v1/sandboxes/"+id, nil), 204, "")
+		}},
+		{"revoke", "key_revoked", 352, func(t *testing.T, _, keyID, _ string) {
+			expect(t, do(t, e.admin, "DELETE", "/v1/keys/"+keyID, nil), 204, "")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key, keyID := newKeyWithID(t, "starting-"+tc.name, nil, true)
+			id, out := startingSandbox(t, key, tc.memory)
+			tc.end(t, key, keyID, id)
+			r := <-out
+			if r.status == 201 {
+				t.Fatalf("the create succeeded after its sandbox was %s: %s", tc.reason, r.body)
+			}
+			if got, err := e.cat.GetSandbox(context.Background(), id); err != nil || got.State != "stopped" || got.StopReason != tc.reason {
+				t.Errorf("record after the %s: %+v, %v; want stopped, %s", tc.name, got, err, tc.reason)
+			}
+			if _, err := e.host.Get(id); err == nil {
+				t.Errorf("sandbox %s still on the host after the %s", id, tc.name)
+			}
+		})
+	}
+}
+
+// newKeyWithID is newKey returning the key's id too; admin makes it an
+// admin key (which may bake new shapes).
+func newKeyWithID(t *testing.T, name string, quota map[string]int, admin bool) (secret, id string) {
+	t.Helper()
+	body := map[string]any{"name": name, "admin": admin}
+	for k, v := range quota {
+		body[k] = v
+	}
+	r := do(t, e.admin, "POST", "/v1/keys", body)
+	expect(t, r, 201, "")
+	var k struct{ Key, ID string }
+	r.json(t, &k)
+	return k.Key, k.ID
+}
+
+// A paused sandbox never expires: a TTL set while it is paused counts
+// from its resume.
+func TestPausedSandboxDoesNotExpire(t *testing.T) {
+	key := newKey(t, "paused-ttl", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil), 200, "")
+	r := do(t, key, "PUT", "/v1/sandboxes/"+sb.ID+"/ttl", map[string]any{"ttl_seconds": 1})
+	expect(t, r, 200, "")
+	var got sandbox
+	r.json(t, &got)
+	if got.State != "paused" || got.ExpiresAt != nil {
+		t.Fatalf("paused sandbox after PUT /ttl: state %s, expires_at %v; want paused, no expiry", got.State, got.ExpiresAt)
+	}
+	r = do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil)
+	expect(t, r, 200, "")
+	r.json(t, &got)
+	if got.ExpiresAt == nil || time.Until(*got.ExpiresAt) > 2*time.Second {
+		t.Fatalf("resumed sandbox expires at %v, want within a second (its TTL of 1 s counts from the resume)", got.ExpiresAt)
+	}
+	got = waitFor(t, key, sb.ID, "stopped", func(x sandbox) bool { return x.State == "stopped" })
+	if got.StopReason != "expired" {
+		t.Errorf("stop reason %q, want expired", got.StopReason)
+	}
+}
+
+// Keys other than admin ones see their own sandboxes in /v1/hosts and the
+// default template shapes in /v1/templates, and cannot bake new shapes at
+// will.
+func TestTenantScopedHostsAndTemplates(t *testing.T) {
+	other := newKey(t, "other-tenant", nil)
+	create(t, other, nil)
+	create(t, other, nil)
+	mine := newKey(t, "me", nil)
+	create(t, mine, nil)
+	var hosts struct {
+		Hosts []struct {
+			Sandboxes int `json:"sandboxes"`
+		}
+	}
+	do(t, mine, "GET", "/v1/hosts", nil).json(t, &hosts)
+	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes != 1 {
+		t.Errorf("hosts as a tenant with one sandbox: %+v, want one host counting 1", hosts)
+	}
+	do(t, e.admin, "GET", "/v1/hosts", nil).json(t, &hosts)
+	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes < 3 {
+		t.Errorf("hosts as admin: %+v, want every sandbox (at least 3)", hosts)
+	}
+
+	// Another shape, baked by an admin: tenants do not see it listed.
+	expect(t, do(t, e.admin, "POST", "/v1/templates/tiny/bake", map[string]any{"memory_mib": 288}), 200, "")
+	var list struct {
+		Templates []struct {
+			Name      string
+			MemoryMiB int `json:"memory_mib"`
+		}
+	}
+	do(t, mine, "GET", "/v1/templates", nil).json(t, &list)
+	for _, tm := range list.Templates {
+		if tm.MemoryMiB == 288 {
+			t.Errorf("a tenant sees the 288 MiB shape another key had baked: %+v", list)
+		}
+	}
+	do(t, e.admin, "GET", "/v1/templates", nil).json(t, &list)
+	seen := false
+	for _, tm := range list.Templates {
+		seen = seen || tm.MemoryMiB == 288
+	}
+	if !seen {
+		t.Errorf("admin does not see the 288 MiB shape: %+v", list)
+	}
+	// Baking a shape by creating with it: powers of two only for tenants.
+	r := do(t, mine, "POST", "/v1/sandboxes", map[string]any{"memory_mib": 300})
+	expect(t, r, 422, "invalid")
+	if !strings.Contains(string(r.body), "powers of two") {
+		t.Errorf("message %s does not say what is allowed", r.body)
+	}
+}
+
+// vCPUs and disk count against a key's quota.
+func TestVCPUAndDiskQuota(t *testing.T) {
+	cpu := newKey(t, "vcpu-quota", map[string]int{"max_vcpus": 1})
+	create(t, cpu, nil)
+	r := do(t, cpu, "POST", "/v1/sandboxes", map[string]any{})
+	expect(t, r, 429, "quota_exceeded")
+	if !strings.Contains(string(r.body), "vCPU") {
+		t.Errorf("vCPU quota message: %s", r.body)
+	}
+	// tiny's disk is 2 GiB: a 1 GiB disk quota fits none.
+	disk := newKey(t, "disk-quota", map[string]int{"max_disk_mib": 1024})
+	r = do(t, disk, "POST", "/v1/sandboxes", map[string]any{})
+	expect(t, r, 429, "quota_exceeded")
+	if !strings.Contains(string(r.body), "disk quota") {
+		t.Errorf("disk quota message: %s", r.body)
+	}
+}
+
+// Requests that hold a guest stream are limited per sandbox: one more
+// than the limit is refused at once with 429, and the others are fine.
+func TestGuestRequestLimit(t *testing.T) {
+	key := newKey(t, "streams", nil)
+	sb := create(t, key, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	started := make(chan error, guestLimit)
+	for i := 0; i < guestLimit; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := strings.NewReader(`{"cmd":"sleep 120"}`)
+			req, _ := http.NewRequestWithContext(ctx, "POST", e.url+"/v1/sandboxes/"+sb.ID+"/exec/stream", body)
+			req.Header.Set("Authorization", "Bearer "+key)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				started <- err
+				return
+			}
+			defer res.Body.Close()
+			var ev struct{ Type string }
+			if err := json.NewDecoder(res.Body).Decode(&ev); err != nil || ev.Type != "start" {
+				started <- fmt.Errorf("first event %+v, %v", ev, err)
+				return
+			}
+			started <- nil
+			io.Copy(io.Discard, res.Body) // until the test cancels it
+		}()
+	}
+	for i := 0; i < guestLimit; i++ {
+		if err := <-started; err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	r := do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true"})
+	expect(t, r, 429, "too_many_requests")
+	cancel()
+	wg.Wait()
+	// The slots are free again.
+	waitExec := time.Now().Add(time.Minute)
+	for {
+		r = do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true"})
+		if r.status == 200 || time.Now().After(waitExec) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the server notices the closed streams asynchronously
+	}
+	expect(t, r, 200, "")
+}
+
+// Buffered exec output is capped per stream and says so.
+func TestBufferedExecIsCapped(t *testing.T) {
+	key := newKey(t, "bigout", nil)
+	sb := create(t, key, nil)
+	var res struct {
+		Stdout    string `json:"stdout"`
+		Truncated bool   `json:"truncated"`
+	}
+	r := do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "head -c 20000000 /dev/zero | tr '\\0' a; printf '\\001\\\"<'"})
+	r.json(t, &res)
+	if !res.Truncated || len(res.Stdout) != 16<<20 || strings.Trim(res.Stdout, "a") != "" {
+		t.Errorf("20 MB of output: truncated %v, %d bytes kept; want truncated, 16 MiB of a", res.Truncated, len(res.Stdout))
+	}
+	// Escapes and invalid UTF-8 are encoded as JSON strings should be.
+	r = do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": `printf 'q"\\b\001<\n\377é'`})
+	expect(t, r, 200, "")
+	res.Stdout = ""
+	r.json(t, &res)
+	if want := "q\"\\b\x01<\n\uFFFDé"; res.Stdout != want {
+		t.Errorf("stdout %q, want %q", res.Stdout, want)
+	}
+}
