@@ -23,6 +23,7 @@ from .errors import (
     BadRequestError,
     ConfigurationError,
     ConflictError,
+    CorruptError,
     ForbiddenError,
     ForkError,
     InsufficientStorageError,
@@ -33,6 +34,7 @@ from .errors import (
     PayloadTooLargeError,
     QuotaExceededError,
     RequestTimeoutError,
+    TooManyRequestsError,
     UnavailableError,
 )
 from .filesystem import Filesystem
@@ -69,9 +71,11 @@ __all__ = [
     "ForbiddenError",
     "NotFoundError",
     "ConflictError",
+    "CorruptError",
     "PayloadTooLargeError",
     "InvalidArgumentError",
     "QuotaExceededError",
+    "TooManyRequestsError",
     "InsufficientStorageError",
     "UnavailableError",
     "ForkError",

@@ -25,9 +25,11 @@ __all__ = [
     "ForbiddenError",
     "NotFoundError",
     "ConflictError",
+    "CorruptError",
     "PayloadTooLargeError",
     "InvalidArgumentError",
     "QuotaExceededError",
+    "TooManyRequestsError",
     "InsufficientStorageError",
     "UnavailableError",
     "ForkError",
@@ -104,6 +106,14 @@ class ConflictError(PandaError):
     """409 ``conflict``: wrong state for this (exec on a stopped sandbox, file exists, directory not empty)."""
 
 
+class CorruptError(ConflictError):
+    """409 ``corrupt``: a paused sandbox's or a snapshot's saved files fail their checksums.
+
+    The server did not restore it. A paused sandbox stays paused with its files,
+    for an operator to look at; a corrupt snapshot should be deleted.
+    """
+
+
 class PayloadTooLargeError(PandaError):
     """413 ``payload_too_large``: the request body is over the server's limit."""
 
@@ -113,7 +123,12 @@ class InvalidArgumentError(PandaError):
 
 
 class QuotaExceededError(PandaError):
-    """429 ``quota_exceeded``: over the key's concurrent-sandbox or memory quota."""
+    """429 ``quota_exceeded``: over one of the key's quotas (sandboxes, memory, vCPUs, disk)."""
+
+
+class TooManyRequestsError(PandaError):
+    """429 ``too_many_requests``: too many commands, streams or file operations in flight
+    on one sandbox or key at once; retry when some have finished."""
 
 
 class InsufficientStorageError(PandaError):
@@ -157,9 +172,11 @@ CODE_TO_CLASS: Dict[str, Type[PandaError]] = {
     "forbidden": ForbiddenError,
     "not_found": NotFoundError,
     "conflict": ConflictError,
+    "corrupt": CorruptError,
     "payload_too_large": PayloadTooLargeError,
     "invalid": InvalidArgumentError,
     "quota_exceeded": QuotaExceededError,
+    "too_many_requests": TooManyRequestsError,
     "insufficient_storage": InsufficientStorageError,
     "unavailable": UnavailableError,
 }
@@ -186,9 +203,11 @@ CODE_TO_STATUS: Dict[str, int] = {
     "forbidden": 403,
     "not_found": 404,
     "conflict": 409,
+    "corrupt": 409,
     "payload_too_large": 413,
     "invalid": 422,
     "quota_exceeded": 429,
+    "too_many_requests": 429,
     "internal": 500,
     "unavailable": 503,
     "insufficient_storage": 507,

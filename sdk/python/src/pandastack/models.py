@@ -107,7 +107,9 @@ class SandboxInfo:
     Attributes:
         id: Sandbox id (lowercase letters and digits).
         template: Template it was created from.
-        state: ``"starting"``, ``"running"``, ``"paused"`` or ``"stopped"``.
+        state: ``"starting"``, ``"running"``, ``"pausing"``, ``"paused"``,
+            ``"resuming"``, ``"stopping"`` or ``"stopped"``. Only running
+            sandboxes take commands and expire.
         memory_mib: Guest memory in MiB.
         vcpus: Guest vCPUs.
         created_at: When it was created (UTC), or ``None`` if the server sent no time.
@@ -116,6 +118,8 @@ class SandboxInfo:
         metadata: Labels given at creation.
         host_id: Host that runs it.
         stop_reason: Why a stopped sandbox stopped (``killed``, ``expired``...).
+        last_error: The last operation that failed and left the sandbox as it
+            was, e.g. a resume that left it paused.
         parent_id: The sandbox it was forked from, if any.
         snapshot_id: The snapshot it was created from, if any.
         memory: Host memory it uses, when the server reports it (running sandboxes).
@@ -133,6 +137,7 @@ class SandboxInfo:
     metadata: Dict[str, str] = field(default_factory=dict)
     host_id: Optional[str] = None
     stop_reason: Optional[str] = None
+    last_error: Optional[str] = None
     parent_id: Optional[str] = None
     snapshot_id: Optional[str] = None
     memory: Optional[MemoryUsage] = field(default=None, compare=False)
@@ -153,6 +158,7 @@ class SandboxInfo:
             metadata=_str_map(d.get("metadata")),
             host_id=_opt_str(d.get("host_id")),
             stop_reason=_opt_str(d.get("stop_reason")),
+            last_error=_opt_str(d.get("last_error")),
             parent_id=_opt_str(d.get("parent_id")),
             snapshot_id=_opt_str(d.get("snapshot_id")),
             memory=MemoryUsage.from_dict(d.get("memory")),

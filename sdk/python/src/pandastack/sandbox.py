@@ -245,14 +245,28 @@ class Sandbox:
             pass
 
     def pause(self) -> SandboxInfo:
-        """Pause the sandbox (its vCPUs stop; memory stays). Updates and returns :attr:`info`.
+        """Pause the sandbox to the server's disk. Updates and returns :attr:`info`.
 
-        Commands and file operations on a paused sandbox raise :class:`ConflictError`.
+        Its memory, disk and processes are saved (on stable storage, with
+        checksums) and its VM stops: a paused sandbox uses no memory and does not
+        expire. Commands and file operations on a paused sandbox raise
+        :class:`ConflictError`. If this call times out or the connection breaks,
+        the pause still completes on the server: :meth:`refresh` tells how it
+        ended (``state``, ``last_error``).
         """
-        return self._update(self._client.request_json("POST", self._path("/pause"), json_body={}))
+        return self._update(
+            self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long_timeout(self._client))
+        )
 
     def resume(self) -> SandboxInfo:
-        """Resume a paused sandbox. Updates and returns :attr:`info`."""
+        """Resume a paused sandbox where it was. Updates and returns :attr:`info`.
+
+        If this call times out or the connection breaks, the resume still
+        completes on the server (:meth:`refresh`). If the restore fails the
+        sandbox stays paused with its saved state (``info.last_error`` says
+        why) and can be resumed again; saved files that fail their checksums
+        raise :class:`CorruptError`.
+        """
         return self._update(
             self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long_timeout(self._client))
         )
