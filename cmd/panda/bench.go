@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,7 +21,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure PandaStack (medians and p99s)"}
-	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd())
+	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd())
 	return cmd
 }
 
@@ -197,4 +198,118 @@ func printAPIResult(out io.Writer, res bench.APIResult, asJSON bool) error {
 		}
 	}
 	return nil
+}
+
+func benchLoadCmd() *cobra.Command {
+	var (
+		apiURL, apiKey, tmpl           string
+		creates, bigExecs, bigMiB, mem int
+		pid                            int
+		asJSON                         bool
+	)
+	cmd := &cobra.Command{
+		Use:   "load",
+		Short: "Many creates at once, then many large buffered execs at once, against a running server",
+		Long: `Load a running server through its REST API (the Go SDK):
+
+  - --creates creates started at once, each followed by its first exec: on a
+    small machine they queue, and none may fail or time out;
+  - then --big-execs buffered execs at once in those sandboxes, each printing
+    --big-exec-mib MiB, while the server's peak memory (VmHWM, reset first) is
+    measured (--pid, default: the process listening on the API's port, when
+    it runs on this machine).
+
+The API key needs a sandbox quota of at least --creates. Every sandbox it
+creates is labelled panda_bench=<run id> and killed before it exits. It exits
+non-zero if any operation failed.`,
+		Example: `  panda bench load --template tiny --memory 256
+  panda bench load --creates 100 --big-execs 20 --big-exec-mib 16 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := benchClient(apiURL, apiKey)
+			if err != nil {
+				return err
+			}
+			if pid == 0 {
+				pid = listenerPID(c.APIURL())
+			}
+			res, err := bench.LoadBench(cmd.Context(), c, bench.LoadOptions{
+				Template: tmpl, MemoryMiB: mem, Creates: creates, BigExecs: bigExecs, BigExecMiB: bigMiB,
+				ServerPID: pid, Log: cmd.ErrOrStderr(),
+			})
+			if err != nil && !errors.Is(err, bench.ErrLoadFailed) {
+				return err
+			}
+			if asJSON {
+				if perr := writeJSON(cmd.OutOrStdout(), res); perr != nil {
+					return perr
+				}
+				return err
+			}
+			out := cmd.OutOrStdout()
+			cr := res.Creates
+			fmt.Fprintf(out, "%d creates at once: %d ok, %d failed; all ready in %.1f s; per sandbox p50 %.0f ms p99 %.0f ms\n",
+				cr.Concurrency, cr.OK, cr.Failed, cr.AllReadyMS/1000, cr.P50MS, cr.P99MS)
+			for _, e := range cr.Errors {
+				fmt.Fprintf(out, "  create failed: %s\n", e)
+			}
+			fmt.Fprintf(out, "%d buffered execs of %d MiB at once: %d ok; answered p50 %.0f ms p99 %.0f ms\n",
+				bigExecs, res.BigExecMiB, res.BigExecsOK, res.BigExecs.P50, res.BigExecs.P99)
+			for _, e := range res.BigExecErrs {
+				fmt.Fprintf(out, "  exec failed: %s\n", e)
+			}
+			if res.ServerRSSPeakMiB > 0 {
+				fmt.Fprintf(out, "server memory: %.0f MiB before, peak %.0f MiB during the large execs\n", res.ServerRSSBeforeMiB, res.ServerRSSPeakMiB)
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
+	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server)")
+	f.StringVar(&tmpl, "template", "", "template (default: the server's)")
+	f.IntVar(&mem, "memory", 0, "guest memory in MiB (default: the server's)")
+	f.IntVar(&creates, "creates", 100, "creates started at once")
+	f.IntVar(&bigExecs, "big-execs", 20, "large buffered execs run at once")
+	f.IntVar(&bigMiB, "big-exec-mib", 16, "output of each large exec, MiB")
+	f.IntVar(&pid, "pid", 0, "server process to measure (default: the one listening on the API's port)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// listenerPID returns the PID of the local process listening on the port of
+// apiURL, or 0: found through /proc/net/tcp and the sockets in /proc/*/fd.
+func listenerPID(apiURL string) int {
+	u, err := url.Parse(apiURL)
+	if err != nil {
+		return 0
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return 0
+	}
+	inodes := map[string]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, _ := os.ReadFile(f)
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			// local_address is hex ip:port; state 0A is LISTEN.
+			if len(fs) < 10 || fs[3] != "0A" {
+				continue
+			}
+			if _, p, ok := strings.Cut(fs[1], ":"); ok {
+				if v, err := strconv.ParseInt(p, 16, 32); err == nil && int(v) == port {
+					inodes["socket:["+fs[9]+"]"] = true
+				}
+			}
+		}
+	}
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err == nil && inodes[target] {
+			pid, _ := strconv.Atoi(strings.Split(fd, "/")[2])
+			return pid
+		}
+	}
+	return 0
 }

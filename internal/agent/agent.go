@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,6 +74,11 @@ type Config struct {
 	// MinFreeBytes is the free space below which creates fail with
 	// ErrNoSpace (default 256 MiB).
 	MinFreeBytes int64
+	// MaxConcurrentStarts bounds the VMMs being restored at once (creates,
+	// fork children, resumes); more wait their turn, so that a burst of
+	// creates queues instead of thrashing the CPUs until restores time out
+	// (default 2 per CPU, at least 4).
+	MaxConcurrentStarts int
 	// DefaultTemplate, DefaultMemoryMiB and DefaultVCPUs fill in create
 	// requests that leave them out.
 	DefaultTemplate  string
@@ -96,6 +102,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MinFreeBytes == 0 {
 		c.MinFreeBytes = 256 << 20
+	}
+	if c.MaxConcurrentStarts == 0 {
+		c.MaxConcurrentStarts = max(4, 2*runtime.NumCPU())
 	}
 	if c.DefaultTemplate == "" {
 		c.DefaultTemplate = "base"
@@ -125,6 +134,8 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closed    bool
+	// starts is the semaphore of MaxConcurrentStarts.
+	starts chan struct{}
 	// verified maps a snapshot to the fingerprint its files had when they
 	// last passed their checksums: unchanged files need no new check.
 	verified map[string]string
@@ -138,7 +149,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, images: template.Images{Dir: cfg.ImagesDir}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, starts: make(chan struct{}, cfg.MaxConcurrentStarts), images: template.Images{Dir: cfg.ImagesDir}}
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
@@ -542,6 +553,14 @@ const (
 // may be deleted later. On failure everything restore made is undone; s's
 // state is the caller's to change.
 func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
+	// Wait for a start slot (bounded by ctx only): the restore's own
+	// deadline counts from when it may run.
+	select {
+	case a.starts <- struct{}{}:
+		defer func() { <-a.starts }()
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a start slot: %w", ctx.Err())
+	}
 	// Bounded: a VMM that never answers must not leave the sandbox starting.
 	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()

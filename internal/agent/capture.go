@@ -228,13 +228,10 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 
 	res.Children = make([]ForkChild, len(ids))
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4) // bound concurrent VMM starts
 	for i, cid := range ids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
 			s, err := a.register(record{ID: cid, Env: env, Owner: owner, ParentID: id})
 			if err != nil {
 				res.Children[i].Err = err

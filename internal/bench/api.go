@@ -150,7 +150,7 @@ func APIBench(ctx context.Context, c *pandastack.Client, o APIOptions) (res APIR
 			continue
 		}
 		logf("%d concurrent creates", n)
-		cr, err := run.batch(ctx, n)
+		cr, err := run.batch(ctx, n, false)
 		if err != nil {
 			return res, err
 		}
@@ -231,8 +231,8 @@ func (r *apiRun) kill(ctx context.Context, sb *pandastack.Sandbox) error {
 }
 
 // batch starts n creates at once and waits until each has answered its
-// first exec (or failed), then kills them all.
-func (r *apiRun) batch(ctx context.Context, n int) (ConcurrentResult, error) {
+// first exec (or failed), then kills them all unless keep.
+func (r *apiRun) batch(ctx context.Context, n int, keep bool) (ConcurrentResult, error) {
 	cr := ConcurrentResult{Concurrency: n}
 	type outcome struct {
 		sb  *pandastack.Sandbox
@@ -275,6 +275,9 @@ func (r *apiRun) batch(ctx context.Context, n int) (ConcurrentResult, error) {
 	d := Summarize(ready)
 	cr.P50MS, cr.P99MS = d.P50, d.P99
 	cr.AllReadyMS = round(float64(allReady.Microseconds()) / 1000)
+	if keep {
+		return cr, nil
+	}
 
 	// Kill the batch, in parallel too.
 	var (
@@ -298,6 +301,17 @@ func (r *apiRun) batch(ctx context.Context, n int) (ConcurrentResult, error) {
 	}
 	kwg.Wait()
 	return cr, kerr
+}
+
+// live lists the sandboxes created and not killed, in no order.
+func (r *apiRun) live() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.ids))
+	for id := range r.ids {
+		out = append(out, id)
+	}
+	return out
 }
 
 // cleanup kills every sandbox this run created and did not kill, plus any

@@ -117,6 +117,8 @@ func keysCmd(g *globals) *cobra.Command {
 	create.Flags().BoolVar(&admin, "admin", false, "the key can manage keys and bake templates")
 	create.Flags().IntVar(&q.MaxSandboxes, "max-sandboxes", 0, "concurrent sandboxes allowed (default: the server's)")
 	create.Flags().IntVar(&q.MaxMemoryMiB, "max-memory", 0, "total guest memory allowed in MiB (default: the server's)")
+	create.Flags().IntVar(&q.MaxVCPUs, "max-vcpus", 0, "total vCPUs allowed (default: the server's)")
+	create.Flags().IntVar(&q.MaxDiskMiB, "max-disk", 0, "disk allowed in MiB: sandbox disks, paused sandboxes, snapshots (default: the server's)")
 	cmd.AddCommand(create)
 
 	cmd.AddCommand(&cobra.Command{
@@ -138,9 +140,10 @@ func keysCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"keys": keys})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "ADMIN", "PREFIX", "MAX SANDBOXES", "MAX MEMORY", "CREATED")
+			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "ADMIN", "PREFIX", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX DISK", "CREATED")
 			for _, k := range keys {
-				t.row(k.ID, k.Name, strconv.FormatBool(k.Admin), orDash(k.Prefix), num(k.MaxSandboxes), mib(k.MaxMemoryMiB), when(k.CreatedAt))
+				t.row(k.ID, k.Name, strconv.FormatBool(k.Admin), orDash(k.Prefix), num(k.MaxSandboxes), mib(k.MaxMemoryMiB),
+					num(k.MaxVCPUs), mib(k.MaxDiskMiB), when(k.CreatedAt))
 			}
 			return t.flush()
 		},

@@ -14,6 +14,8 @@ type APIKey struct {
 	Prefix       string    `json:"prefix,omitempty"` // first characters of the secret
 	MaxSandboxes int       `json:"max_sandboxes,omitempty"`
 	MaxMemoryMiB int       `json:"max_memory_mib,omitempty"`
+	MaxVCPUs     int       `json:"max_vcpus,omitempty"`
+	MaxDiskMiB   int       `json:"max_disk_mib,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
 }
 
@@ -28,6 +30,8 @@ type KeyWithSecret struct {
 type Quotas struct {
 	MaxSandboxes int // concurrent sandboxes
 	MaxMemoryMiB int // total guest memory
+	MaxVCPUs     int // total vCPUs
+	MaxDiskMiB   int // disk: sandbox disks, paused sandboxes and snapshots
 }
 
 // CreateKey creates an API key. Admin keys only.
@@ -37,7 +41,9 @@ func (c *Client) CreateKey(ctx context.Context, name string, admin bool, q Quota
 		Admin        bool   `json:"admin,omitempty"`
 		MaxSandboxes int    `json:"max_sandboxes,omitempty"`
 		MaxMemoryMiB int    `json:"max_memory_mib,omitempty"`
-	}{name, admin, q.MaxSandboxes, q.MaxMemoryMiB}
+		MaxVCPUs     int    `json:"max_vcpus,omitempty"`
+		MaxDiskMiB   int    `json:"max_disk_mib,omitempty"`
+	}{name, admin, q.MaxSandboxes, q.MaxMemoryMiB, q.MaxVCPUs, q.MaxDiskMiB}
 	var k KeyWithSecret
 	err := c.doJSON(ctx, http.MethodPost, path("keys"), nil, in, &k)
 	return k, err

@@ -329,13 +329,23 @@ class Client:
         admin: bool = False,
         max_sandboxes: Optional[int] = None,
         max_memory_mib: Optional[int] = None,
+        max_vcpus: Optional[int] = None,
+        max_disk_mib: Optional[int] = None,
     ) -> APIKey:
-        """Create an API key (admin only). The secret is in the result's ``key``, shown only this once."""
+        """Create an API key (admin only). The secret is in the result's ``key``, shown only this once.
+
+        Quotas left out (or 0) are the server's defaults; disk counts the key's
+        sandbox disks, paused sandboxes and snapshots.
+        """
         body: Dict[str, Any] = {"name": name, "admin": admin}
-        if max_sandboxes is not None:
-            body["max_sandboxes"] = max_sandboxes
-        if max_memory_mib is not None:
-            body["max_memory_mib"] = max_memory_mib
+        for k, v in (
+            ("max_sandboxes", max_sandboxes),
+            ("max_memory_mib", max_memory_mib),
+            ("max_vcpus", max_vcpus),
+            ("max_disk_mib", max_disk_mib),
+        ):
+            if v is not None:
+                body[k] = v
         return APIKey.from_dict(self.request_json("POST", "/v1/keys", json_body=body))
 
     def list_keys(self) -> List[APIKey]:

@@ -305,6 +305,9 @@ class APIKey:
         prefix: First characters of the secret, to recognise it.
         max_sandboxes: Concurrent sandboxes allowed (0: server default).
         max_memory_mib: Total guest memory allowed (0: server default).
+        max_vcpus: Total vCPUs allowed (0: server default).
+        max_disk_mib: Disk allowed in MiB: sandbox disks, paused sandboxes and
+            snapshots (0: server default).
         key: The secret; only set on the object returned by
             :meth:`Client.create_key`, never shown again.
         raw: The JSON object as received.
@@ -317,6 +320,8 @@ class APIKey:
     prefix: Optional[str] = None
     max_sandboxes: Optional[int] = None
     max_memory_mib: Optional[int] = None
+    max_vcpus: Optional[int] = None
+    max_disk_mib: Optional[int] = None
     key: Optional[str] = field(default=None, repr=False)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -331,6 +336,8 @@ class APIKey:
             prefix=_opt_str(d.get("prefix")),
             max_sandboxes=_opt_int(d.get("max_sandboxes")),
             max_memory_mib=_opt_int(d.get("max_memory_mib")),
+            max_vcpus=_opt_int(d.get("max_vcpus")),
+            max_disk_mib=_opt_int(d.get("max_disk_mib")),
             key=_opt_str(d.get("key")),
             raw=dict(d),
         )
