@@ -8,7 +8,7 @@ IMAGES   ?= $(DATA_DIR)/images
 GO       ?= go
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
 
-.PHONY: all build setup up test test-go bench clean check-go
+.PHONY: all build setup up test test-go fuzz bench clean check-go
 
 all: build
 
