@@ -24,14 +24,12 @@ bin/panda: $(GOFILES)
 bin/panda-guest: $(GOFILES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/panda-guest
 
-# setup installs missing host packages and builds the guest images. Idempotent.
+# setup installs missing host packages and builds the guest images (kernel,
+# guest agent, initramfs, root filesystems). Idempotent; scripts/setup_test.go
+# runs the same images step into an empty directory in every `make test`.
 setup: build
 	@IMAGES=$(IMAGES) scripts/setup.sh deps
-	@IMAGES=$(IMAGES) scripts/setup.sh kernel
-	@mkdir -p $(IMAGES) && (cmp -s bin/panda-guest $(IMAGES)/panda-guest || install -m 0755 bin/panda-guest $(IMAGES)/panda-guest)
-	@IMAGES=$(IMAGES) scripts/setup.sh initramfs $(IMAGES)/panda-guest
-	@IMAGES=$(IMAGES) scripts/setup.sh rootfs tiny
-	@IMAGES=$(IMAGES) scripts/setup.sh rootfs base
+	@IMAGES=$(IMAGES) scripts/setup.sh images bin/panda-guest
 
 up: setup
 	bin/panda up --data-dir $(DATA_DIR) --bake
