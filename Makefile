@@ -34,10 +34,18 @@ setup: build
 up: setup
 	bin/panda up --data-dir $(DATA_DIR) --bake
 
+# test runs every test, then every fuzz target for a few seconds (fuzz).
 test: setup
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./...
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/api/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
+	@$(MAKE) --no-print-directory fuzz
+
+# fuzz runs each Go fuzz target (func FuzzX) for FUZZTIME (default 5s; e.g.
+# `make fuzz FUZZTIME=10m` for a longer run). See README.md, "Tests".
+FUZZTIME ?= 5s
+fuzz: check-go
+	FUZZTIME=$(FUZZTIME) PANDA_TEST_IMAGES=$(IMAGES) scripts/fuzz.sh
 
 bench: setup
 	bin/panda bench create --data-dir $(DATA_DIR) --template base --n 50
