@@ -105,8 +105,10 @@ type Machine interface {
 	// Resume starts the vCPUs. Idempotent.
 	Resume(ctx context.Context) error
 	// SaveState writes the device state (not RAM) of a paused machine to
-	// path. Guest RAM is whatever Spec.MemoryFile holds plus, for a
-	// copy-on-write mapping, the machine's private pages (see RAMMapping).
+	// path, which the host creates (mode 0600; the VMM, which may not see
+	// host paths, writes through a file descriptor). Guest RAM is whatever
+	// Spec.MemoryFile holds plus, for a copy-on-write mapping, the
+	// machine's private pages (see RAMMapping).
 	SaveState(ctx context.Context, path string) error
 	// RAMMapping locates guest RAM in the VMM's address space so that its
 	// private (dirtied) pages can be found through /proc/PID/pagemap.

@@ -19,40 +19,48 @@ import (
 // Config.NoConfine) runs:
 //
 //   - as a user of its own, from Config.UIDBase..+UIDCount, with the
-//     primary group Spec.GID and no supplementary groups;
-//   - in a mount namespace of its own whose root is a small read-only tmpfs
-//     holding read-only binds of /usr and /etc/ld.so.cache (and the host's
-//     /lib, /lib64, /bin, /sbin as the same symlinks, or read-only binds),
-//     device nodes for null, zero, random, urandom (and kvm under KVM,
-//     owned by the machine's user), and binds of exactly the machine's
-//     files at fixed paths (jail* below). No /proc, /sys or /tmp: QEMU
-//     probes a few files there (/proc/self/exe, /proc/self/status,
-//     /sys/devices/system/{cpu,node}, /sys/bus/nd) and copes with their
-//     absence: it finds its firmware and modules from argv[0], which is the
-//     binary's absolute path under /usr. The namespace holds nothing else:
-//     after pivot_root into the jail the host's tree is detached;
+//     primary group Spec.GID, no supplementary groups, no capabilities and
+//     an empty environment;
+//   - in a mount namespace of its own that holds only its jail: a small
+//     read-only tmpfs root with read-only binds of /usr and
+//     /etc/ld.so.cache (the host's /lib, /lib64, /bin, /sbin appear as the
+//     same symlinks into /usr, or as read-only binds where they are
+//     directories), device nodes null, zero, random, urandom (and kvm under
+//     KVM, owned by the machine's user, so no kvm group is needed), and
+//     binds of exactly the machine's files at fixed paths (jail* below);
 //   - in a cgroup of its own (see cgroup.go) with cpu, memory and pids
-//     limits, entered before the process runs (so before it allocates
-//     anything);
+//     limits, entered before the process runs, so before it allocates
+//     anything;
 //   - with RLIMIT_CORE 0, RLIMIT_NOFILE 1024, RLIMIT_NPROC = Config.PidsMax
-//     (per user, hence per machine), RLIMIT_MEMLOCK 0, set with prlimit
-//     right after the process starts (Linux offers no way to set another
+//     (counted per user, hence per machine) and RLIMIT_MEMLOCK 0, set with
+//     prlimit right after the exec (Linux offers no way to set another
 //     process's limits before it runs, short of a helper binary);
 //   - under QEMU's own seccomp sandbox (-sandbox on,...), as before.
 //
-// How the namespace is built: a goroutine locks itself to its OS thread,
-// unshares the mount namespace of that thread only (CLONE_NEWNS implies
-// CLONE_FS, so its root and working directory are its own too), makes every
-// mount private, mounts the jail tmpfs on Config.HostDir/jail (in its own
-// namespace: the host never sees it), binds the files, pivot_roots into the
-// jail and detaches the old root. It then starts QEMU from that same thread:
-// the child inherits the thread's namespace, root and (under cgroup v1) its
-// cgroups; under v2 the child is created in its cgroup (CLONE_INTO_CGROUP).
-// The goroutine returns without unlocking the thread, so the Go runtime
-// terminates the thread instead of reusing it; threads the runtime creates
-// while this one is locked are cloned from its template thread, not from
-// this one. Nothing is mounted on the host, no helper binary runs, and the
-// namespace disappears with the QEMU process.
+// No /proc, /sys, /tmp or /dev/shm in the jail: QEMU 7.2 and its libraries
+// probe /proc/self/exe, /proc/self/status, /proc/stat, /proc/mounts,
+// /proc/filesystems, /sys/devices/system/{cpu/possible,node}, /sys/bus/nd,
+// /etc/localtime, /etc/libnl/classid and /dev/sgx_vepc (strace of a jailed
+// start) and copes without every one of them: it finds its firmware and
+// accelerator module from argv[0], the binary's absolute path under /usr.
+//
+// How the namespace is built (onDisposableThread, startInJail): a goroutine
+// locks itself to an OS thread, unshares the mount namespace of that thread
+// only (CLONE_NEWNS implies CLONE_FS, so root, working directory and umask
+// become its own too), makes every mount private, mounts the jail tmpfs on
+// Config.HostDir/jail, binds the files, pivot_roots into the jail and
+// detaches the old root. It then starts QEMU from that same thread: the
+// child inherits the thread's namespace and root and, under cgroup v1, its
+// cgroups (the thread enters them just before the fork); under v2 the child
+// is created in its cgroup (clone3 CLONE_INTO_CGROUP). The goroutine returns
+// without unlocking the thread, so the Go runtime terminates the thread
+// instead of reusing it (threads the runtime creates meanwhile are cloned
+// from its template thread, not from this one). Nothing is mounted in the
+// host's namespace, no helper binary runs, and the namespace disappears
+// with the QEMU process. pivot_root rather than chroot: with chroot alone the
+// namespace would still hold a copy of every host mount, one chroot escape
+// away; after pivot_root and the detach, /proc/PID/mountinfo of a VMM lists
+// its jail's mounts and nothing else.
 
 // Paths of the machine's files inside its jail.
 const (
