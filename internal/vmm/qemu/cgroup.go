@@ -41,6 +41,8 @@ type cgroupParent struct {
 	controller string // v1 only
 	dir        string // the parent of the machines' cgroups
 	self       string // the driver's own cgroup in this hierarchy (v1)
+	// Where the hierarchy is mounted, and the cgroup at the mount's root.
+	mount, mountRoot string
 }
 
 // cgroupLimits are one machine's limits.
@@ -104,8 +106,11 @@ func unescapeOctal(s string) string {
 }
 
 // ownCgroups reads /proc/self/cgroup: controller (or "" for v2) → path.
-func ownCgroups() (map[string]string, error) {
-	b, err := os.ReadFile("/proc/self/cgroup")
+func ownCgroups() (map[string]string, error) { return procCgroups("self") }
+
+// procCgroups reads /proc/PID/cgroup: controller (or "" for v2) → path.
+func procCgroups(pid string) (map[string]string, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/cgroup")
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +170,12 @@ func detectCgroups(name string) (*cgroupSet, error) {
 		if !ok {
 			continue
 		}
-		return setupV2(within(m.point, m.root, path), name, all)
+		set, err := setupV2(within(m.point, m.root, path), name, all)
+		if err != nil {
+			return nil, err
+		}
+		set.parents[0].mount, set.parents[0].mountRoot = m.point, m.root
+		return set, nil
 	}
 	s := &cgroupSet{limit: all}
 	for _, c := range cgroupControllers {
@@ -185,7 +195,7 @@ func detectCgroups(name string) (*cgroupSet, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup: %w", err)
 		}
-		s.parents = append(s.parents, cgroupParent{controller: c, dir: dir, self: self})
+		s.parents = append(s.parents, cgroupParent{controller: c, dir: dir, self: self, mount: found.point, mountRoot: found.root})
 	}
 	return s, nil
 }
@@ -405,6 +415,23 @@ func (s *cgroupSet) existing() map[uint32]bool {
 	return out
 }
 
+// cgroupOf returns the cgroup process pid is in, in the set's hierarchies.
+func (s *cgroupSet) cgroupOf(pid int) (*vmCgroup, error) {
+	paths, err := procCgroups(strconv.Itoa(pid))
+	if err != nil {
+		return nil, err
+	}
+	c := &vmCgroup{set: s}
+	for _, p := range s.parents {
+		path, ok := paths[p.controller]
+		if !ok || p.mount == "" {
+			return nil, fmt.Errorf("process %d has no cgroup in the %q hierarchy", pid, p.controller)
+		}
+		c.dirs = append(c.dirs, within(p.mount, p.mountRoot, path))
+	}
+	return c, nil
+}
+
 // of returns the cgroup of uid (whether or not it exists).
 func (s *cgroupSet) of(uid uint32) *vmCgroup {
 	c := &vmCgroup{set: s}
@@ -412,4 +439,14 @@ func (s *cgroupSet) of(uid uint32) *vmCgroup {
 		c.dirs = append(c.dirs, filepath.Join(p.dir, vmCgroupName(uid)))
 	}
 	return c
+}
+
+// named reports whether c is the cgroup of uid in every hierarchy.
+func (c *vmCgroup) named(uid uint32) bool {
+	for _, d := range c.dirs {
+		if filepath.Base(d) != vmCgroupName(uid) {
+			return false
+		}
+	}
+	return len(c.dirs) > 0
 }

@@ -736,6 +736,7 @@ func TestCleanupStale(t *testing.T) {
 		}
 	}
 
+	// The driver that owns live sees only the process it does not own.
 	left, err := d.CleanupStale()
 	if err != nil {
 		t.Fatal(err)
@@ -746,8 +747,25 @@ func TestCleanupStale(t *testing.T) {
 	if !slices.Equal(left.Removed, want) {
 		t.Errorf("removed %q, want %q", left.Removed, want)
 	}
-	if !slices.Equal(left.Orphans, []int{sleep.Process.Pid}) {
-		t.Errorf("orphans %v, want [%d]", left.Orphans, sleep.Process.Pid)
+	if wantO := []Orphan{{PID: sleep.Process.Pid}}; !slices.Equal(left.Orphans, wantO) {
+		t.Errorf("orphans %+v, want %+v", left.Orphans, wantO)
+	}
+	// A restarted agent that adopted nothing sees live as an orphan VMM,
+	// with its run directory.
+	d2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err = d2.CleanupStale()
+	if err != nil || len(left.Removed) != 0 {
+		t.Errorf("second cleanup removed %q, %v", left.Removed, err)
+	}
+	wantO := []Orphan{{PID: sleep.Process.Pid}, {PID: live.m.PID(), RunDir: live.spec.RunDir}}
+	sortO := func(o []Orphan) { slices.SortFunc(o, func(a, b Orphan) int { return a.PID - b.PID }) }
+	sortO(left.Orphans)
+	sortO(wantO)
+	if !slices.Equal(left.Orphans, wantO) {
+		t.Errorf("orphans seen by a new driver %+v, want %+v", left.Orphans, wantO)
 	}
 	for _, dir := range append(slices.Clone(live.m.box.cg.dirs), orphan.dirs...) {
 		if _, err := os.Stat(dir); err != nil {
@@ -961,6 +979,9 @@ func TestIsVMMOf(t *testing.T) {
 		if got := isVMMOf(c.cmdline, c.runDir); got != c.want {
 			t.Errorf("isVMMOf(%q, %q) = %v, want %v", c.cmdline, c.runDir, got, c.want)
 		}
+	}
+	if got := runDirOf(cmdline); got != "/x/run,1" {
+		t.Errorf("runDirOf = %q, want /x/run,1", got)
 	}
 }
 

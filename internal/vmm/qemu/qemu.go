@@ -202,11 +202,20 @@ func (d *Driver) CgroupVersion() int {
 type Leftovers struct {
 	// Removed are the cgroups of machines whose process is gone.
 	Removed []string
-	// Orphans are VMM processes in this driver's machine cgroups that
-	// this driver neither started nor adopted: VMMs of a previous run
-	// that the host agent did not adopt. Their UIDs stay taken until they
-	// exit; the caller decides whether to kill them.
-	Orphans []int
+	// Orphans are processes in machine cgroups that this driver neither
+	// started nor adopted: VMMs of a previous run that were not adopted,
+	// or (when several host agents share one host, as tests do) VMMs of
+	// another agent. Their UIDs stay taken until they exit.
+	Orphans []Orphan
+}
+
+// Orphan is a process in a machine cgroup that the driver does not own.
+type Orphan struct {
+	PID int
+	// RunDir is the host run directory the VMM serves, from its command
+	// line; "" if the process is no VMM of this driver's making. Kill an
+	// orphan only if RunDir is one of yours.
+	RunDir string
 }
 
 // CleanupStale removes what confined machines that are gone left behind:
@@ -233,7 +242,10 @@ func (d *Driver) CleanupStale() (Leftovers, error) {
 		}
 		c := d.cgroups.of(uid)
 		if pids := c.pids(); len(pids) > 0 {
-			out.Orphans = append(out.Orphans, pids...)
+			for _, pid := range pids {
+				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				out.Orphans = append(out.Orphans, Orphan{PID: pid, RunDir: runDirOf(cmdline)})
+			}
 			continue
 		}
 		if err := c.remove(); err != nil {
@@ -508,11 +520,8 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 // is that of the QEMU serving runDir: its -name says so (or, for a VMM
 // started before -name did, its QMP socket is runDir's).
 func isVMMOf(cmdline []byte, runDir string) bool {
-	args := strings.Split(string(cmdline), "\x00")
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-name" && args[i+1] == nameArg(runDir) {
-			return true
-		}
+	if runDirOf(cmdline) == runDir {
+		return true
 	}
 	return bytes.Contains(cmdline, []byte("unix:"+qemuEscape(qmpSocket(runDir))+","))
 }
@@ -577,7 +586,9 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	m.memID = memID
 	if d.uids != nil && d.uids.markUsed(uid) {
 		m.box = &box{d: d, uid: uid, gid: spec.GID}
-		if c := d.cgroups.of(uid); containsInt(c.pids(), pid) {
+		// Its own cgroup, wherever the driver that started it had its
+		// parents (a restarted host agent may sit in another cgroup).
+		if c, err := d.cgroups.cgroupOf(pid); err == nil && c.named(uid) {
 			m.box.cg = c
 		}
 	} else if uid != 0 && d.uids != nil {
@@ -602,13 +613,20 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	return m, nil
 }
 
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
+// runDirOf is the host run directory named in a VMM's command line
+// (see nameArg), or "".
+func runDirOf(cmdline []byte) string {
+	args := strings.Split(string(cmdline), "\x00")
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] != "-name" {
+			continue
+		}
+		v, ok := strings.CutPrefix(args[i+1], "guest=panda:")
+		if v, ok2 := strings.CutSuffix(v, ",debug-threads=on"); ok && ok2 {
+			return strings.ReplaceAll(v, ",,", ",")
 		}
 	}
-	return false
+	return ""
 }
 
 // Machine is a QEMU process.
