@@ -1,6 +1,9 @@
 package guestproto
 
-import "context"
+import (
+	"context"
+	"io"
+)
 
 // Test hooks into unexported state, for the external tests.
 
@@ -51,4 +54,9 @@ func (s *Stream) BufferCapForTest(ch int) int {
 		n += cap(c)
 	}
 	return n
+}
+
+// DecodeListingForTest is the host's listing decoder.
+func DecodeListingForTest(r io.Reader, dir string, maxEntries, maxBytes int) ([]FileInfo, error) {
+	return decodeListing(r, dir, maxEntries, maxBytes)
 }
