@@ -79,11 +79,12 @@ type Driver interface {
 	//
 	// A driver that confines its VMMs (runs each as its own unprivileged
 	// user) makes the machine's files accessible to that user first: it
-	// changes the owner of Disk, RunDir and ConsoleLog (created if missing)
-	// to the machine's user and spec.GID (modes 0600, 0700, 0600), and the
-	// group of MemoryFile to spec.GID (mode 0660). Kernel and Initramfs
-	// must be world-readable; they are not changed. Start fails with an
-	// error wrapping ErrExhausted when the driver has no user id left.
+	// changes the owner of Disk and ConsoleLog (created if missing) to the
+	// machine's user and spec.GID (mode 0600), and the group of MemoryFile
+	// to spec.GID (mode 0660); RunDir becomes mode 0700 and stays the
+	// caller's. Kernel and Initramfs must be world-readable; they are not
+	// changed. Start fails with an error wrapping ErrExhausted when the
+	// driver has no user id left.
 	Start(ctx context.Context, spec Spec) (Machine, error)
 }
 

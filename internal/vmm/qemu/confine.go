@@ -27,7 +27,10 @@ import (
 //     same symlinks into /usr, or as read-only binds where they are
 //     directories), device nodes null, zero, random, urandom (and kvm under
 //     KVM, owned by the machine's user, so no kvm group is needed), and
-//     binds of exactly the machine's files at fixed paths (jail* below);
+//     binds of exactly the machine's files at fixed paths (jail* below).
+//     Nothing in it is writable but the disk, the memory file and the
+//     console log: the agent and QMP sockets are bound by the host in the
+//     run directory and handed to QEMU as listening descriptors;
 //   - in a cgroup of its own (see cgroup.go) with cpu, memory and pids
 //     limits, entered before the process runs, so before it allocates
 //     anything;
@@ -69,7 +72,6 @@ const (
 	jailKernel  = "/vm/kernel"
 	jailInitrd  = "/vm/initrd"
 	jailConsole = "/vm/console.log"
-	jailRun     = "/run" // the machine's run directory: its sockets
 )
 
 // rlimitNOFILE bounds a VMM's open files: a microvm with one disk and two
@@ -103,7 +105,6 @@ type confinement struct {
 	limits  cgroupLimits
 	files   []jailFile
 	kvm     bool
-	dir     string                   // working directory in the jail
 	prepare func(uid, gid int) error // gives the files to the machine's user
 }
 
@@ -265,10 +266,7 @@ func (d *Driver) spawn(cmd *exec.Cmd, c confinement) (*box, error) {
 			return fail(err)
 		}
 	}
-	cmd.Dir = c.dir
-	if cmd.Dir == "" {
-		cmd.Dir = "/"
-	}
+	cmd.Dir = "/"
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setsid:     true,

@@ -259,18 +259,25 @@ func (d *Driver) CleanupStale() (Leftovers, error) {
 
 const defaultTBCacheMiB = 64
 
+// The descriptors of the listening agent and QMP sockets in QEMU
+// (exec.Cmd.ExtraFiles start at 3).
+const (
+	agentFD = 3
+	qmpFD   = 4
+)
+
 // paths are the paths of a machine's files as its QEMU sees them: the
 // host's, or the jail's.
 type paths struct {
-	disk, mem, kernel, initrd, console, run string
+	disk, mem, kernel, initrd, console string
 }
 
 func hostPaths(spec vmm.Spec) paths {
-	return paths{spec.Disk, spec.MemoryFile, spec.Kernel, spec.Initramfs, spec.ConsoleLog, spec.RunDir}
+	return paths{spec.Disk, spec.MemoryFile, spec.Kernel, spec.Initramfs, spec.ConsoleLog}
 }
 
 func jailPaths(spec vmm.Spec) paths {
-	p := paths{jailDisk, jailMem, jailKernel, jailInitrd, "", jailRun}
+	p := paths{jailDisk, jailMem, jailKernel, jailInitrd, ""}
 	if spec.ConsoleLog != "" {
 		p.console = jailConsole
 	}
@@ -332,9 +339,13 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 		"-drive", fmt.Sprintf("id=vda,file=%s,format=raw,if=none,cache=writeback,discard=unmap,detect-zeroes=unmap", qemuEscape(p.disk)),
 		"-device", "virtio-blk-device,drive=vda",
 		"-device", "virtio-serial-device,max_ports=2",
-		"-chardev", fmt.Sprintf("socket,id=agent,path=%s,server=on,wait=off", qemuEscape(agentSocket(p.run))),
+		// Both sockets are the host's, bound in the run directory before
+		// the start and passed as listening descriptors: QEMU never needs
+		// to create a file.
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", agentFD),
 		"-device", "virtserialport,chardev=agent,name=panda",
-		"-qmp", fmt.Sprintf("unix:%s,server=on,wait=off", qemuEscape(qmpSocket(p.run))),
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", qmpFD),
+		"-mon", "chardev=qmp,mode=control",
 		"-global", "migration.send-configuration=off",
 	}
 	if !d.cfg.NoSandbox {
@@ -383,7 +394,6 @@ func (d *Driver) limits(memMiB, vcpus int) cgroupLimits {
 // jailFiles are the binds of spec's files into its jail.
 func jailFiles(spec vmm.Spec) []jailFile {
 	f := []jailFile{
-		{host: spec.RunDir, jail: jailRun, dir: true, rw: true},
 		{host: spec.Disk, jail: jailDisk, rw: true},
 		// Read-write although the mapping is private (share=off): QEMU
 		// 7.2's memory-backend-file opens mem-path O_RDWR whatever share
@@ -403,9 +413,10 @@ func jailFiles(spec vmm.Spec) []jailFile {
 }
 
 // giveFiles makes spec's files accessible to uid:gid and to nobody else
-// but root, as vmm.Driver.Start documents: a machine owns its disk, run
-// directory and console log; its memory file, which machines of one GID
-// may share, is open to that group (read-write: see jailFiles).
+// but root, as vmm.Driver.Start documents: a machine owns its disk and
+// console log; its memory file, which machines of one GID may share, is
+// open to that group (read-write: see jailFiles). The run directory stays
+// root's (0700): QEMU only gets the sockets in it, as descriptors.
 func giveFiles(spec vmm.Spec, uid, gid int) error {
 	own := func(path string, mode os.FileMode) error {
 		if err := os.Chown(path, uid, gid); err != nil {
@@ -416,7 +427,7 @@ func giveFiles(spec vmm.Spec, uid, gid int) error {
 	if err := own(spec.Disk, 0o600); err != nil {
 		return err
 	}
-	if err := own(spec.RunDir, 0o700); err != nil {
+	if err := os.Chmod(spec.RunDir, 0o700); err != nil {
 		return err
 	}
 	if spec.ConsoleLog != "" {
@@ -475,10 +486,28 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if err != nil {
 		return nil, fmt.Errorf("start vm: %w", err)
 	}
-	os.Remove(agentSocket(spec.RunDir))
-	os.Remove(qmpSocket(spec.RunDir))
+	removeSockets := func() {
+		os.Remove(agentSocket(spec.RunDir))
+		os.Remove(qmpSocket(spec.RunDir))
+	}
+	removeSockets()
+	var socks []*os.File
+	defer func() {
+		for _, f := range socks {
+			f.Close() // QEMU has its own copies
+		}
+	}()
+	for _, path := range []string{agentSocket(spec.RunDir), qmpSocket(spec.RunDir)} {
+		f, err := listenUnix(path)
+		if err != nil {
+			removeSockets()
+			return nil, fmt.Errorf("start vm: %w", err)
+		}
+		socks = append(socks, f)
+	}
 	cmd := exec.Command(d.cfg.Binary, args...)
 	cmd.Dir = spec.RunDir
+	cmd.ExtraFiles = socks // agentFD, qmpFD
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedBuffer{buf: &stderr, max: 16 << 10}
 	b, err := d.spawn(cmd, confinement{
@@ -486,12 +515,12 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 		limits: d.limits(spec.MemoryMiB, spec.VCPUs),
 		files:  jailFiles(spec),
 		kvm:    spec.Accel == vmm.AccelKVM,
-		dir:    jailRun,
 		prepare: func(uid, gid int) error {
 			return giveFiles(spec, uid, gid)
 		},
 	})
 	if err != nil {
+		removeSockets()
 		return nil, fmt.Errorf("start vm: %w", err)
 	}
 	m := newMachine(spec, cmd.Process.Pid, d.cfg.Logger)
@@ -514,6 +543,24 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 		return nil, err
 	}
 	return m, nil
+}
+
+// listenUnix binds and listens on a unix socket at path and returns the
+// listening socket.
+func listenUnix(path string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind %s: %w", path, err)
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // isVMMOf reports whether cmdline (NUL-separated, from /proc/PID/cmdline)
