@@ -51,16 +51,31 @@ if [ ${#targets[@]} -eq 0 ]; then
 	exit 1
 fi
 
+# Each run gets its own TMPDIR, removed after it: the fuzzing engine stops
+# a worker that does not exit within a second of being told to with SIGINT,
+# then SIGKILL, so a worker's cleanups (temporary directories, a test
+# PostgreSQL's files) may never run. Mode 1777 as /tmp: test servers such
+# as PostgreSQL run as other users.
+run_tmp=
+remove_run_tmp() {
+	[ -z "$run_tmp" ] || rm -rf "$run_tmp" || rm -rf "$run_tmp" || echo "fuzz: cannot remove $run_tmp" >&2
+	run_tmp=
+}
+trap remove_run_tmp EXIT
+
 echo "==> fuzzing ${#targets[@]} targets, $FUZZTIME each"
 start=$SECONDS
 for t in "${targets[@]}"; do
 	pkg=${t% *} name=${t#* }
+	remove_run_tmp
+	run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/fuzz-$name.XXXXXX")
+	chmod 1777 "$run_tmp"
 	corpus=$pkg/testdata/fuzz/$name
 	seeds=0
 	[ ! -d "$corpus" ] || seeds=$(find "$corpus" -maxdepth 1 -type f -printf . | wc -c)
 	echo "==> $name in $pkg ($seeds committed inputs)"
 	before=$(ls "$corpus" 2>/dev/null || true)
-	if ! go test -run='^$' -fuzz="^$name\$" -fuzztime="$FUZZTIME" -timeout="$FUZZ_TIMEOUT" "$pkg"; then
+	if ! TMPDIR=$run_tmp go test -run='^$' -fuzz="^$name\$" -fuzztime="$FUZZTIME" -timeout="$FUZZ_TIMEOUT" "$pkg"; then
 		after=$(ls "$corpus" 2>/dev/null || true)
 		new=$(comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after"))
 		{
