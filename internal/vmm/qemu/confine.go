@@ -35,7 +35,8 @@ import (
 //     limits, entered before the process runs, so before it allocates
 //     anything;
 //   - with RLIMIT_CORE 0, RLIMIT_NOFILE 1024, RLIMIT_NPROC = Config.PidsMax
-//     (counted per user, hence per machine) and RLIMIT_MEMLOCK 0, set with
+//     (counted per user, hence per machine), RLIMIT_MEMLOCK 0 and
+//     RLIMIT_FSIZE = the larger of its disk and memory file, set with
 //     prlimit right after the exec (Linux offers no way to set another
 //     process's limits before it runs, short of a helper binary);
 //   - under QEMU's own seccomp sandbox (-sandbox on,...), as before.
@@ -106,6 +107,10 @@ type confinement struct {
 	files   []jailFile
 	kvm     bool
 	prepare func(uid, gid int) error // gives the files to the machine's user
+	// fsize bounds the files the process writes (RLIMIT_FSIZE): a VMM
+	// must not grow its disk, or its console log, until the host's disk
+	// is full.
+	fsize int64
 }
 
 // box is one confined process's share of the host: its UID and cgroup.
@@ -331,12 +336,13 @@ func onDisposableThread(fn func() error) error {
 
 // setRlimits lowers pid's limits (never raises one: only lowering is
 // allowed without CAP_SYS_RESOURCE).
-func setRlimits(pid, nproc int) error {
+func setRlimits(pid, nproc int, fsize int64) error {
 	for _, l := range []struct {
 		res int
 		v   uint64
 	}{
 		{unix.RLIMIT_CORE, 0},
+		{unix.RLIMIT_FSIZE, uint64(fsize)},
 		{unix.RLIMIT_NOFILE, rlimitNOFILE},
 		{unix.RLIMIT_NPROC, uint64(nproc)},
 		{unix.RLIMIT_MEMLOCK, 0},
@@ -389,7 +395,7 @@ func (d *Driver) startInJail(cmd *exec.Cmd, b *box, c confinement, in, out []*os
 	if err != nil {
 		return fmt.Errorf("start qemu: %w", err)
 	}
-	if err := d.limitProcess(cmd.Process.Pid, b); err != nil {
+	if err := d.limitProcess(cmd.Process.Pid, b, c); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		return err
@@ -403,14 +409,14 @@ func (d *Driver) startInJail(cmd *exec.Cmd, b *box, c confinement, in, out []*os
 // lower its limits without it. So the thread, which is about to be
 // discarded, first becomes the machine's user (setresgid and setresuid
 // are per-thread system calls; Go's wrappers would change every thread).
-func (d *Driver) limitProcess(pid int, b *box) error {
+func (d *Driver) limitProcess(pid int, b *box, c confinement) error {
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(b.gid), uintptr(b.gid), uintptr(b.gid)); e != 0 {
 		return fmt.Errorf("become the vmm group: %w", e)
 	}
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(b.uid), uintptr(b.uid), uintptr(b.uid)); e != 0 {
 		return fmt.Errorf("become the vmm user: %w", e)
 	}
-	return setRlimits(pid, d.cfg.PidsMax)
+	return setRlimits(pid, d.cfg.PidsMax, c.fsize)
 }
 
 // buildJail makes the jail and pivots into it. It runs in the locked

@@ -417,6 +417,11 @@ func TestConfinedMachine(t *testing.T) {
 		}
 	})
 	t.Run("rlimits", func(t *testing.T) {
+		st, err := os.Stat(v.spec.Disk) // tiny's disk (2 GiB) is larger than its RAM
+		if err != nil {
+			t.Fatal(err)
+		}
+		diskSize := st.Size()
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
 		if err != nil {
 			t.Fatal(err)
@@ -426,6 +431,7 @@ func TestConfinedMachine(t *testing.T) {
 			"Max open files":     "1024 1024",
 			"Max processes":      "256 256",
 			"Max locked memory":  "0 0",
+			"Max file size":      fmt.Sprintf("%d %d", diskSize, diskSize),
 		} {
 			got := ""
 			for _, line := range strings.Split(string(b), "\n") {

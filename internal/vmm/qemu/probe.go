@@ -50,6 +50,7 @@ func (d *Driver) ProbeKVM(ctx context.Context, kernel string, timeout time.Durat
 		limits: d.limits(memMiB, 1),
 		files:  []jailFile{{host: kernel, jail: jailKernel}},
 		kvm:    true,
+		fsize:  0, // it writes no file
 	})
 	if err != nil {
 		return false, fmt.Sprintf("start qemu: %v", err)

@@ -466,10 +466,13 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if !spec.Incoming {
 		files = append(files, struct{ what, path string }{"kernel", spec.Kernel}, struct{ what, path string }{"initramfs", spec.Initramfs})
 	}
+	var fsize int64
 	for _, f := range files {
-		if _, err := os.Stat(f.path); err != nil {
+		st, err := os.Stat(f.path)
+		if err != nil {
 			return nil, fmt.Errorf("start vm: %s: %w", f.what, err)
 		}
+		fsize = max(fsize, st.Size())
 	}
 	if st, err := os.Stat(spec.RunDir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("start vm: run directory %s missing: %v", spec.RunDir, err)
@@ -518,6 +521,9 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 		prepare: func(uid, gid int) error {
 			return giveFiles(spec, uid, gid)
 		},
+		// The disk and the memory file are written within their sizes;
+		// the console log (a bake's) may grow to as much.
+		fsize: fsize,
 	})
 	if err != nil {
 		removeSockets()
