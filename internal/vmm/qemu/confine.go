@@ -370,8 +370,8 @@ func (d *Driver) startInJail(cmd *exec.Cmd, b *box, c confinement, in, out []*os
 		return fmt.Errorf("jail: unshare mount namespace: %w", err)
 	}
 	// Umask is the thread's own now (CLONE_NEWNS implies CLONE_FS): 0
-	// while building, so modes are exactly as given; 077 for QEMU, so
-	// that what it creates (sockets) is its own.
+	// while building, so that modes are exactly as given; 077 for QEMU,
+	// which inherits it.
 	unix.Umask(0)
 	if err := d.buildJail(b, c); err != nil {
 		return fmt.Errorf("jail: %w", err)
