@@ -36,7 +36,8 @@ IMAGES=${IMAGES:-/var/lib/pandastack/images}
 # out of PATH.
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux python3 postgresql)
+# xz-utils and zstd unpack kernel modules if the kernel package compresses them.
+HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
 # dependencies are added and ordered by the kernel step.
@@ -44,8 +45,9 @@ GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console)
 BASE_PACKAGES=python3,git,curl,ca-certificates,procps,iproute2,less,xz-utils
 ROOTFS_BASE_MIB=${ROOTFS_BASE_MIB:-4096}
 ROOTFS_TINY_MIB=${ROOTFS_TINY_MIB:-2048}
-# apt-get waits up to 10 minutes for dpkg's lock instead of failing at once.
-APT=(apt-get -o DPkg::Lock::Timeout=600)
+# apt-get waits up to 10 minutes for dpkg's lock instead of failing at once,
+# and retries a failed download.
+APT=(apt-get -o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
 
 step_start=0
 step() { step_start=${EPOCHREALTIME/./}; printf '==> %s\n' "$*"; }
@@ -144,8 +146,9 @@ apt_update() {
 deps() {
 	local missing=() p status
 	for p in "${HOST_PACKAGES[@]}"; do
+		# "install ok installed", or "hold ok installed" for a held package.
 		status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
-		[ "$status" = "install ok installed" ] || missing+=("$p")
+		[[ $status == *" ok installed" ]] || missing+=("$p")
 	done
 	if [ ${#missing[@]} -eq 0 ]; then
 		up_to_date "host packages"
@@ -192,7 +195,7 @@ candidate() {
 # download fetches package $2 (name=version) into directory $1; apt's
 # output goes to $1.log and is shown only if it fails.
 download() {
-	if (cd "$1" && apt-get download -q "$2") >"$1.log" 2>&1; then
+	if (cd "$1" && "${APT[@]}" download -q "$2") >"$1.log" 2>&1; then
 		return 0
 	fi
 	cat "$1.log" >&2
