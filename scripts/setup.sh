@@ -351,6 +351,7 @@ rootfs() {
 		local sources=/etc/apt/sources.list.d/debian.sources
 		[ -f "$sources" ] || sources=/etc/apt/sources.list
 		mmdebstrap --variant=minbase --include="$BASE_PACKAGES" \
+			--aptopt='Acquire::Retries "3"' \
 			--dpkgopt='path-exclude=/usr/share/doc/*' \
 			--dpkgopt='path-exclude=/usr/share/man/*' \
 			--dpkgopt='path-exclude=/usr/share/locale/*' \
