@@ -8,7 +8,7 @@ IMAGES   ?= $(DATA_DIR)/images
 GO       ?= go
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
 
-.PHONY: all build setup up test test-go bench clean check-go
+.PHONY: all build setup up test test-go fuzz bench clean check-go
 
 all: build
 
@@ -24,22 +24,28 @@ bin/panda: $(GOFILES)
 bin/panda-guest: $(GOFILES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/panda-guest
 
-# setup installs missing host packages and builds the guest images. Idempotent.
+# setup installs missing host packages and builds the guest images (kernel,
+# guest agent, initramfs, root filesystems). Idempotent; scripts/setup_test.go
+# runs the same images step into an empty directory in every `make test`.
 setup: build
 	@IMAGES=$(IMAGES) scripts/setup.sh deps
-	@IMAGES=$(IMAGES) scripts/setup.sh kernel
-	@mkdir -p $(IMAGES) && (cmp -s bin/panda-guest $(IMAGES)/panda-guest || install -m 0755 bin/panda-guest $(IMAGES)/panda-guest)
-	@IMAGES=$(IMAGES) scripts/setup.sh initramfs $(IMAGES)/panda-guest
-	@IMAGES=$(IMAGES) scripts/setup.sh rootfs tiny
-	@IMAGES=$(IMAGES) scripts/setup.sh rootfs base
+	@IMAGES=$(IMAGES) scripts/setup.sh images bin/panda-guest
 
 up: setup
 	bin/panda up --data-dir $(DATA_DIR) --bake
 
+# test runs every test, then every fuzz target for a few seconds (fuzz).
 test: setup
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./...
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/api/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
+	@$(MAKE) --no-print-directory fuzz
+
+# fuzz runs each Go fuzz target (func FuzzX) for FUZZTIME (default 5s; e.g.
+# `make fuzz FUZZTIME=10m` for a longer run). See README.md, "Tests".
+FUZZTIME ?= 5s
+fuzz: check-go
+	FUZZTIME=$(FUZZTIME) PANDA_TEST_IMAGES=$(IMAGES) scripts/fuzz.sh
 
 bench: setup
 	bin/panda bench create --data-dir $(DATA_DIR) --template base --n 50

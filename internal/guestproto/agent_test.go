@@ -67,6 +67,10 @@ func (h *fakeHandler) ServeStream(ctx context.Context, s *guestproto.Stream, req
 		h.opened <- s
 		<-s.Done()
 		h.aborted <- s.Err()
+	case "/sink": // reads nothing: the host's DATA gets no credit back
+		<-s.Done()
+	case "/mib":
+		_, _ = s.Write(bytes.Repeat([]byte("m"), 1<<20))
 	case "/flood":
 		h.opened <- s
 		chunk := make([]byte, 1024)
@@ -266,6 +270,38 @@ func TestFlowControlStopsWriter(t *testing.T) {
 		t.Errorf("host buffers %d bytes, want at most %d", got, guestproto.InitialWindow)
 	}
 	s.Reset(&guestproto.Error{Code: guestproto.CodeCanceled})
+}
+
+// TestStalledUploadDoesNotBlockOthers: a stream whose writer waits for
+// credit the guest never grants holds up nothing else: another stream's
+// data and the host's WINDOW grants for it still flow.
+func TestStalledUploadDoesNotBlockOthers(t *testing.T) {
+	f := startAgent(t)
+	c := f.connect(t, "s", true)
+	ctx := testContext(t)
+	sink := openStream(t, ctx, c, "/sink")
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := sink.Write(make([]byte, 4*guestproto.InitialWindow))
+		wrote <- err
+	}()
+	mib := openStream(t, ctx, c, "/mib")
+	got, err := io.ReadAll(mib)
+	if err != nil || len(got) != 1<<20 {
+		t.Fatalf("read %d bytes, %v from a stream next to a stalled one; want 1 MiB", len(got), err)
+	}
+	select {
+	case err := <-wrote:
+		t.Fatalf("the write without credit returned %v before its stream was reset", err)
+	default:
+	}
+	if got := sink.CreditForTest(0); got != 0 {
+		t.Errorf("stalled writer has %d bytes of credit left, want 0", got)
+	}
+	sink.Reset(&guestproto.Error{Code: guestproto.CodeCanceled})
+	if err := <-wrote; !errors.Is(err, guestproto.ErrCanceled) {
+		t.Errorf("the stalled write ended with %v after RESET, want canceled", err)
+	}
 }
 
 func TestCancelResetsStream(t *testing.T) {

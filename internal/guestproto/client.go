@@ -2,6 +2,7 @@ package guestproto
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,17 +22,131 @@ import (
 // that reached an agent still inside a stale frame is found by the next one.
 const helloRetry = time.Second
 
+// Defaults of ClientConfig.
+const (
+	DefaultWriteTimeout   = 10 * time.Second
+	DefaultCallTimeout    = 60 * time.Second
+	DefaultExecGrace      = 10 * time.Second
+	DefaultMaxStreams     = 64
+	DefaultMaxListEntries = 10000
+	DefaultMaxListBytes   = 8 << 20
+)
+
+// maxListLine bounds one line (one JSON FileInfo) of a listing. The largest
+// real entry is a path and a symlink target of PATH_MAX bytes each, every
+// byte escaped (\u00XX): about 50 KiB.
+const maxListLine = 64 << 10
+
+// ClientConfig bounds what a guest can cost the host through a Client: the
+// guest is not trusted. A zero field takes its default.
+type ClientConfig struct {
+	// WriteTimeout bounds each write of buffered frames (at most 64 KiB)
+	// to the connection: one that does not complete in time fails the
+	// connection with ErrUnresponsive (the guest stopped reading its
+	// channel). The deadline is set with SetWriteDeadline when the
+	// connection has it; otherwise a watchdog closes the connection.
+	// Default DefaultWriteTimeout (10 s).
+	WriteTimeout time.Duration
+	// CallTimeout bounds each wait for an answer a working guest gives at
+	// once: the REPLY to every OPEN (so the start of an exec, download or
+	// upload), the whole of Stat, Mkdir, Remove, Rename and ListDir,
+	// BARRIER_ACK and PONG. A sooner deadline of the ctx wins. When it
+	// expires the operation fails with a *Error of CodeTimeout (which
+	// matches context.DeadlineExceeded). Default DefaultCallTimeout (60 s).
+	CallTimeout time.Duration
+	// ExecGrace: the host aborts an exec with TimeoutMS > 0 that has not
+	// ended TimeoutMS + ExecGrace after it started (CodeTimeout). The guest
+	// enforces TimeoutMS; this only bounds a guest that does not. Default
+	// DefaultExecGrace (10 s).
+	ExecGrace time.Duration
+	// MaxStreams bounds the operations in flight at once (each exec, file
+	// transfer and file operation is one stream). Beyond it, operations
+	// fail at once with ErrTooManyStreams. Default DefaultMaxStreams (64).
+	MaxStreams int
+	// MaxListEntries and MaxListBytes bound a directory listing: ListDir of
+	// a directory with more entries, or whose entries take more bytes of
+	// JSON, fails with a *Error of CodeTooLarge. Defaults
+	// DefaultMaxListEntries (10,000) and DefaultMaxListBytes (8 MiB).
+	MaxListEntries int
+	MaxListBytes   int
+}
+
+// Validate reports whether c is usable: no field may be negative.
+func (c ClientConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"WriteTimeout", int64(c.WriteTimeout)}, {"CallTimeout", int64(c.CallTimeout)},
+		{"ExecGrace", int64(c.ExecGrace)}, {"MaxStreams", int64(c.MaxStreams)},
+		{"MaxListEntries", int64(c.MaxListEntries)}, {"MaxListBytes", int64(c.MaxListBytes)},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("guest client config: %s is negative", f.name)
+		}
+	}
+	return nil
+}
+
+func (c ClientConfig) withDefaults() ClientConfig {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.WriteTimeout, DefaultWriteTimeout)
+	def(&c.CallTimeout, DefaultCallTimeout)
+	def(&c.ExecGrace, DefaultExecGrace)
+	defInt(&c.MaxStreams, DefaultMaxStreams)
+	defInt(&c.MaxListEntries, DefaultMaxListEntries)
+	defInt(&c.MaxListBytes, DefaultMaxListBytes)
+	return c
+}
+
 // Client is the host end of the protocol over one connection to one guest
 // agent (for QEMU, the virtio-serial chardev's unix socket).
 //
 // Call Hello first: it starts the session (and the client's goroutines) and
-// nothing else works before it. All methods are safe for concurrent use; any
-// number of execs and file operations can run at once. Cancelling the ctx of
-// an operation aborts its stream with RESET (an exec's process group is
-// killed). After a restore of the guest, use a new Client on the new
-// connection: a Client serves one session.
+// nothing else works before it. All methods are safe for concurrent use; up
+// to ClientConfig.MaxStreams execs and file operations can run at once.
+// Cancelling the ctx of an operation aborts its stream with RESET (an exec's
+// process group is killed). After a restore of the guest, use a new Client
+// on the new connection: a Client serves one session.
+//
+// The guest is not trusted: nothing it sends makes a Client block forever or
+// hold unbounded memory. How long each call can wait for the guest:
+//
+//   - Close never blocks, and every call waiting on the guest returns
+//     promptly after it (with an error wrapping ErrClosed).
+//   - A guest that stops reading its channel fails the connection
+//     (ErrUnresponsive) at most WriteTimeout after a write to it stalls.
+//   - Hello waits as long as its ctx allows (a cold-booting guest may take
+//     long to answer): give it a deadline.
+//   - Barrier and Ping wait at most CallTimeout (or ctx); Resume only waits
+//     for RESUME to be written (at most WriteTimeout, or ctx).
+//   - Stat, Mkdir, Remove, Rename and ListDir take at most CallTimeout (or
+//     ctx) in all.
+//   - ReadFile, WriteFile, StartExec and Exec wait at most CallTimeout (or
+//     ctx) for the guest to start the operation. The transfer that follows
+//     is bounded by ctx, and an exec with TimeoutMS also by TimeoutMS +
+//     ExecGrace. Reading a stream waits for the guest's data; writing waits
+//     for its credit.
+//
+// Memory: a stream buffers at most its credit (256 KiB per channel) of
+// guest data, and credit is granted only on streams that carry data to the
+// host (exec stdout and stderr, downloads, listings), so a Client holds at
+// most about MaxStreams × 1 MiB of guest data (in practice what its readers
+// have not read yet), plus one 64 KiB frame; a listing at most
+// MaxListBytes. Nothing the host sends is queued: a Write waits until the
+// connection takes its bytes.
 type Client struct {
 	rwc io.ReadWriteCloser
+	cfg ClientConfig
 	w   *frameWriter
 	m   *mux
 
@@ -54,19 +170,67 @@ type helloWait struct {
 	reply   chan HelloReply
 }
 
-// NewClient returns a client speaking over rwc. It starts nothing; Hello
-// starts the read and write loops. The client owns rwc and closes it.
+// NewClient returns a client speaking over rwc with the default
+// ClientConfig. It starts nothing; Hello starts the read and write loops.
+// The client owns rwc and closes it.
 func NewClient(rwc io.ReadWriteCloser) *Client {
-	w := newFrameWriter(rwc)
+	c, _ := NewClientConfig(rwc, ClientConfig{}) // the zero config is valid
+	return c
+}
+
+// NewClientConfig is NewClient with cfg; it fails only if cfg is invalid.
+func NewClientConfig(rwc io.ReadWriteCloser, cfg ClientConfig) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
 	c := &Client{
 		rwc:    rwc,
-		w:      w,
-		m:      newMux(true, w),
+		cfg:    cfg,
 		closed: make(chan struct{}),
 		pings:  make(map[uint64]chan struct{}),
 	}
-	w.onError = func(err error) { c.fail(fmt.Errorf("write guest frame: %w", err)) }
-	return c
+	sw := &stallWriter{w: rwc, timeout: cfg.WriteTimeout}
+	// The watchdog fails the client itself, so that the reason recorded is
+	// the stall and not what closing the connection does to the reader.
+	sw.onStall = func() { c.fail(fmt.Errorf("write guest frame: %w", sw.stalled())) }
+	if d, ok := rwc.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		sw.setDeadline = d.SetWriteDeadline
+	}
+	c.w = newFrameWriter(sw)
+	c.m = newMux(true, c.w)
+	c.w.onError = func(err error) { c.fail(fmt.Errorf("write guest frame: %w", err)) }
+	return c, nil
+}
+
+// stallWriter fails a write to the guest that does not complete within
+// timeout, with an error wrapping ErrUnresponsive.
+type stallWriter struct {
+	w           io.Writer
+	timeout     time.Duration
+	setDeadline func(time.Time) error // nil: use the watchdog
+	onStall     func()                // the watchdog: fail the connection
+}
+
+func (sw *stallWriter) Write(p []byte) (int, error) {
+	if sw.setDeadline != nil && sw.setDeadline(time.Now().Add(sw.timeout)) == nil {
+		n, err := sw.w.Write(p)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = sw.stalled()
+		}
+		return n, err
+	}
+	var fired atomic.Bool
+	t := time.AfterFunc(sw.timeout, func() { fired.Store(true); sw.onStall() })
+	n, err := sw.w.Write(p)
+	if !t.Stop() && fired.Load() && err != nil {
+		err = sw.stalled()
+	}
+	return n, err
+}
+
+func (sw *stallWriter) stalled() error {
+	return fmt.Errorf("%w: a write made no progress for %v", ErrUnresponsive, sw.timeout)
 }
 
 // Done is closed when the connection is closed or failed.
@@ -89,15 +253,18 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// fail tears the connection down once, with err (wrapped in ErrClosed).
+// It never blocks: closing the connection unblocks the read loop and a
+// writer stuck in a write.
 func (c *Client) fail(err error) {
 	c.closeOnce.Do(func() {
+		if !errors.Is(err, ErrClosed) {
+			err = fmt.Errorf("%w: %w", ErrClosed, err)
+		}
 		c.err = err
 		close(c.closed)
 		_ = c.rwc.Close()
-		c.w.close(ErrClosed)
-		if !errors.Is(err, ErrClosed) {
-			err = fmt.Errorf("%w: %v", ErrClosed, err)
-		}
+		c.w.close(err)
 		c.m.abortAll(err)
 	})
 }
@@ -130,13 +297,16 @@ func (c *Client) readLoop() {
 }
 
 func (c *Client) matchHelloAck(payload []byte) bool {
-	var r HelloReply
-	if json.Unmarshal(payload, &r) != nil {
+	c.mu.Lock()
+	hw := c.hello
+	c.mu.Unlock()
+	// Skip the JSON decoding of frames that cannot be ours: the scan may
+	// look at a candidate at every few bytes of stale or hostile input.
+	if hw == nil || !bytes.Contains(payload, []byte(hw.session)) {
 		return false
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.hello != nil && c.hello.session == r.Session
+	var r HelloReply
+	return json.Unmarshal(payload, &r) == nil && r.Session == hw.session
 }
 
 func (c *Client) dispatch(f Frame) {
@@ -191,6 +361,8 @@ func (c *Client) dispatch(f Frame) {
 	}
 }
 
+// ctrl sends a session frame and waits until it is written (bounded by
+// WriteTimeout: a stalled write fails the connection).
 func (c *Client) ctrl(ctx context.Context, f Frame, gate gateOp) error {
 	done := make(chan error, 1)
 	if err := c.w.enqueue(&outFrame{f: f, gate: gate, done: done}, true); err != nil {
@@ -201,7 +373,15 @@ func (c *Client) ctrl(ctx context.Context, f Frame, gate gateOp) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-c.closed:
+		return c.connErr(ErrClosed)
 	}
+}
+
+// callTimer returns a channel that fires after CallTimeout, and its stop.
+func (c *Client) callTimer() (<-chan time.Time, func() bool) {
+	t := time.NewTimer(c.cfg.CallTimeout)
+	return t.C, t.Stop
 }
 
 // Hello starts the session: it sends HELLO and waits for HELLO_ACK, by which
@@ -307,9 +487,13 @@ func (c *Client) Barrier(ctx context.Context) error {
 	if err := c.w.enqueue(&outFrame{f: Frame{Type: FrameBarrier}, gate: gateClose}, true); err != nil {
 		return fmt.Errorf("send barrier: %w", c.connErr(err))
 	}
+	timeout, stop := c.callTimer()
+	defer stop()
 	select {
 	case <-ack:
 		return nil
+	case <-timeout:
+		return fmt.Errorf("barrier: %w", Errorf(CodeTimeout, "the guest agent did not acknowledge BARRIER within %v", c.cfg.CallTimeout))
 	case <-ctx.Done():
 		return fmt.Errorf("barrier: %w", ctx.Err())
 	case <-c.closed:
@@ -353,9 +537,13 @@ func (c *Client) Ping(ctx context.Context) error {
 	if err := c.w.enqueue(&outFrame{f: Frame{Type: FramePing, Payload: payload}}, true); err != nil {
 		return fmt.Errorf("send ping: %w", c.connErr(err))
 	}
+	timeout, stop := c.callTimer()
+	defer stop()
 	select {
 	case <-pong:
 		return nil
+	case <-timeout:
+		return fmt.Errorf("ping: %w", Errorf(CodeTimeout, "the guest agent did not answer PING within %v", c.cfg.CallTimeout))
 	case <-ctx.Done():
 		return fmt.Errorf("ping: %w", ctx.Err())
 	case <-c.closed:
@@ -363,9 +551,12 @@ func (c *Client) Ping(ctx context.Context) error {
 	}
 }
 
-// open starts a stream. Until the stream ends, cancelling ctx aborts it with
-// RESET.
-func (c *Client) open(ctx context.Context, req *OpenRequest) (*Stream, error) {
+// open starts a stream whose first dataIn channels (0: none, 1: stdout or
+// file data, 2: and stderr) may carry DATA to the host: the others get no
+// credit, so DATA on them is a protocol error. Until the stream ends,
+// cancelling ctx aborts it with RESET. The stream's deadline is armed with
+// CallTimeout for the guest's REPLY.
+func (c *Client) open(ctx context.Context, req *OpenRequest, dataIn int) (*Stream, error) {
 	if err := c.Err(); err != nil {
 		return nil, err
 	}
@@ -391,16 +582,30 @@ func (c *Client) open(ctx context.Context, req *OpenRequest) (*Stream, error) {
 		}
 		id := c.nextID
 		c.mu.Unlock()
-		s = c.m.add(id, 0)
+		if s, err = c.m.add(id, 0, c.cfg.MaxStreams); err != nil {
+			return nil, fmt.Errorf("%w (at most %d at once)", err, c.cfg.MaxStreams)
+		}
 	}
+	s.mu.Lock()
+	for ch := dataIn; ch < len(s.rx); ch++ {
+		s.rx[ch].avail = 0
+	}
+	s.mu.Unlock()
 	s.setStop(context.AfterFunc(ctx, func() {
 		s.abort(ctx.Err(), &Error{Code: CodeCanceled, Message: "canceled by host"})
 	}))
+	s.setDeadline(c.cfg.CallTimeout, c.slowGuest(req.Op))
 	if err := c.w.enqueue(&outFrame{f: Frame{Type: FrameOpen, Stream: s.id, Payload: payload}}, false); err != nil {
 		s.abort(c.connErr(err), nil)
 		return nil, c.connErr(err)
 	}
 	return s, nil
+}
+
+// slowGuest is the error of an operation the guest did not complete within
+// CallTimeout.
+func (c *Client) slowGuest(op Op) *Error {
+	return Errorf(CodeTimeout, "the guest agent did not complete %s within %v", op, c.cfg.CallTimeout)
 }
 
 // waitFrame waits for the REPLY or EXIT payload of s and decodes it. A Reply
@@ -432,9 +637,10 @@ func (c *Client) waitFrame(s *Stream, ch chan []byte, what string) (Reply, error
 	return r, nil
 }
 
-// call runs a request that needs no data in either direction.
+// call runs a request that needs no data in either direction, in at most
+// CallTimeout.
 func (c *Client) call(ctx context.Context, req *OpenRequest) (Reply, error) {
-	s, err := c.open(ctx, req)
+	s, err := c.open(ctx, req, 0)
 	if err != nil {
 		return Reply{}, err
 	}
@@ -497,12 +703,15 @@ func (c *Client) Rename(ctx context.Context, oldpath, newpath string) error {
 	return nil
 }
 
-// ListDir lists the directory path, sorted by name.
+// ListDir lists the directory path, sorted by name, in at most CallTimeout.
+// A directory of more than MaxListEntries entries, or whose listing takes
+// more than MaxListBytes of JSON, is not listed: the error is a *Error of
+// CodeTooLarge whose message says so (list a subdirectory instead).
 func (c *Client) ListDir(ctx context.Context, path string) ([]FileInfo, error) {
 	if err := ValidPath(path); err != nil {
 		return nil, fmt.Errorf("list %s: %w", path, err)
 	}
-	s, err := c.open(ctx, &OpenRequest{Op: OpListDir, Path: path})
+	s, err := c.open(ctx, &OpenRequest{Op: OpListDir, Path: path}, 1)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", path, err)
 	}
@@ -513,19 +722,45 @@ func (c *Client) ListDir(ctx context.Context, path string) ([]FileInfo, error) {
 	if _, err := c.waitFrame(s, s.reply, "REPLY"); err != nil {
 		return nil, fmt.Errorf("list %s: %w", path, err)
 	}
+	out, err := decodeListing(s, path, c.cfg.MaxListEntries, c.cfg.MaxListBytes)
+	if err != nil {
+		s.abort(err, &Error{Code: CodeCanceled, Message: "list aborted by host"})
+		return nil, fmt.Errorf("list %s: %w", path, err)
+	}
+	return out, nil
+}
+
+// decodeListing reads a listing (one JSON FileInfo per line) of dir from r
+// until EOF, holding at most maxEntries entries, maxBytes bytes of JSON and
+// one line of maxListLine bytes. Over a limit it fails with CodeTooLarge,
+// and on a malformed line with CodeInternal; a read error is returned as is.
+func decodeListing(r io.Reader, dir string, maxEntries, maxBytes int) ([]FileInfo, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4<<10), maxListLine)
 	var out []FileInfo
-	dec := json.NewDecoder(s)
-	for {
+	total := 0
+	for sc.Scan() {
+		line := sc.Bytes()
+		total += len(line) + 1
+		switch {
+		case len(out) == maxEntries:
+			return nil, Errorf(CodeTooLarge, "directory %s has more than %d entries; list a subdirectory", dir, maxEntries)
+		case total > maxBytes:
+			return nil, Errorf(CodeTooLarge, "the listing of directory %s exceeds %d bytes; list a subdirectory", dir, maxBytes)
+		}
 		var fi FileInfo
-		if err := dec.Decode(&fi); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			s.abort(err, &Error{Code: CodeCanceled, Message: "list aborted"})
-			return nil, fmt.Errorf("list %s: %w", path, err)
+		if err := json.Unmarshal(line, &fi); err != nil {
+			return nil, Errorf(CodeInternal, "malformed entry %d of the listing: %v", len(out)+1, err)
 		}
 		out = append(out, fi)
 	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, Errorf(CodeTooLarge, "an entry of the listing of directory %s exceeds %d bytes", dir, maxListLine)
+		}
+		return nil, err
+	}
+	return out, nil
 }
 
 // ReadFile opens path for streaming download. ctx governs the whole read;
@@ -534,7 +769,7 @@ func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, File
 	if err := ValidPath(path); err != nil {
 		return nil, FileInfo{}, fmt.Errorf("read %s: %w", path, err)
 	}
-	s, err := c.open(ctx, &OpenRequest{Op: OpReadFile, Path: path})
+	s, err := c.open(ctx, &OpenRequest{Op: OpReadFile, Path: path}, 1)
 	if err != nil {
 		return nil, FileInfo{}, fmt.Errorf("read %s: %w", path, err)
 	}
@@ -551,6 +786,7 @@ func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, File
 		s.Reset(&Error{Code: CodeCanceled})
 		return nil, FileInfo{}, fmt.Errorf("read %s: %w", path, Errorf(CodeInternal, "reply without info"))
 	}
+	s.setDeadline(0, nil) // the transfer is bounded by ctx
 	return &fileReader{s: s}, *r.Info, nil
 }
 
@@ -578,12 +814,14 @@ func (r *fileReader) Close() error {
 // WriteFile stores what r yields at path, streamed: the guest writes to a
 // temporary file in the same directory (creating missing parents) and renames
 // it into place at the end, so a failed upload leaves no partial file. mode's
-// permission bits apply (0 means 0644). It returns the bytes stored.
+// permission bits apply (0 means 0644). It returns the bytes stored. The
+// transfer is bounded by ctx; the guest's answers before and after it by
+// CallTimeout.
 func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
 	if err := ValidPath(path); err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
 	}
-	s, err := c.open(ctx, &OpenRequest{Op: OpWriteFile, Path: path, Mode: unixMode(mode)})
+	s, err := c.open(ctx, &OpenRequest{Op: OpWriteFile, Path: path, Mode: unixMode(mode)}, 0)
 	if err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
 	}
@@ -591,6 +829,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 	if _, err := c.waitFrame(s, s.reply, "REPLY"); err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
 	}
+	s.setDeadline(0, nil)
 	bp := payloadPool.Get().(*[]byte)
 	defer payloadPool.Put(bp)
 	buf := *bp
@@ -600,6 +839,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 			if _, err := s.Write(buf[:n]); err != nil {
 				if errors.Is(err, ErrStreamDone) {
 					// The guest gave up early; its EXIT says why.
+					s.setDeadline(c.cfg.CallTimeout, c.slowGuest(OpWriteFile))
 					if _, xerr := c.waitFrame(s, s.exit, "EXIT"); xerr != nil {
 						err = xerr
 					}
@@ -618,6 +858,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 	if err := s.CloseWrite(); err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
 	}
+	s.setDeadline(c.cfg.CallTimeout, c.slowGuest(OpWriteFile))
 	res, err := c.waitFrame(s, s.exit, "EXIT")
 	if err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
@@ -664,7 +905,7 @@ func (c *Client) StartExec(ctx context.Context, req ExecRequest) (*Process, erro
 	if err := req.Validate(); err != nil {
 		return nil, fmt.Errorf("exec: %w", Errorf(CodeInvalid, "%v", err))
 	}
-	s, err := c.open(ctx, &OpenRequest{Op: OpExec, Exec: &req})
+	s, err := c.open(ctx, &OpenRequest{Op: OpExec, Exec: &req}, 2)
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
@@ -678,6 +919,12 @@ func (c *Client) StartExec(ctx context.Context, req ExecRequest) (*Process, erro
 	if err != nil {
 		s.detach()
 		return nil, fmt.Errorf("exec: %w", err)
+	}
+	if req.TimeoutMS > 0 {
+		limit := time.Duration(req.TimeoutMS) * time.Millisecond
+		s.setDeadline(limit+c.cfg.ExecGrace, Errorf(CodeTimeout, "the guest agent did not end the exec within its timeout of %v (and %v of grace)", limit, c.cfg.ExecGrace))
+	} else {
+		s.setDeadline(0, nil)
 	}
 	return &Process{
 		PID:    r.PID,

@@ -21,6 +21,7 @@ const (
 	CodeInvalid    Code = "invalid"    // malformed request: relative path, NUL byte... (422)
 	CodeTimeout    Code = "timeout"    // the operation timed out
 	CodeCanceled   Code = "canceled"   // the peer aborted the stream (RESET sent on cancel)
+	CodeTooLarge   Code = "too_large"  // the guest's answer exceeds a host limit, e.g. a listing of too many entries (422)
 	CodeInternal   Code = "internal"   // anything else
 )
 
@@ -73,6 +74,7 @@ var (
 	ErrInvalid    = &Error{Code: CodeInvalid}
 	ErrTimeout    = &Error{Code: CodeTimeout}
 	ErrCanceled   = &Error{Code: CodeCanceled}
+	ErrTooLarge   = &Error{Code: CodeTooLarge}
 	ErrInternal   = &Error{Code: CodeInternal}
 )
 
@@ -87,8 +89,18 @@ func CodeOf(err error) Code {
 
 // Connection-level errors. They are not *Error: nothing was reported by the guest.
 var (
-	// ErrClosed is returned after Close or after the connection failed.
+	// ErrClosed is returned after Close or after the connection failed;
+	// the reason it failed is wrapped too (ErrUnresponsive,
+	// ErrInvalidFrame, a read error).
 	ErrClosed = errors.New("guest connection closed")
+	// ErrUnresponsive is why a Client's connection failed when a write to
+	// the guest made no progress for ClientConfig.WriteTimeout: the guest
+	// stopped reading its channel. Errors wrapping it wrap ErrClosed too.
+	ErrUnresponsive = errors.New("guest agent stopped reading its channel")
+	// ErrTooManyStreams is returned at once, without asking the guest, when
+	// a Client already has ClientConfig.MaxStreams operations (execs, file
+	// transfers, file operations) in flight. The caller may retry later.
+	ErrTooManyStreams = errors.New("too many concurrent operations on this sandbox")
 	// ErrNoSession is returned by stream operations before Hello succeeded.
 	ErrNoSession = errors.New("no guest session: call Hello first")
 	// ErrSessionReset is returned on the guest side for streams of a session

@@ -19,16 +19,20 @@ func newMux(host bool, w *frameWriter) *mux {
 	return &mux{host: host, w: w, streams: make(map[uint32]*Stream)}
 }
 
-// add registers a new stream; it returns nil if the id is taken.
-func (m *mux) add(id uint32, gen uint64) *Stream {
+// add registers a new stream; it returns nil if the id is taken. With
+// limit > 0 it fails with ErrTooManyStreams when limit streams are open.
+func (m *mux) add(id uint32, gen uint64, limit int) (*Stream, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if limit > 0 && len(m.streams) >= limit {
+		return nil, ErrTooManyStreams
+	}
 	if _, ok := m.streams[id]; ok {
-		return nil
+		return nil, nil
 	}
 	s := newStream(m, id, gen)
 	m.streams[id] = s
-	return s
+	return s, nil
 }
 
 func (m *mux) lookup(id uint32) *Stream {
@@ -85,7 +89,6 @@ func (m *mux) streamFrame(f Frame) {
 		s.onClose()
 		if m.host {
 			// The guest's CLOSE is its last frame: the stream is over.
-			m.remove(s)
 			s.detach()
 		}
 	case FrameReset:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 )
 
 // grantThreshold is how many consumed bytes a receiver lets accumulate before
@@ -49,10 +50,14 @@ type Stream struct {
 	rclosed chan struct{}
 	// stop detaches the host's context.AfterFunc; guarded by mu.
 	stop func() bool
+	// deadline, if set, aborts the stream when it fires (host side: a
+	// guest that does not answer in time); guarded by mu.
+	deadline *time.Timer
 }
 
 type rxState struct {
 	chunks  [][]byte
+	packed  bool // the last chunk is ours to append small payloads to
 	n       int  // buffered bytes
 	avail   int  // credit the peer has left
 	unacked int  // consumed bytes not yet granted back
@@ -62,7 +67,13 @@ type rxState struct {
 
 type txState struct {
 	credit int
-	wake   chan struct{}
+	// pending is the rest of the buffer a blocked Write is sending; the
+	// writer takes it frame by frame, charging credit as it goes.
+	pending []byte
+	// queued: the channel is on the writer's ready list.
+	queued bool
+	// wake tells the blocked Write that pending shrank or credit came.
+	wake chan struct{}
 }
 
 func newStream(m *mux, id uint32, gen uint64) *Stream {
@@ -162,51 +173,88 @@ func (s *Stream) sendJSON(t FrameType, v any) error {
 	return s.m.w.enqueue(&outFrame{f: Frame{Type: t, Stream: s.id, Payload: b}, gen: s.gen}, false)
 }
 
+// write sends p as DATA on channel ch. It parks p on the stream and waits
+// until the frame writer has taken all of it (see frameWriter): credit is
+// charged as the writer takes bytes, so a transport that does not drain
+// holds the caller here rather than a copy of p in a queue.
 func (s *Stream) write(ch int, p []byte) (int, error) {
 	s.txMu[ch].Lock()
 	defer s.txMu[ch].Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.writableLocked(); err != nil {
+		return 0, err
+	}
+	tx := &s.tx[ch]
+	tx.pending = p
+	s.readyLocked(ch)
+	for len(tx.pending) > 0 {
+		if err := s.writableLocked(); err != nil {
+			n := len(p) - len(tx.pending)
+			tx.pending = nil
+			return n, err
+		}
+		s.mu.Unlock()
+		select {
+		case <-tx.wake:
+		case <-s.done:
+		}
+		s.mu.Lock()
+	}
+	tx.pending = nil
+	return len(p), nil
+}
+
+// writableLocked reports why DATA can no longer be sent, or nil.
+func (s *Stream) writableLocked() error {
+	switch {
+	case s.err != nil:
+		return s.err
+	case s.localClosed:
+		return io.ErrClosedPipe
+	case s.m.host && s.remoteClosed:
+		return ErrStreamDone
+	}
+	return nil
+}
+
+// readyLocked puts channel ch on the writer's ready list if it has DATA
+// to send and credit for it, and is not listed yet.
+func (s *Stream) readyLocked(ch int) {
+	tx := &s.tx[ch]
+	if tx.queued || tx.credit == 0 || len(tx.pending) == 0 || s.writableLocked() != nil {
+		return
+	}
+	tx.queued = s.m.w.markReady(s, ch)
+}
+
+// takeData is called by the frame writer for a channel on its ready list:
+// it moves up to one frame of pending DATA into buf, charging the credit,
+// and returns the frame to write. It reports false if there is nothing to
+// send any more.
+func (s *Stream) takeData(ch int, buf []byte) (Frame, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tx := &s.tx[ch]
+	tx.queued = false
+	if s.writableLocked() != nil || len(tx.pending) == 0 || tx.credit == 0 {
+		notify(tx.wake)
+		return Frame{}, false
+	}
+	k := min(len(tx.pending), tx.credit, len(buf))
+	copy(buf, tx.pending[:k])
+	tx.pending = tx.pending[k:]
+	tx.credit -= k
+	if len(tx.pending) == 0 {
+		notify(tx.wake)
+	} else {
+		s.readyLocked(ch) // to the back of the list: streams take turns
+	}
 	var flags uint8
 	if ch == 1 {
 		flags = FlagStderr
 	}
-	written := 0
-	for len(p) > 0 {
-		s.mu.Lock()
-		for s.err == nil && !s.localClosed && !(s.m.host && s.remoteClosed) && s.tx[ch].credit == 0 {
-			s.mu.Unlock()
-			select {
-			case <-s.tx[ch].wake:
-			case <-s.done:
-			}
-			s.mu.Lock()
-		}
-		switch {
-		case s.err != nil:
-			err := s.err
-			s.mu.Unlock()
-			return written, err
-		case s.localClosed:
-			s.mu.Unlock()
-			return written, io.ErrClosedPipe
-		case s.m.host && s.remoteClosed:
-			s.mu.Unlock()
-			return written, ErrStreamDone
-		}
-		k := min(len(p), s.tx[ch].credit, MaxPayload)
-		s.tx[ch].credit -= k
-		s.mu.Unlock()
-
-		bp := payloadPool.Get().(*[]byte)
-		buf := (*bp)[:k]
-		copy(buf, p)
-		of := &outFrame{f: Frame{Type: FrameData, Flags: flags, Stream: s.id, Payload: buf}, gen: s.gen, pooled: true}
-		if err := s.m.w.enqueue(of, false); err != nil {
-			return written, err
-		}
-		written += k
-		p = p[k:]
-	}
-	return written, nil
+	return Frame{Type: FrameData, Flags: flags, Stream: s.id, Payload: buf[:k]}, true
 }
 
 func (s *Stream) read(ch int, p []byte) (int, error) {
@@ -296,10 +344,35 @@ func (s *Stream) onData(flags uint8, payload []byte) error {
 		s.grantLocked(ch, true)
 		return nil
 	}
-	rx.chunks = append(rx.chunks, payload)
+	rx.append(payload)
 	rx.n += len(payload)
 	notify(rx.wake)
 	return nil
+}
+
+// packChunk is the size under which DATA payloads are copied into shared
+// chunks of that size instead of being kept as they came: a peer that sends
+// its credit in one-byte frames must not cost an allocation per byte. So
+// buffered DATA never takes more than twice its size in memory.
+const packChunk = 4 << 10
+
+// append buffers payload, which the caller hands over.
+func (rx *rxState) append(payload []byte) {
+	if k := len(rx.chunks); k > 0 && rx.packed {
+		last := rx.chunks[k-1]
+		if cap(last)-len(last) >= len(payload) {
+			rx.chunks[k-1] = append(last, payload...)
+			return
+		}
+	}
+	if len(payload) < packChunk {
+		c := make([]byte, 0, packChunk)
+		rx.chunks = append(rx.chunks, append(c, payload...))
+		rx.packed = true
+		return
+	}
+	rx.chunks = append(rx.chunks, payload)
+	rx.packed = false
 }
 
 // onWindow adds credit granted by the peer.
@@ -316,6 +389,7 @@ func (s *Stream) onWindow(flags uint8, payload []byte) error {
 		return fmt.Errorf("stream %d: WINDOW grants %d bytes over %d of credit", s.id, n, tx.credit)
 	}
 	tx.credit += n
+	s.readyLocked(ch)
 	notify(tx.wake)
 	return nil
 }
@@ -355,7 +429,6 @@ func (s *Stream) abort(err error, send *Error) {
 		b, _ := json.Marshal(send)
 		_ = s.m.w.enqueue(&outFrame{f: Frame{Type: FrameReset, Stream: s.id, Payload: b}, gen: s.gen}, true)
 	}
-	s.m.remove(s)
 	s.detach()
 }
 
@@ -366,15 +439,40 @@ func (s *Stream) setStop(stop func() bool) {
 	s.stop = stop
 }
 
-// detach stops watching the host's context, if it was watched.
+// setDeadline arms, or re-arms, the stream's deadline (host side): if it
+// is still open d from now, it is aborted with err and the guest gets a
+// RESET. d <= 0 disarms it.
+func (s *Stream) setDeadline(d time.Duration, err *Error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.deadline != nil {
+		s.deadline.Stop()
+		s.deadline = nil
+	}
+	if d <= 0 || s.err != nil {
+		return
+	}
+	s.deadline = time.AfterFunc(d, func() { s.abort(err, err) })
+}
+
+// detach ends the host's interest in the stream: it stops watching the
+// host's context and the deadline, and takes the stream out of the table,
+// so that it no longer counts against the stream limit and whatever the
+// guest still sends on it is dropped. Every host operation calls it when it
+// is done with its stream (and abort and the guest's CLOSE do).
 func (s *Stream) detach() {
 	s.mu.Lock()
 	stop := s.stop
 	s.stop = nil
+	if s.deadline != nil {
+		s.deadline.Stop()
+		s.deadline = nil
+	}
 	s.mu.Unlock()
 	if stop != nil {
 		stop()
 	}
+	s.m.remove(s)
 }
 
 // notify wakes the waiter on c, if any, without blocking.

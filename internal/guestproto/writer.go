@@ -15,38 +15,64 @@ const (
 	gateOpen         // written even while gated, and reopens the gate
 )
 
-// outFrame is a frame waiting in the writer's queue.
+// outFrame is a frame waiting in the writer's queue: a session frame or a
+// stream frame other than DATA. DATA never waits in a queue: the writer takes
+// it from the stream when it writes it (see readyChan).
 type outFrame struct {
 	f    Frame
 	gen  uint64
 	gate gateOp
-	// pooled means f.Payload came from payloadPool and returns there once written.
-	pooled bool
-	// done, if not nil, receives the outcome of the write.
+	// done, if not nil, receives the outcome of the write, once the frame
+	// is flushed to the transport. It must have room for the value.
 	done chan error
+}
+
+// readyChan names a stream channel that has DATA waiting in a blocked
+// Write and credit to send some of it.
+type readyChan struct {
+	s  *Stream
+	ch int
 }
 
 var payloadPool = sync.Pool{New: func() any { b := make([]byte, MaxPayload); return &b }}
 
 // frameWriter owns the write side of the transport: one goroutine (run)
-// writes queued frames, so a frame is never interleaved with another and no
-// reader ever blocks on the transport. Control frames (WINDOW, RESET, session
-// frames) jump the queue; stream frames (OPEN, REPLY, DATA, EXIT, CLOSE) keep
-// their order.
+// writes frames, so a frame is never interleaved with another and no reader
+// ever blocks on the transport.
 //
-// The gate implements BARRIER: once a gateClose frame is picked, nothing but a
-// gateOpen frame is written until ungate or reset.
+// What it writes, in priority order: control frames (WINDOW, RESET, session
+// frames), then the other stream frames (OPEN, REPLY, EXIT, CLOSE) in the
+// order they were queued, then DATA. DATA is pulled: a stream's Write parks
+// its buffer on the stream and registers the channel as ready (once, while it
+// has credit); run takes up to one frame's worth from it, charging the
+// stream's credit at that moment, copies it into its own buffer and writes
+// it, then moves the channel to the back of the ready list (round robin). So
+// credit is charged when bytes go to the transport, a writer that outpaces
+// the transport waits in Write, and memory held for outgoing DATA is one
+// frame, however many streams write. The queues hold only frames that exist
+// once or a few times per stream (OPEN, CLOSE, RESET, REPLY, EXIT, WINDOW
+// grants, which a receiver only sends for DATA it consumed) or per caller
+// waiting on them (HELLO, BARRIER, PING), so they are bounded by the number
+// of streams and callers.
 //
-// Every queued frame carries the session generation it belongs to; reset
-// bumps the generation and drops the frames of older ones.
+// The gate implements BARRIER: once a gateClose frame is written, nothing but
+// a gateOpen frame is written until ungate or reset.
+//
+// Every queued frame and stream carries the session generation it belongs
+// to; reset bumps the generation and drops those of older ones.
+//
+// Lock order: Stream.mu before frameWriter.mu; run holds neither while it
+// writes, and never takes a stream's mu while holding its own.
 type frameWriter struct {
 	target io.Writer
 	bw     *bufio.Writer
+	buf    []byte // the DATA payload being written; owned by run
 
 	mu    sync.Mutex
 	cond  sync.Cond
 	ctrl  []*outFrame
 	data  []*outFrame
+	ready []readyChan
 	gated bool
 	gen   uint64
 	// broken is the last write error; frames fail with it until reset. Used
@@ -74,11 +100,9 @@ func (w *frameWriter) enqueue(of *outFrame, ctrl bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed != nil {
-		of.release()
 		return w.closed
 	}
 	if of.gen != w.gen {
-		of.release()
 		return ErrSessionReset
 	}
 	if ctrl {
@@ -88,6 +112,20 @@ func (w *frameWriter) enqueue(of *outFrame, ctrl bool) error {
 	}
 	w.cond.Signal()
 	return nil
+}
+
+// markReady puts channel ch of s at the back of the ready list. It reports
+// false if the writer will never write for s (closed, or s belongs to an
+// older session); s is then being aborted. Called with s.mu held.
+func (w *frameWriter) markReady(s *Stream, ch int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed != nil || s.gen != w.gen {
+		return false
+	}
+	w.ready = append(w.ready, readyChan{s, ch})
+	w.cond.Signal()
+	return true
 }
 
 // generation returns the current session generation.
@@ -109,7 +147,7 @@ func (w *frameWriter) reset(gen uint64) {
 	for _, of := range w.data {
 		of.fail(ErrSessionReset)
 	}
-	w.ctrl, w.data = nil, nil
+	w.ctrl, w.data, w.ready = nil, nil, nil
 	w.gated = false
 	w.broken = nil
 	w.rebuf = true
@@ -130,7 +168,8 @@ func (w *frameWriter) isGated() bool {
 	return w.gated
 }
 
-// close fails every queued and future frame with err and stops run.
+// close fails every queued and future frame with err and stops run. The
+// streams are not told: their owner aborts them.
 func (w *frameWriter) close(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -144,11 +183,11 @@ func (w *frameWriter) close(err error) {
 	for _, of := range w.data {
 		of.fail(err)
 	}
-	w.ctrl, w.data = nil, nil
+	w.ctrl, w.data, w.ready = nil, nil, nil
 	w.cond.Broadcast()
 }
 
-// next pops the frame to write, or nil. Called with mu held.
+// next pops the queued frame to write, or nil. Called with mu held.
 func (w *frameWriter) next() *outFrame {
 	if w.gated {
 		for i, of := range w.ctrl {
@@ -182,8 +221,25 @@ func (w *frameWriter) next() *outFrame {
 	return of
 }
 
-// run writes frames until close. It is the only user of bw.
+// nextReady pops the stream channel to take DATA from. Called with mu held.
+func (w *frameWriter) nextReady() (readyChan, bool) {
+	if w.gated || w.broken != nil {
+		return readyChan{}, false
+	}
+	for len(w.ready) > 0 {
+		rc := w.ready[0]
+		w.ready[0] = readyChan{}
+		w.ready = w.ready[1:]
+		if rc.s.gen == w.gen {
+			return rc, true
+		}
+	}
+	return readyChan{}, false
+}
+
+// run writes frames until close. It is the only user of bw and buf.
 func (w *frameWriter) run() {
+	w.buf = make([]byte, MaxPayload)
 	w.mu.Lock()
 	for {
 		if w.closed != nil {
@@ -194,31 +250,44 @@ func (w *frameWriter) run() {
 			w.rebuf = false
 			w.bw.Reset(w.target)
 		}
-		of := w.next()
-		if of == nil {
-			if w.bw.Buffered() > 0 && w.broken == nil {
-				w.mu.Unlock()
-				err := w.bw.Flush()
-				w.mu.Lock()
-				w.failed(err)
+		if of := w.next(); of != nil {
+			if of.gen != w.gen {
+				of.fail(ErrSessionReset)
 				continue
 			}
-			w.cond.Wait()
+			if w.broken != nil {
+				of.fail(w.broken)
+				continue
+			}
+			w.mu.Unlock()
+			err := WriteFrame(w.bw, of.f)
+			if err == nil && of.done != nil {
+				// Whoever waits wants to know the frame reached the transport.
+				err = w.bw.Flush()
+			}
+			w.mu.Lock()
+			w.failed(err)
+			of.fail(err)
 			continue
 		}
-		if of.gen != w.gen {
-			of.fail(ErrSessionReset)
+		if rc, ok := w.nextReady(); ok {
+			w.mu.Unlock()
+			var err error
+			if f, ok := rc.s.takeData(rc.ch, w.buf); ok {
+				err = WriteFrame(w.bw, f)
+			}
+			w.mu.Lock()
+			w.failed(err)
 			continue
 		}
-		if w.broken != nil {
-			of.fail(w.broken)
+		if w.bw.Buffered() > 0 && w.broken == nil {
+			w.mu.Unlock()
+			err := w.bw.Flush()
+			w.mu.Lock()
+			w.failed(err)
 			continue
 		}
-		w.mu.Unlock()
-		err := WriteFrame(w.bw, of.f)
-		of.fail(err)
-		w.mu.Lock()
-		w.failed(err)
+		w.cond.Wait()
 	}
 }
 
@@ -235,19 +304,9 @@ func (w *frameWriter) failed(err error) {
 	}
 }
 
-// fail completes of with err (nil = written) and releases its payload.
+// fail completes of with err (nil = written).
 func (of *outFrame) fail(err error) {
 	if of.done != nil {
 		of.done <- err
-	}
-	of.release()
-}
-
-func (of *outFrame) release() {
-	if of.pooled {
-		b := of.f.Payload[:MaxPayload]
-		of.f.Payload = nil
-		of.pooled = false
-		payloadPool.Put(&b)
 	}
 }

@@ -60,6 +60,13 @@ type Spec struct {
 
 	// TBCacheMiB bounds the TCG translation cache (0: driver default).
 	TBCacheMiB int
+
+	// GID is the primary group of a confined VMM process (0: the driver's
+	// default group). Machines that map the same MemoryFile must run with
+	// the same GID, since the driver gives that file to this group (see
+	// Driver.Start). Give each tenant its own GID, so that a memory file
+	// is open to the VMMs of one tenant only.
+	GID uint32
 }
 
 // Driver starts machines. Implementations are safe for concurrent use.
@@ -69,6 +76,15 @@ type Driver interface {
 	// for LoadState; otherwise it is booting. The agent socket
 	// (Machine.AgentSocket) exists when Start returns. On error nothing is
 	// left running.
+	//
+	// A driver that confines its VMMs (runs each as its own unprivileged
+	// user) makes the machine's files accessible to that user first: it
+	// changes the owner of Disk and ConsoleLog (created if missing) to the
+	// machine's user and spec.GID (mode 0600), and the group of MemoryFile
+	// to spec.GID (mode 0660); RunDir becomes mode 0700 and stays the
+	// caller's. Kernel and Initramfs must be world-readable; they are not
+	// changed. Start fails with an error wrapping ErrExhausted when the
+	// driver has no user id left.
 	Start(ctx context.Context, spec Spec) (Machine, error)
 }
 
@@ -90,8 +106,10 @@ type Machine interface {
 	// Resume starts the vCPUs. Idempotent.
 	Resume(ctx context.Context) error
 	// SaveState writes the device state (not RAM) of a paused machine to
-	// path. Guest RAM is whatever Spec.MemoryFile holds plus, for a
-	// copy-on-write mapping, the machine's private pages (see RAMMapping).
+	// path, which the host creates (mode 0600; the VMM, which may not see
+	// host paths, writes through a file descriptor). Guest RAM is whatever
+	// Spec.MemoryFile holds plus, for a copy-on-write mapping, the
+	// machine's private pages (see RAMMapping).
 	SaveState(ctx context.Context, path string) error
 	// RAMMapping locates guest RAM in the VMM's address space so that its
 	// private (dirtied) pages can be found through /proc/PID/pagemap.
@@ -116,6 +134,10 @@ type RAMMapping struct {
 
 // ErrExited is returned by Machine methods after the VMM process has exited.
 var ErrExited = errors.New("vmm process exited")
+
+// ErrExhausted is returned by Driver.Start when a per-host resource of the
+// driver (such as the user ids of confined VMMs) is used up.
+var ErrExhausted = errors.New("vmm resources exhausted")
 
 // DefaultStartTimeout bounds how long Start waits for the control channel.
 const DefaultStartTimeout = 10 * time.Second

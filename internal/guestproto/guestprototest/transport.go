@@ -43,6 +43,9 @@ func New() *Transport {
 // true, the agent's Read reports io.EOF once (the virtio-serial host
 // disconnected); with hangup false the agent sees nothing, as a restored VM
 // does not see its old host go.
+//
+// The host's Close returns once whatever the host wrote, and the hang-up,
+// are queued for the agent: bytes of a host connected later come after.
 func (t *Transport) Connect(hangup bool) net.Conn {
 	host, agent := net.Pipe()
 	t.mu.Lock()
@@ -51,7 +54,9 @@ func (t *Transport) Connect(hangup bool) net.Conn {
 	}
 	t.out = agent
 	t.mu.Unlock()
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for {
 			buf := make([]byte, 64<<10)
 			n, err := agent.Read(buf)
@@ -69,7 +74,19 @@ func (t *Transport) Connect(hangup bool) net.Conn {
 			}
 		}
 	}()
-	return host
+	return &hostConn{Conn: host, queued: done}
+}
+
+// hostConn is the host's end of a connection.
+type hostConn struct {
+	net.Conn
+	queued chan struct{} // closed when the transport queued all and the hang-up
+}
+
+func (c *hostConn) Close() error {
+	err := c.Conn.Close()
+	<-c.queued
+	return err
 }
 
 // Read returns queued host bytes, or io.EOF once per hang-up.

@@ -28,20 +28,38 @@ func (d *Driver) ProbeKVM(ctx context.Context, kernel string, timeout time.Durat
 	f.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	const memMiB = 128
+	kernelArg := kernel
+	if !d.cfg.NoConfine {
+		kernelArg = jailKernel
+	}
 	cmd := exec.CommandContext(ctx, d.cfg.Binary,
 		"-machine", "microvm,acpi=off,pit=on,pic=on,rtc=on,isa-serial=on",
-		"-accel", "kvm", "-cpu", "host", "-m", "128M",
+		"-accel", "kvm", "-cpu", "host", "-m", fmt.Sprintf("%dM", memMiB),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-serial", "stdio", "-kernel", kernel,
+		"-serial", "stdio", "-kernel", kernelArg,
 		"-append", "console=ttyS0 panic=-1 rdinit=/panda-kvm-probe-no-init root=/dev/panda-none",
 	)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return false, err.Error()
 	}
-	if err := cmd.Start(); err != nil {
+	// Confined like every VMM: a kernel that can boot under KVM here must
+	// also boot as an unprivileged user with only /dev/kvm of its own.
+	b, err := d.spawn(cmd, confinement{
+		limits: d.limits(memMiB, 1),
+		files:  []jailFile{{host: kernel, jail: jailKernel}},
+		kvm:    true,
+		fsize:  0, // it writes no file
+	})
+	if err != nil {
 		return false, fmt.Sprintf("start qemu: %v", err)
 	}
+	defer func() {
+		if b != nil {
+			b.release()
+		}
+	}()
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
 	sc := bufio.NewScanner(out)
