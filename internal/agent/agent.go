@@ -29,6 +29,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
@@ -134,6 +135,9 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closed    bool
+	gidMu sync.Mutex
+	gids  map[string]uint32 // tenant group ids (tenantGID)
+
 	// starts is the semaphore of MaxConcurrentStarts.
 	starts chan struct{}
 	// verified maps a snapshot to the fingerprint its files had when they
@@ -149,7 +153,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, starts: make(chan struct{}, cfg.MaxConcurrentStarts), images: template.Images{Dir: cfg.ImagesDir}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, gids: map[string]uint32{}, starts: make(chan struct{}, cfg.MaxConcurrentStarts), images: template.Images{Dir: cfg.ImagesDir}}
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
@@ -443,6 +447,57 @@ func (a *Agent) tenantMemory(tmpl *template.Template, owner string) (string, err
 	return path, nil
 }
 
+// Tenant group ids: each owner's VMMs run with a group of their own, the
+// group of that owner's shared memory images (see vmm.Spec.GID), so that
+// the VMM of one tenant cannot open another tenant's images. Allocated
+// from tenantGIDBase up, recorded in the owner's tenant directory.
+const (
+	tenantGIDBase  = 1_400_000_000
+	tenantGIDCount = 1_000_000
+)
+
+// tenantGID returns owner's group id, allocating it on first use ("" is
+// the driver's default group).
+func (a *Agent) tenantGID(owner string) (uint32, error) {
+	if owner == "" {
+		return 0, nil
+	}
+	a.gidMu.Lock()
+	defer a.gidMu.Unlock()
+	if gid, ok := a.gids[owner]; ok {
+		return gid, nil
+	}
+	dir := filepath.Join(a.vol.Dir, "tenants", owner)
+	file := filepath.Join(dir, "gid")
+	if b, err := os.ReadFile(file); err == nil {
+		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32); err == nil {
+			a.gids[owner] = uint32(v)
+			return uint32(v), nil
+		}
+	}
+	// The next free one: one more than the largest recorded.
+	next := uint32(tenantGIDBase)
+	files, _ := filepath.Glob(filepath.Join(a.vol.Dir, "tenants", "*", "gid"))
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32); err == nil && uint32(v) >= next {
+				next = uint32(v) + 1
+			}
+		}
+	}
+	if next >= tenantGIDBase+tenantGIDCount {
+		return 0, fmt.Errorf("%w: no tenant group id left", vmm.ErrExhausted)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, classifyIOError(err)
+	}
+	if err := manifest.WriteFile(file, []byte(strconv.FormatUint(uint64(next), 10)+"\n"), 0o600); err != nil {
+		return 0, classifyIOError(err)
+	}
+	a.gids[owner] = next
+	return next, nil
+}
+
 func validOwner(owner string) bool {
 	if owner == "" || len(owner) > 64 {
 		return false
@@ -599,6 +654,9 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	spec.RunDir = s.runDir
 	spec.ConsoleLog = ""
 	spec.Prealloc = im.fullCopy
+	if spec.GID, err = a.tenantGID(s.rec.Owner); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	s.rec.Spec = spec
 	s.rec.Template = im.Template

@@ -15,6 +15,7 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
+	"golang.org/x/sys/unix"
 )
 
 // Recovered is the outcome of Recover for one sandbox directory.
@@ -271,5 +272,18 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 	}
 	if n := a.templates.RemoveLeftovers(); n > 0 {
 		a.log.Info("removed leftovers of interrupted bakes", "count", n)
+	}
+	// Cgroups of VMMs that are gone, and VMMs of ours nobody adopted.
+	left, err := a.driver.CleanupStale()
+	if err != nil {
+		a.log.Warn("clean up after vmms that are gone", "err", err)
+	}
+	for _, o := range left.Orphans {
+		if o.RunDir != "" && filepath.Dir(o.RunDir) == a.cfg.RunDir {
+			// Identified just now by its command line as serving one of
+			// our run directories, whose sandbox is gone.
+			a.log.Warn("killing a vmm of this host that no sandbox owns", "pid", o.PID, "run_dir", o.RunDir)
+			unix.Kill(o.PID, unix.SIGKILL)
+		}
 	}
 }

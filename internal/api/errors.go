@@ -13,6 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 // Errors a Host returns beyond the agent's classes.
@@ -70,6 +71,8 @@ func classify(err error) *apiError {
 		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the host is out of disk space for sandboxes; kill sandboxes or delete snapshots")
 	case errors.Is(err, agent.ErrCorrupt):
 		return errorf(http.StatusConflict, "corrupt", "%s", userMessage(err))
+	case errors.Is(err, vmm.ErrExhausted):
+		return errorf(http.StatusServiceUnavailable, "unavailable", "the host has no room for more sandboxes right now; retry later")
 	case errors.Is(err, agent.ErrNotReady):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "the sandbox's guest agent has not answered since the server restarted; retry in a few seconds")
 	case errors.Is(err, catalog.ErrQuota):

@@ -50,7 +50,7 @@ func MetadataFilter(f *testing.F, c catalog.Catalog) {
 		ids[i] = fmt.Sprintf("sb%d", i)
 		sb := newSandbox(ids[i], "key_fuzz")
 		sb.CreatedAt = created.Add(time.Duration(i) * time.Second)
-		if err := c.ReserveSandbox(ctx, sb, 0, 0); err != nil {
+		if err := c.ReserveSandbox(ctx, sb, catalog.Limits{}); err != nil {
 			f.Fatal(err)
 		}
 	}
