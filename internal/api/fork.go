@@ -188,7 +188,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(req.Name) > 128 || strings.ContainsRune(req.Name, 0) || !utf8.ValidString(req.Name) {
-		s.writeError(w, r, invalid("name must be at most 128 characters"))
+		s.writeError(w, r, invalid("name must be at most 128 bytes of UTF-8, without NUL"))
 		return
 	}
 	sb, err := s.running(r)

@@ -32,6 +32,20 @@ func keyToJSON(k catalog.Key) keyJSON {
 		MaxMemoryMiB: k.MaxMemoryMiB, MaxVCPUs: k.MaxVCPUs, MaxDiskMiB: k.MaxDiskMiB, CreatedAt: k.CreatedAt.UTC(), Revoked: !k.RevokedAt.IsZero()}
 }
 
+// validKeyID reports whether id has the shape of a key id ("key" and
+// lowercase letters and digits).
+func validKeyID(id string) bool {
+	if len(id) < 4 || len(id) > 64 || !strings.HasPrefix(id, "key") {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
 func randomString(n int) string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 	b := make([]byte, n)
@@ -122,6 +136,10 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := chi.URLParam(r, "keyID")
+	if !validKeyID(id) {
+		s.writeError(w, r, notFound("key %q not found", id))
+		return
+	}
 	if id == callerOf(r).Key.ID {
 		s.writeError(w, r, conflict("a key cannot revoke itself"))
 		return

@@ -317,6 +317,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, invalid("metadata filter %q must be key=value", kv))
 			return
 		}
+		if strings.ContainsRune(kv, 0) || !utf8.ValidString(kv) {
+			s.writeError(w, r, invalid("metadata filter %q must be valid UTF-8 without NUL", kv))
+			return
+		}
 		if f.Metadata == nil {
 			f.Metadata = map[string]string{}
 		}
