@@ -98,15 +98,19 @@ func lsCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: starting, running, paused, stopped")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: starting, running, pausing, paused, resuming, stopping, stopped")
 	cmd.Flags().StringArrayVar(&meta, "meta", nil, "only sandboxes with this metadata KEY=VALUE (repeatable)")
 	return cmd
 }
 
-// stateText is the state, with the reason of a stop.
+// stateText is the state, with the reason of a stop or the last failed
+// operation.
 func stateText(i pandastack.SandboxInfo) string {
-	if i.StopReason != "" {
+	switch {
+	case i.StopReason != "":
 		return string(i.State) + " (" + i.StopReason + ")"
+	case i.LastError != "":
+		return string(i.State) + " (" + i.LastError + ")"
 	}
 	return string(i.State)
 }
