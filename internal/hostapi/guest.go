@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -94,7 +93,7 @@ type fileReader struct {
 func (f *fileReader) Read(p []byte) (int, error) {
 	n, err := f.r.Read(p)
 	switch {
-	case errors.Is(err, io.EOF):
+	case err == io.EOF: // the end itself, not an error wrapping EOF
 		if v := f.res.Trailer.Get("X-Panda-Error"); v != "" {
 			var we wireError
 			if json.Unmarshal([]byte(v), &we) == nil {

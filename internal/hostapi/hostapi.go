@@ -289,7 +289,10 @@ type srcReader struct {
 
 func (s *srcReader) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
-	if err != nil && !errors.Is(err, io.EOF) {
+	// io.EOF itself, not an error that wraps it: "guest connection closed:
+	// read guest frame: EOF" is a failure (a download cut short), not the
+	// file's end.
+	if err != nil && err != io.EOF {
 		s.err = err
 	}
 	return n, err
