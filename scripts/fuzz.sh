@@ -21,12 +21,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FUZZTIME=${FUZZTIME:-5s}
 FUZZ=${FUZZ:-}
 if [ -z "${FUZZ_TIMEOUT:-}" ]; then
-	case "$FUZZTIME" in
-	*[0-9]s) FUZZ_TIMEOUT=$((${FUZZTIME%s} + 600))s ;;
-	*[0-9]m) FUZZ_TIMEOUT=$((${FUZZTIME%m} + 10))m ;;
-	*[0-9]h) FUZZ_TIMEOUT=$((${FUZZTIME%h} * 60 + 10))m ;;
-	*) FUZZ_TIMEOUT=1h ;;
-	esac
+	FUZZ_TIMEOUT=1h # an execution count, or a duration such as 1m30s
+	if [[ $FUZZTIME =~ ^([0-9]+)s$ ]]; then
+		FUZZ_TIMEOUT=$((10#${BASH_REMATCH[1]} + 600))s
+	elif [[ $FUZZTIME =~ ^([0-9]+)m$ ]]; then
+		FUZZ_TIMEOUT=$((10#${BASH_REMATCH[1]} + 10))m
+	elif [[ $FUZZTIME =~ ^([0-9]+)h$ ]]; then
+		FUZZ_TIMEOUT=$((10#${BASH_REMATCH[1]} * 60 + 10))m
+	fi
 fi
 
 # Every package directory of the module, then every fuzz target in it.

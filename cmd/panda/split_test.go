@@ -5,9 +5,15 @@ package main
 // clean-up as e2e_test.go.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
@@ -71,22 +79,45 @@ func TestSplitServerAgent(t *testing.T) {
 	agentDir, serverDir := newDataDir(t), newDataDir(t)
 	ctx := ctxFor(t)
 	ag := start(t, "agent", agentOptions(agentDir, ""))
-	tokenFile := filepath.Join(agentDir, "agent.token")
-	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("agent token file: %v, %v; want mode 600", st, err)
+	tokenFile, caFile := filepath.Join(agentDir, "agent.token"), filepath.Join(agentDir, "agent-ca.pem")
+	// The agent's credentials, each in its data directory with its mode.
+	for name, mode := range map[string]os.FileMode{
+		"agent.token": 0o600, "agent-ca.pem": 0o644, "agent-ca-key.pem": 0o600, "agent-cert.pem": 0o644, "agent-key.pem": 0o600,
+	} {
+		if st, err := os.Stat(filepath.Join(agentDir, name)); err != nil || st.Mode().Perm() != mode {
+			t.Errorf("agent's %s: %v, %v; want mode %o", name, st, err, mode)
+		}
 	}
-	if out := ag.Stdout(); !strings.Contains(out, tokenFile) {
-		t.Errorf("agent output does not name the token file %s:\n%s", tokenFile, out)
+	if out := ag.Stdout(); !strings.Contains(out, tokenFile) || !strings.Contains(out, "Created the agent's CA in "+caFile) ||
+		!strings.Contains(out, "listening on https://") {
+		t.Errorf("agent output does not name the token file %s and the CA %s, listening on https:\n%s", tokenFile, caFile, out)
 	}
+	creds := []string{"--agent-token-file", tokenFile, "--agent-ca-file", caFile}
 
-	// A server with the wrong token stops at once and says why.
+	// Servers that cannot trust or be trusted stop at once and say why:
+	// a wrong token, another agent's CA, plain HTTP.
 	badToken := filepath.Join(serverDir, "bad.token")
 	os.WriteFile(badToken, []byte("wrong\n"), 0o600)
-	if out, err := runToEnd(t, ctx, serverOptions(serverDir, ag.URL(), "--agent-token-file", badToken)); err == nil || !strings.Contains(out, "rejected the token") {
-		t.Errorf("server with a wrong agent token: got %v, want a failure saying the token was rejected; output:\n%s", err, out)
+	otherCA, err := hostapi.LoadOrCreateTLS(t.TempDir(), []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		opts pandatest.Options
+		want string
+	}{
+		{"a wrong agent token", serverOptions(serverDir, ag.URL(), "--agent-token-file", badToken, "--agent-ca-file", caFile), "rejected the token"},
+		{"another agent's CA", serverOptions(serverDir, ag.URL(), "--agent-token-file", tokenFile, "--agent-ca-file", otherCA.CAFile), "not trusted"},
+		{"no CA file", serverOptions(serverDir, ag.URL(), "--agent-token-file", tokenFile), "agent-ca.pem"},
+		{"http://", serverOptions(serverDir, strings.Replace(ag.URL(), "https://", "http://", 1), creds...), "TLS only"},
+	} {
+		if out, err := runToEnd(t, ctx, tc.opts); err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("server with %s: got %v, want a failure saying %q; output:\n%s", tc.name, err, tc.want, out)
+		}
 	}
 
-	sv := start(t, "server", serverOptions(serverDir, ag.URL(), "--agent-token-file", tokenFile))
+	sv := start(t, "server", serverOptions(serverDir, ag.URL(), creds...))
 	c := sv.client(t)
 	parent := mustCreate(t, ctx, c)
 	writeFile(t, ctx, parent, "/root/mark", "parent\n")
@@ -136,7 +167,7 @@ func TestSplitServerAgent(t *testing.T) {
 	if !pandatest.Alive(pid) {
 		t.Fatalf("the VMM of %s died with the server", parent.ID)
 	}
-	sv2 := start(t, "server2", serverOptions(serverDir, ag.URL(), "--agent-token-file", tokenFile))
+	sv2 := start(t, "server2", serverOptions(serverDir, ag.URL(), creds...))
 	c = sv2.client(t)
 	if got := mustExec(t, ctx, c.Sandbox(parent.ID), "cat /root/mark"); got != "parent\n" {
 		t.Errorf("after the server's restart: got %q", got)
@@ -209,4 +240,160 @@ func TestSplitAgentRestart(t *testing.T) {
 	}
 	mustStop(t, sv)
 	stopAgentClean(t, ag2, dir)
+}
+
+// TestSplitTimeoutsAndLongRequests: server and agent with short HTTP
+// timeouts (a config file). Clients that send nothing, send their headers
+// or body too slowly, or leave a keep-alive connection idle are cut off, on
+// the REST API and on the host API (TLS); long exec streams, a slow upload
+// and the event stream live on past every timeout. An exec whose command
+// is far beyond the host API's old 4 KiB line goes through the REST API
+// and the host API end to end. (The pauses here are a slow client's.)
+func TestSplitTimeoutsAndLongRequests(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	ctx := ctxFor(t)
+	const header, idle, body = time.Second, 2 * time.Second, time.Second
+	conf := filepath.Join(dir, "timeouts.yaml")
+	os.WriteFile(conf, []byte("http_read_header_timeout: 1s\nhttp_idle_timeout: 2s\nhttp_body_read_timeout: 1s\n"), 0o644)
+	ag := start(t, "agent", agentOptions(dir, "", "--config", conf))
+	sv := start(t, "server", serverOptions(dir, ag.URL(), "--config", conf))
+	c := sv.client(t)
+	sb := mustCreate(t, ctx, c)
+	restAddr := strings.TrimPrefix(sv.URL(), "http://")
+	agentAddr := strings.TrimPrefix(ag.URL(), "https://")
+
+	// Long command lines, through the REST API and the host API.
+	long := func(n int) pandastack.Command {
+		return pandastack.Command{Cmd: "X='" + strings.Repeat("a", n) + "'; echo ${#X}"}
+	}
+	if r, err := sb.Exec(ctx, long(60<<10)); err != nil || r.Stdout != fmt.Sprintln(60<<10) || r.ExitCode != 0 {
+		t.Errorf("exec of a 60 KiB command: got %+v, %v; want its length back", r, err)
+	}
+	// 100 KiB: what the guest protocol allows, as with panda up. The
+	// host API is not the limit.
+	r, err := sb.Exec(ctx, long(100<<10))
+	if guestproto.MaxPayload > 100<<10+256 {
+		if err != nil || r.Stdout != fmt.Sprintln(100<<10) {
+			t.Errorf("exec of a 100 KiB command: got %+v, %v; want its length back", r, err)
+		}
+	} else if apiErr := (*pandastack.Error)(nil); !errors.As(err, &apiErr) || apiErr.Status != 422 ||
+		!strings.Contains(apiErr.Message, fmt.Sprintf("exceeds %d", guestproto.MaxPayload)) {
+		t.Errorf("exec of a 100 KiB command: got %+v, %v; want the guest protocol's own 422 (exceeds %d), as panda up answers", r, err, guestproto.MaxPayload)
+	}
+
+	// Silent connections, on both APIs (the agent's before the TLS
+	// handshake).
+	for _, addr := range []string{restAddr, agentAddr} {
+		conn := dialRaw(t, addr)
+		if d := closedAfter(t, conn); d < header/2 {
+			t.Errorf("%s: a silent connection closed after %v, before the header timeout %v", addr, d, header)
+		}
+	}
+	// Headers sent too slowly.
+	conn := dialRaw(t, restAddr)
+	io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n")
+	go func() {
+		for i := range 100 {
+			if _, err := fmt.Fprintf(conn, "X-%d: y\r\n", i); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	if d := closedAfter(t, conn); d > 5*time.Second {
+		t.Errorf("headers trickled for %v before the connection closed, want about %v", d, header)
+	}
+	// Idle keep-alive connections, on both APIs.
+	agentTLS, err := hostapi.ClientTLS(filepath.Join(dir, "agent-ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		addr string
+		tls  *tls.Config
+	}{{restAddr, nil}, {agentAddr, agentTLS}} {
+		conn := dialRaw(t, tc.addr)
+		if tc.tls != nil {
+			cfg := tc.tls.Clone()
+			cfg.ServerName = "127.0.0.1"
+			conn = tls.Client(conn, cfg)
+		}
+		io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || res.StatusCode != 200 || res.Close {
+			t.Fatalf("%s: GET /healthz: %v, %v; want 200, kept alive", tc.addr, res, err)
+		}
+		io.Copy(io.Discard, res.Body)
+		if d := closedAfter(t, conn); d < idle*3/4 {
+			t.Errorf("%s: an idle connection closed after %v, before the idle timeout %v", tc.addr, d, idle)
+		}
+	}
+	// A body that stops coming.
+	conn = dialRaw(t, restAddr)
+	fmt.Fprintf(conn, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tem", sv.AdminKey())
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || res.StatusCode != http.StatusBadRequest {
+		t.Errorf("a stalled request body: got %v, %v; want 400 after about %v", res, err, body)
+	}
+
+	// What must live on: an exec stream quiet for longer than every
+	// timeout between its lines ...
+	var out bytes.Buffer
+	er, err := sb.ExecStream(ctx, pandastack.Command{Cmd: "for i in 1 2 3; do echo $i; sleep 2.5; done"}, &out, io.Discard)
+	if err != nil || er.ExitCode != 0 || out.String() != "1\n2\n3\n" {
+		t.Errorf("a 7.5 s exec stream: got %+v, %v, %q; want 1 2 3", er, err, out.String())
+	}
+	// ... an upload that pauses under the body timeout, for 4 s in all ...
+	pr, pw := io.Pipe()
+	go func() {
+		for i := range 8 {
+			fmt.Fprintf(pw, "chunk %d\n", i)
+			time.Sleep(body / 2)
+		}
+		pw.Close()
+	}()
+	if _, err := sb.WriteFile(ctx, "/root/slow.txt", pr, 0o644); err != nil {
+		t.Errorf("slow upload: %v", err)
+	} else if got := mustExec(t, ctx, sb, "wc -l < /root/slow.txt"); got != "8\n" {
+		t.Errorf("slow upload: the file has %q lines, want 8", got)
+	}
+	// ... and the agent's event stream (quiet between its pings): a VMM
+	// that dies now still reaches the catalog.
+	if strings.Contains(sv.Log(), "event stream lost") {
+		t.Errorf("the server lost the agent's event stream:\n%s", sv.Log())
+	}
+	other := mustCreate(t, ctx, c)
+	unix.Kill(vmmPID(t, dir, other.ID), unix.SIGKILL)
+	if info := waitStopped(t, ctx, c, other.ID); info.StopReason != "vmm_exited" {
+		t.Errorf("sandbox whose VMM died: got stop_reason %q, want vmm_exited", info.StopReason)
+	}
+	mustStop(t, sv)
+	stopAgentClean(t, ag, dir)
+}
+
+// dialRaw opens a TCP connection to addr, closed when the test ends.
+func dialRaw(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// closedAfter reads conn until the server closes it and returns how long
+// that took; the test fails if it is still open 30 s later.
+func closedAfter(t *testing.T, conn net.Conn) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	conn.SetReadDeadline(t0.Add(30 * time.Second))
+	_, err := io.Copy(io.Discard, conn)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection to %s still open 30 s later", conn.RemoteAddr())
+	}
+	return time.Since(t0)
 }

@@ -37,14 +37,16 @@ func serverCmd() *cobra.Command {
 		Long: `Run the control plane of panda up without a host agent of its own: the REST
 API on 127.0.0.1:7788, the catalog (SQLite in the data directory, or
 PostgreSQL) and TTL enforcement, with the sandboxes of the panda agent at
---agent. It reads the agent's token from --agent-token-file (default
-DATA_DIR/agent.token), waits for the agent to answer, and reconciles its
-catalog with the agent's sandboxes before serving and on every reconnect.
+--agent. It talks to the agent over TLS, trusting only the agent's own CA
+(--agent-ca-file, default DATA_DIR/agent-ca.pem), with the agent's token
+(--agent-token-file, default DATA_DIR/agent.token); it waits for the agent
+to answer, and reconciles its catalog with the agent's sandboxes before
+serving and on every reconnect.
 
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stopping it leaves the sandboxes running on
 the agent. See docs/deployment.md.`,
-	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -57,11 +59,15 @@ func agentCmd() *cobra.Command {
 and snapshots of this host, served to panda server over the internal host
 API on 127.0.0.1:7789. It adopts the sandboxes an earlier run left running.
 
-Requests need the agent token: on first start a random one is written to
---token-file (default DATA_DIR/agent.token, mode 0600). SIGTERM kills the
+The host API is served over TLS only. On first start the agent makes its
+credentials in the data directory: a random token (--token-file, default
+DATA_DIR/agent.token, mode 0600) and a CA of its own (agent-ca.pem, to give
+to panda server; its key agent-ca-key.pem, mode 0600) that signs its
+serving certificate (agent-cert.pem, agent-key.pem) for localhost, this
+host's name, the listen address and --tls-host. SIGTERM kills the
 running sandboxes (--on-shutdown kill) or leaves them for the next start to
 adopt (keep). See docs/deployment.md.`,
-	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
 	})
 }
@@ -106,8 +112,10 @@ var configFlags = map[string]configFlag{
 	"metrics-listen":        {"serve /metrics without a key on this address too (e.g. 127.0.0.1:9788)", func(c *server.Config) any { return &c.MetricsListen }},
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
-	"agent":                 {"URL of the host agent (panda agent)", func(c *server.Config) any { return &c.AgentURL }},
+	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
+	"agent-ca-file":         {"the agent's CA certificate, the only one trusted for it (default DATA_DIR/agent-ca.pem)", func(c *server.Config) any { return &c.AgentCAFile }},
+	"tls-host":              {"another host name or address for the agent's certificate (repeatable)", func(c *server.Config) any { return &c.TLSHosts }},
 	"token-file":            {"file holding the agent token, created on first start (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
 	"log-level":             {"debug, info, warn or error", func(c *server.Config) any { return &c.LogLevel }},
 	"log-format":            {"text or json", func(c *server.Config) any { return &c.LogFormat }},
@@ -163,6 +171,8 @@ func addConfigFlag(f *pflag.FlagSet, name, usage string, p any) {
 		f.BoolVar(p, name, *p, usage)
 	case *server.Duration:
 		f.DurationVar((*time.Duration)(p), name, time.Duration(*p), usage)
+	case *[]string:
+		f.StringArrayVar(p, name, *p, usage)
 	default:
 		panic(fmt.Sprintf("flag %s: unsupported type %T", name, p))
 	}
@@ -179,5 +189,7 @@ func copyField(dst, src any) {
 		*d = *src.(*bool)
 	case *server.Duration:
 		*d = *src.(*server.Duration)
+	case *[]string:
+		*d = *src.(*[]string)
 	}
 }

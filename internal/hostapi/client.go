@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ import (
 type Client struct {
 	base  string
 	token string
+	tls   *tls.Config
 	http  *http.Client
 	log   *slog.Logger
 
@@ -52,26 +54,51 @@ type Option func(*Client)
 // WithLogger sets where the client logs what it cannot return.
 func WithLogger(log *slog.Logger) Option { return func(c *Client) { c.log = log } }
 
-// Dial returns a client of the host agent at rawURL (http://host:port) and
-// checks that it answers and accepts token.
+// WithTLS sets the TLS configuration of an https:// agent: ClientTLS(the
+// agent's CA file). Without it the system's roots are trusted.
+func WithTLS(cfg *tls.Config) Option { return func(c *Client) { c.tls = cfg } }
+
+// ErrUntrusted: the agent's certificate does not verify against the CA the
+// client trusts for it (the wrong CA file, or the agent's credentials were
+// rotated). Errors of this class are also api.ErrUnavailable.
+var ErrUntrusted = errors.New("host agent's TLS certificate is not trusted")
+
+// IdleConnTimeout is how long the client keeps an idle connection: less
+// than the agent's HTTP idle timeout (2 minutes by default), so that the
+// client, not the agent, closes idle connections and no request is sent on
+// a connection the agent is closing.
+const IdleConnTimeout = 60 * time.Second
+
+// Dial returns a client of the host agent at rawURL (https://host:port)
+// and checks that it answers and accepts token. It also takes http:// (no
+// TLS: the token travels in clear), which panda server refuses; tests use
+// it.
 func Dial(rawURL, token string, opts ...Option) (*Client, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("host agent url %q: want http://host:port", rawURL)
+		return nil, fmt.Errorf("host agent url %q: want https://host:port", rawURL)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
-	tr.MaxIdleConnsPerHost = 64
-	tr.DisableCompression = true
 	c := &Client{
 		base:  strings.TrimRight(u.String(), "/") + Prefix,
 		token: token,
-		http:  &http.Client{Transport: tr},
 		log:   slog.New(slog.DiscardHandler),
 	}
 	for _, o := range opts {
 		o(c)
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
+	tr.MaxIdleConnsPerHost = 64
+	tr.IdleConnTimeout = IdleConnTimeout
+	tr.DisableCompression = true
+	// HTTP/1.1 only, one connection per request in flight: exec streams
+	// never share a connection's flow control.
+	tr.ForceAttemptHTTP2 = false
+	tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	if c.tls != nil {
+		tr.TLSClientConfig = c.tls.Clone()
+	}
+	c.http = &http.Client{Transport: tr}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Resources(ctx); err != nil {
@@ -158,10 +185,14 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 }
 
 // transportError classifies a failure to talk to the agent: the caller's
-// context ending, or the agent being unreachable.
+// context ending, or the agent being unreachable (or, also, untrusted).
 func (c *Client) transportError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	var cve *tls.CertificateVerificationError
+	if errors.As(err, &cve) {
+		return fmt.Errorf("%w: %w: %s: %v", api.ErrUnavailable, ErrUntrusted, c.base, err)
 	}
 	return fmt.Errorf("%w: %s: %v", api.ErrUnavailable, c.base, err)
 }

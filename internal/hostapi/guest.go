@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -94,7 +93,7 @@ type fileReader struct {
 func (f *fileReader) Read(p []byte) (int, error) {
 	n, err := f.r.Read(p)
 	switch {
-	case errors.Is(err, io.EOF):
+	case err == io.EOF: // the end itself, not an error wrapping EOF
 		if v := f.res.Trailer.Get("X-Panda-Error"); v != "" {
 			var we wireError
 			if json.Unmarshal([]byte(v), &we) == nil {
@@ -151,11 +150,14 @@ func (b pipeBody) Close() error { return b.pr.Close() }
 // StartExec starts a process; see the package documentation for the
 // stream. Cancelling ctx kills it.
 func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (api.Process, error) {
-	line, err := json.Marshal(req)
+	line, err := encodeLine(req)
 	if err != nil {
 		return nil, err
 	}
-	line = append(line, '\n')
+	if len(line) > MaxLine {
+		// The same class as the guest's own limit, which is lower.
+		return nil, guestproto.Errorf(guestproto.CodeInvalid, "exec request of %d bytes exceeds the host API's %d", len(line), MaxLine)
+	}
 	var body io.Reader = bytes.NewReader(line)
 	p := &process{done: make(chan struct{})}
 	if req.Stdin {

@@ -3,7 +3,14 @@
 // agent.Agent under /host/v1, and Client implements api.Host over it, so that
 // the REST API runs the same against a remote host as against the local one.
 //
-// Every request carries `Authorization: Bearer <agent token>`. Errors travel
+// Transport and credentials: the agent serves the API over TLS 1.3
+// (HTTP/1.1) with a certificate signed by a CA of its own, made on first
+// start (LoadOrCreateTLS); the control plane trusts that CA only, for that
+// agent (ClientTLS, WithTLS), and sends the agent's own token: every request
+// but GET /healthz carries `Authorization: Bearer <agent token>`, compared
+// in constant time. Each agent has its own CA, certificate and token.
+//
+// Errors travel
 // as {"error": {"code", "message"}}; the code names the error class (the
 // agent's, the template store's, a guest's *guestproto.Error, a timeout), and
 // the client rebuilds an error of that same class with the same text, so the
@@ -11,8 +18,8 @@
 //
 // Streams:
 //   - exec (POST …/exec) is full duplex over one HTTP request: the request
-//     body is one JSON line (the guestproto.ExecRequest) followed by the raw
-//     bytes of stdin; the response is a sequence of frames (a type byte, a
+//     body is one JSON line (the guestproto.ExecRequest, of any length up to
+//     MaxLine) followed by the raw bytes of stdin; the response is a sequence of frames (a type byte, a
 //     big-endian uint32 length, the payload): start {"pid"}, stdout and
 //     stderr bytes, then exit (guestproto.ExecResult) or error. The server
 //     enables full duplex (http.ResponseController.EnableFullDuplex) so
@@ -21,8 +28,8 @@
 //     flushes every chunk. The same handler works unchanged over HTTP/2.
 //     Closing the connection (the client's context ending) kills the
 //     process, as cancelling guestproto's StartExec does.
-//   - read file (GET …/files) answers one JSON line (the guestproto.FileInfo)
-//     and the file's bytes; an error after the first byte arrives in the
+//   - read file (GET …/files) answers one JSON line (the guestproto.FileInfo,
+//     at most MaxLine) and the file's bytes; an error after the first byte arrives in the
 //     X-Panda-Error trailer, so a failed download is never a short file.
 //   - write file (PUT …/files) streams the request body into the guest.
 //   - template bake and the event stream (GET /host/v1/events) are NDJSON.
@@ -37,6 +44,7 @@ package hostapi
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -289,17 +297,54 @@ type srcReader struct {
 
 func (s *srcReader) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
-	if err != nil && !errors.Is(err, io.EOF) {
+	// io.EOF itself, not an error that wraps it: "guest connection closed:
+	// read guest frame: EOF" is a failure (a download cut short), not the
+	// file's end.
+	if err != nil && err != io.EOF {
 		s.err = err
 	}
 	return n, err
 }
 
-// readJSONLine decodes the JSON line that begins a stream.
+// MaxLine bounds the JSON line that begins an exec request or a download,
+// newline included: 4 MiB, above what any REST request within the REST
+// API's 1 MiB body limit becomes (the line is encoded without HTML
+// escapes, so a string grows at most twice: U+2028 to \u2028).
+const MaxLine = 4 << 20
+
+// errLineTooLong: a JSON line longer than MaxLine.
+var errLineTooLong = fmt.Errorf("JSON line longer than %d bytes", MaxLine)
+
+// encodeLine encodes v as one JSON line.
+func encodeLine(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil { // with the newline
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// readJSONLine decodes the JSON line, of at most MaxLine bytes, that
+// begins a stream. The reader's buffer may be smaller than the line.
 func readJSONLine(r *bufio.Reader, v any) error {
-	line, err := r.ReadSlice('\n')
-	if err != nil {
-		return err
+	var line []byte
+	for {
+		frag, err := r.ReadSlice('\n')
+		if len(line)+len(frag) > MaxLine {
+			return errLineTooLong
+		}
+		line = append(line, frag...)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
 	}
 	return json.Unmarshal(line, v)
 }

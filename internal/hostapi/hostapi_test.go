@@ -1,15 +1,17 @@
 package hostapi_test
 
 // The tests run one real host agent (QEMU under TCG, the tiny template at
-// 256 MiB) behind hostapi.NewServer on an httptest server, and drive it
-// through hostapi.Client, comparing with the same agent used locally
-// (api.Local) where the two must agree.
+// 256 MiB) behind hostapi.NewServer on an httptest server with the agent's
+// TLS credentials (hostapi.LoadOrCreateTLS), and drive it through
+// hostapi.Client trusting that CA only, comparing with the same agent used
+// locally (api.Local) where the two must agree.
 
 import (
 	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -42,6 +44,9 @@ var (
 	client   *hostapi.Client
 	hsrv     *hostapi.Server
 	hs       *httptest.Server
+	creds    *hostapi.AgentTLS
+	tlsCfg   *tls.Config  // trusts creds' CA only
+	hc       *http.Client // with tlsCfg
 	connects atomic.Int32 // Watcher.Connected calls
 )
 
@@ -113,9 +118,19 @@ func runMain(m *testing.M) (code int) {
 	// The HTTP server's own log: a handler panic (net/http recovers it)
 	// fails the run.
 	var watch panicWatch
+	if creds, err = hostapi.LoadOrCreateTLS(dir, []string{"127.0.0.1"}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if tlsCfg, err = hostapi.ClientTLS(creds.CAFile); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	hs = httptest.NewUnstartedServer(hsrv)
 	hs.Config.ErrorLog = stdlog.New(&watch, "http server: ", 0)
-	hs.Start()
+	hs.TLS = serverTLS(creds)
+	hs.StartTLS()
 	defer hs.Close()
 	defer func() {
 		if watch.seen.Load() {
@@ -128,7 +143,7 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "bake:", err)
 		return 1
 	}
-	client, err = hostapi.Dial(hs.URL, testToken, hostapi.WithLogger(log))
+	client, err = hostapi.Dial(hs.URL, testToken, hostapi.WithLogger(log), hostapi.WithTLS(tlsCfg))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dial:", err)
 		return 1
@@ -149,6 +164,18 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	return m.Run()
+}
+
+// serverTLS is creds' configuration for httptest, which serves a
+// certificate of its own unless given one: the agent's current one.
+func serverTLS(creds *hostapi.AgentTLS) *tls.Config {
+	cfg := creds.Config.Clone()
+	c, err := cfg.GetCertificate(nil)
+	if err != nil {
+		panic(err)
+	}
+	cfg.Certificates = []tls.Certificate{*c}
+	return cfg
 }
 
 // waitFor polls cond every 10 ms until it holds or timeout passes.
@@ -698,15 +725,15 @@ func TestWatchReconnects(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	if _, err := hostapi.Dial(hs.URL, "wrong-token"); !errors.Is(err, hostapi.ErrUnauthorized) {
+	if _, err := hostapi.Dial(hs.URL, "wrong-token", hostapi.WithTLS(tlsCfg)); !errors.Is(err, hostapi.ErrUnauthorized) {
 		t.Errorf("dial with a wrong token: got %v, want hostapi.ErrUnauthorized", err)
 	}
-	for _, h := range []string{"", "Bearer ", "Bearer wrong", "Basic " + testToken, testToken} {
+	for _, h := range []string{"", "Bearer ", "Bearer wrong", "Basic " + testToken, testToken, "Bearer " + testToken + "x", "Bearer " + testToken[:len(testToken)-1]} {
 		req, _ := http.NewRequest(http.MethodGet, hs.URL+hostapi.Prefix+"/sandboxes", nil)
 		if h != "" {
 			req.Header.Set("Authorization", h)
 		}
-		res, err := http.DefaultClient.Do(req)
+		res, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -716,13 +743,18 @@ func TestAuth(t *testing.T) {
 			t.Errorf("Authorization %q: got %d %s, want 401 unauthorized", h, res.StatusCode, body)
 		}
 	}
-	res, err := http.Get(hs.URL + "/healthz")
+	res, err := hc.Get(hs.URL + "/healthz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		t.Errorf("GET /healthz without a token: got %d, want 200", res.StatusCode)
+	}
+	// In clear, the TLS server answers nothing but an error.
+	plain := "http://" + strings.TrimPrefix(hs.URL, "https://")
+	if _, err := hostapi.Dial(plain, testToken); err == nil {
+		t.Errorf("dial %s (no TLS) of a TLS agent: got no error", plain)
 	}
 	if _, err := hostapi.Dial("http://127.0.0.1:1", testToken); !errors.Is(err, api.ErrUnavailable) {
 		t.Errorf("dial nothing: got %v, want api.ErrUnavailable", err)

@@ -52,6 +52,14 @@ func NewServer(a *agent.Agent, token string, log *slog.Logger) *Server {
 	return s
 }
 
+// BodyMayIdle reports whether the body of r may rightly pause for any
+// time: an exec's stdin, which is a process's input, not an upload. An HTTP
+// server's body read timeout must not apply to it (the process's own
+// timeout does).
+func BodyMayIdle(r *http.Request) bool {
+	return r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, Prefix+"/sandboxes/") && strings.HasSuffix(r.URL.Path, "/exec")
+}
+
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
@@ -433,7 +441,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	body := bufio.NewReader(r.Body)
 	var req guestproto.ExecRequest
 	if err := readJSONLine(body, &req); err != nil {
-		writeErrorUnread(w, fmt.Errorf("%w: malformed exec request: %v", agent.ErrInvalid, err))
+		if errors.Is(err, errLineTooLong) {
+			err = fmt.Errorf("%w: exec request longer than %d bytes", agent.ErrInvalid, MaxLine)
+		} else {
+			err = fmt.Errorf("%w: malformed exec request: %v", agent.ErrInvalid, err)
+		}
+		writeErrorUnread(w, err)
 		return
 	}
 	fail := writeErrorUnread // stdin may still be coming

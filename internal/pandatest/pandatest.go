@@ -23,6 +23,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -180,6 +182,9 @@ func Start(opts Options) (_ *Server, err error) {
 	}
 	opts.DataDir = s.dataDir
 	s.url = "http://" + opts.Addr
+	if s.command == "agent" {
+		s.url = "https://" + opts.Addr // the host API is TLS only
+	}
 	if s.cmd, err = Command(context.Background(), opts); err != nil {
 		s.removeOwnDir()
 		return nil, err
@@ -231,8 +236,30 @@ func Start(opts Options) (_ *Server, err error) {
 
 func (s *Server) name() string { return "panda " + s.command }
 
-// URL is the base URL of its API: http://127.0.0.1:PORT.
+// URL is the base URL of its API: http://127.0.0.1:PORT, or for an agent
+// https://127.0.0.1:PORT.
 func (s *Server) URL() string { return s.url }
+
+// AgentCAFile is the CA certificate of an agent's host API:
+// DATA_DIR/agent-ca.pem.
+func (s *Server) AgentCAFile() string { return filepath.Join(s.dataDir, "agent-ca.pem") }
+
+// HTTPClient is a client of its API: for an agent, one that trusts the
+// agent's CA (read now: the agent writes it on first start).
+func (s *Server) HTTPClient() (*http.Client, error) {
+	if s.command != "agent" {
+		return http.DefaultClient, nil
+	}
+	b, err := os.ReadFile(s.AgentCAFile())
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("no certificate in %s", s.AgentCAFile())
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
+}
 
 // AdminKey is the admin API key from DATA_DIR/admin.key ("" for an agent).
 func (s *Server) AdminKey() string { return s.adminKey }
@@ -261,7 +288,14 @@ func (s *Server) Healthy() bool {
 	if err != nil {
 		return false
 	}
-	resp, err := http.DefaultClient.Do(req)
+	c, err := s.HTTPClient()
+	if err != nil {
+		return false
+	}
+	if c != http.DefaultClient {
+		defer c.CloseIdleConnections()
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return false
 	}

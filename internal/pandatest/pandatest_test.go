@@ -5,10 +5,18 @@ package pandatest
 // use this package.
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -66,6 +74,15 @@ func fakePanda(mode string, args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if args[0] == "agent" {
+		// As the real one: TLS, with its CA in DATA_DIR/agent-ca.pem.
+		cfg, err := fakeAgentTLS(*dataDir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		l = tls.NewListener(l, cfg)
+	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -78,6 +95,29 @@ func fakePanda(mode string, args []string) int {
 		return 3
 	}
 	return 0
+}
+
+// fakeAgentTLS makes a self-signed certificate for 127.0.0.1, written to
+// dir/agent-ca.pem.
+func fakeAgentTLS(dir string) (*tls.Config, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fake agent"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "agent-ca.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, nil
 }
 
 // startFake starts the fake panda in mode.
@@ -114,7 +154,10 @@ func TestStartStop(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addr := strings.TrimPrefix(s.URL(), "http://")
+			addr := strings.TrimPrefix(strings.TrimPrefix(s.URL(), "http://"), "https://")
+			if want := map[bool]string{true: "https://", false: "http://"}[tt.command == "agent"]; !strings.HasPrefix(s.URL(), want) {
+				t.Errorf("URL %s: want %s", s.URL(), want)
+			}
 			got := strings.NewReplacer(dir, "D", addr, "A").Replace(strings.ReplaceAll(string(b), "\n", " "))
 			if got != tt.wantArgs {
 				t.Errorf("got arguments %q, want %q", got, tt.wantArgs)

@@ -66,12 +66,25 @@ type Config struct {
 	MetricsListen string `yaml:"metrics_listen"`
 
 	// AgentURL is the host agent's API that `panda server` drives
-	// (http://host:7789); `panda up` and `panda agent` ignore it.
+	// (https://host:7789); `panda up` and `panda agent` ignore it.
 	AgentURL string `yaml:"agent_url"`
 	// AgentTokenFile holds the agent token: `panda agent` reads it, or
 	// creates it on first start; `panda server` reads it (default
 	// DATA_DIR/agent.token for both).
 	AgentTokenFile string `yaml:"agent_token_file"`
+	// AgentCAFile is the CA certificate `panda server` trusts for the
+	// agent (default DATA_DIR/agent-ca.pem, where `panda agent` makes it).
+	AgentCAFile string `yaml:"agent_ca_file"`
+	// TLSHosts are more host names and addresses for the certificate of
+	// `panda agent` (besides localhost, the listen address, this host's
+	// name, and every address of this host when listening on all).
+	TLSHosts []string `yaml:"tls_hosts"`
+
+	// HTTP timeouts of the REST API and the host API (0: none); see
+	// serveOptions.
+	HTTPReadHeaderTimeout Duration `yaml:"http_read_header_timeout"`
+	HTTPIdleTimeout       Duration `yaml:"http_idle_timeout"`
+	HTTPBodyReadTimeout   Duration `yaml:"http_body_read_timeout"`
 
 	LogLevel  string `yaml:"log_level"`
 	LogFormat string `yaml:"log_format"`
@@ -110,6 +123,10 @@ func Defaults() Config {
 		OnShutdown:         "kill",
 		LogLevel:           "info",
 		LogFormat:          "text",
+
+		HTTPReadHeaderTimeout: Duration(10 * time.Second),
+		HTTPIdleTimeout:       Duration(2 * time.Minute),
+		HTTPBodyReadTimeout:   Duration(time.Minute),
 	}
 }
 
@@ -158,6 +175,14 @@ func (c *Config) Validate() error {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return fmt.Errorf("log_level %q must be debug, info, warn or error", c.LogLevel)
+	}
+	for _, t := range []struct {
+		key string
+		d   Duration
+	}{{"http_read_header_timeout", c.HTTPReadHeaderTimeout}, {"http_idle_timeout", c.HTTPIdleTimeout}, {"http_body_read_timeout", c.HTTPBodyReadTimeout}} {
+		if t.d < 0 {
+			return fmt.Errorf("%s %v must not be negative (0 turns it off)", t.key, time.Duration(t.d))
+		}
 	}
 	return nil
 }
@@ -220,9 +245,9 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 
 	// 4. Serve. From here on, shutdown follows cfg.OnShutdown.
 	keepRunning = false
-	sv := startServing(ln, srv.Handler(), srv.Run)
+	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run)
 	if cfg.MetricsListen != "" {
-		stopMetrics, err := serveMetrics(cfg.MetricsListen, srv.MetricsHandler(), log)
+		stopMetrics, err := serveMetrics(cfg.MetricsListen, cfg.serveOptions(log).httpServer(srv.MetricsHandler()), log)
 		if err != nil {
 			sv.stop()
 			return err
@@ -415,9 +440,10 @@ type serving struct {
 	stopped bool
 }
 
-// startServing serves h on ln and runs each of loops until stop.
-func startServing(ln net.Listener, h http.Handler, loops ...func(context.Context) error) *serving {
-	sv := &serving{hs: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}, errc: make(chan error, 1)}
+// startServing serves h on ln as opts say and runs each of loops until
+// stop.
+func startServing(ln net.Listener, h http.Handler, opts serveOptions, loops ...func(context.Context) error) *serving {
+	sv := &serving{hs: opts.httpServer(h), errc: make(chan error, 1)}
 	bg, stop := context.WithCancel(context.Background())
 	sv.stopBg = stop
 	for _, loop := range loops {
@@ -456,13 +482,12 @@ func (sv *serving) stop() {
 	sv.bgDone.Wait()
 }
 
-// serveMetrics serves h (the metrics) on addr until stop is called.
-func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+// serveMetrics serves hs (the metrics) on addr until stop is called.
+func serveMetrics(addr string, hs *http.Server, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("cannot listen for metrics: %w", err)
 	}
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	go hs.Serve(ln)
 	log.Info("serving metrics", "addr", ln.Addr().String())
 	return func() { hs.Close() }, nil

@@ -2,11 +2,16 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
@@ -26,7 +31,7 @@ func AgentDefaults() Config {
 // nothing is set: Defaults, with the host agent on this host.
 func ServerDefaults() Config {
 	c := Defaults()
-	c.AgentURL = "http://127.0.0.1:7789"
+	c.AgentURL = "https://127.0.0.1:7789"
 	return c
 }
 
@@ -36,13 +41,93 @@ func AgentTokenFile(cfg Config) string {
 	if cfg.AgentTokenFile != "" {
 		return cfg.AgentTokenFile
 	}
-	return filepath.Join(cfg.DataDir, "agent.token")
+	return filepath.Join(cfg.DataDir, hostapi.TokenFile)
+}
+
+// AgentEndpoint is how `panda server` reaches one host agent: its URL and
+// that agent's own credentials.
+type AgentEndpoint struct {
+	URL       string // https://host:port
+	TokenFile string // the agent's token
+	CAFile    string // the agent's CA certificate: the only one trusted for it
+}
+
+// Agents are the host agents `panda server` drives, each with its own
+// credentials. Today there is one, from agent_url, agent_token_file and
+// agent_ca_file (defaults in DATA_DIR, as `panda agent` writes them when
+// the two share it); a list of agents would come as more endpoints, with
+// those keys staying the first.
+func (c *Config) Agents() []AgentEndpoint {
+	ca := c.AgentCAFile
+	if ca == "" {
+		ca = filepath.Join(c.DataDir, hostapi.CAFile)
+	}
+	return []AgentEndpoint{{URL: c.AgentURL, TokenFile: AgentTokenFile(*c), CAFile: ca}}
+}
+
+// check reports an endpoint panda server must not use: the host API's
+// token and commands never travel in clear, so the URL is https://.
+func (e AgentEndpoint) check() error {
+	u, err := url.Parse(e.URL)
+	switch {
+	case e.URL == "":
+		return errors.New("agent_url is required (the host agent's API, e.g. https://127.0.0.1:7789)")
+	case err != nil || u.Host == "":
+		return fmt.Errorf("agent_url %q: want https://HOST:PORT", e.URL)
+	case u.Scheme == "http":
+		return fmt.Errorf("agent_url %q: the host API is served over TLS only: use https://%s (trusting the agent's CA, agent_ca_file)", e.URL, u.Host)
+	case u.Scheme != "https":
+		return fmt.Errorf("agent_url %q: want https://HOST:PORT", e.URL)
+	}
+	return nil
+}
+
+// agentCertHosts are the names and addresses of the agent's certificate:
+// localhost, this host's name, the listen address or, when it is all
+// addresses, every address of this host, and extra.
+func agentCertHosts(listen string, extra []string) []string {
+	hosts := []string{"localhost", "127.0.0.1", "::1"}
+	if name, err := os.Hostname(); err == nil && isDNSName(name) {
+		hosts = append(hosts, name)
+	}
+	host, _, _ := net.SplitHostPort(listen)
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		addrs, _ := net.InterfaceAddrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLinkLocalUnicast() {
+				hosts = append(hosts, n.IP.String())
+			}
+		}
+	} else {
+		hosts = append(hosts, host)
+	}
+	hosts = append(hosts, extra...)
+	var out []string
+	seen := map[string]bool{}
+	for _, h := range hosts {
+		if h != "" && !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// isDNSName reports whether s can be a certificate's DNS name.
+func isDNSName(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // RunAgent runs a host agent and its host API (`panda agent`) until ctx
 // ends. It adopts the VMMs an earlier run left running, as Run does; the
 // control plane that connects reconciles its catalog with them. On first
-// start it writes a random agent token to AgentTokenFile (mode 0600).
+// start it writes a random agent token to AgentTokenFile (mode 0600) and
+// its TLS credentials to the data directory (hostapi.LoadOrCreateTLS).
 // Shutdown: no new requests, those in flight get 10 s, then (OnShutdown
 // kill) running sandboxes are killed and connected servers told so, then
 // the event streams end and the store is closed.
@@ -59,6 +144,16 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	}
 	if created {
 		fmt.Fprintf(out, "Created the agent token in %s (mode 0600): give it to panda server with --agent-token-file.\n", tokenFile)
+	}
+	creds, err := hostapi.LoadOrCreateTLS(cfg.DataDir, agentCertHosts(cfg.Listen, cfg.TLSHosts))
+	if err != nil {
+		return fmt.Errorf("cannot set up the host API's TLS: %w", err)
+	}
+	if creds.CreatedCA {
+		fmt.Fprintf(out, "Created the agent's CA in %s: give it to panda server with --agent-ca-file.\n", creds.CAFile)
+	}
+	if creds.Issued {
+		log.Info("issued the host api certificate", "hosts", strings.Join(creds.Hosts, ","), "not_after", creds.NotAfter().Format(time.RFC3339))
 	}
 
 	host, exits, err := openHost(ctx, cfg, log)
@@ -79,8 +174,10 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	}
 
 	keepRunning = false
-	sv := startServing(ln, hsrv)
-	fmt.Fprintf(out, "PandaStack host agent listening on http://%s (accel %s, data %s, token in %s)\n", ln.Addr(), host.Accel(), cfg.DataDir, tokenFile)
+	opts := cfg.serveOptions(log.With("part", "hostapi"))
+	opts.bodyMayIdle = hostapi.BodyMayIdle
+	sv := startServing(tls.NewListener(ln, creds.Config), hsrv, opts)
+	fmt.Fprintf(out, "PandaStack host agent listening on https://%s (accel %s, data %s, token in %s, CA in %s)\n", ln.Addr(), host.Accel(), cfg.DataDir, tokenFile, creds.CAFile)
 	log.Info("serving host api", "addr", ln.Addr().String())
 	if err := sv.wait(ctx); err != nil {
 		return err
@@ -117,19 +214,28 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 // sandboxes before it serves and whenever the stream reconnects. Its
 // shutdown leaves the agent's sandboxes running: they are the agent's.
 func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, out io.Writer, log *slog.Logger) error {
-	if cfg.AgentURL == "" {
-		return errors.New("config: agent_url is required (the host agent's API, e.g. http://127.0.0.1:7789)")
+	agents := cfg.Agents()
+	if len(agents) != 1 {
+		return fmt.Errorf("config: %d host agents; panda server drives exactly one", len(agents))
+	}
+	ep := agents[0]
+	if err := ep.check(); err != nil {
+		return fmt.Errorf("config: %w", err)
 	}
 	ln, release, err := prepare(cfg, lockControl)
 	if err != nil {
 		return err
 	}
 	defer release()
-	token, err := hostapi.ReadToken(AgentTokenFile(cfg))
+	token, err := hostapi.ReadToken(ep.TokenFile)
 	if err != nil {
 		return err
 	}
-	client, err := dialAgent(ctx, cfg.AgentURL, token, log)
+	tlsCfg, err := hostapi.ClientTLS(ep.CAFile)
+	if err != nil {
+		return fmt.Errorf("%w (panda agent writes its CA to DATA_DIR/%s; give it with --agent-ca-file)", err, hostapi.CAFile)
+	}
+	client, err := dialAgent(ctx, ep.URL, token, tlsCfg, log)
 	if err != nil {
 		return err
 	}
@@ -170,7 +276,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 		return nil
 	}
 
-	sv := startServing(ln, srv.Handler(), srv.Run)
+	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run)
 	fmt.Fprintf(out, "PandaStack listening on http://%s (host agent %s, accel %s)\n", ln.Addr(), cfg.AgentURL, client.Accel())
 	log.Info("serving", "addr", ln.Addr().String(), "agent", cfg.AgentURL)
 	if err := sv.wait(ctx); err != nil {
@@ -187,16 +293,19 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 }
 
 // dialAgent connects to the host agent, waiting for it to come up; a
-// rejected token is an error at once.
-func dialAgent(ctx context.Context, url, token string, log *slog.Logger) (*hostapi.Client, error) {
+// rejected token or an untrusted certificate is an error at once.
+func dialAgent(ctx context.Context, url, token string, tlsCfg *tls.Config, log *slog.Logger) (*hostapi.Client, error) {
 	backoff := 100 * time.Millisecond
 	for waited := false; ; waited = true {
-		c, err := hostapi.Dial(url, token, hostapi.WithLogger(log.With("part", "hostapi")))
+		c, err := hostapi.Dial(url, token, hostapi.WithLogger(log.With("part", "hostapi")), hostapi.WithTLS(tlsCfg))
 		if err == nil {
 			if waited {
 				log.Info("host agent is up", "agent", url)
 			}
 			return c, nil
+		}
+		if errors.Is(err, hostapi.ErrUntrusted) {
+			return nil, fmt.Errorf("cannot connect to host agent: %w (is agent_ca_file the CA the agent made, DATA_DIR/%s of the agent?)", err, hostapi.CAFile)
 		}
 		if !errors.Is(err, api.ErrUnavailable) {
 			return nil, fmt.Errorf("cannot connect to host agent: %w", err)
