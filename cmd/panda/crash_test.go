@@ -250,3 +250,42 @@ func waitState(t *testing.T, ctx context.Context, c *pandastack.Client, id strin
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestCrashDuringABake: a server killed while it bakes a template used to
+// leave the bake's QEMU running and its directories behind. The next start
+// removes both, and bakes again.
+func TestCrashDuringABake(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	opts := upOptions(dir, "", "--bake")
+	opts.Env = []string{"PANDA_FAILPOINTS=bake-booted=crash"}
+	cmd, err := pandatest.Command(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("panda up --bake with a crash in the bake exited 0; output:\n%s", out)
+	}
+	bakes := pandatest.QEMUPIDs(dir)
+	if len(bakes) != 1 {
+		t.Fatalf("after a crash in a bake: QEMU processes %v, want the bake's (one)", bakes)
+	}
+	s := crashAt(t, "after the bake crash", dir, "")
+	if !pandatest.WaitGone(bakes[0], 30*time.Second) {
+		t.Errorf("the interrupted bake's QEMU %d still runs after the next start", bakes[0])
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "store", "templates", ".bake-*")); len(m) != 0 {
+		t.Errorf("left in the store: %v", m)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "run", "bake-*")); len(m) != 0 {
+		t.Errorf("left in the run directory: %v", m)
+	}
+	// The template is baked again on first use.
+	ctx := ctxFor(t)
+	sb := mustCreate(t, ctx, s.client(t))
+	if got := mustExec(t, ctx, sb, "echo ok"); got != "ok\n" {
+		t.Errorf("exec after the re-bake: %q", got)
+	}
+	mustStop(t, s)
+}

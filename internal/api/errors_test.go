@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 func TestClassify(t *testing.T) {
@@ -34,6 +37,13 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("hello: %w", context.Canceled), 499, "canceled", "", ""},
 		{fmt.Errorf("op: %w", context.DeadlineExceeded), http.StatusGatewayTimeout, "timeout", "", ""},
 		{errors.New("disk exploded at 0x1234"), http.StatusInternalServerError, "internal", "internal error", "0x1234"},
+		// Host paths are logged, never shown.
+		{fmt.Errorf("snapshot: %w: %w", agent.ErrNoSpace, &os.PathError{Op: "write", Path: "/var/lib/pandastack/store/snapshots/x/vm.mem", Err: syscall.ENOSPC}),
+			http.StatusInsufficientStorage, "insufficient_storage", "out of disk space", "/var/lib"},
+		{fmt.Errorf("resume x: %w: its saved memory or disk does not match its checksums", agent.ErrCorrupt), http.StatusConflict, "corrupt", "checksums", ""},
+		{fmt.Errorf("guest: %w", agent.ErrNotReady), http.StatusServiceUnavailable, "unavailable", "retry", ""},
+		{fmt.Errorf("start: %w", vmm.ErrExhausted), http.StatusServiceUnavailable, "unavailable", "no room", ""},
+		{fmt.Errorf("x: %w", template.ErrNotFound), http.StatusNotFound, "not_found", "", "/"},
 	} {
 		got := classify(tc.err)
 		if got.Status != tc.status || got.Code != tc.code || !strings.Contains(got.Message, tc.text) ||

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
@@ -518,6 +519,7 @@ func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string) (bootI
 		}
 		return "", fmt.Errorf("guest agent did not answer: %w (console: %s)", err, tail(spec.ConsoleLog))
 	}
+	failpoint.Hit("bake-booted")
 	// Warm the guest: the first exec after a restore pays for loading the
 	// shell and its libraries from disk unless they are in the snapshot's
 	// page cache already.
