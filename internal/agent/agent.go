@@ -135,8 +135,8 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closed    bool
-	gidMu sync.Mutex
-	gids  map[string]uint32 // tenant group ids (tenantGID)
+	gidMu     sync.Mutex
+	gids      map[string]uint32 // tenant group ids (tenantGID)
 
 	// starts is the semaphore of MaxConcurrentStarts.
 	starts chan struct{}
