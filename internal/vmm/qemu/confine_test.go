@@ -1023,8 +1023,9 @@ func TestUnconfined(t *testing.T) {
 	}
 }
 
-// TestStartLatency measures what confinement adds to Start (process start
-// to QMP ready) and to a whole restore (Start, load, resume, HELLO, a
+// TestStartLatency measures what confinement adds to the spawn (UID,
+// cgroup, files, jail, rlimits and the exec), to Start (spawn to QMP
+// ready) and to a whole restore (Start, load, resume, HELLO, a
 // first exec of true), confined and unconfined alternately. Not a check:
 // run it with PANDA_MEASURE_STARTS=N (N >= 30).
 func TestStartLatency(t *testing.T) {
@@ -1033,9 +1034,12 @@ func TestStartLatency(t *testing.T) {
 		t.Skip("set PANDA_MEASURE_STARTS to measure")
 	}
 	f := templateFiles(t)
+	spawns := map[string]*spawnLog{"confined": {}, "unconfined": {}}
+	cfg := testConfig(t, 4)
+	cfg.Logger = slog.New(spawns["confined"])
 	drivers := map[string]*Driver{
-		"confined":   newDriver(t, testConfig(t, 4)),
-		"unconfined": newDriver(t, Config{NoConfine: true}),
+		"confined":   newDriver(t, cfg),
+		"unconfined": newDriver(t, Config{NoConfine: true, Logger: slog.New(spawns["unconfined"])}),
 	}
 	specs := map[string]vmm.Spec{}
 	for name := range drivers {
@@ -1095,12 +1099,15 @@ func TestStartLatency(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"confined", "unconfined"} {
-		for _, what := range []string{"start", "first exec"} {
+		for _, what := range []string{"spawn", "start", "first exec"} {
 			var ts []time.Duration
-			for _, s := range times[name] {
-				if what == "start" {
+			for i, s := range times[name] {
+				switch what {
+				case "spawn":
+					ts = append(ts, spawns[name].get(i))
+				case "start":
 					ts = append(ts, s.start)
-				} else {
+				default:
 					ts = append(ts, s.exec)
 				}
 			}
@@ -1113,3 +1120,30 @@ func TestStartLatency(t *testing.T) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// spawnLog is a slog handler that keeps the spawn_ms of every started VMM.
+type spawnLog struct {
+	mu sync.Mutex
+	ds []time.Duration
+}
+
+func (l *spawnLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *spawnLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *spawnLog) WithGroup(string) slog.Handler            { return l }
+func (l *spawnLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "spawn_ms" {
+			l.mu.Lock()
+			l.ds = append(l.ds, time.Duration(a.Value.Float64()*float64(time.Millisecond)))
+			l.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (l *spawnLog) get(i int) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ds[i]
+}

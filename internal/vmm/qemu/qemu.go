@@ -513,6 +513,7 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	cmd.ExtraFiles = socks // agentFD, qmpFD
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedBuffer{buf: &stderr, max: 16 << 10}
+	t0 := time.Now()
 	b, err := d.spawn(cmd, confinement{
 		gid:    spec.GID,
 		limits: d.limits(spec.MemoryMiB, spec.VCPUs),
@@ -535,6 +536,8 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if b != nil {
 		m.uid = b.uid
 	}
+	// spawn_ms: confinement (UID, cgroup, files, jail, rlimits) and exec.
+	d.cfg.Logger.Debug("vmm process started", "pid", m.pid, "uid", m.uid, "spawn_ms", float64(time.Since(t0).Microseconds())/1000)
 	m.memID = memID
 	go func() {
 		err := cmd.Wait()
