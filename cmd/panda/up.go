@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	apispec "github.com/pandastack/pandastack/api"
@@ -156,6 +157,9 @@ func daemonCmd(cmd *cobra.Command, defaults func() server.Config, flags []string
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
+		// Daemons keep tenants' data: what they create is theirs alone
+		// unless they widen it on purpose.
+		syscall.Umask(0o077)
 		return run(cmd, cfg, cfg.Logger(cmd.ErrOrStderr()))
 	}
 	return cmd

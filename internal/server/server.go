@@ -308,8 +308,15 @@ func prepare(cfg Config, locks ...string) (ln net.Listener, release func(), err 
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("config: %w", err)
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("cannot create data directory: %w", err)
+	}
+	// The data directory holds tenants' data (environments in sandbox
+	// records and the catalog, disks, memory images): root's alone. Files
+	// the daemons create are 0600 and directories 0700 unless made wider
+	// on purpose (the umask is the process's, set by cmd/panda).
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("cannot restrict the data directory: %w", err)
 	}
 	var held []*dirLock
 	release = func() {
