@@ -143,6 +143,57 @@ func TestHostileGuest(t *testing.T) {
 		}
 	})
 
+	t.Run("too many operations", func(t *testing.T) {
+		sb := mustCreate(t, ctx, c)
+		sctx, scancel := context.WithCancel(ctx)
+		defer scancel()
+		cmd := hostileCmd("hang")
+		cmd.Timeout = time.Minute
+		started := make(chan error, guestproto.DefaultMaxStreams)
+		ended := make(chan error, guestproto.DefaultMaxStreams)
+		for range guestproto.DefaultMaxStreams {
+			go func() {
+				hanging := make(chan struct{})
+				done := make(chan error, 1)
+				go func() {
+					_, err := sb.ExecStream(sctx, cmd, &lineSignal{lines: map[string]chan struct{}{"hanging": hanging}}, nil)
+					done <- err
+				}()
+				select {
+				case <-hanging:
+					started <- nil
+					ended <- <-done
+				case err := <-done:
+					started <- fmt.Errorf("exec ended before it hung: %w", err)
+					ended <- err
+				}
+			}()
+		}
+		for range guestproto.DefaultMaxStreams {
+			select {
+			case err := <-started:
+				if err != nil {
+					t.Fatalf("one of %d concurrent execs: %v", guestproto.DefaultMaxStreams, err)
+				}
+			case <-time.After(2 * promptBound):
+				t.Fatalf("%d concurrent execs not all running within %v", guestproto.DefaultMaxStreams, 2*promptBound)
+			}
+		}
+		err := timed(t, promptBound, fmt.Sprintf("a request beyond %d operations in flight", guestproto.DefaultMaxStreams), func() error {
+			_, err := sb.Stat(ctx, "/")
+			return err
+		})
+		wantAPIError(t, err, 429, "too many concurrent operations")
+		timed(t, killBound, "DELETE with every stream taken", func() error { return mustKill(t, ctx, sb) })
+		for range guestproto.DefaultMaxStreams {
+			select {
+			case <-ended:
+			case <-time.After(promptBound):
+				t.Fatalf("an exec of a deleted sandbox did not end within %v", promptBound)
+			}
+		}
+	})
+
 	t.Run("garbage", func(t *testing.T) {
 		sb := mustCreate(t, ctx, c)
 		err := timed(t, promptBound, "exec answered with a malformed frame", func() error {

@@ -10,7 +10,8 @@
 //	flood        REPLY, then up to 64 MiB of stdout without waiting for credit
 //	garbage      REPLY, then a malformed frame header
 //	bad-reply    a REPLY that is 64 KiB of unterminated JSON
-//	hang         REPLY, then nothing: the exec never ends (timeout_ms ignored)
+//	hang         REPLY, "hanging\n" on stdout, then nothing: the exec never
+//	             ends (timeout_ms ignored)
 //	stop-reading REPLY, then the agent never reads its channel again
 //	no-barrier   BARRIER is dropped from now on; this exec's stdout says
 //	             "no-barrier armed\n", then "barrier dropped\n" for each
@@ -281,6 +282,7 @@ func (g *Guest) exec(s *guestproto.Stream, mode string, args []string) {
 	case "hang":
 		_ = s.Reply(guestproto.Reply{PID: pid})
 		s.DiscardInput()
+		_, _ = s.Write([]byte("hanging\n"))
 		<-s.Done()
 	case "stop-reading":
 		g.stopReading() // before REPLY: the host's next frame is never read
