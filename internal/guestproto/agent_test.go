@@ -280,9 +280,14 @@ func TestStalledUploadDoesNotBlockOthers(t *testing.T) {
 	c := f.connect(t, "s", true)
 	ctx := testContext(t)
 	sink := openStream(t, ctx, c, "/sink")
+	// The whole credit goes out; the next write waits for credit that
+	// never comes.
+	if _, err := sink.Write(make([]byte, guestproto.InitialWindow)); err != nil {
+		t.Fatalf("write the initial window: %v", err)
+	}
 	wrote := make(chan error, 1)
 	go func() {
-		_, err := sink.Write(make([]byte, 4*guestproto.InitialWindow))
+		_, err := sink.Write(make([]byte, guestproto.InitialWindow))
 		wrote <- err
 	}()
 	mib := openStream(t, ctx, c, "/mib")

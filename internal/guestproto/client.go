@@ -61,7 +61,8 @@ type ClientConfig struct {
 	ExecGrace time.Duration
 	// MaxStreams bounds the operations in flight at once (each exec, file
 	// transfer and file operation is one stream). Beyond it, operations
-	// fail at once with ErrTooManyStreams. Default DefaultMaxStreams (64).
+	// fail at once with a *Error of CodeBusy (errors.Is ErrTooManyStreams).
+	// Default DefaultMaxStreams (64).
 	MaxStreams int
 	// MaxListEntries and MaxListBytes bound a directory listing: ListDir of
 	// a directory with more entries, or whose entries take more bytes of
@@ -583,7 +584,7 @@ func (c *Client) open(ctx context.Context, req *OpenRequest, dataIn int) (*Strea
 		id := c.nextID
 		c.mu.Unlock()
 		if s, err = c.m.add(id, 0, c.cfg.MaxStreams); err != nil {
-			return nil, fmt.Errorf("%w (at most %d at once)", err, c.cfg.MaxStreams)
+			return nil, err
 		}
 	}
 	s.mu.Lock()

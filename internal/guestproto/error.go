@@ -22,10 +22,15 @@ const (
 	CodeTimeout    Code = "timeout"    // the operation timed out
 	CodeCanceled   Code = "canceled"   // the peer aborted the stream (RESET sent on cancel)
 	CodeTooLarge   Code = "too_large"  // the guest's answer exceeds a host limit, e.g. a listing of too many entries (422)
+	CodeBusy       Code = "busy"       // the host's limit of concurrent operations on this guest is reached; retry later (429)
 	CodeInternal   Code = "internal"   // anything else
 )
 
-// Error is an error the guest reported (a Reply error or a RESET payload).
+// Error is an error the guest reported (a Reply error or a RESET payload),
+// or one the host's Client raised on the guest's behalf when the guest broke
+// a limit (CodeTooLarge, CodeTimeout) or the host's own limit was reached
+// (CodeBusy). Its Code crosses process boundaries; its Message is written
+// for users.
 type Error struct {
 	Code    Code   `json:"code"`
 	Message string `json:"message,omitempty"`
@@ -75,6 +80,7 @@ var (
 	ErrTimeout    = &Error{Code: CodeTimeout}
 	ErrCanceled   = &Error{Code: CodeCanceled}
 	ErrTooLarge   = &Error{Code: CodeTooLarge}
+	ErrBusy       = &Error{Code: CodeBusy}
 	ErrInternal   = &Error{Code: CodeInternal}
 )
 
@@ -97,10 +103,11 @@ var (
 	// the guest made no progress for ClientConfig.WriteTimeout: the guest
 	// stopped reading its channel. Errors wrapping it wrap ErrClosed too.
 	ErrUnresponsive = errors.New("guest agent stopped reading its channel")
-	// ErrTooManyStreams is returned at once, without asking the guest, when
-	// a Client already has ClientConfig.MaxStreams operations (execs, file
-	// transfers, file operations) in flight. The caller may retry later.
-	ErrTooManyStreams = errors.New("too many concurrent operations on this sandbox")
+	// ErrTooManyStreams matches the error returned at once, without asking
+	// the guest, when a Client already has ClientConfig.MaxStreams
+	// operations (execs, file transfers, file operations) in flight: a
+	// *Error of CodeBusy (it is ErrBusy). The caller may retry later.
+	ErrTooManyStreams = ErrBusy
 	// ErrNoSession is returned by stream operations before Hello succeeded.
 	ErrNoSession = errors.New("no guest session: call Hello first")
 	// ErrSessionReset is returned on the guest side for streams of a session

@@ -20,12 +20,12 @@ func newMux(host bool, w *frameWriter) *mux {
 }
 
 // add registers a new stream; it returns nil if the id is taken. With
-// limit > 0 it fails with ErrTooManyStreams when limit streams are open.
+// limit > 0 it fails with CodeBusy when limit streams are open.
 func (m *mux) add(id uint32, gen uint64, limit int) (*Stream, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if limit > 0 && len(m.streams) >= limit {
-		return nil, ErrTooManyStreams
+		return nil, Errorf(CodeBusy, "too many concurrent operations on this sandbox (at most %d at once); retry when one has finished", limit)
 	}
 	if _, ok := m.streams[id]; ok {
 		return nil, nil

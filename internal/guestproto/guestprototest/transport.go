@@ -20,6 +20,7 @@ type Transport struct {
 	cond   sync.Cond
 	segs   []segment
 	out    net.Conn
+	queued chan struct{} // of out: closed once its bytes and hang-up are queued
 	closed bool
 }
 
@@ -44,17 +45,21 @@ func New() *Transport {
 // disconnected); with hangup false the agent sees nothing, as a restored VM
 // does not see its old host go.
 //
-// The host's Close returns once whatever the host wrote, and the hang-up,
-// are queued for the agent: bytes of a host connected later come after.
+// The previous host is disconnected first. The host's Close, and Connect
+// when it replaces a host, return once whatever that host wrote, and the
+// hang-up, are queued for the agent: bytes of a host connected later come
+// after, as on a virtio-serial port, where one host at a time is connected.
 func (t *Transport) Connect(hangup bool) net.Conn {
 	host, agent := net.Pipe()
-	t.mu.Lock()
-	if t.out != nil {
-		_ = t.out.Close()
-	}
-	t.out = agent
-	t.mu.Unlock()
 	done := make(chan struct{})
+	t.mu.Lock()
+	old, oldQueued := t.out, t.queued
+	t.out, t.queued = agent, done
+	t.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+		<-oldQueued
+	}
 	go func() {
 		defer close(done)
 		for {

@@ -7,14 +7,15 @@
 //
 // Modes that act on the exec's own stream:
 //
-//	flood        REPLY, then up to 1 GiB of stdout without waiting for credit
+//	flood        REPLY, then up to 64 MiB of stdout without waiting for credit
 //	garbage      REPLY, then a malformed frame header
 //	bad-reply    a REPLY that is 64 KiB of unterminated JSON
-//	hang         REPLY, then nothing: the exec never ends (timeout_ms ignored)
+//	hang         REPLY, "hanging\n" on stdout, then nothing: the exec never
+//	             ends (timeout_ms ignored)
 //	stop-reading REPLY, then the agent never reads its channel again
-//	no-barrier   BARRIER is dropped from now on, and each dropped one is
-//	             reported on this exec's stdout ("barrier dropped\n"); the
-//	             exec runs until it is killed
+//	no-barrier   BARRIER is dropped from now on; this exec's stdout says
+//	             "no-barrier armed\n", then "barrier dropped\n" for each
+//	             dropped one; the exec runs until it is killed
 //
 // Modes that set a trap for a later request and end the exec with status 0:
 //
@@ -259,7 +260,9 @@ func (g *Guest) exec(s *guestproto.Stream, mode string, args []string) {
 			return
 		}
 		frame := guestproto.AppendFrame(nil, guestproto.Frame{Type: guestproto.FrameData, Stream: s.ID(), Payload: bytes.Repeat([]byte("F"), guestproto.MaxPayload)})
-		for range (1 << 30) / guestproto.MaxPayload {
+		// 64 MiB: 256 times the credit, and short enough that the guest,
+		// which may only see the host's RESET late, answers again soon.
+		for range (64 << 20) / guestproto.MaxPayload {
 			select {
 			case <-s.Done():
 				return
@@ -279,6 +282,7 @@ func (g *Guest) exec(s *guestproto.Stream, mode string, args []string) {
 	case "hang":
 		_ = s.Reply(guestproto.Reply{PID: pid})
 		s.DiscardInput()
+		_, _ = s.Write([]byte("hanging\n"))
 		<-s.Done()
 	case "stop-reading":
 		g.stopReading() // before REPLY: the host's next frame is never read
@@ -290,6 +294,9 @@ func (g *Guest) exec(s *guestproto.Stream, mode string, args []string) {
 			return
 		}
 		s.DiscardInput()
+		if _, err := s.Write([]byte("no-barrier armed\n")); err != nil {
+			return
+		}
 		for {
 			select {
 			case <-g.dropped:

@@ -108,12 +108,22 @@ func hostileExec(ctx context.Context, c *guestproto.Client, mode string, args ..
 func TestFlood(t *testing.T) {
 	c := start(t, guestproto.ClientConfig{})
 	ctx := testContext(t)
-	err := hostileExec(ctx, c, "flood")
+	// Nobody reads stdout, so the host grants nothing: the flood is over
+	// the credit after 256 KiB, however fast the host is.
+	p, err := c.StartExec(ctx, guestproto.ExecRequest{Argv: []string{"hostile", "flood"}})
+	if err != nil {
+		t.Fatalf("flood exec: %v", err)
+	}
+	_, err = p.Wait()
 	if !errors.Is(err, guestproto.ErrInternal) || !strings.Contains(err.Error(), "exceed") {
 		t.Fatalf("flood exec = %v, want an internal error about DATA over the credit", err)
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Errorf("Ping after the flood: %v", err)
+	}
+	var out bytes.Buffer
+	if _, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"echo"}}, nil, &out, nil); err != nil || out.String() != "hello\n" {
+		t.Errorf("exec after the flood = %q, %v; want hello", out.String(), err)
 	}
 }
 
@@ -178,10 +188,14 @@ func TestNoBarrier(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no-barrier exec: %v", err)
 	}
+	armed := make([]byte, len("no-barrier armed\n"))
+	if _, err := io.ReadFull(p.Stdout, armed); err != nil || string(armed) != "no-barrier armed\n" {
+		t.Fatalf("the hostile exec said %q, %v; want %q", armed, err, "no-barrier armed\n")
+	}
 	line := make(chan string, 1)
 	go func() {
-		b := make([]byte, 64)
-		n, _ := io.ReadAtLeast(p.Stdout, b, len("barrier dropped\n"))
+		b := make([]byte, len("barrier dropped\n"))
+		n, _ := io.ReadFull(p.Stdout, b)
 		line <- string(b[:n])
 	}()
 	if err := c.Barrier(context.Background()); !errors.Is(err, guestproto.ErrTimeout) {
