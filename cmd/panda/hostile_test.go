@@ -37,6 +37,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -88,7 +89,7 @@ func TestHostileGuest(t *testing.T) {
 			_, err := sb.Exec(ctx, hostileCmd("flood"))
 			return err
 		})
-		wantAPIError(t, err, 500, "")
+		wantAPIError(t, err, 502, "guest agent failed")
 		if got := mustExec(t, ctx, sb, "echo after"); got != "after\n" {
 			t.Errorf("exec after the flood: got %q, want after", got)
 		}
@@ -124,7 +125,7 @@ func TestHostileGuest(t *testing.T) {
 			_, err := sb.Exec(ctx, hostileCmd("bad-reply"))
 			return err
 		})
-		wantAPIError(t, err, 500, "")
+		wantAPIError(t, err, 502, "guest agent failed")
 		mustExec(t, ctx, sb, "true")
 	})
 
@@ -149,9 +150,9 @@ func TestHostileGuest(t *testing.T) {
 		defer scancel()
 		cmd := hostileCmd("hang")
 		cmd.Timeout = time.Minute
-		started := make(chan error, guestproto.DefaultMaxStreams)
-		ended := make(chan error, guestproto.DefaultMaxStreams)
-		for range guestproto.DefaultMaxStreams {
+		started := make(chan error, api.DefaultMaxGuestRequestsPerSandbox)
+		ended := make(chan error, api.DefaultMaxGuestRequestsPerSandbox)
+		for range api.DefaultMaxGuestRequestsPerSandbox {
 			go func() {
 				hanging := make(chan struct{})
 				done := make(chan error, 1)
@@ -169,23 +170,23 @@ func TestHostileGuest(t *testing.T) {
 				}
 			}()
 		}
-		for range guestproto.DefaultMaxStreams {
+		for range api.DefaultMaxGuestRequestsPerSandbox {
 			select {
 			case err := <-started:
 				if err != nil {
-					t.Fatalf("one of %d concurrent execs: %v", guestproto.DefaultMaxStreams, err)
+					t.Fatalf("one of %d concurrent execs: %v", api.DefaultMaxGuestRequestsPerSandbox, err)
 				}
 			case <-time.After(2 * promptBound):
-				t.Fatalf("%d concurrent execs not all running within %v", guestproto.DefaultMaxStreams, 2*promptBound)
+				t.Fatalf("%d concurrent execs not all running within %v", api.DefaultMaxGuestRequestsPerSandbox, 2*promptBound)
 			}
 		}
-		err := timed(t, promptBound, fmt.Sprintf("a request beyond %d operations in flight", guestproto.DefaultMaxStreams), func() error {
+		err := timed(t, promptBound, fmt.Sprintf("a request beyond %d operations in flight", api.DefaultMaxGuestRequestsPerSandbox), func() error {
 			_, err := sb.Stat(ctx, "/")
 			return err
 		})
-		wantAPIError(t, err, 429, "too many concurrent operations")
+		wantAPIError(t, err, 429, "requests in flight")
 		timed(t, killBound, "DELETE with every stream taken", func() error { return mustKill(t, ctx, sb) })
-		for range guestproto.DefaultMaxStreams {
+		for range api.DefaultMaxGuestRequestsPerSandbox {
 			select {
 			case <-ended:
 			case <-time.After(promptBound):
@@ -200,14 +201,17 @@ func TestHostileGuest(t *testing.T) {
 			_, err := sb.Exec(ctx, hostileCmd("garbage"))
 			return err
 		})
-		wantAPIError(t, err, 500, "")
-		// The connection is gone: later requests fail at once.
+		wantAPIError(t, err, 503, "stopped answering")
+		// The connection is gone; the host reconnects and greets the guest
+		// again. A request meanwhile answers at once: 503 until the guest
+		// answers, then normally (this guest behaves in a new session).
 		err = timed(t, promptBound, "exec after a malformed frame", func() error {
 			_, err := sb.Exec(ctx, pandastack.Command{Cmd: "true"})
 			return err
 		})
-		if err == nil {
-			t.Errorf("exec on a guest whose connection failed succeeded")
+		var ae *pandastack.Error
+		if err != nil && (!errors.As(err, &ae) || ae.Status != 503) {
+			t.Errorf("exec after a malformed frame: %v, want success or 503", err)
 		}
 		timed(t, killBound, "DELETE after a malformed frame", func() error { return mustKill(t, ctx, sb) })
 	})

@@ -697,6 +697,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	}
 	close(ready)
 	go a.watch(s, m)
+	go a.keepGuest(s, m, client)
 	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart),
 		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "ready_ms", ms(time.Since(t0)))
 	return nil

@@ -191,28 +191,8 @@ func (a *Agent) adoptRunning(ctx context.Context, s *sandbox) (State, error) {
 	go a.watch(s, m)
 	// Greet the guest until it answers or the sandbox goes; Recover waits
 	// a little so that most sandboxes are ready when it returns.
-	go func() {
-		hctx, hcancel := context.WithCancel(context.Background())
-		defer hcancel()
-		go func() {
-			select {
-			case <-s.gone:
-				hcancel()
-			case <-hctx.Done():
-			}
-		}()
-		for {
-			err := a.hello(hctx, s, client)
-			if err == nil {
-				close(ready)
-				return
-			}
-			if hctx.Err() != nil || client.Err() != nil {
-				a.log.Warn("adopted sandbox's guest agent did not answer", "sandbox_id", s.rec.ID, "err", err)
-				return
-			}
-		}
-	}()
+	go a.greet(s, client, ready)
+	go a.keepGuest(s, m, client)
 	select {
 	case <-ready:
 	case <-time.After(adoptHelloWait):
@@ -285,5 +265,84 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 			a.log.Warn("killing a vmm of this host that no sandbox owns", "pid", o.PID, "run_dir", o.RunDir)
 			unix.Kill(o.PID, unix.SIGKILL)
 		}
+	}
+}
+
+// greet says HELLO to s's guest on client until it answers (then ready is
+// closed), the connection fails or the sandbox goes.
+func (a *Agent) greet(s *sandbox, client *guestproto.Client, ready chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.gone:
+			cancel()
+		case <-client.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		err := a.hello(ctx, s, client)
+		if err == nil {
+			close(ready)
+			return
+		}
+		if ctx.Err() != nil || client.Err() != nil {
+			a.log.Warn("guest agent did not answer", "sandbox_id", s.rec.ID, "err", err)
+			return
+		}
+	}
+}
+
+// keepGuest reconnects to s's guest agent whenever its connection fails
+// while the sandbox lives: a guest that stops reading its channel or sends
+// garbage costs its connection (guestproto bounds what it may cost), and
+// the next connection starts a new session, in which the guest agent may
+// behave again. Until it answers HELLO, Guest returns ErrNotReady. A
+// connection the agent closed itself (pause, stop, detach) ends this.
+func (a *Agent) keepGuest(s *sandbox, m vmm.Machine, client *guestproto.Client) {
+	for backoff := 100 * time.Millisecond; ; {
+		select {
+		case <-client.Done():
+		case <-s.gone:
+			return
+		case <-m.Done():
+			return
+		}
+		s.mu.Lock()
+		ours := s.client == client && s.m == m && !s.detached && s.state != StateStopping && s.state != StateStopped
+		s.mu.Unlock()
+		if !ours {
+			return
+		}
+		a.log.Warn("guest channel failed; reconnecting", "sandbox_id", s.rec.ID, "err", client.Err())
+		select {
+		case <-time.After(backoff): // a guest that breaks every session must not make us spin
+		case <-s.gone:
+			return
+		}
+		backoff = min(2*backoff, 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
+		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", m.AgentSocket())
+		cancel()
+		if err != nil {
+			a.log.Warn("reconnect to guest agent", "sandbox_id", s.rec.ID, "err", err)
+			continue
+		}
+		next := guestproto.NewClient(conn)
+		ready := make(chan struct{})
+		s.mu.Lock()
+		ours = s.client == client && s.m == m && !s.detached && s.state != StateStopping && s.state != StateStopped
+		if ours {
+			s.client, s.ready = next, ready
+		}
+		s.mu.Unlock()
+		if !ours {
+			next.Close()
+			return
+		}
+		client = next
+		go a.greet(s, client, ready)
 	}
 }

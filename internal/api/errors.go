@@ -90,23 +90,44 @@ func classify(err error) *apiError {
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
 	case errors.Is(err, ErrUnavailable):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
-	case errors.Is(err, context.Canceled):
-		// The client went away; nobody reads this answer. 499 as nginx does.
-		return errorf(499, "canceled", "the request was canceled")
-	case errors.Is(err, context.DeadlineExceeded):
-		return errorf(http.StatusGatewayTimeout, "timeout", "the operation timed out")
 	}
+	// A guest's own classes first: a guest timeout says more than the
+	// context error it also matches.
 	switch guestproto.CodeOf(err) {
 	case guestproto.CodeNotFound:
 		return errorf(http.StatusNotFound, "not_found", "%s", guestMessage(err))
 	case guestproto.CodeExists, guestproto.CodeNotEmpty:
 		return errorf(http.StatusConflict, "conflict", "%s", guestMessage(err))
-	case guestproto.CodeNotDir, guestproto.CodeIsDir, guestproto.CodeInvalid:
+	case guestproto.CodeNotDir, guestproto.CodeIsDir, guestproto.CodeInvalid, guestproto.CodeTooLarge:
 		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", guestMessage(err))
 	case guestproto.CodePermission:
 		return errorf(http.StatusForbidden, "forbidden", "%s", guestMessage(err))
 	case guestproto.CodeTimeout:
 		return errorf(http.StatusGatewayTimeout, "timeout", "%s", guestMessage(err))
+	case guestproto.CodeBusy:
+		return errorf(http.StatusTooManyRequests, "too_many_requests", "the sandbox has too many operations in flight (exec, files); wait for some to finish")
+	case guestproto.CodeInternal:
+		if isNoSpace(err) {
+			return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the sandbox is out of disk space")
+		}
+		// The guest agent failed, or broke the protocol (a guest is
+		// untrusted): not the server's fault. Its text is capped.
+		msg := guestMessage(err)
+		if len(msg) > 512 {
+			msg = strings.ToValidUTF8(msg[:512], "") + "…"
+		}
+		return errorf(http.StatusBadGateway, "guest_error", "the sandbox's guest agent failed: %s", msg)
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads this answer. 499 as nginx does.
+		return errorf(499, "canceled", "the request was canceled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return errorf(http.StatusGatewayTimeout, "timeout", "the operation timed out")
+	case errors.Is(err, guestproto.ErrUnresponsive), errors.Is(err, guestproto.ErrInvalidFrame), errors.Is(err, guestproto.ErrClosed):
+		// The guest agent broke its channel (stopped reading, sent garbage)
+		// or the sandbox stopped meanwhile: the host reconnects to it.
+		return errorf(http.StatusServiceUnavailable, "unavailable", "the sandbox's guest agent stopped answering; retry, or kill the sandbox")
 	}
 	if isNoSpace(err) {
 		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the sandbox is out of disk space")
@@ -145,7 +166,7 @@ type errorDetail struct {
 // here, where they are handled, with the request's details.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := classify(err)
-	if ae.Status >= 500 && ae.Status != http.StatusServiceUnavailable && ae.Status != http.StatusInsufficientStorage {
+	if ae.Status >= 500 && ae.Status != http.StatusServiceUnavailable && ae.Status != http.StatusInsufficientStorage && ae.Status != http.StatusBadGateway {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
 	} else if ae.Status >= 500 {
 		s.log.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)

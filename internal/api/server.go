@@ -162,6 +162,12 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
+// Defaults of the guest request limits (Config).
+const (
+	DefaultMaxGuestRequestsPerSandbox = 32
+	DefaultMaxGuestRequestsPerKey     = 256
+)
+
 // SetDefaults fills in zero fields.
 func (c *Config) SetDefaults() {
 	if c.HostID == "" {
@@ -186,10 +192,10 @@ func (c *Config) SetDefaults() {
 		c.MaxDiskMiBPerKey = 1 << 20 // 1 TiB
 	}
 	if c.MaxGuestRequestsPerSandbox == 0 {
-		c.MaxGuestRequestsPerSandbox = 32
+		c.MaxGuestRequestsPerSandbox = DefaultMaxGuestRequestsPerSandbox
 	}
 	if c.MaxGuestRequestsPerKey == 0 {
-		c.MaxGuestRequestsPerKey = 256
+		c.MaxGuestRequestsPerKey = DefaultMaxGuestRequestsPerKey
 	}
 	if c.ExecOutputBudgetBytes == 0 {
 		c.ExecOutputBudgetBytes = 256 << 20

@@ -209,6 +209,7 @@ CODE_TO_STATUS: Dict[str, int] = {
     "quota_exceeded": 429,
     "too_many_requests": 429,
     "internal": 500,
+    "guest_error": 502,
     "unavailable": 503,
     "insufficient_storage": 507,
 }
