@@ -10,6 +10,9 @@
 #   FUZZ_TIMEOUT  go test -timeout of each run; default FUZZTIME plus 10
 #                 minutes (a hung input fails the run rather than CI)
 #   FUZZ          only targets whose name matches this bash regex
+#   FUZZMINIMIZETIME  how long each new interesting input is minimized
+#                 (go test -fuzzminimizetime; default 1s, so that short runs
+#                 fuzz rather than minimize)
 #
 # Seed corpora are committed in each package's testdata/fuzz/FuzzX/; what a
 # run discovers stays in Go's cache ($(go env GOCACHE)/fuzz). A failing input
@@ -77,7 +80,7 @@ for t in "${targets[@]}"; do
 	[ ! -d "$corpus" ] || seeds=$(find "$corpus" -maxdepth 1 -type f -printf . | wc -c)
 	echo "==> $name in $pkg ($seeds committed inputs)"
 	before=$(ls "$corpus" 2>/dev/null || true)
-	if ! TMPDIR=$run_tmp go test -run='^$' -fuzz="^$name\$" -fuzztime="$FUZZTIME" -timeout="$FUZZ_TIMEOUT" "$pkg"; then
+	if ! TMPDIR=$run_tmp go test -run='^$' -fuzz="^$name\$" -fuzztime="$FUZZTIME" -fuzzminimizetime="${FUZZMINIMIZETIME:-1s}" -timeout="$FUZZ_TIMEOUT" "$pkg"; then
 		after=$(ls "$corpus" 2>/dev/null || true)
 		new=$(comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after"))
 		{
