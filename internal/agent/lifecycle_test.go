@@ -109,11 +109,17 @@ func TestRecoverContinuesAStoppedVMM(t *testing.T) {
 
 // TestRecoverFinishesOrRollsBackAPause: a pause whose capture was sealed
 // when the agent went away is finished (paused, resumable); one whose
-// capture was not is rolled back (running).
+// capture was not is rolled back (running). A pause already recorded
+// (sandbox.json says paused) whose VMM had not been stopped yet used to
+// leave that VMM running forever next to the paused sandbox (found by
+// panda chaos at the failpoint pause-recorded); it is stopped.
 func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
-	for _, sealed := range []bool{true, false} {
-		name := map[bool]string{true: "sealed", false: "unsealed"}[sealed]
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		sealed, recorded bool
+	}{{"unsealed", false, false}, {"sealed", true, false}, {"recorded", true, true}} {
+		sealed := tc.sealed
+		t.Run(tc.name, func(t *testing.T) {
 			_, open := restartable(t)
 			a := open()
 			info, err := a.Create(ctxT(t), CreateRequest{})
@@ -141,6 +147,12 @@ func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.recorded {
+				s.transition(lifecycle.PauseDone)
+				if err := s.setOp("", true); err != nil {
+					t.Fatal(err)
+				}
+			}
 			end()
 			vmm := s.m.PID()
 			a.Detach()
@@ -154,6 +166,9 @@ func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
 			if sealed {
 				if alive(vmm) {
 					t.Errorf("the paused sandbox's old VMM %d still runs", vmm)
+				}
+				if _, err := os.Stat(s.runDir); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("the paused sandbox's run directory is left: %v", err)
 				}
 				if _, err := b.Resume(ctxT(t), info.ID); err != nil {
 					t.Fatalf("resume: %v", err)

@@ -97,11 +97,12 @@ func (a *Agent) recoverOne(ctx context.Context, id string) (State, error) {
 	paused := filepath.Join(dir, pausedDir)
 	switch {
 	case rec.State == StatePaused || rec.State == StateResuming:
-		if rec.Op == opResume || rec.State == StateResuming {
-			// Roll the resume back: the capture was only linked from.
-			a.killStale(ctx, rec.Spec)
-			a.removeLiveFiles(s)
-		}
+		// A paused sandbox has no VMM. One that still runs was left by a
+		// resume the crash interrupted (rolled back: the capture was only
+		// linked from), or by a crash after the pause was recorded and
+		// before its VMM was stopped (finished): stop it either way.
+		a.killStale(ctx, rec.Spec)
+		a.removeLiveFiles(s)
 		return a.keepPaused(s)
 	case rec.Op == opPause && captureComplete(paused):
 		// Finish the pause: the capture is all the sandbox needs.
