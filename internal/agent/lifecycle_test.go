@@ -365,6 +365,61 @@ func TestKillDuringAHungCapture(t *testing.T) {
 	}
 }
 
+// TestVMMDeathAfterAPauseCapture: a VMM that dies (killed, crashed) once
+// a pause has captured it, before the pause stops it, used to make the
+// agent stop the sandbox and delete its directory, the pause's sealed
+// capture with it, while the pause reported success (found by panda
+// chaos). The pause's outcome now decides: the sandbox is paused and
+// resumes with its files.
+func TestVMMDeathAfterAPauseCapture(t *testing.T) {
+	info := create(t)
+	shOn(t, testAgent, info.ID, "echo disk > /root/f; echo mem > /dev/shm/m")
+	s, _ := testAgent.get(info.ID)
+	// Pause up to a complete capture, as Pause does.
+	ctx, end, err := s.begin(ctxT(t), "test", StateRunning)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.transition(lifecycle.Pause)
+	s.setOp(opPause, false)
+	tmp := filepath.Join(s.dir, pausedTmpDir)
+	if _, err := testAgent.capture(ctx, s, tmp, true); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	m, client := s.m, s.client
+	if err := unix.Kill(m.PID(), unix.SIGKILL); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	<-m.Done()
+	// The rest of the pause.
+	if _, err := manifest.Seal(tmp, memFile, stateFile, diskFile); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	if err := manifest.Rename(tmp, filepath.Join(s.dir, pausedDir)); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	if err := s.transition(lifecycle.PauseDone); err != nil {
+		end()
+		t.Fatalf("the sandbox was stopped while its pause completed: %v", err)
+	}
+	s.setOp("", true)
+	s.setMachine(nil, nil, nil)
+	client.Close()
+	testAgent.removeLiveFiles(s)
+	end()
+
+	if _, err := testAgent.Resume(ctxT(t), info.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got := shOn(t, testAgent, info.ID, "cat /root/f /dev/shm/m"); got != "disk\nmem\n" {
+		t.Errorf("after the resume: %q, want %q", got, "disk\nmem\n")
+	}
+}
+
 // TestKillWinsOverACreate: a kill while a sandbox starts stops it, and the
 // create fails instead of resurrecting it.
 func TestKillWinsOverACreate(t *testing.T) {
