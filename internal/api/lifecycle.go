@@ -398,6 +398,15 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 	for _, info := range infos {
 		alive[info.ID] = info.State
 	}
+	unsettled := false
+	defer func() {
+		s.mu.Lock()
+		s.resyncAgain = nil
+		if unsettled {
+			s.resyncAgain = list
+		}
+		s.mu.Unlock()
+	}()
 	known := map[string]bool{}
 	for _, sb := range live {
 		known[sb.ID] = true
@@ -409,7 +418,11 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 		var update func(x *catalog.Sandbox) error
 		switch {
 		case ok && !settled:
-			continue // an operation in flight on the host: the next resync sees how it ends
+			// An operation in flight on the host that no request of this
+			// server waits for (an earlier server started it): the TTL
+			// loop resyncs again until it ends.
+			unsettled = true
+			continue
 		case sb.State == catalog.StateStopping:
 			if ok {
 				s.host.Kill(ctx, sb.ID)
@@ -523,14 +536,19 @@ func (s *Server) resyncSnapshots(ctx context.Context) {
 	}
 }
 
+// resyncRetry is how often the TTL loop resyncs records that the last
+// Resync left unsettled.
+const resyncRetry = time.Second
+
 // Run enforces TTLs (a running sandbox past its expiry is stopped, or
 // paused if it asked for that, within a few hundred milliseconds; paused
-// sandboxes never expire) and forgets long-stopped sandboxes, until ctx
-// ends.
+// sandboxes never expire), settles records that Resync left in the middle
+// of an operation on their host once it ends, and forgets long-stopped
+// sandboxes, until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	lastPurge := time.Now()
+	lastPurge, lastResync := time.Now(), time.Now()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -538,6 +556,15 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		s.mu.Lock()
+		again := s.resyncAgain
+		s.mu.Unlock()
+		if again != nil && time.Since(lastResync) >= resyncRetry {
+			lastResync = time.Now()
+			if err := s.Resync(ctx, again); err != nil && ctx.Err() == nil {
+				s.log.Warn("resync records left in the middle of an operation", "err", err)
+			}
 		}
 		now := time.Now().UTC()
 		due, err := s.cat.Due(ctx, now)

@@ -8,8 +8,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/catalog"
 )
 
 // waitFor polls sandbox id until cond holds (at most a minute).
@@ -267,5 +271,61 @@ func TestBufferedExecIsCapped(t *testing.T) {
 	r.json(t, &res)
 	if want := "q\"\\b\x01<\n\uFFFDé"; res.Stdout != want {
 		t.Errorf("stdout %q, want %q", res.Stdout, want)
+	}
+}
+
+// A record an earlier server left resuming, whose host was still rolling
+// the resume back when the new server reconciled (the host said
+// resuming), used to stay resuming until the host agent reconnected,
+// which may be never (found by panda chaos in split mode: the server
+// killed during a resume). The TTL loop now resyncs until it settles: here
+// paused, with the interruption in last_error.
+func TestResyncSettlesAnOperationInFlightOnTheHost(t *testing.T) {
+	key := newKey(t, "resync-in-flight", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil), 200, "")
+	ctx := context.Background()
+	// What an earlier server left: a resume it had recorded and not seen
+	// end.
+	if _, err := e.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+		x.State = catalog.StateResuming
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The host's answer while it still rolls the resume back, then its
+	// real answers.
+	var calls atomic.Int32
+	list := func(context.Context) ([]agent.Info, error) {
+		infos := e.host.List()
+		if calls.Add(1) == 1 {
+			for i := range infos {
+				if infos[i].ID == sb.ID {
+					infos[i].State = agent.StateResuming
+				}
+			}
+		}
+		return infos, nil
+	}
+	if err := e.srv.Resync(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		State     string `json:"state"`
+		LastError string `json:"last_error"`
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		do(t, key, "GET", "/v1/sandboxes/"+sb.ID, nil).json(t, &got)
+		if got.State != catalog.StateResuming {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still resuming a minute after the host settled it (%d host listings)", sb.ID, calls.Load())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if got.State != catalog.StatePaused || !strings.Contains(got.LastError, "interrupted") {
+		t.Errorf("after the host settled: state %s, last_error %q; want paused, interrupted", got.State, got.LastError)
 	}
 }
