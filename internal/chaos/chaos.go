@@ -327,7 +327,10 @@ func (r *runner) iteration(ctx context.Context) error {
 			// Crash the process now and start it again with the point
 			// enabled; an operation of this iteration aims at it.
 			r.cl.kill(f.role)
-			if err := r.restart(ctx, f.role, f.point); err != nil {
+			if err := r.restart(f.role, f.point); err != nil {
+				return err
+			}
+			if err := r.cl.waitReady(ctx, r.clients[0], readyTimeout); err != nil {
 				return err
 			}
 			crashed = true
@@ -391,7 +394,7 @@ func (r *runner) iteration(ctx context.Context) error {
 	}
 	for _, role := range r.cl.roles() {
 		if r.cl.procs[role] == nil {
-			if err := r.restart(ctx, role, ""); err != nil {
+			if err := r.restart(role, ""); err != nil {
 				return err
 			}
 			fmt.Fprintf(&line, " restarted %s;", role)
@@ -437,15 +440,13 @@ func (r *runner) iteration(ctx context.Context) error {
 }
 
 // restart starts role's process again, with failpoint enabled ("" for
-// none), and waits until the deployment answers.
-func (r *runner) restart(ctx context.Context, role, failpoint string) error {
+// none). The caller waits for the deployment to be ready once every
+// process that died is back.
+func (r *runner) restart(role, failpoint string) error {
 	if err := r.cl.start(role, failpoint); err != nil {
 		return err
 	}
 	r.rep.Restarts[role]++
-	if len(r.clients) > 0 {
-		return r.cl.waitReady(ctx, r.clients[0], readyTimeout)
-	}
 	return nil
 }
 

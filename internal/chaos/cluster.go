@@ -34,14 +34,16 @@ type cluster struct {
 	addr      string // the REST API
 	agentAddr string // split mode: the host API
 	procs     map[string]*pandatest.Server
-	armed     map[string]string // role → failpoint enabled in its process
+	last      map[string]*pandatest.Server // role → its last process, for its output
+	armed     map[string]string            // role → failpoint enabled in its process
 	hc        *http.Client
 	transport *http.Transport
 	adminKey  string
 }
 
 func newCluster(cfg Config, dataDir string) (*cluster, error) {
-	c := &cluster{cfg: cfg, dataDir: dataDir, procs: map[string]*pandatest.Server{}, armed: map[string]string{}}
+	c := &cluster{cfg: cfg, dataDir: dataDir, procs: map[string]*pandatest.Server{}, last: map[string]*pandatest.Server{},
+		armed: map[string]string{}}
 	var err error
 	if c.addr, err = pandatest.FreeAddr(); err != nil {
 		return nil, err
@@ -93,7 +95,7 @@ func (c *cluster) start(role, failpoint string) error {
 	if err != nil {
 		return fmt.Errorf("start panda %s: %w", role, err)
 	}
-	c.procs[role] = p
+	c.procs[role], c.last[role] = p, p
 	c.armed[role] = failpoint
 	if role == roleServer && c.adminKey == "" {
 		c.adminKey = p.AdminKey()
@@ -196,8 +198,14 @@ func (c *cluster) pid(role string) int {
 func (c *cluster) logs() string {
 	var b strings.Builder
 	for _, role := range c.roles() {
-		if p := c.procs[role]; p != nil {
-			fmt.Fprintf(&b, "--- end of the output of panda %s (pid %d) ---\n%s\n", role, p.PID(), p.Log())
+		if p := c.last[role]; p != nil {
+			state := "running"
+			select {
+			case <-p.Exited():
+				state = "exited"
+			default:
+			}
+			fmt.Fprintf(&b, "--- end of the output of panda %s (pid %d, %s) ---\n%s\n", role, p.PID(), state, p.Log())
 		}
 	}
 	return b.String()
