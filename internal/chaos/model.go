@@ -146,7 +146,6 @@ func (sb *sbox) mayExpire() {
 	}
 }
 
-
 // expectation is what the invariants allow now.
 func (m *model) expectation() Expectation {
 	exp := Expectation{
