@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -249,13 +250,15 @@ func (a *Agent) quarantine(dir, id, why string) {
 
 // cleanLeftovers removes what interrupted work left: fork captures (their
 // children were never handed out), snapshot captures that were not
-// complete, tenants' copies of templates that were re-baked, bakes and
-// their VMMs, and run directories of sandboxes that are gone.
+// complete, snapshots whose deletion was interrupted, tenants' copies of
+// templates that were re-baked, bakes and their VMMs, and run directories
+// of sandboxes that are gone.
 func (a *Agent) cleanLeftovers(ctx context.Context) {
 	a.tenantGC()
 	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
-	for _, d := range append(stale, tmps...) {
+	deleted, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+deletingSuffix))
+	for _, d := range slices.Concat(stale, tmps, deleted) {
 		os.RemoveAll(d)
 	}
 	runs, _ := os.ReadDir(a.cfg.RunDir)
