@@ -506,10 +506,20 @@ type SnapshotLister interface {
 }
 
 // resyncSnapshots records the host's snapshots the catalog does not know,
-// for the key that owns the sandbox they were taken from.
+// for the key that owns the sandbox they were taken from (a crash between
+// the host's snapshot and its record), and forgets the records of
+// snapshots the host no longer has (a crash between the host's delete and
+// the record's).
 func (s *Server) resyncSnapshots(ctx context.Context) {
 	sl, ok := s.host.(SnapshotLister)
 	if !ok {
+		return
+	}
+	// Records first: a snapshot is on its host before it is recorded, so
+	// one recorded after this list is not mistaken for one deleted.
+	recs, err := s.cat.ListSnapshots(ctx, "")
+	if err != nil {
+		s.log.Warn("reconcile snapshots: list records", "err", err)
 		return
 	}
 	snaps, err := sl.Snapshots(ctx)
@@ -517,7 +527,24 @@ func (s *Server) resyncSnapshots(ctx context.Context) {
 		s.log.Warn("reconcile snapshots: list host snapshots", "err", err)
 		return
 	}
+	have := map[string]bool{}
 	for _, si := range snaps {
+		have[si.ID] = true
+	}
+	for _, sn := range recs {
+		if sn.HostID != s.cfg.HostID || have[sn.ID] {
+			continue
+		}
+		if err := s.cat.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			s.log.Warn("forget a snapshot its host no longer has", "snapshot_id", sn.ID, "err", err)
+			continue
+		}
+		s.log.Info("forgot a snapshot whose delete a restart interrupted", "snapshot_id", sn.ID, "key_id", sn.KeyID)
+	}
+	for _, si := range snaps {
+		if si.SandboxID == "" {
+			continue // unreadable metadata: nothing to record it with
+		}
 		if _, err := s.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
 			continue
 		}

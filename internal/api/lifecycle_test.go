@@ -329,3 +329,30 @@ func TestResyncSettlesAnOperationInFlightOnTheHost(t *testing.T) {
 		t.Errorf("after the host settled: state %s, last_error %q; want paused, interrupted", got.State, got.LastError)
 	}
 }
+
+// A delete of a snapshot interrupted after its host removed the files and
+// before the catalog forgot it used to leave the snapshot listed, and
+// every create from it failing (found by panda chaos). Reconciling
+// finishes the delete.
+func TestResyncForgetsASnapshotItsHostDeleted(t *testing.T) {
+	key := newKey(t, "resync-deleted-snapshot", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	r := do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{})
+	expect(t, r, 201, "")
+	var kept, gone struct{ ID string }
+	r.json(t, &kept)
+	t.Cleanup(func() { do(t, key, "DELETE", "/v1/snapshots/"+kept.ID, nil) })
+	r = do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{})
+	expect(t, r, 201, "")
+	r.json(t, &gone)
+	// The host half of the delete, then the crash.
+	if err := e.host.DeleteSnapshot(gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := e.srv.Resync(ctx, func(context.Context) ([]agent.Info, error) { return e.host.List(), nil }); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, do(t, key, "GET", "/v1/snapshots/"+gone.ID, nil), 404, "not_found")
+	expect(t, do(t, key, "GET", "/v1/snapshots/"+kept.ID, nil), 200, "")
+}
