@@ -330,7 +330,7 @@ func (r *runner) iteration(ctx context.Context) error {
 			if err := r.restart(f.role, f.point); err != nil {
 				return err
 			}
-			if err := r.cl.waitReady(ctx, r.clients[0], readyTimeout); err != nil {
+			if err := r.ready(ctx); err != nil {
 				return err
 			}
 			crashed = true
@@ -405,7 +405,7 @@ func (r *runner) iteration(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := r.cl.waitReady(ctx, r.clients[0], readyTimeout); err != nil {
+	if err := r.ready(ctx); err != nil {
 		return err
 	}
 
@@ -441,12 +441,25 @@ func (r *runner) iteration(ctx context.Context) error {
 
 // restart starts role's process again, with failpoint enabled ("" for
 // none). The caller waits for the deployment to be ready once every
-// process that died is back.
+// process that died is back. A process that cannot start again on what
+// its predecessor left is a violation.
 func (r *runner) restart(role, failpoint string) error {
 	if err := r.cl.start(role, failpoint); err != nil {
-		return err
+		return r.violation(err.Error())
 	}
 	r.rep.Restarts[role]++
+	return nil
+}
+
+// ready waits until the restarted deployment answers: one that does not
+// is a violation.
+func (r *runner) ready(ctx context.Context) error {
+	if err := r.cl.waitReady(ctx, r.clients[0], readyTimeout); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return r.violation(err.Error())
+	}
 	return nil
 }
 

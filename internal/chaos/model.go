@@ -113,6 +113,7 @@ type sbox struct {
 	vmmKilled    bool
 	checkContent bool
 	busy         bool // an operation of this iteration targets it
+	killRace     bool // a kill races its operation this iteration
 }
 
 // snapshot is a snapshot the API acknowledged, with what a sandbox
@@ -130,7 +131,7 @@ func (m *model) begin() {
 	m.shutdown = ""
 	for _, sb := range m.live {
 		sb.out = NewOutcomes(sb.state)
-		sb.vmmKilled, sb.busy = false, false
+		sb.vmmKilled, sb.busy, sb.killRace = false, false, false
 		sb.mayExpire()
 	}
 	for _, sn := range m.snaps {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -71,13 +72,14 @@ type op struct {
 	snap *snapshot
 	key  int // create: the key to use
 	// What it needs, decided when planned (from the seed).
-	count   int      // fork: children
-	ttl     int      // ttl: seconds
-	path    string   // write, exec: the file
-	data    []byte   // write
-	sum     string   // write, exec: its SHA-256
-	markers []string // create, fork: a marker token per new sandbox
-	from    contents // create from a snapshot, fork, snapshot: what the source held
+	count   int           // fork: children
+	ttl     int           // ttl: seconds
+	path    string        // write, exec: the file
+	data    []byte        // write
+	sum     string        // write, exec: its SHA-256
+	markers []string      // create, fork: a marker token per new sandbox
+	from    contents      // create from a snapshot, fork, snapshot: what the source held
+	delay   time.Duration // kill racing another operation: when it starts
 
 	// Its outcome.
 	err       error
@@ -103,6 +105,10 @@ func (o *op) String() string {
 		s += " " + o.snap.id
 	}
 	switch o.kind {
+	case opKill:
+		if o.delay > 0 {
+			s += fmt.Sprintf(" @%v", o.delay)
+		}
 	case opFork:
 		s += fmt.Sprintf(" ×%d", o.count)
 	case opTTL:
@@ -113,8 +119,13 @@ func (o *op) String() string {
 	return s
 }
 
+// killRaceRate is the probability that an iteration also kills a
+// sandbox while another of its operations runs on it.
+const killRaceRate = 0.1
+
 // planOps picks n operations on distinct targets; want, if not "", is
-// picked first if it has a target.
+// picked first if it has a target. Sometimes a kill of one of their
+// sandboxes races them (it comes last: its outcome is applied last).
 func (r *runner) planOps(n int, want string) []*op {
 	var ops []*op
 	room := r.cfg.MaxLive - len(r.m.live)
@@ -126,10 +137,20 @@ func (r *runner) planOps(n int, want string) []*op {
 		if kind == "" {
 			break
 		}
-		o := r.plan(kind, &room)
-		if o != nil {
-			ops = append(ops, o)
+		ops = append(ops, r.plan(kind, &room))
+	}
+	var racing []*op
+	for _, o := range ops {
+		if o.sb != nil && o.kind != opKill {
+			racing = append(racing, o)
 		}
+	}
+	if len(racing) > 0 && r.rng.Float64() < killRaceRate {
+		x := racing[r.rng.IntN(len(racing))]
+		r.opN++
+		k := &op{kind: opKill, n: r.opN, sb: x.sb, delay: time.Duration(r.rng.IntN(800)) * time.Millisecond}
+		x.sb.killRace = true
+		ops = append(ops, k)
 	}
 	return ops
 }
@@ -316,6 +337,14 @@ func startMarker(ctx context.Context, sb *pandastack.Sandbox, tok string) error 
 
 // do runs o against the API.
 func (r *runner) do(ctx context.Context, o *op) {
+	if o.delay > 0 {
+		t := time.NewTimer(o.delay) // a kill racing another operation
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	c := r.clients[o.key]
 	var h *pandastack.Sandbox
 	if o.sb != nil {
@@ -380,8 +409,8 @@ func (r *runner) do(ctx context.Context, o *op) {
 func (r *runner) apply(o *op, faulted bool) string {
 	m := r.m
 	excused := faulted
-	if o.sb != nil && (o.sb.shortTTL || o.sb.vmmKilled) {
-		excused = true // it may have expired, or its VMM was killed
+	if o.sb != nil && (o.sb.shortTTL || o.sb.vmmKilled || o.sb.killRace && o.delay == 0) {
+		excused = true // it may have expired, its VMM was killed, a kill raced it
 	}
 	var ferr *pandastack.ForkError
 	failed := o.err != nil && !(errors.As(o.err, &ferr) && len(o.sandboxes) > 0)
