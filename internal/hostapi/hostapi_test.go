@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -457,8 +458,17 @@ func TestErrorsMatchLocal(t *testing.T) {
 	if _, err := client.Pause(ctxT(t), paused.ID); err != nil {
 		t.Fatal(err)
 	}
+	// A snapshot whose memory no longer matches its checksums.
+	corrupt := agent.NewID()
+	if _, err := host.Snapshot(ctxT(t), sb.ID, corrupt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.DeleteSnapshot(corrupt) })
+	if err := os.WriteFile(filepath.Join(host.StoreDir(), "snapshots", corrupt, "vm.state"), []byte("not the state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	classes := []error{
-		agent.ErrNotFound, agent.ErrConflict, agent.ErrInvalid, agent.ErrNoSpace,
+		agent.ErrNotFound, agent.ErrConflict, agent.ErrInvalid, agent.ErrNoSpace, agent.ErrCorrupt, agent.ErrNotReady,
 		template.ErrNotFound, template.ErrInvalid, context.DeadlineExceeded,
 		guestproto.ErrNotFound, guestproto.ErrExists, guestproto.ErrNotDir, guestproto.ErrIsDir,
 		guestproto.ErrNotEmpty, guestproto.ErrPermission, guestproto.ErrInvalid, guestproto.ErrTimeout,
@@ -493,6 +503,10 @@ func TestErrorsMatchLocal(t *testing.T) {
 			_, err := h.Create(ctx, agent.CreateRequest{MemoryMiB: 1})
 			return err
 		}, agent.ErrInvalid},
+		{"create from a corrupt snapshot", func(h api.Host) error {
+			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: corrupt})
+			return err
+		}, agent.ErrCorrupt},
 		{"create unknown snapshot", func(h api.Host) error {
 			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: "nosuchsnapshot"})
 			return err
