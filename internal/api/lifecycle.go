@@ -301,9 +301,19 @@ func (s *Server) resume(id string) (*op, error) {
 // has it, it is stopped. The operation's error is returned.
 func (s *Server) failed(ctx context.Context, id string, ev lifecycle.Event, what string, opErr error) (catalog.Sandbox, any, error) {
 	if errors.Is(opErr, agent.ErrNotFound) {
-		// Killed meanwhile, or its VMM died: the stop is recorded by
-		// whoever caused it; make sure it is.
-		s.markStopped(ctx, id, "vmm_exited")
+		// Killed meanwhile (its record is stopping: the kill records
+		// why), or its VMM died: that is recorded by SandboxExited; make
+		// sure it is.
+		_, err := s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+			if x.State == catalog.StateStopped || x.State == catalog.StateStopping {
+				return nil
+			}
+			x.UpdatedAt = time.Now().UTC()
+			return stoppedBy("vmm_exited")(x)
+		})
+		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			s.log.Error("record the stop of a sandbox gone during a "+what, "sandbox_id", id, "err", err)
+		}
 		sb, _ := s.cat.GetSandbox(ctx, id)
 		return sb, nil, opErr
 	}

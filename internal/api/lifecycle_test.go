@@ -356,3 +356,25 @@ func TestResyncForgetsASnapshotItsHostDeleted(t *testing.T) {
 	expect(t, do(t, key, "GET", "/v1/snapshots/"+gone.ID, nil), 404, "not_found")
 	expect(t, do(t, key, "GET", "/v1/snapshots/"+kept.ID, nil), 200, "")
 }
+
+// A kill while a resume restores the sandbox stops it with stop_reason
+// killed. The resume, which then fails because its sandbox is gone, used
+// to record vmm_exited over the kill (found by panda chaos: a kill racing
+// a resume). The race is hit most of the time; the test never fails when
+// it is not.
+func TestKillDuringAResumeIsRecordedAsKilled(t *testing.T) {
+	key := newKey(t, "kill-during-resume", nil)
+	for attempt := range 3 {
+		sb := create(t, key, map[string]any{"ttl_seconds": 600})
+		expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil), 200, "")
+		resumed := make(chan resp, 1)
+		go func() { resumed <- do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil) }()
+		waitFor(t, key, sb.ID, "resuming", func(x sandbox) bool { return x.State != "paused" })
+		expect(t, do(t, key, "DELETE", "/v1/sandboxes/"+sb.ID, nil), 204, "")
+		r := <-resumed
+		got := waitFor(t, key, sb.ID, "stopped", func(x sandbox) bool { return x.State == "stopped" })
+		if got.StopReason != "killed" {
+			t.Errorf("attempt %d: sandbox killed during its resume (which answered %d): stop_reason %q, want killed", attempt, r.status, got.StopReason)
+		}
+	}
+}
