@@ -109,17 +109,17 @@ func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	return rep
 }
 
-// TestChaosUp: 150 iterations against `panda up`.
+// TestChaosUp: 200 iterations against `panda up`.
 func TestChaosUp(t *testing.T) {
-	rep := runChaos(t, chaos.Config{Iterations: 150})
+	rep := runChaos(t, chaos.Config{Iterations: 200})
 	if rep.Faults["kill-server"] == 0 || rep.Faults["kill-qemu"] == 0 {
 		t.Errorf("faults %v: want server and QEMU kills", rep.Faults)
 	}
 }
 
-// TestChaosSplit: 40 iterations against `panda server` + `panda agent`.
+// TestChaosSplit: 60 iterations against `panda server` + `panda agent`.
 func TestChaosSplit(t *testing.T) {
-	rep := runChaos(t, chaos.Config{Iterations: 40, Split: true})
+	rep := runChaos(t, chaos.Config{Iterations: 60, Split: true})
 	if rep.Restarts["agent"] == 0 || rep.Restarts["server"] == 0 {
 		t.Errorf("restarts %v: want both the agent and the server restarted", rep.Restarts)
 	}

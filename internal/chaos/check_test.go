@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,27 +18,26 @@ import (
 // files where they are cheap (a fake QEMU, directories of a data
 // directory), plain data for the catalog.
 
-// fakeQEMU starts a process whose command line looks like a sandbox's
-// QEMU (argv[0] named qemu-system-x86_64, naming args), killed when the
-// test ends. It returns its pid.
-func fakeQEMU(t *testing.T, args ...string) int {
+// fakeQEMU starts a process whose command line looks like a QEMU's that
+// names a path under a data directory: a sleep whose argv[0] is argv0 (a
+// path ending in qemu-system-x86_64), killed when the test ends. It
+// returns its pid.
+func fakeQEMU(t *testing.T, argv0 string) int {
 	t.Helper()
-	// sh runs sleep as a child and stays, with the command line we give.
-	cmd := &exec.Cmd{Path: "/bin/sh", Args: append([]string{"/usr/bin/qemu-system-x86_64", "-c", "sleep 600; :", "sh"}, args...)}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd := &exec.Cmd{Path: "/bin/sleep", Args: []string{argv0, "600"}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pid := cmd.Process.Pid
 	t.Cleanup(func() {
-		syscall.Kill(-pid, syscall.SIGKILL)
+		cmd.Process.Kill()
 		cmd.Wait()
 	})
 	// Until it has exec'd, its command line is the test binary's.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-		if strings.HasPrefix(string(b), "/usr/bin/qemu-system-x86_64\x00") {
+		if strings.HasPrefix(string(b), argv0+"\x00") {
 			return pid
 		}
 		if time.Now().After(deadline) {
@@ -47,6 +45,11 @@ func fakeQEMU(t *testing.T, args ...string) int {
 		}
 		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by the deadline
 	}
+}
+
+// qemuOf is the argv[0] of a fake QEMU of sandbox id in dir.
+func qemuOf(dir, id string) string {
+	return filepath.Join(dir, "run", id, "qemu-system-x86_64")
 }
 
 // dataDir makes a data directory holding a running sandbox run1 (its
@@ -68,7 +71,7 @@ func dataDir(t *testing.T) (string, Observation, Expectation) {
 	mkdir("run", "run1")
 	mkdir("store", "snapshots", "snap1")
 	mkdir("store", "forks")
-	fakeQEMU(t, "-qmp", "unix:"+filepath.Join(dir, "run", "run1", "qmp.sock")+",server=on")
+	fakeQEMU(t, qemuOf(dir, "run1"))
 	obs := ObserveHost(dir)
 	obs.Sandboxes = map[string]SandboxRecord{
 		"run1":    {ID: "run1", State: stateRunning},
@@ -103,19 +106,19 @@ func TestCheckFindsViolations(t *testing.T) {
 		want   string
 	}{
 		{"orphan QEMU", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
-			fakeQEMU(t, "-qmp", "unix:"+filepath.Join(dir, "run", "gone1", "qmp.sock"))
+			fakeQEMU(t, qemuOf(dir, "gone1"))
 			obs.QEMU = QEMUProcesses(dir)
 		}, "serves sandbox gone1, which the catalog does not list"},
 		{"QEMU of no sandbox", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
-			fakeQEMU(t, "-drive", "file="+filepath.Join(dir, "store", "x.img"))
+			fakeQEMU(t, filepath.Join(dir, "store", "qemu-system-x86_64"))
 			obs.QEMU = QEMUProcesses(dir)
 		}, "serves no sandbox"},
 		{"QEMU of a paused sandbox", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
-			fakeQEMU(t, "-qmp", "unix:"+filepath.Join(dir, "run", "paused1", "qmp.sock"))
+			fakeQEMU(t, qemuOf(dir, "paused1"))
 			obs.QEMU = QEMUProcesses(dir)
 		}, "serves sandbox paused1, which is paused"},
 		{"two QEMUs of a sandbox", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
-			fakeQEMU(t, "-qmp", "unix:"+filepath.Join(dir, "run", "run1", "qmp.sock"))
+			fakeQEMU(t, qemuOf(dir, "run1"))
 			obs.QEMU = QEMUProcesses(dir)
 		}, "sandbox run1 has 2 QEMU processes"},
 		{"running sandbox without QEMU", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
@@ -305,7 +308,7 @@ func TestFlat(t *testing.T) {
 // that ends a run) and no other.
 func TestQEMUProcessesAgreesWithPandatest(t *testing.T) {
 	dir, obs, _ := dataDir(t)
-	fakeQEMU(t, "-drive", "file="+filepath.Join(dir, "store", "x.img"))
+	fakeQEMU(t, filepath.Join(dir, "store", "qemu-system-x86_64"))
 	got := slices.Sorted(maps.Keys(QEMUProcesses(dir)))
 	want := pandatest.QEMUPIDs(dir)
 	slices.Sort(want)

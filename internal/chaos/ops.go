@@ -79,7 +79,8 @@ type op struct {
 	sum     string        // write, exec: its SHA-256
 	markers []string      // create, fork: a marker token per new sandbox
 	from    contents      // create from a snapshot, fork, snapshot: what the source held
-	delay   time.Duration // kill racing another operation: when it starts
+	racer   bool          // a kill racing another operation on its sandbox
+	delay   time.Duration // the racer: when it starts
 
 	// Its outcome.
 	err       error
@@ -106,7 +107,7 @@ func (o *op) String() string {
 	}
 	switch o.kind {
 	case opKill:
-		if o.delay > 0 {
+		if o.racer {
 			s += fmt.Sprintf(" @%v", o.delay)
 		}
 	case opFork:
@@ -148,7 +149,7 @@ func (r *runner) planOps(n int, want string) []*op {
 	if len(racing) > 0 && r.rng.Float64() < killRaceRate {
 		x := racing[r.rng.IntN(len(racing))]
 		r.opN++
-		k := &op{kind: opKill, n: r.opN, sb: x.sb, delay: time.Duration(r.rng.IntN(800)) * time.Millisecond}
+		k := &op{kind: opKill, n: r.opN, sb: x.sb, racer: true, delay: time.Duration(r.rng.IntN(800)) * time.Millisecond}
 		x.sb.killRace = true
 		ops = append(ops, k)
 	}
@@ -409,7 +410,7 @@ func (r *runner) do(ctx context.Context, o *op) {
 func (r *runner) apply(o *op, faulted bool) string {
 	m := r.m
 	excused := faulted
-	if o.sb != nil && (o.sb.shortTTL || o.sb.vmmKilled || o.sb.killRace && o.delay == 0) {
+	if o.sb != nil && (o.sb.shortTTL || o.sb.vmmKilled || o.sb.killRace && !o.racer) {
 		excused = true // it may have expired, its VMM was killed, a kill raced it
 	}
 	var ferr *pandastack.ForkError
