@@ -112,7 +112,7 @@ func runMain(m *testing.M) int {
 	srv, err = api.New(api.Config{
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		MaxGuestRequestsPerSandbox: guestLimit,
-		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
+		OpenAPI:                    []byte("openapi: 3.0.3\n"), Logger: log,
 	}, cat, h, prometheus.NewRegistry())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
