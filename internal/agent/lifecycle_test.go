@@ -518,3 +518,44 @@ func TestDeleteSnapshotLeavesNoHalfSnapshot(t *testing.T) {
 		t.Errorf("the kept snapshot: %v", err)
 	}
 }
+
+// TestRecoverKillsAVMMWhoseStartWasInterrupted: a crash while a create
+// (or a fork child) started its VMM, before the VMM's PID was recorded,
+// used to leave that VMM running forever: recovery looked for it by its
+// PID file only (found by panda chaos). Recovery now kills every VMM that
+// serves one of its run directories and no sandbox it runs.
+func TestRecoverKillsAVMMWhoseStartWasInterrupted(t *testing.T) {
+	_, open := restartable(t)
+	a := open()
+	info, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := a.get(info.ID)
+	a.Detach()
+	// What the crash left: a sandbox still starting, its VMM running, no
+	// PID file.
+	if err := os.Remove(filepath.Join(s.runDir, "vmm.pid")); err != nil {
+		t.Fatal(err)
+	}
+	rec := s.rec
+	rec.State = StateStarting
+	if err := writeJSON(filepath.Join(s.dir, "sandbox.json"), rec, false); err != nil {
+		t.Fatal(err)
+	}
+
+	b := open()
+	if got := b.Recover(ctxT(t)); len(got) != 1 || got[0].Err == nil {
+		t.Fatalf("Recover = %+v, want %s not recovered (it was starting)", got, info.ID)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(info.PID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("VMM %d of the interrupted create still runs after recovery", info.PID)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if _, err := os.Stat(s.runDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run directory of the interrupted create: %v, want it removed", err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
+	"golang.org/x/sys/unix"
 )
 
 // Recovered is the outcome of Recover for one sandbox directory.
@@ -235,6 +236,26 @@ func (a *Agent) killStale(ctx context.Context, spec vmm.Spec) {
 	}
 }
 
+// killOrphans kills the QEMU processes that serve a run directory of this
+// agent but are not the VMM of a sandbox it runs: VMMs whose start a crash
+// interrupted before their PID was recorded (recovery could not find them
+// by their PID file; found by panda chaos), and any other a recovery could
+// not stop.
+func (a *Agent) killOrphans() {
+	for pid, name := range a.driver.Processes(a.cfg.RunDir) {
+		if s, err := a.get(name); err == nil {
+			s.mu.Lock()
+			ours := s.m != nil && s.m.PID() == pid
+			s.mu.Unlock()
+			if ours {
+				continue
+			}
+		}
+		a.log.Warn("killing a VMM that serves no sandbox", "pid", pid, "run_dir", filepath.Join(a.cfg.RunDir, name))
+		unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
 // quarantine moves a sandbox directory that holds data recovery cannot use
 // to lost+found in the store, for an operator to inspect.
 func (a *Agent) quarantine(dir, id, why string) {
@@ -254,6 +275,7 @@ func (a *Agent) quarantine(dir, id, why string) {
 // templates that were re-baked, bakes and their VMMs, and run directories
 // of sandboxes that are gone.
 func (a *Agent) cleanLeftovers(ctx context.Context) {
+	a.killOrphans()
 	a.tenantGC()
 	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
