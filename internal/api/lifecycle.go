@@ -202,8 +202,10 @@ func (s *Server) started(ctx context.Context, id string, ttl time.Duration) (cat
 }
 
 // stop kills a sandbox on its host and records it stopped. Stopping a
-// stopped sandbox is a no-op. If the host cannot be reached the record
-// stays stopping; the TTL loop and Resync finish it.
+// stopped sandbox is a no-op. The reason is recorded as the stop begins
+// (state stopping), so that a stop a crash interrupts, finished later by
+// Resync, or one already under way, keeps its own. If the host cannot be
+// reached the record stays stopping; the TTL loop and Resync finish it.
 func (s *Server) stop(ctx context.Context, id, reason string) error {
 	ctx = context.WithoutCancel(ctx)
 	sb, err := s.cat.GetSandbox(ctx, id)
@@ -214,16 +216,23 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 		return nil
 	}
 	if sb.State != catalog.StateStopping {
-		if _, err := s.transition(ctx, id, lifecycle.Stop, nil); err != nil {
+		sb, err = s.transition(ctx, id, lifecycle.Stop, func(x *catalog.Sandbox) { x.StopReason = reason })
+		if err != nil {
 			var sc *stateConflict
-			if errors.As(err, &sc) && (sc.state == catalog.StateStopped || sc.state == catalog.StateStopping) {
-				if sc.state == catalog.StateStopped {
-					return nil
-				}
-			} else {
+			if !errors.As(err, &sc) || sc.state != catalog.StateStopped && sc.state != catalog.StateStopping {
 				return fmt.Errorf("stop sandbox %s: %w", id, err)
 			}
+			if sc.state == catalog.StateStopped {
+				return nil
+			}
+			sb, err = s.cat.GetSandbox(ctx, id)
+			if err != nil {
+				return fmt.Errorf("stop sandbox: %w", err)
+			}
 		}
+	}
+	if sb.StopReason != "" {
+		reason = sb.StopReason // the stop under way decided why
 	}
 	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
@@ -437,7 +446,11 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 			if ok {
 				s.host.Kill(ctx, sb.ID)
 			}
-			update = stoppedBy("killed")
+			reason := sb.StopReason // recorded as the stop began
+			if reason == "" {
+				reason = "killed"
+			}
+			update = stoppedBy(reason)
 		case settled && sb.State == string(st):
 			continue
 		case settled && sb.State != catalog.StateStarting:

@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -376,5 +377,34 @@ func TestKillDuringAResumeIsRecordedAsKilled(t *testing.T) {
 		if got.StopReason != "killed" {
 			t.Errorf("attempt %d: sandbox killed during its resume (which answered %d): stop_reason %q, want killed", attempt, r.status, got.StopReason)
 		}
+	}
+}
+
+// A stop that a crash interrupts (the record stopping) is finished by the
+// next Resync with the reason it began with: a sandbox that was expiring
+// used to be recorded killed (found by panda chaos: a server killed while
+// a TTL ran out).
+func TestResyncFinishesAStopWithItsReason(t *testing.T) {
+	key := newKey(t, "resync-stop-reason", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	ctx := context.Background()
+	// What an expiry left when the server died: the record stopping, the
+	// sandbox still on its host.
+	if _, err := e.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+		x.State, x.StopReason = catalog.StateStopping, "expired"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.Resync(ctx, func(context.Context) ([]agent.Info, error) { return e.host.List(), nil }); err != nil {
+		t.Fatal(err)
+	}
+	var got sandbox
+	do(t, key, "GET", "/v1/sandboxes/"+sb.ID, nil).json(t, &got)
+	if got.State != "stopped" || got.StopReason != "expired" {
+		t.Errorf("after Resync: %s (%s), want stopped (expired)", got.State, got.StopReason)
+	}
+	if _, err := e.host.Get(sb.ID); !errors.Is(err, agent.ErrNotFound) {
+		t.Errorf("the host still has the stopped sandbox: %v", err)
 	}
 }
