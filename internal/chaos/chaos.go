@@ -618,7 +618,7 @@ func (r *runner) probe(ctx context.Context, sb *sbox) []string {
 			return nil // it expired or its VMM died: the next settle judges
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return []string{fmt.Sprintf("sandbox %s: cannot list its files and processes: %v", sb.id, err)}
+			return []string{fmt.Sprintf("sandbox %s: cannot list its files and processes: %v (%s)", sb.id, err, r.diagnose(ctx, sb))}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -723,4 +723,21 @@ func (r *runner) finish(ctx context.Context) error {
 		return r.fail([]string{fmt.Sprintf("sandboxes left after killing them all: %v", slices.Sorted(maps.Keys(r.m.live)))})
 	}
 	return nil
+}
+
+// diagnose says what can be seen of a sandbox that does not answer: its
+// record, its QEMU process (state, CPU time used over a second), and
+// whether another kind of guest request answers.
+func (r *runner) diagnose(ctx context.Context, sb *sbox) string {
+	c := r.clients[sb.key]
+	var parts []string
+	if info, err := c.Get(ctx, sb.id); err == nil {
+		parts = append(parts, fmt.Sprintf("record %s", info.Info.State))
+	}
+	parts = append(parts, r.cl.vmmState(sb.id))
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err := c.Sandbox(sb.id).Stat(sctx, "/")
+	cancel()
+	parts = append(parts, fmt.Sprintf("stat /: %v", err))
+	return strings.Join(parts, "; ")
 }

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -277,4 +278,31 @@ func (c *cluster) killQEMU(id string) int {
 	}
 	pandatest.WaitGone(pid, 10*time.Second)
 	return pid
+}
+
+// vmmState describes the VMM of sandbox id: its pid, process state and
+// the CPU time it used over one second.
+func (c *cluster) vmmState(id string) string {
+	b, err := os.ReadFile(filepath.Join(c.dataDir, "run", id, "vmm.pid"))
+	if err != nil {
+		return "no vmm.pid"
+	}
+	pid := strings.TrimSpace(string(b))
+	stat := func() (string, int) {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return "gone", 0
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			return "?", 0
+		}
+		u, _ := strconv.Atoi(f[11])
+		s, _ := strconv.Atoi(f[12])
+		return f[0], u + s
+	}
+	st, t0 := stat()
+	time.Sleep(time.Second) // measuring CPU use, not waiting for anything
+	_, t1 := stat()
+	return fmt.Sprintf("QEMU %s state %s, %d CPU ticks in 1 s", pid, st, t1-t0)
 }

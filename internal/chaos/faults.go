@@ -125,6 +125,10 @@ func (r *runner) faultPossible(kind string, running []*sbox) bool {
 		return len(running) > 0
 	case faultFailpoint:
 		return !r.cl.anyArmed() // one armed process at a time
+	case faultTermServer, faultTermAgent:
+		// A graceful stop must exit 0: not a process that may be
+		// crashing at its failpoint meanwhile.
+		return !r.cl.anyArmed()
 	}
 	return true
 }
