@@ -753,6 +753,19 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // the sandbox and is reported through Config.OnExit.
 func (a *Agent) watch(s *sandbox, m vmm.Machine) {
 	<-m.Done()
+	if s.getState() == StatePausing {
+		// A pause is capturing the machine: its outcome decides. A
+		// complete capture makes the sandbox paused (the pause stops the
+		// VMM anyway, and it is no longer s.m); an incomplete one fails
+		// the pause, and the sandbox, running without a VMM, is stopped
+		// below. Stopping it now would delete a capture the pause is
+		// about to report done.
+		select {
+		case s.slot <- struct{}{}:
+			<-s.slot
+		case <-s.gone:
+		}
+	}
 	s.mu.Lock()
 	// Killed by us, replaced (pause, a failed resume) or left to the next
 	// agent (Detach).

@@ -394,21 +394,33 @@ func verifyCapture(dir string) error {
 	return err
 }
 
-// Snapshots lists the snapshots on this host, oldest first.
+// Snapshots lists the snapshots on this host, oldest first. A snapshot
+// whose metadata cannot be read is listed with its ID only (it exists,
+// but nothing more is known of it).
 func (a *Agent) Snapshots() []SnapshotInfo {
 	ents, _ := os.ReadDir(filepath.Join(a.vol.Dir, "snapshots"))
 	var out []SnapshotInfo
 	for _, e := range ents {
-		if si, err := a.GetSnapshot(e.Name()); err == nil {
-			out = append(out, si)
+		if !ValidID(e.Name()) {
+			continue // a snapshot being taken (.tmp) or deleted (.deleting)
 		}
+		si, err := a.GetSnapshot(e.Name())
+		if err != nil {
+			si = SnapshotInfo{ID: e.Name()}
+		}
+		out = append(out, si)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
 }
 
+// deletingSuffix marks a snapshot directory being deleted.
+const deletingSuffix = ".deleting"
+
 // DeleteSnapshot removes a snapshot. Sandboxes restored from it keep
-// running: they hold their own links to its files.
+// running: they hold their own links to its files. The snapshot is gone
+// at once (its directory is renamed away, then removed): a crash in the
+// middle leaves no half snapshot, only a directory recovery removes.
 func (a *Agent) DeleteSnapshot(id string) error {
 	if !ValidID(id) {
 		return fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
@@ -417,8 +429,12 @@ func (a *Agent) DeleteSnapshot(id string) error {
 	if _, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	gone := dir + deletingSuffix
+	if err := os.Rename(dir, gone); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		a.log.Error("remove files of a deleted snapshot", "snapshot_id", id, "err", err)
 	}
 	a.mu.Lock()
 	delete(a.verified, id)

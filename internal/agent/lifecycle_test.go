@@ -109,11 +109,17 @@ func TestRecoverContinuesAStoppedVMM(t *testing.T) {
 
 // TestRecoverFinishesOrRollsBackAPause: a pause whose capture was sealed
 // when the agent went away is finished (paused, resumable); one whose
-// capture was not is rolled back (running).
+// capture was not is rolled back (running). A pause already recorded
+// (sandbox.json says paused) whose VMM had not been stopped yet used to
+// leave that VMM running forever next to the paused sandbox (found by
+// panda chaos at the failpoint pause-recorded); it is stopped.
 func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
-	for _, sealed := range []bool{true, false} {
-		name := map[bool]string{true: "sealed", false: "unsealed"}[sealed]
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		sealed, recorded bool
+	}{{"unsealed", false, false}, {"sealed", true, false}, {"recorded", true, true}} {
+		sealed := tc.sealed
+		t.Run(tc.name, func(t *testing.T) {
 			_, open := restartable(t)
 			a := open()
 			info, err := a.Create(ctxT(t), CreateRequest{})
@@ -141,6 +147,12 @@ func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.recorded {
+				s.transition(lifecycle.PauseDone)
+				if err := s.setOp("", true); err != nil {
+					t.Fatal(err)
+				}
+			}
 			end()
 			vmm := s.m.PID()
 			a.Detach()
@@ -154,6 +166,9 @@ func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
 			if sealed {
 				if alive(vmm) {
 					t.Errorf("the paused sandbox's old VMM %d still runs", vmm)
+				}
+				if _, err := os.Stat(s.runDir); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("the paused sandbox's run directory is left: %v", err)
 				}
 				if _, err := b.Resume(ctxT(t), info.ID); err != nil {
 					t.Fatalf("resume: %v", err)
@@ -350,6 +365,61 @@ func TestKillDuringAHungCapture(t *testing.T) {
 	}
 }
 
+// TestVMMDeathAfterAPauseCapture: a VMM that dies (killed, crashed) once
+// a pause has captured it, before the pause stops it, used to make the
+// agent stop the sandbox and delete its directory, the pause's sealed
+// capture with it, while the pause reported success (found by panda
+// chaos). The pause's outcome now decides: the sandbox is paused and
+// resumes with its files.
+func TestVMMDeathAfterAPauseCapture(t *testing.T) {
+	info := create(t)
+	shOn(t, testAgent, info.ID, "echo disk > /root/f; echo mem > /dev/shm/m")
+	s, _ := testAgent.get(info.ID)
+	// Pause up to a complete capture, as Pause does.
+	ctx, end, err := s.begin(ctxT(t), "test", StateRunning)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.transition(lifecycle.Pause)
+	s.setOp(opPause, false)
+	tmp := filepath.Join(s.dir, pausedTmpDir)
+	if _, err := testAgent.capture(ctx, s, tmp, true); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	m, client := s.m, s.client
+	if err := unix.Kill(m.PID(), unix.SIGKILL); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	<-m.Done()
+	// The rest of the pause.
+	if _, err := manifest.Seal(tmp, memFile, stateFile, diskFile); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	if err := manifest.Rename(tmp, filepath.Join(s.dir, pausedDir)); err != nil {
+		end()
+		t.Fatal(err)
+	}
+	if err := s.transition(lifecycle.PauseDone); err != nil {
+		end()
+		t.Fatalf("the sandbox was stopped while its pause completed: %v", err)
+	}
+	s.setOp("", true)
+	s.setMachine(nil, nil, nil)
+	client.Close()
+	testAgent.removeLiveFiles(s)
+	end()
+
+	if _, err := testAgent.Resume(ctxT(t), info.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got := shOn(t, testAgent, info.ID, "cat /root/f /dev/shm/m"); got != "disk\nmem\n" {
+		t.Errorf("after the resume: %q, want %q", got, "disk\nmem\n")
+	}
+}
+
 // TestKillWinsOverACreate: a kill while a sandbox starts stops it, and the
 // create fails instead of resurrecting it.
 func TestKillWinsOverACreate(t *testing.T) {
@@ -397,4 +467,95 @@ func alive(pid int) bool {
 	rest := b[bytes.LastIndexByte(b, ')')+1:]
 	f := strings.Fields(string(rest))
 	return len(f) > 0 && f[0] != "Z"
+}
+
+// TestDeleteSnapshotLeavesNoHalfSnapshot: deleting a snapshot renames its
+// directory away before removing it, so that a crash in the middle leaves
+// no half-deleted snapshot (its memory gone, its metadata listed: found
+// by panda chaos, an agent crash during a delete); recovery removes what
+// such a crash leaves.
+func TestDeleteSnapshotLeavesNoHalfSnapshot(t *testing.T) {
+	dir, open := restartable(t)
+	a := open()
+	info, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, gone := NewID(), NewID()
+	for _, id := range []string{keep, gone} {
+		if _, err := a.Snapshot(ctxT(t), info.ID, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.DeleteSnapshot(gone); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Snapshots(); len(got) != 1 || got[0].ID != keep {
+		t.Errorf("snapshots after a delete: %+v, want %s only", got, keep)
+	}
+	// What a crash during a delete leaves: the renamed directory, in part.
+	snaps := filepath.Join(a.StoreDir(), "snapshots")
+	half := filepath.Join(snaps, gone+deletingSuffix)
+	if err := os.MkdirAll(half, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(half, snapshotMeta), []byte(`{"id":"`+gone+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Snapshots(); len(got) != 1 || got[0].ID != keep {
+		t.Errorf("snapshots with a delete in progress: %+v, want %s only", got, keep)
+	}
+	a.Detach()
+	b := open()
+	b.Recover(ctxT(t))
+	if _, err := os.Stat(half); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after recovery, the interrupted delete's directory: %v, want it removed", err)
+	}
+	if got := b.Snapshots(); len(got) != 1 || got[0].ID != keep {
+		t.Errorf("snapshots after recovery: %+v, want %s only", got, keep)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "store", "snapshots", keep, snapshotMeta)); err != nil {
+		t.Errorf("the kept snapshot: %v", err)
+	}
+}
+
+// TestRecoverKillsAVMMWhoseStartWasInterrupted: a crash while a create
+// (or a fork child) started its VMM, before the VMM's PID was recorded,
+// used to leave that VMM running forever: recovery looked for it by its
+// PID file only (found by panda chaos). Recovery now kills every VMM that
+// serves one of its run directories and no sandbox it runs.
+func TestRecoverKillsAVMMWhoseStartWasInterrupted(t *testing.T) {
+	_, open := restartable(t)
+	a := open()
+	info, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := a.get(info.ID)
+	a.Detach()
+	// What the crash left: a sandbox still starting, its VMM running, no
+	// PID file.
+	if err := os.Remove(filepath.Join(s.runDir, "vmm.pid")); err != nil {
+		t.Fatal(err)
+	}
+	rec := s.rec
+	rec.State = StateStarting
+	if err := writeJSON(filepath.Join(s.dir, "sandbox.json"), rec, false); err != nil {
+		t.Fatal(err)
+	}
+
+	b := open()
+	if got := b.Recover(ctxT(t)); len(got) != 1 || got[0].Err == nil {
+		t.Fatalf("Recover = %+v, want %s not recovered (it was starting)", got, info.ID)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(info.PID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("VMM %d of the interrupted create still runs after recovery", info.PID)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if _, err := os.Stat(s.runDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run directory of the interrupted create: %v, want it removed", err)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -98,11 +99,12 @@ func (a *Agent) recoverOne(ctx context.Context, id string) (State, error) {
 	paused := filepath.Join(dir, pausedDir)
 	switch {
 	case rec.State == StatePaused || rec.State == StateResuming:
-		if rec.Op == opResume || rec.State == StateResuming {
-			// Roll the resume back: the capture was only linked from.
-			a.killStale(ctx, rec.Spec)
-			a.removeLiveFiles(s)
-		}
+		// A paused sandbox has no VMM. One that still runs was left by a
+		// resume the crash interrupted (rolled back: the capture was only
+		// linked from), or by a crash after the pause was recorded and
+		// before its VMM was stopped (finished): stop it either way.
+		a.killStale(ctx, rec.Spec)
+		a.removeLiveFiles(s)
 		return a.keepPaused(s)
 	case rec.Op == opPause && captureComplete(paused):
 		// Finish the pause: the capture is all the sandbox needs.
@@ -214,6 +216,26 @@ func (a *Agent) killStale(ctx context.Context, spec vmm.Spec) {
 	}
 }
 
+// killOrphans kills the QEMU processes that serve a run directory of this
+// agent but are not the VMM of a sandbox it runs: VMMs whose start a crash
+// interrupted before their PID was recorded (recovery could not find them
+// by their PID file; found by panda chaos), and any other a recovery could
+// not stop.
+func (a *Agent) killOrphans() {
+	for pid, name := range a.driver.Processes(a.cfg.RunDir) {
+		if s, err := a.get(name); err == nil {
+			s.mu.Lock()
+			ours := s.m != nil && s.m.PID() == pid
+			s.mu.Unlock()
+			if ours {
+				continue
+			}
+		}
+		a.log.Warn("killing a VMM that serves no sandbox", "pid", pid, "run_dir", filepath.Join(a.cfg.RunDir, name))
+		unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
 // quarantine moves a sandbox directory that holds data recovery cannot use
 // to lost+found in the store, for an operator to inspect.
 func (a *Agent) quarantine(dir, id, why string) {
@@ -229,13 +251,16 @@ func (a *Agent) quarantine(dir, id, why string) {
 
 // cleanLeftovers removes what interrupted work left: fork captures (their
 // children were never handed out), snapshot captures that were not
-// complete, tenants' copies of templates that were re-baked, bakes and
-// their VMMs, and run directories of sandboxes that are gone.
+// complete, snapshots whose deletion was interrupted, tenants' copies of
+// templates that were re-baked, bakes and their VMMs, and run directories
+// of sandboxes that are gone.
 func (a *Agent) cleanLeftovers(ctx context.Context) {
+	a.killOrphans()
 	a.tenantGC()
 	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
-	for _, d := range append(stale, tmps...) {
+	deleted, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+deletingSuffix))
+	for _, d := range slices.Concat(stale, tmps, deleted) {
 		os.RemoveAll(d)
 	}
 	runs, _ := os.ReadDir(a.cfg.RunDir)
@@ -253,18 +278,10 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 	if n := a.templates.RemoveLeftovers(); n > 0 {
 		a.log.Info("removed leftovers of interrupted bakes", "count", n)
 	}
-	// Cgroups of VMMs that are gone, and VMMs of ours nobody adopted.
-	left, err := a.driver.CleanupStale()
-	if err != nil {
+	// Cgroups of VMMs that are gone (killOrphans stopped ours that no
+	// sandbox owns).
+	if _, err := a.driver.CleanupStale(); err != nil {
 		a.log.Warn("clean up after vmms that are gone", "err", err)
-	}
-	for _, o := range left.Orphans {
-		if o.RunDir != "" && filepath.Dir(o.RunDir) == a.cfg.RunDir {
-			// Identified just now by its command line as serving one of
-			// our run directories, whose sandbox is gone.
-			a.log.Warn("killing a vmm of this host that no sandbox owns", "pid", o.PID, "run_dir", o.RunDir)
-			unix.Kill(o.PID, unix.SIGKILL)
-		}
 	}
 }
 

@@ -280,7 +280,8 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.cat.DeleteSnapshot(r.Context(), sn.ID); err != nil {
+	// Not found: a reconciliation finished this delete meanwhile.
+	if err := s.cat.DeleteSnapshot(r.Context(), sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		s.writeError(w, r, err)
 		return
 	}

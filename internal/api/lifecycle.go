@@ -202,8 +202,10 @@ func (s *Server) started(ctx context.Context, id string, ttl time.Duration) (cat
 }
 
 // stop kills a sandbox on its host and records it stopped. Stopping a
-// stopped sandbox is a no-op. If the host cannot be reached the record
-// stays stopping; the TTL loop and Resync finish it.
+// stopped sandbox is a no-op. The reason is recorded as the stop begins
+// (state stopping), so that a stop a crash interrupts, finished later by
+// Resync, or one already under way, keeps its own. If the host cannot be
+// reached the record stays stopping; the TTL loop and Resync finish it.
 func (s *Server) stop(ctx context.Context, id, reason string) error {
 	ctx = context.WithoutCancel(ctx)
 	sb, err := s.cat.GetSandbox(ctx, id)
@@ -214,16 +216,23 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 		return nil
 	}
 	if sb.State != catalog.StateStopping {
-		if _, err := s.transition(ctx, id, lifecycle.Stop, nil); err != nil {
+		sb, err = s.transition(ctx, id, lifecycle.Stop, func(x *catalog.Sandbox) { x.StopReason = reason })
+		if err != nil {
 			var sc *stateConflict
-			if errors.As(err, &sc) && (sc.state == catalog.StateStopped || sc.state == catalog.StateStopping) {
-				if sc.state == catalog.StateStopped {
-					return nil
-				}
-			} else {
+			if !errors.As(err, &sc) || sc.state != catalog.StateStopped && sc.state != catalog.StateStopping {
 				return fmt.Errorf("stop sandbox %s: %w", id, err)
 			}
+			if sc.state == catalog.StateStopped {
+				return nil
+			}
+			sb, err = s.cat.GetSandbox(ctx, id)
+			if err != nil {
+				return fmt.Errorf("stop sandbox: %w", err)
+			}
 		}
+	}
+	if sb.StopReason != "" {
+		reason = sb.StopReason // the stop under way decided why
 	}
 	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
@@ -301,9 +310,19 @@ func (s *Server) resume(id string) (*op, error) {
 // has it, it is stopped. The operation's error is returned.
 func (s *Server) failed(ctx context.Context, id string, ev lifecycle.Event, what string, opErr error) (catalog.Sandbox, any, error) {
 	if errors.Is(opErr, agent.ErrNotFound) {
-		// Killed meanwhile, or its VMM died: the stop is recorded by
-		// whoever caused it; make sure it is.
-		s.markStopped(ctx, id, "vmm_exited")
+		// Killed meanwhile (its record is stopping: the kill records
+		// why), or its VMM died: that is recorded by SandboxExited; make
+		// sure it is.
+		_, err := s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+			if x.State == catalog.StateStopped || x.State == catalog.StateStopping {
+				return nil
+			}
+			x.UpdatedAt = time.Now().UTC()
+			return stoppedBy("vmm_exited")(x)
+		})
+		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			s.log.Error("record the stop of a sandbox gone during a "+what, "sandbox_id", id, "err", err)
+		}
 		sb, _ := s.cat.GetSandbox(ctx, id)
 		return sb, nil, opErr
 	}
@@ -398,6 +417,15 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 	for _, info := range infos {
 		alive[info.ID] = info.State
 	}
+	unsettled := false
+	defer func() {
+		s.mu.Lock()
+		s.resyncAgain = nil
+		if unsettled {
+			s.resyncAgain = list
+		}
+		s.mu.Unlock()
+	}()
 	known := map[string]bool{}
 	for _, sb := range live {
 		known[sb.ID] = true
@@ -409,12 +437,20 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 		var update func(x *catalog.Sandbox) error
 		switch {
 		case ok && !settled:
-			continue // an operation in flight on the host: the next resync sees how it ends
+			// An operation in flight on the host that no request of this
+			// server waits for (an earlier server started it): the TTL
+			// loop resyncs again until it ends.
+			unsettled = true
+			continue
 		case sb.State == catalog.StateStopping:
 			if ok {
 				s.host.Kill(ctx, sb.ID)
 			}
-			update = stoppedBy("killed")
+			reason := sb.StopReason // recorded as the stop began
+			if reason == "" {
+				reason = "killed"
+			}
+			update = stoppedBy(reason)
 		case settled && sb.State == string(st):
 			continue
 		case settled && sb.State != catalog.StateStarting:
@@ -493,10 +529,20 @@ type SnapshotLister interface {
 }
 
 // resyncSnapshots records the host's snapshots the catalog does not know,
-// for the key that owns the sandbox they were taken from.
+// for the key that owns the sandbox they were taken from (a crash between
+// the host's snapshot and its record), and forgets the records of
+// snapshots the host no longer has (a crash between the host's delete and
+// the record's).
 func (s *Server) resyncSnapshots(ctx context.Context) {
 	sl, ok := s.host.(SnapshotLister)
 	if !ok {
+		return
+	}
+	// Records first: a snapshot is on its host before it is recorded, so
+	// one recorded after this list is not mistaken for one deleted.
+	recs, err := s.cat.ListSnapshots(ctx, "")
+	if err != nil {
+		s.log.Warn("reconcile snapshots: list records", "err", err)
 		return
 	}
 	snaps, err := sl.Snapshots(ctx)
@@ -504,7 +550,24 @@ func (s *Server) resyncSnapshots(ctx context.Context) {
 		s.log.Warn("reconcile snapshots: list host snapshots", "err", err)
 		return
 	}
+	have := map[string]bool{}
 	for _, si := range snaps {
+		have[si.ID] = true
+	}
+	for _, sn := range recs {
+		if sn.HostID != s.cfg.HostID || have[sn.ID] {
+			continue
+		}
+		if err := s.cat.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			s.log.Warn("forget a snapshot its host no longer has", "snapshot_id", sn.ID, "err", err)
+			continue
+		}
+		s.log.Info("forgot a snapshot whose delete a restart interrupted", "snapshot_id", sn.ID, "key_id", sn.KeyID)
+	}
+	for _, si := range snaps {
+		if si.SandboxID == "" {
+			continue // unreadable metadata: nothing to record it with
+		}
 		if _, err := s.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
 			continue
 		}
@@ -523,14 +586,19 @@ func (s *Server) resyncSnapshots(ctx context.Context) {
 	}
 }
 
+// resyncRetry is how often the TTL loop resyncs records that the last
+// Resync left unsettled.
+const resyncRetry = time.Second
+
 // Run enforces TTLs (a running sandbox past its expiry is stopped, or
 // paused if it asked for that, within a few hundred milliseconds; paused
-// sandboxes never expire) and forgets long-stopped sandboxes, until ctx
-// ends.
+// sandboxes never expire), settles records that Resync left in the middle
+// of an operation on their host once it ends, and forgets long-stopped
+// sandboxes, until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	lastPurge := time.Now()
+	lastPurge, lastResync := time.Now(), time.Now()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -538,6 +606,15 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		s.mu.Lock()
+		again := s.resyncAgain
+		s.mu.Unlock()
+		if again != nil && time.Since(lastResync) >= resyncRetry {
+			lastResync = time.Now()
+			if err := s.Resync(ctx, again); err != nil && ctx.Err() == nil {
+				s.log.Warn("resync records left in the middle of an operation", "err", err)
+			}
 		}
 		now := time.Now().UTC()
 		due, err := s.cat.Due(ctx, now)

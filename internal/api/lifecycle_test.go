@@ -3,13 +3,18 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/catalog"
 )
 
 // waitFor polls sandbox id until cond holds (at most a minute).
@@ -267,5 +272,139 @@ func TestBufferedExecIsCapped(t *testing.T) {
 	r.json(t, &res)
 	if want := "q\"\\b\x01<\n\uFFFDé"; res.Stdout != want {
 		t.Errorf("stdout %q, want %q", res.Stdout, want)
+	}
+}
+
+// A record an earlier server left resuming, whose host was still rolling
+// the resume back when the new server reconciled (the host said
+// resuming), used to stay resuming until the host agent reconnected,
+// which may be never (found by panda chaos in split mode: the server
+// killed during a resume). The TTL loop now resyncs until it settles: here
+// paused, with the interruption in last_error.
+func TestResyncSettlesAnOperationInFlightOnTheHost(t *testing.T) {
+	key := newKey(t, "resync-in-flight", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil), 200, "")
+	ctx := context.Background()
+	// What an earlier server left: a resume it had recorded and not seen
+	// end.
+	if _, err := e.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+		x.State = catalog.StateResuming
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The host's answer while it still rolls the resume back, then its
+	// real answers.
+	var calls atomic.Int32
+	list := func(context.Context) ([]agent.Info, error) {
+		infos := e.host.List()
+		if calls.Add(1) == 1 {
+			for i := range infos {
+				if infos[i].ID == sb.ID {
+					infos[i].State = agent.StateResuming
+				}
+			}
+		}
+		return infos, nil
+	}
+	if err := e.srv.Resync(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		State     string `json:"state"`
+		LastError string `json:"last_error"`
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		do(t, key, "GET", "/v1/sandboxes/"+sb.ID, nil).json(t, &got)
+		if got.State != catalog.StateResuming {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still resuming a minute after the host settled it (%d host listings)", sb.ID, calls.Load())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if got.State != catalog.StatePaused || !strings.Contains(got.LastError, "interrupted") {
+		t.Errorf("after the host settled: state %s, last_error %q; want paused, interrupted", got.State, got.LastError)
+	}
+}
+
+// A delete of a snapshot interrupted after its host removed the files and
+// before the catalog forgot it used to leave the snapshot listed, and
+// every create from it failing (found by panda chaos). Reconciling
+// finishes the delete.
+func TestResyncForgetsASnapshotItsHostDeleted(t *testing.T) {
+	key := newKey(t, "resync-deleted-snapshot", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	r := do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{})
+	expect(t, r, 201, "")
+	var kept, gone struct{ ID string }
+	r.json(t, &kept)
+	t.Cleanup(func() { do(t, key, "DELETE", "/v1/snapshots/"+kept.ID, nil) })
+	r = do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{})
+	expect(t, r, 201, "")
+	r.json(t, &gone)
+	// The host half of the delete, then the crash.
+	if err := e.host.DeleteSnapshot(gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := e.srv.Resync(ctx, func(context.Context) ([]agent.Info, error) { return e.host.List(), nil }); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, do(t, key, "GET", "/v1/snapshots/"+gone.ID, nil), 404, "not_found")
+	expect(t, do(t, key, "GET", "/v1/snapshots/"+kept.ID, nil), 200, "")
+}
+
+// A kill while a resume restores the sandbox stops it with stop_reason
+// killed. The resume, which then fails because its sandbox is gone, used
+// to record vmm_exited over the kill (found by panda chaos: a kill racing
+// a resume). The race is hit most of the time; the test never fails when
+// it is not.
+func TestKillDuringAResumeIsRecordedAsKilled(t *testing.T) {
+	key := newKey(t, "kill-during-resume", nil)
+	for attempt := range 3 {
+		sb := create(t, key, map[string]any{"ttl_seconds": 600})
+		expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil), 200, "")
+		resumed := make(chan resp, 1)
+		go func() { resumed <- do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil) }()
+		waitFor(t, key, sb.ID, "resuming", func(x sandbox) bool { return x.State != "paused" })
+		expect(t, do(t, key, "DELETE", "/v1/sandboxes/"+sb.ID, nil), 204, "")
+		r := <-resumed
+		got := waitFor(t, key, sb.ID, "stopped", func(x sandbox) bool { return x.State == "stopped" })
+		if got.StopReason != "killed" {
+			t.Errorf("attempt %d: sandbox killed during its resume (which answered %d): stop_reason %q, want killed", attempt, r.status, got.StopReason)
+		}
+	}
+}
+
+// A stop that a crash interrupts (the record stopping) is finished by the
+// next Resync with the reason it began with: a sandbox that was expiring
+// used to be recorded killed (found by panda chaos: a server killed while
+// a TTL ran out).
+func TestResyncFinishesAStopWithItsReason(t *testing.T) {
+	key := newKey(t, "resync-stop-reason", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	ctx := context.Background()
+	// What an expiry left when the server died: the record stopping, the
+	// sandbox still on its host.
+	if _, err := e.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+		x.State, x.StopReason = catalog.StateStopping, "expired"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.Resync(ctx, func(context.Context) ([]agent.Info, error) { return e.host.List(), nil }); err != nil {
+		t.Fatal(err)
+	}
+	var got sandbox
+	do(t, key, "GET", "/v1/sandboxes/"+sb.ID, nil).json(t, &got)
+	if got.State != "stopped" || got.StopReason != "expired" {
+		t.Errorf("after Resync: %s (%s), want stopped (expired)", got.State, got.StopReason)
+	}
+	if _, err := e.host.Get(sb.ID); !errors.Is(err, agent.ErrNotFound) {
+		t.Errorf("the host still has the stopped sandbox: %v", err)
 	}
 }

@@ -249,6 +249,11 @@ type Server struct {
 	ops     map[string]*op // the detached operation of each sandbox
 	opsWG   sync.WaitGroup
 	closing bool
+	// resyncAgain is the list of the last Resync that left records
+	// unsettled because their host was still in the middle of an
+	// operation (one an earlier server started); the TTL loop runs Resync
+	// again with it until they settle. Nil: nothing to settle.
+	resyncAgain func(context.Context) ([]agent.Info, error)
 }
 
 // New returns a server. It starts no goroutines.

@@ -323,6 +323,21 @@ func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (agent.Sna
 	return si, err
 }
 
+var _ api.SnapshotLister = (*Client)(nil)
+
+// Snapshots lists the snapshots the agent holds, oldest first: the server
+// records one a crash left unrecorded when it reconciles.
+func (c *Client) Snapshots(ctx context.Context) ([]agent.SnapshotInfo, error) {
+	var out struct {
+		Snapshots []agent.SnapshotInfo `json:"snapshots"`
+	}
+	err := c.call(ctx, http.MethodGet, "/snapshots", nil, nil, &out)
+	for i := range out.Snapshots {
+		out.Snapshots[i].Capture = capture(out.Snapshots[i].Capture)
+	}
+	return out.Snapshots, err
+}
+
 // DeleteSnapshot deletes a snapshot.
 func (c *Client) DeleteSnapshot(snapshotID string) error {
 	return c.callShort(http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, nil, nil)

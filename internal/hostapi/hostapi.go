@@ -164,6 +164,8 @@ var classes = []struct {
 	class  error
 }{
 	{"no_space", http.StatusInsufficientStorage, agent.ErrNoSpace},
+	{"corrupt", http.StatusConflict, agent.ErrCorrupt},
+	{"not_ready", http.StatusServiceUnavailable, agent.ErrNotReady},
 	{"not_found", http.StatusNotFound, agent.ErrNotFound},
 	{"template_not_found", http.StatusNotFound, template.ErrNotFound},
 	{"invalid", http.StatusUnprocessableEntity, agent.ErrInvalid},

@@ -22,6 +22,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -483,8 +485,17 @@ func TestErrorsMatchLocal(t *testing.T) {
 	if _, err := client.Pause(ctxT(t), paused.ID); err != nil {
 		t.Fatal(err)
 	}
+	// A snapshot whose memory no longer matches its checksums.
+	corrupt := agent.NewID()
+	if _, err := host.Snapshot(ctxT(t), sb.ID, corrupt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.DeleteSnapshot(corrupt) })
+	if err := os.WriteFile(filepath.Join(host.StoreDir(), "snapshots", corrupt, "vm.state"), []byte("not the state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	classes := []error{
-		agent.ErrNotFound, agent.ErrConflict, agent.ErrInvalid, agent.ErrNoSpace,
+		agent.ErrNotFound, agent.ErrConflict, agent.ErrInvalid, agent.ErrNoSpace, agent.ErrCorrupt, agent.ErrNotReady,
 		template.ErrNotFound, template.ErrInvalid, context.DeadlineExceeded,
 		guestproto.ErrNotFound, guestproto.ErrExists, guestproto.ErrNotDir, guestproto.ErrIsDir,
 		guestproto.ErrNotEmpty, guestproto.ErrPermission, guestproto.ErrInvalid, guestproto.ErrTimeout,
@@ -519,6 +530,10 @@ func TestErrorsMatchLocal(t *testing.T) {
 			_, err := h.Create(ctx, agent.CreateRequest{MemoryMiB: 1})
 			return err
 		}, agent.ErrInvalid},
+		{"create from a corrupt snapshot", func(h api.Host) error {
+			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: corrupt})
+			return err
+		}, agent.ErrCorrupt},
 		{"create unknown snapshot", func(h api.Host) error {
 			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: "nosuchsnapshot"})
 			return err
@@ -626,6 +641,12 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 		t.Fatalf("snapshot: got %+v, %v", si, err)
 	}
 	t.Cleanup(func() { host.DeleteSnapshot(snapID) })
+	// The server records a snapshot a crash left unrecorded from this list.
+	if list, err := client.Snapshots(ctx); err != nil || !slices.ContainsFunc(list, func(x agent.SnapshotInfo) bool {
+		return x.ID == snapID && x.SandboxID == parent.ID && x.SizeBytes == si.SizeBytes
+	}) {
+		t.Errorf("snapshots: got %+v, %v; want %s of %s among them", list, err, snapID, parent.ID)
+	}
 	restored, err := client.Create(ctx, agent.CreateRequest{SnapshotID: snapID})
 	if err != nil {
 		t.Fatalf("create from snapshot: %v", err)

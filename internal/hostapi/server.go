@@ -91,6 +91,9 @@ func (s *Server) routes() http.Handler {
 			}
 			return s.a.Snapshot(r.Context(), chi.URLParam(r, "id"), req.SnapshotID)
 		}))
+		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
+			return map[string]any{"snapshots": s.a.Snapshots()}, nil
+		}))
 		r.Delete(Prefix+"/snapshots/{snapID}", s.json(func(r *http.Request) (any, error) {
 			return nil, s.a.DeleteSnapshot(chi.URLParam(r, "snapID"))
 		}))

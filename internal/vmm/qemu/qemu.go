@@ -600,6 +600,40 @@ func procUID(pid int) (uint32, error) {
 	return 0, fmt.Errorf("no Uid in /proc/%d/status", pid)
 }
 
+// Processes lists the live QEMU processes (of this driver's binary) whose
+// command line names a directory in runDir, mapping each pid to that
+// directory's name: the VMMs of runDir's machines, whether or not their
+// PID was recorded (a crash between starting a VMM and writing its PID
+// file leaves one only this finds).
+func (d *Driver) Processes(runDir string) map[int]string {
+	out := map[int]string{}
+	prefix := filepath.Clean(runDir) + "/"
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(b) == 0 { // gone, or a zombie
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if filepath.Base(argv[0]) != filepath.Base(d.cfg.Binary) {
+			continue
+		}
+		for _, a := range argv[1:] {
+			if _, rest, ok := strings.Cut(a, prefix); ok {
+				if name, _, ok := strings.Cut(rest, "/"); ok && name != "" {
+					out[pid] = name
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
 // Adopt takes over a VMM process started by an earlier host agent, found by
 // the PID file in spec.RunDir. It fails if the process is gone or is not the
 // QEMU that serves spec.RunDir. The UID the process runs as is taken (Start

@@ -1,0 +1,126 @@
+package chaos_test
+
+// The fault-injection suite against real deployments: `panda up`, and
+// `panda server` with `panda agent`, with real QEMU guests under TCG. Each
+// run uses a random seed, printed when it fails, so that CI explores and a
+// failure can be replayed with `panda chaos --seed S [--split]`.
+//
+// Environment: PANDA_BIN (default: go build ./cmd/panda), PANDA_TEST_IMAGES
+// (default /var/lib/pandastack/images). Needs root. Skipped with -short.
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/chaos"
+	"github.com/pandastack/pandastack/internal/pandatest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
+
+// e2e marks a test as slow (real processes, real VMs) and checks what it
+// needs.
+func e2e(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end test: skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("the chaos suite needs root: panda loop-mounts an XFS image")
+	}
+	if _, err := os.Stat(filepath.Join(pandatest.Images(), "rootfs-tiny.ext4")); err != nil {
+		t.Fatalf("guest images missing (run make setup or set PANDA_TEST_IMAGES): %v", err)
+	}
+	bin, err := pandatest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// logWriter sends each line written to it to t.Log.
+type logWriter struct {
+	t   *testing.T
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := strings.IndexByte(string(w.buf), '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.t.Log(string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+}
+
+// runChaos runs the suite as cfg says and checks that it passed and did
+// what a run must do to mean something: every kind of operation, faults,
+// crashes at failpoints, restarts, checks after every iteration.
+func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
+	t.Helper()
+	cfg.Bin = e2e(t)
+	cfg.Images = pandatest.Images()
+	cfg.Log = &logWriter{t: t}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	rep, err := chaos.Run(ctx, cfg)
+	var sum strings.Builder
+	rep.WriteText(&sum)
+	t.Logf("report:\n%s", sum.String())
+	if err != nil {
+		t.Fatalf("%v\nreplay: panda chaos --seed %d%s --iterations %d\n%s", err, rep.Seed,
+			map[bool]string{true: " --split"}[cfg.Split], cfg.Iterations, rep.Logs)
+	}
+	if rep.Iterations != cfg.Iterations {
+		t.Errorf("ran %d iterations, want %d", rep.Iterations, cfg.Iterations)
+	}
+	if rep.Checks < rep.Iterations {
+		t.Errorf("%d invariant checks passed in %d iterations, want one per iteration at least", rep.Checks, rep.Iterations)
+	}
+	for _, kind := range []string{"create", "exec", "write", "fork", "snapshot", "pause", "resume", "kill", "ttl"} {
+		if o := rep.Ops[kind]; o["ok"] == 0 {
+			t.Errorf("no %s succeeded (%v): the run did not exercise it", kind, o)
+		}
+	}
+	faults, hits, restarts := 0, 0, 0
+	for _, n := range rep.Faults {
+		faults += n
+	}
+	for _, n := range rep.FailpointsHit {
+		hits += n
+	}
+	for _, n := range rep.Restarts {
+		restarts += n
+	}
+	if faults == 0 || hits == 0 || restarts == 0 || rep.ContentChecks == 0 {
+		t.Errorf("faults %d, failpoints hit %d, restarts %d, sandboxes probed %d: want some of each", faults, hits, restarts, rep.ContentChecks)
+	}
+	return rep
+}
+
+// TestChaosUp: 200 iterations against `panda up`.
+func TestChaosUp(t *testing.T) {
+	rep := runChaos(t, chaos.Config{Iterations: 200})
+	if rep.Faults["kill-server"] == 0 || rep.Faults["kill-qemu"] == 0 {
+		t.Errorf("faults %v: want server and QEMU kills", rep.Faults)
+	}
+}
+
+// TestChaosSplit: 60 iterations against `panda server` + `panda agent`.
+func TestChaosSplit(t *testing.T) {
+	rep := runChaos(t, chaos.Config{Iterations: 60, Split: true})
+	if rep.Restarts["agent"] == 0 || rep.Restarts["server"] == 0 {
+		t.Errorf("restarts %v: want both the agent and the server restarted", rep.Restarts)
+	}
+}

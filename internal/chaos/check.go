@@ -1,0 +1,313 @@
+package chaos
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Observation is one look at a deployment: what its catalog lists (through
+// the API, with every key the suite uses, in every state) and what its data
+// directory holds (QEMU processes, sandbox, run and snapshot directories,
+// mounts). Observe takes one; tests may build one by hand.
+type Observation struct {
+	// Sandboxes are the catalog's sandboxes, stopped ones included.
+	Sandboxes map[string]SandboxRecord
+	// Snapshots are the catalog's snapshots.
+	Snapshots map[string]SnapshotRecord
+	// QEMU maps each live QEMU process whose command line names a path
+	// under the data directory to the sandbox whose run directory it
+	// uses ("" if none: a bake, or a process of nobody).
+	QEMU map[int]string
+	// SandboxDirs are the directories in store/sandboxes, each with
+	// whether it holds a complete pause capture (paused/manifest.json).
+	SandboxDirs map[string]bool
+	// RunDirs are the directories in run.
+	RunDirs []string
+	// SnapshotDirs, ForkDirs and LostFound are the entries of
+	// store/snapshots (*.tmp included), store/forks and
+	// store/lost+found.
+	SnapshotDirs []string
+	ForkDirs     []string
+	LostFound    []string
+	// Mounts are the mount points under the data directory.
+	Mounts []string
+	// DataDir is the data directory observed.
+	DataDir string
+}
+
+// SandboxRecord is a sandbox as the catalog lists it.
+type SandboxRecord struct {
+	ID         string
+	Key        int // index of the API key that lists it
+	State      string
+	StopReason string
+	LastError  string
+	ParentID   string
+	SnapshotID string
+	Metadata   map[string]string
+}
+
+// SnapshotRecord is a snapshot as the catalog lists it.
+type SnapshotRecord struct {
+	ID        string
+	Key       int
+	SandboxID string
+}
+
+// Expectation is what the invariants allow at one moment, from what the
+// suite did and what it knows of its outcome.
+type Expectation struct {
+	// Sandboxes are the sandboxes the suite holds live, each with the
+	// outcomes it may have now.
+	Sandboxes map[string]Outcomes
+	// Gone are sandboxes known stopped: they must stay stopped, for the
+	// same reason (or be purged from the catalog).
+	Gone map[string]string
+	// Snapshots were acknowledged by the API and not deleted: each must be
+	// listed and its files must exist.
+	Snapshots map[string]bool
+	// MaybeSnapshots may exist or not (a delete whose outcome is unknown).
+	MaybeSnapshots map[string]bool
+	// PendingCreates are the chaos_op labels of creates whose outcome is
+	// unknown; PendingForks the parents of forks whose outcome is
+	// unknown; PendingSnapshots the sources of snapshots whose outcome is
+	// unknown. What they may have made is not a stranger.
+	PendingCreates   map[string]bool
+	PendingForks     map[string]bool
+	PendingSnapshots map[string]bool
+}
+
+// Outcomes is the set of settled states a sandbox may be in: "running",
+// "paused", or "stopped:REASON" for each stop reason that is allowed.
+type Outcomes map[string]bool
+
+// NewOutcomes makes a set of outcomes.
+func NewOutcomes(o ...string) Outcomes {
+	s := Outcomes{}
+	for _, x := range o {
+		s[x] = true
+	}
+	return s
+}
+
+func (o Outcomes) String() string {
+	var l []string
+	for x := range o {
+		l = append(l, x)
+	}
+	sort.Strings(l)
+	return strings.Join(l, " or ")
+}
+
+// allows reports whether the record's state (and stop reason) is one of o.
+func (o Outcomes) allows(rec SandboxRecord) bool {
+	return o[outcomeOf(rec)]
+}
+
+func outcomeOf(rec SandboxRecord) string {
+	if rec.State == stateStopped {
+		return stateStopped + ":" + rec.StopReason
+	}
+	return rec.State
+}
+
+// The sandbox states of the API.
+const (
+	stateRunning  = "running"
+	statePaused   = "paused"
+	stateStopped  = "stopped"
+	stateStarting = "starting"
+)
+
+// transitional reports whether state is one a sandbox passes through
+// (starting, pausing, resuming, stopping) rather than stays in.
+func transitional(state string) bool {
+	switch state {
+	case stateRunning, statePaused, stateStopped:
+		return false
+	}
+	return true
+}
+
+// Metadata labels the suite puts on the sandboxes it creates.
+const (
+	labelRun = "chaos"    // the run's id
+	labelOp  = "chaos_op" // the create operation's number
+)
+
+// Check compares an observation with an expectation and returns every
+// invariant that does not hold, one sentence each, sorted; none means the
+// deployment is as it must be. It is pure: what it needs is in its
+// arguments.
+//
+// The invariants:
+//   - the catalog lists every sandbox the suite holds, in one of the
+//     outcomes allowed for it, and no sandbox in a transitional state; a
+//     sandbox known stopped stays stopped; a sandbox the suite does not know
+//     is a stranger unless an operation whose outcome is unknown may have
+//     made it;
+//   - every running sandbox has exactly one live QEMU process, a sandbox
+//     directory and a run directory; a paused one has no QEMU and a
+//     complete pause capture; no QEMU, sandbox directory or run directory
+//     belongs to no live sandbox;
+//   - every snapshot the API acknowledged is listed and has its files; no
+//     snapshot directory belongs to no snapshot; no *.tmp snapshot, fork
+//     capture or lost+found entry is left;
+//   - nothing is mounted under the data directory but its store.
+func Check(exp Expectation, obs Observation) []string {
+	var v []string
+	add := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+
+	for id, want := range exp.Sandboxes {
+		rec, ok := obs.Sandboxes[id]
+		switch {
+		case !ok:
+			add("sandbox %s is lost: the catalog does not list it (want %s)", id, want)
+		case transitional(rec.State):
+			add("sandbox %s is still %s (want %s)", id, rec.State, want)
+		case !want.allows(rec):
+			add("sandbox %s is %s (last_error %q); want %s", id, describe(rec), rec.LastError, want)
+		}
+	}
+	for id, rec := range obs.Sandboxes {
+		if _, ok := exp.Sandboxes[id]; ok {
+			continue
+		}
+		if reason, ok := exp.Gone[id]; ok {
+			if rec.State != stateStopped || rec.StopReason != reason {
+				add("sandbox %s was stopped (%s) and is now %s", id, reason, describe(rec))
+			}
+			continue
+		}
+		switch {
+		case !adoptable(exp, rec):
+			add("sandbox %s is %s but the suite never made it (parent %q, metadata %v)", id, describe(rec), rec.ParentID, rec.Metadata)
+		case transitional(rec.State):
+			add("sandbox %s (made by an interrupted operation) is still %s", id, rec.State)
+		case rec.State == statePaused:
+			add("sandbox %s (made by an interrupted operation) is paused, which no create or fork does", id)
+		}
+	}
+
+	byID := map[string][]int{}
+	for pid, id := range obs.QEMU {
+		if id == "" {
+			add("QEMU process %d serves no sandbox", pid)
+			continue
+		}
+		byID[id] = append(byID[id], pid)
+	}
+	for id, pids := range byID {
+		slices.Sort(pids)
+		rec, ok := obs.Sandboxes[id]
+		switch {
+		case !ok:
+			add("QEMU process %v serves sandbox %s, which the catalog does not list", pids, id)
+		case rec.State == stateStopped || rec.State == statePaused:
+			add("QEMU process %v serves sandbox %s, which is %s", pids, id, describe(rec))
+		case len(pids) > 1:
+			add("sandbox %s has %d QEMU processes %v, want one", id, len(pids), pids)
+		}
+	}
+	runDirs := toSet(obs.RunDirs)
+	for id, rec := range obs.Sandboxes {
+		_, hasDir := obs.SandboxDirs[id]
+		switch rec.State {
+		case stateRunning:
+			if len(byID[id]) == 0 {
+				add("running sandbox %s has no QEMU process", id)
+			}
+			if !hasDir {
+				add("running sandbox %s has no directory in store/sandboxes", id)
+			}
+			if !runDirs[id] {
+				add("running sandbox %s has no run directory", id)
+			}
+		case statePaused:
+			if !obs.SandboxDirs[id] {
+				add("paused sandbox %s has no complete pause capture (store/sandboxes/%s/paused/manifest.json)", id, id)
+			}
+		}
+	}
+	for id := range obs.SandboxDirs {
+		if rec, ok := obs.Sandboxes[id]; !ok || rec.State == stateStopped {
+			add("store/sandboxes/%s belongs to no live sandbox", id)
+		}
+	}
+	for id := range runDirs {
+		rec, ok := obs.Sandboxes[id]
+		if !ok || rec.State == stateStopped || rec.State == statePaused {
+			what := "no sandbox"
+			if ok {
+				what = "sandbox " + id + ", which is " + describe(rec)
+			}
+			add("run/%s belongs to %s", id, what)
+		}
+	}
+
+	snapDirs := map[string]bool{}
+	for _, d := range obs.SnapshotDirs {
+		if strings.HasSuffix(d, ".tmp") {
+			add("store/snapshots/%s is left from an interrupted snapshot", d)
+			continue
+		}
+		snapDirs[d] = true
+		if _, ok := obs.Snapshots[d]; !ok && !exp.MaybeSnapshots[d] {
+			add("store/snapshots/%s belongs to no snapshot in the catalog", d)
+		}
+	}
+	for id := range exp.Snapshots {
+		if _, ok := obs.Snapshots[id]; !ok {
+			add("snapshot %s was acknowledged but the catalog does not list it", id)
+		}
+	}
+	for id, sn := range obs.Snapshots {
+		if !snapDirs[id] {
+			add("snapshot %s (of sandbox %s) is listed but its files are gone", id, sn.SandboxID)
+		}
+		if !exp.Snapshots[id] && !exp.MaybeSnapshots[id] && !exp.PendingSnapshots[sn.SandboxID] {
+			add("snapshot %s of sandbox %s was never acknowledged nor interrupted", id, sn.SandboxID)
+		}
+	}
+	for _, d := range obs.ForkDirs {
+		add("store/forks/%s is left from a fork", d)
+	}
+	for _, d := range obs.LostFound {
+		add("store/lost+found/%s: recovery gave up on a sandbox's data", d)
+	}
+	store := filepath.Join(obs.DataDir, "store")
+	for _, mp := range obs.Mounts {
+		if mp != store {
+			add("%s is mounted", mp)
+		}
+	}
+	sort.Strings(v)
+	return v
+}
+
+// adoptable reports whether an interrupted operation may have made rec: a
+// fork of its parent, or a create labelled with its operation.
+func adoptable(exp Expectation, rec SandboxRecord) bool {
+	if rec.ParentID != "" {
+		return exp.PendingForks[rec.ParentID]
+	}
+	return exp.PendingCreates[rec.Metadata[labelOp]]
+}
+
+func describe(rec SandboxRecord) string {
+	if rec.State == stateStopped {
+		return fmt.Sprintf("stopped (%s)", rec.StopReason)
+	}
+	return rec.State
+}
+
+func toSet(l []string) map[string]bool {
+	m := make(map[string]bool, len(l))
+	for _, x := range l {
+		m[x] = true
+	}
+	return m
+}
