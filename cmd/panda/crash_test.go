@@ -160,6 +160,19 @@ func TestAbandonedResume(t *testing.T) {
 	c := s.client(t)
 	sb := mustCreate(t, ctx, c)
 	writeFile(t, ctx, sb, "/root/kept.txt", "kept\n")
+	// Tenants' data is root's alone.
+	for path, want := range map[string]os.FileMode{
+		dir: 0o700, filepath.Join(dir, "store", "sandboxes", sb.ID): 0o700,
+		filepath.Join(dir, "store", "sandboxes", sb.ID, "sandbox.json"): 0o600,
+		filepath.Join(dir, "panda.db"): 0o600, filepath.Join(dir, "admin.key"): 0o600,
+	} {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+		} else if st.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, st.Mode().Perm(), want)
+		}
+	}
 	if err := sb.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
