@@ -81,7 +81,7 @@ func (c *cluster) options(role, failpoint string) pandatest.Options {
 	case role == roleAgent:
 		o.Command, o.Addr, o.Args = "agent", c.agentAddr, host
 	default:
-		o.Command, o.Addr, o.Args = "server", c.addr, []string{"--agent", "http://" + c.agentAddr}
+		o.Command, o.Addr, o.Args = "server", c.addr, []string{"--agent", "https://" + c.agentAddr} // trusting DATA_DIR/agent-ca.pem
 	}
 	if failpoint != "" {
 		o.Env = []string{"PANDA_FAILPOINTS=" + failpoint + "=crash"}

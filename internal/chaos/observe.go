@@ -96,9 +96,11 @@ func QEMUProcesses(dataDir string) map[int]string {
 		}
 		id := ""
 		for _, a := range argv {
-			a = strings.TrimPrefix(a, "unix:")
-			if rest, ok := strings.CutPrefix(a, runPrefix); ok {
-				if d, _, ok := strings.Cut(rest, "/"); ok {
+			// The run directory appears in QEMU's -name
+			// (guest=panda:DIR,debug-threads=on) or, for a VMM that
+			// is not confined, in its socket paths.
+			if _, rest, ok := strings.Cut(a, runPrefix); ok {
+				if d := rest[:strings.IndexAny(rest+"/", "/,")]; d != "" {
 					id = d
 					break
 				}

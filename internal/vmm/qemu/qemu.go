@@ -622,6 +622,14 @@ func (d *Driver) Processes(runDir string) map[int]string {
 		if filepath.Base(argv[0]) != filepath.Base(d.cfg.Binary) {
 			continue
 		}
+		// Its -name names its run directory; a VMM started before -name
+		// did names it in its socket paths.
+		if dir := runDirOf(b); dir != "" {
+			if filepath.Dir(dir)+"/" == prefix {
+				out[pid] = filepath.Base(dir)
+			}
+			continue
+		}
 		for _, a := range argv[1:] {
 			if _, rest, ok := strings.Cut(a, prefix); ok {
 				if name, _, ok := strings.Cut(rest, "/"); ok && name != "" {
