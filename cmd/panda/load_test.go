@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/bench"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -19,7 +21,10 @@ const serverRSSBound = 640 // MiB above its memory before them
 func TestLoad(t *testing.T) {
 	e2e(t)
 	dir := newDataDir(t)
-	ctx := ctxFor(t)
+	// Longer than other tests: 320 MiB of output crosses 20 emulated VMs'
+	// serial channels (about 5 MB/s each under TCG) on 2 shared cores.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
 	s := startServer(t, "load", dir)
 	admin := s.client(t)
 	k, err := admin.CreateKey(ctx, "load", false, pandastack.Quotas{MaxSandboxes: 128})
