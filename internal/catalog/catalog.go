@@ -81,6 +81,9 @@ type Sandbox struct {
 	// PausedBytes what its pause capture holds on disk while it is paused.
 	DiskMiB     int
 	PausedBytes int64
+	// Network is the sandbox's egress policy (see package network for its
+	// meaning); stored as given.
+	Network Network
 	Metadata    map[string]string
 	Env         map[string]string
 	TTLSeconds  int
@@ -91,6 +94,15 @@ type Sandbox struct {
 	UpdatedAt   time.Time // zero = unset
 	ExpiresAt   time.Time // zero = never
 	StoppedAt   time.Time // zero = not stopped
+}
+
+// Network is a sandbox's egress policy as stored: whether it reaches the
+// internet, and the CIDRs, addresses or domain names it may or may not
+// reach beyond that. Lists are never nil when returned by a Catalog.
+type Network struct {
+	Internet bool     `json:"internet"`
+	AllowOut []string `json:"allow_out"`
+	DenyOut  []string `json:"deny_out"`
 }
 
 // Snapshot is a saved sandbox (memory and disk) that new sandboxes can

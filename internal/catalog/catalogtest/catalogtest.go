@@ -145,6 +145,14 @@ func stored[T any](v T) T {
 			if x == nil {
 				f.Set(reflect.ValueOf(map[string]string{}))
 			}
+		case catalog.Network:
+			if x.AllowOut == nil {
+				x.AllowOut = []string{}
+			}
+			if x.DenyOut == nil {
+				x.DenyOut = []string{}
+			}
+			f.Set(reflect.ValueOf(x))
 		}
 	}
 	return v
@@ -320,6 +328,7 @@ func testSandboxRoundTrip(t *testing.T, c catalog.Catalog) {
 		ID: "k3v9q2m8x7c1b5n4z6a0", KeyID: "key_a", Template: "base", HostID: "host-1",
 		State: catalog.StatePaused, StopReason: "host_restarted", LastError: "resume failed: 🐼 \"quoted\"",
 		MemoryMiB: 2048, VCPUs: 4, DiskMiB: 4096, PausedBytes: 5<<30 + 17,
+		Network: catalog.Network{Internet: true, AllowOut: []string{"10.1.0.0/16", "*.pypi.org"}, DenyOut: []string{"evil.example", "é.test"}},
 		Metadata: map[string]string{
 			"emoji": "🐼 panda", "中文键": "值", "quote\"back\\slash": "line\nbreak\ttab",
 			"a.b": "dotted key", "$.x": "path-like", "rtl": "שלום", "empty": "", "<html>&": "<script>",

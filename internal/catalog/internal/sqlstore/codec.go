@@ -14,7 +14,7 @@ var (
 	keyColumns = []string{"id", "name", "hash", "prefix", "admin", "max_sandboxes", "max_memory_mib",
 		"max_vcpus", "max_disk_mib", "created_at", "revoked_at"}
 	sandboxColumns = []string{"id", "key_id", "template", "host_id", "state", "stop_reason", "last_error",
-		"memory_mib", "vcpus", "disk_mib", "paused_bytes",
+		"memory_mib", "vcpus", "disk_mib", "paused_bytes", "network",
 		"metadata", "env", "ttl_seconds", "on_expire", "parent_id", "snapshot_id",
 		"created_at", "updated_at", "expires_at", "stopped_at"}
 	snapshotColumns = []string{"id", "key_id", "sandbox_id", "name", "host_id", "template", "memory_mib", "vcpus",
@@ -53,7 +53,7 @@ func (s *Store) keyArgs(k catalog.Key) []any {
 func scanSandbox(row scanner) (catalog.Sandbox, error) {
 	var sb catalog.Sandbox
 	err := row.Scan(&sb.ID, &sb.KeyID, &sb.Template, &sb.HostID, &sb.State, &sb.StopReason, &sb.LastError,
-		&sb.MemoryMiB, &sb.VCPUs, &sb.DiskMiB, &sb.PausedBytes,
+		&sb.MemoryMiB, &sb.VCPUs, &sb.DiskMiB, &sb.PausedBytes, networkDest{&sb.Network},
 		mapDest{&sb.Metadata}, mapDest{&sb.Env}, &sb.TTLSeconds, &sb.OnExpire, &sb.ParentID, &sb.SnapshotID,
 		timeDest{&sb.CreatedAt}, timeDest{&sb.UpdatedAt}, timeDest{&sb.ExpiresAt}, timeDest{&sb.StoppedAt})
 	return sb, err
@@ -68,8 +68,12 @@ func (s *Store) sandboxArgs(sb catalog.Sandbox) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode env: %w", err)
 	}
+	network, err := encNetwork(sb.Network)
+	if err != nil {
+		return nil, fmt.Errorf("encode network: %w", err)
+	}
 	return []any{sb.ID, sb.KeyID, sb.Template, sb.HostID, sb.State, sb.StopReason, sb.LastError,
-		sb.MemoryMiB, sb.VCPUs, sb.DiskMiB, sb.PausedBytes,
+		sb.MemoryMiB, sb.VCPUs, sb.DiskMiB, sb.PausedBytes, network,
 		md, env, sb.TTLSeconds, sb.OnExpire, sb.ParentID, sb.SnapshotID,
 		s.timeArg(sb.CreatedAt), s.timeArg(sb.UpdatedAt), s.timeArg(sb.ExpiresAt), s.timeArg(sb.StoppedAt)}, nil
 }
@@ -153,8 +157,45 @@ func encMap(m map[string]string) (string, error) {
 	return string(b), err
 }
 
+// networkDest scans a stored network policy (a JSON object).
+type networkDest struct{ n *catalog.Network }
+
+func (d networkDest) Scan(src any) error {
+	var b []byte
+	switch v := src.(type) {
+	case string:
+		b = []byte(v)
+	case []byte:
+		b = v
+	default:
+		return fmt.Errorf("decode network: unexpected %T", src)
+	}
+	var n catalog.Network
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("decode network: %w", err)
+	}
+	*d.n = normalizeNetwork(n)
+	return nil
+}
+
+func encNetwork(n catalog.Network) (string, error) {
+	b, err := json.Marshal(normalizeNetwork(n))
+	return string(b), err
+}
+
+func normalizeNetwork(n catalog.Network) catalog.Network {
+	if n.AllowOut == nil {
+		n.AllowOut = []string{}
+	}
+	if n.DenyOut == nil {
+		n.DenyOut = []string{}
+	}
+	return n
+}
+
 // normalize makes sb what reading it back would return.
 func normalize(sb catalog.Sandbox) catalog.Sandbox {
+	sb.Network = normalizeNetwork(sb.Network)
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}

@@ -1,0 +1,3 @@
+-- A sandbox's egress policy, a JSON object; sandboxes made before networks
+-- existed are online by default.
+ALTER TABLE sandboxes ADD COLUMN network text NOT NULL DEFAULT '{"internet":true,"allow_out":[],"deny_out":[]}';
