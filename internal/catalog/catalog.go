@@ -83,17 +83,17 @@ type Sandbox struct {
 	PausedBytes int64
 	// Network is the sandbox's egress policy (see package network for its
 	// meaning); stored as given.
-	Network Network
-	Metadata    map[string]string
-	Env         map[string]string
-	TTLSeconds  int
-	OnExpire    string // "kill" or "pause"
-	ParentID    string // the sandbox it was forked from, if any
-	SnapshotID  string // the snapshot it was restored from, if any
-	CreatedAt   time.Time
-	UpdatedAt   time.Time // zero = unset
-	ExpiresAt   time.Time // zero = never
-	StoppedAt   time.Time // zero = not stopped
+	Network    Network
+	Metadata   map[string]string
+	Env        map[string]string
+	TTLSeconds int
+	OnExpire   string // "kill" or "pause"
+	ParentID   string // the sandbox it was forked from, if any
+	SnapshotID string // the snapshot it was restored from, if any
+	CreatedAt  time.Time
+	UpdatedAt  time.Time // zero = unset
+	ExpiresAt  time.Time // zero = never
+	StoppedAt  time.Time // zero = not stopped
 }
 
 // Network is a sandbox's egress policy as stored: whether it reaches the
