@@ -15,8 +15,9 @@
 // binary), and PANDA_TEST_IMAGES, the guest images (default
 // /var/lib/pandastack/images, from `make setup`).
 //
-// It imports only the standard library: the tests of sdk/go use it, and the
-// Go SDK must not depend on internal packages. It is Linux-only, like panda.
+// It imports only the standard library and golang.org/x/sys: the tests of
+// sdk/go use it, and the Go SDK must not depend on other internal packages.
+// It is Linux-only, like panda.
 package pandatest
 
 import (
@@ -33,12 +34,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Options says which process Start runs. The zero value is `panda up` on
@@ -64,6 +68,13 @@ type Options struct {
 	// Env are more environment variables (KEY=value), e.g.
 	// PANDA_FAILPOINTS.
 	Env []string
+	// NetNS, if set, is a network namespace (a path such as
+	// /run/netns/NAME) the process runs in (entered with nsenter): a test
+	// that gives sandboxes a network runs the server in a namespace of its
+	// own, whose only "internet" is another test-made namespace. Its API is
+	// then reached through HTTPClient, which opens its connections in that
+	// namespace.
+	NetNS string
 }
 
 // startTimeout bounds how long Start waits for the process to serve.
@@ -132,7 +143,12 @@ func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
 	default:
 		return nil, fmt.Errorf("pandatest.Command: unknown command %q, want up, server or agent", cmdName)
 	}
-	cmd := exec.CommandContext(ctx, opts.Bin, append(args, opts.Args...)...)
+	args = append(args, opts.Args...)
+	cmd := exec.CommandContext(ctx, opts.Bin, args...)
+	if opts.NetNS != "" {
+		// nsenter enters the namespace and execs panda: same process.
+		cmd = exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + opts.NetNS, "--", opts.Bin}, args...)...)
+	}
 	cmd.Env = append(append(os.Environ(), "PANDA_DATA_DIR="), opts.Env...)
 	// If the test binary dies without stopping it, the kernel stops it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -145,6 +161,7 @@ func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
 // use.
 type Server struct {
 	command  string // up, server or agent
+	netns    string // Options.NetNS
 	url      string
 	adminKey string
 	dataDir  string
@@ -164,7 +181,7 @@ type Server struct {
 // admin key. If it does not, Start stops it and returns an error with the
 // end of its output.
 func Start(opts Options) (_ *Server, err error) {
-	s := &Server{command: opts.Command, dataDir: opts.DataDir, exited: make(chan struct{})}
+	s := &Server{command: opts.Command, netns: opts.NetNS, dataDir: opts.DataDir, exited: make(chan struct{})}
 	if s.command == "" {
 		s.command = "up"
 	}
@@ -245,20 +262,77 @@ func (s *Server) URL() string { return s.url }
 func (s *Server) AgentCAFile() string { return filepath.Join(s.dataDir, "agent-ca.pem") }
 
 // HTTPClient is a client of its API: for an agent, one that trusts the
-// agent's CA (read now: the agent writes it on first start).
+// agent's CA (read now: the agent writes it on first start); for a process
+// in a network namespace (Options.NetNS), one whose connections are opened
+// in that namespace.
 func (s *Server) HTTPClient() (*http.Client, error) {
-	if s.command != "agent" {
+	if s.command != "agent" && s.netns == "" {
 		return http.DefaultClient, nil
 	}
-	b, err := os.ReadFile(s.AgentCAFile())
+	tr := &http.Transport{}
+	if s.netns != "" {
+		tr.DialContext = DialerIn(s.netns)
+	}
+	if s.command == "agent" {
+		b, err := os.ReadFile(s.AgentCAFile())
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("no certificate in %s", s.AgentCAFile())
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
+	}
+	return &http.Client{Transport: tr}, nil
+}
+
+// DialerIn returns a dial function whose connections are opened in the
+// network namespace at nsPath (e.g. /run/netns/NAME): the socket is made by
+// a thread that entered the namespace, then the thread goes back. For
+// http.Transport.DialContext.
+func DialerIn(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread()
+			// The thread is given back only if it is back in its own
+			// namespace; else it dies with this goroutine.
+			c, err, back := dialFromNetNS(ctx, nsPath, network, addr)
+			if back {
+				runtime.UnlockOSThread()
+			}
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	}
+}
+
+func dialFromNetNS(ctx context.Context, nsPath, network, addr string) (c net.Conn, err error, back bool) {
+	own, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
-		return nil, err
+		return nil, err, true
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("no certificate in %s", s.AgentCAFile())
+	defer own.Close()
+	target, err := os.Open(nsPath)
+	if err != nil {
+		return nil, err, true
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
+	defer target.Close()
+	if err := setns(target); err != nil {
+		return nil, fmt.Errorf("enter network namespace %s: %w", nsPath, err), true
+	}
+	c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+	return c, err, setns(own) == nil
+}
+
+func setns(f *os.File) error {
+	return unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
 }
 
 // AdminKey is the admin API key from DATA_DIR/admin.key ("" for an agent).

@@ -5,6 +5,8 @@ package pandatest
 // use this package.
 
 import (
+	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -342,5 +344,51 @@ func TestTailBuffer(t *testing.T) {
 	short.Write([]byte("abc"))
 	if got := short.Tail(20); got != "abc" {
 		t.Errorf("got %q, want abc", got)
+	}
+}
+
+// DialerIn reaches a server that listens inside another network namespace,
+// which the test's own namespace cannot reach.
+func TestDialerIn(t *testing.T) {
+	name := fmt.Sprintf("ptdial%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	// A server inside the namespace: nc would do, but python3 is at hand.
+	srv := exec.Command("nsenter", "--net=/run/netns/"+name, "python3", "-c",
+		"import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', 47123)); s.listen(1); print('ready', flush=True)\nc,_=s.accept(); c.sendall(b'hello from inside'); c.close()")
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("server in the namespace: %q, %v", line, err)
+	}
+	// Not from here: this namespace's 127.0.0.1:47123 has no listener.
+	if c, err := net.Dial("tcp", "127.0.0.1:47123"); err == nil {
+		c.Close()
+		t.Fatal("the test's own namespace reached a server inside another one")
+	}
+	c, err := DialerIn("/run/netns/"+name)(context.Background(), "tcp", "127.0.0.1:47123")
+	if err != nil {
+		t.Fatalf("DialerIn: %v", err)
+	}
+	defer c.Close()
+	b, _ := io.ReadAll(c)
+	if string(b) != "hello from inside" {
+		t.Errorf("read %q", b)
+	}
+	// The calling thread is back in its namespace: dialing here fails again.
+	if c, err := net.Dial("tcp", "127.0.0.1:47123"); err == nil {
+		c.Close()
+		t.Error("after DialerIn, a plain dial reached the other namespace")
 	}
 }
