@@ -432,7 +432,7 @@ func (m *Manager) createAt(idx int) (*Namespace, error) {
 	if err := ns.open(); err != nil {
 		return nil, err
 	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: ns.hostVeth, Alias: name},
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: ns.hostVeth},
 		PeerName: UplinkName, PeerNamespace: netlink.NsFd(ns.fd)}
 	if err := m.host.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {

@@ -93,7 +93,33 @@ func (ns *Namespace) TapFD() (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open tap of %s: %w", ns.name, err)
 	}
+	if err := ns.waitTapUp(); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return f, nil
+}
+
+// waitTapUp waits until the kernel has handled the TAP's carrier coming
+// on (its operational state is up): until then it has no active qdisc
+// and drops what it should send to the guest (the guest's first ARP
+// answer, say). It takes well under a millisecond here, thanks to the
+// qdisc installed at creation.
+func (ns *Namespace) waitTapUp() error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		l, err := ns.nl.LinkByName(TapName)
+		if err != nil {
+			return fmt.Errorf("tap of %s: %w", ns.name, err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("tap of %s: carrier not up after 2s (state %s)", ns.name, l.Attrs().OperState)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
 }
 
 // DialContext makes a connection from inside the namespace, as the
@@ -260,6 +286,10 @@ func (ns *Namespace) configureLinks() error {
 	if err != nil {
 		return fmt.Errorf("find veth %s: %w", ns.hostVeth, err)
 	}
+	// The alias ties the veth to its namespace for Cleanup.
+	if err := m.host.LinkSetAlias(hl, ns.name); err != nil {
+		return fmt.Errorf("alias %s: %w", ns.hostVeth, err)
+	}
 	if err := m.host.AddrAdd(hl, &netlink.Addr{IPNet: ipnet(ns.hostAddr, 30)}); err != nil {
 		return fmt.Errorf("address %s: %w", ns.hostVeth, err)
 	}
@@ -295,6 +325,16 @@ func (ns *Namespace) configureLinks() error {
 	}
 	if err := ns.nl.LinkSetUp(tap); err != nil {
 		return fmt.Errorf("up %s: %w", TapName, err)
+	}
+	// A TAP without a reader has no carrier, so it came up without a
+	// qdisc; when QEMU attaches, the kernel would then activate it in its
+	// rate-limited (up to 1 s) link watch, dropping what it sends to the
+	// guest until then: the first ARP answer, say. A qdisc installed now
+	// makes carrier-on an urgent event, handled at once.
+	if err := ns.nl.QdiscReplace(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: tap.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
+		QdiscType: "pfifo_fast"}); err != nil {
+		return fmt.Errorf("qdisc of %s: %w", TapName, err)
 	}
 	if err := ns.nl.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: ns.hostAddr.AsSlice()}); err != nil {
 		return fmt.Errorf("default route: %w", err)

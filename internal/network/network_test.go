@@ -219,18 +219,3 @@ func query(t *testing.T, g *nettest.Guest, name string, qtype uint16, nw, server
 	}
 	return r
 }
-
-func TestSmoke(t *testing.T) {
-	env := nettest.NewEnv(t)
-	m := newManager(t, env, network.Config{})
-	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.DefaultPolicy())
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	g := attach(t, env, ns)
-	wantGet(t, g, "http://allowed.test/", nettest.WebAddr)
-}
-
-const helperEnv = "PANDA_NETWORK_CRASH_HELPER"
-
-func crashHelper() {}
