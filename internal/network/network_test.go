@@ -43,7 +43,7 @@ func testPrefix() string {
 
 // newManager makes a Manager whose host is env.Host, closed (and checked
 // to leave nothing) at the test's end.
-func newManager(t *testing.T, env *nettest.Env, cfg network.Config) *network.Manager {
+func newManager(t testing.TB, env *nettest.Env, cfg network.Config) *network.Manager {
 	t.Helper()
 	if cfg.Prefix == "" {
 		cfg.Prefix = testPrefix()
@@ -67,7 +67,7 @@ func newManager(t *testing.T, env *nettest.Env, cfg network.Config) *network.Man
 	return m
 }
 
-type tlog struct{ t *testing.T }
+type tlog struct{ t testing.TB }
 
 func (l tlog) Write(b []byte) (int, error) {
 	l.t.Log(strings.TrimSpace(string(b)))
@@ -77,14 +77,14 @@ func (l tlog) Write(b []byte) (int, error) {
 // assertNothingLeft checks that no namespace, veth or host table of prefix
 // survives: in /run/netns, in `ip netns`, in the host's links and in its
 // nftables tables.
-func assertNothingLeft(t *testing.T, env *nettest.Env, prefix string) {
+func assertNothingLeft(t testing.TB, env *nettest.Env, prefix string) {
 	t.Helper()
 	for _, left := range leftovers(t, env, prefix) {
 		t.Errorf("left behind: %s", left)
 	}
 }
 
-func leftovers(t *testing.T, env *nettest.Env, prefix string) []string {
+func leftovers(t testing.TB, env *nettest.Env, prefix string) []string {
 	t.Helper()
 	var out []string
 	entries, _ := os.ReadDir(network.NetnsDir)
@@ -116,7 +116,7 @@ func leftovers(t *testing.T, env *nettest.Env, prefix string) []string {
 	return out
 }
 
-func hostTables(t *testing.T, env *nettest.Env, name string) int {
+func hostTables(t testing.TB, env *nettest.Env, name string) int {
 	t.Helper()
 	fd, err := os.Open(env.Host.Path)
 	if err != nil {
@@ -141,7 +141,7 @@ func hostTables(t *testing.T, env *nettest.Env, name string) int {
 }
 
 // attach acquires nothing: it joins a new guest to ns's TAP.
-func attach(t *testing.T, env *nettest.Env, ns *network.Namespace) *nettest.Guest {
+func attach(t testing.TB, env *nettest.Env, ns *network.Namespace) *nettest.Guest {
 	t.Helper()
 	g := nettest.NewGuest(t, env)
 	f, err := ns.TapFD()
@@ -152,14 +152,14 @@ func attach(t *testing.T, env *nettest.Env, ns *network.Namespace) *nettest.Gues
 	return g
 }
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
+func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -171,7 +171,7 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // wantGet fetches url from the guest and wants the hello of addr.
-func wantGet(t *testing.T, g *nettest.Guest, url string, from netip.Addr) {
+func wantGet(t testing.TB, g *nettest.Guest, url string, from netip.Addr) {
 	t.Helper()
 	body, err := g.Get(ctxT(t, 5*time.Second), url)
 	if err != nil {
