@@ -70,9 +70,10 @@ type Config struct {
 	// /etc/resolv.conf.
 	ResolvConf string
 	// AllowedHostNets are the operator's exceptions to the always-blocked
-	// ranges (CIDRs or addresses): sandboxes may reach them, including
-	// services of the host itself on those addresses. Other sandboxes
-	// stay unreachable.
+	// ranges: sandboxes may reach them, including services of the host
+	// itself on addresses inside them (a proxy on a private address, say).
+	// The pool (other sandboxes, the veths' host ends) stays unreachable
+	// whatever they say.
 	AllowedHostNets []netip.Prefix
 	// DNSQueriesPerSecond bounds each sandbox's queries (excess answered
 	// REFUSED), with a burst of twice as many. Default 100.

@@ -35,7 +35,7 @@
 //     range: 169.254.0.0/16 (cloud metadata), RFC 1918, 100.64.0.0/10, the
 //     pool, every subnet of the host's interfaces, and 0/8, 127/8, 224/3.
 //     Ranges listed in Config.AllowedHostNets are exceptions to the last
-//     rule and to the input rule. It also drops new connections toward a
+//     rule and to the input rule, never for the pool. It also drops new connections toward a
 //     veth from outside (sandboxes are reachable only through DialContext)
 //     and packets from a veth whose source is not the sandbox's address.
 //   - The sandbox's table (family ip, named <prefix>, in its namespace)

@@ -335,3 +335,27 @@ func TestDNSBounds(t *testing.T) {
 		t.Fatalf("30 queries at 5/s (burst 10): %d refused, %d reached upstream; want most refused", refused, upstream)
 	}
 }
+
+// TestOperatorException: the operator's AllowedHostNets open an
+// always-blocked range (here a private network beyond the host), but
+// never the pool.
+func TestOperatorException(t *testing.T) {
+	env := nettest.NewEnv(t)
+	m := newManager(t, env, network.Config{AllowedHostNets: []netip.Prefix{
+		netip.MustParsePrefix("10.77.0.0/16"), netip.MustParsePrefix("10.0.0.0/8")}})
+	ctx := ctxT(t, 10*time.Second)
+	ns, err := m.Acquire(ctx, network.DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := attach(t, env, ns)
+	wantGet(t, g, url(nettest.PrivateNetAddr), nettest.PrivateNetAddr)
+	wantGet(t, g, url(nettest.HostPrivateAddr), nettest.HostPrivateAddr) // the host, on an allowed address
+	wantRefused(t, g, hostPort(ns.HostAddr(), 80))                       // the pool: never
+	wantRefused(t, g, hostPort(nettest.MetadataAddr, 80))
+	// The sandbox's own policy still applies on top.
+	if err := ns.SetPolicy(ctx, network.Policy{Internet: true, DenyOut: []string{"10.77.0.0/16"}}); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, g, hostPort(nettest.PrivateNetAddr, 80))
+}

@@ -200,6 +200,7 @@ func (h *hostTable) queue(cc *nftables.Conn) error {
 	cc.AddRule(rule(t, from, addrInPrefix(offSaddr, h.pool, expr.CmpOpNeq), drop))
 	cc.AddRule(rule(t, from, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept))
 	cc.AddRule(rule(t, from, oifPrefix(h.prefix), gotoChain(chainReject)))
+	cc.AddRule(rule(t, from, addrInPrefix(offDaddr, h.pool, expr.CmpOpEq), gotoChain(chainReject)))
 	cc.AddRule(rule(t, from, daddrInSet(allowed), accept))
 	cc.AddRule(rule(t, from, daddrInSet(blocked), gotoChain(chainReject)))
 
@@ -214,6 +215,7 @@ func (h *hostTable) queue(cc *nftables.Conn) error {
 
 	in := baseChain(cc, t, "input", nftables.ChainTypeFilter, nftables.ChainHookInput,
 		nftables.ChainPriorityFilter, nftables.ChainPolicyAccept)
+	cc.AddRule(rule(t, in, iifPrefix(h.prefix), addrInPrefix(offDaddr, h.pool, expr.CmpOpEq), gotoChain(chainReject)))
 	cc.AddRule(rule(t, in, iifPrefix(h.prefix), daddrInSet(allowed), accept))
 	cc.AddRule(rule(t, in, iifPrefix(h.prefix), gotoChain(chainReject)))
 

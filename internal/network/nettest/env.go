@@ -40,9 +40,10 @@ const (
 	EchoPort = 7
 )
 
-// Records are the names the test resolver knows (A records, TTL 300;
-// "cname.test" is a CNAME to allowed.test; "big.test" has 100 A records;
-// other names are NXDOMAIN).
+// Records are the names every Env's resolver knows at first (A records,
+// TTL 300; besides, "cname.test" is a CNAME to allowed.test and
+// "big.test" has 100 A records; other names are NXDOMAIN). Env.AddRecord
+// adds more.
 var Records = map[string][]netip.Addr{
 	"allowed.test":  {WebAddr},
 	"other.test":    {OtherAddr},
@@ -61,9 +62,9 @@ type Env struct {
 	Internet *NS
 	Echo     *EchoServer // the echo server on every internet address, port EchoPort
 
-	// DNSQueries counts the queries the test resolver answered.
 	mu         sync.Mutex
 	dnsQueries int
+	records    map[string][]netip.Addr
 }
 
 // NewEnv builds the test world; everything is removed at the test's end.
@@ -75,7 +76,10 @@ func NewEnv(t testing.TB) *Env {
 	}
 	var b [2]byte
 	rand.Read(b[:])
-	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:])}
+	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:]), records: map[string][]netip.Addr{}}
+	for n, a := range Records {
+		e.records[n] = a
+	}
 	e.Host = NewNS(t, e.Prefix+"-host")
 	e.Internet = NewNS(t, e.Prefix+"-inet")
 
@@ -98,11 +102,7 @@ func NewEnv(t testing.TB) *Env {
 	// Servers: HTTP on every address of both namespaces, echo and DNS on
 	// the internet.
 	for _, n := range []*NS{e.Host, e.Internet} {
-		l, err := n.Listen("tcp4", fmt.Sprintf(":%d", HTTPPort))
-		must(t, err)
-		srv := &http.Server{Handler: http.HandlerFunc(hello)}
-		go srv.Serve(l)
-		t.Cleanup(func() { srv.Close() })
+		e.Serve(t, n, fmt.Sprintf(":%d", HTTPPort), http.HandlerFunc(hello))
 	}
 	el, err := e.Internet.Listen("tcp4", fmt.Sprintf(":%d", EchoPort))
 	must(t, err)
@@ -191,8 +191,8 @@ func (e *Env) serveDNS(w dns.ResponseWriter, r *dns.Msg) {
 				m.Answer = append(m.Answer, &dns.A{Hdr: hdr(q.Name, dns.TypeA), A: net.IPv4(198, 51, 100, byte(100+i))})
 			}
 		}
-	case Records[name] != nil:
-		for _, a := range Records[name] {
+	case e.lookup(name) != nil:
+		for _, a := range e.lookup(name) {
 			switch q.Qtype {
 			case dns.TypeA:
 				m.Answer = append(m.Answer, &dns.A{Hdr: hdr(q.Name, dns.TypeA), A: a.AsSlice()})
@@ -208,6 +208,40 @@ func (e *Env) serveDNS(w dns.ResponseWriter, r *dns.Msg) {
 
 func hdr(name string, t uint16) dns.RR_Header {
 	return dns.RR_Header{Name: dns.Fqdn(name), Rrtype: t, Class: dns.ClassINET, Ttl: 300}
+}
+
+func (e *Env) lookup(name string) []netip.Addr {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.records[name]
+}
+
+// AddRecord makes the test resolver answer name (lower case, no trailing
+// dot) with addrs.
+func (e *Env) AddRecord(name string, addrs ...netip.Addr) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.records[name] = addrs
+}
+
+// AddAddr puts a (a /32) on the internet namespace, so that servers can
+// listen there and the host routes to it. Use addresses outside the
+// always-blocked ranges unless blocking is what is tested.
+func (e *Env) AddAddr(t testing.TB, a netip.Addr) {
+	t.Helper()
+	must(t, addrUp(e.Internet.nl, "srv0", a, 32))
+}
+
+// Serve serves h over HTTP on addr ("ip:port") inside n until the test
+// ends: e.g. a git HTTP server on the internet (git http-backend through
+// net/http/cgi).
+func (e *Env) Serve(t testing.TB, n *NS, addr string, h http.Handler) {
+	t.Helper()
+	l, err := n.Listen("tcp4", addr)
+	must(t, err)
+	srv := &http.Server{Handler: h}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
 }
 
 // DNSQueries is how many queries the test resolver answered.
