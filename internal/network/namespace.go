@@ -79,9 +79,12 @@ func (ns *Namespace) Policy() Policy {
 
 // TapFD opens a new descriptor on the namespace's TAP (IFF_TAP, IFF_NO_PI,
 // IFF_VNET_HDR; non-blocking, close-on-exec) for QEMU's
-// `-netdev tap,fd=N,vnet_hdr=on`. The caller owns and closes it. A TAP
-// has one queue: while a descriptor is open, another TapFD fails with
-// EBUSY. Frames carry a VnetHdrLen-byte virtio-net header.
+// `-netdev tap,id=N,fd=3 -device virtio-net-device,netdev=N,mac=GuestMAC`
+// (QEMU reads the vnet header flag from the descriptor; vnet_hdr= is not
+// allowed with fd=). The caller owns and closes it. A TAP has one queue:
+// while a descriptor is open (a running VMM's), another TapFD fails with
+// EBUSY. Frames carry a VnetHdrLen-byte virtio-net header. It returns
+// once the kernel has the TAP's carrier up.
 func (ns *Namespace) TapFD() (*os.File, error) {
 	ns.mu.Lock()
 	released := ns.released
