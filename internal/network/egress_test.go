@@ -359,3 +359,40 @@ func TestOperatorException(t *testing.T) {
 	}
 	wantRefused(t, g, hostPort(nettest.PrivateNetAddr, 80))
 }
+
+// TestDNSAddressTimeout: an allowed name's address stays allowed for its
+// TTL (at least DNSMinTimeout), then not; answering the name again with a
+// longer TTL extends it.
+func TestDNSAddressTimeout(t *testing.T) {
+	env := nettest.NewEnv(t)
+	m := newManager(t, env, network.Config{DNSMinTimeout: 2 * time.Second})
+	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.Policy{AllowOut: []string{"other.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := attach(t, env, ns)
+	env.SetTTL("other.test", 1)
+	resolved := time.Now()
+	wantGet(t, g, "http://other.test/", nettest.OtherAddr)
+	// Allowed for max(1 s, 2 s), then rejected: poll for the rejection.
+	eventually(t, 6*time.Second, "the address expires", func() bool {
+		c, err := g.DialContext(ctxT(t, time.Second), "tcp4", hostPort(nettest.OtherAddr, 80))
+		if err == nil {
+			c.Close()
+			return false
+		}
+		return nettest.IsRefused(err)
+	})
+	if d := time.Since(resolved); d < 2*time.Second {
+		t.Fatalf("the address expired after %v, before DNSMinTimeout", d)
+	}
+
+	// Renewal: first a short TTL, then the same name with a long one.
+	wantGet(t, g, "http://other.test/", nettest.OtherAddr)
+	env.SetTTL("other.test", 600)
+	wantGet(t, g, "http://other.test/", nettest.OtherAddr)
+	// The short answer's time (2 s) passes: the address must stay allowed.
+	// (Waiting is the behaviour under test here, not synchronisation.)
+	time.Sleep(3 * time.Second)
+	wantGet(t, g, url(nettest.OtherAddr), nettest.OtherAddr)
+}

@@ -65,6 +65,7 @@ type Env struct {
 	mu         sync.Mutex
 	dnsQueries int
 	records    map[string][]netip.Addr
+	ttls       map[string]uint32
 }
 
 // NewEnv builds the test world; everything is removed at the test's end.
@@ -76,7 +77,7 @@ func NewEnv(t testing.TB) *Env {
 	}
 	var b [2]byte
 	rand.Read(b[:])
-	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:]), records: map[string][]netip.Addr{}}
+	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:]), records: map[string][]netip.Addr{}, ttls: map[string]uint32{}}
 	for n, a := range Records {
 		e.records[n] = a
 	}
@@ -195,7 +196,9 @@ func (e *Env) serveDNS(w dns.ResponseWriter, r *dns.Msg) {
 		for _, a := range e.lookup(name) {
 			switch q.Qtype {
 			case dns.TypeA:
-				m.Answer = append(m.Answer, &dns.A{Hdr: hdr(q.Name, dns.TypeA), A: a.AsSlice()})
+				h := hdr(q.Name, dns.TypeA)
+				h.Ttl = e.ttl(name)
+				m.Answer = append(m.Answer, &dns.A{Hdr: h, A: a.AsSlice()})
 			case dns.TypeAAAA:
 				m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr(q.Name, dns.TypeAAAA), AAAA: netip.AddrFrom16(a.As16()).AsSlice()})
 			}
@@ -210,6 +213,15 @@ func hdr(name string, t uint16) dns.RR_Header {
 	return dns.RR_Header{Name: dns.Fqdn(name), Rrtype: t, Class: dns.ClassINET, Ttl: 300}
 }
 
+func (e *Env) ttl(name string) uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t, ok := e.ttls[name]; ok {
+		return t
+	}
+	return 300
+}
+
 func (e *Env) lookup(name string) []netip.Addr {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -222,6 +234,13 @@ func (e *Env) AddRecord(name string, addrs ...netip.Addr) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.records[name] = addrs
+}
+
+// SetTTL sets the TTL of name's A records (default 300 s).
+func (e *Env) SetTTL(name string, ttl uint32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ttls[name] = ttl
 }
 
 // AddAddr puts a (a /32) on the internet namespace, so that servers can
