@@ -227,11 +227,8 @@ func TestCrashCleanupAdopt(t *testing.T) {
 	}
 	acquired := strings.Fields(names)
 	left := leftovers(t, env, prefix)
-	if len(left) != 4+4+1 { // 4 namespaces in /run/netns and in `ip netns`, 4 veths... counted below
-		t.Logf("left by the killed process: %v", left)
-	}
-	if n := count(left, "namespace "); n != 4 {
-		t.Fatalf("the killed process left %d namespaces, want 4 (2 acquired, 2 pooled): %v", n, left)
+	if count(left, "namespace ") != 4 || count(left, "veth ") != 4 || count(left, "1 host nft") != 1 {
+		t.Fatalf("the killed process left %v, want 4 namespaces (2 acquired, 2 pooled), 4 veths, its table", left)
 	}
 
 	m := newManager(t, env, network.Config{Prefix: prefix})

@@ -186,8 +186,8 @@ type hostTable struct {
 // queue adds the whole host table to cc's batch, replacing any old one.
 func (h *hostTable) queue(cc *nftables.Conn) error {
 	t := replaceTable(cc, h.prefix)
-	blocked := &nftables.Set{Table: t, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true}
-	allowed := &nftables.Set{Table: t, Name: setAllowed, KeyType: nftables.TypeIPAddr, Interval: true}
+	blocked := &nftables.Set{Table: t, ID: 1, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true}
+	allowed := &nftables.Set{Table: t, ID: 2, Name: setAllowed, KeyType: nftables.TypeIPAddr, Interval: true}
 	if err := cc.AddSet(blocked, intervalElements(h.blocked)); err != nil {
 		return err
 	}
@@ -228,7 +228,7 @@ func (h *hostTable) queue(cc *nftables.Conn) error {
 // queueBlocked replaces the always-blocked set's elements.
 func (h *hostTable) queueBlocked(cc *nftables.Conn) error {
 	t := &nftables.Table{Name: h.prefix, Family: nftables.TableFamilyIPv4}
-	s := &nftables.Set{Table: t, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true}
+	s := &nftables.Set{Table: t, ID: 1, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true}
 	cc.FlushSet(s)
 	return addElements(cc, s, intervalElements(h.blocked))
 }
@@ -243,10 +243,13 @@ func addElements(cc *nftables.Conn, s *nftables.Set, els []nftables.SetElement) 
 
 // ---- a sandbox's table ----
 
+// Sets get their batch IDs from us: google/nftables would otherwise
+// take them from an unsynchronised package counter (a data race between
+// namespaces made concurrently). An ID needs to be unique in its batch.
 func sandboxSets(t *nftables.Table) (allowNet, denyNet, allowDNS *nftables.Set) {
-	return &nftables.Set{Table: t, Name: setAllowNet, KeyType: nftables.TypeIPAddr, Interval: true},
-		&nftables.Set{Table: t, Name: setDenyNet, KeyType: nftables.TypeIPAddr, Interval: true},
-		&nftables.Set{Table: t, Name: setAllowDNS, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	return &nftables.Set{Table: t, ID: 1, Name: setAllowNet, KeyType: nftables.TypeIPAddr, Interval: true},
+		&nftables.Set{Table: t, ID: 2, Name: setDenyNet, KeyType: nftables.TypeIPAddr, Interval: true},
+		&nftables.Set{Table: t, ID: 3, Name: setAllowDNS, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 }
 
 // queueSandboxTable adds a sandbox namespace's whole table to cc's batch,
