@@ -219,3 +219,18 @@ func query(t *testing.T, g *nettest.Guest, name string, qtype uint16, nw, server
 	}
 	return r
 }
+
+// TestIsolation: the test binary runs in a namespace of its own that has
+// nothing but lo, so no test can reach the machine's uplink by mistake.
+func TestIsolation(t *testing.T) {
+	if !nettest.InChild() {
+		t.Skip("not re-executed in a new namespace (not root)")
+	}
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ifaces) != 1 || ifaces[0].Name != "lo" {
+		t.Fatalf("the test namespace has %v, want only lo", ifaces)
+	}
+}
