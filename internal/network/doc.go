@@ -54,6 +54,21 @@
 // Config.DNSMinTimeout). A new policy replaces the sets and the default
 // verdict in one netlink batch; established connections are kept.
 //
+// # DNS
+//
+// Each namespace runs a forwarder on GatewayAddr:53, UDP and TCP, bound
+// inside the namespace and served by this process. It does no recursion:
+// it forwards to Config.Upstreams (default: the host's resolv.conf) from
+// the host namespace, over the transport the guest used. A name the
+// policy rejects gets NXDOMAIN without an upstream query; AAAA records
+// are removed from answers (guests are IPv4 only, so they never try an
+// address they cannot reach); AXFR, IXFR, ANY and non-IN classes get
+// REFUSED; an upstream failure SERVFAIL. Bounds per sandbox:
+// Config.DNSQueriesPerSecond (burst twice that; excess REFUSED), 32
+// upstream queries in flight (excess SERVFAIL), 16 TCP connections,
+// answers truncated to the guest's EDNS size (512 without) and
+// Config.DNSMaxAnswer.
+//
 // # Lifecycle
 //
 // New checks the configuration and installs the host table; it starts no
