@@ -498,3 +498,39 @@ func TestForkInheritedConnection(t *testing.T) {
 	defer nc.Close()
 	echo(t, nc, "child's own;")
 }
+
+// TestCloseWhileBusy: Close while Run fills the pool and Acquires make
+// namespaces: no panic, Run returns, Acquire fails with ErrClosed or
+// succeeds, and nothing is left (checked by newManager's cleanup).
+func TestCloseWhileBusy(t *testing.T) {
+	env := nettest.NewEnv(t)
+	m := newManager(t, env, network.Config{PoolSize: 3})
+	done := make(chan error, 1)
+	go func() { done <- m.Run(context.Background()) }()
+	acquired := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := m.Acquire(context.Background(), network.DefaultPolicy())
+			acquired <- err
+		}()
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	for range 4 {
+		if err := <-acquired; err != nil && !errors.Is(err, network.ErrClosed) {
+			t.Errorf("Acquire during Close: %v", err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after Close")
+	}
+	if _, err := m.Acquire(context.Background(), network.DefaultPolicy()); !errors.Is(err, network.ErrClosed) {
+		t.Errorf("Acquire after Close: %v, want ErrClosed", err)
+	}
+}

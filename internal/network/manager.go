@@ -49,6 +49,11 @@ type Manager struct {
 
 	refill chan struct{} // a namespace left the pool
 
+	// hostMu guards host, hostNFT and hostFD against closeHost: whatever
+	// uses them holds it for reading, closeHost for writing. Never taken
+	// while holding mu.
+	hostMu sync.RWMutex
+
 	mu      sync.Mutex
 	closed  bool
 	pool    []*Namespace          // prepared, not handed out
@@ -193,6 +198,11 @@ func (m *Manager) blockedNets(hostNets []netip.Prefix) []netip.Prefix {
 // refreshHostNets re-reads the host's subnets and updates the blocked set
 // if they changed.
 func (m *Manager) refreshHostNets() error {
+	m.hostMu.RLock()
+	defer m.hostMu.RUnlock()
+	if m.host == nil {
+		return nil
+	}
 	nets, err := m.hostSubnets()
 	if err != nil {
 		return err
@@ -372,6 +382,11 @@ func (m *Manager) vethName(idx int) string { return m.cfg.Prefix + strconv.Itoa(
 
 // create makes a namespace with everything in it and a deny-all policy.
 func (m *Manager) create() (*Namespace, error) {
+	m.hostMu.RLock()
+	defer m.hostMu.RUnlock()
+	if m.host == nil {
+		return nil, ErrClosed
+	}
 	var ns *Namespace
 	for attempt := 0; ; attempt++ {
 		idx, err := m.allocIndex()
@@ -393,7 +408,7 @@ func (m *Manager) create() (*Namespace, error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		ns.destroyObjects()
+		ns.destroyObjects() // hostMu is held
 		return nil, ErrClosed
 	}
 	m.owned[ns.name] = ns
@@ -502,6 +517,11 @@ func (m *Manager) Adopt(ctx context.Context, name string, p Policy) (*Namespace,
 		return nil, fmt.Errorf("adopt %s: already owned by this manager", name)
 	}
 	m.mu.Unlock()
+	m.hostMu.RLock()
+	defer m.hostMu.RUnlock()
+	if m.host == nil {
+		return nil, ErrClosed
+	}
 	ns := &Namespace{m: m, name: name, fd: -1, idx: -1}
 	if err := ns.open(); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -545,7 +565,7 @@ func (m *Manager) Adopt(ctx context.Context, name string, p Policy) (*Namespace,
 	m.used[ns.idx] = true
 	m.mu.Unlock()
 	if err := ns.start(c); err != nil {
-		ns.detach()
+		ns.detachLocked()
 		return nil, fmt.Errorf("adopt %s: %w", name, err)
 	}
 	return ns, nil
@@ -570,6 +590,11 @@ func (m *Manager) Cleanup(ctx context.Context, keep func(name string) bool) erro
 		owned[n] = true
 	}
 	m.mu.Unlock()
+	m.hostMu.RLock()
+	defer m.hostMu.RUnlock()
+	if m.host == nil {
+		return ErrClosed
+	}
 	var errs []error
 	entries, err := os.ReadDir(NetnsDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -683,13 +708,15 @@ func (m *Manager) Close() error {
 	for _, ns := range all {
 		errs = append(errs, ns.destroy())
 	}
+	m.hostMu.Lock() // waits for creates, adopts and releases in flight
 	t := &nftables.Table{Name: m.cfg.Prefix, Family: nftables.TableFamilyIPv4}
 	m.hostNFT.AddTable(t)
 	m.hostNFT.DelTable(t)
 	if err := m.hostNFT.Flush(); err != nil {
 		errs = append(errs, fmt.Errorf("delete host table: %w", err))
 	}
-	m.closeHost()
+	m.closeHostLocked()
+	m.hostMu.Unlock()
 	select {
 	case m.refill <- struct{}{}:
 	default:
@@ -698,6 +725,12 @@ func (m *Manager) Close() error {
 }
 
 func (m *Manager) closeHost() {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	m.closeHostLocked()
+}
+
+func (m *Manager) closeHostLocked() {
 	if m.hostNFT != nil {
 		m.hostNFT.CloseLasting()
 		m.hostNFT = nil

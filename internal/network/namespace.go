@@ -399,13 +399,16 @@ func (ns *Namespace) destroy() error {
 	}
 	ns.released = true
 	ns.mu.Unlock()
+	ns.m.hostMu.RLock()
 	err := ns.destroyObjects()
+	ns.m.hostMu.RUnlock()
 	ns.m.forget(ns)
 	return err
 }
 
 // destroyObjects removes the namespace's kernel objects and closes its
-// handles; a missing one is not an error. Only the veth is deleted
+// handles; a missing one is not an error. The caller holds m.hostMu for
+// reading. Only the veth is deleted
 // explicitly (one device unregistration, ~30 ms here): without it the
 // namespace is cut off, and its TAP goes with the namespace, at once or
 // when the last descriptor on it (a VMM's) closes.
@@ -441,6 +444,13 @@ func (ns *Namespace) destroyObjects() error {
 // detach stops the forwarder and closes the handles, leaving the kernel
 // objects for a later Adopt, and forgets the namespace.
 func (ns *Namespace) detach() {
+	ns.m.hostMu.RLock()
+	defer ns.m.hostMu.RUnlock()
+	ns.detachLocked()
+}
+
+// detachLocked is detach for a caller holding m.hostMu for reading.
+func (ns *Namespace) detachLocked() {
 	ns.mu.Lock()
 	if ns.released {
 		ns.mu.Unlock()
