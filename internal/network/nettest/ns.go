@@ -233,7 +233,10 @@ func (n *NS) ListenPacket(network, addr string) (net.PacketConn, error) {
 }
 
 // Start starts cmd inside the namespace (the child inherits the starting
-// thread's namespace): e.g. `panda up` for an end-to-end test.
+// thread's namespace): e.g. `panda up` for an end-to-end test. The
+// starting thread ends right after, so do not set SysProcAttr.Pdeathsig
+// (Linux ties it to that thread: the child would be killed at once);
+// kill the process in a t.Cleanup instead.
 func (n *NS) Start(cmd *exec.Cmd) error {
 	return n.Do(cmd.Start)
 }
