@@ -100,6 +100,14 @@ func leftovers(t testing.TB, env *nettest.Env, prefix string) []string {
 			}
 		}
 	}
+	if b, err := exec.Command("ip", "-n", env.Host.Name, "-o", "link", "show").Output(); err == nil {
+		re := regexp.MustCompile(`^\d+: (` + prefix + `[0-9]+)[@:]`)
+		for _, l := range strings.Split(string(b), "\n") {
+			if m := re.FindStringSubmatch(l); m != nil {
+				out = append(out, "ip link: "+m[1])
+			}
+		}
+	}
 	links, err := env.Host.Netlink().LinkList()
 	if err != nil {
 		t.Fatal(err)
