@@ -30,6 +30,7 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
@@ -268,6 +269,10 @@ type record struct {
 	MachineID string            `json:"machine_id"`
 	Env       map[string]string `json:"env,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
+	// Network is the sandbox's egress policy; NetNS the network namespace
+	// it runs in (while it has a VMM), to adopt after a restart.
+	Network network.Policy `json:"network"`
+	NetNS   string         `json:"netns,omitempty"`
 }
 
 // Operations recorded in record.Op.
@@ -310,6 +315,9 @@ type CreateRequest struct {
 	Owner string
 	// Progress receives bake progress if the template must be baked first.
 	Progress template.Progress
+	// Network is the sandbox's egress policy (network.DefaultPolicy if
+	// zero-valued callers mean "online": the API always sets it).
+	Network network.Policy
 }
 
 // NewID returns a fresh sandbox id: 20 lowercase letters and digits.
@@ -384,7 +392,10 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := a.checkSpace(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	s, err := a.register(record{ID: req.ID, Env: req.Env, Owner: req.Owner, Snapshot: req.SnapshotID})
+	if err := req.Network.Validate(); err != nil {
+		return Info{}, fmt.Errorf("create sandbox: %w: %w", ErrInvalid, err)
+	}
+	s, err := a.register(record{ID: req.ID, Env: req.Env, Owner: req.Owner, Snapshot: req.SnapshotID, Network: req.Network})
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -1007,4 +1018,33 @@ func ReadMemStats(pid int) (MemStats, error) {
 		}
 	}
 	return st, nil
+}
+
+// SetNetwork changes a live sandbox's egress policy: at once for a sandbox
+// that runs (its namespace's rules are replaced in one batch; established
+// connections stay up), from its resume for a paused one.
+func (a *Agent) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("set network: %w: %w", ErrInvalid, err)
+	}
+	s, err := a.get(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.state == StateStopping || s.state == StateStopped {
+		s.mu.Unlock()
+		return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	ns := s.ns
+	s.mu.Unlock()
+	if ns != nil {
+		if err := ns.SetPolicy(ctx, p); err != nil {
+			return fmt.Errorf("set network of %s: %w", id, err)
+		}
+	}
+	s.mu.Lock()
+	s.rec.Network = p
+	s.mu.Unlock()
+	return classifyIOError(s.writeRecord(s.getState() == StatePaused))
 }

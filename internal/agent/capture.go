@@ -213,7 +213,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	im := parent.imageOf(dir)
 	im.fullCopy = naive
 	parent.mu.Lock()
-	env, owner := parent.rec.Env, parent.rec.Owner
+	env, owner, policy := parent.rec.Env, parent.rec.Owner, parent.rec.Network
 	parent.mu.Unlock()
 	end()
 	if err != nil {
@@ -232,7 +232,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := a.register(record{ID: cid, Env: env, Owner: owner, ParentID: id})
+			s, err := a.register(record{ID: cid, Env: env, Owner: owner, ParentID: id, Network: policy})
 			if err != nil {
 				res.Children[i].Err = err
 				return

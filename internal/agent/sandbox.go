@@ -11,6 +11,7 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -36,7 +37,8 @@ type sandbox struct {
 	state    lifecycle.State
 	m        vmm.Machine
 	client   *guestproto.Client
-	ready    chan struct{} // closed once the guest answered HELLO on client
+	ready    chan struct{}      // closed once the guest answered HELLO on client
+	ns       *network.Namespace // its network namespace while it has a VMM
 	opCancel context.CancelFunc
 	detached bool // forgotten by Detach: its VMM runs on for the next agent
 }

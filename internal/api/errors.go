@@ -12,6 +12,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
@@ -66,6 +67,13 @@ func classify(err error) *apiError {
 	switch {
 	case errors.As(err, &mbe):
 		return errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "request body is larger than %d bytes", mbe.Limit)
+	case errors.Is(err, network.ErrInvalidPolicy):
+		// The message names the entry: a 400, as for a malformed body.
+		var pe *network.PolicyError
+		if errors.As(err, &pe) {
+			return badRequest("%s", pe.Error())
+		}
+		return badRequest("%s", userMessage(err))
 	case errors.Is(err, agent.ErrNoSpace):
 		// The underlying error names host paths: users get the class.
 		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the host is out of disk space for sandboxes; kill sandboxes or delete snapshots")

@@ -16,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -78,6 +79,7 @@ type sandboxJSON struct {
 	LastError  string            `json:"last_error,omitempty"`
 	ParentID   string            `json:"parent_id,omitempty"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
+	Network    network.Policy    `json:"network"`
 	Memory     *memoryJSON       `json:"memory,omitempty"`
 }
 
@@ -92,7 +94,7 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 		ID: sb.ID, Template: sb.Template, State: sb.State, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
 		CreatedAt: sb.CreatedAt.UTC(), TTLSeconds: sb.TTLSeconds, OnExpire: sb.OnExpire,
 		Metadata: sb.Metadata, HostID: sb.HostID, StopReason: sb.StopReason, LastError: sb.LastError,
-		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID,
+		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID, Network: fromCatalogNetwork(sb.Network),
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
@@ -135,6 +137,9 @@ type createRequest struct {
 	Metadata   map[string]string `json:"metadata"`
 	Env        map[string]string `json:"env"`
 	OnExpire   string            `json:"on_expire"`
+	// Network is decoded by network.ParsePolicy (defaults, unknown
+	// fields, entries checked there).
+	Network json.RawMessage `json:"network"`
 }
 
 func (s *Server) ttl(seconds *int) (time.Duration, error) {
@@ -205,6 +210,13 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 	default:
 		return catalog.Sandbox{}, agent.CreateRequest{}, invalid("on_expire must be \"kill\" or \"pause\"")
 	}
+	policy := network.DefaultPolicy()
+	if len(req.Network) > 0 && string(req.Network) != "null" {
+		var err error
+		if policy, err = network.ParsePolicy(req.Network); err != nil {
+			return catalog.Sandbox{}, agent.CreateRequest{}, err
+		}
+	}
 	var p template.Params
 	diskMiB := 0
 	if req.SnapshotID != "" {
@@ -246,10 +258,12 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 	sb := catalog.Sandbox{
 		ID: agent.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: catalog.StateStarting,
 		MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
+		Network:    toCatalogNetwork(policy),
 		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
-	hreq := agent.CreateRequest{Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID}
+	hreq := agent.CreateRequest{Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+		Network: policy}
 	return sb, hreq, nil
 }
 
@@ -388,6 +402,76 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 			x.ExpiresAt = now.Add(ttl)
 		}
 		x.UpdatedAt = now
+		return nil
+	})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.withMemory(sb))
+}
+
+func toCatalogNetwork(p network.Policy) catalog.Network {
+	return catalog.Network{Internet: p.Internet, AllowOut: p.AllowOut, DenyOut: p.DenyOut}
+}
+
+func fromCatalogNetwork(n catalog.Network) network.Policy {
+	p := network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	if p.AllowOut == nil {
+		p.AllowOut = []string{}
+	}
+	if p.DenyOut == nil {
+		p.DenyOut = []string{}
+	}
+	return p
+}
+
+// setNetwork changes a sandbox's egress policy: the fields given replace
+// the current ones (PATCH), the rest stay. A running sandbox's rules change
+// at once; a paused one's at its resume.
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Internet *bool     `json:"internet"`
+		AllowOut *[]string `json:"allow_out"`
+		DenyOut  *[]string `json:"deny_out"`
+	}
+	if err := decodeJSON(r, &req, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.owned(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	p := fromCatalogNetwork(sb.Network)
+	if req.Internet != nil {
+		p.Internet = *req.Internet
+	}
+	if req.AllowOut != nil {
+		p.AllowOut = *req.AllowOut
+	}
+	if req.DenyOut != nil {
+		p.DenyOut = *req.DenyOut
+	}
+	if err := p.Validate(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	switch sb.State {
+	case catalog.StateStopped, catalog.StateStopping:
+		s.writeError(w, r, conflict("sandbox %s is %s", sb.ID, sb.State))
+		return
+	}
+	// The host first: if it cannot apply the policy, the record keeps
+	// the old one, which is what the sandbox still has.
+	if err := s.host.SetNetwork(r.Context(), sb.ID, p); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err = s.cat.UpdateSandbox(context.WithoutCancel(r.Context()), sb.ID, func(x *catalog.Sandbox) error {
+		x.Network = toCatalogNetwork(p)
+		x.UpdatedAt = time.Now().UTC()
 		return nil
 	})
 	if err != nil {

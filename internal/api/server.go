@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,6 +56,9 @@ type Host interface {
 	DeleteSnapshot(snapshotID string) error
 	Pause(ctx context.Context, id string) (agent.CaptureStats, error)
 	Resume(ctx context.Context, id string) (agent.Info, error)
+	// SetNetwork changes a live sandbox's egress policy (see
+	// agent.Agent.SetNetwork).
+	SetNetwork(ctx context.Context, id string, p network.Policy) error
 }
 
 // Templates is a host's template store, as the API uses it
@@ -300,6 +304,7 @@ func (s *Server) routes() http.Handler {
 		r.Get("/sandboxes/{id}", s.getSandbox)
 		r.Delete("/sandboxes/{id}", s.killSandbox)
 		r.Put("/sandboxes/{id}/ttl", s.setTTL)
+		r.Patch("/sandboxes/{id}/network", s.setNetwork)
 		r.Post("/sandboxes/{id}/fork", s.forkSandbox)
 		r.Post("/sandboxes/{id}/snapshots", s.createSnapshot)
 		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
@@ -256,8 +257,14 @@ func (c *Client) Create(ctx context.Context, req agent.CreateRequest) (agent.Inf
 	var info agent.Info
 	err := c.call(ctx, http.MethodPost, "/sandboxes", nil, createRequest{
 		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
+		Network: req.Network,
 	}, &info)
 	return info, err
+}
+
+// SetNetwork changes a live sandbox's egress policy.
+func (c *Client) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+	return c.call(ctx, http.MethodPut, sandboxPath(id, "network"), nil, p, nil)
 }
 
 // Kill stops a sandbox.

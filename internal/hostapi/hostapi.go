@@ -57,6 +57,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
@@ -109,6 +110,7 @@ type (
 		Env        map[string]string `json:"env,omitempty"`
 		SnapshotID string            `json:"snapshot_id,omitempty"`
 		Owner      string            `json:"owner,omitempty"`
+		Network    network.Policy    `json:"network"`
 	}
 	forkRequest struct {
 		IDs []string `json:"ids"`

@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -99,6 +100,13 @@ func (s *Server) routes() http.Handler {
 		}))
 		r.Post(Prefix+"/sandboxes/{id}/pause", s.json(func(r *http.Request) (any, error) { return s.a.Pause(r.Context(), chi.URLParam(r, "id")) }))
 		r.Post(Prefix+"/sandboxes/{id}/resume", s.json(func(r *http.Request) (any, error) { return s.a.Resume(r.Context(), chi.URLParam(r, "id")) }))
+		r.Put(Prefix+"/sandboxes/{id}/network", s.json(func(r *http.Request) (any, error) {
+			var p network.Policy
+			if err := decode(r, &p); err != nil {
+				return nil, err
+			}
+			return nil, s.a.SetNetwork(r.Context(), chi.URLParam(r, "id"), p)
+		}))
 
 		r.Get(Prefix+"/templates", s.json(func(r *http.Request) (any, error) {
 			list, err := s.a.Templates().List()
@@ -385,6 +393,7 @@ func (s *Server) create(r *http.Request) (any, error) {
 	}
 	return s.a.Create(r.Context(), agent.CreateRequest{
 		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
+		Network: req.Network,
 	})
 }
 
