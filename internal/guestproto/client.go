@@ -633,6 +633,10 @@ func (c *Client) waitFrame(s *Stream, ch chan []byte, what string) (Reply, error
 		return Reply{}, Errorf(CodeInternal, "decode %s: %v", what, err)
 	}
 	if r.Error != nil {
+		if r.Error.Code == "" {
+			// A hostile or broken guest: an error must say what kind it is.
+			return r, Errorf(CodeInternal, "guest reported an error without a code: %q", r.Error.Message)
+		}
 		return r, r.Error
 	}
 	return r, nil
