@@ -157,7 +157,9 @@ func (m *model) expectation() Expectation {
 	for id, sb := range m.live {
 		sb.mayExpire()
 		o := maps.Clone(sb.out)
-		if sb.vmmKilled && o[stateRunning] {
+		if sb.vmmKilled {
+			// Its VMM was alive when killed: whatever else happened, it
+			// may have stopped for that (first), and it does not run.
 			delete(o, stateRunning)
 			o["stopped:vmm_exited"] = true
 		}
