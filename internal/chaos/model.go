@@ -276,9 +276,11 @@ func (c *contents) checkProbe(id, out string) []string {
 			c.markers[tok] = true
 		case must:
 			v = append(v, fmt.Sprintf("sandbox %s lost its process `sleep %s`", id, tok))
-		default:
-			delete(c.markers, tok)
 		}
+		// A marker whose start was interrupted and that does not run yet
+		// stays possible: the guest may still start the command of a
+		// request its host gave up on (its stream ended with the
+		// session, its goroutine had not reached the start).
 	}
 	for tok := range running {
 		if _, ok := c.markers[tok]; !ok {
