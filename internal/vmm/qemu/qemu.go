@@ -631,8 +631,10 @@ func (d *Driver) Processes(runDir string) map[int]string {
 			continue
 		}
 		for _, a := range argv[1:] {
+			// A path under runDir (a socket, RUN/NAME/qmp.sock) or the
+			// directory itself in an option list (RUN/NAME,opt=...).
 			if _, rest, ok := strings.Cut(a, prefix); ok {
-				if name, _, ok := strings.Cut(rest, "/"); ok && name != "" {
+				if name := rest[:strings.IndexAny(rest+"/", "/,")]; name != "" {
 					out[pid] = name
 					break
 				}
