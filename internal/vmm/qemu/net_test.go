@@ -466,32 +466,45 @@ func TestNetworkForkAndRestore(t *testing.T) {
 	}{{"parent", a, netA}, {"fork child", child, netB}, {"restore", fresh, netC}} {
 		t.Run(x.name, func(t *testing.T) { checkGuestNet(t, x.v, x.n) })
 	}
-	// Each is on its own TAP: the VMM holds the descriptor of its own
-	// namespace's TAP, of no other.
+	// Each is on its own TAP: the TAP the VMM holds is in the VMM's own
+	// test network.
 	for _, x := range []struct {
 		v *vm
 		n *testNet
 	}{{a, netA}, {child, netB}, {fresh, netC}} {
-		if got, want := tapOf(t, x.v.m.PID()), inode(t, x.n.tap); got != want {
-			t.Errorf("vmm %d: TAP descriptor inode %d, want %d (its own test network's)", x.v.m.PID(), got, want)
+		if got, want := tapNetns(t, x.v.m.PID()), nsInode(t, int(x.n.ns)); got != want {
+			t.Errorf("vmm %d: its TAP is in network namespace %d, want %d (its own test network's)", x.v.m.PID(), got, want)
 		}
 	}
 }
 
-// tapOf is the inode of the TAP descriptor of VMM pid.
-func tapOf(t *testing.T, pid int) uint64 {
+// tapNetns is the inode of the network namespace of the TAP that VMM pid
+// holds (every TAP descriptor is /dev/net/tun: it is told apart by its
+// device's namespace).
+func tapNetns(t *testing.T, pid int) uint64 {
 	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/fd/%d", pid, tapFD), &st); err != nil {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Ino
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, tapFD, 0)
+	if err != nil {
+		t.Fatalf("get the TAP descriptor of vmm %d: %v", pid, err)
+	}
+	defer unix.Close(fd)
+	nsfd, err := unix.IoctlRetInt(fd, unix.TUNGETDEVNETNS)
+	if err != nil {
+		t.Fatalf("vmm %d: descriptor %d is not a TAP: %v", pid, tapFD, err)
+	}
+	defer unix.Close(nsfd)
+	return nsInode(t, nsfd)
 }
 
-func inode(t *testing.T, f *os.File) uint64 {
+func nsInode(t *testing.T, fd int) uint64 {
 	t.Helper()
 	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Ino
