@@ -398,11 +398,11 @@ func TestNetwork(t *testing.T) {
 	checkGuestNet(t, v, n)
 	// Names: busybox's own resolver, and getaddrinfo of the static libc
 	// busybox is built with (/etc/hosts before DNS: localhost is not the
-	// DNS server's answer).
+	// DNS server's answer; the hostname HELLO gave is in /etc/hosts).
 	if out := v.sh(t, "nslookup probe.panda.test"); !strings.Contains(out, "192.0.2.7") {
 		t.Errorf("nslookup probe.panda.test:\n%s", out)
 	}
-	for name, want := range map[string]string{"probe.panda.test": "192.0.2.7", "localhost": "127.0.0.1"} {
+	for name, want := range map[string]string{"probe.panda.test": "192.0.2.7", "localhost": "127.0.0.1", "net": "127.0.1.1"} {
 		// The address is printed before the (unanswered) ping.
 		if out := v.sh(t, "ping -c 1 -W 1 "+name+" 2>&1 | head -n 1; true"); !strings.Contains(out, "("+want+")") {
 			t.Errorf("ping %s resolved: %q, want %s", name, out, want)
@@ -436,8 +436,9 @@ func TestNetworkBase(t *testing.T) {
 	v := restoreTemplate(t, d, tp, files{tp.MemFile(), tp.StateFile(), tp.RootFS()}, n.nic())
 	checkGuestNet(t, v, n)
 	for cmd, want := range map[string]string{
-		"getent ahostsv4 probe.panda.test | head -n 1":                                  "192.0.2.7       STREAM probe.panda.test\n",
-		"getent hosts localhost":                                                        "127.0.0.1       localhost\n",
+		"getent ahostsv4 probe.panda.test | head -n 1": "192.0.2.7       STREAM probe.panda.test\n",
+		"getent hosts localhost":                       "127.0.0.1       localhost\n",
+		"getent hosts net":                             "127.0.1.1       net\n", // the hostname HELLO gave
 		"python3 -c 'import socket; print(socket.gethostbyname(\"probe.panda.test\"))'": "192.0.2.7\n",
 		"grep '^hosts:' /etc/nsswitch.conf":                                             "hosts:          files dns\n",
 	} {
