@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -636,5 +638,191 @@ func TestSavedNIC(t *testing.T) {
 		if got := savedNIC(c.state); got != c.want {
 			t.Errorf("savedNIC(%q) = %v, want %v", c.state, got, c.want)
 		}
+	}
+}
+
+// TestNICCost measures what the NIC adds to a restore: from nothing to
+// the answer of a first exec (for the NIC: an isolated namespace and TAP,
+// then Start, LoadState, Resume, HELLO, exec of true), with a NIC (the
+// tiny template) and without (the same guest baked without one here),
+// alternately. Not a check: run it with PANDA_MEASURE_NIC=N (N >= 30).
+func TestNICCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("PANDA_MEASURE_NIC"))
+	if n <= 0 {
+		t.Skip("set PANDA_MEASURE_NIC to measure")
+	}
+	d := newDriver(t, Config{})
+	with := templateFiles(t)
+	without := bakeWithoutNIC(t, d)
+	dir := shortDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	times := map[string][]time.Duration{}
+	var nsTimes []time.Duration
+	for i := 0; i < n; i++ {
+		for _, name := range []string{"with NIC", "without NIC"} {
+			f := with
+			if name == "without NIC" {
+				f = without
+			}
+			spec := tiny(t).Spec(template.Images{Dir: testImages()})
+			spec.RunDir = filepath.Join(dir, "run")
+			spec.Disk = filepath.Join(dir, "disk")
+			spec.MemoryFile = filepath.Join(dir, "mem")
+			os.RemoveAll(spec.RunDir)
+			os.Remove(spec.Disk)
+			os.Remove(spec.MemoryFile)
+			os.Mkdir(spec.RunDir, 0o755)
+			copySparse(t, f.disk, spec.Disk)
+			if err := os.Link(f.mem, spec.MemoryFile); err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Now()
+			spec.Net = nil
+			if name == "with NIC" {
+				nic, err := guestnet.Isolated()
+				if err != nil {
+					t.Fatal(err)
+				}
+				nsTimes = append(nsTimes, time.Since(t0))
+				spec.Net = nic
+			}
+			m, err := d.Start(ctx, spec)
+			if spec.Net != nil {
+				spec.Net.TAP.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = func() error {
+				defer m.Kill()
+				conn, err := (&net.Dialer{}).DialContext(ctx, "unix", m.AgentSocket())
+				if err != nil {
+					return err
+				}
+				c := guestproto.NewClient(conn)
+				defer c.Close()
+				if err := m.LoadState(ctx, f.state); err != nil {
+					return err
+				}
+				if err := m.Resume(ctx); err != nil {
+					return err
+				}
+				if _, err := c.Hello(ctx, guestproto.HelloRequest{}); err != nil {
+					return err
+				}
+				if r, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil); err != nil || r.ExitCode != 0 {
+					return fmt.Errorf("exec: %v %v", r, err)
+				}
+				times[name] = append(times[name], time.Since(t0))
+				return nil
+			}()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+	}
+	report := func(what string, ts []time.Duration) {
+		slices.Sort(ts)
+		p := func(q float64) time.Duration { return ts[min(len(ts)-1, int(q*float64(len(ts))))] }
+		t.Logf("%-26s n=%d  p50 %6.1f ms  p90 %6.1f ms  p99 %6.1f ms  max %6.1f ms", what, len(ts),
+			ms(p(0.5)), ms(p(0.9)), ms(p(0.99)), ms(ts[len(ts)-1]))
+	}
+	report("with NIC: first exec", times["with NIC"])
+	report("without NIC: first exec", times["without NIC"])
+	report("namespace + TAP (in it)", nsTimes)
+}
+
+// bakeWithoutNIC boots the tiny root filesystem without a NIC, as a bake
+// does (shared RAM, agent answers, warm-up, barrier, pause, save), and
+// returns the saved machine.
+func bakeWithoutNIC(t *testing.T, d *Driver) files {
+	t.Helper()
+	tp := tiny(t)
+	dir := shortDir(t)
+	f := files{mem: filepath.Join(dir, "mem"), state: filepath.Join(dir, "state"), disk: filepath.Join(dir, "disk")}
+	copySparse(t, template.Images{Dir: testImages()}.RootFS("tiny"), f.disk)
+	if err := os.WriteFile(f.mem, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(f.mem, int64(tp.MemoryMiB)<<20); err != nil {
+		t.Fatal(err)
+	}
+	spec := tp.Spec(template.Images{Dir: testImages()})
+	spec.Incoming, spec.MemoryShared, spec.Net = false, true, nil
+	spec.Disk, spec.MemoryFile = f.disk, f.mem
+	spec.RunDir = filepath.Join(dir, "run")
+	spec.ConsoleLog = filepath.Join(dir, "console.log")
+	os.Mkdir(spec.RunDir, 0o755)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := d.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Kill()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", m.AgentSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := guestproto.NewClient(conn)
+	defer c.Close()
+	if _, err := c.Hello(ctx, guestproto.HelloRequest{Hostname: "panda-template"}); err != nil {
+		t.Fatalf("boot without a NIC: %v", err)
+	}
+	for _, argv := range [][]string{{"true"}, {"/bin/sh", "-c", "true"}} {
+		if _, err := c.Exec(ctx, guestproto.ExecRequest{Argv: argv}, nil, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SaveState(ctx, f.state); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(spec.ConsoleLog); !bytes.Contains(b, []byte("no network interface")) {
+		t.Errorf("a guest without a NIC did not say so on its console: %q", b)
+	}
+	return f
+}
+
+// TestGuestWithoutNIC: a guest booted without a NIC (which the drivers'
+// users never do now) boots with loopback only and says so; its state is
+// restored only onto a machine without a NIC.
+func TestGuestWithoutNIC(t *testing.T) {
+	d := newDriver(t, Config{})
+	f := bakeWithoutNIC(t, d)
+	v := restoreOn(t, d, f, nil)
+	if got := v.sh(t, "ls /sys/class/net"); got != "lo\n" {
+		t.Errorf("interfaces of a guest without a NIC: %q, want lo only", got)
+	}
+	if got := v.sh(t, "cat /etc/resolv.conf"); got != "nameserver "+guestnet.DNS+"\n" {
+		t.Errorf("resolv.conf: %q", got)
+	}
+
+	dir := shortDir(t)
+	spec := tiny(t).Spec(template.Images{Dir: testImages()})
+	spec.RunDir = filepath.Join(dir, "run")
+	spec.Disk = filepath.Join(dir, "disk")
+	spec.MemoryFile = filepath.Join(dir, "mem")
+	os.Mkdir(spec.RunDir, 0o755)
+	copySparse(t, f.disk, spec.Disk)
+	if err := os.Link(f.mem, spec.MemoryFile); err != nil {
+		t.Fatal(err)
+	}
+	spec = withNIC(t, spec)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := d.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Kill()
+	if err := m.LoadState(ctx, f.state); err == nil || !strings.Contains(err.Error(), "the saved machine has no network interface and this one has one") {
+		t.Errorf("LoadState of a state without a NIC into a machine with one: %v", err)
 	}
 }
