@@ -22,10 +22,10 @@ const (
 	AccelTCG  Accel = "tcg"
 )
 
-// Spec describes one machine. The same Spec (except the *Path fields
-// that name per-machine files, MemoryShared and Incoming) must be used to
-// restore a state that was saved from it: device layout, memory size and
-// vCPU count are part of the saved state.
+// Spec describes one machine. The same Spec (except the fields that name
+// per-machine files, MemoryShared, Incoming and Net.TAP) must be used to
+// restore a state that was saved from it: device layout (Net included),
+// memory size and vCPU count are part of the saved state.
 type Spec struct {
 	Kernel    string // path of the guest kernel (bzImage)
 	Initramfs string // path of the initramfs

@@ -968,8 +968,7 @@ func (m *Machine) LoadState(ctx context.Context, statePath string) error {
 }
 
 // maxStateSize bounds what LoadState reads of a device state to look for a
-// network interface: states are a few tens of KiB, sections of the NIC
-// among the first.
+// network interface: states are a few tens of KiB.
 const maxStateSize = 4 << 20
 
 // savedNIC reports whether a device state saved by SaveState holds a
