@@ -40,8 +40,9 @@ SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
-# dependencies are added and ordered by the kernel step.
-GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console)
+# dependencies are added and ordered by the kernel step, which runs again
+# when one is missing from an existing kernel directory.
+GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console virtio_net)
 BASE_PACKAGES=python3,git,curl,ca-certificates,procps,iproute2,less,xz-utils
 ROOTFS_BASE_MIB=${ROOTFS_BASE_MIB:-4096}
 ROOTFS_TINY_MIB=${ROOTFS_TINY_MIB:-2048}
@@ -202,6 +203,17 @@ download() {
 	return 1
 }
 
+# has_modules reports whether the module load order $1 has every one of
+# GUEST_MODULES (a module added to the list re-extracts the kernel).
+has_modules() {
+	local lines m order
+	mapfile -t lines <"$1"
+	order=" ${lines[*]} "
+	for m in "${GUEST_MODULES[@]}"; do
+		[[ $order == *" $m "* ]] || return 1
+	done
+}
+
 # kernel extracts vmlinuz and the virtio modules from Debian's cloud kernel.
 kernel() {
 	local pkg ver dir=$IMAGES/kernel
@@ -214,7 +226,7 @@ kernel() {
 	ver=$(candidate "$pkg")
 	[ -n "$ver" ] || die "apt has no installable version of $pkg"
 	if [ -f "$dir/stamp" ] && [ -f "$dir/vmlinuz" ] && [ -f "$dir/modules/order" ] &&
-		[ "$(<"$dir/stamp")" = "$pkg $ver" ]; then
+		[ "$(<"$dir/stamp")" = "$pkg $ver" ] && has_modules "$dir/modules/order"; then
 		up_to_date "kernel ($pkg $ver)"
 		return
 	fi

@@ -23,7 +23,7 @@ import (
 )
 
 // guestModules is setup.sh's GUEST_MODULES: what the guest needs loaded.
-var guestModules = []string{"virtio", "virtio_ring", "virtio_mmio", "virtio_blk", "virtio_console"}
+var guestModules = []string{"virtio", "virtio_ring", "virtio_mmio", "virtio_blk", "virtio_console", "virtio_net"}
 
 // imageSteps are the steps of `setup.sh images`, as each announces itself
 // when it is skipped ("==> STEP ...: up to date") or run.

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
@@ -677,6 +678,16 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	}
 	tFiles := time.Since(t0)
 
+	if spec.Net != nil {
+		// Saved with a network interface (every template since guests
+		// have one): the machine needs a TAP. The VMM keeps its own copy.
+		nic, err := a.nic()
+		if err != nil {
+			return err
+		}
+		defer nic.Close()
+		spec.Net = &vmm.Net{TAP: nic, MAC: spec.Net.MAC} // never modify the image's Net
+	}
 	m, err := a.driver.Start(ctx, spec)
 	if err != nil {
 		return err
@@ -712,6 +723,18 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart),
 		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "ready_ms", ms(time.Since(t0)))
 	return nil
+}
+
+// nic opens the TAP device of a machine's network interface. Host
+// networking is not wired yet: every sandbox gets an isolated namespace of
+// its own, where the guest has its address and its gateway and nothing
+// beyond (guestnet.Isolated); the namespace goes away with the VMM.
+func (a *Agent) nic() (*os.File, error) {
+	nic, err := guestnet.Isolated()
+	if err != nil {
+		return nil, fmt.Errorf("network interface: %w", err)
+	}
+	return nic.TAP, nil
 }
 
 // undoRestore kills the VMM a failed restore started and removes the

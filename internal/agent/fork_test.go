@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"golang.org/x/sys/unix"
 )
@@ -276,4 +278,49 @@ func TestForkOfPausedSandboxConflicts(t *testing.T) {
 		t.Errorf("fork of an unknown sandbox: %v", err)
 	}
 	_ = time.Second
+}
+
+// TestSandboxesHaveTheGuestNetwork: a sandbox, its fork child and the
+// sandbox after a pause and resume all have the guests' NIC (same MAC and
+// address) and reach their gateway (until host networking is wired, the
+// isolated namespace's); none leaves a descriptor in the host agent.
+func TestSandboxesHaveTheGuestNetwork(t *testing.T) {
+	fds := openFDs(t)
+	parent := create(t)
+	check := func(who, id string) {
+		t.Helper()
+		want := fmt.Sprintf("%s\ninet %s/%d\n", guestnet.GuestMAC, guestnet.GuestIP, guestnet.PrefixLen)
+		if got := sh(t, id, "cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0 | grep -o 'inet [0-9./]*'"); got != want {
+			t.Errorf("%s: eth0 %q, want %q", who, got, want)
+		}
+		sh(t, id, "ping -c 1 -W 5 "+guestnet.GatewayIP)
+	}
+	check("sandbox", parent.ID)
+	child := fork(t, parent.ID, 1)[0]
+	check("fork child", child.ID)
+	check("parent after the fork", parent.ID)
+	if _, err := testAgent.Pause(ctxT(t), parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testAgent.Resume(ctxT(t), parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("resumed sandbox", parent.ID)
+	for _, id := range []string{child.ID, parent.ID} {
+		if err := testAgent.Kill(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := openFDs(t); got != fds {
+		t.Errorf("the host agent has %d descriptors open, %d before the sandboxes", got, fds)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }

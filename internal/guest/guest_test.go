@@ -708,3 +708,33 @@ func TestSystemHooksWriteThroughIdentityLinks(t *testing.T) {
 		t.Fatalf("second LinkIdentityFiles: %v", err)
 	}
 }
+
+func TestSystemHooksMapHostname(t *testing.T) {
+	etc, run := t.TempDir(), filepath.Join(t.TempDir(), "panda")
+	os.WriteFile(filepath.Join(etc, "hosts"), []byte("127.0.0.1 localhost\n127.0.1.1\ttemplate\n10.1.2.3 db # mine"), 0o644)
+	h := guest.SystemHooks{EtcDir: etc, RunDir: run}
+	if err := h.LinkIdentityFiles(); err != nil {
+		t.Fatalf("LinkIdentityFiles: %v", err)
+	}
+	for _, name := range []string{"first", "second"} {
+		if err := h.MapHostname(name); err != nil {
+			t.Fatalf("MapHostname: %v", err)
+		}
+	}
+	want := "127.0.0.1 localhost\n10.1.2.3 db # mine\n127.0.1.1\tsecond\n"
+	if b, err := os.ReadFile(filepath.Join(etc, "hosts")); err != nil || string(b) != want {
+		t.Errorf("hosts = %q, %v; want %q", b, err, want)
+	}
+	if dest, err := os.Readlink(filepath.Join(etc, "hosts")); err != nil || dest != filepath.Join(run, "hosts") {
+		t.Errorf("hosts link = %q, %v; want it to stay a link into the run directory", dest, err)
+	}
+
+	// No /etc/hosts at all: localhost and the name.
+	etc = t.TempDir()
+	if err := (guest.SystemHooks{EtcDir: etc}).MapHostname("solo"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(etc, "hosts")); string(b) != "127.0.0.1\tlocalhost\n127.0.1.1\tsolo\n" {
+		t.Errorf("new hosts = %q", b)
+	}
+}

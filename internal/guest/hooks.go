@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -21,7 +22,8 @@ type Hooks interface {
 	// AddEntropy mixes seed into the kernel RNG and forces a reseed, so
 	// clones of one snapshot stop producing identical random bytes.
 	AddEntropy(seed []byte) error
-	// SetHostname sets the kernel hostname and /etc/hostname.
+	// SetHostname sets the kernel hostname and /etc/hostname, and maps
+	// the name to 127.0.1.1 in /etc/hosts.
 	SetHostname(name string) error
 	// SetMachineID writes /etc/machine-id.
 	SetMachineID(id string) error
@@ -70,12 +72,45 @@ func (SystemHooks) AddEntropy(seed []byte) error {
 	return nil
 }
 
-// SetHostname sets the kernel hostname and writes /etc/hostname.
+// SetHostname sets the kernel hostname, writes /etc/hostname and maps the
+// name to 127.0.1.1 in /etc/hosts (Debian's convention), so that a program
+// resolving its own host name (sudo, hostname -f, Java's getLocalHost)
+// finds it without asking the DNS server, which does not know it.
 func (h SystemHooks) SetHostname(name string) error {
 	if err := unix.Sethostname([]byte(name)); err != nil {
 		return fmt.Errorf("set hostname: %w", err)
 	}
-	return h.writeIdentity("hostname", []byte(name+"\n"), 0o644)
+	if err := h.writeIdentity("hostname", []byte(name+"\n"), 0o644); err != nil {
+		return err
+	}
+	return h.mapHostname(name)
+}
+
+// hostnameAddr is the address /etc/hosts gives the sandbox's own name.
+const hostnameAddr = "127.0.1.1"
+
+// mapHostname replaces the lines of /etc/hosts for hostnameAddr with one
+// that maps it to name, keeping every other line.
+func (h SystemHooks) mapHostname(name string) error {
+	old, err := os.ReadFile(filepath.Join(h.etc(), "hosts"))
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("read hosts: %w", err)
+	}
+	var b strings.Builder
+	if len(old) == 0 {
+		b.WriteString("127.0.0.1\tlocalhost\n")
+	}
+	for _, line := range strings.SplitAfter(string(old), "\n") {
+		if f := strings.Fields(line); line == "" || len(f) > 0 && f[0] == hostnameAddr {
+			continue
+		}
+		b.WriteString(line)
+		if !strings.HasSuffix(line, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString(hostnameAddr + "\t" + name + "\n")
+	return h.writeIdentity("hosts", []byte(b.String()), 0o644)
 }
 
 // SetMachineID writes /etc/machine-id.
@@ -104,15 +139,15 @@ func (h SystemHooks) run() string {
 	return h.RunDir
 }
 
-// LinkIdentityFiles makes /etc/hostname and /etc/machine-id symlinks into
-// the tmpfs RunDir (keeping their content), so that the restore hooks
-// write to memory. It runs once at boot; the links are then part of every
-// snapshot's disk.
+// LinkIdentityFiles makes /etc/hostname, /etc/machine-id and /etc/hosts
+// symlinks into the tmpfs RunDir (keeping their content), so that the
+// restore hooks write to memory. It runs once at boot; the links are then
+// part of every snapshot's disk.
 func (h SystemHooks) LinkIdentityFiles() error {
 	if err := os.MkdirAll(h.run(), 0o755); err != nil {
 		return fmt.Errorf("link identity files: %w", err)
 	}
-	for _, name := range []string{"hostname", "machine-id"} {
+	for _, name := range []string{"hostname", "machine-id", "hosts"} {
 		target := filepath.Join(h.etc(), name)
 		dest := filepath.Join(h.run(), name)
 		if d, err := os.Readlink(target); err == nil && d == dest {

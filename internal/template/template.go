@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
@@ -105,6 +106,10 @@ type Meta struct {
 	// DiskMiB is the size of the template's disk: what each of its
 	// sandboxes may fill (and counts against its key's disk quota).
 	DiskMiB int `json:"disk_mib"`
+	// MAC is the MAC address of the guest's network interface
+	// (guestnet.GuestMAC); "" for a template baked before guests had one,
+	// which is stale.
+	MAC string `json:"mac,omitempty"`
 }
 
 // Template is a baked template on disk.
@@ -118,13 +123,19 @@ func (t *Template) StateFile() string { return filepath.Join(t.Dir, "vm.state") 
 func (t *Template) RootFS() string    { return filepath.Join(t.Dir, "rootfs.ext4") }
 
 // Spec returns the machine spec every restore of t must use; the caller
-// fills in the per-machine fields (Disk, RunDir, ConsoleLog).
+// fills in the per-machine fields (Disk, RunDir, ConsoleLog) and gives the
+// machine its own TAP device: Net (which has t's MAC) is a new Net for
+// each call, whose TAP the caller sets.
 func (t *Template) Spec(images Images) vmm.Spec {
-	return vmm.Spec{
+	spec := vmm.Spec{
 		Kernel: images.Kernel(), Initramfs: images.Initramfs(), Cmdline: t.Cmdline,
 		MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, Accel: t.Accel,
 		MemoryFile: t.MemFile(), Incoming: true,
 	}
+	if t.MAC != "" {
+		spec.Net = &vmm.Net{MAC: t.MAC}
+	}
+	return spec
 }
 
 // Config configures a Store.
@@ -143,6 +154,15 @@ type Config struct {
 	// (tsc_early_khz=) avoids a calibration that can hang under emulation.
 	// 0 leaves the kernel to calibrate.
 	TSCkHz int
+	// Net gives the machine of one bake attempt its network interface,
+	// which the guest configures as it boots (see package guestnet):
+	// nic.TAP a TAP device whose other side is the gateway (or nothing
+	// at all), nic.MAC guestnet.GuestMAC or "" (the same). purpose says
+	// what it is for ("bake base-1024m-1c"). The store calls release
+	// exactly once, after the machine has exited, and never closes TAP
+	// itself. nil: guestnet.IsolatedNIC, a network namespace of the
+	// bake's own with no way out.
+	Net    func(ctx context.Context, purpose string) (nic *vmm.Net, release func(), err error)
 	Logger *slog.Logger
 }
 
@@ -173,6 +193,9 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	if cfg.BakeTimeout == 0 {
 		cfg.BakeTimeout = 90 * time.Second
+	}
+	if cfg.Net == nil {
+		cfg.Net = guestnet.IsolatedNIC
 	}
 	if cfg.Accel != vmm.AccelKVM && cfg.Accel != vmm.AccelTCG {
 		return nil, fmt.Errorf("template store: accel must be kvm or tcg, got %q", cfg.Accel)
@@ -312,6 +335,9 @@ func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
 	if t.Cmdline != s.cmdline() {
 		return t, "kernel command line changed", nil
 	}
+	if t.MAC != guestnet.GuestMAC {
+		return t, "baked without the guests' network interface", nil
+	}
 	if err := manifest.Check(dir); err != nil {
 		if errors.Is(err, manifest.ErrNoManifest) {
 			return t, "baked before templates carried checksums", nil
@@ -413,7 +439,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 	}
 	defer os.RemoveAll(tmp)
-	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs}}
+	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs, MAC: guestnet.GuestMAC}}
 
 	var bootID string
 	const attempts = 2 // TCG boots occasionally hang in early timer calibration
@@ -487,12 +513,21 @@ func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string) (bootI
 		return "", err
 	}
 	defer os.RemoveAll(runDir)
+	nic, release, err := s.cfg.Net(ctx, "bake "+t.Key())
+	if err != nil {
+		return "", fmt.Errorf("network interface: %w", err)
+	}
+	defer release() // after the Kill below
+	if nic.MAC != "" && nic.MAC != t.MAC {
+		return "", fmt.Errorf("network interface: MAC %s, want the guests' %s", nic.MAC, t.MAC)
+	}
 	spec := t.Spec(s.cfg.Images)
 	spec.Incoming = false
 	spec.MemoryShared = true
 	spec.Disk = t.RootFS()
 	spec.RunDir = runDir
 	spec.ConsoleLog = filepath.Join(dir, "console.log")
+	spec.Net.TAP = nic.TAP
 	m, err := s.cfg.Driver.Start(ctx, spec)
 	if err != nil {
 		return "", err

@@ -3,13 +3,16 @@ package template
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 )
@@ -67,12 +70,22 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 		t.Fatalf("Lookup before bake: %q, %v", reason, err)
 	}
 	var progress []string
+	fds := openFDs(t)
 	first, err := st.Get(ctx, p, func(m string) { progress = append(progress, m) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(progress) < 3 || first.BootID == "" || len(first.Inputs) != 4 {
 		t.Errorf("bake: progress %q, meta %+v", progress, first.Meta)
+	}
+	// Baked with a network interface (the default: an isolated TAP),
+	// which every restore must have too; the bake left no descriptor
+	// (hence no TAP and no namespace) behind.
+	if spec := first.Spec(images); first.MAC != guestnet.GuestMAC || spec.Net == nil || spec.Net.MAC != guestnet.GuestMAC || spec.Net.TAP != nil {
+		t.Errorf("template MAC %q, spec Net %+v; want %s and no TAP", first.MAC, spec.Net, guestnet.GuestMAC)
+	}
+	if got := openFDs(t); got != fds {
+		t.Errorf("%d descriptors open after the bake, %d before", got, fds)
 	}
 	for _, f := range []string{first.MemFile(), first.StateFile(), first.RootFS()} {
 		if _, err := os.Stat(f); err != nil {
@@ -101,6 +114,119 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 	if _, reason, _ := st.Lookup(p); reason != "" {
 		t.Errorf("after the re-bake: stale %q", reason)
 	}
+
+	// So does a new initramfs (new guest modules, a new /init).
+	f, _ = os.OpenFile(images.Initramfs(), os.O_APPEND|os.O_WRONLY, 0)
+	f.Write([]byte{0})
+	f.Close()
+	if _, reason, _ := st.Lookup(p); !strings.Contains(reason, "initramfs changed") {
+		t.Errorf("Lookup after the initramfs changed: reason %q", reason)
+	}
+}
+
+// TestBakeNetHook: a bake gets its NIC from Config.Net, says what for, and
+// releases it once, after its machine exited; a hook's failure fails the
+// bake before any machine starts. A template without a NIC is stale.
+func TestBakeNetHook(t *testing.T) {
+	images := copyImages(t)
+	drv, err := qemu.New(qemu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := os.MkdirTemp("", "pt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(run)
+	var mu sync.Mutex
+	var purposes []string
+	released := 0
+	var hookErr error
+	cfg := Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv, Accel: vmm.AccelTCG, TSCkHz: qemu.TSCkHz(),
+		Net: func(ctx context.Context, purpose string) (*vmm.Net, func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			purposes = append(purposes, purpose)
+			if hookErr != nil {
+				return nil, nil, hookErr
+			}
+			nic, release, err := guestnet.IsolatedNIC(ctx, purpose)
+			if err != nil {
+				return nil, nil, err
+			}
+			tap := nic.TAP
+			return nic, func() {
+				// The machine is gone: nothing but this descriptor holds
+				// the TAP, whose namespace then has one user left.
+				if _, err := tap.Stat(); err != nil {
+					t.Errorf("TAP closed before its release: %v", err)
+				} else if pids := vmmsOf(run); len(pids) != 0 {
+					t.Errorf("VMM %v of the bake still runs at the release of its TAP", pids)
+				}
+				mu.Lock()
+				released++
+				mu.Unlock()
+				release()
+			}, nil
+		}}
+	st, err := NewStore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	p := Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}
+	tp, err := st.Get(ctx, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(purposes) == 0 || purposes[0] != "bake tiny-256m-1c" || released != len(purposes) {
+		t.Errorf("hook called for %q, released %d times; want \"bake tiny-256m-1c\", each released", purposes, released)
+	}
+	hookErr = errors.New("no namespace left")
+	purposes = nil
+	mu.Unlock()
+	if _, err := st.Bake(ctx, p, nil); err == nil || !strings.Contains(err.Error(), "no namespace left") {
+		t.Errorf("bake with a failing hook: %v", err)
+	}
+
+	// A template baked before guests had a NIC is stale.
+	meta := filepath.Join(tp.Dir, metaFile)
+	b, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(meta, []byte(strings.Replace(string(b), `"mac": "`+guestnet.GuestMAC+`"`, `"mac": ""`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, reason, _ := st.Lookup(p); !strings.Contains(reason, "without the guests' network interface") {
+		t.Errorf("Lookup of a template without a NIC: reason %q", reason)
+	}
+}
+
+// vmmsOf lists the VMM processes whose run directory is in run.
+func vmmsOf(run string) []int {
+	var pids []int
+	files, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.Contains(string(b), "guest=panda:"+run+"/") {
+			var pid int
+			fmt.Sscanf(f, "/proc/%d/", &pid)
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }
 
 func TestUnknownTemplate(t *testing.T) {

@@ -9,6 +9,7 @@ package vmm
 import (
 	"context"
 	"errors"
+	"os"
 	"time"
 )
 
@@ -21,10 +22,10 @@ const (
 	AccelTCG  Accel = "tcg"
 )
 
-// Spec describes one machine. The same Spec (except the *Path fields
-// that name per-machine files, MemoryShared and Incoming) must be used to
-// restore a state that was saved from it: device layout, memory size and
-// vCPU count are part of the saved state.
+// Spec describes one machine. The same Spec (except the fields that name
+// per-machine files, MemoryShared, Incoming and Net.TAP) must be used to
+// restore a state that was saved from it: device layout (Net included),
+// memory size and vCPU count are part of the saved state.
 type Spec struct {
 	Kernel    string // path of the guest kernel (bzImage)
 	Initramfs string // path of the initramfs
@@ -67,6 +68,33 @@ type Spec struct {
 	// Driver.Start). Give each tenant its own GID, so that a memory file
 	// is open to the VMMs of one tenant only.
 	GID uint32
+
+	// Net, if set, gives the machine one network interface (a virtio-net
+	// device, eth0 in the guest). It is part of the device layout: a state
+	// saved from a machine with a NIC must be loaded into a machine with a
+	// NIC with the same MAC, and a state saved without one into a machine
+	// without one; LoadState refuses a mismatch either way, before it
+	// loads anything. Each machine needs its own Net (its own TAP): copy
+	// the struct, never share or modify a Net another Spec points to.
+	Net *Net
+}
+
+// Net is a machine's network interface: a virtio-net device whose host end
+// is a TAP device the caller opened.
+type Net struct {
+	// TAP is an open TAP device, created with IFF_TAP|IFF_NO_PI|
+	// IFF_VNET_HDR and one queue, in whatever network namespace the
+	// machine's traffic belongs to: the VMM needs neither privileges nor a
+	// namespace for it. Start passes the VMM a duplicate and checks the
+	// flags; the caller still owns TAP and may close it once Start has
+	// returned (a TAP that is not persistent then lives exactly as long
+	// as the VMM). Required by Start; not recorded (a Spec written as
+	// JSON keeps only MAC).
+	TAP *os.File `json:"-"`
+	// MAC is the guest's MAC address, e.g. "52:54:00:70:6e:02". A
+	// restore must give the MAC the saved machine had: the guest
+	// configured itself with it, and the saved device state carries it.
+	MAC string
 }
 
 // Driver starts machines. Implementations are safe for concurrent use.
@@ -76,6 +104,10 @@ type Driver interface {
 	// for LoadState; otherwise it is booting. The agent socket
 	// (Machine.AgentSocket) exists when Start returns. On error nothing is
 	// left running.
+	//
+	// With spec.Net, Start fails (starting nothing) if Net.TAP is nil,
+	// is not a TAP device with the flags Net documents, or MAC is not a
+	// unicast MAC address.
 	//
 	// A driver that confines its VMMs (runs each as its own unprivileged
 	// user) makes the machine's files accessible to that user first: it
@@ -99,7 +131,9 @@ type Machine interface {
 	AgentSocket() string
 
 	// LoadState loads device state saved by SaveState into a machine
-	// started with Spec.Incoming and leaves it paused.
+	// started with Spec.Incoming and leaves it paused. It fails without
+	// loading anything if the saved machine had a network interface and
+	// this one has none (Spec.Net), or the reverse.
 	LoadState(ctx context.Context, statePath string) error
 	// Pause stops the vCPUs. Idempotent.
 	Pause(ctx context.Context) error

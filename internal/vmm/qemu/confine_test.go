@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/memimage"
 	"github.com/pandastack/pandastack/internal/template"
@@ -206,12 +207,33 @@ func startIncoming(t *testing.T, d *Driver, f files, gid uint32) *vm {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	spec = withNIC(t, spec)
 	m, err := d.Start(ctx, spec)
+	// The VMM has its own copy: the TAP and its namespace live as long
+	// as the VMM.
+	spec.Net.TAP.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Kill() })
 	return &vm{m: m.(*Machine), spec: spec}
+}
+
+// withNIC returns spec with a network interface of its own: a TAP device
+// in an isolated namespace (guestnet.Isolated), closed when the test ends
+// if the test has not closed it.
+func withNIC(t *testing.T, spec vmm.Spec) vmm.Spec {
+	t.Helper()
+	if spec.Net == nil {
+		t.Fatal("the template has no network interface")
+	}
+	nic, err := guestnet.Isolated()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nic.TAP.Close() })
+	spec.Net = &vmm.Net{TAP: nic.TAP, MAC: spec.Net.MAC}
+	return spec
 }
 
 func (v *vm) sh(t *testing.T, cmd string) string {
@@ -645,7 +667,7 @@ func TestUIDReusedOnlyAfterRelease(t *testing.T) {
 	}
 	// Both UIDs taken: a third machine must fail, not share one.
 	dir := shortDir(t)
-	spec := a.spec
+	spec := withNIC(t, a.spec)
 	spec.RunDir = dir
 	spec.Disk = filepath.Join(dir, "disk")
 	copySparse(t, f.disk, spec.Disk)
@@ -1063,8 +1085,10 @@ func TestStartLatency(t *testing.T) {
 			spec := specs[name]
 			os.Remove(spec.Disk)
 			copySparse(t, f.disk, spec.Disk)
+			spec = withNIC(t, spec)
 			t0 := time.Now()
 			m, err := drivers[name].Start(ctx, spec)
+			spec.Net.TAP.Close()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,7 +2,8 @@
 // qemu-system-x86_64 process per machine, controlled over QMP, running
 // confined (its own user, mount namespace holding only its files, cgroup and
 // rlimits: see confine.go) and under QEMU's seccomp sandbox, with only a
-// virtio-blk disk and a virtio-serial port for the guest agent. Device state
+// virtio-blk disk, a virtio-serial port for the guest agent and, if the spec
+// has one, a virtio-net device on a TAP the caller opened. Device state
 // is saved with xen-save-devices-state and loaded with migrate-incoming, both
 // through file descriptors the driver passes (RAM stays in the memory file),
 // so a restore never copies guest RAM.
@@ -13,10 +14,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -259,11 +263,12 @@ func (d *Driver) CleanupStale() (Leftovers, error) {
 
 const defaultTBCacheMiB = 64
 
-// The descriptors of the listening agent and QMP sockets in QEMU
-// (exec.Cmd.ExtraFiles start at 3).
+// The descriptors of the listening agent and QMP sockets and of the TAP
+// device in QEMU (exec.Cmd.ExtraFiles start at 3).
 const (
 	agentFD = 3
 	qmpFD   = 4
+	tapFD   = 5
 )
 
 // paths are the paths of a machine's files as its QEMU sees them: the
@@ -348,6 +353,18 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 		"-mon", "chardev=qmp,mode=control",
 		"-global", "migration.send-configuration=off",
 	}
+	if spec.Net != nil {
+		mac, err := parseMAC(spec.Net.MAC)
+		if err != nil {
+			return nil, err
+		}
+		// The TAP is the caller's, passed as a descriptor: QEMU runs no
+		// script and needs no privilege. No vhost: it would need
+		// /dev/vhost-net in the jail and works only under KVM.
+		a = append(a,
+			"-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", tapFD),
+			"-device", "virtio-net-device,netdev=net0,mac="+mac.String())
+	}
 	if !d.cfg.NoSandbox {
 		a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	}
@@ -360,6 +377,46 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 		a = append(a, "-kernel", p.kernel, "-initrd", p.initrd, "-append", spec.Cmdline)
 	}
 	return append(a, d.cfg.ExtraArgs...), nil
+}
+
+// parseMAC parses the MAC address of a guest's NIC: six bytes, unicast.
+func parseMAC(s string) (net.HardwareAddr, error) {
+	mac, err := net.ParseMAC(s)
+	if err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+		return nil, fmt.Errorf("network interface: %q is not a unicast MAC address", s)
+	}
+	return mac, nil
+}
+
+// checkTAP checks that f is a TAP device as vmm.Net requires:
+// IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, one queue. The virtio-net device state
+// depends on the vnet header: a machine saved on one TAP must be loadable
+// on another, so every TAP must be alike.
+func checkTAP(f *os.File) error {
+	if f == nil {
+		return errors.New("network interface has no TAP device")
+	}
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return err
+	}
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("network interface: %w", err)
+	}
+	var ioErr error
+	if err := sc.Control(func(fd uintptr) { ioErr = unix.IoctlIfreq(int(fd), unix.TUNGETIFF, ifr) }); err != nil {
+		return fmt.Errorf("network interface: %w", err)
+	}
+	if ioErr != nil {
+		return fmt.Errorf("network interface: not a TAP device: %w", ioErr)
+	}
+	flags := ifr.Uint16()
+	const want = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
+	if flags&(unix.IFF_TUN|unix.IFF_TAP) != unix.IFF_TAP || flags&want != want || flags&unix.IFF_MULTI_QUEUE != 0 {
+		return fmt.Errorf("network interface: TAP device %s has flags %#x, want IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and one queue", ifr.Name(), flags)
+	}
+	return nil
 }
 
 func cpuModel(a vmm.Accel) string {
@@ -466,6 +523,11 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if !spec.Incoming {
 		files = append(files, struct{ what, path string }{"kernel", spec.Kernel}, struct{ what, path string }{"initramfs", spec.Initramfs})
 	}
+	if spec.Net != nil {
+		if err := checkTAP(spec.Net.TAP); err != nil {
+			return nil, fmt.Errorf("start vm: %w", err)
+		}
+	}
 	var fsize int64
 	for _, f := range files {
 		st, err := os.Stat(f.path)
@@ -510,7 +572,10 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	}
 	cmd := exec.Command(d.cfg.Binary, args...)
 	cmd.Dir = spec.RunDir
-	cmd.ExtraFiles = socks // agentFD, qmpFD
+	cmd.ExtraFiles = slices.Clone(socks) // agentFD, qmpFD
+	if spec.Net != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, spec.Net.TAP) // tapFD; the caller's to close
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedBuffer{buf: &stderr, max: 16 << 10}
 	t0 := time.Now()
@@ -852,13 +917,26 @@ func (m *Machine) execWithFDs(ctx context.Context, cmd string, args, out any, fd
 	return err
 }
 
-// LoadState implements vmm.Machine.
+// LoadState implements vmm.Machine. A state whose device layout differs
+// from the machine's makes QEMU exit ("qmp connection closed"); the one
+// difference the vmm contract allows a caller to get wrong, a network
+// interface on one side only, is caught before loading.
 func (m *Machine) LoadState(ctx context.Context, statePath string) error {
 	f, err := os.Open(statePath)
 	if err != nil {
 		return fmt.Errorf("load state: %w", err)
 	}
 	defer f.Close()
+	saved, err := io.ReadAll(io.NewSectionReader(f, 0, maxStateSize))
+	if err != nil {
+		return fmt.Errorf("load state: %w", err)
+	}
+	switch has := savedNIC(saved); {
+	case has && m.spec.Net == nil:
+		return errors.New("load state: the saved machine has a network interface and this one has none (vmm.Spec.Net)")
+	case !has && m.spec.Net != nil:
+		return errors.New("load state: the saved machine has no network interface and this one has one (vmm.Spec.Net)")
+	}
 	if err := m.qmp.ExecuteWithFDs(ctx, "getfd", map[string]string{"fdname": "state"}, nil, []int{int(f.Fd())}); err != nil {
 		return fmt.Errorf("load state: pass fd: %w", err)
 	}
@@ -888,6 +966,32 @@ func (m *Machine) LoadState(ctx context.Context, statePath string) error {
 		if delay < 5*time.Millisecond {
 			delay *= 2
 		}
+	}
+}
+
+// maxStateSize bounds what LoadState reads of a device state to look for a
+// network interface: states are a few tens of KiB.
+const maxStateSize = 4 << 20
+
+// savedNIC reports whether a device state saved by SaveState holds a
+// virtio-net device: a section named "virtio-mmio@ADDRESS/virtio-net",
+// which the stream writes after the length of the name. (A guest can put
+// bytes of its choosing into some device state, e.g. CMOS RAM; at worst it
+// makes its own captures unloadable.)
+func savedNIC(state []byte) bool {
+	prefix := []byte("virtio-mmio@")
+	for off := 0; ; {
+		i := bytes.Index(state[off:], prefix)
+		if i < 0 {
+			return false
+		}
+		i += off
+		if i > 0 {
+			if n := int(state[i-1]); i+n <= len(state) && bytes.HasSuffix(state[i:i+n], []byte("/virtio-net")) {
+				return true
+			}
+		}
+		off = i + len(prefix)
 	}
 }
 
