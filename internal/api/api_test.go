@@ -31,6 +31,7 @@ type env struct {
 	admin string
 	srv   *api.Server
 	host  *agent.Agent
+	h     api.Host // what srv uses: host, or a hostapi.Client over it
 	cat   *sqlite.Catalog
 }
 
@@ -39,6 +40,13 @@ var e *env
 // guestLimit is the test server's limit of guest requests in flight per
 // sandbox.
 const guestLimit = 8
+
+// Port proxy settings of the test server: a small limit of proxied
+// requests per sandbox, and a short wait for a guest's answer.
+const (
+	proxyLimit         = 4
+	proxyHeaderTimeout = 2 * time.Second
+)
 
 func testImages() string {
 	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
@@ -66,6 +74,9 @@ func runMain(m *testing.M) int {
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { onExit(id, err) },
+		// Guests have no network yet: their ports are test servers on
+		// loopback (proxy_test.go).
+		Dial:   guests.dial,
 		Logger: log,
 	})
 	if err != nil {
@@ -112,7 +123,8 @@ func runMain(m *testing.M) int {
 	srv, err = api.New(api.Config{
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		MaxGuestRequestsPerSandbox: guestLimit,
-		OpenAPI:                    []byte("openapi: 3.0.3\n"), Logger: log,
+		MaxProxyRequestsPerSandbox: proxyLimit, ProxyHeaderTimeout: proxyHeaderTimeout,
+		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
 	}, cat, h, prometheus.NewRegistry())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -134,7 +146,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "bake:", err)
 		return 1
 	}
-	e = &env{url: hs.URL, admin: secret, srv: srv, host: host, cat: cat}
+	e = &env{url: hs.URL, admin: secret, srv: srv, host: host, h: h, cat: cat}
 	return m.Run()
 }
 
