@@ -128,7 +128,7 @@ func TestProxyHostAndParams(t *testing.T) {
 			t.Errorf("proxyHost(%q) = %q, %d, %v; want %q, %d, %v", tc.host, id, port, ok, tc.id, tc.port, tc.ok)
 		}
 	}
-	for _, d := range []string{"example.dev", "a-b.example.dev"} {
+	for _, d := range []string{"example.dev", "a-b.example.dev", "localhost"} {
 		if !validProxyDomain(d) {
 			t.Errorf("%q refused", d)
 		}
