@@ -156,7 +156,7 @@ type resp struct {
 	header http.Header
 }
 
-func (r resp) json(t *testing.T, v any) {
+func (r resp) json(t testing.TB, v any) {
 	t.Helper()
 	if err := json.Unmarshal(r.body, v); err != nil {
 		t.Fatalf("decode %s: %v", r.body, err)
@@ -171,7 +171,7 @@ func (r resp) code() string {
 	return eb.Error.Code
 }
 
-func do(t *testing.T, key, method, path string, body any) resp {
+func do(t testing.TB, key, method, path string, body any) resp {
 	t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
@@ -202,7 +202,7 @@ func do(t *testing.T, key, method, path string, body any) resp {
 	return resp{status: res.StatusCode, body: b, header: res.Header}
 }
 
-func expect(t *testing.T, r resp, status int, code string) {
+func expect(t testing.TB, r resp, status int, code string) {
 	t.Helper()
 	if r.status != status || (code != "" && r.code() != code) {
 		t.Fatalf("got %d %s, want %d %s", r.status, r.body, status, code)
@@ -219,7 +219,7 @@ type sandbox struct {
 	StopReason string            `json:"stop_reason"`
 }
 
-func newKey(t *testing.T, name string, quota map[string]int) string {
+func newKey(t testing.TB, name string, quota map[string]int) string {
 	t.Helper()
 	body := map[string]any{"name": name}
 	for k, v := range quota {
@@ -232,7 +232,7 @@ func newKey(t *testing.T, name string, quota map[string]int) string {
 	return k.Key
 }
 
-func create(t *testing.T, key string, body map[string]any) sandbox {
+func create(t testing.TB, key string, body map[string]any) sandbox {
 	t.Helper()
 	if body == nil {
 		body = map[string]any{}

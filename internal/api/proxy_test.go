@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +33,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -75,7 +79,7 @@ func (g *guestNet) dialed(id string, port int) int {
 }
 
 // serve starts h as port of sandbox id's guest until the test ends.
-func serve(t *testing.T, id string, port int, h http.Handler) {
+func serve(t testing.TB, id string, port int, h http.Handler) {
 	t.Helper()
 	hs := httptest.NewServer(h)
 	k := id + ":" + strconv.Itoa(port)
@@ -108,7 +112,7 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // call sends a request to a full URL with headers (Host sets the Host).
-func call(t *testing.T, method, u string, body io.Reader, hdr map[string]string) resp {
+func call(t testing.TB, method, u string, body io.Reader, hdr map[string]string) resp {
 	t.Helper()
 	req, err := http.NewRequest(method, u, body)
 	if err != nil {
@@ -787,4 +791,109 @@ func TestListPorts(t *testing.T) {
 	expect(t, do(t, newKey(t, "ports-other", nil), "GET", "/v1/sandboxes/"+sb.ID+"/ports", nil), 404, "not_found")
 	expect(t, do(t, key, "DELETE", "/v1/sandboxes/"+sb.ID, nil), 204, "")
 	expect(t, do(t, key, "GET", "/v1/sandboxes/"+sb.ID+"/ports", nil), 409, "conflict")
+}
+
+// BenchmarkPortProxy measures a small GET (a 13-byte answer) to a guest's
+// port: straight to the test server, through the proxy of this test's API
+// server (over its Host: the agent in process, or the host API with
+// PANDA_TEST_HOST=remote), and through a second API server whose host is
+// the agent behind the host API over TLS. Every client keeps its
+// connections alive, as the proxy does its own to guests. It reports the
+// p50 and p99 latencies of each, in µs:
+//
+//	go test ./internal/api/ -run '^$' -bench BenchmarkPortProxy -benchtime 5000x
+func BenchmarkPortProxy(b *testing.B) {
+	key := newKey(b, "bench-proxy", nil)
+	sb := create(b, key, nil)
+	hello := []byte("hello, proxy\n")
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { w.Write(hello) })
+	direct := httptest.NewServer(mux)
+	b.Cleanup(direct.Close)
+	serve(b, sb.ID, 8000, mux)
+
+	// The agent behind the host API over TLS, and an API server over it.
+	dir := b.TempDir()
+	creds, err := hostapi.LoadOrCreateTLS(dir, []string{"127.0.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	clientTLS, err := hostapi.ClientTLS(creds.CAFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	serverTLS := creds.Config.Clone()
+	cert, err := serverTLS.GetCertificate(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	serverTLS.Certificates = []tls.Certificate{*cert}
+	hsrv := hostapi.NewServer(e.host, "bench-token", nil)
+	hh := httptest.NewUnstartedServer(hsrv)
+	hh.TLS = serverTLS
+	hh.StartTLS()
+	b.Cleanup(func() { hsrv.Close(); hh.Close() })
+	hc, err := hostapi.Dial(hh.URL, "bench-token", hostapi.WithTLS(clientTLS))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { hc.Close() })
+	srv2, err := api.New(api.Config{OpenAPI: []byte("openapi: 3.0.3\n"), Logger: slog.New(slog.DiscardHandler)}, e.cat, hc, prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs2 := httptest.NewServer(srv2.Handler())
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv2.Shutdown(ctx)
+		hs2.Close()
+	})
+
+	path := "/v1/sandboxes/" + sb.ID + "/ports/8000/hello"
+	this := "proxy-local"
+	if os.Getenv("PANDA_TEST_HOST") == "remote" {
+		this = "proxy-hostapi-http"
+	}
+	for _, tc := range []struct{ name, url string }{
+		{"direct", direct.URL + "/hello"},
+		{this, e.url + path},
+		{"proxy-hostapi-tls", hs2.URL + path},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+			defer client.CloseIdleConnections()
+			get := func() time.Duration {
+				req, _ := http.NewRequest("GET", tc.url, nil)
+				req.Header.Set("Authorization", "Bearer "+key)
+				t0 := time.Now()
+				res, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				body, err := io.ReadAll(res.Body)
+				res.Body.Close()
+				d := time.Since(t0)
+				if err != nil || res.StatusCode != 200 || !bytes.Equal(body, hello) {
+					b.Fatalf("GET %s: %d %q %v", tc.url, res.StatusCode, body, err)
+				}
+				return d
+			}
+			for range 50 { // warm the connections up
+				get()
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				lat = append(lat, get())
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			us := func(q float64) float64 {
+				return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))].Nanoseconds()) / 1e3
+			}
+			b.ReportMetric(us(0.50), "p50-µs")
+			b.ReportMetric(us(0.99), "p99-µs")
+		})
+	}
 }
