@@ -78,7 +78,7 @@ adopt (keep). See docs/deployment.md.`,
 var (
 	hostFlags    = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake"}
 	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key",
-		"max-vcpus-per-key", "max-disk-per-key", "metrics-listen"}
+		"max-vcpus-per-key", "max-disk-per-key", "metrics-listen", "public-url", "proxy-domain"}
 )
 
 // flagGroups is the flags every daemon has and those of groups.
@@ -111,6 +111,8 @@ var configFlags = map[string]configFlag{
 	"max-vcpus-per-key":     {"total vCPUs per API key", func(c *server.Config) any { return &c.MaxVCPUsPerKey }},
 	"max-disk-per-key":      {"disk (MiB) per API key: sandbox disks, paused sandboxes, snapshots", func(c *server.Config) any { return &c.MaxDiskMiBPerKey }},
 	"metrics-listen":        {"serve /metrics without a key on this address too (e.g. 127.0.0.1:9788)", func(c *server.Config) any { return &c.MetricsListen }},
+	"public-url":            {"the API's base URL as clients reach it, in signed port URLs (default: from each request)", func(c *server.Config) any { return &c.PublicURL }},
+	"proxy-domain":          {"also serve sandbox ports at PORT-ID.DOMAIN (wildcard DNS and TLS in front)", func(c *server.Config) any { return &c.ProxyDomain }},
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},

@@ -90,6 +90,14 @@ type Config struct {
 	// OnExit, if set, is called (from its own goroutine) when a sandbox's
 	// VMM exits without being killed through the agent.
 	OnExit func(id string, err error)
+	// Dial, if set, opens a TCP connection to port of the guest of sandbox
+	// id, which is running (DialGuest checks that first): the sandbox
+	// network's dialer. Its errors are returned wrapped: a refused
+	// connection must match syscall.ECONNREFUSED and a timeout
+	// context.DeadlineExceeded (errors.Is), as net.Dialer's do. Nil: the
+	// host has no sandbox networking (DialGuest fails with
+	// errors.ErrUnsupported).
+	Dial   func(ctx context.Context, id string, port int) (net.Conn, error)
 	Logger *slog.Logger
 }
 
@@ -883,6 +891,35 @@ func (a *Agent) Guest(id string) (*guestproto.Client, error) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, ErrNotReady)
 	}
 	return s.client, nil
+}
+
+// DialGuest opens a TCP connection to port (1-65535) of the guest of the
+// running sandbox id, through Config.Dial. The connection is the caller's
+// to close; it is not closed when the sandbox stops (the sandbox's network
+// going away ends it). Errors: ErrInvalid (port out of range), ErrNotFound
+// (no such sandbox), ErrConflict (not running), errors.ErrUnsupported (no
+// Config.Dial), else Config.Dial's: syscall.ECONNREFUSED when nothing
+// listens on the port, context.DeadlineExceeded on a timeout. Safe for
+// concurrent use.
+func (a *Agent) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("dial sandbox %s: %w: port %d is not between 1 and 65535", id, ErrInvalid, port)
+	}
+	s, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	if st := s.getState(); st != StateRunning {
+		return nil, fmt.Errorf("sandbox %s is %s: %w", id, st, ErrConflict)
+	}
+	if a.cfg.Dial == nil {
+		return nil, fmt.Errorf("dial sandbox %s: this host has no sandbox networking: %w", id, errors.ErrUnsupported)
+	}
+	c, err := a.cfg.Dial(ctx, id, port)
+	if err != nil {
+		return nil, fmt.Errorf("dial port %d of sandbox %s: %w", port, id, err)
+	}
+	return c, nil
 }
 
 // Exec runs a command in a sandbox; see guestproto.Client.Exec.

@@ -31,6 +31,7 @@ type env struct {
 	admin string
 	srv   *api.Server
 	host  *agent.Agent
+	h     api.Host // what srv uses: host, or a hostapi.Client over it
 	cat   *sqlite.Catalog
 }
 
@@ -39,6 +40,13 @@ var e *env
 // guestLimit is the test server's limit of guest requests in flight per
 // sandbox.
 const guestLimit = 8
+
+// Port proxy settings of the test server: a small limit of proxied
+// requests per sandbox, and a short wait for a guest's answer.
+const (
+	proxyLimit         = 4
+	proxyHeaderTimeout = 2 * time.Second
+)
 
 func testImages() string {
 	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
@@ -66,6 +74,9 @@ func runMain(m *testing.M) int {
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { onExit(id, err) },
+		// Guests have no network yet: their ports are test servers on
+		// loopback (proxy_test.go).
+		Dial:   guests.dial,
 		Logger: log,
 	})
 	if err != nil {
@@ -112,7 +123,8 @@ func runMain(m *testing.M) int {
 	srv, err = api.New(api.Config{
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		MaxGuestRequestsPerSandbox: guestLimit,
-		OpenAPI:                    []byte("openapi: 3.0.3\n"), Logger: log,
+		MaxProxyRequestsPerSandbox: proxyLimit, ProxyHeaderTimeout: proxyHeaderTimeout,
+		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
 	}, cat, h, prometheus.NewRegistry())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -134,7 +146,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "bake:", err)
 		return 1
 	}
-	e = &env{url: hs.URL, admin: secret, srv: srv, host: host, cat: cat}
+	e = &env{url: hs.URL, admin: secret, srv: srv, host: host, h: h, cat: cat}
 	return m.Run()
 }
 
@@ -144,7 +156,7 @@ type resp struct {
 	header http.Header
 }
 
-func (r resp) json(t *testing.T, v any) {
+func (r resp) json(t testing.TB, v any) {
 	t.Helper()
 	if err := json.Unmarshal(r.body, v); err != nil {
 		t.Fatalf("decode %s: %v", r.body, err)
@@ -159,7 +171,7 @@ func (r resp) code() string {
 	return eb.Error.Code
 }
 
-func do(t *testing.T, key, method, path string, body any) resp {
+func do(t testing.TB, key, method, path string, body any) resp {
 	t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
@@ -190,7 +202,7 @@ func do(t *testing.T, key, method, path string, body any) resp {
 	return resp{status: res.StatusCode, body: b, header: res.Header}
 }
 
-func expect(t *testing.T, r resp, status int, code string) {
+func expect(t testing.TB, r resp, status int, code string) {
 	t.Helper()
 	if r.status != status || (code != "" && r.code() != code) {
 		t.Fatalf("got %d %s, want %d %s", r.status, r.body, status, code)
@@ -207,7 +219,7 @@ type sandbox struct {
 	StopReason string            `json:"stop_reason"`
 }
 
-func newKey(t *testing.T, name string, quota map[string]int) string {
+func newKey(t testing.TB, name string, quota map[string]int) string {
 	t.Helper()
 	body := map[string]any{"name": name}
 	for k, v := range quota {
@@ -220,7 +232,7 @@ func newKey(t *testing.T, name string, quota map[string]int) string {
 	return k.Key
 }
 
-func create(t *testing.T, key string, body map[string]any) sandbox {
+func create(t testing.TB, key string, body map[string]any) sandbox {
 	t.Helper()
 	if body == nil {
 		body = map[string]any{}

@@ -98,6 +98,8 @@ func classify(err error) *apiError {
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
 	case errors.Is(err, ErrUnavailable):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
+	case errors.Is(err, errors.ErrUnsupported):
+		return errorf(http.StatusNotImplemented, "not_implemented", "%s", userMessage(err))
 	}
 	// A guest's own classes first: a guest timeout says more than the
 	// context error it also matches.

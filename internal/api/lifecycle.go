@@ -112,11 +112,14 @@ func (s *Server) detach(id, kind string, fn func(ctx context.Context) (catalog.S
 
 // Shutdown cancels the operations in flight (on the host they roll back:
 // a resume leaves the sandbox paused, a pause leaves it running) and waits
-// for them, at most until ctx ends. Requests must have stopped first.
+// for them, at most until ctx ends. It also closes the port proxy's
+// connections to guests, which ends the WebSockets the HTTP server's own
+// shutdown does not wait for. Requests must have stopped first.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
+	s.proxy.close()
 	s.stopLife()
 	done := make(chan struct{})
 	go func() { s.opsWG.Wait(); close(done) }()
@@ -258,6 +261,7 @@ func (s *Server) markStopped(ctx context.Context, id, reason string) error {
 	if err != nil {
 		return fmt.Errorf("record stop of %s: %w", id, err)
 	}
+	s.proxy.closeSandbox(id)
 	s.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
 	return nil
 }
@@ -275,6 +279,7 @@ func (s *Server) pause(id string) (*op, error) {
 			return s.failed(ctx, id, lifecycle.PauseFailed, "pause", err)
 		}
 		s.metrics.pauses.Inc()
+		s.proxy.closeSandbox(id) // its guest is gone until it resumes
 		sb, err := s.transition(ctx, id, lifecycle.PauseDone, func(x *catalog.Sandbox) {
 			x.ExpiresAt = time.Time{}
 			x.PausedBytes = st.SizeBytes

@@ -9,17 +9,19 @@ import (
 )
 
 // limiter counts requests in flight per sandbox and per key and refuses
-// those over the limits (<= 0: unlimited).
+// those over the limits (<= 0: unlimited). what names the requests it
+// counts, in its refusals.
 type limiter struct {
 	maxSandbox, maxKey int
+	what               string
 
 	mu        sync.Mutex
 	sandboxes map[string]int
 	keys      map[string]int
 }
 
-func newLimiter(maxSandbox, maxKey int) *limiter {
-	return &limiter{maxSandbox: maxSandbox, maxKey: maxKey, sandboxes: map[string]int{}, keys: map[string]int{}}
+func newLimiter(maxSandbox, maxKey int, what string) *limiter {
+	return &limiter{maxSandbox: maxSandbox, maxKey: maxKey, what: what, sandboxes: map[string]int{}, keys: map[string]int{}}
 }
 
 // acquire takes one slot for sandbox sb of key k, or returns a 429 error.
@@ -27,10 +29,10 @@ func (l *limiter) acquire(sb, k string) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.maxSandbox > 0 && l.sandboxes[sb] >= l.maxSandbox {
-		return nil, tooMany("sandbox %s has %d requests in flight (exec, streams, file operations), the most allowed at once; wait for some to finish", sb, l.maxSandbox)
+		return nil, tooMany("sandbox %s has %d requests in flight (%s), the most allowed at once; wait for some to finish", sb, l.maxSandbox, l.what)
 	}
 	if l.maxKey > 0 && l.keys[k] >= l.maxKey {
-		return nil, tooMany("this API key has %d requests in flight to its sandboxes (exec, streams, file operations), the most allowed at once; wait for some to finish", l.maxKey)
+		return nil, tooMany("this API key has %d requests in flight to its sandboxes (%s), the most allowed at once; wait for some to finish", l.maxKey, l.what)
 	}
 	l.sandboxes[sb]++
 	l.keys[k]++

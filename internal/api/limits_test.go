@@ -9,7 +9,7 @@ import (
 )
 
 func TestLimiter(t *testing.T) {
-	l := newLimiter(2, 3)
+	l := newLimiter(2, 3, "exec, streams, file operations")
 	var rel []func()
 	take := func(sb, key string) error {
 		r, err := l.acquire(sb, key)

@@ -52,8 +52,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		func() float64 { return s.countState(catalog.StatePaused) })
 	byStateStarting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_sandboxes_starting", Help: "Sandboxes starting."},
 		func() float64 { return s.countState(catalog.StateStarting) })
+	proxyConns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "panda_proxy_guest_connections",
+		Help: "Connections the port proxy holds open to guests (in use and idle)."},
+		func() float64 { return float64(s.proxy.open()) })
 	for _, c := range []prometheus.Collector{m.createSeconds, m.execSeconds, m.creates, m.bakes, m.expired,
-		m.forks, m.forkPauseSeconds, m.snapshots, m.pauses, byState, byStatePaused, byStateStarting} {
+		m.forks, m.forkPauseSeconds, m.snapshots, m.pauses, byState, byStatePaused, byStateStarting, proxyConns} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

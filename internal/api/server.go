@@ -9,6 +9,7 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -98,6 +100,9 @@ func Local(a *agent.Agent) Host { return localHost{a} }
 
 type localHost struct{ *agent.Agent }
 
+// The agent dials its guests' ports (agent.Config.Dial).
+var _ GuestDialer = localHost{}
+
 func (h localHost) Templates() Templates { return h.Agent.Templates() }
 
 func (h localHost) Snapshots(context.Context) ([]agent.SnapshotInfo, error) {
@@ -160,6 +165,26 @@ type Config struct {
 	MaxExecOutputBytes int
 	// StoppedRetention is how long stopped sandboxes stay visible.
 	StoppedRetention time.Duration
+
+	// The port proxy (proxy.go). MaxProxyRequestsPerSandbox and
+	// MaxProxyRequestsPerKey bound the proxied requests in flight (a
+	// WebSocket for its whole life), apart from the guest requests above
+	// (< 0: unlimited). ProxyHeaderTimeout bounds the wait for a guest's
+	// answer to begin (504 after it).
+	MaxProxyRequestsPerSandbox int
+	MaxProxyRequestsPerKey     int
+	ProxyHeaderTimeout         time.Duration
+	// URLSecret signs port URLs (porturl.go; LoadOrCreateURLSecret). Empty:
+	// a random one for this process, so that its URLs do not outlive it.
+	URLSecret []byte
+	// PublicURL is the server's base URL as clients reach it
+	// (https://panda.example.com), used in signed URLs. Empty: the scheme
+	// and host each request came to.
+	PublicURL string
+	// ProxyDomain, if set, serves sandbox ports at
+	// {port}-{id}.{ProxyDomain} (proxydomain.go): a lowercase DNS name.
+	ProxyDomain string
+
 	// OpenAPI is the document served at /v1/openapi.yaml.
 	OpenAPI []byte
 	Version string
@@ -174,6 +199,15 @@ const (
 
 // SetDefaults fills in zero fields.
 func (c *Config) SetDefaults() {
+	if c.MaxProxyRequestsPerSandbox == 0 {
+		c.MaxProxyRequestsPerSandbox = DefaultMaxProxyRequestsPerSandbox
+	}
+	if c.MaxProxyRequestsPerKey == 0 {
+		c.MaxProxyRequestsPerKey = DefaultMaxProxyRequestsPerKey
+	}
+	if c.ProxyHeaderTimeout == 0 {
+		c.ProxyHeaderTimeout = DefaultProxyHeaderTimeout
+	}
 	if c.HostID == "" {
 		c.HostID = "local"
 	}
@@ -225,8 +259,31 @@ func (c *Config) Validate() error {
 		return errors.New("ttl defaults must be positive")
 	case c.DefaultTTL > c.MaxTTL:
 		return fmt.Errorf("default ttl %s exceeds max ttl %s", c.DefaultTTL, c.MaxTTL)
+	case c.ProxyHeaderTimeout < 0:
+		return errors.New("proxy header timeout must be positive")
+	case c.ProxyDomain != "" && !validProxyDomain(c.ProxyDomain):
+		return fmt.Errorf("proxy domain %q must be a lowercase DNS name like sandboxes.example.com", c.ProxyDomain)
+	case c.URLSecret != nil && len(c.URLSecret) < 16:
+		return fmt.Errorf("url secret of %d bytes: want at least 16", len(c.URLSecret))
+	}
+	if c.PublicURL != "" {
+		if _, err := parsePublicURL(c.PublicURL); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// parsePublicURL parses Config.PublicURL: http(s)://host[:port][/path],
+// without a query or fragment.
+func parsePublicURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return nil, fmt.Errorf("public url %q: want http(s)://HOST[:PORT][/PATH]", s)
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
 }
 
 // Server serves the API. Create it with New, serve Handler, run Run for
@@ -241,6 +298,14 @@ type Server struct {
 
 	guests *limiter      // guest requests in flight
 	output *outputBudget // buffered exec output held
+
+	proxy     *guestProxy
+	proxies   *limiter // proxied requests in flight
+	urlSecret []byte
+	publicURL *url.URL // nil: from each request
+	// publicPath is publicURL's path ("" or "/prefix"): the public path
+	// prefix of every route.
+	publicPath string
 
 	// life is the context of detached operations; stopLife cancels it.
 	life     context.Context
@@ -267,8 +332,20 @@ func New(cfg Config, cat catalog.Catalog, host Host, reg prometheus.Registerer) 
 		return nil, fmt.Errorf("api config: %w", err)
 	}
 	s := &Server{cfg: cfg, cat: cat, host: host, log: cfg.Logger, busy: map[string]int{}, ops: map[string]*op{},
-		guests: newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey),
-		output: &outputBudget{max: cfg.ExecOutputBudgetBytes}}
+		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
+		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
+		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
+	}
+	s.urlSecret = cfg.URLSecret
+	if len(s.urlSecret) == 0 {
+		s.urlSecret = make([]byte, 32)
+		rand.Read(s.urlSecret)
+	}
+	if cfg.PublicURL != "" {
+		s.publicURL, _ = parsePublicURL(cfg.PublicURL) // checked by Validate
+		s.publicPath = s.publicURL.Path
+	}
+	s.proxy = newGuestProxy(s)
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -288,8 +365,11 @@ func (s *Server) MetricsHandler() http.Handler { return s.metrics.handler() }
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(Recoverer(s.log, s.writeError))
+	r.Use(Recoverer(s.log, s.writeError), s.proxyDomain)
 	r.Get("/healthz", s.health)
+	// Signed port URLs: the token is the credential.
+	r.Handle("/p/{token}", http.HandlerFunc(s.signedProxy))
+	r.Handle("/p/{token}/*", http.HandlerFunc(s.signedProxy))
 	// Metrics describe every tenant: admin keys only here (operators can
 	// serve MetricsHandler on a separate address instead).
 	r.With(s.authenticate, s.adminOnly).Get("/metrics", s.metrics.handler().ServeHTTP)
@@ -313,6 +393,11 @@ func (s *Server) routes() http.Handler {
 		r.Get("/snapshots/{snapID}", s.getSnapshot)
 		r.Delete("/snapshots/{snapID}", s.deleteSnapshot)
 		r.Get("/hosts", s.listHosts)
+		// The port proxy (any method) and its signed URLs. A POST to a
+		// guest path /url is the signed URL's, not the guest's.
+		r.Handle("/sandboxes/{id}/ports/{port}", http.HandlerFunc(s.portProxy))
+		r.Handle("/sandboxes/{id}/ports/{port}/*", http.HandlerFunc(s.portProxy))
+		r.Post("/sandboxes/{id}/ports/{port}/url", s.portURL)
 		r.Group(func(r chi.Router) {
 			// Requests that hold a guest stream: bounded per sandbox and key.
 			r.Use(s.limitGuest)
@@ -325,6 +410,7 @@ func (s *Server) routes() http.Handler {
 			r.Get("/sandboxes/{id}/files/stat", s.statFile)
 			r.Post("/sandboxes/{id}/files/mkdir", s.mkdir)
 			r.Post("/sandboxes/{id}/files/rename", s.rename)
+			r.Get("/sandboxes/{id}/ports", s.listPorts)
 		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)
@@ -381,24 +467,31 @@ func HashKey(secret string) string {
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		secret, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok || strings.TrimSpace(secret) == "" {
-			s.writeError(w, r, errorf(http.StatusUnauthorized, "unauthorized", "missing API key: send Authorization: Bearer <key>"))
-			return
-		}
-		key, err := s.cat.KeyByHash(r.Context(), HashKey(strings.TrimSpace(secret)))
-		if errors.Is(err, catalog.ErrNotFound) || (err == nil && !key.RevokedAt.IsZero()) {
-			s.writeError(w, r, errorf(http.StatusUnauthorized, "unauthorized", "unknown or revoked API key"))
-			return
-		}
+		c, err := s.keyOf(r, "missing API key: send Authorization: Bearer <key>")
 		if err != nil {
-			s.writeError(w, r, fmt.Errorf("look up api key: %w", err))
+			s.writeError(w, r, err)
 			return
 		}
-		ctx := context.WithValue(r.Context(), ctxKey{}, &caller{Key: key})
+		ctx := context.WithValue(r.Context(), ctxKey{}, c)
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// keyOf returns the API key r authenticates with (Authorization: Bearer),
+// or a 401 error (missing says what to do when there is none).
+func (s *Server) keyOf(r *http.Request, missing string) (*caller, error) {
+	secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || strings.TrimSpace(secret) == "" {
+		return nil, errorf(http.StatusUnauthorized, "unauthorized", "%s", missing)
+	}
+	key, err := s.cat.KeyByHash(r.Context(), HashKey(strings.TrimSpace(secret)))
+	if errors.Is(err, catalog.ErrNotFound) || (err == nil && !key.RevokedAt.IsZero()) {
+		return nil, errorf(http.StatusUnauthorized, "unauthorized", "unknown or revoked API key")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up api key: %w", err)
+	}
+	return &caller{Key: key}, nil
 }
 
 func callerOf(r *http.Request) *caller {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -90,6 +91,12 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"fs", "put", "abc", "-", "/x", "--mode", "9z"}, "octal"},
 		{[]string{"kill"}, "usage: panda kill ID..."},
 		{[]string{"create", "--api-url", "localhost:7788"}, "invalid API URL"},
+		{[]string{"port", "abc"}, "usage: panda port ID PORT"},
+		{[]string{"port", "abc", "http"}, `PORT "http"`},
+		{[]string{"port", "abc", "65536"}, `PORT "65536"`},
+		{[]string{"port", "abc", "80", "--ttl", "-1m"}, "--ttl"},
+		{[]string{"port", "abc", "80", "--ttl", "10"}, "--ttl"},
+		{[]string{"port", "ls"}, "usage: panda port ls ID"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -246,6 +253,10 @@ func TestHumanOutputs(t *testing.T) {
 			io.WriteString(w, `{"entries":[{"name":"d","path":"/d","size":4096,"mode":493,"is_dir":true},{"name":"l","path":"/l","size":1,"mode":511,"is_dir":false,"is_symlink":true,"link_target":"/d"}]}`)
 		case "/v1/hosts":
 			io.WriteString(w, `{"hosts":[{"id":"h1","state":"ready","sandboxes":3}]}`)
+		case "/v1/sandboxes/abc/ports":
+			io.WriteString(w, `{"ports":[{"port":8000,"address":"::"},{"port":9000,"address":"127.0.0.1"}]}`)
+		case "/v1/sandboxes/abc/ports/8000/url":
+			io.WriteString(w, `{"url":"http://h/p/TOKEN/","expires_at":"2030-01-01T00:00:00Z"}`)
 		}
 	})
 	tests := []struct {
@@ -257,6 +268,9 @@ func TestHumanOutputs(t *testing.T) {
 		{[]string{"keys", "ls"}, []string{"key1", "ci", "ps_ab"}},
 		{[]string{"fs", "ls", "abc", "/"}, []string{"drwxr-xr-x", "d/", "Lrwxrwxrwx", "l -> /d"}},
 		{[]string{"hosts"}, []string{"h1", "ready", "3"}},
+		{[]string{"port", "ls", "abc"}, []string{"PORT", "8000", "::", "yes", "9000", "127.0.0.1", "no: loopback only"}},
+		{[]string{"port", "abc", "8000", "--ttl", "10m"}, []string{"http://h/p/TOKEN/\n"}},
+		{[]string{"port", "abc", "8000", "--json"}, []string{`"url": "http://h/p/TOKEN/"`, `"expires_at": "2030-01-01T00:00:00Z"`}},
 	}
 	for _, tt := range tests {
 		r := runCLI(context.Background(), "", append(tt.args, "--api-url", f.url, "--api-key", "k")...)
@@ -269,6 +283,9 @@ func TestHumanOutputs(t *testing.T) {
 				t.Errorf("%v: got\n%s\nwant it to contain %q", tt.args, r.stdout, w)
 			}
 		}
+	}
+	if want := `POST /v1/sandboxes/abc/ports/8000/url {"ttl_seconds":600} Bearer k`; !slices.Contains(f.reqs, want) {
+		t.Errorf("requests %q: want %q among them", f.reqs, want)
 	}
 }
 

@@ -338,3 +338,39 @@ func TestIntegrationKeysAndTemplates(t *testing.T) {
 	t.Setenv("PANDA_DATA_DIR", s.DataDir())
 	mustRun(t, "", "keys", "ls")
 }
+
+func TestIntegrationPorts(t *testing.T) {
+	s := itEnv(t)
+	id := createSandbox(t)
+	mustRun(t, "", "exec", id, "--", "mkdir -p /tmp/www && httpd -p 8000 -h /tmp/www")
+	var ports struct {
+		Ports []struct {
+			Port    int    `json:"port"`
+			Address string `json:"address"`
+		} `json:"ports"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for found := false; !found; {
+		r := mustRun(t, "", "port", "ls", id, "--json")
+		if err := json.Unmarshal([]byte(r.stdout), &ports); err != nil {
+			t.Fatalf("port ls --json: %q: %v", r.stdout, err)
+		}
+		for _, p := range ports.Ports {
+			found = found || p.Port == 8000
+		}
+		if !found && time.Now().After(deadline) {
+			t.Fatalf("port ls: got %+v, want 8000 within 30 s", ports)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if r := mustRun(t, "", "port", "ls", id); !strings.Contains(r.stdout, "8000") {
+		t.Errorf("port ls: got %q", r.stdout)
+	}
+	r := mustRun(t, "", "port", id, "8000", "--ttl", "2m")
+	if u := strings.TrimSpace(r.stdout); !strings.HasPrefix(u, s.URL()+"/p/") || strings.Count(r.stdout, "\n") != 1 {
+		t.Errorf("port: got %q, want one line %s/p/…", r.stdout, s.URL())
+	}
+	if r := runCLI(itCtx(t), "", "port", id, "8000", "--ttl", "48h"); r.err == nil || !strings.Contains(r.err.Error(), "ttl_seconds") {
+		t.Errorf("port --ttl 48h: got %v, want the server's refusal", r.err)
+	}
+}

@@ -33,6 +33,20 @@
 //     X-Panda-Error trailer, so a failed download is never a short file.
 //   - write file (PUT …/files) streams the request body into the guest.
 //   - template bake and the event stream (GET /host/v1/events) are NDJSON.
+//   - dial (GET …/sandboxes/{id}/dial?port=N, with Connection: Upgrade and
+//     Upgrade: panda-tcp) opens a TCP connection to port N of the guest
+//     (agent.Agent.DialGuest) and answers 101 Switching Protocols; from
+//     then on the connection, still inside its TLS session, carries that
+//     TCP connection's bytes both ways, unframed, until either side
+//     closes. A side that finishes sending half-closes (TLS close_notify
+//     towards the client, FIN towards the guest) and can still read the
+//     other's answer. A dial that fails is an ordinary error answer:
+//     not_found, conflict (the sandbox is not running), invalid (port),
+//     refused (nothing listens on the port), timeout, unsupported (the
+//     host has no sandbox networking). Client.DialGuest makes a new
+//     connection to the agent per dial, never reused: the control plane's
+//     port proxy pools the connections it gets. Dials are not requests in
+//     flight for Shutdown; Close ends them.
 //
 // The event stream tells the control plane what it cannot ask for: a sandbox
 // whose VMM died (the agent's OnExit) or that the agent stopped as it shut
@@ -52,6 +66,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
@@ -174,6 +189,8 @@ var classes = []struct {
 	{"template_invalid", http.StatusUnprocessableEntity, template.ErrInvalid},
 	{"conflict", http.StatusConflict, agent.ErrConflict},
 	{"unavailable", http.StatusServiceUnavailable, api.ErrUnavailable},
+	{"unsupported", http.StatusNotImplemented, errors.ErrUnsupported},
+	{"refused", http.StatusBadGateway, syscall.ECONNREFUSED}, // nothing listens on a guest's port
 	{"timeout", http.StatusGatewayTimeout, context.DeadlineExceeded},
 	{"canceled", http.StatusServiceUnavailable, context.Canceled},
 	{"unauthorized", http.StatusUnauthorized, ErrUnauthorized},

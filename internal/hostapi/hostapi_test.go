@@ -108,6 +108,7 @@ func runMain(m *testing.M) (code int) {
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { hsrv.SandboxExited(id, err) },
+		Dial:   guestDial, // dial_test.go
 		Logger: log,
 	})
 	if err != nil {

@@ -39,7 +39,8 @@ type Server struct {
 	active   int           // requests in flight, event streams excepted
 	idle     chan struct{} // closed when active drops to 0 while draining
 	draining bool
-	closed   chan struct{} // closed by Close: event streams end
+	closed   chan struct{} // closed by Close: event streams and tunnels end
+	tunnels  map[*tunnel]struct{}
 }
 
 // NewServer returns the API of a (serving requests only with the given
@@ -48,7 +49,7 @@ func NewServer(a *agent.Agent, token string, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{a: a, token: sha256.Sum256([]byte(token)), log: log, subs: map[chan Event]struct{}{}, closed: make(chan struct{})}
+	s := &Server{a: a, token: sha256.Sum256([]byte(token)), log: log, subs: map[chan Event]struct{}{}, closed: make(chan struct{}), tunnels: map[*tunnel]struct{}{}}
 	s.handler = s.routes()
 	return s
 }
@@ -72,6 +73,8 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.With(s.authenticate).Get(Prefix+"/events", s.events)
+	// Dials outlive requests: not tracked, ended by Close.
+	r.With(s.authenticate).Get(Prefix+"/sandboxes/{id}/dial", s.dial)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.track)
 		r.Get(Prefix+"/info", s.json(func(r *http.Request) (any, error) { return s.info(), nil }))
@@ -224,16 +227,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Close ends every event stream and refuses new ones. Idempotent.
+// Close ends every event stream and dial and refuses new ones.
+// Idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.draining = true
 	select {
 	case <-s.closed:
 	default:
 		close(s.closed)
 	}
+	s.mu.Unlock()
+	s.closeTunnels()
 	return nil
 }
 

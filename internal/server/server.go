@@ -65,6 +65,14 @@ type Config struct {
 	// needs an admin key either way.
 	MetricsListen string `yaml:"metrics_listen"`
 
+	// PublicURL is the API's base URL as clients reach it, for signed port
+	// URLs (default: the scheme and host of each request).
+	PublicURL string `yaml:"public_url"`
+	// ProxyDomain, if set, also serves sandbox ports at
+	// {port}-{id}.{ProxyDomain} (a wildcard DNS record and certificate in
+	// front: docs/deployment.md).
+	ProxyDomain string `yaml:"proxy_domain"`
+
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
 	AgentURL string `yaml:"agent_url"`
@@ -423,6 +431,13 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, version st
 		cat.Close()
 		return nil, nil, err
 	}
+	// The secret of signed port URLs: made on first start, kept so that
+	// URLs outlive restarts.
+	secret, err := api.LoadOrCreateURLSecret(filepath.Join(cfg.DataDir, api.URLSecretFile))
+	if err != nil {
+		cat.Close()
+		return nil, nil, err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := api.New(api.Config{
@@ -430,6 +445,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, version st
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
+		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
 	}, cat, host, reg)
 	if err != nil {
 		cat.Close()

@@ -206,6 +206,11 @@ func TestRequests(t *testing.T) {
 		{"create key", func() error { _, err := c.CreateKey(ctx, "ci", false, Quotas{MaxSandboxes: 3}); return err },
 			seen{"POST", "/v1/keys", "", "Bearer k1", `{"name":"ci","max_sandboxes":3}`}},
 		{"revoke key", func() error { return c.RevokeKey(ctx, "key1") }, seen{"DELETE", "/v1/keys/key1", "", "Bearer k1", ``}},
+		{"ports", func() error { _, err := sb.Ports(ctx); return err }, seen{"GET", "/v1/sandboxes/abc/ports", "", "Bearer k1", ``}},
+		{"url", func() error { _, err := sb.URL(ctx, 8000, 1500*time.Millisecond); return err },
+			seen{"POST", "/v1/sandboxes/abc/ports/8000/url", "", "Bearer k1", `{"ttl_seconds":2}`}},
+		{"url default ttl", func() error { _, err := sb.URL(ctx, 443, 0); return err },
+			seen{"POST", "/v1/sandboxes/abc/ports/443/url", "", "Bearer k1", `{}`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,6 +235,35 @@ func TestRequests(t *testing.T) {
 	}
 }
 
+func TestPortsAndURL(t *testing.T) {
+	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/sandboxes/abc/ports":
+			writeJSON(w, 200, map[string]any{"ports": []any{map[string]any{"port": 22, "address": "::1"}, map[string]any{"port": 8000, "address": "0.0.0.0"}}})
+		case "/v1/sandboxes/abc/ports/8000/url":
+			writeJSON(w, 200, map[string]any{"url": "http://h/p/TOKEN/", "expires_at": "2030-01-02T03:04:05Z"})
+		default:
+			writeJSON(w, 409, map[string]any{"error": map[string]string{"code": "conflict", "message": "sandbox abc is paused, not running"}})
+		}
+	})
+	ctx := context.Background()
+	sb := c.Sandbox("abc")
+	ports, err := sb.Ports(ctx)
+	if err != nil || !reflect.DeepEqual(ports, []Port{{22, "::1"}, {8000, "0.0.0.0"}}) {
+		t.Errorf("ports: got %+v, %v", ports, err)
+	}
+	u, err := sb.URL(ctx, 8000, time.Hour)
+	if want := (PortURL{URL: "http://h/p/TOKEN/", ExpiresAt: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}); err != nil || u != want {
+		t.Errorf("url: got %+v, %v; want %+v", u, err, want)
+	}
+	if _, err := sb.URL(ctx, 9000, time.Hour); !errors.Is(err, ErrConflict) {
+		t.Errorf("url of a paused sandbox: got %v, want ErrConflict", err)
+	}
+	if got, want := sb.PortProxyURL(8000), c.APIURL()+"/v1/sandboxes/abc/ports/8000/"; got != want {
+		t.Errorf("PortProxyURL: got %q, want %q", got, want)
+	}
+}
+
 func TestLocalValidation(t *testing.T) {
 	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
 		t.Errorf("unexpected request %s %s", r.Method, r.URL)
@@ -246,6 +280,14 @@ func TestLocalValidation(t *testing.T) {
 	}
 	if _, err := sb.Fork(ctx, 0); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Fork(0): got %v, want ErrInvalid", err)
+	}
+	for _, p := range []int{0, 65536} {
+		if _, err := sb.URL(ctx, p, 0); !errors.Is(err, ErrInvalid) {
+			t.Errorf("URL(port %d): got %v, want ErrInvalid", p, err)
+		}
+	}
+	if _, err := sb.URL(ctx, 80, -time.Second); !errors.Is(err, ErrInvalid) {
+		t.Errorf("URL(ttl -1s): got %v, want ErrInvalid", err)
 	}
 }
 

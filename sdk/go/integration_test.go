@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"io"
+	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -704,4 +706,59 @@ func TestIntegrationTemplates(t *testing.T) {
 	}
 	_, err = c.BakeTemplate(ctx, "nosuchtemplate", 256, 1, nil)
 	wantErr(t, "bake an unknown template", err, pandastack.ErrNotFound)
+}
+
+func TestIntegrationPorts(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	sb := create(t, c, pandastack.CreateOptions{})
+	if res, err := sb.Exec(ctx, pandastack.Command{Cmd: "mkdir -p /tmp/www && echo hello from the sandbox > /tmp/www/index.html && httpd -p 8000 -h /tmp/www"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("start a server: %+v, %v", res, err)
+	}
+	var ports []pandastack.Port
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		if ports, err = sb.Ports(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(ports, func(p pandastack.Port) bool { return p.Port == 8000 }) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	if !slices.ContainsFunc(ports, func(p pandastack.Port) bool {
+		return p.Port == 8000 && (p.Address == "0.0.0.0" || p.Address == "::")
+	}) {
+		t.Fatalf("ports: got %+v, want 8000 on every address", ports)
+	}
+
+	before := time.Now()
+	u, err := sb.URL(ctx, 8000, 90*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(u.URL, testServer(t).URL()+"/p/") || u.ExpiresAt.Before(before.Add(89*time.Second)) || u.ExpiresAt.After(time.Now().Add(92*time.Second)) {
+		t.Errorf("url: got %+v, want %s/p/… expiring in 90 s", u, testServer(t).URL())
+	}
+	// No key. Until panda up's host has sandbox networking the proxy
+	// answers 501; then the sandbox's own page.
+	res, err := http.Get(u.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !(res.StatusCode == 200 && string(b) == "hello from the sandbox\n") && res.StatusCode != http.StatusNotImplemented {
+		t.Errorf("GET %s: got %d %q, want the sandbox's page (or 501 without networking)", u.URL, res.StatusCode, b)
+	}
+	_, err = sb.URL(ctx, 0, time.Minute)
+	wantErr(t, "port 0", err, pandastack.ErrInvalid)
+	if err := sb.Kill(ctx); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	_, err = sb.URL(ctx, 8000, time.Minute)
+	wantErr(t, "url of a killed sandbox", err, pandastack.ErrConflict)
+	_, err = sb.Ports(ctx)
+	wantErr(t, "ports of a killed sandbox", err, pandastack.ErrConflict)
 }

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import unittest
+from datetime import datetime, timezone
 from unittest import mock
 
 from _helpers import SANDBOX, StubServer, send_chunked, send_json
@@ -488,6 +489,40 @@ class ForkAndSnapshotDecodingTest(StubTestCase):
         self.assertEqual(sb.pause().state, "paused")
         self.assertEqual(sb.info.state, "paused")
         self.assertEqual(sb.resume().state, "running")
+
+
+class PortsTest(StubTestCase):
+    def test_ports(self):
+        self.stub.json_route("GET", "/v1/sandboxes/abc123/ports", 200, {"ports": [{"port": 22, "address": "::1"}, {"port": 8000, "address": "0.0.0.0"}]})
+        got = self.sandbox().ports()
+        self.assertEqual(got, [pandastack.Port(22, "::1"), pandastack.Port(8000, "0.0.0.0")])
+        self.assertEqual((self.stub.last.method, self.stub.last.path), ("GET", "/v1/sandboxes/abc123/ports"))
+
+    def test_get_url(self):
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/ports/8000/url", 200, {"url": "http://h/p/TOKEN/", "expires_at": "2030-01-02T03:04:05Z"})
+        sb = self.sandbox()
+        url = sb.get_url(8000, ttl_seconds=600)
+        self.assertEqual(self.stub.last.json(), {"ttl_seconds": 600})
+        self.assertIsInstance(url, str)
+        self.assertEqual(url, "http://h/p/TOKEN/")
+        self.assertEqual(url + "x", "http://h/p/TOKEN/x")
+        self.assertEqual(url.expires_at, datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+        sb.get_url(8000)
+        self.assertEqual(self.stub.last.json(), {})
+
+    def test_get_url_validation_and_errors(self):
+        sb = self.sandbox()
+        n = len(self.stub.requests)
+        for bad in [0, 65536, True, "80", 80.0]:
+            with self.assertRaises(ValueError):
+                sb.get_url(bad)
+        for bad in [0, -1, 1.5, True]:
+            with self.assertRaises(ValueError):
+                sb.get_url(80, ttl_seconds=bad)
+        self.assertEqual(len(self.stub.requests), n, "invalid arguments went to the server")
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/ports/80/url", 409, {"error": {"code": "conflict", "message": "sandbox abc123 is stopped"}})
+        with self.assertRaises(pandastack.ConflictError):
+            sb.get_url(80)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from .errors import (
     UnavailableError,
 )
 from .filesystem import Filesystem
-from .models import APIKey, ExecResult, FileInfo, MemoryUsage, SandboxInfo, Template
+from .models import APIKey, ExecResult, FileInfo, MemoryUsage, Port, SandboxInfo, SignedURL, Template
 from .sandbox import Sandbox
 from .snapshot import Snapshot
 
@@ -59,6 +59,8 @@ __all__ = [
     "FileInfo",
     "Template",
     "APIKey",
+    "Port",
+    "SignedURL",
     "DEFAULT_API_URL",
     "ENV_API_KEY",
     "ENV_API_URL",

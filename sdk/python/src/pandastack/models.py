@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["SandboxInfo", "MemoryUsage", "ExecResult", "FileInfo", "Template", "APIKey", "parse_time"]
+__all__ = ["SandboxInfo", "MemoryUsage", "ExecResult", "FileInfo", "Template", "APIKey", "Port", "SignedURL", "parse_time"]
 
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?$"
@@ -252,6 +252,44 @@ class FileInfo:
             modified_at=parse_time(d.get("modified_at")),
             raw=dict(d),
         )
+
+
+@dataclass(frozen=True)
+class Port:
+    """A TCP port listening in a sandbox.
+
+    Attributes:
+        port: The port number.
+        address: The address it listens on: ``"0.0.0.0"`` or ``"::"`` for every
+            address (only those are reachable through the server), ``"127.0.0.1"``...
+    """
+
+    port: int
+    address: str
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Port":
+        """Build from the API's ``ListeningPort`` JSON object."""
+        return cls(port=_int(d.get("port")), address=_str(d.get("address")))
+
+
+class SignedURL(str):
+    """A signed URL of a sandbox port: a ``str`` (the URL) with ``expires_at``.
+
+    Anyone with the URL reaches the port without an API key until
+    ``expires_at`` (a timezone-aware :class:`datetime`, or ``None`` if the
+    server sent none), while the sandbox runs.
+    """
+
+    expires_at: Optional[datetime]
+
+    def __new__(cls, url: str, expires_at: Optional[datetime] = None) -> "SignedURL":
+        obj = super().__new__(cls, url)
+        obj.expires_at = expires_at
+        return obj
+
+    def __repr__(self) -> str:
+        return "SignedURL(%s, expires_at=%r)" % (str.__repr__(self), self.expires_at)
 
 
 @dataclass(frozen=True)

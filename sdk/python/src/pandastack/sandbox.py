@@ -1,4 +1,4 @@
-"""Sandboxes: create, connect, list, exec, files, TTL, kill, fork, snapshot, pause."""
+"""Sandboxes: create, connect, list, exec, files, TTL, kill, fork, snapshot, pause, ports."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from . import errors as _errors
 from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
-from .models import ExecResult, SandboxInfo
+from .models import ExecResult, Port, SandboxInfo, SignedURL, parse_time
 from .snapshot import Snapshot
 
 __all__ = ["Sandbox", "OutputCallback", "Command"]
@@ -475,6 +475,53 @@ class Sandbox:
         raise PandaConnectionError(
             "the exec stream of sandbox %s ended before the command's exit status (server restarted or connection cut)" % self.id
         )
+
+    # -- ports -----------------------------------------------------------------
+
+    def ports(self) -> "List[Port]":
+        """List the TCP ports listening in the running sandbox (IPv4 and IPv6), sorted by port.
+
+        A server must listen on every address (``0.0.0.0`` or ``::``), not only
+        on 127.0.0.1, to be reached through :meth:`get_url`.
+
+        Example::
+
+            sb.exec("cd /work && (setsid python3 -m http.server 8000 >/dev/null 2>&1 &)")
+            print([p.port for p in sb.ports()])  # [8000]
+        """
+        data = self._client.request_json("GET", self._path("/ports")) or {}
+        return [Port.from_dict(p) for p in data.get("ports") or [] if isinstance(p, Mapping)]
+
+    def get_url(self, port: int, ttl_seconds: Optional[int] = None) -> SignedURL:
+        """Sign a URL that reaches ``port`` of this sandbox without an API key.
+
+        The URL works for any path under it, any method and WebSockets, until
+        it expires (``ttl_seconds``, default one hour on the server, at most
+        its max TTL) and while the sandbox runs. Anyone with the URL can use
+        it. It is returned as a :class:`SignedURL`: a ``str`` with
+        ``expires_at``.
+
+        Raises:
+            InvalidArgumentError: port not in 1-65535, or ttl out of range.
+            ConflictError: the sandbox is stopped.
+
+        Example::
+
+            url = sb.get_url(8000, ttl_seconds=600)
+            print("open", url, "until", url.expires_at)
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError("port must be an integer from 1 to 65535, got %r" % (port,))
+        body: Dict[str, Any] = {}
+        if ttl_seconds is not None:
+            if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds < 1:
+                raise ValueError("ttl_seconds must be a positive integer, got %r" % (ttl_seconds,))
+            body["ttl_seconds"] = ttl_seconds
+        data = self._client.request_json("POST", self._path("/ports/%d/url" % port), json_body=body) or {}
+        url = data.get("url") if isinstance(data, Mapping) else None
+        if not isinstance(url, str) or not url:
+            raise PandaError("the server's answer has no url: %r" % (data,))
+        return SignedURL(url, parse_time(data.get("expires_at")))
 
     # -- misc ------------------------------------------------------------------
 

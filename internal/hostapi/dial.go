@@ -1,0 +1,256 @@
+package hostapi
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
+)
+
+// UpgradeProtocol is the Upgrade token of a dial (GET …/dial?port=N): after
+// the agent's 101 Switching Protocols the connection carries the bytes of
+// a TCP connection to that port of the guest, both ways.
+const UpgradeProtocol = "panda-tcp"
+
+// dial connects the client to a port of a guest: see the package
+// documentation. The connection is not counted by Shutdown (it may last
+// for hours); Close ends it.
+func (s *Server) dial(w http.ResponseWriter, r *http.Request) {
+	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), UpgradeProtocol) {
+		writeError(w, fmt.Errorf("%w: a dial asks for Connection: Upgrade and Upgrade: %s", agent.ErrInvalid, UpgradeProtocol))
+		return
+	}
+	port, err := strconv.Atoi(r.URL.Query().Get("port"))
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: port %q is not a number", agent.ErrInvalid, r.URL.Query().Get("port")))
+		return
+	}
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	if draining {
+		writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+		return
+	}
+	guest, err := s.a.DialGuest(r.Context(), chi.URLParam(r, "id"), port)
+	if err != nil {
+		s.log.Debug("dial guest", "sandbox_id", chi.URLParam(r, "id"), "port", port, "err", err)
+		writeError(w, err)
+		return
+	}
+	client, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		guest.Close()
+		writeError(w, fmt.Errorf("dial: take over the connection: %w", err))
+		return
+	}
+	t := &tunnel{a: client, b: guest}
+	if !s.addTunnel(t) {
+		t.close()
+		return
+	}
+	defer s.removeTunnel(t)
+	client.SetDeadline(time.Time{})
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + UpgradeProtocol + "\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		t.close()
+		return
+	}
+	// Bytes the client sent after its request, already read by net/http.
+	var fromClient io.Reader = client
+	if n := brw.Reader.Buffered(); n > 0 {
+		fromClient = io.MultiReader(io.LimitReader(brw.Reader, int64(n)), client)
+	}
+	t.splice(fromClient)
+}
+
+// headerHasToken reports whether the comma-separated header name has
+// token (case-insensitively).
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// tunnel is a client's connection spliced to a guest's.
+type tunnel struct {
+	a, b net.Conn // the client's, the guest's
+	once sync.Once
+}
+
+func (t *tunnel) close() {
+	t.once.Do(func() {
+		t.a.Close()
+		t.b.Close()
+	})
+}
+
+// splice copies fromA (a's bytes) to b and b to a until both directions
+// end. A direction that reaches its end half-closes its destination
+// (CloseWrite: a TLS close_notify or a TCP FIN), so that either side may
+// finish sending and still read the answer; one that fails closes both.
+func (t *tunnel) splice(fromA io.Reader) {
+	var wg sync.WaitGroup
+	cp := func(dst net.Conn, src io.Reader) {
+		defer wg.Done()
+		if _, err := io.Copy(dst, src); err == nil {
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+				return
+			}
+		}
+		t.close()
+	}
+	wg.Add(2)
+	go cp(t.b, fromA)
+	go cp(t.a, t.b)
+	wg.Wait()
+	t.close()
+}
+
+// addTunnel registers t so that Close ends it; false once Close has run.
+func (s *Server) addTunnel(t *tunnel) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.closed:
+		return false
+	default:
+	}
+	s.tunnels[t] = struct{}{}
+	return true
+}
+
+func (s *Server) removeTunnel(t *tunnel) {
+	s.mu.Lock()
+	delete(s.tunnels, t)
+	s.mu.Unlock()
+}
+
+// closeTunnels ends every tunnel.
+func (s *Server) closeTunnels() {
+	s.mu.Lock()
+	ts := make([]*tunnel, 0, len(s.tunnels))
+	for t := range s.tunnels {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	for _, t := range ts {
+		t.close()
+	}
+}
+
+var _ api.GuestDialer = (*Client)(nil)
+
+// DialGuest opens a TCP connection to port of the guest of the running
+// sandbox id: a connection of its own to the agent (TLS), upgraded to the
+// guest's bytes (see the package documentation). Its errors have the
+// classes of agent.Agent.DialGuest's (api.GuestDialer); failing to reach
+// the agent is api.ErrUnavailable. ctx bounds the dial only.
+func (c *Client) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
+	u, err := url.Parse(c.base + sandboxPath(id, "/dial"))
+	if err != nil {
+		return nil, err
+	}
+	u.RawQuery = url.Values{"port": {strconv.Itoa(port)}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", UpgradeProtocol)
+
+	conn, err := c.dialAgent(ctx, u)
+	if err != nil {
+		return nil, c.transportError(ctx, err)
+	}
+	// ctx bounds the exchange below: its end unblocks it.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	br := bufio.NewReader(conn)
+	res, err := func() (*http.Response, error) {
+		if err := req.Write(conn); err != nil {
+			return nil, err
+		}
+		return http.ReadResponse(br, req)
+	}()
+	if !stop() || err != nil {
+		conn.Close()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, c.transportError(ctx, fmt.Errorf("dial port %d of sandbox %s: %w", port, id, err))
+	}
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		defer conn.Close()
+		if res.StatusCode/100 == 2 {
+			return nil, c.transportError(ctx, fmt.Errorf("dial port %d of sandbox %s: host agent answered %s, not 101", port, id, res.Status))
+		}
+		return nil, readError(res)
+	}
+	conn.SetDeadline(time.Time{})
+	if br.Buffered() == 0 {
+		return conn, nil
+	}
+	return &bufferedConn{Conn: conn, r: br}, nil
+}
+
+// dialAgent opens a connection to the agent: TCP, then TLS for https.
+func (c *Client) dialAgent(ctx context.Context, u *url.URL) (net.Conn, error) {
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil || u.Scheme != "https" {
+		return conn, err
+	}
+	cfg := &tls.Config{}
+	if c.tls != nil {
+		cfg = c.tls.Clone()
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = u.Hostname()
+	}
+	cfg.NextProtos = []string{"http/1.1"}
+	tc := tls.Client(conn, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// bufferedConn is a connection whose first bytes were read ahead.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite half-closes the connection, if it can be.
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
