@@ -164,7 +164,8 @@ func TestAbandonedResume(t *testing.T) {
 	for path, want := range map[string]os.FileMode{
 		dir: 0o700, filepath.Join(dir, "store", "sandboxes", sb.ID): 0o700,
 		filepath.Join(dir, "store", "sandboxes", sb.ID, "sandbox.json"): 0o600,
-		filepath.Join(dir, "panda.db"): 0o600, filepath.Join(dir, "admin.key"): 0o600,
+		filepath.Join(dir, "panda.db"):                                  0o600,
+		filepath.Join(dir, "admin.key"):                                 0o600,
 	} {
 		st, err := os.Stat(path)
 		if err != nil {

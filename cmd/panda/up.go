@@ -76,7 +76,8 @@ adopt (keep). See docs/deployment.md.`,
 // The flags of the parts: panda up has both groups; panda agent the host's,
 // panda server the control plane's.
 var (
-	hostFlags    = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake"}
+	hostFlags = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake",
+		"network", "network-prefix", "network-pool", "network-pool-size", "dns-upstream", "allow-host-net"}
 	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key",
 		"max-vcpus-per-key", "max-disk-per-key", "metrics-listen", "public-url", "proxy-domain"}
 )
@@ -113,6 +114,12 @@ var configFlags = map[string]configFlag{
 	"metrics-listen":        {"serve /metrics without a key on this address too (e.g. 127.0.0.1:9788)", func(c *server.Config) any { return &c.MetricsListen }},
 	"public-url":            {"the API's base URL as clients reach it, in signed port URLs (default: from each request)", func(c *server.Config) any { return &c.PublicURL }},
 	"proxy-domain":          {"also serve sandbox ports at PORT-ID.DOMAIN (wildcard DNS and TLS in front)", func(c *server.Config) any { return &c.ProxyDomain }},
+	"network":               {"on: every sandbox gets a network with NAT, DNS and its egress policy; off: none (docs/networking.md)", func(c *server.Config) any { return &c.Network }},
+	"network-prefix":        {"name prefix of this host's network namespaces, veths and nftables table", func(c *server.Config) any { return &c.NetworkPrefix }},
+	"network-pool":          {"IPv4 range of the sandboxes' veth pairs, a /30 each (default 10.234.0.0/16)", func(c *server.Config) any { return &c.NetworkPool }},
+	"network-pool-size":     {"network namespaces kept prepared (default 4; negative: none)", func(c *server.Config) any { return &c.NetworkPoolSize }},
+	"dns-upstream":          {"resolver the sandboxes' DNS goes to, ip or ip:port (repeatable; default: /etc/resolv.conf's)", func(c *server.Config) any { return &c.DNSUpstreams }},
+	"allow-host-net":        {"a CIDR of the host's or private networks sandboxes may reach after all (repeatable)", func(c *server.Config) any { return &c.AllowedHostNets }},
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},

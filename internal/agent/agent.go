@@ -27,7 +27,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
@@ -97,8 +96,14 @@ type Config struct {
 	// context.DeadlineExceeded (errors.Is), as net.Dialer's do. Nil: the
 	// host has no sandbox networking (DialGuest fails with
 	// errors.ErrUnsupported).
-	Dial   func(ctx context.Context, id string, port int) (net.Conn, error)
-	Logger *slog.Logger
+	Dial func(ctx context.Context, id string, port int) (net.Conn, error)
+	// Network, if set, gives every sandbox a network namespace of its own
+	// joined to the host, with the sandbox's egress policy, DNS and NAT
+	// (its owner runs, detaches and closes it); DialGuest then dials
+	// through it unless Dial is set. Nil: every sandbox's guest reaches
+	// its gateway and nothing beyond (guestnet.Isolated).
+	Network *network.Manager
+	Logger  *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -677,6 +682,16 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if spec.GID, err = a.tenantGID(s.rec.Owner); err != nil {
 		return err
 	}
+	var tap *os.File
+	if spec.Net != nil {
+		// Saved with a network interface (every template since guests
+		// have one): the machine needs a TAP, and the record names its
+		// namespace before the VMM starts. The VMM keeps its own copy.
+		if tap, err = a.nic(ctx, s); err != nil {
+			return err
+		}
+		defer tap.Close()
+	}
 	s.mu.Lock()
 	s.rec.Spec = spec
 	s.rec.Template = im.Template
@@ -685,16 +700,8 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 		return classifyIOError(err)
 	}
 	tFiles := time.Since(t0)
-
-	if spec.Net != nil {
-		// Saved with a network interface (every template since guests
-		// have one): the machine needs a TAP. The VMM keeps its own copy.
-		nic, err := a.nic()
-		if err != nil {
-			return err
-		}
-		defer nic.Close()
-		spec.Net = &vmm.Net{TAP: nic, MAC: spec.Net.MAC} // never modify the image's Net
+	if tap != nil {
+		spec.Net = &vmm.Net{TAP: tap, MAC: spec.Net.MAC} // never modify the image's Net
 	}
 	m, err := a.driver.Start(ctx, spec)
 	if err != nil {
@@ -733,18 +740,6 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	return nil
 }
 
-// nic opens the TAP device of a machine's network interface. Host
-// networking is not wired yet: every sandbox gets an isolated namespace of
-// its own, where the guest has its address and its gateway and nothing
-// beyond (guestnet.Isolated); the namespace goes away with the VMM.
-func (a *Agent) nic() (*os.File, error) {
-	nic, err := guestnet.Isolated()
-	if err != nil {
-		return nil, fmt.Errorf("network interface: %w", err)
-	}
-	return nic.TAP, nil
-}
-
 // undoRestore kills the VMM a failed restore started and removes the
 // files it made (the sandbox's directory and record stay).
 func (a *Agent) undoRestore(s *sandbox) {
@@ -758,6 +753,7 @@ func (a *Agent) undoRestore(s *sandbox) {
 	if m != nil {
 		m.Kill()
 	}
+	a.releaseNet(s)
 	a.removeLiveFiles(s)
 }
 
@@ -912,10 +908,14 @@ func (a *Agent) DialGuest(ctx context.Context, id string, port int) (net.Conn, e
 	if st := s.getState(); st != StateRunning {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, st, ErrConflict)
 	}
-	if a.cfg.Dial == nil {
+	dial := a.cfg.Dial
+	if dial == nil && a.cfg.Network != nil {
+		dial = func(ctx context.Context, _ string, port int) (net.Conn, error) { return dialNet(ctx, s, port) }
+	}
+	if dial == nil {
 		return nil, fmt.Errorf("dial sandbox %s: this host has no sandbox networking: %w", id, errors.ErrUnsupported)
 	}
-	c, err := a.cfg.Dial(ctx, id, port)
+	c, err := dial(ctx, id, port)
 	if err != nil {
 		return nil, fmt.Errorf("dial port %d of sandbox %s: %w", port, id, err)
 	}

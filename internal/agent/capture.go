@@ -520,7 +520,9 @@ func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 	s.setMachine(nil, nil, nil) // the watcher ignores the exit of a VMM that is no longer s.m
 	client.Close()
 	m.Kill()
-	// The disk and memory the VMM used are superseded by the capture.
+	// The disk and memory the VMM used are superseded by the capture; the
+	// resume gets a new namespace.
+	a.releaseNet(s)
 	a.removeLiveFiles(s)
 	a.log.Info("sandbox paused", "sandbox_id", id, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
 	return st, nil

@@ -72,6 +72,7 @@ func (a *Agent) Recover(ctx context.Context) []Recovered {
 	}
 	wg.Wait()
 	a.cleanLeftovers(ctx)
+	a.cleanNetworks(ctx)
 	return out
 }
 
@@ -182,6 +183,7 @@ func (a *Agent) adoptRunning(ctx context.Context, s *sandbox) (State, error) {
 	}
 	client := guestproto.NewClient(conn)
 	ready := make(chan struct{})
+	a.adoptNet(actx, s)
 	s.mu.Lock()
 	s.m, s.client, s.ready = m, client, ready
 	s.state, s.rec.Op = StateRunning, ""

@@ -167,6 +167,7 @@ func (a *Agent) stop(s *sandbox) {
 	if m2 != nil && m2 != m {
 		m2.Kill()
 	}
+	a.releaseNet(s)
 	if err := os.RemoveAll(s.dir); err != nil {
 		a.log.Error("remove sandbox files", "sandbox_id", s.rec.ID, "err", err)
 	}

@@ -62,8 +62,8 @@ type Options struct {
 	// Bin is the panda binary; "" is Binary().
 	Bin string
 	// Args are more flags, after the defaults (--data-dir, --listen and,
-	// for up and agent, --images and --accel tcg); a flag given again
-	// overrides its default.
+	// for up and agent, --images, --accel tcg and, without NetNS,
+	// --network off); a flag given again overrides its default.
 	Args []string
 	// Env are more environment variables (KEY=value), e.g.
 	// PANDA_FAILPOINTS.
@@ -139,6 +139,12 @@ func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
 			images = Images()
 		}
 		args = append(args, "--images", images, "--accel", "tcg")
+		if opts.NetNS == "" {
+			// Sandboxes of tests never reach the machine's uplink: a
+			// test that gives them a network runs the server in a
+			// namespace it made (NetNS) and turns it on.
+			args = append(args, "--network", "off")
+		}
 	case "server":
 	default:
 		return nil, fmt.Errorf("pandatest.Command: unknown command %q, want up, server or agent", cmdName)

@@ -73,6 +73,29 @@ type Config struct {
 	// front: docs/deployment.md).
 	ProxyDomain string `yaml:"proxy_domain"`
 
+	// Network is "on" (the default: every sandbox gets a network namespace
+	// of its own joined to this host, with NAT, DNS and its egress policy;
+	// ports are reachable through the API) or "off" (guests reach their
+	// gateway and nothing else; no port proxy). See docs/networking.md.
+	Network string `yaml:"network"`
+	// NetworkPrefix names this host's namespaces, veths and nftables
+	// table (default "panda"; one per host and data directory).
+	NetworkPrefix string `yaml:"network_prefix"`
+	// NetworkPool is the IPv4 range the host side of each sandbox's veth
+	// pair is taken from, a /30 each (default 10.234.0.0/16). Sandboxes
+	// can never reach it.
+	NetworkPool string `yaml:"network_pool"`
+	// NetworkPoolSize is how many namespaces are kept prepared (default
+	// 4; negative: none).
+	NetworkPoolSize int `yaml:"network_pool_size"`
+	// DNSUpstreams are the resolvers ("ip" or "ip:port") the sandboxes'
+	// DNS forwarders ask (default: the nameservers of /etc/resolv.conf).
+	DNSUpstreams []string `yaml:"dns_upstreams"`
+	// AllowedHostNets are CIDRs of the host's own or private networks that
+	// sandboxes may reach after all (always blocked otherwise: the host,
+	// other sandboxes, link-local, the host's private networks).
+	AllowedHostNets []string `yaml:"allowed_host_nets"`
+
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
 	AgentURL string `yaml:"agent_url"`
@@ -129,6 +152,7 @@ func Defaults() Config {
 		MaxVCPUsPerKey:     128,
 		MaxDiskMiBPerKey:   1 << 20,
 		OnShutdown:         "kill",
+		Network:            "on",
 		LogLevel:           "info",
 		LogFormat:          "text",
 
@@ -169,6 +193,9 @@ func (c *Config) Validate() error {
 	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
 	default:
 		return fmt.Errorf("accel %q must be auto, kvm or tcg", c.Accel)
+	}
+	if _, err := c.networkConfig(nil); err != nil {
+		return err
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":
@@ -222,12 +249,12 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	defer release()
 
 	// 2. Host agent: volume, accelerator, templates.
-	host, exits, err := openHost(ctx, cfg, log)
+	host, nw, exits, err := openHost(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	keepRunning := false
-	defer func() { closeHost(host, keepRunning, log) }()
+	defer func() { closeHost(host, nw, keepRunning, log) }()
 
 	// 3. Catalog, admin key, API; reconcile the catalog with what
 	// survived a restart.
@@ -351,21 +378,30 @@ func prepare(cfg Config, locks ...string) (ln net.Listener, release func(), err 
 	return ln, release, nil
 }
 
-// openHost opens the host agent of cfg. Its VMM exits go to exits, which
+// openHost opens the host agent of cfg and, with networking on, its
+// network manager (nw, nil when off). Its VMM exits go to exits, which
 // forwards them once told where (the consumer is built after the agent).
-func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Agent, exits *exitRelay, err error) {
+func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Agent, nw *hostNetwork, exits *exitRelay, err error) {
 	exits = &exitRelay{}
-	host, err = agent.Open(ctx, agent.Config{
+	if nw, err = openNetwork(cfg, log.With("part", "network")); err != nil {
+		return nil, nil, nil, err
+	}
+	acfg := agent.Config{
 		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), QEMU: cfg.QEMU,
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
 		OnExit:     exits.exited,
 		Logger:     log.With("part", "agent"),
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("cannot start host agent: %w", err)
 	}
-	return host, exits, nil
+	if nw != nil {
+		acfg.Network = nw.m
+	}
+	host, err = agent.Open(ctx, acfg)
+	if err != nil {
+		nw.close(false)
+		return nil, nil, nil, fmt.Errorf("cannot start host agent: %w", err)
+	}
+	return host, nw, exits, nil
 }
 
 // exitRelay is a host agent's OnExit: it forwards to the function set last
@@ -393,15 +429,17 @@ func (r *exitRelay) exited(id string, err error) {
 // closeHost closes the host agent, or with keep, leaves its VMMs running
 // for the next start to adopt. No VMM running: nothing to keep, so the
 // store is unmounted too (paused sandboxes live on disk either way).
-func closeHost(host *agent.Agent, keep bool, log *slog.Logger) {
+func closeHost(host *agent.Agent, nw *hostNetwork, keep bool, log *slog.Logger) {
 	if keep && vmmsRunning(host) {
 		host.Detach()
+		nw.close(true)
 		log.Info("left sandboxes running for the next start to adopt")
 		return
 	}
 	if err := host.Close(); err != nil {
 		log.Error("close host agent", "err", err)
 	}
+	nw.close(false)
 }
 
 // bakeOnStart bakes the default template if cfg asks for it.

@@ -156,12 +156,12 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 		log.Info("issued the host api certificate", "hosts", strings.Join(creds.Hosts, ","), "not_after", creds.NotAfter().Format(time.RFC3339))
 	}
 
-	host, exits, err := openHost(ctx, cfg, log)
+	host, nw, exits, err := openHost(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	keepRunning := true // until it serves: see Run
-	defer func() { closeHost(host, keepRunning, log) }()
+	defer func() { closeHost(host, nw, keepRunning, log) }()
 	hsrv := hostapi.NewServer(host, token, log.With("part", "hostapi"))
 	defer hsrv.Close()
 	exits.set(hsrv.SandboxExited)

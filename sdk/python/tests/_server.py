@@ -75,6 +75,8 @@ class PandaServer:
             "--listen", "127.0.0.1:%d" % port,
             "--images", self.images,
             "--accel", self.accel,
+            # Sandboxes of tests never reach the machine's uplink.
+            "--network", "off",
         ]  # fmt: skip
         env = dict(os.environ)
         for k in ("PANDA_DATA_DIR", "PANDASTACK_API_KEY", "PANDASTACK_API_URL"):
