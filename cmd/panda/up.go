@@ -77,7 +77,7 @@ adopt (keep). See docs/deployment.md.`,
 // panda server the control plane's.
 var (
 	hostFlags = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake",
-		"network", "network-prefix", "network-pool", "network-pool-size", "dns-upstream", "allow-host-net"}
+		"network", "network-prefix", "network-pool", "network-pool-size", "dns-upstream", "allow-host-net", "bake-network"}
 	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key",
 		"max-vcpus-per-key", "max-disk-per-key", "metrics-listen", "public-url", "proxy-domain"}
 )
@@ -120,6 +120,7 @@ var configFlags = map[string]configFlag{
 	"network-pool-size":     {"network namespaces kept prepared (default 4; negative: none)", func(c *server.Config) any { return &c.NetworkPoolSize }},
 	"dns-upstream":          {"resolver the sandboxes' DNS goes to, ip or ip:port (repeatable; default: /etc/resolv.conf's)", func(c *server.Config) any { return &c.DNSUpstreams }},
 	"allow-host-net":        {"a CIDR of the host's or private networks sandboxes may reach after all (repeatable)", func(c *server.Config) any { return &c.AllowedHostNets }},
+	"bake-network":          {"let template bakes reach the network (default policy), for set-ups that install packages", func(c *server.Config) any { return &c.BakeNetwork }},
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},

@@ -103,7 +103,11 @@ type Config struct {
 	// through it unless Dial is set. Nil: every sandbox's guest reaches
 	// its gateway and nothing beyond (guestnet.Isolated).
 	Network *network.Manager
-	Logger  *slog.Logger
+	// BakeNetwork, with Network, lets bakes reach the network under this
+	// policy (a template's set-up may install packages); nil: bakes get
+	// an isolated namespace with no way out.
+	BakeNetwork *network.Policy
+	Logger      *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -199,6 +203,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		Driver: drv,
 		Accel:  accel,
 		TSCkHz: qemu.TSCkHz(),
+		Net:    a.bakeNIC(),
 		Logger: cfg.Logger,
 	})
 	if err != nil {

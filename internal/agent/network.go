@@ -9,6 +9,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 // nic gives the next machine of s its network interface and returns the
@@ -117,4 +118,34 @@ func dialNet(ctx context.Context, s *sandbox, port int) (net.Conn, error) {
 		return nil, fmt.Errorf("sandbox %s has no network namespace: %w", s.rec.ID, ErrConflict)
 	}
 	return ns.DialContext(ctx, "tcp", netip.AddrPortFrom(network.GuestAddr, uint16(port)).String())
+}
+
+// bakeNIC is the template store's Net hook: with Config.Network and
+// Config.BakeNetwork, a bake's machine gets a namespace of its own under
+// that policy, removed once the machine has exited (or, should the agent
+// crash meanwhile, by the next Recover); else nil, the store's isolated
+// default.
+func (a *Agent) bakeNIC() func(ctx context.Context, purpose string) (*vmm.Net, func(), error) {
+	if a.cfg.Network == nil || a.cfg.BakeNetwork == nil {
+		return nil
+	}
+	policy := *a.cfg.BakeNetwork
+	return func(ctx context.Context, purpose string) (*vmm.Net, func(), error) {
+		ns, err := a.cfg.Network.Acquire(ctx, policy)
+		if err != nil {
+			return nil, nil, fmt.Errorf("network namespace for %s: %w", purpose, err)
+		}
+		tap, err := ns.TapFD()
+		if err != nil {
+			ns.Release()
+			return nil, nil, fmt.Errorf("network interface for %s: %w", purpose, err)
+		}
+		release := func() {
+			tap.Close()
+			if err := ns.Release(); err != nil {
+				a.log.Warn("release network namespace", "purpose", purpose, "netns", ns.Name(), "err", err)
+			}
+		}
+		return &vmm.Net{TAP: tap, MAC: guestnet.GuestMAC}, release, nil
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -95,6 +96,10 @@ type Config struct {
 	// sandboxes may reach after all (always blocked otherwise: the host,
 	// other sandboxes, link-local, the host's private networks).
 	AllowedHostNets []string `yaml:"allowed_host_nets"`
+	// BakeNetwork lets template bakes reach the network (under the
+	// default policy: internet on, the always-blocked ranges blocked), for
+	// set-ups that install packages. Default off: bakes are isolated.
+	BakeNetwork bool `yaml:"bake_network"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -395,6 +400,10 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 	}
 	if nw != nil {
 		acfg.Network = nw.m
+		if cfg.BakeNetwork {
+			p := network.DefaultPolicy()
+			acfg.BakeNetwork = &p
+		}
 	}
 	host, err = agent.Open(ctx, acfg)
 	if err != nil {
