@@ -1,6 +1,6 @@
 // Package cli owns the user-facing verbs of the panda command (create, ls,
-// exec, fs, port, template, keys, ...). They are built only on the Go SDK
-// (sdk/go), so the CLI uses the API exactly as users' programs do.
+// exec, network, fs, port, template, keys, ...). They are built only on the
+// Go SDK (sdk/go), so the CLI uses the API exactly as users' programs do.
 //
 // Every verb prints a human table by default and the API's JSON with
 // --json, and takes --api-url and --api-key (defaults: PANDASTACK_API_URL,
@@ -50,7 +50,7 @@ func Commands() []*cobra.Command {
 	cmds := []*cobra.Command{
 		createCmd(g), lsCmd(g), getCmd(g), execCmd(g), killCmd(g), ttlCmd(g),
 		pauseCmd(g), resumeCmd(g), forkCmd(g), snapshotCmd(g),
-		fsCmd(g), portCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
+		networkCmd(g), fsCmd(g), portCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
 	}
 	for _, c := range cmds {
 		pf := c.PersistentFlags()

@@ -97,6 +97,8 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"port", "abc", "80", "--ttl", "-1m"}, "--ttl"},
 		{[]string{"port", "abc", "80", "--ttl", "10"}, "--ttl"},
 		{[]string{"port", "ls"}, "usage: panda port ls ID"},
+		{[]string{"network"}, "usage: panda network ID"},
+		{[]string{"network", "abc", "--internet=maybe"}, "--internet"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -286,6 +288,57 @@ func TestHumanOutputs(t *testing.T) {
 	}
 	if want := `POST /v1/sandboxes/abc/ports/8000/url {"ttl_seconds":600} Bearer k`; !slices.Contains(f.reqs, want) {
 		t.Errorf("requests %q: want %q among them", f.reqs, want)
+	}
+}
+
+func TestNetworkFlags(t *testing.T) {
+	isolateEnv(t)
+	sandbox := `{"id":"abc","state":"running","network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8"]}}`
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, body string) {
+		if strings.Contains(body, "bad entry") {
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":{"code":"bad_request","message":"network policy: deny_out entry \"bad entry\": not a valid domain name (character ' ')"}}`)
+			return
+		}
+		io.WriteString(w, sandbox)
+	})
+	tests := []struct {
+		args []string
+		req  string // the request sent: method, target and body
+		out  []string
+	}{
+		{[]string{"create"}, `POST /v1/sandboxes {}`, []string{"abc\n"}},
+		{[]string{"create", "--no-internet", "--allow-out", "pypi.org", "--allow-out", "10.0.0.0/8,*.example.com"},
+			`POST /v1/sandboxes {"network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8","*.example.com"]}}`, nil},
+		{[]string{"create", "--deny-out", "example.com"}, `POST /v1/sandboxes {"network":{"internet":true,"deny_out":["example.com"]}}`, nil},
+		{[]string{"network", "abc"}, `GET /v1/sandboxes/abc`, []string{"internet:", "no", "allow_out:", "pypi.org,10.0.0.0/8", "deny_out:", "-"}},
+		{[]string{"network", "abc", "--internet=false"}, `PATCH /v1/sandboxes/abc/network {"internet":false}`, nil},
+		{[]string{"net", "abc", "--internet", "--deny-out", "a.com", "--deny-out", "b.com"}, `PATCH /v1/sandboxes/abc/network {"internet":true,"deny_out":["a.com","b.com"]}`, nil},
+		{[]string{"network", "abc", "--allow-out", ""}, `PATCH /v1/sandboxes/abc/network {"allow_out":[]}`, nil},
+		{[]string{"network", "abc", "--json"}, `GET /v1/sandboxes/abc`, []string{`"internet": false`, `"allow_out": [`}},
+		{[]string{"get", "abc"}, `GET /v1/sandboxes/abc`, []string{"network:", "no internet; allow pypi.org,10.0.0.0/8"}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			f.reqs = nil
+			r := runCLI(context.Background(), "", append(tt.args, "--api-url", f.url, "--api-key", "k")...)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			// A GET has no body: the record has two spaces there.
+			if want := tt.req + " Bearer k"; len(f.reqs) != 1 || strings.Join(strings.Fields(f.reqs[0]), " ") != want {
+				t.Errorf("got requests %q, want %q", f.reqs, want)
+			}
+			for _, w := range tt.out {
+				if !strings.Contains(r.stdout, w) {
+					t.Errorf("got\n%s\nwant it to contain %q", r.stdout, w)
+				}
+			}
+		})
+	}
+	r := runCLI(context.Background(), "", "network", "abc", "--deny-out", "bad entry", "--api-url", f.url, "--api-key", "k")
+	if r.err == nil || !strings.Contains(r.err.Error(), `set network of abc: network policy: deny_out entry "bad entry"`) {
+		t.Errorf("bad entry: got %v, want the server's message naming the entry", r.err)
 	}
 }
 

@@ -374,3 +374,42 @@ func TestIntegrationPorts(t *testing.T) {
 		t.Errorf("port --ttl 48h: got %v, want the server's refusal", r.err)
 	}
 }
+
+func TestIntegrationNetwork(t *testing.T) {
+	itEnv(t)
+	if r := runCLI(itCtx(t), "", "create", "--template", "tiny", "--memory", "256", "--allow-out", "bad entry!"); r.err == nil || !strings.Contains(r.err.Error(), `"bad entry!"`) {
+		t.Errorf("create with a bad entry: got %v, want the server's refusal naming the entry", r.err)
+	}
+	id := createSandbox(t, "--no-internet", "--allow-out", "pypi.org", "--allow-out", "10.1.0.0/16")
+	policy := func(args ...string) string {
+		t.Helper()
+		r := mustRun(t, "", append([]string{"network", id, "--json"}, args...)...)
+		var n struct {
+			Internet bool     `json:"internet"`
+			AllowOut []string `json:"allow_out"`
+			DenyOut  []string `json:"deny_out"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &n); err != nil {
+			t.Fatalf("network --json: %q: %v", r.stdout, err)
+		}
+		return fmt.Sprintf("internet=%v allow=%q deny=%q", n.Internet, n.AllowOut, n.DenyOut)
+	}
+	if got, want := policy(), `internet=false allow=["pypi.org" "10.1.0.0/16"] deny=[]`; got != want {
+		t.Errorf("after create: got %s, want %s", got, want)
+	}
+	// The flags given replace their part, the others stay.
+	want := `internet=true allow=["pypi.org" "10.1.0.0/16"] deny=["*.example.com"]`
+	if got := policy("--internet=true", "--deny-out", "*.example.com"); got != want {
+		t.Errorf("network --internet=true --deny-out: got %s, want %s", got, want)
+	}
+	if r := runCLI(itCtx(t), "", "network", id, "--deny-out", "300.1.2.3/8"); r.err == nil || !strings.Contains(r.err.Error(), `deny_out entry "300.1.2.3/8"`) {
+		t.Errorf("network with a bad entry: got %v, want the server's refusal naming the entry", r.err)
+	}
+	if got := policy(); got != want {
+		t.Errorf("after a refused change: got %s, want %s unchanged", got, want)
+	}
+	r := mustRun(t, "", "get", id)
+	if !strings.Contains(r.stdout, "internet; allow pypi.org,10.1.0.0/16; deny *.example.com") {
+		t.Errorf("get: got %q, want the policy on the network line", r.stdout)
+	}
+}

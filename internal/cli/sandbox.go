@@ -16,12 +16,14 @@ func createCmd(g *globals) *cobra.Command {
 	var (
 		opts      pandastack.CreateOptions
 		meta, env []string
+		network   networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
 		Example: `  panda create
   panda create --template tiny --memory 256 --ttl 3600 --meta owner=me
+  panda create --no-internet --allow-out pypi.org --allow-out files.pythonhosted.org
   ID=$(panda create) && panda exec $ID -- uname -a`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -32,6 +34,7 @@ func createCmd(g *globals) *cobra.Command {
 			if opts.Env, err = pairs("env", env); err != nil {
 				return err
 			}
+			opts.Network = network.policy()
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -55,6 +58,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&meta, "meta", nil, "metadata label KEY=VALUE (repeatable)")
 	f.StringArrayVar(&env, "env", nil, "default environment variable KEY=VALUE of every command (repeatable)")
 	f.StringVar(&opts.SnapshotID, "snapshot", "", "create from this snapshot instead of a template")
+	network.add(cmd)
 	return cmd
 }
 
@@ -177,6 +181,7 @@ func printSandbox(w io.Writer, g *globals, i pandastack.SandboxInfo) error {
 	if i.HostID != "" {
 		t.row("host:", i.HostID)
 	}
+	t.row("network:", networkText(i.Network))
 	t.row("metadata:", labels(i.Metadata))
 	return t.flush()
 }

@@ -175,12 +175,29 @@ func TestRequests(t *testing.T) {
 			_, err := c.Create(ctx, CreateOptions{Template: "tiny", TTLSeconds: 60, MemoryMiB: 256, VCPUs: 2, Metadata: map[string]string{"a": "b"}, Env: map[string]string{"X": "1"}})
 			return err
 		}, seen{"POST", "/v1/sandboxes", "", "Bearer k1", `{"template":"tiny","ttl_seconds":60,"memory_mib":256,"vcpus":2,"metadata":{"a":"b"},"env":{"X":"1"}}`}},
+		{"create network", func() error {
+			_, err := c.Create(ctx, CreateOptions{Network: &Network{AllowOut: []string{"pypi.org", "10.0.0.0/8"}}})
+			return err
+		}, seen{"POST", "/v1/sandboxes", "", "Bearer k1", `{"network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8"]}}`}},
+		{"create network internet", func() error {
+			_, err := c.Create(ctx, CreateOptions{Network: &Network{Internet: true, DenyOut: []string{"*.example.com"}}})
+			return err
+		}, seen{"POST", "/v1/sandboxes", "", "Bearer k1", `{"network":{"internet":true,"deny_out":["*.example.com"]}}`}},
 		{"list", func() error {
 			_, err := c.List(ctx, ListOptions{State: StateRunning, Metadata: map[string]string{"b": "2", "a": "x=y"}})
 			return err
 		}, seen{"GET", "/v1/sandboxes", "metadata=a%3Dx%3Dy&metadata=b%3D2&state=running", "Bearer k1", ``}},
 		{"get", func() error { _, err := c.Get(ctx, "abc"); return err }, seen{"GET", "/v1/sandboxes/abc", "", "Bearer k1", ``}},
 		{"ttl", func() error { return sb.SetTTL(ctx, 90) }, seen{"PUT", "/v1/sandboxes/abc/ttl", "", "Bearer k1", `{"ttl_seconds":90}`}},
+		{"set network", func() error {
+			return sb.SetNetwork(ctx, NetworkUpdate{Internet: new(false), AllowOut: &[]string{"pypi.org"}})
+		}, seen{"PATCH", "/v1/sandboxes/abc/network", "", "Bearer k1", `{"internet":false,"allow_out":["pypi.org"]}`}},
+		{"set network clears a list", func() error { return sb.SetNetwork(ctx, NetworkUpdate{DenyOut: &[]string{}}) },
+			seen{"PATCH", "/v1/sandboxes/abc/network", "", "Bearer k1", `{"deny_out":[]}`}},
+		{"set network nil list clears it", func() error { return sb.SetNetwork(ctx, NetworkUpdate{AllowOut: new([]string)}) },
+			seen{"PATCH", "/v1/sandboxes/abc/network", "", "Bearer k1", `{"allow_out":[]}`}},
+		{"set network nothing", func() error { return sb.SetNetwork(ctx, NetworkUpdate{}) },
+			seen{"PATCH", "/v1/sandboxes/abc/network", "", "Bearer k1", `{}`}},
 		{"kill", func() error { return sb.Kill(ctx) }, seen{"DELETE", "/v1/sandboxes/abc", "", "Bearer k1", ``}},
 		{"exec cmd", func() error { _, err := sb.Exec(ctx, Command{Cmd: "echo hi"}); return err },
 			seen{"POST", "/v1/sandboxes/abc/exec", "", "Bearer k1", `{"cmd":"echo hi"}`}},
@@ -261,6 +278,43 @@ func TestPortsAndURL(t *testing.T) {
 	}
 	if got, want := sb.PortProxyURL(8000), c.APIURL()+"/v1/sandboxes/abc/ports/8000/"; got != want {
 		t.Errorf("PortProxyURL: got %q, want %q", got, want)
+	}
+}
+
+func TestNetwork(t *testing.T) {
+	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/sandboxes/abc/network":
+			writeJSON(w, 200, map[string]any{"id": "abc", "state": "running", "network": map[string]any{"internet": false, "allow_out": []string{"pypi.org"}}})
+		case "/v1/sandboxes/abc":
+			writeJSON(w, 200, map[string]any{"id": "abc", "state": "running", "network": map[string]any{"internet": true}})
+		case "/v1/sandboxes/old":
+			writeJSON(w, 200, map[string]any{"id": "old", "state": "running"})
+		default:
+			writeJSON(w, 400, map[string]any{"error": map[string]string{"code": "bad_request", "message": `network policy: allow_out entry "not a name": not a valid domain name (character ' ')`}})
+		}
+	})
+	ctx := context.Background()
+	sb, err := c.Get(ctx, "abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sb.Info.Network, (&Network{Internet: true}); !reflect.DeepEqual(got, want) {
+		t.Errorf("get: got network %+v, want %+v", got, want)
+	}
+	if err := sb.SetNetwork(ctx, NetworkUpdate{Internet: new(false), AllowOut: &[]string{"pypi.org"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sb.Info.Network, (&Network{AllowOut: []string{"pypi.org"}}); !reflect.DeepEqual(got, want) {
+		t.Errorf("set network: got Info.Network %+v, want %+v", got, want)
+	}
+	old, err := c.Get(ctx, "old")
+	if err != nil || old.Info.Network != nil {
+		t.Errorf("a sandbox without network: got %+v, %v, want Network nil", old.Info.Network, err)
+	}
+	_, err = c.Create(ctx, CreateOptions{Network: &Network{AllowOut: []string{"not a name"}}})
+	if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), `allow_out entry "not a name"`) {
+		t.Errorf("create with a bad entry: got %v, want ErrBadRequest naming the entry", err)
 	}
 }
 
@@ -553,13 +607,13 @@ func TestBakeStream(t *testing.T) {
 // TestJSONRoundTrip checks that SDK values marshal back to the API's shape
 // (the CLI prints them with --json).
 func TestJSONRoundTrip(t *testing.T) {
-	in := `{"id":"abc","template":"base","state":"stopped","memory_mib":1024,"vcpus":1,"created_at":"2025-01-02T03:04:05Z","expires_at":null,"metadata":{},"stop_reason":"killed"}`
+	in := `{"id":"abc","template":"base","state":"stopped","memory_mib":1024,"vcpus":1,"created_at":"2025-01-02T03:04:05Z","expires_at":null,"metadata":{},"stop_reason":"killed","network":{"internet":false,"deny_out":["10.0.0.0/8"]}}`
 	var info SandboxInfo
 	if err := json.Unmarshal([]byte(in), &info); err != nil {
 		t.Fatal(err)
 	}
 	out, _ := json.Marshal(info)
-	want := `{"id":"abc","template":"base","state":"stopped","memory_mib":1024,"vcpus":1,"created_at":"2025-01-02T03:04:05Z","metadata":{},"stop_reason":"killed"}`
+	want := `{"id":"abc","template":"base","state":"stopped","memory_mib":1024,"vcpus":1,"created_at":"2025-01-02T03:04:05Z","metadata":{},"stop_reason":"killed","network":{"internet":false,"deny_out":["10.0.0.0/8"]}}`
 	if string(out) != want {
 		t.Errorf("got  %s\nwant %s", out, want)
 	}

@@ -18,6 +18,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -761,4 +762,39 @@ func TestIntegrationPorts(t *testing.T) {
 	wantErr(t, "url of a killed sandbox", err, pandastack.ErrConflict)
 	_, err = sb.Ports(ctx)
 	wantErr(t, "ports of a killed sandbox", err, pandastack.ErrConflict)
+}
+
+func TestIntegrationNetwork(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	_, err := c.Create(ctx, pandastack.CreateOptions{Template: "tiny", MemoryMiB: 256, Network: &pandastack.Network{AllowOut: []string{"pypi.org", "bad entry!"}}})
+	if !errors.Is(err, pandastack.ErrBadRequest) || !strings.Contains(err.Error(), `"bad entry!"`) {
+		t.Errorf("create with a bad entry: got %v, want ErrBadRequest naming the entry", err)
+	}
+
+	sb := create(t, c, pandastack.CreateOptions{Network: &pandastack.Network{AllowOut: []string{"pypi.org", "10.1.0.0/16"}}})
+	want := &pandastack.Network{AllowOut: []string{"pypi.org", "10.1.0.0/16"}}
+	if !reflect.DeepEqual(sb.Info.Network, want) {
+		t.Errorf("create: got network %+v, want %+v", sb.Info.Network, want)
+	}
+	got, err := c.Get(ctx, sb.ID)
+	if err != nil || !reflect.DeepEqual(got.Info.Network, want) {
+		t.Errorf("get: got network %+v (%v), want %+v", got.Info.Network, err, want)
+	}
+
+	// The fields given replace the current ones, the others stay.
+	if err := sb.SetNetwork(ctx, pandastack.NetworkUpdate{Internet: new(true), DenyOut: &[]string{"*.example.com"}}); err != nil {
+		t.Fatalf("set network: %v", err)
+	}
+	want = &pandastack.Network{Internet: true, AllowOut: []string{"pypi.org", "10.1.0.0/16"}, DenyOut: []string{"*.example.com"}}
+	if !reflect.DeepEqual(sb.Info.Network, want) {
+		t.Errorf("set network: got %+v, want %+v", sb.Info.Network, want)
+	}
+	err = sb.SetNetwork(ctx, pandastack.NetworkUpdate{DenyOut: &[]string{"example.com", "300.1.2.3/8"}})
+	if !errors.Is(err, pandastack.ErrBadRequest) || !strings.Contains(err.Error(), `"300.1.2.3/8"`) {
+		t.Errorf("set network with a bad entry: got %v, want ErrBadRequest naming the entry", err)
+	}
+	if err := sb.Refresh(ctx); err != nil || !reflect.DeepEqual(sb.Info.Network, want) {
+		t.Errorf("after a rejected change: got %+v (%v), want the policy unchanged %+v", sb.Info.Network, err, want)
+	}
 }

@@ -43,6 +43,9 @@ type SandboxInfo struct {
 	OnExpire   string `json:"on_expire,omitempty"` // kill or pause
 	ParentID   string `json:"parent_id,omitempty"` // the sandbox it was forked from
 	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Network is the sandbox's egress policy (nil from a server that
+	// reports none).
+	Network *Network `json:"network,omitempty"`
 	// Memory is the host memory of a running sandbox (nil otherwise).
 	Memory *MemoryUsage `json:"memory,omitempty"`
 }
@@ -58,8 +61,8 @@ type MemoryUsage struct {
 }
 
 // Sandbox is a handle on one sandbox. Its methods are safe for concurrent
-// use, except that Refresh, SetTTL, Pause and Resume update Info, which
-// callers must then not read concurrently.
+// use, except that Refresh, SetTTL, SetNetwork, Pause and Resume update
+// Info, which callers must then not read concurrently.
 type Sandbox struct {
 	ID   string
 	Info SandboxInfo // as of the last call that returned the sandbox
@@ -79,6 +82,10 @@ type CreateOptions struct {
 	// SnapshotID, if set, creates the sandbox from a snapshot instead of
 	// a template (its template and shape come from the snapshot).
 	SnapshotID string
+	// Network is the sandbox's egress policy; nil: the server's default,
+	// the internet allowed. Note that a Network without Internet: true
+	// denies everything but its AllowOut.
+	Network *Network
 }
 
 type createRequest struct {
@@ -89,13 +96,14 @@ type createRequest struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
+	Network    *Network          `json:"network,omitempty"`
 }
 
 // Create creates a sandbox and returns it running.
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
 	req := createRequest{
 		Template: opts.Template, TTLSeconds: opts.TTLSeconds, MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs,
-		Metadata: opts.Metadata, Env: opts.Env, SnapshotID: opts.SnapshotID,
+		Metadata: opts.Metadata, Env: opts.Env, SnapshotID: opts.SnapshotID, Network: opts.Network,
 	}
 	var info SandboxInfo
 	if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {

@@ -371,6 +371,30 @@ class PortsTest(unittest.TestCase):
             sb.ports()
 
 
+class NetworkTest(unittest.TestCase):
+    def test_policy_create_read_change(self):
+        with self.assertRaises(pandastack.BadRequestError) as cm:
+            create(network={"internet": False, "allow_out": ["pypi.org", "bad entry!"]})
+        self.assertIn('"bad entry!"', cm.exception.message)
+
+        sb = create(network={"internet": False, "allow_out": ["pypi.org", "10.1.0.0/16"]})
+        self.addCleanup(sb.kill)
+        want = pandastack.NetworkPolicy(internet=False, allow_out=["pypi.org", "10.1.0.0/16"], deny_out=[])
+        self.assertEqual(sb.network, want)
+        self.assertEqual(Sandbox.connect(sb.id, client=ADMIN).network, want)
+
+        # The arguments given replace their part, the others stay.
+        got = sb.set_network(internet=True, deny_out=["*.example.com"])
+        want = pandastack.NetworkPolicy(internet=True, allow_out=["pypi.org", "10.1.0.0/16"], deny_out=["*.example.com"])
+        self.assertEqual(got, want)
+        self.assertEqual(sb.refresh().network, want)
+
+        with self.assertRaises(pandastack.BadRequestError) as cm:
+            sb.set_network(deny_out=["300.1.2.3/8"])
+        self.assertIn('deny_out entry "300.1.2.3/8"', cm.exception.message)
+        self.assertEqual(sb.refresh().network, want, "a refused change left the policy as it was")
+
+
 class LifecycleTest(unittest.TestCase):
     def test_set_ttl(self):
         sb = create(ttl_seconds=600)

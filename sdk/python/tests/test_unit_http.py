@@ -525,5 +525,67 @@ class PortsTest(StubTestCase):
             sb.get_url(80)
 
 
+class NetworkTest(StubTestCase):
+    BAD = {"error": {"code": "bad_request", "message": 'network policy: allow_out entry "bad entry!": not a valid domain name (character \' \')'}}
+
+    def test_create_with_network(self):
+        self.stub.json_route("POST", "/v1/sandboxes", 201, SANDBOX)
+        Sandbox.create(template="tiny", network={"internet": False, "allow_out": ["pypi.org", "10.0.0.0/8"]}, client=self.client)
+        self.assertEqual(self.stub.last.json()["network"], {"internet": False, "allow_out": ["pypi.org", "10.0.0.0/8"]})
+        Sandbox.create(network={"deny_out": ("*.example.com",)}, client=self.client)
+        self.assertEqual(self.stub.last.json()["network"], {"deny_out": ["*.example.com"]})
+        Sandbox.create(network=pandastack.NetworkPolicy(internet=False), client=self.client)
+        self.assertEqual(self.stub.last.json()["network"], {"internet": False, "allow_out": [], "deny_out": []})
+        Sandbox.create(client=self.client)
+        self.assertNotIn("network", self.stub.last.json())
+
+    def test_network_of_info(self):
+        self.stub.json_route("GET", "/v1/sandboxes/abc123", 200, dict(SANDBOX, network={"internet": False, "allow_out": ["pypi.org"]}))
+        sb = self.sandbox()
+        self.assertEqual(sb.network, pandastack.NetworkPolicy(internet=False, allow_out=["pypi.org"], deny_out=[]))
+        self.assertIs(sb.network, sb.info.network)
+        self.assertIsNone(pandastack.SandboxInfo.from_dict(SANDBOX).network, "a sandbox without network")
+
+    def test_set_network_sends_only_given_fields(self):
+        answer = dict(SANDBOX, network={"internet": True, "allow_out": ["pypi.org"], "deny_out": ["*.example.com"]})
+        self.stub.json_route("PATCH", "/v1/sandboxes/abc123/network", 200, answer)
+        sb = self.sandbox()
+        got = sb.set_network(internet=True, deny_out=["*.example.com"])
+        self.assertEqual((self.stub.last.method, self.stub.last.json()), ("PATCH", {"internet": True, "deny_out": ["*.example.com"]}))
+        self.assertEqual(got, pandastack.NetworkPolicy(True, ["pypi.org"], ["*.example.com"]))
+        self.assertEqual(sb.network, got)
+        sb.set_network(allow_out=[])
+        self.assertEqual(self.stub.last.json(), {"allow_out": []})
+        sb.set_network(internet=False)
+        self.assertEqual(self.stub.last.json(), {"internet": False})
+
+    def test_local_type_checks(self):
+        sb = self.sandbox()
+        n = len(self.stub.requests)
+        for bad in [{"allow_out": "pypi.org"}, {"deny_out": [1]}, {"internet": "no"}, "internet", {"internet": 0}]:
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                Sandbox.create(network=bad, client=self.client)
+        with self.assertRaisesRegex(ValueError, "allow_in"):
+            Sandbox.create(network={"allow_in": []}, client=self.client)
+        with self.assertRaises(TypeError):
+            sb.set_network(allow_out="pypi.org")
+        with self.assertRaises(ValueError):
+            sb.set_network()
+        self.assertEqual(len(self.stub.requests), n, "invalid arguments went to the server")
+
+    def test_bad_entry_names_it(self):
+        self.stub.json_route("POST", "/v1/sandboxes", 400, self.BAD)
+        self.stub.json_route("PATCH", "/v1/sandboxes/abc123/network", 400, self.BAD)
+        with self.assertRaises(pandastack.BadRequestError) as cm:
+            Sandbox.create(network={"allow_out": ["bad entry!"]}, client=self.client)
+        self.assertIn('allow_out entry "bad entry!"', str(cm.exception))
+        sb = self.sandbox()
+        with self.assertRaises(pandastack.BadRequestError) as cm:
+            sb.set_network(allow_out=["bad entry!"])
+        self.assertEqual(cm.exception.status, 400)
+        self.assertIn('"bad entry!"', cm.exception.message)
+        self.assertIsNone(sb.network, "a refused change must not change info")
+
+
 if __name__ == "__main__":
     unittest.main()

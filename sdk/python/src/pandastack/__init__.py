@@ -38,7 +38,7 @@ from .errors import (
     UnavailableError,
 )
 from .filesystem import Filesystem
-from .models import APIKey, ExecResult, FileInfo, MemoryUsage, Port, SandboxInfo, SignedURL, Template
+from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template
 from .sandbox import Sandbox
 from .snapshot import Snapshot
 
@@ -55,6 +55,7 @@ __all__ = [
     "Filesystem",
     "SandboxInfo",
     "MemoryUsage",
+    "NetworkPolicy",
     "ExecResult",
     "FileInfo",
     "Template",

@@ -87,7 +87,7 @@ class RequestTimeoutError(PandaConnectionError, builtins.TimeoutError):
 
 
 class BadRequestError(PandaError):
-    """400 ``bad_request``: malformed JSON, unknown fields, wrong types."""
+    """400 ``bad_request``: malformed JSON, unknown fields, wrong types, a bad network policy entry (the message names it)."""
 
 
 class AuthenticationError(PandaError):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["SandboxInfo", "MemoryUsage", "ExecResult", "FileInfo", "Template", "APIKey", "Port", "SignedURL", "parse_time"]
+__all__ = ["SandboxInfo", "MemoryUsage", "NetworkPolicy", "ExecResult", "FileInfo", "Template", "APIKey", "Port", "SignedURL", "parse_time"]
 
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?$"
@@ -100,6 +100,53 @@ class MemoryUsage:
         return cls(private_mib=f("private_mib"), shared_mib=f("shared_mib"), pss_mib=f("pss_mib"))
 
 
+def _str_list(v: Any) -> List[str]:
+    if not isinstance(v, list):
+        return []
+    return [x for x in v if isinstance(x, str)]
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """A sandbox's egress policy: what the sandbox may connect to.
+
+    Entries of ``allow_out`` and ``deny_out`` are IPv4 addresses
+    (``"203.0.113.7"``), CIDRs (``"203.0.113.0/24"``), domain names
+    (``"example.com"``, exactly that name) or wildcards (``"*.example.com"``,
+    the names below it). ``internet=True`` allows everything but
+    ``deny_out``; ``internet=False`` denies everything but ``allow_out``;
+    ``allow_out`` wins over ``deny_out``. Whatever the policy, the server
+    blocks the host, other sandboxes, link-local addresses (cloud metadata)
+    and the host's private networks unless its operator allowed them. Names
+    are enforced by the sandbox's DNS resolver: a denied name does not
+    resolve, an allowed name's addresses are allowed for their DNS TTL.
+
+    Attributes:
+        internet: Allow the internet (the default) or deny it.
+        allow_out: Entries allowed whatever ``internet`` and ``deny_out`` say.
+        deny_out: Entries denied (when ``internet`` is on).
+    """
+
+    internet: bool = True
+    allow_out: List[str] = field(default_factory=list)
+    deny_out: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Optional[NetworkPolicy]":
+        """Build from the API's ``NetworkPolicy`` object, or return ``None`` if there is none."""
+        if not isinstance(d, Mapping):
+            return None
+        return cls(
+            internet=bool(d.get("internet", True)),
+            allow_out=_str_list(d.get("allow_out")),
+            deny_out=_str_list(d.get("deny_out")),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The API's ``NetworkPolicy`` object."""
+        return {"internet": self.internet, "allow_out": list(self.allow_out), "deny_out": list(self.deny_out)}
+
+
 @dataclass(frozen=True)
 class SandboxInfo:
     """The server's description of a sandbox (the API's ``Sandbox`` object).
@@ -122,6 +169,8 @@ class SandboxInfo:
             was, e.g. a resume that left it paused.
         parent_id: The sandbox it was forked from, if any.
         snapshot_id: The snapshot it was created from, if any.
+        network: Its egress policy (:class:`NetworkPolicy`), or ``None`` from
+            a server that reports none.
         memory: Host memory it uses, when the server reports it (running sandboxes).
         raw: The JSON object as received.
     """
@@ -140,6 +189,7 @@ class SandboxInfo:
     last_error: Optional[str] = None
     parent_id: Optional[str] = None
     snapshot_id: Optional[str] = None
+    network: Optional[NetworkPolicy] = None
     memory: Optional[MemoryUsage] = field(default=None, compare=False)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -161,6 +211,7 @@ class SandboxInfo:
             last_error=_opt_str(d.get("last_error")),
             parent_id=_opt_str(d.get("parent_id")),
             snapshot_id=_opt_str(d.get("snapshot_id")),
+            network=NetworkPolicy.from_dict(d.get("network")),
             memory=MemoryUsage.from_dict(d.get("memory")),
             raw=dict(d),
         )

@@ -1,14 +1,15 @@
-"""Sandboxes: create, connect, list, exec, files, TTL, kill, fork, snapshot, pause, ports."""
+"""Sandboxes: create, connect, list, exec, files, TTL, network, kill, fork, snapshot, pause, ports."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from . import errors as _errors
 from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
-from .models import ExecResult, Port, SandboxInfo, SignedURL, parse_time
+from .models import ExecResult, NetworkPolicy, Port, SandboxInfo, SignedURL, parse_time
 from .snapshot import Snapshot
 
 __all__ = ["Sandbox", "OutputCallback", "Command"]
@@ -34,6 +35,50 @@ def _check_str_map(name: str, m: Optional[Mapping[str, str]]) -> Optional[Dict[s
             raise TypeError("%s must map str to str, got %r: %r" % (name, k, v))
         out[k] = v
     return out
+
+
+#: A network policy as :meth:`Sandbox.create` takes it: a dict with any of
+#: ``internet`` (bool), ``allow_out`` and ``deny_out`` (lists of str), or a
+#: :class:`NetworkPolicy`.
+NetworkArg = Union[Mapping[str, Any], NetworkPolicy]
+
+_NETWORK_KEYS = ("internet", "allow_out", "deny_out")
+
+
+def _entries(name: str, v: Any) -> List[str]:
+    # A bare str is iterable too: "pypi.org" would become one entry per character.
+    if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
+        raise TypeError("%s must be a list of str (IPv4 addresses, CIDRs or domain names), got %r" % (name, v))
+    out = list(v)
+    for e in out:
+        if not isinstance(e, str):
+            raise TypeError("every %s entry must be a str, got %r" % (name, e))
+    return out
+
+
+def _network_body(network: NetworkArg) -> Dict[str, Any]:
+    """The API's NetworkPolicy object of a dict or NetworkPolicy; keys that are None are left out.
+
+    Only types are checked here; the server checks the entries (a bad one
+    raises :class:`BadRequestError` naming it).
+    """
+    if isinstance(network, NetworkPolicy):
+        network = network.to_dict()
+    if not isinstance(network, Mapping):
+        raise TypeError("network must be a dict or a NetworkPolicy, got %r" % (network,))
+    unknown = sorted(str(k) for k in network if k not in _NETWORK_KEYS)
+    if unknown:
+        raise ValueError("network has unknown keys %s (known: internet, allow_out, deny_out)" % ", ".join(unknown))
+    body: Dict[str, Any] = {}
+    internet = network.get("internet")
+    if internet is not None:
+        if not isinstance(internet, bool):
+            raise TypeError("network internet must be True or False, got %r" % (internet,))
+        body["internet"] = internet
+    for k in ("allow_out", "deny_out"):
+        if network.get(k) is not None:
+            body[k] = _entries(k, network[k])
+    return body
 
 
 def _long_timeout(client: Client) -> float:
@@ -79,6 +124,7 @@ class Sandbox:
         api_url: Optional[str] = None,
         *,
         snapshot: Union[str, Snapshot, None] = None,
+        network: Optional[NetworkArg] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return it running.
@@ -98,9 +144,15 @@ class Sandbox:
             api_url: Server URL (default ``PANDASTACK_API_URL`` or ``http://127.0.0.1:7788``).
             snapshot: Start from this snapshot (a :class:`Snapshot` or its id)
                 instead of a template.
+            network: Its egress policy, a dict like ``{"internet": False,
+                "allow_out": ["pypi.org"], "deny_out": []}`` (keys left out:
+                ``internet`` on, empty lists) or a :class:`NetworkPolicy`.
+                ``None``: the server's default, the internet allowed. Change
+                it later with :meth:`set_network`.
             client: Use this :class:`Client` instead of ``api_key``/``api_url``.
 
         Raises:
+            BadRequestError: a bad ``network`` entry (the message names it).
             NotFoundError: unknown template or snapshot.
             InvalidArgumentError: a value out of range (e.g. TTL over the max).
             QuotaExceededError: over the key's sandbox or memory quota.
@@ -128,6 +180,8 @@ class Sandbox:
         e = _check_str_map("env", env)
         if e is not None:
             body["env"] = e
+        if network is not None:
+            body["network"] = _network_body(network)
         data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
         return cls(SandboxInfo.from_dict(data or {}), c)
 
@@ -203,6 +257,14 @@ class Sandbox:
         return self._info.state
 
     @property
+    def network(self) -> Optional[NetworkPolicy]:
+        """Shortcut for ``info.network``: the egress policy as the server last reported it (not refreshed).
+
+        ``None`` from a server that reports none.
+        """
+        return self._info.network
+
+    @property
     def client(self) -> Client:
         """The client this sandbox's requests go through."""
         return self._client
@@ -236,6 +298,37 @@ class Sandbox:
         """
         body = self._client.request_json("PUT", self._path("/ttl"), json_body={"ttl_seconds": seconds})
         return self._update(body)
+
+    def set_network(
+        self,
+        *,
+        internet: Optional[bool] = None,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+    ) -> Optional[NetworkPolicy]:
+        """Change the sandbox's egress policy: each argument given replaces that part, the others stay.
+
+        ``internet=False`` denies everything but ``allow_out``;
+        ``internet=True`` allows everything but ``deny_out``; ``allow_out``
+        wins over ``deny_out``; an empty list empties that list (see
+        :class:`NetworkPolicy` for the entries). A running sandbox's rules
+        change at once (established connections stay up); a paused one's when
+        it resumes. Updates :attr:`info` and returns the resulting policy.
+
+        Raises:
+            BadRequestError: a bad entry (the message names it).
+            ConflictError: the sandbox is stopped.
+
+        Example::
+
+            sb.set_network(internet=False, allow_out=["pypi.org", "files.pythonhosted.org"])
+            sb.set_network(deny_out=[])  # internet and allow_out stay
+        """
+        body = _network_body({"internet": internet, "allow_out": allow_out, "deny_out": deny_out})
+        if not body:
+            raise ValueError("set_network needs at least one of internet, allow_out, deny_out")
+        self._update(self._client.request_json("PATCH", self._path("/network"), json_body=body))
+        return self._info.network
 
     def kill(self) -> None:
         """Kill the sandbox and free what it used. Killing an already killed or expired sandbox is not an error."""
