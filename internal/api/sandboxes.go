@@ -458,6 +458,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	p = p.Canonical()
 	switch sb.State {
 	case catalog.StateStopped, catalog.StateStopping:
 		s.writeError(w, r, conflict("sandbox %s is %s", sb.ID, sb.State))

@@ -85,7 +85,40 @@ func ParsePolicy(data []byte) (Policy, error) {
 	if raw.Internet != nil {
 		p.Internet = *raw.Internet
 	}
-	return p, p.Validate()
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	return p.Canonical(), nil
+}
+
+// Canonical returns a valid p with its entries in the form they are
+// stored and shown: spaces and a name's trailing dot removed, names in
+// lower case, CIDRs masked ("10.1.2.3/8" is "10.0.0.0/8").
+func (p Policy) Canonical() Policy {
+	p.AllowOut, p.DenyOut = canonical(p.AllowOut), canonical(p.DenyOut)
+	return p
+}
+
+// canonical returns valid entries in canonical form (Policy.Canonical).
+func canonical(entries []string) []string {
+	if entries == nil {
+		return nil
+	}
+	out := make([]string, len(entries))
+	for i, e := range entries {
+		pfx, name, wild, _ := parseEntry(e)
+		switch {
+		case pfx.IsValid() && !strings.Contains(e, "/"):
+			out[i] = pfx.Addr().String()
+		case pfx.IsValid():
+			out[i] = pfx.String()
+		case wild:
+			out[i] = "*." + name
+		default:
+			out[i] = name
+		}
+	}
+	return out
 }
 
 // Validate reports the first bad entry as a *PolicyError.

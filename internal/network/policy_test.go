@@ -66,6 +66,17 @@ func TestParsePolicy(t *testing.T) {
 	if err != nil || p.Internet || len(p.AllowOut) != 3 {
 		t.Fatalf("ParsePolicy = %+v, %v", p, err)
 	}
+	// Stored and shown in canonical form.
+	p, err = ParsePolicy([]byte(`{"allow_out": [" PyPI.org. ", "*.Example.COM", "10.1.2.3/8", "1.2.3.4"], "deny_out": ["::ffff:5.6.7.8"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(p.AllowOut, ","), "pypi.org,*.example.com,10.0.0.0/8,1.2.3.4"; got != want {
+		t.Errorf("allow_out stored as %s, want %s", got, want)
+	}
+	if got, want := strings.Join(p.DenyOut, ","), "5.6.7.8"; got != want {
+		t.Errorf("deny_out stored as %s, want %s", got, want)
+	}
 	for _, tc := range []struct{ in, want string }{
 		{`{"internet": true, "deny_out": ["ok.com", "bad..com"]}`, `deny_out entry "bad..com"`},
 		{`{"allow_out": ["fe80::/10"]}`, `allow_out entry "fe80::/10": only IPv4`},
