@@ -54,6 +54,7 @@ func fakePanda(mode string, args []string) int {
 	fs.String("images", "", "")
 	fs.String("accel", "", "")
 	fs.String("extra", "", "")
+	fs.String("network", "", "")
 	if len(args) == 0 || fs.Parse(args[1:]) != nil {
 		return 2
 	}
@@ -141,8 +142,8 @@ func TestStartStop(t *testing.T) {
 		wantArgs string
 		wantKey  string
 	}{
-		{"", "up --data-dir D --listen A --images I --accel tcg --extra x", "panda_fake"},
-		{"agent", "agent --data-dir D --listen A --images I --accel tcg --extra x", ""},
+		{"", "up --data-dir D --listen A --images I --accel tcg --network off --extra x", "panda_fake"},
+		{"agent", "agent --data-dir D --listen A --images I --accel tcg --network off --extra x", ""},
 		{"server", "server --data-dir D --listen A --extra x", "panda_fake"},
 	}
 	for _, tt := range tests {
