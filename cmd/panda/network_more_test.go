@@ -36,8 +36,9 @@ import (
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
-// gitPort and blobPort: the test's extra servers on WebAddr (allowed.test);
-// barrierPort the rendezvous of TestNetworkTwentyOnline.
+// Ports of the tests' own servers on WebAddr (allowed.test): gitPort
+// serves a git repository and a blob (serveGit), barrierPort the
+// rendezvous of TestNetworkTwentyOnline.
 const (
 	gitPort     = 8080
 	barrierPort = 8081
