@@ -107,7 +107,9 @@ func FreeAddr() (string, error) {
 // and without output set: for a process that is expected to fail (a port
 // that is taken, a locked data directory, a wrong token). opts.DataDir must
 // be set; an empty opts.Addr is a free port. Like Start's, the process gets
-// SIGTERM if the thread that started it dies, and its configuration comes
+// SIGTERM if the thread that started it ends (Start keeps that thread
+// locked until the process exits: a caller that starts goroutines which
+// lock their threads and exit should too), and its configuration comes
 // from flags only (PANDA_DATA_DIR is cleared).
 func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
 	if opts.DataDir == "" {
@@ -214,14 +216,27 @@ func Start(opts Options) (_ *Server, err error) {
 	}
 	s.cmd.Stdout = io.MultiWriter(&s.stdout, &s.log)
 	s.cmd.Stderr = &s.log
-	if err := s.cmd.Start(); err != nil {
-		s.removeOwnDir()
-		return nil, fmt.Errorf("start %s: %w", s.cmd.Path, err)
-	}
+	// Linux sends the Pdeathsig when the thread that started the process
+	// ends, not the test binary: a goroutine that locks its thread and
+	// exits (as nettest's NS.Do does) would end the thread, and the
+	// process with it, if it got the one that started it. So the process
+	// is started and waited for on a thread kept locked until it exits.
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := s.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		s.cmd.Wait()
 		close(s.exited)
 	}()
+	if err := <-started; err != nil {
+		s.removeOwnDir()
+		return nil, fmt.Errorf("start %s: %w", s.cmd.Path, err)
+	}
 	register(s)
 	defer func() {
 		if err != nil {

@@ -55,6 +55,7 @@ func fakePanda(mode string, args []string) int {
 	fs.String("accel", "", "")
 	fs.String("network", "", "")
 	fs.String("extra", "", "")
+	fs.String("network", "", "")
 	if len(args) == 0 || fs.Parse(args[1:]) != nil {
 		return 2
 	}
