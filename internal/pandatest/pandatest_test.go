@@ -55,7 +55,6 @@ func fakePanda(mode string, args []string) int {
 	fs.String("accel", "", "")
 	fs.String("network", "", "")
 	fs.String("extra", "", "")
-	fs.String("network", "", "")
 	if len(args) == 0 || fs.Parse(args[1:]) != nil {
 		return 2
 	}
