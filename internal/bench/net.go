@@ -278,10 +278,13 @@ func (b *netRun) execTrue(ctx context.Context, a *agent.Agent, id string) error 
 	return nil
 }
 
+// shTimeout bounds every shell command NetBench runs in a guest.
+const shTimeout = 5 * time.Minute
+
 // sh runs a shell command in id and fails unless it exits 0.
 func (b *netRun) sh(ctx context.Context, a *agent.Agent, id, cmd string) (string, error) {
 	var out, errb bytes.Buffer
-	r, err := a.Exec(ctx, id, guestproto.ExecRequest{Shell: cmd}, nil, &out, &errb)
+	r, err := a.Exec(ctx, id, guestproto.ExecRequest{Shell: cmd, TimeoutMS: shTimeout.Milliseconds()}, nil, &out, &errb)
 	if err == nil && r.ExitCode != 0 {
 		err = fmt.Errorf("exit %d: %s", r.ExitCode, strings.TrimSpace(errb.String()))
 	}
@@ -402,7 +405,10 @@ func serveTransfers(l net.Listener, seen chan<- transfer, serve func(net.Conn) (
 		n, err := serve(c)
 		d := time.Since(t0)
 		c.Close()
-		seen <- transfer{bytes: n, dur: d, err: err}
+		select { // never blocks: a transfer nobody waits for is dropped
+		case seen <- transfer{bytes: n, dur: d, err: err}:
+		default:
+		}
 	}
 }
 
