@@ -21,7 +21,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure PandaStack (medians and p99s)"}
-	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd())
+	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd())
 	return cmd
 }
 

@@ -29,20 +29,24 @@ import (
 type localStack struct {
 	agent  *agent.Agent
 	client *pandastack.Client
+	key    string // the client's, an admin key
 	close  func()
 }
 
-func startLocalStack(ctx context.Context, dataDir, images, accel string) (*localStack, error) {
+// startLocalStack opens a host agent as cfg says (DataDir, ImagesDir,
+// Accel, Network; it adopts a mounted store and logs nothing) with an
+// API server over it on a random loopback port.
+func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error) {
 	var srv *api.Server
-	a, err := agent.Open(ctx, agent.Config{
-		DataDir: dataDir, ImagesDir: images, Accel: vmm.Accel(accel), AdoptMount: true,
-		OnExit: func(id string, err error) {
-			if srv != nil {
-				srv.SandboxExited(id, err)
-			}
-		},
-		Logger: slog.New(slog.DiscardHandler),
-	})
+	dataDir := cfg.DataDir
+	cfg.AdoptMount = true
+	cfg.OnExit = func(id string, err error) {
+		if srv != nil {
+			srv.SandboxExited(id, err)
+		}
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	a, err := agent.Open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +83,7 @@ func startLocalStack(ctx context.Context, dataDir, images, accel string) (*local
 		a.Close()
 		return nil, err
 	}
-	return &localStack{agent: a, client: c, close: func() {
+	return &localStack{agent: a, client: c, key: secret, close: func() {
 		hs.Close()
 		a.Close()
 		cat.Close()
@@ -115,7 +119,7 @@ through the HTTP API:
 				}
 				memSizes = append(memSizes, v)
 			}
-			st, err := startLocalStack(ctx, filepath.Join(dataDir, "bench"), images, accel)
+			st, err := startLocalStack(ctx, agent.Config{DataDir: filepath.Join(dataDir, "bench"), ImagesDir: images, Accel: vmm.Accel(accel)})
 			if err != nil {
 				return err
 			}

@@ -63,6 +63,7 @@ type Env struct {
 	Echo     *EchoServer // the echo server on every internet address, port EchoPort
 
 	mu         sync.Mutex
+	closers    []func() // what Close undoes, in order of making
 	dnsQueries int
 	records    map[string][]netip.Addr
 	ttls       map[string]uint32
@@ -75,55 +76,119 @@ func NewEnv(t testing.TB) *Env {
 	if os.Geteuid() != 0 {
 		t.Skip("nettest needs root (network namespaces)")
 	}
+	e, err := Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// Build builds the world outside a test (a benchmark's): the same as
+// NewEnv, but the caller must call Close, also when it fails later on
+// (Close removes the namespaces, and with them everything in them).
+func Build() (_ *Env, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("nettest needs root (network namespaces)")
+	}
 	var b [2]byte
 	rand.Read(b[:])
 	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:]), records: map[string][]netip.Addr{}, ttls: map[string]uint32{}}
 	for n, a := range Records {
 		e.records[n] = a
 	}
-	e.Host = NewNS(t, e.Prefix+"-host")
-	e.Internet = NewNS(t, e.Prefix+"-inet")
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+	if e.Host, err = CreateNS(e.Prefix + "-host"); err != nil {
+		return nil, err
+	}
+	e.closers = append(e.closers, e.Host.Remove)
+	if e.Internet, err = CreateNS(e.Prefix + "-inet"); err != nil {
+		return nil, err
+	}
+	e.closers = append(e.closers, e.Internet.Remove)
 
 	// The uplink.
 	up := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "eth0",
 		PeerNamespace: netlink.NsFd(e.Internet.fd)}
-	must(t, e.Host.nl.LinkAdd(up))
-	must(t, addrUp(e.Host.nl, "uplink0", HostUplinkAddr, 30))
-	must(t, addrUp(e.Internet.nl, "eth0", RouterAddr, 30))
-	must(t, e.Host.nl.RouteAdd(&netlink.Route{Gw: RouterAddr.AsSlice()}))
+	if err := e.Host.nl.LinkAdd(up); err != nil {
+		return nil, fmt.Errorf("create uplink: %w", err)
+	}
+	if err := addrUp(e.Host.nl, "uplink0", HostUplinkAddr, 30); err != nil {
+		return nil, err
+	}
+	if err := addrUp(e.Internet.nl, "eth0", RouterAddr, 30); err != nil {
+		return nil, err
+	}
+	if err := e.Host.nl.RouteAdd(&netlink.Route{Gw: RouterAddr.AsSlice()}); err != nil {
+		return nil, fmt.Errorf("default route of the host: %w", err)
+	}
 	// A private network of the host.
-	must(t, stubLink(e.Host.nl, "priv0"))
-	must(t, addrUp(e.Host.nl, "priv0", HostPrivateAddr, 24))
+	if err := stubLink(e.Host.nl, "priv0"); err != nil {
+		return nil, err
+	}
+	if err := addrUp(e.Host.nl, "priv0", HostPrivateAddr, 24); err != nil {
+		return nil, err
+	}
 	// The internet's addresses.
-	must(t, stubLink(e.Internet.nl, "srv0"))
+	if err := stubLink(e.Internet.nl, "srv0"); err != nil {
+		return nil, err
+	}
 	for _, a := range internetServices {
-		must(t, addrUp(e.Internet.nl, "srv0", a, 32))
+		if err := addrUp(e.Internet.nl, "srv0", a, 32); err != nil {
+			return nil, err
+		}
 	}
 
 	// Servers: HTTP on every address of both namespaces, echo and DNS on
 	// the internet.
 	for _, n := range []*NS{e.Host, e.Internet} {
-		e.Serve(t, n, fmt.Sprintf(":%d", HTTPPort), http.HandlerFunc(hello))
+		if err := e.ServeHTTP(n, fmt.Sprintf(":%d", HTTPPort), http.HandlerFunc(hello)); err != nil {
+			return nil, err
+		}
 	}
 	el, err := e.Internet.Listen("tcp4", fmt.Sprintf(":%d", EchoPort))
-	must(t, err)
+	if err != nil {
+		return nil, err
+	}
 	e.Echo = newEchoServer(el)
-	t.Cleanup(e.Echo.Close)
+	e.closers = append(e.closers, e.Echo.Close)
 
 	mux := dns.NewServeMux()
 	mux.HandleFunc(".", e.serveDNS)
 	pc, err := e.Internet.ListenPacket("udp4", netip.AddrPortFrom(DNSAddr, 53).String())
-	must(t, err)
+	if err != nil {
+		return nil, err
+	}
 	dl, err := e.Internet.Listen("tcp4", netip.AddrPortFrom(DNSAddr, 53).String())
-	must(t, err)
+	if err != nil {
+		pc.Close()
+		return nil, err
+	}
 	for _, s := range []*dns.Server{{PacketConn: pc, Handler: mux}, {Listener: dl, Handler: mux}} {
 		started := make(chan struct{})
 		s.NotifyStartedFunc = func() { close(started) }
 		go s.ActivateAndServe()
 		<-started
-		t.Cleanup(func() { s.Shutdown() })
+		e.closers = append(e.closers, func() { s.Shutdown() })
 	}
-	return e
+	return e, nil
+}
+
+// Close stops the servers and removes the namespaces, in the reverse
+// order of their making. Idempotent; NewEnv's world is closed at the
+// test's end.
+func (e *Env) Close() {
+	e.mu.Lock()
+	cs := e.closers
+	e.closers = nil
+	e.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
 }
 
 func must(t testing.TB, err error) {
@@ -261,6 +326,20 @@ func (e *Env) Serve(t testing.TB, n *NS, addr string, h http.Handler) {
 	srv := &http.Server{Handler: h}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
+}
+
+// ServeHTTP serves h over HTTP on addr ("ip:port") inside n until Close.
+func (e *Env) ServeHTTP(n *NS, addr string, h http.Handler) error {
+	l, err := n.Listen("tcp4", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s in %s: %w", addr, n.Name, err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(l)
+	e.mu.Lock()
+	e.closers = append(e.closers, func() { srv.Close() })
+	e.mu.Unlock()
+	return nil
 }
 
 // DNSQueries is how many queries the test resolver answered.

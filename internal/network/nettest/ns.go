@@ -24,8 +24,11 @@
 // MainInNewNetns should wrap a test binary's TestMain, so that even a
 // test that forgets its Env runs in an empty namespace of its own.
 //
-// Everything here is for tests: it needs root and reports failures
-// through testing.TB.
+// Everything here needs root. It is for tests (NewEnv, NewNS report
+// failures through testing.TB and clean up at the test's end) and for
+// benchmarks that must keep sandbox traffic in a world of their own
+// (Build, CreateNS return errors and are removed with Env.Close,
+// NS.Remove).
 package nettest
 
 import (
@@ -86,19 +89,32 @@ func InChild() bool { return os.Getenv(envChild) != "" }
 // NS is a network namespace a test made (or opened), by name in
 // /run/netns.
 type NS struct {
-	Name string
-	Path string
-	fd   int
-	nl   *netlink.Handle
+	Name  string
+	Path  string
+	fd    int
+	nl    *netlink.Handle
+	owned bool // made by CreateNS: Remove unbinds it
 }
 
 // NewNS makes the namespace name with lo up, removed at the test's end
 // (with everything in it).
 func NewNS(t testing.TB, name string) *NS {
 	t.Helper()
+	n, err := CreateNS(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Remove)
+	return n
+}
+
+// CreateNS makes the namespace name (bound in /run/netns) with lo up and
+// IPv6 off. Remove it when done: that removes everything in it once
+// nothing else holds it.
+func CreateNS(name string) (*NS, error) {
 	path := filepath.Join(netnsDir, name)
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -117,18 +133,16 @@ func NewNS(t testing.TB, name string) *NS {
 	}()
 	if err := <-errc; err != nil {
 		os.Remove(path)
-		t.Fatalf("create namespace %s: %v", name, err)
+		return nil, fmt.Errorf("create namespace %s: %w", name, err)
 	}
 	n, err := OpenNS(path)
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		n.Close()
 		unix.Unmount(path, unix.MNT_DETACH)
 		os.Remove(path)
-	})
+		return nil, err
+	}
 	n.Name = name
+	n.owned = true
 	n.sysctl("net/ipv6/conf/all/disable_ipv6", "1")
 	n.sysctl("net/ipv6/conf/default/disable_ipv6", "1")
 	lo, err := n.nl.LinkByName("lo")
@@ -136,9 +150,21 @@ func NewNS(t testing.TB, name string) *NS {
 		err = n.nl.LinkSetUp(lo)
 	}
 	if err != nil {
-		t.Fatalf("lo up in %s: %v", name, err)
+		n.Remove()
+		return nil, fmt.Errorf("lo up in %s: %w", name, err)
 	}
-	return n
+	return n, nil
+}
+
+// Remove closes n's handles and, for a namespace CreateNS made, unbinds
+// it from /run/netns. Idempotent.
+func (n *NS) Remove() {
+	n.Close()
+	if n.owned {
+		unix.Unmount(n.Path, unix.MNT_DETACH)
+		os.Remove(n.Path)
+		n.owned = false
+	}
 }
 
 // OpenNS opens an existing namespace by path (a sandbox's, say). Close
