@@ -334,8 +334,9 @@ type CreateRequest struct {
 	Owner string
 	// Progress receives bake progress if the template must be baked first.
 	Progress template.Progress
-	// Network is the sandbox's egress policy (network.DefaultPolicy if
-	// zero-valued callers mean "online": the API always sets it).
+	// Network is the sandbox's egress policy. The zero Policy denies
+	// everything: callers that mean "online" pass network.DefaultPolicy()
+	// (the API always sets one).
 	Network network.Policy
 }
 

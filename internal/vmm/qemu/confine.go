@@ -499,11 +499,13 @@ func bind(host, jail string, dir, rw, executable bool) error {
 			return fmt.Errorf("mkdir %s: %w", jail, err)
 		}
 	} else {
-		fd, err := unix.Open(jail, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-		if err != nil {
+		// mknod, not open: a descriptor open for writing on the jail's
+		// root, even for a moment, can be copied into a child that another
+		// goroutine is forking (until that child execs), and then the
+		// read-only remount of the root fails with EBUSY.
+		if err := unix.Mknod(jail, unix.S_IFREG|0o600, 0); err != nil {
 			return fmt.Errorf("create %s: %w", jail, err)
 		}
-		unix.Close(fd)
 	}
 	if err := unix.Mount(host, jail, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", host, err)
