@@ -78,6 +78,7 @@ images (make setup).`,
 	f.DurationVar(&cfg.SampleEvery, "sample-every", time.Minute, "soak: how often to sample the processes")
 	f.Int64Var(&cfg.Seed, "seed", 0, "seed of every random choice (default: random, printed)")
 	f.BoolVar(&cfg.Split, "split", false, "run panda server + panda agent instead of panda up")
+	f.BoolVar(&cfg.Network, "network", false, "sandbox networking on, in namespaces the run makes (execs fetch from a test web server)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "data directory, empty or new (default: a new temporary directory, removed at the end)")
 	f.StringVar(&cfg.Images, "images", filepath.Join(envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "images"), "guest images from make setup")
 	f.StringVar(&cfg.Accel, "accel", "tcg", "accelerator of the deployment")

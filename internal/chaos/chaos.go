@@ -32,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -75,6 +76,12 @@ type Config struct {
 	// MaxOps is the most operations of one iteration, run concurrently on
 	// distinct sandboxes (default 3).
 	MaxOps int
+	// Network runs the deployment with sandbox networking on, inside a
+	// test world of namespaces the run makes (nettest: its host namespace
+	// and an "internet" of test servers; nothing reaches the machine's own
+	// network): execs fetch from the test web server, and the checks
+	// include the sandboxes' network namespaces.
+	Network bool
 	// Log receives a line per iteration; nil discards them.
 	Log io.Writer
 }
@@ -186,7 +193,16 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return *rep, fmt.Errorf("chaos: data directory: %w", err)
 	}
 	rep.DataDir = dataDir
-	cl, err := newCluster(cfg, dataDir)
+	var world *nettest.Env
+	if cfg.Network {
+		w, err := nettest.Build()
+		if err != nil {
+			return *rep, fmt.Errorf("chaos: network world: %w", err)
+		}
+		defer w.Close()
+		world = w
+	}
+	cl, err := newCluster(cfg, dataDir, world)
 	if err != nil {
 		return *rep, err
 	}
@@ -205,6 +221,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	stopErr := cl.stopAll()
 	if err == nil && stopErr != nil {
 		err = r.violation(stopErr.Error())
+	}
+	if err == nil && cl.netPrefix != "" {
+		if left := Namespaces(cl.netPrefix); len(left) > 0 {
+			err = r.violation(fmt.Sprintf("network namespaces left after the deployment stopped: %v", left))
+		}
 	}
 	if own {
 		left, rerr := pandatest.RemoveDataDir(dataDir)
@@ -510,7 +531,7 @@ func (r *runner) census() string {
 func (r *runner) settle(ctx context.Context) error {
 	deadline := time.Now().Add(settleTimeout)
 	for {
-		obs, err := Observe(ctx, r.cl.dataDir, r.clients)
+		obs, err := Observe(ctx, r.cl.dataDir, r.cl.netPrefix, r.clients)
 		var vs []string
 		if err != nil {
 			vs = []string{"observe: " + err.Error()}

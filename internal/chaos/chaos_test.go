@@ -80,7 +80,7 @@ func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	t.Logf("report:\n%s", sum.String())
 	if err != nil {
 		t.Fatalf("%v\nreplay: panda chaos --seed %d%s --iterations %d\n%s", err, rep.Seed,
-			map[bool]string{true: " --split"}[cfg.Split], cfg.Iterations, rep.Logs)
+			map[bool]string{true: " --split"}[cfg.Split]+map[bool]string{true: " --network"}[cfg.Network], cfg.Iterations, rep.Logs)
 	}
 	if rep.Iterations != cfg.Iterations {
 		t.Errorf("ran %d iterations, want %d", rep.Iterations, cfg.Iterations)
@@ -109,9 +109,10 @@ func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	return rep
 }
 
-// TestChaosUp: 200 iterations against `panda up`.
+// TestChaosUp: 200 iterations against `panda up`, with sandbox networking
+// (in namespaces the run makes).
 func TestChaosUp(t *testing.T) {
-	rep := runChaos(t, chaos.Config{Iterations: 200})
+	rep := runChaos(t, chaos.Config{Iterations: 200, Network: true})
 	if rep.Faults["kill-server"] == 0 || rep.Faults["kill-qemu"] == 0 {
 		t.Errorf("faults %v: want server and QEMU kills", rep.Faults)
 	}

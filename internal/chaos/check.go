@@ -34,6 +34,12 @@ type Observation struct {
 	LostFound    []string
 	// Mounts are the mount points under the data directory.
 	Mounts []string
+	// With networking (NetPrefix set): Namespaces are the network
+	// namespaces of the deployment's prefix, and NetNS maps each sandbox
+	// directory to the namespace its sandbox.json names.
+	NetPrefix  string
+	Namespaces []string
+	NetNS      map[string]string
 	// DataDir is the data directory observed.
 	DataDir string
 }
@@ -277,6 +283,33 @@ func Check(exp Expectation, obs Observation) []string {
 	}
 	for _, d := range obs.LostFound {
 		add("store/lost+found/%s: recovery gave up on a sandbox's data", d)
+	}
+	if obs.NetPrefix != "" {
+		// Every running sandbox has its namespace, and every namespace is
+		// a running sandbox's (the deployment keeps no pool).
+		live := toSet(obs.Namespaces)
+		owner := map[string]string{}
+		for id, rec := range obs.Sandboxes {
+			if rec.State != stateRunning {
+				continue
+			}
+			ns := obs.NetNS[id]
+			switch {
+			case ns == "":
+				add("running sandbox %s names no network namespace", id)
+			case !live[ns]:
+				add("running sandbox %s has lost its network namespace %s", id, ns)
+			case owner[ns] != "":
+				add("sandboxes %s and %s share the network namespace %s", owner[ns], id, ns)
+			default:
+				owner[ns] = id
+			}
+		}
+		for _, ns := range obs.Namespaces {
+			if owner[ns] == "" {
+				add("network namespace %s belongs to no running sandbox", ns)
+			}
+		}
 	}
 	store := filepath.Join(obs.DataDir, "store")
 	for _, mp := range obs.Mounts {

@@ -72,7 +72,7 @@ func dataDir(t *testing.T) (string, Observation, Expectation) {
 	mkdir("store", "snapshots", "snap1")
 	mkdir("store", "forks")
 	fakeQEMU(t, qemuOf(dir, "run1"))
-	obs := ObserveHost(dir)
+	obs := ObserveHost(dir, "")
 	obs.Sandboxes = map[string]SandboxRecord{
 		"run1":    {ID: "run1", State: stateRunning},
 		"paused1": {ID: "paused1", State: statePaused, Key: 1},
@@ -132,7 +132,7 @@ func TestCheckFindsViolations(t *testing.T) {
 		}, "sandbox paused1 is stopped (vmm_exited)"},
 		{"paused sandbox without its capture", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.Remove(filepath.Join(dir, "store", "sandboxes", "paused1", "paused", "manifest.json"))
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "paused sandbox paused1 has no complete pause capture"},
 		{"wrong stop reason", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			exp.Sandboxes["run1"] = NewOutcomes(stateRunning, "stopped:expired")
@@ -149,15 +149,15 @@ func TestCheckFindsViolations(t *testing.T) {
 		}, "sandbox new1 is stopped (host_restarted) but the suite never made it"},
 		{"sandbox directory of nobody", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.MkdirAll(filepath.Join(dir, "store", "sandboxes", "old1"), 0o700)
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "store/sandboxes/old1 belongs to no live sandbox"},
 		{"run directory of a paused sandbox", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.MkdirAll(filepath.Join(dir, "run", "paused1"), 0o700)
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "run/paused1 belongs to sandbox paused1, which is paused"},
 		{"lost snapshot", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.RemoveAll(filepath.Join(dir, "store", "snapshots", "snap1"))
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "snapshot snap1 (of sandbox run1) is listed but its files are gone"},
 		{"unrecorded snapshot", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			delete(obs.Snapshots, "snap1")
@@ -165,15 +165,15 @@ func TestCheckFindsViolations(t *testing.T) {
 		}, "store/snapshots/snap1 belongs to no snapshot in the catalog"},
 		{"interrupted snapshot left", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.MkdirAll(filepath.Join(dir, "store", "snapshots", "snap2.tmp"), 0o700)
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "store/snapshots/snap2.tmp is left"},
 		{"fork capture left", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.MkdirAll(filepath.Join(dir, "store", "forks", "run1-123"), 0o700)
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "store/forks/run1-123 is left"},
 		{"lost+found", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			os.MkdirAll(filepath.Join(dir, "store", "lost+found", "paused1-1"), 0o700)
-			*obs = withCatalog(ObserveHost(dir), *obs)
+			*obs = withCatalog(ObserveHost(dir, ""), *obs)
 		}, "recovery gave up"},
 		{"stray mount", func(t *testing.T, dir string, obs *Observation, exp *Expectation) {
 			obs.Mounts = append(obs.Mounts, filepath.Join(dir, "store", "sandboxes", "run1", "mnt"))
@@ -314,5 +314,34 @@ func TestQEMUProcessesAgreesWithPandatest(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) || len(got) != len(obs.QEMU)+1 {
 		t.Errorf("QEMUProcesses %v, pandatest.QEMUPIDs %v; want the same two", got, want)
+	}
+}
+
+// With networking, every running sandbox has a namespace of its own that
+// exists, and every namespace of the prefix is a running sandbox's.
+func TestCheckNetwork(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		namespaces []string
+		netns      map[string]string
+		want       string // "" for no violation
+	}{
+		{"ok", []string{"c1-aaaaaaaa"}, map[string]string{"run1": "c1-aaaaaaaa", "paused1": "c1-bbbbbbbb"}, ""},
+		{"none recorded", []string{"c1-aaaaaaaa"}, map[string]string{}, "running sandbox run1 names no network namespace"},
+		{"lost", nil, map[string]string{"run1": "c1-aaaaaaaa"}, "running sandbox run1 has lost its network namespace c1-aaaaaaaa"},
+		{"leftover", []string{"c1-aaaaaaaa", "c1-bbbbbbbb"}, map[string]string{"run1": "c1-aaaaaaaa", "paused1": "c1-bbbbbbbb"},
+			"network namespace c1-bbbbbbbb belongs to no running sandbox"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, obs, exp := dataDir(t)
+			obs.NetPrefix, obs.Namespaces, obs.NetNS = "c1", tc.namespaces, tc.netns
+			got := Check(exp, obs)
+			switch {
+			case tc.want == "" && len(got) != 0:
+				t.Errorf("Check = %q, want no violation", got)
+			case tc.want != "" && !slices.Contains(got, tc.want):
+				t.Errorf("Check = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

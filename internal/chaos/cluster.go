@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
@@ -37,14 +38,20 @@ type cluster struct {
 	procs     map[string]*pandatest.Server
 	last      map[string]*pandatest.Server // role → its last process, for its output
 	armed     map[string]string            // role → failpoint enabled in its process
+	netns     string                       // the host namespace of the network world ("": networking off)
+	netPrefix string                       // of the deployment's namespaces
 	hc        *http.Client
 	transport *http.Transport
 	adminKey  string
 }
 
-func newCluster(cfg Config, dataDir string) (*cluster, error) {
+func newCluster(cfg Config, dataDir string, world *nettest.Env) (*cluster, error) {
 	c := &cluster{cfg: cfg, dataDir: dataDir, procs: map[string]*pandatest.Server{}, last: map[string]*pandatest.Server{},
 		armed: map[string]string{}}
+	if world != nil {
+		c.netns = world.Host.Path
+		c.netPrefix = "c" + strings.TrimPrefix(world.Prefix, "nt")
+	}
 	var err error
 	if c.addr, err = pandatest.FreeAddr(); err != nil {
 		return nil, err
@@ -57,6 +64,9 @@ func newCluster(cfg Config, dataDir string) (*cluster, error) {
 	// Requests after a restart must not reuse connections to the dead
 	// process: closeIdle drops them.
 	c.transport = &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
+	if c.netns != "" {
+		c.transport.DialContext = pandatest.DialerIn(c.netns)
+	}
 	c.hc = &http.Client{Transport: c.transport}
 	return c, nil
 }
@@ -74,7 +84,13 @@ func (c *cluster) roles() []string {
 func (c *cluster) options(role, failpoint string) pandatest.Options {
 	host := []string{"--accel", c.cfg.Accel, "--default-template", c.cfg.Template,
 		"--default-memory", strconv.Itoa(c.cfg.MemoryMiB), "--bake"}
-	o := pandatest.Options{DataDir: c.dataDir, Bin: c.cfg.Bin, Images: c.cfg.Images}
+	if c.netns != "" {
+		// No pool: every namespace of the prefix then belongs to a
+		// running sandbox, which the checks verify.
+		host = append(host, "--network", "on", "--network-prefix", c.netPrefix, "--network-pool-size", "-1",
+			"--dns-upstream", nettest.DNSAddr.String())
+	}
+	o := pandatest.Options{DataDir: c.dataDir, Bin: c.cfg.Bin, Images: c.cfg.Images, NetNS: c.netns}
 	switch {
 	case !c.cfg.Split:
 		o.Command, o.Addr, o.Args = "up", c.addr, host

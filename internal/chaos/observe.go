@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,8 +20,8 @@ import (
 // and its data directory (see ObserveHost). The two looks are not atomic:
 // a check that fails on an observation taken while something changed is
 // retried (see settle).
-func Observe(ctx context.Context, dataDir string, clients []*pandastack.Client) (Observation, error) {
-	obs := ObserveHost(dataDir)
+func Observe(ctx context.Context, dataDir, netPrefix string, clients []*pandastack.Client) (Observation, error) {
+	obs := ObserveHost(dataDir, netPrefix)
 	obs.Sandboxes = map[string]SandboxRecord{}
 	obs.Snapshots = map[string]SnapshotRecord{}
 	for k, c := range clients {
@@ -48,8 +49,10 @@ func Observe(ctx context.Context, dataDir string, clients []*pandastack.Client) 
 
 // ObserveHost looks at a data directory: the QEMU processes serving it,
 // its sandbox, run, snapshot and fork directories, lost+found, and the
-// mounts under it. The catalog fields are left empty.
-func ObserveHost(dataDir string) Observation {
+// mounts under it; with netPrefix, the network namespaces of that prefix
+// and the one each sandbox's record names. The catalog fields are left
+// empty.
+func ObserveHost(dataDir, netPrefix string) Observation {
 	store := filepath.Join(dataDir, "store")
 	obs := Observation{
 		DataDir:      dataDir,
@@ -65,7 +68,32 @@ func ObserveHost(dataDir string) Observation {
 		_, err := os.Stat(filepath.Join(store, "sandboxes", id, "paused", "manifest.json"))
 		obs.SandboxDirs[id] = err == nil
 	}
+	if netPrefix != "" {
+		obs.NetPrefix = netPrefix
+		obs.Namespaces = Namespaces(netPrefix)
+		obs.NetNS = map[string]string{}
+		for id := range obs.SandboxDirs {
+			var rec struct {
+				NetNS string `json:"netns"`
+			}
+			if b, err := os.ReadFile(filepath.Join(store, "sandboxes", id, "sandbox.json")); err == nil && json.Unmarshal(b, &rec) == nil {
+				obs.NetNS[id] = rec.NetNS
+			}
+		}
+	}
 	return obs
+}
+
+// Namespaces lists the network namespaces in /run/netns named
+// "<prefix>-...", sorted.
+func Namespaces(prefix string) []string {
+	var out []string
+	for _, n := range names("/run/netns") {
+		if strings.HasPrefix(n, prefix+"-") {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // names lists the entries of dir, sorted; none if it does not exist.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/network/nettest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -376,6 +377,11 @@ func (r *runner) do(ctx context.Context, o *op) {
 		made(kids)
 	case opExec:
 		cmd, want := "echo chaos-"+strconv.Itoa(o.n), "chaos-"+strconv.Itoa(o.n)+"\n"
+		if r.cfg.Network && o.path == "" {
+			// Online, whatever happened to it: a fetch from the test
+			// world's web server, by name (the sandbox's DNS too).
+			cmd, want = "timeout 30 wget -q -O - http://allowed.test/", "hello from "+nettest.WebAddr.String()
+		}
 		if o.path != "" {
 			cmd, want = "sha256sum "+o.path, o.sum+"  "+o.path+"\n"
 		}

@@ -12,7 +12,7 @@ import (
 // Report is what a run did and found.
 type Report struct {
 	Seed       int64  `json:"seed"`
-	Mode       string `json:"mode"` // up or split
+	Mode       string `json:"mode"` // up or split, "+network" with networking
 	DataDir    string `json:"data_dir"`
 	Iterations int    `json:"iterations"`
 	// DurationSeconds is the run's wall-clock time.
@@ -44,6 +44,9 @@ func newReport(cfg Config) *Report {
 	mode := "up"
 	if cfg.Split {
 		mode = "split"
+	}
+	if cfg.Network {
+		mode += "+network"
 	}
 	return &Report{Seed: cfg.Seed, Mode: mode, Ops: map[string]map[string]int{}, Faults: map[string]int{},
 		FailpointsHit: map[string]int{}, Restarts: map[string]int{}}
@@ -95,7 +98,7 @@ func (r Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  %s\n", v)
 	}
 	fmt.Fprintf(w, "replay: panda chaos --seed %d", r.Seed)
-	if r.Mode == "split" {
+	if strings.HasPrefix(r.Mode, "split") {
 		fmt.Fprint(w, " --split")
 	}
 	fmt.Fprintln(w)
