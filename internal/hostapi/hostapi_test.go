@@ -889,3 +889,52 @@ func TestDownloadCutShort(t *testing.T) {
 	}
 	waitExit(t, sb.ID)
 }
+
+// TestShutdownDeliversQueuedExits: a shutting-down agent can wait for a
+// control plane to follow its events, and every exit it reports before
+// Close reaches that control plane, however many are queued.
+func TestShutdownDeliversQueuedExits(t *testing.T) {
+	s2 := hostapi.NewServer(host, testToken, nil)
+	hs2 := httptest.NewServer(s2)
+	defer hs2.Close()
+	defer s2.Close()
+	nobody, cancel0 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel0()
+	if s2.WaitSubscriber(nobody) {
+		t.Fatal("WaitSubscriber with no client: true")
+	}
+	c2, err := hostapi.Dial(hs2.URL, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	const n = 200
+	got := make(chan string, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		c2.Watch(ctx, hostapi.Watcher{Exited: func(id string, err error) {
+			if errors.Is(err, api.ErrHostShutdown) {
+				got <- id
+			}
+		}})
+	}()
+	defer func() { cancel(); <-watchDone }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if !s2.WaitSubscriber(wctx) {
+		t.Fatal("WaitSubscriber: the client never subscribed")
+	}
+	for i := range n {
+		s2.SandboxExited(fmt.Sprintf("sb%d", i), api.ErrHostShutdown)
+	}
+	s2.Close()
+	for i := range n {
+		select {
+		case <-got:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d exits reported before Close reached the client", i, n)
+		}
+	}
+}

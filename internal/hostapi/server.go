@@ -34,13 +34,16 @@ type Server struct {
 	log     *slog.Logger
 	handler http.Handler
 
-	mu       sync.Mutex
-	subs     map[chan Event]struct{}
-	active   int           // requests in flight, event streams excepted
-	idle     chan struct{} // closed when active drops to 0 while draining
-	draining bool
-	closed   chan struct{} // closed by Close: event streams and tunnels end
-	tunnels  map[*tunnel]struct{}
+	mu   sync.Mutex
+	subs map[chan Event]struct{}
+	// subscribed is closed when the next client subscribes to events (for
+	// WaitSubscriber); nil when nobody waits.
+	subscribed chan struct{}
+	active     int           // requests in flight, event streams excepted
+	idle       chan struct{} // closed when active drops to 0 while draining
+	draining   bool
+	closed     chan struct{} // closed by Close: event streams and tunnels end
+	tunnels    map[*tunnel]struct{}
 }
 
 // NewServer returns the API of a (serving requests only with the given
@@ -227,6 +230,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
+// WaitSubscriber returns true once a client follows the event stream (at
+// once if one does), false if ctx ends first. A shutdown that stops
+// sandboxes waits a little for the control plane, which may be
+// reconnecting, so that it hears why they stopped.
+func (s *Server) WaitSubscriber(ctx context.Context) bool {
+	s.mu.Lock()
+	if len(s.subs) > 0 {
+		s.mu.Unlock()
+		return true
+	}
+	if s.subscribed == nil {
+		s.subscribed = make(chan struct{})
+	}
+	ch := s.subscribed
+	s.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // Close ends every event stream and dial and refuses new ones.
 // Idempotent.
 func (s *Server) Close() error {
@@ -278,6 +304,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	default:
 	}
 	s.subs[ch] = struct{}{}
+	if s.subscribed != nil {
+		close(s.subscribed)
+		s.subscribed = nil
+	}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -302,7 +332,18 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-s.closed:
-			return
+			// Whatever was queued before Close still goes out: the exits
+			// of the sandboxes a shutdown stopped are the last events.
+			for {
+				select {
+				case e, ok := <-ch:
+					if !ok || out.send(e) != nil {
+						return
+					}
+				default:
+					return
+				}
+			}
 		case <-ping.C:
 			ev = Event{Type: "ping"}
 		case e, ok := <-ch:

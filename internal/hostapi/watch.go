@@ -26,17 +26,19 @@ type Watcher struct {
 }
 
 // Watch follows the agent's event stream until ctx ends, reconnecting
-// with backoff (100 ms doubling to 5 s) whenever it breaks or stays silent
-// for three ping intervals. It returns nil when ctx ends.
+// with backoff (100 ms doubling to 5 s while connecting fails; back to
+// 100 ms once a stream was live) whenever it breaks or stays silent for
+// three ping intervals. It returns nil when ctx ends.
 func (c *Client) Watch(ctx context.Context, w Watcher) error {
 	backoff := 100 * time.Millisecond
 	for {
-		t0 := time.Now()
-		err := c.watchOnce(ctx, w)
+		live, err := c.watchOnce(ctx, w)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(t0) > time.Minute {
+		if live {
+			// The agent restarted or the stream broke: while the stream
+			// is down, exits are missed, so come back at once.
 			backoff = 100 * time.Millisecond
 		}
 		c.log.Warn("host agent event stream lost; reconnecting", "err", err, "retry_ms", backoff.Milliseconds())
@@ -49,16 +51,18 @@ func (c *Client) Watch(ctx context.Context, w Watcher) error {
 	}
 }
 
-func (c *Client) watchOnce(ctx context.Context, w Watcher) error {
+// watchOnce follows one event stream until it ends; live says whether it
+// got as far as the agent's hello.
+func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req, err := c.request(ctx, http.MethodGet, "/events", nil, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	res, err := c.do(req)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer res.Body.Close()
 	// Silence for three pings: the agent or the network is gone.
@@ -71,7 +75,7 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) error {
 		idle.Reset(3 * PingInterval)
 		var ev Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return fmt.Errorf("event stream: %w", err)
+			return hello, fmt.Errorf("event stream: %w", err)
 		}
 		switch {
 		case ev.Type == "hello" && ev.Info != nil:
@@ -80,7 +84,7 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) error {
 			if w.Connected != nil {
 				idle.Stop() // however long reconciling takes
 				if err := w.Connected(ctx); err != nil {
-					return fmt.Errorf("on connect: %w", err)
+					return hello, fmt.Errorf("on connect: %w", err)
 				}
 				idle.Reset(3 * PingInterval)
 			}
@@ -95,7 +99,7 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) error {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return c.transportError(ctx, err)
+		return hello, c.transportError(ctx, err)
 	}
-	return errors.New("event stream ended")
+	return hello, errors.New("event stream ended")
 }

@@ -383,7 +383,9 @@ func TestDNSAddressTimeout(t *testing.T) {
 		}
 		return nettest.IsRefused(err)
 	})
-	if d := time.Since(resolved); d < 2*time.Second {
+	// The kernel expires set elements on its own clock, in jiffies: allow
+	// it a few of them early against this wall-clock measure.
+	if d := time.Since(resolved); d < 2*time.Second-50*time.Millisecond {
 		t.Fatalf("the address expired after %v, before DNSMinTimeout", d)
 	}
 

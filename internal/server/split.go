@@ -191,6 +191,15 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	if cfg.OnShutdown == "keep" {
 		keepRunning = true
 	} else {
+		if vmmsRunning(host) {
+			// The control plane learns why these sandboxes stop only from
+			// the event stream: give it a moment to (re)connect.
+			wctx, wcancel := context.WithTimeout(context.Background(), subscriberWait)
+			if !hsrv.WaitSubscriber(wctx) {
+				log.Warn("no control plane follows the host's events: it will see the sandboxes stopped at shutdown as exited")
+			}
+			wcancel()
+		}
 		stopRunning(host, func(id string) error {
 			err := host.Kill(dctx, id)
 			if err == nil {
@@ -206,6 +215,10 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	sv.stop()
 	return nil
 }
+
+// subscriberWait bounds how long a shutting-down agent waits for a control
+// plane to follow its events before it stops its sandboxes.
+const subscriberWait = 5 * time.Second
 
 // RunServer runs the control plane (`panda server`): the REST API, the TTL
 // loop and the catalog, with the sandboxes of the host agent at
