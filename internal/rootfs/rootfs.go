@@ -176,7 +176,12 @@ func errorf(class error, cause error, format string, args ...any) error {
 	return &userError{class: class, msg: fmt.Sprintf(format, args...), err: cause}
 }
 
-// mib formats a byte count for progress lines and messages.
+// mib formats a byte count for progress lines and messages: "12.3 MiB", or
+// KiB under one MiB.
 func mib(n int64) string {
-	return strings.TrimSuffix(fmt.Sprintf("%.1f", float64(n)/(1<<20)), ".0") + " MiB"
+	v, unit := float64(n)/(1<<20), " MiB"
+	if n < 1<<20 {
+		v, unit = float64(n)/(1<<10), " KiB"
+	}
+	return strings.TrimSuffix(fmt.Sprintf("%.1f", v), ".0") + unit
 }
