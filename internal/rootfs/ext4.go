@@ -194,6 +194,9 @@ func makeExt4(ctx context.Context, dir, out, label string, opts Options, progres
 	if err := copyRoot(ctx, dir, tmp); err != nil {
 		return err
 	}
+	if err := os.Chmod(tmp, 0o644); err != nil { // CreateTemp's 0600
+		return fmt.Errorf("make the image file: %w", err)
+	}
 	if err := syncFile(tmp); err != nil {
 		return err
 	}

@@ -113,11 +113,17 @@ func FromImage(ctx context.Context, src string, out string, opts Options) (Confi
 	if tmpDir == "" {
 		tmpDir = filepath.Dir(out)
 	}
-	treeDir, err := os.MkdirTemp(tmpDir, "."+filepath.Base(out)+".tree-")
+	// The tree sits in a directory only root may enter: it holds the
+	// image's setuid programs, which other users of the host must not run.
+	work, err := os.MkdirTemp(tmpDir, "."+filepath.Base(out)+".tree-")
 	if err != nil {
 		return Config{}, fmt.Errorf("make the temporary tree: %w", err)
 	}
-	defer os.RemoveAll(treeDir)
+	defer os.RemoveAll(work)
+	treeDir := filepath.Join(work, "root")
+	if err := os.Mkdir(treeDir, 0o755); err != nil {
+		return Config{}, fmt.Errorf("make the temporary tree: %w", err)
+	}
 
 	t, err := newTree(treeDir, int64(opts.MaxSizeMiB)<<20)
 	if err != nil {

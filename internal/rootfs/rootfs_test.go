@@ -371,8 +371,8 @@ func TestFromImageRegistryTree(t *testing.T) {
 	}
 	checkTree(t, out)
 
-	// The same image by digest.
-	out, got, _, err = build(t, host+"/test/tree@"+digest.String(), rootfs.Options{SizeMiB: 64})
+	// The same image by digest, plain HTTP allowed.
+	out, got, _, err = build(t, host+"/test/tree@"+digest.String(), rootfs.Options{SizeMiB: 64, Insecure: true})
 	if err != nil {
 		t.Fatalf("FromImage by digest: %v", err)
 	}
@@ -773,6 +773,9 @@ func TestFromImageReplacesOut(t *testing.T) {
 	}
 	if got := cat(t, out, "/f"); got != "new" {
 		t.Errorf("/f: got %q, want new", got)
+	}
+	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("out: got %v, %v; want mode 0644", fi.Mode(), err)
 	}
 }
 

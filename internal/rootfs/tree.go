@@ -28,7 +28,7 @@ import (
 // error. Device nodes are made as the header says, or skipped without
 // CAP_MKNOD (the guest's devtmpfs has the usual ones); fifos are made.
 type tree struct {
-	dir  string // the tree's root, a directory FromImage made
+	dir  string // the tree's root, a 0755 directory FromImage made
 	root int    // O_PATH descriptor of dir
 
 	// limit caps the bytes of regular files written (0: none); written
@@ -44,11 +44,6 @@ type tree struct {
 }
 
 func newTree(dir string, limit int64) (*tree, error) {
-	// MkdirTemp made it 0700; a root directory is 0755 unless the image
-	// says otherwise.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("prepare the temporary tree: %w", err)
-	}
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open the temporary tree: %w", err)
