@@ -50,7 +50,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(upCmd(), serverCmd(), agentCmd(), benchCmd(), chaosCmd())
+	root.AddCommand(upCmd(), serverCmd(), agentCmd(), benchCmd(), chaosCmd(), rootfsCmd())
 	root.AddCommand(cli.Commands()...)
 	return root.ExecuteContext(ctx)
 }
