@@ -54,6 +54,7 @@ type Store interface {
 	StageUserRootFS(name string) (dir string, err error)
 	InstallUserRootFS(dir string, u template.UserRootFS) error
 	RemoveUserRootFS(name string) error
+	UserRootFSes() ([]template.UserRootFS, error)
 }
 
 // Config configures a Manager.
@@ -425,4 +426,9 @@ func newID() string {
 	b := make([]byte, 10)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// UserTemplates lists the user templates built.
+func (m *Manager) UserTemplates() ([]template.UserRootFS, error) {
+	return m.cfg.Store.UserRootFSes()
 }
