@@ -305,4 +305,5 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
 var _ TemplateBuilds = (*tmplbuild.Manager)(nil)
