@@ -242,7 +242,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	say(fmt.Sprintf("building template %s from %s", name, src))
 	dir, err := m.cfg.Store.StageUserRootFS(name)
 	if err != nil {
-		return err
+		return storeError{err}
 	}
 	installed := false
 	defer func() {
@@ -259,7 +259,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	}
 	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
 	if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
-		return err
+		return storeError{err}
 	}
 	installed = true
 	m.mu.Lock()
@@ -280,7 +280,11 @@ func (m *Manager) finish(b *build, err error) {
 		b.st.State = StateSucceeded
 	} else {
 		b.st.State, b.st.Code, b.st.Error = StateFailed, classify(err), err.Error()
+		var se storeError
 		switch {
+		case errors.As(err, &se):
+			// Names the server's paths: users get the gist, the log the rest.
+			b.st.Error = "the server could not store the root filesystem (see its log)"
 		case errors.Is(err, context.DeadlineExceeded):
 			b.st.Error = fmt.Sprintf("the build took longer than %s", m.cfg.Timeout)
 		case errors.Is(err, context.Canceled):
@@ -310,6 +314,13 @@ func (m *Manager) finish(b *build, err error) {
 	}
 	m.notify(b)
 }
+
+// storeError is a failure of the template store (the server's disk), not
+// of the image.
+type storeError struct{ err error }
+
+func (e storeError) Error() string { return e.err.Error() }
+func (e storeError) Unwrap() error { return e.err }
 
 func classify(err error) string {
 	switch {
