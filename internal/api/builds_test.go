@@ -195,6 +195,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		{b.user, "/v1/templates/app", 403},
 		{b.admin, "/v1/templates/tiny", 422},
 		{b.admin, "/v1/templates/app?force=maybe", 422},
+		{b.admin, "/v1/templates/nope", 404},
 		{b.admin, "/v1/templates/app", 409},
 		{b.admin, "/v1/templates/app?force=true", 204},
 		{b.admin, "/v1/templates/app?force=true", 404},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -273,6 +274,15 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	users, err := b.UserTemplates()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if !slices.ContainsFunc(users, func(u template.UserRootFS) bool { return u.Name == name }) {
+		s.writeError(w, r, notFound("no template %q built from an image", name))
+		return
+	}
 	force := false
 	switch r.URL.Query().Get("force") {
 	case "", "false":
@@ -295,7 +305,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if n > 0 {
-			s.writeError(w, r, conflict("%d sandboxes of template %s are not stopped; kill them first, or delete with ?force=true (they keep running)", n, name))
+			s.writeError(w, r, conflict("sandboxes of template %s are not stopped (%d); kill them first, or delete with ?force=true (they keep running)", name, n))
 			return
 		}
 	}

@@ -39,6 +39,9 @@ func imageConverter(maxSizeMiB int) tmplbuild.Convert {
 			ref = "docker://" + ref
 		}
 		c, err := rootfs.FromImage(ctx, ref, out, rootfs.Options{MaxSizeMiB: maxSizeMiB, Progress: progress})
+		if err != nil && ref != src {
+			err = renamed{strings.ReplaceAll(err.Error(), ref, src), err} // as the user wrote it
+		}
 		if err != nil {
 			if errors.Is(err, rootfs.ErrNotFound) {
 				return tmplbuild.Result{}, fmt.Errorf("%w: %w", tmplbuild.ErrImageNotFound, err)
@@ -50,3 +53,12 @@ func imageConverter(maxSizeMiB int) tmplbuild.Convert {
 		}}, nil
 	}
 }
+
+// renamed is err with another message.
+type renamed struct {
+	msg string
+	err error
+}
+
+func (e renamed) Error() string { return e.msg }
+func (e renamed) Unwrap() error { return e.err }
