@@ -207,6 +207,15 @@ func TestTemplateFromImage(t *testing.T) {
 	if err != nil || r.Stdout != "there\n/etc\n" {
 		t.Errorf("exec with its own env and cwd: %+v, %v", r, err)
 	}
+	// A fork keeps the defaults.
+	kids, err := sb1.Fork(ctx, 1)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	check(kids[0], "hello from v1\nworld\n/srv\n")
+	if err := kids[0].Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// So does the sandbox's env.
 	sb2, err := c.Create(ctx, pandastack.CreateOptions{Template: "hello", MemoryMiB: 256, TTLSeconds: 1800, Env: map[string]string{"HELLO": "sandbox"}})
 	if err != nil {
