@@ -197,14 +197,15 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	a.vol = vol
 	a.sbDir = filepath.Join(vol.Dir, "sandboxes")
 	ts, err := template.NewStore(template.Config{
-		Dir:    filepath.Join(vol.Dir, "templates"),
-		RunDir: cfg.RunDir,
-		Images: a.images,
-		Driver: drv,
-		Accel:  accel,
-		TSCkHz: qemu.TSCkHz(),
-		Net:    a.bakeNIC(),
-		Logger: cfg.Logger,
+		Dir:     filepath.Join(vol.Dir, "templates"),
+		RunDir:  cfg.RunDir,
+		Images:  a.images,
+		UserDir: filepath.Join(vol.Dir, "rootfs"),
+		Driver:  drv,
+		Accel:   accel,
+		TSCkHz:  qemu.TSCkHz(),
+		Net:     a.bakeNIC(),
+		Logger:  cfg.Logger,
 	})
 	if err != nil {
 		vol.Close()
@@ -287,7 +288,10 @@ type record struct {
 	Hostname  string            `json:"hostname"`
 	MachineID string            `json:"machine_id"`
 	Env       map[string]string `json:"env,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
+	// Cwd is the working directory of execs that name none ("" for the
+	// guest's default): the WORKDIR of a user template's image.
+	Cwd       string    `json:"cwd,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// Network is the sandbox's egress policy; NetNS the network namespace
 	// it runs in (while it has a VMM), to adopt after a restart.
 	Network network.Policy `json:"network"`
@@ -415,7 +419,8 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := req.Network.Validate(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w: %w", ErrInvalid, err)
 	}
-	s, err := a.register(record{ID: req.ID, Env: req.Env, Owner: req.Owner, Snapshot: req.SnapshotID, Network: req.Network})
+	env, cwd := a.imageDefaults(req.Template, req.Env)
+	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, Owner: req.Owner, Snapshot: req.SnapshotID, Network: req.Network})
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -423,6 +428,34 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	return s.info(), nil
+}
+
+// imageDefaults returns the default environment and working directory of
+// the execs of a sandbox of template name with create-time env: for a
+// user template, its image's Env under env (a variable of env wins) and
+// its WorkingDir; otherwise env and "". The image's User is not applied:
+// the guest protocol runs every exec as root.
+func (a *Agent) imageDefaults(name string, env map[string]string) (map[string]string, string) {
+	if name == "" || a.templates.IsBuiltin(name) {
+		return env, ""
+	}
+	u, err := a.templates.UserRootFS(name)
+	if err != nil {
+		return env, ""
+	}
+	if len(u.Image.Env) == 0 {
+		return env, u.Image.WorkingDir
+	}
+	out := map[string]string{}
+	for _, kv := range u.Image.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && !strings.ContainsRune(v, 0) {
+			out[k] = v
+		}
+	}
+	for k, v := range env {
+		out[k] = v
+	}
+	return out, u.Image.WorkingDir
 }
 
 // start restores a registered (starting) sandbox from im and makes it
@@ -721,7 +754,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if err != nil {
 		return fmt.Errorf("connect to guest agent: %w", err)
 	}
-	client := guestproto.NewClient(conn)
+	client := s.newClient(conn)
 	ready := make(chan struct{})
 	s.setMachine(m, client, ready)
 	if s.stopping() { // killed before it could see the machine

@@ -181,7 +181,7 @@ func (a *Agent) adoptRunning(ctx context.Context, s *sandbox) (State, error) {
 		m.Kill()
 		return fail(fmt.Errorf("connect to guest agent: %w", err))
 	}
-	client := guestproto.NewClient(conn)
+	client := s.newClient(conn)
 	ready := make(chan struct{})
 	a.adoptNet(actx, s)
 	s.mu.Lock()
@@ -349,7 +349,7 @@ func (a *Agent) keepGuest(s *sandbox, m vmm.Machine, client *guestproto.Client) 
 			a.log.Warn("reconnect to guest agent", "sandbox_id", s.rec.ID, "err", err)
 			continue
 		}
-		next := guestproto.NewClient(conn)
+		next := s.newClient(conn)
 		ready := make(chan struct{})
 		s.mu.Lock()
 		ours = s.client == client && s.m == m && !s.detached && s.state != StateStopping && s.state != StateStopped

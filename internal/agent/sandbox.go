@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -224,4 +225,15 @@ func writeJSON(path string, v any, durable bool) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// newClient returns a guest client on conn with the sandbox's exec
+// defaults. rec.Cwd never changes after register, so s.mu is not needed
+// (and may be held).
+func (s *sandbox) newClient(conn io.ReadWriteCloser) *guestproto.Client {
+	c, err := guestproto.NewClientConfig(conn, guestproto.ClientConfig{ExecCwd: s.rec.Cwd})
+	if err != nil { // a relative Cwd from a bad sandbox.json: ignore it
+		return guestproto.NewClient(conn)
+	}
+	return c
 }

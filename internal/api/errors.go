@@ -14,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -90,11 +91,13 @@ func classify(err error) *apiError {
 			msg = qe.Error() // says which limit and the numbers, without our wrapping
 		}
 		return errorf(http.StatusTooManyRequests, "quota_exceeded", "%s", msg)
-	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound):
+	case errors.Is(err, tmplbuild.ErrClosed):
+		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
+	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):
 		return errorf(http.StatusNotFound, "not_found", "%s", userMessage(err))
 	case errors.Is(err, agent.ErrInvalid), errors.Is(err, template.ErrInvalid):
 		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", userMessage(err))
-	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict):
+	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict):
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
 	case errors.Is(err, ErrUnavailable):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))

@@ -185,6 +185,10 @@ type Config struct {
 	// {port}-{id}.{ProxyDomain} (proxydomain.go): a lowercase DNS name.
 	ProxyDomain string
 
+	// TemplateBuilds builds user templates from images (POST
+	// /v1/templates); nil: those endpoints answer 501.
+	TemplateBuilds TemplateBuilds
+
 	// OpenAPI is the document served at /v1/openapi.yaml.
 	OpenAPI []byte
 	Version string
@@ -414,6 +418,10 @@ func (s *Server) routes() http.Handler {
 		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)
+		r.Post("/templates", s.startBuild)
+		r.Delete("/templates/{name}", s.deleteTemplate)
+		r.Get("/templates/builds/{buildID}", s.getBuild)
+		r.Get("/templates/builds/{buildID}/logs", s.buildLogs)
 		r.Post("/keys", s.createKey)
 		r.Get("/keys", s.listKeys)
 		r.Delete("/keys/{keyID}", s.revokeKey)

@@ -14,7 +14,7 @@ func templateCmd(g *globals) *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:     "template",
 		Aliases: []string{"templates"},
-		Short:   "List and bake templates",
+		Short:   "List, bake, build and remove templates",
 	})
 	cmd.AddCommand(&cobra.Command{
 		Use:   "ls",
@@ -35,7 +35,7 @@ func templateCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"templates": ts})
 			}
-			t := newTable(cmd.OutOrStdout(), "NAME", "MEMORY", "VCPUS", "STATE", "BAKED", "BAKE TIME")
+			t := newTable(cmd.OutOrStdout(), "NAME", "MEMORY", "VCPUS", "STATE", "BAKED", "BAKE TIME", "IMAGE")
 			for _, tp := range ts {
 				state := tp.State
 				if tp.StaleReason != "" {
@@ -45,7 +45,11 @@ func templateCmd(g *globals) *cobra.Command {
 				if tp.BakeMS > 0 {
 					bake = fmt.Sprintf("%.1fs", float64(tp.BakeMS)/1000)
 				}
-				t.row(tp.Name, mib(tp.MemoryMiB), num(tp.VCPUs), state, when(tp.BakedAt), bake)
+				image := "-"
+				if tp.FromImage != "" {
+					image = tp.FromImage
+				}
+				t.row(tp.Name, mib(tp.MemoryMiB), num(tp.VCPUs), state, when(tp.BakedAt), bake, image)
 			}
 			return t.flush()
 		},
@@ -79,7 +83,69 @@ func templateCmd(g *globals) *cobra.Command {
 	bake.Flags().IntVar(&mem, "memory", 0, "guest memory in MiB (default: the server's)")
 	bake.Flags().IntVar(&vcpus, "vcpus", 0, "guest vCPUs (default: the server's)")
 	cmd.AddCommand(bake)
+	cmd.AddCommand(templateBuildCmd(g), templateRmCmd(g))
 	return cmd
+}
+
+func templateBuildCmd(g *globals) *cobra.Command {
+	var from string
+	build := &cobra.Command{
+		Use:   "build NAME --from-image REF",
+		Short: "Build a template from a container image, showing progress (admin keys only)",
+		Long: `Build template NAME from a container image in a registry, showing the
+build's progress. Sandboxes created with --template NAME then start from
+it (the first create bakes it). The image's ENV and WORKDIR become the
+defaults of their commands; its USER is not applied (commands run as root).
+Building NAME again replaces it; sandboxes already running keep theirs.`,
+		Example: `  panda template build myapp --from-image registry.example.com/myapp:1.0
+  panda create --template myapp`,
+		Args: args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if from == "" {
+				return errors.New("--from-image is required")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			pw := cmd.OutOrStdout()
+			if g.json {
+				pw = cmd.ErrOrStderr()
+			}
+			b, err := c.BuildTemplate(cmd.Context(), args[0], from, func(line string) { fmt.Fprintln(pw, line) })
+			if err != nil {
+				return fmt.Errorf("build %s: %w", args[0], err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), b)
+			}
+			return nil
+		},
+	}
+	build.Flags().StringVar(&from, "from-image", "", "the image: a registry reference (registry.example.com/app:1.0)")
+	return build
+}
+
+func templateRmCmd(g *globals) *cobra.Command {
+	var force bool
+	rm := &cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"delete"},
+		Short:   "Remove a template built from an image, with every shape baked from it (admin keys only)",
+		Args:    args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteTemplate(cmd.Context(), args[0], force); err != nil {
+				return fmt.Errorf("remove template %s: %w", args[0], err)
+			}
+			return nil
+		},
+	}
+	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes of it are not stopped (they keep running)")
+	return rm
 }
 
 func keysCmd(g *globals) *cobra.Command {

@@ -738,3 +738,31 @@ func TestSystemHooksMapHostname(t *testing.T) {
 		t.Errorf("new hosts = %q", b)
 	}
 }
+
+// TestClientExecCwd: a client's ExecCwd is the working directory of execs
+// that name none; an exec's own Cwd wins.
+func TestClientExecCwd(t *testing.T) {
+	f := startGuest(t)
+	dir := t.TempDir()
+	c, err := guestproto.NewClientConfig(f.tr.Connect(true), guestproto.ClientConfig{ExecCwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := testContext(t)
+	if _, err := c.Hello(ctx, guestproto.HelloRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ cwd, want string }{{"", dir}, {"/", "/"}} {
+		var out bytes.Buffer
+		if _, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"pwd"}, Cwd: tc.cwd}, nil, &out, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(out.String()); got != tc.want {
+			t.Errorf("pwd with Cwd %q: got %q, want %q", tc.cwd, got, tc.want)
+		}
+	}
+	if _, err := guestproto.NewClientConfig(f.tr.Connect(true), guestproto.ClientConfig{ExecCwd: "relative"}); err == nil {
+		t.Errorf("a relative ExecCwd was accepted")
+	}
+}

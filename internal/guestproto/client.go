@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,10 @@ type ClientConfig struct {
 	// DefaultMaxListEntries (10,000) and DefaultMaxListBytes (8 MiB).
 	MaxListEntries int
 	MaxListBytes   int
+	// ExecCwd is the working directory of execs that name none (absolute;
+	// "": the guest's default, $HOME or /). The host sets it from the
+	// WORKDIR of a user template's image; an exec's own Cwd wins.
+	ExecCwd string
 }
 
 // Validate reports whether c is usable: no field may be negative.
@@ -85,6 +90,9 @@ func (c ClientConfig) Validate() error {
 		if f.v < 0 {
 			return fmt.Errorf("guest client config: %s is negative", f.name)
 		}
+	}
+	if c.ExecCwd != "" && !path.IsAbs(c.ExecCwd) {
+		return fmt.Errorf("guest client config: ExecCwd %q is not absolute", c.ExecCwd)
 	}
 	return nil
 }
@@ -907,6 +915,9 @@ type Process struct {
 // missing executable, cwd or an invalid request fail here with a *Error
 // (ErrNotFound, ErrPermission, ErrInvalid).
 func (c *Client) StartExec(ctx context.Context, req ExecRequest) (*Process, error) {
+	if req.Cwd == "" {
+		req.Cwd = c.cfg.ExecCwd
+	}
 	if err := req.Validate(); err != nil {
 		return nil, fmt.Errorf("exec: %w", Errorf(CodeInvalid, "%v", err))
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -101,6 +102,13 @@ type Config struct {
 	// set-ups that install packages. Default off: bakes are isolated.
 	BakeNetwork bool `yaml:"bake_network"`
 
+	// MaxTemplateBuilds bounds the builds of templates from images
+	// (POST /v1/templates) running at once; more queue (default 2).
+	MaxTemplateBuilds int `yaml:"max_template_builds"`
+	// TemplateMaxSizeMiB caps the root filesystem of a template built
+	// from an image (default 16384; 0: no cap).
+	TemplateMaxSizeMiB int `yaml:"template_max_size_mib"`
+
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
 	AgentURL string `yaml:"agent_url"`
@@ -158,6 +166,8 @@ func Defaults() Config {
 		MaxDiskMiBPerKey:   1 << 20,
 		OnShutdown:         "kill",
 		Network:            "on",
+		MaxTemplateBuilds:  tmplbuild.DefaultMaxConcurrent,
+		TemplateMaxSizeMiB: 16 << 10,
 		LogLevel:           "info",
 		LogFormat:          "text",
 
@@ -201,6 +211,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.networkConfig(nil); err != nil {
 		return err
+	}
+	if c.MaxTemplateBuilds < 0 || c.TemplateMaxSizeMiB < 0 {
+		return errors.New("max_template_builds and template_max_size_mib must not be negative")
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":
@@ -261,9 +274,17 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	keepRunning := false
 	defer func() { closeHost(host, nw, keepRunning, log) }()
 
+	// Template builds, before the API that starts them: closed after it
+	// (cancelling the builds in flight), before the host.
+	builds, err := openTemplateBuilds(cfg, host, log)
+	if err != nil {
+		return err
+	}
+	defer builds.Close()
+
 	// 3. Catalog, admin key, API; reconcile the catalog with what
 	// survived a restart.
-	srv, cat, err := openControlPlane(ctx, cfg, api.Local(host), version, openapi, out, log)
+	srv, cat, err := openControlPlane(ctx, cfg, api.Local(host), builds, version, openapi, out, log)
 	if err != nil {
 		return err
 	}
@@ -465,7 +486,7 @@ func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writ
 
 // openControlPlane opens the catalog, creates the admin key on first
 // start and builds the API over host. The caller closes the catalog.
-func openControlPlane(ctx context.Context, cfg Config, host api.Host, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
@@ -493,6 +514,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, version st
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
 		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
+		TemplateBuilds: builds,
 	}, cat, host, reg)
 	if err != nil {
 		cat.Close()

@@ -254,7 +254,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	}
 	defer client.Close()
 
-	srv, cat, err := openControlPlane(ctx, cfg, client, version, openapi, out, log)
+	srv, cat, err := openControlPlane(ctx, cfg, client, nil, version, openapi, out, log)
 	if err != nil {
 		return err
 	}

@@ -143,8 +143,12 @@ type Config struct {
 	Dir    string // where templates live; must be on the reflink volume
 	RunDir string // parent of short-lived run directories for bakes
 	Images Images
-	Driver vmm.Driver
-	Accel  vmm.Accel // kvm or tcg
+	// UserDir holds the root filesystems built from users' images
+	// (user.go); "" for none. Templates are found by name there after
+	// Images.
+	UserDir string
+	Driver  vmm.Driver
+	Accel   vmm.Accel // kvm or tcg
 	// BakeTimeout bounds one boot attempt (default 120 s).
 	BakeTimeout time.Duration
 	// ExtraCmdline is appended to the guest kernel command line.
@@ -171,7 +175,9 @@ type Config struct {
 type Store struct {
 	cfg    Config
 	hashes *hashCache
-	log    *slog.Logger
+	// userHashes caches the hashes of user root filesystems, beside them.
+	userHashes *hashCache
+	log        *slog.Logger
 
 	mu     sync.Mutex
 	baking map[string]*bake
@@ -204,16 +210,25 @@ func NewStore(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("template store: %w", err)
 	}
 	return &Store{
-		cfg:      cfg,
-		hashes:   &hashCache{path: cfg.Images.hashCachePath()},
-		log:      cfg.Logger,
-		baking:   map[string]*bake{},
-		verified: map[string]string{},
+		cfg:        cfg,
+		hashes:     &hashCache{path: cfg.Images.hashCachePath()},
+		userHashes: &hashCache{path: userHashCache(cfg.UserDir)},
+		log:        cfg.Logger,
+		baking:     map[string]*bake{},
+		verified:   map[string]string{},
 	}, nil
 }
 
-// Names lists the templates that can be baked (one per root filesystem).
-func (s *Store) Names() []string { return s.cfg.Images.rootfsNames() }
+// Names lists the templates that can be baked (one per root filesystem):
+// the built-in ones and the users'.
+func (s *Store) Names() []string { return mergeNames(s.cfg.Images.rootfsNames(), s.userNames()) }
+
+func userHashCache(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, ".hashes.json")
+}
 
 // Progress receives human-readable progress lines during a bake.
 type Progress func(msg string)
@@ -267,11 +282,12 @@ func (s *Store) setVerified(dir string) {
 	}
 }
 
-// RemoveLeftovers removes what interrupted bakes left in the store
-// (temporary and replaced template directories) and returns how many. Call
-// it only when no bake runs, e.g. at start-up.
+// RemoveLeftovers removes what interrupted bakes and builds left in the
+// store (temporary and replaced template directories, unused versions of
+// user root filesystems) and returns how many. Call it only when no bake
+// or build runs, e.g. at start-up.
 func (s *Store) RemoveLeftovers() int {
-	var n int
+	n := s.removeUserLeftovers()
 	for _, pat := range []string{".bake-*", ".old-*"} {
 		m, _ := filepath.Glob(filepath.Join(s.cfg.Dir, pat))
 		for _, d := range m {
@@ -288,7 +304,7 @@ func (s *Store) Bake(ctx context.Context, p Params, progress Progress) (*Templat
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(s.cfg.Images.RootFS(p.Name)); err != nil {
+	if s.rootfsPath(p.Name) == "" {
 		return nil, s.unknown(p.Name)
 	}
 	return s.bakeOnce(ctx, p, "bake requested", progress)
@@ -305,7 +321,7 @@ func (s *Store) unknown(name string) error {
 // Lookup returns the baked template for p and why it cannot be used as
 // is ("" when it is fresh; t is nil when it was never baked).
 func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
-	if _, err := os.Stat(s.cfg.Images.RootFS(p.Name)); err != nil {
+	if s.rootfsPath(p.Name) == "" {
 		return nil, "", s.unknown(p.Name)
 	}
 	dir := filepath.Join(s.cfg.Dir, p.Key())
@@ -369,11 +385,19 @@ func (s *Store) List() ([]Template, error) {
 
 func (s *Store) inputs(name string) (map[string]string, error) {
 	im := s.cfg.Images
+	rootfs := s.rootfsPath(name)
+	if rootfs == "" {
+		return nil, s.unknown(name)
+	}
 	out := map[string]string{}
 	for k, path := range map[string]string{
-		"kernel": im.Kernel(), "initramfs": im.Initramfs(), "agent": im.Agent(), "rootfs": im.RootFS(name),
+		"kernel": im.Kernel(), "initramfs": im.Initramfs(), "agent": im.Agent(), "rootfs": rootfs,
 	} {
-		h, err := s.hashes.hash(path)
+		cache := s.hashes
+		if k == "rootfs" && rootfs != im.RootFS(name) {
+			cache = s.userHashes
+		}
+		h, err := cache.hash(path)
 		if err != nil {
 			return nil, fmt.Errorf("template input %s: %w (run make setup)", k, err)
 		}
@@ -447,8 +471,12 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		os.Remove(t.RootFS())
 		os.Remove(t.MemFile())
 		os.Remove(t.StateFile())
-		say("copying root filesystem %s", filepath.Base(s.cfg.Images.RootFS(p.Name)))
-		if err := copySparse(s.cfg.Images.RootFS(p.Name), t.RootFS()); err != nil {
+		src := s.rootfsPath(p.Name)
+		if src == "" {
+			return nil, s.unknown(p.Name)
+		}
+		say("copying root filesystem %s", p.Name)
+		if err := copySparse(src, t.RootFS()); err != nil {
 			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 		}
 		if err := createSparse(t.MemFile(), int64(p.MemoryMiB)<<20); err != nil {

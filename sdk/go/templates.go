@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -28,6 +29,10 @@ type Template struct {
 	StaleReason string    `json:"stale_reason,omitempty"`
 	BakedAt     time.Time `json:"baked_at,omitzero"`
 	BakeMS      int64     `json:"bake_ms,omitempty"`
+	// A user template's image (BuildTemplate); empty for built-in ones.
+	FromImage string    `json:"from_image,omitempty"`
+	Digest    string    `json:"digest,omitempty"`
+	BuiltAt   time.Time `json:"built_at,omitzero"`
 }
 
 // Templates lists the templates, one entry per baked shape.
@@ -103,4 +108,121 @@ func readBakeStream(r io.Reader, progress func(string)) (Template, error) {
 			return Template{}, newError(0, ev.Error.Code, ev.Error.Message)
 		}
 	}
+}
+
+// Template build states and failure codes (TemplateBuild).
+const (
+	BuildQueued    = "queued"
+	BuildRunning   = "running"
+	BuildSucceeded = "succeeded"
+	BuildFailed    = "failed"
+
+	CodeImageNotFound = "image_not_found"
+	CodeBuildFailed   = "build_failed"
+	CodeCanceled      = "canceled"
+)
+
+// TemplateBuild is a build of a user template from a container image.
+type TemplateBuild struct {
+	ID        string    `json:"build_id"`
+	Name      string    `json:"name"`
+	FromImage string    `json:"from_image"`
+	Status    string    `json:"status"` // queued, running, succeeded, failed
+	Code      string    `json:"code,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	Digest    string    `json:"digest,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+}
+
+// StartTemplateBuild starts building template name from the container
+// image fromImage (a registry reference) and returns the build, queued.
+// Admin keys only; only `panda up` builds templates.
+func (c *Client) StartTemplateBuild(ctx context.Context, name, fromImage string) (TemplateBuild, error) {
+	in := map[string]string{"name": name, "from_image": fromImage}
+	var out TemplateBuild
+	err := c.doJSON(ctx, http.MethodPost, path("templates"), nil, in, &out)
+	return out, err
+}
+
+// TemplateBuild returns the status of a build.
+func (c *Client) TemplateBuild(ctx context.Context, buildID string) (TemplateBuild, error) {
+	var out TemplateBuild
+	err := c.doJSON(ctx, http.MethodGet, path("templates", "builds", buildID), nil, nil, &out)
+	return out, err
+}
+
+// FollowTemplateBuild calls progress (if not nil) with each progress line
+// of a build, from the first, and returns the build once it has ended
+// (succeeded or failed: see its Status).
+func (c *Client) FollowTemplateBuild(ctx context.Context, buildID string, progress func(string)) (TemplateBuild, error) {
+	req, err := c.newRequest(ctx, http.MethodGet, path("templates", "builds", buildID, "logs"), nil, nil, "")
+	if err != nil {
+		return TemplateBuild{}, err
+	}
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := c.send(req)
+	if err != nil {
+		return TemplateBuild{}, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev struct {
+			Line *string `json:"line"`
+			TemplateBuild
+		}
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				return TemplateBuild{}, fmt.Errorf("template build %s: %w before it ended", buildID, ErrStreamEnded)
+			}
+			return TemplateBuild{}, fmt.Errorf("template build %s: read progress stream: %w", buildID, err)
+		}
+		if ev.Line != nil {
+			if progress != nil {
+				progress(*ev.Line)
+			}
+			continue
+		}
+		if ev.Status != "" {
+			return ev.TemplateBuild, nil
+		}
+	}
+}
+
+// BuildTemplate builds template name from the container image fromImage
+// (a registry reference such as "registry.example.com/app:1.0"), calling
+// progress (if not nil) with each progress line, and returns once it is
+// built. A failed build is an *Error whose Code is the build's
+// (CodeImageNotFound, CodeBuildFailed, CodeCanceled). Sandboxes created
+// with Template name then start from it; the image's Env and WorkingDir
+// are the defaults of their commands. Admin keys only.
+func (c *Client) BuildTemplate(ctx context.Context, name, fromImage string, progress func(string)) (TemplateBuild, error) {
+	b, err := c.StartTemplateBuild(ctx, name, fromImage)
+	if err != nil {
+		return b, err
+	}
+	b, err = c.FollowTemplateBuild(ctx, b.ID, progress)
+	if err != nil {
+		return b, err
+	}
+	if b.Status != BuildSucceeded {
+		return b, newError(0, b.Code, b.Error)
+	}
+	return b, nil
+}
+
+// DeleteTemplate deletes user template name and every shape baked from
+// it. Without force it is refused (CodeConflict) while sandboxes of it
+// are not stopped. Admin keys only.
+func (c *Client) DeleteTemplate(ctx context.Context, name string, force bool) error {
+	if name == "" {
+		return newError(0, CodeInvalid, "template name is empty")
+	}
+	var q url.Values
+	if force {
+		q = url.Values{"force": {"true"}}
+	}
+	return c.doJSON(ctx, http.MethodDelete, path("templates", name), q, nil, nil)
 }

@@ -1,0 +1,278 @@
+package main
+
+// Templates built from users' images, end to end: a registry in this test
+// process (go-containerregistry's, on 127.0.0.1) holds images made here
+// from the host's static busybox; `panda up` pulls them, builds the
+// template, and sandboxes of it run the image's files with its ENV and
+// WORKDIR.
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pandastack/pandastack/internal/pandatest"
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+)
+
+// tarFile is one entry of a test layer: a directory (Dir), a symlink
+// (Link) or a regular file (Body).
+type tarFile struct {
+	Name string
+	Dir  bool
+	Link string
+	Body []byte
+	Mode int64
+}
+
+func layer(t *testing.T, files []tarFile) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		h := &tar.Header{Name: f.Name, Mode: f.Mode, ModTime: time.Unix(1700000000, 0)}
+		switch {
+		case f.Dir:
+			h.Typeflag, h.Name = tar.TypeDir, f.Name+"/"
+			if h.Mode == 0 {
+				h.Mode = 0o755
+			}
+		case f.Link != "":
+			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.Link, 0o777
+		default:
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(f.Body))
+			if h.Mode == 0 {
+				h.Mode = 0o644
+			}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(f.Body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// busyboxLayer is the tiny root filesystem's contents: the host's static
+// busybox with a link for each applet.
+func busyboxLayer(t *testing.T) v1.Layer {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("the test image needs the host's static /bin/busybox: %v", err)
+	}
+	list, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		t.Fatalf("busybox --list: %v", err)
+	}
+	files := []tarFile{
+		{Name: "bin", Dir: true}, {Name: "etc", Dir: true}, {Name: "root", Dir: true, Mode: 0o700},
+		{Name: "bin/busybox", Body: bb, Mode: 0o755},
+		{Name: "etc/passwd", Body: []byte("root:x:0:0:root:/root:/bin/sh\n")},
+		{Name: "etc/group", Body: []byte("root:x:0:\n")},
+	}
+	for _, applet := range strings.Fields(string(list)) {
+		if applet != "busybox" {
+			files = append(files, tarFile{Name: "bin/" + applet, Link: "busybox"})
+		}
+	}
+	return layer(t, files)
+}
+
+// pushImage pushes busybox plus /etc/hello holding hello, with ENV
+// HELLO=world and WORKDIR /srv, as ref.
+func pushImage(t *testing.T, base v1.Layer, ref, hello string) {
+	t.Helper()
+	img, err := mutate.AppendLayers(empty.Image, base, layer(t, []tarFile{
+		{Name: "etc/hello", Body: []byte(hello + "\n")}, {Name: "srv", Dir: true},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/bin", "HELLO=world"}
+	cf.Config.WorkingDir = "/srv"
+	cf.Config.User = "nobody"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+}
+
+func TestTemplateFromImage(t *testing.T) {
+	e2e(t)
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://") // 127.0.0.1:PORT
+	base := busyboxLayer(t)
+	pushImage(t, base, host+"/test/hello:v1", "hello from v1")
+
+	s := startServer(t, "up", newDataDir(t))
+	c := s.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	// Bad requests fail at once.
+	for _, tc := range []struct{ name, from, code string }{
+		{"tiny", host + "/test/hello:v1", pandastack.CodeInvalid},
+		{"Bad Name", host + "/test/hello:v1", pandastack.CodeInvalid},
+		{"app", "/etc/passwd", pandastack.CodeInvalid},
+		{"app", "oci:/var", pandastack.CodeInvalid},
+	} {
+		_, err := c.StartTemplateBuild(ctx, tc.name, tc.from)
+		var pe *pandastack.Error
+		if !errors.As(err, &pe) || pe.Code != tc.code {
+			t.Errorf("build %q from %q: %v, want code %s", tc.name, tc.from, err, tc.code)
+		}
+	}
+	// An image the registry lacks: the build fails with image_not_found.
+	b, err := c.BuildTemplate(ctx, "missing", host+"/test/nothing:v1", nil)
+	var pe *pandastack.Error
+	if !errors.As(err, &pe) || pe.Code != pandastack.CodeImageNotFound || b.Status != pandastack.BuildFailed {
+		t.Errorf("build from a missing image: %+v, %v; want failed with %s", b, err, pandastack.CodeImageNotFound)
+	}
+
+	// Build, through the CLI: it streams progress lines.
+	out, err := runCLI(t, s, "template", "build", "hello", "--from-image", host+"/test/hello:v1")
+	if err != nil {
+		t.Fatalf("panda template build: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "building template hello") || !strings.Contains(out, "is ready") {
+		t.Errorf("panda template build printed:\n%s", out)
+	}
+	ts, err := c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, tp := range ts {
+		if tp.Name == "hello" {
+			found = tp.FromImage == host+"/test/hello:v1" && strings.HasPrefix(tp.Digest, "sha256:") && tp.State == pandastack.TemplateNotBaked
+		}
+	}
+	if !found {
+		t.Errorf("templates after the build: %+v", ts)
+	}
+
+	sb1, err := c.Create(ctx, pandastack.CreateOptions{Template: "hello", MemoryMiB: 256, TTLSeconds: 1800})
+	if err != nil {
+		t.Fatalf("create from the built template: %v", err)
+	}
+	check := func(sb *pandastack.Sandbox, want string) {
+		t.Helper()
+		if got := mustExec(t, ctx, sb, "cat /etc/hello; echo $HELLO; pwd"); got != want {
+			t.Errorf("sandbox %s: got %q, want %q", sb.ID, got, want)
+		}
+	}
+	check(sb1, "hello from v1\nworld\n/srv\n")
+	// An exec's own env and cwd win over the image's.
+	r, err := sb1.Exec(ctx, pandastack.Command{Cmd: "echo $HELLO; pwd", Env: map[string]string{"HELLO": "there"}, Cwd: "/etc"})
+	if err != nil || r.Stdout != "there\n/etc\n" {
+		t.Errorf("exec with its own env and cwd: %+v, %v", r, err)
+	}
+	// A fork keeps the defaults.
+	kids, err := sb1.Fork(ctx, 1)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	check(kids[0], "hello from v1\nworld\n/srv\n")
+	if err := kids[0].Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// So does the sandbox's env.
+	sb2, err := c.Create(ctx, pandastack.CreateOptions{Template: "hello", MemoryMiB: 256, TTLSeconds: 1800, Env: map[string]string{"HELLO": "sandbox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustExec(t, ctx, sb2, "echo $HELLO"); got != "sandbox\n" {
+		t.Errorf("sandbox env over the image's: got %q", got)
+	}
+
+	// Rebuild from v2: new sandboxes get it (the shape re-bakes), the
+	// running one keeps v1.
+	pushImage(t, base, host+"/test/hello:v2", "hello from v2")
+	if _, err := c.BuildTemplate(ctx, "hello", host+"/test/hello:v2", nil); err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	sb3, err := c.Create(ctx, pandastack.CreateOptions{Template: "hello", MemoryMiB: 256, TTLSeconds: 1800})
+	if err != nil {
+		t.Fatalf("create after the rebuild: %v", err)
+	}
+	check(sb3, "hello from v2\nworld\n/srv\n")
+	check(sb1, "hello from v1\nworld\n/srv\n")
+
+	// Delete: refused while its sandboxes live, unless forced.
+	if err := c.DeleteTemplate(ctx, "hello", false); !errors.Is(err, pandastack.ErrConflict) {
+		t.Errorf("delete with live sandboxes: %v, want conflict", err)
+	}
+	if err := c.DeleteTemplate(ctx, "tiny", false); !errors.Is(err, pandastack.ErrInvalid) {
+		t.Errorf("delete tiny: %v, want invalid", err)
+	}
+	for _, sb := range []*pandastack.Sandbox{sb2, sb3} {
+		if err := sb.Kill(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := runCLI(t, s, "template", "rm", "hello"); err == nil {
+		t.Errorf("panda template rm with a live sandbox succeeded:\n%s", out)
+	}
+	if out, err := runCLI(t, s, "template", "rm", "hello", "--force"); err != nil {
+		t.Fatalf("panda template rm --force: %v\n%s", err, out)
+	}
+	check(sb1, "hello from v1\nworld\n/srv\n") // running on its own files
+	if _, err := c.Create(ctx, pandastack.CreateOptions{Template: "hello", MemoryMiB: 256}); !errors.Is(err, pandastack.ErrNotFound) {
+		t.Errorf("create after delete: %v, want not found", err)
+	}
+	if err := c.DeleteTemplate(ctx, "hello", false); !errors.Is(err, pandastack.ErrNotFound) {
+		t.Errorf("delete again: %v, want not found", err)
+	}
+}
+
+// runCLI runs the panda CLI against s with its admin key.
+func runCLI(t *testing.T, s *proc, args ...string) (string, error) {
+	t.Helper()
+	bin, err := pandatest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, append(args, "--api-url", s.URL(), "--api-key", s.AdminKey())...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
+)
+
+// TestImageConverter pulls an image from a registry on loopback through
+// the converter panda up uses: its config comes back, a missing image is
+// tmplbuild.ErrImageNotFound.
+func TestImageConverter(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("building a root filesystem needs root")
+	}
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	body := []byte("hi\n")
+	tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "etc/hello", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+	tw.Write(body)
+	tw.Close()
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, _ := mutate.AppendLayers(empty.Image, l)
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"HELLO=world"}
+	cf.Config.WorkingDir = "/srv"
+	cf.Config.User = "app"
+	img, _ = mutate.ConfigFile(img, cf)
+	ref, _ := name.ParseReference(host+"/t/hello:1", name.Insecure)
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+
+	convert := imageConverter(64)
+	out := filepath.Join(t.TempDir(), "rootfs.ext4")
+	var lines []string
+	res, err := convert(context.Background(), host+"/t/hello:1", out, func(l string) { lines = append(lines, l) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Image.WorkingDir != "/srv" || res.Image.User != "app" || len(res.Image.Env) != 1 || !strings.HasPrefix(res.Digest, "sha256:") {
+		t.Errorf("result %+v", res)
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 || len(lines) == 0 {
+		t.Errorf("ext4 %v, progress %q", err, lines)
+	}
+	_, err = convert(context.Background(), host+"/t/nothing:1", filepath.Join(t.TempDir(), "x.ext4"), func(string) {})
+	if !errors.Is(err, tmplbuild.ErrImageNotFound) || strings.Contains(err.Error(), "docker://") {
+		t.Errorf("missing image: %v, want ErrImageNotFound", err)
+	}
+}

@@ -1,0 +1,445 @@
+// Package tmplbuild runs the builds of user templates: each turns a
+// container image into a root filesystem of the template store (see
+// template.Store.StageUserRootFS) through a Convert function (package
+// rootfs). It owns the builds' queue (at most Config.MaxConcurrent at
+// once, one at a time per template name), their status, and their
+// progress lines, kept in memory for whoever follows them; finished builds
+// are forgotten after Config.Retention. Nothing here survives a restart: a
+// build interrupted by one leaves only a staged directory, which the store
+// removes at start-up (template.Store.RemoveLeftovers).
+package tmplbuild
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// Errors of the manager. A failed build's own error is in its Status.
+var (
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the template has a build queued or running.
+	ErrConflict = errors.New("conflict")
+	ErrClosed   = errors.New("template builds are shutting down")
+	// ErrImageNotFound is what a Convert returns (wrapped) when the
+	// registry does not have the image; a build failing with it has
+	// Status.Code CodeImageNotFound.
+	ErrImageNotFound = errors.New("image not found")
+)
+
+// Result is what a Convert found in the image.
+type Result struct {
+	Image  template.ImageConfig
+	Digest string
+}
+
+// Convert writes the root filesystem of image src to the ext4 image out
+// (which it creates), reporting progress lines. Errors for an image the
+// registry does not have wrap ErrImageNotFound. It must return soon after
+// ctx ends.
+type Convert func(ctx context.Context, src, out string, progress func(string)) (Result, error)
+
+// Store is the template store as builds use it (*template.Store).
+type Store interface {
+	ValidateUserName(name string) error
+	StageUserRootFS(name string) (dir string, err error)
+	InstallUserRootFS(dir string, u template.UserRootFS) error
+	RemoveUserRootFS(name string) error
+	UserRootFSes() ([]template.UserRootFS, error)
+}
+
+// Config configures a Manager.
+type Config struct {
+	Store   Store
+	Convert Convert
+	// MaxConcurrent bounds the builds running at once; more wait (default 2).
+	MaxConcurrent int
+	// Timeout bounds one build (default 30 minutes).
+	Timeout time.Duration
+	// Retention is how long a finished build stays visible (default 1 h).
+	Retention time.Duration
+	// MaxLines bounds the progress lines kept per build (default 10000):
+	// later lines are dropped, and a line says how many.
+	MaxLines int
+	Logger   *slog.Logger
+}
+
+// Default of Config.MaxConcurrent.
+const DefaultMaxConcurrent = 2
+
+// Validate checks c and fills in defaults.
+func (c *Config) Validate() error {
+	if c.Store == nil || c.Convert == nil {
+		return errors.New("template builds: Store and Convert are required")
+	}
+	if c.MaxConcurrent < 0 || c.Timeout < 0 || c.Retention < 0 || c.MaxLines < 0 {
+		return errors.New("template builds: limits must not be negative")
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Minute
+	}
+	if c.Retention == 0 {
+		c.Retention = time.Hour
+	}
+	if c.MaxLines == 0 {
+		c.MaxLines = 10000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// States of a build.
+const (
+	StateQueued    = "queued"
+	StateRunning   = "running"
+	StateSucceeded = "succeeded"
+	StateFailed    = "failed"
+)
+
+// Codes classify a failed build's error.
+const (
+	CodeImageNotFound = "image_not_found"
+	CodeCanceled      = "canceled"
+	CodeFailed        = "build_failed"
+)
+
+// Status is a build's state.
+type Status struct {
+	ID     string `json:"build_id"`
+	Name   string `json:"name"`
+	Source string `json:"from_image"`
+	State  string `json:"status"`
+	// Code and Error say why a failed build failed, for users.
+	Code      string     `json:"code,omitempty"`
+	Error     string     `json:"error,omitempty"`
+	Digest    string     `json:"digest,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+}
+
+// Done reports whether the build has ended.
+func (s Status) Done() bool { return s.State == StateSucceeded || s.State == StateFailed }
+
+type build struct {
+	st      Status
+	lines   []string
+	dropped int
+	// changed is closed (and replaced) whenever lines or st change.
+	changed chan struct{}
+	cancel  context.CancelFunc
+}
+
+// Manager runs builds. Safe for concurrent use.
+type Manager struct {
+	cfg Config
+	sem chan struct{}
+	ctx context.Context // ends at Close
+	end context.CancelFunc
+	wg  sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	builds map[string]*build
+	// names maps a template name to the builds of it not yet ended, in
+	// the order they were started: the first one runs (or waits for a
+	// slot), the others wait for it.
+	names map[string][]*build
+	// turn maps a build to the channel closed when it is first in names.
+	turn map[*build]chan struct{}
+}
+
+// New returns a manager. It starts nothing.
+func New(cfg Config) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, end := context.WithCancel(context.Background())
+	return &Manager{
+		cfg: cfg, sem: make(chan struct{}, cfg.MaxConcurrent), ctx: ctx, end: end,
+		builds: map[string]*build{}, names: map[string][]*build{}, turn: map[*build]chan struct{}{},
+	}, nil
+}
+
+// Start queues a build of template name from image src and returns its
+// status (queued). Errors: template.ErrInvalid (a bad or built-in name,
+// an empty src), ErrClosed.
+func (m *Manager) Start(name, src string) (Status, error) {
+	if err := m.cfg.Store.ValidateUserName(name); err != nil {
+		return Status{}, err
+	}
+	if src == "" {
+		return Status{}, fmt.Errorf("%w: no image to build from", template.ErrInvalid)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return Status{}, ErrClosed
+	}
+	m.prune()
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timeout)
+	b := &build{
+		st:      Status{ID: newID(), Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC()},
+		changed: make(chan struct{}),
+		cancel:  cancel,
+	}
+	m.builds[b.st.ID] = b
+	turn := make(chan struct{})
+	m.turn[b] = turn
+	m.names[name] = append(m.names[name], b)
+	if len(m.names[name]) == 1 {
+		close(turn)
+	}
+	m.wg.Add(1)
+	go m.run(ctx, b, turn)
+	return b.st, nil
+}
+
+func (m *Manager) run(ctx context.Context, b *build, turn chan struct{}) {
+	defer m.wg.Done()
+	defer b.cancel()
+	say := func(line string) { m.addLine(b, line) }
+	var err error
+	select {
+	case <-turn:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err == nil {
+		select {
+		case m.sem <- struct{}{}:
+			err = m.build(ctx, b, say)
+			<-m.sem
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	m.finish(b, err)
+}
+
+func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
+	now := time.Now().UTC()
+	m.mu.Lock()
+	b.st.State, b.st.StartedAt = StateRunning, &now
+	m.mu.Unlock()
+	name, src := b.st.Name, b.st.Source
+	log := m.cfg.Logger.With("template", name, "build_id", b.st.ID)
+	log.Info("template build started", "from_image", src)
+	say(fmt.Sprintf("building template %s from %s", name, src))
+	dir, err := m.cfg.Store.StageUserRootFS(name)
+	if err != nil {
+		return storeError{err}
+	}
+	installed := false
+	defer func() {
+		if !installed {
+			os.RemoveAll(dir)
+		}
+	}()
+	res, err := m.cfg.Convert(ctx, src, filepath.Join(dir, "rootfs.ext4"), say)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
+	if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
+		return storeError{err}
+	}
+	installed = true
+	m.mu.Lock()
+	b.st.Digest = res.Digest
+	m.mu.Unlock()
+	say(fmt.Sprintf("template %s is ready (%s, %.1fs); its sandboxes bake it on first use", name, res.Digest, time.Since(now).Seconds()))
+	log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
+	return nil
+}
+
+// finish records how b ended and hands its name to the next build.
+func (m *Manager) finish(b *build, err error) {
+	now := time.Now().UTC()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b.st.EndedAt = &now
+	if err == nil {
+		b.st.State = StateSucceeded
+	} else {
+		b.st.State, b.st.Code, b.st.Error = StateFailed, classify(err), err.Error()
+		var se storeError
+		switch {
+		case errors.As(err, &se):
+			// Names the server's paths: users get the gist, the log the rest.
+			b.st.Error = "the server could not store the root filesystem (see its log)"
+		case errors.Is(err, context.DeadlineExceeded):
+			b.st.Error = fmt.Sprintf("the build took longer than %s", m.cfg.Timeout)
+		case errors.Is(err, context.Canceled):
+			b.st.Error = "the build was canceled: the server is shutting down"
+		}
+		m.cfg.Logger.Warn("template build failed", "template", b.st.Name, "build_id", b.st.ID, "err", err)
+	}
+	q := m.names[b.st.Name]
+	for i, x := range q {
+		if x == b {
+			q = append(q[:i], q[i+1:]...)
+			break
+		}
+	}
+	delete(m.turn, b)
+	if len(q) == 0 {
+		delete(m.names, b.st.Name)
+	} else {
+		m.names[b.st.Name] = q
+		if t := m.turn[q[0]]; t != nil {
+			select {
+			case <-t:
+			default:
+				close(t)
+			}
+		}
+	}
+	m.notify(b)
+}
+
+// storeError is a failure of the template store (the server's disk), not
+// of the image.
+type storeError struct{ err error }
+
+func (e storeError) Error() string { return e.err.Error() }
+func (e storeError) Unwrap() error { return e.err }
+
+func classify(err error) string {
+	switch {
+	case errors.Is(err, ErrImageNotFound):
+		return CodeImageNotFound
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return CodeCanceled
+	}
+	return CodeFailed
+}
+
+func (m *Manager) addLine(b *build, line string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(b.lines) < m.cfg.MaxLines {
+		b.lines = append(b.lines, line)
+	} else {
+		b.dropped++
+	}
+	m.notify(b)
+}
+
+// notify wakes b's followers; m.mu is held.
+func (m *Manager) notify(b *build) {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// Get returns the status of build id (ErrNotFound).
+func (m *Manager) Get(id string) (Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.builds[id]
+	if !ok {
+		return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
+	}
+	return b.st, nil
+}
+
+// Follow calls line for each progress line of build id, from the first,
+// as they come, and returns its final status once it has ended; or
+// ctx's error. Errors: ErrNotFound.
+func (m *Manager) Follow(ctx context.Context, id string, line func(string)) (Status, error) {
+	next := 0
+	for {
+		m.mu.Lock()
+		b, ok := m.builds[id]
+		if !ok {
+			m.mu.Unlock()
+			return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
+		}
+		lines := b.lines[next:]
+		next = len(b.lines)
+		st, dropped, changed := b.st, b.dropped, b.changed
+		m.mu.Unlock()
+		for _, l := range lines {
+			line(l)
+		}
+		if st.Done() {
+			if dropped > 0 {
+				line(fmt.Sprintf("(%d more lines not kept)", dropped))
+			}
+			return st, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return st, ctx.Err()
+		}
+	}
+}
+
+// Building reports whether template name has a build queued or running.
+func (m *Manager) Building(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.names[name]) > 0
+}
+
+// Remove removes user template name (template.ErrNotFound if there is
+// none), unless a build of it is queued or running (ErrConflict).
+func (m *Manager) Remove(name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.names[name]) > 0 {
+		return fmt.Errorf("template %s is being built: %w", name, ErrConflict)
+	}
+	// Under m.mu: no build of name can start installing meanwhile.
+	return m.cfg.Store.RemoveUserRootFS(name)
+}
+
+// prune forgets builds that ended more than Retention ago; m.mu is held.
+func (m *Manager) prune() {
+	cutoff := time.Now().Add(-m.cfg.Retention)
+	for id, b := range m.builds {
+		if b.st.EndedAt != nil && b.st.EndedAt.Before(cutoff) {
+			delete(m.builds, id)
+		}
+	}
+}
+
+// Close cancels the builds queued or running and waits for them to end.
+// Idempotent.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.end()
+	m.wg.Wait()
+	return nil
+}
+
+func newID() string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// UserTemplates lists the user templates built.
+func (m *Manager) UserTemplates() ([]template.UserRootFS, error) {
+	return m.cfg.Store.UserRootFSes()
+}

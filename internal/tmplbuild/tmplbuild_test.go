@@ -1,0 +1,202 @@
+package tmplbuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+func newStore(t *testing.T) *template.Store {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := template.NewStore(template.Config{Dir: filepath.Join(dir, "templates"), Images: template.Images{Dir: dir}, UserDir: filepath.Join(dir, "rootfs"), Accel: vmm.AccelTCG})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// fakeConvert writes src into out; "missing" is an image the registry
+// lacks, "bad" fails; it blocks while gate is not closed.
+type fakeConvert struct {
+	gate    chan struct{}
+	running atomic.Int32
+	peak    atomic.Int32
+	mu      sync.Mutex
+	order   []string
+}
+
+func (f *fakeConvert) convert(ctx context.Context, src, out string, progress func(string)) (Result, error) {
+	n := f.running.Add(1)
+	defer f.running.Add(-1)
+	for {
+		p := f.peak.Load()
+		if n <= p || f.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	f.mu.Lock()
+	f.order = append(f.order, src)
+	f.mu.Unlock()
+	progress("pulling " + src)
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
+	}
+	switch src {
+	case "missing":
+		return Result{}, fmt.Errorf("pull %s: %w: MANIFEST_UNKNOWN", src, ErrImageNotFound)
+	case "bad":
+		return Result{}, errors.New("layer 2: invalid tar header")
+	}
+	progress("writing " + out)
+	return Result{Image: template.ImageConfig{Env: []string{"SRC=" + src}, WorkingDir: "/srv"}, Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+}
+
+func follow(t *testing.T, m *Manager, id string) (Status, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var lines []string
+	st, err := m.Follow(ctx, id, func(l string) { lines = append(lines, l) })
+	if err != nil {
+		t.Fatalf("Follow %s: %v", id, err)
+	}
+	return st, lines
+}
+
+func TestBuildOutcomes(t *testing.T) {
+	store := newStore(t)
+	fc := &fakeConvert{}
+	m, err := New(Config{Store: store, Convert: fc.convert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, tc := range []struct {
+		name, src string
+		state     string
+		code      string
+	}{
+		{"app", "good", StateSucceeded, ""},
+		{"app2", "missing", StateFailed, CodeImageNotFound},
+		{"app3", "bad", StateFailed, CodeFailed},
+	} {
+		st, err := m.Start(tc.name, tc.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, lines := follow(t, m, st.ID)
+		if got.State != tc.state || got.Code != tc.code {
+			t.Errorf("build %s from %s: %s %s (%s), want %s %s", tc.name, tc.src, got.State, got.Code, got.Error, tc.state, tc.code)
+		}
+		if len(lines) < 2 || !strings.Contains(lines[1], "pulling "+tc.src) {
+			t.Errorf("build %s lines: %q", tc.name, lines)
+		}
+	}
+	u, err := store.UserRootFS("app")
+	if err != nil || u.Digest != "sha256:good" || u.Image.WorkingDir != "/srv" || u.Source != "good" {
+		t.Errorf("installed: %+v, %v", u, err)
+	}
+	for _, name := range []string{"app2", "app3"} {
+		if _, err := store.UserRootFS(name); !errors.Is(err, template.ErrNotFound) {
+			t.Errorf("failed build %s installed something: %v", name, err)
+		}
+	}
+	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
+		if _, err := m.Start(tc.name, tc.src); !errors.Is(err, template.ErrInvalid) {
+			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
+		}
+	}
+	if _, err := m.Get("nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get(nope) = %v", err)
+	}
+}
+
+func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
+	store := newStore(t)
+	fc := &fakeConvert{gate: make(chan struct{})}
+	m, err := New(Config{Store: store, Convert: fc.convert, MaxConcurrent: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var ids []string
+	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
+		st, err := m.Start(b[0], b[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, st.ID)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if got := fc.running.Load(); got != 2 {
+		t.Errorf("running builds = %d, want 2", got)
+	}
+	if !m.Building("a") {
+		t.Errorf("Building(a) = false")
+	}
+	if err := m.Remove("a"); !errors.Is(err, ErrConflict) {
+		t.Errorf("Remove during a build = %v, want ErrConflict", err)
+	}
+	close(fc.gate)
+	for _, id := range ids {
+		if st, _ := follow(t, m, id); st.State != StateSucceeded {
+			t.Errorf("build %s: %+v", id, st)
+		}
+	}
+	if p := fc.peak.Load(); p != 2 {
+		t.Errorf("peak concurrent builds = %d, want 2", p)
+	}
+	fc.mu.Lock()
+	order := strings.Join(fc.order, ",")
+	fc.mu.Unlock()
+	if strings.Index(order, "a1") > strings.Index(order, "a2") {
+		t.Errorf("builds of a ran out of order: %s", order)
+	}
+	if u, _ := store.UserRootFS("a"); u.Source != "a2" {
+		t.Errorf("a is built from %q, want the last build's a2", u.Source)
+	}
+	if err := m.Remove("a"); err != nil {
+		t.Errorf("Remove(a) = %v", err)
+	}
+	if err := m.Remove("a"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("Remove(a) again = %v, want template.ErrNotFound", err)
+	}
+}
+
+func TestCloseCancelsBuilds(t *testing.T) {
+	store := newStore(t)
+	fc := &fakeConvert{gate: make(chan struct{})}
+	m, err := New(Config{Store: store, Convert: fc.convert, MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st1, _ := m.Start("a", "a1")
+	st2, _ := m.Start("b", "b1") // waits for a slot
+	time.Sleep(100 * time.Millisecond)
+	m.Close()
+	for _, id := range []string{st1.ID, st2.ID} {
+		st, _ := m.Get(id)
+		if st.State != StateFailed || st.Code != CodeCanceled {
+			t.Errorf("build after Close: %+v", st)
+		}
+	}
+	if _, err := m.Start("c", "c1"); !errors.Is(err, ErrClosed) {
+		t.Errorf("Start after Close = %v", err)
+	}
+	m.Close()
+}
