@@ -36,8 +36,9 @@ IMAGES=${IMAGES:-/var/lib/pandastack/images}
 # out of PATH.
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# xz-utils and zstd unpack kernel modules if the kernel package compresses them.
-HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql)
+# xz-utils and zstd unpack kernel modules if the kernel package compresses them;
+# iproute2 and git serve the networking tests (ip -n, a git HTTP server).
+HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
 # dependencies are added and ordered by the kernel step, which runs again
