@@ -41,6 +41,7 @@ from .filesystem import Filesystem
 from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template
 from .sandbox import Sandbox
 from .snapshot import Snapshot
+from .templates import TemplateBuild, TemplateBuilder, TemplateBuildError
 
 #: ``pandastack.ConnectionError`` is :class:`PandaConnectionError` (also a
 #: subclass of the built-in ``ConnectionError``). It is left out of
@@ -59,6 +60,8 @@ __all__ = [
     "ExecResult",
     "FileInfo",
     "Template",
+    "TemplateBuilder",
+    "TemplateBuild",
     "APIKey",
     "Port",
     "SignedURL",
@@ -82,4 +85,5 @@ __all__ = [
     "InsufficientStorageError",
     "UnavailableError",
     "ForkError",
+    "TemplateBuildError",
 ]

@@ -23,6 +23,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    Generator,
     Iterable,
     Iterator,
     List,
@@ -37,6 +38,7 @@ from . import errors as _errors
 from ._ndjson import NDJSONDecoder
 from .errors import ConfigurationError, PandaConnectionError, PandaError, RequestTimeoutError
 from .models import APIKey, Template
+from .templates import TemplateBuild, TemplateBuildError
 
 __all__ = [
     "Client",
@@ -321,6 +323,110 @@ class Client:
                 elif t == "error":
                     raise _errors.error_from_body(ev.get("error") or {})
         raise PandaConnectionError("the bake stream of template %r ended before a result" % name)
+
+    def start_template_build(
+        self,
+        name: str,
+        from_image: str,
+        *,
+        start_cmd: Optional[str] = None,
+        ready_cmd: Optional[str] = None,
+        ready_timeout_seconds: Optional[int] = None,
+    ) -> TemplateBuild:
+        """Start building template ``name`` from container image ``from_image``; admin keys only.
+
+        ``from_image`` is a registry reference (``registry.example.com/app:1.0``).
+        Returns the build, queued, at once (``POST /v1/templates``, 202):
+        follow it with :meth:`template_build_logs` or
+        :meth:`follow_template_build`. ``start_cmd``, ``ready_cmd`` and
+        ``ready_timeout_seconds`` are sent only when given.
+        """
+        body: Dict[str, Any] = {"name": name, "from_image": from_image}
+        for k, v in (("start_cmd", start_cmd), ("ready_cmd", ready_cmd), ("ready_timeout_seconds", ready_timeout_seconds)):
+            if v is not None:
+                body[k] = v
+        return TemplateBuild.from_dict(self.request_json("POST", "/v1/templates", json_body=body) or {})
+
+    def get_template_build(self, build_id: str) -> TemplateBuild:
+        """The status of a build (``GET /v1/templates/builds/{id}``); admin keys only.
+
+        Builds are kept in the server's memory for an hour after they end
+        (and not across restarts): older ones are :class:`NotFoundError`.
+        """
+        return TemplateBuild.from_dict(self.request_json("GET", "/v1/templates/builds/%s" % quote_segment(build_id)) or {})
+
+    def template_build_logs(self, build_id: str) -> Generator[str, None, TemplateBuild]:
+        """Yield the lines of a build's log, from the first, as they arrive, until the build ends.
+
+        A generator: ``for line in client.template_build_logs(b.build_id): ...``.
+        When it is exhausted the build has ended; its final
+        :class:`TemplateBuild` is the generator's return value (``yield from``)
+        and what :meth:`get_template_build` answers. It does not raise for a
+        failed build; it raises :class:`PandaConnectionError` if the stream
+        ends before the build does. Closing it early closes the stream; the
+        build goes on. Each read waits at least
+        :data:`LONG_OPERATION_TIMEOUT` (pulling a large layer may be quiet).
+        """
+        path = "/v1/templates/builds/%s/logs" % quote_segment(build_id)
+        with self.stream("GET", path, headers={"Accept": "application/x-ndjson"}, timeout=_long(self.timeout)) as resp:
+            for ev in resp.iter_ndjson():
+                if not isinstance(ev, Mapping):
+                    continue
+                line = ev.get("line")
+                if isinstance(line, str):
+                    yield line
+                elif isinstance(ev.get("status"), str) and ev.get("status"):
+                    return TemplateBuild.from_dict(ev)
+        raise PandaConnectionError("the log stream of template build %s ended before the build did" % build_id)
+
+    def follow_template_build(self, build_id: str, *, on_log: Optional[Callable[[str], None]] = None) -> TemplateBuild:
+        """Wait for a build to end, calling ``on_log`` with each line of its log; return the build.
+
+        Does not raise for a failed build: see its ``status``, ``code`` and
+        ``error`` (:meth:`build_template` raises instead).
+        """
+        gen = self.template_build_logs(build_id)
+        while True:
+            try:
+                line = next(gen)
+            except StopIteration as stop:
+                return stop.value
+            if on_log is not None:
+                on_log(line)
+
+    def build_template(
+        self,
+        name: str,
+        from_image: str,
+        *,
+        start_cmd: Optional[str] = None,
+        ready_cmd: Optional[str] = None,
+        ready_timeout_seconds: Optional[int] = None,
+        on_log: Optional[Callable[[str], None]] = None,
+    ) -> TemplateBuild:
+        """Build template ``name`` from ``from_image`` and wait for it; admin keys only.
+
+        :meth:`start_template_build` then :meth:`follow_template_build`.
+        Returns the succeeded build; raises :class:`TemplateBuildError` (its
+        ``code`` is ``image_not_found``, ``build_failed`` or ``canceled``,
+        its ``build`` the failed build) when the build fails. See also
+        ``Template.from_image(ref).build(name)``.
+        """
+        b = self.start_template_build(name, from_image, start_cmd=start_cmd, ready_cmd=ready_cmd, ready_timeout_seconds=ready_timeout_seconds)
+        b = self.follow_template_build(b.build_id, on_log=on_log)
+        if not b.succeeded:
+            raise TemplateBuildError.from_build(b)
+        return b
+
+    def delete_template(self, name: str, *, force: bool = False) -> None:
+        """Delete template ``name`` (one built from an image) and every shape baked from it; admin keys only.
+
+        Without ``force`` it is refused (:class:`ConflictError`) while
+        sandboxes of it are not stopped; with it they keep running on their
+        own files. Built-in templates cannot be deleted
+        (:class:`InvalidArgumentError`); an unknown name is :class:`NotFoundError`.
+        """
+        self.request("DELETE", "/v1/templates/%s" % quote_segment(name), query={"force": True} if force else None)
 
     def create_key(
         self,

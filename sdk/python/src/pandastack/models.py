@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .templates import TemplateBuilder
 
 __all__ = ["SandboxInfo", "MemoryUsage", "NetworkPolicy", "ExecResult", "FileInfo", "Template", "APIKey", "Port", "SignedURL", "parse_time"]
 
@@ -355,7 +358,14 @@ class Template:
         stale_reason: Why a stale template is stale.
         baked_at: When it was baked.
         bake_ms: How long baking took.
+        image: The image a template built from one was built from (the
+            API's ``from_image``); ``None`` for built-in templates.
+        digest: That image's digest.
+        built_at: When it was built.
         raw: The JSON object as received.
+
+    ``Template.from_image(ref)`` starts the description of a new template
+    to build from a container image (a :class:`TemplateBuilder`).
     """
 
     name: str
@@ -365,7 +375,23 @@ class Template:
     stale_reason: Optional[str] = None
     baked_at: Optional[datetime] = None
     bake_ms: Optional[int] = None
+    image: Optional[str] = None
+    digest: Optional[str] = None
+    built_at: Optional[datetime] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @staticmethod
+    def from_image(ref: str) -> "TemplateBuilder":
+        """A template to build from container image ``ref`` (``registry.example.com/app:1.0``).
+
+        Returns a :class:`TemplateBuilder`; nothing is sent before its
+        ``build(name)``. Example::
+
+            Template.from_image("registry.example.com/app:1.0").build("app", on_log=print)
+        """
+        from .templates import TemplateBuilder
+
+        return TemplateBuilder(ref)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Template":
@@ -378,6 +404,9 @@ class Template:
             stale_reason=_opt_str(d.get("stale_reason")),
             baked_at=parse_time(d.get("baked_at")),
             bake_ms=_opt_int(d.get("bake_ms")),
+            image=_opt_str(d.get("from_image")),
+            digest=_opt_str(d.get("digest")),
+            built_at=parse_time(d.get("built_at")),
             raw=dict(d),
         )
 

@@ -130,7 +130,8 @@ class Sandbox:
         """Create a sandbox and return it running.
 
         Args:
-            template: Template name (``"base"``, ``"tiny"``...). ``None``: the
+            template: Template name (``"base"``, ``"tiny"``, or one built from
+                an image with ``Template.from_image``...). ``None``: the
                 server's default, ``base``. Leave it out with ``snapshot``.
             ttl_seconds: Seconds until the sandbox is killed (at most the server's
                 max TTL); extend it later with :meth:`set_ttl`. ``None``: the

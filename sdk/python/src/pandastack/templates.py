@@ -1,0 +1,255 @@
+"""Templates built from container images: the builder and the build's status.
+
+``Template.from_image(ref)`` (or :class:`TemplateBuilder` directly) describes
+a template to build; ``.build(name)`` asks the server to build it and
+follows the build to its end. The server pulls the image from its registry
+and makes its layers the template's root filesystem (``POST /v1/templates``,
+admin keys only, ``panda up`` only so far). The build itself runs on the
+server; the SDK only sends the request and reads the build's log stream.
+
+Only what the server can do is offered: the image is the whole recipe.
+Steps run on top of it (``run``, ``copy``, ``env``) are not supported by
+the server yet and raise :class:`NotImplementedError`; put them in the
+image (its ``ENV`` and ``WORKDIR`` become the defaults of the template's
+commands).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
+
+from .errors import PandaError
+from .models import _opt_str, _str, parse_time
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+__all__ = [
+    "TemplateBuilder",
+    "TemplateBuild",
+    "TemplateBuildError",
+    "BUILD_QUEUED",
+    "BUILD_RUNNING",
+    "BUILD_SUCCEEDED",
+    "BUILD_FAILED",
+    "CODE_IMAGE_NOT_FOUND",
+    "CODE_BUILD_FAILED",
+    "CODE_CANCELED",
+]
+
+#: Build states (:attr:`TemplateBuild.status`).
+BUILD_QUEUED = "queued"
+BUILD_RUNNING = "running"
+BUILD_SUCCEEDED = "succeeded"
+BUILD_FAILED = "failed"
+
+#: Why a failed build failed (:attr:`TemplateBuild.code`, :attr:`TemplateBuildError.code`).
+CODE_IMAGE_NOT_FOUND = "image_not_found"
+CODE_BUILD_FAILED = "build_failed"
+CODE_CANCELED = "canceled"
+
+
+@dataclass(frozen=True)
+class TemplateBuild:
+    """A build of a template from a container image (``GET /v1/templates/builds/{id}``).
+
+    Attributes:
+        build_id: The build's id (for :meth:`Client.get_template_build` and
+            :meth:`Client.template_build_logs`).
+        name: The template being built.
+        from_image: The image reference, as given.
+        status: ``queued``, ``running``, ``succeeded`` or ``failed``.
+        code: Why a failed build failed: ``image_not_found``,
+            ``build_failed`` or ``canceled``.
+        error: What went wrong, for users, when it failed.
+        digest: The image's digest, once it succeeded.
+        created_at, started_at, ended_at: When it was asked for, started, ended.
+        raw: The JSON object as received.
+    """
+
+    build_id: str
+    name: str
+    status: str
+    from_image: str = ""
+    code: Optional[str] = None
+    error: Optional[str] = None
+    digest: Optional[str] = None
+    created_at: Optional[datetime] = None
+    started_at: Optional[datetime] = None
+    ended_at: Optional[datetime] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TemplateBuild":
+        """Build from the API's ``TemplateBuild`` JSON object."""
+        return cls(
+            build_id=_str(d.get("build_id")),
+            name=_str(d.get("name")),
+            status=_str(d.get("status")),
+            from_image=_str(d.get("from_image")),
+            code=_opt_str(d.get("code")),
+            error=_opt_str(d.get("error")),
+            digest=_opt_str(d.get("digest")),
+            created_at=parse_time(d.get("created_at")),
+            started_at=parse_time(d.get("started_at")),
+            ended_at=parse_time(d.get("ended_at")),
+            raw=dict(d),
+        )
+
+    @property
+    def done(self) -> bool:
+        """Whether the build has ended (succeeded or failed)."""
+        return self.status in (BUILD_SUCCEEDED, BUILD_FAILED)
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the build ended with the template built."""
+        return self.status == BUILD_SUCCEEDED
+
+
+class TemplateBuildError(PandaError):
+    """A template build ended without a template (its status is ``failed``).
+
+    ``code`` is the build's (``image_not_found``, ``build_failed``,
+    ``canceled``), ``message`` the server's ``error``; ``status`` is ``None``
+    (the request itself succeeded: the build failed afterwards).
+
+    Attributes:
+        build: The failed build, as the server reported it at its end.
+    """
+
+    def __init__(self, message: str, *, build: TemplateBuild, code: Optional[str] = None) -> None:
+        super().__init__(message, status=None, code=code)
+        self.build: TemplateBuild = build
+
+    @classmethod
+    def from_build(cls, build: TemplateBuild) -> "TemplateBuildError":
+        msg = build.error or "the build of template %r from %s failed" % (build.name, build.from_image or "its image")
+        return cls(msg, build=build, code=build.code or CODE_BUILD_FAILED)
+
+
+def _unsupported(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        "Template.%s is not supported: the server builds a template from the image alone, with no "
+        "steps of its own yet. Put it in the image instead (a Dockerfile's RUN, COPY or ENV; the image's "
+        "ENV and WORKDIR become the defaults of the template's commands), push it to a registry, and "
+        "build from that." % what
+    )
+
+
+@dataclass(frozen=True)
+class TemplateBuilder:
+    """What a template is built from: a container image, and optionally a
+    command that starts with each sandbox.
+
+    Made with ``Template.from_image(ref)``; each method returns a new
+    builder (this one is not changed), so a builder may be shared and
+    reused. Nothing is sent to the server before :meth:`build`.
+
+    Example::
+
+        from pandastack import Template
+
+        result = (
+            Template.from_image("registry.example.com/myapp:1.0")
+            .start_cmd("python3 -m http.server 8000", ready="curl -sf localhost:8000")
+            .build("myapp", on_log=print)
+        )
+    """
+
+    image: str
+    start_command: Optional[str] = None
+    ready_command: Optional[str] = None
+    ready_timeout_seconds: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image.strip():
+            raise ValueError("an image reference is required, such as registry.example.com/app:1.0")
+
+    def start_cmd(self, cmd: str, *, ready: Optional[str] = None, ready_timeout_seconds: Optional[int] = None) -> "TemplateBuilder":
+        """Start ``cmd`` (a shell command) in every sandbox of the template.
+
+        ``ready`` is a shell command that succeeds once ``cmd`` is ready to
+        use (e.g. ``curl -sf localhost:8000``); ``ready_timeout_seconds`` how
+        long to wait for it. Sent as ``start_cmd``, ``ready_cmd`` and
+        ``ready_timeout_seconds``; a server that does not know them answers
+        400 (:class:`BadRequestError`).
+        """
+        if not isinstance(cmd, str) or not cmd.strip():
+            raise ValueError("start_cmd needs a command")
+        b = dataclasses.replace(self, start_command=cmd)
+        if ready is None and ready_timeout_seconds is not None:
+            if self.ready_command is None:
+                raise ValueError("ready_timeout_seconds needs a ready command (ready=...)")
+            ready = self.ready_command
+        if ready is not None:
+            b = b.ready_cmd(ready, timeout_seconds=ready_timeout_seconds)
+        return b
+
+    def ready_cmd(self, cmd: str, *, timeout_seconds: Optional[int] = None) -> "TemplateBuilder":
+        """Set the command that tells that the start command is ready (see :meth:`start_cmd`)."""
+        if not isinstance(cmd, str) or not cmd.strip():
+            raise ValueError("ready_cmd needs a command")
+        if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int) or timeout_seconds <= 0):
+            raise ValueError("ready_timeout_seconds must be a positive number of seconds, got %r" % (timeout_seconds,))
+        return dataclasses.replace(self, ready_command=cmd, ready_timeout_seconds=timeout_seconds if timeout_seconds is not None else self.ready_timeout_seconds)
+
+    def run(self, *args: Any, **kwargs: Any) -> "TemplateBuilder":
+        """Not supported yet: raises :class:`NotImplementedError` (put the step in the image)."""
+        raise _unsupported("run")
+
+    def copy(self, *args: Any, **kwargs: Any) -> "TemplateBuilder":
+        """Not supported yet: raises :class:`NotImplementedError` (put the files in the image)."""
+        raise _unsupported("copy")
+
+    def env(self, *args: Any, **kwargs: Any) -> "TemplateBuilder":
+        """Not supported yet: raises :class:`NotImplementedError` (use the image's ENV, or ``env=`` of ``Sandbox.create``)."""
+        raise _unsupported("env")
+
+    def request_body(self, name: str) -> Dict[str, Any]:
+        """The JSON body of ``POST /v1/templates`` that builds this as template ``name``."""
+        body: Dict[str, Any] = {"name": name, "from_image": self.image}
+        if self.start_command is not None:
+            body["start_cmd"] = self.start_command
+        if self.ready_command is not None:
+            body["ready_cmd"] = self.ready_command
+        if self.ready_timeout_seconds is not None:
+            body["ready_timeout_seconds"] = self.ready_timeout_seconds
+        return body
+
+    def build(
+        self,
+        name: str,
+        *,
+        on_log: Optional[Callable[[str], None]] = None,
+        client: "Optional[Client]" = None,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+    ) -> TemplateBuild:
+        """Build this as template ``name`` and wait for the build to end.
+
+        ``on_log`` is called with each line of the build's log as it
+        arrives. Building again under a name replaces its root filesystem;
+        sandboxes created with ``template=name`` then start from it.
+        Admin keys only.
+
+        Returns the succeeded build. Raises :class:`TemplateBuildError`
+        (with the build's ``code`` and ``error``) if it failed, and the
+        usual :class:`PandaError` subclasses if the request is refused
+        (:class:`InvalidArgumentError` for a bad name or reference,
+        :class:`ForbiddenError` for a key that is not an admin's).
+        """
+        from .client import resolve_client
+
+        c = resolve_client(client, api_key, api_url)
+        return c.build_template(
+            name,
+            self.image,
+            start_cmd=self.start_command,
+            ready_cmd=self.ready_command,
+            ready_timeout_seconds=self.ready_timeout_seconds,
+            on_log=on_log,
+        )

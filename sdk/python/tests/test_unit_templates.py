@@ -1,0 +1,228 @@
+"""Unit tests of templates built from images, against the stub HTTP server:
+the builder, the requests the client sends, the build's NDJSON log stream
+(including a failed final status) and errors.
+"""
+
+import json
+import unittest
+
+from _helpers import StubServer, send_chunked, send_json
+import pandastack
+from pandastack import (
+    Client,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PandaConnectionError,
+    Template,
+    TemplateBuild,
+    TemplateBuilder,
+    TemplateBuildError,
+)
+
+BUILD = {
+    "build_id": "3f0c9d4e8a7b6c5d4e3f",
+    "name": "myapp",
+    "from_image": "registry.example.com/myapp:1.0",
+    "status": "queued",
+    "created_at": "2025-01-02T03:04:05.123456789Z",
+}
+LOGS = "/v1/templates/builds/3f0c9d4e8a7b6c5d4e3f/logs"
+
+
+def ndjson(*objs) -> bytes:
+    return b"".join(json.dumps(o).encode() + b"\n" for o in objs)
+
+
+class TemplateStubTest(unittest.TestCase):
+    def setUp(self):
+        self.stub = StubServer().start()
+        self.addCleanup(self.stub.stop)
+        self.client = Client(api_key="sekret", api_url=self.stub.url, timeout=10)
+        self.addCleanup(self.client.close)
+        self.stub.json_route("POST", "/v1/templates", 202, BUILD)
+
+    def logs_route(self, pieces, end=True):
+        self.stub.route("GET", LOGS, lambda rec, h: send_chunked(h, 200, pieces, end=end))
+
+    def requests(self, method, path):
+        return [r for r in self.stub.requests if r.method == method and r.path == path]
+
+
+class BuilderTest(unittest.TestCase):
+    def test_from_image_is_a_builder(self):
+        b = Template.from_image("registry.example.com/app:1.0")
+        self.assertIsInstance(b, TemplateBuilder)
+        self.assertEqual(b.request_body("app"), {"name": "app", "from_image": "registry.example.com/app:1.0"})
+
+    def test_start_cmd_with_ready(self):
+        base = Template.from_image("r/app:1")
+        b = base.start_cmd("python3 -m http.server 8000", ready="curl -sf localhost:8000", ready_timeout_seconds=30)
+        got = b.request_body("app")
+        want = {
+            "name": "app",
+            "from_image": "r/app:1",
+            "start_cmd": "python3 -m http.server 8000",
+            "ready_cmd": "curl -sf localhost:8000",
+            "ready_timeout_seconds": 30,
+        }
+        self.assertEqual(got, want)
+        # Builders are values: the one started from is unchanged.
+        self.assertEqual(base.request_body("app"), {"name": "app", "from_image": "r/app:1"})
+        self.assertEqual(base.start_cmd("srv").request_body("x"), {"name": "x", "from_image": "r/app:1", "start_cmd": "srv"})
+        self.assertEqual(base.start_cmd("srv").ready_cmd("true").request_body("x")["ready_cmd"], "true")
+
+    def test_bad_arguments(self):
+        for bad in ("", "  ", None):
+            with self.assertRaises(ValueError, msg="image %r" % (bad,)):
+                Template.from_image(bad)
+        b = Template.from_image("r/app:1")
+        with self.assertRaises(ValueError):
+            b.start_cmd("")
+        with self.assertRaises(ValueError):
+            b.start_cmd("srv", ready_timeout_seconds=5)  # a timeout for no ready command
+        for bad in (0, -1, 1.5, True):
+            with self.assertRaises(ValueError, msg="timeout %r" % (bad,)):
+                b.ready_cmd("true", timeout_seconds=bad)
+
+    def test_unsupported_steps_raise(self):
+        b = Template.from_image("r/app:1")
+        for name, call in (("run", lambda: b.run("apt-get install -y git")), ("copy", lambda: b.copy("a", "/a")), ("env", lambda: b.env({"A": "1"}))):
+            with self.assertRaises(NotImplementedError, msg=name) as cm:
+                call()
+            self.assertIn("Template.%s is not supported" % name, str(cm.exception))
+            self.assertIn("image", str(cm.exception))
+
+
+class BuildTest(TemplateStubTest):
+    def test_build_succeeds_with_logs(self):
+        done = dict(BUILD, status="succeeded", digest="sha256:abc", started_at="2025-01-02T03:04:06Z", ended_at="2025-01-02T03:04:09Z")
+        # Lines split across chunks, and a multi-byte character split too.
+        body = ndjson({"line": "building template myapp"}, {"line": "pulling layer 1/2 (1.9 MiB) — ok"}, done)
+        self.logs_route([body[:10], body[10:50], body[50:51], body[51:]])
+        lines = []
+        got = Template.from_image("registry.example.com/myapp:1.0").start_cmd("srv", ready="true").build("myapp", on_log=lines.append, client=self.client)
+        self.assertEqual(lines, ["building template myapp", "pulling layer 1/2 (1.9 MiB) — ok"])
+        self.assertIsInstance(got, TemplateBuild)
+        self.assertTrue(got.succeeded and got.done)
+        self.assertEqual((got.build_id, got.name, got.status, got.digest), ("3f0c9d4e8a7b6c5d4e3f", "myapp", "succeeded", "sha256:abc"))
+        self.assertIsNotNone(got.ended_at)
+
+        post = self.requests("POST", "/v1/templates")[0]
+        self.assertEqual(post.headers["Authorization"], "Bearer sekret")
+        self.assertEqual(post.headers["Content-Type"], "application/json")
+        self.assertEqual(post.json(), {"name": "myapp", "from_image": "registry.example.com/myapp:1.0", "start_cmd": "srv", "ready_cmd": "true"})
+        get = self.requests("GET", LOGS)[0]
+        self.assertEqual(get.headers["Accept"], "application/x-ndjson")
+
+    def test_build_fails_with_server_code(self):
+        failed = dict(BUILD, status="failed", code="image_not_found", error="image registry.example.com/myapp:1.0 not found in its registry")
+        self.logs_route([ndjson({"line": "building template myapp"}, failed)])
+        lines = []
+        with self.assertRaises(TemplateBuildError) as cm:
+            self.client.build_template("myapp", "registry.example.com/myapp:1.0", on_log=lines.append)
+        e = cm.exception
+        self.assertIsInstance(e, pandastack.PandaError)
+        self.assertEqual(e.code, "image_not_found")
+        self.assertEqual(e.message, "image registry.example.com/myapp:1.0 not found in its registry")
+        self.assertIsNone(e.status)
+        self.assertEqual(e.build.status, "failed")
+        self.assertIn("image_not_found", str(e))
+        self.assertEqual(lines, ["building template myapp"])
+        # Only the fields given are sent.
+        self.assertEqual(self.requests("POST", "/v1/templates")[0].json(), {"name": "myapp", "from_image": "registry.example.com/myapp:1.0"})
+
+    def test_failed_without_code_or_error(self):
+        self.logs_route([ndjson(dict(BUILD, status="failed"))])
+        with self.assertRaises(TemplateBuildError) as cm:
+            Template.from_image("r/x:1").build("myapp", client=self.client)
+        self.assertEqual(cm.exception.code, "build_failed")
+        self.assertIn("myapp", cm.exception.message)
+
+    def test_follow_does_not_raise_for_failed(self):
+        self.logs_route([ndjson({"line": "a"}, dict(BUILD, status="failed", code="build_failed", error="boom"))])
+        got = self.client.follow_template_build(BUILD["build_id"])
+        self.assertEqual((got.status, got.code, got.error), ("failed", "build_failed", "boom"))
+        self.assertFalse(got.succeeded)
+
+    def test_logs_generator(self):
+        done = dict(BUILD, status="succeeded")
+        self.logs_route([ndjson({"line": "one"}, {"other": "ignored"}, {"line": "two"}, done)])
+        self.assertEqual(list(self.client.template_build_logs(BUILD["build_id"])), ["one", "two"])
+
+        def outer():
+            final = yield from self.client.template_build_logs(BUILD["build_id"])
+            return final
+
+        gen = outer()
+        self.assertEqual(next(gen), "one")
+        self.assertEqual(next(gen), "two")
+        with self.assertRaises(StopIteration) as cm:
+            next(gen)
+        self.assertEqual(cm.exception.value.status, "succeeded")
+
+    def test_stream_ends_before_the_build(self):
+        self.logs_route([ndjson({"line": "one"})])
+        with self.assertRaises(PandaConnectionError) as cm:
+            list(self.client.template_build_logs(BUILD["build_id"]))
+        self.assertIn("ended before the build did", str(cm.exception))
+
+    def test_refused_start_raises_api_error(self):
+        self.stub.json_route("POST", "/v1/templates", 422, {"error": {"code": "invalid", "message": "from_image must be a registry reference"}})
+        with self.assertRaises(InvalidArgumentError) as cm:
+            Template.from_image("/etc/passwd").build("x", client=self.client)
+        self.assertEqual((cm.exception.status, cm.exception.code), (422, "invalid"))
+        self.assertEqual(self.requests("GET", LOGS), [])
+
+    def test_logs_of_unknown_build(self):
+        self.stub.json_route("GET", "/v1/templates/builds/nope/logs", 404, {"error": {"code": "not_found", "message": "no build nope"}})
+        with self.assertRaises(NotFoundError):
+            list(self.client.template_build_logs("nope"))
+
+
+class OtherCallsTest(TemplateStubTest):
+    def test_start_and_get_build(self):
+        b = self.client.start_template_build("myapp", "r/app:1", ready_timeout_seconds=9)
+        self.assertEqual((b.build_id, b.status, b.from_image), ("3f0c9d4e8a7b6c5d4e3f", "queued", "registry.example.com/myapp:1.0"))
+        self.assertEqual(self.stub.last.json(), {"name": "myapp", "from_image": "r/app:1", "ready_timeout_seconds": 9})
+
+        self.stub.json_route("GET", "/v1/templates/builds/3f0c9d4e8a7b6c5d4e3f", 200, dict(BUILD, status="running", started_at="2025-01-02T03:04:06Z"))
+        got = self.client.get_template_build(b.build_id)
+        self.assertEqual(got.status, "running")
+        self.assertFalse(got.done)
+        self.assertIsNotNone(got.started_at)
+        self.assertEqual(self.stub.last.method, "GET")
+
+    def test_build_id_is_quoted(self):
+        self.stub.json_route("GET", "/v1/templates/builds/a%2Fb", 404, {"error": {"code": "not_found", "message": "no build"}})
+        with self.assertRaises(NotFoundError):
+            self.client.get_template_build("a/b")
+        self.assertEqual(self.stub.last.target, "/v1/templates/builds/a%2Fb")
+
+    def test_delete(self):
+        self.stub.route("DELETE", "/v1/templates/myapp", lambda rec, h: send_json(h, 204, None))
+        self.client.delete_template("myapp")
+        self.assertEqual((self.stub.last.method, self.stub.last.target), ("DELETE", "/v1/templates/myapp"))
+        self.client.delete_template("myapp", force=True)
+        self.assertEqual(self.stub.last.target, "/v1/templates/myapp?force=true")
+
+    def test_delete_conflict(self):
+        self.stub.json_route("DELETE", "/v1/templates/myapp", 409, {"error": {"code": "conflict", "message": "sandboxes of template myapp are not stopped (1)"}})
+        with self.assertRaises(ConflictError) as cm:
+            self.client.delete_template("myapp")
+        self.assertIn("not stopped", cm.exception.message)
+
+    def test_list_shows_images(self):
+        self.stub.json_route("GET", "/v1/templates", 200, {"templates": [
+            {"name": "base", "state": "ready", "memory_mib": 1024, "vcpus": 1, "baked_at": "2025-01-02T03:04:05Z"},
+            {"name": "myapp", "state": "not_baked", "memory_mib": 1024, "vcpus": 1, "baked_at": None,
+             "from_image": "registry.example.com/myapp:1.0", "digest": "sha256:abc", "built_at": "2025-01-02T03:04:09Z"},
+        ]})  # fmt: skip
+        base, app = self.client.list_templates()
+        self.assertIsNone(base.image)
+        self.assertEqual((app.name, app.state, app.image, app.digest), ("myapp", "not_baked", "registry.example.com/myapp:1.0", "sha256:abc"))
+        self.assertEqual(app.built_at.year, 2025)
+
+
+if __name__ == "__main__":
+    unittest.main()
