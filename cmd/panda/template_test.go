@@ -105,12 +105,15 @@ func busyboxLayer(t *testing.T) v1.Layer {
 	return layer(t, files)
 }
 
-// pushImage pushes busybox plus /etc/hello holding hello, with ENV
-// HELLO=world and WORKDIR /srv, as ref.
+// pushImage pushes busybox plus /etc/hello holding hello and a user
+// nobody (65534, home /srv), with ENV HELLO=world, WORKDIR /srv and USER
+// nobody, as ref.
 func pushImage(t *testing.T, base v1.Layer, ref, hello string) {
 	t.Helper()
 	img, err := mutate.AppendLayers(empty.Image, base, layer(t, []tarFile{
 		{Name: "etc/hello", Body: []byte(hello + "\n")}, {Name: "srv", Dir: true},
+		{Name: "etc/passwd", Body: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/srv:/bin/sh\n")},
+		{Name: "etc/group", Body: []byte("root:x:0:\nnogroup:x:65534:\n")},
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +204,17 @@ func TestTemplateFromImage(t *testing.T) {
 			t.Errorf("sandbox %s: got %q, want %q", sb.ID, got, want)
 		}
 	}
+	checkUser := func(sb *pandastack.Sandbox, user, want string) {
+		t.Helper()
+		r, err := sb.Exec(ctx, pandastack.Command{Cmd: "echo $(id -u):$(id -g) $HOME $USER", User: user})
+		if err != nil || r.Stdout != want {
+			t.Errorf("sandbox %s, user %q: %+v, %v; want stdout %q", sb.ID, user, r, err, want)
+		}
+	}
 	check(sb1, "hello from v1\nworld\n/srv\n")
+	// The image's USER is the default user; an exec's own user wins.
+	checkUser(sb1, "", "65534:65534 /srv nobody\n")
+	checkUser(sb1, "root", "0:0 /root root\n")
 	// An exec's own env and cwd win over the image's.
 	r, err := sb1.Exec(ctx, pandastack.Command{Cmd: "echo $HELLO; pwd", Env: map[string]string{"HELLO": "there"}, Cwd: "/etc"})
 	if err != nil || r.Stdout != "there\n/etc\n" {
@@ -213,6 +226,7 @@ func TestTemplateFromImage(t *testing.T) {
 		t.Fatalf("fork: %v", err)
 	}
 	check(kids[0], "hello from v1\nworld\n/srv\n")
+	checkUser(kids[0], "", "65534:65534 /srv nobody\n")
 	if err := kids[0].Kill(ctx); err != nil {
 		t.Fatal(err)
 	}

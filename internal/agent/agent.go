@@ -290,7 +290,10 @@ type record struct {
 	Env       map[string]string `json:"env,omitempty"`
 	// Cwd is the working directory of execs that name none ("" for the
 	// guest's default): the WORKDIR of a user template's image.
-	Cwd       string    `json:"cwd,omitempty"`
+	Cwd string `json:"cwd,omitempty"`
+	// User is the user of execs that name none ("" for root): the USER of a
+	// user template's image.
+	User      string    `json:"user,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	// Network is the sandbox's egress policy; NetNS the network namespace
 	// it runs in (while it has a VMM), to adopt after a restart.
@@ -419,8 +422,8 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := req.Network.Validate(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w: %w", ErrInvalid, err)
 	}
-	env, cwd := a.imageDefaults(req.Template, req.Env)
-	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, Owner: req.Owner, Snapshot: req.SnapshotID, Network: req.Network})
+	env, cwd, user := a.imageDefaults(req.Template, req.Env)
+	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Network: req.Network})
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -430,21 +433,27 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	return s.info(), nil
 }
 
-// imageDefaults returns the default environment and working directory of
-// the execs of a sandbox of template name with create-time env: for a
-// user template, its image's Env under env (a variable of env wins) and
-// its WorkingDir; otherwise env and "". The image's User is not applied:
-// the guest protocol runs every exec as root.
-func (a *Agent) imageDefaults(name string, env map[string]string) (map[string]string, string) {
+// imageDefaults returns the default environment, working directory and
+// user of the execs of a sandbox of template name with create-time env: for
+// a user template, its image's Env under env (a variable of env wins), its
+// WorkingDir and its User; otherwise env, "" and "" (root). A User the
+// guest protocol cannot carry is dropped (the execs run as root, as they
+// did before users were applied) rather than failing every exec.
+func (a *Agent) imageDefaults(name string, env map[string]string) (map[string]string, string, string) {
 	if name == "" || a.templates.IsBuiltin(name) {
-		return env, ""
+		return env, "", ""
 	}
 	u, err := a.templates.UserRootFS(name)
 	if err != nil {
-		return env, ""
+		return env, "", ""
+	}
+	user := u.Image.User
+	if err := guestproto.ValidateUser(user); err != nil {
+		a.log.Warn("image user ignored", "template", name, "user", user, "err", err)
+		user = ""
 	}
 	if len(u.Image.Env) == 0 {
-		return env, u.Image.WorkingDir
+		return env, u.Image.WorkingDir, user
 	}
 	out := map[string]string{}
 	for _, kv := range u.Image.Env {
@@ -455,7 +464,7 @@ func (a *Agent) imageDefaults(name string, env map[string]string) (map[string]st
 	for k, v := range env {
 		out[k] = v
 	}
-	return out, u.Image.WorkingDir
+	return out, u.Image.WorkingDir, user
 }
 
 // start restores a registered (starting) sandbox from im and makes it

@@ -213,7 +213,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	im := parent.imageOf(dir)
 	im.fullCopy = naive
 	parent.mu.Lock()
-	env, cwd, owner, policy := parent.rec.Env, parent.rec.Cwd, parent.rec.Owner, parent.rec.Network
+	env, cwd, user, owner, policy := parent.rec.Env, parent.rec.Cwd, parent.rec.User, parent.rec.Owner, parent.rec.Network
 	parent.mu.Unlock()
 	end()
 	if err != nil {
@@ -232,7 +232,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := a.register(record{ID: cid, Env: env, Cwd: cwd, Owner: owner, ParentID: id, Network: policy})
+			s, err := a.register(record{ID: cid, Env: env, Cwd: cwd, User: user, Owner: owner, ParentID: id, Network: policy})
 			if err != nil {
 				res.Children[i].Err = err
 				return

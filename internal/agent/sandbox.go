@@ -228,11 +228,11 @@ func writeJSON(path string, v any, durable bool) error {
 }
 
 // newClient returns a guest client on conn with the sandbox's exec
-// defaults. rec.Cwd never changes after register, so s.mu is not needed
-// (and may be held).
+// defaults. rec.Cwd and rec.User never change after register, so s.mu is
+// not needed (and may be held).
 func (s *sandbox) newClient(conn io.ReadWriteCloser) *guestproto.Client {
-	c, err := guestproto.NewClientConfig(conn, guestproto.ClientConfig{ExecCwd: s.rec.Cwd})
-	if err != nil { // a relative Cwd from a bad sandbox.json: ignore it
+	c, err := guestproto.NewClientConfig(conn, guestproto.ClientConfig{ExecCwd: s.rec.Cwd, ExecUser: s.rec.User})
+	if err != nil { // a relative Cwd or bad User from a bad sandbox.json: ignore them
 		return guestproto.NewClient(conn)
 	}
 	return c

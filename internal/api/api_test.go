@@ -330,6 +330,19 @@ func TestCreateExecFilesKill(t *testing.T) {
 	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true", "cwd": "rel"}), 422, "invalid")
 	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true", "timeout_seconds": -1}), 422, "invalid")
 
+	// Users: tiny's /etc/passwd has only root; numeric ids need no entry.
+	x = run(t, key, sb.ID, map[string]any{"cmd": "id -u; id -g; echo $HOME; pwd", "user": "1000:1000"})
+	if x.ExitCode != 0 || x.Stdout != "1000\n1000\n/\n/\n" {
+		t.Errorf("exec as 1000:1000: got %+v", x)
+	}
+	ghost := do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true", "user": "ghost"})
+	expect(t, ghost, 404, "not_found")
+	if !strings.Contains(string(ghost.body), `\"ghost\"`) {
+		t.Errorf("exec as an unknown user: %s, want a message naming ghost", ghost.body)
+	}
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec/stream", map[string]any{"cmd": "true", "user": "ghost"}), 404, "not_found")
+	expect(t, do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"cmd": "true", "user": "a b"}), 422, "invalid")
+
 	// Files.
 	data := make([]byte, 3<<20)
 	for i := range data {

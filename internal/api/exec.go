@@ -20,6 +20,7 @@ type execRequest struct {
 	Argv           []string          `json:"argv"`
 	Env            map[string]string `json:"env"`
 	Cwd            string            `json:"cwd"`
+	User           string            `json:"user"`
 	TimeoutSeconds *float64          `json:"timeout_seconds"`
 	Stdin          *string           `json:"stdin"`
 }
@@ -27,7 +28,7 @@ type execRequest struct {
 const defaultExecTimeout = 60 * time.Second
 
 func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
-	g := guestproto.ExecRequest{Shell: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd}
+	g := guestproto.ExecRequest{Shell: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User}
 	switch {
 	case req.Cmd == "" && len(req.Argv) == 0:
 		return g, invalid("give cmd (a shell command) or argv (a program and its arguments)")
@@ -41,6 +42,9 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 		if err := checkPath(req.Cwd); err != nil {
 			return g, invalid("cwd: %v", err.(*apiError).Message)
 		}
+	}
+	if err := guestproto.ValidateUser(req.User); err != nil {
+		return g, invalid("user: %v", err)
 	}
 	timeout := defaultExecTimeout
 	if req.TimeoutSeconds != nil {

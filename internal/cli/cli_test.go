@@ -188,11 +188,11 @@ func TestExecStreamsAndExits(t *testing.T) {
 	if r.exitCode() != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
 		t.Errorf("got exit %d stdout %q stderr %q (%v), want 7 out err", r.exitCode(), r.stdout, r.stderr, r.err)
 	}
-	runCLI(ctx, "in", "exec", "--api-url", f.url, "--api-key", "k", "-i", "abc", "--cwd", "/tmp", "-e", "A=1", "--timeout", "0", "--", "ls", "-l", "a b")
+	runCLI(ctx, "in", "exec", "--api-url", f.url, "--api-key", "k", "-i", "abc", "--cwd", "/tmp", "--user", "1000:1000", "-e", "A=1", "--timeout", "0", "--", "ls", "-l", "a b")
 	runCLI(ctx, "", "exec", "--api-url", f.url, "--api-key", "k", "abc", "--timeout", "2.5", "--", "true")
 	want := []string{
 		`POST /v1/sandboxes/abc/exec/stream {"cmd":"echo hi; exit 7"} Bearer k`,
-		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-l","a b"],"env":{"A":"1"},"cwd":"/tmp","timeout_seconds":0,"stdin":"in"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-l","a b"],"env":{"A":"1"},"cwd":"/tmp","user":"1000:1000","timeout_seconds":0,"stdin":"in"} Bearer k`,
 		`POST /v1/sandboxes/abc/exec/stream {"cmd":"true","timeout_seconds":2.5} Bearer k`,
 	}
 	for i := range want {

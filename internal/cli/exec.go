@@ -15,6 +15,7 @@ func execCmd(g *globals) *cobra.Command {
 	var (
 		env     []string
 		cwd     string
+		user    string
 		timeout float64
 		stdin   bool
 	)
@@ -33,6 +34,7 @@ ExecResult object (exit_code, stdout, stderr, ...); the exit code is still
 the command's.`,
 		Example: `  panda exec $ID -- 'echo hello && uname -a'
   panda exec $ID --cwd /tmp --env DEBUG=1 -- ls -la
+  panda exec $ID --user 1000:1000 -- id
   echo 'print(1+1)' | panda exec $ID -i -- python3`,
 		Args: args(2, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -40,7 +42,7 @@ the command's.`,
 			if err != nil {
 				return err
 			}
-			c := pandastack.Command{Env: e, Cwd: cwd}
+			c := pandastack.Command{Env: e, Cwd: cwd, User: user}
 			if rest := args[1:]; len(rest) == 1 {
 				c.Cmd = rest[0]
 			} else {
@@ -95,7 +97,8 @@ the command's.`,
 	}
 	f := cmd.Flags()
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
-	f.StringVarP(&cwd, "cwd", "w", "", "working directory (default /root)")
+	f.StringVarP(&cwd, "cwd", "w", "", "working directory (default the user's home, /root for root)")
+	f.StringVarP(&user, "user", "u", "", "run as USER, NAME|UID[:GROUP|GID] as Docker's (default the template image's user, else root)")
 	f.Float64Var(&timeout, "timeout", 60, "kill the command after SEC seconds; 0 for no timeout")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send panda's standard input to the command (read fully first)")
 	return cmd

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,7 +42,26 @@ func (s *Server) exec(ctx context.Context, st *guestproto.Stream, req *guestprot
 	if req.Shell != "" {
 		argv = []string{"/bin/sh", "-c", req.Shell}
 	}
-	env := s.execEnv(req.Env)
+	var cred *syscall.Credential
+	var userEnv map[string]string
+	if req.User != "" {
+		u, err := resolveUser(s.cfg.Root, req.User)
+		if err != nil {
+			replyErr(st, err)
+			return
+		}
+		cred = &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
+		if cred.Groups == nil {
+			cred.Groups = []uint32{} // drop the agent's own supplementary groups
+		}
+		// Without a passwd entry, as in Docker: HOME=/, no USER or LOGNAME
+		// (the agent's own would name root).
+		userEnv = map[string]string{"HOME": "/", "USER": "", "LOGNAME": ""}
+		if u.name != "" {
+			userEnv = map[string]string{"HOME": cmp.Or(u.home, "/"), "USER": u.name, "LOGNAME": u.name}
+		}
+	}
+	env := s.execEnv(userEnv, req.Env)
 	path, err := lookPath(argv[0], envValue(env, "PATH"))
 	if err != nil {
 		replyErr(st, err)
@@ -53,7 +73,7 @@ func (s *Server) exec(ctx context.Context, st *guestproto.Stream, req *guestprot
 		return
 	}
 
-	p, err := s.startProcess(path, argv, env, cwd, req.Stdin)
+	p, err := s.startProcess(path, argv, env, cwd, cred, req.Stdin)
 	if err != nil {
 		replyErr(st, fmt.Errorf("start %s: %w", argv[0], err))
 		return
@@ -144,8 +164,9 @@ func (p *process) closeAll() {
 	}
 }
 
-// startProcess starts argv in its own process group with piped output.
-func (s *Server) startProcess(path string, argv, env []string, cwd string, withStdin bool) (_ *process, err error) {
+// startProcess starts argv in its own process group with piped output, as
+// cred (nil: the agent's own user, root).
+func (s *Server) startProcess(path string, argv, env []string, cwd string, cred *syscall.Credential, withStdin bool) (_ *process, err error) {
 	var parent, child []*os.File
 	defer func() {
 		for _, f := range child {
@@ -184,7 +205,7 @@ func (s *Server) startProcess(path string, argv, env []string, cwd string, withS
 		Dir:   cwd,
 		Env:   env,
 		Files: []uintptr{child[0].Fd(), child[1].Fd(), child[2].Fd()},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	}
 	p.pid, p.wait, err = s.reaper.Start(path, argv, attr)
 	if err != nil {

@@ -107,12 +107,20 @@ type fixture struct {
 
 func startGuest(t *testing.T) *fixture {
 	t.Helper()
+	return startGuestRoot(t, "")
+}
+
+// startGuestRoot starts a guest whose accounts are those of root's
+// etc/passwd and etc/group ("": the host's).
+func startGuestRoot(t *testing.T, root string) *fixture {
+	t.Helper()
 	f := &fixture{tr: guestprototest.New(), hooks: &fakeHooks{}}
 	srv := guest.NewServer(guest.Config{
 		Hooks:     f.hooks,
 		Reaper:    reaper,
 		Version:   "test",
-		Env:       []string{"PATH=" + os.Getenv("PATH"), "HOME=/", "BASE=base"},
+		Env:       []string{"PATH=" + os.Getenv("PATH"), "HOME=/", "BASE=base", "USER=root"},
+		Root:      root,
 		ExitGrace: 200 * time.Millisecond,
 	})
 	agent := guestproto.NewAgent(f.tr, srv, nil)

@@ -36,6 +36,9 @@ type Config struct {
 	PID1 bool
 	// Env is the base environment of execs ("K=V"); nil means os.Environ().
 	Env []string
+	// Root is the directory whose etc/passwd and etc/group name the users
+	// execs run as; "" means "/". (Tests point it at a made-up root.)
+	Root string
 	// ExitGrace is how long an exec's output is still streamed after its
 	// process exited, for children that hold its pipes; then the pipes are
 	// closed. Zero means one second.
@@ -75,6 +78,9 @@ func NewServer(cfg Config) *Server {
 	}
 	if cfg.ExitGrace == 0 {
 		cfg.ExitGrace = time.Second
+	}
+	if cfg.Root == "" {
+		cfg.Root = "/"
 	}
 	base := make(map[string]string, len(cfg.Env))
 	for _, kv := range cfg.Env {
@@ -136,6 +142,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
+		Features:     []string{guestproto.FeatureExecUser},
 	}
 }
 
@@ -163,13 +170,21 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 	}
 }
 
-// execEnv merges the base env, the session's default env and the request's
-// env, later ones winning, as sorted "K=V" strings.
-func (s *Server) execEnv(req map[string]string) []string {
+// execEnv merges, later winning, the base env, user (the exec user's
+// HOME, USER and LOGNAME; an empty value unsets the base's), the session's
+// default env and the request's.
+func (s *Server) execEnv(user, req map[string]string) []string {
 	s.mu.Lock()
 	session := s.sessionEnv
 	s.mu.Unlock()
 	env := maps.Clone(s.base)
+	for k, v := range user {
+		if v == "" {
+			delete(env, k)
+		} else {
+			env[k] = v
+		}
+	}
 	maps.Copy(env, session)
 	maps.Copy(env, req)
 	out := make([]string, 0, len(env))

@@ -75,6 +75,12 @@ type ClientConfig struct {
 	// "": the guest's default, $HOME or /). The host sets it from the
 	// WORKDIR of a user template's image; an exec's own Cwd wins.
 	ExecCwd string
+	// ExecUser is the user of execs that name none ("": root; see
+	// ValidateUser). The host sets it from the USER of a user template's
+	// image; an exec's own User wins. A guest agent that does not list
+	// FeatureExecUser (a snapshot taken before it existed) runs such execs
+	// as root, as it always did.
+	ExecUser string
 }
 
 // Validate reports whether c is usable: no field may be negative.
@@ -93,6 +99,9 @@ func (c ClientConfig) Validate() error {
 	}
 	if c.ExecCwd != "" && !path.IsAbs(c.ExecCwd) {
 		return fmt.Errorf("guest client config: ExecCwd %q is not absolute", c.ExecCwd)
+	}
+	if err := ValidateUser(c.ExecUser); err != nil {
+		return fmt.Errorf("guest client config: ExecUser: %w", err)
 	}
 	return nil
 }
@@ -161,6 +170,7 @@ type Client struct {
 
 	startOnce   sync.Once
 	established atomic.Bool
+	execUser    atomic.Bool // the agent lists FeatureExecUser
 	closed      chan struct{}
 	closeOnce   sync.Once
 	err         error // set before closed is closed
@@ -330,6 +340,7 @@ func (c *Client) dispatch(f Frame) {
 		if hw != nil && hw.session == r.Session {
 			c.hello = nil
 			if r.Error == nil {
+				c.execUser.Store(r.HasFeature(FeatureExecUser))
 				c.established.Store(true)
 			}
 			hw.reply <- r
@@ -913,10 +924,19 @@ type Process struct {
 
 // StartExec starts a process and returns once it runs in the guest. A
 // missing executable, cwd or an invalid request fail here with a *Error
-// (ErrNotFound, ErrPermission, ErrInvalid).
+// (ErrNotFound, ErrPermission, ErrInvalid). So does a User the guest does
+// not know, or any User when the guest's agent does not list
+// FeatureExecUser (ErrInvalid: it would run the process as root).
 func (c *Client) StartExec(ctx context.Context, req ExecRequest) (*Process, error) {
 	if req.Cwd == "" {
 		req.Cwd = c.cfg.ExecCwd
+	}
+	if req.User == "" && c.execUser.Load() {
+		req.User = c.cfg.ExecUser
+	}
+	if req.User != "" && c.established.Load() && !c.execUser.Load() {
+		return nil, fmt.Errorf("exec: %w", Errorf(CodeInvalid,
+			"this sandbox's guest agent is too old to run commands as another user (user %q); recreate the sandbox from a current template", req.User))
 	}
 	if err := req.Validate(); err != nil {
 		return nil, fmt.Errorf("exec: %w", Errorf(CodeInvalid, "%v", err))

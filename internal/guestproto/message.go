@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -71,8 +72,25 @@ type HelloReply struct {
 	// HookErrors lists the restore hooks that failed, one message each. The
 	// session is usable regardless.
 	HookErrors []string `json:"hook_errors,omitempty"`
+	// Features lists the optional abilities of the agent (FeatureExecUser).
+	// An agent older than a feature does not list it, and ignores the
+	// request fields that use it.
+	Features []string `json:"features,omitempty"`
 	// Error is set when the HELLO was rejected; no session started.
 	Error *Error `json:"error,omitempty"`
+}
+
+// FeatureExecUser: the agent runs an exec as ExecRequest.User.
+const FeatureExecUser = "exec_user"
+
+// HasFeature reports whether the agent listed feature f.
+func (r *HelloReply) HasFeature(f string) bool {
+	for _, x := range r.Features {
+		if x == f {
+			return true
+		}
+	}
+	return false
 }
 
 // Op names the operation a stream performs.
@@ -120,6 +138,81 @@ type ExecRequest struct {
 	// Stdin connects the process's stdin to the stream; otherwise it reads
 	// /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// User runs the process as a user instead of root, written as Docker's
+	// USER: "name", "uid", "name:group" or "uid:gid" (see ValidateUser).
+	// The guest resolves names in its own /etc/passwd and /etc/group.
+	// Only agents that list FeatureExecUser honour it.
+	User string `json:"user,omitempty"`
+}
+
+// MaxUserLen bounds ExecRequest.User.
+const MaxUserLen = 256
+
+// ValidateUser reports whether u is a well-formed user spec: "user" or
+// "user:group", each part a name of letters, digits, '.', '_' and '-' (not
+// starting with '-'; a trailing '$' is allowed, as for machine accounts) or
+// a decimal id below 2^32-1. "" (the default user) is valid.
+func ValidateUser(u string) error {
+	if u == "" {
+		return nil
+	}
+	if len(u) > MaxUserLen {
+		return fmt.Errorf("user is longer than %d bytes", MaxUserLen)
+	}
+	name, group, hasGroup := strings.Cut(u, ":")
+	if err := validateUserPart("user", name); err != nil {
+		return err
+	}
+	if hasGroup {
+		return validateUserPart("group", group)
+	}
+	return nil
+}
+
+func validateUserPart(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%s is empty in user spec", what)
+	}
+	if isDigits(s) {
+		if _, ok := ParseID(s); !ok {
+			return fmt.Errorf("%s id %s is out of range", what, s)
+		}
+		return nil
+	}
+	if s[0] == '-' {
+		return fmt.Errorf("%s %q starts with '-'", what, s)
+	}
+	for i, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		case c == '$' && i == len(s)-1:
+		default:
+			return fmt.Errorf("%s %q contains %q: names may hold letters, digits, '.', '_' and '-'", what, s, rune(c))
+		}
+	}
+	return nil
+}
+
+func isDigits(s string) bool {
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// ParseID parses a decimal user or group id; ids are below 2^32-1, which
+// means "no id" to the kernel.
+func ParseID(s string) (uint32, bool) {
+	if !isDigits(s) || len(s) > 10 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || n == 1<<32-1 {
+		return 0, false
+	}
+	return uint32(n), true
 }
 
 // Validate reports whether r can be run.
@@ -135,6 +228,9 @@ func (r *ExecRequest) Validate() error {
 		return fmt.Errorf("cwd %q is not absolute", r.Cwd)
 	case r.TimeoutMS < 0:
 		return errors.New("timeout_ms is negative")
+	}
+	if err := ValidateUser(r.User); err != nil {
+		return err
 	}
 	for _, a := range r.Argv {
 		if strings.IndexByte(a, 0) >= 0 {

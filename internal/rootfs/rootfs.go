@@ -124,6 +124,12 @@ func FromImage(ctx context.Context, src string, out string, opts Options) (Confi
 	if err := os.Mkdir(treeDir, 0o755); err != nil {
 		return Config{}, fmt.Errorf("make the temporary tree: %w", err)
 	}
+	// Not the umask's mode (panda up runs with 077): copyRoot makes the
+	// guest's / what the tree root is, and a 0700 / locks every user but
+	// root out of the guest.
+	if err := os.Chmod(treeDir, 0o755); err != nil {
+		return Config{}, fmt.Errorf("make the temporary tree: %w", err)
+	}
 
 	t, err := newTree(treeDir, int64(opts.MaxSizeMiB)<<20)
 	if err != nil {

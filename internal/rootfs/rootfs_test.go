@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -796,5 +797,27 @@ func TestFromImageRootDir(t *testing.T) {
 	}
 	if got := cat(t, out, "/f"); got != "f" {
 		t.Errorf("/f: got %q, want f", got)
+	}
+}
+
+// TestFromImageUmask: under panda up's umask 077, an image that does not
+// say what / is gets a 0755 one, and directories the layers imply but do
+// not list are 0755 too (0700 ones would lock every user but root out).
+func TestFromImageUmask(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	src := filepath.Join(t.TempDir(), "img.tar")
+	img := image(t, "linux/amd64", v1.Config{}, layer(t, file("usr/bin/x", 0o755, "x")))
+	if err := tarball.WriteToFile(src, name.MustParseReference("example.com/img:v1").(name.Tag), img); err != nil {
+		t.Fatal(err)
+	}
+	out, _, _, err := build(t, src, rootfs.Options{SizeMiB: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/", "/usr", "/usr/bin"} {
+		if in := mustStat(t, out, p); in.typ != "directory" || in.mode != 0o755 {
+			t.Errorf("%s: got %s %#o, want directory 0755", p, in.typ, in.mode)
+		}
 	}
 }

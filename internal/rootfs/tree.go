@@ -139,6 +139,9 @@ func (t *tree) mkdirAll(dir string) error {
 			return fmt.Errorf("open the directory of %s: %w", p, err)
 		}
 		err = unix.Mkdirat(pfd, parts[i], 0o755)
+		if err == nil { // 0755 whatever the umask (panda up runs with 077)
+			err = unix.Fchmodat(pfd, parts[i], 0o755, 0)
+		}
 		unix.Close(pfd)
 		if err == unix.EEXIST {
 			return invalid("cannot make directory %s: a dangling symlink is in the way", p)

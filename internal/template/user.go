@@ -37,7 +37,8 @@ var Reserved = []string{"base", "tiny"}
 
 // ImageConfig is what a container image's configuration says about how its
 // processes run. The agent applies Env and WorkingDir to the sandboxes of a
-// user template (agent.Create); User and the rest are recorded only.
+// user template (agent.Create) as the defaults of their execs, and User as
+// their default user; Entrypoint and Cmd are recorded only.
 type ImageConfig struct {
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"working_dir,omitempty"`

@@ -202,9 +202,9 @@ func TestRequests(t *testing.T) {
 		{"exec cmd", func() error { _, err := sb.Exec(ctx, Command{Cmd: "echo hi"}); return err },
 			seen{"POST", "/v1/sandboxes/abc/exec", "", "Bearer k1", `{"cmd":"echo hi"}`}},
 		{"exec argv", func() error {
-			_, err := sb.Exec(ctx, Command{Argv: []string{"ls", "-l"}, Env: map[string]string{"A": "1"}, Cwd: "/tmp", Timeout: 1500 * time.Millisecond, Stdin: "in"})
+			_, err := sb.Exec(ctx, Command{Argv: []string{"ls", "-l"}, Env: map[string]string{"A": "1"}, Cwd: "/tmp", User: "app:staff", Timeout: 1500 * time.Millisecond, Stdin: "in"})
 			return err
-		}, seen{"POST", "/v1/sandboxes/abc/exec", "", "Bearer k1", `{"argv":["ls","-l"],"env":{"A":"1"},"cwd":"/tmp","timeout_seconds":1.5,"stdin":"in"}`}},
+		}, seen{"POST", "/v1/sandboxes/abc/exec", "", "Bearer k1", `{"argv":["ls","-l"],"env":{"A":"1"},"cwd":"/tmp","user":"app:staff","timeout_seconds":1.5,"stdin":"in"}`}},
 		{"exec no timeout", func() error { _, err := sb.Exec(ctx, Command{Cmd: "sleep 1000", Timeout: NoTimeout}); return err },
 			seen{"POST", "/v1/sandboxes/abc/exec", "", "Bearer k1", `{"cmd":"sleep 1000","timeout_seconds":0}`}},
 		{"stat", func() error { _, err := sb.Stat(ctx, "/a b/c&d"); return err },

@@ -22,8 +22,14 @@ type Command struct {
 	Argv []string
 	// Env is added to the sandbox's default environment.
 	Env map[string]string
-	// Cwd is the working directory, absolute (default /root).
+	// Cwd is the working directory, absolute (default the user's home if
+	// it exists, else /; /root for root).
 	Cwd string
+	// User runs the command as this user instead of root, written as
+	// Docker's USER: "name", "uid", "name:group" or "uid:gid". Names are
+	// looked up in the sandbox's /etc/passwd and /etc/group (an unknown one
+	// is ErrNotFound). Default: the template image's User, else root.
+	User string
 	// Timeout kills the command's process group after this long. Zero
 	// means the server's default (60 s); NoTimeout means none.
 	Timeout time.Duration
@@ -36,6 +42,7 @@ type execRequest struct {
 	Argv    []string          `json:"argv,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	Cwd     string            `json:"cwd,omitempty"`
+	User    string            `json:"user,omitempty"`
 	Timeout *float64          `json:"timeout_seconds,omitempty"`
 	Stdin   string            `json:"stdin,omitempty"`
 }
@@ -44,7 +51,7 @@ func (cmd Command) request() (execRequest, error) {
 	if (cmd.Cmd == "") == (len(cmd.Argv) == 0) {
 		return execRequest{}, newError(0, CodeInvalid, "a command needs exactly one of Cmd and Argv")
 	}
-	r := execRequest{Cmd: cmd.Cmd, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, Stdin: cmd.Stdin}
+	r := execRequest{Cmd: cmd.Cmd, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User, Stdin: cmd.Stdin}
 	switch {
 	case cmd.Timeout < 0:
 		zero := 0.0

@@ -86,8 +86,8 @@ class RequestEncodingTest(StubTestCase):
     def test_exec_body_cmd_and_argv(self):
         self.stub.json_route("POST", "/v1/sandboxes/abc123/exec", 200, {"exit_code": 3, "stdout": "o", "stderr": "e", "duration_ms": 5, "signal": "", "timed_out": False})
         sb = self.sandbox()
-        r = sb.exec("echo hi", env={"X": "y"}, cwd="/tmp", stdin="in")
-        self.assertEqual(self.stub.last.json(), {"cmd": "echo hi", "env": {"X": "y"}, "cwd": "/tmp", "timeout_seconds": 60, "stdin": "in"})
+        r = sb.exec("echo hi", env={"X": "y"}, cwd="/tmp", stdin="in", user="app")
+        self.assertEqual(self.stub.last.json(), {"cmd": "echo hi", "env": {"X": "y"}, "cwd": "/tmp", "user": "app", "timeout_seconds": 60, "stdin": "in"})
         self.assertEqual((r.exit_code, r.stdout, r.stderr, r.duration_ms, r.signal, r.timed_out, r.ok), (3, "o", "e", 5, None, False, False))
         sb.exec(["ls", "-l"], timeout_seconds=0)
         self.assertEqual(self.stub.last.json(), {"argv": ["ls", "-l"], "timeout_seconds": 0})

@@ -467,6 +467,7 @@ class Sandbox:
         stdin: Union[str, bytes, None] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
+        user: Optional[str] = None,
     ) -> ExecResult:
         """Run a command and wait for it to end.
 
@@ -478,12 +479,19 @@ class Sandbox:
                 (``result.timed_out`` is then ``True``); ``0`` means no timeout;
                 ``None`` means the server's default (60).
             env: Extra environment variables (over the sandbox's ``env``).
-            cwd: Working directory, absolute (default ``/root``).
+            cwd: Working directory, absolute (default the user's home if it
+                exists, else ``/``; ``/root`` for root).
             stdin: Text fed to standard input (bytes must be UTF-8).
             on_stdout: Called with each chunk of standard output (``str``) as
                 it is produced. With either callback the command runs through
                 the streaming endpoint; the full output is still returned.
             on_stderr: Same for standard error.
+            user: Run as this user instead of root, written as Docker's
+                ``USER``: ``"name"``, ``"uid"``, ``"name:group"`` or
+                ``"uid:gid"``. Names are looked up in the sandbox's
+                ``/etc/passwd`` and ``/etc/group`` (an unknown one raises
+                :class:`NotFoundError`). Default: the template image's user,
+                else root.
 
         Returns:
             An :class:`ExecResult`. A non-zero exit is not an exception: check
@@ -518,6 +526,10 @@ class Sandbox:
             body["env"] = e
         if cwd is not None:
             body["cwd"] = cwd
+        if user is not None:
+            if not isinstance(user, str):
+                raise TypeError("user must be a str, not %s" % type(user).__name__)
+            body["user"] = user
         if timeout_seconds is not None:
             if timeout_seconds < 0:
                 raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
