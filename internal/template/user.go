@@ -46,18 +46,73 @@ type ImageConfig struct {
 	Cmd        []string `json:"cmd,omitempty"`
 }
 
+// Startup names what a template's bake starts in its guest before the
+// capture, so that every sandbox restored from it finds the process
+// running already (each its own copy). Both commands are /bin/sh -c
+// scripts run with the image's Env and WorkingDir. They are part of the
+// template's identity: a change makes its baked shapes stale.
+type Startup struct {
+	// StartCmd is started detached (its own session, stdin /dev/null,
+	// output to StartLog) once the guest agent answers; "" for none.
+	StartCmd string `json:"start_cmd,omitempty"`
+	// ReadyCmd is run until it exits 0 (each run at most ReadyRunTimeout)
+	// before the capture; "" to capture as soon as StartCmd is started.
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// ReadyTimeoutSeconds bounds the wait for ReadyCmd to succeed
+	// (0: DefaultReadyTimeout).
+	ReadyTimeoutSeconds int `json:"ready_timeout_seconds,omitempty"`
+}
+
+// Limits and defaults of a Startup.
+const (
+	DefaultReadyTimeout = 60 * time.Second
+	MaxReadyTimeout     = 30 * time.Minute
+	ReadyRunTimeout     = 10 * time.Second
+	MaxStartupCmdBytes  = 16 << 10
+	// StartLog is where, in the guest, StartCmd's output goes.
+	StartLog = "/var/log/start.log"
+)
+
+// IsZero reports whether u starts nothing.
+func (u Startup) IsZero() bool { return u.StartCmd == "" && u.ReadyCmd == "" }
+
+// Validate checks u's fields.
+func (u Startup) Validate() error {
+	switch {
+	case len(u.StartCmd) > MaxStartupCmdBytes || len(u.ReadyCmd) > MaxStartupCmdBytes:
+		return fmt.Errorf("%w: start_cmd and ready_cmd must be at most %d bytes", ErrInvalid, MaxStartupCmdBytes)
+	case strings.ContainsRune(u.StartCmd, 0) || strings.ContainsRune(u.ReadyCmd, 0):
+		return fmt.Errorf("%w: start_cmd and ready_cmd must not contain NUL bytes", ErrInvalid)
+	case u.ReadyTimeoutSeconds < 0 || time.Duration(u.ReadyTimeoutSeconds)*time.Second > MaxReadyTimeout:
+		return fmt.Errorf("%w: ready_timeout_seconds %d must be between 0 (the default, %s) and %d",
+			ErrInvalid, u.ReadyTimeoutSeconds, DefaultReadyTimeout, int(MaxReadyTimeout/time.Second))
+	case u.ReadyTimeoutSeconds > 0 && u.ReadyCmd == "":
+		return fmt.Errorf("%w: ready_timeout_seconds needs a ready_cmd", ErrInvalid)
+	}
+	return nil
+}
+
+// readyTimeout is u's wait for ReadyCmd, its default filled in.
+func (u Startup) readyTimeout() time.Duration {
+	if u.ReadyTimeoutSeconds > 0 {
+		return time.Duration(u.ReadyTimeoutSeconds) * time.Second
+	}
+	return DefaultReadyTimeout
+}
+
 // UserRootFS describes a root filesystem built from a user's image
 // (config.json beside its rootfs.ext4).
 type UserRootFS struct {
 	Name string `json:"name"`
 	// Source is the image reference it was built from, Digest the image's
 	// manifest digest.
-	Source    string      `json:"source"`
-	Digest    string      `json:"digest,omitempty"`
-	Image     ImageConfig `json:"image"`
-	SizeBytes int64       `json:"size_bytes"`
-	BuiltAt   time.Time   `json:"built_at"`
-	BuildMS   int64       `json:"build_ms"`
+	Source string      `json:"source"`
+	Digest string      `json:"digest,omitempty"`
+	Image  ImageConfig `json:"image"`
+	Startup
+	SizeBytes int64     `json:"size_bytes"`
+	BuiltAt   time.Time `json:"built_at"`
+	BuildMS   int64     `json:"build_ms"`
 }
 
 // IsBuiltin reports whether name is, or is reserved for, a built-in root

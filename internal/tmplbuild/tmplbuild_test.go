@@ -95,7 +95,7 @@ func TestBuildOutcomes(t *testing.T) {
 		{"app2", "missing", StateFailed, CodeImageNotFound},
 		{"app3", "bad", StateFailed, CodeFailed},
 	} {
-		st, err := m.Start(tc.name, tc.src)
+		st, err := m.Start(tc.name, tc.src, template.Startup{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestBuildOutcomes(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
-		if _, err := m.Start(tc.name, tc.src); !errors.Is(err, template.ErrInvalid) {
+		if _, err := m.Start(tc.name, tc.src, template.Startup{}); !errors.Is(err, template.ErrInvalid) {
 			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
 		}
 	}
@@ -136,7 +136,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	defer m.Close()
 	var ids []string
 	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
-		st, err := m.Start(b[0], b[1])
+		st, err := m.Start(b[0], b[1], template.Startup{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,8 +185,8 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st1, _ := m.Start("a", "a1")
-	st2, _ := m.Start("b", "b1") // waits for a slot
+	st1, _ := m.Start("a", "a1", template.Startup{})
+	st2, _ := m.Start("b", "b1", template.Startup{}) // waits for a slot
 	time.Sleep(100 * time.Millisecond)
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
@@ -195,7 +195,7 @@ func TestCloseCancelsBuilds(t *testing.T) {
 			t.Errorf("build after Close: %+v", st)
 		}
 	}
-	if _, err := m.Start("c", "c1"); !errors.Is(err, ErrClosed) {
+	if _, err := m.Start("c", "c1", template.Startup{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Start after Close = %v", err)
 	}
 	m.Close()
