@@ -200,3 +200,65 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	}
 	m.Close()
 }
+
+// A build whose template starts commands bakes it: a failed bake fails the
+// build, with the ready command's own words, and removes the template; a
+// build without commands does not bake.
+func TestBuildBakesStartup(t *testing.T) {
+	store := newStore(t)
+	fc := &fakeConvert{}
+	var baked []string
+	bake := func(ctx context.Context, name string, progress func(string)) error {
+		baked = append(baked, name)
+		u, err := store.UserRootFS(name)
+		if err != nil {
+			return err
+		}
+		switch u.ReadyCmd {
+		case "never":
+			return fmt.Errorf("bake %s-256m-1c: %w", name, &template.ReadyError{Msg: "the ready command did not succeed: not-ready"})
+		case "crash":
+			return errors.New("guest agent did not answer: dial unix /host/path")
+		}
+		progress("ready")
+		return nil
+	}
+	m, err := New(Config{Store: store, Convert: fc.convert, Bake: bake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, tc := range []struct {
+		name  string
+		su    template.Startup
+		state string
+		err   string
+	}{
+		{"plain", template.Startup{}, StateSucceeded, ""},
+		{"web", template.Startup{StartCmd: "serve", ReadyCmd: "check"}, StateSucceeded, ""},
+		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the template was not kept: the ready command did not succeed: not-ready"},
+		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the template was not kept: its first boot failed (see the server's log)"},
+	} {
+		st, err := m.Start(tc.name, "good", tc.su)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ = follow(t, m, st.ID)
+		if st.State != tc.state || st.Error != tc.err {
+			t.Errorf("build %s: %s %q, want %s %q", tc.name, st.State, st.Error, tc.state, tc.err)
+		}
+		u, err := store.UserRootFS(tc.name)
+		if kept := err == nil; kept != (tc.state == StateSucceeded) {
+			t.Errorf("build %s (%s): template kept %v (%v)", tc.name, st.State, kept, err)
+		}
+		if err == nil && u.Startup != tc.su {
+			t.Errorf("build %s: stored startup %+v, want %+v", tc.name, u.Startup, tc.su)
+		}
+	}
+	if got, want := strings.Join(baked, ","), "web,never,crash"; got != want {
+		t.Errorf("baked %s, want %s", got, want)
+	}
+	if _, err := m.Start("bad", "good", template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}); !errors.Is(err, template.ErrInvalid) {
+		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
+	}
+}
