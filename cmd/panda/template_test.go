@@ -389,6 +389,32 @@ echo serving $(cat /dev/shm/www/token) && exec httpd -f -p 8000 -h /dev/shm/www`
 	if _, err := c.Create(ctx, pandastack.CreateOptions{Template: "never"}); !errors.Is(err, pandastack.ErrNotFound) {
 		t.Errorf("create from the failed template: %v, want not found", err)
 	}
+	// A rebuild that fails so leaves the template as it was, baked.
+	if _, err := c.BuildTemplate(ctx, "web", host+"/test/web:v1", nil,
+		pandastack.WithStartCmd(startCmd), pandastack.WithReadyCmd("exit 1"), pandastack.WithReadyTimeout(time.Second)); err == nil {
+		t.Errorf("rebuild with a ready command that fails succeeded")
+	}
+	ts, err = c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found = false
+	for _, tp := range ts {
+		if tp.Name == "web" {
+			found = tp.State == pandastack.TemplateReady && tp.ReadyCmd == get
+		}
+	}
+	if !found {
+		t.Errorf("templates after a failed rebuild of web: %+v", ts)
+	}
+	sb3, err := c.Create(ctx, pandastack.CreateOptions{Template: "web", TTLSeconds: 1800})
+	if err != nil {
+		t.Fatalf("create after a failed rebuild: %v", err)
+	}
+	if got := mustExec(t, ctx, sb3, get); got != token {
+		t.Errorf("sandbox of web after a failed rebuild serves %q, want %q", got, token)
+	}
+	sbs = append(sbs, sb3)
 	for _, sb := range sbs {
 		if err := sb.Kill(ctx); err != nil {
 			t.Error(err)

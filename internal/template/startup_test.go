@@ -110,3 +110,57 @@ func TestStartupIsIdentity(t *testing.T) {
 		t.Errorf("startupOf(tiny) = %+v, want nothing", g)
 	}
 }
+
+// TryUserRootFS installs a version that keep makes final and undo takes
+// back: to the version it replaced, or to no template at all.
+func TestTryUserRootFS(t *testing.T) {
+	st := fakeStore(t)
+	try := func(content string) (func(), func() error) {
+		t.Helper()
+		dir, err := st.StageUserRootFS("app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		keep, undo, err := st.TryUserRootFS(dir, UserRootFS{Name: "app", Source: content})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u, err := st.UserRootFS("app"); err != nil || u.Source != content {
+			t.Fatalf("UserRootFS while trying %s: %+v, %v", content, u, err)
+		}
+		return keep, undo
+	}
+	versions := func() int {
+		m, _ := filepath.Glob(filepath.Join(st.cfg.UserDir, ".v-app-*"))
+		return len(m)
+	}
+
+	_, undo := try("one")
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.UserRootFS("app"); !errors.Is(err, ErrNotFound) || versions() != 0 {
+		t.Errorf("after undoing the first version: %v, %d versions; want none", err, versions())
+	}
+
+	keep, _ := try("one")
+	keep()
+	keep, undo = try("two")
+	if versions() != 2 {
+		t.Errorf("while trying: %d versions, want 2", versions())
+	}
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := st.UserRootFS("app"); err != nil || u.Source != "one" || versions() != 1 {
+		t.Errorf("after undo: %+v, %v, %d versions; want one, 1", u, err, versions())
+	}
+	keep, _ = try("three")
+	keep()
+	if u, err := st.UserRootFS("app"); err != nil || u.Source != "three" || versions() != 1 {
+		t.Errorf("after keep: %+v, %v, %d versions; want three, 1", u, err, versions())
+	}
+}

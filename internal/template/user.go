@@ -237,42 +237,92 @@ func (s *Store) StageUserRootFS(name string) (string, error) {
 // removes the version it replaces. Callers serialize installs and removals
 // of one name.
 func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
-	if err := s.ValidateUserName(u.Name); err != nil {
+	old, err := s.installUser(dir, u)
+	if err != nil {
 		return err
 	}
+	s.removeVersion(old)
+	return nil
+}
+
+// TryUserRootFS is InstallUserRootFS keeping the version it replaces
+// until the caller decides: keep removes that version; undo makes it
+// current again (or, if there was none, removes name and the shapes baked
+// from dir's version, like RemoveUserRootFS) and removes dir. Call exactly
+// one of them, with installs and removals of the name still serialized.
+func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func() error, err error) {
+	old, err := s.installUser(dir, u)
+	if err != nil {
+		return nil, nil, err
+	}
+	keep = func() { s.removeVersion(old) }
+	undo = func() error {
+		if old == "" {
+			return s.RemoveUserRootFS(u.Name)
+		}
+		if err := s.pointUser(u.Name, old); err != nil {
+			return fmt.Errorf("restore user template %s: %w", u.Name, err)
+		}
+		s.removeVersion(filepath.Base(dir))
+		return nil
+	}
+	return keep, undo, nil
+}
+
+// removeVersion removes version directory v of UserDir ("" for none).
+func (s *Store) removeVersion(v string) {
+	if v != "" && !strings.Contains(v, "/") && strings.HasPrefix(v, ".v-") {
+		os.RemoveAll(filepath.Join(s.cfg.UserDir, v))
+	}
+}
+
+// pointUser makes name point to version directory v, atomically.
+func (s *Store) pointUser(name, v string) error {
+	link := filepath.Join(s.cfg.UserDir, name)
+	tmp := filepath.Join(s.cfg.UserDir, ".link-"+name+"-"+randHex(4))
+	if err := os.Symlink(v, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	syncPath(s.cfg.UserDir)
+	return nil
+}
+
+// installUser makes dir the current version of u.Name and returns the
+// version it replaced ("" if none), which it leaves in place.
+func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
+	if err := s.ValidateUserName(u.Name); err != nil {
+		return "", err
+	}
 	if filepath.Dir(dir) != filepath.Clean(s.cfg.UserDir) || !strings.HasPrefix(filepath.Base(dir), ".v-"+u.Name+"-") {
-		return fmt.Errorf("install user template %s: %s is not one of its staged versions", u.Name, dir)
+		return "", fmt.Errorf("install user template %s: %s is not one of its staged versions", u.Name, dir)
 	}
 	img := filepath.Join(dir, "rootfs.ext4")
 	st, err := os.Stat(img)
 	if err != nil {
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
 	u.SizeBytes = st.Size()
 	b, _ := json.MarshalIndent(u, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
 	for _, p := range []string{img, filepath.Join(dir, userConfigFile), dir} {
 		if err := syncPath(p); err != nil {
-			return fmt.Errorf("install user template %s: %w", u.Name, err)
+			return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 		}
 	}
-	link := filepath.Join(s.cfg.UserDir, u.Name)
-	old, _ := os.Readlink(link)
-	tmp := filepath.Join(s.cfg.UserDir, ".link-"+u.Name+"-"+randHex(4))
-	if err := os.Symlink(filepath.Base(dir), tmp); err != nil {
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+	old, _ = os.Readlink(filepath.Join(s.cfg.UserDir, u.Name))
+	if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
-	if err := os.Rename(tmp, link); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+	if old == filepath.Base(dir) {
+		old = ""
 	}
-	syncPath(s.cfg.UserDir)
-	if old != "" && old != filepath.Base(dir) && !strings.Contains(old, "/") {
-		os.RemoveAll(filepath.Join(s.cfg.UserDir, old))
-	}
-	return nil
+	return old, nil
 }
 
 // RemoveUserRootFS removes user root filesystem name and every template

@@ -53,6 +53,7 @@ type Store interface {
 	ValidateUserName(name string) error
 	StageUserRootFS(name string) (dir string, err error)
 	InstallUserRootFS(dir string, u template.UserRootFS) error
+	TryUserRootFS(dir string, u template.UserRootFS) (keep func(), undo func() error, err error)
 	RemoveUserRootFS(name string) error
 	UserRootFSes() ([]template.UserRootFS, error)
 }
@@ -65,7 +66,7 @@ type Config struct {
 	// default shape, reporting progress lines. A build whose template
 	// starts commands (template.Startup) calls it, so that a start or
 	// ready command that fails, fails the build: the template is then
-	// removed. Errors of the ready command are *template.ReadyError. nil:
+	// as it was before the build (its previous version, or none). Errors of the ready command are *template.ReadyError. nil:
 	// such templates are baked on first use like the others.
 	Bake func(ctx context.Context, name string, progress func(string)) error
 	// MaxConcurrent bounds the builds running at once; more wait (default 2).
@@ -271,21 +272,23 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 		return err
 	}
 	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
-	if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
-		return storeError{err}
-	}
-	installed = true
 	if !b.startup.IsZero() && m.cfg.Bake != nil {
+		keep, undo, err := m.cfg.Store.TryUserRootFS(dir, u)
+		if err != nil {
+			return storeError{err}
+		}
+		installed = true
 		say(fmt.Sprintf("baking template %s: its start and ready commands run once, before the snapshot", name))
 		t0 := time.Now()
 		if err := m.cfg.Bake(ctx, name, say); err != nil {
-			// Nothing of a template that does not start is kept: its
+			// A version whose commands do not get ready is not kept: its
 			// sandboxes would fail to bake it again and again.
-			if rerr := m.cfg.Store.RemoveUserRootFS(name); rerr != nil {
-				log.Error("remove the template that failed to bake", "err", rerr)
+			if uerr := undo(); uerr != nil {
+				log.Error("undo the install of a template that failed to bake", "err", uerr)
 			}
 			return bakeError{err}
 		}
+		keep()
 		log.Info("template baked", "dur_ms", time.Since(t0).Milliseconds())
 		m.mu.Lock()
 		b.st.Digest = res.Digest
@@ -294,6 +297,10 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 		log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
 		return nil
 	}
+	if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
+		return storeError{err}
+	}
+	installed = true
 	m.mu.Lock()
 	b.st.Digest = res.Digest
 	m.mu.Unlock()
@@ -320,9 +327,9 @@ func (m *Manager) finish(b *build, err error) {
 			// Names the server's paths: users get the gist, the log the rest.
 			b.st.Error = "the server could not store the root filesystem (see its log)"
 		case errors.As(err, &re):
-			b.st.Error = "the template was not kept: " + re.Msg
+			b.st.Error = "the build was undone: " + re.Msg
 		case errors.As(err, &be) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
-			b.st.Error = "the template was not kept: its first boot failed (see the server's log)"
+			b.st.Error = "the build was undone: its first boot failed (see the server's log)"
 		case errors.Is(err, context.DeadlineExceeded):
 			b.st.Error = fmt.Sprintf("the build took longer than %s", m.cfg.Timeout)
 		case errors.Is(err, context.Canceled):

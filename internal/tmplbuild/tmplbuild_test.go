@@ -236,8 +236,8 @@ func TestBuildBakesStartup(t *testing.T) {
 	}{
 		{"plain", template.Startup{}, StateSucceeded, ""},
 		{"web", template.Startup{StartCmd: "serve", ReadyCmd: "check"}, StateSucceeded, ""},
-		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the template was not kept: the ready command did not succeed: not-ready"},
-		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the template was not kept: its first boot failed (see the server's log)"},
+		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
+		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
 	} {
 		st, err := m.Start(tc.name, "good", tc.su)
 		if err != nil {
@@ -257,6 +257,17 @@ func TestBuildBakesStartup(t *testing.T) {
 	}
 	if got, want := strings.Join(baked, ","), "web,never,crash"; got != want {
 		t.Errorf("baked %s, want %s", got, want)
+	}
+	// A rebuild whose bake fails leaves the version it was to replace.
+	st, err := m.Start("web", "other", template.Startup{StartCmd: "serve2", ReadyCmd: "never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = follow(t, m, st.ID); st.State != StateFailed {
+		t.Errorf("failed rebuild: %s", st.State)
+	}
+	if u, err := store.UserRootFS("web"); err != nil || u.Source != "good" || u.StartCmd != "serve" {
+		t.Errorf("web after a failed rebuild: %+v, %v; want its first version", u, err)
 	}
 	if _, err := m.Start("bad", "good", template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}); !errors.Is(err, template.ErrInvalid) {
 		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
