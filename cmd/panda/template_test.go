@@ -28,6 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/template"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -289,4 +290,148 @@ func runCLI(t *testing.T, s *proc, args ...string) (string, error) {
 	cmd := exec.Command(bin, append(args, "--api-url", s.URL(), "--api-key", s.AdminKey())...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// TestTemplateStartCmd builds a template whose snapshot is taken with a
+// server running (start_cmd) once it answers (ready_cmd): its sandboxes
+// find the server running with the state it holds in memory only, each
+// its own copy. A ready command that never succeeds fails the build and
+// leaves no template.
+func TestTemplateStartCmd(t *testing.T) {
+	e2e(t)
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	pushImage(t, busyboxLayer(t), host+"/test/web:v1", "web")
+
+	s := startServer(t, "up", newDataDir(t))
+	c := s.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	// The token lives in a tmpfs only: it is in the snapshot's memory,
+	// not on its disk.
+	const startCmd = `mkdir -p /dev/shm && (grep -q ' /dev/shm tmpfs ' /proc/mounts || mount -t tmpfs tmpfs /dev/shm) &&
+mkdir -p /dev/shm/www && head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n' >/dev/shm/www/token &&
+echo serving $(cat /dev/shm/www/token) && exec httpd -f -p 8000 -h /dev/shm/www`
+	const get = `timeout 5 wget -q -O- http://127.0.0.1:8000/token`
+	t0 := time.Now()
+	out, err := runCLI(t, s, "template", "build", "web", "--from-image", host+"/test/web:v1",
+		"--start-cmd", startCmd, "--ready-cmd", get, "--ready-timeout", "90s")
+	if err != nil {
+		t.Fatalf("panda template build --start-cmd: %v\n%s", err, out)
+	}
+	t.Logf("build with a start command: %.1fs\n%s", time.Since(t0).Seconds(), out)
+	if !strings.Contains(out, "ready after") || !strings.Contains(out, "is ready") {
+		t.Errorf("panda template build printed:\n%s", out)
+	}
+	ts, err := c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, tp := range ts {
+		if tp.Name == "web" {
+			found = tp.State == pandastack.TemplateReady && tp.StartCmd == startCmd && tp.ReadyCmd == get && tp.ReadyTimeoutSeconds == 90
+			t.Logf("template web: state %s, baked in %d ms", tp.State, tp.BakeMS)
+		}
+	}
+	if !found {
+		t.Errorf("templates after the build: %+v", ts)
+	}
+
+	var sbs []*pandastack.Sandbox
+	for range 2 {
+		sb, err := c.Create(ctx, pandastack.CreateOptions{Template: "web", TTLSeconds: 1800})
+		if err != nil {
+			t.Fatalf("create from the template: %v", err)
+		}
+		sbs = append(sbs, sb)
+	}
+	token := mustExec(t, ctx, sbs[0], get)
+	if len(token) != 16 {
+		t.Fatalf("token served in %s: %q", sbs[0].ID, token)
+	}
+	for _, sb := range sbs {
+		if got := mustExec(t, ctx, sb, get); got != token {
+			t.Errorf("sandbox %s serves %q, want the template's %q", sb.ID, got, token)
+		}
+		if got := mustExec(t, ctx, sb, "pidof httpd"); strings.TrimSpace(got) == "" {
+			t.Errorf("sandbox %s: no httpd running", sb.ID)
+		}
+		if got := mustExec(t, ctx, sb, "grep -c ' /dev/shm tmpfs ' /proc/mounts"); got != "1\n" {
+			t.Errorf("sandbox %s: /dev/shm is not one tmpfs: %q", sb.ID, got)
+		}
+		if got := mustExec(t, ctx, sb, "cat "+template.StartLog); got != "serving "+token+"\n" {
+			t.Errorf("sandbox %s: start log %q", sb.ID, got)
+		}
+	}
+	mustExec(t, ctx, sbs[0], "echo changed >/dev/shm/www/token")
+	if got := mustExec(t, ctx, sbs[0], get); got != "changed\n" {
+		t.Errorf("sandbox %s after the change serves %q", sbs[0].ID, got)
+	}
+	if got := mustExec(t, ctx, sbs[1], get); got != token {
+		t.Errorf("sandbox %s serves %q after the other one changed its token; want %q", sbs[1].ID, got, token)
+	}
+
+	// A ready command that never succeeds: the build fails with its
+	// output and the start command's, and keeps nothing.
+	t0 = time.Now()
+	b, err := c.BuildTemplate(ctx, "never", host+"/test/web:v1", nil,
+		pandastack.WithStartCmd("echo started-marker; exec sleep 1000"),
+		pandastack.WithReadyCmd("echo not-ready-marker; exit 3"),
+		pandastack.WithReadyTimeout(3*time.Second))
+	var pe *pandastack.Error
+	if !errors.As(err, &pe) || pe.Code != pandastack.CodeBuildFailed || b.Status != pandastack.BuildFailed {
+		t.Fatalf("build with a ready command that fails: %+v, %v; want failed with %s", b, err, pandastack.CodeBuildFailed)
+	}
+	t.Logf("failed build: %.1fs: %s", time.Since(t0).Seconds(), b.Error)
+	for _, want := range []string{"not-ready-marker", "exit 3", "started-marker"} {
+		if !strings.Contains(b.Error, want) {
+			t.Errorf("build error %q lacks %q", b.Error, want)
+		}
+	}
+	ts, err = c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range ts {
+		if tp.Name == "never" {
+			t.Errorf("template of the failed build is listed: %+v", tp)
+		}
+	}
+	if _, err := c.Create(ctx, pandastack.CreateOptions{Template: "never"}); !errors.Is(err, pandastack.ErrNotFound) {
+		t.Errorf("create from the failed template: %v, want not found", err)
+	}
+	// A rebuild that fails so leaves the template as it was, baked.
+	if _, err := c.BuildTemplate(ctx, "web", host+"/test/web:v1", nil,
+		pandastack.WithStartCmd(startCmd), pandastack.WithReadyCmd("exit 1"), pandastack.WithReadyTimeout(time.Second)); err == nil {
+		t.Errorf("rebuild with a ready command that fails succeeded")
+	}
+	ts, err = c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found = false
+	for _, tp := range ts {
+		if tp.Name == "web" {
+			found = tp.State == pandastack.TemplateReady && tp.ReadyCmd == get
+		}
+	}
+	if !found {
+		t.Errorf("templates after a failed rebuild of web: %+v", ts)
+	}
+	sb3, err := c.Create(ctx, pandastack.CreateOptions{Template: "web", TTLSeconds: 1800})
+	if err != nil {
+		t.Fatalf("create after a failed rebuild: %v", err)
+	}
+	if got := mustExec(t, ctx, sb3, get); got != token {
+		t.Errorf("sandbox of web after a failed rebuild serves %q, want %q", got, token)
+	}
+	sbs = append(sbs, sb3)
+	for _, sb := range sbs {
+		if err := sb.Kill(ctx); err != nil {
+			t.Error(err)
+		}
+	}
 }

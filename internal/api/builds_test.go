@@ -144,6 +144,9 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		{b.admin, `{"name":"app","from_image":"oci:/srv"}`, 422},
 		{b.admin, `{"name":"app","from_image":"docker-archive:/x"}`, 422},
 		{b.admin, `{"name":"app","from_image":"r.example/app:1","extra":1}`, 400},
+		{b.admin, `{"name":"app","from_image":"r.example/app:1","ready_cmd":"true","ready_timeout_seconds":-1}`, 422},
+		{b.admin, `{"name":"app","from_image":"r.example/app:1","start_cmd":"x","ready_timeout_seconds":5}`, 422},
+		{b.admin, `{"name":"app","from_image":"r.example/app:1","ready_cmd":"true","ready_timeout_seconds":99999}`, 422},
 	} {
 		if resp, out := b.do(t, tc.key, "POST", "/v1/templates", tc.body); resp.StatusCode != tc.status {
 			t.Errorf("POST %s: %d %v, want %d", tc.body, resp.StatusCode, out, tc.status)

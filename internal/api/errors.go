@@ -65,7 +65,12 @@ func classify(err error) *apiError {
 		return ae
 	}
 	var mbe *http.MaxBytesError
+	var re *template.ReadyError
 	switch {
+	case errors.As(err, &re):
+		// The template's own commands failed in its bake: what the user
+		// gave is what does not work, and its output says why.
+		return errorf(http.StatusUnprocessableEntity, "invalid", "the template's bake failed: %s", re.Msg)
 	case errors.As(err, &mbe):
 		return errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "request body is larger than %d bytes", mbe.Limit)
 	case errors.Is(err, network.ErrInvalidPolicy):

@@ -49,6 +49,8 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("guest: %w", agent.ErrNotReady), http.StatusServiceUnavailable, "unavailable", "retry", ""},
 		{fmt.Errorf("start: %w", vmm.ErrExhausted), http.StatusServiceUnavailable, "unavailable", "no room", ""},
 		{fmt.Errorf("x: %w", template.ErrNotFound), http.StatusNotFound, "not_found", "", "/"},
+		{fmt.Errorf("create: bake web-256m-1c: %w", &template.ReadyError{Msg: "the ready command did not succeed within 1s (3 tries); its last run: exit 1: no"}),
+			http.StatusUnprocessableEntity, "invalid", "its last run: exit 1: no", "web-256m-1c"},
 	} {
 		got := classify(tc.err)
 		if got.Status != tc.status || got.Code != tc.code || !strings.Contains(got.Message, tc.text) ||

@@ -28,6 +28,11 @@ type templateJSON struct {
 	FromImage string     `json:"from_image,omitempty"`
 	Digest    string     `json:"digest,omitempty"`
 	BuiltAt   *time.Time `json:"built_at,omitempty"`
+	// Its start and ready commands, shown to admin keys only (they may
+	// hold secrets).
+	StartCmd            string `json:"start_cmd,omitempty"`
+	ReadyCmd            string `json:"ready_cmd,omitempty"`
+	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
 // listTemplates lists the templates. An admin key sees every shape baked;
@@ -81,6 +86,9 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 				if u, ok := byName[out[i].Name]; ok {
 					at := u.BuiltAt
 					out[i].FromImage, out[i].Digest, out[i].BuiltAt = u.Source, u.Digest, &at
+					if callerOf(r).Key.Admin {
+						out[i].StartCmd, out[i].ReadyCmd, out[i].ReadyTimeoutSeconds = u.StartCmd, u.ReadyCmd, u.ReadyTimeoutSeconds
+					}
 				}
 			}
 		}
@@ -143,7 +151,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 // (*tmplbuild.Manager, which documents the contracts). A server without
 // it (Config.TemplateBuilds nil: its hosts are remote) answers 501.
 type TemplateBuilds interface {
-	Start(name, src string) (tmplbuild.Status, error)
+	Start(name, src string, su template.Startup) (tmplbuild.Status, error)
 	Get(id string) (tmplbuild.Status, error)
 	Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error)
 	Remove(name string) error
@@ -189,6 +197,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Name      string `json:"name"`
 		FromImage string `json:"from_image"`
+		template.Startup
 	}
 	if err := decodeJSON(r, &req, false); err != nil {
 		s.writeError(w, r, err)
@@ -198,7 +207,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	st, err := b.Start(req.Name, req.FromImage)
+	st, err := b.Start(req.Name, req.FromImage, req.Startup)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

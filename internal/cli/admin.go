@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
@@ -88,17 +89,30 @@ func templateCmd(g *globals) *cobra.Command {
 }
 
 func templateBuildCmd(g *globals) *cobra.Command {
-	var from string
+	var from, startCmd, readyCmd string
+	var readyTimeout time.Duration
 	build := &cobra.Command{
-		Use:   "build NAME --from-image REF",
+		Use:   "build NAME --from-image REF [--start-cmd CMD [--ready-cmd CMD]]",
 		Short: "Build a template from a container image, showing progress (admin keys only)",
 		Long: `Build template NAME from a container image in a registry, showing the
 build's progress. Sandboxes created with --template NAME then start from
 it (the first create bakes it). The image's ENV and WORKDIR become the
 defaults of their commands; its USER is not applied (commands run as root).
-Building NAME again replaces it; sandboxes already running keep theirs.`,
+Building NAME again replaces it; sandboxes already running keep theirs.
+
+With --start-cmd, the template's snapshot is taken with that command
+running in the background (a /bin/sh -c script; output in
+/var/log/start.log in the guest): every sandbox of it starts with the
+process already running, each its own copy. --ready-cmd is run until it
+exits 0 before the snapshot is taken (each run at most 10 s, all of them
+at most --ready-timeout). The build then bakes the template at the
+server's default shape, and fails, keeping nothing, if the command does
+not get ready.`,
 		Example: `  panda template build myapp --from-image registry.example.com/myapp:1.0
-  panda create --template myapp`,
+  panda create --template myapp
+  panda template build web --from-image registry.example.com/web:1.0 \
+      --start-cmd 'exec /app/server --port 8000' \
+      --ready-cmd 'wget -q -O /dev/null http://127.0.0.1:8000/health'`,
 		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if from == "" {
@@ -112,7 +126,20 @@ Building NAME again replaces it; sandboxes already running keep theirs.`,
 			if g.json {
 				pw = cmd.ErrOrStderr()
 			}
-			b, err := c.BuildTemplate(cmd.Context(), args[0], from, func(line string) { fmt.Fprintln(pw, line) })
+			if readyTimeout < 0 {
+				return errors.New("--ready-timeout must not be negative")
+			}
+			var opts []pandastack.BuildOption
+			if startCmd != "" {
+				opts = append(opts, pandastack.WithStartCmd(startCmd))
+			}
+			if readyCmd != "" {
+				opts = append(opts, pandastack.WithReadyCmd(readyCmd))
+			}
+			if readyTimeout > 0 {
+				opts = append(opts, pandastack.WithReadyTimeout(readyTimeout))
+			}
+			b, err := c.BuildTemplate(cmd.Context(), args[0], from, func(line string) { fmt.Fprintln(pw, line) }, opts...)
 			if err != nil {
 				return fmt.Errorf("build %s: %w", args[0], err)
 			}
@@ -123,6 +150,9 @@ Building NAME again replaces it; sandboxes already running keep theirs.`,
 		},
 	}
 	build.Flags().StringVar(&from, "from-image", "", "the image: a registry reference (registry.example.com/app:1.0)")
+	build.Flags().StringVar(&startCmd, "start-cmd", "", "a command to have running in every sandbox of the template (started before its snapshot)")
+	build.Flags().StringVar(&readyCmd, "ready-cmd", "", "a command that exits 0 once the start command is ready; the snapshot waits for it")
+	build.Flags().DurationVar(&readyTimeout, "ready-timeout", 0, "how long to wait for --ready-cmd to succeed (default 60s)")
 	return build
 }
 

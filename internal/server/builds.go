@@ -14,13 +14,19 @@ import (
 )
 
 // openTemplateBuilds returns the builder of user templates on host's
-// store: images become root filesystems through rootfs.FromImage.
+// store: images become root filesystems through rootfs.FromImage; a
+// template with start or ready commands is baked at the host's default
+// shape before its build succeeds.
 func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplbuild.Manager, error) {
 	m, err := tmplbuild.New(tmplbuild.Config{
 		Store:         host.Templates(),
 		Convert:       imageConverter(cfg.TemplateMaxSizeMiB),
 		MaxConcurrent: cfg.MaxTemplateBuilds,
-		Logger:        log.With("part", "template-builds"),
+		Bake: func(ctx context.Context, name string, progress func(string)) error {
+			_, err := host.Templates().Bake(ctx, host.TemplateParams(name, 0, 0), template.Progress(progress))
+			return err
+		},
+		Logger: log.With("part", "template-builds"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot start template builds: %w", err)

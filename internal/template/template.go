@@ -97,7 +97,9 @@ type Meta struct {
 	Params
 	Accel   vmm.Accel `json:"accel"`
 	Cmdline string    `json:"cmdline"`
-	// Inputs are the SHA-256 hashes of kernel, initramfs, agent and rootfs.
+	// Inputs are the SHA-256 hashes of kernel, initramfs, agent and rootfs,
+	// and for a template whose bake starts commands (Startup) "startup",
+	// the hash of those commands.
 	Inputs  map[string]string `json:"inputs"`
 	BakedAt time.Time         `json:"baked_at"`
 	BakeMS  int64             `json:"bake_ms"`
@@ -345,6 +347,9 @@ func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
 			return t, k + " changed since the template was baked", nil
 		}
 	}
+	if t.Inputs["startup"] != inputs["startup"] {
+		return t, "its start or ready command changed since it was baked", nil
+	}
 	if t.Accel != s.cfg.Accel {
 		return t, fmt.Sprintf("baked for %s, running %s", t.Accel, s.cfg.Accel), nil
 	}
@@ -403,6 +408,13 @@ func (s *Store) inputs(name string) (map[string]string, error) {
 		}
 		out[k] = h
 	}
+	g, err := s.startupOf(name)
+	if err != nil {
+		return nil, err
+	}
+	if h := startupHash(g.Startup); h != "" {
+		out["startup"] = h
+	}
 	return out, nil
 }
 
@@ -458,6 +470,13 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 	if err != nil {
 		return nil, err
 	}
+	run, err := s.startupOf(p.Name)
+	if err != nil {
+		return nil, err
+	}
+	if startupHash(run.Startup) != inputs["startup"] {
+		return nil, fmt.Errorf("bake %s: its start and ready commands changed while it was being baked", p.Key())
+	}
 	tmp, err := os.MkdirTemp(s.cfg.Dir, ".bake-"+p.Key()+"-")
 	if err != nil {
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
@@ -483,11 +502,12 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 		}
 		say("booting guest (attempt %d of %d, %s, %d MiB, %d vCPU)", attempt, attempts, s.cfg.Accel, p.MemoryMiB, p.VCPUs)
-		bootID, err = s.bootAndSave(ctx, t, tmp)
+		bootID, err = s.bootAndSave(ctx, t, tmp, run, say)
 		if err == nil {
 			break
 		}
-		if attempt == attempts || ctx.Err() != nil {
+		var re *ReadyError
+		if attempt == attempts || ctx.Err() != nil || errors.As(err, &re) {
 			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 		}
 		say("boot failed, retrying: %v", err)
@@ -532,9 +552,14 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 }
 
 // bootAndSave cold-boots t's guest with RAM written through to vm.mem,
-// waits for the agent, quiesces the channel, pauses and saves device state.
-func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string) (bootID string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.BakeTimeout)
+// waits for the agent, starts run's commands (Startup) and waits for them
+// to be ready, quiesces the channel, pauses and saves device state.
+func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string, run guestRun, say func(string, ...any)) (bootID string, err error) {
+	timeout := s.cfg.BakeTimeout
+	if run.ReadyCmd != "" {
+		timeout += run.readyTimeout()
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	runDir, err := os.MkdirTemp(s.cfg.RunDir, "bake-")
 	if err != nil {
@@ -589,6 +614,11 @@ func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string) (bootI
 	for _, argv := range [][]string{{"true"}, {"/bin/sh", "-c", "true"}} {
 		if _, err := client.Exec(ctx, guestproto.ExecRequest{Argv: argv}, nil, nil, nil); err != nil {
 			return "", fmt.Errorf("warm-up exec %v: %w", argv, err)
+		}
+	}
+	if !run.IsZero() {
+		if err := runStartup(ctx, client, run, say); err != nil {
+			return "", err
 		}
 	}
 	if err := client.Barrier(ctx); err != nil {

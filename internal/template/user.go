@@ -47,18 +47,73 @@ type ImageConfig struct {
 	Cmd        []string `json:"cmd,omitempty"`
 }
 
+// Startup names what a template's bake starts in its guest before the
+// capture, so that every sandbox restored from it finds the process
+// running already (each its own copy). Both commands are /bin/sh -c
+// scripts run with the image's Env and WorkingDir. They are part of the
+// template's identity: a change makes its baked shapes stale.
+type Startup struct {
+	// StartCmd is started detached (its own session, stdin /dev/null,
+	// output to StartLog) once the guest agent answers; "" for none.
+	StartCmd string `json:"start_cmd,omitempty"`
+	// ReadyCmd is run until it exits 0 (each run at most ReadyRunTimeout)
+	// before the capture; "" to capture as soon as StartCmd is started.
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// ReadyTimeoutSeconds bounds the wait for ReadyCmd to succeed
+	// (0: DefaultReadyTimeout).
+	ReadyTimeoutSeconds int `json:"ready_timeout_seconds,omitempty"`
+}
+
+// Limits and defaults of a Startup.
+const (
+	DefaultReadyTimeout = 60 * time.Second
+	MaxReadyTimeout     = 30 * time.Minute
+	ReadyRunTimeout     = 10 * time.Second
+	MaxStartupCmdBytes  = 16 << 10
+	// StartLog is where, in the guest, StartCmd's output goes.
+	StartLog = "/var/log/start.log"
+)
+
+// IsZero reports whether u starts nothing.
+func (u Startup) IsZero() bool { return u.StartCmd == "" && u.ReadyCmd == "" }
+
+// Validate checks u's fields.
+func (u Startup) Validate() error {
+	switch {
+	case len(u.StartCmd) > MaxStartupCmdBytes || len(u.ReadyCmd) > MaxStartupCmdBytes:
+		return fmt.Errorf("%w: start_cmd and ready_cmd must be at most %d bytes", ErrInvalid, MaxStartupCmdBytes)
+	case strings.ContainsRune(u.StartCmd, 0) || strings.ContainsRune(u.ReadyCmd, 0):
+		return fmt.Errorf("%w: start_cmd and ready_cmd must not contain NUL bytes", ErrInvalid)
+	case u.ReadyTimeoutSeconds < 0 || time.Duration(u.ReadyTimeoutSeconds)*time.Second > MaxReadyTimeout:
+		return fmt.Errorf("%w: ready_timeout_seconds %d must be between 0 (the default, %s) and %d",
+			ErrInvalid, u.ReadyTimeoutSeconds, DefaultReadyTimeout, int(MaxReadyTimeout/time.Second))
+	case u.ReadyTimeoutSeconds > 0 && u.ReadyCmd == "":
+		return fmt.Errorf("%w: ready_timeout_seconds needs a ready_cmd", ErrInvalid)
+	}
+	return nil
+}
+
+// readyTimeout is u's wait for ReadyCmd, its default filled in.
+func (u Startup) readyTimeout() time.Duration {
+	if u.ReadyTimeoutSeconds > 0 {
+		return time.Duration(u.ReadyTimeoutSeconds) * time.Second
+	}
+	return DefaultReadyTimeout
+}
+
 // UserRootFS describes a root filesystem built from a user's image
 // (config.json beside its rootfs.ext4).
 type UserRootFS struct {
 	Name string `json:"name"`
 	// Source is the image reference it was built from, Digest the image's
 	// manifest digest.
-	Source    string      `json:"source"`
-	Digest    string      `json:"digest,omitempty"`
-	Image     ImageConfig `json:"image"`
-	SizeBytes int64       `json:"size_bytes"`
-	BuiltAt   time.Time   `json:"built_at"`
-	BuildMS   int64       `json:"build_ms"`
+	Source string      `json:"source"`
+	Digest string      `json:"digest,omitempty"`
+	Image  ImageConfig `json:"image"`
+	Startup
+	SizeBytes int64     `json:"size_bytes"`
+	BuiltAt   time.Time `json:"built_at"`
+	BuildMS   int64     `json:"build_ms"`
 }
 
 // IsBuiltin reports whether name is, or is reserved for, a built-in root
@@ -183,42 +238,92 @@ func (s *Store) StageUserRootFS(name string) (string, error) {
 // removes the version it replaces. Callers serialize installs and removals
 // of one name.
 func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
-	if err := s.ValidateUserName(u.Name); err != nil {
+	old, err := s.installUser(dir, u)
+	if err != nil {
 		return err
 	}
+	s.removeVersion(old)
+	return nil
+}
+
+// TryUserRootFS is InstallUserRootFS keeping the version it replaces
+// until the caller decides: keep removes that version; undo makes it
+// current again (or, if there was none, removes name and the shapes baked
+// from dir's version, like RemoveUserRootFS) and removes dir. Call exactly
+// one of them, with installs and removals of the name still serialized.
+func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func() error, err error) {
+	old, err := s.installUser(dir, u)
+	if err != nil {
+		return nil, nil, err
+	}
+	keep = func() { s.removeVersion(old) }
+	undo = func() error {
+		if old == "" {
+			return s.RemoveUserRootFS(u.Name)
+		}
+		if err := s.pointUser(u.Name, old); err != nil {
+			return fmt.Errorf("restore user template %s: %w", u.Name, err)
+		}
+		s.removeVersion(filepath.Base(dir))
+		return nil
+	}
+	return keep, undo, nil
+}
+
+// removeVersion removes version directory v of UserDir ("" for none).
+func (s *Store) removeVersion(v string) {
+	if v != "" && !strings.Contains(v, "/") && strings.HasPrefix(v, ".v-") {
+		os.RemoveAll(filepath.Join(s.cfg.UserDir, v))
+	}
+}
+
+// pointUser makes name point to version directory v, atomically.
+func (s *Store) pointUser(name, v string) error {
+	link := filepath.Join(s.cfg.UserDir, name)
+	tmp := filepath.Join(s.cfg.UserDir, ".link-"+name+"-"+randHex(4))
+	if err := os.Symlink(v, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	syncPath(s.cfg.UserDir)
+	return nil
+}
+
+// installUser makes dir the current version of u.Name and returns the
+// version it replaced ("" if none), which it leaves in place.
+func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
+	if err := s.ValidateUserName(u.Name); err != nil {
+		return "", err
+	}
 	if filepath.Dir(dir) != filepath.Clean(s.cfg.UserDir) || !strings.HasPrefix(filepath.Base(dir), ".v-"+u.Name+"-") {
-		return fmt.Errorf("install user template %s: %s is not one of its staged versions", u.Name, dir)
+		return "", fmt.Errorf("install user template %s: %s is not one of its staged versions", u.Name, dir)
 	}
 	img := filepath.Join(dir, "rootfs.ext4")
 	st, err := os.Stat(img)
 	if err != nil {
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
 	u.SizeBytes = st.Size()
 	b, _ := json.MarshalIndent(u, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
 	for _, p := range []string{img, filepath.Join(dir, userConfigFile), dir} {
 		if err := syncPath(p); err != nil {
-			return fmt.Errorf("install user template %s: %w", u.Name, err)
+			return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 		}
 	}
-	link := filepath.Join(s.cfg.UserDir, u.Name)
-	old, _ := os.Readlink(link)
-	tmp := filepath.Join(s.cfg.UserDir, ".link-"+u.Name+"-"+randHex(4))
-	if err := os.Symlink(filepath.Base(dir), tmp); err != nil {
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+	old, _ = os.Readlink(filepath.Join(s.cfg.UserDir, u.Name))
+	if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
-	if err := os.Rename(tmp, link); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("install user template %s: %w", u.Name, err)
+	if old == filepath.Base(dir) {
+		old = ""
 	}
-	syncPath(s.cfg.UserDir)
-	if old != "" && old != filepath.Base(dir) && !strings.Contains(old, "/") {
-		os.RemoveAll(filepath.Join(s.cfg.UserDir, old))
-	}
-	return nil
+	return old, nil
 }
 
 // RemoveUserRootFS removes user root filesystem name and every template

@@ -53,6 +53,7 @@ type Store interface {
 	ValidateUserName(name string) error
 	StageUserRootFS(name string) (dir string, err error)
 	InstallUserRootFS(dir string, u template.UserRootFS) error
+	TryUserRootFS(dir string, u template.UserRootFS) (keep func(), undo func() error, err error)
 	RemoveUserRootFS(name string) error
 	UserRootFSes() ([]template.UserRootFS, error)
 }
@@ -61,6 +62,13 @@ type Store interface {
 type Config struct {
 	Store   Store
 	Convert Convert
+	// Bake bakes user template name (just installed) at the host's
+	// default shape, reporting progress lines. A build whose template
+	// starts commands (template.Startup) calls it, so that a start or
+	// ready command that fails, fails the build: the template is then
+	// as it was before the build (its previous version, or none). Errors of the ready command are *template.ReadyError. nil:
+	// such templates are baked on first use like the others.
+	Bake func(ctx context.Context, name string, progress func(string)) error
 	// MaxConcurrent bounds the builds running at once; more wait (default 2).
 	MaxConcurrent int
 	// Timeout bounds one build (default 30 minutes).
@@ -137,6 +145,7 @@ func (s Status) Done() bool { return s.State == StateSucceeded || s.State == Sta
 
 type build struct {
 	st      Status
+	startup template.Startup
 	lines   []string
 	dropped int
 	// changed is closed (and replaced) whenever lines or st change.
@@ -176,10 +185,14 @@ func New(cfg Config) (*Manager, error) {
 }
 
 // Start queues a build of template name from image src and returns its
-// status (queued). Errors: template.ErrInvalid (a bad or built-in name,
-// an empty src), ErrClosed.
-func (m *Manager) Start(name, src string) (Status, error) {
+// status (queued); the template's bakes start su's commands. Errors:
+// template.ErrInvalid (a bad or built-in name, an empty src, an invalid
+// su), ErrClosed.
+func (m *Manager) Start(name, src string, su template.Startup) (Status, error) {
 	if err := m.cfg.Store.ValidateUserName(name); err != nil {
+		return Status{}, err
+	}
+	if err := su.Validate(); err != nil {
 		return Status{}, err
 	}
 	if src == "" {
@@ -194,6 +207,7 @@ func (m *Manager) Start(name, src string) (Status, error) {
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timeout)
 	b := &build{
 		st:      Status{ID: newID(), Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC()},
+		startup: su,
 		changed: make(chan struct{}),
 		cancel:  cancel,
 	}
@@ -257,7 +271,32 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
+	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
+	if !b.startup.IsZero() && m.cfg.Bake != nil {
+		keep, undo, err := m.cfg.Store.TryUserRootFS(dir, u)
+		if err != nil {
+			return storeError{err}
+		}
+		installed = true
+		say(fmt.Sprintf("baking template %s: its start and ready commands run once, before the snapshot", name))
+		t0 := time.Now()
+		if err := m.cfg.Bake(ctx, name, say); err != nil {
+			// A version whose commands do not get ready is not kept: its
+			// sandboxes would fail to bake it again and again.
+			if uerr := undo(); uerr != nil {
+				log.Error("undo the install of a template that failed to bake", "err", uerr)
+			}
+			return bakeError{err}
+		}
+		keep()
+		log.Info("template baked", "dur_ms", time.Since(t0).Milliseconds())
+		m.mu.Lock()
+		b.st.Digest = res.Digest
+		m.mu.Unlock()
+		say(fmt.Sprintf("template %s is ready (%s, %.1fs)", name, res.Digest, time.Since(now).Seconds()))
+		log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
+		return nil
+	}
 	if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
 		return storeError{err}
 	}
@@ -281,10 +320,16 @@ func (m *Manager) finish(b *build, err error) {
 	} else {
 		b.st.State, b.st.Code, b.st.Error = StateFailed, classify(err), err.Error()
 		var se storeError
+		var be bakeError
+		var re *template.ReadyError
 		switch {
 		case errors.As(err, &se):
 			// Names the server's paths: users get the gist, the log the rest.
 			b.st.Error = "the server could not store the root filesystem (see its log)"
+		case errors.As(err, &re):
+			b.st.Error = "the build was undone: " + re.Msg
+		case errors.As(err, &be) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
+			b.st.Error = "the build was undone: its first boot failed (see the server's log)"
 		case errors.Is(err, context.DeadlineExceeded):
 			b.st.Error = fmt.Sprintf("the build took longer than %s", m.cfg.Timeout)
 		case errors.Is(err, context.Canceled):
@@ -321,6 +366,13 @@ type storeError struct{ err error }
 
 func (e storeError) Error() string { return e.err.Error() }
 func (e storeError) Unwrap() error { return e.err }
+
+// bakeError is a failure of the bake that checks a template's start and
+// ready commands.
+type bakeError struct{ err error }
+
+func (e bakeError) Error() string { return "bake: " + e.err.Error() }
+func (e bakeError) Unwrap() error { return e.err }
 
 func classify(err error) string {
 	switch {

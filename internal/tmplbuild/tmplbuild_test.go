@@ -95,7 +95,7 @@ func TestBuildOutcomes(t *testing.T) {
 		{"app2", "missing", StateFailed, CodeImageNotFound},
 		{"app3", "bad", StateFailed, CodeFailed},
 	} {
-		st, err := m.Start(tc.name, tc.src)
+		st, err := m.Start(tc.name, tc.src, template.Startup{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestBuildOutcomes(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
-		if _, err := m.Start(tc.name, tc.src); !errors.Is(err, template.ErrInvalid) {
+		if _, err := m.Start(tc.name, tc.src, template.Startup{}); !errors.Is(err, template.ErrInvalid) {
 			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
 		}
 	}
@@ -136,7 +136,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	defer m.Close()
 	var ids []string
 	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
-		st, err := m.Start(b[0], b[1])
+		st, err := m.Start(b[0], b[1], template.Startup{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,8 +185,8 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st1, _ := m.Start("a", "a1")
-	st2, _ := m.Start("b", "b1") // waits for a slot
+	st1, _ := m.Start("a", "a1", template.Startup{})
+	st2, _ := m.Start("b", "b1", template.Startup{}) // waits for a slot
 	time.Sleep(100 * time.Millisecond)
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
@@ -195,8 +195,81 @@ func TestCloseCancelsBuilds(t *testing.T) {
 			t.Errorf("build after Close: %+v", st)
 		}
 	}
-	if _, err := m.Start("c", "c1"); !errors.Is(err, ErrClosed) {
+	if _, err := m.Start("c", "c1", template.Startup{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Start after Close = %v", err)
 	}
 	m.Close()
+}
+
+// A build whose template starts commands bakes it: a failed bake fails the
+// build, with the ready command's own words, and removes the template; a
+// build without commands does not bake.
+func TestBuildBakesStartup(t *testing.T) {
+	store := newStore(t)
+	fc := &fakeConvert{}
+	var baked []string
+	bake := func(ctx context.Context, name string, progress func(string)) error {
+		baked = append(baked, name)
+		u, err := store.UserRootFS(name)
+		if err != nil {
+			return err
+		}
+		switch u.ReadyCmd {
+		case "never":
+			return fmt.Errorf("bake %s-256m-1c: %w", name, &template.ReadyError{Msg: "the ready command did not succeed: not-ready"})
+		case "crash":
+			return errors.New("guest agent did not answer: dial unix /host/path")
+		}
+		progress("ready")
+		return nil
+	}
+	m, err := New(Config{Store: store, Convert: fc.convert, Bake: bake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, tc := range []struct {
+		name  string
+		su    template.Startup
+		state string
+		err   string
+	}{
+		{"plain", template.Startup{}, StateSucceeded, ""},
+		{"web", template.Startup{StartCmd: "serve", ReadyCmd: "check"}, StateSucceeded, ""},
+		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
+		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
+	} {
+		st, err := m.Start(tc.name, "good", tc.su)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ = follow(t, m, st.ID)
+		if st.State != tc.state || st.Error != tc.err {
+			t.Errorf("build %s: %s %q, want %s %q", tc.name, st.State, st.Error, tc.state, tc.err)
+		}
+		u, err := store.UserRootFS(tc.name)
+		if kept := err == nil; kept != (tc.state == StateSucceeded) {
+			t.Errorf("build %s (%s): template kept %v (%v)", tc.name, st.State, kept, err)
+		}
+		if err == nil && u.Startup != tc.su {
+			t.Errorf("build %s: stored startup %+v, want %+v", tc.name, u.Startup, tc.su)
+		}
+	}
+	if got, want := strings.Join(baked, ","), "web,never,crash"; got != want {
+		t.Errorf("baked %s, want %s", got, want)
+	}
+	// A rebuild whose bake fails leaves the version it was to replace.
+	st, err := m.Start("web", "other", template.Startup{StartCmd: "serve2", ReadyCmd: "never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = follow(t, m, st.ID); st.State != StateFailed {
+		t.Errorf("failed rebuild: %s", st.State)
+	}
+	if u, err := store.UserRootFS("web"); err != nil || u.Source != "good" || u.StartCmd != "serve" {
+		t.Errorf("web after a failed rebuild: %+v, %v; want its first version", u, err)
+	}
+	if _, err := m.Start("bad", "good", template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}); !errors.Is(err, template.ErrInvalid) {
+		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
+	}
 }

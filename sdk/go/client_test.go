@@ -648,3 +648,30 @@ func TestStandardLibraryOnly(t *testing.T) {
 		}
 	}
 }
+
+func TestStartTemplateBuildOptions(t *testing.T) {
+	for _, tc := range []struct {
+		opts []BuildOption
+		want string
+	}{
+		{nil, `{"name":"web","from_image":"r.example/web:1"}`},
+		{[]BuildOption{WithStartCmd("exec srv"), WithReadyCmd("check"), WithReadyTimeout(1500 * time.Millisecond)},
+			`{"name":"web","from_image":"r.example/web:1","start_cmd":"exec srv","ready_cmd":"check","ready_timeout_seconds":2}`},
+	} {
+		var got string
+		c := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			got = string(b)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusAccepted)
+			io.WriteString(w, `{"build_id":"b1","name":"web","from_image":"r.example/web:1","status":"queued","created_at":"2025-01-02T03:04:05Z"}`)
+		}))
+		b, err := c.StartTemplateBuild(context.Background(), "web", "r.example/web:1", tc.opts...)
+		if err != nil || b.ID != "b1" {
+			t.Fatalf("StartTemplateBuild: %+v, %v", b, err)
+		}
+		if strings.TrimSpace(got) != tc.want {
+			t.Errorf("request body %s, want %s", got, tc.want)
+		}
+	}
+}

@@ -33,6 +33,11 @@ type Template struct {
 	FromImage string    `json:"from_image,omitempty"`
 	Digest    string    `json:"digest,omitempty"`
 	BuiltAt   time.Time `json:"built_at,omitzero"`
+	// Its start and ready commands (WithStartCmd, WithReadyCmd); listed
+	// for admin keys only.
+	StartCmd            string `json:"start_cmd,omitempty"`
+	ReadyCmd            string `json:"ready_cmd,omitempty"`
+	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
 // Templates lists the templates, one entry per baked shape.
@@ -136,11 +141,48 @@ type TemplateBuild struct {
 	EndedAt   time.Time `json:"ended_at,omitzero"`
 }
 
+// BuildOption is an option of a template build (StartTemplateBuild,
+// BuildTemplate).
+type BuildOption func(*buildRequest)
+
+type buildRequest struct {
+	Name                string `json:"name"`
+	FromImage           string `json:"from_image"`
+	StartCmd            string `json:"start_cmd,omitempty"`
+	ReadyCmd            string `json:"ready_cmd,omitempty"`
+	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
+}
+
+// WithStartCmd makes the template's bake start cmd (a /bin/sh -c script,
+// with the image's Env and WorkingDir) in the background before the
+// snapshot: every sandbox of the template starts with that process
+// running, each its own copy. Its output goes to /var/log/start.log in
+// the guest. The build then bakes the template at the server's default
+// shape and fails if the command cannot start or, with WithReadyCmd,
+// never gets ready.
+func WithStartCmd(cmd string) BuildOption { return func(r *buildRequest) { r.StartCmd = cmd } }
+
+// WithReadyCmd makes the bake run cmd (a /bin/sh -c script; each run at
+// most 10 s) until it exits 0 before the snapshot, e.g. a check that the
+// start command's server answers. If it does not succeed within the ready
+// timeout (WithReadyTimeout; default 60 s) the build fails with the last
+// lines of its output and of the start command's.
+func WithReadyCmd(cmd string) BuildOption { return func(r *buildRequest) { r.ReadyCmd = cmd } }
+
+// WithReadyTimeout bounds the wait for the ready command (whole seconds,
+// at most 30 minutes; 0 for the default, 60 s).
+func WithReadyTimeout(d time.Duration) BuildOption {
+	return func(r *buildRequest) { r.ReadyTimeoutSeconds = int((d + time.Second - 1) / time.Second) }
+}
+
 // StartTemplateBuild starts building template name from the container
 // image fromImage (a registry reference) and returns the build, queued.
 // Admin keys only; only `panda up` builds templates.
-func (c *Client) StartTemplateBuild(ctx context.Context, name, fromImage string) (TemplateBuild, error) {
-	in := map[string]string{"name": name, "from_image": fromImage}
+func (c *Client) StartTemplateBuild(ctx context.Context, name, fromImage string, opts ...BuildOption) (TemplateBuild, error) {
+	in := &buildRequest{Name: name, FromImage: fromImage}
+	for _, o := range opts {
+		o(in)
+	}
 	var out TemplateBuild
 	err := c.doJSON(ctx, http.MethodPost, path("templates"), nil, in, &out)
 	return out, err
@@ -197,9 +239,11 @@ func (c *Client) FollowTemplateBuild(ctx context.Context, buildID string, progre
 // built. A failed build is an *Error whose Code is the build's
 // (CodeImageNotFound, CodeBuildFailed, CodeCanceled). Sandboxes created
 // with Template name then start from it; the image's Env and WorkingDir
-// are the defaults of their commands. Admin keys only.
-func (c *Client) BuildTemplate(ctx context.Context, name, fromImage string, progress func(string)) (TemplateBuild, error) {
-	b, err := c.StartTemplateBuild(ctx, name, fromImage)
+// are the defaults of their commands. opts may give the template a start
+// and a ready command (WithStartCmd, WithReadyCmd), whose first run is
+// part of the build. Admin keys only.
+func (c *Client) BuildTemplate(ctx context.Context, name, fromImage string, progress func(string), opts ...BuildOption) (TemplateBuild, error) {
+	b, err := c.StartTemplateBuild(ctx, name, fromImage, opts...)
 	if err != nil {
 		return b, err
 	}

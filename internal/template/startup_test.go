@@ -1,0 +1,166 @@
+package template
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStartupValidate(t *testing.T) {
+	for _, tc := range []struct {
+		su Startup
+		ok bool
+	}{
+		{Startup{}, true},
+		{Startup{StartCmd: "exec server"}, true},
+		{Startup{StartCmd: "exec server", ReadyCmd: "check", ReadyTimeoutSeconds: 120}, true},
+		{Startup{ReadyCmd: "check"}, true},
+		{Startup{StartCmd: "x", ReadyTimeoutSeconds: 10}, false}, // a timeout without a ready command
+		{Startup{ReadyCmd: "check", ReadyTimeoutSeconds: -1}, false},
+		{Startup{ReadyCmd: "check", ReadyTimeoutSeconds: 31 * 60}, false},
+		{Startup{StartCmd: strings.Repeat("x", MaxStartupCmdBytes+1)}, false},
+		{Startup{ReadyCmd: "a\x00b"}, false},
+	} {
+		err := tc.su.Validate()
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("Validate(%+v) = %v, want ok %v", tc.su, err, tc.ok)
+		}
+	}
+}
+
+// A template's start and ready commands are part of its identity: the
+// same root filesystem installed with other commands makes its baked
+// shapes stale; the ready timeout does not.
+func TestStartupIsIdentity(t *testing.T) {
+	st := fakeStore(t)
+	p := Params{Name: "app", MemoryMiB: 256, VCPUs: 1}
+	install := func(su Startup) map[string]string {
+		t.Helper()
+		dir, err := st.StageUserRootFS("app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte("same"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.InstallUserRootFS(dir, UserRootFS{Name: "app", Startup: su, BuiltAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		in, err := st.inputs("app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	fakeBake := func(in map[string]string) {
+		t.Helper()
+		tdir := filepath.Join(st.cfg.Dir, p.Key())
+		os.MkdirAll(tdir, 0o700)
+		b, _ := json.Marshal(Meta{Params: p, Inputs: in, Accel: st.cfg.Accel, Cmdline: st.cmdline()})
+		if err := os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const changed = "its start or ready command changed since it was baked"
+	stale := func(want bool) {
+		t.Helper()
+		_, reason, err := st.Lookup(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := reason == changed; got != want {
+			t.Errorf("Lookup: reason %q; want stale for its commands: %v", reason, want)
+		}
+	}
+
+	in := install(Startup{})
+	if _, ok := in["startup"]; ok {
+		t.Errorf("inputs of a template without commands: %v, want no startup", in)
+	}
+	fakeBake(in)
+	stale(false)
+
+	su := Startup{StartCmd: "exec server", ReadyCmd: "check"}
+	in = install(su)
+	if in["startup"] == "" {
+		t.Fatalf("inputs with commands: %v, want a startup hash", in)
+	}
+	stale(true)
+	fakeBake(in)
+	stale(false)
+
+	su.ReadyTimeoutSeconds = 5
+	install(su)
+	stale(false)
+	su.ReadyCmd = "check2"
+	install(su)
+	stale(true)
+	if u, err := st.UserRootFS("app"); err != nil || u.Startup != su {
+		t.Errorf("UserRootFS = %+v, %v; want its startup %+v", u, err, su)
+	}
+	g, err := st.startupOf("app")
+	if err != nil || g.Startup != su {
+		t.Errorf("startupOf = %+v, %v", g, err)
+	}
+	if g, _ := st.startupOf("tiny"); !g.IsZero() {
+		t.Errorf("startupOf(tiny) = %+v, want nothing", g)
+	}
+}
+
+// TryUserRootFS installs a version that keep makes final and undo takes
+// back: to the version it replaced, or to no template at all.
+func TestTryUserRootFS(t *testing.T) {
+	st := fakeStore(t)
+	try := func(content string) (func(), func() error) {
+		t.Helper()
+		dir, err := st.StageUserRootFS("app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		keep, undo, err := st.TryUserRootFS(dir, UserRootFS{Name: "app", Source: content})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u, err := st.UserRootFS("app"); err != nil || u.Source != content {
+			t.Fatalf("UserRootFS while trying %s: %+v, %v", content, u, err)
+		}
+		return keep, undo
+	}
+	versions := func() int {
+		m, _ := filepath.Glob(filepath.Join(st.cfg.UserDir, ".v-app-*"))
+		return len(m)
+	}
+
+	_, undo := try("one")
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.UserRootFS("app"); !errors.Is(err, ErrNotFound) || versions() != 0 {
+		t.Errorf("after undoing the first version: %v, %d versions; want none", err, versions())
+	}
+
+	keep, _ := try("one")
+	keep()
+	keep, undo = try("two")
+	if versions() != 2 {
+		t.Errorf("while trying: %d versions, want 2", versions())
+	}
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := st.UserRootFS("app"); err != nil || u.Source != "one" || versions() != 1 {
+		t.Errorf("after undo: %+v, %v, %d versions; want one, 1", u, err, versions())
+	}
+	keep, _ = try("three")
+	keep()
+	if u, err := st.UserRootFS("app"); err != nil || u.Source != "three" || versions() != 1 {
+		t.Errorf("after keep: %+v, %v, %d versions; want three, 1", u, err, versions())
+	}
+}
