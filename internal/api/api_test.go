@@ -844,8 +844,11 @@ func TestForkQuota(t *testing.T) {
 
 func TestOnExpirePause(t *testing.T) {
 	key := newKey(t, "expirepause", nil)
-	sb := create(t, key, map[string]any{"ttl_seconds": 1, "on_expire": "pause"})
+	// A long TTL until the file is written (a loaded machine may take more
+	// than a second to answer), then 1 s.
+	sb := create(t, key, map[string]any{"ttl_seconds": 600, "on_expire": "pause"})
 	run(t, key, sb.ID, map[string]any{"cmd": "echo kept > /root/k"})
+	expect(t, do(t, key, "PUT", "/v1/sandboxes/"+sb.ID+"/ttl", map[string]any{"ttl_seconds": 1}), 200, "")
 	deadline := time.Now().Add(10 * time.Second)
 	var got sandbox
 	for time.Now().Before(deadline) {
