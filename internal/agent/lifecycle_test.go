@@ -49,6 +49,9 @@ func restartable(t *testing.T) (dir string, open func() *Agent) {
 		if left := leftoversIn(dir); left != "" {
 			t.Errorf("left behind: %s", left)
 		}
+		// Whatever a failed Open left mounted goes too (the failure is
+		// reported above, or by the test itself).
+		unix.Unmount(filepath.Join(dir, "store"), unix.MNT_DETACH)
 		os.RemoveAll(dir)
 	})
 	return dir, func() *Agent {
