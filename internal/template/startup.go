@@ -25,11 +25,12 @@ type ReadyError struct {
 func (e *ReadyError) Error() string { return e.Msg }
 
 // guestRun is what the commands of a bake's Startup run with: the image's
-// environment and working directory.
+// environment, working directory and user (as the template's execs).
 type guestRun struct {
 	Startup
-	Env map[string]string
-	Cwd string
+	Env  map[string]string
+	Cwd  string
+	User string
 }
 
 // startupOf returns what the bake of template name starts in its guest:
@@ -46,6 +47,9 @@ func (s *Store) startupOf(name string) (guestRun, error) {
 		return guestRun{}, err
 	}
 	g := guestRun{Startup: u.Startup, Cwd: u.Image.WorkingDir}
+	if guestproto.ValidateUser(u.Image.User) == nil {
+		g.User = u.Image.User // one the protocol refuses is ignored, as for execs
+	}
 	for _, kv := range u.Image.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			if g.Env == nil {
@@ -84,8 +88,23 @@ func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say 
 	if g.StartCmd != "" {
 		say("starting the start command")
 		var out bytes.Buffer
+		if g.User != "" {
+			// The image's user runs the command: its log is made for it
+			// first, as root.
+			res, err := client.Exec(ctx, guestproto.ExecRequest{
+				Argv:      []string{"/bin/sh", "-c", `mkdir -p /var/log && : >` + StartLog + ` && chown "$1" ` + StartLog, "sh", g.User},
+				TimeoutMS: ReadyRunTimeout.Milliseconds(),
+			}, nil, &out, &out)
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit %d: %s", res.ExitCode, lastLines(out.String(), 10))
+			}
+			if err != nil {
+				return &ReadyError{Msg: fmt.Sprintf("the start command's log could not be made for user %q: %v", g.User, err)}
+			}
+			out.Reset()
+		}
 		res, err := client.Exec(ctx, guestproto.ExecRequest{
-			Argv: []string{"/bin/sh", "-c", startScript, "sh", g.StartCmd}, Env: g.Env, Cwd: g.Cwd,
+			Argv: []string{"/bin/sh", "-c", startScript, "sh", g.StartCmd}, Env: g.Env, Cwd: g.Cwd, User: g.User,
 			TimeoutMS: ReadyRunTimeout.Milliseconds(),
 		}, nil, &out, &out)
 		if err != nil {
@@ -114,7 +133,7 @@ func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say 
 		}
 		var out bytes.Buffer
 		res, err := client.Exec(ctx, guestproto.ExecRequest{
-			Shell: g.ReadyCmd, Env: g.Env, Cwd: g.Cwd, TimeoutMS: run.Milliseconds(),
+			Shell: g.ReadyCmd, Env: g.Env, Cwd: g.Cwd, User: g.User, TimeoutMS: run.Milliseconds(),
 		}, nil, &capped{&out}, &capped{&out})
 		switch {
 		case err == nil && res.ExitCode == 0:
