@@ -715,6 +715,15 @@ func (r *runner) finish(ctx context.Context) error {
 	if err := step("resume every paused sandbox", ops); err != nil {
 		return err
 	}
+	// A short run may never have drawn a fork: every run forks at least
+	// once, so that each one exercises every kind of operation.
+	if r.rep.Ops[opFork]["ok"] == 0 && len(r.free(stateRunning)) > 0 && len(r.m.live) < r.cfg.MaxLive {
+		r.m.begin()
+		room := 1
+		if err := step("fork a sandbox (the run forked none)", []*op{r.plan(opFork, &room)}); err != nil {
+			return err
+		}
+	}
 	r.m.begin()
 	if err := step("kill every sandbox", killAll()); err != nil {
 		return err
