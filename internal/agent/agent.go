@@ -452,14 +452,9 @@ func (a *Agent) imageDefaults(name string, env map[string]string) (map[string]st
 		a.log.Warn("image user ignored", "template", name, "user", user, "err", err)
 		user = ""
 	}
-	if len(u.Image.Env) == 0 {
+	out := u.Image.EnvMap()
+	if out == nil {
 		return env, u.Image.WorkingDir, user
-	}
-	out := map[string]string{}
-	for _, kv := range u.Image.Env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && !strings.ContainsRune(v, 0) {
-			out[k] = v
-		}
 	}
 	for k, v := range env {
 		out[k] = v

@@ -165,6 +165,21 @@ func (s *Server) builds() (TemplateBuilds, error) {
 	return s.cfg.TemplateBuilds, nil
 }
 
+// adminBuilds is the template builder for a request of the build
+// endpoints, which need an admin key; on false the error was answered.
+func (s *Server) adminBuilds(w http.ResponseWriter, r *http.Request) (TemplateBuilds, bool) {
+	err := requireAdmin(r)
+	var b TemplateBuilds
+	if err == nil {
+		b, err = s.builds()
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return nil, false
+	}
+	return b, true
+}
+
 // checkImageRef accepts registry references only: the other sources the
 // builder knows (oci:DIR, docker-archive:FILE, paths) name files of the
 // server's host.
@@ -185,13 +200,8 @@ func checkImageRef(ref string) error {
 // startBuild starts building a user template from an image: 202 with the
 // build's id; its outcome is the build's status.
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
-	if err := requireAdmin(r); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	b, err := s.builds()
-	if err != nil {
-		s.writeError(w, r, err)
+	b, ok := s.adminBuilds(w, r)
+	if !ok {
 		return
 	}
 	var req struct {
@@ -217,13 +227,8 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
-	if err := requireAdmin(r); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	b, err := s.builds()
-	if err != nil {
-		s.writeError(w, r, err)
+	b, ok := s.adminBuilds(w, r)
+	if !ok {
 		return
 	}
 	st, err := b.Get(chi.URLParam(r, "buildID"))
@@ -238,13 +243,8 @@ func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 // until it ends: {"line": "..."} each, then its final status
 // ({"status": "succeeded"|"failed", "code", "error", ...}).
 func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
-	if err := requireAdmin(r); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	b, err := s.builds()
-	if err != nil {
-		s.writeError(w, r, err)
+	b, ok := s.adminBuilds(w, r)
+	if !ok {
 		return
 	}
 	id := chi.URLParam(r, "buildID")
@@ -267,13 +267,8 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 // are in the catalog, unless ?force=true: they keep running on their own
 // files either way.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	if err := requireAdmin(r); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	b, err := s.builds()
-	if err != nil {
-		s.writeError(w, r, err)
+	b, ok := s.adminBuilds(w, r)
+	if !ok {
 		return
 	}
 	name := chi.URLParam(r, "name")

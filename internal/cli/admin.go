@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
@@ -65,11 +66,7 @@ func templateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Progress goes to stdout for people, to stderr with --json.
-			pw := cmd.OutOrStdout()
-			if g.json {
-				pw = cmd.ErrOrStderr()
-			}
+			pw := g.progressOut(cmd)
 			tp, err := c.BakeTemplate(cmd.Context(), args[0], mem, vcpus, func(msg string) { fmt.Fprintln(pw, msg) })
 			if err != nil {
 				return fmt.Errorf("bake %s: %w", args[0], err)
@@ -96,8 +93,8 @@ func templateBuildCmd(g *globals) *cobra.Command {
 		Short: "Build a template from a container image, showing progress (admin keys only)",
 		Long: `Build template NAME from a container image in a registry, showing the
 build's progress. Sandboxes created with --template NAME then start from
-it (the first create bakes it). The image's ENV and WORKDIR become the
-defaults of their commands; its USER is not applied (commands run as root).
+it (the first create bakes it). The image's ENV, WORKDIR and USER become
+the defaults of their commands (an exec's own env, cwd and --user win).
 Building NAME again replaces it; sandboxes already running keep theirs.
 
 With --start-cmd, the template's snapshot is taken with that command
@@ -122,10 +119,7 @@ not get ready.`,
 			if err != nil {
 				return err
 			}
-			pw := cmd.OutOrStdout()
-			if g.json {
-				pw = cmd.ErrOrStderr()
-			}
+			pw := g.progressOut(cmd)
 			if readyTimeout < 0 {
 				return errors.New("--ready-timeout must not be negative")
 			}
@@ -372,4 +366,13 @@ func eachID(cmd *cobra.Command, g *globals, ids []string, verb string, fn func(c
 		}
 	}
 	return errors.Join(failed...)
+}
+
+// progressOut is where a long command's progress lines go: stdout for
+// people, stderr with --json (stdout then holds the JSON alone).
+func (g *globals) progressOut(cmd *cobra.Command) io.Writer {
+	if g.json {
+		return cmd.ErrOrStderr()
+	}
+	return cmd.OutOrStdout()
 }

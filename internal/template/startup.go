@@ -46,17 +46,9 @@ func (s *Store) startupOf(name string) (guestRun, error) {
 	if err != nil {
 		return guestRun{}, err
 	}
-	g := guestRun{Startup: u.Startup, Cwd: u.Image.WorkingDir}
+	g := guestRun{Startup: u.Startup, Env: u.Image.EnvMap(), Cwd: u.Image.WorkingDir}
 	if guestproto.ValidateUser(u.Image.User) == nil {
 		g.User = u.Image.User // one the protocol refuses is ignored, as for execs
-	}
-	for _, kv := range u.Image.Env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
-			if g.Env == nil {
-				g.Env = map[string]string{}
-			}
-			g.Env[k] = v
-		}
 	}
 	return g, nil
 }

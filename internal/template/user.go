@@ -47,6 +47,22 @@ type ImageConfig struct {
 	Cmd        []string `json:"cmd,omitempty"`
 }
 
+// EnvMap is Env ("KEY=value" each) as a map; entries without a key or
+// with a NUL byte (which no process environment can hold) are left out.
+// Nil when there are none.
+func (c ImageConfig) EnvMap() map[string]string {
+	var out map[string]string
+	for _, kv := range c.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && !strings.ContainsRune(v, 0) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // Startup names what a template's bake starts in its guest before the
 // capture, so that every sandbox restored from it finds the process
 // running already (each its own copy). Both commands are /bin/sh -c
