@@ -96,8 +96,8 @@ func templateBuildCmd(g *globals) *cobra.Command {
 		Short: "Build a template from a container image, showing progress (admin keys only)",
 		Long: `Build template NAME from a container image in a registry, showing the
 build's progress. Sandboxes created with --template NAME then start from
-it (the first create bakes it). The image's ENV and WORKDIR become the
-defaults of their commands; its USER is not applied (commands run as root).
+it (the first create bakes it). The image's ENV, WORKDIR and USER become
+the defaults of their commands (an exec's own env, cwd and --user win).
 Building NAME again replaces it; sandboxes already running keep theirs.
 
 With --start-cmd, the template's snapshot is taken with that command
