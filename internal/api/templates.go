@@ -151,7 +151,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 // (*tmplbuild.Manager, which documents the contracts). A server without
 // it (Config.TemplateBuilds nil: its hosts are remote) answers 501.
 type TemplateBuilds interface {
-	Start(name, src string, su template.Startup) (tmplbuild.Status, error)
+	Start(spec tmplbuild.Spec) (tmplbuild.Status, error)
 	Get(id string) (tmplbuild.Status, error)
 	Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error)
 	Remove(name string) error
@@ -217,7 +217,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	st, err := b.Start(req.Name, req.FromImage, req.Startup)
+	st, err := b.Start(tmplbuild.Spec{Name: req.Name, FromImage: req.FromImage, Startup: req.Startup})
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -30,6 +30,8 @@ var (
 	// ErrConflict: the template has a build queued or running.
 	ErrConflict = errors.New("conflict")
 	ErrClosed   = errors.New("template builds are shutting down")
+	// ErrUnsupported: this server does not run Dockerfile builds.
+	ErrUnsupported = errors.New("Dockerfile builds are not supported here")
 	// ErrImageNotFound is what a Convert returns (wrapped) when the
 	// registry does not have the image; a build failing with it has
 	// Status.Code CodeImageNotFound.
@@ -48,6 +50,36 @@ type Result struct {
 // ctx ends.
 type Convert func(ctx context.Context, src, out string, progress func(string)) (Result, error)
 
+// Spec is what a build makes a template from: an image (FromImage) or a
+// Dockerfile (Dockerfile, with the files of ContextTar).
+type Spec struct {
+	Name string
+	// FromImage is an image reference; "" for a Dockerfile build.
+	FromImage string
+	// Dockerfile is the Dockerfile's text; nil for an image build.
+	Dockerfile []byte
+	// ContextTar is the path of the build context, a tar file (possibly
+	// gzip-compressed) the Manager owns from Start on: it removes it once
+	// the build has ended. "" for none.
+	ContextTar string
+	// BuildArgs set the Dockerfile's ARGs.
+	BuildArgs map[string]string
+	Startup   template.Startup
+}
+
+// source is how a build's status names what it builds from.
+func (s Spec) source() string {
+	if s.Dockerfile != nil {
+		return "Dockerfile"
+	}
+	return s.FromImage
+}
+
+// BuildDockerfile writes the root filesystem a Dockerfile build of spec
+// makes to the ext4 image out (which it creates), reporting progress lines.
+// It must return soon after ctx ends.
+type BuildDockerfile func(ctx context.Context, spec Spec, out string, progress func(string)) (Result, error)
+
 // Store is the template store as builds use it (*template.Store).
 type Store interface {
 	ValidateUserName(name string) error
@@ -62,6 +94,9 @@ type Store interface {
 type Config struct {
 	Store   Store
 	Convert Convert
+	// Dockerfile runs Dockerfile builds; nil: they are refused
+	// (ErrUnsupported).
+	Dockerfile BuildDockerfile
 	// Bake bakes user template name (just installed) at the host's
 	// default shape, reporting progress lines. A build whose template
 	// starts commands (template.Startup) calls it, so that a start or
@@ -145,7 +180,7 @@ func (s Status) Done() bool { return s.State == StateSucceeded || s.State == Sta
 
 type build struct {
 	st      Status
-	startup template.Startup
+	spec    Spec
 	lines   []string
 	dropped int
 	// changed is closed (and replaced) whenever lines or st change.
@@ -184,20 +219,33 @@ func New(cfg Config) (*Manager, error) {
 	}, nil
 }
 
-// Start queues a build of template name from image src and returns its
-// status (queued); the template's bakes start su's commands. Errors:
-// template.ErrInvalid (a bad or built-in name, an empty src, an invalid
-// su), ErrClosed.
-func (m *Manager) Start(name, src string, su template.Startup) (Status, error) {
+// Start queues a build of spec and returns its status (queued); the
+// template's bakes start spec.Startup's commands. Errors:
+// template.ErrInvalid (a bad or built-in name, neither or both of an image
+// and a Dockerfile, an invalid Startup), ErrUnsupported, ErrClosed. From
+// Start on, spec.ContextTar is the Manager's to remove, whatever the error.
+func (m *Manager) Start(spec Spec) (st Status, err error) {
+	defer func() {
+		if err != nil && spec.ContextTar != "" {
+			os.Remove(spec.ContextTar)
+		}
+	}()
+	name, su := spec.Name, spec.Startup
 	if err := m.cfg.Store.ValidateUserName(name); err != nil {
 		return Status{}, err
 	}
 	if err := su.Validate(); err != nil {
 		return Status{}, err
 	}
-	if src == "" {
-		return Status{}, fmt.Errorf("%w: no image to build from", template.ErrInvalid)
+	switch {
+	case spec.FromImage == "" && spec.Dockerfile == nil:
+		return Status{}, fmt.Errorf("%w: no image or Dockerfile to build from", template.ErrInvalid)
+	case spec.FromImage != "" && spec.Dockerfile != nil:
+		return Status{}, fmt.Errorf("%w: build from an image or from a Dockerfile, not both", template.ErrInvalid)
+	case spec.Dockerfile != nil && m.cfg.Dockerfile == nil:
+		return Status{}, ErrUnsupported
 	}
+	src := spec.source()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -207,7 +255,7 @@ func (m *Manager) Start(name, src string, su template.Startup) (Status, error) {
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timeout)
 	b := &build{
 		st:      Status{ID: newID(), Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC()},
-		startup: su,
+		spec:    spec,
 		changed: make(chan struct{}),
 		cancel:  cancel,
 	}
@@ -226,6 +274,9 @@ func (m *Manager) Start(name, src string, su template.Startup) (Status, error) {
 func (m *Manager) run(ctx context.Context, b *build, turn chan struct{}) {
 	defer m.wg.Done()
 	defer b.cancel()
+	if b.spec.ContextTar != "" {
+		defer os.Remove(b.spec.ContextTar)
+	}
 	say := func(line string) { m.addLine(b, line) }
 	var err error
 	select {
@@ -264,15 +315,20 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 			os.RemoveAll(dir)
 		}
 	}()
-	res, err := m.cfg.Convert(ctx, src, filepath.Join(dir, "rootfs.ext4"), say)
+	var res Result
+	if b.spec.Dockerfile != nil {
+		res, err = m.cfg.Dockerfile(ctx, b.spec, filepath.Join(dir, "rootfs.ext4"), say)
+	} else {
+		res, err = m.cfg.Convert(ctx, src, filepath.Join(dir, "rootfs.ext4"), say)
+	}
 	if err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
-	if !b.startup.IsZero() && m.cfg.Bake != nil {
+	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
+	if !b.spec.Startup.IsZero() && m.cfg.Bake != nil {
 		keep, undo, err := m.cfg.Store.TryUserRootFS(dir, u)
 		if err != nil {
 			return storeError{err}

@@ -95,7 +95,7 @@ func TestBuildOutcomes(t *testing.T) {
 		{"app2", "missing", StateFailed, CodeImageNotFound},
 		{"app3", "bad", StateFailed, CodeFailed},
 	} {
-		st, err := m.Start(tc.name, tc.src, template.Startup{})
+		st, err := m.Start(Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestBuildOutcomes(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
-		if _, err := m.Start(tc.name, tc.src, template.Startup{}); !errors.Is(err, template.ErrInvalid) {
+		if _, err := m.Start(Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}}); !errors.Is(err, template.ErrInvalid) {
 			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
 		}
 	}
@@ -136,7 +136,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	defer m.Close()
 	var ids []string
 	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
-		st, err := m.Start(b[0], b[1], template.Startup{})
+		st, err := m.Start(Spec{Name: b[0], FromImage: b[1], Startup: template.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,8 +185,8 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st1, _ := m.Start("a", "a1", template.Startup{})
-	st2, _ := m.Start("b", "b1", template.Startup{}) // waits for a slot
+	st1, _ := m.Start(Spec{Name: "a", FromImage: "a1", Startup: template.Startup{}})
+	st2, _ := m.Start(Spec{Name: "b", FromImage: "b1", Startup: template.Startup{}}) // waits for a slot
 	time.Sleep(100 * time.Millisecond)
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
@@ -195,7 +195,7 @@ func TestCloseCancelsBuilds(t *testing.T) {
 			t.Errorf("build after Close: %+v", st)
 		}
 	}
-	if _, err := m.Start("c", "c1", template.Startup{}); !errors.Is(err, ErrClosed) {
+	if _, err := m.Start(Spec{Name: "c", FromImage: "c1", Startup: template.Startup{}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Start after Close = %v", err)
 	}
 	m.Close()
@@ -239,7 +239,7 @@ func TestBuildBakesStartup(t *testing.T) {
 		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
 		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
 	} {
-		st, err := m.Start(tc.name, "good", tc.su)
+		st, err := m.Start(Spec{Name: tc.name, FromImage: "good", Startup: tc.su})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +259,7 @@ func TestBuildBakesStartup(t *testing.T) {
 		t.Errorf("baked %s, want %s", got, want)
 	}
 	// A rebuild whose bake fails leaves the version it was to replace.
-	st, err := m.Start("web", "other", template.Startup{StartCmd: "serve2", ReadyCmd: "never"})
+	st, err := m.Start(Spec{Name: "web", FromImage: "other", Startup: template.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestBuildBakesStartup(t *testing.T) {
 	if u, err := store.UserRootFS("web"); err != nil || u.Source != "good" || u.StartCmd != "serve" {
 		t.Errorf("web after a failed rebuild: %+v, %v; want its first version", u, err)
 	}
-	if _, err := m.Start("bad", "good", template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}); !errors.Is(err, template.ErrInvalid) {
+	if _, err := m.Start(Spec{Name: "bad", FromImage: "good", Startup: template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
 		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
 	}
 }
