@@ -328,14 +328,22 @@ func (r *runner) marker() string {
 	return strconv.Itoa(1_000_000_000 + r.markerN)
 }
 
-// startMarker starts the marker process tok in sb.
+// startMarker starts the marker process tok in sb. The command returns
+// once the marker runs `sleep`: the shell that forks it exits at once, and
+// until the child has called exec it is a copy of that shell (`ps` shows
+// `sh -c ...`), which a probe coming quickly after on a loaded machine
+// would not count. It waits at most ~5 s (a child that died ends the
+// wait at once: its /proc entry is gone), and the probe decides.
 func startMarker(ctx context.Context, sb *pandastack.Sandbox, tok string) error {
-	res, err := sb.Exec(ctx, pandastack.Command{Cmd: "sleep " + tok + " </dev/null >/dev/null 2>&1 &"})
+	res, err := sb.Exec(ctx, pandastack.Command{Cmd: "sleep " + tok + " </dev/null >/dev/null 2>&1 & " + markerStarted})
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("start marker: exit %d: %s", res.ExitCode, res.Stderr)
 	}
 	return err
 }
+
+// markerStarted waits for the background job $! to be `sleep`.
+const markerStarted = `i=0; while [ $i -lt 500 ] && [ -e /proc/$!/comm ] && [ "$(cat /proc/$!/comm)" != sleep ]; do i=$((i+1)); usleep 10000 2>/dev/null || sleep 1; done`
 
 // do runs o against the API.
 func (r *runner) do(ctx context.Context, o *op) {
