@@ -362,7 +362,10 @@ func growExt4(ctx context.Context, disk string, minFree, maxSize int64, say func
 	if err != nil {
 		return err
 	}
-	want := roundUp(size+minFree-free, 4<<20)
+	// New block groups bring their own metadata (inode tables, bitmaps):
+	// 1/16 more covers it.
+	short := minFree - free
+	want := roundUp(size+short+short/16, 4<<20)
 	if want > maxSize {
 		want = maxSize
 	}
@@ -376,7 +379,7 @@ func growExt4(ctx context.Context, disk string, minFree, maxSize int64, say func
 			return err
 		}
 	}
-	err = resize2fs(ctx, disk, want)
+	err = resize2fs(ctx, disk, want, say)
 	if err != nil && want > st.Size() {
 		os.Truncate(disk, st.Size())
 	}
@@ -385,7 +388,7 @@ func growExt4(ctx context.Context, disk string, minFree, maxSize int64, say func
 
 func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
 
-func resize2fs(ctx context.Context, disk string, size int64) error {
+func resize2fs(ctx context.Context, disk string, size int64, say func(string, ...any)) error {
 	resize, err := findTool("resize2fs")
 	if err != nil {
 		return err
@@ -398,6 +401,7 @@ func resize2fs(ctx context.Context, disk string, size int64) error {
 	if !strings.Contains(string(out), "e2fsck") {
 		return fmt.Errorf("resize2fs: %w: %s", err, strings.TrimSpace(string(out)))
 	}
+	say("checking the root filesystem first (e2fsck), as resize2fs asks")
 	if err := fsck(ctx, disk, "-fy"); err != nil {
 		return err
 	}
