@@ -324,7 +324,6 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 	return syncPath(filepath.Dir(dst))
 }
 
-
 // Close kills the VMM, releases its network interface and removes its
 // run directory (console log included). Idempotent; the disk stays.
 func (v *BuildVM) Close() error {
