@@ -298,14 +298,14 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 		}
 	}()
 	if err := v.m.Pause(ctx); err != nil {
-		return fmt.Errorf("commit: %w", v.failed("pause", err))
+		return v.failed("commit", err)
 	}
 	cloneErr := cloneFile(v.disk, tmp)
 	// Resume even if ctx ended: the VM must keep running.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := v.m.Resume(rctx); err != nil {
-		return fmt.Errorf("commit: %w", v.failed("resume", err))
+		return v.failed("commit", err)
 	}
 	if cloneErr != nil {
 		return fmt.Errorf("commit: copy the disk: %w", cloneErr)

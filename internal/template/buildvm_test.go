@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -286,5 +287,41 @@ func TestGrowExt4(t *testing.T) {
 	}
 	if err := growExt4(ctx, filepath.Join(t.TempDir(), "nosuch"), 1, 2, say); err == nil {
 		t.Errorf("grow of a missing file: no error")
+	}
+}
+
+// TestBuildVMFailures: a commit that cannot be written leaves the VM
+// running; a VM whose VMM died says so (with its console) and closes
+// cleanly.
+func TestBuildVMFailures(t *testing.T) {
+	st, _ := buildStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	disk := filepath.Join(t.TempDir(), "disk.ext4")
+	if err := copySparse(st.cfg.Images.RootFS("tiny"), disk); err != nil {
+		t.Fatal(err)
+	}
+	v := bootBuild(t, ctx, st, disk, BuildVMOptions{MemoryMiB: 256, MinFreeMiB: -1})
+	if sb, _ := readExt4Super(disk); sb.blocks*sb.blockSize != 2<<30 {
+		t.Errorf("MinFreeMiB -1: file system of %d bytes, want the 2 GiB it had", sb.blocks*sb.blockSize)
+	}
+	if err := v.Commit(ctx, filepath.Join(t.TempDir(), "no", "such", "dir")); err == nil {
+		t.Errorf("Commit into a missing directory: no error")
+	}
+	if got := sh(t, ctx, v, "echo alive"); got != "alive\n" {
+		t.Errorf("after a failed commit: %q", got)
+	}
+	if err := syscall.Kill(v.m.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-v.m.Done()
+	_, err := v.Run(ctx, guestproto.ExecRequest{Shell: "true"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "vmm exited") || !strings.Contains(err.Error(), "console") {
+		t.Errorf("Run in a dead VM: %v, want it to say the VMM exited, with the console", err)
+	}
+	t.Logf("Run in a dead VM: %v", err)
+	v.Close()
+	if _, err := os.Stat(v.runDir); !os.IsNotExist(err) {
+		t.Errorf("run directory %s after Close: %v", v.runDir, err)
 	}
 }
