@@ -219,7 +219,7 @@ func (v *BuildVM) failed(what string, err error) error {
 // (128+signal if a signal killed it, as when req.TimeoutMS ran out). err
 // is for what kept it from running or finishing: the command could not be
 // started (a *guestproto.Error, e.g. not found), ctx ended, out failed,
-// the VM died.
+// the VM died. req.Stdin is ignored: the command reads /dev/null.
 func (v *BuildVM) Run(ctx context.Context, req guestproto.ExecRequest, out io.Writer) (exitCode int, err error) {
 	return v.exec(ctx, req, nil, out)
 }
