@@ -32,7 +32,7 @@ func main() {
 		defer stop()
 	}
 	for {
-		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 		if !pid1 {
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "panda-guest:", err)
@@ -47,8 +47,18 @@ func main() {
 }
 
 // run wires the agent: system setup as PID 1, the port, the reaper, the
-// server and the protocol engine, in that order.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// server and the protocol engine, in that order. With a subcommand
+// (extract, sync) as its first argument it does that job instead: the
+// host runs those as execs in the guest (/run/panda-guest extract).
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && os.Getpid() != 1 {
+		switch args[0] {
+		case "extract":
+			return runExtract(args[1:], stdin, stderr)
+		case "sync":
+			return runSync(args[1:])
+		}
+	}
 	flags := flag.NewFlagSet("panda-guest", flag.ContinueOnError)
 	flags.SetOutput(stderr)
 	portPath := flags.String("port", "", "virtio-serial port device (default: panda.port= on the kernel command line, else the port named \""+guest.PortName+"\")")
@@ -143,4 +153,40 @@ func absorbSignals() {
 		for range ch {
 		}
 	}()
+}
+
+// runExtract is `panda-guest extract [--chown SPEC] [--root DIR]`: unpack
+// the tar archive on stdin at / (guest.Extract), every entry owned by SPEC
+// (a Docker USER spec resolved in the guest's /etc/passwd and
+// /etc/group) or by 0:0.
+func runExtract(args []string, stdin io.Reader, stderr io.Writer) error {
+	flags := flag.NewFlagSet("panda-guest extract", flag.ContinueOnError)
+	flags.SetOutput(stderr)
+	chown := flags.String("chown", "", "owner of every entry: user, uid, user:group or uid:gid (default 0:0)")
+	root := flags.String("root", "/", "directory to unpack into")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if flags.NArg() != 0 {
+		return fmt.Errorf("extract: unexpected arguments %q (the archive is read from stdin)", flags.Args())
+	}
+	owner, err := guest.ResolveOwner(*root, *chown)
+	if err != nil {
+		return fmt.Errorf("extract: --chown %s: %w", *chown, err)
+	}
+	if err := guest.Extract(*root, stdin, owner); err != nil {
+		return fmt.Errorf("extract: %w", err)
+	}
+	return nil
+}
+
+// runSync is `panda-guest sync`: sync(2), for images that lack a sync
+// binary. It returns once the kernel has written every dirty page and
+// committed every file system's journal.
+func runSync(args []string) error {
+	if len(args) != 0 {
+		return fmt.Errorf("sync: unexpected arguments %q", args)
+	}
+	unix.Sync()
+	return nil
 }

@@ -5,6 +5,8 @@
 // immutable; sandboxes map its vm.mem copy-on-write and reflink its disk.
 // Its metadata records the content hashes of its inputs, and a template
 // whose inputs changed is stale: Get re-bakes it instead of using it.
+// It also boots build VMs (BuildVM): a guest on a writable root
+// filesystem file that build steps run commands in and copy out.
 package template
 
 import (

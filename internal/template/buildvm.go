@@ -1,0 +1,497 @@
+package template
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pandastack/pandastack/internal/guestnet"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Defaults of BuildVMOptions.
+const (
+	DefaultBuildMemoryMiB  = 1024
+	DefaultBuildVCPUs      = 1
+	DefaultBuildMinFreeMiB = 2048
+	DefaultBuildMaxDiskMiB = 32 << 10
+)
+
+// GuestAgentPath is where /init installs the guest agent in every guest;
+// its subcommands (extract, sync) run as execs of it.
+const GuestAgentPath = "/run/panda-guest"
+
+// BuildVMOptions shape a build VM. Zero fields take the defaults.
+type BuildVMOptions struct {
+	// MemoryMiB and VCPUs are the machine's shape (default 1024 MiB and
+	// one vCPU; give the host's default shape).
+	MemoryMiB int
+	VCPUs     int
+	// MinFreeMiB is the free space the root file system must have when
+	// the VM boots (default 2048): a file system with less is grown
+	// first (the file extended sparsely, then resize2fs). Negative: never
+	// grow.
+	MinFreeMiB int
+	// MaxDiskMiB bounds what growing makes of the file (default 32 GiB);
+	// a file at or above it is not grown.
+	MaxDiskMiB int
+}
+
+func (o *BuildVMOptions) setDefaults() error {
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = DefaultBuildMemoryMiB
+	}
+	if o.VCPUs == 0 {
+		o.VCPUs = DefaultBuildVCPUs
+	}
+	if o.MinFreeMiB == 0 {
+		o.MinFreeMiB = DefaultBuildMinFreeMiB
+	}
+	if o.MaxDiskMiB == 0 {
+		o.MaxDiskMiB = DefaultBuildMaxDiskMiB
+	}
+	switch {
+	case o.MemoryMiB < MinMemoryMiB || o.MemoryMiB > MaxMemoryMiB:
+		return fmt.Errorf("%w: build VM memory %d MiB must be between %d and %d", ErrInvalid, o.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	case o.VCPUs < 1 || o.VCPUs > MaxVCPUs:
+		return fmt.Errorf("%w: build VM vcpus %d must be between 1 and %d", ErrInvalid, o.VCPUs, MaxVCPUs)
+	case o.MaxDiskMiB < 0:
+		return fmt.Errorf("%w: build VM max disk %d MiB is negative", ErrInvalid, o.MaxDiskMiB)
+	}
+	return nil
+}
+
+// BuildVM is a guest booted from a writable root filesystem file for a
+// build step: commands run in it (Run), archives are unpacked into it
+// (Extract) and its disk is copied out as it is (Commit), while it keeps
+// running.
+//
+// Run, Extract and Commit must not be called concurrently with each
+// other. Close may be called at any time, from any goroutine: it ends
+// a call in progress.
+type BuildVM struct {
+	disk    string
+	runDir  string
+	console string
+	m       vmm.Machine
+	client  *guestproto.Client
+	release func()
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// BootBuildVM boots a guest from disk, a root filesystem image (ext4)
+// that the VM then writes in place: give it a private copy. The guest has
+// the network interface bakes have (Config.Net), the kernel, initramfs
+// and guest agent of Config.Images, and the shape of opts. Before the
+// boot, a file system with less than opts.MinFreeMiB free is grown (see
+// BuildVMOptions). BootBuildVM returns once the guest agent answers (a
+// boot is bounded by Config.BakeTimeout, and tried twice); on error
+// nothing is left running. progress (may be nil) receives progress lines.
+// The caller must Close the VM.
+func (s *Store) BootBuildVM(ctx context.Context, disk string, opts BuildVMOptions, progress func(string)) (*BuildVM, error) {
+	say := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		s.log.Info("build vm: "+msg, "disk", disk)
+		if progress != nil {
+			progress(msg)
+		}
+	}
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	if opts.MinFreeMiB > 0 {
+		if err := growExt4(ctx, disk, int64(opts.MinFreeMiB)<<20, int64(opts.MaxDiskMiB)<<20, say); err != nil {
+			return nil, fmt.Errorf("build vm: grow root filesystem: %w", err)
+		}
+	}
+	const attempts = 2 // TCG boots occasionally hang in early timer calibration
+	for attempt := 1; ; attempt++ {
+		say("booting build VM (attempt %d of %d, %s, %d MiB, %d vCPU)", attempt, attempts, s.cfg.Accel, opts.MemoryMiB, opts.VCPUs)
+		start := time.Now()
+		v, err := s.bootBuildVM(ctx, disk, opts)
+		if err == nil {
+			say("build VM up in %.1fs", time.Since(start).Seconds())
+			return v, nil
+		}
+		if attempt == attempts || ctx.Err() != nil {
+			return nil, fmt.Errorf("build vm: %w", err)
+		}
+		say("boot failed, retrying: %v", err)
+	}
+}
+
+func (s *Store) bootBuildVM(ctx context.Context, disk string, opts BuildVMOptions) (_ *BuildVM, err error) {
+	runDir, err := os.MkdirTemp(s.cfg.RunDir, "build-")
+	if err != nil {
+		return nil, err
+	}
+	v := &BuildVM{disk: disk, runDir: runDir, console: filepath.Join(runDir, "console.log"), release: func() {}}
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	nic, release, err := s.cfg.Net(ctx, "build vm")
+	if err != nil {
+		return nil, fmt.Errorf("network interface: %w", err)
+	}
+	v.release = release
+	if nic.MAC != "" && nic.MAC != guestnet.GuestMAC {
+		return nil, fmt.Errorf("network interface: MAC %s, want the guests' %s", nic.MAC, guestnet.GuestMAC)
+	}
+	mem := filepath.Join(runDir, "vm.mem")
+	if err := createSparse(mem, int64(opts.MemoryMiB)<<20); err != nil {
+		return nil, err
+	}
+	spec := vmm.Spec{
+		Kernel: s.cfg.Images.Kernel(), Initramfs: s.cfg.Images.Initramfs(), Cmdline: s.cmdline(),
+		MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs, Accel: s.cfg.Accel,
+		// Private: guest RAM never goes to the file, which stays a hole.
+		MemoryFile: mem,
+		Disk:       disk, RunDir: runDir, ConsoleLog: v.console,
+		Net: &vmm.Net{TAP: nic.TAP, MAC: guestnet.GuestMAC},
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, s.cfg.BakeTimeout)
+	defer cancel()
+	m, err := s.cfg.Driver.Start(bootCtx, spec)
+	if err != nil {
+		return nil, err
+	}
+	v.m = m
+	conn, err := dialUnix(bootCtx, m.AgentSocket())
+	if err != nil {
+		return nil, err
+	}
+	v.client = guestproto.NewClient(conn)
+	bootCtx, stop := v.watch(bootCtx)
+	defer stop()
+	if _, err := v.client.Hello(bootCtx, guestproto.HelloRequest{Hostname: "panda-build", SandboxID: "build"}); err != nil {
+		return nil, v.failed("guest agent did not answer", err)
+	}
+	return v, nil
+}
+
+// watch returns ctx, also cancelled when the VMM exits, and the function
+// that releases it.
+func (v *BuildVM) watch(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-v.m.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// failed describes err of an operation on the VM: with the VMM's exit and
+// the console's last lines when the VMM is gone or the guest misbehaved.
+func (v *BuildVM) failed(what string, err error) error {
+	select {
+	case <-v.m.Done():
+		return fmt.Errorf("%s: vmm exited: %v (console: %s)", what, v.m.ExitError(), tail(v.console))
+	default:
+	}
+	var ge *guestproto.Error
+	if errors.As(err, &ge) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w (console: %s)", what, err, tail(v.console))
+}
+
+// Run runs req in the guest (as root unless req.User), its stdout and
+// stderr interleaved into out as they come, and returns its exit code
+// (128+signal if a signal killed it, as when req.TimeoutMS ran out). err
+// is for what kept it from running or finishing: the command could not be
+// started (a *guestproto.Error, e.g. not found), ctx ended, out failed,
+// the VM died. req.Stdin is ignored: the command reads /dev/null.
+func (v *BuildVM) Run(ctx context.Context, req guestproto.ExecRequest, out io.Writer) (exitCode int, err error) {
+	return v.exec(ctx, req, nil, out)
+}
+
+func (v *BuildVM) exec(ctx context.Context, req guestproto.ExecRequest, stdin io.Reader, out io.Writer) (int, error) {
+	if out == nil {
+		out = io.Discard
+	}
+	ctx, stop := v.watch(ctx)
+	defer stop()
+	w := &lockedWriter{w: out}
+	res, err := v.client.Exec(ctx, req, stdin, w, w)
+	if err != nil {
+		return -1, v.failed("run", err)
+	}
+	return res.ExitCode, nil
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// Extract unpacks the tar stream r at the guest's / (see the guest's
+// extract subcommand, api/guest-protocol.md): entries are relative
+// paths and may not leave the root; symbolic links in the guest's tree
+// resolve inside it. Every entry is owned by chown, a Docker USER spec
+// ("name", "uid", "name:group", "uid:gid") resolved in the guest's own
+// /etc/passwd and /etc/group, or by 0:0 when chown is "". An archive the
+// guest refuses is an error holding the guest's reason.
+func (v *BuildVM) Extract(ctx context.Context, r io.Reader, chown string) error {
+	if err := guestproto.ValidateUser(chown); err != nil {
+		return fmt.Errorf("%w: chown %q: %v", ErrInvalid, chown, err)
+	}
+	argv := []string{GuestAgentPath, "extract"}
+	if chown != "" {
+		argv = append(argv, "--chown", chown)
+	}
+	var out bytes.Buffer
+	code, err := v.exec(ctx, guestproto.ExecRequest{Argv: argv}, r, &capped{&out})
+	if err != nil {
+		return fmt.Errorf("extract: %w", err)
+	}
+	if code != 0 {
+		return fmt.Errorf("extract: exit %d: %s", code, lastLines(out.String(), 10))
+	}
+	return nil
+}
+
+// Commit writes the guest's disk as it is now to dst (replaced whole,
+// never torn), as a consistent ext4 file system: the guest's page cache
+// and journal are flushed (sync(2) in the guest), the VMM is paused
+// (QMP stop, which drains and flushes the disk's I/O), the file is
+// cloned (FICLONE, else a sparse copy), the VMM resumes and the clone's
+// journal is replayed on the host (e2fsck -E journal_only), so that
+// dst is clean without being mounted. The VM keeps running.
+func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
+	var out bytes.Buffer
+	code, err := v.exec(ctx, guestproto.ExecRequest{Argv: []string{GuestAgentPath, "sync"}}, nil, &capped{&out})
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, lastLines(out.String(), 10))
+	}
+	if err != nil {
+		return fmt.Errorf("commit: sync the guest: %w", err)
+	}
+	tmp := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".commit-"+randHex(4))
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	if err := v.m.Pause(ctx); err != nil {
+		return v.failed("commit", err)
+	}
+	cloneErr := cloneFile(v.disk, tmp)
+	// Resume even if ctx ended: the VM must keep running.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := v.m.Resume(rctx); err != nil {
+		return v.failed("commit", err)
+	}
+	if cloneErr != nil {
+		return fmt.Errorf("commit: copy the disk: %w", cloneErr)
+	}
+	// The clone is the disk of a mounted file system, as a crash would
+	// leave it: its journal holds committed changes not yet in place.
+	if err := fsck(ctx, tmp, "-y", "-E", "journal_only"); err != nil {
+		return fmt.Errorf("commit: replay the journal: %w", err)
+	}
+	if err := syncPath(tmp); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return syncPath(filepath.Dir(dst))
+}
+
+// Close kills the VMM, releases its network interface and removes its
+// run directory (console log included). Idempotent; the disk stays.
+func (v *BuildVM) Close() error {
+	v.closeOnce.Do(func() {
+		if v.client != nil {
+			v.client.Close()
+		}
+		if v.m != nil {
+			v.closeErr = v.m.Kill()
+		}
+		v.release() // after the VMM exited
+		if err := os.RemoveAll(v.runDir); err != nil && v.closeErr == nil {
+			v.closeErr = err
+		}
+	})
+	return v.closeErr
+}
+
+// growExt4 grows the ext4 file system in the file disk so that it has at
+// least minFree bytes free, the file at most maxSize bytes: the file is
+// extended (sparse), then resized offline with resize2fs (after e2fsck
+// -fy when resize2fs asks for it). Free space is what the superblock
+// records.
+func growExt4(ctx context.Context, disk string, minFree, maxSize int64, say func(string, ...any)) error {
+	sb, err := readExt4Super(disk)
+	if err != nil {
+		return err
+	}
+	free := sb.freeBlocks * sb.blockSize
+	size := sb.blocks * sb.blockSize
+	if free >= minFree {
+		return nil
+	}
+	st, err := os.Stat(disk)
+	if err != nil {
+		return err
+	}
+	// New block groups bring their own metadata (inode tables, bitmaps):
+	// 1/16 more covers it.
+	short := minFree - free
+	want := roundUp(size+short+short/16, 4<<20)
+	if want > maxSize {
+		want = maxSize
+	}
+	if want <= size {
+		say("root filesystem has %d MiB free, below %d MiB, but is at its maximum size (%d MiB)", free>>20, minFree>>20, maxSize>>20)
+		return nil
+	}
+	say("growing root filesystem from %d MiB to %d MiB (%d MiB free)", size>>20, want>>20, free>>20)
+	if want > st.Size() {
+		if err := os.Truncate(disk, want); err != nil {
+			return err
+		}
+	}
+	err = resize2fs(ctx, disk, want, say)
+	if err != nil && want > st.Size() {
+		os.Truncate(disk, st.Size())
+	}
+	return err
+}
+
+func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
+
+func resize2fs(ctx context.Context, disk string, size int64, say func(string, ...any)) error {
+	resize, err := findTool("resize2fs")
+	if err != nil {
+		return err
+	}
+	sizeArg := fmt.Sprintf("%dK", size>>10)
+	out, err := exec.CommandContext(ctx, resize, disk, sizeArg).CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	if !strings.Contains(string(out), "e2fsck") {
+		return fmt.Errorf("resize2fs: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	say("checking the root filesystem first (e2fsck), as resize2fs asks")
+	if err := fsck(ctx, disk, "-fy"); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, resize, disk, sizeArg).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// fsck runs e2fsck with args on disk; exit codes below 4 (nothing wrong,
+// errors corrected) are success.
+func fsck(ctx context.Context, disk string, args ...string) error {
+	tool, err := findTool("e2fsck")
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, tool, append(args, disk)...).CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() < 4 {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("e2fsck %s: %w: %s", strings.Join(args, " "), err, lastLines(strings.TrimSpace(string(out)), 5))
+	}
+	return nil
+}
+
+// findTool finds one of e2fsprogs' programs, in PATH or in sbin (which a
+// user's PATH may lack).
+func findTool(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/" + name, "/sbin/" + name} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found: install e2fsprogs", name)
+}
+
+// ext4Super is what growExt4 needs of an ext4 superblock.
+type ext4Super struct {
+	blockSize, blocks, freeBlocks int64
+}
+
+func readExt4Super(path string) (ext4Super, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return ext4Super{}, err
+	}
+	defer f.Close()
+	b := make([]byte, 1024)
+	if _, err := f.ReadAt(b, 1024); err != nil {
+		return ext4Super{}, fmt.Errorf("read superblock of %s: %w", path, err)
+	}
+	le := binary.LittleEndian
+	if le.Uint16(b[0x38:]) != 0xEF53 {
+		return ext4Super{}, fmt.Errorf("%s is not an ext2/3/4 file system", path)
+	}
+	sb := ext4Super{
+		blockSize:  1024 << le.Uint32(b[0x18:]),
+		blocks:     int64(le.Uint32(b[0x4:])),
+		freeBlocks: int64(le.Uint32(b[0xC:])),
+	}
+	if le.Uint32(b[0x60:])&0x80 != 0 { // INCOMPAT_64BIT
+		sb.blocks |= int64(le.Uint32(b[0x150:])) << 32
+		sb.freeBlocks |= int64(le.Uint32(b[0x158:])) << 32
+	}
+	return sb, nil
+}
+
+// cloneFile makes dst (created, must not exist) a copy of src: a reflink
+// (FICLONE) when the file system can, else a sparse copy.
+func cloneFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	err = unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		return nil
+	}
+	os.Remove(dst)
+	return copySparse(src, dst)
+}
