@@ -28,8 +28,14 @@ func writeTar(w io.Writer, cs *copySpec, intoDir bool) error {
 	}
 	for _, e := range cs.entries {
 		name := path.Join(dst, e.Rel)
-		if e.Single && !intoDir {
+		if e.Single && !intoDir || e.Type == "archive" {
 			name = dst
+		}
+		if e.Type == "archive" {
+			if err := t.archive(e.host, name); err != nil {
+				return fmt.Errorf("unpack %s: %w", e.Rel, err)
+			}
+			continue
 		}
 		if name == "" {
 			continue // the root itself
@@ -50,11 +56,6 @@ func writeTar(w io.Writer, cs *copySpec, intoDir bool) error {
 			h.Typeflag, h.Linkname = tar.TypeSymlink, e.Link
 		case "file":
 			h.Typeflag, h.Size = tar.TypeReg, e.size
-		case "archive":
-			if err := t.archive(e.host, name); err != nil {
-				return fmt.Errorf("unpack %s: %w", e.Rel, err)
-			}
-			continue
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			return err
