@@ -204,9 +204,11 @@ type tentry struct {
 	link string
 }
 
-func tfile(name, body string) tentry { return tentry{name: name, typ: tar.TypeReg, body: body, mode: 0o644} }
-func tdir(name string) tentry        { return tentry{name: name, typ: tar.TypeDir, mode: 0o755} }
-func tlink(name, to string) tentry   { return tentry{name: name, typ: tar.TypeSymlink, link: to} }
+func tfile(name, body string) tentry {
+	return tentry{name: name, typ: tar.TypeReg, body: body, mode: 0o644}
+}
+func tdir(name string) tentry      { return tentry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func tlink(name, to string) tentry { return tentry{name: name, typ: tar.TypeSymlink, link: to} }
 
 func tarBytes(t testing.TB, es ...tentry) []byte {
 	t.Helper()

@@ -230,7 +230,7 @@ func TestProxyArgsNotInKey(t *testing.T) {
 
 func TestCmdEntrypoint(t *testing.T) {
 	tests := []struct {
-		src            string
+		src             string
 		wantEP, wantCmd []string
 	}{
 		{"FROM img\nCMD make run\n", nil, []string{"/bin/sh", "-c", "make run"}},
