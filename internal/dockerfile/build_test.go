@@ -396,13 +396,15 @@ func TestLineWriter(t *testing.T) {
 	w := newLineWriter(func(s string) { got = append(got, s) }, 2)
 	fmt.Fprint(w, "a\nb")
 	fmt.Fprint(w, "c\r50%\r100%\n")
+	fmt.Fprint(w, "crlf\r")
+	fmt.Fprint(w, "\n")
 	fmt.Fprint(w, strings.Repeat("x", maxLineBytes+10)+"\nlast")
 	w.Flush()
-	want := []string{"a", "bc", "50%", "100%", strings.Repeat("x", maxLineBytes) + "…", "last"}
+	want := []string{"a", "bc", "50%", "100%", "crlf", strings.Repeat("x", maxLineBytes) + "…", "last"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	if tail := w.Tail(); !reflect.DeepEqual(tail, want[4:]) {
+	if tail := w.Tail(); !reflect.DeepEqual(tail, want[5:]) {
 		t.Errorf("got tail %q", tail)
 	}
 }

@@ -204,6 +204,9 @@ func (c *buildContext) put(tr *tar.Reader, h *tar.Header, name string) error {
 		if target == "" || !local(target) {
 			return invalidf("build context: hard link %q points outside the context", cut(h.Name, 200))
 		}
+		if err := c.noSymlinkIn(target); err != nil {
+			return invalidf("build context: hard link %q: its target %q is inside a symlink", cut(h.Name, 200), cut(h.Linkname, 200))
+		}
 		fi, err := os.Lstat(filepath.Join(c.root, target))
 		if err != nil || !fi.Mode().IsRegular() {
 			return invalidf("build context: hard link %q: its target %q is not a file before it in the tar", cut(h.Name, 200), cut(h.Linkname, 200))
@@ -239,6 +242,24 @@ func (c *buildContext) mkParents(name string) error {
 			return invalidf("build context: entry %q is inside a symlink", cut(name, 200))
 		case !fi.IsDir():
 			return invalidf("build context: entry %q is inside a file", cut(name, 200))
+		}
+	}
+	return nil
+}
+
+// noSymlinkIn fails if a directory above name (clean, local) is a symlink:
+// a path through one could lead out of the context.
+func (c *buildContext) noSymlinkIn(name string) error {
+	dir := c.root
+	parts := strings.Split(name, "/")
+	for _, p := range parts[:len(parts)-1] {
+		dir = filepath.Join(dir, p)
+		fi, err := os.Lstat(dir)
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return errors.New("inside a symlink")
 		}
 	}
 	return nil
@@ -351,6 +372,7 @@ func (c *buildContext) resolve(cs *copySpec) error {
 	if len(matches) > 1 && !cs.DstDir {
 		return fmt.Errorf("with more than one source the destination must be a directory ending in /")
 	}
+	sawDir := false
 	for _, m := range matches {
 		real, err := c.follow(m)
 		if err != nil {
@@ -362,6 +384,7 @@ func (c *buildContext) resolve(cs *copySpec) error {
 			return err
 		}
 		if fi.IsDir() {
+			sawDir = true
 			if err := c.addDir(cs, host); err != nil {
 				return err
 			}
@@ -383,7 +406,7 @@ func (c *buildContext) resolve(cs *copySpec) error {
 		e.Single = len(matches) == 1 && !cs.DstDir && e.Type == "file"
 		cs.entries = append(cs.entries, e)
 	}
-	if len(matches) == 1 && !cs.DstDir && len(cs.entries) > 0 && !cs.entries[0].Single {
+	if sawDir || len(cs.entries) == 1 && cs.entries[0].Type == "archive" {
 		// A directory's contents or an archive: the destination is a directory.
 		cs.DstDir = true
 	}

@@ -37,6 +37,7 @@ func appContext(t *testing.T) *buildContext {
 		tlink("abs", "/src/main.go"),
 		tlink("escape", "../../etc/passwd"),
 		tfile("docs/a.md", "a"), tfile("docs/b.md", "b"), tfile("docs/c.txt", "c"),
+		tdir("empty/"),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +92,8 @@ func TestCopySemantics(t *testing.T) {
 			[]string{"m 600 go"}},
 		{"absolute symlink is scoped to the context", "COPY abs /m\n", false,
 			[]string{"m 600 go"}},
+		{"empty dir", "COPY empty /e\n", false,
+			[]string{"e/ 755"}},
 		{"copy to /", "COPY docs/a.md /\n", false,
 			[]string{"a.md 644 a"}},
 	}
@@ -236,6 +239,7 @@ func TestContextSafety(t *testing.T) {
 		{"through a symlink", []tentry{tlink("l", "/etc"), tfile("l/passwd", "x")}, "inside a symlink"},
 		{"device", []tentry{{name: "dev", typ: tar.TypeChar}}, "is a device or fifo"},
 		{"fifo", []tentry{{name: "p", typ: tar.TypeFifo}}, "is a device or fifo"},
+		{"hard link through a symlink", []tentry{tlink("l", "/etc"), {name: "h", typ: tar.TypeLink, link: "l/passwd"}}, "inside a symlink"},
 		{"hard link out", []tentry{{name: "h", typ: tar.TypeLink, link: "../x"}}, "points outside the context"},
 		{"size cap", []tentry{tfile("a", strings.Repeat("x", 600)), tfile("b", strings.Repeat("x", 600))}, "larger than"},
 	}

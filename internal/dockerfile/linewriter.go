@@ -17,6 +17,7 @@ type lineWriter struct {
 	mu   sync.Mutex
 	buf  []byte
 	cut  bool // the current line was cut: drop the rest of it
+	cr   bool // the last byte was a \r
 	tail []string
 }
 
@@ -28,7 +29,11 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, c := range p {
+		afterCR := w.cr
+		w.cr = c == '\r'
 		switch {
+		case c == '\n' && afterCR:
+			// The \n of a \r\n: the \r ended the line.
 		case c == '\n' || c == '\r':
 			if !w.cut || len(w.buf) > 0 {
 				w.line()
