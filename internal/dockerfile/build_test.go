@@ -135,6 +135,9 @@ func TestBuildAndCache(t *testing.T) {
 	if got, want := tb.w.boots[0].Log, wantLog[:4]; !reflect.DeepEqual(got, want) {
 		t.Errorf("last RUN changed: booted a disk with log %q, want %q", got, want)
 	}
+	if dir := filepath.Base(filepath.Dir(tb.w.disks[0])); !strings.HasPrefix(dir, tmpPrefix) {
+		t.Errorf("booted %s, want a clone of the layer, not a cache entry in place", tb.w.disks[0])
+	}
 	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"npm run build:prod"}) {
 		t.Errorf("last RUN changed: ran %q, want only the new RUN", got)
 	}

@@ -40,6 +40,7 @@ type fakeFile struct {
 type fakeWorld struct {
 	mu       sync.Mutex
 	boots    []fakeDisk // the disks booted, as they were at boot
+	disks    []string   // their paths
 	runs     []guestproto.ExecRequest
 	chowns   []string
 	commits  int
@@ -92,6 +93,7 @@ func (w *fakeWorld) boot(ctx context.Context, disk string, progress func(string)
 	}
 	w.mu.Lock()
 	w.boots = append(w.boots, d)
+	w.disks = append(w.disks, disk)
 	w.mu.Unlock()
 	return &fakeVM{w: w, d: d}, nil
 }
