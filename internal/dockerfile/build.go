@@ -84,7 +84,7 @@ func New(cfg Config) (*Builder, error) {
 	}
 	return &Builder{
 		cfg:   cfg,
-		cache: &layerCache{dir: cfg.CacheDir, max: cfg.CacheMaxBytes, log: cfg.Logger, pins: map[string]int{}},
+		cache: &layerCache{dir: cfg.CacheDir, log: cfg.Logger, pins: map[string]int{}},
 	}, nil
 }
 
@@ -145,7 +145,7 @@ func (b *Builder) Build(ctx context.Context, dockerfile []byte, contextTar strin
 	if err != nil {
 		return Result{}, err
 	}
-	p, err := makePlan(f, base.Image, baseKey, buildArgs, globals, bctx)
+	p, err := makePlan(ctx, f, base.Image, baseKey, buildArgs, globals, bctx)
 	if err != nil {
 		return Result{}, err
 	}

@@ -30,7 +30,6 @@ const (
 // use by the builds of one process; one process owns a directory.
 type layerCache struct {
 	dir string
-	max int64
 	log *slog.Logger
 
 	mu sync.Mutex

@@ -343,7 +343,7 @@ type copyEntry struct {
 }
 
 // resolve finds cs's sources, fills in its entries and their hash.
-func (c *buildContext) resolve(cs *copySpec) error {
+func (c *buildContext) resolve(ctx context.Context, cs *copySpec) error {
 	var matches []string // context paths, as named (not resolved)
 	for _, src := range cs.Srcs {
 		p := path.Clean(src)
@@ -385,7 +385,7 @@ func (c *buildContext) resolve(cs *copySpec) error {
 		}
 		if fi.IsDir() {
 			sawDir = true
-			if err := c.addDir(cs, host); err != nil {
+			if err := c.addDir(ctx, cs, host); err != nil {
 				return err
 			}
 			continue
@@ -420,9 +420,12 @@ func (c *buildContext) resolve(cs *copySpec) error {
 }
 
 // addDir adds the contents of the context directory host (not itself).
-func (c *buildContext) addDir(cs *copySpec, host string) error {
+func (c *buildContext) addDir(ctx context.Context, cs *copySpec, host string) error {
 	return filepath.WalkDir(host, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 		if p == host {

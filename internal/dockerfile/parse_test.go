@@ -1,6 +1,7 @@
 package dockerfile
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"strings"
@@ -123,7 +124,7 @@ func planOf(t *testing.T, src string, buildArgs map[string]string, bctx *buildCo
 		return nil, err
 	}
 	base := template.ImageConfig{Env: []string{"PATH=/usr/bin", "LANG=C"}, Cmd: []string{"bash"}, WorkingDir: "/srv"}
-	return makePlan(f, base, "basekey", buildArgs, globals, bctx)
+	return makePlan(context.Background(), f, base, "basekey", buildArgs, globals, bctx)
 }
 
 func TestFromExpansion(t *testing.T) {
@@ -298,7 +299,7 @@ func FuzzParse(f *testing.F) {
 		}
 		// Evaluation must not panic either.
 		if _, _, err := fromRef(fl, nil); err == nil {
-			makePlan(fl, template.ImageConfig{}, "k", nil, nil, nil)
+			makePlan(context.Background(), fl, template.ImageConfig{}, "k", nil, nil, nil)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package dockerfile
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -146,7 +147,7 @@ func fromRef(f *file, buildArgs map[string]string) (ref string, globals map[stri
 
 // makePlan evaluates f's steps over the base image, resolving COPY and ADD
 // sources in bctx (nil: no context). baseKey is the base layer's key.
-func makePlan(f *file, base template.ImageConfig, baseKey string, buildArgs, globals map[string]string, bctx *buildContext) (*plan, error) {
+func makePlan(ctx context.Context, f *file, base template.ImageConfig, baseKey string, buildArgs, globals map[string]string, bctx *buildContext) (*plan, error) {
 	lex := shell.NewLex(f.escape)
 	img := base
 	img.Env = slices.Clone(base.Env)
@@ -251,7 +252,7 @@ func makePlan(f *file, base template.ImageConfig, baseKey string, buildArgs, glo
 			s.exec.Cwd = workdir()
 			s.exec.User = img.User
 		case "COPY", "ADD":
-			cs, err := evalCopy(lex, in, exp(), workdir(), bctx)
+			cs, err := evalCopy(ctx, lex, in, exp(), workdir(), bctx)
 			if err != nil {
 				return nil, err
 			}
@@ -285,7 +286,7 @@ func makePlan(f *file, base template.ImageConfig, baseKey string, buildArgs, glo
 }
 
 // evalCopy expands a COPY or ADD and resolves its sources in bctx.
-func evalCopy(lex *shell.Lex, in instr, env []string, workdir string, bctx *buildContext) (*copySpec, error) {
+func evalCopy(ctx context.Context, lex *shell.Lex, in instr, env []string, workdir string, bctx *buildContext) (*copySpec, error) {
 	cs := &copySpec{Add: in.cmd == "ADD"}
 	for _, fl := range in.flags {
 		name, val, _ := strings.Cut(strings.TrimPrefix(fl, "--"), "=")
@@ -337,7 +338,10 @@ func evalCopy(lex *shell.Lex, in instr, env []string, workdir string, bctx *buil
 	if bctx == nil {
 		return nil, lineErr(in.line, "%s needs a build context, and this build has none", in.cmd)
 	}
-	if err := bctx.resolve(cs); err != nil {
+	if err := bctx.resolve(ctx, cs); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, lineErr(in.line, "%s: %v", in.cmd, err)
 	}
 	return cs, nil
