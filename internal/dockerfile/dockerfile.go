@@ -10,8 +10,12 @@
 //   - The base layer is the FROM image converted to ext4 (Config.FromImage).
 //   - Each step that changes the disk (RUN, COPY, ADD, WORKDIR) is a layer
 //     with a cache key: sha256 of its parent's key, the instruction after
-//     ARG/ENV expansion, the env, working directory and user it runs with,
-//     and for COPY/ADD the hash of exactly what is copied.
+//     ARG/ENV expansion, the working directory and user it runs with (and
+//     for RUN its environment: ENV and ARG values), and for COPY/ADD the
+//     hash of exactly what is copied. The base layer's key is the image's
+//     digest (a tag is converted again on every build, since it may have
+//     moved) or, for a digest-pinned reference, the reference (converted
+//     once).
 //   - A build finds the last step whose layer is cached, boots one VM
 //     (Config.Boot) from a clone of that layer, runs the remaining steps in
 //     order and commits a layer into the cache after each. The final layer
