@@ -1,0 +1,413 @@
+package dockerfile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+type testBuild struct {
+	w     *fakeWorld
+	b     *Builder
+	cache string
+}
+
+func newTestBuilder(t *testing.T) *testBuild {
+	t.Helper()
+	w := &fakeWorld{}
+	cache := filepath.Join(t.TempDir(), "cache")
+	b, err := New(Config{Boot: w.boot, FromImage: w.fromImage, CacheDir: cache, TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBuild{w: w, b: b, cache: cache}
+}
+
+// build runs a build and returns the output disk, the result and the
+// progress lines.
+func (tb *testBuild) build(t *testing.T, df, contextTar string, args map[string]string) (fakeDisk, Result, []string, error) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "out.ext4")
+	var lines []string
+	var mu sync.Mutex
+	res, err := tb.b.Build(context.Background(), []byte(df), contextTar, args, out, func(s string) {
+		mu.Lock()
+		lines = append(lines, s)
+		mu.Unlock()
+	})
+	if err != nil {
+		return fakeDisk{}, res, lines, err
+	}
+	d, err := readDisk(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, res, lines, nil
+}
+
+// reset forgets what the fake world recorded.
+func (w *fakeWorld) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.boots, w.runs, w.chowns, w.commits, w.froms = nil, nil, nil, 0, 0
+}
+
+// shells lists the shell commands the VMs ran.
+func (w *fakeWorld) shells() []string {
+	var out []string
+	for _, r := range w.runs {
+		if r.Shell != "" {
+			out = append(out, r.Shell)
+		}
+	}
+	return out
+}
+
+const appDockerfile = `FROM node:22
+WORKDIR /app
+COPY package.json ./
+RUN npm ci
+COPY src/ ./src/
+RUN npm run build
+ENV NODE_ENV=production
+CMD ["node", "src/main.js"]
+`
+
+func appTar(t *testing.T, main string) string {
+	return writeTarFile(t, tfile("package.json", "{}"), tdir("src/"), tfile("src/main.js", main))
+}
+
+func TestBuildAndCache(t *testing.T) {
+	tb := newTestBuilder(t)
+	d, res, _, err := tb.build(t, appDockerfile, appTar(t, "v1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLog := []string{"from node:22", "extract /app /app/package.json", "run npm ci", "extract /app /app/src /app/src/main.js", "run npm run build"}
+	if !reflect.DeepEqual(d.Log, wantLog) {
+		t.Errorf("first build: got log %q, want %q", d.Log, wantLog)
+	}
+	if f := d.Files["/app/src/main.js"]; f.Data != "v1" {
+		t.Errorf("got main.js %+v, want v1", f)
+	}
+	wantImg := template.ImageConfig{Env: []string{"PATH=/usr/bin:/bin", "LANG=C", "NODE_ENV=production"}, WorkingDir: "/app", Cmd: []string{"node", "src/main.js"}}
+	if !reflect.DeepEqual(res.Image, wantImg) || !strings.HasPrefix(res.Digest, "sha256:") {
+		t.Errorf("got result %+v, want image %+v", res, wantImg)
+	}
+	if len(tb.w.boots) != 1 || tb.w.commits != 5 {
+		t.Errorf("first build: got %d boots, %d commits, want 1 and 5", len(tb.w.boots), tb.w.commits)
+	}
+
+	// The same build again: nothing runs, the same disk comes out.
+	tb.w.reset()
+	d2, res2, lines, err := tb.build(t, appDockerfile, appTar(t, "v1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tb.w.boots) != 0 || !reflect.DeepEqual(d2, d) || res2.Digest != res.Digest {
+		t.Errorf("rebuild: got %d boots, disk equal %v, digest %s vs %s", len(tb.w.boots), reflect.DeepEqual(d2, d), res2.Digest, res.Digest)
+	}
+	if n := strings.Count(strings.Join(lines, "\n"), "  cached"); n != 5 {
+		t.Errorf("rebuild: got %d cached steps, want 5:\n%s", n, strings.Join(lines, "\n"))
+	}
+
+	// Only the last RUN changes: one boot, from the layer of the COPY
+	// before it, and only that step runs.
+	tb.w.reset()
+	df3 := strings.Replace(appDockerfile, "RUN npm run build", "RUN npm run build:prod", 1)
+	d3, _, _, err := tb.build(t, df3, appTar(t, "v1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tb.w.boots) != 1 {
+		t.Fatalf("last RUN changed: got %d boots, want 1", len(tb.w.boots))
+	}
+	if got, want := tb.w.boots[0].Log, wantLog[:4]; !reflect.DeepEqual(got, want) {
+		t.Errorf("last RUN changed: booted a disk with log %q, want %q", got, want)
+	}
+	if dir := filepath.Base(filepath.Dir(tb.w.disks[0])); !strings.HasPrefix(dir, tmpPrefix) {
+		t.Errorf("booted %s, want a clone of the layer, not a cache entry in place", tb.w.disks[0])
+	}
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"npm run build:prod"}) {
+		t.Errorf("last RUN changed: ran %q, want only the new RUN", got)
+	}
+	if got := d3.Log[len(d3.Log)-1]; got != "run npm run build:prod" {
+		t.Errorf("got last log %q", got)
+	}
+
+	// A copied file changes: everything from that COPY on runs again.
+	tb.w.reset()
+	d4, _, _, err := tb.build(t, appDockerfile, appTar(t, "v2"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tb.w.boots[0].Log, wantLog[:3]; len(tb.w.boots) != 1 || !reflect.DeepEqual(got, want) {
+		t.Errorf("source changed: got boots %v, want one from the layer with log %q", tb.w.boots, want)
+	}
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"npm run build"}) {
+		t.Errorf("source changed: ran %q, want only npm run build", got)
+	}
+	if f := d4.Files["/app/src/main.js"]; f.Data != "v2" {
+		t.Errorf("got main.js %+v, want v2", f)
+	}
+	// The FROM image is converted each build for a tag (it may move).
+	if tb.w.froms != 1 {
+		t.Errorf("got %d FROM conversions, want 1", tb.w.froms)
+	}
+}
+
+func TestBaseCache(t *testing.T) {
+	tb := newTestBuilder(t)
+	pinned := "FROM node@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nRUN make\n"
+	for i := 0; i < 2; i++ {
+		if _, _, _, err := tb.build(t, pinned, "", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tb.w.froms != 1 {
+		t.Errorf("a digest-pinned FROM: got %d conversions over 2 builds, want 1", tb.w.froms)
+	}
+	// A tag whose image changed (new digest) runs every step again.
+	tb.w.reset()
+	tb.build(t, "FROM node\nRUN make\n", "", nil)
+	tb.w.digest = "sha256:other"
+	tb.build(t, "FROM node\nRUN make\n", "", nil)
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"make", "make"}) {
+		t.Errorf("a moved tag: ran %q, want make twice", got)
+	}
+}
+
+var durRE = regexp.MustCompile(`done in \d+\.\ds$`)
+
+func TestProgress(t *testing.T) {
+	tb := newTestBuilder(t)
+	df := "FROM img\nLABEL a=b\nRUN echo hi\nUSER app\n"
+	_, _, lines, err := tb.build(t, df, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range lines {
+		lines[i] = durRE.ReplaceAllString(l, "done in Xs")
+	}
+	want := []string{
+		"step 1/4: FROM img", "pulling img", "step 1/4 done in Xs",
+		"step 2/4: LABEL a=b", "  ignored: templates keep no labels",
+		"step 3/4: RUN echo hi", "ran echo hi", "step 3/4 done in Xs",
+		"step 4/4: USER app",
+	}
+	if !reflect.DeepEqual(lines, want) {
+		t.Errorf("got progress\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+	_, _, lines, _ = tb.build(t, df, "", nil)
+	if lines[5] != "step 3/4: RUN echo hi" || lines[6] != "  cached" {
+		t.Errorf("rebuild: got progress %q, want the RUN cached", lines)
+	}
+}
+
+func TestRunFails(t *testing.T) {
+	tb := newTestBuilder(t)
+	df := "FROM img\nRUN echo ok\n\nRUN many-lines; exit 3\nRUN never\n"
+	_, _, _, err := tb.build(t, df, "", nil)
+	if !errors.Is(err, ErrRunFailed) {
+		t.Fatalf("got %v, want ErrRunFailed", err)
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "Dockerfile line 4: RUN many-lines; exit 3: exit code 3") {
+		t.Errorf("got %q", msg)
+	}
+	// The last 20 lines: 12..30 and the fake's own last line.
+	if !strings.Contains(msg, "\nline 12\n") || strings.Contains(msg, "line 11\n") || !strings.HasSuffix(msg, "ran many-lines; exit 3") {
+		t.Errorf("got %q, want the last 20 output lines", msg)
+	}
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"echo ok", "many-lines; exit 3"}) {
+		t.Errorf("ran %q", got)
+	}
+	// The step before the failure is cached: a fixed build resumes there.
+	tb.w.reset()
+	if _, _, _, err := tb.build(t, strings.Replace(df, "exit 3", "true", 1), "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"many-lines; true", "never"}) {
+		t.Errorf("after the fix: ran %q", got)
+	}
+}
+
+func TestCopyInBuild(t *testing.T) {
+	tb := newTestBuilder(t)
+	ctxTar := writeTarFile(t, tfile("a.txt", "A"), tfile("b.txt", "B"))
+	df := "FROM img\nUSER app\nWORKDIR /home/app\nCOPY --chown=app:staff a.txt /etc\nCOPY b.txt /etc/b-file\nCOPY a.txt .\n"
+	d, _, _, err := tb.build(t, df, ctxTar, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(tb.w.chowns, []string{"app:staff", "", ""}) {
+		t.Errorf("got chowns %q, want app:staff passed through", tb.w.chowns)
+	}
+	// /etc exists: the file goes into it; /etc/b-file does not: it is the file.
+	if d.Files["/etc/a.txt"].Data != "A" || d.Files["/etc/a.txt"].Owner != "app:staff" || d.Files["/etc/b-file"].Data != "B" {
+		t.Errorf("got files %+v", d.Files)
+	}
+	if d.Files["/etc"].Owner != "" {
+		t.Errorf("COPY --chown changed the owner of the existing /etc")
+	}
+	// WORKDIR with USER: created for the user (as BuildKit does).
+	if f := d.Files["/home/app"]; !f.Dir || f.Owner != "app" {
+		t.Errorf("got WORKDIR %+v, want a dir owned by app", f)
+	}
+	if d.Files["/home/app/a.txt"].Data != "A" {
+		t.Errorf("COPY a.txt . did not land in the WORKDIR")
+	}
+}
+
+func TestBuildErrorsBeforeRunning(t *testing.T) {
+	tb := newTestBuilder(t)
+	_, _, _, err := tb.build(t, "FROM img\nRUN a\nCOPY missing /x\n", writeTarFile(t, tfile("a", "a")), nil)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Dockerfile line 3") {
+		t.Errorf("got %v, want ErrInvalid for line 3", err)
+	}
+	if len(tb.w.runs) != 0 {
+		t.Errorf("a build with an invalid COPY ran %d commands", len(tb.w.runs))
+	}
+	tb.w.failBoot = true
+	_, _, _, err = tb.build(t, "FROM img\nRUN a\n", "", nil)
+	if err == nil || !strings.Contains(err.Error(), "boot the build VM") {
+		t.Errorf("got %v, want a boot error", err)
+	}
+}
+
+func TestConcurrentBuilds(t *testing.T) {
+	tb := newTestBuilder(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, _, errs[i] = tb.build(t, "FROM img\nRUN a\nRUN b\n", "", nil)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	des, _ := os.ReadDir(tb.cache)
+	var names []string
+	for _, de := range des {
+		names = append(names, de.Name())
+	}
+	if len(names) != 3 {
+		t.Errorf("got cache entries %q, want 3 (base and two RUNs), no leftovers", names)
+	}
+}
+
+func TestEviction(t *testing.T) {
+	dir := t.TempDir()
+	c := &layerCache{dir: dir, pins: map[string]int{}, log: discardLogger()}
+	mk := func(key string, age time.Duration) {
+		tmp, err := c.tempDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(tmp, layerFile), make([]byte, 64<<10), 0o644)
+		if err := c.commit(tmp, key, Result{}); err != nil {
+			t.Fatal(err)
+		}
+		when := time.Now().Add(-age)
+		os.Chtimes(filepath.Join(dir, key), when, when)
+	}
+	mk("old", 3*time.Hour)
+	mk("pinned", 2*time.Hour)
+	mk("mid", time.Hour)
+	mk("new", 0)
+	c.pin("pinned")
+	// A hit makes "old" the most recently used.
+	c.pin("old")
+	c.unpin("old")
+	per := allocated(filepath.Join(dir, "new", layerFile)) + allocated(filepath.Join(dir, "new", configFile))
+	if per < 64<<10 {
+		t.Fatalf("allocated %d bytes for a 64 KiB file", per)
+	}
+	if err := c.evict(2 * per); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		got = append(got, de.Name())
+	}
+	if want := []string{"old", "pinned"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("after eviction: got %q, want %q (LRU gone, pinned kept)", got, want)
+	}
+	c.unpin("pinned")
+	c.evict(-1)
+	if des, _ := os.ReadDir(dir); len(des) != 0 {
+		t.Errorf("evict(-1) left %d entries", len(des))
+	}
+}
+
+func TestCommitRace(t *testing.T) {
+	c := &layerCache{dir: t.TempDir(), pins: map[string]int{}, log: discardLogger()}
+	for i := 0; i < 2; i++ {
+		tmp, _ := c.tempDir()
+		os.WriteFile(filepath.Join(tmp, layerFile), []byte(fmt.Sprint(i)), 0o644)
+		if err := c.commit(tmp, "k", Result{}); err != nil {
+			t.Fatalf("commit %d: %v", i, err)
+		}
+	}
+	b, _ := os.ReadFile(c.path("k"))
+	des, _ := os.ReadDir(c.dir)
+	if string(b) != "0" || len(des) != 1 {
+		t.Errorf("got layer %q and %d entries, want the first commit's and no leftover", b, len(des))
+	}
+}
+
+func TestCloneFileSparse(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	f, _ := os.Create(src)
+	f.WriteAt([]byte("head"), 0)
+	f.WriteAt([]byte("tail"), 64<<20)
+	f.Close()
+	dst := filepath.Join(dir, "dst")
+	if err := CloneFile(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(dst)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("the clone differs from its source")
+	}
+	if got := allocated(dst); got > 8<<20 {
+		t.Errorf("the clone of a sparse 64 MiB file allocates %d bytes", got)
+	}
+}
+
+func TestLineWriter(t *testing.T) {
+	var got []string
+	w := newLineWriter(func(s string) { got = append(got, s) }, 2)
+	fmt.Fprint(w, "a\nb")
+	fmt.Fprint(w, "c\r50%\r100%\n")
+	fmt.Fprint(w, "crlf\r")
+	fmt.Fprint(w, "\n")
+	fmt.Fprint(w, strings.Repeat("x", maxLineBytes+10)+"\nlast")
+	w.Flush()
+	want := []string{"a", "bc", "50%", "100%", "crlf", strings.Repeat("x", maxLineBytes) + "…", "last"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if tail := w.Tail(); !reflect.DeepEqual(tail, want[5:]) {
+		t.Errorf("got tail %q", tail)
+	}
+}
