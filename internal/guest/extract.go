@@ -15,11 +15,31 @@ import (
 // Owner is who the entries of an extracted archive belong to.
 type Owner struct{ UID, GID int }
 
+// ArchiveOwner gives each entry the owner the archive records (ADD of a
+// tar archive); the directories Extract makes for them are root's.
+var ArchiveOwner = Owner{UID: -1, GID: -1}
+
+// ids is who owns the entry hdr: the archive's owner or o.
+func (o Owner) ids(hdr *tar.Header) (int, int) {
+	if o.UID < 0 {
+		return hdr.Uid, hdr.Gid
+	}
+	return o.UID, o.GID
+}
+
+// dirIDs is who owns a directory Extract makes on its own.
+func (o Owner) dirIDs() (int, int) {
+	if o.UID < 0 {
+		return 0, 0
+	}
+	return o.UID, o.GID
+}
+
 // ResolveOwner resolves a Docker USER spec ("name", "uid", "name:group",
 // "uid:gid") in root's etc/passwd and etc/group, as execs do. "" is 0:0.
 func ResolveOwner(root, spec string) (Owner, error) {
 	if spec == "" {
-		return Owner{}, nil
+		return ArchiveOwner, nil
 	}
 	u, err := resolveUser(root, spec)
 	if err != nil {
@@ -29,10 +49,11 @@ func ResolveOwner(root, spec string) (Owner, error) {
 }
 
 // Extract unpacks the tar stream r into the directory root, every entry
-// (and every parent directory it creates, mode 0755) owned by owner, with
-// the entry's mode bits (setuid, setgid and sticky included) and mtime.
-// It handles directories, regular files, symbolic links, hard links,
-// FIFOs and device nodes; the tar's own owners are ignored.
+// (and every parent directory it creates, mode 0755) owned by owner (or,
+// with ArchiveOwner, each entry by the owner the tar records and the
+// directories made for them by root), with the entry's mode bits (setuid,
+// setgid and sticky included) and mtime. It handles directories, regular
+// files, symbolic links, hard links, FIFOs and device nodes.
 //
 // The archive cannot write outside root: an entry name or hard link
 // target that is absolute or has a ".." component is refused (the
@@ -40,8 +61,9 @@ func ResolveOwner(root, spec string) (Owner, error) {
 // openat2(RESOLVE_IN_ROOT), so a symbolic link in root's tree (one
 // already there or one the archive made) resolves as if root were "/":
 // writing through it stays inside root. An existing entry of another
-// kind is replaced; an existing directory is kept (its mode and mtime
-// are set).
+// kind is replaced; an existing directory is kept as it is (its owner,
+// mode and times: the archive holds the parents of what COPY copies, and
+// /etc or /tmp must not become the copied files' owner's or 0755).
 func Extract(root string, r io.Reader, owner Owner) error {
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -169,7 +191,8 @@ func (x *extractor) mkdirAll(rel string) (int, error) {
 	if err := unix.Mkdirat(pfd, base, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 		return -1, &os.PathError{Op: "mkdir", Path: "/" + rel, Err: err}
 	} else if err == nil {
-		if err := unix.Fchownat(pfd, base, x.owner.UID, x.owner.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		uid, gid := x.owner.dirIDs()
+		if err := unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return -1, &os.PathError{Op: "chown", Path: "/" + rel, Err: err}
 		}
 	}
@@ -199,7 +222,9 @@ func (x *extractor) entry(name string, hdr *tar.Header, r io.Reader) error {
 				return err
 			}
 		}
-		if err := unix.Mkdirat(pfd, base, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := unix.Mkdirat(pfd, base, 0o700); errors.Is(err, unix.EEXIST) {
+			return nil // an existing directory stays as it is
+		} else if err != nil {
 			return err
 		}
 		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -207,7 +232,7 @@ func (x *extractor) entry(name string, hdr *tar.Header, r io.Reader) error {
 			return err
 		}
 		defer unix.Close(fd)
-		return x.ownFD(fd, mode)
+		return x.ownFD(fd, mode, hdr)
 	case tar.TypeReg, tar.TypeRegA:
 		if err := x.clear(pfd, base); err != nil {
 			return err
@@ -221,7 +246,7 @@ func (x *extractor) entry(name string, hdr *tar.Header, r io.Reader) error {
 		if _, err := io.Copy(f, r); err != nil {
 			return err
 		}
-		if err := x.ownFD(fd, mode); err != nil {
+		if err := x.ownFD(fd, mode, hdr); err != nil {
 			return err
 		}
 		return x.setTimesAt(pfd, base, hdr)
@@ -232,7 +257,8 @@ func (x *extractor) entry(name string, hdr *tar.Header, r io.Reader) error {
 		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 			return err
 		}
-		if err := unix.Fchownat(pfd, base, x.owner.UID, x.owner.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		uid, gid := x.owner.ids(hdr)
+		if err := unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return err
 		}
 		return x.setTimesAt(pfd, base, hdr)
@@ -264,7 +290,8 @@ func (x *extractor) entry(name string, hdr *tar.Header, r io.Reader) error {
 		if err := unix.Mknodat(pfd, base, kind|0o600, int(dev)); err != nil {
 			return err
 		}
-		if err := unix.Fchownat(pfd, base, x.owner.UID, x.owner.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		uid, gid := x.owner.ids(hdr)
+		if err := unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return err
 		}
 		// Not a symbolic link, so following is harmless; opening a FIFO
@@ -304,8 +331,9 @@ func (x *extractor) clear(pfd int, base string) error {
 
 // ownFD gives an open file or directory to owner, then sets its mode
 // (after the chown, which clears setuid and setgid bits).
-func (x *extractor) ownFD(fd int, mode uint32) error {
-	if err := unix.Fchown(fd, x.owner.UID, x.owner.GID); err != nil {
+func (x *extractor) ownFD(fd int, mode uint32, hdr *tar.Header) error {
+	uid, gid := x.owner.ids(hdr)
+	if err := unix.Fchown(fd, uid, gid); err != nil {
 		return fmt.Errorf("chown: %w", err)
 	}
 	if err := unix.Fchmod(fd, mode); err != nil {

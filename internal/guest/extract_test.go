@@ -3,6 +3,7 @@ package guest_test
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ type entry struct {
 	name, link, body string
 	typ              byte
 	mode             int64
+	uid, gid         int // 0: 4242
 }
 
 func archive(t *testing.T, entries ...entry) *bytes.Reader {
@@ -34,7 +36,7 @@ func archive(t *testing.T, entries ...entry) *bytes.Reader {
 			mode = 0o644
 		}
 		hdr := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: typ, Mode: mode, Size: int64(len(e.body)),
-			ModTime: time.Unix(1_600_000_000, 0), Uid: 4242, Gid: 4242}
+			ModTime: time.Unix(1_600_000_000, 0), Uid: cmp.Or(e.uid, 4242), Gid: cmp.Or(e.gid, 4242)}
 		if typ != tar.TypeReg {
 			hdr.Size = 0
 		}
@@ -112,6 +114,48 @@ func TestExtract(t *testing.T) {
 	}
 	if st, _ := os.Stat(root); st.Mode().Perm() == 0o700 {
 		t.Errorf("the root's mode was changed to the archive's ./")
+	}
+}
+
+// An existing directory keeps its owner and mode (COPY's archive holds the
+// parents of what it copies: /tmp must stay 1777, /root 0700); with
+// ArchiveOwner each entry gets the owner the archive records, and the
+// directories made for them are root's.
+func TestExtractExistingDirAndArchiveOwner(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give files to other users") // make test runs as root
+	}
+	root := t.TempDir()
+	os.Mkdir(filepath.Join(root, "tmp"), 0o700)
+	os.Chmod(filepath.Join(root, "tmp"), os.ModeSticky|0o777)
+	os.Chown(filepath.Join(root, "tmp"), 0, 0)
+	err := guest.Extract(root, archive(t,
+		entry{name: "tmp/", typ: tar.TypeDir, mode: 0o755, uid: 7, gid: 8},
+		entry{name: "tmp/a", body: "a", uid: 7, gid: 8},
+		entry{name: "new/b", body: "b", uid: 9, gid: 10},
+	), guest.ArchiveOwner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path     string
+		mode     os.FileMode
+		uid, gid uint32
+	}{
+		{"tmp", os.ModeDir | os.ModeSticky | 0o777, 0, 0},
+		{"tmp/a", 0o644, 7, 8},
+		{"new", os.ModeDir | 0o755, 0, 0},
+		{"new/b", 0o644, 9, 10},
+	} {
+		st, err := os.Lstat(filepath.Join(root, c.path))
+		if err != nil {
+			t.Errorf("%s: %v", c.path, err)
+			continue
+		}
+		s := st.Sys().(*syscall.Stat_t)
+		if st.Mode() != c.mode || s.Uid != c.uid || s.Gid != c.gid {
+			t.Errorf("%s: %v %d:%d, want %v %d:%d", c.path, st.Mode(), s.Uid, s.Gid, c.mode, c.uid, c.gid)
+		}
 	}
 }
 
@@ -206,7 +250,7 @@ func TestResolveOwner(t *testing.T) {
 		want guest.Owner
 		ok   bool
 	}{
-		{"", guest.Owner{}, true},
+		{"", guest.ArchiveOwner, true},
 		{"builder", guest.Owner{UID: 1000, GID: 1001}, true},
 		{"builder:staff", guest.Owner{UID: 1000, GID: 50}, true},
 		{"7:8", guest.Owner{UID: 7, GID: 8}, true},
