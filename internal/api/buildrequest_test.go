@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
+	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
 // gotSpec is what the Dockerfile hook saw: the Spec, and its context's
@@ -323,4 +324,39 @@ func TestTemplateBuildDockerfileNotImplemented(t *testing.T) {
 	if resp.StatusCode != 202 {
 		t.Errorf("image build: status %d %v, want 202", resp.StatusCode, out)
 	}
+}
+
+// The Go SDK's request (what the CLI sends) is what the server reads: the
+// wire format is held to itself from both ends.
+func TestTemplateBuildDockerfileFromSDK(t *testing.T) {
+	b, dir, got := newDockerfileServer(t, true, 1<<20)
+	src := t.TempDir()
+	for name, content := range map[string]string{"Dockerfile": "FROM alpine\nCOPY . /app\n", "app.py": "print(1)\n", "x.log": "no", ".dockerignore": "*.log\n"} {
+		os.WriteFile(filepath.Join(src, name), []byte(content), 0o644)
+	}
+	c, err := pandastack.NewClient(pandastack.Options{APIURL: b.url, APIKey: b.admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.BuildTemplateFromDockerfile(context.Background(), "app", "", src, nil, pandastack.WithBuildArg("V", "1"))
+	if err != nil || st.Status != "succeeded" {
+		t.Fatalf("build: %+v, %v", st, err)
+	}
+	g := <-got
+	if string(g.spec.Dockerfile) != "FROM alpine\nCOPY . /app\n" || g.spec.BuildArgs["V"] != "1" {
+		t.Errorf("spec %+v: want the context's Dockerfile and V=1", g.spec)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(g.context))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	tr := tar.NewReader(zr)
+	for h, err := tr.Next(); err == nil; h, err = tr.Next() {
+		names = append(names, h.Name)
+	}
+	if want := []string{".dockerignore", "Dockerfile", "app.py"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("context %q, want %q", names, want)
+	}
+	noContexts(t, dir, "SDK build")
 }
