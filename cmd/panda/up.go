@@ -26,7 +26,7 @@ state in SQLite in the data directory, sandboxes on this host.
 
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stop it with Ctrl-C or SIGTERM.`,
-	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.Run(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -124,6 +124,7 @@ var configFlags = map[string]configFlag{
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"max-template-builds":   {"template builds from images running at once (more queue)", func(c *server.Config) any { return &c.MaxTemplateBuilds }},
 	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *server.Config) any { return &c.TemplateMaxSizeMiB }},
+	"template-context-max":  {"largest build context (MiB) a Dockerfile build may upload", func(c *server.Config) any { return &c.TemplateContextMaxMiB }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},

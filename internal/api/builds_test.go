@@ -38,6 +38,13 @@ type buildServer struct {
 
 func newBuildServer(t *testing.T) *buildServer {
 	t.Helper()
+	return newBuildServerWith(t, nil)
+}
+
+// newBuildServerWith is newBuildServer with the builder's and the API's
+// configuration changed by set (if not nil) before they start.
+func newBuildServerWith(t *testing.T, set func(*tmplbuild.Config, *api.Config)) *buildServer {
+	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
 	store, err := template.NewStore(template.Config{
@@ -55,10 +62,16 @@ func newBuildServer(t *testing.T) *buildServer {
 		progress("writing the root filesystem")
 		return tmplbuild.Result{Digest: "sha256:abc", Image: template.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
 	}
-	builds, err := tmplbuild.New(tmplbuild.Config{Store: store, Convert: convert})
+	bcfg := tmplbuild.Config{Store: store, Convert: convert}
+	acfg := api.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler)}
+	if set != nil {
+		set(&bcfg, &acfg)
+	}
+	builds, err := tmplbuild.New(bcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	acfg.TemplateBuilds = builds
 	t.Cleanup(func() { builds.Close() })
 	cat, err := sqlite.Open(ctx, filepath.Join(dir, "panda.db"))
 	if err != nil {
@@ -73,8 +86,7 @@ func newBuildServer(t *testing.T) *buildServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(api.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler), TemplateBuilds: builds},
-		cat, routingHost{templates: store}, prometheus.NewRegistry())
+	srv, err := api.New(acfg, cat, routingHost{templates: store}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +151,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		{b.user, `{"name":"app","from_image":"r.example/app:1"}`, 403},
 		{b.admin, `{"name":"tiny","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"App!","from_image":"r.example/app:1"}`, 422},
-		{b.admin, `{"name":"app","from_image":""}`, 422},
+		{b.admin, `{"name":"app","from_image":""}`, 400}, // nothing to build from
 		{b.admin, `{"name":"app","from_image":"/var/lib/x.tar"}`, 422},
 		{b.admin, `{"name":"app","from_image":"oci:/srv"}`, 422},
 		{b.admin, `{"name":"app","from_image":"docker-archive:/x"}`, 422},

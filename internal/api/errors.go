@@ -96,6 +96,8 @@ func classify(err error) *apiError {
 			msg = qe.Error() // says which limit and the numbers, without our wrapping
 		}
 		return errorf(http.StatusTooManyRequests, "quota_exceeded", "%s", msg)
+	case errors.Is(err, tmplbuild.ErrUnsupported):
+		return errorf(http.StatusNotImplemented, "not_implemented", "this server does not build templates from Dockerfiles yet; build and push an image, and build the template with from_image")
 	case errors.Is(err, tmplbuild.ErrClosed):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
 	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):

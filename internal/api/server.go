@@ -188,6 +188,12 @@ type Config struct {
 	// TemplateBuilds builds user templates from images (POST
 	// /v1/templates); nil: those endpoints answer 501.
 	TemplateBuilds TemplateBuilds
+	// TemplateContextDir is where the build contexts of Dockerfile builds
+	// are received, one tar file each, before the builder takes them
+	// ("": the system's temporary directory). TemplateContextMaxBytes
+	// bounds one (default DefaultTemplateContextMaxBytes).
+	TemplateContextDir      string
+	TemplateContextMaxBytes int64
 
 	// OpenAPI is the document served at /v1/openapi.yaml.
 	OpenAPI []byte
@@ -248,6 +254,9 @@ func (c *Config) SetDefaults() {
 	if c.MaxExecOutputBytes == 0 {
 		c.MaxExecOutputBytes = 16 << 20
 	}
+	if c.TemplateContextMaxBytes == 0 {
+		c.TemplateContextMaxBytes = DefaultTemplateContextMaxBytes
+	}
 	if c.StoppedRetention == 0 {
 		c.StoppedRetention = time.Hour
 	}
@@ -263,6 +272,8 @@ func (c *Config) Validate() error {
 		return errors.New("ttl defaults must be positive")
 	case c.DefaultTTL > c.MaxTTL:
 		return fmt.Errorf("default ttl %s exceeds max ttl %s", c.DefaultTTL, c.MaxTTL)
+	case c.TemplateContextMaxBytes < 0:
+		return errors.New("template context max bytes must not be negative")
 	case c.ProxyHeaderTimeout < 0:
 		return errors.New("proxy header timeout must be positive")
 	case c.ProxyDomain != "" && !validProxyDomain(c.ProxyDomain):

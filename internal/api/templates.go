@@ -197,27 +197,21 @@ func checkImageRef(ref string) error {
 	return nil
 }
 
-// startBuild starts building a user template from an image: 202 with the
-// build's id; its outcome is the build's status.
+// startBuild starts building a user template from an image or a
+// Dockerfile (the request: buildrequest.go): 202 with the build's id; its
+// outcome is the build's status.
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	b, ok := s.adminBuilds(w, r)
 	if !ok {
 		return
 	}
-	var req struct {
-		Name      string `json:"name"`
-		FromImage string `json:"from_image"`
-		template.Startup
-	}
-	if err := decodeJSON(r, &req, false); err != nil {
+	spec, err := s.buildSpecOf(r)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkImageRef(req.FromImage); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	st, err := b.Start(tmplbuild.Spec{Name: req.Name, FromImage: req.FromImage, Startup: req.Startup})
+	// From here spec.ContextTar is the builder's, whatever Start returns.
+	st, err := b.Start(spec)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

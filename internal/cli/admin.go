@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -86,16 +90,26 @@ func templateCmd(g *globals) *cobra.Command {
 }
 
 func templateBuildCmd(g *globals) *cobra.Command {
-	var from, startCmd, readyCmd string
+	var from, file, startCmd, readyCmd string
+	var buildArgs []string
 	var readyTimeout time.Duration
 	build := &cobra.Command{
-		Use:   "build NAME --from-image REF [--start-cmd CMD [--ready-cmd CMD]]",
-		Short: "Build a template from a container image, showing progress (admin keys only)",
-		Long: `Build template NAME from a container image in a registry, showing the
-build's progress. Sandboxes created with --template NAME then start from
-it (the first create bakes it). The image's ENV, WORKDIR and USER become
-the defaults of their commands (an exec's own env, cwd and --user win).
-Building NAME again replaces it; sandboxes already running keep theirs.
+		Use:   "build NAME (--from-image REF | -f DOCKERFILE [CONTEXT_DIR]) [--start-cmd CMD [--ready-cmd CMD]]",
+		Short: "Build a template from a container image or a Dockerfile, showing progress (admin keys only)",
+		Long: `Build template NAME from a container image in a registry (--from-image), or
+from a Dockerfile (-f), showing the build's progress. Sandboxes created
+with --template NAME then start from it (the first create bakes it). The
+image's ENV, WORKDIR and USER become the defaults of their commands (an
+exec's own env, cwd and --user win). Building NAME again replaces it;
+sandboxes already running keep theirs.
+
+With -f, the build context is CONTEXT_DIR (default: the Dockerfile's
+directory), sent to the server as a compressed tar archive, streamed from
+disk. Its .dockerignore leaves files out, with Docker's rules (# comments,
+*, **, ! exceptions; the last matching line wins); symbolic links are sent
+as links, never followed. "-f -" reads the Dockerfile from stdin, with no
+context unless CONTEXT_DIR is given. --build-arg sets the Dockerfile's
+ARGs. Servers that do not build Dockerfiles yet answer "not implemented".
 
 With --start-cmd, the template's snapshot is taken with that command
 running in the background (a /bin/sh -c script; output in
@@ -109,18 +123,21 @@ not get ready.`,
   panda create --template myapp
   panda template build web --from-image registry.example.com/web:1.0 \
       --start-cmd 'exec /app/server --port 8000' \
-      --ready-cmd 'wget -q -O /dev/null http://127.0.0.1:8000/health'`,
-		Args: args(1, 1),
+      --ready-cmd 'wget -q -O /dev/null http://127.0.0.1:8000/health'
+  panda template build api -f ./api/Dockerfile --build-arg VERSION=1.2
+  panda template build tools -f - < Dockerfile.tools`,
+		Args: args(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if from == "" {
-				return errors.New("--from-image is required")
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			pw := g.progressOut(cmd)
-			if readyTimeout < 0 {
+			switch {
+			case from != "" && file != "":
+				return errors.New("give --from-image or -f, not both")
+			case from == "" && file == "":
+				return errors.New("--from-image REF or -f DOCKERFILE is required")
+			case from != "" && len(args) > 1:
+				return errors.New("CONTEXT_DIR is for Dockerfile builds (-f); an image build takes none")
+			case from != "" && len(buildArgs) > 0:
+				return errors.New("--build-arg is for Dockerfile builds (-f)")
+			case readyTimeout < 0:
 				return errors.New("--ready-timeout must not be negative")
 			}
 			var opts []pandastack.BuildOption
@@ -133,7 +150,32 @@ not get ready.`,
 			if readyTimeout > 0 {
 				opts = append(opts, pandastack.WithReadyTimeout(readyTimeout))
 			}
-			b, err := c.BuildTemplate(cmd.Context(), args[0], from, func(line string) { fmt.Fprintln(pw, line) }, opts...)
+			var dockerfile, contextDir string
+			if file != "" {
+				for _, kv := range buildArgs {
+					k, v, ok := strings.Cut(kv, "=")
+					if !ok || k == "" {
+						return fmt.Errorf("--build-arg %q: want KEY=VALUE", kv)
+					}
+					opts = append(opts, pandastack.WithBuildArg(k, v))
+				}
+				var err error
+				if dockerfile, contextDir, err = readDockerfile(cmd.InOrStdin(), file, args[1:]); err != nil {
+					return err
+				}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			pw := g.progressOut(cmd)
+			line := func(l string) { fmt.Fprintln(pw, l) }
+			var b pandastack.TemplateBuild
+			if file == "" {
+				b, err = c.BuildTemplate(cmd.Context(), args[0], from, line, opts...)
+			} else {
+				b, err = buildDockerfile(cmd.Context(), c, args[0], dockerfile, contextDir, pw, line, opts)
+			}
 			if err != nil {
 				return fmt.Errorf("build %s: %w", args[0], err)
 			}
@@ -144,10 +186,103 @@ not get ready.`,
 		},
 	}
 	build.Flags().StringVar(&from, "from-image", "", "the image: a registry reference (registry.example.com/app:1.0)")
+	build.Flags().StringVarP(&file, "file", "f", "", "the Dockerfile to build (- for stdin)")
+	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "KEY=VALUE: a value of the Dockerfile's ARG KEY (repeatable)")
 	build.Flags().StringVar(&startCmd, "start-cmd", "", "a command to have running in every sandbox of the template (started before its snapshot)")
 	build.Flags().StringVar(&readyCmd, "ready-cmd", "", "a command that exits 0 once the start command is ready; the snapshot waits for it")
 	build.Flags().DurationVar(&readyTimeout, "ready-timeout", 0, "how long to wait for --ready-cmd to succeed (default 60s)")
 	return build
+}
+
+// maxDockerfile bounds the Dockerfile read (the server's limit).
+const maxDockerfile = 1 << 20
+
+// readDockerfile reads the Dockerfile of -f file (- for stdin) and
+// returns it with the context directory: rest[0] if given, else the
+// Dockerfile's directory (none for stdin).
+func readDockerfile(stdin io.Reader, file string, rest []string) (dockerfile, contextDir string, err error) {
+	var b []byte
+	if file == "-" {
+		b, err = io.ReadAll(io.LimitReader(stdin, maxDockerfile+1))
+		if err != nil {
+			return "", "", fmt.Errorf("read the Dockerfile from stdin: %w", err)
+		}
+	} else {
+		fi, err := os.Stat(file)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return "", "", fmt.Errorf("Dockerfile %s: no such file", file)
+		case err != nil:
+			return "", "", fmt.Errorf("Dockerfile: %w", err)
+		case fi.IsDir():
+			return "", "", fmt.Errorf("Dockerfile %s is a directory; -f names the file (%s)", file, filepath.Join(file, "Dockerfile"))
+		case fi.Size() > maxDockerfile:
+			return "", "", fmt.Errorf("Dockerfile %s is larger than %d bytes", file, maxDockerfile)
+		}
+		if b, err = os.ReadFile(file); err != nil {
+			return "", "", fmt.Errorf("Dockerfile: %w", err)
+		}
+		contextDir = filepath.Dir(file)
+	}
+	if len(b) > maxDockerfile {
+		return "", "", fmt.Errorf("the Dockerfile is larger than %d bytes", maxDockerfile)
+	}
+	if strings.TrimSpace(string(b)) == "" {
+		return "", "", errors.New("the Dockerfile is empty")
+	}
+	if len(rest) > 0 {
+		contextDir = rest[0]
+	}
+	if contextDir != "" {
+		fi, err := os.Stat(contextDir)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return "", "", fmt.Errorf("context %s: no such directory", contextDir)
+		case err != nil:
+			return "", "", fmt.Errorf("context: %w", err)
+		case !fi.IsDir():
+			return "", "", fmt.Errorf("context %s is not a directory", contextDir)
+		}
+	}
+	return string(b), contextDir, nil
+}
+
+// buildDockerfile starts a Dockerfile build, saying on pw what context it
+// sent, and follows its log to its end.
+func buildDockerfile(ctx context.Context, c *pandastack.Client, name, dockerfile, contextDir string, pw io.Writer, line func(string), opts []pandastack.BuildOption) (pandastack.TemplateBuild, error) {
+	var sent pandastack.ContextStats
+	if contextDir != "" {
+		opts = append(opts, pandastack.WithContextProgress(func(s pandastack.ContextStats) { sent = s }))
+	}
+	b, err := c.StartDockerfileBuild(ctx, name, dockerfile, contextDir, opts...)
+	if contextDir != "" && (err == nil || sent.Files > 0) {
+		fmt.Fprintf(pw, "sending context: %d files, %s\n", sent.Files, humanSize(sent.Bytes))
+	}
+	if err != nil {
+		return b, err
+	}
+	b, err = c.FollowTemplateBuild(ctx, b.ID, line)
+	if err != nil {
+		return b, err
+	}
+	if b.Status != pandastack.BuildSucceeded {
+		return b, &pandastack.Error{Code: b.Code, Message: b.Error}
+	}
+	return b, nil
+}
+
+// humanSize is n bytes for people: 512 B, 3.4 MiB.
+func humanSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n)/unit, 0
+	for v >= unit && i < 3 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGT"[i])
 }
 
 func templateRmCmd(g *globals) *cobra.Command {

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/rootfs"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
@@ -18,6 +21,17 @@ import (
 // template with start or ready commands is baked at the host's default
 // shape before its build succeeds.
 func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplbuild.Manager, error) {
+	// The build contexts a previous run received and did not build: no
+	// build of this run has any yet. Only the API's own files: the
+	// directory may be a shared one.
+	dir := cfg.templateContextDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cannot start template builds: %w", err)
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, api.ContextFilePattern))
+	for _, f := range old {
+		os.Remove(f)
+	}
 	m, err := tmplbuild.New(tmplbuild.Config{
 		Store:         host.Templates(),
 		Convert:       imageConverter(cfg.TemplateMaxSizeMiB),
@@ -32,6 +46,15 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 		return nil, fmt.Errorf("cannot start template builds: %w", err)
 	}
 	return m, nil
+}
+
+// templateContextDir is where the API receives build contexts
+// (Config.TemplateContextDir).
+func (c Config) templateContextDir() string {
+	if c.TemplateContextDir != "" {
+		return c.TemplateContextDir
+	}
+	return filepath.Join(c.DataDir, "build-contexts")
 }
 
 // imageConverter adapts rootfs.FromImage to tmplbuild.Convert. Sources

@@ -108,6 +108,12 @@ type Config struct {
 	// TemplateMaxSizeMiB caps the root filesystem of a template built
 	// from an image (default 16384; 0: no cap).
 	TemplateMaxSizeMiB int `yaml:"template_max_size_mib"`
+	// TemplateContextMaxMiB bounds the build context a Dockerfile build
+	// uploads (default 2048); TemplateContextDir is where contexts are
+	// received before their build takes them (default
+	// DATA_DIR/build-contexts, emptied at start).
+	TemplateContextMaxMiB int    `yaml:"template_context_max_mib"`
+	TemplateContextDir    string `yaml:"template_context_dir"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -168,8 +174,10 @@ func Defaults() Config {
 		Network:            "on",
 		MaxTemplateBuilds:  tmplbuild.DefaultMaxConcurrent,
 		TemplateMaxSizeMiB: 16 << 10,
-		LogLevel:           "info",
-		LogFormat:          "text",
+		// api.DefaultTemplateContextMaxBytes
+		TemplateContextMaxMiB: 2 << 10,
+		LogLevel:              "info",
+		LogFormat:             "text",
 
 		HTTPReadHeaderTimeout: Duration(10 * time.Second),
 		HTTPIdleTimeout:       Duration(2 * time.Minute),
@@ -214,6 +222,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxTemplateBuilds < 0 || c.TemplateMaxSizeMiB < 0 {
 		return errors.New("max_template_builds and template_max_size_mib must not be negative")
+	}
+	if c.TemplateContextMaxMiB < 0 {
+		return errors.New("template_context_max_mib must not be negative (0: the default, 2048)")
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":
@@ -514,7 +525,8 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
 		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
-		TemplateBuilds: builds,
+		TemplateBuilds: builds, TemplateContextDir: cfg.templateContextDir(),
+		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
 	}, cat, host, reg)
 	if err != nil {
 		cat.Close()

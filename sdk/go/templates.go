@@ -146,11 +146,16 @@ type TemplateBuild struct {
 type BuildOption func(*buildRequest)
 
 type buildRequest struct {
-	Name                string `json:"name"`
-	FromImage           string `json:"from_image"`
-	StartCmd            string `json:"start_cmd,omitempty"`
-	ReadyCmd            string `json:"ready_cmd,omitempty"`
-	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
+	Name                string            `json:"name"`
+	FromImage           string            `json:"from_image,omitempty"`
+	Dockerfile          *string           `json:"dockerfile,omitempty"`
+	DockerfilePath      string            `json:"dockerfile_path,omitempty"`
+	BuildArgs           map[string]string `json:"build_args,omitempty"`
+	StartCmd            string            `json:"start_cmd,omitempty"`
+	ReadyCmd            string            `json:"ready_cmd,omitempty"`
+	ReadyTimeoutSeconds int               `json:"ready_timeout_seconds,omitempty"`
+
+	contextProgress func(ContextStats)
 }
 
 // WithStartCmd makes the template's bake start cmd (a /bin/sh -c script,
@@ -247,14 +252,7 @@ func (c *Client) BuildTemplate(ctx context.Context, name, fromImage string, prog
 	if err != nil {
 		return b, err
 	}
-	b, err = c.FollowTemplateBuild(ctx, b.ID, progress)
-	if err != nil {
-		return b, err
-	}
-	if b.Status != BuildSucceeded {
-		return b, newError(0, b.Code, b.Error)
-	}
-	return b, nil
+	return c.followToEnd(ctx, b, progress)
 }
 
 // DeleteTemplate deletes user template name and every shape baked from

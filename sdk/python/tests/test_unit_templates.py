@@ -1,9 +1,16 @@
-"""Unit tests of templates built from images, against the stub HTTP server:
-the builder, the requests the client sends, the build's NDJSON log stream
-(including a failed final status) and errors.
+"""Unit tests of templates built from images and Dockerfiles, against the stub
+HTTP server: the builder, the requests the client sends (JSON, and multipart
+with a streamed context tar), the build's NDJSON log stream (including a
+failed final status), errors, and .dockerignore matching with Docker's rules.
 """
 
+import email.parser
+import gzip
+import io
 import json
+import os
+import tarfile
+import tempfile
 import unittest
 
 from _helpers import StubServer, send_chunked, send_json
@@ -222,6 +229,158 @@ class OtherCallsTest(TemplateStubTest):
         self.assertIsNone(base.image)
         self.assertEqual((app.name, app.state, app.image, app.digest), ("myapp", "not_baked", "registry.example.com/myapp:1.0", "sha256:abc"))
         self.assertEqual(app.built_at.year, 2025)
+
+
+from pandastack._buildcontext import PatternMatcher, context_files, read_dockerignore  # noqa: E402
+
+
+def make_tree(files):
+    """A temporary directory with files (path -> content; "->x" makes a symlink to x)."""
+    d = tempfile.mkdtemp()
+    for p, content in files.items():
+        full = os.path.join(d, p)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        if content.startswith("->"):
+            os.symlink(content[2:], full)
+        else:
+            with open(full, "w") as f:
+                f.write(content)
+    return d
+
+
+TREE = {
+    "Dockerfile": "FROM alpine\n", "app.py": "print(1)\n", "debug.log": "x",
+    "build/out.bin": "bin", "build/keep.txt": "keep",
+    "src/main.go": "package main", "src/secret": "s", "src/sub/secret": "s2",
+    "link": "->/etc/passwd",
+}  # fmt: skip
+
+
+class DockerignoreTest(unittest.TestCase):
+    """The same cases as the Go SDK's TestWriteContextTarDockerignore (moby/patternmatcher)."""
+
+    def names(self, ignore):
+        files = dict(TREE)
+        if ignore is not None:
+            files[".dockerignore"] = ignore
+        d = make_tree(files)
+        return sorted(rel + ("/" if os.path.isdir(full) and not os.path.islink(full) else "") for rel, full, _ in context_files(d))
+
+    def test_context_files(self):
+        cases = [
+            ("no .dockerignore", None, ["Dockerfile", "app.py", "build/", "build/keep.txt", "build/out.bin", "debug.log", "link", "src/", "src/main.go", "src/secret", "src/sub/", "src/sub/secret"]),
+            ("patterns", "# comment\n*.log\nbuild\n**/secret\n", [".dockerignore", "Dockerfile", "app.py", "link", "src/", "src/main.go", "src/sub/"]),
+            ("exception under an excluded directory", "build\n!build/keep.txt\n", [".dockerignore", "Dockerfile", "app.py", "build/keep.txt", "debug.log", "link", "src/", "src/main.go", "src/secret", "src/sub/", "src/sub/secret"]),
+            ("the last matching line wins", "*\n!src\nsrc/secret\n", ["src/", "src/main.go", "src/sub/", "src/sub/secret"]),
+            ("leading slash and dot", "/app.py\n./debug.log\n.dockerignore\n", ["Dockerfile", "build/", "build/keep.txt", "build/out.bin", "link", "src/", "src/main.go", "src/secret", "src/sub/", "src/sub/secret"]),
+        ]  # fmt: skip
+        for name, ignore, want in cases:
+            with self.subTest(name):
+                self.assertEqual(self.names(ignore), want)
+
+    def test_read_dockerignore(self):
+        got = read_dockerignore("\ufeff# c\n\n  a/./b  \n!/c\n/d/\n  # not a comment\n")
+        self.assertEqual(got, ["a/b", "!c", "d", "# not a comment"])
+
+    def test_patterns(self):
+        cases = [
+            ("*.go", "main.go", True), ("*.go", "src/main.go", False), ("src/*.go", "src/main.go", True),
+            ("**/*.go", "a/b/c.go", True), ("**/*.go", "c.go", True), ("a/**/b", "a/b", True), ("a/**/b", "a/x/y/b", True),
+            ("a/**", "a/x", True), ("a?c", "abc", True), ("a?c", "a/c", False), ("[a-c]x", "bx", True), ("[a-c]x", "dx", False),
+            ("a\\*b", "a*b", True), ("a\\*b", "axb", False), ("a.b", "axb", False), ("a+b", "a+b", True), ("**foo", "xfoo", True),
+            ("dir", "dir/sub/file", True),  # a parent directory matches
+        ]  # fmt: skip
+        for pattern, path, want in cases:
+            with self.subTest(pattern=pattern, path=path):
+                got, _ = PatternMatcher([pattern]).matches(path)
+                self.assertEqual(got, want)
+        with self.assertRaises(ValueError):
+            PatternMatcher(["!"])
+
+
+def parse_multipart(rec):
+    """The parts of a recorded multipart request: name -> bytes."""
+    raw = b"Content-Type: " + rec.headers["Content-Type"].encode() + b"\r\n\r\n" + rec.body
+    msg = email.parser.BytesParser().parsebytes(raw)
+    return {p.get_param("name", header="content-disposition"): p.get_payload(decode=True) for p in msg.get_payload()}
+
+
+class DockerfileBuildTest(TemplateStubTest):
+    def finish(self):
+        self.logs_route([ndjson({"line": "step 1"}, dict(BUILD, status="succeeded"))])
+
+    def test_from_dockerfile_path_sends_context(self):
+        d = make_tree(dict(TREE, **{".dockerignore": "*.log\nbuild\n"}))
+        self.finish()
+        seen = []
+        b = (
+            Template.from_dockerfile(os.path.join(d, "Dockerfile"))
+            .build_arg("VERSION", "1").build_arg("VERSION", "2").build_arg("EMPTY", "")
+            .start_cmd("srv", ready="true")
+            .build("myapp", on_context=seen.append, client=self.client)
+        )  # fmt: skip
+        self.assertTrue(b.succeeded)
+        rec = self.requests("POST", "/v1/templates")[0]
+        self.assertTrue(rec.headers["Content-Type"].startswith("multipart/form-data; boundary="))
+        self.assertTrue(rec.chunked, "the body is streamed")
+        parts = parse_multipart(rec)
+        self.assertEqual(list(parts), ["spec", "dockerfile", "context"])
+        self.assertEqual(json.loads(parts["spec"]), {"name": "myapp", "build_args": {"VERSION": "2", "EMPTY": ""}, "start_cmd": "srv", "ready_cmd": "true"})
+        self.assertEqual(parts["dockerfile"], b"FROM alpine\n")
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(parts["context"]))) as tf:
+            members = {m.name: m for m in tf.getmembers()}
+            self.assertEqual(sorted(members), [".dockerignore", "Dockerfile", "app.py", "link", "src", "src/main.go", "src/secret", "src/sub", "src/sub/secret"])
+            self.assertTrue(members["link"].issym())
+            self.assertEqual(members["link"].linkname, "/etc/passwd")
+            self.assertEqual(tf.extractfile("app.py").read(), b"print(1)\n")
+        self.assertEqual(seen[-1].files, 9)
+
+    def test_from_dockerfile_text_without_context_is_json(self):
+        self.finish()
+        Template.from_dockerfile("FROM alpine:3.20\nRUN true\n").build_arg("A", "b").build("myapp", client=self.client)
+        rec = self.requests("POST", "/v1/templates")[0]
+        self.assertEqual(rec.json(), {"name": "myapp", "dockerfile": "FROM alpine:3.20\nRUN true\n", "build_args": {"A": "b"}})
+        # A one-line Dockerfile is text too.
+        self.assertEqual(Template.from_dockerfile("FROM alpine").dockerfile, "FROM alpine")
+
+    def test_text_with_context(self):
+        d = make_tree({"a.txt": "a"})
+        self.finish()
+        Template.from_dockerfile("FROM alpine\nCOPY . /\n", context=d).build("myapp", client=self.client)
+        parts = parse_multipart(self.requests("POST", "/v1/templates")[0])
+        self.assertEqual(json.loads(parts["spec"]), {"name": "myapp"})
+        self.assertEqual(parts["dockerfile"], b"FROM alpine\nCOPY . /\n")
+
+    def test_refused_upload(self):
+        d = make_tree({"Dockerfile": "FROM x\n", "blob": "x" * (4 << 20)})
+        self.stub.json_route("POST", "/v1/templates", 413, {"error": {"code": "payload_too_large", "message": "the build context is larger than this server accepts (2 GiB)"}})
+        with self.assertRaises(pandastack.PayloadTooLargeError):
+            Template.from_dockerfile(os.path.join(d, "Dockerfile")).build("myapp", client=self.client)
+
+    def test_not_implemented(self):
+        self.stub.json_route("POST", "/v1/templates", 501, {"error": {"code": "not_implemented", "message": "this server does not build templates from Dockerfiles yet"}})
+        with self.assertRaises(pandastack.PandaError) as cm:
+            Template.from_dockerfile("FROM alpine\n").build("myapp", client=self.client)
+        self.assertEqual(cm.exception.code, "not_implemented")
+
+    def test_bad_arguments(self):
+        d = make_tree({"f": "x"})
+        with self.assertRaises(FileNotFoundError):
+            Template.from_dockerfile(os.path.join(d, "missing"))
+        with self.assertRaises(IsADirectoryError):
+            Template.from_dockerfile(d)
+        with self.assertRaises(NotADirectoryError):
+            Template.from_dockerfile("FROM x\n", context=os.path.join(d, "f"))
+        with self.assertRaises(ValueError):
+            Template.from_dockerfile("FROM x\n").build_arg("1A", "x")
+        with self.assertRaises(ValueError):
+            Template.from_dockerfile("FROM x\n").build_arg("A", 1)
+        with self.assertRaises(ValueError):
+            Template.from_image("r/app:1").build_arg("A", "b")
+        with self.assertRaises(ValueError):
+            TemplateBuilder(image="r/app:1", dockerfile="FROM x")
+        with self.assertRaises(ValueError):
+            Template.from_dockerfile("\n \n")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from .filesystem import Filesystem
 from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template
 from .sandbox import Sandbox
 from .snapshot import Snapshot
+from ._buildcontext import ContextStats
 from .templates import TemplateBuild, TemplateBuilder, TemplateBuildError
 
 #: ``pandastack.ConnectionError`` is :class:`PandaConnectionError` (also a
@@ -62,6 +63,7 @@ __all__ = [
     "Template",
     "TemplateBuilder",
     "TemplateBuild",
+    "ContextStats",
     "APIKey",
     "Port",
     "SignedURL",

@@ -38,7 +38,8 @@ from . import errors as _errors
 from ._ndjson import NDJSONDecoder
 from .errors import ConfigurationError, PandaConnectionError, PandaError, RequestTimeoutError
 from .models import APIKey, Template
-from .templates import TemplateBuild, TemplateBuildError
+from ._buildcontext import ContextStats
+from .templates import TemplateBuild, TemplateBuildError, multipart_build_body
 
 __all__ = [
     "Client",
@@ -346,6 +347,56 @@ class Client:
             if v is not None:
                 body[k] = v
         return TemplateBuild.from_dict(self.request_json("POST", "/v1/templates", json_body=body) or {})
+
+    def start_dockerfile_build(
+        self,
+        name: str,
+        dockerfile: Optional[str] = None,
+        *,
+        context: Optional[str] = None,
+        dockerfile_path: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        start_cmd: Optional[str] = None,
+        ready_cmd: Optional[str] = None,
+        ready_timeout_seconds: Optional[int] = None,
+        on_context: Optional[Callable[[ContextStats], None]] = None,
+    ) -> TemplateBuild:
+        """Start building template ``name`` from a Dockerfile; admin keys only.
+
+        ``dockerfile`` is the Dockerfile's text; ``None`` to use the one in
+        ``context`` (``dockerfile_path``, default ``Dockerfile`` at its
+        root). ``context`` is a directory sent as the build context: a
+        gzip-compressed tar archive streamed from disk, with its
+        ``.dockerignore`` applied by Docker's rules and symlinks not
+        followed; ``on_context`` is called after each file sent with the
+        counts so far. Without ``context`` the Dockerfile alone is sent (as
+        JSON). ``build_args`` set the Dockerfile's ARGs. Returns the build,
+        queued (``POST /v1/templates``, 202). A server that does not run
+        Dockerfile builds answers 501 (:class:`PandaError` with ``code``
+        ``not_implemented``); a context over the server's limit is
+        :class:`PayloadTooLargeError`.
+        """
+        spec: Dict[str, Any] = {"name": name}
+        if build_args:
+            spec["build_args"] = dict(build_args)
+        if dockerfile_path is not None:
+            spec["dockerfile_path"] = dockerfile_path
+        for k, v in (("start_cmd", start_cmd), ("ready_cmd", ready_cmd), ("ready_timeout_seconds", ready_timeout_seconds)):
+            if v is not None:
+                spec[k] = v
+        if context is None:
+            if dockerfile is None:
+                raise ValueError("a Dockerfile build needs the Dockerfile's text or a context directory holding it")
+            if dockerfile_path is not None:
+                raise ValueError("dockerfile_path names a file of the context, and there is no context directory")
+            spec["dockerfile"] = dockerfile
+            return TemplateBuild.from_dict(self.request_json("POST", "/v1/templates", json_body=spec) or {})
+        if not os.path.isdir(context):
+            raise NotADirectoryError("build context %s is not a directory" % context)
+        body, content_type = multipart_build_body(spec, dockerfile, context, on_context)
+        return TemplateBuild.from_dict(
+            self.request_json("POST", "/v1/templates", body=body, headers={"Content-Type": content_type}, timeout=_long(self.timeout)) or {}
+        )
 
     def get_template_build(self, build_id: str) -> TemplateBuild:
         """The status of a build (``GET /v1/templates/builds/{id}``); admin keys only.

@@ -393,6 +393,25 @@ class Template:
 
         return TemplateBuilder(ref)
 
+    @staticmethod
+    def from_dockerfile(path_or_text: Any, context: Optional[str] = None) -> "TemplateBuilder":
+        """A template to build from a Dockerfile: its path, or its text.
+
+        A path (an ``os.PathLike``, or a one-line string naming an existing
+        file) is read now, and its directory is the default build context;
+        text (a string with a newline, or starting with ``FROM``, ``ARG`` or
+        ``#``) has no context unless ``context`` names a directory. The
+        context is sent as a gzip-compressed tar streamed from disk, its
+        ``.dockerignore`` applied with Docker's rules. Chain
+        ``.build_arg(k, v)``, ``.start_cmd(...)``, then ``.build(name)``::
+
+            Template.from_dockerfile("./app/Dockerfile").build_arg("VERSION", "1.2").build("app", on_log=print)
+            Template.from_dockerfile("FROM alpine:3.20\\nRUN apk add curl\\n").build("curl")
+        """
+        from .templates import dockerfile_builder
+
+        return dockerfile_builder(path_or_text, context)
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Template":
         """Build from the API's ``Template`` JSON object."""

@@ -1,11 +1,15 @@
-"""Templates built from container images: the builder and the build's status.
+"""Templates built from container images or Dockerfiles: the builder and the build's status.
 
-``Template.from_image(ref)`` (or :class:`TemplateBuilder` directly) describes
-a template to build; ``.build(name)`` asks the server to build it and
-follows the build to its end. The server pulls the image from its registry
-and makes its layers the template's root filesystem (``POST /v1/templates``,
-admin keys only, ``panda up`` only so far). The build itself runs on the
-server; the SDK only sends the request and reads the build's log stream.
+``Template.from_image(ref)`` or ``Template.from_dockerfile(path_or_text,
+context=dir)`` (or :class:`TemplateBuilder` directly) describes a template
+to build; ``.build(name)`` asks the server to build it and follows the build
+to its end. For an image the server pulls it from its registry and makes its
+layers the template's root filesystem; for a Dockerfile the SDK sends the
+Dockerfile and the context directory (a gzip-compressed tar streamed from
+disk, ``.dockerignore`` applied with Docker's rules) as
+``multipart/form-data`` (``POST /v1/templates``, admin keys only, ``panda
+up`` only so far). The build itself runs on the server; the SDK only sends
+the request and reads the build's log stream.
 
 Only what the server can do is offered: the image is the whole recipe.
 Steps run on top of it (``run``, ``copy``, ``env``) are not supported by
@@ -17,10 +21,15 @@ commands).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import re
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
+from ._buildcontext import ContextStats, tar_gz_stream
 from .errors import PandaError
 from .models import _opt_str, _str, parse_time
 
@@ -142,12 +151,14 @@ def _unsupported(what: str) -> NotImplementedError:
 
 @dataclass(frozen=True)
 class TemplateBuilder:
-    """What a template is built from: a container image, and optionally a
-    command that starts with each sandbox.
+    """What a template is built from: a container image or a Dockerfile (with
+    its build context and build arguments), and optionally a command that
+    starts with each sandbox.
 
-    Made with ``Template.from_image(ref)``; each method returns a new
-    builder (this one is not changed), so a builder may be shared and
-    reused. Nothing is sent to the server before :meth:`build`.
+    Made with ``Template.from_image(ref)`` or ``Template.from_dockerfile(...)``;
+    each method returns a new builder (this one is not changed), so a
+    builder may be shared and reused. Nothing is sent to the server before
+    :meth:`build`.
 
     Example::
 
@@ -158,16 +169,42 @@ class TemplateBuilder:
             .start_cmd("python3 -m http.server 8000", ready="curl -sf localhost:8000")
             .build("myapp", on_log=print)
         )
+        Template.from_dockerfile("./app/Dockerfile").build_arg("VERSION", "1.2").build("app")
     """
 
-    image: str
+    image: str = ""
     start_command: Optional[str] = None
     ready_command: Optional[str] = None
     ready_timeout_seconds: Optional[int] = None
+    #: The Dockerfile's text (a Dockerfile build), and its context directory.
+    dockerfile: Optional[str] = None
+    context: Optional[str] = None
+    build_args: Tuple[Tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.dockerfile is not None:
+            if self.image:
+                raise ValueError("build from an image or from a Dockerfile, not both")
+            if not isinstance(self.dockerfile, str) or not self.dockerfile.strip():
+                raise ValueError("the Dockerfile is empty")
+            if self.context is not None and not os.path.isdir(self.context):
+                raise NotADirectoryError("build context %s is not a directory" % self.context)
+            return
+        if self.build_args:
+            raise ValueError("build arguments are for Dockerfile builds (Template.from_dockerfile)")
         if not isinstance(self.image, str) or not self.image.strip():
             raise ValueError("an image reference is required, such as registry.example.com/app:1.0")
+
+    def build_arg(self, key: str, value: str) -> "TemplateBuilder":
+        """Set the Dockerfile's ARG ``key`` to ``value`` (Dockerfile builds only; the last value of a key wins)."""
+        if self.dockerfile is None:
+            raise ValueError("build arguments are for Dockerfile builds (Template.from_dockerfile)")
+        if not isinstance(key, str) or not _ARG_NAME.match(key):
+            raise ValueError("build_arg: %r is not an ARG name (letters, digits and _, not starting with a digit)" % (key,))
+        if not isinstance(value, str):
+            raise ValueError("build_arg %s: the value must be a string, got %s" % (key, type(value).__name__))
+        args = tuple((k, v) for k, v in self.build_args if k != key) + ((key, value),)
+        return dataclasses.replace(self, build_args=args)
 
     def start_cmd(self, cmd: str, *, ready: Optional[str] = None, ready_timeout_seconds: Optional[int] = None) -> "TemplateBuilder":
         """Start ``cmd`` (a shell command) in every sandbox of the template.
@@ -210,8 +247,16 @@ class TemplateBuilder:
         raise _unsupported("env")
 
     def request_body(self, name: str) -> Dict[str, Any]:
-        """The JSON body of ``POST /v1/templates`` that builds this as template ``name``."""
-        body: Dict[str, Any] = {"name": name, "from_image": self.image}
+        """The JSON object of ``POST /v1/templates`` that builds this as template
+        ``name``: the whole body, or with a context the ``spec`` part."""
+        body: Dict[str, Any] = {"name": name}
+        if self.dockerfile is None:
+            body["from_image"] = self.image
+        else:
+            if self.context is None:
+                body["dockerfile"] = self.dockerfile
+            if self.build_args:
+                body["build_args"] = dict(self.build_args)
         if self.start_command is not None:
             body["start_cmd"] = self.start_command
         if self.ready_command is not None:
@@ -225,6 +270,7 @@ class TemplateBuilder:
         name: str,
         *,
         on_log: Optional[Callable[[str], None]] = None,
+        on_context: Optional[Callable[[ContextStats], None]] = None,
         client: "Optional[Client]" = None,
         api_key: Optional[str] = None,
         api_url: Optional[str] = None,
@@ -232,7 +278,8 @@ class TemplateBuilder:
         """Build this as template ``name`` and wait for the build to end.
 
         ``on_log`` is called with each line of the build's log as it
-        arrives. Building again under a name replaces its root filesystem;
+        arrives; ``on_context`` (Dockerfile builds with a context) after
+        each file of the context sent, with the counts so far. Building again under a name replaces its root filesystem;
         sandboxes created with ``template=name`` then start from it.
         Admin keys only.
 
@@ -245,6 +292,21 @@ class TemplateBuilder:
         from .client import resolve_client
 
         c = resolve_client(client, api_key, api_url)
+        if self.dockerfile is not None:
+            b = c.start_dockerfile_build(
+                name,
+                self.dockerfile,
+                context=self.context,
+                build_args=dict(self.build_args) or None,
+                start_cmd=self.start_command,
+                ready_cmd=self.ready_command,
+                ready_timeout_seconds=self.ready_timeout_seconds,
+                on_context=on_context,
+            )
+            b = c.follow_template_build(b.build_id, on_log=on_log)
+            if not b.succeeded:
+                raise TemplateBuildError.from_build(b)
+            return b
         return c.build_template(
             name,
             self.image,
@@ -253,3 +315,86 @@ class TemplateBuilder:
             ready_timeout_seconds=self.ready_timeout_seconds,
             on_log=on_log,
         )
+
+
+_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_INSTRUCTION = re.compile(r"^\s*(#|(FROM|ARG)\s)", re.IGNORECASE)
+#: The server's bound on a Dockerfile's text.
+MAX_DOCKERFILE_BYTES = 1 << 20
+
+
+def dockerfile_builder(path_or_text: Union[str, "os.PathLike[str]"], context: Optional[str] = None) -> TemplateBuilder:
+    """The builder of ``Template.from_dockerfile``.
+
+    ``path_or_text`` is a path (an ``os.PathLike``, or a one-line string
+    naming an existing file) or the Dockerfile's text (a string with a
+    newline, or starting with ``FROM``, ``ARG`` or ``#``). A path's
+    directory is the default context; text has no context unless given.
+    """
+    text: Optional[str] = None
+    path: Optional[str] = None
+    if isinstance(path_or_text, os.PathLike):
+        path = os.fspath(path_or_text)
+    elif not isinstance(path_or_text, str):
+        raise TypeError("from_dockerfile takes a path or the Dockerfile's text, got %s" % type(path_or_text).__name__)
+    elif "\n" in path_or_text or os.path.isfile(path_or_text) is False and _INSTRUCTION.match(path_or_text):
+        text = path_or_text
+    else:
+        path = path_or_text
+    if path is not None:
+        if os.path.isdir(path):
+            raise IsADirectoryError("Dockerfile %s is a directory; name the file (%s)" % (path, os.path.join(path, "Dockerfile")))
+        if not os.path.isfile(path):
+            raise FileNotFoundError("Dockerfile %s: no such file" % path)
+        if os.path.getsize(path) > MAX_DOCKERFILE_BYTES:
+            raise ValueError("Dockerfile %s is larger than %d bytes" % (path, MAX_DOCKERFILE_BYTES))
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if context is None:
+            context = os.path.dirname(path) or "."
+    assert text is not None
+    if len(text.encode("utf-8")) > MAX_DOCKERFILE_BYTES:
+        raise ValueError("the Dockerfile is larger than %d bytes" % MAX_DOCKERFILE_BYTES)
+    return TemplateBuilder(dockerfile=text, context=context)
+
+
+class _Chunks:
+    """A file-like object over an iterator of bytes (a streamed request body)."""
+
+    def __init__(self, it: Iterator[bytes]) -> None:
+        self._it = it
+
+    def read(self, size: int = -1) -> bytes:
+        for chunk in self._it:
+            if chunk:
+                return chunk
+        return b""
+
+
+def multipart_build_body(
+    spec: Mapping[str, Any],
+    dockerfile: Optional[str],
+    context: str,
+    on_context: Optional[Callable[[ContextStats], None]] = None,
+) -> Tuple[_Chunks, str]:
+    """The ``multipart/form-data`` body of a Dockerfile build with a context,
+    streamed: the ``spec`` part, the ``dockerfile`` part (if given), the
+    ``context`` part (a gzip-compressed tar of directory ``context``).
+    Returns a file-like body and its Content-Type."""
+    boundary = "pandastack-" + uuid.uuid4().hex
+
+    def head(name: str, content_type: str, filename: Optional[str] = None) -> bytes:
+        disp = 'form-data; name="%s"' % name
+        if filename:
+            disp += '; filename="%s"' % filename
+        return ("--%s\r\nContent-Disposition: %s\r\nContent-Type: %s\r\n\r\n" % (boundary, disp, content_type)).encode()
+
+    def parts() -> Iterator[bytes]:
+        yield head("spec", "application/json") + json.dumps(dict(spec), separators=(",", ":")).encode("utf-8") + b"\r\n"
+        if dockerfile is not None:
+            yield head("dockerfile", "text/plain; charset=utf-8", "Dockerfile") + dockerfile.encode("utf-8") + b"\r\n"
+        yield head("context", "application/gzip", "context.tar.gz")
+        yield from tar_gz_stream(context, on_context)
+        yield ("\r\n--%s--\r\n" % boundary).encode()
+
+    return _Chunks(parts()), "multipart/form-data; boundary=" + boundary
