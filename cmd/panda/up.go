@@ -26,7 +26,7 @@ state in SQLite in the data directory, sandboxes on this host.
 
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stop it with Ctrl-C or SIGTERM.`,
-	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max", "build-cache-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.Run(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -125,6 +125,7 @@ var configFlags = map[string]configFlag{
 	"max-template-builds":   {"template builds from images running at once (more queue)", func(c *server.Config) any { return &c.MaxTemplateBuilds }},
 	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *server.Config) any { return &c.TemplateMaxSizeMiB }},
 	"template-context-max":  {"largest build context (MiB) a Dockerfile build may upload", func(c *server.Config) any { return &c.TemplateContextMaxMiB }},
+	"build-cache-max":       {"largest size (MiB) of the layers Dockerfile builds keep for later builds", func(c *server.Config) any { return &c.BuildCacheMaxMiB }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},

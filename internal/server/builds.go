@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/dockerfile"
 	"github.com/pandastack/pandastack/internal/rootfs"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
@@ -55,6 +57,72 @@ func (c Config) templateContextDir() string {
 		return c.TemplateContextDir
 	}
 	return filepath.Join(c.DataDir, "build-contexts")
+}
+
+// dockerfileBuilder runs Dockerfile builds on host: each build boots one
+// build VM (the shape of host's default template, the network bakes get)
+// from the last cached layer its steps can reuse. FROM names a registry
+// image, or one of the built-in root filesystems (base, tiny). Layers are
+// cached in DATA_DIR/build-cache, bounded by cfg.BuildCacheMaxMiB.
+func dockerfileBuilder(cfg Config, host *agent.Agent, convert tmplbuild.Convert, log *slog.Logger) (*dockerfile.Builder, error) {
+	shape := host.TemplateParams("", 0, 0)
+	images := template.Images{Dir: cfg.ImagesDir}
+	maxDisk := cfg.TemplateMaxSizeMiB
+	// Build contexts are unpacked here; a restart during a build leaves
+	// one behind.
+	tmp := filepath.Join(cfg.DataDir, "build-tmp")
+	if err := os.RemoveAll(tmp); err != nil {
+		return nil, fmt.Errorf("cannot start Dockerfile builds: %w", err)
+	}
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, fmt.Errorf("cannot start Dockerfile builds: %w", err)
+	}
+	b, err := dockerfile.New(dockerfile.Config{
+		Boot: func(ctx context.Context, disk string, progress func(string)) (dockerfile.VM, error) {
+			vm, err := host.Templates().BootBuildVM(ctx, disk, template.BuildVMOptions{
+				MemoryMiB: shape.MemoryMiB, VCPUs: shape.VCPUs, MaxDiskMiB: maxDisk,
+			}, progress)
+			if err != nil {
+				return nil, err
+			}
+			return vm, nil
+		},
+		FromImage: func(ctx context.Context, ref, out string, progress func(string)) (dockerfile.Result, error) {
+			if slices.Contains(template.Reserved, ref) {
+				return builtinBase(images, ref, out, progress)
+			}
+			r, err := convert(ctx, ref, out, progress)
+			return dockerfile.Result(r), err
+		},
+		CacheDir:      filepath.Join(cfg.DataDir, "build-cache"),
+		CacheMaxBytes: int64(cfg.BuildCacheMaxMiB) << 20,
+		TempDir:       tmp,
+		Logger:        log.With("part", "dockerfile"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot start Dockerfile builds: %w", err)
+	}
+	return b, nil
+}
+
+// builtinBase copies the built-in root filesystem name (FROM base) to
+// out. Its digest names the file's version (size and modification time:
+// setup rewrites the file when it rebuilds it), so layers built on it are
+// reused until it changes.
+func builtinBase(images template.Images, name, out string, progress func(string)) (dockerfile.Result, error) {
+	src := images.RootFS(name)
+	st, err := os.Stat(src)
+	if err != nil {
+		return dockerfile.Result{}, fmt.Errorf("%w: the built-in root filesystem %s is missing on this server", tmplbuild.ErrImageNotFound, name)
+	}
+	progress(fmt.Sprintf("copying the built-in root filesystem %s (%d MiB)", name, st.Size()>>20))
+	if err := dockerfile.CloneFile(src, out); err != nil {
+		return dockerfile.Result{}, fmt.Errorf("copy the built-in root filesystem %s: %w", name, err)
+	}
+	return dockerfile.Result{
+		Image:  template.ImageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}},
+		Digest: fmt.Sprintf("builtin:%s@%d-%d", name, st.Size(), st.ModTime().UnixNano()),
+	}, nil
 }
 
 // imageConverter adapts rootfs.FromImage to tmplbuild.Convert. Sources

@@ -114,6 +114,10 @@ type Config struct {
 	// DATA_DIR/build-contexts, emptied at start).
 	TemplateContextMaxMiB int    `yaml:"template_context_max_mib"`
 	TemplateContextDir    string `yaml:"template_context_dir"`
+	// BuildCacheMaxMiB bounds the layers of Dockerfile builds kept in
+	// DATA_DIR/build-cache for later builds to reuse (default 51200,
+	// least recently used removed first).
+	BuildCacheMaxMiB int `yaml:"build_cache_max_mib"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -176,6 +180,7 @@ func Defaults() Config {
 		TemplateMaxSizeMiB: 16 << 10,
 		// api.DefaultTemplateContextMaxBytes
 		TemplateContextMaxMiB: 2 << 10,
+		BuildCacheMaxMiB:      50 << 10,
 		LogLevel:              "info",
 		LogFormat:             "text",
 
@@ -222,6 +227,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxTemplateBuilds < 0 || c.TemplateMaxSizeMiB < 0 {
 		return errors.New("max_template_builds and template_max_size_mib must not be negative")
+	}
+	if c.BuildCacheMaxMiB < 0 {
+		return errors.New("build_cache_max_mib must not be negative")
 	}
 	if c.TemplateContextMaxMiB < 0 {
 		return errors.New("template_context_max_mib must not be negative (0: the default, 2048)")

@@ -97,6 +97,10 @@ type Config struct {
 	// Dockerfile runs Dockerfile builds; nil: they are refused
 	// (ErrUnsupported).
 	Dockerfile BuildDockerfile
+	// CheckDockerfile, if set, checks a Dockerfile and its build args when
+	// its build is started, so that a malformed one is refused at once
+	// (its errors are wrapped in template.ErrInvalid).
+	CheckDockerfile func(dockerfile []byte, buildArgs map[string]string) error
 	// Bake bakes user template name (just installed) at the host's
 	// default shape, reporting progress lines. A build whose template
 	// starts commands (template.Startup) calls it, so that a start or
@@ -244,6 +248,11 @@ func (m *Manager) Start(spec Spec) (st Status, err error) {
 		return Status{}, fmt.Errorf("%w: build from an image or from a Dockerfile, not both", template.ErrInvalid)
 	case spec.Dockerfile != nil && m.cfg.Dockerfile == nil:
 		return Status{}, ErrUnsupported
+	}
+	if spec.Dockerfile != nil && m.cfg.CheckDockerfile != nil {
+		if err := m.cfg.CheckDockerfile(spec.Dockerfile, spec.BuildArgs); err != nil {
+			return Status{}, fmt.Errorf("%w: %w", template.ErrInvalid, err)
+		}
 	}
 	src := spec.source()
 	m.mu.Lock()
