@@ -109,11 +109,17 @@ CMD ["sh"]
 	if err != nil {
 		t.Fatalf("create from the Dockerfile template: %v", err)
 	}
+	if got := mustExec(t, ctx, sb, "pwd; id -u; echo $MODE $APP_HOME"); got != "/opt/app/sub\n65534\nprod /opt/app\n" {
+		t.Errorf("the template's WORKDIR, USER and ENV: %q", got)
+	}
 	got := mustExec(t, ctx, sb, `cd /opt/app && cat built.txt hello.txt sub/x uid-root uid-nobody last; ls secret.txt 2>&1 | grep -c 'No such';
-stat -c '%U %a' /home/nobody/hello.txt; stat -c '%u:%g %a' /opt/data/f; cat /opt/data/f /etc/hello; id -u; pwd; echo $MODE $APP_HOME`)
-	want := "hey from prod\nhello file\nx\n0\n65534\none\n1\nnobody 600\n123:456 640\ndata\nhello from v1\n65534\n/opt/app/sub\nprod /opt/app\n"
+stat -c '%U %a' /home/nobody/hello.txt; stat -c '%u:%g %a' /opt/data/f; cat /etc/hello`)
+	want := "hey from prod\nhello file\nx\n0\n65534\none\n1\nnobody 600\n123:456 640\nhello from v1\n"
 	if got != want {
 		t.Errorf("the Dockerfile template's sandbox:\n%s\nwant:\n%s", got, want)
+	}
+	if r, err := sb.Exec(ctx, pandastack.Command{Cmd: "cat /opt/data/f", User: "root"}); err != nil || r.Stdout != "data\n" {
+		t.Errorf("the file ADD unpacked: %+v, %v", r, err)
 	}
 
 	// A rebuild that changes only the last step runs only that one.

@@ -34,10 +34,20 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 	for _, f := range old {
 		os.Remove(f)
 	}
+	convert := imageConverter(cfg.TemplateMaxSizeMiB)
+	df, err := dockerfileBuilder(cfg, host, convert, log)
+	if err != nil {
+		return nil, err
+	}
 	m, err := tmplbuild.New(tmplbuild.Config{
-		Store:         host.Templates(),
-		Convert:       imageConverter(cfg.TemplateMaxSizeMiB),
-		MaxConcurrent: cfg.MaxTemplateBuilds,
+		Store:   host.Templates(),
+		Convert: convert,
+		Dockerfile: func(ctx context.Context, spec tmplbuild.Spec, out string, progress func(string)) (tmplbuild.Result, error) {
+			r, err := df.Build(ctx, spec.Dockerfile, spec.ContextTar, spec.BuildArgs, out, progress)
+			return tmplbuild.Result(r), err
+		},
+		CheckDockerfile: dockerfile.Check,
+		MaxConcurrent:   cfg.MaxTemplateBuilds,
 		Bake: func(ctx context.Context, name string, progress func(string)) error {
 			_, err := host.Templates().Bake(ctx, host.TemplateParams(name, 0, 0), template.Progress(progress))
 			return err
@@ -63,7 +73,8 @@ func (c Config) templateContextDir() string {
 // build VM (the shape of host's default template, the network bakes get)
 // from the last cached layer its steps can reuse. FROM names a registry
 // image, or one of the built-in root filesystems (base, tiny). Layers are
-// cached in DATA_DIR/build-cache, bounded by cfg.BuildCacheMaxMiB.
+// cached in STORE/build-cache (the store reflinks where it can), bounded
+// by cfg.BuildCacheMaxMiB.
 func dockerfileBuilder(cfg Config, host *agent.Agent, convert tmplbuild.Convert, log *slog.Logger) (*dockerfile.Builder, error) {
 	shape := host.TemplateParams("", 0, 0)
 	images := template.Images{Dir: cfg.ImagesDir}
@@ -94,7 +105,7 @@ func dockerfileBuilder(cfg Config, host *agent.Agent, convert tmplbuild.Convert,
 			r, err := convert(ctx, ref, out, progress)
 			return dockerfile.Result(r), err
 		},
-		CacheDir:      filepath.Join(cfg.DataDir, "build-cache"),
+		CacheDir:      filepath.Join(host.StoreDir(), "build-cache"),
 		CacheMaxBytes: int64(cfg.BuildCacheMaxMiB) << 20,
 		TempDir:       tmp,
 		Logger:        log.With("part", "dockerfile"),

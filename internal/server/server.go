@@ -115,7 +115,7 @@ type Config struct {
 	TemplateContextMaxMiB int    `yaml:"template_context_max_mib"`
 	TemplateContextDir    string `yaml:"template_context_dir"`
 	// BuildCacheMaxMiB bounds the layers of Dockerfile builds kept in
-	// DATA_DIR/build-cache for later builds to reuse (default 51200,
+	// STORE/build-cache (the data directory's reflink store) for later builds to reuse (default 51200,
 	// least recently used removed first).
 	BuildCacheMaxMiB int `yaml:"build_cache_max_mib"`
 
