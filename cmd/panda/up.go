@@ -124,6 +124,7 @@ var configFlags = map[string]configFlag{
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"max-template-builds":   {"template builds from images running at once (more queue)", func(c *server.Config) any { return &c.MaxTemplateBuilds }},
 	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *server.Config) any { return &c.TemplateMaxSizeMiB }},
+	"max-templates-per-key": {"templates a key other than an admin one may own (-1: no bound)", func(c *server.Config) any { return &c.MaxTemplatesPerKey }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},

@@ -31,12 +31,19 @@ import (
 
 type buildServer struct {
 	url, admin, user string
-	adminID          string
+	adminID, userID  string
 	cat              *sqlite.Catalog
 	store            *template.Store
+	dir              string
+	builds           *tmplbuild.Manager
+	convert          tmplbuild.Convert
+	hs               *httptest.Server
+	maxTemplates     int
 }
 
-func newBuildServer(t *testing.T) *buildServer {
+func newBuildServer(t *testing.T) *buildServer { return newBuildServerLimit(t, 0) }
+
+func newBuildServerLimit(t *testing.T, maxTemplates int) *buildServer {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -53,13 +60,12 @@ func newBuildServer(t *testing.T) *buildServer {
 			return tmplbuild.Result{}, fmt.Errorf("%w: image %s not found in its registry", tmplbuild.ErrImageNotFound, src)
 		}
 		progress("writing the root filesystem")
+		if strings.Contains(src, "hang") {
+			<-ctx.Done()
+			return tmplbuild.Result{}, ctx.Err()
+		}
 		return tmplbuild.Result{Digest: "sha256:abc", Image: template.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
 	}
-	builds, err := tmplbuild.New(tmplbuild.Config{Store: store, Convert: convert})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { builds.Close() })
 	cat, err := sqlite.Open(ctx, filepath.Join(dir, "panda.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -69,18 +75,42 @@ func newBuildServer(t *testing.T) *buildServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, user, err := api.NewKey(ctx, cat, "user", false, 0, 0)
+	userKey, user, err := api.NewKey(ctx, cat, "user", false, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(api.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler), TemplateBuilds: builds},
-		cat, routingHost{templates: store}, prometheus.NewRegistry())
+	b := &buildServer{admin: admin, adminID: adminKey.ID, user: user, userID: userKey.ID, cat: cat, store: store,
+		dir: dir, convert: convert, maxTemplates: maxTemplates}
+	b.start(t)
+	return b
+}
+
+// start starts the builds and the API server over b's store and catalog.
+func (b *buildServer) start(t *testing.T) {
+	t.Helper()
+	builds, err := tmplbuild.New(tmplbuild.Config{Store: b.store, Convert: b.convert, Dir: filepath.Join(b.dir, "builds")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { builds.Close() })
+	srv, err := api.New(api.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler), TemplateBuilds: builds,
+		MaxTemplatesPerKey: b.maxTemplates},
+		b.cat, routingHost{templates: b.store}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
-	return &buildServer{url: hs.URL, admin: admin, adminID: adminKey.ID, user: user, cat: cat, store: store}
+	b.builds, b.hs, b.url = builds, hs, hs.URL
+}
+
+// restart stops the builds and the API server, as a server restart does,
+// and starts new ones over the same store, catalog and build directory.
+func (b *buildServer) restart(t *testing.T) {
+	t.Helper()
+	b.hs.Close()
+	b.builds.Close()
+	b.start(t)
 }
 
 func (b *buildServer) do(t *testing.T, key, method, path, body string) (*http.Response, map[string]any) {
@@ -99,9 +129,13 @@ func (b *buildServer) do(t *testing.T, key, method, path, body string) (*http.Re
 
 // logs reads a build's log stream: its lines and final status.
 func (b *buildServer) logs(t *testing.T, id string) ([]string, map[string]any) {
+	return b.logsAs(t, b.admin, id)
+}
+
+func (b *buildServer) logsAs(t *testing.T, key, id string) ([]string, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", b.url+"/v1/templates/builds/"+id+"/logs", nil)
-	req.Header.Set("Authorization", "Bearer "+b.admin)
+	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +170,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		key, body string
 		status    int
 	}{
-		{b.user, `{"name":"app","from_image":"r.example/app:1"}`, 403},
+		{b.user, `{"name":"base","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"tiny","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"App!","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"app","from_image":""}`, 422},
@@ -165,8 +199,8 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 	if _, out := b.do(t, b.admin, "GET", "/v1/templates/builds/"+id, ""); out["status"] != "succeeded" || out["name"] != "app" {
 		t.Errorf("GET build: %v", out)
 	}
-	if resp, _ := b.do(t, b.user, "GET", "/v1/templates/builds/"+id, ""); resp.StatusCode != 403 {
-		t.Errorf("GET build with a user key: %d", resp.StatusCode)
+	if resp, _ := b.do(t, b.user, "GET", "/v1/templates/builds/"+id, ""); resp.StatusCode != 404 {
+		t.Errorf("GET another key's build: %d, want 404", resp.StatusCode)
 	}
 	if resp, _ := b.do(t, b.admin, "GET", "/v1/templates/builds/nope", ""); resp.StatusCode != 404 {
 		t.Errorf("GET unknown build: %d", resp.StatusCode)
@@ -186,7 +220,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 	// Delete: refused while a live sandbox of the template is in the
 	// catalog, unless forced.
 	now := time.Now().UTC()
-	sb := catalog.Sandbox{ID: "sb1", KeyID: b.adminID, Template: "app", State: catalog.StateRunning, MemoryMiB: 256, VCPUs: 1,
+	sb := catalog.Sandbox{ID: "sb1", KeyID: b.adminID, Template: "app:1", State: catalog.StateRunning, MemoryMiB: 256, VCPUs: 1,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	if err := b.cat.ReserveSandbox(context.Background(), sb, catalog.Limits{Sandboxes: -1, MemoryMiB: -1, VCPUs: -1, DiskMiB: -1}); err != nil {
 		t.Fatal(err)
@@ -195,7 +229,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		key, path string
 		status    int
 	}{
-		{b.user, "/v1/templates/app", 403},
+		{b.user, "/v1/templates/app", 404}, // an admin's private template
 		{b.admin, "/v1/templates/tiny", 422},
 		{b.admin, "/v1/templates/app?force=maybe", 422},
 		{b.admin, "/v1/templates/nope", 404},

@@ -108,6 +108,9 @@ type Config struct {
 	// TemplateMaxSizeMiB caps the root filesystem of a template built
 	// from an image (default 16384; 0: no cap).
 	TemplateMaxSizeMiB int `yaml:"template_max_size_mib"`
+	// MaxTemplatesPerKey bounds the templates a key other than an admin
+	// one may own (default 20; -1: no bound).
+	MaxTemplatesPerKey int `yaml:"max_templates_per_key"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -168,6 +171,7 @@ func Defaults() Config {
 		Network:            "on",
 		MaxTemplateBuilds:  tmplbuild.DefaultMaxConcurrent,
 		TemplateMaxSizeMiB: 16 << 10,
+		MaxTemplatesPerKey: api.DefaultMaxTemplatesPerKey,
 		LogLevel:           "info",
 		LogFormat:          "text",
 
@@ -214,6 +218,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxTemplateBuilds < 0 || c.TemplateMaxSizeMiB < 0 {
 		return errors.New("max_template_builds and template_max_size_mib must not be negative")
+	}
+	if c.MaxTemplatesPerKey < -1 {
+		return errors.New("max_templates_per_key must be -1 (no bound) or more")
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":
@@ -514,7 +521,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
 		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
-		TemplateBuilds: builds,
+		TemplateBuilds: builds, MaxTemplatesPerKey: cfg.MaxTemplatesPerKey,
 	}, cat, host, reg)
 	if err != nil {
 		cat.Close()
