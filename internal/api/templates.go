@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -429,7 +430,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := callerOf(r).Key
-	ref := chi.URLParam(r, "name")
+	ref := templateParam(r)
 	name, v, err := template.SplitRef(ref)
 	if err != nil {
 		s.writeError(w, r, notFound("no template %q built from an image", ref))
@@ -510,6 +511,16 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// templateParam is the URL's {name}, unescaped: clients may escape the
+// colon of NAME:N (%3A), and the router matches the escaped path.
+func templateParam(r *http.Request) string {
+	p := chi.URLParam(r, "name")
+	if u, err := url.PathUnescape(p); err == nil {
+		return u
+	}
+	return p
+}
+
 // publishTemplate makes a user template usable and listed for every key
 // (public true), or only its owner's and admin keys' again. Admin keys
 // only.
@@ -523,7 +534,7 @@ func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		name := chi.URLParam(r, "name")
+		name := templateParam(r)
 		if strings.Contains(name, ":") {
 			s.writeError(w, r, invalid("publish a template, not one of its versions: %s", strings.Split(name, ":")[0]))
 			return

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
 from .errors import PandaError
-from .models import _opt_str, _str, parse_time
+from .models import _opt_int, _opt_str, _str, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -63,9 +63,11 @@ class TemplateBuild:
         from_image: The image reference, as given.
         status: ``queued``, ``running``, ``succeeded`` or ``failed``.
         code: Why a failed build failed: ``image_not_found``,
-            ``build_failed`` or ``canceled``.
+            ``build_failed``, ``canceled`` or ``interrupted`` (the server
+            restarted during it).
         error: What went wrong, for users, when it failed.
         digest: The image's digest, once it succeeded.
+        version: The template version it made, once it succeeded.
         created_at, started_at, ended_at: When it was asked for, started, ended.
         raw: The JSON object as received.
     """
@@ -77,6 +79,7 @@ class TemplateBuild:
     code: Optional[str] = None
     error: Optional[str] = None
     digest: Optional[str] = None
+    version: Optional[int] = None
     created_at: Optional[datetime] = None
     started_at: Optional[datetime] = None
     ended_at: Optional[datetime] = None
@@ -93,6 +96,7 @@ class TemplateBuild:
             code=_opt_str(d.get("code")),
             error=_opt_str(d.get("error")),
             digest=_opt_str(d.get("digest")),
+            version=_opt_int(d.get("version")),
             created_at=parse_time(d.get("created_at")),
             started_at=parse_time(d.get("started_at")),
             ended_at=parse_time(d.get("ended_at")),
