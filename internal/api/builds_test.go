@@ -421,7 +421,7 @@ func TestTemplateVersionsOwnersPublish(t *testing.T) {
 		{other, "/v1/templates/app:2", 404},
 		{b.user, "/v1/templates/app:4", 409}, // the latest
 		{b.user, "/v1/templates/app:9", 404},
-		{b.user, "/v1/templates/app:1", 409}, // its snapshot
+		{b.user, "/v1/templates/app:1", 409},   // its snapshot
 		{b.user, "/v1/templates/app%3A2", 204}, // the colon escaped
 		{b.user, "/v1/templates/app:2", 404},
 		{b.user, "/v1/templates/app", 409}, // the snapshot of app:1

@@ -40,7 +40,9 @@ func buildTemplate(t *testing.T, key, name, src string) map[string]any {
 	t.Helper()
 	r := do(t, key, "POST", "/v1/templates", map[string]any{"name": name, "from_image": src})
 	expect(t, r, 202, "")
-	var st struct{ BuildID string `json:"build_id"` }
+	var st struct {
+		BuildID string `json:"build_id"`
+	}
 	r.json(t, &st)
 	var final map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(string(do(t, key, "GET", "/v1/templates/builds/"+st.BuildID+"/logs", nil).body)), "\n") {

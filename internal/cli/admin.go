@@ -248,7 +248,7 @@ them; or NAME:VERSION, that version only (not the latest: remove the
 template, or build a newer version first). Refused while sandboxes that
 are not stopped, or snapshots, were made from it, unless --force (they
 keep working from their own files). Its owner or an admin key only.`,
-		Args:    args(1, 1),
+		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {

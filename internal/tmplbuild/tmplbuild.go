@@ -197,9 +197,9 @@ type Status struct {
 	Source string `json:"from_image"`
 	State  string `json:"status"`
 	// Code and Error say why a failed build failed, for users.
-	Code      string     `json:"code,omitempty"`
-	Error     string     `json:"error,omitempty"`
-	Digest    string     `json:"digest,omitempty"`
+	Code   string `json:"code,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Digest string `json:"digest,omitempty"`
 	// Version is the template version the build made (once succeeded).
 	Version   int        `json:"version,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`

@@ -170,13 +170,13 @@ const (
 
 // TemplateBuild is a build of a user template from a container image.
 type TemplateBuild struct {
-	ID        string    `json:"build_id"`
-	Name      string    `json:"name"`
-	FromImage string    `json:"from_image"`
-	Status    string    `json:"status"` // queued, running, succeeded, failed
-	Code      string    `json:"code,omitempty"`
-	Error     string    `json:"error,omitempty"`
-	Digest    string    `json:"digest,omitempty"`
+	ID        string `json:"build_id"`
+	Name      string `json:"name"`
+	FromImage string `json:"from_image"`
+	Status    string `json:"status"` // queued, running, succeeded, failed
+	Code      string `json:"code,omitempty"`
+	Error     string `json:"error,omitempty"`
+	Digest    string `json:"digest,omitempty"`
 	// Version is the template version the build made (once succeeded).
 	Version   int       `json:"version,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
