@@ -4,7 +4,8 @@
 a template to build; ``.build(name)`` asks the server to build it and
 follows the build to its end. The server pulls the image from its registry
 and makes its layers the template's root filesystem (``POST /v1/templates``,
-admin keys only, ``panda up`` only so far). The build itself runs on the
+any key, ``panda up`` only so far): a new version of the template, private
+to the building key until an admin key publishes it. The build itself runs on the
 server; the SDK only sends the request and reads the build's log stream.
 
 Only what the server can do is offered: the image is the whole recipe.
@@ -236,15 +237,18 @@ class TemplateBuilder:
         """Build this as template ``name`` and wait for the build to end.
 
         ``on_log`` is called with each line of the build's log as it
-        arrives. Building again under a name replaces its root filesystem;
-        sandboxes created with ``template=name`` then start from it.
-        Admin keys only.
+        arrives. Building again under a name makes a new version (the
+        build's ``version``); sandboxes created with ``template=name`` then
+        start from it, while ``template="name:1"`` pins version 1 and
+        sandboxes made earlier keep theirs.
 
         Returns the succeeded build. Raises :class:`TemplateBuildError`
         (with the build's ``code`` and ``error``) if it failed, and the
         usual :class:`PandaError` subclasses if the request is refused
         (:class:`InvalidArgumentError` for a bad name or reference,
-        :class:`ForbiddenError` for a key that is not an admin's).
+        :class:`ConflictError` for a name another key owns,
+        :class:`QuotaExceededError` (code ``template_limit``) for a key
+        that owns its limit of templates).
         """
         from .client import resolve_client
 
