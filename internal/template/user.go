@@ -435,7 +435,7 @@ func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func(
 			return fmt.Errorf("restore user template %s: %w", u.Name, err)
 		}
 		if nu, err := readUserConfig(dir); err == nil {
-			s.removeBaked(func(t Template) bool { return t.Name == Ref(u.Name, nu.Version) || t.Name == u.Name })
+			s.removeBaked(func(t Template) bool { return t.Name == Ref(u.Name, nu.Version) })
 		}
 		s.removeVersion(filepath.Base(dir))
 		return nil
