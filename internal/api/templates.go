@@ -231,7 +231,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	p := s.host.TemplateParams(chi.URLParam(r, "name"), req.MemoryMiB, req.VCPUs)
+	p := s.host.TemplateParams(templateParam(r), req.MemoryMiB, req.VCPUs)
 	if err := p.Validate(); err != nil {
 		s.writeError(w, r, err)
 		return
