@@ -252,6 +252,15 @@ func TestTemplateFromImage(t *testing.T) {
 	}
 	check(sb3, "hello from v2\nworld\n/srv\n")
 	check(sb1, "hello from v1\nworld\n/srv\n")
+	// Each sandbox records its version; NAME:1 pins the first.
+	if sb1.Info.Template != "hello:1" || sb3.Info.Template != "hello:2" {
+		t.Errorf("sandboxes' templates: %q and %q, want hello:1 and hello:2", sb1.Info.Template, sb3.Info.Template)
+	}
+	pinned, err := c.Create(ctx, pandastack.CreateOptions{Template: "hello:1", MemoryMiB: 256, TTLSeconds: 1800})
+	if err != nil {
+		t.Fatalf("create from hello:1: %v", err)
+	}
+	check(pinned, "hello from v1\nworld\n/srv\n")
 
 	// Delete: refused while its sandboxes live, unless forced.
 	if err := c.DeleteTemplate(ctx, "hello", false); !errors.Is(err, pandastack.ErrConflict) {
@@ -260,7 +269,7 @@ func TestTemplateFromImage(t *testing.T) {
 	if err := c.DeleteTemplate(ctx, "tiny", false); !errors.Is(err, pandastack.ErrInvalid) {
 		t.Errorf("delete tiny: %v, want invalid", err)
 	}
-	for _, sb := range []*pandastack.Sandbox{sb2, sb3} {
+	for _, sb := range []*pandastack.Sandbox{sb2, sb3, pinned} {
 		if err := sb.Kill(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -126,6 +126,7 @@ var configFlags = map[string]configFlag{
 	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *server.Config) any { return &c.TemplateMaxSizeMiB }},
 	"template-context-max":  {"largest build context (MiB) a Dockerfile build may upload", func(c *server.Config) any { return &c.TemplateContextMaxMiB }},
 	"build-cache-max":       {"largest size (MiB) of the layers Dockerfile builds keep for later builds", func(c *server.Config) any { return &c.BuildCacheMaxMiB }},
+	"max-templates-per-key": {"templates a key other than an admin one may own (-1: no bound)", func(c *server.Config) any { return &c.MaxTemplatesPerKey }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},

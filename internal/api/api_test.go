@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -120,7 +122,17 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer cat.Close()
+	// Template builds from "images" that are the tiny root filesystem
+	// with a file of their own (template_vm_test.go).
+	builds, err := tmplbuild.New(tmplbuild.Config{Store: host.Templates(), Convert: tinyWithVersionFile,
+		Dir: filepath.Join(dir, "template-builds"), Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer builds.Close()
 	srv, err = api.New(api.Config{
+		TemplateBuilds:     builds,
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		MaxGuestRequestsPerSandbox: guestLimit,
 		MaxProxyRequestsPerSandbox: proxyLimit, ProxyHeaderTimeout: proxyHeaderTimeout,

@@ -98,13 +98,15 @@ func classify(err error) *apiError {
 		return errorf(http.StatusTooManyRequests, "quota_exceeded", "%s", msg)
 	case errors.Is(err, tmplbuild.ErrUnsupported):
 		return errorf(http.StatusNotImplemented, "not_implemented", "this server does not build templates from Dockerfiles yet; build and push an image, and build the template with from_image")
+	case errors.Is(err, tmplbuild.ErrLimit):
+		return errorf(http.StatusTooManyRequests, "template_limit", "%s", userMessage(err))
 	case errors.Is(err, tmplbuild.ErrClosed):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
 	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):
 		return errorf(http.StatusNotFound, "not_found", "%s", userMessage(err))
 	case errors.Is(err, agent.ErrInvalid), errors.Is(err, template.ErrInvalid):
 		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", userMessage(err))
-	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict):
+	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict), errors.Is(err, template.ErrConflict):
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
 	case errors.Is(err, ErrUnavailable):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))

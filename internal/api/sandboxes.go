@@ -227,7 +227,7 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 		if err != nil {
 			return catalog.Sandbox{}, agent.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
 		}
-		if (req.Template != "" && req.Template != sn.Template) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
+		if (req.Template != "" && req.Template != sn.Template && req.Template+":" != strings.SplitAfter(sn.Template, ":")[0]) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
 			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
 		}
 		p = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
@@ -236,10 +236,21 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 		}
 	} else {
 		p = s.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
+		// A user template is created from one version, which the sandbox
+		// records ("NAME:N"): a rebuild does not change what it runs.
+		ref, err := s.resolveTemplate(key, p.Name)
+		if err != nil {
+			return catalog.Sandbox{}, agent.CreateRequest{}, err
+		}
+		p.Name = ref
 		if err := p.Validate(); err != nil {
 			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 		}
 		t, reason, err := s.host.Templates().Lookup(p)
+		if errors.Is(err, template.ErrNotFound) && !key.Admin {
+			// The store's message lists every template, others' too.
+			return catalog.Sandbox{}, agent.CreateRequest{}, notFound("template %q not found", p.Name)
+		}
 		if err != nil {
 			return catalog.Sandbox{}, agent.CreateRequest{}, err
 		}

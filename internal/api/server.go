@@ -149,6 +149,9 @@ type Config struct {
 	MaxMemoryMiBPerKey int
 	MaxVCPUsPerKey     int
 	MaxDiskMiBPerKey   int
+	// MaxTemplatesPerKey bounds the user templates a key other than an
+	// admin one may own (default 20; < 0 unlimited).
+	MaxTemplatesPerKey int
 	// Requests that reach a sandbox's guest agent (exec, exec streams, file
 	// operations) in flight at once, per sandbox and per key; more are
 	// refused with 429.
@@ -238,6 +241,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxDiskMiBPerKey == 0 {
 		c.MaxDiskMiBPerKey = 1 << 20 // 1 TiB
+	}
+	if c.MaxTemplatesPerKey == 0 {
+		c.MaxTemplatesPerKey = DefaultMaxTemplatesPerKey
 	}
 	if c.MaxGuestRequestsPerSandbox == 0 {
 		c.MaxGuestRequestsPerSandbox = DefaultMaxGuestRequestsPerSandbox
@@ -431,6 +437,8 @@ func (s *Server) routes() http.Handler {
 		r.Post("/templates/{name}/bake", s.bakeTemplate)
 		r.Post("/templates", s.startBuild)
 		r.Delete("/templates/{name}", s.deleteTemplate)
+		r.Post("/templates/{name}/publish", s.publishTemplate(true))
+		r.Post("/templates/{name}/unpublish", s.publishTemplate(false))
 		r.Get("/templates/builds/{buildID}", s.getBuild)
 		r.Get("/templates/builds/{buildID}/logs", s.buildLogs)
 		r.Post("/keys", s.createKey)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +18,18 @@ import (
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
+// versionJSON is one version of a user template: SizeBytes is its root
+// filesystem's apparent size, DiskBytes what it takes on disk.
+type versionJSON struct {
+	Version   int       `json:"version"`
+	BuiltAt   time.Time `json:"built_at"`
+	BuildMS   int64     `json:"build_ms"`
+	SizeBytes int64     `json:"size_bytes"`
+	DiskBytes int64     `json:"disk_bytes"`
+	FromImage string    `json:"from_image"`
+	Digest    string    `json:"digest,omitempty"`
+}
+
 type templateJSON struct {
 	Name        string     `json:"name"`
 	MemoryMiB   int        `json:"memory_mib,omitempty"`
@@ -24,10 +38,22 @@ type templateJSON struct {
 	StaleReason string     `json:"stale_reason,omitempty"`
 	BakedAt     *time.Time `json:"baked_at"`
 	BakeMS      int64      `json:"bake_ms,omitempty"`
-	// A user template's image (built with POST /v1/templates).
-	FromImage string     `json:"from_image,omitempty"`
-	Digest    string     `json:"digest,omitempty"`
-	BuiltAt   *time.Time `json:"built_at,omitempty"`
+	// A user template's image (built with POST /v1/templates): the
+	// version of this row (Version; the latest for shapes baked from
+	// plain NAME), the template's LatestVersion, Public flag, Owner (the
+	// building key's id, shown to admin keys only; "" for one built before
+	// owners were recorded, an admin keys' template) and every Versions.
+	FromImage     string        `json:"from_image,omitempty"`
+	Digest        string        `json:"digest,omitempty"`
+	BuiltAt       *time.Time    `json:"built_at,omitempty"`
+	BuildMS       int64         `json:"build_ms,omitempty"`
+	SizeBytes     int64         `json:"size_bytes,omitempty"`
+	DiskBytes     int64         `json:"disk_bytes,omitempty"`
+	Version       int           `json:"version,omitempty"`
+	LatestVersion int           `json:"latest_version,omitempty"`
+	Public        *bool         `json:"public,omitempty"`
+	Owner         string        `json:"owner,omitempty"`
+	Versions      []versionJSON `json:"versions,omitempty"`
 	// Its start and ready commands, shown to admin keys only (they may
 	// hold secrets).
 	StartCmd            string `json:"start_cmd,omitempty"`
@@ -35,17 +61,39 @@ type templateJSON struct {
 	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
-// listTemplates lists the templates. An admin key sees every shape baked;
-// other keys see each template at its default shape (which shapes others
-// had baked is theirs to know).
+// listTemplates lists the templates the caller may use: the built-in
+// ones, its own, the published ones (an admin key: all). An admin key sees
+// every shape baked; other keys see each template at its default shape
+// (which shapes others had baked is theirs to know). A user template's
+// rows carry its versions.
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	key := callerOf(r).Key
 	store := s.host.Templates()
 	baked, err := store.List()
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if !callerOf(r).Key.Admin {
+	users := map[string][]template.UserRootFS{} // by name, the versions
+	if b, err := s.builds(); err == nil {
+		latest, err := b.UserTemplates()
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		for _, u := range latest {
+			if vs, err := b.Versions(u.Name); err == nil {
+				users[u.Name] = vs
+			}
+		}
+	}
+	// visible: a built-in, or a user template the key may use.
+	visible := func(ref string) bool {
+		name, _, _ := strings.Cut(ref, ":")
+		vs, ok := users[name]
+		return !ok || canUseTemplate(key, vs[len(vs)-1])
+	}
+	if !key.Admin {
 		var defaults []template.Template
 		for _, t := range baked {
 			if t.Params == s.host.TemplateParams(t.Name, 0, 0) {
@@ -57,12 +105,19 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	var out []templateJSON
 	seen := map[string]bool{}
 	for _, t := range baked {
-		seen[t.Name] = true
+		if !visible(t.Name) {
+			continue
+		}
+		name, v, _ := template.SplitRef(t.Name)
 		_, reason, err := store.Lookup(t.Params)
 		if errors.Is(err, template.ErrNotFound) {
 			continue // its root filesystem is gone
 		}
-		tj := templateJSON{Name: t.Name, MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, State: "ready", BakeMS: t.BakeMS}
+		if _, ok := users[name]; ok && v == 0 && reason != "" {
+			continue // a shape of an earlier latest version: the pinned rows say more
+		}
+		seen[name] = true
+		tj := templateJSON{Name: name, Version: v, MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, State: "ready", BakeMS: t.BakeMS}
 		at := t.BakedAt
 		tj.BakedAt = &at
 		if reason != "" {
@@ -71,25 +126,33 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		out = append(out, tj)
 	}
 	for _, name := range store.Names() {
-		if !seen[name] {
+		if !seen[name] && visible(name) {
 			p := s.host.TemplateParams(name, 0, 0)
 			out = append(out, templateJSON{Name: name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, State: "not_baked"})
 		}
 	}
-	if b, err := s.builds(); err == nil {
-		if users, err := b.UserTemplates(); err == nil {
-			byName := map[string]template.UserRootFS{}
-			for _, u := range users {
-				byName[u.Name] = u
-			}
-			for i := range out {
-				if u, ok := byName[out[i].Name]; ok {
-					at := u.BuiltAt
-					out[i].FromImage, out[i].Digest, out[i].BuiltAt = u.Source, u.Digest, &at
-					if callerOf(r).Key.Admin {
-						out[i].StartCmd, out[i].ReadyCmd, out[i].ReadyTimeoutSeconds = u.StartCmd, u.ReadyCmd, u.ReadyTimeoutSeconds
-					}
-				}
+	for i := range out {
+		vs, ok := users[out[i].Name]
+		if !ok {
+			continue
+		}
+		latest := vs[len(vs)-1]
+		if out[i].Version == 0 {
+			out[i].Version = latest.Version
+		}
+		pub := latest.Public
+		out[i].LatestVersion, out[i].Public = latest.Version, &pub
+		if key.Admin {
+			out[i].Owner = latest.Owner
+			out[i].StartCmd, out[i].ReadyCmd, out[i].ReadyTimeoutSeconds = latest.StartCmd, latest.ReadyCmd, latest.ReadyTimeoutSeconds
+		}
+		for _, u := range vs {
+			out[i].Versions = append(out[i].Versions, versionJSON{Version: u.Version, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
+				SizeBytes: u.SizeBytes, DiskBytes: u.DiskBytes, FromImage: u.Source, Digest: u.Digest})
+			if u.Version == out[i].Version {
+				at := u.BuiltAt
+				out[i].FromImage, out[i].Digest, out[i].BuiltAt, out[i].BuildMS = u.Source, u.Digest, &at, u.BuildMS
+				out[i].SizeBytes, out[i].DiskBytes = u.SizeBytes, u.DiskBytes
 			}
 		}
 	}
@@ -97,12 +160,63 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		if out[i].Name != out[j].Name {
 			return out[i].Name < out[j].Name
 		}
+		if out[i].Version != out[j].Version {
+			return out[i].Version > out[j].Version
+		}
 		return out[i].MemoryMiB < out[j].MemoryMiB
 	})
 	if out == nil {
 		out = []templateJSON{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
+}
+
+// canUseTemplate reports whether key may see and use user template u
+// (its latest version, which holds its owner and flag): an admin key
+// always; others their own and published ones. A template without an owner
+// (built before owners were recorded) is the admin keys'.
+func canUseTemplate(key catalog.Key, u template.UserRootFS) bool {
+	return key.Admin || u.Public || (u.Owner != "" && u.Owner == key.ID)
+}
+
+// resolveTemplate returns the reference a sandbox of template ref is
+// created from: a built-in's name as is; for a user template, "NAME:N"
+// (the latest version for plain NAME). A user template key may not use is
+// not found, exactly like a missing one.
+func (s *Server) resolveTemplate(key catalog.Key, ref string) (string, error) {
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		return "", invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
+	}
+	if slices.Contains(template.Reserved, name) || s.cfg.TemplateBuilds == nil {
+		if v > 0 {
+			return "", invalid("template %s is built in: it has no versions", name)
+		}
+		return ref, nil
+	}
+	b := s.cfg.TemplateBuilds
+	u, err := b.UserTemplate(name)
+	if errors.Is(err, template.ErrNotFound) {
+		if v > 0 {
+			return "", notFound("template %q not found", ref)
+		}
+		return ref, nil // a built-in of this host, or nothing: Lookup says
+	}
+	if err != nil {
+		return "", err
+	}
+	if !canUseTemplate(key, u) {
+		return "", notFound("template %q not found", ref)
+	}
+	if v == 0 {
+		return template.Ref(name, u.Version), nil
+	}
+	if _, err := b.UserTemplate(ref); errors.Is(err, template.ErrNotFound) {
+		return "", notFound("template %s has no version %d (its latest is %d)", name, v, u.Version)
+	} else if err != nil {
+		return "", err
+	}
+	return ref, nil
 }
 
 func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
@@ -118,7 +232,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	p := s.host.TemplateParams(chi.URLParam(r, "name"), req.MemoryMiB, req.VCPUs)
+	p := s.host.TemplateParams(templateParam(r), req.MemoryMiB, req.VCPUs)
 	if err := p.Validate(); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -154,9 +268,16 @@ type TemplateBuilds interface {
 	Start(spec tmplbuild.Spec) (tmplbuild.Status, error)
 	Get(id string) (tmplbuild.Status, error)
 	Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error)
-	Remove(name string) error
+	// Remove removes "NAME" (every version) or "NAME:N" (one).
+	Remove(ref string) error
+	SetPublic(name string, public bool) error
+	UserTemplate(ref string) (template.UserRootFS, error)
 	UserTemplates() ([]template.UserRootFS, error)
+	Versions(name string) ([]template.UserRootFS, error)
 }
+
+// DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.
+const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
 	if s.cfg.TemplateBuilds == nil {
@@ -165,19 +286,50 @@ func (s *Server) builds() (TemplateBuilds, error) {
 	return s.cfg.TemplateBuilds, nil
 }
 
-// adminBuilds is the template builder for a request of the build
-// endpoints, which need an admin key; on false the error was answered.
-func (s *Server) adminBuilds(w http.ResponseWriter, r *http.Request) (TemplateBuilds, bool) {
-	err := requireAdmin(r)
-	var b TemplateBuilds
-	if err == nil {
-		b, err = s.builds()
-	}
+// callerBuilds is the template builder for a request of the build
+// endpoints; on false the error was answered.
+func (s *Server) callerBuilds(w http.ResponseWriter, r *http.Request) (TemplateBuilds, bool) {
+	b, err := s.builds()
 	if err != nil {
 		s.writeError(w, r, err)
 		return nil, false
 	}
 	return b, true
+}
+
+// buildSpecOwner fills in the owner of a build of spec.Name by key: any key
+// may build a new name, which it then owns (up to MaxTemplatesPerKey of
+// them, admin keys unbounded); only the owner or an admin key may rebuild
+// one (another key's name is taken: 409, whether it may see it or not).
+func (s *Server) buildSpecOwner(b TemplateBuilds, key catalog.Key, spec *tmplbuild.Spec) error {
+	spec.Owner = key.ID
+	if !key.Admin && s.cfg.MaxTemplatesPerKey > 0 {
+		spec.MaxTemplates = s.cfg.MaxTemplatesPerKey
+	}
+	u, err := b.UserTemplate(spec.Name)
+	if errors.Is(err, template.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !key.Admin && (u.Owner == "" || u.Owner != key.ID) {
+		return conflict("the template name %s is taken; pick another", spec.Name)
+	}
+	return nil
+}
+
+// visibleBuild returns build id's status if key may read it: the key that
+// started it, or an admin key; another key's build is not found.
+func visibleBuild(b TemplateBuilds, key catalog.Key, id string) (tmplbuild.Status, error) {
+	st, err := b.Get(id)
+	if err != nil {
+		return st, err
+	}
+	if !key.Admin && st.Owner != key.ID {
+		return tmplbuild.Status{}, notFound("template build %q not found", id)
+	}
+	return st, nil
 }
 
 // checkImageRef accepts registry references only: the other sources the
@@ -201,12 +353,19 @@ func checkImageRef(ref string) error {
 // Dockerfile (the request: buildrequest.go): 202 with the build's id; its
 // outcome is the build's status.
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.adminBuilds(w, r)
+	b, ok := s.callerBuilds(w, r)
 	if !ok {
 		return
 	}
 	spec, err := s.buildSpecOf(r)
 	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.buildSpecOwner(b, callerOf(r).Key, &spec); err != nil {
+		if spec.ContextTar != "" {
+			os.Remove(spec.ContextTar)
+		}
 		s.writeError(w, r, err)
 		return
 	}
@@ -221,11 +380,11 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.adminBuilds(w, r)
+	b, ok := s.callerBuilds(w, r)
 	if !ok {
 		return
 	}
-	st, err := b.Get(chi.URLParam(r, "buildID"))
+	st, err := visibleBuild(b, callerOf(r).Key, chi.URLParam(r, "buildID"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -237,12 +396,12 @@ func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 // until it ends: {"line": "..."} each, then its final status
 // ({"status": "succeeded"|"failed", "code", "error", ...}).
 func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.adminBuilds(w, r)
+	b, ok := s.callerBuilds(w, r)
 	if !ok {
 		return
 	}
 	id := chi.URLParam(r, "buildID")
-	if _, err := b.Get(id); err != nil {
+	if _, err := visibleBuild(b, callerOf(r).Key, id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -256,30 +415,46 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 	out.send(st)
 }
 
-// deleteTemplate removes a user template: its root filesystem and every
-// shape baked from it. Refused (409) while live sandboxes of the template
-// are in the catalog, unless ?force=true: they keep running on their own
-// files either way.
+// deleteTemplate removes a user template, NAME (every version and every
+// shape baked from them) or NAME:N (that version; not the latest). Only
+// its owner or an admin key may; a template the key may not use is not
+// found. Refused (409) while live sandboxes or snapshots made from it (of
+// that version, for NAME:N) are in the catalog, unless ?force=true: they
+// keep running, and restoring, from their own files either way.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.adminBuilds(w, r)
+	b, ok := s.callerBuilds(w, r)
 	if !ok {
 		return
 	}
-	name := chi.URLParam(r, "name")
-	for _, builtin := range template.Reserved {
-		if name == builtin {
-			s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
-			return
-		}
+	key := callerOf(r).Key
+	ref := templateParam(r)
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		s.writeError(w, r, notFound("no template %q built from an image", ref))
+		return
 	}
-	users, err := b.UserTemplates()
+	if slices.Contains(template.Reserved, name) {
+		s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
+		return
+	}
+	u, err := b.UserTemplate(name)
+	if errors.Is(err, template.ErrNotFound) || (err == nil && !canUseTemplate(key, u)) {
+		s.writeError(w, r, notFound("no template %q built from an image", name))
+		return
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if !slices.ContainsFunc(users, func(u template.UserRootFS) bool { return u.Name == name }) {
-		s.writeError(w, r, notFound("no template %q built from an image", name))
+	if !key.Admin && u.Owner != key.ID {
+		s.writeError(w, r, errorf(http.StatusForbidden, "forbidden", "only the key that built template %s, or an admin key, may delete it", name))
 		return
+	}
+	if v > 0 {
+		if _, err := b.UserTemplate(ref); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 	}
 	force := false
 	switch r.URL.Query().Get("force") {
@@ -290,28 +465,83 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("force must be true or false"))
 		return
 	}
+	// uses reports whether a sandbox or snapshot of template t goes away
+	// with this delete.
+	uses := func(t string) bool {
+		if v > 0 {
+			return t == ref
+		}
+		return t == name || strings.HasPrefix(t, name+":")
+	}
 	if !force {
 		live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{States: liveStates})
 		if err != nil {
 			s.writeError(w, r, fmt.Errorf("list sandboxes: %w", err))
 			return
 		}
-		n := 0
+		nsb := 0
 		for _, sb := range live {
-			if sb.Template == name {
-				n++
+			if uses(sb.Template) {
+				nsb++
 			}
 		}
-		if n > 0 {
-			s.writeError(w, r, conflict("sandboxes of template %s are not stopped (%d); kill them first, or delete with ?force=true (they keep running)", name, n))
+		snaps, err := s.cat.ListSnapshots(r.Context(), "")
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("list snapshots: %w", err))
+			return
+		}
+		nsn := 0
+		for _, sn := range snaps {
+			if uses(sn.Template) {
+				nsn++
+			}
+		}
+		if nsb > 0 || nsn > 0 {
+			s.writeError(w, r, conflict("template %s is in use: %d sandboxes not stopped and %d snapshots were made from it; kill and delete them first, or delete with ?force=true (they keep working from their own files)", ref, nsb, nsn))
 			return
 		}
 	}
-	if err := b.Remove(name); err != nil {
+	if err := b.Remove(ref); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// templateParam is the URL's {name}, unescaped: clients may escape the
+// colon of NAME:N (%3A), and the router matches the escaped path.
+func templateParam(r *http.Request) string {
+	p := chi.URLParam(r, "name")
+	if u, err := url.PathUnescape(p); err == nil {
+		return u
+	}
+	return p
+}
+
+// publishTemplate makes a user template usable and listed for every key
+// (public true), or only its owner's and admin keys' again. Admin keys
+// only.
+func (s *Server) publishTemplate(public bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := requireAdmin(r); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		b, ok := s.callerBuilds(w, r)
+		if !ok {
+			return
+		}
+		name := templateParam(r)
+		if strings.Contains(name, ":") {
+			s.writeError(w, r, invalid("publish a template, not one of its versions: %s", strings.Split(name, ":")[0]))
+			return
+		}
+		if err := b.SetPublic(name, public); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"name": name, "public": public})
+	}
 }
 
 var _ TemplateBuilds = (*tmplbuild.Manager)(nil)

@@ -23,10 +23,15 @@ func templateCmd(g *globals) *cobra.Command {
 		Short:   "List, bake, build and remove templates",
 	})
 	cmd.AddCommand(&cobra.Command{
-		Use:   "ls",
-		Short: "List templates, one line per baked shape",
-		Args:  args(0, 0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:   "ls [NAME]",
+		Short: "List templates, one line per baked shape; with NAME, that template's versions",
+		Long: `List the templates this key may use, one line per baked shape: the
+built-in ones, its own and the published ones (an admin key: all). A
+user template's VERSION is the version of that line (NAME:VERSION pins it
+for --template), SIZE the disk space its root filesystem takes, BUILT
+when it was built. With NAME, list that template's versions instead.`,
+		Args: args(0, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -35,13 +40,16 @@ func templateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("list templates: %w", err)
 			}
+			if len(args) == 1 {
+				return listTemplateVersions(cmd, g, ts, args[0])
+			}
 			if g.json {
 				if ts == nil {
 					ts = []pandastack.Template{}
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"templates": ts})
 			}
-			t := newTable(cmd.OutOrStdout(), "NAME", "MEMORY", "VCPUS", "STATE", "BAKED", "BAKE TIME", "IMAGE")
+			t := newTable(cmd.OutOrStdout(), "NAME", "VERSION", "MEMORY", "VCPUS", "STATE", "BAKED", "BAKE TIME", "SIZE", "BUILT", "IMAGE")
 			for _, tp := range ts {
 				state := tp.State
 				if tp.StaleReason != "" {
@@ -51,11 +59,18 @@ func templateCmd(g *globals) *cobra.Command {
 				if tp.BakeMS > 0 {
 					bake = fmt.Sprintf("%.1fs", float64(tp.BakeMS)/1000)
 				}
-				image := "-"
-				if tp.FromImage != "" {
-					image = tp.FromImage
+				version := "-"
+				if tp.Version > 0 {
+					version = fmt.Sprint(tp.Version)
+					if tp.Version == tp.LatestVersion {
+						version += " (latest)"
+					}
+					if tp.Public {
+						version += ", public"
+					}
 				}
-				t.row(tp.Name, mib(tp.MemoryMiB), num(tp.VCPUs), state, when(tp.BakedAt), bake, image)
+				t.row(tp.Name, version, mib(tp.MemoryMiB), num(tp.VCPUs), state, when(tp.BakedAt), bake,
+					diskSize(tp.DiskBytes), when(tp.BuiltAt), orDash(tp.FromImage))
 			}
 			return t.flush()
 		},
@@ -85,8 +100,76 @@ func templateCmd(g *globals) *cobra.Command {
 	bake.Flags().IntVar(&mem, "memory", 0, "guest memory in MiB (default: the server's)")
 	bake.Flags().IntVar(&vcpus, "vcpus", 0, "guest vCPUs (default: the server's)")
 	cmd.AddCommand(bake)
-	cmd.AddCommand(templateBuildCmd(g), templateRmCmd(g))
+	cmd.AddCommand(templateBuildCmd(g), templateRmCmd(g), templatePublishCmd(g, true), templatePublishCmd(g, false))
 	return cmd
+}
+
+// listTemplateVersions prints the versions of user template name.
+func listTemplateVersions(cmd *cobra.Command, g *globals, ts []pandastack.Template, name string) error {
+	var tp *pandastack.Template
+	for i := range ts {
+		if ts[i].Name == name {
+			tp = &ts[i]
+			break
+		}
+	}
+	if tp == nil {
+		return fmt.Errorf("template %s: not found", name)
+	}
+	if g.json {
+		vs := tp.Versions
+		if vs == nil {
+			vs = []pandastack.TemplateVersion{}
+		}
+		return printJSON(cmd.OutOrStdout(), map[string]any{"name": name, "latest_version": tp.LatestVersion, "public": tp.Public, "owner": tp.Owner, "versions": vs})
+	}
+	if len(tp.Versions) == 0 {
+		_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s is a built-in template: it has no versions\n", name)
+		return err
+	}
+	t := newTable(cmd.OutOrStdout(), "TEMPLATE", "SIZE", "APPARENT", "BUILT", "BUILD TIME", "IMAGE", "DIGEST")
+	for _, v := range tp.Versions {
+		ref := pandastack.TemplateRef(name, v.Version)
+		if v.Version == tp.LatestVersion {
+			ref += " (latest)"
+		}
+		t.row(ref, diskSize(v.DiskBytes), diskSize(v.SizeBytes), when(v.BuiltAt), fmt.Sprintf("%.1fs", float64(v.BuildMS)/1000),
+			orDash(v.FromImage), orDash(v.Digest))
+	}
+	return t.flush()
+}
+
+// diskSize formats a byte count in MiB (GiB from 10 GiB), "-" for zero.
+func diskSize(n int64) string {
+	switch {
+	case n <= 0:
+		return "-"
+	case n >= 10<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+func templatePublishCmd(g *globals, public bool) *cobra.Command {
+	use, short := "publish NAME", "Make a template usable and listed for every key (admin keys only)"
+	if !public {
+		use, short = "unpublish NAME", "Make a published template private to its owner (and admin keys) again (admin keys only)"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.PublishTemplate(cmd.Context(), args[0], public); err != nil {
+				return fmt.Errorf("%s %s: %w", strings.Fields(use)[0], args[0], err)
+			}
+			return nil
+		},
+	}
 }
 
 func templateBuildCmd(g *globals) *cobra.Command {
@@ -95,13 +178,15 @@ func templateBuildCmd(g *globals) *cobra.Command {
 	var readyTimeout time.Duration
 	build := &cobra.Command{
 		Use:   "build NAME (--from-image REF | -f DOCKERFILE [CONTEXT_DIR]) [--start-cmd CMD [--ready-cmd CMD]]",
-		Short: "Build a template from a container image or a Dockerfile, showing progress (admin keys only)",
+		Short: "Build a template (a new version of it) from a container image or a Dockerfile, showing progress",
 		Long: `Build template NAME from a container image in a registry (--from-image), or
 from a Dockerfile (-f), showing the build's progress. Sandboxes created
 with --template NAME then start from it (the first create bakes it). The
 image's ENV, WORKDIR and USER become the defaults of their commands (an
-exec's own env, cwd and --user win). Building NAME again replaces it;
-sandboxes already running keep theirs.
+exec's own env, cwd and --user win). Building NAME again makes a new
+version: sandboxes made earlier keep theirs, and --template NAME:VERSION
+pins one (panda template ls NAME). A new NAME is this key's own, private
+to it until an admin key publishes it (panda template publish NAME).
 
 With -f, the build context is CONTEXT_DIR (default: the Dockerfile's
 directory), sent to the server as a compressed tar archive, streamed from
@@ -109,7 +194,10 @@ disk. Its .dockerignore leaves files out, with Docker's rules (# comments,
 *, **, ! exceptions; the last matching line wins); symbolic links are sent
 as links, never followed. "-f -" reads the Dockerfile from stdin, with no
 context unless CONTEXT_DIR is given. --build-arg sets the Dockerfile's
-ARGs. Servers that do not build Dockerfiles yet answer "not implemented".
+ARGs. FROM names a registry image, or base or tiny (the built-in root
+filesystems). Each RUN runs in a build VM; each step's result is cached,
+so a rebuild runs only the steps after the first one that changed (see
+docs/dockerfile.md).
 
 With --start-cmd, the template's snapshot is taken with that command
 running in the background (a /bin/sh -c script; output in
@@ -288,10 +376,15 @@ func humanSize(n int64) string {
 func templateRmCmd(g *globals) *cobra.Command {
 	var force bool
 	rm := &cobra.Command{
-		Use:     "rm NAME",
+		Use:     "rm NAME[:VERSION]",
 		Aliases: []string{"delete"},
-		Short:   "Remove a template built from an image, with every shape baked from it (admin keys only)",
-		Args:    args(1, 1),
+		Short:   "Remove a template built from an image (every version, every shape baked), or one version of it",
+		Long: `Remove user template NAME: every version and every shape baked from
+them; or NAME:VERSION, that version only (not the latest: remove the
+template, or build a newer version first). Refused while sandboxes that
+are not stopped, or snapshots, were made from it, unless --force (they
+keep working from their own files). Its owner or an admin key only.`,
+		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -303,7 +396,7 @@ func templateRmCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes of it are not stopped (they keep running)")
+	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes or snapshots of it exist (they keep working)")
 	return rm
 }
 

@@ -48,8 +48,11 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 		},
 		CheckDockerfile: dockerfile.Check,
 		MaxConcurrent:   cfg.MaxTemplateBuilds,
-		Bake: func(ctx context.Context, name string, progress func(string)) error {
-			_, err := host.Templates().Bake(ctx, host.TemplateParams(name, 0, 0), template.Progress(progress))
+		// Beside the template store: the builds' status and logs outlive
+		// a restart.
+		Dir: filepath.Join(host.StoreDir(), "template-builds"),
+		Bake: func(ctx context.Context, ref string, progress func(string)) error {
+			_, err := host.Templates().Bake(ctx, host.TemplateParams(ref, 0, 0), template.Progress(progress))
 			return err
 		},
 		Logger: log.With("part", "template-builds"),

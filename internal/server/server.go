@@ -118,6 +118,9 @@ type Config struct {
 	// STORE/build-cache (the data directory's reflink store) for later builds to reuse (default 51200,
 	// least recently used removed first).
 	BuildCacheMaxMiB int `yaml:"build_cache_max_mib"`
+	// MaxTemplatesPerKey bounds the templates a key other than an admin
+	// one may own (default 20; -1: no bound).
+	MaxTemplatesPerKey int `yaml:"max_templates_per_key"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -181,6 +184,7 @@ func Defaults() Config {
 		// api.DefaultTemplateContextMaxBytes
 		TemplateContextMaxMiB: 2 << 10,
 		BuildCacheMaxMiB:      50 << 10,
+		MaxTemplatesPerKey:    api.DefaultMaxTemplatesPerKey,
 		LogLevel:              "info",
 		LogFormat:             "text",
 
@@ -233,6 +237,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TemplateContextMaxMiB < 0 {
 		return errors.New("template_context_max_mib must not be negative (0: the default, 2048)")
+	}
+	if c.MaxTemplatesPerKey < -1 {
+		return errors.New("max_templates_per_key must be -1 (no bound) or more")
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":
@@ -535,6 +542,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api
 		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
 		TemplateBuilds: builds, TemplateContextDir: cfg.templateContextDir(),
 		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
+		MaxTemplatesPerKey:      cfg.MaxTemplatesPerKey,
 	}, cat, host, reg)
 	if err != nil {
 		cat.Close()

@@ -160,7 +160,7 @@ func TestTryUserRootFS(t *testing.T) {
 	}
 	keep, _ = try("three")
 	keep()
-	if u, err := st.UserRootFS("app"); err != nil || u.Source != "three" || versions() != 1 {
-		t.Errorf("after keep: %+v, %v, %d versions; want three, 1", u, err, versions())
+	if u, err := st.UserRootFS("app"); err != nil || u.Source != "three" || u.Version != 2 || versions() != 2 {
+		t.Errorf("after keep: %+v, %v, %d versions; want three as version 2, 2 versions (the older kept)", u, err, versions())
 	}
 }

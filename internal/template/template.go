@@ -62,8 +62,16 @@ type Params struct {
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
-// Key names the directory of a template with these parameters.
-func (p Params) Key() string { return fmt.Sprintf("%s-%dm-%dc", p.Name, p.MemoryMiB, p.VCPUs) }
+// Key names the directory of a template with these parameters:
+// NAME-MEMm-CPUc, or NAME.vN-MEMm-CPUc for version N of a user template
+// (Name "NAME:N"; the dot is in no name, so keys never collide).
+func (p Params) Key() string {
+	name, v, err := SplitRef(p.Name)
+	if err == nil && v > 0 {
+		return fmt.Sprintf("%s.v%d-%dm-%dc", name, v, p.MemoryMiB, p.VCPUs)
+	}
+	return fmt.Sprintf("%s-%dm-%dc", p.Name, p.MemoryMiB, p.VCPUs)
+}
 
 // Limits on template parameters.
 const (
@@ -74,9 +82,10 @@ const (
 
 // Validate checks p's fields (not that the root filesystem exists).
 func (p Params) Validate() error {
+	if _, _, err := SplitRef(p.Name); err != nil {
+		return err
+	}
 	switch {
-	case !nameRE.MatchString(p.Name):
-		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", ErrInvalid, p.Name)
 	case p.MemoryMiB < MinMemoryMiB || p.MemoryMiB > MaxMemoryMiB:
 		return fmt.Errorf("%w: memory_mib %d must be between %d and %d", ErrInvalid, p.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
 	case p.VCPUs < 1 || p.VCPUs > MaxVCPUs:
@@ -89,6 +98,9 @@ func (p Params) Validate() error {
 var (
 	ErrNotFound = errors.New("template not found")
 	ErrInvalid  = errors.New("invalid template parameters")
+	// ErrConflict: the operation does not fit the template's state (e.g.
+	// removing the latest version on its own).
+	ErrConflict = errors.New("template conflict")
 )
 
 // metaFile holds a baked template's Meta.
@@ -182,6 +194,10 @@ type Store struct {
 	// userHashes caches the hashes of user root filesystems, beside them.
 	userHashes *hashCache
 	log        *slog.Logger
+
+	// userMu serializes the changes of user root filesystems' links and
+	// configs (installs, publishing, removals).
+	userMu sync.Mutex
 
 	mu     sync.Mutex
 	baking map[string]*bake

@@ -7,23 +7,37 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // User root filesystems are built from users' container images (see
-// package tmplbuild) and kept in Config.UserDir, one version directory
-// each, reached through a symlink named after the template:
+// package tmplbuild) and kept in Config.UserDir, one directory per version,
+// the latest reached through a symlink named after the template:
 //
-//	UserDir/NAME -> .v-NAME-RAND/   (rootfs.ext4, config.json)
+//	UserDir/NAME -> .v-NAME-RAND/   (rootfs.ext4, config.json: the latest)
+//	UserDir/.v-NAME-RAND2/          (an older version of NAME)
+//
+// Each build of NAME that succeeds is a new version, numbered from 1
+// (UserRootFS.Version; a config.json without one, written before versions
+// existed, is version 1). Versions are kept until they are removed
+// (RemoveUserVersion, or RemoveUserRootFS for all of them): sandboxes and
+// snapshots name the version they were made from, "NAME:N" (a reference,
+// SplitRef), and a pinned version is baked from its own root filesystem
+// under its own key (Params.Key: NAME.vN-MEMm-CPUc), so a new version
+// makes none of its shapes stale. Plain "NAME" means the latest version;
+// its shapes (key NAME-MEMm-CPUc) become stale when a new version is
+// installed, as their recorded rootfs hash no longer matches (Lookup).
 //
 // Installing a new version writes its directory completely, then renames a
 // new symlink over NAME: a reader sees the old version or the new one,
-// never a mix of an old rootfs.ext4 and a new config.json. Templates baked
-// from the old version become stale by themselves: their recorded rootfs
-// hash no longer matches (Lookup). The old directory is removed at once
-// (sandboxes never read a template's root filesystem: they clone the baked
-// template's own copy).
+// never a mix of an old rootfs.ext4 and a new config.json. The template's
+// owner (the key that built its first version) and its public flag are
+// those of the latest version's config.json; an install carries them over
+// from the version it follows.
 //
 // A user root filesystem never shadows a built-in one: names of the images
 // directory's root filesystems, and base and tiny always, are refused.
@@ -130,11 +144,50 @@ type UserRootFS struct {
 	SizeBytes int64     `json:"size_bytes"`
 	BuiltAt   time.Time `json:"built_at"`
 	BuildMS   int64     `json:"build_ms"`
+	// Version numbers the builds of Name from 1; set at install.
+	Version int `json:"version,omitempty"`
+	// Owner is the id of the API key that built the template's first
+	// version ("" for templates built before owners were recorded: they
+	// belong to admin keys). Public makes it usable and listed for every
+	// key. Both are the template's, read from its latest version; an
+	// install carries them over from the version it follows.
+	Owner  string `json:"owner,omitempty"`
+	Public bool   `json:"public,omitempty"`
+	// DiskBytes is what rootfs.ext4 takes on disk (its allocated blocks,
+	// SizeBytes being its apparent size); measured when read, not stored.
+	DiskBytes int64 `json:"-"`
+}
+
+// SplitRef splits a template reference: "NAME" (version 0: the latest of
+// a user template, or a built-in) or "NAME:N" (version N >= 1 of a user
+// template). Errors are ErrInvalid.
+func SplitRef(ref string) (name string, version int, err error) {
+	name, vs, pinned := strings.Cut(ref, ":")
+	if !nameRE.MatchString(name) {
+		return "", 0, fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", ErrInvalid, name)
+	}
+	if !pinned {
+		return name, 0, nil
+	}
+	v, err := strconv.Atoi(vs)
+	if err != nil || v < 1 || v > 1e9 || strconv.Itoa(v) != vs {
+		return "", 0, fmt.Errorf("%w: template %q: a version is a number from 1 (NAME:3)", ErrInvalid, ref)
+	}
+	return name, v, nil
+}
+
+// Ref is the reference of version v of template name ("NAME" for 0).
+func Ref(name string, v int) string {
+	if v == 0 {
+		return name
+	}
+	return name + ":" + strconv.Itoa(v)
 }
 
 // IsBuiltin reports whether name is, or is reserved for, a built-in root
 // filesystem.
 func (s *Store) IsBuiltin(name string) bool {
+	name, _, _ = strings.Cut(name, ":")
 	for _, r := range Reserved {
 		if name == r {
 			return true
@@ -156,19 +209,88 @@ func (s *Store) ValidateUserName(name string) error {
 	return nil
 }
 
-// rootfsPath returns the root filesystem image of template name: the
-// built-in one if there is one, else the user's; "" if neither exists.
-func (s *Store) rootfsPath(name string) string {
-	if p := s.cfg.Images.RootFS(name); fileExists(p) {
-		return p
-	}
-	if s.cfg.UserDir == "" || !nameRE.MatchString(name) || s.IsBuiltin(name) {
+// rootfsPath returns the root filesystem image of template reference ref:
+// the built-in one if there is one, else the user's (its latest version,
+// or the version ref pins); "" if neither exists.
+func (s *Store) rootfsPath(ref string) string {
+	name, v, err := SplitRef(ref)
+	if err != nil {
 		return ""
 	}
-	if p := filepath.Join(s.cfg.UserDir, name, "rootfs.ext4"); fileExists(p) {
+	if p := s.cfg.Images.RootFS(name); v == 0 && fileExists(p) {
+		return p
+	}
+	if s.cfg.UserDir == "" || s.IsBuiltin(name) {
+		return ""
+	}
+	dir := filepath.Join(s.cfg.UserDir, name)
+	if v > 0 {
+		dir = s.versionDir(name, v)
+		if dir == "" {
+			return ""
+		}
+	}
+	if p := filepath.Join(dir, "rootfs.ext4"); fileExists(p) {
 		return p
 	}
 	return ""
+}
+
+// versionDir returns the directory of version v of user template name, ""
+// if there is none.
+func (s *Store) versionDir(name string, v int) string {
+	for _, d := range s.versionDirs(name) {
+		if d.u.Version == v {
+			return d.dir
+		}
+	}
+	return ""
+}
+
+type versionDirEnt struct {
+	dir string
+	u   UserRootFS
+}
+
+// versionDirs returns the installed-or-staged version directories of user
+// template name that hold a readable config.json, by version.
+func (s *Store) versionDirs(name string) []versionDirEnt {
+	ents, _ := os.ReadDir(s.cfg.UserDir)
+	var out []versionDirEnt
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".v-"+name+"-") {
+			continue
+		}
+		dir := filepath.Join(s.cfg.UserDir, e.Name())
+		u, err := readUserConfig(dir)
+		if err != nil || u.Name != name {
+			continue // not installed, or another name's (".v-app-x-" is app-x's)
+		}
+		out = append(out, versionDirEnt{dir, u})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].u.Version < out[j].u.Version })
+	return out
+}
+
+// readUserConfig reads dir's config.json, Version defaulted to 1 and
+// DiskBytes measured.
+func readUserConfig(dir string) (UserRootFS, error) {
+	var u UserRootFS
+	b, err := os.ReadFile(filepath.Join(dir, userConfigFile))
+	if err != nil {
+		return u, err
+	}
+	if err := json.Unmarshal(b, &u); err != nil {
+		return u, err
+	}
+	if u.Version == 0 {
+		u.Version = 1
+	}
+	var st unix.Stat_t
+	if unix.Stat(filepath.Join(dir, "rootfs.ext4"), &st) == nil {
+		u.DiskBytes = st.Blocks * 512
+	}
+	return u, nil
 }
 
 func fileExists(p string) bool {
@@ -192,24 +314,57 @@ func (s *Store) userNames() []string {
 	return names
 }
 
-// UserRootFS returns the description of user root filesystem name
-// (ErrNotFound if there is none).
-func (s *Store) UserRootFS(name string) (UserRootFS, error) {
+// UserRootFS returns the description of user root filesystem ref: its
+// latest version ("NAME") or the version ref pins ("NAME:N"); ErrNotFound
+// if there is none. Owner and Public are the template's (its latest
+// version's) either way.
+func (s *Store) UserRootFS(ref string) (UserRootFS, error) {
 	var u UserRootFS
-	if s.cfg.UserDir == "" || !nameRE.MatchString(name) || s.IsBuiltin(name) {
-		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, name)
+	name, v, err := SplitRef(ref)
+	if err != nil || s.cfg.UserDir == "" || s.IsBuiltin(name) {
+		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
 	}
-	b, err := os.ReadFile(filepath.Join(s.cfg.UserDir, name, userConfigFile))
+	latest, err := readUserConfig(filepath.Join(s.cfg.UserDir, name))
 	if errors.Is(err, os.ErrNotExist) {
-		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, name)
+		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
 	}
 	if err != nil {
 		return u, fmt.Errorf("read user template %s: %w", name, err)
 	}
-	if err := json.Unmarshal(b, &u); err != nil {
-		return u, fmt.Errorf("read user template %s: %w", name, err)
+	if v == 0 || v == latest.Version {
+		return latest, nil
 	}
+	dir := s.versionDir(name, v)
+	if dir == "" {
+		return u, fmt.Errorf("%w: template %s has no version %d", ErrNotFound, name, v)
+	}
+	u, err = readUserConfig(dir)
+	if err != nil {
+		return u, fmt.Errorf("read user template %s: %w", ref, err)
+	}
+	u.Owner, u.Public = latest.Owner, latest.Public
 	return u, nil
+}
+
+// UserVersions lists the versions of user template name, oldest first
+// (ErrNotFound if there is none). Owner and Public are the template's.
+func (s *Store) UserVersions(name string) ([]UserRootFS, error) {
+	latest, err := s.UserRootFS(name)
+	if err != nil {
+		return nil, err
+	}
+	var out []UserRootFS
+	for _, d := range s.versionDirs(name) {
+		if d.u.Version > latest.Version {
+			continue // an install interrupted before its link
+		}
+		d.u.Owner, d.u.Public = latest.Owner, latest.Public
+		out = append(out, d.u)
+	}
+	if len(out) == 0 || out[len(out)-1].Version != latest.Version {
+		out = append(out, latest) // cannot happen but through a hand-made link
+	}
+	return out, nil
 }
 
 // UserRootFSes lists the user root filesystems, by name.
@@ -250,35 +405,37 @@ func (s *Store) StageUserRootFS(name string) (string, error) {
 }
 
 // InstallUserRootFS makes dir (from StageUserRootFS, holding rootfs.ext4)
-// the current version of user root filesystem u.Name, atomically, and
-// removes the version it replaces. Callers serialize installs and removals
-// of one name.
+// the latest version of user root filesystem u.Name, atomically: version
+// one more than the highest installed, with the Owner and Public of the
+// version it follows (u's own when it is the first). The versions before
+// it are kept. Callers serialize installs and removals of one name.
 func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
-	old, err := s.installUser(dir, u)
-	if err != nil {
-		return err
-	}
-	s.removeVersion(old)
-	return nil
+	_, err := s.installUser(dir, u)
+	return err
 }
 
-// TryUserRootFS is InstallUserRootFS keeping the version it replaces
-// until the caller decides: keep removes that version; undo makes it
-// current again (or, if there was none, removes name and the shapes baked
-// from dir's version, like RemoveUserRootFS) and removes dir. Call exactly
+// TryUserRootFS is InstallUserRootFS with a way back: keep leaves the new
+// version installed; undo makes the version it followed the latest again
+// (or, if there was none, removes name and the shapes baked from dir's
+// version, like RemoveUserRootFS) and removes dir's version. Call exactly
 // one of them, with installs and removals of the name still serialized.
 func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func() error, err error) {
 	old, err := s.installUser(dir, u)
 	if err != nil {
 		return nil, nil, err
 	}
-	keep = func() { s.removeVersion(old) }
+	keep = func() {}
 	undo = func() error {
 		if old == "" {
 			return s.RemoveUserRootFS(u.Name)
 		}
+		s.userMu.Lock()
+		defer s.userMu.Unlock()
 		if err := s.pointUser(u.Name, old); err != nil {
 			return fmt.Errorf("restore user template %s: %w", u.Name, err)
+		}
+		if nu, err := readUserConfig(dir); err == nil {
+			s.removeBaked(func(t Template) bool { return t.Name == Ref(u.Name, nu.Version) })
 		}
 		s.removeVersion(filepath.Base(dir))
 		return nil
@@ -308,8 +465,8 @@ func (s *Store) pointUser(name, v string) error {
 	return nil
 }
 
-// installUser makes dir the current version of u.Name and returns the
-// version it replaced ("" if none), which it leaves in place.
+// installUser makes dir the latest version of u.Name and returns the
+// version directory it follows ("" if none), which it leaves in place.
 func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 	if err := s.ValidateUserName(u.Name); err != nil {
 		return "", err
@@ -322,7 +479,26 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 	if err != nil {
 		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
+	old, _ = os.Readlink(filepath.Join(s.cfg.UserDir, u.Name))
+	if old == filepath.Base(dir) {
+		return "", fmt.Errorf("install user template %s: %s is installed already", u.Name, dir)
+	}
+	u.Version = 1
+	if prev, err := readUserConfig(filepath.Join(s.cfg.UserDir, u.Name)); err == nil {
+		u.Version, u.Owner, u.Public = prev.Version+1, prev.Owner, prev.Public
+	} else {
+		old = "" // a dangling link: nothing to carry over or go back to
+	}
+	for _, d := range s.versionDirs(u.Name) {
+		if d.u.Version >= u.Version && d.dir != dir {
+			// An install interrupted before its link: never a version.
+			os.RemoveAll(d.dir)
+		}
+	}
 	u.SizeBytes = st.Size()
+	u.DiskBytes = 0
 	b, _ := json.MarshalIndent(u, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
 		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
@@ -332,23 +508,59 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 			return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 		}
 	}
-	old, _ = os.Readlink(filepath.Join(s.cfg.UserDir, u.Name))
 	if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
 		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
-	}
-	if old == filepath.Base(dir) {
-		old = ""
 	}
 	return old, nil
 }
 
-// RemoveUserRootFS removes user root filesystem name and every template
-// baked from it (ErrNotFound if there is none). Sandboxes restored from
-// those templates keep running: they hold their own files.
+// SetUserPublic sets user template name's public flag (ErrNotFound if
+// there is none).
+func (s *Store) SetUserPublic(name string, public bool) error {
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
+	if _, _, err := SplitRef(name); err != nil || strings.Contains(name, ":") {
+		return fmt.Errorf("%w: no user template %q", ErrNotFound, name)
+	}
+	u, err := s.UserRootFS(name)
+	if err != nil {
+		return err
+	}
+	if u.Public == public {
+		return nil
+	}
+	u.Public = public
+	target, err := os.Readlink(filepath.Join(s.cfg.UserDir, name))
+	if err != nil {
+		return fmt.Errorf("publish user template %s: %w", name, err)
+	}
+	dir := filepath.Join(s.cfg.UserDir, target)
+	b, _ := json.MarshalIndent(u, "", "  ")
+	tmp := filepath.Join(dir, userConfigFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("publish user template %s: %w", name, err)
+	}
+	syncPath(tmp)
+	if err := os.Rename(tmp, filepath.Join(dir, userConfigFile)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("publish user template %s: %w", name, err)
+	}
+	syncPath(dir)
+	return nil
+}
+
+// RemoveUserRootFS removes every version of user root filesystem name and
+// every template baked from them (ErrNotFound if there is none). Sandboxes
+// restored from those templates keep running: they hold their own files.
 func (s *Store) RemoveUserRootFS(name string) error {
+	if strings.Contains(name, ":") {
+		return fmt.Errorf("%w: no user template %q", ErrNotFound, name)
+	}
 	if _, err := s.UserRootFS(name); err != nil {
 		return err
 	}
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
 	link := filepath.Join(s.cfg.UserDir, name)
 	target, err := os.Readlink(link)
 	if err != nil {
@@ -358,15 +570,53 @@ func (s *Store) RemoveUserRootFS(name string) error {
 		return fmt.Errorf("remove user template %s: %w", name, err)
 	}
 	syncPath(s.cfg.UserDir)
-	if !strings.Contains(target, "/") {
-		os.RemoveAll(filepath.Join(s.cfg.UserDir, target))
+	s.removeVersion(target)
+	for _, d := range s.versionDirs(name) {
+		s.removeVersion(filepath.Base(d.dir))
 	}
-	baked, err := s.List()
+	s.removeBaked(func(t Template) bool {
+		n, _, _ := strings.Cut(t.Name, ":")
+		return n == name
+	})
+	return nil
+}
+
+// RemoveUserVersion removes version v of user template name and the
+// templates baked from it (ErrNotFound if there is none). The latest
+// version is refused (ErrConflict): remove the template, or build a newer
+// version first.
+func (s *Store) RemoveUserVersion(name string, v int) error {
+	latest, err := s.UserRootFS(name)
 	if err != nil {
 		return err
 	}
+	if v == latest.Version {
+		return fmt.Errorf("%w: version %d is the latest of template %s; delete the whole template, or build a newer version first", ErrConflict, v, name)
+	}
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
+	dir := s.versionDir(name, v)
+	if dir == "" || v > latest.Version {
+		return fmt.Errorf("%w: template %s has no version %d", ErrNotFound, name, v)
+	}
+	// Its config first: a crash midway leaves no half a version listed.
+	if err := os.Remove(filepath.Join(dir, userConfigFile)); err != nil {
+		return fmt.Errorf("remove version %d of template %s: %w", v, name, err)
+	}
+	s.removeVersion(filepath.Base(dir))
+	ref := Ref(name, v)
+	s.removeBaked(func(t Template) bool { return t.Name == ref })
+	return nil
+}
+
+// removeBaked removes the baked templates for which match is true.
+func (s *Store) removeBaked(match func(Template) bool) {
+	baked, err := s.List()
+	if err != nil {
+		return
+	}
 	for _, t := range baked {
-		if t.Name != name {
+		if !match(t) {
 			continue
 		}
 		// Aside first, like a re-bake: a Lookup sees the template whole
@@ -376,28 +626,37 @@ func (s *Store) RemoveUserRootFS(name string) error {
 			os.RemoveAll(old)
 		}
 	}
-	return nil
 }
 
-// removeUserLeftovers removes the versions of user root filesystems that
-// no name points to (interrupted builds and installs) and returns how many.
+// removeUserLeftovers removes what interrupted builds and installs left
+// (staged directories never installed, versions installed but never
+// linked, stray links) and returns how many.
 func (s *Store) removeUserLeftovers() int {
 	if s.cfg.UserDir == "" {
 		return 0
 	}
 	live := map[string]bool{}
+	latest := map[string]int{}
 	ents, _ := os.ReadDir(s.cfg.UserDir)
 	for _, e := range ents {
 		if e.Type()&os.ModeSymlink != 0 {
 			if t, err := os.Readlink(filepath.Join(s.cfg.UserDir, e.Name())); err == nil {
 				live[t] = true
+				if u, err := readUserConfig(filepath.Join(s.cfg.UserDir, e.Name())); err == nil {
+					latest[e.Name()] = u.Version
+				}
 			}
 		}
 	}
 	var n int
 	for _, e := range ents {
 		name := e.Name()
-		stray := strings.HasPrefix(name, ".link-") || (strings.HasPrefix(name, ".v-") && !live[name])
+		stray := strings.HasPrefix(name, ".link-")
+		if strings.HasPrefix(name, ".v-") && !live[name] {
+			u, err := readUserConfig(filepath.Join(s.cfg.UserDir, name))
+			// An older version of a template that has a latest one is kept.
+			stray = err != nil || latest[u.Name] == 0 || u.Version >= latest[u.Name]
+		}
 		if stray && os.RemoveAll(filepath.Join(s.cfg.UserDir, name)) == nil {
 			n++
 		}

@@ -3,12 +3,15 @@ package template
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/guestnet"
+	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -112,8 +115,8 @@ func TestUserRootFSInstallReplaceRemove(t *testing.T) {
 		t.Errorf("config after rebuild: %+v", u)
 	}
 	vers, _ := filepath.Glob(filepath.Join(st.cfg.UserDir, ".v-app-*"))
-	if len(vers) != 1 {
-		t.Errorf("versions after rebuild: %q, want one", vers)
+	if len(vers) != 2 {
+		t.Errorf("versions after rebuild: %q, want two (versions are kept)", vers)
 	}
 
 	// Leftovers: a staged version never installed.
@@ -144,5 +147,146 @@ func TestUserRootFSInstallReplaceRemove(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 1 { // .hashes.json
 		t.Errorf("user dir after removal: %v", ents)
+	}
+}
+
+func TestUserVersions(t *testing.T) {
+	st := fakeStore(t)
+	installUser(t, st, "app", "one")
+	installUser(t, st, "app", "two")
+	installUser(t, st, "app", "three")
+	vs, err := st.UserVersions("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, v := range vs {
+		got = append(got, fmt.Sprintf("%d:%s", v.Version, v.Image.Env[0]))
+	}
+	if want := "1:A=one 2:A=two 3:A=three"; strings.Join(got, " ") != want {
+		t.Errorf("versions = %s, want %s", strings.Join(got, " "), want)
+	}
+	if u, err := st.UserRootFS("app"); err != nil || u.Version != 3 {
+		t.Errorf("latest = %+v, %v; want version 3", u, err)
+	}
+	if u, err := st.UserRootFS("app:1"); err != nil || u.Version != 1 || u.Image.Env[0] != "A=one" {
+		t.Errorf("app:1 = %+v, %v", u, err)
+	}
+	for _, ref := range []string{"app:4", "app:0", "app:x", "app:01", "tiny:1"} {
+		if _, err := st.UserRootFS(ref); !errors.Is(err, ErrNotFound) {
+			t.Errorf("UserRootFS(%s) = %v, want ErrNotFound", ref, err)
+		}
+	}
+
+	// Each version is baked under its own key: a pinned version's shapes
+	// stay fresh whatever the latest becomes.
+	p1 := Params{Name: "app:1", MemoryMiB: 256, VCPUs: 1}
+	if got, want := p1.Key(), "app.v1-256m-1c"; got != want {
+		t.Errorf("Key = %s, want %s", got, want)
+	}
+	in1, err := st.inputs("app:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeBake(t, st, p1, in1)
+	installUser(t, st, "app", "four")
+	if _, reason, err := st.Lookup(p1); err != nil || reason != "" {
+		t.Errorf("Lookup(app:1) after a new version: %q, %v; want fresh", reason, err)
+	}
+
+	// Removing one version: not the latest.
+	if err := st.RemoveUserVersion("app", 4); !errors.Is(err, ErrConflict) {
+		t.Errorf("removing the latest version: %v, want ErrConflict", err)
+	}
+	if err := st.RemoveUserVersion("app", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Lookup(p1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Lookup(app:1) after its removal: %v, want ErrNotFound", err)
+	}
+	if _, err := os.Stat(filepath.Join(st.cfg.Dir, p1.Key())); !os.IsNotExist(err) {
+		t.Errorf("shape of a removed version survives: %v", err)
+	}
+	if err := st.RemoveUserVersion("app", 1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("removing a removed version: %v, want ErrNotFound", err)
+	}
+	// Numbers are never reused while the template lives.
+	installUser(t, st, "app", "five")
+	if u, _ := st.UserRootFS("app"); u.Version != 5 {
+		t.Errorf("version after a removal = %d, want 5", u.Version)
+	}
+
+	// Leftovers keep the older versions.
+	if n := st.RemoveLeftovers(); n != 0 {
+		t.Errorf("RemoveLeftovers = %d, want 0", n)
+	}
+	if vs, _ := st.UserVersions("app"); len(vs) != 4 {
+		t.Errorf("versions after RemoveLeftovers: %d, want 4", len(vs))
+	}
+	if err := st.RemoveUserRootFS("app"); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 1 { // .hashes.json
+		t.Errorf("user dir after removal: %v", ents)
+	}
+}
+
+func TestUserOwnerAndPublic(t *testing.T) {
+	st := fakeStore(t)
+	stage := func(name, owner string) {
+		dir, err := st.StageUserRootFS(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(owner), 0o644)
+		if err := st.InstallUserRootFS(dir, UserRootFS{Name: name, Owner: owner}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stage("app", "key-a")
+	if err := st.SetUserPublic("app", true); err != nil {
+		t.Fatal(err)
+	}
+	stage("app", "key-admin") // a rebuild keeps the owner and the flag
+	for _, ref := range []string{"app", "app:1", "app:2"} {
+		u, err := st.UserRootFS(ref)
+		if err != nil || u.Owner != "key-a" || !u.Public {
+			t.Errorf("%s = owner %q public %v, %v; want key-a, public", ref, u.Owner, u.Public, err)
+		}
+	}
+	if err := st.SetUserPublic("app", false); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := st.UserRootFS("app:1"); u.Public {
+		t.Errorf("app:1 still public after unpublishing the template")
+	}
+	if err := st.SetUserPublic("nope", true); !errors.Is(err, ErrNotFound) {
+		t.Errorf("publishing a missing template: %v", err)
+	}
+
+	// A config written before versions and owners: version 1, no owner.
+	dir, _ := st.StageUserRootFS("old")
+	os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte("x"), 0o644)
+	os.WriteFile(filepath.Join(dir, userConfigFile), []byte(`{"name":"old","source":"r/x"}`), 0o600)
+	if err := st.pointUser("old", filepath.Base(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := st.UserRootFS("old"); err != nil || u.Version != 1 || u.Owner != "" || u.DiskBytes == 0 {
+		t.Errorf("legacy template = %+v, %v", u, err)
+	}
+	if u, err := st.UserRootFS("old:1"); err != nil || u.Version != 1 {
+		t.Errorf("legacy template old:1 = %+v, %v", u, err)
+	}
+}
+
+// fakeBake writes the metadata of a template baked with inputs (no VM).
+func fakeBake(t *testing.T, st *Store, p Params, inputs map[string]string) {
+	t.Helper()
+	tdir := filepath.Join(st.cfg.Dir, p.Key())
+	os.MkdirAll(tdir, 0o700)
+	b, _ := json.Marshal(Meta{Params: p, Inputs: inputs, Accel: st.cfg.Accel, Cmdline: st.cmdline(), MAC: guestnet.GuestMAC})
+	os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600)
+	if _, err := manifest.Seal(tdir, metaFile); err != nil {
+		t.Fatal(err)
 	}
 }

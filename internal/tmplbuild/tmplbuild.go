@@ -3,10 +3,13 @@
 // template.Store.StageUserRootFS) through a Convert function (package
 // rootfs). It owns the builds' queue (at most Config.MaxConcurrent at
 // once, one at a time per template name), their status, and their
-// progress lines, kept in memory for whoever follows them; finished builds
-// are forgotten after Config.Retention. Nothing here survives a restart: a
-// build interrupted by one leaves only a staged directory, which the store
-// removes at start-up (template.Store.RemoveLeftovers).
+// progress lines, kept in memory for whoever follows them and, with
+// Config.Dir, on disk (ID.json, the status; ID.log, the lines), so that
+// they outlive a restart of the server. Finished builds are forgotten
+// (files too) after Config.Retention. A build that was queued or running
+// when the server stopped is failed at the next New with CodeInterrupted;
+// what it staged the store removes at start-up
+// (template.Store.RemoveLeftovers).
 package tmplbuild
 
 import (
@@ -36,6 +39,8 @@ var (
 	// registry does not have the image; a build failing with it has
 	// Status.Code CodeImageNotFound.
 	ErrImageNotFound = errors.New("image not found")
+	// ErrLimit: the key owns Spec.MaxTemplates templates already.
+	ErrLimit = errors.New("template limit reached")
 )
 
 // Result is what a Convert found in the image.
@@ -65,6 +70,16 @@ type Spec struct {
 	// BuildArgs set the Dockerfile's ARGs.
 	BuildArgs map[string]string
 	Startup   template.Startup
+	// Owner is the id of the API key building the template: the owner of
+	// the template if this build makes its first version (a rebuild keeps
+	// the template's owner), and of the build's status and log. A build of
+	// a name that does not exist yet is refused (ErrConflict) while
+	// another owner's build of that name is queued or running.
+	Owner string
+	// MaxTemplates bounds the templates Owner owns: a build of a new
+	// name is refused (ErrLimit) when Owner has that many already,
+	// counting new names queued. 0: no bound.
+	MaxTemplates int
 }
 
 // source is how a build's status names what it builds from.
@@ -87,7 +102,11 @@ type Store interface {
 	InstallUserRootFS(dir string, u template.UserRootFS) error
 	TryUserRootFS(dir string, u template.UserRootFS) (keep func(), undo func() error, err error)
 	RemoveUserRootFS(name string) error
+	RemoveUserVersion(name string, version int) error
+	SetUserPublic(name string, public bool) error
+	UserRootFS(ref string) (template.UserRootFS, error)
 	UserRootFSes() ([]template.UserRootFS, error)
+	UserVersions(name string) ([]template.UserRootFS, error)
 }
 
 // Config configures a Manager.
@@ -101,7 +120,11 @@ type Config struct {
 	// its build is started, so that a malformed one is refused at once
 	// (its errors are wrapped in template.ErrInvalid).
 	CheckDockerfile func(dockerfile []byte, buildArgs map[string]string) error
-	// Bake bakes user template name (just installed) at the host's
+	// Dir keeps the builds' status and log lines, so that they outlive
+	// a restart; "" keeps them in memory only.
+	Dir string
+	// Bake bakes user template ref (the version just installed,
+	// "NAME:N") at the host's
 	// default shape, reporting progress lines. A build whose template
 	// starts commands (template.Startup) calls it, so that a start or
 	// ready command that fails, fails the build: the template is then
@@ -115,13 +138,17 @@ type Config struct {
 	// Retention is how long a finished build stays visible (default 1 h).
 	Retention time.Duration
 	// MaxLines bounds the progress lines kept per build (default 10000):
-	// later lines are dropped, and a line says how many.
+	// later lines are dropped, and a line says how many. Each line is
+	// cut at MaxLineBytes.
 	MaxLines int
 	Logger   *slog.Logger
 }
 
 // Default of Config.MaxConcurrent.
 const DefaultMaxConcurrent = 2
+
+// MaxLineBytes bounds one progress line.
+const MaxLineBytes = 4096
 
 // Validate checks c and fills in defaults.
 func (c *Config) Validate() error {
@@ -162,6 +189,9 @@ const (
 	CodeImageNotFound = "image_not_found"
 	CodeCanceled      = "canceled"
 	CodeFailed        = "build_failed"
+	// CodeInterrupted: the server stopped while the build was queued or
+	// running.
+	CodeInterrupted = "interrupted"
 )
 
 // Status is a build's state.
@@ -171,12 +201,16 @@ type Status struct {
 	Source string `json:"from_image"`
 	State  string `json:"status"`
 	// Code and Error say why a failed build failed, for users.
-	Code      string     `json:"code,omitempty"`
-	Error     string     `json:"error,omitempty"`
-	Digest    string     `json:"digest,omitempty"`
+	Code   string `json:"code,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	// Version is the template version the build made (once succeeded).
+	Version   int        `json:"version,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
 	StartedAt *time.Time `json:"started_at,omitempty"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	// Owner is Spec.Owner: who may read the status and the log.
+	Owner string `json:"-"`
 }
 
 // Done reports whether the build has ended.
@@ -190,6 +224,8 @@ type build struct {
 	// changed is closed (and replaced) whenever lines or st change.
 	changed chan struct{}
 	cancel  context.CancelFunc
+	// log is the open ID.log (nil without Config.Dir, or once ended).
+	log *os.File
 }
 
 // Manager runs builds. Safe for concurrent use.
@@ -217,10 +253,14 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, end := context.WithCancel(context.Background())
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, sem: make(chan struct{}, cfg.MaxConcurrent), ctx: ctx, end: end,
 		builds: map[string]*build{}, names: map[string][]*build{}, turn: map[*build]chan struct{}{},
-	}, nil
+	}
+	if err := m.load(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Start queues a build of spec and returns its status (queued); the
@@ -261,12 +301,19 @@ func (m *Manager) Start(spec Spec) (st Status, err error) {
 		return Status{}, ErrClosed
 	}
 	m.prune()
+	if err := m.checkOwner(spec); err != nil {
+		return Status{}, err
+	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timeout)
 	b := &build{
-		st:      Status{ID: newID(), Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC()},
+		st:      Status{ID: newID(), Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner},
 		spec:    spec,
 		changed: make(chan struct{}),
 		cancel:  cancel,
+	}
+	if err := m.create(b); err != nil {
+		cancel()
+		return Status{}, err
 	}
 	m.builds[b.st.ID] = b
 	turn := make(chan struct{})
@@ -309,6 +356,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	now := time.Now().UTC()
 	m.mu.Lock()
 	b.st.State, b.st.StartedAt = StateRunning, &now
+	m.save(b)
 	m.mu.Unlock()
 	name, src := b.st.Name, b.st.Source
 	log := m.cfg.Logger.With("template", name, "build_id", b.st.ID)
@@ -336,16 +384,17 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds()}
+	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds(), Owner: b.spec.Owner}
 	if !b.spec.Startup.IsZero() && m.cfg.Bake != nil {
 		keep, undo, err := m.cfg.Store.TryUserRootFS(dir, u)
 		if err != nil {
 			return storeError{err}
 		}
 		installed = true
-		say(fmt.Sprintf("baking template %s: its start and ready commands run once, before the snapshot", name))
+		v := m.installedVersion(b)
+		say(fmt.Sprintf("baking template %s: its start and ready commands run once, before the snapshot", template.Ref(name, v)))
 		t0 := time.Now()
-		if err := m.cfg.Bake(ctx, name, say); err != nil {
+		if err := m.cfg.Bake(ctx, template.Ref(name, v), say); err != nil {
 			// A version whose commands do not get ready is not kept: its
 			// sandboxes would fail to bake it again and again.
 			if uerr := undo(); uerr != nil {
@@ -356,9 +405,9 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 		keep()
 		log.Info("template baked", "dur_ms", time.Since(t0).Milliseconds())
 		m.mu.Lock()
-		b.st.Digest = res.Digest
+		b.st.Digest, b.st.Version = res.Digest, v
 		m.mu.Unlock()
-		say(fmt.Sprintf("template %s is ready (%s, %.1fs)", name, res.Digest, time.Since(now).Seconds()))
+		say(fmt.Sprintf("template %s is ready as version %d (%s, %.1fs)", name, v, res.Digest, time.Since(now).Seconds()))
 		log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
 		return nil
 	}
@@ -366,10 +415,11 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 		return storeError{err}
 	}
 	installed = true
+	v := m.installedVersion(b)
 	m.mu.Lock()
-	b.st.Digest = res.Digest
+	b.st.Digest, b.st.Version = res.Digest, v
 	m.mu.Unlock()
-	say(fmt.Sprintf("template %s is ready (%s, %.1fs); its sandboxes bake it on first use", name, res.Digest, time.Since(now).Seconds()))
+	say(fmt.Sprintf("template %s is ready as version %d (%s, %.1fs); its sandboxes bake it on first use", name, v, res.Digest, time.Since(now).Seconds()))
 	log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
 	return nil
 }
@@ -401,6 +451,11 @@ func (m *Manager) finish(b *build, err error) {
 			b.st.Error = "the build was canceled: the server is shutting down"
 		}
 		m.cfg.Logger.Warn("template build failed", "template", b.st.Name, "build_id", b.st.ID, "err", err)
+	}
+	m.save(b)
+	if b.log != nil {
+		b.log.Close()
+		b.log = nil
 	}
 	q := m.names[b.st.Name]
 	for i, x := range q {
@@ -450,10 +505,14 @@ func classify(err error) string {
 }
 
 func (m *Manager) addLine(b *build, line string) {
+	if len(line) > MaxLineBytes {
+		line = line[:MaxLineBytes]
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(b.lines) < m.cfg.MaxLines {
 		b.lines = append(b.lines, line)
+		m.appendLine(b, line)
 	} else {
 		b.dropped++
 	}
@@ -517,16 +576,87 @@ func (m *Manager) Building(name string) bool {
 	return len(m.names[name]) > 0
 }
 
-// Remove removes user template name (template.ErrNotFound if there is
-// none), unless a build of it is queued or running (ErrConflict).
-func (m *Manager) Remove(name string) error {
+// Remove removes user template ref: every version of "NAME", or version
+// N of "NAME:N" (template.ErrNotFound if there is none;
+// template.ErrConflict for the latest version alone), unless a build of it
+// is queued or running (ErrConflict).
+func (m *Manager) Remove(ref string) error {
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.names[name]) > 0 {
 		return fmt.Errorf("template %s is being built: %w", name, ErrConflict)
 	}
 	// Under m.mu: no build of name can start installing meanwhile.
+	if v > 0 {
+		return m.cfg.Store.RemoveUserVersion(name, v)
+	}
 	return m.cfg.Store.RemoveUserRootFS(name)
+}
+
+// SetPublic publishes (or unpublishes) user template name: see
+// template.Store.SetUserPublic.
+func (m *Manager) SetPublic(name string, public bool) error {
+	return m.cfg.Store.SetUserPublic(name, public)
+}
+
+// UserTemplate returns user template ref (see template.Store.UserRootFS).
+func (m *Manager) UserTemplate(ref string) (template.UserRootFS, error) {
+	return m.cfg.Store.UserRootFS(ref)
+}
+
+// Versions lists the versions of user template name, oldest first.
+func (m *Manager) Versions(name string) ([]template.UserRootFS, error) {
+	return m.cfg.Store.UserVersions(name)
+}
+
+// checkOwner refuses spec when its name is new and another owner's build
+// of it is queued (ErrConflict), or when its owner has MaxTemplates
+// templates already (ErrLimit); m.mu is held.
+func (m *Manager) checkOwner(spec Spec) error {
+	if _, err := m.cfg.Store.UserRootFS(spec.Name); err == nil {
+		return nil // a rebuild: the caller checked who may
+	}
+	for _, q := range m.names[spec.Name] {
+		if q.spec.Owner != spec.Owner {
+			return fmt.Errorf("%w: the name %s is taken: another key is building it", ErrConflict, spec.Name)
+		}
+	}
+	if spec.MaxTemplates <= 0 {
+		return nil
+	}
+	owned := map[string]bool{}
+	users, err := m.cfg.Store.UserRootFSes()
+	if err != nil {
+		return err
+	}
+	for _, u := range users {
+		if u.Owner == spec.Owner {
+			owned[u.Name] = true
+		}
+	}
+	for name, q := range m.names {
+		if len(q) > 0 && q[0].spec.Owner == spec.Owner {
+			owned[name] = true
+		}
+	}
+	if len(owned) >= spec.MaxTemplates {
+		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", ErrLimit, len(owned))
+	}
+	return nil
+}
+
+// installedVersion is the version b installed: the latest (installs of a
+// name are serialized).
+func (m *Manager) installedVersion(b *build) int {
+	u, err := m.cfg.Store.UserRootFS(b.st.Name)
+	if err != nil {
+		return 0
+	}
+	return u.Version
 }
 
 // prune forgets builds that ended more than Retention ago; m.mu is held.
@@ -535,6 +665,7 @@ func (m *Manager) prune() {
 	for id, b := range m.builds {
 		if b.st.EndedAt != nil && b.st.EndedAt.Before(cutoff) {
 			delete(m.builds, id)
+			m.removeFiles(id)
 		}
 	}
 }

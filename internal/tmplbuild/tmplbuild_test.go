@@ -255,7 +255,7 @@ func TestBuildBakesStartup(t *testing.T) {
 			t.Errorf("build %s: stored startup %+v, want %+v", tc.name, u.Startup, tc.su)
 		}
 	}
-	if got, want := strings.Join(baked, ","), "web,never,crash"; got != want {
+	if got, want := strings.Join(baked, ","), "web:1,never:1,crash:1"; got != want { // the version just installed
 		t.Errorf("baked %s, want %s", got, want)
 	}
 	// A rebuild whose bake fails leaves the version it was to replace.

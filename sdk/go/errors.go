@@ -27,14 +27,17 @@ var (
 
 // Error codes of the API, as found in Error.Code.
 const (
-	CodeBadRequest          = "bad_request"
-	CodeUnauthorized        = "unauthorized"
-	CodeForbidden           = "forbidden"
-	CodeNotFound            = "not_found"
-	CodeConflict            = "conflict"
-	CodePayloadTooLarge     = "payload_too_large"
-	CodeInvalid             = "invalid"
-	CodeQuotaExceeded       = "quota_exceeded"
+	CodeBadRequest      = "bad_request"
+	CodeUnauthorized    = "unauthorized"
+	CodeForbidden       = "forbidden"
+	CodeNotFound        = "not_found"
+	CodeConflict        = "conflict"
+	CodePayloadTooLarge = "payload_too_large"
+	CodeInvalid         = "invalid"
+	CodeQuotaExceeded   = "quota_exceeded"
+	// CodeTemplateLimit: the key owns its limit of templates (a 429,
+	// matching ErrQuotaExceeded too).
+	CodeTemplateLimit       = "template_limit"
 	CodeInternal            = "internal"
 	CodeUnavailable         = "unavailable"
 	CodeInsufficientStorage = "insufficient_storage"
@@ -83,6 +86,9 @@ func (e *Error) Error() string {
 
 // Is reports whether target is the sentinel of e's code.
 func (e *Error) Is(target error) bool {
+	if e.Code == CodeTemplateLimit && target == ErrQuotaExceeded {
+		return true
+	}
 	for _, c := range codes {
 		if c.sentinel == target {
 			return e.Code == c.code

@@ -73,7 +73,7 @@ type Sandbox struct {
 // CreateOptions describe a sandbox to create. Zero values leave the choice
 // to the server (template base, TTL 300 s, 1024 MiB, 1 vCPU).
 type CreateOptions struct {
-	Template   string
+	Template   string // "base", "tiny", a user template "NAME" (its latest version) or "NAME:3" (pinned)
 	TTLSeconds int
 	MemoryMiB  int
 	VCPUs      int

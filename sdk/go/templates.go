@@ -20,7 +20,9 @@ const (
 )
 
 // Template is a root filesystem sandboxes start from, in one baked shape
-// (memory size and vCPUs).
+// (memory size and vCPUs). A user template (BuildTemplate) has versions:
+// each build makes one; its entries say which Version they are and list
+// them all.
 type Template struct {
 	Name        string    `json:"name"`
 	MemoryMiB   int       `json:"memory_mib,omitempty"`
@@ -29,10 +31,26 @@ type Template struct {
 	StaleReason string    `json:"stale_reason,omitempty"`
 	BakedAt     time.Time `json:"baked_at,omitzero"`
 	BakeMS      int64     `json:"bake_ms,omitempty"`
-	// A user template's image (BuildTemplate); empty for built-in ones.
+	// A user template's image (BuildTemplate) for this entry's Version;
+	// empty for built-in ones. SizeBytes is its root filesystem's apparent
+	// size, DiskBytes the disk space it takes.
 	FromImage string    `json:"from_image,omitempty"`
 	Digest    string    `json:"digest,omitempty"`
 	BuiltAt   time.Time `json:"built_at,omitzero"`
+	BuildMS   int64     `json:"build_ms,omitempty"`
+	SizeBytes int64     `json:"size_bytes,omitempty"`
+	DiskBytes int64     `json:"disk_bytes,omitempty"`
+	// Version is the version of a user template this entry is (0 for
+	// built-in templates); LatestVersion the one "NAME" means; Versions
+	// all of them, oldest first.
+	Version       int               `json:"version,omitempty"`
+	LatestVersion int               `json:"latest_version,omitempty"`
+	Versions      []TemplateVersion `json:"versions,omitempty"`
+	// Public: every key may use the user template (PublishTemplate).
+	// Owner is the id of the key that built it, listed for admin keys
+	// only ("" also for templates built before owners were recorded).
+	Public bool   `json:"public,omitempty"`
+	Owner  string `json:"owner,omitempty"`
 	// Its start and ready commands (WithStartCmd, WithReadyCmd); listed
 	// for admin keys only.
 	StartCmd            string `json:"start_cmd,omitempty"`
@@ -40,7 +58,28 @@ type Template struct {
 	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
-// Templates lists the templates, one entry per baked shape.
+// TemplateVersion is one version of a user template.
+type TemplateVersion struct {
+	Version   int       `json:"version"`
+	BuiltAt   time.Time `json:"built_at"`
+	BuildMS   int64     `json:"build_ms"`
+	SizeBytes int64     `json:"size_bytes"`
+	DiskBytes int64     `json:"disk_bytes"`
+	FromImage string    `json:"from_image"`
+	Digest    string    `json:"digest,omitempty"`
+}
+
+// TemplateRef is the reference to version v of template name, "NAME:V"
+// (for a sandbox's Template); name itself for v 0 (the latest).
+func TemplateRef(name string, v int) string {
+	if v == 0 {
+		return name
+	}
+	return fmt.Sprintf("%s:%d", name, v)
+}
+
+// Templates lists the templates the key may use (built-in ones, its own,
+// published ones; an admin key: all), one entry per baked shape.
 func (c *Client) Templates(ctx context.Context) ([]Template, error) {
 	var out struct {
 		Templates []Template `json:"templates"`
@@ -125,17 +164,21 @@ const (
 	CodeImageNotFound = "image_not_found"
 	CodeBuildFailed   = "build_failed"
 	CodeCanceled      = "canceled"
+	// CodeInterrupted: the server restarted during the build.
+	CodeInterrupted = "interrupted"
 )
 
 // TemplateBuild is a build of a user template from a container image.
 type TemplateBuild struct {
-	ID        string    `json:"build_id"`
-	Name      string    `json:"name"`
-	FromImage string    `json:"from_image"`
-	Status    string    `json:"status"` // queued, running, succeeded, failed
-	Code      string    `json:"code,omitempty"`
-	Error     string    `json:"error,omitempty"`
-	Digest    string    `json:"digest,omitempty"`
+	ID        string `json:"build_id"`
+	Name      string `json:"name"`
+	FromImage string `json:"from_image"`
+	Status    string `json:"status"` // queued, running, succeeded, failed
+	Code      string `json:"code,omitempty"`
+	Error     string `json:"error,omitempty"`
+	Digest    string `json:"digest,omitempty"`
+	// Version is the template version the build made (once succeeded).
+	Version   int       `json:"version,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`
@@ -182,7 +225,10 @@ func WithReadyTimeout(d time.Duration) BuildOption {
 
 // StartTemplateBuild starts building template name from the container
 // image fromImage (a registry reference) and returns the build, queued.
-// Admin keys only; only `panda up` builds templates.
+// Any key may build: a new name is the key's own and private to it until
+// an admin key publishes it (PublishTemplate); another key's name is
+// refused (CodeConflict). Each build that succeeds is a new version. Only
+// `panda up` builds templates.
 func (c *Client) StartTemplateBuild(ctx context.Context, name, fromImage string, opts ...BuildOption) (TemplateBuild, error) {
 	in := &buildRequest{Name: name, FromImage: fromImage}
 	for _, o := range opts {
@@ -246,7 +292,9 @@ func (c *Client) FollowTemplateBuild(ctx context.Context, buildID string, progre
 // with Template name then start from it; the image's Env and WorkingDir
 // are the defaults of their commands. opts may give the template a start
 // and a ready command (WithStartCmd, WithReadyCmd), whose first run is
-// part of the build. Admin keys only.
+// part of the build. Rebuilding makes a new version (the build's
+// Version): sandboxes made earlier keep theirs, and Template "NAME:N"
+// (TemplateRef) pins one.
 func (c *Client) BuildTemplate(ctx context.Context, name, fromImage string, progress func(string), opts ...BuildOption) (TemplateBuild, error) {
 	b, err := c.StartTemplateBuild(ctx, name, fromImage, opts...)
 	if err != nil {
@@ -255,9 +303,10 @@ func (c *Client) BuildTemplate(ctx context.Context, name, fromImage string, prog
 	return c.followToEnd(ctx, b, progress)
 }
 
-// DeleteTemplate deletes user template name and every shape baked from
-// it. Without force it is refused (CodeConflict) while sandboxes of it
-// are not stopped. Admin keys only.
+// DeleteTemplate deletes user template name, "NAME" (every version and
+// every shape baked from them) or "NAME:N" (one version, not the latest).
+// Without force it is refused (CodeConflict) while sandboxes of it are not
+// stopped or snapshots of it exist. Its owner or an admin key only.
 func (c *Client) DeleteTemplate(ctx context.Context, name string, force bool) error {
 	if name == "" {
 		return newError(0, CodeInvalid, "template name is empty")
@@ -267,4 +316,18 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string, force bool) er
 		q = url.Values{"force": {"true"}}
 	}
 	return c.doJSON(ctx, http.MethodDelete, path("templates", name), q, nil, nil)
+}
+
+// PublishTemplate makes user template name usable and listed for every
+// key (public true), or private to its owner and admin keys again (false).
+// Admin keys only.
+func (c *Client) PublishTemplate(ctx context.Context, name string, public bool) error {
+	if name == "" {
+		return newError(0, CodeInvalid, "template name is empty")
+	}
+	verb := "publish"
+	if !public {
+		verb = "unpublish"
+	}
+	return c.doJSON(ctx, http.MethodPost, path("templates", name, verb), nil, nil, nil)
 }

@@ -385,3 +385,49 @@ class DockerfileBuildTest(TemplateStubTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class VersionsAndOwnersTest(TemplateStubTest):
+    def test_listing_has_versions(self):
+        self.stub.json_route("GET", "/v1/templates", 200, {"templates": [
+            {"name": "tiny", "state": "ready", "memory_mib": 256, "vcpus": 1},
+            {"name": "app", "state": "not_baked", "version": 2, "latest_version": 2, "public": False,
+             "from_image": "r/app:2", "size_bytes": 1048576, "disk_bytes": 4096,
+             "versions": [{"version": 1, "from_image": "r/app:1", "size_bytes": 10, "disk_bytes": 4096, "build_ms": 1200,
+                           "built_at": "2025-01-02T03:04:05Z"},
+                          {"version": 2, "from_image": "r/app:2", "size_bytes": 1048576, "disk_bytes": 4096, "build_ms": 900,
+                           "built_at": "2025-01-03T03:04:05Z"}]},
+        ]})
+        tiny, app = self.client.list_templates()
+        self.assertEqual((tiny.version, tiny.public, tiny.versions, tiny.ref), (None, None, [], "tiny"))
+        self.assertEqual((app.version, app.latest_version, app.public, app.ref), (2, 2, False, "app:2"))
+        self.assertEqual([(v.version, v.image, v.build_ms) for v in app.versions], [(1, "r/app:1", 1200), (2, "r/app:2", 900)])
+        self.assertIsInstance(app.versions[0], pandastack.TemplateVersion)
+        self.assertIsNotNone(app.versions[0].built_at)
+
+    def test_pinned_create_and_delete_of_a_version(self):
+        self.stub.json_route("POST", "/v1/sandboxes", 201, {"id": "sb1", "state": "running", "template": "app:3"})
+        sb = pandastack.Sandbox.create(template="app:3", client=self.client)
+        self.assertEqual(self.stub.last.json()["template"], "app:3")
+        self.assertEqual(sb.info.template, "app:3")
+        self.stub.route("DELETE", "/v1/templates/app%3A3", lambda rec, h: h.send_response(204) or h.end_headers())
+        self.client.delete_template("app:3")
+        self.assertEqual(self.stub.last.target, "/v1/templates/app%3A3")
+
+    def test_publish(self):
+        for verb in ("publish", "unpublish"):
+            self.stub.json_route("POST", "/v1/templates/app/" + verb, 200, {"name": "app", "public": verb == "publish"})
+        self.client.publish_template("app")
+        self.assertEqual(self.stub.last.target, "/v1/templates/app/publish")
+        self.client.publish_template("app", public=False)
+        self.assertEqual(self.stub.last.target, "/v1/templates/app/unpublish")
+
+    def test_name_taken(self):
+        self.stub.json_route("POST", "/v1/templates", 409, {"error": {"code": "conflict", "message": "the template name app is taken; pick another"}})
+        with self.assertRaises(ConflictError):
+            self.client.start_template_build("app", "r/app:1")
+
+    def test_interrupted_build(self):
+        b = TemplateBuild.from_dict(dict(BUILD, status="failed", code="interrupted", error="the server restarted during the build; start it again", version=None))
+        self.assertEqual((b.code, b.version, b.succeeded), ("interrupted", None, False))
+        self.assertEqual(TemplateBuild.from_dict(dict(BUILD, status="succeeded", version=4)).version, 4)

@@ -38,7 +38,7 @@ from .errors import (
     UnavailableError,
 )
 from .filesystem import Filesystem
-from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template
+from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
 from .sandbox import Sandbox
 from .snapshot import Snapshot
 from ._buildcontext import ContextStats
@@ -62,6 +62,7 @@ __all__ = [
     "FileInfo",
     "Template",
     "TemplateBuilder",
+    "TemplateVersion",
     "TemplateBuild",
     "ContextStats",
     "APIKey",

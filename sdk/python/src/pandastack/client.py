@@ -334,7 +334,11 @@ class Client:
         ready_cmd: Optional[str] = None,
         ready_timeout_seconds: Optional[int] = None,
     ) -> TemplateBuild:
-        """Start building template ``name`` from container image ``from_image``; admin keys only.
+        """Start building template ``name`` (a new version of it) from container image ``from_image``.
+
+        Any key may build; a new name is the key's own, private to it until
+        an admin key publishes it (:meth:`publish_template`); another key's
+        name raises :class:`ConflictError`.
 
         ``from_image`` is a registry reference (``registry.example.com/app:1.0``).
         Returns the build, queued, at once (``POST /v1/templates``, 202):
@@ -399,7 +403,7 @@ class Client:
         )
 
     def get_template_build(self, build_id: str) -> TemplateBuild:
-        """The status of a build (``GET /v1/templates/builds/{id}``); admin keys only.
+        """The status of a build (``GET /v1/templates/builds/{id}``); the key that started it, or an admin key.
 
         Builds are kept in the server's memory for an hour after they end
         (and not across restarts): older ones are :class:`NotFoundError`.
@@ -455,7 +459,7 @@ class Client:
         ready_timeout_seconds: Optional[int] = None,
         on_log: Optional[Callable[[str], None]] = None,
     ) -> TemplateBuild:
-        """Build template ``name`` from ``from_image`` and wait for it; admin keys only.
+        """Build template ``name`` (a new version of it) from ``from_image`` and wait for it.
 
         :meth:`start_template_build` then :meth:`follow_template_build`.
         Returns the succeeded build; raises :class:`TemplateBuildError` (its
@@ -470,14 +474,22 @@ class Client:
         return b
 
     def delete_template(self, name: str, *, force: bool = False) -> None:
-        """Delete template ``name`` (one built from an image) and every shape baked from it; admin keys only.
+        """Delete user template ``name``: ``"NAME"`` every version (and every shape baked from them), ``"NAME:3"`` version 3 only.
 
-        Without ``force`` it is refused (:class:`ConflictError`) while
-        sandboxes of it are not stopped; with it they keep running on their
-        own files. Built-in templates cannot be deleted
-        (:class:`InvalidArgumentError`); an unknown name is :class:`NotFoundError`.
+        Its owner or an admin key only. The latest version cannot be deleted
+        on its own (:class:`ConflictError`). Without ``force`` it is refused
+        (:class:`ConflictError`) while sandboxes of it are not stopped or
+        snapshots of it exist; with it they keep working from their own
+        files. Built-in templates cannot be deleted
+        (:class:`InvalidArgumentError`); an unknown name, or another key's
+        private template, is :class:`NotFoundError`.
         """
         self.request("DELETE", "/v1/templates/%s" % quote_segment(name), query={"force": True} if force else None)
+
+    def publish_template(self, name: str, public: bool = True) -> None:
+        """Make user template ``name`` usable and listed for every key (``public=False``: private to its owner again); admin keys only."""
+        verb = "publish" if public else "unpublish"
+        self.request("POST", "/v1/templates/%s/%s" % (quote_segment(name), verb))
 
     def create_key(
         self,

@@ -123,7 +123,7 @@ class InvalidArgumentError(PandaError):
 
 
 class QuotaExceededError(PandaError):
-    """429 ``quota_exceeded``: over one of the key's quotas (sandboxes, memory, vCPUs, disk)."""
+    """429 ``quota_exceeded``: over one of the key's quotas (sandboxes, memory, vCPUs, disk); or ``template_limit``: the key owns its limit of templates."""
 
 
 class TooManyRequestsError(PandaError):
@@ -176,6 +176,7 @@ CODE_TO_CLASS: Dict[str, Type[PandaError]] = {
     "payload_too_large": PayloadTooLargeError,
     "invalid": InvalidArgumentError,
     "quota_exceeded": QuotaExceededError,
+    "template_limit": QuotaExceededError,
     "too_many_requests": TooManyRequestsError,
     "insufficient_storage": InsufficientStorageError,
     "unavailable": UnavailableError,
@@ -207,6 +208,7 @@ CODE_TO_STATUS: Dict[str, int] = {
     "payload_too_large": 413,
     "invalid": 422,
     "quota_exceeded": 429,
+    "template_limit": 429,
     "too_many_requests": 429,
     "internal": 500,
     "guest_error": 502,

@@ -361,7 +361,19 @@ class Template:
         image: The image a template built from one was built from (the
             API's ``from_image``); ``None`` for built-in templates.
         digest: That image's digest.
-        built_at: When it was built.
+        built_at: When this version was built.
+        build_ms: How long its build took.
+        size_bytes: Apparent size of this version's root filesystem.
+        disk_bytes: Disk space it takes (allocated blocks).
+        version: The version of a user template this entry is (each build
+            makes one; ``"NAME:3"`` pins version 3 for
+            ``Sandbox.create(template=...)``); ``None`` for built-in ones.
+        latest_version: The version ``"NAME"`` means.
+        versions: Every version of a user template, oldest first
+            (:class:`TemplateVersion`).
+        public: Whether every key may use the user template (an admin key
+            publishes it); ``None`` for built-in ones.
+        owner: Id of the key that built it (listed for admin keys only).
         raw: The JSON object as received.
 
     ``Template.from_image(ref)`` starts the description of a new template
@@ -378,7 +390,20 @@ class Template:
     image: Optional[str] = None
     digest: Optional[str] = None
     built_at: Optional[datetime] = None
+    build_ms: Optional[int] = None
+    size_bytes: Optional[int] = None
+    disk_bytes: Optional[int] = None
+    version: Optional[int] = None
+    latest_version: Optional[int] = None
+    versions: List["TemplateVersion"] = field(default_factory=list)
+    public: Optional[bool] = None
+    owner: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ref(self) -> str:
+        """``"NAME:VERSION"`` for a user template's entry (``NAME`` for a built-in one): what pins it."""
+        return "%s:%d" % (self.name, self.version) if self.version else self.name
 
     @staticmethod
     def from_image(ref: str) -> "TemplateBuilder":
@@ -426,7 +451,51 @@ class Template:
             image=_opt_str(d.get("from_image")),
             digest=_opt_str(d.get("digest")),
             built_at=parse_time(d.get("built_at")),
+            build_ms=_opt_int(d.get("build_ms")),
+            size_bytes=_opt_int(d.get("size_bytes")),
+            disk_bytes=_opt_int(d.get("disk_bytes")),
+            version=_opt_int(d.get("version")),
+            latest_version=_opt_int(d.get("latest_version")),
+            versions=[TemplateVersion.from_dict(v) for v in d.get("versions") or []],
+            public=d.get("public") if isinstance(d.get("public"), bool) else None,
+            owner=_opt_str(d.get("owner")),
             raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class TemplateVersion:
+    """One version of a user template (an entry of :attr:`Template.versions`).
+
+    Attributes:
+        version: Its number (from 1).
+        built_at: When it was built.
+        build_ms: How long its build took.
+        size_bytes: Apparent size of its root filesystem.
+        disk_bytes: Disk space it takes.
+        image: The image it was built from (``from_image``).
+        digest: That image's digest.
+    """
+
+    version: int
+    built_at: Optional[datetime] = None
+    build_ms: Optional[int] = None
+    size_bytes: Optional[int] = None
+    disk_bytes: Optional[int] = None
+    image: Optional[str] = None
+    digest: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TemplateVersion":
+        """Build from an entry of the API's ``versions``."""
+        return cls(
+            version=_opt_int(d.get("version")) or 0,
+            built_at=parse_time(d.get("built_at")),
+            build_ms=_opt_int(d.get("build_ms")),
+            size_bytes=_opt_int(d.get("size_bytes")),
+            disk_bytes=_opt_int(d.get("disk_bytes")),
+            image=_opt_str(d.get("from_image")),
+            digest=_opt_str(d.get("digest")),
         )
 
 

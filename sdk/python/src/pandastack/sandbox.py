@@ -131,8 +131,11 @@ class Sandbox:
 
         Args:
             template: Template name (``"base"``, ``"tiny"``, or one built from
-                an image with ``Template.from_image``...). ``None``: the
-                server's default, ``base``. Leave it out with ``snapshot``.
+                an image with ``Template.from_image``...); for a template
+                built from an image, ``"NAME"`` is its latest version and
+                ``"NAME:3"`` pins version 3 (the sandbox's ``template`` says
+                which it got, ``"NAME:N"``). ``None``: the server's default,
+                ``base``. Leave it out with ``snapshot``.
             ttl_seconds: Seconds until the sandbox is killed (at most the server's
                 max TTL); extend it later with :meth:`set_ttl`. ``None``: the
                 server's default (300).

@@ -7,9 +7,10 @@ to its end. For an image the server pulls it from its registry and makes its
 layers the template's root filesystem; for a Dockerfile the SDK sends the
 Dockerfile and the context directory (a gzip-compressed tar streamed from
 disk, ``.dockerignore`` applied with Docker's rules) as
-``multipart/form-data`` (``POST /v1/templates``, admin keys only, ``panda
-up`` only so far). The build itself runs on the server; the SDK only sends
-the request and reads the build's log stream.
+``multipart/form-data`` (``POST /v1/templates``, any key, ``panda up`` only
+so far). Each build makes a new version of the template, private to the
+building key until an admin key publishes it. The build itself runs on the
+server; the SDK only sends the request and reads the build's log stream.
 
 Only what the server can do is offered: the image is the whole recipe.
 Steps run on top of it (``run``, ``copy``, ``env``) are not supported by
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Option
 
 from ._buildcontext import ContextStats, tar_gz_stream
 from .errors import PandaError
-from .models import _opt_str, _str, parse_time
+from .models import _opt_int, _opt_str, _str, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -72,9 +73,11 @@ class TemplateBuild:
         from_image: The image reference, as given.
         status: ``queued``, ``running``, ``succeeded`` or ``failed``.
         code: Why a failed build failed: ``image_not_found``,
-            ``build_failed`` or ``canceled``.
+            ``build_failed``, ``canceled`` or ``interrupted`` (the server
+            restarted during it).
         error: What went wrong, for users, when it failed.
         digest: The image's digest, once it succeeded.
+        version: The template version it made, once it succeeded.
         created_at, started_at, ended_at: When it was asked for, started, ended.
         raw: The JSON object as received.
     """
@@ -86,6 +89,7 @@ class TemplateBuild:
     code: Optional[str] = None
     error: Optional[str] = None
     digest: Optional[str] = None
+    version: Optional[int] = None
     created_at: Optional[datetime] = None
     started_at: Optional[datetime] = None
     ended_at: Optional[datetime] = None
@@ -102,6 +106,7 @@ class TemplateBuild:
             code=_opt_str(d.get("code")),
             error=_opt_str(d.get("error")),
             digest=_opt_str(d.get("digest")),
+            version=_opt_int(d.get("version")),
             created_at=parse_time(d.get("created_at")),
             started_at=parse_time(d.get("started_at")),
             ended_at=parse_time(d.get("ended_at")),
@@ -279,15 +284,19 @@ class TemplateBuilder:
 
         ``on_log`` is called with each line of the build's log as it
         arrives; ``on_context`` (Dockerfile builds with a context) after
-        each file of the context sent, with the counts so far. Building again under a name replaces its root filesystem;
-        sandboxes created with ``template=name`` then start from it.
-        Admin keys only.
+        each file of the context sent, with the counts so far. Building
+        again under a name makes a new version (the build's ``version``);
+        sandboxes created with ``template=name`` then start from it, while
+        ``template="name:1"`` pins version 1 and sandboxes made earlier
+        keep theirs.
 
         Returns the succeeded build. Raises :class:`TemplateBuildError`
         (with the build's ``code`` and ``error``) if it failed, and the
         usual :class:`PandaError` subclasses if the request is refused
         (:class:`InvalidArgumentError` for a bad name or reference,
-        :class:`ForbiddenError` for a key that is not an admin's).
+        :class:`ConflictError` for a name another key owns,
+        :class:`QuotaExceededError` (code ``template_limit``) for a key
+        that owns its limit of templates).
         """
         from .client import resolve_client
 
