@@ -21,7 +21,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure PandaStack (medians and p99s)"}
-	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd())
+	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd(), benchTemplateCmd())
 	return cmd
 }
 
@@ -312,4 +312,72 @@ func listenerPID(apiURL string) int {
 		}
 	}
 	return 0
+}
+
+func benchTemplateCmd() *cobra.Command {
+	var (
+		apiURL, apiKey, from, file string
+		n, mem                     int
+		asJSON                     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "Dockerfile build, rebuild after a change to its last step, and creates from the built template vs its FROM, through a running server",
+		Long: `Measure template builds through the REST API of a running server:
+
+  - a cold build of a Dockerfile (by default FROM base with three RUN steps
+    of a few seconds each under TCG, and no network; --file for your own,
+    whose last line must be a RUN step)
+  - the same build with only its last step changed: the steps before it
+    come from the layer cache (target: at most 25 % of the cold build)
+  - create → first exec of sandboxes from the built template and from its
+    FROM, alternately, --n each (target: within 10 %)
+
+The template (bench-<run id>) and every sandbox are removed before it
+exits, also on errors and Ctrl-C.`,
+		Example: `  panda bench template
+  panda bench template --n 20 --json
+  panda bench template --file ./Dockerfile`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := benchClient(apiURL, apiKey)
+			if err != nil {
+				return err
+			}
+			o := bench.TemplateOptions{From: from, MemoryMiB: mem, N: n, Log: cmd.ErrOrStderr()}
+			if file != "" {
+				b, err := os.ReadFile(file)
+				if err != nil {
+					return err
+				}
+				o.Dockerfile = string(b)
+			}
+			res, err := bench.TemplateBench(cmd.Context(), c, o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), res)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "server %s, FROM %s\n", res.APIURL, res.From)
+			fmt.Fprintf(out, "cold build:               %7.1f s\n", res.ColdBuildS)
+			fmt.Fprintf(out, "rebuild, last step changed: %5.1f s  (%.2f of the cold build; %d steps cached)\n", res.RebuildS, res.RebuildRatio, res.CachedSteps)
+			fmt.Fprintf(out, "first create (bakes it):  %7.1f s\n", res.FirstCreateS)
+			d, f := res.CreateBuilt, res.CreateFrom
+			fmt.Fprintf(out, "create → first exec, built: p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.P50, d.P99, d.N)
+			fmt.Fprintf(out, "create → first exec, FROM:  p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", f.P50, f.P99, f.N)
+			fmt.Fprintf(out, "ratio built/FROM at p50:    %.2f\n", res.CreateRatio)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
+	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server)")
+	f.StringVar(&from, "from", "base", "FROM of the default Dockerfile: base, tiny or an image reference")
+	f.StringVar(&file, "file", "", "a Dockerfile of your own to build instead (its last line must be a RUN step)")
+	f.IntVar(&mem, "memory", 0, "guest memory in MiB of the sandboxes measured (0: the server's default)")
+	f.IntVar(&n, "n", 10, "creates measured per template")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
