@@ -12,6 +12,7 @@ import os
 import tarfile
 import tempfile
 import unittest
+import shutil
 
 from _helpers import StubServer, send_chunked, send_json
 import pandastack
@@ -92,13 +93,57 @@ class BuilderTest(unittest.TestCase):
             with self.assertRaises(ValueError, msg="timeout %r" % (bad,)):
                 b.ready_cmd("true", timeout_seconds=bad)
 
-    def test_unsupported_steps_raise(self):
+    def test_steps_make_a_dockerfile(self):
+        src = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, src)
+        with open(os.path.join(src, "f.txt"), "w") as f:
+            f.write("x")
         b = Template.from_image("r/app:1")
-        for name, call in (("run", lambda: b.run("apt-get install -y git")), ("copy", lambda: b.copy("a", "/a")), ("env", lambda: b.env({"A": "1"}))):
-            with self.assertRaises(NotImplementedError, msg=name) as cm:
+        self.assertIsNone(b.effective_dockerfile())
+        b2 = (
+            b.run('echo "hi" && ls')
+            .copy(os.path.join(src, "f.txt"), "/srv/f.txt", user="nobody:nogroup")
+            .copy(src, "/srv/all/")
+            .env(A='q"d$v\\b', B="2")
+            .workdir("/srv")
+            .user("nobody")
+        )
+        self.assertIsNone(b.effective_dockerfile(), "the first builder is unchanged")
+        self.assertEqual(
+            b2.effective_dockerfile(),
+            "FROM r/app:1\n"
+            'RUN ["/bin/sh", "-c", "echo \\"hi\\" && ls"]\n'
+            'COPY --chown=nobody:nogroup ["copy-0/f.txt", "/srv/f.txt"]\n'
+            'COPY ["copy-1/%s", "/srv/all/"]\n'
+            'ENV A="q\\"d\\$v\\\\b" B="2"\n'
+            "WORKDIR /srv\n"
+            "USER nobody\n" % os.path.basename(src),
+        )
+        self.assertEqual(b2.copies, ((os.path.join(src, "f.txt"), "copy-0/f.txt"), (src, "copy-1/" + os.path.basename(src))))
+        self.assertNotIn("from_image", b2.request_body("n"))
+        # Without copies the Dockerfile goes in the JSON body.
+        self.assertEqual(b.run("true").request_body("n")["dockerfile"], 'FROM r/app:1\nRUN ["/bin/sh", "-c", "true"]\n')
+        # Steps after a Dockerfile's own lines; a copy inside its context is a path in it.
+        d = Template.from_dockerfile("FROM tiny\n", context=src).copy(os.path.join(src, "f.txt"), "/f")
+        self.assertEqual(d.effective_dockerfile(), 'FROM tiny\nCOPY ["f.txt", "/f"]\n')
+        self.assertEqual(d.copies, ())
+
+    def test_bad_steps_raise(self):
+        b = Template.from_image("r/app:1")
+        for call in (
+            lambda: b.run(""),
+            lambda: b.copy("/nonexistent/x", "/a"),
+            lambda: b.copy("/etc/hostname", ""),
+            lambda: b.copy("/etc/hostname", "/a", user="bad user"),
+            lambda: b.env(),
+            lambda: b.env({"1A": "x"}),
+            lambda: b.env(A="line\nbreak"),
+            lambda: b.workdir(""),
+            lambda: b.user("a b"),
+            lambda: Template.from_dockerfile("FROM tiny\n", context="/etc/ssl").copy("/etc/hostname", "/h"),
+        ):
+            with self.assertRaises((ValueError, FileNotFoundError, TypeError)):
                 call()
-            self.assertIn("Template.%s is not supported" % name, str(cm.exception))
-            self.assertIn("image", str(cm.exception))
 
 
 class BuildTest(TemplateStubTest):

@@ -12,11 +12,11 @@ so far). Each build makes a new version of the template, private to the
 building key until an admin key publishes it. The build itself runs on the
 server; the SDK only sends the request and reads the build's log stream.
 
-Only what the server can do is offered: the image is the whole recipe.
-Steps run on top of it (``run``, ``copy``, ``env``) are not supported by
-the server yet and raise :class:`NotImplementedError`; put them in the
-image (its ``ENV`` and ``WORKDIR`` become the defaults of the template's
-commands).
+Steps added with ``run``, ``copy``, ``env``, ``workdir`` and ``user`` make
+the build a Dockerfile build: they become the Dockerfile's ``RUN``,
+``COPY``, ``ENV``, ``WORKDIR`` and ``USER`` lines after its ``FROM`` (the
+image) or after the Dockerfile given, and the files ``copy`` names are sent
+in its build context.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import dataclasses
 import json
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -145,15 +147,6 @@ class TemplateBuildError(PandaError):
         return cls(msg, build=build, code=build.code or CODE_BUILD_FAILED)
 
 
-def _unsupported(what: str) -> NotImplementedError:
-    return NotImplementedError(
-        "Template.%s is not supported: the server builds a template from the image alone, with no "
-        "steps of its own yet. Put it in the image instead (a Dockerfile's RUN, COPY or ENV; the image's "
-        "ENV and WORKDIR become the defaults of the template's commands), push it to a registry, and "
-        "build from that." % what
-    )
-
-
 @dataclass(frozen=True)
 class TemplateBuilder:
     """What a template is built from: a container image or a Dockerfile (with
@@ -175,6 +168,14 @@ class TemplateBuilder:
             .build("myapp", on_log=print)
         )
         Template.from_dockerfile("./app/Dockerfile").build_arg("VERSION", "1.2").build("app")
+        (
+            Template.from_image("registry.example.com/python:3.12")
+            .run("pip install flask")
+            .copy("./app", "/srv/app")
+            .env(FLASK_APP="app")
+            .start_cmd("flask run --port 8000", ready="curl -sf localhost:8000")
+            .build("flask")
+        )
     """
 
     image: str = ""
@@ -185,6 +186,10 @@ class TemplateBuilder:
     dockerfile: Optional[str] = None
     context: Optional[str] = None
     build_args: Tuple[Tuple[str, str], ...] = ()
+    #: Steps added with run, copy, env, workdir and user: Dockerfile lines,
+    #: and for each copy its (local path, name in the context).
+    steps: Tuple[str, ...] = ()
+    copies: Tuple[Tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dockerfile is not None:
@@ -239,27 +244,101 @@ class TemplateBuilder:
             raise ValueError("ready_timeout_seconds must be a positive number of seconds, got %r" % (timeout_seconds,))
         return dataclasses.replace(self, ready_command=cmd, ready_timeout_seconds=timeout_seconds if timeout_seconds is not None else self.ready_timeout_seconds)
 
-    def run(self, *args: Any, **kwargs: Any) -> "TemplateBuilder":
-        """Not supported yet: raises :class:`NotImplementedError` (put the step in the image)."""
-        raise _unsupported("run")
+    def run(self, cmd: str) -> "TemplateBuilder":
+        """Run ``cmd`` (a ``/bin/sh -c`` script) in the build, as the
+        Dockerfile's ``RUN``: in a build VM booted from the steps before,
+        with the network when the server's operator allows it
+        (``--bake-network``). A command that fails fails the build."""
+        if not isinstance(cmd, str) or not cmd.strip():
+            raise ValueError("run needs a command")
+        return self._step("RUN " + json.dumps(["/bin/sh", "-c", cmd]))
 
-    def copy(self, *args: Any, **kwargs: Any) -> "TemplateBuilder":
-        """Not supported yet: raises :class:`NotImplementedError` (put the files in the image)."""
-        raise _unsupported("copy")
+    def copy(self, src: Union[str, "os.PathLike[str]"], dst: str, *, user: Optional[str] = None) -> "TemplateBuilder":
+        """Copy the local file or directory ``src`` to ``dst`` in the template,
+        as the Dockerfile's ``COPY`` (a directory's contents go into
+        ``dst``; ``user``, as ``name[:group]`` or ``uid[:gid]``, owns what is
+        copied, root otherwise). With a Dockerfile's context directory,
+        ``src`` must be inside it."""
+        src = os.fspath(src)
+        if not os.path.lexists(src):
+            raise FileNotFoundError("copy: %s: no such file or directory" % src)
+        if not isinstance(dst, str) or not dst.strip():
+            raise ValueError("copy needs a destination path")
+        _no_newline("copy", dst)
+        flag = ""
+        if user is not None:
+            if not isinstance(user, str) or not re.match(r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$", user):
+                raise ValueError("copy: user %r must be name[:group] or uid[:gid]" % (user,))
+            flag = "--chown=%s " % user
+        if self.context is not None:
+            rel = os.path.relpath(os.path.abspath(src), os.path.abspath(self.context))
+            if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+                raise ValueError("copy: %s is outside the build context %s" % (src, self.context))
+            return self._step("COPY " + flag + json.dumps([rel.replace(os.sep, "/"), dst]))
+        name = "copy-%d/%s" % (len(self.copies), os.path.basename(os.path.normpath(src)) or "root")
+        b = self._step("COPY " + flag + json.dumps([name, dst]))
+        return dataclasses.replace(b, copies=b.copies + ((src, name),))
 
-    def env(self, *args: Any, **kwargs: Any) -> "TemplateBuilder":
-        """Not supported yet: raises :class:`NotImplementedError` (use the image's ENV, or ``env=`` of ``Sandbox.create``)."""
-        raise _unsupported("env")
+    def env(self, *args: Mapping[str, str], **kwargs: str) -> "TemplateBuilder":
+        """Set environment variables for the steps after this one and for the
+        template's commands, as the Dockerfile's ``ENV``:
+        ``.env(NAME="value")`` or ``.env({"NAME": "value"})``."""
+        pairs: Dict[str, str] = {}
+        for a in args:
+            if not isinstance(a, Mapping):
+                raise TypeError("env takes a mapping or keyword arguments, got %s" % type(a).__name__)
+            pairs.update(a)
+        pairs.update(kwargs)
+        if not pairs:
+            raise ValueError("env needs at least one variable")
+        parts = []
+        for k, v in pairs.items():
+            if not isinstance(k, str) or not _ARG_NAME.match(k):
+                raise ValueError("env: %r is not a variable name" % (k,))
+            if not isinstance(v, str):
+                raise ValueError("env %s: the value must be a string, got %s" % (k, type(v).__name__))
+            _no_newline("env " + k, v)
+            parts.append('%s="%s"' % (k, re.sub(r'(["\\$])', r"\\\1", v)))
+        return self._step("ENV " + " ".join(parts))
+
+    def workdir(self, path: str) -> "TemplateBuilder":
+        """Set the working directory of the steps after this one and of the
+        template's commands (created if missing), as the Dockerfile's ``WORKDIR``."""
+        if not isinstance(path, str) or not path.strip():
+            raise ValueError("workdir needs a path")
+        _no_newline("workdir", path)
+        return self._step("WORKDIR " + path)
+
+    def user(self, name: str) -> "TemplateBuilder":
+        """Run the steps after this one, and the template's commands, as
+        ``name`` (``name[:group]`` or ``uid[:gid]``), as the Dockerfile's ``USER``."""
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$", name):
+            raise ValueError("user %r must be name[:group] or uid[:gid]" % (name,))
+        return self._step("USER " + name)
+
+    def _step(self, line: str) -> "TemplateBuilder":
+        return dataclasses.replace(self, steps=self.steps + (line,))
+
+    def effective_dockerfile(self) -> Optional[str]:
+        """The Dockerfile this builds (None for an image build with no steps):
+        the Dockerfile given, or ``FROM`` the image, then the steps."""
+        if self.dockerfile is None and not self.steps:
+            return None
+        text = self.dockerfile if self.dockerfile is not None else "FROM %s\n" % self.image
+        if self.steps:
+            text = text.rstrip("\n") + "\n" + "\n".join(self.steps) + "\n"
+        return text
 
     def request_body(self, name: str) -> Dict[str, Any]:
         """The JSON object of ``POST /v1/templates`` that builds this as template
         ``name``: the whole body, or with a context the ``spec`` part."""
         body: Dict[str, Any] = {"name": name}
-        if self.dockerfile is None:
+        dockerfile = self.effective_dockerfile()
+        if dockerfile is None:
             body["from_image"] = self.image
         else:
-            if self.context is None:
-                body["dockerfile"] = self.dockerfile
+            if self.context is None and not self.copies:
+                body["dockerfile"] = dockerfile
             if self.build_args:
                 body["build_args"] = dict(self.build_args)
         if self.start_command is not None:
@@ -301,17 +380,25 @@ class TemplateBuilder:
         from .client import resolve_client
 
         c = resolve_client(client, api_key, api_url)
-        if self.dockerfile is not None:
-            b = c.start_dockerfile_build(
-                name,
-                self.dockerfile,
-                context=self.context,
-                build_args=dict(self.build_args) or None,
-                start_cmd=self.start_command,
-                ready_cmd=self.ready_command,
-                ready_timeout_seconds=self.ready_timeout_seconds,
-                on_context=on_context,
-            )
+        dockerfile = self.effective_dockerfile()
+        if dockerfile is not None:
+            context, tmp = self.context, None
+            if self.copies:
+                tmp = context = _copies_context(self.copies)
+            try:
+                b = c.start_dockerfile_build(
+                    name,
+                    dockerfile,
+                    context=context,
+                    build_args=dict(self.build_args) or None,
+                    start_cmd=self.start_command,
+                    ready_cmd=self.ready_command,
+                    ready_timeout_seconds=self.ready_timeout_seconds,
+                    on_context=on_context,
+                )
+            finally:
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
             b = c.follow_template_build(b.build_id, on_log=on_log)
             if not b.succeeded:
                 raise TemplateBuildError.from_build(b)
@@ -327,6 +414,29 @@ class TemplateBuilder:
 
 
 _ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _no_newline(what: str, v: str) -> None:
+    if "\n" in v or "\r" in v or "\0" in v:
+        raise ValueError("%s: %r must not contain a newline or NUL" % (what, v))
+
+
+def _copies_context(copies: Tuple[Tuple[str, str], ...]) -> str:
+    """A temporary build context holding each copy's source under its name
+    (symbolic links copied as links); the caller removes it."""
+    root = tempfile.mkdtemp(prefix="pandastack-context-")
+    try:
+        for src, name in copies:
+            dst = os.path.join(root, *name.split("/"))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            if os.path.isdir(src) and not os.path.islink(src):
+                shutil.copytree(src, dst, symlinks=True)
+            else:
+                shutil.copy2(src, dst, follow_symlinks=False)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root
 _INSTRUCTION = re.compile(r"^\s*(#|(FROM|ARG)\s)", re.IGNORECASE)
 #: The server's bound on a Dockerfile's text.
 MAX_DOCKERFILE_BYTES = 1 << 20
