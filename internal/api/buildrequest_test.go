@@ -199,8 +199,8 @@ func TestTemplateBuildDockerfileRequestRefused(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d and %q", tc.body, resp.StatusCode, msg, tc.status, tc.want)
 		}
 	}
-	// A user key uploads nothing.
-	body, ct := multipartBody(t, part{"spec", spec}, part{"context", ctxTar})
+	// A user key's build refused after its upload leaves nothing either.
+	body, ct := multipartBody(t, part{"spec", `{"name":"tiny"}`}, part{"dockerfile", "FROM tiny\n"}, part{"context", ctxTar})
 	req, _ := http.NewRequest("POST", b.url+"/v1/templates", body)
 	req.Header.Set("Authorization", "Bearer "+b.user)
 	req.Header.Set("Content-Type", ct)
@@ -209,8 +209,8 @@ func TestTemplateBuildDockerfileRequestRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 403 {
-		t.Errorf("user key: status %d, want 403", resp.StatusCode)
+	if resp.StatusCode != 422 {
+		t.Errorf("user key, a built-in name: status %d, want 422", resp.StatusCode)
 	}
 	noContexts(t, dir, "user key")
 }
@@ -295,6 +295,10 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 		}
 		ctxPath := g.spec.ContextTar
 		g.spec.ContextTar = ""
+		if g.spec.Owner != b.adminID {
+			t.Errorf("%s: owner %q, want the admin key's %q", tc.name, g.spec.Owner, b.adminID)
+		}
+		g.spec.Owner = ""
 		if !reflect.DeepEqual(g.spec, tc.want) {
 			t.Errorf("%s: spec\n got %+v\nwant %+v", tc.name, g.spec, tc.want)
 		}
