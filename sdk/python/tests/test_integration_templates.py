@@ -1,12 +1,13 @@
-"""Integration tests of templates built from images, against a real `panda up`.
+"""Integration tests of templates built from images and Dockerfiles, against a real `panda up`.
 
 A real registry with a real image is not available from Python (the Go
 tests of cmd/panda build one in process with go-containerregistry), so
 these tests cover what a registry without the image gives: a stub registry
 (below) answers the Docker registry API's ping and 404 MANIFEST_UNKNOWN for
 every manifest, and the build must end failed with ``image_not_found``
-through the SDK. That a build succeeds and its sandboxes start is tested by
-cmd/panda's TestTemplateFromImage.
+through the SDK. That an image build succeeds and its sandboxes start is
+tested by cmd/panda's TestTemplateFromImage. Builds with steps (a Dockerfile
+FROM the built-in tiny) need no registry: they are built here for real.
 
 Same server fixture and environment variables as sdk/python/tests/_server.py.
 """
@@ -16,8 +17,10 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import socketserver
 import sys
+import tempfile
 import threading
 import unittest
 from typing import List, Optional
@@ -133,6 +136,40 @@ class TemplateBuildTest(unittest.TestCase):
                 user.publish_template("whatever")
             with self.assertRaises(NotFoundError):
                 user.delete_template("whatever")
+
+    def test_steps_build_a_template(self) -> None:
+        src = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, src)
+        os.makedirs(os.path.join(src, "app"))
+        with open(os.path.join(src, "app", "hello.txt"), "w") as f:
+            f.write("hi from python\n")
+        name = "sdk-steps-%s" % tag()
+        self.addCleanup(lambda: ADMIN.delete_template(name, force=True))
+        builder = (
+            Template.from_image("tiny")
+            .run("mkdir -p /srv && echo built > /srv/built")
+            .copy(os.path.join(src, "app"), "/srv/app")
+            .env(GREETING='hello "world" $HOME')
+            .workdir("/srv")
+        )
+        lines: List[str] = []
+        build = builder.build(name, on_log=lines.append, client=ADMIN)
+        self.assertEqual((build.status, build.version), ("succeeded", 1), lines)
+        with Sandbox.create(template=name, memory_mib=256, client=ADMIN) as sb:
+            r = sb.exec("cat built app/hello.txt; echo \"$GREETING\"; pwd")
+            self.assertEqual(r.stdout, 'built\nhi from python\nhello "world" $HOME\n/srv\n', r)
+
+        # Again with the last step changed: the steps before it are cached.
+        lines.clear()
+        again = builder.run("echo second > /srv/second").build(name, on_log=lines.append, client=ADMIN)
+        self.assertEqual(again.version, 2)
+        self.assertGreaterEqual(sum(1 for l in lines if l.strip() == "cached"), 3, lines)
+
+        # A failing step fails the build, naming it.
+        with self.assertRaises(TemplateBuildError) as cm:
+            Template.from_image("tiny").run("echo oops; exit 7").build("sdk-fail-%s" % tag(), client=ADMIN)
+        self.assertIn("oops", cm.exception.message)
+        self.assertIn("7", cm.exception.message)
 
     def test_builtin_template_by_name_is_listed(self) -> None:
         names = [t.name for t in ADMIN.list_templates()]
