@@ -45,7 +45,7 @@ func WithContextProgress(progress func(ContextStats)) BuildOption {
 // for none (the Dockerfile then cannot COPY local files). opts may set
 // build arguments (WithBuildArg) and the template's start and ready
 // commands. A server that does not run Dockerfile builds answers an
-// *Error with Code "not_implemented" (HTTP 501). Admin keys only.
+// *Error with Code "not_implemented" (HTTP 501). Any key (the template is its own, private until an admin key publishes it).
 func (c *Client) StartDockerfileBuild(ctx context.Context, name, dockerfile, contextDir string, opts ...BuildOption) (TemplateBuild, error) {
 	in := &buildRequest{Name: name}
 	for _, o := range opts {
@@ -147,7 +147,7 @@ func writeBuildParts(mw *multipart.Writer, spec []byte, dockerfile, contextDir s
 // (StartDockerfileBuild says what dockerfile, contextDir and opts are),
 // calling progress (if not nil) with each progress line, and returns once
 // it is built. A failed build is an *Error whose Code is the build's.
-// Admin keys only.
+// Any key.
 func (c *Client) BuildTemplateFromDockerfile(ctx context.Context, name, dockerfile, contextDir string, progress func(string), opts ...BuildOption) (TemplateBuild, error) {
 	b, err := c.StartDockerfileBuild(ctx, name, dockerfile, contextDir, opts...)
 	if err != nil {

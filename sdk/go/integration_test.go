@@ -18,9 +18,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -707,6 +709,32 @@ func TestIntegrationTemplates(t *testing.T) {
 	}
 	_, err = c.BakeTemplate(ctx, "nosuchtemplate", 256, 1, nil)
 	wantErr(t, "bake an unknown template", err, pandastack.ErrNotFound)
+}
+
+// A template built from steps (a Dockerfile made in code): the copied
+// files, the ENV and the WORKDIR are in its sandboxes.
+func TestIntegrationTemplateSteps(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "hello.txt"), []byte("hi from go\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := "sdk-steps-" + strings.ToLower(strconv.FormatInt(time.Now().UnixNano()%1e9, 36))
+	t.Cleanup(func() { c.DeleteTemplate(context.Background(), name, true) })
+	steps := pandastack.FromImage("tiny").Run("mkdir -p /srv && echo built > /srv/built").
+		Copy(src, "/srv/app").Env("GREETING", "hello $world").Workdir("/srv")
+	b, err := c.BuildTemplateSteps(ctx, name, steps, nil)
+	if err != nil || b.Status != pandastack.BuildSucceeded {
+		t.Fatalf("build: %+v, %v", b, err)
+	}
+	sb := create(t, c, pandastack.CreateOptions{Template: name})
+	res, err := sb.Exec(ctx, pandastack.Command{Cmd: `cat built app/hello.txt; echo "$GREETING"; pwd`})
+	if want := "built\nhi from go\nhello $world\n/srv\n"; err != nil || res.Stdout != want {
+		t.Errorf("sandbox of the steps template: %+v, %v; want %q", res, err, want)
+	}
+	_, err = c.BuildTemplateSteps(ctx, name, pandastack.FromImage("tiny").Env("1A", "x"), nil)
+	wantErr(t, "an invalid step", err, pandastack.ErrInvalid)
 }
 
 func TestIntegrationPorts(t *testing.T) {

@@ -365,7 +365,7 @@ class Client:
         ready_timeout_seconds: Optional[int] = None,
         on_context: Optional[Callable[[ContextStats], None]] = None,
     ) -> TemplateBuild:
-        """Start building template ``name`` from a Dockerfile; admin keys only.
+        """Start building template ``name`` from a Dockerfile (any key: the template is its own, private until an admin key publishes it).
 
         ``dockerfile`` is the Dockerfile's text; ``None`` to use the one in
         ``context`` (``dockerfile_path``, default ``Dockerfile`` at its
