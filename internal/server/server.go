@@ -656,16 +656,30 @@ func bootstrapAdmin(ctx context.Context, cat catalog.Catalog, dataDir string, ou
 
 type dirLock struct{ f *os.File }
 
+// lockWait is how long lockDataDir waits for a data directory's lock: a
+// server restarted right after a crash (a supervisor's restart loop)
+// must not fail because the lock is still held for a moment, by the old
+// process being reaped or by a child it was starting (which holds every
+// descriptor until it calls exec).
+const lockWait = 5 * time.Second
+
 func lockDataDir(dir, name string) (*dirLock, error) {
 	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock data directory: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another panda server is running with data directory %s (%s is locked)", dir, name)
+	deadline := time.Now().Add(lockWait)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return &dirLock{f: f}, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("another panda server is running with data directory %s (%s is locked)", dir, name)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the lock, bounded by the deadline
 	}
-	return &dirLock{f: f}, nil
 }
 
 func (l *dirLock) Close() error { return l.f.Close() }
