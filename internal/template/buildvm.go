@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,8 +101,8 @@ const (
 type BuildVM struct {
 	disk    string
 	mem     string
-	ownMem  bool // mem is ours to remove
-	log     func(msg string, args ...any)
+	ownMem  bool         // mem is ours to remove
+	log     *slog.Logger // with the disk
 	runDir  string
 	console string
 	m       vmm.Machine
@@ -203,8 +204,7 @@ func (s *Store) newBuildVM(disk string) (*BuildVM, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := func(msg string, args ...any) { s.log.Warn(msg, append(args, "disk", disk)...) }
-	return &BuildVM{disk: disk, runDir: runDir, console: filepath.Join(runDir, "console.log"), release: func() {}, log: log}, nil
+	return &BuildVM{disk: disk, runDir: runDir, console: filepath.Join(runDir, "console.log"), release: func() {}, log: s.log.With("disk", disk)}, nil
 }
 
 // buildSpec opens v's network interface (the bakes' one, with the guests'
@@ -437,6 +437,7 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 		snapErr = fmt.Errorf("quiesce the guest agent: %w", snapErr)
 	}
 	pauseErr := v.m.Pause(ctx)
+	paused := time.Now()
 	var cloneErr error
 	if pauseErr == nil {
 		if snapErr == nil {
@@ -455,6 +456,7 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 		if err := v.m.Resume(rctx); err != nil {
 			return v.failed("commit", err)
 		}
+		v.log.Info("build vm: commit paused the VM", "pause_ms", time.Since(paused).Milliseconds(), "snapshot", snapErr == nil)
 	}
 	if err := v.client.Resume(rctx); err != nil {
 		return v.failed("commit: resume the guest agent", err)
@@ -466,7 +468,7 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 		return fmt.Errorf("commit: copy the disk: %w", cloneErr)
 	}
 	if snapErr != nil {
-		v.log("build vm: commit without a snapshot", "err", snapErr)
+		v.log.Warn("build vm: commit without a snapshot", "err", snapErr)
 	} else if err := cloneFile(snap[0], tmp); err != nil {
 		return fmt.Errorf("commit: copy the disk: %w", err)
 	}
@@ -488,7 +490,7 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 				err = os.Rename(snap[i], filepath.Join(dir, f))
 			}
 			if err != nil {
-				v.log("build vm: commit without a snapshot", "err", err)
+				v.log.Warn("build vm: commit without a snapshot", "err", err)
 				for _, f := range []string{SnapshotDisk, SnapshotMem} {
 					os.Remove(filepath.Join(dir, f))
 				}
