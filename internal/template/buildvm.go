@@ -19,6 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/memimage"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -91,9 +92,12 @@ const (
 // (Extract) and its disk is copied out as it is (Commit), while it keeps
 // running.
 //
-// Its RAM is a file written through (vmm.Spec.MemoryShared), so that
-// Commit can snapshot the whole VM cheaply: next to the disk for a booted
-// VM (removed by Close), the caller's file for a restored one.
+// Its RAM is a file mapped copy-on-write, as a sandbox's: an empty
+// sparse file in the run directory for a booted VM, the snapshot's
+// memory (the caller's copy) for a restored one, never modified. Commit
+// snapshots it as a fork capture does: a clone of the file patched with
+// the pages the guest wrote (internal/memimage), so a snapshot costs what
+// the guest touched since its boot or restore.
 //
 // Run, Extract and Commit must not be called concurrently with each
 // other. Close may be called at any time, from any goroutine: it ends
@@ -101,7 +105,6 @@ const (
 type BuildVM struct {
 	disk    string
 	mem     string
-	ownMem  bool         // mem is ours to remove
 	log     *slog.Logger // with the disk
 	runDir  string
 	console string
@@ -164,10 +167,9 @@ func (s *Store) bootBuildVM(ctx context.Context, disk string, opts BuildVMOption
 			v.Close()
 		}
 	}()
-	// Beside the disk, on the file system the caller chose for it: a
-	// snapshot's copy of the memory is then a reflink where the disk's
-	// can be one.
-	v.mem, v.ownMem = disk+".mem-"+randHex(4), true
+	// A hole: the guest's RAM is private (see BuildVM); the file is the
+	// empty base a snapshot's memory image is patched onto.
+	v.mem = filepath.Join(v.runDir, "vm.mem")
 	if err := createSparse(v.mem, int64(opts.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}
@@ -223,9 +225,10 @@ func (s *Store) buildSpec(ctx context.Context, v *BuildVM, opts BuildVMOptions) 
 	return vmm.Spec{
 		Kernel: s.cfg.Images.Kernel(), Initramfs: s.cfg.Images.Initramfs(), Cmdline: s.cmdline(),
 		MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs, Accel: s.cfg.Accel,
-		// Written through: Commit's snapshot is a copy of the file.
-		MemoryFile: v.mem, MemoryShared: true,
-		Disk: v.disk, RunDir: v.runDir, ConsoleLog: v.console,
+		// Private (copy on write): RAM as fast as anonymous memory;
+		// Commit's snapshot is the file patched with the pages written.
+		MemoryFile: v.mem,
+		Disk:       v.disk, RunDir: v.runDir, ConsoleLog: v.console,
 		Net: &vmm.Net{TAP: nic.TAP, MAC: guestnet.GuestMAC},
 	}, nil
 }
@@ -506,8 +509,17 @@ func (v *BuildVM) snapshot(ctx context.Context, disk, mem, state string) error {
 	if err := v.m.SaveState(ctx, state); err != nil {
 		return err
 	}
-	if err := cloneFile(v.mem, mem); err != nil {
-		return fmt.Errorf("copy the memory: %w", err)
+	r, err := v.m.RAMMapping()
+	if err != nil {
+		return err
+	}
+	region := memimage.Region{PID: r.PID, Start: r.Start, Size: r.Size}
+	pm, err := memimage.Scan(region)
+	if err != nil {
+		return err
+	}
+	if _, err := memimage.Write(mem, v.mem, cloneFile, region, pm.Dirty); err != nil {
+		return fmt.Errorf("write the memory: %w", err)
 	}
 	if err := cloneFile(v.disk, disk); err != nil {
 		return fmt.Errorf("copy the disk: %w", err)
@@ -516,8 +528,8 @@ func (v *BuildVM) snapshot(ctx context.Context, disk, mem, state string) error {
 }
 
 // Close kills the VMM, releases its network interface and removes its
-// run directory (console log included) and the memory file of a booted
-// VM. Idempotent; the disk (and a restored VM's memory file) stays.
+// run directory (console log and a booted VM's memory file included).
+// Idempotent; the disk (and a restored VM's memory file) stays.
 func (v *BuildVM) Close() error {
 	v.closeOnce.Do(func() {
 		if v.client != nil {
@@ -527,11 +539,6 @@ func (v *BuildVM) Close() error {
 			v.closeErr = v.m.Kill()
 		}
 		v.release() // after the VMM exited
-		if v.ownMem {
-			if err := os.Remove(v.mem); err != nil && !errors.Is(err, os.ErrNotExist) && v.closeErr == nil {
-				v.closeErr = err
-			}
-		}
 		if err := os.RemoveAll(v.runDir); err != nil && v.closeErr == nil {
 			v.closeErr = err
 		}
