@@ -197,6 +197,10 @@ func (s *Store) bootBuildVM(ctx context.Context, disk string, opts BuildVMOption
 	return v, nil
 }
 
+// restoreBuildTimeout bounds RestoreBuildVM, from start to the guest's
+// answer.
+const restoreBuildTimeout = 30 * time.Second
+
 // buildHello starts every session with a build VM, booted or restored.
 var buildHello = guestproto.HelloRequest{Hostname: "panda-build", SandboxID: "build"}
 
@@ -269,7 +273,10 @@ func (s *Store) RestoreBuildVM(ctx context.Context, disk, mem, state string, opt
 		return nil, fmt.Errorf("restore build vm: %w", err)
 	}
 	spec.Incoming = true
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.BakeTimeout)
+	// Bounded well below a boot: a restore takes a second or so, and one
+	// that hangs (a snapshot the guest cannot go on from) is given up for
+	// a boot.
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.BakeTimeout, restoreBuildTimeout))
 	defer cancel()
 	m, err := s.cfg.Driver.Start(ctx, spec)
 	if err != nil {
