@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/template"
 )
 
 // DefaultCacheMaxBytes is the default of Config.CacheMaxBytes.
@@ -25,6 +26,9 @@ const DefaultCacheMaxBytes = 50 << 30
 type Config struct {
 	// Boot boots build VMs. Required.
 	Boot Boot
+	// Restore restores build VMs from the snapshots cached with layers;
+	// nil: always boot.
+	Restore Restore
 	// FromImage converts FROM images. Required.
 	FromImage FromImage
 	// CacheDir holds the layer cache; best on a file system with reflinks
@@ -308,7 +312,9 @@ func (r *run) steps(ctx context.Context, p *plan, baseKey string) (string, error
 	return cur, nil
 }
 
-// boot boots the build's VM, once, from a clone of layer key.
+// boot starts the build's VM, once, from layer key: restored from the
+// layer's snapshot if it has one, else (or if that fails) booted from a
+// clone of the layer.
 func (r *run) boot(ctx context.Context, key string) error {
 	if r.vm != nil {
 		return nil
@@ -319,6 +325,12 @@ func (r *run) boot(ctx context.Context, key string) error {
 	}
 	r.work = work
 	disk := filepath.Join(work, layerFile)
+	if vm, err := r.restore(ctx, key, disk); err != nil {
+		return err
+	} else if vm != nil {
+		r.vm, r.dirs = vm, map[string]bool{"/": true}
+		return nil
+	}
 	if err := r.b.cfg.Clone(r.b.cache.path(key), disk); err != nil {
 		return fmt.Errorf("clone layer for the build VM: %w", err)
 	}
@@ -328,6 +340,37 @@ func (r *run) boot(ctx context.Context, key string) error {
 	}
 	r.vm, r.dirs = vm, map[string]bool{"/": true}
 	return nil
+}
+
+// restore restores the build's VM from layer key's snapshot, its disk
+// cloned to disk. It returns no VM (and no error) when there is no
+// snapshot or the restore failed: the caller boots instead. err is only
+// for ctx's end.
+func (r *run) restore(ctx context.Context, key, disk string) (VM, error) {
+	snap, ok := r.b.cache.snapshot(key)
+	if r.b.cfg.Restore == nil || !ok {
+		return nil, nil
+	}
+	mem := filepath.Join(filepath.Dir(disk), template.SnapshotMem)
+	err := r.b.cfg.Clone(snap.disk, disk)
+	if err == nil {
+		err = r.b.cfg.Clone(snap.mem, mem)
+	}
+	var vm VM
+	if err == nil {
+		vm, err = r.b.cfg.Restore(ctx, disk, mem, snap.state, r.progress)
+	}
+	if err == nil {
+		return vm, nil
+	}
+	os.Remove(disk)
+	os.Remove(mem)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	r.b.cfg.Logger.Warn("dockerfile build: restore the build VM failed, booting it", "layer", key, "err", err)
+	r.progress("  could not restore the build VM from the layer's snapshot; booting it")
+	return nil, nil
 }
 
 // exec runs one disk step in the VM.

@@ -60,6 +60,7 @@ func (w *fakeWorld) reset() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.boots, w.runs, w.chowns, w.commits, w.froms = nil, nil, nil, 0, 0
+	w.restores, w.restoreDisks = nil, nil
 }
 
 // shells lists the shell commands the VMs ran.
@@ -410,4 +411,101 @@ func TestLineWriter(t *testing.T) {
 	if tail := w.Tail(); !reflect.DeepEqual(tail, want[5:]) {
 		t.Errorf("got tail %q", tail)
 	}
+}
+
+// TestRestore: with Config.Restore, a build resumes from a cached layer
+// by restoring the snapshot its VM committed (from private copies), and
+// boots when the layer has no snapshot or the restore fails.
+func TestRestore(t *testing.T) {
+	tb := newTestBuilder(t)
+	tb.b.cfg.Restore = tb.w.restore
+	tb.w.snapshots = true
+	df := "FROM base\nRUN one\nRUN two\nRUN three\n"
+	if _, _, _, err := tb.build(t, df, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	// The base layer has no snapshot: booted.
+	if len(tb.w.boots) != 1 || len(tb.w.restores) != 0 || tb.w.commits != 3 {
+		t.Fatalf("first build: %d boots, %d restores, %d commits; want 1, 0, 3", len(tb.w.boots), len(tb.w.restores), tb.w.commits)
+	}
+
+	rebuild := func(t *testing.T, last string) []string {
+		t.Helper()
+		tb.w.reset()
+		d, _, lines, err := tb.build(t, strings.Replace(df, "RUN three", "RUN "+last, 1), "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{"from base", "run one", "run two", "run " + last}; !reflect.DeepEqual(d.Log, want) {
+			t.Errorf("built log %q, want %q", d.Log, want)
+		}
+		return lines
+	}
+	rebuild(t, "3a")
+	if len(tb.w.restores) != 1 || len(tb.w.boots) != 0 {
+		t.Fatalf("last RUN changed: %d restores, %d boots; want 1 and 0", len(tb.w.restores), len(tb.w.boots))
+	}
+	if got, want := tb.w.restores[0].Log, []string{"from base", "run one", "run two"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("restored a disk with log %q, want %q", got, want)
+	}
+	if dir := filepath.Base(filepath.Dir(tb.w.restoreDisks[0])); !strings.HasPrefix(dir, tmpPrefix) {
+		t.Errorf("restored %s, want a clone, not a cache entry in place", tb.w.restoreDisks[0])
+	}
+
+	// The snapshot's entry: the layer after "RUN two".
+	var entry string
+	es, err := tb.b.cache.entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if d, err := readDisk(filepath.Join(tb.cache, e.key, template.SnapshotDisk)); err == nil && len(d.Log) == 3 {
+			entry = filepath.Join(tb.cache, e.key)
+		}
+	}
+	if entry == "" {
+		t.Fatal("no cache entry with the snapshot after RUN two")
+	}
+
+	// A broken snapshot: restore fails, the build boots the layer.
+	if err := os.WriteFile(filepath.Join(entry, template.SnapshotState), []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lines := rebuild(t, "3b")
+	if len(tb.w.restores) != 0 || len(tb.w.boots) != 1 {
+		t.Errorf("broken snapshot: %d restores, %d boots; want 0 and 1", len(tb.w.restores), len(tb.w.boots))
+	}
+	if !slicesContain(lines, "could not restore the build VM") {
+		t.Errorf("broken snapshot: no progress line about it:\n%s", strings.Join(lines, "\n"))
+	}
+
+	// No snapshot (an older entry): boot without trying.
+	os.Remove(filepath.Join(entry, template.SnapshotState))
+	lines = rebuild(t, "3c")
+	if len(tb.w.restores) != 0 || len(tb.w.boots) != 1 || slicesContain(lines, "could not restore") {
+		t.Errorf("no snapshot: %d restores, %d boots; want 0 and 1, no restore tried", len(tb.w.restores), len(tb.w.boots))
+	}
+	// Every file of an entry counts toward the cache's size.
+	if es, err = tb.b.cache.entries(); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		var want int64
+		files, _ := os.ReadDir(filepath.Join(tb.cache, e.key))
+		for _, f := range files {
+			want += allocated(filepath.Join(tb.cache, e.key, f.Name()))
+		}
+		if e.bytes != want || len(files) < 2 {
+			t.Errorf("entry %s: %d bytes counted, its %d files take %d", e.key, e.bytes, len(files), want)
+		}
+	}
+}
+
+func slicesContain(lines []string, sub string) bool {
+	for _, l := range lines {
+		if strings.Contains(l, sub) {
+			return true
+		}
+	}
+	return false
 }

@@ -13,9 +13,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/template"
 )
 
-// Files of a cache entry, the directory CacheDir/<key>.
+// Files of a cache entry, the directory CacheDir/<key>; an entry a VM
+// committed may also hold that VM's snapshot (template.SnapshotDisk,
+// SnapshotMem, SnapshotState).
 const (
 	layerFile  = "rootfs.ext4"
 	configFile = "config.json"
@@ -105,6 +109,26 @@ func (c *layerCache) commit(tmp, key string, cfg Result) error {
 	return nil
 }
 
+// snapshotFiles are the paths of a cache entry's VM snapshot.
+type snapshotFiles struct{ disk, mem, state string }
+
+// snapshot returns the files of entry key's snapshot and whether it has
+// one (its state is written last, so it marks a whole snapshot).
+func (c *layerCache) snapshot(key string) (snapshotFiles, bool) {
+	dir := filepath.Join(c.dir, key)
+	s := snapshotFiles{
+		disk:  filepath.Join(dir, template.SnapshotDisk),
+		mem:   filepath.Join(dir, template.SnapshotMem),
+		state: filepath.Join(dir, template.SnapshotState),
+	}
+	for _, f := range []string{s.state, s.disk, s.mem} {
+		if _, err := os.Stat(f); err != nil {
+			return snapshotFiles{}, false
+		}
+	}
+	return s, true
+}
+
 // config reads entry key's config.
 func (c *layerCache) config(key string) (Result, error) {
 	b, err := os.ReadFile(filepath.Join(c.dir, key, configFile))
@@ -146,8 +170,9 @@ func (c *layerCache) entries() ([]cacheEntry, error) {
 			continue
 		}
 		e := cacheEntry{key: de.Name(), used: fi.ModTime()}
-		for _, f := range []string{layerFile, configFile} {
-			e.bytes += allocated(filepath.Join(c.dir, de.Name(), f))
+		files, _ := os.ReadDir(filepath.Join(c.dir, de.Name()))
+		for _, f := range files {
+			e.bytes += allocated(filepath.Join(c.dir, de.Name(), f.Name()))
 		}
 		out = append(out, e)
 	}
@@ -155,8 +180,8 @@ func (c *layerCache) entries() ([]cacheEntry, error) {
 }
 
 // allocated is the space the file p takes on disk (its blocks, not its
-// apparent size: layers are sparse). A reflinked layer is counted whole
-// though it shares blocks with others.
+// apparent size: layers and memory images are sparse). A reflinked file
+// is counted whole though it shares blocks with others.
 func allocated(p string) int64 {
 	fi, err := os.Stat(p)
 	if err != nil {

@@ -16,10 +16,13 @@
 //     digest (a tag is converted again on every build, since it may have
 //     moved) or, for a digest-pinned reference, the reference (converted
 //     once).
-//   - A build finds the last step whose layer is cached, boots one VM
-//     (Config.Boot) from a clone of that layer, runs the remaining steps in
-//     order and commits a layer into the cache after each. The final layer
-//     is cloned to the output file.
+//   - A build finds the last step whose layer is cached, starts one VM
+//     from it, runs the remaining steps in order and commits a layer into
+//     the cache after each. The final layer is cloned to the output file.
+//     The VM is restored (Config.Restore) from the snapshot of the running
+//     VM that committed the layer, when the entry has one, or else booted
+//     (Config.Boot) from a clone of the layer: a restore skips the boot
+//     and finds the guest as the previous step left it.
 //
 // The build context is a tar (plain or gzip) unpacked into a private
 // directory with every entry checked (no absolute paths, no "..", no
@@ -96,7 +99,10 @@ type VM interface {
 	Extract(ctx context.Context, r io.Reader, chown string) error
 	// Commit flushes the guest's file systems and copies the disk as it
 	// is now to dst (a reflink where the file system can); the VM keeps
-	// running.
+	// running. When it can, it also snapshots the VM into dst's
+	// directory, the files template.SnapshotDisk, SnapshotMem and
+	// SnapshotState (the last one written last), which Restore starts a
+	// VM from; a VM that cannot leaves them out.
 	Commit(ctx context.Context, dst string) error
 	// Close stops the VM; its disk is then the caller's to remove.
 	Close() error
@@ -105,3 +111,11 @@ type VM interface {
 // Boot boots a build VM from the ext4 image disk, a file the build owns
 // (a clone of a layer, never a cached layer in place).
 type Boot func(ctx context.Context, disk string, progress func(string)) (VM, error)
+
+// Restore starts a build VM from the snapshot a VM's Commit wrote: disk
+// and mem are the build's own copies of the snapshot's disk and memory
+// files (the VM writes them in place), state its device state (a cached
+// file, only read). The VM goes on where the snapshotted one was, its
+// processes running. On error nothing is left running; the build then
+// boots from the layer instead.
+type Restore func(ctx context.Context, disk, mem, state string, progress func(string)) (VM, error)

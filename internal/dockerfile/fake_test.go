@@ -47,6 +47,11 @@ type fakeWorld struct {
 	froms    int
 	digest   string
 	failBoot bool
+	// snapshots makes Commit write a snapshot; restores are the disks
+	// restored (as they were), restoreDisks their paths.
+	snapshots    bool
+	restores     []fakeDisk
+	restoreDisks []string
 }
 
 func readDisk(p string) (fakeDisk, error) {
@@ -191,8 +196,41 @@ func (v *fakeVM) Extract(ctx context.Context, r io.Reader, chown string) error {
 func (v *fakeVM) Commit(ctx context.Context, dst string) error {
 	v.w.mu.Lock()
 	v.w.commits++
+	snap := v.w.snapshots
 	v.w.mu.Unlock()
-	return writeDisk(dst, v.d)
+	if err := writeDisk(dst, v.d); err != nil {
+		return err
+	}
+	if !snap {
+		return nil
+	}
+	dir := filepath.Dir(dst)
+	if err := writeDisk(filepath.Join(dir, template.SnapshotDisk), v.d); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, template.SnapshotMem), []byte("mem"), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, template.SnapshotState), []byte("state"), 0o644)
+}
+
+// restore restores a fake VM from a snapshot whose state reads "state".
+func (w *fakeWorld) restore(ctx context.Context, disk, mem, state string, progress func(string)) (VM, error) {
+	if b, err := os.ReadFile(state); err != nil || string(b) != "state" {
+		return nil, fmt.Errorf("bad state %q: %v", b, err)
+	}
+	if b, err := os.ReadFile(mem); err != nil || string(b) != "mem" {
+		return nil, fmt.Errorf("bad memory %q: %v", b, err)
+	}
+	d, err := readDisk(disk)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.restores = append(w.restores, d)
+	w.restoreDisks = append(w.restoreDisks, disk)
+	w.mu.Unlock()
+	return &fakeVM{w: w, d: d}, nil
 }
 
 func (v *fakeVM) Close() error { return nil }

@@ -91,11 +91,17 @@ func dockerfileBuilder(cfg Config, host *agent.Agent, convert tmplbuild.Convert,
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("cannot start Dockerfile builds: %w", err)
 	}
+	opts := template.BuildVMOptions{MemoryMiB: shape.MemoryMiB, VCPUs: shape.VCPUs, MaxDiskMiB: maxDisk}
 	b, err := dockerfile.New(dockerfile.Config{
 		Boot: func(ctx context.Context, disk string, progress func(string)) (dockerfile.VM, error) {
-			vm, err := host.Templates().BootBuildVM(ctx, disk, template.BuildVMOptions{
-				MemoryMiB: shape.MemoryMiB, VCPUs: shape.VCPUs, MaxDiskMiB: maxDisk,
-			}, progress)
+			vm, err := host.Templates().BootBuildVM(ctx, disk, opts, progress)
+			if err != nil {
+				return nil, err
+			}
+			return vm, nil
+		},
+		Restore: func(ctx context.Context, disk, mem, state string, progress func(string)) (dockerfile.VM, error) {
+			vm, err := host.Templates().RestoreBuildVM(ctx, disk, mem, state, opts, progress)
 			if err != nil {
 				return nil, err
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/memimage"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -73,16 +75,37 @@ func (o *BuildVMOptions) setDefaults() error {
 	return nil
 }
 
+// Files of a build VM snapshot, which Commit writes next to the disk it
+// commits (in the same directory) and RestoreBuildVM restores from: the
+// disk as it was at the pause (its journal not replayed: the guest's
+// memory holds the mounted file system), the guest's RAM and its device
+// state. A snapshot is whole once SnapshotState exists: it is written
+// last.
+const (
+	SnapshotDisk  = "vm.disk"
+	SnapshotMem   = "vm.mem"
+	SnapshotState = "vm.state"
+)
+
 // BuildVM is a guest booted from a writable root filesystem file for a
 // build step: commands run in it (Run), archives are unpacked into it
 // (Extract) and its disk is copied out as it is (Commit), while it keeps
 // running.
+//
+// Its RAM is a file mapped copy-on-write, as a sandbox's: an empty
+// sparse file in the run directory for a booted VM, the snapshot's
+// memory (the caller's copy) for a restored one, never modified. Commit
+// snapshots it as a fork capture does: a clone of the file patched with
+// the pages the guest wrote (internal/memimage), so a snapshot costs what
+// the guest touched since its boot or restore.
 //
 // Run, Extract and Commit must not be called concurrently with each
 // other. Close may be called at any time, from any goroutine: it ends
 // a call in progress.
 type BuildVM struct {
 	disk    string
+	mem     string
+	log     *slog.Logger // with the disk
 	runDir  string
 	console string
 	m       vmm.Machine
@@ -135,35 +158,24 @@ func (s *Store) BootBuildVM(ctx context.Context, disk string, opts BuildVMOption
 }
 
 func (s *Store) bootBuildVM(ctx context.Context, disk string, opts BuildVMOptions) (_ *BuildVM, err error) {
-	runDir, err := os.MkdirTemp(s.cfg.RunDir, "build-")
+	v, err := s.newBuildVM(disk)
 	if err != nil {
 		return nil, err
 	}
-	v := &BuildVM{disk: disk, runDir: runDir, console: filepath.Join(runDir, "console.log"), release: func() {}}
 	defer func() {
 		if err != nil {
 			v.Close()
 		}
 	}()
-	nic, release, err := s.cfg.Net(ctx, "build vm")
-	if err != nil {
-		return nil, fmt.Errorf("network interface: %w", err)
-	}
-	v.release = release
-	if nic.MAC != "" && nic.MAC != guestnet.GuestMAC {
-		return nil, fmt.Errorf("network interface: MAC %s, want the guests' %s", nic.MAC, guestnet.GuestMAC)
-	}
-	mem := filepath.Join(runDir, "vm.mem")
-	if err := createSparse(mem, int64(opts.MemoryMiB)<<20); err != nil {
+	// A hole: the guest's RAM is private (see BuildVM); the file is the
+	// empty base a snapshot's memory image is patched onto.
+	v.mem = filepath.Join(v.runDir, "vm.mem")
+	if err := createSparse(v.mem, int64(opts.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}
-	spec := vmm.Spec{
-		Kernel: s.cfg.Images.Kernel(), Initramfs: s.cfg.Images.Initramfs(), Cmdline: s.cmdline(),
-		MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs, Accel: s.cfg.Accel,
-		// Private: guest RAM never goes to the file, which stays a hole.
-		MemoryFile: mem,
-		Disk:       disk, RunDir: runDir, ConsoleLog: v.console,
-		Net: &vmm.Net{TAP: nic.TAP, MAC: guestnet.GuestMAC},
+	spec, err := s.buildSpec(ctx, v, opts)
+	if err != nil {
+		return nil, err
 	}
 	bootCtx, cancel := context.WithTimeout(ctx, s.cfg.BakeTimeout)
 	defer cancel()
@@ -179,8 +191,124 @@ func (s *Store) bootBuildVM(ctx context.Context, disk string, opts BuildVMOption
 	v.client = guestproto.NewClient(conn)
 	bootCtx, stop := v.watch(bootCtx)
 	defer stop()
-	if _, err := v.client.Hello(bootCtx, guestproto.HelloRequest{Hostname: "panda-build", SandboxID: "build"}); err != nil {
+	if _, err := v.client.Hello(bootCtx, buildHello); err != nil {
 		return nil, v.failed("guest agent did not answer", err)
+	}
+	return v, nil
+}
+
+// restoreBuildTimeout bounds RestoreBuildVM, from start to the guest's
+// answer.
+const restoreBuildTimeout = 30 * time.Second
+
+// buildHello starts every session with a build VM, booted or restored.
+var buildHello = guestproto.HelloRequest{Hostname: "panda-build", SandboxID: "build"}
+
+// newBuildVM makes v's run directory; v does nothing else yet.
+func (s *Store) newBuildVM(disk string) (*BuildVM, error) {
+	runDir, err := os.MkdirTemp(s.cfg.RunDir, "build-")
+	if err != nil {
+		return nil, err
+	}
+	return &BuildVM{disk: disk, runDir: runDir, console: filepath.Join(runDir, "console.log"), release: func() {}, log: s.log.With("disk", disk)}, nil
+}
+
+// buildSpec opens v's network interface (the bakes' one, with the guests'
+// fixed MAC) and returns the spec of v's machine, booting. A restore
+// must use the same spec (Incoming aside): the device layout is part of
+// the saved state.
+func (s *Store) buildSpec(ctx context.Context, v *BuildVM, opts BuildVMOptions) (vmm.Spec, error) {
+	nic, release, err := s.cfg.Net(ctx, "build vm")
+	if err != nil {
+		return vmm.Spec{}, fmt.Errorf("network interface: %w", err)
+	}
+	v.release = release
+	if nic.MAC != "" && nic.MAC != guestnet.GuestMAC {
+		return vmm.Spec{}, fmt.Errorf("network interface: MAC %s, want the guests' %s", nic.MAC, guestnet.GuestMAC)
+	}
+	return vmm.Spec{
+		Kernel: s.cfg.Images.Kernel(), Initramfs: s.cfg.Images.Initramfs(), Cmdline: s.cmdline(),
+		MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs, Accel: s.cfg.Accel,
+		// Private (copy on write): RAM as fast as anonymous memory;
+		// Commit's snapshot is the file patched with the pages written.
+		MemoryFile: v.mem,
+		Disk:       v.disk, RunDir: v.runDir, ConsoleLog: v.console,
+		Net: &vmm.Net{TAP: nic.TAP, MAC: guestnet.GuestMAC},
+	}, nil
+}
+
+// RestoreBuildVM starts a build VM from a snapshot Commit wrote (see
+// SnapshotDisk): disk and mem are the caller's private copies of the
+// snapshot's disk and memory files, which the VM then writes in place
+// (they stay the caller's to remove); state is its device state, only
+// read. opts must give the shape the snapshotted VM had; the disk is not
+// grown (the guest has it mounted). The guest goes on from the moment of
+// the snapshot, its processes running, after the restore hooks of a new
+// session (clock, identity). On error nothing is left running and the
+// caller may boot instead. The caller must Close the VM.
+func (s *Store) RestoreBuildVM(ctx context.Context, disk, mem, state string, opts BuildVMOptions, progress func(string)) (_ *BuildVM, err error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st, err := os.Stat(mem)
+	if err != nil {
+		return nil, fmt.Errorf("restore build vm: %w", err)
+	}
+	if st.Size() != int64(opts.MemoryMiB)<<20 {
+		return nil, fmt.Errorf("restore build vm: the snapshot has %d MiB of memory, want %d MiB", st.Size()>>20, opts.MemoryMiB)
+	}
+	v, err := s.newBuildVM(disk)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	v.mem = mem
+	spec, err := s.buildSpec(ctx, v, opts)
+	if err != nil {
+		return nil, fmt.Errorf("restore build vm: %w", err)
+	}
+	spec.Incoming = true
+	// Bounded well below a boot: a restore takes a second or so, and one
+	// that hangs (a snapshot the guest cannot go on from) is given up for
+	// a boot.
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.BakeTimeout, restoreBuildTimeout))
+	defer cancel()
+	m, err := s.cfg.Driver.Start(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("restore build vm: %w", err)
+	}
+	v.m = m
+	// Connect before loading: the guest never sees its port's host side
+	// go away.
+	conn, err := dialUnix(ctx, m.AgentSocket())
+	if err != nil {
+		return nil, fmt.Errorf("restore build vm: %w", err)
+	}
+	v.client = guestproto.NewClient(conn)
+	if err := m.LoadState(ctx, state); err != nil {
+		return nil, v.failed("restore build vm", err)
+	}
+	if err := m.Resume(ctx); err != nil {
+		return nil, v.failed("restore build vm", err)
+	}
+	ctx, stop := v.watch(ctx)
+	defer stop()
+	reply, err := v.client.Hello(ctx, buildHello)
+	if err != nil {
+		return nil, v.failed("restore build vm: guest agent did not answer", err)
+	}
+	for _, e := range reply.HookErrors {
+		s.log.Warn("build vm: guest restore hook failed", "err", e, "disk", disk)
+	}
+	msg := fmt.Sprintf("build VM restored in %.1fs", time.Since(start).Seconds())
+	s.log.Info("build vm: "+msg, "disk", disk)
+	if progress != nil {
+		progress(msg)
 	}
 	return v, nil
 }
@@ -282,6 +410,11 @@ func (v *BuildVM) Extract(ctx context.Context, r io.Reader, chown string) error 
 // cloned (FICLONE, else a sparse copy), the VMM resumes and the clone's
 // journal is replayed on the host (e2fsck -E journal_only), so that
 // dst is clean without being mounted. The VM keeps running.
+//
+// While the VM is paused Commit also snapshots it into dst's directory
+// (SnapshotDisk, SnapshotMem, SnapshotState; replaced), which
+// RestoreBuildVM restores from. A snapshot that fails is logged and left
+// out (its files removed): the disk alone is still committed.
 func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 	var out bytes.Buffer
 	code, err := v.exec(ctx, guestproto.ExecRequest{Argv: []string{GuestAgentPath, "sync"}}, nil, &capped{&out})
@@ -291,24 +424,63 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 	if err != nil {
 		return fmt.Errorf("commit: sync the guest: %w", err)
 	}
-	tmp := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".commit-"+randHex(4))
+	dir := filepath.Dir(dst)
+	suffix := ".commit-" + randHex(4)
+	tmp := filepath.Join(dir, "."+filepath.Base(dst)+suffix)
+	snap := []string{SnapshotDisk, SnapshotMem, SnapshotState}
+	for i, f := range snap {
+		snap[i] = filepath.Join(dir, "."+f+suffix)
+	}
 	defer func() {
-		if err != nil {
-			os.Remove(tmp)
+		os.Remove(tmp)
+		for _, f := range snap {
+			os.Remove(f)
 		}
 	}()
-	if err := v.m.Pause(ctx); err != nil {
-		return v.failed("commit", err)
+	for _, f := range []string{SnapshotDisk, SnapshotMem, SnapshotState} {
+		os.Remove(filepath.Join(dir, f)) // never a stale snapshot beside a new dst
 	}
-	cloneErr := cloneFile(v.disk, tmp)
+	// Quiesce the guest channel so that the snapshot holds no frame half
+	// sent: a restore starts a new session on a new connection.
+	snapErr := v.client.Barrier(ctx)
+	if snapErr != nil {
+		snapErr = fmt.Errorf("quiesce the guest agent: %w", snapErr)
+	}
+	pauseErr := v.m.Pause(ctx)
+	paused := time.Now()
+	var cloneErr error
+	if pauseErr == nil {
+		if snapErr == nil {
+			snapErr = v.snapshot(ctx, snap[0], snap[1], snap[2])
+		}
+		// With a snapshot, its disk is the disk at the pause: dst is
+		// copied from it after resuming, for a shorter pause.
+		if snapErr != nil {
+			cloneErr = cloneFile(v.disk, tmp)
+		}
+	}
 	// Resume even if ctx ended: the VM must keep running.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if err := v.m.Resume(rctx); err != nil {
-		return v.failed("commit", err)
+	if pauseErr == nil {
+		if err := v.m.Resume(rctx); err != nil {
+			return v.failed("commit", err)
+		}
+		v.log.Info("build vm: commit paused the VM", "pause_ms", time.Since(paused).Milliseconds(), "snapshot", snapErr == nil)
+	}
+	if err := v.client.Resume(rctx); err != nil {
+		return v.failed("commit: resume the guest agent", err)
+	}
+	if pauseErr != nil {
+		return v.failed("commit", pauseErr)
 	}
 	if cloneErr != nil {
 		return fmt.Errorf("commit: copy the disk: %w", cloneErr)
+	}
+	if snapErr != nil {
+		v.log.Warn("build vm: commit without a snapshot", "err", snapErr)
+	} else if err := cloneFile(snap[0], tmp); err != nil {
+		return fmt.Errorf("commit: copy the disk: %w", err)
 	}
 	// The clone is the disk of a mounted file system, as a crash would
 	// leave it: its journal holds committed changes not yet in place.
@@ -321,11 +493,50 @@ func (v *BuildVM) Commit(ctx context.Context, dst string) (err error) {
 	if err := os.Rename(tmp, dst); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	return syncPath(filepath.Dir(dst))
+	if snapErr == nil {
+		// The state last: it marks a whole snapshot.
+		for i, f := range []string{SnapshotDisk, SnapshotMem, SnapshotState} {
+			if err := syncPath(snap[i]); err == nil {
+				err = os.Rename(snap[i], filepath.Join(dir, f))
+			}
+			if err != nil {
+				v.log.Warn("build vm: commit without a snapshot", "err", err)
+				for _, f := range []string{SnapshotDisk, SnapshotMem} {
+					os.Remove(filepath.Join(dir, f))
+				}
+				break
+			}
+		}
+	}
+	return syncPath(dir)
+}
+
+// snapshot writes the paused VM's device state, memory and disk.
+func (v *BuildVM) snapshot(ctx context.Context, disk, mem, state string) error {
+	if err := v.m.SaveState(ctx, state); err != nil {
+		return err
+	}
+	r, err := v.m.RAMMapping()
+	if err != nil {
+		return err
+	}
+	region := memimage.Region{PID: r.PID, Start: r.Start, Size: r.Size}
+	pm, err := memimage.Scan(region)
+	if err != nil {
+		return err
+	}
+	if _, err := memimage.Write(mem, v.mem, cloneFile, region, pm.Dirty); err != nil {
+		return fmt.Errorf("write the memory: %w", err)
+	}
+	if err := cloneFile(v.disk, disk); err != nil {
+		return fmt.Errorf("copy the disk: %w", err)
+	}
+	return nil
 }
 
 // Close kills the VMM, releases its network interface and removes its
-// run directory (console log included). Idempotent; the disk stays.
+// run directory (console log and a booted VM's memory file included).
+// Idempotent; the disk (and a restored VM's memory file) stays.
 func (v *BuildVM) Close() error {
 	v.closeOnce.Do(func() {
 		if v.client != nil {

@@ -325,3 +325,143 @@ func TestBuildVMFailures(t *testing.T) {
 		t.Errorf("run directory %s after Close: %v", v.runDir, err)
 	}
 }
+
+// restoreBuild restores a build VM from the snapshot Commit wrote in dir,
+// from private copies of its disk and memory in work.
+func restoreBuild(t *testing.T, ctx context.Context, st *Store, dir, work string, opts BuildVMOptions) (*BuildVM, error) {
+	t.Helper()
+	disk, mem := filepath.Join(work, "disk.ext4"), filepath.Join(work, "vm.mem")
+	for _, f := range [][2]string{{SnapshotDisk, disk}, {SnapshotMem, mem}} {
+		os.Remove(f[1])
+		if err := cloneFile(filepath.Join(dir, f[0]), f[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	v, err := st.RestoreBuildVM(ctx, disk, mem, filepath.Join(dir, SnapshotState), opts, func(m string) { t.Log(m) })
+	if err != nil {
+		return nil, err
+	}
+	t.Logf("build VM restored in %v", time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() { v.Close() })
+	return v, nil
+}
+
+// TestBuildVMRestore commits a build VM with a process running, restores
+// the snapshot (the file and the process are there, commands run),
+// commits and restores again, and restores from broken snapshots: those
+// fail with nothing left running, and a boot from the committed disk
+// still works.
+func TestBuildVMRestore(t *testing.T) {
+	st, _ := buildStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	fds := openFDs(t)
+	disk := filepath.Join(dir, "disk.ext4")
+	if err := copySparse(st.cfg.Images.RootFS("tiny"), disk); err != nil {
+		t.Fatal(err)
+	}
+	opts := BuildVMOptions{MemoryMiB: 256, MinFreeMiB: 512}
+	v := bootBuild(t, ctx, st, disk, opts)
+	sh(t, ctx, v, "echo one >/one.txt; setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! >/sleep.pid")
+	layer1 := filepath.Join(dir, "l1")
+	os.Mkdir(layer1, 0o755)
+	start := time.Now()
+	if err := v.Commit(ctx, filepath.Join(layer1, "rootfs.ext4")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("commit with snapshot took %v", time.Since(start).Round(time.Millisecond))
+	for _, f := range []string{"rootfs.ext4", SnapshotDisk, SnapshotMem, SnapshotState} {
+		fi, err := os.Stat(filepath.Join(layer1, f))
+		if err != nil {
+			t.Fatalf("after Commit: %v", err)
+		}
+		t.Logf("%s: %d bytes, %d allocated", f, fi.Size(), fi.Sys().(*syscall.Stat_t).Blocks*512)
+	}
+	if ents, _ := os.ReadDir(layer1); len(ents) != 4 {
+		t.Errorf("commit directory holds %d entries, want 4", len(ents))
+	}
+	sh(t, ctx, v, "echo after >/after.txt") // not in the snapshot
+	if err := v.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+
+	work := t.TempDir()
+	v2, err := restoreBuild(t, ctx, st, layer1, work, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sh(t, ctx, v2, "cat /one.txt; kill -0 $(cat /sleep.pid) && echo sleeping; ls /after.txt 2>&1 || true; hostname")
+	if !strings.HasPrefix(got, "one\nsleeping\n") || !strings.Contains(got, "No such file") || !strings.HasSuffix(got, "panda-build\n") {
+		t.Errorf("in the restored VM:\n%s", got)
+	}
+	sh(t, ctx, v2, "echo two >/two.txt")
+	layer2 := filepath.Join(dir, "l2")
+	os.Mkdir(layer2, 0o755)
+	if err := v2.Commit(ctx, filepath.Join(layer2, "rootfs.ext4")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("e2fsck", "-fn", filepath.Join(layer2, "rootfs.ext4")).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck -fn of the second commit: %v: %s", err, out)
+	}
+	if err := v2.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+
+	work2 := t.TempDir()
+	v3, err := restoreBuild(t, ctx, st, layer2, work2, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = sh(t, ctx, v3, "cat /one.txt /two.txt; kill -0 $(cat /sleep.pid) && echo sleeping")
+	if got != "one\ntwo\nsleeping\n" {
+		t.Errorf("in the VM restored twice:\n%s", got)
+	}
+	if err := v3.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+
+	t.Run("broken", func(t *testing.T) {
+		broken := filepath.Join(dir, "broken")
+		os.Mkdir(broken, 0o755)
+		for _, f := range []string{SnapshotDisk, SnapshotMem} {
+			if err := cloneFile(filepath.Join(layer2, f), filepath.Join(broken, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A missing state, then a truncated one.
+		if _, err := restoreBuild(t, ctx, st, broken, t.TempDir(), opts); err == nil {
+			t.Error("restore without a state: no error")
+		}
+		b, err := os.ReadFile(filepath.Join(layer2, SnapshotState))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(broken, SnapshotState), b[:len(b)/2], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := restoreBuild(t, ctx, st, broken, t.TempDir(), opts); err == nil {
+			t.Error("restore from a truncated state: no error")
+		} else {
+			t.Logf("truncated state: %v", err)
+		}
+		// Another memory size than the snapshot's.
+		if _, err := restoreBuild(t, ctx, st, layer2, t.TempDir(), BuildVMOptions{MemoryMiB: 512}); err == nil {
+			t.Error("restore with another memory size: no error")
+		}
+		// The caller's fallback: the committed disk boots.
+		disk := filepath.Join(t.TempDir(), "disk.ext4")
+		if err := cloneFile(filepath.Join(layer2, "rootfs.ext4"), disk); err != nil {
+			t.Fatal(err)
+		}
+		v := bootBuild(t, ctx, st, disk, opts)
+		if got := sh(t, ctx, v, "cat /one.txt /two.txt"); got != "one\ntwo\n" {
+			t.Errorf("booted from the commit: %q", got)
+		}
+		v.Close()
+	})
+	if got := openFDs(t); got != fds {
+		t.Errorf("%d descriptors open after Close, %d before", got, fds)
+	}
+}
