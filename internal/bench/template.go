@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -86,8 +87,11 @@ func TemplateBench(ctx context.Context, c *pandastack.Client, o TemplateOptions)
 	id := runID()
 	df := o.Dockerfile
 	if df == "" {
-		// The run's id first: nothing of an earlier run is reused.
-		df = "FROM " + o.From + "\nRUN echo " + id + " > /opt/bench-run\n" + strings.Join(DefaultTemplateSteps, "\n") + "\n"
+		// The run's id in the first step: nothing of an earlier run is
+		// reused.
+		steps := slices.Clone(DefaultTemplateSteps)
+		steps[0] = strings.Replace(steps[0], "RUN ", "RUN echo "+id+" > /opt/bench-run && ", 1)
+		df = "FROM " + o.From + "\n" + strings.Join(steps, "\n") + "\n"
 	}
 	lines := strings.Split(strings.TrimRight(df, "\n"), "\n")
 	if last := strings.TrimSpace(lines[len(lines)-1]); !strings.HasPrefix(strings.ToUpper(last), "RUN ") {
