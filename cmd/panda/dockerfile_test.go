@@ -83,6 +83,7 @@ ADD data.tar /opt/data/
 RUN echo "$GREETING from $MODE" > built.txt && id -u > uid-root && chown nobody .
 USER nobody
 WORKDIR sub
+ENTRYPOINT ["/bin/sh", "-c"]
 CMD ["sh"]
 `
 	writeTree(t, dir, map[string]string{
