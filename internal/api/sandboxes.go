@@ -398,7 +398,18 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err = s.cat.UpdateSandbox(r.Context(), sb.ID, func(x *catalog.Sandbox) error {
+	sb, err = s.applyTTL(r.Context(), sb.ID, ttl)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.withMemory(sb))
+}
+
+// applyTTL sets a sandbox's TTL, counted from now (from its resume if it
+// is paused); a stopped or stopping sandbox's is a conflict.
+func (s *Server) applyTTL(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
+	return s.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error {
 		switch x.State {
 		case catalog.StateStopped, catalog.StateStopping:
 			return conflict("sandbox %s is %s", x.ID, x.State)
@@ -415,11 +426,6 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		x.UpdatedAt = now
 		return nil
 	})
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.withMemory(sb))
 }
 
 func toCatalogNetwork(p network.Policy) catalog.Network {

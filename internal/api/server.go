@@ -26,6 +26,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
@@ -320,8 +321,10 @@ type Server struct {
 	guests *limiter      // guest requests in flight
 	output *outputBudget // buffered exec output held
 
-	proxy     *guestProxy
-	proxies   *limiter // proxied requests in flight
+	proxy   *guestProxy
+	proxies *limiter // proxied requests in flight
+	// e2b serves E2B's API and envd on the same listener (e2b.go).
+	e2b       *e2b.Server
 	urlSecret []byte
 	publicURL *url.URL // nil: from each request
 	// publicPath is publicURL's path ("" or "/prefix"): the public path
@@ -367,6 +370,10 @@ func New(cfg Config, cat catalog.Catalog, host Host, reg prometheus.Registerer) 
 		s.publicPath = s.publicURL.Path
 	}
 	s.proxy = newGuestProxy(s)
+	var err error
+	if s.e2b, err = s.newE2B(); err != nil {
+		return nil, err
+	}
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -386,7 +393,9 @@ func (s *Server) MetricsHandler() http.Handler { return s.metrics.handler() }
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(Recoverer(s.log, s.writeError), s.proxyDomain)
+	// E2B's routes come before chi's: envd requests are told apart by a
+	// header, and E2B's paths are outside /v1.
+	r.Use(Recoverer(s.log, s.writeError), s.proxyDomain, s.e2b.Intercept)
 	r.Get("/healthz", s.health)
 	// Signed port URLs: the token is the credential.
 	r.Handle("/p/{token}", http.HandlerFunc(s.signedProxy))

@@ -1,0 +1,145 @@
+package api
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/e2b"
+	"github.com/pandastack/pandastack/internal/guestproto"
+)
+
+// e2bBackend gives package e2b (the E2B-compatible API served on the same
+// listener) PandaStack's keys, sandboxes and guests, with the REST API's
+// validation, quotas and error classes.
+type e2bBackend struct{ s *Server }
+
+var _ e2b.Backend = e2bBackend{}
+
+// newE2B returns the E2B layer; its envd access tokens are derived from
+// the URL secret, so they live as long as signed port URLs do.
+func (s *Server) newE2B() (*e2b.Server, error) {
+	m := hmac.New(sha256.New, s.urlSecret)
+	m.Write([]byte("e2b"))
+	return e2b.New(e2bBackend{s}, m.Sum(nil), s.log)
+}
+
+func (b e2bBackend) key(ctx context.Context, keyID string) (catalog.Key, error) {
+	k, err := b.s.cat.GetKey(ctx, keyID)
+	if err != nil {
+		return k, fmt.Errorf("get api key: %w", err)
+	}
+	return k, nil
+}
+
+func (b e2bBackend) Authenticate(ctx context.Context, secret string) (string, error) {
+	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer "+secret)
+	c, err := b.s.keyOf(r, "missing API key")
+	if err != nil {
+		return "", err
+	}
+	return c.Key.ID, nil
+}
+
+func toE2B(sb catalog.Sandbox) e2b.Sandbox {
+	return e2b.Sandbox{ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata,
+		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskMiB: sb.DiskMiB, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt}
+}
+
+func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequest) (e2b.Sandbox, error) {
+	key, err := b.key(ctx, keyID)
+	if err != nil {
+		return e2b.Sandbox{}, err
+	}
+	sb, hreq, err := b.s.newSandbox(ctx, key, createRequest{Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Env: req.Env})
+	if err != nil {
+		return e2b.Sandbox{}, err
+	}
+	sb, err = b.s.create(ctx, key, sb, hreq)
+	if err != nil {
+		return e2b.Sandbox{}, err
+	}
+	return toE2B(sb), nil
+}
+
+func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
+	sb, err := b.s.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != keyID) {
+		return e2b.Sandbox{}, notFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return e2b.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+	}
+	return toE2B(sb), nil
+}
+
+func (b e2bBackend) List(ctx context.Context, keyID string, f e2b.ListFilter) ([]e2b.Sandbox, error) {
+	states := f.States
+	if len(states) == 0 {
+		states = liveStates
+	}
+	list, err := b.s.cat.ListSandboxes(ctx, catalog.SandboxFilter{KeyID: keyID, States: states, Metadata: f.Metadata})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]e2b.Sandbox, 0, len(list))
+	for _, sb := range list {
+		out = append(out, toE2B(sb))
+	}
+	return out, nil
+}
+
+func (b e2bBackend) Kill(ctx context.Context, keyID, id string) error {
+	if _, err := b.Get(ctx, keyID, id); err != nil {
+		return err
+	}
+	return b.s.stop(ctx, id, "killed")
+}
+
+func (b e2bBackend) SetTTL(ctx context.Context, keyID, id string, seconds int) error {
+	if _, err := b.Get(ctx, keyID, id); err != nil {
+		return err
+	}
+	ttl, err := b.s.ttl(&seconds)
+	if err != nil {
+		return err
+	}
+	_, err = b.s.applyTTL(ctx, id, ttl)
+	return err
+}
+
+func (b e2bBackend) Guest(ctx context.Context, id string) (e2b.Guest, error) {
+	sb, err := b.s.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil, notFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	if sb.State != catalog.StateRunning {
+		return nil, conflict("sandbox %s is %s, not running", sb.ID, sb.State)
+	}
+	g, err := b.s.host.Guest(id)
+	if err != nil {
+		return nil, err
+	}
+	return e2bGuest{g}, nil
+}
+
+func (b e2bBackend) Status(err error) (int, string) {
+	ae := classify(err)
+	return ae.Status, strings.TrimSpace(ae.Message)
+}
+
+// e2bGuest is a Guest whose StartExec returns e2b's Process.
+type e2bGuest struct{ Guest }
+
+func (g e2bGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (e2b.Process, error) {
+	return g.Guest.StartExec(ctx, req)
+}

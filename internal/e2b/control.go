@@ -1,0 +1,332 @@
+package e2b
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// apiError is an error with the HTTP status and message E2B answers with.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func errStatus(status int, format string, args ...any) error {
+	return &apiError{status: status, msg: fmt.Sprintf(format, args...)}
+}
+
+// status classifies err for E2B: its own errors as they are, the
+// Backend's by Backend.Status, with PandaStack's 422 (invalid) as E2B's
+// 400.
+func (s *Server) status(err error) (int, string) {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.status, ae.msg
+	}
+	st, msg := s.b.Status(err)
+	if st == http.StatusUnprocessableEntity {
+		st = http.StatusBadRequest
+	}
+	return st, msg
+}
+
+// writeError answers in E2B's error shape {"code": status, "message": …}:
+// the SDK tests the body's code (404 → not found, or kill's false).
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	st, msg := s.status(err)
+	if st >= 500 {
+		s.log.Warn("e2b request failed", "method", r.Method, "path", r.URL.Path, "status", st, "err", err)
+	}
+	writeJSON(w, st, map[string]any{"code": st, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) controlRoutes() *http.ServeMux {
+	m := http.NewServeMux()
+	// SDK >= 2.51 creates and connects under /v2, older ones under /.
+	m.HandleFunc("POST /sandboxes", s.auth(s.create))
+	m.HandleFunc("POST /v2/sandboxes", s.auth(s.create))
+	m.HandleFunc("POST /sandboxes/{id}/connect", s.auth(s.connect))
+	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.auth(s.connect))
+	m.HandleFunc("GET /v2/sandboxes", s.auth(s.list))
+	m.HandleFunc("GET /sandboxes", s.auth(s.list))
+	m.HandleFunc("GET /sandboxes/{id}", s.auth(s.get))
+	m.HandleFunc("DELETE /sandboxes/{id}", s.auth(s.kill))
+	m.HandleFunc("POST /sandboxes/{id}/timeout", s.auth(s.setTimeout))
+	for _, p := range []string{"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
+		"GET /sandboxes/{id}/metrics", "POST /sandboxes/{id}/snapshots", "PUT /sandboxes/{id}/network"} {
+		m.HandleFunc(p, s.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
+			s.writeError(w, r, errStatus(http.StatusNotImplemented, "%s %s is not supported by PandaStack's E2B API yet", r.Method, r.Pattern[strings.Index(r.Pattern, " ")+1:]))
+		}))
+	}
+	return m
+}
+
+// auth authenticates the X-API-KEY header (a PandaStack API key) and
+// passes the key's id on.
+func (s *Server) auth(h func(w http.ResponseWriter, r *http.Request, keyID string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		secret := strings.TrimSpace(r.Header.Get("X-API-KEY"))
+		if secret == "" {
+			secret, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			secret = strings.TrimSpace(secret)
+		}
+		if secret == "" {
+			s.writeError(w, r, errStatus(http.StatusUnauthorized, "missing API key: send X-API-KEY with a PandaStack API key"))
+			return
+		}
+		keyID, err := s.b.Authenticate(r.Context(), secret)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		h(w, r, keyID)
+	}
+}
+
+// decode reads a JSON body; an empty one leaves v as it is.
+func decode(r *http.Request, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		return errStatus(http.StatusBadRequest, "read request body: %v", err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return errStatus(http.StatusBadRequest, "invalid JSON body: %v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return nil
+}
+
+// sandboxJSON is E2B's Sandbox (create, connect) merged with its
+// SandboxDetail and ListedSandbox (get, list): the SDK reads what it
+// needs of each and ignores the rest.
+type sandboxJSON struct {
+	SandboxID          string            `json:"sandboxID"`
+	TemplateID         string            `json:"templateID"`
+	Alias              string            `json:"alias,omitempty"`
+	ClientID           string            `json:"clientID"`
+	EnvdVersion        string            `json:"envdVersion"`
+	EnvdAccessToken    string            `json:"envdAccessToken,omitempty"`
+	Domain             *string           `json:"domain"`
+	TrafficAccessToken *string           `json:"trafficAccessToken"`
+	StartedAt          string            `json:"startedAt"`
+	EndAt              string            `json:"endAt"`
+	State              string            `json:"state"`
+	CPUCount           int               `json:"cpuCount"`
+	MemoryMB           int               `json:"memoryMB"`
+	DiskSizeMB         int               `json:"diskSizeMB"`
+	Metadata           map[string]string `json:"metadata"`
+}
+
+// e2bState is E2B's state of a live sandbox: running or paused.
+func e2bState(st string) string {
+	switch st {
+	case "paused", "pausing":
+		return "paused"
+	}
+	return "running"
+}
+
+// gone reports whether a sandbox in PandaStack state st is, to E2B,
+// not there any more (killed or expired).
+func gone(st string) bool { return st == "stopped" || st == "stopping" }
+
+func (s *Server) toJSON(sb Sandbox, withToken bool) sandboxJSON {
+	out := sandboxJSON{
+		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: ClientID, EnvdVersion: EnvdVersion,
+		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), State: e2bState(sb.State),
+		CPUCount: sb.VCPUs, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, Metadata: sb.Metadata,
+	}
+	if withToken {
+		out.EnvdAccessToken = s.AccessToken(sb.ID)
+	}
+	end := sb.ExpiresAt
+	if end.IsZero() {
+		end = time.Now()
+	}
+	out.EndAt = end.UTC().Format(time.RFC3339Nano)
+	if out.Metadata == nil {
+		out.Metadata = map[string]string{}
+	}
+	return out
+}
+
+// defaultTimeout is the TTL of a create without one: the SDK's documented
+// default (SDK 2.51 no longer sends it).
+const defaultTimeout = 300
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request, keyID string) {
+	var req struct {
+		TemplateID string            `json:"templateID"`
+		Timeout    *int              `json:"timeout"`
+		Metadata   map[string]string `json:"metadata"`
+		EnvVars    map[string]string `json:"envVars"`
+	}
+	if err := decode(r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	ttl := req.Timeout
+	if ttl == nil {
+		d := defaultTimeout
+		ttl = &d
+	}
+	sb, err := s.b.Create(r.Context(), keyID, CreateRequest{Template: templateName(req.TemplateID), TTLSeconds: ttl, Metadata: req.Metadata, Env: req.EnvVars})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+}
+
+// templateName maps an E2B template id to a PandaStack template: E2B's
+// default "base" (and none) is PandaStack's base; any other name is
+// looked up as it is.
+func templateName(id string) string {
+	if id == "" {
+		return "base"
+	}
+	return id
+}
+
+// live returns the key's sandbox id unless it is gone (404 with E2B's body).
+func (s *Server) live(r *http.Request, keyID string) (Sandbox, error) {
+	id := r.PathValue("id")
+	sb, err := s.b.Get(r.Context(), keyID, id)
+	if err == nil && gone(sb.State) {
+		err = errStatus(http.StatusNotFound, "sandbox %q not found", id)
+	}
+	if err != nil {
+		if st, _ := s.status(err); st == http.StatusNotFound {
+			err = errStatus(http.StatusNotFound, "sandbox %q not found", id)
+		}
+	}
+	return sb, err
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, keyID string) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.live(r, keyID)
+	if err == nil && req.Timeout != nil {
+		if err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout); err == nil {
+			sb, err = s.live(r, keyID)
+		}
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request, keyID string) {
+	sb, err := s.live(r, keyID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toJSON(sb, false))
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request, keyID string) {
+	sb, err := s.live(r, keyID)
+	if err == nil {
+		err = s.b.Kill(r.Context(), keyID, sb.ID)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, keyID string) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if req.Timeout == nil {
+		s.writeError(w, r, errStatus(http.StatusBadRequest, "timeout (seconds) is required"))
+		return
+	}
+	sb, err := s.live(r, keyID)
+	if err == nil {
+		err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// list answers GET /v2/sandboxes: state (running, paused; repeated or
+// comma-separated) and metadata (a URL-encoded query string of key=value
+// pairs, as the SDK sends it) filter; one page, so no x-next-token.
+func (s *Server) list(w http.ResponseWriter, r *http.Request, keyID string) {
+	q := r.URL.Query()
+	var f ListFilter
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			switch st {
+			case "running":
+				f.States = append(f.States, "starting", "running", "resuming")
+			case "paused":
+				f.States = append(f.States, "pausing", "paused")
+			case "":
+			default:
+				s.writeError(w, r, errStatus(http.StatusBadRequest, "state %q must be running or paused", st))
+				return
+			}
+		}
+	}
+	for _, v := range q["metadata"] {
+		kv, err := url.ParseQuery(v)
+		if err != nil {
+			s.writeError(w, r, errStatus(http.StatusBadRequest, "metadata filter %q must be a query string of key=value pairs", v))
+			return
+		}
+		for k, vs := range kv {
+			if f.Metadata == nil {
+				f.Metadata = map[string]string{}
+			}
+			f.Metadata[k] = vs[len(vs)-1]
+		}
+	}
+	list, err := s.b.List(r.Context(), keyID, f)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := make([]sandboxJSON, 0, len(list))
+	for _, sb := range list {
+		if !gone(sb.State) {
+			out = append(out, s.toJSON(sb, false))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,169 @@
+// Package e2b serves the wire protocol of E2B (e2b.dev) so that the
+// official e2b SDKs run unmodified against PandaStack: the control plane
+// (create, connect, list, get, set timeout, kill under /sandboxes and
+// /v2/sandboxes, authenticated with X-API-KEY) and envd, the in-sandbox
+// API (Connect RPC with the JSON codec for process.Process and
+// filesystem.Filesystem, and GET/POST /files), on the same listener as the
+// REST API. envd requests are told apart by their E2b-Sandbox-Id header
+// (what the SDK sends when E2B_SANDBOX_URL points here) and authenticated
+// with the sandbox's X-Access-Token, derived from a server secret.
+//
+// It owns only the translation: sandboxes, keys and guests are reached
+// through a Backend (implemented by package api), whose errors it turns
+// into E2B's shapes by the HTTP status the Backend classifies them as.
+// The wire details it follows are in docs/e2b.md.
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+)
+
+// EnvdVersion is the envd version reported to SDKs. The SDK gates
+// features on it: >= 0.4.0 lets the server pick the default user, >= 0.5.7
+// allows octet-stream uploads. Features of later versions that are not
+// served (watchers, file metadata) answer unimplemented or are ignored.
+const EnvdVersion = "0.6.13"
+
+// ClientID is reported as every sandbox's clientID (E2B's node id).
+const ClientID = "pandastack"
+
+// Sandbox is a sandbox as E2B shows it.
+type Sandbox struct {
+	ID        string
+	Template  string
+	State     string // PandaStack's state: starting, running, paused, stopped, …
+	Metadata  map[string]string
+	MemoryMiB int
+	VCPUs     int
+	DiskMiB   int
+	CreatedAt time.Time
+	ExpiresAt time.Time // zero: does not expire (paused)
+}
+
+// CreateRequest is what a create asks of the Backend.
+type CreateRequest struct {
+	Template   string
+	TTLSeconds *int // nil: the server's default
+	Metadata   map[string]string
+	Env        map[string]string
+}
+
+// ListFilter selects sandboxes in Backend.List. Empty States: every live
+// state.
+type ListFilter struct {
+	States   []string
+	Metadata map[string]string
+}
+
+// Backend is what the E2B layer needs from PandaStack. keyID methods act
+// on the key's own sandboxes only: another key's sandbox is not found.
+// Errors are classified by Status.
+type Backend interface {
+	// Authenticate returns the id of the API key whose secret this is; an
+	// unknown or revoked key is an error that Status classifies as 401.
+	Authenticate(ctx context.Context, secret string) (keyID string, err error)
+	Create(ctx context.Context, keyID string, req CreateRequest) (Sandbox, error)
+	Get(ctx context.Context, keyID, id string) (Sandbox, error)
+	List(ctx context.Context, keyID string, f ListFilter) ([]Sandbox, error)
+	Kill(ctx context.Context, keyID, id string) error
+	SetTTL(ctx context.Context, keyID, id string, seconds int) error
+	// Guest reaches the guest agent of sandbox id, whoever owns it (the
+	// caller has proved access with the sandbox's access token); an
+	// error if it is not running.
+	Guest(ctx context.Context, id string) (Guest, error)
+	// Status classifies err: an HTTP status and a message for users.
+	Status(err error) (status int, message string)
+}
+
+// Guest is a running sandbox's guest agent (see guestproto.Client for the
+// contracts).
+type Guest interface {
+	StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error)
+	ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error)
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error)
+	ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error)
+	Stat(ctx context.Context, path string) (guestproto.FileInfo, error)
+	Mkdir(ctx context.Context, path string) error
+	Remove(ctx context.Context, path string, recursive bool) error
+	Rename(ctx context.Context, oldpath, newpath string) error
+}
+
+// Process is a command started by Guest.StartExec: read Stdout and Stderr
+// to EOF, then Wait. Cancelling StartExec's ctx kills it.
+type Process interface {
+	PID() int
+	Stdout() io.Reader
+	Stderr() io.Reader
+	Wait() (guestproto.ExecResult, error)
+}
+
+// Server serves the E2B protocol. Create it with New; it starts no
+// goroutines.
+type Server struct {
+	b      Backend
+	secret []byte
+	log    *slog.Logger
+
+	control *http.ServeMux
+	envd    *http.ServeMux
+
+	mu    sync.Mutex
+	users map[string]defaultUser // sandbox id → its default user
+}
+
+// New returns a server. secret derives the sandboxes' envd access tokens
+// (at least 16 bytes; keep it across restarts for tokens to stay valid).
+func New(b Backend, secret []byte, log *slog.Logger) (*Server, error) {
+	if len(secret) < 16 {
+		return nil, errors.New("e2b: secret of fewer than 16 bytes")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{b: b, secret: secret, log: log, users: map[string]defaultUser{}}
+	s.control = s.controlRoutes()
+	s.envd = s.envdRoutes()
+	return s, nil
+}
+
+// Intercept is middleware that serves E2B requests and passes the rest to
+// next: a request with an E2b-Sandbox-Id header is envd's; one whose
+// method and path are a route of E2B's control plane is the control
+// plane's. Neither set of paths overlaps PandaStack's /v1 API.
+func (s *Server) Intercept(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("E2b-Sandbox-Id") != "" {
+			s.envd.ServeHTTP(w, r)
+			return
+		}
+		if _, pattern := s.control.Handler(r); pattern != "" {
+			s.control.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// AccessToken is sandbox id's envd access token: an HMAC of its id, so
+// that it needs no storage and dies with the secret.
+func (s *Server) AccessToken(id string) string {
+	m := hmac.New(sha256.New, s.secret)
+	m.Write([]byte("e2b envd access token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (s *Server) validToken(id, token string) bool {
+	return token != "" && hmac.Equal([]byte(token), []byte(s.AccessToken(id)))
+}

@@ -1,0 +1,627 @@
+package e2b
+
+import (
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/pandastack/pandastack/internal/guestproto"
+)
+
+// defaultUser is who runs a sandbox's commands and owns its relative
+// paths when a request names nobody: E2B's templates have a user "user"
+// with home /home/user; a template without one gets root.
+type defaultUser struct {
+	name string // "root" or a user name
+	home string
+}
+
+func (s *Server) envdRoutes() *http.ServeMux {
+	m := http.NewServeMux()
+	opt := connect.WithCodec(jsonCodec{})
+	m.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", s.start, opt))
+	m.Handle("/filesystem.Filesystem/Stat", connect.NewUnaryHandler("/filesystem.Filesystem/Stat", s.stat, opt))
+	m.Handle("/filesystem.Filesystem/ListDir", connect.NewUnaryHandler("/filesystem.Filesystem/ListDir", s.listDir, opt))
+	m.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", s.makeDir, opt))
+	m.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", s.remove, opt))
+	m.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", s.move, opt))
+	// What needs background processes or watchers answers unimplemented,
+	// as envd does for a method it lacks.
+	for _, p := range []string{"/process.Process/List", "/process.Process/Update", "/process.Process/SendInput",
+		"/process.Process/SendSignal", "/process.Process/CloseStdin", "/filesystem.Filesystem/CreateWatcher",
+		"/filesystem.Filesystem/GetWatcherEvents", "/filesystem.Filesystem/RemoveWatcher"} {
+		m.Handle(p, connect.NewUnaryHandler(p, func(context.Context, *connect.Request[empty]) (*connect.Response[empty], error) {
+			return nil, unimplemented(p)
+		}, opt))
+	}
+	for _, p := range []string{"/process.Process/Connect", "/filesystem.Filesystem/WatchDir"} {
+		m.Handle(p, connect.NewServerStreamHandler(p, func(context.Context, *connect.Request[empty], *connect.ServerStream[empty]) error {
+			return unimplemented(p)
+		}, opt))
+	}
+	m.Handle("/process.Process/StreamInput", connect.NewClientStreamHandler("/process.Process/StreamInput",
+		func(context.Context, *connect.ClientStream[empty]) (*connect.Response[empty], error) {
+			return nil, unimplemented("/process.Process/StreamInput")
+		}, opt))
+	m.HandleFunc("GET /files", s.readFile)
+	m.HandleFunc("POST /files", s.writeFiles)
+	m.HandleFunc("GET /health", s.health)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, errStatus(http.StatusNotFound, "no such envd endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return m
+}
+
+func unimplemented(procedure string) error {
+	return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s is not implemented by PandaStack yet (background processes, stdin, PTY and watchers are not served)", procedure))
+}
+
+// envdTarget is the sandbox an envd request is for, and as whom.
+type envdTarget struct {
+	id   string
+	g    Guest
+	user defaultUser
+}
+
+// target authenticates an envd request (E2b-Sandbox-Id, X-Access-Token)
+// and reaches its sandbox. user is the user the request names (Basic
+// auth, or the username query of /files); "" is the sandbox's default.
+func (s *Server) target(ctx context.Context, h http.Header, user string) (envdTarget, error) {
+	id := h.Get("E2b-Sandbox-Id")
+	if !s.validToken(id, h.Get("X-Access-Token")) {
+		return envdTarget{}, errStatus(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %q", id)
+	}
+	g, err := s.b.Guest(ctx, id)
+	if err != nil {
+		// E2B's proxy answers 502 for a sandbox that is not running; the
+		// SDK reads it as the sandbox having timed out.
+		st, msg := s.status(err)
+		if st == http.StatusNotFound || st == http.StatusConflict {
+			return envdTarget{}, errStatus(http.StatusBadGateway, "sandbox %q is not running (killed or timed out)", id)
+		}
+		return envdTarget{}, errStatus(st, "%s", msg)
+	}
+	t := envdTarget{id: id, g: g}
+	if user == "" {
+		user = basicUser(h.Get("Authorization"))
+	}
+	switch user {
+	case "":
+		t.user = s.defaultUser(ctx, id, g)
+	case "root":
+		t.user = defaultUser{name: "root", home: "/root"}
+	default:
+		if err := guestproto.ValidateUser(user); err != nil {
+			return envdTarget{}, errStatus(http.StatusBadRequest, "user %q: %v", user, err)
+		}
+		t.user = defaultUser{name: user, home: "/home/" + user}
+	}
+	return t, nil
+}
+
+// basicUser is the user of an "Authorization: Basic base64(user:)" header.
+func basicUser(h string) string {
+	enc, ok := strings.CutPrefix(h, "Basic ")
+	if !ok {
+		return ""
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return ""
+	}
+	u, _, _ := strings.Cut(string(b), ":")
+	return u
+}
+
+// defaultUser finds (once per sandbox) whether its template has E2B's
+// user "user": a /home/user directory.
+func (s *Server) defaultUser(ctx context.Context, id string, g Guest) defaultUser {
+	s.mu.Lock()
+	u, ok := s.users[id]
+	s.mu.Unlock()
+	if ok {
+		return u
+	}
+	u = defaultUser{name: "root", home: "/root"}
+	fi, err := g.Stat(ctx, "/home/user")
+	if err == nil && fi.IsDir {
+		u = defaultUser{name: "user", home: "/home/user"}
+	} else if err != nil && guestproto.CodeOf(err) != guestproto.CodeNotFound {
+		return u // not known yet: ask again next time
+	}
+	s.mu.Lock()
+	if len(s.users) > 10000 {
+		clear(s.users) // killed sandboxes' entries: bounded, not tracked
+	}
+	s.users[id] = u
+	s.mu.Unlock()
+	return u
+}
+
+// resolve makes p absolute: relative paths and ~ are under the user's home.
+func (t envdTarget) resolve(p string) (string, error) {
+	switch {
+	case p == "~" || p == "":
+		p = t.user.home
+	case strings.HasPrefix(p, "~/"):
+		p = t.user.home + p[1:]
+	case !path.IsAbs(p):
+		p = t.user.home + "/" + p
+	}
+	if strings.ContainsRune(p, 0) || len(p) > 4096 {
+		return "", errStatus(http.StatusBadRequest, "invalid path %q", p)
+	}
+	return path.Clean(p), nil
+}
+
+// chown gives what a user other than root created to that user (the
+// guest agent creates files as root), as envd does.
+func (t envdTarget) chown(ctx context.Context, p string) error {
+	if t.user.name == "root" {
+		return nil
+	}
+	return run(ctx, t.g, []string{"chown", t.user.name + ":", p})
+}
+
+// run runs argv as root and fails unless it exits 0.
+func run(ctx context.Context, g Guest, argv []string) error {
+	p, err := g.StartExec(ctx, guestproto.ExecRequest{Argv: argv, TimeoutMS: 30000})
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); io.Copy(io.Discard, p.Stdout()) }()
+	io.Copy(&stderr, io.LimitReader(p.Stderr(), 4096))
+	io.Copy(io.Discard, p.Stderr())
+	wg.Wait()
+	res, err := p.Wait()
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("%s: exit %d: %s", argv[0], res.ExitCode, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// rpcError turns err into a connect error with the code E2B's envd uses.
+func (s *Server) rpcError(err error) error {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	st, msg := s.status(err)
+	code := connect.CodeInternal
+	switch st {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		code = connect.CodeInvalidArgument
+	case http.StatusUnauthorized:
+		code = connect.CodeUnauthenticated
+	case http.StatusForbidden:
+		code = connect.CodePermissionDenied
+	case http.StatusNotFound:
+		code = connect.CodeNotFound
+	case http.StatusConflict:
+		code = connect.CodeFailedPrecondition
+	case http.StatusTooManyRequests, http.StatusInsufficientStorage:
+		code = connect.CodeResourceExhausted
+	case http.StatusBadGateway, http.StatusServiceUnavailable:
+		code = connect.CodeUnavailable
+	case http.StatusGatewayTimeout:
+		code = connect.CodeDeadlineExceeded
+	case http.StatusNotImplemented:
+		code = connect.CodeUnimplemented
+	case 499:
+		code = connect.CodeCanceled
+	}
+	return connect.NewError(code, errors.New(msg))
+}
+
+// keepaliveEvery is how often a quiet command's stream carries a
+// keepalive event (the SDK asks for one at least every 50 s).
+const keepaliveEvery = 30 * time.Second
+
+// start runs a command and streams its events: start, data…, end. The
+// command dies if the client goes away or Connect-Timeout-Ms passes.
+func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[startResponse]) error {
+	t, err := s.target(ctx, req.Header(), "")
+	if err != nil {
+		return s.rpcError(err)
+	}
+	m := req.Msg
+	if m.PTY != nil {
+		return unimplemented("/process.Process/Start with a PTY")
+	}
+	if m.Process.Cmd == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+	}
+	cwd := t.user.home
+	if m.Process.Cwd != nil && *m.Process.Cwd != "" {
+		if cwd, err = t.resolve(*m.Process.Cwd); err != nil {
+			return s.rpcError(err)
+		}
+	}
+	user := t.user.name
+	if user == "root" {
+		user = ""
+	}
+	env := map[string]string{}
+	if t.user.name != "root" {
+		env["HOME"], env["USER"] = t.user.home, t.user.name
+	}
+	for k, v := range m.Process.Envs {
+		env[k] = v
+	}
+	g := guestproto.ExecRequest{Argv: append([]string{m.Process.Cmd}, m.Process.Args...), Env: env, Cwd: cwd, User: user}
+	if err := g.Validate(); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p, err := t.g.StartExec(ctx, g)
+	if err != nil {
+		return s.rpcError(err)
+	}
+	var mu sync.Mutex
+	send := func(ev processEvent) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return stream.Send(&startResponse{Event: ev})
+	}
+	if err := send(processEvent{Start: &startEvent{PID: uint32(p.PID())}}); err != nil {
+		cancel()
+	}
+	var wg sync.WaitGroup
+	pump := func(rd io.Reader, stderr bool) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := rd.Read(buf)
+			if n > 0 {
+				data := &dataEvent{}
+				if stderr {
+					data.Stderr = append([]byte(nil), buf[:n]...)
+				} else {
+					data.Stdout = append([]byte(nil), buf[:n]...)
+				}
+				if send(processEvent{Data: data}) != nil {
+					cancel() // the client went away: kill the command
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(p.Stdout(), false)
+	go pump(p.Stderr(), true)
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(keepaliveEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				send(processEvent{Keepalive: &struct{}{}})
+			}
+		}
+	}()
+	wg.Wait()
+	close(done)
+	res, err := p.Wait()
+	if ctx.Err() != nil {
+		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command timed out"))
+		}
+		return connect.NewError(connect.CodeCanceled, errors.New("the command was canceled"))
+	}
+	if err != nil {
+		return s.rpcError(err)
+	}
+	end := &endEvent{ExitCode: int32(res.ExitCode), Exited: res.Signal == "", Status: fmt.Sprintf("exit status %d", res.ExitCode)}
+	if res.Signal != "" {
+		end.ExitCode = -1
+		end.Status = "signal: " + strings.ToLower(strings.TrimPrefix(res.Signal, "SIG"))
+	}
+	if res.ExitCode != 0 {
+		msg := end.Status
+		end.Error = &msg
+	}
+	return send(processEvent{End: end})
+}
+
+// entry converts a guest's file info.
+func entry(fi guestproto.FileInfo) entryInfo {
+	e := entryInfo{Name: fi.Name, Type: fileTypeFile, Path: fi.Path, Size: fi.Size, Mode: fi.Mode & 0o7777,
+		Permissions: fi.FileMode().Perm().String()}
+	mode := fi.FileMode()
+	switch {
+	case fi.IsSymlink:
+		e.Type = fileTypeSymlink
+		target := fi.LinkTarget
+		e.SymlinkTarget = &target
+		mode |= fs.ModeSymlink
+	case fi.IsDir:
+		e.Type = fileTypeDirectory
+		mode |= fs.ModeDir
+		e.Mode |= uint32(fs.ModeDir)
+	}
+	e.Permissions = mode.String()
+	if fi.MtimeUnixNano != 0 {
+		e.ModifiedTime = time.Unix(0, fi.MtimeUnixNano).UTC().Format(time.RFC3339Nano)
+	}
+	if e.Name == "" {
+		e.Name = path.Base(fi.Path)
+	}
+	return e
+}
+
+func (s *Server) statEntry(ctx context.Context, t envdTarget, p string) (*connect.Response[entryResponse], error) {
+	fi, err := t.g.Stat(ctx, p)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	if fi.Path == "" {
+		fi.Path = p
+	}
+	return connect.NewResponse(&entryResponse{Entry: entry(fi)}), nil
+}
+
+func (s *Server) stat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+	t, err := s.target(ctx, req.Header(), "")
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	p, err := t.resolve(req.Msg.Path)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	return s.statEntry(ctx, t, p)
+}
+
+// maxListEntries bounds a recursive ListDir's answer.
+const maxListEntries = 100000
+
+func (s *Server) listDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
+	t, err := s.target(ctx, req.Header(), "")
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	p, err := t.resolve(req.Msg.Path)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	depth := int(req.Msg.Depth)
+	if depth < 1 {
+		depth = 1
+	}
+	out := &listDirResponse{Entries: []entryInfo{}}
+	var walk func(dir string, level int) error
+	walk = func(dir string, level int) error {
+		list, err := t.g.ListDir(ctx, dir)
+		if err != nil {
+			return err
+		}
+		for _, fi := range list {
+			if fi.Path == "" {
+				fi.Path = path.Join(dir, fi.Name)
+			}
+			if len(out.Entries) >= maxListEntries {
+				return errStatus(http.StatusBadRequest, "more than %d entries: list with a smaller depth", maxListEntries)
+			}
+			out.Entries = append(out.Entries, entry(fi))
+			if fi.IsDir && !fi.IsSymlink && level < depth {
+				if err := walk(fi.Path, level+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(p, 1); err != nil {
+		return nil, s.rpcError(err)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *Server) makeDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+	t, err := s.target(ctx, req.Header(), "")
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	p, err := t.resolve(req.Msg.Path)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	if _, err := t.g.Stat(ctx, p); err == nil {
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s already exists", p))
+	}
+	if err := t.g.Mkdir(ctx, p); err != nil {
+		return nil, s.rpcError(err)
+	}
+	if err := t.chown(ctx, p); err != nil {
+		return nil, s.rpcError(err)
+	}
+	return s.statEntry(ctx, t, p)
+}
+
+func (s *Server) remove(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[empty], error) {
+	t, err := s.target(ctx, req.Header(), "")
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	p, err := t.resolve(req.Msg.Path)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	if err := t.g.Remove(ctx, p, true); err != nil {
+		return nil, s.rpcError(err)
+	}
+	return connect.NewResponse(&empty{}), nil
+}
+
+func (s *Server) move(ctx context.Context, req *connect.Request[moveRequest]) (*connect.Response[entryResponse], error) {
+	t, err := s.target(ctx, req.Header(), "")
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	src, err := t.resolve(req.Msg.Source)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	dst, err := t.resolve(req.Msg.Destination)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	if err := t.g.Rename(ctx, src, dst); err != nil {
+		return nil, s.rpcError(err)
+	}
+	return s.statEntry(ctx, t, dst)
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.target(r.Context(), r.Header, ""); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// readFile answers GET /files?path=&username=: the file's bytes.
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	t, err := s.target(r.Context(), r.Header, r.URL.Query().Get("username"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	p, err := t.resolve(r.URL.Query().Get("path"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rc, fi, err := t.g.ReadFile(r.Context(), p)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, rc); err != nil {
+		panic(http.ErrAbortHandler) // a short body, not a silently short file
+	}
+}
+
+type writeInfo struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+// writeFiles answers POST /files: multipart/form-data with a part "file"
+// per file (its filename the full path; ?path= names a single file), or
+// application/octet-stream (optionally gzip) to ?path=.
+func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	t, err := s.target(r.Context(), r.Header, q.Get("username"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var out []writeInfo
+	write := func(name string, body io.Reader) error {
+		p, err := t.resolve(name)
+		if err != nil {
+			return err
+		}
+		if _, err := t.g.WriteFile(r.Context(), p, body, 0o644); err != nil {
+			return err
+		}
+		if err := t.chown(r.Context(), p); err != nil {
+			return err
+		}
+		out = append(out, writeInfo{Name: path.Base(p), Type: "file", Path: p})
+		return nil
+	}
+	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch ct {
+	case "multipart/form-data":
+		mr, err := r.MultipartReader()
+		if err != nil {
+			s.writeError(w, r, errStatus(http.StatusBadRequest, "invalid multipart body: %v", err))
+			return
+		}
+		for {
+			part, err := mr.NextPart()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				s.writeError(w, r, errStatus(http.StatusBadRequest, "invalid multipart body: %v", err))
+				return
+			}
+			if part.FormName() != "file" {
+				continue
+			}
+			// Part.FileName keeps only the base name: the SDK sends the
+			// full path there.
+			_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			name := params["filename"]
+			if qp := q.Get("path"); qp != "" && len(out) == 0 {
+				name = qp
+			}
+			if name == "" {
+				s.writeError(w, r, errStatus(http.StatusBadRequest, "a file part without a path (filename or ?path=)"))
+				return
+			}
+			if err := write(name, part); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+	case "application/octet-stream", "":
+		if q.Get("path") == "" {
+			s.writeError(w, r, errStatus(http.StatusBadRequest, "path is required for an octet-stream upload"))
+			return
+		}
+		var body io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				s.writeError(w, r, errStatus(http.StatusBadRequest, "invalid gzip body: %v", err))
+				return
+			}
+			body = zr
+		}
+		if err := write(q.Get("path"), body); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	default:
+		s.writeError(w, r, errStatus(http.StatusBadRequest, "unsupported Content-Type %q: send multipart/form-data or application/octet-stream", ct))
+		return
+	}
+	if len(out) == 0 {
+		s.writeError(w, r, errStatus(http.StatusBadRequest, "no file in the request"))
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
