@@ -1,0 +1,167 @@
+// The official e2b SDK, unmodified, against a real `panda up`: run by
+// TestNodeSDK (internal/e2b), which sets E2B_API_URL, E2B_SANDBOX_URL and
+// E2B_API_KEY.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, FileNotFoundError,
+  AuthenticationError, SandboxError, TimeoutError,
+} from 'e2b'
+
+const slow = { requestTimeoutMs: 300_000 }
+const tag = `run${process.pid}`
+let sbx
+
+before(async () => {
+  sbx = await Sandbox.create('base', {
+    ...slow, timeoutMs: 600_000, metadata: { suite: tag, role: 'main' }, envs: { FROM_CREATE: 'created' },
+  })
+})
+
+after(async () => {
+  if (sbx) await sbx.kill().catch(() => {})
+})
+
+test('Sandbox.create: template, timeout, metadata, envs', async () => {
+  assert.match(sbx.sandboxId, /^[a-z0-9]+$/)
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.templateId, 'base')
+  assert.deepEqual(info.metadata, { suite: tag, role: 'main' })
+  assert.equal(info.state, 'running')
+  assert.ok(info.cpuCount >= 1 && info.memoryMB >= 128, `cpuCount ${info.cpuCount}, memoryMB ${info.memoryMB}`)
+  const ttl = (info.endAt.getTime() - info.startedAt.getTime()) / 1000
+  assert.ok(ttl > 500 && ttl <= 660, `ttl ${ttl}s, want about 600`)
+  const r = await sbx.commands.run('echo $FROM_CREATE', slow)
+  assert.equal(r.stdout, 'created\n')
+})
+
+test('commands.run: foreground, stdout/stderr callbacks', async () => {
+  const out = [], errs = []
+  const r = await sbx.commands.run('echo one; echo two >&2; printf three', {
+    ...slow, onStdout: (d) => out.push(d), onStderr: (d) => errs.push(d),
+  })
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'one\nthree')
+  assert.equal(r.stderr, 'two\n')
+  assert.equal(out.join(''), 'one\nthree')
+  assert.equal(errs.join(''), 'two\n')
+})
+
+test('commands.run: non-zero exit is CommandExitError', async () => {
+  await assert.rejects(sbx.commands.run('echo bad >&2; exit 3', slow), (e) => {
+    assert.ok(e instanceof CommandExitError, `got ${e}`)
+    assert.equal(e.exitCode, 3)
+    assert.equal(e.stderr, 'bad\n')
+    return true
+  })
+})
+
+test('commands.run: cwd and envs', async () => {
+  const r = await sbx.commands.run('pwd; echo $A-$B', { ...slow, cwd: '/tmp', envs: { A: 'x', B: 'y z' } })
+  assert.equal(r.stdout, '/tmp\nx-y z\n')
+})
+
+test('commands.run: a large output arrives whole', async () => {
+  const r = await sbx.commands.run('head -c 300000 /dev/zero | tr "\\0" a', slow)
+  assert.equal(r.stdout.length, 300000)
+})
+
+test('files: text and binary write/read', async () => {
+  const w = await sbx.files.write('/tmp/e2b/a.txt', 'hello e2b\n')
+  assert.equal(w.path, '/tmp/e2b/a.txt')
+  assert.equal(w.name, 'a.txt')
+  assert.equal(await sbx.files.read('/tmp/e2b/a.txt'), 'hello e2b\n')
+  const bin = new Uint8Array(256 * 3).map((_, i) => i % 256)
+  await sbx.files.write('/tmp/e2b/b.bin', bin.buffer)
+  const got = await sbx.files.read('/tmp/e2b/b.bin', { format: 'bytes' })
+  assert.deepEqual(Buffer.from(got), Buffer.from(bin))
+  const r = await sbx.commands.run('cat /tmp/e2b/a.txt; wc -c < /tmp/e2b/b.bin', slow)
+  assert.equal(r.stdout, 'hello e2b\n768\n')
+  // Several files in one request: paths ride in the parts' filenames.
+  const many = await sbx.files.write([
+    { path: '/tmp/e2b/m/1.txt', data: 'one' }, { path: '/tmp/e2b/m/2.txt', data: 'two' },
+  ])
+  assert.deepEqual(many.map((x) => x.path), ['/tmp/e2b/m/1.txt', '/tmp/e2b/m/2.txt'])
+  assert.equal(await sbx.files.read('/tmp/e2b/m/2.txt'), 'two')
+  // Relative paths are under the default user's home.
+  await sbx.files.write('rel.txt', 'relative')
+  const home = (await sbx.commands.run('cat rel.txt', slow)).stdout
+  assert.equal(home, 'relative')
+})
+
+test('files: list, exists, makeDir, getInfo, rename, remove', async () => {
+  assert.equal(await sbx.files.makeDir('/tmp/e2b/d/sub'), true)
+  assert.equal(await sbx.files.makeDir('/tmp/e2b/d/sub'), false)
+  await sbx.files.write('/tmp/e2b/d/f.txt', '12345')
+  const list = await sbx.files.list('/tmp/e2b/d')
+  assert.deepEqual(list.map((e) => [e.name, e.type]).sort(), [['f.txt', 'file'], ['sub', 'dir']])
+  const f = list.find((e) => e.name === 'f.txt')
+  assert.equal(f.path, '/tmp/e2b/d/f.txt')
+  assert.equal(f.size, 5)
+  assert.ok(f.modifiedTime instanceof Date && !isNaN(f.modifiedTime))
+  const deep = await sbx.files.list('/tmp/e2b', { depth: 2 })
+  assert.ok(deep.some((e) => e.path === '/tmp/e2b/d/f.txt'), 'depth 2 lists the grandchildren')
+  assert.equal(await sbx.files.exists('/tmp/e2b/d/f.txt'), true)
+  assert.equal(await sbx.files.exists('/tmp/e2b/d/nope'), false)
+  const info = await sbx.files.getInfo('/tmp/e2b/d/sub')
+  assert.equal(info.type, 'dir')
+  assert.equal(info.name, 'sub')
+  const moved = await sbx.files.rename('/tmp/e2b/d/f.txt', '/tmp/e2b/d/g.txt')
+  assert.equal(moved.path, '/tmp/e2b/d/g.txt')
+  assert.equal(await sbx.files.read('/tmp/e2b/d/g.txt'), '12345')
+  assert.equal(await sbx.files.exists('/tmp/e2b/d/f.txt'), false)
+  await sbx.files.remove('/tmp/e2b/d')
+  assert.equal(await sbx.files.exists('/tmp/e2b/d'), false)
+})
+
+test('files: errors for bad paths', async () => {
+  await assert.rejects(sbx.files.read('/tmp/e2b/no/such/file'), (e) => e instanceof NotFoundError || e instanceof FileNotFoundError)
+  await assert.rejects(sbx.files.getInfo('/tmp/e2b/no/such/file'), (e) => e instanceof NotFoundError || e instanceof FileNotFoundError)
+  await assert.rejects(sbx.files.list('/tmp/e2b/no/such/dir'), (e) => e instanceof NotFoundError || e instanceof FileNotFoundError)
+})
+
+test('Sandbox.connect, Sandbox.list, setTimeout', async () => {
+  const again = await Sandbox.connect(sbx.sandboxId, slow)
+  assert.equal(again.sandboxId, sbx.sandboxId)
+  assert.equal((await again.commands.run('echo via connect', slow)).stdout, 'via connect\n')
+
+  const found = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
+  assert.deepEqual(found.map((s) => s.sandboxId), [sbx.sandboxId])
+  assert.equal(found[0].state, 'running')
+  assert.deepEqual(found[0].metadata, { suite: tag, role: 'main' })
+  const none = await Sandbox.list({ query: { metadata: { suite: tag + 'x' } } }).nextItems()
+  assert.deepEqual(none, [])
+  const paused = await Sandbox.list({ query: { metadata: { suite: tag }, state: ['paused'] } }).nextItems()
+  assert.deepEqual(paused, [])
+
+  await sbx.setTimeout(120_000)
+  const info = await sbx.getInfo()
+  const left = (info.endAt.getTime() - Date.now()) / 1000
+  assert.ok(left > 60 && left <= 125, `${left}s left after setTimeout(120 s)`)
+  await sbx.setTimeout(600_000)
+})
+
+test('unimplemented RPCs say so', async () => {
+  await assert.rejects(sbx.commands.list(), (e) => /not implemented/i.test(e.message))
+})
+
+test('errors: unknown sandbox, bad API key', async () => {
+  await assert.rejects(Sandbox.connect('nosuchsandbox0000000', slow), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+  assert.equal(await Sandbox.kill('nosuchsandbox0000000'), false)
+  await assert.rejects(Sandbox.list({ apiKey: 'wrong' }).nextItems(), (e) => e instanceof AuthenticationError)
+})
+
+test('kill: true, then false; a killed sandbox answers not found', async () => {
+  const s = await Sandbox.create({ ...slow, metadata: { suite: tag, role: 'doomed' } })
+  assert.equal((await s.commands.run('echo alive', slow)).stdout, 'alive\n')
+  assert.equal(await s.kill(), true)
+  assert.equal(await s.kill(), false)
+  assert.equal(await Sandbox.kill(s.sandboxId), false)
+  await assert.rejects(s.getInfo(), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+  await assert.rejects(Sandbox.connect(s.sandboxId, slow), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+  await assert.rejects(s.commands.run('echo dead', slow), (e) => e instanceof TimeoutError || e instanceof SandboxError)
+  await assert.rejects(s.files.read('/etc/hostname'), (e) => e instanceof TimeoutError || e instanceof SandboxError)
+  const left = await Sandbox.list({ query: { metadata: { suite: tag, role: 'doomed' } } }).nextItems()
+  assert.deepEqual(left, [])
+})
