@@ -37,8 +37,9 @@ IMAGES=${IMAGES:-/var/lib/pandastack/images}
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # xz-utils and zstd unpack kernel modules if the kernel package compresses them;
-# iproute2 and git serve the networking tests (ip -n, a git HTTP server).
-HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git)
+# iproute2 and git serve the networking tests (ip -n, a git HTTP server);
+# nodejs and npm run the official e2b SDK's suite (e2e/e2b, internal/e2b).
+HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git nodejs npm)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
 # dependencies are added and ordered by the kernel step, which runs again
@@ -340,7 +341,7 @@ rootfs() {
 	# The recipe: what the image is built from. A change rebuilds it.
 	local recipe help
 	case "$name" in
-	base) recipe="base ${ROOTFS_BASE_MIB}MiB $BASE_PACKAGES" ;;
+	base) recipe="base ${ROOTFS_BASE_MIB}MiB $BASE_PACKAGES user" ;;
 	tiny)
 		[ -x /bin/busybox ] || die "/bin/busybox is missing: run $0 deps first"
 		help=$(/bin/busybox --help 2>&1) || true
@@ -363,6 +364,8 @@ rootfs() {
 		step "building rootfs base: Debian 12 minbase + $BASE_PACKAGES (about a minute)"
 		local sources=/etc/apt/sources.list.d/debian.sources
 		[ -f "$sources" ] || sources=/etc/apt/sources.list
+		# useradd: E2B's templates run commands as user "user" (home
+		# /home/user), and so do e2b SDKs against base (internal/e2b).
 		mmdebstrap --variant=minbase --include="$BASE_PACKAGES" \
 			--aptopt='Acquire::Retries "3"' \
 			--dpkgopt='path-exclude=/usr/share/doc/*' \
@@ -371,6 +374,7 @@ rootfs() {
 			--dpkgopt='path-include=/usr/share/locale/locale.alias' \
 			--customize-hook='echo "127.0.0.1 localhost" > "$1/etc/hosts"' \
 			--customize-hook='rm -f "$1/etc/machine-id" "$1/etc/hostname"' \
+			--customize-hook='chroot "$1" useradd --create-home --shell /bin/bash --uid 1000 --user-group user' \
 			bookworm "$tmp/root" "$sources" </dev/null
 		size=$ROOTFS_BASE_MIB
 		;;

@@ -165,3 +165,27 @@ test('kill: true, then false; a killed sandbox answers not found', async () => {
   const left = await Sandbox.list({ query: { metadata: { suite: tag, role: 'doomed' } } }).nextItems()
   assert.deepEqual(left, [])
 })
+
+test('a template with a user "user": commands and files are that user\'s', async () => {
+  // Today's base image may predate its user (scripts/setup.sh adds it):
+  // add it through PandaStack's REST API before the first envd call,
+  // which is when the default user is looked up.
+  const s = await Sandbox.create({ ...slow, metadata: { suite: tag, role: 'user' } })
+  try {
+    const res = await fetch(`${process.env.E2B_API_URL}/v1/sandboxes/${s.sandboxId}/exec`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ cmd: 'id user >/dev/null 2>&1 || useradd --create-home --shell /bin/bash user' }),
+    })
+    assert.equal(res.status, 200, await res.clone().text())
+    assert.equal((await res.json()).exit_code, 0)
+    const r = await s.commands.run('whoami; pwd; echo $HOME', slow)
+    assert.equal(r.stdout, 'user\n/home/user\n/home/user\n')
+    await s.files.write('notes.txt', 'mine')
+    const own = await s.commands.run('stat -c %U /home/user/notes.txt; echo more >> notes.txt; cat notes.txt', slow)
+    assert.equal(own.stdout, 'user\nminemore\n')
+    assert.equal((await s.commands.run('whoami', { ...slow, user: 'root' })).stdout, 'root\n')
+  } finally {
+    await s.kill()
+  }
+})

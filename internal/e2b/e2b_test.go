@@ -1,0 +1,94 @@
+package e2b
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"testing"
+)
+
+func TestAccessToken(t *testing.T) {
+	s, err := New(nil, []byte("0123456789abcdef"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := s.AccessToken("sbx1"), s.AccessToken("sbx2")
+	if a == b || len(a) != 64 {
+		t.Fatalf("tokens %q and %q: want distinct 64-hex-digit tokens", a, b)
+	}
+	for _, tc := range []struct {
+		id, token string
+		want      bool
+	}{
+		{"sbx1", a, true},
+		{"sbx2", a, false},
+		{"sbx1", "", false},
+		{"", s.AccessToken(""), true},
+	} {
+		if got := s.validToken(tc.id, tc.token); got != tc.want {
+			t.Errorf("validToken(%q, %q) = %v, want %v", tc.id, tc.token, got, tc.want)
+		}
+	}
+	if _, err := New(nil, []byte("short"), nil); err == nil {
+		t.Error("New with a 5-byte secret: got no error")
+	}
+}
+
+func TestBasicUser(t *testing.T) {
+	for _, tc := range []struct{ header, want string }{
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("user:")), "user"},
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("root:x")), "root"},
+		{"Basic !!!", ""},
+		{"Bearer abc", ""},
+		{"", ""},
+	} {
+		if got := basicUser(tc.header); got != tc.want {
+			t.Errorf("basicUser(%q) = %q, want %q", tc.header, got, tc.want)
+		}
+	}
+}
+
+func TestResolve(t *testing.T) {
+	tg := envdTarget{user: defaultUser{name: "user", home: "/home/user"}}
+	for _, tc := range []struct{ in, want string }{
+		{"a.txt", "/home/user/a.txt"},
+		{"~/x/../y", "/home/user/y"},
+		{"~", "/home/user"},
+		{"", "/home/user"},
+		{"/tmp//a/", "/tmp/a"},
+	} {
+		got, err := tg.resolve(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("resolve(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	if _, err := tg.resolve("/a\x00b"); err == nil {
+		t.Error("resolve of a path with NUL: got no error")
+	}
+}
+
+// TestMessagesJSON: the proto3 JSON mapping the SDK reads (int64 as a
+// string, bytes as base64, lowerCamelCase, enum names).
+func TestMessagesJSON(t *testing.T) {
+	for _, tc := range []struct {
+		v    any
+		want string
+	}{
+		{startResponse{Event: processEvent{Start: &startEvent{PID: 7}}}, `{"event":{"start":{"pid":7}}}`},
+		{startResponse{Event: processEvent{Data: &dataEvent{Stdout: []byte("hi")}}}, `{"event":{"data":{"stdout":"aGk="}}}`},
+		{startResponse{Event: processEvent{End: &endEvent{ExitCode: 3, Exited: true, Status: "exit status 3"}}}, `{"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3"}}}`},
+		{startResponse{Event: processEvent{Keepalive: &struct{}{}}}, `{"event":{"keepalive":{}}}`},
+		{entryInfo{Name: "a", Type: fileTypeFile, Path: "/a", Size: 11, Permissions: "-rw-r--r--"}, `{"name":"a","type":"FILE_TYPE_FILE","path":"/a","size":"11","mode":0,"permissions":"-rw-r--r--","owner":"","group":""}`},
+	} {
+		b, err := json.Marshal(tc.v)
+		if err != nil || string(b) != tc.want {
+			t.Errorf("marshal %#v = %s, %v; want %s", tc.v, b, err, tc.want)
+		}
+	}
+	var req listDirRequest
+	if err := (jsonCodec{}).Unmarshal([]byte(`{"path":"/x","depth":2,"unknown":1}`), &req); err != nil || req != (listDirRequest{Path: "/x", Depth: 2}) {
+		t.Errorf("unmarshal ListDirRequest = %+v, %v", req, err)
+	}
+	if err := (jsonCodec{}).Unmarshal(nil, &req); err != nil {
+		t.Errorf("unmarshal of an empty message: %v", err)
+	}
+}
