@@ -285,8 +285,9 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, keyID string
 }
 
 // list answers GET /v2/sandboxes: state (running, paused; repeated or
-// comma-separated) and metadata (a URL-encoded query string of key=value
-// pairs, as the SDK sends it) filter; one page, so no x-next-token.
+// comma-separated), metadata (a URL-encoded query string of key=value
+// pairs, as the SDK sends it) and template filter; one page, so no
+// x-next-token (limit and nextToken are ignored).
 func (s *Server) list(w http.ResponseWriter, r *http.Request, keyID string) {
 	q := r.URL.Query()
 	var f ListFilter
@@ -323,8 +324,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, keyID string) {
 		return
 	}
 	out := make([]sandboxJSON, 0, len(list))
+	tmpl := q.Get("template")
 	for _, sb := range list {
-		if !gone(sb.State) {
+		if !gone(sb.State) && (tmpl == "" || sb.Template == tmpl || strings.HasPrefix(sb.Template, tmpl+":")) {
 			out = append(out, s.toJSON(sb, false))
 		}
 	}
