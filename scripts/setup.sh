@@ -38,8 +38,12 @@ PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # xz-utils and zstd unpack kernel modules if the kernel package compresses them;
 # iproute2 and git serve the networking tests (ip -n, a git HTTP server);
+HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git)
 # nodejs and npm run the official e2b SDK's suite (e2e/e2b, internal/e2b).
-HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git nodejs npm)
+# They are installed from Debian only when the commands are missing: a
+# host may have another Node.js (NodeSource's bundles npm and conflicts
+# with Debian's npm package).
+NODE_PACKAGES=(nodejs npm)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
 # dependencies are added and ordered by the kernel step, which runs again
@@ -153,6 +157,9 @@ deps() {
 		status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
 		[[ $status == *" ok installed" ]] || missing+=("$p")
 	done
+	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+		missing+=("${NODE_PACKAGES[@]}")
+	fi
 	if [ ${#missing[@]} -eq 0 ]; then
 		up_to_date "host packages"
 		return
