@@ -508,6 +508,45 @@ func hasID(sbs []*pandastack.Sandbox, id string) bool {
 	return false
 }
 
+// TestIntegrationOnExpirePause: with OnExpire "pause" the end of the TTL
+// pauses the sandbox, and a resume finds its files.
+func TestIntegrationOnExpirePause(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	// A long TTL until the file is written, then 1 s.
+	sb := create(t, c, pandastack.CreateOptions{TTLSeconds: 600, OnExpire: "pause"})
+	if sb.Info.OnExpire != "pause" {
+		t.Errorf("got on_expire %q, want pause", sb.Info.OnExpire)
+	}
+	if _, err := sb.Exec(ctx, pandastack.Command{Cmd: "echo kept > /root/k"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.SetTTL(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for sb.Info.State != pandastack.StatePaused && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // polling a condition, bounded by the deadline
+		if err := sb.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sb.Info.State != pandastack.StatePaused {
+		t.Fatalf("after its TTL: state %s, want paused", sb.Info.State)
+	}
+	if err := sb.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The resumed sandbox has its 1 s TTL again: give it time to answer.
+	if err := sb.SetTTL(ctx, 120); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sb.Exec(ctx, pandastack.Command{Cmd: "cat /root/k"})
+	if err != nil || r.Stdout != "kept\n" {
+		t.Errorf("after resume: got %q, %v, want kept", r.Stdout, err)
+	}
+}
+
 func TestIntegrationList(t *testing.T) {
 	c := adminClient(t)
 	ctx := testCtx(t)

@@ -407,6 +407,22 @@ class LifecycleTest(unittest.TestCase):
         with self.assertRaises(pandastack.InvalidArgumentError):
             sb.set_ttl(10**9)
 
+    def test_on_expire_pause(self):
+        # A long TTL until the file is written, then 1 s: the sandbox pauses
+        # instead of stopping, and resumes with its file.
+        sb = create(ttl_seconds=600, on_expire="pause")
+        self.addCleanup(sb.kill)
+        self.assertEqual(sb.info.on_expire, "pause")
+        sb.exec("echo kept > /root/k")
+        sb.set_ttl(1)
+        deadline = time.monotonic() + 60
+        while sb.refresh().state != "paused" and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling a condition, bounded by the deadline
+        self.assertEqual(sb.info.state, "paused")
+        sb.resume()
+        sb.set_ttl(120)  # the resumed sandbox has its 1 s TTL again
+        self.assertEqual(sb.exec("cat /root/k").stdout, "kept\n")
+
     def test_context_manager_kills(self):
         with create() as sb:
             sid = sb.id
