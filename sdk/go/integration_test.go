@@ -547,6 +547,28 @@ func TestIntegrationOnExpirePause(t *testing.T) {
 	}
 }
 
+// TestIntegrationShell: a Cmd runs under bash -c (not a login shell) where
+// the template has bash (base), else under /bin/sh -c (tiny, busybox).
+func TestIntegrationShell(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	for _, tt := range []struct{ template, cmd, want string }{
+		{"base", `echo "$0"; shopt -q login_shell && echo login; [[ a == a ]] && echo bash-syntax`, "/bin/bash\nbash-syntax\n"},
+		{"tiny", `echo "$0"`, "/bin/sh\n"},
+	} {
+		sb := create(t, c, pandastack.CreateOptions{Template: tt.template})
+		r, err := sb.Exec(ctx, pandastack.Command{Cmd: tt.cmd})
+		if err != nil || r.ExitCode != 0 || r.Stdout != tt.want {
+			t.Errorf("%s: got %+v, %v, want stdout %q", tt.template, r, err, tt.want)
+		}
+		// argv-form execs are unchanged.
+		r, err = sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", `echo "$0"`}})
+		if err != nil || r.Stdout != "/bin/sh\n" {
+			t.Errorf("%s: argv: got %+v, %v", tt.template, r, err)
+		}
+	}
+}
+
 func TestIntegrationList(t *testing.T) {
 	c := adminClient(t)
 	ctx := testCtx(t)

@@ -16,7 +16,7 @@ __all__ = ["Sandbox", "OutputCallback", "Command"]
 
 #: Called with each piece of output (``str``) as it arrives.
 OutputCallback = Callable[[str], Any]
-#: A shell command line (run with ``/bin/sh -c``) or an argv list (run directly).
+#: A shell command line (run with ``bash -c``, ``/bin/sh -c`` without bash) or an argv list (run directly).
 Command = Union[str, Sequence[str]]
 
 # Extra seconds a client waits for an exec answer beyond the command's own timeout.
@@ -489,7 +489,8 @@ class Sandbox:
 
         Args:
             cmd: A shell command line (``"ls -l | wc -l"``, run with
-                ``/bin/sh -c``) or an argv list (``["ls", "-l"]``, run directly,
+                ``bash -c``, or ``/bin/sh -c`` in a sandbox without
+                ``/bin/bash``) or an argv list (``["ls", "-l"]``, run directly,
                 looked up in ``PATH``).
             timeout_seconds: Kill the command's process group after this long
                 (``result.timed_out`` is then ``True``); ``0`` means no timeout;
