@@ -66,7 +66,7 @@ type Server struct {
 	// would cost procfs code paths freshly translated after each restore.
 	bootID string
 
-	shell  shell
+	shell shell
 
 	mu         sync.Mutex
 	sessionEnv map[string]string
