@@ -152,7 +152,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
-		Features:     []string{guestproto.FeatureExecUser},
+		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir},
 	}
 }
 
@@ -175,6 +175,8 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 		s.remove(st, req)
 	case guestproto.OpRename:
 		s.rename(st, req)
+	case guestproto.OpWatchDir:
+		s.watchDir(ctx, st, req)
 	default:
 		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})
 	}
