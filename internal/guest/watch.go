@@ -3,10 +3,12 @@ package guest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -17,6 +19,9 @@ import (
 // watchQueue bounds the events waiting for the host: beyond it they are
 // dropped and an overflow event follows the queued ones.
 const watchQueue = 1024
+
+// movePairWait is how long a rename's first half waits for its second.
+const movePairWait = 50 * time.Millisecond
 
 const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM |
 	unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_ONLYDIR | unix.IN_EXCL_UNLINK
@@ -144,23 +149,33 @@ func (w *watcher) run(q chan<- guestproto.WatchEvent) {
 		}
 	}
 	buf := make([]byte, 64<<10)
+	// A move within the tree is MOVED_FROM then MOVED_TO with the same
+	// cookie, next to each other but maybe in two reads; unpaired halves
+	// are a remove (moved out) or a create (moved in). A MOVED_FROM at the
+	// end of a read waits up to movePairWait for its MOVED_TO.
+	var from *guestproto.WatchEvent
+	var fromCookie uint32
+	flushFrom := func() {
+		if from != nil {
+			send(*from)
+			from = nil
+		}
+	}
 	for {
+		if from != nil {
+			_ = w.f.SetReadDeadline(time.Now().Add(movePairWait))
+		} else {
+			_ = w.f.SetReadDeadline(time.Time{})
+		}
 		n, err := w.f.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			flushFrom()
+			continue
+		}
 		if err != nil {
 			return
 		}
-		// A move within the tree is MOVED_FROM then MOVED_TO with the
-		// same cookie, next to each other; unpaired halves are a remove
-		// (moved out) or a create (moved in).
-		var from *guestproto.WatchEvent
-		var fromCookie uint32
 		var last guestproto.WatchEvent
-		flushFrom := func() {
-			if from != nil {
-				send(*from)
-				from = nil
-			}
-		}
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			name := ""
@@ -241,7 +256,6 @@ func (w *watcher) run(q chan<- guestproto.WatchEvent) {
 			last = ev
 			send(ev)
 		}
-		flushFrom()
 	}
 }
 
