@@ -295,6 +295,24 @@ func TestHumanOutputs(t *testing.T) {
 	}
 }
 
+func TestFsWatch(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, body string) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"type":"create","path":"/w/f"}`+"\n"+`{"type":"rename","path":"/w/g","old_path":"/w/f"}`+"\n"+`{"type":"overflow"}`+"\n")
+	})
+	r := runCLI(context.Background(), "", "fs", "watch", "abc", "/w", "-r", "--api-url", f.url, "--api-key", "k")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if want := "GET /v1/sandboxes/abc/watch?path=%2Fw&recursive=true  Bearer k"; len(f.reqs) != 1 || f.reqs[0] != want {
+		t.Errorf("got requests %q, want %q", f.reqs, want)
+	}
+	if want := "create /w/f\nrename /w/f -> /w/g\noverflow (events were lost)\n"; r.stdout != want {
+		t.Errorf("got\n%s\nwant\n%s", r.stdout, want)
+	}
+}
+
 func TestNetworkFlags(t *testing.T) {
 	isolateEnv(t)
 	sandbox := `{"id":"abc","state":"running","network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8"]}}`
