@@ -335,6 +335,38 @@ class FilesystemTest(SandboxCase):
                 call()
 
 
+class WatchDirTest(SandboxCase):
+    def test_events_in_order(self):
+        self.sb.exec("mkdir -p /tmp/pw")
+        w = self.sb.filesystem.watch_dir("/tmp/pw")
+        self.addCleanup(w.stop)
+        self.sb.exec("echo a > /tmp/pw/f && echo b >> /tmp/pw/f && mv /tmp/pw/f /tmp/pw/g && rm /tmp/pw/g")
+        want = [
+            pandastack.WatchEvent("create", "/tmp/pw/f"),
+            pandastack.WatchEvent("write", "/tmp/pw/f"),
+            pandastack.WatchEvent("rename", "/tmp/pw/g", "/tmp/pw/f"),
+            pandastack.WatchEvent("remove", "/tmp/pw/g"),
+        ]
+        got: list = []
+        for ev in w:
+            if got and got[-1] == ev:
+                continue  # writes may come as one event or several
+            got.append(ev)
+            if len(got) == len(want):
+                break
+        self.assertEqual(got, want)
+        # stop() from another thread ends a blocked iteration.
+        import threading
+        t = threading.Timer(0.2, w.stop)
+        t.start()
+        self.assertEqual(list(w), [])
+        t.join()
+
+    def test_missing_directory(self):
+        with self.assertRaises(pandastack.NotFoundError):
+            self.sb.filesystem.watch_dir("/no/such/dir")
+
+
 class PortsTest(unittest.TestCase):
     def test_ports_and_signed_url(self):
         sb = create()
