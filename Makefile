@@ -6,6 +6,8 @@ export PATH := /usr/local/go/bin:$(PATH)
 DATA_DIR ?= /var/lib/pandastack
 IMAGES   ?= $(DATA_DIR)/images
 GO       ?= go
+# VERSION is what `panda --version` and the guest agent report.
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
 
 .PHONY: all build setup up test test-go fuzz bench clean check-go
@@ -18,11 +20,11 @@ check-go:
 build: check-go bin/panda bin/panda-guest
 
 bin/panda: $(GOFILES)
-	$(GO) build -o $@ ./cmd/panda
+	$(GO) build -ldflags='-X main.version=$(VERSION)' -o $@ ./cmd/panda
 
 # The guest agent is static: it runs as PID 1 in guests without a libc.
 bin/panda-guest: $(GOFILES)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/panda-guest
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -X main.version=$(VERSION)' -o $@ ./cmd/panda-guest
 
 # setup installs missing host packages and builds the guest images (kernel,
 # guest agent, initramfs, root filesystems). Idempotent; scripts/setup_test.go

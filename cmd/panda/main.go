@@ -46,11 +46,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Short:         "PandaStack: microVM sandboxes for AI agents",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+	}
+	// --version as well as `panda version`: cobra's own flag would print
+	// only a fixed string, not the guest agent's version.
+	showVersion := root.Flags().Bool("version", false, "print the versions of panda, Go and the guest agent")
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		if *showVersion {
+			writeVersion(cmd.Context(), cmd.OutOrStdout(), guestAgentPaths())
+			return nil
+		}
+		return cmd.Help()
 	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(upCmd(), serverCmd(), agentCmd(), benchCmd(), chaosCmd(), rootfsCmd())
+	root.AddCommand(upCmd(), serverCmd(), agentCmd(), benchCmd(), chaosCmd(), rootfsCmd(), versionCmd())
 	root.AddCommand(cli.Commands()...)
 	return root.ExecuteContext(ctx)
 }

@@ -14,9 +14,6 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 func upCmd() *cobra.Command {
 	return daemonCmd(&cobra.Command{
 		Use:   "up",

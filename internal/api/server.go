@@ -440,6 +440,7 @@ func (s *Server) routes() http.Handler {
 			r.Get("/sandboxes/{id}/files/stat", s.statFile)
 			r.Post("/sandboxes/{id}/files/mkdir", s.mkdir)
 			r.Post("/sandboxes/{id}/files/rename", s.rename)
+			r.Get("/sandboxes/{id}/watch", s.watchDir)
 			r.Get("/sandboxes/{id}/ports", s.listPorts)
 		})
 		r.Get("/templates", s.listTemplates)

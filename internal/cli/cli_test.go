@@ -99,6 +99,7 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"port", "ls"}, "usage: panda port ls ID"},
 		{[]string{"network"}, "usage: panda network ID"},
 		{[]string{"network", "abc", "--internet=maybe"}, "--internet"},
+		{[]string{"create", "--on-expire", "later"}, "--on-expire must be kill or pause"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -294,6 +295,24 @@ func TestHumanOutputs(t *testing.T) {
 	}
 }
 
+func TestFsWatch(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, body string) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"type":"create","path":"/w/f"}`+"\n"+`{"type":"rename","path":"/w/g","old_path":"/w/f"}`+"\n"+`{"type":"overflow"}`+"\n")
+	})
+	r := runCLI(context.Background(), "", "fs", "watch", "abc", "/w", "-r", "--api-url", f.url, "--api-key", "k")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if want := "GET /v1/sandboxes/abc/watch?path=%2Fw&recursive=true  Bearer k"; len(f.reqs) != 1 || f.reqs[0] != want {
+		t.Errorf("got requests %q, want %q", f.reqs, want)
+	}
+	if want := "create /w/f\nrename /w/f -> /w/g\noverflow (events were lost)\n"; r.stdout != want {
+		t.Errorf("got\n%s\nwant\n%s", r.stdout, want)
+	}
+}
+
 func TestNetworkFlags(t *testing.T) {
 	isolateEnv(t)
 	sandbox := `{"id":"abc","state":"running","network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8"]}}`
@@ -313,6 +332,7 @@ func TestNetworkFlags(t *testing.T) {
 		{[]string{"create"}, `POST /v1/sandboxes {}`, []string{"abc\n"}},
 		{[]string{"create", "--no-internet", "--allow-out", "pypi.org", "--allow-out", "10.0.0.0/8,*.example.com"},
 			`POST /v1/sandboxes {"network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8","*.example.com"]}}`, nil},
+		{[]string{"create", "--ttl", "600", "--on-expire", "pause"}, `POST /v1/sandboxes {"ttl_seconds":600,"on_expire":"pause"}`, []string{"abc\n"}},
 		{[]string{"create", "--deny-out", "example.com"}, `POST /v1/sandboxes {"network":{"internet":true,"deny_out":["example.com"]}}`, nil},
 		{[]string{"network", "abc"}, `GET /v1/sandboxes/abc`, []string{"internet:", "no", "allow_out:", "pypi.org,10.0.0.0/8", "deny_out:", "-"}},
 		{[]string{"network", "abc", "--internet=false"}, `PATCH /v1/sandboxes/abc/network {"internet":false}`, nil},

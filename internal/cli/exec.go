@@ -25,7 +25,8 @@ func execCmd(g *globals) *cobra.Command {
 		Long: `Run a command in a sandbox. Its output is streamed as it is produced and
 panda exits with the command's exit code.
 
-A single CMD is run as a shell string (/bin/sh -c CMD); several words are run
+A single CMD is run as a shell string (bash -c CMD, or /bin/sh -c CMD in a
+sandbox without bash); several words are run
 directly as a program and its arguments. Put the command after -- so that its
 own flags are not taken for panda's.
 

@@ -19,7 +19,7 @@ func fsCmd(g *globals) *cobra.Command {
 		Use:   "fs",
 		Short: "Move files in and out of sandboxes, list and change them",
 	})
-	cmd.AddCommand(fsPutCmd(g), fsGetCmd(g), fsLsCmd(g), fsStatCmd(g), fsRmCmd(g), fsMkdirCmd(g), fsMvCmd(g))
+	cmd.AddCommand(fsPutCmd(g), fsGetCmd(g), fsLsCmd(g), fsStatCmd(g), fsRmCmd(g), fsMkdirCmd(g), fsMvCmd(g), fsWatchCmd(g))
 	return cmd
 }
 

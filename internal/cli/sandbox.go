@@ -23,6 +23,7 @@ func createCmd(g *globals) *cobra.Command {
 		Short: "Create a sandbox and print its id",
 		Example: `  panda create
   panda create --template tiny --memory 256 --ttl 3600 --meta owner=me
+  panda create --ttl 600 --on-expire pause
   panda create --no-internet --allow-out pypi.org --allow-out files.pythonhosted.org
   ID=$(panda create) && panda exec $ID -- uname -a`,
 		Args: args(0, 0),
@@ -35,6 +36,9 @@ func createCmd(g *globals) *cobra.Command {
 				return err
 			}
 			opts.Network = network.policy()
+			if opts.OnExpire != "" && opts.OnExpire != "kill" && opts.OnExpire != "pause" {
+				return fmt.Errorf("--on-expire must be kill or pause, not %q", opts.OnExpire)
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -58,6 +62,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&meta, "meta", nil, "metadata label KEY=VALUE (repeatable)")
 	f.StringArrayVar(&env, "env", nil, "default environment variable KEY=VALUE of every command (repeatable)")
 	f.StringVar(&opts.SnapshotID, "snapshot", "", "create from this snapshot instead of a template")
+	f.StringVar(&opts.OnExpire, "on-expire", "", "what the TTL's end does: kill or pause (default kill)")
 	network.add(cmd)
 	return cmd
 }
@@ -178,6 +183,9 @@ func printSandbox(w io.Writer, g *globals, i pandastack.SandboxInfo) error {
 	if !i.ExpiresAt.IsZero() {
 		t.row("expires:", i.ExpiresAt.Local().Format("2006-01-02 15:04:05")+" ("+when(i.ExpiresAt)+")")
 	}
+	if i.OnExpire != "" {
+		t.row("on expire:", i.OnExpire)
+	}
 	if i.HostID != "" {
 		t.row("host:", i.HostID)
 	}
@@ -269,12 +277,12 @@ func stateCmd(g *globals, use, short string, do func(*pandastack.Sandbox, *cobra
 }
 
 func pauseCmd(g *globals) *cobra.Command {
-	return stateCmd(g, "pause", "Pause a sandbox (its vCPUs stop, its memory is kept)",
+	return stateCmd(g, "pause", "Pause a sandbox: its memory and device state go to disk and its VM stops (no memory held)",
 		func(sb *pandastack.Sandbox, cmd *cobra.Command) error { return sb.Pause(cmd.Context()) })
 }
 
 func resumeCmd(g *globals) *cobra.Command {
-	return stateCmd(g, "resume", "Resume a paused sandbox",
+	return stateCmd(g, "resume", "Resume a paused sandbox from its saved state (its TTL starts again)",
 		func(sb *pandastack.Sandbox, cmd *cobra.Command) error { return sb.Resume(cmd.Context()) })
 }
 

@@ -40,7 +40,7 @@ func (s *Server) exec(ctx context.Context, st *guestproto.Stream, req *guestprot
 	}
 	argv := req.Argv
 	if req.Shell != "" {
-		argv = []string{"/bin/sh", "-c", req.Shell}
+		argv = s.shell.argv(req.Shell)
 	}
 	var cred *syscall.Credential
 	var userEnv map[string]string
@@ -63,6 +63,12 @@ func (s *Server) exec(ctx context.Context, st *guestproto.Stream, req *guestprot
 	}
 	env := s.execEnv(userEnv, req.Env)
 	path, err := lookPath(argv[0], envValue(env, "PATH"))
+	if err != nil && req.Shell != "" && argv[0] != "/bin/sh" {
+		// bash was removed since its stat was cached.
+		s.shell.forget()
+		argv = s.shell.argv(req.Shell)
+		path, err = lookPath(argv[0], envValue(env, "PATH"))
+	}
 	if err != nil {
 		replyErr(st, err)
 		return

@@ -39,6 +39,10 @@ type Config struct {
 	// Root is the directory whose etc/passwd and etc/group name the users
 	// execs run as; "" means "/". (Tests point it at a made-up root.)
 	Root string
+	// Bash is the bash that runs commands given as a string when it
+	// exists (else /bin/sh does); "" means DefaultBash. (Tests point it
+	// at a missing path to act as a guest without bash.)
+	Bash string
 	// ExitGrace is how long an exec's output is still streamed after its
 	// process exited, for children that hold its pipes; then the pipes are
 	// closed. Zero means one second.
@@ -62,6 +66,8 @@ type Server struct {
 	// would cost procfs code paths freshly translated after each restore.
 	bootID string
 
+	shell shell
+
 	mu         sync.Mutex
 	sessionEnv map[string]string
 }
@@ -82,6 +88,9 @@ func NewServer(cfg Config) *Server {
 	if cfg.Root == "" {
 		cfg.Root = "/"
 	}
+	if cfg.Bash == "" {
+		cfg.Bash = DefaultBash
+	}
 	base := make(map[string]string, len(cfg.Env))
 	for _, kv := range cfg.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
@@ -97,6 +106,7 @@ func NewServer(cfg Config) *Server {
 		cfg:    cfg,
 		start:  time.Now(),
 		base:   base,
+		shell:  shell{bash: cfg.Bash},
 	}
 }
 
@@ -142,7 +152,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
-		Features:     []string{guestproto.FeatureExecUser},
+		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir},
 	}
 }
 
@@ -165,6 +175,8 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 		s.remove(st, req)
 	case guestproto.OpRename:
 		s.rename(st, req)
+	case guestproto.OpWatchDir:
+		s.watchDir(ctx, st, req)
 	default:
 		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})
 	}

@@ -126,7 +126,8 @@ type OpenRequest struct {
 type ExecRequest struct {
 	// Argv is the command and its arguments; argv[0] is looked up in PATH.
 	Argv []string `json:"argv,omitempty"`
-	// Shell, when set instead of Argv, is run as /bin/sh -c Shell.
+	// Shell, when set instead of Argv, is run as /bin/bash -c Shell when
+	// the guest has /bin/bash, else as /bin/sh -c Shell.
 	Shell string `json:"shell,omitempty"`
 	// Env is merged over the session's default env and the agent's own.
 	Env map[string]string `json:"env,omitempty"`

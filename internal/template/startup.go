@@ -125,7 +125,8 @@ func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say 
 		}
 		var out bytes.Buffer
 		res, err := client.Exec(ctx, guestproto.ExecRequest{
-			Shell: g.ReadyCmd, Env: g.Env, Cwd: g.Cwd, User: g.User, TimeoutMS: run.Milliseconds(),
+			// /bin/sh, as documented, whether or not the image has bash.
+			Argv: []string{"/bin/sh", "-c", g.ReadyCmd}, Env: g.Env, Cwd: g.Cwd, User: g.User, TimeoutMS: run.Milliseconds(),
 		}, nil, &capped{&out}, &capped{&out})
 		switch {
 		case err == nil && res.ExitCode == 0:

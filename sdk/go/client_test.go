@@ -172,9 +172,9 @@ func TestRequests(t *testing.T) {
 		{"create minimal", func() error { _, err := c.Create(ctx, CreateOptions{}); return err },
 			seen{"POST", "/v1/sandboxes", "", "Bearer k1", `{}`}},
 		{"create full", func() error {
-			_, err := c.Create(ctx, CreateOptions{Template: "tiny", TTLSeconds: 60, MemoryMiB: 256, VCPUs: 2, Metadata: map[string]string{"a": "b"}, Env: map[string]string{"X": "1"}})
+			_, err := c.Create(ctx, CreateOptions{Template: "tiny", TTLSeconds: 60, MemoryMiB: 256, VCPUs: 2, Metadata: map[string]string{"a": "b"}, Env: map[string]string{"X": "1"}, OnExpire: "pause"})
 			return err
-		}, seen{"POST", "/v1/sandboxes", "", "Bearer k1", `{"template":"tiny","ttl_seconds":60,"memory_mib":256,"vcpus":2,"metadata":{"a":"b"},"env":{"X":"1"}}`}},
+		}, seen{"POST", "/v1/sandboxes", "", "Bearer k1", `{"template":"tiny","ttl_seconds":60,"memory_mib":256,"vcpus":2,"metadata":{"a":"b"},"env":{"X":"1"},"on_expire":"pause"}`}},
 		{"create network", func() error {
 			_, err := c.Create(ctx, CreateOptions{Network: &Network{AllowOut: []string{"pypi.org", "10.0.0.0/8"}}})
 			return err

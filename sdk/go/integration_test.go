@@ -508,6 +508,106 @@ func hasID(sbs []*pandastack.Sandbox, id string) bool {
 	return false
 }
 
+// TestIntegrationOnExpirePause: with OnExpire "pause" the end of the TTL
+// pauses the sandbox, and a resume finds its files.
+func TestIntegrationOnExpirePause(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	// A long TTL until the file is written, then 1 s.
+	sb := create(t, c, pandastack.CreateOptions{TTLSeconds: 600, OnExpire: "pause"})
+	if sb.Info.OnExpire != "pause" {
+		t.Errorf("got on_expire %q, want pause", sb.Info.OnExpire)
+	}
+	if _, err := sb.Exec(ctx, pandastack.Command{Cmd: "echo kept > /root/k"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.SetTTL(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for sb.Info.State != pandastack.StatePaused && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // polling a condition, bounded by the deadline
+		if err := sb.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sb.Info.State != pandastack.StatePaused {
+		t.Fatalf("after its TTL: state %s, want paused", sb.Info.State)
+	}
+	if err := sb.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The resumed sandbox has its 1 s TTL again: give it time to answer.
+	if err := sb.SetTTL(ctx, 120); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sb.Exec(ctx, pandastack.Command{Cmd: "cat /root/k"})
+	if err != nil || r.Stdout != "kept\n" {
+		t.Errorf("after resume: got %q, %v, want kept", r.Stdout, err)
+	}
+}
+
+// TestIntegrationShell: a Cmd runs under bash -c (not a login shell) where
+// the template has bash (base), else under /bin/sh -c (tiny, busybox).
+func TestIntegrationShell(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	for _, tt := range []struct{ template, cmd, want string }{
+		{"base", `echo "$0"; shopt -q login_shell && echo login; [[ a == a ]] && echo bash-syntax`, "/bin/bash\nbash-syntax\n"},
+		{"tiny", `echo "$0"`, "/bin/sh\n"},
+	} {
+		sb := create(t, c, pandastack.CreateOptions{Template: tt.template})
+		r, err := sb.Exec(ctx, pandastack.Command{Cmd: tt.cmd})
+		if err != nil || r.ExitCode != 0 || r.Stdout != tt.want {
+			t.Errorf("%s: got %+v, %v, want stdout %q", tt.template, r, err, tt.want)
+		}
+		// argv-form execs are unchanged.
+		r, err = sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", `echo "$0"`}})
+		if err != nil || r.Stdout != "/bin/sh\n" {
+			t.Errorf("%s: argv: got %+v, %v", tt.template, r, err)
+		}
+	}
+}
+
+// TestIntegrationWatchDir: create, write, rename and remove of a file in a
+// watched directory arrive as events, in order.
+func TestIntegrationWatchDir(t *testing.T) {
+	c := adminClient(t)
+	ctx := testCtx(t)
+	sb := create(t, c, pandastack.CreateOptions{})
+	if _, err := sb.Mkdir(ctx, "/tmp/w"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := sb.StartWatchDir(ctx, "/tmp/w", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if r, err := sb.Exec(ctx, pandastack.Command{Cmd: "echo a > /tmp/w/f && echo b >> /tmp/w/f && mv /tmp/w/f /tmp/w/g && rm /tmp/w/g"}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("exec: %+v %v", r, err)
+	}
+	want := []pandastack.WatchEvent{
+		{Type: "create", Path: "/tmp/w/f"}, {Type: "write", Path: "/tmp/w/f"},
+		{Type: "rename", Path: "/tmp/w/g", OldPath: "/tmp/w/f"}, {Type: "remove", Path: "/tmp/w/g"},
+	}
+	var got []pandastack.WatchEvent
+	for len(got) < len(want) {
+		ev, err := w.Next()
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		if n := len(got); n > 0 && got[n-1] == ev {
+			continue // writes may come as one event or several
+		}
+		got = append(got, ev)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got events %+v, want %+v", got, want)
+	}
+	_, err = sb.StartWatchDir(ctx, "/no/such/dir", false)
+	wantErr(t, "watch of a missing directory", err, pandastack.ErrNotFound)
+}
+
 func TestIntegrationList(t *testing.T) {
 	c := adminClient(t)
 	ctx := testCtx(t)

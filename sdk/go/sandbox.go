@@ -82,6 +82,10 @@ type CreateOptions struct {
 	// SnapshotID, if set, creates the sandbox from a snapshot instead of
 	// a template (its template and shape come from the snapshot).
 	SnapshotID string
+	// OnExpire is what happens when the TTL runs out: "kill" (the
+	// server's default when empty) or "pause" (see Sandbox.Pause); a
+	// resume gives it its TTL again.
+	OnExpire string
 	// Network is the sandbox's egress policy; nil: the server's default,
 	// the internet allowed. Note that a Network without Internet: true
 	// denies everything but its AllowOut.
@@ -96,6 +100,7 @@ type createRequest struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
+	OnExpire   string            `json:"on_expire,omitempty"`
 	Network    *Network          `json:"network,omitempty"`
 }
 
@@ -104,6 +109,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	req := createRequest{
 		Template: opts.Template, TTLSeconds: opts.TTLSeconds, MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs,
 		Metadata: opts.Metadata, Env: opts.Env, SnapshotID: opts.SnapshotID, Network: opts.Network,
+		OnExpire: opts.OnExpire,
 	}
 	var info SandboxInfo
 	if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {
@@ -204,9 +210,10 @@ func (s *Sandbox) Kill(ctx context.Context) error {
 	return s.c.doJSON(ctx, http.MethodDelete, path("sandboxes", s.ID), nil, nil, nil)
 }
 
-// Pause saves the running sandbox to the server's disk (its memory, disk
-// and processes) and stops its VM: a paused sandbox uses no memory and does
-// not expire. It updates Info. The pause runs on the server even if ctx
+// Pause captures the running sandbox to the server's disk (the VM's memory
+// and device state, next to its disk) and stops its VMM: a paused sandbox
+// holds no host memory and does not expire; Resume restores the capture, so
+// its processes carry on where they were. It updates Info. The pause runs on the server even if ctx
 // ends first; Refresh then tells how it ended (State, LastError).
 func (s *Sandbox) Pause(ctx context.Context) error {
 	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "pause"), nil)

@@ -51,6 +51,8 @@ def _metadata() -> str:
         lines.append("Summary: %s" % p["description"])
     if "requires-python" in p:
         lines.append("Requires-Python: %s" % p["requires-python"])
+    if "license" in p:
+        lines.append("License: %s" % p["license"])
     lines.append("Classifier: Programming Language :: Python :: 3")
     lines.append("Classifier: Typing :: Typed")
     readme = os.path.join(ROOT, "README.md")

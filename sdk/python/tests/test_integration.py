@@ -335,6 +335,38 @@ class FilesystemTest(SandboxCase):
                 call()
 
 
+class WatchDirTest(SandboxCase):
+    def test_events_in_order(self):
+        self.sb.exec("mkdir -p /tmp/pw")
+        w = self.sb.filesystem.watch_dir("/tmp/pw")
+        self.addCleanup(w.stop)
+        self.sb.exec("echo a > /tmp/pw/f && echo b >> /tmp/pw/f && mv /tmp/pw/f /tmp/pw/g && rm /tmp/pw/g")
+        want = [
+            pandastack.WatchEvent("create", "/tmp/pw/f"),
+            pandastack.WatchEvent("write", "/tmp/pw/f"),
+            pandastack.WatchEvent("rename", "/tmp/pw/g", "/tmp/pw/f"),
+            pandastack.WatchEvent("remove", "/tmp/pw/g"),
+        ]
+        got: list = []
+        for ev in w:
+            if got and got[-1] == ev:
+                continue  # writes may come as one event or several
+            got.append(ev)
+            if len(got) == len(want):
+                break
+        self.assertEqual(got, want)
+        # stop() from another thread ends a blocked iteration.
+        import threading
+        t = threading.Timer(0.2, w.stop)
+        t.start()
+        self.assertEqual(list(w), [])
+        t.join()
+
+    def test_missing_directory(self):
+        with self.assertRaises(pandastack.NotFoundError):
+            self.sb.filesystem.watch_dir("/no/such/dir")
+
+
 class PortsTest(unittest.TestCase):
     def test_ports_and_signed_url(self):
         sb = create()
@@ -406,6 +438,22 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual(sb.refresh().expires_at, info.expires_at)
         with self.assertRaises(pandastack.InvalidArgumentError):
             sb.set_ttl(10**9)
+
+    def test_on_expire_pause(self):
+        # A long TTL until the file is written, then 1 s: the sandbox pauses
+        # instead of stopping, and resumes with its file.
+        sb = create(ttl_seconds=600, on_expire="pause")
+        self.addCleanup(sb.kill)
+        self.assertEqual(sb.info.on_expire, "pause")
+        sb.exec("echo kept > /root/k")
+        sb.set_ttl(1)
+        deadline = time.monotonic() + 60
+        while sb.refresh().state != "paused" and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling a condition, bounded by the deadline
+        self.assertEqual(sb.info.state, "paused")
+        sb.resume()
+        sb.set_ttl(120)  # the resumed sandbox has its 1 s TTL again
+        self.assertEqual(sb.exec("cat /root/k").stdout, "kept\n")
 
     def test_context_manager_kills(self):
         with create() as sb:

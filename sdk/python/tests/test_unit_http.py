@@ -72,6 +72,16 @@ class RequestEncodingTest(StubTestCase):
         Sandbox.create(snapshot="snap1", ttl_seconds=None, client=self.client)
         self.assertEqual(self.stub.last.json(), {"snapshot_id": "snap1"})
 
+    def test_create_on_expire(self):
+        self.stub.json_route("POST", "/v1/sandboxes", 201, dict(SANDBOX, on_expire="pause"))
+        sb = Sandbox.create(ttl_seconds=600, on_expire="pause", client=self.client)
+        self.assertEqual(self.stub.last.json(), {"ttl_seconds": 600, "on_expire": "pause"})
+        self.assertEqual(sb.info.on_expire, "pause")
+        n = len(self.stub.requests)
+        with self.assertRaises(ValueError):
+            Sandbox.create(on_expire="sleep", client=self.client)
+        self.assertEqual(len(self.stub.requests), n, "a bad on_expire was sent")
+
     def test_create_rejects_non_string_metadata(self):
         with self.assertRaises(TypeError):
             Sandbox.create(metadata={"n": 1}, client=self.client)

@@ -19,6 +19,15 @@ class PackagingTest(unittest.TestCase):
         self.assertEqual(pandastack_build._project()["version"], pandastack.__version__)
         self.assertEqual(pandastack_build._project()["name"], "pandastack")
 
+    def test_license_metadata(self):
+        self.assertEqual(pandastack_build._project()["license"], "Apache-2.0")
+        self.assertIn("\nLicense: Apache-2.0\n", pandastack_build._metadata())
+        with open(os.path.join(os.path.dirname(ROOT), "..", "LICENSE"), encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn("Apache License", text)
+        self.assertIn("Version 2.0, January 2004", text)
+        self.assertIn("Copyright 2026 The PandaStack Authors", text)
+
     def test_wheel_contents(self):
         with tempfile.TemporaryDirectory() as d:
             name = pandastack_build.build_wheel(d)

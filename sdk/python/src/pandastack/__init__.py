@@ -37,7 +37,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
-from .filesystem import Filesystem
+from .filesystem import DirWatch, Filesystem, WatchEvent
 from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
 from .sandbox import Sandbox
 from .snapshot import Snapshot
@@ -55,6 +55,8 @@ __all__ = [
     "Sandbox",
     "Snapshot",
     "Filesystem",
+    "WatchEvent",
+    "DirWatch",
     "SandboxInfo",
     "MemoryUsage",
     "NetworkPolicy",

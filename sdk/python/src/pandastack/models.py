@@ -165,6 +165,8 @@ class SandboxInfo:
         created_at: When it was created (UTC), or ``None`` if the server sent no time.
         expires_at: When its TTL runs out, or ``None``.
         ttl_seconds: The TTL it was last given, if the server reports it.
+        on_expire: What the end of its TTL does: ``"kill"`` or ``"pause"``
+            (``None`` from a server that does not say).
         metadata: Labels given at creation.
         host_id: Host that runs it.
         stop_reason: Why a stopped sandbox stopped (``killed``, ``expired``...).
@@ -194,6 +196,7 @@ class SandboxInfo:
     snapshot_id: Optional[str] = None
     network: Optional[NetworkPolicy] = None
     memory: Optional[MemoryUsage] = field(default=None, compare=False)
+    on_expire: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -216,6 +219,7 @@ class SandboxInfo:
             snapshot_id=_opt_str(d.get("snapshot_id")),
             network=NetworkPolicy.from_dict(d.get("network")),
             memory=MemoryUsage.from_dict(d.get("memory")),
+            on_expire=_opt_str(d.get("on_expire")),
             raw=dict(d),
         )
 

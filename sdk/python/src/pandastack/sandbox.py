@@ -16,7 +16,7 @@ __all__ = ["Sandbox", "OutputCallback", "Command"]
 
 #: Called with each piece of output (``str``) as it arrives.
 OutputCallback = Callable[[str], Any]
-#: A shell command line (run with ``/bin/sh -c``) or an argv list (run directly).
+#: A shell command line (run with ``bash -c``, ``/bin/sh -c`` without bash) or an argv list (run directly).
 Command = Union[str, Sequence[str]]
 
 # Extra seconds a client waits for an exec answer beyond the command's own timeout.
@@ -125,6 +125,7 @@ class Sandbox:
         *,
         snapshot: Union[str, Snapshot, None] = None,
         network: Optional[NetworkArg] = None,
+        on_expire: Optional[str] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return it running.
@@ -153,9 +154,13 @@ class Sandbox:
                 ``internet`` on, empty lists) or a :class:`NetworkPolicy`.
                 ``None``: the server's default, the internet allowed. Change
                 it later with :meth:`set_network`.
+            on_expire: What the end of the TTL does: ``"kill"`` (``None``:
+                the server's default, kill) or ``"pause"`` (see
+                :meth:`pause`; :meth:`resume` gives it its TTL again).
             client: Use this :class:`Client` instead of ``api_key``/``api_url``.
 
         Raises:
+            ValueError: ``on_expire`` is neither ``"kill"`` nor ``"pause"``.
             BadRequestError: a bad ``network`` entry (the message names it).
             NotFoundError: unknown template or snapshot.
             InvalidArgumentError: a value out of range (e.g. TTL over the max).
@@ -186,6 +191,10 @@ class Sandbox:
             body["env"] = e
         if network is not None:
             body["network"] = _network_body(network)
+        if on_expire is not None:
+            if on_expire not in ("kill", "pause"):
+                raise ValueError('on_expire must be "kill" or "pause", got %r' % (on_expire,))
+            body["on_expire"] = on_expire
         data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
         return cls(SandboxInfo.from_dict(data or {}), c)
 
@@ -344,9 +353,10 @@ class Sandbox:
     def pause(self) -> SandboxInfo:
         """Pause the sandbox to the server's disk. Updates and returns :attr:`info`.
 
-        Its memory, disk and processes are saved (on stable storage, with
-        checksums) and its VM stops: a paused sandbox uses no memory and does not
-        expire. Commands and file operations on a paused sandbox raise
+        The VM's memory and device state are captured to disk next to its
+        disk (on stable storage, with checksums) and its VMM stops: a paused
+        sandbox holds no host memory and does not expire; :meth:`resume`
+        restores the capture, processes and all. Commands and file operations on a paused sandbox raise
         :class:`ConflictError`. If this call times out or the connection breaks,
         the pause still completes on the server: :meth:`refresh` tells how it
         ended (``state``, ``last_error``).
@@ -357,6 +367,9 @@ class Sandbox:
 
     def resume(self) -> SandboxInfo:
         """Resume a paused sandbox where it was. Updates and returns :attr:`info`.
+
+        A new VMM restores the saved memory and device state; the TTL starts
+        again.
 
         If this call times out or the connection breaks, the resume still
         completes on the server (:meth:`refresh`). If the restore fails the
@@ -476,7 +489,8 @@ class Sandbox:
 
         Args:
             cmd: A shell command line (``"ls -l | wc -l"``, run with
-                ``/bin/sh -c``) or an argv list (``["ls", "-l"]``, run directly,
+                ``bash -c``, or ``/bin/sh -c`` in a sandbox without
+                ``/bin/bash``) or an argv list (``["ls", "-l"]``, run directly,
                 looked up in ``PATH``).
             timeout_seconds: Kill the command's process group after this long
                 (``result.timed_out`` is then ``True``); ``0`` means no timeout;
