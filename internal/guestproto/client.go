@@ -171,6 +171,7 @@ type Client struct {
 	startOnce   sync.Once
 	established atomic.Bool
 	execUser    atomic.Bool // the agent lists FeatureExecUser
+	procs       atomic.Bool // the agent lists FeatureProcesses
 	closed      chan struct{}
 	closeOnce   sync.Once
 	err         error // set before closed is closed
@@ -341,6 +342,7 @@ func (c *Client) dispatch(f Frame) {
 			c.hello = nil
 			if r.Error == nil {
 				c.execUser.Store(r.HasFeature(FeatureExecUser))
+				c.procs.Store(r.HasFeature(FeatureProcesses))
 				c.established.Store(true)
 			}
 			hw.reply <- r
