@@ -224,7 +224,9 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("signal must name a signal, such as TERM, KILL, INT or HUP"))
 		return
 	}
-	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error { return pg.SignalProcess(ctx, pid, req.Signal) })
+	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error {
+		return pg.SignalProcess(ctx, pid, req.Signal)
+	})
 }
 
 // waitProcess answers once the process has exited, with its description.
@@ -360,7 +362,7 @@ func (s *Server) followAttach(cancel func(), out *ndjson, a *guestproto.Attachme
 	pump := func(i int, kind string, rd io.Reader) {
 		defer wg.Done()
 		buf := make([]byte, 32<<10)
-		off := ends[i]  // offset of the first byte of carry, then of data
+		off := ends[i]   // offset of the first byte of carry, then of data
 		var carry []byte // an incomplete UTF-8 sequence from the last read
 		send := func(data []byte) bool {
 			o := off
