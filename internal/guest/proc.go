@@ -380,22 +380,17 @@ func (p *bgProc) signal(name string) error {
 // bytes not yet sent.
 func (s *Server) procAttach(ctx context.Context, st *guestproto.Stream, bp *bgProc, req *guestproto.ProcRequest) {
 	bp.mu.Lock()
-	from := func(r *ring, off int64) (int64, error) {
-		switch {
-		case off == -1:
-			return r.end, nil
-		case off > r.end:
-			return 0, guestproto.Errorf(guestproto.CodeInvalid, "offset %d is beyond the %d bytes written", off, r.end)
+	// -1 and offsets past the end start at the end; offsets no longer
+	// kept at the earliest kept.
+	from := func(r *ring, off int64) int64 {
+		if off == -1 || off > r.end {
+			return r.end
 		}
-		return max(off, r.start()), nil
+		return max(off, r.start())
 	}
-	outOff, err1 := from(&bp.out, req.StdoutOffset)
-	errOff, err2 := from(&bp.errOut, req.StderrOffset)
+	outOff := from(&bp.out, req.StdoutOffset)
+	errOff := from(&bp.errOut, req.StderrOffset)
 	bp.mu.Unlock()
-	if err := cmpErr(err1, err2); err != nil {
-		replyErr(st, err)
-		return
-	}
 	info := bp.info()
 	if err := st.Reply(guestproto.Reply{Proc: &info, Attach: &guestproto.AttachStart{StdoutOffset: outOff, StderrOffset: errOff}}); err != nil {
 		return
@@ -453,15 +448,6 @@ func (s *Server) procAttach(ctx context.Context, st *guestproto.Stream, bp *bgPr
 		return // the agent stops
 	}
 	_ = st.Exit(guestproto.Reply{Proc: &info, Lagged: lagged})
-}
-
-func cmpErr(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // replyResult sends REPLY {} or, if err is set, the error.

@@ -146,7 +146,7 @@ func TestProcessErrors(t *testing.T) {
 		{"stdin without stdin", func() error { return c.WriteProcessStdin(ctx, running.PID, []byte("x")) }, guestproto.ErrInvalid},
 		{"bad signal", func() error { return c.SignalProcess(ctx, running.PID, "NOPE") }, guestproto.ErrInvalid},
 		{"signal out of range", func() error { return c.SignalProcess(ctx, running.PID, "99") }, guestproto.ErrInvalid},
-		{"offset beyond end", func() error { _, err := c.AttachProcess(ctx, running.PID, 5, 0); return err }, guestproto.ErrInvalid},
+		{"offset below -1", func() error { _, err := c.AttachProcess(ctx, running.PID, -2, 0); return err }, guestproto.ErrInvalid},
 		{"missing executable", func() error {
 			_, err := c.StartProcess(ctx, guestproto.ExecRequest{Argv: []string{"/no/such"}})
 			return err

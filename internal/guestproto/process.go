@@ -41,7 +41,8 @@ type ProcRequest struct {
 	PID int `json:"pid"`
 	// StdoutOffset and StderrOffset are where proc_attach starts: a byte
 	// offset in the stream's whole output (0: the earliest byte still
-	// kept), or -1 for "from now".
+	// kept; an offset past the end starts at the end), or -1 for "from
+	// now".
 	StdoutOffset int64 `json:"stdout_offset,omitempty"`
 	StderrOffset int64 `json:"stderr_offset,omitempty"`
 	// Data is written to stdin by proc_stdin (at most MaxStdinChunk bytes),
