@@ -249,3 +249,19 @@ func (pr *Process) Wait(ctx context.Context) (ProcessInfo, error) {
 func (pr *Process) Kill(ctx context.Context) error {
 	return pr.sb.c.doJSON(ctx, http.MethodDelete, procPath(pr.sb.ID, pr.PID), nil, nil, nil)
 }
+
+// ProcessHandle returns a handle on the background process pid without
+// calling the server (a wrong pid fails the first call, ErrNotFound).
+func (s *Sandbox) ProcessHandle(pid int) *Process {
+	return &Process{PID: pid, sb: s}
+}
+
+// Describe returns the process as it is now.
+func (pr *Process) Describe(ctx context.Context) (ProcessInfo, error) {
+	p, err := pr.sb.Process(ctx, pr.PID)
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	pr.Info = p.Info
+	return p.Info, nil
+}
