@@ -205,3 +205,43 @@ func TestProcessOutputDropped(t *testing.T) {
 		t.Errorf("End: lagged %v, %v", lagged, err)
 	}
 }
+
+// TestProcessAttachLags: an attach whose host does not read while the
+// ring buffer overwrites what it has not sent ends with lagged; attaching
+// again from where it stopped starts at the earliest kept byte.
+func TestProcessAttachLags(t *testing.T) {
+	c := newClient(t)
+	ctx := testContext(t)
+	const total = 3 << 20
+	info, err := c.StartProcess(ctx, guestproto.ExecRequest{Shell: "read x; head -c 3145728 /dev/zero", Stdin: true})
+	if err != nil {
+		t.Fatalf("StartProcess: %v", err)
+	}
+	a, err := c.AttachProcess(ctx, info.PID, 0, 0)
+	if err != nil {
+		t.Fatalf("AttachProcess: %v", err)
+	}
+	if err := c.WriteProcessStdin(ctx, info.PID, []byte("go\n")); err != nil {
+		t.Fatalf("WriteProcessStdin: %v", err)
+	}
+	if _, err := c.WaitProcess(ctx, info.PID); err != nil {
+		t.Fatalf("WaitProcess: %v", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); io.Copy(io.Discard, a.Stderr) }()
+	n, _ := io.Copy(io.Discard, a.Stdout)
+	wg.Wait()
+	_, lagged, err := a.End()
+	if err != nil || !lagged {
+		t.Fatalf("End after %d bytes: lagged %v, %v; want lagged", n, lagged, err)
+	}
+	b, err := c.AttachProcess(ctx, info.PID, n, 0)
+	if err != nil {
+		t.Fatalf("AttachProcess again: %v", err)
+	}
+	if b.Start.StdoutOffset != total-guestproto.ProcOutputMax || b.Start.StdoutOffset <= n {
+		t.Errorf("re-attach from %d starts at %d, want %d", n, b.Start.StdoutOffset, total-guestproto.ProcOutputMax)
+	}
+	b.Close()
+}
