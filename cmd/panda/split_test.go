@@ -130,6 +130,11 @@ func TestSplitServerAgent(t *testing.T) {
 	if err != nil || sr.ExitCode != 0 || out.String() != "1\n2\n3\n" || errOut.String() != "e\n" {
 		t.Errorf("streamed exec: got %+v, %v, stdout %q, stderr %q", sr, err, out.String(), errOut.String())
 	}
+	// Background processes are not carried by the host API yet: 501.
+	var pe *pandastack.Error
+	if _, err := parent.StartProcess(ctx, pandastack.Command{Cmd: "sleep 100"}); !errors.As(err, &pe) || pe.Status != http.StatusNotImplemented {
+		t.Errorf("start a background process in split mode: got %v, want a 501", err)
+	}
 	if hosts, err := c.Hosts(ctx); err != nil || len(hosts) != 1 || hosts[0].State != "ready" || hosts[0].Accel != "tcg" ||
 		hosts[0].Sandboxes != 1 || hosts[0].VCPUs < 1 || hosts[0].MemoryMiB < 1 {
 		t.Errorf("hosts: got %+v, %v; want one ready tcg host with one sandbox, its CPUs and memory", hosts, err)

@@ -118,7 +118,7 @@ func classify(err error) *apiError {
 	switch guestproto.CodeOf(err) {
 	case guestproto.CodeNotFound:
 		return errorf(http.StatusNotFound, "not_found", "%s", guestMessage(err))
-	case guestproto.CodeExists, guestproto.CodeNotEmpty:
+	case guestproto.CodeExists, guestproto.CodeNotEmpty, guestproto.CodeExited:
 		return errorf(http.StatusConflict, "conflict", "%s", guestMessage(err))
 	case guestproto.CodeNotDir, guestproto.CodeIsDir, guestproto.CodeInvalid, guestproto.CodeTooLarge:
 		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", guestMessage(err))

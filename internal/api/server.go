@@ -86,6 +86,23 @@ type Guest interface {
 	Rename(ctx context.Context, oldpath, newpath string) error
 }
 
+// ProcessGuest is a Guest that keeps background processes (see
+// guestproto.Client for the contracts). The local host's guests are;
+// a remote host's (split mode) are not, and the processes routes answer
+// 501 there.
+type ProcessGuest interface {
+	StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error)
+	ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)
+	AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrOffset int64) (*guestproto.Attachment, error)
+	WriteProcessStdin(ctx context.Context, pid int, p []byte) error
+	CloseProcessStdin(ctx context.Context, pid int) error
+	SignalProcess(ctx context.Context, pid int, signal string) error
+	WaitProcess(ctx context.Context, pid int) (guestproto.ProcInfo, error)
+	RemoveProcess(ctx context.Context, pid int) error
+}
+
+var _ ProcessGuest = localGuest{}
+
 // Process is a command started by Guest.StartExec. Read Stdout and Stderr
 // concurrently to EOF, then Wait. Cancelling StartExec's ctx kills it.
 type Process interface {
@@ -442,6 +459,14 @@ func (s *Server) routes() http.Handler {
 			r.Post("/sandboxes/{id}/files/rename", s.rename)
 			r.Get("/sandboxes/{id}/watch", s.watchDir)
 			r.Get("/sandboxes/{id}/ports", s.listPorts)
+			r.Post("/sandboxes/{id}/processes", s.startProcess)
+			r.Get("/sandboxes/{id}/processes", s.listProcesses)
+			r.Get("/sandboxes/{id}/processes/{pid}", s.getProcess)
+			r.Delete("/sandboxes/{id}/processes/{pid}", s.removeProcess)
+			r.Get("/sandboxes/{id}/processes/{pid}/output", s.processOutput)
+			r.Post("/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
+			r.Post("/sandboxes/{id}/processes/{pid}/signal", s.signalProcess)
+			r.Post("/sandboxes/{id}/processes/{pid}/wait", s.waitProcess)
 		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)

@@ -50,7 +50,7 @@ func Commands() []*cobra.Command {
 	cmds := []*cobra.Command{
 		createCmd(g), lsCmd(g), getCmd(g), execCmd(g), killCmd(g), ttlCmd(g),
 		pauseCmd(g), resumeCmd(g), forkCmd(g), snapshotCmd(g),
-		networkCmd(g), fsCmd(g), portCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
+		networkCmd(g), fsCmd(g), portCmd(g), procCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
 	}
 	for _, c := range cmds {
 		pf := c.PersistentFlags()

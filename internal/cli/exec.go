@@ -18,6 +18,8 @@ func execCmd(g *globals) *cobra.Command {
 		user    string
 		timeout float64
 		stdin   bool
+		bg      bool
+		keep    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "exec ID [flags] -- CMD [ARGS...]",
@@ -32,11 +34,18 @@ own flags are not taken for panda's.
 
 With --json the output is collected and printed at the end as the API's
 ExecResult object (exit_code, stdout, stderr, ...); the exit code is still
-the command's.`,
+the command's.
+
+With --background the command is started as a background process and its
+pid printed: it runs on after panda exits, with no timeout unless --timeout
+is given; see panda proc for its output, stdin and signals. With -i its
+stdin is what panda reads; with --keep-stdin it stays open for panda proc
+stdin.`,
 		Example: `  panda exec $ID -- 'echo hello && uname -a'
   panda exec $ID --cwd /tmp --env DEBUG=1 -- ls -la
   panda exec $ID --user 1000:1000 -- id
-  echo 'print(1+1)' | panda exec $ID -i -- python3`,
+  echo 'print(1+1)' | panda exec $ID -i -- python3
+  panda exec $ID --background -- 'python3 -m http.server 8000'`,
 		Args: args(2, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			e, err := pairs("env", env)
@@ -71,6 +80,21 @@ the command's.`,
 				return err
 			}
 			ctx := cmd.Context()
+			if bg {
+				if !cmd.Flags().Changed("timeout") {
+					c.Timeout = 0 // none, for a background process
+				}
+				c.OpenStdin = keep
+				p, err := sb.StartProcess(ctx, c)
+				if err != nil {
+					return fmt.Errorf("start in %s: %w", args[0], err)
+				}
+				if g.json {
+					return printJSON(cmd.OutOrStdout(), p.Info)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), p.PID)
+				return nil
+			}
 			var res pandastack.ExecResult
 			if g.json {
 				res, err = sb.Exec(ctx, c)
@@ -102,6 +126,8 @@ the command's.`,
 	f.StringVarP(&user, "user", "u", "", "run as USER, NAME|UID[:GROUP|GID] as Docker's (default the template image's user, else root)")
 	f.Float64Var(&timeout, "timeout", 60, "kill the command after SEC seconds; 0 for no timeout")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send panda's standard input to the command (read fully first)")
+	f.BoolVarP(&bg, "background", "d", false, "start as a background process, print its pid and return")
+	f.BoolVar(&keep, "keep-stdin", false, "with --background: keep the process's stdin open for panda proc stdin")
 	return cmd
 }
 

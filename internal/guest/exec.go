@@ -38,47 +38,11 @@ func (s *Server) exec(ctx context.Context, st *guestproto.Stream, req *guestprot
 		replyErr(st, guestproto.Errorf(guestproto.CodeInvalid, "%v", err))
 		return
 	}
-	argv := req.Argv
-	if req.Shell != "" {
-		argv = s.shell.argv(req.Shell)
-	}
-	var cred *syscall.Credential
-	var userEnv map[string]string
-	if req.User != "" {
-		u, err := resolveUser(s.cfg.Root, req.User)
-		if err != nil {
-			replyErr(st, err)
-			return
-		}
-		cred = &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
-		if cred.Groups == nil {
-			cred.Groups = []uint32{} // drop the agent's own supplementary groups
-		}
-		// Without a passwd entry, as in Docker: HOME=/, no USER or LOGNAME
-		// (the agent's own would name root).
-		userEnv = map[string]string{"HOME": "/", "USER": "", "LOGNAME": ""}
-		if u.name != "" {
-			userEnv = map[string]string{"HOME": cmp.Or(u.home, "/"), "USER": u.name, "LOGNAME": u.name}
-		}
-	}
-	env := s.execEnv(userEnv, req.Env)
-	path, err := lookPath(argv[0], envValue(env, "PATH"))
-	if err != nil && req.Shell != "" && argv[0] != "/bin/sh" {
-		// bash was removed since its stat was cached.
-		s.shell.forget()
-		argv = s.shell.argv(req.Shell)
-		path, err = lookPath(argv[0], envValue(env, "PATH"))
-	}
+	path, argv, env, cwd, cred, err := s.prepare(req)
 	if err != nil {
 		replyErr(st, err)
 		return
 	}
-	cwd, err := execDir(req.Cwd, envValue(env, "HOME"))
-	if err != nil {
-		replyErr(st, err)
-		return
-	}
-
 	p, err := s.startProcess(path, argv, env, cwd, cred, req.Stdin)
 	if err != nil {
 		replyErr(st, fmt.Errorf("start %s: %w", argv[0], err))
@@ -153,6 +117,49 @@ wait:
 		<-drained
 	}
 	_ = st.Exit(guestproto.Reply{Exec: &res})
+}
+
+// prepare resolves a validated request: the executable's path, argv, the
+// environment, the working directory and the credential (nil: root).
+func (s *Server) prepare(req *guestproto.ExecRequest) (path string, argv, env []string, cwd string, cred *syscall.Credential, err error) {
+	argv = req.Argv
+	if req.Shell != "" {
+		argv = s.shell.argv(req.Shell)
+	}
+	var userEnv map[string]string
+	if req.User != "" {
+		u, err := resolveUser(s.cfg.Root, req.User)
+		if err != nil {
+			return "", nil, nil, "", nil, err
+		}
+		cred = &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
+		if cred.Groups == nil {
+			cred.Groups = []uint32{} // drop the agent's own supplementary groups
+		}
+		// Without a passwd entry, as in Docker: HOME=/, no USER or LOGNAME
+		// (the agent's own would name root).
+		userEnv = map[string]string{"HOME": "/", "USER": "", "LOGNAME": ""}
+		if u.name != "" {
+			userEnv = map[string]string{"HOME": cmp.Or(u.home, "/"), "USER": u.name, "LOGNAME": u.name}
+		}
+	}
+	env = s.execEnv(userEnv, req.Env)
+	path, err = lookPath(argv[0], envValue(env, "PATH"))
+	if err != nil && req.Shell != "" && argv[0] != "/bin/sh" {
+		// bash was removed since its stat was cached.
+		s.shell.forget()
+		argv = s.shell.argv(req.Shell)
+		path, err = lookPath(argv[0], envValue(env, "PATH"))
+	}
+	if err != nil {
+		return "", nil, nil, "", nil, err
+	}
+	cwd, err = execDir(req.Cwd, envValue(env, "HOME"))
+	if err != nil {
+		return "", nil, nil, "", nil, err
+	}
+
+	return path, argv, env, cwd, cred, nil
 }
 
 // process is a started exec and the parent's ends of its pipes.

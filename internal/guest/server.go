@@ -70,6 +70,8 @@ type Server struct {
 
 	mu         sync.Mutex
 	sessionEnv map[string]string
+
+	procs procTable
 }
 
 var _ guestproto.Handler = (*Server)(nil)
@@ -99,6 +101,7 @@ func NewServer(cfg Config) *Server {
 	}
 	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return &Server{
+		procs:  procTable{procs: make(map[int]*bgProc)},
 		bootID: strings.TrimSpace(string(bootID)),
 		hooks:  cfg.Hooks,
 		reaper: cfg.Reaper,
@@ -152,7 +155,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
-		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir},
+		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses},
 	}
 }
 
@@ -177,6 +180,12 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 		s.rename(st, req)
 	case guestproto.OpWatchDir:
 		s.watchDir(ctx, st, req)
+	case guestproto.OpProcStart:
+		s.procStart(ctx, st, req.Exec)
+	case guestproto.OpProcList:
+		s.procList(st)
+	case guestproto.OpProcAttach, guestproto.OpProcStdin, guestproto.OpProcSignal, guestproto.OpProcWait, guestproto.OpProcRemove:
+		s.procOp(ctx, st, req.Op, req.Proc)
 	default:
 		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})
 	}

@@ -172,6 +172,7 @@ type Client struct {
 	established atomic.Bool
 	execUser    atomic.Bool // the agent lists FeatureExecUser
 	watchDir    atomic.Bool // the agent lists FeatureWatchDir
+	procs       atomic.Bool // the agent lists FeatureProcesses
 	closed      chan struct{}
 	closeOnce   sync.Once
 	err         error // set before closed is closed
@@ -343,6 +344,7 @@ func (c *Client) dispatch(f Frame) {
 			if r.Error == nil {
 				c.execUser.Store(r.HasFeature(FeatureExecUser))
 				c.watchDir.Store(r.HasFeature(FeatureWatchDir))
+				c.procs.Store(r.HasFeature(FeatureProcesses))
 				c.established.Store(true)
 			}
 			hw.reply <- r

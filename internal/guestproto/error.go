@@ -23,6 +23,7 @@ const (
 	CodeCanceled   Code = "canceled"   // the peer aborted the stream (RESET sent on cancel)
 	CodeTooLarge   Code = "too_large"  // the guest's answer exceeds a host limit, e.g. a listing of too many entries (422)
 	CodeBusy       Code = "busy"       // the host's limit of concurrent operations on this guest is reached; retry later (429)
+	CodeExited     Code = "exited"     // the background process has exited or its stdin is closed (409)
 	CodeInternal   Code = "internal"   // anything else
 )
 
@@ -81,6 +82,7 @@ var (
 	ErrCanceled   = &Error{Code: CodeCanceled}
 	ErrTooLarge   = &Error{Code: CodeTooLarge}
 	ErrBusy       = &Error{Code: CodeBusy}
+	ErrExited     = &Error{Code: CodeExited}
 	ErrInternal   = &Error{Code: CodeInternal}
 )
 

@@ -36,6 +36,7 @@ type peer struct {
 	stopOnce   sync.Once
 	ackBarrier atomic.Bool
 	received   atomic.Int64 // DATA payload bytes read from the host
+	features   []string     // listed in HELLO_ACK; set before Hello
 
 	wmu sync.Mutex
 }
@@ -62,6 +63,12 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 // nil) to a peer, and says HELLO.
 func newPeer(t *testing.T, cfg guestproto.ClientConfig, wrap func(net.Conn) io.ReadWriteCloser) (*guestproto.Client, *peer) {
 	t.Helper()
+	return newPeerFeatures(t, cfg, wrap)
+}
+
+// newPeerFeatures is newPeer with a peer that lists features.
+func newPeerFeatures(t *testing.T, cfg guestproto.ClientConfig, wrap func(net.Conn) io.ReadWriteCloser, features ...string) (*guestproto.Client, *peer) {
+	t.Helper()
 	hostEnd, guestEnd := socketPair(t)
 	var rwc io.ReadWriteCloser = hostEnd
 	if wrap != nil {
@@ -71,7 +78,7 @@ func newPeer(t *testing.T, cfg guestproto.ClientConfig, wrap func(net.Conn) io.R
 	if err != nil {
 		t.Fatalf("NewClientConfig: %v", err)
 	}
-	p := &peer{t: t, conn: guestEnd, frames: make(chan guestproto.Frame, 1<<12), stop: make(chan struct{})}
+	p := &peer{t: t, conn: guestEnd, frames: make(chan guestproto.Frame, 1<<12), stop: make(chan struct{}), features: features}
 	p.ackBarrier.Store(true)
 	go p.readLoop()
 	t.Cleanup(func() {
@@ -100,7 +107,7 @@ func (p *peer) readLoop() {
 		case guestproto.FrameHello:
 			var req guestproto.HelloRequest
 			_ = json.Unmarshal(f.Payload, &req)
-			b, _ := json.Marshal(guestproto.HelloReply{Session: req.Session, AgentVersion: "hostile"})
+			b, _ := json.Marshal(guestproto.HelloReply{Session: req.Session, AgentVersion: "hostile", Features: p.features})
 			p.send(guestproto.Frame{Type: guestproto.FrameHelloAck, Payload: b})
 			continue
 		case guestproto.FramePing:

@@ -120,6 +120,8 @@ type OpenRequest struct {
 	Mode uint32 `json:"mode,omitempty"`
 	// Recursive makes remove delete a directory tree.
 	Recursive bool `json:"recursive,omitempty"`
+	// Proc names a background process for the proc_* operations.
+	Proc *ProcRequest `json:"proc,omitempty"`
 }
 
 // ExecRequest describes a process to run in the guest.
@@ -307,6 +309,14 @@ type Reply struct {
 	Exec *ExecResult `json:"exec,omitempty"`
 	// Written is the number of bytes stored (EXIT of write_file).
 	Written int64 `json:"written,omitempty"`
+	// Proc describes a background process (proc_start, proc_attach,
+	// proc_wait).
+	Proc *ProcInfo `json:"proc,omitempty"`
+	// Attach is where a proc_attach's output starts (its REPLY).
+	Attach *AttachStart `json:"attach,omitempty"`
+	// Lagged ends a proc_attach that fell behind the output ring buffer
+	// (its EXIT, without Proc.Exit); attach again.
+	Lagged bool `json:"lagged,omitempty"`
 }
 
 // ValidPath reports an *Error with CodeInvalid unless p is an absolute path

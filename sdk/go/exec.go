@@ -36,6 +36,9 @@ type Command struct {
 	Timeout time.Duration
 	// Stdin is fed to the command's standard input.
 	Stdin string
+	// OpenStdin keeps a background process's stdin open for
+	// Process.WriteStdin (StartProcess only).
+	OpenStdin bool
 }
 
 type execRequest struct {
