@@ -330,9 +330,6 @@ func (m *Manager) Start(spec Spec) (st Status, err error) {
 func (m *Manager) run(ctx context.Context, b *build, turn chan struct{}) {
 	defer m.wg.Done()
 	defer b.cancel()
-	if b.spec.ContextTar != "" {
-		defer os.Remove(b.spec.ContextTar)
-	}
 	say := func(line string) { m.addLine(b, line) }
 	var err error
 	select {
@@ -348,6 +345,11 @@ func (m *Manager) run(ctx context.Context, b *build, turn chan struct{}) {
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
+	}
+	// Before the build is seen to end: whoever follows it may look for
+	// the context right after.
+	if b.spec.ContextTar != "" {
+		os.Remove(b.spec.ContextTar)
 	}
 	m.finish(b, err)
 }
