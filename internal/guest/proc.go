@@ -51,11 +51,11 @@ type bgProc struct {
 	stdinClosed bool
 	// pty is the terminal's master of a process started on a PTY (also
 	// its stdin, never closed by close_stdin), size its size.
-	pty         *os.File
-	size        guestproto.PTYSize
-	exit        *guestproto.ExecResult
-	ended       time.Time
-	done        chan struct{} // closed once exit is set
+	pty   *os.File
+	size  guestproto.PTYSize
+	exit  *guestproto.ExecResult
+	ended time.Time
+	done  chan struct{} // closed once exit is set
 }
 
 func (p *bgProc) notifyLocked() {
