@@ -21,7 +21,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure PandaStack (medians and p99s)"}
-	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd(), benchTemplateCmd())
+	cmd.AddCommand(benchCreateCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd(), benchTemplateCmd(), benchExecCmd())
 	return cmd
 }
 
@@ -143,6 +143,12 @@ concurrent batch failed.`,
 // benchClient makes an SDK client the way the CLI does: flags, then the
 // environment, then the admin key of a server on this machine.
 func benchClient(apiURL, apiKey string) (*pandastack.Client, error) {
+	c, _, err := benchClientKey(apiURL, apiKey)
+	return c, err
+}
+
+// benchClientKey is benchClient, also returning the API key.
+func benchClientKey(apiURL, apiKey string) (*pandastack.Client, string, error) {
 	if apiURL == "" {
 		apiURL = os.Getenv("PANDASTACK_API_URL")
 	}
@@ -153,14 +159,73 @@ func benchClient(apiURL, apiKey string) (*pandastack.Client, error) {
 		path := filepath.Join(envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "admin.key")
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("no API key: use --api-key or PANDASTACK_API_KEY (cannot read %s: %v)", path, err)
+			return nil, "", fmt.Errorf("no API key: use --api-key or PANDASTACK_API_KEY (cannot read %s: %v)", path, err)
 		}
 		apiKey = strings.TrimSpace(string(b))
 	}
 	// Enough idle connections for the largest batch: the benchmark
 	// measures the server, not TCP handshakes.
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
-	return pandastack.NewClient(pandastack.Options{APIURL: apiURL, APIKey: apiKey, HTTPClient: hc, UserAgent: "panda-bench"})
+	c, err := pandastack.NewClient(pandastack.Options{APIURL: apiURL, APIKey: apiKey, HTTPClient: hc, UserAgent: "panda-bench"})
+	return c, apiKey, err
+}
+
+func benchExecCmd() *cobra.Command {
+	var (
+		apiURL, apiKey, tmpl string
+		n, mem               int
+		asJSON               bool
+	)
+	cmd := &cobra.Command{
+		Use:   "exec",
+		Short: "Terminal keystroke → echo, background start → first byte and attach → first byte, through the REST API of a running server",
+		Long: `Measure interactive latencies of a running server in one sandbox it creates
+(labelled panda_bench=<run id> and killed before it exits):
+
+  - keystroke → echo: one key on the terminal WebSocket
+    (GET …/processes/{pid}/tty of a cat on a PTY) until its echo comes back
+  - background start → first output byte: POST …/processes of echo x, then
+    GET …/output until the first byte
+  - attach → first output byte: GET …/output?from=start of a process that
+    has output`,
+		Example: `  panda bench exec --template tiny --memory 256 --n 200 --json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if n < 1 {
+				return fmt.Errorf("--n %d: want at least 1", n)
+			}
+			c, key, err := benchClientKey(apiURL, apiKey)
+			if err != nil {
+				return err
+			}
+			res, err := bench.ExecBench(cmd.Context(), c, bench.ExecOptions{
+				Template: tmpl, MemoryMiB: mem, APIKey: key, N: n, Log: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, res)
+			}
+			fmt.Fprintf(out, "server %s, template %s, %d MiB\n", res.APIURL, res.Template, res.MemoryMiB)
+			for _, l := range []struct {
+				name string
+				d    bench.Dist
+			}{{"keystroke → echo (WebSocket):", res.KeystrokeEcho}, {"background start → first byte:", res.StartToFirstByte}, {"attach → first byte:", res.AttachToFirstByte}} {
+				fmt.Fprintf(out, "%-31s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
+	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server)")
+	f.StringVar(&tmpl, "template", "base", "template")
+	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
+	f.IntVar(&n, "n", 100, "measurements of each kind")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
 
 func parseLevels(s string) ([]int, error) {

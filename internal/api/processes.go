@@ -24,6 +24,21 @@ type processRequest struct {
 	User           string            `json:"user"`
 	TimeoutSeconds *float64          `json:"timeout_seconds"`
 	Stdin          bool              `json:"stdin"`
+	// PTY starts the process on a pseudo-terminal of that size.
+	PTY *ptySize `json:"pty"`
+}
+
+// ptySize is a terminal's size in characters.
+type ptySize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+func (z ptySize) validate() error {
+	if err := (guestproto.PTYSize{Rows: z.Rows, Cols: z.Cols}).Validate(); err != nil {
+		return invalid("%v", err)
+	}
+	return nil
 }
 
 // processInfo is a background process as the REST API shows it.
@@ -37,6 +52,7 @@ type processInfo struct {
 	Signal        string     `json:"signal,omitempty"`
 	TimedOut      bool       `json:"timed_out,omitempty"`
 	StdinOpen     bool       `json:"stdin_open"`
+	PTY           *ptySize   `json:"pty,omitempty"`
 	StdoutBytes   int64      `json:"stdout_bytes"`
 	StderrBytes   int64      `json:"stderr_bytes"`
 	StdoutDropped int64      `json:"stdout_dropped"`
@@ -48,6 +64,9 @@ func toProcessInfo(p guestproto.ProcInfo) processInfo {
 		PID: p.PID, Cmd: p.Cmd, State: p.State, StartedAt: time.Unix(0, p.StartedUnixNano).UTC(),
 		StdinOpen: p.StdinOpen, StdoutBytes: p.StdoutEnd, StderrBytes: p.StderrEnd,
 		StdoutDropped: p.StdoutDropped, StderrDropped: p.StderrDropped,
+	}
+	if p.PTY != nil {
+		out.PTY = &ptySize{Rows: p.PTY.Rows, Cols: p.PTY.Cols}
 	}
 	if p.Exit != nil {
 		code := p.Exit.ExitCode
@@ -101,6 +120,14 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.Stdin = req.Stdin
+	if req.PTY != nil {
+		if err := req.PTY.validate(); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		g.PTY = &guestproto.PTYSize{Rows: req.PTY.Rows, Cols: req.PTY.Cols}
+		g.Stdin = true // a terminal always takes input
+	}
 	pg, err := s.processGuest(r)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -226,6 +253,22 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request) {
 	}
 	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error {
 		return pg.SignalProcess(ctx, pid, req.Signal)
+	})
+}
+
+// resizeProcess sets a PTY process's terminal size.
+func (s *Server) resizeProcess(w http.ResponseWriter, r *http.Request) {
+	var req ptySize
+	if err := decodeJSON(r, &req, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := req.validate(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error {
+		return pg.ResizeProcess(ctx, pid, req.Rows, req.Cols)
 	})
 }
 

@@ -99,6 +99,7 @@ type ProcessGuest interface {
 	SignalProcess(ctx context.Context, pid int, signal string) error
 	WaitProcess(ctx context.Context, pid int) (guestproto.ProcInfo, error)
 	RemoveProcess(ctx context.Context, pid int) error
+	ResizeProcess(ctx context.Context, pid, rows, cols int) error
 }
 
 var _ ProcessGuest = localGuest{}
@@ -467,6 +468,8 @@ func (s *Server) routes() http.Handler {
 			r.Post("/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
 			r.Post("/sandboxes/{id}/processes/{pid}/signal", s.signalProcess)
 			r.Post("/sandboxes/{id}/processes/{pid}/wait", s.waitProcess)
+			r.Post("/sandboxes/{id}/processes/{pid}/resize", s.resizeProcess)
+			r.Get("/sandboxes/{id}/processes/{pid}/tty", s.processTTY)
 		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)
@@ -543,6 +546,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 // or a 401 error (missing says what to do when there is none).
 func (s *Server) keyOf(r *http.Request, missing string) (*caller, error) {
 	secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok && r.Header.Get("Authorization") == "" {
+		secret, ok = wsProtocolKey(r)
+	}
 	if !ok || strings.TrimSpace(secret) == "" {
 		return nil, errorf(http.StatusUnauthorized, "unauthorized", "%s", missing)
 	}
@@ -554,6 +560,23 @@ func (s *Server) keyOf(r *http.Request, missing string) (*caller, error) {
 		return nil, fmt.Errorf("look up api key: %w", err)
 	}
 	return &caller{Key: key}, nil
+}
+
+// wsProtocolKey returns the API key a WebSocket handshake offers as the
+// subprotocol "bearer.<key>", for browsers, which cannot set headers on
+// a WebSocket (see processTTY).
+func wsProtocolKey(r *http.Request) (string, bool) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return "", false
+	}
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			if key, ok := strings.CutPrefix(strings.TrimSpace(p), wsBearerPrefix); ok {
+				return key, true
+			}
+		}
+	}
+	return "", false
 }
 
 func callerOf(r *http.Request) *caller {

@@ -50,7 +50,7 @@ func Commands() []*cobra.Command {
 	cmds := []*cobra.Command{
 		createCmd(g), lsCmd(g), getCmd(g), execCmd(g), killCmd(g), ttlCmd(g),
 		pauseCmd(g), resumeCmd(g), forkCmd(g), snapshotCmd(g),
-		networkCmd(g), fsCmd(g), portCmd(g), procCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
+		networkCmd(g), fsCmd(g), portCmd(g), procCmd(g), shellCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
 	}
 	for _, c := range cmds {
 		pf := c.PersistentFlags()
@@ -131,6 +131,12 @@ func adminKeyPath() string {
 // anywhere it falls back to the admin key of a local server, so that the
 // CLI works on the server's machine right after `make up`.
 func (g *globals) client() (*pandastack.Client, error) {
+	return pandastack.NewClient(pandastack.Options{APIURL: g.url(), APIKey: g.key(), UserAgent: "panda-cli"})
+}
+
+// key returns the API key of the global flags, the environment or the
+// local server's admin key file (and notes where it came from).
+func (g *globals) key() string {
 	key := g.apiKey
 	switch {
 	case key != "":
@@ -146,7 +152,7 @@ func (g *globals) client() (*pandastack.Client, error) {
 			}
 		}
 	}
-	return pandastack.NewClient(pandastack.Options{APIURL: g.url(), APIKey: key, UserAgent: "panda-cli"})
+	return key
 }
 
 // sandbox returns a handle on the sandbox id (no request is made).

@@ -38,6 +38,10 @@ func (s *Server) exec(ctx context.Context, st *guestproto.Stream, req *guestprot
 		replyErr(st, guestproto.Errorf(guestproto.CodeInvalid, "%v", err))
 		return
 	}
+	if req.PTY != nil {
+		replyErr(st, guestproto.Errorf(guestproto.CodeInvalid, "a terminal is for background processes (proc_start), not exec"))
+		return
+	}
 	path, argv, env, cwd, cred, err := s.prepare(req)
 	if err != nil {
 		replyErr(st, err)
@@ -170,7 +174,7 @@ type process struct {
 }
 
 func (p *process) closeAll() {
-	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} {
+	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} { // a PTY's stdin is its stdout: closed twice, harmlessly
 		if f != nil {
 			_ = f.Close()
 		}

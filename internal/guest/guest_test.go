@@ -157,7 +157,7 @@ func testContext(t *testing.T) context.Context {
 // must be reaped by the reaper.
 func TestReapAllMode(t *testing.T) {
 	cmd := exec.CommandContext(testContext(t), os.Args[0], "-reap-all", "-test.count=1", "-test.timeout=120s",
-		"-test.run=^(TestExec|TestExecStreamsOutput|TestExecTimeoutKillsProcessTree|TestExecCancelKillsProcessGroup|TestConcurrentExecs|TestRestoreStartsNewSession|TestProcessLifecycle|TestProcessErrors)$")
+		"-test.run=^(TestExec|TestExecStreamsOutput|TestExecTimeoutKillsProcessTree|TestExecCancelKillsProcessGroup|TestConcurrentExecs|TestRestoreStartsNewSession|TestProcessLifecycle|TestProcessErrors|TestPTYProcess)$")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("PASS")) {
 		t.Fatalf("exec tests in reap-all mode: %v\n%s", err, out)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -48,9 +49,13 @@ type bgProc struct {
 	changed     chan struct{} // closed and replaced at each change
 	stdin       *os.File      // nil if started without stdin
 	stdinClosed bool
-	exit        *guestproto.ExecResult
-	ended       time.Time
-	done        chan struct{} // closed once exit is set
+	// pty is the terminal's master of a process started on a PTY (also
+	// its stdin, never closed by close_stdin), size its size.
+	pty   *os.File
+	size  guestproto.PTYSize
+	exit  *guestproto.ExecResult
+	ended time.Time
+	done  chan struct{} // closed once exit is set
 }
 
 func (p *bgProc) notifyLocked() {
@@ -67,6 +72,10 @@ func (p *bgProc) info() guestproto.ProcInfo {
 		StdinOpen:       p.stdin != nil && !p.stdinClosed,
 		StdoutEnd:       p.out.end, StderrEnd: p.errOut.end,
 		StdoutDropped: p.out.start(), StderrDropped: p.errOut.start(),
+	}
+	if p.pty != nil {
+		size := p.size
+		in.PTY = &size
 	}
 	if p.exit != nil {
 		res := *p.exit
@@ -94,6 +103,16 @@ func (s *Server) procStart(ctx context.Context, st *guestproto.Stream, req *gues
 		replyErr(st, guestproto.Errorf(guestproto.CodeInvalid, "%v", err))
 		return
 	}
+	if req.PTY != nil {
+		if _, ok := req.Env["TERM"]; !ok {
+			env := maps.Clone(req.Env)
+			if env == nil {
+				env = map[string]string{}
+			}
+			env["TERM"] = defaultTerm
+			req.Env = env
+		}
+	}
 	path, argv, env, cwd, cred, err := s.prepare(req)
 	if err != nil {
 		replyErr(st, err)
@@ -108,7 +127,12 @@ func (s *Server) procStart(ctx context.Context, st *guestproto.Stream, req *gues
 	}
 	t.running++ // reserved; given back if the start fails
 	t.mu.Unlock()
-	proc, err := s.startProcess(path, argv, env, cwd, cred, req.Stdin)
+	var proc *process
+	if req.PTY != nil {
+		proc, err = s.startPTYProcess(path, argv, env, cwd, cred, *req.PTY)
+	} else {
+		proc, err = s.startProcess(path, argv, env, cwd, cred, req.Stdin)
+	}
 	if err != nil {
 		t.mu.Lock()
 		t.running--
@@ -120,6 +144,9 @@ func (s *Server) procStart(ctx context.Context, st *guestproto.Stream, req *gues
 		pid: proc.pid, cmd: guestproto.ProcCmd(req), started: time.Now(),
 		out: ring{max: guestproto.ProcOutputMax}, errOut: ring{max: guestproto.ProcOutputMax},
 		changed: make(chan struct{}), stdin: proc.stdin, done: make(chan struct{}),
+	}
+	if req.PTY != nil {
+		bp.pty, bp.size = proc.stdout, *req.PTY
 	}
 	t.mu.Lock()
 	t.procs[bp.pid] = bp
@@ -133,7 +160,6 @@ func (s *Server) procStart(ctx context.Context, st *guestproto.Stream, req *gues
 // timeout or when the agent stops), then records how it ended.
 func (s *Server) runProc(ctx context.Context, bp *bgProc, p *process, timeout time.Duration) {
 	var pumps sync.WaitGroup
-	pumps.Add(2)
 	buffer := func(f *os.File, r *ring) {
 		defer pumps.Done()
 		buf := make([]byte, pumpBuffer)
@@ -150,8 +176,12 @@ func (s *Server) runProc(ctx context.Context, bp *bgProc, p *process, timeout ti
 			}
 		}
 	}
+	pumps.Add(1)
 	go buffer(p.stdout, &bp.out)
-	go buffer(p.stderr, &bp.errOut)
+	if p.stderr != nil { // nil on a PTY: all is stdout
+		pumps.Add(1)
+		go buffer(p.stderr, &bp.errOut)
+	}
 
 	var timer <-chan time.Time
 	if timeout > 0 {
@@ -190,8 +220,7 @@ wait:
 	select {
 	case <-drained:
 	case <-grace.C:
-		_ = p.stdout.Close()
-		_ = p.stderr.Close()
+		p.closeAll()
 		<-drained
 	}
 	grace.Stop()
@@ -275,6 +304,8 @@ func (s *Server) procOp(ctx context.Context, st *guestproto.Stream, op guestprot
 		replyResult(st, bp.writeStdin(req.Data, req.CloseStdin))
 	case guestproto.OpProcSignal:
 		replyResult(st, bp.signal(req.Signal))
+	case guestproto.OpProcResize:
+		replyResult(st, bp.resize(guestproto.PTYSize{Rows: req.Rows, Cols: req.Cols}))
 	case guestproto.OpProcRemove:
 		if !bp.isExited() {
 			killGroup(bp.pid)
@@ -331,7 +362,9 @@ func (p *bgProc) writeStdin(data []byte, closeStdin bool) error {
 		p.stdinClosed = true
 		p.notifyLocked()
 		p.mu.Unlock()
-		_ = f.Close()
+		if p.pty == nil { // a terminal's master is also its output
+			_ = f.Close()
+		}
 	}
 	return nil
 }

@@ -155,7 +155,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
-		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses},
+		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses, guestproto.FeaturePTY},
 	}
 }
 
@@ -184,7 +184,7 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 		s.procStart(ctx, st, req.Exec)
 	case guestproto.OpProcList:
 		s.procList(st)
-	case guestproto.OpProcAttach, guestproto.OpProcStdin, guestproto.OpProcSignal, guestproto.OpProcWait, guestproto.OpProcRemove:
+	case guestproto.OpProcAttach, guestproto.OpProcStdin, guestproto.OpProcSignal, guestproto.OpProcWait, guestproto.OpProcRemove, guestproto.OpProcResize:
 		s.procOp(ctx, st, req.Op, req.Proc)
 	default:
 		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})

@@ -173,6 +173,7 @@ type Client struct {
 	execUser    atomic.Bool // the agent lists FeatureExecUser
 	watchDir    atomic.Bool // the agent lists FeatureWatchDir
 	procs       atomic.Bool // the agent lists FeatureProcesses
+	pty         atomic.Bool // the agent lists FeaturePTY
 	closed      chan struct{}
 	closeOnce   sync.Once
 	err         error // set before closed is closed
@@ -345,6 +346,7 @@ func (c *Client) dispatch(f Frame) {
 				c.execUser.Store(r.HasFeature(FeatureExecUser))
 				c.watchDir.Store(r.HasFeature(FeatureWatchDir))
 				c.procs.Store(r.HasFeature(FeatureProcesses))
+				c.pty.Store(r.HasFeature(FeaturePTY))
 				c.established.Store(true)
 			}
 			hw.reply <- r

@@ -146,6 +146,31 @@ type ExecRequest struct {
 	// The guest resolves names in its own /etc/passwd and /etc/group.
 	// Only agents that list FeatureExecUser honour it.
 	User string `json:"user,omitempty"`
+	// PTY, for proc_start only, runs the process on a new pseudo-terminal
+	// of that size (its stdin, stdout and stderr, and its controlling
+	// terminal, in a new session) instead of pipes: its output is the
+	// terminal's, read as stdout; stdin writes are keystrokes. TERM
+	// defaults to xterm-256color. Only agents that list FeaturePTY
+	// honour it.
+	PTY *PTYSize `json:"pty,omitempty"`
+}
+
+// PTYSize is a terminal's size in characters.
+type PTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// MaxPTYSize bounds PTYSize's Rows and Cols.
+const MaxPTYSize = 1000
+
+// Validate reports whether z is a size a terminal may have: rows and
+// cols each from 1 to MaxPTYSize.
+func (z PTYSize) Validate() error {
+	if z.Rows < 1 || z.Rows > MaxPTYSize || z.Cols < 1 || z.Cols > MaxPTYSize {
+		return fmt.Errorf("terminal size %dx%d: rows and cols must be 1 to %d", z.Rows, z.Cols, MaxPTYSize)
+	}
+	return nil
 }
 
 // MaxUserLen bounds ExecRequest.User.
@@ -234,6 +259,11 @@ func (r *ExecRequest) Validate() error {
 	}
 	if err := ValidateUser(r.User); err != nil {
 		return err
+	}
+	if r.PTY != nil {
+		if err := r.PTY.Validate(); err != nil {
+			return err
+		}
 	}
 	for _, a := range r.Argv {
 		if strings.IndexByte(a, 0) >= 0 {

@@ -11,6 +11,10 @@ import (
 // FeatureProcesses: the agent keeps background processes (the proc_* ops).
 const FeatureProcesses = "processes"
 
+// FeaturePTY: the agent starts background processes on a pseudo-terminal
+// (ExecRequest.PTY) and serves proc_resize.
+const FeaturePTY = "pty"
+
 // Background process operations (see api/guest-protocol.md).
 const (
 	OpProcStart  Op = "proc_start"  // Exec → REPLY {proc}
@@ -20,6 +24,7 @@ const (
 	OpProcSignal Op = "proc_signal" // Proc {pid, signal} → REPLY {}
 	OpProcWait   Op = "proc_wait"   // Proc {pid} → REPLY {proc}, EXIT {proc} once it has exited
 	OpProcRemove Op = "proc_remove" // Proc {pid} → REPLY {}: SIGKILL to its group if running, then forgotten
+	OpProcResize Op = "proc_resize" // Proc {pid, rows, cols} → REPLY {}: a PTY process's terminal size (FeaturePTY)
 )
 
 // Bounds of the guest's process table.
@@ -51,6 +56,9 @@ type ProcRequest struct {
 	CloseStdin bool   `json:"close_stdin,omitempty"`
 	// Signal is a signal name for proc_signal: "TERM", "SIGTERM", "9"...
 	Signal string `json:"signal,omitempty"`
+	// Rows and Cols are the terminal size for proc_resize.
+	Rows int `json:"rows,omitempty"`
+	Cols int `json:"cols,omitempty"`
 }
 
 // Process states.
@@ -72,6 +80,9 @@ type ProcInfo struct {
 	EndedUnixNano int64       `json:"ended_unix_nano,omitempty"`
 	// StdinOpen reports that stdin is a pipe that is still open.
 	StdinOpen bool `json:"stdin_open"`
+	// PTY is the terminal size of a process started on a pseudo-terminal
+	// (as of the last resize); its output is all stdout.
+	PTY *PTYSize `json:"pty,omitempty"`
 	// StdoutEnd and StderrEnd are how many bytes each stream produced in
 	// all; StdoutDropped and StderrDropped how many of them are no longer
 	// kept (the earliest kept byte's offset).
@@ -114,6 +125,11 @@ func (r *ProcRequest) validate(op Op) error {
 	case len(r.Data) > MaxStdinChunk:
 		return Errorf(CodeInvalid, "stdin chunk of %d bytes exceeds %d", len(r.Data), MaxStdinChunk)
 	}
+	if op == OpProcResize {
+		if err := (PTYSize{Rows: r.Rows, Cols: r.Cols}).Validate(); err != nil {
+			return Errorf(CodeInvalid, "%v", err)
+		}
+	}
 	return nil
 }
 
@@ -125,6 +141,15 @@ func (c *Client) needProcs(what string) error {
 	if c.established.Load() && !c.procs.Load() {
 		return fmt.Errorf("%s: %w", what, Errorf(CodeInvalid,
 			"this sandbox's guest agent is too old for background processes; recreate the sandbox from a current template"))
+	}
+	return nil
+}
+
+// needPTY fails with CodeInvalid on an agent without FeaturePTY.
+func (c *Client) needPTY(what string) error {
+	if c.established.Load() && !c.pty.Load() {
+		return fmt.Errorf("%s: %w", what, Errorf(CodeInvalid,
+			"this sandbox's guest agent is too old for terminals; recreate the sandbox from a current template"))
 	}
 	return nil
 }
@@ -145,6 +170,11 @@ func (c *Client) StartProcess(ctx context.Context, req ExecRequest) (ProcInfo, e
 	}
 	if err := req.Validate(); err != nil {
 		return ProcInfo{}, fmt.Errorf("start process: %w", Errorf(CodeInvalid, "%v", err))
+	}
+	if req.PTY != nil {
+		if err := c.needPTY("start process"); err != nil {
+			return ProcInfo{}, err
+		}
 	}
 	r, err := c.call(ctx, &OpenRequest{Op: OpProcStart, Exec: &req})
 	if err != nil {
@@ -235,6 +265,17 @@ func (c *Client) CloseProcessStdin(ctx context.Context, pid int) error {
 // process CodeExited.
 func (c *Client) SignalProcess(ctx context.Context, pid int, signal string) error {
 	_, err := c.procCall(ctx, OpProcSignal, ProcRequest{PID: pid, Signal: signal})
+	return err
+}
+
+// ResizeProcess sets the terminal size of a process started with a PTY
+// (CodeInvalid for another process; CodeExited once it has exited). The
+// process's foreground group gets SIGWINCH.
+func (c *Client) ResizeProcess(ctx context.Context, pid, rows, cols int) error {
+	if err := c.needPTY(fmt.Sprintf("resize process %d", pid)); err != nil {
+		return err
+	}
+	_, err := c.procCall(ctx, OpProcResize, ProcRequest{PID: pid, Rows: rows, Cols: cols})
 	return err
 }
 

@@ -39,6 +39,21 @@ type Command struct {
 	// OpenStdin keeps a background process's stdin open for
 	// Process.WriteStdin (StartProcess only).
 	OpenStdin bool
+	// PTY runs a background process on a new pseudo-terminal of this size
+	// (StartProcess only; Exec refuses it): its stdin, stdout, stderr and
+	// controlling terminal, TERM=xterm-256color unless Env sets it. Its
+	// output is the terminal's, all read as stdout by Process.Output;
+	// Process.WriteStdin sends keystrokes (stdin is always open);
+	// Process.Resize changes the size. CloseStdin only stops input: send
+	// "\x04" (^D) for end of file. The REST API's WebSocket
+	// (GET …/processes/{pid}/tty) serves browsers and the CLI.
+	PTY *PTYSize
+}
+
+// PTYSize is a terminal's size in characters, each 1 to 1000.
+type PTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
 }
 
 type execRequest struct {
@@ -54,6 +69,9 @@ type execRequest struct {
 func (cmd Command) request() (execRequest, error) {
 	if (cmd.Cmd == "") == (len(cmd.Argv) == 0) {
 		return execRequest{}, newError(0, CodeInvalid, "a command needs exactly one of Cmd and Argv")
+	}
+	if cmd.PTY != nil {
+		return execRequest{}, newError(0, CodeInvalid, "a terminal (PTY) is for StartProcess, not Exec")
 	}
 	r := execRequest{Cmd: cmd.Cmd, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User, Stdin: cmd.Stdin}
 	switch {

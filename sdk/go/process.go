@@ -34,6 +34,8 @@ type ProcessInfo struct {
 	Signal    string `json:"signal,omitempty"`
 	TimedOut  bool   `json:"timed_out,omitempty"`
 	StdinOpen bool   `json:"stdin_open"`
+	// PTY is the terminal size of a process started with Command.PTY.
+	PTY *PTYSize `json:"pty,omitempty"`
 	// StdoutBytes is how many bytes it wrote to stdout in all, of which
 	// the first StdoutDropped are no longer kept; likewise for stderr.
 	StdoutBytes   int64 `json:"stdout_bytes"`
@@ -50,6 +52,7 @@ type processRequest struct {
 	User    string            `json:"user,omitempty"`
 	Timeout *float64          `json:"timeout_seconds,omitempty"`
 	Stdin   bool              `json:"stdin,omitempty"`
+	PTY     *PTYSize          `json:"pty,omitempty"`
 }
 
 // StartProcess starts cmd in the background and returns once it runs.
@@ -60,11 +63,13 @@ func (s *Sandbox) StartProcess(ctx context.Context, cmd Command) (*Process, erro
 	if err := checkID("sandbox", s.ID); err != nil {
 		return nil, err
 	}
+	pty := cmd.PTY
+	cmd.PTY = nil
 	r, err := cmd.request()
 	if err != nil {
 		return nil, err
 	}
-	req := processRequest{Cmd: r.Cmd, Argv: r.Argv, Env: r.Env, Cwd: r.Cwd, User: r.User, Stdin: cmd.OpenStdin || cmd.Stdin != ""}
+	req := processRequest{Cmd: r.Cmd, Argv: r.Argv, Env: r.Env, Cwd: r.Cwd, User: r.User, Stdin: cmd.OpenStdin || cmd.Stdin != "", PTY: pty}
 	if cmd.Timeout > 0 {
 		req.Timeout = r.Timeout
 	}
@@ -232,6 +237,13 @@ func (pr *Process) stdin(ctx context.Context, b []byte, closeIt bool) error {
 // exited).
 func (pr *Process) Signal(ctx context.Context, signal string) error {
 	return pr.sb.c.doJSON(ctx, http.MethodPost, procPath(pr.sb.ID, pr.PID, "signal"), nil, map[string]string{"signal": signal}, nil)
+}
+
+// Resize sets the terminal size of a process started with Command.PTY
+// (rows and cols 1 to 1000; ErrInvalid otherwise or for a process
+// without a terminal, ErrConflict once it has exited).
+func (pr *Process) Resize(ctx context.Context, rows, cols int) error {
+	return pr.sb.c.doJSON(ctx, http.MethodPost, procPath(pr.sb.ID, pr.PID, "resize"), nil, PTYSize{Rows: rows, Cols: cols}, nil)
 }
 
 // Wait waits until the process has exited and returns how.

@@ -205,3 +205,34 @@ func TestIntegrationProcessFork(t *testing.T) {
 		}
 	}
 }
+
+func TestIntegrationProcessPTY(t *testing.T) {
+	logOnFailure(t)
+	ctx := testCtx(t)
+	sb := create(t, adminClient(t), pandastack.CreateOptions{})
+	p, err := sb.StartProcess(ctx, pandastack.Command{Cmd: `test -t 0 && echo "tty $TERM"; read x; stty size; exit 4`, PTY: &pandastack.PTYSize{Rows: 24, Cols: 80}})
+	if err != nil {
+		t.Fatalf("StartProcess: %v", err)
+	}
+	if p.Info.PTY == nil || *p.Info.PTY != (pandastack.PTYSize{Rows: 24, Cols: 80}) || !p.Info.StdinOpen {
+		t.Fatalf("started %+v, want pty 24x80 with stdin open", p.Info)
+	}
+	outputUntil(ctx, t, p, pandastack.FromStart, "tty xterm-256color\r\n")
+	if err := p.Resize(ctx, 40, 120); err != nil {
+		t.Fatalf("Resize: %v", err)
+	}
+	if err := p.WriteStdin(ctx, []byte("go\r")); err != nil {
+		t.Fatalf("WriteStdin: %v", err)
+	}
+	outputUntil(ctx, t, p, pandastack.FromStart, "go\r\n40 120\r\n")
+	info, err := p.Wait(ctx)
+	if err != nil || info.ExitCode == nil || *info.ExitCode != 4 {
+		t.Fatalf("Wait = %+v, %v; want exit 4", info, err)
+	}
+	if err := p.Resize(ctx, 10, 10); !errors.Is(err, pandastack.ErrConflict) {
+		t.Errorf("resize an exited process: %v, want ErrConflict", err)
+	}
+	if _, err := sb.Exec(ctx, pandastack.Command{Cmd: "true", PTY: &pandastack.PTYSize{Rows: 24, Cols: 80}}); !errors.Is(err, pandastack.ErrInvalid) {
+		t.Errorf("Exec with a PTY: %v, want ErrInvalid", err)
+	}
+}
