@@ -45,7 +45,10 @@ func TestWatchDir(t *testing.T) {
 		want []guestproto.WatchEvent
 	}{
 		{func() error { return os.WriteFile(f, nil, 0o644) }, []guestproto.WatchEvent{{Type: "create", Path: f}}},
-		{func() error { return os.WriteFile(f, []byte("hello"), 0o644) }, []guestproto.WatchEvent{{Type: "write", Path: f}}},
+		// One write, no truncation: os.WriteFile's O_TRUNC is a
+		// modification of its own, a second write event when the guest
+		// reads the first before the kernel can merge them.
+		{func() error { return appendFile(f, "hello") }, []guestproto.WatchEvent{{Type: "write", Path: f}}},
 		{func() error { return os.Rename(f, g) }, []guestproto.WatchEvent{{Type: "rename", Path: g, OldPath: f}}},
 		{func() error { return os.Chmod(g, 0o600) }, []guestproto.WatchEvent{{Type: "chmod", Path: g}}},
 		{func() error { return os.Remove(g) }, []guestproto.WatchEvent{{Type: "remove", Path: g}}},
@@ -79,6 +82,18 @@ func TestWatchDir(t *testing.T) {
 		_ = ev // the removes of its entries, then of itself
 	}
 	t.Fatal("the watch did not end when its directory was removed")
+}
+
+func appendFile(path, data string) error {
+	fh, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := fh.WriteString(data); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
 }
 
 func TestWatchDirErrors(t *testing.T) {
