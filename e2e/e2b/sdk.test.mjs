@@ -207,6 +207,12 @@ test('list, connect from a second handle, kill by pid', async () => {
   assert.ok(!(await sbx.commands.list()).some((p) => p.pid === h.pid), 'a killed process is not listed')
 })
 
+test('commands.run: timeoutMs kills the command', async () => {
+  await assert.rejects(sbx.commands.run('sleep 30; echo survived > /tmp/e2b-timeout', { ...slow, timeoutMs: 1000 }), (e) => e instanceof TimeoutError || (console.log(e), false))
+  await new Promise((res) => setTimeout(res, 300))
+  assert.ok(!(await sbx.commands.list()).some((p) => p.args?.[2]?.startsWith('sleep 30')), 'the timed-out command is gone')
+})
+
 test('process errors: unknown pid, exited process', async () => {
   const notFound = (e) => e instanceof NotFoundError || (console.log(e), false)
   await assert.rejects(sbx.commands.sendStdin(999999, 'x'), notFound)

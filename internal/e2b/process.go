@@ -213,6 +213,11 @@ func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, e
 			outOff, errOff = a.Start.StdoutOffset+nOut, a.Start.StderrOffset+nErr
 			continue
 		}
+		if proc.Exit.TimedOut {
+			// As envd: a command killed at Connect-Timeout-Ms ends the
+			// stream with deadline_exceeded, not an end event.
+			return true, connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command timed out"))
+		}
 		return true, send(processEvent{End: endOf(*proc.Exit)})
 	}
 }
