@@ -207,6 +207,15 @@ test('list, connect from a second handle, kill by pid', async () => {
   assert.ok(!(await sbx.commands.list()).some((p) => p.pid === h.pid), 'a killed process is not listed')
 })
 
+test('background: a disconnected command runs on and can be reconnected', async () => {
+  const h = await sbx.commands.run('sleep 0.5; echo after', { ...slow, background: true })
+  await h.disconnect()
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === h.pid), 'still listed after disconnect')
+  const c = await sbx.commands.connect(h.pid)
+  const r = await c.wait()
+  assert.equal(r.stdout, 'after\n')
+})
+
 test('commands.run: timeoutMs kills the command', async () => {
   await assert.rejects(sbx.commands.run('sleep 30; echo survived > /tmp/e2b-timeout', { ...slow, timeoutMs: 1000 }), (e) => e instanceof TimeoutError || (console.log(e), false))
   await new Promise((res) => setTimeout(res, 300))
