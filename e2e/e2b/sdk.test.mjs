@@ -142,8 +142,99 @@ test('Sandbox.connect, Sandbox.list, setTimeout', async () => {
   await sbx.setTimeout(600_000)
 })
 
+test('commands.run: latency of a trivial command', async () => {
+  const n = 20
+  const t0 = performance.now()
+  for (let i = 0; i < n; i++) await sbx.commands.run('true', slow)
+  console.log(`# commands.run('true'): ${((performance.now() - t0) / n).toFixed(1)} ms each over ${n} runs`)
+})
+
+test('background: run, stream, wait', async () => {
+  const out = []
+  const h = await sbx.commands.run('echo a; sleep 0.3; echo b; echo c >&2', { ...slow, background: true, onStdout: (d) => out.push(d) })
+  assert.ok(h.pid > 0, `pid ${h.pid}`)
+  const r = await h.wait()
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'a\nb\n')
+  assert.equal(r.stderr, 'c\n')
+  assert.equal(out.join(''), 'a\nb\n')
+})
+
+test('background: kill, then wait throws the signal exit', async () => {
+  const h = await sbx.commands.run('sleep 60', { ...slow, background: true })
+  assert.equal(await h.kill(), true)
+  await assert.rejects(h.wait(), (e) => {
+    assert.ok(e instanceof CommandExitError, `got ${e}`)
+    assert.equal(e.exitCode, -1)
+    assert.match(e.error, /signal: killed/)
+    return true
+  })
+  assert.equal(await sbx.commands.kill(h.pid), false, 'killing an exited process finds nothing')
+})
+
+test('stdin: sent in pieces, then closed', async () => {
+  const h = await sbx.commands.run('cat', { ...slow, background: true, stdin: true })
+  await sbx.commands.sendStdin(h.pid, 'hello ')
+  await h.sendStdin(new TextEncoder().encode('stdin\n'))
+  await sbx.commands.closeStdin(h.pid)
+  const r = await h.wait()
+  assert.equal(r.stdout, 'hello stdin\n')
+})
+
+test('list, connect from a second handle, kill by pid', async () => {
+  let ticked, got = ''
+  const twice = new Promise((res) => { ticked = res })
+  const h = await sbx.commands.run('for i in $(seq 1 100); do echo tick $i; sleep 0.1; done', {
+    ...slow, background: true, onStdout: (d) => { got += d; if (got.includes('tick 2\n')) ticked() },
+  })
+  const list = await sbx.commands.list()
+  const mine = list.find((p) => p.pid === h.pid)
+  assert.ok(mine, `pid ${h.pid} in ${JSON.stringify(list)}`)
+  assert.equal(mine.cmd, '/bin/bash')
+  assert.deepEqual(mine.args.slice(0, 2), ['-l', '-c'])
+
+  await twice
+  const other = await Sandbox.connect(sbx.sandboxId, slow)
+  const seen = []
+  const c = await other.commands.connect(h.pid, { onStdout: (d) => seen.push(d) })
+  assert.equal(c.pid, h.pid)
+  await new Promise((res) => setTimeout(res, 400))
+  assert.equal(await other.commands.kill(h.pid), true)
+  await assert.rejects(c.wait(), (e) => e instanceof CommandExitError && e.exitCode === -1)
+  await assert.rejects(h.wait(), (e) => e instanceof CommandExitError && e.exitCode === -1)
+  assert.match(seen.join(''), /tick \d+\n/)
+  assert.ok(!seen.join('').includes('tick 1\n'), `connect sees output from now, got ${JSON.stringify(seen.join('').slice(0, 40))}`)
+  assert.ok(!(await sbx.commands.list()).some((p) => p.pid === h.pid), 'a killed process is not listed')
+})
+
+test('background: a disconnected command runs on and can be reconnected', async () => {
+  const h = await sbx.commands.run('sleep 0.5; echo after', { ...slow, background: true })
+  await h.disconnect()
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === h.pid), 'still listed after disconnect')
+  const c = await sbx.commands.connect(h.pid)
+  const r = await c.wait()
+  assert.equal(r.stdout, 'after\n')
+})
+
+test('commands.run: timeoutMs kills the command', async () => {
+  await assert.rejects(sbx.commands.run('sleep 30; echo survived > /tmp/e2b-timeout', { ...slow, timeoutMs: 1000 }), (e) => e instanceof TimeoutError || (console.log(e), false))
+  await new Promise((res) => setTimeout(res, 300))
+  assert.ok(!(await sbx.commands.list()).some((p) => p.args?.[2]?.startsWith('sleep 30')), 'the timed-out command is gone')
+})
+
+test('process errors: unknown pid, exited process', async () => {
+  const notFound = (e) => e instanceof NotFoundError || (console.log(e), false)
+  await assert.rejects(sbx.commands.sendStdin(999999, 'x'), notFound)
+  await assert.rejects(sbx.commands.connect(999999), notFound)
+  assert.equal(await sbx.commands.kill(999999), false)
+  const h = await sbx.commands.run('true', { ...slow, background: true, stdin: true })
+  await h.wait()
+  await assert.rejects(sbx.commands.sendStdin(h.pid, 'late'), notFound)
+  await assert.rejects(sbx.commands.connect(h.pid), notFound)
+})
+
 test('unimplemented RPCs say so', async () => {
-  await assert.rejects(sbx.commands.list(), (e) => /not implemented/i.test(e.message))
+  await assert.rejects(sbx.pty.create({ cols: 80, rows: 24, onData: () => {} }), (e) => /not implemented/i.test(e.message))
 })
 
 test('errors: unknown sandbox, bad API key', async () => {

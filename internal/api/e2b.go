@@ -129,6 +129,9 @@ func (b e2bBackend) Guest(ctx context.Context, id string) (e2b.Guest, error) {
 	if err != nil {
 		return nil, err
 	}
+	if pg, ok := g.(ProcessGuest); ok {
+		return e2bProcessGuest{e2bGuest{g}, pg}, nil
+	}
 	return e2bGuest{g}, nil
 }
 
@@ -143,3 +146,11 @@ type e2bGuest struct{ Guest }
 func (g e2bGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (e2b.Process, error) {
 	return g.Guest.StartExec(ctx, req)
 }
+
+// e2bProcessGuest is an e2bGuest that keeps background processes.
+type e2bProcessGuest struct {
+	e2bGuest
+	ProcessGuest
+}
+
+var _ e2b.ProcessGuest = e2bProcessGuest{}

@@ -88,7 +88,7 @@ type Backend interface {
 }
 
 // Guest is a running sandbox's guest agent (see guestproto.Client for the
-// contracts).
+// contracts). It may be a ProcessGuest too.
 type Guest interface {
 	StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error)
 	ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error)
@@ -121,6 +121,7 @@ type Server struct {
 
 	mu    sync.Mutex
 	users map[string]defaultUser // sandbox id → its default user
+	procs map[procKey]procMeta   // processes started by Start, until seen to exit
 }
 
 // New returns a server. secret derives the sandboxes' envd access tokens
@@ -132,7 +133,7 @@ func New(b Backend, secret []byte, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{b: b, secret: secret, log: log, users: map[string]defaultUser{}}
+	s := &Server{b: b, secret: secret, log: log, users: map[string]defaultUser{}, procs: map[procKey]procMeta{}}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()
 	return s, nil

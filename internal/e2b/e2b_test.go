@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"testing"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
 )
 
 func TestAccessToken(t *testing.T) {
@@ -90,5 +92,29 @@ func TestMessagesJSON(t *testing.T) {
 	}
 	if err := (jsonCodec{}).Unmarshal(nil, &req); err != nil {
 		t.Errorf("unmarshal of an empty message: %v", err)
+	}
+}
+
+func TestEndOf(t *testing.T) {
+	for _, tc := range []struct {
+		res              guestproto.ExecResult
+		code             int32
+		exited           bool
+		status, errorMsg string
+	}{
+		{guestproto.ExecResult{ExitCode: 0}, 0, true, "exit status 0", ""},
+		{guestproto.ExecResult{ExitCode: 3}, 3, true, "exit status 3", "exit status 3"},
+		{guestproto.ExecResult{ExitCode: -1, Signal: "SIGKILL"}, -1, false, "signal: killed", "signal: killed"},
+		{guestproto.ExecResult{ExitCode: -1, Signal: "SIGTERM"}, -1, false, "signal: terminated", "signal: terminated"},
+		{guestproto.ExecResult{ExitCode: -1, Signal: "SIGWINCH"}, -1, false, "signal: winch", "signal: winch"},
+	} {
+		got := endOf(tc.res)
+		var msg string
+		if got.Error != nil {
+			msg = *got.Error
+		}
+		if got.ExitCode != tc.code || got.Exited != tc.exited || got.Status != tc.status || msg != tc.errorMsg {
+			t.Errorf("endOf(%+v) = {%d %v %q %q}, want {%d %v %q %q}", tc.res, got.ExitCode, got.Exited, got.Status, msg, tc.code, tc.exited, tc.status, tc.errorMsg)
+		}
 	}
 }

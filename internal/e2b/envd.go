@@ -37,20 +37,23 @@ func (s *Server) envdRoutes() *http.ServeMux {
 	m.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", s.makeDir, opt))
 	m.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", s.remove, opt))
 	m.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", s.move, opt))
-	// What needs background processes or watchers answers unimplemented,
-	// as envd does for a method it lacks.
-	for _, p := range []string{"/process.Process/List", "/process.Process/Update", "/process.Process/SendInput",
-		"/process.Process/SendSignal", "/process.Process/CloseStdin", "/filesystem.Filesystem/CreateWatcher",
+	m.Handle("/process.Process/Connect", connect.NewServerStreamHandler("/process.Process/Connect", s.connectProcess, opt))
+	m.Handle("/process.Process/List", connect.NewUnaryHandler("/process.Process/List", s.listProcesses, opt))
+	m.Handle("/process.Process/SendInput", connect.NewUnaryHandler("/process.Process/SendInput", s.sendInput, opt))
+	m.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", s.sendSignal, opt))
+	m.Handle("/process.Process/CloseStdin", connect.NewUnaryHandler("/process.Process/CloseStdin", s.closeStdin, opt))
+	// What needs a PTY or watchers answers unimplemented, as envd does
+	// for a method it lacks. StreamInput is not used by the SDK.
+	for _, p := range []string{"/process.Process/Update", "/filesystem.Filesystem/CreateWatcher",
 		"/filesystem.Filesystem/GetWatcherEvents", "/filesystem.Filesystem/RemoveWatcher"} {
 		m.Handle(p, connect.NewUnaryHandler(p, func(context.Context, *connect.Request[empty]) (*connect.Response[empty], error) {
 			return nil, unimplemented(p)
 		}, opt))
 	}
-	for _, p := range []string{"/process.Process/Connect", "/filesystem.Filesystem/WatchDir"} {
-		m.Handle(p, connect.NewServerStreamHandler(p, func(context.Context, *connect.Request[empty], *connect.ServerStream[empty]) error {
-			return unimplemented(p)
+	m.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir",
+		func(context.Context, *connect.Request[empty], *connect.ServerStream[empty]) error {
+			return unimplemented("/filesystem.Filesystem/WatchDir")
 		}, opt))
-	}
 	m.Handle("/process.Process/StreamInput", connect.NewClientStreamHandler("/process.Process/StreamInput",
 		func(context.Context, *connect.ClientStream[empty]) (*connect.Response[empty], error) {
 			return nil, unimplemented("/process.Process/StreamInput")
@@ -65,7 +68,7 @@ func (s *Server) envdRoutes() *http.ServeMux {
 }
 
 func unimplemented(procedure string) error {
-	return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s is not implemented by PandaStack yet (background processes, stdin, PTY and watchers are not served)", procedure))
+	return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s is not implemented by PandaStack yet (PTY, StreamInput and watchers are not served)", procedure))
 }
 
 // envdTarget is the sandbox an envd request is for, and as whom.
@@ -235,8 +238,9 @@ func (s *Server) rpcError(err error) error {
 // keepalive event (the SDK asks for one at least every 50 s).
 const keepaliveEvery = 30 * time.Second
 
-// start runs a command and streams its events: start, data…, end. The
-// command dies if the client goes away or Connect-Timeout-Ms passes.
+// start runs a command and streams its events: start, data…, end. On a
+// ProcessGuest it is a background process (see startProcess); otherwise
+// the command dies if the client goes away or Connect-Timeout-Ms passes.
 func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[startResponse]) error {
 	t, err := s.target(ctx, req.Header(), "")
 	if err != nil {
@@ -269,6 +273,12 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 	g := guestproto.ExecRequest{Argv: append([]string{m.Process.Cmd}, m.Process.Args...), Env: env, Cwd: cwd, User: user}
 	if err := g.Validate(); err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if pg, ok := t.g.(ProcessGuest); ok {
+		return s.startProcess(ctx, t, pg, m, g, stream)
+	}
+	if m.Stdin != nil && *m.Stdin {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("stdin is not served for this sandbox: its host does not keep background processes"))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -335,16 +345,7 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 	if err != nil {
 		return s.rpcError(err)
 	}
-	end := &endEvent{ExitCode: int32(res.ExitCode), Exited: res.Signal == "", Status: fmt.Sprintf("exit status %d", res.ExitCode)}
-	if res.Signal != "" {
-		end.ExitCode = -1
-		end.Status = "signal: " + strings.ToLower(strings.TrimPrefix(res.Signal, "SIG"))
-	}
-	if res.ExitCode != 0 {
-		msg := end.Status
-		end.Error = &msg
-	}
-	return send(processEvent{End: end})
+	return send(processEvent{End: endOf(res)})
 }
 
 // entry converts a guest's file info.

@@ -118,3 +118,48 @@ func (jsonCodec) Unmarshal(b []byte, v any) error {
 	}
 	return nil
 }
+
+// processSelector is ProcessSelector: a pid or a tag given at Start.
+type processSelector struct {
+	PID *uint32 `json:"pid,omitempty"`
+	Tag *string `json:"tag,omitempty"`
+}
+
+type processInfo struct {
+	Config processConfig `json:"config"`
+	PID    uint32        `json:"pid"`
+	Tag    *string       `json:"tag,omitempty"`
+}
+
+type listResponse struct {
+	Processes []processInfo `json:"processes"`
+}
+
+type connectRequest struct {
+	Process processSelector `json:"process"`
+}
+
+type connectResponse struct {
+	Event processEvent `json:"event"`
+}
+
+type processInput struct {
+	Stdin []byte `json:"stdin,omitempty"`
+	PTY   []byte `json:"pty,omitempty"`
+}
+
+type sendInputRequest struct {
+	Process processSelector `json:"process"`
+	Input   processInput    `json:"input"`
+}
+
+// sendSignalRequest's Signal is the enum's name ("SIGNAL_SIGKILL") or,
+// from a lenient writer, its number.
+type sendSignalRequest struct {
+	Process processSelector `json:"process"`
+	Signal  json.RawMessage `json:"signal"`
+}
+
+type closeStdinRequest struct {
+	Process processSelector `json:"process"`
+}
