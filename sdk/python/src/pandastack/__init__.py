@@ -40,6 +40,7 @@ from .errors import (
 from .filesystem import DirWatch, Filesystem, WatchEvent
 from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
 from .sandbox import Sandbox
+from .processes import CommandHandle, Commands, OutputChunk, OutputStream, ProcessInfo, Pty, TerminalHandle
 from .snapshot import Snapshot
 from ._buildcontext import ContextStats
 from .templates import TemplateBuild, TemplateBuilder, TemplateBuildError
@@ -55,6 +56,13 @@ __all__ = [
     "Sandbox",
     "Snapshot",
     "Filesystem",
+    "Commands",
+    "CommandHandle",
+    "TerminalHandle",
+    "Pty",
+    "ProcessInfo",
+    "OutputChunk",
+    "OutputStream",
     "WatchEvent",
     "DirWatch",
     "SandboxInfo",

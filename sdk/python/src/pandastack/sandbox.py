@@ -9,6 +9,7 @@ from . import errors as _errors
 from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
+from .processes import Commands, Pty
 from .models import ExecResult, NetworkPolicy, Port, SandboxInfo, SignedURL, parse_time
 from .snapshot import Snapshot
 
@@ -95,6 +96,8 @@ class Sandbox:
 
     Attributes:
         filesystem: File operations in this sandbox (:class:`Filesystem`).
+        commands: Foreground and background commands (:class:`Commands`).
+        pty: Terminals (:class:`Pty`).
 
     Example::
 
@@ -108,6 +111,8 @@ class Sandbox:
         self._info = info
         self._client = client
         self.filesystem: Filesystem = Filesystem(self)
+        self.commands: Commands = Commands(self)
+        self.pty: Pty = Pty(self)
 
     # -- constructors ------------------------------------------------------
 
