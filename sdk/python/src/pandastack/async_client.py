@@ -104,16 +104,33 @@ class _Conn:
         return self.writer.is_closing() or r.at_eof() or r.exception() is not None or bool(getattr(r, "_buffer", b""))
 
     def close(self) -> None:
+        if self.loop.is_closed():
+            # Its loop cannot run the transport's close any more: close the
+            # socket under it (best effort; private to asyncio's transports).
+            t = self.writer.transport
+            sock = getattr(t, "_sock", None)
+            if sock is not None:
+                sock.close()
+                t._sock = None  # type: ignore[attr-defined]
+            return
         try:
             self.writer.close()
-        except Exception:  # noqa: BLE001 - closing a broken or foreign-loop transport
+        except Exception:  # noqa: BLE001 - closing a broken transport
             pass
 
 
 async def _wait(aw: Any, timeout: Timeout) -> Any:
     if timeout is None:
         return await aw
+    if _timeout_cm is not None:
+        async with _timeout_cm(timeout):
+            return await aw
+    # Python < 3.11: wait_for may swallow a cancellation that races with the
+    # read completing (the task then carries on until its next await).
     return await asyncio.wait_for(aw, timeout)
+
+
+_timeout_cm = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 class _Response:
@@ -723,6 +740,13 @@ class AsyncClient(_Settings):
 async def _early_response(conn: _Conn, method: str) -> Optional[PandaError]:
     """The error a server sent before it stopped reading our request body, if it can still be read."""
     try:
+        if conn.reader.exception() is not None:
+            # The failed write marked the stream broken; what the server sent
+            # before that is still buffered: read it from a copy.
+            r = asyncio.StreamReader(limit=_LINE_LIMIT)
+            r.feed_data(bytes(getattr(conn.reader, "_buffer", b"")))
+            r.feed_eof()
+            conn = _Conn(r, conn.writer, conn.loop)
         resp = await _read_head(conn, method, 2.0)
         data = b""
         while len(data) < (64 << 10):
