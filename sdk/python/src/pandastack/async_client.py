@@ -534,6 +534,16 @@ class AsyncClient(_Settings):
         for conn in conns:
             conn.close()
 
+    def __del__(self) -> None:
+        # Close what is idle (a sync close; a connection of a closed loop gets
+        # its socket closed). ``await close()`` is the orderly way.
+        try:
+            conns, self._idle = self._idle, []
+            for conn in conns:
+                conn.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
     async def __aenter__(self) -> "AsyncClient":
         return self
 
