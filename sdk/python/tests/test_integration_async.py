@@ -118,12 +118,23 @@ class StreamTest(AsyncCase):
         self.assertEqual(r.stdout, "1\n2\n3\n")
 
     async def test_breaking_out_kills_the_command(self):
-        async with self.sb.exec_stream("echo started; sleep 60; touch /tmp/async-survived") as s:
+        marker = "/tmp/async-survived-" + tag()
+        async with self.sb.exec_stream("echo started; sleep 2; touch %s" % marker) as s:
             async for kind, text in s:
                 break
-        await asyncio.sleep(1)
-        r = await self.sb.exec("pgrep -f 'sleep 60' || echo none")
-        self.assertEqual(r.stdout.strip(), "none")
+        self.assertIsNone(s.result)
+        await asyncio.sleep(3)
+        self.assertFalse(await self.sb.filesystem.exists(marker), "the command ran on after the stream was closed")
+
+    async def test_cancelling_exec_kills_the_command(self):
+        marker = "/tmp/async-cancelled-" + tag()
+        task = asyncio.ensure_future(self.sb.exec("sleep 2; touch %s" % marker))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(3)
+        self.assertFalse(await self.sb.filesystem.exists(marker), "the command ran on after its exec was cancelled")
 
 
 class FilesystemTest(AsyncCase):
