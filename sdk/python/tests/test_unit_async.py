@@ -13,7 +13,10 @@ import io
 import json
 import os
 import pathlib
+import shutil
 import socket
+import ssl
+import subprocess
 import tempfile
 import threading
 import time
@@ -573,6 +576,43 @@ class TemplatesAndKeysTest(AsyncStubTestCase):
         self.assertEqual((k.id, k.key), ("k1", "pk_x"))
         self.assertEqual(self.stub.last.json(), {"name": "ci", "admin": False, "max_sandboxes": 3})
         self.assertEqual([x.id for x in await self.client.list_keys()], ["k1"])
+
+
+@unittest.skipUnless(shutil.which("openssl"), "needs the openssl command to make a certificate")
+class TLSTest(unittest.TestCase):
+    """An https URL is spoken over TLS, verified against the system's (here: a test) CA."""
+
+    def test_https(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        stub = StubServer()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        stub.httpd.socket = ctx.wrap_socket(stub.httpd.socket, server_side=True)
+        stub.start()
+        self.addCleanup(stub.stop)
+        stub.json_route("GET", "/v1/sandboxes/abc123", 200, SANDBOX)
+        url = "https://127.0.0.1:%d" % stub.port
+
+        async def go(client):
+            try:
+                return [(await AsyncSandbox.connect("abc123", client=client)).id for _ in range(3)]
+            finally:
+                await client.close()
+
+        with mock.patch.dict(os.environ, {"SSL_CERT_FILE": cert}):
+            self.assertEqual(asyncio.run(go(AsyncClient(api_key="k", api_url=url))), ["abc123"] * 3)
+        self.assertEqual(stub.connections, 1)
+        # Without the CA the certificate is refused.
+        with self.assertRaises(pandastack.PandaConnectionError) as cm:
+            asyncio.run(go(AsyncClient(api_key="k", api_url=url)))
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", str(cm.exception))
 
 
 if __name__ == "__main__":
