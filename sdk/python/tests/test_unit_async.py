@@ -8,6 +8,7 @@ behaviour is tested against `panda up` in test_integration_async.py.
 
 import asyncio
 import gc
+import gzip
 import inspect
 import io
 import json
@@ -17,6 +18,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -27,7 +29,9 @@ from unittest import mock
 from _helpers import SANDBOX, StubServer, send_chunked, send_json
 import pandastack
 from pandastack import AsyncClient, AsyncFilesystem, AsyncSandbox, AsyncSnapshot, Client, Filesystem, Sandbox, Snapshot
+from pandastack import Template
 from pandastack.async_client import _Conn
+from test_unit_templates import BUILD, LOGS, make_tree, ndjson, parse_multipart
 
 
 def free_port() -> int:
@@ -613,6 +617,41 @@ class TLSTest(unittest.TestCase):
         with self.assertRaises(pandastack.PandaConnectionError) as cm:
             asyncio.run(go(AsyncClient(api_key="k", api_url=url)))
         self.assertIn("CERTIFICATE_VERIFY_FAILED", str(cm.exception))
+
+
+class TemplateBuilderAsyncTest(AsyncStubTestCase):
+    """``TemplateBuilder.build_async`` sends what ``build`` sends."""
+
+    def setUp(self):
+        super().setUp()
+        self.stub.json_route("POST", "/v1/templates", 202, BUILD)
+        self.stub.route("GET", LOGS, lambda rec, h: send_chunked(h, 200, [ndjson({"line": "step 1"}, dict(BUILD, status="succeeded"))]))
+
+    async def test_from_image(self):
+        lines = []
+        b = await Template.from_image("registry.example.com/myapp:1.0").start_cmd("srv", ready="true").build_async("myapp", on_log=lines.append, client=self.client)
+        self.assertTrue(b.succeeded)
+        self.assertEqual(lines, ["step 1"])
+        post = [r for r in self.stub.requests if r.method == "POST"][0]
+        self.assertEqual(post.json(), {"name": "myapp", "from_image": "registry.example.com/myapp:1.0", "start_cmd": "srv", "ready_cmd": "true"})
+
+    async def test_dockerfile_with_context_and_copy(self):
+        d = make_tree({"Dockerfile": "FROM alpine\n", "app.py": "print(1)\n"})
+        self.addCleanup(shutil.rmtree, d)
+        seen = []
+        b = await Template.from_dockerfile(os.path.join(d, "Dockerfile")).build_arg("V", "1").build_async("myapp", on_context=seen.append, client=self.client)
+        self.assertTrue(b.succeeded)
+        post = [r for r in self.stub.requests if r.method == "POST"][0]
+        self.assertTrue(post.chunked, "the context is streamed")
+        parts = parse_multipart(post)
+        self.assertEqual(json.loads(parts["spec"]), {"name": "myapp", "build_args": {"V": "1"}})
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(parts["context"]))) as tf:
+            self.assertEqual(sorted(tf.getnames()), ["Dockerfile", "app.py"])
+        self.assertEqual(seen[-1].files, 2)
+        self.stub.requests.clear()
+        await Template.from_image("alpine:3").copy(os.path.join(d, "app.py"), "/app.py").build_async("myapp", client=self.client)
+        parts = parse_multipart([r for r in self.stub.requests if r.method == "POST"][0])
+        self.assertIn(b"COPY", parts["dockerfile"])
 
 
 if __name__ == "__main__":
