@@ -302,6 +302,8 @@ class KeepAliveTest(AsyncStubTestCase):
         sb = await self.sandbox()
         infos = await asyncio.gather(*[sb.refresh() for _ in range(100)])
         self.assertEqual({i.id for i in infos}, {"abc123"})
+        # Requests without a local file run on the loop alone: no executor threads.
+        self.assertEqual([t.name for t in threading.enumerate() if t.name.startswith("asyncio_")], [])
         self.assertLessEqual(len(self.client._idle), 64)
 
     def test_client_outlives_its_event_loop(self):
