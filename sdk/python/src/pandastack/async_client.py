@@ -125,9 +125,20 @@ async def _wait(aw: Any, timeout: Timeout) -> Any:
     if _timeout_cm is not None:
         async with _timeout_cm(timeout):
             return await aw
-    # Python < 3.11: wait_for may swallow a cancellation that races with the
-    # read completing (the task then carries on until its next await).
-    return await asyncio.wait_for(aw, timeout)
+    # Python < 3.11. Not wait_for: it swallows a cancellation that races with
+    # the read completing, and the task then reads on. asyncio.wait does not;
+    # a read result lost to a cancellation does not matter, since a
+    # cancelled call closes its connection.
+    fut = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({fut}, timeout=timeout)
+    except BaseException:
+        fut.cancel()
+        raise
+    if not done:
+        fut.cancel()
+        raise asyncio.TimeoutError()
+    return fut.result()
 
 
 _timeout_cm = getattr(asyncio, "timeout", None)  # Python 3.11+
