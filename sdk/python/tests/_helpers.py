@@ -107,6 +107,7 @@ class StubServer:
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 256  # the asyncio tests connect 100 at once (the default backlog is 5)
 
         self.httpd = Server(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]

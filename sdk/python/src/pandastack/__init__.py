@@ -14,9 +14,18 @@ Example::
         sb.filesystem.write("/work/goal.md", "make the failing test pass")
         child = sb.fork()
 
+The asyncio flavour has the same surface with coroutines::
+
+    from pandastack import AsyncSandbox
+
+    async with AsyncSandbox.create(template="base") as sb:
+        r = await sb.exec("echo hi")
+
 Standard library only; Python 3.9 or newer.
 """
 
+from .async_client import AsyncBuildLogs, AsyncClient, AsyncStreamResponse
+from .async_sandbox import AsyncDirWatch, AsyncExecStream, AsyncFilesystem, AsyncSandbox
 from .client import DEFAULT_API_URL, ENV_API_KEY, ENV_API_URL, Client, __version__
 from .errors import (
     AuthenticationError,
@@ -41,7 +50,7 @@ from .filesystem import DirWatch, Filesystem, WatchEvent
 from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
 from .sandbox import Sandbox
 from .processes import CommandHandle, Commands, OutputChunk, OutputStream, ProcessInfo, Pty, TerminalHandle
-from .snapshot import Snapshot
+from .snapshot import AsyncSnapshot, Snapshot
 from ._buildcontext import ContextStats
 from .templates import TemplateBuild, TemplateBuilder, TemplateBuildError
 
@@ -65,6 +74,14 @@ __all__ = [
     "OutputStream",
     "WatchEvent",
     "DirWatch",
+    "AsyncClient",
+    "AsyncSandbox",
+    "AsyncSnapshot",
+    "AsyncFilesystem",
+    "AsyncDirWatch",
+    "AsyncExecStream",
+    "AsyncBuildLogs",
+    "AsyncStreamResponse",
     "SandboxInfo",
     "MemoryUsage",
     "NetworkPolicy",

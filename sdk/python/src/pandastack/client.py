@@ -231,25 +231,9 @@ class StreamResponse:
         self.close()
 
 
-class Client:
-    """Connection settings for a PandaStack server.
-
-    Args:
-        api_key: API key sent as ``Authorization: Bearer``. Default: the
-            ``PANDASTACK_API_KEY`` environment variable. Only requests that need
-            one fail (with :class:`ConfigurationError`) when there is none.
-        api_url: Base URL of the server (``http://host:7788``; a path prefix is
-            kept). Default: ``PANDASTACK_API_URL``, else ``http://127.0.0.1:7788``.
-        timeout: Seconds to wait to connect and for each read of an ordinary
-            request. ``exec`` waits for its own ``timeout_seconds`` plus a margin;
-            create, fork, snapshot and resume wait at least
-            :data:`LONG_OPERATION_TIMEOUT`.
-
-    Example::
-
-        client = Client(api_key="pk_...", api_url="http://10.0.0.5:7788")
-        sb = Sandbox.create(template="tiny", client=client)
-    """
+class _Settings:
+    """What :class:`Client` and :class:`~pandastack.AsyncClient` share: their settings, the
+    request each sends (target, headers, body) and the mapping of transport errors."""
 
     def __init__(self, api_key: Optional[str] = None, api_url: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         if api_key is None:
@@ -270,11 +254,136 @@ class Client:
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port
         self._prefix = parts.path.rstrip("/")
+        self._user_agent = "pandastack-python/%s Python/%s" % (__version__, platform.python_version())
+
+    def url(self, path: str, query: Query = None) -> str:
+        """Full URL of API ``path`` (e.g. ``/v1/sandboxes``) with ``query``."""
+        return "%s://%s%s" % (self._scheme, self._netloc(), self._target(path, query))
+
+    def _netloc(self) -> str:
+        host = self._host
+        if ":" in host:
+            host = "[%s]" % host
+        return host if self._port is None else "%s:%d" % (host, self._port)
+
+    def _target(self, path: str, query: Query) -> str:
+        qs = quote_query(query)
+        return self._prefix + path + ("?" + qs if qs else "")
+
+    def _prepare(
+        self,
+        method: str,
+        path: str,
+        query: Query,
+        json_body: Any,
+        body: Any,
+        headers: Optional[Mapping[str, str]],
+        timeout: Timeout,
+        auth: bool,
+    ) -> Tuple[str, Dict[str, str], "_Body", bool, Timeout]:
+        """The request target, headers, body, whether to chunk it, and the socket timeout of a request.
+
+        Shared by :class:`Client` and :class:`~pandastack.AsyncClient`, so both put the same bytes on the wire.
+        """
+        hdrs: Dict[str, str] = {"User-Agent": self._user_agent, "Accept": "application/json"}
+        if auth:
+            if not self.api_key:
+                raise ConfigurationError(
+                    "no PandaStack API key: set the %s environment variable or pass api_key= "
+                    "(`panda up` prints the admin key and keeps it in <data-dir>/admin.key)" % ENV_API_KEY
+                )
+            hdrs["Authorization"] = "Bearer " + self.api_key
+        if json_body is not None and body is not None:
+            raise ValueError("pass json_body or body, not both")
+        if json_body is not None:
+            b = _Body.from_any(json.dumps(json_body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+            hdrs["Content-Type"] = "application/json"
+        elif body is not None:
+            b = _Body.from_any(body)
+            hdrs["Content-Type"] = "application/octet-stream"
+        else:
+            b = _Body(None, None, True)
+        if headers:
+            hdrs.update(headers)
+        encode_chunked = False
+        if b.data is not None:
+            if b.length is not None:
+                hdrs["Content-Length"] = str(b.length)
+            else:
+                hdrs["Transfer-Encoding"] = "chunked"
+                encode_chunked = True
+        elif method in ("POST", "PUT", "PATCH"):
+            hdrs["Content-Length"] = "0"
+        target = self._target(path, query)
+        if timeout is None:
+            timeout = self.timeout
+        elif timeout == float("inf"):
+            timeout = None
+        return target, hdrs, b, encode_chunked, timeout
+
+    def _decode_json(self, method: str, path: str, status: int, data: bytes) -> Any:
+        if not data.strip():
+            return None
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise PandaError(
+                "the server at %s answered %s %s with something that is not JSON: %r" % (self.api_url, method, path, data[:200]),
+                status=status,
+            ) from e
+
+    def _convert_exc(self, e: BaseException) -> PandaError:
+        """Turn a transport exception into the SDK error users see."""
+        if isinstance(e, PandaError):
+            return e
+        if isinstance(e, socket.timeout):
+            return RequestTimeoutError(
+                "the PandaStack server at %s did not answer in time (Client timeout %ss; exec waits for its "
+                "timeout_seconds plus 30 s): raise Client(timeout=...) for slow operations" % (self.api_url, _fmt_timeout(self.timeout))
+            )
+        if isinstance(e, (ConnectionRefusedError, socket.gaierror)) or (
+            isinstance(e, OSError) and not isinstance(e, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError))
+        ):
+            return PandaConnectionError(
+                "cannot connect to the PandaStack server at %s: %s. Is `panda up` running at %s? "
+                "(set %s or pass api_url= to use another address)" % (self.api_url, e, self.api_url, ENV_API_URL)
+            )
+        if isinstance(e, (http.client.HTTPException, ConnectionError)):
+            return PandaConnectionError(
+                "the connection to the PandaStack server at %s broke: %s: %s. Is `panda up` still running?"
+                % (self.api_url, type(e).__name__, e)
+            )
+        if isinstance(e, (TypeError, ValueError)):
+            raise e
+        return PandaConnectionError("request to %s failed: %s: %s" % (self.api_url, type(e).__name__, e))
+
+
+class Client(_Settings):
+    """Connection settings for a PandaStack server.
+
+    Args:
+        api_key: API key sent as ``Authorization: Bearer``. Default: the
+            ``PANDASTACK_API_KEY`` environment variable. Only requests that need
+            one fail (with :class:`ConfigurationError`) when there is none.
+        api_url: Base URL of the server (``http://host:7788``; a path prefix is
+            kept). Default: ``PANDASTACK_API_URL``, else ``http://127.0.0.1:7788``.
+        timeout: Seconds to wait to connect and for each read of an ordinary
+            request. ``exec`` waits for its own ``timeout_seconds`` plus a margin;
+            create, fork, snapshot and resume wait at least
+            :data:`LONG_OPERATION_TIMEOUT`.
+
+    Example::
+
+        client = Client(api_key="pk_...", api_url="http://10.0.0.5:7788")
+        sb = Sandbox.create(template="tiny", client=client)
+    """
+
+    def __init__(self, api_key: Optional[str] = None, api_url: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+        super().__init__(api_key, api_url, timeout)
         # One idle keep-alive connection per thread, keyed by thread id, so
         # that close() can reach them all.
         self._idle_lock = threading.Lock()
         self._idle: Dict[int, http.client.HTTPConnection] = {}
-        self._user_agent = "pandastack-python/%s Python/%s" % (__version__, platform.python_version())
 
     def __repr__(self) -> str:
         return "Client(api_url=%r, api_key=%s)" % (self.api_url, "set" if self.api_key else "unset")
@@ -307,22 +416,14 @@ class Client:
         ``on_progress`` is called with each progress message as it arrives.
         Returns the baked template; raises the error the server reports.
         """
-        body: Dict[str, Any] = {}
-        if memory_mib is not None:
-            body["memory_mib"] = memory_mib
-        if vcpus is not None:
-            body["vcpus"] = vcpus
+        body = _bake_body(memory_mib, vcpus)
         with self.stream("POST", "/v1/templates/%s/bake" % quote_segment(name), json_body=body, timeout=_long(self.timeout)) as resp:
             for ev in resp.iter_ndjson():
-                if not isinstance(ev, Mapping):
-                    continue
-                t = ev.get("type")
-                if t == "progress" and on_progress is not None:
-                    on_progress(str(ev.get("message", "")))
-                elif t == "done":
-                    return Template.from_dict(ev.get("template") or {})
-                elif t == "error":
-                    raise _errors.error_from_body(ev.get("error") or {})
+                progress, done = _bake_event(ev)
+                if progress is not None and on_progress is not None:
+                    on_progress(progress)
+                elif done is not None:
+                    return done
         raise PandaConnectionError("the bake stream of template %r ended before a result" % name)
 
     def start_template_build(
@@ -346,10 +447,7 @@ class Client:
         :meth:`follow_template_build`. ``start_cmd``, ``ready_cmd`` and
         ``ready_timeout_seconds`` are sent only when given.
         """
-        body: Dict[str, Any] = {"name": name, "from_image": from_image}
-        for k, v in (("start_cmd", start_cmd), ("ready_cmd", ready_cmd), ("ready_timeout_seconds", ready_timeout_seconds)):
-            if v is not None:
-                body[k] = v
+        body = _image_build_body(name, from_image, start_cmd, ready_cmd, ready_timeout_seconds)
         return TemplateBuild.from_dict(self.request_json("POST", "/v1/templates", json_body=body) or {})
 
     def start_dockerfile_build(
@@ -380,27 +478,10 @@ class Client:
         ``not_implemented``); a context over the server's limit is
         :class:`PayloadTooLargeError`.
         """
-        spec: Dict[str, Any] = {"name": name}
-        if build_args:
-            spec["build_args"] = dict(build_args)
-        if dockerfile_path is not None:
-            spec["dockerfile_path"] = dockerfile_path
-        for k, v in (("start_cmd", start_cmd), ("ready_cmd", ready_cmd), ("ready_timeout_seconds", ready_timeout_seconds)):
-            if v is not None:
-                spec[k] = v
-        if context is None:
-            if dockerfile is None:
-                raise ValueError("a Dockerfile build needs the Dockerfile's text or a context directory holding it")
-            if dockerfile_path is not None:
-                raise ValueError("dockerfile_path names a file of the context, and there is no context directory")
-            spec["dockerfile"] = dockerfile
-            return TemplateBuild.from_dict(self.request_json("POST", "/v1/templates", json_body=spec) or {})
-        if not os.path.isdir(context):
-            raise NotADirectoryError("build context %s is not a directory" % context)
-        body, content_type = multipart_build_body(spec, dockerfile, context, on_context)
-        return TemplateBuild.from_dict(
-            self.request_json("POST", "/v1/templates", body=body, headers={"Content-Type": content_type}, timeout=_long(self.timeout)) or {}
+        kw = _dockerfile_request(
+            name, dockerfile, context, dockerfile_path, build_args, start_cmd, ready_cmd, ready_timeout_seconds, on_context, _long(self.timeout)
         )
+        return TemplateBuild.from_dict(self.request_json("POST", "/v1/templates", **kw) or {})
 
     def get_template_build(self, build_id: str) -> TemplateBuild:
         """The status of a build (``GET /v1/templates/builds/{id}``); the key that started it, or an admin key.
@@ -425,13 +506,11 @@ class Client:
         path = "/v1/templates/builds/%s/logs" % quote_segment(build_id)
         with self.stream("GET", path, headers={"Accept": "application/x-ndjson"}, timeout=_long(self.timeout)) as resp:
             for ev in resp.iter_ndjson():
-                if not isinstance(ev, Mapping):
-                    continue
-                line = ev.get("line")
-                if isinstance(line, str):
+                line, build = _log_event(ev)
+                if line is not None:
                     yield line
-                elif isinstance(ev.get("status"), str) and ev.get("status"):
-                    return TemplateBuild.from_dict(ev)
+                elif build is not None:
+                    return build
         raise PandaConnectionError("the log stream of template build %s ended before the build did" % build_id)
 
     def follow_template_build(self, build_id: str, *, on_log: Optional[Callable[[str], None]] = None) -> TemplateBuild:
@@ -506,15 +585,7 @@ class Client:
         Quotas left out (or 0) are the server's defaults; disk counts the key's
         sandbox disks, paused sandboxes and snapshots.
         """
-        body: Dict[str, Any] = {"name": name, "admin": admin}
-        for k, v in (
-            ("max_sandboxes", max_sandboxes),
-            ("max_memory_mib", max_memory_mib),
-            ("max_vcpus", max_vcpus),
-            ("max_disk_mib", max_disk_mib),
-        ):
-            if v is not None:
-                body[k] = v
+        body = _key_body(name, admin, max_sandboxes, max_memory_mib, max_vcpus, max_disk_mib)
         return APIKey.from_dict(self.request_json("POST", "/v1/keys", json_body=body))
 
     def list_keys(self) -> List[APIKey]:
@@ -546,10 +617,6 @@ class Client:
         self.close()
 
     # -- transport -----------------------------------------------------------
-
-    def url(self, path: str, query: Query = None) -> str:
-        """Full URL of API ``path`` (e.g. ``/v1/sandboxes``) with ``query``."""
-        return "%s://%s%s" % (self._scheme, self._netloc(), self._target(path, query))
 
     def request(
         self,
@@ -587,15 +654,7 @@ class Client:
     def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
         """Like :meth:`request`, and decode the answer as JSON (``None`` for an empty body)."""
         status, _, data = self.request(method, path, **kwargs)
-        if not data.strip():
-            return None
-        try:
-            return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise PandaError(
-                "the server at %s answered %s %s with something that is not JSON: %r" % (self.api_url, method, path, data[:200]),
-                status=status,
-            ) from e
+        return self._decode_json(method, path, status, data)
 
     def stream(
         self,
@@ -624,16 +683,6 @@ class Client:
         return StreamResponse(self, conn, resp)
 
     # -- internals -------------------------------------------------------------
-
-    def _netloc(self) -> str:
-        host = self._host
-        if ":" in host:
-            host = "[%s]" % host
-        return host if self._port is None else "%s:%d" % (host, self._port)
-
-    def _target(self, path: str, query: Query) -> str:
-        qs = quote_query(query)
-        return self._prefix + path + ("?" + qs if qs else "")
 
     def _new_conn(self, timeout: Timeout) -> http.client.HTTPConnection:
         if self._scheme == "https":
@@ -674,40 +723,7 @@ class Client:
         timeout: Timeout,
         auth: bool,
     ) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-        hdrs: Dict[str, str] = {"User-Agent": self._user_agent, "Accept": "application/json"}
-        if auth:
-            if not self.api_key:
-                raise ConfigurationError(
-                    "no PandaStack API key: set the %s environment variable or pass api_key= "
-                    "(`panda up` prints the admin key and keeps it in <data-dir>/admin.key)" % ENV_API_KEY
-                )
-            hdrs["Authorization"] = "Bearer " + self.api_key
-        if json_body is not None and body is not None:
-            raise ValueError("pass json_body or body, not both")
-        if json_body is not None:
-            b = _Body.from_any(json.dumps(json_body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-            hdrs["Content-Type"] = "application/json"
-        elif body is not None:
-            b = _Body.from_any(body)
-            hdrs["Content-Type"] = "application/octet-stream"
-        else:
-            b = _Body(None, None, True)
-        if headers:
-            hdrs.update(headers)
-        encode_chunked = False
-        if b.data is not None:
-            if b.length is not None:
-                hdrs["Content-Length"] = str(b.length)
-            else:
-                hdrs["Transfer-Encoding"] = "chunked"
-                encode_chunked = True
-        elif method in ("POST", "PUT", "PATCH"):
-            hdrs["Content-Length"] = "0"
-        target = self._target(path, query)
-        if timeout is None:
-            timeout = self.timeout
-        elif timeout == float("inf"):
-            timeout = None
+        target, hdrs, b, encode_chunked, timeout = self._prepare(method, path, query, json_body, body, headers, timeout, auth)
 
         # A non-replayable (streamed) body goes on a fresh connection: if a
         # reused one turned out to be stale there would be no way to resend.
@@ -740,30 +756,109 @@ class Client:
                 raise self._convert_exc(e) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _convert_exc(self, e: BaseException) -> PandaError:
-        """Turn a transport exception into the SDK error users see."""
-        if isinstance(e, PandaError):
-            return e
-        if isinstance(e, socket.timeout):
-            return RequestTimeoutError(
-                "the PandaStack server at %s did not answer in time (Client timeout %ss; exec waits for its "
-                "timeout_seconds plus 30 s): raise Client(timeout=...) for slow operations" % (self.api_url, _fmt_timeout(self.timeout))
-            )
-        if isinstance(e, (ConnectionRefusedError, socket.gaierror)) or (
-            isinstance(e, OSError) and not isinstance(e, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError))
-        ):
-            return PandaConnectionError(
-                "cannot connect to the PandaStack server at %s: %s. Is `panda up` running at %s? "
-                "(set %s or pass api_url= to use another address)" % (self.api_url, e, self.api_url, ENV_API_URL)
-            )
-        if isinstance(e, (http.client.HTTPException, ConnectionError)):
-            return PandaConnectionError(
-                "the connection to the PandaStack server at %s broke: %s: %s. Is `panda up` still running?"
-                % (self.api_url, type(e).__name__, e)
-            )
-        if isinstance(e, (TypeError, ValueError)):
-            raise e
-        return PandaConnectionError("request to %s failed: %s: %s" % (self.api_url, type(e).__name__, e))
+
+
+# -- pure request and answer helpers shared with the asyncio client ------------
+
+
+def _bake_body(memory_mib: Optional[int], vcpus: Optional[int]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {}
+    if memory_mib is not None:
+        body["memory_mib"] = memory_mib
+    if vcpus is not None:
+        body["vcpus"] = vcpus
+    return body
+
+
+def _bake_event(ev: Any) -> Tuple[Optional[str], Optional[Template]]:
+    """One event of a bake stream: ``(progress message, None)``, ``(None, baked template)``, or ``(None, None)`` to ignore; an error event raises."""
+    if not isinstance(ev, Mapping):
+        return None, None
+    t = ev.get("type")
+    if t == "progress":
+        return str(ev.get("message", "")), None
+    if t == "done":
+        return None, Template.from_dict(ev.get("template") or {})
+    if t == "error":
+        raise _errors.error_from_body(ev.get("error") or {})
+    return None, None
+
+
+def _image_build_body(
+    name: str, from_image: str, start_cmd: Optional[str], ready_cmd: Optional[str], ready_timeout_seconds: Optional[int]
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"name": name, "from_image": from_image}
+    for k, v in (("start_cmd", start_cmd), ("ready_cmd", ready_cmd), ("ready_timeout_seconds", ready_timeout_seconds)):
+        if v is not None:
+            body[k] = v
+    return body
+
+
+def _dockerfile_request(
+    name: str,
+    dockerfile: Optional[str],
+    context: Optional[str],
+    dockerfile_path: Optional[str],
+    build_args: Optional[Mapping[str, str]],
+    start_cmd: Optional[str],
+    ready_cmd: Optional[str],
+    ready_timeout_seconds: Optional[int],
+    on_context: Optional[Callable[[ContextStats], None]],
+    long_timeout: Timeout,
+) -> Dict[str, Any]:
+    """The keyword arguments of ``request_json("POST", "/v1/templates", ...)`` for a Dockerfile build."""
+    spec: Dict[str, Any] = {"name": name}
+    if build_args:
+        spec["build_args"] = dict(build_args)
+    if dockerfile_path is not None:
+        spec["dockerfile_path"] = dockerfile_path
+    for k, v in (("start_cmd", start_cmd), ("ready_cmd", ready_cmd), ("ready_timeout_seconds", ready_timeout_seconds)):
+        if v is not None:
+            spec[k] = v
+    if context is None:
+        if dockerfile is None:
+            raise ValueError("a Dockerfile build needs the Dockerfile's text or a context directory holding it")
+        if dockerfile_path is not None:
+            raise ValueError("dockerfile_path names a file of the context, and there is no context directory")
+        spec["dockerfile"] = dockerfile
+        return {"json_body": spec}
+    if not os.path.isdir(context):
+        raise NotADirectoryError("build context %s is not a directory" % context)
+    body, content_type = multipart_build_body(spec, dockerfile, context, on_context)
+    return {"body": body, "headers": {"Content-Type": content_type}, "timeout": long_timeout}
+
+
+
+def _log_event(ev: Any) -> Tuple[Optional[str], Optional[TemplateBuild]]:
+    """One event of a build's log stream: ``(line, None)``, ``(None, final build)``, or ``(None, None)`` to ignore."""
+    if not isinstance(ev, Mapping):
+        return None, None
+    line = ev.get("line")
+    if isinstance(line, str):
+        return line, None
+    if isinstance(ev.get("status"), str) and ev.get("status"):
+        return None, TemplateBuild.from_dict(ev)
+    return None, None
+
+
+def _key_body(
+    name: str,
+    admin: bool,
+    max_sandboxes: Optional[int],
+    max_memory_mib: Optional[int],
+    max_vcpus: Optional[int],
+    max_disk_mib: Optional[int],
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"name": name, "admin": admin}
+    for k, v in (
+        ("max_sandboxes", max_sandboxes),
+        ("max_memory_mib", max_memory_mib),
+        ("max_vcpus", max_vcpus),
+        ("max_disk_mib", max_disk_mib),
+    ):
+        if v is not None:
+            body[k] = v
+    return body
 
 
 def _early_response(conn: http.client.HTTPConnection) -> Optional[PandaError]:

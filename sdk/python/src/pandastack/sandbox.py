@@ -11,7 +11,7 @@ from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
 from .processes import Commands, Pty
 from .models import ExecResult, NetworkPolicy, Port, SandboxInfo, SignedURL, parse_time
-from .snapshot import Snapshot
+from .snapshot import AsyncSnapshot, Snapshot
 
 __all__ = ["Sandbox", "OutputCallback", "Command"]
 
@@ -79,6 +79,190 @@ def _network_body(network: NetworkArg) -> Dict[str, Any]:
     for k in ("allow_out", "deny_out"):
         if network.get(k) is not None:
             body[k] = _entries(k, network[k])
+    return body
+
+
+def _create_body(
+    template: Optional[str],
+    snapshot: Any,
+    ttl_seconds: Optional[int],
+    memory_mib: Optional[int],
+    vcpus: Optional[int],
+    metadata: Optional[Mapping[str, str]],
+    env: Optional[Mapping[str, str]],
+    network: Optional[NetworkArg],
+    on_expire: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The body of ``POST /v1/sandboxes``; ``snapshot`` is an id or anything with an ``id`` (a sync or async snapshot)."""
+    body: Dict[str, Any] = {}
+    if template is not None:
+        body["template"] = template
+    if snapshot is not None:
+        body["snapshot_id"] = snapshot.id if isinstance(snapshot, (Snapshot, AsyncSnapshot)) else snapshot
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    if memory_mib is not None:
+        body["memory_mib"] = memory_mib
+    if vcpus is not None:
+        body["vcpus"] = vcpus
+    md = _check_str_map("metadata", metadata)
+    if md is not None:
+        body["metadata"] = md
+    e = _check_str_map("env", env)
+    if e is not None:
+        body["env"] = e
+    if network is not None:
+        body["network"] = _network_body(network)
+    if on_expire is not None:
+        if on_expire not in ("kill", "pause"):
+            raise ValueError('on_expire must be "kill" or "pause", got %r' % (on_expire,))
+        body["on_expire"] = on_expire
+    return body
+
+
+def _list_query(state: Optional[str], metadata: Optional[Mapping[str, str]]) -> List[Tuple[str, str]]:
+    query: List[Tuple[str, str]] = []
+    if state is not None:
+        query.append(("state", state))
+    for k, v in (_check_str_map("metadata", metadata) or {}).items():
+        if "=" in k:
+            raise ValueError("a metadata key used as a filter cannot contain '=': %r" % k)
+        query.append(("metadata", "%s=%s" % (k, v)))
+    return query
+
+
+def _exec_body(
+    cmd: Command,
+    timeout_seconds: Optional[float],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    stdin: Union[str, bytes, None],
+    user: Optional[str],
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {}
+    if isinstance(cmd, str):
+        if not cmd:
+            raise ValueError("cmd is empty")
+        body["cmd"] = cmd
+    elif isinstance(cmd, (bytes, bytearray)):
+        raise TypeError("cmd must be str or a list of str, not bytes")
+    else:
+        argv = list(cmd)
+        if not argv:
+            raise ValueError("argv is empty")
+        if not all(isinstance(a, str) for a in argv):
+            raise TypeError("every argv element must be a str: %r" % (argv,))
+        body["argv"] = argv
+    e = _check_str_map("env", env)
+    if e is not None:
+        body["env"] = e
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        if not isinstance(user, str):
+            raise TypeError("user must be a str, not %s" % type(user).__name__)
+        body["user"] = user
+    if timeout_seconds is not None:
+        if timeout_seconds < 0:
+            raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
+        body["timeout_seconds"] = timeout_seconds
+    if stdin is not None:
+        body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
+    return body
+
+
+def _exec_wait(client_timeout: Optional[float], timeout_seconds: Optional[float]) -> float:
+    """Socket timeout for an exec: the command's own timeout plus a margin."""
+    if timeout_seconds == 0 or client_timeout is None:
+        return float("inf")
+    t = _SERVER_DEFAULT_EXEC_TIMEOUT if timeout_seconds is None else float(timeout_seconds)
+    return max(client_timeout, t + _EXEC_MARGIN)
+
+
+def _exec_event(ev: Any) -> Tuple[Optional[str], str]:
+    """One event of an exec stream: ``("stdout"|"stderr", text)``, ``("exit", "")``, or ``(None, "")`` to ignore; an error event raises."""
+    if not isinstance(ev, Mapping):
+        return None, ""
+    t = ev.get("type")
+    if t in ("stdout", "stderr"):
+        return t, ev.get("data") or ""
+    if t == "exit":
+        return "exit", ""
+    if t == "error":
+        raise _errors.error_from_body(ev.get("error") or {})
+    # "start" and unknown event types are ignored.
+    return None, ""
+
+
+def _exec_cut_message(sandbox_id: str) -> str:
+    return "the exec stream of sandbox %s ended before the command's exit status (server restarted or connection cut)" % sandbox_id
+
+
+def _fork_count(count: Optional[int]) -> int:
+    n = 1 if count is None else count
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError("count must be a positive integer, got %r" % (count,))
+    return n
+
+
+def _fork_result(parent_id: str, cls: Any, client: Any, data: Any, count: Optional[int], n: int) -> Any:
+    """The children of a fork answer as ``cls`` objects (one for ``count=None``, else a list), or the error to raise."""
+    entries = (data or {}).get("children") if isinstance(data, Mapping) else None
+    if not isinstance(entries, list):
+        raise PandaError("the server's fork answer has no children list: %r" % (data,))
+    children: List[Any] = []
+    errs: List[PandaError] = []
+    for entry in entries:
+        if isinstance(entry, Mapping) and isinstance(entry.get("sandbox"), Mapping):
+            children.append(cls(SandboxInfo.from_dict(entry["sandbox"]), client))
+        elif isinstance(entry, Mapping) and entry.get("error") is not None:
+            errs.append(_errors.error_from_body(entry["error"]))
+        else:
+            errs.append(PandaError("the server's fork answer has a malformed child: %r" % (entry,)))
+    if len(children) + len(errs) != n:
+        errs.append(PandaError("asked for %d children, the server answered %d" % (n, len(children) + len(errs))))
+    if count is None:
+        if children and not errs:
+            return children[0]
+        if errs and not children:
+            raise errs[0]
+        raise ForkError(
+            "fork of %s: unexpected answer" % parent_id, children=children, errors=errs, code=errs[0].code if errs else None
+        )
+    if errs:
+        first = errs[0]
+        raise ForkError(
+            "fork of %s: %d of %d children failed (first: %s)" % (parent_id, len(errs), n, first),
+            children=children,
+            errors=errs,
+            status=first.status,
+            code=first.code,
+        )
+    return children
+
+
+def _url_body(port: int, ttl_seconds: Optional[int]) -> Dict[str, Any]:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError("port must be an integer from 1 to 65535, got %r" % (port,))
+    body: Dict[str, Any] = {}
+    if ttl_seconds is not None:
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds < 1:
+            raise ValueError("ttl_seconds must be a positive integer, got %r" % (ttl_seconds,))
+        body["ttl_seconds"] = ttl_seconds
+    return body
+
+
+def _signed_url(data: Any) -> SignedURL:
+    url = data.get("url") if isinstance(data, Mapping) else None
+    if not isinstance(url, str) or not url:
+        raise PandaError("the server's answer has no url: %r" % (data,))
+    return SignedURL(url, parse_time(data.get("expires_at")))
+
+
+def _set_network_body(internet: Optional[bool], allow_out: Optional[Sequence[str]], deny_out: Optional[Sequence[str]]) -> Dict[str, Any]:
+    body = _network_body({"internet": internet, "allow_out": allow_out, "deny_out": deny_out})
+    if not body:
+        raise ValueError("set_network needs at least one of internet, allow_out, deny_out")
     return body
 
 
@@ -177,29 +361,7 @@ class Sandbox:
             sb = Sandbox.create(template="tiny", memory_mib=256, metadata={"job": "42"})
         """
         c = resolve_client(client, api_key, api_url)
-        body: Dict[str, Any] = {}
-        if template is not None:
-            body["template"] = template
-        if snapshot is not None:
-            body["snapshot_id"] = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
-        if ttl_seconds is not None:
-            body["ttl_seconds"] = ttl_seconds
-        if memory_mib is not None:
-            body["memory_mib"] = memory_mib
-        if vcpus is not None:
-            body["vcpus"] = vcpus
-        md = _check_str_map("metadata", metadata)
-        if md is not None:
-            body["metadata"] = md
-        e = _check_str_map("env", env)
-        if e is not None:
-            body["env"] = e
-        if network is not None:
-            body["network"] = _network_body(network)
-        if on_expire is not None:
-            if on_expire not in ("kill", "pause"):
-                raise ValueError('on_expire must be "kill" or "pause", got %r' % (on_expire,))
-            body["on_expire"] = on_expire
+        body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
         data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
         return cls(SandboxInfo.from_dict(data or {}), c)
 
@@ -247,13 +409,7 @@ class Sandbox:
                 sb.kill()
         """
         c = resolve_client(client, api_key, api_url)
-        query: List[Tuple[str, str]] = []
-        if state is not None:
-            query.append(("state", state))
-        for k, v in (_check_str_map("metadata", metadata) or {}).items():
-            if "=" in k:
-                raise ValueError("a metadata key used as a filter cannot contain '=': %r" % k)
-            query.append(("metadata", "%s=%s" % (k, v)))
+        query = _list_query(state, metadata)
         data = c.request_json("GET", "/v1/sandboxes", query=query) or {}
         return [cls(SandboxInfo.from_dict(s), c) for s in data.get("sandboxes") or []]
 
@@ -342,9 +498,7 @@ class Sandbox:
             sb.set_network(internet=False, allow_out=["pypi.org", "files.pythonhosted.org"])
             sb.set_network(deny_out=[])  # internet and allow_out stay
         """
-        body = _network_body({"internet": internet, "allow_out": allow_out, "deny_out": deny_out})
-        if not body:
-            raise ValueError("set_network needs at least one of internet, allow_out, deny_out")
+        body = _set_network_body(internet, allow_out, deny_out)
         self._update(self._client.request_json("PATCH", self._path("/network"), json_body=body))
         return self._info.network
 
@@ -426,42 +580,9 @@ class Sandbox:
             children = sb.fork(count=4)
             results = [c.exec("python3 try.py --seed %d" % i) for i, c in enumerate(children)]
         """
-        n = 1 if count is None else count
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError("count must be a positive integer, got %r" % (count,))
+        n = _fork_count(count)
         data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long_timeout(self._client))
-        entries = (data or {}).get("children") if isinstance(data, Mapping) else None
-        if not isinstance(entries, list):
-            raise PandaError("the server's fork answer has no children list: %r" % (data,))
-        children: List[Sandbox] = []
-        errs: List[PandaError] = []
-        for entry in entries:
-            if isinstance(entry, Mapping) and isinstance(entry.get("sandbox"), Mapping):
-                children.append(Sandbox(SandboxInfo.from_dict(entry["sandbox"]), self._client))
-            elif isinstance(entry, Mapping) and entry.get("error") is not None:
-                errs.append(_errors.error_from_body(entry["error"]))
-            else:
-                errs.append(PandaError("the server's fork answer has a malformed child: %r" % (entry,)))
-        if len(children) + len(errs) != n:
-            errs.append(PandaError("asked for %d children, the server answered %d" % (n, len(children) + len(errs))))
-        if count is None:
-            if children and not errs:
-                return children[0]
-            if errs and not children:
-                raise errs[0]
-            raise ForkError(
-                "fork of %s: unexpected answer" % self.id, children=children, errors=errs, code=errs[0].code if errs else None
-            )
-        if errs:
-            first = errs[0]
-            raise ForkError(
-                "fork of %s: %d of %d children failed (first: %s)" % (self.id, len(errs), n, first),
-                children=children,
-                errors=errs,
-                status=first.status,
-                code=first.code,
-            )
-        return children
+        return _fork_result(self.id, Sandbox, self._client, data, count, n)
 
     def snapshot(self, name: Optional[str] = None) -> Snapshot:
         """Save this sandbox (memory, device state and disk) as a :class:`Snapshot`; the sandbox keeps running.
@@ -529,35 +650,7 @@ class Sandbox:
             assert (r.stdout, r.stderr, r.exit_code) == ("hi\\n", "oops\\n", 3)
             sb.exec("pip install -r requirements.txt", timeout_seconds=600, on_stdout=print)
         """
-        body: Dict[str, Any] = {}
-        if isinstance(cmd, str):
-            if not cmd:
-                raise ValueError("cmd is empty")
-            body["cmd"] = cmd
-        elif isinstance(cmd, (bytes, bytearray)):
-            raise TypeError("cmd must be str or a list of str, not bytes")
-        else:
-            argv = list(cmd)
-            if not argv:
-                raise ValueError("argv is empty")
-            if not all(isinstance(a, str) for a in argv):
-                raise TypeError("every argv element must be a str: %r" % (argv,))
-            body["argv"] = argv
-        e = _check_str_map("env", env)
-        if e is not None:
-            body["env"] = e
-        if cwd is not None:
-            body["cwd"] = cwd
-        if user is not None:
-            if not isinstance(user, str):
-                raise TypeError("user must be a str, not %s" % type(user).__name__)
-            body["user"] = user
-        if timeout_seconds is not None:
-            if timeout_seconds < 0:
-                raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
-            body["timeout_seconds"] = timeout_seconds
-        if stdin is not None:
-            body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
+        body = _exec_body(cmd, timeout_seconds, env, cwd, stdin, user)
         wait = self._exec_wait(timeout_seconds)
         if on_stdout is None and on_stderr is None:
             data = self._client.request_json("POST", self._path("/exec"), json_body=body, timeout=wait)
@@ -566,10 +659,7 @@ class Sandbox:
 
     def _exec_wait(self, timeout_seconds: Optional[float]) -> float:
         """Socket timeout for an exec: the command's own timeout plus a margin."""
-        if timeout_seconds == 0 or self._client.timeout is None:
-            return float("inf")
-        t = _SERVER_DEFAULT_EXEC_TIMEOUT if timeout_seconds is None else float(timeout_seconds)
-        return max(self._client.timeout, t + _EXEC_MARGIN)
+        return _exec_wait(self._client.timeout, timeout_seconds)
 
     def _exec_stream(
         self,
@@ -582,27 +672,18 @@ class Sandbox:
         err: List[str] = []
         with self._client.stream("POST", self._path("/exec/stream"), json_body=body, timeout=wait, headers={"Accept": "application/x-ndjson"}) as resp:
             for ev in resp.iter_ndjson():
-                if not isinstance(ev, Mapping):
-                    continue
-                t = ev.get("type")
-                if t == "stdout":
-                    s = ev.get("data") or ""
+                kind, s = _exec_event(ev)
+                if kind == "stdout":
                     out.append(s)
                     if on_stdout is not None and s:
                         on_stdout(s)
-                elif t == "stderr":
-                    s = ev.get("data") or ""
+                elif kind == "stderr":
                     err.append(s)
                     if on_stderr is not None and s:
                         on_stderr(s)
-                elif t == "exit":
+                elif kind == "exit":
                     return ExecResult.from_dict(ev, stdout="".join(out), stderr="".join(err))
-                elif t == "error":
-                    raise _errors.error_from_body(ev.get("error") or {})
-                # "start" and unknown event types are ignored.
-        raise PandaConnectionError(
-            "the exec stream of sandbox %s ended before the command's exit status (server restarted or connection cut)" % self.id
-        )
+        raise PandaConnectionError(_exec_cut_message(self.id))
 
     # -- ports -----------------------------------------------------------------
 
@@ -638,18 +719,9 @@ class Sandbox:
             url = sb.get_url(8000, ttl_seconds=600)
             print("open", url, "until", url.expires_at)
         """
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ValueError("port must be an integer from 1 to 65535, got %r" % (port,))
-        body: Dict[str, Any] = {}
-        if ttl_seconds is not None:
-            if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds < 1:
-                raise ValueError("ttl_seconds must be a positive integer, got %r" % (ttl_seconds,))
-            body["ttl_seconds"] = ttl_seconds
+        body = _url_body(port, ttl_seconds)
         data = self._client.request_json("POST", self._path("/ports/%d/url" % port), json_body=body) or {}
-        url = data.get("url") if isinstance(data, Mapping) else None
-        if not isinstance(url, str) or not url:
-            raise PandaError("the server's answer has no url: %r" % (data,))
-        return SignedURL(url, parse_time(data.get("expires_at")))
+        return _signed_url(data)
 
     # -- misc ------------------------------------------------------------------
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from .client import Client, quote_segment, resolve_client
 from .models import _int, _opt_int, _opt_str, _str, parse_time
 
-__all__ = ["Snapshot"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .async_client import AsyncClient
+
+__all__ = ["Snapshot", "AsyncSnapshot"]
 
 
 class Snapshot:
@@ -108,6 +111,74 @@ class Snapshot:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Snapshot) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("Snapshot", self.id))
+
+
+class AsyncSnapshot:
+    """The asyncio twin of :class:`Snapshot`: the same attributes; ``get``,
+    ``list``, ``refresh`` and ``delete`` are coroutines.
+
+    Example::
+
+        snap = await sb.snapshot(name="after-setup")
+        other = await AsyncSandbox.create(snapshot=snap)
+    """
+
+    _set = Snapshot._set
+    __repr__ = Snapshot.__repr__
+
+    def __init__(self, data: Mapping[str, Any], client: "AsyncClient") -> None:
+        self._client = client
+        self._set(data)
+
+    @property
+    def client(self) -> "AsyncClient":
+        """The client this snapshot's requests go through."""
+        return self._client
+
+    @classmethod
+    async def get(
+        cls,
+        snapshot_id: str,
+        *,
+        client: "Optional[AsyncClient]" = None,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+    ) -> "AsyncSnapshot":
+        """Fetch a snapshot by id; raises :class:`NotFoundError` if it does not exist or is not yours."""
+        from .async_client import resolve_async_client
+
+        c = resolve_async_client(client, api_key, api_url)
+        return cls(await c.request_json("GET", "/v1/snapshots/%s" % quote_segment(snapshot_id)) or {}, c)
+
+    @classmethod
+    async def list(
+        cls,
+        *,
+        client: "Optional[AsyncClient]" = None,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+    ) -> "List[AsyncSnapshot]":
+        """List your snapshots."""
+        from .async_client import resolve_async_client
+
+        c = resolve_async_client(client, api_key, api_url)
+        body = await c.request_json("GET", "/v1/snapshots") or {}
+        return [cls(s, c) for s in body.get("snapshots") or []]
+
+    async def refresh(self) -> "AsyncSnapshot":
+        """Re-read this snapshot from the server; return ``self``."""
+        self._set(await self._client.request_json("GET", "/v1/snapshots/%s" % quote_segment(self.id)) or {})
+        return self
+
+    async def delete(self) -> None:
+        """Delete this snapshot. Sandboxes created from it keep running. Raises :class:`NotFoundError` if it is already gone."""
+        await self._client.request("DELETE", "/v1/snapshots/%s" % quote_segment(self.id))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (Snapshot, AsyncSnapshot)) and other.id == self.id
 
     def __hash__(self) -> int:
         return hash(("Snapshot", self.id))

@@ -37,6 +37,7 @@ from .errors import PandaError
 from .models import _opt_int, _opt_str, _str, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .async_client import AsyncClient
     from .client import Client
 
 __all__ = [
@@ -412,6 +413,60 @@ class TemplateBuilder:
             on_log=on_log,
         )
 
+
+    async def build_async(
+        self,
+        name: str,
+        *,
+        on_log: Optional[Callable[[str], Any]] = None,
+        on_context: Optional[Callable[[ContextStats], None]] = None,
+        client: "Optional[AsyncClient]" = None,
+        api_key: Optional[str] = None,
+        api_url: Optional[str] = None,
+    ) -> TemplateBuild:
+        """:meth:`build` for asyncio: ``await Template.from_image(ref).build_async("app")``.
+
+        The same arguments, result and errors, through an
+        :class:`~pandastack.AsyncClient`; ``on_log`` may be a plain or an
+        async function. Copying ``copy()`` sources into a temporary context
+        and archiving the context run in the loop's default executor.
+        """
+        import asyncio
+
+        from .async_client import resolve_async_client
+
+        c = resolve_async_client(client, api_key, api_url)
+        dockerfile = self.effective_dockerfile()
+        if dockerfile is not None:
+            context, tmp = self.context, None
+            if self.copies:
+                tmp = context = await asyncio.get_running_loop().run_in_executor(None, _copies_context, self.copies)
+            try:
+                b = await c.start_dockerfile_build(
+                    name,
+                    dockerfile,
+                    context=context,
+                    build_args=dict(self.build_args) or None,
+                    start_cmd=self.start_command,
+                    ready_cmd=self.ready_command,
+                    ready_timeout_seconds=self.ready_timeout_seconds,
+                    on_context=on_context,
+                )
+            finally:
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            b = await c.follow_template_build(b.build_id, on_log=on_log)
+            if not b.succeeded:
+                raise TemplateBuildError.from_build(b)
+            return b
+        return await c.build_template(
+            name,
+            self.image,
+            start_cmd=self.start_command,
+            ready_cmd=self.ready_command,
+            ready_timeout_seconds=self.ready_timeout_seconds,
+            on_log=on_log,
+        )
 
 _ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

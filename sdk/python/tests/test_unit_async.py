@@ -1,0 +1,660 @@
+"""Unit tests of the asyncio client against the in-process stub HTTP server.
+
+They mirror test_unit_http.py for what the asyncio transport does itself
+(framing, keep-alive, retries, timeouts, streams, cancellation), and hold the
+two clients to the same wire requests and the same public surface. Real
+behaviour is tested against `panda up` in test_integration_async.py.
+"""
+
+import asyncio
+import gc
+import gzip
+import inspect
+import io
+import json
+import os
+import pathlib
+import shutil
+import socket
+import ssl
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import unittest
+import warnings
+from unittest import mock
+
+from _helpers import SANDBOX, StubServer, send_chunked, send_json
+import pandastack
+from pandastack import AsyncClient, AsyncFilesystem, AsyncSandbox, AsyncSnapshot, Client, Filesystem, Sandbox, Snapshot
+from pandastack import Template
+from pandastack.async_client import _Conn
+from test_unit_templates import BUILD, LOGS, make_tree, ndjson, parse_multipart
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AsyncStubTestCase(unittest.IsolatedAsyncioTestCase):
+    def setUp(self):
+        self.stub = StubServer().start()
+        self.addCleanup(self.stub.stop)
+        self.client = AsyncClient(api_key="sekret", api_url=self.stub.url, timeout=10)
+        self.stub.json_route("GET", "/v1/sandboxes/abc123", 200, SANDBOX)
+
+    async def asyncTearDown(self):
+        await self.client.close()
+
+    async def sandbox(self) -> AsyncSandbox:
+        return await AsyncSandbox.connect("abc123", client=self.client)
+
+
+class SurfaceTest(unittest.TestCase):
+    """Every public method of the sync API has an async twin with the same name and arguments."""
+
+    PAIRS = [(Client, AsyncClient), (Sandbox, AsyncSandbox), (Filesystem, AsyncFilesystem), (Snapshot, AsyncSnapshot)]
+    # Sync-only on purpose: the context-manager protocol is __aenter__/__aexit__.
+    NOT_COROUTINES = {"url", "template_build_logs", "create", "id", "info", "state", "network", "client"}
+
+    def test_same_names_and_signatures(self):
+        for sync_cls, async_cls in self.PAIRS:
+            for name, member in inspect.getmembers(sync_cls):
+                if name.startswith("_"):
+                    continue
+                with self.subTest(cls=sync_cls.__name__, name=name):
+                    self.assertTrue(hasattr(async_cls, name), "%s.%s has no async twin" % (async_cls.__name__, name))
+                    twin = getattr(async_cls, name)
+                    if isinstance(member, property) or not callable(member):
+                        continue
+                    got = [(p.name, p.kind, p.default) for p in inspect.signature(twin).parameters.values()]
+                    want = [(p.name, p.kind, p.default) for p in inspect.signature(member).parameters.values()]
+                    self.assertEqual(got, want)
+                    if name not in self.NOT_COROUTINES:
+                        self.assertTrue(inspect.iscoroutinefunction(twin), "%s.%s is not a coroutine function" % (async_cls.__name__, name))
+
+    def test_exported(self):
+        for name in ("AsyncClient", "AsyncSandbox", "AsyncSnapshot", "AsyncFilesystem", "AsyncExecStream"):
+            self.assertIn(name, pandastack.__all__)
+
+    def test_sync_client_is_refused(self):
+        async def go():
+            await AsyncSandbox.connect("abc", client=Client(api_key="k"))
+
+        with self.assertRaises(TypeError):
+            asyncio.run(go())
+
+
+class SameWireTest(unittest.TestCase):
+    """The two clients send the same requests (headers compared but Host, Connection and Accept-Encoding)."""
+
+    def test_requests_match_the_sync_client(self):
+        stub = StubServer().start()
+        self.addCleanup(stub.stop)
+        stub.json_route("POST", "/v1/sandboxes", 201, SANDBOX)
+        stub.json_route("GET", "/v1/sandboxes", 200, {"sandboxes": [SANDBOX]})
+        stub.json_route("POST", "/v1/sandboxes/abc123/exec", 200, {"exit_code": 0})
+        stub.json_route("PUT", "/v1/sandboxes/abc123/files", 200, {"path": "/a b"})
+        stub.json_route("DELETE", "/v1/sandboxes/abc123", 204, None)
+        args = dict(template="tiny", memory_mib=256, metadata={"k": "v é"}, env={"A": "1"}, network={"internet": False, "allow_out": ["pypi.org"]})
+
+        with Client(api_key="k", api_url=stub.url) as c:
+            sb = Sandbox.create(client=c, **args)
+            Sandbox.list(state="running", metadata={"k": "v"}, client=c)
+            sb.exec(["ls", "-l"], env={"X": "y"}, cwd="/w", stdin=b"in", user="1000", timeout_seconds=5)
+            sb.filesystem.write("/a b&c", "héllo", mode=0o755)
+            sb.kill()
+        sync_reqs, stub.requests[:] = list(stub.requests), []
+
+        async def go():
+            async with AsyncClient(api_key="k", api_url=stub.url) as c:
+                sb = await AsyncSandbox.create(client=c, **args)
+                await AsyncSandbox.list(state="running", metadata={"k": "v"}, client=c)
+                await sb.exec(["ls", "-l"], env={"X": "y"}, cwd="/w", stdin=b"in", user="1000", timeout_seconds=5)
+                await sb.filesystem.write("/a b&c", "héllo", mode=0o755)
+                await sb.kill()
+
+        asyncio.run(go())
+        skip = {"host", "connection", "accept-encoding"}
+        self.assertEqual(len(stub.requests), len(sync_reqs))
+        for got, want in zip(stub.requests, sync_reqs):
+            self.assertEqual((got.method, got.target, got.body, got.chunked), (want.method, want.target, want.body, want.chunked))
+            gh = {k.lower(): v for k, v in got.headers.items() if k.lower() not in skip}
+            wh = {k.lower(): v for k, v in want.headers.items() if k.lower() not in skip}
+            self.assertEqual(gh, wh)
+
+
+class LifecycleTest(AsyncStubTestCase):
+    async def test_create_awaited_and_as_context_manager(self):
+        self.stub.json_route("POST", "/v1/sandboxes", 201, SANDBOX)
+        self.stub.json_route("DELETE", "/v1/sandboxes/abc123", 204, None)
+        sb = await AsyncSandbox.create(template="tiny", client=self.client)
+        self.assertEqual((sb.id, sb.state, sb.info.memory_mib), ("abc123", "running", 256))
+        async with AsyncSandbox.create(template="tiny", client=self.client) as sb2:
+            self.assertEqual(sb2.id, "abc123")
+        self.assertEqual(self.stub.last.method, "DELETE")
+        async with await AsyncSandbox.create(template="tiny", client=self.client) as sb3:
+            self.assertIsInstance(sb3, AsyncSandbox)
+        self.assertEqual(self.stub.last.method, "DELETE")
+
+    async def test_context_manager_kills_and_keeps_original_exception(self):
+        self.stub.json_route("DELETE", "/v1/sandboxes/abc123", 503, {"error": {"code": "unavailable", "message": "down"}})
+        with self.assertRaises(KeyError):
+            async with await self.sandbox():
+                raise KeyError("boom")
+        self.assertEqual(self.stub.last.method, "DELETE")
+        with self.assertRaises(pandastack.UnavailableError):
+            async with await self.sandbox():
+                pass
+
+    async def test_pause_resume_ttl_network(self):
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/pause", 200, dict(SANDBOX, state="paused"))
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/resume", 200, SANDBOX)
+        self.stub.json_route("PUT", "/v1/sandboxes/abc123/ttl", 200, dict(SANDBOX, ttl_seconds=60))
+        self.stub.json_route("PATCH", "/v1/sandboxes/abc123/network", 200, dict(SANDBOX, network={"internet": False, "allow_out": [], "deny_out": []}))
+        sb = await self.sandbox()
+        self.assertEqual((await sb.pause()).state, "paused")
+        self.assertEqual(sb.state, "paused")
+        self.assertEqual((await sb.resume()).state, "running")
+        self.assertEqual((await sb.set_ttl(60)).ttl_seconds, 60)
+        self.assertFalse((await sb.set_network(internet=False)).internet)
+        self.assertEqual(self.stub.last.json(), {"internet": False})
+
+    async def test_fork_one_many_and_partial(self):
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/fork", 201, {"children": [{"sandbox": dict(SANDBOX, id="c1")}]})
+        sb = await self.sandbox()
+        child = await sb.fork()
+        self.assertIsInstance(child, AsyncSandbox)
+        self.assertEqual(child.id, "c1")
+        self.stub.json_route(
+            "POST",
+            "/v1/sandboxes/abc123/fork",
+            201,
+            {"children": [{"sandbox": dict(SANDBOX, id="c1")}, {"error": {"code": "quota_exceeded", "message": "over"}}]},
+        )
+        with self.assertRaises(pandastack.ForkError) as cm:
+            await sb.fork(2)
+        self.assertEqual([c.id for c in cm.exception.children], ["c1"])
+        self.assertIsInstance(cm.exception.children[0], AsyncSandbox)
+        self.assertIsInstance(cm.exception.errors[0], pandastack.QuotaExceededError)
+
+    async def test_snapshot_and_create_from_it(self):
+        snap = {"id": "s1", "name": "n", "sandbox_id": "abc123", "template": "tiny", "memory_mib": 256}
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/snapshots", 201, snap)
+        self.stub.json_route("GET", "/v1/snapshots", 200, {"snapshots": [snap]})
+        self.stub.json_route("POST", "/v1/sandboxes", 201, SANDBOX)
+        s = await (await self.sandbox()).snapshot(name="n")
+        self.assertIsInstance(s, AsyncSnapshot)
+        self.assertEqual((s.id, s.name, s.memory_mib), ("s1", "n", 256))
+        self.assertEqual([x.id for x in await AsyncSnapshot.list(client=self.client)], ["s1"])
+        await AsyncSandbox.create(snapshot=s, client=self.client)
+        self.assertEqual(self.stub.last.json()["snapshot_id"], "s1")
+
+
+class ErrorMappingTest(AsyncStubTestCase):
+    async def test_status_and_body(self):
+        self.stub.json_route("GET", "/v1/sandboxes/nope", 404, {"error": {"code": "not_found", "message": "sandbox nope not found"}})
+        with self.assertRaises(pandastack.NotFoundError) as cm:
+            await AsyncSandbox.connect("nope", client=self.client)
+        self.assertEqual((cm.exception.status, cm.exception.code, cm.exception.message), (404, "not_found", "sandbox nope not found"))
+
+    async def test_non_json_error(self):
+        self.stub.route("GET", "/v1/sandboxes/abc123", lambda rec, h: (h.send_response(502), h.send_header("Content-Length", "3"), h.end_headers(), h.wfile.write(b"bad")))
+        with self.assertRaises(pandastack.PandaError) as cm:
+            await self.sandbox()
+        self.assertEqual(cm.exception.status, 502)
+
+    async def test_kill_ignores_not_found_only(self):
+        self.stub.json_route("DELETE", "/v1/sandboxes/abc123", 404, {"error": {"code": "not_found", "message": "gone"}})
+        sb = await self.sandbox()
+        await sb.kill()
+        self.stub.json_route("DELETE", "/v1/sandboxes/abc123", 401, {"error": {"code": "unauthorized", "message": "bad key"}})
+        with self.assertRaises(pandastack.AuthenticationError):
+            await sb.kill()
+
+    async def test_exists(self):
+        self.stub.json_route("GET", "/v1/sandboxes/abc123/files/stat", 404, {"error": {"code": "not_found", "message": "no such file"}})
+        sb = await self.sandbox()
+        self.assertFalse(await sb.filesystem.exists("/nope"))
+        self.stub.json_route("GET", "/v1/sandboxes/abc123", 404, {"error": {"code": "not_found", "message": "sandbox gone"}})
+        with self.assertRaises(pandastack.NotFoundError):
+            await sb.filesystem.exists("/nope")
+
+    async def test_missing_key(self):
+        with mock.patch.dict(os.environ, {"PANDASTACK_API_KEY": ""}):
+            c = AsyncClient(api_url=self.stub.url)
+        with self.assertRaises(pandastack.ConfigurationError):
+            await c.list_keys()
+
+    async def test_connection_refused_mentions_panda_up(self):
+        url = "http://127.0.0.1:%d" % free_port()
+        with self.assertRaises(pandastack.PandaConnectionError) as cm:
+            await AsyncSandbox.connect("abc", api_key="k", api_url=url)
+        self.assertIn("panda up", str(cm.exception))
+        self.assertIn(url, str(cm.exception))
+        self.assertIsInstance(cm.exception, ConnectionError)
+
+    async def test_read_timeout(self):
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+        self.stub.route("GET", "/v1/sandboxes/slow", lambda rec, h: ev.wait(5))
+        c = AsyncClient(api_key="k", api_url=self.stub.url, timeout=0.3)
+        t0 = time.monotonic()
+        with self.assertRaises(pandastack.RequestTimeoutError):
+            await AsyncSandbox.connect("slow", client=c)
+        self.assertLess(time.monotonic() - t0, 3)
+        self.assertEqual(c._idle, [])
+
+
+class KeepAliveTest(AsyncStubTestCase):
+    async def test_connection_is_reused(self):
+        sb = await self.sandbox()
+        for _ in range(5):
+            await sb.refresh()
+        self.assertEqual(self.stub.connections, 1)
+
+    def _closing_route(self):
+        calls = []
+
+        def get(rec, h):
+            calls.append(1)
+            send_json(h, 200, SANDBOX, silent_close=len(calls) == 1)
+
+        self.stub.route("GET", "/v1/sandboxes/abc123", get)
+        return calls
+
+    async def test_server_closed_idle_connection_is_not_reused(self):
+        calls = self._closing_route()
+        sb = await self.sandbox()
+        await asyncio.sleep(0.05)
+        await sb.refresh()
+        await sb.refresh()
+        self.assertEqual(len(calls), 3)
+        self.assertEqual(self.stub.connections, 2)
+
+    async def test_stale_connection_is_retried_for_idempotent_requests(self):
+        calls = self._closing_route()
+        sb = await self.sandbox()
+        await asyncio.sleep(0.05)
+        with mock.patch.object(_Conn, "dropped", return_value=False):
+            await sb.refresh()  # sent on the dead connection, then retried on a new one
+        self.assertEqual(len(calls), 2)
+        self.assertEqual(self.stub.connections, 2)
+
+    async def test_post_is_not_resent_once_sent(self):
+        calls = []
+
+        def post(rec, h):
+            calls.append(1)
+            h.close_connection = True
+
+        self.stub.route("POST", "/v1/sandboxes/abc123/exec", post)
+        sb = await self.sandbox()
+        with self.assertRaises(pandastack.PandaConnectionError):
+            await sb.exec("true")
+        self.assertEqual(len(calls), 1, "a non-idempotent request that reached the server was sent again")
+
+    async def test_concurrent_requests(self):
+        sb = await self.sandbox()
+        infos = await asyncio.gather(*[sb.refresh() for _ in range(100)])
+        self.assertEqual({i.id for i in infos}, {"abc123"})
+        # Requests without a local file run on the loop alone: no executor threads.
+        self.assertEqual([t.name for t in threading.enumerate() if t.name.startswith("asyncio_")], [])
+        self.assertLessEqual(len(self.client._idle), 64)
+
+    def test_client_outlives_its_event_loop(self):
+        c = AsyncClient(api_key="k", api_url=self.stub.url)
+        # The first loop ends with a pooled connection (asyncio warns that
+        # its writer outlived the loop); the second loop must not use it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            got = asyncio.run(AsyncSandbox.connect("abc123", client=c))
+            gc.collect()
+        self.assertEqual(got.id, "abc123")
+
+        async def again():
+            try:
+                return await AsyncSandbox.connect("abc123", client=c)
+            finally:
+                await c.close()
+
+        self.assertEqual(asyncio.run(again()).id, "abc123")
+        self.assertEqual(self.stub.connections, 2)
+
+
+class UploadDownloadTest(AsyncStubTestCase):
+    def setUp(self):
+        super().setUp()
+
+        def put(rec, h):
+            send_json(h, 200, {"name": "f", "path": "/f", "size": len(rec.body), "mode": 420, "is_dir": False})
+
+        self.stub.route("PUT", "/v1/sandboxes/abc123/files", put)
+
+    async def test_str_and_pathlike(self):
+        fs = (await self.sandbox()).filesystem
+        fi = await fs.write("/f", "héllo")
+        self.assertEqual((self.stub.last.body, self.stub.last.chunked, fi.size), ("héllo".encode(), False, 6))
+        with tempfile.TemporaryDirectory() as d:
+            p = pathlib.Path(d, "x.bin")
+            p.write_bytes(b"\x00\x01\x02")
+            await fs.write("/f", p)
+        self.assertEqual(self.stub.last.body, b"\x00\x01\x02")
+
+    async def test_unsized_stream_is_chunked(self):
+        data = os.urandom(3 << 20)
+
+        class Reader(io.RawIOBase):
+            def __init__(self):
+                self.pos = 0
+
+            def readable(self):
+                return True
+
+            def readinto(self, b):
+                n = min(len(b), len(data) - self.pos)
+                b[:n] = data[self.pos : self.pos + n]
+                self.pos += n
+                return n
+
+        fi = await (await self.sandbox()).filesystem.write("/f", Reader())
+        self.assertTrue(self.stub.last.chunked)
+        self.assertEqual(self.stub.last.body, data)
+        self.assertEqual(fi.size, len(data))
+
+    async def test_upload_rejected_before_body_keeps_servers_error(self):
+        self.stub.early_routes[("PUT", "/v1/sandboxes/abc123/files")] = lambda rec, h: send_json(
+            h, 413, {"error": {"code": "payload_too_large", "message": "too big"}}, close=True
+        )
+
+        class Endless(io.RawIOBase):
+            def readable(self):
+                return True
+
+            def readinto(self, b):
+                b[:] = b"\0" * len(b)
+                return len(b)
+
+        fs = (await self.sandbox()).filesystem
+        with self.assertRaises(pandastack.PayloadTooLargeError):
+            await fs.write("/f", io.BufferedReader(Endless()))
+
+    async def test_download_to_path_and_file(self):
+        data = os.urandom(2 << 20)
+        self.stub.route("GET", "/v1/sandboxes/abc123/files", lambda rec, h: send_chunked(h, 200, [data[i : i + 100000] for i in range(0, len(data), 100000)], "application/octet-stream"))
+        fs = (await self.sandbox()).filesystem
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "out")
+            self.assertEqual(await fs.download("/f", p), len(data))
+            with open(p, "rb") as f:
+                self.assertEqual(f.read(), data)
+            self.assertFalse(os.path.exists(p + ".part"))
+        buf = io.BytesIO()
+        await fs.download("/f", buf)
+        self.assertEqual(buf.getvalue(), data)
+        self.assertEqual(await fs.read("/f"), data)
+
+    async def test_broken_download_leaves_no_file(self):
+        self.stub.route("GET", "/v1/sandboxes/abc123/files", lambda rec, h: send_chunked(h, 200, [b"x" * 1000], "application/octet-stream", end=False))
+        fs = (await self.sandbox()).filesystem
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(pandastack.PandaConnectionError):
+                await fs.download("/f", os.path.join(d, "out"))
+            self.assertEqual(os.listdir(d), [])
+
+    async def test_file_operations_paths(self):
+        fi = {"name": "b", "path": "/a/b", "size": 0, "mode": 493, "is_dir": True}
+        self.stub.json_route("GET", "/v1/sandboxes/abc123/files/list", 200, {"entries": [fi]})
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/files/mkdir", 200, fi)
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/files/rename", 200, fi)
+        self.stub.json_route("DELETE", "/v1/sandboxes/abc123/files", 204, None)
+        fs = (await self.sandbox()).filesystem
+        self.assertEqual([e.name for e in await fs.list("/a")], ["b"])
+        self.assertEqual(self.stub.last.query, "path=/a")
+        self.assertTrue((await fs.mkdir("/a/b")).is_dir)
+        await fs.rename("/x", "/a/b")
+        self.assertEqual(self.stub.last.json(), {"from": "/x", "to": "/a/b"})
+        await fs.remove("/a b", recursive=True)
+        self.assertEqual(self.stub.last.query, "path=/a%20b&recursive=true")
+
+
+class ExecStreamTest(AsyncStubTestCase):
+    def route_events(self, events, split=5, end=True):
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        pieces = [data[i : i + split] for i in range(0, len(data), split)]
+        self.stub.route("POST", "/v1/sandboxes/abc123/exec/stream", lambda rec, h: send_chunked(h, 200, pieces, end=end))
+
+    EVENTS = [
+        {"type": "start", "pid": 12},
+        {"type": "stdout", "data": "one\n"},
+        {"type": "stderr", "data": "warn 🐼\n"},
+        {"type": "stdout", "data": "two\n"},
+        {"type": "future_event", "x": 1},
+        {"type": "exit", "exit_code": 137, "signal": "SIGKILL", "timed_out": True, "duration_ms": 1000},
+    ]
+
+    async def test_events_to_callbacks_plain_and_async(self):
+        self.route_events(self.EVENTS)
+        out, err = [], []
+
+        async def on_err(s):
+            await asyncio.sleep(0)
+            err.append(s)
+
+        r = await (await self.sandbox()).exec("x", on_stdout=out.append, on_stderr=on_err)
+        self.assertEqual(out, ["one\n", "two\n"])
+        self.assertEqual(err, ["warn 🐼\n"])
+        self.assertEqual((r.stdout, r.stderr, r.exit_code, r.signal, r.timed_out, r.duration_ms), ("one\ntwo\n", "warn 🐼\n", 137, "SIGKILL", True, 1000))
+        self.assertEqual(self.stub.last.json(), {"cmd": "x", "timeout_seconds": 60})
+        self.assertEqual(self.stub.last.headers["Accept"], "application/x-ndjson")
+
+    async def test_exec_stream_iterator(self):
+        self.route_events(self.EVENTS)
+        s = (await self.sandbox()).exec_stream(["x", "y"])
+        got = [ev async for ev in s]
+        self.assertEqual(got, [("stdout", "one\n"), ("stderr", "warn 🐼\n"), ("stdout", "two\n")])
+        self.assertEqual((s.result.exit_code, s.result.stdout), (137, "one\ntwo\n"))
+        self.assertEqual(self.stub.last.json(), {"argv": ["x", "y"], "timeout_seconds": 60})
+
+    async def test_error_event_raises_mapped_error(self):
+        self.route_events([{"type": "start", "pid": 1}, {"type": "error", "error": {"code": "conflict", "message": "sandbox stopped"}}])
+        with self.assertRaises(pandastack.ConflictError) as cm:
+            await (await self.sandbox()).exec("x", on_stdout=print)
+        self.assertEqual(cm.exception.message, "sandbox stopped")
+
+    async def test_stream_cut_before_exit(self):
+        self.route_events([{"type": "stdout", "data": "o"}], end=False)
+        with self.assertRaises(pandastack.PandaConnectionError):
+            async for _ in (await self.sandbox()).exec_stream("x"):
+                pass
+
+    async def test_http_error_before_stream(self):
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/exec/stream", 404, {"error": {"code": "not_found", "message": "executable not found"}})
+        with self.assertRaises(pandastack.NotFoundError):
+            await (await self.sandbox()).exec(["nope"], on_stdout=lambda s: None)
+
+
+class CancellationTest(AsyncStubTestCase):
+    def _endless_stream(self):
+        """A stream route writing a line every 10 ms until the client hangs up; sets the event then."""
+        hung_up = threading.Event()
+
+        def route(rec, h):
+            h.send_response(200)
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            line = json.dumps({"type": "stdout", "data": "x"}).encode() + b"\n"
+            try:
+                for _ in range(500):
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    h.wfile.flush()
+                    time.sleep(0.01)
+            except OSError:
+                hung_up.set()
+            h.close_connection = True
+
+        self.stub.route("POST", "/v1/sandboxes/abc123/exec/stream", route)
+        return hung_up
+
+    async def test_cancelled_request_closes_its_connection(self):
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+        def slow(rec, h):
+            ev.wait(5)
+            try:
+                send_json(h, 201, SANDBOX)
+            except OSError:
+                pass  # the client hung up, as it should
+
+        self.stub.route("POST", "/v1/sandboxes", slow)
+        task = asyncio.ensure_future(AsyncSandbox.create(template="tiny", client=self.client))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        self.assertEqual(self.client._idle, [])
+        ev.set()
+        self.assertEqual((await self.sandbox()).id, "abc123")  # the client is still usable
+
+    async def test_cancelled_exec_stream_hangs_up(self):
+        hung_up = self._endless_stream()
+        sb = await self.sandbox()
+        got = []
+
+        async def consume():
+            async for kind, text in sb.exec_stream("yes"):
+                got.append(text)
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        self.assertTrue(got)
+        self.assertTrue(await asyncio.get_running_loop().run_in_executor(None, hung_up.wait, 3), "the server kept writing to a cancelled stream")
+
+    async def test_break_out_of_exec_stream_hangs_up(self):
+        hung_up = self._endless_stream()
+        sb = await self.sandbox()
+        async with sb.exec_stream("yes") as s:
+            async for _ in s:
+                break
+        self.assertIsNone(s.result)
+        self.assertTrue(await asyncio.get_running_loop().run_in_executor(None, hung_up.wait, 3))
+
+
+class TemplatesAndKeysTest(AsyncStubTestCase):
+    async def test_build_logs_and_final_build(self):
+        events = [{"line": "step 1"}, {"line": "step 2"}, {"build_id": "b1", "name": "app", "status": "succeeded", "version": 2}]
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.stub.route("GET", "/v1/templates/builds/b1/logs", lambda rec, h: send_chunked(h, 200, [data[:7], data[7:]]))
+        self.stub.json_route("POST", "/v1/templates", 202, {"build_id": "b1", "name": "app", "status": "queued"})
+        logs = self.client.template_build_logs("b1")
+        self.assertEqual([line async for line in logs], ["step 1", "step 2"])
+        self.assertEqual((logs.build.build_id, logs.build.status), ("b1", "succeeded"))
+        seen = []
+        b = await self.client.build_template("app", "docker.io/library/alpine:3", on_log=seen.append)
+        self.assertTrue(b.succeeded)
+        self.assertEqual(seen, ["step 1", "step 2"])
+
+    async def test_failed_build_raises(self):
+        ev = json.dumps({"build_id": "b1", "status": "failed", "code": "build_failed", "error": "boom"}).encode() + b"\n"
+        self.stub.route("GET", "/v1/templates/builds/b1/logs", lambda rec, h: send_chunked(h, 200, [ev]))
+        self.stub.json_route("POST", "/v1/templates", 202, {"build_id": "b1", "name": "app", "status": "queued"})
+        with self.assertRaises(pandastack.TemplateBuildError):
+            await self.client.build_template("app", "alpine")
+
+    async def test_bake_progress_and_keys(self):
+        events = [{"type": "progress", "message": "booting"}, {"type": "done", "template": {"name": "tiny", "baked": True}}]
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.stub.route("POST", "/v1/templates/tiny/bake", lambda rec, h: send_chunked(h, 200, [data]))
+        progress = []
+        t = await self.client.bake_template("tiny", memory_mib=256, on_progress=progress.append)
+        self.assertEqual((t.name, progress), ("tiny", ["booting"]))
+        self.assertEqual(self.stub.last.json(), {"memory_mib": 256})
+        self.stub.json_route("POST", "/v1/keys", 201, {"id": "k1", "name": "ci", "key": "pk_x"})
+        self.stub.json_route("GET", "/v1/keys", 200, {"keys": [{"id": "k1", "name": "ci"}]})
+        k = await self.client.create_key("ci", max_sandboxes=3)
+        self.assertEqual((k.id, k.key), ("k1", "pk_x"))
+        self.assertEqual(self.stub.last.json(), {"name": "ci", "admin": False, "max_sandboxes": 3})
+        self.assertEqual([x.id for x in await self.client.list_keys()], ["k1"])
+
+
+@unittest.skipUnless(shutil.which("openssl"), "needs the openssl command to make a certificate")
+class TLSTest(unittest.TestCase):
+    """An https URL is spoken over TLS, verified against the system's (here: a test) CA."""
+
+    def test_https(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        stub = StubServer()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        stub.httpd.socket = ctx.wrap_socket(stub.httpd.socket, server_side=True)
+        stub.start()
+        self.addCleanup(stub.stop)
+        stub.json_route("GET", "/v1/sandboxes/abc123", 200, SANDBOX)
+        url = "https://127.0.0.1:%d" % stub.port
+
+        async def go(client):
+            try:
+                return [(await AsyncSandbox.connect("abc123", client=client)).id for _ in range(3)]
+            finally:
+                await client.close()
+
+        with mock.patch.dict(os.environ, {"SSL_CERT_FILE": cert}):
+            self.assertEqual(asyncio.run(go(AsyncClient(api_key="k", api_url=url))), ["abc123"] * 3)
+        self.assertEqual(stub.connections, 1)
+        # Without the CA the certificate is refused.
+        with self.assertRaises(pandastack.PandaConnectionError) as cm:
+            asyncio.run(go(AsyncClient(api_key="k", api_url=url)))
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", str(cm.exception))
+
+
+class TemplateBuilderAsyncTest(AsyncStubTestCase):
+    """``TemplateBuilder.build_async`` sends what ``build`` sends."""
+
+    def setUp(self):
+        super().setUp()
+        self.stub.json_route("POST", "/v1/templates", 202, BUILD)
+        self.stub.route("GET", LOGS, lambda rec, h: send_chunked(h, 200, [ndjson({"line": "step 1"}, dict(BUILD, status="succeeded"))]))
+
+    async def test_from_image(self):
+        lines = []
+        b = await Template.from_image("registry.example.com/myapp:1.0").start_cmd("srv", ready="true").build_async("myapp", on_log=lines.append, client=self.client)
+        self.assertTrue(b.succeeded)
+        self.assertEqual(lines, ["step 1"])
+        post = [r for r in self.stub.requests if r.method == "POST"][0]
+        self.assertEqual(post.json(), {"name": "myapp", "from_image": "registry.example.com/myapp:1.0", "start_cmd": "srv", "ready_cmd": "true"})
+
+    async def test_dockerfile_with_context_and_copy(self):
+        d = make_tree({"Dockerfile": "FROM alpine\n", "app.py": "print(1)\n"})
+        self.addCleanup(shutil.rmtree, d)
+        seen = []
+        b = await Template.from_dockerfile(os.path.join(d, "Dockerfile")).build_arg("V", "1").build_async("myapp", on_context=seen.append, client=self.client)
+        self.assertTrue(b.succeeded)
+        post = [r for r in self.stub.requests if r.method == "POST"][0]
+        self.assertTrue(post.chunked, "the context is streamed")
+        parts = parse_multipart(post)
+        self.assertEqual(json.loads(parts["spec"]), {"name": "myapp", "build_args": {"V": "1"}})
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(parts["context"]))) as tf:
+            self.assertEqual(sorted(tf.getnames()), ["Dockerfile", "app.py"])
+        self.assertEqual(seen[-1].files, 2)
+        self.stub.requests.clear()
+        await Template.from_image("alpine:3").copy(os.path.join(d, "app.py"), "/app.py").build_async("myapp", client=self.client)
+        parts = parse_multipart([r for r in self.stub.requests if r.method == "POST"][0])
+        self.assertIn(b"COPY", parts["dockerfile"])
+
+
+if __name__ == "__main__":
+    unittest.main()
