@@ -201,7 +201,7 @@ func benchExecCmd() *cobra.Command {
     the output says why it was skipped.`,
 		Example: `  panda bench exec --template tiny --memory 256 --n 200 --json
   panda bench exec --n 100 --e2b-n 20 --e2b-dir e2e/e2b`,
-		Args:    cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if n < 1 {
 				return fmt.Errorf("--n %d: want at least 1", n)
