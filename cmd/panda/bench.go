@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -172,9 +173,9 @@ func benchClientKey(apiURL, apiKey string) (*pandastack.Client, string, error) {
 
 func benchExecCmd() *cobra.Command {
 	var (
-		apiURL, apiKey, tmpl string
-		n, mem               int
-		asJSON               bool
+		apiURL, apiKey, tmpl, e2bDir string
+		n, mem, e2bN                 int
+		asJSON                       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "exec",
@@ -187,9 +188,20 @@ func benchExecCmd() *cobra.Command {
   - background start → first output byte: POST …/processes of echo x, then
     GET …/output until the first byte
   - attach → first output byte: GET …/output?from=start of a process that
-    has output`,
-		Example: `  panda bench exec --template tiny --memory 256 --n 200 --json`,
-		Args:    cobra.NoArgs,
+    has output
+  - E2B's JS SDK against PandaStack's Go SDK, in the same run: --e2b-n
+    iterations of, in rotating order, (a) the Go SDK's create + exec of
+    argv ["true"], (b) the same with argv ["/bin/bash", "-l", "-c", "true"]
+    (the command E2B's SDK sends for commands.run('true')), (c) E2B's
+    Sandbox.create + commands.run('true') through e2e/e2b/bench.mjs, a
+    long-lived Node child (its start-up is not measured). The sandboxes
+    of this section have the server's default memory (an E2B create
+    cannot choose it) and --template. It runs when node is installed and
+    --e2b-dir holds bench.mjs and node_modules/e2b (npm ci); otherwise
+    the output says why it was skipped.`,
+		Example: `  panda bench exec --template tiny --memory 256 --n 200 --json
+  panda bench exec --n 100 --e2b-n 20 --e2b-dir e2e/e2b`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if n < 1 {
 				return fmt.Errorf("--n %d: want at least 1", n)
@@ -204,17 +216,18 @@ func benchExecCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if e2bN > 0 {
+				e, err := benchE2B(cmd, c, key, tmpl, e2bDir, e2bN)
+				if err != nil {
+					return err
+				}
+				res.E2B = &e
+			}
 			out := cmd.OutOrStdout()
 			if asJSON {
 				return writeJSON(out, res)
 			}
-			fmt.Fprintf(out, "server %s, template %s, %d MiB\n", res.APIURL, res.Template, res.MemoryMiB)
-			for _, l := range []struct {
-				name string
-				d    bench.Dist
-			}{{"keystroke → echo (WebSocket):", res.KeystrokeEcho}, {"background start → first byte:", res.StartToFirstByte}, {"attach → first byte:", res.AttachToFirstByte}} {
-				fmt.Fprintf(out, "%-31s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
-			}
+			printExecResult(out, res)
 			return nil
 		},
 	}
@@ -224,8 +237,65 @@ func benchExecCmd() *cobra.Command {
 	f.StringVar(&tmpl, "template", "base", "template")
 	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
 	f.IntVar(&n, "n", 100, "measurements of each kind")
+	f.IntVar(&e2bN, "e2b-n", 20, "iterations of the E2B SDK comparison (0: skip it)")
+	f.StringVar(&e2bDir, "e2b-dir", "", "the e2b package directory holding bench.mjs and node_modules (default e2e/e2b under the working directory, else next to the panda binary's directory)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// benchE2B runs the E2B section of `panda bench exec`, or reports in its
+// result why it was skipped.
+func benchE2B(cmd *cobra.Command, c *pandastack.Client, key, tmpl, dir string, n int) (bench.E2BResult, error) {
+	node, _ := exec.LookPath("node")
+	if dir == "" {
+		dir = "e2e/e2b"
+		if exe, err := os.Executable(); err == nil {
+			if d := filepath.Join(filepath.Dir(exe), "..", "e2e", "e2b"); bench.E2BMissing(node, dir) != "" && bench.E2BMissing(node, d) == "" {
+				dir = d
+			}
+		}
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	if why := bench.E2BMissing(node, dir); why != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "skipping the E2B SDK comparison: %s\n", why)
+		return bench.E2BResult{Skipped: why}, nil
+	}
+	return bench.E2BBench(cmd.Context(), c, bench.E2BOptions{
+		Template: tmpl, N: n, Node: node, Dir: dir, APIURL: c.APIURL(), APIKey: key, Log: cmd.ErrOrStderr(),
+	})
+}
+
+func printExecResult(out io.Writer, res bench.ExecResult) {
+	fmt.Fprintf(out, "server %s, template %s, %d MiB\n", res.APIURL, res.Template, res.MemoryMiB)
+	for _, l := range []struct {
+		name string
+		d    bench.Dist
+	}{{"keystroke → echo (WebSocket):", res.KeystrokeEcho}, {"background start → first byte:", res.StartToFirstByte}, {"attach → first byte:", res.AttachToFirstByte}} {
+		fmt.Fprintf(out, "%-31s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
+	}
+	e := res.E2B
+	if e == nil {
+		return
+	}
+	if e.Skipped != "" {
+		fmt.Fprintf(out, "E2B SDK comparison: skipped: %s\n", e.Skipped)
+		return
+	}
+	fmt.Fprintf(out, "E2B SDK %s vs PandaStack Go SDK, create → first true, alternating (template %s, %d MiB):\n", e.SDKVersion, e.Template, e.MemoryMiB)
+	for _, l := range []struct {
+		name string
+		d    bench.Dist
+	}{
+		{"e2b Sandbox.create + commands.run('true') [bash -l -c true]:", e.E2B},
+		{"pandastack Create + Exec argv [true]:", e.PandaStack},
+		{"pandastack Create + Exec argv [/bin/bash -l -c true]:", e.PandaStackLogin},
+	} {
+		fmt.Fprintf(out, "  %-60s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
+	}
+	fmt.Fprintf(out, "  ratio e2b/pandastack at p50, each SDK's own command:        %.3f\n", e.Ratio)
+	fmt.Fprintf(out, "  ratio e2b/pandastack at p50, same command (bash -l -c true): %.3f  (protocol overhead; target ≤ 1.15)\n", e.RatioLogin)
 }
 
 func parseLevels(s string) ([]int, error) {

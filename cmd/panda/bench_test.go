@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/pandatest"
 )
 
@@ -72,4 +75,64 @@ func benchNamespaces() map[string]bool {
 		}
 	}
 	return out
+}
+
+// TestBenchExecE2B: `panda bench exec --json` against a real server runs
+// its E2B section (the pinned e2b JS SDK through e2e/e2b/bench.mjs next
+// to the Go SDK) and reports every distribution and both ratios as
+// positive numbers. No timing is asserted.
+func TestBenchExecE2B(t *testing.T) {
+	e2e(t)
+	e2bDir, err := filepath.Abs("../../e2e/e2b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, _ := exec.LookPath("node")
+	if why := bench.E2BMissing(node, e2bDir); why != "" {
+		t.Fatalf("%s (make setup installs node; npm ci in e2e/e2b installs the SDK)", why)
+	}
+	srv := startServer(t, "server", newDataDir(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err = run(ctx, []string{"bench", "exec", "--json", "--api-url", srv.URL(), "--api-key", srv.AdminKey(),
+		"--template", "base", "--memory", "256", "--n", "2", "--e2b-n", "2", "--e2b-dir", e2bDir}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("panda bench exec: %v\n%s", err, stderr.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	for _, k := range []string{
+		"keystroke_echo.p50_ms", "start_to_first_byte.p50_ms", "attach_to_first_byte.p50_ms",
+		"e2b.e2b.p50_ms", "e2b.e2b.p99_ms", "e2b.pandastack.p50_ms", "e2b.pandastack.p99_ms",
+		"e2b.pandastack_login.p50_ms", "e2b.pandastack_login.p99_ms",
+		"e2b.ratio_p50", "e2b.ratio_p50_same_command", "e2b.memory_mib",
+	} {
+		var v any = got
+		for _, part := range strings.Split(k, ".") {
+			m, _ := v.(map[string]any)
+			v = m[part]
+		}
+		if f, ok := v.(float64); !ok || f <= 0 {
+			t.Errorf("%s: got %v, want a positive number", k, v)
+		}
+	}
+	if e, _ := got["e2b"].(map[string]any); e["skipped"] != nil || e["e2b_sdk_version"] == "" {
+		t.Errorf("e2b section: skipped %v, SDK version %v", e["skipped"], e["e2b_sdk_version"])
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+}
+
+// TestBenchExecE2BSkippedText: a skipped E2B section says why in the
+// text output.
+func TestBenchExecE2BSkippedText(t *testing.T) {
+	var buf bytes.Buffer
+	printExecResult(&buf, bench.ExecResult{E2B: &bench.E2BResult{Skipped: "node is not installed (not in PATH)"}})
+	if want := "E2B SDK comparison: skipped: node is not installed"; !strings.Contains(buf.String(), want) {
+		t.Errorf("output %q does not contain %q", buf.String(), want)
+	}
 }

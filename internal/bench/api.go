@@ -200,12 +200,17 @@ func (r *apiRun) create(ctx context.Context) (*pandastack.Sandbox, time.Duration
 // is running should take it at once, but a conflict (still starting) is
 // retried for up to 30 s.
 func (r *apiRun) firstExec(ctx context.Context, sb *pandastack.Sandbox) error {
+	return r.firstExecArgv(ctx, sb, []string{"true"})
+}
+
+// firstExecArgv is firstExec of argv, which must exit 0.
+func (r *apiRun) firstExecArgv(ctx context.Context, sb *pandastack.Sandbox, argv []string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		res, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"true"}})
+		res, err := sb.Exec(ctx, pandastack.Command{Argv: argv})
 		if err == nil {
 			if res.ExitCode != 0 {
-				return fmt.Errorf("true exited %d", res.ExitCode)
+				return fmt.Errorf("%q exited %d", argv, res.ExitCode)
 			}
 			return nil
 		}

@@ -43,6 +43,9 @@ type ExecResult struct {
 	// AttachToFirstByte is GET …/output?from=start of a process that has
 	// output until its first byte.
 	AttachToFirstByte Dist `json:"attach_to_first_byte"`
+	// E2B compares E2B's JS SDK with the Go SDK (E2BBench); filled by the
+	// caller, nil if not asked for.
+	E2B *E2BResult `json:"e2b,omitempty"`
 }
 
 var errFirstByte = errors.New("first byte")
