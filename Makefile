@@ -10,7 +10,7 @@ GO       ?= go
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
 
-.PHONY: all build setup up test test-go fuzz bench clean check-go
+.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps
 
 all: build
 
@@ -36,8 +36,18 @@ setup: build
 up: setup
 	bin/panda up --data-dir $(DATA_DIR) --bake
 
+# e2b-deps installs the official e2b SDK the E2B suite and `panda bench
+# exec` run (e2e/e2b, pinned by its package-lock.json; from the npm
+# registry), when node_modules is older than the lock file. Before the Go
+# tests: two packages use it, and npm ci would remove it under the other.
+e2b-deps: e2e/e2b/node_modules/.installed
+
+e2e/e2b/node_modules/.installed: e2e/e2b/package.json e2e/e2b/package-lock.json
+	cd e2e/e2b && npm ci --no-audit --no-fund
+	touch $@
+
 # test runs every test, then every fuzz target for a few seconds (fuzz).
-test: setup
+test: setup e2b-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./...
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/api/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
