@@ -26,7 +26,7 @@ var _ e2b.Backend = e2bBackend{}
 func (s *Server) newE2B() (*e2b.Server, error) {
 	m := hmac.New(sha256.New, s.urlSecret)
 	m.Write([]byte("e2b"))
-	return e2b.New(e2bBackend{s}, m.Sum(nil), s.log)
+	return e2b.New(e2bBackend{s}, m.Sum(nil), s.cfg.ProxyDomain, s.log)
 }
 
 func (b e2bBackend) key(ctx context.Context, keyID string) (catalog.Key, error) {
