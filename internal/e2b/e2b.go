@@ -33,7 +33,7 @@ import (
 // EnvdVersion is the envd version reported to SDKs. The SDK gates
 // features on it: >= 0.4.0 lets the server pick the default user, >= 0.5.7
 // allows octet-stream uploads. Features of later versions that are not
-// served (watchers, file metadata) answer unimplemented or are ignored.
+// served (polling watchers, file metadata) answer unimplemented or are ignored.
 const EnvdVersion = "0.6.13"
 
 // ClientID is reported as every sandbox's clientID (E2B's node id).
