@@ -23,10 +23,10 @@ type processConfig struct {
 }
 
 type startRequest struct {
-	Process processConfig    `json:"process"`
-	PTY     *ptyConfig       `json:"pty,omitempty"`
-	Tag     *string          `json:"tag,omitempty"`
-	Stdin   *bool            `json:"stdin,omitempty"`
+	Process processConfig `json:"process"`
+	PTY     *ptyConfig    `json:"pty,omitempty"`
+	Tag     *string       `json:"tag,omitempty"`
+	Stdin   *bool         `json:"stdin,omitempty"`
 }
 
 type processEvent struct {
