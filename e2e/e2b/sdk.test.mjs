@@ -273,13 +273,18 @@ test('pty: create, input, resize, exit code', async () => {
   })
 })
 
-test('pty: user, kill', async () => {
+test('pty: user, connect, kill', async () => {
   const t = terminal()
   const h = await sbx.pty.create({ ...slow, cols: 80, rows: 24, onData: t.onData, user: 'root' })
   await sbx.pty.sendInput(h.pid, enc('echo u=$(id -un)\r'))
   await t.waitFor(/u=root/)
+  await h.disconnect()
+  const t2 = terminal()
+  const h2 = await sbx.pty.connect(h.pid, { ...slow, onData: t2.onData })
+  await sbx.pty.sendInput(h.pid, enc('echo again=$((6*7))\r'))
+  await t2.waitFor(/again=42/)
   assert.equal(await sbx.pty.kill(h.pid), true)
-  await assert.rejects(h.wait(), (e) => e instanceof CommandExitError && e.exitCode === -1)
+  await assert.rejects(h2.wait(), (e) => e instanceof CommandExitError && e.exitCode === -1)
   assert.equal(await sbx.pty.kill(h.pid), false)
 })
 
