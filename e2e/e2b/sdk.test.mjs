@@ -233,8 +233,79 @@ test('process errors: unknown pid, exited process', async () => {
   await assert.rejects(sbx.commands.connect(h.pid), notFound)
 })
 
-test('unimplemented RPCs say so', async () => {
-  await assert.rejects(sbx.pty.create({ cols: 80, rows: 24, onData: () => {} }), (e) => /not implemented/i.test(e.message))
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const enc = (text) => new TextEncoder().encode(text)
+
+// until polls cond every 50 ms for up to 15 s.
+async function until(cond, what) {
+  for (let i = 0; i < 300; i++) {
+    if (cond()) return
+    await sleep(50)
+  }
+  assert.fail(`timed out waiting for ${what()}`)
+}
+
+// A terminal's output, decoded as it arrives. The typed commands compute
+// what the test looks for, so the terminal's echo of them never matches.
+function terminal() {
+  const dec = new TextDecoder()
+  const t = { out: '', onData: (d) => { t.out += dec.decode(d, { stream: true }) } }
+  t.waitFor = (re) => until(() => re.test(t.out), () => `${re} in ${JSON.stringify(t.out)}`)
+  return t
+}
+
+test('pty: create, input, resize, exit code', async () => {
+  const t = terminal()
+  const h = await sbx.pty.create({ ...slow, cols: 80, rows: 24, onData: t.onData, cwd: '/tmp', envs: { PTYVAR: 'pv' } })
+  assert.ok(h.pid > 0, `pid ${h.pid}`)
+  await sbx.pty.sendInput(h.pid, enc('echo hi$((1+1)) [$PTYVAR:$(pwd)] $TERM\r'))
+  await t.waitFor(/hi2 \[pv:\/tmp\] xterm-256color/)
+  await sbx.pty.sendInput(h.pid, enc('echo size=$(stty size | tr " " x)\r'))
+  await t.waitFor(/size=24x80/)
+  await sbx.pty.resize(h.pid, { cols: 100, rows: 40 })
+  await sbx.pty.sendInput(h.pid, enc('echo size=$(stty size | tr " " x)\r'))
+  await t.waitFor(/size=40x100/)
+  await sbx.pty.sendInput(h.pid, enc('exit 3\r'))
+  await assert.rejects(h.wait(), (e) => {
+    assert.ok(e instanceof CommandExitError, `got ${e}`)
+    assert.equal(e.exitCode, 3)
+    return true
+  })
+})
+
+test('pty: user, connect, kill', async () => {
+  const t = terminal()
+  const h = await sbx.pty.create({ ...slow, cols: 80, rows: 24, onData: t.onData, user: 'root' })
+  await sbx.pty.sendInput(h.pid, enc('echo u=$(id -un)\r'))
+  await t.waitFor(/u=root/)
+  await h.disconnect()
+  const t2 = terminal()
+  const h2 = await sbx.pty.connect(h.pid, { ...slow, onData: t2.onData })
+  await sbx.pty.sendInput(h.pid, enc('echo again=$((6*7))\r'))
+  await t2.waitFor(/again=42/)
+  assert.equal(await sbx.pty.kill(h.pid), true)
+  await assert.rejects(h2.wait(), (e) => e instanceof CommandExitError && e.exitCode === -1)
+  assert.equal(await sbx.pty.kill(h.pid), false)
+})
+
+test('files.watchDir: create, write, rename, remove, chmod; recursive', async () => {
+  const dir = `/tmp/watch-${tag}`
+  await sbx.files.makeDir(`${dir}/sub`)
+  const events = []
+  const w = await sbx.files.watchDir(dir, (e) => events.push(`${e.type} ${e.name}`), { ...slow, recursive: true })
+  await sbx.files.write(`${dir}/a.txt`, 'one')
+  await sbx.commands.run(`printf more >> ${dir}/a.txt; mv ${dir}/a.txt ${dir}/b.txt; chmod 600 ${dir}/b.txt; ` +
+    `echo x > ${dir}/sub/c; rm ${dir}/b.txt`, { ...slow, user: 'root' })
+  const want = ['create a.txt', 'write a.txt', 'rename a.txt', 'create b.txt', 'chmod b.txt', 'create sub/c', 'remove b.txt']
+  await until(() => want.every((e) => events.includes(e)), () => `${want} in ${JSON.stringify(events)}`)
+  await w.stop()
+  await sleep(200)
+  const n = events.length
+  await sbx.files.write(`${dir}/late.txt`, 'after stop')
+  await sleep(300)
+  assert.equal(events.length, n, `events after stop: ${JSON.stringify(events.slice(n))}`)
+  await assert.rejects(sbx.files.watchDir(`${dir}/nonexistent`, () => {}, slow),
+    (e) => e instanceof NotFoundError || e instanceof FileNotFoundError || (console.log(e), false))
 })
 
 test('errors: unknown sandbox, bad API key', async () => {

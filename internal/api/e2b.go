@@ -26,7 +26,7 @@ var _ e2b.Backend = e2bBackend{}
 func (s *Server) newE2B() (*e2b.Server, error) {
 	m := hmac.New(sha256.New, s.urlSecret)
 	m.Write([]byte("e2b"))
-	return e2b.New(e2bBackend{s}, m.Sum(nil), s.log)
+	return e2b.New(e2bBackend{s}, m.Sum(nil), s.cfg.ProxyDomain, s.log)
 }
 
 func (b e2bBackend) key(ctx context.Context, keyID string) (catalog.Key, error) {
@@ -154,3 +154,19 @@ type e2bProcessGuest struct {
 }
 
 var _ e2b.ProcessGuest = e2bProcessGuest{}
+
+// WatchDir gives package e2b the guest's directory watch, or a 501 where
+// the host has none (a remote host's guests).
+func (g e2bGuest) WatchDir(ctx context.Context, path string, recursive bool) (e2b.DirWatch, error) {
+	dw, ok := g.Guest.(dirWatcher)
+	if !ok {
+		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories yet")
+	}
+	w, err := dw.WatchDir(ctx, path, recursive)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return w, nil
+}
+
+var _ e2b.DirWatcher = e2bGuest{}

@@ -155,6 +155,10 @@ func (s *Server) toJSON(sb Sandbox, withToken bool) sandboxJSON {
 	if withToken {
 		out.EnvdAccessToken = s.AccessToken(sb.ID)
 	}
+	if s.domain != "" {
+		d := s.domain
+		out.Domain = &d
+	}
 	end := sb.ExpiresAt
 	if end.IsZero() {
 		end = time.Now()

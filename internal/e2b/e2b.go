@@ -33,7 +33,7 @@ import (
 // EnvdVersion is the envd version reported to SDKs. The SDK gates
 // features on it: >= 0.4.0 lets the server pick the default user, >= 0.5.7
 // allows octet-stream uploads. Features of later versions that are not
-// served (watchers, file metadata) answer unimplemented or are ignored.
+// served (polling watchers, file metadata) answer unimplemented or are ignored.
 const EnvdVersion = "0.6.13"
 
 // ClientID is reported as every sandbox's clientID (E2B's node id).
@@ -114,6 +114,7 @@ type Process interface {
 type Server struct {
 	b      Backend
 	secret []byte
+	domain string // the sandboxes' domain; "": none
 	log    *slog.Logger
 
 	control *http.ServeMux
@@ -126,14 +127,17 @@ type Server struct {
 
 // New returns a server. secret derives the sandboxes' envd access tokens
 // (at least 16 bytes; keep it across restarts for tokens to stay valid).
-func New(b Backend, secret []byte, log *slog.Logger) (*Server, error) {
+// domain, if not empty, is reported as every sandbox's domain: the SDK's
+// getHost(port) is then PORT-ID.domain, which the server must serve (its
+// proxy domain).
+func New(b Backend, secret []byte, domain string, log *slog.Logger) (*Server, error) {
 	if len(secret) < 16 {
 		return nil, errors.New("e2b: secret of fewer than 16 bytes")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{b: b, secret: secret, log: log, users: map[string]defaultUser{}, procs: map[procKey]procMeta{}}
+	s := &Server{b: b, secret: secret, domain: domain, log: log, users: map[string]defaultUser{}, procs: map[procKey]procMeta{}}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()
 	return s, nil

@@ -9,7 +9,7 @@ import (
 )
 
 func TestAccessToken(t *testing.T) {
-	s, err := New(nil, []byte("0123456789abcdef"), nil)
+	s, err := New(nil, []byte("0123456789abcdef"), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestAccessToken(t *testing.T) {
 			t.Errorf("validToken(%q, %q) = %v, want %v", tc.id, tc.token, got, tc.want)
 		}
 	}
-	if _, err := New(nil, []byte("short"), nil); err == nil {
+	if _, err := New(nil, []byte("short"), "", nil); err == nil {
 		t.Error("New with a 5-byte secret: got no error")
 	}
 }

@@ -42,18 +42,17 @@ func (s *Server) envdRoutes() *http.ServeMux {
 	m.Handle("/process.Process/SendInput", connect.NewUnaryHandler("/process.Process/SendInput", s.sendInput, opt))
 	m.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", s.sendSignal, opt))
 	m.Handle("/process.Process/CloseStdin", connect.NewUnaryHandler("/process.Process/CloseStdin", s.closeStdin, opt))
-	// What needs a PTY or watchers answers unimplemented, as envd does
-	// for a method it lacks. StreamInput is not used by the SDK.
-	for _, p := range []string{"/process.Process/Update", "/filesystem.Filesystem/CreateWatcher",
+	m.Handle("/process.Process/Update", connect.NewUnaryHandler("/process.Process/Update", s.update, opt))
+	m.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", s.watchDir, opt))
+	// Polling watchers (which the JS SDK does not use) and StreamInput
+	// (which no SDK uses) answer unimplemented, as envd does for a method
+	// it lacks.
+	for _, p := range []string{"/filesystem.Filesystem/CreateWatcher",
 		"/filesystem.Filesystem/GetWatcherEvents", "/filesystem.Filesystem/RemoveWatcher"} {
 		m.Handle(p, connect.NewUnaryHandler(p, func(context.Context, *connect.Request[empty]) (*connect.Response[empty], error) {
 			return nil, unimplemented(p)
 		}, opt))
 	}
-	m.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir",
-		func(context.Context, *connect.Request[empty], *connect.ServerStream[empty]) error {
-			return unimplemented("/filesystem.Filesystem/WatchDir")
-		}, opt))
 	m.Handle("/process.Process/StreamInput", connect.NewClientStreamHandler("/process.Process/StreamInput",
 		func(context.Context, *connect.ClientStream[empty]) (*connect.Response[empty], error) {
 			return nil, unimplemented("/process.Process/StreamInput")
@@ -68,7 +67,7 @@ func (s *Server) envdRoutes() *http.ServeMux {
 }
 
 func unimplemented(procedure string) error {
-	return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s is not implemented by PandaStack yet (PTY, StreamInput and watchers are not served)", procedure))
+	return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s is not implemented by PandaStack yet (StreamInput and polling watchers are not served)", procedure))
 }
 
 // envdTarget is the sandbox an envd request is for, and as whom.
@@ -247,9 +246,6 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 		return s.rpcError(err)
 	}
 	m := req.Msg
-	if m.PTY != nil {
-		return unimplemented("/process.Process/Start with a PTY")
-	}
 	if m.Process.Cmd == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
 	}
@@ -271,11 +267,17 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 		env[k] = v
 	}
 	g := guestproto.ExecRequest{Argv: append([]string{m.Process.Cmd}, m.Process.Args...), Env: env, Cwd: cwd, User: user}
+	if m.PTY != nil {
+		g.PTY = &guestproto.PTYSize{Rows: int(m.PTY.Size.Rows), Cols: int(m.PTY.Size.Cols)}
+	}
 	if err := g.Validate(); err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	if pg, ok := t.g.(ProcessGuest); ok {
 		return s.startProcess(ctx, t, pg, m, g, stream)
+	}
+	if m.PTY != nil {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("a PTY is not served for this sandbox: its host does not keep background processes"))
 	}
 	if m.Stdin != nil && *m.Stdin {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("stdin is not served for this sandbox: its host does not keep background processes"))

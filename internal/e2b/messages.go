@@ -23,10 +23,10 @@ type processConfig struct {
 }
 
 type startRequest struct {
-	Process processConfig    `json:"process"`
-	PTY     *json.RawMessage `json:"pty,omitempty"`
-	Tag     *string          `json:"tag,omitempty"`
-	Stdin   *bool            `json:"stdin,omitempty"`
+	Process processConfig `json:"process"`
+	PTY     *ptyConfig    `json:"pty,omitempty"`
+	Tag     *string       `json:"tag,omitempty"`
+	Stdin   *bool         `json:"stdin,omitempty"`
 }
 
 type processEvent struct {
@@ -43,6 +43,51 @@ type startEvent struct {
 type dataEvent struct {
 	Stdout []byte `json:"stdout,omitempty"`
 	Stderr []byte `json:"stderr,omitempty"`
+	PTY    []byte `json:"pty,omitempty"` // a PTY process's output (all of it)
+}
+
+// ptyConfig is process.PTY: a terminal's size.
+type ptyConfig struct {
+	Size ptySize `json:"size"`
+}
+
+type ptySize struct {
+	Cols uint32 `json:"cols"`
+	Rows uint32 `json:"rows"`
+}
+
+// updateRequest is process.UpdateRequest: a PTY's new size.
+type updateRequest struct {
+	Process processSelector `json:"process"`
+	PTY     *ptyConfig      `json:"pty,omitempty"`
+}
+
+type watchDirRequest struct {
+	Path         string `json:"path"`
+	Recursive    bool   `json:"recursive"`
+	IncludeEntry bool   `json:"includeEntry"`
+}
+
+// Event types of filesystem.FilesystemEvent.
+const (
+	eventCreate = "EVENT_TYPE_CREATE"
+	eventWrite  = "EVENT_TYPE_WRITE"
+	eventRemove = "EVENT_TYPE_REMOVE"
+	eventRename = "EVENT_TYPE_RENAME"
+	eventChmod  = "EVENT_TYPE_CHMOD"
+)
+
+// filesystemEvent's Name is the path relative to the watched directory.
+type filesystemEvent struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// watchDirResponse is one of its oneof: start, filesystem or keepalive.
+type watchDirResponse struct {
+	Start      *struct{}        `json:"start,omitempty"`
+	Filesystem *filesystemEvent `json:"filesystem,omitempty"`
+	Keepalive  *struct{}        `json:"keepalive,omitempty"`
 }
 
 type endEvent struct {

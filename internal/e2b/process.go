@@ -29,6 +29,8 @@ type ProcessGuest interface {
 	CloseProcessStdin(ctx context.Context, pid int) error
 	SignalProcess(ctx context.Context, pid int, signal string) error
 	RemoveProcess(ctx context.Context, pid int) error
+	// ResizeProcess sets a PTY process's terminal size.
+	ResizeProcess(ctx context.Context, pid, rows, cols int) error
 }
 
 // procKey names a process of a sandbox.
@@ -123,7 +125,7 @@ func (s *Server) startProcess(ctx context.Context, t envdTarget, pg ProcessGuest
 	if err := send(processEvent{Start: &startEvent{PID: uint32(info.PID)}}); err != nil {
 		return err // the client went away; the process runs on
 	}
-	exited, err := s.follow(ctx, pg, info.PID, 0, 0, send)
+	exited, err := s.follow(ctx, pg, info.PID, 0, 0, g.PTY != nil, send)
 	if exited {
 		// envd forgets a process once it has exited; so does the guest,
 		// once whoever started it has seen it end.
@@ -150,11 +152,11 @@ func lockedSend(send func(processEvent) error) func(processEvent) error {
 }
 
 // follow streams process pid's output from the offsets (-1: from now) as
-// data events, with keepalives, then its end event; it re-attaches where
+// data events (pty ones for a PTY process, whose output is all stdout), with keepalives, then its end event; it re-attaches where
 // it stopped if the attach lagged. exited reports that the process's end
 // was seen (and sent, unless the send failed). The client going away
 // ends the stream, not the process.
-func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, errOff int64, send func(processEvent) error) (exited bool, err error) {
+func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, errOff int64, pty bool, send func(processEvent) error) (exited bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
@@ -186,9 +188,12 @@ func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, e
 				if k > 0 {
 					*n += int64(k)
 					data := &dataEvent{}
-					if stderr {
+					switch {
+					case pty:
+						data.PTY = append([]byte(nil), buf[:k]...)
+					case stderr:
 						data.Stderr = append([]byte(nil), buf[:k]...)
-					} else {
+					default:
 						data.Stdout = append([]byte(nil), buf[:k]...)
 					}
 					if send(processEvent{Data: data}) != nil {
@@ -288,7 +293,7 @@ func (s *Server) connectProcess(ctx context.Context, req *connect.Request[connec
 	if err := send(processEvent{Start: &startEvent{PID: uint32(pid)}}); err != nil {
 		return err
 	}
-	_, err = s.follow(ctx, pg, pid, a.Start.StdoutOffset, a.Start.StderrOffset, send)
+	_, err = s.follow(ctx, pg, pid, a.Start.StdoutOffset, a.Start.StderrOffset, a.Proc.PTY != nil, send)
 	return err
 }
 
@@ -334,13 +339,15 @@ func (s *Server) sendInput(ctx context.Context, req *connect.Request[sendInputRe
 	if err != nil {
 		return nil, err
 	}
+	// A PTY's keystrokes go to its stdin, as a pipe's bytes do.
+	in := req.Msg.Input.Stdin
 	if req.Msg.Input.PTY != nil {
-		return nil, unimplemented("/process.Process/SendInput to a PTY")
+		in = req.Msg.Input.PTY
 	}
-	if len(req.Msg.Input.Stdin) == 0 {
+	if len(in) == 0 {
 		return connect.NewResponse(&empty{}), nil
 	}
-	if err := pg.WriteProcessStdin(ctx, pid, req.Msg.Input.Stdin); err != nil {
+	if err := pg.WriteProcessStdin(ctx, pid, in); err != nil {
 		return nil, s.procError(err, pid)
 	}
 	return connect.NewResponse(&empty{}), nil
@@ -392,4 +399,24 @@ func (s *Server) selected(ctx context.Context, h http.Header, procedure string, 
 		return nil, 0, err
 	}
 	return pg, pid, nil
+}
+
+// update is Update: a PTY process's new terminal size. A request without
+// a pty changes nothing, as in envd.
+func (s *Server) update(ctx context.Context, req *connect.Request[updateRequest]) (*connect.Response[empty], error) {
+	pg, pid, err := s.selected(ctx, req.Header(), "/process.Process/Update", req.Msg.Process)
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.PTY == nil {
+		return connect.NewResponse(&empty{}), nil
+	}
+	z := req.Msg.PTY.Size
+	if err := (guestproto.PTYSize{Rows: int(z.Rows), Cols: int(z.Cols)}).Validate(); err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if err := pg.ResizeProcess(ctx, pid, int(z.Rows), int(z.Cols)); err != nil {
+		return nil, s.procError(err, pid)
+	}
+	return connect.NewResponse(&empty{}), nil
 }
