@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
 // processGuest is sandbox id's guest through h, which must keep
@@ -244,5 +247,94 @@ func TestWatchDir(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("next after close blocked")
+	}
+}
+
+// TestProcessRoutesAuth: every process and watch route wants the token.
+func TestProcessRoutesAuth(t *testing.T) {
+	for _, r := range []struct{ method, path string }{
+		{"POST", "/sandboxes/x/processes"}, {"GET", "/sandboxes/x/processes"},
+		{"DELETE", "/sandboxes/x/processes/1"}, {"POST", "/sandboxes/x/processes/1/stdin"},
+		{"POST", "/sandboxes/x/processes/1/signal"}, {"POST", "/sandboxes/x/processes/1/resize"},
+		{"GET", "/sandboxes/x/processes/1/attach"}, {"POST", "/sandboxes/x/processes/1/wait"},
+		{"GET", "/sandboxes/x/watch?path=/tmp"},
+	} {
+		req, _ := http.NewRequest(r.method, hs.URL+hostapi.Prefix+r.path, nil)
+		req.Header.Set("Authorization", "Bearer wrong")
+		res, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s %s with a wrong token: got %d, want 401", r.method, r.path, res.StatusCode)
+		}
+	}
+}
+
+// TestCloseEndsProcessStreams: a server's Close ends attaches, waits and
+// watches in flight (Shutdown does not wait for them) and refuses new ones.
+func TestCloseEndsProcessStreams(t *testing.T) {
+	ctx := ctxT(t)
+	sb := create(t, client)
+	s2 := hostapi.NewServer(host, testToken, nil)
+	hs2 := httptest.NewServer(s2)
+	defer hs2.Close()
+	defer s2.Close()
+	c2, err := hostapi.Dial(hs2.URL, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	pg := processGuest(t, c2, sb.ID)
+	p, err := pg.StartProcess(ctx, guestproto.ExecRequest{Shell: "sleep 600"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := pg.AttachProcess(ctx, p.PID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := c2.Guest(sb.ID)
+	mustRun(t, client, sb.ID, "mkdir -p /tmp/wc")
+	w, err := g.(dirWatcher).WatchDir(ctx, "/tmp/wc", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	waited := make(chan error, 1)
+	go func() { _, err := pg.WaitProcess(ctx, p.PID); waited <- err }()
+	watched := make(chan error, 1)
+	go func() { _, err := w.Next(); watched <- err }()
+	time.Sleep(200 * time.Millisecond)
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s2.Shutdown(sctx); err != nil {
+		t.Errorf("shutdown with streams open: %v, want no wait for them", err)
+	}
+	s2.Close()
+	attached := make(chan error, 1)
+	go func() {
+		go io.Copy(io.Discard, a.Stderr)
+		io.Copy(io.Discard, a.Stdout)
+		_, _, err := a.End()
+		attached <- err
+	}()
+	for name, ch := range map[string]chan error{"attach": attached, "wait": waited, "watch": watched} {
+		select {
+		case err := <-ch:
+			if err == nil {
+				t.Errorf("%s after Close: got no error", name)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("%s still open 10 s after Close", name)
+		}
+	}
+	if _, err := pg.AttachProcess(ctx, p.PID, 0, 0); !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("attach after Close: got %v, want api.ErrUnavailable", err)
+	}
+	// The process runs on.
+	if list, err := processGuest(t, client, sb.ID).ListProcesses(ctx); err != nil || !slicesHasRunning(list, p.PID) {
+		t.Errorf("after Close: got %+v, %v; want %d still running", list, err, p.PID)
 	}
 }
