@@ -249,7 +249,8 @@ func TestSplitAgentRestart(t *testing.T) {
 // timeouts (a config file). Clients that send nothing, send their headers
 // or body too slowly, or leave a keep-alive connection idle are cut off, on
 // the REST API and on the host API (TLS); long exec streams, a slow upload
-// and the event stream live on past every timeout. An exec whose command
+// and the event stream live on past every timeout, and so do a background
+// process's output stream, its wait and a directory watch. An exec whose command
 // is far beyond the host API's old 4 KiB line goes through the REST API
 // and the host API end to end. (The pauses here are a slow client's.)
 func TestSplitTimeoutsAndLongRequests(t *testing.T) {
@@ -347,6 +348,39 @@ func TestSplitTimeoutsAndLongRequests(t *testing.T) {
 	er, err := sb.ExecStream(ctx, pandastack.Command{Cmd: "for i in 1 2 3; do echo $i; sleep 2.5; done"}, &out, io.Discard)
 	if err != nil || er.ExitCode != 0 || out.String() != "1\n2\n3\n" {
 		t.Errorf("a 7.5 s exec stream: got %+v, %v, %q; want 1 2 3", er, err, out.String())
+	}
+	// ... a background process's output stream, a wait and a directory
+	// watch, all quiet for 5 s (past the idle and body timeouts) ...
+	mustExec(t, ctx, sb, "mkdir -p /root/quiet")
+	qw, err := sb.StartWatchDir(ctx, "/root/quiet", false)
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	defer qw.Close()
+	qp, err := sb.StartProcess(ctx, pandastack.Command{Cmd: "echo a; sleep 5; echo b; touch /root/quiet/f"})
+	if err != nil {
+		t.Fatalf("start a quiet process: %v", err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		info, err := qp.Wait(ctx)
+		if err == nil && (info.ExitCode == nil || *info.ExitCode != 0) {
+			err = fmt.Errorf("got %+v, want exit 0", info)
+		}
+		waited <- err
+	}()
+	var qout strings.Builder
+	if res, err := qp.Output(ctx, pandastack.FromStart, func(c pandastack.OutputChunk) error {
+		qout.WriteString(c.Data)
+		return nil
+	}); err != nil || res.ExitCode != 0 || qout.String() != "a\nb\n" {
+		t.Errorf("a quiet 5 s output stream: got %+v, %v, %q; want a b", res, err, qout.String())
+	}
+	if err := <-waited; err != nil {
+		t.Errorf("a 5 s wait: %v", err)
+	}
+	if ev, err := qw.Next(); err != nil || ev.Path != "/root/quiet/f" {
+		t.Errorf("a watch quiet for 5 s: got %+v, %v; want an event on /root/quiet/f", ev, err)
 	}
 	// ... an upload that pauses under the body timeout, for 4 s in all ...
 	pr, pw := io.Pipe()
