@@ -18,9 +18,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/pandatest"
@@ -130,11 +132,7 @@ func TestSplitServerAgent(t *testing.T) {
 	if err != nil || sr.ExitCode != 0 || out.String() != "1\n2\n3\n" || errOut.String() != "e\n" {
 		t.Errorf("streamed exec: got %+v, %v, stdout %q, stderr %q", sr, err, out.String(), errOut.String())
 	}
-	// Background processes are not carried by the host API yet: 501.
-	var pe *pandastack.Error
-	if _, err := parent.StartProcess(ctx, pandastack.Command{Cmd: "sleep 100"}); !errors.As(err, &pe) || pe.Status != http.StatusNotImplemented {
-		t.Errorf("start a background process in split mode: got %v, want a 501", err)
-	}
+	splitProcessesAndWatch(t, ctx, sv, parent)
 	if hosts, err := c.Hosts(ctx); err != nil || len(hosts) != 1 || hosts[0].State != "ready" || hosts[0].Accel != "tcg" ||
 		hosts[0].Sandboxes != 1 || hosts[0].VCPUs < 1 || hosts[0].MemoryMiB < 1 {
 		t.Errorf("hosts: got %+v, %v; want one ready tcg host with one sandbox, its CPUs and memory", hosts, err)
@@ -251,7 +249,8 @@ func TestSplitAgentRestart(t *testing.T) {
 // timeouts (a config file). Clients that send nothing, send their headers
 // or body too slowly, or leave a keep-alive connection idle are cut off, on
 // the REST API and on the host API (TLS); long exec streams, a slow upload
-// and the event stream live on past every timeout. An exec whose command
+// and the event stream live on past every timeout, and so do a background
+// process's output stream, its wait and a directory watch. An exec whose command
 // is far beyond the host API's old 4 KiB line goes through the REST API
 // and the host API end to end. (The pauses here are a slow client's.)
 func TestSplitTimeoutsAndLongRequests(t *testing.T) {
@@ -350,6 +349,39 @@ func TestSplitTimeoutsAndLongRequests(t *testing.T) {
 	if err != nil || er.ExitCode != 0 || out.String() != "1\n2\n3\n" {
 		t.Errorf("a 7.5 s exec stream: got %+v, %v, %q; want 1 2 3", er, err, out.String())
 	}
+	// ... a background process's output stream, a wait and a directory
+	// watch, all quiet for 5 s (past the idle and body timeouts) ...
+	mustExec(t, ctx, sb, "mkdir -p /root/quiet")
+	qw, err := sb.StartWatchDir(ctx, "/root/quiet", false)
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	defer qw.Close()
+	qp, err := sb.StartProcess(ctx, pandastack.Command{Cmd: "echo a; sleep 5; echo b; touch /root/quiet/f"})
+	if err != nil {
+		t.Fatalf("start a quiet process: %v", err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		info, err := qp.Wait(ctx)
+		if err == nil && (info.ExitCode == nil || *info.ExitCode != 0) {
+			err = fmt.Errorf("got %+v, want exit 0", info)
+		}
+		waited <- err
+	}()
+	var qout strings.Builder
+	if res, err := qp.Output(ctx, pandastack.FromStart, func(c pandastack.OutputChunk) error {
+		qout.WriteString(c.Data)
+		return nil
+	}); err != nil || res.ExitCode != 0 || qout.String() != "a\nb\n" {
+		t.Errorf("a quiet 5 s output stream: got %+v, %v, %q; want a b", res, err, qout.String())
+	}
+	if err := <-waited; err != nil {
+		t.Errorf("a 5 s wait: %v", err)
+	}
+	if ev, err := qw.Next(); err != nil || ev.Path != "/root/quiet/f" {
+		t.Errorf("a watch quiet for 5 s: got %+v, %v; want an event on /root/quiet/f", ev, err)
+	}
 	// ... an upload that pauses under the body timeout, for 4 s in all ...
 	pr, pw := io.Pipe()
 	go func() {
@@ -437,4 +469,145 @@ func TestSplitSnapshotRecordedAfterACrash(t *testing.T) {
 	}
 	mustStop(t, sv2)
 	stopAgentClean(t, ag, dir)
+}
+
+// splitProcessesAndWatch: background processes (output streamed from an
+// offset, stdin, wait, signal, the WebSocket terminal) and a directory
+// watch work through a server whose host is remote. It leaves no process
+// behind.
+func splitProcessesAndWatch(t *testing.T, ctx context.Context, sv *proc, sb *pandastack.Sandbox) {
+	t.Helper()
+	// Watch first: the events of what the processes below do.
+	mustExec(t, ctx, sb, "mkdir -p /tmp/split-w")
+	w, err := sb.StartWatchDir(ctx, "/tmp/split-w", true)
+	if err != nil {
+		t.Fatalf("watch a directory in split mode: %v", err)
+	}
+	defer w.Close()
+
+	p, err := sb.StartProcess(ctx, pandastack.Command{Cmd: "echo ready; while read l; do echo got $l; echo $l > /tmp/split-w/$l; done; echo bye >&2; exit 4", OpenStdin: true})
+	if err != nil {
+		t.Fatalf("start a background process in split mode: %v", err)
+	}
+	var mu sync.Mutex
+	var out, errOut strings.Builder
+	outDone := make(chan error, 1)
+	go func() {
+		res, err := p.Output(ctx, pandastack.FromStart, func(c pandastack.OutputChunk) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if c.Stderr {
+				errOut.WriteString(c.Data)
+			} else {
+				out.WriteString(c.Data)
+			}
+			return nil
+		})
+		if err == nil && res.ExitCode != 4 {
+			err = fmt.Errorf("exit %d, want 4", res.ExitCode)
+		}
+		outDone <- err
+	}()
+	if err := p.WriteStdin(ctx, []byte("one\ntwo\n")); err != nil {
+		t.Fatalf("write stdin: %v", err)
+	}
+	// The watch sees the file the process made.
+	ev, err := w.Next()
+	if err != nil || ev.Type != pandastack.WatchCreate || ev.Path != "/tmp/split-w/one" {
+		t.Errorf("first watch event: got %+v, %v; want create /tmp/split-w/one", ev, err)
+	}
+	if err := p.CloseStdin(ctx); err != nil {
+		t.Fatalf("close stdin: %v", err)
+	}
+	info, err := p.Wait(ctx)
+	if err != nil || info.State != "exited" || info.ExitCode == nil || *info.ExitCode != 4 {
+		t.Errorf("wait: got %+v, %v; want exited with 4", info, err)
+	}
+	if err := <-outDone; err != nil {
+		t.Errorf("output stream: %v", err)
+	}
+	mu.Lock()
+	if out.String() != "ready\ngot one\ngot two\n" || errOut.String() != "bye\n" {
+		t.Errorf("streamed output: got stdout %q stderr %q", out.String(), errOut.String())
+	}
+	mu.Unlock()
+	// From an offset: what follows "ready\n".
+	var tail strings.Builder
+	if _, err := p.Output(ctx, int64(len("ready\n")), func(c pandastack.OutputChunk) error {
+		if !c.Stderr {
+			tail.WriteString(c.Data)
+		}
+		return nil
+	}); err != nil || tail.String() != "got one\ngot two\n" {
+		t.Errorf("output from offset 6: got %q, %v", tail.String(), err)
+	}
+	if list, err := sb.Processes(ctx); err != nil || len(list) != 1 || list[0].PID != p.PID {
+		t.Errorf("processes: got %+v, %v; want the one", list, err)
+	}
+	if err := p.Kill(ctx); err != nil {
+		t.Errorf("remove the process: %v", err)
+	}
+
+	// A signal ends a wait.
+	sl, err := sb.StartProcess(ctx, pandastack.Command{Cmd: "sleep 600"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sl.Signal(ctx, "TERM"); err != nil {
+		t.Errorf("signal: %v", err)
+	}
+	if info, err := sl.Wait(ctx); err != nil || info.Signal == "" {
+		t.Errorf("wait for a signalled process: got %+v, %v", info, err)
+	}
+	sl.Kill(ctx)
+
+	// The terminal: a WebSocket on a PTY process.
+	tp, err := sb.StartProcess(ctx, pandastack.Command{Cmd: "read l; echo got-$l; stty size", PTY: &pandastack.PTYSize{Rows: 24, Cols: 80}})
+	if err != nil {
+		t.Fatalf("start a terminal: %v", err)
+	}
+	if err := tp.Resize(ctx, 30, 100); err != nil {
+		t.Errorf("resize: %v", err)
+	}
+	url := "ws" + strings.TrimPrefix(sv.URL(), "http") + "/v1/sandboxes/" + sb.ID + "/processes/" + fmt.Sprint(tp.PID) + "/tty"
+	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + sv.AdminKey()}}, Subprotocols: []string{"pandastack.v1"},
+	})
+	if err != nil {
+		t.Fatalf("tty websocket: %v", err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageBinary, []byte("x\r")); err != nil {
+		t.Fatalf("tty write: %v", err)
+	}
+	var screen strings.Builder
+	for {
+		typ, b, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatalf("tty read: %v; screen so far %q", err, screen.String())
+		}
+		if typ == websocket.MessageBinary {
+			screen.Write(b)
+			continue
+		}
+		if !strings.Contains(string(b), `"exit"`) {
+			t.Errorf("tty control frame: got %s, want exit", b)
+		}
+		break
+	}
+	if !strings.Contains(screen.String(), "got-x") || !strings.Contains(screen.String(), "30 100") {
+		t.Errorf("tty screen: got %q, want got-x and the size 30 100", screen.String())
+	}
+	tp.Kill(ctx)
+
+	// Removing the directory ends the watch.
+	mustExec(t, ctx, sb, "rm -rf /tmp/split-w")
+	for {
+		if _, err := w.Next(); err != nil {
+			if err != io.EOF {
+				t.Errorf("watch of a removed directory: got %v, want io.EOF", err)
+			}
+			break
+		}
+	}
 }

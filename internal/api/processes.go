@@ -89,7 +89,7 @@ func (s *Server) processGuest(r *http.Request) (ProcessGuest, error) {
 	}
 	pg, ok := g.(ProcessGuest)
 	if !ok {
-		return nil, errorf(http.StatusNotImplemented, "not_implemented", "background processes are not available for sandboxes on remote hosts yet")
+		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host does not keep background processes")
 	}
 	return pg, nil
 }

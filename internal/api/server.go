@@ -87,9 +87,9 @@ type Guest interface {
 }
 
 // ProcessGuest is a Guest that keeps background processes (see
-// guestproto.Client for the contracts). The local host's guests are;
-// a remote host's (split mode) are not, and the processes routes answer
-// 501 there.
+// guestproto.Client for the contracts). The local host's guests are, and
+// so are a remote host's (hostapi); the processes routes answer 501 for a
+// Guest that is not.
 type ProcessGuest interface {
 	StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error)
 	ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)

@@ -9,8 +9,9 @@ import (
 )
 
 // dirWatcher is the optional ability of a Guest to watch a directory
-// (guestproto.Client.WatchDir). The local host's guests have it; a remote
-// host's (package hostapi) do not yet, and the route answers 501 there.
+// (guestproto.Client.WatchDir). The local host's guests have it, and so do
+// a remote host's (package hostapi); the route answers 501 for a Guest
+// without it.
 type dirWatcher interface {
 	WatchDir(ctx context.Context, path string, recursive bool) (*guestproto.DirWatch, error)
 }
@@ -36,7 +37,7 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request) {
 	}
 	dw, ok := g.(dirWatcher)
 	if !ok {
-		s.writeError(w, r, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories yet"))
+		s.writeError(w, r, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories"))
 		return
 	}
 	watch, err := dw.WatchDir(r.Context(), p, recursive)

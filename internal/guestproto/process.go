@@ -333,6 +333,17 @@ type Attachment struct {
 
 	c *Client
 	s *Stream
+	// end and close replace c and s in an Attachment made by
+	// NewAttachment.
+	end   func() (ProcInfo, bool, error)
+	close func()
+}
+
+// NewAttachment returns an Attachment carried by something other than a
+// guest connection (the host API): end and close implement End and Close
+// with their contracts.
+func NewAttachment(start AttachStart, proc ProcInfo, stdout, stderr io.Reader, end func() (proc ProcInfo, lagged bool, err error), close func()) *Attachment {
+	return &Attachment{Start: start, Proc: proc, Stdout: stdout, Stderr: stderr, end: end, close: close}
 }
 
 // AttachProcess streams the process's output from the given offsets (0:
@@ -373,6 +384,9 @@ func (c *Client) AttachProcess(ctx context.Context, pid int, stdoutOffset, stder
 // Attachment's Start says how much was dropped). Otherwise the process
 // has exited and proc.Exit says how.
 func (a *Attachment) End() (proc ProcInfo, lagged bool, err error) {
+	if a.end != nil {
+		return a.end()
+	}
 	r, err := a.c.waitFrame(a.s, a.s.exit, "EXIT")
 	if err != nil {
 		return ProcInfo{}, false, fmt.Errorf("attach process: %w", err)
@@ -385,5 +399,9 @@ func (a *Attachment) End() (proc ProcInfo, lagged bool, err error) {
 
 // Close detaches; the process runs on.
 func (a *Attachment) Close() {
+	if a.close != nil {
+		a.close()
+		return
+	}
 	a.s.abort(Errorf(CodeCanceled, "detached by host"), &Error{Code: CodeCanceled, Message: "detached by host"})
 }

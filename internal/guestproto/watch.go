@@ -83,12 +83,25 @@ type DirWatch struct {
 	sc   *bufio.Scanner
 	path string
 	once sync.Once
+	// next and close replace s and sc in a DirWatch made by NewDirWatch.
+	next  func() (WatchEvent, error)
+	close func() error
+}
+
+// NewDirWatch returns a DirWatch carried by something other than a guest
+// connection (the host API): next and close implement Next and Close with
+// their contracts (close is called once).
+func NewDirWatch(next func() (WatchEvent, error), close func() error) *DirWatch {
+	return &DirWatch{next: next, close: close}
 }
 
 // Next returns the next event. It returns io.EOF when the guest ended the
 // watch (the directory was removed), the stream's error when the watch
 // was closed, its ctx ended or the guest went away.
 func (w *DirWatch) Next() (WatchEvent, error) {
+	if w.next != nil {
+		return w.next()
+	}
 	if !w.sc.Scan() {
 		err := w.sc.Err()
 		if err == nil {
@@ -110,6 +123,10 @@ func (w *DirWatch) Next() (WatchEvent, error) {
 // Close ends the watch.
 func (w *DirWatch) Close() error {
 	w.once.Do(func() {
+		if w.close != nil {
+			w.close()
+			return
+		}
 		w.s.abort(ErrClosed, &Error{Code: CodeCanceled, Message: "watch closed by host"})
 		w.s.detach()
 	})

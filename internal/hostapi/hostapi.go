@@ -33,6 +33,24 @@
 //     X-Panda-Error trailer, so a failed download is never a short file.
 //   - write file (PUT …/files) streams the request body into the guest.
 //   - template bake and the event stream (GET /host/v1/events) are NDJSON.
+//   - background processes (…/processes: start, list; …/processes/{pid}:
+//     delete, stdin (raw body, at most MaxStdinBody; ?close=true closes
+//     stdin after it), signal, resize, wait, attach). Attach
+//     (GET …/processes/{pid}/attach?stdout_offset=N&stderr_offset=N, -1:
+//     from now) answers frames as exec does: attach {start, proc} first,
+//     stdout and stderr bytes, then attach end {proc, lagged} (same type
+//     byte as exec's exit) or error; closing the connection detaches and
+//     the process runs on. Wait (POST …/wait) answers the ProcInfo once the
+//     process has exited.
+//   - watch (GET …/sandboxes/{id}/watch?path=P&recursive=B) answers 200
+//     once the guest's watches are in place, then NDJSON: one
+//     guestproto.WatchEvent a line, and last {"type":"end"} (the guest
+//     ended the watch: the directory was removed) or {"type":"error",
+//     "error":{…}}.
+//   - attach, wait and watch last as long as the process or the client:
+//     no body that may idle, no write timeout; like event streams and
+//     dials they are not requests in flight for Shutdown, and Close ends
+//     them.
 //   - dial (GET …/sandboxes/{id}/dial?port=N, with Connection: Upgrade and
 //     Upgrade: panda-tcp) opens a TCP connection to port N of the guest
 //     (agent.Agent.DialGuest) and answers 101 Switching Protocols; from

@@ -78,6 +78,9 @@ func (s *Server) routes() http.Handler {
 	r.With(s.authenticate).Get(Prefix+"/events", s.events)
 	// Dials outlive requests: not tracked, ended by Close.
 	r.With(s.authenticate).Get(Prefix+"/sandboxes/{id}/dial", s.dial)
+	// Attaches, waits and watches last as long as the client wants: not
+	// tracked either, ended by Close.
+	r.With(s.authenticate, s.untilClosed).Group(s.streamRoutes)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.track)
 		r.Get(Prefix+"/info", s.json(func(r *http.Request) (any, error) { return s.info(), nil }))
@@ -132,6 +135,7 @@ func (s *Server) routes() http.Handler {
 		r.Post(Prefix+"/templates/bake", s.bake)
 
 		r.Post(Prefix+"/sandboxes/{id}/exec", s.exec)
+		s.processRoutes(r)
 		r.Get(Prefix+"/sandboxes/{id}/files", s.readFile)
 		r.Put(Prefix+"/sandboxes/{id}/files", s.writeFile)
 		r.Delete(Prefix+"/sandboxes/{id}/files", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
