@@ -270,6 +270,9 @@ type Info struct {
 	Hostname  string    `json:"hostname"`
 	ParentID  string    `json:"parent_id,omitempty"`
 	Snapshot  string    `json:"snapshot_id,omitempty"`
+	// Busy: an operation (pause, resume, snapshot, fork) holds the
+	// sandbox's operation slot; what it makes may appear after this Info.
+	Busy bool `json:"busy,omitempty"`
 }
 
 // record is what sandbox.json holds: enough to adopt the VMM again, or to
@@ -317,7 +320,7 @@ func (s *sandbox) info() Info {
 	return Info{
 		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
 		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
-		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot,
+		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot, Busy: len(s.slot) > 0,
 	}
 }
 

@@ -419,10 +419,14 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 		return fmt.Errorf("reconcile: list host sandboxes: %w", err)
 	}
 	alive := map[string]agent.State{}
+	unsettled := false
 	for _, info := range infos {
 		alive[info.ID] = info.State
+		// An operation an earlier server started (a snapshot, a fork) may
+		// still finish on the host: what it makes (a snapshot to record)
+		// appears after this resync, so the TTL loop resyncs again.
+		unsettled = unsettled || (info.Busy && !s.isBusy(info.ID))
 	}
-	unsettled := false
 	defer func() {
 		s.mu.Lock()
 		s.resyncAgain = nil
@@ -575,6 +579,9 @@ func (s *Server) resyncSnapshots(ctx context.Context) {
 		}
 		if _, err := s.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
 			continue
+		}
+		if s.isBusy(si.SandboxID) {
+			continue // a snapshot of this server's own in flight: its request records it
 		}
 		from, err := s.cat.GetSandbox(ctx, si.SandboxID)
 		if err != nil {

@@ -331,6 +331,45 @@ func TestResyncSettlesAnOperationInFlightOnTheHost(t *testing.T) {
 	}
 }
 
+// A snapshot an earlier server asked for ends on the host after the new
+// server's first Resync (split mode: the agent outlives the server): the
+// host lists the sandbox busy meanwhile, so the TTL loop resyncs again
+// and records the snapshot for its sandbox's key (found by panda chaos
+// --split: a snapshot directory that belonged to no snapshot).
+func TestResyncRecordsASnapshotFinishedAfterIt(t *testing.T) {
+	key := newKey(t, "resync-late-snapshot", nil)
+	sb := create(t, key, map[string]any{"ttl_seconds": 600})
+	ctx := context.Background()
+	const snapID = "latesnap0000000001"
+	var calls atomic.Int32
+	list := func(context.Context) ([]agent.Info, error) {
+		infos := e.host.List()
+		if calls.Add(1) == 1 {
+			for i := range infos {
+				if infos[i].ID == sb.ID {
+					infos[i].Busy = true // the earlier server's snapshot in flight
+				}
+			}
+		}
+		return infos, nil
+	}
+	if err := e.srv.Resync(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot ends on the host; nothing records it but a resync.
+	if _, err := e.host.Snapshot(ctx, sb.ID, snapID); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { do(t, key, "DELETE", "/v1/snapshots/"+snapID, nil) })
+	deadline := time.Now().Add(time.Minute)
+	for do(t, key, "GET", "/v1/snapshots/"+snapID, nil).status != 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot %s finished on the host is not recorded a minute later (%d host listings)", snapID, calls.Load())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+}
+
 // A delete of a snapshot interrupted after its host removed the files and
 // before the catalog forgot it used to leave the snapshot listed, and
 // every create from it failing (found by panda chaos). Reconciling
