@@ -163,6 +163,16 @@ class ProcessesTest(AsyncCase):
 
     share_sandbox = True
 
+    async def asyncSetUp(self) -> None:
+        await super().asyncSetUp()
+        self.to_remove = []
+
+    async def asyncTearDown(self) -> None:
+        # Before the client closes (cleanups would run after asyncTearDown, on a closed client).
+        for h in self.to_remove:
+            await h.remove()
+        await super().asyncTearDown()
+
     async def test_background_stdin_output_wait(self):
         h = await self.sb.commands.run("echo start; read l; echo got $l", background=True, stdin=True)
         self.assertIsInstance(h, AsyncCommandHandle)
@@ -209,7 +219,7 @@ class ProcessesTest(AsyncCase):
 
     async def test_list_and_connect_from_second_handle(self):
         h = await self.sb.commands.run("echo hi-there; sleep 1000", background=True)
-        self.addAsyncCleanup(h.remove)
+        self.to_remove.append(h)
         self.assertIn(h.pid, [p.pid for p in await self.sb.commands.list()])
         other = await AsyncSandbox.connect(self.sb.id, client=self.client)
         h2 = await other.commands.connect(h.pid)
@@ -227,7 +237,7 @@ class ProcessesTest(AsyncCase):
     async def test_pty(self):
         term = await self.sb.pty.create(rows=24, cols=80)
         self.assertIsInstance(term, AsyncTerminalHandle)
-        self.addAsyncCleanup(term.remove)
+        self.to_remove.append(term)
         await term.send_input("echo h''i\r")  # the echo of the input is h''i: only the output has "hi"
         await read_until(term, "hi")
         await term.resize(50, 132)
