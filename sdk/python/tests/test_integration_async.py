@@ -19,7 +19,7 @@ from typing import Optional
 
 from _server import PandaServer, create_tiny, free_port, start_module_server, tag
 import pandastack
-from pandastack import AsyncClient, AsyncSandbox, AsyncSnapshot, Client, NotFoundError, Sandbox, WatchEvent
+from pandastack import AsyncClient, AsyncCommandHandle, AsyncSandbox, AsyncSnapshot, AsyncTerminalHandle, Client, NotFoundError, Sandbox, WatchEvent
 
 SERVER: Optional[PandaServer] = None
 ADMIN: Optional[Client] = None
@@ -135,6 +135,118 @@ class StreamTest(AsyncCase):
             await task
         await asyncio.sleep(3)
         self.assertFalse(await self.sb.filesystem.exists(marker), "the command ran on after its exec was cancelled")
+
+
+
+async def read_until(h: AsyncCommandHandle, want: str, timeout: float = 60, from_="start") -> str:
+    """Follow h's output until it contains want (or fail after timeout); return what was read."""
+    got = []
+
+    async def follow() -> bool:
+        async with h.output(from_=from_) as stream:
+            async for c in stream:
+                got.append(c.data)
+                if want in "".join(got):
+                    return True
+        return False
+
+    try:
+        if await asyncio.wait_for(follow(), timeout):
+            return "".join(got)
+    except asyncio.TimeoutError:
+        pass
+    raise AssertionError("output never had %r; got %r" % (want, "".join(got)))
+
+
+class ProcessesTest(AsyncCase):
+    """sb.commands and sb.pty (mirrors test_integration_processes.py)."""
+
+    share_sandbox = True
+
+    async def asyncSetUp(self) -> None:
+        await super().asyncSetUp()
+        self.to_remove = []
+
+    async def asyncTearDown(self) -> None:
+        # Before the client closes (cleanups would run after asyncTearDown, on a closed client).
+        for h in self.to_remove:
+            await h.remove()
+        await super().asyncTearDown()
+
+    async def test_background_stdin_output_wait(self):
+        h = await self.sb.commands.run("echo start; read l; echo got $l", background=True, stdin=True)
+        self.assertIsInstance(h, AsyncCommandHandle)
+        self.assertIsInstance(h.pid, int)
+        self.assertIn("start", await read_until(h, "start"))
+        await h.send_stdin("hello\n")
+        self.assertIn("got hello", await read_until(h, "got hello"))
+        r = await h.wait(timeout=60)
+        self.assertEqual((r.exit_code, r.stdout, r.signal), (0, "start\ngot hello\n", None))
+        info = await h.info()
+        self.assertEqual((info.state, info.exit_code, info.stdin_open), ("exited", 0, False))
+        with self.assertRaises(pandastack.ConflictError):
+            await h.send_stdin("late\n")
+
+    async def test_close_stdin_and_stderr_with_callbacks(self):
+        h = await self.sb.commands.run("cat; echo err >&2; exit 4", background=True, stdin=True, env={"X": "1"}, cwd="/tmp")
+        await h.send_stdin(b"abc")
+        await h.close_stdin()
+        errs = []
+
+        async def on_err(text):
+            errs.append(text)
+
+        r = await h.wait(timeout=60, on_stderr=on_err)
+        self.assertEqual((r.exit_code, r.stdout, r.stderr, "".join(errs)), (4, "abc", "err\n", "err\n"))
+
+    async def test_kill_shows_signal(self):
+        h = await self.sb.commands.run("sleep 1000", background=True)
+        self.assertTrue(await h.kill())
+        r = await h.wait(timeout=60)
+        self.assertEqual((r.signal, r.exit_code), ("SIGKILL", 137))
+        self.assertFalse(await h.kill())  # already exited
+        await h.remove()
+        with self.assertRaises(NotFoundError):
+            await h.info()
+
+    async def test_signal_term_and_wait_timeout(self):
+        h = await self.sb.commands.run(["sleep", "1000"], background=True)
+        with self.assertRaises(pandastack.RequestTimeoutError):
+            await h.wait(timeout=0.5)
+        self.assertTrue((await h.info()).running)  # waiting gave up; the process runs on
+        await h.signal("TERM")
+        self.assertEqual((await h.wait(timeout=60)).signal, "SIGTERM")
+
+    async def test_list_and_connect_from_second_handle(self):
+        h = await self.sb.commands.run("echo hi-there; sleep 1000", background=True)
+        self.to_remove.append(h)
+        self.assertIn(h.pid, [p.pid for p in await self.sb.commands.list()])
+        other = await AsyncSandbox.connect(self.sb.id, client=self.client)
+        h2 = await other.commands.connect(h.pid)
+        self.assertEqual((h2.pid, (await h2.info()).state), (h.pid, "running"))
+        self.assertIn("hi-there", await read_until(h2, "hi-there"))
+        self.assertTrue(await other.commands.kill(h.pid))
+        self.assertEqual((await h.wait(timeout=60)).signal, "SIGKILL")
+        with self.assertRaises(NotFoundError):
+            await self.sb.commands.connect(999999)
+
+    async def test_foreground_run_is_exec(self):
+        r = await self.sb.commands.run("echo fg; exit 2")
+        self.assertEqual((r.exit_code, r.stdout), (2, "fg\n"))
+
+    async def test_pty(self):
+        term = await self.sb.pty.create(rows=24, cols=80)
+        self.assertIsInstance(term, AsyncTerminalHandle)
+        self.to_remove.append(term)
+        await term.send_input("echo h''i\r")  # the echo of the input is h''i: only the output has "hi"
+        await read_until(term, "hi")
+        await term.resize(50, 132)
+        self.assertEqual((await term.info()).pty, {"rows": 50, "cols": 132})
+        await term.send_input("stty size\r")
+        await read_until(term, "50 132")
+        await term.send_input("exit 3\r")
+        self.assertEqual((await term.wait(timeout=60)).exit_code, 3)
+        self.assertIsInstance(await self.sb.commands.connect(term.pid), AsyncTerminalHandle)
 
 
 class FilesystemTest(AsyncCase):

@@ -29,6 +29,7 @@ from unittest import mock
 from _helpers import SANDBOX, StubServer, send_chunked, send_json
 import pandastack
 from pandastack import AsyncClient, AsyncFilesystem, AsyncSandbox, AsyncSnapshot, Client, Filesystem, Sandbox, Snapshot
+from pandastack import AsyncCommandHandle, AsyncCommands, AsyncPty, AsyncTerminalHandle, CommandHandle, Commands, Pty, TerminalHandle
 from pandastack import Template
 from pandastack.async_client import _Conn
 from test_unit_templates import BUILD, LOGS, make_tree, ndjson, parse_multipart
@@ -57,9 +58,21 @@ class AsyncStubTestCase(unittest.IsolatedAsyncioTestCase):
 class SurfaceTest(unittest.TestCase):
     """Every public method of the sync API has an async twin with the same name and arguments."""
 
-    PAIRS = [(Client, AsyncClient), (Sandbox, AsyncSandbox), (Filesystem, AsyncFilesystem), (Snapshot, AsyncSnapshot)]
+    PAIRS = [
+        (Client, AsyncClient),
+        (Sandbox, AsyncSandbox),
+        (Filesystem, AsyncFilesystem),
+        (Snapshot, AsyncSnapshot),
+        (Commands, AsyncCommands),
+        (CommandHandle, AsyncCommandHandle),
+        (Pty, AsyncPty),
+        (TerminalHandle, AsyncTerminalHandle),
+    ]
     # Sync-only on purpose: the context-manager protocol is __aenter__/__aexit__.
-    NOT_COROUTINES = {"url", "template_build_logs", "create", "id", "info", "state", "network", "client"}
+    # output returns its async iterator at once (the request goes out on the first iteration).
+    NOT_COROUTINES = {"url", "template_build_logs", "create", "id", "info", "state", "network", "client", "output"}
+    # Coroutines although a sync twin's name is in NOT_COROUTINES (a property there).
+    COROUTINES = {(AsyncCommandHandle, "info"), (AsyncTerminalHandle, "info"), (AsyncPty, "create")}
 
     def test_same_names_and_signatures(self):
         for sync_cls, async_cls in self.PAIRS:
@@ -74,11 +87,12 @@ class SurfaceTest(unittest.TestCase):
                     got = [(p.name, p.kind, p.default) for p in inspect.signature(twin).parameters.values()]
                     want = [(p.name, p.kind, p.default) for p in inspect.signature(member).parameters.values()]
                     self.assertEqual(got, want)
-                    if name not in self.NOT_COROUTINES:
+                    if name not in self.NOT_COROUTINES or (async_cls, name) in self.COROUTINES:
                         self.assertTrue(inspect.iscoroutinefunction(twin), "%s.%s is not a coroutine function" % (async_cls.__name__, name))
 
     def test_exported(self):
-        for name in ("AsyncClient", "AsyncSandbox", "AsyncSnapshot", "AsyncFilesystem", "AsyncExecStream"):
+        for name in ("AsyncClient", "AsyncSandbox", "AsyncSnapshot", "AsyncFilesystem", "AsyncExecStream", "AsyncCommands", "AsyncCommandHandle",
+                     "AsyncTerminalHandle", "AsyncPty", "AsyncOutputStream"):
             self.assertIn(name, pandastack.__all__)
 
     def test_sync_client_is_refused(self):
@@ -545,6 +559,165 @@ class CancellationTest(AsyncStubTestCase):
                 break
         self.assertIsNone(s.result)
         self.assertTrue(await asyncio.get_running_loop().run_in_executor(None, hung_up.wait, 3))
+
+
+P = "/v1/sandboxes/abc123/processes"
+def ndjson_lines(*events):
+    return [json.dumps(e).encode() + b"\n" for e in events]
+
+
+PROC = {"pid": 112, "cmd": "sleep 1", "state": "running", "started_at": "2025-01-02T03:04:05Z", "exit_code": None, "stdin_open": True}
+
+
+class ProcessesTest(AsyncStubTestCase):
+    """sb.commands and sb.pty send what the sync ones send (test_unit_processes.py) and decode the same."""
+
+    async def test_run_background_body_and_stdin_text(self):
+        sb = await self.sandbox()
+        self.stub.json_route("POST", P, 201, PROC)
+        self.stub.route("POST", P + "/112/stdin", lambda rec, h: send_json(h, 204, None))
+        h = await sb.commands.run(["sh", "-c", "x"], background=True, stdin=True, env={"A": "1"}, cwd="/tmp", user="nobody", timeout_seconds=5)
+        self.assertIsInstance(h, AsyncCommandHandle)
+        self.assertEqual((h.pid, h.last_info.stdin_open), (112, True))
+        self.assertEqual(self.stub.last.json(), {"argv": ["sh", "-c", "x"], "stdin": True, "env": {"A": "1"}, "cwd": "/tmp", "user": "nobody", "timeout_seconds": 5})
+        await sb.commands.run("cat", background=True, stdin="hi")
+        start, write = self.stub.requests[-2], self.stub.requests[-1]
+        self.assertEqual(start.json(), {"cmd": "cat", "stdin": True})
+        self.assertEqual((write.body, write.query), (b"hi", "close=true"))
+        with self.assertRaises(ValueError):
+            await sb.commands.run("cat", background=True, on_stdout=print)
+
+    async def test_run_foreground_is_exec(self):
+        sb = await self.sandbox()
+        self.stub.json_route("POST", "/v1/sandboxes/abc123/exec", 200, {"exit_code": 3, "stdout": "o", "stderr": "e", "duration_ms": 1})
+        r = await sb.commands.run("exit 3", stdin="x")
+        self.assertEqual(r, pandastack.ExecResult(3, "o", "e", 1))
+        self.assertEqual(self.stub.last.json(), {"cmd": "exit 3", "stdin": "x"})
+        with self.assertRaises(ValueError):
+            await sb.commands.run("cat", stdin=True)
+
+    async def test_stdin_signal_resize_delete_shapes(self):
+        sb = await self.sandbox()
+        for suffix in ("/stdin", "/signal", "/resize"):
+            self.stub.route("POST", P + "/7" + suffix, lambda rec, h: send_json(h, 204, None))
+        self.stub.route("DELETE", P + "/7", lambda rec, h: send_json(h, 204, None))
+        h = AsyncTerminalHandle(sb, 7)
+        await h.send_stdin(b"\x00raw\xff")
+        self.assertEqual((self.stub.last.body, self.stub.last.query, self.stub.last.headers["Content-Type"]), (b"\x00raw\xff", "", "application/octet-stream"))
+        await h.send_input("ls\r")
+        self.assertEqual(self.stub.last.body, b"ls\r")
+        await h.close_stdin()
+        self.assertEqual((self.stub.last.body, self.stub.last.query), (b"", "close=true"))
+        await h.signal("TERM")
+        self.assertEqual(self.stub.last.json(), {"signal": "TERM"})
+        self.assertTrue(await h.kill())
+        self.assertEqual(self.stub.last.json(), {"signal": "KILL"})
+        self.assertTrue(await sb.commands.kill(7))
+        self.assertEqual((self.stub.last.path, self.stub.last.json()), (P + "/7/signal", {"signal": "KILL"}))
+        await h.resize(50, 132)
+        self.assertEqual((self.stub.last.path, self.stub.last.json()), (P + "/7/resize", {"rows": 50, "cols": 132}))
+        await h.remove()
+        self.assertEqual((self.stub.last.method, self.stub.last.path), ("DELETE", P + "/7"))
+
+    async def test_output_parsing_and_wait_with_async_callback(self):
+        sb = await self.sandbox()
+        events = ndjson_lines(
+            {"type": "start", "pid": 112},
+            {"type": "dropped", "stream": "stdout", "bytes": 10, "offset": 10},
+            {"type": "stdout", "data": "start\n", "offset": 10},
+            {"type": "stderr", "data": "oops\n", "offset": 0},
+            {"type": "future", "x": 1},
+            {"type": "exit", "exit_code": 143, "signal": "SIGTERM", "timed_out": False, "duration_ms": 5},
+        )
+        pieces = [events[0] + events[1][:7], events[1][7:]] + events[2:]
+        self.stub.route("GET", P + "/112/output", lambda rec, h: send_chunked(h, 200, pieces))
+        h = AsyncCommandHandle(sb, 112)
+        stream = h.output(from_=10)
+        chunks = [c async for c in stream]
+        self.assertEqual(self.stub.last.query, "from=10")
+        self.assertEqual(self.stub.last.headers["Accept"], "application/x-ndjson")
+        OC = pandastack.OutputChunk
+        self.assertEqual(chunks, [OC("stdout", "", 10, 10), OC("stdout", "start\n", 10), OC("stderr", "oops\n", 0)])
+        self.assertEqual((stream.result.exit_code, stream.result.signal), (143, "SIGTERM"))
+        got = []
+
+        async def on_err(text):
+            got.append(("err", text))
+
+        r = await h.wait(on_stdout=lambda t: got.append(("out", t)), on_stderr=on_err)
+        self.assertEqual(self.stub.last.query, "from=start")
+        self.assertEqual(r, pandastack.ExecResult(143, "start\n", "oops\n", 5, "SIGTERM", False, True))
+        self.assertEqual(got, [("out", "start\n"), ("err", "oops\n")])
+
+    async def test_output_error_event_cut_stream_and_bad_from(self):
+        sb = await self.sandbox()
+        self.stub.route("GET", P + "/1/output", lambda rec, h: send_chunked(h, 200, ndjson_lines({"type": "error", "error": {"code": "not_found", "message": "gone"}})))
+        with self.assertRaises(pandastack.NotFoundError):
+            [c async for c in AsyncCommandHandle(sb, 1).output()]
+        self.stub.route("GET", P + "/2/output", lambda rec, h: send_chunked(h, 200, ndjson_lines({"type": "stdout", "data": "x", "offset": 0})))
+        with self.assertRaises(pandastack.PandaConnectionError):
+            await AsyncCommandHandle(sb, 2).wait()
+        with self.assertRaises(ValueError):
+            AsyncCommandHandle(sb, 2).output(from_="middle")
+
+    async def test_wait_timeout_and_stop(self):
+        sb = await self.sandbox()
+
+        def slow(rec, h):
+            send_chunked(h, 200, ndjson_lines({"type": "start", "pid": 3}), end=False)
+            time.sleep(2)
+
+        self.stub.route("GET", P + "/3/output", slow)
+        t0 = time.monotonic()
+        with self.assertRaises(pandastack.RequestTimeoutError):
+            await AsyncCommandHandle(sb, 3).wait(timeout=0.3)
+        self.assertLess(time.monotonic() - t0, 1.5)
+        # stop() from another task ends an iteration that waits for output.
+        stream = AsyncCommandHandle(sb, 3).output()
+
+        async def follow():
+            return [c async for c in stream]
+
+        task = asyncio.ensure_future(follow())
+        await asyncio.sleep(0.3)
+        await stream.stop()
+        self.assertEqual(await asyncio.wait_for(task, 1), [])
+        self.assertIsNone(stream.result)
+
+    async def test_errors_list_connect_pty(self):
+        sb = await self.sandbox()
+        self.stub.json_route("GET", P + "/999", 404, {"error": {"code": "not_found", "message": "no process 999"}})
+        with self.assertRaises(pandastack.NotFoundError):
+            await sb.commands.connect(999)
+        with self.assertRaises(TypeError):
+            await sb.commands.connect("999")
+        self.stub.json_route("POST", P + "/5/stdin", 409, {"error": {"code": "conflict", "message": "process 5 has exited"}})
+        with self.assertRaises(pandastack.ConflictError):
+            await AsyncCommandHandle(sb, 5).send_stdin("x")
+        self.stub.json_route("POST", P + "/5/signal", 409, {"error": {"code": "conflict", "message": "process 5 has exited"}})
+        self.assertFalse(await AsyncCommandHandle(sb, 5).kill())
+        self.stub.json_route("GET", P, 200, {"processes": [PROC, dict(PROC, pid=113, state="exited", exit_code=0, ended_at="2025-01-02T03:04:06Z")]})
+        got = await sb.commands.list()
+        self.assertEqual([(p.pid, p.state, p.exit_code) for p in got], [(112, "running", None), (113, "exited", 0)])
+        self.stub.json_route("GET", P + "/130", 200, dict(PROC, pid=130, pty={"rows": 24, "cols": 80}))
+        h = await sb.commands.connect(130)
+        self.assertIsInstance(h, AsyncTerminalHandle)
+        self.assertEqual((await h.info()).pty, {"rows": 24, "cols": 80})
+        self.stub.json_route("GET", P + "/112", 200, PROC)
+        self.assertIs(type(await sb.commands.connect(112)), AsyncCommandHandle)
+        self.stub.json_route("POST", P, 201, dict(PROC, pid=130, pty={"rows": 30, "cols": 100}))
+        t = await sb.pty.create(rows=30, cols=100)
+        self.assertIsInstance(t, AsyncTerminalHandle)
+        body = self.stub.last.json()
+        self.assertEqual(body["pty"], {"rows": 30, "cols": 100})
+        self.assertIn("exec /bin/bash -l", body["cmd"])
+        await sb.pty.create(cmd=["top"])
+        self.assertEqual(self.stub.last.json(), {"argv": ["top"], "pty": {"rows": 24, "cols": 80}})
+        with self.assertRaises(ValueError):
+            await sb.pty.create(rows=0)
+        self.stub.json_route("POST", P, 201, {"cmd": "x"})
+        with self.assertRaises(pandastack.PandaError):
+            await sb.commands.run("x", background=True)
 
 
 class TemplatesAndKeysTest(AsyncStubTestCase):

@@ -25,6 +25,7 @@ Standard library only; Python 3.9 or newer.
 """
 
 from .async_client import AsyncBuildLogs, AsyncClient, AsyncStreamResponse
+from .async_processes import AsyncCommandHandle, AsyncCommands, AsyncOutputStream, AsyncPty, AsyncTerminalHandle
 from .async_sandbox import AsyncDirWatch, AsyncExecStream, AsyncFilesystem, AsyncSandbox
 from .client import DEFAULT_API_URL, ENV_API_KEY, ENV_API_URL, Client, __version__
 from .errors import (
@@ -80,6 +81,11 @@ __all__ = [
     "AsyncFilesystem",
     "AsyncDirWatch",
     "AsyncExecStream",
+    "AsyncCommands",
+    "AsyncCommandHandle",
+    "AsyncTerminalHandle",
+    "AsyncPty",
+    "AsyncOutputStream",
     "AsyncBuildLogs",
     "AsyncStreamResponse",
     "SandboxInfo",

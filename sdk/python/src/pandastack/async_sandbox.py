@@ -16,6 +16,7 @@ import os
 from typing import IO, Any, AsyncIterator, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from .async_client import AsyncClient, AsyncStreamResponse, _call, resolve_async_client
+from .async_processes import AsyncCommands, AsyncPty
 from .client import LONG_OPERATION_TIMEOUT, quote_segment
 from .errors import NotFoundError, PandaConnectionError, PandaError
 from .filesystem import WatchEvent, WriteData, _mode_param
@@ -84,6 +85,8 @@ class AsyncSandbox:
         self._info = info
         self._client = client
         self.filesystem: AsyncFilesystem = AsyncFilesystem(self)
+        self.commands: AsyncCommands = AsyncCommands(self)
+        self.pty: AsyncPty = AsyncPty(self)
 
     # -- constructors ------------------------------------------------------
 

@@ -139,29 +139,23 @@ class OutputStream:
                 self._finish()
                 if self._stopped.is_set():
                     raise
-                raise PandaConnectionError(
-                    "the output stream of process %d ended before its exit (server restarted or connection cut)" % self._pid
-                ) from None
+                raise PandaConnectionError(_cut_message(self._pid)) from None
             except Exception:
                 self._finish()
                 if self._stopped.is_set():
                     raise StopIteration from None
                 raise
-            if not isinstance(ev, Mapping):
-                continue
-            t = ev.get("type")
-            if t in ("stdout", "stderr"):
-                return OutputChunk(t, str(ev.get("data") or ""), int(ev.get("offset") or 0))
-            if t == "dropped":
-                return OutputChunk(str(ev.get("stream") or "stdout"), "", int(ev.get("offset") or 0), int(ev.get("bytes") or 0))
-            if t == "exit":
-                self.result = ExecResult.from_dict(ev, stdout="", stderr="")
+            try:
+                got = _output_event(ev)
+            except PandaError:
+                self._finish()
+                raise
+            if isinstance(got, OutputChunk):
+                return got
+            if isinstance(got, ExecResult):
+                self.result = got
                 self._finish()
                 raise StopIteration
-            if t == "error":
-                self._finish()
-                raise _errors.error_from_body(ev.get("error") or {})
-            # "start" and event types added later are skipped.
 
     def _finish(self) -> None:
         self._done = True
@@ -183,6 +177,78 @@ class OutputStream:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _cut_message(pid: int) -> str:
+    return "the output stream of process %d ended before its exit (server restarted or connection cut)" % pid
+
+
+def _output_event(ev: Any) -> Union[OutputChunk, ExecResult, None]:
+    """Decode one event of a process's output stream: an :class:`OutputChunk`,
+    the :class:`ExecResult` (without output) of the ``exit`` event, or ``None``
+    for an event to skip; an ``error`` event is raised."""
+    if not isinstance(ev, Mapping):
+        return None
+    t = ev.get("type")
+    if t in ("stdout", "stderr"):
+        return OutputChunk(t, str(ev.get("data") or ""), int(ev.get("offset") or 0))
+    if t == "dropped":
+        return OutputChunk(str(ev.get("stream") or "stdout"), "", int(ev.get("offset") or 0), int(ev.get("bytes") or 0))
+    if t == "exit":
+        return ExecResult.from_dict(ev, stdout="", stderr="")
+    if t == "error":
+        raise _errors.error_from_body(ev.get("error") or {})
+    # "start" and event types added later are skipped.
+    return None
+
+
+class _Collected:
+    """The output gathered by ``wait``: feed it chunks, then ask for the result."""
+
+    def __init__(self) -> None:
+        self.out: List[str] = []
+        self.err: List[str] = []
+        self.truncated = False
+
+    def add(self, c: OutputChunk) -> Optional[str]:
+        """Keep ``c``; return the stream whose callback gets ``c.data`` (``None``: no callback)."""
+        if c.dropped:
+            self.truncated = True
+            return None
+        if c.stream == "stderr":
+            self.err.append(c.data)
+            return "stderr" if c.data else None
+        self.out.append(c.data)
+        return "stdout" if c.data else None
+
+    def result(self, r: ExecResult) -> ExecResult:
+        return ExecResult(r.exit_code, "".join(self.out), "".join(self.err), r.duration_ms, r.signal, r.timed_out, self.truncated)
+
+
+def _output_request(from_: Union[str, int]) -> Dict[str, Any]:
+    """The keyword arguments of the output stream request, past method and path."""
+    return {"query": {"from": _from_query(from_)}, "headers": {"Accept": "application/x-ndjson"}, "timeout": None}
+
+
+def _stdin_requests(data: Union[str, bytes], close: bool) -> List[Any]:
+    """``(body, query)`` of each stdin request writing ``data`` (at least one)."""
+    if isinstance(data, str):
+        b = data.encode("utf-8")
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        b = bytes(data)
+    else:
+        raise TypeError("stdin data must be str or bytes, not %s" % type(data).__name__)
+    reqs = []
+    first = True
+    while first or b:
+        first = False
+        piece, b = b[:_STDIN_CHUNK], b[_STDIN_CHUNK:]
+        reqs.append((piece, {"close": "true"} if close and not b else None))
+    return reqs
+
+
+def _resize_body(rows: int, cols: int) -> Dict[str, Any]:
+    return {"rows": rows, "cols": cols}
 
 
 def _socket_of(resp: Any) -> Any:
@@ -241,13 +307,7 @@ class CommandHandle:
             for chunk in handle.output():
                 print(chunk.stream, chunk.data, end="")
         """
-        resp = self._sb._client.stream(
-            "GET",
-            self._path("/output"),
-            query={"from": _from_query(from_)},
-            headers={"Accept": "application/x-ndjson"},
-            timeout=None,
-        )
+        resp = self._sb._client.stream("GET", self._path("/output"), **_output_request(from_))
         return OutputStream(resp, self.pid)
 
     def wait(
@@ -268,9 +328,7 @@ class CommandHandle:
                 :class:`RequestTimeoutError` (the process runs on). ``None``: wait as long as it takes.
             on_stdout, on_stderr: Called with each chunk as it comes (``str``).
         """
-        out: List[str] = []
-        err: List[str] = []
-        truncated = False
+        got = _Collected()
         stream = self.output("start")
         timer: Optional[threading.Timer] = None
         expired = threading.Event()
@@ -285,16 +343,10 @@ class CommandHandle:
             timer.start()
         try:
             for c in stream:
-                if c.dropped:
-                    truncated = True
-                elif c.stream == "stderr":
-                    err.append(c.data)
-                    if on_stderr is not None and c.data:
-                        on_stderr(c.data)
-                else:
-                    out.append(c.data)
-                    if on_stdout is not None and c.data:
-                        on_stdout(c.data)
+                kind = got.add(c)
+                cb = on_stdout if kind == "stdout" else on_stderr if kind == "stderr" else None
+                if cb is not None:
+                    cb(c.data)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -303,8 +355,7 @@ class CommandHandle:
             if expired.is_set():
                 raise RequestTimeoutError("process %d in sandbox %s did not exit within %gs" % (self.pid, self._sb.id, timeout))
             raise PandaConnectionError("the output stream of process %d ended before its exit" % self.pid)
-        r = stream.result
-        return ExecResult(r.exit_code, "".join(out), "".join(err), r.duration_ms, r.signal, r.timed_out, truncated)
+        return got.result(stream.result)
 
     def send_stdin(self, data: Union[str, bytes], close: bool = False) -> None:
         """Write ``data`` (str as UTF-8) to the process's stdin; ``close`` closes it after.
@@ -313,17 +364,7 @@ class CommandHandle:
             ConflictError: the process has exited or its stdin is closed.
             InvalidArgumentError: it was started without ``stdin=True``.
         """
-        if isinstance(data, str):
-            b = data.encode("utf-8")
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            b = bytes(data)
-        else:
-            raise TypeError("stdin data must be str or bytes, not %s" % type(data).__name__)
-        first = True
-        while first or b:
-            first = False
-            piece, b = b[:_STDIN_CHUNK], b[_STDIN_CHUNK:]
-            query = {"close": "true"} if close and not b else None
+        for piece, query in _stdin_requests(data, close):
             self._sb._client.request("POST", self._path("/stdin"), query=query, body=piece)
 
     def close_stdin(self) -> None:
@@ -369,7 +410,7 @@ class TerminalHandle(CommandHandle):
 
     def resize(self, rows: int, cols: int) -> None:
         """Set the terminal's size (1 to 1000 each; the process gets SIGWINCH)."""
-        self._sb._client.request("POST", self._path("/resize"), json_body={"rows": rows, "cols": cols})
+        self._sb._client.request("POST", self._path("/resize"), json_body=_resize_body(rows, cols))
 
 
 def _start_body(
@@ -411,6 +452,70 @@ def _start_body(
     return body
 
 
+def _foreground_stdin(stdin: Union[bool, str, bytes, None]) -> Union[str, bytes, None]:
+    if stdin is True:
+        raise ValueError("stdin=True (an open stdin pipe) needs background=True")
+    return None if stdin is False else stdin  # type: ignore[return-value]
+
+
+def _background_body(
+    cmd: "Command",
+    stdin: Union[bool, str, bytes, None],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    user: Optional[str],
+    timeout_seconds: Optional[float],
+    on_stdout: Any,
+    on_stderr: Any,
+) -> Any:
+    """``(body, stdin data to write and close or None)`` of ``run(background=True)``."""
+    if on_stdout is not None or on_stderr is not None:
+        raise ValueError("on_stdout/on_stderr are for the foreground; follow a background command with handle.output() or handle.wait(on_stdout=...)")
+    body = _start_body(cmd, env, cwd, user, timeout_seconds)
+    data: Optional[Union[str, bytes]] = None
+    if stdin is True or isinstance(stdin, (str, bytes, bytearray)):
+        body["stdin"] = True
+        if stdin is not True:
+            data = stdin  # type: ignore[assignment]
+    elif stdin not in (None, False):
+        raise TypeError("stdin must be a bool, str or bytes, not %s" % type(stdin).__name__)
+    return body, data
+
+
+def _pty_body(
+    rows: int,
+    cols: int,
+    cmd: Optional["Command"],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    user: Optional[str],
+    timeout_seconds: Optional[float],
+) -> Dict[str, Any]:
+    for n, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
+            raise ValueError("%s must be an integer from 1 to 1000, got %r" % (n, v))
+    body = _start_body(LOGIN_SHELL if cmd is None else cmd, env, cwd, user, timeout_seconds)
+    body["pty"] = {"rows": rows, "cols": cols}
+    return body
+
+
+def _started(d: Any) -> ProcessInfo:
+    """The started process of a ``POST /processes`` answer."""
+    info = ProcessInfo.from_dict(d or {})
+    if not info.pid:
+        raise PandaError("the server's answer has no pid: %r" % (d,))
+    return info
+
+
+def _process_list(d: Any) -> List[ProcessInfo]:
+    return [ProcessInfo.from_dict(p) for p in (d or {}).get("processes") or [] if isinstance(p, Mapping)]
+
+
+def _check_pid(pid: Any) -> None:
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError("pid must be an int, got %r" % (pid,))
+
+
 class Commands:
     """Commands in a sandbox, in the foreground or the background (``sb.commands``)."""
 
@@ -450,52 +555,36 @@ class Commands:
             print(h.pid, h.info().state)
         """
         if not background:
-            if stdin is True:
-                raise ValueError("stdin=True (an open stdin pipe) needs background=True")
             return self._sb.exec(
                 cmd,
                 timeout_seconds=timeout_seconds,
                 env=env,
                 cwd=cwd,
-                stdin=None if stdin is False else stdin,
+                stdin=_foreground_stdin(stdin),
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
                 user=user,
             )
-        if on_stdout is not None or on_stderr is not None:
-            raise ValueError("on_stdout/on_stderr are for the foreground; follow a background command with handle.output() or handle.wait(on_stdout=...)")
-        body = _start_body(cmd, env, cwd, user, timeout_seconds)
-        data: Optional[Union[str, bytes]] = None
-        if stdin is True or isinstance(stdin, (str, bytes, bytearray)):
-            body["stdin"] = True
-            if stdin is not True:
-                data = stdin  # type: ignore[assignment]
-        elif stdin not in (None, False):
-            raise TypeError("stdin must be a bool, str or bytes, not %s" % type(stdin).__name__)
+        body, data = _background_body(cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
         h = self._start(body, CommandHandle)
         if data is not None:
             h.send_stdin(data, close=True)
         return h
 
     def _start(self, body: Dict[str, Any], cls: type) -> Any:
-        d = self._sb._client.request_json("POST", self._sb._path("/processes"), json_body=body) or {}
-        info = ProcessInfo.from_dict(d)
-        if not info.pid:
-            raise PandaError("the server's answer has no pid: %r" % (d,))
+        info = _started(self._sb._client.request_json("POST", self._sb._path("/processes"), json_body=body))
         return cls(self._sb, info.pid, info)
 
     def list(self) -> List[ProcessInfo]:
         """The sandbox's background processes, running and exited (the last 64 that exited are kept)."""
-        d = self._sb._client.request_json("GET", self._sb._path("/processes")) or {}
-        return [ProcessInfo.from_dict(p) for p in d.get("processes") or [] if isinstance(p, Mapping)]
+        return _process_list(self._sb._client.request_json("GET", self._sb._path("/processes")))
 
     def connect(self, pid: int) -> CommandHandle:
         """A handle on the background process ``pid`` (:class:`NotFoundError` if there is none).
 
         A process on a terminal gets a :class:`TerminalHandle`.
         """
-        if isinstance(pid, bool) or not isinstance(pid, int):
-            raise TypeError("pid must be an int, got %r" % (pid,))
+        _check_pid(pid)
         h = CommandHandle(self._sb, pid)
         info = h.info()
         if info.pty is not None:
@@ -532,9 +621,5 @@ class Pty:
             term.send_input("echo hi; exit 3\\r")
             print(term.wait().exit_code)  # 3
         """
-        for n, v in (("rows", rows), ("cols", cols)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
-                raise ValueError("%s must be an integer from 1 to 1000, got %r" % (n, v))
-        body = _start_body(LOGIN_SHELL if cmd is None else cmd, env, cwd, user, timeout_seconds)
-        body["pty"] = {"rows": rows, "cols": cols}
+        body = _pty_body(rows, cols, cmd, env, cwd, user, timeout_seconds)
         return Commands(self._sb)._start(body, TerminalHandle)
