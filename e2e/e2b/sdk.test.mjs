@@ -355,3 +355,44 @@ test('a template with a user "user": commands and files are that user\'s', async
     await s.kill()
   }
 })
+
+test('pause, getInfo paused, Sandbox.connect resumes with the files kept', async () => {
+  const s = await Sandbox.create({ ...slow, metadata: { suite: tag, role: 'paused' } })
+  try {
+    await s.files.write('/tmp/before-pause.txt', 'kept\n')
+    assert.equal(await s.pause(slow), true)
+    assert.equal((await s.getInfo()).state, 'paused')
+    assert.equal(await s.pause(slow), false) // already paused: the 409 body code
+    const paused = await Sandbox.list({ query: { state: ['paused'], metadata: { suite: tag, role: 'paused' } } }).nextItems()
+    assert.deepEqual(paused.map((x) => x.sandboxId), [s.sandboxId])
+    const c = await Sandbox.connect(s.sandboxId, slow)
+    assert.equal((await c.getInfo()).state, 'running')
+    assert.equal(await c.files.read('/tmp/before-pause.txt'), 'kept\n')
+    assert.equal((await c.commands.run('cat /tmp/before-pause.txt', slow)).stdout, 'kept\n')
+    await assert.rejects(Sandbox.pause('nosuchsandbox0000000', slow), (e) => e instanceof SandboxNotFoundError)
+  } finally {
+    await s.kill().catch(() => {})
+  }
+})
+
+test('fork: two children see the parent\'s file and diverge; unknown source is not found', async () => {
+  await sbx.files.write('/tmp/before-fork.txt', 'parent\n')
+  const kids = await sbx.fork({ ...slow, count: 2 })
+  assert.equal(kids.length, 2)
+  try {
+    for (const k of kids) assert.ok(k instanceof Sandbox, `fork child: ${k}`)
+    assert.notEqual(kids[0].sandboxId, kids[1].sandboxId)
+    for (const [i, k] of kids.entries()) {
+      assert.notEqual(k.sandboxId, sbx.sandboxId)
+      assert.equal(await k.files.read('/tmp/before-fork.txt'), 'parent\n')
+      await k.files.write('/tmp/before-fork.txt', `child${i}\n`)
+    }
+    assert.equal(await kids[0].files.read('/tmp/before-fork.txt'), 'child0\n')
+    assert.equal((await kids[1].commands.run('cat /tmp/before-fork.txt', slow)).stdout, 'child1\n')
+    assert.equal(await sbx.files.read('/tmp/before-fork.txt'), 'parent\n')
+    assert.equal((await kids[0].getInfo()).state, 'running')
+  } finally {
+    for (const k of kids) if (k instanceof Sandbox) await k.kill().catch(() => {})
+  }
+  await assert.rejects(Sandbox.fork('nosuchsandbox0000000', { ...slow, count: 1 }), (e) => e instanceof SandboxNotFoundError)
+})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/e2b"
@@ -170,3 +171,88 @@ func (g e2bGuest) WatchDir(ctx context.Context, path string, recursive bool) (e2
 }
 
 var _ e2b.DirWatcher = e2bGuest{}
+
+// lifecycle runs pause or resume (run) on the key's sandbox and waits; a
+// state the operation does not start from is a 409.
+func (b e2bBackend) lifecycle(ctx context.Context, keyID, id string, run func(id string) (*op, error), from string) (catalog.Sandbox, error) {
+	if _, err := b.Get(ctx, keyID, id); err != nil {
+		return catalog.Sandbox{}, err
+	}
+	o, err := run(id)
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	sb, _, err := o.wait(ctx)
+	var sc *stateConflict
+	if errors.As(err, &sc) {
+		err = conflict("sandbox %s is %s, not %s", sc.id, sc.state, from)
+	}
+	return sb, err
+}
+
+func (b e2bBackend) Pause(ctx context.Context, keyID, id string) error {
+	_, err := b.lifecycle(ctx, keyID, id, b.s.pause, catalog.StateRunning)
+	return err
+}
+
+func (b e2bBackend) Resume(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
+	sb, err := b.lifecycle(ctx, keyID, id, b.s.resume, catalog.StatePaused)
+	if err != nil {
+		return e2b.Sandbox{}, err
+	}
+	return toE2B(sb), nil
+}
+
+func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSeconds *int) ([]e2b.ForkChild, error) {
+	if count < 1 || count > MaxForkCount {
+		return nil, invalid("count must be between 1 and %d", MaxForkCount)
+	}
+	var ttl time.Duration
+	if ttlSeconds != nil {
+		var err error
+		if ttl, err = b.s.ttl(ttlSeconds); err != nil {
+			return nil, err
+		}
+	}
+	key, err := b.key(ctx, keyID)
+	if err != nil {
+		return nil, err
+	}
+	parent, err := b.s.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) || (err == nil && parent.KeyID != keyID) {
+		return nil, notFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	if parent.State != catalog.StateRunning {
+		return nil, conflict("sandbox %s is %s, not running", parent.ID, parent.State)
+	}
+	o, err := b.s.fork(key, parent, count)
+	if err != nil {
+		return nil, err
+	}
+	_, val, err := o.wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	children := val.(map[string]any)["children"].([]forkChildJSON)
+	out := make([]e2b.ForkChild, len(children))
+	for i, c := range children {
+		switch {
+		case c.Error != nil:
+			out[i].Err = errorf(c.Error.Status, c.Error.Code, "%s", c.Error.Message)
+		case c.Sandbox != nil:
+			sb, err := b.s.cat.GetSandbox(ctx, c.Sandbox.ID)
+			if err == nil && ttlSeconds != nil {
+				sb, err = b.s.applyTTL(ctx, sb.ID, ttl)
+			}
+			if err != nil {
+				out[i].Err = err
+				continue
+			}
+			out[i].Sandbox = toE2B(sb)
+		}
+	}
+	return out, nil
+}

@@ -182,6 +182,7 @@ type errorBody struct {
 type errorDetail struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	Status  int    `json:"-"` // the HTTP status of Code (fork children, for the E2B API)
 }
 
 // writeError sends err as the JSON error body. Internal errors are logged

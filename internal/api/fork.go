@@ -85,7 +85,7 @@ func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, 
 				s.setBusy(child.ID, false)
 				quotaErr = err
 				ae := classify(err)
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message, Status: ae.Status}
 				continue
 			}
 			slot[child.ID] = i
@@ -115,13 +115,13 @@ func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, 
 				if ae.Code == "internal" {
 					s.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
 				}
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message, Status: ae.Status}
 				continue
 			}
 			sb, err := s.started(ctx, id, ttl)
 			if err != nil {
 				ae := classify(err)
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message, Status: ae.Status}
 				continue
 			}
 			j := toJSON(sb)

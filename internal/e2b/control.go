@@ -66,8 +66,10 @@ func (s *Server) controlRoutes() *http.ServeMux {
 	m.HandleFunc("GET /sandboxes/{id}", s.auth(s.get))
 	m.HandleFunc("DELETE /sandboxes/{id}", s.auth(s.kill))
 	m.HandleFunc("POST /sandboxes/{id}/timeout", s.auth(s.setTimeout))
-	for _, p := range []string{"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
-		"GET /sandboxes/{id}/metrics", "POST /sandboxes/{id}/snapshots", "PUT /sandboxes/{id}/network"} {
+	m.HandleFunc("POST /sandboxes/{id}/pause", s.auth(s.pause))
+	m.HandleFunc("POST /sandboxes/{id}/resume", s.auth(s.resume))
+	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.fork))
+	for _, p := range []string{"GET /sandboxes/{id}/metrics", "POST /sandboxes/{id}/snapshots", "PUT /sandboxes/{id}/network"} {
 		m.HandleFunc(p, s.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
 			s.writeError(w, r, errStatus(http.StatusNotImplemented, "%s %s is not supported by PandaStack's E2B API yet", r.Method, r.Pattern[strings.Index(r.Pattern, " ")+1:]))
 		}))
@@ -232,6 +234,12 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, keyID string) {
 		return
 	}
 	sb, err := s.live(r, keyID)
+	status := http.StatusOK
+	if err == nil && e2bState(sb.State) == "paused" {
+		// E2B resumes a paused sandbox on connect and answers 201.
+		sb, err = s.b.Resume(r.Context(), keyID, sb.ID)
+		status = http.StatusCreated
+	}
 	if err == nil && req.Timeout != nil {
 		if err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout); err == nil {
 			sb, err = s.live(r, keyID)
@@ -241,7 +249,98 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, keyID string) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+	writeJSON(w, status, s.toJSON(sb, true))
+}
+
+// pause answers POST /sandboxes/{id}/pause: 204 once the sandbox is
+// captured to disk; 409 (the SDK's false) if it is not running. The
+// body's memory flag is ignored: PandaStack always keeps memory.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, keyID string) {
+	if err := decode(r, &struct{}{}); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.live(r, keyID)
+	if err == nil {
+		err = s.b.Pause(r.Context(), keyID, sb.ID)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resume answers E2B's (deprecated) POST /sandboxes/{id}/resume: 201
+// with the sandbox; 409 if it is not paused.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request, keyID string) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.live(r, keyID)
+	if err == nil {
+		sb, err = s.b.Resume(r.Context(), keyID, sb.ID)
+	}
+	if err == nil && req.Timeout != nil {
+		if err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout); err == nil {
+			sb, err = s.live(r, keyID)
+		}
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+}
+
+// fork answers POST /sandboxes/{id}/fork {count, timeout}: 201 with one
+// {"sandbox"} (with its own envd access token) or {"error":{code,message}}
+// per child; 404 (status and body) if the source is unknown.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, keyID string) {
+	var req struct {
+		Count   *int `json:"count"`
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	sb, err := s.live(r, keyID)
+	var children []ForkChild
+	if err == nil {
+		children, err = s.b.Fork(r.Context(), keyID, sb.ID, count, req.Timeout)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	type forkError struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	type forkChild struct {
+		Sandbox *sandboxJSON `json:"sandbox,omitempty"`
+		Error   *forkError   `json:"error,omitempty"`
+	}
+	out := make([]forkChild, len(children))
+	for i, c := range children {
+		if c.Err != nil {
+			st, msg := s.status(c.Err)
+			out[i].Error = &forkError{Code: st, Message: msg}
+			continue
+		}
+		j := s.toJSON(c.Sandbox, true)
+		out[i].Sandbox = &j
+	}
+	writeJSON(w, http.StatusCreated, out)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request, keyID string) {

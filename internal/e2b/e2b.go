@@ -60,6 +60,13 @@ type CreateRequest struct {
 	Env        map[string]string
 }
 
+// ForkChild is one child of a Fork: its sandbox, or why it failed
+// (Err, classified by Status).
+type ForkChild struct {
+	Sandbox Sandbox
+	Err     error
+}
+
 // ListFilter selects sandboxes in Backend.List. Empty States: every live
 // state.
 type ListFilter struct {
@@ -79,6 +86,15 @@ type Backend interface {
 	List(ctx context.Context, keyID string, f ListFilter) ([]Sandbox, error)
 	Kill(ctx context.Context, keyID, id string) error
 	SetTTL(ctx context.Context, keyID, id string, seconds int) error
+	// Pause captures the key's running sandbox to disk and waits for it;
+	// an error Status classifies as 409 if it is not running (paused).
+	Pause(ctx context.Context, keyID, id string) error
+	// Resume restores the key's paused sandbox, waits for it and returns
+	// it running; an error classified 409 if it is not paused.
+	Resume(ctx context.Context, keyID, id string) (Sandbox, error)
+	// Fork forks the key's running sandbox count times and waits: one
+	// ForkChild per child, in order. ttlSeconds nil: the source's TTL.
+	Fork(ctx context.Context, keyID, id string, count int, ttlSeconds *int) ([]ForkChild, error)
 	// Guest reaches the guest agent of sandbox id, whoever owns it (the
 	// caller has proved access with the sandbox's access token); an
 	// error if it is not running.
