@@ -396,3 +396,39 @@ test('fork: two children see the parent\'s file and diverge; unknown source is n
   }
   await assert.rejects(Sandbox.fork('nosuchsandbox0000000', { ...slow, count: 1 }), (e) => e instanceof SandboxNotFoundError)
 })
+
+test('pause/connect/resume wire statuses: 204, 201 resumed, 200 running, 409', async () => {
+  const s = await Sandbox.create({ ...slow, metadata: { suite: tag, role: 'wire' } })
+  const call = async (path, body = {}) => {
+    const res = await fetch(`${process.env.E2B_API_URL}${path}`, {
+      method: 'POST', headers: { 'X-API-KEY': process.env.E2B_API_KEY, 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+    })
+    const text = await res.text()
+    return { status: res.status, body: text ? JSON.parse(text) : null }
+  }
+  try {
+    const id = s.sandboxId
+    assert.equal((await call(`/sandboxes/${id}/pause`)).status, 204)
+    const p = await call(`/sandboxes/${id}/pause`)
+    assert.equal(p.status, 409)
+    assert.equal(p.body.code, 409)
+    const c = await call(`/v2/sandboxes/${id}/connect`)
+    assert.equal(c.status, 201)
+    assert.equal(c.body.sandboxID, id)
+    assert.equal(c.body.state, 'running')
+    assert.ok(c.body.envdAccessToken)
+    assert.equal((await call(`/sandboxes/${id}/connect`, { timeout: 300 })).status, 200)
+    assert.equal((await call(`/sandboxes/${id}/resume`)).status, 409)
+    assert.equal((await call(`/sandboxes/${id}/pause`)).status, 204)
+    const r = await call(`/sandboxes/${id}/resume`, { timeout: 120 })
+    assert.equal(r.status, 201)
+    const ttl = (new Date(r.body.endAt) - Date.now()) / 1000
+    assert.ok(ttl > 60 && ttl <= 121, `ttl ${ttl}s, want about 120`)
+    assert.equal((await s.commands.run('echo back', slow)).stdout, 'back\n')
+    const f = await call(`/sandboxes/nosuchsandbox0000000/fork`, { count: 1 })
+    assert.equal(f.status, 404)
+    assert.equal(f.body.code, 404)
+  } finally {
+    await s.kill().catch(() => {})
+  }
+})
