@@ -189,6 +189,10 @@ func benchExecCmd() *cobra.Command {
     GET …/output until the first byte
   - attach → first output byte: GET …/output?from=start of a process that
     has output
+  - exec round trip of true, interleaved: argv [/bin/sh -c true], argv
+    [/bin/bash -c true], cmd "true" (a login bash), the same as user
+    "user" and with an explicit PATH (left out where the template has no
+    bash or no user "user")
   - E2B's JS SDK against PandaStack's Go SDK, in the same run: --e2b-n
     iterations of, in rotating order, (a) the Go SDK's create + exec of
     argv ["true"], (b) the same with argv ["/bin/bash", "-l", "-c", "true"]
@@ -274,6 +278,12 @@ func printExecResult(out io.Writer, res bench.ExecResult) {
 		d    bench.Dist
 	}{{"keystroke → echo (WebSocket):", res.KeystrokeEcho}, {"background start → first byte:", res.StartToFirstByte}, {"attach → first byte:", res.AttachToFirstByte}} {
 		fmt.Fprintf(out, "%-31s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
+	}
+	if len(res.Shells) > 0 {
+		fmt.Fprintln(out, "exec round trip, interleaved:")
+	}
+	for _, d := range res.Shells {
+		fmt.Fprintf(out, "  %-29s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.Name, d.P50, d.P99, d.N)
 	}
 	e := res.E2B
 	if e == nil {

@@ -43,9 +43,32 @@ type ExecResult struct {
 	// AttachToFirstByte is GET …/output?from=start of a process that has
 	// output until its first byte.
 	AttachToFirstByte Dist `json:"attach_to_first_byte"`
+	// Shells is the exec round trip (POST …/exec until its answer) of
+	// `true` in each way a command can be run (execShells), interleaved.
+	Shells []ShellDist `json:"exec_shells"`
 	// E2B compares E2B's JS SDK with the Go SDK (E2BBench); filled by the
 	// caller, nil if not asked for.
 	E2B *E2BResult `json:"e2b,omitempty"`
+}
+
+// ShellDist is the exec round trip of one way of running a command.
+type ShellDist struct {
+	Name string `json:"name"`
+	Dist
+}
+
+// execShells are the ways of running `true` that ExecResult.Shells
+// compares: what a login shell costs over a plain one (docs/api.md,
+// "Which shell runs cmd").
+var execShells = []struct {
+	name string
+	cmd  pandastack.Command
+}{
+	{"argv [/bin/sh -c true]", pandastack.Command{Argv: []string{"/bin/sh", "-c", "true"}}},
+	{"argv [/bin/bash -c true]", pandastack.Command{Argv: []string{"/bin/bash", "-c", "true"}}},
+	{"cmd true (bash -l -c)", pandastack.Command{Cmd: "true"}},
+	{"cmd true as user", pandastack.Command{Cmd: "true", User: "user"}},
+	{"cmd true, env PATH", pandastack.Command{Cmd: "true", Env: map[string]string{"PATH": "/opt/x/bin:/usr/bin:/bin"}}},
 }
 
 var errFirstByte = errors.New("first byte")
@@ -118,7 +141,48 @@ func ExecBench(ctx context.Context, c *pandastack.Client, o ExecOptions) (res Ex
 		}
 	}
 	res.AttachToFirstByte = Summarize(attaches)
+	if err := p.Kill(ctx); err != nil {
+		return res, fmt.Errorf("remove process: %w", err)
+	}
+
+	logf("exec round trip of true: sh, bash, login bash")
+	if res.Shells, err = shellRoundTrips(ctx, sb, o.N); err != nil {
+		return res, err
+	}
 	return res, nil
+}
+
+// shellRoundTrips measures each of execShells n times, in rotating order
+// (after one warm-up round). A template without bash or without the user
+// `user` fails the bash forms: those are left out, with what they said.
+func shellRoundTrips(ctx context.Context, sb *pandastack.Sandbox, n int) ([]ShellDist, error) {
+	var forms []int
+	for i, f := range execShells {
+		r, err := sb.Exec(ctx, f.cmd)
+		switch {
+		case err == nil && r.ExitCode == 0:
+			forms = append(forms, i)
+		case i == 0:
+			return nil, fmt.Errorf("exec %s: %+v, %v", f.name, r, err)
+		}
+	}
+	samples := make([][]time.Duration, len(execShells))
+	for k := range n {
+		for j := range forms {
+			f := forms[(j+k)%len(forms)]
+			t0 := time.Now()
+			r, err := sb.Exec(ctx, execShells[f].cmd)
+			if err != nil || r.ExitCode != 0 {
+				return nil, fmt.Errorf("exec %s: %+v, %v", execShells[f].name, r, err)
+			}
+			samples[f] = append(samples[f], time.Since(t0))
+		}
+	}
+	out := make([]ShellDist, 0, len(forms))
+	for _, f := range forms {
+		out = append(out, ShellDist{Name: execShells[f].name, Dist: Summarize(samples[f])})
+	}
+	return out, nil
 }
 
 // firstByte follows p's output from the start until its first byte.

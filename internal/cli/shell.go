@@ -22,9 +22,13 @@ import (
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
-// loginShell is what panda shell runs by default: the template's login
-// shell, bash if it has one.
-const loginShell = `if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi`
+// loginShell is what panda shell runs by default. A Cmd with bash runs in
+// a login bash already, which ran the profiles and put back the explicit
+// variables (docs/api.md, "Which shell runs cmd"); the interactive bash
+// it becomes reads ~/.bashrc (prompt, aliases) without running the
+// profiles again, which would replace an explicit PATH. Without bash,
+// sh -l reads /etc/profile.
+const loginShell = `if [ -x /bin/bash ]; then exec /bin/bash -i; else exec /bin/sh -l; fi`
 
 func shellCmd(g *globals) *cobra.Command {
 	var (
@@ -35,8 +39,10 @@ func shellCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "shell ID [flags] [-- CMD [ARGS...]]",
 		Short: "Open an interactive terminal in a sandbox; exits with the shell's exit code",
-		Long: `Open an interactive terminal in a sandbox: a login shell (bash -l, or sh -l
-without bash), or CMD, on a pseudo-terminal the size of yours. Your
+		Long: `Open an interactive terminal in a sandbox: an interactive bash after the
+login profiles (as a login shell, but the variables of the template, the
+sandbox and --env win over the profiles; sh -l without bash), or CMD, on a
+pseudo-terminal the size of yours. Your
 terminal is put in raw mode (keys such as Ctrl-C go to the sandbox) and
 restored at the end; resizing your window resizes the remote terminal.
 panda exits with the remote exit code.

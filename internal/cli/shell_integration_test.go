@@ -56,7 +56,7 @@ func TestIntegrationTTYWebSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := admin.Sandbox(id)
-	p, err := sb.StartProcess(ctx, pandastack.Command{Cmd: loginShell, PTY: &pandastack.PTYSize{Rows: 24, Cols: 80}})
+	p, err := sb.StartProcess(ctx, pandastack.Command{Cmd: loginShell, Env: map[string]string{"PATH": "/opt/x/bin:/usr/bin:/bin"}, PTY: &pandastack.PTYSize{Rows: 24, Cols: 80}})
 	if err != nil {
 		t.Fatalf("StartProcess: %v", err)
 	}
@@ -81,6 +81,11 @@ func TestIntegrationTTYWebSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	wsReadUntil(ctx, t, c, "\nhi\r\n")
+	// The terminal has the command's env (tiny: sh -l, no /etc/profile).
+	if err := c.Write(ctx, websocket.MessageBinary, []byte("echo \"$PATH\"\r")); err != nil {
+		t.Fatal(err)
+	}
+	wsReadUntil(ctx, t, c, "\n/opt/x/bin:/usr/bin:/bin\r\n")
 	resize, _ := json.Marshal(map[string]any{"type": "resize", "rows": 30, "cols": 100})
 	if err := c.Write(ctx, websocket.MessageText, resize); err != nil {
 		t.Fatal(err)

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -127,8 +129,9 @@ wait:
 // environment, the working directory and the credential (nil: root).
 func (s *Server) prepare(req *guestproto.ExecRequest) (path string, argv, env []string, cwd string, cred *syscall.Credential, err error) {
 	argv = req.Argv
+	login := false
 	if req.Shell != "" {
-		argv = s.shell.argv(req.Shell)
+		argv, login = s.shell.argv(req.Shell)
 	}
 	var userEnv map[string]string
 	if req.User != "" {
@@ -147,22 +150,29 @@ func (s *Server) prepare(req *guestproto.ExecRequest) (path string, argv, env []
 			userEnv = map[string]string{"HOME": cmp.Or(u.home, "/"), "USER": u.name, "LOGNAME": u.name}
 		}
 	}
-	env = s.execEnv(userEnv, req.Env)
-	path, err = lookPath(argv[0], envValue(env, "PATH"))
+	envMap, explicit := s.execEnv(userEnv, req.Env)
+	path, err = lookPath(argv[0], envMap["PATH"])
 	if err != nil && req.Shell != "" && argv[0] != "/bin/sh" {
 		// bash was removed since its stat was cached.
 		s.shell.forget()
-		argv = s.shell.argv(req.Shell)
-		path, err = lookPath(argv[0], envValue(env, "PATH"))
+		argv, login = s.shell.argv(req.Shell)
+		path, err = lookPath(argv[0], envMap["PATH"])
 	}
 	if err != nil {
 		return "", nil, nil, "", nil, err
 	}
-	cwd, err = execDir(req.Cwd, envValue(env, "HOME"))
+	cwd, err = execDir(req.Cwd, envMap["HOME"])
 	if err != nil {
 		return "", nil, nil, "", nil, err
 	}
-
+	if login {
+		if err := s.shell.keepExplicit(envMap, explicit); err != nil {
+			return "", nil, nil, "", nil, err
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(envMap)) {
+		env = append(env, k+"="+envMap[k])
+	}
 	return path, argv, env, cwd, cred, nil
 }
 
@@ -328,13 +338,4 @@ func execDir(cwd, home string) (string, error) {
 		return "", guestproto.Errorf(guestproto.CodeNotDir, "cwd %q is not a directory", cwd)
 	}
 	return cwd, nil
-}
-
-func envValue(env []string, key string) string {
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
-			return v
-		}
-	}
-	return ""
 }

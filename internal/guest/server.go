@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +42,10 @@ type Config struct {
 	// exists (else /bin/sh does); "" means DefaultBash. (Tests point it
 	// at a missing path to act as a guest without bash.)
 	Bash string
+	// LoginEnvFile is where the agent writes the script that login
+	// shells read after their profiles to put back the explicit
+	// variables; "" means DefaultLoginEnvFile. (Tests use a temp dir.)
+	LoginEnvFile string
 	// ExitGrace is how long an exec's output is still streamed after its
 	// process exited, for children that hold its pipes; then the pipes are
 	// closed. Zero means one second.
@@ -93,6 +96,9 @@ func NewServer(cfg Config) *Server {
 	if cfg.Bash == "" {
 		cfg.Bash = DefaultBash
 	}
+	if cfg.LoginEnvFile == "" {
+		cfg.LoginEnvFile = DefaultLoginEnvFile
+	}
 	base := make(map[string]string, len(cfg.Env))
 	for _, kv := range cfg.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
@@ -109,7 +115,7 @@ func NewServer(cfg Config) *Server {
 		cfg:    cfg,
 		start:  time.Now(),
 		base:   base,
-		shell:  shell{bash: cfg.Bash},
+		shell:  shell{bash: cfg.Bash, loginEnv: cfg.LoginEnvFile},
 	}
 }
 
@@ -193,12 +199,14 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 
 // execEnv merges, later winning, the base env, user (the exec user's
 // HOME, USER and LOGNAME; an empty value unsets the base's), the session's
-// default env and the request's.
-func (s *Server) execEnv(user, req map[string]string) []string {
+// default env and the request's. explicit is the part set by the session
+// (template, sandbox) and the request, which login profiles must not
+// overwrite (shell.keepExplicit).
+func (s *Server) execEnv(user, req map[string]string) (env, explicit map[string]string) {
 	s.mu.Lock()
 	session := s.sessionEnv
 	s.mu.Unlock()
-	env := maps.Clone(s.base)
+	env = maps.Clone(s.base)
 	for k, v := range user {
 		if v == "" {
 			delete(env, k)
@@ -206,13 +214,11 @@ func (s *Server) execEnv(user, req map[string]string) []string {
 			env[k] = v
 		}
 	}
-	maps.Copy(env, session)
-	maps.Copy(env, req)
-	out := make([]string, 0, len(env))
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		out = append(out, k+"="+env[k])
-	}
-	return out
+	explicit = make(map[string]string, len(session)+len(req))
+	maps.Copy(explicit, session)
+	maps.Copy(explicit, req)
+	maps.Copy(env, explicit)
+	return env, explicit
 }
 
 // replyErr sends a failed REPLY.

@@ -547,13 +547,14 @@ func TestIntegrationOnExpirePause(t *testing.T) {
 	}
 }
 
-// TestIntegrationShell: a Cmd runs under bash -c (not a login shell) where
-// the template has bash (base), else under /bin/sh -c (tiny, busybox).
+// TestIntegrationShell: a Cmd runs under a login bash (bash -l -c) where
+// the template has bash (base), else under /bin/sh -c (tiny, busybox); the
+// login profiles run, but the variables set explicitly win over them.
 func TestIntegrationShell(t *testing.T) {
 	c := adminClient(t)
 	ctx := testCtx(t)
 	for _, tt := range []struct{ template, cmd, want string }{
-		{"base", `echo "$0"; shopt -q login_shell && echo login; [[ a == a ]] && echo bash-syntax`, "/bin/bash\nbash-syntax\n"},
+		{"base", `echo "$0"; shopt -q login_shell && echo login; [[ a == a ]] && echo bash-syntax`, "/bin/bash\nlogin\nbash-syntax\n"},
 		{"tiny", `echo "$0"`, "/bin/sh\n"},
 	} {
 		sb := create(t, c, pandastack.CreateOptions{Template: tt.template})
@@ -565,6 +566,18 @@ func TestIntegrationShell(t *testing.T) {
 		r, err = sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", `echo "$0"`}})
 		if err != nil || r.Stdout != "/bin/sh\n" {
 			t.Errorf("%s: argv: got %+v, %v", tt.template, r, err)
+		}
+		if tt.template != "base" {
+			continue
+		}
+		// user's ~/.profile adds ~/.local/bin once it exists; an explicit
+		// PATH comes first, the profiles' entries it lacks after it.
+		if r, err := sb.Exec(ctx, pandastack.Command{Cmd: "mkdir -p ~/.local/bin", User: "user"}); err != nil || r.ExitCode != 0 {
+			t.Fatalf("mkdir: %+v, %v", r, err)
+		}
+		r, err = sb.Exec(ctx, pandastack.Command{Cmd: `echo "$PATH"`, User: "user", Env: map[string]string{"PATH": "/opt/x/bin:/usr/bin:/bin"}})
+		if want := "/opt/x/bin:/usr/bin:/bin:/home/user/.local/bin:/usr/local/bin:/usr/local/games:/usr/games\n"; err != nil || r.Stdout != want {
+			t.Errorf("explicit PATH as user: got %+v, %v, want stdout %q", r, err, want)
 		}
 	}
 }
