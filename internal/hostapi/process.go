@@ -419,43 +419,15 @@ func (a *attachment) end() (guestproto.ProcInfo, bool, error) {
 	return a.end_.Proc, a.end_.Lagged, a.err
 }
 
-// demux copies output frames into the pipes until the end or error frame.
+// demux reads the response until the attach end or error frame.
 func (a *attachment) demux(c *Client, ctx context.Context, body io.ReadCloser, stdout, stderr *io.PipeWriter) {
 	defer close(a.done)
-	defer body.Close()
-	buf := make([]byte, 0, 64<<10)
-	for {
-		typ, payload, err := readFrame(body, buf)
-		if err != nil {
-			a.err = fmt.Errorf("attach process: %w", c.transportError(ctx, err))
-			break
+	a.err = demuxFrames(c, ctx, "attach process", body, stdout, stderr, frameAttachEnd, func(payload []byte) error {
+		if err := json.Unmarshal(payload, &a.end_); err != nil {
+			return fmt.Errorf("decode end: %w", err)
 		}
-		buf = payload[:0]
-		switch typ {
-		case frameStdout:
-			stdout.Write(payload)
-			continue
-		case frameStderr:
-			stderr.Write(payload)
-			continue
-		case frameAttachEnd:
-			if err := json.Unmarshal(payload, &a.end_); err != nil {
-				a.err = fmt.Errorf("attach process: decode end: %w", err)
-			}
-		case frameError:
-			var we wireError
-			if err := json.Unmarshal(payload, &we); err != nil {
-				a.err = fmt.Errorf("attach process: decode error: %w", err)
-			} else {
-				a.err = we.err()
-			}
-		default:
-			a.err = fmt.Errorf("attach process: unknown frame %q", typ)
-		}
-		break
-	}
-	stdout.CloseWithError(a.err)
-	stderr.CloseWithError(a.err)
+		return nil
+	})
 }
 
 // WatchDir watches a directory on the guest; see guestproto.Client.WatchDir
