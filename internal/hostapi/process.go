@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync"
 
 	"github.com/go-chi/chi/v5"
 
@@ -214,39 +213,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "application/x-panda-attach")
 	w.WriteHeader(http.StatusOK)
-	var wmu sync.Mutex
-	send := func(frame []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		if _, err := w.Write(frame); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
+	send := frameSender(w, rc)
 	if send(jsonFrame(frameAttach, attachFrame{Start: a.Start, Proc: a.Proc})) != nil {
 		return
 	}
-	var wg sync.WaitGroup
-	pump := func(typ byte, rd io.Reader) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		frame := make([]byte, 0, len(buf)+5)
-		for {
-			n, err := rd.Read(buf)
-			if n > 0 && send(appendFrame(frame[:0], typ, buf[:n])) != nil {
-				cancel() // the client went away: detach
-				io.Copy(io.Discard, rd)
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(2)
-	go pump(frameStdout, a.Stdout)
-	go pump(frameStderr, a.Stderr)
-	wg.Wait()
+	pumpOutput(send, a.Stdout, a.Stderr, cancel) // client gone: detach
 	proc, lagged, err := a.End()
 	if err != nil {
 		_, we := encodeError(err)
