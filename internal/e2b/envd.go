@@ -306,55 +306,13 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 	if err != nil {
 		return s.rpcError(err)
 	}
-	var mu sync.Mutex
-	send := func(ev processEvent) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return stream.Send(&startResponse{Event: ev})
-	}
+	send := lockedSend(func(ev processEvent) error { return stream.Send(&startResponse{Event: ev}) })
 	if err := send(processEvent{Start: &startEvent{PID: uint32(p.PID())}}); err != nil {
 		cancel()
 	}
-	var wg sync.WaitGroup
-	pump := func(rd io.Reader, stderr bool) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := rd.Read(buf)
-			if n > 0 {
-				data := &dataEvent{}
-				if stderr {
-					data.Stderr = append([]byte(nil), buf[:n]...)
-				} else {
-					data.Stdout = append([]byte(nil), buf[:n]...)
-				}
-				if send(processEvent{Data: data}) != nil {
-					cancel() // the client went away: kill the command
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(2)
-	go pump(p.Stdout(), false)
-	go pump(p.Stderr(), true)
-	done := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(keepaliveEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				send(processEvent{Keepalive: &struct{}{}})
-			}
-		}
-	}()
-	wg.Wait()
-	close(done)
+	stop := keepalive(func() { send(processEvent{Keepalive: &struct{}{}}) })
+	pumpData(send, p.Stdout(), p.Stderr(), false, cancel) // client gone: kill the command
+	stop()
 	res, err := p.Wait()
 	if ctx.Err() != nil {
 		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -140,14 +140,70 @@ func (s *Server) startProcess(ctx context.Context, t envdTarget, pg ProcessGuest
 	return err
 }
 
-// lockedSend serializes the sends of a stream's pumps.
-func lockedSend(send func(processEvent) error) func(processEvent) error {
+// lockedSend serializes the sends of a stream's pumps and keepalives.
+func lockedSend[T any](send func(T) error) func(T) error {
 	var mu sync.Mutex
-	return func(ev processEvent) error {
+	return func(v T) error {
 		mu.Lock()
 		defer mu.Unlock()
-		return send(ev)
+		return send(v)
 	}
+}
+
+// keepalive calls ping every keepaliveEvery until stop is called.
+func keepalive(ping func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(keepaliveEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				ping()
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// pumpData sends stdout and stderr as data events (pty ones if pty: a
+// PTY's output is all stdout) until both end, and returns how many bytes
+// each had. When a send fails (the client went away) it calls gone and
+// reads on.
+func pumpData(send func(processEvent) error, stdout, stderr io.Reader, pty bool, gone func()) (nOut, nErr int64) {
+	var wg sync.WaitGroup
+	pump := func(rd io.Reader, stderr bool, n *int64) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			k, err := rd.Read(buf)
+			if k > 0 {
+				*n += int64(k)
+				data := &dataEvent{}
+				switch {
+				case pty:
+					data.PTY = append([]byte(nil), buf[:k]...)
+				case stderr:
+					data.Stderr = append([]byte(nil), buf[:k]...)
+				default:
+					data.Stdout = append([]byte(nil), buf[:k]...)
+				}
+				if send(processEvent{Data: data}) != nil {
+					gone()
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(stdout, false, &nOut)
+	go pump(stderr, true, &nErr)
+	wg.Wait()
+	return nOut, nErr
 }
 
 // follow streams process pid's output from the offsets (-1: from now) as
@@ -158,56 +214,14 @@ func lockedSend(send func(processEvent) error) func(processEvent) error {
 func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, errOff int64, pty bool, send func(processEvent) error) (exited bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		tick := time.NewTicker(keepaliveEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				send(processEvent{Keepalive: &struct{}{}})
-			}
-		}
-	}()
+	stop := keepalive(func() { send(processEvent{Keepalive: &struct{}{}}) })
+	defer stop()
 	for {
 		a, err := pg.AttachProcess(ctx, pid, outOff, errOff)
 		if err != nil {
 			return false, s.streamError(ctx, s.procError(err, pid))
 		}
-		var nOut, nErr int64
-		var wg sync.WaitGroup
-		pump := func(rd io.Reader, stderr bool, n *int64) {
-			defer wg.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				k, err := rd.Read(buf)
-				if k > 0 {
-					*n += int64(k)
-					data := &dataEvent{}
-					switch {
-					case pty:
-						data.PTY = append([]byte(nil), buf[:k]...)
-					case stderr:
-						data.Stderr = append([]byte(nil), buf[:k]...)
-					default:
-						data.Stdout = append([]byte(nil), buf[:k]...)
-					}
-					if send(processEvent{Data: data}) != nil {
-						cancel() // the client went away: detach
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}
-		wg.Add(2)
-		go pump(a.Stdout, false, &nOut)
-		go pump(a.Stderr, true, &nErr)
-		wg.Wait()
+		nOut, nErr := pumpData(send, a.Stdout, a.Stderr, pty, cancel) // client gone: detach
 		proc, lagged, err := a.End()
 		if err != nil {
 			a.Close()
