@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
-	"github.com/pandastack/pandastack/internal/vmm"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -39,13 +37,7 @@ func benchCreateCmd() *cobra.Command {
 		Short: "Create → first exec latency, exec round trip and idle memory, through the host agent",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			dataDir, images, accel := loc.dataDir, loc.imagesDir(), loc.accel
-			// Its own data directory (next to the server's) so that a
-			// running server and the benchmark never share sandboxes.
-			a, err := agent.Open(ctx, agent.Config{
-				DataDir: filepath.Join(dataDir, "bench"), ImagesDir: images, Accel: vmm.Accel(accel),
-				Logger: slog.New(slog.DiscardHandler),
-			})
+			a, err := agent.Open(ctx, loc.agentConfig("bench"))
 			if err != nil {
 				return err
 			}
