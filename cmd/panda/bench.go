@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,9 +14,9 @@ import (
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
-	"github.com/pandastack/pandastack/internal/vmm"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func benchCmd() *cobra.Command {
@@ -38,13 +37,7 @@ func benchCreateCmd() *cobra.Command {
 		Short: "Create → first exec latency, exec round trip and idle memory, through the host agent",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			dataDir, images, accel := loc.dataDir, loc.imagesDir(), loc.accel
-			// Its own data directory (next to the server's) so that a
-			// running server and the benchmark never share sandboxes.
-			a, err := agent.Open(ctx, agent.Config{
-				DataDir: filepath.Join(dataDir, "bench"), ImagesDir: images, Accel: vmm.Accel(accel),
-				Logger: slog.New(slog.DiscardHandler),
-			})
+			a, err := agent.Open(ctx, loc.agentConfig("bench"))
 			if err != nil {
 				return err
 			}
@@ -85,9 +78,9 @@ func benchCreateCmd() *cobra.Command {
 
 func benchAPICmd() *cobra.Command {
 	var (
-		apiURL, apiKey, tmpl, levels string
-		n, execs, mem                int
-		asJSON                       bool
+		rem           remoteBench
+		tmpl, levels  string
+		n, execs, mem int
 	)
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -113,7 +106,7 @@ concurrent batch failed.`,
 			if n < 1 {
 				return fmt.Errorf("--n %d: want at least 1", n)
 			}
-			c, err := benchClient(apiURL, apiKey)
+			c, _, err := rem.client()
 			if err != nil {
 				return err
 			}
@@ -123,33 +116,40 @@ concurrent batch failed.`,
 			if err != nil && !errors.Is(err, bench.ErrBatchFailed) {
 				return err
 			}
-			if perr := printAPIResult(cmd.OutOrStdout(), res, asJSON); perr != nil {
+			if perr := printAPIResult(cmd.OutOrStdout(), res, rem.asJSON); perr != nil {
 				return perr
 			}
 			return err
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
-	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server; DATA_DIR is $PANDA_DATA_DIR or /var/lib/pandastack)")
+	rem.register(f)
 	f.StringVar(&tmpl, "template", "base", "template")
 	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
 	f.IntVar(&n, "n", 50, "sequential creates to measure")
 	f.IntVar(&execs, "execs", 100, "exec round trips to measure")
 	f.StringVar(&levels, "concurrency", "1,20", "comma-separated batch sizes; 1 is the sequential measurement, each c > 1 one batch of c creates at once")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
-// benchClient makes an SDK client the way the CLI does: flags, then the
-// environment, then the admin key of a server on this machine.
-func benchClient(apiURL, apiKey string) (*pandastack.Client, error) {
-	c, _, err := benchClientKey(apiURL, apiKey)
-	return c, err
+// remoteBench holds the flags of benchmarks that measure a running server
+// through its REST API (the Go SDK).
+type remoteBench struct {
+	apiURL, apiKey string
+	asJSON         bool
 }
 
-// benchClientKey is benchClient, also returning the API key.
-func benchClientKey(apiURL, apiKey string) (*pandastack.Client, string, error) {
+func (r *remoteBench) register(f *pflag.FlagSet) {
+	f.StringVar(&r.apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
+	f.StringVar(&r.apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server; DATA_DIR is $PANDA_DATA_DIR or /var/lib/pandastack)")
+	f.BoolVar(&r.asJSON, "json", false, "print JSON")
+}
+
+// client makes an SDK client the way the CLI does: flags, then the
+// environment, then the admin key of a server on this machine; it also
+// returns the API key.
+func (r *remoteBench) client() (*pandastack.Client, string, error) {
+	apiURL, apiKey := r.apiURL, r.apiKey
 	if apiURL == "" {
 		apiURL = os.Getenv("PANDASTACK_API_URL")
 	}
@@ -173,9 +173,9 @@ func benchClientKey(apiURL, apiKey string) (*pandastack.Client, string, error) {
 
 func benchExecCmd() *cobra.Command {
 	var (
-		apiURL, apiKey, tmpl, e2bDir string
-		n, mem, e2bN                 int
-		asJSON                       bool
+		rem          remoteBench
+		tmpl, e2bDir string
+		n, mem, e2bN int
 	)
 	cmd := &cobra.Command{
 		Use:   "exec",
@@ -210,7 +210,7 @@ func benchExecCmd() *cobra.Command {
 			if n < 1 {
 				return fmt.Errorf("--n %d: want at least 1", n)
 			}
-			c, key, err := benchClientKey(apiURL, apiKey)
+			c, key, err := rem.client()
 			if err != nil {
 				return err
 			}
@@ -228,7 +228,7 @@ func benchExecCmd() *cobra.Command {
 				res.E2B = &e
 			}
 			out := cmd.OutOrStdout()
-			if asJSON {
+			if rem.asJSON {
 				return writeJSON(out, res)
 			}
 			printExecResult(out, res)
@@ -236,14 +236,12 @@ func benchExecCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
-	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server)")
+	rem.register(f)
 	f.StringVar(&tmpl, "template", "base", "template")
 	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
 	f.IntVar(&n, "n", 100, "measurements of each kind")
 	f.IntVar(&e2bN, "e2b-n", 20, "iterations of the E2B SDK comparison (0: skip it)")
 	f.StringVar(&e2bDir, "e2b-dir", "", "the e2b package directory holding bench.mjs and node_modules (default e2e/e2b under the working directory, else next to the panda binary's directory)")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
@@ -347,10 +345,10 @@ func printAPIResult(out io.Writer, res bench.APIResult, asJSON bool) error {
 
 func benchLoadCmd() *cobra.Command {
 	var (
-		apiURL, apiKey, tmpl           string
+		rem                            remoteBench
+		tmpl                           string
 		creates, bigExecs, bigMiB, mem int
 		pid                            int
-		asJSON                         bool
 	)
 	cmd := &cobra.Command{
 		Use:   "load",
@@ -371,7 +369,7 @@ non-zero if any operation failed.`,
   panda bench load --creates 100 --big-execs 20 --big-exec-mib 16 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := benchClient(apiURL, apiKey)
+			c, _, err := rem.client()
 			if err != nil {
 				return err
 			}
@@ -385,7 +383,7 @@ non-zero if any operation failed.`,
 			if err != nil && !errors.Is(err, bench.ErrLoadFailed) {
 				return err
 			}
-			if asJSON {
+			if rem.asJSON {
 				if perr := writeJSON(cmd.OutOrStdout(), res); perr != nil {
 					return perr
 				}
@@ -410,15 +408,13 @@ non-zero if any operation failed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
-	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server)")
+	rem.register(f)
 	f.StringVar(&tmpl, "template", "", "template (default: the server's)")
 	f.IntVar(&mem, "memory", 0, "guest memory in MiB (default: the server's)")
 	f.IntVar(&creates, "creates", 100, "creates started at once")
 	f.IntVar(&bigExecs, "big-execs", 20, "large buffered execs run at once")
 	f.IntVar(&bigMiB, "big-exec-mib", 16, "output of each large exec, MiB")
 	f.IntVar(&pid, "pid", 0, "server process to measure (default: the one listening on the API's port)")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
@@ -461,9 +457,9 @@ func listenerPID(apiURL string) int {
 
 func benchTemplateCmd() *cobra.Command {
 	var (
-		apiURL, apiKey, from, file string
-		n, mem                     int
-		asJSON                     bool
+		rem        remoteBench
+		from, file string
+		n, mem     int
 	)
 	cmd := &cobra.Command{
 		Use:   "template",
@@ -485,7 +481,7 @@ exits, also on errors and Ctrl-C.`,
   panda bench template --file ./Dockerfile`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := benchClient(apiURL, apiKey)
+			c, _, err := rem.client()
 			if err != nil {
 				return err
 			}
@@ -501,7 +497,7 @@ exits, also on errors and Ctrl-C.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
+			if rem.asJSON {
 				return writeJSON(cmd.OutOrStdout(), res)
 			}
 			out := cmd.OutOrStdout()
@@ -517,12 +513,10 @@ exits, also on errors and Ctrl-C.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
-	f.StringVar(&apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else DATA_DIR/admin.key of a local server)")
+	rem.register(f)
 	f.StringVar(&from, "from", "base", "FROM of the default Dockerfile: base, tiny or an image reference")
 	f.StringVar(&file, "file", "", "a Dockerfile of your own to build instead (its last line must be a RUN step)")
 	f.IntVar(&mem, "memory", 0, "guest memory in MiB of the sandboxes measured (0: the server's default)")
 	f.IntVar(&n, "n", 10, "creates measured per template")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -34,23 +34,14 @@ func TestBenchNet(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}
-	for _, k := range []string{
+	wantPositive(t, got,
 		"create_to_first_exec_off.p50_ms", "create_to_first_exec_off.p99_ms",
 		"create_to_first_exec_on.p50_ms", "create_to_first_exec_on.p99_ms", "create_ratio",
 		"fork_to_child_exec_off.p50_ms", "fork_to_child_exec_off.p99_ms",
 		"fork_to_child_exec_on.p50_ms", "fork_to_child_exec_on.p99_ms", "fork_ratio",
 		"download.p50_mb_s", "upload.p50_mb_s",
 		"direct.p50_us", "direct.p99_us", "proxy.p50_us", "proxy.p99_us",
-	} {
-		var v any = got
-		for _, part := range strings.Split(k, ".") {
-			m, _ := v.(map[string]any)
-			v = m[part]
-		}
-		if f, ok := v.(float64); !ok || f <= 0 {
-			t.Errorf("%s: got %v, want a positive number", k, v)
-		}
-	}
+	)
 	if _, ok := got["proxy_overhead_p50_us"].(float64); !ok {
 		t.Errorf("proxy_overhead_p50_us: got %v, want a number", got["proxy_overhead_p50_us"])
 	}
@@ -60,6 +51,22 @@ func TestBenchNet(t *testing.T) {
 	for name := range benchNamespaces() {
 		if !before[name] {
 			t.Errorf("namespace %s left behind", name)
+		}
+	}
+}
+
+// wantPositive checks that each key (a dotted path into got) is a
+// positive number.
+func wantPositive(t *testing.T, got map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		var v any = got
+		for _, part := range strings.Split(k, ".") {
+			m, _ := v.(map[string]any)
+			v = m[part]
+		}
+		if f, ok := v.(float64); !ok || f <= 0 {
+			t.Errorf("%s: got %v, want a positive number", k, v)
 		}
 	}
 }
@@ -104,21 +111,12 @@ func TestBenchExecE2B(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}
-	for _, k := range []string{
+	wantPositive(t, got,
 		"keystroke_echo.p50_ms", "start_to_first_byte.p50_ms", "attach_to_first_byte.p50_ms",
 		"e2b.e2b.p50_ms", "e2b.e2b.p99_ms", "e2b.pandastack.p50_ms", "e2b.pandastack.p99_ms",
 		"e2b.pandastack_login.p50_ms", "e2b.pandastack_login.p99_ms",
 		"e2b.ratio_p50", "e2b.ratio_p50_same_command", "e2b.memory_mib",
-	} {
-		var v any = got
-		for _, part := range strings.Split(k, ".") {
-			m, _ := v.(map[string]any)
-			v = m[part]
-		}
-		if f, ok := v.(float64); !ok || f <= 0 {
-			t.Errorf("%s: got %v, want a positive number", k, v)
-		}
-	}
+	)
 	if e, _ := got["e2b"].(map[string]any); e["skipped"] != nil || e["e2b_sdk_version"] == "" {
 		t.Errorf("e2b section: skipped %v, SDK version %v", e["skipped"], e["e2b_sdk_version"])
 	}

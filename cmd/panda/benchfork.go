@@ -110,7 +110,6 @@ through the HTTP API:
     --child-dirty MiB, beside the same children made as naive full copies.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			dataDir, images, accel := loc.dataDir, loc.imagesDir(), loc.accel
 			var memSizes []int
 			for _, f := range strings.Split(sizes, ",") {
 				v, err := strconv.Atoi(strings.TrimSpace(f))
@@ -119,7 +118,7 @@ through the HTTP API:
 				}
 				memSizes = append(memSizes, v)
 			}
-			st, err := startLocalStack(ctx, agent.Config{DataDir: filepath.Join(dataDir, "bench"), ImagesDir: images, Accel: vmm.Accel(accel)})
+			st, err := startLocalStack(ctx, loc.agentConfig("bench"))
 			if err != nil {
 				return err
 			}
@@ -179,6 +178,14 @@ func (l *localBench) imagesDir() string {
 		return l.images
 	}
 	return filepath.Join(l.dataDir, "images")
+}
+
+// agentConfig configures a host agent on DATA_DIR/sub that logs nothing:
+// a data directory of its own (next to the server's), so that a running
+// server and the benchmark never share sandboxes.
+func (l *localBench) agentConfig(sub string) agent.Config {
+	return agent.Config{DataDir: filepath.Join(l.dataDir, sub), ImagesDir: l.imagesDir(), Accel: vmm.Accel(l.accel),
+		Logger: slog.New(slog.DiscardHandler)}
 }
 
 func writeJSON(w io.Writer, v any) error {

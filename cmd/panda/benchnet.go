@@ -9,13 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/network/nettest"
-	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/spf13/cobra"
 )
 
@@ -115,14 +113,15 @@ func runNetBench(ctx context.Context, loc localBench, o bench.NetOptions) (res b
 	// Both agents on one data directory (one template bake, one store):
 	// the one with the API opens first and so mounts the store and
 	// unmounts it last.
-	dataDir := filepath.Join(loc.dataDir, "bench-net")
-	st, err := startLocalStack(ctx, agent.Config{DataDir: dataDir, ImagesDir: loc.imagesDir(), Accel: vmm.Accel(loc.accel), Network: m})
+	cfg := loc.agentConfig("bench-net")
+	on := cfg
+	on.Network = m
+	st, err := startLocalStack(ctx, on)
 	if err != nil {
 		return res, err
 	}
 	defer st.close()
-	off, err := agent.Open(ctx, agent.Config{DataDir: dataDir, ImagesDir: loc.imagesDir(), Accel: vmm.Accel(loc.accel),
-		Logger: slog.New(slog.DiscardHandler)})
+	off, err := agent.Open(ctx, cfg)
 	if err != nil {
 		return res, err
 	}

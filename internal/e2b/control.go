@@ -225,31 +225,10 @@ func (s *Server) live(r *http.Request, keyID string) (Sandbox, error) {
 	return sb, err
 }
 
+// connect answers POST /sandboxes/{id}/connect: 200 with the sandbox, or
+// 201 if it was paused: E2B resumes a paused sandbox on connect.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, keyID string) {
-	var req struct {
-		Timeout *int `json:"timeout"`
-	}
-	if err := decode(r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.live(r, keyID)
-	status := http.StatusOK
-	if err == nil && e2bState(sb.State) == "paused" {
-		// E2B resumes a paused sandbox on connect and answers 201.
-		sb, err = s.b.Resume(r.Context(), keyID, sb.ID)
-		status = http.StatusCreated
-	}
-	if err == nil && req.Timeout != nil {
-		if err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout); err == nil {
-			sb, err = s.live(r, keyID)
-		}
-	}
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, status, s.toJSON(sb, true))
+	s.wake(w, r, keyID, false)
 }
 
 // pause answers POST /sandboxes/{id}/pause: 204 once the sandbox is
@@ -274,6 +253,13 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, keyID string) {
 // resume answers E2B's (deprecated) POST /sandboxes/{id}/resume: 201
 // with the sandbox; 409 if it is not paused.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request, keyID string) {
+	s.wake(w, r, keyID, true)
+}
+
+// wake answers connect and resume {timeout}: the sandbox, resumed (always
+// if resume, else if it is paused; then 201, else 200), with its TTL set
+// to the timeout if the request gives one.
+func (s *Server) wake(w http.ResponseWriter, r *http.Request, keyID string, resume bool) {
 	var req struct {
 		Timeout *int `json:"timeout"`
 	}
@@ -282,8 +268,10 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, keyID string) {
 		return
 	}
 	sb, err := s.live(r, keyID)
-	if err == nil {
+	status := http.StatusOK
+	if err == nil && (resume || e2bState(sb.State) == "paused") {
 		sb, err = s.b.Resume(r.Context(), keyID, sb.ID)
+		status = http.StatusCreated
 	}
 	if err == nil && req.Timeout != nil {
 		if err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout); err == nil {
@@ -294,7 +282,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, keyID string) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+	writeJSON(w, status, s.toJSON(sb, true))
 }
 
 // fork answers POST /sandboxes/{id}/fork {count, timeout}: 201 with one

@@ -32,17 +32,17 @@ func (s *Server) envdRoutes() *http.ServeMux {
 	m := http.NewServeMux()
 	opt := connect.WithCodec(jsonCodec{})
 	m.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", s.start, opt))
-	m.Handle("/filesystem.Filesystem/Stat", connect.NewUnaryHandler("/filesystem.Filesystem/Stat", s.stat, opt))
-	m.Handle("/filesystem.Filesystem/ListDir", connect.NewUnaryHandler("/filesystem.Filesystem/ListDir", s.listDir, opt))
-	m.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", s.makeDir, opt))
-	m.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", s.remove, opt))
-	m.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", s.move, opt))
+	m.Handle("/filesystem.Filesystem/Stat", connect.NewUnaryHandler("/filesystem.Filesystem/Stat", unary(s, s.stat), opt))
+	m.Handle("/filesystem.Filesystem/ListDir", connect.NewUnaryHandler("/filesystem.Filesystem/ListDir", unary(s, s.listDir), opt))
+	m.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", unary(s, s.makeDir), opt))
+	m.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", unary(s, s.remove), opt))
+	m.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", unary(s, s.move), opt))
 	m.Handle("/process.Process/Connect", connect.NewServerStreamHandler("/process.Process/Connect", s.connectProcess, opt))
-	m.Handle("/process.Process/List", connect.NewUnaryHandler("/process.Process/List", s.listProcesses, opt))
-	m.Handle("/process.Process/SendInput", connect.NewUnaryHandler("/process.Process/SendInput", s.sendInput, opt))
-	m.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", s.sendSignal, opt))
-	m.Handle("/process.Process/CloseStdin", connect.NewUnaryHandler("/process.Process/CloseStdin", s.closeStdin, opt))
-	m.Handle("/process.Process/Update", connect.NewUnaryHandler("/process.Process/Update", s.update, opt))
+	m.Handle("/process.Process/List", connect.NewUnaryHandler("/process.Process/List", unary(s, s.listProcesses), opt))
+	m.Handle("/process.Process/SendInput", connect.NewUnaryHandler("/process.Process/SendInput", unary(s, s.sendInput), opt))
+	m.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", unary(s, s.sendSignal), opt))
+	m.Handle("/process.Process/CloseStdin", connect.NewUnaryHandler("/process.Process/CloseStdin", unary(s, s.closeStdin), opt))
+	m.Handle("/process.Process/Update", connect.NewUnaryHandler("/process.Process/Update", unary(s, s.update), opt))
 	m.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", s.watchDir, opt))
 	// Polling watchers (which the JS SDK does not use) and StreamInput
 	// (which no SDK uses) answer unimplemented, as envd does for a method
@@ -200,6 +200,24 @@ func run(ctx context.Context, g Guest, argv []string) error {
 	return nil
 }
 
+// unary adapts a unary envd RPC on the request's sandbox: it
+// authenticates the request and reaches the sandbox (target) for fn, and
+// turns fn's errors into connect errors (rpcError: a *connect.Error passes
+// as it is).
+func unary[Req, Res any](s *Server, fn func(ctx context.Context, t envdTarget, m *Req) (*Res, error)) func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error) {
+	return func(ctx context.Context, req *connect.Request[Req]) (*connect.Response[Res], error) {
+		t, err := s.target(ctx, req.Header(), "")
+		if err != nil {
+			return nil, s.rpcError(err)
+		}
+		res, err := fn(ctx, t, req.Msg)
+		if err != nil {
+			return nil, s.rpcError(err)
+		}
+		return connect.NewResponse(res), nil
+	}
+}
+
 // rpcError turns err into a connect error with the code E2B's envd uses.
 func (s *Server) rpcError(err error) error {
 	var ce *connect.Error
@@ -288,55 +306,13 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 	if err != nil {
 		return s.rpcError(err)
 	}
-	var mu sync.Mutex
-	send := func(ev processEvent) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return stream.Send(&startResponse{Event: ev})
-	}
+	send := lockedSend(func(ev processEvent) error { return stream.Send(&startResponse{Event: ev}) })
 	if err := send(processEvent{Start: &startEvent{PID: uint32(p.PID())}}); err != nil {
 		cancel()
 	}
-	var wg sync.WaitGroup
-	pump := func(rd io.Reader, stderr bool) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := rd.Read(buf)
-			if n > 0 {
-				data := &dataEvent{}
-				if stderr {
-					data.Stderr = append([]byte(nil), buf[:n]...)
-				} else {
-					data.Stdout = append([]byte(nil), buf[:n]...)
-				}
-				if send(processEvent{Data: data}) != nil {
-					cancel() // the client went away: kill the command
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(2)
-	go pump(p.Stdout(), false)
-	go pump(p.Stderr(), true)
-	done := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(keepaliveEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				send(processEvent{Keepalive: &struct{}{}})
-			}
-		}
-	}()
-	wg.Wait()
-	close(done)
+	stop := keepalive(func() { send(processEvent{Keepalive: &struct{}{}}) })
+	pumpData(send, p.Stdout(), p.Stderr(), false, cancel) // client gone: kill the command
+	stop()
 	res, err := p.Wait()
 	if ctx.Err() != nil {
 		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -376,42 +352,35 @@ func entry(fi guestproto.FileInfo) entryInfo {
 	return e
 }
 
-func (s *Server) statEntry(ctx context.Context, t envdTarget, p string) (*connect.Response[entryResponse], error) {
+// statEntry is the entry of path p.
+func statEntry(ctx context.Context, t envdTarget, p string) (*entryResponse, error) {
 	fi, err := t.g.Stat(ctx, p)
 	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
 	if fi.Path == "" {
 		fi.Path = p
 	}
-	return connect.NewResponse(&entryResponse{Entry: entry(fi)}), nil
+	return &entryResponse{Entry: entry(fi)}, nil
 }
 
-func (s *Server) stat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
-	t, err := s.target(ctx, req.Header(), "")
+func (s *Server) stat(ctx context.Context, t envdTarget, m *pathRequest) (*entryResponse, error) {
+	p, err := t.resolve(m.Path)
 	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	p, err := t.resolve(req.Msg.Path)
-	if err != nil {
-		return nil, s.rpcError(err)
-	}
-	return s.statEntry(ctx, t, p)
+	return statEntry(ctx, t, p)
 }
 
 // maxListEntries bounds a recursive ListDir's answer.
 const maxListEntries = 100000
 
-func (s *Server) listDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
-	t, err := s.target(ctx, req.Header(), "")
+func (s *Server) listDir(ctx context.Context, t envdTarget, m *listDirRequest) (*listDirResponse, error) {
+	p, err := t.resolve(m.Path)
 	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	p, err := t.resolve(req.Msg.Path)
-	if err != nil {
-		return nil, s.rpcError(err)
-	}
-	depth := int(req.Msg.Depth)
+	depth := int(m.Depth)
 	if depth < 1 {
 		depth = 1
 	}
@@ -439,64 +408,52 @@ func (s *Server) listDir(ctx context.Context, req *connect.Request[listDirReques
 		return nil
 	}
 	if err := walk(p, 1); err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	return connect.NewResponse(out), nil
+	return out, nil
 }
 
-func (s *Server) makeDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
-	t, err := s.target(ctx, req.Header(), "")
+func (s *Server) makeDir(ctx context.Context, t envdTarget, m *pathRequest) (*entryResponse, error) {
+	p, err := t.resolve(m.Path)
 	if err != nil {
-		return nil, s.rpcError(err)
-	}
-	p, err := t.resolve(req.Msg.Path)
-	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
 	if _, err := t.g.Stat(ctx, p); err == nil {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s already exists", p))
 	}
 	if err := t.g.Mkdir(ctx, p); err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
 	if err := t.chown(ctx, p); err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	return s.statEntry(ctx, t, p)
+	return statEntry(ctx, t, p)
 }
 
-func (s *Server) remove(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[empty], error) {
-	t, err := s.target(ctx, req.Header(), "")
+func (s *Server) remove(ctx context.Context, t envdTarget, m *pathRequest) (*empty, error) {
+	p, err := t.resolve(m.Path)
 	if err != nil {
-		return nil, s.rpcError(err)
-	}
-	p, err := t.resolve(req.Msg.Path)
-	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
 	if err := t.g.Remove(ctx, p, true); err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	return connect.NewResponse(&empty{}), nil
+	return &empty{}, nil
 }
 
-func (s *Server) move(ctx context.Context, req *connect.Request[moveRequest]) (*connect.Response[entryResponse], error) {
-	t, err := s.target(ctx, req.Header(), "")
+func (s *Server) move(ctx context.Context, t envdTarget, m *moveRequest) (*entryResponse, error) {
+	src, err := t.resolve(m.Source)
 	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	src, err := t.resolve(req.Msg.Source)
+	dst, err := t.resolve(m.Destination)
 	if err != nil {
-		return nil, s.rpcError(err)
-	}
-	dst, err := t.resolve(req.Msg.Destination)
-	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
 	if err := t.g.Rename(ctx, src, dst); err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
-	return s.statEntry(ctx, t, dst)
+	return statEntry(ctx, t, dst)
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -141,14 +140,70 @@ func (s *Server) startProcess(ctx context.Context, t envdTarget, pg ProcessGuest
 	return err
 }
 
-// lockedSend serializes the sends of a stream's pumps.
-func lockedSend(send func(processEvent) error) func(processEvent) error {
+// lockedSend serializes the sends of a stream's pumps and keepalives.
+func lockedSend[T any](send func(T) error) func(T) error {
 	var mu sync.Mutex
-	return func(ev processEvent) error {
+	return func(v T) error {
 		mu.Lock()
 		defer mu.Unlock()
-		return send(ev)
+		return send(v)
 	}
+}
+
+// keepalive calls ping every keepaliveEvery until stop is called.
+func keepalive(ping func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(keepaliveEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				ping()
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// pumpData sends stdout and stderr as data events (pty ones if pty: a
+// PTY's output is all stdout) until both end, and returns how many bytes
+// each had. When a send fails (the client went away) it calls gone and
+// reads on.
+func pumpData(send func(processEvent) error, stdout, stderr io.Reader, pty bool, gone func()) (nOut, nErr int64) {
+	var wg sync.WaitGroup
+	pump := func(rd io.Reader, stderr bool, n *int64) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			k, err := rd.Read(buf)
+			if k > 0 {
+				*n += int64(k)
+				data := &dataEvent{}
+				switch {
+				case pty:
+					data.PTY = append([]byte(nil), buf[:k]...)
+				case stderr:
+					data.Stderr = append([]byte(nil), buf[:k]...)
+				default:
+					data.Stdout = append([]byte(nil), buf[:k]...)
+				}
+				if send(processEvent{Data: data}) != nil {
+					gone()
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(stdout, false, &nOut)
+	go pump(stderr, true, &nErr)
+	wg.Wait()
+	return nOut, nErr
 }
 
 // follow streams process pid's output from the offsets (-1: from now) as
@@ -159,56 +214,14 @@ func lockedSend(send func(processEvent) error) func(processEvent) error {
 func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, errOff int64, pty bool, send func(processEvent) error) (exited bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		tick := time.NewTicker(keepaliveEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				send(processEvent{Keepalive: &struct{}{}})
-			}
-		}
-	}()
+	stop := keepalive(func() { send(processEvent{Keepalive: &struct{}{}}) })
+	defer stop()
 	for {
 		a, err := pg.AttachProcess(ctx, pid, outOff, errOff)
 		if err != nil {
 			return false, s.streamError(ctx, s.procError(err, pid))
 		}
-		var nOut, nErr int64
-		var wg sync.WaitGroup
-		pump := func(rd io.Reader, stderr bool, n *int64) {
-			defer wg.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				k, err := rd.Read(buf)
-				if k > 0 {
-					*n += int64(k)
-					data := &dataEvent{}
-					switch {
-					case pty:
-						data.PTY = append([]byte(nil), buf[:k]...)
-					case stderr:
-						data.Stderr = append([]byte(nil), buf[:k]...)
-					default:
-						data.Stdout = append([]byte(nil), buf[:k]...)
-					}
-					if send(processEvent{Data: data}) != nil {
-						cancel() // the client went away: detach
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}
-		wg.Add(2)
-		go pump(a.Stdout, false, &nOut)
-		go pump(a.Stderr, true, &nErr)
-		wg.Wait()
+		nOut, nErr := pumpData(send, a.Stdout, a.Stderr, pty, cancel) // client gone: detach
 		proc, lagged, err := a.End()
 		if err != nil {
 			a.Close()
@@ -298,18 +311,14 @@ func (s *Server) connectProcess(ctx context.Context, req *connect.Request[connec
 }
 
 // listProcesses lists the running processes.
-func (s *Server) listProcesses(ctx context.Context, req *connect.Request[empty]) (*connect.Response[listResponse], error) {
-	t, err := s.target(ctx, req.Header(), "")
-	if err != nil {
-		return nil, s.rpcError(err)
-	}
+func (s *Server) listProcesses(ctx context.Context, t envdTarget, _ *empty) (*listResponse, error) {
 	pg, err := processGuest(t, "/process.Process/List")
 	if err != nil {
 		return nil, err
 	}
 	procs, err := pg.ListProcesses(ctx)
 	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, err
 	}
 	out := &listResponse{Processes: []processInfo{}}
 	running := map[int]bool{}
@@ -331,65 +340,61 @@ func (s *Server) listProcesses(ctx context.Context, req *connect.Request[empty])
 		}
 	}
 	s.mu.Unlock()
-	return connect.NewResponse(out), nil
+	return out, nil
 }
 
-func (s *Server) sendInput(ctx context.Context, req *connect.Request[sendInputRequest]) (*connect.Response[empty], error) {
-	pg, pid, err := s.selected(ctx, req.Header(), "/process.Process/SendInput", req.Msg.Process)
+func (s *Server) sendInput(ctx context.Context, t envdTarget, m *sendInputRequest) (*empty, error) {
+	pg, pid, err := s.selected(t, "/process.Process/SendInput", m.Process)
 	if err != nil {
 		return nil, err
 	}
 	// A PTY's keystrokes go to its stdin, as a pipe's bytes do.
-	in := req.Msg.Input.Stdin
-	if req.Msg.Input.PTY != nil {
-		in = req.Msg.Input.PTY
+	in := m.Input.Stdin
+	if m.Input.PTY != nil {
+		in = m.Input.PTY
 	}
 	if len(in) == 0 {
-		return connect.NewResponse(&empty{}), nil
+		return &empty{}, nil
 	}
 	if err := pg.WriteProcessStdin(ctx, pid, in); err != nil {
 		return nil, s.procError(err, pid)
 	}
-	return connect.NewResponse(&empty{}), nil
+	return &empty{}, nil
 }
 
-func (s *Server) closeStdin(ctx context.Context, req *connect.Request[closeStdinRequest]) (*connect.Response[empty], error) {
-	pg, pid, err := s.selected(ctx, req.Header(), "/process.Process/CloseStdin", req.Msg.Process)
+func (s *Server) closeStdin(ctx context.Context, t envdTarget, m *closeStdinRequest) (*empty, error) {
+	pg, pid, err := s.selected(t, "/process.Process/CloseStdin", m.Process)
 	if err != nil {
 		return nil, err
 	}
 	if err := pg.CloseProcessStdin(ctx, pid); err != nil {
 		return nil, s.procError(err, pid)
 	}
-	return connect.NewResponse(&empty{}), nil
+	return &empty{}, nil
 }
 
-func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[empty], error) {
-	pg, pid, err := s.selected(ctx, req.Header(), "/process.Process/SendSignal", req.Msg.Process)
+func (s *Server) sendSignal(ctx context.Context, t envdTarget, m *sendSignalRequest) (*empty, error) {
+	pg, pid, err := s.selected(t, "/process.Process/SendSignal", m.Process)
 	if err != nil {
 		return nil, err
 	}
 	var sig string
-	switch strings.Trim(string(req.Msg.Signal), `"`) {
+	switch strings.Trim(string(m.Signal), `"`) {
 	case "SIGNAL_SIGKILL", "9":
 		sig = "KILL"
 	case "SIGNAL_SIGTERM", "15":
 		sig = "TERM"
 	default:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unsupported signal %s", req.Msg.Signal))
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unsupported signal %s", m.Signal))
 	}
 	if err := pg.SignalProcess(ctx, pid, sig); err != nil {
 		return nil, s.procError(err, pid)
 	}
-	return connect.NewResponse(&empty{}), nil
+	return &empty{}, nil
 }
 
-// selected authenticates a unary process call and resolves its process.
-func (s *Server) selected(ctx context.Context, h http.Header, procedure string, sel processSelector) (ProcessGuest, int, error) {
-	t, err := s.target(ctx, h, "")
-	if err != nil {
-		return nil, 0, s.rpcError(err)
-	}
+// selected resolves the process of a unary process call.
+func (s *Server) selected(t envdTarget, procedure string, sel processSelector) (ProcessGuest, int, error) {
 	pg, err := processGuest(t, procedure)
 	if err != nil {
 		return nil, 0, err
@@ -403,20 +408,20 @@ func (s *Server) selected(ctx context.Context, h http.Header, procedure string, 
 
 // update is Update: a PTY process's new terminal size. A request without
 // a pty changes nothing, as in envd.
-func (s *Server) update(ctx context.Context, req *connect.Request[updateRequest]) (*connect.Response[empty], error) {
-	pg, pid, err := s.selected(ctx, req.Header(), "/process.Process/Update", req.Msg.Process)
+func (s *Server) update(ctx context.Context, t envdTarget, m *updateRequest) (*empty, error) {
+	pg, pid, err := s.selected(t, "/process.Process/Update", m.Process)
 	if err != nil {
 		return nil, err
 	}
-	if req.Msg.PTY == nil {
-		return connect.NewResponse(&empty{}), nil
+	if m.PTY == nil {
+		return &empty{}, nil
 	}
-	z := req.Msg.PTY.Size
+	z := m.PTY.Size
 	if err := (guestproto.PTYSize{Rows: int(z.Rows), Cols: int(z.Cols)}).Validate(); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	if err := pg.ResizeProcess(ctx, pid, int(z.Rows), int(z.Cols)); err != nil {
 		return nil, s.procError(err, pid)
 	}
-	return connect.NewResponse(&empty{}), nil
+	return &empty{}, nil
 }

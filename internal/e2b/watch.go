@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"path"
-	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/pandastack/pandastack/internal/guestproto"
@@ -48,24 +46,12 @@ func (s *Server) watchDir(ctx context.Context, req *connect.Request[watchDirRequ
 		return s.rpcError(err)
 	}
 	defer w.Close()
-	send := lockedWatchSend(stream)
+	send := lockedSend(func(r watchDirResponse) error { return stream.Send(&r) })
 	if err := send(watchDirResponse{Start: &struct{}{}}); err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		tick := time.NewTicker(keepaliveEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				send(watchDirResponse{Keepalive: &struct{}{}})
-			}
-		}
-	}()
+	stop := keepalive(func() { send(watchDirResponse{Keepalive: &struct{}{}}) })
+	defer stop()
 	for {
 		ev, err := w.Next()
 		if errors.Is(err, io.EOF) {
@@ -88,16 +74,6 @@ func (s *Server) watchDir(ctx context.Context, req *connect.Request[watchDirRequ
 				return err
 			}
 		}
-	}
-}
-
-// lockedWatchSend serializes the sends of the event loop and keepalives.
-func lockedWatchSend(stream *connect.ServerStream[watchDirResponse]) func(watchDirResponse) error {
-	var mu sync.Mutex
-	return func(r watchDirResponse) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return stream.Send(&r)
 	}
 }
 

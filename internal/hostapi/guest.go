@@ -232,45 +232,16 @@ func (p *process) Wait() (guestproto.ExecResult, error) {
 	return p.res, p.err
 }
 
-// demux copies output frames into the stdout and stderr pipes until the
-// exit or error frame.
+// demux reads the response until the exit or error frame.
 func (p *process) demux(c *Client, ctx context.Context, body io.ReadCloser, stdout, stderr *io.PipeWriter) {
 	defer close(p.done)
-	defer body.Close()
-	buf := make([]byte, 0, 64<<10)
-	for {
-		typ, payload, err := readFrame(body, buf)
-		if err != nil {
-			p.err = fmt.Errorf("exec: %w", c.transportError(ctx, err))
-			break
-		}
-		buf = payload[:0]
-		switch typ {
-		case frameStdout:
-			stdout.Write(payload)
-			continue
-		case frameStderr:
-			stderr.Write(payload)
-			continue
-		case frameExit:
-			if err := json.Unmarshal(payload, &p.res); err != nil {
-				p.err = fmt.Errorf("exec: decode exit: %w", err)
-			}
-		case frameError:
-			var we wireError
-			if err := json.Unmarshal(payload, &we); err != nil {
-				p.err = fmt.Errorf("exec: decode error: %w", err)
-			} else {
-				p.err = we.err()
-			}
-		default:
-			p.err = fmt.Errorf("exec: unknown frame %q", typ)
-		}
-		break
-	}
 	// Readers see EOF after a clean exit, the error otherwise; stdin
 	// writes after the end fail as they do locally.
-	stdout.CloseWithError(p.err)
-	stderr.CloseWithError(p.err)
+	p.err = demuxFrames(c, ctx, "exec", body, stdout, stderr, frameExit, func(payload []byte) error {
+		if err := json.Unmarshal(payload, &p.res); err != nil {
+			return fmt.Errorf("decode exit: %w", err)
+		}
+		return nil
+	})
 	p.closeStdin(guestproto.ErrStreamDone)
 }

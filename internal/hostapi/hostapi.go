@@ -326,6 +326,47 @@ func jsonFrame(typ byte, v any) []byte {
 	return appendFrame(nil, typ, b)
 }
 
+// demuxFrames reads the frames of an exec or attach response: it copies
+// stdout and stderr frames into the pipes until the stream's last frame,
+// an error frame or one of type last, whose payload decodeLast takes. It
+// closes body and the pipes, with the error it returns: nil after a clean
+// end, else prefixed with op (but a guest's error as sent).
+func demuxFrames(c *Client, ctx context.Context, op string, body io.ReadCloser, stdout, stderr *io.PipeWriter, last byte, decodeLast func([]byte) error) error {
+	defer body.Close()
+	err := func() error {
+		buf := make([]byte, 0, 64<<10)
+		for {
+			typ, payload, err := readFrame(body, buf)
+			if err != nil {
+				return fmt.Errorf("%s: %w", op, c.transportError(ctx, err))
+			}
+			buf = payload[:0]
+			switch typ {
+			case frameStdout:
+				stdout.Write(payload)
+			case frameStderr:
+				stderr.Write(payload)
+			case last:
+				if err := decodeLast(payload); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+				return nil
+			case frameError:
+				var we wireError
+				if err := json.Unmarshal(payload, &we); err != nil {
+					return fmt.Errorf("%s: decode error: %w", op, err)
+				}
+				return we.err()
+			default:
+				return fmt.Errorf("%s: unknown frame %q", op, typ)
+			}
+		}
+	}()
+	stdout.CloseWithError(err)
+	stderr.CloseWithError(err)
+	return err
+}
+
 // srcReader remembers the failure (not EOF) of the reader it wraps, to tell
 // a failed source from a failed destination after io.Copy, or an upload's
 // source from the transport.

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync"
 
 	"github.com/go-chi/chi/v5"
 
@@ -214,39 +213,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "application/x-panda-attach")
 	w.WriteHeader(http.StatusOK)
-	var wmu sync.Mutex
-	send := func(frame []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		if _, err := w.Write(frame); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
+	send := frameSender(w, rc)
 	if send(jsonFrame(frameAttach, attachFrame{Start: a.Start, Proc: a.Proc})) != nil {
 		return
 	}
-	var wg sync.WaitGroup
-	pump := func(typ byte, rd io.Reader) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		frame := make([]byte, 0, len(buf)+5)
-		for {
-			n, err := rd.Read(buf)
-			if n > 0 && send(appendFrame(frame[:0], typ, buf[:n])) != nil {
-				cancel() // the client went away: detach
-				io.Copy(io.Discard, rd)
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(2)
-	go pump(frameStdout, a.Stdout)
-	go pump(frameStderr, a.Stderr)
-	wg.Wait()
+	pumpOutput(send, a.Stdout, a.Stderr, cancel) // client gone: detach
 	proc, lagged, err := a.End()
 	if err != nil {
 		_, we := encodeError(err)
@@ -419,43 +390,15 @@ func (a *attachment) end() (guestproto.ProcInfo, bool, error) {
 	return a.end_.Proc, a.end_.Lagged, a.err
 }
 
-// demux copies output frames into the pipes until the end or error frame.
+// demux reads the response until the attach end or error frame.
 func (a *attachment) demux(c *Client, ctx context.Context, body io.ReadCloser, stdout, stderr *io.PipeWriter) {
 	defer close(a.done)
-	defer body.Close()
-	buf := make([]byte, 0, 64<<10)
-	for {
-		typ, payload, err := readFrame(body, buf)
-		if err != nil {
-			a.err = fmt.Errorf("attach process: %w", c.transportError(ctx, err))
-			break
+	a.err = demuxFrames(c, ctx, "attach process", body, stdout, stderr, frameAttachEnd, func(payload []byte) error {
+		if err := json.Unmarshal(payload, &a.end_); err != nil {
+			return fmt.Errorf("decode end: %w", err)
 		}
-		buf = payload[:0]
-		switch typ {
-		case frameStdout:
-			stdout.Write(payload)
-			continue
-		case frameStderr:
-			stderr.Write(payload)
-			continue
-		case frameAttachEnd:
-			if err := json.Unmarshal(payload, &a.end_); err != nil {
-				a.err = fmt.Errorf("attach process: decode end: %w", err)
-			}
-		case frameError:
-			var we wireError
-			if err := json.Unmarshal(payload, &we); err != nil {
-				a.err = fmt.Errorf("attach process: decode error: %w", err)
-			} else {
-				a.err = we.err()
-			}
-		default:
-			a.err = fmt.Errorf("attach process: unknown frame %q", typ)
-		}
-		break
-	}
-	stdout.CloseWithError(a.err)
-	stderr.CloseWithError(a.err)
+		return nil
+	})
 }
 
 // WatchDir watches a directory on the guest; see guestproto.Client.WatchDir

@@ -532,15 +532,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/x-panda-exec")
 	w.WriteHeader(http.StatusOK)
-	var wmu sync.Mutex
-	send := func(frame []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		if _, err := w.Write(frame); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
+	send := frameSender(w, rc)
 	send(jsonFrame(frameStart, startFrame{PID: p.PID}))
 
 	stdinDone := make(chan struct{})
@@ -559,29 +551,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	} else {
 		close(stdinDone)
 	}
-	var wg sync.WaitGroup
-	pump := func(typ byte, rd io.Reader) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		frame := make([]byte, 0, len(buf)+5)
-		for {
-			n, err := rd.Read(buf)
-			if n > 0 {
-				if send(appendFrame(frame[:0], typ, buf[:n])) != nil {
-					cancel() // the client went away: kill the command
-					io.Copy(io.Discard, rd)
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(2)
-	go pump(frameStdout, p.Stdout)
-	go pump(frameStderr, p.Stderr)
-	wg.Wait()
+	pumpOutput(send, p.Stdout, p.Stderr, cancel) // client gone: kill the command
 	res, err := p.Wait()
 	if err != nil {
 		_, we := encodeError(err)
@@ -597,6 +567,47 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		rc.SetReadDeadline(time.Now())
 		<-stdinDone
 	}
+}
+
+// frameSender returns a function that writes one frame to w and flushes
+// it; it is safe for concurrent use.
+func frameSender(w http.ResponseWriter, rc *http.ResponseController) func(frame []byte) error {
+	var mu sync.Mutex
+	return func(frame []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := w.Write(frame); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+}
+
+// pumpOutput sends stdout and stderr as frames until both end. When a send
+// fails (the client went away) it calls gone and reads that output to its
+// end.
+func pumpOutput(send func([]byte) error, stdout, stderr io.Reader, gone func()) {
+	var wg sync.WaitGroup
+	pump := func(typ byte, rd io.Reader) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		frame := make([]byte, 0, len(buf)+5)
+		for {
+			n, err := rd.Read(buf)
+			if n > 0 && send(appendFrame(frame[:0], typ, buf[:n])) != nil {
+				gone()
+				io.Copy(io.Discard, rd)
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(frameStdout, stdout)
+	go pump(frameStderr, stderr)
+	wg.Wait()
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
