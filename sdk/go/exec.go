@@ -15,9 +15,9 @@ import (
 const NoTimeout time.Duration = -1
 
 // Command is a command to run in a sandbox: exactly one of Cmd (a shell
-// string, run with /bin/bash -c, or /bin/sh -c in a sandbox without bash)
-// and Argv (a program and its arguments, looked
-// up in PATH).
+// string, run with /bin/bash -l -c, a login bash whose profiles do not
+// override Env, or /bin/sh -c in a sandbox without bash) and Argv (a
+// program and its arguments, looked up in PATH).
 type Command struct {
 	Cmd  string
 	Argv []string
