@@ -36,6 +36,43 @@ test('Sandbox.create: template, timeout, metadata, envs', async () => {
   assert.equal(r.stdout, 'created\n')
 })
 
+test('Sandbox.create: allowInternetAccess, network allowOut/denyOut, lifecycle; what is not served is refused', async () => {
+  const info = await sbx.getInfo()
+  assert.equal(info.allowInternetAccess, true)
+  assert.deepEqual([info.network.allowOut, info.network.denyOut], [[], []])
+  assert.equal(info.lifecycle.onTimeout, 'kill')
+
+  const s = await Sandbox.create('base', {
+    ...slow, timeoutMs: 120_000, allowInternetAccess: false,
+    network: { allowOut: ['10.9.0.0/16', 'PyPI.org'], denyOut: ['10.9.8.0/24'] },
+    lifecycle: { onTimeout: 'pause' },
+  })
+  try {
+    const i = await s.getInfo()
+    assert.equal(i.allowInternetAccess, false)
+    assert.deepEqual(i.network.allowOut, ['10.9.0.0/16', 'pypi.org'])
+    assert.deepEqual(i.network.denyOut, ['10.9.8.0/24'])
+    assert.equal(i.lifecycle.onTimeout, 'pause')
+    // PandaStack's own API shows the same sandbox with that policy.
+    const r = await fetch(`${process.env.E2B_API_URL}/v1/sandboxes/${s.sandboxId}`, {
+      headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
+    })
+    assert.equal(r.status, 200)
+    const j = await r.json()
+    assert.deepEqual(j.network, { internet: false, allow_out: ['10.9.0.0/16', 'pypi.org'], deny_out: ['10.9.8.0/24'] })
+    assert.equal(j.on_expire, 'pause')
+  } finally {
+    await s.kill()
+  }
+
+  const refused = async (opts, re) => assert.rejects(Sandbox.create('base', { ...slow, ...opts }), (e) => {
+    assert.match(e.message, re)
+    return true
+  })
+  await refused({ network: { egressProxy: { address: 'proxy.invalid:1080' } } }, /egressProxy is not supported/)
+  await refused({ network: { allowOut: ['not a cidr!'] } }, /not a cidr/)
+})
+
 test('commands.run: foreground, stdout/stderr callbacks', async () => {
   const out = [], errs = []
   const r = await sbx.commands.run('echo one; echo two >&2; printf three', {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -50,7 +51,8 @@ func (b e2bBackend) Authenticate(ctx context.Context, secret string) (string, er
 
 func toE2B(sb catalog.Sandbox) e2b.Sandbox {
 	return e2b.Sandbox{ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata,
-		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskMiB: sb.DiskMiB, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt}
+		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskMiB: sb.DiskMiB, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt,
+		Network: e2b.Network(sb.Network), OnExpire: sb.OnExpire}
 }
 
 func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequest) (e2b.Sandbox, error) {
@@ -58,7 +60,13 @@ func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequ
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
-	sb, hreq, err := b.s.newSandbox(ctx, key, createRequest{Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Env: req.Env})
+	creq := createRequest{Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Env: req.Env, OnExpire: req.OnExpire}
+	if req.Network != nil {
+		if creq.Network, err = json.Marshal(catalog.Network(*req.Network)); err != nil {
+			return e2b.Sandbox{}, err
+		}
+	}
+	sb, hreq, err := b.s.newSandbox(ctx, key, creq)
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}

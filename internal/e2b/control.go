@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -133,6 +134,24 @@ type sandboxJSON struct {
 	MemoryMB           int               `json:"memoryMB"`
 	DiskSizeMB         int               `json:"diskSizeMB"`
 	Metadata           map[string]string `json:"metadata"`
+	// AllowInternetAccess, Network and Lifecycle are SandboxDetail's
+	// (getInfo).
+	AllowInternetAccess bool          `json:"allowInternetAccess"`
+	Network             networkJSON   `json:"network"`
+	Lifecycle           lifecycleJSON `json:"lifecycle"`
+}
+
+// networkJSON is E2B's SandboxNetworkConfig, as far as PandaStack has it.
+type networkJSON struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+// lifecycleJSON is E2B's SandboxLifecycle: onTimeout "kill" or "pause";
+// PandaStack does not resume a paused sandbox on traffic.
+type lifecycleJSON struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 // e2bState is E2B's state of a live sandbox: running or paused.
@@ -153,6 +172,9 @@ func (s *Server) toJSON(sb Sandbox, withToken bool) sandboxJSON {
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: ClientID, EnvdVersion: EnvdVersion,
 		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), State: e2bState(sb.State),
 		CPUCount: sb.VCPUs, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, Metadata: sb.Metadata,
+		AllowInternetAccess: sb.Network.Internet,
+		Network:             networkJSON{AllowOut: nonNil(sb.Network.AllowOut), DenyOut: nonNil(sb.Network.DenyOut)},
+		Lifecycle:           lifecycleJSON{OnTimeout: cmp.Or(sb.OnExpire, "kill")},
 	}
 	if withToken {
 		out.EnvdAccessToken = s.AccessToken(sb.ID)
@@ -176,23 +198,76 @@ func (s *Server) toJSON(sb Sandbox, withToken bool) sandboxJSON {
 // default (SDK 2.51 no longer sends it).
 const defaultTimeout = 300
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request, keyID string) {
-	var req struct {
-		TemplateID string            `json:"templateID"`
-		Timeout    *int              `json:"timeout"`
-		Metadata   map[string]string `json:"metadata"`
-		EnvVars    map[string]string `json:"envVars"`
-	}
-	if err := decode(r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	ttl := req.Timeout
+// createBody is E2B's NewSandbox as far as PandaStack serves it; the
+// fields it does not serve are in docs/e2b.md ("Not served yet").
+type createBody struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int              `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *struct {
+		AllowOut    []string        `json:"allowOut"`
+		DenyOut     []string        `json:"denyOut"`
+		EgressProxy json.RawMessage `json:"egressProxy"`
+		Rules       json.RawMessage `json:"rules"`
+	} `json:"network"`
+	AutoPause *bool `json:"autoPause"`
+}
+
+// request maps the body to a CreateRequest: allow_internet_access and
+// network's allowOut/denyOut are the sandbox's egress policy (allowOut
+// wins over denyOut, as in E2B), autoPause is on_expire "pause". What
+// PandaStack cannot do and a caller relies on for safety (an egress proxy,
+// per-host rules) is refused rather than ignored.
+func (b createBody) request() (CreateRequest, error) {
+	ttl := b.Timeout
 	if ttl == nil {
 		d := defaultTimeout
 		ttl = &d
 	}
-	sb, err := s.b.Create(r.Context(), keyID, CreateRequest{Template: templateName(req.TemplateID), TTLSeconds: ttl, Metadata: req.Metadata, Env: req.EnvVars})
+	req := CreateRequest{Template: templateName(b.TemplateID), TTLSeconds: ttl, Metadata: b.Metadata, Env: b.EnvVars}
+	if b.AllowInternetAccess != nil || b.Network != nil {
+		n := Network{Internet: b.AllowInternetAccess == nil || *b.AllowInternetAccess}
+		if b.Network != nil {
+			if present(b.Network.EgressProxy) {
+				return req, errStatus(http.StatusBadRequest, "network.egressProxy is not supported by PandaStack: sandboxes reach the network directly, under allowOut/denyOut")
+			}
+			if present(b.Network.Rules) && string(b.Network.Rules) != "{}" {
+				return req, errStatus(http.StatusBadRequest, "network.rules (per-host request transforms) are not supported by PandaStack")
+			}
+			n.AllowOut, n.DenyOut = b.Network.AllowOut, b.Network.DenyOut
+		}
+		req.Network = &n
+	}
+	if b.AutoPause != nil && *b.AutoPause {
+		req.OnExpire = "pause"
+	}
+	return req, nil
+}
+
+// present reports whether a JSON field was given a value other than null.
+func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request, keyID string) {
+	var body createBody
+	if err := decode(r, &body); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req, err := body.request()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.b.Create(r.Context(), keyID, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

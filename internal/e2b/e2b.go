@@ -50,6 +50,17 @@ type Sandbox struct {
 	DiskMiB   int
 	CreatedAt time.Time
 	ExpiresAt time.Time // zero: does not expire (paused)
+	Network   Network
+	OnExpire  string // what the TTL's end does: "kill" or "pause"
+}
+
+// Network is a sandbox's egress policy in PandaStack's terms (package
+// network): the internet or not, and the addresses, CIDRs and domains it
+// may (AllowOut, winning) or may not (DenyOut) reach beyond that.
+type Network struct {
+	Internet bool
+	AllowOut []string
+	DenyOut  []string
 }
 
 // CreateRequest is what a create asks of the Backend.
@@ -58,6 +69,8 @@ type CreateRequest struct {
 	TTLSeconds *int // nil: the server's default
 	Metadata   map[string]string
 	Env        map[string]string
+	Network    *Network // nil: the server's default policy
+	OnExpire   string   // "": kill
 }
 
 // ForkChild is one child of a Fork: its sandbox, or why it failed

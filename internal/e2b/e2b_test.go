@@ -3,6 +3,9 @@ package e2b
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
@@ -116,5 +119,46 @@ func TestEndOf(t *testing.T) {
 		if got.ExitCode != tc.code || got.Exited != tc.exited || got.Status != tc.status || msg != tc.errorMsg {
 			t.Errorf("endOf(%+v) = {%d %v %q %q}, want {%d %v %q %q}", tc.res, got.ExitCode, got.Exited, got.Status, msg, tc.code, tc.exited, tc.status, tc.errorMsg)
 		}
+	}
+}
+
+// TestCreateBody: E2B's create body in PandaStack's terms: the egress
+// policy from allow_internet_access and network, on_expire from
+// autoPause; an egress proxy and per-host rules are refused (400).
+func TestCreateBody(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       CreateRequest
+		wantErr    string
+	}{
+		{"defaults", `{"templateID":"base"}`, CreateRequest{Template: "base"}, ""},
+		{"no internet", `{"allow_internet_access":false}`, CreateRequest{Template: "base", Network: &Network{}}, ""},
+		{"allow and deny", `{"templateID":"t","network":{"allowOut":["10.1.0.0/16","pypi.org"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false},"autoPause":true}`,
+			CreateRequest{Template: "t", Network: &Network{Internet: true, AllowOut: []string{"10.1.0.0/16", "pypi.org"}, DenyOut: []string{"0.0.0.0/0"}}, OnExpire: "pause"}, ""},
+		{"autoPause false", `{"autoPause":false,"network":{"rules":{}}}`, CreateRequest{Template: "base", Network: &Network{Internet: true}}, ""},
+		{"egress proxy", `{"network":{"egressProxy":{"address":"p:1080"}}}`, CreateRequest{}, "egressProxy is not supported"},
+		{"rules", `{"network":{"rules":{"api.example.com":[{"transform":{}}]}}}`, CreateRequest{}, "rules"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b createBody
+			if err := json.Unmarshal([]byte(tc.body), &b); err != nil {
+				t.Fatal(err)
+			}
+			got, err := b.request()
+			if tc.wantErr != "" {
+				var ae *apiError
+				if !errors.As(err, &ae) || ae.status != 400 || !strings.Contains(ae.msg, tc.wantErr) {
+					t.Fatalf("err %v, want a 400 saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got.TTLSeconds == nil || *got.TTLSeconds != defaultTimeout {
+				t.Fatalf("got %+v, %v, want the default timeout", got, err)
+			}
+			got.TTLSeconds = nil
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v (network %+v), want %+v (network %+v)", got, got.Network, tc.want, tc.want.Network)
+			}
+		})
 	}
 }
