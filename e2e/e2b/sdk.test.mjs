@@ -152,6 +152,37 @@ test('files: list, exists, makeDir, getInfo, rename, remove', async () => {
   assert.equal(await sbx.files.exists('/tmp/e2b/d'), false)
 })
 
+test('files: signed uploadUrl and downloadUrl work without headers; expired, altered and wrong-operation URLs are refused', async () => {
+  const body = (text) => {
+    const form = new FormData()
+    form.append('file', new Blob([text]), 'signed.txt')
+    return form
+  }
+  const up = await sbx.uploadUrl('/tmp/signed.txt')
+  assert.match(up, /[?&]signature=v1_/)
+  let r = await fetch(up, { method: 'POST', body: body('via a signed URL') })
+  assert.equal(r.status, 200, await r.text())
+  assert.equal(await sbx.files.read('/tmp/signed.txt'), 'via a signed URL')
+
+  r = await fetch(await sbx.downloadUrl('/tmp/signed.txt'))
+  assert.equal(r.status, 200)
+  assert.equal(await r.text(), 'via a signed URL')
+  r = await fetch(await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: 120 }))
+  assert.equal(await r.text(), 'via a signed URL')
+
+  const refused = async (url, init, status, re) => {
+    const res = await fetch(url, init)
+    assert.equal(res.status, status)
+    assert.match((await res.json()).message, re)
+  }
+  await refused(await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: -5 }), {}, 401, /expired/)
+  const altered = new URL(await sbx.downloadUrl('/tmp/signed.txt'))
+  altered.searchParams.set('path', '/etc/shadow')
+  await refused(altered, {}, 401, /invalid signature/)
+  await refused(await sbx.downloadUrl('/tmp/signed.txt'), { method: 'POST', body: body('x') }, 401, /invalid signature/)
+  assert.equal(await sbx.files.read('/tmp/signed.txt'), 'via a signed URL')
+})
+
 test('files: errors for bad paths', async () => {
   await assert.rejects(sbx.files.read('/tmp/e2b/no/such/file'), (e) => e instanceof NotFoundError || e instanceof FileNotFoundError)
   await assert.rejects(sbx.files.getInfo('/tmp/e2b/no/such/file'), (e) => e instanceof NotFoundError || e instanceof FileNotFoundError)

@@ -77,6 +77,18 @@ func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequ
 	return toE2B(sb), nil
 }
 
+func (b e2bBackend) Running(ctx context.Context) ([]string, error) {
+	sbs, err := b.s.cat.ListSandboxes(ctx, catalog.SandboxFilter{States: []string{catalog.StateRunning}})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.ID
+	}
+	return ids, nil
+}
+
 func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
 	sb, err := b.s.cat.GetSandbox(ctx, id)
 	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != keyID) {

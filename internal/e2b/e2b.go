@@ -112,6 +112,10 @@ type Backend interface {
 	// caller has proved access with the sandbox's access token); an
 	// error if it is not running.
 	Guest(ctx context.Context, id string) (Guest, error)
+	// Running lists the ids of the running sandboxes of every key: a
+	// signed file URL (uploadUrl, downloadUrl) names no sandbox, only its
+	// signature, made with one sandbox's access token, tells which.
+	Running(ctx context.Context) ([]string, error)
 	// Status classifies err: an HTTP status and a message for users.
 	Status(err error) (status int, message string)
 }
@@ -173,12 +177,13 @@ func New(b Backend, secret []byte, domain string, log *slog.Logger) (*Server, er
 }
 
 // Intercept is middleware that serves E2B requests and passes the rest to
-// next: a request with an E2b-Sandbox-Id header is envd's; one whose
+// next: a request with an E2b-Sandbox-Id header is envd's, and so is a
+// signed file URL (GET or POST /files?…&signature=…); one whose
 // method and path are a route of E2B's control plane is the control
 // plane's. Neither set of paths overlaps PandaStack's /v1 API.
 func (s *Server) Intercept(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("E2b-Sandbox-Id") != "" {
+		if r.Header.Get("E2b-Sandbox-Id") != "" || signedFileURL(r) {
 			s.envd.ServeHTTP(w, r)
 			return
 		}

@@ -85,6 +85,12 @@ func (s *Server) target(ctx context.Context, h http.Header, user string) (envdTa
 	if !s.validToken(id, h.Get("X-Access-Token")) {
 		return envdTarget{}, errStatus(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %q", id)
 	}
+	return s.reach(ctx, id, h, user)
+}
+
+// reach reaches the guest of sandbox id, whose access the request proved,
+// as target does.
+func (s *Server) reach(ctx context.Context, id string, h http.Header, user string) (envdTarget, error) {
 	g, err := s.b.Guest(ctx, id)
 	if err != nil {
 		// E2B's proxy answers 502 for a sandbox that is not running; the
@@ -466,7 +472,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 // readFile answers GET /files?path=&username=: the file's bytes.
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	t, err := s.target(r.Context(), r.Header, r.URL.Query().Get("username"))
+	t, err := s.fileTarget(r, "read")
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -501,7 +507,7 @@ type writeInfo struct {
 // application/octet-stream (optionally gzip) to ?path=.
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	t, err := s.target(r.Context(), r.Header, q.Get("username"))
+	t, err := s.fileTarget(r, "write")
 	if err != nil {
 		s.writeError(w, r, err)
 		return
