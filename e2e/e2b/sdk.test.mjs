@@ -36,7 +36,7 @@ test('Sandbox.create: template, timeout, metadata, envs', async () => {
   assert.equal(r.stdout, 'created\n')
 })
 
-test('Sandbox.create: allowInternetAccess, network allowOut/denyOut, lifecycle; what is not served is refused', async () => {
+test('Sandbox.create and updateNetwork: allowInternetAccess, network allowOut/denyOut, lifecycle; what is not served is refused', async () => {
   const info = await sbx.getInfo()
   assert.equal(info.allowInternetAccess, true)
   assert.deepEqual([info.network.allowOut, info.network.denyOut], [[], []])
@@ -61,9 +61,19 @@ test('Sandbox.create: allowInternetAccess, network allowOut/denyOut, lifecycle; 
     const j = await r.json()
     assert.deepEqual(j.network, { internet: false, allow_out: ['10.9.0.0/16', 'pypi.org'], deny_out: ['10.9.8.0/24'] })
     assert.equal(j.on_expire, 'pause')
+
+    // updateNetwork replaces the whole policy: what it omits is cleared.
+    await s.updateNetwork({ allowOut: ['10.1.2.3'] })
+    const u = await s.getInfo()
+    assert.deepEqual([u.allowInternetAccess, u.network.allowOut, u.network.denyOut], [true, ['10.1.2.3'], []])
+    await s.updateNetwork({ allowInternetAccess: false })
+    const v = await s.getInfo()
+    assert.deepEqual([v.allowInternetAccess, v.network.allowOut, v.network.denyOut], [false, [], []])
+    await assert.rejects(s.updateNetwork({ egressProxy: { address: 'proxy.invalid:1080' } }), /egressProxy is not supported/)
   } finally {
     await s.kill()
   }
+  await assert.rejects(s.updateNetwork({}), SandboxNotFoundError)
 
   const refused = async (opts, re) => assert.rejects(Sandbox.create('base', { ...slow, ...opts }), (e) => {
     assert.match(e.message, re)

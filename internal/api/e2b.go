@@ -14,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/network"
 )
 
 // e2bBackend gives package e2b (the E2B-compatible API served on the same
@@ -132,6 +133,18 @@ func (b e2bBackend) SetTTL(ctx context.Context, keyID, id string, seconds int) e
 		return err
 	}
 	_, err = b.s.applyTTL(ctx, id, ttl)
+	return err
+}
+
+func (b e2bBackend) SetNetwork(ctx context.Context, keyID, id string, n e2b.Network) error {
+	sb, err := b.s.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != keyID) {
+		return notFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return fmt.Errorf("get sandbox: %w", err)
+	}
+	_, err = b.s.applyNetwork(ctx, sb, network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
 	return err
 }
 

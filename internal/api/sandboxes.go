@@ -471,30 +471,32 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 	if req.DenyOut != nil {
 		p.DenyOut = *req.DenyOut
 	}
-	if err := p.Validate(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	p = p.Canonical()
-	switch sb.State {
-	case catalog.StateStopped, catalog.StateStopping:
-		s.writeError(w, r, conflict("sandbox %s is %s", sb.ID, sb.State))
-		return
-	}
-	// The host first: if it cannot apply the policy, the record keeps
-	// the old one, which is what the sandbox still has.
-	if err := s.host.SetNetwork(r.Context(), sb.ID, p); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err = s.cat.UpdateSandbox(context.WithoutCancel(r.Context()), sb.ID, func(x *catalog.Sandbox) error {
-		x.Network = toCatalogNetwork(p)
-		x.UpdatedAt = time.Now().UTC()
-		return nil
-	})
-	if err != nil {
+	if sb, err = s.applyNetwork(r.Context(), sb, p); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, s.withMemory(sb))
+}
+
+// applyNetwork gives sandbox sb the egress policy p: on its host, then in
+// its record.
+func (s *Server) applyNetwork(ctx context.Context, sb catalog.Sandbox, p network.Policy) (catalog.Sandbox, error) {
+	if err := p.Validate(); err != nil {
+		return sb, err
+	}
+	p = p.Canonical()
+	switch sb.State {
+	case catalog.StateStopped, catalog.StateStopping:
+		return sb, conflict("sandbox %s is %s", sb.ID, sb.State)
+	}
+	// The host first: if it cannot apply the policy, the record keeps
+	// the old one, which is what the sandbox still has.
+	if err := s.host.SetNetwork(ctx, sb.ID, p); err != nil {
+		return sb, err
+	}
+	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), sb.ID, func(x *catalog.Sandbox) error {
+		x.Network = toCatalogNetwork(p)
+		x.UpdatedAt = time.Now().UTC()
+		return nil
+	})
 }

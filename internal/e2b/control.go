@@ -70,7 +70,8 @@ func (s *Server) controlRoutes() *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/pause", s.auth(s.pause))
 	m.HandleFunc("POST /sandboxes/{id}/resume", s.auth(s.resume))
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.fork))
-	for _, p := range []string{"GET /sandboxes/{id}/metrics", "POST /sandboxes/{id}/snapshots", "PUT /sandboxes/{id}/network"} {
+	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.updateNetwork))
+	for _, p := range []string{"GET /sandboxes/{id}/metrics", "POST /sandboxes/{id}/snapshots"} {
 		m.HandleFunc(p, s.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
 			s.writeError(w, r, errStatus(http.StatusNotImplemented, "%s %s is not supported by PandaStack's E2B API yet", r.Method, r.Pattern[strings.Index(r.Pattern, " ")+1:]))
 		}))
@@ -206,20 +207,38 @@ type createBody struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             *struct {
-		AllowOut    []string        `json:"allowOut"`
-		DenyOut     []string        `json:"denyOut"`
-		EgressProxy json.RawMessage `json:"egressProxy"`
-		Rules       json.RawMessage `json:"rules"`
-	} `json:"network"`
-	AutoPause *bool `json:"autoPause"`
+	Network             *egressBody       `json:"network"`
+	AutoPause           *bool             `json:"autoPause"`
+}
+
+// egressBody is the egress part of E2B's network config (create's
+// network; the body of PUT /sandboxes/{id}/network, with
+// allow_internet_access).
+type egressBody struct {
+	AllowOut            []string        `json:"allowOut"`
+	DenyOut             []string        `json:"denyOut"`
+	EgressProxy         json.RawMessage `json:"egressProxy"`
+	Rules               json.RawMessage `json:"rules"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+}
+
+// policy is the egress policy of e and allowInternet (nil: true): allowOut
+// wins over denyOut, as in E2B. What PandaStack cannot do and a caller
+// relies on for safety (an egress proxy, per-host rules) is refused
+// rather than ignored.
+func (e egressBody) policy(allowInternet *bool) (Network, error) {
+	if present(e.EgressProxy) {
+		return Network{}, errStatus(http.StatusBadRequest, "network.egressProxy is not supported by PandaStack: sandboxes reach the network directly, under allowOut/denyOut")
+	}
+	if present(e.Rules) && string(e.Rules) != "{}" {
+		return Network{}, errStatus(http.StatusBadRequest, "network.rules (per-host request transforms) are not supported by PandaStack")
+	}
+	return Network{Internet: allowInternet == nil || *allowInternet, AllowOut: e.AllowOut, DenyOut: e.DenyOut}, nil
 }
 
 // request maps the body to a CreateRequest: allow_internet_access and
-// network's allowOut/denyOut are the sandbox's egress policy (allowOut
-// wins over denyOut, as in E2B), autoPause is on_expire "pause". What
-// PandaStack cannot do and a caller relies on for safety (an egress proxy,
-// per-host rules) is refused rather than ignored.
+// network's allowOut/denyOut are the sandbox's egress policy
+// (egressBody.policy), autoPause is on_expire "pause".
 func (b createBody) request() (CreateRequest, error) {
 	ttl := b.Timeout
 	if ttl == nil {
@@ -228,15 +247,13 @@ func (b createBody) request() (CreateRequest, error) {
 	}
 	req := CreateRequest{Template: templateName(b.TemplateID), TTLSeconds: ttl, Metadata: b.Metadata, Env: b.EnvVars}
 	if b.AllowInternetAccess != nil || b.Network != nil {
-		n := Network{Internet: b.AllowInternetAccess == nil || *b.AllowInternetAccess}
+		var e egressBody
 		if b.Network != nil {
-			if present(b.Network.EgressProxy) {
-				return req, errStatus(http.StatusBadRequest, "network.egressProxy is not supported by PandaStack: sandboxes reach the network directly, under allowOut/denyOut")
-			}
-			if present(b.Network.Rules) && string(b.Network.Rules) != "{}" {
-				return req, errStatus(http.StatusBadRequest, "network.rules (per-host request transforms) are not supported by PandaStack")
-			}
-			n.AllowOut, n.DenyOut = b.Network.AllowOut, b.Network.DenyOut
+			e = *b.Network
+		}
+		n, err := e.policy(b.AllowInternetAccess)
+		if err != nil {
+			return req, err
 		}
 		req.Network = &n
 	}
@@ -442,6 +459,29 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, keyID string
 	sb, err := s.live(r, keyID)
 	if err == nil {
 		err = s.b.SetTTL(r.Context(), keyID, sb.ID, *req.Timeout)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// updateNetwork answers PUT /sandboxes/{id}/network: the body replaces
+// the sandbox's whole egress policy (omitted lists are cleared, an omitted
+// allow_internet_access is true), as E2B's does; 204.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, keyID string) {
+	var body egressBody
+	if err := decode(r, &body); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	n, err := body.policy(body.AllowInternetAccess)
+	if err == nil {
+		var sb Sandbox
+		if sb, err = s.live(r, keyID); err == nil {
+			err = s.b.SetNetwork(r.Context(), keyID, sb.ID, n)
+		}
 	}
 	if err != nil {
 		s.writeError(w, r, err)

@@ -99,6 +99,8 @@ type Backend interface {
 	List(ctx context.Context, keyID string, f ListFilter) ([]Sandbox, error)
 	Kill(ctx context.Context, keyID, id string) error
 	SetTTL(ctx context.Context, keyID, id string, seconds int) error
+	// SetNetwork replaces the key's sandbox's egress policy.
+	SetNetwork(ctx context.Context, keyID, id string, n Network) error
 	// Pause captures the key's running sandbox to disk and waits for it;
 	// an error Status classifies as 409 if it is not running (paused).
 	Pause(ctx context.Context, keyID, id string) error
