@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Mapping, Optional, Union
 
+from ._command import Output
 from .async_client import AsyncStreamResponse, _call
 from .errors import ConflictError, PandaConnectionError, PandaError, RequestTimeoutError
 from .models import ExecResult
@@ -20,7 +21,6 @@ from .processes import (
     ProcessInfo,
     _background_body,
     _check_pid,
-    _Collected,
     _cut_message,
     _foreground_stdin,
     _from_query,
@@ -176,13 +176,12 @@ class AsyncCommandHandle:
         Raises:
             RequestTimeoutError: ``timeout`` seconds passed (the process runs on).
         """
-        got = _Collected()
+        got = Output(on_stdout, on_stderr)
         stream = self.output("start")
 
         async def follow() -> None:
             async for c in stream:
-                kind = got.add(c)
-                cb = on_stdout if kind == "stdout" else on_stderr if kind == "stderr" else None
+                cb = got.add(c.stream, c.data, c.dropped)
                 if cb is not None:
                     await _call(cb, c.data)
 

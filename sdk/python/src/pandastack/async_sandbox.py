@@ -15,6 +15,7 @@ import asyncio
 import os
 from typing import IO, Any, AsyncIterator, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
+from ._command import Output
 from .async_client import AsyncClient, AsyncStreamResponse, _call, resolve_async_client
 from .async_processes import AsyncCommands, AsyncPty
 from .client import LONG_OPERATION_TIMEOUT, quote_segment
@@ -360,8 +361,7 @@ class AsyncExecStream:
         self._wait = wait
         self._resp: Optional[AsyncStreamResponse] = None
         self._events: Optional[AsyncIterator[Any]] = None
-        self._out: List[str] = []
-        self._err: List[str] = []
+        self._got = Output()
         self._finished = False
         #: The command's :class:`ExecResult` once the iteration has ended.
         self.result: Optional[ExecResult] = None
@@ -385,16 +385,13 @@ class AsyncExecStream:
                 except StopAsyncIteration:
                     raise PandaConnectionError(_exec_cut_message(self._sb.id)) from None
                 kind, text = _exec_event(ev)
-                if kind == "stdout":
-                    self._out.append(text)
-                    return kind, text
-                if kind == "stderr":
-                    self._err.append(text)
-                    return kind, text
                 if kind == "exit":
-                    self.result = ExecResult.from_dict(ev, stdout="".join(self._out), stderr="".join(self._err))
+                    self.result = self._got.result(ExecResult.from_dict(ev))
                     await self.aclose()
                     raise StopAsyncIteration
+                if kind is not None:
+                    self._got.add(kind, text)
+                    return kind, text
         except BaseException:
             await self.aclose()
             raise

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import errors as _errors
+from ._command import Output, command_body
 from .errors import ConflictError, PandaConnectionError, PandaError, RequestTimeoutError
 from .models import ExecResult, parse_time
 
@@ -202,29 +203,6 @@ def _output_event(ev: Any) -> Union[OutputChunk, ExecResult, None]:
     return None
 
 
-class _Collected:
-    """The output gathered by ``wait``: feed it chunks, then ask for the result."""
-
-    def __init__(self) -> None:
-        self.out: List[str] = []
-        self.err: List[str] = []
-        self.truncated = False
-
-    def add(self, c: OutputChunk) -> Optional[str]:
-        """Keep ``c``; return the stream whose callback gets ``c.data`` (``None``: no callback)."""
-        if c.dropped:
-            self.truncated = True
-            return None
-        if c.stream == "stderr":
-            self.err.append(c.data)
-            return "stderr" if c.data else None
-        self.out.append(c.data)
-        return "stdout" if c.data else None
-
-    def result(self, r: ExecResult) -> ExecResult:
-        return ExecResult(r.exit_code, "".join(self.out), "".join(self.err), r.duration_ms, r.signal, r.timed_out, self.truncated)
-
-
 def _output_request(from_: Union[str, int]) -> Dict[str, Any]:
     """The keyword arguments of the output stream request, past method and path."""
     return {"query": {"from": _from_query(from_)}, "headers": {"Accept": "application/x-ndjson"}, "timeout": None}
@@ -328,7 +306,7 @@ class CommandHandle:
                 :class:`RequestTimeoutError` (the process runs on). ``None``: wait as long as it takes.
             on_stdout, on_stderr: Called with each chunk as it comes (``str``).
         """
-        got = _Collected()
+        got = Output(on_stdout, on_stderr)
         stream = self.output("start")
         timer: Optional[threading.Timer] = None
         expired = threading.Event()
@@ -343,8 +321,7 @@ class CommandHandle:
             timer.start()
         try:
             for c in stream:
-                kind = got.add(c)
-                cb = on_stdout if kind == "stdout" else on_stderr if kind == "stderr" else None
+                cb = got.add(c.stream, c.data, c.dropped)
                 if cb is not None:
                     cb(c.data)
         finally:
@@ -413,45 +390,6 @@ class TerminalHandle(CommandHandle):
         self._sb._client.request("POST", self._path("/resize"), json_body=_resize_body(rows, cols))
 
 
-def _start_body(
-    cmd: "Command",
-    env: Optional[Mapping[str, str]],
-    cwd: Optional[str],
-    user: Optional[str],
-    timeout_seconds: Optional[float],
-) -> Dict[str, Any]:
-    from .sandbox import _check_str_map  # late: sandbox imports this module
-
-    body: Dict[str, Any] = {}
-    if isinstance(cmd, str):
-        if not cmd:
-            raise ValueError("cmd is empty")
-        body["cmd"] = cmd
-    elif isinstance(cmd, (bytes, bytearray)):
-        raise TypeError("cmd must be str or a list of str, not bytes")
-    else:
-        argv = list(cmd)
-        if not argv:
-            raise ValueError("argv is empty")
-        if not all(isinstance(a, str) for a in argv):
-            raise TypeError("every argv element must be a str: %r" % (argv,))
-        body["argv"] = argv
-    e = _check_str_map("env", env)
-    if e is not None:
-        body["env"] = e
-    if cwd is not None:
-        body["cwd"] = cwd
-    if user is not None:
-        if not isinstance(user, str):
-            raise TypeError("user must be a str, not %s" % type(user).__name__)
-        body["user"] = user
-    if timeout_seconds is not None:
-        if timeout_seconds < 0:
-            raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
-        body["timeout_seconds"] = timeout_seconds
-    return body
-
-
 def _foreground_stdin(stdin: Union[bool, str, bytes, None]) -> Union[str, bytes, None]:
     if stdin is True:
         raise ValueError("stdin=True (an open stdin pipe) needs background=True")
@@ -471,7 +409,7 @@ def _background_body(
     """``(body, stdin data to write and close or None)`` of ``run(background=True)``."""
     if on_stdout is not None or on_stderr is not None:
         raise ValueError("on_stdout/on_stderr are for the foreground; follow a background command with handle.output() or handle.wait(on_stdout=...)")
-    body = _start_body(cmd, env, cwd, user, timeout_seconds)
+    body = command_body(cmd, env, cwd, user, timeout_seconds)
     data: Optional[Union[str, bytes]] = None
     if stdin is True or isinstance(stdin, (str, bytes, bytearray)):
         body["stdin"] = True
@@ -494,7 +432,7 @@ def _pty_body(
     for n, v in (("rows", rows), ("cols", cols)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
             raise ValueError("%s must be an integer from 1 to 1000, got %r" % (n, v))
-    body = _start_body(LOGIN_SHELL if cmd is None else cmd, env, cwd, user, timeout_seconds)
+    body = command_body(LOGIN_SHELL if cmd is None else cmd, env, cwd, user, timeout_seconds)
     body["pty"] = {"rows": rows, "cols": cols}
     return body
 

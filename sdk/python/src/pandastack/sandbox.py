@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from . import errors as _errors
+from ._command import Command, Output, check_str_map, command_body
 from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
@@ -17,25 +18,10 @@ __all__ = ["Sandbox", "OutputCallback", "Command"]
 
 #: Called with each piece of output (``str``) as it arrives.
 OutputCallback = Callable[[str], Any]
-#: A shell command line (run with ``bash -c``, ``/bin/sh -c`` without bash) or an argv list (run directly).
-Command = Union[str, Sequence[str]]
 
 # Extra seconds a client waits for an exec answer beyond the command's own timeout.
 _EXEC_MARGIN = 30.0
 _SERVER_DEFAULT_EXEC_TIMEOUT = 60.0
-
-
-def _check_str_map(name: str, m: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
-    if m is None:
-        return None
-    if not isinstance(m, Mapping):
-        raise TypeError("%s must be a mapping of str to str" % name)
-    out: Dict[str, str] = {}
-    for k, v in m.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise TypeError("%s must map str to str, got %r: %r" % (name, k, v))
-        out[k] = v
-    return out
 
 
 #: A network policy as :meth:`Sandbox.create` takes it: a dict with any of
@@ -105,10 +91,10 @@ def _create_body(
         body["memory_mib"] = memory_mib
     if vcpus is not None:
         body["vcpus"] = vcpus
-    md = _check_str_map("metadata", metadata)
+    md = check_str_map("metadata", metadata)
     if md is not None:
         body["metadata"] = md
-    e = _check_str_map("env", env)
+    e = check_str_map("env", env)
     if e is not None:
         body["env"] = e
     if network is not None:
@@ -124,7 +110,7 @@ def _list_query(state: Optional[str], metadata: Optional[Mapping[str, str]]) -> 
     query: List[Tuple[str, str]] = []
     if state is not None:
         query.append(("state", state))
-    for k, v in (_check_str_map("metadata", metadata) or {}).items():
+    for k, v in (check_str_map("metadata", metadata) or {}).items():
         if "=" in k:
             raise ValueError("a metadata key used as a filter cannot contain '=': %r" % k)
         query.append(("metadata", "%s=%s" % (k, v)))
@@ -139,33 +125,7 @@ def _exec_body(
     stdin: Union[str, bytes, None],
     user: Optional[str],
 ) -> Dict[str, Any]:
-    body: Dict[str, Any] = {}
-    if isinstance(cmd, str):
-        if not cmd:
-            raise ValueError("cmd is empty")
-        body["cmd"] = cmd
-    elif isinstance(cmd, (bytes, bytearray)):
-        raise TypeError("cmd must be str or a list of str, not bytes")
-    else:
-        argv = list(cmd)
-        if not argv:
-            raise ValueError("argv is empty")
-        if not all(isinstance(a, str) for a in argv):
-            raise TypeError("every argv element must be a str: %r" % (argv,))
-        body["argv"] = argv
-    e = _check_str_map("env", env)
-    if e is not None:
-        body["env"] = e
-    if cwd is not None:
-        body["cwd"] = cwd
-    if user is not None:
-        if not isinstance(user, str):
-            raise TypeError("user must be a str, not %s" % type(user).__name__)
-        body["user"] = user
-    if timeout_seconds is not None:
-        if timeout_seconds < 0:
-            raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
-        body["timeout_seconds"] = timeout_seconds
+    body = command_body(cmd, env, cwd, user, timeout_seconds)
     if stdin is not None:
         body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
     return body
@@ -668,21 +628,16 @@ class Sandbox:
         on_stdout: Optional[OutputCallback],
         on_stderr: Optional[OutputCallback],
     ) -> ExecResult:
-        out: List[str] = []
-        err: List[str] = []
+        got = Output(on_stdout, on_stderr)
         with self._client.stream("POST", self._path("/exec/stream"), json_body=body, timeout=wait, headers={"Accept": "application/x-ndjson"}) as resp:
             for ev in resp.iter_ndjson():
                 kind, s = _exec_event(ev)
-                if kind == "stdout":
-                    out.append(s)
-                    if on_stdout is not None and s:
-                        on_stdout(s)
-                elif kind == "stderr":
-                    err.append(s)
-                    if on_stderr is not None and s:
-                        on_stderr(s)
-                elif kind == "exit":
-                    return ExecResult.from_dict(ev, stdout="".join(out), stderr="".join(err))
+                if kind == "exit":
+                    return got.result(ExecResult.from_dict(ev))
+                if kind is not None:
+                    cb = got.add(kind, s)
+                    if cb is not None:
+                        cb(s)
         raise PandaConnectionError(_exec_cut_message(self.id))
 
     # -- ports -----------------------------------------------------------------
