@@ -251,14 +251,13 @@ def _from_query(from_: Union[str, int]) -> str:
     raise ValueError("from_ must be 'start', 'now' or a byte offset, got %r" % (from_,))
 
 
-class CommandHandle:
-    """A background process in a sandbox (:meth:`Commands.run` with
-    ``background=True``, :meth:`Commands.connect`). The handle is only an
-    address: the process runs on whether it is kept, dropped or used from
-    several threads or clients at once.
-    """
+class _Handle:
+    """What :class:`CommandHandle` and its asyncio twin share: the address of
+    a process (its sandbox and pid) and the last description of it."""
 
-    def __init__(self, sandbox: "Sandbox", pid: int, info: Optional[ProcessInfo] = None) -> None:
+    _sb: Any
+
+    def __init__(self, sandbox: Any, pid: int, info: Optional[ProcessInfo] = None) -> None:
         self._sb = sandbox
         self.pid = pid
         self._info = info
@@ -270,6 +269,19 @@ class CommandHandle:
     def last_info(self) -> Optional[ProcessInfo]:
         """The process as of the last call that described it (not refreshed)."""
         return self._info
+
+    def __repr__(self) -> str:
+        return "%s(sandbox=%r, pid=%d)" % (type(self).__name__, self._sb.id, self.pid)
+
+
+class CommandHandle(_Handle):
+    """A background process in a sandbox (:meth:`Commands.run` with
+    ``background=True``, :meth:`Commands.connect`). The handle is only an
+    address: the process runs on whether it is kept, dropped or used from
+    several threads or clients at once.
+    """
+
+    _sb: "Sandbox"
 
     def info(self) -> ProcessInfo:
         """The process as it is now. Raises :class:`NotFoundError` for an unknown (or forgotten) pid."""
@@ -328,11 +340,9 @@ class CommandHandle:
             if timer is not None:
                 timer.cancel()
             stream.stop()
-        if stream.result is None:
-            if expired.is_set():
-                raise RequestTimeoutError("process %d in sandbox %s did not exit within %gs" % (self.pid, self._sb.id, timeout))
-            raise PandaConnectionError("the output stream of process %d ended before its exit" % self.pid)
-        return got.result(stream.result)
+        if stream.result is None and expired.is_set():
+            raise _wait_timed_out(self, timeout)  # type: ignore[arg-type]
+        return _waited(self, got, stream.result)
 
     def send_stdin(self, data: Union[str, bytes], close: bool = False) -> None:
         """Write ``data`` (str as UTF-8) to the process's stdin; ``close`` closes it after.
@@ -373,9 +383,6 @@ class CommandHandle:
         """SIGKILL the process if it runs and make the server forget it and its output."""
         self._sb._client.request("DELETE", self._path())
 
-    def __repr__(self) -> str:
-        return "%s(sandbox=%r, pid=%d)" % (type(self).__name__, self._sb.id, self.pid)
-
 
 class TerminalHandle(CommandHandle):
     """A process on a pseudo-terminal (:meth:`Pty.create`). Its output, with
@@ -390,13 +397,19 @@ class TerminalHandle(CommandHandle):
         self._sb._client.request("POST", self._path("/resize"), json_body=_resize_body(rows, cols))
 
 
-def _foreground_stdin(stdin: Union[bool, str, bytes, None]) -> Union[str, bytes, None]:
-    if stdin is True:
-        raise ValueError("stdin=True (an open stdin pipe) needs background=True")
-    return None if stdin is False else stdin  # type: ignore[return-value]
+def _wait_timed_out(h: _Handle, timeout: float) -> RequestTimeoutError:
+    return RequestTimeoutError("process %d in sandbox %s did not exit within %gs" % (h.pid, h._sb.id, timeout))
 
 
-def _background_body(
+def _waited(h: _Handle, got: Output, end: Optional[ExecResult]) -> ExecResult:
+    """What ``wait`` returns once the output stream of ``h`` ended: ``end`` with the output ``got``."""
+    if end is None:
+        raise PandaConnectionError("the output stream of process %d ended before its exit" % h.pid)
+    return got.result(end)
+
+
+def _run_args(
+    background: bool,
     cmd: "Command",
     stdin: Union[bool, str, bytes, None],
     env: Optional[Mapping[str, str]],
@@ -406,7 +419,14 @@ def _background_body(
     on_stdout: Any,
     on_stderr: Any,
 ) -> Any:
-    """``(body, stdin data to write and close or None)`` of ``run(background=True)``."""
+    """What ``run`` sends: ``(keyword arguments of the exec, None)`` for the
+    foreground; ``(body of POST /processes, stdin data to write and close or
+    None)`` for the background."""
+    if not background:
+        if stdin is True:
+            raise ValueError("stdin=True (an open stdin pipe) needs background=True")
+        stdin = None if stdin is False else stdin
+        return dict(cmd=cmd, timeout_seconds=timeout_seconds, env=env, cwd=cwd, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr, user=user), None
     if on_stdout is not None or on_stderr is not None:
         raise ValueError("on_stdout/on_stderr are for the foreground; follow a background command with handle.output() or handle.wait(on_stdout=...)")
     body = command_body(cmd, env, cwd, user, timeout_seconds)
@@ -492,19 +512,10 @@ class Commands:
             h = sb.commands.run("python3 -m http.server 8000", background=True)
             print(h.pid, h.info().state)
         """
+        args, data = _run_args(background, cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
         if not background:
-            return self._sb.exec(
-                cmd,
-                timeout_seconds=timeout_seconds,
-                env=env,
-                cwd=cwd,
-                stdin=_foreground_stdin(stdin),
-                on_stdout=on_stdout,
-                on_stderr=on_stderr,
-                user=user,
-            )
-        body, data = _background_body(cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
-        h = self._start(body, CommandHandle)
+            return self._sb.exec(**args)
+        h = self._start(args, CommandHandle)
         if data is not None:
             h.send_stdin(data, close=True)
         return h
