@@ -18,7 +18,7 @@ from typing import IO, Any, AsyncIterator, Dict, Generator, List, Mapping, Optio
 from ._command import Output
 from .async_client import AsyncClient, AsyncStreamResponse, _call, resolve_async_client
 from .async_processes import AsyncCommands, AsyncPty
-from .client import LONG_OPERATION_TIMEOUT, quote_segment
+from .client import _long, quote_segment
 from .errors import NotFoundError, PandaConnectionError, PandaError
 from .filesystem import WatchEvent, WriteData, _mode_param
 from .models import ExecResult, FileInfo, NetworkPolicy, Port, SandboxInfo, SignedURL
@@ -27,6 +27,7 @@ from .sandbox import (
     NetworkArg,
     OutputCallback,
     _create_body,
+    _Described,
     _exec_body,
     _exec_cut_message,
     _exec_event,
@@ -34,8 +35,10 @@ from .sandbox import (
     _fork_count,
     _fork_result,
     _list_query,
+    _sandboxes,
     _set_network_body,
     _signed_url,
+    _snapshot_body,
     _url_body,
 )
 from .snapshot import AsyncSnapshot, Snapshot
@@ -43,12 +46,6 @@ from .snapshot import AsyncSnapshot, Snapshot
 __all__ = ["AsyncSandbox", "AsyncFilesystem", "AsyncExecStream"]
 
 _COPY_CHUNK = 1 << 20
-
-
-def _long_timeout(client: AsyncClient) -> float:
-    if client.timeout is None:
-        return float("inf")
-    return max(client.timeout, LONG_OPERATION_TIMEOUT)
 
 
 class _Creating:
@@ -71,7 +68,7 @@ class _Creating:
             await self._sb.__aexit__(exc_type, exc, tb)
 
 
-class AsyncSandbox:
+class AsyncSandbox(_Described):
     """A microVM sandbox, asyncio flavour. Get one from :meth:`create`, :meth:`connect` or :meth:`list`.
 
     Example::
@@ -120,7 +117,7 @@ class AsyncSandbox:
         async def make() -> "AsyncSandbox":
             c = resolve_async_client(client, api_key, api_url)
             body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
-            data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
+            data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
             return cls(SandboxInfo.from_dict(data or {}), c)
 
         return _Creating(make)
@@ -151,44 +148,14 @@ class AsyncSandbox:
     ) -> "List[AsyncSandbox]":
         """List your sandboxes, oldest first (see :meth:`Sandbox.list`)."""
         c = resolve_async_client(client, api_key, api_url)
-        query = _list_query(state, metadata)
-        data = await c.request_json("GET", "/v1/sandboxes", query=query) or {}
-        return [cls(SandboxInfo.from_dict(s), c) for s in data.get("sandboxes") or []]
+        return _sandboxes(cls, c, await c.request_json("GET", "/v1/sandboxes", query=_list_query(state, metadata)))
 
-    # -- properties ----------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The sandbox id."""
-        return self._info.id
-
-    @property
-    def info(self) -> SandboxInfo:
-        """The server's description of the sandbox as of the last call that returned it."""
-        return self._info
-
-    @property
-    def state(self) -> str:
-        """Shortcut for ``info.state`` (not refreshed)."""
-        return self._info.state
-
-    @property
-    def network(self) -> Optional[NetworkPolicy]:
-        """Shortcut for ``info.network`` (not refreshed)."""
-        return self._info.network
+    # -- properties (id, info, state and network: _Described's) ---------------
 
     @property
     def client(self) -> AsyncClient:
         """The client this sandbox's requests go through."""
         return self._client
-
-    def _path(self, suffix: str) -> str:
-        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
-
-    def _update(self, data: Any) -> SandboxInfo:
-        if isinstance(data, Mapping) and data:
-            self._info = SandboxInfo.from_dict(data)
-        return self._info
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -221,11 +188,11 @@ class AsyncSandbox:
 
     async def pause(self) -> SandboxInfo:
         """Pause the sandbox to the server's disk (see :meth:`Sandbox.pause`)."""
-        return self._update(await self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long_timeout(self._client)))
+        return self._update(await self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long(self._client.timeout)))
 
     async def resume(self) -> SandboxInfo:
         """Resume a paused sandbox where it was (see :meth:`Sandbox.resume`)."""
-        return self._update(await self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long_timeout(self._client)))
+        return self._update(await self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long(self._client.timeout)))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -251,15 +218,12 @@ class AsyncSandbox:
     async def fork(self, count: Optional[int] = None) -> "Union[AsyncSandbox, List[AsyncSandbox]]":
         """Fork this running sandbox into live copies (see :meth:`Sandbox.fork`): one without ``count``, else a list; :class:`ForkError` on partial failure."""
         n = _fork_count(count)
-        data = await self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long_timeout(self._client))
+        data = await self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long(self._client.timeout))
         return _fork_result(self.id, AsyncSandbox, self._client, data, count, n)  # type: ignore[no-any-return]
 
     async def snapshot(self, name: Optional[str] = None) -> AsyncSnapshot:
         """Save this sandbox as an :class:`AsyncSnapshot`; the sandbox keeps running."""
-        body: Dict[str, Any] = {}
-        if name is not None:
-            body["name"] = name
-        data = await self._client.request_json("POST", self._path("/snapshots"), json_body=body, timeout=_long_timeout(self._client))
+        data = await self._client.request_json("POST", self._path("/snapshots"), json_body=_snapshot_body(name), timeout=_long(self._client.timeout))
         return AsyncSnapshot(data or {}, self._client)
 
     # -- exec ----------------------------------------------------------------

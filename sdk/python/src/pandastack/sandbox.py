@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import errors as _errors
 from ._command import Command, Output, check_str_map, command_body
-from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
+from .client import Client, _long, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
 from .processes import Commands, Pty
@@ -226,13 +226,54 @@ def _set_network_body(internet: Optional[bool], allow_out: Optional[Sequence[str
     return body
 
 
-def _long_timeout(client: Client) -> float:
-    if client.timeout is None:
-        return float("inf")
-    return max(client.timeout, LONG_OPERATION_TIMEOUT)
+def _snapshot_body(name: Optional[str]) -> Dict[str, Any]:
+    return {} if name is None else {"name": name}
 
 
-class Sandbox:
+def _sandboxes(cls: Any, client: Any, data: Any) -> List[Any]:
+    """The sandboxes of a ``GET /v1/sandboxes`` answer as ``cls`` objects."""
+    return [cls(SandboxInfo.from_dict(s), client) for s in (data or {}).get("sandboxes") or []]
+
+
+class _Described:
+    """What :class:`Sandbox` and :class:`~pandastack.AsyncSandbox` share: the
+    server's last description of the sandbox, and the paths of its API."""
+
+    _info: SandboxInfo
+
+    @property
+    def id(self) -> str:
+        """The sandbox id."""
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The server's description of the sandbox as of the last call that returned it (see :meth:`refresh`)."""
+        return self._info
+
+    @property
+    def state(self) -> str:
+        """Shortcut for ``info.state`` (not refreshed)."""
+        return self._info.state
+
+    @property
+    def network(self) -> Optional[NetworkPolicy]:
+        """Shortcut for ``info.network``: the egress policy as the server last reported it (not refreshed).
+
+        ``None`` from a server that reports none.
+        """
+        return self._info.network
+
+    def _path(self, suffix: str) -> str:
+        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
+
+    def _update(self, data: Any) -> SandboxInfo:
+        if isinstance(data, Mapping) and data:
+            self._info = SandboxInfo.from_dict(data)
+        return self._info
+
+
+class Sandbox(_Described):
     """A microVM sandbox.
 
     Do not construct it directly: use :meth:`create`, :meth:`connect` or
@@ -322,7 +363,7 @@ class Sandbox:
         """
         c = resolve_client(client, api_key, api_url)
         body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
-        data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
+        data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
         return cls(SandboxInfo.from_dict(data or {}), c)
 
     @classmethod
@@ -369,47 +410,14 @@ class Sandbox:
                 sb.kill()
         """
         c = resolve_client(client, api_key, api_url)
-        query = _list_query(state, metadata)
-        data = c.request_json("GET", "/v1/sandboxes", query=query) or {}
-        return [cls(SandboxInfo.from_dict(s), c) for s in data.get("sandboxes") or []]
+        return _sandboxes(cls, c, c.request_json("GET", "/v1/sandboxes", query=_list_query(state, metadata)))
 
-    # -- properties ----------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The sandbox id."""
-        return self._info.id
-
-    @property
-    def info(self) -> SandboxInfo:
-        """The server's description of the sandbox as of the last call that returned it (see :meth:`refresh`)."""
-        return self._info
-
-    @property
-    def state(self) -> str:
-        """Shortcut for ``info.state`` (not refreshed)."""
-        return self._info.state
-
-    @property
-    def network(self) -> Optional[NetworkPolicy]:
-        """Shortcut for ``info.network``: the egress policy as the server last reported it (not refreshed).
-
-        ``None`` from a server that reports none.
-        """
-        return self._info.network
+    # -- properties (id, info, state and network: _Described's) ---------------
 
     @property
     def client(self) -> Client:
         """The client this sandbox's requests go through."""
         return self._client
-
-    def _path(self, suffix: str) -> str:
-        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
-
-    def _update(self, data: Any) -> SandboxInfo:
-        if isinstance(data, Mapping) and data:
-            self._info = SandboxInfo.from_dict(data)
-        return self._info
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -481,7 +489,7 @@ class Sandbox:
         ended (``state``, ``last_error``).
         """
         return self._update(
-            self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long_timeout(self._client))
+            self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long(self._client.timeout))
         )
 
     def resume(self) -> SandboxInfo:
@@ -497,7 +505,7 @@ class Sandbox:
         raise :class:`CorruptError`.
         """
         return self._update(
-            self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long_timeout(self._client))
+            self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long(self._client.timeout))
         )
 
     def __enter__(self) -> "Sandbox":
@@ -541,7 +549,7 @@ class Sandbox:
             results = [c.exec("python3 try.py --seed %d" % i) for i, c in enumerate(children)]
         """
         n = _fork_count(count)
-        data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long_timeout(self._client))
+        data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long(self._client.timeout))
         return _fork_result(self.id, Sandbox, self._client, data, count, n)
 
     def snapshot(self, name: Optional[str] = None) -> Snapshot:
@@ -552,10 +560,7 @@ class Sandbox:
             snap = sb.snapshot(name="after-setup")
             other = Sandbox.create(snapshot=snap.id)
         """
-        body: Dict[str, Any] = {}
-        if name is not None:
-            body["name"] = name
-        data = self._client.request_json("POST", self._path("/snapshots"), json_body=body, timeout=_long_timeout(self._client))
+        data = self._client.request_json("POST", self._path("/snapshots"), json_body=_snapshot_body(name), timeout=_long(self._client.timeout))
         return Snapshot(data or {}, self._client)
 
     # -- exec ----------------------------------------------------------------
