@@ -20,7 +20,7 @@ from .async_client import AsyncClient, AsyncStreamResponse, _call, resolve_async
 from .async_processes import AsyncCommands, AsyncPty
 from .client import _long, quote_segment
 from .errors import NotFoundError, PandaConnectionError, PandaError
-from .filesystem import WatchEvent, WriteData, _mode_param
+from .filesystem import WatchEvent, WriteData, _discard, _entries, _Files, _remove_query, _watch_request, _write_query
 from .models import ExecResult, FileInfo, NetworkPolicy, Port, SandboxInfo, SignedURL
 from .sandbox import (
     Command,
@@ -381,25 +381,18 @@ class AsyncExecStream:
             resp._resp.conn.close()
 
 
-class AsyncFilesystem:
+class AsyncFilesystem(_Files):
     """Files of a sandbox, asyncio flavour: ``sandbox.filesystem``. See :class:`~pandastack.Filesystem`.
 
     Local files (a file-like or path to upload, a path to download to) are
     read and written in the event loop's default executor.
     """
 
-    def __init__(self, sandbox: AsyncSandbox) -> None:
-        self._sb = sandbox
-
-    def _path(self, suffix: str = "") -> str:
-        return self._sb._path("/files" + suffix)
+    _sb: AsyncSandbox
 
     async def write(self, path: str, data: WriteData, mode: Union[int, str, None] = None) -> FileInfo:
         """Write a file, replacing it; parent directories are created. See :meth:`Filesystem.write`."""
-        query: List[Tuple[str, str]] = [("path", path)]
-        m = _mode_param(mode)
-        if m is not None:
-            query.append(("mode", m))
+        query = _write_query(path, mode)
         client = self._sb._client
         if isinstance(data, os.PathLike):
             loop = asyncio.get_running_loop()
@@ -446,29 +439,18 @@ class AsyncFilesystem:
                 await loop.run_in_executor(None, os.replace, part, target)
                 return n
             except BaseException:
-                try:
-                    os.unlink(part)
-                except OSError:
-                    pass
+                _discard(part)
                 raise
 
     async def watch_dir(self, path: str, recursive: bool = False) -> "AsyncDirWatch":
         """Watch a directory (see :meth:`Filesystem.watch_dir`): returns once
         the watch is in place; ``async for ev in w`` yields :class:`WatchEvent`
         objects until ``await w.stop()`` or the directory is removed."""
-        resp = await self._sb._client.stream(
-            "GET",
-            self._sb._path("/watch"),
-            query={"path": path, "recursive": "true" if recursive else "false"},
-            headers={"Accept": "application/x-ndjson"},
-            timeout=None,
-        )
-        return AsyncDirWatch(resp)
+        return AsyncDirWatch(await self._sb._client.stream("GET", self._sb._path("/watch"), **_watch_request(path, recursive)))
 
     async def list(self, path: str) -> List[FileInfo]:
         """List a directory's entries, sorted by name."""
-        body = await self._sb._client.request_json("GET", self._path("/list"), query={"path": path})
-        return [FileInfo.from_dict(e) for e in (body or {}).get("entries") or []]
+        return _entries(await self._sb._client.request_json("GET", self._path("/list"), query={"path": path}))
 
     async def stat(self, path: str) -> FileInfo:
         """Describe a file or directory (a final symlink is not followed)."""
@@ -489,10 +471,7 @@ class AsyncFilesystem:
 
     async def remove(self, path: str, recursive: bool = False) -> None:
         """Remove a file or an empty directory; ``recursive=True`` removes a directory and everything in it."""
-        query: List[Any] = [("path", path)]
-        if recursive:
-            query.append(("recursive", True))
-        await self._sb._client.request("DELETE", self._path(), query=query)
+        await self._sb._client.request("DELETE", self._path(), query=_remove_query(path, recursive))
 
     async def rename(self, src: str, dst: str) -> FileInfo:
         """Rename or move ``src`` to ``dst``; return the file at its new path."""
