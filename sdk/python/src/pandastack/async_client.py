@@ -16,9 +16,10 @@ from the same code as :class:`~pandastack.Client`'s (``_Settings._prepare``),
 answers are decoded by the same models, errors are mapped by the same
 :mod:`pandastack.errors` functions and transport errors by the same
 ``_convert_exc``, so the two clients put the same bytes on the wire and raise
-the same exceptions. Like the sync client, a request that met a connection the
-server had closed while idle is resent once on a fresh one when that is safe
-(idempotent method, or nothing sent yet).
+the same exceptions. An answer read whole is handled by the same
+``_Settings._answer``, and the same ``_Retry`` rule resends, once on a fresh
+connection, a request that met a connection the server had closed while idle
+when that is safe (idempotent method, or nothing sent yet).
 
 Timeouts are the sync client's: connect and each read wait ``timeout``
 seconds (longer for exec, create, fork, snapshot, resume, pause); a read that
@@ -42,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import io
-import os
 import ssl
 import threading
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
@@ -50,19 +50,19 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 from . import errors as _errors
 from .client import (
     DEFAULT_TIMEOUT,
-    ENV_API_KEY,
-    ENV_API_URL,
     Query,
     Timeout,
     _bake_body,
     _bake_event,
     _Body,
+    _Defaults,
     _dockerfile_request,
+    _error_of,
     _image_build_body,
-    _IDEMPOTENT,
     _key_body,
     _log_event,
     _long,
+    _Retry,
     _Settings,
     quote_segment,
 )
@@ -584,13 +584,7 @@ class AsyncClient(_Settings):
             if isinstance(e, Exception):
                 raise self._convert(e) from e
             raise
-        if resp.will_close:
-            resp.conn.close()
-        else:
-            self._release(resp.conn)
-        if not 200 <= resp.status < 300:
-            raise _errors.error_from_response(resp.status, data, resp.reason)
-        return resp.status, resp.headers, data
+        return self._answer(resp, resp.conn, data)
 
     async def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
         """Like :meth:`request`, and decode the answer as JSON (``None`` for an empty body)."""
@@ -695,11 +689,9 @@ class AsyncClient(_Settings):
         hdrs.setdefault("Accept-Encoding", "identity")
         head = ("%s %s HTTP/1.1\r\n" % (method, target) + "".join("%s: %s\r\n" % kv for kv in hdrs.items()) + "\r\n").encode("latin-1")
 
-        # As in the sync client: a streamed body goes on a fresh connection,
-        # and a stale reused one is retried once when resending is safe.
-        attempts = 2 if b.replayable else 1
-        for attempt in range(attempts):
-            conn = self._take() if b.replayable else None
+        retry = _Retry(method, b)
+        for attempt in range(retry.attempts):
+            conn = None if retry.fresh else self._take()
             reused = conn is not None
             sent = False
             try:
@@ -709,13 +701,11 @@ class AsyncClient(_Settings):
                 sent = True
                 return await _read_head(conn, method, timeout)
             except _STALE as e:
-                if reused and attempt + 1 < attempts and (method in _IDEMPOTENT or not sent):
+                if retry.again(attempt, reused, sent):
                     assert conn is not None
                     conn.close()
                     continue
-                if not sent and b.data is not None and conn is not None:
-                    # The server may have answered early and stopped reading
-                    # the body: its answer says more than the broken pipe.
+                if retry.early_answer(sent) and conn is not None:
                     early = await _early_response(conn, method)
                     if early is not None:
                         raise early from e
@@ -779,9 +769,7 @@ async def _early_response(conn: _Conn, method: str) -> Optional[PandaError]:
         return None
     finally:
         conn.close()
-    if 200 <= resp.status < 300:
-        return None
-    return _errors.error_from_response(resp.status, data, resp.reason)
+    return _error_of(resp, data)
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -792,29 +780,17 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return r
 
 
-_default_lock = threading.Lock()
-_default_clients: Dict[Tuple[Optional[str], Optional[str]], AsyncClient] = {}
+_defaults: "_Defaults[AsyncClient]" = _Defaults(AsyncClient)
 
 
 def default_async_client() -> AsyncClient:
     """The async client built from ``PANDASTACK_API_KEY``/``PANDASTACK_API_URL`` (one per distinct pair)."""
-    k = (os.environ.get(ENV_API_KEY) or None, os.environ.get(ENV_API_URL) or None)
-    with _default_lock:
-        c = _default_clients.get(k)
-        if c is None:
-            c = AsyncClient()
-            _default_clients[k] = c
-        return c
+    return _defaults.get()
 
 
 def resolve_async_client(client: Optional[AsyncClient], api_key: Optional[str], api_url: Optional[str]) -> AsyncClient:
     """The client to use given the ``client=``, ``api_key=`` and ``api_url=`` arguments of a call."""
-    if client is not None:
-        if api_key is not None or api_url is not None:
-            raise ValueError("pass either client= or api_key=/api_url=, not both")
-        if not isinstance(client, AsyncClient):
-            raise TypeError("client must be an AsyncClient, got %s (a Client is for the blocking API)" % type(client).__name__)
-        return client
-    if api_key is None and api_url is None:
-        return default_async_client()
-    return AsyncClient(api_key=api_key, api_url=api_url)
+    c = _defaults.resolve(client, api_key, api_url)
+    if not isinstance(c, AsyncClient):
+        raise TypeError("client must be an AsyncClient, got %s (a Client is for the blocking API)" % type(c).__name__)
+    return c

@@ -12,25 +12,27 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Mapping, Optional, Union
 
+from ._command import Output
 from .async_client import AsyncStreamResponse, _call
-from .errors import ConflictError, PandaConnectionError, PandaError, RequestTimeoutError
+from .errors import ConflictError, PandaConnectionError, PandaError
 from .models import ExecResult
 from .processes import (
     OutputChunk,
     ProcessInfo,
-    _background_body,
     _check_pid,
-    _Collected,
     _cut_message,
-    _foreground_stdin,
     _from_query,
+    _Handle,
     _output_event,
     _output_request,
     _process_list,
     _pty_body,
     _resize_body,
+    _run_args,
     _started,
     _stdin_requests,
+    _wait_timed_out,
+    _waited,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,21 +132,10 @@ class AsyncOutputStream:
             resp._resp.conn.close()
 
 
-class AsyncCommandHandle:
+class AsyncCommandHandle(_Handle):
     """A background process in a sandbox, asyncio flavour (see :class:`~pandastack.CommandHandle`)."""
 
-    def __init__(self, sandbox: "AsyncSandbox", pid: int, info: Optional[ProcessInfo] = None) -> None:
-        self._sb = sandbox
-        self.pid = pid
-        self._info = info
-
-    def _path(self, suffix: str = "") -> str:
-        return self._sb._path("/processes/%d%s" % (self.pid, suffix))
-
-    @property
-    def last_info(self) -> Optional[ProcessInfo]:
-        """The process as of the last call that described it (not refreshed)."""
-        return self._info
+    _sb: "AsyncSandbox"
 
     async def info(self) -> ProcessInfo:
         """The process as it is now. Raises :class:`NotFoundError` for an unknown (or forgotten) pid."""
@@ -176,13 +167,12 @@ class AsyncCommandHandle:
         Raises:
             RequestTimeoutError: ``timeout`` seconds passed (the process runs on).
         """
-        got = _Collected()
+        got = Output(on_stdout, on_stderr)
         stream = self.output("start")
 
         async def follow() -> None:
             async for c in stream:
-                kind = got.add(c)
-                cb = on_stdout if kind == "stdout" else on_stderr if kind == "stderr" else None
+                cb = got.add(c.stream, c.data, c.dropped)
                 if cb is not None:
                     await _call(cb, c.data)
 
@@ -195,12 +185,10 @@ class AsyncCommandHandle:
                 except asyncio.TimeoutError as e:
                     if isinstance(e, PandaError):
                         raise
-                    raise RequestTimeoutError("process %d in sandbox %s did not exit within %gs" % (self.pid, self._sb.id, timeout)) from None
+                    raise _wait_timed_out(self, timeout) from None
         finally:
             await stream.stop()
-        if stream.result is None:
-            raise PandaConnectionError("the output stream of process %d ended before its exit" % self.pid)
-        return got.result(stream.result)
+        return _waited(self, got, stream.result)
 
     async def send_stdin(self, data: Union[str, bytes], close: bool = False) -> None:
         """Write ``data`` (str as UTF-8) to the process's stdin; ``close`` closes it after (see :meth:`CommandHandle.send_stdin`)."""
@@ -226,9 +214,6 @@ class AsyncCommandHandle:
     async def remove(self) -> None:
         """SIGKILL the process if it runs and make the server forget it and its output."""
         await self._sb._client.request("DELETE", self._path())
-
-    def __repr__(self) -> str:
-        return "%s(sandbox=%r, pid=%d)" % (type(self).__name__, self._sb.id, self.pid)
 
 
 class AsyncTerminalHandle(AsyncCommandHandle):
@@ -270,19 +255,10 @@ class AsyncCommands:
             h = await sb.commands.run("python3 -m http.server 8000", background=True)
             print(h.pid, (await h.info()).state)
         """
+        args, data = _run_args(background, cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
         if not background:
-            return await self._sb.exec(
-                cmd,
-                timeout_seconds=timeout_seconds,
-                env=env,
-                cwd=cwd,
-                stdin=_foreground_stdin(stdin),
-                on_stdout=on_stdout,
-                on_stderr=on_stderr,
-                user=user,
-            )
-        body, data = _background_body(cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
-        h = await self._start(body, AsyncCommandHandle)
+            return await self._sb.exec(**args)
+        h = await self._start(args, AsyncCommandHandle)
         if data is not None:
             await h.send_stdin(data, close=True)
         return h

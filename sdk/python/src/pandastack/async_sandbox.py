@@ -15,17 +15,19 @@ import asyncio
 import os
 from typing import IO, Any, AsyncIterator, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
+from ._command import Output
 from .async_client import AsyncClient, AsyncStreamResponse, _call, resolve_async_client
 from .async_processes import AsyncCommands, AsyncPty
-from .client import LONG_OPERATION_TIMEOUT, quote_segment
+from .client import _long, quote_segment
 from .errors import NotFoundError, PandaConnectionError, PandaError
-from .filesystem import WatchEvent, WriteData, _mode_param
+from .filesystem import WatchEvent, WriteData, _discard, _entries, _Files, _remove_query, _watch_request, _write_query
 from .models import ExecResult, FileInfo, NetworkPolicy, Port, SandboxInfo, SignedURL
 from .sandbox import (
     Command,
     NetworkArg,
     OutputCallback,
     _create_body,
+    _Described,
     _exec_body,
     _exec_cut_message,
     _exec_event,
@@ -33,8 +35,10 @@ from .sandbox import (
     _fork_count,
     _fork_result,
     _list_query,
+    _sandboxes,
     _set_network_body,
     _signed_url,
+    _snapshot_body,
     _url_body,
 )
 from .snapshot import AsyncSnapshot, Snapshot
@@ -42,12 +46,6 @@ from .snapshot import AsyncSnapshot, Snapshot
 __all__ = ["AsyncSandbox", "AsyncFilesystem", "AsyncExecStream"]
 
 _COPY_CHUNK = 1 << 20
-
-
-def _long_timeout(client: AsyncClient) -> float:
-    if client.timeout is None:
-        return float("inf")
-    return max(client.timeout, LONG_OPERATION_TIMEOUT)
 
 
 class _Creating:
@@ -70,7 +68,7 @@ class _Creating:
             await self._sb.__aexit__(exc_type, exc, tb)
 
 
-class AsyncSandbox:
+class AsyncSandbox(_Described):
     """A microVM sandbox, asyncio flavour. Get one from :meth:`create`, :meth:`connect` or :meth:`list`.
 
     Example::
@@ -119,7 +117,7 @@ class AsyncSandbox:
         async def make() -> "AsyncSandbox":
             c = resolve_async_client(client, api_key, api_url)
             body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
-            data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
+            data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
             return cls(SandboxInfo.from_dict(data or {}), c)
 
         return _Creating(make)
@@ -150,44 +148,14 @@ class AsyncSandbox:
     ) -> "List[AsyncSandbox]":
         """List your sandboxes, oldest first (see :meth:`Sandbox.list`)."""
         c = resolve_async_client(client, api_key, api_url)
-        query = _list_query(state, metadata)
-        data = await c.request_json("GET", "/v1/sandboxes", query=query) or {}
-        return [cls(SandboxInfo.from_dict(s), c) for s in data.get("sandboxes") or []]
+        return _sandboxes(cls, c, await c.request_json("GET", "/v1/sandboxes", query=_list_query(state, metadata)))
 
-    # -- properties ----------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The sandbox id."""
-        return self._info.id
-
-    @property
-    def info(self) -> SandboxInfo:
-        """The server's description of the sandbox as of the last call that returned it."""
-        return self._info
-
-    @property
-    def state(self) -> str:
-        """Shortcut for ``info.state`` (not refreshed)."""
-        return self._info.state
-
-    @property
-    def network(self) -> Optional[NetworkPolicy]:
-        """Shortcut for ``info.network`` (not refreshed)."""
-        return self._info.network
+    # -- properties (id, info, state and network: _Described's) ---------------
 
     @property
     def client(self) -> AsyncClient:
         """The client this sandbox's requests go through."""
         return self._client
-
-    def _path(self, suffix: str) -> str:
-        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
-
-    def _update(self, data: Any) -> SandboxInfo:
-        if isinstance(data, Mapping) and data:
-            self._info = SandboxInfo.from_dict(data)
-        return self._info
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -220,11 +188,11 @@ class AsyncSandbox:
 
     async def pause(self) -> SandboxInfo:
         """Pause the sandbox to the server's disk (see :meth:`Sandbox.pause`)."""
-        return self._update(await self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long_timeout(self._client)))
+        return self._update(await self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long(self._client.timeout)))
 
     async def resume(self) -> SandboxInfo:
         """Resume a paused sandbox where it was (see :meth:`Sandbox.resume`)."""
-        return self._update(await self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long_timeout(self._client)))
+        return self._update(await self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long(self._client.timeout)))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -250,15 +218,12 @@ class AsyncSandbox:
     async def fork(self, count: Optional[int] = None) -> "Union[AsyncSandbox, List[AsyncSandbox]]":
         """Fork this running sandbox into live copies (see :meth:`Sandbox.fork`): one without ``count``, else a list; :class:`ForkError` on partial failure."""
         n = _fork_count(count)
-        data = await self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long_timeout(self._client))
+        data = await self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long(self._client.timeout))
         return _fork_result(self.id, AsyncSandbox, self._client, data, count, n)  # type: ignore[no-any-return]
 
     async def snapshot(self, name: Optional[str] = None) -> AsyncSnapshot:
         """Save this sandbox as an :class:`AsyncSnapshot`; the sandbox keeps running."""
-        body: Dict[str, Any] = {}
-        if name is not None:
-            body["name"] = name
-        data = await self._client.request_json("POST", self._path("/snapshots"), json_body=body, timeout=_long_timeout(self._client))
+        data = await self._client.request_json("POST", self._path("/snapshots"), json_body=_snapshot_body(name), timeout=_long(self._client.timeout))
         return AsyncSnapshot(data or {}, self._client)
 
     # -- exec ----------------------------------------------------------------
@@ -360,8 +325,7 @@ class AsyncExecStream:
         self._wait = wait
         self._resp: Optional[AsyncStreamResponse] = None
         self._events: Optional[AsyncIterator[Any]] = None
-        self._out: List[str] = []
-        self._err: List[str] = []
+        self._got = Output()
         self._finished = False
         #: The command's :class:`ExecResult` once the iteration has ended.
         self.result: Optional[ExecResult] = None
@@ -385,16 +349,13 @@ class AsyncExecStream:
                 except StopAsyncIteration:
                     raise PandaConnectionError(_exec_cut_message(self._sb.id)) from None
                 kind, text = _exec_event(ev)
-                if kind == "stdout":
-                    self._out.append(text)
-                    return kind, text
-                if kind == "stderr":
-                    self._err.append(text)
-                    return kind, text
                 if kind == "exit":
-                    self.result = ExecResult.from_dict(ev, stdout="".join(self._out), stderr="".join(self._err))
+                    self.result = self._got.result(ExecResult.from_dict(ev))
                     await self.aclose()
                     raise StopAsyncIteration
+                if kind is not None:
+                    self._got.add(kind, text)
+                    return kind, text
         except BaseException:
             await self.aclose()
             raise
@@ -420,25 +381,18 @@ class AsyncExecStream:
             resp._resp.conn.close()
 
 
-class AsyncFilesystem:
+class AsyncFilesystem(_Files):
     """Files of a sandbox, asyncio flavour: ``sandbox.filesystem``. See :class:`~pandastack.Filesystem`.
 
     Local files (a file-like or path to upload, a path to download to) are
     read and written in the event loop's default executor.
     """
 
-    def __init__(self, sandbox: AsyncSandbox) -> None:
-        self._sb = sandbox
-
-    def _path(self, suffix: str = "") -> str:
-        return self._sb._path("/files" + suffix)
+    _sb: AsyncSandbox
 
     async def write(self, path: str, data: WriteData, mode: Union[int, str, None] = None) -> FileInfo:
         """Write a file, replacing it; parent directories are created. See :meth:`Filesystem.write`."""
-        query: List[Tuple[str, str]] = [("path", path)]
-        m = _mode_param(mode)
-        if m is not None:
-            query.append(("mode", m))
+        query = _write_query(path, mode)
         client = self._sb._client
         if isinstance(data, os.PathLike):
             loop = asyncio.get_running_loop()
@@ -485,29 +439,18 @@ class AsyncFilesystem:
                 await loop.run_in_executor(None, os.replace, part, target)
                 return n
             except BaseException:
-                try:
-                    os.unlink(part)
-                except OSError:
-                    pass
+                _discard(part)
                 raise
 
     async def watch_dir(self, path: str, recursive: bool = False) -> "AsyncDirWatch":
         """Watch a directory (see :meth:`Filesystem.watch_dir`): returns once
         the watch is in place; ``async for ev in w`` yields :class:`WatchEvent`
         objects until ``await w.stop()`` or the directory is removed."""
-        resp = await self._sb._client.stream(
-            "GET",
-            self._sb._path("/watch"),
-            query={"path": path, "recursive": "true" if recursive else "false"},
-            headers={"Accept": "application/x-ndjson"},
-            timeout=None,
-        )
-        return AsyncDirWatch(resp)
+        return AsyncDirWatch(await self._sb._client.stream("GET", self._sb._path("/watch"), **_watch_request(path, recursive)))
 
     async def list(self, path: str) -> List[FileInfo]:
         """List a directory's entries, sorted by name."""
-        body = await self._sb._client.request_json("GET", self._path("/list"), query={"path": path})
-        return [FileInfo.from_dict(e) for e in (body or {}).get("entries") or []]
+        return _entries(await self._sb._client.request_json("GET", self._path("/list"), query={"path": path}))
 
     async def stat(self, path: str) -> FileInfo:
         """Describe a file or directory (a final symlink is not followed)."""
@@ -528,10 +471,7 @@ class AsyncFilesystem:
 
     async def remove(self, path: str, recursive: bool = False) -> None:
         """Remove a file or an empty directory; ``recursive=True`` removes a directory and everything in it."""
-        query: List[Any] = [("path", path)]
-        if recursive:
-            query.append(("recursive", True))
-        await self._sb._client.request("DELETE", self._path(), query=query)
+        await self._sb._client.request("DELETE", self._path(), query=_remove_query(path, recursive))
 
     async def rename(self, src: str, dst: str) -> FileInfo:
         """Rename or move ``src`` to ``dst``; return the file at its new path."""

@@ -24,6 +24,7 @@ from typing import (
     Callable,
     Dict,
     Generator,
+    Generic,
     Iterable,
     Iterator,
     List,
@@ -31,6 +32,7 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    TypeVar,
     Union,
 )
 
@@ -231,9 +233,48 @@ class StreamResponse:
         self.close()
 
 
+class _Retry:
+    """The rule both clients follow when a request meets a connection the
+    server closed while it was idle: the request is sent again, once, on a
+    fresh connection, when that is safe.
+
+    A body sent as a stream (not replayable) goes once, on a fresh
+    connection: if a reused one turned out to be stale there would be no way
+    to send it again.
+    """
+
+    def __init__(self, method: str, body: _Body) -> None:
+        self._method = method
+        self._body = body
+        #: How many times the request may go out.
+        self.attempts = 2 if body.replayable else 1
+        #: The request must not take a pooled connection.
+        self.fresh = not body.replayable
+
+    def again(self, attempt: int, reused: bool, sent: bool) -> bool:
+        """After a stale-connection error on ``attempt`` (from 0): whether to
+        send again. Only a reused connection is retried, and only when
+        resending is safe (an idempotent method, or nothing sent yet)."""
+        return reused and attempt + 1 < self.attempts and (self._method in _IDEMPOTENT or not sent)
+
+    def early_answer(self, sent: bool) -> bool:
+        """After a stale-connection error: whether the server may have answered
+        before it stopped reading the body (unknown sandbox, upload too large);
+        that answer says more than the broken pipe."""
+        return not sent and self._body.data is not None
+
+
+def _error_of(resp: Any, data: bytes) -> Optional[PandaError]:
+    """The :class:`PandaError` of an answer (either client's response), or ``None`` for a 2xx one."""
+    if 200 <= resp.status < 300:
+        return None
+    return _errors.error_from_response(resp.status, data, resp.reason)
+
+
 class _Settings:
     """What :class:`Client` and :class:`~pandastack.AsyncClient` share: their settings, the
-    request each sends (target, headers, body) and the mapping of transport errors."""
+    request each sends (target, headers, body), the handling of an answer read whole
+    and the mapping of transport errors."""
 
     def __init__(self, api_key: Optional[str] = None, api_url: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         if api_key is None:
@@ -320,6 +361,22 @@ class _Settings:
         elif timeout == float("inf"):
             timeout = None
         return target, hdrs, b, encode_chunked, timeout
+
+    def _release(self, conn: Any) -> None:
+        """Put ``conn``, its answer read whole, back in the pool."""
+        raise NotImplementedError
+
+    def _answer(self, resp: Any, conn: Any, data: bytes) -> Tuple[int, "http.client.HTTPMessage", bytes]:
+        """``(status, headers, body)`` of an answer read whole, its connection
+        pooled again unless the server closes it; a non-2xx answer raises."""
+        if resp.will_close:
+            conn.close()
+        else:
+            self._release(conn)
+        err = _error_of(resp, data)
+        if err is not None:
+            raise err
+        return resp.status, resp.headers, data
 
     def _decode_json(self, method: str, path: str, status: int, data: bytes) -> Any:
         if not data.strip():
@@ -643,13 +700,7 @@ class Client(_Settings):
         except Exception as e:  # noqa: BLE001
             conn.close()
             raise self._convert_exc(e) from e
-        if resp.will_close:
-            conn.close()
-        else:
-            self._release(conn)
-        if not 200 <= resp.status < 300:
-            raise _errors.error_from_response(resp.status, data, resp.reason)
-        return resp.status, resp.headers, data
+        return self._answer(resp, conn, data)
 
     def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
         """Like :meth:`request`, and decode the answer as JSON (``None`` for an empty body)."""
@@ -724,12 +775,9 @@ class Client(_Settings):
         auth: bool,
     ) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
         target, hdrs, b, encode_chunked, timeout = self._prepare(method, path, query, json_body, body, headers, timeout, auth)
-
-        # A non-replayable (streamed) body goes on a fresh connection: if a
-        # reused one turned out to be stale there would be no way to resend.
-        attempts = 2 if b.replayable else 1
-        for attempt in range(attempts):
-            conn, reused = self._take(fresh=not b.replayable, timeout=timeout)
+        retry = _Retry(method, b)
+        for attempt in range(retry.attempts):
+            conn, reused = self._take(fresh=retry.fresh, timeout=timeout)
             sent = False
             try:
                 conn.request(method, target, body=b.data, headers=hdrs, encode_chunked=encode_chunked)
@@ -737,15 +785,10 @@ class Client(_Settings):
                 resp = conn.getresponse()
                 return resp, conn
             except _STALE_ERRORS as e:
-                # Retry once on a fresh connection when the server closed an
-                # idle keep-alive connection under us, and resending is safe.
-                if reused and attempt + 1 < attempts and (method in _IDEMPOTENT or not sent):
+                if retry.again(attempt, reused, sent):
                     conn.close()
                     continue
-                if not sent and b.data is not None:
-                    # The server may have answered early and stopped reading
-                    # the body (unknown sandbox, upload too large): its answer
-                    # says more than the broken pipe.
+                if retry.early_answer(sent):
                     early = _early_response(conn)
                     if early is not None:
                         raise early from e
@@ -873,9 +916,7 @@ def _early_response(conn: http.client.HTTPConnection) -> Optional[PandaError]:
         return None
     finally:
         conn.close()
-    if 200 <= resp.status < 300:
-        return None
-    return _errors.error_from_response(resp.status, data, resp.reason)
+    return _error_of(resp, data)
 
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:
@@ -916,8 +957,40 @@ def _fmt_timeout(t: Timeout) -> str:
     return "∞" if t is None else ("%g" % t)
 
 
-_default_lock = threading.Lock()
-_default_clients: Dict[Tuple[Optional[str], Optional[str]], Client] = {}
+_C = TypeVar("_C", bound=_Settings)
+
+
+class _Defaults(Generic[_C]):
+    """The clients of one class built from ``PANDASTACK_API_KEY``/``PANDASTACK_API_URL``:
+    one per distinct pair of values, so connections are reused, and a change
+    of the environment variables takes effect."""
+
+    def __init__(self, make: Callable[..., _C]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._clients: Dict[Tuple[Optional[str], Optional[str]], _C] = {}
+
+    def get(self) -> _C:
+        k = (os.environ.get(ENV_API_KEY) or None, os.environ.get(ENV_API_URL) or None)
+        with self._lock:
+            c = self._clients.get(k)
+            if c is None:
+                c = self._make()
+                self._clients[k] = c
+            return c
+
+    def resolve(self, client: Optional[_C], api_key: Optional[str], api_url: Optional[str]) -> _C:
+        """The client to use given the ``client=``, ``api_key=`` and ``api_url=`` arguments of a call."""
+        if client is not None:
+            if api_key is not None or api_url is not None:
+                raise ValueError("pass either client= or api_key=/api_url=, not both")
+            return client
+        if api_key is None and api_url is None:
+            return self.get()
+        return self._make(api_key=api_key, api_url=api_url)
+
+
+_defaults: "_Defaults[Client]" = _Defaults(Client)
 
 
 def default_client() -> Client:
@@ -926,21 +999,9 @@ def default_client() -> Client:
     One client per distinct pair of values is kept, so connections are
     reused, and a change of the environment variables takes effect.
     """
-    k = (os.environ.get(ENV_API_KEY) or None, os.environ.get(ENV_API_URL) or None)
-    with _default_lock:
-        c = _default_clients.get(k)
-        if c is None:
-            c = Client()
-            _default_clients[k] = c
-        return c
+    return _defaults.get()
 
 
 def resolve_client(client: Optional[Client], api_key: Optional[str], api_url: Optional[str]) -> Client:
     """The client to use given the ``client=``, ``api_key=`` and ``api_url=`` arguments of a call."""
-    if client is not None:
-        if api_key is not None or api_url is not None:
-            raise ValueError("pass either client= or api_key=/api_url=, not both")
-        return client
-    if api_key is None and api_url is None:
-        return default_client()
-    return Client(api_key=api_key, api_url=api_url)
+    return _defaults.resolve(client, api_key, api_url)

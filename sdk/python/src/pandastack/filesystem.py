@@ -6,7 +6,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Iterator, List, Mapping, Optional, Union
+from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from .errors import NotFoundError
 from .models import FileInfo
@@ -43,18 +43,59 @@ def _mode_param(mode: Union[int, str, None]) -> Optional[str]:
     raise TypeError("mode must be an int such as 0o755 or an octal string such as '755'")
 
 
-class Filesystem:
+def _write_query(path: str, mode: Union[int, str, None]) -> List[Tuple[str, str]]:
+    query = [("path", path)]
+    m = _mode_param(mode)
+    if m is not None:
+        query.append(("mode", m))
+    return query
+
+
+def _remove_query(path: str, recursive: bool) -> List[Tuple[str, Any]]:
+    query: List[Tuple[str, Any]] = [("path", path)]
+    if recursive:
+        query.append(("recursive", True))
+    return query
+
+
+def _watch_request(path: str, recursive: bool) -> Dict[str, Any]:
+    """The keyword arguments of the watch stream request, past method and path."""
+    return {"query": {"path": path, "recursive": "true" if recursive else "false"}, "headers": {"Accept": "application/x-ndjson"}, "timeout": None}
+
+
+def _discard(part: str) -> None:
+    """Remove the ``.part`` file of a download that failed, if it is there."""
+    try:
+        os.unlink(part)
+    except OSError:
+        pass
+
+
+def _entries(body: Any) -> List[FileInfo]:
+    """The entries of a ``GET .../files/list`` answer."""
+    return [FileInfo.from_dict(e) for e in (body or {}).get("entries") or []]
+
+
+class _Files:
+    """What :class:`Filesystem` and :class:`~pandastack.AsyncFilesystem` share: their sandbox and the paths of its file API."""
+
+    _sb: Any
+
+    def __init__(self, sandbox: Any) -> None:
+        self._sb = sandbox
+
+    def _path(self, suffix: str = "") -> str:
+        return self._sb._path("/files" + suffix)
+
+
+class Filesystem(_Files):
     """Read and write files in a sandbox. Get it as ``sandbox.filesystem``.
 
     Every path is absolute inside the sandbox (a relative path raises
     :class:`InvalidArgumentError`). A missing file raises :class:`NotFoundError`.
     """
 
-    def __init__(self, sandbox: "Sandbox") -> None:
-        self._sb = sandbox
-
-    def _path(self, suffix: str = "") -> str:
-        return self._sb._path("/files" + suffix)
+    _sb: "Sandbox"
 
     def write(self, path: str, data: WriteData, mode: Union[int, str, None] = None) -> FileInfo:
         """Write a file, replacing it if it exists; parent directories are created.
@@ -74,10 +115,7 @@ class Filesystem:
             with open("dataset.bin", "rb") as f:
                 sb.filesystem.write("/work/dataset.bin", f)
         """
-        query = [("path", path)]
-        m = _mode_param(mode)
-        if m is not None:
-            query.append(("mode", m))
+        query = _write_query(path, mode)
         if isinstance(data, os.PathLike):
             with open(os.fspath(data), "rb") as f:
                 body = self._sb._client.request_json("PUT", self._path(), query=query, body=f)
@@ -117,10 +155,7 @@ class Filesystem:
                 os.replace(part, target)
                 return n
             except BaseException:
-                try:
-                    os.unlink(part)
-                except OSError:
-                    pass
+                _discard(part)
                 raise
 
     def watch_dir(self, path: str, recursive: bool = False) -> "DirWatch":
@@ -143,19 +178,11 @@ class Filesystem:
             NotFoundError: no such directory.
             InvalidArgumentError: not a directory, or too many directories.
         """
-        resp = self._sb._client.stream(
-            "GET",
-            self._sb._path("/watch"),
-            query={"path": path, "recursive": "true" if recursive else "false"},
-            headers={"Accept": "application/x-ndjson"},
-            timeout=None,
-        )
-        return DirWatch(resp)
+        return DirWatch(self._sb._client.stream("GET", self._sb._path("/watch"), **_watch_request(path, recursive)))
 
     def list(self, path: str) -> List[FileInfo]:
         """List a directory's entries, sorted by name."""
-        body = self._sb._client.request_json("GET", self._path("/list"), query={"path": path})
-        return [FileInfo.from_dict(e) for e in (body or {}).get("entries") or []]
+        return _entries(self._sb._client.request_json("GET", self._path("/list"), query={"path": path}))
 
     def stat(self, path: str) -> FileInfo:
         """Describe a file or directory (a final symlink is not followed)."""
@@ -181,10 +208,7 @@ class Filesystem:
 
         A non-empty directory without ``recursive`` raises :class:`ConflictError`.
         """
-        query: List[Any] = [("path", path)]
-        if recursive:
-            query.append(("recursive", True))
-        self._sb._client.request("DELETE", self._path(), query=query)
+        self._sb._client.request("DELETE", self._path(), query=_remove_query(path, recursive))
 
     def rename(self, src: str, dst: str) -> FileInfo:
         """Rename or move ``src`` to ``dst``; return the file at its new path."""

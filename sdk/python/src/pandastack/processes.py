@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import errors as _errors
+from ._command import Output, command_body
 from .errors import ConflictError, PandaConnectionError, PandaError, RequestTimeoutError
 from .models import ExecResult, parse_time
 
@@ -202,29 +203,6 @@ def _output_event(ev: Any) -> Union[OutputChunk, ExecResult, None]:
     return None
 
 
-class _Collected:
-    """The output gathered by ``wait``: feed it chunks, then ask for the result."""
-
-    def __init__(self) -> None:
-        self.out: List[str] = []
-        self.err: List[str] = []
-        self.truncated = False
-
-    def add(self, c: OutputChunk) -> Optional[str]:
-        """Keep ``c``; return the stream whose callback gets ``c.data`` (``None``: no callback)."""
-        if c.dropped:
-            self.truncated = True
-            return None
-        if c.stream == "stderr":
-            self.err.append(c.data)
-            return "stderr" if c.data else None
-        self.out.append(c.data)
-        return "stdout" if c.data else None
-
-    def result(self, r: ExecResult) -> ExecResult:
-        return ExecResult(r.exit_code, "".join(self.out), "".join(self.err), r.duration_ms, r.signal, r.timed_out, self.truncated)
-
-
 def _output_request(from_: Union[str, int]) -> Dict[str, Any]:
     """The keyword arguments of the output stream request, past method and path."""
     return {"query": {"from": _from_query(from_)}, "headers": {"Accept": "application/x-ndjson"}, "timeout": None}
@@ -273,14 +251,13 @@ def _from_query(from_: Union[str, int]) -> str:
     raise ValueError("from_ must be 'start', 'now' or a byte offset, got %r" % (from_,))
 
 
-class CommandHandle:
-    """A background process in a sandbox (:meth:`Commands.run` with
-    ``background=True``, :meth:`Commands.connect`). The handle is only an
-    address: the process runs on whether it is kept, dropped or used from
-    several threads or clients at once.
-    """
+class _Handle:
+    """What :class:`CommandHandle` and its asyncio twin share: the address of
+    a process (its sandbox and pid) and the last description of it."""
 
-    def __init__(self, sandbox: "Sandbox", pid: int, info: Optional[ProcessInfo] = None) -> None:
+    _sb: Any
+
+    def __init__(self, sandbox: Any, pid: int, info: Optional[ProcessInfo] = None) -> None:
         self._sb = sandbox
         self.pid = pid
         self._info = info
@@ -292,6 +269,19 @@ class CommandHandle:
     def last_info(self) -> Optional[ProcessInfo]:
         """The process as of the last call that described it (not refreshed)."""
         return self._info
+
+    def __repr__(self) -> str:
+        return "%s(sandbox=%r, pid=%d)" % (type(self).__name__, self._sb.id, self.pid)
+
+
+class CommandHandle(_Handle):
+    """A background process in a sandbox (:meth:`Commands.run` with
+    ``background=True``, :meth:`Commands.connect`). The handle is only an
+    address: the process runs on whether it is kept, dropped or used from
+    several threads or clients at once.
+    """
+
+    _sb: "Sandbox"
 
     def info(self) -> ProcessInfo:
         """The process as it is now. Raises :class:`NotFoundError` for an unknown (or forgotten) pid."""
@@ -328,7 +318,7 @@ class CommandHandle:
                 :class:`RequestTimeoutError` (the process runs on). ``None``: wait as long as it takes.
             on_stdout, on_stderr: Called with each chunk as it comes (``str``).
         """
-        got = _Collected()
+        got = Output(on_stdout, on_stderr)
         stream = self.output("start")
         timer: Optional[threading.Timer] = None
         expired = threading.Event()
@@ -343,19 +333,16 @@ class CommandHandle:
             timer.start()
         try:
             for c in stream:
-                kind = got.add(c)
-                cb = on_stdout if kind == "stdout" else on_stderr if kind == "stderr" else None
+                cb = got.add(c.stream, c.data, c.dropped)
                 if cb is not None:
                     cb(c.data)
         finally:
             if timer is not None:
                 timer.cancel()
             stream.stop()
-        if stream.result is None:
-            if expired.is_set():
-                raise RequestTimeoutError("process %d in sandbox %s did not exit within %gs" % (self.pid, self._sb.id, timeout))
-            raise PandaConnectionError("the output stream of process %d ended before its exit" % self.pid)
-        return got.result(stream.result)
+        if stream.result is None and expired.is_set():
+            raise _wait_timed_out(self, timeout)  # type: ignore[arg-type]
+        return _waited(self, got, stream.result)
 
     def send_stdin(self, data: Union[str, bytes], close: bool = False) -> None:
         """Write ``data`` (str as UTF-8) to the process's stdin; ``close`` closes it after.
@@ -396,9 +383,6 @@ class CommandHandle:
         """SIGKILL the process if it runs and make the server forget it and its output."""
         self._sb._client.request("DELETE", self._path())
 
-    def __repr__(self) -> str:
-        return "%s(sandbox=%r, pid=%d)" % (type(self).__name__, self._sb.id, self.pid)
-
 
 class TerminalHandle(CommandHandle):
     """A process on a pseudo-terminal (:meth:`Pty.create`). Its output, with
@@ -413,52 +397,19 @@ class TerminalHandle(CommandHandle):
         self._sb._client.request("POST", self._path("/resize"), json_body=_resize_body(rows, cols))
 
 
-def _start_body(
-    cmd: "Command",
-    env: Optional[Mapping[str, str]],
-    cwd: Optional[str],
-    user: Optional[str],
-    timeout_seconds: Optional[float],
-) -> Dict[str, Any]:
-    from .sandbox import _check_str_map  # late: sandbox imports this module
-
-    body: Dict[str, Any] = {}
-    if isinstance(cmd, str):
-        if not cmd:
-            raise ValueError("cmd is empty")
-        body["cmd"] = cmd
-    elif isinstance(cmd, (bytes, bytearray)):
-        raise TypeError("cmd must be str or a list of str, not bytes")
-    else:
-        argv = list(cmd)
-        if not argv:
-            raise ValueError("argv is empty")
-        if not all(isinstance(a, str) for a in argv):
-            raise TypeError("every argv element must be a str: %r" % (argv,))
-        body["argv"] = argv
-    e = _check_str_map("env", env)
-    if e is not None:
-        body["env"] = e
-    if cwd is not None:
-        body["cwd"] = cwd
-    if user is not None:
-        if not isinstance(user, str):
-            raise TypeError("user must be a str, not %s" % type(user).__name__)
-        body["user"] = user
-    if timeout_seconds is not None:
-        if timeout_seconds < 0:
-            raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
-        body["timeout_seconds"] = timeout_seconds
-    return body
+def _wait_timed_out(h: _Handle, timeout: float) -> RequestTimeoutError:
+    return RequestTimeoutError("process %d in sandbox %s did not exit within %gs" % (h.pid, h._sb.id, timeout))
 
 
-def _foreground_stdin(stdin: Union[bool, str, bytes, None]) -> Union[str, bytes, None]:
-    if stdin is True:
-        raise ValueError("stdin=True (an open stdin pipe) needs background=True")
-    return None if stdin is False else stdin  # type: ignore[return-value]
+def _waited(h: _Handle, got: Output, end: Optional[ExecResult]) -> ExecResult:
+    """What ``wait`` returns once the output stream of ``h`` ended: ``end`` with the output ``got``."""
+    if end is None:
+        raise PandaConnectionError("the output stream of process %d ended before its exit" % h.pid)
+    return got.result(end)
 
 
-def _background_body(
+def _run_args(
+    background: bool,
     cmd: "Command",
     stdin: Union[bool, str, bytes, None],
     env: Optional[Mapping[str, str]],
@@ -468,10 +419,17 @@ def _background_body(
     on_stdout: Any,
     on_stderr: Any,
 ) -> Any:
-    """``(body, stdin data to write and close or None)`` of ``run(background=True)``."""
+    """What ``run`` sends: ``(keyword arguments of the exec, None)`` for the
+    foreground; ``(body of POST /processes, stdin data to write and close or
+    None)`` for the background."""
+    if not background:
+        if stdin is True:
+            raise ValueError("stdin=True (an open stdin pipe) needs background=True")
+        stdin = None if stdin is False else stdin
+        return dict(cmd=cmd, timeout_seconds=timeout_seconds, env=env, cwd=cwd, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr, user=user), None
     if on_stdout is not None or on_stderr is not None:
         raise ValueError("on_stdout/on_stderr are for the foreground; follow a background command with handle.output() or handle.wait(on_stdout=...)")
-    body = _start_body(cmd, env, cwd, user, timeout_seconds)
+    body = command_body(cmd, env, cwd, user, timeout_seconds)
     data: Optional[Union[str, bytes]] = None
     if stdin is True or isinstance(stdin, (str, bytes, bytearray)):
         body["stdin"] = True
@@ -494,7 +452,7 @@ def _pty_body(
     for n, v in (("rows", rows), ("cols", cols)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
             raise ValueError("%s must be an integer from 1 to 1000, got %r" % (n, v))
-    body = _start_body(LOGIN_SHELL if cmd is None else cmd, env, cwd, user, timeout_seconds)
+    body = command_body(LOGIN_SHELL if cmd is None else cmd, env, cwd, user, timeout_seconds)
     body["pty"] = {"rows": rows, "cols": cols}
     return body
 
@@ -554,19 +512,10 @@ class Commands:
             h = sb.commands.run("python3 -m http.server 8000", background=True)
             print(h.pid, h.info().state)
         """
+        args, data = _run_args(background, cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
         if not background:
-            return self._sb.exec(
-                cmd,
-                timeout_seconds=timeout_seconds,
-                env=env,
-                cwd=cwd,
-                stdin=_foreground_stdin(stdin),
-                on_stdout=on_stdout,
-                on_stderr=on_stderr,
-                user=user,
-            )
-        body, data = _background_body(cmd, stdin, env, cwd, user, timeout_seconds, on_stdout, on_stderr)
-        h = self._start(body, CommandHandle)
+            return self._sb.exec(**args)
+        h = self._start(args, CommandHandle)
         if data is not None:
             h.send_stdin(data, close=True)
         return h

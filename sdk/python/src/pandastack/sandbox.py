@@ -6,7 +6,8 @@ from collections.abc import Iterable
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from . import errors as _errors
-from .client import Client, LONG_OPERATION_TIMEOUT, quote_segment, resolve_client
+from ._command import Command, Output, check_str_map, command_body
+from .client import Client, _long, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
 from .processes import Commands, Pty
@@ -17,25 +18,10 @@ __all__ = ["Sandbox", "OutputCallback", "Command"]
 
 #: Called with each piece of output (``str``) as it arrives.
 OutputCallback = Callable[[str], Any]
-#: A shell command line (run with ``bash -c``, ``/bin/sh -c`` without bash) or an argv list (run directly).
-Command = Union[str, Sequence[str]]
 
 # Extra seconds a client waits for an exec answer beyond the command's own timeout.
 _EXEC_MARGIN = 30.0
 _SERVER_DEFAULT_EXEC_TIMEOUT = 60.0
-
-
-def _check_str_map(name: str, m: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
-    if m is None:
-        return None
-    if not isinstance(m, Mapping):
-        raise TypeError("%s must be a mapping of str to str" % name)
-    out: Dict[str, str] = {}
-    for k, v in m.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise TypeError("%s must map str to str, got %r: %r" % (name, k, v))
-        out[k] = v
-    return out
 
 
 #: A network policy as :meth:`Sandbox.create` takes it: a dict with any of
@@ -105,10 +91,10 @@ def _create_body(
         body["memory_mib"] = memory_mib
     if vcpus is not None:
         body["vcpus"] = vcpus
-    md = _check_str_map("metadata", metadata)
+    md = check_str_map("metadata", metadata)
     if md is not None:
         body["metadata"] = md
-    e = _check_str_map("env", env)
+    e = check_str_map("env", env)
     if e is not None:
         body["env"] = e
     if network is not None:
@@ -124,7 +110,7 @@ def _list_query(state: Optional[str], metadata: Optional[Mapping[str, str]]) -> 
     query: List[Tuple[str, str]] = []
     if state is not None:
         query.append(("state", state))
-    for k, v in (_check_str_map("metadata", metadata) or {}).items():
+    for k, v in (check_str_map("metadata", metadata) or {}).items():
         if "=" in k:
             raise ValueError("a metadata key used as a filter cannot contain '=': %r" % k)
         query.append(("metadata", "%s=%s" % (k, v)))
@@ -139,33 +125,7 @@ def _exec_body(
     stdin: Union[str, bytes, None],
     user: Optional[str],
 ) -> Dict[str, Any]:
-    body: Dict[str, Any] = {}
-    if isinstance(cmd, str):
-        if not cmd:
-            raise ValueError("cmd is empty")
-        body["cmd"] = cmd
-    elif isinstance(cmd, (bytes, bytearray)):
-        raise TypeError("cmd must be str or a list of str, not bytes")
-    else:
-        argv = list(cmd)
-        if not argv:
-            raise ValueError("argv is empty")
-        if not all(isinstance(a, str) for a in argv):
-            raise TypeError("every argv element must be a str: %r" % (argv,))
-        body["argv"] = argv
-    e = _check_str_map("env", env)
-    if e is not None:
-        body["env"] = e
-    if cwd is not None:
-        body["cwd"] = cwd
-    if user is not None:
-        if not isinstance(user, str):
-            raise TypeError("user must be a str, not %s" % type(user).__name__)
-        body["user"] = user
-    if timeout_seconds is not None:
-        if timeout_seconds < 0:
-            raise ValueError("timeout_seconds must be >= 0 (0: no timeout)")
-        body["timeout_seconds"] = timeout_seconds
+    body = command_body(cmd, env, cwd, user, timeout_seconds)
     if stdin is not None:
         body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
     return body
@@ -266,13 +226,54 @@ def _set_network_body(internet: Optional[bool], allow_out: Optional[Sequence[str
     return body
 
 
-def _long_timeout(client: Client) -> float:
-    if client.timeout is None:
-        return float("inf")
-    return max(client.timeout, LONG_OPERATION_TIMEOUT)
+def _snapshot_body(name: Optional[str]) -> Dict[str, Any]:
+    return {} if name is None else {"name": name}
 
 
-class Sandbox:
+def _sandboxes(cls: Any, client: Any, data: Any) -> List[Any]:
+    """The sandboxes of a ``GET /v1/sandboxes`` answer as ``cls`` objects."""
+    return [cls(SandboxInfo.from_dict(s), client) for s in (data or {}).get("sandboxes") or []]
+
+
+class _Described:
+    """What :class:`Sandbox` and :class:`~pandastack.AsyncSandbox` share: the
+    server's last description of the sandbox, and the paths of its API."""
+
+    _info: SandboxInfo
+
+    @property
+    def id(self) -> str:
+        """The sandbox id."""
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The server's description of the sandbox as of the last call that returned it (see :meth:`refresh`)."""
+        return self._info
+
+    @property
+    def state(self) -> str:
+        """Shortcut for ``info.state`` (not refreshed)."""
+        return self._info.state
+
+    @property
+    def network(self) -> Optional[NetworkPolicy]:
+        """Shortcut for ``info.network``: the egress policy as the server last reported it (not refreshed).
+
+        ``None`` from a server that reports none.
+        """
+        return self._info.network
+
+    def _path(self, suffix: str) -> str:
+        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
+
+    def _update(self, data: Any) -> SandboxInfo:
+        if isinstance(data, Mapping) and data:
+            self._info = SandboxInfo.from_dict(data)
+        return self._info
+
+
+class Sandbox(_Described):
     """A microVM sandbox.
 
     Do not construct it directly: use :meth:`create`, :meth:`connect` or
@@ -362,7 +363,7 @@ class Sandbox:
         """
         c = resolve_client(client, api_key, api_url)
         body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
-        data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long_timeout(c))
+        data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
         return cls(SandboxInfo.from_dict(data or {}), c)
 
     @classmethod
@@ -409,47 +410,14 @@ class Sandbox:
                 sb.kill()
         """
         c = resolve_client(client, api_key, api_url)
-        query = _list_query(state, metadata)
-        data = c.request_json("GET", "/v1/sandboxes", query=query) or {}
-        return [cls(SandboxInfo.from_dict(s), c) for s in data.get("sandboxes") or []]
+        return _sandboxes(cls, c, c.request_json("GET", "/v1/sandboxes", query=_list_query(state, metadata)))
 
-    # -- properties ----------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The sandbox id."""
-        return self._info.id
-
-    @property
-    def info(self) -> SandboxInfo:
-        """The server's description of the sandbox as of the last call that returned it (see :meth:`refresh`)."""
-        return self._info
-
-    @property
-    def state(self) -> str:
-        """Shortcut for ``info.state`` (not refreshed)."""
-        return self._info.state
-
-    @property
-    def network(self) -> Optional[NetworkPolicy]:
-        """Shortcut for ``info.network``: the egress policy as the server last reported it (not refreshed).
-
-        ``None`` from a server that reports none.
-        """
-        return self._info.network
+    # -- properties (id, info, state and network: _Described's) ---------------
 
     @property
     def client(self) -> Client:
         """The client this sandbox's requests go through."""
         return self._client
-
-    def _path(self, suffix: str) -> str:
-        return "/v1/sandboxes/%s%s" % (quote_segment(self.id), suffix)
-
-    def _update(self, data: Any) -> SandboxInfo:
-        if isinstance(data, Mapping) and data:
-            self._info = SandboxInfo.from_dict(data)
-        return self._info
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -521,7 +489,7 @@ class Sandbox:
         ended (``state``, ``last_error``).
         """
         return self._update(
-            self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long_timeout(self._client))
+            self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long(self._client.timeout))
         )
 
     def resume(self) -> SandboxInfo:
@@ -537,7 +505,7 @@ class Sandbox:
         raise :class:`CorruptError`.
         """
         return self._update(
-            self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long_timeout(self._client))
+            self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long(self._client.timeout))
         )
 
     def __enter__(self) -> "Sandbox":
@@ -581,7 +549,7 @@ class Sandbox:
             results = [c.exec("python3 try.py --seed %d" % i) for i, c in enumerate(children)]
         """
         n = _fork_count(count)
-        data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long_timeout(self._client))
+        data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long(self._client.timeout))
         return _fork_result(self.id, Sandbox, self._client, data, count, n)
 
     def snapshot(self, name: Optional[str] = None) -> Snapshot:
@@ -592,10 +560,7 @@ class Sandbox:
             snap = sb.snapshot(name="after-setup")
             other = Sandbox.create(snapshot=snap.id)
         """
-        body: Dict[str, Any] = {}
-        if name is not None:
-            body["name"] = name
-        data = self._client.request_json("POST", self._path("/snapshots"), json_body=body, timeout=_long_timeout(self._client))
+        data = self._client.request_json("POST", self._path("/snapshots"), json_body=_snapshot_body(name), timeout=_long(self._client.timeout))
         return Snapshot(data or {}, self._client)
 
     # -- exec ----------------------------------------------------------------
@@ -668,21 +633,16 @@ class Sandbox:
         on_stdout: Optional[OutputCallback],
         on_stderr: Optional[OutputCallback],
     ) -> ExecResult:
-        out: List[str] = []
-        err: List[str] = []
+        got = Output(on_stdout, on_stderr)
         with self._client.stream("POST", self._path("/exec/stream"), json_body=body, timeout=wait, headers={"Accept": "application/x-ndjson"}) as resp:
             for ev in resp.iter_ndjson():
                 kind, s = _exec_event(ev)
-                if kind == "stdout":
-                    out.append(s)
-                    if on_stdout is not None and s:
-                        on_stdout(s)
-                elif kind == "stderr":
-                    err.append(s)
-                    if on_stderr is not None and s:
-                        on_stderr(s)
-                elif kind == "exit":
-                    return ExecResult.from_dict(ev, stdout="".join(out), stderr="".join(err))
+                if kind == "exit":
+                    return got.result(ExecResult.from_dict(ev))
+                if kind is not None:
+                    cb = got.add(kind, s)
+                    if cb is not None:
+                        cb(s)
         raise PandaConnectionError(_exec_cut_message(self.id))
 
     # -- ports -----------------------------------------------------------------
