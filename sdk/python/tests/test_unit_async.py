@@ -710,7 +710,7 @@ class ProcessesTest(AsyncStubTestCase):
         self.assertIsInstance(t, AsyncTerminalHandle)
         body = self.stub.last.json()
         self.assertEqual(body["pty"], {"rows": 30, "cols": 100})
-        self.assertIn("exec /bin/bash -l", body["cmd"])
+        self.assertIn("exec /bin/bash -i", body["cmd"])
         await sb.pty.create(cmd=["top"])
         self.assertEqual(self.stub.last.json(), {"argv": ["top"], "pty": {"rows": 24, "cols": 80}})
         with self.assertRaises(ValueError):

@@ -150,7 +150,7 @@ class ProcessesStubTest(unittest.TestCase):
         self.assertIsInstance(t, TerminalHandle)
         body = self.stub.last.json()
         self.assertEqual(body["pty"], {"rows": 30, "cols": 100})
-        self.assertIn("exec /bin/bash -l", body["cmd"])
+        self.assertIn("exec /bin/bash -i", body["cmd"])
         self.sb.pty.create(cmd=["top"])
         self.assertEqual(self.stub.last.json(), {"argv": ["top"], "pty": {"rows": 24, "cols": 80}})
         with self.assertRaises(ValueError):

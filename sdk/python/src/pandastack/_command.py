@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from .models import ExecResult
 
-#: A shell command line (run with ``bash -c``, ``/bin/sh -c`` without bash) or an argv list (run directly).
+#: A shell command line (run with ``bash -l -c``, a login bash whose profiles do not override ``env``; ``/bin/sh -c`` without bash) or an argv list (run directly).
 Command = Union[str, Sequence[str]]
 
 

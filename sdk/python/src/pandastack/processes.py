@@ -29,7 +29,7 @@ __all__ = ["Commands", "CommandHandle", "OutputChunk", "OutputStream", "ProcessI
 _STDIN_CHUNK = 1 << 20
 
 # What sb.pty.create runs without cmd: what `panda shell` runs.
-LOGIN_SHELL = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi"
+LOGIN_SHELL = "if [ -x /bin/bash ]; then exec /bin/bash -i; else exec /bin/sh -l; fi"
 
 
 @dataclass(frozen=True)
@@ -561,8 +561,9 @@ class Pty:
         user: Optional[str] = None,
         timeout_seconds: Optional[float] = None,
     ) -> TerminalHandle:
-        """Start ``cmd`` (default a login shell: ``bash -l``, or ``sh -l``
-        without bash) on a new ``rows`` x ``cols`` terminal.
+        """Start ``cmd`` (default an interactive bash after the login
+        profiles, in which the sandbox's and ``env``'s variables win over the
+        profiles; ``sh -l`` without bash) on a new ``rows`` x ``cols`` terminal.
 
         Example::
 

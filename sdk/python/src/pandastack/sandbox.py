@@ -580,8 +580,8 @@ class Sandbox(_Described):
 
         Args:
             cmd: A shell command line (``"ls -l | wc -l"``, run with
-                ``bash -c``, or ``/bin/sh -c`` in a sandbox without
-                ``/bin/bash``) or an argv list (``["ls", "-l"]``, run directly,
+                ``bash -l -c``, a login bash whose profiles do not override
+                ``env``, or ``/bin/sh -c`` in a sandbox without ``/bin/bash``) or an argv list (``["ls", "-l"]``, run directly,
                 looked up in ``PATH``).
             timeout_seconds: Kill the command's process group after this long
                 (``result.timed_out`` is then ``True``); ``0`` means no timeout;
