@@ -33,7 +33,6 @@ import (
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
-	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/volume"
 	"golang.org/x/sys/unix"
 )
@@ -64,10 +63,9 @@ type Config struct {
 	RunDir string
 	// Accel is auto (probe KVM once, cache the answer), kvm or tcg.
 	Accel vmm.Accel
-	// QEMU is the QEMU binary (default qemu-system-x86_64).
-	QEMU string
-	// QEMUExtraArgs are appended to every QEMU command line (debugging).
-	QEMUExtraArgs []string
+	// Driver starts and adopts the sandboxes' VMMs and bakes' (required;
+	// qemu.New in production). The agent does not close it.
+	Driver vmm.Driver
 	// VolumeSize is the size of the XFS image made when DataDir cannot
 	// reflink (0: automatic).
 	VolumeSize int64
@@ -145,7 +143,7 @@ type Agent struct {
 	cfg       Config
 	log       *slog.Logger
 	vol       *volume.Volume
-	driver    *qemu.Driver
+	driver    vmm.Driver
 	accel     vmm.Accel
 	templates *template.Store
 	images    template.Images
@@ -176,10 +174,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
-	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, ExtraArgs: cfg.QEMUExtraArgs, Logger: cfg.Logger})
-	if err != nil {
-		return nil, fmt.Errorf("open host agent: %w", err)
+	if cfg.Driver == nil {
+		return nil, fmt.Errorf("open host agent: %w: no vmm driver", ErrInvalid)
 	}
+	drv := cfg.Driver
 	a.driver = drv
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
@@ -203,7 +201,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		UserDir: filepath.Join(vol.Dir, "rootfs"),
 		Driver:  drv,
 		Accel:   accel,
-		TSCkHz:  qemu.TSCkHz(),
+		TSCkHz:  drv.TSCkHz(),
 		Net:     a.bakeNIC(),
 		Logger:  cfg.Logger,
 	})

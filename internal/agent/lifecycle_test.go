@@ -22,10 +22,12 @@ import (
 // tests that restart an agent), closed and removed when the test ends.
 func openSecond(t *testing.T, dir string) *Agent {
 	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, err := Open(context.Background(), Config{
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, AdoptMount: true,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Driver: driverT(t, log),
+		Logger: log,
 	})
 	if err != nil {
 		t.Fatalf("open agent on %s: %v", dir, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -72,8 +73,13 @@ func runMain(m *testing.M) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var srv *api.Server
 	onExit := func(id string, err error) { srv.SandboxExited(id, err) }
+	drv, err := qemu.New(qemu.Config{Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "qemu driver:", err)
+		return 1
+	}
 	host, err := agent.Open(ctx, agent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
+		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { onExit(id, err) },
 		// Guests have no network yet: their ports are test servers on

@@ -35,6 +35,7 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
 
@@ -104,8 +105,13 @@ func runMain(m *testing.M) (code int) {
 	}
 	defer os.RemoveAll(dir)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	drv, err := qemu.New(qemu.Config{Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "qemu driver:", err)
+		return 1
+	}
 	host, err = agent.Open(ctx, agent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
+		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { hsrv.SandboxExited(id, err) },
 		Dial:   guestDial, // dial_test.go

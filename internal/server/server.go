@@ -27,6 +27,7 @@ import (
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sys/unix"
@@ -438,8 +439,13 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 	if nw, err = openNetwork(cfg, log.With("part", "network")); err != nil {
 		return nil, nil, nil, err
 	}
+	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, Logger: log.With("part", "agent")})
+	if err != nil {
+		nw.close(false)
+		return nil, nil, nil, fmt.Errorf("cannot start host agent: open host agent: %w", err)
+	}
 	acfg := agent.Config{
-		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), QEMU: cfg.QEMU,
+		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), Driver: drv,
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
 		OnExit:     exits.exited,
