@@ -57,7 +57,7 @@ func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error)
 		a.Close()
 		return nil, err
 	}
-	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, api.Local(a), prometheus.NewRegistry())
+	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, agent.Local(a), prometheus.NewRegistry())
 	if err != nil {
 		cat.Close()
 		a.Close()

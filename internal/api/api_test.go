@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
@@ -34,7 +35,7 @@ type env struct {
 	admin string
 	srv   *api.Server
 	host  *agent.Agent
-	h     api.Host // what srv uses: host, or a hostapi.Client over it
+	h     host.Host // what srv uses: host, or a hostapi.Client over it
 	cat   *sqlite.Catalog
 }
 
@@ -94,7 +95,7 @@ func runMain(m *testing.M) int {
 	defer host.Close()
 	// PANDA_TEST_HOST=remote runs the suite with the agent behind the
 	// host API (package hostapi), as panda server drives panda agent.
-	h := api.Local(host)
+	h := agent.Local(host)
 	if os.Getenv("PANDA_TEST_HOST") == "remote" {
 		hsrv := hostapi.NewServer(host, "test-token", log)
 		onExit = hsrv.SandboxExited

@@ -24,6 +24,7 @@ import (
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
@@ -311,7 +312,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 
 	// 3. Catalog, admin key, API; reconcile the catalog with what
 	// survived a restart.
-	srv, cat, err := openControlPlane(ctx, cfg, api.Local(host), builds, version, openapi, out, log)
+	srv, cat, err := openControlPlane(ctx, cfg, agent.Local(host), builds, version, openapi, out, log)
 	if err != nil {
 		return err
 	}
@@ -321,11 +322,12 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	// Until it serves, a start that fails leaves the sandboxes it adopted
 	// running for the next start to adopt: they are not its to kill.
 	keepRunning = true
-	if err := srv.Reconcile(ctx, recovered); err != nil {
+	adopted := adoptedIDs(recovered)
+	if err := srv.Reconcile(ctx, adopted); err != nil {
 		return err
 	}
 	if n := len(recovered); n > 0 {
-		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", countOK(recovered))
+		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", len(adopted))
 	}
 	if err := bakeOnStart(ctx, cfg, host, out); err != nil {
 		return err
@@ -517,8 +519,8 @@ func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writ
 }
 
 // openControlPlane opens the catalog, creates the admin key on first
-// start and builds the API over host. The caller closes the catalog.
-func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+// start and builds the API over h. The caller closes the catalog.
+func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
@@ -549,7 +551,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api
 		TemplateBuilds: builds, TemplateContextDir: cfg.templateContextDir(),
 		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
 		MaxTemplatesPerKey:      cfg.MaxTemplatesPerKey,
-	}, cat, host, reg)
+	}, cat, h, reg)
 	if err != nil {
 		cat.Close()
 		return nil, nil, err
@@ -629,14 +631,15 @@ func vmmsRunning(host *agent.Agent) bool {
 	return false
 }
 
-func countOK(rs []agent.Recovered) int {
-	n := 0
+// adoptedIDs are the sandboxes a recovery kept.
+func adoptedIDs(rs []agent.Recovered) []string {
+	var ids []string
 	for _, r := range rs {
 		if r.Err == nil {
-			n++
+			ids = append(ids, r.ID)
 		}
 	}
-	return n
+	return ids
 }
 
 func bootstrapAdmin(ctx context.Context, cat catalog.Catalog, dataDir string, out io.Writer, log *slog.Logger) error {
