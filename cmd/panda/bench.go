@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
@@ -37,7 +36,7 @@ func benchCreateCmd() *cobra.Command {
 		Short: "Create → first exec latency, exec round trip and idle memory, through the host agent",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			a, err := agent.Open(ctx, loc.agentConfig("bench"))
+			a, err := openAgent(ctx, loc.agentConfig("bench"))
 			if err != nil {
 				return err
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -46,7 +47,7 @@ func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error)
 		}
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	a, err := agent.Open(ctx, cfg)
+	a, err := openAgent(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +57,7 @@ func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error)
 		a.Close()
 		return nil, err
 	}
-	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, api.Local(a), prometheus.NewRegistry())
+	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, agent.Local(a), prometheus.NewRegistry())
 	if err != nil {
 		cat.Close()
 		a.Close()
@@ -186,6 +187,19 @@ func (l *localBench) imagesDir() string {
 func (l *localBench) agentConfig(sub string) agent.Config {
 	return agent.Config{DataDir: filepath.Join(l.dataDir, sub), ImagesDir: l.imagesDir(), Accel: vmm.Accel(l.accel),
 		Logger: slog.New(slog.DiscardHandler)}
+}
+
+// openAgent opens a host agent as cfg says, with a QEMU driver of its own
+// unless cfg has a driver.
+func openAgent(ctx context.Context, cfg agent.Config) (*agent.Agent, error) {
+	if cfg.Driver == nil {
+		drv, err := qemu.New(qemu.Config{Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("open host agent: %w", err)
+		}
+		cfg.Driver = drv
+	}
+	return agent.Open(ctx, cfg)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/network/nettest"
@@ -121,7 +120,7 @@ func runNetBench(ctx context.Context, loc localBench, o bench.NetOptions) (res b
 		return res, err
 	}
 	defer st.close()
-	off, err := agent.Open(ctx, cfg)
+	off, err := openAgent(ctx, cfg)
 	if err != nil {
 		return res, err
 	}

@@ -28,28 +28,25 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
-	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/volume"
 	"golang.org/x/sys/unix"
 )
 
-// Errors, classified for the API layer.
+// Errors: the host contract's classes (package host), named here as the
+// agent always has.
 var (
-	ErrNotFound = errors.New("not found")
-	ErrConflict = errors.New("wrong state")
-	ErrInvalid  = errors.New("invalid request")
-	ErrNoSpace  = errors.New("out of disk space")
-	// ErrCorrupt: a capture (snapshot, paused sandbox) failed its checksum
-	// and was not restored.
-	ErrCorrupt = errors.New("corrupt")
-	// ErrNotReady: the sandbox's guest agent has not answered since the
-	// host agent restarted; retry shortly.
-	ErrNotReady = errors.New("guest agent not answering yet")
+	ErrNotFound = host.ErrNotFound
+	ErrConflict = host.ErrConflict
+	ErrInvalid  = host.ErrInvalid
+	ErrNoSpace  = host.ErrNoSpace
+	ErrCorrupt  = host.ErrCorrupt
+	ErrNotReady = host.ErrNotReady
 )
 
 // Config configures an Agent.
@@ -64,10 +61,9 @@ type Config struct {
 	RunDir string
 	// Accel is auto (probe KVM once, cache the answer), kvm or tcg.
 	Accel vmm.Accel
-	// QEMU is the QEMU binary (default qemu-system-x86_64).
-	QEMU string
-	// QEMUExtraArgs are appended to every QEMU command line (debugging).
-	QEMUExtraArgs []string
+	// Driver starts and adopts the sandboxes' VMMs and bakes' (required;
+	// qemu.New in production). The agent does not close it.
+	Driver vmm.Driver
 	// VolumeSize is the size of the XFS image made when DataDir cannot
 	// reflink (0: automatic).
 	VolumeSize int64
@@ -145,7 +141,7 @@ type Agent struct {
 	cfg       Config
 	log       *slog.Logger
 	vol       *volume.Volume
-	driver    *qemu.Driver
+	driver    vmm.Driver
 	accel     vmm.Accel
 	templates *template.Store
 	images    template.Images
@@ -176,10 +172,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
-	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, ExtraArgs: cfg.QEMUExtraArgs, Logger: cfg.Logger})
-	if err != nil {
-		return nil, fmt.Errorf("open host agent: %w", err)
+	if cfg.Driver == nil {
+		return nil, fmt.Errorf("open host agent: %w: no vmm driver", ErrInvalid)
 	}
+	drv := cfg.Driver
 	a.driver = drv
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
@@ -203,7 +199,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		UserDir: filepath.Join(vol.Dir, "rootfs"),
 		Driver:  drv,
 		Accel:   accel,
-		TSCkHz:  qemu.TSCkHz(),
+		TSCkHz:  drv.TSCkHz(),
 		Net:     a.bakeNIC(),
 		Logger:  cfg.Logger,
 	})
@@ -258,22 +254,8 @@ const (
 	StateStopped  = lifecycle.Stopped
 )
 
-// Info describes a sandbox.
-type Info struct {
-	ID        string    `json:"id"`
-	Template  string    `json:"template"`
-	MemoryMiB int       `json:"memory_mib"`
-	VCPUs     int       `json:"vcpus"`
-	State     State     `json:"state"`
-	CreatedAt time.Time `json:"created_at"`
-	PID       int       `json:"pid"`
-	Hostname  string    `json:"hostname"`
-	ParentID  string    `json:"parent_id,omitempty"`
-	Snapshot  string    `json:"snapshot_id,omitempty"`
-	// Busy: an operation (pause, resume, snapshot, fork) holds the
-	// sandbox's operation slot; what it makes may appear after this Info.
-	Busy bool `json:"busy,omitempty"`
-}
+// Info describes a sandbox: the host contract's.
+type Info = host.Info
 
 // record is what sandbox.json holds: enough to adopt the VMM again, or to
 // finish or roll back the operation a crash interrupted (Op).
@@ -324,62 +306,15 @@ func (s *sandbox) info() Info {
 	}
 }
 
-// CreateRequest asks for a new sandbox.
-type CreateRequest struct {
-	// ID is the sandbox id (lowercase letters and digits); empty picks one.
-	ID        string
-	Template  string
-	MemoryMiB int
-	VCPUs     int
-	// Env is the default environment of every exec in the sandbox.
-	Env map[string]string
-	// SnapshotID, if set, restores the snapshot instead of a template
-	// (Template, MemoryMiB and VCPUs are then ignored).
-	SnapshotID string
-	// Owner is the tenant (API key) the sandbox belongs to. Sandboxes of
-	// one owner share their template's memory pages; sandboxes of
-	// different owners never share a page: each owner maps its own reflink
-	// copy of the template's memory image, whose page cache is its own. ""
-	// shares with every other "" (tests, benchmarks).
-	Owner string
-	// Progress receives bake progress if the template must be baked first.
-	Progress template.Progress
-	// Network is the sandbox's egress policy. The zero Policy denies
-	// everything: callers that mean "online" pass network.DefaultPolicy()
-	// (the API always sets one).
-	Network network.Policy
-}
-
-// NewID returns a fresh sandbox id: 20 lowercase letters and digits.
-func NewID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return string(b)
-}
-
-// ValidID reports whether id has the form of a sandbox id.
-func ValidID(id string) bool {
-	if len(id) < 1 || len(id) > 64 {
-		return false
-	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
+// CreateRequest asks for a new sandbox: the host contract's.
+type CreateRequest = host.CreateRequest
 
 // Create restores a new sandbox from a template and returns once its guest
 // agent has answered (clock set, RNG reseeded, identity written).
 func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if req.ID == "" {
-		req.ID = NewID()
-	} else if !ValidID(req.ID) {
+		req.ID = host.NewID()
+	} else if !host.ValidID(req.ID) {
 		return Info{}, fmt.Errorf("create sandbox: %w: id %q must be lowercase letters and digits", ErrInvalid, req.ID)
 	}
 	if req.Owner != "" && !validOwner(req.Owner) {
@@ -394,7 +329,7 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		if err := a.verifySnapshot(snap); err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
-		im = snap.image()
+		im = a.snapshotImage(snap)
 	} else {
 		p := a.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
 		if err := p.Validate(); err != nil {
@@ -1068,13 +1003,8 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// MemStats is the host memory a sandbox's VMM uses, from smaps_rollup.
-type MemStats struct {
-	RSSBytes     int64 `json:"rss_bytes"`
-	PSSBytes     int64 `json:"pss_bytes"`     // shared pages divided among their sharers
-	PrivateBytes int64 `json:"private_bytes"` // pages only this sandbox maps (what it dirtied, plus VMM heap)
-	SharedBytes  int64 `json:"shared_bytes"`  // pages mapped by others too (its template's memory image, binaries)
-}
+// MemStats is the host memory a sandbox's VMM uses: the host contract's.
+type MemStats = host.MemStats
 
 // Memory reports a sandbox's memory use.
 func (a *Agent) Memory(id string) (MemStats, error) {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,6 +55,22 @@ func testImages() string {
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
+// newDriver is the QEMU driver of one agent the tests open (each agent its
+// own, as panda's are).
+func newDriver(log *slog.Logger) (vmm.Driver, error) {
+	return qemu.New(qemu.Config{Logger: log})
+}
+
+// driverT is newDriver for a test.
+func driverT(t *testing.T, log *slog.Logger) vmm.Driver {
+	t.Helper()
+	d, err := newDriver(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 func runMain(m *testing.M) int {
 	var err error
 	// Short: the run directory holds unix sockets (108-byte limit).
@@ -62,11 +80,18 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(testDir)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	drv, err := newDriver(log)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "qemu driver:", err)
+		return 1
+	}
 	testAgent, err = Open(context.Background(), Config{
 		DataDir: testDir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: exits.record,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Driver: drv,
+		Logger: log,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open agent:", err)
@@ -346,7 +371,7 @@ func TestFullDisk(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	a, err := Open(ctxT(t), Config{DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 1 << 30,
-		DefaultTemplate: "tiny", DefaultMemoryMiB: 256})
+		DefaultTemplate: "tiny", DefaultMemoryMiB: 256, Driver: driverT(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/memimage"
@@ -21,21 +22,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// CaptureStats describes one capture of a running sandbox.
-type CaptureStats struct {
-	// Paused is how long the sandbox's vCPUs were stopped.
-	Paused time.Duration `json:"-"`
-	// PausedMS is Paused in milliseconds.
-	PausedMS float64 `json:"paused_ms"`
-	// DirtyBytes is how much guest RAM the sandbox had written since its
-	// restore: what the capture copied.
-	DirtyBytes int64 `json:"dirty_bytes"`
-	// Runs is the number of contiguous dirty ranges.
-	Runs int `json:"runs"`
-	// SizeBytes is the disk space a pause capture holds (allocated blocks
-	// of its files); 0 for other captures.
-	SizeBytes int64 `json:"size_bytes,omitempty"`
-}
+// CaptureStats describes one capture of a running sandbox: the host
+// contract's.
+type CaptureStats = host.CaptureStats
 
 // captureTimeout bounds one capture (barrier, pause, save, resume).
 const captureTimeout = 60 * time.Second
@@ -149,17 +138,11 @@ func (s *sandbox) imageOf(dir string) image {
 	return image{Dir: dir, Spec: s.rec.Spec, Template: s.rec.Template}
 }
 
-// ForkChild is the outcome of one child of a fork.
-type ForkChild struct {
-	Info Info
-	Err  error
-}
-
-// ForkResult describes a fork.
-type ForkResult struct {
-	Children []ForkChild
-	Capture  CaptureStats
-}
+// ForkChild and ForkResult describe a fork: the host contract's.
+type (
+	ForkChild  = host.ForkChild
+	ForkResult = host.ForkResult
+)
 
 // Fork captures the running sandbox id once and restores len(ids)
 // children from that capture, in parallel. Children see the parent's
@@ -185,7 +168,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 		return res, fmt.Errorf("fork: %w: no children requested", ErrInvalid)
 	}
 	for _, cid := range ids {
-		if !ValidID(cid) {
+		if !host.ValidID(cid) {
 			return res, fmt.Errorf("fork: %w: id %q must be lowercase letters and digits", ErrInvalid, cid)
 		}
 	}
@@ -248,23 +231,12 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	return res, nil
 }
 
-// SnapshotInfo describes a durable snapshot.
-type SnapshotInfo struct {
-	ID        string       `json:"id"`
-	SandboxID string       `json:"sandbox_id"`
-	Template  string       `json:"template"`
-	Spec      vmm.Spec     `json:"spec"`
-	CreatedAt time.Time    `json:"created_at"`
-	Capture   CaptureStats `json:"capture"`
-	// SizeBytes is the disk space the snapshot holds on its own (blocks
-	// not shared with its template through reflinks are not known to the
-	// file system; this counts allocated blocks of its files).
-	SizeBytes int64 `json:"size_bytes"`
-	dir       string
-}
+// SnapshotInfo describes a durable snapshot: the host contract's.
+type SnapshotInfo = host.SnapshotInfo
 
-func (si SnapshotInfo) image() image {
-	return image{Dir: si.dir, Spec: si.Spec, Template: si.Template}
+// snapshotImage is the image a snapshot restores.
+func (a *Agent) snapshotImage(si SnapshotInfo) image {
+	return image{Dir: a.snapshotDir(si.ID), Spec: si.Spec, Template: si.Template}
 }
 
 func (a *Agent) snapshotDir(id string) string { return filepath.Join(a.vol.Dir, "snapshots", id) }
@@ -277,7 +249,7 @@ const snapshotMeta = "snapshot.json"
 // are on stable storage with their checksums (a crash before that leaves
 // only a temporary directory that recovery removes).
 func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, error) {
-	if !ValidID(snapID) {
+	if !host.ValidID(snapID) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot: %w: id %q must be lowercase letters and digits", ErrInvalid, snapID)
 	}
 	s, err := a.get(id)
@@ -322,7 +294,6 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 		os.RemoveAll(tmp)
 		return SnapshotInfo{}, fmt.Errorf("snapshot: %w", classifyIOError(err))
 	}
-	si.dir = dir
 	if fp, err := manifest.Fingerprint(dir); err == nil {
 		a.mu.Lock()
 		a.verified[snapID] = fp // its checksums were just computed from these files
@@ -334,7 +305,7 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 
 // GetSnapshot describes a snapshot; ErrNotFound if there is none.
 func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
-	if !ValidID(id) {
+	if !host.ValidID(id) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
 	dir := a.snapshotDir(id)
@@ -349,7 +320,6 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 	if err := json.Unmarshal(b, &si); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: unreadable metadata", id, ErrCorrupt)
 	}
-	si.dir = dir
 	return si, nil
 }
 
@@ -358,7 +328,7 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 // last passed (same fingerprint) are not read again. Snapshots taken
 // before checksums existed have no manifest and are trusted as they are.
 func (a *Agent) verifySnapshot(si SnapshotInfo) error {
-	fp, err := manifest.Fingerprint(si.dir)
+	fp, err := manifest.Fingerprint(a.snapshotDir(si.ID))
 	if err == nil {
 		a.mu.Lock()
 		ok := a.verified[si.ID] == fp
@@ -367,7 +337,7 @@ func (a *Agent) verifySnapshot(si SnapshotInfo) error {
 			return nil
 		}
 	}
-	if err := verifyCapture(si.dir); err != nil {
+	if err := verifyCapture(a.snapshotDir(si.ID)); err != nil {
 		a.log.Error("snapshot failed its checksums", "snapshot_id", si.ID, "err", err)
 		return fmt.Errorf("snapshot %s: %w: its files do not match their checksums; delete it", si.ID, ErrCorrupt)
 	}
@@ -401,7 +371,7 @@ func (a *Agent) Snapshots() []SnapshotInfo {
 	ents, _ := os.ReadDir(filepath.Join(a.vol.Dir, "snapshots"))
 	var out []SnapshotInfo
 	for _, e := range ents {
-		if !ValidID(e.Name()) {
+		if !host.ValidID(e.Name()) {
 			continue // a snapshot being taken (.tmp) or deleted (.deleting)
 		}
 		si, err := a.GetSnapshot(e.Name())
@@ -422,7 +392,7 @@ const deletingSuffix = ".deleting"
 // at once (its directory is renamed away, then removed): a crash in the
 // middle leaves no half snapshot, only a directory recovery removes.
 func (a *Agent) DeleteSnapshot(id string) error {
-	if !ValidID(id) {
+	if !host.ValidID(id) {
 		return fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
 	dir := a.snapshotDir(id)

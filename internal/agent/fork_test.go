@@ -13,6 +13,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,7 +38,7 @@ func fork(t *testing.T, id string, n int) []Info {
 	t.Helper()
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = NewID()
+		ids[i] = host.NewID()
 	}
 	res, err := testAgent.Fork(ctxT(t), id, ids)
 	if err != nil {
@@ -113,7 +114,7 @@ func TestForkChainTenDeep(t *testing.T) {
 	unix.Statfs(testAgent.StoreDir(), &st0)
 	var dirtied int64
 	for level := 1; level <= 10; level++ {
-		ids := []string{NewID()}
+		ids := []string{host.NewID()}
 		res, err := testAgent.Fork(ctxT(t), cur.ID, ids)
 		if err != nil || res.Children[0].Err != nil {
 			t.Fatalf("fork at level %d: %v %v", level, err, res.Children)
@@ -183,7 +184,7 @@ func TestSnapshotAndCreateFromIt(t *testing.T) {
 	sh(t, src.ID, "echo snap > /root/s.txt")
 	keeper := startKeeper(t, src.ID)
 	secret := askKeeper(t, src.ID, keeper)
-	snapID := NewID()
+	snapID := host.NewID()
 	si, err := testAgent.Snapshot(ctxT(t), src.ID, snapID)
 	if err != nil {
 		t.Fatal(err)
@@ -270,11 +271,11 @@ func TestForkOfPausedSandboxConflicts(t *testing.T) {
 	if _, err := testAgent.Pause(ctxT(t), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err := testAgent.Fork(ctxT(t), sb.ID, []string{NewID()})
+	_, err := testAgent.Fork(ctxT(t), sb.ID, []string{host.NewID()})
 	if !errors.Is(err, ErrConflict) {
 		t.Errorf("fork of a paused sandbox: %v, want ErrConflict", err)
 	}
-	if _, err := testAgent.Fork(ctxT(t), "nosuch", []string{NewID()}); !errors.Is(err, ErrNotFound) {
+	if _, err := testAgent.Fork(ctxT(t), "nosuch", []string{host.NewID()}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("fork of an unknown sandbox: %v", err)
 	}
 	_ = time.Second

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"golang.org/x/sys/unix"
@@ -22,10 +23,12 @@ import (
 // tests that restart an agent), closed and removed when the test ends.
 func openSecond(t *testing.T, dir string) *Agent {
 	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, err := Open(context.Background(), Config{
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, AdoptMount: true,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Driver: driverT(t, log),
+		Logger: log,
 	})
 	if err != nil {
 		t.Fatalf("open agent on %s: %v", dir, err)
@@ -280,7 +283,7 @@ func TestFailedResumeStaysPaused(t *testing.T) {
 func TestCorruptCapturesAreRefused(t *testing.T) {
 	info := create(t)
 	sh(t, info.ID, "head -c 1000000 /dev/urandom > /dev/shm/blob")
-	snap, err := testAgent.Snapshot(ctxT(t), info.ID, NewID())
+	snap, err := testAgent.Snapshot(ctxT(t), info.ID, host.NewID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +292,7 @@ func TestCorruptCapturesAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, _ := testAgent.get(info.ID)
-	for _, f := range []string{filepath.Join(s.dir, pausedDir, stateFile), filepath.Join(snap.dir, stateFile)} {
+	for _, f := range []string{filepath.Join(s.dir, pausedDir, stateFile), filepath.Join(testAgent.snapshotDir(snap.ID), stateFile)} {
 		corrupt(t, f)
 	}
 	if _, err := testAgent.Resume(ctxT(t), info.ID); !errors.Is(err, ErrCorrupt) {
@@ -328,7 +331,7 @@ func TestKillDuringAHungCapture(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := testAgent.Snapshot(context.Background(), info.ID, NewID())
+		_, err := testAgent.Snapshot(context.Background(), info.ID, host.NewID())
 		done <- err
 	}()
 	// Wait until the snapshot holds the operation slot.
@@ -426,7 +429,7 @@ func TestVMMDeathAfterAPauseCapture(t *testing.T) {
 // TestKillWinsOverACreate: a kill while a sandbox starts stops it, and the
 // create fails instead of resurrecting it.
 func TestKillWinsOverACreate(t *testing.T) {
-	id := NewID()
+	id := host.NewID()
 	done := make(chan error, 1)
 	go func() {
 		_, err := testAgent.Create(ctxT(t), CreateRequest{ID: id})
@@ -484,7 +487,7 @@ func TestDeleteSnapshotLeavesNoHalfSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keep, gone := NewID(), NewID()
+	keep, gone := host.NewID(), host.NewID()
 	for _, id := range []string{keep, gone} {
 		if _, err := a.Snapshot(ctxT(t), info.ID, id); err != nil {
 			t.Fatal(err)

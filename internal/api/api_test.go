@@ -21,8 +21,10 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -33,7 +35,7 @@ type env struct {
 	admin string
 	srv   *api.Server
 	host  *agent.Agent
-	h     api.Host // what srv uses: host, or a hostapi.Client over it
+	h     host.Host // what srv uses: host, or a hostapi.Client over it
 	cat   *sqlite.Catalog
 }
 
@@ -72,8 +74,13 @@ func runMain(m *testing.M) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var srv *api.Server
 	onExit := func(id string, err error) { srv.SandboxExited(id, err) }
+	drv, err := qemu.New(qemu.Config{Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "qemu driver:", err)
+		return 1
+	}
 	host, err := agent.Open(ctx, agent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
+		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { onExit(id, err) },
 		// Guests have no network yet: their ports are test servers on
@@ -88,7 +95,7 @@ func runMain(m *testing.M) int {
 	defer host.Close()
 	// PANDA_TEST_HOST=remote runs the suite with the agent behind the
 	// host API (package hostapi), as panda server drives panda agent.
-	h := api.Local(host)
+	h := agent.Local(host)
 	if os.Getenv("PANDA_TEST_HOST") == "remote" {
 		hsrv := hostapi.NewServer(host, "test-token", log)
 		onExit = hsrv.SandboxExited

@@ -14,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 )
 
@@ -159,11 +160,11 @@ func (b e2bBackend) Guest(ctx context.Context, id string) (e2b.Guest, error) {
 	if sb.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", sb.ID, sb.State)
 	}
-	g, err := b.s.host.Guest(id)
+	g, err := b.s.host.Guest(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if pg, ok := g.(ProcessGuest); ok {
+	if pg, ok := g.(host.ProcessGuest); ok {
 		return e2bProcessGuest{e2bGuest{g}, pg}, nil
 	}
 	return e2bGuest{g}, nil
@@ -175,7 +176,7 @@ func (b e2bBackend) Status(err error) (int, string) {
 }
 
 // e2bGuest is a Guest whose StartExec returns e2b's Process.
-type e2bGuest struct{ Guest }
+type e2bGuest struct{ host.Guest }
 
 func (g e2bGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (e2b.Process, error) {
 	return g.Guest.StartExec(ctx, req)
@@ -184,7 +185,7 @@ func (g e2bGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (e2
 // e2bProcessGuest is an e2bGuest that keeps background processes.
 type e2bProcessGuest struct {
 	e2bGuest
-	ProcessGuest
+	host.ProcessGuest
 }
 
 var _ e2b.ProcessGuest = e2bProcessGuest{}
@@ -192,7 +193,7 @@ var _ e2b.ProcessGuest = e2bProcessGuest{}
 // WatchDir gives package e2b the guest's directory watch, or a 501 where
 // the host has none (a remote host's guests).
 func (g e2bGuest) WatchDir(ctx context.Context, path string, recursive bool) (e2b.DirWatch, error) {
-	dw, ok := g.Guest.(dirWatcher)
+	dw, ok := g.Guest.(host.DirWatcher)
 	if !ok {
 		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories yet")
 	}

@@ -9,22 +9,13 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
-)
-
-// Errors a Host returns beyond the agent's classes.
-var (
-	// ErrUnavailable: a remote host agent cannot be reached (503).
-	ErrUnavailable = errors.New("host agent unavailable")
-	// ErrHostShutdown is the cause SandboxExited is given when a host
-	// agent stopped a sandbox because it was shutting down.
-	ErrHostShutdown = errors.New("host agent shut down")
 )
 
 // apiError is an error with the HTTP status and code users see. Its
@@ -80,14 +71,14 @@ func classify(err error) *apiError {
 			return badRequest("%s", pe.Error())
 		}
 		return badRequest("%s", userMessage(err))
-	case errors.Is(err, agent.ErrNoSpace):
+	case errors.Is(err, host.ErrNoSpace):
 		// The underlying error names host paths: users get the class.
 		return errorf(http.StatusInsufficientStorage, "insufficient_storage", "the host is out of disk space for sandboxes; kill sandboxes or delete snapshots")
-	case errors.Is(err, agent.ErrCorrupt):
+	case errors.Is(err, host.ErrCorrupt):
 		return errorf(http.StatusConflict, "corrupt", "%s", userMessage(err))
 	case errors.Is(err, vmm.ErrExhausted):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "the host has no room for more sandboxes right now; retry later")
-	case errors.Is(err, agent.ErrNotReady):
+	case errors.Is(err, host.ErrNotReady):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "the sandbox's guest agent has not answered since the server restarted; retry in a few seconds")
 	case errors.Is(err, catalog.ErrQuota):
 		msg := userMessage(err)
@@ -102,13 +93,13 @@ func classify(err error) *apiError {
 		return errorf(http.StatusTooManyRequests, "template_limit", "%s", userMessage(err))
 	case errors.Is(err, tmplbuild.ErrClosed):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
-	case errors.Is(err, agent.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):
+	case errors.Is(err, host.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):
 		return errorf(http.StatusNotFound, "not_found", "%s", userMessage(err))
-	case errors.Is(err, agent.ErrInvalid), errors.Is(err, template.ErrInvalid):
+	case errors.Is(err, host.ErrInvalid), errors.Is(err, template.ErrInvalid):
 		return errorf(http.StatusUnprocessableEntity, "invalid", "%s", userMessage(err))
-	case errors.Is(err, agent.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict), errors.Is(err, template.ErrConflict):
+	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict), errors.Is(err, template.ErrConflict):
 		return errorf(http.StatusConflict, "conflict", "%s", userMessage(err))
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, host.ErrUnavailable):
 		return errorf(http.StatusServiceUnavailable, "unavailable", "%s", userMessage(err))
 	case errors.Is(err, errors.ErrUnsupported):
 		return errorf(http.StatusNotImplemented, "not_implemented", "%s", userMessage(err))

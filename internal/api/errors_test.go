@@ -10,9 +10,9 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
@@ -26,11 +26,11 @@ func TestClassify(t *testing.T) {
 		text   string // the message must contain it
 		not    string // and must not contain it
 	}{
-		{fmt.Errorf("create sandbox: %w", agent.ErrNoSpace), http.StatusInsufficientStorage, "insufficient_storage", "out of disk space", ""},
+		{fmt.Errorf("create sandbox: %w", host.ErrNoSpace), http.StatusInsufficientStorage, "insufficient_storage", "out of disk space", ""},
 		{fmt.Errorf("create sandbox: reserve sandbox: %w", quota), http.StatusTooManyRequests, "quota_exceeded", "8192 MiB", "reserve sandbox"},
-		{fmt.Errorf("x: %w", agent.ErrNotFound), http.StatusNotFound, "not_found", "", ""},
+		{fmt.Errorf("x: %w", host.ErrNotFound), http.StatusNotFound, "not_found", "", ""},
 		{fmt.Errorf("x: %w", template.ErrInvalid), http.StatusUnprocessableEntity, "invalid", "", ""},
-		{fmt.Errorf("x: %w", agent.ErrConflict), http.StatusConflict, "conflict", "", ""},
+		{fmt.Errorf("x: %w", host.ErrConflict), http.StatusConflict, "conflict", "", ""},
 		{fmt.Errorf("exec: %w", guestproto.Errorf(guestproto.CodeNotFound, "no such file: /x")), http.StatusNotFound, "not_found", "no such file: /x", "exec:"},
 		{guestproto.Errorf(guestproto.CodeNotEmpty, "dir"), http.StatusConflict, "conflict", "", ""},
 		{guestproto.Errorf(guestproto.CodeInternal, "write: no space left on device"), http.StatusInsufficientStorage, "insufficient_storage", "", ""},
@@ -43,10 +43,10 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("op: %w", context.DeadlineExceeded), http.StatusGatewayTimeout, "timeout", "", ""},
 		{errors.New("disk exploded at 0x1234"), http.StatusInternalServerError, "internal", "internal error", "0x1234"},
 		// Host paths are logged, never shown.
-		{fmt.Errorf("snapshot: %w: %w", agent.ErrNoSpace, &os.PathError{Op: "write", Path: "/var/lib/pandastack/store/snapshots/x/vm.mem", Err: syscall.ENOSPC}),
+		{fmt.Errorf("snapshot: %w: %w", host.ErrNoSpace, &os.PathError{Op: "write", Path: "/var/lib/pandastack/store/snapshots/x/vm.mem", Err: syscall.ENOSPC}),
 			http.StatusInsufficientStorage, "insufficient_storage", "out of disk space", "/var/lib"},
-		{fmt.Errorf("resume x: %w: its saved memory or disk does not match its checksums", agent.ErrCorrupt), http.StatusConflict, "corrupt", "checksums", ""},
-		{fmt.Errorf("guest: %w", agent.ErrNotReady), http.StatusServiceUnavailable, "unavailable", "retry", ""},
+		{fmt.Errorf("resume x: %w: its saved memory or disk does not match its checksums", host.ErrCorrupt), http.StatusConflict, "corrupt", "checksums", ""},
+		{fmt.Errorf("guest: %w", host.ErrNotReady), http.StatusServiceUnavailable, "unavailable", "retry", ""},
 		{fmt.Errorf("start: %w", vmm.ErrExhausted), http.StatusServiceUnavailable, "unavailable", "no room", ""},
 		{fmt.Errorf("x: %w", template.ErrNotFound), http.StatusNotFound, "not_found", "", "/"},
 		{fmt.Errorf("create: bake web-256m-1c: %w", &template.ReadyError{Msg: "the ready command did not succeed within 1s (3 tries); its last run: exit 1: no"}),

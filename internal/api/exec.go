@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 type execRequest struct {
@@ -64,7 +65,7 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 
 // startExec validates the request and starts the process in the caller's
 // running sandbox. The process dies if ctx ends.
-func (s *Server) startExec(ctx context.Context, r *http.Request) (Process, *execRequest, error) {
+func (s *Server) startExec(ctx context.Context, r *http.Request) (host.Process, *execRequest, error) {
 	var req execRequest
 	if err := decodeJSON(r, &req, false); err != nil {
 		return nil, nil, err
@@ -77,7 +78,7 @@ func (s *Server) startExec(ctx context.Context, r *http.Request) (Process, *exec
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := s.host.Guest(sb.ID)
+	c, err := s.host.Guest(r.Context(), sb.ID)
 	if err != nil {
 		return nil, nil, err
 	}

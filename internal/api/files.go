@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 type fileInfoJSON struct {
@@ -60,7 +61,7 @@ func queryPath(r *http.Request, name string) (string, error) {
 
 // pathAndGuest reads the path query parameter and reaches the caller's
 // running sandbox; on failure it has written the error and returns ok false.
-func (s *Server) pathAndGuest(w http.ResponseWriter, r *http.Request) (p string, g Guest, ok bool) {
+func (s *Server) pathAndGuest(w http.ResponseWriter, r *http.Request) (p string, g host.Guest, ok bool) {
 	p, err := queryPath(r, "path")
 	if err == nil {
 		g, err = s.guestFor(r)
@@ -73,12 +74,12 @@ func (s *Server) pathAndGuest(w http.ResponseWriter, r *http.Request) (p string,
 }
 
 // guestFor returns the guest client of the caller's running sandbox.
-func (s *Server) guestFor(r *http.Request) (Guest, error) {
+func (s *Server) guestFor(r *http.Request) (host.Guest, error) {
 	sb, err := s.running(r)
 	if err != nil {
 		return nil, err
 	}
-	return s.host.Guest(sb.ID)
+	return s.host.Guest(r.Context(), sb.ID)
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
@@ -206,7 +207,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.opThenStat(w, r, nil, []string{req.Path}, req.Path, func(ctx context.Context, c Guest) error {
+	s.opThenStat(w, r, nil, []string{req.Path}, req.Path, func(ctx context.Context, c host.Guest) error {
 		return c.Mkdir(ctx, req.Path)
 	})
 }
@@ -220,14 +221,14 @@ func (s *Server) rename(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.opThenStat(w, r, nil, []string{req.From, req.To}, req.To, func(ctx context.Context, c Guest) error {
+	s.opThenStat(w, r, nil, []string{req.From, req.To}, req.To, func(ctx context.Context, c host.Guest) error {
 		return c.Rename(ctx, req.From, req.To)
 	})
 }
 
 // opThenStat checks paths, reaches the caller's running sandbox (unless c
 // is given), runs op (if any) and answers with the FileInfo of result.
-func (s *Server) opThenStat(w http.ResponseWriter, r *http.Request, c Guest, paths []string, result string, op func(context.Context, Guest) error) {
+func (s *Server) opThenStat(w http.ResponseWriter, r *http.Request, c host.Guest, paths []string, result string, op func(context.Context, host.Guest) error) {
 	var err error
 	for _, p := range paths {
 		if err = checkPath(p); err != nil {

@@ -5,17 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"runtime"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/lifecycle"
 )
 
 // MaxForkCount bounds the children of one fork request.
@@ -75,7 +73,7 @@ func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, 
 		var quotaErr error
 		for i := 0; i < count; i++ {
 			child := catalog.Sandbox{
-				ID: agent.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: catalog.StateStarting,
+				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: catalog.StateStarting,
 				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
 				TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
 				CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
@@ -214,7 +212,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 // key (a crash in between is repaired by Resync).
 func (s *Server) snapshot(key catalog.Key, sb catalog.Sandbox, name string) (*op, error) {
 	return s.detach(sb.ID, "snapshot", func(ctx context.Context) (catalog.Sandbox, any, error) {
-		id := agent.NewID()
+		id := host.NewID()
 		si, err := s.host.Snapshot(ctx, sb.ID, id)
 		if err != nil {
 			return sb, nil, err
@@ -226,7 +224,7 @@ func (s *Server) snapshot(key catalog.Key, sb catalog.Sandbox, name string) (*op
 			CreatedAt: si.CreatedAt,
 		}
 		if err := s.cat.CreateSnapshot(ctx, sn, s.limits(key)); err != nil {
-			if derr := s.host.DeleteSnapshot(id); derr != nil {
+			if derr := s.host.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
 				s.log.Error("delete unrecorded snapshot", "snapshot_id", id, "err", derr)
 			}
 			return sb, nil, err
@@ -238,7 +236,7 @@ func (s *Server) snapshot(key catalog.Key, sb catalog.Sandbox, name string) (*op
 
 // ownedSnapshot returns the caller's snapshot from the URL.
 func (s *Server) ownedSnapshot(ctx context.Context, r *http.Request, id string) (catalog.Snapshot, error) {
-	if !agent.ValidID(id) {
+	if !host.ValidID(id) {
 		return catalog.Snapshot{}, notFound("snapshot %q not found", id)
 	}
 	sn, err := s.cat.GetSnapshot(ctx, id)
@@ -276,7 +274,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.host.DeleteSnapshot(sn.ID); err != nil && !errors.Is(err, agent.ErrNotFound) {
+	if err := s.host.DeleteSnapshot(r.Context(), sn.ID); err != nil && !errors.Is(err, host.ErrNotFound) {
 		s.writeError(w, r, err)
 		return
 	}
@@ -324,7 +322,7 @@ func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(id
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.withMemory(sb))
+	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
 type hostJSON struct {
@@ -340,32 +338,12 @@ type hostJSON struct {
 	SandboxesPrivMiB   float64 `json:"sandboxes_private_mib"`
 }
 
-// Resources are a host machine's CPUs and memory.
-type Resources struct {
-	VCPUs              int `json:"vcpus"`
-	MemoryMiB          int `json:"memory_mib"`
-	MemoryAvailableMiB int `json:"memory_available_mib"`
-}
-
-// LocalResources describes the machine this process runs on.
-func LocalResources() Resources {
-	total, avail := meminfo()
-	return Resources{VCPUs: runtime.NumCPU(), MemoryMiB: total, MemoryAvailableMiB: avail}
-}
-
-// ResourceReporter is an optional ability of a Host that runs on another
-// machine: that machine's resources (an error: it cannot be reached). A
-// Host without it runs on this machine.
-type ResourceReporter interface {
-	Resources(ctx context.Context) (Resources, error)
-}
-
 // listHosts describes the hosts. An admin key sees every sandbox on them;
 // other keys see the machines' capacity and only their own sandboxes.
 func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel())}
-	res := LocalResources()
-	if rr, ok := s.host.(ResourceReporter); ok {
+	res := host.LocalResources()
+	if rr, ok := s.host.(host.ResourceReporter); ok {
 		var err error
 		if res, err = rr.Resources(r.Context()); err != nil {
 			h.State = "unreachable"
@@ -376,8 +354,12 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 	var running []string
 	key := callerOf(r).Key
 	if key.Admin {
-		for _, info := range s.host.List() {
-			if info.State == agent.StateRunning {
+		infos, err := s.host.List(r.Context())
+		if err != nil {
+			s.log.Warn("list sandboxes of host", "host_id", s.cfg.HostID, "err", err)
+		}
+		for _, info := range infos {
+			if info.State == lifecycle.Running {
 				running = append(running, info.ID)
 				h.MemoryAllocatedMiB += info.MemoryMiB
 			}
@@ -396,33 +378,11 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 	var pss, priv int64
 	for _, id := range running {
 		h.Sandboxes++
-		if m, err := s.host.Memory(id); err == nil {
+		if m, err := s.host.Memory(r.Context(), id); err == nil {
 			pss += m.PSSBytes
 			priv += m.PrivateBytes
 		}
 	}
 	h.SandboxesPSSMiB, h.SandboxesPrivMiB = mib(pss), mib(priv)
 	writeJSON(w, http.StatusOK, map[string]any{"hosts": []hostJSON{h}})
-}
-
-// meminfo reads MemTotal and MemAvailable in MiB.
-func meminfo() (total, avail int) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.Atoi(f[1])
-		switch f[0] {
-		case "MemTotal:":
-			total = v >> 10
-		case "MemAvailable:":
-			avail = v >> 10
-		}
-	}
-	return total, avail
 }

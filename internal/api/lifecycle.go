@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 )
 
@@ -159,7 +159,7 @@ func (s *Server) isBusy(id string) bool {
 // restores it on the host and records it running; its TTL counts from
 // then. A kill that arrives while it starts wins: the sandbox is stopped
 // and the create fails with a conflict.
-func (s *Server) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox, req agent.CreateRequest) (catalog.Sandbox, error) {
+func (s *Server) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox, req host.CreateRequest) (catalog.Sandbox, error) {
 	ttl := time.Duration(sb.TTLSeconds) * time.Second
 	// Busy from before the record exists: Resync leaves it alone.
 	s.setBusy(sb.ID, true)
@@ -237,7 +237,7 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 	if sb.StopReason != "" {
 		reason = sb.StopReason // the stop under way decided why
 	}
-	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
+	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	return s.markStopped(ctx, id, reason)
@@ -314,7 +314,7 @@ func (s *Server) resume(id string) (*op, error) {
 // the error's user message as its last_error, or, if its host no longer
 // has it, it is stopped. The operation's error is returned.
 func (s *Server) failed(ctx context.Context, id string, ev lifecycle.Event, what string, opErr error) (catalog.Sandbox, any, error) {
-	if errors.Is(opErr, agent.ErrNotFound) {
+	if errors.Is(opErr, host.ErrNotFound) {
 		// Killed meanwhile (its record is stopping: the kill records
 		// why), or its VMM died: that is recorded by SandboxExited; make
 		// sure it is.
@@ -356,10 +356,10 @@ func (s *Server) StopForShutdown(ctx context.Context, id string) error {
 }
 
 // SandboxExited is the host agent's OnExit callback: a VMM died by itself
-// or, if cause is ErrHostShutdown, a host agent stopped it as it shut down.
+// or, if cause is host.ErrHostShutdown, a host agent stopped it as it shut down.
 func (s *Server) SandboxExited(id string, cause error) {
 	reason := "vmm_exited"
-	if errors.Is(cause, ErrHostShutdown) {
+	if errors.Is(cause, host.ErrHostShutdown) {
 		reason = "host_shutdown"
 	}
 	s.log.Warn("sandbox stopped by its host", "sandbox_id", id, "reason", reason, "err", cause)
@@ -369,15 +369,13 @@ func (s *Server) SandboxExited(id string, cause error) {
 }
 
 // Reconcile makes the catalog and the host agree after a restart of the
-// all-in-one server: see Resync; adopted is what the host recovered.
-func (s *Server) Reconcile(ctx context.Context, adopted []agent.Recovered) error {
-	return s.Resync(ctx, func(context.Context) ([]agent.Info, error) {
-		var live []agent.Info
-		for _, rc := range adopted {
-			if rc.Err != nil {
-				continue
-			}
-			if info, err := s.host.Get(rc.ID); err == nil {
+// all-in-one server: see Resync; adopted are the sandboxes the host kept
+// (agent.Recovered without an error).
+func (s *Server) Reconcile(ctx context.Context, adopted []string) error {
+	return s.Resync(ctx, func(ctx context.Context) ([]host.Info, error) {
+		var live []host.Info
+		for _, id := range adopted {
+			if info, err := s.host.Get(ctx, id); err == nil {
 				live = append(live, info)
 			}
 		}
@@ -409,7 +407,7 @@ var errChanged = errors.New("changed meanwhile")
 // It is safe while requests are served: the catalog is read before the
 // host is listed, sandboxes being created or operated on (busy) are left
 // alone, and a record that changed since it was read is not touched.
-func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent.Info, error)) error {
+func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
 	live, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: s.cfg.HostID, States: liveStates})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -418,7 +416,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 	if err != nil {
 		return fmt.Errorf("reconcile: list host sandboxes: %w", err)
 	}
-	alive := map[string]agent.State{}
+	alive := map[string]lifecycle.State{}
 	unsettled := false
 	for _, info := range infos {
 		alive[info.ID] = info.State
@@ -442,7 +440,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 			continue
 		}
 		st, ok := alive[sb.ID]
-		settled := ok && (st == agent.StateRunning || st == agent.StatePaused)
+		settled := ok && (st == lifecycle.Running || st == lifecycle.Paused)
 		var update func(x *catalog.Sandbox) error
 		switch {
 		case ok && !settled:
@@ -465,19 +463,19 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]agent
 		case settled && sb.State != catalog.StateStarting:
 			s.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
 			update = func(x *catalog.Sandbox) error {
-				if x.State == catalog.StateResuming && st == agent.StatePaused {
+				if x.State == catalog.StateResuming && st == lifecycle.Paused {
 					x.LastError = "resume failed: interrupted by a restart; resume it again"
 				}
-				if x.State == catalog.StatePausing && st == agent.StateRunning {
+				if x.State == catalog.StatePausing && st == lifecycle.Running {
 					x.LastError = "pause failed: interrupted by a restart; the sandbox runs on"
 				}
 				x.State = string(st)
-				if st == agent.StatePaused {
+				if st == lifecycle.Paused {
 					x.ExpiresAt = time.Time{}
 				} else if x.ExpiresAt.IsZero() {
 					x.ExpiresAt = time.Now().UTC().Add(s.ttlOf(*x))
 				}
-				if st == agent.StateRunning {
+				if st == lifecycle.Running {
 					x.PausedBytes = 0
 				}
 				return nil
@@ -531,19 +529,13 @@ func stoppedBy(reason string) func(x *catalog.Sandbox) error {
 	}
 }
 
-// SnapshotLister is an optional ability of a Host: listing the snapshots
-// it holds, so that Resync can record one a crash left unrecorded.
-type SnapshotLister interface {
-	Snapshots(ctx context.Context) ([]agent.SnapshotInfo, error)
-}
-
 // resyncSnapshots records the host's snapshots the catalog does not know,
 // for the key that owns the sandbox they were taken from (a crash between
 // the host's snapshot and its record), and forgets the records of
 // snapshots the host no longer has (a crash between the host's delete and
 // the record's).
 func (s *Server) resyncSnapshots(ctx context.Context) {
-	sl, ok := s.host.(SnapshotLister)
+	sl, ok := s.host.(host.SnapshotLister)
 	if !ok {
 		return
 	}
@@ -686,7 +678,7 @@ func (s *Server) expire(ctx context.Context, sb catalog.Sandbox) {
 		s.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", errors.Join(err, perr))
 	}
 	if err := s.stop(ctx, sb.ID, "expired"); err != nil {
-		if errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, host.ErrUnavailable) {
 			// Retried every tick until the host is back; its absence is
 			// logged where it is noticed.
 			s.log.Debug("expire sandbox", "sandbox_id", sb.ID, "err", err)

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/lifecycle"
 )
 
 // waitFor polls sandbox id until cond holds (at most a minute).
@@ -297,12 +298,12 @@ func TestResyncSettlesAnOperationInFlightOnTheHost(t *testing.T) {
 	// The host's answer while it still rolls the resume back, then its
 	// real answers.
 	var calls atomic.Int32
-	list := func(context.Context) ([]agent.Info, error) {
+	list := func(context.Context) ([]host.Info, error) {
 		infos := e.host.List()
 		if calls.Add(1) == 1 {
 			for i := range infos {
 				if infos[i].ID == sb.ID {
-					infos[i].State = agent.StateResuming
+					infos[i].State = lifecycle.Resuming
 				}
 			}
 		}
@@ -342,7 +343,7 @@ func TestResyncRecordsASnapshotFinishedAfterIt(t *testing.T) {
 	ctx := context.Background()
 	const snapID = "latesnap0000000001"
 	var calls atomic.Int32
-	list := func(context.Context) ([]agent.Info, error) {
+	list := func(context.Context) ([]host.Info, error) {
 		infos := e.host.List()
 		if calls.Add(1) == 1 {
 			for i := range infos {
@@ -390,7 +391,7 @@ func TestResyncForgetsASnapshotItsHostDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := e.srv.Resync(ctx, func(context.Context) ([]agent.Info, error) { return e.host.List(), nil }); err != nil {
+	if err := e.srv.Resync(ctx, func(context.Context) ([]host.Info, error) { return e.host.List(), nil }); err != nil {
 		t.Fatal(err)
 	}
 	expect(t, do(t, key, "GET", "/v1/snapshots/"+gone.ID, nil), 404, "not_found")
@@ -435,7 +436,7 @@ func TestResyncFinishesAStopWithItsReason(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.srv.Resync(ctx, func(context.Context) ([]agent.Info, error) { return e.host.List(), nil }); err != nil {
+	if err := e.srv.Resync(ctx, func(context.Context) ([]host.Info, error) { return e.host.List(), nil }); err != nil {
 		t.Fatal(err)
 	}
 	var got sandbox
@@ -443,7 +444,7 @@ func TestResyncFinishesAStopWithItsReason(t *testing.T) {
 	if got.State != "stopped" || got.StopReason != "expired" {
 		t.Errorf("after Resync: %s (%s), want stopped (expired)", got.State, got.StopReason)
 	}
-	if _, err := e.host.Get(sb.ID); !errors.Is(err, agent.ErrNotFound) {
+	if _, err := e.host.Get(sb.ID); !errors.Is(err, host.ErrNotFound) {
 		t.Errorf("the host still has the stopped sandbox: %v", err)
 	}
 }

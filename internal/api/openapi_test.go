@@ -25,36 +25,53 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	apispec "github.com/pandastack/pandastack/api"
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 )
 
-// routingHost is an api.Host with no sandboxes and no templates (its
+// storeTemplates is a template store as host.Templates (agent.Local's
+// are the agent's own).
+type storeTemplates struct{ s *template.Store }
+
+func (t storeTemplates) Lookup(_ context.Context, p template.Params) (*template.Template, string, error) {
+	return t.s.Lookup(p)
+}
+func (t storeTemplates) List(context.Context) ([]template.Template, error) { return t.s.List() }
+func (t storeTemplates) Names(context.Context) ([]string, error)           { return t.s.Names(), nil }
+func (t storeTemplates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+	return t.s.Bake(ctx, p, progress)
+}
+
+// routingHost is a host.Host with no sandboxes and no templates (its
 // template store has no root filesystems, so nothing can be baked). Host
 // methods it does not override are those of a nil embedded interface: they
 // panic, which the API's recoverer answers with 500, still not the router's
 // 404 or 405. That keeps this file compiling when Host grows.
 type routingHost struct {
-	api.Host
+	host.Host
 	templates *template.Store
 }
 
-func (h routingHost) Create(context.Context, agent.CreateRequest) (agent.Info, error) {
-	return agent.Info{}, agent.ErrNotFound
+func (h routingHost) Create(context.Context, host.CreateRequest) (host.Info, error) {
+	return host.Info{}, host.ErrNotFound
 }
-func (h routingHost) Kill(context.Context, string) error { return agent.ErrNotFound }
-func (h routingHost) Get(string) (agent.Info, error)     { return agent.Info{}, agent.ErrNotFound }
-func (h routingHost) List() []agent.Info                 { return nil }
-func (h routingHost) Guest(string) (api.Guest, error)    { return nil, agent.ErrNotFound }
-func (h routingHost) Memory(string) (agent.MemStats, error) {
-	return agent.MemStats{}, agent.ErrNotFound
+func (h routingHost) Kill(context.Context, string) error { return host.ErrNotFound }
+func (h routingHost) Get(context.Context, string) (host.Info, error) {
+	return host.Info{}, host.ErrNotFound
 }
-func (h routingHost) Templates() api.Templates { return h.templates }
+func (h routingHost) List(context.Context) ([]host.Info, error) { return nil, nil }
+func (h routingHost) Guest(context.Context, string) (host.Guest, error) {
+	return nil, host.ErrNotFound
+}
+func (h routingHost) Memory(context.Context, string) (host.MemStats, error) {
+	return host.MemStats{}, host.ErrNotFound
+}
+func (h routingHost) Templates() host.Templates { return storeTemplates{h.templates} }
 func (h routingHost) TemplateParams(name string, mem, vcpus int) template.Params {
 	if name == "" {
 		name = "base"

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // portJSON is one listening TCP socket of a guest.
@@ -55,7 +56,7 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) {
 
 // readListeners reads one /proc/net/tcp file of the guest. A missing file
 // (a guest without IPv6) lists nothing.
-func readListeners(ctx context.Context, g Guest, path string) ([]portJSON, error) {
+func readListeners(ctx context.Context, g host.Guest, path string) ([]portJSON, error) {
 	rc, _, err := g.ReadFile(ctx, path)
 	if guestproto.CodeOf(err) == guestproto.CodeNotFound {
 		return nil, nil

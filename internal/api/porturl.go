@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // Signed port URLs. A token names one port of one sandbox until a time,
@@ -57,7 +57,7 @@ func tokenMAC(secret, body []byte) []byte {
 	return m.Sum(nil)[:tokenMACLen]
 }
 
-// sign encodes t signed with secret. t's id must be valid (agent.ValidID)
+// sign encodes t signed with secret. t's id must be valid (host.ValidID)
 // and its port 1-65535.
 func (t portToken) sign(secret []byte) string {
 	b := make([]byte, 0, tokenHead+len(t.SandboxID)+tokenMACLen)
@@ -93,7 +93,7 @@ func parseToken(secret []byte, s string, now time.Time) (portToken, error) {
 	port := int(binary.BigEndian.Uint16(body[9:11]))
 	n := int(body[11])
 	id := string(body[tokenHead:])
-	if len(id) != n || !agent.ValidID(id) || port == 0 {
+	if len(id) != n || !host.ValidID(id) || port == 0 {
 		return portToken{}, errTokenInvalid // signed by us, so a bug: still refused
 	}
 	t := portToken{SandboxID: id, Port: port, Expires: time.Unix(exp, 0).UTC()}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // processRequest starts a background process: exec's fields, but stdin
@@ -78,16 +79,16 @@ func toProcessInfo(p guestproto.ProcInfo) processInfo {
 
 // processGuest returns the caller's running sandbox's guest, which must
 // keep background processes.
-func (s *Server) processGuest(r *http.Request) (ProcessGuest, error) {
+func (s *Server) processGuest(r *http.Request) (host.ProcessGuest, error) {
 	sb, err := s.running(r)
 	if err != nil {
 		return nil, err
 	}
-	g, err := s.host.Guest(sb.ID)
+	g, err := s.host.Guest(r.Context(), sb.ID)
 	if err != nil {
 		return nil, err
 	}
-	pg, ok := g.(ProcessGuest)
+	pg, ok := g.(host.ProcessGuest)
 	if !ok {
 		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host does not keep background processes")
 	}
@@ -189,10 +190,10 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) {
 
 // processCall parses {pid} and runs do against the sandbox's guest; it
 // answers 204 or the error.
-func (s *Server) processCall(w http.ResponseWriter, r *http.Request, do func(ctx context.Context, pg ProcessGuest, pid int) error) {
+func (s *Server) processCall(w http.ResponseWriter, r *http.Request, do func(ctx context.Context, pg host.ProcessGuest, pid int) error) {
 	pid, err := processPID(r)
 	if err == nil {
-		var pg ProcessGuest
+		var pg host.ProcessGuest
 		if pg, err = s.processGuest(r); err == nil {
 			err = do(r.Context(), pg, pid)
 		}
@@ -205,7 +206,7 @@ func (s *Server) processCall(w http.ResponseWriter, r *http.Request, do func(ctx
 }
 
 func (s *Server) removeProcess(w http.ResponseWriter, r *http.Request) {
-	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error { return pg.RemoveProcess(ctx, pid) })
+	s.processCall(w, r, func(ctx context.Context, pg host.ProcessGuest, pid int) error { return pg.RemoveProcess(ctx, pid) })
 }
 
 // maxStdinBody bounds one POST …/stdin.
@@ -226,7 +227,7 @@ func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("stdin body: %v (at most %d bytes per request)", err, maxStdinBody))
 		return
 	}
-	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error {
+	s.processCall(w, r, func(ctx context.Context, pg host.ProcessGuest, pid int) error {
 		if len(data) > 0 {
 			if err := pg.WriteProcessStdin(ctx, pid, data); err != nil {
 				return err
@@ -251,7 +252,7 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("signal must name a signal, such as TERM, KILL, INT or HUP"))
 		return
 	}
-	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error {
+	s.processCall(w, r, func(ctx context.Context, pg host.ProcessGuest, pid int) error {
 		return pg.SignalProcess(ctx, pid, req.Signal)
 	})
 }
@@ -267,7 +268,7 @@ func (s *Server) resizeProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.processCall(w, r, func(ctx context.Context, pg ProcessGuest, pid int) error {
+	s.processCall(w, r, func(ctx context.Context, pg host.ProcessGuest, pid int) error {
 		return pg.ResizeProcess(ctx, pid, req.Rows, req.Cols)
 	})
 }

@@ -18,13 +18,13 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // The port proxy: HTTP requests (WebSocket upgrades and other streams
 // included) reverse-proxied to a TCP port of a running sandbox's guest,
-// over connections its Host opens (GuestDialer). Three ways in, one way
+// over connections its Host opens (host.GuestDialer). Three ways in, one way
 // through (proxyTo):
 //
 //   - /v1/sandboxes/{id}/ports/{port}/{path...}: an API key, the sandbox
@@ -44,25 +44,6 @@ import (
 // (Config.MaxProxyRequestsPerSandbox, ...PerKey), not against the guest
 // agent's (exec, files): a busy web application must not starve the
 // sandbox's exec and file requests, nor they it.
-
-// GuestDialer is an optional ability of a Host: TCP connections to the
-// guests of its running sandboxes (the guest's fixed address on the
-// sandbox's own network). A Host without it has no sandbox networking: the
-// port proxy answers 501.
-type GuestDialer interface {
-	// DialGuest opens a TCP connection to port (1-65535) of the guest of
-	// the running sandbox id. The connection is the caller's to close; the
-	// sandbox stopping or its network going away ends it, and may leave
-	// it to fail only on its next read or write. Errors: agent.ErrNotFound
-	// (no such sandbox), agent.ErrConflict (not running), agent.ErrInvalid
-	// (port out of range), an error matching syscall.ECONNREFUSED
-	// (errors.Is) when nothing listens on the port, one matching
-	// context.DeadlineExceeded when the guest does not answer in time or
-	// ctx ends, errors.ErrUnsupported when the host has no sandbox
-	// networking, ErrUnavailable when a remote host cannot be reached.
-	// Safe for concurrent use.
-	DialGuest(ctx context.Context, id string, port int) (net.Conn, error)
-}
 
 // Proxy defaults (Config).
 const (
@@ -101,7 +82,7 @@ type proxyCtxKey struct{}
 // guestProxy is the reverse proxy and its connections to guests.
 type guestProxy struct {
 	s      *Server
-	dialer GuestDialer // nil: no sandbox networking
+	dialer host.GuestDialer // nil: no sandbox networking
 	tr     *http.Transport
 	rp     *httputil.ReverseProxy
 
@@ -112,7 +93,7 @@ type guestProxy struct {
 
 func newGuestProxy(s *Server) *guestProxy {
 	p := &guestProxy{s: s, conns: map[string]map[*proxyConn]struct{}{}}
-	p.dialer, _ = s.host.(GuestDialer)
+	p.dialer, _ = s.host.(host.GuestDialer)
 	// One transport: its pool is keyed by the URL's host, which is
 	// "{id}:{port}", so that idle connections are kept per sandbox and
 	// port. HTTP/1.1 only (guests' servers are plain HTTP).
@@ -162,7 +143,7 @@ func (p *guestProxy) dial(ctx context.Context, _, addr string) (net.Conn, error)
 	closed := p.closed
 	p.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("%w: the server is shutting down", ErrUnavailable)
+		return nil, fmt.Errorf("%w: the server is shutting down", host.ErrUnavailable)
 	}
 	ctx, cancel := context.WithTimeout(ctx, proxyDialTimeout)
 	defer cancel()
@@ -175,7 +156,7 @@ func (p *guestProxy) dial(ctx context.Context, _, addr string) (net.Conn, error)
 	defer p.mu.Unlock()
 	if p.closed {
 		c.Close()
-		return nil, fmt.Errorf("%w: the server is shutting down", ErrUnavailable)
+		return nil, fmt.Errorf("%w: the server is shutting down", host.ErrUnavailable)
 	}
 	if p.conns[id] == nil {
 		p.conns[id] = map[*proxyConn]struct{}{}
@@ -301,8 +282,8 @@ var errNoNetworking = errorf(http.StatusNotImplemented, "not_implemented",
 func (p *guestProxy) classify(t *proxyTarget, err error) *apiError {
 	var ne net.Error
 	switch {
-	case errors.Is(err, ErrUnavailable), errors.Is(err, agent.ErrNotFound), errors.Is(err, agent.ErrConflict),
-		errors.Is(err, agent.ErrInvalid), errors.Is(err, agent.ErrNotReady):
+	case errors.Is(err, host.ErrUnavailable), errors.Is(err, host.ErrNotFound), errors.Is(err, host.ErrConflict),
+		errors.Is(err, host.ErrInvalid), errors.Is(err, host.ErrNotReady):
 		return classify(err)
 	case errors.Is(err, errors.ErrUnsupported):
 		return errNoNetworking

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // The proxy domain (Config.ProxyDomain): a request whose Host is
@@ -97,7 +97,7 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 		drain(r.Body)
 		s.writeError(w, r, err)
 	}
-	if !agent.ValidID(id) {
+	if !host.ValidID(id) {
 		fail(notFound("sandbox %q not found", id))
 		return
 	}

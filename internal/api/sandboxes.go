@@ -13,8 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
@@ -109,10 +109,10 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 func mib(b int64) float64 { return float64(b*10/(1<<20)) / 10 }
 
 // withMemory adds live memory figures for a running sandbox.
-func (s *Server) withMemory(sb catalog.Sandbox) sandboxJSON {
+func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON {
 	out := toJSON(sb)
 	if sb.State == catalog.StateRunning {
-		if m, err := s.host.Memory(sb.ID); err == nil {
+		if m, err := s.host.Memory(ctx, sb.ID); err == nil {
 			out.Memory = &memoryJSON{PrivateMiB: mib(m.PrivateBytes), SharedMiB: mib(m.SharedBytes), PSSMiB: mib(m.PSSBytes)}
 		}
 	}
@@ -182,25 +182,25 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.withMemory(sb))
+	writeJSON(w, http.StatusCreated, s.withMemory(r.Context(), sb))
 }
 
 // newSandbox validates a create request and returns the record to
 // reserve and the host's request.
-func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequest) (catalog.Sandbox, agent.CreateRequest, error) {
+func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequest) (catalog.Sandbox, host.CreateRequest, error) {
 	ttl, err := s.ttl(req.TTLSeconds)
 	if err != nil {
-		return catalog.Sandbox{}, agent.CreateRequest{}, err
+		return catalog.Sandbox{}, host.CreateRequest{}, err
 	}
 	if err := validateLabels("metadata", req.Metadata, 64); err != nil {
-		return catalog.Sandbox{}, agent.CreateRequest{}, err
+		return catalog.Sandbox{}, host.CreateRequest{}, err
 	}
 	if err := validateLabels("env", req.Env, 256); err != nil {
-		return catalog.Sandbox{}, agent.CreateRequest{}, err
+		return catalog.Sandbox{}, host.CreateRequest{}, err
 	}
 	for k := range req.Env {
 		if strings.ContainsRune(k, '=') {
-			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("env name %q must not contain '='", k)
+			return catalog.Sandbox{}, host.CreateRequest{}, invalid("env name %q must not contain '='", k)
 		}
 	}
 	switch req.OnExpire {
@@ -208,30 +208,30 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 		req.OnExpire = "kill"
 	case "pause":
 	default:
-		return catalog.Sandbox{}, agent.CreateRequest{}, invalid("on_expire must be \"kill\" or \"pause\"")
+		return catalog.Sandbox{}, host.CreateRequest{}, invalid("on_expire must be \"kill\" or \"pause\"")
 	}
 	policy := network.DefaultPolicy()
 	if len(req.Network) > 0 && string(req.Network) != "null" {
 		var err error
 		if policy, err = network.ParsePolicy(req.Network); err != nil {
-			return catalog.Sandbox{}, agent.CreateRequest{}, err
+			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 	}
 	var p template.Params
 	diskMiB := 0
 	if req.SnapshotID != "" {
 		sn, err := s.cat.GetSnapshot(ctx, req.SnapshotID)
-		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !agent.ValidID(req.SnapshotID) {
-			return catalog.Sandbox{}, agent.CreateRequest{}, notFound("snapshot %s not found", req.SnapshotID)
+		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !host.ValidID(req.SnapshotID) {
+			return catalog.Sandbox{}, host.CreateRequest{}, notFound("snapshot %s not found", req.SnapshotID)
 		}
 		if err != nil {
-			return catalog.Sandbox{}, agent.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
+			return catalog.Sandbox{}, host.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
 		}
 		if (req.Template != "" && req.Template != sn.Template && req.Template+":" != strings.SplitAfter(sn.Template, ":")[0]) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
-			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
+			return catalog.Sandbox{}, host.CreateRequest{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
 		}
 		p = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
-		if t, _, err := s.host.Templates().Lookup(p); err == nil && t != nil {
+		if t, _, err := s.host.Templates().Lookup(ctx, p); err == nil && t != nil {
 			diskMiB = t.DiskMiB
 		}
 	} else {
@@ -240,24 +240,24 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 		// records ("NAME:N"): a rebuild does not change what it runs.
 		ref, err := s.resolveTemplate(key, p.Name)
 		if err != nil {
-			return catalog.Sandbox{}, agent.CreateRequest{}, err
+			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 		p.Name = ref
 		if err := p.Validate(); err != nil {
-			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
+			return catalog.Sandbox{}, host.CreateRequest{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 		}
-		t, reason, err := s.host.Templates().Lookup(p)
+		t, reason, err := s.host.Templates().Lookup(ctx, p)
 		if errors.Is(err, template.ErrNotFound) && !key.Admin {
 			// The store's message lists every template, others' too.
-			return catalog.Sandbox{}, agent.CreateRequest{}, notFound("template %q not found", p.Name)
+			return catalog.Sandbox{}, host.CreateRequest{}, notFound("template %q not found", p.Name)
 		}
 		if err != nil {
-			return catalog.Sandbox{}, agent.CreateRequest{}, err
+			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 		if t == nil && !key.Admin && !allowedShape(p) {
 			// Creating with a shape never baked bakes it: a new template
 			// on disk. Keys other than admin ones get a bounded set.
-			return catalog.Sandbox{}, agent.CreateRequest{}, invalid("template %s has never been baked with %d MiB and %d vCPUs (%s); "+
+			return catalog.Sandbox{}, host.CreateRequest{}, invalid("template %s has never been baked with %d MiB and %d vCPUs (%s); "+
 				"without an admin key, memory_mib and vcpus must be powers of two (e.g. 512, 1024, 2048 MiB and 1, 2, 4 vCPUs)",
 				p.Name, p.MemoryMiB, p.VCPUs, reason)
 		}
@@ -267,13 +267,13 @@ func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequ
 	}
 	now := time.Now().UTC()
 	sb := catalog.Sandbox{
-		ID: agent.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: catalog.StateStarting,
+		ID: host.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: catalog.StateStarting,
 		MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
 		Network:    toCatalogNetwork(policy),
 		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
-	hreq := agent.CreateRequest{Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+	hreq := host.CreateRequest{Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
 		Network: policy}
 	return sb, hreq, nil
 }
@@ -290,7 +290,7 @@ func allowedShape(p template.Params) bool {
 // sandbox is not found, exactly like a missing one.
 func (s *Server) owned(r *http.Request) (catalog.Sandbox, error) {
 	id := chi.URLParam(r, "id")
-	if !agent.ValidID(id) {
+	if !host.ValidID(id) {
 		return catalog.Sandbox{}, notFound("sandbox %q not found", id)
 	}
 	sb, err := s.cat.GetSandbox(r.Context(), id)
@@ -321,7 +321,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.withMemory(sb))
+	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -358,7 +358,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]sandboxJSON, 0, len(list))
 	for _, sb := range list {
-		out = append(out, s.withMemory(sb))
+		out = append(out, s.withMemory(r.Context(), sb))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 }
@@ -403,7 +403,7 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.withMemory(sb))
+	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
 // applyTTL sets a sandbox's TTL, counted from now (from its resume if it
@@ -475,7 +475,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.withMemory(sb))
+	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
 // applyNetwork gives sandbox sb the egress policy p: on its host, then in

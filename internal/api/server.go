@@ -2,8 +2,9 @@
 // authentication and per-key ownership, request validation, sandboxes,
 // exec (buffered and streamed), files, templates and keys, TTL enforcement,
 // /healthz and /metrics. It keeps durable state in a catalog.Catalog and
-// reaches sandboxes through a Host: the host agent of this process (Local,
-// `panda up`) or a remote one (hostapi.Client, `panda server`). Internal
+// reaches sandboxes through a host.Host, the contract with a host: the
+// host agent of this process (agent.Local, `panda up`) or a remote one
+// (hostapi.Client, `panda server`). Internal
 // errors become HTTP statuses only here (errors.go).
 package api
 
@@ -15,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -24,135 +24,12 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/e2b"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/recoverer"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Host is what the API needs from a host agent: the local one (Local) or a
-// remote one (package hostapi). Errors are classified with the agent
-// package's sentinels (agent.ErrNotFound, ErrConflict, ErrInvalid,
-// ErrNoSpace), the template package's (template.ErrNotFound, ErrInvalid),
-// guestproto's error codes, and ErrUnavailable when a remote host cannot be
-// reached. Methods without an error result report what they can: a
-// remote host that cannot be reached lists nothing.
-type Host interface {
-	Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error)
-	Kill(ctx context.Context, id string) error
-	Get(id string) (agent.Info, error)
-	List() []agent.Info
-	// Guest reaches the guest agent of a running sandbox (ErrConflict if
-	// it is not running).
-	Guest(id string) (Guest, error)
-	Memory(id string) (agent.MemStats, error)
-	Templates() Templates
-	TemplateParams(name string, memoryMiB, vcpus int) template.Params
-	Accel() vmm.Accel
-
-	Fork(ctx context.Context, id string, childIDs []string) (agent.ForkResult, error)
-	Snapshot(ctx context.Context, id, snapshotID string) (agent.SnapshotInfo, error)
-	DeleteSnapshot(snapshotID string) error
-	Pause(ctx context.Context, id string) (agent.CaptureStats, error)
-	Resume(ctx context.Context, id string) (agent.Info, error)
-	// SetNetwork changes a live sandbox's egress policy (see
-	// agent.Agent.SetNetwork).
-	SetNetwork(ctx context.Context, id string, p network.Policy) error
-}
-
-// Templates is a host's template store, as the API uses it
-// (*template.Store); see there for the contracts.
-type Templates interface {
-	Lookup(p template.Params) (t *template.Template, staleReason string, err error)
-	List() ([]template.Template, error)
-	Names() []string
-	Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error)
-}
-
-// Guest is a running sandbox's guest agent, as the API uses it. Methods
-// are safe for concurrent use; see guestproto.Client for their contracts.
-type Guest interface {
-	StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error)
-	ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error)
-	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error)
-	ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error)
-	Stat(ctx context.Context, path string) (guestproto.FileInfo, error)
-	Mkdir(ctx context.Context, path string) error
-	Remove(ctx context.Context, path string, recursive bool) error
-	Rename(ctx context.Context, oldpath, newpath string) error
-}
-
-// ProcessGuest is a Guest that keeps background processes (see
-// guestproto.Client for the contracts). The local host's guests are, and
-// so are a remote host's (hostapi); the processes routes answer 501 for a
-// Guest that is not.
-type ProcessGuest interface {
-	StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error)
-	ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)
-	AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrOffset int64) (*guestproto.Attachment, error)
-	WriteProcessStdin(ctx context.Context, pid int, p []byte) error
-	CloseProcessStdin(ctx context.Context, pid int) error
-	SignalProcess(ctx context.Context, pid int, signal string) error
-	WaitProcess(ctx context.Context, pid int) (guestproto.ProcInfo, error)
-	RemoveProcess(ctx context.Context, pid int) error
-	ResizeProcess(ctx context.Context, pid, rows, cols int) error
-}
-
-var _ ProcessGuest = localGuest{}
-
-// Process is a command started by Guest.StartExec. Read Stdout and Stderr
-// concurrently to EOF, then Wait. Cancelling StartExec's ctx kills it.
-type Process interface {
-	PID() int
-	Stdin() io.WriteCloser
-	Stdout() io.Reader
-	Stderr() io.Reader
-	Wait() (guestproto.ExecResult, error)
-}
-
-// Local adapts the host agent of this process to Host.
-func Local(a *agent.Agent) Host { return localHost{a} }
-
-type localHost struct{ *agent.Agent }
-
-// The agent dials its guests' ports (agent.Config.Dial).
-var _ GuestDialer = localHost{}
-
-func (h localHost) Templates() Templates { return h.Agent.Templates() }
-
-func (h localHost) Snapshots(context.Context) ([]agent.SnapshotInfo, error) {
-	return h.Agent.Snapshots(), nil
-}
-
-func (h localHost) Guest(id string) (Guest, error) {
-	c, err := h.Agent.Guest(id)
-	if err != nil {
-		return nil, err
-	}
-	return localGuest{c}, nil
-}
-
-type localGuest struct{ *guestproto.Client }
-
-func (g localGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error) {
-	p, err := g.Client.StartExec(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return localProcess{p}, nil
-}
-
-type localProcess struct{ p *guestproto.Process }
-
-func (p localProcess) PID() int                             { return p.p.PID }
-func (p localProcess) Stdin() io.WriteCloser                { return p.p.Stdin }
-func (p localProcess) Stdout() io.Reader                    { return p.p.Stdout }
-func (p localProcess) Stderr() io.Reader                    { return p.p.Stderr }
-func (p localProcess) Wait() (guestproto.ExecResult, error) { return p.p.Wait() }
 
 // Config configures the API server.
 type Config struct {
@@ -331,7 +208,7 @@ func parsePublicURL(s string) (*url.URL, error) {
 type Server struct {
 	cfg     Config
 	cat     catalog.Catalog
-	host    Host
+	host    host.Host
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
@@ -364,16 +241,16 @@ type Server struct {
 	// unsettled because their host was still in the middle of an
 	// operation (one an earlier server started); the TTL loop runs Resync
 	// again with it until they settle. Nil: nothing to settle.
-	resyncAgain func(context.Context) ([]agent.Info, error)
+	resyncAgain func(context.Context) ([]host.Info, error)
 }
 
 // New returns a server. It starts no goroutines.
-func New(cfg Config, cat catalog.Catalog, host Host, reg prometheus.Registerer) (*Server, error) {
+func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer) (*Server, error) {
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("api config: %w", err)
 	}
-	s := &Server{cfg: cfg, cat: cat, host: host, log: cfg.Logger, busy: map[string]int{}, ops: map[string]*op{},
+	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger, busy: map[string]int{}, ops: map[string]*op{},
 		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
 		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
 		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
@@ -413,7 +290,7 @@ func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
 	// E2B's routes come before chi's: envd requests are told apart by a
 	// header, and E2B's paths are outside /v1.
-	r.Use(Recoverer(s.log, s.writeError), s.proxyDomain, s.e2b.Intercept)
+	r.Use(recoverer.New(s.log, s.writeError), s.proxyDomain, s.e2b.Intercept)
 	r.Get("/healthz", s.health)
 	// Signed port URLs: the token is the credential.
 	r.Handle("/p/{token}", http.HandlerFunc(s.signedProxy))
@@ -494,26 +371,6 @@ func (s *Server) routes() http.Handler {
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": s.cfg.Version})
-}
-
-// Recoverer is middleware that turns a handler panic into reply's error
-// answer (a 500) instead of a dropped connection, and logs it: a panic is a
-// bug. http.ErrAbortHandler still aborts.
-func Recoverer(log *slog.Logger, reply func(w http.ResponseWriter, r *http.Request, err error)) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			defer func() {
-				if v := recover(); v != nil {
-					if v == http.ErrAbortHandler {
-						panic(v)
-					}
-					log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
-					reply(w, r, fmt.Errorf("panic: %v", v))
-				}
-			}()
-			next.ServeHTTP(w, r)
-		})
-	}
 }
 
 type ctxKey struct{}

@@ -69,7 +69,7 @@ type templateJSON struct {
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	key := callerOf(r).Key
 	store := s.host.Templates()
-	baked, err := store.List()
+	baked, err := store.List(r.Context())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -109,7 +109,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		name, v, _ := template.SplitRef(t.Name)
-		_, reason, err := store.Lookup(t.Params)
+		_, reason, err := store.Lookup(r.Context(), t.Params)
 		if errors.Is(err, template.ErrNotFound) {
 			continue // its root filesystem is gone
 		}
@@ -125,7 +125,11 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, tj)
 	}
-	for _, name := range store.Names() {
+	names, err := store.Names(r.Context())
+	if err != nil {
+		s.log.Warn("list template names of host", "host_id", s.cfg.HostID, "err", err)
+	}
+	for _, name := range names {
 		if !seen[name] && visible(name) {
 			p := s.host.TemplateParams(name, 0, 0)
 			out = append(out, templateJSON{Name: name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, State: "not_baked"})
@@ -237,7 +241,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if _, _, err := s.host.Templates().Lookup(p); err != nil {
+	if _, _, err := s.host.Templates().Lookup(r.Context(), p); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

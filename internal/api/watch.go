@@ -1,20 +1,11 @@
 package api
 
 import (
-	"context"
 	"net/http"
 	"strconv"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
-
-// dirWatcher is the optional ability of a Guest to watch a directory
-// (guestproto.Client.WatchDir). The local host's guests have it, and so do
-// a remote host's (package hostapi); the route answers 501 for a Guest
-// without it.
-type dirWatcher interface {
-	WatchDir(ctx context.Context, path string, recursive bool) (*guestproto.DirWatch, error)
-}
 
 // watchDir streams the changes under a directory as NDJSON, one
 // guestproto.WatchEvent per line ({"type":"create","path":"/dir/x"}), until
@@ -35,7 +26,7 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	dw, ok := g.(dirWatcher)
+	dw, ok := g.(host.DirWatcher)
 	if !ok {
 		s.writeError(w, r, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories"))
 		return

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -226,7 +227,7 @@ func ForkBench(ctx context.Context, c *pandastack.Client, a *agent.Agent, o Fork
 		if naive {
 			ids = make([]string, o.MemChildren)
 			for i := range ids {
-				ids[i] = agent.NewID()
+				ids[i] = host.NewID()
 			}
 			r, err := a.ForkNaive(ctx, parent.ID, ids)
 			if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -248,7 +249,7 @@ func (b *netRun) create(ctx context.Context, a *agent.Agent, req agent.CreateReq
 // fork forks parent once and returns the time until the child answered
 // true; the child is killed.
 func (b *netRun) fork(ctx context.Context, a *agent.Agent, parent string) (time.Duration, error) {
-	cid := agent.NewID()
+	cid := host.NewID()
 	t0 := time.Now()
 	fr, err := a.Fork(ctx, parent, []string{cid})
 	if err == nil && len(fr.Children) == 1 && fr.Children[0].Err != nil {

@@ -17,22 +17,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
-// Client is a remote host agent, as api.Host. Safe for concurrent use.
+// Client is a remote host agent, as host.Host. Safe for concurrent use.
 //
-// Methods of api.Host that take no context (Get, List, Memory,
-// DeleteSnapshot, template lookups) are bounded by CallTimeout. Methods
-// without an error result answer from what the client knows: Accel and
-// TemplateParams from the agent's Info (fetched by Dial, refreshed on every
-// event stream connection), List and Names nothing if the agent cannot be
-// reached (use ListSandboxes to tell). Errors that a local Host reports from
-// Guest come from the guest operation that follows, with the same classes.
+// Short calls (Get, List, Memory, DeleteSnapshot, template lookups) are
+// bounded by CallTimeout as well as by their ctx. Methods without a ctx
+// answer from what the client knows: Accel and TemplateParams from the
+// agent's Info (fetched by Dial, refreshed on every event stream
+// connection). Errors that a local Host reports from Guest come from the
+// guest operation that follows, with the same classes.
 type Client struct {
 	base  string
 	token string
@@ -44,9 +42,15 @@ type Client struct {
 	info Info
 }
 
-var _ api.Host = (*Client)(nil)
+// The client is a host (and can do what agent.Local can).
+var (
+	_ host.Host             = (*Client)(nil)
+	_ host.GuestDialer      = (*Client)(nil)
+	_ host.SnapshotLister   = (*Client)(nil)
+	_ host.ResourceReporter = (*Client)(nil)
+)
 
-// CallTimeout bounds the calls that api.Host gives no context.
+// CallTimeout bounds the short calls of host.Host (see Client).
 const CallTimeout = 30 * time.Second
 
 // Option configures a Client.
@@ -61,7 +65,7 @@ func WithTLS(cfg *tls.Config) Option { return func(c *Client) { c.tls = cfg } }
 
 // ErrUntrusted: the agent's certificate does not verify against the CA the
 // client trusts for it (the wrong CA file, or the agent's credentials were
-// rotated). Errors of this class are also api.ErrUnavailable.
+// rotated). Errors of this class are also host.ErrUnavailable.
 var ErrUntrusted = errors.New("host agent's TLS certificate is not trusted")
 
 // IdleConnTimeout is how long the client keeps an idle connection: less
@@ -129,16 +133,14 @@ func (c *Client) Info() Info {
 
 // Resources asks the agent for its machine's resources (and refreshes
 // Info).
-func (c *Client) Resources(ctx context.Context) (api.Resources, error) {
+func (c *Client) Resources(ctx context.Context) (host.Resources, error) {
 	var info Info
 	if err := c.call(ctx, http.MethodGet, "/info", nil, nil, &info); err != nil {
-		return api.Resources{}, err
+		return host.Resources{}, err
 	}
 	c.setInfo(info)
 	return info.Resources, nil
 }
-
-var _ api.ResourceReporter = (*Client)(nil)
 
 // Accel is the agent's accelerator.
 func (c *Client) Accel() vmm.Accel { return c.Info().Accel }
@@ -193,16 +195,16 @@ func (c *Client) transportError(ctx context.Context, err error) error {
 	}
 	var cve *tls.CertificateVerificationError
 	if errors.As(err, &cve) {
-		return fmt.Errorf("%w: %w: %s: %v", api.ErrUnavailable, ErrUntrusted, c.base, err)
+		return fmt.Errorf("%w: %w: %s: %v", host.ErrUnavailable, ErrUntrusted, c.base, err)
 	}
-	return fmt.Errorf("%w: %s: %v", api.ErrUnavailable, c.base, err)
+	return fmt.Errorf("%w: %s: %v", host.ErrUnavailable, c.base, err)
 }
 
 func readError(res *http.Response) error {
 	var eb errorBody
 	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
 	if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
-		return fmt.Errorf("%w: host agent answered %s: %.200s", api.ErrUnavailable, res.Status, b)
+		return fmt.Errorf("%w: host agent answered %s: %.200s", host.ErrUnavailable, res.Status, b)
 	}
 	return eb.Error.err()
 }
@@ -241,8 +243,8 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values, in
 }
 
 // callShort is call bounded by CallTimeout.
-func (c *Client) callShort(method, path string, q url.Values, in, out any) error {
-	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+func (c *Client) callShort(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	return c.call(ctx, method, path, q, in, out)
 }
@@ -253,8 +255,8 @@ func sandboxPath(id string, rest ...string) string {
 
 // Create restores a new sandbox (req.Progress is not called: a remote
 // bake reports no progress here).
-func (c *Client) Create(ctx context.Context, req agent.CreateRequest) (agent.Info, error) {
-	var info agent.Info
+func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
+	var info host.Info
 	err := c.call(ctx, http.MethodPost, "/sandboxes", nil, createRequest{
 		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
 		Network: req.Network,
@@ -273,46 +275,35 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 }
 
 // Get describes a sandbox.
-func (c *Client) Get(id string) (agent.Info, error) {
-	var info agent.Info
-	err := c.callShort(http.MethodGet, sandboxPath(id), nil, nil, &info)
+func (c *Client) Get(ctx context.Context, id string) (host.Info, error) {
+	var info host.Info
+	err := c.callShort(ctx, http.MethodGet, sandboxPath(id), nil, nil, &info)
 	return info, err
 }
 
-// ListSandboxes describes every sandbox of the agent, oldest first.
-func (c *Client) ListSandboxes(ctx context.Context) ([]agent.Info, error) {
+// List describes every sandbox of the agent, oldest first.
+func (c *Client) List(ctx context.Context) ([]host.Info, error) {
 	var out struct {
-		Sandboxes []agent.Info `json:"sandboxes"`
+		Sandboxes []host.Info `json:"sandboxes"`
 	}
-	err := c.call(ctx, http.MethodGet, "/sandboxes", nil, nil, &out)
+	err := c.callShort(ctx, http.MethodGet, "/sandboxes", nil, nil, &out)
 	return out.Sandboxes, err
 }
 
-// List is ListSandboxes, or nothing if the agent cannot be reached.
-func (c *Client) List() []agent.Info {
-	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
-	defer cancel()
-	list, err := c.ListSandboxes(ctx)
-	if err != nil {
-		c.log.Warn("list sandboxes of host agent", "err", err)
-	}
-	return list
-}
-
 // Memory reports a sandbox's memory use.
-func (c *Client) Memory(id string) (agent.MemStats, error) {
-	var st agent.MemStats
-	err := c.callShort(http.MethodGet, sandboxPath(id, "/memory"), nil, nil, &st)
+func (c *Client) Memory(ctx context.Context, id string) (host.MemStats, error) {
+	var st host.MemStats
+	err := c.callShort(ctx, http.MethodGet, sandboxPath(id, "/memory"), nil, nil, &st)
 	return st, err
 }
 
 // Fork forks a running sandbox into children with ids.
-func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (agent.ForkResult, error) {
+func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.ForkResult, error) {
 	var out forkReply
 	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, forkRequest{IDs: childIDs}, &out); err != nil {
-		return agent.ForkResult{}, err
+		return host.ForkResult{}, err
 	}
-	res := agent.ForkResult{Capture: capture(out.Capture), Children: make([]agent.ForkChild, len(out.Children))}
+	res := host.ForkResult{Capture: capture(out.Capture), Children: make([]host.ForkChild, len(out.Children))}
 	for i, ch := range out.Children {
 		res.Children[i].Info = ch.Info
 		if ch.Error != nil {
@@ -323,20 +314,18 @@ func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (agent.
 }
 
 // Snapshot captures a running sandbox into snapshot snapshotID.
-func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (agent.SnapshotInfo, error) {
-	var si agent.SnapshotInfo
+func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
+	var si host.SnapshotInfo
 	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, snapshotRequest{SnapshotID: snapshotID}, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
 }
 
-var _ api.SnapshotLister = (*Client)(nil)
-
 // Snapshots lists the snapshots the agent holds, oldest first: the server
 // records one a crash left unrecorded when it reconciles.
-func (c *Client) Snapshots(ctx context.Context) ([]agent.SnapshotInfo, error) {
+func (c *Client) Snapshots(ctx context.Context) ([]host.SnapshotInfo, error) {
 	var out struct {
-		Snapshots []agent.SnapshotInfo `json:"snapshots"`
+		Snapshots []host.SnapshotInfo `json:"snapshots"`
 	}
 	err := c.call(ctx, http.MethodGet, "/snapshots", nil, nil, &out)
 	for i := range out.Snapshots {
@@ -346,53 +335,51 @@ func (c *Client) Snapshots(ctx context.Context) ([]agent.SnapshotInfo, error) {
 }
 
 // DeleteSnapshot deletes a snapshot.
-func (c *Client) DeleteSnapshot(snapshotID string) error {
-	return c.callShort(http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, nil, nil)
+func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	return c.callShort(ctx, http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, nil, nil)
 }
 
 // Pause captures a running sandbox to disk and stops its VMM.
-func (c *Client) Pause(ctx context.Context, id string) (agent.CaptureStats, error) {
-	var st agent.CaptureStats
+func (c *Client) Pause(ctx context.Context, id string) (host.CaptureStats, error) {
+	var st host.CaptureStats
 	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/pause"), nil, nil, &st)
 	return capture(st), err
 }
 
 // Resume restores a paused sandbox.
-func (c *Client) Resume(ctx context.Context, id string) (agent.Info, error) {
-	var info agent.Info
+func (c *Client) Resume(ctx context.Context, id string) (host.Info, error) {
+	var info host.Info
 	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/resume"), nil, nil, &info)
 	return info, err
 }
 
 // Templates is the agent's template store.
-func (c *Client) Templates() api.Templates { return templates{c} }
+func (c *Client) Templates() host.Templates { return templates{c} }
 
 type templates struct{ c *Client }
 
-func (t templates) Lookup(p template.Params) (*template.Template, string, error) {
+func (t templates) Lookup(ctx context.Context, p template.Params) (*template.Template, string, error) {
 	var out lookupReply
-	if err := t.c.callShort(http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
+	if err := t.c.callShort(ctx, http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
 		return nil, "", err
 	}
 	return out.Template, out.StaleReason, nil
 }
 
-func (t templates) List() ([]template.Template, error) {
+func (t templates) List(ctx context.Context) ([]template.Template, error) {
 	var out struct {
 		Templates []template.Template `json:"templates"`
 	}
-	err := t.c.callShort(http.MethodGet, "/templates", nil, nil, &out)
+	err := t.c.callShort(ctx, http.MethodGet, "/templates", nil, nil, &out)
 	return out.Templates, err
 }
 
-func (t templates) Names() []string {
+func (t templates) Names(ctx context.Context) ([]string, error) {
 	var out struct {
 		Names []string `json:"names"`
 	}
-	if err := t.c.callShort(http.MethodGet, "/templates/names", nil, nil, &out); err != nil {
-		t.c.log.Warn("list template names of host agent", "err", err)
-	}
-	return out.Names
+	err := t.c.callShort(ctx, http.MethodGet, "/templates/names", nil, nil, &out)
+	return out.Names, err
 }
 
 func (t templates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {

@@ -16,8 +16,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // UpgradeProtocol is the Upgrade token of a dial (GET …/dial?port=N): after
@@ -30,19 +29,19 @@ const UpgradeProtocol = "panda-tcp"
 // for hours); Close ends it.
 func (s *Server) dial(w http.ResponseWriter, r *http.Request) {
 	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), UpgradeProtocol) {
-		writeError(w, fmt.Errorf("%w: a dial asks for Connection: Upgrade and Upgrade: %s", agent.ErrInvalid, UpgradeProtocol))
+		writeError(w, fmt.Errorf("%w: a dial asks for Connection: Upgrade and Upgrade: %s", host.ErrInvalid, UpgradeProtocol))
 		return
 	}
 	port, err := strconv.Atoi(r.URL.Query().Get("port"))
 	if err != nil {
-		writeError(w, fmt.Errorf("%w: port %q is not a number", agent.ErrInvalid, r.URL.Query().Get("port")))
+		writeError(w, fmt.Errorf("%w: port %q is not a number", host.ErrInvalid, r.URL.Query().Get("port")))
 		return
 	}
 	s.mu.Lock()
 	draining := s.draining
 	s.mu.Unlock()
 	if draining {
-		writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+		writeError(w, fmt.Errorf("%w: the host agent is shutting down", host.ErrUnavailable))
 		return
 	}
 	guest, err := s.a.DialGuest(r.Context(), chi.URLParam(r, "id"), port)
@@ -157,13 +156,13 @@ func (s *Server) closeTunnels() {
 	}
 }
 
-var _ api.GuestDialer = (*Client)(nil)
+var _ host.GuestDialer = (*Client)(nil)
 
 // DialGuest opens a TCP connection to port of the guest of the running
 // sandbox id: a connection of its own to the agent (TLS), upgraded to the
 // guest's bytes (see the package documentation). Its errors have the
-// classes of agent.Agent.DialGuest's (api.GuestDialer); failing to reach
-// the agent is api.ErrUnavailable. ctx bounds the dial only.
+// classes of agent.Agent.DialGuest's (host.GuestDialer); failing to reach
+// the agent is host.ErrUnavailable. ctx bounds the dial only.
 func (c *Client) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
 	u, err := url.Parse(c.base + sandboxPath(id, "/dial"))
 	if err != nil {

@@ -24,8 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
@@ -116,8 +115,8 @@ func tcpServer(t *testing.T, id string, port int, h func(net.Conn)) {
 
 // hosts are the two ways to reach the agent: in process and over the
 // host API.
-func hosts() map[string]api.GuestDialer {
-	return map[string]api.GuestDialer{"local": local.(api.GuestDialer), "remote": client}
+func hosts() map[string]host.GuestDialer {
+	return map[string]host.GuestDialer{"local": local.(host.GuestDialer), "remote": client}
 }
 
 func TestDialGuest(t *testing.T) {
@@ -188,9 +187,9 @@ func TestDialGuestErrors(t *testing.T) {
 				port int
 				want error
 			}{
-				{"unknown sandbox", "nosuch0", 80, agent.ErrNotFound},
-				{"port 0", sb.ID, 0, agent.ErrInvalid},
-				{"port 65536", sb.ID, 65536, agent.ErrInvalid},
+				{"unknown sandbox", "nosuch0", 80, host.ErrNotFound},
+				{"port 0", sb.ID, 0, host.ErrInvalid},
+				{"port 65536", sb.ID, 65536, host.ErrInvalid},
 				{"nothing listens", sb.ID, 8123, syscall.ECONNREFUSED},
 				{"no networking", sb.ID, portUnsupported, errors.ErrUnsupported},
 				{"timeout", sb.ID, portTimeout, context.DeadlineExceeded},
@@ -216,8 +215,8 @@ func TestDialGuestErrors(t *testing.T) {
 		t.Fatalf("pause: %v", err)
 	}
 	for name, h := range hosts() {
-		if _, err := h.DialGuest(ctxT(t), sb.ID, 80); !errors.Is(err, agent.ErrConflict) {
-			t.Errorf("%s: paused sandbox: got %v, want agent.ErrConflict", name, err)
+		if _, err := h.DialGuest(ctxT(t), sb.ID, 80); !errors.Is(err, host.ErrConflict) {
+			t.Errorf("%s: paused sandbox: got %v, want host.ErrConflict", name, err)
 		}
 	}
 	// The endpoint itself: an upgrade is required, and the token.
@@ -250,7 +249,7 @@ func TestDialGuestErrors(t *testing.T) {
 func TestDialEndsAtClose(t *testing.T) {
 	sb := create(t, client)
 	tcpServer(t, sb.ID, 7001, func(c net.Conn) { io.Copy(c, c) })
-	srv := hostapi.NewServer(host, testToken, nil)
+	srv := hostapi.NewServer(ag, testToken, nil)
 	hs2 := httptest.NewUnstartedServer(srv)
 	hs2.TLS = serverTLS(creds)
 	hs2.StartTLS()
@@ -275,7 +274,7 @@ func TestDialEndsAtClose(t *testing.T) {
 	if _, err := conn.Read(buf); err == nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
 		t.Errorf("read after the server's Close: got %v, want the connection ended by the server", err)
 	}
-	if _, err := c2.DialGuest(ctxT(t), sb.ID, 7001); !errors.Is(err, api.ErrUnavailable) {
-		t.Errorf("dial after Close: got %v, want api.ErrUnavailable", err)
+	if _, err := c2.DialGuest(ctxT(t), sb.ID, 7001); !errors.Is(err, host.ErrUnavailable) {
+		t.Errorf("dial after Close: got %v, want host.ErrUnavailable", err)
 	}
 }

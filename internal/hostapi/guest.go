@@ -13,14 +13,16 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // Guest returns the guest agent of sandbox id. It does not call the agent:
 // a sandbox that is missing or not running fails the first operation, with
 // the error the local host would have returned here.
-func (c *Client) Guest(id string) (api.Guest, error) { return guest{c: c, id: id}, nil }
+func (c *Client) Guest(_ context.Context, id string) (host.Guest, error) {
+	return guest{c: c, id: id}, nil
+}
 
 type guest struct {
 	c  *Client
@@ -149,7 +151,7 @@ func (b pipeBody) Close() error { return b.pr.Close() }
 
 // StartExec starts a process; see the package documentation for the
 // stream. Cancelling ctx kills it.
-func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (api.Process, error) {
+func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (host.Process, error) {
 	line, err := encodeLine(req)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,6 @@
 // Package hostapi is the internal HTTP/JSON API between the control plane
 // (`panda server`) and a host agent (`panda agent`): NewServer exposes one
-// agent.Agent under /host/v1, and Client implements api.Host over it, so that
+// agent.Agent under /host/v1, and Client implements host.Host over it, so that
 // the REST API runs the same against a remote host as against the local one.
 //
 // Transport and credentials: the agent serves the API over TLS 1.3
@@ -87,9 +87,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
@@ -105,7 +104,7 @@ const PingInterval = 10 * time.Second
 // ErrUnauthorized: the agent rejected the token.
 var ErrUnauthorized = errors.New("host agent rejected the token")
 
-// Info describes a host agent: what api.Host's Accel and TemplateParams
+// Info describes a host agent: what host.Host's Accel and TemplateParams
 // answer.
 type Info struct {
 	Accel vmm.Accel `json:"accel"`
@@ -113,7 +112,7 @@ type Info struct {
 	// (TemplateParams("", 0, 0)).
 	Defaults template.Params `json:"defaults"`
 	// Resources are the host machine's, when the info was sent.
-	Resources api.Resources `json:"resources"`
+	Resources host.Resources `json:"resources"`
 }
 
 // Event is one line of the event stream.
@@ -149,12 +148,12 @@ type (
 		IDs []string `json:"ids"`
 	}
 	forkChild struct {
-		Info  agent.Info `json:"info"`
+		Info  host.Info  `json:"info"`
 		Error *wireError `json:"error,omitempty"`
 	}
 	forkReply struct {
-		Children []forkChild        `json:"children"`
-		Capture  agent.CaptureStats `json:"capture"`
+		Children []forkChild       `json:"children"`
+		Capture  host.CaptureStats `json:"capture"`
 	}
 	snapshotRequest struct {
 		SnapshotID string `json:"snapshot_id"`
@@ -185,7 +184,7 @@ type (
 )
 
 // capture fills in CaptureStats.Paused, which travels as PausedMS.
-func capture(st agent.CaptureStats) agent.CaptureStats {
+func capture(st host.CaptureStats) host.CaptureStats {
 	st.Paused = time.Duration(st.PausedMS * float64(time.Millisecond))
 	return st
 }
@@ -198,15 +197,15 @@ var classes = []struct {
 	status int
 	class  error
 }{
-	{"no_space", http.StatusInsufficientStorage, agent.ErrNoSpace},
-	{"corrupt", http.StatusConflict, agent.ErrCorrupt},
-	{"not_ready", http.StatusServiceUnavailable, agent.ErrNotReady},
-	{"not_found", http.StatusNotFound, agent.ErrNotFound},
+	{"no_space", http.StatusInsufficientStorage, host.ErrNoSpace},
+	{"corrupt", http.StatusConflict, host.ErrCorrupt},
+	{"not_ready", http.StatusServiceUnavailable, host.ErrNotReady},
+	{"not_found", http.StatusNotFound, host.ErrNotFound},
 	{"template_not_found", http.StatusNotFound, template.ErrNotFound},
-	{"invalid", http.StatusUnprocessableEntity, agent.ErrInvalid},
+	{"invalid", http.StatusUnprocessableEntity, host.ErrInvalid},
 	{"template_invalid", http.StatusUnprocessableEntity, template.ErrInvalid},
-	{"conflict", http.StatusConflict, agent.ErrConflict},
-	{"unavailable", http.StatusServiceUnavailable, api.ErrUnavailable},
+	{"conflict", http.StatusConflict, host.ErrConflict},
+	{"unavailable", http.StatusServiceUnavailable, host.ErrUnavailable},
 	{"unsupported", http.StatusNotImplemented, errors.ErrUnsupported},
 	{"refused", http.StatusBadGateway, syscall.ECONNREFUSED}, // nothing listens on a guest's port
 	{"timeout", http.StatusGatewayTimeout, context.DeadlineExceeded},

@@ -4,7 +4,7 @@ package hostapi_test
 // 256 MiB) behind hostapi.NewServer on an httptest server with the agent's
 // TLS credentials (hostapi.LoadOrCreateTLS), and drive it through
 // hostapi.Client trusting that CA only, comparing with the same agent used
-// locally (api.Local) where the two must agree.
+// locally (agent.Local) where the two must agree.
 
 import (
 	"bytes"
@@ -31,18 +31,20 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
 
 const testToken = "test-token-0123456789"
 
 var (
-	host     *agent.Agent
-	local    api.Host // the same agent, as panda up uses it
+	ag       *agent.Agent
+	local    host.Host // the same agent, as panda up uses it
 	client   *hostapi.Client
 	hsrv     *hostapi.Server
 	hs       *httptest.Server
@@ -104,8 +106,13 @@ func runMain(m *testing.M) (code int) {
 	}
 	defer os.RemoveAll(dir)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	host, err = agent.Open(ctx, agent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
+	drv, err := qemu.New(qemu.Config{Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "qemu driver:", err)
+		return 1
+	}
+	ag, err = agent.Open(ctx, agent.Config{
+		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { hsrv.SandboxExited(id, err) },
 		Dial:   guestDial, // dial_test.go
@@ -115,9 +122,9 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "open host agent:", err)
 		return 1
 	}
-	defer host.Close() // kills what a failed test left running, unmounts the store
-	local = api.Local(host)
-	hsrv = hostapi.NewServer(host, testToken, log)
+	defer ag.Close() // kills what a failed test left running, unmounts the store
+	local = agent.Local(ag)
+	hsrv = hostapi.NewServer(ag, testToken, log)
 	// The HTTP server's own log: a handler panic (net/http recovers it)
 	// fails the run.
 	var watch panicWatch
@@ -142,7 +149,7 @@ func runMain(m *testing.M) (code int) {
 		}
 	}()
 	defer hsrv.Close() // before hs.Close: event streams end
-	if _, err := host.Templates().Get(ctx, host.TemplateParams("tiny", 256, 1), nil); err != nil {
+	if _, err := ag.Templates().Get(ctx, ag.TemplateParams("tiny", 256, 1), nil); err != nil {
 		fmt.Fprintln(os.Stderr, "bake:", err)
 		return 1
 	}
@@ -200,13 +207,13 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // create makes a sandbox through the client, killed when the test ends.
-func create(t *testing.T, h api.Host) agent.Info {
+func create(t *testing.T, h host.Host) host.Info {
 	t.Helper()
-	info, err := h.Create(ctxT(t), agent.CreateRequest{})
+	info, err := h.Create(ctxT(t), host.CreateRequest{})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	t.Cleanup(func() { host.Kill(context.Background(), info.ID) })
+	t.Cleanup(func() { ag.Kill(context.Background(), info.ID) })
 	return info
 }
 
@@ -216,9 +223,9 @@ type execOut struct {
 }
 
 // run executes a shell command through h, with stdin if not nil.
-func run(t *testing.T, h api.Host, id, cmd string, stdin io.Reader) execOut {
+func run(t *testing.T, h host.Host, id, cmd string, stdin io.Reader) execOut {
 	t.Helper()
-	g, err := h.Guest(id)
+	g, err := h.Guest(ctxT(t), id)
 	if err != nil {
 		t.Fatalf("guest %s: %v", id, err)
 	}
@@ -242,7 +249,7 @@ func run(t *testing.T, h api.Host, id, cmd string, stdin io.Reader) execOut {
 	return execOut{out.String(), errOut.String(), res}
 }
 
-func mustRun(t *testing.T, h api.Host, id, cmd string) string {
+func mustRun(t *testing.T, h host.Host, id, cmd string) string {
 	t.Helper()
 	r := run(t, h, id, cmd, nil)
 	if r.res.ExitCode != 0 {
@@ -254,44 +261,44 @@ func mustRun(t *testing.T, h api.Host, id, cmd string) string {
 func TestLifecycle(t *testing.T) {
 	ctx := ctxT(t)
 	info := create(t, client)
-	if info.State != agent.StateRunning || info.PID == 0 {
+	if info.State != lifecycle.Running || info.PID == 0 {
 		t.Fatalf("create: got state %s pid %d, want running with a VMM", info.State, info.PID)
 	}
-	got, err := client.Get(info.ID)
-	if err != nil || got.ID != info.ID || got.State != agent.StateRunning {
+	got, err := client.Get(ctx, info.ID)
+	if err != nil || got.ID != info.ID || got.State != lifecycle.Running {
 		t.Fatalf("get: got %+v, %v", got, err)
 	}
-	list, err := client.ListSandboxes(ctx)
+	list, err := client.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !containsID(list, info.ID) || !containsID(client.List(), info.ID) {
+	if !containsID(list, info.ID) {
 		t.Errorf("list does not have %s", info.ID)
 	}
-	if m, err := client.Memory(info.ID); err != nil || m.RSSBytes == 0 {
+	if m, err := client.Memory(ctx, info.ID); err != nil || m.RSSBytes == 0 {
 		t.Errorf("memory: got %+v, %v; want RSS > 0", m, err)
 	}
-	if got, want := client.Accel(), host.Accel(); got != want {
+	if got, want := client.Accel(), ag.Accel(); got != want {
 		t.Errorf("accel: got %s, want %s", got, want)
 	}
-	if got, want := client.TemplateParams("", 0, 0), host.TemplateParams("", 0, 0); got != want {
+	if got, want := client.TemplateParams("", 0, 0), ag.TemplateParams("", 0, 0); got != want {
 		t.Errorf("template params: got %+v, want %+v", got, want)
 	}
-	if got, want := client.TemplateParams("base", 512, 2), host.TemplateParams("base", 512, 2); got != want {
+	if got, want := client.TemplateParams("base", 512, 2), ag.TemplateParams("base", 512, 2); got != want {
 		t.Errorf("template params: got %+v, want %+v", got, want)
 	}
 	if err := client.Kill(ctx, info.ID); err != nil {
 		t.Fatalf("kill: %v", err)
 	}
-	if _, err := client.Get(info.ID); !errors.Is(err, agent.ErrNotFound) {
-		t.Errorf("get after kill: got %v, want agent.ErrNotFound", err)
+	if _, err := client.Get(ctx, info.ID); !errors.Is(err, host.ErrNotFound) {
+		t.Errorf("get after kill: got %v, want host.ErrNotFound", err)
 	}
-	if err := client.Kill(ctx, info.ID); !errors.Is(err, agent.ErrNotFound) {
-		t.Errorf("kill twice: got %v, want agent.ErrNotFound", err)
+	if err := client.Kill(ctx, info.ID); !errors.Is(err, host.ErrNotFound) {
+		t.Errorf("kill twice: got %v, want host.ErrNotFound", err)
 	}
 }
 
-func containsID(list []agent.Info, id string) bool {
+func containsID(list []host.Info, id string) bool {
 	for _, i := range list {
 		if i.ID == id {
 			return true
@@ -327,7 +334,7 @@ func TestExec(t *testing.T) {
 	t.Run("full duplex", func(t *testing.T) {
 		// An answer to each line before stdin is closed: stdin and
 		// output stream at once.
-		g, _ := client.Guest(sb.ID)
+		g, _ := client.Guest(ctxT(t), sb.ID)
 		p, err := g.StartExec(ctxT(t), guestproto.ExecRequest{Shell: "while read l; do echo got $l; done", Stdin: true})
 		if err != nil {
 			t.Fatal(err)
@@ -348,7 +355,7 @@ func TestExec(t *testing.T) {
 		}
 	})
 	t.Run("exit with stdin open", func(t *testing.T) {
-		g, _ := client.Guest(sb.ID)
+		g, _ := client.Guest(ctxT(t), sb.ID)
 		p, err := g.StartExec(ctxT(t), guestproto.ExecRequest{Shell: "exit 7", Stdin: true})
 		if err != nil {
 			t.Fatal(err)
@@ -375,7 +382,7 @@ func TestExec(t *testing.T) {
 	})
 	t.Run("cancel kills", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		g, _ := client.Guest(sb.ID)
+		g, _ := client.Guest(ctxT(t), sb.ID)
 		p, err := g.StartExec(ctx, guestproto.ExecRequest{Shell: "echo $$ > /tmp/sleeper.pid; exec sleep 600"})
 		if err != nil {
 			t.Fatal(err)
@@ -404,7 +411,7 @@ func TestExec(t *testing.T) {
 func TestFiles(t *testing.T) {
 	ctx := ctxT(t)
 	sb := create(t, client)
-	g, _ := client.Guest(sb.ID)
+	g, _ := client.Guest(ctxT(t), sb.ID)
 	data := make([]byte, 5<<20+123)
 	rand.Read(data)
 	want := sha256.Sum256(data)
@@ -487,23 +494,23 @@ func TestErrorsMatchLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A snapshot whose memory no longer matches its checksums.
-	corrupt := agent.NewID()
-	if _, err := host.Snapshot(ctxT(t), sb.ID, corrupt); err != nil {
+	corrupt := host.NewID()
+	if _, err := ag.Snapshot(ctxT(t), sb.ID, corrupt); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { host.DeleteSnapshot(corrupt) })
-	if err := os.WriteFile(filepath.Join(host.StoreDir(), "snapshots", corrupt, "vm.state"), []byte("not the state"), 0o600); err != nil {
+	t.Cleanup(func() { ag.DeleteSnapshot(corrupt) })
+	if err := os.WriteFile(filepath.Join(ag.StoreDir(), "snapshots", corrupt, "vm.state"), []byte("not the state"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	classes := []error{
-		agent.ErrNotFound, agent.ErrConflict, agent.ErrInvalid, agent.ErrNoSpace, agent.ErrCorrupt, agent.ErrNotReady,
+		host.ErrNotFound, host.ErrConflict, host.ErrInvalid, host.ErrNoSpace, host.ErrCorrupt, host.ErrNotReady,
 		template.ErrNotFound, template.ErrInvalid, context.DeadlineExceeded,
 		guestproto.ErrNotFound, guestproto.ErrExists, guestproto.ErrNotDir, guestproto.ErrIsDir,
 		guestproto.ErrNotEmpty, guestproto.ErrPermission, guestproto.ErrInvalid, guestproto.ErrTimeout,
 	}
-	guestOp := func(id string, op func(g api.Guest) error) func(h api.Host) error {
-		return func(h api.Host) error {
-			g, err := h.Guest(id)
+	guestOp := func(id string, op func(g host.Guest) error) func(h host.Host) error {
+		return func(h host.Host) error {
+			g, err := h.Guest(ctxT(t), id)
 			if err != nil {
 				return err
 			}
@@ -513,75 +520,75 @@ func TestErrorsMatchLocal(t *testing.T) {
 	ctx := ctxT(t)
 	for _, tc := range []struct {
 		name string
-		op   func(h api.Host) error
+		op   func(h host.Host) error
 		want error
 	}{
-		{"get unknown", func(h api.Host) error { _, err := h.Get("nosuchsandbox"); return err }, agent.ErrNotFound},
-		{"kill unknown", func(h api.Host) error { return h.Kill(ctx, "nosuchsandbox") }, agent.ErrNotFound},
-		{"memory unknown", func(h api.Host) error { _, err := h.Memory("nosuchsandbox"); return err }, agent.ErrNotFound},
-		{"create bad id", func(h api.Host) error {
-			_, err := h.Create(ctx, agent.CreateRequest{ID: "Bad-ID"})
+		{"get unknown", func(h host.Host) error { _, err := h.Get(ctx, "nosuchsandbox"); return err }, host.ErrNotFound},
+		{"kill unknown", func(h host.Host) error { return h.Kill(ctx, "nosuchsandbox") }, host.ErrNotFound},
+		{"memory unknown", func(h host.Host) error { _, err := h.Memory(ctx, "nosuchsandbox"); return err }, host.ErrNotFound},
+		{"create bad id", func(h host.Host) error {
+			_, err := h.Create(ctx, host.CreateRequest{ID: "Bad-ID"})
 			return err
-		}, agent.ErrInvalid},
-		{"create unknown template", func(h api.Host) error {
-			_, err := h.Create(ctx, agent.CreateRequest{Template: "nosuchtemplate"})
+		}, host.ErrInvalid},
+		{"create unknown template", func(h host.Host) error {
+			_, err := h.Create(ctx, host.CreateRequest{Template: "nosuchtemplate"})
 			return err
-		}, agent.ErrNotFound},
-		{"create too little memory", func(h api.Host) error {
-			_, err := h.Create(ctx, agent.CreateRequest{MemoryMiB: 1})
+		}, host.ErrNotFound},
+		{"create too little memory", func(h host.Host) error {
+			_, err := h.Create(ctx, host.CreateRequest{MemoryMiB: 1})
 			return err
-		}, agent.ErrInvalid},
-		{"create from a corrupt snapshot", func(h api.Host) error {
-			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: corrupt})
+		}, host.ErrInvalid},
+		{"create from a corrupt snapshot", func(h host.Host) error {
+			_, err := h.Create(ctx, host.CreateRequest{SnapshotID: corrupt})
 			return err
-		}, agent.ErrCorrupt},
-		{"create unknown snapshot", func(h api.Host) error {
-			_, err := h.Create(ctx, agent.CreateRequest{SnapshotID: "nosuchsnapshot"})
+		}, host.ErrCorrupt},
+		{"create unknown snapshot", func(h host.Host) error {
+			_, err := h.Create(ctx, host.CreateRequest{SnapshotID: "nosuchsnapshot"})
 			return err
-		}, agent.ErrNotFound},
-		{"lookup unknown template", func(h api.Host) error {
-			_, _, err := h.Templates().Lookup(template.Params{Name: "nosuchtemplate", MemoryMiB: 256, VCPUs: 1})
+		}, host.ErrNotFound},
+		{"lookup unknown template", func(h host.Host) error {
+			_, _, err := h.Templates().Lookup(ctx, template.Params{Name: "nosuchtemplate", MemoryMiB: 256, VCPUs: 1})
 			return err
 		}, template.ErrNotFound},
-		{"bake invalid", func(h api.Host) error {
+		{"bake invalid", func(h host.Host) error {
 			_, err := h.Templates().Bake(ctx, template.Params{Name: "tiny", MemoryMiB: 1, VCPUs: 1}, nil)
 			return err
 		}, template.ErrInvalid},
-		{"fork no children", func(h api.Host) error { _, err := h.Fork(ctx, sb.ID, nil); return err }, agent.ErrInvalid},
-		{"fork paused", func(h api.Host) error { _, err := h.Fork(ctx, paused.ID, []string{"child1"}); return err }, agent.ErrConflict},
-		{"pause paused", func(h api.Host) error { _, err := h.Pause(ctx, paused.ID); return err }, agent.ErrConflict},
-		{"resume running", func(h api.Host) error { _, err := h.Resume(ctx, sb.ID); return err }, agent.ErrConflict},
-		{"snapshot bad id", func(h api.Host) error { _, err := h.Snapshot(ctx, sb.ID, "Bad-ID"); return err }, agent.ErrInvalid},
-		{"delete unknown snapshot", func(h api.Host) error { return h.DeleteSnapshot("nosuchsnapshot") }, agent.ErrNotFound},
-		{"exec in paused", guestOp(paused.ID, func(g api.Guest) error {
+		{"fork no children", func(h host.Host) error { _, err := h.Fork(ctx, sb.ID, nil); return err }, host.ErrInvalid},
+		{"fork paused", func(h host.Host) error { _, err := h.Fork(ctx, paused.ID, []string{"child1"}); return err }, host.ErrConflict},
+		{"pause paused", func(h host.Host) error { _, err := h.Pause(ctx, paused.ID); return err }, host.ErrConflict},
+		{"resume running", func(h host.Host) error { _, err := h.Resume(ctx, sb.ID); return err }, host.ErrConflict},
+		{"snapshot bad id", func(h host.Host) error { _, err := h.Snapshot(ctx, sb.ID, "Bad-ID"); return err }, host.ErrInvalid},
+		{"delete unknown snapshot", func(h host.Host) error { return h.DeleteSnapshot(ctx, "nosuchsnapshot") }, host.ErrNotFound},
+		{"exec in paused", guestOp(paused.ID, func(g host.Guest) error {
 			_, err := g.StartExec(ctx, guestproto.ExecRequest{Shell: "true"})
 			return err
-		}), agent.ErrConflict},
-		{"stat in unknown", guestOp("nosuchsandbox", func(g api.Guest) error { _, err := g.Stat(ctx, "/"); return err }), agent.ErrNotFound},
-		{"exec missing program", guestOp(sb.ID, func(g api.Guest) error {
+		}), host.ErrConflict},
+		{"stat in unknown", guestOp("nosuchsandbox", func(g host.Guest) error { _, err := g.Stat(ctx, "/"); return err }), host.ErrNotFound},
+		{"exec missing program", guestOp(sb.ID, func(g host.Guest) error {
 			_, err := g.StartExec(ctx, guestproto.ExecRequest{Argv: []string{"/no/such/program"}})
 			return err
 		}), guestproto.ErrNotFound},
-		{"exec invalid", guestOp(sb.ID, func(g api.Guest) error {
+		{"exec invalid", guestOp(sb.ID, func(g host.Guest) error {
 			_, err := g.StartExec(ctx, guestproto.ExecRequest{})
 			return err
 		}), guestproto.ErrInvalid},
-		{"stat missing", guestOp(sb.ID, func(g api.Guest) error { _, err := g.Stat(ctx, "/no/such/file"); return err }), guestproto.ErrNotFound},
-		{"read a directory", guestOp(sb.ID, func(g api.Guest) error {
+		{"stat missing", guestOp(sb.ID, func(g host.Guest) error { _, err := g.Stat(ctx, "/no/such/file"); return err }), guestproto.ErrNotFound},
+		{"read a directory", guestOp(sb.ID, func(g host.Guest) error {
 			rc, _, err := g.ReadFile(ctx, "/etc")
 			if err == nil {
 				rc.Close()
 			}
 			return err
 		}), guestproto.ErrIsDir},
-		{"list a file", guestOp(sb.ID, func(g api.Guest) error { _, err := g.ListDir(ctx, "/etc/passwd"); return err }), guestproto.ErrNotDir},
-		{"mkdir relative", guestOp(sb.ID, func(g api.Guest) error { return g.Mkdir(ctx, "relative") }), guestproto.ErrInvalid},
-		{"write over a directory", guestOp(sb.ID, func(g api.Guest) error {
+		{"list a file", guestOp(sb.ID, func(g host.Guest) error { _, err := g.ListDir(ctx, "/etc/passwd"); return err }), guestproto.ErrNotDir},
+		{"mkdir relative", guestOp(sb.ID, func(g host.Guest) error { return g.Mkdir(ctx, "relative") }), guestproto.ErrInvalid},
+		{"write over a directory", guestOp(sb.ID, func(g host.Guest) error {
 			_, err := g.WriteFile(ctx, "/etc", strings.NewReader("x"), 0o644)
 			return err
 		}), guestproto.ErrIsDir},
-		{"rename missing", guestOp(sb.ID, func(g api.Guest) error { return g.Rename(ctx, "/no/such", "/tmp/x") }), guestproto.ErrNotFound},
-		{"remove missing", guestOp(sb.ID, func(g api.Guest) error { return g.Remove(ctx, "/no/such", false) }), guestproto.ErrNotFound},
+		{"rename missing", guestOp(sb.ID, func(g host.Guest) error { return g.Rename(ctx, "/no/such", "/tmp/x") }), guestproto.ErrNotFound},
+		{"remove missing", guestOp(sb.ID, func(g host.Guest) error { return g.Remove(ctx, "/no/such", false) }), guestproto.ErrNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lerr, rerr := tc.op(local), tc.op(client)
@@ -611,9 +618,9 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 	ctx := ctxT(t)
 	parent := create(t, client)
 	mustRun(t, client, parent.ID, "echo from-parent > /root/mark")
-	ids := []string{agent.NewID(), agent.NewID()}
+	ids := []string{host.NewID(), host.NewID()}
 	for _, id := range ids {
-		t.Cleanup(func() { host.Kill(context.Background(), id) })
+		t.Cleanup(func() { ag.Kill(context.Background(), id) })
 	}
 	res, err := client.Fork(ctx, parent.ID, ids)
 	if err != nil {
@@ -632,34 +639,34 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 	}
 	// A child that cannot start is reported in its slot.
 	dup, err := client.Fork(ctx, parent.ID, []string{ids[0]})
-	if err != nil || len(dup.Children) != 1 || !errors.Is(dup.Children[0].Err, agent.ErrConflict) {
-		t.Errorf("fork into a used id: got %+v, %v; want the child's error agent.ErrConflict", dup, err)
+	if err != nil || len(dup.Children) != 1 || !errors.Is(dup.Children[0].Err, host.ErrConflict) {
+		t.Errorf("fork into a used id: got %+v, %v; want the child's error host.ErrConflict", dup, err)
 	}
 
-	snapID := agent.NewID()
+	snapID := host.NewID()
 	si, err := client.Snapshot(ctx, parent.ID, snapID)
 	if err != nil || si.ID != snapID || si.SandboxID != parent.ID || si.SizeBytes <= 0 {
 		t.Fatalf("snapshot: got %+v, %v", si, err)
 	}
-	t.Cleanup(func() { host.DeleteSnapshot(snapID) })
+	t.Cleanup(func() { ag.DeleteSnapshot(snapID) })
 	// The server records a snapshot a crash left unrecorded from this list.
-	if list, err := client.Snapshots(ctx); err != nil || !slices.ContainsFunc(list, func(x agent.SnapshotInfo) bool {
+	if list, err := client.Snapshots(ctx); err != nil || !slices.ContainsFunc(list, func(x host.SnapshotInfo) bool {
 		return x.ID == snapID && x.SandboxID == parent.ID && x.SizeBytes == si.SizeBytes
 	}) {
 		t.Errorf("snapshots: got %+v, %v; want %s of %s among them", list, err, snapID, parent.ID)
 	}
-	restored, err := client.Create(ctx, agent.CreateRequest{SnapshotID: snapID})
+	restored, err := client.Create(ctx, host.CreateRequest{SnapshotID: snapID})
 	if err != nil {
 		t.Fatalf("create from snapshot: %v", err)
 	}
-	t.Cleanup(func() { host.Kill(context.Background(), restored.ID) })
+	t.Cleanup(func() { ag.Kill(context.Background(), restored.ID) })
 	if restored.Snapshot != snapID {
 		t.Errorf("created from snapshot: got snapshot_id %q, want %q", restored.Snapshot, snapID)
 	}
 	if got := mustRun(t, client, restored.ID, "cat /root/mark"); got != "from-parent\n" {
 		t.Errorf("sandbox from the snapshot sees %q", got)
 	}
-	if err := client.DeleteSnapshot(snapID); err != nil {
+	if err := client.DeleteSnapshot(ctx, snapID); err != nil {
 		t.Errorf("delete snapshot: %v", err)
 	}
 
@@ -667,11 +674,11 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 	if err != nil || st.Paused <= 0 {
 		t.Fatalf("pause: got %+v, %v", st, err)
 	}
-	if info, _ := client.Get(parent.ID); info.State != agent.StatePaused {
+	if info, _ := client.Get(ctx, parent.ID); info.State != lifecycle.Paused {
 		t.Errorf("after pause: state %s", info.State)
 	}
 	info, err := client.Resume(ctx, parent.ID)
-	if err != nil || info.State != agent.StateRunning {
+	if err != nil || info.State != lifecycle.Running {
 		t.Fatalf("resume: got %+v, %v", info, err)
 	}
 	if got := mustRun(t, client, parent.ID, "cat /root/mark"); got != "from-parent\n" {
@@ -680,23 +687,27 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 }
 
 func TestTemplates(t *testing.T) {
-	lt, err := host.Templates().List()
+	lt, err := ag.Templates().List()
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := client.Templates().List()
+	rt, err := client.Templates().List(ctxT(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(lt) == 0 || len(lt) != len(rt) || lt[0].Key() != rt[0].Key() || !lt[0].BakedAt.Equal(rt[0].BakedAt) {
 		t.Errorf("list: local %+v, remote %+v", lt, rt)
 	}
-	if got, want := strings.Join(client.Templates().Names(), ","), strings.Join(host.Templates().Names(), ","); got != want || got == "" {
+	names, err := client.Templates().Names(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(names, ","), strings.Join(ag.Templates().Names(), ","); got != want || got == "" {
 		t.Errorf("names: got %q, want %q", got, want)
 	}
-	p := host.TemplateParams("tiny", 256, 1)
-	ltm, lr, lerr := host.Templates().Lookup(p)
-	rtm, rr, rerr := client.Templates().Lookup(p)
+	p := ag.TemplateParams("tiny", 256, 1)
+	ltm, lr, lerr := ag.Templates().Lookup(p)
+	rtm, rr, rerr := client.Templates().Lookup(ctxT(t), p)
 	if lerr != nil || rerr != nil || lr != rr || ltm == nil || rtm == nil || ltm.Dir != rtm.Dir || ltm.Inputs["rootfs"] != rtm.Inputs["rootfs"] {
 		t.Errorf("lookup: local %+v %q %v, remote %+v %q %v", ltm, lr, lerr, rtm, rr, rerr)
 	}
@@ -712,7 +723,7 @@ func TestTemplates(t *testing.T) {
 	if tm.Key() != bp.Key() || len(progress) == 0 {
 		t.Errorf("bake: got %s with progress %q; want %s and progress lines", tm.Key(), progress, bp.Key())
 	}
-	if _, reason, err := client.Templates().Lookup(bp); err != nil || reason != "" {
+	if _, reason, err := client.Templates().Lookup(ctxT(t), bp); err != nil || reason != "" {
 		t.Errorf("lookup after bake: stale %q, %v; want fresh", reason, err)
 	}
 }
@@ -724,11 +735,11 @@ func TestVMMExit(t *testing.T) {
 	if err := unix.Kill(sb.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitExit(t, sb.ID); errors.Is(err, api.ErrHostShutdown) {
+	if err := waitExit(t, sb.ID); errors.Is(err, host.ErrHostShutdown) {
 		t.Errorf("exit cause %v: not a host shutdown", err)
 	}
-	if _, err := client.Get(sb.ID); !errors.Is(err, agent.ErrNotFound) {
-		t.Errorf("get after the VMM died: got %v, want agent.ErrNotFound", err)
+	if _, err := client.Get(ctxT(t), sb.ID); !errors.Is(err, host.ErrNotFound) {
+		t.Errorf("get after the VMM died: got %v, want host.ErrNotFound", err)
 	}
 }
 
@@ -778,15 +789,15 @@ func TestAuth(t *testing.T) {
 	if _, err := hostapi.Dial(plain, testToken); err == nil {
 		t.Errorf("dial %s (no TLS) of a TLS agent: got no error", plain)
 	}
-	if _, err := hostapi.Dial("http://127.0.0.1:1", testToken); !errors.Is(err, api.ErrUnavailable) {
-		t.Errorf("dial nothing: got %v, want api.ErrUnavailable", err)
+	if _, err := hostapi.Dial("http://127.0.0.1:1", testToken); !errors.Is(err, host.ErrUnavailable) {
+		t.Errorf("dial nothing: got %v, want host.ErrUnavailable", err)
 	}
 }
 
 // TestShutdown: a server that shuts down refuses new requests, still
 // sends exit events until Close, and then ends its streams.
 func TestShutdown(t *testing.T) {
-	s2 := hostapi.NewServer(host, testToken, nil)
+	s2 := hostapi.NewServer(ag, testToken, nil)
 	hs2 := httptest.NewServer(s2)
 	defer hs2.Close()
 	defer s2.Close()
@@ -815,14 +826,14 @@ func TestShutdown(t *testing.T) {
 	if err := s2.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c2.ListSandboxes(context.Background()); !errors.Is(err, api.ErrUnavailable) {
-		t.Errorf("request after Shutdown: got %v, want api.ErrUnavailable", err)
+	if _, err := c2.List(context.Background()); !errors.Is(err, host.ErrUnavailable) {
+		t.Errorf("request after Shutdown: got %v, want host.ErrUnavailable", err)
 	}
-	s2.SandboxExited("somesandbox", api.ErrHostShutdown)
+	s2.SandboxExited("somesandbox", host.ErrHostShutdown)
 	select {
 	case err := <-got:
-		if !errors.Is(err, api.ErrHostShutdown) {
-			t.Errorf("exit cause: got %v, want api.ErrHostShutdown", err)
+		if !errors.Is(err, host.ErrHostShutdown) {
+			t.Errorf("exit cause: got %v, want host.ErrHostShutdown", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("no exit event after Shutdown")
@@ -872,7 +883,7 @@ func TestDownloadCutShort(t *testing.T) {
 	ctx := ctxT(t)
 	sb := create(t, client)
 	mustRun(t, client, sb.ID, "head -c 16777216 /dev/zero > /tmp/big")
-	g, _ := client.Guest(sb.ID)
+	g, _ := client.Guest(ctxT(t), sb.ID)
 	rc, fi, err := g.ReadFile(ctx, "/tmp/big")
 	if err != nil {
 		t.Fatal(err)
@@ -894,7 +905,7 @@ func TestDownloadCutShort(t *testing.T) {
 // control plane to follow its events, and every exit it reports before
 // Close reaches that control plane, however many are queued.
 func TestShutdownDeliversQueuedExits(t *testing.T) {
-	s2 := hostapi.NewServer(host, testToken, nil)
+	s2 := hostapi.NewServer(ag, testToken, nil)
 	hs2 := httptest.NewServer(s2)
 	defer hs2.Close()
 	defer s2.Close()
@@ -915,7 +926,7 @@ func TestShutdownDeliversQueuedExits(t *testing.T) {
 	go func() {
 		defer close(watchDone)
 		c2.Watch(ctx, hostapi.Watcher{Exited: func(id string, err error) {
-			if errors.Is(err, api.ErrHostShutdown) {
+			if errors.Is(err, host.ErrHostShutdown) {
 				got <- id
 			}
 		}})
@@ -927,7 +938,7 @@ func TestShutdownDeliversQueuedExits(t *testing.T) {
 		t.Fatal("WaitSubscriber: the client never subscribed")
 	}
 	for i := range n {
-		s2.SandboxExited(fmt.Sprintf("sb%d", i), api.ErrHostShutdown)
+		s2.SandboxExited(fmt.Sprintf("sb%d", i), host.ErrHostShutdown)
 	}
 	s2.Close()
 	for i := range n {

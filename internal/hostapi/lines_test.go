@@ -11,16 +11,16 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
 // tryExec runs req through h and returns its output, or the error of
 // starting or waiting for it.
-func tryExec(t *testing.T, h api.Host, id string, req guestproto.ExecRequest) (execOut, error) {
+func tryExec(t *testing.T, h host.Host, id string, req guestproto.ExecRequest) (execOut, error) {
 	t.Helper()
-	g, err := h.Guest(id)
+	g, err := h.Guest(ctxT(t), id)
 	if err != nil {
 		return execOut{}, err
 	}

@@ -14,9 +14,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // Background processes and directory watches: the server side (handlers on
@@ -83,10 +82,10 @@ func (s *Server) processRoutes(r chi.Router) {
 	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/stdin", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
 		data, err := io.ReadAll(io.LimitReader(r.Body, MaxStdinBody+1))
 		if err != nil {
-			return fmt.Errorf("%w: stdin body: %v", agent.ErrInvalid, err)
+			return fmt.Errorf("%w: stdin body: %v", host.ErrInvalid, err)
 		}
 		if len(data) > MaxStdinBody {
-			return fmt.Errorf("%w: stdin body over %d bytes", agent.ErrInvalid, MaxStdinBody)
+			return fmt.Errorf("%w: stdin body over %d bytes", host.ErrInvalid, MaxStdinBody)
 		}
 		if len(data) > 0 {
 			if err := g.WriteProcessStdin(r.Context(), pid, data); err != nil {
@@ -135,7 +134,7 @@ func (s *Server) untilClosed(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-s.closed:
-			writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+			writeError(w, fmt.Errorf("%w: the host agent is shutting down", host.ErrUnavailable))
 			return
 		default:
 		}
@@ -157,7 +156,7 @@ func decodeN(r *http.Request, v any, n int64) error {
 	dec := json.NewDecoder(io.LimitReader(r.Body, n))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: malformed request: %v", agent.ErrInvalid, err)
+		return fmt.Errorf("%w: malformed request: %v", host.ErrInvalid, err)
 	}
 	return nil
 }
@@ -166,7 +165,7 @@ func decodeN(r *http.Request, v any, n int64) error {
 func (s *Server) procGuest(r *http.Request) (int, *guestproto.Client, error) {
 	pid, err := strconv.Atoi(chi.URLParam(r, "pid"))
 	if err != nil || pid <= 0 {
-		return 0, nil, fmt.Errorf("%w: pid %q", agent.ErrInvalid, chi.URLParam(r, "pid"))
+		return 0, nil, fmt.Errorf("%w: pid %q", host.ErrInvalid, chi.URLParam(r, "pid"))
 	}
 	g, err := s.a.Guest(chi.URLParam(r, "id"))
 	return pid, g, err
@@ -198,7 +197,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	for i, k := range []string{"stdout_offset", "stderr_offset"} {
 		if v := q.Get(k); v != "" {
 			if offs[i], err = strconv.ParseInt(v, 10, 64); err != nil {
-				writeError(w, fmt.Errorf("%w: %s %q", agent.ErrInvalid, k, v))
+				writeError(w, fmt.Errorf("%w: %s %q", host.ErrInvalid, k, v))
 				return
 			}
 		}
@@ -264,7 +263,7 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request) {
 
 // The client side: the remote guest keeps background processes and
 // watches directories, as the local one does.
-var _ api.ProcessGuest = guest{}
+var _ host.ProcessGuest = guest{}
 
 func pidPath(pid int, rest string) string { return "/processes/" + strconv.Itoa(pid) + rest }
 

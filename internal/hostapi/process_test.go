@@ -12,22 +12,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
 // processGuest is sandbox id's guest through h, which must keep
 // background processes.
-func processGuest(t *testing.T, h api.Host, id string) api.ProcessGuest {
+func processGuest(t *testing.T, h host.Host, id string) host.ProcessGuest {
 	t.Helper()
-	g, err := h.Guest(id)
+	g, err := h.Guest(ctxT(t), id)
 	if err != nil {
 		t.Fatalf("guest %s: %v", id, err)
 	}
-	pg, ok := g.(api.ProcessGuest)
+	pg, ok := g.(host.ProcessGuest)
 	if !ok {
-		t.Fatalf("guest %s through %T: not an api.ProcessGuest", id, h)
+		t.Fatalf("guest %s through %T: not an host.ProcessGuest", id, h)
 	}
 	return pg
 }
@@ -201,7 +201,7 @@ type dirWatcher interface {
 func TestWatchDir(t *testing.T) {
 	ctx := ctxT(t)
 	sb := create(t, client)
-	g, _ := client.Guest(sb.ID)
+	g, _ := client.Guest(ctxT(t), sb.ID)
 	dw, ok := g.(dirWatcher)
 	if !ok {
 		t.Fatalf("the remote guest %T cannot watch directories", g)
@@ -277,7 +277,7 @@ func TestProcessRoutesAuth(t *testing.T) {
 func TestCloseEndsProcessStreams(t *testing.T) {
 	ctx := ctxT(t)
 	sb := create(t, client)
-	s2 := hostapi.NewServer(host, testToken, nil)
+	s2 := hostapi.NewServer(ag, testToken, nil)
 	hs2 := httptest.NewServer(s2)
 	defer hs2.Close()
 	defer s2.Close()
@@ -295,7 +295,7 @@ func TestCloseEndsProcessStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, _ := c2.Guest(sb.ID)
+	g, _ := c2.Guest(ctx, sb.ID)
 	mustRun(t, client, sb.ID, "mkdir -p /tmp/wc")
 	w, err := g.(dirWatcher).WatchDir(ctx, "/tmp/wc", false)
 	if err != nil {
@@ -330,8 +330,8 @@ func TestCloseEndsProcessStreams(t *testing.T) {
 			t.Errorf("%s still open 10 s after Close", name)
 		}
 	}
-	if _, err := pg.AttachProcess(ctx, p.PID, 0, 0); !errors.Is(err, api.ErrUnavailable) {
-		t.Errorf("attach after Close: got %v, want api.ErrUnavailable", err)
+	if _, err := pg.AttachProcess(ctx, p.PID, 0, 0); !errors.Is(err, host.ErrUnavailable) {
+		t.Errorf("attach after Close: got %v, want host.ErrUnavailable", err)
 	}
 	// The process runs on.
 	if list, err := processGuest(t, client, sb.ID).ListProcesses(ctx); err != nil || !slicesHasRunning(list, p.PID) {

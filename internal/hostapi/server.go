@@ -19,9 +19,10 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/recoverer"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -70,7 +71,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.S
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(api.Recoverer(s.log, func(w http.ResponseWriter, r *http.Request, err error) { writeError(w, err) }))
+	r.Use(recoverer.New(s.log, func(w http.ResponseWriter, r *http.Request, err error) { writeError(w, err) }))
 	// Liveness, for supervisors: no token, no information.
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -165,13 +166,13 @@ func (s *Server) routes() http.Handler {
 		}))
 	})
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%w: no such endpoint: %s %s", agent.ErrNotFound, r.Method, r.URL.Path))
+		writeError(w, fmt.Errorf("%w: no such endpoint: %s %s", host.ErrNotFound, r.Method, r.URL.Path))
 	})
 	return r
 }
 
 func (s *Server) info() Info {
-	return Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: api.LocalResources()}
+	return Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: host.LocalResources()}
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
@@ -193,7 +194,7 @@ func (s *Server) track(next http.Handler) http.Handler {
 		s.mu.Lock()
 		if s.draining {
 			s.mu.Unlock()
-			writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+			writeError(w, fmt.Errorf("%w: the host agent is shutting down", host.ErrUnavailable))
 			return
 		}
 		s.active++
@@ -274,12 +275,12 @@ func (s *Server) Close() error {
 
 // SandboxExited tells connected clients that a sandbox stopped without
 // being killed through this API: its VMM exited (wire it into
-// agent.Config.OnExit), or, when err is api.ErrHostShutdown, the agent
+// agent.Config.OnExit), or, when err is host.ErrHostShutdown, the agent
 // stopped it as it shut down. A client too slow to take the event loses
 // its stream and reconciles when it reconnects.
 func (s *Server) SandboxExited(id string, err error) {
 	ev := Event{Type: "exit", ID: id, Reason: reasonExited}
-	if errors.Is(err, api.ErrHostShutdown) {
+	if errors.Is(err, host.ErrHostShutdown) {
 		ev.Reason = reasonShutdown
 	}
 	if err != nil {
@@ -303,7 +304,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-s.closed:
 		s.mu.Unlock()
-		writeError(w, fmt.Errorf("%w: the host agent is shutting down", api.ErrUnavailable))
+		writeError(w, fmt.Errorf("%w: the host agent is shutting down", host.ErrUnavailable))
 		return
 	default:
 	}
@@ -431,7 +432,7 @@ func decode(r *http.Request, v any) error {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: malformed request: %v", agent.ErrInvalid, err)
+		return fmt.Errorf("%w: malformed request: %v", host.ErrInvalid, err)
 	}
 	return nil
 }
@@ -441,7 +442,7 @@ func (s *Server) create(r *http.Request) (any, error) {
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
-	return s.a.Create(r.Context(), agent.CreateRequest{
+	return s.a.Create(r.Context(), host.CreateRequest{
 		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
 		Network: req.Network,
 	})
@@ -504,9 +505,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var req guestproto.ExecRequest
 	if err := readJSONLine(body, &req); err != nil {
 		if errors.Is(err, errLineTooLong) {
-			err = fmt.Errorf("%w: exec request longer than %d bytes", agent.ErrInvalid, MaxLine)
+			err = fmt.Errorf("%w: exec request longer than %d bytes", host.ErrInvalid, MaxLine)
 		} else {
-			err = fmt.Errorf("%w: malformed exec request: %v", agent.ErrInvalid, err)
+			err = fmt.Errorf("%w: malformed exec request: %v", host.ErrInvalid, err)
 		}
 		writeErrorUnread(w, err)
 		return
@@ -644,7 +645,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	mode, err := strconv.ParseUint(q.Get("mode"), 10, 32)
 	if err != nil {
-		writeErrorUnread(w, fmt.Errorf("%w: mode %q", agent.ErrInvalid, q.Get("mode")))
+		writeErrorUnread(w, fmt.Errorf("%w: mode %q", host.ErrInvalid, q.Get("mode")))
 		return
 	}
 	g, err := s.a.Guest(chi.URLParam(r, "id"))

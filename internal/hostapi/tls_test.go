@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
@@ -188,7 +188,7 @@ func TestTLSRenewal(t *testing.T) {
 
 // The client trusts only the CA it is given: another agent's CA, the
 // system's roots or a certificate for another name are refused at once,
-// as ErrUntrusted (which is also api.ErrUnavailable).
+// as ErrUntrusted (which is also host.ErrUnavailable).
 func TestTLSTrust(t *testing.T) {
 	other, err := hostapi.LoadOrCreateTLS(t.TempDir(), []string{"127.0.0.1"})
 	if err != nil {
@@ -218,8 +218,8 @@ func TestTLSTrust(t *testing.T) {
 		{"certificate for another name", hsName.URL, []hostapi.Option{hostapi.WithTLS(wrongNameCfg)}},
 	} {
 		_, err := hostapi.Dial(tc.url, testToken, tc.opts...)
-		if !errors.Is(err, hostapi.ErrUntrusted) || !errors.Is(err, api.ErrUnavailable) {
-			t.Errorf("%s: got %v, want hostapi.ErrUntrusted and api.ErrUnavailable", tc.name, err)
+		if !errors.Is(err, hostapi.ErrUntrusted) || !errors.Is(err, host.ErrUnavailable) {
+			t.Errorf("%s: got %v, want hostapi.ErrUntrusted and host.ErrUnavailable", tc.name, err)
 		}
 	}
 	// The right CA for the name works.

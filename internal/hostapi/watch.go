@@ -9,17 +9,17 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // Watcher receives what the agent's event stream says.
 type Watcher struct {
 	// Connected is called on every (re)connection, once the stream is
-	// live: reconcile with ListSandboxes here, since events sent while
+	// live: reconcile with List here, since events sent while
 	// the stream was down are lost. An error drops the stream and retries.
 	Connected func(ctx context.Context) error
 	// Exited is called when a sandbox stopped without being killed
-	// through the API: its VMM exited, or (err wraps api.ErrHostShutdown)
+	// through the API: its VMM exited, or (err wraps host.ErrHostShutdown)
 	// the agent stopped it as it shut down. Same contract as
 	// agent.Config.OnExit.
 	Exited func(id string, err error)
@@ -91,7 +91,7 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error
 		case ev.Type == "exit" && hello && w.Exited != nil:
 			var cause error
 			if ev.Reason == reasonShutdown {
-				cause = fmt.Errorf("%w: %s", api.ErrHostShutdown, ev.Error)
+				cause = fmt.Errorf("%w: %s", host.ErrHostShutdown, ev.Error)
 			} else if ev.Error != "" {
 				cause = errors.New(ev.Error)
 			}

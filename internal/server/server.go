@@ -24,9 +24,11 @@ import (
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sys/unix"
@@ -310,7 +312,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 
 	// 3. Catalog, admin key, API; reconcile the catalog with what
 	// survived a restart.
-	srv, cat, err := openControlPlane(ctx, cfg, api.Local(host), builds, version, openapi, out, log)
+	srv, cat, err := openControlPlane(ctx, cfg, agent.Local(host), builds, version, openapi, out, log)
 	if err != nil {
 		return err
 	}
@@ -320,11 +322,12 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	// Until it serves, a start that fails leaves the sandboxes it adopted
 	// running for the next start to adopt: they are not its to kill.
 	keepRunning = true
-	if err := srv.Reconcile(ctx, recovered); err != nil {
+	adopted := adoptedIDs(recovered)
+	if err := srv.Reconcile(ctx, adopted); err != nil {
 		return err
 	}
 	if n := len(recovered); n > 0 {
-		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", countOK(recovered))
+		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", len(adopted))
 	}
 	if err := bakeOnStart(ctx, cfg, host, out); err != nil {
 		return err
@@ -438,8 +441,13 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 	if nw, err = openNetwork(cfg, log.With("part", "network")); err != nil {
 		return nil, nil, nil, err
 	}
+	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, Logger: log.With("part", "agent")})
+	if err != nil {
+		nw.close(false)
+		return nil, nil, nil, fmt.Errorf("cannot start host agent: open host agent: %w", err)
+	}
 	acfg := agent.Config{
-		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), QEMU: cfg.QEMU,
+		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), Driver: drv,
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
 		OnExit:     exits.exited,
@@ -511,8 +519,8 @@ func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writ
 }
 
 // openControlPlane opens the catalog, creates the admin key on first
-// start and builds the API over host. The caller closes the catalog.
-func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+// start and builds the API over h. The caller closes the catalog.
+func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
@@ -543,7 +551,7 @@ func openControlPlane(ctx context.Context, cfg Config, host api.Host, builds api
 		TemplateBuilds: builds, TemplateContextDir: cfg.templateContextDir(),
 		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
 		MaxTemplatesPerKey:      cfg.MaxTemplatesPerKey,
-	}, cat, host, reg)
+	}, cat, h, reg)
 	if err != nil {
 		cat.Close()
 		return nil, nil, err
@@ -623,14 +631,15 @@ func vmmsRunning(host *agent.Agent) bool {
 	return false
 }
 
-func countOK(rs []agent.Recovered) int {
-	n := 0
+// adoptedIDs are the sandboxes a recovery kept.
+func adoptedIDs(rs []agent.Recovered) []string {
+	var ids []string
 	for _, r := range rs {
 		if r.Err == nil {
-			n++
+			ids = append(ids, r.ID)
 		}
 	}
-	return n
+	return ids
 }
 
 func bootstrapAdmin(ctx context.Context, cat catalog.Catalog, dataDir string, out io.Writer, log *slog.Logger) error {

@@ -14,8 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
@@ -156,20 +155,20 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 		log.Info("issued the host api certificate", "hosts", strings.Join(creds.Hosts, ","), "not_after", creds.NotAfter().Format(time.RFC3339))
 	}
 
-	host, nw, exits, err := openHost(ctx, cfg, log)
+	ag, nw, exits, err := openHost(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	keepRunning := true // until it serves: see Run
-	defer func() { closeHost(host, nw, keepRunning, log) }()
-	hsrv := hostapi.NewServer(host, token, log.With("part", "hostapi"))
+	defer func() { closeHost(ag, nw, keepRunning, log) }()
+	hsrv := hostapi.NewServer(ag, token, log.With("part", "hostapi"))
 	defer hsrv.Close()
 	exits.set(hsrv.SandboxExited)
-	recovered := host.Recover(ctx)
+	recovered := ag.Recover(ctx)
 	if n := len(recovered); n > 0 {
-		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", countOK(recovered))
+		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", len(adoptedIDs(recovered)))
 	}
-	if err := bakeOnStart(ctx, cfg, host, out); err != nil {
+	if err := bakeOnStart(ctx, cfg, ag, out); err != nil {
 		return err
 	}
 
@@ -177,7 +176,7 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	opts := cfg.serveOptions(log.With("part", "hostapi"))
 	opts.bodyMayIdle = hostapi.BodyMayIdle
 	sv := startServing(tls.NewListener(ln, creds.Config), hsrv, opts)
-	fmt.Fprintf(out, "PandaStack host agent listening on https://%s (accel %s, data %s, token in %s, CA in %s)\n", ln.Addr(), host.Accel(), cfg.DataDir, tokenFile, creds.CAFile)
+	fmt.Fprintf(out, "PandaStack host agent listening on https://%s (accel %s, data %s, token in %s, CA in %s)\n", ln.Addr(), ag.Accel(), cfg.DataDir, tokenFile, creds.CAFile)
 	log.Info("serving host api", "addr", ln.Addr().String())
 	if err := sv.wait(ctx); err != nil {
 		return err
@@ -191,7 +190,7 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	if cfg.OnShutdown == "keep" {
 		keepRunning = true
 	} else {
-		if vmmsRunning(host) {
+		if vmmsRunning(ag) {
 			// The control plane learns why these sandboxes stop only from
 			// the event stream: give it a moment to (re)connect.
 			wctx, wcancel := context.WithTimeout(context.Background(), subscriberWait)
@@ -200,12 +199,12 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 			}
 			wcancel()
 		}
-		stopRunning(host, func(id string) error {
-			err := host.Kill(dctx, id)
+		stopRunning(ag, func(id string) error {
+			err := ag.Kill(dctx, id)
 			if err == nil {
-				hsrv.SandboxExited(id, api.ErrHostShutdown)
+				hsrv.SandboxExited(id, host.ErrHostShutdown)
 			}
-			if errors.Is(err, agent.ErrNotFound) {
+			if errors.Is(err, host.ErrNotFound) {
 				return nil // exited by itself meanwhile: reported then
 			}
 			return err
@@ -270,7 +269,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 		first := true
 		client.Watch(watchCtx, hostapi.Watcher{
 			Connected: func(ctx context.Context) error {
-				if err := srv.Resync(ctx, client.ListSandboxes); err != nil {
+				if err := srv.Resync(ctx, client.List); err != nil {
 					return err
 				}
 				if first {
@@ -320,7 +319,7 @@ func dialAgent(ctx context.Context, url, token string, tlsCfg *tls.Config, log *
 		if errors.Is(err, hostapi.ErrUntrusted) {
 			return nil, fmt.Errorf("cannot connect to host agent: %w (is agent_ca_file the CA the agent made, DATA_DIR/%s of the agent?)", err, hostapi.CAFile)
 		}
-		if !errors.Is(err, api.ErrUnavailable) {
+		if !errors.Is(err, host.ErrUnavailable) {
 			return nil, fmt.Errorf("cannot connect to host agent: %w", err)
 		}
 		if !waited {

@@ -118,6 +118,55 @@ type Driver interface {
 	// changed. Start fails with an error wrapping ErrExhausted when the
 	// driver has no user id left.
 	Start(ctx context.Context, spec Spec) (Machine, error)
+
+	// Adopt takes over a VMM process that an earlier host agent started
+	// for spec (found through spec.RunDir), after that agent's restart. It
+	// fails if the process is gone or does not serve spec.RunDir; nothing
+	// is left changed then.
+	Adopt(ctx context.Context, spec Spec) (Machine, error)
+
+	// Processes lists the live VMM processes of this driver whose machine's
+	// run directory is in runDir, mapping each pid to that directory's
+	// name, whether or not they were started or adopted by this driver: a
+	// host agent finds the VMMs it must kill after a crash with it.
+	Processes(runDir string) map[int]string
+
+	// CleanupStale removes what machines that are gone left behind (a
+	// confining driver's cgroups and user ids) and reports the processes it
+	// found in its machines' place that it neither started nor adopted.
+	// Call it after adopting the running VMMs. Safe for concurrent use with
+	// Start.
+	CleanupStale() (Leftovers, error)
+
+	// ResolveAccel turns AccelAuto into AccelKVM or AccelTCG by booting
+	// kernel once (a canary), and returns the accelerator with why it was
+	// chosen; AccelKVM and AccelTCG are returned as they are. cache, if not
+	// empty, is a file that remembers the answer for this kernel.
+	ResolveAccel(ctx context.Context, want Accel, kernel, cache string) (accel Accel, why string, err error)
+
+	// TSCkHz is the host's TSC frequency in kHz (0 if unknown), which a
+	// guest kernel is told so that it need not calibrate under emulation.
+	TSCkHz() int
+}
+
+// Leftovers is what Driver.CleanupStale found.
+type Leftovers struct {
+	// Removed are the cgroups of machines whose process is gone.
+	Removed []string
+	// Orphans are processes in machine cgroups that this driver neither
+	// started nor adopted: VMMs of a previous run that were not adopted,
+	// or (when several host agents share one host, as tests do) VMMs of
+	// another agent. Their UIDs stay taken until they exit.
+	Orphans []Orphan
+}
+
+// Orphan is a process in a machine cgroup that the driver does not own.
+type Orphan struct {
+	PID int
+	// RunDir is the host run directory the VMM serves, from its command
+	// line; "" if the process is no VMM of this driver's making. Kill an
+	// orphan only if RunDir is one of yours.
+	RunDir string
 }
 
 // Machine is one running VMM process. Methods other than Kill and Done

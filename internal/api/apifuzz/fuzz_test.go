@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -147,35 +147,39 @@ func newEnv(f *testing.F) *env {
 
 // notFoundHost is a host agent without sandboxes or templates: every call
 // fails with a not-found error, so requests exercise decoding and
-// validation only. It embeds api.Host (nil) to keep compiling when the
+// validation only. It embeds host.Host (nil) to keep compiling when the
 // interface grows; a new method that a handler calls then panics, the API
 // answers 500, and FuzzAPI's seeds say which method to add here.
-type notFoundHost struct{ api.Host }
+type notFoundHost struct{ host.Host }
 
-func (notFoundHost) Create(context.Context, agent.CreateRequest) (agent.Info, error) {
-	return agent.Info{}, agent.ErrNotFound
+func (notFoundHost) Create(context.Context, host.CreateRequest) (host.Info, error) {
+	return host.Info{}, host.ErrNotFound
 }
-func (notFoundHost) Kill(context.Context, string) error { return agent.ErrNotFound }
-func (notFoundHost) Get(string) (agent.Info, error)     { return agent.Info{}, agent.ErrNotFound }
-func (notFoundHost) List() []agent.Info                 { return nil }
-func (notFoundHost) Guest(string) (api.Guest, error)    { return nil, agent.ErrNotFound }
-func (notFoundHost) Memory(string) (agent.MemStats, error) {
-	return agent.MemStats{}, agent.ErrNotFound
+func (notFoundHost) Kill(context.Context, string) error { return host.ErrNotFound }
+func (notFoundHost) Get(context.Context, string) (host.Info, error) {
+	return host.Info{}, host.ErrNotFound
 }
-func (notFoundHost) Templates() api.Templates    { return noTemplates{} }
-func (notFoundHost) Accel() vmm.Accel            { return vmm.AccelTCG }
-func (notFoundHost) DeleteSnapshot(string) error { return agent.ErrNotFound }
-func (notFoundHost) Pause(context.Context, string) (agent.CaptureStats, error) {
-	return agent.CaptureStats{}, agent.ErrNotFound
+func (notFoundHost) List(context.Context) ([]host.Info, error) { return nil, nil }
+func (notFoundHost) Guest(context.Context, string) (host.Guest, error) {
+	return nil, host.ErrNotFound
 }
-func (notFoundHost) Resume(context.Context, string) (agent.Info, error) {
-	return agent.Info{}, agent.ErrNotFound
+func (notFoundHost) Memory(context.Context, string) (host.MemStats, error) {
+	return host.MemStats{}, host.ErrNotFound
 }
-func (notFoundHost) Fork(context.Context, string, []string) (agent.ForkResult, error) {
-	return agent.ForkResult{}, agent.ErrNotFound
+func (notFoundHost) Templates() host.Templates                    { return noTemplates{} }
+func (notFoundHost) Accel() vmm.Accel                             { return vmm.AccelTCG }
+func (notFoundHost) DeleteSnapshot(context.Context, string) error { return host.ErrNotFound }
+func (notFoundHost) Pause(context.Context, string) (host.CaptureStats, error) {
+	return host.CaptureStats{}, host.ErrNotFound
 }
-func (notFoundHost) Snapshot(context.Context, string, string) (agent.SnapshotInfo, error) {
-	return agent.SnapshotInfo{}, agent.ErrNotFound
+func (notFoundHost) Resume(context.Context, string) (host.Info, error) {
+	return host.Info{}, host.ErrNotFound
+}
+func (notFoundHost) Fork(context.Context, string, []string) (host.ForkResult, error) {
+	return host.ForkResult{}, host.ErrNotFound
+}
+func (notFoundHost) Snapshot(context.Context, string, string) (host.SnapshotInfo, error) {
+	return host.SnapshotInfo{}, host.ErrNotFound
 }
 
 // TemplateParams fills in defaults as the agent does.
@@ -194,11 +198,11 @@ func (notFoundHost) TemplateParams(name string, memoryMiB, vcpus int) template.P
 
 type noTemplates struct{}
 
-func (noTemplates) Lookup(template.Params) (*template.Template, string, error) {
+func (noTemplates) Lookup(context.Context, template.Params) (*template.Template, string, error) {
 	return nil, "", template.ErrNotFound
 }
-func (noTemplates) List() ([]template.Template, error) { return nil, nil }
-func (noTemplates) Names() []string                    { return []string{"tiny"} }
+func (noTemplates) List(context.Context) ([]template.Template, error) { return nil, nil }
+func (noTemplates) Names(context.Context) ([]string, error)           { return []string{"tiny"}, nil }
 func (noTemplates) Bake(context.Context, template.Params, template.Progress) (*template.Template, error) {
 	return nil, template.ErrNotFound
 }

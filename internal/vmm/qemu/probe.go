@@ -75,6 +75,9 @@ func (d *Driver) ProbeKVM(ctx context.Context, kernel string, timeout time.Durat
 	return false, "a guest kernel did not boot under KVM"
 }
 
+// TSCkHz implements vmm.Driver: the package's TSCkHz.
+func (d *Driver) TSCkHz() int { return TSCkHz() }
+
 // ResolveAccel turns auto into kvm or tcg, probing with kernel. cache, if
 // not empty, is a file that remembers the answer for this kernel so that the
 // probe runs once per host.

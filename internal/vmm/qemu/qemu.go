@@ -202,25 +202,12 @@ func (d *Driver) CgroupVersion() int {
 	}
 }
 
-// Leftovers is what CleanupStale found.
-type Leftovers struct {
-	// Removed are the cgroups of machines whose process is gone.
-	Removed []string
-	// Orphans are processes in machine cgroups that this driver neither
-	// started nor adopted: VMMs of a previous run that were not adopted,
-	// or (when several host agents share one host, as tests do) VMMs of
-	// another agent. Their UIDs stay taken until they exit.
-	Orphans []Orphan
-}
+// Leftovers is what CleanupStale found (see vmm.Leftovers).
+type Leftovers = vmm.Leftovers
 
-// Orphan is a process in a machine cgroup that the driver does not own.
-type Orphan struct {
-	PID int
-	// RunDir is the host run directory the VMM serves, from its command
-	// line; "" if the process is no VMM of this driver's making. Kill an
-	// orphan only if RunDir is one of yours.
-	RunDir string
-}
+// Orphan is a process in a machine cgroup that the driver does not own
+// (see vmm.Orphan).
+type Orphan = vmm.Orphan
 
 // CleanupStale removes what confined machines that are gone left behind:
 // their cgroups (a host agent that crashed never removed them), which also

@@ -1,14 +1,14 @@
-package agent_test
+package host_test
 
 import (
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
-// validIDRef is the contract of agent.ValidID, written out byte by byte:
+// validIDRef is the contract of ValidID, written out byte by byte:
 // 1 to 64 characters, each a lowercase ASCII letter or a digit. Ids name
 // directories and appear in URLs, so nothing else may pass.
 func validIDRef(id string) bool {
@@ -35,14 +35,14 @@ func FuzzValidID(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
-		got, want := agent.ValidID(id), validIDRef(id)
+		got, want := host.ValidID(id), validIDRef(id)
 		if got != want {
 			t.Fatalf("ValidID(%q) = %v, want %v", id, got, want)
 		}
 		if got && (filepath.Base(id) != id || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00")) {
 			t.Fatalf("ValidID(%q) = true for something that is not one plain path component", id)
 		}
-		if n := agent.NewID(); !agent.ValidID(n) {
+		if n := host.NewID(); !host.ValidID(n) {
 			t.Fatalf("NewID() = %q, which ValidID rejects", n)
 		}
 	})
@@ -52,8 +52,8 @@ func FuzzValidID(f *testing.F) {
 func TestNewIDValid(t *testing.T) {
 	seen := map[string]bool{}
 	for range 10000 {
-		id := agent.NewID()
-		if !agent.ValidID(id) {
+		id := host.NewID()
+		if !host.ValidID(id) {
 			t.Fatalf("NewID() = %q, which ValidID rejects", id)
 		}
 		if seen[id] {

@@ -1,0 +1,159 @@
+// Package host is the one contract between the control plane and a host:
+// the Host interface that the REST API (package api) drives, and the
+// vocabulary both sides share — sandbox and snapshot IDs, what a host says
+// about a sandbox (Info, MemStats, SnapshotInfo, ...), and the error classes
+// a host reports. Two implementations exist: the host agent of this process
+// (agent.Local) and a host agent in another process reached over HTTP
+// (hostapi.Client); both are checked against Host at compile time.
+// Sandbox states are package lifecycle's.
+//
+// Every method that does I/O takes a ctx first; methods without one answer
+// from what the implementation already holds (Accel, TemplateParams,
+// Templates).
+package host
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"net"
+
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Host is a host agent as the control plane uses it. Methods are safe for
+// concurrent use. Errors are classified with this package's sentinels
+// (ErrNotFound, ErrConflict, ErrInvalid, ErrNoSpace, ErrCorrupt,
+// ErrNotReady, and ErrUnavailable when a remote host cannot be reached),
+// the template package's (template.ErrNotFound, ErrInvalid) and
+// guestproto's error codes; ctx ending ends the call with ctx's error.
+type Host interface {
+	// Create restores a new sandbox from a template or snapshot and returns
+	// once its guest agent answers.
+	Create(ctx context.Context, req CreateRequest) (Info, error)
+	// Kill stops a sandbox and removes what it holds (ErrNotFound if there
+	// is none).
+	Kill(ctx context.Context, id string) error
+	// Get describes a sandbox (ErrNotFound if there is none).
+	Get(ctx context.Context, id string) (Info, error)
+	// List describes every sandbox of the host, oldest first.
+	List(ctx context.Context) ([]Info, error)
+	// Guest reaches the guest agent of a running sandbox. A local host
+	// reports ErrNotFound or ErrConflict (not running) here; a remote one
+	// may report them from the guest operation that follows instead.
+	Guest(ctx context.Context, id string) (Guest, error)
+	// Memory reports a running sandbox's memory use on its host.
+	Memory(ctx context.Context, id string) (MemStats, error)
+	// Templates is the host's template store.
+	Templates() Templates
+	// TemplateParams fills in the host's defaults for a template request
+	// (no I/O: a remote host's defaults are those it last reported).
+	TemplateParams(name string, memoryMiB, vcpus int) template.Params
+	// Accel is the accelerator the host's sandboxes run with (no I/O).
+	Accel() vmm.Accel
+
+	// Fork captures the running sandbox id once and restores one child per
+	// id of childIDs from it; a child that fails is reported in its
+	// ForkChild.
+	Fork(ctx context.Context, id string, childIDs []string) (ForkResult, error)
+	// Snapshot captures a running sandbox into the durable snapshot
+	// snapshotID; the sandbox runs on.
+	Snapshot(ctx context.Context, id, snapshotID string) (SnapshotInfo, error)
+	// DeleteSnapshot deletes a snapshot (ErrNotFound if there is none).
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	// Pause captures a running sandbox to disk and stops its VMM.
+	Pause(ctx context.Context, id string) (CaptureStats, error)
+	// Resume restores a paused sandbox.
+	Resume(ctx context.Context, id string) (Info, error)
+	// SetNetwork changes a live sandbox's egress policy.
+	SetNetwork(ctx context.Context, id string, p network.Policy) error
+}
+
+// Templates is a host's template store (a local host's is
+// *template.Store; see there for the contracts).
+type Templates interface {
+	Lookup(ctx context.Context, p template.Params) (t *template.Template, staleReason string, err error)
+	List(ctx context.Context) ([]template.Template, error)
+	Names(ctx context.Context) ([]string, error)
+	Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error)
+}
+
+// Guest is a running sandbox's guest agent. Methods are safe for
+// concurrent use; see guestproto.Client for their contracts.
+type Guest interface {
+	StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error)
+	ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error)
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error)
+	ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error)
+	Stat(ctx context.Context, path string) (guestproto.FileInfo, error)
+	Mkdir(ctx context.Context, path string) error
+	Remove(ctx context.Context, path string, recursive bool) error
+	Rename(ctx context.Context, oldpath, newpath string) error
+}
+
+// ProcessGuest is a Guest that keeps background processes (see
+// guestproto.Client for the contracts). A local host's guests are, and so
+// are a remote host's (hostapi).
+type ProcessGuest interface {
+	StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error)
+	ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)
+	AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrOffset int64) (*guestproto.Attachment, error)
+	WriteProcessStdin(ctx context.Context, pid int, p []byte) error
+	CloseProcessStdin(ctx context.Context, pid int) error
+	SignalProcess(ctx context.Context, pid int, signal string) error
+	WaitProcess(ctx context.Context, pid int) (guestproto.ProcInfo, error)
+	RemoveProcess(ctx context.Context, pid int) error
+	ResizeProcess(ctx context.Context, pid, rows, cols int) error
+}
+
+// DirWatcher is the optional ability of a Guest to watch a directory
+// (guestproto.Client.WatchDir). A local host's guests have it, and so do a
+// remote host's.
+type DirWatcher interface {
+	WatchDir(ctx context.Context, path string, recursive bool) (*guestproto.DirWatch, error)
+}
+
+// Process is a command started by Guest.StartExec. Read Stdout and Stderr
+// concurrently to EOF, then Wait. Cancelling StartExec's ctx kills it.
+type Process interface {
+	PID() int
+	Stdin() io.WriteCloser
+	Stdout() io.Reader
+	Stderr() io.Reader
+	Wait() (guestproto.ExecResult, error)
+}
+
+// GuestDialer is an optional ability of a Host: TCP connections to the
+// guests of its running sandboxes (the guest's fixed address on the
+// sandbox's own network). A Host without it has no sandbox networking.
+type GuestDialer interface {
+	// DialGuest opens a TCP connection to port (1-65535) of the guest of
+	// the running sandbox id. The connection is the caller's to close; the
+	// sandbox stopping or its network going away ends it, and may leave
+	// it to fail only on its next read or write. Errors: ErrNotFound (no
+	// such sandbox), ErrConflict (not running), ErrInvalid (port out of
+	// range), an error matching syscall.ECONNREFUSED (errors.Is) when
+	// nothing listens on the port, one matching context.DeadlineExceeded
+	// when the guest does not answer in time or ctx ends,
+	// errors.ErrUnsupported when the host has no sandbox networking,
+	// ErrUnavailable when a remote host cannot be reached. Safe for
+	// concurrent use.
+	DialGuest(ctx context.Context, id string, port int) (net.Conn, error)
+}
+
+// SnapshotLister is an optional ability of a Host: listing the snapshots
+// it holds, oldest first, so that the control plane can record one a
+// crash left unrecorded.
+type SnapshotLister interface {
+	Snapshots(ctx context.Context) ([]SnapshotInfo, error)
+}
+
+// ResourceReporter is an optional ability of a Host that runs on another
+// machine: that machine's resources (an error: it cannot be reached). A
+// Host without it runs on this machine (LocalResources).
+type ResourceReporter interface {
+	Resources(ctx context.Context) (Resources, error)
+}

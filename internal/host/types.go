@@ -1,0 +1,143 @@
+package host
+
+import (
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Info describes a sandbox on its host.
+type Info struct {
+	ID        string          `json:"id"`
+	Template  string          `json:"template"`
+	MemoryMiB int             `json:"memory_mib"`
+	VCPUs     int             `json:"vcpus"`
+	State     lifecycle.State `json:"state"`
+	CreatedAt time.Time       `json:"created_at"`
+	PID       int             `json:"pid"`
+	Hostname  string          `json:"hostname"`
+	ParentID  string          `json:"parent_id,omitempty"`
+	Snapshot  string          `json:"snapshot_id,omitempty"`
+	// Busy: an operation (pause, resume, snapshot, fork) holds the
+	// sandbox's operation slot; what it makes may appear after this Info.
+	Busy bool `json:"busy,omitempty"`
+}
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	// ID is the sandbox id (ValidID); empty picks one.
+	ID        string
+	Template  string
+	MemoryMiB int
+	VCPUs     int
+	// Env is the default environment of every exec in the sandbox.
+	Env map[string]string
+	// SnapshotID, if set, restores the snapshot instead of a template
+	// (Template, MemoryMiB and VCPUs are then ignored).
+	SnapshotID string
+	// Owner is the tenant (API key) the sandbox belongs to. Sandboxes of
+	// one owner share their template's memory pages; sandboxes of
+	// different owners never share a page: each owner maps its own reflink
+	// copy of the template's memory image, whose page cache is its own. ""
+	// shares with every other "" (tests, benchmarks).
+	Owner string
+	// Progress receives bake progress if the template must be baked first
+	// (a remote host reports none).
+	Progress template.Progress
+	// Network is the sandbox's egress policy. The zero Policy denies
+	// everything: callers that mean "online" pass network.DefaultPolicy()
+	// (the API always sets one).
+	Network network.Policy
+}
+
+// MemStats is the host memory a sandbox's VMM uses, from smaps_rollup.
+type MemStats struct {
+	RSSBytes     int64 `json:"rss_bytes"`
+	PSSBytes     int64 `json:"pss_bytes"`     // shared pages divided among their sharers
+	PrivateBytes int64 `json:"private_bytes"` // pages only this sandbox maps (what it dirtied, plus VMM heap)
+	SharedBytes  int64 `json:"shared_bytes"`  // pages mapped by others too (its template's memory image, binaries)
+}
+
+// CaptureStats describes one capture of a running sandbox.
+type CaptureStats struct {
+	// Paused is how long the sandbox's vCPUs were stopped.
+	Paused time.Duration `json:"-"`
+	// PausedMS is Paused in milliseconds.
+	PausedMS float64 `json:"paused_ms"`
+	// DirtyBytes is how much guest RAM the sandbox had written since its
+	// restore: what the capture copied.
+	DirtyBytes int64 `json:"dirty_bytes"`
+	// Runs is the number of contiguous dirty ranges.
+	Runs int `json:"runs"`
+	// SizeBytes is the disk space a pause capture holds (allocated blocks
+	// of its files); 0 for other captures.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
+}
+
+// ForkChild is the outcome of one child of a fork.
+type ForkChild struct {
+	Info Info
+	Err  error
+}
+
+// ForkResult describes a fork.
+type ForkResult struct {
+	Children []ForkChild
+	Capture  CaptureStats
+}
+
+// SnapshotInfo describes a durable snapshot.
+type SnapshotInfo struct {
+	ID        string       `json:"id"`
+	SandboxID string       `json:"sandbox_id"`
+	Template  string       `json:"template"`
+	Spec      vmm.Spec     `json:"spec"`
+	CreatedAt time.Time    `json:"created_at"`
+	Capture   CaptureStats `json:"capture"`
+	// SizeBytes is the disk space the snapshot holds on its own (blocks
+	// not shared with its template through reflinks are not known to the
+	// file system; this counts allocated blocks of its files).
+	SizeBytes int64 `json:"size_bytes"`
+}
+
+// Resources are a host machine's CPUs and memory.
+type Resources struct {
+	VCPUs              int `json:"vcpus"`
+	MemoryMiB          int `json:"memory_mib"`
+	MemoryAvailableMiB int `json:"memory_available_mib"`
+}
+
+// LocalResources describes the machine this process runs on.
+func LocalResources() Resources {
+	total, avail := meminfo()
+	return Resources{VCPUs: runtime.NumCPU(), MemoryMiB: total, MemoryAvailableMiB: avail}
+}
+
+// meminfo reads MemTotal and MemAvailable in MiB.
+func meminfo() (total, avail int) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.Atoi(f[1])
+		switch f[0] {
+		case "MemTotal:":
+			total = v >> 10
+		case "MemAvailable:":
+			avail = v >> 10
+		}
+	}
+	return total, avail
+}
