@@ -10,7 +10,7 @@ GO       ?= go
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
 
-.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps
+.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps
 
 all: build
 
@@ -46,8 +46,26 @@ e2e/e2b/node_modules/.installed: e2e/e2b/package.json e2e/e2b/package-lock.json
 	cd e2e/e2b && npm ci --no-audit --no-fund
 	touch $@
 
+# s3-deps builds versitygw, the S3-compatible server the object-store
+# tests run as a process (internal/objstore/s3test), with `go install`
+# from the Go module proxy into TOOLS_DIR (outside the tree: `make clean`
+# keeps it). The file name carries the version, so the build runs once
+# per version. s3test.Version names the same version (a test checks).
+VERSITYGW_VERSION := v1.8.0
+TOOLS_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pandastack-tools
+VERSITYGW := $(TOOLS_DIR)/versitygw-$(VERSITYGW_VERSION)
+export PANDA_VERSITYGW := $(VERSITYGW)
+
+s3-deps: $(VERSITYGW)
+
+$(VERSITYGW):
+	@command -v $(GO) >/dev/null || { echo "Go is missing: install Go 1.26 into /usr/local/go (see README)"; exit 1; }
+	rm -rf $(TOOLS_DIR)/.build && mkdir -p $(TOOLS_DIR)/.build
+	GOBIN=$(TOOLS_DIR)/.build $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	mv $(TOOLS_DIR)/.build/versitygw $@ && rm -rf $(TOOLS_DIR)/.build
+
 # test runs every test, then every fuzz target for a few seconds (fuzz).
-test: setup e2b-deps
+test: setup e2b-deps s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./...
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/api/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests

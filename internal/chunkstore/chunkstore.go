@@ -1,0 +1,417 @@
+// Package chunkstore keeps sets of large, sparse files — guest memory
+// images, disk images — in an objstore.Store as content-addressed chunks
+// plus one manifest per set. It is the storage format templates, snapshots
+// and paused sandboxes will have in object storage (docs/storage.md).
+//
+// Layout in the store:
+//
+//	chunks/<sha256 hex>      one chunk: ChunkSize bytes of a file (the last
+//	                         chunk of a file may be shorter)
+//	manifests/<name>.json    a Manifest: per file its size and the hash of
+//	                         each chunk, "" for a chunk of zeros
+//	leases/upload-<id>       an Upload in progress (see GC)
+//	leases/gc-<id>           a GC in progress
+//
+// Chunks are fixed-size (2 MiB by default; Config.ChunkSize): the size of
+// a huge page, so a chunk is the natural unit for faulting guest memory in
+// lazily, and large enough that a GiB costs 512 requests, not hundreds of
+// thousands. All-zero chunks are never stored — memory and disk images are
+// mostly zeros — and holes of the source files (SEEK_DATA/SEEK_HOLE) are
+// skipped without being read. A chunk already in the store is not
+// uploaded again, so snapshots of one lineage share what they have in
+// common. A manifest is written only after every chunk it names is
+// durable, so a manifest never names a missing chunk.
+//
+// Garbage collection. Delete removes only a manifest; GC removes the
+// chunks no manifest references. The danger is an Upload that finds a
+// chunk already stored (and so does not upload it) while a GC, which has
+// not seen the Upload's manifest yet, deletes that chunk. A grace period
+// on a chunk's age does not prevent it (an old, orphaned chunk can be
+// found and reused at any time) unless every reuse rewrites the chunk;
+// so instead both sides take a lease, an object under leases/, and then
+// look for the other's:
+//
+//	Upload: put leases/upload-<id>; wait while a live leases/gc-* exists;
+//	        upload chunks; put the manifest; delete its lease.
+//	GC:     put leases/gc-<id>; if a live leases/upload-* exists, delete
+//	        its lease and fail with ErrBusy; else collect; delete its lease.
+//
+// Each writes its own lease before it reads the other's, and the store is
+// strongly consistent (S3 is; a directory is), so at least one of them
+// sees the other: GC never deletes while an Upload may be relying on a
+// chunk it found. A lease is rewritten every LeaseTTL/3 while its holder
+// works; one not rewritten for LeaseTTL is dead (its holder crashed, or
+// lost the store) and is ignored — so a crash holds GC off for at most
+// LeaseTTL, and an Upload or GC that could not renew its own lease in
+// time stops rather than trust it. Liveness compares the lease's time as
+// the store recorded it with this host's clock: clocks must agree to well
+// within LeaseTTL (10 minutes by default).
+//
+// Reading: Download restores a set's files sparse (zero chunks, and zero
+// pages inside chunks, become holes). Open returns a reader of one file
+// that fetches each chunk on first touch into a Cache, a local directory
+// shared by every reader (and process) of a host — the seed of lazy
+// paging of guest memory.
+package chunkstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/objstore"
+)
+
+// DefaultChunkSize is the chunk size of new uploads (see the package doc).
+const DefaultChunkSize = 2 << 20
+
+// ErrBusy is GC finding an Upload in progress; try again later.
+var ErrBusy = errors.New("an upload is in progress")
+
+// Config tunes a Store; the zero value takes the defaults.
+type Config struct {
+	// ChunkSize of new uploads: a multiple of 4096 up to 64 MiB. Manifests
+	// record theirs, so sets of several chunk sizes live side by side.
+	ChunkSize int64
+	// Workers is how many chunks are read, hashed and uploaded (or
+	// downloaded) at once; default 4.
+	Workers int
+	// Cache is where Open keeps fetched chunks; Open fails without one.
+	Cache *Cache
+	// LeaseTTL is how long a lease lives unrenewed (see the package doc);
+	// default 10 minutes.
+	LeaseTTL time.Duration
+}
+
+// Store keeps sets of files as chunks in an objstore.Store. It is safe for
+// concurrent use, by goroutines and by hosts sharing the object store.
+type Store struct {
+	objs objstore.Store
+	cfg  Config
+	// pollEvery is how often an Upload looks again whether a GC ended.
+	pollEvery time.Duration
+}
+
+// New returns a Store over objs; it does no I/O.
+func New(objs objstore.Store, cfg Config) (*Store, error) {
+	if cfg.ChunkSize == 0 {
+		cfg.ChunkSize = DefaultChunkSize
+	}
+	if cfg.ChunkSize%4096 != 0 || cfg.ChunkSize <= 0 || cfg.ChunkSize > 64<<20 {
+		return nil, fmt.Errorf("chunk size %d: want a multiple of 4096 up to 64 MiB", cfg.ChunkSize)
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 4
+	}
+	if cfg.Workers < 0 {
+		return nil, fmt.Errorf("workers %d: want at least 1", cfg.Workers)
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 10 * time.Minute
+	}
+	if cfg.LeaseTTL < time.Second {
+		return nil, fmt.Errorf("lease TTL %v: want at least a second", cfg.LeaseTTL)
+	}
+	return &Store{objs: objs, cfg: cfg, pollEvery: 500 * time.Millisecond}, nil
+}
+
+// Manifest lists the files of one set.
+type Manifest struct {
+	Version   int    `json:"version"`
+	Name      string `json:"name"`
+	ChunkSize int64  `json:"chunk_size"`
+	Files     []File `json:"files"` // sorted by name
+}
+
+// File is one file of a Manifest.
+type File struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+	// Chunks holds the SHA-256 (hex) of each chunk in order; "" is a chunk
+	// of zeros, which is not stored.
+	Chunks []string `json:"chunks"`
+}
+
+// File returns the file called name.
+func (m *Manifest) File(name string) (File, bool) {
+	i := slices.IndexFunc(m.Files, func(f File) bool { return f.Name == name })
+	if i < 0 {
+		return File{}, false
+	}
+	return m.Files[i], true
+}
+
+// chunkLen is the length of chunk i of a file of size bytes.
+func chunkLen(size, chunkSize int64, i int) int64 {
+	return min(chunkSize, size-int64(i)*chunkSize)
+}
+
+const manifestVersion = 1
+
+func chunkKey(hash string) string    { return "chunks/" + hash }
+func manifestKey(name string) string { return "manifests/" + name + ".json" }
+
+// validName: a set's name is a key path ("snapshots/abc"); a file's name
+// is one component.
+func validName(name string) error {
+	if err := objstore.ValidKey(manifestKey(name)); err != nil {
+		return fmt.Errorf("name %q: %w", name, err)
+	}
+	return nil
+}
+
+func validFileName(name string) error {
+	if name == "" || strings.Contains(name, "/") || objstore.ValidKey(name) != nil {
+		return fmt.Errorf("file name %q: want one path component not starting with a dot", name)
+	}
+	return nil
+}
+
+// Manifest reads the manifest of name; objstore.ErrNotFound if there is
+// none.
+func (s *Store) Manifest(ctx context.Context, name string) (*Manifest, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	rc, err := s.objs.Get(ctx, manifestKey(name))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest %s: %w", name, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 256<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest %s: %w", name, err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("read manifest %s: %w", name, err)
+	}
+	if err := m.check(); err != nil {
+		return nil, fmt.Errorf("read manifest %s: %w", name, err)
+	}
+	return &m, nil
+}
+
+// check rejects a manifest this code cannot read safely.
+func (m *Manifest) check() error {
+	if m.Version != manifestVersion {
+		return fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	}
+	if m.ChunkSize <= 0 {
+		return fmt.Errorf("chunk size %d", m.ChunkSize)
+	}
+	for _, f := range m.Files {
+		if err := validFileName(f.Name); err != nil {
+			return err
+		}
+		if f.Size < 0 || int64(len(f.Chunks)) != (f.Size+m.ChunkSize-1)/m.ChunkSize {
+			return fmt.Errorf("file %s: %d chunks for %d bytes", f.Name, len(f.Chunks), f.Size)
+		}
+		for _, h := range f.Chunks {
+			if h != "" && !validHash(h) {
+				return fmt.Errorf("file %s: chunk hash %q", f.Name, h)
+			}
+		}
+	}
+	return nil
+}
+
+func validHash(h string) bool {
+	_, err := hex.DecodeString(h)
+	return len(h) == 64 && err == nil && strings.ToLower(h) == h
+}
+
+func (s *Store) putManifest(ctx context.Context, m *Manifest) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := s.objs.Put(ctx, manifestKey(m.Name), bytes.NewReader(b), int64(len(b))); err != nil {
+		return fmt.Errorf("write manifest %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// Names lists the names of every set in the store, sorted.
+func (s *Store) Names(ctx context.Context) ([]string, error) {
+	var names []string
+	for in, err := range s.objs.List(ctx, "manifests/") {
+		if err != nil {
+			return nil, fmt.Errorf("list manifests: %w", err)
+		}
+		if n, ok := strings.CutSuffix(strings.TrimPrefix(in.Key, "manifests/"), ".json"); ok {
+			names = append(names, n)
+		}
+	}
+	return names, nil
+}
+
+// Delete removes the manifest of name (objstore.ErrNotFound if there is
+// none); its chunks stay until GC finds no other manifest uses them.
+func (s *Store) Delete(ctx context.Context, name string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	if _, err := s.objs.Stat(ctx, manifestKey(name)); err != nil {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	if err := s.objs.Delete(ctx, manifestKey(name)); err != nil {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// lease is one held lease (see the package doc).
+type lease struct {
+	objs objstore.Store
+	key  string
+	ttl  time.Duration
+	stop chan struct{}
+	done chan struct{}
+
+	mu      sync.Mutex
+	renewed time.Time // when the last write of the lease began
+}
+
+func (s *Store) acquire(ctx context.Context, kind string) (*lease, error) {
+	id := make([]byte, 8)
+	rand.Read(id)
+	l := &lease{objs: s.objs, key: "leases/" + kind + "-" + hex.EncodeToString(id), ttl: s.cfg.LeaseTTL,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if err := l.write(ctx); err != nil {
+		return nil, fmt.Errorf("take %s lease: %w", kind, err)
+	}
+	go l.renew(context.WithoutCancel(ctx))
+	return l, nil
+}
+
+func (l *lease) write(ctx context.Context) error {
+	start := time.Now()
+	body := []byte(start.UTC().Format(time.RFC3339Nano))
+	if err := l.objs.Put(ctx, l.key, bytes.NewReader(body), int64(len(body))); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.renewed = start
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *lease) renew(ctx context.Context) {
+	defer close(l.done)
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+			wctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+			l.write(wctx) // a failure shows in valid()
+			cancel()
+		}
+	}
+}
+
+// valid reports whether the lease is still live for others: written less
+// than TTL ago, with a margin for the clocks.
+func (l *lease) valid() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if age := time.Since(l.renewed); age > l.ttl*4/5 {
+		return fmt.Errorf("lease %s was last renewed %v ago (TTL %v): the store was unreachable too long", l.key, age.Round(time.Second), l.ttl)
+	}
+	return nil
+}
+
+func (l *lease) release(ctx context.Context) {
+	close(l.stop)
+	<-l.done
+	l.objs.Delete(context.WithoutCancel(ctx), l.key) // if this fails, the lease dies in TTL
+}
+
+// liveLeases lists the live leases of kind; with removeStale it deletes
+// the dead ones it finds.
+func (s *Store) liveLeases(ctx context.Context, kind string, removeStale bool) ([]string, error) {
+	var live []string
+	for in, err := range s.objs.List(ctx, "leases/"+kind+"-") {
+		if err != nil {
+			return nil, fmt.Errorf("list leases: %w", err)
+		}
+		if time.Since(in.ModTime) < s.cfg.LeaseTTL {
+			live = append(live, in.Key)
+		} else if removeStale {
+			s.objs.Delete(ctx, in.Key)
+		}
+	}
+	return live, nil
+}
+
+// GC deletes every chunk that no manifest references and returns how
+// many it deleted. It fails with ErrBusy, deleting nothing, while an
+// Upload is in progress (see the package doc).
+func (s *Store) GC(ctx context.Context) (removed int, err error) {
+	l, err := s.acquire(ctx, "gc")
+	if err != nil {
+		return 0, fmt.Errorf("gc: %w", err)
+	}
+	defer l.release(ctx)
+	uploads, err := s.liveLeases(ctx, "upload", true)
+	if err != nil {
+		return 0, fmt.Errorf("gc: %w", err)
+	}
+	if len(uploads) > 0 {
+		return 0, fmt.Errorf("gc: %w (%s)", ErrBusy, strings.Join(uploads, ", "))
+	}
+	names, err := s.Names(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("gc: %w", err)
+	}
+	used := map[string]bool{}
+	for _, n := range names {
+		m, err := s.Manifest(ctx, n)
+		if errors.Is(err, objstore.ErrNotFound) {
+			continue // deleted since the listing: its chunks may go
+		}
+		if err != nil {
+			// An unreadable manifest may reference anything: collecting
+			// now could break it further.
+			return 0, fmt.Errorf("gc: %w", err)
+		}
+		for _, f := range m.Files {
+			for _, h := range f.Chunks {
+				used[h] = true
+			}
+		}
+	}
+	// Collect the victims first: deleting while listing could make a
+	// listing skip entries.
+	var victims []string
+	for in, err := range s.objs.List(ctx, "chunks/") {
+		if err != nil {
+			return 0, fmt.Errorf("gc: %w", err)
+		}
+		if !used[strings.TrimPrefix(in.Key, "chunks/")] {
+			victims = append(victims, in.Key)
+		}
+	}
+	for _, k := range victims {
+		if err := l.valid(); err != nil {
+			return removed, fmt.Errorf("gc: %w", err)
+		}
+		if err := s.objs.Delete(ctx, k); err != nil {
+			return removed, fmt.Errorf("gc: %w", err)
+		}
+		removed++
+	}
+	return removed, nil
+}

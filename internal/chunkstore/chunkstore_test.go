@@ -1,0 +1,430 @@
+package chunkstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/objstore/s3test"
+)
+
+const cs = 1 << 20 // chunk size of the tests: small files, many chunks
+
+var backends = []struct {
+	name string
+	open func(t *testing.T) objstore.Store
+}{
+	{"dir", func(t *testing.T) objstore.Store {
+		s, err := objstore.OpenDir(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}},
+	{"s3", func(t *testing.T) objstore.Store { return s3test.Start(t).Open("art") }},
+}
+
+func newStore(t *testing.T, objs objstore.Store) *Store {
+	t.Helper()
+	cache, err := OpenCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(objs, Config{ChunkSize: cs, Workers: 3, Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func forEachBackend(t *testing.T, f func(t *testing.T, s *Store)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { f(t, newStore(t, b.open(t))) })
+	}
+}
+
+// writeSparseFile makes a file of size bytes holding random data (from
+// seed) only in the given [off, len) ranges, holes elsewhere.
+func writeSparseFile(t *testing.T, path string, size int64, seed int64, ranges ...[2]int64) []byte {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewSource(seed))
+	for _, rg := range ranges {
+		b := make([]byte, rg[1])
+		r.Read(b)
+		if _, err := f.WriteAt(b, rg[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+func countChunks(t *testing.T, s *Store) int {
+	t.Helper()
+	n := 0
+	for _, err := range s.objs.List(context.Background(), "chunks/") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	return n
+}
+
+func sameFile(t *testing.T, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from what was uploaded (%d bytes, want %d)", filepath.Base(path), len(got), len(want))
+	}
+}
+
+func TestChunkstore(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		src := t.TempDir()
+
+		// 24 MiB memory image: data in chunks 0, 5-6 (a range across a
+		// boundary), a zero-filled (not hole) chunk 10, and 4 KiB in 20.
+		// 24 chunks: 4 with data, 20 zero.
+		mem := filepath.Join(src, "vm.mem")
+		memData := writeSparseFile(t, mem, 24*cs, 1, [2]int64{0, 100 << 10}, [2]int64{5*cs + 7, cs + 100}, [2]int64{20 * cs, 4096})
+		func() { // a chunk of written zeros: read, found zero, not stored
+			f, _ := os.OpenFile(mem, os.O_WRONLY, 0)
+			defer f.Close()
+			f.WriteAt(make([]byte, cs), 10*cs)
+		}()
+		state := filepath.Join(src, "vm.state")
+		stateData := writeSparseFile(t, state, 12345, 2, [2]int64{0, 12345})
+
+		var calls int
+		m, st, err := s.Upload(ctx, "snap/a", map[string]string{"vm.mem": mem, "vm.state": state}, func(Stats) { calls++ })
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Stats{ChunksTotal: 25, ChunksDone: 25, ChunksUploaded: 4 + 1, ZeroChunks: 20, BytesTotal: 24*cs + 12345, BytesUploaded: 4*cs + 12345}
+		if st != want {
+			t.Errorf("first upload: Stats = %+v\nwant %+v", st, want)
+		}
+		if calls != 25 {
+			t.Errorf("progress called %d times, want 25", calls)
+		}
+		if n := countChunks(t, s); n != 5 {
+			t.Errorf("store holds %d chunks, want 5 (zero chunks are not stored)", n)
+		}
+		if f, _ := m.File("vm.mem"); f.Chunks[10] != "" || f.Chunks[1] != "" || f.Chunks[5] == "" {
+			t.Errorf("manifest chunks of vm.mem = %q", f.Chunks)
+		}
+
+		t.Run("sparse round trip", func(t *testing.T) {
+			dst := t.TempDir()
+			if _, err := s.Download(ctx, "snap/a", dst); err != nil {
+				t.Fatal(err)
+			}
+			sameFile(t, filepath.Join(dst, "vm.mem"), memData)
+			sameFile(t, filepath.Join(dst, "vm.state"), stateData)
+			// Data is 100 KiB + 1 MiB+100 + 4 KiB; holes stay holes (and
+			// zero pages inside chunks become holes too).
+			if got, limit := allocated(t, filepath.Join(dst, "vm.mem")), int64(cs+256<<10); got > limit {
+				t.Errorf("restored vm.mem allocates %d bytes, want at most %d (holes filled?)", got, limit)
+			}
+			if ents, _ := os.ReadDir(dst); len(ents) != 2 {
+				t.Errorf("download dir holds %d entries, want 2 (no temporary files)", len(ents))
+			}
+		})
+
+		// A second snapshot of the same lineage: one byte changed in
+		// chunk 20 and data written into the hole of chunk 15.
+		memB := filepath.Join(src, "vm.mem.b")
+		memBData := bytes.Clone(memData)
+		memBData[20*cs+9] ^= 0xff
+		copy(memBData[15*cs:], bytes.Repeat([]byte{7}, 300))
+		if err := os.WriteFile(memB, memBData, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Run("second upload sends only changed chunks", func(t *testing.T) {
+			_, st, err := s.Upload(ctx, "snap/b", map[string]string{"vm.mem": memB, "vm.state": state}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Chunks 0, 5, 6 and vm.state are shared; 15 and 20 are new.
+			// memB was written whole (no holes), so its zero chunks are read.
+			want := Stats{ChunksTotal: 25, ChunksDone: 25, ChunksUploaded: 2, ChunksShared: 4, ZeroChunks: 19, BytesTotal: 24*cs + 12345, BytesUploaded: 2 * cs}
+			if st != want {
+				t.Errorf("second upload: Stats = %+v\nwant %+v", st, want)
+			}
+			if n := countChunks(t, s); n != 7 {
+				t.Errorf("store holds %d chunks, want 7", n)
+			}
+		})
+
+		t.Run("lazy open fetches touched chunks only", func(t *testing.T) {
+			r, err := s.Open(ctx, "snap/b", "vm.mem")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Size() != 24*cs {
+				t.Errorf("Size = %d", r.Size())
+			}
+			before := s.cfg.Cache.Stats()
+			reads := []struct{ off, n int64 }{
+				{6*cs - 10, 20},     // chunks 5 and 6
+				{10*cs + 5, 1000},   // a zero chunk: no fetch
+				{6*cs + 1000, 4096}, // chunk 6 again: cached
+				{15 * cs, 300},      // chunk 15
+			}
+			for _, rd := range reads {
+				buf := make([]byte, rd.n)
+				if _, err := r.ReadAt(buf, rd.off); err != nil {
+					t.Fatalf("ReadAt(%d, %d): %v", rd.off, rd.n, err)
+				}
+				if !bytes.Equal(buf, memBData[rd.off:rd.off+rd.n]) {
+					t.Errorf("ReadAt(%d, %d) returned other bytes than the file's", rd.off, rd.n)
+				}
+			}
+			got := s.cfg.Cache.Stats()
+			if f := got.Fetches - before.Fetches; f != 3 {
+				t.Errorf("fetched %d chunks, want 3 (5, 6, 15)", f)
+			}
+			if h := got.Hits - before.Hits; h != 1 {
+				t.Errorf("cache hits = %d, want 1", h)
+			}
+			// Past the end: short read with EOF.
+			buf := make([]byte, 100)
+			if n, err := r.ReadAt(buf, 24*cs-10); n != 10 || err == nil {
+				t.Errorf("ReadAt at the end = %d, %v; want 10, EOF", n, err)
+			}
+		})
+
+		t.Run("delete and gc keep shared chunks", func(t *testing.T) {
+			if err := s.Delete(ctx, "snap/a"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Delete(ctx, "snap/a"); !errors.Is(err, objstore.ErrNotFound) {
+				t.Errorf("second Delete = %v, want ErrNotFound", err)
+			}
+			if _, err := s.Download(ctx, "snap/a", t.TempDir()); !errors.Is(err, objstore.ErrNotFound) {
+				t.Errorf("Download of a deleted set = %v, want ErrNotFound", err)
+			}
+			removed, err := s.GC(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Only snap/a's version of chunk 20 was its alone.
+			if removed != 1 {
+				t.Errorf("GC removed %d chunks, want 1", removed)
+			}
+			if removed, err := s.GC(ctx); removed != 0 || err != nil {
+				t.Errorf("second GC = %d, %v; want 0", removed, err)
+			}
+			dst := t.TempDir()
+			if _, err := s.Download(ctx, "snap/b", dst); err != nil {
+				t.Fatal(err)
+			}
+			sameFile(t, filepath.Join(dst, "vm.mem"), memBData)
+			sameFile(t, filepath.Join(dst, "vm.state"), stateData)
+			if names, err := s.Names(ctx); err != nil || strings.Join(names, " ") != "snap/b" {
+				t.Errorf("Names = %v, %v; want [snap/b]", names, err)
+			}
+			if keys := leaseKeys(t, s); len(keys) != 0 {
+				t.Errorf("leases left behind: %v", keys)
+			}
+		})
+	})
+}
+
+func leaseKeys(t *testing.T, s *Store) []string {
+	t.Helper()
+	var keys []string
+	for in, err := range s.objs.List(context.Background(), "leases/") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, in.Key)
+	}
+	return keys
+}
+
+// GC and Upload exclude each other through leases (package doc).
+func TestLeases(t *testing.T) {
+	objs, err := objstore.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, objs)
+	s.pollEvery = 10 * time.Millisecond
+	ctx := context.Background()
+	src := filepath.Join(t.TempDir(), "f")
+	data := writeSparseFile(t, src, 3*cs, 3, [2]int64{0, 3 * cs})
+	if _, _, err := s.Upload(ctx, "x", map[string]string{"f": src}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+
+	// An upload in progress: GC deletes nothing.
+	up, err := s.acquire(ctx, "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := s.GC(ctx); !errors.Is(err, ErrBusy) || removed != 0 {
+		t.Errorf("GC during an upload = %d, %v; want 0, ErrBusy", removed, err)
+	}
+	if n := countChunks(t, s); n != 3 {
+		t.Errorf("after a busy GC the store holds %d chunks, want 3", n)
+	}
+	up.release(ctx)
+
+	// A GC in progress: Upload waits for it (here until its deadline)
+	// and writes nothing.
+	gc, err := s.acquire(ctx, "gc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, _, err = s.Upload(wctx, "y", map[string]string{"f": src}, nil)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Upload during a GC = %v, want it to wait until its deadline", err)
+	}
+	if _, err := s.Manifest(ctx, "y"); !errors.Is(err, objstore.ErrNotFound) {
+		t.Errorf("manifest of the waiting upload: %v, want ErrNotFound", err)
+	}
+	gc.release(ctx)
+
+	// A lease that stopped being renewed (its holder died) is ignored,
+	// and GC removes it.
+	stale := "leases/upload-dead"
+	if err := objs.Put(ctx, stale, strings.NewReader("x"), 1); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * s.cfg.LeaseTTL)
+	if err := os.Chtimes(filepath.Join(objs.Root(), stale), old, old); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := s.GC(ctx); err != nil || removed != 3 {
+		t.Errorf("GC with a dead upload lease = %d, %v; want 3, nil", removed, err)
+	}
+	if keys := leaseKeys(t, s); len(keys) != 0 {
+		t.Errorf("leases after GC: %v, want none", keys)
+	}
+	// And the set uploads again whole.
+	_, st, err := s.Upload(ctx, "y", map[string]string{"f": src}, nil)
+	if err != nil || st.ChunksUploaded != 3 {
+		t.Errorf("Upload after GC = %+v, %v; want 3 chunks uploaded", st, err)
+	}
+	dst := t.TempDir()
+	if _, err := s.Download(ctx, "y", dst); err != nil {
+		t.Fatal(err)
+	}
+	sameFile(t, filepath.Join(dst, "f"), data)
+}
+
+// A store that is down: every operation is ErrUnavailable; once it is
+// back, nothing is lost and the failed upload succeeds when tried again.
+func TestStoreDown(t *testing.T) {
+	srv := s3test.Start(t)
+	s := newStore(t, srv.Open("down"))
+	ctx := context.Background()
+	src := t.TempDir()
+	a := filepath.Join(src, "a")
+	aData := writeSparseFile(t, a, 4*cs, 4, [2]int64{0, 4 * cs})
+	if _, _, err := s.Upload(ctx, "a", map[string]string{"f": a}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b := filepath.Join(src, "b")
+	writeSparseFile(t, b, 2*cs, 5, [2]int64{0, 2 * cs})
+	r, err := s.Open(ctx, "a", "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Stop()
+	if _, _, err := s.Upload(ctx, "b", map[string]string{"f": b}, nil); !errors.Is(err, objstore.ErrUnavailable) {
+		t.Errorf("Upload with the store down = %v, want ErrUnavailable", err)
+	}
+	if _, err := s.Download(ctx, "a", t.TempDir()); !errors.Is(err, objstore.ErrUnavailable) {
+		t.Errorf("Download with the store down = %v, want ErrUnavailable", err)
+	}
+	if _, err := r.ReadAt(make([]byte, 10), cs); !errors.Is(err, objstore.ErrUnavailable) {
+		t.Errorf("ReadAt of an uncached chunk with the store down = %v, want ErrUnavailable", err)
+	}
+	if _, err := s.GC(ctx); !errors.Is(err, objstore.ErrUnavailable) {
+		t.Errorf("GC with the store down = %v, want ErrUnavailable", err)
+	}
+
+	srv.Restart()
+	dst := t.TempDir()
+	if _, err := s.Download(ctx, "a", dst); err != nil {
+		t.Fatal(err)
+	}
+	sameFile(t, filepath.Join(dst, "f"), aData)
+	buf := make([]byte, 10)
+	if _, err := r.ReadAt(buf, cs); err != nil || !bytes.Equal(buf, aData[cs:cs+10]) {
+		t.Errorf("ReadAt after restart = %v; or other bytes", err)
+	}
+	if _, st, err := s.Upload(ctx, "b", map[string]string{"f": b}, nil); err != nil || st.ChunksUploaded+st.ChunksShared != 2 {
+		t.Errorf("Upload after restart = %+v, %v", st, err)
+	}
+}
+
+func TestNewAndNames(t *testing.T) {
+	objs, _ := objstore.OpenDir(t.TempDir())
+	for _, cfg := range []Config{{ChunkSize: 1000}, {ChunkSize: 128 << 20}, {Workers: -1}, {LeaseTTL: time.Millisecond}} {
+		if _, err := New(objs, cfg); err == nil {
+			t.Errorf("New(%+v) succeeded", cfg)
+		}
+	}
+	s := newStore(t, objs)
+	ctx := context.Background()
+	f := filepath.Join(t.TempDir(), "f")
+	writeSparseFile(t, f, 10, 1, [2]int64{0, 10})
+	for _, tt := range []struct {
+		name  string
+		files map[string]string
+	}{
+		{"../x", map[string]string{"f": f}},
+		{"x", map[string]string{"a/b": f}},
+		{"x", map[string]string{".f": f}},
+		{"x", map[string]string{"f": filepath.Join(t.TempDir(), "missing")}},
+	} {
+		if _, _, err := s.Upload(ctx, tt.name, tt.files, nil); err == nil {
+			t.Errorf("Upload(%q, %v) succeeded", tt.name, tt.files)
+		}
+	}
+	if _, err := s.Open(ctx, "nope", "f"); !errors.Is(err, objstore.ErrNotFound) {
+		t.Errorf("Open of a missing set = %v, want ErrNotFound", err)
+	}
+}

@@ -1,0 +1,246 @@
+package chunkstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+
+	"github.com/pandastack/pandastack/internal/objstore"
+)
+
+// Stats counts what an Upload did.
+type Stats struct {
+	ChunksTotal    int   // chunks of all files
+	ChunksDone     int   // of those, handled so far (for progress)
+	ChunksUploaded int   // sent to the store
+	ChunksShared   int   // already in the store (or twice in this upload): not sent
+	ZeroChunks     int   // all zeros: not stored
+	BytesTotal     int64 // sum of the files' sizes
+	BytesUploaded  int64 // bytes of the chunks sent
+}
+
+// Upload stores the files (file name in the set → path on disk) as the
+// set name, replacing a set of that name, and returns its manifest. The
+// files must not change while it runs. progress, if not nil, is called
+// after each chunk, one call at a time. The manifest is written last: if
+// Upload fails, the set is as it was (some chunks may have been stored;
+// GC removes them if nothing comes to use them).
+func (s *Store) Upload(ctx context.Context, name string, files map[string]string, progress func(Stats)) (*Manifest, Stats, error) {
+	if err := validName(name); err != nil {
+		return nil, Stats{}, fmt.Errorf("upload: %w", err)
+	}
+	m := &Manifest{Version: manifestVersion, Name: name, ChunkSize: s.cfg.ChunkSize}
+	var fds []*os.File
+	defer func() {
+		for _, f := range fds {
+			f.Close()
+		}
+	}()
+	var st Stats
+	for fname, path := range files {
+		if err := validFileName(fname); err != nil {
+			return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+		}
+		fds = append(fds, f)
+		fi, err := f.Stat()
+		if err != nil {
+			return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+		}
+		if !fi.Mode().IsRegular() {
+			return nil, Stats{}, fmt.Errorf("upload %s: %s is not a regular file", name, path)
+		}
+		n := (fi.Size() + s.cfg.ChunkSize - 1) / s.cfg.ChunkSize
+		m.Files = append(m.Files, File{Name: fname, Size: fi.Size(), Chunks: make([]string, n)})
+		st.ChunksTotal += int(n)
+		st.BytesTotal += fi.Size()
+	}
+	// Keep fds in the order of m.Files once sorted.
+	order := make([]int, len(m.Files))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return strings.Compare(m.Files[a].Name, m.Files[b].Name)
+	})
+	sortedFiles, sortedFds := make([]File, len(order)), make([]*os.File, len(order))
+	for i, j := range order {
+		sortedFiles[i], sortedFds[i] = m.Files[j], fds[j]
+	}
+	m.Files, fds = sortedFiles, sortedFds
+
+	l, err := s.acquire(ctx, "upload")
+	if err != nil {
+		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+	}
+	defer l.release(ctx)
+	if err := s.waitNoGC(ctx); err != nil {
+		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+	}
+
+	u := &uploader{s: s, st: st, progress: progress, seen: map[string]bool{}}
+	g, gctx := errgroup.WithContext(ctx)
+	jobs := make(chan job)
+	g.Go(func() error {
+		defer close(jobs)
+		for fi, f := range m.Files {
+			for ci := range f.Chunks {
+				hole, err := inHole(fds[fi], int64(ci)*s.cfg.ChunkSize, chunkLen(f.Size, s.cfg.ChunkSize, ci))
+				if err != nil {
+					return fmt.Errorf("%s: %w", f.Name, err)
+				}
+				if hole {
+					u.done(func(st *Stats) { st.ZeroChunks++ })
+					continue
+				}
+				select {
+				case jobs <- job{fd: fds[fi], file: &m.Files[fi], i: ci}:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+			}
+		}
+		return nil
+	})
+	for range s.cfg.Workers {
+		g.Go(func() error {
+			buf := make([]byte, s.cfg.ChunkSize)
+			for j := range jobs {
+				if err := u.chunk(gctx, j, buf); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
+	}
+	// Every chunk is durable; the lease must still protect the ones found
+	// in the store until the manifest names them.
+	if err := l.valid(); err != nil {
+		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
+	}
+	if err := s.putManifest(ctx, m); err != nil {
+		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
+	}
+	return m, u.stats(), nil
+}
+
+// waitNoGC returns once no live GC lease exists (see the package doc).
+func (s *Store) waitNoGC(ctx context.Context) error {
+	for {
+		gcs, err := s.liveLeases(ctx, "gc", false)
+		if err != nil {
+			return err
+		}
+		if len(gcs) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for garbage collection to end: %w", ctx.Err())
+		case <-time.After(s.pollEvery):
+		}
+	}
+}
+
+// inHole reports whether [off, off+n) of f holds no data according to
+// SEEK_DATA, so that it need not be read.
+func inHole(f *os.File, off, n int64) (bool, error) {
+	data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+	switch {
+	case errors.Is(err, unix.ENXIO):
+		return true, nil // no data at or after off
+	case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP):
+		return false, nil // no hole support: read it
+	case err != nil:
+		return false, err
+	}
+	return data >= off+n, nil
+}
+
+type job struct {
+	fd   *os.File
+	file *File
+	i    int
+}
+
+type uploader struct {
+	s        *Store
+	progress func(Stats)
+
+	mu   sync.Mutex
+	st   Stats
+	seen map[string]bool // hashes this upload handles already
+}
+
+func (u *uploader) stats() Stats {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.st
+}
+
+// done counts a handled chunk and reports progress.
+func (u *uploader) done(f func(*Stats)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	f(&u.st)
+	u.st.ChunksDone++
+	if u.progress != nil {
+		u.progress(u.st)
+	}
+}
+
+var zeros = make([]byte, 64<<20)
+
+func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
+	n := chunkLen(j.file.Size, u.s.cfg.ChunkSize, j.i)
+	buf = buf[:n]
+	if _, err := j.fd.ReadAt(buf, int64(j.i)*u.s.cfg.ChunkSize); err != nil {
+		return fmt.Errorf("read %s chunk %d: %w", j.file.Name, j.i, err)
+	}
+	if bytes.Equal(buf, zeros[:n]) {
+		u.done(func(st *Stats) { st.ZeroChunks++ })
+		return nil
+	}
+	sum := sha256.Sum256(buf)
+	h := hex.EncodeToString(sum[:])
+	j.file.Chunks[j.i] = h
+
+	u.mu.Lock()
+	dup := u.seen[h]
+	u.seen[h] = true
+	u.mu.Unlock()
+	if dup {
+		u.done(func(st *Stats) { st.ChunksShared++ })
+		return nil
+	}
+	ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(h))
+	if err != nil {
+		return fmt.Errorf("chunk %s: %w", h, err)
+	}
+	if ok {
+		u.done(func(st *Stats) { st.ChunksShared++ })
+		return nil
+	}
+	if err := u.s.objs.Put(ctx, chunkKey(h), bytes.NewReader(buf), n); err != nil {
+		return fmt.Errorf("chunk %s: %w", h, err)
+	}
+	u.done(func(st *Stats) { st.ChunksUploaded++; st.BytesUploaded += n })
+	return nil
+}
