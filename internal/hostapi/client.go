@@ -266,7 +266,7 @@ func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info,
 
 // SetNetwork changes a live sandbox's egress policy.
 func (c *Client) SetNetwork(ctx context.Context, id string, p network.Policy) error {
-	return c.call(ctx, http.MethodPut, sandboxPath(id, "network"), nil, p, nil)
+	return c.call(ctx, http.MethodPut, sandboxPath(id, "/network"), nil, p, nil)
 }
 
 // Kill stops a sandbox.

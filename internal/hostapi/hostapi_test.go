@@ -35,6 +35,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
@@ -287,8 +288,18 @@ func TestLifecycle(t *testing.T) {
 	if got, want := client.TemplateParams("base", 512, 2), ag.TemplateParams("base", 512, 2); got != want {
 		t.Errorf("template params: got %+v, want %+v", got, want)
 	}
+	// The egress policy of a live sandbox reaches the agent, which checks it.
+	if err := client.SetNetwork(ctx, info.ID, network.Policy{AllowOut: []string{"10.1.0.0/16"}}); err != nil {
+		t.Errorf("set network: %v", err)
+	}
+	if err := client.SetNetwork(ctx, info.ID, network.Policy{Internet: true, DenyOut: []string{"not an address!"}}); !errors.Is(err, host.ErrInvalid) {
+		t.Errorf("set an invalid network: got %v, want host.ErrInvalid", err)
+	}
 	if err := client.Kill(ctx, info.ID); err != nil {
 		t.Fatalf("kill: %v", err)
+	}
+	if err := client.SetNetwork(ctx, info.ID, network.Policy{Internet: true}); !errors.Is(err, host.ErrNotFound) {
+		t.Errorf("set network after kill: got %v, want host.ErrNotFound", err)
 	}
 	if _, err := client.Get(ctx, info.ID); !errors.Is(err, host.ErrNotFound) {
 		t.Errorf("get after kill: got %v, want host.ErrNotFound", err)
