@@ -13,7 +13,6 @@ import (
 
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/e2b"
-	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 )
@@ -149,7 +148,7 @@ func (b e2bBackend) SetNetwork(ctx context.Context, keyID, id string, n e2b.Netw
 	return err
 }
 
-func (b e2bBackend) Guest(ctx context.Context, id string) (e2b.Guest, error) {
+func (b e2bBackend) Guest(ctx context.Context, id string) (host.Guest, error) {
 	sb, err := b.s.cat.GetSandbox(ctx, id)
 	if errors.Is(err, catalog.ErrNotFound) {
 		return nil, notFound("sandbox %q not found", id)
@@ -160,51 +159,13 @@ func (b e2bBackend) Guest(ctx context.Context, id string) (e2b.Guest, error) {
 	if sb.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", sb.ID, sb.State)
 	}
-	g, err := b.s.host.Guest(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if pg, ok := g.(host.ProcessGuest); ok {
-		return e2bProcessGuest{e2bGuest{g}, pg}, nil
-	}
-	return e2bGuest{g}, nil
+	return b.s.host.Guest(ctx, id)
 }
 
 func (b e2bBackend) Status(err error) (int, string) {
 	ae := classify(err)
 	return ae.Status, strings.TrimSpace(ae.Message)
 }
-
-// e2bGuest is a Guest whose StartExec returns e2b's Process.
-type e2bGuest struct{ host.Guest }
-
-func (g e2bGuest) StartExec(ctx context.Context, req guestproto.ExecRequest) (e2b.Process, error) {
-	return g.Guest.StartExec(ctx, req)
-}
-
-// e2bProcessGuest is an e2bGuest that keeps background processes.
-type e2bProcessGuest struct {
-	e2bGuest
-	host.ProcessGuest
-}
-
-var _ e2b.ProcessGuest = e2bProcessGuest{}
-
-// WatchDir gives package e2b the guest's directory watch, or a 501 where
-// the host has none (a remote host's guests).
-func (g e2bGuest) WatchDir(ctx context.Context, path string, recursive bool) (e2b.DirWatch, error) {
-	dw, ok := g.Guest.(host.DirWatcher)
-	if !ok {
-		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories yet")
-	}
-	w, err := dw.WatchDir(ctx, path, recursive)
-	if err != nil {
-		return nil, err // not a typed nil in the interface
-	}
-	return w, nil
-}
-
-var _ e2b.DirWatcher = e2bGuest{}
 
 // lifecycle runs pause or resume (run) on the key's sandbox and waits; a
 // state the operation does not start from is a 409.

@@ -20,14 +20,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // EnvdVersion is the envd version reported to SDKs. The SDK gates
@@ -113,35 +111,13 @@ type Backend interface {
 	// Guest reaches the guest agent of sandbox id, whoever owns it (the
 	// caller has proved access with the sandbox's access token); an
 	// error if it is not running.
-	Guest(ctx context.Context, id string) (Guest, error)
+	Guest(ctx context.Context, id string) (host.Guest, error)
 	// Running lists the ids of the running sandboxes of every key: a
 	// signed file URL (uploadUrl, downloadUrl) names no sandbox, only its
 	// signature, made with one sandbox's access token, tells which.
 	Running(ctx context.Context) ([]string, error)
 	// Status classifies err: an HTTP status and a message for users.
 	Status(err error) (status int, message string)
-}
-
-// Guest is a running sandbox's guest agent (see guestproto.Client for the
-// contracts). It may be a ProcessGuest too.
-type Guest interface {
-	StartExec(ctx context.Context, req guestproto.ExecRequest) (Process, error)
-	ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error)
-	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error)
-	ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error)
-	Stat(ctx context.Context, path string) (guestproto.FileInfo, error)
-	Mkdir(ctx context.Context, path string) error
-	Remove(ctx context.Context, path string, recursive bool) error
-	Rename(ctx context.Context, oldpath, newpath string) error
-}
-
-// Process is a command started by Guest.StartExec: read Stdout and Stderr
-// to EOF, then Wait. Cancelling StartExec's ctx kills it.
-type Process interface {
-	PID() int
-	Stdout() io.Reader
-	Stderr() io.Reader
-	Wait() (guestproto.ExecResult, error)
 }
 
 // Server serves the E2B protocol. Create it with New; it starts no

@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
 
 // defaultUser is who runs a sandbox's commands and owns its relative
@@ -73,7 +74,7 @@ func unimplemented(procedure string) error {
 // envdTarget is the sandbox an envd request is for, and as whom.
 type envdTarget struct {
 	id   string
-	g    Guest
+	g    host.Guest
 	user defaultUser
 }
 
@@ -135,7 +136,7 @@ func basicUser(h string) string {
 
 // defaultUser finds (once per sandbox) whether its template has E2B's
 // user "user": a /home/user directory.
-func (s *Server) defaultUser(ctx context.Context, id string, g Guest) defaultUser {
+func (s *Server) defaultUser(ctx context.Context, id string, g host.Guest) defaultUser {
 	s.mu.Lock()
 	u, ok := s.users[id]
 	s.mu.Unlock()
@@ -184,7 +185,7 @@ func (t envdTarget) chown(ctx context.Context, p string) error {
 }
 
 // run runs argv as root and fails unless it exits 0.
-func run(ctx context.Context, g Guest, argv []string) error {
+func run(ctx context.Context, g host.Guest, argv []string) error {
 	p, err := g.StartExec(ctx, guestproto.ExecRequest{Argv: argv, TimeoutMS: 30000})
 	if err != nil {
 		return err
@@ -262,7 +263,7 @@ func (s *Server) rpcError(err error) error {
 const keepaliveEvery = 30 * time.Second
 
 // start runs a command and streams its events: start, data…, end. On a
-// ProcessGuest it is a background process (see startProcess); otherwise
+// host.ProcessGuest it is a background process (see startProcess); otherwise
 // the command dies if the client goes away or Connect-Timeout-Ms passes.
 func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[startResponse]) error {
 	t, err := s.target(ctx, req.Header(), "")
@@ -297,7 +298,7 @@ func (s *Server) start(ctx context.Context, req *connect.Request[startRequest], 
 	if err := g.Validate(); err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	if pg, ok := t.g.(ProcessGuest); ok {
+	if pg, ok := t.g.(host.ProcessGuest); ok {
 		return s.startProcess(ctx, t, pg, m, g, stream)
 	}
 	if m.PTY != nil {

@@ -11,26 +11,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
-
-// ProcessGuest is a Guest that keeps background processes (see
-// guestproto.Client for the contracts). envd's process service is served
-// on them: a command started by Start is a background process identified
-// by its guest pid, so it outlives a dropped stream and Connect,
-// SendInput, SendSignal, CloseStdin and List reach it. On a Guest that is
-// not a ProcessGuest, Start runs a plain exec and the rest answer
-// unimplemented.
-type ProcessGuest interface {
-	StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error)
-	ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)
-	AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrOffset int64) (*guestproto.Attachment, error)
-	WriteProcessStdin(ctx context.Context, pid int, p []byte) error
-	CloseProcessStdin(ctx context.Context, pid int) error
-	SignalProcess(ctx context.Context, pid int, signal string) error
-	RemoveProcess(ctx context.Context, pid int) error
-	// ResizeProcess sets a PTY process's terminal size.
-	ResizeProcess(ctx context.Context, pid, rows, cols int) error
-}
 
 // procKey names a process of a sandbox.
 type procKey struct {
@@ -61,9 +43,14 @@ func (s *Server) forget(k procKey) {
 	s.mu.Unlock()
 }
 
-// processGuest is the target's ProcessGuest, or unimplemented.
-func processGuest(t envdTarget, procedure string) (ProcessGuest, error) {
-	pg, ok := t.g.(ProcessGuest)
+// processGuest is the target's host.ProcessGuest, or unimplemented.
+// envd's process service is served on background processes: a command
+// started by Start is one, identified by its guest pid, so it outlives a
+// dropped stream and Connect, SendInput, SendSignal, CloseStdin and List
+// reach it. On a Guest that keeps none, Start runs a plain exec and the
+// rest answer unimplemented.
+func processGuest(t envdTarget, procedure string) (host.ProcessGuest, error) {
+	pg, ok := t.g.(host.ProcessGuest)
 	if !ok {
 		return nil, connect.NewError(connect.CodeUnimplemented,
 			fmt.Errorf("%s is not served for this sandbox: its host does not keep background processes", procedure))
@@ -109,7 +96,7 @@ func (s *Server) procError(err error, pid int) error {
 // startProcess is Start on a ProcessGuest: the command runs as a
 // background process (killed at Connect-Timeout-Ms, surviving the client
 // going away), streamed from its first byte until it exits.
-func (s *Server) startProcess(ctx context.Context, t envdTarget, pg ProcessGuest, m *startRequest, g guestproto.ExecRequest, stream *connect.ServerStream[startResponse]) error {
+func (s *Server) startProcess(ctx context.Context, t envdTarget, pg host.ProcessGuest, m *startRequest, g guestproto.ExecRequest, stream *connect.ServerStream[startResponse]) error {
 	if d, ok := ctx.Deadline(); ok {
 		g.TimeoutMS = max(time.Until(d).Milliseconds(), 1)
 	}
@@ -211,7 +198,7 @@ func pumpData(send func(processEvent) error, stdout, stderr io.Reader, pty bool,
 // it stopped if the attach lagged. exited reports that the process's end
 // was seen (and sent, unless the send failed). The client going away
 // ends the stream, not the process.
-func (s *Server) follow(ctx context.Context, pg ProcessGuest, pid int, outOff, errOff int64, pty bool, send func(processEvent) error) (exited bool, err error) {
+func (s *Server) follow(ctx context.Context, pg host.ProcessGuest, pid int, outOff, errOff int64, pty bool, send func(processEvent) error) (exited bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := keepalive(func() { send(processEvent{Keepalive: &struct{}{}}) })
@@ -394,7 +381,7 @@ func (s *Server) sendSignal(ctx context.Context, t envdTarget, m *sendSignalRequ
 }
 
 // selected resolves the process of a unary process call.
-func (s *Server) selected(t envdTarget, procedure string, sel processSelector) (ProcessGuest, int, error) {
+func (s *Server) selected(t envdTarget, procedure string, sel processSelector) (host.ProcessGuest, int, error) {
 	pg, err := processGuest(t, procedure)
 	if err != nil {
 		return nil, 0, err

@@ -8,21 +8,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
 )
-
-// DirWatcher is the optional ability of a Guest to watch a directory (see
-// guestproto.Client.WatchDir for the contract). envd's WatchDir is served
-// on it; on a Guest without it, WatchDir answers unimplemented.
-type DirWatcher interface {
-	WatchDir(ctx context.Context, path string, recursive bool) (DirWatch, error)
-}
-
-// DirWatch is a running watch: Next from one goroutine until it fails
-// (io.EOF: the directory was removed), Close from any, more than once.
-type DirWatch interface {
-	Next() (guestproto.WatchEvent, error)
-	Close() error
-}
 
 // watchDir is WatchDir: a start event once the guest's watches are in
 // place, then the changes as envd (fsnotify) names them, with keepalives,
@@ -33,7 +20,7 @@ func (s *Server) watchDir(ctx context.Context, req *connect.Request[watchDirRequ
 	if err != nil {
 		return s.rpcError(err)
 	}
-	dw, ok := t.g.(DirWatcher)
+	dw, ok := t.g.(host.DirWatcher)
 	if !ok {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("/filesystem.Filesystem/WatchDir is not served for this sandbox: its host cannot watch directories"))
 	}
