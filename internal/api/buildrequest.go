@@ -33,6 +33,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
@@ -292,7 +293,7 @@ func decodeSpecPart(p io.Reader, req *buildSpec) error {
 func multipartError(err error) error {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "request body is larger than %d bytes", mbe.Limit)
+		return errorf(control.TooLarge, "request body is larger than %d bytes", mbe.Limit)
 	}
 	return badRequest("read multipart body: %v", err)
 }
@@ -341,7 +342,7 @@ func (s *Server) saveContext(p io.Reader) (string, error) {
 }
 
 func contextTooLarge(max int64) error {
-	return errorf(http.StatusRequestEntityTooLarge, "payload_too_large",
+	return errorf(control.TooLarge,
 		"the build context is larger than this server accepts (%s); leave files out with a .dockerignore", humanBytes(max))
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
@@ -236,7 +237,7 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 	for i, c := range children {
 		switch {
 		case c.Error != nil:
-			out[i].Err = errorf(c.Error.Status, c.Error.Code, "%s", c.Error.Message)
+			out[i].Err = errorf(control.Kind(c.Error.Code), "%s", c.Error.Message)
 		case c.Sandbox != nil:
 			sb, err := b.s.cat.GetSandbox(ctx, c.Sandbox.ID)
 			if err == nil && ttlSeconds != nil {

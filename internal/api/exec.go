@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
 )
@@ -41,7 +42,7 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 	}
 	if req.Cwd != "" {
 		if err := checkPath(req.Cwd); err != nil {
-			return g, invalid("cwd: %v", err.(*apiError).Message)
+			return g, invalid("cwd: %v", err.(*control.Error).Msg)
 		}
 	}
 	if err := guestproto.ValidateUser(req.User); err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
 )
@@ -123,7 +124,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		mode = fs.FileMode(v)
 	}
 	if r.ContentLength > s.cfg.MaxUploadBytes {
-		s.writeError(w, r, errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "upload of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
+		s.writeError(w, r, errorf(control.TooLarge, "upload of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
 		return
 	}
 	c, err := s.guestFor(r)
@@ -136,7 +137,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if _, err := c.WriteFile(r.Context(), p, body, mode); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			s.writeError(w, r, errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "upload exceeds the limit of %d bytes", s.cfg.MaxUploadBytes))
+			s.writeError(w, r, errorf(control.TooLarge, "upload exceeds the limit of %d bytes", s.cfg.MaxUploadBytes))
 			return
 		}
 		s.writeError(w, r, err)

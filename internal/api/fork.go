@@ -83,7 +83,7 @@ func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, 
 				s.setBusy(child.ID, false)
 				quotaErr = err
 				ae := classify(err)
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message, Status: ae.Status}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
 				continue
 			}
 			slot[child.ID] = i
@@ -113,13 +113,13 @@ func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, 
 				if ae.Code == "internal" {
 					s.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
 				}
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message, Status: ae.Status}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
 				continue
 			}
 			sb, err := s.started(ctx, id, ttl)
 			if err != nil {
 				ae := classify(err)
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message, Status: ae.Status}
+				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
 				continue
 			}
 			j := toJSON(sb)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
@@ -91,7 +92,7 @@ func (s *Server) detach(id, kind string, fn func(ctx context.Context) (catalog.S
 	}
 	if s.closing {
 		s.mu.Unlock()
-		return nil, errorf(503, "unavailable", "the server is shutting down")
+		return nil, errorf(control.Unavailable, "the server is shutting down")
 	}
 	o := &op{kind: kind, done: make(chan struct{})}
 	s.ops[id] = o

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/control"
 )
 
 // limiter counts requests in flight per sandbox and per key and refuses
@@ -51,8 +52,8 @@ func (l *limiter) acquire(sb, k string) (release func(), err error) {
 	}, nil
 }
 
-func tooMany(format string, args ...any) *apiError {
-	return errorf(http.StatusTooManyRequests, "too_many_requests", format, args...)
+func tooMany(format string, args ...any) *control.Error {
+	return errorf(control.TooManyRequests, format, args...)
 }
 
 // limitGuest is middleware for requests that hold a guest stream.

@@ -9,11 +9,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 )
 
@@ -72,7 +72,7 @@ func (t portToken) sign(secret []byte) string {
 
 // errTokenInvalid: a token this server did not sign (forged, altered,
 // truncated, signed with another secret).
-var errTokenInvalid = errorf(http.StatusForbidden, "forbidden",
+var errTokenInvalid = errorf(control.Forbidden,
 	"invalid signed URL: it was not made by this server or it was altered; ask for a new one (POST /v1/sandboxes/{id}/ports/{port}/url)")
 
 // parseToken verifies s against secret and returns what it grants, or a
@@ -98,7 +98,7 @@ func parseToken(secret []byte, s string, now time.Time) (portToken, error) {
 	}
 	t := portToken{SandboxID: id, Port: port, Expires: time.Unix(exp, 0).UTC()}
 	if !now.Before(t.Expires) {
-		return portToken{}, errorf(http.StatusForbidden, "forbidden",
+		return portToken{}, errorf(control.Forbidden,
 			"this signed URL for port %d of sandbox %s expired at %s; ask for a new one", port, id, t.Expires.Format(time.RFC3339))
 	}
 	return t, nil

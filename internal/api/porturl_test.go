@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/control"
 )
 
 func TestPortToken(t *testing.T) {
@@ -23,8 +25,8 @@ func TestPortToken(t *testing.T) {
 		t.Fatalf("parse: got %+v, %v; want %+v", got, err, tok)
 	}
 	isForbidden := func(err error, text string) bool {
-		ae, ok := err.(*apiError)
-		return ok && ae.Status == http.StatusForbidden && strings.Contains(ae.Message, text)
+		ae, ok := err.(*control.Error)
+		return ok && statusOf(ae.Kind) == http.StatusForbidden && strings.Contains(ae.Msg, text)
 	}
 	if _, err := parseToken(secret, s, tok.Expires); !isForbidden(err, "expired") {
 		t.Errorf("at its expiry: got %v, want 403 expired", err)

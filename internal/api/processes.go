@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
 )
@@ -90,7 +90,7 @@ func (s *Server) processGuest(r *http.Request) (host.ProcessGuest, error) {
 	}
 	pg, ok := g.(host.ProcessGuest)
 	if !ok {
-		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host does not keep background processes")
+		return nil, errorf(control.NotImplemented, "this sandbox's host does not keep background processes")
 	}
 	return pg, nil
 }
@@ -137,7 +137,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 	p, err := pg.StartProcess(r.Context(), g)
 	if err != nil {
 		if guestproto.CodeOf(err) == guestproto.CodeBusy {
-			err = errorf(http.StatusTooManyRequests, "too_many_requests", "%s", guestMessage(err))
+			err = errorf(control.TooManyRequests, "%s", control.GuestMessage(err))
 		}
 		s.writeError(w, r, err)
 		return

@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 )
 
@@ -269,36 +270,36 @@ func (p *guestProxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return // the client went away
 	}
 	t := r.Context().Value(proxyCtxKey{}).(*proxyTarget)
-	ae := p.classify(t, err)
+	ae := classify(p.classify(t, err))
 	p.s.log.Debug("port proxy failed", "sandbox_id", t.sb.ID, "port", t.port, "status", ae.Status, "err", err)
 	writeJSON(w, ae.Status, errorBody{Error: errorDetail{Code: ae.Code, Message: ae.Message}})
 }
 
 // errNoNetworking: the hosts cannot dial guests.
-var errNoNetworking = errorf(http.StatusNotImplemented, "not_implemented",
+var errNoNetworking = errorf(control.NotImplemented,
 	"this server cannot reach ports in sandboxes: its host has no sandbox networking")
 
 // classify turns a failure to reach the guest into what users see.
-func (p *guestProxy) classify(t *proxyTarget, err error) *apiError {
+func (p *guestProxy) classify(t *proxyTarget, err error) *control.Error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, host.ErrUnavailable), errors.Is(err, host.ErrNotFound), errors.Is(err, host.ErrConflict),
 		errors.Is(err, host.ErrInvalid), errors.Is(err, host.ErrNotReady):
-		return classify(err)
+		return control.Classify(err)
 	case errors.Is(err, errors.ErrUnsupported):
 		return errNoNetworking
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return errorf(http.StatusBadGateway, "bad_gateway", "nothing listens on port %d in sandbox %s (connection refused)", t.port, t.sb.ID)
+		return errorf(control.BadGateway, "nothing listens on port %d in sandbox %s (connection refused)", t.port, t.sb.ID)
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
-		return errorf(http.StatusGatewayTimeout, "timeout", "port %d of sandbox %s did not answer in time", t.port, t.sb.ID)
+		return errorf(control.Timeout, "port %d of sandbox %s did not answer in time", t.port, t.sb.ID)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
-		return errorf(http.StatusBadGateway, "bad_gateway", "the server on port %d of sandbox %s closed the connection without answering", t.port, t.sb.ID)
+		return errorf(control.BadGateway, "the server on port %d of sandbox %s closed the connection without answering", t.port, t.sb.ID)
 	}
 	msg := err.Error()
 	if len(msg) > 256 {
 		msg = msg[:256] + "…"
 	}
-	return errorf(http.StatusBadGateway, "bad_gateway", "port %d of sandbox %s: %s", t.port, t.sb.ID, strings.ToValidUTF8(msg, "\uFFFD"))
+	return errorf(control.BadGateway, "port %d of sandbox %s: %s", t.port, t.sb.ID, strings.ToValidUTF8(msg, "\uFFFD"))
 }
 
 // proxyTo proxies r to t, whose sandbox the caller may reach.

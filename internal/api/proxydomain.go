@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 )
 
@@ -164,7 +165,7 @@ func (s *Server) tokenFor(tok, id string, port int, now time.Time) (portToken, e
 		return t, err
 	}
 	if t.SandboxID != id || t.Port != port {
-		return t, errorf(http.StatusForbidden, "forbidden", "this signed URL is for port %d of sandbox %s, not this host", t.Port, t.SandboxID)
+		return t, errorf(control.Forbidden, "this signed URL is for port %d of sandbox %s, not this host", t.Port, t.SandboxID)
 	}
 	return t, nil
 }
@@ -191,7 +192,7 @@ func (s *Server) cookieError(r *http.Request, id string, port int, now time.Time
 			continue
 		}
 		_, err := s.tokenFor(c.Value, id, port, now)
-		if ae, ok := err.(*apiError); ok && strings.Contains(ae.Message, "expired") {
+		if ae, ok := err.(*control.Error); ok && strings.Contains(ae.Msg, "expired") {
 			return err
 		}
 		if first == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
@@ -30,7 +31,7 @@ func decodeJSON(r *http.Request, v any, allowEmpty bool) error {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "JSON body is larger than %d bytes", maxJSONBody)
+			return errorf(control.TooLarge, "JSON body is larger than %d bytes", maxJSONBody)
 		}
 		return badRequest("read request body: %v", err)
 	}

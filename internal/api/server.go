@@ -25,6 +25,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/recoverer"
@@ -364,7 +365,7 @@ func (s *Server) routes() http.Handler {
 		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, errorf(http.StatusMethodNotAllowed, "method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
+		s.writeError(w, r, errorf(control.MethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
 	})
 	return r
 }
@@ -407,11 +408,11 @@ func (s *Server) keyOf(r *http.Request, missing string) (*caller, error) {
 		secret, ok = wsProtocolKey(r)
 	}
 	if !ok || strings.TrimSpace(secret) == "" {
-		return nil, errorf(http.StatusUnauthorized, "unauthorized", "%s", missing)
+		return nil, errorf(control.Unauthorized, "%s", missing)
 	}
 	key, err := s.cat.KeyByHash(r.Context(), HashKey(strings.TrimSpace(secret)))
 	if errors.Is(err, catalog.ErrNotFound) || (err == nil && !key.RevokedAt.IsZero()) {
-		return nil, errorf(http.StatusUnauthorized, "unauthorized", "unknown or revoked API key")
+		return nil, errorf(control.Unauthorized, "unknown or revoked API key")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up api key: %w", err)
@@ -454,7 +455,7 @@ func (s *Server) adminOnly(next http.Handler) http.Handler {
 
 func requireAdmin(r *http.Request) error {
 	if c := callerOf(r); c == nil || !c.Key.Admin {
-		return errorf(http.StatusForbidden, "forbidden", "this needs an admin API key")
+		return errorf(control.Forbidden, "this needs an admin API key")
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
@@ -285,7 +286,7 @@ const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
 	if s.cfg.TemplateBuilds == nil {
-		return nil, errorf(http.StatusNotImplemented, "not_implemented", "this server does not build templates from images (only `panda up` does so far)")
+		return nil, errorf(control.NotImplemented, "this server does not build templates from images (only `panda up` does so far)")
 	}
 	return s.cfg.TemplateBuilds, nil
 }
@@ -451,7 +452,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !key.Admin && u.Owner != key.ID {
-		s.writeError(w, r, errorf(http.StatusForbidden, "forbidden", "only the key that built template %s, or an admin key, may delete it", name))
+		s.writeError(w, r, errorf(control.Forbidden, "only the key that built template %s, or an admin key, may delete it", name))
 		return
 	}
 	if v > 0 {

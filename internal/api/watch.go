@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 )
 
@@ -28,7 +29,7 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request) {
 	}
 	dw, ok := g.(host.DirWatcher)
 	if !ok {
-		s.writeError(w, r, errorf(http.StatusNotImplemented, "not_implemented", "this sandbox's host cannot watch directories"))
+		s.writeError(w, r, errorf(control.NotImplemented, "this sandbox's host cannot watch directories"))
 		return
 	}
 	watch, err := dw.WatchDir(r.Context(), p, recursive)
