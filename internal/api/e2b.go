@@ -62,17 +62,13 @@ func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequ
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
-	creq := createRequest{Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Env: req.Env, OnExpire: req.OnExpire}
+	creq := control.CreateRequest{Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Env: req.Env, OnExpire: req.OnExpire}
 	if req.Network != nil {
 		if creq.Network, err = json.Marshal(catalog.Network(*req.Network)); err != nil {
 			return e2b.Sandbox{}, err
 		}
 	}
-	sb, hreq, err := b.s.newSandbox(ctx, key, creq)
-	if err != nil {
-		return e2b.Sandbox{}, err
-	}
-	sb, err = b.s.create(ctx, key, sb, hreq)
+	sb, err := b.s.cp.Create(ctx, key, creq)
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
@@ -105,7 +101,7 @@ func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, err
 func (b e2bBackend) List(ctx context.Context, keyID string, f e2b.ListFilter) ([]e2b.Sandbox, error) {
 	states := f.States
 	if len(states) == 0 {
-		states = liveStates
+		states = control.LiveStates
 	}
 	list, err := b.s.cat.ListSandboxes(ctx, catalog.SandboxFilter{KeyID: keyID, States: states, Metadata: f.Metadata})
 	if err != nil {
@@ -122,18 +118,18 @@ func (b e2bBackend) Kill(ctx context.Context, keyID, id string) error {
 	if _, err := b.Get(ctx, keyID, id); err != nil {
 		return err
 	}
-	return b.s.stop(ctx, id, "killed")
+	return b.s.cp.Stop(ctx, id, "killed")
 }
 
 func (b e2bBackend) SetTTL(ctx context.Context, keyID, id string, seconds int) error {
 	if _, err := b.Get(ctx, keyID, id); err != nil {
 		return err
 	}
-	ttl, err := b.s.ttl(&seconds)
+	ttl, err := b.s.cp.TTL(&seconds)
 	if err != nil {
 		return err
 	}
-	_, err = b.s.applyTTL(ctx, id, ttl)
+	_, err = b.s.cp.SetTTL(ctx, id, ttl)
 	return err
 }
 
@@ -145,7 +141,7 @@ func (b e2bBackend) SetNetwork(ctx context.Context, keyID, id string, n e2b.Netw
 	if err != nil {
 		return fmt.Errorf("get sandbox: %w", err)
 	}
-	_, err = b.s.applyNetwork(ctx, sb, network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
+	_, err = b.s.cp.SetNetwork(ctx, sb, network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
 	return err
 }
 
@@ -168,31 +164,19 @@ func (b e2bBackend) Status(err error) (int, string) {
 	return ae.Status, strings.TrimSpace(ae.Message)
 }
 
-// lifecycle runs pause or resume (run) on the key's sandbox and waits; a
-// state the operation does not start from is a 409.
-func (b e2bBackend) lifecycle(ctx context.Context, keyID, id string, run func(id string) (*op, error), from string) (catalog.Sandbox, error) {
-	if _, err := b.Get(ctx, keyID, id); err != nil {
-		return catalog.Sandbox{}, err
-	}
-	o, err := run(id)
-	if err != nil {
-		return catalog.Sandbox{}, err
-	}
-	sb, _, err := o.wait(ctx)
-	var sc *stateConflict
-	if errors.As(err, &sc) {
-		err = conflict("sandbox %s is %s, not %s", sc.id, sc.state, from)
-	}
-	return sb, err
-}
-
 func (b e2bBackend) Pause(ctx context.Context, keyID, id string) error {
-	_, err := b.lifecycle(ctx, keyID, id, b.s.pause, catalog.StateRunning)
+	if _, err := b.Get(ctx, keyID, id); err != nil {
+		return err
+	}
+	_, err := b.s.cp.Pause(ctx, id)
 	return err
 }
 
 func (b e2bBackend) Resume(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
-	sb, err := b.lifecycle(ctx, keyID, id, b.s.resume, catalog.StatePaused)
+	if _, err := b.Get(ctx, keyID, id); err != nil {
+		return e2b.Sandbox{}, err
+	}
+	sb, err := b.s.cp.Resume(ctx, id)
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
@@ -200,13 +184,13 @@ func (b e2bBackend) Resume(ctx context.Context, keyID, id string) (e2b.Sandbox, 
 }
 
 func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSeconds *int) ([]e2b.ForkChild, error) {
-	if count < 1 || count > MaxForkCount {
-		return nil, invalid("count must be between 1 and %d", MaxForkCount)
+	if count < 1 || count > control.MaxForkCount {
+		return nil, invalid("count must be between 1 and %d", control.MaxForkCount)
 	}
 	var ttl time.Duration
 	if ttlSeconds != nil {
 		var err error
-		if ttl, err = b.s.ttl(ttlSeconds); err != nil {
+		if ttl, err = b.s.cp.TTL(ttlSeconds); err != nil {
 			return nil, err
 		}
 	}
@@ -224,24 +208,19 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 	if parent.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", parent.ID, parent.State)
 	}
-	o, err := b.s.fork(key, parent, count)
+	res, err := b.s.cp.Fork(ctx, key, parent, count)
 	if err != nil {
 		return nil, err
 	}
-	_, val, err := o.wait(ctx)
-	if err != nil {
-		return nil, err
-	}
-	children := val.(map[string]any)["children"].([]forkChildJSON)
-	out := make([]e2b.ForkChild, len(children))
-	for i, c := range children {
+	out := make([]e2b.ForkChild, len(res.Children))
+	for i, c := range res.Children {
 		switch {
-		case c.Error != nil:
-			out[i].Err = errorf(control.Kind(c.Error.Code), "%s", c.Error.Message)
+		case c.Err != nil:
+			out[i].Err = c.Err
 		case c.Sandbox != nil:
 			sb, err := b.s.cat.GetSandbox(ctx, c.Sandbox.ID)
 			if err == nil && ttlSeconds != nil {
-				sb, err = b.s.applyTTL(ctx, sb.ID, ttl)
+				sb, err = b.s.cp.SetTTL(ctx, sb.ID, ttl)
 			}
 			if err != nil {
 				out[i].Err = err

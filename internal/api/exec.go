@@ -37,7 +37,7 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 	case req.Cmd != "" && len(req.Argv) > 0:
 		return g, invalid("give cmd or argv, not both")
 	}
-	if err := validateLabels("env", req.Env, 256); err != nil {
+	if err := control.ValidateLabels("env", req.Env, 256); err != nil {
 		return g, err
 	}
 	if req.Cwd != "" {

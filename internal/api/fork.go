@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -11,13 +10,10 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
-	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 )
-
-// MaxForkCount bounds the children of one fork request.
-const MaxForkCount = 64
 
 type forkChildJSON struct {
 	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
@@ -36,8 +32,8 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	if req.Count != nil {
 		count = *req.Count
 	}
-	if count < 1 || count > MaxForkCount {
-		s.writeError(w, r, invalid("count must be between 1 and %d", MaxForkCount))
+	if count < 1 || count > control.MaxForkCount {
+		s.writeError(w, r, invalid("count must be between 1 and %d", control.MaxForkCount))
 		return
 	}
 	parent, err := s.running(r)
@@ -45,120 +41,26 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	o, err := s.fork(callerOf(r).Key, parent, count)
+	res, err := s.cp.Fork(r.Context(), callerOf(r).Key, parent, count)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	_, val, err := o.wait(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
+	out := make([]forkChildJSON, len(res.Children))
+	for i, c := range res.Children {
+		if c.Err != nil {
+			ae := classify(c.Err)
+			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
+			continue
+		}
+		j := toJSON(*c.Sandbox)
+		out[i].Sandbox = &j
 	}
-	writeJSON(w, http.StatusOK, val)
-}
-
-// fork reserves count children of parent against the key's quota and
-// forks them, detached from the request: children a client never hears of
-// still end up recorded (running, or gone if they failed). A child over
-// quota is reported in its slot and not attempted.
-func (s *Server) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, error) {
-	return s.detach(parent.ID, "fork", func(ctx context.Context) (catalog.Sandbox, any, error) {
-		t0 := time.Now()
-		out := make([]forkChildJSON, count)
-		var ids []string
-		slot := map[string]int{}
-		now := time.Now().UTC()
-		ttl := s.ttlOf(parent)
-		var quotaErr error
-		for i := 0; i < count; i++ {
-			child := catalog.Sandbox{
-				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: catalog.StateStarting,
-				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
-				TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
-				CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
-			}
-			s.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
-			if err := s.reserve(ctx, key, child); err != nil {
-				s.setBusy(child.ID, false)
-				quotaErr = err
-				ae := classify(err)
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
-				continue
-			}
-			slot[child.ID] = i
-			ids = append(ids, child.ID)
-		}
-		defer func() {
-			for _, id := range ids {
-				s.setBusy(id, false)
-			}
-		}()
-		if len(ids) == 0 {
-			return catalog.Sandbox{}, nil, quotaErr
-		}
-		res, err := s.host.Fork(ctx, parent.ID, ids)
-		if err != nil {
-			for _, id := range ids {
-				s.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
-			}
-			return catalog.Sandbox{}, nil, err
-		}
-		for j, id := range ids { // children come back in request order
-			i := slot[id]
-			c := res.Children[j]
-			if c.Err != nil {
-				s.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
-				ae := classify(c.Err)
-				if ae.Code == "internal" {
-					s.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
-				}
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
-				continue
-			}
-			sb, err := s.started(ctx, id, ttl)
-			if err != nil {
-				ae := classify(err)
-				out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
-				continue
-			}
-			j := toJSON(sb)
-			out[i].Sandbox = &j
-		}
-		s.metrics.forks.Inc()
-		s.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
-		s.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(ids), "paused_ms", res.Capture.PausedMS,
-			"dirty_mib", res.Capture.DirtyBytes>>20, "dur_ms", time.Since(t0).Milliseconds())
-		return parent, map[string]any{
-			"children":         out,
-			"parent_paused_ms": res.Capture.PausedMS,
-			"dirty_bytes":      res.Capture.DirtyBytes,
-		}, nil
+	writeJSON(w, http.StatusOK, map[string]any{
+		"children":         out,
+		"parent_paused_ms": res.ParentPausedMS,
+		"dirty_bytes":      res.DirtyBytes,
 	})
-}
-
-// limits are a key's quota limits: its own, else the server's defaults.
-func (s *Server) limits(key catalog.Key) catalog.Limits {
-	pick := func(own, def int) int {
-		if own != 0 {
-			return own
-		}
-		return def
-	}
-	return catalog.Limits{
-		Sandboxes: pick(key.MaxSandboxes, s.cfg.MaxSandboxesPerKey),
-		MemoryMiB: pick(key.MaxMemoryMiB, s.cfg.MaxMemoryMiBPerKey),
-		VCPUs:     pick(key.MaxVCPUs, s.cfg.MaxVCPUsPerKey),
-		DiskMiB:   pick(key.MaxDiskMiB, s.cfg.MaxDiskMiBPerKey),
-	}
-}
-
-// reserve records a new sandbox against the key's quota.
-func (s *Server) reserve(ctx context.Context, key catalog.Key, sb catalog.Sandbox) error {
-	if err := s.cat.ReserveSandbox(ctx, sb, s.limits(key)); err != nil {
-		return fmt.Errorf("reserve sandbox: %w", err)
-	}
-	return nil
 }
 
 type snapshotJSON struct {
@@ -194,44 +96,12 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	o, err := s.snapshot(callerOf(r).Key, sb, req.Name)
+	sn, err := s.cp.Snapshot(r.Context(), callerOf(r).Key, sb, req.Name)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	_, val, err := o.wait(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, val)
-}
-
-// snapshot takes a snapshot of a running sandbox, detached from the
-// request: once the host has it on stable storage it is recorded for the
-// key (a crash in between is repaired by Resync).
-func (s *Server) snapshot(key catalog.Key, sb catalog.Sandbox, name string) (*op, error) {
-	return s.detach(sb.ID, "snapshot", func(ctx context.Context) (catalog.Sandbox, any, error) {
-		id := host.NewID()
-		si, err := s.host.Snapshot(ctx, sb.ID, id)
-		if err != nil {
-			return sb, nil, err
-		}
-		failpoint.Hit("api-snapshot-taken")
-		sn := catalog.Snapshot{
-			ID: id, KeyID: key.ID, SandboxID: sb.ID, Name: name, HostID: sb.HostID,
-			Template: sb.Template, MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs, SizeBytes: si.SizeBytes,
-			CreatedAt: si.CreatedAt,
-		}
-		if err := s.cat.CreateSnapshot(ctx, sn, s.limits(key)); err != nil {
-			if derr := s.host.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
-				s.log.Error("delete unrecorded snapshot", "snapshot_id", id, "err", derr)
-			}
-			return sb, nil, err
-		}
-		s.metrics.snapshots.Inc()
-		return sb, snapToJSON(sn), nil
-	})
+	writeJSON(w, http.StatusCreated, snapToJSON(sn))
 }
 
 // ownedSnapshot returns the caller's snapshot from the URL.
@@ -274,12 +144,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.host.DeleteSnapshot(r.Context(), sn.ID); err != nil && !errors.Is(err, host.ErrNotFound) {
-		s.writeError(w, r, err)
-		return
-	}
-	// Not found: a reconciliation finished this delete meanwhile.
-	if err := s.cat.DeleteSnapshot(r.Context(), sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+	if err := s.cp.DeleteSnapshot(r.Context(), sn.ID); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -287,18 +152,19 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	s.lifecycleOp(w, r, s.pause, catalog.StateRunning)
+	s.lifecycleOp(w, r, s.cp.Pause)
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
-	s.lifecycleOp(w, r, s.resume, catalog.StatePaused)
+	s.lifecycleOp(w, r, s.cp.Resume)
 }
 
-// lifecycleOp serves pause and resume: the sandbox must be in state from
-// (or already in the operation: the request joins it), the operation runs
-// detached, and the answer is the sandbox as it left it. A client that
-// goes away does not cancel it; GET tells how it ended (state, last_error).
-func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(id string) (*op, error), from string) {
+// lifecycleOp serves pause and resume (run: control.Plane's): the sandbox
+// must be in the state the operation starts from (or already in the
+// operation: the request joins it), the operation runs detached, and the
+// answer is the sandbox as it left it. A client that goes away does not
+// cancel it; GET tells how it ended (state, last_error).
+func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(ctx context.Context, id string) (catalog.Sandbox, error)) {
 	if err := decodeJSON(r, &struct{}{}, true); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -308,17 +174,8 @@ func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(id
 		s.writeError(w, r, err)
 		return
 	}
-	o, err := run(sb.ID)
+	sb, err = run(r.Context(), sb.ID)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, _, err = o.wait(r.Context())
-	if err != nil {
-		var sc *stateConflict
-		if errors.As(err, &sc) {
-			err = conflict("sandbox %s is %s, not %s", sc.id, sc.state, from)
-		}
 		s.writeError(w, r, err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 )
 
 type keyJSON struct {
@@ -153,10 +154,10 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A revoked key's sandboxes go with it.
-	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: id, States: liveStates})
+	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: id, States: control.LiveStates})
 	if err == nil {
 		for _, sb := range live {
-			if err := s.stop(r.Context(), sb.ID, "key_revoked"); err != nil {
+			if err := s.cp.Stop(r.Context(), sb.ID, "key_revoked"); err != nil {
 				s.log.Error("kill sandbox of revoked key", "sandbox_id", sb.ID, "err", err)
 			}
 		}

@@ -18,7 +18,6 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/template"
 )
 
 const maxJSONBody = 1 << 20
@@ -120,15 +119,6 @@ func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON
 	return out
 }
 
-// liveStates are every state but stopped.
-var liveStates = func() []string {
-	var out []string
-	for _, st := range lifecycle.Live {
-		out = append(out, string(st))
-	}
-	return out
-}()
-
 type createRequest struct {
 	Template   string            `json:"template"`
 	SnapshotID string            `json:"snapshot_id"`
@@ -143,148 +133,18 @@ type createRequest struct {
 	Network json.RawMessage `json:"network"`
 }
 
-func (s *Server) ttl(seconds *int) (time.Duration, error) {
-	if seconds == nil {
-		return s.cfg.DefaultTTL, nil
-	}
-	d := time.Duration(*seconds) * time.Second
-	if *seconds < 1 || d > s.cfg.MaxTTL {
-		return 0, invalid("ttl_seconds must be between 1 and %d", int(s.cfg.MaxTTL.Seconds()))
-	}
-	return d, nil
-}
-
-func validateLabels(what string, m map[string]string, maxN int) error {
-	if len(m) > maxN {
-		return invalid("%s has %d entries, at most %d allowed", what, len(m), maxN)
-	}
-	for k, v := range m {
-		if k == "" || len(k) > 256 || len(v) > 4096 || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
-			return invalid("%s entry %q is invalid (keys 1-256 bytes, values up to 4096, no NUL)", what, k)
-		}
-	}
-	return nil
-}
-
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
 	if err := decodeJSON(r, &req, true); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	key := callerOf(r).Key
-	sb, hreq, err := s.newSandbox(r.Context(), key, req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err = s.create(r.Context(), key, sb, hreq)
+	sb, err := s.cp.Create(r.Context(), callerOf(r).Key, control.CreateRequest(req))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, s.withMemory(r.Context(), sb))
-}
-
-// newSandbox validates a create request and returns the record to
-// reserve and the host's request.
-func (s *Server) newSandbox(ctx context.Context, key catalog.Key, req createRequest) (catalog.Sandbox, host.CreateRequest, error) {
-	ttl, err := s.ttl(req.TTLSeconds)
-	if err != nil {
-		return catalog.Sandbox{}, host.CreateRequest{}, err
-	}
-	if err := validateLabels("metadata", req.Metadata, 64); err != nil {
-		return catalog.Sandbox{}, host.CreateRequest{}, err
-	}
-	if err := validateLabels("env", req.Env, 256); err != nil {
-		return catalog.Sandbox{}, host.CreateRequest{}, err
-	}
-	for k := range req.Env {
-		if strings.ContainsRune(k, '=') {
-			return catalog.Sandbox{}, host.CreateRequest{}, invalid("env name %q must not contain '='", k)
-		}
-	}
-	switch req.OnExpire {
-	case "", "kill":
-		req.OnExpire = "kill"
-	case "pause":
-	default:
-		return catalog.Sandbox{}, host.CreateRequest{}, invalid("on_expire must be \"kill\" or \"pause\"")
-	}
-	policy := network.DefaultPolicy()
-	if len(req.Network) > 0 && string(req.Network) != "null" {
-		var err error
-		if policy, err = network.ParsePolicy(req.Network); err != nil {
-			return catalog.Sandbox{}, host.CreateRequest{}, err
-		}
-	}
-	var p template.Params
-	diskMiB := 0
-	if req.SnapshotID != "" {
-		sn, err := s.cat.GetSnapshot(ctx, req.SnapshotID)
-		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !host.ValidID(req.SnapshotID) {
-			return catalog.Sandbox{}, host.CreateRequest{}, notFound("snapshot %s not found", req.SnapshotID)
-		}
-		if err != nil {
-			return catalog.Sandbox{}, host.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
-		}
-		if (req.Template != "" && req.Template != sn.Template && req.Template+":" != strings.SplitAfter(sn.Template, ":")[0]) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
-			return catalog.Sandbox{}, host.CreateRequest{}, invalid("a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
-		}
-		p = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
-		if t, _, err := s.host.Templates().Lookup(ctx, p); err == nil && t != nil {
-			diskMiB = t.DiskMiB
-		}
-	} else {
-		p = s.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
-		// A user template is created from one version, which the sandbox
-		// records ("NAME:N"): a rebuild does not change what it runs.
-		ref, err := s.resolveTemplate(key, p.Name)
-		if err != nil {
-			return catalog.Sandbox{}, host.CreateRequest{}, err
-		}
-		p.Name = ref
-		if err := p.Validate(); err != nil {
-			return catalog.Sandbox{}, host.CreateRequest{}, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
-		}
-		t, reason, err := s.host.Templates().Lookup(ctx, p)
-		if errors.Is(err, template.ErrNotFound) && !key.Admin {
-			// The store's message lists every template, others' too.
-			return catalog.Sandbox{}, host.CreateRequest{}, notFound("template %q not found", p.Name)
-		}
-		if err != nil {
-			return catalog.Sandbox{}, host.CreateRequest{}, err
-		}
-		if t == nil && !key.Admin && !allowedShape(p) {
-			// Creating with a shape never baked bakes it: a new template
-			// on disk. Keys other than admin ones get a bounded set.
-			return catalog.Sandbox{}, host.CreateRequest{}, invalid("template %s has never been baked with %d MiB and %d vCPUs (%s); "+
-				"without an admin key, memory_mib and vcpus must be powers of two (e.g. 512, 1024, 2048 MiB and 1, 2, 4 vCPUs)",
-				p.Name, p.MemoryMiB, p.VCPUs, reason)
-		}
-		if t != nil {
-			diskMiB = t.DiskMiB
-		}
-	}
-	now := time.Now().UTC()
-	sb := catalog.Sandbox{
-		ID: host.NewID(), KeyID: key.ID, Template: p.Name, HostID: s.cfg.HostID, State: catalog.StateStarting,
-		MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
-		Network:    toCatalogNetwork(policy),
-		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
-		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
-	}
-	hreq := host.CreateRequest{Template: p.Name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
-		Network: policy}
-	return sb, hreq, nil
-}
-
-// allowedShape reports whether a key without admin rights may bake p's
-// shape by creating a sandbox with it: powers of two only, so that the
-// templates any key can make are few.
-func allowedShape(p template.Params) bool {
-	pow2 := func(n int) bool { return n > 0 && n&(n-1) == 0 }
-	return pow2(p.MemoryMiB) && pow2(p.VCPUs)
 }
 
 // owned returns the caller's sandbox id from the URL; another key's
@@ -330,7 +190,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	f := catalog.SandboxFilter{KeyID: callerOf(r).Key.ID}
 	switch st := q.Get("state"); {
 	case st == "":
-		f.States = liveStates
+		f.States = control.LiveStates
 	case lifecycle.State(st).Valid():
 		f.States = []string{st}
 	default:
@@ -370,7 +230,7 @@ func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.stop(r.Context(), sb.ID, "killed"); err != nil {
+	if err := s.cp.Stop(r.Context(), sb.ID, "killed"); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -394,43 +254,17 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	ttl, err := s.ttl(req.TTLSeconds)
+	ttl, err := s.cp.TTL(req.TTLSeconds)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err = s.applyTTL(r.Context(), sb.ID, ttl)
+	sb, err = s.cp.SetTTL(r.Context(), sb.ID, ttl)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
-}
-
-// applyTTL sets a sandbox's TTL, counted from now (from its resume if it
-// is paused); a stopped or stopping sandbox's is a conflict.
-func (s *Server) applyTTL(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
-	return s.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error {
-		switch x.State {
-		case catalog.StateStopped, catalog.StateStopping:
-			return conflict("sandbox %s is %s", x.ID, x.State)
-		}
-		now := time.Now().UTC()
-		x.TTLSeconds = int(ttl.Seconds())
-		// A paused sandbox does not expire: its new TTL counts from its
-		// resume (so does a pausing one's; a resuming one's from now).
-		if x.State == catalog.StatePaused || x.State == catalog.StatePausing {
-			x.ExpiresAt = time.Time{}
-		} else {
-			x.ExpiresAt = now.Add(ttl)
-		}
-		x.UpdatedAt = now
-		return nil
-	})
-}
-
-func toCatalogNetwork(p network.Policy) catalog.Network {
-	return catalog.Network{Internet: p.Internet, AllowOut: p.AllowOut, DenyOut: p.DenyOut}
 }
 
 func fromCatalogNetwork(n catalog.Network) network.Policy {
@@ -472,32 +306,9 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 	if req.DenyOut != nil {
 		p.DenyOut = *req.DenyOut
 	}
-	if sb, err = s.applyNetwork(r.Context(), sb, p); err != nil {
+	if sb, err = s.cp.SetNetwork(r.Context(), sb, p); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
-}
-
-// applyNetwork gives sandbox sb the egress policy p: on its host, then in
-// its record.
-func (s *Server) applyNetwork(ctx context.Context, sb catalog.Sandbox, p network.Policy) (catalog.Sandbox, error) {
-	if err := p.Validate(); err != nil {
-		return sb, err
-	}
-	p = p.Canonical()
-	switch sb.State {
-	case catalog.StateStopped, catalog.StateStopping:
-		return sb, conflict("sandbox %s is %s", sb.ID, sb.State)
-	}
-	// The host first: if it cannot apply the policy, the record keeps
-	// the old one, which is what the sandbox still has.
-	if err := s.host.SetNetwork(ctx, sb.ID, p); err != nil {
-		return sb, err
-	}
-	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), sb.ID, func(x *catalog.Sandbox) error {
-		x.Network = toCatalogNetwork(p)
-		x.UpdatedAt = time.Now().UTC()
-		return nil
-	})
 }

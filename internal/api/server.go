@@ -20,7 +20,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -227,22 +226,9 @@ type Server struct {
 	// prefix of every route.
 	publicPath string
 
-	// life is the context of detached operations; stopLife cancels it.
-	life     context.Context
-	stopLife context.CancelFunc
-
-	mu sync.Mutex
-	// busy counts what works on a sandbox (a create, an operation, a TTL
-	// expiry) so that Resync and the TTL loop leave it alone.
-	busy    map[string]int
-	ops     map[string]*op // the detached operation of each sandbox
-	opsWG   sync.WaitGroup
-	closing bool
-	// resyncAgain is the list of the last Resync that left records
-	// unsettled because their host was still in the middle of an
-	// operation (one an earlier server started); the TTL loop runs Resync
-	// again with it until they settle. Nil: nothing to settle.
-	resyncAgain func(context.Context) ([]host.Info, error)
+	// cp is the control plane the handlers call: create, kill, TTLs,
+	// network, fork, snapshots, pause and resume, expiry, reconciling.
+	cp *control.Plane
 }
 
 // New returns a server. It starts no goroutines.
@@ -251,7 +237,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("api config: %w", err)
 	}
-	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger, busy: map[string]int{}, ops: map[string]*op{},
+	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger,
 		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
 		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
 		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
@@ -266,11 +252,25 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 		s.publicPath = s.publicURL.Path
 	}
 	s.proxy = newGuestProxy(s)
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	var err error
+	s.cp, err = control.New(control.Config{
+		HostID: cfg.HostID, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
+		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
+		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
+		StoppedRetention: cfg.StoppedRetention,
+		ResolveTemplate:  s.resolveTemplate,
+		Gone:             s.proxy.closeSandbox,
+		Logger:           cfg.Logger,
+	}, cat, h, reg)
+	if err != nil {
+		return nil, err
+	}
 	if s.e2b, err = s.newE2B(); err != nil {
 		return nil, err
 	}
-	s.life, s.stopLife = context.WithCancel(context.Background())
 	m, err := newMetrics(reg, s)
 	if err != nil {
 		return nil, err
@@ -463,3 +463,39 @@ func requireAdmin(r *http.Request) error {
 // drain discards what is left of a request body (bounded) so that the
 // connection can be reused.
 func drain(r io.Reader) { io.CopyN(io.Discard, r, 1<<20) }
+
+// The control plane's lifecycle, for the server that wires the API
+// (internal/server): see control.Plane.
+
+// Run enforces TTLs and settles records a Resync left unsettled, until ctx
+// ends (control.Plane.Run).
+func (s *Server) Run(ctx context.Context) error { return s.cp.Run(ctx) }
+
+// Shutdown closes the port proxy's connections to guests, which ends the
+// WebSockets the HTTP server's own shutdown does not wait for, and cancels
+// the operations in flight and waits for them, at most until ctx ends
+// (control.Plane.Shutdown). Requests must have stopped first.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.proxy.close()
+	s.cp.Shutdown(ctx)
+}
+
+// Resync makes the catalog agree with what the host lists
+// (control.Plane.Resync).
+func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
+	return s.cp.Resync(ctx, list)
+}
+
+// Reconcile makes the catalog and the host agree after a restart of the
+// all-in-one server (control.Plane.Reconcile).
+func (s *Server) Reconcile(ctx context.Context, adopted []string) error {
+	return s.cp.Reconcile(ctx, adopted)
+}
+
+// SandboxExited is the host's OnExit callback (control.Plane.SandboxExited).
+func (s *Server) SandboxExited(id string, cause error) { s.cp.SandboxExited(id, cause) }
+
+// StopForShutdown stops a sandbox because the server is shutting down.
+func (s *Server) StopForShutdown(ctx context.Context, id string) error {
+	return s.cp.StopForShutdown(ctx, id)
+}

@@ -479,7 +479,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return t == name || strings.HasPrefix(t, name+":")
 	}
 	if !force {
-		live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{States: liveStates})
+		live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{States: control.LiveStates})
 		if err != nil {
 			s.writeError(w, r, fmt.Errorf("list sandboxes: %w", err))
 			return

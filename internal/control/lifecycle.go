@@ -1,4 +1,4 @@
-package api
+package control
 
 import (
 	"context"
@@ -8,30 +8,20 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
-	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 )
 
-// The control plane's half of a sandbox's lifecycle. The catalog record is
-// the owner of a sandbox's state as users see it; every change of it goes
-// through transition, which applies the lifecycle table in the same
-// transaction as the change, so that two actors (a request, the TTL loop,
-// a VMM exit, a reconcile) can never silently overwrite each other: the
-// second one's transition fails and it knows.
-//
-// Long operations (pause, resume, snapshot, fork) run detached from the
-// request that asked for them: a client that goes away does not cancel
-// them, and it learns the outcome later (GET). Pause and resume have states
-// of their own (pausing, resuming), so a crash of this server in the middle
-// is visible afterwards, and Resync settles them from what the host has.
+// The control plane's half of a sandbox's lifecycle (see Plane): state
+// transitions, detached operations, create, stop, pause and resume,
+// reconciling with the host, and the TTL loop.
 
 // transition applies ev to sandbox id's record and then mut, in one catalog
 // transaction. A sandbox in a state where ev cannot happen is a conflict
 // naming its state. It completes even if ctx is canceled.
-func (s *Server) transition(ctx context.Context, id string, ev lifecycle.Event, mut func(*catalog.Sandbox)) (catalog.Sandbox, error) {
-	return s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+func (p *Plane) transition(ctx context.Context, id string, ev lifecycle.Event, mut func(*catalog.Sandbox)) (catalog.Sandbox, error) {
+	return p.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
 		next, err := lifecycle.Next(lifecycle.State(x.State), ev)
 		if err != nil {
 			return &stateConflict{id: x.ID, state: x.State, ev: ev}
@@ -76,36 +66,36 @@ func (o *op) wait(ctx context.Context) (catalog.Sandbox, any, error) {
 }
 
 // detach runs fn as operation kind on sandbox id, detached from the
-// request: fn gets the server's own context, canceled only when the server
+// request: fn gets the plane's own context, canceled only when the server
 // shuts down. A request for the same kind while one runs joins it (a
 // client retrying a resume waits for the first); another kind is a
 // conflict. The sandbox is busy meanwhile: Resync and the TTL loop leave
 // it alone.
-func (s *Server) detach(id, kind string, fn func(ctx context.Context) (catalog.Sandbox, any, error)) (*op, error) {
-	s.mu.Lock()
-	if o, ok := s.ops[id]; ok {
-		s.mu.Unlock()
+func (p *Plane) detach(id, kind string, fn func(ctx context.Context) (catalog.Sandbox, any, error)) (*op, error) {
+	p.mu.Lock()
+	if o, ok := p.ops[id]; ok {
+		p.mu.Unlock()
 		if o.kind == kind {
 			return o, nil
 		}
-		return nil, conflict("sandbox %s is busy: a %s is in progress", id, o.kind)
+		return nil, Errorf(Conflict, "sandbox %s is busy: a %s is in progress", id, o.kind)
 	}
-	if s.closing {
-		s.mu.Unlock()
-		return nil, errorf(control.Unavailable, "the server is shutting down")
+	if p.closing {
+		p.mu.Unlock()
+		return nil, Errorf(Unavailable, "the server is shutting down")
 	}
 	o := &op{kind: kind, done: make(chan struct{})}
-	s.ops[id] = o
-	s.busy[id]++
-	s.opsWG.Add(1)
-	s.mu.Unlock()
+	p.ops[id] = o
+	p.busy[id]++
+	p.opsWG.Add(1)
+	p.mu.Unlock()
 	go func() {
-		defer s.opsWG.Done()
-		o.sb, o.val, o.err = fn(s.life)
-		s.mu.Lock()
-		delete(s.ops, id)
-		s.decBusy(id)
-		s.mu.Unlock()
+		defer p.opsWG.Done()
+		o.sb, o.val, o.err = fn(p.life)
+		p.mu.Lock()
+		delete(p.ops, id)
+		p.decBusy(id)
+		p.mu.Unlock()
 		close(o.done)
 	}()
 	return o, nil
@@ -113,106 +103,105 @@ func (s *Server) detach(id, kind string, fn func(ctx context.Context) (catalog.S
 
 // Shutdown cancels the operations in flight (on the host they roll back:
 // a resume leaves the sandbox paused, a pause leaves it running) and waits
-// for them, at most until ctx ends. It also closes the port proxy's
-// connections to guests, which ends the WebSockets the HTTP server's own
-// shutdown does not wait for. Requests must have stopped first.
-func (s *Server) Shutdown(ctx context.Context) {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
-	s.proxy.close()
-	s.stopLife()
+// for them, at most until ctx ends; later ones are refused (unavailable).
+// Requests must have stopped first.
+func (p *Plane) Shutdown(ctx context.Context) {
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
+	p.stopLife()
 	done := make(chan struct{})
-	go func() { s.opsWG.Wait(); close(done) }()
+	go func() { p.opsWG.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		s.log.Warn("operations still running at shutdown")
+		p.log.Warn("operations still running at shutdown")
 	}
 }
 
 // setBusy marks a sandbox busy (counted: create, TTL expiry and
 // operations may overlap) or releases one mark.
-func (s *Server) setBusy(id string, busy bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (p *Plane) setBusy(id string, busy bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if busy {
-		s.busy[id]++
+		p.busy[id]++
 	} else {
-		s.decBusy(id)
+		p.decBusy(id)
 	}
 }
 
-// decBusy releases one busy mark. Called with s.mu held.
-func (s *Server) decBusy(id string) {
-	if s.busy[id]--; s.busy[id] <= 0 {
-		delete(s.busy, id)
+// decBusy releases one busy mark. Called with p.mu held.
+func (p *Plane) decBusy(id string) {
+	if p.busy[id]--; p.busy[id] <= 0 {
+		delete(p.busy, id)
 	}
 }
 
-func (s *Server) isBusy(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.busy[id] > 0
+func (p *Plane) isBusy(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.busy[id] > 0
 }
 
 // create reserves a sandbox against its key's quota (state starting),
 // restores it on the host and records it running; its TTL counts from
 // then. A kill that arrives while it starts wins: the sandbox is stopped
 // and the create fails with a conflict.
-func (s *Server) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox, req host.CreateRequest) (catalog.Sandbox, error) {
+func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox, req host.CreateRequest) (catalog.Sandbox, error) {
 	ttl := time.Duration(sb.TTLSeconds) * time.Second
 	// Busy from before the record exists: Resync leaves it alone.
-	s.setBusy(sb.ID, true)
-	defer s.setBusy(sb.ID, false)
-	if err := s.reserve(ctx, key, sb); err != nil {
+	p.setBusy(sb.ID, true)
+	defer p.setBusy(sb.ID, false)
+	if err := p.reserve(ctx, key, sb); err != nil {
 		return catalog.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	t0 := time.Now()
 	req.ID, req.Owner = sb.ID, key.ID
-	if _, err := s.host.Create(ctx, req); err != nil {
-		s.metrics.creates.WithLabelValues("error").Inc()
+	if _, err := p.host.Create(ctx, req); err != nil {
+		p.metrics.creates.WithLabelValues("error").Inc()
 		// The record only held the quota reservation.
-		if derr := s.cat.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil && !errors.Is(derr, catalog.ErrNotFound) {
-			s.log.Error("remove record of failed create", "sandbox_id", sb.ID, "err", derr)
+		if derr := p.cat.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil && !errors.Is(derr, catalog.ErrNotFound) {
+			p.log.Error("remove record of failed create", "sandbox_id", sb.ID, "err", derr)
 		}
 		return catalog.Sandbox{}, err
 	}
-	s.metrics.createSeconds.Observe(time.Since(t0).Seconds())
-	s.metrics.creates.WithLabelValues("ok").Inc()
-	sb, err := s.started(ctx, sb.ID, ttl)
+	p.metrics.createSeconds.Observe(time.Since(t0).Seconds())
+	p.metrics.creates.WithLabelValues("ok").Inc()
+	sb, err := p.started(ctx, sb.ID, ttl)
 	if err != nil {
 		return catalog.Sandbox{}, err
 	}
-	s.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", req.Template, "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
+	p.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", req.Template, "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
 	return sb, nil
 }
 
 // started records that a sandbox the host restored runs; its TTL counts
 // from now. If it was killed meanwhile, the host's sandbox is stopped too.
-func (s *Server) started(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
-	sb, err := s.transition(ctx, id, lifecycle.Started, func(x *catalog.Sandbox) {
+func (p *Plane) started(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
+	sb, err := p.transition(ctx, id, lifecycle.Started, func(x *catalog.Sandbox) {
 		x.ExpiresAt = time.Now().UTC().Add(ttl)
 	})
 	if err != nil {
-		s.host.Kill(context.WithoutCancel(ctx), id)
+		p.host.Kill(context.WithoutCancel(ctx), id)
 		var sc *stateConflict
 		if errors.As(err, &sc) || errors.Is(err, catalog.ErrNotFound) {
-			return catalog.Sandbox{}, conflict("sandbox %s was killed while it was starting", id)
+			return catalog.Sandbox{}, Errorf(Conflict, "sandbox %s was killed while it was starting", id)
 		}
 		return catalog.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
 	}
 	return sb, nil
 }
 
-// stop kills a sandbox on its host and records it stopped. Stopping a
+// Stop kills a sandbox on its host and records it stopped (reason: why,
+// e.g. "killed", "key_revoked"). Stopping a
 // stopped sandbox is a no-op. The reason is recorded as the stop begins
 // (state stopping), so that a stop a crash interrupts, finished later by
 // Resync, or one already under way, keeps its own. If the host cannot be
 // reached the record stays stopping; the TTL loop and Resync finish it.
-func (s *Server) stop(ctx context.Context, id, reason string) error {
+func (p *Plane) Stop(ctx context.Context, id, reason string) error {
 	ctx = context.WithoutCancel(ctx)
-	sb, err := s.cat.GetSandbox(ctx, id)
+	sb, err := p.cat.GetSandbox(ctx, id)
 	if err != nil {
 		return fmt.Errorf("stop sandbox: %w", err)
 	}
@@ -220,7 +209,7 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 		return nil
 	}
 	if sb.State != catalog.StateStopping {
-		sb, err = s.transition(ctx, id, lifecycle.Stop, func(x *catalog.Sandbox) { x.StopReason = reason })
+		sb, err = p.transition(ctx, id, lifecycle.Stop, func(x *catalog.Sandbox) { x.StopReason = reason })
 		if err != nil {
 			var sc *stateConflict
 			if !errors.As(err, &sc) || sc.state != catalog.StateStopped && sc.state != catalog.StateStopping {
@@ -229,7 +218,7 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 			if sc.state == catalog.StateStopped {
 				return nil
 			}
-			sb, err = s.cat.GetSandbox(ctx, id)
+			sb, err = p.cat.GetSandbox(ctx, id)
 			if err != nil {
 				return fmt.Errorf("stop sandbox: %w", err)
 			}
@@ -238,16 +227,16 @@ func (s *Server) stop(ctx context.Context, id, reason string) error {
 	if sb.StopReason != "" {
 		reason = sb.StopReason // the stop under way decided why
 	}
-	if err := s.host.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
+	if err := p.host.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
-	return s.markStopped(ctx, id, reason)
+	return p.markStopped(ctx, id, reason)
 }
 
 // markStopped records that a sandbox is gone, from any live state (its
 // host no longer has it).
-func (s *Server) markStopped(ctx context.Context, id, reason string) error {
-	_, err := s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+func (p *Plane) markStopped(ctx context.Context, id, reason string) error {
+	_, err := p.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
 		if x.State == catalog.StateStopped {
 			return nil
 		}
@@ -262,26 +251,26 @@ func (s *Server) markStopped(ctx context.Context, id, reason string) error {
 	if err != nil {
 		return fmt.Errorf("record stop of %s: %w", id, err)
 	}
-	s.proxy.closeSandbox(id)
-	s.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
+	p.gone(id)
+	p.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
 	return nil
 }
 
 // pause captures a running sandbox to disk and stops its VMM, detached
 // from the caller. A paused sandbox does not expire. If the capture fails
 // the sandbox runs on and the error is recorded.
-func (s *Server) pause(id string) (*op, error) {
-	return s.detach(id, "pause", func(ctx context.Context) (catalog.Sandbox, any, error) {
-		if _, err := s.transition(ctx, id, lifecycle.Pause, func(x *catalog.Sandbox) { x.LastError = "" }); err != nil {
+func (p *Plane) pause(id string) (*op, error) {
+	return p.detach(id, "pause", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		if _, err := p.transition(ctx, id, lifecycle.Pause, func(x *catalog.Sandbox) { x.LastError = "" }); err != nil {
 			return catalog.Sandbox{}, nil, err
 		}
-		st, err := s.host.Pause(ctx, id)
+		st, err := p.host.Pause(ctx, id)
 		if err != nil {
-			return s.failed(ctx, id, lifecycle.PauseFailed, "pause", err)
+			return p.failed(ctx, id, lifecycle.PauseFailed, "pause", err)
 		}
-		s.metrics.pauses.Inc()
-		s.proxy.closeSandbox(id) // its guest is gone until it resumes
-		sb, err := s.transition(ctx, id, lifecycle.PauseDone, func(x *catalog.Sandbox) {
+		p.metrics.pauses.Inc()
+		p.gone(id) // its guest is gone until it resumes
+		sb, err := p.transition(ctx, id, lifecycle.PauseDone, func(x *catalog.Sandbox) {
 			x.ExpiresAt = time.Time{}
 			x.PausedBytes = st.SizeBytes
 		})
@@ -292,18 +281,18 @@ func (s *Server) pause(id string) (*op, error) {
 // resume restores a paused sandbox, detached from the caller. If the
 // restore fails the sandbox stays paused with its capture, and the error is
 // recorded (last_error).
-func (s *Server) resume(id string) (*op, error) {
-	return s.detach(id, "resume", func(ctx context.Context) (catalog.Sandbox, any, error) {
-		sb, err := s.transition(ctx, id, lifecycle.Resume, func(x *catalog.Sandbox) { x.LastError = "" })
+func (p *Plane) resume(id string) (*op, error) {
+	return p.detach(id, "resume", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		sb, err := p.transition(ctx, id, lifecycle.Resume, func(x *catalog.Sandbox) { x.LastError = "" })
 		if err != nil {
 			return catalog.Sandbox{}, nil, err
 		}
-		if _, err := s.host.Resume(ctx, id); err != nil {
-			return s.failed(ctx, id, lifecycle.ResumeFailed, "resume", err)
+		if _, err := p.host.Resume(ctx, id); err != nil {
+			return p.failed(ctx, id, lifecycle.ResumeFailed, "resume", err)
 		}
 		failpoint.Hit("api-resume-restored")
-		ttl := s.ttlOf(sb)
-		sb, err = s.transition(ctx, id, lifecycle.ResumeDone, func(x *catalog.Sandbox) {
+		ttl := p.ttlOf(sb)
+		sb, err = p.transition(ctx, id, lifecycle.ResumeDone, func(x *catalog.Sandbox) {
 			x.ExpiresAt = time.Now().UTC().Add(ttl)
 			x.PausedBytes = 0
 		})
@@ -314,12 +303,12 @@ func (s *Server) resume(id string) (*op, error) {
 // failed records an operation's failure: the sandbox goes back (ev) with
 // the error's user message as its last_error, or, if its host no longer
 // has it, it is stopped. The operation's error is returned.
-func (s *Server) failed(ctx context.Context, id string, ev lifecycle.Event, what string, opErr error) (catalog.Sandbox, any, error) {
+func (p *Plane) failed(ctx context.Context, id string, ev lifecycle.Event, what string, opErr error) (catalog.Sandbox, any, error) {
 	if errors.Is(opErr, host.ErrNotFound) {
 		// Killed meanwhile (its record is stopping: the kill records
 		// why), or its VMM died: that is recorded by SandboxExited; make
 		// sure it is.
-		_, err := s.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
+		_, err := p.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
 			if x.State == catalog.StateStopped || x.State == catalog.StateStopping {
 				return nil
 			}
@@ -327,56 +316,83 @@ func (s *Server) failed(ctx context.Context, id string, ev lifecycle.Event, what
 			return stoppedBy("vmm_exited")(x)
 		})
 		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
-			s.log.Error("record the stop of a sandbox gone during a "+what, "sandbox_id", id, "err", err)
+			p.log.Error("record the stop of a sandbox gone during a "+what, "sandbox_id", id, "err", err)
 		}
-		sb, _ := s.cat.GetSandbox(ctx, id)
+		sb, _ := p.cat.GetSandbox(ctx, id)
 		return sb, nil, opErr
 	}
-	ae := classify(opErr)
-	if ae.Status >= 500 {
-		s.log.Error(what+" failed", "sandbox_id", id, "err", opErr)
+	ce := Classify(opErr)
+	if ce.Kind.ServerSide() {
+		p.log.Error(what+" failed", "sandbox_id", id, "err", opErr)
 	}
-	sb, err := s.transition(ctx, id, ev, func(x *catalog.Sandbox) { x.LastError = what + " failed: " + ae.Message })
+	sb, err := p.transition(ctx, id, ev, func(x *catalog.Sandbox) { x.LastError = what + " failed: " + ce.Msg })
 	if err != nil {
-		s.log.Warn("record failed "+what, "sandbox_id", id, "err", err)
+		p.log.Warn("record failed "+what, "sandbox_id", id, "err", err)
 	}
 	return sb, nil, opErr
 }
 
+// Pause pauses running sandbox id and waits for it (a pause in flight is
+// joined); the sandbox as the pause left it. If ctx ends first the pause
+// goes on. A sandbox that is not running is a conflict.
+func (p *Plane) Pause(ctx context.Context, id string) (catalog.Sandbox, error) {
+	return p.waitOp(ctx, p.pause, id, catalog.StateRunning)
+}
+
+// Resume resumes paused sandbox id and waits for it, as Pause.
+func (p *Plane) Resume(ctx context.Context, id string) (catalog.Sandbox, error) {
+	return p.waitOp(ctx, p.resume, id, catalog.StatePaused)
+}
+
+// waitOp runs pause or resume (run) on sandbox id and waits; a state the
+// operation does not start from (from) is a conflict.
+func (p *Plane) waitOp(ctx context.Context, run func(id string) (*op, error), id, from string) (catalog.Sandbox, error) {
+	o, err := run(id)
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	sb, _, err := o.wait(ctx)
+	var sc *stateConflict
+	if errors.As(err, &sc) {
+		err = Errorf(Conflict, "sandbox %s is %s, not %s", sc.id, sc.state, from)
+	}
+	return sb, err
+}
+
 // ttlOf is a sandbox's TTL.
-func (s *Server) ttlOf(sb catalog.Sandbox) time.Duration {
+func (p *Plane) ttlOf(sb catalog.Sandbox) time.Duration {
 	if ttl := time.Duration(sb.TTLSeconds) * time.Second; ttl > 0 {
 		return ttl
 	}
-	return s.cfg.DefaultTTL
+	return p.cfg.DefaultTTL
 }
 
 // StopForShutdown stops a sandbox because the server is shutting down.
-func (s *Server) StopForShutdown(ctx context.Context, id string) error {
-	return s.stop(ctx, id, "server_shutdown")
+func (p *Plane) StopForShutdown(ctx context.Context, id string) error {
+	return p.Stop(ctx, id, "server_shutdown")
 }
 
 // SandboxExited is the host agent's OnExit callback: a VMM died by itself
 // or, if cause is host.ErrHostShutdown, a host agent stopped it as it shut down.
-func (s *Server) SandboxExited(id string, cause error) {
+func (p *Plane) SandboxExited(id string, cause error) {
 	reason := "vmm_exited"
 	if errors.Is(cause, host.ErrHostShutdown) {
 		reason = "host_shutdown"
 	}
-	s.log.Warn("sandbox stopped by its host", "sandbox_id", id, "reason", reason, "err", cause)
-	if err := s.markStopped(context.Background(), id, reason); err != nil && !errors.Is(err, catalog.ErrNotFound) {
-		s.log.Error("record vmm exit", "sandbox_id", id, "err", err)
+	p.log.Warn("sandbox stopped by its host", "sandbox_id", id, "reason", reason, "err", cause)
+	if err := p.markStopped(context.Background(), id, reason); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		p.log.Error("record vmm exit", "sandbox_id", id, "err", err)
 	}
 }
 
 // Reconcile makes the catalog and the host agree after a restart of the
 // all-in-one server: see Resync; adopted are the sandboxes the host kept
 // (agent.Recovered without an error).
-func (s *Server) Reconcile(ctx context.Context, adopted []string) error {
-	return s.Resync(ctx, func(ctx context.Context) ([]host.Info, error) {
+func (p *Plane) Reconcile(ctx context.Context, adopted []string) error {
+	return p.Resync(ctx, func(ctx context.Context) ([]host.Info, error) {
 		var live []host.Info
 		for _, id := range adopted {
-			if info, err := s.host.Get(ctx, id); err == nil {
+			if info, err := p.host.Get(ctx, id); err == nil {
 				live = append(live, info)
 			}
 		}
@@ -408,8 +424,8 @@ var errChanged = errors.New("changed meanwhile")
 // It is safe while requests are served: the catalog is read before the
 // host is listed, sandboxes being created or operated on (busy) are left
 // alone, and a record that changed since it was read is not touched.
-func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
-	live, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: s.cfg.HostID, States: liveStates})
+func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
+	live, err := p.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: p.cfg.HostID, States: LiveStates})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -424,20 +440,20 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 		// An operation an earlier server started (a snapshot, a fork) may
 		// still finish on the host: what it makes (a snapshot to record)
 		// appears after this resync, so the TTL loop resyncs again.
-		unsettled = unsettled || (info.Busy && !s.isBusy(info.ID))
+		unsettled = unsettled || (info.Busy && !p.isBusy(info.ID))
 	}
 	defer func() {
-		s.mu.Lock()
-		s.resyncAgain = nil
+		p.mu.Lock()
+		p.resyncAgain = nil
 		if unsettled {
-			s.resyncAgain = list
+			p.resyncAgain = list
 		}
-		s.mu.Unlock()
+		p.mu.Unlock()
 	}()
 	known := map[string]bool{}
 	for _, sb := range live {
 		known[sb.ID] = true
-		if s.isBusy(sb.ID) {
+		if p.isBusy(sb.ID) {
 			continue
 		}
 		st, ok := alive[sb.ID]
@@ -452,7 +468,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 			continue
 		case sb.State == catalog.StateStopping:
 			if ok {
-				s.host.Kill(ctx, sb.ID)
+				p.host.Kill(ctx, sb.ID)
 			}
 			reason := sb.StopReason // recorded as the stop began
 			if reason == "" {
@@ -462,7 +478,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 		case settled && sb.State == string(st):
 			continue
 		case settled && sb.State != catalog.StateStarting:
-			s.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
+			p.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
 			update = func(x *catalog.Sandbox) error {
 				if x.State == catalog.StateResuming && st == lifecycle.Paused {
 					x.LastError = "resume failed: interrupted by a restart; resume it again"
@@ -474,7 +490,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 				if st == lifecycle.Paused {
 					x.ExpiresAt = time.Time{}
 				} else if x.ExpiresAt.IsZero() {
-					x.ExpiresAt = time.Now().UTC().Add(s.ttlOf(*x))
+					x.ExpiresAt = time.Now().UTC().Add(p.ttlOf(*x))
 				}
 				if st == lifecycle.Running {
 					x.PausedBytes = 0
@@ -483,7 +499,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 			}
 		default:
 			if ok {
-				s.host.Kill(ctx, sb.ID) // a create that never finished
+				p.host.Kill(ctx, sb.ID) // a create that never finished
 			}
 			reason := "vmm_exited"
 			if sb.State == catalog.StateStarting {
@@ -491,7 +507,7 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 			}
 			update = stoppedBy(reason)
 		}
-		_, err := s.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+		_, err := p.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
 			if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
 				return errChanged
 			}
@@ -509,17 +525,17 @@ func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.
 		}
 	}
 	for id := range alive {
-		if known[id] || s.isBusy(id) {
+		if known[id] || p.isBusy(id) {
 			continue
 		}
 		// Created since the catalog was read?
-		if sb, err := s.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped {
+		if sb, err := p.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped {
 			continue
 		}
-		s.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
-		s.host.Kill(ctx, id)
+		p.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
+		p.host.Kill(ctx, id)
 	}
-	s.resyncSnapshots(ctx)
+	p.resyncSnapshots(ctx)
 	return nil
 }
 
@@ -535,21 +551,21 @@ func stoppedBy(reason string) func(x *catalog.Sandbox) error {
 // the host's snapshot and its record), and forgets the records of
 // snapshots the host no longer has (a crash between the host's delete and
 // the record's).
-func (s *Server) resyncSnapshots(ctx context.Context) {
-	sl, ok := s.host.(host.SnapshotLister)
+func (p *Plane) resyncSnapshots(ctx context.Context) {
+	sl, ok := p.host.(host.SnapshotLister)
 	if !ok {
 		return
 	}
 	// Records first: a snapshot is on its host before it is recorded, so
 	// one recorded after this list is not mistaken for one deleted.
-	recs, err := s.cat.ListSnapshots(ctx, "")
+	recs, err := p.cat.ListSnapshots(ctx, "")
 	if err != nil {
-		s.log.Warn("reconcile snapshots: list records", "err", err)
+		p.log.Warn("reconcile snapshots: list records", "err", err)
 		return
 	}
 	snaps, err := sl.Snapshots(ctx)
 	if err != nil {
-		s.log.Warn("reconcile snapshots: list host snapshots", "err", err)
+		p.log.Warn("reconcile snapshots: list host snapshots", "err", err)
 		return
 	}
 	have := map[string]bool{}
@@ -557,37 +573,37 @@ func (s *Server) resyncSnapshots(ctx context.Context) {
 		have[si.ID] = true
 	}
 	for _, sn := range recs {
-		if sn.HostID != s.cfg.HostID || have[sn.ID] {
+		if sn.HostID != p.cfg.HostID || have[sn.ID] {
 			continue
 		}
-		if err := s.cat.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
-			s.log.Warn("forget a snapshot its host no longer has", "snapshot_id", sn.ID, "err", err)
+		if err := p.cat.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			p.log.Warn("forget a snapshot its host no longer has", "snapshot_id", sn.ID, "err", err)
 			continue
 		}
-		s.log.Info("forgot a snapshot whose delete a restart interrupted", "snapshot_id", sn.ID, "key_id", sn.KeyID)
+		p.log.Info("forgot a snapshot whose delete a restart interrupted", "snapshot_id", sn.ID, "key_id", sn.KeyID)
 	}
 	for _, si := range snaps {
 		if si.SandboxID == "" {
 			continue // unreadable metadata: nothing to record it with
 		}
-		if _, err := s.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
+		if _, err := p.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
 			continue
 		}
-		if s.isBusy(si.SandboxID) {
+		if p.isBusy(si.SandboxID) {
 			continue // a snapshot of this server's own in flight: its request records it
 		}
-		from, err := s.cat.GetSandbox(ctx, si.SandboxID)
+		from, err := p.cat.GetSandbox(ctx, si.SandboxID)
 		if err != nil {
-			s.log.Warn("snapshot on the host has no known owner; leaving it", "snapshot_id", si.ID, "sandbox_id", si.SandboxID)
+			p.log.Warn("snapshot on the host has no known owner; leaving it", "snapshot_id", si.ID, "sandbox_id", si.SandboxID)
 			continue
 		}
 		sn := catalog.Snapshot{ID: si.ID, KeyID: from.KeyID, SandboxID: si.SandboxID, HostID: from.HostID,
 			Template: from.Template, MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs, SizeBytes: si.SizeBytes, CreatedAt: si.CreatedAt}
-		if err := s.cat.CreateSnapshot(ctx, sn, catalog.Limits{}); err != nil && !errors.Is(err, catalog.ErrConflict) {
-			s.log.Warn("record snapshot found on the host", "snapshot_id", si.ID, "err", err)
+		if err := p.cat.CreateSnapshot(ctx, sn, catalog.Limits{}); err != nil && !errors.Is(err, catalog.ErrConflict) {
+			p.log.Warn("record snapshot found on the host", "snapshot_id", si.ID, "err", err)
 			continue
 		}
-		s.log.Info("recorded a snapshot a restart left unrecorded", "snapshot_id", si.ID, "key_id", from.KeyID)
+		p.log.Info("recorded a snapshot a restart left unrecorded", "snapshot_id", si.ID, "key_id", from.KeyID)
 	}
 }
 
@@ -600,7 +616,7 @@ const resyncRetry = time.Second
 // sandboxes never expire), settles records that Resync left in the middle
 // of an operation on their host once it ends, and forgets long-stopped
 // sandboxes, until ctx ends.
-func (s *Server) Run(ctx context.Context) error {
+func (p *Plane) Run(ctx context.Context) error {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	lastPurge, lastResync := time.Now(), time.Now()
@@ -612,49 +628,49 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		s.mu.Lock()
-		again := s.resyncAgain
-		s.mu.Unlock()
+		p.mu.Lock()
+		again := p.resyncAgain
+		p.mu.Unlock()
 		if again != nil && time.Since(lastResync) >= resyncRetry {
 			lastResync = time.Now()
-			if err := s.Resync(ctx, again); err != nil && ctx.Err() == nil {
-				s.log.Warn("resync records left in the middle of an operation", "err", err)
+			if err := p.Resync(ctx, again); err != nil && ctx.Err() == nil {
+				p.log.Warn("resync records left in the middle of an operation", "err", err)
 			}
 		}
 		now := time.Now().UTC()
-		due, err := s.cat.Due(ctx, now)
+		due, err := p.cat.Due(ctx, now)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Error("list expired sandboxes", "err", err)
+				p.log.Error("list expired sandboxes", "err", err)
 			}
 			continue
 		}
 		for _, sb := range due {
 			// Only running sandboxes expire (and stopping ones whose
 			// stop could not reach their host are retried).
-			if sb.HostID != s.cfg.HostID || (sb.State != catalog.StateRunning && sb.State != catalog.StateStopping) {
+			if sb.HostID != p.cfg.HostID || (sb.State != catalog.StateRunning && sb.State != catalog.StateStopping) {
 				continue
 			}
-			s.mu.Lock()
-			busy := s.busy[sb.ID] > 0
+			p.mu.Lock()
+			busy := p.busy[sb.ID] > 0
 			if !busy {
-				s.busy[sb.ID]++
+				p.busy[sb.ID]++
 			}
-			s.mu.Unlock()
+			p.mu.Unlock()
 			if busy {
 				continue
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer s.setBusy(sb.ID, false)
-				s.expire(ctx, sb)
+				defer p.setBusy(sb.ID, false)
+				p.expire(ctx, sb)
 			}()
 		}
 		if time.Since(lastPurge) > time.Minute {
 			lastPurge = time.Now()
-			if _, err := s.cat.PurgeStopped(ctx, now.Add(-s.cfg.StoppedRetention)); err != nil && ctx.Err() == nil {
-				s.log.Error("purge stopped sandboxes", "err", err)
+			if _, err := p.cat.PurgeStopped(ctx, now.Add(-p.cfg.StoppedRetention)); err != nil && ctx.Err() == nil {
+				p.log.Error("purge stopped sandboxes", "err", err)
 			}
 		}
 	}
@@ -662,31 +678,31 @@ func (s *Server) Run(ctx context.Context) error {
 
 // expire ends a sandbox whose TTL ran out: paused if it asked for that
 // (and the pause works), else stopped.
-func (s *Server) expire(ctx context.Context, sb catalog.Sandbox) {
+func (p *Plane) expire(ctx context.Context, sb catalog.Sandbox) {
 	if sb.OnExpire == "pause" && sb.State == catalog.StateRunning {
-		o, err := s.pause(sb.ID)
+		o, err := p.pause(sb.ID)
 		var perr error
 		if err == nil {
 			_, _, perr = o.wait(ctx)
 		}
 		if err == nil && perr == nil {
-			s.metrics.expired.Inc()
+			p.metrics.expired.Inc()
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", errors.Join(err, perr))
+		p.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", errors.Join(err, perr))
 	}
-	if err := s.stop(ctx, sb.ID, "expired"); err != nil {
+	if err := p.Stop(ctx, sb.ID, "expired"); err != nil {
 		if errors.Is(err, host.ErrUnavailable) {
 			// Retried every tick until the host is back; its absence is
 			// logged where it is noticed.
-			s.log.Debug("expire sandbox", "sandbox_id", sb.ID, "err", err)
+			p.log.Debug("expire sandbox", "sandbox_id", sb.ID, "err", err)
 			return
 		}
-		s.log.Error("expire sandbox", "sandbox_id", sb.ID, "err", err)
+		p.log.Error("expire sandbox", "sandbox_id", sb.ID, "err", err)
 		return
 	}
-	s.metrics.expired.Inc()
+	p.metrics.expired.Inc()
 }

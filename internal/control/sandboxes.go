@@ -1,0 +1,225 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// CreateRequest is what a create asks for (the REST API's create body and
+// E2B's create, decoded).
+type CreateRequest struct {
+	Template   string
+	SnapshotID string
+	TTLSeconds *int // nil: the default TTL
+	MemoryMiB  int
+	VCPUs      int
+	Metadata   map[string]string
+	Env        map[string]string
+	OnExpire   string // "kill" (or ""), "pause"
+	// Network is the egress policy as JSON, decoded by network.ParsePolicy
+	// (defaults, unknown fields, entries checked there); empty or null:
+	// the default policy.
+	Network json.RawMessage
+}
+
+// TTL is the TTL a request asks for in seconds (nil: the default one), or
+// an Invalid error if it is out of bounds.
+func (p *Plane) TTL(seconds *int) (time.Duration, error) {
+	if seconds == nil {
+		return p.cfg.DefaultTTL, nil
+	}
+	d := time.Duration(*seconds) * time.Second
+	if *seconds < 1 || d > p.cfg.MaxTTL {
+		return 0, Errorf(Invalid, "ttl_seconds must be between 1 and %d", int(p.cfg.MaxTTL.Seconds()))
+	}
+	return d, nil
+}
+
+// ValidateLabels checks a map of labels (metadata, env) that may hold at
+// most maxN entries: an Invalid error naming what if it is not valid.
+func ValidateLabels(what string, m map[string]string, maxN int) error {
+	if len(m) > maxN {
+		return Errorf(Invalid, "%s has %d entries, at most %d allowed", what, len(m), maxN)
+	}
+	for k, v := range m {
+		if k == "" || len(k) > 256 || len(v) > 4096 || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
+			return Errorf(Invalid, "%s entry %q is invalid (keys 1-256 bytes, values up to 4096, no NUL)", what, k)
+		}
+	}
+	return nil
+}
+
+// Create validates req, reserves the sandbox against key's quota (state
+// starting), restores it on the host and records it running; its TTL
+// counts from then. A failed restore removes the reservation. A kill that
+// arrives while it starts wins: the sandbox is stopped and the create fails
+// with a conflict.
+func (p *Plane) Create(ctx context.Context, key catalog.Key, req CreateRequest) (catalog.Sandbox, error) {
+	sb, hreq, err := p.newSandbox(ctx, key, req)
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	return p.create(ctx, key, sb, hreq)
+}
+
+// newSandbox validates a create request and returns the record to
+// reserve and the host's request.
+func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateRequest) (catalog.Sandbox, host.CreateRequest, error) {
+	ttl, err := p.TTL(req.TTLSeconds)
+	if err != nil {
+		return catalog.Sandbox{}, host.CreateRequest{}, err
+	}
+	if err := ValidateLabels("metadata", req.Metadata, 64); err != nil {
+		return catalog.Sandbox{}, host.CreateRequest{}, err
+	}
+	if err := ValidateLabels("env", req.Env, 256); err != nil {
+		return catalog.Sandbox{}, host.CreateRequest{}, err
+	}
+	for k := range req.Env {
+		if strings.ContainsRune(k, '=') {
+			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "env name %q must not contain '='", k)
+		}
+	}
+	switch req.OnExpire {
+	case "", "kill":
+		req.OnExpire = "kill"
+	case "pause":
+	default:
+		return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "on_expire must be \"kill\" or \"pause\"")
+	}
+	policy := network.DefaultPolicy()
+	if len(req.Network) > 0 && string(req.Network) != "null" {
+		var err error
+		if policy, err = network.ParsePolicy(req.Network); err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, err
+		}
+	}
+	var tp template.Params
+	diskMiB := 0
+	if req.SnapshotID != "" {
+		sn, err := p.cat.GetSnapshot(ctx, req.SnapshotID)
+		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !host.ValidID(req.SnapshotID) {
+			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(NotFound, "snapshot %s not found", req.SnapshotID)
+		}
+		if err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
+		}
+		if (req.Template != "" && req.Template != sn.Template && req.Template+":" != strings.SplitAfter(sn.Template, ":")[0]) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
+			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
+		}
+		tp = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
+		if t, _, err := p.host.Templates().Lookup(ctx, tp); err == nil && t != nil {
+			diskMiB = t.DiskMiB
+		}
+	} else {
+		tp = p.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
+		// A user template is created from one version, which the sandbox
+		// records ("NAME:N"): a rebuild does not change what it runs.
+		if p.cfg.ResolveTemplate != nil {
+			ref, err := p.cfg.ResolveTemplate(key, tp.Name)
+			if err != nil {
+				return catalog.Sandbox{}, host.CreateRequest{}, err
+			}
+			tp.Name = ref
+		}
+		if err := tp.Validate(); err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
+		}
+		t, reason, err := p.host.Templates().Lookup(ctx, tp)
+		if errors.Is(err, template.ErrNotFound) && !key.Admin {
+			// The store's message lists every template, others' too.
+			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(NotFound, "template %q not found", tp.Name)
+		}
+		if err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, err
+		}
+		if t == nil && !key.Admin && !allowedShape(tp) {
+			// Creating with a shape never baked bakes it: a new template
+			// on disk. Keys other than admin ones get a bounded set.
+			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "template %s has never been baked with %d MiB and %d vCPUs (%s); "+
+				"without an admin key, memory_mib and vcpus must be powers of two (e.g. 512, 1024, 2048 MiB and 1, 2, 4 vCPUs)",
+				tp.Name, tp.MemoryMiB, tp.VCPUs, reason)
+		}
+		if t != nil {
+			diskMiB = t.DiskMiB
+		}
+	}
+	now := time.Now().UTC()
+	sb := catalog.Sandbox{
+		ID: host.NewID(), KeyID: key.ID, Template: tp.Name, HostID: p.cfg.HostID, State: catalog.StateStarting,
+		MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
+		Network:    toCatalogNetwork(policy),
+		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
+		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
+	}
+	hreq := host.CreateRequest{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
+		Network: policy}
+	return sb, hreq, nil
+}
+
+// allowedShape reports whether a key without admin rights may bake p's
+// shape by creating a sandbox with it: powers of two only, so that the
+// templates any key can make are few.
+func allowedShape(p template.Params) bool {
+	pow2 := func(n int) bool { return n > 0 && n&(n-1) == 0 }
+	return pow2(p.MemoryMiB) && pow2(p.VCPUs)
+}
+
+// SetTTL sets sandbox id's TTL, counted from now (from its resume if it
+// is paused); a stopped or stopping sandbox's is a conflict.
+func (p *Plane) SetTTL(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
+	return p.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error {
+		switch x.State {
+		case catalog.StateStopped, catalog.StateStopping:
+			return Errorf(Conflict, "sandbox %s is %s", x.ID, x.State)
+		}
+		now := time.Now().UTC()
+		x.TTLSeconds = int(ttl.Seconds())
+		// A paused sandbox does not expire: its new TTL counts from its
+		// resume (so does a pausing one's; a resuming one's from now).
+		if x.State == catalog.StatePaused || x.State == catalog.StatePausing {
+			x.ExpiresAt = time.Time{}
+		} else {
+			x.ExpiresAt = now.Add(ttl)
+		}
+		x.UpdatedAt = now
+		return nil
+	})
+}
+
+func toCatalogNetwork(p network.Policy) catalog.Network {
+	return catalog.Network{Internet: p.Internet, AllowOut: p.AllowOut, DenyOut: p.DenyOut}
+}
+
+// SetNetwork gives sandbox sb the egress policy np: on its host, then in
+// its record. A running sandbox's rules change at once; a paused one's at
+// its resume; a stopped or stopping one's is a conflict.
+func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.Policy) (catalog.Sandbox, error) {
+	if err := np.Validate(); err != nil {
+		return sb, err
+	}
+	np = np.Canonical()
+	switch sb.State {
+	case catalog.StateStopped, catalog.StateStopping:
+		return sb, Errorf(Conflict, "sandbox %s is %s", sb.ID, sb.State)
+	}
+	// The host first: if it cannot apply the policy, the record keeps
+	// the old one, which is what the sandbox still has.
+	if err := p.host.SetNetwork(ctx, sb.ID, np); err != nil {
+		return sb, err
+	}
+	return p.cat.UpdateSandbox(context.WithoutCancel(ctx), sb.ID, func(x *catalog.Sandbox) error {
+		x.Network = toCatalogNetwork(np)
+		x.UpdatedAt = time.Now().UTC()
+		return nil
+	})
+}
