@@ -1,11 +1,15 @@
 // Package api is PandaStack's REST API under /v1 (api/openapi.yaml): API-key
-// authentication and per-key ownership, request validation, sandboxes,
-// exec (buffered and streamed), files, templates and keys, TTL enforcement,
-// /healthz and /metrics. It keeps durable state in a catalog.Catalog and
-// reaches sandboxes through a host.Host, the contract with a host: the
-// host agent of this process (agent.Local, `panda up`) or a remote one
-// (hostapi.Client, `panda server`). Internal
-// errors become HTTP statuses only here (errors.go).
+// authentication and per-key ownership, request decoding and validation,
+// exec (buffered and streamed), files, processes, the port proxy,
+// templates and keys, /healthz and /metrics, and E2B's API on the same
+// listener (package e2b, over e2b.go's adapter). The sandboxes' lifecycle
+// (create with its quota, kill, TTLs and their expiry, network, fork,
+// snapshots, pause/resume, reconciling with the host) is control.Plane's:
+// its handlers decode, call it and encode. It keeps durable state in a
+// catalog.Catalog and reaches sandboxes through a host.Host, the contract
+// with a host: the host agent of this process (agent.Local, `panda up`) or
+// a remote one (hostapi.Client, `panda server`). Error kinds
+// (control.Kind) become HTTP statuses only here (errors.go).
 package api
 
 import (
