@@ -787,6 +787,22 @@ func TestAuth(t *testing.T) {
 			t.Errorf("Authorization %q: got %d %s, want 401 unauthorized", h, res.StatusCode, body)
 		}
 	}
+	// An endpoint the agent does not have (a server of another version):
+	// 501 unsupported, whether the path or only the method is unknown.
+	for _, m := range []string{http.MethodGet + " /nothing", http.MethodPut + " /sandboxes/abc"} {
+		method, path, _ := strings.Cut(m, " ")
+		req, _ := http.NewRequest(method, hs.URL+hostapi.Prefix+path, nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		res, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusNotImplemented || !strings.Contains(string(body), `"code":"unsupported"`) || !strings.Contains(string(body), "no endpoint "+method) {
+			t.Errorf("%s: got %d %s, want 501 unsupported naming the endpoint", m, res.StatusCode, body)
+		}
+	}
 	res, err := hc.Get(hs.URL + "/healthz")
 	if err != nil {
 		t.Fatal(err)

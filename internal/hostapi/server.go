@@ -165,9 +165,15 @@ func (s *Server) routes() http.Handler {
 			return nil, g.Rename(r.Context(), req.From, req.To)
 		}))
 	})
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%w: no such endpoint: %s %s", host.ErrNotFound, r.Method, r.URL.Path))
-	})
+	// A request this agent has no endpoint for comes from a control plane
+	// of another version: unsupported (501), not "not found" (which the
+	// server would report as the sandbox missing) nor unavailable (which
+	// says retry).
+	noEndpoint := func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%w: the host agent has no endpoint %s %s (is it another version than the server?)", errors.ErrUnsupported, r.Method, r.URL.Path))
+	}
+	r.NotFound(noEndpoint)
+	r.MethodNotAllowed(noEndpoint)
 	return r
 }
 
