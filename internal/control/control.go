@@ -36,6 +36,13 @@ type Config struct {
 	// paused), so that connections to it are closed; nil: nothing to tell.
 	Gone   func(id string)
 	Logger *slog.Logger
+	// Now is the clock of the times records hold (creation, expiry,
+	// stops) and of the TTL loop's decisions; nil: the system clock. Tick,
+	// if set, replaces the TTL loop's ticker (every 200 ms). Both are for
+	// tests that drive expiry without waiting for it; durations reported
+	// in metrics and logs are always measured with the system clock.
+	Now  func() time.Time
+	Tick <-chan time.Time
 }
 
 // Plane is the control plane of the sandboxes of one host: it keeps their
@@ -148,6 +155,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.creates.WithLabelValues(r)
 	}
 	return m, nil
+}
+
+// now is the time by the plane's clock, in UTC (as records hold it).
+func (p *Plane) now() time.Time { return p.clock().UTC() }
+
+// clock is the time by the plane's clock; the system's keeps its monotonic
+// reading, which intervals of the TTL loop are measured with.
+func (p *Plane) clock() time.Time {
+	if p.cfg.Now != nil {
+		return p.cfg.Now()
+	}
+	return time.Now()
 }
 
 // gone tells Config.Gone that sandbox id's guest went away.

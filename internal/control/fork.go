@@ -59,7 +59,7 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, e
 		out := make([]ForkChild, count)
 		var ids []string
 		slot := map[string]int{}
-		now := time.Now().UTC()
+		now := p.now()
 		ttl := p.ttlOf(parent)
 		var quotaErr error
 		for i := 0; i < count; i++ {

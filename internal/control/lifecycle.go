@@ -27,7 +27,7 @@ func (p *Plane) transition(ctx context.Context, id string, ev lifecycle.Event, m
 			return &stateConflict{id: x.ID, state: x.State, ev: ev}
 		}
 		x.State = string(next)
-		x.UpdatedAt = time.Now().UTC()
+		x.UpdatedAt = p.now()
 		if mut != nil {
 			mut(x)
 		}
@@ -180,7 +180,7 @@ func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox,
 // from now. If it was killed meanwhile, the host's sandbox is stopped too.
 func (p *Plane) started(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
 	sb, err := p.transition(ctx, id, lifecycle.Started, func(x *catalog.Sandbox) {
-		x.ExpiresAt = time.Now().UTC().Add(ttl)
+		x.ExpiresAt = p.now().Add(ttl)
 	})
 	if err != nil {
 		p.host.Kill(context.WithoutCancel(ctx), id)
@@ -240,7 +240,7 @@ func (p *Plane) markStopped(ctx context.Context, id, reason string) error {
 		if x.State == catalog.StateStopped {
 			return nil
 		}
-		now := time.Now().UTC()
+		now := p.now()
 		x.State = catalog.StateStopped
 		x.StopReason = reason
 		x.StoppedAt = now
@@ -293,7 +293,7 @@ func (p *Plane) resume(id string) (*op, error) {
 		failpoint.Hit("api-resume-restored")
 		ttl := p.ttlOf(sb)
 		sb, err = p.transition(ctx, id, lifecycle.ResumeDone, func(x *catalog.Sandbox) {
-			x.ExpiresAt = time.Now().UTC().Add(ttl)
+			x.ExpiresAt = p.now().Add(ttl)
 			x.PausedBytes = 0
 		})
 		return sb, nil, err
@@ -312,8 +312,8 @@ func (p *Plane) failed(ctx context.Context, id string, ev lifecycle.Event, what 
 			if x.State == catalog.StateStopped || x.State == catalog.StateStopping {
 				return nil
 			}
-			x.UpdatedAt = time.Now().UTC()
-			return stoppedBy("vmm_exited")(x)
+			x.UpdatedAt = p.now()
+			return p.stoppedBy("vmm_exited")(x)
 		})
 		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 			p.log.Error("record the stop of a sandbox gone during a "+what, "sandbox_id", id, "err", err)
@@ -474,7 +474,7 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 			if reason == "" {
 				reason = "killed"
 			}
-			update = stoppedBy(reason)
+			update = p.stoppedBy(reason)
 		case settled && sb.State == string(st):
 			continue
 		case settled && sb.State != catalog.StateStarting:
@@ -490,7 +490,7 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 				if st == lifecycle.Paused {
 					x.ExpiresAt = time.Time{}
 				} else if x.ExpiresAt.IsZero() {
-					x.ExpiresAt = time.Now().UTC().Add(p.ttlOf(*x))
+					x.ExpiresAt = p.now().Add(p.ttlOf(*x))
 				}
 				if st == lifecycle.Running {
 					x.PausedBytes = 0
@@ -505,7 +505,7 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 			if sb.State == catalog.StateStarting {
 				reason = "host_restarted"
 			}
-			update = stoppedBy(reason)
+			update = p.stoppedBy(reason)
 		}
 		_, err := p.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
 			if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
@@ -514,7 +514,7 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 			if err := update(x); err != nil {
 				return err
 			}
-			x.UpdatedAt = time.Now().UTC()
+			x.UpdatedAt = p.now()
 			return nil
 		})
 		if errors.Is(err, errChanged) || errors.Is(err, catalog.ErrNotFound) {
@@ -539,9 +539,9 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 	return nil
 }
 
-func stoppedBy(reason string) func(x *catalog.Sandbox) error {
+func (p *Plane) stoppedBy(reason string) func(x *catalog.Sandbox) error {
 	return func(x *catalog.Sandbox) error {
-		x.State, x.StopReason, x.StoppedAt, x.PausedBytes = catalog.StateStopped, reason, time.Now().UTC(), 0
+		x.State, x.StopReason, x.StoppedAt, x.PausedBytes = catalog.StateStopped, reason, p.now(), 0
 		return nil
 	}
 }
@@ -617,27 +617,31 @@ const resyncRetry = time.Second
 // of an operation on their host once it ends, and forgets long-stopped
 // sandboxes, until ctx ends.
 func (p *Plane) Run(ctx context.Context) error {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	lastPurge, lastResync := time.Now(), time.Now()
+	ticks := p.cfg.Tick
+	if ticks == nil {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		ticks = tick.C
+	}
+	lastPurge, lastResync := p.clock(), p.clock()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-ticks:
 		}
 		p.mu.Lock()
 		again := p.resyncAgain
 		p.mu.Unlock()
-		if again != nil && time.Since(lastResync) >= resyncRetry {
-			lastResync = time.Now()
+		if again != nil && p.clock().Sub(lastResync) >= resyncRetry {
+			lastResync = p.clock()
 			if err := p.Resync(ctx, again); err != nil && ctx.Err() == nil {
 				p.log.Warn("resync records left in the middle of an operation", "err", err)
 			}
 		}
-		now := time.Now().UTC()
+		now := p.now()
 		due, err := p.cat.Due(ctx, now)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -667,8 +671,8 @@ func (p *Plane) Run(ctx context.Context) error {
 				p.expire(ctx, sb)
 			}()
 		}
-		if time.Since(lastPurge) > time.Minute {
-			lastPurge = time.Now()
+		if p.clock().Sub(lastPurge) > time.Minute {
+			lastPurge = p.clock()
 			if _, err := p.cat.PurgeStopped(ctx, now.Add(-p.cfg.StoppedRetention)); err != nil && ctx.Err() == nil {
 				p.log.Error("purge stopped sandboxes", "err", err)
 			}

@@ -153,7 +153,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			diskMiB = t.DiskMiB
 		}
 	}
-	now := time.Now().UTC()
+	now := p.now()
 	sb := catalog.Sandbox{
 		ID: host.NewID(), KeyID: key.ID, Template: tp.Name, HostID: p.cfg.HostID, State: catalog.StateStarting,
 		MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
@@ -182,7 +182,7 @@ func (p *Plane) SetTTL(ctx context.Context, id string, ttl time.Duration) (catal
 		case catalog.StateStopped, catalog.StateStopping:
 			return Errorf(Conflict, "sandbox %s is %s", x.ID, x.State)
 		}
-		now := time.Now().UTC()
+		now := p.now()
 		x.TTLSeconds = int(ttl.Seconds())
 		// A paused sandbox does not expire: its new TTL counts from its
 		// resume (so does a pausing one's; a resuming one's from now).
@@ -219,7 +219,7 @@ func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.P
 	}
 	return p.cat.UpdateSandbox(context.WithoutCancel(ctx), sb.ID, func(x *catalog.Sandbox) error {
 		x.Network = toCatalogNetwork(np)
-		x.UpdatedAt = time.Now().UTC()
+		x.UpdatedAt = p.now()
 		return nil
 	})
 }
