@@ -198,7 +198,8 @@ func (p *Plane) started(ctx context.Context, id string, ttl time.Duration) (cata
 // stopped sandbox is a no-op. The reason is recorded as the stop begins
 // (state stopping), so that a stop a crash interrupts, finished later by
 // Resync, or one already under way, keeps its own. If the host cannot be
-// reached the record stays stopping; the TTL loop and Resync finish it.
+// reached the record stays stopping, due at once: the TTL loop retries it
+// every tick (and Resync finishes it).
 func (p *Plane) Stop(ctx context.Context, id, reason string) error {
 	ctx = context.WithoutCancel(ctx)
 	sb, err := p.cat.GetSandbox(ctx, id)
@@ -228,9 +229,29 @@ func (p *Plane) Stop(ctx context.Context, id, reason string) error {
 		reason = sb.StopReason // the stop under way decided why
 	}
 	if err := p.host.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
+		p.retryStop(ctx, id)
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	return p.markStopped(ctx, id, reason)
+}
+
+// retryStop makes the record of a stop that could not reach its host due
+// now, so that the TTL loop, which retries the stops of due records, retries
+// it at its next tick: a paused sandbox's record is never due otherwise,
+// and a running one's only when its TTL runs out.
+func (p *Plane) retryStop(ctx context.Context, id string) {
+	_, err := p.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error {
+		if x.State != catalog.StateStopping {
+			return errChanged
+		}
+		if now := p.now(); x.ExpiresAt.IsZero() || x.ExpiresAt.After(now) {
+			x.ExpiresAt = now
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errChanged) && !errors.Is(err, catalog.ErrNotFound) {
+		p.log.Warn("make a stop to retry due", "sandbox_id", id, "err", err)
+	}
 }
 
 // markStopped records that a sandbox is gone, from any live state (its

@@ -157,3 +157,31 @@ func TestSetTTL(t *testing.T) {
 	_, err = e.p.SetTTL(t.Context(), sb.ID, time.Hour)
 	wantKind(t, "SetTTL of a stopped sandbox", err, control.Conflict, []string{"is stopped"})
 }
+
+// A stop whose host cannot be reached is finished by the TTL loop at its
+// next tick, whatever the sandbox's expiry was: a paused sandbox (which
+// never expires) or one with hours left.
+func TestStopRetriedAtOnce(t *testing.T) {
+	e := newEnv(t, nil)
+	paused := e.create(control.CreateRequest{TTLSeconds: ptr(60)})
+	if _, err := e.p.Pause(t.Context(), paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	running := e.create(control.CreateRequest{TTLSeconds: ptr(3600)})
+	for _, id := range []string{paused.ID, running.ID} {
+		e.h.Fail(hosttest.Kill, id, fmt.Errorf("kill: %w", host.ErrUnavailable))
+		err := e.p.Stop(t.Context(), id, "killed")
+		wantKind(t, "stop with the host away", err, control.Unavailable, nil)
+		e.wantState(id, catalog.StateStopping, "killed")
+	}
+	stop := e.loop()
+	e.tick <- e.clock.advance(time.Second)
+	e.tick <- e.clock.Now()
+	stop()
+	for _, id := range []string{paused.ID, running.ID} {
+		e.wantState(id, catalog.StateStopped, "killed")
+		if _, ok := e.h.Sandbox(id); ok {
+			t.Errorf("the host still has %s", id)
+		}
+	}
+}
