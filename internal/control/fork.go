@@ -66,6 +66,8 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, e
 			child := catalog.Sandbox{
 				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: catalog.StateStarting,
 				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
+				// The host gives a child its parent's egress policy.
+				Network:    parent.Network,
 				TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
 				CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 			}

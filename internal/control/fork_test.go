@@ -112,3 +112,27 @@ func TestForkFails(t *testing.T) {
 		t.Errorf("%d records after a refused fork, want 1", len(recs))
 	}
 }
+
+// A child has its parent's egress policy on its host (the capture carries
+// it), and its record says so: the record is what users see and what a
+// partial network update starts from.
+func TestForkChildNetwork(t *testing.T) {
+	e := newEnv(t, nil)
+	parent := e.create(control.CreateRequest{Network: []byte(`{"internet": true, "deny_out": ["10.0.0.0/8"]}`)})
+	got, err := e.p.Fork(t.Context(), e.key, parent, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := got.Children[0].Sandbox
+	if child == nil {
+		t.Fatalf("fork: %v", got.Children[0].Err)
+	}
+	onHost, _ := e.h.Network(child.ID)
+	rec := e.get(child.ID).Network
+	if !rec.Internet || len(rec.DenyOut) != 1 || rec.DenyOut[0] != "10.0.0.0/8" {
+		t.Errorf("child's record has policy %+v, want its parent's %+v", rec, parent.Network)
+	}
+	if rec.Internet != onHost.Internet || len(rec.DenyOut) != len(onHost.DenyOut) {
+		t.Errorf("child's record has policy %+v, its host %+v", rec, onHost)
+	}
+}
