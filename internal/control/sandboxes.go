@@ -37,11 +37,12 @@ func (p *Plane) TTL(seconds *int) (time.Duration, error) {
 	if seconds == nil {
 		return p.cfg.DefaultTTL, nil
 	}
-	d := time.Duration(*seconds) * time.Second
-	if *seconds < 1 || d > p.cfg.MaxTTL {
+	// Compared in seconds: a number of seconds whose nanoseconds overflow
+	// would wrap around into range.
+	if *seconds < 1 || int64(*seconds) > int64(p.cfg.MaxTTL/time.Second) {
 		return 0, Errorf(Invalid, "ttl_seconds must be between 1 and %d", int(p.cfg.MaxTTL.Seconds()))
 	}
-	return d, nil
+	return time.Duration(*seconds) * time.Second, nil
 }
 
 // ValidateLabels checks a map of labels (metadata, env) that may hold at

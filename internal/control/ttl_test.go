@@ -185,3 +185,34 @@ func TestStopRetriedAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A TTL is between 1 s and MaxTTL, however large the number asked for:
+// one whose nanoseconds overflow is refused, not wrapped around.
+func TestTTLBounds(t *testing.T) {
+	e := newEnv(t, func(c *control.Config) { c.MaxTTL = time.Hour })
+	for _, tc := range []struct {
+		seconds int
+		want    time.Duration // 0: refused
+	}{
+		{1, time.Second},
+		{3600, time.Hour},
+		{3601, 0},
+		{0, 0},
+		{-5, 0},
+		{10_000_000_000, 0}, // wraps to a negative duration
+		{18_446_744_074, 0}, // wraps to 0.29 s
+		{1 << 62, 0},
+	} {
+		got, err := e.p.TTL(&tc.seconds)
+		if tc.want == 0 {
+			wantKind(t, fmt.Sprintf("TTL(%d)", tc.seconds), err, control.Invalid, []string{"between 1 and 3600"})
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("TTL(%d) = %v, %v; want %v", tc.seconds, got, err, tc.want)
+		}
+	}
+	if got, err := e.p.TTL(nil); err != nil || got != 5*time.Minute {
+		t.Errorf("TTL(nil) = %v, %v; want the default, 5m", got, err)
+	}
+}
