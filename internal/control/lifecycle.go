@@ -346,7 +346,16 @@ func (p *Plane) failed(ctx context.Context, id string, ev lifecycle.Event, what 
 	if ce.Kind.ServerSide() {
 		p.log.Error(what+" failed", "sandbox_id", id, "err", opErr)
 	}
-	sb, err := p.transition(ctx, id, ev, func(x *catalog.Sandbox) { x.LastError = what + " failed: " + ce.Msg })
+	msg := ce.Msg
+	if errors.Is(opErr, context.Canceled) && p.life.Err() != nil {
+		// Shutdown canceled it, not a user (whose request the operation
+		// is detached from): say so, as Resync does of a restart.
+		msg = "interrupted by a server shutdown; the sandbox runs on"
+		if ev == lifecycle.ResumeFailed {
+			msg = "interrupted by a server shutdown; resume it again"
+		}
+	}
+	sb, err := p.transition(ctx, id, ev, func(x *catalog.Sandbox) { x.LastError = what + " failed: " + msg })
 	if err != nil {
 		p.log.Warn("record failed "+what, "sandbox_id", id, "err", err)
 	}

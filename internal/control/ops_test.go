@@ -229,18 +229,38 @@ func TestShutdown(t *testing.T) {
 	if _, err := e.p.Pause(t.Context(), paused.ID); err != nil {
 		t.Fatal(err)
 	}
+	var got catalog.Sandbox
+	resuming := e.create(control.CreateRequest{})
+	if _, err := e.p.Pause(t.Context(), resuming.ID); err != nil {
+		t.Fatal(err)
+	}
 	g := e.h.Block(hosttest.Pause, sb.ID)
 	done := make(chan error)
 	go func() {
 		_, err := e.p.Pause(context.Background(), sb.ID)
 		done <- err
 	}()
+	gr := e.h.Block(hosttest.Resume, resuming.ID)
+	resumed := make(chan error)
+	go func() {
+		_, err := e.p.Resume(context.Background(), resuming.ID)
+		resumed <- err
+	}()
 	<-g.Reached()
+	<-gr.Reached()
 	e.p.Shutdown(t.Context())
+	got = e.wantState(resuming.ID, catalog.StatePaused, "")
+	if want := "resume failed: interrupted by a server shutdown; resume it again"; got.LastError != want {
+		t.Errorf("last_error %q, want %q", got.LastError, want)
+	}
+	if err := <-resumed; !errors.Is(err, context.Canceled) {
+		t.Errorf("resume cut by shutdown: %v, want context.Canceled", err)
+	}
 	// Shutdown has returned: the pause is over, its rollback recorded.
-	got := e.wantState(sb.ID, catalog.StateRunning, "")
-	if got.LastError == "" {
-		t.Error("a pause cut by the shutdown left no last_error")
+	got = e.wantState(sb.ID, catalog.StateRunning, "")
+	// The user canceled nothing: the server shut down.
+	if want := "pause failed: interrupted by a server shutdown; the sandbox runs on"; got.LastError != want {
+		t.Errorf("last_error %q, want %q", got.LastError, want)
 	}
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("pause cut by shutdown: %v, want context.Canceled", err)
@@ -264,8 +284,8 @@ func TestShutdown(t *testing.T) {
 	if n := len(e.h.Calls()); n != calls {
 		t.Errorf("operations after shutdown made %d host calls", n-calls)
 	}
-	if n := len(e.live(e.key.ID)); n != 2 {
-		t.Errorf("%d live records after a refused fork, want 2 (no child reserved)", n)
+	if n := len(e.live(e.key.ID)); n != 3 {
+		t.Errorf("%d live records after a refused fork, want 3 (no child reserved)", n)
 	}
 }
 
