@@ -211,3 +211,51 @@ func TestCreateRefused(t *testing.T) {
 		t.Errorf("refused creates reached the host: %v", calls)
 	}
 }
+
+// A sandbox restored from a snapshot has the snapshot's template and shape;
+// asking for another is invalid, and a snapshot of another key or of no
+// valid id is not found.
+func TestCreateFromSnapshot(t *testing.T) {
+	e := newEnv(t, nil)
+	from := e.create(control.CreateRequest{MemoryMiB: 1024, VCPUs: 2})
+	sn, err := e.p.Snapshot(t.Context(), e.key, from, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := e.create(control.CreateRequest{SnapshotID: sn.ID})
+	if sb.SnapshotID != sn.ID || sb.Template != "base" || sb.MemoryMiB != 1024 || sb.VCPUs != 2 || sb.DiskMiB != 1024 {
+		t.Errorf("restored %+v, want base at 1024 MiB, 2 vCPUs, 1024 MiB disk from %s", sb, sn.ID)
+	}
+	if info, _ := e.h.Sandbox(sb.ID); info.Snapshot != sn.ID {
+		t.Errorf("the host restored %q, want snapshot %s", info.Snapshot, sn.ID)
+	}
+	_, err = e.p.Create(t.Context(), e.key, control.CreateRequest{SnapshotID: sn.ID, MemoryMiB: 512})
+	wantKind(t, "snapshot with another shape", err, control.Invalid, []string{"the snapshot's template (base), memory (1024 MiB) and vcpus (2)"})
+	_, err = e.p.Create(t.Context(), e.newKey("key_other"), control.CreateRequest{SnapshotID: sn.ID})
+	wantKind(t, "another key's snapshot", err, control.NotFound, []string{"snapshot " + sn.ID + " not found"})
+	_, err = e.p.Create(t.Context(), e.key, control.CreateRequest{SnapshotID: "Not-An-Id"})
+	wantKind(t, "a snapshot id of the wrong form", err, control.NotFound, []string{"not found"})
+}
+
+// A user template is created from the version ResolveTemplate picks, which
+// the record keeps; its refusal is what users see.
+func TestCreateResolvesTemplate(t *testing.T) {
+	e := newEnv(t, func(c *control.Config) {
+		c.ResolveTemplate = func(key catalog.Key, name string) (string, error) {
+			if name == "web" {
+				return "web:3", nil
+			}
+			if name == "private" {
+				return "", control.Errorf(control.NotFound, "template %q not found", name)
+			}
+			return name, nil
+		}
+	})
+	e.h.AddTemplate("web:3", 2048)
+	sb := e.create(control.CreateRequest{Template: "web"})
+	if info, _ := e.h.Sandbox(sb.ID); sb.Template != "web:3" || info.Template != "web:3" || sb.DiskMiB != 2048 {
+		t.Errorf("record %s (disk %d MiB), host %s; want web:3 with its 2048 MiB disk", sb.Template, sb.DiskMiB, info.Template)
+	}
+	_, err := e.p.Create(t.Context(), e.key, control.CreateRequest{Template: "private"})
+	wantKind(t, "a template ResolveTemplate refuses", err, control.NotFound, []string{`template "private" not found`})
+}
