@@ -108,15 +108,14 @@ func TestPauseDetached(t *testing.T) {
 	}
 	wantKind(t, "pause whose client went away", err, control.Canceled, nil)
 
-	type result struct {
-		sb  catalog.Sandbox
-		err error
+	// A second pause joins the one in flight (a conflict would say it did
+	// not); its client gone too, it returns while the pause goes on.
+	gone, goneCancel := context.WithCancel(t.Context())
+	goneCancel()
+	_, err = e.p.Pause(gone, sb.ID)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("second pause: %v, want to join the first (context.Canceled)", err)
 	}
-	joined := make(chan result)
-	go func() {
-		sb, err := e.p.Pause(context.Background(), sb.ID)
-		joined <- result{sb, err}
-	}()
 
 	_, err = e.p.Resume(t.Context(), sb.ID)
 	wantKind(t, "resume during a pause", err, control.Conflict, []string{"busy: a pause is in progress"})
@@ -126,10 +125,8 @@ func TestPauseDetached(t *testing.T) {
 	wantKind(t, "fork during a pause", err, control.Conflict, []string{"busy: a pause is in progress"})
 
 	g.Release(nil)
-	r := <-joined
-	if r.err != nil || r.sb.State != catalog.StatePaused {
-		t.Errorf("joined pause: %s, %v; want paused", r.sb.State, r.err)
-	}
+	e.p.Shutdown(t.Context()) // waits for the pause, which the release let through
+	e.wantState(sb.ID, catalog.StatePaused, "")
 	if n := e.h.CallsOf(hosttest.Pause, sb.ID); n != 1 {
 		t.Errorf("the host was asked to pause %d times, want 1 (the second request joins the first)", n)
 	}
