@@ -107,7 +107,7 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, e
 				}
 				continue
 			}
-			sb, err := p.started(ctx, id, ttl)
+			sb, err := p.started(ctx, id)
 			if err != nil {
 				out[i].Err = Classify(err)
 				continue

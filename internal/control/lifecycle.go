@@ -149,7 +149,6 @@ func (p *Plane) isBusy(id string) bool {
 // then. A kill that arrives while it starts wins: the sandbox is stopped
 // and the create fails with a conflict.
 func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox, req host.CreateRequest) (catalog.Sandbox, error) {
-	ttl := time.Duration(sb.TTLSeconds) * time.Second
 	// Busy from before the record exists: Resync leaves it alone.
 	p.setBusy(sb.ID, true)
 	defer p.setBusy(sb.ID, false)
@@ -168,7 +167,7 @@ func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox,
 	}
 	p.metrics.createSeconds.Observe(time.Since(t0).Seconds())
 	p.metrics.creates.WithLabelValues("ok").Inc()
-	sb, err := p.started(ctx, sb.ID, ttl)
+	sb, err := p.started(ctx, sb.ID)
 	if err != nil {
 		return catalog.Sandbox{}, err
 	}
@@ -176,11 +175,12 @@ func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox,
 	return sb, nil
 }
 
-// started records that a sandbox the host restored runs; its TTL counts
-// from now. If it was killed meanwhile, the host's sandbox is stopped too.
-func (p *Plane) started(ctx context.Context, id string, ttl time.Duration) (catalog.Sandbox, error) {
+// started records that a sandbox the host restored runs; its TTL (the
+// record's: one set while it started counts) counts from now. If it was
+// killed meanwhile, the host's sandbox is stopped too.
+func (p *Plane) started(ctx context.Context, id string) (catalog.Sandbox, error) {
 	sb, err := p.transition(ctx, id, lifecycle.Started, func(x *catalog.Sandbox) {
-		x.ExpiresAt = p.now().Add(ttl)
+		x.ExpiresAt = p.now().Add(p.ttlOf(*x))
 	})
 	if err != nil {
 		p.host.Kill(context.WithoutCancel(ctx), id)

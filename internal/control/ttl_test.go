@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -214,5 +215,30 @@ func TestTTLBounds(t *testing.T) {
 	}
 	if got, err := e.p.TTL(nil); err != nil || got != 5*time.Minute {
 		t.Errorf("TTL(nil) = %v, %v; want the default, 5m", got, err)
+	}
+}
+
+// A TTL set while the sandbox starts is the one it runs with: its expiry
+// agrees with its recorded TTL.
+func TestSetTTLWhileStarting(t *testing.T) {
+	e := newEnv(t, nil)
+	g := e.h.Block(hosttest.Create, "")
+	done := make(chan error)
+	go func() {
+		_, err := e.p.Create(context.Background(), e.key, control.CreateRequest{TTLSeconds: ptr(60)})
+		done <- err
+	}()
+	<-g.Reached()
+	if _, err := e.p.SetTTL(t.Context(), g.ID(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	now := e.clock.advance(time.Second)
+	g.Release(nil)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sb := e.wantState(g.ID(), catalog.StateRunning, "")
+	if sb.TTLSeconds != 3600 || !sb.ExpiresAt.Equal(now.Add(time.Hour)) {
+		t.Errorf("ttl %d s, expires %v; want 3600 s, %v", sb.TTLSeconds, sb.ExpiresAt, now.Add(time.Hour))
 	}
 }
