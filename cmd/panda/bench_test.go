@@ -134,3 +134,38 @@ func TestBenchExecE2BSkippedText(t *testing.T) {
 		t.Errorf("output %q does not contain %q", buf.String(), want)
 	}
 }
+
+// TestBenchDensity: `panda bench density` starts the idle sandboxes it is
+// asked for, reports each figure, and leaves no VMM behind.
+func TestBenchDensity(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"bench", "density", "--json", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "3", "--settle", "100ms", "--window", "300ms", "--sample", "2", "--rounds", "2"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("panda bench density: %v\n%s", err, stderr.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	wantPositive(t, got, "sandboxes", "asked", "create_seconds", "pss_mib_per_sandbox", "private_mib_per_sandbox",
+		"exec_p50_ms", "exec_p99_ms", "exec.n", "host_cpus")
+	if got["sandboxes"] != float64(3) || got["exec"].(map[string]any)["n"] != float64(4) {
+		t.Errorf("sandboxes %v, exec.n %v: want 3 and 4 (2 sampled × 2 rounds)", got["sandboxes"], got["exec"].(map[string]any)["n"])
+	}
+	for _, k := range []string{"cpu_pct_of_core_per_sandbox", "host_cpu_pct_of_core_baseline", "host_cpu_pct_of_core_all_idle", "mem_available_drop_mib_per_sandbox"} {
+		if _, ok := got[k].(float64); !ok {
+			t.Errorf("%s: got %v, want a number", k, got[k])
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", stdout.String())
+	}
+	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
+		t.Errorf("QEMU processes left by the benchmark: %v", pids)
+	}
+}

@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
+)
+
+// DensityOptions configures DensityBench.
+type DensityOptions struct {
+	Template  string
+	MemoryMiB int
+	VCPUs     int
+	// N is how many idle sandboxes to start.
+	N int
+	// Parallel is how many creates run at once.
+	Parallel int
+	// ReserveMiB stops the creates early when the host's MemAvailable
+	// falls below it: the benchmark must not push the host into swap or
+	// the OOM killer. The result says how many were started and why.
+	ReserveMiB int
+	// Settle is how long the sandboxes idle before anything is measured
+	// (their guests finish what the first exec started).
+	Settle time.Duration
+	// Window is how long host CPU use is measured, once with no sandbox
+	// (the baseline) and once with all of them idle.
+	Window time.Duration
+	// Sample is how many of the sandboxes (spread evenly) get exec round
+	// trips measured; Rounds how many each.
+	Sample, Rounds int
+	Log            io.Writer
+}
+
+// DensityResult is the output of `panda bench density`.
+type DensityResult struct {
+	Template  string `json:"template"`
+	MemoryMiB int    `json:"memory_mib"`
+	Accel     string `json:"accel"`
+	CPUs      int    `json:"host_cpus"`
+	// Sandboxes is how many idle sandboxes were measured; Asked how many
+	// were asked for, StoppedEarly why fewer (empty if none).
+	Sandboxes    int    `json:"sandboxes"`
+	Asked        int    `json:"asked"`
+	StoppedEarly string `json:"stopped_early,omitempty"`
+	// CreateSeconds is how long starting them all took.
+	CreateSeconds float64 `json:"create_seconds"`
+	// PSS and private memory of each sandbox's VMM process (all its
+	// mappings), averaged.
+	PSSMiBPerSandbox     float64 `json:"pss_mib_per_sandbox"`
+	PrivateMiBPerSandbox float64 `json:"private_mib_per_sandbox"`
+	// MemAvailableDropMiBPerSandbox is /proc/meminfo's MemAvailable before
+	// the first create minus after the settle, per sandbox.
+	MemAvailableDropMiBPerSandbox float64 `json:"mem_available_drop_mib_per_sandbox"`
+	// Host CPU busy (all but idle and iowait in /proc/stat) over Window,
+	// in % of one core: before any sandbox, and with all of them idle.
+	HostCPUPctBaseline float64 `json:"host_cpu_pct_of_core_baseline"`
+	HostCPUPctIdle     float64 `json:"host_cpu_pct_of_core_all_idle"`
+	// CPUPctOfCorePerSandbox is (all idle − baseline) / sandboxes.
+	CPUPctOfCorePerSandbox float64 `json:"cpu_pct_of_core_per_sandbox"`
+	// Exec is the round trip of argv ["true"] in the sampled sandboxes,
+	// Rounds times each, round-robin.
+	Exec      Dist    `json:"exec"`
+	ExecP50MS float64 `json:"exec_p50_ms"`
+	ExecP99MS float64 `json:"exec_p99_ms"`
+}
+
+// DensityBench starts N idle sandboxes on the host agent a, lets them
+// settle, and measures what each costs the host while idle (memory, CPU)
+// and how quickly one of many answers. It kills every sandbox it started
+// before it returns, also on errors and when ctx ends.
+func DensityBench(ctx context.Context, a *agent.Agent, o DensityOptions) (res DensityResult, err error) {
+	logf := func(format string, args ...any) {
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, format+"\n", args...)
+		}
+	}
+	res = DensityResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel()), CPUs: runtime.NumCPU(), Asked: o.N}
+	req := host.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs}
+
+	var (
+		mu  sync.Mutex
+		ids []string
+	)
+	defer func() {
+		logf("killing %d sandboxes", len(ids))
+		for _, id := range ids {
+			if kerr := a.Kill(context.Background(), id); kerr != nil && !errors.Is(kerr, host.ErrNotFound) && err == nil {
+				err = fmt.Errorf("kill %s: %w", id, kerr)
+			}
+		}
+	}()
+
+	logf("warming up (bakes the template if needed)")
+	req.Progress = func(m string) { logf("  %s", m) }
+	info, err := a.Create(ctx, req)
+	if err != nil {
+		return res, err
+	}
+	if err := a.Kill(ctx, info.ID); err != nil {
+		return res, err
+	}
+	req.Progress = nil
+
+	logf("host CPU baseline over %s", o.Window)
+	if res.HostCPUPctBaseline, err = hostCPU(ctx, o.Window); err != nil {
+		return res, err
+	}
+	availBefore, err := memAvailable()
+	if err != nil {
+		return res, err
+	}
+
+	logf("starting %d idle sandboxes, %d at a time", o.N, o.Parallel)
+	t0 := time.Now()
+	var (
+		next     int
+		stop     string
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	for range max(o.Parallel, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next >= o.N || stop != "" || firstErr != nil || ctx.Err() != nil {
+					mu.Unlock()
+					return
+				}
+				next++
+				mu.Unlock()
+				if avail, err := memAvailable(); err == nil && avail < int64(o.ReserveMiB)<<20 {
+					mu.Lock()
+					stop = fmt.Sprintf("MemAvailable %d MiB fell below the reserve of %d MiB", avail>>20, o.ReserveMiB)
+					mu.Unlock()
+					return
+				}
+				info, err := a.Create(ctx, req)
+				if err == nil {
+					mu.Lock()
+					ids = append(ids, info.ID)
+					n := len(ids)
+					mu.Unlock()
+					// The first exec: the guest agent has answered once.
+					var r guestproto.ExecResult
+					if r, err = a.Exec(ctx, info.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil); err == nil && r.ExitCode != 0 {
+						err = fmt.Errorf("exit %d", r.ExitCode)
+					}
+					if n%25 == 0 {
+						logf("started %d/%d (%.0f s)", n, o.N, time.Since(t0).Seconds())
+					}
+				}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("create/first exec %d: %w", len(ids), err)
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return res, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.CreateSeconds = round(time.Since(t0).Seconds())
+	res.Sandboxes, res.StoppedEarly = len(ids), stop
+	if stop != "" {
+		logf("stopped at %d sandboxes: %s", len(ids), stop)
+	}
+	if len(ids) == 0 {
+		return res, errors.New("no sandbox started")
+	}
+
+	logf("settling for %s", o.Settle)
+	if err := sleepCtx(ctx, o.Settle); err != nil {
+		return res, err
+	}
+	availAfter, err := memAvailable()
+	if err != nil {
+		return res, err
+	}
+	logf("host CPU with %d idle sandboxes over %s", len(ids), o.Window)
+	if res.HostCPUPctIdle, err = hostCPU(ctx, o.Window); err != nil {
+		return res, err
+	}
+	n := float64(len(ids))
+	res.CPUPctOfCorePerSandbox = math.Round((res.HostCPUPctIdle-res.HostCPUPctBaseline)/n*1000) / 1000
+	res.MemAvailableDropMiBPerSandbox = round(float64(availBefore-availAfter) / n / (1 << 20))
+	var pss, priv int64
+	for _, id := range ids {
+		m, err := a.Memory(id)
+		if err != nil {
+			return res, fmt.Errorf("memory of %s: %w", id, err)
+		}
+		pss += m.PSSBytes
+		priv += m.PrivateBytes
+	}
+	res.PSSMiBPerSandbox = round(float64(pss) / n / (1 << 20))
+	res.PrivateMiBPerSandbox = round(float64(priv) / n / (1 << 20))
+
+	sample := min(max(o.Sample, 1), len(ids))
+	logf("exec round trips in %d of them, %d rounds", sample, o.Rounds)
+	var execs []time.Duration
+	for range max(o.Rounds, 1) {
+		for i := range sample {
+			id := ids[i*len(ids)/sample]
+			t := time.Now()
+			r, err := a.Exec(ctx, id, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
+			if err != nil || r.ExitCode != 0 {
+				return res, fmt.Errorf("exec in %s: %v (exit %d)", id, err, r.ExitCode)
+			}
+			execs = append(execs, time.Since(t))
+		}
+	}
+	res.Exec = Summarize(execs)
+	res.ExecP50MS, res.ExecP99MS = res.Exec.P50, res.Exec.P99
+	return res, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// hostCPU is the host's CPU busy time over window, in % of one core.
+func hostCPU(ctx context.Context, window time.Duration) (float64, error) {
+	b0, t0, err := cpuTimes()
+	if err != nil {
+		return 0, err
+	}
+	if err := sleepCtx(ctx, window); err != nil {
+		return 0, err
+	}
+	b1, t1, err := cpuTimes()
+	if err != nil {
+		return 0, err
+	}
+	if t1 <= t0 {
+		return 0, errors.New("/proc/stat did not advance")
+	}
+	return round(float64(b1-b0) / float64(t1-t0) * float64(runtime.NumCPU()) * 100), nil
+}
+
+// cpuTimes reads the busy and total jiffies of all CPUs from /proc/stat.
+func cpuTimes() (busy, total uint64, err error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return 0, 0, errors.New("/proc/stat is empty")
+	}
+	fields := strings.Fields(sc.Text())
+	if len(fields) < 6 || fields[0] != "cpu" {
+		return 0, 0, fmt.Errorf("/proc/stat: unexpected first line %q", sc.Text())
+	}
+	for i, s := range fields[1:] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("/proc/stat: %q: %w", s, err)
+		}
+		if i >= 8 { // guest and guest_nice are already in user and nice
+			break
+		}
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total, nil
+}
+
+// memAvailable is /proc/meminfo's MemAvailable in bytes.
+func memAvailable() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/meminfo: %q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("/proc/meminfo has no MemAvailable")
+}
