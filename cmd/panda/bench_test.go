@@ -157,7 +157,7 @@ func TestBenchDensity(t *testing.T) {
 	if got["sandboxes"] != float64(3) || got["exec"].(map[string]any)["n"] != float64(4) {
 		t.Errorf("sandboxes %v, exec.n %v: want 3 and 4 (2 sampled × 2 rounds)", got["sandboxes"], got["exec"].(map[string]any)["n"])
 	}
-	for _, k := range []string{"cpu_pct_of_core_per_sandbox", "host_cpu_pct_of_core_baseline", "host_cpu_pct_of_core_all_idle", "mem_available_drop_mib_per_sandbox"} {
+	for _, k := range []string{"cpu_pct_of_core_per_sandbox", "vmm_cpu_pct_of_core_per_sandbox", "agent_cpu_pct_of_core", "host_cpu_pct_of_core_baseline", "host_cpu_pct_of_core_all_idle", "mem_available_drop_mib_per_sandbox"} {
 		if _, ok := got[k].(float64); !ok {
 			t.Errorf("%s: got %v, want a number", k, got[k])
 		}

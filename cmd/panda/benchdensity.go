@@ -28,7 +28,10 @@ then measure, and kill them all (also on errors and Ctrl-C):
   - PSS and private memory of each sandbox's VMM process (all mappings)
   - the host's MemAvailable drop per sandbox
   - host CPU busy (/proc/stat) over --window with them all idle, minus the
-    same before the first create, per sandbox, in % of one core
+    same before the first create, per sandbox, in % of one core; and,
+    unaffected by other work on the host, the CPU time of the VMM
+    processes themselves over that window per sandbox, and the host
+    agent's (this process)
   - exec round trip of argv ["true"] in --sample of them, --rounds each
 
 Creates stop early, and the result says so, when MemAvailable falls below
@@ -68,7 +71,8 @@ Creates stop early, and the result says so, when MemAvailable falls below
 			fmt.Fprintf(out, "PSS per sandbox:       %.1f MiB (private %.1f MiB)\n", res.PSSMiBPerSandbox, res.PrivateMiBPerSandbox)
 			fmt.Fprintf(out, "MemAvailable drop:     %.1f MiB per sandbox\n", res.MemAvailableDropMiBPerSandbox)
 			fmt.Fprintf(out, "host CPU:              %.1f %% of a core idle baseline, %.1f %% with all idle\n", res.HostCPUPctBaseline, res.HostCPUPctIdle)
-			fmt.Fprintf(out, "CPU per idle sandbox:  %.3f %% of a core\n", res.CPUPctOfCorePerSandbox)
+			fmt.Fprintf(out, "CPU per idle sandbox:  %.3f %% of a core (host-wide); its VMM process alone %.3f %%; host agent %.1f %% for all\n",
+				res.CPUPctOfCorePerSandbox, res.VMMCPUPctOfCorePerSandbox, res.AgentCPUPctOfCore)
 			fmt.Fprintf(out, "exec true among them:  p50 %.1f ms  p99 %.1f ms  (n=%d)\n", res.Exec.P50, res.Exec.P99, res.Exec.N)
 			return nil
 		},

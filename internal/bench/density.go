@@ -68,8 +68,16 @@ type DensityResult struct {
 	// in % of one core: before any sandbox, and with all of them idle.
 	HostCPUPctBaseline float64 `json:"host_cpu_pct_of_core_baseline"`
 	HostCPUPctIdle     float64 `json:"host_cpu_pct_of_core_all_idle"`
-	// CPUPctOfCorePerSandbox is (all idle − baseline) / sandboxes.
+	// CPUPctOfCorePerSandbox is (all idle − baseline) / sandboxes: what
+	// an idle sandbox costs the whole host. Other work on the host during
+	// either window skews it; VMMCPUPctOfCorePerSandbox does not.
 	CPUPctOfCorePerSandbox float64 `json:"cpu_pct_of_core_per_sandbox"`
+	// VMMCPUPctOfCorePerSandbox is the CPU time the VMM processes
+	// themselves used over the idle window (/proc/PID/stat utime+stime),
+	// per sandbox; AgentCPUPctOfCore the host agent's (this process) over
+	// the same window, for all of them.
+	VMMCPUPctOfCorePerSandbox float64 `json:"vmm_cpu_pct_of_core_per_sandbox"`
+	AgentCPUPctOfCore         float64 `json:"agent_cpu_pct_of_core"`
 	// Exec is the round trip of argv ["true"] in the sampled sandboxes,
 	// Rounds times each, round-robin.
 	Exec      Dist    `json:"exec"`
@@ -200,10 +208,23 @@ func DensityBench(ctx context.Context, a *agent.Agent, o DensityOptions) (res De
 		return res, err
 	}
 	logf("host CPU with %d idle sandboxes over %s", len(ids), o.Window)
+	var pids []int
+	for _, id := range ids {
+		info, err := a.Get(id)
+		if err != nil {
+			return res, fmt.Errorf("get %s: %w", id, err)
+		}
+		pids = append(pids, info.PID)
+	}
+	vmm0, self0 := procTicks(pids...), procTicks(os.Getpid())
+	w0 := time.Now()
 	if res.HostCPUPctIdle, err = hostCPU(ctx, o.Window); err != nil {
 		return res, err
 	}
+	vmm1, self1, w := procTicks(pids...), procTicks(os.Getpid()), time.Since(w0).Seconds()
 	n := float64(len(ids))
+	res.VMMCPUPctOfCorePerSandbox = math.Round(float64(vmm1-vmm0)/clockTicks/w/n*100*1000) / 1000
+	res.AgentCPUPctOfCore = round(float64(self1-self0) / clockTicks / w * 100)
 	res.CPUPctOfCorePerSandbox = math.Round((res.HostCPUPctIdle-res.HostCPUPctBaseline)/n*1000) / 1000
 	res.MemAvailableDropMiBPerSandbox = round(float64(availBefore-availAfter) / n / (1 << 20))
 	var pss, priv int64
@@ -296,6 +317,32 @@ func cpuTimes() (busy, total uint64, err error) {
 		}
 	}
 	return busy, total, nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on
+// every Linux ABI PandaStack runs on.
+const clockTicks = 100
+
+// procTicks is the user+system CPU time of the processes pids, in clock
+// ticks (a process that is gone counts nothing).
+func procTicks(pids ...int) (ticks uint64) {
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		// The fields after the command name, which is in parentheses and
+		// may hold spaces: state is field 3, utime 14, stime 15.
+		_, rest, ok := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseUint(f[11], 10, 64)
+		st, _ := strconv.ParseUint(f[12], 10, 64)
+		ticks += u + st
+	}
+	return ticks
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes.
