@@ -113,10 +113,12 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	if !listed {
 		t.Errorf("Snapshots() lacks %s, whose files are lost", s1.ID)
 	}
+	t1 := time.Now()
 	c1, err := createFrom(t, a, s1.ID)
 	if err != nil {
 		t.Fatalf("create from a snapshot the host lost: %v", err)
 	}
+	t.Logf("create from the snapshot, downloaded from the store first: %v", time.Since(t1).Round(time.Millisecond))
 	if got := shOn(t, a, c1.ID, "cat /root/d.txt"); got != "durable\n" {
 		t.Errorf("restored from the store: d.txt is %q", got)
 	}
@@ -164,6 +166,12 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 		func() bool { return stored(a, s2.ID).Stored == host.StoredDurable })
 	if si := stored(a, s2.ID); si.StoreError != "" {
 		t.Errorf("durable snapshot keeps the error %q", si.StoreError)
+	}
+	rec2, _ := a.storedRecord(s2.ID)
+	t.Logf("a second snapshot of the same sandbox: %d chunks, %d uploaded (%d MiB), %d already in the store",
+		rec2.Upload.ChunksTotal, rec2.Upload.ChunksUploaded, rec2.Upload.BytesUploaded>>20, rec2.Upload.ChunksShared)
+	if rec2.Upload.ChunksShared == 0 {
+		t.Errorf("a second snapshot of the same sandbox shares no chunk with the first: %+v", rec2.Upload)
 	}
 	if _, err := createFrom(t, a, s1.ID); err != nil {
 		t.Fatalf("create from a lost snapshot once the store is back: %v", err)
