@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
@@ -103,7 +104,15 @@ type Config struct {
 	// policy (a template's set-up may install packages); nil: bakes get
 	// an isolated namespace with no way out.
 	BakeNetwork *network.Policy
-	Logger      *slog.Logger
+	// Store, if set, keeps snapshots durable in an object store: each new
+	// snapshot is uploaded in the background, and a create from a
+	// snapshot whose files this host lost downloads them (store.go). Nil:
+	// snapshots live only on this host's disk. The agent does not close it.
+	Store *chunkstore.Store
+	// StoreRetry is the wait after a failed upload or store delete before
+	// the next attempt, doubling up to 32 times this (default 2 s).
+	StoreRetry time.Duration
+	Logger     *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -130,6 +139,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DefaultVCPUs == 0 {
 		c.DefaultVCPUs = 1
+	}
+	if c.StoreRetry == 0 {
+		c.StoreRetry = 2 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -158,6 +170,11 @@ type Agent struct {
 	// verified maps a snapshot to the fingerprint its files had when they
 	// last passed their checksums: unchanged files need no new check.
 	verified map[string]string
+
+	// store keeps snapshots in the object store (Config.Store; nil: none),
+	// with its background jobs (store.go).
+	store *chunkstore.Store
+	storeJobs
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,
@@ -168,7 +185,9 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, gids: map[string]uint32{}, starts: make(chan struct{}, cfg.MaxConcurrentStarts), images: template.Images{Dir: cfg.ImagesDir}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, gids: map[string]uint32{}, starts: make(chan struct{}, cfg.MaxConcurrentStarts), images: template.Images{Dir: cfg.ImagesDir}, store: cfg.Store}
+	a.jobs, a.storeErrs = map[string]*job{}, map[string]string{}
+	a.bgCtx, a.bgCancel = context.WithCancel(context.Background())
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
@@ -208,7 +227,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
-	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants")} {
+	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storedDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			vol.Close()
 			return nil, fmt.Errorf("open host agent: %w", err)
@@ -325,6 +344,12 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		snap, err := a.GetSnapshot(req.SnapshotID)
 		if err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
+		}
+		if _, err := os.Stat(a.snapshotDir(snap.ID)); errors.Is(err, os.ErrNotExist) && a.store != nil {
+			// Durable in the store, lost here: fetch it first.
+			if err := a.fetchSnapshot(ctx, snap.ID); err != nil {
+				return Info{}, fmt.Errorf("create sandbox: %w", err)
+			}
 		}
 		if err := a.verifySnapshot(snap); err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
@@ -953,6 +978,7 @@ func (a *Agent) quiesce() []*sandbox {
 // captures stay on disk for the next Open. Idempotent.
 func (a *Agent) Close() error {
 	all := a.quiesce()
+	a.stopBackground()
 	var wg sync.WaitGroup
 	for _, s := range all {
 		if s.getState() == StatePaused {
@@ -972,6 +998,7 @@ func (a *Agent) Close() error {
 // agent can adopt them (Recover). The volume stays mounted. Idempotent.
 func (a *Agent) Detach() {
 	all := a.quiesce()
+	a.stopBackground()
 	a.mu.Lock()
 	a.sandboxes = map[string]*sandbox{}
 	a.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -263,6 +264,9 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 	if _, err := os.Stat(dir); err == nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: exists", snapID, ErrConflict)
 	}
+	if _, ok := a.storedRecord(snapID); ok {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: exists (in the object store)", snapID, ErrConflict)
+	}
 	ctx, end, err := s.begin(ctx, "snapshot", StateRunning)
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -300,17 +304,30 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 		a.mu.Unlock()
 	}
 	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
+	a.storeState(&si) // uploading (or local): before the upload can end
+	a.startUpload(snapID)
 	return si, nil
 }
 
-// GetSnapshot describes a snapshot; ErrNotFound if there is none.
+// GetSnapshot describes a snapshot; ErrNotFound if there is none. A
+// snapshot durable in the object store whose directory this host lost is
+// described from its record (and fetched by the next create from it).
 func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 	if !host.ValidID(id) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
+	rec, stored := a.storedRecord(id)
+	if stored && rec.Deleted {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+	}
 	dir := a.snapshotDir(id)
 	b, err := os.ReadFile(filepath.Join(dir, snapshotMeta))
 	if errors.Is(err, os.ErrNotExist) {
+		if a.store != nil && stored && rec.Durable {
+			si := rec.Snapshot
+			a.storeState(&si)
+			return si, nil
+		}
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
@@ -320,6 +337,7 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 	if err := json.Unmarshal(b, &si); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: unreadable metadata", id, ErrCorrupt)
 	}
+	a.storeState(&si)
 	return si, nil
 }
 
@@ -364,21 +382,39 @@ func verifyCapture(dir string) error {
 	return err
 }
 
-// Snapshots lists the snapshots on this host, oldest first. A snapshot
-// whose metadata cannot be read is listed with its ID only (it exists,
-// but nothing more is known of it).
+// Snapshots lists the snapshots on this host, and those durable in its
+// object store whose files it lost, oldest first. A snapshot whose
+// metadata cannot be read is listed with its ID only (it exists, but
+// nothing more is known of it).
 func (a *Agent) Snapshots() []SnapshotInfo {
 	ents, _ := os.ReadDir(filepath.Join(a.vol.Dir, "snapshots"))
 	var out []SnapshotInfo
+	seen := map[string]bool{}
 	for _, e := range ents {
 		if !host.ValidID(e.Name()) {
-			continue // a snapshot being taken (.tmp) or deleted (.deleting)
+			continue // a snapshot being taken (.tmp), fetched (.fetch) or deleted (.deleting)
 		}
+		seen[e.Name()] = true
 		si, err := a.GetSnapshot(e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted, its directory not removed yet
+		}
 		if err != nil {
 			si = SnapshotInfo{ID: e.Name()}
 		}
 		out = append(out, si)
+	}
+	if a.store != nil {
+		recs, _ := os.ReadDir(filepath.Join(a.vol.Dir, storedDir))
+		for _, e := range recs {
+			id, ok := strings.CutSuffix(e.Name(), ".json")
+			if !ok || seen[id] || !host.ValidID(id) {
+				continue
+			}
+			if si, err := a.GetSnapshot(id); err == nil {
+				out = append(out, si)
+			}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -391,16 +427,32 @@ const deletingSuffix = ".deleting"
 // running: they hold their own links to its files. The snapshot is gone
 // at once (its directory is renamed away, then removed): a crash in the
 // middle leaves no half snapshot, only a directory recovery removes.
+// With an object store, a tombstone is written first and the snapshot's
+// manifest in the store is removed in the background (store.go).
 func (a *Agent) DeleteSnapshot(id string) error {
 	if !host.ValidID(id) {
 		return fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
 	dir := a.snapshotDir(id)
-	if _, err := os.Stat(dir); err != nil {
-		return fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+	si, err := a.GetSnapshot(id)
+	if err != nil {
+		if _, serr := os.Stat(dir); serr != nil {
+			return fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+		}
+		si = SnapshotInfo{ID: id} // unreadable metadata: delete it all the same
+	}
+	if a.store != nil {
+		// Not while a create downloads it (that would put it back).
+		a.fetchMu.Lock()
+		defer a.fetchMu.Unlock()
+		// The tombstone first: from here the snapshot is gone, and a
+		// crash leaves the rest to the next start.
+		if err := a.forgetInStore(id, si); err != nil {
+			return err
+		}
 	}
 	gone := dir + deletingSuffix
-	if err := os.Rename(dir, gone); err != nil {
+	if err := os.Rename(dir, gone); err != nil && !(a.store != nil && errors.Is(err, os.ErrNotExist)) {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	if err := os.RemoveAll(gone); err != nil {
@@ -409,6 +461,9 @@ func (a *Agent) DeleteSnapshot(id string) error {
 	a.mu.Lock()
 	delete(a.verified, id)
 	a.mu.Unlock()
+	if a.store != nil {
+		a.startStoreDelete(id)
+	}
 	return nil
 }
 

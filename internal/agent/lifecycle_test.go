@@ -21,15 +21,22 @@ import (
 
 // openSecond opens a host agent of its own on a new data directory (for
 // tests that restart an agent), closed and removed when the test ends.
-func openSecond(t *testing.T, dir string) *Agent {
+func openSecond(t *testing.T, dir string) *Agent { return openSecondWith(t, dir, nil) }
+
+// openSecondWith is openSecond with mod applied to the agent's Config.
+func openSecondWith(t *testing.T, dir string, mod func(*Config)) *Agent {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a, err := Open(context.Background(), Config{
+	cfg := Config{
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, AdoptMount: true,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		Driver: driverT(t, log),
 		Logger: log,
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	a, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("open agent on %s: %v", dir, err)
 	}
@@ -39,6 +46,12 @@ func openSecond(t *testing.T, dir string) *Agent {
 // restartable makes a data directory whose agents the test opens one
 // after the other; whatever is left is closed and removed at the end.
 func restartable(t *testing.T) (dir string, open func() *Agent) {
+	t.Helper()
+	return restartableWith(t, nil)
+}
+
+// restartableWith is restartable with mod applied to each agent's Config.
+func restartableWith(t *testing.T, mod func(*Config)) (dir string, open func() *Agent) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "par")
 	if err != nil {
@@ -58,7 +71,7 @@ func restartable(t *testing.T) (dir string, open func() *Agent) {
 		os.RemoveAll(dir)
 	})
 	return dir, func() *Agent {
-		last = openSecond(t, dir)
+		last = openSecondWith(t, dir, mod)
 		return last
 	}
 }

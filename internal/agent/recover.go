@@ -50,7 +50,9 @@ const (
 // (the new VMM is stopped; the capture was never touched). Nothing whose
 // memory or disk can still be used is deleted. Then leftovers of
 // interrupted work are removed: fork and snapshot captures that were not
-// complete, bakes, run directories.
+// complete, bakes, run directories. With an object store, snapshot
+// uploads and deletes from the store that the earlier agent did not finish
+// start again in the background (store.go).
 func (a *Agent) Recover(ctx context.Context) []Recovered {
 	ents, _ := os.ReadDir(a.sbDir)
 	out := make([]Recovered, len(ents))
@@ -73,6 +75,7 @@ func (a *Agent) Recover(ctx context.Context) []Recovered {
 	wg.Wait()
 	a.cleanLeftovers(ctx)
 	a.cleanNetworks(ctx)
+	a.resumeStore()
 	return out
 }
 
@@ -262,7 +265,8 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
 	deleted, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+deletingSuffix))
-	for _, d := range slices.Concat(stale, tmps, deleted) {
+	fetches, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+fetchSuffix))
+	for _, d := range slices.Concat(stale, tmps, deleted, fetches) {
 		os.RemoveAll(d)
 	}
 	runs, _ := os.ReadDir(a.cfg.RunDir)

@@ -192,6 +192,12 @@ func (r resp) code() string {
 
 func do(t testing.TB, key, method, path string, body any) resp {
 	t.Helper()
+	return doAt(t, e.url, key, method, path, body)
+}
+
+// doAt is do on the API server at base.
+func doAt(t testing.TB, base, key, method, path string, body any) resp {
+	t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -205,7 +211,7 @@ func do(t testing.TB, key, method, path string, body any) resp {
 		j, _ := json.Marshal(b)
 		rd = bytes.NewReader(j)
 	}
-	req, err := http.NewRequest(method, e.url+path, rd)
+	req, err := http.NewRequest(method, base+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,11 +72,19 @@ type snapshotJSON struct {
 	VCPUs     int       `json:"vcpus"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
+	// Stored and StoreError are the host's (host.SnapshotInfo); absent
+	// when the host cannot be asked.
+	Stored     string `json:"stored,omitempty"`
+	StoreError string `json:"store_error,omitempty"`
 }
 
-func snapToJSON(sn catalog.Snapshot) snapshotJSON {
+// snapToJSON describes sn; storage is where its host keeps it (from
+// control.Plane.SnapshotStorage, or the host's answer to the snapshot).
+func snapToJSON(sn catalog.Snapshot, storage map[string]host.SnapshotInfo) snapshotJSON {
+	si := storage[sn.ID]
 	return snapshotJSON{ID: sn.ID, Name: sn.Name, SandboxID: sn.SandboxID, Template: sn.Template,
-		MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs, SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt.UTC()}
+		MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs, SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt.UTC(),
+		Stored: si.Stored, StoreError: si.StoreError}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -101,7 +109,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapToJSON(sn))
+	writeJSON(w, http.StatusCreated, snapToJSON(sn, s.cp.SnapshotStorage(r.Context())))
 }
 
 // ownedSnapshot returns the caller's snapshot from the URL.
@@ -123,8 +131,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := make([]snapshotJSON, 0, len(list))
+	storage := s.cp.SnapshotStorage(r.Context())
 	for _, sn := range list {
-		out = append(out, snapToJSON(sn))
+		out = append(out, snapToJSON(sn, storage))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"snapshots": out})
 }
@@ -135,7 +144,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snapToJSON(sn))
+	writeJSON(w, http.StatusOK, snapToJSON(sn, s.cp.SnapshotStorage(r.Context())))
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {

@@ -527,13 +527,17 @@ func snapshotCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"snapshots": snaps})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "SANDBOX", "TEMPLATE", "MEMORY", "SIZE", "CREATED")
+			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "SANDBOX", "TEMPLATE", "MEMORY", "SIZE", "STORED", "CREATED")
 			for _, s := range snaps {
 				size := "-"
 				if s.SizeBytes > 0 {
 					size = fmt.Sprintf("%.1f MiB", float64(s.SizeBytes)/(1<<20))
 				}
-				t.row(s.ID, orDash(s.Name), orDash(s.SandboxID), orDash(s.Template), mib(s.MemoryMiB), size, when(s.CreatedAt))
+				stored := orDash(s.Stored)
+				if s.StoreError != "" {
+					stored += " (" + s.StoreError + ")"
+				}
+				t.row(s.ID, orDash(s.Name), orDash(s.SandboxID), orDash(s.Template), mib(s.MemoryMiB), size, stored, when(s.CreatedAt))
 			}
 			return t.flush()
 		},

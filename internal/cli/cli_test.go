@@ -258,6 +258,9 @@ func TestHumanOutputs(t *testing.T) {
 			io.WriteString(w, `{"entries":[{"name":"d","path":"/d","size":4096,"mode":493,"is_dir":true},{"name":"l","path":"/l","size":1,"mode":511,"is_dir":false,"is_symlink":true,"link_target":"/d"}]}`)
 		case "/v1/hosts":
 			io.WriteString(w, `{"hosts":[{"id":"h1","state":"ready","sandboxes":3}]}`)
+		case "/v1/snapshots":
+			io.WriteString(w, `{"snapshots":[{"id":"s1","template":"tiny","memory_mib":256,"stored":"durable"},`+
+				`{"id":"s2","template":"tiny","memory_mib":256,"stored":"uploading","store_error":"the object store is unavailable"}]}`)
 		case "/v1/sandboxes/abc/ports":
 			io.WriteString(w, `{"ports":[{"port":8000,"address":"::"},{"port":9000,"address":"127.0.0.1"}]}`)
 		case "/v1/sandboxes/abc/ports/8000/url":
@@ -274,6 +277,7 @@ func TestHumanOutputs(t *testing.T) {
 		{[]string{"keys", "ls"}, []string{"key1", "ci", "ps_ab"}},
 		{[]string{"fs", "ls", "abc", "/"}, []string{"drwxr-xr-x", "d/", "Lrwxrwxrwx", "l -> /d"}},
 		{[]string{"hosts"}, []string{"h1", "ready", "3"}},
+		{[]string{"snapshot", "ls"}, []string{"STORED", "s1", "durable", "s2", "uploading (the object store is unavailable)"}},
 		{[]string{"port", "ls", "abc"}, []string{"PORT", "8000", "::", "yes", "9000", "127.0.0.1", "no: loopback only"}},
 		{[]string{"port", "abc", "8000", "--ttl", "10m"}, []string{"http://h/p/TOKEN/\n"}},
 		{[]string{"port", "abc", "8000", "--json"}, []string{`"url": "http://h/p/TOKEN/"`, `"expires_at": "2030-01-01T00:00:00Z"`}},

@@ -193,3 +193,25 @@ func (p *Plane) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// SnapshotStorage is where the host keeps its snapshots, by ID: each one's
+// host.SnapshotInfo with Stored and StoreError (local, uploading to the
+// object store, durable there). Nil if the host cannot list its snapshots
+// or cannot be reached now (the snapshots themselves are the catalog's;
+// only their storage state is unknown then).
+func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInfo {
+	sl, ok := p.host.(host.SnapshotLister)
+	if !ok {
+		return nil
+	}
+	list, err := sl.Snapshots(ctx)
+	if err != nil {
+		p.log.Warn("list the host's snapshots", "err", err)
+		return nil
+	}
+	out := make(map[string]host.SnapshotInfo, len(list))
+	for _, si := range list {
+		out[si.ID] = si
+	}
+	return out
+}

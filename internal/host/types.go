@@ -105,7 +105,23 @@ type SnapshotInfo struct {
 	// not shared with its template through reflinks are not known to the
 	// file system; this counts allocated blocks of its files).
 	SizeBytes int64 `json:"size_bytes"`
+	// Stored is where the snapshot is kept: StoredLocal (only on this
+	// host's disk: the host has no object store), StoredUploading (on
+	// this host's disk, being uploaded to the object store) or
+	// StoredDurable (in the object store; the host's copy may be gone
+	// and is fetched again on the next create from it).
+	Stored string `json:"stored,omitempty"`
+	// StoreError is why the last upload attempt failed ("" if it did
+	// not); uploads are retried until they succeed.
+	StoreError string `json:"store_error,omitempty"`
 }
+
+// The values of SnapshotInfo.Stored.
+const (
+	StoredLocal     = "local"
+	StoredUploading = "uploading"
+	StoredDurable   = "durable"
+)
 
 // Resources are a host machine's CPUs and memory.
 type Resources struct {

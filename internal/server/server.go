@@ -24,8 +24,10 @@ import (
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
+	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
@@ -103,6 +105,17 @@ type Config struct {
 	// default policy: internet on, the always-blocked ranges blocked), for
 	// set-ups that install packages. Default off: bakes are isolated.
 	BakeNetwork bool `yaml:"bake_network"`
+
+	// Store is the object store where the host agent keeps snapshots
+	// durable (uploaded in the background after each snapshot; fetched
+	// again when the host lost them): a directory, file:///dir or
+	// s3://bucket/prefix?endpoint=host:port (docs/storage.md). Default
+	// "": none, snapshots live only on this host's disk.
+	Store string `yaml:"store"`
+	// StoreCredentials sign requests to an s3:// store; cmd/panda reads
+	// them from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+	// AWS_SESSION_TOKEN, never from the file.
+	StoreCredentials objstore.Credentials `yaml:"-"`
 
 	// MaxTemplateBuilds bounds the builds of templates from images
 	// (POST /v1/templates) running at once; more queue (default 2).
@@ -441,6 +454,17 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 	if nw, err = openNetwork(cfg, log.With("part", "network")); err != nil {
 		return nil, nil, nil, err
 	}
+	var store *chunkstore.Store
+	if cfg.Store != "" {
+		objs, err := objstore.Open(cfg.Store, cfg.StoreCredentials)
+		if err == nil {
+			store, err = chunkstore.New(objs, chunkstore.Config{})
+		}
+		if err != nil {
+			nw.close(false)
+			return nil, nil, nil, fmt.Errorf("cannot start host agent: object store: %w", err)
+		}
+	}
 	drv, err := qemu.New(qemu.Config{Binary: cfg.QEMU, Logger: log.With("part", "agent")})
 	if err != nil {
 		nw.close(false)
@@ -450,6 +474,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), Driver: drv,
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
+		Store:      store,
 		OnExit:     exits.exited,
 		Logger:     log.With("part", "agent"),
 	}

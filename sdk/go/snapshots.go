@@ -17,6 +17,12 @@ type Snapshot struct {
 	VCPUs     int       `json:"vcpus,omitempty"`
 	SizeBytes int64     `json:"size_bytes,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
+	// Stored is where the snapshot is kept: "local" (only on its host's
+	// disk), "uploading" (being uploaded to the object store) or
+	// "durable" (in the object store); "" when the server cannot tell.
+	Stored string `json:"stored,omitempty"`
+	// StoreError is why the last upload attempt failed, while uploading.
+	StoreError string `json:"store_error,omitempty"`
 }
 
 // Snapshot saves the sandbox's memory and disk; the sandbox keeps running.

@@ -476,7 +476,7 @@ class ForkAndSnapshotDecodingTest(StubTestCase):
                 self.sandbox().fork(count=bad)
 
     def test_snapshot_and_create_from_it(self):
-        snap = {"id": "s1", "name": "n", "sandbox_id": "abc123", "template": "tiny", "memory_mib": 256, "created_at": "2025-01-01T00:00:00Z", "size_bytes": 4096}
+        snap = {"id": "s1", "name": "n", "sandbox_id": "abc123", "template": "tiny", "memory_mib": 256, "created_at": "2025-01-01T00:00:00Z", "size_bytes": 4096, "stored": "uploading", "store_error": "the object store is unavailable"}
         self.stub.json_route("POST", "/v1/sandboxes/abc123/snapshots", 201, snap)
         self.stub.json_route("GET", "/v1/snapshots", 200, {"snapshots": [snap]})
         self.stub.json_route("GET", "/v1/snapshots/s1", 200, snap)
@@ -485,6 +485,9 @@ class ForkAndSnapshotDecodingTest(StubTestCase):
         s = self.sandbox().snapshot(name="n")
         self.assertEqual(self.stub.last.json(), {"name": "n"})
         self.assertEqual((s.id, s.name, s.size_bytes, s.memory_mib), ("s1", "n", 4096, 256))
+        self.assertEqual((s.stored, s.store_error), ("uploading", "the object store is unavailable"))
+        self.stub.json_route("GET", "/v1/snapshots/s1", 200, dict(snap, stored="durable", store_error=None))
+        self.assertEqual((s.refresh().stored, s.store_error), ("durable", None))
         self.assertEqual(pandastack.Snapshot.list(client=self.client), [s])
         self.assertEqual(pandastack.Snapshot.get("s1", client=self.client).sandbox_id, "abc123")
         Sandbox.create(snapshot=s, client=self.client)

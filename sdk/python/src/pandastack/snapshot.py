@@ -29,6 +29,11 @@ class Snapshot:
         memory_mib: Guest memory in MiB.
         created_at: When it was taken.
         size_bytes: Storage it uses, if the server reports it.
+        stored: Where it is kept: ``"local"`` (only on its host's disk),
+            ``"uploading"`` (being uploaded to the object store) or
+            ``"durable"`` (in the object store); ``None`` if the server
+            cannot tell. Call :meth:`refresh` to see it change.
+        store_error: Why the last upload attempt failed, while uploading.
         raw: The JSON object as received.
     """
 
@@ -44,6 +49,8 @@ class Snapshot:
         self.memory_mib: int = _int(d.get("memory_mib"))
         self.created_at: Optional[datetime] = parse_time(d.get("created_at"))
         self.size_bytes: Optional[int] = _opt_int(d.get("size_bytes"))
+        self.stored: Optional[str] = _opt_str(d.get("stored"))
+        self.store_error: Optional[str] = _opt_str(d.get("store_error"))
         self.raw: Dict[str, Any] = dict(d)
 
     @property

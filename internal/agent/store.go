@@ -1,0 +1,408 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/objstore"
+)
+
+// Snapshots in the object store (Config.Store; docs/storage.md).
+//
+// A snapshot is taken on this host's disk as always and serves from there;
+// then a background upload stores its sealed files as the chunkstore set
+// snapshots/<id>. When the upload's manifest is written, the agent writes
+// the snapshot's record, STORE/stored/<id>.json: the snapshot is durable,
+// and the record (which holds its metadata) keeps it known even if its
+// directory is lost; a create from it then downloads it again. A failed
+// upload is retried with backoff until it succeeds or the snapshot is
+// deleted; a snapshot without a durable record when the agent starts
+// (Recover) is uploaded again, and chunks the interrupted upload stored
+// are not sent twice (chunkstore skips chunks already in the store).
+//
+// Deleting a snapshot writes a tombstone record first, then removes the
+// local files, then (in the background, retried) the manifest in the
+// store, then the record, then runs the store's garbage collection. A
+// tombstone found at start finishes that delete.
+//
+// Locking: upMu guards uploads and deletes (the background jobs) and
+// storeErrs; it is never held across I/O on the object store. fetchMu is
+// held by a download from the store (one at a time) and by a delete's
+// tombstone and removal of the local files, so that a delete never races
+// a download that would put the files back.
+
+// storedDir holds the records of snapshots in the object store.
+const storedDir = "stored"
+
+// fetchSuffix marks a snapshot directory being downloaded from the store.
+const fetchSuffix = ".fetch"
+
+// storeName is a snapshot's set name in the chunkstore.
+func storeName(id string) string { return "snapshots/" + id }
+
+// storeRecord is STORE/stored/<id>.json.
+type storeRecord struct {
+	// Snapshot is the snapshot's metadata (its snapshot.json).
+	Snapshot SnapshotInfo `json:"snapshot"`
+	// Durable: the store holds the snapshot's manifest and chunks.
+	Durable bool `json:"durable"`
+	// Deleted: the snapshot was deleted; its manifest in the store is
+	// still to be removed.
+	Deleted    bool             `json:"deleted,omitempty"`
+	UploadedAt time.Time        `json:"uploaded_at,omitzero"`
+	Upload     chunkstore.Stats `json:"upload"`
+}
+
+// job is one background upload or store delete of a snapshot.
+type job struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (a *Agent) recordPath(id string) string {
+	return filepath.Join(a.vol.Dir, storedDir, id+".json")
+}
+
+// storedRecord reads a snapshot's record; false if there is none (or it
+// cannot be read: the snapshot is then uploaded again).
+func (a *Agent) storedRecord(id string) (storeRecord, bool) {
+	var r storeRecord
+	b, err := os.ReadFile(a.recordPath(id))
+	if err != nil || json.Unmarshal(b, &r) != nil {
+		return storeRecord{}, false
+	}
+	return r, true
+}
+
+// storeState fills in where si is kept.
+func (a *Agent) storeState(si *SnapshotInfo) {
+	if a.store == nil {
+		si.Stored = host.StoredLocal
+		return
+	}
+	if r, ok := a.storedRecord(si.ID); ok && r.Durable {
+		si.Stored = host.StoredDurable
+		return
+	}
+	si.Stored = host.StoredUploading
+	a.upMu.Lock()
+	si.StoreError = a.storeErrs[si.ID]
+	a.upMu.Unlock()
+}
+
+// deleted reports whether snapshot id has a tombstone.
+func (a *Agent) deleted(id string) bool {
+	r, ok := a.storedRecord(id)
+	return ok && r.Deleted
+}
+
+// startUpload uploads snapshot id in the background unless it is being
+// uploaded already, is deleted or the agent has no store (or is closing).
+func (a *Agent) startUpload(id string) {
+	if a.store == nil {
+		return
+	}
+	a.upMu.Lock()
+	defer a.upMu.Unlock()
+	if a.bgCtx.Err() != nil || a.jobs[id] != nil || a.deleted(id) {
+		return
+	}
+	ctx, cancel := context.WithCancel(a.bgCtx)
+	j := &job{cancel: cancel, done: make(chan struct{})}
+	a.jobs[id] = j
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		defer close(j.done)
+		defer cancel()
+		a.retry(ctx, id, "upload snapshot", func(ctx context.Context) error { return a.uploadSnapshot(ctx, id) })
+		a.upMu.Lock()
+		if a.jobs[id] == j {
+			delete(a.jobs, id)
+		}
+		a.upMu.Unlock()
+	}()
+}
+
+// retry runs f until it succeeds or ctx ends, waiting between attempts
+// (StoreRetry, doubling to 32 times that). The last failure is what
+// SnapshotInfo.StoreError shows.
+func (a *Agent) retry(ctx context.Context, id, what string, f func(context.Context) error) {
+	wait := a.cfg.StoreRetry
+	for {
+		err := f(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		a.upMu.Lock()
+		if err == nil {
+			delete(a.storeErrs, id)
+		} else {
+			a.storeErrs[id] = storeErrorText(err)
+		}
+		a.upMu.Unlock()
+		if err == nil {
+			return
+		}
+		a.log.Warn(what+" failed; will retry", "snapshot_id", id, "retry_in_ms", wait.Milliseconds(), "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, 32*a.cfg.StoreRetry)
+	}
+}
+
+// storeErrorText is an upload error as users see it: the object store's
+// class, not the paths and addresses in the chain.
+func storeErrorText(err error) string {
+	switch {
+	case errors.Is(err, objstore.ErrUnavailable):
+		return "the object store is unavailable"
+	case errors.Is(err, host.ErrNoSpace):
+		return "out of disk space"
+	}
+	return "upload failed (see the host agent's log)"
+}
+
+// uploadSnapshot stores snapshot id's files and records it durable.
+func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
+	if r, ok := a.storedRecord(id); ok && r.Durable {
+		return nil
+	}
+	dir := a.snapshotDir(id)
+	si, err := a.GetSnapshot(id)
+	if err != nil {
+		return err
+	}
+	files := map[string]string{}
+	for _, f := range []string{memFile, stateFile, diskFile, snapshotMeta, manifest.Name} {
+		p := filepath.Join(dir, f)
+		if _, err := os.Stat(p); err == nil {
+			files[f] = p
+		} else if f != manifest.Name { // snapshots older than checksums have none
+			return fmt.Errorf("upload snapshot %s: %w", id, err)
+		}
+	}
+	t0 := time.Now()
+	_, st, err := a.store.Upload(ctx, storeName(id), files, nil)
+	if err != nil {
+		return err
+	}
+	si.Stored, si.StoreError = "", ""
+	rec := storeRecord{Snapshot: si, Durable: true, UploadedAt: time.Now().UTC(), Upload: st}
+	if err := writeJSON(a.recordPath(id), rec, true); err != nil {
+		return fmt.Errorf("upload snapshot %s: record: %w", id, classifyIOError(err))
+	}
+	a.log.Info("snapshot durable in the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
+		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
+	a.upMu.Lock()
+	gc := a.gcWanted
+	a.upMu.Unlock()
+	if gc {
+		a.collectGarbage(ctx)
+	}
+	return nil
+}
+
+// fetchSnapshot downloads snapshot id, durable in the store, into its
+// directory if that is missing, and checks it against its checksums. The
+// directory appears complete or not at all.
+func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
+	a.fetchMu.Lock()
+	defer a.fetchMu.Unlock()
+	dir := a.snapshotDir(id)
+	if _, err := os.Stat(dir); err == nil {
+		return nil // fetched by a create before this one
+	}
+	if err := a.checkSpace(); err != nil {
+		return fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	tmp := dir + fetchSuffix
+	os.RemoveAll(tmp)
+	t0 := time.Now()
+	_, err := a.store.Download(ctx, storeName(id), tmp)
+	if err == nil {
+		if verr := verifyCapture(tmp); verr != nil {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
+		}
+	}
+	if err == nil {
+		err = manifest.Rename(tmp, dir)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		a.log.Error("fetch snapshot from the object store", "snapshot_id", id, "err", err)
+		switch {
+		case errors.Is(err, objstore.ErrUnavailable):
+			return &classed{class: host.ErrUnavailable, msg: fmt.Sprintf("snapshot %s is not on this host and the object store that keeps it cannot be reached; retry when it is back", id)}
+		case errors.Is(err, objstore.ErrNotFound):
+			return fmt.Errorf("snapshot %s: %w: neither this host nor the object store has its files", id, ErrNotFound)
+		case errors.Is(err, ErrCorrupt), errors.Is(err, manifest.ErrCorrupt):
+			return fmt.Errorf("snapshot %s: %w: its copy in the object store does not match its checksums", id, ErrCorrupt)
+		case ctx.Err() != nil:
+			return fmt.Errorf("fetch snapshot %s: %w", id, ctx.Err())
+		}
+		return fmt.Errorf("fetch snapshot %s: %w", id, classifyIOError(err))
+	}
+	if fp, err := manifest.Fingerprint(dir); err == nil {
+		a.mu.Lock()
+		a.verified[id] = fp // just verified
+		a.mu.Unlock()
+	}
+	a.log.Info("snapshot fetched from the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds())
+	return nil
+}
+
+// forgetInStore marks snapshot id deleted (a tombstone), after stopping
+// its upload. The caller then removes the local files and calls
+// startStoreDelete.
+func (a *Agent) forgetInStore(id string, si SnapshotInfo) error {
+	a.upMu.Lock()
+	j := a.jobs[id]
+	if j != nil {
+		j.cancel()
+	}
+	rec := storeRecord{Snapshot: si, Deleted: true}
+	err := writeJSON(a.recordPath(id), rec, true)
+	delete(a.storeErrs, id)
+	a.upMu.Unlock()
+	if j != nil {
+		<-j.done
+	}
+	if err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, classifyIOError(err))
+	}
+	return nil
+}
+
+// startStoreDelete removes snapshot id's manifest from the store in the
+// background (retried until it succeeds), then its tombstone, then
+// collects garbage.
+func (a *Agent) startStoreDelete(id string) {
+	a.upMu.Lock()
+	defer a.upMu.Unlock()
+	if a.bgCtx.Err() != nil || a.jobs[id] != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(a.bgCtx)
+	j := &job{cancel: cancel, done: make(chan struct{})}
+	a.jobs[id] = j
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		defer close(j.done)
+		defer cancel()
+		a.retry(ctx, id, "delete snapshot from the object store", func(ctx context.Context) error {
+			if err := a.store.Delete(ctx, storeName(id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+				return err
+			}
+			if err := os.Remove(a.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+			a.log.Info("snapshot deleted from the object store", "snapshot_id", id)
+			a.collectGarbage(ctx)
+			return nil
+		})
+		a.upMu.Lock()
+		if a.jobs[id] == j {
+			delete(a.jobs, id)
+		}
+		a.upMu.Unlock()
+	}()
+}
+
+// collectGarbage removes the store's chunks no manifest references. An
+// upload in progress (of this host or another) makes it wait: the next
+// upload to finish here runs it again.
+func (a *Agent) collectGarbage(ctx context.Context) {
+	a.upMu.Lock()
+	a.gcWanted = false
+	a.upMu.Unlock()
+	n, err := a.store.GC(ctx)
+	switch {
+	case errors.Is(err, chunkstore.ErrBusy):
+		a.upMu.Lock()
+		a.gcWanted = true
+		a.upMu.Unlock()
+		a.log.Info("object store garbage collection put off: an upload is in progress")
+	case err != nil:
+		a.upMu.Lock()
+		a.gcWanted = true
+		a.upMu.Unlock()
+		a.log.Warn("object store garbage collection", "err", err)
+	case n > 0:
+		a.log.Info("object store garbage collection", "chunks_removed", n)
+	}
+}
+
+// resumeStore, at start, finishes the deletes and uploads an earlier run
+// left: tombstoned snapshots are removed locally and from the store, and
+// local snapshots not yet durable are uploaded.
+func (a *Agent) resumeStore() {
+	if a.store == nil {
+		return
+	}
+	recs, _ := os.ReadDir(filepath.Join(a.vol.Dir, storedDir))
+	for _, e := range recs {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !host.ValidID(id) {
+			continue
+		}
+		if r, ok := a.storedRecord(id); ok && r.Deleted {
+			os.RemoveAll(a.snapshotDir(id)) // a delete a crash interrupted
+			a.startStoreDelete(id)
+		}
+	}
+	for _, si := range a.Snapshots() {
+		if si.Stored == host.StoredUploading {
+			a.startUpload(si.ID)
+		}
+	}
+}
+
+// stopBackground cancels the uploads and store deletes and waits for them
+// to end (they resume at the next start). Idempotent.
+func (a *Agent) stopBackground() {
+	a.upMu.Lock()
+	a.bgCancel()
+	a.upMu.Unlock()
+	a.bg.Wait()
+}
+
+// storeJobs is how the agent's background store work is kept.
+type storeJobs struct {
+	upMu      sync.Mutex
+	jobs      map[string]*job
+	storeErrs map[string]string
+	gcWanted  bool
+	bg        sync.WaitGroup
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	fetchMu   sync.Mutex
+}
+
+// classed is an error of class whose text is msg alone, where the class's
+// own text would mislead (host.ErrUnavailable reads "host agent
+// unavailable").
+type classed struct {
+	class error
+	msg   string
+}
+
+func (e *classed) Error() string { return e.msg }
+func (e *classed) Unwrap() error { return e.class }
