@@ -811,8 +811,7 @@ class TemplateBuilderAsyncTest(AsyncStubTestCase):
         self.assertEqual(post.json(), {"name": "myapp", "from_image": "registry.example.com/myapp:1.0", "start_cmd": "srv", "ready_cmd": "true"})
 
     async def test_dockerfile_with_context_and_copy(self):
-        d = make_tree({"Dockerfile": "FROM alpine\n", "app.py": "print(1)\n"})
-        self.addCleanup(shutil.rmtree, d)
+        d = make_tree(self, {"Dockerfile": "FROM alpine\n", "app.py": "print(1)\n"})
         seen = []
         b = await Template.from_dockerfile(os.path.join(d, "Dockerfile")).build_arg("V", "1").build_async("myapp", on_context=seen.append, client=self.client)
         self.assertTrue(b.succeeded)

@@ -279,9 +279,11 @@ class OtherCallsTest(TemplateStubTest):
 from pandastack._buildcontext import PatternMatcher, context_files, read_dockerignore  # noqa: E402
 
 
-def make_tree(files):
-    """A temporary directory with files (path -> content; "->x" makes a symlink to x)."""
+def make_tree(test, files):
+    """A temporary directory with files (path -> content; "->x" makes a symlink to x),
+    removed when test ends."""
     d = tempfile.mkdtemp()
+    test.addCleanup(shutil.rmtree, d)
     for p, content in files.items():
         full = os.path.join(d, p)
         os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -308,7 +310,7 @@ class DockerignoreTest(unittest.TestCase):
         files = dict(TREE)
         if ignore is not None:
             files[".dockerignore"] = ignore
-        d = make_tree(files)
+        d = make_tree(self, files)
         return sorted(rel + ("/" if os.path.isdir(full) and not os.path.islink(full) else "") for rel, full, _ in context_files(d))
 
     def test_context_files(self):
@@ -355,7 +357,7 @@ class DockerfileBuildTest(TemplateStubTest):
         self.logs_route([ndjson({"line": "step 1"}, dict(BUILD, status="succeeded"))])
 
     def test_from_dockerfile_path_sends_context(self):
-        d = make_tree(dict(TREE, **{".dockerignore": "*.log\nbuild\n"}))
+        d = make_tree(self, dict(TREE, **{".dockerignore": "*.log\nbuild\n"}))
         self.finish()
         seen = []
         b = (
@@ -389,7 +391,7 @@ class DockerfileBuildTest(TemplateStubTest):
         self.assertEqual(Template.from_dockerfile("FROM alpine").dockerfile, "FROM alpine")
 
     def test_text_with_context(self):
-        d = make_tree({"a.txt": "a"})
+        d = make_tree(self, {"a.txt": "a"})
         self.finish()
         Template.from_dockerfile("FROM alpine\nCOPY . /\n", context=d).build("myapp", client=self.client)
         parts = parse_multipart(self.requests("POST", "/v1/templates")[0])
@@ -397,7 +399,7 @@ class DockerfileBuildTest(TemplateStubTest):
         self.assertEqual(parts["dockerfile"], b"FROM alpine\nCOPY . /\n")
 
     def test_refused_upload(self):
-        d = make_tree({"Dockerfile": "FROM x\n", "blob": "x" * (4 << 20)})
+        d = make_tree(self, {"Dockerfile": "FROM x\n", "blob": "x" * (4 << 20)})
         self.stub.json_route("POST", "/v1/templates", 413, {"error": {"code": "payload_too_large", "message": "the build context is larger than this server accepts (2 GiB)"}})
         with self.assertRaises(pandastack.PayloadTooLargeError):
             Template.from_dockerfile(os.path.join(d, "Dockerfile")).build("myapp", client=self.client)
@@ -409,7 +411,7 @@ class DockerfileBuildTest(TemplateStubTest):
         self.assertEqual(cm.exception.code, "not_implemented")
 
     def test_bad_arguments(self):
-        d = make_tree({"f": "x"})
+        d = make_tree(self, {"f": "x"})
         with self.assertRaises(FileNotFoundError):
             Template.from_dockerfile(os.path.join(d, "missing"))
         with self.assertRaises(IsADirectoryError):
