@@ -170,6 +170,10 @@ func TestCreateExec(t *testing.T) {
 	if got := sh(t, info.ID, "cat /etc/machine-id"); len(strings.TrimSpace(got)) != 32 {
 		t.Errorf("machine-id %q", got)
 	}
+	// The guest agent quieted the idle kernel's housekeeping (guest.InitSystem).
+	if got := sh(t, info.ID, "cat /proc/sys/vm/compaction_proactiveness /proc/sys/vm/stat_interval /proc/sys/kernel/watchdog"); got != "0\n10\n0\n" {
+		t.Errorf("sysctls compaction_proactiveness, stat_interval, watchdog: got %q, want 0, 10, 0", got)
+	}
 	list := testAgent.List()
 	found := false
 	for _, l := range list {
