@@ -57,6 +57,7 @@ type shell struct {
 	bash     string      // path of bash
 	loginEnv string      // path of loginEnvScript
 	have     atomic.Bool // bash was seen, executable
+	wrote    atomic.Bool // loginEnvScript was written by this agent
 }
 
 // argv is the argv that runs cmd, and whether it is a login bash.
@@ -98,11 +99,27 @@ func (sh *shell) keepExplicit(env map[string]string, explicit map[string]string)
 	if b.Len() == 0 {
 		return nil
 	}
-	if err := ensureFile(sh.loginEnv, []byte(loginEnvScript)); err != nil {
+	if err := sh.ensureScript(); err != nil {
 		return fmt.Errorf("write %s: %w", sh.loginEnv, err)
 	}
 	env["BASH_ENV"] = sh.loginEnv
 	env[loginEnvVar] = b.String()
+	return nil
+}
+
+// ensureScript makes sh.loginEnv hold loginEnvScript. Once this agent
+// wrote it, an exec only checks that it is still there (one stat, not a
+// read on every exec); a missing one is written again.
+func (sh *shell) ensureScript() error {
+	if sh.wrote.Load() {
+		if _, err := os.Stat(sh.loginEnv); err == nil {
+			return nil
+		}
+	}
+	if err := ensureFile(sh.loginEnv, []byte(loginEnvScript)); err != nil {
+		return err
+	}
+	sh.wrote.Store(true)
 	return nil
 }
 
