@@ -26,10 +26,10 @@ func benchCmd() *cobra.Command {
 
 func benchCreateCmd() *cobra.Command {
 	var (
-		loc                        localBench
-		tmpl                       string
-		n, execs, idle, mem, vcpus int
-		asJSON                     bool
+		loc            localBench
+		shape          benchShape
+		n, execs, idle int
+		asJSON         bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -43,7 +43,7 @@ func benchCreateCmd() *cobra.Command {
 			defer a.Close()
 			log := cmd.ErrOrStderr()
 			res, err := bench.CreateBench(ctx, a, bench.CreateOptions{
-				Template: tmpl, MemoryMiB: mem, VCPUs: vcpus, N: n, Execs: execs, Idle: idle, Log: log,
+				Template: shape.tmpl, MemoryMiB: shape.mem, VCPUs: shape.vcpus, N: n, Execs: execs, Idle: idle, Log: log,
 			})
 			if err != nil {
 				return err
@@ -65,9 +65,7 @@ func benchCreateCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	loc.register(f)
-	f.StringVar(&tmpl, "template", "base", "template")
-	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
-	f.IntVar(&vcpus, "vcpus", 1, "vCPUs")
+	shape.register(f)
 	f.IntVar(&n, "n", 50, "sequential creates to measure")
 	f.IntVar(&execs, "execs", 100, "exec round trips to measure")
 	f.IntVar(&idle, "idle", 20, "idle sandboxes whose memory is measured")

@@ -11,12 +11,12 @@ import (
 
 func benchDensityCmd() *cobra.Command {
 	var (
-		loc                                     localBench
-		tmpl                                    string
-		n, parallel, mem, vcpus, sample, rounds int
-		reserve                                 int
-		settle, window                          time.Duration
-		asJSON                                  bool
+		loc                         localBench
+		shape                       benchShape
+		n, parallel, sample, rounds int
+		reserve                     int
+		settle, window              time.Duration
+		asJSON                      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "density",
@@ -53,7 +53,7 @@ Creates stop early, and the result says so, when MemAvailable falls below
 			}
 			defer a.Close()
 			res, err := bench.DensityBench(ctx, a, bench.DensityOptions{
-				Template: tmpl, MemoryMiB: mem, VCPUs: vcpus, N: n, Parallel: parallel, ReserveMiB: reserve,
+				Template: shape.tmpl, MemoryMiB: shape.mem, VCPUs: shape.vcpus, N: n, Parallel: parallel, ReserveMiB: reserve,
 				Settle: settle, Window: window, Sample: sample, Rounds: rounds, Log: cmd.ErrOrStderr(),
 			})
 			if err != nil {
@@ -79,9 +79,7 @@ Creates stop early, and the result says so, when MemAvailable falls below
 	}
 	f := cmd.Flags()
 	loc.register(f)
-	f.StringVar(&tmpl, "template", "base", "template")
-	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
-	f.IntVar(&vcpus, "vcpus", 1, "vCPUs")
+	shape.register(f)
 	f.IntVar(&n, "n", 500, "idle sandboxes to start")
 	f.IntVar(&parallel, "parallel", 2, "creates at once")
 	f.IntVar(&reserve, "reserve-mib", 2048, "stop creating when the host's MemAvailable falls below this (MiB)")

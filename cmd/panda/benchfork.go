@@ -168,6 +168,19 @@ through the HTTP API:
 // on DATA_DIR/bench.
 type localBench struct{ dataDir, images, accel string }
 
+// benchShape is the template, memory and vCPUs of the sandboxes a local
+// benchmark creates (bench create, bench density).
+type benchShape struct {
+	tmpl       string
+	mem, vcpus int
+}
+
+func (b *benchShape) register(f *pflag.FlagSet) {
+	f.StringVar(&b.tmpl, "template", "base", "template")
+	f.IntVar(&b.mem, "memory", 1024, "guest memory in MiB")
+	f.IntVar(&b.vcpus, "vcpus", 1, "vCPUs")
+}
+
 func (l *localBench) register(f *pflag.FlagSet) {
 	f.StringVar(&l.dataDir, "data-dir", envOr("PANDA_DATA_DIR", "/var/lib/pandastack"), "data directory (the benchmark uses DATA_DIR/bench)")
 	f.StringVar(&l.images, "images", "", "guest images directory (default DATA_DIR/images)")
