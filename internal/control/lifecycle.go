@@ -255,11 +255,17 @@ func (p *Plane) retryStop(ctx context.Context, id string) {
 }
 
 // markStopped records that a sandbox is gone, from any live state (its
-// host no longer has it).
+// host no longer has it). A stop under way keeps the reason it was
+// recorded with (Stop): a kill whose host reports the sandbox gone for
+// its own reason meanwhile (a host shutdown's exit event delivered late)
+// is still the kill the user was told succeeded.
 func (p *Plane) markStopped(ctx context.Context, id, reason string) error {
 	_, err := p.cat.UpdateSandbox(context.WithoutCancel(ctx), id, func(x *catalog.Sandbox) error {
 		if x.State == catalog.StateStopped {
 			return nil
+		}
+		if x.State == catalog.StateStopping && x.StopReason != "" {
+			reason = x.StopReason
 		}
 		now := p.now()
 		x.State = catalog.StateStopped

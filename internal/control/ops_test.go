@@ -315,6 +315,17 @@ func TestSandboxExited(t *testing.T) {
 	// A second report changes nothing.
 	e.p.SandboxExited(shut.ID, errors.New("again"))
 	e.wantState(shut.ID, catalog.StateStopped, "host_shutdown")
+
+	// A kill under way (its host unreachable: the record stays stopping)
+	// keeps its reason when the host then reports the sandbox gone.
+	killed := e.create(control.CreateRequest{})
+	e.h.Fail(hosttest.Kill, killed.ID, fmt.Errorf("dial: %w", host.ErrUnavailable))
+	if err := e.p.Stop(t.Context(), killed.ID, "killed"); err == nil {
+		t.Fatal("Stop with its host unreachable: got no error")
+	}
+	e.wantState(killed.ID, catalog.StateStopping, "killed")
+	e.h.Exit(killed.ID, fmt.Errorf("stop: %w", host.ErrHostShutdown))
+	e.wantState(killed.ID, catalog.StateStopped, "killed")
 }
 
 // A snapshot is recorded for its key once its host has it; one the key's
