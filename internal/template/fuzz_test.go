@@ -11,10 +11,19 @@ import (
 	"github.com/pandastack/pandastack/internal/template"
 )
 
-// validNameRef is the contract of a template name, written out byte by
-// byte: 1 to 32 characters of lowercase ASCII letters, digits, - and _,
-// the first a letter or a digit. Names become file and directory names.
-func validNameRef(name string) bool {
+// validNameRef is the contract of a template reference, written out byte
+// by byte: a name of 1 to 32 characters of lowercase ASCII letters,
+// digits, - and _, the first a letter or a digit, optionally pinned to a
+// version, ":V" with V from 1 to 1e9 written without leading zeros (user
+// templates' versions). Names become file and directory names.
+func validNameRef(ref string) bool {
+	name, v, pinned := strings.Cut(ref, ":")
+	if pinned {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1e9 || strconv.Itoa(n) != v {
+			return false
+		}
+	}
 	if len(name) < 1 || len(name) > 32 {
 		return false
 	}
@@ -41,6 +50,10 @@ func FuzzParamsValidate(f *testing.F) {
 		{Name: strings.Repeat("z", 33), MemoryMiB: 512, VCPUs: 1},
 		{Name: "x-128m-1c", MemoryMiB: 128, VCPUs: 1},
 		{Name: "0_a-b", MemoryMiB: 4096, VCPUs: 4},
+		{Name: "app:3", MemoryMiB: 512, VCPUs: 1},
+		{Name: "app:03", MemoryMiB: 512, VCPUs: 1},
+		{Name: "app:0", MemoryMiB: 512, VCPUs: 1},
+		{Name: "app:", MemoryMiB: 512, VCPUs: 1},
 		{Name: "", MemoryMiB: 512, VCPUs: 1},
 		{Name: "-a", MemoryMiB: 512, VCPUs: 1},
 		{Name: "_a", MemoryMiB: 512, VCPUs: 1},
@@ -89,7 +102,8 @@ func FuzzParamsValidate(f *testing.F) {
 	})
 }
 
-// parseKey inverts Params.Key ("NAME-MEMm-VCPUSc"), reading from the right.
+// parseKey inverts Params.Key ("NAME-MEMm-VCPUSc", NAME:V written
+// NAME.vV: names have no dot), reading from the right.
 func parseKey(key string) (template.Params, error) {
 	var p template.Params
 	rest, c, ok := cutLast(key, "-")
@@ -102,6 +116,9 @@ func parseKey(key string) (template.Params, error) {
 	}
 	var err1, err2 error
 	p.Name = rest
+	if n, v, ok := strings.Cut(rest, ".v"); ok {
+		p.Name = n + ":" + v
+	}
 	p.MemoryMiB, err1 = strconv.Atoi(strings.TrimSuffix(m, "m"))
 	p.VCPUs, err2 = strconv.Atoi(strings.TrimSuffix(c, "c"))
 	return p, errors.Join(err1, err2)
