@@ -120,6 +120,41 @@ type Snapshot struct {
 	CreatedAt time.Time
 }
 
+// Host states as stored. A host is ready when it registers; draining
+// when an operator asks (no new placements); lost when it stopped
+// heartbeating for longer than the control plane allows. A lost host that
+// heartbeats again is ready again (or draining, if it was).
+const (
+	HostReady    = "ready"
+	HostDraining = "draining"
+	HostLost     = "lost"
+)
+
+// Host is a host agent registered with the control plane.
+type Host struct {
+	ID  string
+	URL string // its host API, https://HOST:PORT
+	// Token is the agent's own host API token: the control plane's
+	// credential for it (a secret, as the catalog's other contents).
+	Token    string
+	CACert   string // PEM of the agent's CA, the only one trusted for it
+	State    string // one of the Host* constants
+	Draining bool   // drain asked: stays set while the host is lost
+	Capacity HostCapacity
+	// RegisteredAt is the first registration; HeartbeatAt the last
+	// heartbeat (zero: none yet).
+	RegisteredAt time.Time
+	HeartbeatAt  time.Time
+}
+
+// HostCapacity is what a host offers, as it reported it at registration.
+type HostCapacity struct {
+	CPUs      int    `json:"cpus"`
+	MemoryMiB int64  `json:"memory_mib"`
+	DiskMiB   int64  `json:"disk_mib"`
+	Accel     string `json:"accel"`
+}
+
 // SandboxFilter selects sandboxes in ListSandboxes. The zero value selects
 // all of them.
 type SandboxFilter struct {
@@ -193,6 +228,18 @@ type Catalog interface {
 	ListSnapshots(ctx context.Context, keyID string) ([]Snapshot, error)
 	// DeleteSnapshot removes the snapshot's record. ErrNotFound.
 	DeleteSnapshot(ctx context.Context, id string) error
+
+	// PutHost stores h, replacing the host with its id if there is one.
+	PutHost(ctx context.Context, h Host) error
+	// GetHost returns the host. ErrNotFound.
+	GetHost(ctx context.Context, id string) (Host, error)
+	// ListHosts returns every host, by id.
+	ListHosts(ctx context.Context) ([]Host, error)
+	// UpdateHost reads the host, calls fn on it and writes the result back
+	// in one transaction, as UpdateSandbox does. ErrNotFound.
+	UpdateHost(ctx context.Context, id string, fn func(*Host) error) (Host, error)
+	// DeleteHost removes the host's record. ErrNotFound.
+	DeleteHost(ctx context.Context, id string) error
 
 	// Close releases the store. It is idempotent; other methods must not be
 	// called after it.

@@ -209,3 +209,41 @@ func normalize(sb catalog.Sandbox) catalog.Sandbox {
 	}
 	return sb
 }
+
+var (
+	hostColumns = []string{"id", "url", "token", "ca_cert", "state", "draining", "capacity", "registered_at", "heartbeat_at"}
+	hostCols    = strings.Join(hostColumns, ", ")
+	hostSet     = strings.Join(hostColumns[1:], " = ?, ") + " = ?"
+)
+
+func scanHost(row scanner) (catalog.Host, error) {
+	var h catalog.Host
+	var capacity string
+	err := row.Scan(&h.ID, &h.URL, &h.Token, &h.CACert, &h.State, &h.Draining, &capacity,
+		timeDest{&h.RegisteredAt}, timeDest{&h.HeartbeatAt})
+	if err == nil {
+		if jerr := json.Unmarshal([]byte(capacity), &h.Capacity); jerr != nil {
+			err = fmt.Errorf("decode capacity: %w", jerr)
+		}
+	}
+	return h, err
+}
+
+func (s *Store) hostArgs(h catalog.Host) ([]any, error) {
+	capacity, err := json.Marshal(h.Capacity)
+	if err != nil {
+		return nil, fmt.Errorf("encode capacity: %w", err)
+	}
+	return []any{h.ID, h.URL, h.Token, h.CACert, h.State, h.Draining, string(capacity),
+		s.timeArg(h.RegisteredAt), s.timeArg(h.HeartbeatAt)}, nil
+}
+
+// normalizeHost makes h what reading it back would return.
+func normalizeHost(h catalog.Host) catalog.Host {
+	for _, t := range []*time.Time{&h.RegisteredAt, &h.HeartbeatAt} {
+		if !t.IsZero() {
+			*t = t.UTC().Truncate(time.Microsecond)
+		}
+	}
+	return h
+}

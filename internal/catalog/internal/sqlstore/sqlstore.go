@@ -402,3 +402,66 @@ func (s *Store) ListSnapshots(ctx context.Context, keyID string) ([]catalog.Snap
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	return s.changeOne(ctx, "delete snapshot "+id, `DELETE FROM snapshots WHERE id = ?`, id)
 }
+
+// Hosts.
+
+func (s *Store) PutHost(ctx context.Context, h catalog.Host) error {
+	args, err := s.hostArgs(h)
+	if err != nil {
+		return fmt.Errorf("put host %s: %w", h.ID, err)
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, s.d.bind(`DELETE FROM hosts WHERE id = ?`), h.ID); err != nil {
+			return fmt.Errorf("put host %s: %w", h.ID, s.d.Classify(err))
+		}
+		if _, err := tx.ExecContext(ctx, s.d.bind(`INSERT INTO hosts (`+hostCols+`) VALUES (`+params(hostColumns)+`)`), args...); err != nil {
+			return fmt.Errorf("put host %s: %w", h.ID, s.d.Classify(err))
+		}
+		return nil
+	})
+}
+
+func (s *Store) GetHost(ctx context.Context, id string) (catalog.Host, error) {
+	return get(ctx, s, "get host "+id, scanHost, `SELECT `+hostCols+` FROM hosts WHERE id = ?`, id)
+}
+
+func (s *Store) ListHosts(ctx context.Context) ([]catalog.Host, error) {
+	return list(ctx, s, "list hosts", scanHost, `SELECT `+hostCols+` FROM hosts ORDER BY id`)
+}
+
+func (s *Store) UpdateHost(ctx context.Context, id string, fn func(*catalog.Host) error) (catalog.Host, error) {
+	var h catalog.Host
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		h, err = scanHost(tx.QueryRowContext(ctx, s.d.bind(`SELECT `+hostCols+` FROM hosts WHERE id = ?`+s.d.LockRow), id))
+		if err != nil {
+			return notFound(err)
+		}
+		if err := fn(&h); err != nil {
+			return fnError{err}
+		}
+		if h.ID != id {
+			return fmt.Errorf("fn changed the id to %q", h.ID)
+		}
+		args, err := s.hostArgs(h)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, s.d.bind(`UPDATE hosts SET `+hostSet+` WHERE id = ?`), append(args[1:], id)...); err != nil {
+			return s.d.Classify(err)
+		}
+		return nil
+	})
+	if err != nil {
+		var fe fnError
+		if errors.As(err, &fe) {
+			return catalog.Host{}, fe.err
+		}
+		return catalog.Host{}, fmt.Errorf("update host %s: %w", id, err)
+	}
+	return normalizeHost(h), nil
+}
+
+func (s *Store) DeleteHost(ctx context.Context, id string) error {
+	return s.changeOne(ctx, "delete host "+id, `DELETE FROM hosts WHERE id = ?`, id)
+}
