@@ -16,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 // e2bBackend gives package e2b (the E2B-compatible API served on the same
@@ -208,7 +209,7 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 	if parent.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", parent.ID, parent.State)
 	}
-	res, err := b.s.cp.Fork(ctx, key, parent, count)
+	res, err := b.s.cp.Fork(ctx, key, parent, count, scheduler.Placement{})
 	if err != nil {
 		return nil, err
 	}

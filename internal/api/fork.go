@@ -13,6 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 type forkChildJSON struct {
@@ -22,7 +23,8 @@ type forkChildJSON struct {
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Count *int `json:"count"`
+		Count     *int                `json:"count"`
+		Placement scheduler.Placement `json:"placement"`
 	}
 	if err := decodeJSON(r, &req, true); err != nil {
 		s.writeError(w, r, err)
@@ -41,7 +43,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	res, err := s.cp.Fork(r.Context(), callerOf(r).Key, parent, count)
+	res, err := s.cp.Fork(r.Context(), callerOf(r).Key, parent, count, req.Placement)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -60,6 +62,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		"children":         out,
 		"parent_paused_ms": res.ParentPausedMS,
 		"dirty_bytes":      res.DirtyBytes,
+		"moved_bytes":      res.MovedBytes,
 	})
 }
 
@@ -207,6 +210,10 @@ type hostJSON struct {
 // listHosts describes the hosts. An admin key sees every sandbox on them;
 // other keys see the machines' capacity and only their own sandboxes.
 func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Fleet != nil {
+		s.listFleet(w, r)
+		return
+	}
 	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel())}
 	res := host.LocalResources()
 	if rr, ok := s.host.(host.ResourceReporter); ok {

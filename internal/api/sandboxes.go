@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 const maxJSONBody = 1 << 20
@@ -131,6 +132,8 @@ type createRequest struct {
 	// Network is decoded by network.ParsePolicy (defaults, unknown
 	// fields, entries checked there).
 	Network json.RawMessage `json:"network"`
+	// Placement is decoded by scheduler.Placement.
+	Placement scheduler.Placement `json:"placement"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {

@@ -38,6 +38,10 @@ import (
 // Config configures the API server.
 type Config struct {
 	HostID string // name of the local host in sandbox records
+	// Fleet, if set, is the registry of the hosts this server places
+	// sandboxes on (HostID is then unused), and the host.Host given to New
+	// routes each sandbox's calls to its host.
+	Fleet Fleet
 	// DefaultTTL applies when a create request has no ttl_seconds; MaxTTL
 	// bounds every TTL.
 	DefaultTTL time.Duration
@@ -260,7 +264,11 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 		reg = prometheus.NewRegistry()
 	}
 	var err error
-	s.cp, err = control.New(control.Config{
+	var fl control.Fleet = control.SingleHost(cfg.HostID, h)
+	if cfg.Fleet != nil {
+		fl = cfg.Fleet
+	}
+	s.cp, err = control.NewFleet(control.Config{
 		HostID: cfg.HostID, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
@@ -268,7 +276,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 		ResolveTemplate:  s.resolveTemplate,
 		Gone:             s.proxy.closeSandbox,
 		Logger:           cfg.Logger,
-	}, cat, h, reg)
+	}, cat, fl, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +315,9 @@ func (s *Server) routes() http.Handler {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Write(s.cfg.OpenAPI)
 	})
+	// Host agents joining (the join token is their credential).
+	r.Post("/v1/hosts/register", s.registerHost)
+	r.Post("/v1/hosts/{id}/heartbeat", s.heartbeatHost)
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Post("/sandboxes", s.createSandbox)
@@ -323,6 +334,9 @@ func (s *Server) routes() http.Handler {
 		r.Get("/snapshots/{snapID}", s.getSnapshot)
 		r.Delete("/snapshots/{snapID}", s.deleteSnapshot)
 		r.Get("/hosts", s.listHosts)
+		r.With(s.adminOnly).Post("/hosts/{id}/drain", s.drainHost)
+		r.With(s.adminOnly).Post("/hosts/{id}/activate", s.activateHost)
+		r.With(s.adminOnly).Delete("/hosts/{id}", s.forgetHost)
 		// The port proxy (any method) and its signed URLs. A POST to a
 		// guest path /url is the signed URL's, not the guest's.
 		r.Handle("/sandboxes/{id}/ports/{port}", http.HandlerFunc(s.portProxy))
@@ -486,6 +500,11 @@ func (s *Server) Shutdown(ctx context.Context) {
 
 // Resync makes the catalog agree with what the host lists
 // (control.Plane.Resync).
+// ResyncHost is Resync for host hostID of a fleet.
+func (s *Server) ResyncHost(ctx context.Context, hostID string, list func(context.Context) ([]host.Info, error)) error {
+	return s.cp.ResyncHost(ctx, hostID, list)
+}
+
 func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
 	return s.cp.Resync(ctx, list)
 }

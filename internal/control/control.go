@@ -45,8 +45,9 @@ type Config struct {
 	Tick <-chan time.Time
 }
 
-// Plane is the control plane of the sandboxes of one host: it keeps their
-// records in a catalog and drives them through a host.Host. It creates
+// Plane is the control plane of the sandboxes of a fleet of hosts: it
+// keeps their records in a catalog and drives each through its host's
+// host.Host (Fleet), placing new ones (package scheduler). It creates
 // (quota, record, host, rollback), kills, sets TTLs and network policies,
 // forks, snapshots, pauses and resumes sandboxes, expires them (Run), and
 // reconciles the catalog with its host (Resync). It knows nothing of HTTP:
@@ -67,7 +68,7 @@ type Config struct {
 type Plane struct {
 	cfg     Config
 	cat     catalog.Catalog
-	host    host.Host
+	fleet   Fleet
 	log     *slog.Logger
 	metrics *metrics
 
@@ -86,13 +87,23 @@ type Plane struct {
 	// unsettled because their host was still in the middle of an
 	// operation (one an earlier server started); the TTL loop runs Resync
 	// again with it until they settle. Nil: nothing to settle.
-	resyncAgain func(context.Context) ([]host.Info, error)
+	resyncAgain map[string]func(context.Context) ([]host.Info, error)
 }
 
-// New returns a control plane over cat and h; its metrics are registered
-// with reg. It starts no goroutines (Run enforces TTLs).
+// New returns a control plane over cat and the one host h, named
+// cfg.HostID; its metrics are registered with reg. It starts no goroutines
+// (Run enforces TTLs).
 func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer) (*Plane, error) {
-	if cfg.HostID == "" || cfg.DefaultTTL <= 0 || cfg.MaxTTL <= 0 {
+	if cfg.HostID == "" {
+		return nil, errors.New("control config: host id must be set")
+	}
+	return NewFleet(cfg, cat, SingleHost(cfg.HostID, h), reg)
+}
+
+// NewFleet returns a control plane over cat and the hosts of f (cfg.HostID
+// unused); its metrics are registered with reg. It starts no goroutines.
+func NewFleet(cfg Config, cat catalog.Catalog, f Fleet, reg prometheus.Registerer) (*Plane, error) {
+	if cfg.DefaultTTL <= 0 || cfg.MaxTTL <= 0 {
 		return nil, errors.New("control config: host id and ttls must be set")
 	}
 	if cfg.Logger == nil {
@@ -102,7 +113,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	p := &Plane{cfg: cfg, cat: cat, host: h, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
+	p := &Plane{cfg: cfg, cat: cat, fleet: f, resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	return p, nil
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 // MaxForkCount bounds the children of one fork.
@@ -22,6 +24,9 @@ type Forked struct {
 	// DirtyBytes how much of its RAM the capture copied.
 	ParentPausedMS float64
 	DirtyBytes     int64
+	// MovedBytes is what travelled to other hosts for children placed
+	// there (0 when all of them are on the parent's host).
+	MovedBytes int64
 }
 
 // ForkChild is one child of a fork: its record (running), or why it
@@ -32,15 +37,23 @@ type ForkChild struct {
 }
 
 // Fork forks running sandbox parent into count children of key's and
-// waits for them. The fork runs detached from ctx: children a caller never
-// hears of still end up recorded (running, or gone if they failed). A
-// child over quota is reported in its slot and not attempted; if no child
-// fits, the quota error is returned.
-func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbox, count int) (Forked, error) {
+// waits for them. Children go to the parent's host unless pl asks
+// otherwise (a host, or spread over hosts): children on another host are
+// restored from a capture of the parent that travels through the object
+// store the hosts share. The fork runs detached from ctx: children a
+// caller never hears of still end up recorded (running, or gone if they
+// failed). A child over quota is reported in its slot and not attempted;
+// if no child fits, the quota error is returned.
+func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbox, count int, pl scheduler.Placement) (Forked, error) {
 	if count < 1 || count > MaxForkCount {
 		return Forked{}, Errorf(Invalid, "count must be between 1 and %d", MaxForkCount)
 	}
-	o, err := p.fork(key, parent, count)
+	choices, err := p.place(ctx, scheduler.Request{Template: parent.Template, MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs,
+		Count: count, ParentHost: parent.HostID, Placement: pl})
+	if err != nil {
+		return Forked{}, err
+	}
+	o, err := p.fork(key, parent, choices)
 	if err != nil {
 		return Forked{}, err
 	}
@@ -51,20 +64,22 @@ func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbo
 	return val.(Forked), nil
 }
 
-// fork reserves count children of parent against the key's quota and
-// forks them, detached from the request.
-func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, error) {
+// fork reserves one child of parent per choice against the key's quota
+// and forks them on the chosen hosts, detached from the request.
+func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []scheduler.Choice) (*op, error) {
 	return p.detach(parent.ID, "fork", func(ctx context.Context) (catalog.Sandbox, any, error) {
 		t0 := time.Now()
+		count := len(choices)
 		out := make([]ForkChild, count)
-		var ids []string
+		byHost := map[string][]string{} // child ids by host, in request order
 		slot := map[string]int{}
+		var hostOrder []string
 		now := p.now()
 		ttl := p.ttlOf(parent)
 		var quotaErr error
-		for i := 0; i < count; i++ {
+		for i, c := range choices {
 			child := catalog.Sandbox{
-				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: parent.HostID, State: catalog.StateStarting,
+				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: c.Host, State: catalog.StateStarting,
 				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
 				// The host gives a child its parent's egress policy.
 				Network:    parent.Network,
@@ -79,47 +94,108 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, count int) (*op, e
 				continue
 			}
 			slot[child.ID] = i
-			ids = append(ids, child.ID)
+			if byHost[c.Host] == nil {
+				hostOrder = append(hostOrder, c.Host)
+			}
+			byHost[c.Host] = append(byHost[c.Host], child.ID)
 		}
 		defer func() {
-			for _, id := range ids {
-				p.setBusy(id, false)
+			for _, ids := range byHost {
+				for _, id := range ids {
+					p.setBusy(id, false)
+				}
 			}
 		}()
-		if len(ids) == 0 {
+		if len(slot) == 0 {
 			return catalog.Sandbox{}, nil, quotaErr
 		}
-		res, err := p.host.Fork(ctx, parent.ID, ids)
-		if err != nil {
+		drop := func(ids []string, err error) {
 			for _, id := range ids {
 				p.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
+				out[slot[id]].Err = Classify(err)
 			}
-			return catalog.Sandbox{}, nil, err
 		}
-		for j, id := range ids { // children come back in request order
-			i := slot[id]
-			c := res.Children[j]
-			if c.Err != nil {
-				p.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
-				out[i].Err = Classify(c.Err)
-				if out[i].Err.Kind == Internal {
-					p.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
+		var res host.ForkResult
+		var forkErr error
+		local := byHost[parent.HostID]
+		if len(local) > 0 {
+			res, forkErr = p.forkOnHost(ctx, parent, local)
+			if forkErr != nil {
+				drop(local, forkErr)
+			} else {
+				for j, id := range local { // children come back in request order
+					if c := res.Children[j]; c.Err != nil {
+						drop([]string{id}, c.Err)
+						if out[slot[id]].Err.Kind == Internal {
+							p.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
+						}
+					}
 				}
-				continue
 			}
-			sb, err := p.started(ctx, id)
+		}
+		var moved int64
+		if len(local) < len(slot) {
+			var remote []string
+			for _, hid := range hostOrder {
+				if hid != parent.HostID {
+					remote = append(remote, byHost[hid]...)
+				}
+			}
+			var err error
+			var mu sync.Mutex
+			moved, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
+				func(id string, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					drop([]string{id}, err)
+				})
 			if err != nil {
-				out[i].Err = Classify(err)
-				continue
+				drop(remote, err)
+				if forkErr == nil {
+					forkErr = err
+				}
 			}
-			out[i].Sandbox = &sb
+		}
+		for _, hid := range hostOrder {
+			h, err := p.on(hid)
+			for _, id := range byHost[hid] {
+				if out[slot[id]].Err != nil {
+					continue
+				}
+				if err != nil {
+					out[slot[id]].Err = Classify(err)
+					continue
+				}
+				sb, err := p.started(ctx, h, id)
+				if err != nil {
+					out[slot[id]].Err = Classify(err)
+					continue
+				}
+				out[slot[id]].Sandbox = &sb
+			}
+		}
+		ok := false
+		for _, c := range out {
+			ok = ok || c.Sandbox != nil
+		}
+		if !ok && forkErr != nil && quotaErr == nil {
+			return catalog.Sandbox{}, nil, forkErr
 		}
 		p.metrics.forks.Inc()
 		p.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
-		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(ids), "paused_ms", res.Capture.PausedMS,
-			"dirty_mib", res.Capture.DirtyBytes>>20, "dur_ms", time.Since(t0).Milliseconds())
-		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes}, nil
+		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(slot), "other_hosts", len(slot)-len(local),
+			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "moved_mib", moved>>20, "dur_ms", time.Since(t0).Milliseconds())
+		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes, MovedBytes: moved}, nil
 	})
+}
+
+// forkOnHost forks children ids of parent on the parent's own host.
+func (p *Plane) forkOnHost(ctx context.Context, parent catalog.Sandbox, ids []string) (host.ForkResult, error) {
+	h, err := p.on(parent.HostID)
+	if err != nil {
+		return host.ForkResult{}, err
+	}
+	return h.Fork(ctx, parent.ID, ids)
 }
 
 // Limits are key's quota limits: its own, else the configured defaults.
@@ -153,7 +229,11 @@ func (p *Plane) reserve(ctx context.Context, key catalog.Key, sb catalog.Sandbox
 func (p *Plane) Snapshot(ctx context.Context, key catalog.Key, sb catalog.Sandbox, name string) (catalog.Snapshot, error) {
 	o, err := p.detach(sb.ID, "snapshot", func(ctx context.Context) (catalog.Sandbox, any, error) {
 		id := host.NewID()
-		si, err := p.host.Snapshot(ctx, sb.ID, id)
+		h, err := p.on(sb.HostID)
+		if err != nil {
+			return sb, nil, err
+		}
+		si, err := h.Snapshot(ctx, sb.ID, id)
 		if err != nil {
 			return sb, nil, err
 		}
@@ -164,7 +244,7 @@ func (p *Plane) Snapshot(ctx context.Context, key catalog.Key, sb catalog.Sandbo
 			CreatedAt: si.CreatedAt,
 		}
 		if err := p.cat.CreateSnapshot(ctx, sn, p.Limits(key)); err != nil {
-			if derr := p.host.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
+			if derr := h.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
 				p.log.Error("delete unrecorded snapshot", "snapshot_id", id, "err", derr)
 			}
 			return sb, nil, err
@@ -184,7 +264,18 @@ func (p *Plane) Snapshot(ctx context.Context, key catalog.Key, sb catalog.Sandbo
 
 // DeleteSnapshot deletes snapshot id from its host, then its record.
 func (p *Plane) DeleteSnapshot(ctx context.Context, id string) error {
-	if err := p.host.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
+	sn, err := p.cat.GetSnapshot(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil // a reconciliation finished this delete meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	h, err := p.on(sn.HostID)
+	if err != nil {
+		return err
+	}
+	if err := h.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
 		return err
 	}
 	// Not found: a reconciliation finished this delete meanwhile.
@@ -200,18 +291,29 @@ func (p *Plane) DeleteSnapshot(ctx context.Context, id string) error {
 // or cannot be reached now (the snapshots themselves are the catalog's;
 // only their storage state is unknown then).
 func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInfo {
-	sl, ok := p.host.(host.SnapshotLister)
-	if !ok {
-		return nil
+	out := map[string]host.SnapshotInfo{}
+	for _, hi := range p.fleet.Inventory(ctx) {
+		h, err := p.fleet.Host(hi.ID)
+		if err != nil {
+			continue
+		}
+		sl, ok := h.(host.SnapshotLister)
+		if !ok {
+			continue
+		}
+		list, err := sl.Snapshots(ctx)
+		if err != nil {
+			p.log.Warn("list the host's snapshots", "host_id", hi.ID, "err", err)
+			continue
+		}
+		for _, si := range list {
+			if old, ok := out[si.ID]; !ok || old.Stored != host.StoredDurable {
+				out[si.ID] = si
+			}
+		}
 	}
-	list, err := sl.Snapshots(ctx)
-	if err != nil {
-		p.log.Warn("list the host's snapshots", "err", err)
+	if len(out) == 0 {
 		return nil
-	}
-	out := make(map[string]host.SnapshotInfo, len(list))
-	for _, si := range list {
-		out[si.ID] = si
 	}
 	return out
 }

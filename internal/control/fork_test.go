@@ -9,6 +9,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/host/hosttest"
 )
 
@@ -21,7 +22,7 @@ func TestForkChildren(t *testing.T) {
 	secret := "/var/lib/pandastack/store/forks/abc/vm.mem"
 	e.h.FailForkChild(1, fmt.Errorf("restore child: write %s: %w", secret, host.ErrNoSpace))
 	now := e.clock.advance(time.Second)
-	got, err := e.p.Fork(t.Context(), e.key, parent, 5)
+	got, err := e.p.Fork(t.Context(), e.key, parent, 5, scheduler.Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,21 +78,21 @@ func TestForkFails(t *testing.T) {
 	parent := e.create(control.CreateRequest{})
 
 	e.h.Fail(hosttest.Fork, parent.ID, fmt.Errorf("capture: %w", host.ErrConflict))
-	_, err := e.p.Fork(t.Context(), e.key, parent, 2)
+	_, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{})
 	wantKind(t, "fork the host refused", err, control.Conflict, nil)
 	if recs := e.records(e.key.ID); len(recs) != 1 {
 		t.Errorf("%d records after a failed fork, want 1 (the parent)", len(recs))
 	}
 
-	_, err = e.p.Fork(t.Context(), e.key, parent, 0)
+	_, err = e.p.Fork(t.Context(), e.key, parent, 0, scheduler.Placement{})
 	wantKind(t, "fork of 0", err, control.Invalid, []string{"count must be between 1 and 64"})
-	_, err = e.p.Fork(t.Context(), e.key, parent, control.MaxForkCount+1)
+	_, err = e.p.Fork(t.Context(), e.key, parent, control.MaxForkCount+1, scheduler.Placement{})
 	wantKind(t, "fork of too many", err, control.Invalid, []string{"count must be between 1 and 64"})
 
 	e.create(control.CreateRequest{})
 	e.create(control.CreateRequest{})
 	forks := e.h.CallsOf(hosttest.Fork, parent.ID)
-	_, err = e.p.Fork(t.Context(), e.key, parent, 2)
+	_, err = e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{})
 	if !errors.Is(err, catalog.ErrQuota) {
 		t.Errorf("fork with no room: %v, want ErrQuota", err)
 	}
@@ -106,7 +107,7 @@ func TestForkFails(t *testing.T) {
 	if _, err := e2.p.Pause(t.Context(), p2.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e2.p.Fork(t.Context(), e2.key, e2.get(p2.ID), 1)
+	_, err = e2.p.Fork(t.Context(), e2.key, e2.get(p2.ID), 1, scheduler.Placement{})
 	wantKind(t, "fork of a paused sandbox", err, control.Conflict, nil)
 	if recs := e2.records(e2.key.ID); len(recs) != 1 {
 		t.Errorf("%d records after a refused fork, want 1", len(recs))
@@ -119,7 +120,7 @@ func TestForkFails(t *testing.T) {
 func TestForkChildNetwork(t *testing.T) {
 	e := newEnv(t, nil)
 	parent := e.create(control.CreateRequest{Network: []byte(`{"internet": true, "deny_out": ["10.0.0.0/8"]}`)})
-	got, err := e.p.Fork(t.Context(), e.key, parent, 1)
+	got, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}

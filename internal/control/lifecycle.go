@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -157,7 +158,11 @@ func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox,
 	}
 	t0 := time.Now()
 	req.ID, req.Owner = sb.ID, key.ID
-	if _, err := p.host.Create(ctx, req); err != nil {
+	h, err := p.on(sb.HostID)
+	if err == nil {
+		_, err = h.Create(ctx, req)
+	}
+	if err != nil {
 		p.metrics.creates.WithLabelValues("error").Inc()
 		// The record only held the quota reservation.
 		if derr := p.cat.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil && !errors.Is(derr, catalog.ErrNotFound) {
@@ -167,23 +172,23 @@ func (p *Plane) create(ctx context.Context, key catalog.Key, sb catalog.Sandbox,
 	}
 	p.metrics.createSeconds.Observe(time.Since(t0).Seconds())
 	p.metrics.creates.WithLabelValues("ok").Inc()
-	sb, err := p.started(ctx, sb.ID)
+	sb, err = p.started(ctx, h, sb.ID)
 	if err != nil {
 		return catalog.Sandbox{}, err
 	}
-	p.log.Info("sandbox created", "sandbox_id", sb.ID, "key_id", key.ID, "template", req.Template, "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
+	p.log.Info("sandbox created", "sandbox_id", sb.ID, "host_id", sb.HostID, "key_id", key.ID, "template", req.Template, "snapshot_id", req.SnapshotID, "dur_ms", time.Since(t0).Milliseconds())
 	return sb, nil
 }
 
-// started records that a sandbox the host restored runs; its TTL (the
+// started records that a sandbox host h restored runs; its TTL (the
 // record's: one set while it started counts) counts from now. If it was
 // killed meanwhile, the host's sandbox is stopped too.
-func (p *Plane) started(ctx context.Context, id string) (catalog.Sandbox, error) {
+func (p *Plane) started(ctx context.Context, h host.Host, id string) (catalog.Sandbox, error) {
 	sb, err := p.transition(ctx, id, lifecycle.Started, func(x *catalog.Sandbox) {
 		x.ExpiresAt = p.now().Add(p.ttlOf(*x))
 	})
 	if err != nil {
-		p.host.Kill(context.WithoutCancel(ctx), id)
+		h.Kill(context.WithoutCancel(ctx), id)
 		var sc *stateConflict
 		if errors.As(err, &sc) || errors.Is(err, catalog.ErrNotFound) {
 			return catalog.Sandbox{}, Errorf(Conflict, "sandbox %s was killed while it was starting", id)
@@ -228,7 +233,18 @@ func (p *Plane) Stop(ctx context.Context, id, reason string) error {
 	if sb.StopReason != "" {
 		reason = sb.StopReason // the stop under way decided why
 	}
-	if err := p.host.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
+	h, err := p.fleet.Host(sb.HostID)
+	if errors.Is(err, ErrHostLost) || errors.Is(err, ErrUnknownHost) {
+		// Nothing can reach it: the record is stopped now (the quota
+		// is free), and the host, if it returns, kills what it still
+		// has of it (Resync: a sandbox the catalog does not list as live).
+		p.log.Warn("sandbox stopped without its host", "sandbox_id", id, "host_id", sb.HostID, "err", err)
+		return p.markStopped(ctx, id, reason)
+	}
+	if err == nil {
+		err = h.Kill(ctx, id)
+	}
+	if err != nil && !errors.Is(err, host.ErrNotFound) {
 		p.retryStop(ctx, id)
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
@@ -288,16 +304,21 @@ func (p *Plane) markStopped(ctx context.Context, id, reason string) error {
 // the sandbox runs on and the error is recorded.
 func (p *Plane) pause(id string) (*op, error) {
 	return p.detach(id, "pause", func(ctx context.Context) (catalog.Sandbox, any, error) {
-		if _, err := p.transition(ctx, id, lifecycle.Pause, func(x *catalog.Sandbox) { x.LastError = "" }); err != nil {
+		sb, err := p.transition(ctx, id, lifecycle.Pause, func(x *catalog.Sandbox) { x.LastError = "" })
+		if err != nil {
 			return catalog.Sandbox{}, nil, err
 		}
-		st, err := p.host.Pause(ctx, id)
+		h, err := p.on(sb.HostID)
+		var st host.CaptureStats
+		if err == nil {
+			st, err = h.Pause(ctx, id)
+		}
 		if err != nil {
 			return p.failed(ctx, id, lifecycle.PauseFailed, "pause", err)
 		}
 		p.metrics.pauses.Inc()
 		p.gone(id) // its guest is gone until it resumes
-		sb, err := p.transition(ctx, id, lifecycle.PauseDone, func(x *catalog.Sandbox) {
+		sb, err = p.transition(ctx, id, lifecycle.PauseDone, func(x *catalog.Sandbox) {
 			x.ExpiresAt = time.Time{}
 			x.PausedBytes = st.SizeBytes
 		})
@@ -305,16 +326,40 @@ func (p *Plane) pause(id string) (*op, error) {
 	})
 }
 
-// resume restores a paused sandbox, detached from the caller. If the
-// restore fails the sandbox stays paused with its capture, and the error is
-// recorded (last_error).
-func (p *Plane) resume(id string) (*op, error) {
+// resume restores a paused sandbox, detached from the caller, on its
+// host (or, if its host is lost, on another one, which fetches its capture
+// from the object store). If the restore fails the sandbox stays paused
+// with its capture, and the error is recorded (last_error).
+func (p *Plane) resume(id string) (*op, error) { return p.resumeOn(id, "") }
+
+// resumeOn is resume on host to ("": the sandbox's own, or another if
+// its own is lost). The record names the host that resumed it.
+func (p *Plane) resumeOn(id, to string) (*op, error) {
 	return p.detach(id, "resume", func(ctx context.Context) (catalog.Sandbox, any, error) {
 		sb, err := p.transition(ctx, id, lifecycle.Resume, func(x *catalog.Sandbox) { x.LastError = "" })
 		if err != nil {
 			return catalog.Sandbox{}, nil, err
 		}
-		if _, err := p.host.Resume(ctx, id); err != nil {
+		hostID := to
+		if hostID == "" {
+			hostID = sb.HostID
+			if _, err := p.fleet.Host(hostID); errors.Is(err, ErrHostLost) {
+				if cs, perr := p.placeElsewhere(ctx, sb); perr == nil {
+					p.log.Info("resuming a sandbox of a lost host elsewhere", "sandbox_id", id, "from", sb.HostID, "to", cs.Host, "reason", cs.Reason)
+					hostID = cs.Host
+				}
+			}
+		}
+		h, err := p.on(hostID)
+		if err == nil {
+			_, err = h.Resume(ctx, id)
+		}
+		if err != nil && hostID != sb.HostID && errors.Is(err, host.ErrNotFound) {
+			// Another host has no capture of it to fetch: it is still
+			// its own host's, not gone.
+			err = &Error{Kind: Unavailable, Msg: fmt.Sprintf("host %s cannot resume sandbox %s: its capture is not in the object store (it resumes on host %s when that host is back)", hostID, id, sb.HostID), Err: err}
+		}
+		if err != nil {
 			return p.failed(ctx, id, lifecycle.ResumeFailed, "resume", err)
 		}
 		failpoint.Hit("api-resume-restored")
@@ -322,6 +367,7 @@ func (p *Plane) resume(id string) (*op, error) {
 		sb, err = p.transition(ctx, id, lifecycle.ResumeDone, func(x *catalog.Sandbox) {
 			x.ExpiresAt = p.now().Add(ttl)
 			x.PausedBytes = 0
+			x.HostID = hostID
 		})
 		return sb, nil, err
 	})
@@ -425,10 +471,14 @@ func (p *Plane) SandboxExited(id string, cause error) {
 // all-in-one server: see Resync; adopted are the sandboxes the host kept
 // (agent.Recovered without an error).
 func (p *Plane) Reconcile(ctx context.Context, adopted []string) error {
+	h, err := p.on(p.cfg.HostID)
+	if err != nil {
+		return err
+	}
 	return p.Resync(ctx, func(ctx context.Context) ([]host.Info, error) {
 		var live []host.Info
 		for _, id := range adopted {
-			if info, err := p.host.Get(ctx, id); err == nil {
+			if info, err := h.Get(ctx, id); err == nil {
 				live = append(live, info)
 			}
 		}
@@ -461,7 +511,16 @@ var errChanged = errors.New("changed meanwhile")
 // host is listed, sandboxes being created or operated on (busy) are left
 // alone, and a record that changed since it was read is not touched.
 func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
-	live, err := p.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: p.cfg.HostID, States: LiveStates})
+	return p.ResyncHost(ctx, p.cfg.HostID, list)
+}
+
+// ResyncHost is Resync for the sandboxes of host hostID, of a fleet.
+func (p *Plane) ResyncHost(ctx context.Context, hostID string, list func(context.Context) ([]host.Info, error)) error {
+	h, err := p.on(hostID)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	live, err := p.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: hostID, States: LiveStates})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -480,9 +539,9 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 	}
 	defer func() {
 		p.mu.Lock()
-		p.resyncAgain = nil
+		delete(p.resyncAgain, hostID)
 		if unsettled {
-			p.resyncAgain = list
+			p.resyncAgain[hostID] = list
 		}
 		p.mu.Unlock()
 	}()
@@ -504,7 +563,7 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 			continue
 		case sb.State == catalog.StateStopping:
 			if ok {
-				p.host.Kill(ctx, sb.ID)
+				h.Kill(ctx, sb.ID)
 			}
 			reason := sb.StopReason // recorded as the stop began
 			if reason == "" {
@@ -535,7 +594,7 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 			}
 		default:
 			if ok {
-				p.host.Kill(ctx, sb.ID) // a create that never finished
+				h.Kill(ctx, sb.ID) // a create that never finished
 			}
 			reason := "vmm_exited"
 			if sb.State == catalog.StateStarting {
@@ -568,10 +627,10 @@ func (p *Plane) Resync(ctx context.Context, list func(context.Context) ([]host.I
 		if sb, err := p.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped {
 			continue
 		}
-		p.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id)
-		p.host.Kill(ctx, id)
+		p.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id, "host_id", hostID)
+		h.Kill(ctx, id)
 	}
-	p.resyncSnapshots(ctx)
+	p.resyncSnapshots(ctx, hostID, h)
 	return nil
 }
 
@@ -587,8 +646,8 @@ func (p *Plane) stoppedBy(reason string) func(x *catalog.Sandbox) error {
 // the host's snapshot and its record), and forgets the records of
 // snapshots the host no longer has (a crash between the host's delete and
 // the record's).
-func (p *Plane) resyncSnapshots(ctx context.Context) {
-	sl, ok := p.host.(host.SnapshotLister)
+func (p *Plane) resyncSnapshots(ctx context.Context, hostID string, h host.Host) {
+	sl, ok := h.(host.SnapshotLister)
 	if !ok {
 		return
 	}
@@ -609,7 +668,7 @@ func (p *Plane) resyncSnapshots(ctx context.Context) {
 		have[si.ID] = true
 	}
 	for _, sn := range recs {
-		if sn.HostID != p.cfg.HostID || have[sn.ID] {
+		if sn.HostID != hostID || have[sn.ID] {
 			continue
 		}
 		if err := p.cat.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, catalog.ErrNotFound) {
@@ -669,12 +728,14 @@ func (p *Plane) Run(ctx context.Context) error {
 		case <-ticks:
 		}
 		p.mu.Lock()
-		again := p.resyncAgain
+		again := maps.Clone(p.resyncAgain)
 		p.mu.Unlock()
-		if again != nil && p.clock().Sub(lastResync) >= resyncRetry {
+		if len(again) > 0 && p.clock().Sub(lastResync) >= resyncRetry {
 			lastResync = p.clock()
-			if err := p.Resync(ctx, again); err != nil && ctx.Err() == nil {
-				p.log.Warn("resync records left in the middle of an operation", "err", err)
+			for hostID, list := range again {
+				if err := p.ResyncHost(ctx, hostID, list); err != nil && ctx.Err() == nil {
+					p.log.Warn("resync records left in the middle of an operation", "host_id", hostID, "err", err)
+				}
 			}
 		}
 		now := p.now()
@@ -688,7 +749,7 @@ func (p *Plane) Run(ctx context.Context) error {
 		for _, sb := range due {
 			// Only running sandboxes expire (and stopping ones whose
 			// stop could not reach their host are retried).
-			if sb.HostID != p.cfg.HostID || (sb.State != catalog.StateRunning && sb.State != catalog.StateStopping) {
+			if sb.State != catalog.StateRunning && sb.State != catalog.StateStopping {
 				continue
 			}
 			p.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/host/hosttest"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
@@ -121,7 +122,7 @@ func TestPauseDetached(t *testing.T) {
 	wantKind(t, "resume during a pause", err, control.Conflict, []string{"busy: a pause is in progress"})
 	_, err = e.p.Snapshot(t.Context(), e.key, sb, "s")
 	wantKind(t, "snapshot during a pause", err, control.Conflict, []string{"busy: a pause is in progress"})
-	_, err = e.p.Fork(t.Context(), e.key, sb, 1)
+	_, err = e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{})
 	wantKind(t, "fork during a pause", err, control.Conflict, []string{"busy: a pause is in progress"})
 
 	g.Release(nil)
@@ -274,7 +275,7 @@ func TestShutdown(t *testing.T) {
 			_, err := e.p.Snapshot(t.Context(), e.key, e.get(sb.ID), "s")
 			return err
 		}(),
-		"fork": func() error { _, err := e.p.Fork(t.Context(), e.key, e.get(sb.ID), 1); return err }(),
+		"fork": func() error { _, err := e.p.Fork(t.Context(), e.key, e.get(sb.ID), 1, scheduler.Placement{}); return err }(),
 	} {
 		wantKind(t, what+" after shutdown", err, control.Unavailable, []string{"shutting down"})
 	}

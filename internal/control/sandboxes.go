@@ -11,6 +11,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -29,6 +30,9 @@ type CreateRequest struct {
 	// (defaults, unknown fields, entries checked there); empty or null:
 	// the default policy.
 	Network json.RawMessage
+	// Placement asks for a host (or spreading); zero: the scheduler
+	// chooses.
+	Placement scheduler.Placement
 }
 
 // TTL is the TTL a request asks for in seconds (nil: the default one), or
@@ -105,6 +109,8 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		}
 	}
 	var tp template.Params
+	var h host.Host
+	var hostID string
 	diskMiB := 0
 	if req.SnapshotID != "" {
 		sn, err := p.cat.GetSnapshot(ctx, req.SnapshotID)
@@ -118,11 +124,21 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
 		}
 		tp = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
-		if t, _, err := p.host.Templates().Lookup(ctx, tp); err == nil && t != nil {
+		// A snapshot restores on its host unless asked otherwise (another
+		// host fetches it from the object store).
+		if h, hostID, err = p.placeOne(ctx, scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
+			ParentHost: sn.HostID, Placement: req.Placement}); err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, err
+		}
+		if t, _, err := h.Templates().Lookup(ctx, tp); err == nil && t != nil {
 			diskMiB = t.DiskMiB
 		}
 	} else {
-		tp = p.host.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
+		dh, _, err := p.anyHost(ctx)
+		if err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, err
+		}
+		tp = dh.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
 		// A user template is created from one version, which the sandbox
 		// records ("NAME:N"): a rebuild does not change what it runs.
 		if p.cfg.ResolveTemplate != nil {
@@ -135,7 +151,11 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		if err := tp.Validate(); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 		}
-		t, reason, err := p.host.Templates().Lookup(ctx, tp)
+		if h, hostID, err = p.placeOne(ctx, scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
+			Placement: req.Placement}); err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, err
+		}
+		t, reason, err := h.Templates().Lookup(ctx, tp)
 		if errors.Is(err, template.ErrNotFound) && !key.Admin {
 			// The store's message lists every template, others' too.
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(NotFound, "template %q not found", tp.Name)
@@ -156,7 +176,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 	}
 	now := p.now()
 	sb := catalog.Sandbox{
-		ID: host.NewID(), KeyID: key.ID, Template: tp.Name, HostID: p.cfg.HostID, State: catalog.StateStarting,
+		ID: host.NewID(), KeyID: key.ID, Template: tp.Name, HostID: hostID, State: catalog.StateStarting,
 		MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
 		Network:    toCatalogNetwork(policy),
 		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
@@ -215,7 +235,11 @@ func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.P
 	}
 	// The host first: if it cannot apply the policy, the record keeps
 	// the old one, which is what the sandbox still has.
-	if err := p.host.SetNetwork(ctx, sb.ID, np); err != nil {
+	h, err := p.on(sb.HostID)
+	if err != nil {
+		return sb, err
+	}
+	if err := h.SetNetwork(ctx, sb.ID, np); err != nil {
 		return sb, err
 	}
 	return p.cat.UpdateSandbox(context.WithoutCancel(ctx), sb.ID, func(x *catalog.Sandbox) error {
@@ -223,4 +247,18 @@ func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.P
 		x.UpdatedAt = p.now()
 		return nil
 	})
+}
+
+// placeOne places one sandbox: its host's client and id.
+func (p *Plane) placeOne(ctx context.Context, req scheduler.Request) (host.Host, string, error) {
+	cs, err := p.place(ctx, req)
+	if err != nil {
+		return nil, "", err
+	}
+	h, err := p.on(cs[0].Host)
+	if err != nil {
+		return nil, "", err
+	}
+	p.log.Info("placed sandbox", "host_id", cs[0].Host, "reason", cs[0].Reason, "template", req.Template)
+	return h, cs[0].Host, nil
 }

@@ -28,6 +28,10 @@ type Info struct {
 	// Busy: an operation (pause, resume, snapshot, fork) holds the
 	// sandbox's operation slot; what it makes may appear after this Info.
 	Busy bool `json:"busy,omitempty"`
+	// Stored and StoreError are a paused sandbox's capture in the object
+	// store, as SnapshotInfo's ("" while it runs).
+	Stored     string `json:"stored,omitempty"`
+	StoreError string `json:"store_error,omitempty"`
 }
 
 // CreateRequest asks for a new sandbox.

@@ -1,0 +1,115 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/network"
+)
+
+// acrossTimeout bounds how long a cross-host fork waits for the parent's
+// capture to become durable in the object store.
+const acrossTimeout = 5 * time.Minute
+
+// forkAcross restores children ids of parent, each on the host hostOf
+// gives (not the parent's), from one capture of the parent that travels
+// through the object store the hosts share: a snapshot on the parent's
+// host, uploaded there, restored by each child's host. A child that fails
+// is reported to fail; an error fails them all. It returns the bytes the
+// capture stored (what the parent's host sent; chunks the store already
+// held — the template's, an earlier capture's — are not sent again). The
+// capture is deleted afterwards.
+func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (int64, error) {
+	src, err := p.on(parent.HostID)
+	if err != nil {
+		return 0, err
+	}
+	sl, ok := src.(host.SnapshotLister)
+	if !ok {
+		return 0, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
+	}
+	snapID := host.NewID()
+	si, err := src.Snapshot(ctx, parent.ID, snapID)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err := src.DeleteSnapshot(context.WithoutCancel(ctx), snapID); err != nil && !errors.Is(err, host.ErrNotFound) {
+			p.log.Warn("delete the capture of a cross-host fork", "snapshot_id", snapID, "host_id", parent.HostID, "err", err)
+		}
+	}()
+	if err := p.awaitDurable(ctx, sl, parent.HostID, snapID); err != nil {
+		return 0, err
+	}
+	pol := PolicyOf(parent.Network)
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := p.on(hostOf(id))
+			if err == nil {
+				_, err = h.Create(ctx, host.CreateRequest{ID: id, Owner: key.ID, SnapshotID: snapID, Template: parent.Template,
+					MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, Env: parent.Env, Network: pol})
+			}
+			if err != nil {
+				fail(id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return si.SizeBytes, nil
+}
+
+// awaitDurable waits until host hostID's snapshot id is durable in the
+// object store.
+func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, acrossTimeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var last string
+	for {
+		list, err := sl.Snapshots(ctx)
+		if err != nil {
+			return err
+		}
+		for _, si := range list {
+			if si.ID != id {
+				continue
+			}
+			switch si.Stored {
+			case host.StoredDurable:
+				return nil
+			case host.StoredLocal, "":
+				return Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
+			}
+			last = si.StoreError
+		}
+		select {
+		case <-ctx.Done():
+			if last != "" {
+				return Errorf(Unavailable, "the capture did not reach the object store: %s", last)
+			}
+			return fmt.Errorf("wait for the capture to reach the object store: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// PolicyOf is the egress policy a record holds.
+func PolicyOf(n catalog.Network) network.Policy {
+	p := network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	if p.AllowOut == nil {
+		p.AllowOut = []string{}
+	}
+	if p.DenyOut == nil {
+		p.DenyOut = []string{}
+	}
+	return p
+}

@@ -1,0 +1,139 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/scheduler"
+)
+
+// Migrated is one sandbox a drain tried to move.
+type Migrated struct {
+	SandboxID string `json:"sandbox_id"`
+	To        string `json:"to,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Migrate moves the running sandboxes of host hostID to other hosts, one
+// at a time (MoveTo). A sandbox that cannot move runs on where it was and
+// is reported. Paused sandboxes stay recorded on their host: they resume
+// elsewhere, from the object store, if it is lost.
+func (p *Plane) Migrate(ctx context.Context, hostID string) (moved, failed []Migrated) {
+	ctx = context.WithoutCancel(ctx)
+	live, err := p.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: hostID, States: []string{catalog.StateRunning}})
+	if err != nil {
+		return nil, []Migrated{{Error: err.Error()}}
+	}
+	moved, failed = []Migrated{}, []Migrated{}
+	for _, sb := range live {
+		to, err := p.MoveTo(ctx, sb.ID)
+		if err != nil {
+			failed = append(failed, Migrated{SandboxID: sb.ID, Error: Classify(err).Msg})
+			p.log.Warn("migrate sandbox", "sandbox_id", sb.ID, "from", hostID, "err", err)
+			continue
+		}
+		moved = append(moved, Migrated{SandboxID: sb.ID, To: to})
+	}
+	return moved, failed
+}
+
+// placeElsewhere chooses a host other than sb's for it.
+func (p *Plane) placeElsewhere(ctx context.Context, sb catalog.Sandbox) (scheduler.Choice, error) {
+	var others []scheduler.Host
+	for _, h := range p.fleet.Inventory(ctx) {
+		if h.ID != sb.HostID {
+			others = append(others, h)
+		}
+	}
+	cs, err := scheduler.Place(scheduler.Request{Template: sb.Template, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs}, others)
+	if err != nil {
+		return scheduler.Choice{}, &Error{Kind: Conflict, Msg: "no other host can take it: " + err.Error(), Err: err}
+	}
+	return cs[0], nil
+}
+
+// MoveTo moves running sandbox id to another host (the scheduler's choice
+// among the others): paused on its host, its capture made durable in the
+// object store, resumed on the new host, which fetches it; then its old
+// host forgets it. If the move fails after the pause, it is resumed on its
+// old host. Returns the new host.
+func (p *Plane) MoveTo(ctx context.Context, id string) (string, error) {
+	sb, err := p.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if sb.State != catalog.StateRunning {
+		return "", Errorf(Conflict, "sandbox %s is %s", id, sb.State)
+	}
+	src, err := p.on(sb.HostID)
+	if err != nil {
+		return "", err
+	}
+	// Choose before pausing: no host to go to, no pause.
+	choice, err := p.placeElsewhere(ctx, sb)
+	if err != nil {
+		return "", err
+	}
+	to := choice.Host
+	o, err := p.pause(id)
+	if err != nil {
+		return "", err
+	}
+	if _, _, err := o.wait(ctx); err != nil {
+		return "", err
+	}
+	err = p.awaitPausedDurable(ctx, src, sb.HostID, id)
+	if err == nil {
+		if o, err = p.resumeOn(id, to); err == nil {
+			_, _, err = o.wait(ctx)
+		}
+	}
+	if err != nil {
+		if o, rerr := p.resumeOn(id, sb.HostID); rerr == nil {
+			o.wait(ctx)
+		}
+		return "", err
+	}
+	p.log.Info("sandbox moved", "sandbox_id", id, "from", sb.HostID, "to", to, "reason", choice.Reason)
+	// The old host forgets its paused copy.
+	if err := src.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
+		p.log.Warn("remove a moved sandbox from its old host", "sandbox_id", id, "host_id", sb.HostID, "err", err)
+	}
+	return to, nil
+}
+
+// awaitPausedDurable waits until host h's paused sandbox id is durable in
+// the object store (host.Info.Stored).
+func (p *Plane) awaitPausedDurable(ctx context.Context, h host.Host, hostID, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, acrossTimeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		info, err := h.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		if info.State != lifecycle.Paused {
+			return Errorf(Conflict, "sandbox %s is %s on its host", id, info.State)
+		}
+		switch info.Stored {
+		case host.StoredDurable:
+			return nil
+		case host.StoredLocal, "":
+			return Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
+		}
+		select {
+		case <-ctx.Done():
+			if info.StoreError != "" {
+				return Errorf(Unavailable, "the capture did not reach the object store: %s", info.StoreError)
+			}
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// Router is the fleet as one host.Host for the REST API's handlers, which
+// reach sandboxes by id (exec, files, processes, the port proxy): each
+// call goes to the host the sandbox's record names. Calls without a
+// sandbox (templates, the accelerator) go to the first ready host; List
+// and Snapshots cover every reachable host. The control plane itself does
+// not use it: it places sandboxes and calls their hosts directly.
+type Router struct {
+	reg *Registry
+	cat catalog.Catalog
+}
+
+// NewRouter returns the router of reg's hosts.
+func NewRouter(reg *Registry, cat catalog.Catalog) *Router { return &Router{reg: reg, cat: cat} }
+
+var (
+	_ host.Host           = (*Router)(nil)
+	_ host.GuestDialer    = (*Router)(nil)
+	_ host.SnapshotLister = (*Router)(nil)
+)
+
+// of returns the host of sandbox id.
+func (rt *Router) of(ctx context.Context, id string) (host.Host, error) {
+	sb, err := rt.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil, fmt.Errorf("sandbox %s: %w", id, host.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rt.reg.Host(sb.HostID)
+}
+
+// first returns the first ready host.
+func (rt *Router) first() (host.Host, error) {
+	for _, st := range rt.reg.Statuses() {
+		if st.Connected && st.Record.State != catalog.HostLost {
+			if h, err := rt.reg.Host(st.Record.ID); err == nil {
+				return h, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("no host is connected: %w", host.ErrUnavailable)
+}
+
+func (rt *Router) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
+	return host.Info{}, errors.New("fleet router: creates are placed by the control plane")
+}
+
+func (rt *Router) Kill(ctx context.Context, id string) error {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return err
+	}
+	return h.Kill(ctx, id)
+}
+
+func (rt *Router) Get(ctx context.Context, id string) (host.Info, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return host.Info{}, err
+	}
+	return h.Get(ctx, id)
+}
+
+func (rt *Router) List(ctx context.Context) ([]host.Info, error) {
+	var out []host.Info
+	for _, st := range rt.reg.Statuses() {
+		h, err := rt.reg.Host(st.Record.ID)
+		if err != nil {
+			continue
+		}
+		list, err := h.List(ctx)
+		if err != nil {
+			continue
+		}
+		out = append(out, list...)
+	}
+	return out, nil
+}
+
+func (rt *Router) Guest(ctx context.Context, id string) (host.Guest, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return h.Guest(ctx, id)
+}
+
+func (rt *Router) Memory(ctx context.Context, id string) (host.MemStats, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return host.MemStats{}, err
+	}
+	return h.Memory(ctx, id)
+}
+
+func (rt *Router) Templates() host.Templates { return routerTemplates{rt} }
+
+func (rt *Router) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+	if h, err := rt.first(); err == nil {
+		return h.TemplateParams(name, memoryMiB, vcpus)
+	}
+	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+}
+
+func (rt *Router) Accel() vmm.Accel {
+	if h, err := rt.first(); err == nil {
+		return h.Accel()
+	}
+	return ""
+}
+
+func (rt *Router) Fork(ctx context.Context, id string, childIDs []string) (host.ForkResult, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return host.ForkResult{}, err
+	}
+	return h.Fork(ctx, id, childIDs)
+}
+
+func (rt *Router) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return host.SnapshotInfo{}, err
+	}
+	return h.Snapshot(ctx, id, snapshotID)
+}
+
+func (rt *Router) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	sn, err := rt.cat.GetSnapshot(ctx, snapshotID)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return fmt.Errorf("snapshot %s: %w", snapshotID, host.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	h, err := rt.reg.Host(sn.HostID)
+	if err != nil {
+		return err
+	}
+	return h.DeleteSnapshot(ctx, snapshotID)
+}
+
+func (rt *Router) Pause(ctx context.Context, id string) (host.CaptureStats, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return host.CaptureStats{}, err
+	}
+	return h.Pause(ctx, id)
+}
+
+func (rt *Router) Resume(ctx context.Context, id string) (host.Info, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return host.Info{}, err
+	}
+	return h.Resume(ctx, id)
+}
+
+func (rt *Router) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return err
+	}
+	return h.SetNetwork(ctx, id, p)
+}
+
+// DialGuest implements host.GuestDialer through the sandbox's host.
+func (rt *Router) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
+	h, err := rt.of(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := h.(host.GuestDialer)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return d.DialGuest(ctx, id, port)
+}
+
+// Snapshots implements host.SnapshotLister over every reachable host.
+func (rt *Router) Snapshots(ctx context.Context) ([]host.SnapshotInfo, error) {
+	var out []host.SnapshotInfo
+	for _, st := range rt.reg.Statuses() {
+		h, err := rt.reg.Host(st.Record.ID)
+		if err != nil {
+			continue
+		}
+		if sl, ok := h.(host.SnapshotLister); ok {
+			if list, err := sl.Snapshots(ctx); err == nil {
+				out = append(out, list...)
+			}
+		}
+	}
+	return out, nil
+}
+
+// routerTemplates is the template store of the first ready host, for the
+// API's template listing; placement finds each create's template on the
+// host it chooses.
+type routerTemplates struct{ rt *Router }
+
+func (t routerTemplates) store() (host.Templates, error) {
+	h, err := t.rt.first()
+	if err != nil {
+		return nil, err
+	}
+	return h.Templates(), nil
+}
+
+func (t routerTemplates) Lookup(ctx context.Context, p template.Params) (*template.Template, string, error) {
+	s, err := t.store()
+	if err != nil {
+		return nil, "", err
+	}
+	return s.Lookup(ctx, p)
+}
+
+func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) {
+	s, err := t.store()
+	if err != nil {
+		return nil, err
+	}
+	return s.List(ctx)
+}
+
+func (t routerTemplates) Names(ctx context.Context) ([]string, error) {
+	s, err := t.store()
+	if err != nil {
+		return nil, err
+	}
+	return s.Names(ctx)
+}
+
+func (t routerTemplates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+	s, err := t.store()
+	if err != nil {
+		return nil, err
+	}
+	return s.Bake(ctx, p, progress)
+}
