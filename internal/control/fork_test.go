@@ -9,8 +9,8 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/host/hosttest"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 // Each child of a fork has its own outcome: over the key's quota (not

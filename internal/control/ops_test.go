@@ -10,10 +10,10 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/host/hosttest"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 // Pause and resume move the record and the host's sandbox together; each
@@ -275,7 +275,10 @@ func TestShutdown(t *testing.T) {
 			_, err := e.p.Snapshot(t.Context(), e.key, e.get(sb.ID), "s")
 			return err
 		}(),
-		"fork": func() error { _, err := e.p.Fork(t.Context(), e.key, e.get(sb.ID), 1, scheduler.Placement{}); return err }(),
+		"fork": func() error {
+			_, err := e.p.Fork(t.Context(), e.key, e.get(sb.ID), 1, scheduler.Placement{})
+			return err
+		}(),
 	} {
 		wantKind(t, what+" after shutdown", err, control.Unavailable, []string{"shutting down"})
 	}

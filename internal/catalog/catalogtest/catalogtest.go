@@ -906,7 +906,7 @@ func testHosts(t *testing.T, c catalog.Catalog) {
 	ctx := t.Context()
 	hosts := []catalog.Host{
 		{ID: "h2", URL: "https://10.0.0.2:7789", Token: "secret-2", CACert: "-----BEGIN CERTIFICATE-----\nx\n", State: catalog.HostReady,
-			Capacity: catalog.HostCapacity{CPUs: 64, MemoryMiB: 512 << 10, DiskMiB: 4 << 20, Accel: "kvm"},
+			Capacity:     catalog.HostCapacity{CPUs: 64, MemoryMiB: 512 << 10, DiskMiB: 4 << 20, Accel: "kvm"},
 			RegisteredAt: t0.In(elsewhere), HeartbeatAt: t0.Add(time.Second)},
 		{ID: "h1", URL: "https://10.0.0.1:7789", Token: "secret-1", State: catalog.HostLost, Draining: true, RegisteredAt: t0},
 	}
