@@ -45,7 +45,7 @@ serving and on every reconnect.
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stopping it leaves the sandboxes running on
 the agent. See docs/deployment.md.`,
-	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -66,7 +66,7 @@ serving certificate (agent-cert.pem, agent-key.pem) for localhost, this
 host's name, the listen address and --tls-host. SIGTERM kills the
 running sandboxes (--on-shutdown kill) or leaves them for the next start to
 adopt (keep). See docs/deployment.md.`,
-	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
 	})
 }
@@ -130,6 +130,13 @@ var configFlags = map[string]configFlag{
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
 	"agent-ca-file":         {"the agent's CA certificate, the only one trusted for it (default DATA_DIR/agent-ca.pem)", func(c *server.Config) any { return &c.AgentCAFile }},
+	"fleet":                 {"drive the host agents that join (panda agent --server URL --token T) instead of --agent", func(c *server.Config) any { return &c.Fleet }},
+	"join-token-file":       {"file holding the token host agents join with (default DATA_DIR/join.token, made on first start)", func(c *server.Config) any { return &c.JoinTokenFile }},
+	"host-lost-after":       {"a host that misses heartbeats this long is lost (default 10s)", func(c *server.Config) any { return &c.HostLostAfter }},
+	"server":                {"join the control plane at this URL (panda server --fleet), e.g. http://10.0.0.1:7788", func(c *server.Config) any { return &c.ServerURL }},
+	"token":                 {"the join token (the server's DATA_DIR/join.token); env PANDA_JOIN_TOKEN", func(c *server.Config) any { return &c.JoinToken }},
+	"host-id":               {"this host's name in the fleet (default DATA_DIR/host.id, made from the host name)", func(c *server.Config) any { return &c.HostID }},
+	"advertise-url":         {"the host API's URL as the control plane reaches it (default https://LISTEN)", func(c *server.Config) any { return &c.AdvertiseURL }},
 	"tls-host":              {"another host name or address for the agent's certificate (repeatable)", func(c *server.Config) any { return &c.TLSHosts }},
 	"token-file":            {"file holding the agent token, created on first start (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
 	"log-level":             {"debug, info, warn or error", func(c *server.Config) any { return &c.LogLevel }},
@@ -155,6 +162,9 @@ func daemonCmd(cmd *cobra.Command, defaults func() server.Config, flags []string
 			if err := cfg.LoadFile(configFile); err != nil {
 				return err
 			}
+		}
+		if v := os.Getenv("PANDA_JOIN_TOKEN"); v != "" {
+			cfg.JoinToken = v
 		}
 		if v := os.Getenv("PANDA_DATA_DIR"); v != "" {
 			cfg.DataDir = v

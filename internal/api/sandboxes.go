@@ -109,9 +109,27 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 
 func mib(b int64) float64 { return float64(b*10/(1<<20)) / 10 }
 
+// StateLost is the state a sandbox shows while its host is lost (its
+// record keeps the state it had: the sandbox is back as it was if the
+// host returns). Paused sandboxes show paused: they resume elsewhere.
+const StateLost = "lost"
+
+// hostLost reports whether sb is live on a host that is lost.
+func (s *Server) hostLost(sb catalog.Sandbox) bool {
+	if s.cfg.Fleet == nil || sb.State == catalog.StateStopped || sb.State == catalog.StatePaused {
+		return false
+	}
+	_, err := s.cfg.Fleet.Host(sb.HostID)
+	return errors.Is(err, control.ErrHostLost)
+}
+
 // withMemory adds live memory figures for a running sandbox.
 func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON {
 	out := toJSON(sb)
+	if s.hostLost(sb) {
+		out.State = StateLost
+		return out
+	}
 	if sb.State == catalog.StateRunning {
 		if m, err := s.host.Memory(ctx, sb.ID); err == nil {
 			out.Memory = &memoryJSON{PrivateMiB: mib(m.PrivateBytes), SharedMiB: mib(m.SharedBytes), PSSMiB: mib(m.PSSBytes)}

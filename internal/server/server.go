@@ -147,6 +147,23 @@ type Config struct {
 	// AgentCAFile is the CA certificate `panda server` trusts for the
 	// agent (default DATA_DIR/agent-ca.pem, where `panda agent` makes it).
 	AgentCAFile string `yaml:"agent_ca_file"`
+	// Fleet: `panda server` drives the host agents that join it
+	// (`panda agent --server URL --token T`) instead of the one at
+	// AgentURL. JoinTokenFile holds the token agents join with (default
+	// DATA_DIR/join.token, made on first start); HostLostAfter is how long
+	// a host may miss heartbeats before it is lost (default 10s).
+	Fleet         bool     `yaml:"fleet"`
+	JoinTokenFile string   `yaml:"join_token_file"`
+	HostLostAfter Duration `yaml:"host_lost_after"`
+	// ServerURL: `panda agent` joins the control plane there (its REST
+	// API, http(s)://HOST:PORT) with JoinToken, as host HostID (default:
+	// DATA_DIR/host.id, made on first start from this host's name),
+	// reachable at AdvertiseURL (default https:// + the listen address;
+	// required when listening on every address).
+	ServerURL    string `yaml:"server"`
+	JoinToken    string `yaml:"join_token"`
+	HostID       string `yaml:"host_id"`
+	AdvertiseURL string `yaml:"advertise_url"`
 	// TLSHosts are more host names and addresses for the certificate of
 	// `panda agent` (besides localhost, the listen address, this host's
 	// name, and every address of this host when listening on all).
@@ -546,6 +563,12 @@ func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writ
 // openControlPlane opens the catalog, creates the admin key on first
 // start and builds the API over h. The caller closes the catalog.
 func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+	return openControlPlaneOf(ctx, cfg, func(catalog.Catalog) (host.Host, api.Fleet) { return h, nil }, builds, version, openapi, out, log)
+}
+
+// openControlPlaneOf is openControlPlane with the host (and the fleet, if
+// hosts join) made from the catalog.
+func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, api.Fleet), builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
@@ -567,7 +590,9 @@ func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds api.T
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	h, fl := hostOf(cat)
 	srv, err := api.New(api.Config{
+		Fleet:      fl,
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,

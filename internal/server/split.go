@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/fleet"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
@@ -155,6 +158,11 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 		log.Info("issued the host api certificate", "hosts", strings.Join(creds.Hosts, ","), "not_after", creds.NotAfter().Format(time.RFC3339))
 	}
 
+	jc, err := prepareJoin(cfg, ln.Addr(), token, creds.CAFile)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+
 	ag, nw, exits, err := openHost(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -178,6 +186,15 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	sv := startServing(tls.NewListener(ln, creds.Config), hsrv, opts)
 	fmt.Fprintf(out, "PandaStack host agent listening on https://%s (accel %s, data %s, token in %s, CA in %s)\n", ln.Addr(), ag.Accel(), cfg.DataDir, tokenFile, creds.CAFile)
 	log.Info("serving host api", "addr", ln.Addr().String())
+	joinCtx, stopJoin := context.WithCancel(ctx)
+	joined := make(chan struct{})
+	go func() {
+		defer close(joined)
+		if jc != nil {
+			join(joinCtx, jc, ag, cfg.DataDir, out, log.With("part", "join"))
+		}
+	}()
+	defer func() { stopJoin(); <-joined }()
 	if err := sv.wait(ctx); err != nil {
 		return err
 	}
@@ -226,6 +243,9 @@ const subscriberWait = 5 * time.Second
 // sandboxes before it serves and whenever the stream reconnects. Its
 // shutdown leaves the agent's sandboxes running: they are the agent's.
 func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, out io.Writer, log *slog.Logger) error {
+	if cfg.Fleet {
+		return runFleet(ctx, cfg, version, openapi, out, log)
+	}
 	agents := cfg.Agents()
 	if len(agents) != 1 {
 		return fmt.Errorf("config: %d host agents; panda server drives exactly one", len(agents))
@@ -332,4 +352,60 @@ func dialAgent(ctx context.Context, url, token string, tlsCfg *tls.Config, log *
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// JoinTokenFile is the join token's file: cfg.JoinTokenFile, or
+// DATA_DIR/join.token.
+func JoinTokenFile(cfg Config) string {
+	if cfg.JoinTokenFile != "" {
+		return cfg.JoinTokenFile
+	}
+	return filepath.Join(cfg.DataDir, "join.token")
+}
+
+// runFleet runs the control plane of a fleet (`panda server --fleet`):
+// host agents join it (panda agent --server URL --token T) and it places
+// sandboxes on them. It makes the join token on first start.
+func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, out io.Writer, log *slog.Logger) error {
+	ln, release, err := prepare(cfg, lockControl)
+	if err != nil {
+		return err
+	}
+	defer release()
+	tokenFile := JoinTokenFile(cfg)
+	joinToken, created, err := hostapi.LoadOrCreateToken(tokenFile)
+	if err != nil {
+		return err
+	}
+	if created {
+		fmt.Fprintf(out, "Created the join token in %s (mode 0600): host agents join with panda agent --server URL --token $(cat %s).\n", tokenFile, tokenFile)
+	}
+	var reg *fleet.Registry
+	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, api.Fleet) {
+		reg = fleet.New(fleet.Config{Catalog: cat, JoinToken: joinToken, LostAfter: time.Duration(cfg.HostLostAfter),
+			Logger: log.With("part", "fleet")})
+		return fleet.NewRouter(reg, cat), reg
+	}, nil, version, openapi, out, log)
+	if err != nil {
+		return err
+	}
+	defer cat.Close()
+	reg.SetHooks(fleet.Hooks{Connected: srv.ResyncHost, Exited: srv.SandboxExited})
+	if err := reg.Start(ctx); err != nil {
+		return err
+	}
+	defer reg.Close()
+
+	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run, reg.Run)
+	fmt.Fprintf(out, "PandaStack listening on http://%s (a fleet: hosts join with the token in %s)\n", ln.Addr(), tokenFile)
+	log.Info("serving", "addr", ln.Addr().String(), "fleet", true)
+	if err := sv.wait(ctx); err != nil {
+		return err
+	}
+	log.Info("shutting down")
+	sv.stop()
+	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
+	srv.Shutdown(octx)
+	ocancel()
+	return nil
 }
