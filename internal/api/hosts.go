@@ -121,7 +121,7 @@ func (s *Server) joinToken(r *http.Request) error {
 	return nil
 }
 
-// registerHost is POST /v1/hosts/register: a host agent joins.
+// registerHost is POST /v1/fleet/join: a host agent joins.
 func (s *Server) registerHost(w http.ResponseWriter, r *http.Request) {
 	if err := s.joinToken(r); err != nil {
 		s.writeError(w, r, err)
@@ -140,7 +140,7 @@ func (s *Server) registerHost(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": rec.ID, "state": rec.State, "draining": rec.Draining})
 }
 
-// heartbeatHost is POST /v1/hosts/{id}/heartbeat.
+// heartbeatHost is POST /v1/fleet/hosts/{id}/heartbeat.
 func (s *Server) heartbeatHost(w http.ResponseWriter, r *http.Request) {
 	if err := s.joinToken(r); err != nil {
 		s.writeError(w, r, err)

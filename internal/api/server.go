@@ -316,8 +316,8 @@ func (s *Server) routes() http.Handler {
 		w.Write(s.cfg.OpenAPI)
 	})
 	// Host agents joining (the join token is their credential).
-	r.Post("/v1/hosts/register", s.registerHost)
-	r.Post("/v1/hosts/{id}/heartbeat", s.heartbeatHost)
+	r.Post("/v1/fleet/join", s.registerHost)
+	r.Post("/v1/fleet/hosts/{id}/heartbeat", s.heartbeatHost)
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Post("/sandboxes", s.createSandbox)

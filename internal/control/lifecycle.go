@@ -357,7 +357,8 @@ func (p *Plane) resumeOn(id, to string) (*op, error) {
 		if err != nil && hostID != sb.HostID && errors.Is(err, host.ErrNotFound) {
 			// Another host has no capture of it to fetch: it is still
 			// its own host's, not gone.
-			err = &Error{Kind: Unavailable, Msg: fmt.Sprintf("host %s cannot resume sandbox %s: its capture is not in the object store (it resumes on host %s when that host is back)", hostID, id, sb.HostID), Err: err}
+			err = &Error{Kind: Unavailable, Msg: fmt.Sprintf("host %s cannot resume sandbox %s: its capture is not in the object store (it resumes on host %s when that host is back)", hostID, id, sb.HostID),
+				Err: fmt.Errorf("resume on host %s: %v", hostID, err)} // not wrapped: the sandbox is not gone
 		}
 		if err != nil {
 			return p.failed(ctx, id, lifecycle.ResumeFailed, "resume", err)

@@ -2,7 +2,7 @@ package host
 
 // What a host agent tells the control plane it joins (`panda agent
 // --server URL --token T`): internal/fleet keeps it; the REST API carries
-// it (POST /v1/hosts/register and /v1/hosts/{id}/heartbeat).
+// it (POST /v1/fleet/join and /v1/fleet/hosts/{id}/heartbeat).
 
 // Registration is a host agent joining the control plane: how to reach it
 // and what it offers.

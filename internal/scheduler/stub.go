@@ -53,6 +53,27 @@ var (
 
 func Place(req Request, hosts []Host) ([]Choice, error) {
 	n := max(req.Count, 1)
+	want := req.Placement.Host
+	if want == "" {
+		want = req.ParentHost
+	}
+	if want != "" {
+		for _, h := range hosts {
+			if h.ID == want && h.State == Ready {
+				out := make([]Choice, n)
+				for i := range out {
+					out[i] = Choice{Host: h.ID, Reason: "stub"}
+				}
+				return out, nil
+			}
+			if h.ID == want && req.Placement.Host != "" {
+				return nil, ErrHostNotReady
+			}
+		}
+		if req.Placement.Host != "" {
+			return nil, ErrUnknownHost
+		}
+	}
 	for _, h := range hosts {
 		if h.State == Ready {
 			out := make([]Choice, n)

@@ -116,14 +116,14 @@ func join(ctx context.Context, jc *joinConfig, ag *agent.Agent, dataDir string, 
 		if !registered {
 			reg := jc.reg
 			reg.Capacity, reg.Load = capacity(ag, dataDir), load(ag, dataDir)
-			if err = post(ctx, client, jc, "/v1/hosts/register", reg); err == nil {
+			if err = post(ctx, client, jc, "/v1/fleet/join", reg); err == nil {
 				registered = true
 				backoff = 500 * time.Millisecond
 				fmt.Fprintf(out, "Joined the control plane at %s as host %s\n", jc.server, reg.ID)
 				log.Info("joined the control plane", "server", jc.server, "host_id", reg.ID, "url", reg.URL)
 			}
 		} else {
-			err = post(ctx, client, jc, "/v1/hosts/"+jc.reg.ID+"/heartbeat", map[string]any{"token": jc.reg.Token, "load": load(ag, dataDir)})
+			err = post(ctx, client, jc, "/v1/fleet/hosts/"+jc.reg.ID+"/heartbeat", map[string]any{"token": jc.reg.Token, "load": load(ag, dataDir)})
 			var se *statusError
 			if errors.As(err, &se) && se.status == http.StatusNotFound {
 				log.Warn("the control plane does not know this host: registering again", "host_id", jc.reg.ID)

@@ -70,6 +70,37 @@ type Host struct {
 	calls     []Call
 	// pausedBytes is what a pause capture holds (CaptureStats.SizeBytes).
 	pausedBytes int64
+	store       *Store
+}
+
+// Store is an object store several fake hosts share (UseStore): their
+// snapshots and pause captures become durable in it at once, and a host
+// restores a snapshot or resumes a paused sandbox it does not hold from
+// it, as agents sharing an object store do.
+type Store struct {
+	mu        sync.Mutex
+	snapshots map[string]host.SnapshotInfo
+	paused    map[string]host.Info
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{snapshots: map[string]host.SnapshotInfo{}, paused: map[string]host.Info{}}
+}
+
+// Paused reports whether the store holds sandbox id's pause capture.
+func (s *Store) Paused(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.paused[id]
+	return ok
+}
+
+// UseStore makes the host keep its snapshots and pause captures in s.
+func (h *Host) UseStore(s *Store) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.store = s
 }
 
 type sandbox struct {
@@ -333,6 +364,11 @@ func (h *Host) Create(ctx context.Context, req host.CreateRequest) (host.Info, e
 		State: lifecycle.Running, CreatedAt: time.Now().UTC(), Hostname: "sandbox-" + req.ID, Snapshot: req.SnapshotID}
 	if req.SnapshotID != "" {
 		si, ok := h.snapshots[req.SnapshotID]
+		if !ok && h.store != nil {
+			h.store.mu.Lock()
+			si, ok = h.store.snapshots[req.SnapshotID]
+			h.store.mu.Unlock()
+		}
 		if !ok {
 			return host.Info{}, fmt.Errorf("snapshot %s: %w", req.SnapshotID, host.ErrNotFound)
 		}
@@ -354,6 +390,11 @@ func (h *Host) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	delete(h.sandboxes, id)
+	if h.store != nil {
+		h.store.mu.Lock()
+		delete(h.store.paused, id)
+		h.store.mu.Unlock()
+	}
 	return nil
 }
 
@@ -467,6 +508,12 @@ func (h *Host) Snapshot(ctx context.Context, id, snapshotID string) (host.Snapsh
 	}
 	si := host.SnapshotInfo{ID: snapshotID, SandboxID: id, Template: sb.info.Template,
 		Spec: vmm.Spec{MemoryMiB: sb.info.MemoryMiB, VCPUs: sb.info.VCPUs}, CreatedAt: time.Now().UTC(), SizeBytes: 1 << 20}
+	if h.store != nil {
+		si.Stored = host.StoredDurable
+		h.store.mu.Lock()
+		h.store.snapshots[snapshotID] = si
+		h.store.mu.Unlock()
+	}
 	h.snapshots[snapshotID] = si
 	return si, nil
 }
@@ -517,6 +564,12 @@ func (h *Host) Pause(ctx context.Context, id string) (host.CaptureStats, error) 
 		return host.CaptureStats{}, err
 	}
 	sb.info.State = lifecycle.Paused
+	if h.store != nil {
+		sb.info.Stored = host.StoredDurable
+		h.store.mu.Lock()
+		h.store.paused[id] = sb.info
+		h.store.mu.Unlock()
+	}
 	return host.CaptureStats{Paused: time.Millisecond, PausedMS: 1, SizeBytes: h.pausedBytes}, nil
 }
 
@@ -527,11 +580,26 @@ func (h *Host) Resume(ctx context.Context, id string) (host.Info, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if _, held := h.sandboxes[id]; !held && h.store != nil {
+		// Not this host's: fetch its capture from the store.
+		h.store.mu.Lock()
+		info, ok := h.store.paused[id]
+		delete(h.store.paused, id)
+		h.store.mu.Unlock()
+		if ok {
+			h.put(info)
+		}
+	}
 	sb, err := h.in(id, lifecycle.Paused)
 	if err != nil {
 		return host.Info{}, err
 	}
-	sb.info.State = lifecycle.Running
+	sb.info.State, sb.info.Stored = lifecycle.Running, ""
+	if h.store != nil {
+		h.store.mu.Lock()
+		delete(h.store.paused, id)
+		h.store.mu.Unlock()
+	}
 	return sb.info, nil
 }
 

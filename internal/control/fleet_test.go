@@ -1,0 +1,280 @@
+package control_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/control"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/host/hosttest"
+	"github.com/pandastack/pandastack/internal/scheduler"
+)
+
+// testFleet is a fleet of in-memory hosts whose states a test sets.
+type testFleet struct {
+	mu    sync.Mutex
+	hosts map[string]*hosttest.Host
+	state map[string]scheduler.HostState
+	ids   []string
+}
+
+func (f *testFleet) Host(id string) (host.Host, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.hosts[id]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("host %q: %w", id, control.ErrUnknownHost)
+	case f.state[id] == scheduler.Lost:
+		return nil, fmt.Errorf("host %s: %w", id, control.ErrHostLost)
+	}
+	return h, nil
+}
+
+func (f *testFleet) Inventory(context.Context) []scheduler.Host {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []scheduler.Host
+	for _, id := range f.ids {
+		out = append(out, scheduler.Host{ID: id, State: f.state[id], CPUs: 64, MemoryMiB: 1 << 20, FreeMemoryMiB: 1 << 20,
+			DiskFreeMiB: 1 << 30, WarmTemplates: []string{"base"}})
+	}
+	return out
+}
+
+func (f *testFleet) set(id string, st scheduler.HostState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state[id] = st
+}
+
+// fleetEnv is a plane over hosts a and b (b's store shared with a's if
+// store).
+type fleetEnv struct {
+	t     *testing.T
+	p     *control.Plane
+	cat   catalog.Catalog
+	f     *testFleet
+	a, b  *hosttest.Host
+	store *hosttest.Store
+	key   catalog.Key
+}
+
+func newFleetEnv(t *testing.T, store bool) *fleetEnv {
+	t.Helper()
+	cat, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+	e := &fleetEnv{t: t, cat: cat, a: hosttest.New(), b: hosttest.New()}
+	e.f = &testFleet{hosts: map[string]*hosttest.Host{"a": e.a, "b": e.b},
+		state: map[string]scheduler.HostState{"a": scheduler.Ready, "b": scheduler.Ready}, ids: []string{"a", "b"}}
+	if store {
+		e.store = hosttest.NewStore()
+		e.a.UseStore(e.store)
+		e.b.UseStore(e.store)
+	}
+	e.p, err = control.NewFleet(control.Config{DefaultTTL: 5 * time.Minute, MaxTTL: time.Hour,
+		MaxSandboxesPerKey: 100, MaxMemoryMiBPerKey: 1 << 20, MaxVCPUsPerKey: 1000, MaxDiskMiBPerKey: 1 << 30,
+		StoppedRetention: time.Hour}, cat, e.f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.p.Shutdown(context.Background()) })
+	e.key = catalog.Key{ID: "key_f", Name: "f", Hash: "hash-f", Prefix: "pk_", CreatedAt: t0}
+	if err := cat.CreateKey(t.Context(), e.key); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *fleetEnv) createOn(hostID string) catalog.Sandbox {
+	e.t.Helper()
+	sb, err := e.p.Create(e.t.Context(), e.key, control.CreateRequest{Template: "base", Placement: scheduler.Placement{Host: hostID}})
+	if err != nil {
+		e.t.Fatalf("create on %s: %v", hostID, err)
+	}
+	if sb.HostID != hostID {
+		e.t.Fatalf("create on %s: placed on %s", hostID, sb.HostID)
+	}
+	return sb
+}
+
+func (e *fleetEnv) get(id string) catalog.Sandbox {
+	e.t.Helper()
+	sb, err := e.cat.GetSandbox(e.t.Context(), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return sb
+}
+
+func TestFleetPlacement(t *testing.T) {
+	e := newFleetEnv(t, false)
+	sb := e.createOn("b")
+	if _, ok := e.b.Sandbox(sb.ID); !ok {
+		t.Errorf("host b does not have the sandbox placed there")
+	}
+	if _, ok := e.a.Sandbox(sb.ID); ok {
+		t.Errorf("host a has the sandbox placed on b")
+	}
+	_, err := e.p.Create(t.Context(), e.key, control.CreateRequest{Placement: scheduler.Placement{Host: "nope"}})
+	wantKind(t, "create on an unknown host", err, control.NotFound, []string{"nope"})
+	e.f.set("a", scheduler.Draining)
+	_, err = e.p.Create(t.Context(), e.key, control.CreateRequest{Placement: scheduler.Placement{Host: "a"}})
+	wantKind(t, "create on a draining host", err, control.Conflict, []string{"a"})
+	// Default forks stay on the parent's host.
+	got, err := e.p.Fork(t.Context(), e.key, sb, 2, scheduler.Placement{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range got.Children {
+		if c.Err != nil || c.Sandbox.HostID != "b" {
+			t.Errorf("default fork child: %+v, want one on the parent's host b", c)
+		}
+	}
+	if got.MovedBytes != 0 {
+		t.Errorf("same-host fork moved %d bytes", got.MovedBytes)
+	}
+	// Per-host records: a resync of a leaves b's sandboxes alone.
+	if err := e.p.ResyncHost(t.Context(), "a", e.a.List); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.get(sb.ID).State; st != catalog.StateRunning {
+		t.Errorf("a resync of host a changed b's sandbox to %s", st)
+	}
+}
+
+func TestFleetForkAcrossHosts(t *testing.T) {
+	e := newFleetEnv(t, true)
+	parent := e.createOn("a")
+	got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Host: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range got.Children {
+		if c.Err != nil {
+			t.Fatalf("child: %v", c.Err)
+		}
+		if c.Sandbox.HostID != "b" || c.Sandbox.State != catalog.StateRunning || c.Sandbox.ParentID != parent.ID {
+			t.Errorf("child %+v, want running on b with parent %s", c.Sandbox, parent.ID)
+		}
+		if info, ok := e.b.Sandbox(c.Sandbox.ID); !ok || info.Snapshot == "" {
+			t.Errorf("host b: child %s %+v, want restored from the parent's capture", c.Sandbox.ID, info)
+		}
+	}
+	if got.MovedBytes <= 0 {
+		t.Errorf("cross-host fork moved %d bytes, want the capture's size", got.MovedBytes)
+	}
+	// The capture that travelled is gone from the parent's host and
+	// never was a user's snapshot.
+	if snaps, _ := e.a.Snapshots(t.Context()); len(snaps) != 0 {
+		t.Errorf("host a keeps %d captures after the fork", len(snaps))
+	}
+	if recs, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{}); len(recs) != 4 {
+		t.Errorf("%d records, want the parent and 3 children", len(recs))
+	}
+	if sn, _ := e.cat.ListSnapshots(t.Context(), ""); len(sn) != 0 {
+		t.Errorf("the fork recorded %d snapshots", len(sn))
+	}
+}
+
+func TestFleetForkAcrossNeedsAStore(t *testing.T) {
+	e := newFleetEnv(t, false)
+	parent := e.createOn("a")
+	_, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{Host: "b"})
+	wantKind(t, "cross-host fork without a store", err, control.Invalid, []string{"object store"})
+	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 1 {
+		t.Errorf("%d live records after a failed fork, want the parent only", len(live))
+	}
+	if l, _ := e.b.List(t.Context()); len(l) != 0 {
+		t.Errorf("host b has %d sandboxes after a failed fork", len(l))
+	}
+}
+
+func TestFleetLostHost(t *testing.T) {
+	e := newFleetEnv(t, true)
+	run := e.createOn("a")
+	paused := e.createOn("a")
+	if _, err := e.p.Pause(t.Context(), paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.f.set("a", scheduler.Lost)
+	// A kill of a lost host's sandbox stops its record at once.
+	if err := e.p.Stop(t.Context(), run.ID, "killed"); err != nil {
+		t.Fatalf("stop on a lost host: %v", err)
+	}
+	if sb := e.get(run.ID); sb.State != catalog.StateStopped || sb.StopReason != "killed" {
+		t.Errorf("killed sandbox of a lost host: %s (%s), want stopped (killed)", sb.State, sb.StopReason)
+	}
+	// A paused one resumes on another host from the store.
+	sb, err := e.p.Resume(t.Context(), paused.ID)
+	if err != nil {
+		t.Fatalf("resume of a lost host's paused sandbox: %v", err)
+	}
+	if sb.State != catalog.StateRunning || sb.HostID != "b" {
+		t.Errorf("resumed %s on %s, want running on b", sb.State, sb.HostID)
+	}
+	if info, ok := e.b.Sandbox(paused.ID); !ok || info.State != "running" {
+		t.Errorf("host b: %+v, %v", info, ok)
+	}
+}
+
+func TestFleetResumeElsewhereWithoutCapture(t *testing.T) {
+	e := newFleetEnv(t, false)
+	sb := e.createOn("a")
+	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.f.set("a", scheduler.Lost)
+	_, err := e.p.Resume(t.Context(), sb.ID)
+	wantKind(t, "resume of a lost host's sandbox not in the store", err, control.Unavailable, []string{"object store"})
+	// Still paused, on its own host: it resumes there when a returns.
+	if got := e.get(sb.ID); got.State != catalog.StatePaused || got.HostID != "a" {
+		t.Errorf("after the failed resume: %s on %s, want paused on a", got.State, got.HostID)
+	}
+	e.f.set("a", scheduler.Ready)
+	if got, err := e.p.Resume(t.Context(), sb.ID); err != nil || got.HostID != "a" {
+		t.Errorf("resume once a is back: %+v, %v", got, err)
+	}
+}
+
+func TestFleetMoveTo(t *testing.T) {
+	e := newFleetEnv(t, true)
+	sb := e.createOn("a")
+	to, err := e.p.MoveTo(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if to != "b" {
+		t.Errorf("moved to %s, want b", to)
+	}
+	if got := e.get(sb.ID); got.State != catalog.StateRunning || got.HostID != "b" {
+		t.Errorf("after the move: %s on %s, want running on b", got.State, got.HostID)
+	}
+	if _, ok := e.a.Sandbox(sb.ID); ok {
+		t.Errorf("host a still holds the moved sandbox")
+	}
+	if e.store.Paused(sb.ID) {
+		t.Errorf("the store still holds the moved sandbox's capture")
+	}
+	// Without another host, nothing happens.
+	e.f.set("a", scheduler.Draining)
+	if _, err := e.p.MoveTo(t.Context(), sb.ID); err == nil {
+		t.Errorf("move with no other ready host succeeded")
+	}
+	if got := e.get(sb.ID); got.State != catalog.StateRunning || got.HostID != "b" {
+		t.Errorf("after a move that could not happen: %s on %s", got.State, got.HostID)
+	}
+	moved, failed := e.p.Migrate(t.Context(), "b")
+	if len(moved) != 0 || len(failed) != 1 {
+		t.Errorf("migrate with nowhere to go: moved %v failed %v", moved, failed)
+	}
+}
