@@ -15,7 +15,10 @@
 //     it costs the host what it touches and dirties, not its memory_mib, so
 //     reserving the full size would refuse hosts that have plenty of room.
 //     FreeMemoryMiB (MemAvailable) already counts what the running sandboxes
-//     really use.
+//     really use. Sandboxes placed by earlier calls since the host's last
+//     report are not in it: the caller may subtract what it knows of them,
+//     but a new sandbox really costs tens of MiB, and the reserve absorbs a
+//     burst of creates between two reports.
 //   - vCPUs: VCPUs + (placed+1) × Request.VCPUs ≤ MaxVCPUsPerCPU × CPUs.
 //     Sandboxes of AI agents are idle most of the time; the cap stops a pile
 //     that would leave each vCPU a sliver of a core.

@@ -14,7 +14,7 @@ from .processes import Commands, Pty
 from .models import ExecResult, NetworkPolicy, Port, SandboxInfo, SignedURL, parse_time
 from .snapshot import AsyncSnapshot, Snapshot
 
-__all__ = ["Sandbox", "OutputCallback", "Command", "PlacementArg"]
+__all__ = ["Sandbox", "OutputCallback", "Command"]
 
 #: Called with each piece of output (``str``) as it arrives.
 OutputCallback = Callable[[str], Any]
