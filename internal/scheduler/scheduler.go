@@ -197,7 +197,8 @@ type placer struct {
 
 // Place chooses a host for each of req.Count sandboxes (len(result) ==
 // Count, or 1 when Count is 0). Deterministic for equal input. hosts is
-// not modified; when two hosts have the same ID the first counts.
+// not modified; when two hosts have the same ID the first counts, and a
+// host without an ID is ignored.
 func Place(req Request, hosts []Host) ([]Choice, error) {
 	p, err := newPlacer(req, hosts)
 	if err != nil {
@@ -236,7 +237,7 @@ func newPlacer(req Request, hosts []Host) (*placer, error) {
 	p.vcpus = clamp(int64(req.VCPUs), 1, maxCPUs)
 	for i := range hosts {
 		h := &hosts[i]
-		if _, dup := p.byID[h.ID]; dup {
+		if _, dup := p.byID[h.ID]; dup || h.ID == "" {
 			continue
 		}
 		st := &host{
