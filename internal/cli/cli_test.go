@@ -100,6 +100,11 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"network"}, "usage: panda network ID"},
 		{[]string{"network", "abc", "--internet=maybe"}, "--internet"},
 		{[]string{"create", "--on-expire", "later"}, "--on-expire must be kill or pause"},
+		{[]string{"create", "--host", ""}, "--host needs a host id"},
+		{[]string{"fork", "abc", "--host", "h2", "--spread"}, "--host and --spread cannot be used together"},
+		{[]string{"fork", "abc", "--spread", "--host", ""}, "--host and --spread cannot be used together"},
+		{[]string{"fork", "abc", "--host", ""}, "--host needs a host id"},
+		{[]string{"fork", "abc", "-n", "0"}, "--count must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -242,12 +247,46 @@ func TestForkPartial(t *testing.T) {
 	}
 }
 
+// TestPlacementFlags: --host and --spread reach the API as placement.
+func TestPlacementFlags(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, _ string) {
+		if strings.HasSuffix(r.URL.Path, "/fork") {
+			io.WriteString(w, `{"children":[{"sandbox":{"id":"c1","state":"running","host_id":"h2"}}]}`)
+			return
+		}
+		io.WriteString(w, `{"id":"abc","state":"running","host_id":"h2"}`)
+	})
+	tests := []struct {
+		args []string
+		req  string
+	}{
+		{[]string{"create", "--host", "h2"}, `POST /v1/sandboxes {"placement":{"host":"h2"}}`},
+		{[]string{"fork", "abc"}, `POST /v1/sandboxes/abc/fork {"count":1}`},
+		{[]string{"fork", "abc", "-n", "3", "--spread"}, `POST /v1/sandboxes/abc/fork {"count":3,"placement":"spread"}`},
+		{[]string{"fork", "abc", "--host", "h2"}, `POST /v1/sandboxes/abc/fork {"count":1,"placement":{"host":"h2"}}`},
+		{[]string{"fork", "abc", "--host", "h2", "--spread=false"}, `POST /v1/sandboxes/abc/fork {"count":1,"placement":{"host":"h2"}}`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			f.reqs = nil
+			r := runCLI(context.Background(), "", append(tt.args, "--api-url", f.url, "--api-key", "k")...)
+			if r.err != nil && !strings.Contains(r.err.Error(), "children failed") {
+				t.Fatal(r.err)
+			}
+			if want := tt.req + " Bearer k"; len(f.reqs) != 1 || f.reqs[0] != want {
+				t.Errorf("got requests %q, want %q", f.reqs, want)
+			}
+		})
+	}
+}
+
 func TestHumanOutputs(t *testing.T) {
 	isolateEnv(t)
 	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, _ string) {
 		switch r.URL.Path {
 		case "/v1/sandboxes":
-			io.WriteString(w, `{"sandboxes":[{"id":"k3v9","template":"tiny","state":"running","memory_mib":256,"vcpus":1,"created_at":"2025-01-01T00:00:00Z","metadata":{"b":"2","a":"1"}}]}`)
+			io.WriteString(w, `{"sandboxes":[{"id":"k3v9","template":"tiny","state":"running","memory_mib":256,"vcpus":1,"created_at":"2025-01-01T00:00:00Z","metadata":{"b":"2","a":"1"},"host_id":"h7"}]}`)
 		case "/v1/templates":
 			io.WriteString(w, `{"templates":[{"name":"tiny","memory_mib":256,"vcpus":1,"state":"ready","bake_ms":1500},`+
 				`{"name":"app","version":2,"latest_version":2,"public":true,"memory_mib":256,"vcpus":1,"state":"not_baked","disk_bytes":52428800,"from_image":"r/app:2",`+
@@ -271,7 +310,7 @@ func TestHumanOutputs(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"ls"}, []string{"ID", "k3v9", "tiny", "running", "256 MiB", "a=1,b=2"}},
+		{[]string{"ls"}, []string{"ID", "HOST", "k3v9", "tiny", "running", "h7", "256 MiB", "a=1,b=2"}},
 		{[]string{"template", "ls"}, []string{"tiny", "ready", "1.5s", "SIZE", "BUILT", "2 (latest), public", "50.0 MiB", "r/app:2"}},
 		{[]string{"template", "ls", "app"}, []string{"app:1 ", "30.0 MiB", "100.0 MiB", "2.5s", "r/app:1", "app:2 (latest)"}},
 		{[]string{"keys", "ls"}, []string{"key1", "ci", "ps_ab"}},

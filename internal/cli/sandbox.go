@@ -17,6 +17,7 @@ func createCmd(g *globals) *cobra.Command {
 		opts      pandastack.CreateOptions
 		meta, env []string
 		network   networkFlags
+		host      string
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -25,6 +26,7 @@ func createCmd(g *globals) *cobra.Command {
   panda create --template tiny --memory 256 --ttl 3600 --meta owner=me
   panda create --ttl 600 --on-expire pause
   panda create --no-internet --allow-out pypi.org --allow-out files.pythonhosted.org
+  panda create --host h2
   ID=$(panda create) && panda exec $ID -- uname -a`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -36,6 +38,12 @@ func createCmd(g *globals) *cobra.Command {
 				return err
 			}
 			opts.Network = network.policy()
+			if cmd.Flags().Changed("host") {
+				if host == "" {
+					return errors.New("--host needs a host id (see panda hosts)")
+				}
+				opts.Placement = pandastack.OnHost(host)
+			}
 			if opts.OnExpire != "" && opts.OnExpire != "kill" && opts.OnExpire != "pause" {
 				return fmt.Errorf("--on-expire must be kill or pause, not %q", opts.OnExpire)
 			}
@@ -63,6 +71,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&env, "env", nil, "default environment variable KEY=VALUE of every command (repeatable)")
 	f.StringVar(&opts.SnapshotID, "snapshot", "", "create from this snapshot instead of a template")
 	f.StringVar(&opts.OnExpire, "on-expire", "", "what the TTL's end does: kill or pause (default kill)")
+	f.StringVar(&host, "host", "", "run on this host (see panda hosts; default: the server chooses)")
 	network.add(cmd)
 	return cmd
 }
@@ -98,11 +107,11 @@ func lsCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(out, map[string]any{"sandboxes": infos})
 			}
-			t := newTable(out, "ID", "TEMPLATE", "STATE", "MEMORY", "PRIVATE", "SHARED", "VCPUS", "CREATED", "EXPIRES", "PARENT", "METADATA")
+			t := newTable(out, "ID", "TEMPLATE", "STATE", "HOST", "MEMORY", "PRIVATE", "SHARED", "VCPUS", "CREATED", "EXPIRES", "PARENT", "METADATA")
 			for _, sb := range sbs {
 				i := sb.Info
 				priv, shared := usage(i.Memory)
-				t.row(i.ID, i.Template, stateText(i), mib(i.MemoryMiB), priv, shared, num(i.VCPUs), when(i.CreatedAt), when(i.ExpiresAt), orDash(i.ParentID), labels(i.Metadata))
+				t.row(i.ID, i.Template, stateText(i), orDash(i.HostID), mib(i.MemoryMiB), priv, shared, num(i.VCPUs), when(i.CreatedAt), when(i.ExpiresAt), orDash(i.ParentID), labels(i.Metadata))
 			}
 			return t.flush()
 		},
@@ -287,17 +296,40 @@ func resumeCmd(g *globals) *cobra.Command {
 }
 
 func forkCmd(g *globals) *cobra.Command {
-	var n int
+	var (
+		n      int
+		host   string
+		spread bool
+	)
 	cmd := &cobra.Command{
 		Use:   "fork ID",
 		Short: "Copy a running sandbox (memory, disk and processes) N times; prints the children's ids",
-		Args:  args(1, 1),
+		Example: `  panda fork $ID -n 4
+  panda fork $ID -n 3 --spread     # children over the fleet's hosts, the parent's first
+  panda fork $ID --host h2         # the child on host h2`,
+		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if n < 1 {
+				return fmt.Errorf("--count must be at least 1, not %d", n)
+			}
+			opts := pandastack.ForkOptions{Count: n}
+			if cmd.Flags().Changed("host") {
+				if spread {
+					return errors.New("--host and --spread cannot be used together: --host puts every child on one host, --spread spreads them over hosts")
+				}
+				if host == "" {
+					return errors.New("--host needs a host id (see panda hosts)")
+				}
+				opts.Placement = pandastack.OnHost(host)
+			} else if spread {
+				opts.Placement = pandastack.Spread()
+			}
 			sb, err := g.sandbox(args[0])
 			if err != nil {
 				return err
 			}
-			kids, err := sb.Fork(cmd.Context(), n)
+			res, err := sb.ForkWithOptions(cmd.Context(), opts)
+			kids := res.Children
 			var fe *pandastack.ForkError
 			if err != nil && !errors.As(err, &fe) {
 				return fmt.Errorf("fork %s: %w", args[0], err)
@@ -330,6 +362,8 @@ func forkCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "children to make")
+	cmd.Flags().StringVar(&host, "host", "", "make the children on this host (see panda hosts; default: the parent's host while it has room)")
+	cmd.Flags().BoolVar(&spread, "spread", false, "spread the children over the ready hosts, the parent's host first")
 	return cmd
 }
 

@@ -90,6 +90,8 @@ type CreateOptions struct {
 	// the internet allowed. Note that a Network without Internet: true
 	// denies everything but its AllowOut.
 	Network *Network
+	// Placement chooses the host (OnHost); zero: the server's choice.
+	Placement Placement
 }
 
 type createRequest struct {
@@ -102,14 +104,18 @@ type createRequest struct {
 	SnapshotID string            `json:"snapshot_id,omitempty"`
 	OnExpire   string            `json:"on_expire,omitempty"`
 	Network    *Network          `json:"network,omitempty"`
+	Placement  Placement         `json:"placement,omitzero"`
 }
 
 // Create creates a sandbox and returns it running.
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
+	if err := opts.Placement.check(); err != nil {
+		return nil, err
+	}
 	req := createRequest{
 		Template: opts.Template, TTLSeconds: opts.TTLSeconds, MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs,
 		Metadata: opts.Metadata, Env: opts.Env, SnapshotID: opts.SnapshotID, Network: opts.Network,
-		OnExpire: opts.OnExpire,
+		OnExpire: opts.OnExpire, Placement: opts.Placement,
 	}
 	var info SandboxInfo
 	if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {
@@ -247,15 +253,41 @@ type ForkResult struct {
 
 // ForkWithStats is Fork that also reports what the fork cost the parent.
 func (s *Sandbox) ForkWithStats(ctx context.Context, count int) (ForkResult, error) {
+	if count < 1 {
+		return ForkResult{}, newError(0, CodeInvalid, "fork count must be at least 1")
+	}
+	return s.ForkWithOptions(ctx, ForkOptions{Count: count})
+}
+
+// ForkOptions describe a fork.
+type ForkOptions struct {
+	Count int // children to make; 0 means 1
+	// Placement chooses the children's hosts (OnHost, Spread); zero: the
+	// parent's host while it has room.
+	Placement Placement
+}
+
+// ForkWithOptions is ForkWithStats with options: how many children, and
+// on which hosts. If some children could not be made, the error is a
+// *ForkError and the result holds the others.
+func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkResult, error) {
 	if err := checkID("sandbox", s.ID); err != nil {
 		return ForkResult{}, err
+	}
+	count := opts.Count
+	if count == 0 {
+		count = 1
 	}
 	if count < 1 {
 		return ForkResult{}, newError(0, CodeInvalid, "fork count must be at least 1")
 	}
+	if err := opts.Placement.check(); err != nil {
+		return ForkResult{}, err
+	}
 	in := struct {
-		Count int `json:"count"`
-	}{count}
+		Count     int       `json:"count"`
+		Placement Placement `json:"placement,omitzero"`
+	}{count, opts.Placement}
 	var out struct {
 		Children []struct {
 			Sandbox *SandboxInfo `json:"sandbox"`

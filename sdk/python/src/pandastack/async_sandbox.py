@@ -26,12 +26,14 @@ from .sandbox import (
     Command,
     NetworkArg,
     OutputCallback,
+    PlacementArg,
     _create_body,
     _Described,
     _exec_body,
     _exec_cut_message,
     _exec_event,
     _exec_wait,
+    _fork_body,
     _fork_count,
     _fork_result,
     _list_query,
@@ -103,6 +105,7 @@ class AsyncSandbox(_Described):
         snapshot: Union[str, Snapshot, AsyncSnapshot, None] = None,
         network: Optional[NetworkArg] = None,
         on_expire: Optional[str] = None,
+        placement: PlacementArg = None,
         client: Optional[AsyncClient] = None,
     ) -> _Creating:
         """Create a sandbox: ``sb = await AsyncSandbox.create(...)``, or ``async with AsyncSandbox.create(...) as sb:``.
@@ -116,7 +119,7 @@ class AsyncSandbox(_Described):
 
         async def make() -> "AsyncSandbox":
             c = resolve_async_client(client, api_key, api_url)
-            body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
+            body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement)
             data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
             return cls(SandboxInfo.from_dict(data or {}), c)
 
@@ -210,15 +213,16 @@ class AsyncSandbox(_Described):
     # -- fork and snapshot ---------------------------------------------------
 
     @overload
-    async def fork(self) -> "AsyncSandbox": ...
+    async def fork(self, count: None = None, placement: PlacementArg = None) -> "AsyncSandbox": ...
 
     @overload
-    async def fork(self, count: int) -> "List[AsyncSandbox]": ...
+    async def fork(self, count: int, placement: PlacementArg = None) -> "List[AsyncSandbox]": ...
 
-    async def fork(self, count: Optional[int] = None) -> "Union[AsyncSandbox, List[AsyncSandbox]]":
+    async def fork(self, count: Optional[int] = None, placement: PlacementArg = None) -> "Union[AsyncSandbox, List[AsyncSandbox]]":
         """Fork this running sandbox into live copies (see :meth:`Sandbox.fork`): one without ``count``, else a list; :class:`ForkError` on partial failure."""
         n = _fork_count(count)
-        data = await self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long(self._client.timeout))
+        body = _fork_body(n, placement)
+        data = await self._client.request_json("POST", self._path("/fork"), json_body=body, timeout=_long(self._client.timeout))
         return _fork_result(self.id, AsyncSandbox, self._client, data, count, n)  # type: ignore[no-any-return]
 
     async def snapshot(self, name: Optional[str] = None) -> AsyncSnapshot:

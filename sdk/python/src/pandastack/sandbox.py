@@ -68,6 +68,44 @@ def _network_body(network: NetworkArg) -> Dict[str, Any]:
     return body
 
 
+#: Where new sandboxes go, as :meth:`Sandbox.create` and :meth:`Sandbox.fork`
+#: take it: ``None`` (the server chooses), ``"spread"`` (a fork's children
+#: over as many hosts as possible) or ``{"host": host_id}`` (that host).
+PlacementArg = Union[str, Mapping[str, str], None]
+
+_PLACEMENT_FORMS = 'None, "spread" or {"host": HOST_ID}'
+
+
+def _placement_body(placement: PlacementArg) -> Any:
+    """The API's ``placement`` of a :data:`PlacementArg`, or ``None`` to leave it out; ValueError if it is none of the forms."""
+    if placement is None or placement == "auto":
+        return None
+    if isinstance(placement, str):
+        if placement == "spread":
+            return "spread"
+        raise ValueError("placement must be %s, got %r" % (_PLACEMENT_FORMS, placement))
+    if isinstance(placement, Mapping):
+        keys = set(placement)
+        if keys == {"spread"}:
+            raise ValueError('placement %r: write placement="spread"' % (placement,))
+        if keys != {"host"}:
+            raise ValueError("placement must be %s, got a dict with keys %s" % (_PLACEMENT_FORMS, sorted(repr(k) for k in keys)))
+        host = placement["host"]
+        if not isinstance(host, str) or not host:
+            raise ValueError("placement host must be a host id (a non-empty str, e.g. a sandbox's info.host_id), got %r" % (host,))
+        return {"host": host}
+    raise ValueError("placement must be %s, got %r" % (_PLACEMENT_FORMS, placement))
+
+
+def _fork_body(n: int, placement: PlacementArg) -> Dict[str, Any]:
+    """The body of ``POST /v1/sandboxes/{id}/fork``."""
+    body: Dict[str, Any] = {"count": n}
+    p = _placement_body(placement)
+    if p is not None:
+        body["placement"] = p
+    return body
+
+
 def _create_body(
     template: Optional[str],
     snapshot: Any,
@@ -78,6 +116,7 @@ def _create_body(
     env: Optional[Mapping[str, str]],
     network: Optional[NetworkArg],
     on_expire: Optional[str] = None,
+    placement: PlacementArg = None,
 ) -> Dict[str, Any]:
     """The body of ``POST /v1/sandboxes``; ``snapshot`` is an id or anything with an ``id`` (a sync or async snapshot)."""
     body: Dict[str, Any] = {}
@@ -103,6 +142,9 @@ def _create_body(
         if on_expire not in ("kill", "pause"):
             raise ValueError('on_expire must be "kill" or "pause", got %r' % (on_expire,))
         body["on_expire"] = on_expire
+    p = _placement_body(placement)
+    if p is not None:
+        body["placement"] = p
     return body
 
 
@@ -316,6 +358,7 @@ class Sandbox(_Described):
         snapshot: Union[str, Snapshot, None] = None,
         network: Optional[NetworkArg] = None,
         on_expire: Optional[str] = None,
+        placement: PlacementArg = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return it running.
@@ -347,22 +390,31 @@ class Sandbox(_Described):
             on_expire: What the end of the TTL does: ``"kill"`` (``None``:
                 the server's default, kill) or ``"pause"`` (see
                 :meth:`pause`; :meth:`resume` gives it its TTL again).
+            placement: The host to run on, ``{"host": host_id}`` (a host of
+                the fleet, e.g. another sandbox's ``info.host_id``).
+                ``None``: the server chooses — the host that already holds
+                the template's memory image, then the one with the most free
+                memory (see docs/scheduling.md). ``info.host_id`` says where
+                it went.
             client: Use this :class:`Client` instead of ``api_key``/``api_url``.
 
         Raises:
-            ValueError: ``on_expire`` is neither ``"kill"`` nor ``"pause"``.
+            ValueError: ``on_expire`` is neither ``"kill"`` nor ``"pause"``;
+                ``placement`` is not ``None``, ``"spread"`` or ``{"host": ...}``.
             BadRequestError: a bad ``network`` entry (the message names it).
             NotFoundError: unknown template or snapshot.
             InvalidArgumentError: a value out of range (e.g. TTL over the max).
             QuotaExceededError: over the key's sandbox or memory quota.
             InsufficientStorageError: the host is out of disk.
+            PandaError: the ``placement`` host is unknown, draining or lost,
+                or has no room (the message says which).
 
         Example::
 
             sb = Sandbox.create(template="tiny", memory_mib=256, metadata={"job": "42"})
         """
         c = resolve_client(client, api_key, api_url)
-        body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire)
+        body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement)
         data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
         return cls(SandboxInfo.from_dict(data or {}), c)
 
@@ -524,12 +576,12 @@ class Sandbox(_Described):
     # -- fork and snapshot ---------------------------------------------------
 
     @overload
-    def fork(self) -> "Sandbox": ...
+    def fork(self, count: None = None, placement: PlacementArg = None) -> "Sandbox": ...
 
     @overload
-    def fork(self, count: int) -> "List[Sandbox]": ...
+    def fork(self, count: int, placement: PlacementArg = None) -> "List[Sandbox]": ...
 
-    def fork(self, count: Optional[int] = None) -> "Union[Sandbox, List[Sandbox]]":
+    def fork(self, count: Optional[int] = None, placement: PlacementArg = None) -> "Union[Sandbox, List[Sandbox]]":
         """Fork this running sandbox into live copies that continue from its current state.
 
         The parent is paused for the copy (milliseconds) and then continues.
@@ -543,13 +595,22 @@ class Sandbox(_Described):
         ``children`` are the ones created (running, yours to use or kill) and
         whose ``errors`` are the failures.
 
+        ``placement`` says where the children run: ``None`` keeps them on
+        this sandbox's host while it has room (nothing to copy between
+        hosts); ``"spread"`` puts them round-robin over the fleet's hosts,
+        this one first; ``{"host": host_id}`` puts them all on that host.
+        Each child's ``info.host_id`` says where it went. A bad ``placement``
+        raises ValueError before anything is sent.
+
         Example::
 
             children = sb.fork(count=4)
             results = [c.exec("python3 try.py --seed %d" % i) for i, c in enumerate(children)]
+            spread = sb.fork(count=3, placement="spread")
         """
         n = _fork_count(count)
-        data = self._client.request_json("POST", self._path("/fork"), json_body={"count": n}, timeout=_long(self._client.timeout))
+        body = _fork_body(n, placement)
+        data = self._client.request_json("POST", self._path("/fork"), json_body=body, timeout=_long(self._client.timeout))
         return _fork_result(self.id, Sandbox, self._client, data, count, n)
 
     def snapshot(self, name: Optional[str] = None) -> Snapshot:
