@@ -101,8 +101,10 @@ func (p *Plane) place(ctx context.Context, req scheduler.Request) ([]scheduler.C
 		return nil, &Error{Kind: NotFound, Msg: err.Error(), Err: err}
 	case errors.Is(err, scheduler.ErrHostNotReady):
 		return nil, &Error{Kind: Conflict, Msg: err.Error(), Err: err}
+	case errors.Is(err, scheduler.ErrInvalid):
+		return nil, &Error{Kind: Invalid, Msg: err.Error(), Err: err}
 	case errors.Is(err, scheduler.ErrNoCapacity):
-		return nil, &Error{Kind: NoSpace, Msg: err.Error(), Err: err}
+		return nil, &Error{Kind: Unavailable, Msg: err.Error(), Err: err}
 	}
 	return nil, err
 }

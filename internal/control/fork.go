@@ -53,6 +53,9 @@ func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbo
 	if err != nil {
 		return Forked{}, err
 	}
+	for i, c := range choices {
+		p.log.Info("placed fork child", "parent_id", parent.ID, "child", i, "host_id", c.Host, "reason", c.Reason)
+	}
 	o, err := p.fork(key, parent, choices)
 	if err != nil {
 		return Forked{}, err
