@@ -556,9 +556,62 @@ func snapshotCmd(g *globals) *cobra.Command {
 }
 
 func hostsCmd(g *globals) *cobra.Command {
+	cmd := hostsListCmd(g)
+	var migrate bool
+	drain := &cobra.Command{
+		Use:   "drain HOST",
+		Short: "Stop placing sandboxes on a host (admin); --migrate moves its running ones elsewhere",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.DrainHost(cmd.Context(), a[0], migrate)
+			if err != nil {
+				return fmt.Errorf("drain %s: %w", a[0], err)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), res)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s is %s\n", res.ID, res.State)
+			for _, m := range res.Migrated {
+				fmt.Fprintf(cmd.OutOrStdout(), "moved %s to %s\n", m.SandboxID, m.To)
+			}
+			for _, m := range res.Failed {
+				fmt.Fprintf(cmd.OutOrStdout(), "could not move %s: %s\n", m.SandboxID, m.Error)
+			}
+			if len(res.Failed) > 0 {
+				return fmt.Errorf("%d sandboxes could not move", len(res.Failed))
+			}
+			return nil
+		},
+	}
+	drain.Flags().BoolVar(&migrate, "migrate", false, "also move its running sandboxes to other hosts (through the object store)")
+	activate := &cobra.Command{
+		Use:   "activate HOST",
+		Short: "End a host's drain (admin)",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			return eachID(cmd, g, a, "activate", func(ctx context.Context, c *pandastack.Client, id string) error { return c.ActivateHost(ctx, id) })
+		},
+	}
+	forget := &cobra.Command{
+		Use:   "forget HOST",
+		Short: "Remove a host from the fleet (admin; refused while it holds live sandboxes unless it is lost)",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			return eachID(cmd, g, a, "forget", func(ctx context.Context, c *pandastack.Client, id string) error { return c.ForgetHost(ctx, id) })
+		},
+	}
+	cmd.AddCommand(drain, activate, forget)
+	return cmd
+}
+
+func hostsListCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "hosts",
-		Short: "List the hosts that run sandboxes",
+		Short: "List the hosts that run sandboxes (drain, activate, forget: a fleet's)",
 		Args:  args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
@@ -575,9 +628,10 @@ func hostsCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"hosts": hosts})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "ACCEL", "SANDBOXES", "MEMORY", "AVAILABLE", "ALLOCATED", "SANDBOXES PSS")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "ACCEL", "CPUS", "SANDBOXES", "MEMORY", "AVAILABLE", "ALLOCATED", "SANDBOXES PSS", "TEMPLATES")
 			for _, h := range hosts {
-				t.row(h.ID, h.State, orDash(h.Accel), strconv.Itoa(h.Sandboxes), mib(h.MemoryMiB), mib(h.MemoryAvailableMiB), mib(h.MemoryAllocatedMiB), fmt.Sprintf("%.1f MiB", h.SandboxesPSSMiB))
+				t.row(h.ID, h.State, orDash(h.Accel), strconv.Itoa(h.VCPUs), strconv.Itoa(h.Sandboxes), mib(h.MemoryMiB), mib(h.MemoryAvailableMiB), mib(h.MemoryAllocatedMiB),
+					fmt.Sprintf("%.1f MiB", h.SandboxesPSSMiB), orDash(strings.Join(h.Templates, ",")))
 			}
 			return t.flush()
 		},

@@ -20,6 +20,9 @@ const (
 	StateResuming SandboxState = "resuming"
 	StateStopping SandboxState = "stopping"
 	StateStopped  SandboxState = "stopped"
+	// StateLost: the sandbox's host stopped heartbeating (a fleet); it is
+	// back in the state it had when the host returns.
+	StateLost SandboxState = "lost"
 )
 
 // SandboxInfo is the Sandbox object of the API.
