@@ -158,8 +158,9 @@ class SandboxInfo:
         id: Sandbox id (lowercase letters and digits).
         template: Template it was created from.
         state: ``"starting"``, ``"running"``, ``"pausing"``, ``"paused"``,
-            ``"resuming"``, ``"stopping"`` or ``"stopped"``. Only running
-            sandboxes take commands and expire.
+            ``"resuming"``, ``"stopping"``, ``"stopped"``, or ``"lost"`` (its
+            host stopped heartbeating, on a fleet; it is back as it was when
+            the host returns). Only running sandboxes take commands and expire.
         memory_mib: Guest memory in MiB.
         vcpus: Guest vCPUs.
         created_at: When it was created (UTC), or ``None`` if the server sent no time.
