@@ -1,0 +1,251 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/control"
+	"github.com/pandastack/pandastack/internal/fleet"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/host/hosttest"
+	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/scheduler"
+)
+
+// The registry's logic over a real catalog, with a clock of the test's;
+// the hosts it registers are never reached (nothing listens at their
+// URLs): connecting to them is the cluster tests' (cmd/panda).
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func newRegistry(t *testing.T) (*fleet.Registry, catalog.Catalog, *clock, host.Registration) {
+	t.Helper()
+	dir := t.TempDir()
+	cat, err := sqlite.Open(t.Context(), filepath.Join(dir, "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+	creds, err := hostapi.LoadOrCreateTLS(dir, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := os.ReadFile(creds.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	r := fleet.New(fleet.Config{Catalog: cat, JoinToken: "join-secret", LostAfter: 10 * time.Second, Now: c.Now})
+	t.Cleanup(r.Close)
+	reg := host.Registration{ID: "h1", URL: "https://127.0.0.1:1", Token: "agent-1", CACert: string(ca),
+		Capacity: host.Capacity{CPUs: 8, MemoryMiB: 32768, DiskMiB: 100000, Accel: "kvm"},
+		Load:     host.Load{FreeMemoryMiB: 30000, DiskFreeMiB: 90000, Templates: []string{"base"}}}
+	return r, cat, c, reg
+}
+
+func state(t *testing.T, r *fleet.Registry, id string) scheduler.HostState {
+	t.Helper()
+	for _, h := range r.Inventory(context.Background()) {
+		if h.ID == id {
+			return h.State
+		}
+	}
+	t.Fatalf("host %s not in the inventory", id)
+	return ""
+}
+
+func TestRegisterAndHeartbeat(t *testing.T) {
+	r, cat, c, reg := newRegistry(t)
+	ctx := t.Context()
+	if err := r.CheckJoinToken("wrong"); !errors.Is(err, fleet.ErrJoinToken) {
+		t.Errorf("a wrong join token: %v", err)
+	}
+	if err := r.CheckJoinToken("join-secret"); err != nil {
+		t.Errorf("the join token: %v", err)
+	}
+	for name, bad := range map[string]func(*host.Registration){
+		"id":      func(g *host.Registration) { g.ID = "Bad_ID" },
+		"url":     func(g *host.Registration) { g.URL = "http://127.0.0.1:1" },
+		"token":   func(g *host.Registration) { g.Token = "" },
+		"ca_cert": func(g *host.Registration) { g.CACert = "not pem" },
+	} {
+		g := reg
+		bad(&g)
+		if _, err := r.Register(ctx, g); !errors.Is(err, fleet.ErrInvalid) {
+			t.Errorf("registration with a bad %s: %v, want ErrInvalid", name, err)
+		}
+	}
+	rec, err := r.Register(ctx, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != catalog.HostReady || rec.Token != "agent-1" {
+		t.Errorf("registered %+v", rec)
+	}
+	if got, err := cat.GetHost(ctx, "h1"); err != nil || got.URL != reg.URL || got.Capacity.CPUs != 8 {
+		t.Errorf("catalog record %+v, %v", got, err)
+	}
+	// The inventory has its capacity and load; not connected yet, it
+	// takes no placement.
+	inv := r.Inventory(ctx)
+	if len(inv) != 1 || inv[0].FreeMemoryMiB != 30000 || inv[0].CPUs != 8 || len(inv[0].WarmTemplates) != 1 {
+		t.Errorf("inventory %+v", inv)
+	}
+	if _, err := r.Host("h1"); !errors.Is(err, host.ErrUnavailable) {
+		t.Errorf("Host of an unreached host: %v, want ErrUnavailable", err)
+	}
+	if _, err := r.Host("nope"); !errors.Is(err, control.ErrUnknownHost) {
+		t.Errorf("Host of an unknown host: %v", err)
+	}
+	// Another agent cannot take its id over.
+	thief := reg
+	thief.Token, thief.URL = "agent-2", "https://10.9.9.9:1"
+	if _, err := r.Register(ctx, thief); !errors.Is(err, fleet.ErrHostToken) {
+		t.Errorf("registration under a known id with another token: %v, want ErrHostToken", err)
+	}
+	if err := r.Heartbeat(ctx, "h1", "agent-2", host.Load{}); !errors.Is(err, fleet.ErrHostToken) {
+		t.Errorf("heartbeat with another agent token: %v", err)
+	}
+	if err := r.Heartbeat(ctx, "nope", "agent-1", host.Load{}); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("heartbeat of an unknown host: %v, want ErrNotFound (the agent registers again)", err)
+	}
+	c.add(5 * time.Second)
+	if err := r.Heartbeat(ctx, "h1", "agent-1", host.Load{FreeMemoryMiB: 1234}); err != nil {
+		t.Fatal(err)
+	}
+	if inv := r.Inventory(ctx); inv[0].FreeMemoryMiB != 1234 {
+		t.Errorf("heartbeat's load not in the inventory: %+v", inv[0])
+	}
+}
+
+func TestLostAndBack(t *testing.T) {
+	r, cat, c, reg := newRegistry(t)
+	ctx := t.Context()
+	if _, err := r.Register(ctx, reg); err != nil {
+		t.Fatal(err)
+	}
+	lost := func() bool {
+		_, err := r.Host("h1")
+		return errors.Is(err, control.ErrHostLost)
+	}
+	// Run's tick drives markLost; the clock decides.
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	c.add(9 * time.Second)
+	waitFor(t, "a host within its heartbeat window stays", func() bool { return !lost() }, 2*time.Second)
+	c.add(2 * time.Second)
+	waitFor(t, "a silent host is lost", lost, 5*time.Second)
+	if h, _ := cat.GetHost(ctx, "h1"); h.State != catalog.HostLost {
+		t.Errorf("catalog: %s, want lost", h.State)
+	}
+	if st := state(t, r, "h1"); st != scheduler.Lost {
+		t.Errorf("inventory: %s", st)
+	}
+	if err := r.Heartbeat(ctx, "h1", "agent-1", host.Load{}); err != nil {
+		t.Fatal(err)
+	}
+	if lost() {
+		t.Errorf("a host that heartbeats again is still lost")
+	}
+	if h, _ := cat.GetHost(ctx, "h1"); h.State != catalog.HostReady {
+		t.Errorf("catalog after the heartbeat: %s, want ready", h.State)
+	}
+}
+
+func TestDrainActivateForget(t *testing.T) {
+	r, cat, _, reg := newRegistry(t)
+	ctx := t.Context()
+	if _, err := r.Register(ctx, reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.SetDraining(ctx, "nope", true); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("drain of an unknown host: %v", err)
+	}
+	rec, err := r.SetDraining(ctx, "h1", true)
+	if err != nil || rec.State != catalog.HostDraining || !rec.Draining {
+		t.Fatalf("drain: %+v, %v", rec, err)
+	}
+	if st := state(t, r, "h1"); st != scheduler.Draining {
+		t.Errorf("inventory of a draining host: %s", st)
+	}
+	// A drained host that registers again (an agent restart) stays
+	// drained.
+	if rec, err := r.Register(ctx, reg); err != nil || rec.State != catalog.HostDraining {
+		t.Errorf("registration of a draining host: %+v, %v", rec, err)
+	}
+	if rec, err := r.SetDraining(ctx, "h1", false); err != nil || rec.State != catalog.HostReady {
+		t.Errorf("activate: %+v, %v", rec, err)
+	}
+	if err := r.Forget(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cat.GetHost(ctx, "h1"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("a forgotten host's record: %v", err)
+	}
+	if err := r.Forget(ctx, "h1"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("forget twice: %v", err)
+	}
+	// Forgotten, its id may be registered by another agent.
+	reg.Token = "agent-new"
+	if _, err := r.Register(ctx, reg); err != nil {
+		t.Errorf("registration after forget: %v", err)
+	}
+	// A static host is the server's own: not forgotten, not taken over.
+	r.AddStatic("local", hosttest.New(), host.Capacity{})
+	if err := r.Forget(ctx, "local"); !errors.Is(err, fleet.ErrInvalid) {
+		t.Errorf("forget a static host: %v", err)
+	}
+	if _, err := r.Register(ctx, host.Registration{ID: "local", URL: reg.URL, Token: "x", CACert: reg.CACert}); !errors.Is(err, fleet.ErrHostToken) {
+		t.Errorf("register over a static host: %v", err)
+	}
+}
+
+func TestRestartLoadsHosts(t *testing.T) {
+	r, cat, c, reg := newRegistry(t)
+	ctx := t.Context()
+	if _, err := r.Register(ctx, reg); err != nil {
+		t.Fatal(err)
+	}
+	r2 := fleet.New(fleet.Config{Catalog: cat, JoinToken: "join-secret", LostAfter: 10 * time.Second, Now: c.Now})
+	defer r2.Close()
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := r2.Statuses(); len(st) != 1 || st[0].Record.ID != "h1" || st[0].Record.Token != "agent-1" {
+		t.Errorf("a new registry over the catalog knows %+v", st)
+	}
+	if err := r2.Heartbeat(ctx, "h1", "agent-1", host.Load{}); err != nil {
+		t.Errorf("heartbeat to the restarted registry: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, what string, cond func() bool, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
