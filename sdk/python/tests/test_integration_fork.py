@@ -97,6 +97,26 @@ class ForkTest(unittest.TestCase):
             self.assertLess(abs(guest_now - time.time()), 10)
         self.assertEqual(len(rand), 3, "children read identical random bytes: the RNG was not reseeded")
 
+    def test_placement_on_one_host(self):
+        # `panda up` has one host: every placement that names it, or spreads,
+        # lands there; an unknown host is a NotFoundError before anything runs.
+        host = self.parent.info.host_id
+        self.assertTrue(host)
+        kids = self.parent.fork(count=2, placement="spread")
+        self.track(*kids)
+        self.assertEqual({c.info.host_id for c in kids}, {host})
+        kid = self.parent.fork(placement={"host": host})
+        self.track(kid)
+        self.assertEqual(kid.info.host_id, host)
+        with self.assertRaises(pandastack.NotFoundError) as cm:
+            self.parent.fork(placement={"host": "no-such-host"})
+        self.assertIn("no-such-host", str(cm.exception))
+        with self.assertRaises(pandastack.NotFoundError):
+            create(placement={"host": "no-such-host"})
+        sb = create(placement={"host": host})
+        self.track(sb)
+        self.assertEqual(sb.info.host_id, host)
+
     def test_fork_count_one_is_a_list(self):
         got = self.parent.fork(count=1)
         self.track(*got)
