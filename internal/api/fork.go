@@ -168,7 +168,24 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
-	s.lifecycleOp(w, r, s.cp.Resume)
+	var req struct {
+		Placement scheduler.Placement `json:"placement"`
+	}
+	if err := decodeJSON(r, &req, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.owned(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err = s.cp.ResumeOn(r.Context(), sb.ID, req.Placement)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
 // lifecycleOp serves pause and resume (run: control.Plane's): the sandbox

@@ -278,3 +278,38 @@ func TestFleetMoveTo(t *testing.T) {
 		t.Errorf("migrate with nowhere to go: moved %v failed %v", moved, failed)
 	}
 }
+
+func TestFleetResumeOnAnotherHost(t *testing.T) {
+	e := newFleetEnv(t, true)
+	sb := e.createOn("a")
+	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.p.ResumeOn(t.Context(), sb.ID, scheduler.Placement{Host: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != catalog.StateRunning || got.HostID != "b" {
+		t.Errorf("resumed: %s on %s, want running on b", got.State, got.HostID)
+	}
+	if _, ok := e.a.Sandbox(sb.ID); ok {
+		t.Errorf("host a still holds the sandbox resumed on b")
+	}
+	if info, ok := e.b.Sandbox(sb.ID); !ok || info.State != "running" {
+		t.Errorf("host b: %+v %v", info, ok)
+	}
+	// A running sandbox is not resumed anywhere.
+	_, err = e.p.ResumeOn(t.Context(), sb.ID, scheduler.Placement{Host: "a"})
+	wantKind(t, "resume of a running sandbox", err, control.Conflict, []string{"running"})
+	// Without a store the capture cannot travel.
+	e2 := newFleetEnv(t, false)
+	sb2 := e2.createOn("a")
+	if _, err := e2.p.Pause(t.Context(), sb2.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e2.p.ResumeOn(t.Context(), sb2.ID, scheduler.Placement{Host: "b"})
+	wantKind(t, "resume elsewhere without a store", err, control.Invalid, []string{"object store"})
+	if got := e2.get(sb2.ID); got.State != catalog.StatePaused || got.HostID != "a" {
+		t.Errorf("after a refused move: %s on %s, want paused on a", got.State, got.HostID)
+	}
+}

@@ -137,3 +137,55 @@ func (p *Plane) awaitPausedDurable(ctx context.Context, h host.Host, hostID, id 
 		}
 	}
 }
+
+// ResumeOn resumes paused sandbox id on the host pl asks for (zero: as
+// Resume, its own host). On another host, once its capture is durable in
+// the object store, the new host fetches it and resumes it, and the old
+// host forgets its copy; the record names the new host.
+func (p *Plane) ResumeOn(ctx context.Context, id string, pl scheduler.Placement) (catalog.Sandbox, error) {
+	if pl.IsZero() {
+		return p.Resume(ctx, id)
+	}
+	sb, err := p.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	if sb.State != catalog.StatePaused {
+		return catalog.Sandbox{}, Errorf(Conflict, "sandbox %s is %s, not paused", id, sb.State)
+	}
+	cs, err := p.place(ctx, scheduler.Request{Template: sb.Template, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
+		ParentHost: sb.HostID, Placement: pl})
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	to := cs[0].Host
+	if to == sb.HostID {
+		return p.Resume(ctx, id)
+	}
+	src, srcErr := p.on(sb.HostID)
+	if srcErr == nil {
+		// Its own host is up: wait for the capture to be in the store.
+		if err := p.awaitPausedDurable(ctx, src, sb.HostID, id); err != nil {
+			return catalog.Sandbox{}, err
+		}
+	}
+	o, err := p.resumeOn(id, to)
+	if err != nil {
+		return catalog.Sandbox{}, err
+	}
+	out, _, err := o.wait(ctx)
+	var sc *stateConflict
+	if errors.As(err, &sc) {
+		err = Errorf(Conflict, "sandbox %s is %s, not paused", sc.id, sc.state)
+	}
+	if err != nil {
+		return out, err
+	}
+	p.log.Info("sandbox resumed on another host", "sandbox_id", id, "from", sb.HostID, "to", to, "reason", cs[0].Reason)
+	if srcErr == nil {
+		if err := src.Kill(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, host.ErrNotFound) {
+			p.log.Warn("remove a moved sandbox from its old host", "sandbox_id", id, "host_id", sb.HostID, "err", err)
+		}
+	}
+	return out, nil
+}

@@ -236,6 +236,16 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "resume"), nil)
 }
 
+// ResumeOn resumes a paused sandbox on the host pl names (a fleet's; it
+// fetches the saved state from the object store the hosts share); the
+// zero Placement is Resume.
+func (s *Sandbox) ResumeOn(ctx context.Context, pl Placement) error {
+	if err := pl.check(); err != nil {
+		return err
+	}
+	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "resume"), map[string]any{"placement": pl})
+}
+
 // Fork makes count copies of the running sandbox (memory, disk and
 // processes). It returns the children that were made; if any could not be
 // made, the error is a *ForkError listing why.

@@ -37,6 +37,7 @@ from .sandbox import (
     _fork_count,
     _fork_result,
     _list_query,
+    _resume_body,
     _sandboxes,
     _set_network_body,
     _signed_url,
@@ -193,9 +194,11 @@ class AsyncSandbox(_Described):
         """Pause the sandbox to the server's disk (see :meth:`Sandbox.pause`)."""
         return self._update(await self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long(self._client.timeout)))
 
-    async def resume(self) -> SandboxInfo:
+    async def resume(self, *, placement: PlacementArg = None) -> SandboxInfo:
         """Resume a paused sandbox where it was (see :meth:`Sandbox.resume`)."""
-        return self._update(await self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long(self._client.timeout)))
+        return self._update(
+            await self._client.request_json("POST", self._path("/resume"), json_body=_resume_body(placement), timeout=_long(self._client.timeout))
+        )
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

@@ -76,6 +76,12 @@ PlacementArg = Union[str, Mapping[str, str], None]
 _PLACEMENT_FORMS = 'None, "spread" or {"host": HOST_ID}'
 
 
+def _resume_body(placement: PlacementArg) -> Dict[str, Any]:
+    """The body of a resume: its placement, if any."""
+    body = _placement_body(placement)
+    return {} if body is None else {"placement": body}
+
+
 def _placement_body(placement: PlacementArg) -> Any:
     """The API's ``placement`` of a :data:`PlacementArg`, or ``None`` to leave it out; ValueError if it is none of the forms."""
     if placement is None or placement == "auto":
@@ -544,8 +550,12 @@ class Sandbox(_Described):
             self._client.request_json("POST", self._path("/pause"), json_body={}, timeout=_long(self._client.timeout))
         )
 
-    def resume(self) -> SandboxInfo:
+    def resume(self, *, placement: PlacementArg = None) -> SandboxInfo:
         """Resume a paused sandbox where it was. Updates and returns :attr:`info`.
+
+        On a fleet, ``placement={"host": host_id}`` resumes it on another host,
+        which fetches its saved state from the object store the hosts share
+        (``info.host_id`` is then that host).
 
         A new VMM restores the saved memory and device state; the TTL starts
         again.
@@ -557,7 +567,7 @@ class Sandbox(_Described):
         raise :class:`CorruptError`.
         """
         return self._update(
-            self._client.request_json("POST", self._path("/resume"), json_body={}, timeout=_long(self._client.timeout))
+            self._client.request_json("POST", self._path("/resume"), json_body=_resume_body(placement), timeout=_long(self._client.timeout))
         )
 
     def __enter__(self) -> "Sandbox":
