@@ -912,7 +912,10 @@ func (a *Agent) Kill(ctx context.Context, id string) error {
 	if a.store != nil {
 		if pid = s.pauseID(); pid != "" {
 			if err := a.tombstonePaused(id, pid); err != nil {
-				return err
+				// Killed all the same (a full disk must not keep a
+				// sandbox from being killed); the store's copy is
+				// deleted below, but a crash now would leave it.
+				a.log.Error("record a killed sandbox's capture stale", "sandbox_id", id, "err", err)
 			}
 		}
 	}

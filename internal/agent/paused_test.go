@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 )
@@ -187,6 +189,15 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	t.Logf("paused %d MiB sandbox durable %v after Pause began: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
 		src.MemoryMiB, time.Since(t0).Round(time.Millisecond), rec.Upload.ChunksTotal, rec.Upload.ChunksUploaded,
 		rec.Upload.BytesUploaded>>20, rec.Upload.ZeroChunks, rec.Upload.ChunksShared)
+
+	// A new egress policy for the paused sandbox: the copy in the store
+	// is uploaded again to carry it (its chunks are there already).
+	policy := network.Policy{AllowOut: []string{"192.0.2.0/24"}}
+	if err := a.SetNetwork(ctxT(t), src.ID, policy); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() string { return "paused sandbox durable again: " + infoOf(a, src.ID).Stored },
+		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
 	pausedSet, err := csA.Manifest(ctxT(t), "paused/"+src.ID)
 	if err != nil {
 		t.Fatalf("manifest of a durable paused sandbox: %v", err)
@@ -216,6 +227,9 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 		t.Errorf("resumed on B: %q", got)
 	}
 	checkMemState(t, "resumed on B", b, src.ID, sum, keeper, secret)
+	if s, err := b.get(src.ID); err != nil || !slices.Equal(s.rec.Network.AllowOut, policy.AllowOut) || s.rec.Network.Internet {
+		t.Errorf("resumed on B with network policy %+v, want %+v", s.rec.Network, policy)
+	}
 	if _, err := b.Resume(ctxT(t), host.NewID()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("resume on B of a sandbox no one has: %v, want ErrNotFound", err)
 	}
@@ -381,7 +395,10 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	t0 := time.Now()
 	waitFor(t, func() string { return "paused sandbox durable after a restart: " + infoOf(a, sb.ID).Stored },
 		func() bool { return infoOf(a, sb.ID).Stored == host.StoredDurable })
-	t.Logf("durable %v after the agent's restart", time.Since(t0).Round(time.Millisecond))
+	rec, _ := a.pausedRecord(sb.ID, pauseIDOf(t, a, sb.ID))
+	t.Logf("paused %d MiB sandbox durable %v after the agent's restart: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
+		sb.MemoryMiB, time.Since(t0).Round(time.Millisecond), rec.Upload.ChunksTotal, rec.Upload.ChunksUploaded,
+		rec.Upload.BytesUploaded>>20, rec.Upload.ZeroChunks, rec.Upload.ChunksShared)
 	if in := infoOf(a, sb.ID); in.StoreError != "" {
 		t.Errorf("durable paused sandbox keeps the error %q", in.StoreError)
 	}
