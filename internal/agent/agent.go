@@ -104,10 +104,13 @@ type Config struct {
 	// policy (a template's set-up may install packages); nil: bakes get
 	// an isolated namespace with no way out.
 	BakeNetwork *network.Policy
-	// Store, if set, keeps snapshots durable in an object store: each new
-	// snapshot is uploaded in the background, and a create from a
-	// snapshot whose files this host lost downloads them (store.go). Nil:
-	// snapshots live only on this host's disk. The agent does not close it.
+	// Store, if set, keeps snapshots and paused sandboxes durable in an
+	// object store shared with other hosts: each new snapshot and each
+	// pause is uploaded in the background; a create from a snapshot whose
+	// files this host lost, or never had, downloads it (store.go), and so
+	// does a resume of a paused sandbox this host does not hold
+	// (paused.go). Nil: both live only on this host's disk. The agent
+	// does not close it.
 	Store *chunkstore.Store
 	// StoreRetry is the wait after a failed upload or store delete before
 	// the next attempt, doubling up to 32 times this (default 2 s).

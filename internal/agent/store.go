@@ -28,7 +28,10 @@ import (
 // upload is retried with backoff until it succeeds or the snapshot is
 // deleted; a snapshot without a durable record when the agent starts
 // (Recover) is uploaded again, and chunks the interrupted upload stored
-// are not sent twice (chunkstore skips chunks already in the store).
+// are not sent twice (chunkstore skips chunks already in the store). The
+// set's manifest carries the snapshot's metadata (its SnapshotInfo, as
+// Meta): a create on a host that never saw the snapshot finds it there,
+// downloads it and records it as its own (adoptSnapshot).
 //
 // Deleting a snapshot writes a tombstone record first, then removes the
 // local files, then (in the background, retried) the manifest in the
