@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -173,6 +175,22 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	}
 	b.Kill(ctxT(t), child.ID)
 
+	// A snapshot uploaded before manifests carried metadata: B reads it
+	// from the set's snapshot.json.
+	old := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, old.ID).Stored },
+		func() bool { return stored(a, old.ID).Stored == host.StoredDurable })
+	stripMeta(t, objs, "manifests/snapshots/"+old.ID+".json")
+	child, err = createFrom(t, b, old.ID)
+	if err != nil {
+		t.Fatalf("create on B from a snapshot without metadata in its manifest: %v", err)
+	}
+	if si := stored(b, old.ID); si.SandboxID != src.ID || si.Stored != host.StoredDurable {
+		t.Errorf("B's view of a snapshot without metadata in its manifest: %+v", si)
+	}
+	checkMemState(t, "sandbox on B from a snapshot without metadata in its manifest", b, child.ID, sum, keeper, secret)
+	b.Kill(ctxT(t), child.ID)
+
 	// (b) Paused on A, durable, resumed on B.
 	shOn(t, a, src.ID, "echo paused-on-a >> /root/f.txt")
 	t0 = time.Now()
@@ -268,6 +286,27 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	waitCollected(t, csA, objs, pausedSet)
 	if err := a.Kill(ctxT(t), src.ID); !errors.Is(err, ErrNotFound) {
 		t.Errorf("second kill: %v, want ErrNotFound", err)
+	}
+}
+
+// stripMeta rewrites the manifest at key without its meta, as manifests
+// were written before they carried one.
+func stripMeta(t *testing.T, objs objstore.Store, key string) {
+	t.Helper()
+	rc, err := objs.Get(ctxT(t), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	err = json.NewDecoder(rc).Decode(&m)
+	rc.Close()
+	if err != nil || m["meta"] == nil {
+		t.Fatalf("manifest %s: %v, meta %s", key, err, m["meta"])
+	}
+	delete(m, "meta")
+	b, _ := json.Marshal(m)
+	if err := objs.Put(ctxT(t), key, bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
 	}
 }
 
