@@ -236,7 +236,8 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resume on B of a sandbox paused on A: %v", err)
 	}
-	t.Logf("resume on B of a sandbox paused on A (lookup, download, checksums, restore): %v", time.Since(t0).Round(time.Millisecond))
+	t.Logf("resume on B of a sandbox paused on A (lookup, download of %d MiB, checksums, restore): %v",
+		storedBytes(pausedSet)>>20, time.Since(t0).Round(time.Millisecond))
 	if in.State != StateRunning || in.ID != src.ID || in.Stored != "" || !in.CreatedAt.Equal(src.CreatedAt) {
 		t.Errorf("resumed on B: %+v (created on A at %v)", in, src.CreatedAt)
 	}
@@ -287,6 +288,20 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err := a.Kill(ctxT(t), src.ID); !errors.Is(err, ErrNotFound) {
 		t.Errorf("second kill: %v, want ErrNotFound", err)
 	}
+}
+
+// storedBytes is how much of m's files the store holds (its chunks that
+// are not zeros): what a download fetches.
+func storedBytes(m *chunkstore.Manifest) int64 {
+	var n int64
+	for _, f := range m.Files {
+		for i, h := range f.Chunks {
+			if h != "" {
+				n += min(m.ChunkSize, f.Size-int64(i)*m.ChunkSize)
+			}
+		}
+	}
+	return n
 }
 
 // stripMeta rewrites the manifest at key without its meta, as manifests
