@@ -71,6 +71,7 @@ type job struct {
 	kind   string // jobUpload or jobDelete
 	cancel context.CancelFunc
 	done   chan struct{}
+	prev   *job // the job of the same set it was chained after (nil: none)
 }
 
 // The kinds of job.
@@ -91,16 +92,22 @@ func (a *Agent) startJobLocked(key, kind, what string, chain bool, f func(contex
 		return
 	}
 	ctx, cancel := context.WithCancel(a.bgCtx)
-	j := &job{kind: kind, cancel: cancel, done: make(chan struct{})}
+	j := &job{kind: kind, cancel: cancel, done: make(chan struct{}), prev: prev}
+	// Every job before this one, not only the last: one cancelled while it
+	// waited ends before those it waited for.
+	var before []chan struct{}
+	for p := prev; p != nil; p = p.prev {
+		before = append(before, p.done)
+	}
 	a.jobs[key] = j
 	a.bg.Add(1)
 	go func() {
 		defer a.bg.Done()
 		defer close(j.done)
 		defer cancel()
-		if prev != nil {
+		for _, done := range before {
 			select {
-			case <-prev.done:
+			case <-done:
 			case <-ctx.Done():
 			}
 		}
@@ -110,10 +117,14 @@ func (a *Agent) startJobLocked(key, kind, what string, chain bool, f func(contex
 		a.upMu.Lock()
 		if a.jobs[key] == j {
 			delete(a.jobs, key)
-			if prev != nil && !closed(prev.done) {
-				a.jobs[key] = prev // cancelled while waiting: the one before still runs
+			for p := prev; p != nil; p = p.prev {
+				if !closed(p.done) {
+					a.jobs[key] = p // cancelled while waiting: one before still runs
+					break
+				}
 			}
 		}
+		j.prev = nil // all before it have ended, or are reached from a.jobs[key]
 		a.upMu.Unlock()
 	}()
 }
