@@ -585,6 +585,11 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 	defer end()
 	// An upload of the capture must not read it while it is resumed.
 	a.stopPausedUpload(id)
+	if !adopted {
+		if err := a.checkResumable(ctx, s); err != nil {
+			return Info{}, err
+		}
+	}
 	dir := filepath.Join(s.dir, pausedDir)
 	if err := verifyCapture(dir); err != nil {
 		a.log.Error("paused sandbox failed its checksums", "sandbox_id", id, "err", err)

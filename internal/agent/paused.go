@@ -66,7 +66,10 @@ type pausedRecord struct {
 	// killed); its set in the store is still to be removed.
 	Deleted bool `json:"deleted,omitempty"`
 	// Adopted: downloaded from the store (resumed from another host).
-	Adopted    bool             `json:"adopted,omitempty"`
+	Adopted bool `json:"adopted,omitempty"`
+	// Refresh: the sandbox's record changed since the upload (SetNetwork);
+	// the set is uploaded again so that its Meta says so.
+	Refresh    bool             `json:"refresh,omitempty"`
 	UploadedAt time.Time        `json:"uploaded_at,omitzero"`
 	Upload     chunkstore.Stats `json:"upload"`
 }
@@ -154,9 +157,18 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	if s.stopping() || state != StatePaused || rec.PauseID != pauseID {
 		return nil
 	}
-	if r, ok := a.pausedRecord(id, pauseID); ok && r.Durable && !r.Deleted {
+	r, ok := a.pausedRecord(id, pauseID)
+	if ok && r.Durable && !r.Deleted && !r.Refresh {
 		s.setDurablePause(pauseID)
 		return nil
+	}
+	if ok && r.Durable && r.Refresh {
+		// Uploaded before: unless the store still holds this capture, it
+		// was resumed or killed elsewhere, and uploading it again would
+		// bring a stale copy back.
+		if err := a.checkNotMoved(ctx, id, pauseID); err != nil {
+			return err
+		}
 	}
 	dir := filepath.Join(s.dir, pausedDir)
 	files := map[string]string{}
@@ -288,7 +300,8 @@ func (a *Agent) dropPaused(s *sandbox) (string, error) {
 // restagePaused uploads the paused sandbox s again, its record having
 // changed (SetNetwork): the set's Meta must say what a resume elsewhere
 // restores. Its chunks are in the store already; only the manifest is
-// new.
+// new. Until it is written the sandbox is uploading (a crash leaves the
+// record marked for Refresh: the next start uploads it).
 func (a *Agent) restagePaused(s *sandbox) {
 	if a.store == nil {
 		return
@@ -302,10 +315,60 @@ func (a *Agent) restagePaused(s *sandbox) {
 	if !paused || pid == "" {
 		return
 	}
-	if r, ok := a.pausedRecord(s.id(), pid); ok && !r.Deleted {
-		os.Remove(a.pausedRecordPath(s.id(), pid))
+	if r, ok := a.pausedRecord(s.id(), pid); ok && r.Durable && !r.Deleted && !r.Refresh {
+		r.Refresh = true
+		if err := writeJSON(a.pausedRecordPath(s.id(), pid), r, true); err != nil {
+			a.log.Warn("mark a paused sandbox for upload", "sandbox_id", s.id(), "err", err)
+		}
 	}
 	a.startPausedUpload(s)
+}
+
+// errMoved: a capture this host made durable is no longer in the object
+// store (its sandbox was resumed, or killed, on another host); this
+// host's copy is stale.
+var errMoved = errors.New("the object store no longer holds this capture: the sandbox was resumed or killed on another host, and this host's copy is stale")
+
+// checkNotMoved fails with errMoved if the store no longer holds capture
+// pauseID of sandbox id as paused/<id> (it held it: the caller knows the
+// capture was durable).
+func (a *Agent) checkNotMoved(ctx context.Context, id, pauseID string) error {
+	m, err := a.store.Manifest(ctx, pausedName(id))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return errMoved
+	}
+	if err != nil {
+		return err
+	}
+	var meta pausedMeta
+	if json.Unmarshal(m.Meta, &meta) == nil && meta.Sandbox.PauseID != pauseID {
+		return errMoved
+	}
+	return nil
+}
+
+// checkResumable refuses (ErrConflict) the local resume of a paused
+// sandbox whose durable capture the object store no longer holds: another
+// host resumed it (or killed it) and the sandbox lives on there, so
+// resuming this stale copy would run it twice. A store that cannot be
+// reached does not hold a resume up: this host's copy is resumed.
+func (a *Agent) checkResumable(ctx context.Context, s *sandbox) error {
+	if a.store == nil {
+		return nil
+	}
+	pid := s.pauseID()
+	if r, ok := a.pausedRecord(s.id(), pid); pid == "" || !ok || !r.Durable || r.Deleted {
+		return nil // never in the store: no other host can have resumed it
+	}
+	err := a.checkNotMoved(ctx, s.id(), pid)
+	switch {
+	case errors.Is(err, errMoved):
+		a.log.Warn("refused to resume a stale copy of a sandbox resumed elsewhere", "sandbox_id", s.id(), "pause_id", pid)
+		return fmt.Errorf("sandbox %s: %w: it was resumed or killed on another host sharing the object store; this host's copy is stale (kill it here)", s.id(), ErrConflict)
+	case err != nil:
+		a.log.Warn("cannot check the object store before a resume; resuming this host's copy", "sandbox_id", s.id(), "err", err)
+	}
+	return nil
 }
 
 // adoptPaused makes the paused sandbox id, which this host does not hold,
@@ -446,7 +509,9 @@ func (a *Agent) resumePausedStore() {
 			continue
 		case ok && r.Durable:
 			if s, err := a.get(id); err == nil && s.pauseID() == pid && s.getState() == StatePaused {
-				s.setDurablePause(pid)
+				if !r.Refresh { // else uploaded again below
+					s.setDurablePause(pid)
+				}
 				continue
 			}
 		}

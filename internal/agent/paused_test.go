@@ -265,6 +265,23 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if in := infoOf(a, src.ID); in.State != StatePaused {
 		t.Fatalf("A's stale copy: %+v", in)
 	}
+	// A refuses to resume its stale copy (the sandbox would run twice),
+	// and a new policy for it does not bring it back into the store.
+	if _, err := a.Resume(ctxT(t), src.ID); !errors.Is(err, ErrConflict) {
+		t.Errorf("resume on A of its stale copy: %v, want ErrConflict", err)
+	}
+	if err := a.SetNetwork(ctxT(t), src.ID, network.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() string { return "A's upload of its stale copy given up: " + infoOf(a, src.ID).StoreError },
+		func() bool {
+			return strings.Contains(infoOf(a, src.ID).StoreError, "resumed or killed on another host")
+		})
+	if m, err := csA.Manifest(ctxT(t), "paused/"+src.ID); err != nil || storedBytes(m) == 0 {
+		t.Fatalf("B's capture after A's stale upload: %v", err)
+	} else if !strings.Contains(string(m.Meta), pauseIDOf(t, b, src.ID)) {
+		t.Errorf("the store's paused/%s is no longer B's capture %s: %s", src.ID, pauseIDOf(t, b, src.ID), m.Meta)
+	}
 	if err := a.Kill(ctxT(t), src.ID); err != nil {
 		t.Fatalf("kill of A's stale copy: %v", err)
 	}

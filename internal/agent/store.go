@@ -230,6 +230,10 @@ func (a *Agent) retry(ctx context.Context, key, what string, f func(context.Cont
 		if err == nil {
 			return
 		}
+		if errors.Is(err, errMoved) { // trying again cannot help
+			a.log.Warn(what+" given up", "set", key, "err", err)
+			return
+		}
 		a.log.Warn(what+" failed; will retry", "set", key, "retry_in_ms", wait.Milliseconds(), "err", err)
 		t := time.NewTimer(wait)
 		select {
@@ -250,6 +254,8 @@ func storeErrorText(err error) string {
 		return "the object store is unavailable"
 	case errors.Is(err, host.ErrNoSpace):
 		return "out of disk space"
+	case errors.Is(err, errMoved):
+		return errMoved.Error()
 	}
 	return "upload failed (see the host agent's log)"
 }
