@@ -104,10 +104,13 @@ type Config struct {
 	// policy (a template's set-up may install packages); nil: bakes get
 	// an isolated namespace with no way out.
 	BakeNetwork *network.Policy
-	// Store, if set, keeps snapshots durable in an object store: each new
-	// snapshot is uploaded in the background, and a create from a
-	// snapshot whose files this host lost downloads them (store.go). Nil:
-	// snapshots live only on this host's disk. The agent does not close it.
+	// Store, if set, keeps snapshots and paused sandboxes durable in an
+	// object store shared with other hosts: each new snapshot and each
+	// pause is uploaded in the background; a create from a snapshot whose
+	// files this host lost, or never had, downloads it (store.go), and so
+	// does a resume of a paused sandbox this host does not hold
+	// (paused.go). Nil: both live only on this host's disk. The agent
+	// does not close it.
 	Store *chunkstore.Store
 	// StoreRetry is the wait after a failed upload or store delete before
 	// the next attempt, doubling up to 32 times this (default 2 s).
@@ -227,7 +230,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
-	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storedDir)} {
+	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storedDir), filepath.Join(vol.Dir, storedDir, pausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			vol.Close()
 			return nil, fmt.Errorf("open host agent: %w", err)
@@ -303,6 +306,11 @@ type record struct {
 	// it runs in (while it has a VMM), to adopt after a restart.
 	Network network.Policy `json:"network"`
 	NetNS   string         `json:"netns,omitempty"`
+	// PauseID names the pause capture of a paused sandbox (new at each
+	// pause, "" once resumed): its set paused/<id> in the object store
+	// carries it, so that a host deletes that set only while it holds the
+	// capture this host made or adopted, never a later pause's (paused.go).
+	PauseID string `json:"pause_id,omitempty"`
 }
 
 // Operations recorded in record.Op.
@@ -342,6 +350,10 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	var im image
 	if req.SnapshotID != "" {
 		snap, err := a.GetSnapshot(req.SnapshotID)
+		if errors.Is(err, ErrNotFound) && a.store != nil {
+			// Taken on another host sharing the store?
+			snap, err = a.adoptSnapshot(ctx, req.SnapshotID)
+		}
 		if err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
@@ -842,7 +854,29 @@ func (a *Agent) Get(id string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return s.info(), nil
+	return a.info(s), nil
+}
+
+// info is s.info with where a paused sandbox is stored.
+func (a *Agent) info(s *sandbox) Info {
+	in := s.info()
+	if in.State != StatePaused {
+		return in
+	}
+	if a.store == nil {
+		in.Stored = host.StoredLocal
+		return in
+	}
+	s.mu.Lock()
+	durable := s.rec.PauseID != "" && s.durablePause == s.rec.PauseID
+	s.mu.Unlock()
+	if durable {
+		in.Stored = host.StoredDurable
+	} else {
+		in.Stored = host.StoredUploading
+		in.StoreError = a.storeError(pausedName(s.rec.ID))
+	}
+	return in
 }
 
 // List describes every sandbox, oldest first.
@@ -855,7 +889,7 @@ func (a *Agent) List() []Info {
 	a.mu.Unlock()
 	out := make([]Info, 0, len(all))
 	for _, s := range all {
-		out = append(out, s.info())
+		out = append(out, a.info(s))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -864,13 +898,34 @@ func (a *Agent) List() []Info {
 // Kill stops a sandbox and removes its files, whatever it is doing: an
 // operation in flight is cancelled, and Kill returns within seconds even if
 // the guest or the VMM does not answer. Killing an unknown sandbox is
-// ErrNotFound.
+// ErrNotFound. With an object store, a paused sandbox's capture is removed
+// from the store too (tombstoned first, then deleted in the background),
+// and killing a sandbox this host does not hold removes its paused capture
+// from the store if the store has one (its host was lost): ErrNotFound
+// only if it has none, host.ErrUnavailable if the store cannot be reached.
 func (a *Agent) Kill(ctx context.Context, id string) error {
 	s, err := a.get(id)
+	if errors.Is(err, ErrNotFound) && a.store != nil {
+		return a.killInStore(ctx, id)
+	}
 	if err != nil {
 		return err
 	}
+	pid := ""
+	if a.store != nil {
+		if pid = s.pauseID(); pid != "" {
+			if err := a.tombstonePaused(id, pid); err != nil {
+				// Killed all the same (a full disk must not keep a
+				// sandbox from being killed); the store's copy is
+				// deleted below, but a crash now would leave it.
+				a.log.Error("record a killed sandbox's capture stale", "sandbox_id", id, "err", err)
+			}
+		}
+	}
 	a.stop(s)
+	if pid != "" {
+		a.startPausedDelete(id, pid)
+	}
 	return nil
 }
 
@@ -1109,5 +1164,12 @@ func (a *Agent) SetNetwork(ctx context.Context, id string, p network.Policy) err
 	s.mu.Lock()
 	s.rec.Network = p
 	s.mu.Unlock()
-	return classifyIOError(s.writeRecord(s.getState() == StatePaused))
+	paused := s.getState() == StatePaused
+	if err := s.writeRecord(paused); err != nil {
+		return classifyIOError(err)
+	}
+	if paused {
+		a.restagePaused(s) // the copy in the object store says what it resumes with
+	}
+	return nil
 }

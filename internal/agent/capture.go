@@ -529,10 +529,12 @@ func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 		s.mu.Lock()
 		s.transitionLocked(lifecycle.PauseDone)
 		s.rec.Op = ""
+		s.rec.PauseID, s.durablePause = newPauseID(), ""
 		s.mu.Unlock()
 		if err = s.writeRecord(true); err != nil {
 			s.mu.Lock()
 			s.state = StatePausing // PauseDone is undone below by PauseFailed
+			s.rec.PauseID = ""
 			s.mu.Unlock()
 		}
 	}
@@ -550,6 +552,7 @@ func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 	a.releaseNet(s)
 	a.removeLiveFiles(s)
 	a.log.Info("sandbox paused", "sandbox_id", id, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
+	a.startPausedUpload(s) // with an object store: paused.go
 	return st, nil
 }
 
@@ -557,8 +560,21 @@ func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 // and files; processes continue where they were. The capture is checked
 // against its checksums first (ErrCorrupt: not restored). If the restore
 // fails the sandbox stays paused with its capture intact.
+//
+// With an object store, a sandbox this host does not hold is looked for
+// in the store (paused/<id>, durable: paused on another host): it is
+// downloaded, checked and adopted as a paused sandbox of this host, then
+// resumed as above (ErrNotFound if the store does not have it either,
+// host.ErrUnavailable if the store cannot be reached). After a resume,
+// the capture in the store is stale and removed in the background.
 func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
+	t0 := time.Now()
 	s, err := a.get(id)
+	adopted := false
+	if errors.Is(err, ErrNotFound) && a.store != nil {
+		s, err = a.adoptPaused(ctx, id)
+		adopted = err == nil
+	}
 	if err != nil {
 		return Info{}, err
 	}
@@ -567,12 +583,21 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 		return Info{}, err
 	}
 	defer end()
+	// An upload of the capture must not read it while it is resumed.
+	a.stopPausedUpload(id)
+	if !adopted {
+		if err := a.checkResumable(ctx, s); err != nil {
+			return Info{}, err
+		}
+	}
 	dir := filepath.Join(s.dir, pausedDir)
 	if err := verifyCapture(dir); err != nil {
 		a.log.Error("paused sandbox failed its checksums", "sandbox_id", id, "err", err)
+		a.startPausedUpload(s)
 		return Info{}, fmt.Errorf("resume %s: %w: its saved memory or disk does not match its checksums", id, ErrCorrupt)
 	}
 	if err := s.transition(lifecycle.Resume); err != nil {
+		a.startPausedUpload(s)
 		return Info{}, err
 	}
 	err = s.setOp(opResume, false)
@@ -586,12 +611,25 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 		a.log.Error("resume failed; the sandbox stays paused", "sandbox_id", id, "err", err)
 		s.transition(lifecycle.ResumeFailed)
 		s.setOp("", true)
+		a.startPausedUpload(s)
 		return Info{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	failpoint.Hit("resume-restored")
 	s.transition(lifecycle.ResumeDone)
+	// The capture is stale from here: tombstoned before the record stops
+	// naming it, so that a crash leaves its delete to the next start.
+	stale, derr := a.dropPaused(s)
+	if derr != nil {
+		a.log.Error("record the resumed capture stale; its copy in the object store stays", "sandbox_id", id, "err", derr)
+	}
 	s.setOp("", false)
 	os.RemoveAll(dir) // the sandbox holds links to what it needs
+	if stale != "" {
+		a.startPausedDelete(id, stale)
+	}
+	if adopted {
+		a.log.Info("sandbox resumed from the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds())
+	}
 	return s.info(), nil
 }
 

@@ -256,7 +256,8 @@ func (a *Agent) quarantine(dir, id, why string) {
 
 // cleanLeftovers removes what interrupted work left: fork captures (their
 // children were never handed out), snapshot captures that were not
-// complete, snapshots whose deletion was interrupted, tenants' copies of
+// complete, snapshots whose deletion was interrupted, downloads from the
+// object store, tenants' copies of
 // templates that were re-baked, bakes and their VMMs, and run directories
 // of sandboxes that are gone.
 func (a *Agent) cleanLeftovers(ctx context.Context) {
@@ -266,7 +267,8 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
 	deleted, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+deletingSuffix))
 	fetches, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+fetchSuffix))
-	for _, d := range slices.Concat(stale, tmps, deleted, fetches) {
+	adoptions, _ := filepath.Glob(filepath.Join(a.vol.Dir, fetchDir, "*"))
+	for _, d := range slices.Concat(stale, tmps, deleted, fetches, adoptions) {
 		os.RemoveAll(d)
 	}
 	runs, _ := os.ReadDir(a.cfg.RunDir)

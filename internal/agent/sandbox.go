@@ -42,6 +42,9 @@ type sandbox struct {
 	ns       *network.Namespace // its network namespace while it has a VMM
 	opCancel context.CancelFunc
 	detached bool // forgotten by Detach: its VMM runs on for the next agent
+	// durablePause is the PauseID of the capture the object store holds
+	// durably as paused/<id> ("" if none is known to): paused.go.
+	durablePause string
 }
 
 func newSandbox(rec record, dir, runDir string, state lifecycle.State) *sandbox {

@@ -28,7 +28,10 @@ import (
 // upload is retried with backoff until it succeeds or the snapshot is
 // deleted; a snapshot without a durable record when the agent starts
 // (Recover) is uploaded again, and chunks the interrupted upload stored
-// are not sent twice (chunkstore skips chunks already in the store).
+// are not sent twice (chunkstore skips chunks already in the store). The
+// set's manifest carries the snapshot's metadata (its SnapshotInfo, as
+// Meta): a create on a host that never saw the snapshot finds it there,
+// downloads it and records it as its own (adoptSnapshot).
 //
 // Deleting a snapshot writes a tombstone record first, then removes the
 // local files, then (in the background, retried) the manifest in the
@@ -63,10 +66,91 @@ type storeRecord struct {
 	Upload     chunkstore.Stats `json:"upload"`
 }
 
-// job is one background upload or store delete of a snapshot.
+// job is one background upload or store delete of a set.
 type job struct {
+	kind   string // jobUpload or jobDelete
 	cancel context.CancelFunc
 	done   chan struct{}
+	prev   *job // the job of the same set it was chained after (nil: none)
+}
+
+// The kinds of job.
+const (
+	jobUpload = "upload"
+	jobDelete = "delete"
+)
+
+// startJobLocked runs f in the background as the job of the set key,
+// tried again (retry) until it succeeds or is cancelled. If a job of key
+// exists: with chain, the new one starts once it has ended (so that the
+// uploads and deletes of one set never overlap); without, startJobLocked
+// does nothing. Nothing starts while the agent closes. Called with upMu
+// held.
+func (a *Agent) startJobLocked(key, kind, what string, chain bool, f func(context.Context) error) {
+	prev := a.jobs[key]
+	if a.bgCtx.Err() != nil || (prev != nil && !chain) {
+		return
+	}
+	ctx, cancel := context.WithCancel(a.bgCtx)
+	j := &job{kind: kind, cancel: cancel, done: make(chan struct{}), prev: prev}
+	// Every job before this one, not only the last: one cancelled while it
+	// waited ends before those it waited for.
+	var before []chan struct{}
+	for p := prev; p != nil; p = p.prev {
+		before = append(before, p.done)
+	}
+	a.jobs[key] = j
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		defer close(j.done)
+		defer cancel()
+		for _, done := range before {
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() == nil {
+			a.retry(ctx, key, what, f)
+		}
+		a.upMu.Lock()
+		if a.jobs[key] == j {
+			delete(a.jobs, key)
+			for p := prev; p != nil; p = p.prev {
+				if !closed(p.done) {
+					a.jobs[key] = p // cancelled while waiting: one before still runs
+					break
+				}
+			}
+		}
+		j.prev = nil // all before it have ended, or are reached from a.jobs[key]
+		a.upMu.Unlock()
+	}()
+}
+
+// cancelJob cancels the job of key if it is of kind and waits for it to
+// end; it returns whether there was one.
+func (a *Agent) cancelJob(key, kind string) bool {
+	a.upMu.Lock()
+	j := a.jobs[key]
+	if j == nil || j.kind != kind {
+		a.upMu.Unlock()
+		return false
+	}
+	j.cancel()
+	a.upMu.Unlock()
+	<-j.done
+	return true
+}
+
+func closed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func (a *Agent) recordPath(id string) string {
@@ -95,15 +179,21 @@ func (a *Agent) storeState(si *SnapshotInfo) {
 		return
 	}
 	si.Stored = host.StoredUploading
-	a.upMu.Lock()
-	si.StoreError = a.storeErrs[si.ID]
-	a.upMu.Unlock()
+	si.StoreError = a.storeError(storeName(si.ID))
 }
 
 // deleted reports whether snapshot id has a tombstone.
 func (a *Agent) deleted(id string) bool {
 	r, ok := a.storedRecord(id)
 	return ok && r.Deleted
+}
+
+// storeError is why the last attempt of the job of set key failed ("" if
+// it did not).
+func (a *Agent) storeError(key string) string {
+	a.upMu.Lock()
+	defer a.upMu.Unlock()
+	return a.storeErrs[key]
 }
 
 // startUpload uploads snapshot id in the background unless it is being
@@ -114,30 +204,16 @@ func (a *Agent) startUpload(id string) {
 	}
 	a.upMu.Lock()
 	defer a.upMu.Unlock()
-	if a.bgCtx.Err() != nil || a.jobs[id] != nil || a.deleted(id) {
+	if a.deleted(id) {
 		return
 	}
-	ctx, cancel := context.WithCancel(a.bgCtx)
-	j := &job{cancel: cancel, done: make(chan struct{})}
-	a.jobs[id] = j
-	a.bg.Add(1)
-	go func() {
-		defer a.bg.Done()
-		defer close(j.done)
-		defer cancel()
-		a.retry(ctx, id, "upload snapshot", func(ctx context.Context) error { return a.uploadSnapshot(ctx, id) })
-		a.upMu.Lock()
-		if a.jobs[id] == j {
-			delete(a.jobs, id)
-		}
-		a.upMu.Unlock()
-	}()
+	a.startJobLocked(storeName(id), jobUpload, "upload snapshot", false, func(ctx context.Context) error { return a.uploadSnapshot(ctx, id) })
 }
 
 // retry runs f until it succeeds or ctx ends, waiting between attempts
 // (StoreRetry, doubling to 32 times that). The last failure is what
-// SnapshotInfo.StoreError shows.
-func (a *Agent) retry(ctx context.Context, id, what string, f func(context.Context) error) {
+// SnapshotInfo.StoreError and Info.StoreError show (storeErrs[key]).
+func (a *Agent) retry(ctx context.Context, key, what string, f func(context.Context) error) {
 	wait := a.cfg.StoreRetry
 	for {
 		err := f(ctx)
@@ -146,15 +222,19 @@ func (a *Agent) retry(ctx context.Context, id, what string, f func(context.Conte
 		}
 		a.upMu.Lock()
 		if err == nil {
-			delete(a.storeErrs, id)
+			delete(a.storeErrs, key)
 		} else {
-			a.storeErrs[id] = storeErrorText(err)
+			a.storeErrs[key] = storeErrorText(err)
 		}
 		a.upMu.Unlock()
 		if err == nil {
 			return
 		}
-		a.log.Warn(what+" failed; will retry", "snapshot_id", id, "retry_in_ms", wait.Milliseconds(), "err", err)
+		if errors.Is(err, errMoved) { // trying again cannot help
+			a.log.Warn(what+" given up", "set", key, "err", err)
+			return
+		}
+		a.log.Warn(what+" failed; will retry", "set", key, "retry_in_ms", wait.Milliseconds(), "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -174,6 +254,8 @@ func storeErrorText(err error) string {
 		return "the object store is unavailable"
 	case errors.Is(err, host.ErrNoSpace):
 		return "out of disk space"
+	case errors.Is(err, errMoved):
+		return errMoved.Error()
 	}
 	return "upload failed (see the host agent's log)"
 }
@@ -197,12 +279,16 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 			return fmt.Errorf("upload snapshot %s: %w", id, err)
 		}
 	}
-	t0 := time.Now()
-	_, st, err := a.store.Upload(ctx, storeName(id), files, nil)
+	si.Stored, si.StoreError = "", ""
+	meta, err := json.Marshal(si)
 	if err != nil {
 		return err
 	}
-	si.Stored, si.StoreError = "", ""
+	t0 := time.Now()
+	_, st, err := a.store.UploadMeta(ctx, storeName(id), files, meta, nil)
+	if err != nil {
+		return err
+	}
 	rec := storeRecord{Snapshot: si, Durable: true, UploadedAt: time.Now().UTC(), Upload: st}
 	if err := writeJSON(a.recordPath(id), rec, true); err != nil {
 		return fmt.Errorf("upload snapshot %s: record: %w", id, classifyIOError(err))
@@ -210,13 +296,18 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	a.log.Info("snapshot durable in the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
 		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
+	a.gcIfWanted(ctx)
+	return nil
+}
+
+// gcIfWanted collects garbage if a collection was put off.
+func (a *Agent) gcIfWanted(ctx context.Context) {
 	a.upMu.Lock()
 	gc := a.gcWanted
 	a.upMu.Unlock()
 	if gc {
 		a.collectGarbage(ctx)
 	}
-	return nil
 }
 
 // fetchSnapshot downloads snapshot id, durable in the store, into its
@@ -268,18 +359,78 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
 	return nil
 }
 
+// adoptSnapshot makes snapshot id, which this host does not know (taken
+// on another host sharing the object store), one of this host's: it reads
+// the set's manifest, downloads and checks its files (fetchSnapshot) and
+// records it durable, as if this host had taken and uploaded it. From then
+// on it is listed, restored and deleted here like the host's own. A
+// snapshot deleted here, or not in the store, is ErrNotFound; a store that
+// cannot be reached is host.ErrUnavailable.
+func (a *Agent) adoptSnapshot(ctx context.Context, id string) (SnapshotInfo, error) {
+	if a.store == nil || !host.ValidID(id) || a.deleted(id) {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+	}
+	m, err := a.store.Manifest(ctx, storeName(id))
+	if err != nil {
+		return SnapshotInfo{}, a.storeLookupError(ctx, "snapshot", id, err)
+	}
+	var si SnapshotInfo
+	if len(m.Meta) > 0 {
+		if err := json.Unmarshal(m.Meta, &si); err != nil || si.ID != id {
+			a.log.Error("snapshot's metadata in the object store is unreadable", "snapshot_id", id, "err", err)
+			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: its metadata in the object store is unreadable", id, ErrCorrupt)
+		}
+	}
+	if err := a.fetchSnapshot(ctx, id); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if len(m.Meta) == 0 {
+		// Uploaded before manifests carried metadata: its snapshot.json
+		// (checked with the rest) says the same.
+		b, err := os.ReadFile(filepath.Join(a.snapshotDir(id), snapshotMeta))
+		if err == nil {
+			err = json.Unmarshal(b, &si)
+		}
+		if err != nil {
+			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: unreadable metadata", id, ErrCorrupt)
+		}
+	}
+	si.Stored, si.StoreError = "", ""
+	if err := writeJSON(a.recordPath(id), storeRecord{Snapshot: si, Durable: true}, true); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("adopt snapshot %s: record: %w", id, classifyIOError(err))
+	}
+	a.log.Info("snapshot adopted from the object store", "snapshot_id", id, "sandbox_id", si.SandboxID)
+	return a.GetSnapshot(id)
+}
+
+// storeLookupError classifies a failure to read the manifest of a set
+// of what (snapshot, paused sandbox) id in the object store.
+func (a *Agent) storeLookupError(ctx context.Context, what, id string, err error) error {
+	switch {
+	case errors.Is(err, objstore.ErrNotFound):
+		return fmt.Errorf("%s %s: %w", what, id, ErrNotFound)
+	case errors.Is(err, objstore.ErrUnavailable):
+		a.log.Error("look up in the object store", "what", what, "id", id, "err", err)
+		return &classed{class: host.ErrUnavailable, msg: fmt.Sprintf("%s %s is not on this host and the object store that may keep it cannot be reached; retry when it is back", what, id)}
+	case ctx.Err() != nil:
+		return fmt.Errorf("look up %s %s: %w", what, id, ctx.Err())
+	}
+	a.log.Error("look up in the object store", "what", what, "id", id, "err", err)
+	return fmt.Errorf("%s %s: %w: its record in the object store is unreadable", what, id, ErrCorrupt)
+}
+
 // forgetInStore marks snapshot id deleted (a tombstone), after stopping
 // its upload. The caller then removes the local files and calls
 // startStoreDelete.
 func (a *Agent) forgetInStore(id string, si SnapshotInfo) error {
 	a.upMu.Lock()
-	j := a.jobs[id]
+	j := a.jobs[storeName(id)]
 	if j != nil {
 		j.cancel()
 	}
 	rec := storeRecord{Snapshot: si, Deleted: true}
 	err := writeJSON(a.recordPath(id), rec, true)
-	delete(a.storeErrs, id)
+	delete(a.storeErrs, storeName(id))
 	a.upMu.Unlock()
 	if j != nil {
 		<-j.done
@@ -296,34 +447,17 @@ func (a *Agent) forgetInStore(id string, si SnapshotInfo) error {
 func (a *Agent) startStoreDelete(id string) {
 	a.upMu.Lock()
 	defer a.upMu.Unlock()
-	if a.bgCtx.Err() != nil || a.jobs[id] != nil {
-		return
-	}
-	ctx, cancel := context.WithCancel(a.bgCtx)
-	j := &job{cancel: cancel, done: make(chan struct{})}
-	a.jobs[id] = j
-	a.bg.Add(1)
-	go func() {
-		defer a.bg.Done()
-		defer close(j.done)
-		defer cancel()
-		a.retry(ctx, id, "delete snapshot from the object store", func(ctx context.Context) error {
-			if err := a.store.Delete(ctx, storeName(id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
-				return err
-			}
-			if err := os.Remove(a.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
-			a.log.Info("snapshot deleted from the object store", "snapshot_id", id)
-			a.collectGarbage(ctx)
-			return nil
-		})
-		a.upMu.Lock()
-		if a.jobs[id] == j {
-			delete(a.jobs, id)
+	a.startJobLocked(storeName(id), jobDelete, "delete snapshot from the object store", false, func(ctx context.Context) error {
+		if err := a.store.Delete(ctx, storeName(id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+			return err
 		}
-		a.upMu.Unlock()
-	}()
+		if err := os.Remove(a.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		a.log.Info("snapshot deleted from the object store", "snapshot_id", id)
+		a.collectGarbage(ctx)
+		return nil
+	})
 }
 
 // collectGarbage removes the store's chunks no manifest references. An
@@ -352,7 +486,8 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 
 // resumeStore, at start, finishes the deletes and uploads an earlier run
 // left: tombstoned snapshots are removed locally and from the store, and
-// local snapshots not yet durable are uploaded.
+// local snapshots not yet durable are uploaded; the same for paused
+// sandboxes (resumePausedStore).
 func (a *Agent) resumeStore() {
 	if a.store == nil {
 		return
@@ -373,6 +508,7 @@ func (a *Agent) resumeStore() {
 			a.startUpload(si.ID)
 		}
 	}
+	a.resumePausedStore()
 }
 
 // stopBackground cancels the uploads and store deletes and waits for them
@@ -394,6 +530,9 @@ type storeJobs struct {
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc
 	fetchMu   sync.Mutex
+	// adoptMu is held by a resume downloading a paused sandbox from the
+	// store (adoptPaused), one at a time.
+	adoptMu sync.Mutex
 }
 
 // classed is an error of class whose text is msg alone, where the class's

@@ -8,7 +8,8 @@
 //	chunks/<sha256 hex>      one chunk: ChunkSize bytes of a file (the last
 //	                         chunk of a file may be shorter)
 //	manifests/<name>.json    a Manifest: per file its size and the hash of
-//	                         each chunk, "" for a chunk of zeros
+//	                         each chunk, "" for a chunk of zeros; and the
+//	                         uploader's metadata of the set (Meta)
 //	leases/upload-<id>       an Upload in progress (see GC)
 //	leases/gc-<id>           a GC in progress
 //
@@ -130,7 +131,15 @@ type Manifest struct {
 	Name      string `json:"name"`
 	ChunkSize int64  `json:"chunk_size"`
 	Files     []File `json:"files"` // sorted by name
+	// Meta is what the uploader says about the set (UploadMeta), written
+	// with the manifest, so that it is in the store exactly when the set
+	// is: a host that has never seen the set learns what it is with one
+	// request. Nil if none was given.
+	Meta json.RawMessage `json:"meta,omitempty"`
 }
+
+// MaxMeta bounds a manifest's Meta.
+const MaxMeta = 1 << 20
 
 // File is one file of a Manifest.
 type File struct {

@@ -3,6 +3,7 @@ package chunkstore
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand"
 	"os"
@@ -427,4 +428,31 @@ func TestNewAndNames(t *testing.T) {
 	if _, err := s.Open(ctx, "nope", "f"); !errors.Is(err, objstore.ErrNotFound) {
 		t.Errorf("Open of a missing set = %v, want ErrNotFound", err)
 	}
+	for _, meta := range []json.RawMessage{json.RawMessage(`{"a":`), json.RawMessage(`"` + strings.Repeat("x", MaxMeta) + `"`)} {
+		if _, _, err := s.UploadMeta(ctx, "x", map[string]string{"f": f}, meta, nil); err == nil {
+			t.Errorf("UploadMeta with metadata %.20q… (%d bytes) succeeded", meta, len(meta))
+		}
+	}
+}
+
+// TestMeta: the metadata given to UploadMeta comes back in the manifest;
+// Upload writes none; a new upload of the set replaces it.
+func TestMeta(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		f := filepath.Join(t.TempDir(), "f")
+		writeSparseFile(t, f, 10, 1, [2]int64{0, 10})
+		for _, meta := range []json.RawMessage{json.RawMessage(`{"id":"a","n":1}`), json.RawMessage(`{"id":"a","n":2}`), nil} {
+			if _, _, err := s.UploadMeta(ctx, "paused/a", map[string]string{"f": f}, meta, nil); err != nil {
+				t.Fatal(err)
+			}
+			m, err := s.Manifest(ctx, "paused/a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(m.Meta, meta) {
+				t.Errorf("Meta = %s, want %s", m.Meta, meta)
+			}
+		}
+	})
 }

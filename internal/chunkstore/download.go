@@ -24,12 +24,27 @@ func (s *Store) Download(ctx context.Context, name, dir string) (*Manifest, erro
 	if err != nil {
 		return nil, fmt.Errorf("download: %w", err)
 	}
+	if err := s.DownloadManifest(ctx, m, dir); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// DownloadManifest is Download of the files m lists (a manifest read
+// earlier with Manifest): what the caller read in m.Meta describes exactly
+// these files, even if the set was replaced since. A chunk gone from the
+// store meanwhile (the set deleted, then garbage collected) fails it with
+// objstore.ErrNotFound.
+func (s *Store) DownloadManifest(ctx context.Context, m *Manifest, dir string) error {
+	if err := m.check(); err != nil {
+		return fmt.Errorf("download %s: %w", m.Name, err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("download %s: %w", name, err)
+		return fmt.Errorf("download %s: %w", m.Name, err)
 	}
 	for _, f := range m.Files {
 		if err := s.downloadFile(ctx, m, f, dir); err != nil {
-			return nil, fmt.Errorf("download %s: %s: %w", name, f.Name, err)
+			return fmt.Errorf("download %s: %s: %w", m.Name, f.Name, err)
 		}
 	}
 	d, err := os.Open(dir)
@@ -38,9 +53,9 @@ func (s *Store) Download(ctx context.Context, name, dir string) (*Manifest, erro
 		d.Close()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("download %s: %w", name, err)
+		return fmt.Errorf("download %s: %w", m.Name, err)
 	}
-	return m, nil
+	return nil
 }
 
 func (s *Store) downloadFile(ctx context.Context, m *Manifest, f File, dir string) (err error) {

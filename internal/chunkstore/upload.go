@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -37,10 +38,19 @@ type Stats struct {
 // Upload fails, the set is as it was (some chunks may have been stored;
 // GC removes them if nothing comes to use them).
 func (s *Store) Upload(ctx context.Context, name string, files map[string]string, progress func(Stats)) (*Manifest, Stats, error) {
+	return s.UploadMeta(ctx, name, files, nil, progress)
+}
+
+// UploadMeta is Upload that writes meta (a JSON value of at most MaxMeta
+// bytes, or nil) into the manifest as its Meta.
+func (s *Store) UploadMeta(ctx context.Context, name string, files map[string]string, meta json.RawMessage, progress func(Stats)) (*Manifest, Stats, error) {
 	if err := validName(name); err != nil {
 		return nil, Stats{}, fmt.Errorf("upload: %w", err)
 	}
-	m := &Manifest{Version: manifestVersion, Name: name, ChunkSize: s.cfg.ChunkSize}
+	if len(meta) > MaxMeta || (meta != nil && !json.Valid(meta)) {
+		return nil, Stats{}, fmt.Errorf("upload %s: metadata of %d bytes: want valid JSON of at most %d", name, len(meta), MaxMeta)
+	}
+	m := &Manifest{Version: manifestVersion, Name: name, ChunkSize: s.cfg.ChunkSize, Meta: meta}
 	var fds []*os.File
 	defer func() {
 		for _, f := range fds {

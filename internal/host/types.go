@@ -28,9 +28,15 @@ type Info struct {
 	// Busy: an operation (pause, resume, snapshot, fork) holds the
 	// sandbox's operation slot; what it makes may appear after this Info.
 	Busy bool `json:"busy,omitempty"`
-	// Stored and StoreError are a paused sandbox's capture in the object
-	// store, as SnapshotInfo's ("" while it runs).
-	Stored     string `json:"stored,omitempty"`
+	// Stored is where a paused sandbox's capture is kept ("" while the
+	// sandbox is not paused): StoredLocal (only on this host's disk: the
+	// host has no object store), StoredUploading (on this host's disk,
+	// being uploaded) or StoredDurable (in the object store as the set
+	// paused/<id>: any host sharing the store can Resume it, even if this
+	// host is lost).
+	Stored string `json:"stored,omitempty"`
+	// StoreError is why the last upload of the paused sandbox failed (""
+	// if it did not); uploads are retried until they succeed.
 	StoreError string `json:"store_error,omitempty"`
 }
 
@@ -120,7 +126,7 @@ type SnapshotInfo struct {
 	StoreError string `json:"store_error,omitempty"`
 }
 
-// The values of SnapshotInfo.Stored.
+// The values of SnapshotInfo.Stored and Info.Stored.
 const (
 	StoredLocal     = "local"
 	StoredUploading = "uploading"

@@ -685,8 +685,13 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 	if err != nil || st.Paused <= 0 {
 		t.Fatalf("pause: got %+v, %v", st, err)
 	}
-	if info, _ := client.Get(ctx, parent.ID); info.State != lifecycle.Paused {
-		t.Errorf("after pause: state %s", info.State)
+	// Where the paused sandbox is kept travels too (this agent has no
+	// object store: only on its disk).
+	if info, _ := client.Get(ctx, parent.ID); info.State != lifecycle.Paused || info.Stored != host.StoredLocal || info.StoreError != "" {
+		t.Errorf("after pause: state %s, stored %q, store error %q; want paused, %q, none", info.State, info.Stored, info.StoreError, host.StoredLocal)
+	}
+	if list, _ := client.List(ctx); !slices.ContainsFunc(list, func(in host.Info) bool { return in.ID == parent.ID && in.Stored == host.StoredLocal }) {
+		t.Errorf("list after pause: %+v; want %s stored %q", list, parent.ID, host.StoredLocal)
 	}
 	info, err := client.Resume(ctx, parent.ID)
 	if err != nil || info.State != lifecycle.Running {
