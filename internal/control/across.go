@@ -48,6 +48,23 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 	}
 	pol := PolicyOf(parent.Network)
 	var wg sync.WaitGroup
+	// Each target host keeps the capture it fetched as a snapshot of its
+	// own: it goes once the children are made (they keep what they use).
+	targets := map[string]bool{}
+	for _, id := range ids {
+		targets[hostOf(id)] = true
+	}
+	defer func() {
+		for hid := range targets {
+			h, err := p.on(hid)
+			if err == nil {
+				err = h.DeleteSnapshot(context.WithoutCancel(ctx), snapID)
+			}
+			if err != nil && !errors.Is(err, host.ErrNotFound) {
+				p.log.Warn("delete the fetched capture of a cross-host fork", "snapshot_id", snapID, "host_id", hid, "err", err)
+			}
+		}
+	}()
 	for _, id := range ids {
 		wg.Add(1)
 		go func() {

@@ -175,8 +175,10 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 	}
 	// The capture that travelled is gone from the parent's host and
 	// never was a user's snapshot.
-	if snaps, _ := e.a.Snapshots(t.Context()); len(snaps) != 0 {
-		t.Errorf("host a keeps %d captures after the fork", len(snaps))
+	for name, h := range map[string]*hosttest.Host{"a": e.a, "b": e.b} {
+		if snaps, _ := h.Snapshots(t.Context()); len(snaps) != 0 {
+			t.Errorf("host %s keeps %d captures after the fork", name, len(snaps))
+		}
 	}
 	if recs, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{}); len(recs) != 4 {
 		t.Errorf("%d records, want the parent and 3 children", len(recs))
@@ -311,5 +313,35 @@ func TestFleetResumeOnAnotherHost(t *testing.T) {
 	wantKind(t, "resume elsewhere without a store", err, control.Invalid, []string{"object store"})
 	if got := e2.get(sb2.ID); got.State != catalog.StatePaused || got.HostID != "a" {
 		t.Errorf("after a refused move: %s on %s, want paused on a", got.State, got.HostID)
+	}
+}
+
+// A host that comes back with a copy of a sandbox that moved meanwhile
+// (its paused copy, resumed elsewhere while it was lost) drops that copy
+// at its resync; the sandbox on its new host is left alone.
+func TestFleetReturningHostDropsMovedCopies(t *testing.T) {
+	e := newFleetEnv(t, true)
+	sb := e.createOn("a")
+	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.f.set("a", scheduler.Lost)
+	if got, err := e.p.Resume(t.Context(), sb.ID); err != nil || got.HostID != "b" {
+		t.Fatalf("resume while a is lost: %+v, %v", got, err)
+	}
+	// The fake's store handed the capture over; a still has its copy.
+	e.a.Put(host.Info{ID: sb.ID, Template: "base", State: "paused"})
+	e.f.set("a", scheduler.Ready)
+	if err := e.p.ResyncHost(t.Context(), "a", e.a.List); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.a.Sandbox(sb.ID); ok {
+		t.Errorf("host a keeps its stale copy after its resync")
+	}
+	if got := e.get(sb.ID); got.State != catalog.StateRunning || got.HostID != "b" {
+		t.Errorf("the moved sandbox: %s on %s, want running on b", got.State, got.HostID)
+	}
+	if _, ok := e.b.Sandbox(sb.ID); !ok {
+		t.Errorf("host b lost the sandbox")
 	}
 }

@@ -624,8 +624,10 @@ func (p *Plane) ResyncHost(ctx context.Context, hostID string, list func(context
 		if known[id] || p.isBusy(id) {
 			continue
 		}
-		// Created since the catalog was read?
-		if sb, err := p.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped {
+		// Created since the catalog was read? (Not a sandbox that moved
+		// to another host while this one was away: its copy here is
+		// stale, and killing it leaves the new host's alone.)
+		if sb, err := p.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped && sb.HostID == hostID {
 			continue
 		}
 		p.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id, "host_id", hostID)

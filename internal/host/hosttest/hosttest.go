@@ -368,6 +368,9 @@ func (h *Host) Create(ctx context.Context, req host.CreateRequest) (host.Info, e
 			h.store.mu.Lock()
 			si, ok = h.store.snapshots[req.SnapshotID]
 			h.store.mu.Unlock()
+			if ok {
+				h.snapshots[req.SnapshotID] = si // fetched: the host keeps it
+			}
 		}
 		if !ok {
 			return host.Info{}, fmt.Errorf("snapshot %s: %w", req.SnapshotID, host.ErrNotFound)
@@ -529,6 +532,11 @@ func (h *Host) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 		return fmt.Errorf("snapshot %s: %w", snapshotID, host.ErrNotFound)
 	}
 	delete(h.snapshots, snapshotID)
+	if h.store != nil {
+		h.store.mu.Lock()
+		delete(h.store.snapshots, snapshotID)
+		h.store.mu.Unlock()
+	}
 	return nil
 }
 
