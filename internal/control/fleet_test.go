@@ -251,6 +251,7 @@ func TestFleetResumeElsewhereWithoutCapture(t *testing.T) {
 func TestFleetMoveTo(t *testing.T) {
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
+	before := e.get(sb.ID).ExpiresAt
 	to, err := e.p.MoveTo(t.Context(), sb.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -260,6 +261,9 @@ func TestFleetMoveTo(t *testing.T) {
 	}
 	if got := e.get(sb.ID); got.State != catalog.StateRunning || got.HostID != "b" {
 		t.Errorf("after the move: %s on %s, want running on b", got.State, got.HostID)
+	}
+	if got := e.get(sb.ID).ExpiresAt; !got.Equal(before) {
+		t.Errorf("a move changed the expiry from %v to %v", before, got)
 	}
 	if _, ok := e.a.Sandbox(sb.ID); ok {
 		t.Errorf("host a still holds the moved sandbox")

@@ -630,7 +630,7 @@ func (p *Plane) ResyncHost(ctx context.Context, hostID string, list func(context
 		if sb, err := p.cat.GetSandbox(ctx, id); err == nil && sb.State != catalog.StateStopped && sb.HostID == hostID {
 			continue
 		}
-		p.log.Warn("killing sandbox unknown to the catalog", "sandbox_id", id, "host_id", hostID)
+		p.log.Warn("killing a sandbox the catalog does not place on this host (a create that never finished, or a copy of one that moved)", "sandbox_id", id, "host_id", hostID)
 		h.Kill(ctx, id)
 	}
 	p.resyncSnapshots(ctx, hostID, h)

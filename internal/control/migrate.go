@@ -98,6 +98,15 @@ func (p *Plane) MoveTo(ctx context.Context, id string) (string, error) {
 		}
 		return "", err
 	}
+	// A move is not a pause the user asked for: the TTL runs on as it was.
+	if _, err := p.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error {
+		if x.State == catalog.StateRunning && sb.ExpiresAt.After(p.now()) {
+			x.ExpiresAt = sb.ExpiresAt
+		}
+		return nil
+	}); err != nil {
+		p.log.Warn("keep a moved sandbox's expiry", "sandbox_id", id, "err", err)
+	}
 	p.log.Info("sandbox moved", "sandbox_id", id, "from", sb.HostID, "to", to, "reason", choice.Reason)
 	// The old host forgets its paused copy.
 	if err := src.Kill(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
