@@ -59,10 +59,10 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		out[i].Sandbox = &j
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"children":         out,
-		"parent_paused_ms": res.ParentPausedMS,
-		"dirty_bytes":      res.DirtyBytes,
-		"moved_bytes":      res.MovedBytes,
+		"children":                 out,
+		"parent_paused_ms":         res.ParentPausedMS,
+		"dirty_bytes":              res.DirtyBytes,
+		"cross_host_capture_bytes": res.CrossHostCaptureBytes,
 	})
 }
 

@@ -140,8 +140,8 @@ func TestFleetPlacement(t *testing.T) {
 			t.Errorf("default fork child: %+v, want one on the parent's host b", c)
 		}
 	}
-	if got.MovedBytes != 0 {
-		t.Errorf("same-host fork moved %d bytes", got.MovedBytes)
+	if got.CrossHostCaptureBytes != 0 {
+		t.Errorf("same-host fork moved %d bytes", got.CrossHostCaptureBytes)
 	}
 	// Per-host records: a resync of a leaves b's sandboxes alone.
 	if err := e.p.ResyncHost(t.Context(), "a", e.a.List); err != nil {
@@ -170,8 +170,8 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 			t.Errorf("host b: child %s %+v, want restored from the parent's capture", c.Sandbox.ID, info)
 		}
 	}
-	if got.MovedBytes <= 0 {
-		t.Errorf("cross-host fork moved %d bytes, want the capture's size", got.MovedBytes)
+	if got.CrossHostCaptureBytes <= 0 {
+		t.Errorf("cross-host fork moved %d bytes, want the capture's size", got.CrossHostCaptureBytes)
 	}
 	// The capture that travelled is gone from the parent's host and
 	// never was a user's snapshot.

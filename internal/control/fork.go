@@ -24,9 +24,10 @@ type Forked struct {
 	// DirtyBytes how much of its RAM the capture copied.
 	ParentPausedMS float64
 	DirtyBytes     int64
-	// MovedBytes is what travelled to other hosts for children placed
-	// there (0 when all of them are on the parent's host).
-	MovedBytes int64
+	// CrossHostCaptureBytes is the size of the parent's capture that went
+	// through the object store for children on other hosts (its own
+	// blocks); 0 when all are on the parent's host.
+	CrossHostCaptureBytes int64
 }
 
 // ForkChild is one child of a fork: its record (running), or why it
@@ -188,7 +189,7 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 		p.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
 		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(slot), "other_hosts", len(slot)-len(local),
 			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "moved_mib", moved>>20, "dur_ms", time.Since(t0).Milliseconds())
-		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes, MovedBytes: moved}, nil
+		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes, CrossHostCaptureBytes: moved}, nil
 	})
 }
 

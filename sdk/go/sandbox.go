@@ -262,6 +262,10 @@ type ForkResult struct {
 	// DirtyBytes is the memory the parent had written since its restore,
 	// which the fork captured.
 	DirtyBytes int64
+	// CrossHostCaptureBytes is the size of the parent's capture that went
+	// through the object store for children on other hosts (its own
+	// blocks); 0 when all are on the parent's host.
+	CrossHostCaptureBytes int64
 }
 
 // ForkWithStats is Fork that also reports what the fork cost the parent.
@@ -306,13 +310,14 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 			Sandbox *SandboxInfo `json:"sandbox"`
 			Error   *Error       `json:"error"`
 		} `json:"children"`
-		ParentPausedMS float64 `json:"parent_paused_ms"`
-		DirtyBytes     int64   `json:"dirty_bytes"`
+		ParentPausedMS        float64 `json:"parent_paused_ms"`
+		DirtyBytes            int64   `json:"dirty_bytes"`
+		CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
 	}
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err
 	}
-	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes}
+	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes, CrossHostCaptureBytes: out.CrossHostCaptureBytes}
 	ferr := &ForkError{Requested: count}
 	for _, ch := range out.Children {
 		switch {

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/spf13/cobra"
+)
+
+func benchClusterCmd() *cobra.Command {
+	var (
+		rem           remoteBench
+		tmpl          string
+		n, mem, dirty int
+	)
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Same-host vs cross-host fork, bytes moved, resume on another host: through the REST API of a fleet",
+		Long: `Measure a fleet (panda server --fleet with at least two hosts sharing an
+object store, e.g. panda dev cluster) through its REST API. Each of --n
+rounds creates a parent on the first ready host, writes --dirty MiB of
+random data to its memory (/dev/shm), then:
+
+  - forks it to its own host → the child's first exec answered
+  - forks it to the second host → the child's first exec answered, and
+    the size of the capture that went through the object store (the
+    parent's own blocks) against its dirty memory and RAM
+  - pauses it and resumes it on the second host, which never saw it →
+    first exec answered
+
+Every sandbox it creates is labelled panda_bench=<run> and killed before
+it exits.`,
+		Example: `  panda bench cluster --n 10 --dirty 16 --json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if n < 1 {
+				return fmt.Errorf("--n %d: want at least 1", n)
+			}
+			c, _, err := rem.client()
+			if err != nil {
+				return err
+			}
+			res, err := bench.ClusterBench(cmd.Context(), c, bench.ClusterOptions{Template: tmpl, MemoryMiB: mem, DirtyMiB: dirty, N: n, Log: cmd.ErrOrStderr()})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if rem.asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			fmt.Fprintf(out, "hosts %v, template %s, %d MiB, %d MiB dirty, %d rounds\n", res.Hosts, res.Template, res.MemoryMiB, res.DirtyMiB, res.SameHostForkFirstExec.N)
+			for _, r := range []struct {
+				name string
+				d    bench.Dist
+			}{{"same-host fork → child exec", res.SameHostForkFirstExec}, {"cross-host fork → child exec", res.CrossHostForkFirstExec},
+				{"resume on another host → exec", res.ResumeElsewhereFirstExec}} {
+				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms\n", r.name, r.d.P50, r.d.P99)
+			}
+			fmt.Fprintf(out, "cross-host fork capture p50 %.1f MiB (parent dirty %.1f MiB: %.2f×; %.2f of its RAM); the other host downloads the whole capture set\n",
+				res.CrossHostCaptureMiBP50, res.CrossHostDirtyMiBP50, res.CapturePerDirty, res.CapturePerRAM)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	rem.register(f)
+	f.StringVar(&tmpl, "template", "base", "template")
+	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
+	f.IntVar(&dirty, "dirty", 16, "MiB each parent writes to memory before it is forked")
+	f.IntVar(&n, "n", 10, "rounds")
+	return cmd
+}

@@ -1,0 +1,175 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+)
+
+// ClusterOptions configures ClusterBench.
+type ClusterOptions struct {
+	Template  string
+	MemoryMiB int
+	// DirtyMiB is what each parent writes to memory (/dev/shm) before it is
+	// forked: the part of its RAM that differs from its template.
+	DirtyMiB int
+	// N is the rounds of each measurement.
+	N   int
+	Log io.Writer
+}
+
+// ClusterResult is what ClusterBench measured, in one run.
+type ClusterResult struct {
+	Hosts     []string `json:"hosts"`
+	Template  string   `json:"template"`
+	MemoryMiB int      `json:"memory_mib"`
+	DirtyMiB  int      `json:"dirty_mib"`
+	// Fork → the child's first exec answered, on the parent's host and on
+	// another host.
+	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
+	CrossHostForkFirstExec Dist `json:"cross_host_fork_first_exec"`
+	// The size of a cross-host fork's capture (the parent's own blocks:
+	// what its host uploads at most; chunks the store already holds are
+	// not sent) against the parent's dirty memory and its RAM. The other
+	// host downloads the whole capture set, template chunks included.
+	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
+	CrossHostDirtyMiBP50     float64 `json:"cross_host_dirty_mib_p50"`
+	CapturePerDirty          float64 `json:"capture_per_dirty"`
+	CapturePerRAM            float64 `json:"capture_per_ram"`
+	ResumeElsewhereFirstExec Dist    `json:"resume_elsewhere_first_exec"`
+}
+
+// ClusterBench measures a fleet of at least two hosts sharing an object
+// store, through its REST API: same-host against cross-host fork (child's
+// first exec), the bytes a cross-host fork moves, and a paused sandbox
+// resumed on a host that never saw it (first exec). Every sandbox it makes
+// is labelled panda_bench=<run> and killed before it returns.
+func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (ClusterResult, error) {
+	res := ClusterResult{Template: o.Template, MemoryMiB: o.MemoryMiB, DirtyMiB: o.DirtyMiB}
+	hosts, err := c.Hosts(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, h := range hosts {
+		if h.State == "ready" {
+			res.Hosts = append(res.Hosts, h.ID)
+		}
+	}
+	if len(res.Hosts) < 2 {
+		return res, fmt.Errorf("a cluster benchmark needs two ready hosts, the server has %d (panda dev cluster starts three)", len(res.Hosts))
+	}
+	a, b := res.Hosts[0], res.Hosts[1]
+	run := fmt.Sprintf("cluster-%d", time.Now().UnixNano())
+	var made []*pandastack.Sandbox
+	defer func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, sb := range made {
+			sb.Kill(kctx)
+		}
+	}()
+	logf := func(format string, args ...any) {
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, format+"\n", args...)
+		}
+	}
+	firstExec := func(sb *pandastack.Sandbox) error {
+		r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"true"}})
+		if err == nil && r.ExitCode != 0 {
+			err = fmt.Errorf("true exited %d", r.ExitCode)
+		}
+		return err
+	}
+	parentOn := func(hostID string) (*pandastack.Sandbox, error) {
+		sb, err := c.Create(ctx, pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB,
+			Metadata: map[string]string{"panda_bench": run}, Placement: pandastack.OnHost(hostID)})
+		if err != nil {
+			return nil, err
+		}
+		made = append(made, sb)
+		if o.DirtyMiB > 0 {
+			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("head -c %dM /dev/urandom > /dev/shm/dirty", o.DirtyMiB)}})
+			if err == nil && r.ExitCode != 0 {
+				err = fmt.Errorf("dirtying memory: exit %d: %s", r.ExitCode, r.Stderr)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		return sb, nil
+	}
+	var same, cross, resume []time.Duration
+	var capture, dirty []float64
+	for i := range o.N {
+		logf("round %d/%d", i+1, o.N)
+		parent, err := parentOn(a)
+		if err != nil {
+			return res, fmt.Errorf("parent: %w", err)
+		}
+		for _, tc := range []struct {
+			to  string
+			out *[]time.Duration
+		}{{a, &same}, {b, &cross}} {
+			t0 := time.Now()
+			fr, err := parent.ForkWithOptions(ctx, pandastack.ForkOptions{Count: 1, Placement: pandastack.OnHost(tc.to)})
+			made = append(made, fr.Children...)
+			if err != nil {
+				return res, fmt.Errorf("fork to %s: %w", tc.to, err)
+			}
+			if err := firstExec(fr.Children[0]); err != nil {
+				return res, fmt.Errorf("child on %s: %w", tc.to, err)
+			}
+			*tc.out = append(*tc.out, time.Since(t0))
+			if tc.to == b {
+				capture = append(capture, float64(fr.CrossHostCaptureBytes)/(1<<20))
+				dirty = append(dirty, float64(fr.DirtyBytes)/(1<<20))
+			}
+			fr.Children[0].Kill(ctx)
+		}
+		// Pause on a, resume on b (which never saw it).
+		if err := parent.Pause(ctx); err != nil {
+			return res, fmt.Errorf("pause: %w", err)
+		}
+		t0 := time.Now()
+		if err := parent.ResumeOn(ctx, pandastack.OnHost(b)); err != nil {
+			return res, fmt.Errorf("resume on %s: %w", b, err)
+		}
+		if parent.Info.HostID != b {
+			return res, fmt.Errorf("resumed on %s, asked for %s", parent.Info.HostID, b)
+		}
+		if err := firstExec(parent); err != nil {
+			return res, fmt.Errorf("resumed sandbox: %w", err)
+		}
+		resume = append(resume, time.Since(t0))
+		parent.Kill(ctx)
+	}
+	res.SameHostForkFirstExec = Summarize(same)
+	res.CrossHostForkFirstExec = Summarize(cross)
+	res.ResumeElsewhereFirstExec = Summarize(resume)
+	res.CrossHostCaptureMiBP50 = median(capture)
+	res.CrossHostDirtyMiBP50 = median(dirty)
+	if res.CrossHostDirtyMiBP50 > 0 {
+		res.CapturePerDirty = round(res.CrossHostCaptureMiBP50 / res.CrossHostDirtyMiBP50)
+	}
+	if o.MemoryMiB > 0 {
+		res.CapturePerRAM = math2(res.CrossHostCaptureMiBP50 / float64(o.MemoryMiB))
+	}
+	if len(same) == 0 {
+		return res, errors.New("nothing measured")
+	}
+	return res, nil
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return Percentile(s, 50)
+}
+
+// math2 rounds to two decimals.
+func math2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
