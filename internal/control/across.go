@@ -20,23 +20,23 @@ const acrossTimeout = 5 * time.Minute
 // gives (not the parent's), from one capture of the parent that travels
 // through the object store the hosts share: a snapshot on the parent's
 // host, uploaded there, restored by each child's host. A child that fails
-// is reported to fail; an error fails them all. It returns the bytes the
-// capture stored (what the parent's host sent; chunks the store already
-// held — the template's, an earlier capture's — are not sent again). The
-// capture is deleted afterwards.
-func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (int64, error) {
+// is reported to fail; an error fails them all. It returns the capture
+// (its SizeBytes: the parent's own blocks, what its host uploads at most;
+// chunks the store already holds are not sent again). The capture is
+// deleted afterwards, from every host.
+func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (host.SnapshotInfo, error) {
 	src, err := p.on(parent.HostID)
 	if err != nil {
-		return 0, err
+		return host.SnapshotInfo{}, err
 	}
 	sl, ok := src.(host.SnapshotLister)
 	if !ok {
-		return 0, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
+		return host.SnapshotInfo{}, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
 	}
 	snapID := host.NewID()
 	si, err := src.Snapshot(ctx, parent.ID, snapID)
 	if err != nil {
-		return 0, err
+		return si, err
 	}
 	defer func() {
 		if err := src.DeleteSnapshot(context.WithoutCancel(ctx), snapID); err != nil && !errors.Is(err, host.ErrNotFound) {
@@ -44,7 +44,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		}
 	}()
 	if err := p.awaitDurable(ctx, sl, parent.HostID, snapID); err != nil {
-		return 0, err
+		return si, err
 	}
 	pol := PolicyOf(parent.Network)
 	var wg sync.WaitGroup
@@ -80,7 +80,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		}()
 	}
 	wg.Wait()
-	return si.SizeBytes, nil
+	return si, nil
 }
 
 // awaitDurable waits until host hostID's snapshot id is durable in the

@@ -147,12 +147,17 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 			}
 			var err error
 			var mu sync.Mutex
-			moved, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
+			var si host.SnapshotInfo
+			si, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
 				func(id string, err error) {
 					mu.Lock()
 					defer mu.Unlock()
 					drop([]string{id}, err)
 				})
+			moved = si.SizeBytes
+			if len(local) == 0 {
+				res.Capture = si.Capture
+			}
 			if err != nil {
 				drop(remote, err)
 				if forkErr == nil {
