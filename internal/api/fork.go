@@ -164,28 +164,16 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	s.lifecycleOp(w, r, s.cp.Pause)
+	s.lifecycleOp(w, r, &struct{}{}, s.cp.Pause)
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Placement scheduler.Placement `json:"placement"`
 	}
-	if err := decodeJSON(r, &req, true); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.owned(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err = s.cp.ResumeOn(r.Context(), sb.ID, req.Placement)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
+	s.lifecycleOp(w, r, &req, func(ctx context.Context, id string) (catalog.Sandbox, error) {
+		return s.cp.ResumeOn(ctx, id, req.Placement)
+	})
 }
 
 // lifecycleOp serves pause and resume (run: control.Plane's): the sandbox
@@ -193,8 +181,9 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 // operation: the request joins it), the operation runs detached, and the
 // answer is the sandbox as it left it. A client that goes away does not
 // cancel it; GET tells how it ended (state, last_error).
-func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(ctx context.Context, id string) (catalog.Sandbox, error)) {
-	if err := decodeJSON(r, &struct{}{}, true); err != nil {
+// The request's body (optional) is decoded into body first.
+func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, body any, run func(ctx context.Context, id string) (catalog.Sandbox, error)) {
+	if err := decodeJSON(r, body, true); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -95,7 +95,7 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 		ID: sb.ID, Template: sb.Template, State: sb.State, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
 		CreatedAt: sb.CreatedAt.UTC(), TTLSeconds: sb.TTLSeconds, OnExpire: sb.OnExpire,
 		Metadata: sb.Metadata, HostID: sb.HostID, StopReason: sb.StopReason, LastError: sb.LastError,
-		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID, Network: fromCatalogNetwork(sb.Network),
+		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID, Network: control.PolicyOf(sb.Network),
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
@@ -288,16 +288,6 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
-func fromCatalogNetwork(n catalog.Network) network.Policy {
-	p := network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
-	if p.AllowOut == nil {
-		p.AllowOut = []string{}
-	}
-	if p.DenyOut == nil {
-		p.DenyOut = []string{}
-	}
-	return p
-}
 
 // setNetwork changes a sandbox's egress policy: the fields given replace
 // the current ones (PATCH), the rest stay. A running sandbox's rules change
@@ -317,7 +307,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	p := fromCatalogNetwork(sb.Network)
+	p := control.PolicyOf(sb.Network)
 	if req.Internet != nil {
 		p.Internet = *req.Internet
 	}
