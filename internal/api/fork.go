@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -117,14 +116,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // ownedSnapshot returns the caller's snapshot from the URL.
 func (s *Server) ownedSnapshot(ctx context.Context, r *http.Request, id string) (catalog.Snapshot, error) {
-	if !host.ValidID(id) {
-		return catalog.Snapshot{}, notFound("snapshot %q not found", id)
-	}
-	sn, err := s.cat.GetSnapshot(ctx, id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != callerOf(r).Key.ID) {
-		return catalog.Snapshot{}, notFound("snapshot %s not found", id)
-	}
-	return sn, err
+	return s.cp.OwnedSnapshot(ctx, callerOf(r).Key.ID, id)
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {

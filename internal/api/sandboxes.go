@@ -15,7 +15,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/scheduler"
@@ -171,18 +170,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 // owned returns the caller's sandbox id from the URL; another key's
 // sandbox is not found, exactly like a missing one.
 func (s *Server) owned(r *http.Request) (catalog.Sandbox, error) {
-	id := chi.URLParam(r, "id")
-	if !host.ValidID(id) {
-		return catalog.Sandbox{}, notFound("sandbox %q not found", id)
-	}
-	sb, err := s.cat.GetSandbox(r.Context(), id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != callerOf(r).Key.ID) {
-		return catalog.Sandbox{}, notFound("sandbox %s not found", id)
-	}
-	if err != nil {
-		return catalog.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
-	}
-	return sb, nil
+	return s.cp.Sandbox(r.Context(), callerOf(r).Key.ID, chi.URLParam(r, "id"))
 }
 
 // running is owned plus a check that the sandbox can take commands.
