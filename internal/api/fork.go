@@ -111,7 +111,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapToJSON(sn, s.cp.SnapshotStorage(r.Context())))
+	writeJSON(w, http.StatusCreated, snapToJSON(sn, s.cp.SnapshotStorageOf(r.Context(), sn)))
 }
 
 // ownedSnapshot returns the caller's snapshot from the URL.
@@ -139,7 +139,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snapToJSON(sn, s.cp.SnapshotStorage(r.Context())))
+	writeJSON(w, http.StatusOK, snapToJSON(sn, s.cp.SnapshotStorageOf(r.Context(), sn)))
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {

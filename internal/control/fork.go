@@ -300,9 +300,22 @@ func (p *Plane) DeleteSnapshot(ctx context.Context, id string) error {
 // or cannot be reached now (the snapshots themselves are the catalog's;
 // only their storage state is unknown then).
 func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInfo {
-	out := map[string]host.SnapshotInfo{}
+	var ids []string
 	for _, hi := range p.fleet.Inventory(ctx) {
-		h, err := p.fleet.Host(hi.ID)
+		ids = append(ids, hi.ID)
+	}
+	return p.snapshotStorage(ctx, ids)
+}
+
+// SnapshotStorageOf is SnapshotStorage asking only snapshot sn's host.
+func (p *Plane) SnapshotStorageOf(ctx context.Context, sn catalog.Snapshot) map[string]host.SnapshotInfo {
+	return p.snapshotStorage(ctx, []string{sn.HostID})
+}
+
+func (p *Plane) snapshotStorage(ctx context.Context, hostIDs []string) map[string]host.SnapshotInfo {
+	out := map[string]host.SnapshotInfo{}
+	for _, id := range hostIDs {
+		h, err := p.fleet.Host(id)
 		if err != nil {
 			continue
 		}
@@ -312,7 +325,7 @@ func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInf
 		}
 		list, err := sl.Snapshots(ctx)
 		if err != nil {
-			p.log.Warn("list the host's snapshots", "host_id", hi.ID, "err", err)
+			p.log.Warn("list the host's snapshots", "host_id", id, "err", err)
 			continue
 		}
 		for _, si := range list {
