@@ -81,6 +81,10 @@ type sandboxJSON struct {
 	SnapshotID string            `json:"snapshot_id,omitempty"`
 	Network    network.Policy    `json:"network"`
 	Memory     *memoryJSON       `json:"memory,omitempty"`
+	// Stored and StoreError are a paused sandbox's capture in the object
+	// store (its host's: local, uploading, durable).
+	Stored     string `json:"stored,omitempty"`
+	StoreError string `json:"store_error,omitempty"`
 }
 
 type memoryJSON struct {
@@ -128,6 +132,11 @@ func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON
 	if s.hostLost(sb) {
 		out.State = StateLost
 		return out
+	}
+	if sb.State == catalog.StatePaused {
+		if info, err := s.host.Get(ctx, sb.ID); err == nil {
+			out.Stored, out.StoreError = info.Stored, info.StoreError
+		}
 	}
 	if sb.State == catalog.StateRunning {
 		if m, err := s.host.Memory(ctx, sb.ID); err == nil {
@@ -275,7 +284,6 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
-
 
 // setNetwork changes a sandbox's egress policy: the fields given replace
 // the current ones (PATCH), the rest stay. A running sandbox's rules change

@@ -46,6 +46,11 @@ type SandboxInfo struct {
 	OnExpire   string `json:"on_expire,omitempty"` // kill or pause
 	ParentID   string `json:"parent_id,omitempty"` // the sandbox it was forked from
 	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Stored is a paused sandbox's saved state: local (its host's disk
+	// only), uploading, or durable (in the object store: it can resume on
+	// another host); StoreError why its last upload failed.
+	Stored     string `json:"stored,omitempty"`
+	StoreError string `json:"store_error,omitempty"`
 	// Network is the sandbox's egress policy (nil from a server that
 	// reports none).
 	Network *Network `json:"network,omitempty"`
