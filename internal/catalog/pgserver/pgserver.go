@@ -12,6 +12,7 @@
 package pgserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,13 +21,14 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pandastack/pandastack/internal/child"
 )
 
 const (
@@ -108,10 +110,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	data := filepath.Join(cfg.Dir, "data")
 	attr := func() *syscall.SysProcAttr {
 		// Setpgid keeps a terminal's ^C from reaching the server (Stop
-		// stops it) and lets Stop kill the whole group. Pdeathsig takes
-		// the server down if this process dies without stopping it; Go
-		// sets it after changing credentials, which would clear it.
-		return &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+		// stops it) and lets Stop kill the whole group. The parent-death
+		// signal (child.Start) takes the server down if this process dies
+		// without stopping it; Go sets it after changing credentials,
+		// which would clear it.
+		return &syscall.SysProcAttr{Credential: cred, Setpgid: true}
 	}
 	env := []string{"PATH=/usr/bin:/bin", "LC_ALL=C", "TZ=UTC", "HOME=" + cfg.Dir}
 
@@ -130,8 +133,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cmd.Dir, cmd.Env, cmd.SysProcAttr = cfg.Dir, env, attr()
 		// On timeout, kill initdb's whole group: it runs postgres itself.
 		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		waited, err := child.Start(cmd, syscall.SIGKILL)
+		if err == nil {
+			err = <-waited
+		}
+		if err != nil {
+			return nil, fmt.Errorf("initdb: %v\n%s", err, out.Bytes())
 		}
 		s.InitDB = time.Since(began)
 	}
@@ -152,17 +161,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	srv := exec.Command(postgres, args...)
 	srv.Dir, srv.Env, srv.SysProcAttr = cfg.Dir, env, attr()
 	srv.Stdout, srv.Stderr = logFile, logFile
-	// Pdeathsig belongs to the thread that forks: keep this goroutine on
-	// it until the fork is done.
-	runtime.LockOSThread()
-	err = srv.Start()
-	runtime.UnlockOSThread()
+	waited, err := child.Start(srv, syscall.SIGQUIT)
 	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
 	s.cmd = srv
 	go func() {
-		s.err = srv.Wait()
+		s.err = <-waited
 		close(s.exited)
 	}()
 	s.dsn = (&url.URL{

@@ -20,11 +20,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/child"
 	"github.com/pandastack/pandastack/internal/objstore"
 )
 
@@ -104,17 +104,13 @@ func (s *Server) Start(ctx context.Context) error {
 	cmd := exec.Command(s.cfg.Binary, "--access", s.cfg.AccessKey, "--secret", s.cfg.SecretKey,
 		"--port", s.cfg.Addr, "--quiet", "posix", s.cfg.Dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Pdeathsig belongs to the thread that forks: keep this goroutine on
-	// it until the fork is done.
-	runtime.LockOSThread()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	err = cmd.Start()
-	runtime.UnlockOSThread()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	waited, err := child.Start(cmd, syscall.SIGKILL)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", s.cfg.Binary, err)
 	}
 	s.cmd, s.done = cmd, make(chan struct{})
-	go func(done chan struct{}) { cmd.Wait(); close(done) }(s.done)
+	go func(done chan struct{}) { <-waited; close(done) }(s.done)
 
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()

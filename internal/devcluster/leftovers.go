@@ -1,0 +1,198 @@
+package devcluster
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// stateDir holds a state file per running cluster name: what a run that
+// is killed leaves for the next run of that name to clean up.
+const stateDir = "/run/pandastack"
+
+func statePath(name string) string { return filepath.Join(stateDir, "dev-cluster-"+name+".json") }
+
+// stateFile records a cluster's data directory and the processes it
+// started (by PID and start time, so that a PID reused since is never
+// killed). Rewritten after every start of a process.
+type stateFile struct {
+	path    string
+	mu      sync.Mutex
+	DataDir string      `json:"data_dir"`
+	Temp    bool        `json:"temp"`
+	Procs   []stateProc `json:"procs"`
+}
+
+type stateProc struct {
+	Name  string `json:"name"`
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"` // startTime
+}
+
+func (s *stateFile) save() error {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(s, "", "  ")
+	tmp := s.path + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.path)
+}
+
+// add records process pid; a failure to save is not fatal (the cluster
+// runs; only a later clean-up would miss it).
+func (s *stateFile) add(name string, pid int) {
+	st, err := startTime(pid)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Procs = append(s.Procs, stateProc{Name: name, PID: pid, Start: st})
+	s.save()
+}
+
+func (s *stateFile) remove() error {
+	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// removeLeftovers removes what a killed run of this cluster's name left:
+// its processes (recorded ones by PID, and whatever runs in its
+// namespaces), the agents' VMMs and mounts, its namespaces, veths and
+// bridge, its temporary data directory. It says what it found.
+func (c *Cluster) removeLeftovers() error {
+	var found []string
+	var old stateFile
+	b, err := os.ReadFile(statePath(c.cfg.Name))
+	if err == nil {
+		if err := json.Unmarshal(b, &old); err != nil {
+			return fmt.Errorf("state of an earlier run, %s: %w (remove it if no such cluster runs)", statePath(c.cfg.Name), err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	// Agents first (they would restart VMMs' sandboxes' records), then
+	// the rest; each by process group, which holds its children.
+	slices.SortStableFunc(old.Procs, func(a, b stateProc) int {
+		return boolInt(!strings.HasPrefix(a.Name, "agent-")) - boolInt(!strings.HasPrefix(b.Name, "agent-"))
+	})
+	for _, p := range old.Procs {
+		if st, err := startTime(p.PID); err != nil || st != p.Start {
+			continue // gone, or the PID is another process's now
+		}
+		syscall.Kill(-p.PID, syscall.SIGKILL)
+		syscall.Kill(p.PID, syscall.SIGKILL)
+		waitGone(p.PID, 10*time.Second)
+		found = append(found, fmt.Sprintf("%s (pid %d)", p.Name, p.PID))
+	}
+	pids, removed, err := removeNetwork(c.cfg.Name)
+	if err != nil {
+		return fmt.Errorf("remove the network of an earlier run: %w", err)
+	}
+	if len(pids) > 0 {
+		found = append(found, fmt.Sprintf("processes %v in its namespaces", pids))
+	}
+	if len(removed) > 0 {
+		found = append(found, strings.Join(removed, ", "))
+	}
+	dirs := []string{}
+	if old.DataDir != "" {
+		dirs = append(dirs, old.DataDir)
+	}
+	if c.cfg.DataDir != "" && c.cfg.DataDir != old.DataDir {
+		dirs = append(dirs, c.cfg.DataDir)
+	}
+	for _, d := range dirs {
+		agents, _ := filepath.Glob(filepath.Join(d, "agent-*"))
+		for _, a := range agents {
+			if pids := qemuPIDs(a); len(pids) > 0 {
+				killPIDs(pids)
+				found = append(found, fmt.Sprintf("VMMs %v of %s", pids, a))
+			}
+			if m := mountsUnder(a); len(m) > 0 {
+				if err := unmountUnder(a); err != nil {
+					return fmt.Errorf("clean up an earlier run: %w", err)
+				}
+				found = append(found, "mounts "+strings.Join(m, ", "))
+			}
+		}
+	}
+	if old.Temp && old.DataDir != "" {
+		if _, err := os.Stat(old.DataDir); err == nil {
+			if err := os.RemoveAll(old.DataDir); err != nil {
+				return fmt.Errorf("remove the data directory of an earlier run: %w", err)
+			}
+			found = append(found, "its temporary data directory "+old.DataDir)
+		}
+	}
+	if len(found) > 0 {
+		c.progress("Cleaned up after an earlier run of cluster %q that did not stop: %s", c.cfg.Name, strings.Join(found, "; "))
+	}
+	return (&stateFile{path: statePath(c.cfg.Name)}).remove()
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// killPID SIGKILLs one process.
+func killPID(pid int) { syscall.Kill(pid, syscall.SIGKILL) }
+
+// unmountUnder unmounts every mount point under dir, deepest first,
+// retrying while files of processes just killed are being closed.
+func unmountUnder(dir string) error {
+	var errs []error
+	for _, mp := range mountsUnder(dir) {
+		var err error
+		for range 50 {
+			if err = syscall.Unmount(mp, 0); err == nil || !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // poll: the kernel closes a dead process's files
+		}
+		if err != nil {
+			syscall.Unmount(mp, syscall.MNT_DETACH)
+			errs = append(errs, fmt.Errorf("unmount %s: %w (detached)", mp, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists the mount points under dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
+			if mp := mountInfoEscapes.Replace(fields[4]); strings.HasPrefix(mp, dir+"/") {
+				out = append(out, mp)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return out
+}
+
+// mountInfoEscapes undoes the octal escapes of /proc/self/mountinfo.
+var mountInfoEscapes = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
