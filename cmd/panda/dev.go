@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -32,6 +33,7 @@ func devClusterCmd() *cobra.Command {
 		defaultTemplate string
 		defaultMemory   int
 		hostLostAfter   time.Duration
+		name, subnet    string
 	)
 	cmd := &cobra.Command{
 		Use:   "cluster",
@@ -43,7 +45,7 @@ func devClusterCmd() *cobra.Command {
     built by make s3-deps) on the bridge, or a directory (--store dir), or
     none;
   - N host agents (panda agent), each in a network namespace of its own
-    (NAME-aN, joined to a bridge pdev-br by a veth pair; no route beyond it),
+    (pdev-aN, joined to a bridge pdev-br by a veth pair; no route beyond it),
     with its own data directory DATA_DIR/agent-N, host id agent-N, and
     networking off: sandboxes in a dev cluster have NO network;
   - the control plane (panda server --fleet) on --listen, which the agents
@@ -76,8 +78,12 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 			if images == "" {
 				images = d.Images
 			}
+			net, err := netip.ParsePrefix(subnet)
+			if err != nil {
+				return fmt.Errorf("--subnet: %w", err)
+			}
 			cfg := devcluster.Config{Agents: agents, DataDir: dataDir, Listen: listen, Store: store, Images: images,
-				Binary: bin, Versitygw: gw, Env: os.Environ(), Out: cmd.OutOrStdout(),
+				Binary: bin, Versitygw: gw, Env: os.Environ(), Out: cmd.OutOrStdout(), Name: name, Subnet: net,
 				AgentArgs: []string{"--default-template", defaultTemplate, "--default-memory", fmt.Sprint(defaultMemory)}}
 			if hostLostAfter > 0 {
 				cfg.ServerArgs = []string{"--host-lost-after", hostLostAfter.String()}
@@ -93,6 +99,8 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 	f.StringVar(&images, "images", "", "guest images from make setup (default "+d.Images+")")
 	f.StringVar(&defaultTemplate, "default-template", "base", "template of creates that name none (each agent bakes it at start)")
 	f.IntVar(&defaultMemory, "default-memory", 1024, "guest memory (MiB) of creates that give none")
+	f.StringVar(&name, "name", d.Name, "prefix of the cluster's namespaces, veths and bridge (1-5 of a-z, 0-9): one per cluster running at once")
+	f.StringVar(&subnet, "subnet", d.Subnet.String(), "IPv4 network of the bridge joining the agents (/24 or larger; must not overlap this machine's)")
 	f.DurationVar(&hostLostAfter, "host-lost-after", 0, "a host that misses heartbeats this long is lost (default: the server's, 10s)")
 	return cmd
 }

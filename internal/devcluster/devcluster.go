@@ -267,9 +267,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("guest images: %w (run make setup, or give the images directory)", err)
 	}
 	c := &Cluster{cfg: cfg, out: &lockedWriter{w: cfg.Out}, serverDied: make(chan error, 1)}
-	if err := c.removeLeftovers(); err != nil {
+	unlock, err := lockName(cfg.Name)
+	if err != nil {
 		return nil, err
 	}
+	c.onClose("lock", unlock)
 	defer func() {
 		if err != nil {
 			if cerr := c.Close(); cerr != nil {
@@ -277,6 +279,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			}
 		}
 	}()
+	if err := c.removeLeftovers(); err != nil {
+		return nil, err
+	}
 
 	// The data directory: the parts' directories in it. PostgreSQL runs
 	// as its own user and must pass through it; the rest is root's.

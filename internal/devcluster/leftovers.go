@@ -20,6 +20,27 @@ const stateDir = "/run/pandastack"
 
 func statePath(name string) string { return filepath.Join(stateDir, "dev-cluster-"+name+".json") }
 
+// lockName takes the lock of the cluster name for this process's life (or
+// until unlock): two clusters of one name would remove each other's
+// namespaces. The kernel drops it when the process dies.
+func lockName(name string) (unlock func() error, err error) {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(stateDir, "dev-cluster-"+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("a dev cluster named %q is running already: stop it first, or give this one another name and subnet", name)
+		}
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return f.Close, nil
+}
+
 // stateFile records a cluster's data directory and the processes it
 // started (by PID and start time, so that a PID reused since is never
 // killed). Rewritten after every start of a process.
