@@ -273,10 +273,19 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	c.onClose("lock", unlock)
 	defer func() {
-		if err != nil {
-			if cerr := c.Close(); cerr != nil {
-				err = fmt.Errorf("%w; and stopping what had started: %v", err, cerr)
+		if err == nil {
+			return
+		}
+		cerr := c.Close()
+		if ctx.Err() != nil {
+			// Ctrl-C while starting: processes stopped half-way may
+			// well complain; that is no news.
+			if cerr != nil {
+				c.progress("while stopping: %v", cerr)
 			}
+			err = fmt.Errorf("interrupted while starting; stopped what had started (%w)", ctx.Err())
+		} else if cerr != nil {
+			err = fmt.Errorf("%w; and stopping what had started: %v", err, cerr)
 		}
 	}()
 	if err := c.removeLeftovers(); err != nil {

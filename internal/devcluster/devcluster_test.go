@@ -374,7 +374,10 @@ func TestDevCluster(t *testing.T) {
 
 	t.Run("spread", func(t *testing.T) {
 		a.t = t
+		// Children on other hosts restore the parent's capture from the
+		// object store: its files and the memory of a process it runs.
 		parent := a.create(nil)
+		a.exec(parent.ID, "echo spread > /root/mark; (echo $$ > /root/pid; exec sleep 3600) > /dev/null 2>&1 &")
 		st, b, kids := a.fork(parent.ID, 3, "spread")
 		if st != http.StatusOK {
 			t.Fatalf("fork with spread: %d %s", st, b)
@@ -386,6 +389,9 @@ func TestDevCluster(t *testing.T) {
 				continue
 			}
 			on[k.HostID] = true
+			if got := a.exec(k.ID, "cat /root/mark; kill -0 $(cat /root/pid) && echo alive"); got != "spread\nalive\n" {
+				t.Errorf("child %s on %s: got %q, want the parent's file and its running process", k.ID, k.HostID, got)
+			}
 		}
 		if len(on) < 2 {
 			t.Errorf("fork with spread: children on %v, want at least 2 hosts; answer %s", on, b)
