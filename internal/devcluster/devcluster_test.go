@@ -377,7 +377,7 @@ func TestDevCluster(t *testing.T) {
 		// Children on other hosts restore the parent's capture from the
 		// object store: its files and the memory of a process it runs.
 		parent := a.create(nil)
-		a.exec(parent.ID, "echo spread > /root/mark; (echo $$ > /root/pid; exec sleep 3600) > /dev/null 2>&1 &")
+		a.exec(parent.ID, "echo spread > /root/mark; setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /root/pid")
 		st, b, kids := a.fork(parent.ID, 3, "spread")
 		if st != http.StatusOK {
 			t.Fatalf("fork with spread: %d %s", st, b)
