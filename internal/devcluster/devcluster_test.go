@@ -15,11 +15,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -524,4 +526,167 @@ func TestDevCluster(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestKilledRunIsCleanedUp: `panda dev cluster` killed with SIGKILL (its
+// agent killed first, so that a VMM, the agent's store mount and the
+// namespaces outlive it) is cleaned up by the next cluster of its name;
+// a second cluster of a running one's name is refused.
+func TestKilledRunIsCleanedUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("dev cluster: real processes and VMs; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
+	}
+	const name = "pdk"
+	subnet := netip.MustParsePrefix("10.237.0.0/24")
+	bin, err := pandatest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := s3test.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := pandatest.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir, err := os.MkdirTemp("", "pdk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	cmd := exec.Command(bin, "dev", "cluster", "--agents", "1", "--name", name, "--subnet", subnet.String(),
+		"--listen", addr, "--data-dir", dataDir, "--images", pandatest.Images(),
+		"--default-template", "tiny", "--default-memory", "256")
+	cmd.Env = append(os.Environ(), "PANDA_VERSITYGW="+gw)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	cfg := devcluster.Config{Agents: 1, Listen: addr, DataDir: dataDir, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
+		AgentArgs: []string{"--default-template", "tiny", "--default-memory", "256"}}
+	var second *devcluster.Cluster
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if second == nil { // the test failed before: clean up as the next run would
+			if c, err := devcluster.Start(context.Background(), cfg); err == nil {
+				c.Close()
+			}
+		}
+		if t.Failed() {
+			t.Logf("output:\n%s", out.String())
+		}
+		if _, err := pandatest.RemoveDataDir(dataDir); err != nil {
+			t.Error(err)
+		}
+	})
+	poll(t, 3*time.Minute, "panda dev cluster ready", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("panda dev cluster exited:\n%s", out.String())
+		default:
+		}
+		return strings.Contains(out.String(), "Ctrl-C stops everything.")
+	})
+	keyFile := filepath.Join(dataDir, "admin.key")
+	for _, want := range []string{
+		"export PANDASTACK_API_URL=http://" + addr + " PANDASTACK_API_KEY=$(cat " + keyFile + ")",
+		"agent-1", "no network",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output does not say %q", want)
+		}
+	}
+
+	// A second cluster of the name is refused while the first runs.
+	if c, err := devcluster.Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "running already") {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("a second cluster named %s: %v, want refused (running already)", name, err)
+	}
+
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &api{t: t, url: "http://" + addr, key: strings.TrimSpace(string(key))}
+	a.create(nil)
+	agentDir := filepath.Join(dataDir, "agent-1")
+	vmms := pandatest.QEMUPIDs(agentDir)
+	if len(vmms) != 1 {
+		t.Fatalf("VMMs of agent-1: %v, want one", vmms)
+	}
+	agentPID := 0
+	for _, pid := range procsWith("agent", "--data-dir", agentDir) {
+		agentPID = pid
+	}
+	if agentPID == 0 {
+		t.Fatal("no agent-1 process found")
+	}
+	syscall.Kill(agentPID, syscall.SIGKILL)
+	if !pandatest.WaitGone(agentPID, 10*time.Second) {
+		t.Fatal("agent-1 survives SIGKILL")
+	}
+	cmd.Process.Kill()
+	<-exited
+	if !pandatest.Alive(vmms[0]) || !pandatest.Mounted(filepath.Join(agentDir, "store")) {
+		t.Fatalf("after the kills: VMM alive %v, store mounted %v; want both left behind", pandatest.Alive(vmms[0]), pandatest.Mounted(filepath.Join(agentDir, "store")))
+	}
+	if _, err := os.Stat("/run/netns/" + name + "-a1"); err != nil {
+		t.Fatalf("namespace %s-a1 after the kill: %v, want it left behind", name, err)
+	}
+
+	out2 := &syncBuffer{}
+	cfg.Out = out2
+	second, err = devcluster.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("the next cluster of the name: %v\n%s", err, out2.String())
+	}
+	if !strings.Contains(out2.String(), "Cleaned up after an earlier run") || pandatest.Alive(vmms[0]) {
+		t.Errorf("the next cluster: VMM %d alive %v; output:\n%s", vmms[0], pandatest.Alive(vmms[0]), out2.String())
+	}
+	if hs := a.hosts(); len(hs) != 1 || hs[0].State != "ready" {
+		t.Errorf("hosts of the next cluster: %+v, want agent-1 ready", hs)
+	}
+	if err := second.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if m := pandatest.Mounted(filepath.Join(agentDir, "store")); m {
+		t.Errorf("agent-1's store still mounted after Close")
+	}
+	if _, err := os.Stat("/run/netns/" + name + "-a1"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("namespace %s-a1 after Close: %v", name, err)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "postgres", "data", "PG_VERSION")); err != nil {
+		t.Errorf("the kept data directory lost its catalog: %v", err)
+	}
+}
+
+// procsWith lists the processes whose command line holds args in order,
+// next to each other.
+func procsWith(args ...string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	want := strings.Join(args, "\x00")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), want) {
+			var pid int
+			if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }

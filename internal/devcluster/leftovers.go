@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -116,7 +117,11 @@ func (c *Cluster) removeLeftovers() error {
 		}
 		syscall.Kill(-p.PID, syscall.SIGKILL)
 		syscall.Kill(p.PID, syscall.SIGKILL)
-		waitGone(p.PID, 10*time.Second)
+		// Until whoever inherited it reaps it, a dead postmaster is a
+		// zombie, which PostgreSQL takes for a live one holding its lock
+		// files; its server processes hold its shared memory. Wait for
+		// the group to be gone and reaped.
+		waitGroupGone(p.PID, 10*time.Second)
 		found = append(found, fmt.Sprintf("%s (pid %d)", p.Name, p.PID))
 	}
 	pids, removed, err := removeNetwork(c.cfg.Name)
@@ -217,3 +222,37 @@ func mountsUnder(dir string) []string {
 
 // mountInfoEscapes undoes the octal escapes of /proc/self/mountinfo.
 var mountInfoEscapes = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+
+// waitGroupGone polls until no process is in process group pgid, not
+// even a zombie, or timeout has passed.
+func waitGroupGone(pgid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for groupAlive(pgid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond) // poll: the kernel ends them
+	}
+	return true
+}
+
+// groupAlive reports whether a process (zombies too) is in group pgid.
+func groupAlive(pgid int) bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:]) // state, ppid, pgrp, ...
+		if len(f) > 2 && f[2] == strconv.Itoa(pgid) {
+			return true // alive, or a zombie not reaped yet
+		}
+	}
+	return false
+}

@@ -54,7 +54,8 @@ func (c *Config) agentAddr(i int) netip.Addr {
 // already routes (other than this cluster's own bridge, left by a run
 // that was killed).
 func checkSubnet(cfg *Config) error {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	var routes []netlink.Route
+	err := retryDump(func() (err error) { routes, err = netlink.RouteList(nil, netlink.FAMILY_V4); return err })
 	if err != nil {
 		return fmt.Errorf("list routes: %w", err)
 	}
@@ -181,7 +182,8 @@ func removeNetwork(name string) (killed []int, removed []string, err error) {
 		}
 		removed = append(removed, "namespace "+e.Name())
 	}
-	links, err := netlink.LinkList()
+	var links []netlink.Link
+	err = retryDump(func() (err error) { links, err = netlink.LinkList(); return err })
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -266,4 +268,17 @@ func waitGone(pid int, timeout time.Duration) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return true
+}
+
+// retryDump runs a netlink dump again while the kernel reports it was
+// interrupted by a concurrent change (other namespaces and links come and
+// go on a busy machine), a few times.
+func retryDump(dump func() error) error {
+	var err error
+	for range 10 {
+		if err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return err
+		}
+	}
+	return err
 }

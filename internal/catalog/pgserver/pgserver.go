@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -145,6 +146,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.InitDB = time.Since(began)
 	}
 
+	removeStaleLock(filepath.Join(data, "postmaster.pid"))
+	removeStaleLock(filepath.Join(cfg.SocketDir, ".s.PGSQL.5432.lock"))
 	logFile, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -302,4 +305,28 @@ func serverUser() (*syscall.Credential, error) {
 		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 	}
 	return nil, errors.New("running as root and no postgres or nobody user to run PostgreSQL as")
+}
+
+// removeStaleLock removes a lock file (postmaster.pid, the socket's
+// .lock) of a postmaster that died but is not reaped yet: PostgreSQL sees
+// a zombie as a live postmaster and would refuse to start (its parent was
+// killed, and whoever inherited it has not waited for it yet). A lock
+// file of a live process, or of one that is gone, is left to PostgreSQL.
+func removeStaleLock(path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || pid <= 0 {
+		return
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return
+	}
+	if i := strings.LastIndexByte(string(st), ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+		os.Remove(path)
+	}
 }
