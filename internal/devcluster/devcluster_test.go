@@ -153,8 +153,8 @@ func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 
 func qemuUnder(dir string) []int { return pandatest.QEMUPIDs(dir) }
 
-// api is the REST API as the admin; raw requests for what the Go SDK
-// does not have yet (placement).
+// api is the REST API as the admin, in raw requests: the tests check the
+// HTTP statuses themselves.
 type api struct {
 	t   *testing.T
 	url string
