@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/devcluster"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/pandatest"
@@ -266,6 +267,18 @@ func (a *api) get(id string) sandbox {
 	return sb
 }
 
+// list lists the sandboxes (running, paused and the rest).
+func (a *api) list() []sandbox {
+	a.t.Helper()
+	var out struct {
+		Sandboxes []sandbox `json:"sandboxes"`
+	}
+	if st, b := a.do(http.MethodGet, "/v1/sandboxes", a.key, nil, &out); st != http.StatusOK {
+		a.t.Fatalf("list: %d %s", st, b)
+	}
+	return out.Sandboxes
+}
+
 func (a *api) hosts() []host {
 	a.t.Helper()
 	var out struct {
@@ -424,6 +437,70 @@ func TestDevCluster(t *testing.T) {
 		}
 	})
 
+	// What follows moves sandboxes between hosts through the object
+	// store: a sandbox's file and a process it runs must come along.
+	prepare := func(id string) {
+		a.exec(id, "echo moved > /root/mark; setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /root/pid")
+	}
+	checkMoved := func(t *testing.T, id string) {
+		if got := a.exec(id, "cat /root/mark; kill -0 $(cat /root/pid) && echo alive"); got != "moved\nalive\n" {
+			t.Errorf("sandbox %s after the move: got %q, want its file and its running process", id, got)
+		}
+	}
+
+	t.Run("pause on one host, resume on another", func(t *testing.T) {
+		a.t = t
+		sb := a.create(map[string]any{"host": "agent-3"})
+		prepare(sb.ID)
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+sb.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
+			t.Fatalf("pause: %d %s", st, b)
+		}
+		var got sandbox
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+sb.ID+"/resume", a.key, map[string]any{"placement": map[string]any{"host": "agent-1"}}, &got); st != http.StatusOK {
+			t.Fatalf("resume on agent-1: %d %s", st, b)
+		}
+		if got.State != "running" || got.HostID != "agent-1" {
+			t.Fatalf("resumed on agent-1: %s on %s", got.State, got.HostID)
+		}
+		checkMoved(t, sb.ID)
+	})
+
+	t.Run("drain with migration", func(t *testing.T) {
+		a.t = t
+		// One sandbox to move: migration moves them one by one.
+		for _, sb := range a.list() {
+			if sb.HostID == "agent-3" && sb.State == "running" {
+				if st, b := a.do(http.MethodDelete, "/v1/sandboxes/"+sb.ID, a.key, nil, nil); st/100 != 2 {
+					t.Fatalf("kill %s: %d %s", sb.ID, st, b)
+				}
+			}
+		}
+		sb := a.create(map[string]any{"host": "agent-3"})
+		prepare(sb.ID)
+		var out struct {
+			Migrated []struct {
+				SandboxID string `json:"sandbox_id"`
+				To        string `json:"to"`
+			} `json:"migrated"`
+			Failed []any `json:"failed"`
+		}
+		if st, b := a.do(http.MethodPost, "/v1/hosts/agent-3/drain?migrate=true", a.key, nil, &out); st != http.StatusOK || len(out.Failed) > 0 {
+			t.Fatalf("drain agent-3 with migration: %d %s", st, b)
+		}
+		defer a.do(http.MethodPost, "/v1/hosts/agent-3/activate", a.key, nil, nil)
+		moved := false
+		for _, m := range out.Migrated {
+			moved = moved || m.SandboxID == sb.ID && m.To != "agent-3"
+		}
+		if !moved {
+			t.Fatalf("drain agent-3 with migration: %+v, want %s moved", out, sb.ID)
+		}
+		if got := a.get(sb.ID); got.State != "running" || got.HostID == "agent-3" {
+			t.Fatalf("migrated sandbox: %s on %s", got.State, got.HostID)
+		}
+		checkMoved(t, sb.ID)
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		a.t = t
 		tok, err := c.JoinToken()
@@ -434,15 +511,20 @@ func TestDevCluster(t *testing.T) {
 			what, method, path, auth string
 			body                     any
 			want                     int
+			says                     string // in the error message
 		}{
-			{"create on an unknown host", http.MethodPost, "/v1/sandboxes", a.key, map[string]any{"placement": map[string]any{"host": "nosuchhost"}}, http.StatusNotFound},
-			{"drain of an unknown host", http.MethodPost, "/v1/hosts/nosuchhost/drain", a.key, nil, http.StatusNotFound},
-			{"activate of an unknown host", http.MethodPost, "/v1/hosts/nosuchhost/activate", a.key, nil, http.StatusNotFound},
-			{"register with a wrong join token", http.MethodPost, "/v1/hosts/register", tok + "x", map[string]any{"id": "intruder"}, http.StatusUnauthorized},
-			{"heartbeat with a wrong join token", http.MethodPost, "/v1/hosts/agent-1/heartbeat", "wrong", map[string]any{}, http.StatusUnauthorized},
+			{"create on an unknown host", http.MethodPost, "/v1/sandboxes", a.key, map[string]any{"placement": map[string]any{"host": "nosuchhost"}}, http.StatusNotFound, "nosuchhost"},
+			{"fork onto an unknown host", http.MethodPost, "/v1/sandboxes/" + onTwo.ID + "/fork", a.key, map[string]any{"placement": map[string]any{"host": "nosuchhost"}}, http.StatusNotFound, "nosuchhost"},
+			{"drain of an unknown host", http.MethodPost, "/v1/hosts/nosuchhost/drain", a.key, nil, http.StatusNotFound, "nosuchhost"},
+			{"activate of an unknown host", http.MethodPost, "/v1/hosts/nosuchhost/activate", a.key, nil, http.StatusNotFound, "nosuchhost"},
+			{"join with a wrong join token", http.MethodPost, "/v1/fleet/join", tok + "x", map[string]any{"id": "intruder"}, http.StatusUnauthorized, "join token"},
+			{"join with an API key", http.MethodPost, "/v1/fleet/join", a.key, map[string]any{"id": "intruder"}, http.StatusUnauthorized, "join token"},
+			{"heartbeat with a wrong join token", http.MethodPost, "/v1/fleet/hosts/agent-1/heartbeat", "wrong", map[string]any{}, http.StatusUnauthorized, "join token"},
+			// The join token is right: what is refused is the registration.
+			{"join without a URL", http.MethodPost, "/v1/fleet/join", tok, map[string]any{"id": "intruder"}, http.StatusUnprocessableEntity, "url"},
 		} {
-			if st, b := a.do(tc.method, tc.path, tc.auth, tc.body, nil); st != tc.want {
-				t.Errorf("%s: %d %s, want %d", tc.what, st, b, tc.want)
+			if st, b := a.do(tc.method, tc.path, tc.auth, tc.body, nil); st != tc.want || !strings.Contains(b, tc.says) {
+				t.Errorf("%s: %d %s, want %d saying %q", tc.what, st, b, tc.want, tc.says)
 			}
 		}
 		if got := len(a.hosts()); got != 3 {
@@ -455,6 +537,26 @@ func TestDevCluster(t *testing.T) {
 		if onTwo.ID == "" {
 			t.Skip("no sandbox on agent-2: placement failed")
 		}
+		// A paused sandbox of agent-2, once durable in the store,
+		// outlives its host.
+		paused := a.create(map[string]any{"host": "agent-2"})
+		prepare(paused.ID)
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
+			t.Fatalf("pause: %d %s", st, b)
+		}
+		objs, err := c.OpenStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := chunkstore.New(objs, chunkstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		poll(t, time.Minute, "paused sandbox "+paused.ID+" uploaded", func() bool {
+			_, err := cs.Manifest(context.Background(), "paused/"+paused.ID)
+			return err == nil
+		})
+
 		ag := c.Agents()[1]
 		vmms := ag.VMMPIDs()
 		if len(vmms) == 0 {
@@ -481,18 +583,20 @@ func TestDevCluster(t *testing.T) {
 		if got := a.get(onTwo.ID).State; got != "stopped" {
 			t.Errorf("lost sandbox after kill: state %s, want stopped", got)
 		}
+		var got sandbox
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/resume", a.key, nil, &got); st != http.StatusOK {
+			t.Fatalf("resume of a lost host's paused sandbox: %d %s", st, b)
+		}
+		if got.State != "running" || got.HostID == "agent-2" {
+			t.Fatalf("resumed paused sandbox of lost agent-2: %s on %s, want running elsewhere", got.State, got.HostID)
+		}
+		checkMoved(t, paused.ID)
 	})
 
 	t.Run("control plane restart", func(t *testing.T) {
 		a.t = t
 		var live []sandbox
-		var out struct {
-			Sandboxes []sandbox `json:"sandboxes"`
-		}
-		if st, b := a.do(http.MethodGet, "/v1/sandboxes", a.key, nil, &out); st != http.StatusOK {
-			t.Fatalf("list: %d %s", st, b)
-		}
-		for _, sb := range out.Sandboxes {
+		for _, sb := range a.list() {
 			if sb.State == "running" {
 				live = append(live, sb)
 			}
