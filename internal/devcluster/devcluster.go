@@ -610,14 +610,14 @@ func (c *Cluster) waitReady(ctx context.Context, began time.Time) error {
 	}
 }
 
-// HostState is a host as the control plane lists it.
-type HostState struct {
+// hostState is a host as the control plane lists it.
+type hostState struct {
 	ID    string `json:"id"`
 	State string `json:"state"`
 }
 
 // hosts lists the control plane's hosts.
-func (c *Cluster) hosts(ctx context.Context) ([]HostState, error) {
+func (c *Cluster) hosts(ctx context.Context) ([]hostState, error) {
 	key, err := c.AdminKey()
 	if err != nil {
 		return nil, err
@@ -636,7 +636,7 @@ func (c *Cluster) hosts(ctx context.Context) ([]HostState, error) {
 		return nil, fmt.Errorf("GET /v1/hosts: %s", resp.Status)
 	}
 	var out struct {
-		Hosts []HostState `json:"hosts"`
+		Hosts []hostState `json:"hosts"`
 	}
 	return out.Hosts, json.NewDecoder(resp.Body).Decode(&out)
 }
