@@ -227,6 +227,7 @@ type Cluster struct {
 	// serverUp is set while it serves.
 	serverDied chan error
 	serverUp   atomic.Bool
+	closing    atomic.Bool // Close has begun: exits are expected
 }
 
 type closer struct {
@@ -378,6 +379,7 @@ func (c *Cluster) startPostgres(ctx context.Context) error {
 	}
 	c.pg = pg
 	c.onClose("postgres", pg.Stop)
+	c.watch("postgres", pg.Exited(), filepath.Join(dir, "postgres.log"))
 	c.state.add("postgres", pg.PID())
 	if pg.InitDB > 0 {
 		c.progress("postgres: ready in %v (initdb %v)", pg.Ready.Round(10*time.Millisecond), pg.InitDB.Round(10*time.Millisecond))
@@ -415,6 +417,7 @@ func (c *Cluster) startStore(ctx context.Context) error {
 		return fmt.Errorf("object store: %w", err)
 	}
 	c.onClose("versitygw", func() error { c.s3.Stop(); return nil })
+	c.watch("versitygw", c.s3.Exited(), filepath.Join(c.logDir(), "versitygw.log"))
 	c.state.add("versitygw", c.s3.PID())
 	if err := c.s3.MakeBucket(ctx, s3Bucket); err != nil {
 		return fmt.Errorf("object store: %w", err)
@@ -675,6 +678,16 @@ func (c *Cluster) Wait(ctx context.Context) error {
 	}
 }
 
+// watch reports on Out a part that exits before Close stops it.
+func (c *Cluster) watch(name string, exited <-chan struct{}, log string) {
+	go func() {
+		<-exited
+		if !c.closing.Load() {
+			c.progress("%s exited by itself: the cluster runs on without it (log: %s)", name, log)
+		}
+	}()
+}
+
 // Close stops everything and removes what Start made; the data directory
 // stays unless Start made it. Idempotent.
 func (c *Cluster) Close() error {
@@ -684,6 +697,7 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.closing.Store(true)
 	var errs []error
 	for i := len(c.closers) - 1; i >= 0; i-- {
 		if err := c.closers[i].fn(); err != nil {
