@@ -146,9 +146,6 @@ func (c Config) withDefaults() (Config, error) {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen %q: want HOST:PORT", c.Listen))
 	}
-	if c.Binary == "" {
-		errs = append(errs, errors.New("no panda binary"))
-	}
 	if c.DataDir != "" {
 		abs, err := filepath.Abs(c.DataDir)
 		if err != nil {
@@ -250,6 +247,9 @@ func (c *Cluster) progress(format string, args ...any) {
 func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	began := time.Now()
 	cfg, err = cfg.withDefaults()
+	if err == nil && cfg.Binary == "" {
+		err = errors.New("no panda binary")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

@@ -91,10 +91,27 @@ func (s *stateFile) remove() error {
 	return nil
 }
 
-// removeLeftovers removes what a killed run of this cluster's name left:
-// its processes (recorded ones by PID, and whatever runs in its
-// namespaces), the agents' VMMs and mounts, its namespaces, veths and
-// bridge, its temporary data directory. It says what it found.
+// RemoveLeftovers removes what a run of cfg.Name that was killed left
+// behind (Start does it first): its processes (recorded ones by PID, and
+// whatever runs in its namespaces), the agents' VMMs and mounts under its
+// data directory and cfg.DataDir, its namespaces, veths and bridge, its
+// temporary data directory; it says what it found on cfg.Out. It refuses
+// while a cluster of that name runs.
+func RemoveLeftovers(cfg Config) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	c := &Cluster{cfg: cfg, out: &lockedWriter{w: cfg.Out}}
+	unlock, err := lockName(cfg.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.removeLeftovers()
+}
+
+// removeLeftovers is RemoveLeftovers, the name's lock held.
 func (c *Cluster) removeLeftovers() error {
 	var found []string
 	var old stateFile
