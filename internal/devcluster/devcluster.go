@@ -41,7 +41,6 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog/pgserver"
-	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/objstore/versitygw"
 )
 
@@ -721,19 +720,6 @@ func (c *Cluster) Temporary() bool { return c.temp }
 
 // StoreURL is the agents' object store ("" for none).
 func (c *Cluster) StoreURL() string { return c.storeURL }
-
-// OpenStore opens the agents' object store (as they do), or returns nil
-// without one.
-func (c *Cluster) OpenStore() (objstore.Store, error) {
-	if c.storeURL == "" {
-		return nil, nil
-	}
-	var creds objstore.Credentials
-	if c.s3 != nil {
-		creds = c.s3.Credentials()
-	}
-	return objstore.Open(c.storeURL, creds)
-}
 
 // AdminKeyFile is DATA_DIR/admin.key.
 func (c *Cluster) AdminKeyFile() string { return filepath.Join(c.dataDir, "admin.key") }

@@ -29,7 +29,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/devcluster"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/pandatest"
@@ -210,6 +209,7 @@ type sandbox struct {
 	ID     string `json:"id"`
 	State  string `json:"state"`
 	HostID string `json:"host_id"`
+	Stored string `json:"stored"` // a paused sandbox's: local, uploading or durable
 }
 
 type host struct {
@@ -544,17 +544,8 @@ func TestDevCluster(t *testing.T) {
 		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
 			t.Fatalf("pause: %d %s", st, b)
 		}
-		objs, err := c.OpenStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs, err := chunkstore.New(objs, chunkstore.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		poll(t, time.Minute, "paused sandbox "+paused.ID+" uploaded", func() bool {
-			_, err := cs.Manifest(context.Background(), "paused/"+paused.ID)
-			return err == nil
+		poll(t, time.Minute, "paused sandbox "+paused.ID+" durable in the store", func() bool {
+			return a.get(paused.ID).Stored == "durable"
 		})
 
 		ag := c.Agents()[1]
