@@ -145,6 +145,11 @@ func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 			t.Errorf("interface left after Close: %s", l)
 		}
 	}
+	for _, f := range []string{"/run/pandastack/dev-cluster-" + name + ".json", "/run/pandastack/dev-cluster-" + name + ".lock"} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Close: %v, want it removed", f, err)
+		}
+	}
 	mounts, _ := os.ReadFile("/proc/self/mounts")
 	if bytes.Contains(mounts, []byte(dataDir+"/")) {
 		t.Errorf("mounts under %s left after Close", dataDir)

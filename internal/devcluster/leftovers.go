@@ -23,23 +23,35 @@ func statePath(name string) string { return filepath.Join(stateDir, "dev-cluster
 
 // lockName takes the lock of the cluster name for this process's life (or
 // until unlock): two clusters of one name would remove each other's
-// namespaces. The kernel drops it when the process dies.
+// namespaces. The kernel drops it when the process dies. Unlock removes
+// the lock file too; a locker that finds it has locked a file removed
+// meanwhile tries again.
 func lockName(name string) (unlock func() error, err error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(stateDir, "dev-cluster-"+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("a dev cluster named %q is running already: stop it first, or give this one another name and subnet", name)
+	path := filepath.Join(stateDir, "dev-cluster-"+name+".lock")
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("a dev cluster named %q is running already: stop it first, or give this one another name and subnet", name)
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		var held, now syscall.Stat_t
+		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return func() error {
+				os.Remove(path)
+				return f.Close()
+			}, nil
+		}
+		f.Close() // its holder removed it as we locked it
 	}
-	return f.Close, nil
 }
 
 // stateFile records a cluster's data directory and the processes it
