@@ -135,8 +135,8 @@ func (c *Cluster) removeLeftovers() error {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	// Agents first (they would restart VMMs' sandboxes' records), then
-	// the rest; each by process group, which holds its children.
+	// Agents first, then the rest; each by process group, which holds
+	// its children.
 	slices.SortStableFunc(old.Procs, func(a, b stateProc) int {
 		return boolInt(!strings.HasPrefix(a.Name, "agent-")) - boolInt(!strings.HasPrefix(b.Name, "agent-"))
 	})
@@ -185,7 +185,8 @@ func (c *Cluster) removeLeftovers() error {
 			}
 		}
 	}
-	if old.Temp && old.DataDir != "" {
+	// Only a directory Start made (panda-dev-*) is removed.
+	if old.Temp && strings.HasPrefix(filepath.Base(old.DataDir), "panda-dev-") {
 		if _, err := os.Stat(old.DataDir); err == nil {
 			if err := os.RemoveAll(old.DataDir); err != nil {
 				return fmt.Errorf("remove the data directory of an earlier run: %w", err)
