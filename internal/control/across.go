@@ -12,9 +12,19 @@ import (
 	"github.com/pandastack/pandastack/internal/network"
 )
 
-// acrossTimeout bounds how long a cross-host fork waits for the parent's
-// capture to become durable in the object store.
-const acrossTimeout = 5 * time.Minute
+// acrossTimeout bounds how long a cross-host fork or move waits for a
+// capture to become durable in the object store; storeDownAfter is how
+// long it waits once the upload has failed (the store is likely down:
+// the caller gets a 503 to retry rather than a long wait).
+const (
+	acrossTimeout  = 5 * time.Minute
+	storeDownAfter = 5 * time.Second // Config.StoreDownAfter's default
+)
+
+// storeDown is the error of a wait for a capture whose uploads fail.
+func storeDown(storeErr string) error {
+	return Errorf(Unavailable, "the object store cannot take the capture now (%s): retry when it is back", storeErr)
+}
 
 // forkAcross restores children ids of parent, each on the host hostOf
 // gives (not the parent's), from one capture of the parent that travels
@@ -91,6 +101,7 @@ func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var last string
+	t0 := time.Now()
 	for {
 		list, err := sl.Snapshots(ctx)
 		if err != nil {
@@ -108,10 +119,13 @@ func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID
 			}
 			last = si.StoreError
 		}
+		if last != "" && time.Since(t0) > p.storeDownAfter() {
+			return storeDown(last)
+		}
 		select {
 		case <-ctx.Done():
 			if last != "" {
-				return Errorf(Unavailable, "the capture did not reach the object store: %s", last)
+				return storeDown(last)
 			}
 			return fmt.Errorf("wait for the capture to reach the object store: %w", ctx.Err())
 		case <-tick.C:
