@@ -75,18 +75,7 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 	if os.Geteuid() != 0 {
 		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
 	}
-	bin, err := pandatest.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := s3test.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, err := pandatest.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin, gw, addr := binaries(t)
 	out := &syncBuffer{}
 	began := time.Now()
 	c, err := devcluster.Start(context.Background(), devcluster.Config{
@@ -641,18 +630,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	}
 	const name = "pdk"
 	subnet := netip.MustParsePrefix("10.237.0.0/24")
-	bin, err := pandatest.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := s3test.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, err := pandatest.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin, gw, addr := binaries(t)
 	dataDir, err := os.MkdirTemp("", "pdk-")
 	if err != nil {
 		t.Fatal(err)
@@ -789,4 +767,21 @@ func procsWith(args ...string) []int {
 		}
 	}
 	return pids
+}
+
+// binaries are the panda and versitygw binaries the cluster runs and a
+// free loopback address for its API.
+func binaries(t *testing.T) (bin, gw, addr string) {
+	t.Helper()
+	var err error
+	if bin, err = pandatest.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	if gw, err = s3test.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	if addr, err = pandatest.FreeAddr(); err != nil {
+		t.Fatal(err)
+	}
+	return bin, gw, addr
 }
