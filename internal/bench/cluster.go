@@ -157,7 +157,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		res.CapturePerDirty = round(res.CrossHostCaptureMiBP50 / res.CrossHostDirtyMiBP50)
 	}
 	if o.MemoryMiB > 0 {
-		res.CapturePerRAM = math2(res.CrossHostCaptureMiBP50 / float64(o.MemoryMiB))
+		res.CapturePerRAM = round2(res.CrossHostCaptureMiBP50 / float64(o.MemoryMiB))
 	}
 	if len(same) == 0 {
 		return res, errors.New("nothing measured")
@@ -170,6 +170,3 @@ func median(v []float64) float64 {
 	sort.Float64s(s)
 	return Percentile(s, 50)
 }
-
-// math2 rounds to two decimals.
-func math2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
