@@ -93,7 +93,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		}
 		made = append(made, sb)
 		if o.DirtyMiB > 0 {
-			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("head -c %dM /dev/urandom > /dev/shm/dirty", o.DirtyMiB)}})
+			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/dirty bs=1048576 count=%d 2>/dev/null", o.DirtyMiB)}})
 			if err == nil && r.ExitCode != 0 {
 				err = fmt.Errorf("dirtying memory: exit %d: %s", r.ExitCode, r.Stderr)
 			}

@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/devcluster"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/pandatest"
@@ -493,6 +494,30 @@ func TestDevCluster(t *testing.T) {
 			t.Fatalf("migrated sandbox: %s on %s", got.State, got.HostID)
 		}
 		checkMoved(t, sb.ID)
+	})
+
+	// panda bench cluster's measurement, one round: it runs and reports
+	// what it measured (its figures are the benchmark's, not the test's).
+	t.Run("bench cluster", func(t *testing.T) {
+		res, err := bench.ClusterBench(t.Context(), a.sdk, bench.ClusterOptions{Template: "tiny", MemoryMiB: 256, DirtyMiB: 2, N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Hosts) < 2 || res.SameHostForkFirstExec.N != 1 || res.CrossHostForkFirstExec.N != 1 || res.ResumeElsewhereFirstExec.N != 1 {
+			t.Errorf("bench cluster measured %+v", res)
+		}
+		if res.CrossHostCaptureMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
+			t.Errorf("cross-host capture %v MiB, dirty %v MiB: want both positive", res.CrossHostCaptureMiBP50, res.CrossHostDirtyMiBP50)
+		}
+		live, err := a.sdk.List(t.Context(), pandastack.ListOptions{}) // every state but stopped
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range live {
+			if sb.Info.Metadata["panda_bench"] != "" {
+				t.Errorf("the benchmark left sandbox %s %s", sb.ID, sb.Info.State)
+			}
+		}
 	})
 
 	t.Run("bad input", func(t *testing.T) {
