@@ -529,7 +529,7 @@ func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 		s.mu.Lock()
 		s.transitionLocked(lifecycle.PauseDone)
 		s.rec.Op = ""
-		s.rec.PauseID, s.durablePause = newPauseID(), ""
+		s.rec.PauseID, s.durablePause, s.fetched = newPauseID(), "", 0
 		s.mu.Unlock()
 		if err = s.writeRecord(true); err != nil {
 			s.mu.Lock()

@@ -185,6 +185,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	if err != nil {
 		return err
 	}
+	a.startTemplateSync(rec.Template, false) // templates.go
 	t0 := time.Now()
 	_, st, err := a.store.UploadMeta(ctx, pausedName(id), files, meta, nil)
 	if err != nil {
@@ -417,7 +418,8 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	tmp := filepath.Join(a.vol.Dir, fetchDir, id)
 	os.RemoveAll(tmp)
 	t0 := time.Now()
-	err = a.store.DownloadManifest(ctx, m, filepath.Join(tmp, pausedDir))
+	// Chunks this host's copy of its template holds come from there.
+	st, err := a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), a.templateSeeds(ctx, rec.Template))
 	if err == nil {
 		if verr := verifyCapture(filepath.Join(tmp, pausedDir)); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
@@ -455,6 +457,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	}
 	s := newSandbox(rec, final, filepath.Join(a.cfg.RunDir, id), StatePaused)
 	s.durablePause = rec.PauseID
+	s.fetched = st.BytesFetched
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, dup := a.sandboxes[id]; dup || a.closed {
@@ -463,7 +466,9 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	}
 	a.sandboxes[id] = s
 	a.log.Info("paused sandbox adopted from the object store", "sandbox_id", id, "pause_id", rec.PauseID,
-		"download_ms", tDownload.Milliseconds(), "bytes", allocated(filepath.Join(final, pausedDir)))
+		"download_ms", tDownload.Milliseconds(), "bytes", allocated(filepath.Join(final, pausedDir)),
+		"chunks_fetched", st.ChunksFetched, "bytes_fetched", st.BytesFetched, "chunks_local", st.ChunksSeeded,
+		"bytes_local", st.BytesSeeded, "chunks_reflinked", st.ChunksCloned)
 	return s, nil
 }
 

@@ -22,32 +22,33 @@ import (
 type Remote interface {
 	// Fetch writes the files of template key (vm.mem, vm.state,
 	// rootfs.ext4) into dir, as the remote holds them, if their Meta
-	// passes accept, and returns that Meta. ErrNotFound if the remote
-	// holds no template key that accept takes.
-	Fetch(ctx context.Context, key string, accept func(Meta) bool, dir string) (Meta, error)
+	// passes accept, and returns that Meta and the files' chunk hashes
+	// (kept as the template's ChunkIndex; nil if unknown). ErrNotFound if
+	// the remote holds no template key that accept takes.
+	Fetch(ctx context.Context, key string, accept func(Meta) bool, dir string) (Meta, *ChunkIndex, error)
 	// Baked tells of a template this store has just baked (not fetched),
 	// for the remote to keep. It must not block.
 	Baked(t *Template)
 }
 
 // fetch fills t.Dir from the Remote with a template of t's inputs.
-func (s *Store) fetch(ctx context.Context, t *Template, say func(string, ...any)) (Meta, error) {
+func (s *Store) fetch(ctx context.Context, t *Template, say func(string, ...any)) (Meta, *ChunkIndex, error) {
 	want := t.Meta
 	accept := func(m Meta) bool { return fits(want, m) }
-	m, err := s.cfg.Remote.Fetch(ctx, t.Key(), accept, t.Dir)
+	m, idx, err := s.cfg.Remote.Fetch(ctx, t.Key(), accept, t.Dir)
 	if err != nil {
-		return Meta{}, err
+		return Meta{}, nil, err
 	}
 	if !accept(m) {
-		return Meta{}, fmt.Errorf("fetch template %s: %w: the remote's copy was baked from other inputs", t.Key(), ErrNotFound)
+		return Meta{}, nil, fmt.Errorf("fetch template %s: %w: the remote's copy was baked from other inputs", t.Key(), ErrNotFound)
 	}
-	for _, f := range []string{"vm.mem", "vm.state", "rootfs.ext4"} {
+	for _, f := range indexedFiles {
 		if _, err := os.Stat(filepath.Join(t.Dir, f)); err != nil {
-			return Meta{}, fmt.Errorf("fetch template %s: %w", t.Key(), err)
+			return Meta{}, nil, fmt.Errorf("fetch template %s: %w", t.Key(), err)
 		}
 	}
 	say("fetched template %s (baked by another host, boot %s)", t.Key(), m.BootID)
-	return m, nil
+	return m, idx, nil
 }
 
 // fits reports whether got is a template made the way want would be: the
@@ -152,14 +153,19 @@ func (s *Store) ChunkIndex(ctx context.Context, t *Template, chunkSize int64) (*
 // its upload's or its download's) as t's chunk index, sparing a read of
 // its files.
 func (s *Store) SetChunkIndex(t *Template, chunkSize int64, files []chunkstore.File) error {
+	idx := ChunkIndex{ChunkSize: chunkSize, Files: map[string]chunkstore.File{}}
+	for _, f := range files {
+		idx.Files[f.Name] = f
+	}
+	return s.setChunkIndex(t, &idx)
+}
+
+func (s *Store) setChunkIndex(t *Template, idx *ChunkIndex) error {
 	fp, err := manifest.Fingerprint(t.Dir)
 	if err != nil {
 		return fmt.Errorf("chunk index of template %s: %w", t.Key(), err)
 	}
-	idx := ChunkIndex{Fingerprint: fp, ChunkSize: chunkSize, Files: map[string]chunkstore.File{}}
-	for _, f := range files {
-		idx.Files[f.Name] = f
-	}
+	idx.Fingerprint = fp
 	for _, name := range indexedFiles {
 		if _, ok := idx.Files[name]; !ok {
 			return fmt.Errorf("chunk index of template %s: %w: no %s", t.Key(), ErrInvalid, name)
@@ -167,7 +173,7 @@ func (s *Store) SetChunkIndex(t *Template, chunkSize int64, files []chunkstore.F
 	}
 	s.indexMu.Lock()
 	defer s.indexMu.Unlock()
-	return s.saveChunkIndex(t, &idx)
+	return s.saveChunkIndex(t, idx)
 }
 
 func (s *Store) saveChunkIndex(t *Template, idx *ChunkIndex) error {
@@ -188,4 +194,18 @@ func (idx *ChunkIndex) Seeds(t *Template) []chunkstore.Seed {
 		}
 	}
 	return out
+}
+
+// HasChunkIndex reports whether t has a chunk index of chunkSize for its
+// files as they are.
+func (s *Store) HasChunkIndex(t *Template, chunkSize int64) bool {
+	fp, err := manifest.Fingerprint(t.Dir)
+	if err != nil {
+		return false
+	}
+	s.indexMu.Lock()
+	defer s.indexMu.Unlock()
+	var idx ChunkIndex
+	b, err := os.ReadFile(filepath.Join(t.Dir, chunkIndexFile))
+	return err == nil && json.Unmarshal(b, &idx) == nil && idx.Fingerprint == fp && idx.ChunkSize == chunkSize
 }

@@ -520,10 +520,16 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs, MAC: guestnet.GuestMAC}}
 
 	if mode != bakeOnly && s.cfg.Remote != nil {
-		fetched, err := s.fetch(ctx, t, say)
+		fetched, idx, err := s.fetch(ctx, t, say)
 		switch {
 		case err == nil:
-			return s.install(p, tmp, fetched, func() { say("fetched %s in %.1fs", p.Key(), time.Since(start).Seconds()) })
+			ft, err := s.install(p, tmp, fetched, func() { say("fetched %s in %.1fs", p.Key(), time.Since(start).Seconds()) })
+			if err == nil && idx != nil {
+				if err := s.setChunkIndex(ft, idx); err != nil {
+					s.log.Warn("keep a template's chunk index", "template", p.Key(), "err", err)
+				}
+			}
+			return ft, err
 		case mode == fetchOnly:
 			return nil, err
 		case !errors.Is(err, ErrNotFound):
