@@ -48,6 +48,10 @@ type DownloadStats struct {
 	ChunksSeeded  int   // taken from a local seed
 	BytesSeeded   int64 // their bytes
 	ChunksCloned  int   // of the seeded ones, reflinked rather than copied
+	// ChunksDelta were made from a base and a patch (see Delta); what
+	// they read from the store (patches, bases no seed held) counts in
+	// BytesFetched, not in ChunksFetched.
+	ChunksDelta int
 }
 
 func (d *DownloadStats) add(o DownloadStats) {
@@ -58,6 +62,7 @@ func (d *DownloadStats) add(o DownloadStats) {
 	d.ChunksSeeded += o.ChunksSeeded
 	d.BytesSeeded += o.BytesSeeded
 	d.ChunksCloned += o.ChunksCloned
+	d.ChunksDelta += o.ChunksDelta
 }
 
 // Download restores the files of set name into dir (made if missing),
@@ -192,6 +197,20 @@ func (ss *seedSet) take(dst *os.File, hash string, off int64, buf []byte) (ok, c
 	return true, false, writeSparse(dst, buf, off)
 }
 
+// read reads chunk hash (len(buf) bytes) from a seed that holds it into
+// buf and checks it; false if no seed holds it (or the seed changed).
+func (ss *seedSet) read(hash string, buf []byte) bool {
+	ref, found := ss.at[hash]
+	if !found {
+		return false
+	}
+	if _, err := ss.files[ref.file].ReadAt(buf, ref.off); err != nil && !errors.Is(err, io.EOF) {
+		return false
+	}
+	sum := sha256.Sum256(buf)
+	return hex.EncodeToString(sum[:]) == hash
+}
+
 func (s *Store) downloadFile(ctx context.Context, m *Manifest, f File, dir string, seeds *seedSet) (st DownloadStats, err error) {
 	tmp, err := os.CreateTemp(dir, "."+f.Name+".part-*")
 	if err != nil {
@@ -248,6 +267,17 @@ func (s *Store) downloadFile(ctx context.Context, m *Manifest, f File, dir strin
 							st.ChunksCloned++
 						}
 					})
+					continue
+				}
+				if d, ok := f.Deltas[i]; ok {
+					got, err := s.build(gctx, seeds, f.Chunks[i], d, buf[:n])
+					if err != nil {
+						return err
+					}
+					if err := writeSparse(tmp, buf[:n], off); err != nil {
+						return err
+					}
+					count(func(st *DownloadStats) { st.ChunksDelta++; st.BytesFetched += got })
 					continue
 				}
 				if err := s.fetch(gctx, f.Chunks[i], buf[:n]); err != nil {

@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"os"
@@ -184,4 +185,125 @@ func cloned(t *testing.T, dir string) bool {
 	}
 	defer fb.Close()
 	return unix.IoctlFileClone(int(fb.Fd()), int(fa.Fd())) == nil
+}
+
+// TestDeltas: an upload given the file a capture was made from as its
+// base stores the chunks that differ from the base's in a few pages as
+// patches of those pages (against zeros where the base has none), a
+// chunk that differs a lot whole, and a chunk met twice the same way
+// twice. Downloads with or without the base as a seed, and lazy reads,
+// give the file back; garbage collection keeps the base chunks a delta
+// needs after the base's own set is gone.
+func TestDeltas(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			objs := &countingStore{Store: b.open(t)}
+			s := newStore(t, objs)
+			src := t.TempDir()
+
+			tmpl := filepath.Join(src, "template.mem")
+			writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 5 * cs}) // chunks 5-7 holes
+			func() { // the template's chunk 4 is its chunk 1 (so is the capture's)
+				f, _ := os.OpenFile(tmpl, os.O_RDWR, 0)
+				defer f.Close()
+				c := make([]byte, cs)
+				f.ReadAt(c, cs)
+				f.WriteAt(c, 4*cs)
+			}()
+			if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
+				t.Fatal(err)
+			}
+			idx, err := HashFile(ctx, tmpl, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			capt := filepath.Join(src, "vm.mem")
+			copyFile(t, tmpl, capt)
+			f, _ := os.OpenFile(capt, os.O_RDWR, 0)
+			page := func(chunk, p int, b byte) { f.WriteAt(bytes.Repeat([]byte{b}, 4096), int64(chunk)*cs+int64(p)*4096) }
+			page(1, 0, 1)
+			page(1, 7, 2) // chunk 1: 2 pages differ
+			page(2, 100, 3)
+			for p := range 200 { // chunk 3: 200 of 256 pages differ
+				page(3, p, 4)
+			}
+			chunk1 := make([]byte, cs)
+			f.ReadAt(chunk1, 1*cs)
+			f.WriteAt(chunk1, 4*cs) // chunk 4 = chunk 1
+			page(5, 3, 5)           // a page where the template has a hole
+			f.Close()
+			want, _ := os.ReadFile(capt)
+
+			m, st, err := s.UploadWith(ctx, "snap/c", map[string]string{"vm.mem": capt}, UploadOptions{Bases: map[string]Seed{"vm.mem": SeedOf(tmpl, cs, idx)}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fm, _ := m.File("vm.mem")
+			if m.Version != 2 || len(fm.Deltas) != 4 || st.ChunksDelta != 3 || st.ChunksUploaded != 1 {
+				t.Fatalf("manifest version %d, deltas %v, stats %+v; want version 2, deltas of chunks 1, 2, 4, 5, 3 patches and chunk 3 whole", m.Version, fm.Deltas, st)
+			}
+			if fm.Deltas[4] != fm.Deltas[1] || fm.Deltas[5].Base != "" || fm.Deltas[1].Base != idx.Chunks[1] {
+				t.Errorf("deltas %v", fm.Deltas)
+			}
+			patches := st.BytesUploaded - cs
+			if patches <= 0 || patches > 6*4096+100 {
+				t.Errorf("patches of 4 changed pages took %d bytes", patches)
+			}
+
+			check := func(what string, seeds []Seed, wantFetched int64) {
+				t.Helper()
+				dst := t.TempDir()
+				st, err := s.DownloadSeeded(ctx, m, dst, seeds)
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				sameFile(t, filepath.Join(dst, "vm.mem"), want)
+				if st.ChunksDelta != 4 || st.BytesFetched != wantFetched {
+					t.Errorf("%s: stats %+v, want 4 deltas and %d bytes fetched", what, st, wantFetched)
+				}
+			}
+			check("download seeded by the template", []Seed{SeedOf(tmpl, cs, idx)}, cs+patches+fileLen(t, objs, fm.Deltas[4].Patch))
+			// Without: chunk 0 and the bases of 1, 2, 4 fetched whole.
+			check("download without the template", nil, cs+patches+fileLen(t, objs, fm.Deltas[4].Patch)+4*cs)
+
+			// The base's own set gone and garbage collected: the bases the
+			// deltas need stay.
+			if err := s.Delete(ctx, "templates/t"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.GC(ctx); err != nil {
+				t.Fatal(err)
+			}
+			check("download after the template's set is gone", nil, cs+patches+fileLen(t, objs, fm.Deltas[4].Patch)+4*cs)
+			r, err := s.Open(ctx, "snap/c", "vm.mem")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(want))
+			if _, err := r.ReadAt(got, 0); err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Error("lazy read of a set with deltas differs from the file uploaded")
+			}
+			if err := s.Delete(ctx, "snap/c"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.GC(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := countChunks(t, s); n != 0 {
+				t.Errorf("%d chunks left after every set is deleted and collected", n)
+			}
+		})
+	}
+}
+
+func fileLen(t *testing.T, objs objstore.Store, hash string) int64 {
+	in, err := objs.Stat(context.Background(), "chunks/"+hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in.Size
 }
