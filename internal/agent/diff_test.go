@@ -8,6 +8,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 )
 
@@ -38,18 +39,59 @@ func notIn(m, base *chunkstore.Manifest) (occurrences, distinct int64) {
 	return occurrences, distinct
 }
 
+// wantFetched is what a download of m fetches when the chunks whose
+// hashes are in have are local: each other chunk whole, or for a delta its
+// patch and (unless local) its base.
+func wantFetched(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, have map[string]bool) int64 {
+	t.Helper()
+	var n int64
+	for _, f := range m.Files {
+		for i, h := range f.Chunks {
+			size := min(m.ChunkSize, f.Size-int64(i)*m.ChunkSize)
+			d, delta := f.Deltas[i]
+			switch {
+			case h == "" || have[h]:
+			case delta:
+				in, err := objs.Stat(ctxT(t), "chunks/"+d.Patch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += in.Size
+				if d.Base != "" && !have[d.Base] {
+					n += size
+				}
+			default:
+				n += size
+			}
+		}
+	}
+	return n
+}
+
+func hashesOf(m *chunkstore.Manifest) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range m.Files {
+		for _, h := range f.Chunks {
+			out[h] = true
+		}
+	}
+	return out
+}
+
 // TestMovesOnlyTheDiff: hosts sharing an object store (a real S3 server)
 // share their templates through it: A bakes and uploads the template, B
 // fetches it instead of baking. A snapshot of a sandbox on A then uploads
-// only the chunks its template lacks, and a create from it on B (which
-// holds the template) fetches only those, taking the rest from its own
-// copy of the template (reflinked); the same for a paused sandbox resumed
-// on B. C, without the template, fetches the whole set and restores the
+// only what its template lacks (chunks that differ from the template's in
+// a few pages as patches of those pages), and a create from it on B
+// (which holds the template) fetches only that, taking the rest from its
+// own copy of the template (reflinked); the same for a paused sandbox
+// resumed on B. C, without the template, fetches the whole set and restores the
 // same sandbox. A host that baked its own copy of the template adopts the
 // store's when it starts. Memory-held state and files are checked each
 // time.
 func TestMovesOnlyTheDiff(t *testing.T) {
 	s3 := s3test.Start(t)
+	objs := s3.Open("fleet")
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	openB, _ := storeHost(t, s3.Open("fleet"))
 	openC, _ := storeHost(t, s3.Open("fleet"))
@@ -101,10 +143,12 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	}
 	occ, distinct := notIn(snapSet, tmplSet)
 	si := stored(a, snap.ID)
-	t.Logf("snapshot: %d MiB dirty, set of %d MiB of chunks, %d MiB not in the template; uploaded %d MiB",
-		snap.Capture.DirtyBytes>>20, storedBytes(snapSet)>>20, occ>>20, si.UploadedBytes>>20)
-	if si.UploadedBytes != distinct {
-		t.Errorf("snapshot upload sent %d bytes, want %d (the chunks the template lacks)", si.UploadedBytes, distinct)
+	rec, _ := a.storedRecord(snap.ID)
+	t.Logf("snapshot: %.1f MiB dirty, set of %d MiB of chunks, %.1f MiB in %d chunks not the template's; uploaded %.1f MiB (%d chunks whole, %d as patches)",
+		mib(snap.Capture.DirtyBytes), storedBytes(snapSet)>>20, mib(occ), rec.Upload.ChunksUploaded+rec.Upload.ChunksDelta, mib(si.UploadedBytes),
+		rec.Upload.ChunksUploaded, rec.Upload.ChunksDelta)
+	if si.UploadedBytes <= 0 || si.UploadedBytes >= distinct || rec.Upload.ChunksDelta == 0 {
+		t.Errorf("snapshot upload sent %d bytes (%d patches), want less than the %d of the chunks the template lacks", si.UploadedBytes, rec.Upload.ChunksDelta, distinct)
 	}
 	if occ*2 > storedBytes(snapSet) {
 		t.Errorf("%d of the snapshot's %d bytes of chunks are not its template's: the test's sandbox changed too much to show anything", occ, storedBytes(snapSet))
@@ -116,12 +160,12 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create on B from A's snapshot: %v", err)
 	}
-	t.Logf("create on B from A's snapshot (lookup, seeded download, checksums, restore): %v, fetched %d MiB", time.Since(t0).Round(time.Millisecond), child.FetchedBytes>>20)
-	if child.FetchedBytes != occ {
-		t.Errorf("create on B fetched %d bytes, want %d (the chunks its template lacks)", child.FetchedBytes, occ)
+	t.Logf("create on B from A's snapshot (lookup, seeded download, checksums, restore): %v, fetched %.1f MiB", time.Since(t0).Round(time.Millisecond), mib(child.FetchedBytes))
+	if want := wantFetched(t, objs, snapSet, hashesOf(tmplSet)); child.FetchedBytes != want || want >= occ {
+		t.Errorf("create on B fetched %d bytes, want %d (patches and the chunks its template lacks; less than %d)", child.FetchedBytes, want, occ)
 	}
-	if si := stored(b, snap.ID); si.FetchedBytes != occ {
-		t.Errorf("B's snapshot says it fetched %d bytes, want %d", si.FetchedBytes, occ)
+	if si := stored(b, snap.ID); si.FetchedBytes != child.FetchedBytes {
+		t.Errorf("B's snapshot says it fetched %d bytes, the create %d", si.FetchedBytes, child.FetchedBytes)
 	}
 	if r, _ := b.storedRecord(snap.ID); r.Fetch == nil || r.Fetch.ChunksCloned == 0 {
 		t.Errorf("B's download reflinked no chunk from its template: %+v", r.Fetch)
@@ -146,10 +190,10 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create on C (no template) from A's snapshot: %v", err)
 	}
-	allOcc, _ := notIn(snapSet, &chunkstore.Manifest{})
-	if cChild.FetchedBytes != allOcc {
-		t.Errorf("create on C fetched %d bytes, want all %d", cChild.FetchedBytes, allOcc)
+	if want := wantFetched(t, objs, snapSet, nil); cChild.FetchedBytes != want {
+		t.Errorf("create on C fetched %d bytes, want %d (all of it)", cChild.FetchedBytes, want)
 	}
+	t.Logf("create on C (no template) fetched %.1f MiB", mib(cChild.FetchedBytes))
 	checkMemState(t, "sandbox on C from A's snapshot", c, cChild.ID, sum, keeper, secret)
 	c.Kill(ctxT(t), cChild.ID)
 	if _, ok := c.templates.ByKey(key); ok {
@@ -169,10 +213,10 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	}
 	pOcc, _ := notIn(pausedSet, tmplSet)
 	up := infoOf(a, src.ID).UploadedBytes
-	t.Logf("paused: set of %d MiB of chunks, %d MiB not in the template; uploaded %d MiB (the snapshot's chunks were there)",
-		storedBytes(pausedSet)>>20, pOcc>>20, up>>20)
-	if up > pOcc {
-		t.Errorf("pause upload sent %d bytes, more than the %d its template lacks", up, pOcc)
+	t.Logf("paused: set of %d MiB of chunks, %.1f MiB not in the template; uploaded %.1f MiB (the snapshot's chunks and patches were there)",
+		storedBytes(pausedSet)>>20, mib(pOcc), mib(up))
+	if up <= 0 || up >= pOcc {
+		t.Errorf("pause upload sent %d bytes, want less than the %d its template lacks", up, pOcc)
 	}
 	t0 = time.Now()
 	in, err := b.Resume(ctxT(t), src.ID)
@@ -180,9 +224,9 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		t.Fatalf("resume on B: %v", err)
 	}
 	t.Cleanup(func() { b.Kill(context.Background(), src.ID) })
-	t.Logf("resume on B of the sandbox paused on A: %v, fetched %d MiB", time.Since(t0).Round(time.Millisecond), in.FetchedBytes>>20)
-	if in.FetchedBytes != pOcc {
-		t.Errorf("resume on B fetched %d bytes, want %d", in.FetchedBytes, pOcc)
+	t.Logf("resume on B of the sandbox paused on A: %v, fetched %.1f MiB", time.Since(t0).Round(time.Millisecond), mib(in.FetchedBytes))
+	if want := wantFetched(t, objs, pausedSet, hashesOf(tmplSet)); in.FetchedBytes != want {
+		t.Errorf("resume on B fetched %d bytes, want %d", in.FetchedBytes, want)
 	}
 	if got := shOn(t, b, src.ID, "cat /root/f.txt"); got != "on-a\npaused-on-a\n" {
 		t.Errorf("resumed on B: f.txt %q", got)
@@ -223,3 +267,5 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		t.Errorf("D's adoption left %v", m)
 	}
 }
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }

@@ -187,7 +187,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	}
 	a.startTemplateSync(rec.Template, false) // templates.go
 	t0 := time.Now()
-	_, st, err := a.store.UploadMeta(ctx, pausedName(id), files, meta, nil)
+	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: a.templateBases(ctx, rec.Template)}, nil)
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	}
 	s.setDurablePause(pauseID)
 	a.log.Info("paused sandbox durable in the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
 	a.gcIfWanted(ctx)
 	return nil
@@ -467,7 +467,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	a.sandboxes[id] = s
 	a.log.Info("paused sandbox adopted from the object store", "sandbox_id", id, "pause_id", rec.PauseID,
 		"download_ms", tDownload.Milliseconds(), "bytes", allocated(filepath.Join(final, pausedDir)),
-		"chunks_fetched", st.ChunksFetched, "bytes_fetched", st.BytesFetched, "chunks_local", st.ChunksSeeded,
+		"chunks_fetched", st.ChunksFetched, "chunks_delta", st.ChunksDelta, "bytes_fetched", st.BytesFetched, "chunks_local", st.ChunksSeeded,
 		"bytes_local", st.BytesSeeded, "chunks_reflinked", st.ChunksCloned)
 	return s, nil
 }

@@ -295,7 +295,7 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	// template (or go there now): see templates.go.
 	a.startTemplateSync(si.Template, false)
 	t0 := time.Now()
-	_, st, err := a.store.UploadMeta(ctx, storeName(id), files, meta, nil)
+	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: a.templateBases(ctx, si.Template)}, nil)
 	if err != nil {
 		return err
 	}
@@ -304,8 +304,8 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("upload snapshot %s: record: %w", id, classifyIOError(err))
 	}
 	a.log.Info("snapshot durable in the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
-		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared,
+		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded, "dirty_bytes", si.Capture.DirtyBytes)
 	a.gcIfWanted(ctx)
 	return nil
 }
@@ -379,7 +379,7 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 		a.mu.Unlock()
 	}
 	a.log.Info("snapshot fetched from the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"download_ms", tDownload.Milliseconds(), "chunks_fetched", st.ChunksFetched, "bytes_fetched", st.BytesFetched,
+		"download_ms", tDownload.Milliseconds(), "chunks_fetched", st.ChunksFetched, "chunks_delta", st.ChunksDelta, "bytes_fetched", st.BytesFetched,
 		"chunks_local", st.ChunksSeeded, "bytes_local", st.BytesSeeded, "chunks_reflinked", st.ChunksCloned)
 	return st, nil
 }

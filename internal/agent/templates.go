@@ -104,6 +104,22 @@ func (a *Agent) templateSeeds(ctx context.Context, key string) []chunkstore.Seed
 	return idx.Seeds(t)
 }
 
+// templateBases are this host's copy of template key as the bases of an
+// upload of a capture made from it (chunkstore.UploadOptions.Bases): its
+// chunks that differ from the template's in a few pages are stored as
+// patches. Nil if this host has no complete copy.
+func (a *Agent) templateBases(ctx context.Context, key string) map[string]chunkstore.Seed {
+	seeds := a.templateSeeds(ctx, key)
+	if len(seeds) == 0 {
+		return nil
+	}
+	out := map[string]chunkstore.Seed{}
+	for _, sd := range seeds {
+		out[filepath.Base(sd.Path)] = sd // a capture's files have its template's names
+	}
+	return out
+}
+
 // startTemplateSync keeps template key in the object store in the
 // background (syncTemplate), retried until it succeeds. Unless after, it
 // does nothing while a sync of key runs; with after, it runs once that
