@@ -22,11 +22,11 @@ import (
 
 // Stats counts what an Upload did.
 type Stats struct {
-	ChunksTotal    int   // chunks of all files
-	ChunksDone     int   // of those, handled so far (for progress)
-	ChunksUploaded int   // sent to the store
-	ChunksShared   int   // already in the store (or twice in this upload): not sent
-	ZeroChunks     int   // all zeros: not stored
+	ChunksTotal    int // chunks of all files
+	ChunksDone     int // of those, handled so far (for progress)
+	ChunksUploaded int // sent to the store
+	ChunksShared   int // already in the store (or twice in this upload): not sent
+	ZeroChunks     int // all zeros: not stored
 	// ChunksDelta were stored as a patch over a base chunk (delta.go):
 	// only the pages that differ were sent, counted in BytesUploaded.
 	ChunksDelta   int
