@@ -421,7 +421,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	// Chunks this host's copy of its template holds come from there.
 	st, err := a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), a.templateSeeds(ctx, rec.Template))
 	if err == nil {
-		if verr := verifyCapture(filepath.Join(tmp, pausedDir)); verr != nil {
+		if verr := checkDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}

@@ -351,7 +351,7 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 	}
 	tDownload := time.Since(t0)
 	if err == nil {
-		if verr := verifyCapture(tmp); verr != nil {
+		if verr := checkDownloaded(tmp); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}

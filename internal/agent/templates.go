@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/template"
 )
@@ -89,11 +90,19 @@ func (r templateRemote) Baked(t *template.Template) {
 }
 
 // templateSeeds are this host's copy of template key as seeds of a
-// download (none if it has no complete copy, or its index cannot be
-// made).
+// download (none if it has no complete copy whose files pass their
+// checksums, or its index cannot be made). A download takes what it
+// reflinks from a seed on trust: the template's files passed their
+// checksums, and its index was made from them as they are (it is tied to
+// their fingerprint), so a restore need not read it all again
+// (checkDownloaded).
 func (a *Agent) templateSeeds(ctx context.Context, key string) []chunkstore.Seed {
 	t, ok := a.templates.ByKey(key)
 	if !ok {
+		return nil
+	}
+	if err := a.templates.Verify(t); err != nil {
+		a.log.Warn("template not used to restore a capture", "template", key, "err", err)
 		return nil
 	}
 	idx, err := a.templates.ChunkIndex(ctx, t, a.store.ChunkSize())
@@ -159,6 +168,7 @@ func (a *Agent) syncTemplate(ctx context.Context, key string) error {
 	if meta.BootID != t.BootID {
 		return a.adoptTemplate(ctx, t, meta)
 	}
+	a.templates.Verify(t) // now, not in the first restore that uses it
 	if m.ChunkSize == a.store.ChunkSize() && !a.templates.HasChunkIndex(t, m.ChunkSize) {
 		if err := a.templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
 			a.log.Warn("template chunk index", "template", key, "err", err)
@@ -223,4 +233,20 @@ func (a *Agent) syncTemplates() {
 	for _, t := range list {
 		a.startTemplateSync(t.Key(), false)
 	}
+}
+
+// checkDownloaded checks a capture just downloaded from the object store
+// (its directory dir). The download checked every chunk against its hash
+// as it came (fetched, made from a patch, or copied from a seed) or
+// reflinked it from a template whose files passed their checksums and
+// whose index was made from them (templateSeeds): reading all of it again
+// against the capture's checksums would find nothing new. So this checks
+// that the files are there with their sizes; a set older than checksums
+// has no manifest and is checked as verifyCapture does.
+func checkDownloaded(dir string) error {
+	err := manifest.Check(dir)
+	if errors.Is(err, manifest.ErrNoManifest) {
+		return verifyCapture(dir)
+	}
+	return err
 }

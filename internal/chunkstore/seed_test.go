@@ -204,7 +204,8 @@ func TestDeltas(t *testing.T) {
 
 			tmpl := filepath.Join(src, "template.mem")
 			writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 5 * cs}) // chunks 5-7 holes
-			func() {                                               // the template's chunk 4 is its chunk 1 (so is the capture's)
+			// The template's chunk 4 is its chunk 1 (so is the capture's).
+			func() {
 				f, _ := os.OpenFile(tmpl, os.O_RDWR, 0)
 				defer f.Close()
 				c := make([]byte, cs)

@@ -83,6 +83,10 @@ func (s *Store) Adopt(ctx context.Context, p Params) (*Template, error) {
 	return s.bakeOnce(ctx, p, "another host's copy replaces this host's", nil, fetchOnly)
 }
 
+// Verify checks t's files against their checksums, unless they are
+// unchanged since they last passed (the same fingerprint).
+func (s *Store) Verify(t *Template) error { return s.verify(t) }
+
 // ByKey returns the baked template whose directory is key, complete (its
 // files all there), fresh or not; false if there is none.
 func (s *Store) ByKey(key string) (*Template, bool) {
