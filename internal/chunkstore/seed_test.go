@@ -308,3 +308,24 @@ func fileLen(t *testing.T, objs objstore.Store, hash string) int64 {
 	}
 	return in.Size
 }
+
+func TestSameBlocks(t *testing.T) {
+	tmpl := extentMap{{0, 1000, 100}, {100, 5000, 100}, {300, 9000, 100}}
+	for _, tc := range []struct {
+		name   string
+		m      extentMap
+		off, n int64
+		want   bool
+	}{
+		{"same extents", tmpl, 0, 200, true},
+		{"split differently", extentMap{{0, 1000, 50}, {50, 1050, 50}, {100, 5000, 100}}, 0, 200, true},
+		{"one block rewritten", extentMap{{0, 1000, 50}, {50, 7777, 10}, {60, 1060, 40}, {100, 5000, 100}}, 0, 200, false},
+		{"a hole in both", tmpl, 150, 200, false}, // not covered: read it
+		{"past the rewrite", extentMap{{0, 1000, 50}, {50, 7777, 10}, {60, 1060, 40}, {100, 5000, 100}}, 100, 100, true},
+		{"unknown map", nil, 0, 100, false},
+	} {
+		if got := sameBlocks(tc.m, tmpl, tc.off, tc.n); got != tc.want {
+			t.Errorf("%s: sameBlocks = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

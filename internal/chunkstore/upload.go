@@ -29,7 +29,10 @@ type Stats struct {
 	ZeroChunks     int // all zeros: not stored
 	// ChunksDelta were stored as a patch over a base chunk (delta.go):
 	// only the pages that differ were sent, counted in BytesUploaded.
-	ChunksDelta   int
+	ChunksDelta int
+	// ChunksUnread were known to equal their base's chunk (same disk
+	// blocks: see extents.go) and not read; they count among the others.
+	ChunksUnread  int
 	BytesTotal    int64 // sum of the files' sizes
 	BytesUploaded int64 // bytes sent: whole chunks and patches
 }
@@ -136,7 +139,17 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 			continue // no base: whole chunks
 		}
 		defer f.Close()
-		u.bases[fname] = &base{f: f, chunks: sd.Chunks}
+		b := &base{f: f, chunks: sd.Chunks}
+		if fi, err := f.Stat(); err == nil {
+			b.size, b.ext = fi.Size(), extentsOf(f)
+		}
+		u.bases[fname] = b
+	}
+	exts := make([]extentMap, len(m.Files))
+	for fi, f := range m.Files {
+		if b := u.bases[f.Name]; b != nil && b.ext != nil {
+			exts[fi] = extentsOf(fds[fi])
+		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	jobs := make(chan job)
@@ -153,7 +166,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 					continue
 				}
 				select {
-				case jobs <- job{fd: fds[fi], file: &m.Files[fi], i: ci}:
+				case jobs <- job{fd: fds[fi], file: &m.Files[fi], i: ci, ext: exts[fi]}:
 				case <-gctx.Done():
 					return gctx.Err()
 				}
@@ -228,6 +241,7 @@ type job struct {
 	fd   *os.File
 	file *File
 	i    int
+	ext  extentMap // fd's, if it has a base (else nil)
 }
 
 type uploader struct {
@@ -245,6 +259,8 @@ type uploader struct {
 type base struct {
 	f      *os.File
 	chunks []string
+	size   int64
+	ext    extentMap // nil if unknown
 }
 
 // seenChunk is a chunk hash one worker of an upload handles; others that
@@ -275,16 +291,34 @@ var zeros = make([]byte, 64<<20)
 
 func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 	n := chunkLen(j.file.Size, u.s.cfg.ChunkSize, j.i)
+	off := int64(j.i) * u.s.cfg.ChunkSize
 	buf = buf[:n]
-	if _, err := j.fd.ReadAt(buf, int64(j.i)*u.s.cfg.ChunkSize); err != nil {
-		return fmt.Errorf("read %s chunk %d: %w", j.file.Name, j.i, err)
-	}
-	if bytes.Equal(buf, zeros[:n]) {
-		u.done(func(st *Stats) { st.ZeroChunks++ })
+	read := func() error {
+		if _, err := j.fd.ReadAt(buf, off); err != nil {
+			return fmt.Errorf("read %s chunk %d: %w", j.file.Name, j.i, err)
+		}
 		return nil
 	}
-	sum := sha256.Sum256(buf)
-	h := hex.EncodeToString(sum[:])
+	var h string
+	unread := false
+	if b := u.bases[j.file.Name]; b != nil && j.i < len(b.chunks) && b.chunks[j.i] != "" && off+n <= b.size && sameBlocks(j.ext, b.ext, off, n) {
+		h, unread = b.chunks[j.i], true // the base's own blocks: its bytes
+	} else {
+		if err := read(); err != nil {
+			return err
+		}
+		if bytes.Equal(buf, zeros[:n]) {
+			u.done(func(st *Stats) { st.ZeroChunks++ })
+			return nil
+		}
+		sum := sha256.Sum256(buf)
+		h = hex.EncodeToString(sum[:])
+	}
+	if unread {
+		u.mu.Lock()
+		u.st.ChunksUnread++
+		u.mu.Unlock()
+	}
 
 	u.mu.Lock()
 	j.file.Chunks[j.i] = h
@@ -316,6 +350,11 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 	if ok {
 		u.done(func(st *Stats) { st.ChunksShared++ })
 		return nil
+	}
+	if unread { // needed after all: to send it
+		if err := read(); err != nil {
+			return err
+		}
 	}
 	if d, patch, err := u.delta(ctx, j, buf); err != nil {
 		return err
