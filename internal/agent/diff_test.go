@@ -163,7 +163,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create on B from A's snapshot: %v", err)
 	}
-	t.Logf("create on B from A's snapshot (lookup, seeded download, checksums, restore): %v, fetched %.1f MiB", time.Since(t0).Round(time.Millisecond), mib(child.FetchedBytes))
+	t.Logf("create on B from A's snapshot (lookup, seeded download, restore): %v, fetched %.1f MiB", time.Since(t0).Round(time.Millisecond), mib(child.FetchedBytes))
 	if want := wantFetched(t, objs, snapSet, hashesOf(tmplSet)); child.FetchedBytes != want || want >= occ {
 		t.Errorf("create on B fetched %d bytes, want %d (patches and the chunks its template lacks; less than %d)", child.FetchedBytes, want, occ)
 	}

@@ -187,7 +187,9 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	}
 	a.startTemplateSync(rec.Template, false) // templates.go
 	t0 := time.Now()
-	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: a.templateBases(ctx, rec.Template)}, nil)
+	bases, release := a.templateBases(ctx, rec.Template)
+	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	release()
 	if err != nil {
 		return err
 	}
@@ -419,7 +421,9 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	os.RemoveAll(tmp)
 	t0 := time.Now()
 	// Chunks this host's copy of its template holds come from there.
-	st, err := a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), a.templateSeeds(ctx, rec.Template))
+	seeds, release := a.templateSeeds(ctx, rec.Template)
+	st, err := a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
+	release()
 	if err == nil {
 		if verr := checkDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)

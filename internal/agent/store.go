@@ -295,7 +295,9 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	// template (or go there now): see templates.go.
 	a.startTemplateSync(si.Template, false)
 	t0 := time.Now()
-	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: a.templateBases(ctx, si.Template)}, nil)
+	bases, release := a.templateBases(ctx, si.Template)
+	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	release()
 	if err != nil {
 		return err
 	}
@@ -347,7 +349,9 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 	if err == nil {
 		var si SnapshotInfo
 		json.Unmarshal(m.Meta, &si) // no metadata: no template to take chunks from
-		st, err = a.store.DownloadSeeded(ctx, m, tmp, a.templateSeeds(ctx, si.Template))
+		seeds, release := a.templateSeeds(ctx, si.Template)
+		st, err = a.store.DownloadSeeded(ctx, m, tmp, seeds)
+		release()
 	}
 	tDownload := time.Since(t0)
 	if err == nil {

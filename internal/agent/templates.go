@@ -71,7 +71,9 @@ func (r templateRemote) Fetch(ctx context.Context, key string, accept func(templ
 		return template.Meta{}, nil, fmt.Errorf("template %s: %w: the object store's copy was baked from other inputs", key, template.ErrNotFound)
 	}
 	t0 := time.Now()
-	st, err := a.store.DownloadSeeded(ctx, m, dir, a.templateSeeds(ctx, key))
+	seeds, release := a.templateSeeds(ctx, key)
+	defer release()
+	st, err := a.store.DownloadSeeded(ctx, m, dir, seeds)
 	if err != nil {
 		return template.Meta{}, nil, err
 	}
@@ -90,43 +92,49 @@ func (r templateRemote) Baked(t *template.Template) {
 }
 
 // templateSeeds are this host's copy of template key as seeds of a
-// download (none if it has no complete copy whose files pass their
-// checksums, or its index cannot be made). A download takes what it
+// download, open (the caller calls release once done), or none if it has
+// no complete copy whose files pass their checksums, or its index cannot
+// be made. A download takes what it
 // reflinks from a seed on trust: the template's files passed their
 // checksums, and its index was made from them as they are (it is tied to
 // their fingerprint), so a restore need not read it all again
 // (checkDownloaded).
-func (a *Agent) templateSeeds(ctx context.Context, key string) []chunkstore.Seed {
+func (a *Agent) templateSeeds(ctx context.Context, key string) (seeds []chunkstore.Seed, release func()) {
+	none := func() {}
 	t, ok := a.templates.ByKey(key)
 	if !ok {
-		return nil
+		return nil, none
 	}
 	if err := a.templates.Verify(t); err != nil {
 		a.log.Warn("template not used to restore a capture", "template", key, "err", err)
-		return nil
+		return nil, none
 	}
 	idx, err := a.templates.ChunkIndex(ctx, t, a.store.ChunkSize())
+	if err == nil {
+		seeds, release, err = idx.Open(t)
+	}
 	if err != nil {
 		a.log.Warn("template chunk index", "template", key, "err", err)
-		return nil
+		return nil, none
 	}
-	return idx.Seeds(t)
+	return seeds, release
 }
 
 // templateBases are this host's copy of template key as the bases of an
-// upload of a capture made from it (chunkstore.UploadOptions.Bases): its
-// chunks that differ from the template's in a few pages are stored as
-// patches. Nil if this host has no complete copy.
-func (a *Agent) templateBases(ctx context.Context, key string) map[string]chunkstore.Seed {
-	seeds := a.templateSeeds(ctx, key)
+// upload of a capture made from it (chunkstore.UploadOptions.Bases), open
+// (the caller calls release): its chunks that differ from the template's
+// in a few pages are stored as patches. Nil if this host has no complete
+// copy.
+func (a *Agent) templateBases(ctx context.Context, key string) (bases map[string]chunkstore.Seed, release func()) {
+	seeds, release := a.templateSeeds(ctx, key)
 	if len(seeds) == 0 {
-		return nil
+		return nil, release
 	}
-	out := map[string]chunkstore.Seed{}
+	bases = map[string]chunkstore.Seed{}
 	for _, sd := range seeds {
-		out[filepath.Base(sd.Path)] = sd // a capture's files have its template's names
+		bases[filepath.Base(sd.Path)] = sd // a capture's files have its template's names
 	}
-	return out
+	return bases, release
 }
 
 // startTemplateSync keeps template key in the object store in the

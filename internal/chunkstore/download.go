@@ -28,9 +28,23 @@ import (
 // caller that needs certainty verifies the files afterwards (the host
 // agent checks every file against its own checksums).
 type Seed struct {
-	Path      string
+	Path string
+	// File, if not nil, is the seed opened already (Path is then only its
+	// name): a caller that checked the open file against its index passes
+	// it, so that the file read is the one checked even if Path is
+	// replaced meanwhile. The caller closes it.
+	File      *os.File
 	ChunkSize int64
 	Chunks    []string
+}
+
+// open returns the seed's file and whether the caller must close it.
+func (sd Seed) open() (*os.File, bool, error) {
+	if sd.File != nil {
+		return sd.File, false, nil
+	}
+	f, err := os.Open(sd.Path)
+	return f, err == nil, err
 }
 
 // SeedOf is a seed of the local file path whose chunk hashes f lists (an
@@ -127,6 +141,7 @@ func (s *Store) DownloadSeeded(ctx context.Context, m *Manifest, dir string, see
 // seedSet finds chunks by hash in a download's seeds.
 type seedSet struct {
 	files []*os.File
+	owned []*os.File // opened here: closed by close
 	at    map[string]seedRef
 }
 
@@ -143,9 +158,12 @@ func openSeeds(seeds []Seed, cs int64) *seedSet {
 		if sd.ChunkSize != cs || len(sd.Chunks) == 0 {
 			continue
 		}
-		f, err := os.Open(sd.Path)
+		f, owned, err := sd.open()
 		if err != nil {
 			continue
+		}
+		if owned {
+			ss.owned = append(ss.owned, f)
 		}
 		ss.files = append(ss.files, f)
 		for i, h := range sd.Chunks {
@@ -161,7 +179,7 @@ func openSeeds(seeds []Seed, cs int64) *seedSet {
 }
 
 func (ss *seedSet) close() {
-	for _, f := range ss.files {
+	for _, f := range ss.owned {
 		f.Close()
 	}
 }

@@ -134,11 +134,13 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 		if _, ok := files[fname]; !ok || sd.ChunkSize != s.cfg.ChunkSize {
 			continue
 		}
-		f, err := os.Open(sd.Path)
+		f, owned, err := sd.open()
 		if err != nil {
 			continue // no base: whole chunks
 		}
-		defer f.Close()
+		if owned {
+			defer f.Close()
+		}
 		b := &base{f: f, chunks: sd.Chunks}
 		if fi, err := f.Stat(); err == nil {
 			b.size, b.ext = fi.Size(), extentsOf(f)

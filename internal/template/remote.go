@@ -188,16 +188,52 @@ func (s *Store) saveChunkIndex(t *Template, idx *ChunkIndex) error {
 	return manifest.WriteFile(filepath.Join(t.Dir, chunkIndexFile), b, 0o600)
 }
 
-// Seeds are t's files as seeds of a download (chunkstore.Seed), from its
-// chunk index.
-func (idx *ChunkIndex) Seeds(t *Template) []chunkstore.Seed {
-	var out []chunkstore.Seed
-	for _, name := range indexedFiles {
-		if f, ok := idx.Files[name]; ok {
-			out = append(out, chunkstore.SeedOf(filepath.Join(t.Dir, name), idx.ChunkSize, f))
+// Open opens t's files as seeds (chunkstore.Seed, with File set) of a
+// download or bases of an upload, checked to be the very files idx was
+// made from: a re-bake replacing t meanwhile fails it rather than give
+// chunks that are not what idx says. The caller calls close when done.
+func (idx *ChunkIndex) Open(t *Template) (seeds []chunkstore.Seed, close func(), err error) {
+	var files []*os.File
+	close = func() {
+		for _, f := range files {
+			f.Close()
 		}
 	}
-	return out
+	for _, name := range indexedFiles {
+		cf, ok := idx.Files[name]
+		if !ok {
+			continue
+		}
+		f, err := os.Open(filepath.Join(t.Dir, name))
+		if err != nil {
+			close()
+			return nil, nil, err
+		}
+		files = append(files, f)
+		seeds = append(seeds, chunkstore.Seed{Path: f.Name(), File: f, ChunkSize: idx.ChunkSize, Chunks: cf.Chunks})
+	}
+	// The paths may have been replaced between the index and the opens:
+	// the files as they are now must be those of the index, and the open
+	// ones those files (an inode open here is not reused).
+	fp, err := manifest.Fingerprint(t.Dir)
+	if err == nil && fp != idx.Fingerprint {
+		err = fmt.Errorf("template %s changed since its chunk index was made", t.Key())
+	}
+	for _, f := range files {
+		if err != nil {
+			break
+		}
+		a, aerr := f.Stat()
+		b, berr := os.Stat(f.Name())
+		if aerr != nil || berr != nil || !os.SameFile(a, b) {
+			err = fmt.Errorf("template %s changed while its files were opened", t.Key())
+		}
+	}
+	if err != nil {
+		close()
+		return nil, nil, err
+	}
+	return seeds, close, nil
 }
 
 // HasChunkIndex reports whether t has a chunk index of chunkSize for its

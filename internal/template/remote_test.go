@@ -61,9 +61,11 @@ func TestChunkIndex(t *testing.T) {
 	if !s.HasChunkIndex(tm, 1<<20) || s.HasChunkIndex(tm, 2<<20) {
 		t.Errorf("index of 1 MiB chunks kept: %v; of 2 MiB: %v", s.HasChunkIndex(tm, 1<<20), s.HasChunkIndex(tm, 2<<20))
 	}
-	if got := idx.Seeds(tm); len(got) != 3 || got[0].Path != filepath.Join(tm.Dir, "vm.mem") || got[0].ChunkSize != 1<<20 {
-		t.Errorf("seeds %+v", got)
+	got, closeSeeds, err := idx.Open(tm)
+	if err != nil || len(got) != 3 || got[0].Path != filepath.Join(tm.Dir, "vm.mem") || got[0].ChunkSize != 1<<20 || got[0].File == nil {
+		t.Errorf("seeds %+v, %v", got, err)
 	}
+	closeSeeds()
 
 	// Given by an upload's manifest: kept as is.
 	given := idx.Files["vm.mem"]
@@ -86,6 +88,9 @@ func TestChunkIndex(t *testing.T) {
 	f.Close()
 	if s.HasChunkIndex(tm, 1<<20) {
 		t.Error("the index outlived a write to vm.mem")
+	}
+	if _, _, err := idx.Open(tm); err == nil {
+		t.Error("a stale index opened its template's files as seeds")
 	}
 	idx, err = s.ChunkIndex(ctx, tm, 1<<20)
 	if err != nil {

@@ -500,7 +500,11 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		}
 	}
 	start := time.Now()
-	say("baking template %s (%s)", p.Key(), reason)
+	if mode == fetchOnly {
+		say("replacing template %s (%s)", p.Key(), reason)
+	} else {
+		say("baking template %s (%s)", p.Key(), reason)
+	}
 	inputs, err := s.inputs(p.Name)
 	if err != nil {
 		return nil, err
