@@ -199,7 +199,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	}
 	s.setDurablePause(pauseID)
 	a.log.Info("paused sandbox durable in the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared,
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
 	a.gcIfWanted(ctx)
 	return nil

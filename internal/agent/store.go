@@ -306,7 +306,7 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("upload snapshot %s: record: %w", id, classifyIOError(err))
 	}
 	a.log.Info("snapshot durable in the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared,
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded, "dirty_bytes", si.Capture.DirtyBytes)
 	a.gcIfWanted(ctx)
 	return nil
