@@ -33,10 +33,13 @@ type ClusterResult struct {
 	// another host.
 	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
 	CrossHostForkFirstExec Dist `json:"cross_host_fork_first_exec"`
-	// The size of a cross-host fork's capture (the parent's own blocks:
-	// what its host uploads at most; chunks the store already holds are
-	// not sent) against the parent's dirty memory and its RAM. The other
-	// host downloads the whole capture set, template chunks included.
+	// The size of a cross-host fork's capture (the parent's own blocks)
+	// against the parent's dirty memory and its RAM. It is not what moves:
+	// the parent's host uploads only the chunks and pages that differ from
+	// its template, and the other host fetches only those when it holds
+	// the template (docs/storage.md); the control plane reports those
+	// bytes (control.Forked.CrossHostUploadedBytes and
+	// CrossHostFetchedBytes), which the REST API does not carry yet.
 	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
 	CrossHostDirtyMiBP50     float64 `json:"cross_host_dirty_mib_p50"`
 	CapturePerDirty          float64 `json:"capture_per_dirty"`
