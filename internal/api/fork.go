@@ -58,10 +58,12 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		out[i].Sandbox = &j
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"children":                 out,
-		"parent_paused_ms":         res.ParentPausedMS,
-		"dirty_bytes":              res.DirtyBytes,
-		"cross_host_capture_bytes": res.CrossHostCaptureBytes,
+		"children":                  out,
+		"parent_paused_ms":          res.ParentPausedMS,
+		"dirty_bytes":               res.DirtyBytes,
+		"cross_host_capture_bytes":  res.CrossHostCaptureBytes,
+		"cross_host_uploaded_bytes": res.CrossHostUploadedBytes,
+		"cross_host_fetched_bytes":  res.CrossHostFetchedBytes,
 	})
 }
 

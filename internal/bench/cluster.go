@@ -33,17 +33,19 @@ type ClusterResult struct {
 	// another host.
 	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
 	CrossHostForkFirstExec Dist `json:"cross_host_fork_first_exec"`
-	// The size of a cross-host fork's capture (the parent's own blocks)
-	// against the parent's dirty memory and its RAM. It is not what moves:
-	// the parent's host uploads only the chunks and pages that differ from
-	// its template, and the other host fetches only those when it holds
-	// the template (docs/storage.md); the control plane reports those
-	// bytes (control.Forked.CrossHostUploadedBytes and
-	// CrossHostFetchedBytes), which the REST API does not carry yet.
-	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
+	// What a cross-host fork moved (p50 over the rounds): the parent's
+	// host's upload plus the other host's fetch (docs/storage.md: only the
+	// chunks and pages that differ from the template travel when both
+	// hold it), against the parent's dirty memory and its RAM; and the
+	// capture's own size, for comparison (what moved before templates
+	// were seeds).
+	CrossHostMovedMiBP50     float64 `json:"cross_host_moved_mib_p50"`
+	CrossHostUploadedMiBP50  float64 `json:"cross_host_uploaded_mib_p50"`
+	CrossHostFetchedMiBP50   float64 `json:"cross_host_fetched_mib_p50"`
 	CrossHostDirtyMiBP50     float64 `json:"cross_host_dirty_mib_p50"`
-	CapturePerDirty          float64 `json:"capture_per_dirty"`
-	CapturePerRAM            float64 `json:"capture_per_ram"`
+	MovedPerDirty            float64 `json:"moved_per_dirty"`
+	MovedPerRAM              float64 `json:"moved_per_ram"`
+	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
 	ResumeElsewhereFirstExec Dist    `json:"resume_elsewhere_first_exec"`
 }
 
@@ -107,7 +109,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		return sb, nil
 	}
 	var same, cross, resume []time.Duration
-	var capture, dirty []float64
+	var capture, dirty, up, down, moved []float64
 	for i := range o.N {
 		logf("round %d/%d", i+1, o.N)
 		parent, err := parentOn(a)
@@ -130,6 +132,9 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 			*tc.out = append(*tc.out, time.Since(t0))
 			if tc.to == b {
 				capture = append(capture, float64(fr.CrossHostCaptureBytes)/(1<<20))
+				up = append(up, float64(fr.CrossHostUploadedBytes)/(1<<20))
+				down = append(down, float64(fr.CrossHostFetchedBytes)/(1<<20))
+				moved = append(moved, float64(fr.CrossHostUploadedBytes+fr.CrossHostFetchedBytes)/(1<<20))
 				dirty = append(dirty, float64(fr.DirtyBytes)/(1<<20))
 			}
 			fr.Children[0].Kill(ctx)
@@ -156,11 +161,12 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	res.ResumeElsewhereFirstExec = Summarize(resume)
 	res.CrossHostCaptureMiBP50 = median(capture)
 	res.CrossHostDirtyMiBP50 = median(dirty)
+	res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostMovedMiBP50 = median(up), median(down), median(moved)
 	if res.CrossHostDirtyMiBP50 > 0 {
-		res.CapturePerDirty = round(res.CrossHostCaptureMiBP50 / res.CrossHostDirtyMiBP50)
+		res.MovedPerDirty = round2(res.CrossHostMovedMiBP50 / res.CrossHostDirtyMiBP50)
 	}
 	if o.MemoryMiB > 0 {
-		res.CapturePerRAM = round2(res.CrossHostCaptureMiBP50 / float64(o.MemoryMiB))
+		res.MovedPerRAM = round2(res.CrossHostMovedMiBP50 / float64(o.MemoryMiB))
 	}
 	if len(same) == 0 {
 		return res, errors.New("nothing measured")

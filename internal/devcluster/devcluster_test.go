@@ -506,8 +506,8 @@ func TestDevCluster(t *testing.T) {
 		if len(res.Hosts) < 2 || res.SameHostForkFirstExec.N != 1 || res.CrossHostForkFirstExec.N != 1 || res.ResumeElsewhereFirstExec.N != 1 {
 			t.Errorf("bench cluster measured %+v", res)
 		}
-		if res.CrossHostCaptureMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
-			t.Errorf("cross-host capture %v MiB, dirty %v MiB: want both positive", res.CrossHostCaptureMiBP50, res.CrossHostDirtyMiBP50)
+		if res.CrossHostMovedMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
+			t.Errorf("cross-host fork moved %v MiB, dirty %v MiB: want both positive", res.CrossHostMovedMiBP50, res.CrossHostDirtyMiBP50)
 		}
 		live, err := a.sdk.List(t.Context(), pandastack.ListOptions{}) // every state but stopped
 		if err != nil {
