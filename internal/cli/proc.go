@@ -138,6 +138,13 @@ func procStdinCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("read standard input: %w", err)
 			}
+			if len(b) > 0 && closeIt {
+				// One request: the process may exit as soon as it has read b.
+				if err := p.WriteAndCloseStdin(cmd.Context(), b); err != nil {
+					return fmt.Errorf("stdin of process %s in %s: %w", args[1], args[0], err)
+				}
+				return nil
+			}
 			if len(b) > 0 {
 				if err := p.WriteStdin(cmd.Context(), b); err != nil {
 					return fmt.Errorf("stdin of process %s in %s: %w", args[1], args[0], err)

@@ -210,6 +210,13 @@ func (pr *Process) WriteStdin(ctx context.Context, b []byte) error {
 // CloseStdin closes the process's stdin.
 func (pr *Process) CloseStdin(ctx context.Context) error { return pr.stdin(ctx, nil, true) }
 
+// WriteAndCloseStdin writes b to the process's stdin and closes it, the
+// close going with the last write: a process that exits as soon as it has
+// read b does not make the close fail.
+func (pr *Process) WriteAndCloseStdin(ctx context.Context, b []byte) error {
+	return pr.stdin(ctx, b, true)
+}
+
 func (pr *Process) stdin(ctx context.Context, b []byte, closeIt bool) error {
 	const chunk = 1 << 20 // the server's bound per request
 	for first := true; first || len(b) > 0; first = false {
