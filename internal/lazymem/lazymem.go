@@ -1,0 +1,515 @@
+// Package lazymem serves guest memory images that live in the object
+// store as regular files on a FUSE mount, so that QEMU can map one
+// (memory-backend-file, share=off) and start before the image is on the
+// host: a page the guest touches is read through the mount, and the chunk
+// holding it is fetched then, through the per-host chunk cache
+// (chunkstore.Open), once for every machine of the host.
+//
+// One FS is one mount per host, at Config.Dir. Its root holds one file
+// per set, named by Name(set) ("snapshots%2Fabc.mem"), looked up on
+// demand: the first lookup asks Config.Resolve for the set's Image (its
+// manifest, read from the store) and the file then stays for the life of
+// the mount. Every machine mapping the same file shares its page cache
+// (the files are opened with FOPEN_KEEP_CACHE), as local restores share a
+// memory image's page cache through hard links.
+//
+// The files are read-only in content but accept what QEMU 7.2 and the
+// host agent do to a memory file: an O_RDWR open (QEMU opens mem-path
+// read-write even for a private mapping), and chown/chmod (the agent
+// gives the file to the machine's group). Writes, truncation and
+// fallocate fail; a private mapping's writes never reach the file. The
+// mount has allow_other with default_permissions: the kernel checks the
+// file's mode against a jailed QEMU's user and group, as on a disk.
+//
+// Working sets. Each file records which chunks the kernel read (page
+// faults of machines, and reads), in first-touch order, for
+// Image.RecordFor after its first read, then hands them to
+// Image.OnRecorded: the agent stores that list next to the set's manifest
+// (SaveWorkingSet) and the next lazy restore of the set on any host
+// prefetches it (Image.Prefetch) in the background as soon as the file is
+// looked up, while the machine starts. With Image.FetchAll, the remaining
+// chunks follow, so that a machine stops depending on the store soon.
+//
+// Lifetime: a machine mapping a file needs the mount (and this process)
+// for as long as it runs — a page the kernel evicts is read again through
+// it, and with the mount gone that read fails and QEMU gets SIGBUS. Close
+// unmounts (lazily, MNT_DETACH): call it after the machines using the
+// mount are gone. Mount detaches a stale mount a crashed process left at
+// Dir before mounting.
+package lazymem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Source is the content of one lazy file. *chunkstore.Reader is one.
+// ReadAtContext must be safe for concurrent use and return io.EOF (or
+// short) only at the end of the file.
+type Source interface {
+	Size() int64
+	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
+}
+
+// Image is what the FS needs to serve one set's memory file.
+type Image struct {
+	Source    Source
+	ChunkSize int64
+	// Stored says which chunks are fetched from the store (false: a chunk
+	// of zeros, which costs nothing); nil means all. Used by FetchAll.
+	Stored []bool
+	// Prefetch lists chunks to fetch in the background, in order, from
+	// the moment the file is looked up (a recorded working set).
+	Prefetch []int
+	// FetchAll fetches every stored chunk after Prefetch, in the
+	// background.
+	FetchAll bool
+	// RecordFor is how long after the file's first read the chunks read
+	// are recorded; 0 records nothing. OnRecorded gets them then, in
+	// first-touch order (called once, from its own goroutine).
+	RecordFor  time.Duration
+	OnRecorded func(chunks []int)
+}
+
+// Resolver returns the Image of set name; an error wrapping fs.ErrNotExist
+// (os.ErrNotExist) makes the lookup ENOENT, any other EIO.
+type Resolver func(ctx context.Context, name string) (*Image, error)
+
+// Config configures an FS.
+type Config struct {
+	// Dir is the mount point (made if missing).
+	Dir     string
+	Resolve Resolver
+	Log     *slog.Logger
+	// Workers is how many chunks the background fetch of one file
+	// fetches at once; default 2.
+	Workers int
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// FS is a mounted lazy file system. Its methods are safe for concurrent
+// use.
+type FS struct {
+	cfg    Config
+	root   *rootNode
+	server *fuse.Server
+	ctx    context.Context // of the background fetches; cancelled by Close
+	cancel context.CancelFunc
+
+	closeOnce sync.Once
+	closeErr  error
+	bg        sync.WaitGroup
+}
+
+// Name is the file name of set name in the mount's root: the set name
+// path-escaped ("snapshots/abc" is "snapshots%2Fabc.mem").
+func Name(set string) string { return url.PathEscape(set) + ".mem" }
+
+// setOf is the inverse of Name.
+func setOf(file string) (string, bool) {
+	base, ok := strings.CutSuffix(file, ".mem")
+	if !ok || base == "" {
+		return "", false
+	}
+	s, err := url.PathUnescape(base)
+	if err != nil || Name(s) != file {
+		return "", false
+	}
+	return s, true
+}
+
+// cacheTimeout is how long the kernel caches names and attributes: the
+// files never change size or content.
+const cacheTimeout = time.Hour
+
+// Mount mounts a new FS at cfg.Dir. It needs CAP_SYS_ADMIN (it calls
+// mount(2) itself; no fusermount helper is needed or used).
+func Mount(cfg Config) (*FS, error) {
+	if cfg.Dir == "" || cfg.Resolve == nil {
+		return nil, errors.New("lazymem: mount: Dir and Resolve are required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("lazymem: mount: %w", err)
+	}
+	// A mount left by a crashed process answers ENOTCONN: detach it.
+	unix.Unmount(cfg.Dir, unix.MNT_DETACH)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &FS{cfg: cfg, ctx: ctx, cancel: cancel}
+	f.root = &rootNode{fs: f, files: map[string]*fileNode{}}
+	timeout := cacheTimeout
+	neg := time.Duration(0)
+	opts := &fs.Options{
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &neg,
+		MountOptions: fuse.MountOptions{
+			AllowOther:        true,
+			DirectMountStrict: true,
+			FsName:            "panda-lazymem",
+			Name:              "lazymem",
+			// The kernel checks modes: a jailed QEMU runs as a user of
+			// its own with the machine's group.
+			Options:       []string{"default_permissions"},
+			DisableXAttrs: true,
+			MaxReadAhead:  128 << 10,
+			Debug:         cfg.Debug,
+		},
+	}
+	server, err := fs.Mount(cfg.Dir, f.root, opts)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("lazymem: mount %s: %w", cfg.Dir, err)
+	}
+	f.server = server
+	return f, nil
+}
+
+// Path is the path of set name's memory file on the mount.
+func (f *FS) Path(name string) string { return f.cfg.Dir + "/" + Name(name) }
+
+// Close stops the background fetches and unmounts (MNT_DETACH: the mount
+// leaves the host's namespace at once, and its last user closes it).
+// Idempotent.
+func (f *FS) Close() error {
+	f.closeOnce.Do(func() {
+		f.cancel()
+		f.bg.Wait()
+		// Unmount asks the kernel to unmount and waits for the serving
+		// loop to end; a busy mount (a file still open) fails it, so
+		// detach then.
+		if err := f.server.Unmount(); err != nil {
+			if derr := unix.Unmount(f.cfg.Dir, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
+				f.closeErr = fmt.Errorf("lazymem: unmount %s: %w (detach: %v)", f.cfg.Dir, err, derr)
+			}
+		}
+	})
+	return f.closeErr
+}
+
+// Stats are the counts of one file.
+type Stats struct {
+	Size int64
+	// BytesRead is what the kernel read through the mount (page faults,
+	// reads, its readahead); ChunksTouched how many chunks that touched.
+	BytesRead     int64
+	ChunksTouched int
+	// Prefetched is how many chunks the background fetch got so far.
+	Prefetched int
+}
+
+// Stats returns the counts of set name's file, if it was looked up.
+func (f *FS) Stats(name string) (Stats, bool) {
+	n := f.root.get(name)
+	if n == nil {
+		return Stats{}, false
+	}
+	return n.stats(), true
+}
+
+// Touched returns the chunks of set name's file that the kernel read, in
+// first-touch order (recorded or not).
+func (f *FS) Touched(name string) []int {
+	n := f.root.get(name)
+	if n == nil {
+		return nil
+	}
+	return n.touchedList()
+}
+
+// rootNode is the mount's root directory.
+type rootNode struct {
+	fs.Inode
+	fs *FS
+
+	mu    sync.Mutex
+	files map[string]*fileNode // by set name
+	// resolving serialises first lookups of one name.
+	resolving sync.Mutex
+}
+
+var (
+	_ fs.NodeLookuper  = (*rootNode)(nil)
+	_ fs.NodeReaddirer = (*rootNode)(nil)
+	_ fs.NodeGetattrer = (*rootNode)(nil)
+)
+
+func (r *rootNode) get(name string) *fileNode {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.files[name]
+}
+
+func (r *rootNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFDIR | 0o755
+	return 0
+}
+
+func (r *rootNode) Lookup(ctx context.Context, file string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	set, ok := setOf(file)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	if ch := r.GetChild(file); ch != nil {
+		ch.Operations().(*fileNode).fill(&out.Attr)
+		return ch, 0
+	}
+	r.resolving.Lock()
+	defer r.resolving.Unlock()
+	if ch := r.GetChild(file); ch != nil {
+		ch.Operations().(*fileNode).fill(&out.Attr)
+		return ch, 0
+	}
+	im, err := r.fs.cfg.Resolve(ctx, set)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, syscall.ENOENT
+		}
+		r.fs.cfg.Log.Error("lazy memory file: resolve set", "set", set, "err", err)
+		return nil, syscall.EIO
+	}
+	n := newFileNode(r.fs, set, im)
+	ch := r.NewPersistentInode(ctx, n, fs.StableAttr{Mode: fuse.S_IFREG})
+	r.AddChild(file, ch, false)
+	r.mu.Lock()
+	r.files[set] = n
+	r.mu.Unlock()
+	n.fill(&out.Attr)
+	n.startBackground()
+	return ch, 0
+}
+
+func (r *rootNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	var ents []fuse.DirEntry
+	for name := range r.Children() {
+		ents = append(ents, fuse.DirEntry{Name: name, Mode: fuse.S_IFREG})
+	}
+	return fs.NewListDirStream(ents), 0
+}
+
+// fileNode is one set's memory file.
+type fileNode struct {
+	fs.Inode
+	fs   *FS
+	set  string
+	im   *Image
+	size int64
+
+	mu        sync.Mutex
+	mode      uint32
+	uid, gid  uint32
+	touched   []bool
+	order     []int // first-touch order
+	firstRead time.Time
+	recorded  bool
+	bytesRead int64
+
+	prefetched int
+}
+
+var (
+	_ fs.NodeGetattrer = (*fileNode)(nil)
+	_ fs.NodeSetattrer = (*fileNode)(nil)
+	_ fs.NodeOpener    = (*fileNode)(nil)
+	_ fs.NodeReader    = (*fileNode)(nil)
+	_ fs.NodeWriter    = (*fileNode)(nil)
+)
+
+func newFileNode(f *FS, set string, im *Image) *fileNode {
+	size := im.Source.Size()
+	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
+	return &fileNode{fs: f, set: set, im: im, size: size, mode: 0o640, touched: make([]bool, chunks)}
+}
+
+func (n *fileNode) fill(a *fuse.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a.Mode = fuse.S_IFREG | n.mode
+	a.Size = uint64(n.size)
+	a.Blocks = (uint64(n.size) + 511) / 512
+	a.Blksize = 4096
+	a.Nlink = 1
+	a.Owner = fuse.Owner{Uid: n.uid, Gid: n.gid}
+}
+
+func (n *fileNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr)
+	out.SetTimeout(cacheTimeout)
+	return 0
+}
+
+// Setattr takes a new mode and owner (the agent gives the file to the
+// machine's group) and refuses any change of size: the content is the
+// set's.
+func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if sz, ok := in.GetSize(); ok && int64(sz) != n.size {
+		return syscall.EROFS
+	}
+	n.mu.Lock()
+	if m, ok := in.GetMode(); ok {
+		n.mode = m & 0o7777
+	}
+	if u, ok := in.GetUID(); ok {
+		n.uid = u
+	}
+	if g, ok := in.GetGID(); ok {
+		n.gid = g
+	}
+	n.mu.Unlock()
+	n.fill(&out.Attr)
+	out.SetTimeout(cacheTimeout)
+	return 0
+}
+
+// Open accepts read-write opens (QEMU 7.2 opens mem-path O_RDWR for a
+// private mapping too) and truncation of nothing; the kernel keeps the
+// file's page cache across opens, so every machine mapping it shares
+// what any of them faulted in.
+func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_TRUNC != 0 && n.size != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *fileNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	return 0, syscall.EROFS
+}
+
+func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= n.size {
+		return fuse.ReadResultData(nil), 0
+	}
+	dest = dest[:min(int64(len(dest)), n.size-off)]
+	n.touch(off, int64(len(dest)))
+	got, err := n.im.Source.ReadAtContext(ctx, dest, off)
+	if err != nil && got < len(dest) {
+		n.fs.cfg.Log.Error("lazy memory file: read", "set", n.set, "offset", off, "len", len(dest), "err", err)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:got]), 0
+}
+
+// touch records a kernel read of [off, off+length).
+func (n *fileNode) touch(off, length int64) {
+	cs := n.im.ChunkSize
+	n.mu.Lock()
+	n.bytesRead += length
+	first := n.firstRead.IsZero()
+	if first {
+		n.firstRead = time.Now()
+	}
+	for i := off / cs; i <= (off+length-1)/cs && int(i) < len(n.touched); i++ {
+		if !n.touched[i] {
+			n.touched[i] = true
+			n.order = append(n.order, int(i))
+		}
+	}
+	n.mu.Unlock()
+	if first && n.im.RecordFor > 0 && n.im.OnRecorded != nil {
+		n.fs.bg.Add(1)
+		go func() {
+			defer n.fs.bg.Done()
+			select {
+			case <-time.After(n.im.RecordFor):
+			case <-n.fs.ctx.Done():
+				return
+			}
+			n.im.OnRecorded(n.touchedList())
+		}()
+	}
+}
+
+func (n *fileNode) touchedList() []int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]int(nil), n.order...)
+}
+
+func (n *fileNode) stats() Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), Prefetched: n.prefetched}
+}
+
+// startBackground fetches Prefetch, then (FetchAll) every other stored
+// chunk, with Config.Workers at once, until done or Close.
+func (n *fileNode) startBackground() {
+	order := fetchOrder(n.im, len(n.touched))
+	if len(order) == 0 {
+		return
+	}
+	work := make(chan int)
+	n.fs.bg.Add(1)
+	go func() {
+		defer n.fs.bg.Done()
+		defer close(work)
+		for _, i := range order {
+			select {
+			case work <- i:
+			case <-n.fs.ctx.Done():
+				return
+			}
+		}
+	}()
+	for range n.fs.cfg.Workers {
+		n.fs.bg.Add(1)
+		go func() {
+			defer n.fs.bg.Done()
+			var b [1]byte
+			for i := range work {
+				// One byte fetches the whole chunk into the cache.
+				if _, err := n.im.Source.ReadAtContext(n.fs.ctx, b[:], int64(i)*n.im.ChunkSize); err != nil {
+					if n.fs.ctx.Err() == nil {
+						n.fs.cfg.Log.Warn("lazy memory file: prefetch", "set", n.set, "chunk", i, "err", err)
+					}
+					continue
+				}
+				n.mu.Lock()
+				n.prefetched++
+				n.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// fetchOrder is the order of a background fetch of im's chunks (of n):
+// Prefetch (valid, stored, each once), then with FetchAll the other
+// stored chunks in file order.
+func fetchOrder(im *Image, n int) []int {
+	seen := make([]bool, n)
+	stored := func(i int) bool { return im.Stored == nil || (i < len(im.Stored) && im.Stored[i]) }
+	var out []int
+	for _, i := range im.Prefetch {
+		if i >= 0 && i < n && !seen[i] && stored(i) {
+			seen[i] = true
+			out = append(out, i)
+		}
+	}
+	if im.FetchAll {
+		for i := range n {
+			if !seen[i] && stored(i) {
+				out = append(out, i)
+			}
+		}
+	}
+	return out
+}
