@@ -326,10 +326,17 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
 	tmp := dir + fetchSuffix
 	os.RemoveAll(tmp)
 	t0 := time.Now()
-	_, err := a.store.Download(ctx, storeName(id), tmp)
-	if err == nil {
-		if verr := verifyCapture(tmp); verr != nil {
-			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
+	var err error
+	if a.cfg.Lazy != nil { // lazy restore: lazy.go
+		if err = a.downloadLazy(ctx, storeName(id), tmp); errors.Is(err, manifest.ErrCorrupt) {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+	} else {
+		_, err = a.store.Download(ctx, storeName(id), tmp)
+		if err == nil {
+			if verr := verifyCapture(tmp); verr != nil {
+				err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
+			}
 		}
 	}
 	if err == nil {

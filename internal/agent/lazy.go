@@ -1,0 +1,167 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/objstore"
+)
+
+// Lazy restore (Config.Lazy; docs/lazy-restore.md).
+//
+// A snapshot this host does not hold is fetched without its memory image:
+// the agent downloads vm.state, rootfs.ext4 and the set's small files,
+// checks them, and makes vm.mem a symbolic link to the set's file on the
+// host's lazymem mount (STORE/lazy). Everything downstream is unchanged:
+// a restore hard-links the symbolic link into the sandbox's directory
+// (link(2) does not follow it), QEMU and the jail's bind mount follow it
+// to the FUSE file, whose pages are fetched on first touch through the
+// chunk cache. The first lazy restore of a set records the chunks it
+// touched (Lazy.RecordFor after its first fault) as the set's working
+// set in the store; later ones prefetch it.
+//
+// The mount is made on first use and unmounted by Close after every
+// machine is stopped. A machine restored lazily depends on this process:
+// if the agent dies, its next page-cache miss fails (SIGBUS in QEMU).
+
+// LazyConfig turns on lazy restore of memory images.
+type LazyConfig struct {
+	// Chunks is the agent's Store with a chunk cache (chunkstore.Config.Cache).
+	Chunks *chunkstore.Store
+	// Objects is the object store under Chunks: working sets are kept there.
+	Objects objstore.Store
+	// RecordFor is how long after its first fault a set's first lazy
+	// restore records the chunks touched; default 3 s.
+	RecordFor time.Duration
+	// NoFetchAll leaves untouched chunks in the store (measurements only:
+	// without the background fetch of the whole image, a snapshot deleted
+	// from the store takes pages its lazily restored machines still need).
+	NoFetchAll bool
+	// NoPrefetch ignores recorded working sets (measurements).
+	NoPrefetch bool
+}
+
+// lazyState is the agent's lazymem mount, made on first use.
+type lazyState struct {
+	lazyMu sync.Mutex
+	lazyFS *lazymem.FS
+}
+
+// lazyFile is the name of a set's file that lazy restore serves.
+const lazyFile = memFile
+
+// lazyMount returns the host's lazymem mount, mounting it if needed.
+func (a *Agent) lazyMount() (*lazymem.FS, error) {
+	a.lazyMu.Lock()
+	defer a.lazyMu.Unlock()
+	if a.lazyFS != nil {
+		return a.lazyFS, nil
+	}
+	lc := a.cfg.Lazy
+	rec := lc.RecordFor
+	if rec == 0 {
+		rec = 3 * time.Second
+	}
+	images := &lazymem.StoreImages{Chunks: lc.Chunks, Objects: lc.Objects, File: lazyFile, RecordFor: rec,
+		FetchAll: !lc.NoFetchAll, NoPrefetch: lc.NoPrefetch,
+		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) }}
+	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log})
+	if err != nil {
+		return nil, err
+	}
+	a.lazyFS = fsys
+	return fsys, nil
+}
+
+// closeLazy unmounts the lazymem mount; the machines must be stopped.
+func (a *Agent) closeLazy() error {
+	a.lazyMu.Lock()
+	defer a.lazyMu.Unlock()
+	if a.lazyFS == nil {
+		return nil
+	}
+	err := a.lazyFS.Close()
+	a.lazyFS = nil
+	return err
+}
+
+// LazyStats reports the lazy file of set name (e.g. "snapshots/<id>"),
+// if this host served one.
+func (a *Agent) LazyStats(name string) (lazymem.Stats, bool) {
+	a.lazyMu.Lock()
+	fsys := a.lazyFS
+	a.lazyMu.Unlock()
+	if fsys == nil {
+		return lazymem.Stats{}, false
+	}
+	return fsys.Stats(name)
+}
+
+// downloadLazy is Download of set name into dir for a lazy restore: every
+// file but the memory image is downloaded and checked against the set's
+// checksums (manifest.json); the memory image becomes a symbolic link to
+// its lazy file, whose size is checked. Errors keep their classes
+// (objstore.ErrUnavailable, ErrNotFound, manifest.ErrCorrupt).
+func (a *Agent) downloadLazy(ctx context.Context, name, dir string) error {
+	fsys, err := a.lazyMount()
+	if err != nil {
+		return err
+	}
+	m, err := a.store.Manifest(ctx, name)
+	if err != nil {
+		return err
+	}
+	rest := *m
+	rest.Files = nil
+	for _, f := range m.Files {
+		if f.Name != lazyFile {
+			rest.Files = append(rest.Files, f)
+		}
+	}
+	if len(rest.Files) == len(m.Files) {
+		return fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, name, lazyFile)
+	}
+	if err := a.store.DownloadManifest(ctx, &rest, dir); err != nil {
+		return err
+	}
+	if err := os.Symlink(fsys.Path(name), filepath.Join(dir, lazyFile)); err != nil {
+		return err
+	}
+	return verifyExcept(dir, lazyFile)
+}
+
+// verifyExcept is manifest.Verify of dir but for file skip, whose size
+// only is checked (its content comes checked chunk by chunk).
+func verifyExcept(dir, skip string) error {
+	if err := manifest.Check(dir); err != nil {
+		return err
+	}
+	m, err := manifest.Read(dir)
+	if errors.Is(err, manifest.ErrNoManifest) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, f := range m.Files {
+		if f.Name == skip {
+			continue
+		}
+		got, err := manifest.Sum(filepath.Join(dir, f.Name))
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", manifest.ErrCorrupt, f.Name, err)
+		}
+		if got.Sum != f.Sum {
+			return fmt.Errorf("%w: %s does not match its checksum", manifest.ErrCorrupt, f.Name)
+		}
+	}
+	return nil
+}

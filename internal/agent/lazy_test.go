@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/objstore/s3test"
+)
+
+// lazyHost opens an agent on a host of its own (data directory, chunk
+// cache, lazymem mount) restoring lazily from objs; mod tunes its
+// LazyConfig. It returns the agent and its chunk cache.
+func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent, *chunkstore.Cache) {
+	t.Helper()
+	var cache *chunkstore.Cache
+	_, open := restartableWith(t, func(c *Config) {
+		var err error
+		cache, err = chunkstore.OpenCache(filepath.Join(c.DataDir, "chunk-cache"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := chunkstore.New(objs, chunkstore.Config{Cache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Store, c.StoreRetry = cs, 100*time.Millisecond
+		c.Lazy = &LazyConfig{Chunks: cs, Objects: objs, RecordFor: 2 * time.Second}
+		if mod != nil {
+			mod(c.Lazy)
+		}
+	})
+	a := open()
+	a.Recover(ctxT(t))
+	return a, cache
+}
+
+// lazyRun is one lazy create from a snapshot on a new host, measured at
+// the guest's first exec.
+type lazyRun struct {
+	firstExec     time.Duration
+	fetched       int64 // bytes fetched from the store by then
+	read          int64 // bytes the kernel read through the mount by then
+	touched       int
+	prefetched    int
+	id            string
+	agent         *Agent
+	memSize       int64
+	storedBytes   int64
+	storedChunks  int
+	fetchedChunks int64
+}
+
+func (r lazyRun) String() string {
+	return fmt.Sprintf("first exec %v, fetched %d MiB (%s of the image, %s of its stored chunks), read through FUSE %d MiB, chunks touched %d, prefetched %d",
+		r.firstExec.Round(time.Millisecond), r.fetched>>20, pct(r.fetched, r.memSize), pct(r.fetched, r.storedBytes), r.read>>20, r.touched, r.prefetched)
+}
+
+func pct(a, b int64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f %%", 100*float64(a)/float64(b))
+}
+
+func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapID string, mod func(*LazyConfig)) lazyRun {
+	t.Helper()
+	b, cache := lazyHost(t, objs, mod)
+	f, _ := m.File("vm.mem")
+	r := lazyRun{agent: b, memSize: f.Size}
+	for _, h := range f.Chunks {
+		if h != "" {
+			r.storedChunks++
+		}
+	}
+	r.storedBytes = int64(r.storedChunks) * m.ChunkSize
+	t0 := time.Now()
+	child, err := createFrom(t, b, snapID)
+	if err != nil {
+		t.Fatalf("lazy create from snapshot %s: %v", snapID, err)
+	}
+	if _, err := b.Exec(ctxT(t), child.ID, guestproto.ExecRequest{Shell: "true"}, nil, nil, nil); err != nil {
+		t.Fatalf("first exec in lazily restored %s: %v", child.ID, err)
+	}
+	r.firstExec = time.Since(t0)
+	r.id = child.ID
+	st := cache.Stats()
+	r.fetched, r.fetchedChunks = st.BytesFetched, st.Fetches
+	ls, ok := b.LazyStats(storeName(snapID))
+	if !ok {
+		t.Fatalf("create from snapshot %s was not lazy", snapID)
+	}
+	r.read, r.touched, r.prefetched = ls.BytesRead, ls.ChunksTouched, ls.Prefetched
+	return r
+}
+
+// TestLazyRestore: a snapshot taken on host A (a real S3 server between
+// them) is created from on hosts that never saw it, with the memory image
+// paged in through a FUSE file (confined QEMU, share=off): the guest
+// answers, its files and memory-held state (a file in /dev/shm, a process
+// holding a secret) are intact, only part of the image was fetched by the
+// first exec; the first lazy restore records the working set and the
+// next ones prefetch it. Nothing stays mounted (restartableWith checks).
+func TestLazyRestore(t *testing.T) {
+	s3 := s3test.Start(t)
+	objs := s3.Open("fleet")
+	openA, csA := storeHost(t, s3.Open("fleet"))
+	a := openA()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
+	sum, keeper, secret := memState(t, a, src.ID)
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Without a working set: the first lazy restore, which records one.
+	// No background fetch of the rest, so that "fetched" is what the
+	// restore needed.
+	first := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
+	t.Logf("lazy create, no working set yet (%d MiB image, %d stored chunks): %v", first.memSize>>20, first.storedChunks, first)
+	b := first.agent
+	if got := shOn(t, b, first.id, "cat /root/f.txt; hostname"); got != "on-a\n"+first.id+"\n" {
+		t.Errorf("lazily restored sandbox: %q", got)
+	}
+	checkMemState(t, "lazily restored sandbox", b, first.id, sum, keeper, secret)
+	if first.fetched >= first.memSize {
+		t.Errorf("the first exec fetched %d bytes of a %d-byte image: not lazy", first.fetched, first.memSize)
+	}
+	var ws lazymem.WorkingSet
+	waitFor(t, func() string { return "working set recorded" }, func() bool {
+		ws, err = lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
+		return err == nil
+	})
+	t.Logf("working set recorded: %d chunks (%d MiB)", len(ws.Chunks), int64(len(ws.Chunks))*ws.ChunkSize>>20)
+	if len(ws.Chunks) == 0 || len(ws.Chunks) > first.storedChunks+1 {
+		t.Errorf("working set of %d chunks", len(ws.Chunks))
+	}
+	// A second sandbox on the same host shares the file's page cache: no
+	// new reads for what the first one faulted in.
+	before, _ := b.LazyStats(storeName(snap.ID))
+	t0 := time.Now()
+	second, err := createFrom(t, b, snap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shOn(t, b, second.ID, "true")
+	after, _ := b.LazyStats(storeName(snap.ID))
+	t.Logf("second lazy create on the same host: first exec %v, %d KiB more read through FUSE",
+		time.Since(t0).Round(time.Millisecond), (after.BytesRead-before.BytesRead)>>10)
+	checkMemState(t, "second lazily restored sandbox", b, second.ID, sum, keeper, secret)
+
+	// With the working set: prefetched in the background from lookup.
+	for i := range 2 {
+		r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
+		t.Logf("lazy create with prefetch #%d: %v", i+1, r)
+		checkMemState(t, "lazily restored sandbox with prefetch", r.agent, r.id, sum, keeper, secret)
+	}
+	for i := range 2 {
+		r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll, l.NoPrefetch = true, true })
+		t.Logf("lazy create without prefetch #%d: %v", i+1, r)
+	}
+	// The default: prefetch, then the whole image in the background.
+	r := lazyCreate(t, objs, m, snap.ID, nil)
+	t.Logf("lazy create, default (prefetch, then fetch all): %v", r)
+	checkMemState(t, "lazily restored sandbox, fetch all", r.agent, r.id, sum, keeper, secret)
+	waitFor(t, func() string { return "whole image fetched" }, func() bool {
+		st, _ := r.agent.LazyStats(storeName(snap.ID))
+		return st.Prefetched >= first.storedChunks
+	})
+}
+
+// TestLazyRestoreSetMissing: a lazy create from a snapshot that no one
+// has is ErrNotFound, as without lazy restore.
+func TestLazyRestoreSetMissing(t *testing.T) {
+	s3 := s3test.Start(t)
+	b, _ := lazyHost(t, s3.Open("fleet"), nil)
+	if _, err := createFrom(t, b, host.NewID()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("lazy create from a snapshot no one has: %v, want ErrNotFound", err)
+	}
+}
