@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/lazymem"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/volume"
 )
 
 // Lazy restore (Config.Lazy; docs/lazy-restore.md).
@@ -164,4 +166,74 @@ func verifyExcept(dir, skip string) error {
 		}
 	}
 	return nil
+}
+
+// cloneMemory is the Cloner of a capture's memory image (fork, snapshot,
+// pause): volume.Clone, except that the image of a lazily restored
+// machine, on the lazymem mount where nothing can be reflinked, is copied
+// (sparse) through the mount. That reads the whole image — from the chunk
+// cache once the background fetch is done — while the machine is paused.
+func (a *Agent) cloneMemory(src, dst string) error {
+	err := volume.Clone(src, dst)
+	if !errors.Is(err, volume.ErrNoReflink) || !a.isLazyFile(src) {
+		return err
+	}
+	if err := copySparse(src, dst); err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("copy lazily restored memory image: %w", err)
+	}
+	return nil
+}
+
+// isLazyFile reports whether path leads to a file on the lazymem mount.
+func (a *Agent) isLazyFile(path string) bool {
+	p, err := filepath.EvalSymlinks(path)
+	return err == nil && strings.HasPrefix(p, filepath.Join(a.vol.Dir, "lazy")+"/")
+}
+
+// copySparse copies src to a new file dst, leaving holes for zero pages.
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	buf := make([]byte, 2<<20)
+	for off := int64(0); off < st.Size(); {
+		n, err := in.ReadAt(buf, off)
+		if n == 0 && err != nil {
+			return err
+		}
+		for p := 0; p < n; p += 4096 {
+			page := buf[p:min(p+4096, n)]
+			if !allZero(page) {
+				if _, err := out.WriteAt(page, off+int64(p)); err != nil {
+					return err
+				}
+			}
+		}
+		off += int64(n)
+	}
+	return out.Close()
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }

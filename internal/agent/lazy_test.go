@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -108,33 +107,62 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 // answers, its files and memory-held state (a file in /dev/shm, a process
 // holding a secret) are intact, only part of the image was fetched by the
 // first exec; the first lazy restore records the working set and the
-// next ones prefetch it. Nothing stays mounted (restartableWith checks).
+// next ones prefetch it; a lazily restored sandbox can be snapshotted.
+// Nothing stays mounted (restartableWith checks).
 func TestLazyRestore(t *testing.T) {
+	lazyScenario(t, CreateRequest{}, 2)
+}
+
+// TestLazyRestoreBase is TestLazyRestore's measurement on a 1 GiB `base`
+// sandbox (slow: not with -short).
+func TestLazyRestoreBase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow")
+	}
+	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 3)
+}
+
+func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	a := openA()
 	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
+	src, err := a.Create(ctxT(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
 	snap := snapOn(t, a, src.ID)
 	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
 		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	a.Kill(ctxT(t), src.ID) // its CPU is the measured hosts'
 	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
 	if err != nil {
 		t.Fatal(err)
+	}
+
+	// The baseline: a host that downloads the whole set first.
+	{
+		openC, _ := storeHost(t, objs)
+		c := openC()
+		c.Recover(ctxT(t))
+		t0 := time.Now()
+		child, err := createFrom(t, c, snap.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shOn(t, c, child.ID, "true")
+		t.Logf("baseline, download then restore: first exec %v", time.Since(t0).Round(time.Millisecond))
+		c.Kill(ctxT(t), child.ID)
 	}
 
 	// Without a working set: the first lazy restore, which records one.
 	// No background fetch of the rest, so that "fetched" is what the
 	// restore needed.
 	first := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
-	t.Logf("lazy create, no working set yet (%d MiB image, %d stored chunks): %v", first.memSize>>20, first.storedChunks, first)
+	t.Logf("lazy, no working set yet (%d MiB image, %d stored chunks): %v", first.memSize>>20, first.storedChunks, first)
 	b := first.agent
 	if got := shOn(t, b, first.id, "cat /root/f.txt; hostname"); got != "on-a\n"+first.id+"\n" {
 		t.Errorf("lazily restored sandbox: %q", got)
@@ -165,20 +193,45 @@ func TestLazyRestore(t *testing.T) {
 	t.Logf("second lazy create on the same host: first exec %v, %d KiB more read through FUSE",
 		time.Since(t0).Round(time.Millisecond), (after.BytesRead-before.BytesRead)>>10)
 	checkMemState(t, "second lazily restored sandbox", b, second.ID, sum, keeper, secret)
+	b.Kill(ctxT(t), second.ID)
+
+	// A lazily restored sandbox can be captured: its memory image is
+	// copied through the mount (no reflink there).
+	shOn(t, b, first.id, "echo after-lazy >> /root/f.txt")
+	t0 = time.Now()
+	snap2, err := b.Snapshot(ctxT(t), first.id, host.NewID())
+	if err != nil {
+		t.Fatalf("snapshot of a lazily restored sandbox: %v", err)
+	}
+	t.Logf("snapshot of a lazily restored sandbox: %v (paused %.0f ms)", time.Since(t0).Round(time.Millisecond), snap2.Capture.PausedMS)
+	b.Kill(ctxT(t), first.id)
+	grand, err := createFrom(t, b, snap2.ID)
+	if err != nil {
+		t.Fatalf("create from the snapshot of a lazily restored sandbox: %v", err)
+	}
+	if got := shOn(t, b, grand.ID, "cat /root/f.txt"); got != "on-a\nafter-lazy\n" {
+		t.Errorf("from the snapshot of a lazily restored sandbox: %q", got)
+	}
+	checkMemState(t, "from the snapshot of a lazily restored sandbox", b, grand.ID, sum, keeper, secret)
+	b.Kill(ctxT(t), grand.ID)
 
 	// With the working set: prefetched in the background from lookup.
-	for i := range 2 {
+	for i := range samples {
 		r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
-		t.Logf("lazy create with prefetch #%d: %v", i+1, r)
-		checkMemState(t, "lazily restored sandbox with prefetch", r.agent, r.id, sum, keeper, secret)
+		t.Logf("lazy with prefetch #%d: %v", i+1, r)
+		if i == 0 {
+			checkMemState(t, "lazily restored sandbox with prefetch", r.agent, r.id, sum, keeper, secret)
+		}
+		r.agent.Kill(ctxT(t), r.id)
 	}
-	for i := range 2 {
+	for i := range samples {
 		r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll, l.NoPrefetch = true, true })
-		t.Logf("lazy create without prefetch #%d: %v", i+1, r)
+		t.Logf("lazy without prefetch #%d: %v", i+1, r)
+		r.agent.Kill(ctxT(t), r.id)
 	}
 	// The default: prefetch, then the whole image in the background.
 	r := lazyCreate(t, objs, m, snap.ID, nil)
-	t.Logf("lazy create, default (prefetch, then fetch all): %v", r)
+	t.Logf("lazy, default (prefetch, then fetch all): %v", r)
 	checkMemState(t, "lazily restored sandbox, fetch all", r.agent, r.id, sum, keeper, secret)
 	waitFor(t, func() string { return "whole image fetched" }, func() bool {
 		st, _ := r.agent.LazyStats(storeName(snap.ID))

@@ -42,6 +42,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net/url"
 	"os"
@@ -287,7 +288,7 @@ func (r *rootNode) Lookup(ctx context.Context, file string, out *fuse.EntryOut) 
 		return nil, syscall.EIO
 	}
 	n := newFileNode(r.fs, set, im)
-	ch := r.NewPersistentInode(ctx, n, fs.StableAttr{Mode: fuse.S_IFREG})
+	ch := r.NewPersistentInode(ctx, n, fs.StableAttr{Mode: fuse.S_IFREG, Ino: n.ino})
 	r.AddChild(file, ch, false)
 	r.mu.Lock()
 	r.files[set] = n
@@ -312,6 +313,11 @@ type fileNode struct {
 	set  string
 	im   *Image
 	size int64
+	// ino is the file's inode number, the same from lookup to getattr
+	// (the kernel's i_ino, which /proc/PID/maps shows, comes from the
+	// lookup; the driver finds guest RAM there by stat's st_ino) and
+	// across mounts (a fingerprint of the snapshot's files holds it).
+	ino uint64
 
 	mu        sync.Mutex
 	mode      uint32
@@ -336,7 +342,7 @@ var (
 func newFileNode(f *FS, set string, im *Image) *fileNode {
 	size := im.Source.Size()
 	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
-	return &fileNode{fs: f, set: set, im: im, size: size, mode: 0o640, touched: make([]bool, chunks)}
+	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks)}
 }
 
 func (n *fileNode) fill(a *fuse.Attr) {
@@ -347,6 +353,7 @@ func (n *fileNode) fill(a *fuse.Attr) {
 	a.Blocks = (uint64(n.size) + 511) / 512
 	a.Blksize = 4096
 	a.Nlink = 1
+	a.Ino = n.ino
 	a.Owner = fuse.Owner{Uid: n.uid, Gid: n.gid}
 }
 
@@ -512,4 +519,12 @@ func fetchOrder(im *Image, n int) []int {
 		}
 	}
 	return out
+}
+
+// inoOf is the inode number of set's file: a hash of its name, above 1
+// (the root) and below 2^63.
+func inoOf(set string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(set))
+	return h.Sum64()>>1 | 2
 }

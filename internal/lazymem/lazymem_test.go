@@ -156,11 +156,19 @@ func TestFileThroughFUSE(t *testing.T) {
 	if err := unix.Fstat(fd, &st); err != nil || st.Size != int64(len(src.b)) {
 		t.Fatalf("fstat: size %d, %v; want %d", st.Size, err, len(src.b))
 	}
+	if st.Ino != inoOf("snapshots/abc") {
+		t.Errorf("inode %d, want %d", st.Ino, inoOf("snapshots/abc"))
+	}
 	mem, err := unix.Mmap(fd, 0, len(src.b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
 	if err != nil {
 		t.Fatalf("mmap private: %v", err)
 	}
 	defer unix.Munmap(mem)
+	// The driver finds guest RAM by the inode /proc/PID/maps shows: it
+	// must be the one stat gives.
+	if ino := mappedIno(t, p); ino != st.Ino {
+		t.Errorf("maps shows inode %d, fstat %d", ino, st.Ino)
+	}
 	off := 5*csize + 100
 	if mem[off] != src.b[off] {
 		t.Errorf("mapped byte %d: %d, want %d", off, mem[off], src.b[off])
@@ -307,4 +315,20 @@ func TestStoreImages(t *testing.T) {
 	if st, _ := f3.Stats("snapshots/s1"); st.Prefetched != 2 || cache3.Stats().Fetches != 2 {
 		t.Errorf("prefetch: %+v, %d fetches; want 2", st, cache3.Stats().Fetches)
 	}
+}
+
+func mappedIno(t *testing.T, path string) uint64 {
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 6 && f[5] == path {
+			var ino uint64
+			fmt.Sscan(f[4], &ino)
+			return ino
+		}
+	}
+	t.Fatalf("no mapping of %s", path)
+	return 0
 }
