@@ -15,6 +15,7 @@ import (
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/volume"
+	"golang.org/x/sys/unix"
 )
 
 // Lazy restore (Config.Lazy; docs/lazy-restore.md).
@@ -131,6 +132,11 @@ func (a *Agent) downloadLazy(ctx context.Context, name, dir string) error {
 	if len(rest.Files) == len(m.Files) {
 		return fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, name, lazyFile)
 	}
+	// Look the file up now: its working set is prefetched while the rest
+	// of the set downloads.
+	if _, err := os.Stat(fsys.Path(name)); err != nil {
+		return fmt.Errorf("lazy memory image of %s: %w", name, err)
+	}
 	if err := a.store.DownloadManifest(ctx, &rest, dir); err != nil {
 		return err
 	}
@@ -191,7 +197,9 @@ func (a *Agent) isLazyFile(path string) bool {
 	return err == nil && strings.HasPrefix(p, filepath.Join(a.vol.Dir, "lazy")+"/")
 }
 
-// copySparse copies src to a new file dst, leaving holes for zero pages.
+// copySparse copies src to a new file dst, reading only its data
+// (SEEK_DATA: the lazy file reports zero chunks as holes) and leaving
+// holes for zero pages.
 func copySparse(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -211,20 +219,34 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	buf := make([]byte, 2<<20)
+	fd := int(in.Fd())
 	for off := int64(0); off < st.Size(); {
-		n, err := in.ReadAt(buf, off)
-		if n == 0 && err != nil {
-			return err
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
 		}
-		for p := 0; p < n; p += 4096 {
-			page := buf[p:min(p+4096, n)]
-			if !allZero(page) {
-				if _, err := out.WriteAt(page, off+int64(p)); err != nil {
-					return err
+		if err != nil {
+			data = off // no SEEK_DATA: all of it is data
+		}
+		end, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			end = st.Size()
+		}
+		for off = data; off < end; {
+			n, err := in.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+			if n == 0 && err != nil {
+				return err
+			}
+			for p := 0; p < n; p += 4096 {
+				page := buf[p:min(p+4096, n)]
+				if !allZero(page) {
+					if _, err := out.WriteAt(page, off+int64(p)); err != nil {
+						return err
+					}
 				}
 			}
+			off += int64(n)
 		}
-		off += int64(n)
 	}
 	return out.Close()
 }

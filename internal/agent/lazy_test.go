@@ -3,7 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,10 +21,12 @@ import (
 // lazyHost opens an agent on a host of its own (data directory, chunk
 // cache, lazymem mount) restoring lazily from objs; mod tunes its
 // LazyConfig. It returns the agent and its chunk cache.
-func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent, *chunkstore.Cache) {
+func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent, *chunkstore.Cache, *restoreLog) {
 	t.Helper()
 	var cache *chunkstore.Cache
+	rl := &restoreLog{}
 	_, open := restartableWith(t, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(rl, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		var err error
 		cache, err = chunkstore.OpenCache(filepath.Join(c.DataDir, "chunk-cache"))
 		if err != nil {
@@ -36,10 +41,45 @@ func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent,
 		if mod != nil {
 			mod(c.Lazy)
 		}
+		if c.Lazy.NoPrefetch && c.Lazy.RecordFor < 0 { // the baseline: no lazy restore
+			c.Lazy = nil
+		}
 	})
 	a := open()
 	a.Recover(ctxT(t))
-	return a, cache
+	return a, cache, rl
+}
+
+// restoreLog keeps an agent's log lines about restores (the debug line
+// "sandbox restored" has the restore's steps in ms).
+type restoreLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *restoreLog) Write(p []byte) (int, error) {
+	if s := string(p); strings.Contains(s, "sandbox restored") || strings.Contains(s, "fetched from the object store") || strings.Contains(s, "level=ERROR") || strings.Contains(s, "level=WARN") {
+		l.mu.Lock()
+		l.lines = append(l.lines, strings.TrimSpace(s))
+		l.mu.Unlock()
+	}
+	return len(p), nil
+}
+
+// last returns the fields of the last line with msg, as key=value text.
+func (l *restoreLog) last(msg string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.lines) - 1; i >= 0; i-- {
+		if strings.Contains(l.lines[i], msg) {
+			_, after, _ := strings.Cut(l.lines[i], msg+"\"")
+			if after == "" {
+				_, after, _ = strings.Cut(l.lines[i], msg)
+			}
+			return strings.TrimSpace(after)
+		}
+	}
+	return ""
 }
 
 // lazyRun is one lazy create from a snapshot on a new host, measured at
@@ -56,11 +96,12 @@ type lazyRun struct {
 	storedBytes   int64
 	storedChunks  int
 	fetchedChunks int64
+	steps         string // the restore's steps, from the agent's log
 }
 
 func (r lazyRun) String() string {
 	return fmt.Sprintf("first exec %v, fetched %d MiB (%s of the image, %s of its stored chunks), read through FUSE %d MiB, chunks touched %d, prefetched %d",
-		r.firstExec.Round(time.Millisecond), r.fetched>>20, pct(r.fetched, r.memSize), pct(r.fetched, r.storedBytes), r.read>>20, r.touched, r.prefetched)
+		r.firstExec.Round(time.Millisecond), r.fetched>>20, pct(r.fetched, r.memSize), pct(r.fetched, r.storedBytes), r.read>>20, r.touched, r.prefetched) + "; " + r.steps
 }
 
 func pct(a, b int64) string {
@@ -72,7 +113,7 @@ func pct(a, b int64) string {
 
 func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapID string, mod func(*LazyConfig)) lazyRun {
 	t.Helper()
-	b, cache := lazyHost(t, objs, mod)
+	b, cache, rl := lazyHost(t, objs, mod)
 	f, _ := m.File("vm.mem")
 	r := lazyRun{agent: b, memSize: f.Size}
 	for _, h := range f.Chunks {
@@ -94,10 +135,14 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 	st := cache.Stats()
 	r.fetched, r.fetchedChunks = st.BytesFetched, st.Fetches
 	ls, ok := b.LazyStats(storeName(snapID))
-	if !ok {
+	if !ok && b.cfg.Lazy != nil {
 		t.Fatalf("create from snapshot %s was not lazy", snapID)
 	}
 	r.read, r.touched, r.prefetched = ls.BytesRead, ls.ChunksTouched, ls.Prefetched
+	if b.cfg.Lazy == nil {
+		r.fetched = r.storedBytes // all of it, downloaded
+	}
+	r.steps = rl.last("sandbox restored") + " fetch: " + rl.last("snapshot fetched from the object store")
 	return r
 }
 
@@ -141,21 +186,6 @@ func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
 	if err != nil {
 		t.Fatal(err)
-	}
-
-	// The baseline: a host that downloads the whole set first.
-	{
-		openC, _ := storeHost(t, objs)
-		c := openC()
-		c.Recover(ctxT(t))
-		t0 := time.Now()
-		child, err := createFrom(t, c, snap.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		shOn(t, c, child.ID, "true")
-		t.Logf("baseline, download then restore: first exec %v", time.Since(t0).Round(time.Millisecond))
-		c.Kill(ctxT(t), child.ID)
 	}
 
 	// Without a working set: the first lazy restore, which records one.
@@ -215,18 +245,22 @@ func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 	checkMemState(t, "from the snapshot of a lazily restored sandbox", b, grand.ID, sum, keeper, secret)
 	b.Kill(ctxT(t), grand.ID)
 
-	// With the working set: prefetched in the background from lookup.
+	// Interleaved, each on a new host: the baseline (download, then
+	// restore), lazy with the working set prefetched from the lookup on,
+	// lazy without prefetch.
+	baseline := func(l *LazyConfig) { l.NoPrefetch, l.RecordFor = true, -1 }
 	for i := range samples {
-		r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
-		t.Logf("lazy with prefetch #%d: %v", i+1, r)
+		r := lazyCreate(t, objs, m, snap.ID, baseline)
+		t.Logf("#%d baseline (download, then restore): %v", i+1, r)
+		r.agent.Kill(ctxT(t), r.id)
+		r = lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
+		t.Logf("#%d lazy with prefetch: %v", i+1, r)
 		if i == 0 {
 			checkMemState(t, "lazily restored sandbox with prefetch", r.agent, r.id, sum, keeper, secret)
 		}
 		r.agent.Kill(ctxT(t), r.id)
-	}
-	for i := range samples {
-		r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll, l.NoPrefetch = true, true })
-		t.Logf("lazy without prefetch #%d: %v", i+1, r)
+		r = lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll, l.NoPrefetch = true, true })
+		t.Logf("#%d lazy without prefetch: %v", i+1, r)
 		r.agent.Kill(ctxT(t), r.id)
 	}
 	// The default: prefetch, then the whole image in the background.
@@ -243,7 +277,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 // has is ErrNotFound, as without lazy restore.
 func TestLazyRestoreSetMissing(t *testing.T) {
 	s3 := s3test.Start(t)
-	b, _ := lazyHost(t, s3.Open("fleet"), nil)
+	b, _, _ := lazyHost(t, s3.Open("fleet"), nil)
 	if _, err := createFrom(t, b, host.NewID()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("lazy create from a snapshot no one has: %v, want ErrNotFound", err)
 	}

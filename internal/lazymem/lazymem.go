@@ -95,7 +95,7 @@ type Config struct {
 	Resolve Resolver
 	Log     *slog.Logger
 	// Workers is how many chunks the background fetch of one file
-	// fetches at once; default 2.
+	// fetches at once; default 4.
 	Workers int
 	// Debug logs every FUSE request.
 	Debug bool
@@ -146,7 +146,7 @@ func Mount(cfg Config) (*FS, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 2
+		cfg.Workers = 4
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("lazymem: mount: %w", err)
@@ -337,6 +337,7 @@ var (
 	_ fs.NodeOpener    = (*fileNode)(nil)
 	_ fs.NodeReader    = (*fileNode)(nil)
 	_ fs.NodeWriter    = (*fileNode)(nil)
+	_ fs.NodeLseeker   = (*fileNode)(nil)
 )
 
 func newFileNode(f *FS, set string, im *Image) *fileNode {
@@ -413,6 +414,38 @@ func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:got]), 0
+}
+
+// Lseek answers SEEK_DATA and SEEK_HOLE from the manifest: a zero chunk
+// is a hole, so a sparse copy of the file reads only stored chunks.
+func (n *fileNode) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
+		return 0, syscall.EINVAL
+	}
+	o, ok := seekData(n.im, n.size, int64(off), whence == unix.SEEK_DATA)
+	if !ok {
+		return 0, syscall.ENXIO
+	}
+	return uint64(o), 0
+}
+
+// seekData is lseek's SEEK_DATA (data) or SEEK_HOLE (!data) from off in
+// a file of size whose chunks im.Stored says are data; false is ENXIO.
+func seekData(im *Image, size, off int64, data bool) (int64, bool) {
+	if off < 0 || off >= size {
+		return 0, false
+	}
+	cs := im.ChunkSize
+	for i := off / cs; i*cs < size; i++ {
+		stored := im.Stored == nil || (int(i) < len(im.Stored) && im.Stored[i])
+		if stored == data {
+			return max(off, i*cs), true
+		}
+	}
+	if data {
+		return 0, false
+	}
+	return size, true // the implicit hole at the end
 }
 
 // touch records a kernel read of [off, off+length).

@@ -57,6 +57,25 @@ func TestFetchOrder(t *testing.T) {
 	}
 }
 
+func TestSeekData(t *testing.T) {
+	im := &Image{ChunkSize: 10, Stored: []bool{false, true, true, false, true}}
+	const size = 45
+	for _, tc := range []struct {
+		off  int64
+		data bool
+		want int64
+		ok   bool
+	}{
+		{0, true, 10, true}, {12, true, 12, true}, {25, true, 25, true}, {35, true, 40, true}, {44, true, 44, true}, {45, true, 0, false},
+		{0, false, 0, true}, {10, false, 30, true}, {41, false, 45, true}, {-1, false, 0, false},
+	} {
+		got, ok := seekData(im, size, tc.off, tc.data)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("seekData(%d, data=%v) = %d, %v; want %d, %v", tc.off, tc.data, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
 // memSource is a Source over bytes that counts reads per chunk.
 type memSource struct {
 	b     []byte
@@ -184,6 +203,9 @@ func TestFileThroughFUSE(t *testing.T) {
 		t.Errorf("punch hole succeeded")
 	}
 	got := make([]byte, 4096)
+	if off, err := unix.Seek(fd, 0, unix.SEEK_DATA); err != nil || off != 0 {
+		t.Errorf("SEEK_DATA of a file without holes: %d, %v", off, err)
+	}
 	if _, err := unix.Pread(fd, got, int64(off)&^4095); err != nil || !bytes.Equal(got, src.b[off&^4095:off&^4095+4096]) {
 		t.Errorf("pread after a private write: the file changed (%v)", err)
 	}
