@@ -108,17 +108,13 @@ func (a *Agent) LazyStats(name string) (lazymem.Stats, bool) {
 	return fsys.Stats(name)
 }
 
-// downloadLazy is Download of set name into dir for a lazy restore: every
-// file but the memory image is downloaded and checked against the set's
-// checksums (manifest.json); the memory image becomes a symbolic link to
-// its lazy file, whose size is checked. Errors keep their classes
+// downloadLazy is DownloadManifest of set m into dir for a lazy restore:
+// every file but the memory image is downloaded and checked against the
+// set's checksums (manifest.json); the memory image becomes a symbolic
+// link to its lazy file, whose size is checked. Errors keep their classes
 // (objstore.ErrUnavailable, ErrNotFound, manifest.ErrCorrupt).
-func (a *Agent) downloadLazy(ctx context.Context, name, dir string) error {
+func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir string) error {
 	fsys, err := a.lazyMount()
-	if err != nil {
-		return err
-	}
-	m, err := a.store.Manifest(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -130,20 +126,63 @@ func (a *Agent) downloadLazy(ctx context.Context, name, dir string) error {
 		}
 	}
 	if len(rest.Files) == len(m.Files) {
-		return fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, name, lazyFile)
+		return fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, m.Name, lazyFile)
 	}
 	// Look the file up now: its working set is prefetched while the rest
 	// of the set downloads.
-	if _, err := os.Stat(fsys.Path(name)); err != nil {
-		return fmt.Errorf("lazy memory image of %s: %w", name, err)
+	if _, err := os.Stat(fsys.Path(m.Name)); err != nil {
+		return fmt.Errorf("lazy memory image of %s: %w", m.Name, err)
 	}
 	if err := a.store.DownloadManifest(ctx, &rest, dir); err != nil {
 		return err
 	}
-	if err := os.Symlink(fsys.Path(name), filepath.Join(dir, lazyFile)); err != nil {
+	if err := os.Symlink(fsys.Path(m.Name), filepath.Join(dir, lazyFile)); err != nil {
 		return err
 	}
 	return verifyExcept(dir, lazyFile)
+}
+
+// downloadLazyName is downloadLazy of the set called name.
+func (a *Agent) downloadLazyName(ctx context.Context, name, dir string) error {
+	m, err := a.store.Manifest(ctx, name)
+	if err != nil {
+		return err
+	}
+	return a.downloadLazy(ctx, m, dir)
+}
+
+// lazyFetchAll is called before set name leaves the store: machines of
+// this host restored lazily from it must have every chunk of its memory
+// image in the chunk cache first.
+func (a *Agent) lazyFetchAll(ctx context.Context, name string) error {
+	if a.cfg.Lazy == nil {
+		return nil
+	}
+	a.lazyMu.Lock()
+	fsys := a.lazyFS
+	a.lazyMu.Unlock()
+	if fsys == nil {
+		return nil
+	}
+	return fsys.FetchAll(ctx, name)
+}
+
+// mountLazy, at start, mounts the lazymem mount that the memory images of
+// sets fetched lazily before a restart point to.
+func (a *Agent) mountLazy() {
+	if a.cfg.Lazy == nil {
+		return
+	}
+	if _, err := a.lazyMount(); err != nil {
+		a.log.Error("mount lazy memory files", "err", err)
+	}
+}
+
+// isLazyCapture reports whether dir's memory image is a lazy one (a
+// symbolic link to the lazymem mount, which only lazy restores make).
+func isLazyCapture(dir string) bool {
+	fi, err := os.Lstat(filepath.Join(dir, lazyFile))
+	return err == nil && fi.Mode()&os.ModeSymlink != 0
 }
 
 // verifyExcept is manifest.Verify of dir but for file skip, whose size

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/lazymem"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"golang.org/x/sys/unix"
 )
 
 // lazyHost opens an agent on a host of its own (data directory, chunk
@@ -280,5 +283,73 @@ func TestLazyRestoreSetMissing(t *testing.T) {
 	b, _, _ := lazyHost(t, s3.Open("fleet"), nil)
 	if _, err := createFrom(t, b, host.NewID()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("lazy create from a snapshot no one has: %v, want ErrNotFound", err)
+	}
+}
+
+// TestLazyResumePaused: a sandbox paused on host A (durable in a real S3
+// server) resumes lazily on host B: its files and memory-held state are
+// intact, and stay so after B removed the stale capture from the store
+// and collected its garbage (B fetches the whole image first).
+func TestLazyResumePaused(t *testing.T) {
+	s3 := s3test.Start(t)
+	objs := s3.Open("fleet")
+	openA, _ := storeHost(t, s3.Open("fleet"))
+	a := openA()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
+	sum, keeper, secret := memState(t, a, src.ID)
+	if _, err := a.Pause(ctxT(t), src.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
+		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
+
+	b, cache, _ := lazyHost(t, objs, nil)
+	t0 := time.Now()
+	if _, err := b.Resume(ctxT(t), src.ID); err != nil {
+		t.Fatalf("lazy resume on B of a sandbox paused on A: %v", err)
+	}
+	t.Cleanup(func() { b.Kill(context.Background(), src.ID) })
+	shOn(t, b, src.ID, "true")
+	ls, _ := b.LazyStats(pausedName(src.ID))
+	t.Logf("lazy resume on B: first exec %v, %d MiB fetched by then, %d MiB read through FUSE",
+		time.Since(t0).Round(time.Millisecond), cache.Stats().BytesFetched>>20, ls.BytesRead>>20)
+	if got := shOn(t, b, src.ID, "cat /root/f.txt; hostname"); got != "on-a\n"+src.ID+"\n" {
+		t.Errorf("lazily resumed on B: %q", got)
+	}
+	checkMemState(t, "lazily resumed on B", b, src.ID, sum, keeper, secret)
+	// The stale capture leaves the store (after B fetched all of it),
+	// its chunks are collected: the sandbox does not notice.
+	waitFor(t, func() string { return "stale capture removed from the store" }, func() bool {
+		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+pausedName(src.ID)+".json")
+		return err == nil && !ok
+	})
+	a.Kill(ctxT(t), src.ID) // A's stale copy, as the control plane would
+	if _, err := b.store.GC(ctxT(t)); err != nil && !errors.Is(err, chunkstore.ErrBusy) {
+		t.Fatal(err)
+	}
+	// Drop the file's clean pages that no machine maps, so that the
+	// guest's next touches come through the mount again (from the chunk
+	// cache now).
+	dropPages(t, b.lazyFS.Path(pausedName(src.ID)))
+	shOn(t, b, src.ID, "cat /proc/meminfo > /dev/null; sync")
+	checkMemState(t, "lazily resumed on B, after its capture left the store", b, src.ID, sum, keeper, secret)
+}
+
+// dropPages evicts path's clean, unmapped pages from the page cache.
+func dropPages(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Logf("cannot drop pages of %s: %v", path, err)
 	}
 }

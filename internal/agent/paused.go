@@ -250,6 +250,9 @@ func (a *Agent) startPausedDelete(id, pauseID string) {
 	a.upMu.Lock()
 	defer a.upMu.Unlock()
 	a.startJobLocked(pausedName(id), jobDelete, "delete paused sandbox from the object store", true, func(ctx context.Context) error {
+		if err := a.lazyFetchAll(ctx, pausedName(id)); err != nil { // lazy.go
+			return err
+		}
 		removed := false
 		m, err := a.store.Manifest(ctx, pausedName(id))
 		switch {
@@ -417,10 +420,16 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	tmp := filepath.Join(a.vol.Dir, fetchDir, id)
 	os.RemoveAll(tmp)
 	t0 := time.Now()
-	err = a.store.DownloadManifest(ctx, m, filepath.Join(tmp, pausedDir))
-	if err == nil {
-		if verr := verifyCapture(filepath.Join(tmp, pausedDir)); verr != nil {
-			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
+	if a.cfg.Lazy != nil { // lazy restore: lazy.go
+		if err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir)); errors.Is(err, manifest.ErrCorrupt) {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+	} else {
+		err = a.store.DownloadManifest(ctx, m, filepath.Join(tmp, pausedDir))
+		if err == nil {
+			if verr := verifyCapture(filepath.Join(tmp, pausedDir)); verr != nil {
+				err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
+			}
 		}
 	}
 	tDownload := time.Since(t0)

@@ -328,7 +328,7 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
 	t0 := time.Now()
 	var err error
 	if a.cfg.Lazy != nil { // lazy restore: lazy.go
-		if err = a.downloadLazy(ctx, storeName(id), tmp); errors.Is(err, manifest.ErrCorrupt) {
+		if err = a.downloadLazyName(ctx, storeName(id), tmp); errors.Is(err, manifest.ErrCorrupt) {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 	} else {
@@ -455,6 +455,9 @@ func (a *Agent) startStoreDelete(id string) {
 	a.upMu.Lock()
 	defer a.upMu.Unlock()
 	a.startJobLocked(storeName(id), jobDelete, "delete snapshot from the object store", false, func(ctx context.Context) error {
+		if err := a.lazyFetchAll(ctx, storeName(id)); err != nil { // lazy.go
+			return err
+		}
 		if err := a.store.Delete(ctx, storeName(id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
 			return err
 		}

@@ -236,6 +236,55 @@ func (f *FS) Touched(name string) []int {
 	return n.touchedList()
 }
 
+// FetchAll fetches every stored chunk of set name's file that is not in
+// the chunk cache yet, and returns when all are (or at the first error).
+// Call it before the set leaves the store while machines may map its
+// file. A set never looked up needs nothing.
+func (f *FS) FetchAll(ctx context.Context, name string) error {
+	n := f.root.get(name)
+	if n == nil {
+		return nil
+	}
+	work := make(chan int)
+	errc := make(chan error, f.cfg.Workers)
+	var wg sync.WaitGroup
+	for range f.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var b [1]byte
+			for i := range work {
+				if _, err := n.im.Source.ReadAtContext(ctx, b[:], int64(i)*n.im.ChunkSize); err != nil {
+					errc <- fmt.Errorf("fetch chunk %d of %s: %w", i, name, err)
+					return
+				}
+			}
+		}()
+	}
+	var err error
+	all := fetchOrder(&Image{Stored: n.im.Stored, FetchAll: true}, len(n.touched))
+feed:
+	for _, i := range all {
+		select {
+		case work <- i:
+		case err = <-errc:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errc:
+		default:
+		}
+	}
+	return err
+}
+
 // rootNode is the mount's root directory.
 type rootNode struct {
 	fs.Inode
