@@ -50,6 +50,9 @@ type LazyConfig struct {
 	NoFetchAll bool
 	// NoPrefetch ignores recorded working sets (measurements).
 	NoPrefetch bool
+	// ReadAheadKiB is the kernel's readahead on the lazy files
+	// (lazymem.Config.MaxReadAhead); default 128.
+	ReadAheadKiB int
 }
 
 // lazyState is the agent's lazymem mount, made on first use.
@@ -76,7 +79,8 @@ func (a *Agent) lazyMount() (*lazymem.FS, error) {
 	images := &lazymem.StoreImages{Chunks: lc.Chunks, Objects: lc.Objects, File: lazyFile, RecordFor: rec,
 		FetchAll: !lc.NoFetchAll, NoPrefetch: lc.NoPrefetch,
 		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) }}
-	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log})
+	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log,
+		MaxReadAhead: lc.ReadAheadKiB << 10})
 	if err != nil {
 		return nil, err
 	}

@@ -100,11 +100,12 @@ type lazyRun struct {
 	storedChunks  int
 	fetchedChunks int64
 	steps         string // the restore's steps, from the agent's log
+	pages         int
 }
 
 func (r lazyRun) String() string {
-	return fmt.Sprintf("first exec %v, fetched %d MiB (%s of the image, %s of its stored chunks), read through FUSE %d MiB, chunks touched %d, prefetched %d",
-		r.firstExec.Round(time.Millisecond), r.fetched>>20, pct(r.fetched, r.memSize), pct(r.fetched, r.storedBytes), r.read>>20, r.touched, r.prefetched) + "; " + r.steps
+	return fmt.Sprintf("first exec %v, fetched %d MiB (%s of the image, %s of its stored chunks), read through FUSE %d MiB (%d distinct pages), chunks touched %d, prefetched %d",
+		r.firstExec.Round(time.Millisecond), r.fetched>>20, pct(r.fetched, r.memSize), pct(r.fetched, r.storedBytes), r.read>>20, r.pages, r.touched, r.prefetched) + "; " + r.steps
 }
 
 func pct(a, b int64) string {
@@ -141,7 +142,7 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 	if !ok && b.cfg.Lazy != nil {
 		t.Fatalf("create from snapshot %s was not lazy", snapID)
 	}
-	r.read, r.touched, r.prefetched = ls.BytesRead, ls.ChunksTouched, ls.Prefetched
+	r.read, r.touched, r.prefetched, r.pages = ls.BytesRead, ls.ChunksTouched, ls.Prefetched, ls.PagesRead
 	if b.cfg.Lazy == nil {
 		r.fetched = r.storedBytes // all of it, downloaded
 	}
@@ -266,6 +267,10 @@ func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 		t.Logf("#%d lazy without prefetch: %v", i+1, r)
 		r.agent.Kill(ctxT(t), r.id)
 	}
+	// Readahead 4 KiB: what the guest touches, page by page.
+	r4 := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll, l.NoPrefetch, l.ReadAheadKiB = true, true, 4 })
+	t.Logf("lazy without prefetch, readahead 4 KiB: %v", r4)
+	r4.agent.Kill(ctxT(t), r4.id)
 	// The default: prefetch, then the whole image in the background.
 	r := lazyCreate(t, objs, m, snap.ID, nil)
 	t.Logf("lazy, default (prefetch, then fetch all): %v", r)

@@ -97,6 +97,10 @@ type Config struct {
 	// Workers is how many chunks the background fetch of one file
 	// fetches at once; default 4.
 	Workers int
+	// MaxReadAhead bounds the kernel's readahead on the files (each
+	// page fault of a machine reads this much around the page); default
+	// 128 KiB, at least 4 KiB.
+	MaxReadAhead int
 	// Debug logs every FUSE request.
 	Debug bool
 }
@@ -148,6 +152,10 @@ func Mount(cfg Config) (*FS, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
 	}
+	if cfg.MaxReadAhead <= 0 {
+		cfg.MaxReadAhead = 128 << 10
+	}
+	cfg.MaxReadAhead = max(cfg.MaxReadAhead, 4096)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("lazymem: mount: %w", err)
 	}
@@ -171,7 +179,7 @@ func Mount(cfg Config) (*FS, error) {
 			// its own with the machine's group.
 			Options:       []string{"default_permissions"},
 			DisableXAttrs: true,
-			MaxReadAhead:  128 << 10,
+			MaxReadAhead:  cfg.MaxReadAhead,
 			Debug:         cfg.Debug,
 		},
 	}
@@ -213,6 +221,8 @@ type Stats struct {
 	// reads, its readahead); ChunksTouched how many chunks that touched.
 	BytesRead     int64
 	ChunksTouched int
+	// PagesRead is how many distinct 4 KiB pages the kernel read.
+	PagesRead int
 	// Prefetched is how many chunks the background fetch got so far.
 	Prefetched int
 }
@@ -376,6 +386,7 @@ type fileNode struct {
 	firstRead time.Time
 	recorded  bool
 	bytesRead int64
+	pages     map[int64]bool // distinct 4 KiB pages read
 
 	prefetched int
 }
@@ -392,7 +403,7 @@ var (
 func newFileNode(f *FS, set string, im *Image) *fileNode {
 	size := im.Source.Size()
 	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
-	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks)}
+	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks), pages: map[int64]bool{}}
 }
 
 func (n *fileNode) fill(a *fuse.Attr) {
@@ -502,6 +513,9 @@ func (n *fileNode) touch(off, length int64) {
 	cs := n.im.ChunkSize
 	n.mu.Lock()
 	n.bytesRead += length
+	for p := off >> 12; p <= (off+length-1)>>12; p++ {
+		n.pages[p] = true
+	}
 	first := n.firstRead.IsZero()
 	if first {
 		n.firstRead = time.Now()
@@ -536,7 +550,7 @@ func (n *fileNode) touchedList() []int {
 func (n *fileNode) stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), Prefetched: n.prefetched}
+	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: len(n.pages), Prefetched: n.prefetched}
 }
 
 // startBackground fetches Prefetch, then (FetchAll) every other stored

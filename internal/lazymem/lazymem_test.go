@@ -325,6 +325,17 @@ func TestStoreImages(t *testing.T) {
 		t.Fatalf("working set %+v, %v; want chunks [9 2]", ws, err)
 	}
 
+	// FetchAll (before the set leaves the store) gets the rest.
+	if err := f2.FetchAll(ctx, "snapshots/s1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cache2.Stats().Fetches; got != 24 {
+		t.Errorf("after FetchAll: %d chunks fetched, want 24", got)
+	}
+	if err := f2.FetchAll(ctx, "snapshots/none"); err != nil {
+		t.Errorf("FetchAll of a set never looked up: %v", err)
+	}
+
 	// A third host prefetches them at lookup, before any read.
 	f3, cache3 := open(100 * time.Millisecond)
 	if _, err := os.Stat(f3.Path("snapshots/s1")); err != nil {
