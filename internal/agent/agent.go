@@ -115,9 +115,9 @@ type Config struct {
 	// StoreRetry is the wait after a failed upload or store delete before
 	// the next attempt, doubling up to 32 times this (default 2 s).
 	StoreRetry time.Duration
-	// Lazy, if set (with Store), restores snapshots this host does not
-	// hold with their memory paged in on first touch instead of
-	// downloaded first (lazy.go, docs/lazy-restore.md).
+	// Lazy, if set (with Store), restores snapshots and paused sandboxes
+	// this host does not hold with their memory paged in on first touch
+	// instead of downloaded first (lazy.go, docs/lazy-restore.md).
 	Lazy   *LazyConfig
 	Logger *slog.Logger
 }

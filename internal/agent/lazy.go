@@ -20,10 +20,11 @@ import (
 
 // Lazy restore (Config.Lazy; docs/lazy-restore.md).
 //
-// A snapshot this host does not hold is fetched without its memory image:
-// the agent downloads vm.state, rootfs.ext4 and the set's small files,
-// checks them, and makes vm.mem a symbolic link to the set's file on the
-// host's lazymem mount (STORE/lazy). Everything downstream is unchanged:
+// A snapshot or paused sandbox this host does not hold is fetched without
+// its memory image: the agent downloads vm.state, rootfs.ext4 and the
+// set's small files, checks them, and makes vm.mem a symbolic link to the
+// set's file on the host's lazymem mount (STORE/lazy). Everything
+// downstream is unchanged:
 // a restore hard-links the symbolic link into the sandbox's directory
 // (link(2) does not follow it), QEMU and the jail's bind mount follow it
 // to the FUSE file, whose pages are fetched on first touch through the
@@ -31,9 +32,17 @@ import (
 // touched (Lazy.RecordFor after its first fault) as the set's working
 // set in the store; later ones prefetch it.
 //
-// The mount is made on first use and unmounted by Close after every
-// machine is stopped. A machine restored lazily depends on this process:
-// if the agent dies, its next page-cache miss fails (SIGBUS in QEMU).
+// Before this host removes a set from the store (a stale capture after a
+// resume, a deleted snapshot), it fetches every chunk of the set's lazy
+// file it lacks (lazyFetchAll); a capture of a lazily restored machine
+// copies its image through the mount (cloneMemory).
+//
+// One mount per host, not per machine: machines restored from one set
+// share the file's page cache, as local restores share a memory image's.
+// It is made at start (Recover: links fetched before a restart resolve
+// through it) or on first use, and unmounted by Close after every machine
+// is stopped. A machine restored lazily depends on this process: if the
+// agent dies, its next page-cache miss fails (SIGBUS in QEMU).
 
 // LazyConfig turns on lazy restore of memory images.
 type LazyConfig struct {
@@ -72,6 +81,9 @@ func (a *Agent) lazyMount() (*lazymem.FS, error) {
 		return a.lazyFS, nil
 	}
 	lc := a.cfg.Lazy
+	if lc.Chunks == nil || lc.Objects == nil {
+		return nil, errors.New("lazy restore: LazyConfig needs Chunks (with a chunk cache) and Objects")
+	}
 	rec := lc.RecordFor
 	if rec == 0 {
 		rec = 3 * time.Second

@@ -159,7 +159,7 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 // next ones prefetch it; a lazily restored sandbox can be snapshotted.
 // Nothing stays mounted (restartableWith checks).
 func TestLazyRestore(t *testing.T) {
-	lazyScenario(t, CreateRequest{}, 2)
+	lazyScenario(t, CreateRequest{}, 2, 0)
 }
 
 // TestLazyRestoreBase is TestLazyRestore's measurement on a 1 GiB `base`
@@ -168,10 +168,23 @@ func TestLazyRestoreBase(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow")
 	}
-	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 3)
+	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 3, 0)
 }
 
-func lazyScenario(t *testing.T, req CreateRequest, samples int) {
+// TestLazyRestoreFull is TestLazyRestoreBase with 512 MiB of the guest's
+// memory holding data (a file in /dev/shm) that the first exec does not
+// touch: an image whose stored part is much larger than its working set
+// (slow: not with -short).
+func TestLazyRestoreFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow")
+	}
+	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 2, 512)
+}
+
+// lazyScenario runs the lazy restore checks and measurements on a
+// sandbox made with req, holding fillMiB of random data in /dev/shm.
+func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	openA, csA := storeHost(t, s3.Open("fleet"))
@@ -183,6 +196,9 @@ func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 	}
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
+	if fillMiB > 0 {
+		shOn(t, a, src.ID, fmt.Sprintf("head -c %dM /dev/urandom > /dev/shm/fill", fillMiB))
+	}
 	snap := snapOn(t, a, src.ID)
 	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
 		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
@@ -248,6 +264,47 @@ func lazyScenario(t *testing.T, req CreateRequest, samples int) {
 	}
 	checkMemState(t, "from the snapshot of a lazily restored sandbox", b, grand.ID, sum, keeper, secret)
 	b.Kill(ctxT(t), grand.ID)
+
+	// The disk local, the memory image in the store (what a host that
+	// holds the template's disk would see): B keeps the snapshot's files
+	// but forgets its memory (a new mount, an empty chunk cache).
+	for _, prefetch := range []bool{true, false, true, false} {
+		if err := b.closeLazy(); err != nil {
+			t.Fatal(err)
+		}
+		ents, _ := os.ReadDir(filepath.Join(b.cfg.DataDir, "chunk-cache"))
+		for _, e := range ents {
+			os.Remove(filepath.Join(b.cfg.DataDir, "chunk-cache", e.Name()))
+		}
+		b.cfg.Lazy.NoPrefetch = !prefetch
+		if _, err := b.lazyMount(); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		c, err := createFrom(t, b, snap.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shOn(t, b, c.ID, "true")
+		ls, _ := b.LazyStats(storeName(snap.ID))
+		t.Logf("disk local, memory lazy (prefetch %v): first exec %v, %d MiB read through FUSE, %d chunks prefetched",
+			prefetch, time.Since(t0).Round(time.Millisecond), ls.BytesRead>>20, ls.Prefetched)
+		b.Kill(ctxT(t), c.ID)
+	}
+	b.cfg.Lazy.NoPrefetch = false
+	// Its counterpart: downloading the memory image alone, then a local
+	// restore (a second create on a host that holds the whole snapshot).
+	for range 2 {
+		only := *m
+		f, _ := m.File("vm.mem")
+		only.Files = []chunkstore.File{f}
+		tmp := t.TempDir()
+		t0 = time.Now()
+		if err := csA.DownloadManifest(ctxT(t), &only, tmp); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("download of vm.mem alone (%d stored chunks): %v", first.storedChunks, time.Since(t0).Round(time.Millisecond))
+	}
 
 	// Interleaved, each on a new host: the baseline (download, then
 	// restore), lazy with the working set prefetched from the lookup on,
