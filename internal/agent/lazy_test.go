@@ -171,7 +171,7 @@ func TestLazyRestoreBase(t *testing.T) {
 	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 3, 0)
 }
 
-// TestLazyRestoreFull is TestLazyRestoreBase with 512 MiB of the guest's
+// TestLazyRestoreFull is TestLazyRestoreBase with 400 MiB of the guest's
 // memory holding data (a file in /dev/shm) that the first exec does not
 // touch: an image whose stored part is much larger than its working set
 // (slow: not with -short).
@@ -179,7 +179,7 @@ func TestLazyRestoreFull(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow")
 	}
-	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 2, 512)
+	lazyScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 2, 400)
 }
 
 // lazyScenario runs the lazy restore checks and measurements on a

@@ -28,7 +28,9 @@
 // (SaveWorkingSet) and the next lazy restore of the set on any host
 // prefetches it (Image.Prefetch) in the background as soon as the file is
 // looked up, while the machine starts. With Image.FetchAll, the remaining
-// chunks follow, so that a machine stops depending on the store soon.
+// chunks follow one at a time whenever the machines have paused faulting
+// for a moment, so that they stop depending on the store soon without
+// slowing their start.
 //
 // Lifetime: a machine mapping a file needs the mount (and this process)
 // for as long as it runs — a page the kernel evicts is read again through
@@ -384,6 +386,7 @@ type fileNode struct {
 	touched   []bool
 	order     []int // first-touch order
 	firstRead time.Time
+	lastRead  time.Time
 	recorded  bool
 	bytesRead int64
 	pages     map[int64]bool // distinct 4 KiB pages read
@@ -516,10 +519,12 @@ func (n *fileNode) touch(off, length int64) {
 	for p := off >> 12; p <= (off+length-1)>>12; p++ {
 		n.pages[p] = true
 	}
+	now := time.Now()
 	first := n.firstRead.IsZero()
 	if first {
-		n.firstRead = time.Now()
+		n.firstRead = now
 	}
+	n.lastRead = now
 	for i := off / cs; i <= (off+length-1)/cs && int(i) < len(n.touched); i++ {
 		if !n.touched[i] {
 			n.touched[i] = true
@@ -553,44 +558,86 @@ func (n *fileNode) stats() Stats {
 	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: len(n.pages), Prefetched: n.prefetched}
 }
 
-// startBackground fetches Prefetch, then (FetchAll) every other stored
-// chunk, with Config.Workers at once, until done or Close.
+// startBackground fetches Prefetch with Config.Workers at once, then
+// (FetchAll) every other stored chunk one at a time, each only once the
+// machines have read nothing through the file for quietFor (and have read
+// something): the rest must not delay the faults of a machine starting.
+// It stops at Close.
 func (n *fileNode) startBackground() {
 	order := fetchOrder(n.im, len(n.touched))
 	if len(order) == 0 {
 		return
 	}
-	work := make(chan int)
+	nPre := len(fetchOrder(&Image{Stored: n.im.Stored, Prefetch: n.im.Prefetch}, len(n.touched)))
+	ctx := n.fs.ctx
+	fetch := func(i int) {
+		var b [1]byte // one byte fetches the whole chunk into the cache
+		if _, err := n.im.Source.ReadAtContext(ctx, b[:], int64(i)*n.im.ChunkSize); err != nil {
+			if ctx.Err() == nil {
+				n.fs.cfg.Log.Warn("lazy memory file: background fetch", "set", n.set, "chunk", i, "err", err)
+			}
+			return
+		}
+		n.mu.Lock()
+		n.prefetched++
+		n.mu.Unlock()
+	}
 	n.fs.bg.Add(1)
 	go func() {
 		defer n.fs.bg.Done()
-		defer close(work)
-		for _, i := range order {
+		work := make(chan int)
+		var wg sync.WaitGroup
+		for range n.fs.cfg.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					fetch(i)
+				}
+			}()
+		}
+	feed:
+		for _, i := range order[:nPre] {
 			select {
 			case work <- i:
-			case <-n.fs.ctx.Done():
-				return
+			case <-ctx.Done():
+				break feed
 			}
 		}
-	}()
-	for range n.fs.cfg.Workers {
-		n.fs.bg.Add(1)
-		go func() {
-			defer n.fs.bg.Done()
-			var b [1]byte
-			for i := range work {
-				// One byte fetches the whole chunk into the cache.
-				if _, err := n.im.Source.ReadAtContext(n.fs.ctx, b[:], int64(i)*n.im.ChunkSize); err != nil {
-					if n.fs.ctx.Err() == nil {
-						n.fs.cfg.Log.Warn("lazy memory file: prefetch", "set", n.set, "chunk", i, "err", err)
-					}
-					continue
-				}
-				n.mu.Lock()
-				n.prefetched++
-				n.mu.Unlock()
+		close(work)
+		wg.Wait()
+		for _, i := range order[nPre:] {
+			if !n.waitQuiet(ctx) {
+				return
 			}
-		}()
+			fetch(i)
+		}
+	}()
+}
+
+// quietFor is how long machines must have read nothing through a file
+// before its background fetch takes the next chunk of the rest.
+const quietFor = 200 * time.Millisecond
+
+// waitQuiet waits until the file was read at least once and not in the
+// last quietFor; false if ctx ended first.
+func (n *fileNode) waitQuiet(ctx context.Context) bool {
+	for {
+		n.mu.Lock()
+		last := n.lastRead
+		n.mu.Unlock()
+		wait := quietFor
+		if !last.IsZero() {
+			wait = quietFor - time.Since(last)
+			if wait <= 0 {
+				return true
+			}
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 

@@ -365,3 +365,39 @@ func mappedIno(t *testing.T, path string) uint64 {
 	t.Fatalf("no mapping of %s", path)
 	return 0
 }
+
+// TestFetchAllWaitsForQuiet: the background fetch of the rest starts only
+// once machines read the file, and then when they pause.
+func TestFetchAllWaitsForQuiet(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: make([]byte, 8*csize), csize: csize, reads: map[int64]int{}}
+	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize, FetchAll: true}, nil
+	})
+	p := f.Path("paused/x")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * quietFor)
+	if st, _ := f.Stats("paused/x"); st.Prefetched != 0 {
+		t.Errorf("%d chunks fetched before any read", st.Prefetched)
+	}
+	fd, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.ReadAt(make([]byte, 1), 0)
+	fd.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _ := f.Stats("paused/x")
+		if st.Prefetched == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a read: %d of 8 chunks fetched", st.Prefetched)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
