@@ -353,54 +353,97 @@ func TestLazyRestoreSetMissing(t *testing.T) {
 // intact, and stay so after B removed the stale capture from the store
 // and collected its garbage (B fetches the whole image first).
 func TestLazyResumePaused(t *testing.T) {
+	lazyResumeScenario(t, CreateRequest{}, 0)
+}
+
+// TestLazyResumePausedFull is TestLazyResumePaused on a 1 GiB `base`
+// sandbox holding 400 MiB in /dev/shm, against a resume that downloads
+// (slow: not with -short).
+func TestLazyResumePausedFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow")
+	}
+	lazyResumeScenario(t, CreateRequest{Template: "base", MemoryMiB: 1024}, 400)
+}
+
+func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	openA, _ := storeHost(t, s3.Open("fleet"))
 	a := openA()
 	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
+	// Two alike: one for the lazy host, one for the baseline's.
+	var ids []string
+	var sum, keeper, secret string
+	for range 2 {
+		src, err := a.Create(ctxT(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+		ids = append(ids, src.ID)
+		shOn(t, a, src.ID, "echo on-a > /root/f.txt")
+		if len(ids) == 1 {
+			sum, keeper, secret = memState(t, a, src.ID)
+		}
+		if fillMiB > 0 {
+			shOn(t, a, src.ID, fmt.Sprintf("head -c %dM /dev/urandom > /dev/shm/fill", fillMiB))
+		}
+		if _, err := a.Pause(ctxT(t), src.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		waitFor(t, func() string { return "paused sandbox durable: " + infoOf(a, id).Stored },
+			func() bool { return infoOf(a, id).Stored == host.StoredDurable })
+	}
+	id := ids[0]
+
+	openC, _ := storeHost(t, objs)
+	c := openC()
+	c.Recover(ctxT(t))
+	t0 := time.Now()
+	if _, err := c.Resume(ctxT(t), ids[1]); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
-	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
-	sum, keeper, secret := memState(t, a, src.ID)
-	if _, err := a.Pause(ctxT(t), src.ID); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
-		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
+	t.Cleanup(func() { c.Kill(context.Background(), ids[1]) })
+	shOn(t, c, ids[1], "true")
+	t.Logf("baseline resume on C (download, then restore): first exec %v", time.Since(t0).Round(time.Millisecond))
+	c.Kill(ctxT(t), ids[1])
 
 	b, cache, _ := lazyHost(t, objs, nil)
-	t0 := time.Now()
-	if _, err := b.Resume(ctxT(t), src.ID); err != nil {
+	t0 = time.Now()
+	if _, err := b.Resume(ctxT(t), id); err != nil {
 		t.Fatalf("lazy resume on B of a sandbox paused on A: %v", err)
 	}
-	t.Cleanup(func() { b.Kill(context.Background(), src.ID) })
-	shOn(t, b, src.ID, "true")
-	ls, _ := b.LazyStats(pausedName(src.ID))
-	t.Logf("lazy resume on B: first exec %v, %d MiB fetched by then, %d MiB read through FUSE",
-		time.Since(t0).Round(time.Millisecond), cache.Stats().BytesFetched>>20, ls.BytesRead>>20)
-	if got := shOn(t, b, src.ID, "cat /root/f.txt; hostname"); got != "on-a\n"+src.ID+"\n" {
+	t.Cleanup(func() { b.Kill(context.Background(), id) })
+	shOn(t, b, id, "true")
+	ls, _ := b.LazyStats(pausedName(id))
+	t.Logf("lazy resume on B: first exec %v, %d MiB fetched by then (%.1f %% of the image), %d MiB read through FUSE",
+		time.Since(t0).Round(time.Millisecond), cache.Stats().BytesFetched>>20,
+		100*float64(cache.Stats().BytesFetched)/float64(ls.Size), ls.BytesRead>>20)
+	if got := shOn(t, b, id, "cat /root/f.txt; hostname"); got != "on-a\n"+id+"\n" {
 		t.Errorf("lazily resumed on B: %q", got)
 	}
-	checkMemState(t, "lazily resumed on B", b, src.ID, sum, keeper, secret)
+	checkMemState(t, "lazily resumed on B", b, id, sum, keeper, secret)
 	// The stale capture leaves the store (after B fetched all of it),
 	// its chunks are collected: the sandbox does not notice.
 	waitFor(t, func() string { return "stale capture removed from the store" }, func() bool {
-		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+pausedName(src.ID)+".json")
+		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+pausedName(id)+".json")
 		return err == nil && !ok
 	})
-	a.Kill(ctxT(t), src.ID) // A's stale copy, as the control plane would
+	a.Kill(ctxT(t), id) // A's stale copy, as the control plane would
 	if _, err := b.store.GC(ctxT(t)); err != nil && !errors.Is(err, chunkstore.ErrBusy) {
 		t.Fatal(err)
 	}
 	// Drop the file's clean pages that no machine maps, so that the
 	// guest's next touches come through the mount again (from the chunk
 	// cache now).
-	dropPages(t, b.lazyFS.Path(pausedName(src.ID)))
-	shOn(t, b, src.ID, "cat /proc/meminfo > /dev/null; sync")
-	checkMemState(t, "lazily resumed on B, after its capture left the store", b, src.ID, sum, keeper, secret)
+	dropPages(t, b.lazyFS.Path(pausedName(id)))
+	if fillMiB > 0 {
+		shOn(t, b, id, "md5sum /dev/shm/fill > /dev/null")
+	}
+	checkMemState(t, "lazily resumed on B, after its capture left the store", b, id, sum, keeper, secret)
 }
 
 // dropPages evicts path's clean, unmapped pages from the page cache.
