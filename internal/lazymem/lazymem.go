@@ -35,9 +35,8 @@
 // Lifetime: a machine mapping a file needs the mount (and this process)
 // for as long as it runs — a page the kernel evicts is read again through
 // it, and with the mount gone that read fails and QEMU gets SIGBUS. Close
-// unmounts (lazily, MNT_DETACH): call it after the machines using the
-// mount are gone. Mount detaches a stale mount a crashed process left at
-// Dir before mounting.
+// unmounts: call it after the machines using the mount are gone. Mount
+// detaches a stale mount a crashed process left at Dir before mounting.
 package lazymem
 
 import (
@@ -197,9 +196,9 @@ func Mount(cfg Config) (*FS, error) {
 // Path is the path of set name's memory file on the mount.
 func (f *FS) Path(name string) string { return f.cfg.Dir + "/" + Name(name) }
 
-// Close stops the background fetches and unmounts (MNT_DETACH: the mount
-// leaves the host's namespace at once, and its last user closes it).
-// Idempotent.
+// Close stops the background fetches and unmounts; if the mount is busy
+// (a file still open or mapped), it detaches it (MNT_DETACH: it leaves
+// the namespace at once, and its users' next misses fail). Idempotent.
 func (f *FS) Close() error {
 	f.closeOnce.Do(func() {
 		f.cancel()
@@ -389,7 +388,8 @@ type fileNode struct {
 	lastRead  time.Time
 	recorded  bool
 	bytesRead int64
-	pages     map[int64]bool // distinct 4 KiB pages read
+	pages     []uint64 // bitmap of the 4 KiB pages read
+	nPages    int      // bits set in pages
 
 	prefetched int
 }
@@ -406,7 +406,8 @@ var (
 func newFileNode(f *FS, set string, im *Image) *fileNode {
 	size := im.Source.Size()
 	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
-	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks), pages: map[int64]bool{}}
+	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks),
+		pages: make([]uint64, (size+4095)/4096/64+1)}
 }
 
 func (n *fileNode) fill(a *fuse.Attr) {
@@ -516,8 +517,11 @@ func (n *fileNode) touch(off, length int64) {
 	cs := n.im.ChunkSize
 	n.mu.Lock()
 	n.bytesRead += length
-	for p := off >> 12; p <= (off+length-1)>>12; p++ {
-		n.pages[p] = true
+	for p := off >> 12; p <= (off+length-1)>>12 && int(p>>6) < len(n.pages); p++ {
+		if bit := uint64(1) << (p & 63); n.pages[p>>6]&bit == 0 {
+			n.pages[p>>6] |= bit
+			n.nPages++
+		}
 	}
 	now := time.Now()
 	first := n.firstRead.IsZero()
@@ -555,7 +559,7 @@ func (n *fileNode) touchedList() []int {
 func (n *fileNode) stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: len(n.pages), Prefetched: n.prefetched}
+	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, Prefetched: n.prefetched}
 }
 
 // startBackground fetches Prefetch with Config.Workers at once, then
