@@ -116,10 +116,11 @@ type Config struct {
 	// them from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
 	// AWS_SESSION_TOKEN, never from the file.
 	StoreCredentials objstore.Credentials `yaml:"-"`
-	// LazyRestore, with Store, restores snapshots this host does not hold
-	// with their memory paged in on first touch through a FUSE file and a
-	// chunk cache in DATA_DIR/chunk-cache, instead of downloading the
-	// memory image first (docs/lazy-restore.md). Experimental; default off.
+	// LazyRestore, with Store, restores snapshots and paused sandboxes this
+	// host does not hold with their memory paged in on first touch through
+	// a FUSE file and a chunk cache in DATA_DIR/chunk-cache, instead of
+	// downloading the memory image first (docs/lazy-restore.md).
+	// Experimental; default off.
 	LazyRestore bool `yaml:"lazy_restore"`
 
 	// MaxTemplateBuilds bounds the builds of templates from images
