@@ -26,6 +26,14 @@ import (
 // LazyConfig. It returns the agent and its chunk cache.
 func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent, *chunkstore.Cache, *restoreLog) {
 	t.Helper()
+	a, cache, rl, _ := lazyHostOpener(t, objs, mod)
+	return a, cache, rl
+}
+
+// lazyHostOpener is lazyHost that also returns how to open the host's
+// next agent (after the caller closed this one).
+func lazyHostOpener(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent, *chunkstore.Cache, *restoreLog, func() *Agent) {
+	t.Helper()
 	var cache *chunkstore.Cache
 	rl := &restoreLog{}
 	_, open := restartableWith(t, func(c *Config) {
@@ -50,7 +58,11 @@ func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent,
 	})
 	a := open()
 	a.Recover(ctxT(t))
-	return a, cache, rl
+	return a, cache, rl, func() *Agent {
+		a := open()
+		a.Recover(ctxT(t))
+		return a
+	}
 }
 
 // restoreLog keeps an agent's log lines about restores (the debug line
@@ -456,5 +468,46 @@ func dropPages(t *testing.T, path string) {
 	defer f.Close()
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		t.Logf("cannot drop pages of %s: %v", path, err)
+	}
+}
+
+// TestLazyRestoreAfterRestart: a snapshot fetched lazily stays restorable
+// after the agent restarts: its memory image's link resolves through the
+// new mount, and the files check without reading the image.
+func TestLazyRestoreAfterRestart(t *testing.T) {
+	s3 := s3test.Start(t)
+	objs := s3.Open("fleet")
+	openA, _ := storeHost(t, s3.Open("fleet"))
+	a := openA()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	sum, keeper, secret := memState(t, a, src.ID)
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+
+	b, _, _, reopen := lazyHostOpener(t, objs, nil)
+	c1, err := createFrom(t, b, snap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMemState(t, "lazily restored", b, c1.ID, sum, keeper, secret)
+	b.Kill(ctxT(t), c1.ID)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = reopen()
+	c2, err := createFrom(t, b, snap.ID)
+	if err != nil {
+		t.Fatalf("create from a lazily fetched snapshot after a restart: %v", err)
+	}
+	checkMemState(t, "lazily restored after a restart", b, c2.ID, sum, keeper, secret)
+	ls, ok := b.LazyStats(storeName(snap.ID))
+	if !ok || ls.BytesRead >= ls.Size/2 {
+		t.Errorf("after a restart: %+v, %v; want the image read lazily, not whole", ls, ok)
 	}
 }
