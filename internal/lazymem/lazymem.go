@@ -54,6 +54,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pandastack/pandastack/internal/objstore"
 	"golang.org/x/sys/unix"
 )
 
@@ -98,6 +99,10 @@ type Config struct {
 	// Workers is how many chunks the background fetch of one file
 	// fetches at once; default 4.
 	Workers int
+	// RetryFor is how long a read the store fails (but for a missing
+	// chunk) is retried before the machine faulting gets an error;
+	// default 2 minutes.
+	RetryFor time.Duration
 	// MaxReadAhead bounds the kernel's readahead on the files (each
 	// page fault of a machine reads this much around the page); default
 	// 128 KiB, at least 4 KiB.
@@ -155,6 +160,9 @@ func Mount(cfg Config) (*FS, error) {
 	}
 	if cfg.MaxReadAhead <= 0 {
 		cfg.MaxReadAhead = 128 << 10
+	}
+	if cfg.RetryFor <= 0 {
+		cfg.RetryFor = 2 * time.Minute
 	}
 	cfg.MaxReadAhead = max(cfg.MaxReadAhead, 4096)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
@@ -472,12 +480,36 @@ func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	}
 	dest = dest[:min(int64(len(dest)), n.size-off)]
 	n.touch(off, int64(len(dest)))
-	got, err := n.im.Source.ReadAtContext(ctx, dest, off)
+	got, err := n.readRetrying(ctx, dest, off)
 	if err != nil && got < len(dest) {
 		n.fs.cfg.Log.Error("lazy memory file: read", "set", n.set, "offset", off, "len", len(dest), "err", err)
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:got]), 0
+}
+
+// readRetrying reads from the Source, retrying failures other than a
+// missing chunk for up to Config.RetryFor: a read that fails is a SIGBUS
+// in the machine that faulted (QEMU dies), a read that waits only stalls
+// its vCPU, so a store that is briefly down must not kill machines.
+func (n *fileNode) readRetrying(ctx context.Context, dest []byte, off int64) (int, error) {
+	deadline := time.Now().Add(n.fs.cfg.RetryFor)
+	wait := 100 * time.Millisecond
+	for {
+		got, err := n.im.Source.ReadAtContext(ctx, dest, off)
+		if err == nil || got == len(dest) || errors.Is(err, objstore.ErrNotFound) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return got, err
+		}
+		n.fs.cfg.Log.Warn("lazy memory file: read failed, retrying", "set", n.set, "offset", off, "err", err, "retry_in_ms", wait.Milliseconds())
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return got, err
+		case <-n.fs.ctx.Done():
+			return got, err
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // Lseek answers SEEK_DATA and SEEK_HOLE from the manifest: a zero chunk

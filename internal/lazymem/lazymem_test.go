@@ -76,19 +76,28 @@ func TestSeekData(t *testing.T) {
 	}
 }
 
-// memSource is a Source over bytes that counts reads per chunk.
+// memSource is a Source over bytes that counts reads per chunk; its
+// first fail reads fail (unavailable).
 type memSource struct {
 	b     []byte
 	csize int64
 	mu    sync.Mutex
 	reads map[int64]int
+	fail  int
 }
 
 func (m *memSource) Size() int64 { return int64(len(m.b)) }
 func (m *memSource) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
 	m.mu.Lock()
 	m.reads[off/m.csize]++
+	failing := m.fail > 0
+	if failing {
+		m.fail--
+	}
 	m.mu.Unlock()
+	if failing {
+		return 0, fmt.Errorf("fetch: %w", objstore.ErrUnavailable)
+	}
 	if off >= int64(len(m.b)) {
 		return 0, io.EOF
 	}
@@ -399,5 +408,40 @@ func TestFetchAllWaitsForQuiet(t *testing.T) {
 			t.Fatalf("after a read: %d of 8 chunks fetched", st.Prefetched)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReadRetries: a read the store fails is retried (the machine's vCPU
+// waits) until RetryFor; then it fails (EIO).
+func TestReadRetries(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: bytes.Repeat([]byte{7}, 4*csize), csize: csize, reads: map[int64]int{}, fail: 3}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	f, err := Mount(Config{Dir: dir, RetryFor: 2 * time.Second, Resolve: func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 4096)
+	fd, err := os.Open(f.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	if _, err := fd.ReadAt(b, 0); err != nil || b[0] != 7 {
+		t.Errorf("read after 3 failures: %v, %d", err, b[0])
+	}
+	src.mu.Lock()
+	src.fail = 1000
+	src.mu.Unlock()
+	t0 := time.Now()
+	if _, err := fd.ReadAt(b, 2*csize); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of a store down for good: %v, want EIO", err)
+	}
+	if d := time.Since(t0); d < time.Second || d > 10*time.Second {
+		t.Errorf("gave up after %v, want about RetryFor (2 s)", d)
 	}
 }
