@@ -169,3 +169,28 @@ func TestBenchDensity(t *testing.T) {
 		t.Errorf("QEMU processes left by the benchmark: %v", pids)
 	}
 }
+
+func TestBenchPath(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"bench", "path", "--json", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("panda bench path: %v\n%s", err, stderr.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	wantPositive(t, got, "host_create_first_exec.n", "api_create_first_exec.n", "host_create_first_exec.p50_ms", "api_create_first_exec.p50_ms",
+		"host_exec.p50_ms", "api_exec.p50_ms", "api_over_host_create_p50", "api_over_host_exec_p50")
+	if n := got["api_exec"].(map[string]any)["n"]; n != float64(3) {
+		t.Errorf("api_exec.n %v, want 3", n)
+	}
+	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
+		t.Errorf("QEMU processes left by the benchmark: %v", pids)
+	}
+}

@@ -24,8 +24,8 @@ random data to its memory (/dev/shm), then:
 
   - forks it to its own host → the child's first exec answered
   - forks it to the second host → the child's first exec answered, and
-    the size of the capture that went through the object store (the
-    parent's own blocks) against its dirty memory and RAM
+    the bytes that moved (the parent's host's upload to the object store
+    plus the other host's fetch) against its dirty memory and RAM
   - pauses it and resumes it on the second host, which never saw it →
     first exec answered
 
@@ -59,8 +59,9 @@ it exits.`,
 				{"resume on another host → exec", res.ResumeElsewhereFirstExec}} {
 				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms\n", r.name, r.d.P50, r.d.P99)
 			}
-			fmt.Fprintf(out, "cross-host fork capture p50 %.1f MiB (parent dirty %.1f MiB: %.2f×; %.2f of its RAM); the other host downloads the whole capture set\n",
-				res.CrossHostCaptureMiBP50, res.CrossHostDirtyMiBP50, res.CapturePerDirty, res.CapturePerRAM)
+			fmt.Fprintf(out, "cross-host fork moved p50 %.1f MiB (uploaded %.1f + fetched %.1f; parent dirty %.1f MiB: %.2f×; %.2f of its RAM; capture %.1f MiB)\n",
+				res.CrossHostMovedMiBP50, res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostDirtyMiBP50,
+				res.MovedPerDirty, res.MovedPerRAM, res.CrossHostCaptureMiBP50)
 			return nil
 		},
 	}

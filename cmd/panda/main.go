@@ -61,7 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(upCmd(), serverCmd(), agentCmd(), benchCmd(), chaosCmd(), rootfsCmd(), versionCmd())
+	root.AddCommand(upCmd(), serverCmd(), agentCmd(), benchCmd(), chaosCmd(), rootfsCmd(), versionCmd(), devCmd())
 	root.AddCommand(cli.Commands()...)
 	return root.ExecuteContext(ctx)
 }

@@ -219,6 +219,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.vol = vol
 	a.sbDir = filepath.Join(vol.Dir, "sandboxes")
+	var remote template.Remote
+	if a.store != nil {
+		remote = templateRemote{a}
+	}
 	ts, err := template.NewStore(template.Config{
 		Dir:     filepath.Join(vol.Dir, "templates"),
 		RunDir:  cfg.RunDir,
@@ -228,6 +232,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		Accel:   accel,
 		TSCkHz:  drv.TSCkHz(),
 		Net:     a.bakeNIC(),
+		Remote:  remote,
 		Logger:  cfg.Logger,
 	})
 	if err != nil {
@@ -335,7 +340,16 @@ func (s *sandbox) info() Info {
 		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
 		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
 		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot, Busy: len(s.slot) > 0,
+		FetchedBytes: s.fetched,
 	}
+}
+
+// setFetched records what was read from the object store to start s as
+// it runs now (Info.FetchedBytes).
+func (s *sandbox) setFetched(n int64) {
+	s.mu.Lock()
+	s.fetched = n
+	s.mu.Unlock()
 }
 
 // CreateRequest asks for a new sandbox: the host contract's.
@@ -353,18 +367,19 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("create sandbox: %w: owner %q", ErrInvalid, req.Owner)
 	}
 	var im image
+	var fetched chunkstore.DownloadStats // what this create downloaded
 	if req.SnapshotID != "" {
 		snap, err := a.GetSnapshot(req.SnapshotID)
 		if errors.Is(err, ErrNotFound) && a.store != nil {
 			// Taken on another host sharing the store?
-			snap, err = a.adoptSnapshot(ctx, req.SnapshotID)
+			snap, fetched, err = a.adoptSnapshot(ctx, req.SnapshotID)
 		}
 		if err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
 		if _, err := os.Stat(a.snapshotDir(snap.ID)); errors.Is(err, os.ErrNotExist) && a.store != nil {
 			// Durable in the store, lost here: fetch it first.
-			if err := a.fetchSnapshot(ctx, snap.ID); err != nil {
+			if fetched, err = a.fetchSnapshot(ctx, snap.ID, nil); err != nil {
 				return Info{}, fmt.Errorf("create sandbox: %w", err)
 			}
 		}
@@ -407,6 +422,7 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
+	s.setFetched(fetched.BytesFetched)
 	if err := a.start(ctx, s, im); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -877,6 +893,9 @@ func (a *Agent) info(s *sandbox) Info {
 	s.mu.Unlock()
 	if durable {
 		in.Stored = host.StoredDurable
+		if r, ok := a.pausedRecord(s.id(), s.pauseID()); ok {
+			in.UploadedBytes = r.Upload.BytesUploaded
+		}
 	} else {
 		in.Stored = host.StoredUploading
 		in.StoreError = a.storeError(pausedName(s.rec.ID))

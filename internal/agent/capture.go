@@ -532,7 +532,7 @@ func (a *Agent) Pause(ctx context.Context, id string) (CaptureStats, error) {
 		s.mu.Lock()
 		s.transitionLocked(lifecycle.PauseDone)
 		s.rec.Op = ""
-		s.rec.PauseID, s.durablePause = newPauseID(), ""
+		s.rec.PauseID, s.durablePause, s.fetched = newPauseID(), "", 0
 		s.mu.Unlock()
 		if err = s.writeRecord(true); err != nil {
 			s.mu.Lock()
@@ -588,16 +588,16 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 	defer end()
 	// An upload of the capture must not read it while it is resumed.
 	a.stopPausedUpload(id)
-	if !adopted {
+	dir := filepath.Join(s.dir, pausedDir)
+	if !adopted { // a capture just adopted was checked as it was downloaded
 		if err := a.checkResumable(ctx, s); err != nil {
 			return Info{}, err
 		}
-	}
-	dir := filepath.Join(s.dir, pausedDir)
-	if err := verifyCapture(dir); err != nil {
-		a.log.Error("paused sandbox failed its checksums", "sandbox_id", id, "err", err)
-		a.startPausedUpload(s)
-		return Info{}, fmt.Errorf("resume %s: %w: its saved memory or disk does not match its checksums", id, ErrCorrupt)
+		if err := verifyCapture(dir); err != nil {
+			a.log.Error("paused sandbox failed its checksums", "sandbox_id", id, "err", err)
+			a.startPausedUpload(s)
+			return Info{}, fmt.Errorf("resume %s: %w: its saved memory or disk does not match its checksums", id, ErrCorrupt)
+		}
 	}
 	if err := s.transition(lifecycle.Resume); err != nil {
 		a.startPausedUpload(s)

@@ -124,15 +124,19 @@ func (a *Agent) LazyStats(name string) (lazymem.Stats, bool) {
 	return fsys.Stats(name)
 }
 
-// downloadLazy is DownloadManifest of set m into dir for a lazy restore:
-// every file but the memory image is downloaded and checked against the
-// set's checksums (manifest.json); the memory image becomes a symbolic
-// link to its lazy file, whose size is checked. Errors keep their classes
-// (objstore.ErrUnavailable, ErrNotFound, manifest.ErrCorrupt).
-func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir string) error {
+// downloadLazy is DownloadSeeded of set m into dir for a lazy restore:
+// every file but the memory image is downloaded (from seeds where they
+// hold its chunks); the memory image becomes a symbolic link to its lazy
+// file. Its file is looked up first, so that its working set is
+// prefetched while the rest downloads. The caller checks the files
+// (checkDownloaded: sizes, through the link for the memory image, whose
+// chunks are checked one by one as they arrive). Errors keep their
+// classes (objstore.ErrUnavailable, ErrNotFound, manifest.ErrCorrupt).
+func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir string, seeds []chunkstore.Seed) (chunkstore.DownloadStats, error) {
+	var st chunkstore.DownloadStats
 	fsys, err := a.lazyMount()
 	if err != nil {
-		return err
+		return st, err
 	}
 	rest := *m
 	rest.Files = nil
@@ -142,29 +146,15 @@ func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir st
 		}
 	}
 	if len(rest.Files) == len(m.Files) {
-		return fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, m.Name, lazyFile)
+		return st, fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, m.Name, lazyFile)
 	}
-	// Look the file up now: its working set is prefetched while the rest
-	// of the set downloads.
 	if _, err := os.Stat(fsys.Path(m.Name)); err != nil {
-		return fmt.Errorf("lazy memory image of %s: %w", m.Name, err)
+		return st, fmt.Errorf("lazy memory image of %s: %w", m.Name, err)
 	}
-	if err := a.store.DownloadManifest(ctx, &rest, dir); err != nil {
-		return err
+	if st, err = a.store.DownloadSeeded(ctx, &rest, dir, seeds); err != nil {
+		return st, err
 	}
-	if err := os.Symlink(fsys.Path(m.Name), filepath.Join(dir, lazyFile)); err != nil {
-		return err
-	}
-	return verifyExcept(dir, lazyFile)
-}
-
-// downloadLazyName is downloadLazy of the set called name.
-func (a *Agent) downloadLazyName(ctx context.Context, name, dir string) error {
-	m, err := a.store.Manifest(ctx, name)
-	if err != nil {
-		return err
-	}
-	return a.downloadLazy(ctx, m, dir)
+	return st, os.Symlink(fsys.Path(m.Name), filepath.Join(dir, lazyFile))
 }
 
 // lazyFetchAll is called before set name leaves the store: machines of

@@ -185,8 +185,11 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	if err != nil {
 		return err
 	}
+	a.startTemplateSync(rec.Template, false) // templates.go
 	t0 := time.Now()
-	_, st, err := a.store.UploadMeta(ctx, pausedName(id), files, meta, nil)
+	bases, release := a.templateBases(ctx, rec.Template)
+	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	release()
 	if err != nil {
 		return err
 	}
@@ -196,7 +199,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	}
 	s.setDurablePause(pauseID)
 	a.log.Info("paused sandbox durable in the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
 	a.gcIfWanted(ctx)
 	return nil
@@ -420,16 +423,18 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	tmp := filepath.Join(a.vol.Dir, fetchDir, id)
 	os.RemoveAll(tmp)
 	t0 := time.Now()
+	// Chunks this host's copy of its template holds come from there.
+	seeds, release := a.templateSeeds(ctx, rec.Template)
+	var st chunkstore.DownloadStats
 	if a.cfg.Lazy != nil { // lazy restore: lazy.go
-		if err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir)); errors.Is(err, manifest.ErrCorrupt) {
-			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
-		}
+		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)
 	} else {
-		err = a.store.DownloadManifest(ctx, m, filepath.Join(tmp, pausedDir))
-		if err == nil {
-			if verr := verifyCapture(filepath.Join(tmp, pausedDir)); verr != nil {
-				err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
-			}
+		st, err = a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
+	}
+	release()
+	if err == nil {
+		if verr := checkDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}
 	tDownload := time.Since(t0)
@@ -464,6 +469,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	}
 	s := newSandbox(rec, final, filepath.Join(a.cfg.RunDir, id), StatePaused)
 	s.durablePause = rec.PauseID
+	s.fetched = st.BytesFetched
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, dup := a.sandboxes[id]; dup || a.closed {
@@ -472,7 +478,9 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	}
 	a.sandboxes[id] = s
 	a.log.Info("paused sandbox adopted from the object store", "sandbox_id", id, "pause_id", rec.PauseID,
-		"download_ms", tDownload.Milliseconds(), "bytes", allocated(filepath.Join(final, pausedDir)))
+		"download_ms", tDownload.Milliseconds(), "bytes", allocated(filepath.Join(final, pausedDir)),
+		"chunks_fetched", st.ChunksFetched, "chunks_delta", st.ChunksDelta, "bytes_fetched", st.BytesFetched, "chunks_local", st.ChunksSeeded,
+		"bytes_local", st.BytesSeeded, "chunks_reflinked", st.ChunksCloned)
 	return s, nil
 }
 

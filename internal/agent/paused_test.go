@@ -162,7 +162,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create on B from a snapshot taken on A: %v", err)
 	}
-	t.Logf("create on B from a snapshot B never saw (lookup, download, checksums, restore): %v", time.Since(t0).Round(time.Millisecond))
+	t.Logf("create on B from a snapshot B never saw (lookup, download, restore): %v", time.Since(t0).Round(time.Millisecond))
 	if got := shOn(t, b, child.ID, "cat /root/f.txt; hostname"); got != "on-a\n"+child.ID+"\n" {
 		t.Errorf("sandbox on B from A's snapshot: %q", got)
 	}
@@ -236,8 +236,8 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resume on B of a sandbox paused on A: %v", err)
 	}
-	t.Logf("resume on B of a sandbox paused on A (lookup, download of %d MiB, checksums, restore): %v",
-		storedBytes(pausedSet)>>20, time.Since(t0).Round(time.Millisecond))
+	t.Logf("resume on B of a sandbox paused on A (lookup, download of %d MiB of %d, restore): %v",
+		in.FetchedBytes>>20, storedBytes(pausedSet)>>20, time.Since(t0).Round(time.Millisecond))
 	if in.State != StateRunning || in.ID != src.ID || in.Stored != "" || !in.CreatedAt.Equal(src.CreatedAt) {
 		t.Errorf("resumed on B: %+v (created on A at %v)", in, src.CreatedAt)
 	}

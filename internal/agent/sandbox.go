@@ -45,6 +45,9 @@ type sandbox struct {
 	// durablePause is the PauseID of the capture the object store holds
 	// durably as paused/<id> ("" if none is known to): paused.go.
 	durablePause string
+	// fetched is Info.FetchedBytes: what was read from the object store
+	// to start the sandbox as it runs now (0 once paused).
+	fetched int64
 }
 
 func newSandbox(rec record, dir, runDir string, state lifecycle.State) *sandbox {

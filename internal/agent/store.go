@@ -64,6 +64,9 @@ type storeRecord struct {
 	Deleted    bool             `json:"deleted,omitempty"`
 	UploadedAt time.Time        `json:"uploaded_at,omitzero"`
 	Upload     chunkstore.Stats `json:"upload"`
+	// Fetch is what the download of a snapshot this host adopted (taken
+	// on another host) did.
+	Fetch *chunkstore.DownloadStats `json:"fetch,omitempty"`
 }
 
 // job is one background upload or store delete of a set.
@@ -176,6 +179,10 @@ func (a *Agent) storeState(si *SnapshotInfo) {
 	}
 	if r, ok := a.storedRecord(si.ID); ok && r.Durable {
 		si.Stored = host.StoredDurable
+		si.UploadedBytes = r.Upload.BytesUploaded
+		if r.Fetch != nil {
+			si.FetchedBytes = r.Fetch.BytesFetched
+		}
 		return
 	}
 	si.Stored = host.StoredUploading
@@ -279,13 +286,18 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 			return fmt.Errorf("upload snapshot %s: %w", id, err)
 		}
 	}
-	si.Stored, si.StoreError = "", ""
+	si.Stored, si.StoreError, si.UploadedBytes, si.FetchedBytes = "", "", 0, 0
 	meta, err := json.Marshal(si)
 	if err != nil {
 		return err
 	}
+	// Its chunks that its template shares are in the store with the
+	// template (or go there now): see templates.go.
+	a.startTemplateSync(si.Template, false)
 	t0 := time.Now()
-	_, st, err := a.store.UploadMeta(ctx, storeName(id), files, meta, nil)
+	bases, release := a.templateBases(ctx, si.Template)
+	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	release()
 	if err != nil {
 		return err
 	}
@@ -294,8 +306,8 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("upload snapshot %s: record: %w", id, classifyIOError(err))
 	}
 	a.log.Info("snapshot durable in the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
-		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
+		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded, "dirty_bytes", si.Capture.DirtyBytes)
 	a.gcIfWanted(ctx)
 	return nil
 }
@@ -312,31 +324,43 @@ func (a *Agent) gcIfWanted(ctx context.Context) {
 
 // fetchSnapshot downloads snapshot id, durable in the store, into its
 // directory if that is missing, and checks it against its checksums. The
-// directory appears complete or not at all.
-func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
+// directory appears complete or not at all. Chunks this host's copy of
+// the snapshot's template holds are taken from there (templates.go). m is
+// the set's manifest if the caller read it (nil: read here). It returns
+// what the download did (zero if the directory was there).
+func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Manifest) (chunkstore.DownloadStats, error) {
 	a.fetchMu.Lock()
 	defer a.fetchMu.Unlock()
+	var st chunkstore.DownloadStats
 	dir := a.snapshotDir(id)
 	if _, err := os.Stat(dir); err == nil {
-		return nil // fetched by a create before this one
+		return st, nil // fetched by a create before this one
 	}
 	if err := a.checkSpace(); err != nil {
-		return fmt.Errorf("fetch snapshot %s: %w", id, err)
+		return st, fmt.Errorf("fetch snapshot %s: %w", id, err)
 	}
 	tmp := dir + fetchSuffix
 	os.RemoveAll(tmp)
 	t0 := time.Now()
 	var err error
-	if a.cfg.Lazy != nil { // lazy restore: lazy.go
-		if err = a.downloadLazyName(ctx, storeName(id), tmp); errors.Is(err, manifest.ErrCorrupt) {
-			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+	if m == nil {
+		m, err = a.store.Manifest(ctx, storeName(id))
+	}
+	if err == nil {
+		var si SnapshotInfo
+		json.Unmarshal(m.Meta, &si) // no metadata: no template to take chunks from
+		seeds, release := a.templateSeeds(ctx, si.Template)
+		if a.cfg.Lazy != nil { // lazy restore: lazy.go
+			st, err = a.downloadLazy(ctx, m, tmp, seeds)
+		} else {
+			st, err = a.store.DownloadSeeded(ctx, m, tmp, seeds)
 		}
-	} else {
-		_, err = a.store.Download(ctx, storeName(id), tmp)
-		if err == nil {
-			if verr := verifyCapture(tmp); verr != nil {
-				err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
-			}
+		release()
+	}
+	tDownload := time.Since(t0)
+	if err == nil {
+		if verr := checkDownloaded(tmp); verr != nil {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}
 	if err == nil {
@@ -347,23 +371,25 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
 		a.log.Error("fetch snapshot from the object store", "snapshot_id", id, "err", err)
 		switch {
 		case errors.Is(err, objstore.ErrUnavailable):
-			return &classed{class: host.ErrUnavailable, msg: fmt.Sprintf("snapshot %s is not on this host and the object store that keeps it cannot be reached; retry when it is back", id)}
+			return st, &classed{class: host.ErrUnavailable, msg: fmt.Sprintf("snapshot %s is not on this host and the object store that keeps it cannot be reached; retry when it is back", id)}
 		case errors.Is(err, objstore.ErrNotFound):
-			return fmt.Errorf("snapshot %s: %w: neither this host nor the object store has its files", id, ErrNotFound)
+			return st, fmt.Errorf("snapshot %s: %w: neither this host nor the object store has its files", id, ErrNotFound)
 		case errors.Is(err, ErrCorrupt), errors.Is(err, manifest.ErrCorrupt):
-			return fmt.Errorf("snapshot %s: %w: its copy in the object store does not match its checksums", id, ErrCorrupt)
+			return st, fmt.Errorf("snapshot %s: %w: its copy in the object store does not match its checksums", id, ErrCorrupt)
 		case ctx.Err() != nil:
-			return fmt.Errorf("fetch snapshot %s: %w", id, ctx.Err())
+			return st, fmt.Errorf("fetch snapshot %s: %w", id, ctx.Err())
 		}
-		return fmt.Errorf("fetch snapshot %s: %w", id, classifyIOError(err))
+		return st, fmt.Errorf("fetch snapshot %s: %w", id, classifyIOError(err))
 	}
 	if fp, err := manifest.Fingerprint(dir); err == nil {
 		a.mu.Lock()
 		a.verified[id] = fp // just verified
 		a.mu.Unlock()
 	}
-	a.log.Info("snapshot fetched from the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds())
-	return nil
+	a.log.Info("snapshot fetched from the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
+		"download_ms", tDownload.Milliseconds(), "chunks_fetched", st.ChunksFetched, "chunks_delta", st.ChunksDelta, "bytes_fetched", st.BytesFetched,
+		"chunks_local", st.ChunksSeeded, "bytes_local", st.BytesSeeded, "chunks_reflinked", st.ChunksCloned)
+	return st, nil
 }
 
 // adoptSnapshot makes snapshot id, which this host does not know (taken
@@ -373,23 +399,24 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string) error {
 // on it is listed, restored and deleted here like the host's own. A
 // snapshot deleted here, or not in the store, is ErrNotFound; a store that
 // cannot be reached is host.ErrUnavailable.
-func (a *Agent) adoptSnapshot(ctx context.Context, id string) (SnapshotInfo, error) {
+func (a *Agent) adoptSnapshot(ctx context.Context, id string) (SnapshotInfo, chunkstore.DownloadStats, error) {
+	var st chunkstore.DownloadStats
 	if a.store == nil || !host.ValidID(id) || a.deleted(id) {
-		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+		return SnapshotInfo{}, st, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
 	m, err := a.store.Manifest(ctx, storeName(id))
 	if err != nil {
-		return SnapshotInfo{}, a.storeLookupError(ctx, "snapshot", id, err)
+		return SnapshotInfo{}, st, a.storeLookupError(ctx, "snapshot", id, err)
 	}
 	var si SnapshotInfo
 	if len(m.Meta) > 0 {
 		if err := json.Unmarshal(m.Meta, &si); err != nil || si.ID != id {
 			a.log.Error("snapshot's metadata in the object store is unreadable", "snapshot_id", id, "err", err)
-			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: its metadata in the object store is unreadable", id, ErrCorrupt)
+			return SnapshotInfo{}, st, fmt.Errorf("snapshot %s: %w: its metadata in the object store is unreadable", id, ErrCorrupt)
 		}
 	}
-	if err := a.fetchSnapshot(ctx, id); err != nil {
-		return SnapshotInfo{}, err
+	if st, err = a.fetchSnapshot(ctx, id, m); err != nil {
+		return SnapshotInfo{}, st, err
 	}
 	if len(m.Meta) == 0 {
 		// Uploaded before manifests carried metadata: its snapshot.json
@@ -399,15 +426,16 @@ func (a *Agent) adoptSnapshot(ctx context.Context, id string) (SnapshotInfo, err
 			err = json.Unmarshal(b, &si)
 		}
 		if err != nil {
-			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: unreadable metadata", id, ErrCorrupt)
+			return SnapshotInfo{}, st, fmt.Errorf("snapshot %s: %w: unreadable metadata", id, ErrCorrupt)
 		}
 	}
-	si.Stored, si.StoreError = "", ""
-	if err := writeJSON(a.recordPath(id), storeRecord{Snapshot: si, Durable: true}, true); err != nil {
-		return SnapshotInfo{}, fmt.Errorf("adopt snapshot %s: record: %w", id, classifyIOError(err))
+	si.Stored, si.StoreError, si.UploadedBytes, si.FetchedBytes = "", "", 0, 0
+	if err := writeJSON(a.recordPath(id), storeRecord{Snapshot: si, Durable: true, Fetch: &st}, true); err != nil {
+		return SnapshotInfo{}, st, fmt.Errorf("adopt snapshot %s: record: %w", id, classifyIOError(err))
 	}
 	a.log.Info("snapshot adopted from the object store", "snapshot_id", id, "sandbox_id", si.SandboxID)
-	return a.GetSnapshot(id)
+	si, err = a.GetSnapshot(id)
+	return si, st, err
 }
 
 // storeLookupError classifies a failure to read the manifest of a set
@@ -519,6 +547,7 @@ func (a *Agent) resumeStore() {
 		}
 	}
 	a.resumePausedStore()
+	a.syncTemplates()
 }
 
 // stopBackground cancels the uploads and store deletes and waits for them

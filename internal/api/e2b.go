@@ -89,12 +89,9 @@ func (b e2bBackend) Running(ctx context.Context) ([]string, error) {
 }
 
 func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
-	sb, err := b.s.cat.GetSandbox(ctx, id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != keyID) {
-		return e2b.Sandbox{}, notFound("sandbox %q not found", id)
-	}
+	sb, err := b.s.cp.Sandbox(ctx, keyID, id)
 	if err != nil {
-		return e2b.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+		return e2b.Sandbox{}, err
 	}
 	return toE2B(sb), nil
 }
@@ -135,12 +132,9 @@ func (b e2bBackend) SetTTL(ctx context.Context, keyID, id string, seconds int) e
 }
 
 func (b e2bBackend) SetNetwork(ctx context.Context, keyID, id string, n e2b.Network) error {
-	sb, err := b.s.cat.GetSandbox(ctx, id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != keyID) {
-		return notFound("sandbox %q not found", id)
-	}
+	sb, err := b.s.cp.Sandbox(ctx, keyID, id)
 	if err != nil {
-		return fmt.Errorf("get sandbox: %w", err)
+		return err
 	}
 	_, err = b.s.cp.SetNetwork(ctx, sb, network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
 	return err
@@ -199,12 +193,9 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 	if err != nil {
 		return nil, err
 	}
-	parent, err := b.s.cat.GetSandbox(ctx, id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && parent.KeyID != keyID) {
-		return nil, notFound("sandbox %q not found", id)
-	}
+	parent, err := b.s.cp.Sandbox(ctx, keyID, id)
 	if err != nil {
-		return nil, fmt.Errorf("get sandbox: %w", err)
+		return nil, err
 	}
 	if parent.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", parent.ID, parent.State)

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -59,10 +58,12 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		out[i].Sandbox = &j
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"children":                 out,
-		"parent_paused_ms":         res.ParentPausedMS,
-		"dirty_bytes":              res.DirtyBytes,
-		"cross_host_capture_bytes": res.CrossHostCaptureBytes,
+		"children":                  out,
+		"parent_paused_ms":          res.ParentPausedMS,
+		"dirty_bytes":               res.DirtyBytes,
+		"cross_host_capture_bytes":  res.CrossHostCaptureBytes,
+		"cross_host_uploaded_bytes": res.CrossHostUploadedBytes,
+		"cross_host_fetched_bytes":  res.CrossHostFetchedBytes,
 	})
 }
 
@@ -112,19 +113,12 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapToJSON(sn, s.cp.SnapshotStorage(r.Context())))
+	writeJSON(w, http.StatusCreated, snapToJSON(sn, s.cp.SnapshotStorageOf(r.Context(), sn)))
 }
 
 // ownedSnapshot returns the caller's snapshot from the URL.
 func (s *Server) ownedSnapshot(ctx context.Context, r *http.Request, id string) (catalog.Snapshot, error) {
-	if !host.ValidID(id) {
-		return catalog.Snapshot{}, notFound("snapshot %q not found", id)
-	}
-	sn, err := s.cat.GetSnapshot(ctx, id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != callerOf(r).Key.ID) {
-		return catalog.Snapshot{}, notFound("snapshot %s not found", id)
-	}
-	return sn, err
+	return s.cp.OwnedSnapshot(ctx, callerOf(r).Key.ID, id)
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
@@ -147,7 +141,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snapToJSON(sn, s.cp.SnapshotStorage(r.Context())))
+	writeJSON(w, http.StatusOK, snapToJSON(sn, s.cp.SnapshotStorageOf(r.Context(), sn)))
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -164,28 +158,16 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	s.lifecycleOp(w, r, s.cp.Pause)
+	s.lifecycleOp(w, r, &struct{}{}, s.cp.Pause)
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Placement scheduler.Placement `json:"placement"`
 	}
-	if err := decodeJSON(r, &req, true); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.owned(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err = s.cp.ResumeOn(r.Context(), sb.ID, req.Placement)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
+	s.lifecycleOp(w, r, &req, func(ctx context.Context, id string) (catalog.Sandbox, error) {
+		return s.cp.ResumeOn(ctx, id, req.Placement)
+	})
 }
 
 // lifecycleOp serves pause and resume (run: control.Plane's): the sandbox
@@ -193,8 +175,9 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 // operation: the request joins it), the operation runs detached, and the
 // answer is the sandbox as it left it. A client that goes away does not
 // cancel it; GET tells how it ended (state, last_error).
-func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, run func(ctx context.Context, id string) (catalog.Sandbox, error)) {
-	if err := decodeJSON(r, &struct{}{}, true); err != nil {
+// The request's body (optional) is decoded into body first.
+func (s *Server) lifecycleOp(w http.ResponseWriter, r *http.Request, body any, run func(ctx context.Context, id string) (catalog.Sandbox, error)) {
+	if err := decodeJSON(r, body, true); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

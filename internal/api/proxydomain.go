@@ -146,10 +146,7 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 			fail(err)
 			return
 		}
-		sb, err = s.cat.GetSandbox(r.Context(), id)
-		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != c.Key.ID) {
-			err = notFound("sandbox %s not found", id)
-		}
+		sb, err = s.cp.Sandbox(r.Context(), c.Key.ID, id)
 	}
 	if err != nil {
 		fail(err)

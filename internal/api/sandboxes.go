@@ -15,7 +15,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/scheduler"
@@ -82,6 +81,10 @@ type sandboxJSON struct {
 	SnapshotID string            `json:"snapshot_id,omitempty"`
 	Network    network.Policy    `json:"network"`
 	Memory     *memoryJSON       `json:"memory,omitempty"`
+	// Stored and StoreError are a paused sandbox's capture in the object
+	// store (its host's: local, uploading, durable).
+	Stored     string `json:"stored,omitempty"`
+	StoreError string `json:"store_error,omitempty"`
 }
 
 type memoryJSON struct {
@@ -95,7 +98,7 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 		ID: sb.ID, Template: sb.Template, State: sb.State, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
 		CreatedAt: sb.CreatedAt.UTC(), TTLSeconds: sb.TTLSeconds, OnExpire: sb.OnExpire,
 		Metadata: sb.Metadata, HostID: sb.HostID, StopReason: sb.StopReason, LastError: sb.LastError,
-		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID, Network: fromCatalogNetwork(sb.Network),
+		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID, Network: control.PolicyOf(sb.Network),
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
@@ -129,6 +132,11 @@ func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON
 	if s.hostLost(sb) {
 		out.State = StateLost
 		return out
+	}
+	if sb.State == catalog.StatePaused {
+		if info, err := s.host.Get(ctx, sb.ID); err == nil {
+			out.Stored, out.StoreError = info.Stored, info.StoreError
+		}
 	}
 	if sb.State == catalog.StateRunning {
 		if m, err := s.host.Memory(ctx, sb.ID); err == nil {
@@ -171,18 +179,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 // owned returns the caller's sandbox id from the URL; another key's
 // sandbox is not found, exactly like a missing one.
 func (s *Server) owned(r *http.Request) (catalog.Sandbox, error) {
-	id := chi.URLParam(r, "id")
-	if !host.ValidID(id) {
-		return catalog.Sandbox{}, notFound("sandbox %q not found", id)
-	}
-	sb, err := s.cat.GetSandbox(r.Context(), id)
-	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != callerOf(r).Key.ID) {
-		return catalog.Sandbox{}, notFound("sandbox %s not found", id)
-	}
-	if err != nil {
-		return catalog.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
-	}
-	return sb, nil
+	return s.cp.Sandbox(r.Context(), callerOf(r).Key.ID, chi.URLParam(r, "id"))
 }
 
 // running is owned plus a check that the sandbox can take commands.
@@ -288,17 +285,6 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.withMemory(r.Context(), sb))
 }
 
-func fromCatalogNetwork(n catalog.Network) network.Policy {
-	p := network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
-	if p.AllowOut == nil {
-		p.AllowOut = []string{}
-	}
-	if p.DenyOut == nil {
-		p.DenyOut = []string{}
-	}
-	return p
-}
-
 // setNetwork changes a sandbox's egress policy: the fields given replace
 // the current ones (PATCH), the rest stay. A running sandbox's rules change
 // at once; a paused one's at its resume.
@@ -317,7 +303,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	p := fromCatalogNetwork(sb.Network)
+	p := control.PolicyOf(sb.Network)
 	if req.Internet != nil {
 		p.Internet = *req.Internet
 	}

@@ -33,14 +33,19 @@ type ClusterResult struct {
 	// another host.
 	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
 	CrossHostForkFirstExec Dist `json:"cross_host_fork_first_exec"`
-	// The size of a cross-host fork's capture (the parent's own blocks:
-	// what its host uploads at most; chunks the store already holds are
-	// not sent) against the parent's dirty memory and its RAM. The other
-	// host downloads the whole capture set, template chunks included.
-	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
+	// What a cross-host fork moved (p50 over the rounds): the parent's
+	// host's upload plus the other host's fetch (docs/storage.md: only the
+	// chunks and pages that differ from the template travel when both
+	// hold it), against the parent's dirty memory and its RAM; and the
+	// capture's own size, for comparison (what moved before templates
+	// were seeds).
+	CrossHostMovedMiBP50     float64 `json:"cross_host_moved_mib_p50"`
+	CrossHostUploadedMiBP50  float64 `json:"cross_host_uploaded_mib_p50"`
+	CrossHostFetchedMiBP50   float64 `json:"cross_host_fetched_mib_p50"`
 	CrossHostDirtyMiBP50     float64 `json:"cross_host_dirty_mib_p50"`
-	CapturePerDirty          float64 `json:"capture_per_dirty"`
-	CapturePerRAM            float64 `json:"capture_per_ram"`
+	MovedPerDirty            float64 `json:"moved_per_dirty"`
+	MovedPerRAM              float64 `json:"moved_per_ram"`
+	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
 	ResumeElsewhereFirstExec Dist    `json:"resume_elsewhere_first_exec"`
 }
 
@@ -93,7 +98,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		}
 		made = append(made, sb)
 		if o.DirtyMiB > 0 {
-			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("head -c %dM /dev/urandom > /dev/shm/dirty", o.DirtyMiB)}})
+			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/dirty bs=1048576 count=%d 2>/dev/null", o.DirtyMiB)}})
 			if err == nil && r.ExitCode != 0 {
 				err = fmt.Errorf("dirtying memory: exit %d: %s", r.ExitCode, r.Stderr)
 			}
@@ -104,7 +109,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		return sb, nil
 	}
 	var same, cross, resume []time.Duration
-	var capture, dirty []float64
+	var capture, dirty, up, down, moved []float64
 	for i := range o.N {
 		logf("round %d/%d", i+1, o.N)
 		parent, err := parentOn(a)
@@ -127,6 +132,9 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 			*tc.out = append(*tc.out, time.Since(t0))
 			if tc.to == b {
 				capture = append(capture, float64(fr.CrossHostCaptureBytes)/(1<<20))
+				up = append(up, float64(fr.CrossHostUploadedBytes)/(1<<20))
+				down = append(down, float64(fr.CrossHostFetchedBytes)/(1<<20))
+				moved = append(moved, float64(fr.CrossHostUploadedBytes+fr.CrossHostFetchedBytes)/(1<<20))
 				dirty = append(dirty, float64(fr.DirtyBytes)/(1<<20))
 			}
 			fr.Children[0].Kill(ctx)
@@ -153,11 +161,12 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	res.ResumeElsewhereFirstExec = Summarize(resume)
 	res.CrossHostCaptureMiBP50 = median(capture)
 	res.CrossHostDirtyMiBP50 = median(dirty)
+	res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostMovedMiBP50 = median(up), median(down), median(moved)
 	if res.CrossHostDirtyMiBP50 > 0 {
-		res.CapturePerDirty = round(res.CrossHostCaptureMiBP50 / res.CrossHostDirtyMiBP50)
+		res.MovedPerDirty = round2(res.CrossHostMovedMiBP50 / res.CrossHostDirtyMiBP50)
 	}
 	if o.MemoryMiB > 0 {
-		res.CapturePerRAM = math2(res.CrossHostCaptureMiBP50 / float64(o.MemoryMiB))
+		res.MovedPerRAM = round2(res.CrossHostMovedMiBP50 / float64(o.MemoryMiB))
 	}
 	if len(same) == 0 {
 		return res, errors.New("nothing measured")
@@ -170,6 +179,3 @@ func median(v []float64) float64 {
 	sort.Float64s(s)
 	return Percentile(s, 50)
 }
-
-// math2 rounds to two decimals.
-func math2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }

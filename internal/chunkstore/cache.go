@@ -56,8 +56,8 @@ func (c *Cache) Stats() CacheStats {
 func (c *Cache) path(hash string) string { return filepath.Join(c.dir, hash) }
 
 // get makes sure chunk hash (n bytes) is in the cache, fetching it with s
-// if not, and returns its path.
-func (c *Cache) get(ctx context.Context, s *Store, hash string, n int64) (string, error) {
+// if not (made from delta d if it is not nil), and returns its path.
+func (c *Cache) get(ctx context.Context, s *Store, hash string, n int64, d *Delta) (string, error) {
 	p := c.path(hash)
 	if fi, err := os.Stat(p); err == nil && fi.Size() == n {
 		c.hits.Add(1)
@@ -77,7 +77,7 @@ func (c *Cache) get(ctx context.Context, s *Store, hash string, n int64) (string
 	c.inflight[hash] = call
 	c.mu.Unlock()
 
-	call.err = c.fill(ctx, s, hash, n)
+	call.err = c.fill(ctx, s, hash, n, d)
 	c.mu.Lock()
 	delete(c.inflight, hash)
 	c.mu.Unlock()
@@ -85,9 +85,14 @@ func (c *Cache) get(ctx context.Context, s *Store, hash string, n int64) (string
 	return p, call.err
 }
 
-func (c *Cache) fill(ctx context.Context, s *Store, hash string, n int64) (err error) {
+func (c *Cache) fill(ctx context.Context, s *Store, hash string, n int64, d *Delta) (err error) {
 	buf := make([]byte, n)
-	if err := s.fetch(ctx, hash, buf); err != nil {
+	fetched := n
+	if d != nil {
+		if fetched, err = s.build(ctx, nil, hash, *d, buf); err != nil {
+			return err
+		}
+	} else if err := s.fetch(ctx, hash, buf); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp(c.dir, ".fetch-*")
@@ -113,7 +118,7 @@ func (c *Cache) fill(ctx context.Context, s *Store, hash string, n int64) (err e
 		return fmt.Errorf("chunk cache: %w", err)
 	}
 	c.fetches.Add(1)
-	c.bytesFetched.Add(n)
+	c.bytesFetched.Add(fetched)
 	return nil
 }
 
@@ -172,7 +177,7 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		dst := p[done : done+int(n)]
 		if h := r.file.Chunks[i]; h == "" {
 			clear(dst)
-		} else if err := r.readChunk(ctx, h, chunkLen(r.file.Size, r.csize, i), dst, in); err != nil {
+		} else if err := r.readChunk(ctx, h, r.delta(i), chunkLen(r.file.Size, r.csize, i), dst, in); err != nil {
 			return done, fmt.Errorf("read %s at %d: %w", r.file.Name, pos, err)
 		}
 		done += int(n)
@@ -180,8 +185,17 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	return done, nil
 }
 
-func (r *Reader) readChunk(ctx context.Context, hash string, size int64, dst []byte, off int64) error {
-	p, err := r.cache.get(ctx, r.s, hash, size)
+// delta is how chunk i is made if it is a delta (nil: it is stored
+// whole).
+func (r *Reader) delta(i int) *Delta {
+	if d, ok := r.file.Deltas[i]; ok {
+		return &d
+	}
+	return nil
+}
+
+func (r *Reader) readChunk(ctx context.Context, hash string, d *Delta, size int64, dst []byte, off int64) error {
+	p, err := r.cache.get(ctx, r.s, hash, size, d)
 	if err != nil {
 		return err
 	}

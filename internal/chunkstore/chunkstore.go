@@ -148,6 +148,9 @@ type File struct {
 	// Chunks holds the SHA-256 (hex) of each chunk in order; "" is a chunk
 	// of zeros, which is not stored.
 	Chunks []string `json:"chunks"`
+	// Deltas maps the index of each chunk stored as a delta (delta.go)
+	// to how it is made; such a chunk has no object of its own hash.
+	Deltas map[int]Delta `json:"deltas,omitempty"`
 }
 
 // File returns the file called name.
@@ -164,7 +167,11 @@ func chunkLen(size, chunkSize int64, i int) int64 {
 	return min(chunkSize, size-int64(i)*chunkSize)
 }
 
-const manifestVersion = 1
+// Manifest versions: 2 has deltas (File.Deltas), 1 has none.
+const (
+	manifestVersion      = 1
+	manifestVersionDelta = 2
+)
 
 func chunkKey(hash string) string    { return "chunks/" + hash }
 func manifestKey(name string) string { return "manifests/" + name + ".json" }
@@ -212,8 +219,8 @@ func (s *Store) Manifest(ctx context.Context, name string) (*Manifest, error) {
 
 // check rejects a manifest this code cannot read safely.
 func (m *Manifest) check() error {
-	if m.Version != manifestVersion {
-		return fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	if m.Version != manifestVersion && m.Version != manifestVersionDelta {
+		return fmt.Errorf("version %d, want %d or %d", m.Version, manifestVersion, manifestVersionDelta)
 	}
 	if m.ChunkSize <= 0 {
 		return fmt.Errorf("chunk size %d", m.ChunkSize)
@@ -230,8 +237,36 @@ func (m *Manifest) check() error {
 				return fmt.Errorf("file %s: chunk hash %q", f.Name, h)
 			}
 		}
+		if len(f.Deltas) > 0 && m.Version != manifestVersionDelta {
+			return fmt.Errorf("file %s: deltas in a version %d manifest", f.Name, m.Version)
+		}
+		for i, d := range f.Deltas {
+			if i < 0 || i >= len(f.Chunks) || f.Chunks[i] == "" {
+				return fmt.Errorf("file %s: delta of chunk %d", f.Name, i)
+			}
+			if !validHash(d.Patch) || (d.Base != "" && !validHash(d.Base)) {
+				return fmt.Errorf("file %s: delta of chunk %d: hash %q or %q", f.Name, i, d.Base, d.Patch)
+			}
+		}
 	}
 	return nil
+}
+
+// objects lists the hashes of the objects under chunks/ that m needs: each
+// chunk's, or for a delta its base's and its patch's.
+func (m *Manifest) objects(yield func(string)) {
+	for _, f := range m.Files {
+		for i, h := range f.Chunks {
+			if d, ok := f.Deltas[i]; ok {
+				if d.Base != "" {
+					yield(d.Base)
+				}
+				yield(d.Patch)
+			} else if h != "" {
+				yield(h)
+			}
+		}
+	}
 }
 
 func validHash(h string) bool {
@@ -396,11 +431,7 @@ func (s *Store) GC(ctx context.Context) (removed int, err error) {
 			// now could break it further.
 			return 0, fmt.Errorf("gc: %w", err)
 		}
-		for _, f := range m.Files {
-			for _, h := range f.Chunks {
-				used[h] = true
-			}
-		}
+		m.objects(func(h string) { used[h] = true })
 	}
 	// Collect the victims first: deleting while listing could make a
 	// listing skip entries.

@@ -22,13 +22,19 @@ import (
 
 // Stats counts what an Upload did.
 type Stats struct {
-	ChunksTotal    int   // chunks of all files
-	ChunksDone     int   // of those, handled so far (for progress)
-	ChunksUploaded int   // sent to the store
-	ChunksShared   int   // already in the store (or twice in this upload): not sent
-	ZeroChunks     int   // all zeros: not stored
-	BytesTotal     int64 // sum of the files' sizes
-	BytesUploaded  int64 // bytes of the chunks sent
+	ChunksTotal    int // chunks of all files
+	ChunksDone     int // of those, handled so far (for progress)
+	ChunksUploaded int // sent to the store
+	ChunksShared   int // already in the store (or twice in this upload): not sent
+	ZeroChunks     int // all zeros: not stored
+	// ChunksDelta were stored as a patch over a base chunk (delta.go):
+	// only the pages that differ were sent, counted in BytesUploaded.
+	ChunksDelta int
+	// ChunksUnread were known to equal their base's chunk (same disk
+	// blocks: see extents.go) and not read; they count among the others.
+	ChunksUnread  int
+	BytesTotal    int64 // sum of the files' sizes
+	BytesUploaded int64 // bytes sent: whole chunks and patches
 }
 
 // Upload stores the files (file name in the set → path on disk) as the
@@ -44,6 +50,27 @@ func (s *Store) Upload(ctx context.Context, name string, files map[string]string
 // UploadMeta is Upload that writes meta (a JSON value of at most MaxMeta
 // bytes, or nil) into the manifest as its Meta.
 func (s *Store) UploadMeta(ctx context.Context, name string, files map[string]string, meta json.RawMessage, progress func(Stats)) (*Manifest, Stats, error) {
+	return s.UploadWith(ctx, name, files, UploadOptions{Meta: meta}, progress)
+}
+
+// UploadOptions are the options of UploadWith.
+type UploadOptions struct {
+	// Meta is written into the manifest as its Meta: a JSON value of at
+	// most MaxMeta bytes, or nil.
+	Meta json.RawMessage
+	// Bases maps a file's name to a local file the uploaded one was made
+	// from (a capture's template file, with its chunk index): a chunk the
+	// store lacks that differs from the base's chunk at the same offset
+	// (or from zeros) in fewer than half its pages is stored as a patch of
+	// those pages (a Delta), if the store holds the base chunk. The base
+	// must stay as its index says while the upload runs; a chunk of it
+	// that does not match its hash is not used.
+	Bases map[string]Seed
+}
+
+// UploadWith is Upload with options.
+func (s *Store) UploadWith(ctx context.Context, name string, files map[string]string, opts UploadOptions, progress func(Stats)) (*Manifest, Stats, error) {
+	meta := opts.Meta
 	if err := validName(name); err != nil {
 		return nil, Stats{}, fmt.Errorf("upload: %w", err)
 	}
@@ -102,7 +129,30 @@ func (s *Store) UploadMeta(ctx context.Context, name string, files map[string]st
 		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
 	}
 
-	u := &uploader{s: s, st: st, progress: progress, seen: map[string]bool{}}
+	u := &uploader{s: s, st: st, progress: progress, seen: map[string]*seenChunk{}, bases: map[string]*base{}, baseIn: map[string]bool{}}
+	for fname, sd := range opts.Bases {
+		if _, ok := files[fname]; !ok || sd.ChunkSize != s.cfg.ChunkSize {
+			continue
+		}
+		f, owned, err := sd.open()
+		if err != nil {
+			continue // no base: whole chunks
+		}
+		if owned {
+			defer f.Close()
+		}
+		b := &base{f: f, chunks: sd.Chunks}
+		if fi, err := f.Stat(); err == nil {
+			b.size, b.ext = fi.Size(), extentsOf(f)
+		}
+		u.bases[fname] = b
+	}
+	exts := make([]extentMap, len(m.Files))
+	for fi, f := range m.Files {
+		if b := u.bases[f.Name]; b != nil && b.ext != nil {
+			exts[fi] = extentsOf(fds[fi])
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	jobs := make(chan job)
 	g.Go(func() error {
@@ -118,7 +168,7 @@ func (s *Store) UploadMeta(ctx context.Context, name string, files map[string]st
 					continue
 				}
 				select {
-				case jobs <- job{fd: fds[fi], file: &m.Files[fi], i: ci}:
+				case jobs <- job{fd: fds[fi], file: &m.Files[fi], i: ci, ext: exts[fi]}:
 				case <-gctx.Done():
 					return gctx.Err()
 				}
@@ -144,6 +194,11 @@ func (s *Store) UploadMeta(ctx context.Context, name string, files map[string]st
 	// in the store until the manifest names them.
 	if err := l.valid(); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
+	}
+	for _, f := range m.Files {
+		if len(f.Deltas) > 0 {
+			m.Version = manifestVersionDelta
+		}
 	}
 	if err := s.putManifest(ctx, m); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
@@ -188,15 +243,33 @@ type job struct {
 	fd   *os.File
 	file *File
 	i    int
+	ext  extentMap // fd's, if it has a base (else nil)
 }
 
 type uploader struct {
 	s        *Store
 	progress func(Stats)
+	bases    map[string]*base // by file name (UploadOptions.Bases)
 
-	mu   sync.Mutex
-	st   Stats
-	seen map[string]bool // hashes this upload handles already
+	mu     sync.Mutex
+	st     Stats
+	seen   map[string]*seenChunk // hashes this upload handles already
+	baseIn map[string]bool       // base chunks known to be in the store
+}
+
+// base is an open UploadOptions.Bases file.
+type base struct {
+	f      *os.File
+	chunks []string
+	size   int64
+	ext    extentMap // nil if unknown
+}
+
+// seenChunk is a chunk hash one worker of an upload handles; others that
+// meet the same hash wait for it (done) and store it the same way.
+type seenChunk struct {
+	done  chan struct{}
+	delta *Delta // how it was stored, if as a delta
 }
 
 func (u *uploader) stats() Stats {
@@ -220,26 +293,58 @@ var zeros = make([]byte, 64<<20)
 
 func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 	n := chunkLen(j.file.Size, u.s.cfg.ChunkSize, j.i)
+	off := int64(j.i) * u.s.cfg.ChunkSize
 	buf = buf[:n]
-	if _, err := j.fd.ReadAt(buf, int64(j.i)*u.s.cfg.ChunkSize); err != nil {
-		return fmt.Errorf("read %s chunk %d: %w", j.file.Name, j.i, err)
-	}
-	if bytes.Equal(buf, zeros[:n]) {
-		u.done(func(st *Stats) { st.ZeroChunks++ })
+	read := func() error {
+		if _, err := j.fd.ReadAt(buf, off); err != nil {
+			return fmt.Errorf("read %s chunk %d: %w", j.file.Name, j.i, err)
+		}
 		return nil
 	}
-	sum := sha256.Sum256(buf)
-	h := hex.EncodeToString(sum[:])
-	j.file.Chunks[j.i] = h
+	var h string
+	unread := false
+	if b := u.bases[j.file.Name]; b != nil && j.i < len(b.chunks) && b.chunks[j.i] != "" && off+n <= b.size && sameBlocks(j.ext, b.ext, off, n) {
+		h, unread = b.chunks[j.i], true // the base's own blocks: its bytes
+	} else {
+		if err := read(); err != nil {
+			return err
+		}
+		if bytes.Equal(buf, zeros[:n]) {
+			u.done(func(st *Stats) { st.ZeroChunks++ })
+			return nil
+		}
+		sum := sha256.Sum256(buf)
+		h = hex.EncodeToString(sum[:])
+	}
+	if unread {
+		u.mu.Lock()
+		u.st.ChunksUnread++
+		u.mu.Unlock()
+	}
 
 	u.mu.Lock()
-	dup := u.seen[h]
-	u.seen[h] = true
+	j.file.Chunks[j.i] = h
+	sc, dup := u.seen[h]
+	if !dup {
+		sc = &seenChunk{done: make(chan struct{})}
+		u.seen[h] = sc
+	}
 	u.mu.Unlock()
 	if dup {
+		select {
+		case <-sc.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		u.mu.Lock()
+		if sc.delta != nil {
+			u.setDeltaLocked(j, *sc.delta)
+		}
+		u.mu.Unlock()
 		u.done(func(st *Stats) { st.ChunksShared++ })
 		return nil
 	}
+	defer close(sc.done)
 	ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(h))
 	if err != nil {
 		return fmt.Errorf("chunk %s: %w", h, err)
@@ -248,9 +353,94 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 		u.done(func(st *Stats) { st.ChunksShared++ })
 		return nil
 	}
+	if unread { // needed after all: to send it
+		if err := read(); err != nil {
+			return err
+		}
+	}
+	if d, patch, err := u.delta(ctx, j, buf); err != nil {
+		return err
+	} else if patch != nil {
+		ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(d.Patch))
+		if err != nil {
+			return fmt.Errorf("chunk %s: %w", d.Patch, err)
+		}
+		if !ok {
+			if err := u.s.objs.Put(ctx, chunkKey(d.Patch), bytes.NewReader(patch), int64(len(patch))); err != nil {
+				return fmt.Errorf("chunk %s: %w", d.Patch, err)
+			}
+		}
+		u.mu.Lock()
+		sc.delta = &d
+		u.setDeltaLocked(j, d)
+		u.mu.Unlock()
+		u.done(func(st *Stats) {
+			st.ChunksDelta++
+			if !ok {
+				st.BytesUploaded += int64(len(patch))
+			}
+		})
+		return nil
+	}
 	if err := u.s.objs.Put(ctx, chunkKey(h), bytes.NewReader(buf), n); err != nil {
 		return fmt.Errorf("chunk %s: %w", h, err)
 	}
 	u.done(func(st *Stats) { st.ChunksUploaded++; st.BytesUploaded += n })
 	return nil
+}
+
+func (u *uploader) setDeltaLocked(j job, d Delta) {
+	if j.file.Deltas == nil {
+		j.file.Deltas = map[int]Delta{}
+	}
+	j.file.Deltas[j.i] = d
+}
+
+// delta returns chunk j (in buf) as a patch over its base (UploadOptions.
+// Bases: the base file's chunk at the same offset, or zeros), and the
+// patch; a nil patch if there is no base, the base is not in the store,
+// or the chunk differs from it too much.
+func (u *uploader) delta(ctx context.Context, j job, buf []byte) (Delta, []byte, error) {
+	b := u.bases[j.file.Name]
+	if b == nil {
+		return Delta{}, nil, nil
+	}
+	var d Delta
+	if j.i < len(b.chunks) {
+		d.Base = b.chunks[j.i]
+	}
+	baseBuf := zeros[:len(buf)]
+	if d.Base != "" {
+		baseBuf = make([]byte, len(buf))
+		if _, err := b.f.ReadAt(baseBuf, int64(j.i)*u.s.cfg.ChunkSize); err != nil {
+			return Delta{}, nil, nil // shorter than the chunk: no base
+		}
+		if sum := sha256.Sum256(baseBuf); hex.EncodeToString(sum[:]) != d.Base {
+			return Delta{}, nil, nil // the base changed behind its index
+		}
+	}
+	patch := makePatch(buf, baseBuf)
+	if patch == nil {
+		return Delta{}, nil, nil
+	}
+	if d.Base != "" {
+		u.mu.Lock()
+		in := u.baseIn[d.Base]
+		u.mu.Unlock()
+		if !in {
+			ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(d.Base))
+			if err != nil {
+				return Delta{}, nil, fmt.Errorf("chunk %s: %w", d.Base, err)
+			}
+			if !ok {
+				return Delta{}, nil, nil // a host without the base could not make it
+			}
+			u.mu.Lock()
+			u.baseIn[d.Base] = true
+			u.mu.Unlock()
+		}
+	}
+	sum := sha256.Sum256(patch)
+	d.Patch = hex.EncodeToString(sum[:])
+	return d, patch, nil
 }

@@ -12,9 +12,19 @@ import (
 	"github.com/pandastack/pandastack/internal/network"
 )
 
-// acrossTimeout bounds how long a cross-host fork waits for the parent's
-// capture to become durable in the object store.
-const acrossTimeout = 5 * time.Minute
+// acrossTimeout bounds how long a cross-host fork or move waits for a
+// capture to become durable in the object store; storeDownAfter is how
+// long it waits once the upload has failed (the store is likely down:
+// the caller gets a 503 to retry rather than a long wait).
+const (
+	acrossTimeout  = 5 * time.Minute
+	storeDownAfter = 5 * time.Second // Config.StoreDownAfter's default
+)
+
+// storeDown is the error of a wait for a capture whose uploads fail.
+func storeDown(storeErr string) error {
+	return Errorf(Unavailable, "the object store cannot take the capture now (%s): retry when it is back", storeErr)
+}
 
 // forkAcross restores children ids of parent, each on the host hostOf
 // gives (not the parent's), from one capture of the parent that travels
@@ -22,32 +32,38 @@ const acrossTimeout = 5 * time.Minute
 // host, uploaded there, restored by each child's host. A child that fails
 // is reported to fail; an error fails them all. It returns the capture
 // (its SizeBytes: the parent's own blocks, what its host uploads at most;
-// chunks the store already holds are not sent again). The capture is
-// deleted afterwards, from every host.
-func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (host.SnapshotInfo, error) {
+// its UploadedBytes: what the upload really sent, chunks the store held
+// already, its template's among them, not sent again) and the bytes the
+// children's hosts fetched from the store (chunks their copy of the
+// template did not hold). The capture is deleted afterwards, from every
+// host.
+func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (si host.SnapshotInfo, fetched int64, err error) {
 	src, err := p.on(parent.HostID)
 	if err != nil {
-		return host.SnapshotInfo{}, err
+		return host.SnapshotInfo{}, 0, err
 	}
 	sl, ok := src.(host.SnapshotLister)
 	if !ok {
-		return host.SnapshotInfo{}, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
+		return host.SnapshotInfo{}, 0, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
 	}
 	snapID := host.NewID()
-	si, err := src.Snapshot(ctx, parent.ID, snapID)
+	si, err = src.Snapshot(ctx, parent.ID, snapID)
 	if err != nil {
-		return si, err
+		return si, 0, err
 	}
 	defer func() {
 		if err := src.DeleteSnapshot(context.WithoutCancel(ctx), snapID); err != nil && !errors.Is(err, host.ErrNotFound) {
 			p.log.Warn("delete the capture of a cross-host fork", "snapshot_id", snapID, "host_id", parent.HostID, "err", err)
 		}
 	}()
-	if err := p.awaitDurable(ctx, sl, parent.HostID, snapID); err != nil {
-		return si, err
+	durable, err := p.awaitDurable(ctx, sl, parent.HostID, snapID)
+	if err != nil {
+		return si, 0, err
 	}
+	si.UploadedBytes = durable.UploadedBytes
 	pol := PolicyOf(parent.Network)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	// Each target host keeps the capture it fetched as a snapshot of its
 	// own: it goes once the children are made (they keep what they use).
 	targets := map[string]bool{}
@@ -70,31 +86,36 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		go func() {
 			defer wg.Done()
 			h, err := p.on(hostOf(id))
+			var in host.Info
 			if err == nil {
-				_, err = h.Create(ctx, host.CreateRequest{ID: id, Owner: key.ID, SnapshotID: snapID, Template: parent.Template,
+				in, err = h.Create(ctx, host.CreateRequest{ID: id, Owner: key.ID, SnapshotID: snapID, Template: parent.Template,
 					MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, Env: parent.Env, Network: pol})
 			}
+			mu.Lock()
+			fetched += in.FetchedBytes
+			mu.Unlock()
 			if err != nil {
 				fail(id, err)
 			}
 		}()
 	}
 	wg.Wait()
-	return si, nil
+	return si, fetched, nil
 }
 
 // awaitDurable waits until host hostID's snapshot id is durable in the
-// object store.
-func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID, id string) error {
+// object store and returns it as the host then describes it.
+func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID, id string) (host.SnapshotInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, acrossTimeout)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var last string
+	t0 := time.Now()
 	for {
 		list, err := sl.Snapshots(ctx)
 		if err != nil {
-			return err
+			return host.SnapshotInfo{}, err
 		}
 		for _, si := range list {
 			if si.ID != id {
@@ -102,18 +123,21 @@ func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID
 			}
 			switch si.Stored {
 			case host.StoredDurable:
-				return nil
+				return si, nil
 			case host.StoredLocal, "":
-				return Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
+				return host.SnapshotInfo{}, Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
 			}
 			last = si.StoreError
+		}
+		if last != "" && time.Since(t0) > p.storeDownAfter() {
+			return host.SnapshotInfo{}, storeDown(last)
 		}
 		select {
 		case <-ctx.Done():
 			if last != "" {
-				return Errorf(Unavailable, "the capture did not reach the object store: %s", last)
+				return host.SnapshotInfo{}, storeDown(last)
 			}
-			return fmt.Errorf("wait for the capture to reach the object store: %w", ctx.Err())
+			return host.SnapshotInfo{}, fmt.Errorf("wait for the capture to reach the object store: %w", ctx.Err())
 		case <-tick.C:
 		}
 	}

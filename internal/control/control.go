@@ -43,6 +43,10 @@ type Config struct {
 	// in metrics and logs are always measured with the system clock.
 	Now  func() time.Time
 	Tick <-chan time.Time
+	// StoreDownAfter is how long a cross-host fork or move waits for a
+	// capture whose uploads fail before it gives up with a 503 (default
+	// 5 s).
+	StoreDownAfter time.Duration
 }
 
 // Plane is the control plane of the sandboxes of a fleet of hosts: it
@@ -166,6 +170,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.creates.WithLabelValues(r)
 	}
 	return m, nil
+}
+
+func (p *Plane) storeDownAfter() time.Duration {
+	if p.cfg.StoreDownAfter > 0 {
+		return p.cfg.StoreDownAfter
+	}
+	return storeDownAfter
 }
 
 // now is the time by the plane's clock, in UTC (as records hold it).

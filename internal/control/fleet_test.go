@@ -83,7 +83,7 @@ func newFleetEnv(t *testing.T, store bool) *fleetEnv {
 	}
 	e.p, err = control.NewFleet(control.Config{DefaultTTL: 5 * time.Minute, MaxTTL: time.Hour,
 		MaxSandboxesPerKey: 100, MaxMemoryMiBPerKey: 1 << 20, MaxVCPUsPerKey: 1000, MaxDiskMiBPerKey: 1 << 30,
-		StoppedRetention: time.Hour}, cat, e.f, nil)
+		StoppedRetention: time.Hour, StoreDownAfter: 100 * time.Millisecond}, cat, e.f, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,5 +347,23 @@ func TestFleetReturningHostDropsMovedCopies(t *testing.T) {
 	}
 	if _, ok := e.b.Sandbox(sb.ID); !ok {
 		t.Errorf("host b lost the sandbox")
+	}
+}
+
+// With the object store down, a cross-host fork and a move give up soon
+// with a 503 and leave everything as it was.
+func TestFleetStoreDown(t *testing.T) {
+	e := newFleetEnv(t, true)
+	sb := e.createOn("a")
+	e.store.SetDown(true)
+	_, err := e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{Host: "b"})
+	wantKind(t, "cross-host fork with the store down", err, control.Unavailable, []string{"object store"})
+	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 1 {
+		t.Errorf("%d live records after the failed fork, want the parent only", len(live))
+	}
+	_, err = e.p.MoveTo(t.Context(), sb.ID)
+	wantKind(t, "move with the store down", err, control.Unavailable, []string{"object store"})
+	if got := e.get(sb.ID); got.State != catalog.StateRunning || got.HostID != "a" {
+		t.Errorf("after the failed move: %s on %s, want running on a", got.State, got.HostID)
 	}
 }

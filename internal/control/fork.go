@@ -28,6 +28,13 @@ type Forked struct {
 	// through the object store for children on other hosts (its own
 	// blocks); 0 when all are on the parent's host.
 	CrossHostCaptureBytes int64
+	// CrossHostUploadedBytes is what the parent's host really sent to the
+	// object store for them (the capture's chunks the store did not hold:
+	// not those of its template), CrossHostFetchedBytes what the other
+	// hosts really read from it (the chunks their copy of the template
+	// did not hold); their sum is the bytes the fork moved.
+	CrossHostUploadedBytes int64
+	CrossHostFetchedBytes  int64
 }
 
 // ForkChild is one child of a fork: its record (running), or why it
@@ -137,7 +144,7 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 				}
 			}
 		}
-		var moved int64
+		var moved, uploaded, fetched int64
 		if len(local) < len(slot) {
 			var remote []string
 			for _, hid := range hostOrder {
@@ -148,13 +155,13 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 			var err error
 			var mu sync.Mutex
 			var si host.SnapshotInfo
-			si, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
+			si, fetched, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
 				func(id string, err error) {
 					mu.Lock()
 					defer mu.Unlock()
 					drop([]string{id}, err)
 				})
-			moved = si.SizeBytes
+			moved, uploaded = si.SizeBytes, si.UploadedBytes
 			if len(local) == 0 {
 				res.Capture = si.Capture
 			}
@@ -193,8 +200,10 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 		p.metrics.forks.Inc()
 		p.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
 		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(slot), "other_hosts", len(slot)-len(local),
-			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "moved_mib", moved>>20, "dur_ms", time.Since(t0).Milliseconds())
-		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes, CrossHostCaptureBytes: moved}, nil
+			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "capture_mib", moved>>20,
+			"uploaded_bytes", uploaded, "fetched_bytes", fetched, "dur_ms", time.Since(t0).Milliseconds())
+		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes,
+			CrossHostCaptureBytes: moved, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: fetched}, nil
 	})
 }
 
@@ -300,9 +309,22 @@ func (p *Plane) DeleteSnapshot(ctx context.Context, id string) error {
 // or cannot be reached now (the snapshots themselves are the catalog's;
 // only their storage state is unknown then).
 func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInfo {
-	out := map[string]host.SnapshotInfo{}
+	var ids []string
 	for _, hi := range p.fleet.Inventory(ctx) {
-		h, err := p.fleet.Host(hi.ID)
+		ids = append(ids, hi.ID)
+	}
+	return p.snapshotStorage(ctx, ids)
+}
+
+// SnapshotStorageOf is SnapshotStorage asking only snapshot sn's host.
+func (p *Plane) SnapshotStorageOf(ctx context.Context, sn catalog.Snapshot) map[string]host.SnapshotInfo {
+	return p.snapshotStorage(ctx, []string{sn.HostID})
+}
+
+func (p *Plane) snapshotStorage(ctx context.Context, hostIDs []string) map[string]host.SnapshotInfo {
+	out := map[string]host.SnapshotInfo{}
+	for _, id := range hostIDs {
+		h, err := p.fleet.Host(id)
 		if err != nil {
 			continue
 		}
@@ -312,7 +334,7 @@ func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInf
 		}
 		list, err := sl.Snapshots(ctx)
 		if err != nil {
-			p.log.Warn("list the host's snapshots", "host_id", hi.ID, "err", err)
+			p.log.Warn("list the host's snapshots", "host_id", id, "err", err)
 			continue
 		}
 		for _, si := range list {

@@ -122,6 +122,7 @@ func (p *Plane) awaitPausedDurable(ctx context.Context, h host.Host, hostID, id 
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	t0 := time.Now()
 	for {
 		info, err := h.Get(ctx, id)
 		if err != nil {
@@ -136,10 +137,13 @@ func (p *Plane) awaitPausedDurable(ctx context.Context, h host.Host, hostID, id 
 		case host.StoredLocal, "":
 			return Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
 		}
+		if info.StoreError != "" && time.Since(t0) > p.storeDownAfter() {
+			return storeDown(info.StoreError)
+		}
 		select {
 		case <-ctx.Done():
 			if info.StoreError != "" {
-				return Errorf(Unavailable, "the capture did not reach the object store: %s", info.StoreError)
+				return storeDown(info.StoreError)
 			}
 			return ctx.Err()
 		case <-tick.C:

@@ -113,12 +113,9 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 	var hostID string
 	diskMiB := 0
 	if req.SnapshotID != "" {
-		sn, err := p.cat.GetSnapshot(ctx, req.SnapshotID)
-		if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != key.ID) || !host.ValidID(req.SnapshotID) {
-			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(NotFound, "snapshot %s not found", req.SnapshotID)
-		}
+		sn, err := p.OwnedSnapshot(ctx, key.ID, req.SnapshotID)
 		if err != nil {
-			return catalog.Sandbox{}, host.CreateRequest{}, fmt.Errorf("get snapshot: %w", err)
+			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 		if (req.Template != "" && req.Template != sn.Template && req.Template+":" != strings.SplitAfter(sn.Template, ":")[0]) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
@@ -261,4 +258,36 @@ func (p *Plane) placeOne(ctx context.Context, req scheduler.Request) (host.Host,
 	}
 	p.log.Info("placed sandbox", "host_id", cs[0].Host, "reason", cs[0].Reason, "template", req.Template)
 	return h, cs[0].Host, nil
+}
+
+// Sandbox is key keyID's sandbox id: a NotFound error, the same whether it
+// does not exist or is another key's (one key never learns of another's
+// sandboxes), or a catalog error.
+func (p *Plane) Sandbox(ctx context.Context, keyID, id string) (catalog.Sandbox, error) {
+	if !host.ValidID(id) {
+		return catalog.Sandbox{}, Errorf(NotFound, "sandbox %q not found", id)
+	}
+	sb, err := p.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sb.KeyID != keyID) {
+		return catalog.Sandbox{}, Errorf(NotFound, "sandbox %s not found", id)
+	}
+	if err != nil {
+		return catalog.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// OwnedSnapshot is key keyID's snapshot id, as Sandbox.
+func (p *Plane) OwnedSnapshot(ctx context.Context, keyID, id string) (catalog.Snapshot, error) {
+	if !host.ValidID(id) {
+		return catalog.Snapshot{}, Errorf(NotFound, "snapshot %q not found", id)
+	}
+	sn, err := p.cat.GetSnapshot(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) || (err == nil && sn.KeyID != keyID) {
+		return catalog.Snapshot{}, Errorf(NotFound, "snapshot %s not found", id)
+	}
+	if err != nil {
+		return catalog.Snapshot{}, fmt.Errorf("get snapshot: %w", err)
+	}
+	return sn, nil
 }

@@ -38,6 +38,17 @@ type Info struct {
 	// StoreError is why the last upload of the paused sandbox failed (""
 	// if it did not); uploads are retried until they succeed.
 	StoreError string `json:"store_error,omitempty"`
+	// UploadedBytes is what the upload of a paused sandbox's capture sent
+	// to the object store (bytes of the chunks it did not hold already:
+	// not those the sandbox's template, or an earlier capture, shares
+	// with it); 0 until it is durable, and while not paused.
+	UploadedBytes int64 `json:"uploaded_bytes,omitempty"`
+	// FetchedBytes is what this host read from the object store to start
+	// the sandbox as it runs now: the chunks of the snapshot it was
+	// created from, or of the capture it was resumed from, that no local
+	// file (its template) held. 0 if it started from local files only, and
+	// after a restart of the host agent.
+	FetchedBytes int64 `json:"fetched_bytes,omitempty"`
 }
 
 // CreateRequest asks for a new sandbox.
@@ -124,6 +135,15 @@ type SnapshotInfo struct {
 	// StoreError is why the last upload attempt failed ("" if it did
 	// not); uploads are retried until they succeed.
 	StoreError string `json:"store_error,omitempty"`
+	// UploadedBytes is what this host's upload of the snapshot sent to
+	// the object store (bytes of the chunks the store did not hold
+	// already: not those its template shares with it); 0 until durable,
+	// and for a snapshot this host fetched rather than took.
+	UploadedBytes int64 `json:"uploaded_bytes,omitempty"`
+	// FetchedBytes is what this host read from the object store to have
+	// the snapshot (taken on another host): the chunks no local file (its
+	// template) held; 0 for a snapshot this host took.
+	FetchedBytes int64 `json:"fetched_bytes,omitempty"`
 }
 
 // The values of SnapshotInfo.Stored and Info.Stored.

@@ -182,7 +182,12 @@ type Config struct {
 	// exactly once, after the machine has exited, and never closes TAP
 	// itself. nil: guestnet.IsolatedNIC, a network namespace of the
 	// bake's own with no way out.
-	Net    func(ctx context.Context, purpose string) (nic *vmm.Net, release func(), err error)
+	Net func(ctx context.Context, purpose string) (nic *vmm.Net, release func(), err error)
+	// Remote, if not nil, holds templates other hosts baked (the host
+	// agent's object store): a template that is missing or stale here is
+	// fetched from it when it holds one of the same inputs, and baked only
+	// when it does not (remote.go).
+	Remote Remote
 	Logger *slog.Logger
 }
 
@@ -198,6 +203,9 @@ type Store struct {
 	// userMu serializes the changes of user root filesystems' links and
 	// configs (installs, publishing, removals).
 	userMu sync.Mutex
+
+	// indexMu serializes the making of chunk indexes (remote.go).
+	indexMu sync.Mutex
 
 	mu     sync.Mutex
 	baking map[string]*bake
@@ -270,7 +278,7 @@ func (s *Store) Get(ctx context.Context, p Params, progress Progress) (*Template
 			reason = err.Error()
 		}
 	}
-	return s.bakeOnce(ctx, p, reason, progress)
+	return s.bakeOnce(ctx, p, reason, progress, fetchOrBake)
 }
 
 // verify checks t's files against their checksums, unless they are
@@ -327,7 +335,7 @@ func (s *Store) Bake(ctx context.Context, p Params, progress Progress) (*Templat
 	if s.rootfsPath(p.Name) == "" {
 		return nil, s.unknown(p.Name)
 	}
-	return s.bakeOnce(ctx, p, "bake requested", progress)
+	return s.bakeOnce(ctx, p, "bake requested", progress, bakeOnly)
 }
 
 func (s *Store) unknown(name string) error {
@@ -447,7 +455,16 @@ func (s *Store) cmdline() string {
 	return c
 }
 
-func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress Progress) (*Template, error) {
+// How bakeOnce makes a template.
+type makeMode int
+
+const (
+	fetchOrBake makeMode = iota // from the Remote if it holds it, else baked
+	bakeOnly                    // baked
+	fetchOnly                   // from the Remote, or ErrNotFound
+)
+
+func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress Progress, mode makeMode) (*Template, error) {
 	key := p.Key()
 	s.mu.Lock()
 	if b, ok := s.baking[key]; ok {
@@ -466,7 +483,7 @@ func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress 
 	s.baking[key] = b
 	s.mu.Unlock()
 
-	b.t, b.err = s.bake(ctx, p, reason, progress)
+	b.t, b.err = s.bake(ctx, p, reason, progress, mode)
 	s.mu.Lock()
 	delete(s.baking, key)
 	s.mu.Unlock()
@@ -474,7 +491,7 @@ func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress 
 	return b.t, b.err
 }
 
-func (s *Store) bake(ctx context.Context, p Params, reason string, progress Progress) (*Template, error) {
+func (s *Store) bake(ctx context.Context, p Params, reason string, progress Progress, mode makeMode) (*Template, error) {
 	say := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Info("bake: "+msg, "template", p.Key())
@@ -483,7 +500,11 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		}
 	}
 	start := time.Now()
-	say("baking template %s (%s)", p.Key(), reason)
+	if mode == fetchOnly {
+		say("replacing template %s (%s)", p.Key(), reason)
+	} else {
+		say("baking template %s (%s)", p.Key(), reason)
+	}
 	inputs, err := s.inputs(p.Name)
 	if err != nil {
 		return nil, err
@@ -502,6 +523,23 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 	defer os.RemoveAll(tmp)
 	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs, MAC: guestnet.GuestMAC}}
 
+	if mode != bakeOnly && s.cfg.Remote != nil {
+		fetched, idx, err := s.fetch(ctx, t, say)
+		switch {
+		case err == nil:
+			ft, err := s.install(p, tmp, fetched, func() { say("fetched %s in %.1fs", p.Key(), time.Since(start).Seconds()) })
+			if err == nil && idx != nil {
+				if err := s.setChunkIndex(ft, idx); err != nil {
+					s.log.Warn("keep a template's chunk index", "template", p.Key(), "err", err)
+				}
+			}
+			return ft, err
+		case mode == fetchOnly:
+			return nil, err
+		case !errors.Is(err, ErrNotFound):
+			s.log.Warn("fetch template from the object store; baking it instead", "template", p.Key(), "err", err)
+		}
+	}
 	var bootID string
 	const attempts = 2 // TCG boots occasionally hang in early timer calibration
 	for attempt := 1; ; attempt++ {
@@ -536,6 +574,18 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 	}
 	t.BakedAt = time.Now().UTC()
 	t.BakeMS = time.Since(start).Milliseconds()
+	baked, err := s.install(p, tmp, t.Meta, func() { say("baked %s in %.1fs", p.Key(), time.Since(start).Seconds()) })
+	if err == nil && s.cfg.Remote != nil {
+		s.cfg.Remote.Baked(baked)
+	}
+	return baked, err
+}
+
+// install writes meta into the template directory tmp (its files made),
+// seals it and moves it into place as the template p, replacing the one
+// there.
+func (s *Store) install(p Params, tmp string, meta Meta, done func()) (*Template, error) {
+	t := &Template{Dir: tmp, Meta: meta}
 	b, _ := json.MarshalIndent(t.Meta, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, metaFile), b, 0o600); err != nil {
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
@@ -565,7 +615,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		os.RemoveAll(old)
 	}
 	t.Dir = final
-	say("baked %s in %.1fs", p.Key(), time.Since(start).Seconds())
+	done()
 	return t, nil
 }
 

@@ -46,6 +46,11 @@ type SandboxInfo struct {
 	OnExpire   string `json:"on_expire,omitempty"` // kill or pause
 	ParentID   string `json:"parent_id,omitempty"` // the sandbox it was forked from
 	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Stored is a paused sandbox's saved state: local (its host's disk
+	// only), uploading, or durable (in the object store: it can resume on
+	// another host); StoreError why its last upload failed.
+	Stored     string `json:"stored,omitempty"`
+	StoreError string `json:"store_error,omitempty"`
 	// Network is the sandbox's egress policy (nil from a server that
 	// reports none).
 	Network *Network `json:"network,omitempty"`
@@ -266,6 +271,12 @@ type ForkResult struct {
 	// through the object store for children on other hosts (its own
 	// blocks); 0 when all are on the parent's host.
 	CrossHostCaptureBytes int64
+	// CrossHostUploadedBytes and CrossHostFetchedBytes are what really
+	// travelled for those children: what the parent's host sent to the
+	// object store (not its template's chunks) and what the other hosts
+	// read from it (not what their copy of the template holds).
+	CrossHostUploadedBytes int64
+	CrossHostFetchedBytes  int64
 }
 
 // ForkWithStats is Fork that also reports what the fork cost the parent.
@@ -313,11 +324,14 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 		ParentPausedMS        float64 `json:"parent_paused_ms"`
 		DirtyBytes            int64   `json:"dirty_bytes"`
 		CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
+		CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
+		CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
 	}
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err
 	}
-	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes, CrossHostCaptureBytes: out.CrossHostCaptureBytes}
+	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes, CrossHostCaptureBytes: out.CrossHostCaptureBytes,
+		CrossHostUploadedBytes: out.CrossHostUploaded, CrossHostFetchedBytes: out.CrossHostFetched}
 	ferr := &ForkError{Requested: count}
 	for _, ch := range out.Children {
 		switch {

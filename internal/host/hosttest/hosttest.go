@@ -79,6 +79,7 @@ type Host struct {
 // it, as agents sharing an object store do.
 type Store struct {
 	mu        sync.Mutex
+	down      bool // uploads fail: captures stay uploading, with an error
 	snapshots map[string]host.SnapshotInfo
 	paused    map[string]host.Info
 }
@@ -94,6 +95,14 @@ func (s *Store) Paused(id string) bool {
 	defer s.mu.Unlock()
 	_, ok := s.paused[id]
 	return ok
+}
+
+// SetDown makes uploads to the store fail (down) or work again; what
+// failed meanwhile stays uploading.
+func (s *Store) SetDown(down bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.down = down
 }
 
 // UseStore makes the host keep its snapshots and pause captures in s.
@@ -512,9 +521,13 @@ func (h *Host) Snapshot(ctx context.Context, id, snapshotID string) (host.Snapsh
 	si := host.SnapshotInfo{ID: snapshotID, SandboxID: id, Template: sb.info.Template,
 		Spec: vmm.Spec{MemoryMiB: sb.info.MemoryMiB, VCPUs: sb.info.VCPUs}, CreatedAt: time.Now().UTC(), SizeBytes: 1 << 20}
 	if h.store != nil {
-		si.Stored = host.StoredDurable
 		h.store.mu.Lock()
-		h.store.snapshots[snapshotID] = si
+		if h.store.down {
+			si.Stored, si.StoreError = host.StoredUploading, "object store unavailable"
+		} else {
+			si.Stored = host.StoredDurable
+			h.store.snapshots[snapshotID] = si
+		}
 		h.store.mu.Unlock()
 	}
 	h.snapshots[snapshotID] = si
@@ -573,9 +586,13 @@ func (h *Host) Pause(ctx context.Context, id string) (host.CaptureStats, error) 
 	}
 	sb.info.State = lifecycle.Paused
 	if h.store != nil {
-		sb.info.Stored = host.StoredDurable
 		h.store.mu.Lock()
-		h.store.paused[id] = sb.info
+		if h.store.down {
+			sb.info.Stored, sb.info.StoreError = host.StoredUploading, "object store unavailable"
+		} else {
+			sb.info.Stored = host.StoredDurable
+			h.store.paused[id] = sb.info
+		}
 		h.store.mu.Unlock()
 	}
 	return host.CaptureStats{Paused: time.Millisecond, PausedMS: 1, SizeBytes: h.pausedBytes}, nil

@@ -24,13 +24,13 @@ func TestMakefileVersion(t *testing.T) {
 
 func TestStartStopRestart(t *testing.T) {
 	s := Start(t)
-	pid := s.cmd.Process.Pid
+	pid := s.PID()
 	s.Stop()
 	if err := syscall.Kill(pid, 0); err == nil {
 		t.Errorf("versitygw pid %d still exists after Stop", pid)
 	}
 	s.Restart()
-	if s.cmd.Process.Pid == pid {
+	if s.PID() == pid {
 		t.Errorf("Restart did not start a new process")
 	}
 }

@@ -178,6 +178,10 @@ class SandboxInfo:
         network: Its egress policy (:class:`NetworkPolicy`), or ``None`` from
             a server that reports none.
         memory: Host memory it uses, when the server reports it (running sandboxes).
+        stored: A paused sandbox's saved state: ``"local"`` (its host's disk
+            only), ``"uploading"`` or ``"durable"`` (in the object store: it
+            can resume on another host); ``None`` otherwise.
+        store_error: Why the last upload of that state failed, if it did.
         raw: The JSON object as received.
     """
 
@@ -198,6 +202,8 @@ class SandboxInfo:
     network: Optional[NetworkPolicy] = None
     memory: Optional[MemoryUsage] = field(default=None, compare=False)
     on_expire: Optional[str] = None
+    stored: Optional[str] = None
+    store_error: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -221,6 +227,8 @@ class SandboxInfo:
             network=NetworkPolicy.from_dict(d.get("network")),
             memory=MemoryUsage.from_dict(d.get("memory")),
             on_expire=_opt_str(d.get("on_expire")),
+            stored=_opt_str(d.get("stored")),
+            store_error=_opt_str(d.get("store_error")),
             raw=dict(d),
         )
 

@@ -1,0 +1,812 @@
+package devcluster_test
+
+// Tests of the fleet on a dev cluster: real PostgreSQL, versitygw, three
+// `panda agent` processes each in its own network namespace, `panda
+// server --fleet`, QEMU guests under TCG from the tiny template at 256
+// MiB. One cluster serves the whole test, in order; whatever happens it is
+// closed in t.Cleanup, and a passing test must find nothing left.
+//
+// Environment: PANDA_BIN (default: go build ./cmd/panda), PANDA_TEST_IMAGES
+// (default /var/lib/pandastack/images), PANDA_VERSITYGW (default: where
+// make s3-deps puts it). Needs root. Skipped with -short.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/devcluster"
+	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/pandatest"
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+)
+
+func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
+
+// lostAfter is the control plane's --host-lost-after in the test.
+const lostAfter = 3 * time.Second
+
+// name and subnet of the test's cluster: fixed, so that a run that was
+// killed is cleaned up by the next (a second run at once fails on the
+// name's lock instead).
+const name = "pdt"
+
+var subnet = netip.MustParsePrefix("10.238.0.0/24")
+
+// syncBuffer collects the cluster's output for failure messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startCluster starts the test's cluster, closed (and checked for
+// leftovers) when the test ends.
+func startCluster(t *testing.T) *devcluster.Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("dev cluster: real processes and VMs; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
+	}
+	bin, gw, addr := binaries(t)
+	out := &syncBuffer{}
+	began := time.Now()
+	c, err := devcluster.Start(context.Background(), devcluster.Config{
+		Agents: 3, Listen: addr, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
+		AgentArgs:  []string{"--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"},
+		ServerArgs: []string{"--host-lost-after", lostAfter.String()},
+	})
+	if err != nil {
+		t.Fatalf("start the dev cluster: %v\noutput:\n%s", err, out.String())
+	}
+	t.Logf("dev cluster ready in %v", time.Since(began).Round(10*time.Millisecond))
+	var pids []int
+	for _, a := range c.Agents() {
+		pids = append(pids, a.PID())
+	}
+	pids = append(pids, c.ServerPID())
+	dataDir := c.DataDir()
+	t.Cleanup(func() {
+		began := time.Now()
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		t.Logf("dev cluster closed in %v", time.Since(began).Round(10*time.Millisecond))
+		if t.Failed() {
+			t.Logf("dev cluster output:\n%s", out.String())
+		}
+		checkNothingLeft(t, dataDir, pids)
+	})
+	return c
+}
+
+// checkNothingLeft fails if anything of the cluster outlived Close.
+func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		if pandatest.Alive(pid) {
+			t.Errorf("process %d still runs after Close", pid)
+		}
+	}
+	if pids := qemuUnder(dataDir); len(pids) > 0 {
+		t.Errorf("QEMU processes %v still run after Close", pids)
+	}
+	if _, err := os.Stat(dataDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary data directory %s after Close: %v, want it removed", dataDir, err)
+	}
+	ns, _ := os.ReadDir("/run/netns")
+	for _, e := range ns {
+		if strings.HasPrefix(e.Name(), name+"-") {
+			t.Errorf("namespace %s left after Close", e.Name())
+		}
+	}
+	links, _ := exec.Command("ip", "-br", "link").Output()
+	for _, l := range strings.Split(string(links), "\n") {
+		if strings.HasPrefix(l, name+"-") {
+			t.Errorf("interface left after Close: %s", l)
+		}
+	}
+	for _, f := range []string{"/run/pandastack/dev-cluster-" + name + ".json", "/run/pandastack/dev-cluster-" + name + ".lock"} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Close: %v, want it removed", f, err)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if bytes.Contains(mounts, []byte(dataDir+"/")) {
+		t.Errorf("mounts under %s left after Close", dataDir)
+	}
+}
+
+func qemuUnder(dir string) []int { return pandatest.QEMUPIDs(dir) }
+
+// api is the REST API as the admin, in raw requests: the tests check the
+// HTTP statuses themselves.
+type api struct {
+	t   *testing.T
+	url string
+	key string
+	sdk *pandastack.Client
+}
+
+func newAPI(t *testing.T, c *devcluster.Cluster) *api {
+	key, err := c.AdminKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdk, err := pandastack.NewClient(pandastack.Options{APIURL: c.URL(), APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &api{t: t, url: c.URL(), key: key, sdk: sdk}
+}
+
+// do sends a request with a JSON body (nil for none) and decodes the
+// answer into out (if not nil); it returns the status and the body.
+func (a *api) do(method, path, auth string, body, out any) (int, string) {
+	a.t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, a.url+path, r)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode/100 == 2 {
+		if err := json.Unmarshal(b, out); err != nil {
+			a.t.Fatalf("%s %s: %v in %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode, string(b)
+}
+
+type sandbox struct {
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	HostID string `json:"host_id"`
+	Stored string `json:"stored"` // a paused sandbox's: local, uploading or durable
+}
+
+type host struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Draining bool   `json:"draining"`
+}
+
+// create creates a sandbox (placement nil: the scheduler's choice) and
+// returns it, failing the test unless it is running.
+func (a *api) create(placement any) sandbox {
+	a.t.Helper()
+	body := map[string]any{"ttl_seconds": 600}
+	if placement != nil {
+		body["placement"] = placement
+	}
+	var sb sandbox
+	if st, b := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, &sb); st != http.StatusCreated && st != http.StatusOK {
+		a.t.Fatalf("create with placement %v: %d %s", placement, st, b)
+	}
+	if sb.State != "running" {
+		a.t.Fatalf("create: state %s, want running", sb.State)
+	}
+	return sb
+}
+
+// fork forks parent into count children (placement nil: the default).
+func (a *api) fork(parent string, count int, placement any) (int, string, []sandbox) {
+	a.t.Helper()
+	body := map[string]any{"count": count}
+	if placement != nil {
+		body["placement"] = placement
+	}
+	var out struct {
+		Children []struct {
+			Sandbox *sandbox `json:"sandbox"`
+		} `json:"children"`
+	}
+	st, b := a.do(http.MethodPost, "/v1/sandboxes/"+parent+"/fork", a.key, body, &out)
+	kids := make([]sandbox, len(out.Children))
+	for i, k := range out.Children {
+		if k.Sandbox != nil { // else its error is in the body
+			kids[i] = *k.Sandbox
+		}
+	}
+	return st, b, kids
+}
+
+func (a *api) get(id string) sandbox {
+	a.t.Helper()
+	var sb sandbox
+	if st, b := a.do(http.MethodGet, "/v1/sandboxes/"+id, a.key, nil, &sb); st != http.StatusOK {
+		a.t.Fatalf("get %s: %d %s", id, st, b)
+	}
+	return sb
+}
+
+// list lists the sandboxes (running, paused and the rest).
+func (a *api) list() []sandbox {
+	a.t.Helper()
+	var out struct {
+		Sandboxes []sandbox `json:"sandboxes"`
+	}
+	if st, b := a.do(http.MethodGet, "/v1/sandboxes", a.key, nil, &out); st != http.StatusOK {
+		a.t.Fatalf("list: %d %s", st, b)
+	}
+	return out.Sandboxes
+}
+
+func (a *api) hosts() []host {
+	a.t.Helper()
+	var out struct {
+		Hosts []host `json:"hosts"`
+	}
+	if st, b := a.do(http.MethodGet, "/v1/hosts", a.key, nil, &out); st != http.StatusOK {
+		a.t.Fatalf("hosts: %d %s", st, b)
+	}
+	return out.Hosts
+}
+
+// exec runs cmd in sandbox id and returns its stdout.
+func (a *api) exec(id, cmd string) string {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := a.sdk.Sandbox(id).Exec(ctx, pandastack.Command{Cmd: cmd})
+	if err != nil || r.ExitCode != 0 {
+		a.t.Fatalf("exec %q in %s: %+v, %v", cmd, id, r, err)
+	}
+	return r.Stdout
+}
+
+// poll calls cond every 50 ms until it returns true or d has passed.
+func poll(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+}
+
+func hostState(hs []host, id string) string {
+	for _, h := range hs {
+		if h.ID == id {
+			return h.State
+		}
+	}
+	return ""
+}
+
+// TestDevCluster: a fleet of three hosts on one machine. Placement on a
+// named host, forks on the parent's host by default, spread over hosts,
+// drain and activate, a host killed with its VMMs (its sandbox lost, and
+// killable), the control plane restarted (hosts and sandboxes adopted),
+// and the errors of bad requests.
+func TestDevCluster(t *testing.T) {
+	c := startCluster(t)
+	a := newAPI(t, c)
+	var ids []string
+	for _, ag := range c.Agents() {
+		ids = append(ids, ag.ID)
+	}
+
+	t.Run("hosts", func(t *testing.T) {
+		a.t = t
+		hs := a.hosts()
+		var got []string
+		for _, h := range hs {
+			got = append(got, h.ID+"="+h.State)
+		}
+		slices.Sort(got)
+		want := []string{"agent-1=ready", "agent-2=ready", "agent-3=ready"}
+		if !slices.Equal(got, want) {
+			t.Fatalf("hosts: got %v, want %v", got, want)
+		}
+	})
+
+	var onTwo sandbox // on agent-2, killed with its host below
+	t.Run("placement on a named host", func(t *testing.T) {
+		a.t = t
+		for _, id := range []string{"agent-2", "agent-3"} {
+			sb := a.create(map[string]any{"host": id})
+			if sb.HostID != id {
+				t.Errorf("create on %s: landed on %s", id, sb.HostID)
+			}
+			if id == "agent-2" {
+				onTwo = sb
+			}
+		}
+	})
+
+	t.Run("fork stays on the parent's host", func(t *testing.T) {
+		a.t = t
+		if onTwo.ID == "" {
+			t.Skip("no parent: placement failed")
+		}
+		a.exec(onTwo.ID, "echo parent > /root/mark")
+		st, b, kids := a.fork(onTwo.ID, 2, nil)
+		if st != http.StatusOK || len(kids) != 2 {
+			t.Fatalf("fork: %d %s", st, b)
+		}
+		for _, k := range kids {
+			if k.ID == "" {
+				t.Fatalf("fork: a child failed: %s", b)
+			}
+			if k.HostID != onTwo.HostID {
+				t.Errorf("child %s on %s, want the parent's host %s", k.ID, k.HostID, onTwo.HostID)
+			}
+			if got := a.exec(k.ID, "cat /root/mark"); got != "parent\n" {
+				t.Errorf("child %s reads %q, want the parent's file", k.ID, got)
+			}
+		}
+	})
+
+	t.Run("spread", func(t *testing.T) {
+		a.t = t
+		// Children on other hosts restore the parent's capture from the
+		// object store: its files and the memory of a process it runs.
+		parent := a.create(nil)
+		a.exec(parent.ID, "echo spread > /root/mark; setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /root/pid")
+		st, b, kids := a.fork(parent.ID, 3, "spread")
+		if st != http.StatusOK {
+			t.Fatalf("fork with spread: %d %s", st, b)
+		}
+		on := map[string]bool{}
+		for _, k := range kids {
+			if k.ID == "" {
+				t.Errorf("fork with spread: a child failed: %s", b)
+				continue
+			}
+			on[k.HostID] = true
+			if got := a.exec(k.ID, "cat /root/mark; kill -0 $(cat /root/pid) && echo alive"); got != "spread\nalive\n" {
+				t.Errorf("child %s on %s: got %q, want the parent's file and its running process", k.ID, k.HostID, got)
+			}
+		}
+		if len(on) < 2 {
+			t.Errorf("fork with spread: children on %v, want at least 2 hosts; answer %s", on, b)
+		}
+	})
+
+	t.Run("drain and activate", func(t *testing.T) {
+		a.t = t
+		if st, b := a.do(http.MethodPost, "/v1/hosts/agent-1/drain", a.key, nil, nil); st != http.StatusOK {
+			t.Fatalf("drain agent-1: %d %s", st, b)
+		}
+		if got := hostState(a.hosts(), "agent-1"); got != "draining" {
+			t.Errorf("agent-1 drained: state %q, want draining", got)
+		}
+		for range 3 {
+			if sb := a.create(nil); sb.HostID == "agent-1" {
+				t.Errorf("create while agent-1 drains: placed on agent-1")
+			}
+		}
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes", a.key, map[string]any{"placement": map[string]any{"host": "agent-1"}}, nil); st != http.StatusConflict {
+			t.Errorf("create on draining agent-1: %d %s, want 409", st, b)
+		}
+		if st, b := a.do(http.MethodPost, "/v1/hosts/agent-1/activate", a.key, nil, nil); st != http.StatusOK {
+			t.Fatalf("activate agent-1: %d %s", st, b)
+		}
+		if sb := a.create(map[string]any{"host": "agent-1"}); sb.HostID != "agent-1" {
+			t.Errorf("create on agent-1 after activate: landed on %s", sb.HostID)
+		}
+	})
+
+	// What follows moves sandboxes between hosts through the object
+	// store: a sandbox's file and a process it runs must come along.
+	prepare := func(id string) {
+		a.exec(id, "echo moved > /root/mark; setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /root/pid")
+	}
+	checkMoved := func(t *testing.T, id string) {
+		if got := a.exec(id, "cat /root/mark; kill -0 $(cat /root/pid) && echo alive"); got != "moved\nalive\n" {
+			t.Errorf("sandbox %s after the move: got %q, want its file and its running process", id, got)
+		}
+	}
+
+	t.Run("pause on one host, resume on another", func(t *testing.T) {
+		a.t = t
+		sb := a.create(map[string]any{"host": "agent-3"})
+		prepare(sb.ID)
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+sb.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
+			t.Fatalf("pause: %d %s", st, b)
+		}
+		var got sandbox
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+sb.ID+"/resume", a.key, map[string]any{"placement": map[string]any{"host": "agent-1"}}, &got); st != http.StatusOK {
+			t.Fatalf("resume on agent-1: %d %s", st, b)
+		}
+		if got.State != "running" || got.HostID != "agent-1" {
+			t.Fatalf("resumed on agent-1: %s on %s", got.State, got.HostID)
+		}
+		checkMoved(t, sb.ID)
+	})
+
+	t.Run("drain with migration", func(t *testing.T) {
+		a.t = t
+		// One sandbox to move: migration moves them one by one.
+		for _, sb := range a.list() {
+			if sb.HostID == "agent-3" && sb.State == "running" {
+				if st, b := a.do(http.MethodDelete, "/v1/sandboxes/"+sb.ID, a.key, nil, nil); st/100 != 2 {
+					t.Fatalf("kill %s: %d %s", sb.ID, st, b)
+				}
+			}
+		}
+		sb := a.create(map[string]any{"host": "agent-3"})
+		prepare(sb.ID)
+		var out struct {
+			Migrated []struct {
+				SandboxID string `json:"sandbox_id"`
+				To        string `json:"to"`
+			} `json:"migrated"`
+			Failed []any `json:"failed"`
+		}
+		if st, b := a.do(http.MethodPost, "/v1/hosts/agent-3/drain?migrate=true", a.key, nil, &out); st != http.StatusOK || len(out.Failed) > 0 {
+			t.Fatalf("drain agent-3 with migration: %d %s", st, b)
+		}
+		defer a.do(http.MethodPost, "/v1/hosts/agent-3/activate", a.key, nil, nil)
+		moved := false
+		for _, m := range out.Migrated {
+			moved = moved || m.SandboxID == sb.ID && m.To != "agent-3"
+		}
+		if !moved {
+			t.Fatalf("drain agent-3 with migration: %+v, want %s moved", out, sb.ID)
+		}
+		if got := a.get(sb.ID); got.State != "running" || got.HostID == "agent-3" {
+			t.Fatalf("migrated sandbox: %s on %s", got.State, got.HostID)
+		}
+		checkMoved(t, sb.ID)
+	})
+
+	// panda bench cluster's measurement, one round: it runs and reports
+	// what it measured (its figures are the benchmark's, not the test's).
+	t.Run("bench cluster", func(t *testing.T) {
+		res, err := bench.ClusterBench(t.Context(), a.sdk, bench.ClusterOptions{Template: "tiny", MemoryMiB: 256, DirtyMiB: 2, N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Hosts) < 2 || res.SameHostForkFirstExec.N != 1 || res.CrossHostForkFirstExec.N != 1 || res.ResumeElsewhereFirstExec.N != 1 {
+			t.Errorf("bench cluster measured %+v", res)
+		}
+		if res.CrossHostMovedMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
+			t.Errorf("cross-host fork moved %v MiB, dirty %v MiB: want both positive", res.CrossHostMovedMiBP50, res.CrossHostDirtyMiBP50)
+		}
+		live, err := a.sdk.List(t.Context(), pandastack.ListOptions{}) // every state but stopped
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range live {
+			if sb.Info.Metadata["panda_bench"] != "" {
+				t.Errorf("the benchmark left sandbox %s %s", sb.ID, sb.Info.State)
+			}
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		a.t = t
+		tok, err := c.JoinToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			what, method, path, auth string
+			body                     any
+			want                     int
+			says                     string // in the error message
+		}{
+			{"create on an unknown host", http.MethodPost, "/v1/sandboxes", a.key, map[string]any{"placement": map[string]any{"host": "nosuchhost"}}, http.StatusNotFound, "nosuchhost"},
+			{"fork onto an unknown host", http.MethodPost, "/v1/sandboxes/" + onTwo.ID + "/fork", a.key, map[string]any{"placement": map[string]any{"host": "nosuchhost"}}, http.StatusNotFound, "nosuchhost"},
+			{"drain of an unknown host", http.MethodPost, "/v1/hosts/nosuchhost/drain", a.key, nil, http.StatusNotFound, "nosuchhost"},
+			{"activate of an unknown host", http.MethodPost, "/v1/hosts/nosuchhost/activate", a.key, nil, http.StatusNotFound, "nosuchhost"},
+			{"join with a wrong join token", http.MethodPost, "/v1/fleet/join", tok + "x", map[string]any{"id": "intruder"}, http.StatusUnauthorized, "join token"},
+			{"join with an API key", http.MethodPost, "/v1/fleet/join", a.key, map[string]any{"id": "intruder"}, http.StatusUnauthorized, "join token"},
+			{"heartbeat with a wrong join token", http.MethodPost, "/v1/fleet/hosts/agent-1/heartbeat", "wrong", map[string]any{}, http.StatusUnauthorized, "join token"},
+			// The join token is right: what is refused is the registration.
+			{"join without a URL", http.MethodPost, "/v1/fleet/join", tok, map[string]any{"id": "intruder"}, http.StatusUnprocessableEntity, "url"},
+		} {
+			if st, b := a.do(tc.method, tc.path, tc.auth, tc.body, nil); st != tc.want || !strings.Contains(b, tc.says) {
+				t.Errorf("%s: %d %s, want %d saying %q", tc.what, st, b, tc.want, tc.says)
+			}
+		}
+		if got := len(a.hosts()); got != 3 {
+			t.Errorf("hosts after a registration with a wrong token: %d, want 3", got)
+		}
+	})
+
+	t.Run("host killed", func(t *testing.T) {
+		a.t = t
+		if onTwo.ID == "" {
+			t.Skip("no sandbox on agent-2: placement failed")
+		}
+		// A paused sandbox of agent-2, once durable in the store,
+		// outlives its host.
+		paused := a.create(map[string]any{"host": "agent-2"})
+		prepare(paused.ID)
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
+			t.Fatalf("pause: %d %s", st, b)
+		}
+		poll(t, time.Minute, "paused sandbox "+paused.ID+" durable in the store", func() bool {
+			return a.get(paused.ID).Stored == "durable"
+		})
+
+		ag := c.Agents()[1]
+		vmms := ag.VMMPIDs()
+		if len(vmms) == 0 {
+			t.Fatalf("agent-2 runs no VMM")
+		}
+		ag.Kill()
+		for _, pid := range vmms {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		killed := time.Now()
+		poll(t, lostAfter+20*time.Second, "sandbox "+onTwo.ID+" of the killed agent-2 shows lost", func() bool {
+			return a.get(onTwo.ID).State == "lost"
+		})
+		t.Logf("lost %v after the kill", time.Since(killed).Round(10*time.Millisecond))
+		if got := hostState(a.hosts(), "agent-2"); got != "lost" {
+			t.Errorf("killed agent-2: state %q, want lost", got)
+		}
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes", a.key, map[string]any{"placement": map[string]any{"host": "agent-2"}}, nil); st != http.StatusConflict {
+			t.Errorf("create on lost agent-2: %d %s, want 409", st, b)
+		}
+		if st, b := a.do(http.MethodDelete, "/v1/sandboxes/"+onTwo.ID, a.key, nil, nil); st/100 != 2 {
+			t.Fatalf("kill of a lost sandbox: %d %s", st, b)
+		}
+		if got := a.get(onTwo.ID).State; got != "stopped" {
+			t.Errorf("lost sandbox after kill: state %s, want stopped", got)
+		}
+		var got sandbox
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/resume", a.key, nil, &got); st != http.StatusOK {
+			t.Fatalf("resume of a lost host's paused sandbox: %d %s", st, b)
+		}
+		if got.State != "running" || got.HostID == "agent-2" {
+			t.Fatalf("resumed paused sandbox of lost agent-2: %s on %s, want running elsewhere", got.State, got.HostID)
+		}
+		checkMoved(t, paused.ID)
+	})
+
+	t.Run("control plane restart", func(t *testing.T) {
+		a.t = t
+		var live []sandbox
+		for _, sb := range a.list() {
+			if sb.State == "running" {
+				live = append(live, sb)
+			}
+		}
+		if len(live) == 0 {
+			t.Fatal("no running sandbox before the restart")
+		}
+		oldPID := c.ServerPID()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.RestartServer(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c.ServerPID() == oldPID {
+			t.Fatal("RestartServer kept the old process")
+		}
+		poll(t, 30*time.Second, "agent-1 and agent-3 ready after the restart", func() bool {
+			hs := a.hosts()
+			return len(hs) == 3 && hostState(hs, "agent-1") == "ready" && hostState(hs, "agent-3") == "ready"
+		})
+		if got := hostState(a.hosts(), "agent-2"); got != "lost" {
+			t.Errorf("agent-2 (dead) after the restart: %q, want lost", got)
+		}
+		for _, sb := range live {
+			if got := a.get(sb.ID); got.State != "running" || got.HostID != sb.HostID {
+				t.Errorf("sandbox %s after the restart: %s on %s, want running on %s", sb.ID, got.State, got.HostID, sb.HostID)
+				continue
+			}
+			if got := a.exec(sb.ID, "echo "+sb.ID); got != sb.ID+"\n" {
+				t.Errorf("exec in %s after the restart: %q", sb.ID, got)
+			}
+		}
+	})
+}
+
+// TestKilledRunIsCleanedUp: `panda dev cluster` killed with SIGKILL (its
+// agent killed first, so that a VMM, the agent's store mount and the
+// namespaces outlive it) is cleaned up by the next cluster of its name;
+// a second cluster of a running one's name is refused.
+func TestKilledRunIsCleanedUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("dev cluster: real processes and VMs; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
+	}
+	const name = "pdk"
+	subnet := netip.MustParsePrefix("10.237.0.0/24")
+	bin, gw, addr := binaries(t)
+	dataDir, err := os.MkdirTemp("", "pdk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	cmd := exec.Command(bin, "dev", "cluster", "--agents", "1", "--name", name, "--subnet", subnet.String(),
+		"--listen", addr, "--data-dir", dataDir, "--images", pandatest.Images(),
+		"--default-template", "tiny", "--default-memory", "256")
+	cmd.Env = append(os.Environ(), "PANDA_VERSITYGW="+gw)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	cfg := devcluster.Config{Agents: 1, Listen: addr, DataDir: dataDir, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
+		AgentArgs: []string{"--default-template", "tiny", "--default-memory", "256"}}
+	var second *devcluster.Cluster
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if second == nil { // the test failed before: clean up as the next run would
+			if err := devcluster.RemoveLeftovers(cfg); err != nil {
+				t.Error(err)
+			}
+		}
+		if t.Failed() {
+			t.Logf("output:\n%s", out.String())
+		}
+		if _, err := pandatest.RemoveDataDir(dataDir); err != nil {
+			t.Error(err)
+		}
+	})
+	poll(t, 3*time.Minute, "panda dev cluster ready", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("panda dev cluster exited:\n%s", out.String())
+		default:
+		}
+		return strings.Contains(out.String(), "Ctrl-C stops everything.")
+	})
+	keyFile := filepath.Join(dataDir, "admin.key")
+	for _, want := range []string{
+		"export PANDASTACK_API_URL=http://" + addr + " PANDASTACK_API_KEY=$(cat " + keyFile + ")",
+		"agent-1", "no network",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output does not say %q", want)
+		}
+	}
+
+	// A second cluster of the name is refused while the first runs.
+	if c, err := devcluster.Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "running already") {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("a second cluster named %s: %v, want refused (running already)", name, err)
+	}
+
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &api{t: t, url: "http://" + addr, key: strings.TrimSpace(string(key))}
+	a.create(nil)
+	agentDir := filepath.Join(dataDir, "agent-1")
+	vmms := pandatest.QEMUPIDs(agentDir)
+	if len(vmms) != 1 {
+		t.Fatalf("VMMs of agent-1: %v, want one", vmms)
+	}
+	agentPID := 0
+	for _, pid := range procsWith("agent", "--data-dir", agentDir) {
+		agentPID = pid
+	}
+	if agentPID == 0 {
+		t.Fatal("no agent-1 process found")
+	}
+	syscall.Kill(agentPID, syscall.SIGKILL)
+	if !pandatest.WaitGone(agentPID, 10*time.Second) {
+		t.Fatal("agent-1 survives SIGKILL")
+	}
+	cmd.Process.Kill()
+	<-exited
+	if !pandatest.Alive(vmms[0]) || !pandatest.Mounted(filepath.Join(agentDir, "store")) {
+		t.Fatalf("after the kills: VMM alive %v, store mounted %v; want both left behind", pandatest.Alive(vmms[0]), pandatest.Mounted(filepath.Join(agentDir, "store")))
+	}
+	if _, err := os.Stat("/run/netns/" + name + "-a1"); err != nil {
+		t.Fatalf("namespace %s-a1 after the kill: %v, want it left behind", name, err)
+	}
+
+	out2 := &syncBuffer{}
+	cfg.Out = out2
+	second, err = devcluster.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("the next cluster of the name: %v\n%s", err, out2.String())
+	}
+	if !strings.Contains(out2.String(), "Cleaned up after an earlier run") || pandatest.Alive(vmms[0]) {
+		t.Errorf("the next cluster: VMM %d alive %v; output:\n%s", vmms[0], pandatest.Alive(vmms[0]), out2.String())
+	}
+	if hs := a.hosts(); len(hs) != 1 || hs[0].State != "ready" {
+		t.Errorf("hosts of the next cluster: %+v, want agent-1 ready", hs)
+	}
+	if err := second.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if m := pandatest.Mounted(filepath.Join(agentDir, "store")); m {
+		t.Errorf("agent-1's store still mounted after Close")
+	}
+	if _, err := os.Stat("/run/netns/" + name + "-a1"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("namespace %s-a1 after Close: %v", name, err)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "postgres", "data", "PG_VERSION")); err != nil {
+		t.Errorf("the kept data directory lost its catalog: %v", err)
+	}
+}
+
+// procsWith lists the processes whose command line holds args in order,
+// next to each other.
+func procsWith(args ...string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	want := strings.Join(args, "\x00")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), want) {
+			var pid int
+			if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// binaries are the panda and versitygw binaries the cluster runs and a
+// free loopback address for its API.
+func binaries(t *testing.T) (bin, gw, addr string) {
+	t.Helper()
+	var err error
+	if bin, err = pandatest.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	if gw, err = s3test.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	if addr, err = pandatest.FreeAddr(); err != nil {
+		t.Fatal(err)
+	}
+	return bin, gw, addr
+}
