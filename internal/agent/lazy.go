@@ -62,6 +62,45 @@ type LazyConfig struct {
 	// ReadAheadKiB is the kernel's readahead on the lazy files
 	// (lazymem.Config.MaxReadAhead); default 128.
 	ReadAheadKiB int
+	// MinRemoteBytes: a set is restored lazily only if its memory image
+	// has at least this much to fetch whole from the store (chunks that
+	// are not zeros, not deltas and not on this host in a seed, its
+	// template); default 64 MiB. Below it, the seeded download is faster
+	// (measured: with the template on the host, a snapshot's download
+	// fetched 7 MiB and its first exec came 0.55 s after the create;
+	// lazily, without seeds, 96 MiB and 0.74-0.95 s). Negative: always.
+	MinRemoteBytes int64
+}
+
+// lazyWorth reports whether set m is worth restoring lazily on this host,
+// whose local copies of its chunks are seeds (see MinRemoteBytes).
+func (a *Agent) lazyWorth(m *chunkstore.Manifest, seeds []chunkstore.Seed) bool {
+	min := a.cfg.Lazy.MinRemoteBytes
+	if min == 0 {
+		min = 64 << 20
+	}
+	if min < 0 {
+		return true
+	}
+	f, ok := m.File(lazyFile)
+	if !ok {
+		return false
+	}
+	local := map[string]bool{}
+	for _, sd := range seeds {
+		if sd.ChunkSize == m.ChunkSize {
+			for _, h := range sd.Chunks {
+				local[h] = true
+			}
+		}
+	}
+	var remote int64
+	for i, h := range f.Chunks {
+		if _, delta := f.Deltas[i]; h != "" && !delta && !local[h] {
+			remote += m.ChunkSize
+		}
+	}
+	return remote >= min
 }
 
 // lazyState is the agent's lazymem mount, made on first use.

@@ -511,3 +511,69 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 		t.Errorf("after a restart: %+v, %v; want the image read lazily, not whole", ls, ok)
 	}
 }
+
+// TestLazyRestoreTemplateLocal measures lazy restore on hosts that hold
+// the snapshot's template (so the download of the rest of the set, and a
+// baseline's whole download, take what they can from it) against the
+// baseline on such hosts (slow: not with -short).
+func TestLazyRestoreTemplateLocal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow")
+	}
+	s3 := s3test.Start(t)
+	objs := s3.Open("fleet")
+	openA, csA := storeHost(t, s3.Open("fleet"))
+	a := openA()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, keeper, secret := memState(t, a, src.ID)
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	a.Kill(ctxT(t), src.ID)
+	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Working set recorded once, by a host without the template.
+	r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
+	r.agent.Kill(ctxT(t), r.id)
+	waitFor(t, func() string { return "working set recorded" }, func() bool {
+		_, err := lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
+		return err == nil
+	})
+	for i := range 2 {
+		for _, lazy := range []bool{false, true} {
+			b, cache, rl := lazyHost(t, objs, func(l *LazyConfig) {
+				if !lazy {
+					l.NoPrefetch, l.RecordFor = true, -1
+				}
+			})
+			warm, err := b.Create(ctxT(t), CreateRequest{}) // the template is on this host now
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Kill(ctxT(t), warm.ID)
+			t0 := time.Now()
+			c, err := createFrom(t, b, snap.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shOn(t, b, c.ID, "true")
+			d := time.Since(t0)
+			_, wasLazy := b.LazyStats(storeName(snap.ID))
+			t.Logf("#%d template on the host, lazy %v (chosen: %v): first exec %v, %d MiB fetched through the chunk cache; %s", i+1, lazy, wasLazy,
+				d.Round(time.Millisecond), cache.Stats().BytesFetched>>20, rl.last("snapshot fetched from the object store"))
+			if wasLazy {
+				t.Errorf("lazy restore chosen with the template on the host: the seeded download fetches less")
+			}
+			if i == 0 {
+				checkMemState(t, "template on the host", b, c.ID, sum, keeper, secret)
+			}
+			b.Kill(ctxT(t), c.ID)
+		}
+	}
+}

@@ -426,7 +426,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	// Chunks this host's copy of its template holds come from there.
 	seeds, release := a.templateSeeds(ctx, rec.Template)
 	var st chunkstore.DownloadStats
-	if a.cfg.Lazy != nil { // lazy restore: lazy.go
+	if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
 		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)
 	} else {
 		st, err = a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)

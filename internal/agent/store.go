@@ -350,7 +350,7 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 		var si SnapshotInfo
 		json.Unmarshal(m.Meta, &si) // no metadata: no template to take chunks from
 		seeds, release := a.templateSeeds(ctx, si.Template)
-		if a.cfg.Lazy != nil { // lazy restore: lazy.go
+		if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
 			st, err = a.downloadLazy(ctx, m, tmp, seeds)
 		} else {
 			st, err = a.store.DownloadSeeded(ctx, m, tmp, seeds)
