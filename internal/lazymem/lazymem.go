@@ -32,6 +32,10 @@
 // for a moment, so that they stop depending on the store soon without
 // slowing their start.
 //
+// Errors: a read the store fails is retried for Config.RetryFor (the
+// faulting vCPU waits) before it fails with EIO, which QEMU takes as
+// SIGBUS; a chunk gone from the store fails at once.
+//
 // Lifetime: a machine mapping a file needs the mount (and this process)
 // for as long as it runs — a page the kernel evicts is read again through
 // it, and with the mount gone that read fails and QEMU gets SIGBUS. Close
