@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -129,7 +130,8 @@ func (a *Agent) lazyMount() (*lazymem.FS, error) {
 	}
 	images := &lazymem.StoreImages{Chunks: lc.Chunks, Objects: lc.Objects, File: lazyFile, RecordFor: rec,
 		FetchAll: !lc.NoFetchAll, NoPrefetch: lc.NoPrefetch,
-		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) }}
+		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) },
+		Seeds:   a.lazySeeds}
 	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log,
 		MaxReadAhead: lc.ReadAheadKiB << 10})
 	if err != nil {
@@ -137,6 +139,28 @@ func (a *Agent) lazyMount() (*lazymem.FS, error) {
 	}
 	a.lazyFS = fsys
 	return fsys, nil
+}
+
+// lazySeeds are this host's copy of the template of set m, which its
+// metadata names (a snapshot's template, a paused sandbox's record's):
+// its chunks are read from there rather than fetched. The files stay open
+// until the mount closes.
+func (a *Agent) lazySeeds(ctx context.Context, m *chunkstore.Manifest) ([]chunkstore.Seed, func()) {
+	var meta struct {
+		Template string `json:"template"`
+		Sandbox  struct {
+			Template string `json:"template"`
+		} `json:"sandbox"`
+	}
+	json.Unmarshal(m.Meta, &meta) // no metadata: no template
+	key := meta.Template
+	if key == "" {
+		key = meta.Sandbox.Template
+	}
+	if key == "" {
+		return nil, func() {}
+	}
+	return a.templateSeeds(ctx, key)
 }
 
 // closeLazy unmounts the lazymem mount; the machines must be stopped.

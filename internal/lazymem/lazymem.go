@@ -48,6 +48,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -74,6 +75,12 @@ type Source interface {
 type Image struct {
 	Source    Source
 	ChunkSize int64
+	// Local holds the chunks this host has already (in a seed: the set's
+	// template), by index: they are read from there, never fetched.
+	Local map[int]LocalChunk
+	// Close, if set, is called when the FS closes (it releases Local's
+	// files).
+	Close func()
 	// Stored says which chunks are fetched from the store (false: a chunk
 	// of zeros, which costs nothing); nil means all. Used by FetchAll.
 	Stored []bool
@@ -88,6 +95,12 @@ type Image struct {
 	// first-touch order (called once, from its own goroutine).
 	RecordFor  time.Duration
 	OnRecorded func(chunks []int)
+}
+
+// LocalChunk is where a chunk of a file is on this host: Off in File.
+type LocalChunk struct {
+	File io.ReaderAt
+	Off  int64
 }
 
 // Resolver returns the Image of set name; an error wrapping fs.ErrNotExist
@@ -223,6 +236,13 @@ func (f *FS) Close() error {
 				f.closeErr = fmt.Errorf("lazymem: unmount %s: %w (detach: %v)", f.cfg.Dir, err, derr)
 			}
 		}
+		f.root.mu.Lock()
+		for _, n := range f.root.files {
+			if n.im.Close != nil {
+				n.im.Close()
+			}
+		}
+		f.root.mu.Unlock()
 	})
 	return f.closeErr
 }
@@ -236,6 +256,9 @@ type Stats struct {
 	ChunksTouched int
 	// PagesRead is how many distinct 4 KiB pages the kernel read.
 	PagesRead int
+	// LocalBytes is what reads took from this host's copies (Image.Local)
+	// rather than from the store.
+	LocalBytes int64
 	// Prefetched is how many chunks the background fetch got so far.
 	Prefetched int
 }
@@ -285,7 +308,7 @@ func (f *FS) FetchAll(ctx context.Context, name string) error {
 		}()
 	}
 	var err error
-	all := fetchOrder(&Image{Stored: n.im.Stored, FetchAll: true}, len(n.touched))
+	all := fetchOrder(&Image{Stored: n.im.Stored, Local: n.im.Local, FetchAll: true}, len(n.touched))
 feed:
 	for _, i := range all {
 		select {
@@ -400,8 +423,10 @@ type fileNode struct {
 	lastRead  time.Time
 	recorded  bool
 	bytesRead int64
-	pages     []uint64 // bitmap of the 4 KiB pages read
-	nPages    int      // bits set in pages
+	// localBytes is what reads took from Local.
+	localBytes int64
+	pages      []uint64 // bitmap of the 4 KiB pages read
+	nPages     int      // bits set in pages
 
 	prefetched int
 }
@@ -492,6 +517,37 @@ func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	return fuse.ReadResultData(dest[:got]), 0
 }
 
+// readAt reads from Local where it holds the chunks, else from the
+// Source.
+func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if len(n.im.Local) == 0 {
+		return n.im.Source.ReadAtContext(ctx, p, off)
+	}
+	cs := n.im.ChunkSize
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		i := int(pos / cs)
+		m := min(len(p)-done, int(int64(i+1)*cs-pos))
+		dst := p[done : done+m]
+		var err error
+		var got int
+		if lc, ok := n.im.Local[i]; ok {
+			got, err = lc.File.ReadAt(dst, lc.Off+pos-int64(i)*cs)
+			n.mu.Lock()
+			n.localBytes += int64(got)
+			n.mu.Unlock()
+		} else {
+			got, err = n.im.Source.ReadAtContext(ctx, dst, pos)
+		}
+		done += got
+		if err != nil && got < len(dst) {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
 // readRetrying reads from the Source, retrying failures other than a
 // missing chunk for up to Config.RetryFor: a read that fails is a SIGBUS
 // in the machine that faulted (QEMU dies), a read that waits only stalls
@@ -500,7 +556,7 @@ func (n *fileNode) readRetrying(ctx context.Context, dest []byte, off int64) (in
 	deadline := time.Now().Add(n.fs.cfg.RetryFor)
 	wait := 100 * time.Millisecond
 	for {
-		got, err := n.im.Source.ReadAtContext(ctx, dest, off)
+		got, err := n.readAt(ctx, dest, off)
 		if err == nil || got == len(dest) || errors.Is(err, objstore.ErrNotFound) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return got, err
 		}
@@ -595,7 +651,7 @@ func (n *fileNode) touchedList() []int {
 func (n *fileNode) stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, Prefetched: n.prefetched}
+	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, LocalBytes: n.localBytes, Prefetched: n.prefetched}
 }
 
 // startBackground fetches Prefetch with Config.Workers at once, then
@@ -608,7 +664,7 @@ func (n *fileNode) startBackground() {
 	if len(order) == 0 {
 		return
 	}
-	nPre := len(fetchOrder(&Image{Stored: n.im.Stored, Prefetch: n.im.Prefetch}, len(n.touched)))
+	nPre := len(fetchOrder(&Image{Stored: n.im.Stored, Local: n.im.Local, Prefetch: n.im.Prefetch}, len(n.touched)))
 	ctx := n.fs.ctx
 	fetch := func(i int) {
 		var b [1]byte // one byte fetches the whole chunk into the cache
@@ -686,7 +742,10 @@ func (n *fileNode) waitQuiet(ctx context.Context) bool {
 // stored chunks in file order.
 func fetchOrder(im *Image, n int) []int {
 	seen := make([]bool, n)
-	stored := func(i int) bool { return im.Stored == nil || (i < len(im.Stored) && im.Stored[i]) }
+	stored := func(i int) bool {
+		_, local := im.Local[i]
+		return !local && (im.Stored == nil || (i < len(im.Stored) && im.Stored[i]))
+	}
 	var out []int
 	for _, i := range im.Prefetch {
 		if i >= 0 && i < n && !seen[i] && stored(i) {

@@ -445,3 +445,43 @@ func TestReadRetries(t *testing.T) {
 		t.Errorf("gave up after %v, want about RetryFor (2 s)", d)
 	}
 }
+
+// TestLocalChunks: chunks this host holds (Image.Local) are read from
+// there, never from the Source, and never fetched in the background.
+func TestLocalChunks(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: bytes.Repeat([]byte{1}, 4*csize), csize: csize, reads: map[int64]int{}}
+	seed := bytes.Repeat([]byte{9}, 2*csize)
+	closed := make(chan struct{})
+	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize, FetchAll: true,
+			Local: map[int]LocalChunk{2: {File: bytes.NewReader(seed), Off: csize}},
+			Close: func() { close(closed) }}, nil
+	})
+	b, err := os.ReadFile(f.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []byte{1, 1, 9, 1} {
+		if got := b[i*csize : (i+1)*csize]; !bytes.Equal(got, bytes.Repeat([]byte{want}, csize)) {
+			t.Errorf("chunk %d: not all %d", i, want)
+		}
+	}
+	time.Sleep(3 * quietFor)
+	if n := src.readsOf(2); n != 0 {
+		t.Errorf("the local chunk was read %d times from the source", n)
+	}
+	if st, _ := f.Stats("x"); st.LocalBytes != csize || st.Prefetched != 3 {
+		t.Errorf("stats %+v: want %d bytes local, 3 chunks fetched in the background", st, csize)
+	}
+	if got := fetchOrder(&Image{Local: map[int]LocalChunk{1: {}}, FetchAll: true, Prefetch: []int{1, 3}}, 4); !slices.Equal(got, []int{3, 0, 2}) {
+		t.Errorf("fetch order with chunk 1 local: %v, want [3 0 2]", got)
+	}
+	f.Close()
+	select {
+	case <-closed:
+	default:
+		t.Errorf("Image.Close not called by Close")
+	}
+}

@@ -90,6 +90,10 @@ type StoreImages struct {
 	// OnError, if set, hears of a working set that could not be loaded or
 	// saved (the restore goes on without it).
 	OnError func(name string, err error)
+	// Seeds, if set, returns this host's copies of chunks of set m (its
+	// template's files, open; release closes them once the FS closes):
+	// chunks of the file they hold are read from there (Image.Local).
+	Seeds func(ctx context.Context, m *chunkstore.Manifest) (seeds []chunkstore.Seed, release func())
 }
 
 // Resolve implements Resolver.
@@ -113,6 +117,9 @@ func (s *StoreImages) Resolve(ctx context.Context, name string) (*Image, error) 
 	im.Stored = make([]bool, len(f.Chunks))
 	for i, h := range f.Chunks {
 		im.Stored[i] = h != ""
+	}
+	if s.Seeds != nil {
+		im.Local, im.Close = localChunks(ctx, s.Seeds, m, f)
 	}
 	ws, err := LoadWorkingSet(ctx, s.Objects, name)
 	switch {
@@ -139,4 +146,36 @@ func (s *StoreImages) Resolve(ctx context.Context, name string) (*Image, error) 
 		}
 	}
 	return im, nil
+}
+
+// localChunks finds the chunks of f (of set m) that seeds hold whole: a
+// seed's chunk of the same hash (and size) is the same bytes. A delta
+// chunk has its own hash too, so it is found if a seed holds it whole.
+// Seeds without an open File, or of another chunk size, are not used.
+func localChunks(ctx context.Context, seedsOf func(context.Context, *chunkstore.Manifest) ([]chunkstore.Seed, func()), m *chunkstore.Manifest, f chunkstore.File) (map[int]LocalChunk, func()) {
+	seeds, release := seedsOf(ctx, m)
+	where := map[string]LocalChunk{}
+	for _, sd := range seeds {
+		if sd.File == nil || sd.ChunkSize != m.ChunkSize {
+			continue
+		}
+		for j, h := range sd.Chunks {
+			if h != "" {
+				where[h] = LocalChunk{File: sd.File, Off: int64(j) * sd.ChunkSize}
+			}
+		}
+	}
+	local := map[int]LocalChunk{}
+	for i, h := range f.Chunks {
+		if lc, ok := where[h]; ok && h != "" {
+			local[i] = lc
+		}
+	}
+	if len(local) == 0 {
+		if release != nil {
+			release()
+		}
+		return nil, nil
+	}
+	return local, release
 }
