@@ -75,7 +75,7 @@ adopt (keep). See docs/deployment.md.`,
 // panda server the control plane's.
 var (
 	hostFlags = []string{"images", "accel", "default-template", "default-memory", "on-shutdown", "bake",
-		"network", "network-prefix", "network-pool", "network-pool-size", "dns-upstream", "allow-host-net", "bake-network", "store"}
+		"network", "network-prefix", "network-pool", "network-pool-size", "dns-upstream", "allow-host-net", "bake-network", "store", "lazy-restore"}
 	controlFlags = []string{"catalog", "default-ttl", "max-ttl", "max-sandboxes-per-key", "max-memory-per-key",
 		"max-vcpus-per-key", "max-disk-per-key", "metrics-listen", "public-url", "proxy-domain"}
 )
@@ -120,6 +120,7 @@ var configFlags = map[string]configFlag{
 	"allow-host-net":        {"a CIDR of the host's or private networks sandboxes may reach after all (repeatable)", func(c *server.Config) any { return &c.AllowedHostNets }},
 	"bake-network":          {"let template bakes reach the network (default policy), for set-ups that install packages", func(c *server.Config) any { return &c.BakeNetwork }},
 	"store":                 {"object store keeping snapshots durable: DIR, file:///DIR or s3://BUCKET/PREFIX?endpoint=HOST:PORT (credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; docs/storage.md); default none", func(c *server.Config) any { return &c.Store }},
+	"lazy-restore":          {"with --store: restore snapshots and paused sandboxes this host does not hold with their memory paged in on first touch (experimental; docs/lazy-restore.md)", func(c *server.Config) any { return &c.LazyRestore }},
 	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
 	"max-template-builds":   {"template builds from images running at once (more queue)", func(c *server.Config) any { return &c.MaxTemplateBuilds }},
 	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *server.Config) any { return &c.TemplateMaxSizeMiB }},

@@ -115,7 +115,11 @@ type Config struct {
 	// StoreRetry is the wait after a failed upload or store delete before
 	// the next attempt, doubling up to 32 times this (default 2 s).
 	StoreRetry time.Duration
-	Logger     *slog.Logger
+	// Lazy, if set (with Store), restores snapshots and paused sandboxes
+	// this host does not hold with their memory paged in on first touch
+	// instead of downloaded first (lazy.go, docs/lazy-restore.md).
+	Lazy   *LazyConfig
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -178,6 +182,7 @@ type Agent struct {
 	// with its background jobs (store.go).
 	store *chunkstore.Store
 	storeJobs
+	lazyState
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,
@@ -1065,6 +1070,9 @@ func (a *Agent) Close() error {
 		go func() { defer wg.Done(); a.stop(s) }()
 	}
 	wg.Wait()
+	if err := a.closeLazy(); err != nil {
+		a.log.Error("unmount lazy memory files", "err", err)
+	}
 	return a.vol.Close()
 }
 

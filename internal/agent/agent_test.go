@@ -124,6 +124,12 @@ func leftovers(store string) string {
 	if bytes.Contains(mounts, []byte(" "+store+" ")) {
 		out = append(out, "mount "+store)
 	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		// Mounts inside the store: lazy restore's FUSE mount.
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], store+"/") {
+			out = append(out, "mount "+f[4])
+		}
+	}
 	return strings.Join(out, ", ")
 }
 

@@ -123,7 +123,7 @@ func (a *Agent) saveMachine(ctx context.Context, s *sandbox, m vmm.Machine, dir 
 	s.mu.Lock()
 	spec := s.rec.Spec
 	s.mu.Unlock()
-	if _, err := memimage.Write(filepath.Join(dir, memFile), spec.MemoryFile, volume.Clone, region, pm.Dirty); err != nil {
+	if _, err := memimage.Write(filepath.Join(dir, memFile), spec.MemoryFile, a.cloneMemory, region, pm.Dirty); err != nil {
 		return classifyIOError(err)
 	}
 	if err := volume.Clone(spec.Disk, filepath.Join(dir, diskFile)); err != nil {
@@ -370,6 +370,9 @@ func (a *Agent) verifySnapshot(si SnapshotInfo) error {
 // verifyCapture checks a sealed capture directory; a directory sealed by
 // no one (made before checksums existed) passes if its files exist.
 func verifyCapture(dir string) error {
+	if isLazyCapture(dir) { // lazy.go: its memory comes checked chunk by chunk
+		return verifyExcept(dir, lazyFile)
+	}
 	err := manifest.Verify(dir)
 	if errors.Is(err, manifest.ErrNoManifest) {
 		for _, f := range []string{memFile, stateFile, diskFile} {

@@ -253,6 +253,9 @@ func (a *Agent) startPausedDelete(id, pauseID string) {
 	a.upMu.Lock()
 	defer a.upMu.Unlock()
 	a.startJobLocked(pausedName(id), jobDelete, "delete paused sandbox from the object store", true, func(ctx context.Context) error {
+		if err := a.lazyFetchAll(ctx, pausedName(id)); err != nil { // lazy.go
+			return err
+		}
 		removed := false
 		m, err := a.store.Manifest(ctx, pausedName(id))
 		switch {
@@ -422,7 +425,12 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	t0 := time.Now()
 	// Chunks this host's copy of its template holds come from there.
 	seeds, release := a.templateSeeds(ctx, rec.Template)
-	st, err := a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
+	var st chunkstore.DownloadStats
+	if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
+		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)
+	} else {
+		st, err = a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
+	}
 	release()
 	if err == nil {
 		if verr := checkDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {

@@ -350,7 +350,11 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 		var si SnapshotInfo
 		json.Unmarshal(m.Meta, &si) // no metadata: no template to take chunks from
 		seeds, release := a.templateSeeds(ctx, si.Template)
-		st, err = a.store.DownloadSeeded(ctx, m, tmp, seeds)
+		if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
+			st, err = a.downloadLazy(ctx, m, tmp, seeds)
+		} else {
+			st, err = a.store.DownloadSeeded(ctx, m, tmp, seeds)
+		}
 		release()
 	}
 	tDownload := time.Since(t0)
@@ -479,6 +483,9 @@ func (a *Agent) startStoreDelete(id string) {
 	a.upMu.Lock()
 	defer a.upMu.Unlock()
 	a.startJobLocked(storeName(id), jobDelete, "delete snapshot from the object store", false, func(ctx context.Context) error {
+		if err := a.lazyFetchAll(ctx, storeName(id)); err != nil { // lazy.go
+			return err
+		}
 		if err := a.store.Delete(ctx, storeName(id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
 			return err
 		}

@@ -116,6 +116,12 @@ type Config struct {
 	// them from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
 	// AWS_SESSION_TOKEN, never from the file.
 	StoreCredentials objstore.Credentials `yaml:"-"`
+	// LazyRestore, with Store, restores snapshots and paused sandboxes this
+	// host does not hold with their memory paged in on first touch through
+	// a FUSE file and a chunk cache in DATA_DIR/chunk-cache, instead of
+	// downloading the memory image first (docs/lazy-restore.md).
+	// Experimental; default off.
+	LazyRestore bool `yaml:"lazy_restore"`
 
 	// MaxTemplateBuilds bounds the builds of templates from images
 	// (POST /v1/templates) running at once; more queue (default 2).
@@ -244,6 +250,9 @@ func (c *Config) LoadFile(path string) error {
 func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		return errors.New("data_dir is required")
+	}
+	if c.LazyRestore && c.Store == "" {
+		return errors.New("lazy_restore needs a store")
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen %q: %w", c.Listen, err)
@@ -472,10 +481,11 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 		return nil, nil, nil, err
 	}
 	var store *chunkstore.Store
+	var lazy *agent.LazyConfig
 	if cfg.Store != "" {
 		objs, err := objstore.Open(cfg.Store, cfg.StoreCredentials)
 		if err == nil {
-			store, err = chunkstore.New(objs, chunkstore.Config{})
+			store, lazy, err = openChunkStore(cfg, objs) // lazy.go
 		}
 		if err != nil {
 			nw.close(false)
@@ -492,6 +502,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
 		Store:      store,
+		Lazy:       lazy,
 		OnExit:     exits.exited,
 		Logger:     log.With("part", "agent"),
 	}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/pandatest"
+	pandastack "github.com/pandastack/pandastack/sdk/go"
+)
+
+// TestUpLazyRestore: `panda up --store s3://... --lazy-restore` creates
+// from a snapshot whose files the host lost (with 96 MiB of memory its
+// template does not hold) by paging its memory in through the FUSE mount
+// DATA_DIR/store/lazy: files and memory-held state
+// are intact; the mount is there while panda runs and gone when it
+// stopped (newDataDir reports any mount left under the data directory).
+func TestUpLazyRestore(t *testing.T) {
+	e2e(t)
+	s3 := s3test.Start(t)
+	dataDir := newDataDir(t)
+	opts := upOptions(dataDir, "", "--store", s3.URL("up"), "--lazy-restore")
+	opts.Env = []string{"AWS_ACCESS_KEY_ID=" + s3.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3.SecretKey}
+	p := start(t, "up", opts)
+	ctx := ctxFor(t)
+	c := p.client(t)
+
+	sb := mustCreate(t, ctx, c)
+	writeFile(t, ctx, sb, "/root/d.txt", "lazy\n")
+	// 96 MiB the template does not hold: lazy restore is chosen only
+	// when that much (64 MiB by default) is to be fetched.
+	sum := mustExec(t, ctx, sb, "head -c 100663296 /dev/urandom > /dev/shm/blob && md5sum /dev/shm/blob")
+	s1, err := sb.Snapshot(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		s, err := c.GetSnapshot(ctx, s1.ID)
+		if err == nil && s.Stored == "durable" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot not durable: %+v, %v", s, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := os.RemoveAll(filepath.Join(dataDir, "store", "snapshots", s1.ID)); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	c1, err := c.Create(ctx, pandastack.CreateOptions{SnapshotID: s1.ID, TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("lazy create from a snapshot the host lost: %v", err)
+	}
+	if got := mustExec(t, ctx, c1, "cat /root/d.txt; md5sum /dev/shm/blob"); got != "lazy\n"+sum {
+		t.Errorf("lazily restored: %q, want %q", got, "lazy\n"+sum)
+	}
+	t.Logf("lazy create from the store: first exec %v", time.Since(t0).Round(time.Millisecond))
+	lazy := filepath.Join(dataDir, "store", "lazy")
+	if !pandatest.Mounted(lazy) {
+		t.Errorf("%s is not mounted", lazy)
+	}
+	if target, err := os.Readlink(filepath.Join(dataDir, "store", "snapshots", s1.ID, "vm.mem")); err != nil || !strings.HasPrefix(target, lazy+"/") {
+		t.Errorf("the fetched snapshot's vm.mem: link to %q, %v; want a link into %s", target, err, lazy)
+	}
+	mustStop(t, p)
+	if pandatest.Mounted(lazy) {
+		t.Errorf("%s still mounted after panda stopped", lazy)
+	}
+}

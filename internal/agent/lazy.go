@@ -1,0 +1,369 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/volume"
+	"golang.org/x/sys/unix"
+)
+
+// Lazy restore (Config.Lazy; docs/lazy-restore.md).
+//
+// A snapshot or paused sandbox this host does not hold is fetched without
+// its memory image: the agent downloads vm.state, rootfs.ext4 and the
+// set's small files, checks them, and makes vm.mem a symbolic link to the
+// set's file on the host's lazymem mount (STORE/lazy). Everything
+// downstream is unchanged:
+// a restore hard-links the symbolic link into the sandbox's directory
+// (link(2) does not follow it), QEMU and the jail's bind mount follow it
+// to the FUSE file, whose pages are fetched on first touch through the
+// chunk cache. The first lazy restore of a set records the chunks it
+// touched (Lazy.RecordFor after its first fault) as the set's working
+// set in the store; later ones prefetch it.
+//
+// Before this host removes a set from the store (a stale capture after a
+// resume, a deleted snapshot), it fetches every chunk of the set's lazy
+// file it lacks (lazyFetchAll); a capture of a lazily restored machine
+// copies its image through the mount (cloneMemory).
+//
+// One mount per host, not per machine: machines restored from one set
+// share the file's page cache, as local restores share a memory image's.
+// It is made at start (Recover: links fetched before a restart resolve
+// through it) or on first use, and unmounted by Close after every machine
+// is stopped. A machine restored lazily depends on this process: if the
+// agent dies, its next page-cache miss fails (SIGBUS in QEMU).
+
+// LazyConfig turns on lazy restore of memory images.
+type LazyConfig struct {
+	// Chunks is the agent's Store with a chunk cache (chunkstore.Config.Cache).
+	Chunks *chunkstore.Store
+	// Objects is the object store under Chunks: working sets are kept there.
+	Objects objstore.Store
+	// RecordFor is how long after its first fault a set's first lazy
+	// restore records the chunks touched; default 3 s.
+	RecordFor time.Duration
+	// NoFetchAll leaves untouched chunks in the store (measurements only:
+	// without the background fetch of the whole image, a snapshot deleted
+	// from the store takes pages its lazily restored machines still need).
+	NoFetchAll bool
+	// NoPrefetch ignores recorded working sets (measurements).
+	NoPrefetch bool
+	// ReadAheadKiB is the kernel's readahead on the lazy files
+	// (lazymem.Config.MaxReadAhead); default 128.
+	ReadAheadKiB int
+	// MinRemoteBytes: a set is restored lazily only if its memory image
+	// has at least this much to fetch whole from the store (chunks that
+	// are not zeros, not deltas and not on this host in a seed, its
+	// template); default 64 MiB. Below it, the seeded download is faster
+	// (measured: with the template on the host, a snapshot's download
+	// fetched 7 MiB and its first exec came 0.55 s after the create;
+	// lazily, without seeds, 96 MiB and 0.74-0.95 s). Negative: always.
+	MinRemoteBytes int64
+}
+
+// lazyWorth reports whether set m is worth restoring lazily on this host,
+// whose local copies of its chunks are seeds (see MinRemoteBytes).
+func (a *Agent) lazyWorth(m *chunkstore.Manifest, seeds []chunkstore.Seed) bool {
+	min := a.cfg.Lazy.MinRemoteBytes
+	if min == 0 {
+		min = 64 << 20
+	}
+	if min < 0 {
+		return true
+	}
+	f, ok := m.File(lazyFile)
+	if !ok {
+		return false
+	}
+	local := map[string]bool{}
+	for _, sd := range seeds {
+		if sd.ChunkSize == m.ChunkSize {
+			for _, h := range sd.Chunks {
+				local[h] = true
+			}
+		}
+	}
+	var remote int64
+	for i, h := range f.Chunks {
+		if _, delta := f.Deltas[i]; h != "" && !delta && !local[h] {
+			remote += m.ChunkSize
+		}
+	}
+	return remote >= min
+}
+
+// lazyState is the agent's lazymem mount, made on first use.
+type lazyState struct {
+	lazyMu sync.Mutex
+	lazyFS *lazymem.FS
+}
+
+// lazyFile is the name of a set's file that lazy restore serves.
+const lazyFile = memFile
+
+// lazyMount returns the host's lazymem mount, mounting it if needed.
+func (a *Agent) lazyMount() (*lazymem.FS, error) {
+	a.lazyMu.Lock()
+	defer a.lazyMu.Unlock()
+	if a.lazyFS != nil {
+		return a.lazyFS, nil
+	}
+	lc := a.cfg.Lazy
+	if lc.Chunks == nil || lc.Objects == nil {
+		return nil, errors.New("lazy restore: LazyConfig needs Chunks (with a chunk cache) and Objects")
+	}
+	rec := lc.RecordFor
+	if rec == 0 {
+		rec = 3 * time.Second
+	}
+	images := &lazymem.StoreImages{Chunks: lc.Chunks, Objects: lc.Objects, File: lazyFile, RecordFor: rec,
+		FetchAll: !lc.NoFetchAll, NoPrefetch: lc.NoPrefetch,
+		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) },
+		Seeds:   a.lazySeeds}
+	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log,
+		MaxReadAhead: lc.ReadAheadKiB << 10})
+	if err != nil {
+		return nil, err
+	}
+	a.lazyFS = fsys
+	return fsys, nil
+}
+
+// lazySeeds are this host's copy of the template of set m, which its
+// metadata names (a snapshot's template, a paused sandbox's record's):
+// its chunks are read from there rather than fetched. The files stay open
+// until the mount closes.
+func (a *Agent) lazySeeds(ctx context.Context, m *chunkstore.Manifest) ([]chunkstore.Seed, func()) {
+	var meta struct {
+		Template string `json:"template"`
+		Sandbox  struct {
+			Template string `json:"template"`
+		} `json:"sandbox"`
+	}
+	json.Unmarshal(m.Meta, &meta) // no metadata: no template
+	key := meta.Template
+	if key == "" {
+		key = meta.Sandbox.Template
+	}
+	if key == "" {
+		return nil, func() {}
+	}
+	return a.templateSeeds(ctx, key)
+}
+
+// closeLazy unmounts the lazymem mount; the machines must be stopped.
+func (a *Agent) closeLazy() error {
+	a.lazyMu.Lock()
+	defer a.lazyMu.Unlock()
+	if a.lazyFS == nil {
+		return nil
+	}
+	err := a.lazyFS.Close()
+	a.lazyFS = nil
+	return err
+}
+
+// LazyStats reports the lazy file of set name (e.g. "snapshots/<id>"),
+// if this host served one.
+func (a *Agent) LazyStats(name string) (lazymem.Stats, bool) {
+	a.lazyMu.Lock()
+	fsys := a.lazyFS
+	a.lazyMu.Unlock()
+	if fsys == nil {
+		return lazymem.Stats{}, false
+	}
+	return fsys.Stats(name)
+}
+
+// downloadLazy is DownloadSeeded of set m into dir for a lazy restore:
+// every file but the memory image is downloaded (from seeds where they
+// hold its chunks); the memory image becomes a symbolic link to its lazy
+// file. Its file is looked up first, so that its working set is
+// prefetched while the rest downloads. The caller checks the files
+// (checkDownloaded: sizes, through the link for the memory image, whose
+// chunks are checked one by one as they arrive). Errors keep their
+// classes (objstore.ErrUnavailable, ErrNotFound, manifest.ErrCorrupt).
+func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir string, seeds []chunkstore.Seed) (chunkstore.DownloadStats, error) {
+	var st chunkstore.DownloadStats
+	fsys, err := a.lazyMount()
+	if err != nil {
+		return st, err
+	}
+	rest := *m
+	rest.Files = nil
+	for _, f := range m.Files {
+		if f.Name != lazyFile {
+			rest.Files = append(rest.Files, f)
+		}
+	}
+	if len(rest.Files) == len(m.Files) {
+		return st, fmt.Errorf("%w: set %s has no %s", manifest.ErrCorrupt, m.Name, lazyFile)
+	}
+	if _, err := os.Stat(fsys.Path(m.Name)); err != nil {
+		return st, fmt.Errorf("lazy memory image of %s: %w", m.Name, err)
+	}
+	if st, err = a.store.DownloadSeeded(ctx, &rest, dir, seeds); err != nil {
+		return st, err
+	}
+	return st, os.Symlink(fsys.Path(m.Name), filepath.Join(dir, lazyFile))
+}
+
+// lazyFetchAll is called before set name leaves the store: machines of
+// this host restored lazily from it must have every chunk of its memory
+// image in the chunk cache first.
+func (a *Agent) lazyFetchAll(ctx context.Context, name string) error {
+	if a.cfg.Lazy == nil {
+		return nil
+	}
+	a.lazyMu.Lock()
+	fsys := a.lazyFS
+	a.lazyMu.Unlock()
+	if fsys == nil {
+		return nil
+	}
+	return fsys.FetchAll(ctx, name)
+}
+
+// mountLazy, at start, mounts the lazymem mount that the memory images of
+// sets fetched lazily before a restart point to.
+func (a *Agent) mountLazy() {
+	if a.cfg.Lazy == nil {
+		return
+	}
+	if _, err := a.lazyMount(); err != nil {
+		a.log.Error("mount lazy memory files", "err", err)
+	}
+}
+
+// isLazyCapture reports whether dir's memory image is a lazy one (a
+// symbolic link to the lazymem mount, which only lazy restores make).
+func isLazyCapture(dir string) bool {
+	fi, err := os.Lstat(filepath.Join(dir, lazyFile))
+	return err == nil && fi.Mode()&os.ModeSymlink != 0
+}
+
+// verifyExcept is manifest.Verify of dir but for file skip, whose size
+// only is checked (its content comes checked chunk by chunk).
+func verifyExcept(dir, skip string) error {
+	if err := manifest.Check(dir); err != nil {
+		return err
+	}
+	m, err := manifest.Read(dir)
+	if errors.Is(err, manifest.ErrNoManifest) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, f := range m.Files {
+		if f.Name == skip {
+			continue
+		}
+		got, err := manifest.Sum(filepath.Join(dir, f.Name))
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", manifest.ErrCorrupt, f.Name, err)
+		}
+		if got.Sum != f.Sum {
+			return fmt.Errorf("%w: %s does not match its checksum", manifest.ErrCorrupt, f.Name)
+		}
+	}
+	return nil
+}
+
+// cloneMemory is the Cloner of a capture's memory image (fork, snapshot,
+// pause): volume.Clone, except that the image of a lazily restored
+// machine, on the lazymem mount where nothing can be reflinked, is copied
+// (sparse) through the mount. That reads the whole image — from the chunk
+// cache once the background fetch is done — while the machine is paused.
+func (a *Agent) cloneMemory(src, dst string) error {
+	err := volume.Clone(src, dst)
+	if !errors.Is(err, volume.ErrNoReflink) || !a.isLazyFile(src) {
+		return err
+	}
+	if err := copySparse(src, dst); err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("copy lazily restored memory image: %w", err)
+	}
+	return nil
+}
+
+// isLazyFile reports whether path leads to a file on the lazymem mount.
+func (a *Agent) isLazyFile(path string) bool {
+	p, err := filepath.EvalSymlinks(path)
+	return err == nil && strings.HasPrefix(p, filepath.Join(a.vol.Dir, "lazy")+"/")
+}
+
+// copySparse copies src to a new file dst, reading only its data
+// (SEEK_DATA: the lazy file reports zero chunks as holes) and leaving
+// holes for zero pages.
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	buf := make([]byte, 2<<20)
+	fd := int(in.Fd())
+	for off := int64(0); off < st.Size(); {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			data = off // no SEEK_DATA: all of it is data
+		}
+		end, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			end = st.Size()
+		}
+		for off = data; off < end; {
+			n, err := in.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+			if n == 0 && err != nil {
+				return err
+			}
+			for p := 0; p < n; p += 4096 {
+				page := buf[p:min(p+4096, n)]
+				if !allZero(page) {
+					if _, err := out.WriteAt(page, off+int64(p)); err != nil {
+						return err
+					}
+				}
+			}
+			off += int64(n)
+		}
+	}
+	return out.Close()
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}

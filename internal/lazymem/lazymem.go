@@ -1,0 +1,772 @@
+// Package lazymem serves guest memory images that live in the object
+// store as regular files on a FUSE mount, so that QEMU can map one
+// (memory-backend-file, share=off) and start before the image is on the
+// host: a page the guest touches is read through the mount, and the chunk
+// holding it is fetched then, through the per-host chunk cache
+// (chunkstore.Open), once for every machine of the host.
+//
+// One FS is one mount per host, at Config.Dir. Its root holds one file
+// per set, named by Name(set) ("snapshots%2Fabc.mem"), looked up on
+// demand: the first lookup asks Config.Resolve for the set's Image (its
+// manifest, read from the store) and the file then stays for the life of
+// the mount. Every machine mapping the same file shares its page cache
+// (the files are opened with FOPEN_KEEP_CACHE), as local restores share a
+// memory image's page cache through hard links.
+//
+// The files are read-only in content but accept what QEMU 7.2 and the
+// host agent do to a memory file: an O_RDWR open (QEMU opens mem-path
+// read-write even for a private mapping), and chown/chmod (the agent
+// gives the file to the machine's group). Writes, truncation and
+// fallocate fail; a private mapping's writes never reach the file. The
+// mount has allow_other with default_permissions: the kernel checks the
+// file's mode against a jailed QEMU's user and group, as on a disk.
+//
+// Working sets. Each file records which chunks the kernel read (page
+// faults of machines, and reads), in first-touch order, for
+// Image.RecordFor after its first read, then hands them to
+// Image.OnRecorded: the agent stores that list next to the set's manifest
+// (SaveWorkingSet) and the next lazy restore of the set on any host
+// prefetches it (Image.Prefetch) in the background as soon as the file is
+// looked up, while the machine starts. With Image.FetchAll, the remaining
+// chunks follow one at a time whenever the machines have paused faulting
+// for a moment, so that they stop depending on the store soon without
+// slowing their start.
+//
+// Errors: a read the store fails is retried for Config.RetryFor (the
+// faulting vCPU waits) before it fails with EIO, which QEMU takes as
+// SIGBUS; a chunk gone from the store fails at once.
+//
+// Lifetime: a machine mapping a file needs the mount (and this process)
+// for as long as it runs — a page the kernel evicts is read again through
+// it, and with the mount gone that read fails and QEMU gets SIGBUS. Close
+// unmounts: call it after the machines using the mount are gone. Mount
+// detaches a stale mount a crashed process left at Dir before mounting.
+package lazymem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pandastack/pandastack/internal/objstore"
+	"golang.org/x/sys/unix"
+)
+
+// Source is the content of one lazy file. *chunkstore.Reader is one.
+// ReadAtContext must be safe for concurrent use and return io.EOF (or
+// short) only at the end of the file.
+type Source interface {
+	Size() int64
+	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
+}
+
+// Image is what the FS needs to serve one set's memory file.
+type Image struct {
+	Source    Source
+	ChunkSize int64
+	// Local holds the chunks this host has already (in a seed: the set's
+	// template), by index: they are read from there, never fetched.
+	Local map[int]LocalChunk
+	// Close, if set, is called when the FS closes (it releases Local's
+	// files).
+	Close func()
+	// Stored says which chunks are fetched from the store (false: a chunk
+	// of zeros, which costs nothing); nil means all. Used by FetchAll.
+	Stored []bool
+	// Prefetch lists chunks to fetch in the background, in order, from
+	// the moment the file is looked up (a recorded working set).
+	Prefetch []int
+	// FetchAll fetches every stored chunk after Prefetch, in the
+	// background.
+	FetchAll bool
+	// RecordFor is how long after the file's first read the chunks read
+	// are recorded; 0 records nothing. OnRecorded gets them then, in
+	// first-touch order (called once, from its own goroutine).
+	RecordFor  time.Duration
+	OnRecorded func(chunks []int)
+}
+
+// LocalChunk is where a chunk of a file is on this host: Off in File.
+type LocalChunk struct {
+	File io.ReaderAt
+	Off  int64
+}
+
+// Resolver returns the Image of set name; an error wrapping fs.ErrNotExist
+// (os.ErrNotExist) makes the lookup ENOENT, any other EIO.
+type Resolver func(ctx context.Context, name string) (*Image, error)
+
+// Config configures an FS.
+type Config struct {
+	// Dir is the mount point (made if missing).
+	Dir     string
+	Resolve Resolver
+	Log     *slog.Logger
+	// Workers is how many chunks the background fetch of one file
+	// fetches at once; default 4.
+	Workers int
+	// RetryFor is how long a read the store fails (but for a missing
+	// chunk) is retried before the machine faulting gets an error;
+	// default 2 minutes.
+	RetryFor time.Duration
+	// MaxReadAhead bounds the kernel's readahead on the files (each
+	// page fault of a machine reads this much around the page); default
+	// 128 KiB, at least 4 KiB.
+	MaxReadAhead int
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// FS is a mounted lazy file system. Its methods are safe for concurrent
+// use.
+type FS struct {
+	cfg    Config
+	root   *rootNode
+	server *fuse.Server
+	ctx    context.Context // of the background fetches; cancelled by Close
+	cancel context.CancelFunc
+
+	closeOnce sync.Once
+	closeErr  error
+	bg        sync.WaitGroup
+}
+
+// Name is the file name of set name in the mount's root: the set name
+// path-escaped ("snapshots/abc" is "snapshots%2Fabc.mem").
+func Name(set string) string { return url.PathEscape(set) + ".mem" }
+
+// setOf is the inverse of Name.
+func setOf(file string) (string, bool) {
+	base, ok := strings.CutSuffix(file, ".mem")
+	if !ok || base == "" {
+		return "", false
+	}
+	s, err := url.PathUnescape(base)
+	if err != nil || Name(s) != file {
+		return "", false
+	}
+	return s, true
+}
+
+// cacheTimeout is how long the kernel caches names and attributes: the
+// files never change size or content.
+const cacheTimeout = time.Hour
+
+// Mount mounts a new FS at cfg.Dir. It needs CAP_SYS_ADMIN (it calls
+// mount(2) itself; no fusermount helper is needed or used).
+func Mount(cfg Config) (*FS, error) {
+	if cfg.Dir == "" || cfg.Resolve == nil {
+		return nil, errors.New("lazymem: mount: Dir and Resolve are required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.MaxReadAhead <= 0 {
+		cfg.MaxReadAhead = 128 << 10
+	}
+	if cfg.RetryFor <= 0 {
+		cfg.RetryFor = 2 * time.Minute
+	}
+	cfg.MaxReadAhead = max(cfg.MaxReadAhead, 4096)
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("lazymem: mount: %w", err)
+	}
+	// A mount left by a crashed process answers ENOTCONN: detach it.
+	unix.Unmount(cfg.Dir, unix.MNT_DETACH)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &FS{cfg: cfg, ctx: ctx, cancel: cancel}
+	f.root = &rootNode{fs: f, files: map[string]*fileNode{}}
+	timeout := cacheTimeout
+	neg := time.Duration(0)
+	opts := &fs.Options{
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &neg,
+		MountOptions: fuse.MountOptions{
+			AllowOther:        true,
+			DirectMountStrict: true,
+			FsName:            "panda-lazymem",
+			Name:              "lazymem",
+			// The kernel checks modes: a jailed QEMU runs as a user of
+			// its own with the machine's group.
+			Options:       []string{"default_permissions"},
+			DisableXAttrs: true,
+			MaxReadAhead:  cfg.MaxReadAhead,
+			Debug:         cfg.Debug,
+		},
+	}
+	server, err := fs.Mount(cfg.Dir, f.root, opts)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("lazymem: mount %s: %w", cfg.Dir, err)
+	}
+	f.server = server
+	return f, nil
+}
+
+// Path is the path of set name's memory file on the mount.
+func (f *FS) Path(name string) string { return f.cfg.Dir + "/" + Name(name) }
+
+// Close stops the background fetches and unmounts; if the mount is busy
+// (a file still open or mapped), it detaches it (MNT_DETACH: it leaves
+// the namespace at once, and its users' next misses fail). Idempotent.
+func (f *FS) Close() error {
+	f.closeOnce.Do(func() {
+		f.cancel()
+		f.bg.Wait()
+		// Unmount asks the kernel to unmount and waits for the serving
+		// loop to end; a busy mount (a file still open) fails it, so
+		// detach then.
+		if err := f.server.Unmount(); err != nil {
+			if derr := unix.Unmount(f.cfg.Dir, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
+				f.closeErr = fmt.Errorf("lazymem: unmount %s: %w (detach: %v)", f.cfg.Dir, err, derr)
+			}
+		}
+		f.root.mu.Lock()
+		for _, n := range f.root.files {
+			if n.im.Close != nil {
+				n.im.Close()
+			}
+		}
+		f.root.mu.Unlock()
+	})
+	return f.closeErr
+}
+
+// Stats are the counts of one file.
+type Stats struct {
+	Size int64
+	// BytesRead is what the kernel read through the mount (page faults,
+	// reads, its readahead); ChunksTouched how many chunks that touched.
+	BytesRead     int64
+	ChunksTouched int
+	// PagesRead is how many distinct 4 KiB pages the kernel read.
+	PagesRead int
+	// LocalBytes is what reads took from this host's copies (Image.Local)
+	// rather than from the store.
+	LocalBytes int64
+	// Prefetched is how many chunks the background fetch got so far.
+	Prefetched int
+}
+
+// Stats returns the counts of set name's file, if it was looked up.
+func (f *FS) Stats(name string) (Stats, bool) {
+	n := f.root.get(name)
+	if n == nil {
+		return Stats{}, false
+	}
+	return n.stats(), true
+}
+
+// Touched returns the chunks of set name's file that the kernel read, in
+// first-touch order (recorded or not).
+func (f *FS) Touched(name string) []int {
+	n := f.root.get(name)
+	if n == nil {
+		return nil
+	}
+	return n.touchedList()
+}
+
+// FetchAll fetches every stored chunk of set name's file that is not in
+// the chunk cache yet, and returns when all are (or at the first error).
+// Call it before the set leaves the store while machines may map its
+// file. A set never looked up needs nothing.
+func (f *FS) FetchAll(ctx context.Context, name string) error {
+	n := f.root.get(name)
+	if n == nil {
+		return nil
+	}
+	work := make(chan int)
+	errc := make(chan error, f.cfg.Workers)
+	var wg sync.WaitGroup
+	for range f.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var b [1]byte
+			for i := range work {
+				if _, err := n.im.Source.ReadAtContext(ctx, b[:], int64(i)*n.im.ChunkSize); err != nil {
+					errc <- fmt.Errorf("fetch chunk %d of %s: %w", i, name, err)
+					return
+				}
+			}
+		}()
+	}
+	var err error
+	all := fetchOrder(&Image{Stored: n.im.Stored, Local: n.im.Local, FetchAll: true}, len(n.touched))
+feed:
+	for _, i := range all {
+		select {
+		case work <- i:
+		case err = <-errc:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errc:
+		default:
+		}
+	}
+	return err
+}
+
+// rootNode is the mount's root directory.
+type rootNode struct {
+	fs.Inode
+	fs *FS
+
+	mu    sync.Mutex
+	files map[string]*fileNode // by set name
+	// resolving serialises first lookups of one name.
+	resolving sync.Mutex
+}
+
+var (
+	_ fs.NodeLookuper  = (*rootNode)(nil)
+	_ fs.NodeReaddirer = (*rootNode)(nil)
+	_ fs.NodeGetattrer = (*rootNode)(nil)
+)
+
+func (r *rootNode) get(name string) *fileNode {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.files[name]
+}
+
+func (r *rootNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFDIR | 0o755
+	return 0
+}
+
+func (r *rootNode) Lookup(ctx context.Context, file string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	set, ok := setOf(file)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	if ch := r.GetChild(file); ch != nil {
+		ch.Operations().(*fileNode).fill(&out.Attr)
+		return ch, 0
+	}
+	r.resolving.Lock()
+	defer r.resolving.Unlock()
+	if ch := r.GetChild(file); ch != nil {
+		ch.Operations().(*fileNode).fill(&out.Attr)
+		return ch, 0
+	}
+	im, err := r.fs.cfg.Resolve(ctx, set)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, syscall.ENOENT
+		}
+		r.fs.cfg.Log.Error("lazy memory file: resolve set", "set", set, "err", err)
+		return nil, syscall.EIO
+	}
+	n := newFileNode(r.fs, set, im)
+	ch := r.NewPersistentInode(ctx, n, fs.StableAttr{Mode: fuse.S_IFREG, Ino: n.ino})
+	r.AddChild(file, ch, false)
+	r.mu.Lock()
+	r.files[set] = n
+	r.mu.Unlock()
+	n.fill(&out.Attr)
+	n.startBackground()
+	return ch, 0
+}
+
+func (r *rootNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	var ents []fuse.DirEntry
+	for name := range r.Children() {
+		ents = append(ents, fuse.DirEntry{Name: name, Mode: fuse.S_IFREG})
+	}
+	return fs.NewListDirStream(ents), 0
+}
+
+// fileNode is one set's memory file.
+type fileNode struct {
+	fs.Inode
+	fs   *FS
+	set  string
+	im   *Image
+	size int64
+	// ino is the file's inode number, the same from lookup to getattr
+	// (the kernel's i_ino, which /proc/PID/maps shows, comes from the
+	// lookup; the driver finds guest RAM there by stat's st_ino) and
+	// across mounts (a fingerprint of the snapshot's files holds it).
+	ino uint64
+
+	mu        sync.Mutex
+	mode      uint32
+	uid, gid  uint32
+	touched   []bool
+	order     []int // first-touch order
+	firstRead time.Time
+	lastRead  time.Time
+	recorded  bool
+	bytesRead int64
+	// localBytes is what reads took from Local.
+	localBytes int64
+	pages      []uint64 // bitmap of the 4 KiB pages read
+	nPages     int      // bits set in pages
+
+	prefetched int
+}
+
+var (
+	_ fs.NodeGetattrer = (*fileNode)(nil)
+	_ fs.NodeSetattrer = (*fileNode)(nil)
+	_ fs.NodeOpener    = (*fileNode)(nil)
+	_ fs.NodeReader    = (*fileNode)(nil)
+	_ fs.NodeWriter    = (*fileNode)(nil)
+	_ fs.NodeLseeker   = (*fileNode)(nil)
+)
+
+func newFileNode(f *FS, set string, im *Image) *fileNode {
+	size := im.Source.Size()
+	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
+	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks),
+		pages: make([]uint64, (size+4095)/4096/64+1)}
+}
+
+func (n *fileNode) fill(a *fuse.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a.Mode = fuse.S_IFREG | n.mode
+	a.Size = uint64(n.size)
+	a.Blocks = (uint64(n.size) + 511) / 512
+	a.Blksize = 4096
+	a.Nlink = 1
+	a.Ino = n.ino
+	a.Owner = fuse.Owner{Uid: n.uid, Gid: n.gid}
+}
+
+func (n *fileNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr)
+	out.SetTimeout(cacheTimeout)
+	return 0
+}
+
+// Setattr takes a new mode and owner (the agent gives the file to the
+// machine's group) and refuses any change of size: the content is the
+// set's.
+func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if sz, ok := in.GetSize(); ok && int64(sz) != n.size {
+		return syscall.EROFS
+	}
+	n.mu.Lock()
+	if m, ok := in.GetMode(); ok {
+		n.mode = m & 0o7777
+	}
+	if u, ok := in.GetUID(); ok {
+		n.uid = u
+	}
+	if g, ok := in.GetGID(); ok {
+		n.gid = g
+	}
+	n.mu.Unlock()
+	n.fill(&out.Attr)
+	out.SetTimeout(cacheTimeout)
+	return 0
+}
+
+// Open accepts read-write opens (QEMU 7.2 opens mem-path O_RDWR for a
+// private mapping too) and truncation of nothing; the kernel keeps the
+// file's page cache across opens, so every machine mapping it shares
+// what any of them faulted in.
+func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_TRUNC != 0 && n.size != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *fileNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	return 0, syscall.EROFS
+}
+
+func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= n.size {
+		return fuse.ReadResultData(nil), 0
+	}
+	dest = dest[:min(int64(len(dest)), n.size-off)]
+	n.touch(off, int64(len(dest)))
+	got, err := n.readRetrying(ctx, dest, off)
+	if err != nil && got < len(dest) {
+		n.fs.cfg.Log.Error("lazy memory file: read", "set", n.set, "offset", off, "len", len(dest), "err", err)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:got]), 0
+}
+
+// readAt reads from Local where it holds the chunks, else from the
+// Source.
+func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if len(n.im.Local) == 0 {
+		return n.im.Source.ReadAtContext(ctx, p, off)
+	}
+	cs := n.im.ChunkSize
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		i := int(pos / cs)
+		m := min(len(p)-done, int(int64(i+1)*cs-pos))
+		dst := p[done : done+m]
+		var err error
+		var got int
+		if lc, ok := n.im.Local[i]; ok {
+			got, err = lc.File.ReadAt(dst, lc.Off+pos-int64(i)*cs)
+			n.mu.Lock()
+			n.localBytes += int64(got)
+			n.mu.Unlock()
+		} else {
+			got, err = n.im.Source.ReadAtContext(ctx, dst, pos)
+		}
+		done += got
+		if err != nil && got < len(dst) {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// readRetrying reads from the Source, retrying failures other than a
+// missing chunk for up to Config.RetryFor: a read that fails is a SIGBUS
+// in the machine that faulted (QEMU dies), a read that waits only stalls
+// its vCPU, so a store that is briefly down must not kill machines.
+func (n *fileNode) readRetrying(ctx context.Context, dest []byte, off int64) (int, error) {
+	deadline := time.Now().Add(n.fs.cfg.RetryFor)
+	wait := 100 * time.Millisecond
+	for {
+		got, err := n.readAt(ctx, dest, off)
+		if err == nil || got == len(dest) || errors.Is(err, objstore.ErrNotFound) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return got, err
+		}
+		n.fs.cfg.Log.Warn("lazy memory file: read failed, retrying", "set", n.set, "offset", off, "err", err, "retry_in_ms", wait.Milliseconds())
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return got, err
+		case <-n.fs.ctx.Done():
+			return got, err
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// Lseek answers SEEK_DATA and SEEK_HOLE from the manifest: a zero chunk
+// is a hole, so a sparse copy of the file reads only stored chunks.
+func (n *fileNode) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
+		return 0, syscall.EINVAL
+	}
+	o, ok := seekData(n.im, n.size, int64(off), whence == unix.SEEK_DATA)
+	if !ok {
+		return 0, syscall.ENXIO
+	}
+	return uint64(o), 0
+}
+
+// seekData is lseek's SEEK_DATA (data) or SEEK_HOLE (!data) from off in
+// a file of size whose chunks im.Stored says are data; false is ENXIO.
+func seekData(im *Image, size, off int64, data bool) (int64, bool) {
+	if off < 0 || off >= size {
+		return 0, false
+	}
+	cs := im.ChunkSize
+	for i := off / cs; i*cs < size; i++ {
+		stored := im.Stored == nil || (int(i) < len(im.Stored) && im.Stored[i])
+		if stored == data {
+			return max(off, i*cs), true
+		}
+	}
+	if data {
+		return 0, false
+	}
+	return size, true // the implicit hole at the end
+}
+
+// touch records a kernel read of [off, off+length).
+func (n *fileNode) touch(off, length int64) {
+	cs := n.im.ChunkSize
+	n.mu.Lock()
+	n.bytesRead += length
+	for p := off >> 12; p <= (off+length-1)>>12 && int(p>>6) < len(n.pages); p++ {
+		if bit := uint64(1) << (p & 63); n.pages[p>>6]&bit == 0 {
+			n.pages[p>>6] |= bit
+			n.nPages++
+		}
+	}
+	now := time.Now()
+	first := n.firstRead.IsZero()
+	if first {
+		n.firstRead = now
+	}
+	n.lastRead = now
+	for i := off / cs; i <= (off+length-1)/cs && int(i) < len(n.touched); i++ {
+		if !n.touched[i] {
+			n.touched[i] = true
+			n.order = append(n.order, int(i))
+		}
+	}
+	n.mu.Unlock()
+	if first && n.im.RecordFor > 0 && n.im.OnRecorded != nil {
+		n.fs.bg.Add(1)
+		go func() {
+			defer n.fs.bg.Done()
+			select {
+			case <-time.After(n.im.RecordFor):
+			case <-n.fs.ctx.Done():
+				return
+			}
+			n.im.OnRecorded(n.touchedList())
+		}()
+	}
+}
+
+func (n *fileNode) touchedList() []int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]int(nil), n.order...)
+}
+
+func (n *fileNode) stats() Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, LocalBytes: n.localBytes, Prefetched: n.prefetched}
+}
+
+// startBackground fetches Prefetch with Config.Workers at once, then
+// (FetchAll) every other stored chunk one at a time, each only once the
+// machines have read nothing through the file for quietFor (and have read
+// something): the rest must not delay the faults of a machine starting.
+// It stops at Close.
+func (n *fileNode) startBackground() {
+	order := fetchOrder(n.im, len(n.touched))
+	if len(order) == 0 {
+		return
+	}
+	nPre := len(fetchOrder(&Image{Stored: n.im.Stored, Local: n.im.Local, Prefetch: n.im.Prefetch}, len(n.touched)))
+	ctx := n.fs.ctx
+	fetch := func(i int) {
+		var b [1]byte // one byte fetches the whole chunk into the cache
+		if _, err := n.im.Source.ReadAtContext(ctx, b[:], int64(i)*n.im.ChunkSize); err != nil {
+			if ctx.Err() == nil {
+				n.fs.cfg.Log.Warn("lazy memory file: background fetch", "set", n.set, "chunk", i, "err", err)
+			}
+			return
+		}
+		n.mu.Lock()
+		n.prefetched++
+		n.mu.Unlock()
+	}
+	n.fs.bg.Add(1)
+	go func() {
+		defer n.fs.bg.Done()
+		work := make(chan int)
+		var wg sync.WaitGroup
+		for range n.fs.cfg.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					fetch(i)
+				}
+			}()
+		}
+	feed:
+		for _, i := range order[:nPre] {
+			select {
+			case work <- i:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+		close(work)
+		wg.Wait()
+		for _, i := range order[nPre:] {
+			if !n.waitQuiet(ctx) {
+				return
+			}
+			fetch(i)
+		}
+	}()
+}
+
+// quietFor is how long machines must have read nothing through a file
+// before its background fetch takes the next chunk of the rest.
+const quietFor = 200 * time.Millisecond
+
+// waitQuiet waits until the file was read at least once and not in the
+// last quietFor; false if ctx ended first.
+func (n *fileNode) waitQuiet(ctx context.Context) bool {
+	for {
+		n.mu.Lock()
+		last := n.lastRead
+		n.mu.Unlock()
+		wait := quietFor
+		if !last.IsZero() {
+			wait = quietFor - time.Since(last)
+			if wait <= 0 {
+				return true
+			}
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// fetchOrder is the order of a background fetch of im's chunks (of n):
+// Prefetch (valid, stored, each once), then with FetchAll the other
+// stored chunks in file order.
+func fetchOrder(im *Image, n int) []int {
+	seen := make([]bool, n)
+	stored := func(i int) bool {
+		_, local := im.Local[i]
+		return !local && (im.Stored == nil || (i < len(im.Stored) && im.Stored[i]))
+	}
+	var out []int
+	for _, i := range im.Prefetch {
+		if i >= 0 && i < n && !seen[i] && stored(i) {
+			seen[i] = true
+			out = append(out, i)
+		}
+	}
+	if im.FetchAll {
+		for i := range n {
+			if !seen[i] && stored(i) {
+				out = append(out, i)
+			}
+		}
+	}
+	return out
+}
+
+// inoOf is the inode number of set's file: a hash of its name, above 1
+// (the root) and below 2^63.
+func inoOf(set string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(set))
+	return h.Sum64()>>1 | 2
+}

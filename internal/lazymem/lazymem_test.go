@@ -1,0 +1,487 @@
+package lazymem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/objstore"
+	"golang.org/x/sys/unix"
+)
+
+func TestName(t *testing.T) {
+	for _, set := range []string{"snapshots/abc", "paused/x1", "a%b", "with space"} {
+		got, ok := setOf(Name(set))
+		if !ok || got != set {
+			t.Errorf("setOf(Name(%q)) = %q, %v", set, got, ok)
+		}
+		if strings.Contains(Name(set), "/") {
+			t.Errorf("Name(%q) = %q has a slash", set, Name(set))
+		}
+	}
+	for _, bad := range []string{"", ".mem", "abc", "a/b.mem", "snapshots/abc.mem", "%zz.mem"} {
+		if s, ok := setOf(bad); ok {
+			t.Errorf("setOf(%q) = %q, want no set", bad, s)
+		}
+	}
+}
+
+func TestFetchOrder(t *testing.T) {
+	stored := []bool{true, false, true, true, false, true}
+	for _, tc := range []struct {
+		name     string
+		prefetch []int
+		all      bool
+		want     []int
+	}{
+		{"nothing", nil, false, nil},
+		{"prefetch only, zero and bad chunks dropped", []int{3, 1, 3, -1, 9, 0}, false, []int{3, 0}},
+		{"all after prefetch", []int{5, 2}, true, []int{5, 2, 0, 3}},
+		{"all", nil, true, []int{0, 2, 3, 5}},
+	} {
+		got := fetchOrder(&Image{Stored: stored, Prefetch: tc.prefetch, FetchAll: tc.all}, len(stored))
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSeekData(t *testing.T) {
+	im := &Image{ChunkSize: 10, Stored: []bool{false, true, true, false, true}}
+	const size = 45
+	for _, tc := range []struct {
+		off  int64
+		data bool
+		want int64
+		ok   bool
+	}{
+		{0, true, 10, true}, {12, true, 12, true}, {25, true, 25, true}, {35, true, 40, true}, {44, true, 44, true}, {45, true, 0, false},
+		{0, false, 0, true}, {10, false, 30, true}, {41, false, 45, true}, {-1, false, 0, false},
+	} {
+		got, ok := seekData(im, size, tc.off, tc.data)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("seekData(%d, data=%v) = %d, %v; want %d, %v", tc.off, tc.data, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// memSource is a Source over bytes that counts reads per chunk; its
+// first fail reads fail (unavailable).
+type memSource struct {
+	b     []byte
+	csize int64
+	mu    sync.Mutex
+	reads map[int64]int
+	fail  int
+}
+
+func (m *memSource) Size() int64 { return int64(len(m.b)) }
+func (m *memSource) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	m.mu.Lock()
+	m.reads[off/m.csize]++
+	failing := m.fail > 0
+	if failing {
+		m.fail--
+	}
+	m.mu.Unlock()
+	if failing {
+		return 0, fmt.Errorf("fetch: %w", objstore.ErrUnavailable)
+	}
+	if off >= int64(len(m.b)) {
+		return 0, io.EOF
+	}
+	n := copy(p, m.b[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func (m *memSource) readsOf(i int64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reads[i]
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting FUSE needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+}
+
+// mountT mounts an FS at a temporary directory, unmounted at cleanup.
+func mountT(t *testing.T, resolve Resolver) *FS {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "mnt")
+	f, err := Mount(Config{Dir: dir, Resolve: resolve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+		if mounted(dir) {
+			t.Errorf("%s still mounted after Close", dir)
+			unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+	return f
+}
+
+// mounted reports whether dir is a mount point in this namespace.
+func mounted(dir string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFileThroughFUSE(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: make([]byte, 8*csize+4096), csize: csize, reads: map[int64]int{}}
+	for i := range src.b {
+		src.b[i] = byte(i * 7 / 4096)
+	}
+	var recorded chan []int = make(chan []int, 1)
+	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+		if name != "snapshots/abc" {
+			return nil, fmt.Errorf("no set %s: %w", name, os.ErrNotExist)
+		}
+		return &Image{Source: src, ChunkSize: csize, RecordFor: 200 * time.Millisecond,
+			OnRecorded: func(c []int) { recorded <- c }}, nil
+	})
+	if _, err := os.Stat(f.Path("snapshots/nope")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stat of an unknown set: %v, want not exist", err)
+	}
+	p := f.Path("snapshots/abc")
+	// What QEMU 7.2 does: open O_RDWR, map private, write to the mapping.
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("open O_RDWR: %v", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != int64(len(src.b)) {
+		t.Fatalf("fstat: size %d, %v; want %d", st.Size, err, len(src.b))
+	}
+	if st.Ino != inoOf("snapshots/abc") {
+		t.Errorf("inode %d, want %d", st.Ino, inoOf("snapshots/abc"))
+	}
+	mem, err := unix.Mmap(fd, 0, len(src.b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatalf("mmap private: %v", err)
+	}
+	defer unix.Munmap(mem)
+	// The driver finds guest RAM by the inode /proc/PID/maps shows: it
+	// must be the one stat gives.
+	if ino := mappedIno(t, p); ino != st.Ino {
+		t.Errorf("maps shows inode %d, fstat %d", ino, st.Ino)
+	}
+	off := 5*csize + 100
+	if mem[off] != src.b[off] {
+		t.Errorf("mapped byte %d: %d, want %d", off, mem[off], src.b[off])
+	}
+	mem[off] = ^src.b[off] // a private copy of the page
+	if _, err := unix.Pwrite(fd, []byte{1}, 0); !errors.Is(err, unix.EROFS) {
+		t.Errorf("pwrite: %v, want EROFS", err)
+	}
+	if err := unix.Ftruncate(fd, 10); !errors.Is(err, unix.EROFS) {
+		t.Errorf("ftruncate: %v, want EROFS", err)
+	}
+	if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096); err == nil {
+		t.Errorf("punch hole succeeded")
+	}
+	got := make([]byte, 4096)
+	if off, err := unix.Seek(fd, 0, unix.SEEK_DATA); err != nil || off != 0 {
+		t.Errorf("SEEK_DATA of a file without holes: %d, %v", off, err)
+	}
+	if _, err := unix.Pread(fd, got, int64(off)&^4095); err != nil || !bytes.Equal(got, src.b[off&^4095:off&^4095+4096]) {
+		t.Errorf("pread after a private write: the file changed (%v)", err)
+	}
+	// chown/chmod as the agent does to give the file to a machine's group.
+	if err := os.Chown(p, -1, 4242); err != nil {
+		t.Errorf("chown: %v", err)
+	}
+	if err := os.Chmod(p, 0o660); err != nil {
+		t.Errorf("chmod: %v", err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != 4242 {
+		t.Errorf("after chown/chmod: %v, %v", fi.Mode(), err)
+	}
+	// Only the chunks touched were read; the file's page cache outlives
+	// a close and a new open (keep_cache): no new reads.
+	if n := src.readsOf(0); n != 0 && !slices.Contains(f.Touched("snapshots/abc"), 0) {
+		t.Errorf("chunk 0 read %d times but not recorded", n)
+	}
+	before := src.readsOf(5)
+	fd2, err := unix.Open(p, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Pread(fd2, got, int64(off)&^4095)
+	unix.Close(fd2)
+	if after := src.readsOf(5); after != before {
+		t.Errorf("reading a cached page again after a new open: %d reads of its chunk, want %d", after, before)
+	}
+	select {
+	case c := <-recorded:
+		// The fault may read ahead (and around) the page.
+		if !slices.Contains(c, 5) || len(c) > 3 {
+			t.Errorf("recorded %v, want chunk 5 and its neighbours at most", c)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("no working set recorded")
+	}
+	st2, _ := f.Stats("snapshots/abc")
+	if st2.ChunksTouched == 0 || st2.ChunksTouched >= 9 || st2.BytesRead == 0 || st2.PagesRead == 0 || int64(st2.PagesRead)*4096 > st2.BytesRead {
+		t.Errorf("stats %+v: want some, not all, chunks touched", st2)
+	}
+}
+
+// TestStoreImages: a set in a chunkstore (directory store) served lazily:
+// content as uploaded, only touched chunks fetched, working set recorded
+// and then prefetched by a second FS.
+func TestStoreImages(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	objs, err := objstore.OpenDir(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const csize = 256 << 10
+	up, err := chunkstore.New(objs, chunkstore.Config{ChunkSize: csize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "set")
+	os.MkdirAll(src, 0o700)
+	content := make([]byte, 32*csize)
+	for i := range content {
+		if (i/csize)%4 != 3 { // every fourth chunk zero
+			content[i] = byte(i/4096 + i/csize)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "vm.mem"), content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := up.Upload(ctx, "snapshots/s1", map[string]string{"vm.mem": filepath.Join(src, "vm.mem")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	open := func(recordFor time.Duration) (*FS, *chunkstore.Cache) {
+		cache, err := chunkstore.OpenCache(filepath.Join(t.TempDir(), "cache"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := chunkstore.New(objs, chunkstore.Config{Cache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		si := &StoreImages{Chunks: cs, Objects: objs, File: "vm.mem", RecordFor: recordFor}
+		return mountT(t, si.Resolve), cache
+	}
+	f, cache := open(0)
+	b, err := os.ReadFile(f.Path("snapshots/s1"))
+	if err != nil || !bytes.Equal(b, content) {
+		t.Fatalf("whole file through the mount differs from the upload (%v)", err)
+	}
+	if got, want := cache.Stats().Fetches, int64(24); got != want {
+		t.Errorf("reading it all fetched %d chunks, want %d (zero chunks are not fetched)", got, want)
+	}
+
+	// A second host: reads two chunks; records them.
+	f2, cache2 := open(100 * time.Millisecond)
+	fd, err := os.Open(f2.Path("snapshots/s1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	fd.ReadAt(buf, 9*csize+8192)
+	fd.ReadAt(buf, 2*csize)
+	fd.Close()
+	if got := cache2.Stats().Fetches; got != 2 {
+		t.Errorf("two reads fetched %d chunks, want 2", got)
+	}
+	var ws WorkingSet
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws, err = LoadWorkingSet(ctx, objs, "snapshots/s1")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || !slices.Equal(ws.Chunks, []int{9, 2}) || ws.ChunkSize != csize {
+		t.Fatalf("working set %+v, %v; want chunks [9 2]", ws, err)
+	}
+
+	// FetchAll (before the set leaves the store) gets the rest.
+	if err := f2.FetchAll(ctx, "snapshots/s1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cache2.Stats().Fetches; got != 24 {
+		t.Errorf("after FetchAll: %d chunks fetched, want 24", got)
+	}
+	if err := f2.FetchAll(ctx, "snapshots/none"); err != nil {
+		t.Errorf("FetchAll of a set never looked up: %v", err)
+	}
+
+	// A third host prefetches them at lookup, before any read.
+	f3, cache3 := open(100 * time.Millisecond)
+	if _, err := os.Stat(f3.Path("snapshots/s1")); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for cache3.Stats().Fetches < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st, _ := f3.Stats("snapshots/s1"); st.Prefetched != 2 || cache3.Stats().Fetches != 2 {
+		t.Errorf("prefetch: %+v, %d fetches; want 2", st, cache3.Stats().Fetches)
+	}
+}
+
+func mappedIno(t *testing.T, path string) uint64 {
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 6 && f[5] == path {
+			var ino uint64
+			fmt.Sscan(f[4], &ino)
+			return ino
+		}
+	}
+	t.Fatalf("no mapping of %s", path)
+	return 0
+}
+
+// TestFetchAllWaitsForQuiet: the background fetch of the rest starts only
+// once machines read the file, and then when they pause.
+func TestFetchAllWaitsForQuiet(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: make([]byte, 8*csize), csize: csize, reads: map[int64]int{}}
+	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize, FetchAll: true}, nil
+	})
+	p := f.Path("paused/x")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * quietFor)
+	if st, _ := f.Stats("paused/x"); st.Prefetched != 0 {
+		t.Errorf("%d chunks fetched before any read", st.Prefetched)
+	}
+	fd, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.ReadAt(make([]byte, 1), 0)
+	fd.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _ := f.Stats("paused/x")
+		if st.Prefetched == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a read: %d of 8 chunks fetched", st.Prefetched)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReadRetries: a read the store fails is retried (the machine's vCPU
+// waits) until RetryFor; then it fails (EIO).
+func TestReadRetries(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: bytes.Repeat([]byte{7}, 4*csize), csize: csize, reads: map[int64]int{}, fail: 3}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	f, err := Mount(Config{Dir: dir, RetryFor: 2 * time.Second, Resolve: func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 4096)
+	fd, err := os.Open(f.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	if _, err := fd.ReadAt(b, 0); err != nil || b[0] != 7 {
+		t.Errorf("read after 3 failures: %v, %d", err, b[0])
+	}
+	src.mu.Lock()
+	src.fail = 1000
+	src.mu.Unlock()
+	t0 := time.Now()
+	if _, err := fd.ReadAt(b, 2*csize); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of a store down for good: %v, want EIO", err)
+	}
+	if d := time.Since(t0); d < time.Second || d > 10*time.Second {
+		t.Errorf("gave up after %v, want about RetryFor (2 s)", d)
+	}
+}
+
+// TestLocalChunks: chunks this host holds (Image.Local) are read from
+// there, never from the Source, and never fetched in the background.
+func TestLocalChunks(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: bytes.Repeat([]byte{1}, 4*csize), csize: csize, reads: map[int64]int{}}
+	seed := bytes.Repeat([]byte{9}, 2*csize)
+	closed := make(chan struct{})
+	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize, FetchAll: true,
+			Local: map[int]LocalChunk{2: {File: bytes.NewReader(seed), Off: csize}},
+			Close: func() { close(closed) }}, nil
+	})
+	b, err := os.ReadFile(f.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []byte{1, 1, 9, 1} {
+		if got := b[i*csize : (i+1)*csize]; !bytes.Equal(got, bytes.Repeat([]byte{want}, csize)) {
+			t.Errorf("chunk %d: not all %d", i, want)
+		}
+	}
+	time.Sleep(3 * quietFor)
+	if n := src.readsOf(2); n != 0 {
+		t.Errorf("the local chunk was read %d times from the source", n)
+	}
+	if st, _ := f.Stats("x"); st.LocalBytes != csize || st.Prefetched != 3 {
+		t.Errorf("stats %+v: want %d bytes local, 3 chunks fetched in the background", st, csize)
+	}
+	if got := fetchOrder(&Image{Local: map[int]LocalChunk{1: {}}, FetchAll: true, Prefetch: []int{1, 3}}, 4); !slices.Equal(got, []int{3, 0, 2}) {
+		t.Errorf("fetch order with chunk 1 local: %v, want [3 0 2]", got)
+	}
+	f.Close()
+	select {
+	case <-closed:
+	default:
+		t.Errorf("Image.Close not called by Close")
+	}
+}
