@@ -112,9 +112,13 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		t.Fatal(err)
 	}
 	tA, ok := a.templates.ByKey(key)
-	if !ok || !a.templates.HasChunkIndex(tA, csA.ChunkSize()) {
-		t.Fatalf("A's template %s: found %v, or it has no chunk index", key, ok)
+	if !ok {
+		t.Fatalf("A's template %s not found", key)
 	}
+	// The index is saved once the upload's manifest is written: just after.
+	waitFor(t, func() string { return "a chunk index of A's template " + key }, func() bool {
+		return a.templates.HasChunkIndex(tA, csA.ChunkSize())
+	})
 
 	// B fetches the template rather than baking it: the same bytes.
 	t0 := time.Now()
