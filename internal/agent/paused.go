@@ -450,17 +450,11 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	if err != nil {
 		os.RemoveAll(tmp)
 		a.log.Error("fetch paused sandbox from the object store", "sandbox_id", id, "err", err)
-		switch {
-		case errors.Is(err, objstore.ErrUnavailable):
-			return nil, &classed{class: host.ErrUnavailable, msg: fmt.Sprintf("sandbox %s is paused in the object store, which cannot be reached; retry when it is back", id)}
-		case errors.Is(err, objstore.ErrNotFound):
-			return nil, fmt.Errorf("sandbox %s: %w: its capture left the object store while it was downloaded", id, ErrNotFound)
-		case errors.Is(err, ErrCorrupt), errors.Is(err, manifest.ErrCorrupt):
-			return nil, fmt.Errorf("sandbox %s: %w: its capture in the object store does not match its checksums", id, ErrCorrupt)
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("fetch sandbox %s: %w", id, ctx.Err())
-		}
-		return nil, fmt.Errorf("fetch sandbox %s: %w", id, classifyIOError(err))
+		return nil, fetchFailed(ctx, "sandbox", id, err, fetchWhy{
+			unavailable: fmt.Sprintf("sandbox %s is paused in the object store, which cannot be reached; retry when it is back", id),
+			notFound:    "its capture left the object store while it was downloaded",
+			corrupt:     "its capture in the object store does not match its checksums",
+		})
 	}
 	pr := pausedRecord{SandboxID: id, PauseID: rec.PauseID, Durable: true, Adopted: true}
 	if err := writeJSON(a.pausedRecordPath(id, rec.PauseID), pr, true); err != nil {

@@ -369,17 +369,11 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 	if err != nil {
 		os.RemoveAll(tmp)
 		a.log.Error("fetch snapshot from the object store", "snapshot_id", id, "err", err)
-		switch {
-		case errors.Is(err, objstore.ErrUnavailable):
-			return st, &classed{class: host.ErrUnavailable, msg: fmt.Sprintf("snapshot %s is not on this host and the object store that keeps it cannot be reached; retry when it is back", id)}
-		case errors.Is(err, objstore.ErrNotFound):
-			return st, fmt.Errorf("snapshot %s: %w: neither this host nor the object store has its files", id, ErrNotFound)
-		case errors.Is(err, ErrCorrupt), errors.Is(err, manifest.ErrCorrupt):
-			return st, fmt.Errorf("snapshot %s: %w: its copy in the object store does not match its checksums", id, ErrCorrupt)
-		case ctx.Err() != nil:
-			return st, fmt.Errorf("fetch snapshot %s: %w", id, ctx.Err())
-		}
-		return st, fmt.Errorf("fetch snapshot %s: %w", id, classifyIOError(err))
+		return st, fetchFailed(ctx, "snapshot", id, err, fetchWhy{
+			unavailable: fmt.Sprintf("snapshot %s is not on this host and the object store that keeps it cannot be reached; retry when it is back", id),
+			notFound:    "neither this host nor the object store has its files",
+			corrupt:     "its copy in the object store does not match its checksums",
+		})
 	}
 	if fp, err := manifest.Fingerprint(dir); err == nil {
 		a.mu.Lock()
@@ -577,6 +571,27 @@ type storeJobs struct {
 // classed is an error of class whose text is msg alone, where the class's
 // own text would mislead (host.ErrUnavailable reads "host agent
 // unavailable").
+// fetchWhy is what users are told when a fetch from the object store
+// fails: the whole message when the store cannot be reached, the detail
+// after the class otherwise.
+type fetchWhy struct{ unavailable, notFound, corrupt string }
+
+// fetchFailed classifies err, the failure of fetching the set of what
+// (a "snapshot", a "sandbox") id from the object store.
+func fetchFailed(ctx context.Context, what, id string, err error, why fetchWhy) error {
+	switch {
+	case errors.Is(err, objstore.ErrUnavailable):
+		return &classed{class: host.ErrUnavailable, msg: why.unavailable}
+	case errors.Is(err, objstore.ErrNotFound):
+		return fmt.Errorf("%s %s: %w: %s", what, id, ErrNotFound, why.notFound)
+	case errors.Is(err, ErrCorrupt), errors.Is(err, manifest.ErrCorrupt):
+		return fmt.Errorf("%s %s: %w: %s", what, id, ErrCorrupt, why.corrupt)
+	case ctx.Err() != nil:
+		return fmt.Errorf("fetch %s %s: %w", what, id, ctx.Err())
+	}
+	return fmt.Errorf("fetch %s %s: %w", what, id, classifyIOError(err))
+}
+
 type classed struct {
 	class error
 	msg   string
