@@ -677,6 +677,38 @@ func (r *runner) newOp(kind string) *op {
 	return &op{kind: kind, n: r.opN}
 }
 
+// disarm crashes every process that runs with a failpoint and starts it
+// again without one, then waits until the deployment settles with every
+// running sandbox's contents checked.
+func (r *runner) disarm(ctx context.Context) error {
+	disarmed := false
+	for _, role := range r.cl.roles() {
+		if r.cl.armed[role] == "" {
+			continue
+		}
+		r.cl.kill(role)
+		if err := r.restart(role, ""); err != nil {
+			return err
+		}
+		fmt.Fprintf(r.cfg.Log, "final: restarted %s without its failpoint\n", role)
+		disarmed = true
+	}
+	if !disarmed {
+		return nil
+	}
+	if err := r.ready(ctx); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
+	for _, sb := range r.m.live {
+		sb.checkContent = true
+	}
+	_, err := r.checkContents(ctx)
+	return err
+}
+
 // finish ends a run: every paused sandbox must resume with its files and
 // processes, and every snapshot must restore into a sandbox that holds
 // what its source held; then every sandbox is killed and the invariants
@@ -705,6 +737,12 @@ func (r *runner) finish(ctx context.Context) error {
 		return ops
 	}
 
+	// A failpoint armed in an earlier iteration and not hit yet would
+	// crash a final operation, which nothing excuses: restart that process
+	// without it first (a crash, so every sandbox is probed again).
+	if err := r.disarm(ctx); err != nil {
+		return err
+	}
 	r.m.begin()
 	var ops []*op
 	for _, sb := range r.free(statePaused) {
