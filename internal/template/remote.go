@@ -11,6 +11,7 @@ import (
 	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 // Remote holds templates that hosts baked, shared by the hosts of a fleet
@@ -54,7 +55,7 @@ func (s *Store) fetch(ctx context.Context, t *Template, say func(string, ...any)
 // fits reports whether got is a template made the way want would be: the
 // same parameters, inputs, accelerator, command line and MAC address.
 func fits(want, got Meta) bool {
-	return got.Params == want.Params && got.Accel == want.Accel && got.Cmdline == want.Cmdline &&
+	return got.Params == want.Params && got.Accel == want.Accel && got.Cmdline == want.Cmdline && got.Machine == want.Machine &&
 		got.MAC == want.MAC && maps.Equal(got.Inputs, want.Inputs) && got.BootID != ""
 }
 
@@ -66,7 +67,7 @@ func (s *Store) Fits(m Meta) bool {
 	if err != nil {
 		return false
 	}
-	return fits(Meta{Params: m.Params, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs, MAC: guestnet.GuestMAC}, m)
+	return fits(Meta{Params: m.Params, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Machine: vmm.MachineCurrent, Inputs: inputs, MAC: guestnet.GuestMAC}, m)
 }
 
 // Adopt replaces template p with the Remote's copy (which must Fit), even

@@ -126,6 +126,9 @@ type Meta struct {
 	// (guestnet.GuestMAC); "" for a template baked before guests had one,
 	// which is stale.
 	MAC string `json:"mac,omitempty"`
+	// Machine is the device layout the template was baked on (see
+	// vmm.MachineCurrent); a template of another layout is stale.
+	Machine string `json:"machine,omitempty"`
 }
 
 // Template is a baked template on disk.
@@ -146,7 +149,7 @@ func (t *Template) Spec(images Images) vmm.Spec {
 	spec := vmm.Spec{
 		Kernel: images.Kernel(), Initramfs: images.Initramfs(), Cmdline: t.Cmdline,
 		MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, Accel: t.Accel,
-		MemoryFile: t.MemFile(), Incoming: true,
+		MemoryFile: t.MemFile(), Incoming: true, Machine: t.Machine,
 	}
 	if t.MAC != "" {
 		spec.Net = &vmm.Net{MAC: t.MAC}
@@ -382,6 +385,9 @@ func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
 	if t.Cmdline != s.cmdline() {
 		return t, "kernel command line changed", nil
 	}
+	if t.Machine != vmm.MachineCurrent {
+		return t, "machine layout changed", nil
+	}
 	if t.MAC != guestnet.GuestMAC {
 		return t, "baked without the guests' network interface", nil
 	}
@@ -521,7 +527,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 	}
 	defer os.RemoveAll(tmp)
-	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Inputs: inputs, MAC: guestnet.GuestMAC}}
+	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Machine: vmm.MachineCurrent, Inputs: inputs, MAC: guestnet.GuestMAC}}
 
 	if mode != bakeOnly && s.cfg.Remote != nil {
 		fetched, idx, err := s.fetch(ctx, t, say)

@@ -203,6 +203,22 @@ func TestBakeNetHook(t *testing.T) {
 	if _, reason, _ := st.Lookup(p); !strings.Contains(reason, "without the guests' network interface") {
 		t.Errorf("Lookup of a template without a NIC: reason %q", reason)
 	}
+
+	// It was baked on the current device layout, which its restores get
+	// back; one baked on the PIT's layout is stale.
+	if tp.Machine != vmm.MachineCurrent || tp.Spec(images).Machine != vmm.MachineCurrent {
+		t.Errorf("template machine %q, restore spec machine %q; want %q", tp.Machine, tp.Spec(images).Machine, vmm.MachineCurrent)
+	}
+	legacy := strings.Replace(string(b), `"machine": "`+vmm.MachineCurrent+`"`, `"machine": ""`, 1)
+	if legacy == string(b) {
+		t.Fatalf("template.json records no machine layout:\n%s", b)
+	}
+	if err := os.WriteFile(meta, []byte(legacy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, reason, _ := st.Lookup(p); reason != "machine layout changed" {
+		t.Errorf("Lookup of a template of the legacy layout: reason %q", reason)
+	}
 }
 
 // vmmsOf lists the VMM processes whose run directory is in run.

@@ -62,6 +62,13 @@ type Spec struct {
 	// TBCacheMiB bounds the TCG translation cache (0: driver default).
 	TBCacheMiB int
 
+	// Machine is the machine's device layout (MachineLegacy,
+	// MachineNoPIT). A saved state loads only into a machine of the same
+	// layout, so templates and snapshots record the layout they were made
+	// with and every restore of them gives it back; new machines take
+	// MachineCurrent.
+	Machine string `json:"machine,omitempty"`
+
 	// GID is the primary group of a confined VMM process (0: the driver's
 	// default group). Machines that map the same MemoryFile must run with
 	// the same GID, since the driver gives that file to this group (see
@@ -78,6 +85,22 @@ type Spec struct {
 	// the struct, never share or modify a Net another Spec points to.
 	Net *Net
 }
+
+// Device layouts of a machine (Spec.Machine).
+const (
+	// MachineLegacy has the i8254 PIT. Linux leaves the PIT running
+	// once its local APIC timer takes over, and QEMU then wakes up about
+	// 36 times a second per machine to emulate it: half the CPU an idle
+	// machine cost under TCG. Templates and snapshots made before
+	// 2026-12 have this layout.
+	MachineLegacy = ""
+	// MachineNoPIT has no PIT: the guest's clock events come from its
+	// local APIC timer (calibrated without the PIT, or a TSC-deadline timer
+	// that needs no calibration), on KVM as under TCG.
+	MachineNoPIT = "nopit"
+	// MachineCurrent is the layout of new templates.
+	MachineCurrent = MachineNoPIT
+)
 
 // Net is a machine's network interface: a virtio-net device whose host end
 // is a TAP device the caller opened.

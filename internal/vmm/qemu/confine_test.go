@@ -1171,3 +1171,25 @@ func (l *spawnLog) get(i int) time.Duration {
 	defer l.mu.Unlock()
 	return l.ds[i]
 }
+
+// TestMachineLayouts: the PIT is in the legacy layout only, and a layout
+// this driver does not know is refused before anything starts.
+func TestMachineLayouts(t *testing.T) {
+	d := newDriver(t, Config{})
+	spec := vmm.Spec{MemoryMiB: 256, Accel: vmm.AccelTCG}
+	for layout, want := range map[string]string{vmm.MachineLegacy: "pit=on,", vmm.MachineNoPIT: "pit=off,"} {
+		spec.Machine = layout
+		args, err := d.args(spec, hostPaths(spec))
+		if err != nil {
+			t.Fatalf("layout %q: %v", layout, err)
+		}
+		i := slices.Index(args, "-machine")
+		if i < 0 || !strings.Contains(args[i+1], want) {
+			t.Errorf("layout %q: -machine %q, want %s", layout, args[i+1], want)
+		}
+	}
+	spec.Machine = "from-the-future"
+	if _, err := d.args(spec, hostPaths(spec)); err == nil || !strings.Contains(err.Error(), "unknown machine layout") {
+		t.Errorf("unknown layout: %v", err)
+	}
+}

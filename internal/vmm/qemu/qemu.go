@@ -311,6 +311,14 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 	if spec.Prealloc {
 		prealloc = "on"
 	}
+	pit := "on"
+	switch spec.Machine {
+	case vmm.MachineLegacy:
+	case vmm.MachineNoPIT:
+		pit = "off"
+	default:
+		return nil, fmt.Errorf("unknown machine layout %q (made by a newer PandaStack?)", spec.Machine)
+	}
 	console := "null"
 	if p.console != "" {
 		console = "file:" + p.console
@@ -319,7 +327,7 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 		"-name", nameArg(spec.RunDir),
 		// mem-merge=off and merge=off: no KSM on guest RAM (pages merged
 		// across guests leak through timing and cost a scan).
-		"-machine", "microvm,acpi=on,pit=on,pic=on,rtc=on,isa-serial=on,memory-backend=mem,mem-merge=off",
+		"-machine", "microvm,acpi=on,pit=" + pit + ",pic=on,rtc=on,isa-serial=on,memory-backend=mem,mem-merge=off",
 		"-accel", accel,
 		"-cpu", cpuModel(spec.Accel),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
