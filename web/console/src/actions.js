@@ -3,7 +3,7 @@
 // page. Each returns a promise that settles when the request has.
 import { html } from 'htm/preact';
 import { api, enc } from './api.js';
-import { confirm, form, notify, notifyError } from './ui.js';
+import { confirm, form, notify, notifyError, dismiss } from './ui.js';
 import { noteSandbox, forgetSandbox, noteSnapshot, forgetSnapshot, store } from './store.js';
 
 const sbPath = (id) => 'v1/sandboxes/' + enc(id);
@@ -165,8 +165,13 @@ export async function create(from = {}) {
     const body = { ttl_seconds: Math.round(Number(v.ttl) * 60), metadata: parseMetadata(v.metadata) };
     if (v.source.startsWith('tpl:')) body.template = v.source.slice(4);
     if (v.source.startsWith('snap:')) body.snapshot_id = v.source.slice(5);
-    notify('Creating a sandbox…');
-    const sb = await api('v1/sandboxes', { method: 'POST', json: body });
+    const note = notify('Creating a sandbox…');
+    let sb;
+    try {
+      sb = await api('v1/sandboxes', { method: 'POST', json: body });
+    } finally {
+      dismiss(note);
+    }
     noteSandbox(sb);
     notify('Created ' + sb.id);
     return sb;

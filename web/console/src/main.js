@@ -10,6 +10,12 @@ import { TreePage } from './tree.js';
 import { SandboxPage } from './sandbox.js';
 import { HostsPage, TemplatesPage, KeysPage } from './admin.js';
 
+const Logo = () => html`<svg class="logo" viewBox="0 0 32 32" width="26" height="26" aria-hidden="true">
+  <circle cx="16" cy="17" r="12" fill="#fff" /><circle cx="7" cy="7" r="5" fill="#1b1f24" /><circle cx="25" cy="7" r="5" fill="#1b1f24" />
+  <ellipse cx="11.5" cy="16" rx="3.2" ry="4" fill="#1b1f24" /><ellipse cx="20.5" cy="16" rx="3.2" ry="4" fill="#1b1f24" />
+  <circle cx="12" cy="16" r="1.2" fill="#fff" /><circle cx="20" cy="16" r="1.2" fill="#fff" /><ellipse cx="16" cy="22.5" rx="2.2" ry="1.5" fill="#1b1f24" />
+</svg>`;
+
 function useHash() {
   const [h, set] = useState(location.hash);
   useEffect(() => {
@@ -57,7 +63,7 @@ function SignIn({ onSignedIn, message }) {
   };
   return html`<main class="signin" id="main">
     <form onSubmit=${submit} data-testid="signin">
-      <h1><span class="logo" aria-hidden="true">🐼</span> PandaStack</h1>
+      <h1><${Logo} /> PandaStack</h1>
       <p>Sign in with an API key. The console shows what that key may see, through the REST API.</p>
       ${err && html`<p class="note note-error" role="alert" data-testid="signin-error">${err}</p>`}
       <div class="field">
@@ -101,7 +107,7 @@ function Shell({ admin, onSignOut }) {
   return html`<div class="app">
     <a class="skip" href="#main" onClick=${(e) => { e.preventDefault(); document.getElementById('main').focus(); }}>Skip to content</a>
     <header class="top">
-      <a href="#/" class="brand"><span aria-hidden="true">🐼</span> PandaStack</a>
+      <a href="#/" class="brand"><${Logo} /> PandaStack</a>
       <nav aria-label="Pages">
         ${nav.map(([href, label, cur]) => html`<a href=${href} aria-current=${cur ? 'page' : undefined} data-testid=${'nav-' + label.toLowerCase().replace(' ', '-')}>${label}</a>`)}
       </nav>

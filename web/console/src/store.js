@@ -12,6 +12,8 @@ export const store = {
   // conn: the event stream: 'connecting', 'live', 'reconnecting', or
   // 'polling' (the server has no event stream: re-lists only).
   conn: 'connecting',
+  // streamless: the server answered that it has no event stream.
+  streamless: false,
   lastError: '',
   version: 0,
 };
@@ -128,6 +130,7 @@ export function start(signal) {
   store.snapshots = new Map();
   store.loaded = false;
   store.conn = 'connecting';
+  store.streamless = false;
   followEvents(signal);
   pollLists(signal);
 }
@@ -168,6 +171,7 @@ async function followEvents(signal) {
     } catch (e) {
       if (e instanceof ApiError && e.status === 401) return;
       if (e instanceof ApiError && e.unrouted) {
+        store.streamless = true;
         setConn('polling');
         return;
       }
@@ -188,10 +192,10 @@ async function pollLists(signal) {
     if (document.visibilityState === 'visible' || !store.loaded) {
       try {
         await relist();
-        if (store.conn === 'reconnecting' && store.lastError) setConn('reconnecting');
+        if (store.streamless) setConn('polling');
       } catch (e) {
         if (e instanceof ApiError && e.status === 401) return;
-        if (!signal.aborted) setConn(store.conn === 'polling' ? 'polling' : 'reconnecting', e.message);
+        if (!signal.aborted) setConn('reconnecting', e.message);
       }
     }
     await sleep(RELIST_EVERY, signal);

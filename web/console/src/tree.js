@@ -117,8 +117,7 @@ function visibleRows(roots, collapsed, q) {
 function Savings({ t }) {
   if (!t.full) return html`<span class="muted">no running sandboxes</span>`;
   const x = t.full / Math.max(t.pss, 0.1);
-  return html`<span data-testid="savings"><strong>${mib(t.pss)}</strong> in use <span class="muted">(PSS)</span>
-    vs <strong>${mib(t.full)}</strong> as full copies${x >= 1.05 ? html` — <strong>${x.toFixed(1)}×</strong> less` : ''}</span>`;
+  return html`<span data-testid="savings" title="PSS counts each shared page once, split among the sandboxes that map it; full copies would each hold all of their pages"><strong>${mib(t.pss)}</strong> in use (PSS) vs <strong>${mib(t.full)}</strong> as full copies${x >= 1.05 ? html` — <strong>${x.toFixed(1)}×</strong> less` : ''}</span>`;
 }
 
 function label(n) {
@@ -149,13 +148,11 @@ function Row({ r, now, selected, focused, onSelect, onToggle }) {
     </span>
     ${n.kind === 'sandbox'
       ? html`<span class="cell cell-state"><${StateBadge} state=${it.state} /></span>
-          <span class="cell cell-tpl">${it.template}</span>
           <span class="cell cell-age" title=${'created ' + when(it.created_at)}>${age(it.created_at, now)}</span>
           <span class="cell cell-ttl" data-testid="ttl" title="TTL left">${ttlLeft(it, now)}</span>
           <span class="cell cell-mem"><${MemBar} sb=${it} id=${n.id} /></span>`
       : n.kind === 'snapshot'
         ? html`<span class="cell cell-state"><span class="badge state-snapshot">${it.stored || 'saved'}</span></span>
-            <span class="cell cell-tpl">${it.template}</span>
             <span class="cell cell-age">${age(it.created_at, now)}</span>
             <span class="cell cell-ttl"></span>
             <span class="cell cell-mem muted">${bytes(it.size_bytes)} on disk</span>`
@@ -276,6 +273,7 @@ export function TreePage() {
     <div class="toolbar">
       <h1>Fork tree</h1>
       <div class="summary" data-testid="summary">${all.n} sandbox${all.n === 1 ? '' : 'es'}, ${st.snapshots.size} snapshot${st.snapshots.size === 1 ? '' : 's'} · <${Savings} t=${all} /></div>
+      <div class="legend" aria-hidden="true"><span><i class="l-private"></i>private: its own pages</span><span><i class="l-shared"></i>shared with its template or parent</span></div>
       <div class="toolbar-actions">
         <label class="sr-only" for="search">Search by id, name or metadata</label>
         <input id="search" type="search" placeholder="Search id, metadata (k=v)…" value=${q} onInput=${(e) => setQ(e.currentTarget.value)} data-testid="search" />
@@ -287,8 +285,8 @@ export function TreePage() {
     <div class="tree-layout">
       <div class="tree-wrap">
         <div class="row row-head" aria-hidden="true">
-          <span class="cell cell-name">Node</span><span class="cell cell-state">State</span><span class="cell cell-tpl">Template</span>
-          <span class="cell cell-age">Age</span><span class="cell cell-ttl">TTL left</span><span class="cell cell-mem">Memory: private + shared</span>
+          <span class="cell cell-name">Node</span><span class="cell cell-state">State</span>
+          <span class="cell cell-age">Age</span><span class="cell cell-ttl">TTL left</span><span class="cell cell-mem">Memory</span>
         </div>
         <div role="tree" aria-label="Sandboxes and snapshots" class="tree" ref=${treeRef} onKeyDown=${onKey} data-testid="tree">
           ${rows.slice(0, limit).map((r, i) => html`<${Row} key=${r.n.key} r=${r} now=${now} selected=${r.n.key === sel} focused=${i === focusIdx}

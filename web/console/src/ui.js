@@ -77,13 +77,14 @@ export function notify(text, kind = 'info') {
   notes = [...notes, { id, text, kind }];
   noteSubs.forEach((f) => f(notes));
   if (kind !== 'error') setTimeout(() => dismiss(id), 6000);
+  return id;
 }
 
 export function notifyError(prefix, e) {
   notify(prefix + ': ' + (e && e.message ? e.message : String(e)), 'error');
 }
 
-function dismiss(id) {
+export function dismiss(id) {
   notes = notes.filter((n) => n.id !== id);
   noteSubs.forEach((f) => f(notes));
 }
@@ -228,6 +229,6 @@ export function MemBar({ sb, id }) {
       <span class="membar-private" style=${{ width: p + '%' }}></span>
       <span class="membar-shared" style=${{ width: s + '%' }}></span>
     </span>
-    <span class="membar-label">${mib(m.private_mib)} <span class="muted">+ ${mib(m.shared_mib)} shared</span></span>
+    <span class="membar-label">${mib(m.private_mib)} <span class="muted">+ ${mib(m.shared_mib)}</span></span>
   </span>`;
 }
