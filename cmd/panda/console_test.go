@@ -280,21 +280,47 @@ func TestConsole(t *testing.T) {
 	if got, want := strings.Join(levels, " "), "template:1 sandbox:2 sandbox:3 sandbox:3 sandbox:3"; got != want {
 		t.Errorf("tree levels: got %s, want %s", got, want)
 	}
+
+	// Made through the API elsewhere, shown live: a fork of a fork, and a
+	// snapshot under the sandbox it was taken of.
+	sb, err := admin.Get(ctx, parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child2, err := admin.Get(ctx, children[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	grand, err := child2.Fork(ctx, 1)
+	if err != nil {
+		t.Fatalf("fork a fork: %v", err)
+	}
+	snap, err := sb.Snapshot(ctx, "after-setup")
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	b.wait("the grandchild and the snapshot", `(() => {
+		const g = document.querySelector(`+js(node(grand[0].ID))+`), s = document.querySelector(`+js(node(snap.ID))+`);
+		return !!g && !!s && g.dataset.parent === `+js(children[2])+` && g.getAttribute('aria-level') === '4' &&
+			s.dataset.parent === `+js(parent)+` && s.dataset.kind === 'snapshot' &&
+			!!document.querySelector('[data-testid=mem-' + `+js(grand[0].ID)+` + '][data-private]');
+	})()`, long)
+
 	// A search keeps the matches and their ancestors: by metadata (the
 	// children inherit it), by id.
 	b.input(`[data-testid=search]`, "owner=console-test")
-	b.wait("the search by metadata", `document.querySelectorAll('[data-testid=node]').length === 5 && document.querySelectorAll('.row.hit').length === 4`, 10*time.Second)
+	b.wait("the search by metadata", `document.querySelectorAll('[data-testid=node]').length === 6 && document.querySelectorAll('.row.hit').length === 5`, 10*time.Second)
 	b.input(`[data-testid=search]`, children[1][:8])
 	b.wait("the search by id", `document.querySelectorAll('[data-testid=node]').length === 3 && document.querySelector('.row.hit')?.dataset.id === `+js(children[1]), 10*time.Second)
 	b.input(`[data-testid=search]`, "")
-	b.wait("the whole tree again", `document.querySelectorAll('[data-testid=node]').length === 5`, 10*time.Second)
+	b.wait("the whole tree again", `document.querySelectorAll('[data-testid=node]').length === 7`, 10*time.Second)
 	b.run("select the parent", chromedp.Click(chromedp.CSS(node(parent)+` .cell-state`)))
 	b.wait("the savings", `!!document.querySelector('[data-testid=summary] [data-testid=savings]')`, 10*time.Second)
 	b.screenshot("console-tree")
 
 	// A narrow (phone-sized) viewport shows the same tree.
 	b.run("a phone-sized viewport", chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2)))
-	b.wait("the tree at 390 px", `document.querySelectorAll('[data-testid=node]').length === 5 && document.documentElement.scrollWidth <= 390`, 10*time.Second)
+	b.wait("the tree at 390 px", `document.querySelectorAll('[data-testid=node]').length === 7 && document.documentElement.scrollWidth <= 390`, 10*time.Second)
 	b.screenshot("console-tree-narrow")
 	b.run("back to 1280 px", chromedp.EmulateViewport(1280, 900))
 
@@ -312,10 +338,6 @@ func TestConsole(t *testing.T) {
 	b.wait("the file list", `!!document.querySelector('[data-testid=files] tbody tr')`, 30*time.Second)
 	b.run("upload a file", chromedp.SetUploadFiles(chromedp.CSS(`[data-testid=upload]`), []string{upload}))
 	b.wait("the uploaded file listed", `!!document.querySelector('[data-testid="file-notes-from-console.txt"]')`, 30*time.Second)
-	sb, err := admin.Get(ctx, parent)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if got := mustExec(t, ctx, sb, "cat /root/notes-from-console.txt"); got != "uploaded by the console test\n" {
 		t.Errorf("the uploaded file holds %q", got)
 	}
@@ -328,7 +350,7 @@ func TestConsole(t *testing.T) {
 	b.run("select a child", chromedp.Click(chromedp.CSS(node(victim)+` .cell-state`)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=act-kill]`)))
 	b.run("kill it", chromedp.Click(chromedp.CSS(`[data-testid=act-kill]`)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=confirm]`)),
 		chromedp.Click(chromedp.CSS(`[data-testid=confirm]`)))
-	b.wait("the killed child gone from the tree", `!document.querySelector(`+js(node(victim))+`) && document.querySelectorAll('[data-testid=node][data-kind=sandbox]').length === 3`, 30*time.Second)
+	b.wait("the killed child gone from the tree", `!document.querySelector(`+js(node(victim))+`) && document.querySelectorAll('[data-testid=node][data-kind=sandbox]').length === 4`, 30*time.Second)
 	if got := mustGet(t, ctx, admin, victim).State; got != pandastack.StateStopped {
 		t.Errorf("killed child %s: state %s, want stopped", victim, got)
 	}

@@ -2,11 +2,11 @@
 // the tty WebSocket), files, processes, the commands run so far, open
 // ports, and memory over time.
 import { html } from 'htm/preact';
-import { useEffect, useRef, useState, useCallback } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { api, request, apiURL, getKey, enc, ApiError } from './api.js';
-import { useStore, noteSandbox } from './store.js';
+import { useStore } from './store.js';
 import { age, ttlLeft, mib, bytes, when, useNow, StateBadge, MemBar, confirm, form, notify, notifyError } from './ui.js';
 import { SandboxActions } from './actions.js';
 
@@ -152,6 +152,9 @@ function Term({ id }) {
       theme: { background: '#1d232a', foreground: '#e6edf3', cursor: '#8bd5ff' },
       scrollback: 5000,
     });
+    // Shift+Tab leaves the terminal (keyboard users are never trapped in
+    // it); every other key, Tab included, goes to the shell.
+    term.attachCustomKeyEventHandler((e) => !(e.key === 'Tab' && e.shiftKey));
     const fit = new FitAddon();
     term.loadAddon(fit);
     term.open(box.current);
