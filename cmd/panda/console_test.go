@@ -65,8 +65,13 @@ func newBrowser(t *testing.T, timeout time.Duration) *browser {
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	t.Cleanup(func() {
+		// Close the browser gracefully first, so that it ends its helper
+		// processes itself, then make sure (the allocator kills it).
+		if err := chromedp.Cancel(bctx); err != nil {
+			t.Logf("close chromium: %v", err)
+		}
 		cancelBrowser()
-		cancelAlloc() // kills chromium and waits for it
+		cancelAlloc()
 		cancelTimeout()
 		// Its helper processes follow it; none may outlive the test.
 		deadline := time.Now().Add(10 * time.Second)
@@ -375,11 +380,21 @@ func TestConsole(t *testing.T) {
 	fresh := mustCreate(t, ctx, admin)
 	b.wait("the sandbox created after the restart", `!!document.querySelector(`+js(node(fresh.ID))+`)`, 30*time.Second)
 
-	// Another key, signed in through /#key=; revoked while signed in.
-	k, err := admin.CreateKey(ctx, "console-user", false, pandastack.Quotas{})
+	// The fleet and admin pages, as the admin.
+	k, err := admin.CreateKey(ctx, "console-user", false, pandastack.Quotas{MaxSandboxes: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.run("the hosts page", chromedp.Click(chromedp.CSS(`[data-testid=nav-hosts]`)))
+	b.wait("the local host", `(document.querySelector('[data-testid=hosts] tbody')?.textContent || '').includes('local')`, 20*time.Second)
+	b.screenshot("console-hosts")
+	b.run("the templates page", chromedp.Click(chromedp.CSS(`[data-testid=nav-templates]`)))
+	b.wait("the tiny template", `(document.querySelector('[data-testid=templates] tbody')?.textContent || '').includes('tiny')`, 20*time.Second)
+	b.run("the keys page", chromedp.Click(chromedp.CSS(`[data-testid=nav-keys]`)))
+	b.wait("the new key listed", `(document.querySelector('[data-testid=keys] tbody')?.textContent || '').includes('console-user')`, 20*time.Second)
+	b.screenshot("console-keys")
+
+	// Another key, signed in through /#key=; revoked while signed in.
 	b.run("sign out", chromedp.Click(chromedp.CSS(`[data-testid=signout]`)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=key]`)))
 	b.run("sign in by URL", chromedp.Navigate("about:blank"), chromedp.Navigate(url+"#key="+k.Key))
 	b.wait("signed in as the user", `!!document.querySelector('[data-testid=tree]') && location.hash === '#/' && !document.querySelector('[data-testid=nav-keys]')`, 20*time.Second)
