@@ -9,8 +9,11 @@ GO       ?= go
 # VERSION is what `panda --version` and the guest agent report.
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
+# The web console's sources and its bundle (see the console target).
+CONSOLE_SRC := $(shell find web/console/src -type f 2>/dev/null) web/console/build.mjs
+CONSOLE     := internal/console/dist/index.html
 
-.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps
+.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps console
 
 all: build
 
@@ -19,8 +22,25 @@ check-go:
 
 build: check-go bin/panda bin/panda-guest
 
-bin/panda: $(GOFILES)
+bin/panda: $(GOFILES) $(CONSOLE)
 	$(GO) build -ldflags='-X main.version=$(VERSION)' -o $@ ./cmd/panda
+
+# console bundles the web console (web/console: Preact, htm, xterm.js, by
+# esbuild) into internal/console/dist, which bin/panda embeds. Its npm
+# packages are pinned by web/console/package-lock.json and installed with
+# npm ci from the npm registry when the lock file changes; the bundle is
+# rebuilt when a source changes. Without Node.js, setup.sh deps installs it
+# (Debian's). The bundle is not committed: see docs/architecture.md.
+
+console: $(CONSOLE)
+
+web/console/node_modules/.installed: web/console/package.json web/console/package-lock.json
+	@command -v npm >/dev/null || scripts/setup.sh deps
+	cd web/console && npm ci --no-audit --no-fund
+	touch $@
+
+$(CONSOLE): web/console/node_modules/.installed $(CONSOLE_SRC)
+	cd web/console && node build.mjs
 
 # The guest agent is static: it runs as PID 1 in guests without a libc.
 bin/panda-guest: $(GOFILES)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/console"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/host"
@@ -220,6 +221,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
+	console http.Handler // the web console's files (internal/console)
 
 	guests *limiter      // guest requests in flight
 	output *outputBudget // buffered exec output held
@@ -288,6 +290,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 		return nil, err
 	}
 	s.metrics = m
+	s.console = console.Handler()
 	s.handler = s.routes()
 	return s, nil
 }
@@ -305,6 +308,10 @@ func (s *Server) routes() http.Handler {
 	// header, and E2B's paths are outside /v1.
 	r.Use(recoverer.New(s.log, s.writeError), s.proxyDomain, s.e2b.Intercept)
 	r.Get("/healthz", s.health)
+	// The web console: files only, no key (it signs in with one and calls
+	// this API like any other client).
+	r.Get("/", s.console.ServeHTTP)
+	r.Get(console.AssetPrefix+"*", s.console.ServeHTTP)
 	// Signed port URLs: the token is the credential.
 	r.Handle("/p/{token}", http.HandlerFunc(s.signedProxy))
 	r.Handle("/p/{token}/*", http.HandlerFunc(s.signedProxy))

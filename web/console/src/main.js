@@ -1,0 +1,178 @@
+// PandaStack's web console: sign in with an API key, then the fork tree,
+// sandbox pages, hosts, templates and keys, all through the public REST
+// API with that key. Routes are in the URL's fragment (#/sandboxes/ID).
+import { html, render } from 'htm/preact';
+import { useEffect, useState } from 'preact/hooks';
+import { api, getKey, setKey, setUnauthorizedHandler, ApiError } from './api.js';
+import { start, useStore } from './store.js';
+import { Notes, Dialogs, clearNotes } from './ui.js';
+import { TreePage } from './tree.js';
+import { SandboxPage } from './sandbox.js';
+import { HostsPage, TemplatesPage, KeysPage } from './admin.js';
+
+const Logo = () => html`<svg class="logo" viewBox="0 0 32 32" width="26" height="26" aria-hidden="true">
+  <circle cx="16" cy="17" r="12" fill="#fff" /><circle cx="7" cy="7" r="5" fill="#1b1f24" /><circle cx="25" cy="7" r="5" fill="#1b1f24" />
+  <ellipse cx="11.5" cy="16" rx="3.2" ry="4" fill="#1b1f24" /><ellipse cx="20.5" cy="16" rx="3.2" ry="4" fill="#1b1f24" />
+  <circle cx="12" cy="16" r="1.2" fill="#fff" /><circle cx="20" cy="16" r="1.2" fill="#fff" /><ellipse cx="16" cy="22.5" rx="2.2" ry="1.5" fill="#1b1f24" />
+</svg>`;
+
+function useHash() {
+  const [h, set] = useState(location.hash);
+  useEffect(() => {
+    const f = () => set(location.hash);
+    addEventListener('hashchange', f);
+    return () => removeEventListener('hashchange', f);
+  }, []);
+  return h;
+}
+
+// checkKey signs in with key: any authenticated request tells a valid
+// key; GET /v1/keys tells an admin key (403 for others).
+async function checkKey(key) {
+  await api('v1/hosts', { key });
+  try {
+    await api('v1/keys', { key });
+    return { admin: true };
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 403) return { admin: false };
+    throw e;
+  }
+}
+
+function SignIn({ onSignedIn, message }) {
+  const [key, setK] = useState('');
+  const [err, setErr] = useState(message || '');
+  const [busy, setBusy] = useState(false);
+  const submit = async (e) => {
+    e.preventDefault();
+    const k = key.trim();
+    if (!k) {
+      setErr('Enter an API key.');
+      return;
+    }
+    setBusy(true);
+    setErr('');
+    try {
+      const who = await checkKey(k);
+      onSignedIn(k, who);
+    } catch (e) {
+      setErr(e.status === 401 ? 'That API key is not valid: ' + e.message + '.' : e.message);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return html`<main class="signin" id="main">
+    <form onSubmit=${submit} data-testid="signin">
+      <h1><${Logo} /> PandaStack</h1>
+      <p>Sign in with an API key. The console shows what that key may see, through the REST API.</p>
+      ${err && html`<p class="note note-error" role="alert" data-testid="signin-error">${err}</p>`}
+      <div class="field">
+        <label for="key">API key</label>
+        <input id="key" name="key" type="password" autocomplete="off" spellcheck="false" value=${key}
+          onInput=${(e) => setK(e.currentTarget.value)} placeholder="panda_…" autofocus data-testid="key" />
+        <small>Kept in this tab only (session storage), never in a cookie. The admin key of <code>panda up</code> is in <code>DATA_DIR/admin.key</code>.</small>
+      </div>
+      <button type="submit" class="primary" disabled=${busy} data-testid="signin-submit">${busy ? 'Signing in…' : 'Sign in'}</button>
+    </form>
+  </main>`;
+}
+
+function Conn() {
+  const st = useStore();
+  const text = { connecting: 'Connecting…', live: 'Live', reconnecting: 'Reconnecting…', polling: 'Refreshing every few seconds' }[st.conn];
+  return html`<span class=${'conn conn-' + st.conn} data-testid="conn" data-conn=${st.conn} role="status"
+    title=${st.lastError || 'The event stream of the API'}>${text}</span>`;
+}
+
+function Shell({ admin, onSignOut }) {
+  const hash = useHash();
+  const path = hash.replace(/^#/, '') || '/';
+  let page;
+  let m;
+  if (path === '/') page = html`<${TreePage} />`;
+  else if ((m = path.match(/^\/sandboxes\/([a-z0-9]+)$/))) page = html`<${SandboxPage} id=${m[1]} key=${m[1]} />`;
+  else if (path === '/hosts') page = html`<${HostsPage} />`;
+  else if (path === '/templates') page = html`<${TemplatesPage} admin=${admin} />`;
+  else if (path === '/keys') page = html`<${KeysPage} />`;
+  else {
+    page = html`<div class="page" data-testid="not-found"><h1>Page not found</h1><p>Nothing at <code>${path}</code>.</p>
+      <p><a class="button" href="#/">Back to the fork tree</a></p></div>`;
+  }
+  const nav = [
+    ['#/', 'Fork tree', path === '/' || path.startsWith('/sandboxes/')],
+    ['#/hosts', 'Hosts', path === '/hosts'],
+    ['#/templates', 'Templates', path === '/templates'],
+  ];
+  if (admin) nav.push(['#/keys', 'Keys', path === '/keys']);
+  return html`<div class="app">
+    <a class="skip" href="#main" onClick=${(e) => { e.preventDefault(); document.getElementById('main').focus(); }}>Skip to content</a>
+    <header class="top">
+      <a href="#/" class="brand"><${Logo} /> PandaStack</a>
+      <nav aria-label="Pages">
+        ${nav.map(([href, label, cur]) => html`<a href=${href} aria-current=${cur ? 'page' : undefined} data-testid=${'nav-' + label.toLowerCase().replace(' ', '-')}>${label}</a>`)}
+      </nav>
+      <div class="top-right">
+        <${Conn} />
+        <span class="muted who">${admin ? 'admin key' : 'key'}</span>
+        <button onClick=${() => onSignOut('')} data-testid="signout">Sign out</button>
+      </div>
+    </header>
+    <main id="main" tabindex="-1">${page}</main>
+    <${Notes} />
+  </div>`;
+}
+
+function App() {
+  const [session, setSession] = useState(null); // {key, admin, ctl}
+  const [message, setMessage] = useState('');
+  const [checking, setChecking] = useState(true);
+
+  const signIn = (key, who) => {
+    setKey(key);
+    const ctl = new AbortController();
+    start(ctl.signal);
+    setMessage('');
+    setSession({ key, admin: who.admin, ctl });
+  };
+  const signOut = (msg) => {
+    setKey('');
+    clearNotes();
+    setSession((s) => {
+      if (s) s.ctl.abort();
+      return null;
+    });
+    setMessage(msg);
+  };
+  setUnauthorizedHandler((m) => signOut('Signed out: the server no longer accepts this API key (' + m + '). It may have been revoked.'));
+
+  useEffect(() => {
+    // /#key=… signs in (for scripts); the key leaves the URL at once.
+    let key = getKey();
+    const m = location.hash.match(/^#key=([^&]+)/);
+    if (m) {
+      key = decodeURIComponent(m[1]);
+      history.replaceState(null, '', location.pathname + location.search + '#/');
+    }
+    if (!key) {
+      setChecking(false);
+      return;
+    }
+    checkKey(key).then(
+      (who) => {
+        signIn(key, who);
+        setChecking(false);
+      },
+      (e) => {
+        setKey('');
+        setMessage(e.status === 401 ? 'That API key is not valid: ' + e.message + '.' : e.message);
+        setChecking(false);
+      },
+    );
+  }, []);
+
+  if (checking) return html`<p class="empty">Signing in…</p>`;
+  return html`${session ? html`<${Shell} admin=${session.admin} onSignOut=${signOut} />` : html`<${SignIn} onSignedIn=${signIn} message=${message} />`}
+    <${Dialogs} />`;
+}
+
+render(html`<${App} />`, document.getElementById('app'));
