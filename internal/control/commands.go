@@ -101,20 +101,27 @@ func (p *Plane) FinishCommand(id string, n int64, exit *int, signal string, dura
 }
 
 // ProcessEnded records the end of the background process pid of sandbox
-// id that the guest started at guestStart (Unix nanoseconds), at ended,
-// if its history holds it and has no end for it yet.
-func (p *Plane) ProcessEnded(id string, pid int, guestStart int64, exit int, signal string, durationMS int64, ended time.Time) {
+// id that the guest started at guestStart (Unix nanoseconds), after
+// durationMS by the guest's measure, if its history holds it and has no
+// end for it yet. Its end is its start (the server's clock) plus that
+// duration: the server may learn of it much later.
+func (p *Plane) ProcessEnded(id string, pid int, guestStart int64, exit int, signal string, durationMS int64) {
 	p.commands.finish(id, func(c *Command) bool {
 		return c.PID == pid && c.guestStart == guestStart && c.Kind != CommandExec
-	}, &exit, signal, durationMS, ended)
+	}, &exit, signal, durationMS, time.Time{})
 }
 
+// finish records the end of the first unfinished command of sandbox id
+// that match selects, at at (zero: its start plus durationMS).
 func (c *commands) finish(id string, match func(*Command) bool, exit *int, signal string, durationMS int64, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range c.runs[id] {
 		if !match(r) || !r.FinishedAt.IsZero() {
 			continue
+		}
+		if at.IsZero() {
+			at = r.StartedAt.Add(time.Duration(durationMS) * time.Millisecond)
 		}
 		r.FinishedAt, r.Signal = at, signal
 		if exit != nil {

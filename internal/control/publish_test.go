@@ -139,13 +139,14 @@ func TestCommandHistory(t *testing.T) {
 		t.Errorf("running process: %+v", c)
 	}
 	// Another process that reused the pid does not end this one.
-	ended := e.clock.advance(2 * time.Second)
-	e.p.ProcessEnded(sb.ID, 42, 999, 1, "", 5, ended)
+	e.clock.advance(time.Hour)
+	e.p.ProcessEnded(sb.ID, 42, 999, 1, "", 5)
 	if c := e.p.Commands(sb.ID)[control.MaxCommands-1]; c.ExitCode != nil {
 		t.Errorf("ended by another process of the same pid: %+v", c)
 	}
-	e.p.ProcessEnded(sb.ID, 42, 1000, 3, "", 2000, ended)
-	e.p.ProcessEnded(sb.ID, 42, 1000, 4, "", 2000, ended) // the first end stays
+	e.p.ProcessEnded(sb.ID, 42, 1000, 3, "", 2000)
+	e.p.ProcessEnded(sb.ID, 42, 1000, 4, "", 2000) // the first end stays
+	ended := t0.Add(2 * time.Second)               // its start plus its duration
 	c := e.p.Commands(sb.ID)[control.MaxCommands-1]
 	if c.N != p || c.ExitCode == nil || *c.ExitCode != 3 || !c.FinishedAt.Equal(ended) || *c.DurationMS != 2000 {
 		t.Errorf("ended process: %+v", c)
