@@ -45,7 +45,7 @@ import http.client
 import io
 import ssl
 import threading
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import errors as _errors
 from .client import (
@@ -70,6 +70,9 @@ from ._buildcontext import ContextStats
 from ._ndjson import NDJSONDecoder
 from .errors import PandaConnectionError, PandaError
 from .models import APIKey, Template
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .events import AsyncEventStream
 from .templates import TemplateBuild, TemplateBuildError
 
 __all__ = ["AsyncClient", "AsyncStreamResponse", "AsyncBuildLogs", "resolve_async_client", "default_async_client"]
@@ -405,6 +408,19 @@ class AsyncClient(_Settings):
         """Return ``GET /healthz``; needs no API key. See :meth:`Client.health`."""
         body = await self.request_json("GET", "/healthz", auth=False)
         return dict(body) if isinstance(body, Mapping) else {}
+
+    async def events(self) -> "AsyncEventStream":
+        """Open the stream of changes of this key's sandboxes and snapshots; see :meth:`Client.events`.
+
+        Example::
+
+            async with await client.events() as stream:
+                async for ev in stream:
+                    print(ev.seq, ev.type, ev.id)
+        """
+        from .events import AsyncEventStream
+
+        return await AsyncEventStream(self)._open()
 
     async def list_templates(self) -> List[Template]:
         """List templates and the state of their baked snapshots."""

@@ -20,6 +20,7 @@ import stat
 import threading
 import urllib.parse
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -42,6 +43,9 @@ from .errors import ConfigurationError, PandaConnectionError, PandaError, Reques
 from .models import APIKey, Template
 from ._buildcontext import ContextStats
 from .templates import TemplateBuild, TemplateBuildError, multipart_build_body
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .events import EventStream
 
 __all__ = [
     "Client",
@@ -212,6 +216,17 @@ class StreamResponse:
         for chunk in self.iter_chunks():
             yield from dec.feed(chunk)
         yield from dec.close()
+
+    def abort(self) -> None:
+        """Close the connection from any thread, waking a read blocked on it."""
+        conn = self._conn
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read
+            except OSError:
+                pass
+        self.close()
 
     def close(self) -> None:
         """Release the connection: back to the pool if the body was fully read, else closed."""
@@ -454,6 +469,28 @@ class Client(_Settings):
         """
         body = self.request_json("GET", "/healthz", auth=False)
         return dict(body) if isinstance(body, Mapping) else {}
+
+    def events(self) -> "EventStream":
+        """Open the stream of changes of this key's sandboxes and snapshots (``GET /v1/events``).
+
+        Returns once the server has subscribed it: list after that
+        (``Sandbox.list()``, ``Snapshot.list()``) and apply the events to
+        the list, and nothing is missed. Iterate it for :class:`Event`
+        objects; it ends when the key is revoked, the server shuts down, or
+        after an ``"overflow"`` event (the reader fell behind: list again).
+        A read raises :class:`PandaConnectionError` after
+        :data:`EVENTS_IDLE_TIMEOUT` seconds of silence (the server pings
+        every 15 s).
+
+        Example::
+
+            with client.events() as stream:
+                for ev in stream:
+                    print(ev.seq, ev.type, ev.id, ev.sandbox.state if ev.sandbox else "")
+        """
+        from .events import EventStream
+
+        return EventStream(self)
 
     def list_templates(self) -> List[Template]:
         """List templates and the state of their baked snapshots."""

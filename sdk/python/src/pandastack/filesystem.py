@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
@@ -282,14 +281,7 @@ class DirWatch:
     def stop(self) -> None:
         """End the watch; a blocked iteration ends too."""
         self._stopped.set()
-        conn = getattr(self._resp, "_conn", None)
-        sock = getattr(conn, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read
-            except OSError:
-                pass
-        self._resp.close()
+        self._resp.abort()
 
     def __enter__(self) -> "DirWatch":
         return self
