@@ -83,16 +83,16 @@ func openEvents(t *testing.T, base, key string) *eventStream {
 
 func (s *eventStream) close() { s.cancel(); s.res.Body.Close() }
 
-// next is the stream's next line (pings skipped unless withPings), at most
-// 30 s away; the end of the stream fails the test.
-func (s *eventStream) next(withPings bool) eventLine {
+// read is the stream's next line (pings skipped unless withPings), and
+// false at its end; 30 s without a line fails the test.
+func (s *eventStream) read(withPings bool) (eventLine, bool) {
 	s.t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case l, ok := <-s.lines:
 			if !ok {
-				s.t.Fatal("event stream ended")
+				return l, false
 			}
 			if l.Seq != nil {
 				if *l.Seq < s.seq || (*l.Seq == s.seq && l.Type != "hello") {
@@ -103,30 +103,33 @@ func (s *eventStream) next(withPings bool) eventLine {
 			if l.Type == "ping" && !withPings {
 				continue
 			}
-			return l
+			return l, true
 		case <-deadline:
-			s.t.Fatal("no event in 30 s")
+			s.t.Fatal("no line in 30 s")
 		}
 	}
 }
 
-// ended waits (at most 30 s) for the end of the stream, skipping pings;
-// it fails the test on any other line.
+// next is read's line; the end of the stream fails the test.
+func (s *eventStream) next(withPings bool) eventLine {
+	s.t.Helper()
+	l, ok := s.read(withPings)
+	if !ok {
+		s.t.Fatal("event stream ended")
+	}
+	return l
+}
+
+// ended waits for the end of the stream; a line before it but pings
+// fails the test.
 func (s *eventStream) ended() {
 	s.t.Helper()
-	deadline := time.After(30 * time.Second)
 	for {
-		select {
-		case l, ok := <-s.lines:
-			if !ok {
-				return
-			}
-			if l.Type != "ping" {
-				s.t.Errorf("line before the end: %s", l.raw)
-			}
-		case <-deadline:
-			s.t.Fatal("the stream did not end in 30 s")
+		l, ok := s.read(false)
+		if !ok {
+			return
 		}
+		s.t.Errorf("line before the end: %s", l.raw)
 	}
 }
 

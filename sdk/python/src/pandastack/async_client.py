@@ -320,6 +320,41 @@ class AsyncStreamResponse:
         await self.close()
 
 
+class _AsyncLines:
+    """The items of an NDJSON stream, asyncio flavour of :class:`~pandastack.client._Lines`."""
+
+    def __init__(self, resp: AsyncStreamResponse, parse: Callable[[Any], Any]) -> None:
+        self._resp = resp
+        self._parse = parse
+        self._stopped = False
+        self._lines: AsyncIterator[Any] = resp.iter_ndjson()
+
+    def __aiter__(self) -> "_AsyncLines":
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            if self._stopped:
+                raise StopAsyncIteration
+            try:
+                d = await self._lines.__anext__()
+            except StopAsyncIteration:
+                await self._resp.close()
+                raise
+            except Exception:
+                if self._stopped:
+                    raise StopAsyncIteration from None
+                await self._resp.close()
+                raise
+            item = self._parse(d)
+            if item is not None:
+                return item
+
+    async def _stop(self) -> None:
+        self._stopped = True
+        await self._resp.close()
+
+
 class AsyncBuildLogs:
     """The lines of a template build's log: ``async for line in logs``; then ``logs.build`` is the final build.
 
@@ -420,7 +455,7 @@ class AsyncClient(_Settings):
         """
         from .events import AsyncEventStream
 
-        return await AsyncEventStream(self)._open()
+        return await AsyncEventStream._open(self)
 
     async def list_templates(self) -> List[Template]:
         """List templates and the state of their baked snapshots."""

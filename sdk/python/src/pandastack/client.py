@@ -157,6 +157,42 @@ def _iter_file(f: Any, chunk_size: int = _UPLOAD_CHUNK) -> Iterator[bytes]:
         yield chunk
 
 
+class _Lines:
+    """The items of an NDJSON stream, for one thread: ``parse`` turns each
+    line into an item, or ``None`` to skip it. The iteration ends with the
+    stream (which is then closed), or when :meth:`_stop` is called from any
+    thread; a read that fails closes the stream and raises."""
+
+    def __init__(self, resp: "StreamResponse", parse: Callable[[Any], Any]) -> None:
+        self._resp = resp
+        self._parse = parse
+        self._stopped = threading.Event()
+        self._lines: Iterator[Any] = resp.iter_ndjson()
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                d = next(self._lines)
+            except StopIteration:
+                self._resp.close()
+                raise
+            except Exception:
+                if self._stopped.is_set():
+                    raise StopIteration from None
+                self._resp.close()
+                raise
+            item = self._parse(d)
+            if item is not None:
+                return item
+
+    def _stop(self) -> None:
+        self._stopped.set()
+        self._resp.abort()
+
+
 class _Body:
     """A request body: bytes (replayable) or a stream (sent once)."""
 

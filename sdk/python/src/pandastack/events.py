@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
+from .async_client import _AsyncLines
+from .client import _Lines
 from .errors import PandaConnectionError
 from .models import SandboxInfo, _int, _opt_int, _opt_str, _str, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .async_client import AsyncClient, AsyncStreamResponse
-    from .client import Client, StreamResponse
+    from .async_client import AsyncClient
+    from .client import Client
 
 __all__ = ["Event", "EventStream", "AsyncEventStream", "CommandRecord", "EVENTS_IDLE_TIMEOUT"]
 
@@ -83,7 +85,7 @@ def _hello_seq(d: Any) -> int:
     return _int(d.get("seq"))
 
 
-class EventStream:
+class EventStream(_Lines):
     """An open event stream (:meth:`Client.events`): an iterator of
     :class:`Event` for one thread; :meth:`close` from any thread (also
     ``with``). Iteration ends when the server ends the stream (the key was
@@ -92,10 +94,7 @@ class EventStream:
     def __init__(self, client: "Client") -> None:
         from .snapshot import Snapshot
 
-        self._snapshot = lambda d: Snapshot(d, client)
-        self._resp: "StreamResponse" = client.stream("GET", "/v1/events", **_STREAM)
-        self._lines: Iterator[Any] = self._resp.iter_ndjson()
-        self._closed = False
+        super().__init__(client.stream("GET", "/v1/events", **_STREAM), lambda d: _event(d, lambda sn: Snapshot(sn, client)))
         try:
             #: The number of the last event before the stream began: the
             #: events it yields are the later ones.
@@ -104,29 +103,12 @@ class EventStream:
             self.close()
             raise
 
-    def __iter__(self) -> "EventStream":
-        return self
-
     def __next__(self) -> Event:
-        while True:
-            try:
-                d = next(self._lines)
-            except StopIteration:
-                self.close()
-                raise
-            except Exception:
-                if self._closed:
-                    raise StopIteration from None
-                self.close()
-                raise
-            ev = _event(d, self._snapshot)
-            if ev is not None:
-                return ev
+        return super().__next__()
 
     def close(self) -> None:
         """End the stream; a blocked iteration ends too."""
-        self._closed = True
-        self._resp.abort()
+        self._stop()
 
     def __enter__(self) -> "EventStream":
         return self
@@ -135,61 +117,34 @@ class EventStream:
         self.close()
 
 
-class AsyncEventStream:
+class AsyncEventStream(_AsyncLines):
     """An open event stream, asyncio flavour (``await client.events()``):
     ``async for ev in stream``; ``await stream.close()`` (also ``async with``)."""
 
-    def __init__(self, client: "AsyncClient") -> None:
+    #: The number of the last event before the stream began.
+    seq: int = 0
+
+    @classmethod
+    async def _open(cls, client: "AsyncClient") -> "AsyncEventStream":
         from .snapshot import AsyncSnapshot
 
-        self._client = client
-        self._snapshot = lambda d: AsyncSnapshot(d, client)
-        self._resp: Optional["AsyncStreamResponse"] = None
-        self._lines: Optional[AsyncIterator[Any]] = None
-        self._closed = False
-        self.seq = 0
-
-    async def _open(self) -> "AsyncEventStream":
-        self._resp = await self._client.stream("GET", "/v1/events", **_STREAM)
-        self._lines = self._resp.iter_ndjson()
+        s = cls(await client.stream("GET", "/v1/events", **_STREAM), lambda d: _event(d, lambda sn: AsyncSnapshot(sn, client)))
         try:
-            self.seq = _hello_seq(await self._lines.__anext__())
+            s.seq = _hello_seq(await s._lines.__anext__())
         except StopAsyncIteration:
-            await self.close()
+            await s.close()
             raise PandaConnectionError("the event stream ended before its hello") from None
         except BaseException:
-            await self.close()
+            await s.close()
             raise
-        return self
-
-    def __aiter__(self) -> "AsyncEventStream":
-        return self
+        return s
 
     async def __anext__(self) -> Event:
-        assert self._lines is not None
-        while True:
-            if self._closed:
-                raise StopAsyncIteration
-            try:
-                d = await self._lines.__anext__()
-            except StopAsyncIteration:
-                await self.close()
-                raise
-            except Exception:
-                if self._closed:
-                    raise StopAsyncIteration from None
-                await self.close()
-                raise
-            ev = _event(d, self._snapshot)
-            if ev is not None:
-                return ev
+        return await super().__anext__()
 
     async def close(self) -> None:
         """End the stream."""
-        self._closed = True
-        resp, self._resp = self._resp, None
-        if resp is not None:
-            await resp.close()
+        await self._stop()
 
     async def __aenter__(self) -> "AsyncEventStream":
         return self
