@@ -143,7 +143,8 @@ func runMain(m *testing.M) int {
 		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
 		MaxGuestRequestsPerSandbox: guestLimit,
 		MaxProxyRequestsPerSandbox: proxyLimit, ProxyHeaderTimeout: proxyHeaderTimeout,
-		OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log,
+		EventPing: 500 * time.Millisecond,
+		OpenAPI:   []byte("openapi: 3.0.3\n"), Logger: log,
 	}, cat, h, prometheus.NewRegistry())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

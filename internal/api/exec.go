@@ -65,8 +65,9 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 }
 
 // startExec validates the request and starts the process in the caller's
-// running sandbox. The process dies if ctx ends.
-func (s *Server) startExec(ctx context.Context, r *http.Request) (host.Process, *execRequest, error) {
+// running sandbox, recorded in its command history. The process dies if
+// ctx ends. The caller calls done with its Wait's outcome.
+func (s *Server) startExec(ctx context.Context, r *http.Request) (p host.Process, done func(guestproto.ExecResult, error), err error) {
 	var req execRequest
 	if err := decodeJSON(r, &req, false); err != nil {
 		return nil, nil, err
@@ -83,7 +84,7 @@ func (s *Server) startExec(ctx context.Context, r *http.Request) (host.Process, 
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := c.StartExec(ctx, g)
+	p, err = c.StartExec(ctx, g)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -93,7 +94,14 @@ func (s *Server) startExec(ctx context.Context, r *http.Request) (host.Process, 
 			p.Stdin().Close()
 		}()
 	}
-	return p, &req, nil
+	n := s.cp.StartCommand(sb.ID, control.CommandExec, control.CommandLine(req.Cmd, req.Argv), 0, 0)
+	return p, func(res guestproto.ExecResult, err error) {
+		if err != nil {
+			s.cp.FinishCommand(sb.ID, n, nil, "", -1)
+			return
+		}
+		s.cp.FinishCommand(sb.ID, n, &res.ExitCode, res.Signal, res.DurationMS)
+	}, nil
 }
 
 // outputChunk is the unit in which buffered exec output is kept and
@@ -205,7 +213,7 @@ func writeJSONEscaped(w *bufio.Writer, b []byte) {
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
-	p, _, err := s.startExec(r.Context(), r)
+	p, done, err := s.startExec(r.Context(), r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -220,6 +228,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	go func() { defer wg.Done(); io.Copy(stderr, p.Stderr()) }()
 	wg.Wait()
 	res, err := p.Wait()
+	done(res, err)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -304,7 +313,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	p, _, err := s.startExec(ctx, r)
+	p, done, err := s.startExec(ctx, r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -343,6 +352,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	go pump("stderr", p.Stderr())
 	wg.Wait()
 	res, err := p.Wait()
+	done(res, err)
 	if err != nil {
 		ae := classify(err)
 		out.send(execEvent{Type: "error", Error: &errorDetail{Code: ae.Code, Message: ae.Message}})

@@ -153,6 +153,8 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// Its event streams end (later requests are refused: 401).
+	s.events.CloseKey(id)
 	// A revoked key's sandboxes go with it.
 	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: id, States: control.LiveStates})
 	if err == nil {

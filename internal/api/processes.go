@@ -142,7 +142,22 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	kind := control.CommandProcess
+	if req.PTY != nil {
+		kind = control.CommandPTY
+	}
+	s.cp.StartCommand(chi.URLParam(r, "id"), kind, control.CommandLine(req.Cmd, req.Argv), p.PID, p.StartedUnixNano)
 	writeJSON(w, http.StatusCreated, toProcessInfo(p))
+}
+
+// noteProcesses records in sandbox id's command history the ends of the
+// processes of ps that have exited.
+func (s *Server) noteProcesses(id string, ps ...guestproto.ProcInfo) {
+	for _, p := range ps {
+		if p.Exit != nil {
+			s.cp.ProcessEnded(id, p.PID, p.StartedUnixNano, p.Exit.ExitCode, p.Exit.Signal, p.Exit.DurationMS)
+		}
+	}
 }
 
 func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
@@ -156,6 +171,7 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	s.noteProcesses(chi.URLParam(r, "id"), ps...)
 	out := make([]processInfo, 0, len(ps))
 	for _, p := range ps {
 		out = append(out, toProcessInfo(p))
@@ -179,6 +195,7 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	s.noteProcesses(chi.URLParam(r, "id"), ps...)
 	for _, p := range ps {
 		if p.PID == pid {
 			writeJSON(w, http.StatusOK, toProcessInfo(p))
@@ -290,6 +307,7 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	s.noteProcesses(chi.URLParam(r, "id"), p)
 	writeJSON(w, http.StatusOK, toProcessInfo(p))
 }
 
@@ -371,6 +389,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if !lagged {
+			s.noteProcesses(chi.URLParam(r, "id"), proc)
 			e := proc.Exit
 			out.send(processEvent{Type: "exit", ExitCode: &e.ExitCode, Signal: e.Signal, TimedOut: &e.TimedOut, DurationMS: &e.DurationMS})
 			return

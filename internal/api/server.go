@@ -31,6 +31,7 @@ import (
 	"github.com/pandastack/pandastack/internal/console"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/e2b"
+	"github.com/pandastack/pandastack/internal/events"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/recoverer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -103,6 +104,13 @@ type Config struct {
 	TemplateContextDir      string
 	TemplateContextMaxBytes int64
 
+	// EventPing is how often an event stream (GET /v1/events) sends a
+	// ping line, so that clients notice a dead stream (default 15 s);
+	// EventBuffer the events a stream may fall behind by before it is
+	// ended with an overflow line (default events.DefaultBuffer).
+	EventPing   time.Duration
+	EventBuffer int
+
 	// OpenAPI is the document served at /v1/openapi.yaml.
 	OpenAPI []byte
 	Version string
@@ -171,6 +179,12 @@ func (c *Config) SetDefaults() {
 	if c.StoppedRetention == 0 {
 		c.StoppedRetention = time.Hour
 	}
+	if c.EventPing == 0 {
+		c.EventPing = 15 * time.Second
+	}
+	if c.EventBuffer == 0 {
+		c.EventBuffer = events.DefaultBuffer
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -185,6 +199,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("default ttl %s exceeds max ttl %s", c.DefaultTTL, c.MaxTTL)
 	case c.TemplateContextMaxBytes < 0:
 		return errors.New("template context max bytes must not be negative")
+	case c.EventPing < 0 || c.EventBuffer < 0:
+		return errors.New("event ping interval and buffer must be positive")
 	case c.ProxyHeaderTimeout < 0:
 		return errors.New("proxy header timeout must be positive")
 	case c.ProxyDomain != "" && !validProxyDomain(c.ProxyDomain):
@@ -239,6 +255,8 @@ type Server struct {
 	// cp is the control plane the handlers call: create, kill, TTLs,
 	// network, fork, snapshots, pause and resume, expiry, reconciling.
 	cp *control.Plane
+	// events is what cp publishes record changes to, for GET /v1/events.
+	events *events.Hub
 }
 
 // New returns a server. It starts no goroutines.
@@ -251,6 +269,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
 		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
 		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
+		events:  events.New(nil),
 	}
 	s.urlSecret = cfg.URLSecret
 	if len(s.urlSecret) == 0 {
@@ -277,6 +296,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 		StoppedRetention: cfg.StoppedRetention,
 		ResolveTemplate:  s.resolveTemplate,
 		Gone:             s.proxy.closeSandbox,
+		Events:           s.events,
 		Logger:           cfg.Logger,
 	}, cat, fl, reg)
 	if err != nil {
@@ -327,6 +347,7 @@ func (s *Server) routes() http.Handler {
 	r.Post("/v1/fleet/hosts/{id}/heartbeat", s.heartbeatHost)
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
+		r.Get("/events", s.streamEvents)
 		r.Post("/sandboxes", s.createSandbox)
 		r.Get("/sandboxes", s.listSandboxes)
 		r.Get("/sandboxes/{id}", s.getSandbox)
@@ -337,6 +358,7 @@ func (s *Server) routes() http.Handler {
 		r.Post("/sandboxes/{id}/snapshots", s.createSnapshot)
 		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
 		r.Post("/sandboxes/{id}/resume", s.resumeSandbox)
+		r.Get("/sandboxes/{id}/commands", s.listCommands)
 		r.Get("/snapshots", s.listSnapshots)
 		r.Get("/snapshots/{snapID}", s.getSnapshot)
 		r.Delete("/snapshots/{snapID}", s.deleteSnapshot)
@@ -496,11 +518,13 @@ func drain(r io.Reader) { io.CopyN(io.Discard, r, 1<<20) }
 // ends (control.Plane.Run).
 func (s *Server) Run(ctx context.Context) error { return s.cp.Run(ctx) }
 
-// Shutdown closes the port proxy's connections to guests, which ends the
-// WebSockets the HTTP server's own shutdown does not wait for, and cancels
+// Shutdown ends the event streams (CloseStreams), closes the port proxy's
+// connections to guests, which ends the WebSockets the HTTP server's own
+// shutdown does not wait for, and cancels
 // the operations in flight and waits for them, at most until ctx ends
 // (control.Plane.Shutdown). Requests must have stopped first.
 func (s *Server) Shutdown(ctx context.Context) {
+	s.CloseStreams()
 	s.proxy.close()
 	s.cp.Shutdown(ctx)
 }

@@ -356,6 +356,27 @@ func TestFsWatch(t *testing.T) {
 	}
 }
 
+func TestEvents(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, body string) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"type":"hello","seq":3}`+"\n"+`{"type":"ping"}`+"\n"+
+			`{"seq":4,"type":"sandbox","id":"abc","sandbox":{"id":"abc","state":"running"}}`+"\n"+
+			`{"seq":5,"type":"sandbox_deleted","id":"abc","stop_reason":"killed"}`+"\n"+
+			`{"seq":6,"type":"snapshot_deleted","id":"sn"}`+"\n")
+	})
+	r := runCLI(context.Background(), "", "events", "--api-url", f.url, "--api-key", "k")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if want := "GET /v1/events  Bearer k"; len(f.reqs) != 1 || f.reqs[0] != want {
+		t.Errorf("got requests %q, want %q", f.reqs, want)
+	}
+	if want := "4 sandbox abc running\n5 sandbox_deleted abc killed\n6 snapshot_deleted sn\n"; r.stdout != want {
+		t.Errorf("got\n%s\nwant\n%s", r.stdout, want)
+	}
+}
+
 func TestNetworkFlags(t *testing.T) {
 	isolateEnv(t)
 	sandbox := `{"id":"abc","state":"running","network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8"]}}`

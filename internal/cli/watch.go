@@ -2,7 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
@@ -50,4 +52,53 @@ Ctrl-C, or when the directory is removed.`,
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "watch the directories under PATH too (at most 8192)")
 	return cmd
+}
+
+func eventsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "events",
+		Short: "Print the changes of your sandboxes and snapshots as they happen, until interrupted",
+		Long: `Follow the key's event stream (GET /v1/events) and print one line per
+event: SEQ TYPE ID, then a sandbox's state or a stopped sandbox's reason; or
+the API's JSON lines with --json. Ends on Ctrl-C, when the key is revoked or
+the server stops, or after "overflow" (the output was read too slowly).`,
+		Example: `  panda events
+  panda events --json | jq -c 'select(.type == "sandbox") | .sandbox.state'`,
+		Args: args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			st, err := c.Events(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			out := cmd.OutOrStdout()
+			enc := json.NewEncoder(out)
+			for {
+				ev, err := st.Next()
+				if errors.Is(err, io.EOF) || err != nil && cmd.Context().Err() != nil {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				switch {
+				case g.json:
+					err = enc.Encode(ev)
+				case ev.Sandbox != nil:
+					_, err = fmt.Fprintf(out, "%d %s %s %s\n", ev.Seq, ev.Type, ev.ID, ev.Sandbox.State)
+				case ev.StopReason != "":
+					_, err = fmt.Fprintf(out, "%d %s %s %s\n", ev.Seq, ev.Type, ev.ID, ev.StopReason)
+				default:
+					_, err = fmt.Fprintf(out, "%d %s %s\n", ev.Seq, ev.Type, ev.ID)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		},
+	}
 }

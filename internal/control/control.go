@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/events"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,10 @@ type Config struct {
 	// in metrics and logs are always measured with the system clock.
 	Now  func() time.Time
 	Tick <-chan time.Time
+	// Events, if set, is told of every change of a sandbox or snapshot
+	// record the plane writes (publish.go: the Event* types), for its
+	// key's subscribers.
+	Events *events.Hub
 	// StoreDownAfter is how long a cross-host fork or move waits for a
 	// capture whose uploads fail before it gives up with a 503 (default
 	// 5 s).
@@ -70,11 +75,15 @@ type Config struct {
 // in the middle is visible afterwards, and Resync settles them from what
 // the host has.
 type Plane struct {
-	cfg     Config
+	cfg Config
+	// cat is the catalog wrapped by publishing: the plane's record writes
+	// go through it, and it publishes them (Config.Events).
 	cat     catalog.Catalog
 	fleet   Fleet
 	log     *slog.Logger
 	metrics *metrics
+	// commands is the sandboxes' command histories (commands.go).
+	commands *commands
 
 	// life is the context of detached operations; stopLife cancels it.
 	life     context.Context
@@ -117,7 +126,8 @@ func NewFleet(cfg Config, cat catalog.Catalog, f Fleet, reg prometheus.Registere
 	if err != nil {
 		return nil, err
 	}
-	p := &Plane{cfg: cfg, cat: cat, fleet: f, resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
+	p := &Plane{cfg: cfg, fleet: f, commands: newCommands(), resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
+	p.cat = &publishing{Catalog: cat, p: p}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	return p, nil
 }

@@ -64,6 +64,19 @@ type Hooks struct {
 	Connected func(ctx context.Context, hostID string, list func(context.Context) ([]host.Info, error)) error
 	// Exited is told that a host's sandbox stopped by itself.
 	Exited func(id string, cause error)
+	// LostChanged, if set, is told that a host was marked lost or came
+	// back (its sandboxes' state as users see it changed).
+	LostChanged func(ctx context.Context, hostID string)
+}
+
+// lostChanged calls Hooks.LostChanged, if set.
+func (r *Registry) lostChanged(ctx context.Context, id string) {
+	r.mu.Lock()
+	f := r.hooks.LostChanged
+	r.mu.Unlock()
+	if f != nil {
+		f(ctx, id)
+	}
 }
 
 // Registry is the fleet. Safe for concurrent use.
@@ -343,6 +356,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id, token string, load host.Lo
 	r.mu.Unlock()
 	if wasLost {
 		r.log.Info("host is back", "host_id", id, "state", rec.State)
+		r.lostChanged(ctx, id)
 	}
 	return nil
 }
@@ -388,6 +402,7 @@ func (r *Registry) markLost(ctx context.Context) {
 		}
 		r.mu.Unlock()
 		r.log.Warn("host lost: no heartbeat", "host_id", id, "after", r.cfg.LostAfter)
+		r.lostChanged(ctx, id)
 	}
 }
 

@@ -375,6 +375,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	// 4. Serve. From here on, shutdown follows cfg.OnShutdown.
 	keepRunning = false
 	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run)
+	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
 	if cfg.MetricsListen != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsListen, cfg.serveOptions(log).httpServer(srv.MetricsHandler()), log)
 		if err != nil {

@@ -309,6 +309,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	}
 
 	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run)
+	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
 	fmt.Fprintf(out, "PandaStack listening on http://%s (host agent %s, accel %s)\n", ln.Addr(), cfg.AgentURL, client.Accel())
 	log.Info("serving", "addr", ln.Addr().String(), "agent", cfg.AgentURL)
 	if err := sv.wait(ctx); err != nil {
@@ -390,13 +391,14 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 		return err
 	}
 	defer cat.Close()
-	reg.SetHooks(fleet.Hooks{Connected: srv.ResyncHost, Exited: srv.SandboxExited})
+	reg.SetHooks(fleet.Hooks{Connected: srv.ResyncHost, Exited: srv.SandboxExited, LostChanged: srv.HostLostChanged})
 	if err := reg.Start(ctx); err != nil {
 		return err
 	}
 	defer reg.Close()
 
 	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run, reg.Run)
+	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
 	fmt.Fprintf(out, "PandaStack listening on http://%s (a fleet: hosts join with the token in %s)\n", ln.Addr(), tokenFile)
 	log.Info("serving", "addr", ln.Addr().String(), "fleet", true)
 	if err := sv.wait(ctx); err != nil {

@@ -593,3 +593,29 @@ class KeyIsolationTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class EventsTest(unittest.TestCase):
+    def test_events_command_history_and_revoke(self):
+        k = ADMIN.create_key("events-" + tag())
+        c = Client(api_key=k.key, api_url=SERVER.url, timeout=120)
+        self.addCleanup(c.close)
+        with c.events() as stream:
+            sb = create(c)
+            got = [next(stream), next(stream)]
+            self.assertEqual([(e.type, e.id, e.sandbox.state) for e in got], [("sandbox", sb.id, "starting"), ("sandbox", sb.id, "running")])
+            self.assertGreater(got[0].seq, stream.seq)
+            self.assertIsNone(got[1].sandbox.memory)
+
+            sb.exec("echo hi")
+            sb.exec(["false"])
+            h = sb.commands.run("exit 3", background=True)
+            h.wait()
+            cmds = sb.commands()
+            self.assertEqual([(x.kind, x.command, x.exit_code) for x in cmds], [("exec", "echo hi", 0), ("exec", "false", 1), ("process", "exit 3", 3)])
+            self.assertEqual(cmds[2].pid, h.pid)
+            self.assertEqual(sb.commands.history(), cmds)
+
+            ADMIN.revoke_key(k.id)  # the stream ends
+            rest = list(stream)
+            self.assertEqual([e for e in rest if e.id != sb.id], [], "events of others after the revoke")

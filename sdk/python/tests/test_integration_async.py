@@ -399,3 +399,27 @@ class ErrorsTest(AsyncCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class EventsTest(AsyncCase):
+    async def test_events_and_command_history(self):
+        stream = await self.client.events()
+        async with stream:
+            sb = await create(self.client)
+            try:
+                got = [await stream.__anext__(), await stream.__anext__()]
+                self.assertEqual([(e.type, e.id, e.sandbox.state) for e in got], [("sandbox", sb.id, "starting"), ("sandbox", sb.id, "running")])
+                await sb.exec("echo hi")
+                cmds = await sb.commands()
+                self.assertEqual([(x.kind, x.command, x.exit_code) for x in cmds], [("exec", "echo hi", 0)])
+                snap = await sb.snapshot()
+                ev = await stream.__anext__()
+                self.assertEqual((ev.type, ev.id), ("snapshot", snap.id))
+                self.assertIsInstance(ev.snapshot, AsyncSnapshot)
+                await snap.delete()
+                ev = await stream.__anext__()
+                self.assertEqual((ev.type, ev.id), ("snapshot_deleted", snap.id))
+            finally:
+                await sb.kill()
+            kinds = [(await stream.__anext__()).type for _ in range(2)]
+            self.assertEqual(kinds, ["sandbox", "sandbox_deleted"])

@@ -47,6 +47,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
+from .events import EVENTS_IDLE_TIMEOUT, AsyncEventStream, CommandRecord, Event, EventStream
 from .filesystem import DirWatch, Filesystem, WatchEvent
 from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
 from .sandbox import Sandbox
@@ -75,6 +76,11 @@ __all__ = [
     "OutputStream",
     "WatchEvent",
     "DirWatch",
+    "Event",
+    "EventStream",
+    "AsyncEventStream",
+    "CommandRecord",
+    "EVENTS_IDLE_TIMEOUT",
     "AsyncClient",
     "AsyncSandbox",
     "AsyncSnapshot",

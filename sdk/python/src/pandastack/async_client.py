@@ -45,7 +45,7 @@ import http.client
 import io
 import ssl
 import threading
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import errors as _errors
 from .client import (
@@ -70,6 +70,9 @@ from ._buildcontext import ContextStats
 from ._ndjson import NDJSONDecoder
 from .errors import PandaConnectionError, PandaError
 from .models import APIKey, Template
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .events import AsyncEventStream
 from .templates import TemplateBuild, TemplateBuildError
 
 __all__ = ["AsyncClient", "AsyncStreamResponse", "AsyncBuildLogs", "resolve_async_client", "default_async_client"]
@@ -317,6 +320,41 @@ class AsyncStreamResponse:
         await self.close()
 
 
+class _AsyncLines:
+    """The items of an NDJSON stream, asyncio flavour of :class:`~pandastack.client._Lines`."""
+
+    def __init__(self, resp: AsyncStreamResponse, parse: Callable[[Any], Any]) -> None:
+        self._resp = resp
+        self._parse = parse
+        self._stopped = False
+        self._lines: AsyncIterator[Any] = resp.iter_ndjson()
+
+    def __aiter__(self) -> "_AsyncLines":
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            if self._stopped:
+                raise StopAsyncIteration
+            try:
+                d = await self._lines.__anext__()
+            except StopAsyncIteration:
+                await self._resp.close()
+                raise
+            except Exception:
+                if self._stopped:
+                    raise StopAsyncIteration from None
+                await self._resp.close()
+                raise
+            item = self._parse(d)
+            if item is not None:
+                return item
+
+    async def _stop(self) -> None:
+        self._stopped = True
+        await self._resp.close()
+
+
 class AsyncBuildLogs:
     """The lines of a template build's log: ``async for line in logs``; then ``logs.build`` is the final build.
 
@@ -405,6 +443,19 @@ class AsyncClient(_Settings):
         """Return ``GET /healthz``; needs no API key. See :meth:`Client.health`."""
         body = await self.request_json("GET", "/healthz", auth=False)
         return dict(body) if isinstance(body, Mapping) else {}
+
+    async def events(self) -> "AsyncEventStream":
+        """Open the stream of changes of this key's sandboxes and snapshots; see :meth:`Client.events`.
+
+        Example::
+
+            async with await client.events() as stream:
+                async for ev in stream:
+                    print(ev.seq, ev.type, ev.id)
+        """
+        from .events import AsyncEventStream
+
+        return await AsyncEventStream._open(self)
 
     async def list_templates(self) -> List[Template]:
         """List templates and the state of their baked snapshots."""

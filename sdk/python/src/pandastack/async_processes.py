@@ -36,6 +36,7 @@ from .processes import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .events import CommandRecord
     from .async_sandbox import AsyncSandbox
     from .sandbox import Command, OutputCallback
 
@@ -284,6 +285,14 @@ class AsyncCommands:
     async def kill(self, pid: int) -> bool:
         """SIGKILL the background process ``pid`` (see :meth:`AsyncCommandHandle.kill`)."""
         return await AsyncCommandHandle(self._sb, pid).kill()
+
+    async def history(self) -> "List[CommandRecord]":
+        """The sandbox's command history, oldest first (also ``await sb.commands()``); see :meth:`Commands.history`."""
+        from .events import _command_records
+
+        return _command_records(await self._sb._client.request_json("GET", self._sb._path("/commands")))
+
+    __call__ = history
 
 
 class AsyncPty:

@@ -16,11 +16,11 @@ import os
 from typing import IO, Any, AsyncIterator, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from ._command import Output
-from .async_client import AsyncClient, AsyncStreamResponse, _call, resolve_async_client
+from .async_client import AsyncClient, AsyncStreamResponse, _AsyncLines, _call, resolve_async_client
 from .async_processes import AsyncCommands, AsyncPty
 from .client import _long, quote_segment
 from .errors import NotFoundError, PandaConnectionError, PandaError
-from .filesystem import WatchEvent, WriteData, _discard, _entries, _Files, _remove_query, _watch_request, _write_query
+from .filesystem import WatchEvent, WriteData, _discard, _watch_event, _entries, _Files, _remove_query, _watch_request, _write_query
 from .models import ExecResult, FileInfo, NetworkPolicy, Port, SandboxInfo, SignedURL
 from .sandbox import (
     Command,
@@ -486,40 +486,20 @@ class AsyncFilesystem(_Files):
         return FileInfo.from_dict(body or {})
 
 
-class AsyncDirWatch:
+class AsyncDirWatch(_AsyncLines):
     """A running directory watch (:meth:`AsyncFilesystem.watch_dir`): an
     async iterator of :class:`WatchEvent`; ``await stop()`` ends it (also
     ``async with``)."""
 
     def __init__(self, resp: AsyncStreamResponse) -> None:
-        self._resp = resp
-        self._events = resp.iter_ndjson()
-        self._stopped = False
-
-    def __aiter__(self) -> "AsyncDirWatch":
-        return self
+        super().__init__(resp, _watch_event)
 
     async def __anext__(self) -> WatchEvent:
-        while True:
-            if self._stopped:
-                raise StopAsyncIteration
-            try:
-                ev = await self._events.__anext__()
-            except StopAsyncIteration:
-                await self._resp.close()
-                raise
-            except Exception:
-                if self._stopped:
-                    raise StopAsyncIteration from None
-                await self._resp.close()
-                raise
-            if isinstance(ev, Mapping):
-                return WatchEvent.from_dict(ev)
+        return await super().__anext__()
 
     async def stop(self) -> None:
         """End the watch (closes its connection; the sandbox stops watching)."""
-        self._stopped = True
-        await self._resp.close()
+        await self._stop()
 
     async def __aenter__(self) -> "AsyncDirWatch":
         return self

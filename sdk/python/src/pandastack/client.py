@@ -20,6 +20,7 @@ import stat
 import threading
 import urllib.parse
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -42,6 +43,9 @@ from .errors import ConfigurationError, PandaConnectionError, PandaError, Reques
 from .models import APIKey, Template
 from ._buildcontext import ContextStats
 from .templates import TemplateBuild, TemplateBuildError, multipart_build_body
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .events import EventStream
 
 __all__ = [
     "Client",
@@ -153,6 +157,42 @@ def _iter_file(f: Any, chunk_size: int = _UPLOAD_CHUNK) -> Iterator[bytes]:
         yield chunk
 
 
+class _Lines:
+    """The items of an NDJSON stream, for one thread: ``parse`` turns each
+    line into an item, or ``None`` to skip it. The iteration ends with the
+    stream (which is then closed), or when :meth:`_stop` is called from any
+    thread; a read that fails closes the stream and raises."""
+
+    def __init__(self, resp: "StreamResponse", parse: Callable[[Any], Any]) -> None:
+        self._resp = resp
+        self._parse = parse
+        self._stopped = threading.Event()
+        self._lines: Iterator[Any] = resp.iter_ndjson()
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                d = next(self._lines)
+            except StopIteration:
+                self._resp.close()
+                raise
+            except Exception:
+                if self._stopped.is_set():
+                    raise StopIteration from None
+                self._resp.close()
+                raise
+            item = self._parse(d)
+            if item is not None:
+                return item
+
+    def _stop(self) -> None:
+        self._stopped.set()
+        self._resp.abort()
+
+
 class _Body:
     """A request body: bytes (replayable) or a stream (sent once)."""
 
@@ -212,6 +252,17 @@ class StreamResponse:
         for chunk in self.iter_chunks():
             yield from dec.feed(chunk)
         yield from dec.close()
+
+    def abort(self) -> None:
+        """Close the connection from any thread, waking a read blocked on it."""
+        conn = self._conn
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read
+            except OSError:
+                pass
+        self.close()
 
     def close(self) -> None:
         """Release the connection: back to the pool if the body was fully read, else closed."""
@@ -454,6 +505,28 @@ class Client(_Settings):
         """
         body = self.request_json("GET", "/healthz", auth=False)
         return dict(body) if isinstance(body, Mapping) else {}
+
+    def events(self) -> "EventStream":
+        """Open the stream of changes of this key's sandboxes and snapshots (``GET /v1/events``).
+
+        Returns once the server has subscribed it: list after that
+        (``Sandbox.list()``, ``Snapshot.list()``) and apply the events to
+        the list, and nothing is missed. Iterate it for :class:`Event`
+        objects; it ends when the key is revoked, the server shuts down, or
+        after an ``"overflow"`` event (the reader fell behind: list again).
+        A read raises :class:`PandaConnectionError` after
+        :data:`EVENTS_IDLE_TIMEOUT` seconds of silence (the server pings
+        every 15 s).
+
+        Example::
+
+            with client.events() as stream:
+                for ev in stream:
+                    print(ev.seq, ev.type, ev.id, ev.sandbox.state if ev.sandbox else "")
+        """
+        from .events import EventStream
+
+        return EventStream(self)
 
     def list_templates(self) -> List[Template]:
         """List templates and the state of their baked snapshots."""

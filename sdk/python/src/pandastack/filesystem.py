@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
+from .client import _Lines
 from .errors import NotFoundError
 from .models import FileInfo
 
@@ -252,44 +251,23 @@ class WatchEvent:
         )
 
 
-class DirWatch:
+def _watch_event(d: Any) -> Optional[WatchEvent]:
+    return WatchEvent.from_dict(d) if isinstance(d, Mapping) else None
+
+
+class DirWatch(_Lines):
     """A running directory watch (:meth:`Filesystem.watch_dir`): an iterator
     of :class:`WatchEvent`, for one thread; :meth:`stop` from any thread."""
 
     def __init__(self, resp: Any) -> None:
-        self._resp = resp
-        self._stopped = threading.Event()
-        self._events = resp.iter_ndjson()
-
-    def __iter__(self) -> Iterator[WatchEvent]:
-        return self
+        super().__init__(resp, _watch_event)
 
     def __next__(self) -> WatchEvent:
-        while True:
-            try:
-                ev = next(self._events)
-            except StopIteration:
-                self._resp.close()
-                raise
-            except Exception:
-                if self._stopped.is_set():
-                    raise StopIteration from None
-                self._resp.close()
-                raise
-            if isinstance(ev, Mapping):
-                return WatchEvent.from_dict(ev)
+        return super().__next__()
 
     def stop(self) -> None:
         """End the watch; a blocked iteration ends too."""
-        self._stopped.set()
-        conn = getattr(self._resp, "_conn", None)
-        sock = getattr(conn, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read
-            except OSError:
-                pass
-        self._resp.close()
+        self._stop()
 
     def __enter__(self) -> "DirWatch":
         return self

@@ -21,6 +21,7 @@ from .errors import ConflictError, PandaConnectionError, PandaError, RequestTime
 from .models import ExecResult, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .events import CommandRecord
     from .sandbox import Command, OutputCallback, Sandbox
 
 __all__ = ["Commands", "CommandHandle", "OutputChunk", "OutputStream", "ProcessInfo", "Pty", "TerminalHandle"]
@@ -543,6 +544,19 @@ class Commands:
     def kill(self, pid: int) -> bool:
         """SIGKILL the background process ``pid`` (see :meth:`CommandHandle.kill`)."""
         return CommandHandle(self._sb, pid).kill()
+
+    def history(self) -> "List[CommandRecord]":
+        """The last 100 commands run in the sandbox through the API (exec, background, terminals), oldest first.
+
+        Also ``sb.commands()``. The server keeps them in memory: they are gone
+        after it restarts and when the sandbox stops; a fork starts with none.
+        Neither stdin nor env values are kept.
+        """
+        from .events import _command_records
+
+        return _command_records(self._sb._client.request_json("GET", self._sb._path("/commands")))
+
+    __call__ = history
 
 
 class Pty:

@@ -1,0 +1,4 @@
+package api
+
+// EventSubscribers is how many event streams are subscribed.
+func (s *Server) EventSubscribers() int { return s.events.Len() }
