@@ -346,6 +346,13 @@ func TestConsole(t *testing.T) {
 	if got := mustExec(t, ctx, sb, "cat /root/notes-from-console.txt"); got != "uploaded by the console test\n" {
 		t.Errorf("the uploaded file holds %q", got)
 	}
+	// The cat above went through the API: the commands panel lists it
+	// with its exit code; the terminal's shell is a PTY process.
+	b.wait("the cat in the commands run", `[...document.querySelectorAll('[data-testid=commands] tbody tr')].some(r =>
+		r.cells.length === 4 && r.cells[0].textContent === 'cat /root/notes-from-console.txt' && r.cells[1].textContent === 'exec' && r.cells[2].textContent.trim() === '0')`, 30*time.Second)
+	b.wait("the shell among the processes", `[...document.querySelectorAll('[data-testid=processes] tbody tr')].some(r =>
+		r.cells.length === 4 && r.cells[1].textContent.includes('/bin/sh -l') && r.cells[2].textContent.startsWith('running'))`, 30*time.Second)
+	b.wait("the event stream live", `document.querySelector('[data-testid=conn]')?.dataset.conn === 'live'`, 10*time.Second)
 	b.wait("a memory chart", `!!document.querySelector('.chart svg polyline')`, 30*time.Second)
 	b.screenshot("console-sandbox")
 
