@@ -284,7 +284,7 @@ func fakeBake(t *testing.T, st *Store, p Params, inputs map[string]string) {
 	t.Helper()
 	tdir := filepath.Join(st.cfg.Dir, p.Key())
 	os.MkdirAll(tdir, 0o700)
-	b, _ := json.Marshal(Meta{Params: p, Inputs: inputs, Accel: st.cfg.Accel, Cmdline: st.cmdline(), MAC: guestnet.GuestMAC})
+	b, _ := json.Marshal(Meta{Params: p, Inputs: inputs, Accel: st.cfg.Accel, Cmdline: st.cmdline(), MAC: guestnet.GuestMAC, Machine: vmm.MachineCurrent})
 	os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600)
 	if _, err := manifest.Seal(tdir, metaFile); err != nil {
 		t.Fatal(err)
