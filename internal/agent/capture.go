@@ -327,9 +327,8 @@ func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool)
 		a.verified[snapID] = fp // its checksums were just computed from these files
 		a.mu.Unlock()
 	}
-	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "transient", transient, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
-	a.log.Debug("snapshot timings", "snapshot_id", snapID, "capture_ms", tCapture.Milliseconds(),
-		"seal_ms", (time.Since(t0) - tCapture).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds())
+	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "transient", transient, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20,
+		"capture_ms", tCapture.Milliseconds(), "seal_ms", (time.Since(t0) - tCapture).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds())
 	a.storeState(&si) // uploading (or local): before the upload can end
 	a.startUpload(snapID)
 	return si, nil

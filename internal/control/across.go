@@ -72,7 +72,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 	si.UploadedBytes = durable.UploadedBytes
 	tDurable := time.Since(t0)
 	defer func() {
-		p.log.Debug("cross-host fork timings", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient,
+		p.log.Info("cross-host fork", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient,
 			"snapshot_ms", tSnap.Milliseconds(), "upload_wait_ms", (tDurable - tSnap).Milliseconds(),
 			"restore_ms", (time.Since(t0) - tDurable).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(),
 			"uploaded_bytes", si.UploadedBytes, "fetched_bytes", fetched)
