@@ -327,7 +327,7 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	a.startTemplateSync(si.Template, false)
 	t0 := time.Now()
 	bases, release := a.templateBases(ctx, si.Template)
-	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{templateName(si.Template)}}, nil)
 	release()
 	if err != nil {
 		return err
