@@ -250,6 +250,22 @@ const snapshotMeta = "snapshot.json"
 // are on stable storage with their checksums (a crash before that leaves
 // only a temporary directory that recovery removes).
 func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, error) {
+	return a.snapshot(ctx, id, snapID, false)
+}
+
+// SnapshotTransient is Snapshot for a capture that only carries the
+// sandbox to other hosts through the object store (a cross-host fork):
+// the caller deletes it once they have restored from it. It is neither
+// sealed with checksums nor flushed here: the object store's chunks are
+// content-addressed and checked on every fetch, and a restart of this
+// agent deletes it (SnapshotInfo.Transient; dropTransient), from the store
+// too. Everything else is as for Snapshot: it is uploaded in the
+// background, and restores, lists and deletes as a snapshot.
+func (a *Agent) SnapshotTransient(ctx context.Context, id, snapID string) (SnapshotInfo, error) {
+	return a.snapshot(ctx, id, snapID, true)
+}
+
+func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool) (SnapshotInfo, error) {
 	if !host.ValidID(snapID) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot: %w: id %q must be lowercase letters and digits", ErrInvalid, snapID)
 	}
@@ -272,6 +288,7 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 		return SnapshotInfo{}, err
 	}
 	defer end()
+	t0 := time.Now()
 	tmp := dir + ".tmp"
 	os.RemoveAll(tmp)
 	st, err := a.capture(ctx, s, tmp, false)
@@ -281,18 +298,25 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 		}
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
+	tCapture := time.Since(t0)
 	s.mu.Lock()
-	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st}
+	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st, Transient: transient}
 	s.mu.Unlock()
 	// Per-machine paths are not part of a snapshot.
 	si.Spec.MemoryFile, si.Spec.Disk, si.Spec.RunDir, si.Spec.ConsoleLog = "", "", "", ""
 	si.SizeBytes = allocated(tmp)
 	err = writeJSON(filepath.Join(tmp, snapshotMeta), si, false)
-	if err == nil {
+	switch {
+	case err != nil:
+	case transient:
+		// Complete once renamed (recovery removes a .tmp directory, and
+		// the snapshot once it is named: it is transient).
+		err = os.Rename(tmp, dir)
+	default:
 		_, err = manifest.Seal(tmp, memFile, stateFile, diskFile, snapshotMeta)
-	}
-	if err == nil {
-		err = manifest.Rename(tmp, dir)
+		if err == nil {
+			err = manifest.Rename(tmp, dir)
+		}
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
@@ -303,7 +327,8 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 		a.verified[snapID] = fp // its checksums were just computed from these files
 		a.mu.Unlock()
 	}
-	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20)
+	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "transient", transient, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20,
+		"capture_ms", tCapture.Milliseconds(), "seal_ms", (time.Since(t0) - tCapture).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds())
 	a.storeState(&si) // uploading (or local): before the upload can end
 	a.startUpload(snapID)
 	return si, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
@@ -16,8 +17,8 @@ import (
 // `panda up`, and the agent behind the host API of `panda agent`. The
 // agent's own calls need no ctx where they do no waiting (Get, List,
 // Memory, DeleteSnapshot, template lookups); Local takes one to meet the
-// contract. It also dials guests (host.GuestDialer) and lists snapshots
-// (host.SnapshotLister).
+// contract. It also dials guests (host.GuestDialer), lists snapshots
+// (host.SnapshotLister) and takes transient captures (host.Transferer).
 func Local(a *Agent) host.Host { return local{a} }
 
 type local struct{ a *Agent }
@@ -26,6 +27,7 @@ var (
 	_ host.Host           = local{}
 	_ host.GuestDialer    = local{}
 	_ host.SnapshotLister = local{}
+	_ host.Transferer     = local{}
 	_ host.ProcessGuest   = localGuest{}
 	_ host.DirWatcher     = localGuest{}
 	_ host.Templates      = localTemplates{}
@@ -65,6 +67,14 @@ func (h local) Fork(ctx context.Context, id string, childIDs []string) (host.For
 
 func (h local) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
 	return h.a.Snapshot(ctx, id, snapshotID)
+}
+
+func (h local) SnapshotTransient(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
+	return h.a.SnapshotTransient(ctx, id, snapshotID)
+}
+
+func (h local) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
+	return h.a.AwaitStored(ctx, snapshotID, wait)
 }
 
 func (h local) DeleteSnapshot(_ context.Context, snapshotID string) error {

@@ -188,7 +188,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	a.startTemplateSync(rec.Template, false) // templates.go
 	t0 := time.Now()
 	bases, release := a.templateBases(ctx, rec.Template)
-	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{templateName(rec.Template)}}, nil)
 	release()
 	if err != nil {
 		return err

@@ -50,7 +50,8 @@ const (
 // (the new VMM is stopped; the capture was never touched). Nothing whose
 // memory or disk can still be used is deleted. Then leftovers of
 // interrupted work are removed: fork and snapshot captures that were not
-// complete, bakes, run directories. With an object store, snapshot
+// complete, transient captures (SnapshotTransient), bakes, run
+// directories. With an object store, snapshot
 // uploads and deletes from the store that the earlier agent did not finish
 // start again in the background (store.go).
 func (a *Agent) Recover(ctx context.Context) []Recovered {
@@ -76,8 +77,27 @@ func (a *Agent) Recover(ctx context.Context) []Recovered {
 	wg.Wait()
 	a.cleanLeftovers(ctx)
 	a.cleanNetworks(ctx)
+	a.dropTransient()
 	a.resumeStore()
 	return out
+}
+
+// dropTransient deletes the transient captures (SnapshotTransient's, and
+// copies fetched from another host's) an earlier run left, locally and in
+// the object store: they only carried a sandbox to other hosts during a
+// cross-host fork, which the restart has failed, and nobody else knows of
+// them.
+func (a *Agent) dropTransient() {
+	for _, si := range a.Snapshots() {
+		if !si.Transient {
+			continue
+		}
+		if err := a.DeleteSnapshot(si.ID); err != nil {
+			a.log.Warn("delete a transient capture an earlier run left", "snapshot_id", si.ID, "err", err)
+			continue
+		}
+		a.log.Info("deleted a transient capture an earlier run left", "snapshot_id", si.ID)
+	}
 }
 
 func (a *Agent) recoverOne(ctx context.Context, id string) (State, error) {

@@ -217,6 +217,37 @@ func (a *Agent) startUpload(id string) {
 	a.startJobLocked(storeName(id), jobUpload, "upload snapshot", false, func(ctx context.Context) error { return a.uploadSnapshot(ctx, id) })
 }
 
+// AwaitStored returns snapshot id as GetSnapshot describes it once it is
+// durable in the object store (or kept only here: the agent has no
+// store), or once wait has passed (still uploading, with StoreError);
+// ctx ending ends it with ctx's error. It waits on the upload job, not by
+// polling.
+func (a *Agent) AwaitStored(ctx context.Context, id string, wait time.Duration) (SnapshotInfo, error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		si, err := a.GetSnapshot(id)
+		if err != nil || si.Stored != host.StoredUploading {
+			return si, err
+		}
+		a.upMu.Lock()
+		j := a.jobs[storeName(id)]
+		a.upMu.Unlock()
+		if j == nil {
+			// No upload runs: the agent is closing, or the upload gave
+			// up (errMoved), or it has just ended: waiting changes nothing.
+			return a.GetSnapshot(id)
+		}
+		select {
+		case <-j.done:
+		case <-t.C:
+			return a.GetSnapshot(id)
+		case <-ctx.Done():
+			return SnapshotInfo{}, fmt.Errorf("wait for snapshot %s to be stored: %w", id, ctx.Err())
+		}
+	}
+}
+
 // retry runs f until it succeeds or ctx ends, waiting between attempts
 // (StoreRetry, doubling to 32 times that). The last failure is what
 // SnapshotInfo.StoreError and Info.StoreError show (storeErrs[key]).
@@ -296,7 +327,7 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	a.startTemplateSync(si.Template, false)
 	t0 := time.Now()
 	bases, release := a.templateBases(ctx, si.Template)
-	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases}, nil)
+	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{templateName(si.Template)}}, nil)
 	release()
 	if err != nil {
 		return err

@@ -14,7 +14,8 @@ import (
 // the very disk blocks the template's same range maps to, the two hold the
 // same bytes, so the chunk's hash is the template's (from its index) and
 // the chunk need not be read and hashed. FIEMAP tells which blocks a range
-// maps to; anything it cannot say for sure (delayed allocation, inline or
+// maps to, once the file is flushed (FIEMAP_FLAG_SYNC); anything it
+// cannot say for sure (delayed allocation, inline or
 // encoded data, an error, no support) makes the chunk be read as usual.
 
 // extent is one mapped range of a file.
@@ -28,6 +29,7 @@ type extentMap []extent
 const (
 	fsIocFiemap = 0xC020660B // _IOWR('f', 11, struct fiemap)
 
+	fiemapFlagSync   = 0x1 // flush the file before mapping it
 	fiemapExtentLast = 0x1
 	// Flags under which the physical address does not identify the data.
 	fiemapExtentUncertain = 0x2 | 0x4 | 0x8 | 0x80 | 0x100 | 0x200 | 0x400 // unknown, delalloc, encoded, encrypted, not aligned, inline, tail
@@ -55,7 +57,13 @@ func extentsOf(f *os.File) extentMap {
 	var out extentMap
 	start := uint64(0)
 	for {
-		*hdr = fiemapHeader{start: start, length: ^uint64(0) - start, count: batch}
+		// Synced: a write not yet written back into a range shared with
+		// another file (a reflink) is not in the map until it is (on XFS
+		// it waits in the copy-on-write fork, and the range still maps to
+		// the shared blocks), so without the flush a chunk could pass for
+		// its base's with other bytes. The caller may not have flushed
+		// (a transient capture is not).
+		*hdr = fiemapHeader{start: start, length: ^uint64(0) - start, count: batch, flags: fiemapFlagSync}
 		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocFiemap, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
 			return nil
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"math/rand"
 	"os"
 	"path/filepath"
 	"strings"
@@ -327,5 +328,68 @@ func TestSameBlocks(t *testing.T) {
 		if got := sameBlocks(tc.m, tmpl, tc.off, tc.n); got != tc.want {
 			t.Errorf("%s: sameBlocks = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// statCounter counts the chunks an upload asks the store about.
+type statCounter struct {
+	objstore.Store
+	chunkStats atomic.Int64
+}
+
+func (c *statCounter) Stat(ctx context.Context, key string) (objstore.Info, error) {
+	if strings.HasPrefix(key, "chunks/") {
+		c.chunkStats.Add(1)
+	}
+	return c.Store.Stat(ctx, key)
+}
+
+// TestUploadKnown: an upload does not ask the store about the chunks of
+// the sets it names as known (a capture's template), and still stores a
+// set that downloads whole; a known set that does not exist changes
+// nothing.
+func TestUploadKnown(t *testing.T) {
+	objs := &statCounter{Store: backends[0].open(t)}
+	s := newStore(t, objs)
+	ctx := context.Background()
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "tmpl")
+	writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 6 * cs})
+	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The capture: the template's first 6 chunks, and 2 of its own.
+	capFile := filepath.Join(dir, "cap")
+	b, _ := os.ReadFile(tmpl)
+	b = append(b[:6*cs:6*cs], make([]byte, 2*cs)...)
+	rand.New(rand.NewSource(2)).Read(b[6*cs:])
+	if err := os.WriteFile(capFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		known      []string
+		wantStats  int64
+		wantShared int
+	}{
+		{[]string{"templates/t"}, 2, 6},       // only the capture's own chunks
+		{[]string{"templates/missing"}, 8, 8}, // every chunk (all there now)
+	} {
+		objs.chunkStats.Store(0)
+		name := "snapshots/" + strings.ReplaceAll(tc.known[0], "/", "-")
+		_, st, err := s.UploadWith(ctx, name, map[string]string{"vm.mem": capFile}, UploadOptions{Known: tc.known}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := objs.chunkStats.Load(); got != tc.wantStats {
+			t.Errorf("known %v: %d chunks looked up, want %d", tc.known, got, tc.wantStats)
+		}
+		if st.ChunksShared != tc.wantShared {
+			t.Errorf("known %v: %d chunks shared, want %d", tc.known, st.ChunksShared, tc.wantShared)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		if _, err := s.Download(ctx, name, out); err != nil {
+			t.Fatal(err)
+		}
+		sameFile(t, filepath.Join(out, "vm.mem"), b)
 	}
 }

@@ -66,6 +66,12 @@ type UploadOptions struct {
 	// must stay as its index says while the upload runs; a chunk of it
 	// that does not match its hash is not used.
 	Bases map[string]Seed
+	// Known names sets in the store (a capture's template's) whose
+	// objects the upload takes to be there without asking the store for
+	// each: their manifests are read once the upload's lease is taken, when
+	// every object a manifest names is in the store and stays there until
+	// the upload ends (see GC). A set that cannot be read is ignored.
+	Known []string
 }
 
 // UploadWith is Upload with options.
@@ -130,6 +136,11 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	}
 
 	u := &uploader{s: s, st: st, progress: progress, seen: map[string]*seenChunk{}, bases: map[string]*base{}, baseIn: map[string]bool{}}
+	for _, k := range opts.Known {
+		if km, err := s.Manifest(ctx, k); err == nil {
+			km.objects(func(h string) { u.baseIn[h] = true })
+		}
+	}
 	for fname, sd := range opts.Bases {
 		if _, ok := files[fname]; !ok || sd.ChunkSize != s.cfg.ChunkSize {
 			continue
@@ -254,7 +265,7 @@ type uploader struct {
 	mu     sync.Mutex
 	st     Stats
 	seen   map[string]*seenChunk // hashes this upload handles already
-	baseIn map[string]bool       // base chunks known to be in the store
+	baseIn map[string]bool       // objects known to be in the store (base chunks, UploadOptions.Known)
 }
 
 // base is an open UploadOptions.Bases file.
@@ -345,9 +356,14 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 		return nil
 	}
 	defer close(sc.done)
-	ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(h))
-	if err != nil {
-		return fmt.Errorf("chunk %s: %w", h, err)
+	u.mu.Lock()
+	ok := u.baseIn[h]
+	u.mu.Unlock()
+	if !ok {
+		var err error
+		if ok, err = objstore.Exists(ctx, u.s.objs, chunkKey(h)); err != nil {
+			return fmt.Errorf("chunk %s: %w", h, err)
+		}
 	}
 	if ok {
 		u.done(func(st *Stats) { st.ChunksShared++ })

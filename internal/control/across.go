@@ -47,20 +47,36 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		return host.SnapshotInfo{}, 0, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
 	}
 	snapID := host.NewID()
-	si, err = src.Snapshot(ctx, parent.ID, snapID)
+	t0 := time.Now()
+	// A capture only for this fork: unsealed, gone if its host restarts
+	// (host.Transferer); a host without that takes a durable snapshot.
+	tr, _ := src.(host.Transferer)
+	if tr != nil {
+		si, err = tr.SnapshotTransient(ctx, parent.ID, snapID)
+	} else {
+		si, err = src.Snapshot(ctx, parent.ID, snapID)
+	}
 	if err != nil {
 		return si, 0, err
 	}
+	tSnap := time.Since(t0)
 	defer func() {
 		if err := src.DeleteSnapshot(context.WithoutCancel(ctx), snapID); err != nil && !errors.Is(err, host.ErrNotFound) {
 			p.log.Warn("delete the capture of a cross-host fork", "snapshot_id", snapID, "host_id", parent.HostID, "err", err)
 		}
 	}()
-	durable, err := p.awaitDurable(ctx, sl, parent.HostID, snapID)
+	durable, err := p.awaitDurable(ctx, sl, tr, parent.HostID, snapID)
 	if err != nil {
 		return si, 0, err
 	}
 	si.UploadedBytes = durable.UploadedBytes
+	tDurable := time.Since(t0)
+	defer func() {
+		p.log.Info("cross-host fork", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient,
+			"snapshot_ms", tSnap.Milliseconds(), "upload_wait_ms", (tDurable - tSnap).Milliseconds(),
+			"restore_ms", (time.Since(t0) - tDurable).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(),
+			"uploaded_bytes", si.UploadedBytes, "fetched_bytes", fetched)
+	}()
 	pol := PolicyOf(parent.Network)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -104,14 +120,40 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 }
 
 // awaitDurable waits until host hostID's snapshot id is durable in the
-// object store and returns it as the host then describes it.
-func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID, id string) (host.SnapshotInfo, error) {
+// object store and returns it as the host then describes it: through tr
+// (the host waits, and answers as soon as the upload ends) if the host
+// has it, else, or if tr is an older remote agent's, by listing the
+// host's snapshots every 50 ms. A capture whose upload has been failing
+// for Config.StoreDownAfter is a 503 (storeDown).
+func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, tr host.Transferer, hostID, id string) (host.SnapshotInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, acrossTimeout)
 	defer cancel()
+	t0 := time.Now()
+	var last string
+	for tr != nil {
+		si, err := tr.AwaitStored(ctx, id, p.storeDownAfter())
+		if errors.Is(err, errors.ErrUnsupported) {
+			break
+		}
+		if err != nil {
+			if ctx.Err() != nil && last != "" {
+				return host.SnapshotInfo{}, storeDown(last)
+			}
+			if ctx.Err() != nil {
+				return host.SnapshotInfo{}, fmt.Errorf("wait for the capture to reach the object store: %w", ctx.Err())
+			}
+			return host.SnapshotInfo{}, err
+		}
+		if done, err := durableOrNot(si, hostID); done || err != nil {
+			return si, err
+		}
+		last = si.StoreError
+		if last != "" && time.Since(t0) >= p.storeDownAfter() {
+			return host.SnapshotInfo{}, storeDown(last)
+		}
+	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	var last string
-	t0 := time.Now()
 	for {
 		list, err := sl.Snapshots(ctx)
 		if err != nil {
@@ -121,11 +163,8 @@ func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID
 			if si.ID != id {
 				continue
 			}
-			switch si.Stored {
-			case host.StoredDurable:
-				return si, nil
-			case host.StoredLocal, "":
-				return host.SnapshotInfo{}, Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
+			if done, err := durableOrNot(si, hostID); done || err != nil {
+				return si, err
 			}
 			last = si.StoreError
 		}
@@ -141,6 +180,19 @@ func (p *Plane) awaitDurable(ctx context.Context, sl host.SnapshotLister, hostID
 		case <-tick.C:
 		}
 	}
+}
+
+// durableOrNot says whether host hostID's capture si is durable in the
+// object store (done), or an error if it never will be (the host has no
+// store); neither while it is uploading.
+func durableOrNot(si host.SnapshotInfo, hostID string) (done bool, err error) {
+	switch si.Stored {
+	case host.StoredDurable:
+		return true, nil
+	case host.StoredLocal, "":
+		return false, Errorf(Invalid, "host %s has no object store: a sandbox can move to another host only when the hosts share one (panda agent --store)", hostID)
+	}
+	return false, nil
 }
 
 // PolicyOf is the egress policy a record holds.

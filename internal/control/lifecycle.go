@@ -684,6 +684,9 @@ func (p *Plane) resyncSnapshots(ctx context.Context, hostID string, h host.Host)
 		if si.SandboxID == "" {
 			continue // unreadable metadata: nothing to record it with
 		}
+		if si.Transient {
+			continue // a cross-host fork's capture, no one's snapshot: its host deletes it
+		}
 		if _, err := p.cat.GetSnapshot(ctx, si.ID); !errors.Is(err, catalog.ErrNotFound) {
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/network"
@@ -149,6 +150,27 @@ type GuestDialer interface {
 // crash left unrecorded.
 type SnapshotLister interface {
 	Snapshots(ctx context.Context) ([]SnapshotInfo, error)
+}
+
+// Transferer is an optional ability of a Host with an object store:
+// captures that exist only to carry a sandbox to other hosts (a
+// cross-host fork), and waiting for one to reach the store.
+type Transferer interface {
+	// SnapshotTransient is Snapshot for a capture the caller deletes once
+	// the other hosts have restored from it: it is uploaded to the object
+	// store as any snapshot, but not sealed with checksums nor flushed on
+	// its host (the store's chunks are content-addressed and checked on
+	// every fetch), and a restart of the host removes it, from the store
+	// too (SnapshotInfo.Transient). A host that cannot take such a capture
+	// takes a durable snapshot instead (Transient false).
+	SnapshotTransient(ctx context.Context, id, snapshotID string) (SnapshotInfo, error)
+	// AwaitStored returns snapshotID as the host describes it once it is
+	// durable in the object store (Stored), or after wait if it is not by
+	// then (still uploading, StoreError saying why the last attempt
+	// failed). ErrNotFound if there is no such snapshot; an error matching
+	// errors.ErrUnsupported from a remote host that cannot wait (an older
+	// agent: list its snapshots instead).
+	AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (SnapshotInfo, error)
 }
 
 // ResourceReporter is an optional ability of a Host that runs on another

@@ -144,6 +144,10 @@ type SnapshotInfo struct {
 	// the snapshot (taken on another host): the chunks no local file (its
 	// template) held; 0 for a snapshot this host took.
 	FetchedBytes int64 `json:"fetched_bytes,omitempty"`
+	// Transient marks a capture taken only to carry a sandbox to other
+	// hosts (Transferer.SnapshotTransient): not sealed, removed by a
+	// restart of any host that holds it, never a user's snapshot.
+	Transient bool `json:"transient,omitempty"`
 }
 
 // The values of SnapshotInfo.Stored and Info.Stored.

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -47,6 +48,7 @@ var (
 	_ host.Host             = (*Client)(nil)
 	_ host.GuestDialer      = (*Client)(nil)
 	_ host.SnapshotLister   = (*Client)(nil)
+	_ host.Transferer       = (*Client)(nil)
 	_ host.ResourceReporter = (*Client)(nil)
 )
 
@@ -317,6 +319,28 @@ func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.F
 func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
 	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, snapshotRequest{SnapshotID: snapshotID}, &si)
+	si.Capture = capture(si.Capture)
+	return si, err
+}
+
+// SnapshotTransient captures a running sandbox into snapshot snapshotID,
+// a transient capture (host.Transferer). An agent older than transient
+// captures ignores the query and takes a durable snapshot (Transient
+// false).
+func (c *Client) SnapshotTransient(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
+	var si host.SnapshotInfo
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), url.Values{"transient": {"true"}}, snapshotRequest{SnapshotID: snapshotID}, &si)
+	si.Capture = capture(si.Capture)
+	return si, err
+}
+
+// AwaitStored waits, on the agent, up to wait (at most MaxStoredWait) for
+// snapshot snapshotID to be durable in the object store
+// (host.Transferer). An older agent answers unsupported.
+func (c *Client) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
+	var si host.SnapshotInfo
+	q := url.Values{"wait_ms": {strconv.FormatInt(min(wait, MaxStoredWait).Milliseconds(), 10)}}
+	err := c.call(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/stored", q, nil, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
 }

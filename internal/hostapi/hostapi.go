@@ -101,6 +101,11 @@ const Prefix = "/host/v1"
 // hears nothing for three intervals reconnects.
 const PingInterval = 10 * time.Second
 
+// MaxStoredWait bounds the wait of one AwaitStored call (GET
+// /snapshots/{id}/stored?wait_ms=N): a caller that wants to wait longer
+// asks again.
+const MaxStoredWait = time.Minute
+
 // ErrUnauthorized: the agent rejected the token.
 var ErrUnauthorized = errors.New("host agent rejected the token")
 

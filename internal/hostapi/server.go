@@ -100,7 +100,17 @@ func (s *Server) routes() http.Handler {
 			if err := decode(r, &req); err != nil {
 				return nil, err
 			}
+			if r.URL.Query().Get("transient") == "true" {
+				return s.a.SnapshotTransient(r.Context(), chi.URLParam(r, "id"), req.SnapshotID)
+			}
 			return s.a.Snapshot(r.Context(), chi.URLParam(r, "id"), req.SnapshotID)
+		}))
+		r.Get(Prefix+"/snapshots/{snapID}/stored", s.json(func(r *http.Request) (any, error) {
+			ms, err := strconv.ParseInt(r.URL.Query().Get("wait_ms"), 10, 64)
+			if err != nil || ms < 0 {
+				return nil, fmt.Errorf("%w: wait_ms must be a number of milliseconds", host.ErrInvalid)
+			}
+			return s.a.AwaitStored(r.Context(), chi.URLParam(r, "snapID"), min(time.Duration(ms)*time.Millisecond, MaxStoredWait))
 		}))
 		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"snapshots": s.a.Snapshots()}, nil

@@ -44,6 +44,7 @@ const (
 	Resume         Method = "Resume"
 	SetNetwork     Method = "SetNetwork"
 	Snapshots      Method = "Snapshots"
+	AwaitStored    Method = "AwaitStored"
 )
 
 // Call is one call the host received: its method and the sandbox (or, for
@@ -53,7 +54,9 @@ type Call struct {
 	ID     string
 }
 
-// Host is an in-memory host.Host (and host.SnapshotLister). The zero value
+// Host is an in-memory host.Host (and host.SnapshotLister,
+// host.Transferer: a transient capture is a snapshot marked Transient,
+// and its calls are Snapshot's). The zero value
 // is not usable; use New. Safe for concurrent use.
 type Host struct {
 	// OnExit, if set, is told when Exit reports a sandbox gone (the
@@ -132,6 +135,7 @@ func New() *Host {
 var (
 	_ host.Host           = (*Host)(nil)
 	_ host.SnapshotLister = (*Host)(nil)
+	_ host.Transferer     = (*Host)(nil)
 )
 
 // fault is what a test told the host to do to one call.
@@ -509,6 +513,45 @@ func (h *Host) Fork(ctx context.Context, id string, childIDs []string) (host.For
 
 // Snapshot records snapshot snapshotID of running sandbox id.
 func (h *Host) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
+	return h.snapshot(ctx, id, snapshotID, false)
+}
+
+// SnapshotTransient is Snapshot of a transient capture.
+func (h *Host) SnapshotTransient(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
+	return h.snapshot(ctx, id, snapshotID, true)
+}
+
+// AwaitStored returns snapshot snapshotID at once if it is durable (or
+// the host has no store), else after wait: a capture made while the store
+// was down stays uploading.
+func (h *Host) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
+	if err := h.enter(ctx, AwaitStored, snapshotID); err != nil {
+		return host.SnapshotInfo{}, err
+	}
+	get := func() (host.SnapshotInfo, error) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		si, ok := h.snapshots[snapshotID]
+		if !ok {
+			return si, fmt.Errorf("snapshot %s: %w", snapshotID, host.ErrNotFound)
+		}
+		return si, nil
+	}
+	si, err := get()
+	if err != nil || si.Stored != host.StoredUploading {
+		return si, err
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return host.SnapshotInfo{}, ctx.Err()
+	}
+	return get()
+}
+
+func (h *Host) snapshot(ctx context.Context, id, snapshotID string, transient bool) (host.SnapshotInfo, error) {
 	if err := h.enter(ctx, Snapshot, id); err != nil {
 		return host.SnapshotInfo{}, err
 	}
@@ -519,7 +562,7 @@ func (h *Host) Snapshot(ctx context.Context, id, snapshotID string) (host.Snapsh
 		return host.SnapshotInfo{}, err
 	}
 	si := host.SnapshotInfo{ID: snapshotID, SandboxID: id, Template: sb.info.Template,
-		Spec: vmm.Spec{MemoryMiB: sb.info.MemoryMiB, VCPUs: sb.info.VCPUs}, CreatedAt: time.Now().UTC(), SizeBytes: 1 << 20}
+		Spec: vmm.Spec{MemoryMiB: sb.info.MemoryMiB, VCPUs: sb.info.VCPUs}, CreatedAt: time.Now().UTC(), SizeBytes: 1 << 20, Transient: transient}
 	if h.store != nil {
 		h.store.mu.Lock()
 		if h.store.down {
