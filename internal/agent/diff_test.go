@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -271,9 +272,13 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	if set, err := csA.Manifest(ctxT(t), templateName(key)); err != nil || string(set.Meta) != string(tmplSet.Meta) {
 		t.Errorf("the store's template changed when D started: %v", err)
 	}
-	if m, _ := filepath.Glob(filepath.Join(d.StoreDir(), "templates", ".*")); len(m) != 0 {
-		t.Errorf("D's adoption left %v", m)
+	// The adoption ends by removing the copy it replaced, just after the
+	// new one became visible: it leaves nothing once done.
+	left := func() []string {
+		m, _ := filepath.Glob(filepath.Join(d.StoreDir(), "templates", ".*"))
+		return m
 	}
+	waitFor(t, func() string { return fmt.Sprintf("D's adoption to leave nothing; left %v", left()) }, func() bool { return len(left()) == 0 })
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
