@@ -395,8 +395,18 @@ func TestConsole(t *testing.T) {
 	b.run("the hosts page", chromedp.Click(chromedp.CSS(`[data-testid=nav-hosts]`)))
 	b.wait("the local host", `(document.querySelector('[data-testid=hosts] tbody')?.textContent || '').includes('local')`, 20*time.Second)
 	b.screenshot("console-hosts")
+	// A build that fails at once (nothing listens on port 1): listed with
+	// its status, its log one click away.
+	bad, err := admin.StartTemplateBuild(ctx, "console-app", "127.0.0.1:1/nope:1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	b.run("the templates page", chromedp.Click(chromedp.CSS(`[data-testid=nav-templates]`)))
 	b.wait("the tiny template", `(document.querySelector('[data-testid=templates] tbody')?.textContent || '').includes('tiny')`, 20*time.Second)
+	row := `[data-testid=builds] tr[data-build=` + js(bad.ID) + `]`
+	b.wait("the failed build listed", `(document.querySelector(`+js(row)+`)?.textContent || '').includes('failed')`, 30*time.Second)
+	b.run("its log", chromedp.Click(chromedp.CSS(row+` button`)))
+	b.wait("the build's log", `(document.querySelector('[data-testid=build-log]')?.textContent || '').includes('127.0.0.1:1/nope:1')`, 20*time.Second)
 	b.run("the keys page", chromedp.Click(chromedp.CSS(`[data-testid=nav-keys]`)))
 	b.wait("the new key listed", `(document.querySelector('[data-testid=keys] tbody')?.textContent || '').includes('console-user')`, 20*time.Second)
 	b.screenshot("console-keys")

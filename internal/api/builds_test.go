@@ -190,6 +190,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		{b.user, `{"name":"base","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"tiny","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"App!","from_image":"r.example/app:1"}`, 422},
+		{b.admin, `{"name":"builds","from_image":"r.example/app:1"}`, 422}, // the list of builds' path
 		{b.admin, `{"name":"app","from_image":""}`, 400}, // nothing to build from
 		{b.admin, `{"name":"app","from_image":"/var/lib/x.tar"}`, 422},
 		{b.admin, `{"name":"app","from_image":"oci:/srv"}`, 422},
@@ -394,6 +395,33 @@ func TestTemplateVersionsOwnersPublish(t *testing.T) {
 		if resp, _ := b.do(t, tc.key, "GET", "/v1/templates/builds/"+id, ""); resp.StatusCode != tc.status {
 			t.Errorf("GET build as %s: %d, want %d", tc.key[:8], resp.StatusCode, tc.status)
 		}
+	}
+	// Listing builds: a key's own, newest first; an admin's, all of them.
+	listBuilds := func(key, query string) (ids, images []string) {
+		t.Helper()
+		resp, out := b.do(t, key, "GET", "/v1/templates/builds"+query, "")
+		list, ok := out["builds"].([]any)
+		if resp.StatusCode != 200 || !ok {
+			t.Fatalf("GET /v1/templates/builds%s: %d %v", query, resp.StatusCode, out)
+		}
+		for _, x := range list {
+			m := x.(map[string]any)
+			ids = append(ids, m["build_id"].(string))
+			images = append(images, m["from_image"].(string))
+		}
+		return ids, images
+	}
+	if ids, images := listBuilds(b.user, ""); len(ids) != 3 || ids[0] != id || strings.Join(images, " ") != "r.example/app:4 r.example/app:22 r.example/app:1" {
+		t.Errorf("the builder's builds: %v %v, want app:4, app:22, app:1 (%s first)", ids, images, id)
+	}
+	if ids, _ := listBuilds(b.admin, "?name=app"); len(ids) != 4 {
+		t.Errorf("an admin's builds of app: %v, want 4", ids)
+	}
+	if ids, _ := listBuilds(b.admin, "?name=nope"); len(ids) != 0 {
+		t.Errorf("builds of nope: %v", ids)
+	}
+	if ids, _ := listBuilds(other, ""); len(ids) != 0 {
+		t.Errorf("another key lists builds %v", ids)
 	}
 
 	// Publishing: admins only; then every key lists it.

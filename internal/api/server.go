@@ -402,6 +402,7 @@ func (s *Server) routes() http.Handler {
 		r.Delete("/templates/{name}", s.deleteTemplate)
 		r.Post("/templates/{name}/publish", s.publishTemplate(true))
 		r.Post("/templates/{name}/unpublish", s.publishTemplate(false))
+		r.Get("/templates/builds", s.listBuilds)
 		r.Get("/templates/builds/{buildID}", s.getBuild)
 		r.Get("/templates/builds/{buildID}/logs", s.buildLogs)
 		r.Post("/keys", s.createKey)
@@ -411,10 +412,13 @@ func (s *Server) routes() http.Handler {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, errorf(control.MethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
-	})
+	r.MethodNotAllowed(s.methodNotAllowed)
 	return r
+}
+
+// methodNotAllowed is the router's answer to a method a path does not take.
+func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	s.writeError(w, r, errorf(control.MethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

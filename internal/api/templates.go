@@ -272,6 +272,8 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 type TemplateBuilds interface {
 	Start(spec tmplbuild.Spec) (tmplbuild.Status, error)
 	Get(id string) (tmplbuild.Status, error)
+	// List returns every build remembered, newest first.
+	List() []tmplbuild.Status
 	Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error)
 	// Remove removes "NAME" (every version) or "NAME:N" (one).
 	Remove(ref string) error
@@ -397,6 +399,23 @@ func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+// listBuilds lists the builds the key may read (its own; every build for
+// an admin key), newest first, optionally of one template (?name=NAME).
+func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.callerBuilds(w, r)
+	if !ok {
+		return
+	}
+	key, name := callerOf(r).Key, r.URL.Query().Get("name")
+	out := []tmplbuild.Status{}
+	for _, st := range b.List() {
+		if (key.Admin || st.Owner == key.ID) && (name == "" || st.Name == name) {
+			out = append(out, st)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"builds": out})
+}
+
 // buildLogs streams a build's progress lines as NDJSON, from the first,
 // until it ends: {"line": "..."} each, then its final status
 // ({"status": "succeeded"|"failed", "code", "error", ...}).
@@ -427,6 +446,10 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 // that version, for NAME:N) are in the catalog, unless ?force=true: they
 // keep running, and restoring, from their own files either way.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if templateParam(r) == template.NotAName {
+		s.methodNotAllowed(w, r) // the list of builds, not a template
+		return
+	}
 	b, ok := s.callerBuilds(w, r)
 	if !ok {
 		return

@@ -206,8 +206,15 @@ func (s *Store) ValidateUserName(name string) error {
 	if s.IsBuiltin(name) {
 		return fmt.Errorf("%w: %q is a built-in template; pick another name", ErrInvalid, name)
 	}
+	if name == NotAName {
+		return fmt.Errorf("%w: %q names the API's list of builds (/v1/templates/builds); pick another name", ErrInvalid, name)
+	}
 	return nil
 }
+
+// NotAName is the one valid-looking name no template may take: the REST
+// API's /v1/templates/builds is the list of template builds.
+const NotAName = "builds"
 
 // rootfsPath returns the root filesystem image of template reference ref:
 // the built-in one if there is one, else the user's (its latest version,

@@ -21,6 +21,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -536,6 +538,24 @@ func (m *Manager) Get(id string) (Status, error) {
 		return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
 	}
 	return b.st, nil
+}
+
+// List returns the status of every build it remembers (running, waiting
+// and ended ones not forgotten yet), the newest first.
+func (m *Manager) List() []Status {
+	m.mu.Lock()
+	out := make([]Status, 0, len(m.builds))
+	for _, b := range m.builds {
+		out = append(out, b.st)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Status) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }
 
 // Follow calls line for each progress line of build id, from the first,

@@ -246,6 +246,21 @@ func (c *Client) TemplateBuild(ctx context.Context, buildID string) (TemplateBui
 	return out, err
 }
 
+// TemplateBuilds lists the builds the key may read (its own; every build
+// for an admin key), newest first; name, if not empty, keeps that
+// template's only. Builds are forgotten an hour after they end.
+func (c *Client) TemplateBuilds(ctx context.Context, name string) ([]TemplateBuild, error) {
+	var q url.Values
+	if name != "" {
+		q = url.Values{"name": {name}}
+	}
+	var out struct {
+		Builds []TemplateBuild `json:"builds"`
+	}
+	err := c.doJSON(ctx, http.MethodGet, path("templates", "builds"), q, nil, &out)
+	return out.Builds, err
+}
+
 // FollowTemplateBuild calls progress (if not nil) with each progress line
 // of a build, from the first, and returns the build once it has ended
 // (succeeded or failed: see its Status).

@@ -109,6 +109,9 @@ class TemplateBuildTest(unittest.TestCase):
         got = ADMIN.get_template_build(e.build.build_id)
         self.assertEqual((got.status, got.code), ("failed", "image_not_found"))
         self.assertNotIn(name, [t.name for t in ADMIN.list_templates()])
+        listed = ADMIN.list_template_builds(name)
+        self.assertEqual([(b.build_id, b.status) for b in listed], [(e.build.build_id, "failed")])
+        self.assertIn(e.build.build_id, [b.build_id for b in ADMIN.list_template_builds()])
         with self.assertRaises(NotFoundError):
             Sandbox.create(template=name, memory_mib=256, client=ADMIN)
         with self.assertRaises(NotFoundError):

@@ -140,6 +140,8 @@ export function TemplatesPage({ admin }) {
       notifyError('Delete failed', e);
     }
   };
+  const [br, berr] = useLoad(() => api('v1/templates/builds'), [build], 5000);
+  const builds = (br && br.builds) || [];
   const tpls = (r && r.templates) || [];
   return html`<div class="page">
     <div class="toolbar">
@@ -166,6 +168,24 @@ export function TemplatesPage({ admin }) {
             </td>
           </tr>`,
         )}
+      </tbody>
+    </table>
+    <h2>Builds</h2>
+    ${berr && !(berr instanceof ApiError && berr.status === 501) && html`<p class="error-text" role="alert">${berr.message}</p>`}
+    ${berr && berr instanceof ApiError && berr.status === 501 && html`<p class="muted">This server does not build templates from images.</p>`}
+    <table class="table" data-testid="builds">
+      <thead><tr><th>Template</th><th>Status</th><th class="hide-narrow">From</th><th class="hide-narrow">Started</th><th><span class="sr-only">Actions</span></th></tr></thead>
+      <tbody>
+        ${builds.map(
+          (b) => html`<tr key=${b.build_id} data-build=${b.build_id}>
+            <td><strong>${b.name}</strong>${b.version ? html` <span class="muted">v${b.version}</span>` : ''}</td>
+            <td><span class=${'badge ' + (b.status === 'succeeded' ? 'state-ok' : b.status === 'failed' ? 'state-bad' : 'state-running')}>${b.status}</span>${b.error && html` <span class="muted">${b.error}</span>`}</td>
+            <td class="hide-narrow mono clip" title=${b.from_image || ''}>${b.from_image || 'Dockerfile'}</td>
+            <td class="hide-narrow muted">${when(b.created_at)}</td>
+            <td class="row-actions"><button class="small" onClick=${() => setBuild(b.build_id)} aria-label=${'Show the log of build ' + b.build_id}>Log</button></td>
+          </tr>`,
+        )}
+        ${br && builds.length === 0 && html`<tr><td colspan="5" class="muted">No builds in the last hour.</td></tr>`}
       </tbody>
     </table>
     <form class="inline-form" onSubmit=${(e) => { e.preventDefault(); if (lookup.trim()) setBuild(lookup.trim()); }}>

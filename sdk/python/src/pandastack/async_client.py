@@ -521,6 +521,12 @@ class AsyncClient(_Settings):
         """The status of a build. See :meth:`Client.get_template_build`."""
         return TemplateBuild.from_dict(await self.request_json("GET", "/v1/templates/builds/%s" % quote_segment(build_id)) or {})
 
+    async def list_template_builds(self, name: Optional[str] = None) -> List[TemplateBuild]:
+        """The builds the key may read, newest first. See :meth:`Client.list_template_builds`."""
+        query = {"name": name} if name else None
+        out = await self.request_json("GET", "/v1/templates/builds", query=query) or {}
+        return [TemplateBuild.from_dict(b) for b in out.get("builds") or []]
+
     def template_build_logs(self, build_id: str) -> AsyncBuildLogs:
         """The lines of a build's log as they arrive: ``async for line in client.template_build_logs(id)``.
 

@@ -621,6 +621,16 @@ class Client(_Settings):
         """
         return TemplateBuild.from_dict(self.request_json("GET", "/v1/templates/builds/%s" % quote_segment(build_id)) or {})
 
+    def list_template_builds(self, name: Optional[str] = None) -> List[TemplateBuild]:
+        """The builds the key may read (``GET /v1/templates/builds``): its own, every build for an admin key; newest first.
+
+        ``name`` keeps one template's builds only. Builds are forgotten an
+        hour after they end.
+        """
+        query = {"name": name} if name else None
+        out = self.request_json("GET", "/v1/templates/builds", query=query) or {}
+        return [TemplateBuild.from_dict(b) for b in out.get("builds") or []]
+
     def template_build_logs(self, build_id: str) -> Generator[str, None, TemplateBuild]:
         """Yield the lines of a build's log, from the first, as they arrive, until the build ends.
 
