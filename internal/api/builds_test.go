@@ -191,7 +191,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 		{b.admin, `{"name":"tiny","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"App!","from_image":"r.example/app:1"}`, 422},
 		{b.admin, `{"name":"builds","from_image":"r.example/app:1"}`, 422}, // the list of builds' path
-		{b.admin, `{"name":"app","from_image":""}`, 400}, // nothing to build from
+		{b.admin, `{"name":"app","from_image":""}`, 400},                   // nothing to build from
 		{b.admin, `{"name":"app","from_image":"/var/lib/x.tar"}`, 422},
 		{b.admin, `{"name":"app","from_image":"oci:/srv"}`, 422},
 		{b.admin, `{"name":"app","from_image":"docker-archive:/x"}`, 422},
