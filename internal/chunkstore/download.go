@@ -36,6 +36,13 @@ type Seed struct {
 	File      *os.File
 	ChunkSize int64
 	Chunks    []string
+	// Current says the caller proved Chunks to be File's as it is (an
+	// index tied to the file's fingerprint, checked again after File was
+	// opened), so an upload that takes the seed as a base (UploadOptions.
+	// Bases) uses a base chunk's bytes as what its hash names without
+	// hashing them again. Without it each base chunk used is hashed and
+	// not used if it does not match.
+	Current bool
 }
 
 // open returns the seed's file and whether the caller must close it.

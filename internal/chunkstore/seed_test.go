@@ -3,6 +3,7 @@ package chunkstore
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"math/rand"
 	"os"
@@ -385,6 +386,91 @@ func TestUploadKnown(t *testing.T) {
 		}
 		if st.ChunksShared != tc.wantShared {
 			t.Errorf("known %v: %d chunks shared, want %d", tc.known, st.ChunksShared, tc.wantShared)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		if _, err := s.Download(ctx, name, out); err != nil {
+			t.Fatal(err)
+		}
+		sameFile(t, filepath.Join(out, "vm.mem"), b)
+	}
+}
+
+// headCounter counts the HEADs (Stat) of chunks and patches and the PUTs.
+type headCounter struct {
+	objstore.Store
+	heads, puts atomic.Int64
+}
+
+func (c *headCounter) Stat(ctx context.Context, key string) (objstore.Info, error) {
+	if strings.HasPrefix(key, "chunks/") {
+		c.heads.Add(1)
+	}
+	return c.Store.Stat(ctx, key)
+}
+
+func (c *headCounter) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if strings.HasPrefix(key, "chunks/") {
+		c.puts.Add(1)
+	}
+	return c.Store.Put(ctx, key, r, size)
+}
+
+// TestUploadPatchesWithoutHead: an upload with a base whose set is known
+// stores a chunk that differs from its base in a few pages as a patch
+// without asking the store about the chunk or the patch (a PUT of
+// content-addressed data is idempotent; the lease keeps GC away), also
+// when it is uploaded again; with a base the caller proved current
+// (Seed.Current) it does the same, and the set downloads as it was.
+func TestUploadPatchesWithoutHead(t *testing.T) {
+	objs := &headCounter{Store: backends[0].open(t)}
+	s := newStore(t, objs)
+	ctx := context.Background()
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "tmpl")
+	writeSparseFile(t, tmpl, 6*cs, 1, [2]int64{0, 6 * cs})
+	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := HashFile(ctx, tmpl, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The capture: the template with 3 pages written in chunks 1 and 4
+	// (a copy, not a reflink: every chunk is read).
+	b, _ := os.ReadFile(tmpl)
+	for _, off := range []int64{1*cs + 4096, 1*cs + 9*4096, 4*cs + 2*4096} {
+		copy(b[off:off+4096], bytes.Repeat([]byte{0xa5}, 4096))
+	}
+	capFile := filepath.Join(dir, "cap")
+	if err := os.WriteFile(capFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tf, err := os.Open(tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tf.Close()
+	for i, sd := range []Seed{
+		SeedOf(tmpl, cs, idx),
+		SeedOf(tmpl, cs, idx), // again: the patches are in the store now
+		{Path: tmpl, File: tf, ChunkSize: cs, Chunks: idx.Chunks, Current: true},
+	} {
+		objs.heads.Store(0)
+		objs.puts.Store(0)
+		name := fmt.Sprintf("snapshots/s%d", i)
+		m, st, err := s.UploadWith(ctx, name, map[string]string{"vm.mem": capFile}, UploadOptions{Bases: map[string]Seed{"vm.mem": sd}, Known: []string{"templates/t"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm, _ := m.File("vm.mem")
+		if st.ChunksDelta != 2 || st.ChunksShared != 4 || len(fm.Deltas) != 2 {
+			t.Errorf("upload %d: stats %+v, deltas %v; want 2 patches and 4 chunks shared", i, st, fm.Deltas)
+		}
+		if got := objs.heads.Load(); got != 0 {
+			t.Errorf("upload %d: %d chunks looked up, want 0", i, got)
+		}
+		if got := objs.puts.Load(); got != 2 {
+			t.Errorf("upload %d: %d chunks put, want 2 (the patches)", i, got)
 		}
 		out := filepath.Join(t.TempDir(), "out")
 		if _, err := s.Download(ctx, name, out); err != nil {

@@ -152,7 +152,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 		if owned {
 			defer f.Close()
 		}
-		b := &base{f: f, chunks: sd.Chunks}
+		b := &base{f: f, chunks: sd.Chunks, current: sd.Current && sd.File != nil}
 		if fi, err := f.Stat(); err == nil {
 			b.size, b.ext = fi.Size(), extentsOf(f)
 		}
@@ -274,6 +274,9 @@ type base struct {
 	chunks []string
 	size   int64
 	ext    extentMap // nil if unknown
+	// current: chunks is proven to be f's (Seed.Current): a chunk read
+	// from f is not hashed to check it.
+	current bool
 }
 
 // seenChunk is a chunk hash one worker of an upload handles; others that
@@ -359,6 +362,31 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 	u.mu.Lock()
 	ok := u.baseIn[h]
 	u.mu.Unlock()
+	if !ok && !unread {
+		// A chunk unlike its base's (it was read and hashed) is stored
+		// as a patch if it can be, without asking the store whether it
+		// holds the chunk whole: it rarely does (a chunk a sandbox
+		// wrote), and a patch costs less to send again than a HEAD.
+		if d, patch, err := u.delta(ctx, j, buf); err != nil {
+			return err
+		} else if patch != nil {
+			// No HEAD of the patch either: its key is its hash, so a PUT
+			// of it is idempotent, and the upload's lease keeps GC from
+			// running until the manifest naming it is written.
+			if err := u.s.objs.Put(ctx, chunkKey(d.Patch), bytes.NewReader(patch), int64(len(patch))); err != nil {
+				return fmt.Errorf("chunk %s: %w", d.Patch, err)
+			}
+			u.mu.Lock()
+			sc.delta = &d
+			u.setDeltaLocked(j, d)
+			u.mu.Unlock()
+			u.done(func(st *Stats) {
+				st.ChunksDelta++
+				st.BytesUploaded += int64(len(patch))
+			})
+			return nil
+		}
+	}
 	if !ok {
 		var err error
 		if ok, err = objstore.Exists(ctx, u.s.objs, chunkKey(h)); err != nil {
@@ -373,30 +401,6 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 		if err := read(); err != nil {
 			return err
 		}
-	}
-	if d, patch, err := u.delta(ctx, j, buf); err != nil {
-		return err
-	} else if patch != nil {
-		ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(d.Patch))
-		if err != nil {
-			return fmt.Errorf("chunk %s: %w", d.Patch, err)
-		}
-		if !ok {
-			if err := u.s.objs.Put(ctx, chunkKey(d.Patch), bytes.NewReader(patch), int64(len(patch))); err != nil {
-				return fmt.Errorf("chunk %s: %w", d.Patch, err)
-			}
-		}
-		u.mu.Lock()
-		sc.delta = &d
-		u.setDeltaLocked(j, d)
-		u.mu.Unlock()
-		u.done(func(st *Stats) {
-			st.ChunksDelta++
-			if !ok {
-				st.BytesUploaded += int64(len(patch))
-			}
-		})
-		return nil
 	}
 	if err := u.s.objs.Put(ctx, chunkKey(h), bytes.NewReader(buf), n); err != nil {
 		return fmt.Errorf("chunk %s: %w", h, err)
@@ -431,8 +435,10 @@ func (u *uploader) delta(ctx context.Context, j job, buf []byte) (Delta, []byte,
 		if _, err := b.f.ReadAt(baseBuf, int64(j.i)*u.s.cfg.ChunkSize); err != nil {
 			return Delta{}, nil, nil // shorter than the chunk: no base
 		}
-		if sum := sha256.Sum256(baseBuf); hex.EncodeToString(sum[:]) != d.Base {
-			return Delta{}, nil, nil // the base changed behind its index
+		if !b.current {
+			if sum := sha256.Sum256(baseBuf); hex.EncodeToString(sum[:]) != d.Base {
+				return Delta{}, nil, nil // the base changed behind its index
+			}
 		}
 	}
 	patch := makePatch(buf, baseBuf)
