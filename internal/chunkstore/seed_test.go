@@ -479,3 +479,63 @@ func TestUploadPatchesWithoutHead(t *testing.T) {
 		sameFile(t, filepath.Join(out, "vm.mem"), b)
 	}
 }
+
+// TestDownloadCurrentSeed: a download takes the base of a patch from a
+// seed proven current without hashing it; if the seed was not what its
+// index says after all, the chunk is made from the store's base instead,
+// never written wrong.
+func TestDownloadCurrentSeed(t *testing.T) {
+	s := newStore(t, backends[0].open(t))
+	ctx := context.Background()
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "tmpl")
+	writeSparseFile(t, tmpl, 4*cs, 1, [2]int64{0, 4 * cs})
+	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := HashFile(ctx, tmpl, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(tmpl)
+	copy(b[2*cs+4096:], bytes.Repeat([]byte{0x5a}, 4096)) // chunk 2: one page
+	capFile := filepath.Join(dir, "cap")
+	if err := os.WriteFile(capFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, st, err := s.UploadWith(ctx, "snapshots/c", map[string]string{"vm.mem": capFile}, UploadOptions{Bases: map[string]Seed{"vm.mem": SeedOf(tmpl, cs, idx)}, Known: []string{"templates/t"}}, nil)
+	if err != nil || st.ChunksDelta != 1 {
+		t.Fatalf("upload: stats %+v, %v; want one patch", st, err)
+	}
+	// A seed whose chunk 2 is not what the index says (the template
+	// changed behind it), claimed current.
+	stale := filepath.Join(dir, "stale")
+	sb, _ := os.ReadFile(tmpl)
+	copy(sb[2*cs+8*4096:], bytes.Repeat([]byte{0xee}, 4096))
+	if err := os.WriteFile(stale, sb, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what        string
+		path        string
+		wantFetched bool // the base of chunk 2 came from the store
+	}{
+		{"current seed", tmpl, false},
+		{"current seed that lies", stale, true},
+	} {
+		f, err := os.Open(tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		dst, err := s.DownloadSeeded(ctx, m, out, []Seed{{Path: tc.path, File: f, ChunkSize: cs, Chunks: idx.Chunks, Current: true}})
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.what, err)
+		}
+		sameFile(t, filepath.Join(out, "vm.mem"), b)
+		if got := dst.BytesFetched >= cs; got != tc.wantFetched {
+			t.Errorf("%s: %d bytes fetched; base fetched %v, want %v", tc.what, dst.BytesFetched, got, tc.wantFetched)
+		}
+	}
+}
