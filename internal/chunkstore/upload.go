@@ -35,6 +35,10 @@ type Stats struct {
 	ChunksUnread  int
 	BytesTotal    int64 // sum of the files' sizes
 	BytesUploaded int64 // bytes sent: whole chunks and patches
+	// How long its steps took: SetupDur until the chunks start (the
+	// lease, the known sets' manifests, the extent maps, which flush the
+	// files), ChunksDur the chunks, ManifestDur the manifest.
+	SetupDur, ChunksDur, ManifestDur time.Duration
 }
 
 // Upload stores the files (file name in the set → path on disk) as the
@@ -126,6 +130,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	}
 	m.Files, fds = sortedFiles, sortedFds
 
+	t0 := time.Now()
 	l, err := s.acquire(ctx, "upload")
 	if err != nil {
 		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
@@ -164,6 +169,8 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 			exts[fi] = extentsOf(fds[fi])
 		}
 	}
+	u.st.SetupDur = time.Since(t0)
+	t1 := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	jobs := make(chan job)
 	g.Go(func() error {
@@ -201,6 +208,8 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	if err := g.Wait(); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
 	}
+	u.st.ChunksDur = time.Since(t1)
+	t2 := time.Now()
 	// Every chunk is durable; the lease must still protect the ones found
 	// in the store until the manifest names them.
 	if err := l.valid(); err != nil {
@@ -214,6 +223,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	if err := s.putManifest(ctx, m); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
 	}
+	u.st.ManifestDur = time.Since(t2)
 	return m, u.stats(), nil
 }
 
