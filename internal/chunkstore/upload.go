@@ -68,7 +68,10 @@ type UploadOptions struct {
 	// (or from zeros) in fewer than half its pages is stored as a patch of
 	// those pages (a Delta), if the store holds the base chunk. The base
 	// must stay as its index says while the upload runs; a chunk of it
-	// that does not match its hash is not used.
+	// that does not match its hash is not used (a base whose Seed is
+	// Current is not hashed: the caller proved its index).
+	// A patch is put without asking the store for it or for the chunk
+	// (see chunk).
 	Bases map[string]Seed
 	// Known names sets in the store (a capture's template's) whose
 	// objects the upload takes to be there without asking the store for
