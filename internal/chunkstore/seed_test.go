@@ -425,26 +425,9 @@ func TestUploadPatchesWithoutHead(t *testing.T) {
 	objs := &headCounter{Store: backends[0].open(t)}
 	s := newStore(t, objs)
 	ctx := context.Background()
-	dir := t.TempDir()
-	tmpl := filepath.Join(dir, "tmpl")
-	writeSparseFile(t, tmpl, 6*cs, 1, [2]int64{0, 6 * cs})
-	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
-		t.Fatal(err)
-	}
-	idx, err := HashFile(ctx, tmpl, cs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The capture: the template with 3 pages written in chunks 1 and 4
 	// (a copy, not a reflink: every chunk is read).
-	b, _ := os.ReadFile(tmpl)
-	for _, off := range []int64{1*cs + 4096, 1*cs + 9*4096, 4*cs + 2*4096} {
-		copy(b[off:off+4096], bytes.Repeat([]byte{0xa5}, 4096))
-	}
-	capFile := filepath.Join(dir, "cap")
-	if err := os.WriteFile(capFile, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tmpl, idx, capFile, b := templateAndCapture(t, s, 6, 1*cs+4096, 1*cs+9*4096, 4*cs+2*4096)
 	tf, err := os.Open(tmpl)
 	if err != nil {
 		t.Fatal(err)
@@ -487,22 +470,8 @@ func TestUploadPatchesWithoutHead(t *testing.T) {
 func TestDownloadCurrentSeed(t *testing.T) {
 	s := newStore(t, backends[0].open(t))
 	ctx := context.Background()
+	tmpl, idx, capFile, b := templateAndCapture(t, s, 4, 2*cs+4096) // chunk 2: one page
 	dir := t.TempDir()
-	tmpl := filepath.Join(dir, "tmpl")
-	writeSparseFile(t, tmpl, 4*cs, 1, [2]int64{0, 4 * cs})
-	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
-		t.Fatal(err)
-	}
-	idx, err := HashFile(ctx, tmpl, cs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(tmpl)
-	copy(b[2*cs+4096:], bytes.Repeat([]byte{0x5a}, 4096)) // chunk 2: one page
-	capFile := filepath.Join(dir, "cap")
-	if err := os.WriteFile(capFile, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	m, st, err := s.UploadWith(ctx, "snapshots/c", map[string]string{"vm.mem": capFile}, UploadOptions{Bases: map[string]Seed{"vm.mem": SeedOf(tmpl, cs, idx)}, Known: []string{"templates/t"}}, nil)
 	if err != nil || st.ChunksDelta != 1 {
 		t.Fatalf("upload: stats %+v, %v; want one patch", st, err)
@@ -538,4 +507,32 @@ func TestDownloadCurrentSeed(t *testing.T) {
 			t.Errorf("%s: %d bytes fetched; base fetched %v, want %v", tc.what, dst.BytesFetched, got, tc.wantFetched)
 		}
 	}
+}
+
+// templateAndCapture writes a template of n chunks of data, uploads it as
+// templates/t and indexes it, and writes a capture of it with a page of
+// 0xa5 at each of pages (offsets); it returns their paths, the index and
+// the capture's bytes.
+func templateAndCapture(t *testing.T, s *Store, n int64, pages ...int64) (tmpl string, idx File, capFile string, b []byte) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	tmpl = filepath.Join(dir, "tmpl")
+	writeSparseFile(t, tmpl, n*cs, 1, [2]int64{0, n * cs})
+	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := HashFile(ctx, tmpl, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(tmpl)
+	for _, off := range pages {
+		copy(b[off:off+4096], bytes.Repeat([]byte{0xa5}, 4096))
+	}
+	capFile = filepath.Join(dir, "cap")
+	if err := os.WriteFile(capFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return tmpl, idx, capFile, b
 }
