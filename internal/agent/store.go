@@ -327,6 +327,7 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	a.startTemplateSync(si.Template, false)
 	t0 := time.Now()
 	bases, release := a.templateBases(ctx, si.Template)
+	tUpload := time.Now()
 	_, st, err := a.store.UploadWith(ctx, storeName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{templateName(si.Template)}}, nil)
 	release()
 	if err != nil {
@@ -338,7 +339,8 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 	}
 	a.log.Info("snapshot durable in the object store", "snapshot_id", id, "dur_ms", time.Since(t0).Milliseconds(),
 		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
-		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded, "dirty_bytes", si.Capture.DirtyBytes)
+		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded, "dirty_bytes", si.Capture.DirtyBytes,
+		"bases_ms", tUpload.Sub(t0).Milliseconds(), "setup_ms", st.SetupDur.Milliseconds(), "chunks_ms", st.ChunksDur.Milliseconds(), "manifest_ms", st.ManifestDur.Milliseconds())
 	a.gcIfWanted(ctx)
 	return nil
 }

@@ -3,6 +3,7 @@ package chunkstore
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"math/rand"
 	"os"
@@ -392,4 +393,146 @@ func TestUploadKnown(t *testing.T) {
 		}
 		sameFile(t, filepath.Join(out, "vm.mem"), b)
 	}
+}
+
+// headCounter counts the HEADs (Stat) of chunks and patches and the PUTs.
+type headCounter struct {
+	objstore.Store
+	heads, puts atomic.Int64
+}
+
+func (c *headCounter) Stat(ctx context.Context, key string) (objstore.Info, error) {
+	if strings.HasPrefix(key, "chunks/") {
+		c.heads.Add(1)
+	}
+	return c.Store.Stat(ctx, key)
+}
+
+func (c *headCounter) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if strings.HasPrefix(key, "chunks/") {
+		c.puts.Add(1)
+	}
+	return c.Store.Put(ctx, key, r, size)
+}
+
+// TestUploadPatchesWithoutHead: an upload with a base whose set is known
+// stores a chunk that differs from its base in a few pages as a patch
+// without asking the store about the chunk or the patch (a PUT of
+// content-addressed data is idempotent; the lease keeps GC away), also
+// when it is uploaded again; with a base the caller proved current
+// (Seed.Current) it does the same, and the set downloads as it was.
+func TestUploadPatchesWithoutHead(t *testing.T) {
+	objs := &headCounter{Store: backends[0].open(t)}
+	s := newStore(t, objs)
+	ctx := context.Background()
+	// The capture: the template with 3 pages written in chunks 1 and 4
+	// (a copy, not a reflink: every chunk is read).
+	tmpl, idx, capFile, b := templateAndCapture(t, s, 6, 1*cs+4096, 1*cs+9*4096, 4*cs+2*4096)
+	tf, err := os.Open(tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tf.Close()
+	for i, sd := range []Seed{
+		SeedOf(tmpl, cs, idx),
+		SeedOf(tmpl, cs, idx), // again: the patches are in the store now
+		{Path: tmpl, File: tf, ChunkSize: cs, Chunks: idx.Chunks, Current: true},
+	} {
+		objs.heads.Store(0)
+		objs.puts.Store(0)
+		name := fmt.Sprintf("snapshots/s%d", i)
+		m, st, err := s.UploadWith(ctx, name, map[string]string{"vm.mem": capFile}, UploadOptions{Bases: map[string]Seed{"vm.mem": sd}, Known: []string{"templates/t"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm, _ := m.File("vm.mem")
+		if st.ChunksDelta != 2 || st.ChunksShared != 4 || len(fm.Deltas) != 2 {
+			t.Errorf("upload %d: stats %+v, deltas %v; want 2 patches and 4 chunks shared", i, st, fm.Deltas)
+		}
+		if got := objs.heads.Load(); got != 0 {
+			t.Errorf("upload %d: %d chunks looked up, want 0", i, got)
+		}
+		if got := objs.puts.Load(); got != 2 {
+			t.Errorf("upload %d: %d chunks put, want 2 (the patches)", i, got)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		if _, err := s.Download(ctx, name, out); err != nil {
+			t.Fatal(err)
+		}
+		sameFile(t, filepath.Join(out, "vm.mem"), b)
+	}
+}
+
+// TestDownloadCurrentSeed: a download takes the base of a patch from a
+// seed proven current without hashing it; if the seed was not what its
+// index says after all, the chunk is made from the store's base instead,
+// never written wrong.
+func TestDownloadCurrentSeed(t *testing.T) {
+	s := newStore(t, backends[0].open(t))
+	ctx := context.Background()
+	tmpl, idx, capFile, b := templateAndCapture(t, s, 4, 2*cs+4096) // chunk 2: one page
+	dir := t.TempDir()
+	m, st, err := s.UploadWith(ctx, "snapshots/c", map[string]string{"vm.mem": capFile}, UploadOptions{Bases: map[string]Seed{"vm.mem": SeedOf(tmpl, cs, idx)}, Known: []string{"templates/t"}}, nil)
+	if err != nil || st.ChunksDelta != 1 {
+		t.Fatalf("upload: stats %+v, %v; want one patch", st, err)
+	}
+	// A seed whose chunk 2 is not what the index says (the template
+	// changed behind it), claimed current.
+	stale := filepath.Join(dir, "stale")
+	sb, _ := os.ReadFile(tmpl)
+	copy(sb[2*cs+8*4096:], bytes.Repeat([]byte{0xee}, 4096))
+	if err := os.WriteFile(stale, sb, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what        string
+		path        string
+		wantFetched bool // the base of chunk 2 came from the store
+	}{
+		{"current seed", tmpl, false},
+		{"current seed that lies", stale, true},
+	} {
+		f, err := os.Open(tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		dst, err := s.DownloadSeeded(ctx, m, out, []Seed{{Path: tc.path, File: f, ChunkSize: cs, Chunks: idx.Chunks, Current: true}})
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.what, err)
+		}
+		sameFile(t, filepath.Join(out, "vm.mem"), b)
+		if got := dst.BytesFetched >= cs; got != tc.wantFetched {
+			t.Errorf("%s: %d bytes fetched; base fetched %v, want %v", tc.what, dst.BytesFetched, got, tc.wantFetched)
+		}
+	}
+}
+
+// templateAndCapture writes a template of n chunks of data, uploads it as
+// templates/t and indexes it, and writes a capture of it with a page of
+// 0xa5 at each of pages (offsets); it returns their paths, the index and
+// the capture's bytes.
+func templateAndCapture(t *testing.T, s *Store, n int64, pages ...int64) (tmpl string, idx File, capFile string, b []byte) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	tmpl = filepath.Join(dir, "tmpl")
+	writeSparseFile(t, tmpl, n*cs, 1, [2]int64{0, n * cs})
+	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := HashFile(ctx, tmpl, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(tmpl)
+	for _, off := range pages {
+		copy(b[off:off+4096], bytes.Repeat([]byte{0xa5}, 4096))
+	}
+	capFile = filepath.Join(dir, "cap")
+	if err := os.WriteFile(capFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return tmpl, idx, capFile, b
 }

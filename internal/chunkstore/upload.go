@@ -35,6 +35,10 @@ type Stats struct {
 	ChunksUnread  int
 	BytesTotal    int64 // sum of the files' sizes
 	BytesUploaded int64 // bytes sent: whole chunks and patches
+	// How long its steps took: SetupDur until the chunks start (the
+	// lease, the known sets' manifests, the extent maps, which flush the
+	// files), ChunksDur the chunks, ManifestDur the manifest.
+	SetupDur, ChunksDur, ManifestDur time.Duration
 }
 
 // Upload stores the files (file name in the set → path on disk) as the
@@ -64,7 +68,10 @@ type UploadOptions struct {
 	// (or from zeros) in fewer than half its pages is stored as a patch of
 	// those pages (a Delta), if the store holds the base chunk. The base
 	// must stay as its index says while the upload runs; a chunk of it
-	// that does not match its hash is not used.
+	// that does not match its hash is not used (a base whose Seed is
+	// Current is not hashed: the caller proved its index).
+	// A patch is put without asking the store for it or for the chunk
+	// (see chunk).
 	Bases map[string]Seed
 	// Known names sets in the store (a capture's template's) whose
 	// objects the upload takes to be there without asking the store for
@@ -126,6 +133,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	}
 	m.Files, fds = sortedFiles, sortedFds
 
+	t0 := time.Now()
 	l, err := s.acquire(ctx, "upload")
 	if err != nil {
 		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
@@ -152,7 +160,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 		if owned {
 			defer f.Close()
 		}
-		b := &base{f: f, chunks: sd.Chunks}
+		b := &base{f: f, chunks: sd.Chunks, current: sd.Current && sd.File != nil}
 		if fi, err := f.Stat(); err == nil {
 			b.size, b.ext = fi.Size(), extentsOf(f)
 		}
@@ -164,6 +172,8 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 			exts[fi] = extentsOf(fds[fi])
 		}
 	}
+	u.st.SetupDur = time.Since(t0)
+	t1 := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	jobs := make(chan job)
 	g.Go(func() error {
@@ -201,6 +211,8 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	if err := g.Wait(); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
 	}
+	u.st.ChunksDur = time.Since(t1)
+	t2 := time.Now()
 	// Every chunk is durable; the lease must still protect the ones found
 	// in the store until the manifest names them.
 	if err := l.valid(); err != nil {
@@ -214,6 +226,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	if err := s.putManifest(ctx, m); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
 	}
+	u.st.ManifestDur = time.Since(t2)
 	return m, u.stats(), nil
 }
 
@@ -274,6 +287,9 @@ type base struct {
 	chunks []string
 	size   int64
 	ext    extentMap // nil if unknown
+	// current: chunks is proven to be f's (Seed.Current): a chunk read
+	// from f is not hashed to check it.
+	current bool
 }
 
 // seenChunk is a chunk hash one worker of an upload handles; others that
@@ -359,6 +375,31 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 	u.mu.Lock()
 	ok := u.baseIn[h]
 	u.mu.Unlock()
+	if !ok && !unread {
+		// A chunk unlike its base's (it was read and hashed) is stored
+		// as a patch if it can be, without asking the store whether it
+		// holds the chunk whole: it rarely does (a chunk a sandbox
+		// wrote), and a patch costs less to send again than a HEAD.
+		if d, patch, err := u.delta(ctx, j, buf); err != nil {
+			return err
+		} else if patch != nil {
+			// No HEAD of the patch either: its key is its hash, so a PUT
+			// of it is idempotent, and the upload's lease keeps GC from
+			// running until the manifest naming it is written.
+			if err := u.s.objs.Put(ctx, chunkKey(d.Patch), bytes.NewReader(patch), int64(len(patch))); err != nil {
+				return fmt.Errorf("chunk %s: %w", d.Patch, err)
+			}
+			u.mu.Lock()
+			sc.delta = &d
+			u.setDeltaLocked(j, d)
+			u.mu.Unlock()
+			u.done(func(st *Stats) {
+				st.ChunksDelta++
+				st.BytesUploaded += int64(len(patch))
+			})
+			return nil
+		}
+	}
 	if !ok {
 		var err error
 		if ok, err = objstore.Exists(ctx, u.s.objs, chunkKey(h)); err != nil {
@@ -373,30 +414,6 @@ func (u *uploader) chunk(ctx context.Context, j job, buf []byte) error {
 		if err := read(); err != nil {
 			return err
 		}
-	}
-	if d, patch, err := u.delta(ctx, j, buf); err != nil {
-		return err
-	} else if patch != nil {
-		ok, err := objstore.Exists(ctx, u.s.objs, chunkKey(d.Patch))
-		if err != nil {
-			return fmt.Errorf("chunk %s: %w", d.Patch, err)
-		}
-		if !ok {
-			if err := u.s.objs.Put(ctx, chunkKey(d.Patch), bytes.NewReader(patch), int64(len(patch))); err != nil {
-				return fmt.Errorf("chunk %s: %w", d.Patch, err)
-			}
-		}
-		u.mu.Lock()
-		sc.delta = &d
-		u.setDeltaLocked(j, d)
-		u.mu.Unlock()
-		u.done(func(st *Stats) {
-			st.ChunksDelta++
-			if !ok {
-				st.BytesUploaded += int64(len(patch))
-			}
-		})
-		return nil
 	}
 	if err := u.s.objs.Put(ctx, chunkKey(h), bytes.NewReader(buf), n); err != nil {
 		return fmt.Errorf("chunk %s: %w", h, err)
@@ -431,8 +448,10 @@ func (u *uploader) delta(ctx context.Context, j job, buf []byte) (Delta, []byte,
 		if _, err := b.f.ReadAt(baseBuf, int64(j.i)*u.s.cfg.ChunkSize); err != nil {
 			return Delta{}, nil, nil // shorter than the chunk: no base
 		}
-		if sum := sha256.Sum256(baseBuf); hex.EncodeToString(sum[:]) != d.Base {
-			return Delta{}, nil, nil // the base changed behind its index
+		if !b.current {
+			if sum := sha256.Sum256(baseBuf); hex.EncodeToString(sum[:]) != d.Base {
+				return Delta{}, nil, nil // the base changed behind its index
+			}
 		}
 	}
 	patch := makePatch(buf, baseBuf)

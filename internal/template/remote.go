@@ -234,6 +234,9 @@ func (idx *ChunkIndex) Open(t *Template) (seeds []chunkstore.Seed, close func(),
 		close()
 		return nil, nil, err
 	}
+	for i := range seeds {
+		seeds[i].Current = true // the open files are those idx was made from
+	}
 	return seeds, close, nil
 }
 

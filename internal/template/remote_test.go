@@ -62,7 +62,7 @@ func TestChunkIndex(t *testing.T) {
 		t.Errorf("index of 1 MiB chunks kept: %v; of 2 MiB: %v", s.HasChunkIndex(tm, 1<<20), s.HasChunkIndex(tm, 2<<20))
 	}
 	got, closeSeeds, err := idx.Open(tm)
-	if err != nil || len(got) != 3 || got[0].Path != filepath.Join(tm.Dir, "vm.mem") || got[0].ChunkSize != 1<<20 || got[0].File == nil {
+	if err != nil || len(got) != 3 || got[0].Path != filepath.Join(tm.Dir, "vm.mem") || got[0].ChunkSize != 1<<20 || got[0].File == nil || !got[0].Current {
 		t.Errorf("seeds %+v, %v", got, err)
 	}
 	closeSeeds()
