@@ -177,8 +177,13 @@ func TestCreateExec(t *testing.T) {
 		t.Errorf("machine-id %q", got)
 	}
 	// The guest agent quieted the idle kernel's housekeeping (guest.InitSystem).
-	if got := sh(t, info.ID, "cat /proc/sys/vm/compaction_proactiveness /proc/sys/vm/stat_interval /proc/sys/kernel/watchdog"); got != "0\n10\n0\n" {
-		t.Errorf("sysctls compaction_proactiveness, stat_interval, watchdog: got %q, want 0, 10, 0", got)
+	if got := sh(t, info.ID, "cat /proc/sys/vm/compaction_proactiveness /proc/sys/vm/stat_interval /proc/sys/kernel/watchdog /sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs"); got != "0\n10\n0\n60000\n" {
+		t.Errorf("compaction_proactiveness, stat_interval, watchdog, khugepaged scan_sleep_millisecs: got %q, want 0, 10, 0, 60000", got)
+	}
+	// Under TCG (the test agent's accel) the clocksource watchdog is off
+	// (template cmdline) and the TSC is still the clocksource.
+	if got := sh(t, info.ID, "grep -o 'tsc=nowatchdog' /proc/cmdline; cat /sys/devices/system/clocksource/clocksource0/current_clocksource"); got != "tsc=nowatchdog\ntsc\n" {
+		t.Errorf("cmdline's tsc=nowatchdog and clocksource: got %q, want tsc=nowatchdog, tsc", got)
 	}
 	list := testAgent.List()
 	found := false

@@ -34,11 +34,12 @@ var systemMounts = []mountSpec{
 	{"/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
 }
 
-// quietSysctls keep an idle guest's kernel from waking up for
-// housekeeping nobody asked for. Every wakeup of an idle guest costs its
-// VMM host CPU (under TCG each one is emulated: ~6 of them a second were
-// most of an idle sandbox's 0.46 % of a core; docs/benchmarks.md, "panda
-// bench density"). None changes what a program in the guest sees:
+// quietKnobs keep an idle guest's kernel from waking up for housekeeping
+// nobody asked for: sysctls and sysfs files, by absolute path, with the
+// value written at start. Every wakeup of an idle guest costs its VMM host
+// CPU (under TCG each one is emulated: ~6 of them a second were most of an
+// idle sandbox's 0.46 % of a core; docs/benchmarks.md, "panda bench
+// density"). None changes what a program in the guest sees:
 //   - vm.compaction_proactiveness 0: no proactive compaction (kcompactd
 //     woke every 500 ms); compaction on demand, for an allocation that
 //     needs it, is unchanged;
@@ -48,16 +49,23 @@ var systemMounts = []mountSpec{
 //   - kernel.watchdog 0: no soft/hard lockup detector, whose timer fired
 //     every 4 s (a VM's vCPU can be descheduled by the host for longer
 //     than the detector's threshold anyway, which makes it report false
-//     lockups).
-var quietSysctls = []struct{ key, value string }{
-	{"vm/compaction_proactiveness", "0"},
-	{"vm/stat_interval", "10"},
-	{"kernel/watchdog", "0"},
+//     lockups);
+//   - khugepaged scans every 60 s instead of every 10 s (the kernel's own
+//     pause after a failed huge page allocation): it only merges pages
+//     that are mapped already into huge pages, in the background, so
+//     programs see the same memory; a long-running one gets its huge
+//     pages later (a fault in a huge-page-sized range still gets one at
+//     once), and an idle guest's memory grows less.
+var quietKnobs = []struct{ path, value string }{
+	{"/proc/sys/vm/compaction_proactiveness", "0"},
+	{"/proc/sys/vm/stat_interval", "10"},
+	{"/proc/sys/kernel/watchdog", "0"},
+	{"/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs", "60000"},
 }
 
 // InitSystem prepares the guest when the agent is PID 1: it mounts the
 // pseudo filesystems that are not mounted yet, sets PATH, HOME and LANG,
-// brings up lo and sets quietSysctls. Every step is best effort; the errors are joined.
+// brings up lo and sets quietKnobs. Every step is best effort; the errors are joined.
 func InitSystem(log *slog.Logger) error {
 	var errs []error
 	for _, m := range systemMounts {
@@ -83,9 +91,9 @@ func InitSystem(log *slog.Logger) error {
 	if err := linkUp("lo"); err != nil {
 		errs = append(errs, err)
 	}
-	for _, sc := range quietSysctls {
-		if err := os.WriteFile(filepath.Join("/proc/sys", sc.key), []byte(sc.value), 0o644); err != nil {
-			errs = append(errs, fmt.Errorf("sysctl %s: %w", sc.key, err))
+	for _, k := range quietKnobs {
+		if err := os.WriteFile(k.path, []byte(k.value), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("set %s: %w", k.path, err))
 		}
 	}
 	if err := (SystemHooks{}).LinkIdentityFiles(); err != nil {

@@ -452,8 +452,19 @@ func (s *Store) inputs(name string) (map[string]string, error) {
 
 func (s *Store) cmdline() string {
 	c := "console=ttyS0 quiet loglevel=3 panic=-1 pci=off reboot=t mitigations=off 8250.nr_uarts=1"
-	if s.cfg.Accel == vmm.AccelTCG && s.cfg.TSCkHz > 0 {
-		c += fmt.Sprintf(" tsc_early_khz=%d", s.cfg.TSCkHz)
+	if s.cfg.Accel == vmm.AccelTCG {
+		if s.cfg.TSCkHz > 0 {
+			c += fmt.Sprintf(" tsc_early_khz=%d", s.cfg.TSCkHz)
+		}
+		// Under TCG the TSC is the guest's only clocksource, so the
+		// clocksource watchdog checks it against jiffies, whose ticks
+		// are themselves timed by the TSC: it can find nothing, yet its
+		// timer woke the idle guest every 0.5 s, half of its wakeups
+		// (docs/benchmarks.md, "panda bench density"). Under KVM the
+		// watchdog stays: there kvm-clock can catch a TSC that went bad
+		// (and the kernel turns the watchdog off by itself on a CPU with
+		// an invariant TSC and TSC_ADJUST).
+		c += " tsc=nowatchdog"
 	}
 	if s.cfg.ExtraCmdline != "" {
 		c += " " + s.cfg.ExtraCmdline
