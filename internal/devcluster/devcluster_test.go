@@ -567,6 +567,29 @@ func TestDevCluster(t *testing.T) {
 			return a.get(paused.ID).Stored == "durable"
 		})
 
+		// The key's event stream tells the loss (a record the fleet did
+		// not write: the registry re-sends the host's sandboxes).
+		evctx, stopEvents := context.WithCancel(context.Background())
+		defer stopEvents()
+		events, err := a.sdk.Events(evctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer events.Close()
+		sawLost := make(chan struct{})
+		go func() {
+			for {
+				ev, err := events.Next()
+				if err != nil {
+					return
+				}
+				if ev.Type == pandastack.EventSandbox && ev.ID == onTwo.ID && ev.Sandbox != nil && ev.Sandbox.State == pandastack.StateLost {
+					close(sawLost)
+					return
+				}
+			}
+		}()
+
 		ag := c.Agents()[1]
 		vmms := ag.VMMPIDs()
 		if len(vmms) == 0 {
@@ -581,6 +604,12 @@ func TestDevCluster(t *testing.T) {
 			return a.get(onTwo.ID).State == "lost"
 		})
 		t.Logf("lost %v after the kill", time.Since(killed).Round(10*time.Millisecond))
+		select {
+		case <-sawLost:
+		case <-time.After(10 * time.Second):
+			t.Errorf("the event stream did not tell that %s was lost", onTwo.ID)
+		}
+		stopEvents()
 		if got := hostState(a.hosts(), "agent-2"); got != "lost" {
 			t.Errorf("killed agent-2: state %q, want lost", got)
 		}
