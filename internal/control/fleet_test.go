@@ -2,6 +2,7 @@ package control_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -185,6 +186,35 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 	}
 	if sn, _ := e.cat.ListSnapshots(t.Context(), ""); len(sn) != 0 {
 		t.Errorf("the fork recorded %d snapshots", len(sn))
+	}
+}
+
+// TestFleetForkAcrossOlderAgent: a parent's host whose agent predates the
+// wait for durability (501 unsupported) is polled through its snapshot
+// list instead, and the fork works the same.
+func TestFleetForkAcrossOlderAgent(t *testing.T) {
+	e := newFleetEnv(t, true)
+	parent := e.createOn("a")
+	e.a.Fail(hosttest.AwaitStored, "", fmt.Errorf("GET /host/v1/snapshots/x/stored: %w", errors.ErrUnsupported))
+	before := e.a.CallsOf(hosttest.Snapshots, "")
+	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range got.Children {
+		if c.Err != nil || c.Sandbox.HostID != "b" || c.Sandbox.State != catalog.StateRunning {
+			t.Errorf("child %+v (%v), want running on b", c.Sandbox, c.Err)
+		}
+	}
+	waits := 0
+	for _, c := range e.a.Calls() {
+		if c.Method == hosttest.AwaitStored {
+			waits++
+		}
+	}
+	if waits != 1 || e.a.CallsOf(hosttest.Snapshots, "") == before {
+		t.Errorf("AwaitStored called %d times, Snapshots %d → %d: want one refused wait, then the list polled",
+			waits, before, e.a.CallsOf(hosttest.Snapshots, ""))
 	}
 }
 
