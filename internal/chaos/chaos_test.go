@@ -43,12 +43,18 @@ func e2e(t *testing.T) string {
 	return bin
 }
 
-// logWriter sends each line written to it to t.Log.
+// logWriter keeps the last lines written to it, for a failure report,
+// and with -v also sends each to t.Log. (Not every line into the test's
+// output: a report that starts with hundreds of iteration lines buries
+// its cause where a truncated CI log cuts it off.)
 type logWriter struct {
-	t   *testing.T
-	mu  sync.Mutex
-	buf []byte
+	t     *testing.T
+	mu    sync.Mutex
+	buf   []byte
+	lines []string
 }
+
+const logWriterKeep = 30
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
@@ -59,9 +65,22 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		if i < 0 {
 			return len(p), nil
 		}
-		w.t.Log(string(w.buf[:i]))
+		line := string(w.buf[:i])
+		if testing.Verbose() {
+			w.t.Log(line)
+		}
+		if w.lines = append(w.lines, line); len(w.lines) > logWriterKeep {
+			w.lines = w.lines[1:]
+		}
 		w.buf = w.buf[i+1:]
 	}
+}
+
+// last is the last lines written, one per line.
+func (w *logWriter) last() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lines, "\n")
 }
 
 // runChaos runs the suite as cfg says and checks that it passed and did
@@ -71,17 +90,22 @@ func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	t.Helper()
 	cfg.Bin = e2e(t)
 	cfg.Images = pandatest.Images()
-	cfg.Log = &logWriter{t: t}
+	lw := &logWriter{t: t}
+	cfg.Log = lw
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	rep, err := chaos.Run(ctx, cfg)
 	var sum strings.Builder
 	rep.WriteText(&sum)
-	t.Logf("report:\n%s", sum.String())
 	if err != nil {
-		t.Fatalf("%v\nreplay: panda chaos --seed %d%s --iterations %d\n%s", err, rep.Seed,
-			map[bool]string{true: " --split"}[cfg.Split]+map[bool]string{true: " --network"}[cfg.Network], cfg.Iterations, rep.Logs)
+		// The cause first: the violation, the iterations before it, the
+		// processes' warnings and errors; then the ends of their logs and
+		// the report.
+		t.Fatalf("%v\nreplay: panda chaos --seed %d%s --iterations %d\n--- the last iterations ---\n%s\n%s--- report ---\n%s",
+			err, rep.Seed, map[bool]string{true: " --split"}[cfg.Split]+map[bool]string{true: " --network"}[cfg.Network], cfg.Iterations,
+			lw.last(), rep.Logs, sum.String())
 	}
+	t.Logf("report:\n%s", sum.String())
 	if rep.Iterations != cfg.Iterations {
 		t.Errorf("ran %d iterations, want %d", rep.Iterations, cfg.Iterations)
 	}

@@ -36,10 +36,11 @@ type cluster struct {
 	addr      string // the REST API
 	agentAddr string // split mode: the host API
 	procs     map[string]*pandatest.Server
-	last      map[string]*pandatest.Server // role → its last process, for its output
-	armed     map[string]string            // role → failpoint enabled in its process
-	netns     string                       // the host namespace of the network world ("": networking off)
-	netPrefix string                       // of the deployment's namespaces
+	last      map[string]*pandatest.Server   // role → its last process, for its output
+	runs      map[string][]*pandatest.Server // role → every process it had, for their warnings and errors
+	armed     map[string]string              // role → failpoint enabled in its process
+	netns     string                         // the host namespace of the network world ("": networking off)
+	netPrefix string                         // of the deployment's namespaces
 	hc        *http.Client
 	transport *http.Transport
 	adminKey  string
@@ -47,7 +48,7 @@ type cluster struct {
 
 func newCluster(cfg Config, dataDir string, world *nettest.Env) (*cluster, error) {
 	c := &cluster{cfg: cfg, dataDir: dataDir, procs: map[string]*pandatest.Server{}, last: map[string]*pandatest.Server{},
-		armed: map[string]string{}}
+		runs: map[string][]*pandatest.Server{}, armed: map[string]string{}}
 	if world != nil {
 		c.netns = world.Host.Path
 		c.netPrefix = "c" + strings.TrimPrefix(world.Prefix, "nt")
@@ -113,6 +114,7 @@ func (c *cluster) start(role, failpoint string) error {
 		return fmt.Errorf("start panda %s: %w", role, err)
 	}
 	c.procs[role], c.last[role] = p, p
+	c.runs[role] = append(c.runs[role], p)
 	c.armed[role] = failpoint
 	if role == roleServer && c.adminKey == "" {
 		c.adminKey = p.AdminKey()
@@ -211,9 +213,22 @@ func (c *cluster) pid(role string) int {
 	return 0
 }
 
-// logs is the end of each process's output, for failure reports.
+// logs is, for failure reports, first the warnings and errors every
+// process logged (they name the cause of most failures, and outlive the
+// tail), then the end of each role's last process's output.
 func (c *cluster) logs() string {
 	var b strings.Builder
+	for _, role := range c.roles() {
+		var lines []string
+		for i, p := range c.runs[role] {
+			for _, l := range p.Problems() {
+				lines = append(lines, fmt.Sprintf("[run %d, pid %d] %s", i+1, p.PID(), l))
+			}
+		}
+		if len(lines) > 0 {
+			fmt.Fprintf(&b, "--- warnings and errors of panda %s (%d runs) ---\n%s\n", role, len(c.runs[role]), strings.Join(lines, "\n"))
+		}
+	}
 	for _, role := range c.roles() {
 		if p := c.last[role]; p != nil {
 			state := "running"

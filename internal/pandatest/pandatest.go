@@ -177,7 +177,8 @@ type Server struct {
 	cmd      *exec.Cmd
 	exited   chan struct{} // closed when cmd.Wait has returned
 	stdout   headBuffer
-	log      tailBuffer // stdout and stderr, interleaved
+	log      tailBuffer   // stdout and stderr, interleaved
+	problems problemLines // their warnings and errors
 
 	mu      sync.Mutex
 	killed  bool // by Kill
@@ -214,8 +215,8 @@ func Start(opts Options) (_ *Server, err error) {
 		s.removeOwnDir()
 		return nil, err
 	}
-	s.cmd.Stdout = io.MultiWriter(&s.stdout, &s.log)
-	s.cmd.Stderr = &s.log
+	s.cmd.Stdout = io.MultiWriter(&s.stdout, &s.log, &s.problems)
+	s.cmd.Stderr = io.MultiWriter(&s.log, &s.problems)
 	// Linux sends the Pdeathsig when the thread that started the process
 	// ends, not the test binary: a goroutine that locks its thread and
 	// exits (as nettest's NS.Do does) would end the thread, and the
@@ -374,6 +375,11 @@ func (s *Server) Stdout() string { return s.stdout.String() }
 // Log is the end of what it has written to stdout and stderr, for failure
 // messages.
 func (s *Server) Log() string { return s.log.Tail(8000) }
+
+// Problems are the last 40 lines of its output that its logger marked as
+// warnings or errors (level=WARN, level=ERROR), for failure reports: they
+// outlive Log's tail.
+func (s *Server) Problems() []string { return s.problems.Lines() }
 
 // Healthy reports whether GET /healthz answers 200 now.
 func (s *Server) Healthy() bool {

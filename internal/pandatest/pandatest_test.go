@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -345,6 +346,33 @@ func TestTailBuffer(t *testing.T) {
 	short.Write([]byte("abc"))
 	if got := short.Tail(20); got != "abc" {
 		t.Errorf("got %q, want abc", got)
+	}
+}
+
+func TestProblemLines(t *testing.T) {
+	var p problemLines
+	// Lines arrive split across writes, as a pipe delivers them.
+	for _, chunk := range []string{
+		"time=1 level=INFO msg=ok\ntime=2 level=WA",
+		"RN msg=\"slow disk\"\n",
+		`{"time":"3","level":"ERROR","msg":"resume failed"}` + "\n",
+		"level=ERROR without its newline yet",
+	} {
+		p.Write([]byte(chunk))
+	}
+	want := []string{`time=2 level=WARN msg="slow disk"`, `{"time":"3","level":"ERROR","msg":"resume failed"}`}
+	if got := p.Lines(); !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	for i := range problemMax + 5 {
+		fmt.Fprintf(&p, "\nlevel=ERROR n=%d %s\n", i, strings.Repeat("x", problemLineMax))
+	}
+	got := p.Lines()
+	if len(got) != problemMax {
+		t.Fatalf("kept %d lines, want %d", len(got), problemMax)
+	}
+	if !strings.HasPrefix(got[len(got)-1], fmt.Sprintf("level=ERROR n=%d ", problemMax+4)) || len(got[0]) > problemLineMax+len("…") {
+		t.Errorf("kept %q … %q: want the last lines, each cut at %d bytes", got[0][:30], got[len(got)-1][:30], problemLineMax)
 	}
 }
 
