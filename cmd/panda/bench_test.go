@@ -177,7 +177,7 @@ func TestBenchPath(t *testing.T) {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{"bench", "path", "--json", "--data-dir", dir, "--images", pandatest.Images(),
-		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3"}, &stdout, &stderr)
+		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3", "--python-sdk", "../../sdk/python/src"}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("panda bench path: %v\n%s", err, stderr.String())
 	}
@@ -186,11 +186,24 @@ func TestBenchPath(t *testing.T) {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}
 	wantPositive(t, got, "host_create_first_exec.n", "api_create_first_exec.n", "host_create_first_exec.p50_ms", "api_create_first_exec.p50_ms",
-		"host_exec.p50_ms", "api_exec.p50_ms", "api_over_host_create_p50", "api_over_host_exec_p50")
-	if n := got["api_exec"].(map[string]any)["n"]; n != float64(3) {
-		t.Errorf("api_exec.n %v, want 3", n)
+		"host_exec.p50_ms", "api_exec.p50_ms", "api_over_host_create_p50", "api_over_host_exec_p50",
+		"python_create_first_exec.p50_ms", "python_exec.p50_ms", "python_over_host_create_p50", "python_over_host_exec_p50")
+	for _, k := range []string{"api_exec", "python_exec"} {
+		if n := got[k].(map[string]any)["n"]; n != float64(3) {
+			t.Errorf("%s.n %v, want 3", k, n)
+		}
+	}
+	if n := got["python_create_first_exec"].(map[string]any)["n"]; n != float64(2) {
+		t.Errorf("python_create_first_exec.n %v, want 2", n)
 	}
 	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
 		t.Errorf("QEMU processes left by the benchmark: %v", pids)
+	}
+	// A directory without the SDK is refused before anything starts.
+	stdout.Reset()
+	stderr.Reset()
+	err = run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", pandatest.Images(), "--python-sdk", t.TempDir()}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "no pandastack package") {
+		t.Errorf("bench path --python-sdk EMPTY: %v, want an error naming the missing package", err)
 	}
 }

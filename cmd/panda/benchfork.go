@@ -30,6 +30,7 @@ import (
 type localStack struct {
 	agent  *agent.Agent
 	client *pandastack.Client
+	url    string // the API server's
 	key    string // the client's, an admin key
 	close  func()
 }
@@ -84,7 +85,7 @@ func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error)
 		a.Close()
 		return nil, err
 	}
-	return &localStack{agent: a, client: c, key: secret, close: func() {
+	return &localStack{agent: a, client: c, url: "http://" + ln.Addr().String(), key: secret, close: func() {
 		hs.Close()
 		a.Close()
 		cat.Close()

@@ -1,15 +1,12 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -119,25 +116,22 @@ func summarizeE2B(r *E2BResult, e2b, ps, psLogin []time.Duration) {
 }
 
 // e2bNode is the running E2BScript.
-type e2bNode struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  *bufio.Scanner
-	stderr strings.Builder
+type e2bNode struct{ *lineChild }
+
+func (n e2bNode) next(cmd string) (e2bLine, error) {
+	b, err := n.send(cmd)
+	if err != nil {
+		return e2bLine{}, err
+	}
+	return parseE2BLine(b)
 }
 
-func (n *e2bNode) next(cmd string) (e2bLine, error) {
-	if _, err := io.WriteString(n.stdin, cmd+"\n"); err != nil {
-		return e2bLine{}, fmt.Errorf("write to %s: %w (stderr: %s)", E2BScript, err, n.stderr.String())
+func (n e2bNode) read() (e2bLine, error) {
+	b, err := n.lineChild.read()
+	if err != nil {
+		return e2bLine{}, err
 	}
-	return n.read()
-}
-
-func (n *e2bNode) read() (e2bLine, error) {
-	if !n.lines.Scan() {
-		return e2bLine{}, fmt.Errorf("%s ended: %v (stderr: %s)", E2BScript, n.lines.Err(), n.stderr.String())
-	}
-	return parseE2BLine(n.lines.Bytes())
+	return parseE2BLine(b)
 }
 
 // E2BBench measures create → first `true` through E2B's JS SDK (run as a
@@ -166,37 +160,14 @@ func E2BBench(ctx context.Context, c *pandastack.Client, o E2BOptions) (res E2BR
 	}()
 
 	meta, _ := json.Marshal(label)
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cmd := exec.CommandContext(cctx, o.Node, E2BScript)
-	cmd.Dir = o.Dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+o.APIURL, "E2B_SANDBOX_URL="+o.APIURL, "E2B_API_KEY="+o.APIKey,
-		"E2B_DOMAIN=", "E2B_DEBUG=", "BENCH_TEMPLATE="+o.Template, "BENCH_METADATA="+string(meta))
-	node := &e2bNode{cmd: cmd}
-	cmd.Stderr = &node.stderr
-	if node.stdin, err = cmd.StdinPipe(); err != nil {
-		return res, err
-	}
-	out, err := cmd.StdoutPipe()
+	child, err := startLineChild(ctx, o.Dir, append(os.Environ(), "E2B_API_URL="+o.APIURL, "E2B_SANDBOX_URL="+o.APIURL, "E2B_API_KEY="+o.APIKey,
+		"E2B_DOMAIN=", "E2B_DEBUG=", "BENCH_TEMPLATE="+o.Template, "BENCH_METADATA="+string(meta)), o.Node, E2BScript)
 	if err != nil {
 		return res, err
 	}
-	node.lines = bufio.NewScanner(out)
-	node.lines.Buffer(make([]byte, 64<<10), 1<<20)
-	if err := cmd.Start(); err != nil {
-		return res, fmt.Errorf("start node %s: %w", E2BScript, err)
-	}
-	defer func() {
-		node.stdin.Close() // EOF ends the script
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cancel()
-			<-done
-		}
-	}()
+	child.name = E2BScript
+	defer child.stop() // EOF ends the script
+	node := e2bNode{child}
 	hello, err := node.read()
 	if err != nil {
 		return res, err

@@ -18,7 +18,10 @@ type PathOptions struct {
 	VCPUs     int
 	N         int // rounds of create → first exec on each path
 	Execs     int // exec round trips on each path
-	Log       io.Writer
+	// Python, if set, adds a third path: the same API through the Python
+	// SDK (its own costs included), interleaved with the other two.
+	Python *PythonSDK
+	Log    io.Writer
 }
 
 // PathResult compares the host path (the host agent called directly) with
@@ -39,11 +42,18 @@ type PathResult struct {
 	HostExec    Dist    `json:"host_exec"`
 	APIExec     Dist    `json:"api_exec"`
 	APIOverExec float64 `json:"api_over_host_exec_p50"`
+	// The Python SDK's path (PathOptions.Python), and its p50s over the
+	// host path's.
+	PythonCreate     *Dist   `json:"python_create_first_exec,omitempty"`
+	PythonOverCreate float64 `json:"python_over_host_create_p50,omitempty"`
+	PythonExec       *Dist   `json:"python_exec,omitempty"`
+	PythonOverExec   float64 `json:"python_over_host_exec_p50,omitempty"`
 }
 
 // PathBench measures create → first exec and exec round trips through the
-// host agent a and through the API client c over the same agent,
-// alternating the two (which goes first alternates too).
+// host agent a and through the API client c over the same agent (and the
+// Python SDK's, if o.Python), interleaving the paths round by round (which
+// goes first rotates too).
 func PathBench(ctx context.Context, a *agent.Agent, c *pandastack.Client, o PathOptions) (PathResult, error) {
 	res := PathResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel())}
 	logf := func(format string, args ...any) {
@@ -77,45 +87,65 @@ func PathBench(ctx context.Context, a *agent.Agent, c *pandastack.Client, o Path
 		}
 		return time.Since(t0), sb, err
 	}
-	// Warm both paths (a bake if needed, the page cache, connections).
-	logf("warming up (bakes the template if needed)")
-	if _, id, err := viaHost(); id != "" {
-		a.Kill(ctx, id)
-		if err != nil {
+	viaPython := func() (time.Duration, error) { return o.Python.call(map[string]string{"op": "create"}) }
+	if o.Python != nil {
+		if err := o.Python.start(ctx, o); err != nil {
 			return res, err
 		}
-	} else if err != nil {
-		return res, err
+		defer o.Python.stop()
 	}
-	if _, sb, err := viaAPI(); sb != nil {
-		sb.Kill(ctx)
-		if err != nil {
-			return res, err
-		}
-	} else if err != nil {
-		return res, err
-	}
-	var host, api []time.Duration
-	for i := range o.N {
-		for j := range 2 {
-			if (i+j)%2 == 0 {
-				d, id, err := viaHost()
-				if id != "" {
-					a.Kill(ctx, id)
-				}
-				if err != nil {
-					return res, fmt.Errorf("host path: %w", err)
-				}
+	var host, api, py []time.Duration
+	creates := []func(record bool) error{
+		func(record bool) error {
+			d, id, err := viaHost()
+			if id != "" {
+				a.Kill(ctx, id)
+			}
+			if err != nil {
+				return fmt.Errorf("host path: %w", err)
+			}
+			if record {
 				host = append(host, d)
-			} else {
-				d, sb, err := viaAPI()
-				if sb != nil {
-					sb.Kill(ctx)
-				}
-				if err != nil {
-					return res, fmt.Errorf("api path: %w", err)
-				}
+			}
+			return nil
+		},
+		func(record bool) error {
+			d, sb, err := viaAPI()
+			if sb != nil {
+				sb.Kill(ctx)
+			}
+			if err != nil {
+				return fmt.Errorf("api path: %w", err)
+			}
+			if record {
 				api = append(api, d)
+			}
+			return nil
+		},
+	}
+	if o.Python != nil {
+		creates = append(creates, func(record bool) error {
+			d, err := viaPython()
+			if err != nil {
+				return fmt.Errorf("python SDK path: %w", err)
+			}
+			if record {
+				py = append(py, d)
+			}
+			return nil
+		})
+	}
+	// Warm every path (a bake if needed, the page cache, connections).
+	logf("warming up (bakes the template if needed)")
+	for _, create := range creates {
+		if err := create(false); err != nil {
+			return res, err
+		}
+	}
+	for i := range o.N {
+		for j := range creates {
+			if err := creates[(i+j)%len(creates)](true); err != nil {
+				return res, err
 			}
 		}
 		if (i+1)%10 == 0 {
@@ -123,8 +153,10 @@ func PathBench(ctx context.Context, a *agent.Agent, c *pandastack.Client, o Path
 		}
 	}
 	res.HostCreate, res.APICreate = Summarize(host), Summarize(api)
-	if res.HostCreate.P50 > 0 {
-		res.APIOverCreate = round2(res.APICreate.P50 / res.HostCreate.P50)
+	res.APIOverCreate = ratioP50(res.APICreate, res.HostCreate)
+	if o.Python != nil {
+		d := Summarize(py)
+		res.PythonCreate, res.PythonOverCreate = &d, ratioP50(d, res.HostCreate)
 	}
 	// Exec round trips in one sandbox, both paths alternating.
 	sb, err := c.Create(ctx, opts)
@@ -132,34 +164,56 @@ func PathBench(ctx context.Context, a *agent.Agent, c *pandastack.Client, o Path
 		return res, err
 	}
 	defer sb.Kill(context.WithoutCancel(ctx))
-	var hostExec, apiExec []time.Duration
-	for i := range o.Execs {
-		for j := range 2 {
+	var hostExec, apiExec, pyExec []time.Duration
+	execs := []func() error{
+		func() error {
 			t0 := time.Now()
-			var err error
-			if (i+j)%2 == 0 {
-				var r guestproto.ExecResult
-				r, err = a.Exec(ctx, sb.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
-				if err == nil && r.ExitCode == 0 {
-					hostExec = append(hostExec, time.Since(t0))
-				}
-			} else {
-				var r pandastack.ExecResult
-				r, err = sb.Exec(ctx, pandastack.Command{Argv: []string{"true"}})
-				if err == nil && r.ExitCode == 0 {
-					apiExec = append(apiExec, time.Since(t0))
-				}
+			r, err := a.Exec(ctx, sb.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
+			if err == nil && r.ExitCode == 0 {
+				hostExec = append(hostExec, time.Since(t0))
 			}
-			if err != nil {
+			return err
+		},
+		func() error {
+			t0 := time.Now()
+			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"true"}})
+			if err == nil && r.ExitCode == 0 {
+				apiExec = append(apiExec, time.Since(t0))
+			}
+			return err
+		},
+	}
+	if o.Python != nil {
+		execs = append(execs, func() error {
+			d, err := o.Python.call(map[string]string{"op": "exec", "id": sb.ID})
+			if err == nil {
+				pyExec = append(pyExec, d)
+			}
+			return err
+		})
+	}
+	for i := range o.Execs {
+		for j := range execs {
+			if err := execs[(i+j)%len(execs)](); err != nil {
 				return res, fmt.Errorf("exec: %w", err)
 			}
 		}
 	}
 	res.HostExec, res.APIExec = Summarize(hostExec), Summarize(apiExec)
-	if res.HostExec.P50 > 0 {
-		res.APIOverExec = round2(res.APIExec.P50 / res.HostExec.P50)
+	res.APIOverExec = ratioP50(res.APIExec, res.HostExec)
+	if o.Python != nil {
+		d := Summarize(pyExec)
+		res.PythonExec, res.PythonOverExec = &d, ratioP50(d, res.HostExec)
 	}
 	return res, nil
+}
+
+// ratioP50 is d's p50 over base's, to two decimals (0 without a base).
+func ratioP50(d, base Dist) float64 {
+	if base.P50 <= 0 {
+		return 0
+	}
+	return round2(d.P50 / base.P50)
 }
 
 func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
