@@ -13,6 +13,7 @@ func benchClusterCmd() *cobra.Command {
 		rem           remoteBench
 		tmpl          string
 		n, mem, dirty int
+		lazyDirty     int
 	)
 	cmd := &cobra.Command{
 		Use:   "cluster",
@@ -29,6 +30,12 @@ random data to its memory (/dev/shm), then:
   - pauses it and resumes it on the second host, which never saw it →
     first exec answered
 
+Then --n rounds of lazy restore (unless --lazy-dirty 0): a parent that
+writes --lazy-dirty MiB is paused and resumed on the second host → first
+exec answered, and the fraction of its memory image that host had fetched
+from the object store by then. The hosts must run with --lazy-restore
+(panda dev cluster --lazy-restore); otherwise the output says so.
+
 Every sandbox it creates is labelled panda_bench=<run> and killed before
 it exits.`,
 		Example: `  panda bench cluster --n 10 --dirty 16 --json`,
@@ -41,7 +48,8 @@ it exits.`,
 			if err != nil {
 				return err
 			}
-			res, err := bench.ClusterBench(cmd.Context(), c, bench.ClusterOptions{Template: tmpl, MemoryMiB: mem, DirtyMiB: dirty, N: n, Log: cmd.ErrOrStderr()})
+			res, err := bench.ClusterBench(cmd.Context(), c, bench.ClusterOptions{Template: tmpl, MemoryMiB: mem, DirtyMiB: dirty, N: n,
+				LazyDirtyMiB: lazyDirty, Log: cmd.ErrOrStderr()})
 			if err != nil {
 				return err
 			}
@@ -62,6 +70,13 @@ it exits.`,
 			fmt.Fprintf(out, "cross-host fork moved p50 %.1f MiB (uploaded %.1f + fetched %.1f; parent dirty %.1f MiB: %.2f×; %.2f of its RAM; capture %.1f MiB)\n",
 				res.CrossHostMovedMiBP50, res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostDirtyMiBP50,
 				res.MovedPerDirty, res.MovedPerRAM, res.CrossHostCaptureMiBP50)
+			if d := res.LazyResumeFirstExec; d != nil {
+				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms  (%d MiB dirty; fetched by then p50 %.1f MiB of %.0f: %.1f %%)\n", "lazy resume elsewhere → exec",
+					d.P50, d.P99, res.LazyDirtyMiB, res.LazyFetchedMiBP50, res.LazyImageMiB, 100*res.LazyFetchedFractionP50)
+			}
+			if res.LazyNote != "" {
+				fmt.Fprintf(out, "lazy restore: not measured: %s\n", res.LazyNote)
+			}
 			return nil
 		},
 	}
@@ -71,5 +86,6 @@ it exits.`,
 	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
 	f.IntVar(&dirty, "dirty", 16, "MiB each parent writes to memory before it is forked")
 	f.IntVar(&n, "n", 10, "rounds")
+	f.IntVar(&lazyDirty, "lazy-dirty", 96, "MiB each lazy-restore round's parent writes to memory (0: no lazy-restore rounds)")
 	return cmd
 }

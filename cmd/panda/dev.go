@@ -33,6 +33,7 @@ func devClusterCmd() *cobra.Command {
 		defaultTemplate string
 		defaultMemory   int
 		hostLostAfter   time.Duration
+		lazyRestore     bool
 		name, subnet    string
 	)
 	cmd := &cobra.Command{
@@ -85,6 +86,12 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 			cfg := devcluster.Config{Agents: agents, DataDir: dataDir, Listen: listen, Store: store, Images: images,
 				Binary: bin, Versitygw: gw, Env: os.Environ(), Out: cmd.OutOrStdout(), Name: name, Subnet: net,
 				AgentArgs: []string{"--default-template", defaultTemplate, "--default-memory", fmt.Sprint(defaultMemory)}}
+			if lazyRestore {
+				if store == devcluster.StoreNone {
+					return fmt.Errorf("--lazy-restore needs an object store (--store s3 or dir)")
+				}
+				cfg.AgentArgs = append(cfg.AgentArgs, "--lazy-restore")
+			}
 			if hostLostAfter > 0 {
 				cfg.ServerArgs = []string{"--host-lost-after", hostLostAfter.String()}
 			}
@@ -101,6 +108,7 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 	f.IntVar(&defaultMemory, "default-memory", 1024, "guest memory (MiB) of creates that give none")
 	f.StringVar(&name, "name", d.Name, "prefix of the cluster's namespaces, veths and bridge (1-5 of a-z, 0-9): one per cluster running at once")
 	f.StringVar(&subnet, "subnet", d.Subnet.String(), "IPv4 network of the bridge joining the agents (/24 or larger; must not overlap this machine's)")
+	f.BoolVar(&lazyRestore, "lazy-restore", false, "agents restore snapshots and paused sandboxes they do not hold with memory paged in on first touch (docs/lazy-restore.md)")
 	f.DurationVar(&hostLostAfter, "host-lost-after", 0, "a host that misses heartbeats this long is lost (default: the server's, 10s)")
 	return cmd
 }

@@ -60,6 +60,24 @@ func TestUpLazyRestore(t *testing.T) {
 		t.Errorf("lazily restored: %q, want %q", got, "lazy\n"+sum)
 	}
 	t.Logf("lazy create from the store: first exec %v", time.Since(t0).Round(time.Millisecond))
+	// The API tells what of its memory image the host read and fetched;
+	// a sandbox restored from local files has no such figures.
+	if err := c1.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := c1.Info.Memory; m == nil || m.Lazy == nil {
+		t.Errorf("lazily restored sandbox's memory: %+v, want lazy figures", m)
+	} else if l := m.Lazy; l.ImageMiB != float64(c1.Info.MemoryMiB) || l.FetchedMiB <= 0 || l.FetchedMiB > l.ImageMiB || l.ReadMiB <= 0 {
+		t.Errorf("lazy figures %+v of a %d MiB sandbox: want the image's size, 0 < fetched ≤ image, read > 0", *l, c1.Info.MemoryMiB)
+	} else {
+		t.Logf("memory.lazy after the first exec: %+v (%.1f %% of the image fetched)", *l, 100*l.FetchedMiB/l.ImageMiB)
+	}
+	if err := sb.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := sb.Info.Memory; m == nil || m.Lazy != nil {
+		t.Errorf("a sandbox created from its template: memory %+v, want figures without lazy ones", m)
+	}
 	lazy := filepath.Join(dataDir, "store", "lazy")
 	if !pandatest.Mounted(lazy) {
 		t.Errorf("%s is not mounted", lazy)

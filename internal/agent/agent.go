@@ -1127,7 +1127,11 @@ func (a *Agent) Memory(id string) (MemStats, error) {
 	if m == nil {
 		return MemStats{}, fmt.Errorf("sandbox %s has no vmm: %w", id, ErrConflict)
 	}
-	return ReadMemStats(m.PID())
+	st, err := ReadMemStats(m.PID())
+	if err == nil {
+		st.Lazy = a.lazyMemStats(s)
+	}
+	return st, err
 }
 
 // ReadMemStats reads /proc/PID/smaps_rollup.

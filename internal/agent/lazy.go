@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/chunkstore"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lazymem"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/objstore"
@@ -173,6 +174,31 @@ func (a *Agent) closeLazy() error {
 	err := a.lazyFS.Close()
 	a.lazyFS = nil
 	return err
+}
+
+// lazyMemStats is what s's memory image, if it is a lazy file, has read
+// and fetched so far; nil if it is not one. The sandbox's vm.mem is then
+// a hard link to the symbolic link into the mount that the fetch made.
+func (a *Agent) lazyMemStats(s *sandbox) *host.LazyMemStats {
+	a.lazyMu.Lock()
+	fsys := a.lazyFS
+	a.lazyMu.Unlock()
+	if fsys == nil {
+		return nil
+	}
+	target, err := os.Readlink(filepath.Join(s.dir, memFile))
+	if err != nil || filepath.Dir(target) != filepath.Dir(fsys.Path("x")) {
+		return nil
+	}
+	set, ok := lazymem.SetOf(filepath.Base(target))
+	if !ok {
+		return nil
+	}
+	st, ok := fsys.Stats(set)
+	if !ok {
+		return nil
+	}
+	return &host.LazyMemStats{ImageBytes: st.Size, ReadBytes: st.BytesRead, FetchedBytes: st.SourceBytes, LocalBytes: st.LocalBytes}
 }
 
 // LazyStats reports the lazy file of set name (e.g. "snapshots/<id>"),

@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/scheduler"
@@ -88,9 +89,26 @@ type sandboxJSON struct {
 }
 
 type memoryJSON struct {
-	PrivateMiB float64 `json:"private_mib"`
-	SharedMiB  float64 `json:"shared_mib"`
-	PSSMiB     float64 `json:"pss_mib"`
+	PrivateMiB float64         `json:"private_mib"`
+	SharedMiB  float64         `json:"shared_mib"`
+	PSSMiB     float64         `json:"pss_mib"`
+	Lazy       *lazyMemoryJSON `json:"lazy,omitempty"`
+}
+
+// lazyMemoryJSON is host.LazyMemStats in MiB.
+type lazyMemoryJSON struct {
+	ImageMiB   float64 `json:"image_mib"`
+	ReadMiB    float64 `json:"read_mib"`
+	FetchedMiB float64 `json:"fetched_mib"`
+	LocalMiB   float64 `json:"local_mib"`
+}
+
+func toMemoryJSON(m host.MemStats) *memoryJSON {
+	out := &memoryJSON{PrivateMiB: mib(m.PrivateBytes), SharedMiB: mib(m.SharedBytes), PSSMiB: mib(m.PSSBytes)}
+	if l := m.Lazy; l != nil {
+		out.Lazy = &lazyMemoryJSON{ImageMiB: mib(l.ImageBytes), ReadMiB: mib(l.ReadBytes), FetchedMiB: mib(l.FetchedBytes), LocalMiB: mib(l.LocalBytes)}
+	}
+	return out
 }
 
 func toJSON(sb catalog.Sandbox) sandboxJSON {
@@ -140,7 +158,7 @@ func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON
 	}
 	if sb.State == catalog.StateRunning {
 		if m, err := s.host.Memory(ctx, sb.ID); err == nil {
-			out.Memory = &memoryJSON{PrivateMiB: mib(m.PrivateBytes), SharedMiB: mib(m.SharedBytes), PSSMiB: mib(m.PSSBytes)}
+			out.Memory = toMemoryJSON(m)
 		}
 	}
 	return out

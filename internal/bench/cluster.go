@@ -19,8 +19,13 @@ type ClusterOptions struct {
 	// forked: the part of its RAM that differs from its template.
 	DirtyMiB int
 	// N is the rounds of each measurement.
-	N   int
-	Log io.Writer
+	N int
+	// LazyDirtyMiB is what the parents of the lazy-restore rounds write
+	// to memory before they are paused and resumed on another host: enough
+	// that its image is paged in lazily there (at least 64 MiB to fetch,
+	// docs/lazy-restore.md). 0 skips those rounds.
+	LazyDirtyMiB int
+	Log          io.Writer
 }
 
 // ClusterResult is what ClusterBench measured, in one run.
@@ -47,6 +52,17 @@ type ClusterResult struct {
 	MovedPerRAM              float64 `json:"moved_per_ram"`
 	CrossHostCaptureMiBP50   float64 `json:"cross_host_capture_mib_p50"`
 	ResumeElsewhereFirstExec Dist    `json:"resume_elsewhere_first_exec"`
+	// Lazy restore: a paused sandbox that dirtied LazyDirtyMiB, resumed on
+	// another host (→ first exec), and the fraction of its memory image
+	// that host had fetched from the object store by the first exec's
+	// answer (the sandbox's memory.lazy). LazyNote says why there are no
+	// figures (hosts without lazy restore).
+	LazyDirtyMiB           int     `json:"lazy_dirty_mib,omitempty"`
+	LazyResumeFirstExec    *Dist   `json:"lazy_resume_first_exec,omitempty"`
+	LazyImageMiB           float64 `json:"lazy_image_mib,omitempty"`
+	LazyFetchedMiBP50      float64 `json:"lazy_fetched_mib_p50,omitempty"`
+	LazyFetchedFractionP50 float64 `json:"lazy_fetched_fraction_p50,omitempty"`
+	LazyNote               string  `json:"lazy_note,omitempty"`
 }
 
 // ClusterBench measures a fleet of at least two hosts sharing an object
@@ -90,15 +106,15 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		}
 		return err
 	}
-	parentOn := func(hostID string) (*pandastack.Sandbox, error) {
+	parentOn := func(hostID string, dirtyMiB int) (*pandastack.Sandbox, error) {
 		sb, err := c.Create(ctx, pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB,
 			Metadata: map[string]string{"panda_bench": run}, Placement: pandastack.OnHost(hostID)})
 		if err != nil {
 			return nil, err
 		}
 		made = append(made, sb)
-		if o.DirtyMiB > 0 {
-			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/dirty bs=1048576 count=%d 2>/dev/null", o.DirtyMiB)}})
+		if dirtyMiB > 0 {
+			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/dirty bs=1048576 count=%d 2>/dev/null", dirtyMiB)}})
 			if err == nil && r.ExitCode != 0 {
 				err = fmt.Errorf("dirtying memory: exit %d: %s", r.ExitCode, r.Stderr)
 			}
@@ -112,7 +128,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	var capture, dirty, up, down, moved []float64
 	for i := range o.N {
 		logf("round %d/%d", i+1, o.N)
-		parent, err := parentOn(a)
+		parent, err := parentOn(a, o.DirtyMiB)
 		if err != nil {
 			return res, fmt.Errorf("parent: %w", err)
 		}
@@ -170,6 +186,48 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	}
 	if len(same) == 0 {
 		return res, errors.New("nothing measured")
+	}
+	if o.LazyDirtyMiB > 0 {
+		res.LazyDirtyMiB = o.LazyDirtyMiB
+		var lazy []time.Duration
+		var fetched, frac []float64
+		for i := range o.N {
+			logf("lazy restore round %d/%d", i+1, o.N)
+			sb, err := parentOn(a, o.LazyDirtyMiB)
+			if err != nil {
+				return res, fmt.Errorf("lazy restore: parent: %w", err)
+			}
+			if err := sb.Pause(ctx); err != nil {
+				return res, fmt.Errorf("lazy restore: pause: %w", err)
+			}
+			t0 := time.Now()
+			if err := sb.ResumeOn(ctx, pandastack.OnHost(b)); err != nil {
+				return res, fmt.Errorf("lazy restore: resume on %s: %w", b, err)
+			}
+			if err := firstExec(sb); err != nil {
+				return res, fmt.Errorf("lazy restore: resumed sandbox: %w", err)
+			}
+			d := time.Since(t0)
+			if err := sb.Refresh(ctx); err != nil {
+				return res, fmt.Errorf("lazy restore: %w", err)
+			}
+			sb.Kill(ctx)
+			m := sb.Info.Memory
+			if m == nil || m.Lazy == nil || m.Lazy.ImageMiB <= 0 {
+				res.LazyNote = fmt.Sprintf("host %s restored the sandbox without lazy paging: run its agent with --lazy-restore (panda dev cluster --lazy-restore)", b)
+				break
+			}
+			lazy = append(lazy, d)
+			res.LazyImageMiB = m.Lazy.ImageMiB
+			fetched = append(fetched, m.Lazy.FetchedMiB)
+			frac = append(frac, m.Lazy.FetchedMiB/m.Lazy.ImageMiB)
+		}
+		if len(lazy) > 0 {
+			d := Summarize(lazy)
+			res.LazyResumeFirstExec = &d
+			res.LazyFetchedMiBP50 = median(fetched)
+			res.LazyFetchedFractionP50 = float64(int(median(frac)*10000+0.5)) / 10000
+		}
 	}
 	return res, nil
 }

@@ -499,7 +499,9 @@ func TestDevCluster(t *testing.T) {
 	// panda bench cluster's measurement, one round: it runs and reports
 	// what it measured (its figures are the benchmark's, not the test's).
 	t.Run("bench cluster", func(t *testing.T) {
-		res, err := bench.ClusterBench(t.Context(), a.sdk, bench.ClusterOptions{Template: "tiny", MemoryMiB: 256, DirtyMiB: 2, N: 1})
+		// Its lazy-restore round finds hosts without lazy restore (this
+		// cluster's agents run without it) and says so.
+		res, err := bench.ClusterBench(t.Context(), a.sdk, bench.ClusterOptions{Template: "tiny", MemoryMiB: 256, DirtyMiB: 2, N: 1, LazyDirtyMiB: 70})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -508,6 +510,9 @@ func TestDevCluster(t *testing.T) {
 		}
 		if res.CrossHostMovedMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
 			t.Errorf("cross-host fork moved %v MiB, dirty %v MiB: want both positive", res.CrossHostMovedMiBP50, res.CrossHostDirtyMiBP50)
+		}
+		if res.LazyResumeFirstExec != nil || !strings.Contains(res.LazyNote, "--lazy-restore") {
+			t.Errorf("lazy restore rounds on hosts without it: %+v, note %q; want no figures and a note naming --lazy-restore", res.LazyResumeFirstExec, res.LazyNote)
 		}
 		live, err := a.sdk.List(t.Context(), pandastack.ListOptions{}) // every state but stopped
 		if err != nil {

@@ -84,6 +84,26 @@ type MemStats struct {
 	PSSBytes     int64 `json:"pss_bytes"`     // shared pages divided among their sharers
 	PrivateBytes int64 `json:"private_bytes"` // pages only this sandbox maps (what it dirtied, plus VMM heap)
 	SharedBytes  int64 `json:"shared_bytes"`  // pages mapped by others too (its template's memory image, binaries)
+	// Lazy describes a memory image paged in lazily from the object store
+	// (docs/lazy-restore.md); nil for any other sandbox.
+	Lazy *LazyMemStats `json:"lazy,omitempty"`
+}
+
+// LazyMemStats is what of a lazily paged memory image has been read and
+// fetched so far. The figures are the image's, on its host: every sandbox
+// of that host restored from the same snapshot or paused sandbox shares
+// them, as they share its page cache.
+type LazyMemStats struct {
+	ImageBytes int64 `json:"image_bytes"`
+	// ReadBytes is what the kernel read through the lazy file (page
+	// faults, readahead).
+	ReadBytes int64 `json:"read_bytes"`
+	// FetchedBytes is the size of the distinct chunks taken from the
+	// object store (through the host's chunk cache), by faults or the
+	// background fetch; LocalBytes what reads took from this host's copy
+	// of the template instead.
+	FetchedBytes int64 `json:"fetched_bytes"`
+	LocalBytes   int64 `json:"local_bytes"`
 }
 
 // CaptureStats describes one capture of a running sandbox.

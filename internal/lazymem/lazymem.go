@@ -146,6 +146,16 @@ type FS struct {
 // path-escaped ("snapshots/abc" is "snapshots%2Fabc.mem").
 func Name(set string) string { return url.PathEscape(set) + ".mem" }
 
+// SetOf is the set whose file is named name (Name's inverse).
+func SetOf(name string) (string, bool) {
+	esc, ok := strings.CutSuffix(name, ".mem")
+	if !ok {
+		return "", false
+	}
+	set, err := url.PathUnescape(esc)
+	return set, err == nil && set != ""
+}
+
 // setOf is the inverse of Name.
 func setOf(file string) (string, bool) {
 	base, ok := strings.CutSuffix(file, ".mem")
@@ -261,6 +271,11 @@ type Stats struct {
 	LocalBytes int64
 	// Prefetched is how many chunks the background fetch got so far.
 	Prefetched int
+	// SourceBytes is the size of the distinct chunks this file took from
+	// its Source (the object store, through the host's chunk cache), by
+	// reads or the background fetch: what of the image had to come from
+	// elsewhere so far.
+	SourceBytes int64
 }
 
 // Stats returns the counts of set name's file, if it was looked up.
@@ -427,6 +442,10 @@ type fileNode struct {
 	localBytes int64
 	pages      []uint64 // bitmap of the 4 KiB pages read
 	nPages     int      // bits set in pages
+	// fromSource marks the chunks taken from the Source; sourceBytes
+	// sums their sizes.
+	fromSource  []bool
+	sourceBytes int64
 
 	prefetched int
 }
@@ -443,7 +462,7 @@ var (
 func newFileNode(f *FS, set string, im *Image) *fileNode {
 	size := im.Source.Size()
 	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
-	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks),
+	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks), fromSource: make([]bool, chunks),
 		pages: make([]uint64, (size+4095)/4096/64+1)}
 }
 
@@ -521,7 +540,13 @@ func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 // Source.
 func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if len(n.im.Local) == 0 {
-		return n.im.Source.ReadAtContext(ctx, p, off)
+		got, err := n.im.Source.ReadAtContext(ctx, p, off)
+		if got > 0 {
+			for i := off / n.im.ChunkSize; i <= (off+int64(got)-1)/n.im.ChunkSize; i++ {
+				n.tookFromSource(int(i))
+			}
+		}
+		return got, err
 	}
 	cs := n.im.ChunkSize
 	done := 0
@@ -539,6 +564,9 @@ func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error)
 			n.mu.Unlock()
 		} else {
 			got, err = n.im.Source.ReadAtContext(ctx, dst, pos)
+			if got > 0 {
+				n.tookFromSource(i)
+			}
 		}
 		done += got
 		if err != nil && got < len(dst) {
@@ -546,6 +574,20 @@ func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error)
 		}
 	}
 	return done, nil
+}
+
+// tookFromSource records that chunk i came from the Source.
+func (n *fileNode) tookFromSource(i int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if i < 0 || i >= len(n.fromSource) || n.fromSource[i] {
+		return
+	}
+	if n.im.Stored != nil && (i >= len(n.im.Stored) || !n.im.Stored[i]) {
+		return // a zero chunk: nothing is fetched for it
+	}
+	n.fromSource[i] = true
+	n.sourceBytes += min(n.im.ChunkSize, n.size-int64(i)*n.im.ChunkSize)
 }
 
 // readRetrying reads from the Source, retrying failures other than a
@@ -651,7 +693,7 @@ func (n *fileNode) touchedList() []int {
 func (n *fileNode) stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, LocalBytes: n.localBytes, Prefetched: n.prefetched}
+	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, LocalBytes: n.localBytes, Prefetched: n.prefetched, SourceBytes: n.sourceBytes}
 }
 
 // startBackground fetches Prefetch with Config.Workers at once, then
@@ -677,6 +719,7 @@ func (n *fileNode) startBackground() {
 		n.mu.Lock()
 		n.prefetched++
 		n.mu.Unlock()
+		n.tookFromSource(i)
 	}
 	n.fs.bg.Add(1)
 	go func() {

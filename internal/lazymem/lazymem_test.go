@@ -434,6 +434,9 @@ func TestReadRetries(t *testing.T) {
 	if _, err := fd.ReadAt(b, 0); err != nil || b[0] != 7 {
 		t.Errorf("read after 3 failures: %v, %d", err, b[0])
 	}
+	if st, _ := f.Stats("x"); st.SourceBytes != csize {
+		t.Errorf("after a read of chunk 0: %d bytes from the source, want %d", st.SourceBytes, csize)
+	}
 	src.mu.Lock()
 	src.fail = 1000
 	src.mu.Unlock()
@@ -443,6 +446,9 @@ func TestReadRetries(t *testing.T) {
 	}
 	if d := time.Since(t0); d < time.Second || d > 10*time.Second {
 		t.Errorf("gave up after %v, want about RetryFor (2 s)", d)
+	}
+	if st, _ := f.Stats("x"); st.SourceBytes != csize {
+		t.Errorf("after a failed read: %d bytes from the source, want still %d", st.SourceBytes, csize)
 	}
 }
 
@@ -472,8 +478,8 @@ func TestLocalChunks(t *testing.T) {
 	if n := src.readsOf(2); n != 0 {
 		t.Errorf("the local chunk was read %d times from the source", n)
 	}
-	if st, _ := f.Stats("x"); st.LocalBytes != csize || st.Prefetched != 3 {
-		t.Errorf("stats %+v: want %d bytes local, 3 chunks fetched in the background", st, csize)
+	if st, _ := f.Stats("x"); st.LocalBytes != csize || st.Prefetched != 3 || st.SourceBytes != 3*csize {
+		t.Errorf("stats %+v: want %d bytes local, 3 chunks fetched in the background, %d bytes from the source", st, csize, 3*csize)
 	}
 	if got := fetchOrder(&Image{Local: map[int]LocalChunk{1: {}}, FetchAll: true, Prefetch: []int{1, 3}}, 4); !slices.Equal(got, []int{3, 0, 2}) {
 		t.Errorf("fetch order with chunk 1 local: %v, want [3 0 2]", got)

@@ -66,6 +66,24 @@ type MemoryUsage struct {
 	PrivateMiB float64 `json:"private_mib"`
 	SharedMiB  float64 `json:"shared_mib"`
 	PSSMiB     float64 `json:"pss_mib"`
+	// Lazy is set when the sandbox's memory image is paged in lazily
+	// from the object store (a host restoring a snapshot or paused
+	// sandbox it did not hold, with lazy restore on).
+	Lazy *LazyMemory `json:"lazy,omitempty"`
+}
+
+// LazyMemory is what of a lazily paged memory image its host has read and
+// fetched so far (shared by every sandbox of that host restored from the
+// same snapshot or paused sandbox).
+type LazyMemory struct {
+	ImageMiB float64 `json:"image_mib"`
+	// ReadMiB is what the host's kernel read of it (page faults, readahead).
+	ReadMiB float64 `json:"read_mib"`
+	// FetchedMiB is what came from the object store (whole chunks, by
+	// faults or the background fetch); LocalMiB what came from the host's
+	// copy of the template instead.
+	FetchedMiB float64 `json:"fetched_mib"`
+	LocalMiB   float64 `json:"local_mib"`
 }
 
 // Sandbox is a handle on one sandbox. Its methods are safe for concurrent

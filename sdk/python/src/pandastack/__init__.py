@@ -49,7 +49,7 @@ from .errors import (
 )
 from .events import EVENTS_IDLE_TIMEOUT, AsyncEventStream, CommandRecord, Event, EventStream
 from .filesystem import DirWatch, Filesystem, WatchEvent
-from .models import APIKey, ExecResult, FileInfo, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
+from .models import APIKey, ExecResult, FileInfo, LazyMemory, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
 from .sandbox import Sandbox
 from .processes import CommandHandle, Commands, OutputChunk, OutputStream, ProcessInfo, Pty, TerminalHandle
 from .snapshot import AsyncSnapshot, Snapshot
@@ -95,6 +95,7 @@ __all__ = [
     "AsyncBuildLogs",
     "AsyncStreamResponse",
     "SandboxInfo",
+    "LazyMemory",
     "MemoryUsage",
     "NetworkPolicy",
     "ExecResult",

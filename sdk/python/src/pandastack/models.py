@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
     from .templates import TemplateBuilder
@@ -76,6 +76,43 @@ def _str_map(v: Any) -> Dict[str, str]:
     return {str(k): str(x) for k, x in v.items()}
 
 
+def _mib_fields(d: Mapping[str, Any]) -> "Callable[[str], float]":
+    def f(k: str) -> float:
+        v = d.get(k)
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    return f
+
+
+@dataclass(frozen=True)
+class LazyMemory:
+    """What of a lazily paged memory image its host has read and fetched so far.
+
+    Set on :class:`MemoryUsage` when the sandbox's memory is paged in from the
+    object store on first touch (a host restoring a snapshot or paused sandbox
+    it did not hold, with lazy restore on). The figures are the image's on its
+    host, shared by every sandbox there restored from the same set.
+
+    Attributes:
+        image_mib: Size of the memory image.
+        read_mib: What the host's kernel read of it (page faults, readahead).
+        fetched_mib: What came from the object store (whole 2 MiB chunks).
+        local_mib: What came from the host's copy of the template instead.
+    """
+
+    image_mib: float
+    read_mib: float
+    fetched_mib: float
+    local_mib: float
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Optional[LazyMemory]":
+        if not isinstance(d, Mapping):
+            return None
+        f = _mib_fields(d)
+        return cls(image_mib=f("image_mib"), read_mib=f("read_mib"), fetched_mib=f("fetched_mib"), local_mib=f("local_mib"))
+
+
 @dataclass(frozen=True)
 class MemoryUsage:
     """Host memory a running sandbox uses, as the server measured it.
@@ -84,23 +121,22 @@ class MemoryUsage:
         private_mib: Memory only this sandbox uses (pages it wrote).
         shared_mib: Memory shared with other sandboxes (template or fork base).
         pss_mib: Proportional set size: private plus its share of shared pages.
+        lazy: For a memory image paged in lazily, what of it was read and
+            fetched so far; ``None`` otherwise.
     """
 
     private_mib: float
     shared_mib: float
     pss_mib: float
+    lazy: Optional[LazyMemory] = None
 
     @classmethod
     def from_dict(cls, d: Any) -> "Optional[MemoryUsage]":
         """Build from the ``memory`` object of a sandbox, or return ``None`` if there is none."""
         if not isinstance(d, Mapping):
             return None
-
-        def f(k: str) -> float:
-            v = d.get(k)
-            return float(v) if isinstance(v, (int, float)) else 0.0
-
-        return cls(private_mib=f("private_mib"), shared_mib=f("shared_mib"), pss_mib=f("pss_mib"))
+        f = _mib_fields(d)
+        return cls(private_mib=f("private_mib"), shared_mib=f("shared_mib"), pss_mib=f("pss_mib"), lazy=LazyMemory.from_dict(d.get("lazy")))
 
 
 def _str_list(v: Any) -> List[str]:
