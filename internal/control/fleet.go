@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/host"
@@ -31,7 +32,8 @@ type HostStatus struct {
 	Static    bool // given by configuration, not registered
 	Connected bool // its client is up
 	Load      host.Load
-	Loaded    bool // Load was reported
+	Loaded    bool      // Load was reported
+	LoadAt    time.Time // when (the control plane's clock)
 }
 
 // Fleet error classes. ErrHostLost wraps host.ErrUnavailable: what cannot

@@ -100,6 +100,7 @@ type member struct {
 	static bool
 	load   host.Load
 	loaded bool      // load was reported
+	loadAt time.Time // when, by cfg.Now
 	beat   time.Time // last heartbeat, by cfg.Now
 	stop   context.CancelFunc
 	done   chan struct{}
@@ -303,7 +304,7 @@ func (r *Registry) Register(ctx context.Context, reg host.Registration) (catalog
 	if err := r.cfg.Catalog.PutHost(ctx, rec); err != nil {
 		return catalog.Host{}, err
 	}
-	m := &member{rec: rec, beat: now, load: reg.Load, loaded: true}
+	m := &member{rec: rec, beat: now, load: reg.Load, loaded: true, loadAt: now}
 	if known {
 		if old.stop != nil {
 			old.stop()
@@ -333,7 +334,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id, token string, load host.Lo
 		r.mu.Unlock()
 		return ErrHostToken
 	}
-	m.beat, m.load, m.loaded = now, load, true
+	m.beat, m.load, m.loaded, m.loadAt = now, load, true, now
 	wasLost := m.rec.State == catalog.HostLost
 	r.mu.Unlock()
 	rec, err := r.cfg.Catalog.UpdateHost(ctx, id, func(h *catalog.Host) error {
@@ -496,7 +497,7 @@ func (r *Registry) Statuses() []control.HostStatus {
 	defer r.mu.Unlock()
 	out := make([]control.HostStatus, 0, len(r.members))
 	for _, m := range r.members {
-		out = append(out, control.HostStatus{Record: m.rec, Static: m.static, Connected: m.h != nil, Load: m.load, Loaded: m.loaded})
+		out = append(out, control.HostStatus{Record: m.rec, Static: m.static, Connected: m.h != nil, Load: m.load, Loaded: m.loaded, LoadAt: m.loadAt})
 	}
 	slices.SortFunc(out, func(a, b control.HostStatus) int { return cmpString(a.Record.ID, b.Record.ID) })
 	return out
@@ -514,26 +515,40 @@ func cmpString(a, b string) int {
 
 // Inventory implements control.Fleet: every host with its state, its
 // capacity and its last load, and the live sandboxes the catalog places
-// on it.
+// on it. A host's free memory is its last report's less the scheduler's
+// estimate for each sandbox placed on it since (created after the
+// report): a burst of creates between two heartbeats must not all count
+// the same free memory.
 func (r *Registry) Inventory(ctx context.Context) []scheduler.Host {
+	statuses := r.Statuses()
+	loadAt := map[string]time.Time{}
+	for _, st := range statuses {
+		if st.Loaded {
+			loadAt[st.Record.ID] = st.LoadAt
+		}
+	}
 	count := map[string]int{}
 	vcpus := map[string]int{}
+	since := map[string]int64{}
 	if live, err := r.cfg.Catalog.ListSandboxes(ctx, catalog.SandboxFilter{States: control.LiveStates}); err == nil {
 		for _, sb := range live {
 			count[sb.HostID]++
 			vcpus[sb.HostID] += sb.VCPUs
+			if at, ok := loadAt[sb.HostID]; ok && sb.CreatedAt.After(at) {
+				since[sb.HostID] += scheduler.Estimate(sb.MemoryMiB)
+			}
 		}
 	} else {
 		r.log.Warn("inventory: list sandboxes", "err", err)
 	}
 	var out []scheduler.Host
-	for _, st := range r.Statuses() {
+	for _, st := range statuses {
 		rec := st.Record
 		h := scheduler.Host{ID: rec.ID, State: scheduler.HostState(rec.State), CPUs: rec.Capacity.CPUs,
 			MemoryMiB: rec.Capacity.MemoryMiB, DiskFreeMiB: rec.Capacity.DiskMiB,
 			Sandboxes: count[rec.ID], VCPUs: vcpus[rec.ID], FreeMemoryMiB: rec.Capacity.MemoryMiB}
 		if st.Loaded {
-			h.FreeMemoryMiB, h.DiskFreeMiB, h.WarmTemplates = st.Load.FreeMemoryMiB, st.Load.DiskFreeMiB, st.Load.Templates
+			h.FreeMemoryMiB, h.DiskFreeMiB, h.WarmTemplates = st.Load.FreeMemoryMiB-since[rec.ID], st.Load.DiskFreeMiB, st.Load.Templates
 		}
 		if st.Static && rec.Capacity.CPUs == 0 {
 			// Unknown capacity: the host refuses what it cannot hold.

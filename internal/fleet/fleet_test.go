@@ -249,3 +249,53 @@ func waitFor(t *testing.T, what string, cond func() bool, d time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestInventoryCountsPlacementsSinceTheLoad: sandboxes created on a host
+// after its last load report are counted at the scheduler's estimate
+// against its free memory (a burst of creates between two heartbeats must
+// not all see the same free memory); the next report takes over.
+func TestInventoryCountsPlacementsSinceTheLoad(t *testing.T) {
+	r, cat, c, reg := newRegistry(t)
+	ctx := t.Context()
+	if _, err := r.Register(ctx, reg); err != nil { // load: 30000 MiB free, at c's now
+		t.Fatal(err)
+	}
+	key := catalog.Key{ID: "k1", Name: "k", Hash: "h1", CreatedAt: c.Now()}
+	if err := cat.CreateKey(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	add := func(id string, memMiB int, state string) {
+		t.Helper()
+		now := c.Now()
+		sb := catalog.Sandbox{ID: id, KeyID: key.ID, HostID: "h1", Template: "base", State: state, MemoryMiB: memMiB, VCPUs: 1,
+			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Hour)}
+		if err := cat.ReserveSandbox(ctx, sb, catalog.Limits{Sandboxes: -1, MemoryMiB: -1, VCPUs: -1, DiskMiB: -1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	free := func() int64 {
+		t.Helper()
+		for _, h := range r.Inventory(ctx) {
+			if h.ID == "h1" {
+				return h.FreeMemoryMiB
+			}
+		}
+		t.Fatal("h1 not in the inventory")
+		return 0
+	}
+	add("before", 1024, catalog.StateRunning) // created with the report: in it
+	c.add(time.Second)
+	add("a", 1024, catalog.StateStarting)   // counted at 256 MiB
+	add("b", 128, catalog.StateRunning)     // counted at its 128 MiB
+	add("gone", 1024, catalog.StateStopped) // not live: not counted
+	if got, want := free(), int64(30000-256-128); got != want {
+		t.Errorf("free memory with two sandboxes placed since the report: %d MiB, want %d", got, want)
+	}
+	c.add(time.Second)
+	if err := r.Heartbeat(ctx, "h1", "agent-1", host.Load{FreeMemoryMiB: 29000}); err != nil {
+		t.Fatal(err)
+	}
+	if got := free(); got != 29000 {
+		t.Errorf("free memory after a new report: %d MiB, want the report's 29000", got)
+	}
+}

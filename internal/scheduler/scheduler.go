@@ -230,10 +230,7 @@ func newPlacer(req Request, hosts []Host) (*placer, error) {
 		return nil, errorf(ErrInvalid, "placement names host %q and asks to spread: choose one", req.Placement.Host)
 	}
 	p := &placer{req: req, count: max(int64(req.Count), 1), byID: make(map[string]*host, len(hosts))}
-	p.est = EstimateMiB
-	if req.MemoryMiB > 0 && req.MemoryMiB < EstimateMiB {
-		p.est = int64(req.MemoryMiB)
-	}
+	p.est = Estimate(req.MemoryMiB)
 	p.vcpus = clamp(int64(req.VCPUs), 1, maxCPUs)
 	for i := range hosts {
 		h := &hosts[i]
@@ -257,6 +254,16 @@ func newPlacer(req Request, hosts []Host) (*placer, error) {
 }
 
 func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
+
+// Estimate is the host memory counted for a sandbox of memoryMiB of guest
+// memory before its host reports what it really uses: min(memoryMiB,
+// EstimateMiB), EstimateMiB for 0 or less.
+func Estimate(memoryMiB int) int64 {
+	if memoryMiB > 0 && memoryMiB < EstimateMiB {
+		return int64(memoryMiB)
+	}
+	return EstimateMiB
+}
 
 // shortfall says why h cannot take one more sandbox ("" if it can).
 func (p *placer) shortfall(h *host) string {
