@@ -190,7 +190,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	if o.LazyDirtyMiB > 0 {
 		res.LazyDirtyMiB = o.LazyDirtyMiB
 		var lazy []time.Duration
-		var fetched, frac []float64
+		var fetched, perMille []float64
 		for i := range o.N {
 			logf("lazy restore round %d/%d", i+1, o.N)
 			sb, err := parentOn(a, o.LazyDirtyMiB)
@@ -220,13 +220,14 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 			lazy = append(lazy, d)
 			res.LazyImageMiB = m.Lazy.ImageMiB
 			fetched = append(fetched, m.Lazy.FetchedMiB)
-			frac = append(frac, m.Lazy.FetchedMiB/m.Lazy.ImageMiB)
+			perMille = append(perMille, 1000*m.Lazy.FetchedMiB/m.Lazy.ImageMiB)
 		}
 		if len(lazy) > 0 {
 			d := Summarize(lazy)
 			res.LazyResumeFirstExec = &d
 			res.LazyFetchedMiBP50 = median(fetched)
-			res.LazyFetchedFractionP50 = float64(int(median(frac)*10000+0.5)) / 10000
+			// Per mille first: median rounds to a tenth.
+			res.LazyFetchedFractionP50 = median(perMille) / 1000
 		}
 	}
 	return res, nil
