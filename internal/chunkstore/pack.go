@@ -1,0 +1,600 @@
+package chunkstore
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// Packs. A pack is a set of files (a capture: vm.mem, vm.state,
+// rootfs.ext4, its metadata) as one stream, sent from one host straight to
+// another without the object store: the host that receives it holds the
+// template the capture was made from, so the pack carries only what
+// differs from it, exactly as an upload and a download through the store
+// would move it (deltas, delta.go), but in one pass and without naming any
+// chunk by its content's hash (nothing is stored, so nothing is hashed
+// that need not be).
+//
+// Stream (little endian; crc is CRC-32C, Castagnoli):
+//
+//	header:  "PSPK" | u32 version (1) | u32 n | n bytes of JSON (PackHeader) | u32 crc of all before it
+//	record:  u8 type | u8 file | u32 chunk | u32 n | n bytes of payload | u32 crc of all before it in the record
+//	trailer: a record of type 'E', file 0, chunk 0, payload u32 count of records before it
+//
+// Records, per chunk of a file (a chunk absent from the stream is zeros):
+//
+//	'B' base:  payload the SHA-256 (32 bytes) of a chunk of the receiver's
+//	           base (its template): the chunk is that chunk, taken from
+//	           there (reflinked if it can be)
+//	'P' patch: payload the SHA-256 of a base chunk (32 zero bytes: a chunk
+//	           of zeros) then a patch of its pages ("PDP1", delta.go)
+//	'W' whole: payload the chunk's bytes
+//
+// Every record carries its own checksum, and the trailer the count of
+// records, so a stream cut short or damaged anywhere is refused (ErrPack)
+// and its files are left for the caller to remove: a receiver never
+// takes half a capture. The header names the digest of the sender's base
+// (BaseDigest): a receiver whose base differs refuses the pack before
+// reading any chunk (ErrPackBase), and the sender can go through the
+// object store instead.
+
+// ErrPack: a pack stream is truncated or corrupt.
+var ErrPack = errors.New("pack stream is truncated or corrupt")
+
+// ErrPackBase: the receiver does not hold the base (template) the pack
+// was made against.
+var ErrPackBase = errors.New("pack needs a base this host does not hold")
+
+var packMagic = []byte("PSPK")
+
+const packVersion = 1
+
+// Record types of a pack.
+const (
+	recBase  byte = 'B'
+	recPatch byte = 'P'
+	recWhole byte = 'W'
+	recEnd   byte = 'E'
+)
+
+// maxPackHeader bounds a pack header's JSON.
+const maxPackHeader = MaxMeta + 1<<20
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// PackHeader opens a pack: the files it holds and what the sender says
+// about them.
+type PackHeader struct {
+	ChunkSize int64      `json:"chunk_size"`
+	Files     []PackFile `json:"files"`
+	// Base is the BaseDigest of the bases the sender diffed against; ""
+	// if none (every chunk is whole or a patch of zeros).
+	Base string `json:"base,omitempty"`
+	// Meta is the sender's description of the set (a snapshot's
+	// SnapshotInfo).
+	Meta json.RawMessage `json:"meta,omitempty"`
+}
+
+// PackFile is one file of a pack.
+type PackFile struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// PackStats counts what a pack held (the same on both sides).
+type PackStats struct {
+	Chunks      int   // chunks of all files
+	ZeroChunks  int   // holes or zeros: not sent
+	BaseChunks  int   // equal to the base's: sent as its hash
+	PatchChunks int   // sent as the pages that differ from the base's
+	WholeChunks int   // sent whole
+	Reflinked   int   // on the receiver: base chunks (and bases of patches) reflinked
+	Bytes       int64 // length of the stream
+	Dur         time.Duration
+}
+
+// BaseDigest names a set of bases (by file name, as UploadOptions.Bases)
+// by the chunk hashes they hold: two hosts whose template copies have the
+// same digest hold the same bytes. "" for none.
+func BaseDigest(bases map[string]Seed) string {
+	if len(bases) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(bases))
+	for n := range bases {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	for _, n := range names {
+		sd := bases[n]
+		fmt.Fprintf(h, "%s %d %d\n", n, sd.ChunkSize, len(sd.Chunks))
+		for _, c := range sd.Chunks {
+			fmt.Fprintln(h, c)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// PackOptions are what WritePack needs besides the files.
+type PackOptions struct {
+	ChunkSize int64 // 0: DefaultChunkSize
+	Meta      json.RawMessage
+	// Bases, by file name, are the receiver's base: a chunk equal to the
+	// base's chunk at the same offset is sent as its hash, one that
+	// differs in a few pages as a patch over it.
+	Bases map[string]Seed
+}
+
+// WritePack writes files (name → local path) to w as a pack. The files
+// must not change meanwhile. It returns what it sent.
+func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts PackOptions) (st PackStats, err error) {
+	t0 := time.Now()
+	cs := opts.ChunkSize
+	if cs == 0 {
+		cs = DefaultChunkSize
+	}
+	if len(opts.Meta) > MaxMeta || (opts.Meta != nil && !json.Valid(opts.Meta)) {
+		return st, fmt.Errorf("write pack: metadata of %d bytes: want valid JSON of at most %d", len(opts.Meta), MaxMeta)
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		if err := validFileName(n); err != nil {
+			return st, fmt.Errorf("write pack: %w", err)
+		}
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	if len(names) > 255 {
+		return st, fmt.Errorf("write pack: %d files: at most 255", len(names))
+	}
+	hdr := PackHeader{ChunkSize: cs, Meta: opts.Meta}
+	var fds []*os.File
+	defer func() {
+		for _, f := range fds {
+			f.Close()
+		}
+	}()
+	for _, n := range names {
+		f, err := os.Open(files[n])
+		if err != nil {
+			return st, fmt.Errorf("write pack: %w", err)
+		}
+		fds = append(fds, f)
+		fi, err := f.Stat()
+		if err != nil {
+			return st, fmt.Errorf("write pack: %w", err)
+		}
+		if !fi.Mode().IsRegular() {
+			return st, fmt.Errorf("write pack: %s is not a regular file", files[n])
+		}
+		hdr.Files = append(hdr.Files, PackFile{Name: n, Size: fi.Size()})
+	}
+	bases := map[string]*base{}
+	used := map[string]Seed{}
+	for n, sd := range opts.Bases {
+		if _, ok := files[n]; !ok || sd.ChunkSize != cs {
+			continue
+		}
+		f, owned, err := sd.open()
+		if err != nil {
+			continue // no base: patches of zeros and whole chunks
+		}
+		if owned {
+			defer f.Close()
+		}
+		b := &base{f: f, chunks: sd.Chunks, current: sd.Current && sd.File != nil}
+		if fi, err := f.Stat(); err == nil {
+			b.size, b.ext = fi.Size(), extentsOf(f)
+		}
+		bases[n] = b
+		used[n] = sd
+	}
+	hdr.Base = BaseDigest(used)
+
+	cw := &countWriter{w: w}
+	bw := bufio.NewWriterSize(cw, 1<<20)
+	pw := &packWriter{w: bw}
+	if err := pw.header(hdr); err != nil {
+		return st, fmt.Errorf("write pack: %w", err)
+	}
+	buf := make([]byte, cs)
+	baseBuf := make([]byte, cs)
+	for fi, f := range hdr.Files {
+		b := bases[f.Name]
+		var ext extentMap
+		if b != nil && b.ext != nil {
+			ext = extentsOf(fds[fi])
+		}
+		nchunks := int((f.Size + cs - 1) / cs)
+		st.Chunks += nchunks
+		for ci := range nchunks {
+			if err := ctx.Err(); err != nil {
+				return st, err
+			}
+			off := int64(ci) * cs
+			n := chunkLen(f.Size, cs, ci)
+			hole, err := inHole(fds[fi], off, n)
+			if err != nil {
+				return st, fmt.Errorf("write pack: %s: %w", f.Name, err)
+			}
+			if hole {
+				st.ZeroChunks++
+				continue
+			}
+			var baseHash string
+			if b != nil && ci < len(b.chunks) && off+n <= b.size {
+				baseHash = b.chunks[ci]
+			}
+			if baseHash != "" && sameBlocks(ext, b.ext, off, n) {
+				// The base's own blocks: its bytes, unread.
+				if err := pw.record(recBase, fi, ci, hashBytes(baseHash)); err != nil {
+					return st, err
+				}
+				st.BaseChunks++
+				continue
+			}
+			c := buf[:n]
+			if _, err := fds[fi].ReadAt(c, off); err != nil {
+				return st, fmt.Errorf("write pack: read %s chunk %d: %w", f.Name, ci, err)
+			}
+			if isZero(c) {
+				st.ZeroChunks++
+				continue
+			}
+			bc := zeros[:n]
+			if baseHash != "" {
+				bc = baseBuf[:n]
+				if _, err := b.f.ReadAt(bc, off); err != nil {
+					bc, baseHash = zeros[:n], ""
+				} else if !b.current {
+					if sum := sha256.Sum256(bc); hex.EncodeToString(sum[:]) != baseHash {
+						bc, baseHash = zeros[:n], "" // the base changed behind its index
+					}
+				}
+			}
+			if baseHash != "" && bytes.Equal(c, bc) {
+				if err := pw.record(recBase, fi, ci, hashBytes(baseHash)); err != nil {
+					return st, err
+				}
+				st.BaseChunks++
+				continue
+			}
+			if patch := makePatch(c, bc); patch != nil {
+				if err := pw.record(recPatch, fi, ci, hashBytes(baseHash), patch); err != nil {
+					return st, err
+				}
+				st.PatchChunks++
+				continue
+			}
+			if err := pw.record(recWhole, fi, ci, c); err != nil {
+				return st, err
+			}
+			st.WholeChunks++
+		}
+	}
+	var cnt [4]byte
+	binary.LittleEndian.PutUint32(cnt[:], uint32(pw.records))
+	if err := pw.record(recEnd, 0, 0, cnt[:]); err != nil {
+		return st, err
+	}
+	if err := bw.Flush(); err != nil {
+		return st, fmt.Errorf("write pack: %w", err)
+	}
+	st.Bytes, st.Dur = cw.n, time.Since(t0)
+	return st, nil
+}
+
+// hashBytes is a hex SHA-256 as its 32 bytes; zeros for "" (a chunk of
+// zeros).
+func hashBytes(h string) []byte {
+	b := make([]byte, sha256.Size)
+	if h != "" {
+		hex.Decode(b, []byte(h))
+	}
+	return b
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+type packWriter struct {
+	w       *bufio.Writer
+	records int
+}
+
+func (pw *packWriter) header(h PackHeader) error {
+	js, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	b := append([]byte(nil), packMagic...)
+	b = binary.LittleEndian.AppendUint32(b, packVersion)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(js)))
+	b = append(b, js...)
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	_, err = pw.w.Write(b)
+	return err
+}
+
+// record writes one record whose payload is the concatenation of parts.
+func (pw *packWriter) record(typ byte, file, chunk int, parts ...[]byte) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	var hdr [10]byte
+	hdr[0], hdr[1] = typ, byte(file)
+	binary.LittleEndian.PutUint32(hdr[2:], uint32(chunk))
+	binary.LittleEndian.PutUint32(hdr[6:], uint32(n))
+	crc := crc32.Update(0, castagnoli, hdr[:])
+	if _, err := pw.w.Write(hdr[:]); err != nil {
+		return fmt.Errorf("write pack: %w", err)
+	}
+	for _, p := range parts {
+		crc = crc32.Update(crc, castagnoli, p)
+		if _, err := pw.w.Write(p); err != nil {
+			return fmt.Errorf("write pack: %w", err)
+		}
+	}
+	var sum [4]byte
+	binary.LittleEndian.PutUint32(sum[:], crc)
+	if _, err := pw.w.Write(sum[:]); err != nil {
+		return fmt.Errorf("write pack: %w", err)
+	}
+	pw.records++
+	return nil
+}
+
+// ReadPackHeader reads the header of a pack from r (which ReadPack then
+// reads on from). Errors match ErrPack.
+func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
+	var h PackHeader
+	fixed := make([]byte, 12)
+	if _, err := io.ReadFull(r, fixed); err != nil {
+		return h, fmt.Errorf("%w: header: %w", ErrPack, err)
+	}
+	if !bytes.Equal(fixed[:4], packMagic) {
+		return h, fmt.Errorf("%w: not a pack", ErrPack)
+	}
+	if v := binary.LittleEndian.Uint32(fixed[4:]); v != packVersion {
+		return h, fmt.Errorf("%w: version %d, want %d", ErrPack, v, packVersion)
+	}
+	n := binary.LittleEndian.Uint32(fixed[8:])
+	if n > maxPackHeader {
+		return h, fmt.Errorf("%w: header of %d bytes", ErrPack, n)
+	}
+	rest := make([]byte, n+4)
+	if _, err := io.ReadFull(r, rest); err != nil {
+		return h, fmt.Errorf("%w: header: %w", ErrPack, err)
+	}
+	crc := crc32.Update(crc32.Checksum(fixed, castagnoli), castagnoli, rest[:n])
+	if crc != binary.LittleEndian.Uint32(rest[n:]) {
+		return h, fmt.Errorf("%w: header checksum", ErrPack)
+	}
+	if err := json.Unmarshal(rest[:n], &h); err != nil {
+		return h, fmt.Errorf("%w: header: %w", ErrPack, err)
+	}
+	if h.ChunkSize <= 0 || h.ChunkSize%pageSize != 0 || h.ChunkSize > int64(len(zeros)) {
+		return h, fmt.Errorf("%w: chunk size %d", ErrPack, h.ChunkSize)
+	}
+	if len(h.Files) > 255 {
+		return h, fmt.Errorf("%w: %d files", ErrPack, len(h.Files))
+	}
+	seen := map[string]bool{}
+	for _, f := range h.Files {
+		if err := validFileName(f.Name); err != nil || f.Size < 0 || seen[f.Name] {
+			return h, fmt.Errorf("%w: file %q of %d bytes", ErrPack, f.Name, f.Size)
+		}
+		seen[f.Name] = true
+	}
+	return h, nil
+}
+
+// ReadPack reads the records of a pack whose header h was read from r
+// (ReadPackHeader) into dir (which must exist), one file per PackFile,
+// taking base chunks from seeds (the receiver's copy of the base: its
+// BaseDigest, by file name, must be h.Base, else ErrPackBase before any
+// file is written). Files are sparse. An error leaves files in dir for
+// the caller to remove; a stream cut short, damaged, or naming a chunk
+// the seeds do not hold matches ErrPack (or ErrPackBase).
+func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed) (st PackStats, err error) {
+	t0 := time.Now()
+	cs := h.ChunkSize
+	if h.Base != "" {
+		byName := map[string]Seed{}
+		for _, sd := range seeds {
+			if _, ok := byName[filepath.Base(sd.Path)]; !ok && slices.ContainsFunc(h.Files, func(f PackFile) bool { return f.Name == filepath.Base(sd.Path) }) && sd.ChunkSize == cs {
+				byName[filepath.Base(sd.Path)] = sd
+			}
+		}
+		if BaseDigest(byName) != h.Base {
+			return st, fmt.Errorf("%w: this host's copy of the template differs from the sender's", ErrPackBase)
+		}
+	}
+	ss := openSeeds(seeds, cs)
+	defer ss.close()
+	fds := make([]*os.File, len(h.Files))
+	defer func() {
+		for _, f := range fds {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for i, f := range h.Files {
+		fd, err := os.OpenFile(filepath.Join(dir, f.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return st, fmt.Errorf("read pack: %w", err)
+		}
+		fds[i] = fd
+		if err := fd.Truncate(f.Size); err != nil {
+			return st, fmt.Errorf("read pack: %w", err)
+		}
+		st.Chunks += int((f.Size + cs - 1) / cs)
+	}
+	maxPayload := sha256.Size + maxPatch(cs)
+	payload := make([]byte, maxPayload)
+	buf := make([]byte, cs)
+	records := 0
+	sent := map[[2]int]bool{}
+	for {
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		var hdr [10]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return st, fmt.Errorf("%w: record %d: %w", ErrPack, records, unexpected(err))
+		}
+		typ, fi, ci := hdr[0], int(hdr[1]), int(binary.LittleEndian.Uint32(hdr[2:]))
+		n := int64(binary.LittleEndian.Uint32(hdr[6:]))
+		if n > maxPayload {
+			return st, fmt.Errorf("%w: record %d of %d bytes", ErrPack, records, n)
+		}
+		p := payload[:n+4]
+		if _, err := io.ReadFull(r, p); err != nil {
+			return st, fmt.Errorf("%w: record %d: %w", ErrPack, records, unexpected(err))
+		}
+		crc := crc32.Update(crc32.Checksum(hdr[:], castagnoli), castagnoli, p[:n])
+		if crc != binary.LittleEndian.Uint32(p[n:]) {
+			return st, fmt.Errorf("%w: record %d: checksum", ErrPack, records)
+		}
+		p = p[:n]
+		if typ == recEnd {
+			if n != 4 || int(binary.LittleEndian.Uint32(p)) != records {
+				return st, fmt.Errorf("%w: trailer: %d records received", ErrPack, records)
+			}
+			break
+		}
+		records++
+		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) || sent[[2]int{fi, ci}] {
+			return st, fmt.Errorf("%w: record %d: chunk %d of file %d", ErrPack, records, ci, fi)
+		}
+		sent[[2]int{fi, ci}] = true
+		f := h.Files[fi]
+		off := int64(ci) * cs
+		c := buf[:chunkLen(f.Size, cs, ci)]
+		switch typ {
+		case recBase:
+			if n != sha256.Size {
+				return st, fmt.Errorf("%w: record %d: base of %d bytes", ErrPack, records, n)
+			}
+			hash := hex.EncodeToString(p)
+			ok, cloned, err := ss.take(fds[fi], hash, off, c)
+			if err != nil {
+				return st, fmt.Errorf("read pack: %s chunk %d: %w", f.Name, ci, err)
+			}
+			if !ok {
+				return st, fmt.Errorf("%w: %s chunk %d: base chunk %s not held here", ErrPackBase, f.Name, ci, hash)
+			}
+			st.BaseChunks++
+			if cloned {
+				st.Reflinked++
+			}
+		case recPatch:
+			if n < sha256.Size {
+				return st, fmt.Errorf("%w: record %d: patch of %d bytes", ErrPack, records, n)
+			}
+			if err := readPatch(fds[fi], ss, p, off, c, &st); err != nil {
+				return st, fmt.Errorf("%s chunk %d: %w", f.Name, ci, err)
+			}
+			st.PatchChunks++
+		case recWhole:
+			if n != int64(len(c)) {
+				return st, fmt.Errorf("%w: record %d: chunk of %d bytes, want %d", ErrPack, records, n, len(c))
+			}
+			if err := writeSparse(fds[fi], p, off); err != nil {
+				return st, fmt.Errorf("read pack: %w", err)
+			}
+			st.WholeChunks++
+		default:
+			return st, fmt.Errorf("%w: record %d: type %q", ErrPack, records, typ)
+		}
+	}
+	st.ZeroChunks = st.Chunks - st.BaseChunks - st.PatchChunks - st.WholeChunks
+	st.Dur = time.Since(t0)
+	return st, nil
+}
+
+// readPatch writes a patch record's chunk at off of dst: its base (from a
+// seed, reflinked if it can be; or zeros: the hole already there) with
+// the patch's pages written over it. c is a buffer of the chunk's length.
+func readPatch(dst *os.File, ss *seedSet, p []byte, off int64, c []byte, st *PackStats) error {
+	baseHash := ""
+	if !isZero(p[:sha256.Size]) {
+		baseHash = hex.EncodeToString(p[:sha256.Size])
+	}
+	patch := p[sha256.Size:]
+	if baseHash != "" {
+		ok, cloned, err := ss.take(dst, baseHash, off, c)
+		if err != nil {
+			return fmt.Errorf("read pack: %w", err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: base chunk %s not held here", ErrPackBase, baseHash)
+		}
+		if cloned {
+			st.Reflinked++
+		}
+	}
+	if len(patch) < 8 || !bytes.Equal(patch[:4], patchMagic) {
+		return fmt.Errorf("%w: not a patch", ErrPack)
+	}
+	k := int(binary.LittleEndian.Uint32(patch[4:8]))
+	if k > (len(c)+pageSize-1)/pageSize || len(patch) < 8+4*k {
+		return fmt.Errorf("%w: patch of %d pages for a chunk of %d bytes", ErrPack, k, len(c))
+	}
+	data := patch[8+4*k:]
+	for j := range k {
+		pg := int(binary.LittleEndian.Uint32(patch[8+4*j:]))
+		po := pg * pageSize
+		if po >= len(c) {
+			return fmt.Errorf("%w: patch page %d beyond a chunk of %d bytes", ErrPack, pg, len(c))
+		}
+		n := min(pageSize, len(c)-po)
+		if len(data) < n {
+			return fmt.Errorf("%w: patch is short", ErrPack)
+		}
+		page := data[:n]
+		data = data[n:]
+		// Over a base every page is written (a zero page may replace
+		// data); over zeros a zero page is the hole already there.
+		if baseHash == "" && isZero(page) {
+			continue
+		}
+		if _, err := dst.WriteAt(page, off+int64(po)); err != nil {
+			return fmt.Errorf("read pack: %w", err)
+		}
+	}
+	if len(data) != 0 {
+		return fmt.Errorf("%w: patch is long", ErrPack)
+	}
+	return nil
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
