@@ -259,8 +259,10 @@ func (a *Agent) Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, 
 // sealed with checksums nor flushed here: the object store's chunks are
 // content-addressed and checked on every fetch, and a restart of this
 // agent deletes it (SnapshotInfo.Transient; dropTransient), from the store
-// too. Everything else is as for Snapshot: it is uploaded in the
-// background, and restores, lists and deletes as a snapshot.
+// too. Everything else is as for Snapshot (it restores, lists and
+// deletes as a snapshot), except that its upload starts only once someone
+// waits for it (AwaitStored): a capture sent straight to the other hosts
+// (SendSnapshot) never goes to the store.
 func (a *Agent) SnapshotTransient(ctx context.Context, id, snapID string) (SnapshotInfo, error) {
 	return a.snapshot(ctx, id, snapID, true)
 }
@@ -330,7 +332,11 @@ func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool)
 	a.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", snapID, "transient", transient, "paused_ms", st.PausedMS, "dirty_mib", st.DirtyBytes>>20,
 		"capture_ms", tCapture.Milliseconds(), "seal_ms", (time.Since(t0) - tCapture).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds())
 	a.storeState(&si) // uploading (or local): before the upload can end
-	a.startUpload(snapID)
+	if !transient {
+		// A transient capture is uploaded once someone waits for it
+		// (AwaitStored): one sent straight to another host never is.
+		a.startUpload(snapID)
+	}
 	return si, nil
 }
 

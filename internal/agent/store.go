@@ -230,6 +230,9 @@ func (a *Agent) AwaitStored(ctx context.Context, id string, wait time.Duration) 
 		if err != nil || si.Stored != host.StoredUploading {
 			return si, err
 		}
+		if si.Transient {
+			a.startUpload(id) // its upload waits for a waiter (SnapshotTransient)
+		}
 		a.upMu.Lock()
 		j := a.jobs[storeName(id)]
 		a.upMu.Unlock()

@@ -109,7 +109,7 @@ func (a *Agent) templateSeeds(ctx context.Context, key string) (seeds []chunksto
 		a.log.Warn("template not used to restore a capture", "template", key, "err", err)
 		return nil, none
 	}
-	idx, err := a.templates.ChunkIndex(ctx, t, a.store.ChunkSize())
+	idx, err := a.templates.ChunkIndex(ctx, t, a.chunkSize())
 	if err == nil {
 		seeds, release, err = idx.Open(t)
 	}

@@ -85,6 +85,8 @@ type PackHeader struct {
 	// Meta is the sender's description of the set (a snapshot's
 	// SnapshotInfo).
 	Meta json.RawMessage `json:"meta,omitempty"`
+
+	size int64 // of the header on the wire, when read
 }
 
 // PackFile is one file of a pack.
@@ -395,6 +397,7 @@ func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
 	if err := json.Unmarshal(rest[:n], &h); err != nil {
 		return h, fmt.Errorf("%w: header: %w", ErrPack, err)
 	}
+	h.size = int64(len(fixed) + len(rest))
 	if h.ChunkSize <= 0 || h.ChunkSize%pageSize != 0 || h.ChunkSize > int64(len(zeros)) {
 		return h, fmt.Errorf("%w: chunk size %d", ErrPack, h.ChunkSize)
 	}
@@ -421,6 +424,7 @@ func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
 func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed) (st PackStats, err error) {
 	t0 := time.Now()
 	cs := h.ChunkSize
+	st.Bytes = h.size
 	if h.Base != "" {
 		byName := map[string]Seed{}
 		for _, sd := range seeds {
@@ -479,6 +483,7 @@ func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, se
 		if crc != binary.LittleEndian.Uint32(p[n:]) {
 			return st, fmt.Errorf("%w: record %d: checksum", ErrPack, records)
 		}
+		st.Bytes += int64(len(hdr)) + n + 4
 		p = p[:n]
 		if typ == recEnd {
 			if n != 4 || int(binary.LittleEndian.Uint32(p)) != records {

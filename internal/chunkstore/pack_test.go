@@ -120,6 +120,9 @@ func TestPackRoundTrip(t *testing.T) {
 	if st.BaseChunks != 5 || st.PatchChunks != 3 || st.WholeChunks != 2 || st.ZeroChunks != 3 {
 		t.Errorf("sent %d base, %d patch, %d whole, %d zero chunks; want 5, 3, 2, 3", st.BaseChunks, st.PatchChunks, st.WholeChunks, st.ZeroChunks)
 	}
+	if rst.Bytes != st.Bytes {
+		t.Errorf("received %d bytes, sent %d", rst.Bytes, st.Bytes)
+	}
 	if rst.BaseChunks != st.BaseChunks || rst.PatchChunks != st.PatchChunks || rst.WholeChunks != st.WholeChunks || rst.ZeroChunks != st.ZeroChunks {
 		t.Errorf("received %+v, sent %+v", rst, st)
 	}
