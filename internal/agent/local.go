@@ -18,19 +18,21 @@ import (
 // agent's own calls need no ctx where they do no waiting (Get, List,
 // Memory, DeleteSnapshot, template lookups); Local takes one to meet the
 // contract. It also dials guests (host.GuestDialer), lists snapshots
-// (host.SnapshotLister) and takes transient captures (host.Transferer).
+// (host.SnapshotLister), takes transient captures (host.Transferer) and
+// hands snapshots straight to other hosts (host.DirectTransferer).
 func Local(a *Agent) host.Host { return local{a} }
 
 type local struct{ a *Agent }
 
 var (
-	_ host.Host           = local{}
-	_ host.GuestDialer    = local{}
-	_ host.SnapshotLister = local{}
-	_ host.Transferer     = local{}
-	_ host.ProcessGuest   = localGuest{}
-	_ host.DirWatcher     = localGuest{}
-	_ host.Templates      = localTemplates{}
+	_ host.Host             = local{}
+	_ host.GuestDialer      = local{}
+	_ host.SnapshotLister   = local{}
+	_ host.Transferer       = local{}
+	_ host.DirectTransferer = local{}
+	_ host.ProcessGuest     = localGuest{}
+	_ host.DirWatcher       = localGuest{}
+	_ host.Templates        = localTemplates{}
 )
 
 func (h local) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
@@ -75,6 +77,23 @@ func (h local) SnapshotTransient(ctx context.Context, id, snapshotID string) (ho
 
 func (h local) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
 	return h.a.AwaitStored(ctx, snapshotID, wait)
+}
+
+// SnapshotPack streams the pack through a pipe, written as it is read.
+func (h local) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCloser, error) {
+	if _, err := h.a.GetSnapshot(snapshotID); err != nil {
+		return nil, err
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := h.a.SendSnapshot(ctx, snapshotID, pw)
+		pw.CloseWithError(err) // nil: EOF
+	}()
+	return pr, nil
+}
+
+func (h local) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
+	return h.a.ReceiveSnapshot(ctx, snapshotID, r)
 }
 
 func (h local) DeleteSnapshot(_ context.Context, snapshotID string) error {

@@ -62,6 +62,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		"parent_paused_ms":          res.ParentPausedMS,
 		"dirty_bytes":               res.DirtyBytes,
 		"cross_host_capture_bytes":  res.CrossHostCaptureBytes,
+		"cross_host_direct_bytes":   res.CrossHostDirectBytes,
 		"cross_host_uploaded_bytes": res.CrossHostUploadedBytes,
 		"cross_host_fetched_bytes":  res.CrossHostFetchedBytes,
 	})

@@ -38,13 +38,15 @@ type ClusterResult struct {
 	// another host.
 	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
 	CrossHostForkFirstExec Dist `json:"cross_host_fork_first_exec"`
-	// What a cross-host fork moved (p50 over the rounds): the parent's
-	// host's upload plus the other host's fetch (docs/storage.md: only the
-	// chunks and pages that differ from the template travel when both
-	// hold it), against the parent's dirty memory and its RAM; and the
+	// What a cross-host fork moved (p50 over the rounds): what the
+	// parent's host sent straight to the other host, plus its upload and
+	// the other host's fetch where the capture went through the object
+	// store (docs/storage.md: only the chunks and pages that differ from
+	// the template travel when both hold it), against the parent's dirty memory and its RAM; and the
 	// capture's own size, for comparison (what moved before templates
 	// were seeds).
 	CrossHostMovedMiBP50     float64 `json:"cross_host_moved_mib_p50"`
+	CrossHostDirectMiBP50    float64 `json:"cross_host_direct_mib_p50"`
 	CrossHostUploadedMiBP50  float64 `json:"cross_host_uploaded_mib_p50"`
 	CrossHostFetchedMiBP50   float64 `json:"cross_host_fetched_mib_p50"`
 	CrossHostDirtyMiBP50     float64 `json:"cross_host_dirty_mib_p50"`
@@ -125,7 +127,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		return sb, nil
 	}
 	var same, cross, resume []time.Duration
-	var capture, dirty, up, down, moved []float64
+	var capture, dirty, direct, up, down, moved []float64
 	for i := range o.N {
 		logf("round %d/%d", i+1, o.N)
 		parent, err := parentOn(a, o.DirtyMiB)
@@ -148,9 +150,10 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 			*tc.out = append(*tc.out, time.Since(t0))
 			if tc.to == b {
 				capture = append(capture, float64(fr.CrossHostCaptureBytes)/(1<<20))
+				direct = append(direct, float64(fr.CrossHostDirectBytes)/(1<<20))
 				up = append(up, float64(fr.CrossHostUploadedBytes)/(1<<20))
 				down = append(down, float64(fr.CrossHostFetchedBytes)/(1<<20))
-				moved = append(moved, float64(fr.CrossHostUploadedBytes+fr.CrossHostFetchedBytes)/(1<<20))
+				moved = append(moved, float64(fr.CrossHostDirectBytes+fr.CrossHostUploadedBytes+fr.CrossHostFetchedBytes)/(1<<20))
 				dirty = append(dirty, float64(fr.DirtyBytes)/(1<<20))
 			}
 			fr.Children[0].Kill(ctx)
@@ -177,6 +180,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	res.ResumeElsewhereFirstExec = Summarize(resume)
 	res.CrossHostCaptureMiBP50 = median(capture)
 	res.CrossHostDirtyMiBP50 = median(dirty)
+	res.CrossHostDirectMiBP50 = median(direct)
 	res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostMovedMiBP50 = median(up), median(down), median(moved)
 	if res.CrossHostDirtyMiBP50 > 0 {
 		res.MovedPerDirty = round2(res.CrossHostMovedMiBP50 / res.CrossHostDirtyMiBP50)

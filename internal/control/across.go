@@ -27,29 +27,28 @@ func storeDown(storeErr string) error {
 }
 
 // forkAcross restores children ids of parent, each on the host hostOf
-// gives (not the parent's), from one capture of the parent that travels
-// through the object store the hosts share: a snapshot on the parent's
-// host, uploaded there, restored by each child's host. A child that fails
-// is reported to fail; an error fails them all. It returns the capture
-// (its SizeBytes: the parent's own blocks, what its host uploads at most;
-// its UploadedBytes: what the upload really sent, chunks the store held
-// already, its template's among them, not sent again) and the bytes the
-// children's hosts fetched from the store (chunks their copy of the
-// template did not hold). The capture is deleted afterwards, from every
-// host.
-func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (si host.SnapshotInfo, fetched int64, err error) {
+// gives (not the parent's), from one capture of the parent: a transient
+// snapshot on the parent's host that goes to each child's host straight
+// from there (host.DirectTransferer: a pack of what differs from the
+// template both hold), or, where that cannot be done (an older agent, a
+// host without the template, a stream that broke), through the object
+// store the hosts share: uploaded by the parent's host, fetched by the
+// child's. A child that fails is reported to fail; an error fails them
+// all. It returns the capture (its SizeBytes: the parent's own blocks;
+// its UploadedBytes: what the upload to the store really sent, if one
+// was needed) and what moved to the children's hosts: fetched from the
+// store, and sent directly. The capture is deleted afterwards, from
+// every host.
+func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.Sandbox, ids []string, hostOf func(string) string, fail func(id string, err error)) (si host.SnapshotInfo, moved acrossBytes, err error) {
 	src, err := p.on(parent.HostID)
 	if err != nil {
-		return host.SnapshotInfo{}, 0, err
-	}
-	sl, ok := src.(host.SnapshotLister)
-	if !ok {
-		return host.SnapshotInfo{}, 0, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", parent.HostID)
+		return host.SnapshotInfo{}, moved, err
 	}
 	snapID := host.NewID()
 	t0 := time.Now()
-	// A capture only for this fork: unsealed, gone if its host restarts
-	// (host.Transferer); a host without that takes a durable snapshot.
+	// A capture only for this fork: unsealed, gone if its host restarts,
+	// sent to the store only if someone waits for it (host.Transferer);
+	// a host without that takes a durable snapshot.
 	tr, _ := src.(host.Transferer)
 	if tr != nil {
 		si, err = tr.SnapshotTransient(ctx, parent.ID, snapID)
@@ -57,7 +56,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		si, err = src.Snapshot(ctx, parent.ID, snapID)
 	}
 	if err != nil {
-		return si, 0, err
+		return si, moved, err
 	}
 	tSnap := time.Since(t0)
 	defer func() {
@@ -65,26 +64,16 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 			p.log.Warn("delete the capture of a cross-host fork", "snapshot_id", snapID, "host_id", parent.HostID, "err", err)
 		}
 	}()
-	durable, err := p.awaitDurable(ctx, sl, tr, parent.HostID, snapID)
-	if err != nil {
-		return si, 0, err
-	}
-	si.UploadedBytes = durable.UploadedBytes
-	tDurable := time.Since(t0)
-	defer func() {
-		p.log.Info("cross-host fork", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient,
-			"snapshot_ms", tSnap.Milliseconds(), "upload_wait_ms", (tDurable - tSnap).Milliseconds(),
-			"restore_ms", (time.Since(t0) - tDurable).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(),
-			"uploaded_bytes", si.UploadedBytes, "fetched_bytes", fetched)
-	}()
-	pol := PolicyOf(parent.Network)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	// Each target host keeps the capture it fetched as a snapshot of its
-	// own: it goes once the children are made (they keep what they use).
+	// Each target host keeps the capture it received or fetched as a
+	// snapshot of its own: it goes once the children are made (they keep
+	// what they use).
 	targets := map[string]bool{}
+	var targetOrder []string
 	for _, id := range ids {
-		targets[hostOf(id)] = true
+		if hid := hostOf(id); !targets[hid] {
+			targets[hid] = true
+			targetOrder = append(targetOrder, hid)
+		}
 	}
 	defer func() {
 		for hid := range targets {
@@ -93,10 +82,53 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 				err = h.DeleteSnapshot(context.WithoutCancel(ctx), snapID)
 			}
 			if err != nil && !errors.Is(err, host.ErrNotFound) {
-				p.log.Warn("delete the fetched capture of a cross-host fork", "snapshot_id", snapID, "host_id", hid, "err", err)
+				p.log.Warn("delete the received capture of a cross-host fork", "snapshot_id", snapID, "host_id", hid, "err", err)
 			}
 		}
 	}()
+	viaStore := p.sendDirect(ctx, src, parent.HostID, snapID, targetOrder, &moved)
+	tSent := time.Since(t0)
+	if len(viaStore) > 0 {
+		durable, err := p.awaitStore(ctx, src, tr, parent.HostID, snapID)
+		if err != nil && len(viaStore) == len(targetOrder) {
+			return si, moved, err
+		}
+		if err != nil {
+			// Only the children of the hosts the capture could not reach
+			// fail; the others have it.
+			lacking := map[string]bool{}
+			for _, hid := range viaStore {
+				lacking[hid] = true
+			}
+			var rest []string
+			for _, id := range ids {
+				if lacking[hostOf(id)] {
+					fail(id, err)
+				} else {
+					rest = append(rest, id)
+				}
+			}
+			ids = rest
+		}
+		si.UploadedBytes = durable.UploadedBytes
+	}
+	tReady := time.Since(t0)
+	path := "direct"
+	switch {
+	case len(viaStore) == len(targetOrder):
+		path = "store"
+	case len(viaStore) > 0:
+		path = "direct+store"
+	}
+	defer func() {
+		p.log.Info("cross-host fork", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient, "path", path,
+			"snapshot_ms", tSnap.Milliseconds(), "direct_ms", (tSent - tSnap).Milliseconds(), "upload_wait_ms", (tReady - tSent).Milliseconds(),
+			"restore_ms", (time.Since(t0) - tReady).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(),
+			"direct_bytes", moved.direct, "uploaded_bytes", si.UploadedBytes, "fetched_bytes", moved.fetched)
+	}()
+	pol := PolicyOf(parent.Network)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
 	for _, id := range ids {
 		wg.Add(1)
 		go func() {
@@ -108,7 +140,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 					MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, Env: parent.Env, Network: pol})
 			}
 			mu.Lock()
-			fetched += in.FetchedBytes
+			moved.fetched += in.FetchedBytes
 			mu.Unlock()
 			if err != nil {
 				fail(id, err)
@@ -116,7 +148,83 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		}()
 	}
 	wg.Wait()
-	return si, fetched, nil
+	return si, moved, nil
+}
+
+// acrossBytes is what a cross-host fork moved to the children's hosts:
+// sent straight from the parent's host (packs), and fetched from the
+// object store.
+type acrossBytes struct {
+	direct, fetched int64
+}
+
+// sendDirect sends snapshot snapID of host srcID (src) straight to each
+// host of targets, all at once, one stream from the source per target,
+// and returns the targets it could not send it to (the caller goes
+// through the object store for those): the source or the target cannot
+// do it (an older agent), the target lacks the capture's template (or
+// holds another bake of it), or the stream broke. It adds the bytes sent
+// to moved.direct.
+func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID string, targets []string, moved *acrossBytes) (viaStore []string) {
+	dsrc, ok := src.(host.DirectTransferer)
+	if !ok {
+		return targets
+	}
+	ctx, cancel := context.WithTimeout(ctx, acrossTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, hid := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := p.sendTo(ctx, dsrc, hid, snapID)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				p.log.Warn("direct transfer of a cross-host fork's capture failed: through the object store", "snapshot_id", snapID,
+					"from_host", srcID, "host_id", hid, "err", err)
+				viaStore = append(viaStore, hid)
+				return
+			}
+			moved.direct += n
+		}()
+	}
+	wg.Wait()
+	return viaStore
+}
+
+// sendTo streams snapshot snapID from dsrc to host hid and returns the
+// bytes of the pack.
+func (p *Plane) sendTo(ctx context.Context, dsrc host.DirectTransferer, hid, snapID string) (int64, error) {
+	h, err := p.on(hid)
+	if err != nil {
+		return 0, err
+	}
+	dst, ok := h.(host.DirectTransferer)
+	if !ok {
+		return 0, fmt.Errorf("host %s cannot receive a capture directly: %w", hid, errors.ErrUnsupported)
+	}
+	rc, err := dsrc.SnapshotPack(ctx, snapID)
+	if err != nil {
+		return 0, fmt.Errorf("open the capture's pack: %w", err)
+	}
+	defer rc.Close()
+	si, err := dst.ReceiveSnapshot(ctx, snapID, rc)
+	if err != nil {
+		return 0, fmt.Errorf("receive the capture's pack: %w", err)
+	}
+	return si.FetchedBytes, nil
+}
+
+// awaitStore waits until snapshot id of host src (hostID) is durable in
+// the object store (awaitDurable).
+func (p *Plane) awaitStore(ctx context.Context, src host.Host, tr host.Transferer, hostID, id string) (host.SnapshotInfo, error) {
+	sl, ok := src.(host.SnapshotLister)
+	if !ok {
+		return host.SnapshotInfo{}, Errorf(NotImplemented, "host %s cannot hand a capture over to another host", hostID)
+	}
+	return p.awaitDurable(ctx, sl, tr, hostID, id)
 }
 
 // awaitDurable waits until host hostID's snapshot id is durable in the

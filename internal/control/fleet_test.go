@@ -195,6 +195,7 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 func TestFleetForkAcrossOlderAgent(t *testing.T) {
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
+	e.a.Fail(hosttest.SnapshotPack, "", fmt.Errorf("GET /host/v1/snapshots/x/pack: %w", errors.ErrUnsupported))
 	e.a.Fail(hosttest.AwaitStored, "", fmt.Errorf("GET /host/v1/snapshots/x/stored: %w", errors.ErrUnsupported))
 	before := e.a.CallsOf(hosttest.Snapshots, "")
 	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"})
@@ -218,9 +219,13 @@ func TestFleetForkAcrossOlderAgent(t *testing.T) {
 	}
 }
 
+// TestFleetForkAcrossNeedsAStore: without a store, a capture that cannot
+// go straight to the other host (here: the target has no template) has
+// no way there: the fork is refused and leaves nothing.
 func TestFleetForkAcrossNeedsAStore(t *testing.T) {
 	e := newFleetEnv(t, false)
 	parent := e.createOn("a")
+	e.b.DropTemplate("base")
 	_, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{Host: "b"})
 	wantKind(t, "cross-host fork without a store", err, control.Invalid, []string{"object store"})
 	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 1 {
@@ -380,12 +385,14 @@ func TestFleetReturningHostDropsMovedCopies(t *testing.T) {
 	}
 }
 
-// With the object store down, a cross-host fork and a move give up soon
-// with a 503 and leave everything as it was.
+// With the object store down, a cross-host fork whose capture cannot go
+// straight to the other host, and a move, give up soon with a 503 and
+// leave everything as it was.
 func TestFleetStoreDown(t *testing.T) {
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
 	e.store.SetDown(true)
+	e.b.DropTemplate("base") // the capture cannot go straight there either
 	_, err := e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{Host: "b"})
 	wantKind(t, "cross-host fork with the store down", err, control.Unavailable, []string{"object store"})
 	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 1 {
@@ -396,4 +403,130 @@ func TestFleetStoreDown(t *testing.T) {
 	if got := e.get(sb.ID); got.State != catalog.StateRunning || got.HostID != "a" {
 		t.Errorf("after the failed move: %s on %s, want running on a", got.State, got.HostID)
 	}
+}
+
+// forkTo forks parent into n children on host b and checks that they all
+// run there, restored from the parent's capture, and that no capture is
+// left on either host nor recorded as a snapshot.
+func (e *fleetEnv) forkTo(parent catalog.Sandbox, n int) control.Forked {
+	e.t.Helper()
+	got, err := e.p.Fork(e.t.Context(), e.key, parent, n, scheduler.Placement{Host: "b"})
+	if err != nil {
+		e.t.Fatalf("fork to b: %v", err)
+	}
+	for _, c := range got.Children {
+		if c.Err != nil {
+			e.t.Fatalf("child: %v", c.Err)
+		}
+		if c.Sandbox.HostID != "b" || c.Sandbox.State != catalog.StateRunning || c.Sandbox.ParentID != parent.ID {
+			e.t.Errorf("child %+v, want running on b with parent %s", c.Sandbox, parent.ID)
+		}
+		if info, ok := e.b.Sandbox(c.Sandbox.ID); !ok || info.Snapshot == "" {
+			e.t.Errorf("host b: child %s %+v, want restored from the parent's capture", c.Sandbox.ID, info)
+		}
+	}
+	for name, h := range map[string]*hosttest.Host{"a": e.a, "b": e.b} {
+		if snaps, _ := h.Snapshots(e.t.Context()); len(snaps) != 0 {
+			e.t.Errorf("host %s keeps %d captures after the fork", name, len(snaps))
+		}
+	}
+	if sn, _ := e.cat.ListSnapshots(e.t.Context(), ""); len(sn) != 0 {
+		e.t.Errorf("the fork recorded %d snapshots", len(sn))
+	}
+	return got
+}
+
+// paths counts what the cross-host forks of the test did: packs a sent,
+// packs b received, and waits of a for the object store.
+func (e *fleetEnv) paths() (packs, received, waits int) {
+	for _, c := range e.a.Calls() {
+		switch c.Method {
+		case hosttest.SnapshotPack:
+			packs++
+		case hosttest.AwaitStored:
+			waits++
+		}
+	}
+	for _, c := range e.b.Calls() {
+		if c.Method == hosttest.ReceiveSnapshot {
+			received++
+		}
+	}
+	return packs, received, waits
+}
+
+// TestFleetForkAcrossDirect: the capture of a cross-host fork goes
+// straight from the parent's host to the child's, once for all the
+// children there, and the object store is not waited for.
+func TestFleetForkAcrossDirect(t *testing.T) {
+	e := newFleetEnv(t, true)
+	parent := e.createOn("a")
+	got := e.forkTo(parent, 3)
+	packs, received, waits := e.paths()
+	if packs != 1 || received != 1 || waits != 0 {
+		t.Errorf("%d packs sent, %d received, %d waits for the store; want 1, 1, 0", packs, received, waits)
+	}
+	if got.CrossHostDirectBytes < 1<<20 || got.CrossHostUploadedBytes != 0 || got.CrossHostFetchedBytes != 0 {
+		t.Errorf("direct %d, uploaded %d, fetched %d bytes; want the pack (over 1 MiB) direct, nothing through the store",
+			got.CrossHostDirectBytes, got.CrossHostUploadedBytes, got.CrossHostFetchedBytes)
+	}
+}
+
+// TestFleetForkAcrossFallsBack: where the capture cannot go straight to
+// the child's host, it goes through the object store and the fork works
+// the same: the target lacks the template (it refuses the pack), either
+// agent predates direct transfers (501), the stream breaks halfway.
+func TestFleetForkAcrossFallsBack(t *testing.T) {
+	unsupported := func(what string) error {
+		return fmt.Errorf("%s /host/v1/snapshots/x/pack: %w", what, errors.ErrUnsupported)
+	}
+	for _, c := range []struct {
+		name  string
+		setup func(e *fleetEnv)
+		// packs, received: calls of SnapshotPack on a, ReceiveSnapshot on b
+		packs, received int
+	}{
+		{"target lacks the template", func(e *fleetEnv) { e.b.DropTemplate("base") }, 1, 1},
+		{"older source agent", func(e *fleetEnv) { e.a.Fail(hosttest.SnapshotPack, "", unsupported("GET")) }, 1, 0},
+		{"older target agent", func(e *fleetEnv) { e.b.Fail(hosttest.ReceiveSnapshot, "", unsupported("POST")) }, 1, 1},
+		{"stream breaks", func(e *fleetEnv) {
+			e.a.BreakPack(fmt.Errorf("%w: connection reset", host.ErrUnavailable))
+		}, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newFleetEnv(t, true)
+			parent := e.createOn("a")
+			c.setup(e)
+			got := e.forkTo(parent, 2)
+			packs, received, waits := e.paths()
+			if packs != c.packs || received != c.received || waits == 0 {
+				t.Errorf("%d packs sent, %d received, %d waits for the store; want %d, %d, some", packs, received, waits, c.packs, c.received)
+			}
+			if got.CrossHostDirectBytes != 0 || got.CrossHostCaptureBytes <= 0 {
+				t.Errorf("direct %d bytes, capture %d; want none direct, the capture through the store", got.CrossHostDirectBytes, got.CrossHostCaptureBytes)
+			}
+		})
+	}
+}
+
+// TestFleetForkAcrossStoreDownDirect: with the object store down (or
+// none at all), a capture that can go straight to the child's host still
+// makes the fork.
+func TestFleetForkAcrossStoreDownDirect(t *testing.T) {
+	t.Run("store down", func(t *testing.T) {
+		e := newFleetEnv(t, true)
+		parent := e.createOn("a")
+		e.store.SetDown(true)
+		got := e.forkTo(parent, 2)
+		if _, _, waits := e.paths(); waits != 0 || got.CrossHostDirectBytes <= 0 {
+			t.Errorf("%d waits for the store, %d bytes direct; want none, some", waits, got.CrossHostDirectBytes)
+		}
+	})
+	t.Run("no store", func(t *testing.T) {
+		e := newFleetEnv(t, false)
+		parent := e.createOn("a")
+		if got := e.forkTo(parent, 1); got.CrossHostDirectBytes <= 0 {
+			t.Errorf("%d bytes direct, want some", got.CrossHostDirectBytes)
+		}
+	})
 }

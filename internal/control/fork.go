@@ -25,14 +25,18 @@ type Forked struct {
 	ParentPausedMS float64
 	DirtyBytes     int64
 	// CrossHostCaptureBytes is the size of the parent's capture that went
-	// through the object store for children on other hosts (its own
-	// blocks); 0 when all are on the parent's host.
+	// to other hosts for children there (its own blocks); 0 when all are
+	// on the parent's host.
 	CrossHostCaptureBytes int64
-	// CrossHostUploadedBytes is what the parent's host really sent to the
-	// object store for them (the capture's chunks the store did not hold:
-	// not those of its template), CrossHostFetchedBytes what the other
-	// hosts really read from it (the chunks their copy of the template
-	// did not hold); their sum is the bytes the fork moved.
+	// CrossHostDirectBytes is what the parent's host sent straight to the
+	// other hosts (packs: what differs from the template they hold, one
+	// per host). CrossHostUploadedBytes is what it sent to the object
+	// store for hosts it could not send to directly (the capture's chunks
+	// the store did not hold: not those of its template),
+	// CrossHostFetchedBytes what those hosts read from the store (the
+	// chunks their copy of the template did not hold). Their sum is the
+	// bytes the fork moved.
+	CrossHostDirectBytes   int64
 	CrossHostUploadedBytes int64
 	CrossHostFetchedBytes  int64
 }
@@ -47,8 +51,9 @@ type ForkChild struct {
 // Fork forks running sandbox parent into count children of key's and
 // waits for them. Children go to the parent's host unless pl asks
 // otherwise (a host, or spread over hosts): children on another host are
-// restored from a capture of the parent that travels through the object
-// store the hosts share. The fork runs detached from ctx: children a
+// restored from a capture of the parent that goes there straight from the
+// parent's host, or through the object store the hosts share where it
+// cannot (forkAcross). The fork runs detached from ctx: children a
 // caller never hears of still end up recorded (running, or gone if they
 // failed). A child over quota is reported in its slot and not attempted;
 // if no child fits, the quota error is returned.
@@ -144,7 +149,8 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 				}
 			}
 		}
-		var moved, uploaded, fetched int64
+		var moved, uploaded int64
+		var across acrossBytes
 		if len(local) < len(slot) {
 			var remote []string
 			for _, hid := range hostOrder {
@@ -155,7 +161,7 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 			var err error
 			var mu sync.Mutex
 			var si host.SnapshotInfo
-			si, fetched, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
+			si, across, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
 				func(id string, err error) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -201,9 +207,9 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 		p.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
 		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(slot), "other_hosts", len(slot)-len(local),
 			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "capture_mib", moved>>20,
-			"uploaded_bytes", uploaded, "fetched_bytes", fetched, "dur_ms", time.Since(t0).Milliseconds())
+			"direct_bytes", across.direct, "uploaded_bytes", uploaded, "fetched_bytes", across.fetched, "dur_ms", time.Since(t0).Milliseconds())
 		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes,
-			CrossHostCaptureBytes: moved, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: fetched}, nil
+			CrossHostCaptureBytes: moved, CrossHostDirectBytes: across.direct, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: across.fetched}, nil
 	})
 }
 

@@ -173,6 +173,31 @@ type Transferer interface {
 	AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (SnapshotInfo, error)
 }
 
+// DirectTransferer is an optional ability of a Host: handing a snapshot
+// (a cross-host fork's transient capture) straight to another host, as
+// one stream of what differs from the template both hold (a pack:
+// package chunkstore), without the object store.
+type DirectTransferer interface {
+	// SnapshotPack opens snapshot snapshotID, held on this host, as a
+	// pack. The caller closes it; a Read that fails means the stream
+	// broke (what was read is then an incomplete pack, which a receiver
+	// refuses). ErrNotFound if the host does not hold the snapshot's
+	// files; an error matching errors.ErrUnsupported from a remote host
+	// that cannot send one (an older agent).
+	SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCloser, error)
+	// ReceiveSnapshot reads a pack (another host's SnapshotPack) from r
+	// and keeps it as snapshot snapshotID, complete or not at all: a
+	// Create from snapshotID then restores from it, and DeleteSnapshot
+	// removes it. SnapshotInfo.FetchedBytes is the length of the pack.
+	// Errors: template.ErrNotFound when the host lacks the capture's
+	// template (or holds another bake of it), before it writes anything;
+	// ErrCorrupt when the stream is cut short or damaged; ErrConflict if
+	// the host has snapshotID already; errors.ErrUnsupported from an
+	// older remote agent. In each case the caller may send the snapshot
+	// through the object store instead.
+	ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (SnapshotInfo, error)
+}
+
 // ResourceReporter is an optional ability of a Host that runs on another
 // machine: that machine's resources (an error: it cannot be reached). A
 // Host without it runs on this machine (LocalResources).

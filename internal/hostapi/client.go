@@ -49,6 +49,7 @@ var (
 	_ host.GuestDialer      = (*Client)(nil)
 	_ host.SnapshotLister   = (*Client)(nil)
 	_ host.Transferer       = (*Client)(nil)
+	_ host.DirectTransferer = (*Client)(nil)
 	_ host.ResourceReporter = (*Client)(nil)
 )
 
@@ -343,6 +344,50 @@ func (c *Client) AwaitStored(ctx context.Context, snapshotID string, wait time.D
 	err := c.call(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/stored", q, nil, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
+}
+
+// SnapshotPack opens snapshot snapshotID as a pack (GET
+// /snapshots/{id}/pack; host.DirectTransferer). An error the agent meets
+// once the stream has begun ends it with that error (the X-Panda-Error
+// trailer), not EOF. An older agent answers unsupported.
+func (c *Client) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCloser, error) {
+	req, err := c.request(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/pack", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.do(req)
+	if err != nil {
+		return nil, err
+	}
+	return &fileReader{c: c, ctx: ctx, res: res, r: res.Body}, nil
+}
+
+// ReceiveSnapshot streams the pack r to the agent (POST
+// /snapshots/{id}/pack; host.DirectTransferer). A failure to read r ends
+// the request (the agent refuses the incomplete pack) and is returned as
+// it is. An older agent answers unsupported.
+func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
+	src := &srcReader{r: r}
+	// Not a bytes.Reader or the like: always streamed (chunked).
+	req, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(snapshotID)+"/pack", nil, io.MultiReader(src))
+	if err != nil {
+		return host.SnapshotInfo{}, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	res, err := c.do(req)
+	if err != nil {
+		if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, template.ErrNotFound) {
+			return host.SnapshotInfo{}, fmt.Errorf("send snapshot %s: read the pack: %w", snapshotID, src.err)
+		}
+		return host.SnapshotInfo{}, err
+	}
+	defer res.Body.Close()
+	var si host.SnapshotInfo
+	if err := json.NewDecoder(res.Body).Decode(&si); err != nil {
+		return host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s: %w", snapshotID, err))
+	}
+	si.Capture = capture(si.Capture)
+	return si, nil
 }
 
 // Snapshots lists the snapshots the agent holds, oldest first: the server

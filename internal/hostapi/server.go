@@ -112,6 +112,8 @@ func (s *Server) routes() http.Handler {
 			}
 			return s.a.AwaitStored(r.Context(), chi.URLParam(r, "snapID"), min(time.Duration(ms)*time.Millisecond, MaxStoredWait))
 		}))
+		r.Get(Prefix+"/snapshots/{snapID}/pack", s.sendPack)
+		r.Post(Prefix+"/snapshots/{snapID}/pack", s.receivePack)
 		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"snapshots": s.a.Snapshots()}, nil
 		}))
@@ -625,6 +627,39 @@ func pumpOutput(send func([]byte) error, stdout, stderr io.Reader, gone func()) 
 	go pump(frameStdout, stdout)
 	go pump(frameStderr, stderr)
 	wg.Wait()
+}
+
+// sendPack answers a snapshot as a pack (agent.Agent.SendSnapshot); an
+// error after the first byte arrives in the X-Panda-Error trailer, and
+// leaves the pack without its trailer record besides.
+func (s *Server) sendPack(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "snapID")
+	if _, err := s.a.GetSnapshot(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Trailer", "X-Panda-Error")
+	w.WriteHeader(http.StatusOK)
+	if _, err := s.a.SendSnapshot(r.Context(), id, w); err != nil {
+		s.log.Warn("send snapshot", "snapshot_id", id, "err", err)
+		_, we := encodeError(err)
+		b, _ := json.Marshal(we)
+		w.Header().Set("X-Panda-Error", string(b))
+	}
+}
+
+// receivePack keeps the pack of the request body as a snapshot
+// (agent.Agent.ReceiveSnapshot). A refusal (another template, say) is
+// answered as soon as it is known, before the body is read to its end.
+func (s *Server) receivePack(w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).EnableFullDuplex()
+	si, err := s.a.ReceiveSnapshot(r.Context(), chi.URLParam(r, "snapID"), r.Body)
+	if err != nil {
+		writeErrorUnread(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, si)
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {

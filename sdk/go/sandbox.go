@@ -286,13 +286,17 @@ type ForkResult struct {
 	// which the fork captured.
 	DirtyBytes int64
 	// CrossHostCaptureBytes is the size of the parent's capture that went
-	// through the object store for children on other hosts (its own
-	// blocks); 0 when all are on the parent's host.
+	// to other hosts for children there (its own blocks); 0 when all are
+	// on the parent's host.
 	CrossHostCaptureBytes int64
-	// CrossHostUploadedBytes and CrossHostFetchedBytes are what really
-	// travelled for those children: what the parent's host sent to the
-	// object store (not its template's chunks) and what the other hosts
-	// read from it (not what their copy of the template holds).
+	// CrossHostDirectBytes, CrossHostUploadedBytes and
+	// CrossHostFetchedBytes are what really travelled for those children:
+	// what the parent's host sent straight to the other hosts (the pages
+	// that differ from their template), and, for hosts it could not send
+	// to, what it sent to the object store (not its template's chunks)
+	// and what those hosts read from it (not what their copy of the
+	// template holds).
+	CrossHostDirectBytes   int64
 	CrossHostUploadedBytes int64
 	CrossHostFetchedBytes  int64
 }
@@ -342,6 +346,7 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 		ParentPausedMS        float64 `json:"parent_paused_ms"`
 		DirtyBytes            int64   `json:"dirty_bytes"`
 		CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
+		CrossHostDirect       int64   `json:"cross_host_direct_bytes"`
 		CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
 		CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
 	}
@@ -349,7 +354,7 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 		return ForkResult{}, err
 	}
 	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes, CrossHostCaptureBytes: out.CrossHostCaptureBytes,
-		CrossHostUploadedBytes: out.CrossHostUploaded, CrossHostFetchedBytes: out.CrossHostFetched}
+		CrossHostDirectBytes: out.CrossHostDirect, CrossHostUploadedBytes: out.CrossHostUploaded, CrossHostFetchedBytes: out.CrossHostFetched}
 	ferr := &ForkError{Requested: count}
 	for _, ch := range out.Children {
 		switch {

@@ -14,11 +14,16 @@
 package hosttest
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"sync"
+	"testing/iotest"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/host"
@@ -45,6 +50,10 @@ const (
 	SetNetwork     Method = "SetNetwork"
 	Snapshots      Method = "Snapshots"
 	AwaitStored    Method = "AwaitStored"
+	// SnapshotPack and ReceiveSnapshot (host.DirectTransferer) name the
+	// snapshot id.
+	SnapshotPack    Method = "SnapshotPack"
+	ReceiveSnapshot Method = "ReceiveSnapshot"
 )
 
 // Call is one call the host received: its method and the sandbox (or, for
@@ -56,7 +65,9 @@ type Call struct {
 
 // Host is an in-memory host.Host (and host.SnapshotLister,
 // host.Transferer: a transient capture is a snapshot marked Transient,
-// and its calls are Snapshot's). The zero value
+// and its calls are Snapshot's; host.DirectTransferer: a pack is the
+// snapshot's record and 1 MiB of filler, and a host refuses one of a
+// template it does not know). The zero value
 // is not usable; use New. Safe for concurrent use.
 type Host struct {
 	// OnExit, if set, is told when Exit reports a sandbox gone (the
@@ -74,6 +85,7 @@ type Host struct {
 	// pausedBytes is what a pause capture holds (CaptureStats.SizeBytes).
 	pausedBytes int64
 	store       *Store
+	breakPack   error // the next SnapshotPack's stream fails with it halfway
 }
 
 // Store is an object store several fake hosts share (UseStore): their
@@ -133,9 +145,10 @@ func New() *Host {
 }
 
 var (
-	_ host.Host           = (*Host)(nil)
-	_ host.SnapshotLister = (*Host)(nil)
-	_ host.Transferer     = (*Host)(nil)
+	_ host.Host             = (*Host)(nil)
+	_ host.SnapshotLister   = (*Host)(nil)
+	_ host.Transferer       = (*Host)(nil)
+	_ host.DirectTransferer = (*Host)(nil)
 )
 
 // fault is what a test told the host to do to one call.
@@ -199,6 +212,21 @@ func (h *Host) SetPausedBytes(n int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.pausedBytes = n
+}
+
+// DropTemplate makes the template store forget template name.
+func (h *Host) DropTemplate(name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.templates, name)
+}
+
+// BreakPack makes the stream of the next SnapshotPack fail with err
+// halfway through (a connection that broke).
+func (h *Host) BreakPack(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.breakPack = err
 }
 
 // AddTemplate makes the template store know template name, whose disk is
@@ -574,6 +602,68 @@ func (h *Host) snapshot(ctx context.Context, id, snapshotID string, transient bo
 		h.store.mu.Unlock()
 	}
 	h.snapshots[snapshotID] = si
+	return si, nil
+}
+
+// packFiller is the size of the files a fake pack carries.
+const packFiller = 1 << 20
+
+// SnapshotPack opens snapshot snapshotID as a fake pack: its record as a
+// JSON line, then packFiller bytes.
+func (h *Host) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCloser, error) {
+	if err := h.enter(ctx, SnapshotPack, snapshotID); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	si, ok := h.snapshots[snapshotID]
+	if !ok {
+		return nil, fmt.Errorf("snapshot %s: %w", snapshotID, host.ErrNotFound)
+	}
+	line, _ := json.Marshal(si)
+	var r io.Reader = io.MultiReader(bytes.NewReader(append(line, '\n')), bytes.NewReader(make([]byte, packFiller)))
+	if err := h.breakPack; err != nil {
+		h.breakPack = nil
+		r = io.MultiReader(io.LimitReader(r, int64(len(line))+packFiller/2), iotest.ErrReader(err))
+	}
+	return io.NopCloser(r), nil
+}
+
+// ReceiveSnapshot reads a fake pack (SnapshotPack's) and keeps its
+// snapshot; template.ErrNotFound if the host does not know its template
+// (before reading the rest), host.ErrCorrupt if the stream is short or
+// fails.
+func (h *Host) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
+	if err := h.enter(ctx, ReceiveSnapshot, snapshotID); err != nil {
+		return host.SnapshotInfo{}, err
+	}
+	br := bufio.NewReader(r)
+	line, err := br.ReadBytes('\n')
+	var si host.SnapshotInfo
+	if err == nil {
+		err = json.Unmarshal(line, &si)
+	}
+	if err != nil {
+		return host.SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %v", snapshotID, host.ErrCorrupt, err)
+	}
+	h.mu.Lock()
+	_, known := h.templates[si.Template]
+	h.mu.Unlock()
+	if !known {
+		return host.SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: no template %q here", snapshotID, template.ErrNotFound, si.Template)
+	}
+	n, err := io.Copy(io.Discard, br)
+	if err != nil || n != packFiller {
+		return host.SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %d bytes of %d (%v)", snapshotID, host.ErrCorrupt, n, packFiller, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.snapshots[snapshotID]; ok {
+		return host.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: exists", snapshotID, host.ErrConflict)
+	}
+	si.Stored, si.StoreError, si.UploadedBytes = "", "", 0
+	h.snapshots[snapshotID] = si
+	si.FetchedBytes = int64(len(line)) + n
 	return si, nil
 }
 
