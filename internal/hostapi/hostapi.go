@@ -32,6 +32,16 @@
 //     at most MaxLine) and the file's bytes; an error after the first byte arrives in the
 //     X-Panda-Error trailer, so a failed download is never a short file.
 //   - write file (PUT …/files) streams the request body into the guest.
+//   - snapshot packs (host.DirectTransferer; the format is
+//     chunkstore's): GET …/snapshots/{id}/pack answers the pack of a
+//     snapshot the agent holds as the body, an error after the first
+//     byte in the X-Panda-Error trailer (and the pack lacks its trailer
+//     record, so a receiver refuses it anyway); POST …/snapshots/{id}/pack
+//     streams a pack up (full duplex: a refusal — template_not_found when
+//     the agent lacks the capture's template, conflict — is answered
+//     before the body is read to its end) and answers the snapshot kept
+//     (FetchedBytes: the pack's length), or corrupt if the stream was
+//     cut short or damaged. Neither is buffered whole on either side.
 //   - template bake and the event stream (GET /host/v1/events) are NDJSON.
 //   - background processes (…/processes: start, list; …/processes/{pid}:
 //     delete, stdin (raw body, at most MaxStdinBody; ?close=true closes

@@ -659,6 +659,14 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request) {
 		writeErrorUnread(w, err)
 		return
 	}
+	// The pack ends at its trailer record; the body's own end (the last
+	// chunk of its encoding) is read here, not after the handler: a full
+	// duplex request whose body reaches EOF once the handler has returned
+	// leaves the server reading the connection twice (Go 1.26's
+	// "invalid concurrent Body.Read call").
+	if n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, 1<<16)); n == 1<<16 {
+		w.Header().Set("Connection", "close") // junk after the pack: not read on
+	}
 	writeJSON(w, http.StatusOK, si)
 }
 

@@ -3,6 +3,7 @@ package hostapi_test
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
@@ -126,5 +128,90 @@ func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
 	}
 	if err := hostB.Kill(ctx, sb.ID); err != nil {
 		t.Errorf("kill on B: %v", err)
+	}
+}
+
+// TestSnapshotGoesDirect drives a direct transfer through the host API as
+// a cross-host fork does: A's transient capture, streamed from A's pack
+// endpoint into B's, before B holds A's template (refused: the template
+// class, so the caller falls back), cut short (refused: corrupt), then
+// whole once B has A's template; B then creates from it with A's files.
+func TestSnapshotGoesDirect(t *testing.T) {
+	objs, err := objstore.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostA, hostB := storeHost(t, objs), storeHost(t, objs)
+	ctx := ctxT(t)
+	sb, err := hostA.Create(ctx, host.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hostA.Kill(context.Background(), sb.ID) })
+	mustRun(t, hostA, sb.ID, "echo direct > /root/d")
+	id := host.NewID()
+	if _, err := hostA.SnapshotTransient(ctx, sb.ID, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		hostA.DeleteSnapshot(context.Background(), id)
+		hostB.DeleteSnapshot(context.Background(), id)
+	})
+	send := func(limit int64) (host.SnapshotInfo, error) {
+		rc, err := hostA.SnapshotPack(ctx, id)
+		if err != nil {
+			t.Fatalf("open A's pack: %v", err)
+		}
+		defer rc.Close()
+		var r io.Reader = rc
+		if limit > 0 {
+			r = io.LimitReader(rc, limit)
+		}
+		return hostB.ReceiveSnapshot(ctx, id, r)
+	}
+	if _, err := send(0); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("B without A's template: %v, want template.ErrNotFound", err)
+	}
+	if _, err := hostA.SnapshotPack(ctx, host.NewID()); !errors.Is(err, host.ErrNotFound) {
+		t.Errorf("pack of no snapshot: %v, want host.ErrNotFound", err)
+	}
+
+	// B takes A's template from the store (a create there fetches it).
+	cs, err := chunkstore.New(objs, chunkstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(time.Minute, func() bool {
+		_, err := cs.Manifest(ctx, "templates/"+sb.Template)
+		return err == nil
+	}) {
+		t.Fatalf("A's template %s never reached the store", sb.Template)
+	}
+	other, err := hostB.Create(ctx, host.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostB.Kill(ctx, other.ID)
+
+	if _, err := send(64 << 10); !errors.Is(err, host.ErrCorrupt) {
+		t.Errorf("pack cut short: %v, want host.ErrCorrupt", err)
+	}
+	si, err := send(0)
+	if err != nil {
+		t.Fatalf("direct transfer A → B: %v", err)
+	}
+	if si.ID != id || !si.Transient || si.FetchedBytes <= 0 {
+		t.Errorf("B's received capture: %+v", si)
+	}
+	if _, err := send(0); !errors.Is(err, host.ErrConflict) {
+		t.Errorf("a second transfer of the same capture: %v, want host.ErrConflict", err)
+	}
+	child, err := hostB.Create(ctx, host.CreateRequest{SnapshotID: id})
+	if err != nil {
+		t.Fatalf("create on B from the received capture: %v", err)
+	}
+	t.Cleanup(func() { hostB.Kill(context.Background(), child.ID) })
+	if got := mustRun(t, hostB, child.ID, "cat /root/d"); got != "direct\n" {
+		t.Errorf("child on B reads %q, want %q", got, "direct\n")
 	}
 }
