@@ -16,8 +16,8 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/lifecycle"
-	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
