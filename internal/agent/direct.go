@@ -65,7 +65,7 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 	if err != nil {
 		return st, fmt.Errorf("send snapshot %s: %w", id, err)
 	}
-	a.log.Info("snapshot sent", "snapshot_id", id, "dur_ms", st.Dur.Milliseconds(), "bytes", st.Bytes, "chunks_base", st.BaseChunks,
+	a.log.Info("snapshot sent", "snapshot_id", id, "dur_ms", st.Dur.Milliseconds(), "setup_ms", st.SetupDur.Milliseconds(), "bytes", st.Bytes, "chunks_base", st.BaseChunks,
 		"chunks_patch", st.PatchChunks, "chunks_whole", st.WholeChunks, "zero_chunks", st.ZeroChunks, "dirty_bytes", si.Capture.DirtyBytes)
 	return st, nil
 }

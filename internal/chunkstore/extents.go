@@ -122,3 +122,31 @@ func (m extentMap) clip(off, n int64) []extent {
 	}
 	return out
 }
+
+// sharedRuns returns the parts of [off, off+n), in order, that the files
+// whose maps are a and b map to the same disk blocks: there they hold the
+// same bytes, and a reader that has b's need not read a's.
+func sharedRuns(a, b extentMap, off, n int64) []extent {
+	if a == nil || b == nil {
+		return nil
+	}
+	ra, rb := a.clip(off, n), b.clip(off, n)
+	var out []extent
+	for i, j := 0, 0; i < len(ra) && j < len(rb); {
+		x, y := ra[i], rb[j]
+		s, e := max(x.logical, y.logical), min(x.logical+x.length, y.logical+y.length)
+		if s < e && x.physical+(s-x.logical) == y.physical+(s-y.logical) {
+			if k := len(out) - 1; k >= 0 && out[k].logical+out[k].length == s {
+				out[k].length += e - s
+			} else {
+				out = append(out, extent{logical: s, length: e - s})
+			}
+		}
+		if x.logical+x.length <= y.logical+y.length {
+			i++
+		} else {
+			j++
+		}
+	}
+	return out
+}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -105,6 +106,9 @@ type PackStats struct {
 	Reflinked   int   // on the receiver: base chunks (and bases of patches) reflinked
 	Bytes       int64 // length of the stream
 	Dur         time.Duration
+	// SetupDur is the sender's time to open the files and map their
+	// extents (flushing them: FIEMAP_FLAG_SYNC), before the first chunk.
+	SetupDur time.Duration
 }
 
 // BaseDigest names a set of bases (by file name, as UploadOptions.Bases)
@@ -205,6 +209,13 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		used[n] = sd
 	}
 	hdr.Base = BaseDigest(used)
+	exts := make([]extentMap, len(hdr.Files))
+	for fi, f := range hdr.Files {
+		if b := bases[f.Name]; b != nil && b.ext != nil {
+			exts[fi] = extentsOf(fds[fi])
+		}
+	}
+	st.SetupDur = time.Since(t0)
 
 	cw := &countWriter{w: w}
 	bw := bufio.NewWriterSize(cw, 1<<20)
@@ -212,80 +223,115 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	if err := pw.header(hdr); err != nil {
 		return st, fmt.Errorf("write pack: %w", err)
 	}
-	buf := make([]byte, cs)
-	baseBuf := make([]byte, cs)
-	for fi, f := range hdr.Files {
-		b := bases[f.Name]
-		var ext extentMap
-		if b != nil && b.ext != nil {
-			ext = extentsOf(fds[fi])
+	// Chunks are read and diffed by packWorkers workers, a few ahead of
+	// the stream, and written in order: reading a chunk overlaps sending
+	// the one before.
+	prep := &packPrep{cs: cs, fds: fds, files: hdr.Files, bases: bases, exts: exts}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	const ahead = 8
+	jobs := make(chan packJob)
+	order := make(chan chan packRec, ahead)
+	pool := make(chan *packBufs, packWorkers+ahead+1)
+	for range cap(pool) {
+		pool <- &packBufs{c: make([]byte, cs), base: make([]byte, cs)}
+	}
+	var wg sync.WaitGroup
+	holes := 0
+	var dispatchErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(order)
+		defer close(jobs)
+		for fi, f := range hdr.Files {
+			for ci := range int((f.Size + cs - 1) / cs) {
+				hole, err := inHole(fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
+				if err != nil {
+					dispatchErr = fmt.Errorf("write pack: %s: %w", f.Name, err)
+					return
+				}
+				if hole {
+					holes++
+					continue
+				}
+				out := make(chan packRec, 1)
+				select {
+				case order <- out:
+				case <-gctx.Done():
+					return
+				}
+				select {
+				case jobs <- packJob{fi: fi, ci: ci, out: out}:
+				case <-gctx.Done():
+					return
+				}
+			}
 		}
-		nchunks := int((f.Size + cs - 1) / cs)
-		st.Chunks += nchunks
-		for ci := range nchunks {
-			if err := ctx.Err(); err != nil {
-				return st, err
+	}()
+	for range packWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				var bufs *packBufs
+				select {
+				case bufs = <-pool:
+				case <-gctx.Done():
+					j.out <- packRec{err: gctx.Err()}
+					continue
+				}
+				r := prep.chunk(j.fi, j.ci, bufs)
+				if r.bufs == nil {
+					pool <- bufs
+				}
+				j.out <- r
 			}
-			off := int64(ci) * cs
-			n := chunkLen(f.Size, cs, ci)
-			hole, err := inHole(fds[fi], off, n)
-			if err != nil {
-				return st, fmt.Errorf("write pack: %s: %w", f.Name, err)
+		}()
+	}
+	err = func() error {
+		for out := range order {
+			var r packRec
+			select {
+			case r = <-out:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-			if hole {
+			if r.err != nil {
+				return r.err
+			}
+			switch r.typ {
+			case 0:
 				st.ZeroChunks++
-				continue
-			}
-			var baseHash string
-			if b != nil && ci < len(b.chunks) && off+n <= b.size {
-				baseHash = b.chunks[ci]
-			}
-			if baseHash != "" && sameBlocks(ext, b.ext, off, n) {
-				// The base's own blocks: its bytes, unread.
-				if err := pw.record(recBase, fi, ci, hashBytes(baseHash)); err != nil {
-					return st, err
-				}
+			case recBase:
 				st.BaseChunks++
-				continue
-			}
-			c := buf[:n]
-			if _, err := fds[fi].ReadAt(c, off); err != nil {
-				return st, fmt.Errorf("write pack: read %s chunk %d: %w", f.Name, ci, err)
-			}
-			if isZero(c) {
-				st.ZeroChunks++
-				continue
-			}
-			bc := zeros[:n]
-			if baseHash != "" {
-				bc = baseBuf[:n]
-				if _, err := b.f.ReadAt(bc, off); err != nil {
-					bc, baseHash = zeros[:n], ""
-				} else if !b.current {
-					if sum := sha256.Sum256(bc); hex.EncodeToString(sum[:]) != baseHash {
-						bc, baseHash = zeros[:n], "" // the base changed behind its index
-					}
-				}
-			}
-			if baseHash != "" && bytes.Equal(c, bc) {
-				if err := pw.record(recBase, fi, ci, hashBytes(baseHash)); err != nil {
-					return st, err
-				}
-				st.BaseChunks++
-				continue
-			}
-			if patch := makePatch(c, bc); patch != nil {
-				if err := pw.record(recPatch, fi, ci, hashBytes(baseHash), patch); err != nil {
-					return st, err
-				}
+			case recPatch:
 				st.PatchChunks++
-				continue
+			case recWhole:
+				st.WholeChunks++
 			}
-			if err := pw.record(recWhole, fi, ci, c); err != nil {
-				return st, err
+			if r.typ != 0 {
+				if err := pw.record(r.typ, r.fi, r.ci, r.parts...); err != nil {
+					return err
+				}
 			}
-			st.WholeChunks++
+			if r.bufs != nil {
+				pool <- r.bufs
+			}
 		}
+		return nil
+	}()
+	cancel()
+	wg.Wait()
+	if err == nil {
+		err = dispatchErr
+	}
+	if err != nil {
+		return st, err
+	}
+	st.ZeroChunks += holes
+	for _, f := range hdr.Files {
+		st.Chunks += int((f.Size + cs - 1) / cs)
 	}
 	var cnt [4]byte
 	binary.LittleEndian.PutUint32(cnt[:], uint32(pw.records))
@@ -297,6 +343,115 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	}
 	st.Bytes, st.Dur = cw.n, time.Since(t0)
 	return st, nil
+}
+
+// packWorkers read and diff chunks for WritePack.
+const packWorkers = 2
+
+type packJob struct {
+	fi, ci int
+	out    chan packRec
+}
+
+// packBufs are a worker's buffers for one chunk.
+type packBufs struct{ c, base []byte }
+
+// packRec is one chunk's record (typ 0: zeros, none), its payload in
+// parts; bufs, if not nil, hold the payload and go back to the pool once
+// it is written.
+type packRec struct {
+	typ    byte
+	fi, ci int
+	parts  [][]byte
+	bufs   *packBufs
+	err    error
+}
+
+// packPrep makes the records of WritePack's chunks; safe for concurrent
+// use (reads with ReadAt only).
+type packPrep struct {
+	cs    int64
+	fds   []*os.File
+	files []PackFile
+	bases map[string]*base
+	exts  []extentMap
+}
+
+// chunk makes the record of chunk ci of file fi, which is not a hole.
+func (pp *packPrep) chunk(fi, ci int, bufs *packBufs) packRec {
+	f, cs := pp.files[fi], pp.cs
+	b, ext := pp.bases[f.Name], pp.exts[fi]
+	off := int64(ci) * cs
+	n := chunkLen(f.Size, cs, ci)
+	r := packRec{fi: fi, ci: ci}
+	var baseHash string
+	if b != nil && ci < len(b.chunks) && off+n <= b.size {
+		baseHash = b.chunks[ci]
+	}
+	if baseHash != "" && sameBlocks(ext, b.ext, off, n) {
+		// The base's own blocks: its bytes, unread.
+		r.typ, r.parts = recBase, [][]byte{hashBytes(baseHash)}
+		return r
+	}
+	bc := zeros[:n]
+	if baseHash != "" {
+		bc = bufs.base[:n]
+		if _, err := b.f.ReadAt(bc, off); err != nil {
+			bc, baseHash = zeros[:n], ""
+		} else if !b.current {
+			if sum := sha256.Sum256(bc); hex.EncodeToString(sum[:]) != baseHash {
+				bc, baseHash = zeros[:n], "" // the base changed behind its index
+			}
+		}
+	}
+	c := bufs.c[:n]
+	var shared []extent
+	if baseHash != "" {
+		shared = sharedRuns(ext, b.ext, off, n)
+	}
+	if err := readExcept(pp.fds[fi], c, off, shared, bc); err != nil {
+		r.err = fmt.Errorf("write pack: read %s chunk %d: %w", f.Name, ci, err)
+		return r
+	}
+	switch {
+	case isZero(c):
+	case baseHash != "" && bytes.Equal(c, bc):
+		r.typ, r.parts = recBase, [][]byte{hashBytes(baseHash)}
+	default:
+		if patch := makePatch(c, bc); patch != nil {
+			r.typ, r.parts = recPatch, [][]byte{hashBytes(baseHash), patch}
+		} else {
+			r.typ, r.parts, r.bufs = recWhole, [][]byte{c}, bufs
+		}
+	}
+	return r
+}
+
+// readExcept reads [off, off+len(c)) of f into c, except the runs of
+// shared (logical ranges of f inside it), which it copies from base (the
+// same range of a file they share those disk blocks with): a chunk a
+// sandbox changed in a few pages is read only where it changed. A
+// reflinked file does not share its page cache with its original, so the
+// pages it still shares would be read from disk.
+func readExcept(f *os.File, c []byte, off int64, shared []extent, base []byte) error {
+	pos := int64(0)
+	read := func(end int64) error {
+		if end > pos {
+			if _, err := f.ReadAt(c[pos:end], off+pos); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, r := range shared {
+		s, e := r.logical-off, r.logical-off+r.length
+		if err := read(s); err != nil {
+			return err
+		}
+		copy(c[s:e], base[s:e])
+		pos = e
+	}
+	return read(int64(len(c)))
 }
 
 // hashBytes is a hex SHA-256 as its 32 bytes; zeros for "" (a chunk of

@@ -188,3 +188,35 @@ func TestPackRefusesOtherBase(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedRuns: the parts of a range two files map to the same disk
+// blocks, however their extents are split.
+func TestSharedRuns(t *testing.T) {
+	e := func(l, p, n int64) extent { return extent{logical: l, physical: p, length: n} }
+	for _, c := range []struct {
+		name   string
+		a, b   extentMap
+		off, n int64
+		want   []extent
+	}{
+		{"all shared", extentMap{e(0, 1000, 100)}, extentMap{e(0, 1000, 100)}, 0, 100, []extent{e(0, 0, 100)}},
+		{"split differently", extentMap{e(0, 1000, 40), e(40, 1040, 60)}, extentMap{e(0, 1000, 100)}, 10, 80, []extent{e(10, 0, 80)}},
+		{"a middle rewritten", extentMap{e(0, 1000, 30), e(30, 5000, 20), e(50, 1050, 50)}, extentMap{e(0, 1000, 100)}, 0, 100,
+			[]extent{e(0, 0, 30), e(50, 0, 50)}},
+		{"a hole in a", extentMap{e(0, 1000, 30), e(60, 1060, 40)}, extentMap{e(0, 1000, 100)}, 0, 100, []extent{e(0, 0, 30), e(60, 0, 40)}},
+		{"other blocks", extentMap{e(0, 2000, 100)}, extentMap{e(0, 1000, 100)}, 0, 100, nil},
+		{"unknown map", nil, extentMap{e(0, 1000, 100)}, 0, 100, nil},
+	} {
+		got := sharedRuns(c.a, c.b, c.off, c.n)
+		if len(got) != len(c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
+			continue
+		}
+		for i := range got {
+			if got[i].logical != c.want[i].logical || got[i].length != c.want[i].length {
+				t.Errorf("%s: got %v, want %v", c.name, got, c.want)
+				break
+			}
+		}
+	}
+}
