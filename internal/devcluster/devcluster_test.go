@@ -384,8 +384,10 @@ func TestDevCluster(t *testing.T) {
 
 	t.Run("spread", func(t *testing.T) {
 		a.t = t
-		// Children on other hosts restore the parent's capture from the
-		// object store: its files and the memory of a process it runs.
+		// Children on other hosts restore the parent's capture, sent
+		// there straight from the parent's host (through the object
+		// store where it cannot be): its files and the memory of a
+		// process it runs.
 		parent := a.create(nil)
 		a.exec(parent.ID, "echo spread > /root/mark; setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /root/pid")
 		st, b, kids := a.fork(parent.ID, 3, "spread")
