@@ -66,7 +66,8 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 		return st, fmt.Errorf("send snapshot %s: %w", id, err)
 	}
 	a.log.Info("snapshot sent", "snapshot_id", id, "dur_ms", st.Dur.Milliseconds(), "setup_ms", st.SetupDur.Milliseconds(), "bytes", st.Bytes, "chunks_base", st.BaseChunks,
-		"chunks_patch", st.PatchChunks, "chunks_whole", st.WholeChunks, "zero_chunks", st.ZeroChunks, "dirty_bytes", si.Capture.DirtyBytes)
+		"chunks_patch", st.PatchChunks, "chunks_whole", st.WholeChunks, "zero_chunks", st.ZeroChunks, "chunks_unread", st.Unread,
+		"bytes_read", st.BytesRead, "dirty_bytes", si.Capture.DirtyBytes)
 	return st, nil
 }
 

@@ -101,6 +101,8 @@ type PackStats struct {
 	Chunks      int   // chunks of all files
 	ZeroChunks  int   // holes or zeros: not sent
 	BaseChunks  int   // equal to the base's: sent as its hash
+	Unread      int   // on the sender: base chunks found by their disk blocks, not read
+	BytesRead   int64 // on the sender: read from the files (not the bases)
 	PatchChunks int   // sent as the pages that differ from the base's
 	WholeChunks int   // sent whole
 	Reflinked   int   // on the receiver: base chunks (and bases of patches) reflinked
@@ -300,6 +302,10 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			if r.err != nil {
 				return r.err
 			}
+			st.BytesRead += r.read
+			if r.unread {
+				st.Unread++
+			}
 			switch r.typ {
 			case 0:
 				st.ZeroChunks++
@@ -365,6 +371,8 @@ type packRec struct {
 	parts  [][]byte
 	bufs   *packBufs
 	err    error
+	unread bool  // a base chunk known by its blocks
+	read   int64 // bytes read from the file
 }
 
 // packPrep makes the records of WritePack's chunks; safe for concurrent
@@ -390,7 +398,7 @@ func (pp *packPrep) chunk(fi, ci int, bufs *packBufs) packRec {
 	}
 	if baseHash != "" && sameBlocks(ext, b.ext, off, n) {
 		// The base's own blocks: its bytes, unread.
-		r.typ, r.parts = recBase, [][]byte{hashBytes(baseHash)}
+		r.typ, r.parts, r.unread = recBase, [][]byte{hashBytes(baseHash)}, true
 		return r
 	}
 	bc := zeros[:n]
@@ -408,6 +416,10 @@ func (pp *packPrep) chunk(fi, ci int, bufs *packBufs) packRec {
 	var shared []extent
 	if baseHash != "" {
 		shared = sharedRuns(ext, b.ext, off, n)
+	}
+	r.read = n
+	for _, e := range shared {
+		r.read -= e.length
 	}
 	if err := readExcept(pp.fds[fi], c, off, shared, bc); err != nil {
 		r.err = fmt.Errorf("write pack: read %s chunk %d: %w", f.Name, ci, err)
