@@ -231,12 +231,14 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	prep := &packPrep{cs: cs, fds: fds, files: hdr.Files, bases: bases, exts: exts}
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	const ahead = 8
+	// Memory: a chunk buffer per record in flight (a whole chunk's
+	// record holds its buffer until written), a base buffer per worker.
+	const ahead = 4
 	jobs := make(chan packJob)
 	order := make(chan chan packRec, ahead)
 	pool := make(chan *packBufs, packWorkers+ahead+1)
 	for range cap(pool) {
-		pool <- &packBufs{c: make([]byte, cs), base: make([]byte, cs)}
+		pool <- &packBufs{c: make([]byte, cs)}
 	}
 	var wg sync.WaitGroup
 	holes := 0
@@ -275,6 +277,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			baseBuf := make([]byte, cs)
 			for j := range jobs {
 				var bufs *packBufs
 				select {
@@ -283,7 +286,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 					j.out <- packRec{err: gctx.Err()}
 					continue
 				}
-				r := prep.chunk(j.fi, j.ci, bufs)
+				r := prep.chunk(j.fi, j.ci, bufs, baseBuf)
 				if r.bufs == nil {
 					pool <- bufs
 				}
@@ -359,8 +362,8 @@ type packJob struct {
 	out    chan packRec
 }
 
-// packBufs are a worker's buffers for one chunk.
-type packBufs struct{ c, base []byte }
+// packBufs hold one chunk read for WritePack.
+type packBufs struct{ c []byte }
 
 // packRec is one chunk's record (typ 0: zeros, none), its payload in
 // parts; bufs, if not nil, hold the payload and go back to the pool once
@@ -386,7 +389,7 @@ type packPrep struct {
 }
 
 // chunk makes the record of chunk ci of file fi, which is not a hole.
-func (pp *packPrep) chunk(fi, ci int, bufs *packBufs) packRec {
+func (pp *packPrep) chunk(fi, ci int, bufs *packBufs, baseBuf []byte) packRec {
 	f, cs := pp.files[fi], pp.cs
 	b, ext := pp.bases[f.Name], pp.exts[fi]
 	off := int64(ci) * cs
@@ -403,7 +406,7 @@ func (pp *packPrep) chunk(fi, ci int, bufs *packBufs) packRec {
 	}
 	bc := zeros[:n]
 	if baseHash != "" {
-		bc = bufs.base[:n]
+		bc = baseBuf[:n]
 		if _, err := b.f.ReadAt(bc, off); err != nil {
 			bc, baseHash = zeros[:n], ""
 		} else if !b.current {
