@@ -468,6 +468,27 @@ func TestConfinedMachine(t *testing.T) {
 			}
 		}
 	})
+	t.Run("no huge pages", func(t *testing.T) {
+		// The driver turned THP off for itself; its VMMs inherit it.
+		if st := procStatus(t, pid); st["THP_enabled"] != "0" {
+			t.Errorf("THP_enabled: %q, want 0", st["THP_enabled"])
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "AnonHugePages:" && f[1] != "0" {
+				t.Errorf("the vmm has %s kB in anonymous huge pages", f[1])
+			}
+		}
+	})
+	t.Run("no announce", func(t *testing.T) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if !bytes.Contains(cmdline, []byte("-global\x00migration.announce-rounds=0")) {
+			t.Errorf("command line lacks announce-rounds=0: %q", cmdline)
+		}
+	})
 	t.Run("ksm off", func(t *testing.T) {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		for _, want := range []string{"mem-merge=off", ",merge=off", "-sandbox\x00on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"} {

@@ -142,6 +142,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.HostDir == "" {
 		cfg.HostDir = DefaultHostDir
 	}
+	if err := noHugePages(); err != nil {
+		return nil, err
+	}
 	d := &Driver{cfg: cfg}
 	if cfg.NoConfine {
 		return d, nil
@@ -347,6 +350,13 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", qmpFD),
 		"-mon", "chardev=qmp,mode=control",
 		"-global", "migration.send-configuration=off",
+		// No self-announce after an incoming migration: QEMU would have
+		// the guest send gratuitous ARPs (virtio-net's guest announce)
+		// several times over ~1 s after every restore — guest work right
+		// when the first command runs (~900 translation blocks under
+		// TCG). A sandbox's TAP is its own: no switch has to relearn
+		// where its MAC address lives.
+		"-global", "migration.announce-rounds=0",
 	}
 	if spec.Net != nil {
 		mac, err := parseMAC(spec.Net.MAC)
