@@ -530,3 +530,95 @@ func TestFleetForkAcrossStoreDownDirect(t *testing.T) {
 		}
 	})
 }
+
+// addHost adds a ready host id to the fleet, sharing the store if there
+// is one.
+func (e *fleetEnv) addHost(id string) *hosttest.Host {
+	h := hosttest.New()
+	if e.store != nil {
+		h.UseStore(e.store)
+	}
+	e.f.mu.Lock()
+	defer e.f.mu.Unlock()
+	e.f.hosts[id] = h
+	e.f.state[id] = scheduler.Ready
+	e.f.ids = append(e.f.ids, id)
+	return h
+}
+
+// TestFleetForkAcrossDirectAndStore: a spread fork over three hosts where
+// one of the two others cannot take the capture straight (it lacks the
+// template) sends it direct to the one that can and through the object
+// store to the other; with the store down, only the children of the host
+// the capture could not reach fail.
+func TestFleetForkAcrossDirectAndStore(t *testing.T) {
+	for _, storeDown := range []bool{false, true} {
+		t.Run(fmt.Sprintf("store down %v", storeDown), func(t *testing.T) {
+			e := newFleetEnv(t, true)
+			c := e.addHost("c")
+			parent := e.createOn("a")
+			c.DropTemplate("base")
+			if storeDown {
+				e.store.SetDown(true)
+			}
+			got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Spread: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			failed := 0
+			ran := map[string]int{}
+			for _, ch := range got.Children {
+				if ch.Err != nil {
+					failed++
+					continue
+				}
+				ran[ch.Sandbox.HostID]++
+			}
+			if ran["b"] != 1 {
+				t.Errorf("children running per host %v, %d failed: want one on b", ran, failed)
+			}
+			if storeDown {
+				if ran["c"] != 0 || failed != 1 {
+					t.Errorf("children running per host %v, %d failed: want c's child failed (the store is down)", ran, failed)
+				}
+			} else if ran["c"] != 1 || failed != 0 {
+				t.Errorf("children running per host %v, %d failed: want one on c, through the store", ran, failed)
+			}
+			if countCalls(c, hosttest.ReceiveSnapshot) == 0 {
+				t.Errorf("host c was not offered the capture straight")
+			}
+			if countCalls(e.b, hosttest.ReceiveSnapshot) != 1 {
+				t.Errorf("host b received %d packs, want 1", countCalls(e.b, hosttest.ReceiveSnapshot))
+			}
+			if countCalls(e.a, hosttest.AwaitStored) == 0 {
+				t.Errorf("the parent's host was not asked to store the capture for c")
+			}
+			if got.CrossHostDirectBytes <= 0 {
+				t.Errorf("direct %d bytes, want the pack to b", got.CrossHostDirectBytes)
+			}
+			for _, ch := range got.Children {
+				if ch.Err == nil && ch.Sandbox.HostID == "c" {
+					if info, ok := c.Sandbox(ch.Sandbox.ID); !ok || info.Snapshot == "" {
+						t.Errorf("host c: child %s %+v, want restored from the parent's capture", ch.Sandbox.ID, info)
+					}
+				}
+			}
+			for name, h := range map[string]*hosttest.Host{"a": e.a, "b": e.b, "c": c} {
+				if snaps, _ := h.Snapshots(t.Context()); len(snaps) != 0 {
+					t.Errorf("host %s keeps %d captures after the fork", name, len(snaps))
+				}
+			}
+		})
+	}
+}
+
+// countCalls counts h's calls of m.
+func countCalls(h *hosttest.Host, m hosttest.Method) int {
+	n := 0
+	for _, c := range h.Calls() {
+		if c.Method == m {
+			n++
+		}
+	}
+	return n
+}
