@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ func TestUpLazyRestore(t *testing.T) {
 	e2e(t)
 	s3 := s3test.Start(t)
 	dataDir := newDataDir(t)
-	opts := upOptions(dataDir, "", "--store", s3.URL("up"), "--lazy-restore")
+	opts := upOptions(dataDir, "", "--store", s3.URL("up"), "--lazy-restore", "--on-shutdown", "keep")
 	opts.Env = []string{"AWS_ACCESS_KEY_ID=" + s3.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3.SecretKey}
 	p := start(t, "up", opts)
 	ctx := ctxFor(t)
@@ -85,8 +86,33 @@ func TestUpLazyRestore(t *testing.T) {
 	if target, err := os.Readlink(filepath.Join(dataDir, "store", "snapshots", s1.ID, "vm.mem")); err != nil || !strings.HasPrefix(target, lazy+"/") {
 		t.Errorf("the fetched snapshot's vm.mem: link to %q, %v; want a link into %s", target, err, lazy)
 	}
+	// A lazily restored machine cannot outlive the process serving its
+	// memory: a shutdown that keeps sandboxes running pauses it instead,
+	// and the next start resumes it with its memory intact.
+	if err := sb.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pid := vmmPID(t, dataDir, c1.ID)
 	mustStop(t, p)
+	if pandatest.Alive(pid) {
+		t.Errorf("the lazily restored sandbox's VMM %d runs on after a shutdown with --on-shutdown keep; want it paused", pid)
+	}
 	if pandatest.Mounted(lazy) {
 		t.Errorf("%s still mounted after panda stopped", lazy)
 	}
+	again := opts
+	again.Args = slices.DeleteFunc(slices.Clone(opts.Args), func(a string) bool { return a == "--on-shutdown" || a == "keep" })
+	p2 := start(t, "up again", again)
+	c = p2.client(t)
+	if info := mustGet(t, ctx, c, c1.ID); info.State != pandastack.StatePaused {
+		t.Fatalf("the lazily restored sandbox after a shutdown with keep and a restart: %s (%s), want paused", info.State, info.StopReason)
+	}
+	c1 = c.Sandbox(c1.ID)
+	if err := c1.Resume(ctx); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got := mustExec(t, ctx, c1, "cat /root/d.txt; md5sum /dev/shm/blob"); got != "lazy\n"+sum {
+		t.Errorf("resumed after the restart: %q, want %q", got, "lazy\n"+sum)
+	}
+	mustStop(t, p2)
 }

@@ -393,3 +393,32 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// PauseLazy pauses every running sandbox whose memory this agent pages
+// in lazily and returns their IDs. Such a machine cannot outlive the
+// agent: the FUSE server behind its memory file runs in this process, and
+// once it has exited the machine's next page-cache miss fails (SIGBUS in
+// QEMU). So an agent that leaves its machines running for the next one to
+// adopt (on-shutdown keep) pauses these first: the next agent finds them
+// paused, their memory on disk, and the control plane records them so.
+// A sandbox that cannot be paused is logged and left running.
+func (a *Agent) PauseLazy(ctx context.Context) []string {
+	a.mu.Lock()
+	var lazy []*sandbox
+	for _, s := range a.sandboxes {
+		if s.getState() == StateRunning && a.lazyMemStats(s) != nil {
+			lazy = append(lazy, s)
+		}
+	}
+	a.mu.Unlock()
+	var paused []string
+	for _, s := range lazy {
+		if _, err := a.Pause(ctx, s.rec.ID); err != nil {
+			a.log.Error("pause a lazily restored sandbox before leaving it (it will not survive this agent)", "sandbox_id", s.rec.ID, "err", err)
+			continue
+		}
+		a.log.Info("paused a lazily restored sandbox: it cannot outlive this agent", "sandbox_id", s.rec.ID)
+		paused = append(paused, s.rec.ID)
+	}
+	return paused
+}

@@ -544,10 +544,22 @@ func (r *exitRelay) exited(id string, err error) {
 	}
 }
 
+// lazyPauseWait bounds the pauses of lazily restored sandboxes at a
+// shutdown that keeps the others running (each copies its whole memory
+// image, fetching what the host still lacks from the object store).
+const lazyPauseWait = 2 * time.Minute
+
 // closeHost closes the host agent, or with keep, leaves its VMMs running
 // for the next start to adopt. No VMM running: nothing to keep, so the
 // store is unmounted too (paused sandboxes live on disk either way).
 func closeHost(host *agent.Agent, nw *hostNetwork, keep bool, log *slog.Logger) {
+	if keep {
+		// A lazily restored machine dies with this process: paused, it
+		// waits on disk for the next start.
+		ctx, cancel := context.WithTimeout(context.Background(), lazyPauseWait)
+		host.PauseLazy(ctx)
+		cancel()
+	}
 	if keep && vmmsRunning(host) {
 		host.Detach()
 		nw.close(true)
