@@ -52,6 +52,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -219,13 +220,59 @@ func Mount(cfg Config) (*FS, error) {
 			Debug:         cfg.Debug,
 		},
 	}
-	server, err := fs.Mount(cfg.Dir, f.root, opts)
+	// go-fuse opens /dev/fuse for a direct mount without O_CLOEXEC, so
+	// every process started afterwards (each VMM) would inherit the
+	// connection: a VMM could read and answer the requests for every
+	// sandbox's memory file, and the connection would outlive this
+	// process (a lazily restored VMM then hangs in D state on its next
+	// miss instead of failing). The server is made with forks held off
+	// and its descriptor marked close-on-exec before any fork can see it
+	// (DirectMountStrict: NewServer itself never forks fusermount, which
+	// would wait for the lock forever).
+	syscall.ForkLock.Lock()
+	server, err := fuse.NewServer(fs.NewNodeFS(f.root, opts), cfg.Dir, &opts.MountOptions)
+	if err == nil {
+		if err = closeOnExec("/dev/fuse"); err != nil {
+			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
+		}
+	}
+	syscall.ForkLock.Unlock()
+	if err == nil {
+		go server.Serve()
+		err = server.WaitMount()
+	}
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("lazymem: mount %s: %w", cfg.Dir, err)
 	}
 	f.server = server
 	return f, nil
+}
+
+// closeOnExec marks every descriptor of this process open on device
+// path close-on-exec.
+func closeOnExec(path string) error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || target != path {
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, flags|unix.FD_CLOEXEC); err != nil {
+			return fmt.Errorf("%s: close on exec: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // Path is the path of set name's memory file on the mount.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -489,5 +490,21 @@ func TestLocalChunks(t *testing.T) {
 	case <-closed:
 	default:
 		t.Errorf("Image.Close not called by Close")
+	}
+}
+
+// TestDeviceNotInherited: a process started after the mount (a VMM) does
+// not inherit the FUSE connection's descriptor: it could otherwise read
+// and answer the requests for every memory file, and the connection
+// would outlive the agent.
+func TestDeviceNotInherited(t *testing.T) {
+	needRoot(t)
+	mountT(t, func(context.Context, string) (*Image, error) { return nil, os.ErrNotExist })
+	out, err := exec.Command("ls", "-l", "/proc/self/fd/").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ls: %v: %s", err, out)
+	}
+	if strings.Contains(string(out), "/dev/fuse") {
+		t.Errorf("a child process holds /dev/fuse:\n%s", out)
 	}
 }
