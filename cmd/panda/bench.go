@@ -55,6 +55,8 @@ func benchCreateCmd() *cobra.Command {
 			fmt.Fprintf(out, "template %s, %d MiB, %s\n", res.Template, res.MemoryMiB, res.Accel)
 			fmt.Fprintf(out, "create → first exec: p50 %.1f ms  p99 %.1f ms  (n=%d)\n", res.Create.P50, res.Create.P99, res.Create.N)
 			fmt.Fprintf(out, "restore (agent ready): p50 %.1f ms  p99 %.1f ms\n", res.Restore.P50, res.Restore.P99)
+			fmt.Fprintf(out, "CPU of the sandbox's VMM until its first exec answered: vCPU p50 %.1f ms  p99 %.1f ms, whole VMM p50 %.1f ms\n",
+				res.FirstExecVCPU.P50, res.FirstExecVCPU.P99, res.FirstExecVMM.P50)
 			fmt.Fprintf(out, "exec true: p50 %.1f ms  p99 %.1f ms  (n=%d)\n", res.Exec.P50, res.Exec.P99, res.Exec.N)
 			if res.IdleSandboxes > 0 {
 				fmt.Fprintf(out, "idle PSS: %.1f MiB per sandbox (%d sandboxes, private %.1f MiB each)\n",

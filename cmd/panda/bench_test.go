@@ -170,6 +170,42 @@ func TestBenchDensity(t *testing.T) {
 	}
 }
 
+// TestBenchCreate: `panda bench create` reports create → first exec and
+// the CPU the sandbox's VMM used until then (its vCPU's part of it, at
+// most the whole), and leaves no VMM behind.
+func TestBenchCreate(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"bench", "create", "--json", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "2", "--idle", "1"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("panda bench create: %v\n%s", err, stderr.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	wantPositive(t, got, "p50_ms", "exec_p50_ms", "pss_mib_per_sandbox", "create_to_first_exec.n",
+		"first_exec_vcpu_cpu.n", "first_exec_vcpu_cpu.p50_ms", "first_exec_vmm_cpu.p50_ms")
+	v, _ := got["first_exec_vcpu_cpu"].(map[string]any)
+	vm, _ := got["first_exec_vmm_cpu"].(map[string]any)
+	// The whole VMM's figure has clock-tick resolution (10 ms).
+	if lo, _ := v["min_ms"].(float64); lo > 0 {
+		if hi, _ := vm["max_ms"].(float64); lo > hi+10 {
+			t.Errorf("vCPU CPU %v ms above the whole VMM's %v ms", lo, hi)
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", stdout.String())
+	}
+	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
+		t.Errorf("QEMU processes left by the benchmark: %v", pids)
+	}
+}
+
 func TestBenchPath(t *testing.T) {
 	e2e(t)
 	dir := newDataDir(t)

@@ -141,6 +141,8 @@ through the HTTP API:
 			for _, s := range res.BySize {
 				fmt.Fprintf(out, "%5d MiB: fork → first exec p50 %.1f ms p99 %.1f ms; parent paused p50 %.1f ms p99 %.1f ms; %.1f MiB dirty\n",
 					s.MemoryMiB, s.ForkToExec.P50, s.ForkToExec.P99, s.ParentPause.P50, s.ParentPause.P99, s.DirtyMiB)
+				fmt.Fprintf(out, "           the child's VMM until its first exec answered: vCPU p50 %.1f ms p99 %.1f ms, whole VMM p50 %.1f ms of CPU\n",
+					s.ChildVCPU.P50, s.ChildVCPU.P99, s.ChildVMM.P50)
 			}
 			fmt.Fprintf(out, "spread of fork → exec p50 across sizes: %.1f %%\n", res.SpreadPct)
 			fmt.Fprintf(out, "fork(count=%d) all ready: p50 %.1f ms p99 %.1f ms\n", res.Fanout.Count, res.Fanout.AllReadyMS.P50, res.Fanout.AllReadyMS.P99)

@@ -75,6 +75,12 @@ type CreateResult struct {
 	P99MS  float64 `json:"p99_ms"`
 	// Restore alone (until the guest agent answered).
 	Restore Dist `json:"restore"`
+	// CPU the sandbox's VMM used from its start until its first exec
+	// answered: its vCPU thread (the guest's work; under TCG mostly the
+	// translation of guest code run for the first time in this process)
+	// and the whole process.
+	FirstExecVCPU Dist `json:"first_exec_vcpu_cpu"`
+	FirstExecVMM  Dist `json:"first_exec_vmm_cpu"`
 	// Round trip of `true` in a warm sandbox.
 	Exec      Dist    `json:"exec"`
 	ExecP50MS float64 `json:"exec_p50_ms"`
@@ -107,7 +113,7 @@ func CreateBench(ctx context.Context, a *agent.Agent, o CreateOptions) (CreateRe
 	}
 	req.Progress = nil
 
-	var creates, restores []time.Duration
+	var creates, restores, vcpus, vmms []time.Duration
 	for i := 0; i < o.N; i++ {
 		t0 := time.Now()
 		info, err := a.Create(ctx, req)
@@ -122,6 +128,11 @@ func CreateBench(ctx context.Context, a *agent.Agent, o CreateOptions) (CreateRe
 		}
 		creates = append(creates, time.Since(t0))
 		restores = append(restores, t1.Sub(t0))
+		if c, err := firstExecCPU(a, info.ID); err != nil {
+			logf("  %v", err)
+		} else {
+			vcpus, vmms = append(vcpus, c.VCPU), append(vmms, c.All)
+		}
 		if err := a.Kill(ctx, info.ID); err != nil {
 			return res, err
 		}
@@ -131,6 +142,7 @@ func CreateBench(ctx context.Context, a *agent.Agent, o CreateOptions) (CreateRe
 	}
 	res.Create = Summarize(creates)
 	res.Restore = Summarize(restores)
+	res.FirstExecVCPU, res.FirstExecVMM = Summarize(vcpus), Summarize(vmms)
 	res.P50MS, res.P99MS = res.Create.P50, res.Create.P99
 
 	info, err = a.Create(ctx, req)
@@ -191,4 +203,13 @@ func CreateBench(ctx context.Context, a *agent.Agent, o CreateOptions) (CreateRe
 		res.PrivateMiBPerSbx = round(float64(priv) / float64(len(ids)) / (1 << 20))
 	}
 	return res, nil
+}
+
+// firstExecCPU is the CPU sandbox id's VMM has used so far.
+func firstExecCPU(a *agent.Agent, id string) (VMMCPU, error) {
+	info, err := a.Get(id)
+	if err != nil {
+		return VMMCPU{}, err
+	}
+	return vmmCPU(info.PID)
 }

@@ -40,6 +40,10 @@ type ForkSize struct {
 	// ParentPause is how long the parent's vCPUs were stopped.
 	ParentPause Dist    `json:"parent_pause"`
 	DirtyMiB    float64 `json:"dirty_mib"`
+	// CPU the child's VMM used from its start until its first exec
+	// answered (see CreateResult.FirstExecVCPU).
+	ChildVCPU Dist `json:"child_vcpu_cpu"`
+	ChildVMM  Dist `json:"child_vmm_cpu"`
 }
 
 // ForkMemory compares what forked children cost the host with a naive
@@ -135,7 +139,7 @@ func ForkBench(ctx context.Context, c *pandastack.Client, a *agent.Agent, o Fork
 			return res, err
 		}
 		fs := ForkSize{MemoryMiB: mem}
-		var lat, pause []time.Duration
+		var lat, pause, vcpus, vmms []time.Duration
 		for i := 0; i < o.Rounds+1; i++ {
 			t0 := time.Now()
 			kids, info, err := forkN(ctx, parent, 1)
@@ -147,18 +151,26 @@ func ForkBench(ctx context.Context, c *pandastack.Client, a *agent.Agent, o Fork
 				return res, err
 			}
 			d := time.Since(t0)
+			cpu, cpuErr := firstExecCPU(a, kids[0].ID)
 			kids[0].Kill(ctx)
 			if i == 0 {
 				continue // the first fork of a size warms the host page cache
 			}
 			lat = append(lat, d)
+			if cpuErr != nil {
+				logf("  %v", cpuErr)
+			} else {
+				vcpus, vmms = append(vcpus, cpu.VCPU), append(vmms, cpu.All)
+			}
 			pause = append(pause, time.Duration(info.pausedMS*float64(time.Millisecond)))
 			fs.DirtyMiB = math.Round(float64(info.dirtyBytes)/(1<<20)*10) / 10
 		}
 		fs.ForkToExec, fs.ParentPause = Summarize(lat), Summarize(pause)
+		fs.ChildVCPU, fs.ChildVMM = Summarize(vcpus), Summarize(vmms)
 		res.BySize = append(res.BySize, fs)
 		parent.Kill(ctx)
-		logf("  fork→exec p50 %.1f ms, parent paused p50 %.1f ms, %.1f MiB dirty", fs.ForkToExec.P50, fs.ParentPause.P50, fs.DirtyMiB)
+		logf("  fork→exec p50 %.1f ms, parent paused p50 %.1f ms, %.1f MiB dirty; the child's VMM until its first exec: vCPU p50 %.1f ms, all p50 %.1f ms of CPU",
+			fs.ForkToExec.P50, fs.ParentPause.P50, fs.DirtyMiB, fs.ChildVCPU.P50, fs.ChildVMM.P50)
 	}
 	if len(res.BySize) > 0 {
 		lo, hi := math.Inf(1), 0.0
