@@ -24,16 +24,8 @@ func TestBenchNet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	before := benchNamespaces()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"bench", "net", "--json", "--data-dir", dir, "--images", pandatest.Images(),
-		"--template", "tiny", "--memory", "256", "--n", "3", "--mib", "4", "--transfers", "2", "--requests", "10"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("panda bench net: %v\n%s", err, stderr.String())
-	}
-	var got map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	got, stdout := runBenchJSON(ctx, t, "net", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "3", "--mib", "4", "--transfers", "2", "--requests", "10")
 	wantPositive(t, got,
 		"create_to_first_exec_off.p50_ms", "create_to_first_exec_off.p99_ms",
 		"create_to_first_exec_on.p50_ms", "create_to_first_exec_on.p99_ms", "create_ratio",
@@ -46,12 +38,36 @@ func TestBenchNet(t *testing.T) {
 		t.Errorf("proxy_overhead_p50_us: got %v, want a number", got["proxy_overhead_p50_us"])
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s", stdout.String())
+		t.Logf("output:\n%s", stdout)
 	}
 	for name := range benchNamespaces() {
 		if !before[name] {
 			t.Errorf("namespace %s left behind", name)
 		}
+	}
+}
+
+// runBenchJSON runs `panda bench NAME --json ARGS...` and returns its
+// output, decoded and as printed.
+func runBenchJSON(ctx context.Context, t *testing.T, name string, args ...string) (map[string]any, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, append([]string{"bench", name, "--json"}, args...), &stdout, &stderr); err != nil {
+		t.Fatalf("panda bench %s: %v\n%s", name, err, stderr.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("panda bench %s: output is not JSON: %v\n%s", name, err, stdout.String())
+	}
+	return got, stdout.String()
+}
+
+// noVMMLeft fails t if a QEMU process of the benchmark data directory
+// DIR/bench is still running.
+func noVMMLeft(t *testing.T, dir string) {
+	t.Helper()
+	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
+		t.Errorf("QEMU processes left by the benchmark: %v", pids)
 	}
 }
 
@@ -142,16 +158,8 @@ func TestBenchDensity(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"bench", "density", "--json", "--data-dir", dir, "--images", pandatest.Images(),
-		"--template", "tiny", "--memory", "256", "--n", "3", "--settle", "100ms", "--window", "300ms", "--sample", "2", "--rounds", "2"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("panda bench density: %v\n%s", err, stderr.String())
-	}
-	var got map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	got, stdout := runBenchJSON(ctx, t, "density", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "3", "--settle", "100ms", "--window", "300ms", "--sample", "2", "--rounds", "2")
 	wantPositive(t, got, "sandboxes", "asked", "create_seconds", "pss_mib_per_sandbox", "private_mib_per_sandbox",
 		"exec_p50_ms", "exec_p99_ms", "exec.n", "host_cpus")
 	if got["sandboxes"] != float64(3) || got["exec"].(map[string]any)["n"] != float64(4) {
@@ -163,11 +171,9 @@ func TestBenchDensity(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s", stdout.String())
+		t.Logf("output:\n%s", stdout)
 	}
-	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
-		t.Errorf("QEMU processes left by the benchmark: %v", pids)
-	}
+	noVMMLeft(t, dir)
 }
 
 // TestBenchCreate: `panda bench create` reports create → first exec and
@@ -178,16 +184,8 @@ func TestBenchCreate(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"bench", "create", "--json", "--data-dir", dir, "--images", pandatest.Images(),
-		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "2", "--idle", "1"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("panda bench create: %v\n%s", err, stderr.String())
-	}
-	var got map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	got, stdout := runBenchJSON(ctx, t, "create", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "2", "--idle", "1")
 	wantPositive(t, got, "p50_ms", "exec_p50_ms", "pss_mib_per_sandbox", "create_to_first_exec.n",
 		"first_exec_vcpu_cpu.n", "first_exec_vcpu_cpu.p50_ms", "first_exec_vmm_cpu.p50_ms")
 	v, _ := got["first_exec_vcpu_cpu"].(map[string]any)
@@ -199,11 +197,9 @@ func TestBenchCreate(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s", stdout.String())
+		t.Logf("output:\n%s", stdout)
 	}
-	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
-		t.Errorf("QEMU processes left by the benchmark: %v", pids)
-	}
+	noVMMLeft(t, dir)
 }
 
 func TestBenchPath(t *testing.T) {
@@ -211,16 +207,8 @@ func TestBenchPath(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"bench", "path", "--json", "--data-dir", dir, "--images", pandatest.Images(),
-		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3", "--python-sdk", "../../sdk/python/src"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("panda bench path: %v\n%s", err, stderr.String())
-	}
-	var got map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	got, _ := runBenchJSON(ctx, t, "path", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3", "--python-sdk", "../../sdk/python/src")
 	wantPositive(t, got, "host_create_first_exec.n", "api_create_first_exec.n", "host_create_first_exec.p50_ms", "api_create_first_exec.p50_ms",
 		"host_exec.p50_ms", "api_exec.p50_ms", "api_over_host_create_p50", "api_over_host_exec_p50",
 		"python_create_first_exec.p50_ms", "python_exec.p50_ms", "python_over_host_create_p50", "python_over_host_exec_p50")
@@ -232,13 +220,10 @@ func TestBenchPath(t *testing.T) {
 	if n := got["python_create_first_exec"].(map[string]any)["n"]; n != float64(2) {
 		t.Errorf("python_create_first_exec.n %v, want 2", n)
 	}
-	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
-		t.Errorf("QEMU processes left by the benchmark: %v", pids)
-	}
+	noVMMLeft(t, dir)
 	// A directory without the SDK is refused before anything starts.
-	stdout.Reset()
-	stderr.Reset()
-	err = run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", pandatest.Images(), "--python-sdk", t.TempDir()}, &stdout, &stderr)
+	var out bytes.Buffer
+	err := run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", pandatest.Images(), "--python-sdk", t.TempDir()}, &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "no pandastack package") {
 		t.Errorf("bench path --python-sdk EMPTY: %v, want an error naming the missing package", err)
 	}
