@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/network/nettest"
 )
 
@@ -174,10 +175,7 @@ func removeNetwork(name string) (killed []int, removed []string, err error) {
 		}
 		path := filepath.Join(netnsDir, e.Name())
 		killed = append(killed, killIn(path)...)
-		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", path, err))
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := network.UnbindNetns(path); err != nil {
 			errs = append(errs, err)
 		}
 		removed = append(removed, "namespace "+e.Name())

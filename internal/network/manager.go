@@ -115,7 +115,7 @@ func New(cfg Config) (*Manager, error) {
 	if m.host, err = netlink.NewHandleAt(netns.NsHandle(fd)); err != nil {
 		return nil, fmt.Errorf("netlink in host namespace: %w", err)
 	}
-	if err := ensureNetnsDir(); err != nil {
+	if err := EnsureNetnsDir(); err != nil {
 		return nil, err
 	}
 	if m.hostNFT, err = nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting()); err != nil {

@@ -34,10 +34,15 @@ func inNetns(fd int, fn func() error) error {
 	return <-errc
 }
 
-// ensureNetnsDir makes NetnsDir exist and be a shared mount point, as `ip
+// EnsureNetnsDir makes NetnsDir exist and be a shared mount point, as `ip
 // netns add` does, so that unmounting a namespace there also unmounts its
-// copies in mount namespaces made since (a confined VMM's, say).
-func ensureNetnsDir() error {
+// copies in mount namespaces made since (a confined VMM's, say). Every
+// namespace bound in NetnsDir must be bound after it ran: it makes
+// NetnsDir a mount of itself when it is not a mount point yet, and a
+// namespace bound there before would be hidden under that mount, where
+// no path reaches it to unbind it (its file then cannot be removed:
+// "device or resource busy").
+func EnsureNetnsDir() error {
 	if err := os.MkdirAll(NetnsDir, 0o755); err != nil {
 		return err
 	}
@@ -94,12 +99,22 @@ func createNetns(name string, setup func() error) error {
 // away when nothing else holds it (an open descriptor, a socket, a
 // process). A missing name is not an error.
 func removeNetns(name string) error {
-	path := filepath.Join(NetnsDir, name)
+	return UnbindNetns(filepath.Join(NetnsDir, name))
+}
+
+// UnbindNetns unbinds the namespace bound at path and removes the file. A
+// missing path is not an error.
+func UnbindNetns(path string) error {
 	err := unix.Unmount(path, unix.MNT_DETACH)
 	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount %s: %w", path, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if errors.Is(err, unix.EBUSY) {
+			// See EnsureNetnsDir: bound before NetnsDir became a mount
+			// point, by a PandaStack before 2026-12-02 or another tool.
+			return fmt.Errorf("%w (the namespace is bound under the mount of %s over itself, where no path reaches it: with no namespace in use there, `umount %s` uncovers it and `ip netns delete` then removes it; or reboot)", err, NetnsDir, NetnsDir)
+		}
 		return err
 	}
 	return nil

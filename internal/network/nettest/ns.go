@@ -45,6 +45,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -113,8 +114,8 @@ func NewNS(t testing.TB, name string) *NS {
 // nothing else holds it.
 func CreateNS(name string) (*NS, error) {
 	path := filepath.Join(netnsDir, name)
-	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
-		return nil, err
+	if err := network.EnsureNetnsDir(); err != nil {
+		return nil, fmt.Errorf("create namespace %s: %w", name, err)
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -161,8 +162,7 @@ func CreateNS(name string) (*NS, error) {
 func (n *NS) Remove() {
 	n.Close()
 	if n.owned {
-		unix.Unmount(n.Path, unix.MNT_DETACH)
-		os.Remove(n.Path)
+		network.UnbindNetns(n.Path)
 		n.owned = false
 	}
 }
