@@ -49,8 +49,9 @@ func vmmCPU(pid int) (VMMCPU, error) {
 // isVCPUThread tells a QEMU vCPU thread by its name: "CPU 0/TCG",
 // "CPU 1/KVM".
 func isVCPUThread(comm string) bool {
-	n, accel, ok := strings.Cut(strings.TrimPrefix(comm, "CPU "), "/")
-	if !ok || !strings.HasPrefix(comm, "CPU ") || accel == "" {
+	rest, ok := strings.CutPrefix(comm, "CPU ")
+	n, accel, found := strings.Cut(rest, "/")
+	if !ok || !found || accel == "" {
 		return false
 	}
 	_, err := strconv.Atoi(n)

@@ -30,7 +30,8 @@ func TestVMMCPU(t *testing.T) {
 	ready, done := make(chan error), make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(unsafePtr("CPU 0/TCG"))), 0, 0, 0); err != nil {
+		name, _ := unix.BytePtrFromString("CPU 0/TCG")
+		if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0); err != nil {
 			ready <- err
 			return
 		}
@@ -64,12 +65,4 @@ func TestVMMCPU(t *testing.T) {
 	if c.All+10*time.Millisecond < c.VCPU {
 		t.Errorf("whole process %v, less than its vCPU thread's %v", c.All, c.VCPU)
 	}
-}
-
-func unsafePtr(s string) *byte {
-	b, err := unix.BytePtrFromString(s)
-	if err != nil {
-		panic(err)
-	}
-	return b
 }

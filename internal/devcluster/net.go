@@ -34,9 +34,6 @@ import (
 // agents — never the machine's uplink. The root namespace reaches the
 // agents' host APIs over the bridge. Nothing is forwarded or NATed.
 
-// netnsDir is where named network namespaces are bound (as for `ip netns`).
-const netnsDir = "/run/netns"
-
 func (c *Config) bridgeName() string     { return c.Name + "-br" }
 func (c *Config) netnsName(i int) string { return fmt.Sprintf("%s-a%d", c.Name, i) }
 func (c *Config) vethName(i int) string  { return fmt.Sprintf("%s-a%d", c.Name, i) }
@@ -167,13 +164,13 @@ func ipNet(p netip.Prefix) *net.IPNet {
 // made, or what a run that was killed left. It reports what it found
 // still running and the names it removed.
 func removeNetwork(name string) (killed []int, removed []string, err error) {
-	ents, _ := os.ReadDir(netnsDir)
+	ents, _ := os.ReadDir(network.NetnsDir)
 	var errs []error
 	for _, e := range ents {
 		if !isOurs(name, e.Name()) {
 			continue
 		}
-		path := filepath.Join(netnsDir, e.Name())
+		path := filepath.Join(network.NetnsDir, e.Name())
 		killed = append(killed, killIn(path)...)
 		if err := network.UnbindNetns(path); err != nil {
 			errs = append(errs, err)

@@ -51,8 +51,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const netnsDir = "/run/netns"
-
 // envChild marks the re-executed test binary.
 const envChild = "PANDA_NETTEST_NETNS_CHILD"
 
@@ -113,7 +111,7 @@ func NewNS(t testing.TB, name string) *NS {
 // IPv6 off. Remove it when done: that removes everything in it once
 // nothing else holds it.
 func CreateNS(name string) (*NS, error) {
-	path := filepath.Join(netnsDir, name)
+	path := filepath.Join(network.NetnsDir, name)
 	if err := network.EnsureNetnsDir(); err != nil {
 		return nil, fmt.Errorf("create namespace %s: %w", name, err)
 	}

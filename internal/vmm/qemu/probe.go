@@ -44,8 +44,8 @@ func (d *Driver) ProbeKVM(ctx context.Context, kernel string, timeout time.Durat
 	if err != nil {
 		return false, err.Error()
 	}
-	var stderr tailBuffer
-	cmd.Stderr = &stderr
+	var stderr bytes.Buffer
+	cmd.Stderr = &limitedBuffer{buf: &stderr, max: 4 << 10}
 	// Confined like every VMM: a kernel that can boot under KVM here must
 	// also boot as an unprivileged user with only /dev/kvm of its own.
 	b, err := d.spawn(cmd, confinement{
@@ -78,43 +78,10 @@ func (d *Driver) ProbeKVM(ctx context.Context, kernel string, timeout time.Durat
 	// vCPU's MSRs, and without /dev/kvm it cannot open the module).
 	cmd.Process.Kill()
 	cmd.Wait() // collects stderr; the deferred Wait then does nothing
-	if msg := stderr.why(); msg != "" {
+	if msg := cleanStderr(stderr.String()); msg != "" {
 		return false, "a guest kernel did not boot under KVM: " + msg
 	}
 	return false, "a guest kernel did not boot under KVM"
-}
-
-// tailBuffer keeps the last 8 KiB written to it.
-type tailBuffer struct{ b []byte }
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	const keep = 8 << 10
-	t.b = append(t.b, p...)
-	if len(t.b) > keep {
-		t.b = t.b[len(t.b)-keep:]
-	}
-	return len(p), nil
-}
-
-// why is the first line of QEMU's output that reports an error (QEMU
-// prefixes its own with the binary's name, which is dropped), else the
-// last line.
-func (t *tailBuffer) why() string {
-	var last string
-	for _, line := range strings.Split(string(t.b), "\n") {
-		line = strings.TrimSpace(line)
-		if _, rest, ok := strings.Cut(line, ": "); ok && strings.HasPrefix(line, "qemu-system") {
-			line = rest
-		}
-		if line == "" {
-			continue
-		}
-		if strings.Contains(strings.ToLower(line), "error") || strings.Contains(line, "Could not access KVM") {
-			return line
-		}
-		last = line
-	}
-	return last
 }
 
 // TSCkHz implements vmm.Driver: the package's TSCkHz.
