@@ -342,6 +342,11 @@ func (p *bgProc) writeStdin(data []byte, closeStdin bool) error {
 	f, closed, exited := p.stdin, p.stdinClosed, p.exit != nil
 	p.mu.Unlock()
 	switch {
+	case exited && closeStdin && len(data) == 0:
+		// Nothing more would be read anyway: a client that writes its
+		// last input and then closes (two requests) must not fail
+		// because the process finished in between.
+		return nil
 	case exited:
 		return guestproto.Errorf(guestproto.CodeExited, "process %d has exited", p.pid)
 	case f == nil:

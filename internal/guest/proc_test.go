@@ -143,6 +143,7 @@ func TestProcessErrors(t *testing.T) {
 		{"bad pid", func() error { return c.SignalProcess(ctx, -1, "TERM") }, guestproto.ErrInvalid},
 		{"stdin to exited", func() error { return c.WriteProcessStdin(ctx, info.PID, []byte("x")) }, guestproto.ErrExited},
 		{"signal exited", func() error { return c.SignalProcess(ctx, info.PID, "TERM") }, guestproto.ErrExited},
+		{"close stdin of exited", func() error { return c.CloseProcessStdin(ctx, info.PID) }, nil},
 		{"stdin without stdin", func() error { return c.WriteProcessStdin(ctx, running.PID, []byte("x")) }, guestproto.ErrInvalid},
 		{"bad signal", func() error { return c.SignalProcess(ctx, running.PID, "NOPE") }, guestproto.ErrInvalid},
 		{"signal out of range", func() error { return c.SignalProcess(ctx, running.PID, "99") }, guestproto.ErrInvalid},
