@@ -104,6 +104,7 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"fork", "abc", "--host", "h2", "--spread"}, "--host and --spread cannot be used together"},
 		{[]string{"fork", "abc", "--spread", "--host", ""}, "--host and --spread cannot be used together"},
 		{[]string{"fork", "abc", "--host", ""}, "--host needs a host id"},
+		{[]string{"resume", "abc", "--host", ""}, "--host needs a host id"},
 		{[]string{"fork", "abc", "-n", "0"}, "--count must be at least 1"},
 	}
 	for _, tt := range tests {
@@ -266,6 +267,8 @@ func TestPlacementFlags(t *testing.T) {
 		{[]string{"fork", "abc", "-n", "3", "--spread"}, `POST /v1/sandboxes/abc/fork {"count":3,"placement":"spread"}`},
 		{[]string{"fork", "abc", "--host", "h2"}, `POST /v1/sandboxes/abc/fork {"count":1,"placement":{"host":"h2"}}`},
 		{[]string{"fork", "abc", "--host", "h2", "--spread=false"}, `POST /v1/sandboxes/abc/fork {"count":1,"placement":{"host":"h2"}}`},
+		{[]string{"resume", "abc"}, `POST /v1/sandboxes/abc/resume `},
+		{[]string{"resume", "abc", "--host", "h2"}, `POST /v1/sandboxes/abc/resume {"placement":{"host":"h2"}}`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -291,8 +291,21 @@ func pauseCmd(g *globals) *cobra.Command {
 }
 
 func resumeCmd(g *globals) *cobra.Command {
-	return stateCmd(g, "resume", "Resume a paused sandbox from its saved state (its TTL starts again)",
-		func(sb *pandastack.Sandbox, cmd *cobra.Command) error { return sb.Resume(cmd.Context()) })
+	var host string
+	cmd := stateCmd(g, "resume", "Resume a paused sandbox from its saved state (its TTL starts again)",
+		func(sb *pandastack.Sandbox, cmd *cobra.Command) error {
+			if !cmd.Flags().Changed("host") {
+				return sb.Resume(cmd.Context())
+			}
+			if host == "" {
+				return errors.New("--host needs a host id (see panda hosts)")
+			}
+			return sb.ResumeOn(cmd.Context(), pandastack.OnHost(host))
+		})
+	cmd.Example = `  panda resume $ID
+  panda resume $ID --host h2   # on a fleet: on host h2, from the object store`
+	cmd.Flags().StringVar(&host, "host", "", "resume on this host (see panda hosts; default: where it was paused); on a fleet whose hosts share an object store")
+	return cmd
 }
 
 func forkCmd(g *globals) *cobra.Command {
