@@ -622,3 +622,72 @@ func countCalls(h *hosttest.Host, m hosttest.Method) int {
 	}
 	return n
 }
+
+// TestFleetRestoreSnapshotElsewhere: a snapshot restored on another host
+// than its own waits until it is durable in the object store, which the
+// other host fetches it from; until then the create is refused as the
+// store's trouble (503), not as an unknown snapshot, and leaves no record.
+func TestFleetRestoreSnapshotElsewhere(t *testing.T) {
+	e := newFleetEnv(t, true)
+	sb := e.createOn("a")
+	restoreOn := func(sn catalog.Snapshot, hostID string) (catalog.Sandbox, error) {
+		return e.p.Create(t.Context(), e.key, control.CreateRequest{SnapshotID: sn.ID, Placement: scheduler.Placement{Host: hostID}})
+	}
+	awaits := func() (n int) {
+		for _, c := range e.a.Calls() {
+			if c.Method == hosttest.AwaitStored {
+				n++
+			}
+		}
+		return n
+	}
+
+	sn, err := e.p.Snapshot(t.Context(), e.key, sb, "durable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := restoreOn(sn, "b")
+	if err != nil {
+		t.Fatalf("restore on b: %v", err)
+	}
+	if info, ok := e.b.Sandbox(child.ID); child.HostID != "b" || !ok || info.Snapshot != sn.ID {
+		t.Errorf("restored %+v (on b: %+v), want it on b from %s", child, info, sn.ID)
+	}
+	if n := awaits(); n != 1 {
+		t.Errorf("host a was asked %d times whether the snapshot is durable, want once", n)
+	}
+	// On its own host, nothing waits for the store.
+	if _, err := restoreOn(sn, "a"); err != nil {
+		t.Fatalf("restore on a: %v", err)
+	}
+	if n := awaits(); n != 1 {
+		t.Errorf("a restore on the snapshot's own host waited for the store (%d waits)", n)
+	}
+
+	e.store.SetDown(true)
+	stuck, err := e.p.Snapshot(t.Context(), e.key, sb, "uploading")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = restoreOn(stuck, "b")
+	wantKind(t, "restore elsewhere of a snapshot not in the store", err, control.Unavailable, []string{"object store"})
+	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 3 {
+		t.Errorf("%d live records after the refused restore, want 3", len(live))
+	}
+	if _, err := restoreOn(stuck, "a"); err != nil {
+		t.Errorf("restore on the snapshot's own host with the store down: %v", err)
+	}
+}
+
+// TestFleetRestoreSnapshotWithoutStore: hosts without an object store
+// cannot restore each other's snapshots; the error says what to do.
+func TestFleetRestoreSnapshotWithoutStore(t *testing.T) {
+	e := newFleetEnv(t, false)
+	sb := e.createOn("a")
+	sn, err := e.p.Snapshot(t.Context(), e.key, sb, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.p.Create(t.Context(), e.key, control.CreateRequest{SnapshotID: sn.ID, Placement: scheduler.Placement{Host: "b"}})
+	wantKind(t, "restore elsewhere without a store", err, control.Invalid, []string{"no object store", "restore it there"})
+}

@@ -127,6 +127,11 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			ParentHost: sn.HostID, Placement: req.Placement}); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
+		if hostID != sn.HostID {
+			if err := p.snapshotInStore(ctx, sn, hostID); err != nil {
+				return catalog.Sandbox{}, host.CreateRequest{}, err
+			}
+		}
 		if t, _, err := h.Templates().Lookup(ctx, tp); err == nil && t != nil {
 			diskMiB = t.DiskMiB
 		}
@@ -244,6 +249,38 @@ func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.P
 		x.UpdatedAt = p.now()
 		return nil
 	})
+}
+
+// snapshotInStore returns once snapshot sn, about to be restored on host
+// to (not its own), is durable in the object store, where to fetches it:
+// a snapshot is uploaded in the background after it is taken, and a
+// create that came before the upload ended would not find it. If the
+// snapshot's host is lost, to tries the store as it is.
+func (p *Plane) snapshotInStore(ctx context.Context, sn catalog.Snapshot, to string) error {
+	src, err := p.on(sn.HostID)
+	if errors.Is(err, ErrHostLost) {
+		p.log.Info("restore a snapshot whose host is lost", "snapshot_id", sn.ID, "host_id", sn.HostID, "to", to)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	tr, _ := src.(host.Transferer)
+	t0 := p.now()
+	if _, err := p.awaitStore(ctx, src, tr, sn.HostID, sn.ID); err != nil {
+		var e *Error
+		switch {
+		case errors.Is(err, host.ErrNotFound):
+			return Errorf(NotFound, "snapshot %s not found on its host %s", sn.ID, sn.HostID)
+		case errors.As(err, &e) && e.Kind == Invalid:
+			return &Error{Kind: Invalid, Err: err, Msg: fmt.Sprintf("snapshot %s is on host %s, which has no object store: "+
+				"restore it there (no placement), or give the hosts a shared store (panda agent --store)", sn.ID, sn.HostID)}
+		}
+		return fmt.Errorf("restore snapshot %s on host %s: %w", sn.ID, to, err)
+	}
+	p.log.Info("snapshot durable for a restore on another host", "snapshot_id", sn.ID, "host_id", sn.HostID, "to", to,
+		"waited_ms", p.now().Sub(t0).Milliseconds())
+	return nil
 }
 
 // placeOne places one sandbox: its host's client and id.
