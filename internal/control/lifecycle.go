@@ -799,6 +799,14 @@ func (p *Plane) expire(ctx context.Context, sb catalog.Sandbox) {
 		if ctx.Err() != nil {
 			return
 		}
+		if err := errors.Join(err, perr); errors.Is(err, ErrHostLost) || errors.Is(err, host.ErrUnavailable) {
+			// Its host cannot be reached (lost, or restarting): the
+			// sandbox may well be running there still, and a kill would
+			// lose what the pause was asked to keep. Retried every tick
+			// until the host is back (a kill by its owner still works).
+			p.log.Debug("pause expired sandbox: its host is unavailable; retried", "sandbox_id", sb.ID, "err", err)
+			return
+		}
 		p.log.Error("pause expired sandbox; killing it instead", "sandbox_id", sb.ID, "err", errors.Join(err, perr))
 	}
 	if err := p.Stop(ctx, sb.ID, "expired"); err != nil {

@@ -68,6 +68,43 @@ func TestExpiry(t *testing.T) {
 	}
 }
 
+// An expired sandbox that asked to be paused is not killed instead when
+// its host cannot be reached (lost, or its agent restarting): it may run
+// there still, and the pause is retried until the host answers.
+func TestExpiryPauseWaitsForHost(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(control.CreateRequest{TTLSeconds: ptr(60), OnExpire: "pause"})
+	stop := e.loop()
+	now := e.clock.advance(61 * time.Second)
+	g := e.h.Block(hosttest.Pause, sb.ID)
+	e.tick <- now
+	<-g.Reached()
+	g.Release(fmt.Errorf("host h1 lost: %w", host.ErrUnavailable))
+	// The next pause is only tried once the first expiry has returned (one
+	// at a time per sandbox): reaching it means the first gave up.
+	for again := e.h.Block(hosttest.Pause, sb.ID); ; {
+		e.tick <- now
+		select {
+		case <-again.Reached():
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		default:
+			if n := e.h.CallsOf(hosttest.Kill, sb.ID); n != 0 {
+				t.Fatalf("the host was asked %d times to kill the sandbox whose pause could not reach it", n)
+			}
+			continue
+		}
+		again.Release(nil)
+		break
+	}
+	stop()
+	e.p.Shutdown(t.Context())
+	e.wantState(sb.ID, catalog.StatePaused, "")
+	if info, _ := e.h.Sandbox(sb.ID); info.State != lifecycle.Paused {
+		t.Errorf("on the host the expired sandbox is %s, want paused", info.State)
+	}
+}
+
 // A paused sandbox never expires.
 func TestPausedDoesNotExpire(t *testing.T) {
 	e := newEnv(t, nil)
