@@ -67,7 +67,7 @@ type fleetEnv struct {
 	key   catalog.Key
 }
 
-func newFleetEnv(t *testing.T, store bool) *fleetEnv {
+func newFleetEnv(t *testing.T, store bool, cfgs ...func(*control.Config)) *fleetEnv {
 	t.Helper()
 	cat, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
 	if err != nil {
@@ -82,9 +82,13 @@ func newFleetEnv(t *testing.T, store bool) *fleetEnv {
 		e.a.UseStore(e.store)
 		e.b.UseStore(e.store)
 	}
-	e.p, err = control.NewFleet(control.Config{DefaultTTL: 5 * time.Minute, MaxTTL: time.Hour,
+	cfg := control.Config{DefaultTTL: 5 * time.Minute, MaxTTL: time.Hour,
 		MaxSandboxesPerKey: 100, MaxMemoryMiBPerKey: 1 << 20, MaxVCPUsPerKey: 1000, MaxDiskMiBPerKey: 1 << 30,
-		StoppedRetention: time.Hour, StoreDownAfter: 100 * time.Millisecond}, cat, e.f, nil)
+		StoppedRetention: time.Hour, StoreDownAfter: 100 * time.Millisecond}
+	for _, f := range cfgs {
+		f(&cfg)
+	}
+	e.p, err = control.NewFleet(cfg, cat, e.f, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,4 +694,50 @@ func TestFleetRestoreSnapshotWithoutStore(t *testing.T) {
 	}
 	_, err = e.p.Create(t.Context(), e.key, control.CreateRequest{SnapshotID: sn.ID, Placement: scheduler.Placement{Host: "b"}})
 	wantKind(t, "restore elsewhere without a store", err, control.Invalid, []string{"no object store", "restore it there"})
+}
+
+// TestFleetExpiryOnLostHost: at the end of its TTL, a sandbox of a lost
+// host that asked to be killed is stopped; one that asked to be paused is
+// left alone (no pause is even tried: it would flap its record) and is
+// paused once its host is back.
+func TestFleetExpiryOnLostHost(t *testing.T) {
+	clk := &clock{now: t0}
+	tick := make(chan time.Time)
+	e := newFleetEnv(t, true, func(c *control.Config) { c.Now, c.Tick = clk.Now, tick })
+	create := func(onExpire string) catalog.Sandbox {
+		sb, err := e.p.Create(t.Context(), e.key, control.CreateRequest{TTLSeconds: ptr(60), OnExpire: onExpire, Placement: scheduler.Placement{Host: "a"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	kill, pause := create("kill"), create("pause")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); e.p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	e.f.set("a", scheduler.Lost)
+	now := clk.advance(61 * time.Second)
+	// The kill of the lost one is recorded at once.
+	for e.get(kill.ID).State != catalog.StateStopped {
+		tick <- now
+	}
+	for range 20 { // a pause tried would have been recorded by now
+		tick <- now
+	}
+	if got := e.get(pause.ID); got.State != catalog.StateRunning || got.LastError != "" {
+		t.Errorf("the sandbox to pause is %s (last error %q) while its host is lost, want running untouched", got.State, got.LastError)
+	}
+	if n := e.a.CallsOf(hosttest.Pause, pause.ID); n != 0 {
+		t.Errorf("host a was asked %d times to pause while lost", n)
+	}
+
+	e.f.set("a", scheduler.Ready)
+	for e.get(pause.ID).State != catalog.StatePaused {
+		tick <- now
+	}
+	if n := e.a.CallsOf(hosttest.Kill, pause.ID); n != 0 {
+		t.Errorf("host a was asked %d times to kill the sandbox to pause", n)
+	}
 }

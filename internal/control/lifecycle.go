@@ -787,6 +787,9 @@ func (p *Plane) Run(ctx context.Context) error {
 // (and the pause works), else stopped.
 func (p *Plane) expire(ctx context.Context, sb catalog.Sandbox) {
 	if sb.OnExpire == "pause" && sb.State == catalog.StateRunning {
+		if _, err := p.on(sb.HostID); errors.Is(err, ErrHostLost) {
+			return // not even tried (each try is two records and events) until the host is back
+		}
 		o, err := p.pause(sb.ID)
 		var perr error
 		if err == nil {
