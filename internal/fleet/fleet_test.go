@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,6 +160,20 @@ func TestLostAndBack(t *testing.T) {
 	}
 	if st := state(t, r, "h1"); st != scheduler.Lost {
 		t.Errorf("inventory: %s", st)
+	}
+	// A call for one of its sandboxes says that the sandbox is lost.
+	key := catalog.Key{ID: "k1", Name: "k", Hash: "h1", CreatedAt: c.Now()}
+	if err := cat.CreateKey(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	sb := catalog.Sandbox{ID: "sb1", KeyID: key.ID, HostID: "h1", Template: "base", State: catalog.StateRunning, MemoryMiB: 256, VCPUs: 1,
+		CreatedAt: c.Now(), UpdatedAt: c.Now(), ExpiresAt: c.Now().Add(time.Hour)}
+	if err := cat.ReserveSandbox(ctx, sb, catalog.Limits{Sandboxes: -1, MemoryMiB: -1, VCPUs: -1, DiskMiB: -1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := fleet.NewRouter(r, cat).Get(ctx, sb.ID)
+	if ce := control.Classify(err); ce.Kind != control.Unavailable || !strings.Contains(ce.Msg, "sandbox sb1 is lost: its host h1 stopped heartbeating") {
+		t.Errorf("a call for a sandbox of a lost host: %v (%s: %q), want unavailable saying it is lost", err, ce.Kind, ce.Msg)
 	}
 	if err := r.Heartbeat(ctx, "h1", "agent-1", host.Load{}); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"net"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
@@ -42,7 +43,12 @@ func (rt *Router) of(ctx context.Context, id string) (host.Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rt.reg.Host(sb.HostID)
+	h, err := rt.reg.Host(sb.HostID)
+	if errors.Is(err, control.ErrHostLost) {
+		return nil, &control.Error{Kind: control.Unavailable, Err: err, Msg: fmt.Sprintf(
+			"sandbox %s is lost: its host %s stopped heartbeating; it is back as it was if the host returns (kill it to free its quota)", id, sb.HostID)}
+	}
+	return h, err
 }
 
 // first returns the first ready host.
