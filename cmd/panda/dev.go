@@ -32,6 +32,7 @@ func devClusterCmd() *cobra.Command {
 		store, images   string
 		defaultTemplate string
 		defaultMemory   int
+		agentMemory     int
 		hostLostAfter   time.Duration
 		lazyRestore     bool
 		name, subnet    string
@@ -85,7 +86,8 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 			}
 			cfg := devcluster.Config{Agents: agents, DataDir: dataDir, Listen: listen, Store: store, Images: images,
 				Binary: bin, Versitygw: gw, Env: os.Environ(), Out: cmd.OutOrStdout(), Name: name, Subnet: net,
-				AgentArgs: []string{"--default-template", defaultTemplate, "--default-memory", fmt.Sprint(defaultMemory)}}
+				AgentArgs:      []string{"--default-template", defaultTemplate, "--default-memory", fmt.Sprint(defaultMemory)},
+				AgentMemoryMiB: agentMemory}
 			if lazyRestore {
 				if store == devcluster.StoreNone {
 					return fmt.Errorf("--lazy-restore needs an object store (--store s3 or dir)")
@@ -109,6 +111,7 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 	f.StringVar(&name, "name", d.Name, "prefix of the cluster's namespaces, veths and bridge (1-5 of a-z, 0-9): one per cluster running at once")
 	f.StringVar(&subnet, "subnet", d.Subnet.String(), "IPv4 network of the bridge joining the agents (/24 or larger; must not overlap this machine's)")
 	f.BoolVar(&lazyRestore, "lazy-restore", false, "agents restore snapshots and paused sandboxes they do not hold with memory paged in on first touch (docs/lazy-restore.md)")
+	f.IntVar(&agentMemory, "agent-memory", 0, "memory (MiB) each agent offers the fleet (default: the machine's shared out among them; -1: the whole machine's each)")
 	f.DurationVar(&hostLostAfter, "host-lost-after", 0, "a host that misses heartbeats this long is lost (default: the server's, 10s)")
 	return cmd
 }
@@ -149,7 +152,11 @@ func printDevCluster(out io.Writer, c *devcluster.Cluster) {
 		fmt.Fprintf(out, "  object store  none\n")
 	}
 	fmt.Fprintf(out, "  logs          %s\n", c.LogDir())
-	fmt.Fprintf(out, "  hosts\n")
+	if m := c.AgentMemoryMiB(); m > 0 {
+		fmt.Fprintf(out, "  hosts         each offers %d MiB of this machine's memory (--agent-memory)\n", m)
+	} else {
+		fmt.Fprintf(out, "  hosts\n")
+	}
 	for _, a := range c.Agents() {
 		fmt.Fprintf(out, "    %-9s %s  (namespace %s, data %s, pid %d)\n", a.ID, a.URL, filepath.Base(a.NetNS), a.DataDir, a.PID())
 	}

@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog/pgserver"
+	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/objstore/versitygw"
 )
 
@@ -84,6 +85,11 @@ type Config struct {
 	// ReadyTimeout bounds the wait for every agent to be ready (template
 	// bakes included).
 	ReadyTimeout time.Duration
+	// AgentMemoryMiB is the memory each agent offers the fleet (panda
+	// agent --host-memory): 0 shares the machine's out among the agents,
+	// so that the scheduler sees one machine's memory, not N times it;
+	// negative: each offers the whole machine's.
+	AgentMemoryMiB int
 }
 
 // Defaults are the values of the fields a Config leaves zero.
@@ -124,6 +130,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ReadyTimeout <= 0 {
 		c.ReadyTimeout = d.ReadyTimeout
+	}
+	if c.AgentMemoryMiB == 0 && c.Agents > 0 {
+		c.AgentMemoryMiB = max(1, host.LocalResources().MemoryMiB/c.Agents)
 	}
 	if c.Out == nil {
 		c.Out = io.Discard
@@ -557,6 +566,9 @@ func (c *Cluster) startAgents(ctx context.Context, nsenter string, netnses []str
 		if c.storeURL != "" {
 			argv = append(argv, "--store", c.storeURL)
 		}
+		if c.cfg.AgentMemoryMiB > 0 {
+			argv = append(argv, "--host-memory", strconv.Itoa(c.cfg.AgentMemoryMiB))
+		}
 		argv = append(argv, c.cfg.AgentArgs...)
 		a.p = &proc{name: a.ID, argv: argv, env: env, log: filepath.Join(c.logDir(), a.ID+".log"), out: c.out}
 		a.p.onExit = func(err error) {
@@ -714,6 +726,10 @@ func (c *Cluster) AgentURL() string { return c.agentURL }
 
 // DataDir is the cluster's data directory.
 func (c *Cluster) DataDir() string { return c.dataDir }
+
+// AgentMemoryMiB is the memory each agent offers the fleet (0: the
+// machine's).
+func (c *Cluster) AgentMemoryMiB() int { return max(0, c.cfg.AgentMemoryMiB) }
 
 // Temporary reports whether Close removes the data directory.
 func (c *Cluster) Temporary() bool { return c.temp }

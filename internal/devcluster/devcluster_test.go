@@ -31,6 +31,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/devcluster"
+	hostpkg "github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -208,9 +209,11 @@ type sandbox struct {
 }
 
 type host struct {
-	ID       string `json:"id"`
-	State    string `json:"state"`
-	Draining bool   `json:"draining"`
+	ID        string `json:"id"`
+	State     string `json:"state"`
+	Draining  bool   `json:"draining"`
+	MemoryMiB int    `json:"memory_mib"`
+	FreeMiB   int    `json:"memory_available_mib"`
 }
 
 // create creates a sandbox (placement nil: the scheduler's choice) and
@@ -343,6 +346,16 @@ func TestDevCluster(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("hosts: got %v, want %v", got, want)
 		}
+		// The agents share the machine's memory out: each offers a third.
+		offered := c.AgentMemoryMiB()
+		if total := hostpkg.LocalResources().MemoryMiB; offered != total/3 {
+			t.Errorf("each agent offers %d MiB, want a third of the machine's %d", offered, total)
+		}
+		for _, h := range hs {
+			if h.MemoryMiB != offered || h.FreeMiB <= 0 || h.FreeMiB > offered {
+				t.Errorf("host %s: memory %d MiB, %d free; want %d, and free within it", h.ID, h.MemoryMiB, h.FreeMiB, offered)
+			}
+		}
 	})
 
 	var onTwo sandbox // on agent-2, killed with its host below
@@ -357,6 +370,16 @@ func TestDevCluster(t *testing.T) {
 				onTwo = sb
 			}
 		}
+		// What its machines hold counts against what a host offers, in
+		// its next heartbeats.
+		poll(t, 20*time.Second, "agent-2's free memory to count its sandbox", func() bool {
+			for _, h := range a.hosts() {
+				if h.ID == "agent-2" {
+					return h.FreeMiB > 0 && h.FreeMiB < h.MemoryMiB
+				}
+			}
+			return false
+		})
 	})
 
 	t.Run("fork stays on the parent's host", func(t *testing.T) {

@@ -31,6 +31,9 @@ type joinConfig struct {
 	server    string // the control plane's REST API
 	joinToken string
 	reg       host.Registration // ID, URL, Token, CACert, Capacity
+	// memoryMiB is the memory this host offers (Config.HostMemoryMiB;
+	// 0: the machine's).
+	memoryMiB int
 }
 
 // prepareJoin checks cfg's join settings and returns the registration of
@@ -68,7 +71,7 @@ func prepareJoin(cfg Config, listen net.Addr, agentToken, caFile string) (*joinC
 	if err != nil {
 		return nil, fmt.Errorf("read the agent's CA: %w", err)
 	}
-	return &joinConfig{server: strings.TrimRight(cfg.ServerURL, "/"), joinToken: cfg.JoinToken,
+	return &joinConfig{server: strings.TrimRight(cfg.ServerURL, "/"), joinToken: cfg.JoinToken, memoryMiB: cfg.HostMemoryMiB,
 		reg: host.Registration{ID: id, URL: adv, Token: agentToken, CACert: string(ca)}}, nil
 }
 
@@ -115,7 +118,7 @@ func join(ctx context.Context, jc *joinConfig, ag *agent.Agent, dataDir string, 
 		var err error
 		if !registered {
 			reg := jc.reg
-			reg.Capacity, reg.Load = capacity(ag, dataDir), load(ag, dataDir)
+			reg.Capacity, reg.Load = capacity(ag, dataDir, jc.memoryMiB), load(ag, dataDir, jc.memoryMiB)
 			if err = post(ctx, client, jc, "/v1/fleet/join", reg); err == nil {
 				registered = true
 				backoff = 500 * time.Millisecond
@@ -123,7 +126,7 @@ func join(ctx context.Context, jc *joinConfig, ag *agent.Agent, dataDir string, 
 				log.Info("joined the control plane", "server", jc.server, "host_id", reg.ID, "url", reg.URL)
 			}
 		} else {
-			err = post(ctx, client, jc, "/v1/fleet/hosts/"+jc.reg.ID+"/heartbeat", map[string]any{"token": jc.reg.Token, "load": load(ag, dataDir)})
+			err = post(ctx, client, jc, "/v1/fleet/hosts/"+jc.reg.ID+"/heartbeat", map[string]any{"token": jc.reg.Token, "load": load(ag, dataDir, jc.memoryMiB)})
 			var se *statusError
 			if errors.As(err, &se) && se.status == http.StatusNotFound {
 				log.Warn("the control plane does not know this host: registering again", "host_id", jc.reg.ID)
@@ -175,10 +178,14 @@ func post(ctx context.Context, client *http.Client, jc *joinConfig, path string,
 	return &statusError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
 }
 
-// capacity is what this host offers.
-func capacity(ag *agent.Agent, dataDir string) host.Capacity {
+// capacity is what this host offers: its CPUs, its memory or memMiB of
+// it (if set and smaller), its data directory's disk, its accelerator.
+func capacity(ag *agent.Agent, dataDir string, memMiB int) host.Capacity {
 	res := host.LocalResources()
 	c := host.Capacity{CPUs: res.VCPUs, MemoryMiB: int64(res.MemoryMiB), Accel: string(ag.Accel())}
+	if memMiB > 0 {
+		c.MemoryMiB = min(c.MemoryMiB, int64(memMiB))
+	}
 	var st unix.Statfs_t
 	if unix.Statfs(dataDir, &st) == nil {
 		c.DiskMiB = int64(st.Blocks) * int64(st.Bsize) >> 20
@@ -186,10 +193,20 @@ func capacity(ag *agent.Agent, dataDir string) host.Capacity {
 	return c
 }
 
+// freeMemoryMiB is the free memory a host reports: the machine's
+// MemAvailable, or, on a host offering memMiB of it, what its machines
+// leave of that (inUse: bytes) if less.
+func freeMemoryMiB(availMiB int64, memMiB int, inUse func() int64) int64 {
+	if memMiB <= 0 {
+		return availMiB
+	}
+	return max(0, min(availMiB, int64(memMiB)-inUse()>>20))
+}
+
 // load is this host's state now.
-func load(ag *agent.Agent, dataDir string) host.Load {
+func load(ag *agent.Agent, dataDir string, memMiB int) host.Load {
 	res := host.LocalResources()
-	l := host.Load{FreeMemoryMiB: int64(res.MemoryAvailableMiB), Sandboxes: len(ag.List()), Templates: []string{}}
+	l := host.Load{FreeMemoryMiB: freeMemoryMiB(int64(res.MemoryAvailableMiB), memMiB, ag.MemoryInUse), Sandboxes: len(ag.List()), Templates: []string{}}
 	var st unix.Statfs_t
 	if unix.Statfs(dataDir, &st) == nil {
 		l.DiskFreeMiB = int64(st.Bavail) * int64(st.Bsize) >> 20

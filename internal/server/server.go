@@ -170,6 +170,12 @@ type Config struct {
 	JoinToken    string `yaml:"join_token"`
 	HostID       string `yaml:"host_id"`
 	AdvertiseURL string `yaml:"advertise_url"`
+	// HostMemoryMiB is the memory (MiB) `panda agent` offers the fleet
+	// when less than the machine's (0): its capacity, and the most free
+	// memory it reports — that less what its machines hold. For agents
+	// that share a machine (panda dev cluster) or a machine that keeps
+	// memory for other work.
+	HostMemoryMiB int `yaml:"host_memory_mib"`
 	// TLSHosts are more host names and addresses for the certificate of
 	// `panda agent` (besides localhost, the listen address, this host's
 	// name, and every address of this host when listening on all).
@@ -269,6 +275,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.networkConfig(nil); err != nil {
 		return err
+	}
+	if c.HostMemoryMiB < 0 {
+		return fmt.Errorf("host memory %d MiB: must not be negative (0: the machine's)", c.HostMemoryMiB)
 	}
 	if c.MaxTemplateBuilds < 0 || c.TemplateMaxSizeMiB < 0 {
 		return errors.New("max_template_builds and template_max_size_mib must not be negative")
