@@ -139,6 +139,9 @@ func classify(err error) *Error {
 		return Errorf(Invalid, "%s", userMessage(err))
 	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict), errors.Is(err, template.ErrConflict):
 		return Errorf(Conflict, "%s", userMessage(err))
+	case errors.As(err, new(*host.UnreachableError)):
+		// Its text names the agent's address: for the logs only.
+		return Errorf(Unavailable, "a host agent cannot be reached right now; retry in a few seconds")
 	case errors.Is(err, host.ErrUnavailable):
 		return Errorf(Unavailable, "%s", userMessage(err))
 	case errors.Is(err, errors.ErrUnsupported):

@@ -45,6 +45,10 @@ func TestClassify(t *testing.T) {
 			NoSpace, "out of disk space", "/var/lib"},
 		{fmt.Errorf("resume x: %w: its saved memory or disk does not match its checksums", host.ErrCorrupt), Corrupt, "checksums", ""},
 		{fmt.Errorf("guest: %w", host.ErrNotReady), Unavailable, "retry", ""},
+		// Where a host agent is, is logged, never shown.
+		{fmt.Errorf("exec: %w", &host.UnreachableError{Addr: "https://10.0.0.21:7789", Err: errors.New("dial tcp 10.0.0.21:7789: connect: connection refused")}),
+			Unavailable, "cannot be reached", "10.0.0.21"},
+		{fmt.Errorf("x: %w", host.ErrUnavailable), Unavailable, "host agent unavailable", ""},
 		{fmt.Errorf("start: %w", vmm.ErrExhausted), Unavailable, "no room", ""},
 		{fmt.Errorf("x: %w", template.ErrNotFound), NotFound, "", "/"},
 		{fmt.Errorf("create: bake web-256m-1c: %w", &template.ReadyError{Msg: "the ready command did not succeed within 1s (3 tries); its last run: exit 1: no"}),

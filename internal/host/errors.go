@@ -1,6 +1,9 @@
 package host
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // The error classes a host reports (wrapped; test with errors.Is). The
 // control plane turns them into what users see.
@@ -22,3 +25,18 @@ var (
 	// agent stopped it because it was shutting down.
 	ErrHostShutdown = errors.New("host agent shut down")
 )
+
+// UnreachableError is a failure to talk to a host agent at all (it is
+// ErrUnavailable): its text names the agent's address and the transport's
+// error, for the control plane's logs; users are only told that a host
+// cannot be reached, never where it is.
+type UnreachableError struct {
+	Addr string // the agent's URL
+	Err  error  // the transport's error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("%v: %s: %v", ErrUnavailable, e.Addr, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }

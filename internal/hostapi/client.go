@@ -196,11 +196,12 @@ func (c *Client) transportError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	ue := &host.UnreachableError{Addr: c.base, Err: err}
 	var cve *tls.CertificateVerificationError
 	if errors.As(err, &cve) {
-		return fmt.Errorf("%w: %w: %s: %v", host.ErrUnavailable, ErrUntrusted, c.base, err)
+		return fmt.Errorf("%w: %w", ErrUntrusted, ue)
 	}
-	return fmt.Errorf("%w: %s: %v", host.ErrUnavailable, c.base, err)
+	return ue
 }
 
 func readError(res *http.Response) error {

@@ -821,8 +821,10 @@ func TestAuth(t *testing.T) {
 	if _, err := hostapi.Dial(plain, testToken); err == nil {
 		t.Errorf("dial %s (no TLS) of a TLS agent: got no error", plain)
 	}
-	if _, err := hostapi.Dial("http://127.0.0.1:1", testToken); !errors.Is(err, host.ErrUnavailable) {
-		t.Errorf("dial nothing: got %v, want host.ErrUnavailable", err)
+	_, err = hostapi.Dial("http://127.0.0.1:1", testToken)
+	var ue *host.UnreachableError
+	if !errors.Is(err, host.ErrUnavailable) || !errors.As(err, &ue) || !strings.HasPrefix(ue.Addr, "http://127.0.0.1:1/") {
+		t.Errorf("dial nothing: got %v, want a host.UnreachableError (host.ErrUnavailable) naming the address", err)
 	}
 }
 
