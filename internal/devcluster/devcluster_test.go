@@ -382,6 +382,35 @@ func TestDevCluster(t *testing.T) {
 		})
 	})
 
+	t.Run("templates of every host", func(t *testing.T) {
+		a.t = t
+		// A shape only agent-2 bakes (every agent baked tiny at 256 MiB)
+		// is listed as baked, whichever host the listing asks first.
+		body := map[string]any{"ttl_seconds": 600, "template": "tiny", "memory_mib": 512, "placement": map[string]any{"host": "agent-2"}}
+		var sb sandbox
+		if st, b := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, &sb); st != http.StatusCreated && st != http.StatusOK {
+			t.Fatalf("create tiny at 512 MiB on agent-2: %d %s", st, b)
+		}
+		defer a.do(http.MethodDelete, "/v1/sandboxes/"+sb.ID, a.key, nil, nil)
+		var out struct {
+			Templates []struct {
+				Name      string `json:"name"`
+				MemoryMiB int    `json:"memory_mib"`
+				State     string `json:"state"`
+			} `json:"templates"`
+		}
+		if st, b := a.do(http.MethodGet, "/v1/templates", a.key, nil, &out); st != http.StatusOK {
+			t.Fatalf("list templates: %d %s", st, b)
+		}
+		var got []string
+		for _, tp := range out.Templates {
+			got = append(got, fmt.Sprintf("%s/%d/%s", tp.Name, tp.MemoryMiB, tp.State))
+		}
+		if !slices.Contains(got, "tiny/512/ready") || !slices.Contains(got, "tiny/256/ready") {
+			t.Errorf("templates %v, want tiny at 256 and at 512 MiB ready", got)
+		}
+	})
+
 	t.Run("fork stays on the parent's host", func(t *testing.T) {
 		a.t = t
 		if onTwo.ID == "" {

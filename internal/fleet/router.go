@@ -1,10 +1,14 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
+	"strings"
 
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
@@ -216,9 +220,11 @@ func (rt *Router) Snapshots(ctx context.Context) ([]host.SnapshotInfo, error) {
 	return out, nil
 }
 
-// routerTemplates is the template store of the first ready host, for the
-// API's template listing; placement finds each create's template on the
-// host it chooses.
+// routerTemplates is the fleet's templates as one store, for the API's
+// template listing: a template is baked if any host holds it (each host
+// bakes, or fetches from the object store, what its creates need), and a
+// bake goes to the first ready host. Placement finds each create's
+// template on the host it chooses, not here.
 type routerTemplates struct{ rt *Router }
 
 func (t routerTemplates) store() (host.Templates, error) {
@@ -229,28 +235,110 @@ func (t routerTemplates) store() (host.Templates, error) {
 	return h.Templates(), nil
 }
 
+// stores are the template stores of the hosts that are connected and not
+// lost, in host id order; an error if there is none.
+func (t routerTemplates) stores() ([]host.Templates, error) {
+	var out []host.Templates
+	for _, st := range t.rt.reg.Statuses() {
+		if st.Connected && st.Record.State != catalog.HostLost {
+			if h, err := t.rt.reg.Host(st.Record.ID); err == nil {
+				out = append(out, h.Templates())
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no host is connected: %w", host.ErrUnavailable)
+	}
+	return out, nil
+}
+
+// Lookup answers as the first host that holds p baked and fresh, else as
+// the first that holds it stale, else as the first host.
 func (t routerTemplates) Lookup(ctx context.Context, p template.Params) (*template.Template, string, error) {
-	s, err := t.store()
+	ss, err := t.stores()
 	if err != nil {
 		return nil, "", err
 	}
-	return s.Lookup(ctx, p)
+	type answer struct {
+		t      *template.Template
+		reason string
+		err    error
+	}
+	var first, stale *answer
+	for _, s := range ss {
+		tp, reason, err := s.Lookup(ctx, p)
+		a := &answer{tp, reason, err}
+		if err == nil && tp != nil && reason == "" {
+			return tp, "", nil
+		}
+		if first == nil {
+			first = a
+		}
+		if stale == nil && err == nil && tp != nil {
+			stale = a
+		}
+	}
+	if stale != nil {
+		first = stale
+	}
+	return first.t, first.reason, first.err
 }
 
+// List lists the templates baked on any host, each shape once (the most
+// recent bake); hosts that cannot answer are left out unless none can.
 func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) {
-	s, err := t.store()
+	ss, err := t.stores()
 	if err != nil {
 		return nil, err
 	}
-	return s.List(ctx)
+	byKey := map[string]template.Template{}
+	var firstErr error
+	answered := false
+	for _, s := range ss {
+		ts, err := s.List(ctx)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		answered = true
+		for _, tp := range ts {
+			if old, ok := byKey[tp.Key()]; !ok || tp.BakedAt.After(old.BakedAt) {
+				byKey[tp.Key()] = tp
+			}
+		}
+	}
+	if !answered {
+		return nil, firstErr
+	}
+	out := slices.Collect(maps.Values(byKey))
+	slices.SortFunc(out, func(a, b template.Template) int { return strings.Compare(a.Key(), b.Key()) })
+	return out, nil
 }
 
+// Names lists the template names any host knows.
 func (t routerTemplates) Names(ctx context.Context) ([]string, error) {
-	s, err := t.store()
+	ss, err := t.stores()
 	if err != nil {
 		return nil, err
 	}
-	return s.Names(ctx)
+	seen := map[string]bool{}
+	var firstErr error
+	answered := false
+	for _, s := range ss {
+		ns, err := s.Names(ctx)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		answered = true
+		for _, n := range ns {
+			seen[n] = true
+		}
+	}
+	if !answered {
+		return nil, firstErr
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
 }
 
 func (t routerTemplates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
