@@ -668,6 +668,12 @@ func TestFleetRestoreSnapshotElsewhere(t *testing.T) {
 		t.Errorf("a restore on the snapshot's own host waited for the store (%d waits)", n)
 	}
 
+	// A snapshot its host no longer holds is looked for in the store.
+	e.a.LoseSnapshot(sn.ID)
+	if _, err := restoreOn(sn, "b"); err != nil {
+		t.Errorf("restore on b of a snapshot only the store holds: %v", err)
+	}
+
 	e.store.SetDown(true)
 	stuck, err := e.p.Snapshot(t.Context(), e.key, sb, "uploading")
 	if err != nil {
@@ -675,8 +681,8 @@ func TestFleetRestoreSnapshotElsewhere(t *testing.T) {
 	}
 	_, err = restoreOn(stuck, "b")
 	wantKind(t, "restore elsewhere of a snapshot not in the store", err, control.Unavailable, []string{"object store"})
-	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 3 {
-		t.Errorf("%d live records after the refused restore, want 3", len(live))
+	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: control.LiveStates}); len(live) != 4 {
+		t.Errorf("%d live records after the refused restore, want 4", len(live))
 	}
 	if _, err := restoreOn(stuck, "a"); err != nil {
 		t.Errorf("restore on the snapshot's own host with the store down: %v", err)

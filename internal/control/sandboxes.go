@@ -255,7 +255,8 @@ func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.P
 // to (not its own), is durable in the object store, where to fetches it:
 // a snapshot is uploaded in the background after it is taken, and a
 // create that came before the upload ended would not find it. If the
-// snapshot's host is lost, to tries the store as it is.
+// snapshot's host is lost, or no longer holds it, to tries the store as
+// it is (404 if the store lacks it too).
 func (p *Plane) snapshotInStore(ctx context.Context, sn catalog.Snapshot, to string) error {
 	src, err := p.on(sn.HostID)
 	if errors.Is(err, ErrHostLost) {
@@ -271,7 +272,8 @@ func (p *Plane) snapshotInStore(ctx context.Context, sn catalog.Snapshot, to str
 		var e *Error
 		switch {
 		case errors.Is(err, host.ErrNotFound):
-			return Errorf(NotFound, "snapshot %s not found on its host %s", sn.ID, sn.HostID)
+			p.log.Info("restore a snapshot its host no longer holds", "snapshot_id", sn.ID, "host_id", sn.HostID, "to", to)
+			return nil
 		case errors.As(err, &e) && e.Kind == Invalid:
 			return &Error{Kind: Invalid, Err: err, Msg: fmt.Sprintf("snapshot %s is on host %s, which has no object store: "+
 				"restore it there (no placement), or give the hosts a shared store (panda agent --store)", sn.ID, sn.HostID)}

@@ -269,6 +269,14 @@ func (h *Host) HasSnapshot(id string) bool {
 	return ok
 }
 
+// LoseSnapshot removes the host's own copy of snapshot id (a disk
+// replaced); the object store's, if any, stays.
+func (h *Host) LoseSnapshot(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.snapshots, id)
+}
+
 // Lose removes sandbox id without telling anyone (a host that lost it
 // while the control plane was not listening).
 func (h *Host) Lose(id string) {
