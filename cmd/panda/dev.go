@@ -111,7 +111,7 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 	f.StringVar(&name, "name", d.Name, "prefix of the cluster's namespaces, veths and bridge (1-5 of a-z, 0-9): one per cluster running at once")
 	f.StringVar(&subnet, "subnet", d.Subnet.String(), "IPv4 network of the bridge joining the agents (/24 or larger; must not overlap this machine's)")
 	f.BoolVar(&lazyRestore, "lazy-restore", false, "agents restore snapshots and paused sandboxes they do not hold with memory paged in on first touch (docs/lazy-restore.md)")
-	f.IntVar(&agentMemory, "agent-memory", 0, "memory (MiB) each agent offers the fleet (default: the machine's shared out among them; -1: the whole machine's each)")
+	f.IntVar(&agentMemory, "agent-memory", 0, "memory (MiB) each agent offers the fleet (default: the machine's shared out among them, plus the 1 GiB the scheduler keeps free on each; -1: the whole machine's each)")
 	f.DurationVar(&hostLostAfter, "host-lost-after", 0, "a host that misses heartbeats this long is lost (default: the server's, 10s)")
 	return cmd
 }

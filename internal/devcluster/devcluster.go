@@ -43,6 +43,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog/pgserver"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/objstore/versitygw"
+	"github.com/pandastack/pandastack/internal/scheduler"
 )
 
 // Store kinds of Config.Store.
@@ -87,7 +88,9 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// AgentMemoryMiB is the memory each agent offers the fleet (panda
 	// agent --host-memory): 0 shares the machine's out among the agents,
-	// so that the scheduler sees one machine's memory, not N times it;
+	// so that the scheduler sees one machine's memory, not N times it
+	// (each share with the scheduler's reserve on top: the scheduler keeps
+	// that much free on every host, and one machine needs it once);
 	// negative: each offers the whole machine's.
 	AgentMemoryMiB int
 }
@@ -132,7 +135,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.ReadyTimeout = d.ReadyTimeout
 	}
 	if c.AgentMemoryMiB == 0 && c.Agents > 0 {
-		c.AgentMemoryMiB = max(1, host.LocalResources().MemoryMiB/c.Agents)
+		c.AgentMemoryMiB = host.LocalResources().MemoryMiB/c.Agents + scheduler.ReserveMiB
 	}
 	if c.Out == nil {
 		c.Out = io.Discard

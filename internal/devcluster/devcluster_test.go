@@ -34,6 +34,7 @@ import (
 	hostpkg "github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/scheduler"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -346,10 +347,11 @@ func TestDevCluster(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("hosts: got %v, want %v", got, want)
 		}
-		// The agents share the machine's memory out: each offers a third.
+		// The agents share the machine's memory out: each offers a third,
+		// and the scheduler's reserve it keeps free.
 		offered := c.AgentMemoryMiB()
-		if total := hostpkg.LocalResources().MemoryMiB; offered != total/3 {
-			t.Errorf("each agent offers %d MiB, want a third of the machine's %d", offered, total)
+		if total := hostpkg.LocalResources().MemoryMiB; offered != total/3+scheduler.ReserveMiB {
+			t.Errorf("each agent offers %d MiB, want a third of the machine's %d and %d MiB", offered, total, scheduler.ReserveMiB)
 		}
 		for _, h := range hs {
 			if h.MemoryMiB != offered || h.FreeMiB <= 0 || h.FreeMiB > offered {
