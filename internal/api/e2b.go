@@ -171,7 +171,7 @@ func (b e2bBackend) Resume(ctx context.Context, keyID, id string) (e2b.Sandbox, 
 	if _, err := b.Get(ctx, keyID, id); err != nil {
 		return e2b.Sandbox{}, err
 	}
-	sb, err := b.s.cp.Resume(ctx, id)
+	sb, err := b.s.cp.ResumeOn(ctx, id, scheduler.Placement{}) // off a draining host, as the REST API's
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}

@@ -747,3 +747,36 @@ func TestFleetExpiryOnLostHost(t *testing.T) {
 		t.Errorf("host a was asked %d times to kill the sandbox to pause", n)
 	}
 }
+
+// TestFleetResumeOffDrainingHost: a resume without a placement of a
+// sandbox paused on a draining host goes to another host (a drain empties
+// its host), and stays on its own host when none other can take it or the
+// capture cannot travel.
+func TestFleetResumeOffDrainingHost(t *testing.T) {
+	resume := func(e *fleetEnv, wantHost string) {
+		t.Helper()
+		sb := e.createOn("a")
+		if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		e.f.set("a", scheduler.Draining)
+		defer e.f.set("a", scheduler.Ready)
+		got, err := e.p.ResumeOn(t.Context(), sb.ID, scheduler.Placement{})
+		if err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		if got.State != catalog.StateRunning || got.HostID != wantHost {
+			t.Errorf("resumed: %s on %s, want running on %s", got.State, got.HostID, wantHost)
+		}
+		if _, onA := e.a.Sandbox(sb.ID); onA != (wantHost == "a") {
+			t.Errorf("host a holds the sandbox: %v, want %v", onA, wantHost == "a")
+		}
+	}
+	t.Run("to another host", func(t *testing.T) { resume(newFleetEnv(t, true), "b") })
+	t.Run("no store: on its own host", func(t *testing.T) { resume(newFleetEnv(t, false), "a") })
+	t.Run("no other host: on its own host", func(t *testing.T) {
+		e := newFleetEnv(t, true)
+		e.f.set("b", scheduler.Lost)
+		resume(e, "a")
+	})
+}

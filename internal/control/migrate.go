@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
@@ -54,6 +55,21 @@ func (p *Plane) placeElsewhere(ctx context.Context, sb catalog.Sandbox) (schedul
 		return scheduler.Choice{}, &Error{Kind: Conflict, Msg: "no other host can take it: " + err.Error(), Err: err}
 	}
 	return cs[0], nil
+}
+
+// onDrainingHost reports whether sandbox id is on a host that is
+// draining.
+func (p *Plane) onDrainingHost(ctx context.Context, id string) bool {
+	sb, err := p.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return false
+	}
+	for _, h := range p.fleet.Inventory(ctx) {
+		if h.ID == sb.HostID {
+			return h.State == scheduler.Draining
+		}
+	}
+	return false
 }
 
 // MoveTo moves running sandbox id to another host (the scheduler's choice
@@ -155,8 +171,13 @@ func (p *Plane) awaitPausedDurable(ctx context.Context, h host.Host, hostID, id 
 // Resume, its own host). On another host, once its capture is durable in
 // the object store, the new host fetches it and resumes it, and the old
 // host forgets its copy; the record names the new host.
+//
+// Without a placement, a sandbox whose host is draining resumes on the
+// host the scheduler picks among the others (a drain empties its host),
+// unless none can take it or the hosts share no object store: then on its
+// own host, as before the drain.
 func (p *Plane) ResumeOn(ctx context.Context, id string, pl scheduler.Placement) (catalog.Sandbox, error) {
-	if pl.IsZero() {
+	if pl.IsZero() && !p.onDrainingHost(ctx, id) {
 		return p.Resume(ctx, id)
 	}
 	sb, err := p.cat.GetSandbox(ctx, id)
@@ -166,9 +187,17 @@ func (p *Plane) ResumeOn(ctx context.Context, id string, pl scheduler.Placement)
 	if sb.State != catalog.StatePaused {
 		return catalog.Sandbox{}, Errorf(Conflict, "sandbox %s is %s, not paused", id, sb.State)
 	}
-	cs, err := p.place(ctx, scheduler.Request{Template: sb.Template, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
-		ParentHost: sb.HostID, Placement: pl})
-	if err != nil {
+	var cs []scheduler.Choice
+	if pl.IsZero() {
+		c, err := p.placeElsewhere(ctx, sb)
+		if err != nil {
+			p.log.Info("resume on its draining host: no other host takes it", "sandbox_id", id, "host_id", sb.HostID, "err", err)
+			return p.Resume(ctx, id)
+		}
+		c.Reason = fmt.Sprintf("host %s is draining; %s", sb.HostID, c.Reason)
+		cs = []scheduler.Choice{c}
+	} else if cs, err = p.place(ctx, scheduler.Request{Template: sb.Template, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
+		ParentHost: sb.HostID, Placement: pl}); err != nil {
 		return catalog.Sandbox{}, err
 	}
 	to := cs[0].Host
@@ -179,6 +208,10 @@ func (p *Plane) ResumeOn(ctx context.Context, id string, pl scheduler.Placement)
 	if srcErr == nil {
 		// Its own host is up: wait for the capture to be in the store.
 		if err := p.awaitPausedDurable(ctx, src, sb.HostID, id); err != nil {
+			var e *Error
+			if pl.IsZero() && errors.As(err, &e) && e.Kind == Invalid { // no store: it stays where it is
+				return p.Resume(ctx, id)
+			}
 			return catalog.Sandbox{}, err
 		}
 	}
