@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -439,9 +440,10 @@ func keysCmd(g *globals) *cobra.Command {
 	create.Flags().IntVar(&q.MaxDiskMiB, "max-disk", 0, "disk allowed in MiB: sandbox disks, paused sandboxes, snapshots (default: the server's)")
 	cmd.AddCommand(create)
 
-	cmd.AddCommand(&cobra.Command{
+	var all bool
+	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List API keys (without their secrets)",
+		Short: "List API keys (without their secrets); --all includes revoked ones",
 		Args:  args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
@@ -452,20 +454,29 @@ func keysCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("list keys: %w", err)
 			}
+			if !all {
+				keys = slices.DeleteFunc(keys, func(k pandastack.APIKey) bool { return k.Revoked })
+			}
 			if g.json {
 				if keys == nil {
 					keys = []pandastack.APIKey{}
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"keys": keys})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "ADMIN", "PREFIX", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX DISK", "CREATED")
+			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "STATE", "ADMIN", "PREFIX", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX DISK", "CREATED")
 			for _, k := range keys {
-				t.row(k.ID, k.Name, strconv.FormatBool(k.Admin), orDash(k.Prefix), num(k.MaxSandboxes), mib(k.MaxMemoryMiB),
+				state := "active"
+				if k.Revoked {
+					state = "revoked"
+				}
+				t.row(k.ID, k.Name, state, strconv.FormatBool(k.Admin), orDash(k.Prefix), num(k.MaxSandboxes), mib(k.MaxMemoryMiB),
 					num(k.MaxVCPUs), mib(k.MaxDiskMiB), when(k.CreatedAt))
 			}
 			return t.flush()
 		},
-	})
+	}
+	ls.Flags().BoolVar(&all, "all", false, "include revoked keys")
+	cmd.AddCommand(ls)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "revoke ID...",
 		Short: "Revoke API keys; their sandboxes are killed",

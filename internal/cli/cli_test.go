@@ -295,7 +295,8 @@ func TestHumanOutputs(t *testing.T) {
 				`{"name":"app","version":2,"latest_version":2,"public":true,"memory_mib":256,"vcpus":1,"state":"not_baked","disk_bytes":52428800,"from_image":"r/app:2",`+
 				`"versions":[{"version":1,"size_bytes":104857600,"disk_bytes":31457280,"from_image":"r/app:1","build_ms":2500},{"version":2,"size_bytes":104857600,"disk_bytes":52428800,"from_image":"r/app:2"}]}]}`)
 		case "/v1/keys":
-			io.WriteString(w, `{"keys":[{"id":"key1","name":"ci","admin":false,"prefix":"ps_ab","created_at":"2025-01-01T00:00:00Z"}]}`)
+			io.WriteString(w, `{"keys":[{"id":"key1","name":"ci","admin":false,"prefix":"ps_ab","created_at":"2025-01-01T00:00:00Z"},`+
+				`{"id":"key2","name":"old","admin":false,"prefix":"ps_cd","created_at":"2025-01-01T00:00:00Z","revoked":true}]}`)
 		case "/v1/sandboxes/abc/files/list":
 			io.WriteString(w, `{"entries":[{"name":"d","path":"/d","size":4096,"mode":493,"is_dir":true},{"name":"l","path":"/l","size":1,"mode":511,"is_dir":false,"is_symlink":true,"link_target":"/d"}]}`)
 		case "/v1/hosts":
@@ -316,7 +317,8 @@ func TestHumanOutputs(t *testing.T) {
 		{[]string{"ls"}, []string{"ID", "HOST", "k3v9", "tiny", "running", "h7", "256 MiB", "a=1,b=2"}},
 		{[]string{"template", "ls"}, []string{"tiny", "ready", "1.5s", "SIZE", "BUILT", "2 (latest), public", "50.0 MiB", "r/app:2"}},
 		{[]string{"template", "ls", "app"}, []string{"app:1 ", "30.0 MiB", "100.0 MiB", "2.5s", "r/app:1", "app:2 (latest)"}},
-		{[]string{"keys", "ls"}, []string{"key1", "ci", "ps_ab"}},
+		{[]string{"keys", "ls"}, []string{"key1", "ci", "active", "ps_ab"}},
+		{[]string{"keys", "ls", "--all"}, []string{"key1", "active", "key2", "old", "revoked"}},
 		{[]string{"fs", "ls", "abc", "/"}, []string{"drwxr-xr-x", "d/", "Lrwxrwxrwx", "l -> /d"}},
 		{[]string{"hosts"}, []string{"h1", "ready", "3"}},
 		{[]string{"snapshot", "ls"}, []string{"STORED", "s1", "durable", "s2", "uploading (the object store is unavailable)"}},
@@ -335,6 +337,10 @@ func TestHumanOutputs(t *testing.T) {
 				t.Errorf("%v: got\n%s\nwant it to contain %q", tt.args, r.stdout, w)
 			}
 		}
+	}
+	// Revoked keys are left out unless asked for.
+	if r := runCLI(context.Background(), "", "keys", "ls", "--api-url", f.url, "--api-key", "k"); r.err != nil || strings.Contains(r.stdout, "key2") {
+		t.Errorf("keys ls: %v, got\n%s\nwant the revoked key2 left out", r.err, r.stdout)
 	}
 	if want := `POST /v1/sandboxes/abc/ports/8000/url {"ttl_seconds":600} Bearer k`; !slices.Contains(f.reqs, want) {
 		t.Errorf("requests %q: want %q among them", f.reqs, want)

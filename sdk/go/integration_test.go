@@ -770,6 +770,14 @@ func TestIntegrationKeyIsolation(t *testing.T) {
 	}
 	_, err = alice.List(ctx, pandastack.ListOptions{})
 	wantErr(t, "alice after revoke", err, pandastack.ErrUnauthorized)
+	if keys, err = admin.ListKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if k.ID == aliceKey.ID && !k.Revoked {
+			t.Errorf("ListKeys shows alice's revoked key %s as active", k.ID)
+		}
+	}
 	wantErr(t, "revoke an unknown key", admin.RevokeKey(ctx, "nosuchkey"), pandastack.ErrNotFound)
 }
 

@@ -17,6 +17,8 @@ type APIKey struct {
 	MaxVCPUs     int       `json:"max_vcpus,omitempty"`
 	MaxDiskMiB   int       `json:"max_disk_mib,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
+	// Revoked: the key was revoked (ListKeys lists revoked keys too).
+	Revoked bool `json:"revoked,omitempty"`
 }
 
 // KeyWithSecret is a new key with its secret, which the server shows only

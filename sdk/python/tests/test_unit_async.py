@@ -750,11 +750,11 @@ class TemplatesAndKeysTest(AsyncStubTestCase):
         self.assertEqual((t.name, progress), ("tiny", ["booting"]))
         self.assertEqual(self.stub.last.json(), {"memory_mib": 256})
         self.stub.json_route("POST", "/v1/keys", 201, {"id": "k1", "name": "ci", "key": "pk_x"})
-        self.stub.json_route("GET", "/v1/keys", 200, {"keys": [{"id": "k1", "name": "ci"}]})
+        self.stub.json_route("GET", "/v1/keys", 200, {"keys": [{"id": "k1", "name": "ci"}, {"id": "k2", "name": "old", "revoked": True}]})
         k = await self.client.create_key("ci", max_sandboxes=3)
         self.assertEqual((k.id, k.key), ("k1", "pk_x"))
         self.assertEqual(self.stub.last.json(), {"name": "ci", "admin": False, "max_sandboxes": 3})
-        self.assertEqual([x.id for x in await self.client.list_keys()], ["k1"])
+        self.assertEqual([(x.id, x.revoked) for x in await self.client.list_keys()], [("k1", False), ("k2", True)])
 
 
 @unittest.skipUnless(shutil.which("openssl"), "needs the openssl command to make a certificate")

@@ -565,6 +565,8 @@ class APIKey:
             snapshots (0: server default).
         key: The secret; only set on the object returned by
             :meth:`Client.create_key`, never shown again.
+        revoked: The key was revoked (:meth:`Client.list_keys` lists revoked
+            keys too); its requests answer 401.
         raw: The JSON object as received.
     """
 
@@ -578,6 +580,7 @@ class APIKey:
     max_vcpus: Optional[int] = None
     max_disk_mib: Optional[int] = None
     key: Optional[str] = field(default=None, repr=False)
+    revoked: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -594,5 +597,6 @@ class APIKey:
             max_vcpus=_opt_int(d.get("max_vcpus")),
             max_disk_mib=_opt_int(d.get("max_disk_mib")),
             key=_opt_str(d.get("key")),
+            revoked=bool(d.get("revoked", False)),
             raw=dict(d),
         )
