@@ -284,31 +284,43 @@ func (t routerTemplates) Lookup(ctx context.Context, p template.Params) (*templa
 	return first.t, first.reason, first.err
 }
 
-// List lists the templates baked on any host, each shape once (the most
-// recent bake); hosts that cannot answer are left out unless none can.
-func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) {
+// eachStore calls f with every store; the hosts that cannot answer (f
+// fails) are left out, unless none can: then the first error.
+func (t routerTemplates) eachStore(f func(host.Templates) error) error {
 	ss, err := t.stores()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	byKey := map[string]template.Template{}
 	var firstErr error
 	answered := false
 	for _, s := range ss {
-		ts, err := s.List(ctx)
-		if err != nil {
+		if err := f(s); err != nil {
 			firstErr = cmp.Or(firstErr, err)
 			continue
 		}
 		answered = true
+	}
+	if !answered {
+		return firstErr
+	}
+	return nil
+}
+
+// List lists the templates baked on any host, each shape once (the most
+// recent bake).
+func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) {
+	byKey := map[string]template.Template{}
+	err := t.eachStore(func(s host.Templates) error {
+		ts, err := s.List(ctx)
 		for _, tp := range ts {
 			if old, ok := byKey[tp.Key()]; !ok || tp.BakedAt.After(old.BakedAt) {
 				byKey[tp.Key()] = tp
 			}
 		}
-	}
-	if !answered {
-		return nil, firstErr
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := slices.Collect(maps.Values(byKey))
 	slices.SortFunc(out, func(a, b template.Template) int { return strings.Compare(a.Key(), b.Key()) })
@@ -317,26 +329,16 @@ func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) 
 
 // Names lists the template names any host knows.
 func (t routerTemplates) Names(ctx context.Context) ([]string, error) {
-	ss, err := t.stores()
-	if err != nil {
-		return nil, err
-	}
 	seen := map[string]bool{}
-	var firstErr error
-	answered := false
-	for _, s := range ss {
+	err := t.eachStore(func(s host.Templates) error {
 		ns, err := s.Names(ctx)
-		if err != nil {
-			firstErr = cmp.Or(firstErr, err)
-			continue
-		}
-		answered = true
 		for _, n := range ns {
 			seen[n] = true
 		}
-	}
-	if !answered {
-		return nil, firstErr
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return slices.Sorted(maps.Keys(seen)), nil
 }
