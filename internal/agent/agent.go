@@ -1152,26 +1152,10 @@ func (a *Agent) MemoryInUse() int64 {
 		m := s.m
 		s.mu.Unlock()
 		if m != nil {
-			total += anonBytes(m.PID())
+			total += host.AnonResidentBytes(m.PID())
 		}
 	}
 	return total
-}
-
-// anonBytes is process pid's anonymous resident memory (0 if it is gone):
-// statm's resident less its shared (file and shmem) pages.
-func anonBytes(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return 0
-	}
-	resident, _ := strconv.ParseInt(f[1], 10, 64)
-	shared, _ := strconv.ParseInt(f[2], 10, 64)
-	return max(0, resident-shared) * int64(os.Getpagesize())
 }
 
 // ReadMemStats reads /proc/PID/smaps_rollup.
