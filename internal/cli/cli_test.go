@@ -338,6 +338,10 @@ func TestHumanOutputs(t *testing.T) {
 			}
 		}
 	}
+	// ls -q prints the ids alone.
+	if r := runCLI(context.Background(), "", "ls", "-q", "--api-url", f.url, "--api-key", "k"); r.err != nil || r.stdout != "k3v9\n" {
+		t.Errorf("ls -q: %v, got %q, want the id alone", r.err, r.stdout)
+	}
 	// Revoked keys are left out unless asked for.
 	if r := runCLI(context.Background(), "", "keys", "ls", "--api-url", f.url, "--api-key", "k"); r.err != nil || strings.Contains(r.stdout, "key2") {
 		t.Errorf("keys ls: %v, got\n%s\nwant the revoked key2 left out", r.err, r.stdout)

@@ -80,6 +80,7 @@ func lsCmd(g *globals) *cobra.Command {
 	var (
 		state string
 		meta  []string
+		quiet bool
 	)
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -100,6 +101,14 @@ func lsCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("list sandboxes: %w", err)
 			}
 			out := cmd.OutOrStdout()
+			if quiet {
+				for _, sb := range sbs {
+					if _, err := fmt.Fprintln(out, sb.ID); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
 			if g.json {
 				infos := make([]pandastack.SandboxInfo, len(sbs))
 				for i, sb := range sbs {
@@ -118,6 +127,7 @@ func lsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: starting, running, pausing, paused, resuming, stopping, stopped")
 	cmd.Flags().StringArrayVar(&meta, "meta", nil, "only sandboxes with this metadata KEY=VALUE (repeatable)")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the ids, one per line (panda kill $(panda ls -q))")
 	return cmd
 }
 
