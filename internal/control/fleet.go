@@ -23,6 +23,9 @@ type Fleet interface {
 	Host(id string) (host.Host, error)
 	// Inventory describes every host for placement, by id.
 	Inventory(ctx context.Context) []scheduler.Host
+	// HostState is host id's state as Inventory would give it, without
+	// its load (cheap: no catalog read); "" for an unknown host.
+	HostState(id string) scheduler.HostState
 }
 
 // HostStatus is one host of a fleet as its registry knows it (GET
@@ -58,6 +61,13 @@ func (s single) Host(id string) (host.Host, error) {
 		return nil, fmt.Errorf("host %q: %w", id, ErrUnknownHost)
 	}
 	return s.h, nil
+}
+
+func (s single) HostState(id string) scheduler.HostState {
+	if id != s.id {
+		return ""
+	}
+	return scheduler.Ready
 }
 
 func (s single) Inventory(context.Context) []scheduler.Host {

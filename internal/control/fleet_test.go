@@ -49,6 +49,12 @@ func (f *testFleet) Inventory(context.Context) []scheduler.Host {
 	return out
 }
 
+func (f *testFleet) HostState(id string) scheduler.HostState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state[id]
+}
+
 func (f *testFleet) set(id string, st scheduler.HostState) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

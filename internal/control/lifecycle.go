@@ -802,7 +802,7 @@ func (p *Plane) expire(ctx context.Context, sb catalog.Sandbox) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := errors.Join(err, perr); errors.Is(err, ErrHostLost) || errors.Is(err, host.ErrUnavailable) {
+		if err := errors.Join(err, perr); errors.Is(err, host.ErrUnavailable) { // ErrHostLost too
 			// Its host cannot be reached (lost, or restarting): the
 			// sandbox may well be running there still, and a kill would
 			// lose what the pause was asked to keep. Retried every tick

@@ -61,15 +61,7 @@ func (p *Plane) placeElsewhere(ctx context.Context, sb catalog.Sandbox) (schedul
 // draining.
 func (p *Plane) onDrainingHost(ctx context.Context, id string) bool {
 	sb, err := p.cat.GetSandbox(ctx, id)
-	if err != nil {
-		return false
-	}
-	for _, h := range p.fleet.Inventory(ctx) {
-		if h.ID == sb.HostID {
-			return h.State == scheduler.Draining
-		}
-	}
-	return false
+	return err == nil && p.fleet.HostState(sb.HostID) == scheduler.Draining
 }
 
 // MoveTo moves running sandbox id to another host (the scheduler's choice

@@ -513,6 +513,20 @@ func cmpString(a, b string) int {
 	return 0
 }
 
+// HostState implements control.Fleet.
+func (r *Registry) HostState(id string) scheduler.HostState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.members[id]
+	switch {
+	case !ok:
+		return ""
+	case m.h == nil && m.rec.State == catalog.HostReady:
+		return scheduler.Lost // not reachable yet, as Inventory says
+	}
+	return scheduler.HostState(m.rec.State)
+}
+
 // Inventory implements control.Fleet: every host with its state, its
 // capacity and its last load, and the live sandboxes the catalog places
 // on it. A host's free memory is its last report's less the scheduler's

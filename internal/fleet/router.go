@@ -259,29 +259,22 @@ func (t routerTemplates) Lookup(ctx context.Context, p template.Params) (*templa
 	if err != nil {
 		return nil, "", err
 	}
-	type answer struct {
-		t      *template.Template
-		reason string
-		err    error
-	}
-	var first, stale *answer
-	for _, s := range ss {
+	var (
+		t1      *template.Template
+		reason1 string
+		err1    error
+	)
+	for i, s := range ss {
 		tp, reason, err := s.Lookup(ctx, p)
-		a := &answer{tp, reason, err}
-		if err == nil && tp != nil && reason == "" {
+		baked := err == nil && tp != nil
+		if baked && reason == "" {
 			return tp, "", nil
 		}
-		if first == nil {
-			first = a
-		}
-		if stale == nil && err == nil && tp != nil {
-			stale = a
+		if i == 0 || (baked && (err1 != nil || t1 == nil)) { // the first answer, or the first stale bake
+			t1, reason1, err1 = tp, reason, err
 		}
 	}
-	if stale != nil {
-		first = stale
-	}
-	return first.t, first.reason, first.err
+	return t1, reason1, err1
 }
 
 // eachStore calls f with every store; the hosts that cannot answer (f
