@@ -151,15 +151,7 @@ func create(t *testing.T) Info {
 
 func sh(t *testing.T, id, cmd string) string {
 	t.Helper()
-	var out, errb bytes.Buffer
-	res, err := testAgent.Exec(ctxT(t), id, guestproto.ExecRequest{Shell: cmd}, nil, &out, &errb)
-	if err != nil {
-		t.Fatalf("exec %q: %v", cmd, err)
-	}
-	if res.ExitCode != 0 {
-		t.Fatalf("exec %q: exit %d, stderr %q", cmd, res.ExitCode, errb.String())
-	}
-	return out.String()
+	return shOn(t, testAgent, id, cmd)
 }
 
 func TestCreateExec(t *testing.T) {

@@ -17,21 +17,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// startKeeper starts a process in the guest that holds a random secret in
-// memory only and writes it to path when it gets SIGUSR1. It returns the
-// process's pid.
+// startKeeper is startKeeperOn the test agent.
 func startKeeper(t *testing.T, id string) string {
 	t.Helper()
-	out := sh(t, id, `secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n'); `+
-		`(trap 'echo $secret > /root/secret.out' USR1; while :; do sleep 0.05; done) >/dev/null 2>&1 & echo $!`)
-	return strings.TrimSpace(out)
+	return startKeeperOn(t, testAgent, id)
 }
 
-// askKeeper signals the keeper and reads back its secret.
+// askKeeper is askKeeperOn the test agent.
 func askKeeper(t *testing.T, id, pid string) string {
 	t.Helper()
-	return strings.TrimSpace(sh(t, id, "rm -f /root/secret.out; kill -USR1 "+pid+
-		"; i=0; while [ ! -s /root/secret.out ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; cat /root/secret.out"))
+	return askKeeperOn(t, testAgent, id, pid)
 }
 
 func fork(t *testing.T, id string, n int) []Info {

@@ -127,9 +127,19 @@ func pct(a, b int64) string {
 	return fmt.Sprintf("%.1f %%", 100*float64(a)/float64(b))
 }
 
+// lazyCreate creates a sandbox from snapshot snapID (manifest m) on a new
+// host of objs (its LazyConfig changed by mod) and measures it (lazyRun).
+// The restore is lazy however little the snapshot has to fetch
+// (MinRemoteBytes -1): a small sandbox's snapshot has about as much as the
+// default threshold, more or less from run to run.
 func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapID string, mod func(*LazyConfig)) lazyRun {
 	t.Helper()
-	b, cache, rl := lazyHost(t, objs, mod)
+	b, cache, rl := lazyHost(t, objs, func(l *LazyConfig) {
+		l.MinRemoteBytes = -1
+		if mod != nil {
+			mod(l)
+		}
+	})
 	f, _ := m.File("vm.mem")
 	r := lazyRun{agent: b, memSize: f.Size}
 	for _, h := range f.Chunks {

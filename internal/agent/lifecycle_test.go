@@ -86,10 +86,13 @@ func leftoversIn(dir string) string {
 
 func shOn(t *testing.T, a *Agent, id, cmd string) string {
 	t.Helper()
-	var out bytes.Buffer
-	res, err := a.Exec(ctxT(t), id, guestproto.ExecRequest{Shell: cmd}, nil, &out, nil)
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("exec %q in %s: %+v, %v", cmd, id, res, err)
+	var out, errb bytes.Buffer
+	res, err := a.Exec(ctxT(t), id, guestproto.ExecRequest{Shell: cmd}, nil, &out, &errb)
+	if err != nil {
+		t.Fatalf("exec %q in %s: %v", cmd, id, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q in %s: exit %d, stderr %q", cmd, id, res.ExitCode, errb.String())
 	}
 	return out.String()
 }

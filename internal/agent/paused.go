@@ -201,7 +201,6 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	a.log.Info("paused sandbox durable in the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds(),
 		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
-	a.gcIfWanted(ctx)
 	return nil
 }
 
@@ -276,7 +275,7 @@ func (a *Agent) startPausedDelete(id, pauseID string) {
 		}
 		if removed {
 			a.log.Info("paused sandbox's capture deleted from the object store", "sandbox_id", id, "pause_id", pauseID)
-			a.collectGarbage(ctx)
+			a.startGC()
 		}
 		return nil
 	})

@@ -36,19 +36,29 @@ func storeHost(t *testing.T, objs objstore.Store) (open func() *Agent, cs *chunk
 
 // memState puts state in sandbox id that lives only in its memory: a 4
 // MiB file of random bytes in /dev/shm (its MD5 returned) and a process
-// holding a random secret (startKeeper; its pid and secret returned).
+// holding a random secret (startKeeperOn; its pid and secret returned).
 func memState(t *testing.T, a *Agent, id string) (sum, keeper, secret string) {
 	t.Helper()
 	sum = shOn(t, a, id, "head -c 4194304 /dev/urandom > /dev/shm/blob && md5sum /dev/shm/blob")
-	keeper = strings.TrimSpace(shOn(t, a, id, `secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n'); `+
-		`(trap 'echo $secret > /root/secret.out' USR1; while :; do sleep 0.05; done) >/dev/null 2>&1 & echo $!`))
+	keeper = startKeeperOn(t, a, id)
 	return sum, keeper, askKeeperOn(t, a, id, keeper)
+}
+
+// startKeeperOn starts a process in sandbox id of a that holds a random
+// secret in memory only and writes it to /root/secret.out when it gets
+// SIGUSR1. It returns the process's pid once the process has set its
+// trap: a signal before that would end it.
+func startKeeperOn(t *testing.T, a *Agent, id string) string {
+	t.Helper()
+	return strings.TrimSpace(shOn(t, a, id, `secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n'); rm -f /root/keeper.ready; `+
+		`(trap 'echo $secret > /root/secret.out' USR1; : > /root/keeper.ready; while :; do sleep 0.05; done) >/dev/null 2>&1 & `+
+		`pid=$!; i=0; while [ ! -e /root/keeper.ready ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; [ -e /root/keeper.ready ] && echo $pid`))
 }
 
 func askKeeperOn(t *testing.T, a *Agent, id, pid string) string {
 	t.Helper()
 	return strings.TrimSpace(shOn(t, a, id, "rm -f /root/secret.out; kill -USR1 "+pid+
-		"; i=0; while [ ! -s /root/secret.out ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; cat /root/secret.out"))
+		"; i=0; while [ ! -s /root/secret.out ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; cat /root/secret.out"))
 }
 
 // checkMemState checks what memState put in a sandbox: on b, sandbox id.
@@ -75,7 +85,8 @@ func hasManifest(cs *chunkstore.Store, name string) bool {
 	return err == nil
 }
 
-// unreferenced returns the chunks of m that no manifest in the store
+// unreferenced returns the objects under chunks/ that m needs (its
+// chunks, its deltas' bases and patches) and no manifest in the store
 // references now.
 func unreferenced(t *testing.T, cs *chunkstore.Store, m *chunkstore.Manifest) []string {
 	t.Helper()
@@ -90,20 +101,14 @@ func unreferenced(t *testing.T, cs *chunkstore.Store, m *chunkstore.Manifest) []
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, f := range om.Files {
-			for _, h := range f.Chunks {
-				used[h] = true
-			}
-		}
+		om.Objects(func(h string) { used[h] = true })
 	}
 	var out []string
-	for _, f := range m.Files {
-		for _, h := range f.Chunks {
-			if h != "" && !used[h] {
-				out = append(out, h)
-			}
+	m.Objects(func(h string) {
+		if !used[h] {
+			out = append(out, h)
 		}
-	}
+	})
 	return out
 }
 

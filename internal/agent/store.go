@@ -81,7 +81,11 @@ type job struct {
 const (
 	jobUpload = "upload"
 	jobDelete = "delete"
+	jobGC     = "gc" // of key gcKey
 )
+
+// gcKey is the job key of the store's garbage collection (not a set's).
+const gcKey = "gc"
 
 // startJobLocked runs f in the background as the job of the set key,
 // tried again (retry) until it succeeds or is cancelled. If a job of key
@@ -275,7 +279,11 @@ func (a *Agent) retry(ctx context.Context, key, what string, f func(context.Cont
 			a.log.Warn(what+" given up", "set", key, "err", err)
 			return
 		}
-		a.log.Warn(what+" failed; will retry", "set", key, "retry_in_ms", wait.Milliseconds(), "err", err)
+		if errors.Is(err, chunkstore.ErrBusy) { // another's upload: nothing is wrong
+			a.log.Info(what+" put off; will retry", "retry_in_ms", wait.Milliseconds(), "reason", err)
+		} else {
+			a.log.Warn(what+" failed; will retry", "set", key, "retry_in_ms", wait.Milliseconds(), "err", err)
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -344,18 +352,7 @@ func (a *Agent) uploadSnapshot(ctx context.Context, id string) error {
 		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
 		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded, "dirty_bytes", si.Capture.DirtyBytes,
 		"bases_ms", tUpload.Sub(t0).Milliseconds(), "setup_ms", st.SetupDur.Milliseconds(), "chunks_ms", st.ChunksDur.Milliseconds(), "manifest_ms", st.ManifestDur.Milliseconds())
-	a.gcIfWanted(ctx)
 	return nil
-}
-
-// gcIfWanted collects garbage if a collection was put off.
-func (a *Agent) gcIfWanted(ctx context.Context) {
-	a.upMu.Lock()
-	gc := a.gcWanted
-	a.upMu.Unlock()
-	if gc {
-		a.collectGarbage(ctx)
-	}
 }
 
 // fetchSnapshot downloads snapshot id, durable in the store, into its
@@ -523,33 +520,40 @@ func (a *Agent) startStoreDelete(id string) {
 			return err
 		}
 		a.log.Info("snapshot deleted from the object store", "snapshot_id", id)
-		a.collectGarbage(ctx)
+		a.startGC()
 		return nil
 	})
 }
 
-// collectGarbage removes the store's chunks no manifest references. An
-// upload in progress (of this host or another) makes it wait: the next
-// upload to finish here runs it again.
-func (a *Agent) collectGarbage(ctx context.Context) {
+// startGC asks for a collection of the store's garbage, the chunks no
+// manifest references, in the background: one runs at a time, tried
+// again (retry) while an upload of this host or another holds it off
+// (chunkstore.ErrBusy) or the store is down. A request made while one
+// runs is served by the next, unless one that began after it succeeded.
+func (a *Agent) startGC() {
 	a.upMu.Lock()
-	a.gcWanted = false
-	a.upMu.Unlock()
-	n, err := a.store.GC(ctx)
-	switch {
-	case errors.Is(err, chunkstore.ErrBusy):
+	defer a.upMu.Unlock()
+	a.gcAsked++
+	asked := a.gcAsked
+	a.startJobLocked(gcKey, jobGC, "object store garbage collection", true, func(ctx context.Context) error {
 		a.upMu.Lock()
-		a.gcWanted = true
+		served, began := a.gcDone >= asked, a.gcAsked
 		a.upMu.Unlock()
-		a.log.Info("object store garbage collection put off: an upload is in progress")
-	case err != nil:
+		if served {
+			return nil
+		}
+		n, err := a.store.GC(ctx)
+		if err != nil {
+			return err
+		}
 		a.upMu.Lock()
-		a.gcWanted = true
+		a.gcDone = max(a.gcDone, began)
 		a.upMu.Unlock()
-		a.log.Warn("object store garbage collection", "err", err)
-	case n > 0:
-		a.log.Info("object store garbage collection", "chunks_removed", n)
-	}
+		if n > 0 {
+			a.log.Info("object store garbage collection", "chunks_removed", n)
+		}
+		return nil
+	})
 }
 
 // resumeStore, at start, finishes the deletes and uploads an earlier run
@@ -594,7 +598,9 @@ type storeJobs struct {
 	upMu      sync.Mutex
 	jobs      map[string]*job
 	storeErrs map[string]string
-	gcWanted  bool
+	// gcAsked counts the requests for a garbage collection (startGC);
+	// gcDone is the count when the last one that succeeded began.
+	gcAsked, gcDone int
 	bg        sync.WaitGroup
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc

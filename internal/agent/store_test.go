@@ -230,3 +230,78 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 		t.Errorf("%d snapshots left after deleting all", n)
 	}
 }
+
+// TestGarbageCollectionPutOff: a snapshot deleted while another host's
+// upload holds its lease keeps its chunks until that upload ends, and
+// then loses them although this host uploads nothing more: the put-off
+// collection is tried again.
+func TestGarbageCollectionPutOff(t *testing.T) {
+	s3 := s3test.Start(t)
+	objs := s3.Open("gc")
+	open, cs := storeHost(t, objs)
+	a := open()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	shOn(t, a, src.ID, "head -c 4194304 /dev/urandom > /dev/shm/own") // chunks of its own
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	idle := func() bool { // no upload or delete of this host runs
+		a.upMu.Lock()
+		defer a.upMu.Unlock()
+		return len(a.jobs) == 0
+	}
+	waitFor(t, func() string { return "this host's store jobs ended" }, idle)
+	m, err := cs.Manifest(ctxT(t), storeName(snap.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Another host's upload, held in the middle.
+	gated := &gatedStore{Store: objs, entered: make(chan struct{}, 1)}
+	other, err := chunkstore.New(gated, chunkstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(f, []byte("another host's set"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gate := gated.close()
+	uploaded := make(chan error, 1)
+	go func() {
+		_, _, err := other.Upload(context.Background(), "other", map[string]string{"f": f}, nil)
+		uploaded <- err
+	}()
+	select {
+	case <-gated.entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the other host's upload stored no chunk")
+	}
+
+	if err := a.DeleteSnapshot(snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() string { return "manifest gone from the store" }, func() bool { return !hasManifest(cs, m.Name) })
+	only := unreferenced(t, cs, m)
+	waitFor(t, func() string { return "a garbage collection put off" }, func() bool {
+		a.upMu.Lock()
+		defer a.upMu.Unlock()
+		return a.storeErrs[gcKey] != ""
+	})
+	for _, h := range only {
+		if ok, err := objstore.Exists(ctxT(t), objs, "chunks/"+h); err != nil || !ok {
+			t.Fatalf("chunk %s collected while an upload held its lease: %v, %v", h, ok, err)
+		}
+	}
+	close(gate)
+	if err := <-uploaded; err != nil {
+		t.Fatal(err)
+	}
+	waitCollected(t, cs, objs, m)
+	waitFor(t, func() string { return "the collection's job ended" }, idle)
+}

@@ -10,8 +10,8 @@
 //	manifests/<name>.json    a Manifest: per file its size and the hash of
 //	                         each chunk, "" for a chunk of zeros; and the
 //	                         uploader's metadata of the set (Meta)
-//	leases/upload-<id>       an Upload in progress (see GC)
-//	leases/gc-<id>           a GC in progress
+//	leases/upload-[<owner>-]<id>  an Upload in progress (see GC)
+//	leases/gc-[<owner>-]<id>      a GC in progress
 //
 // Chunks are fixed-size (2 MiB by default; Config.ChunkSize): the size of
 // a huge page, so a chunk is the natural unit for faulting guest memory in
@@ -48,6 +48,13 @@
 // the store recorded it with this host's clock: clocks must agree to well
 // within LeaseTTL (10 minutes by default).
 //
+// A lease its holder could not delete (the store was down when its Upload
+// or GC ended) would hold the other side off until it dies. The Store
+// deletes it again before it takes its next lease; and with an Owner (a
+// name that outlives the process: a host's data directory's), a Store
+// deletes before its first lease the leases an earlier process of its
+// owner left — it crashed, or stopped while the store was down.
+//
 // Reading: Download restores a set's files sparse (zero chunks, and zero
 // pages inside chunks, become holes). Open returns a reader of one file
 // that fetches each chunk on first touch into a Cache, a local directory
@@ -64,6 +71,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -91,6 +99,14 @@ type Config struct {
 	// LeaseTTL is how long a lease lives unrenewed (see the package doc);
 	// default 10 minutes.
 	LeaseTTL time.Duration
+	// Owner names this Store's leases: letters and digits, unique among
+	// the Stores that share the object store and the same across restarts
+	// (a host's data directory's ID). Before its first lease, a Store
+	// deletes the leases of its owner that an earlier process left, so a
+	// crash does not hold GC or uploads off for LeaseTTL. Two Stores open
+	// at once with one Owner would delete each other's leases. Empty: no
+	// owner, leftovers die in LeaseTTL.
+	Owner string
 }
 
 // Store keeps sets of files as chunks in an objstore.Store. It is safe for
@@ -100,6 +116,11 @@ type Store struct {
 	cfg  Config
 	// pollEvery is how often an Upload looks again whether a GC ended.
 	pollEvery time.Duration
+
+	leaseMu sync.Mutex
+	held    map[string]bool // the keys of the leases this Store holds
+	orphans map[string]bool // leases this Store released but could not delete
+	tidied  bool            // the leases an earlier process of Owner left are gone
 }
 
 // New returns a Store over objs; it does no I/O.
@@ -122,7 +143,13 @@ func New(objs objstore.Store, cfg Config) (*Store, error) {
 	if cfg.LeaseTTL < time.Second {
 		return nil, fmt.Errorf("lease TTL %v: want at least a second", cfg.LeaseTTL)
 	}
-	return &Store{objs: objs, cfg: cfg, pollEvery: 500 * time.Millisecond}, nil
+	for _, c := range cfg.Owner {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return nil, fmt.Errorf("owner %q: want letters and digits only", cfg.Owner)
+		}
+	}
+	return &Store{objs: objs, cfg: cfg, pollEvery: 500 * time.Millisecond,
+		held: map[string]bool{}, orphans: map[string]bool{}}, nil
 }
 
 // Manifest lists the files of one set.
@@ -252,9 +279,9 @@ func (m *Manifest) check() error {
 	return nil
 }
 
-// objects lists the hashes of the objects under chunks/ that m needs: each
+// Objects lists the hashes of the objects under chunks/ that m needs: each
 // chunk's, or for a delta its base's and its patch's.
-func (m *Manifest) objects(yield func(string)) {
+func (m *Manifest) Objects(yield func(string)) {
 	for _, f := range m.Files {
 		for i, h := range f.Chunks {
 			if d, ok := f.Deltas[i]; ok {
@@ -316,9 +343,8 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 
 // lease is one held lease (see the package doc).
 type lease struct {
-	objs objstore.Store
+	s    *Store
 	key  string
-	ttl  time.Duration
 	stop chan struct{}
 	done chan struct{}
 
@@ -327,21 +353,68 @@ type lease struct {
 }
 
 func (s *Store) acquire(ctx context.Context, kind string) (*lease, error) {
+	s.tidyLeases(ctx)
 	id := make([]byte, 8)
 	rand.Read(id)
-	l := &lease{objs: s.objs, key: "leases/" + kind + "-" + hex.EncodeToString(id), ttl: s.cfg.LeaseTTL,
-		stop: make(chan struct{}), done: make(chan struct{})}
+	key := "leases/" + kind + "-" + hex.EncodeToString(id)
+	if s.cfg.Owner != "" {
+		key = "leases/" + kind + "-" + s.cfg.Owner + "-" + hex.EncodeToString(id)
+	}
+	l := &lease{s: s, key: key, stop: make(chan struct{}), done: make(chan struct{})}
+	s.leaseMu.Lock()
+	s.held[key] = true
+	s.leaseMu.Unlock()
 	if err := l.write(ctx); err != nil {
+		l.forget(ctx)
 		return nil, fmt.Errorf("take %s lease: %w", kind, err)
 	}
 	go l.renew(context.WithoutCancel(ctx))
 	return l, nil
 }
 
+// tidyLeases deletes the leases of this Store that nobody holds: those it
+// could not delete when it released them, and (once, with an Owner)
+// those an earlier process of its owner left. Failures are left for the
+// next call: meanwhile such a lease dies in LeaseTTL.
+func (s *Store) tidyLeases(ctx context.Context) {
+	s.leaseMu.Lock()
+	listed := s.cfg.Owner == "" || s.tidied
+	s.leaseMu.Unlock()
+	var left []string
+	if !listed {
+		listed = true
+		for in, err := range s.objs.List(ctx, "leases/") {
+			if err != nil {
+				listed = false
+				break
+			}
+			if _, rest, _ := strings.Cut(strings.TrimPrefix(in.Key, "leases/"), "-"); strings.HasPrefix(rest, s.cfg.Owner+"-") {
+				left = append(left, in.Key)
+			}
+		}
+	}
+	s.leaseMu.Lock()
+	s.tidied = s.tidied || listed
+	for _, key := range left {
+		if !s.held[key] { // not taken since the listing by this Store
+			s.orphans[key] = true
+		}
+	}
+	orphans := slices.Collect(maps.Keys(s.orphans))
+	s.leaseMu.Unlock()
+	for _, key := range orphans {
+		if err := s.objs.Delete(ctx, key); err == nil || errors.Is(err, objstore.ErrNotFound) {
+			s.leaseMu.Lock()
+			delete(s.orphans, key)
+			s.leaseMu.Unlock()
+		}
+	}
+}
+
 func (l *lease) write(ctx context.Context) error {
 	start := time.Now()
 	body := []byte(start.UTC().Format(time.RFC3339Nano))
-	if err := l.objs.Put(ctx, l.key, bytes.NewReader(body), int64(len(body))); err != nil {
+	if err := l.s.objs.Put(ctx, l.key, bytes.NewReader(body), int64(len(body))); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -352,14 +425,15 @@ func (l *lease) write(ctx context.Context) error {
 
 func (l *lease) renew(ctx context.Context) {
 	defer close(l.done)
-	t := time.NewTicker(l.ttl / 3)
+	ttl := l.s.cfg.LeaseTTL
+	t := time.NewTicker(ttl / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
-			wctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+			wctx, cancel := context.WithTimeout(ctx, ttl/3)
 			l.write(wctx) // a failure shows in valid()
 			cancel()
 		}
@@ -371,8 +445,9 @@ func (l *lease) renew(ctx context.Context) {
 func (l *lease) valid() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if age := time.Since(l.renewed); age > l.ttl*4/5 {
-		return fmt.Errorf("lease %s was last renewed %v ago (TTL %v): the store was unreachable too long", l.key, age.Round(time.Second), l.ttl)
+	ttl := l.s.cfg.LeaseTTL
+	if age := time.Since(l.renewed); age > ttl*4/5 {
+		return fmt.Errorf("lease %s was last renewed %v ago (TTL %v): the store was unreachable too long", l.key, age.Round(time.Second), ttl)
 	}
 	return nil
 }
@@ -380,7 +455,19 @@ func (l *lease) valid() error {
 func (l *lease) release(ctx context.Context) {
 	close(l.stop)
 	<-l.done
-	l.objs.Delete(context.WithoutCancel(ctx), l.key) // if this fails, the lease dies in TTL
+	l.forget(ctx)
+}
+
+// forget deletes the lease from the store; if that fails, the next
+// lease this Store takes deletes it (tidyLeases).
+func (l *lease) forget(ctx context.Context) {
+	err := l.s.objs.Delete(context.WithoutCancel(ctx), l.key)
+	l.s.leaseMu.Lock()
+	delete(l.s.held, l.key)
+	if err != nil && !errors.Is(err, objstore.ErrNotFound) {
+		l.s.orphans[l.key] = true
+	}
+	l.s.leaseMu.Unlock()
 }
 
 // liveLeases lists the live leases of kind; with removeStale it deletes
@@ -431,7 +518,7 @@ func (s *Store) GC(ctx context.Context) (removed int, err error) {
 			// now could break it further.
 			return 0, fmt.Errorf("gc: %w", err)
 		}
-		m.objects(func(h string) { used[h] = true })
+		m.Objects(func(h string) { used[h] = true })
 	}
 	// Collect the victims first: deleting while listing could make a
 	// listing skip entries.

@@ -356,6 +356,83 @@ func TestLeases(t *testing.T) {
 	sameFile(t, filepath.Join(dst, "f"), data)
 }
 
+// Leases their holders could not delete do not hold GC off for LeaseTTL:
+// one whose delete failed (the store was down as its holder released it)
+// goes before the Store's next lease; those an earlier process of the
+// Store's Owner left go before its first. Another owner's stay.
+func TestLeasesLeftBehind(t *testing.T) {
+	srv := s3test.Start(t)
+	objs := srv.Open("leases")
+	ctx := context.Background()
+	open := func(owner string) *Store {
+		s, err := New(objs, Config{ChunkSize: cs, Owner: owner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if _, err := New(objs, Config{Owner: "host-1"}); err == nil {
+		t.Error("New with owner \"host-1\" succeeded; want an error (letters and digits only)")
+	}
+	s := open("h1")
+	src := filepath.Join(t.TempDir(), "f")
+	writeSparseFile(t, src, 2*cs, 7, [2]int64{0, 2 * cs})
+	if _, _, err := s.Upload(ctx, "x", map[string]string{"f": src}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Released while the store is down: the lease stays in the store.
+	up, err := s.acquire(ctx, "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(up.key, "leases/upload-h1-") {
+		t.Errorf("lease key %q: want the owner in it", up.key)
+	}
+	srv.Stop()
+	up.release(ctx)
+	srv.Restart()
+	if keys := leaseKeys(t, s); len(keys) != 1 || keys[0] != up.key {
+		t.Fatalf("leases after a release with the store down: %v, want %s", keys, up.key)
+	}
+	if removed, err := s.GC(ctx); err != nil || removed != 2 {
+		t.Errorf("GC after a release that could not delete its lease = %d, %v; want 2, nil", removed, err)
+	}
+
+	// An earlier process of owner h1 left a lease (it crashed: never
+	// released); so did a live process of owner h2.
+	if _, _, err := s.Upload(ctx, "y", map[string]string{"f": src}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "y"); err != nil {
+		t.Fatal(err)
+	}
+	crashed, err := s.acquire(ctx, "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(crashed.stop) // stops renewing, never deletes
+	<-crashed.done
+	other, err := open("h2").acquire(ctx, "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := open("h1")
+	if _, err := again.GC(ctx); !errors.Is(err, ErrBusy) || strings.Contains(err.Error(), crashed.key) {
+		t.Errorf("GC with h2's upload in progress = %v; want ErrBusy naming h2's lease only", err)
+	}
+	if keys := leaseKeys(t, s); len(keys) != 1 || keys[0] != other.key {
+		t.Errorf("leases after the next h1 process's first GC: %v, want h2's only", keys)
+	}
+	other.release(ctx)
+	if removed, err := again.GC(ctx); err != nil || removed != 2 {
+		t.Errorf("GC once h2's upload ended = %d, %v; want 2, nil", removed, err)
+	}
+}
+
 // A store that is down: every operation is ErrUnavailable; once it is
 // back, nothing is lost and the failed upload succeeds when tried again.
 func TestStoreDown(t *testing.T) {

@@ -146,7 +146,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	u := &uploader{s: s, st: st, progress: progress, seen: map[string]*seenChunk{}, bases: map[string]*base{}, baseIn: map[string]bool{}}
 	for _, k := range opts.Known {
 		if km, err := s.Manifest(ctx, k); err == nil {
-			km.objects(func(h string) { u.baseIn[h] = true })
+			km.Objects(func(h string) { u.baseIn[h] = true })
 		}
 	}
 	for fname, sd := range opts.Bases {

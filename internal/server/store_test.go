@@ -29,3 +29,19 @@ func TestStoreURLIsRefusedAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreOwner: a data directory keeps its name among the object
+// store's users across restarts, and two data directories differ.
+func TestStoreOwner(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	first, err := storeOwner(a)
+	if err != nil || len(first) != 16 {
+		t.Fatalf("storeOwner = %q, %v", first, err)
+	}
+	if again, err := storeOwner(a); err != nil || again != first {
+		t.Errorf("storeOwner again = %q, %v; want %q", again, err, first)
+	}
+	if other, err := storeOwner(b); err != nil || other == first {
+		t.Errorf("another data directory's owner = %q, %v; want one of its own", other, err)
+	}
+}
