@@ -601,10 +601,10 @@ type storeJobs struct {
 	// gcAsked counts the requests for a garbage collection (startGC);
 	// gcDone is the count when the last one that succeeded began.
 	gcAsked, gcDone int
-	bg        sync.WaitGroup
-	bgCtx     context.Context
-	bgCancel  context.CancelFunc
-	fetchMu   sync.Mutex
+	bg              sync.WaitGroup
+	bgCtx           context.Context
+	bgCancel        context.CancelFunc
+	fetchMu         sync.Mutex
 	// adoptMu is held by a resume downloading a paused sandbox from the
 	// store (adoptPaused), one at a time.
 	adoptMu sync.Mutex
