@@ -26,7 +26,7 @@ func TestIsVCPUThread(t *testing.T) {
 // burns CPU; vmmCPU counts at least that for the vCPU, and the whole
 // process at least as much.
 func TestVMMCPU(t *testing.T) {
-	const burn = 60 * time.Millisecond
+	const burn = 150 * time.Millisecond
 	ready, done := make(chan error), make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
@@ -62,7 +62,10 @@ func TestVMMCPU(t *testing.T) {
 	if c.VCPU < burn {
 		t.Errorf("vCPU time %v, want at least %v", c.VCPU, burn)
 	}
-	if c.All+10*time.Millisecond < c.VCPU {
-		t.Errorf("whole process %v, less than its vCPU thread's %v", c.All, c.VCPU)
+	// The process's time is charged a clock tick at a time to whichever
+	// thread the tick finds running: it may miss a few ticks of the
+	// burn (it missed 10.3 ms of 60 once), never most of it.
+	if slack := 3 * time.Second / clockTicks; c.All+slack < c.VCPU {
+		t.Errorf("whole process %v, less than its vCPU thread's %v (by more than %v)", c.All, c.VCPU, slack)
 	}
 }
