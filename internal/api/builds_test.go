@@ -265,8 +265,8 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 	}
 }
 
-// TestTemplateBuildsNotImplemented: a server without builds (panda
-// server) answers 501.
+// TestTemplateBuildsNotImplemented: a server without builds (its host a
+// remote agent) answers 501, saying why.
 func TestTemplateBuildsNotImplemented(t *testing.T) {
 	rs := newRoutingServer(t)
 	req, _ := http.NewRequest("POST", rs.url+"/v1/templates", strings.NewReader(`{"name":"app","from_image":"r.example/app:1"}`))
@@ -275,9 +275,13 @@ func TestTemplateBuildsNotImplemented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != 501 {
-		t.Errorf("POST /v1/templates without builds: %d, want 501", resp.StatusCode)
+	defer resp.Body.Close()
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	json.NewDecoder(resp.Body).Decode(&e)
+	if resp.StatusCode != 501 || e.Error.Code != "not_implemented" || !strings.Contains(e.Error.Message, "remote agents") {
+		t.Errorf("POST /v1/templates without builds: %d %+v, want 501 not_implemented saying why", resp.StatusCode, e.Error)
 	}
 }
 

@@ -288,7 +288,7 @@ const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
 	if s.cfg.TemplateBuilds == nil {
-		return nil, errorf(control.NotImplemented, "this server does not build templates from images (only `panda up` does so far)")
+		return nil, errorf(control.NotImplemented, "this server does not build templates: its hosts are remote agents, and template builds run only on a server with its host in process (panda up, or panda server without --agent or --fleet); built-in templates work everywhere")
 	}
 	return s.cfg.TemplateBuilds, nil
 }
