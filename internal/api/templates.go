@@ -77,13 +77,13 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	}
 	users := map[string][]template.UserRootFS{} // by name, the versions
 	if b, err := s.builds(); err == nil {
-		latest, err := b.UserTemplates()
+		latest, err := b.UserTemplates(r.Context())
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
 		for _, u := range latest {
-			if vs, err := b.Versions(u.Name); err == nil {
+			if vs, err := b.Versions(r.Context(), u.Name); err == nil {
 				users[u.Name] = vs
 			}
 		}
@@ -188,7 +188,7 @@ func canUseTemplate(key catalog.Key, u template.UserRootFS) bool {
 // created from: a built-in's name as is; for a user template, "NAME:N"
 // (the latest version for plain NAME). A user template key may not use is
 // not found, exactly like a missing one.
-func (s *Server) resolveTemplate(key catalog.Key, ref string) (string, error) {
+func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
 	name, v, err := template.SplitRef(ref)
 	if err != nil {
 		return "", invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
@@ -200,7 +200,7 @@ func (s *Server) resolveTemplate(key catalog.Key, ref string) (string, error) {
 		return ref, nil
 	}
 	b := s.cfg.TemplateBuilds
-	u, err := b.UserTemplate(name)
+	u, err := b.UserTemplate(ctx, name)
 	if errors.Is(err, template.ErrNotFound) {
 		if v > 0 {
 			return "", notFound("template %q not found", ref)
@@ -216,7 +216,7 @@ func (s *Server) resolveTemplate(key catalog.Key, ref string) (string, error) {
 	if v == 0 {
 		return template.Ref(name, u.Version), nil
 	}
-	if _, err := b.UserTemplate(ref); errors.Is(err, template.ErrNotFound) {
+	if _, err := b.UserTemplate(ctx, ref); errors.Is(err, template.ErrNotFound) {
 		return "", notFound("template %s has no version %d (its latest is %d)", name, v, u.Version)
 	} else if err != nil {
 		return "", err
@@ -270,17 +270,17 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 // (*tmplbuild.Manager, which documents the contracts). A server without
 // it (Config.TemplateBuilds nil: its hosts are remote) answers 501.
 type TemplateBuilds interface {
-	Start(spec tmplbuild.Spec) (tmplbuild.Status, error)
-	Get(id string) (tmplbuild.Status, error)
+	Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Status, error)
+	Get(ctx context.Context, id string) (tmplbuild.Status, error)
 	// List returns every build remembered, newest first.
-	List() []tmplbuild.Status
+	List(ctx context.Context) ([]tmplbuild.Status, error)
 	Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error)
 	// Remove removes "NAME" (every version) or "NAME:N" (one).
-	Remove(ref string) error
-	SetPublic(name string, public bool) error
-	UserTemplate(ref string) (template.UserRootFS, error)
-	UserTemplates() ([]template.UserRootFS, error)
-	Versions(name string) ([]template.UserRootFS, error)
+	Remove(ctx context.Context, ref string) error
+	SetPublic(ctx context.Context, name string, public bool) error
+	UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error)
+	UserTemplates(ctx context.Context) ([]template.UserRootFS, error)
+	Versions(ctx context.Context, name string) ([]template.UserRootFS, error)
 }
 
 // DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.
@@ -308,12 +308,12 @@ func (s *Server) callerBuilds(w http.ResponseWriter, r *http.Request) (TemplateB
 // may build a new name, which it then owns (up to MaxTemplatesPerKey of
 // them, admin keys unbounded); only the owner or an admin key may rebuild
 // one (another key's name is taken: 409, whether it may see it or not).
-func (s *Server) buildSpecOwner(b TemplateBuilds, key catalog.Key, spec *tmplbuild.Spec) error {
+func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catalog.Key, spec *tmplbuild.Spec) error {
 	spec.Owner = key.ID
 	if !key.Admin && s.cfg.MaxTemplatesPerKey > 0 {
 		spec.MaxTemplates = s.cfg.MaxTemplatesPerKey
 	}
-	u, err := b.UserTemplate(spec.Name)
+	u, err := b.UserTemplate(ctx, spec.Name)
 	if errors.Is(err, template.ErrNotFound) {
 		return nil
 	}
@@ -328,8 +328,8 @@ func (s *Server) buildSpecOwner(b TemplateBuilds, key catalog.Key, spec *tmplbui
 
 // visibleBuild returns build id's status if key may read it: the key that
 // started it, or an admin key; another key's build is not found.
-func visibleBuild(b TemplateBuilds, key catalog.Key, id string) (tmplbuild.Status, error) {
-	st, err := b.Get(id)
+func visibleBuild(ctx context.Context, b TemplateBuilds, key catalog.Key, id string) (tmplbuild.Status, error) {
+	st, err := b.Get(ctx, id)
 	if err != nil {
 		return st, err
 	}
@@ -369,7 +369,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.buildSpecOwner(b, callerOf(r).Key, &spec); err != nil {
+	if err := s.buildSpecOwner(r.Context(), b, callerOf(r).Key, &spec); err != nil {
 		if spec.ContextTar != "" {
 			os.Remove(spec.ContextTar)
 		}
@@ -377,7 +377,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// From here spec.ContextTar is the builder's, whatever Start returns.
-	st, err := b.Start(spec)
+	st, err := b.Start(r.Context(), spec)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -391,7 +391,7 @@ func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	st, err := visibleBuild(b, callerOf(r).Key, chi.URLParam(r, "buildID"))
+	st, err := visibleBuild(r.Context(), b, callerOf(r).Key, chi.URLParam(r, "buildID"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -407,8 +407,13 @@ func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, name := callerOf(r).Key, r.URL.Query().Get("name")
+	list, err := b.List(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	out := []tmplbuild.Status{}
-	for _, st := range b.List() {
+	for _, st := range list {
 		if (key.Admin || st.Owner == key.ID) && (name == "" || st.Name == name) {
 			out = append(out, st)
 		}
@@ -425,7 +430,7 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := chi.URLParam(r, "buildID")
-	if _, err := visibleBuild(b, callerOf(r).Key, id); err != nil {
+	if _, err := visibleBuild(r.Context(), b, callerOf(r).Key, id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -465,7 +470,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
 		return
 	}
-	u, err := b.UserTemplate(name)
+	u, err := b.UserTemplate(r.Context(), name)
 	if errors.Is(err, template.ErrNotFound) || (err == nil && !canUseTemplate(key, u)) {
 		s.writeError(w, r, notFound("no template %q built from an image", name))
 		return
@@ -479,7 +484,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if v > 0 {
-		if _, err := b.UserTemplate(ref); err != nil {
+		if _, err := b.UserTemplate(r.Context(), ref); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
@@ -529,7 +534,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := b.Remove(ref); err != nil {
+	if err := b.Remove(r.Context(), ref); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -564,7 +569,7 @@ func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 			s.writeError(w, r, invalid("publish a template, not one of its versions: %s", strings.Split(name, ":")[0]))
 			return
 		}
-		if err := b.SetPublic(name, public); err != nil {
+		if err := b.SetPublic(r.Context(), name, public); err != nil {
 			s.writeError(w, r, err)
 			return
 		}

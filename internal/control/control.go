@@ -32,7 +32,7 @@ type Config struct {
 	// ResolveTemplate turns the template a create names into the one the
 	// sandbox records (a user template's version, "NAME:N") for key, or
 	// refuses it; nil: the name as given.
-	ResolveTemplate func(key catalog.Key, name string) (string, error)
+	ResolveTemplate func(ctx context.Context, key catalog.Key, name string) (string, error)
 	// Gone is told when a sandbox's guest goes away (it stopped or
 	// paused), so that connections to it are closed; nil: nothing to tell.
 	Gone   func(id string)

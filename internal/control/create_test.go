@@ -241,7 +241,7 @@ func TestCreateFromSnapshot(t *testing.T) {
 // the record keeps; its refusal is what users see.
 func TestCreateResolvesTemplate(t *testing.T) {
 	e := newEnv(t, func(c *control.Config) {
-		c.ResolveTemplate = func(key catalog.Key, name string) (string, error) {
+		c.ResolveTemplate = func(_ context.Context, key catalog.Key, name string) (string, error) {
 			if name == "web" {
 				return "web:3", nil
 			}

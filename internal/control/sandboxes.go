@@ -144,7 +144,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		// A user template is created from one version, which the sandbox
 		// records ("NAME:N"): a rebuild does not change what it runs.
 		if p.cfg.ResolveTemplate != nil {
-			ref, err := p.cfg.ResolveTemplate(key, tp.Name)
+			ref, err := p.cfg.ResolveTemplate(ctx, key, tp.Name)
 			if err != nil {
 				return catalog.Sandbox{}, host.CreateRequest{}, err
 			}

@@ -21,18 +21,18 @@ func TestBuildsSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done, err := m.Start(Spec{Name: "app", FromImage: "good", Owner: "key-a"})
+	done, err := m.Start(ctx, Spec{Name: "app", FromImage: "good", Owner: "key-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	close(fc.gate)
 	_, wantLines := follow(t, m, done.ID)
 	fc.gate = make(chan struct{}) // the next one hangs until Close
-	hung, err := m.Start(Spec{Name: "app2", FromImage: "good", Owner: "key-b"})
+	hung, err := m.Start(ctx, Spec{Name: "app2", FromImage: "good", Owner: "key-b"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for st, _ := m.Get(hung.ID); st.State != StateRunning; st, _ = m.Get(hung.ID) {
+	for st, _ := m.Get(ctx, hung.ID); st.State != StateRunning; st, _ = m.Get(ctx, hung.ID) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// A crash, as far as the files go: the record says running.
@@ -49,7 +49,7 @@ func TestBuildsSurviveRestart(t *testing.T) {
 	if st.State != StateSucceeded || st.Version != 1 || st.Owner != "key-a" || len(lines) != len(wantLines) {
 		t.Errorf("after restart: %+v, %q; want succeeded, version 1, owner key-a, lines %q", st, lines, wantLines)
 	}
-	st, err = m2.Get(hung.ID)
+	st, err = m2.Get(ctx, hung.ID)
 	if err != nil || st.State != StateFailed || st.Code != CodeInterrupted || st.Owner != "key-b" || st.EndedAt == nil {
 		t.Errorf("interrupted build after restart: %+v, %v", st, err)
 	}
@@ -60,7 +60,7 @@ func TestBuildsSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m3.Close()
-	if _, err := m3.Get(done.ID); !errors.Is(err, ErrNotFound) {
+	if _, err := m3.Get(ctx, done.ID); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get after retention: %v, want ErrNotFound", err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
@@ -77,7 +77,7 @@ func TestBuildVersionsAndOwners(t *testing.T) {
 	}
 	defer m.Close()
 	build := func(spec Spec) (Status, error) {
-		st, err := m.Start(spec)
+		st, err := m.Start(ctx, spec)
 		if err != nil {
 			return st, err
 		}
@@ -97,30 +97,30 @@ func TestBuildVersionsAndOwners(t *testing.T) {
 	if st, err := build(Spec{Name: "app", FromImage: "three", Owner: "key-admin"}); err != nil || st.Version != 3 {
 		t.Fatalf("rebuild by another key: %+v, %v", st, err)
 	}
-	vs, err := m.Versions("app")
+	vs, err := m.Versions(ctx, "app")
 	if err != nil || len(vs) != 3 || vs[2].Owner != "key-a" || vs[0].Source != "one" {
 		t.Errorf("versions: %+v, %v", vs, err)
 	}
-	if err := m.Remove("app:3"); !errors.Is(err, template.ErrConflict) {
+	if err := m.Remove(ctx, "app:3"); !errors.Is(err, template.ErrConflict) {
 		t.Errorf("Remove(app:3), the latest: %v, want template.ErrConflict", err)
 	}
-	if err := m.Remove("app:2"); err != nil {
+	if err := m.Remove(ctx, "app:2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.UserTemplate("app:2"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := m.UserTemplate(ctx, "app:2"); !errors.Is(err, template.ErrNotFound) {
 		t.Errorf("app:2 after its removal: %v", err)
 	}
 
 	// A new name another owner is building is taken.
 	fc.gate = make(chan struct{})
 	defer close(fc.gate)
-	if _, err := m.Start(Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
+	if _, err := m.Start(ctx, Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Start(Spec{Name: "new", FromImage: "x", Owner: "key-b"}); !errors.Is(err, ErrConflict) {
+	if _, err := m.Start(ctx, Spec{Name: "new", FromImage: "x", Owner: "key-b"}); !errors.Is(err, ErrConflict) {
 		t.Errorf("building a name another key is building: %v, want ErrConflict", err)
 	}
-	if _, err := m.Start(Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
+	if _, err := m.Start(ctx, Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
 		t.Errorf("building it again as its builder: %v", err)
 	}
 }

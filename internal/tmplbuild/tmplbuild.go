@@ -270,7 +270,7 @@ func New(cfg Config) (*Manager, error) {
 // template.ErrInvalid (a bad or built-in name, neither or both of an image
 // and a Dockerfile, an invalid Startup), ErrUnsupported, ErrClosed. From
 // Start on, spec.ContextTar is the Manager's to remove, whatever the error.
-func (m *Manager) Start(spec Spec) (st Status, err error) {
+func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	defer func() {
 		if err != nil && spec.ContextTar != "" {
 			os.Remove(spec.ContextTar)
@@ -530,7 +530,7 @@ func (m *Manager) notify(b *build) {
 }
 
 // Get returns the status of build id (ErrNotFound).
-func (m *Manager) Get(id string) (Status, error) {
+func (m *Manager) Get(_ context.Context, id string) (Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	b, ok := m.builds[id]
@@ -542,7 +542,7 @@ func (m *Manager) Get(id string) (Status, error) {
 
 // List returns the status of every build it remembers (running, waiting
 // and ended ones not forgotten yet), the newest first.
-func (m *Manager) List() []Status {
+func (m *Manager) List(context.Context) ([]Status, error) {
 	m.mu.Lock()
 	out := make([]Status, 0, len(m.builds))
 	for _, b := range m.builds {
@@ -555,7 +555,7 @@ func (m *Manager) List() []Status {
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
-	return out
+	return out, nil
 }
 
 // Follow calls line for each progress line of build id, from the first,
@@ -602,7 +602,7 @@ func (m *Manager) Building(name string) bool {
 // N of "NAME:N" (template.ErrNotFound if there is none;
 // template.ErrConflict for the latest version alone), unless a build of it
 // is queued or running (ErrConflict).
-func (m *Manager) Remove(ref string) error {
+func (m *Manager) Remove(_ context.Context, ref string) error {
 	name, v, err := template.SplitRef(ref)
 	if err != nil {
 		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
@@ -621,17 +621,17 @@ func (m *Manager) Remove(ref string) error {
 
 // SetPublic publishes (or unpublishes) user template name: see
 // template.Store.SetUserPublic.
-func (m *Manager) SetPublic(name string, public bool) error {
+func (m *Manager) SetPublic(_ context.Context, name string, public bool) error {
 	return m.cfg.Store.SetUserPublic(name, public)
 }
 
 // UserTemplate returns user template ref (see template.Store.UserRootFS).
-func (m *Manager) UserTemplate(ref string) (template.UserRootFS, error) {
+func (m *Manager) UserTemplate(_ context.Context, ref string) (template.UserRootFS, error) {
 	return m.cfg.Store.UserRootFS(ref)
 }
 
 // Versions lists the versions of user template name, oldest first.
-func (m *Manager) Versions(name string) ([]template.UserRootFS, error) {
+func (m *Manager) Versions(_ context.Context, name string) ([]template.UserRootFS, error) {
 	return m.cfg.Store.UserVersions(name)
 }
 
@@ -710,6 +710,6 @@ func newID() string {
 }
 
 // UserTemplates lists the user templates built.
-func (m *Manager) UserTemplates() ([]template.UserRootFS, error) {
+func (m *Manager) UserTemplates(context.Context) ([]template.UserRootFS, error) {
 	return m.cfg.Store.UserRootFSes()
 }

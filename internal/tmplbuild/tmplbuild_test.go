@@ -16,6 +16,9 @@ import (
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
+// ctx is the context of the tests' calls.
+var ctx = context.Background()
+
 func newStore(t *testing.T) *template.Store {
 	t.Helper()
 	dir := t.TempDir()
@@ -95,7 +98,7 @@ func TestBuildOutcomes(t *testing.T) {
 		{"app2", "missing", StateFailed, CodeImageNotFound},
 		{"app3", "bad", StateFailed, CodeFailed},
 	} {
-		st, err := m.Start(Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}})
+		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,11 +120,11 @@ func TestBuildOutcomes(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
-		if _, err := m.Start(Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}}); !errors.Is(err, template.ErrInvalid) {
+		if _, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}}); !errors.Is(err, template.ErrInvalid) {
 			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
 		}
 	}
-	if _, err := m.Get("nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := m.Get(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get(nope) = %v", err)
 	}
 }
@@ -136,7 +139,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	defer m.Close()
 	var ids []string
 	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
-		st, err := m.Start(Spec{Name: b[0], FromImage: b[1], Startup: template.Startup{}})
+		st, err := m.Start(ctx, Spec{Name: b[0], FromImage: b[1], Startup: template.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +152,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	if !m.Building("a") {
 		t.Errorf("Building(a) = false")
 	}
-	if err := m.Remove("a"); !errors.Is(err, ErrConflict) {
+	if err := m.Remove(ctx, "a"); !errors.Is(err, ErrConflict) {
 		t.Errorf("Remove during a build = %v, want ErrConflict", err)
 	}
 	close(fc.gate)
@@ -170,10 +173,10 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	if u, _ := store.UserRootFS("a"); u.Source != "a2" {
 		t.Errorf("a is built from %q, want the last build's a2", u.Source)
 	}
-	if err := m.Remove("a"); err != nil {
+	if err := m.Remove(ctx, "a"); err != nil {
 		t.Errorf("Remove(a) = %v", err)
 	}
-	if err := m.Remove("a"); !errors.Is(err, template.ErrNotFound) {
+	if err := m.Remove(ctx, "a"); !errors.Is(err, template.ErrNotFound) {
 		t.Errorf("Remove(a) again = %v, want template.ErrNotFound", err)
 	}
 }
@@ -185,17 +188,17 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st1, _ := m.Start(Spec{Name: "a", FromImage: "a1", Startup: template.Startup{}})
-	st2, _ := m.Start(Spec{Name: "b", FromImage: "b1", Startup: template.Startup{}}) // waits for a slot
+	st1, _ := m.Start(ctx, Spec{Name: "a", FromImage: "a1", Startup: template.Startup{}})
+	st2, _ := m.Start(ctx, Spec{Name: "b", FromImage: "b1", Startup: template.Startup{}}) // waits for a slot
 	time.Sleep(100 * time.Millisecond)
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
-		st, _ := m.Get(id)
+		st, _ := m.Get(ctx, id)
 		if st.State != StateFailed || st.Code != CodeCanceled {
 			t.Errorf("build after Close: %+v", st)
 		}
 	}
-	if _, err := m.Start(Spec{Name: "c", FromImage: "c1", Startup: template.Startup{}}); !errors.Is(err, ErrClosed) {
+	if _, err := m.Start(ctx, Spec{Name: "c", FromImage: "c1", Startup: template.Startup{}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Start after Close = %v", err)
 	}
 	m.Close()
@@ -239,7 +242,7 @@ func TestBuildBakesStartup(t *testing.T) {
 		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
 		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
 	} {
-		st, err := m.Start(Spec{Name: tc.name, FromImage: "good", Startup: tc.su})
+		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: "good", Startup: tc.su})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +262,7 @@ func TestBuildBakesStartup(t *testing.T) {
 		t.Errorf("baked %s, want %s", got, want)
 	}
 	// A rebuild whose bake fails leaves the version it was to replace.
-	st, err := m.Start(Spec{Name: "web", FromImage: "other", Startup: template.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
+	st, err := m.Start(ctx, Spec{Name: "web", FromImage: "other", Startup: template.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +272,7 @@ func TestBuildBakesStartup(t *testing.T) {
 	if u, err := store.UserRootFS("web"); err != nil || u.Source != "good" || u.StartCmd != "serve" {
 		t.Errorf("web after a failed rebuild: %+v, %v; want its first version", u, err)
 	}
-	if _, err := m.Start(Spec{Name: "bad", FromImage: "good", Startup: template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
+	if _, err := m.Start(ctx, Spec{Name: "bad", FromImage: "good", Startup: template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
 		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
 	}
 }
