@@ -611,3 +611,65 @@ func splitProcessesAndWatch(t *testing.T, ctx context.Context, sv *proc, sb *pan
 		}
 	}
 }
+
+// TestSplitTemplateBuild: `panda server --agent` builds templates on its
+// agent, whose store keeps them: a Dockerfile build whose context the
+// server streams to the agent, its log followed, listed, created from (its
+// sandbox sees the context's file and its RUN's output), published, and
+// deleted.
+func TestSplitTemplateBuild(t *testing.T) {
+	e2e(t)
+	agentDir, serverDir := newDataDir(t), newDataDir(t)
+	ctx := ctxFor(t)
+	ag := start(t, "agent", agentOptions(agentDir, ""))
+	sv := start(t, "server", serverOptions(serverDir, ag.URL(),
+		"--agent-token-file", filepath.Join(agentDir, "agent.token"), "--agent-ca-file", filepath.Join(agentDir, "agent-ca.pem")))
+	c := sv.client(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hello.txt"), []byte("from the context\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	b, err := c.BuildTemplateFromDockerfile(ctx, "remote", "FROM tiny\nCOPY hello.txt /hello.txt\nRUN echo built > /built\n", dir,
+		func(l string) { lines = append(lines, l) })
+	log := strings.Join(lines, "\n")
+	if err != nil || b.Status != pandastack.BuildSucceeded || b.Version != 1 || !strings.Contains(log, "RUN echo built") {
+		t.Fatalf("build on the agent: %+v, %v; log:\n%s", b, err, log)
+	}
+	if list, err := c.TemplateBuilds(ctx, "remote"); err != nil || len(list) != 1 || list[0].ID != b.ID || list[0].Status != pandastack.BuildSucceeded {
+		t.Errorf("builds of remote: %+v, %v; want the one that succeeded", list, err)
+	}
+	listed := false
+	if ts, err := c.Templates(ctx); err == nil {
+		for _, tp := range ts {
+			listed = listed || (tp.Name == "remote" && tp.LatestVersion == 1)
+		}
+	}
+	if !listed {
+		t.Errorf("template remote (version 1) not listed")
+	}
+	sb, err := c.Create(ctx, pandastack.CreateOptions{Template: "remote", MemoryMiB: 256, TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("create from the template built on the agent: %v", err)
+	}
+	if got := mustExec(t, ctx, sb, "cat /hello.txt /built"); got != "from the context\nbuilt\n" {
+		t.Errorf("the template's sandbox sees %q", got)
+	}
+	if err := c.PublishTemplate(ctx, "remote", true); err != nil {
+		t.Errorf("publish: %v", err)
+	}
+	if err := c.DeleteTemplate(ctx, "remote", false); !errors.Is(err, pandastack.ErrConflict) {
+		t.Errorf("delete of a template a sandbox runs: %v, want conflict", err)
+	}
+	if err := sb.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteTemplate(ctx, "remote", false); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+	if _, err := c.Create(ctx, pandastack.CreateOptions{Template: "remote", MemoryMiB: 256}); !errors.Is(err, pandastack.ErrNotFound) {
+		t.Errorf("create from the deleted template: %v, want not found", err)
+	}
+	mustStop(t, sv)
+	stopAgentClean(t, ag, agentDir)
+}

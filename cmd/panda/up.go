@@ -45,7 +45,7 @@ serving and on every reconnect.
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stopping it leaves the sandboxes running on
 the agent. See docs/deployment.md.`,
-	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after", "template-context-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -66,7 +66,8 @@ serving certificate (agent-cert.pem, agent-key.pem) for localhost, this
 host's name, the listen address and --tls-host. SIGTERM kills the
 running sandboxes (--on-shutdown kill) or leaves them for the next start to
 adopt (keep). See docs/deployment.md.`,
-	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory",
+		"max-template-builds", "template-max-size", "build-cache-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
 	})
 }

@@ -266,29 +266,17 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 	}})
 }
 
-// TemplateBuilds builds user templates from container images
-// (*tmplbuild.Manager, which documents the contracts). A server without
-// it (Config.TemplateBuilds nil: its hosts are remote) answers 501.
-type TemplateBuilds interface {
-	Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Status, error)
-	Get(ctx context.Context, id string) (tmplbuild.Status, error)
-	// List returns every build remembered, newest first.
-	List(ctx context.Context) ([]tmplbuild.Status, error)
-	Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error)
-	// Remove removes "NAME" (every version) or "NAME:N" (one).
-	Remove(ctx context.Context, ref string) error
-	SetPublic(ctx context.Context, name string, public bool) error
-	UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error)
-	UserTemplates(ctx context.Context) ([]template.UserRootFS, error)
-	Versions(ctx context.Context, name string) ([]template.UserRootFS, error)
-}
+// TemplateBuilds builds user templates from container images: a
+// tmplbuild.Manager in the server's process, or a remote host agent's
+// (hostapi.Client). A server without it answers 501.
+type TemplateBuilds = tmplbuild.Builder
 
 // DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.
 const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
 	if s.cfg.TemplateBuilds == nil {
-		return nil, errorf(control.NotImplemented, "this server does not build templates: its hosts are remote agents, and template builds run only on a server with its host in process (panda up, or panda server without --agent or --fleet); built-in templates work everywhere")
+		return nil, errorf(control.NotImplemented, "this server does not build templates: template builds do not run on a fleet yet (panda server --fleet), only on a server with one host (panda up, panda server, panda server --agent); built-in templates work everywhere")
 	}
 	return s.cfg.TemplateBuilds, nil
 }

@@ -101,6 +101,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 
@@ -213,6 +214,10 @@ var classes = []struct {
 	class  error
 }{
 	{"no_space", http.StatusInsufficientStorage, host.ErrNoSpace},
+	{"builds_unsupported", http.StatusNotImplemented, tmplbuild.ErrUnsupported},
+	{"template_limit", http.StatusTooManyRequests, tmplbuild.ErrLimit},
+	{"builds_closed", http.StatusServiceUnavailable, tmplbuild.ErrClosed},
+	{"build_not_found", http.StatusNotFound, tmplbuild.ErrNotFound},
 	{"corrupt", http.StatusConflict, host.ErrCorrupt},
 	{"not_ready", http.StatusServiceUnavailable, host.ErrNotReady},
 	{"not_found", http.StatusNotFound, host.ErrNotFound},
@@ -220,6 +225,8 @@ var classes = []struct {
 	{"invalid", http.StatusUnprocessableEntity, host.ErrInvalid},
 	{"template_invalid", http.StatusUnprocessableEntity, template.ErrInvalid},
 	{"conflict", http.StatusConflict, host.ErrConflict},
+	{"build_conflict", http.StatusConflict, tmplbuild.ErrConflict},
+	{"template_conflict", http.StatusConflict, template.ErrConflict},
 	{"unavailable", http.StatusServiceUnavailable, host.ErrUnavailable},
 	{"unsupported", http.StatusNotImplemented, errors.ErrUnsupported},
 	{"refused", http.StatusBadGateway, syscall.ECONNREFUSED}, // nothing listens on a guest's port

@@ -24,6 +24,7 @@ import (
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/recoverer"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
 // Server serves one host agent's API. Create it with NewServer, wire
@@ -45,6 +46,10 @@ type Server struct {
 	draining   bool
 	closed     chan struct{} // closed by Close: event streams and tunnels end
 	tunnels    map[*tunnel]struct{}
+
+	// builds and contextDir serve template builds (ServeBuilds; builds.go).
+	builds     tmplbuild.Builder
+	contextDir string
 }
 
 // NewServer returns the API of a (serving requests only with the given
@@ -82,6 +87,7 @@ func (s *Server) routes() http.Handler {
 	// Attaches, waits and watches last as long as the client wants: not
 	// tracked either, ended by Close.
 	r.With(s.authenticate, s.untilClosed).Group(s.streamRoutes)
+	r.With(s.authenticate, s.untilClosed).Get(Prefix+"/template-builds/{buildID}/log", s.buildLog)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.track)
 		r.Get(Prefix+"/info", s.json(func(r *http.Request) (any, error) { return s.info(), nil }))
@@ -146,6 +152,7 @@ func (s *Server) routes() http.Handler {
 			return lookupReply{Template: t, StaleReason: reason}, err
 		}))
 		r.Post(Prefix+"/templates/bake", s.bake)
+		s.buildRoutes(r) // builds.go
 
 		r.Post(Prefix+"/sandboxes/{id}/exec", s.exec)
 		s.processRoutes(r)

@@ -172,6 +172,15 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	hsrv := hostapi.NewServer(ag, token, log.With("part", "hostapi"))
 	defer hsrv.Close()
 	exits.set(hsrv.SandboxExited)
+	// Template builds, for the control plane whose one host this agent is
+	// (panda server --agent): closed before the host (deferred after it),
+	// cancelling the builds in flight.
+	builds, err := openTemplateBuilds(cfg, ag, log)
+	if err != nil {
+		return err
+	}
+	defer builds.Close()
+	hsrv.ServeBuilds(builds, cfg.templateContextDir())
 	recovered := ag.Recover(ctx)
 	if n := len(recovered); n > 0 {
 		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", len(adoptedIDs(recovered)))
@@ -273,7 +282,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	}
 	defer client.Close()
 
-	srv, cat, err := openControlPlane(ctx, cfg, client, nil, version, openapi, out, log)
+	srv, cat, err := openControlPlane(ctx, cfg, client, client.Builds(), version, openapi, out, log)
 	if err != nil {
 		return err
 	}

@@ -230,6 +230,26 @@ type build struct {
 	log *os.File
 }
 
+// Builder runs builds, as the API uses it: a Manager in the server's
+// process, or a remote host agent's behind the host API (hostapi.Client).
+// Every call takes a context (a remote one does I/O); Follow and List are
+// Manager's, the others its Store's through it.
+type Builder interface {
+	Start(ctx context.Context, spec Spec) (Status, error)
+	Get(ctx context.Context, id string) (Status, error)
+	// List returns every build remembered, newest first.
+	List(ctx context.Context) ([]Status, error)
+	Follow(ctx context.Context, id string, line func(string)) (Status, error)
+	// Remove removes "NAME" (every version) or "NAME:N" (one).
+	Remove(ctx context.Context, ref string) error
+	SetPublic(ctx context.Context, name string, public bool) error
+	UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error)
+	UserTemplates(ctx context.Context) ([]template.UserRootFS, error)
+	Versions(ctx context.Context, name string) ([]template.UserRootFS, error)
+}
+
+var _ Builder = (*Manager)(nil)
+
 // Manager runs builds. Safe for concurrent use.
 type Manager struct {
 	cfg Config
