@@ -3,7 +3,6 @@ package hostapi_test
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,17 +48,8 @@ func TestBuilds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	s2 := hostapi.NewServer(ag, testToken, nil)
 	contexts := t.TempDir()
-	s2.ServeBuilds(m, contexts)
-	hs2 := httptest.NewServer(s2)
-	defer hs2.Close()
-	defer s2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	_, c2 := secondServer(t, func(s *hostapi.Server) { s.ServeBuilds(m, contexts) })
 	b := c2.Builds()
 
 	// A Dockerfile build with a context, which the client removes once sent.

@@ -828,6 +828,27 @@ func TestAuth(t *testing.T) {
 	}
 }
 
+// secondServer serves another host API on the test agent (configured by
+// set, if not nil, before it serves) and returns it with a client of it;
+// the client, the server and its HTTP server end with the test, in that
+// order.
+func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *hostapi.Client) {
+	t.Helper()
+	s2 := hostapi.NewServer(ag, testToken, nil)
+	if set != nil {
+		set(s2)
+	}
+	hs2 := httptest.NewServer(s2)
+	t.Cleanup(hs2.Close)
+	t.Cleanup(func() { s2.Close() })
+	c2, err := hostapi.Dial(hs2.URL, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c2.Close() })
+	return s2, c2
+}
+
 // TestShutdown: a server that shuts down refuses new requests, still
 // sends exit events until Close, and then ends its streams.
 func TestShutdown(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -277,15 +276,7 @@ func TestProcessRoutesAuth(t *testing.T) {
 func TestCloseEndsProcessStreams(t *testing.T) {
 	ctx := ctxT(t)
 	sb := create(t, client)
-	s2 := hostapi.NewServer(ag, testToken, nil)
-	hs2 := httptest.NewServer(s2)
-	defer hs2.Close()
-	defer s2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	s2, c2 := secondServer(t, nil)
 	pg := processGuest(t, c2, sb.ID)
 	p, err := pg.StartProcess(ctx, guestproto.ExecRequest{Shell: "sleep 600"})
 	if err != nil {
