@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/devcluster"
@@ -33,6 +34,7 @@ func devClusterCmd() *cobra.Command {
 		defaultTemplate string
 		defaultMemory   int
 		agentMemory     int
+		agentCPUs       int
 		hostLostAfter   time.Duration
 		lazyRestore     bool
 		name, subnet    string
@@ -87,7 +89,7 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 			cfg := devcluster.Config{Agents: agents, DataDir: dataDir, Listen: listen, Store: store, Images: images,
 				Binary: bin, Versitygw: gw, Env: os.Environ(), Out: cmd.OutOrStdout(), Name: name, Subnet: net,
 				AgentArgs:      []string{"--default-template", defaultTemplate, "--default-memory", fmt.Sprint(defaultMemory)},
-				AgentMemoryMiB: agentMemory}
+				AgentMemoryMiB: agentMemory, AgentCPUs: agentCPUs}
 			if lazyRestore {
 				if store == devcluster.StoreNone {
 					return fmt.Errorf("--lazy-restore needs an object store (--store s3 or dir)")
@@ -111,6 +113,7 @@ Needs root. Logs: DATA_DIR/logs. See docs/dev-cluster.md.`,
 	f.StringVar(&name, "name", d.Name, "prefix of the cluster's namespaces, veths and bridge (1-5 of a-z, 0-9): one per cluster running at once")
 	f.StringVar(&subnet, "subnet", d.Subnet.String(), "IPv4 network of the bridge joining the agents (/24 or larger; must not overlap this machine's)")
 	f.BoolVar(&lazyRestore, "lazy-restore", false, "agents restore snapshots and paused sandboxes they do not hold with memory paged in on first touch (docs/lazy-restore.md)")
+	f.IntVar(&agentCPUs, "agent-cpus", 0, "CPUs each agent offers the fleet (default: the machine's shared out among them, at least one each; -1: all of them each)")
 	f.IntVar(&agentMemory, "agent-memory", 0, "memory (MiB) each agent offers the fleet (default: the machine's shared out among them, plus the 1 GiB the scheduler keeps free on each; -1: the whole machine's each)")
 	f.DurationVar(&hostLostAfter, "host-lost-after", 0, "a host that misses heartbeats this long is lost (default: the server's, 10s)")
 	return cmd
@@ -152,8 +155,15 @@ func printDevCluster(out io.Writer, c *devcluster.Cluster) {
 		fmt.Fprintf(out, "  object store  none\n")
 	}
 	fmt.Fprintf(out, "  logs          %s\n", c.LogDir())
+	var share []string
+	if n := c.AgentCPUs(); n > 0 {
+		share = append(share, fmt.Sprintf("%d of its CPUs (--agent-cpus)", n))
+	}
 	if m := c.AgentMemoryMiB(); m > 0 {
-		fmt.Fprintf(out, "  hosts         each offers %d MiB of this machine's memory (--agent-memory)\n", m)
+		share = append(share, fmt.Sprintf("%d MiB of its memory (--agent-memory)", m))
+	}
+	if len(share) > 0 {
+		fmt.Fprintf(out, "  hosts         each offers this machine's %s\n", strings.Join(share, " and "))
 	} else {
 		fmt.Fprintf(out, "  hosts\n")
 	}

@@ -66,7 +66,7 @@ serving certificate (agent-cert.pem, agent-key.pem) for localhost, this
 host's name, the listen address and --tls-host. SIGTERM kills the
 running sandboxes (--on-shutdown kill) or leaves them for the next start to
 adopt (keep). See docs/deployment.md.`,
-	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory",
+	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory", "host-cpus",
 		"max-template-builds", "template-max-size", "build-cache-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
 	})
@@ -138,6 +138,7 @@ var configFlags = map[string]configFlag{
 	"server":                {"join the control plane at this URL (panda server --fleet), e.g. http://10.0.0.1:7788", func(c *server.Config) any { return &c.ServerURL }},
 	"token":                 {"the join token (the server's DATA_DIR/join.token); env PANDA_JOIN_TOKEN", func(c *server.Config) any { return &c.JoinToken }},
 	"host-id":               {"this host's name in the fleet (default DATA_DIR/host.id, made from the host name)", func(c *server.Config) any { return &c.HostID }},
+	"host-cpus":             {"CPUs this host offers the fleet, if fewer than the machine's: its capacity, which the scheduler counts vCPUs against", func(c *server.Config) any { return &c.HostCPUs }},
 	"host-memory":           {"memory (MiB) this host offers the fleet, if less than the machine's: its capacity, and the most free memory it reports", func(c *server.Config) any { return &c.HostMemoryMiB }},
 	"advertise-url":         {"the host API's URL as the control plane reaches it (default https://LISTEN)", func(c *server.Config) any { return &c.AdvertiseURL }},
 	"tls-host":              {"another host name or address for the agent's certificate (repeatable)", func(c *server.Config) any { return &c.TLSHosts }},

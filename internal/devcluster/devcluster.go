@@ -93,6 +93,10 @@ type Config struct {
 	// that much free on every host, and one machine needs it once);
 	// negative: each offers the whole machine's.
 	AgentMemoryMiB int
+	// AgentCPUs is the CPUs each agent offers the fleet (panda agent
+	// --host-cpus): 0 shares the machine's out among the agents, at least
+	// one each; negative: each offers all of them.
+	AgentCPUs int
 }
 
 // Defaults are the values of the fields a Config leaves zero.
@@ -136,6 +140,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.AgentMemoryMiB == 0 && c.Agents > 0 {
 		c.AgentMemoryMiB = host.LocalResources().MemoryMiB/c.Agents + scheduler.ReserveMiB
+	}
+	if c.AgentCPUs == 0 && c.Agents > 0 {
+		c.AgentCPUs = max(1, host.LocalResources().VCPUs/c.Agents)
 	}
 	if c.Out == nil {
 		c.Out = io.Discard
@@ -572,6 +579,9 @@ func (c *Cluster) startAgents(ctx context.Context, nsenter string, netnses []str
 		if c.cfg.AgentMemoryMiB > 0 {
 			argv = append(argv, "--host-memory", strconv.Itoa(c.cfg.AgentMemoryMiB))
 		}
+		if c.cfg.AgentCPUs > 0 {
+			argv = append(argv, "--host-cpus", strconv.Itoa(c.cfg.AgentCPUs))
+		}
 		argv = append(argv, c.cfg.AgentArgs...)
 		a.p = &proc{name: a.ID, argv: argv, env: env, log: filepath.Join(c.logDir(), a.ID+".log"), out: c.out}
 		a.p.onExit = func(err error) {
@@ -733,6 +743,9 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 // AgentMemoryMiB is the memory each agent offers the fleet (0: the
 // machine's).
 func (c *Cluster) AgentMemoryMiB() int { return max(0, c.cfg.AgentMemoryMiB) }
+
+// AgentCPUs is the CPUs each agent offers the fleet (0: the machine's).
+func (c *Cluster) AgentCPUs() int { return max(0, c.cfg.AgentCPUs) }
 
 // Temporary reports whether Close removes the data directory.
 func (c *Cluster) Temporary() bool { return c.temp }

@@ -215,6 +215,7 @@ type host struct {
 	Draining  bool   `json:"draining"`
 	MemoryMiB int    `json:"memory_mib"`
 	FreeMiB   int    `json:"memory_available_mib"`
+	CPUs      int    `json:"vcpus"`
 }
 
 // create creates a sandbox (placement nil: the scheduler's choice) and
@@ -353,9 +354,17 @@ func TestDevCluster(t *testing.T) {
 		if total := hostpkg.LocalResources().MemoryMiB; offered != total/3+scheduler.ReserveMiB {
 			t.Errorf("each agent offers %d MiB, want a third of the machine's %d and %d MiB", offered, total, scheduler.ReserveMiB)
 		}
+		// And its CPUs, at least one each.
+		cpus := c.AgentCPUs()
+		if total := hostpkg.LocalResources().VCPUs; cpus != max(1, total/3) {
+			t.Errorf("each agent offers %d CPUs, want a third of the machine's %d, at least one", cpus, total)
+		}
 		for _, h := range hs {
 			if h.MemoryMiB != offered || h.FreeMiB <= 0 || h.FreeMiB > offered {
 				t.Errorf("host %s: memory %d MiB, %d free; want %d, and free within it", h.ID, h.MemoryMiB, h.FreeMiB, offered)
+			}
+			if h.CPUs != cpus {
+				t.Errorf("host %s: %d CPUs, want %d", h.ID, h.CPUs, cpus)
 			}
 		}
 	})

@@ -32,8 +32,8 @@ type joinConfig struct {
 	joinToken string
 	reg       host.Registration // ID, URL, Token, CACert, Capacity
 	// memoryMiB is the memory this host offers (Config.HostMemoryMiB;
-	// 0: the machine's).
-	memoryMiB int
+	// 0: the machine's), cpus its CPUs (Config.HostCPUs; 0: the machine's).
+	memoryMiB, cpus int
 }
 
 // prepareJoin checks cfg's join settings and returns the registration of
@@ -71,7 +71,7 @@ func prepareJoin(cfg Config, listen net.Addr, agentToken, caFile string) (*joinC
 	if err != nil {
 		return nil, fmt.Errorf("read the agent's CA: %w", err)
 	}
-	return &joinConfig{server: strings.TrimRight(cfg.ServerURL, "/"), joinToken: cfg.JoinToken, memoryMiB: cfg.HostMemoryMiB,
+	return &joinConfig{server: strings.TrimRight(cfg.ServerURL, "/"), joinToken: cfg.JoinToken, memoryMiB: cfg.HostMemoryMiB, cpus: cfg.HostCPUs,
 		reg: host.Registration{ID: id, URL: adv, Token: agentToken, CACert: string(ca)}}, nil
 }
 
@@ -118,7 +118,7 @@ func join(ctx context.Context, jc *joinConfig, ag *agent.Agent, dataDir string, 
 		var err error
 		if !registered {
 			reg := jc.reg
-			reg.Capacity, reg.Load = capacity(ag, dataDir, jc.memoryMiB), load(ag, dataDir, jc.memoryMiB)
+			reg.Capacity, reg.Load = capacity(ag, dataDir, jc.memoryMiB, jc.cpus), load(ag, dataDir, jc.memoryMiB)
 			if err = post(ctx, client, jc, "/v1/fleet/join", reg); err == nil {
 				registered = true
 				backoff = 500 * time.Millisecond
@@ -178,13 +178,17 @@ func post(ctx context.Context, client *http.Client, jc *joinConfig, path string,
 	return &statusError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
 }
 
-// capacity is what this host offers: its CPUs, its memory or memMiB of
-// it (if set and smaller), its data directory's disk, its accelerator.
-func capacity(ag *agent.Agent, dataDir string, memMiB int) host.Capacity {
+// capacity is what this host offers: its CPUs or cpus of them, its
+// memory or memMiB of it (each if set and smaller), its data directory's
+// disk, its accelerator.
+func capacity(ag *agent.Agent, dataDir string, memMiB, cpus int) host.Capacity {
 	res := host.LocalResources()
 	c := host.Capacity{CPUs: res.VCPUs, MemoryMiB: int64(res.MemoryMiB), Accel: string(ag.Accel())}
 	if memMiB > 0 {
 		c.MemoryMiB = min(c.MemoryMiB, int64(memMiB))
+	}
+	if cpus > 0 {
+		c.CPUs = min(c.CPUs, cpus)
 	}
 	var st unix.Statfs_t
 	if unix.Statfs(dataDir, &st) == nil {

@@ -176,6 +176,10 @@ type Config struct {
 	// that share a machine (panda dev cluster) or a machine that keeps
 	// memory for other work.
 	HostMemoryMiB int `yaml:"host_memory_mib"`
+	// HostCPUs is the CPUs `panda agent` offers the fleet when fewer than
+	// the machine's (0): its capacity, which the scheduler's vCPU bound
+	// and balance count. For agents that share a machine.
+	HostCPUs int `yaml:"host_cpus"`
 	// TLSHosts are more host names and addresses for the certificate of
 	// `panda agent` (besides localhost, the listen address, this host's
 	// name, and every address of this host when listening on all).
@@ -278,6 +282,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HostMemoryMiB < 0 {
 		return fmt.Errorf("host memory %d MiB: must not be negative (0: the machine's)", c.HostMemoryMiB)
+	}
+	if c.HostCPUs < 0 {
+		return fmt.Errorf("host CPUs %d: must not be negative (0: the machine's)", c.HostCPUs)
 	}
 	if c.MaxTemplateBuilds < 0 || c.TemplateMaxSizeMiB < 0 {
 		return errors.New("max_template_builds and template_max_size_mib must not be negative")
