@@ -280,6 +280,19 @@ func leaseKeys(t *testing.T, s *Store) []string {
 	return keys
 }
 
+// garbage uploads file src as set name and deletes the set: its chunks
+// are left for GC.
+func garbage(t *testing.T, s *Store, name, src string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := s.Upload(ctx, name, map[string]string{"f": src}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // GC and Upload exclude each other through leases (package doc).
 func TestLeases(t *testing.T) {
 	objs, err := objstore.OpenDir(t.TempDir())
@@ -291,12 +304,7 @@ func TestLeases(t *testing.T) {
 	ctx := context.Background()
 	src := filepath.Join(t.TempDir(), "f")
 	data := writeSparseFile(t, src, 3*cs, 3, [2]int64{0, 3 * cs})
-	if _, _, err := s.Upload(ctx, "x", map[string]string{"f": src}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Delete(ctx, "x"); err != nil {
-		t.Fatal(err)
-	}
+	garbage(t, s, "x", src)
 
 	// An upload in progress: GC deletes nothing.
 	up, err := s.acquire(ctx, "upload")
@@ -377,12 +385,7 @@ func TestLeasesLeftBehind(t *testing.T) {
 	s := open("h1")
 	src := filepath.Join(t.TempDir(), "f")
 	writeSparseFile(t, src, 2*cs, 7, [2]int64{0, 2 * cs})
-	if _, _, err := s.Upload(ctx, "x", map[string]string{"f": src}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Delete(ctx, "x"); err != nil {
-		t.Fatal(err)
-	}
+	garbage(t, s, "x", src)
 
 	// Released while the store is down: the lease stays in the store.
 	up, err := s.acquire(ctx, "upload")
@@ -404,12 +407,7 @@ func TestLeasesLeftBehind(t *testing.T) {
 
 	// An earlier process of owner h1 left a lease (it crashed: never
 	// released); so did a live process of owner h2.
-	if _, _, err := s.Upload(ctx, "y", map[string]string{"f": src}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Delete(ctx, "y"); err != nil {
-		t.Fatal(err)
-	}
+	garbage(t, s, "y", src)
 	crashed, err := s.acquire(ctx, "upload")
 	if err != nil {
 		t.Fatal(err)

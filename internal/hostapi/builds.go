@@ -79,10 +79,14 @@ type userTemplate struct {
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
+func wireUser(u template.UserRootFS) userTemplate {
+	return userTemplate{UserRootFS: u, DiskBytes: u.DiskBytes}
+}
+
 func wireUsers(us []template.UserRootFS) []userTemplate {
 	out := make([]userTemplate, len(us))
 	for i, u := range us {
-		out[i] = userTemplate{UserRootFS: u, DiskBytes: u.DiskBytes}
+		out[i] = wireUser(u)
 	}
 	return out
 }
@@ -130,7 +134,7 @@ func (s *Server) buildRoutes(r chi.Router) {
 	}))
 	r.Get(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
 		u, err := b.UserTemplate(r.Context(), chi.URLParam(r, "ref"))
-		return userTemplate{UserRootFS: u, DiskBytes: u.DiskBytes}, err
+		return wireUser(u), err
 	}))
 	r.Get(Prefix+"/user-templates/{name}/versions", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
 		vs, err := b.Versions(r.Context(), chi.URLParam(r, "name"))
