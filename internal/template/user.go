@@ -519,15 +519,8 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 		}
 	}
 	u.SizeBytes = st.Size()
-	u.DiskBytes = 0
-	b, _ := json.MarshalIndent(u, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
+	if err := writeVersion(dir, u); err != nil {
 		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
-	}
-	for _, p := range []string{img, filepath.Join(dir, userConfigFile), dir} {
-		if err := syncPath(p); err != nil {
-			return "", fmt.Errorf("install user template %s: %w", u.Name, err)
-		}
 	}
 	// The number first: a crash before the link wastes it, never reuses it.
 	if err := s.setLastVersion(u.Name, u.Version, false); err != nil {
@@ -566,15 +559,9 @@ func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
 		os.RemoveAll(dir)
 		return nil
 	}
-	u.SizeBytes, u.DiskBytes = st.Size(), 0
-	b, _ := json.MarshalIndent(u, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
+	u.SizeBytes = st.Size()
+	if err := writeVersion(dir, u); err != nil {
 		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
-	}
-	for _, p := range []string{filepath.Join(dir, "rootfs.ext4"), filepath.Join(dir, userConfigFile), dir} {
-		if err := syncPath(p); err != nil {
-			return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
-		}
 	}
 	if err := s.setLastVersion(u.Name, u.Version, false); err != nil {
 		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
@@ -582,6 +569,22 @@ func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
 	if lerr != nil || latest.Version < u.Version {
 		if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
 			return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+		}
+	}
+	return nil
+}
+
+// writeVersion writes u as version directory dir's config.json and
+// flushes it, the root filesystem and the directory to stable storage.
+func writeVersion(dir string, u UserRootFS) error {
+	u.DiskBytes = 0
+	b, _ := json.MarshalIndent(u, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
+		return err
+	}
+	for _, p := range []string{filepath.Join(dir, "rootfs.ext4"), filepath.Join(dir, userConfigFile), dir} {
+		if err := syncPath(p); err != nil {
+			return err
 		}
 	}
 	return nil
