@@ -45,7 +45,7 @@ serving and on every reconnect.
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stopping it leaves the sandboxes running on
 the agent. See docs/deployment.md.`,
-	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after", "template-context-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after", "template-host", "template-context-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -135,6 +135,7 @@ var configFlags = map[string]configFlag{
 	"fleet":                 {"drive the host agents that join (panda agent --server URL --token T) instead of --agent", func(c *server.Config) any { return &c.Fleet }},
 	"join-token-file":       {"file holding the token host agents join with (default DATA_DIR/join.token, made on first start)", func(c *server.Config) any { return &c.JoinTokenFile }},
 	"host-lost-after":       {"a host that misses heartbeats this long is lost (default 10s)", func(c *server.Config) any { return &c.HostLostAfter }},
+	"template-host":         {"with --fleet: the host (its id) that builds the fleet's user templates and keeps their registry; needs the hosts' object store (default: no template builds)", func(c *server.Config) any { return &c.TemplateHost }},
 	"server":                {"join the control plane at this URL (panda server --fleet), e.g. http://10.0.0.1:7788", func(c *server.Config) any { return &c.ServerURL }},
 	"token":                 {"the join token (the server's DATA_DIR/join.token); env PANDA_JOIN_TOKEN", func(c *server.Config) any { return &c.JoinToken }},
 	"host-id":               {"this host's name in the fleet (default DATA_DIR/host.id, made from the host name)", func(c *server.Config) any { return &c.HostID }},

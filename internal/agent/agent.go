@@ -183,6 +183,9 @@ type Agent struct {
 	store *chunkstore.Store
 	storeJobs
 	lazyState
+	// replicas serializes the downloads of user templates built on other
+	// hosts (usertemplates.go).
+	replicas replicaLocks
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,
@@ -388,6 +391,9 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		}
 		im = a.snapshotImage(snap)
 	} else {
+		if err := a.replicateUserTemplate(ctx, req.Template, req.Progress); err != nil {
+			return Info{}, fmt.Errorf("create sandbox: %w", err)
+		}
 		p := a.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
 		if err := p.Validate(); err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)

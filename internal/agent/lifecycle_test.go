@@ -581,3 +581,50 @@ func TestRecoverKillsAVMMWhoseStartWasInterrupted(t *testing.T) {
 		t.Errorf("run directory of the interrupted create: %v, want it removed", err)
 	}
 }
+
+// TestKillLeavesNoHalfSandbox: killing a sandbox moves its directory out
+// of the sandboxes' directory in one rename before removing its files, so
+// that a crash in the middle leaves no sandbox directory without its
+// record next to a pause capture (which recovery quarantines: panda chaos
+// seed 14 it 150, the server killed during a kill); recovery removes what
+// such a crash leaves.
+func TestKillLeavesNoHalfSandbox(t *testing.T) {
+	dir, open := restartable(t)
+	a := open()
+	info, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Pause(ctxT(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Kill(ctxT(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(dir, "store")
+	for _, p := range []string{filepath.Join(store, "sandboxes", info.ID), filepath.Join(store, removingDir, "*"), filepath.Join(store, "lost+found", "*")} {
+		if m, _ := filepath.Glob(p); len(m) > 0 {
+			t.Errorf("after the kill: %s is there", p)
+		}
+	}
+	// What a crash during the removal leaves now: the moved directory,
+	// its record gone, its capture in part.
+	half := filepath.Join(store, removingDir, info.ID+"-0a1b2c3d")
+	if err := os.MkdirAll(filepath.Join(half, pausedDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(half, pausedDir, memFile), []byte("part"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a.Detach()
+	b := open()
+	if got := b.Recover(ctxT(t)); len(got) != 0 {
+		t.Errorf("recovered %+v, want nothing", got)
+	}
+	if _, err := os.Stat(half); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after recovery, the interrupted removal: %v, want it removed", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(store, "lost+found", "*")); len(m) > 0 {
+		t.Errorf("recovery quarantined %v", m)
+	}
+}

@@ -115,7 +115,7 @@ func (a *Agent) recoverOne(ctx context.Context, id string) (State, error) {
 		if _, perr := os.Stat(filepath.Join(dir, pausedDir)); perr == nil {
 			a.quarantine(dir, id, "unreadable sandbox.json next to a pause capture")
 		} else {
-			os.RemoveAll(dir) // a create interrupted before it recorded anything
+			a.removeSandboxDir(dir) // a create interrupted before it recorded anything
 		}
 		os.RemoveAll(runDir)
 		return "", fmt.Errorf("read sandbox.json: %v", err)
@@ -144,7 +144,7 @@ func (a *Agent) recoverOne(ctx context.Context, id string) (State, error) {
 		// Starting (a create or a fork child that never answered) or
 		// stopping: nothing a user was given.
 		a.killStale(ctx, rec.Spec)
-		os.RemoveAll(dir)
+		a.removeSandboxDir(dir)
 		os.RemoveAll(runDir)
 		return "", fmt.Errorf("it was %s when the host agent stopped", rec.State)
 	}
@@ -188,7 +188,7 @@ func (a *Agent) adoptRunning(ctx context.Context, s *sandbox) (State, error) {
 	actx, cancel := context.WithTimeout(ctx, adoptTimeout)
 	defer cancel()
 	fail := func(err error) (State, error) {
-		os.RemoveAll(s.dir)
+		a.removeSandboxDir(s.dir)
 		os.RemoveAll(s.runDir)
 		return "", err
 	}
@@ -262,6 +262,27 @@ func (a *Agent) killOrphans() {
 	}
 }
 
+// removingDir, in the store, holds sandbox directories being removed.
+const removingDir = "removing"
+
+// removeSandboxDir removes a sandbox's directory: first out of the
+// sandboxes' directory in one rename, then its files. A crash midway
+// leaves its files in removingDir, which recovery empties, never a
+// sandbox directory that lost its record but kept its capture (which
+// recovery would have to quarantine; found by panda chaos, seed 14 it
+// 150: a kill interrupted by a crash).
+func (a *Agent) removeSandboxDir(dir string) error {
+	trash := filepath.Join(a.vol.Dir, removingDir, filepath.Base(dir)+"-"+randHex(4))
+	if err := os.MkdirAll(filepath.Dir(trash), 0o700); err == nil {
+		if err := os.Rename(dir, trash); err == nil {
+			dir = trash
+		} else if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+	}
+	return os.RemoveAll(dir)
+}
+
 // quarantine moves a sandbox directory that holds data recovery cannot use
 // to lost+found in the store, for an operator to inspect.
 func (a *Agent) quarantine(dir, id, why string) {
@@ -290,6 +311,10 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 	fetches, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+fetchSuffix))
 	adoptions, _ := filepath.Glob(filepath.Join(a.vol.Dir, fetchDir, "*"))
 	for _, d := range slices.Concat(stale, tmps, deleted, fetches, adoptions) {
+		os.RemoveAll(d)
+	}
+	removing, _ := filepath.Glob(filepath.Join(a.vol.Dir, removingDir, "*"))
+	for _, d := range removing {
 		os.RemoveAll(d)
 	}
 	runs, _ := os.ReadDir(a.cfg.RunDir)

@@ -175,7 +175,7 @@ func (a *Agent) stop(s *sandbox) {
 		m2.Kill()
 	}
 	a.releaseNet(s)
-	if err := os.RemoveAll(s.dir); err != nil {
+	if err := a.removeSandboxDir(s.dir); err != nil {
 		a.log.Error("remove sandbox files", "sandbox_id", s.rec.ID, "err", err)
 	}
 	os.RemoveAll(s.runDir)

@@ -276,7 +276,7 @@ const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
 	if s.cfg.TemplateBuilds == nil {
-		return nil, errorf(control.NotImplemented, "this server does not build templates: template builds do not run on a fleet yet (panda server --fleet), only on a server with one host (panda up, panda server, panda server --agent); built-in templates work everywhere")
+		return nil, errorf(control.NotImplemented, "this server does not build templates: a fleet builds them on one of its hosts, named when it starts (panda server --fleet --template-host HOST_ID); built-in templates work everywhere")
 	}
 	return s.cfg.TemplateBuilds, nil
 }

@@ -158,6 +158,12 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 		t, reason, err := h.Templates().Lookup(ctx, tp)
+		if _, v, _ := template.SplitRef(tp.Name); v > 0 && errors.Is(err, template.ErrNotFound) {
+			// A version of a user template that the registry knows
+			// (ResolveTemplate) and this host of a fleet has not fetched
+			// yet: its create fetches it from the object store.
+			t, reason, err = nil, "not on this host yet", nil
+		}
 		if errors.Is(err, template.ErrNotFound) && !key.Admin {
 			// The store's message lists every template, others' too.
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(NotFound, "template %q not found", tp.Name)

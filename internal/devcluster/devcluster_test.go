@@ -422,6 +422,55 @@ func TestDevCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("template built on one host, used on another", func(t *testing.T) {
+		a.t = t
+		// agent-1 builds (--template-host); agent-3 fetches the version
+		// from the object store on its first create.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		var lines []string
+		b, err := a.sdk.BuildTemplateFromDockerfile(ctx, "fleetapp", "FROM tiny\nRUN echo built-on-$(cat /etc/hostname) > /root/built\n", t.TempDir(),
+			func(l string) { lines = append(lines, l) })
+		if err != nil || b.Version != 1 {
+			t.Fatalf("build on the fleet: %+v, %v\n%s", b, err, strings.Join(lines, "\n"))
+		}
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "uploading template fleetapp:1 to the object store") }) {
+			t.Errorf("the build's log does not tell of its upload:\n%s", strings.Join(lines, "\n"))
+		}
+		body := map[string]any{"ttl_seconds": 600, "template": "fleetapp", "placement": map[string]any{"host": "agent-3"}}
+		var sb sandbox
+		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, &sb); st != http.StatusCreated && st != http.StatusOK {
+			t.Fatalf("create fleetapp on agent-3: %d %s", st, out)
+		}
+		if sb.HostID != "agent-3" {
+			t.Errorf("fleetapp's sandbox landed on %s, want agent-3", sb.HostID)
+		}
+		if got := a.exec(sb.ID, "cat /root/built"); !strings.HasPrefix(got, "built-on-") {
+			t.Errorf("fleetapp's sandbox on agent-3 reads %q, want the build's file", got)
+		}
+		a.do(http.MethodDelete, "/v1/sandboxes/"+sb.ID, a.key, nil, nil)
+		type listed struct {
+			Name    string `json:"name"`
+			Version int    `json:"version"`
+		}
+		var list struct {
+			Templates []listed `json:"templates"`
+		}
+		if st, out := a.do(http.MethodGet, "/v1/templates", a.key, nil, &list); st != http.StatusOK {
+			t.Errorf("list templates: %d %s", st, out)
+		}
+		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
+			t.Errorf("templates %+v, want fleetapp version 1", list.Templates)
+		}
+		if st, out := a.do(http.MethodDelete, "/v1/templates/fleetapp", a.key, nil, nil); st != http.StatusNoContent {
+			t.Fatalf("delete fleetapp: %d %s", st, out)
+		}
+		body["placement"] = map[string]any{"host": "agent-2"}
+		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, nil); st != http.StatusNotFound {
+			t.Errorf("create of a deleted template: %d %s, want 404", st, out)
+		}
+	})
+
 	t.Run("fork stays on the parent's host", func(t *testing.T) {
 		a.t = t
 		if onTwo.ID == "" {

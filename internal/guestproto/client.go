@@ -28,6 +28,8 @@ const (
 	DefaultWriteTimeout   = 10 * time.Second
 	DefaultCallTimeout    = 60 * time.Second
 	DefaultExecGrace      = 10 * time.Second
+	DefaultProbeAfter     = 5 * time.Second
+	DefaultProbeTimeout   = 20 * time.Second
 	DefaultMaxStreams     = 64
 	DefaultMaxListEntries = 10000
 	DefaultMaxListBytes   = 8 << 20
@@ -55,6 +57,15 @@ type ClientConfig struct {
 	// expires the operation fails with a *Error of CodeTimeout (which
 	// matches context.DeadlineExceeded). Default DefaultCallTimeout (60 s).
 	CallTimeout time.Duration
+	// ProbeAfter and ProbeTimeout tell a guest that answers nothing from
+	// one that is slow: when the REPLY to an OPEN has not come ProbeAfter
+	// after the OPEN was sent, the client PINGs the guest (one PING at a
+	// time, none during a barrier); if no PONG comes within ProbeTimeout,
+	// the connection fails with ErrSilent, so that its owner can connect
+	// again instead of every call waiting CallTimeout in vain. Defaults
+	// DefaultProbeAfter (5 s) and DefaultProbeTimeout (20 s).
+	ProbeAfter   time.Duration
+	ProbeTimeout time.Duration
 	// ExecGrace: the host aborts an exec with TimeoutMS > 0 that has not
 	// ended TimeoutMS + ExecGrace after it started (CodeTimeout). The guest
 	// enforces TimeoutMS; this only bounds a guest that does not. Default
@@ -90,6 +101,7 @@ func (c ClientConfig) Validate() error {
 		v    int64
 	}{
 		{"WriteTimeout", int64(c.WriteTimeout)}, {"CallTimeout", int64(c.CallTimeout)},
+		{"ProbeAfter", int64(c.ProbeAfter)}, {"ProbeTimeout", int64(c.ProbeTimeout)},
 		{"ExecGrace", int64(c.ExecGrace)}, {"MaxStreams", int64(c.MaxStreams)},
 		{"MaxListEntries", int64(c.MaxListEntries)}, {"MaxListBytes", int64(c.MaxListBytes)},
 	} {
@@ -119,6 +131,8 @@ func (c ClientConfig) withDefaults() ClientConfig {
 	}
 	def(&c.WriteTimeout, DefaultWriteTimeout)
 	def(&c.CallTimeout, DefaultCallTimeout)
+	def(&c.ProbeAfter, DefaultProbeAfter)
+	def(&c.ProbeTimeout, DefaultProbeTimeout)
 	def(&c.ExecGrace, DefaultExecGrace)
 	defInt(&c.MaxStreams, DefaultMaxStreams)
 	defInt(&c.MaxListEntries, DefaultMaxListEntries)
@@ -170,6 +184,7 @@ type Client struct {
 
 	startOnce   sync.Once
 	established atomic.Bool
+	probing     atomic.Bool // a liveness PING is in flight
 	execUser    atomic.Bool // the agent lists FeatureExecUser
 	watchDir    atomic.Bool // the agent lists FeatureWatchDir
 	procs       atomic.Bool // the agent lists FeatureProcesses
@@ -182,6 +197,7 @@ type Client struct {
 	hello     *helloWait
 	barrier   chan struct{} // receives BARRIER_ACK while a barrier is pending
 	inBarrier bool
+	barriers  uint64 // Barrier calls so far
 	pings     map[uint64]chan struct{}
 	nextPing  uint64
 	nextID    uint32
@@ -374,6 +390,9 @@ func (c *Client) dispatch(f Frame) {
 		if s == nil {
 			return
 		}
+		if f.Type == FrameReply {
+			s.replied.Store(true)
+		}
 		ch := s.reply
 		if f.Type == FrameExit {
 			ch = s.exit
@@ -503,6 +522,7 @@ func (c *Client) Barrier(ctx context.Context) error {
 		return errors.New("barrier: already in a barrier")
 	}
 	c.inBarrier = true
+	c.barriers++
 	c.barrier = ack
 	c.mu.Unlock()
 	defer func() {
@@ -625,7 +645,44 @@ func (c *Client) open(ctx context.Context, req *OpenRequest, dataIn int) (*Strea
 		s.abort(c.connErr(err), nil)
 		return nil, c.connErr(err)
 	}
+	time.AfterFunc(c.cfg.ProbeAfter, func() {
+		if !s.replied.Load() && s.Err() == nil {
+			c.probe(req.Op)
+		}
+	})
 	return s, nil
+}
+
+// probe PINGs the guest because the REPLY to an op is late, and fails the
+// connection with ErrSilent if no PONG comes within ProbeTimeout. A
+// barrier during the probe keeps PING from being sent (or PONG from being
+// answered): the probe then proves nothing and the connection stays.
+func (c *Client) probe(op Op) {
+	if !c.established.Load() || !c.probing.CompareAndSwap(false, true) {
+		return
+	}
+	c.mu.Lock()
+	barriers, inBarrier := c.barriers, c.inBarrier
+	c.mu.Unlock()
+	if inBarrier {
+		c.probing.Store(false)
+		return
+	}
+	go func() {
+		defer c.probing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ProbeTimeout)
+		defer cancel()
+		err := c.Ping(ctx)
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		c.mu.Lock()
+		quiet := c.barriers == barriers && !c.inBarrier
+		c.mu.Unlock()
+		if quiet {
+			c.fail(fmt.Errorf("%w: no REPLY to %s within %v, then no PONG within %v", ErrSilent, op, c.cfg.ProbeAfter, c.cfg.ProbeTimeout))
+		}
+	}()
 }
 
 // slowGuest is the error of an operation the guest did not complete within

@@ -105,6 +105,12 @@ var (
 	// the guest made no progress for ClientConfig.WriteTimeout: the guest
 	// stopped reading its channel. Errors wrapping it wrap ErrClosed too.
 	ErrUnresponsive = errors.New("guest agent stopped reading its channel")
+	// ErrSilent is why a Client's connection failed when a call waited
+	// ClientConfig.ProbeAfter for its answer and the guest then answered
+	// no PING within ClientConfig.ProbeTimeout: nothing on the connection
+	// works any more, and a new connection (a new session) is the only
+	// way on. Errors wrapping it wrap ErrClosed too.
+	ErrSilent = errors.New("guest agent answers nothing")
 	// ErrTooManyStreams matches the error returned at once, without asking
 	// the guest, when a Client already has ClientConfig.MaxStreams
 	// operations (execs, file transfers, file operations) in flight: a

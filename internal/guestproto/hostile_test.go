@@ -35,6 +35,7 @@ type peer struct {
 	stop       chan struct{}
 	stopOnce   sync.Once
 	ackBarrier atomic.Bool
+	mute       atomic.Bool  // answers no PING
 	received   atomic.Int64 // DATA payload bytes read from the host
 	features   []string     // listed in HELLO_ACK; set before Hello
 
@@ -111,7 +112,9 @@ func (p *peer) readLoop() {
 			p.send(guestproto.Frame{Type: guestproto.FrameHelloAck, Payload: b})
 			continue
 		case guestproto.FramePing:
-			p.send(guestproto.Frame{Type: guestproto.FramePong, Payload: f.Payload})
+			if !p.mute.Load() {
+				p.send(guestproto.Frame{Type: guestproto.FramePong, Payload: f.Payload})
+			}
 			continue
 		case guestproto.FrameBarrier:
 			if p.ackBarrier.Load() {
@@ -614,6 +617,60 @@ func TestHostileNeverReplies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHostileAnswersNothing: a guest that acknowledged HELLO and then
+// answers nothing (no REPLY, no PONG) costs its connection ProbeAfter +
+// ProbeTimeout after a call, not the call's whole CallTimeout; one that
+// answers PING keeps its connection, and so does one in a barrier.
+func TestHostileAnswersNothing(t *testing.T) {
+	const probeAfter, probeTimeout = 50 * time.Millisecond, 200 * time.Millisecond
+	t.Run("silent", func(t *testing.T) {
+		c, p := newPeer(t, guestproto.ClientConfig{CallTimeout: time.Hour, ProbeAfter: probeAfter, ProbeTimeout: probeTimeout}, nil)
+		p.mute.Store(true)
+		start := time.Now()
+		err := within(t, testTimeout, "Stat", func() error { _, err := c.Stat(context.Background(), "/x"); return err })
+		if !errors.Is(err, guestproto.ErrSilent) || !errors.Is(err, guestproto.ErrClosed) {
+			t.Errorf("Stat on a silent guest = %v, want ErrSilent and ErrClosed", err)
+		}
+		if d := time.Since(start); d < probeAfter+probeTimeout {
+			t.Errorf("gave up after %v, before ProbeAfter + ProbeTimeout", d)
+		}
+		if err := c.Err(); !errors.Is(err, guestproto.ErrSilent) || !strings.Contains(err.Error(), "stat") {
+			t.Errorf("client Err = %v, want ErrSilent naming the stat", err)
+		}
+	})
+	t.Run("slow", func(t *testing.T) {
+		const callTimeout = 600 * time.Millisecond
+		c, p := newPeer(t, guestproto.ClientConfig{CallTimeout: callTimeout, ProbeAfter: probeAfter, ProbeTimeout: probeTimeout}, nil)
+		err := within(t, testTimeout, "Stat", func() error { _, err := c.Stat(context.Background(), "/x"); return err })
+		if !errors.Is(err, guestproto.ErrTimeout) || errors.Is(err, guestproto.ErrClosed) {
+			t.Errorf("Stat on a guest that answers PING only = %v, want a timeout of the call alone", err)
+		}
+		if err := c.Err(); err != nil {
+			t.Errorf("client Err = %v, want the connection kept", err)
+		}
+		p.waitFor(guestproto.FrameOpen, 0)
+	})
+	t.Run("barrier", func(t *testing.T) {
+		const callTimeout = 600 * time.Millisecond
+		c, p := newPeer(t, guestproto.ClientConfig{CallTimeout: callTimeout, ProbeAfter: probeAfter, ProbeTimeout: probeTimeout}, nil)
+		p.mute.Store(true)
+		p.ackBarrier.Store(false)
+		berr := make(chan error, 1)
+		go func() { berr <- c.Barrier(context.Background()) }()
+		p.waitFor(guestproto.FrameBarrier, 0)
+		err := within(t, testTimeout, "Stat", func() error { _, err := c.Stat(context.Background(), "/x"); return err })
+		if !errors.Is(err, guestproto.ErrTimeout) || errors.Is(err, guestproto.ErrClosed) {
+			t.Errorf("Stat during a barrier = %v, want a timeout of the call alone", err)
+		}
+		if err := await(t, berr, testTimeout, "Barrier"); !errors.Is(err, guestproto.ErrTimeout) {
+			t.Errorf("Barrier = %v, want a timeout", err)
+		}
+		if err := c.Err(); err != nil {
+			t.Errorf("client Err = %v, want the connection kept", err)
+		}
+	})
 }
 
 // TestHostileExecNeverEnds: the guest ignores the exec's timeout; the host

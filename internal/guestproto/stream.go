@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +54,8 @@ type Stream struct {
 	// deadline, if set, aborts the stream when it fires (host side: a
 	// guest that does not answer in time); guarded by mu.
 	deadline *time.Timer
+	// replied is set when the guest's REPLY arrives (host side).
+	replied atomic.Bool
 }
 
 type rxState struct {

@@ -39,7 +39,7 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 	if err != nil {
 		return nil, err
 	}
-	m, err := tmplbuild.New(tmplbuild.Config{
+	tc := tmplbuild.Config{
 		Store:   host.Templates(),
 		Convert: convert,
 		Dockerfile: func(ctx context.Context, spec tmplbuild.Spec, out string, progress func(string)) (tmplbuild.Result, error) {
@@ -56,7 +56,12 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 			return err
 		},
 		Logger: log.With("part", "template-builds"),
-	})
+	}
+	if host.SharesTemplates() {
+		// A host of a fleet: the other hosts fetch what it builds.
+		tc.Publish, tc.Unpublish = host.PublishUserTemplate, host.UnpublishUserTemplate
+	}
+	m, err := tmplbuild.New(tc)
 	if err != nil {
 		return nil, fmt.Errorf("cannot start template builds: %w", err)
 	}

@@ -161,6 +161,10 @@ type Config struct {
 	Fleet         bool     `yaml:"fleet"`
 	JoinTokenFile string   `yaml:"join_token_file"`
 	HostLostAfter Duration `yaml:"host_lost_after"`
+	// TemplateHost is the host of a fleet that builds its user templates
+	// and keeps their registry ("": the fleet builds none; see
+	// fleet.TemplateHost).
+	TemplateHost string `yaml:"template_host"`
 	// ServerURL: `panda agent` joins the control plane there (its REST
 	// API, http(s)://HOST:PORT) with JoinToken, as host HostID (default:
 	// DATA_DIR/host.id, made on first start from this host's name),

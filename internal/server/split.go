@@ -255,6 +255,9 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	if cfg.Fleet {
 		return runFleet(ctx, cfg, version, openapi, out, log)
 	}
+	if cfg.TemplateHost != "" {
+		return errors.New("config: --template-host names a host of a fleet: it needs --fleet")
+	}
 	agents := cfg.Agents()
 	if len(agents) != 1 {
 		return fmt.Errorf("config: %d host agents; panda server drives exactly one", len(agents))
@@ -391,11 +394,20 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 		fmt.Fprintf(out, "Created the join token in %s (mode 0600): host agents join with panda agent --server URL --token $(cat %s).\n", tokenFile, tokenFile)
 	}
 	var reg *fleet.Registry
+	var builds api.TemplateBuilds
+	var th *fleet.TemplateHost
+	if cfg.TemplateHost != "" {
+		th = &fleet.TemplateHost{ID: cfg.TemplateHost}
+		builds = th
+	}
 	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, api.Fleet) {
 		reg = fleet.New(fleet.Config{Catalog: cat, JoinToken: joinToken, LostAfter: time.Duration(cfg.HostLostAfter),
 			Logger: log.With("part", "fleet")})
+		if th != nil {
+			th.Registry = reg
+		}
 		return fleet.NewRouter(reg, cat), reg
-	}, nil, version, openapi, out, log)
+	}, builds, version, openapi, out, log)
 	if err != nil {
 		return err
 	}

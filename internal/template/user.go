@@ -39,6 +39,12 @@ import (
 // those of the latest version's config.json; an install carries them over
 // from the version it follows.
 //
+// A version number never names two builds: UserDir/.last-NAME keeps the
+// highest version NAME ever had, and removing versions (or the whole
+// template) keeps it, so a later build takes the next number. Hosts of a
+// fleet keep copies of versions built elsewhere (InstallUserReplica) under
+// the same numbers, which they can then trust to be the same bytes.
+//
 // A user root filesystem never shadows a built-in one: names of the images
 // directory's root filesystems, and base and tiny always, are refused.
 
@@ -424,15 +430,22 @@ func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
 // TryUserRootFS is InstallUserRootFS with a way back: keep leaves the new
 // version installed; undo makes the version it followed the latest again
 // (or, if there was none, removes name and the shapes baked from dir's
-// version, like RemoveUserRootFS) and removes dir's version. Call exactly
-// one of them, with installs and removals of the name still serialized.
+// version, like RemoveUserRootFS) and removes dir's version, whose number
+// the next install takes again. Call exactly one of them, with installs
+// and removals of the name still serialized.
 func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func() error, err error) {
+	last := s.lastVersion(u.Name)
 	old, err := s.installUser(dir, u)
 	if err != nil {
 		return nil, nil, err
 	}
 	keep = func() {}
 	undo = func() error {
+		defer func() {
+			s.userMu.Lock()
+			s.setLastVersion(u.Name, last, true)
+			s.userMu.Unlock()
+		}()
 		if old == "" {
 			return s.RemoveUserRootFS(u.Name)
 		}
@@ -498,6 +511,7 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 	} else {
 		old = "" // a dangling link: nothing to carry over or go back to
 	}
+	u.Version = max(u.Version, s.lastVersion(u.Name)+1)
 	for _, d := range s.versionDirs(u.Name) {
 		if d.u.Version >= u.Version && d.dir != dir {
 			// An install interrupted before its link: never a version.
@@ -505,20 +519,113 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 		}
 	}
 	u.SizeBytes = st.Size()
-	u.DiskBytes = 0
-	b, _ := json.MarshalIndent(u, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
+	if err := writeVersion(dir, u); err != nil {
 		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
-	for _, p := range []string{img, filepath.Join(dir, userConfigFile), dir} {
-		if err := syncPath(p); err != nil {
-			return "", fmt.Errorf("install user template %s: %w", u.Name, err)
-		}
+	// The number first: a crash before the link wastes it, never reuses it.
+	if err := s.setLastVersion(u.Name, u.Version, false); err != nil {
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
 	if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
 		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
 	}
 	return old, nil
+}
+
+// InstallUserReplica installs dir (from StageUserRootFS, holding
+// rootfs.ext4) as version u.Version of user template u.Name, a copy of a
+// version another host built, with u's description as it is: the latest
+// version if it is newer than every one installed, one of the older ones
+// otherwise. If that version is installed already, dir is removed and
+// nothing changes: a version's bytes never change.
+func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
+	if err := s.ValidateUserName(u.Name); err != nil {
+		return err
+	}
+	if u.Version < 1 {
+		return fmt.Errorf("%w: a copy of template %s needs its version", ErrInvalid, u.Name)
+	}
+	if filepath.Dir(dir) != filepath.Clean(s.cfg.UserDir) || !strings.HasPrefix(filepath.Base(dir), ".v-"+u.Name+"-") {
+		return fmt.Errorf("install user template %s: %s is not one of its staged versions", u.Name, dir)
+	}
+	st, err := os.Stat(filepath.Join(dir, "rootfs.ext4"))
+	if err != nil {
+		return fmt.Errorf("install user template %s: %w", u.Name, err)
+	}
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
+	latest, lerr := readUserConfig(filepath.Join(s.cfg.UserDir, u.Name))
+	if (lerr == nil && latest.Version == u.Version) || s.versionDir(u.Name, u.Version) != "" {
+		os.RemoveAll(dir)
+		return nil
+	}
+	u.SizeBytes = st.Size()
+	if err := writeVersion(dir, u); err != nil {
+		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+	}
+	if err := s.setLastVersion(u.Name, u.Version, false); err != nil {
+		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+	}
+	if lerr != nil || latest.Version < u.Version {
+		if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
+			return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+		}
+	}
+	return nil
+}
+
+// writeVersion writes u as version directory dir's config.json and
+// flushes it, the root filesystem and the directory to stable storage.
+func writeVersion(dir string, u UserRootFS) error {
+	u.DiskBytes = 0
+	b, _ := json.MarshalIndent(u, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
+		return err
+	}
+	for _, p := range []string{filepath.Join(dir, "rootfs.ext4"), filepath.Join(dir, userConfigFile), dir} {
+		if err := syncPath(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastVersionFile keeps the highest version user template name ever had.
+func (s *Store) lastVersionFile(name string) string {
+	return filepath.Join(s.cfg.UserDir, ".last-"+name)
+}
+
+// lastVersion is the highest version user template name ever had (0:
+// none, or never recorded).
+func (s *Store) lastVersion(name string) int {
+	b, err := os.ReadFile(s.lastVersionFile(name))
+	if err != nil {
+		return 0
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || v < 0 {
+		return 0
+	}
+	return v
+}
+
+// setLastVersion records v as the highest version of name, if it is
+// higher than the recorded one (or, with lower, whatever it is). Called
+// with userMu held.
+func (s *Store) setLastVersion(name string, v int, lower bool) error {
+	if !lower && v <= s.lastVersion(name) {
+		return nil
+	}
+	p := s.lastVersionFile(name)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(v)+"\n"), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncPath(s.cfg.UserDir)
 }
 
 // SetUserPublic sets user template name's public flag (ErrNotFound if

@@ -145,7 +145,7 @@ func TestUserRootFSInstallReplaceRemove(t *testing.T) {
 	if err := st.RemoveUserRootFS("tiny"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("removing a built-in: %v, want ErrNotFound", err)
 	}
-	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 1 { // .hashes.json
+	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 2 { // .hashes.json, .last-app
 		t.Errorf("user dir after removal: %v", ents)
 	}
 }
@@ -226,7 +226,7 @@ func TestUserVersions(t *testing.T) {
 	if err := st.RemoveUserRootFS("app"); err != nil {
 		t.Fatal(err)
 	}
-	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 1 { // .hashes.json
+	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 2 { // .hashes.json, .last-app
 		t.Errorf("user dir after removal: %v", ents)
 	}
 }
@@ -288,5 +288,90 @@ func fakeBake(t *testing.T, st *Store, p Params, inputs map[string]string) {
 	os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600)
 	if _, err := manifest.Seal(tdir, metaFile); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUserVersionsNeverReused: a version number names one build for good:
+// removing the template (or a version) does not free its number; a
+// failed install's undo does.
+func TestUserVersionsNeverReused(t *testing.T) {
+	st := fakeStore(t)
+	installUser(t, st, "app", "one")
+	installUser(t, st, "app", "two")
+	if err := st.RemoveUserRootFS("app"); err != nil {
+		t.Fatal(err)
+	}
+	installUser(t, st, "app", "three")
+	u, err := st.UserRootFS("app")
+	if err != nil || u.Version != 3 {
+		t.Fatalf("app after remove and rebuild: %+v, %v; want version 3", u, err)
+	}
+	if _, err := st.UserRootFS("app:1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("app:1 after the remove: %v, want ErrNotFound", err)
+	}
+	dir, err := st.StageUserRootFS("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte("four"), 0o644)
+	_, undo, err := st.TryUserRootFS(dir, UserRootFS{Name: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	installUser(t, st, "app", "four again")
+	if u, err := st.UserRootFS("app"); err != nil || u.Version != 4 {
+		t.Errorf("app after an undone install and another: %+v, %v; want version 4", u, err)
+	}
+}
+
+// TestUserReplica: a copy of a version built elsewhere keeps its number
+// and description; an older one does not become the latest; one already
+// there is not replaced; a build after them takes the next number.
+func TestUserReplica(t *testing.T) {
+	st := fakeStore(t)
+	replica := func(v int, content string) error {
+		t.Helper()
+		dir, err := st.StageUserRootFS("web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(content), 0o644)
+		err = st.InstallUserReplica(dir, UserRootFS{Name: "web", Version: v, Owner: "k1", Source: content, Image: ImageConfig{WorkingDir: "/w"}})
+		if err != nil {
+			os.RemoveAll(dir) // the caller's, when refused
+		}
+		return err
+	}
+	if err := replica(3, "three"); err != nil {
+		t.Fatal(err)
+	}
+	if err := replica(2, "two"); err != nil {
+		t.Fatal(err)
+	}
+	if err := replica(3, "other"); err != nil {
+		t.Fatal(err)
+	}
+	if err := replica(0, "none"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a copy without a version: %v, want ErrInvalid", err)
+	}
+	for ref, want := range map[string]string{"web": "three", "web:3": "three", "web:2": "two"} {
+		u, err := st.UserRootFS(ref)
+		if err != nil || u.Source != want || u.Owner != "k1" || u.Image.WorkingDir != "/w" {
+			t.Errorf("UserRootFS(%s) = %+v, %v; want the copy of %q", ref, u, err, want)
+		}
+		b, _ := os.ReadFile(st.rootfsPath(ref))
+		if string(b) != want {
+			t.Errorf("%s's rootfs holds %q, want %q", ref, b, want)
+		}
+	}
+	if n := st.removeUserLeftovers(); n != 0 {
+		t.Errorf("removeUserLeftovers removed %d entries of a store of copies", n)
+	}
+	installUser(t, st, "web", "four")
+	if u, err := st.UserRootFS("web"); err != nil || u.Version != 4 {
+		t.Errorf("a build after the copies: %+v, %v; want version 4", u, err)
 	}
 }

@@ -133,6 +133,15 @@ type Config struct {
 	// as it was before the build (its previous version, or none). Errors of the ready command are *template.ReadyError. nil:
 	// such templates are baked on first use like the others.
 	Bake func(ctx context.Context, name string, progress func(string)) error
+	// Publish, if set, is given each version a build installed (its
+	// description, version included, and its directory, which holds
+	// rootfs.ext4) before the build succeeds: a host of a fleet uploads
+	// it to the object store, from which the other hosts fetch it. A
+	// build whose Publish fails fails, and its version is undone.
+	Publish func(ctx context.Context, u template.UserRootFS, dir string) error
+	// Unpublish, if set, is called once Remove has removed versions of
+	// template name; its error is logged.
+	Unpublish func(ctx context.Context, name string, versions []int) error
 	// MaxConcurrent bounds the builds running at once; more wait (default 2).
 	MaxConcurrent int
 	// Timeout bounds one build (default 30 minutes).
@@ -409,42 +418,67 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 		return err
 	}
 	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds(), Owner: b.spec.Owner}
-	if !b.spec.Startup.IsZero() && m.cfg.Bake != nil {
-		keep, undo, err := m.cfg.Store.TryUserRootFS(dir, u)
-		if err != nil {
+	bake := !b.spec.Startup.IsZero() && m.cfg.Bake != nil
+	if !bake && m.cfg.Publish == nil {
+		if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
 			return storeError{err}
 		}
 		installed = true
-		v := m.installedVersion(b)
-		say(fmt.Sprintf("baking template %s: its start and ready commands run once, before the snapshot", template.Ref(name, v)))
-		t0 := time.Now()
-		if err := m.cfg.Bake(ctx, template.Ref(name, v), say); err != nil {
-			// A version whose commands do not get ready is not kept: its
-			// sandboxes would fail to bake it again and again.
-			if uerr := undo(); uerr != nil {
-				log.Error("undo the install of a template that failed to bake", "err", uerr)
-			}
-			return bakeError{err}
-		}
-		keep()
-		log.Info("template baked", "dur_ms", time.Since(t0).Milliseconds())
-		m.mu.Lock()
-		b.st.Digest, b.st.Version = res.Digest, v
-		m.mu.Unlock()
-		say(fmt.Sprintf("template %s is ready as version %d (%s, %.1fs)", name, v, res.Digest, time.Since(now).Seconds()))
-		log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
-		return nil
+		return m.succeeded(b, res, now, "; its sandboxes bake it on first use", say, log)
 	}
-	if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
+	keep, undo, err := m.cfg.Store.TryUserRootFS(dir, u)
+	if err != nil {
 		return storeError{err}
 	}
 	installed = true
 	v := m.installedVersion(b)
+	ref := template.Ref(name, v)
+	// undone takes the version back: a failed step makes the template
+	// as it was before the build (its previous version, or none).
+	undone := func(err error) error {
+		if uerr := undo(); uerr != nil {
+			log.Error("undo the install of a template whose build failed", "err", uerr)
+		}
+		return err
+	}
+	if bake {
+		say(fmt.Sprintf("baking template %s: its start and ready commands run once, before the snapshot", ref))
+		t0 := time.Now()
+		if err := m.cfg.Bake(ctx, ref, say); err != nil {
+			// A version whose commands do not get ready is not kept: its
+			// sandboxes would fail to bake it again and again.
+			return undone(bakeError{err})
+		}
+		log.Info("template baked", "dur_ms", time.Since(t0).Milliseconds())
+	}
+	if m.cfg.Publish != nil {
+		iu, err := m.cfg.Store.UserRootFS(ref)
+		if err == nil {
+			say(fmt.Sprintf("uploading template %s to the object store (%d MiB), for the other hosts", ref, iu.SizeBytes>>20))
+			t0 := time.Now()
+			err = m.cfg.Publish(ctx, iu, dir)
+			log.Info("template uploaded", "version", v, "dur_ms", time.Since(t0).Milliseconds(), "err", err)
+		}
+		if err != nil {
+			return undone(publishError{fmt.Errorf("upload template %s: %w", ref, err)})
+		}
+	}
+	keep()
+	how := "; its sandboxes bake it on first use"
+	if bake {
+		how = ""
+	}
+	return m.succeeded(b, res, now, how, say, log)
+}
+
+// succeeded records the version b installed and says it is ready.
+func (m *Manager) succeeded(b *build, res Result, start time.Time, how string, say func(string), log *slog.Logger) error {
+	v := m.installedVersion(b)
 	m.mu.Lock()
 	b.st.Digest, b.st.Version = res.Digest, v
 	m.mu.Unlock()
-	say(fmt.Sprintf("template %s is ready as version %d (%s, %.1fs); its sandboxes bake it on first use", name, v, res.Digest, time.Since(now).Seconds()))
-	log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(now).Milliseconds())
+	say(fmt.Sprintf("template %s is ready as version %d (%s, %.1fs)%s", b.st.Name, v, res.Digest, time.Since(start).Seconds(), how))
+	log.Info("template build succeeded", "digest", res.Digest, "dur_ms", time.Since(start).Milliseconds())
 	return nil
 }
 
@@ -460,6 +494,7 @@ func (m *Manager) finish(b *build, err error) {
 		b.st.State, b.st.Code, b.st.Error = StateFailed, classify(err), err.Error()
 		var se storeError
 		var be bakeError
+		var pe publishError
 		var re *template.ReadyError
 		switch {
 		case errors.As(err, &se):
@@ -467,6 +502,8 @@ func (m *Manager) finish(b *build, err error) {
 			b.st.Error = "the server could not store the root filesystem (see its log)"
 		case errors.As(err, &re):
 			b.st.Error = "the build was undone: " + re.Msg
+		case errors.As(err, &pe) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
+			b.st.Error = "the build was undone: the object store did not take the template, so the other hosts could not use it (see the server's log; retry once the store is back)"
 		case errors.As(err, &be) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
 			b.st.Error = "the build was undone: its first boot failed (see the server's log)"
 		case errors.Is(err, context.DeadlineExceeded):
@@ -510,6 +547,12 @@ type storeError struct{ err error }
 
 func (e storeError) Error() string { return e.err.Error() }
 func (e storeError) Unwrap() error { return e.err }
+
+// publishError is a failure of Config.Publish.
+type publishError struct{ err error }
+
+func (e publishError) Error() string { return e.err.Error() }
+func (e publishError) Unwrap() error { return e.err }
 
 // bakeError is a failure of the bake that checks a template's start and
 // ready commands.
@@ -622,21 +665,41 @@ func (m *Manager) Building(name string) bool {
 // N of "NAME:N" (template.ErrNotFound if there is none;
 // template.ErrConflict for the latest version alone), unless a build of it
 // is queued or running (ErrConflict).
-func (m *Manager) Remove(_ context.Context, ref string) error {
+func (m *Manager) Remove(ctx context.Context, ref string) error {
 	name, v, err := template.SplitRef(ref)
 	if err != nil {
 		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
 	}
+	versions, err := m.remove(name, v)
+	if err == nil && m.cfg.Unpublish != nil {
+		// Outside m.mu: a build of name may install a new version
+		// meanwhile, whose number none of these is.
+		if uerr := m.cfg.Unpublish(ctx, name, versions); uerr != nil {
+			m.cfg.Logger.Warn("template removed here but not from the object store: its copy there is garbage now", "template", ref, "err", uerr)
+		}
+	}
+	return err
+}
+
+// remove removes version v of name (0: all) and returns the versions
+// removed.
+func (m *Manager) remove(name string, v int) ([]int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.names[name]) > 0 {
-		return fmt.Errorf("template %s is being built: %w", name, ErrConflict)
+		return nil, fmt.Errorf("template %s is being built: %w", name, ErrConflict)
 	}
 	// Under m.mu: no build of name can start installing meanwhile.
 	if v > 0 {
-		return m.cfg.Store.RemoveUserVersion(name, v)
+		return []int{v}, m.cfg.Store.RemoveUserVersion(name, v)
 	}
-	return m.cfg.Store.RemoveUserRootFS(name)
+	var versions []int
+	if vs, err := m.cfg.Store.UserVersions(name); err == nil {
+		for _, u := range vs {
+			versions = append(versions, u.Version)
+		}
+	}
+	return versions, m.cfg.Store.RemoveUserRootFS(name)
 }
 
 // SetPublic publishes (or unpublishes) user template name: see

@@ -276,3 +276,76 @@ func TestBuildBakesStartup(t *testing.T) {
 		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
 	}
 }
+
+// TestPublish: a build publishes the version it installed (its number,
+// description and directory) before it succeeds; a failed publish fails
+// the build and undoes the version; Remove unpublishes what it removed.
+func TestPublish(t *testing.T) {
+	store := newStore(t)
+	var mu sync.Mutex
+	var published []string
+	var unpublished []string
+	fail := atomic.Bool{}
+	m, err := New(Config{Store: store, Convert: (&fakeConvert{}).convert,
+		Publish: func(ctx context.Context, u template.UserRootFS, dir string) error {
+			b, err := os.ReadFile(filepath.Join(dir, "rootfs.ext4"))
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			published = append(published, fmt.Sprintf("%s:%d=%s/%s", u.Name, u.Version, b, u.Owner))
+			if fail.Load() {
+				return errors.New("the store is down")
+			}
+			return nil
+		},
+		Unpublish: func(ctx context.Context, name string, versions []int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			unpublished = append(unpublished, fmt.Sprintf("%s%v", name, versions))
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	build := func(src string) Status {
+		t.Helper()
+		st, err := m.Start(ctx, Spec{Name: "app", FromImage: src, Owner: "k1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ = follow(t, m, st.ID)
+		return st
+	}
+	if st := build("one"); st.State != StateSucceeded || st.Version != 1 {
+		t.Fatalf("first build: %+v", st)
+	}
+	fail.Store(true)
+	if st := build("two"); st.State != StateFailed || !strings.Contains(st.Error, "object store") {
+		t.Errorf("build whose upload fails: %s %q, want failed naming the store", st.State, st.Error)
+	}
+	if u, err := store.UserRootFS("app"); err != nil || u.Version != 1 || u.Source != "one" {
+		t.Errorf("app after the failed upload: %+v, %v; want version 1", u, err)
+	}
+	fail.Store(false)
+	if st := build("three"); st.State != StateSucceeded || st.Version != 2 {
+		t.Errorf("build after the failed one: %+v; want version 2 (the undone one's number is free again)", st)
+	}
+	if err := m.Remove(ctx, "app:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Remove(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got, want := strings.Join(published, " "), "app:1=one/k1 app:2=two/k1 app:2=three/k1"; got != want {
+		t.Errorf("published %s, want %s", got, want)
+	}
+	if got, want := strings.Join(unpublished, " "), "app[1] app[2]"; got != want {
+		t.Errorf("unpublished %s, want %s", got, want)
+	}
+}

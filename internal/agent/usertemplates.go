@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// User templates in the object store (Config.Store; docs/storage.md).
+//
+// The host that builds a version of a user template uploads it, before
+// the build succeeds, as the chunkstore set userfs/NAME/vN (rootfs.ext4;
+// its template.UserRootFS as the set's Meta). Any other host asked to
+// create a sandbox of NAME:N that it lacks downloads that set and installs
+// it under the same number (template.Store.InstallUserReplica), then bakes
+// it as it would its own. A version number never names two builds (the
+// template store never reuses one), so a host's copy of NAME:N is never
+// stale. Removing versions deletes their sets; garbage collection then
+// removes the chunks no other set uses.
+
+// userfsName is the set name of version v of user template name.
+func userfsName(name string, v int) string { return fmt.Sprintf("userfs/%s/v%d", name, v) }
+
+// SharesTemplates reports whether this host keeps the user templates it
+// builds in an object store, where the other hosts of its fleet find them.
+func (a *Agent) SharesTemplates() bool { return a.store != nil }
+
+// PublishUserTemplate uploads version u of a user template, whose
+// directory dir holds its rootfs.ext4. Without an object store it does
+// nothing.
+func (a *Agent) PublishUserTemplate(ctx context.Context, u template.UserRootFS, dir string) error {
+	if a.store == nil {
+		return nil
+	}
+	if u.Version < 1 {
+		return fmt.Errorf("publish template %s: %w: no version", u.Name, ErrInvalid)
+	}
+	meta, err := json.Marshal(u)
+	if err != nil {
+		return err
+	}
+	_, st, err := a.store.UploadMeta(ctx, userfsName(u.Name, u.Version), map[string]string{diskFile: filepath.Join(dir, diskFile)}, meta, nil)
+	if err != nil {
+		return err
+	}
+	a.log.Info("user template uploaded to the object store", "template", template.Ref(u.Name, u.Version),
+		"chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared, "bytes_uploaded", st.BytesUploaded)
+	return nil
+}
+
+// UnpublishUserTemplate deletes the sets of versions of user template
+// name from the object store (those it has not are fine), then collects
+// the garbage.
+func (a *Agent) UnpublishUserTemplate(ctx context.Context, name string, versions []int) error {
+	if a.store == nil || len(versions) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, v := range versions {
+		if err := a.store.Delete(ctx, userfsName(name, v)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	a.startGC()
+	return errors.Join(errs...)
+}
+
+// replicaLocks serializes the downloads of one version.
+type replicaLocks struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (l *replicaLocks) lock(ref string) func() {
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = map[string]*sync.Mutex{}
+	}
+	m := l.locks[ref]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.locks[ref] = m
+	}
+	l.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// replicateUserTemplate makes sure this host holds user template ref when
+// ref pins a version ("NAME:N", as the control plane names the template of
+// every create): if it lacks it and the object store has it, it downloads
+// and installs it. Otherwise, and for every other ref, it does nothing:
+// the template store's Lookup then says whether the template exists.
+func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress template.Progress) error {
+	if a.store == nil || ref == "" || a.templates.IsBuiltin(ref) {
+		return nil
+	}
+	name, v, err := template.SplitRef(ref)
+	if err != nil || v == 0 {
+		return nil
+	}
+	if _, err := a.templates.UserRootFS(ref); err == nil {
+		return nil
+	}
+	unlock := a.replicas.lock(ref)
+	defer unlock()
+	if _, err := a.templates.UserRootFS(ref); err == nil {
+		return nil // another create fetched it meanwhile
+	}
+	m, err := a.store.Manifest(ctx, userfsName(name, v))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return a.storeLookupError(ctx, "template", ref, err)
+	}
+	var u template.UserRootFS
+	if err := json.Unmarshal(m.Meta, &u); err != nil || u.Name != name || u.Version != v {
+		a.log.Error("user template's metadata in the object store is unreadable", "template", ref, "err", err)
+		return fmt.Errorf("template %s: %w: its record in the object store is unreadable", ref, ErrCorrupt)
+	}
+	if progress != nil {
+		progress(fmt.Sprintf("fetching template %s from the object store (built on another host)", ref))
+	}
+	t0 := time.Now()
+	dir, err := a.templates.StageUserRootFS(name)
+	if err != nil {
+		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
+	}
+	if err := a.store.DownloadManifest(ctx, m, dir); err != nil {
+		os.RemoveAll(dir)
+		if errors.Is(err, objstore.ErrUnavailable) {
+			return a.storeLookupError(ctx, "template", ref, err)
+		}
+		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
+	}
+	if err := a.templates.InstallUserReplica(dir, u); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
+	}
+	a.log.Info("user template fetched from the object store", "template", ref, "dur_ms", time.Since(t0).Milliseconds(), "size_bytes", u.SizeBytes)
+	return nil
+}

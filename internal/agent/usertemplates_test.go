@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// TestUserTemplateFromAnotherHost: a version of a user template one host
+// installed and published starts sandboxes on another host that shares
+// the object store: that host fetches it under the same number, with its
+// image's defaults; a version the store lacks is not found; unpublishing
+// removes the set.
+func TestUserTemplateFromAnotherHost(t *testing.T) {
+	s3 := s3test.Start(t)
+	objs := s3.Open("usertemplates")
+	openA, cs := storeHost(t, objs)
+	openB, _ := storeHost(t, objs)
+	a, b := openA(), openB()
+
+	// Host A installs app:1 (tiny's root filesystem, an image env of its
+	// own) and publishes it, as a build does.
+	dir, err := a.Templates().StageUserRootFS("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := exec.Command("cp", "--reflink=auto", "--sparse=always", filepath.Join(testImages(), "rootfs-tiny.ext4"), filepath.Join(dir, diskFile))
+	if out, err := cp.CombinedOutput(); err != nil {
+		t.Fatalf("copy tiny's root filesystem: %v: %s", err, out)
+	}
+	if err := a.Templates().InstallUserRootFS(dir, template.UserRootFS{Name: "app", Source: "test", Owner: "k1",
+		Image: template.ImageConfig{Env: []string{"MARK=built-on-a"}, WorkingDir: "/tmp"}}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := a.Templates().UserRootFS("app")
+	if err != nil || u.Version != 1 {
+		t.Fatalf("app on host A: %+v, %v", u, err)
+	}
+	if err := a.PublishUserTemplate(ctxT(t), u, dir); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if !hasManifest(cs, "userfs/app/v1") {
+		t.Fatal("no set userfs/app/v1 in the store after the publish")
+	}
+
+	// Host B has never seen it: a create of app:1 fetches it.
+	if _, err := b.Templates().UserRootFS("app:1"); !errors.Is(err, template.ErrNotFound) {
+		t.Fatalf("app:1 on host B before any create: %v, want ErrNotFound", err)
+	}
+	sb, err := b.Create(ctxT(t), CreateRequest{Template: "app:1"})
+	if err != nil {
+		t.Fatalf("create app:1 on host B: %v", err)
+	}
+	t.Cleanup(func() { b.Kill(context.Background(), sb.ID) })
+	if got := shOn(t, b, sb.ID, `echo "$MARK $(pwd)"`); got != "built-on-a /tmp\n" {
+		t.Errorf("sandbox of app:1 on host B: MARK and cwd %q, want the image's of host A", got)
+	}
+	ub, err := b.Templates().UserRootFS("app:1")
+	if err != nil || ub.Version != 1 || ub.Owner != "k1" || ub.SizeBytes != u.SizeBytes {
+		t.Errorf("host B's copy of app:1: %+v, %v; want version 1 of k1, %d bytes", ub, err, u.SizeBytes)
+	}
+
+	// A version nobody published is not found, on either host.
+	if _, err := b.Create(ctxT(t), CreateRequest{Template: "app:2"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("create app:2 on host B: %v, want ErrNotFound", err)
+	}
+
+	if err := a.UnpublishUserTemplate(ctxT(t), "app", []int{1}); err != nil {
+		t.Fatal(err)
+	}
+	if hasManifest(cs, "userfs/app/v1") {
+		t.Error("userfs/app/v1 still in the store after the unpublish")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("host A's own version after the unpublish: %v", err)
+	}
+}
