@@ -462,8 +462,15 @@ func TestDevCluster(t *testing.T) {
 		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
 			t.Errorf("templates %+v, want fleetapp version 1", list.Templates)
 		}
+		copies := filepath.Join(c.Agents()[2].DataDir, "store", "rootfs", ".v-fleetapp-*")
+		if m, _ := filepath.Glob(copies); len(m) != 1 {
+			t.Errorf("agent-3 holds %d copies of fleetapp (%s), want 1", len(m), copies)
+		}
 		if st, out := a.do(http.MethodDelete, "/v1/templates/fleetapp", a.key, nil, nil); st != http.StatusNoContent {
 			t.Fatalf("delete fleetapp: %d %s", st, out)
+		}
+		if m, _ := filepath.Glob(copies); len(m) != 0 {
+			t.Errorf("agent-3 still holds its copy of the deleted fleetapp: %v", m)
 		}
 		body["placement"] = map[string]any{"host": "agent-2"}
 		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, nil); st != http.StatusNotFound {

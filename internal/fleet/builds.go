@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -89,7 +90,40 @@ func (t *TemplateHost) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
-	return b.Remove(ctx, ref)
+	if err := b.Remove(ctx, ref); err != nil {
+		return err
+	}
+	t.dropCopies(ctx, ref)
+	return nil
+}
+
+// dropCopies asks every other connected host to remove its copy of what
+// ref named (and the bakes of it), best effort: a host that is away, or
+// holds the version as its latest copy of a template that keeps others,
+// keeps it, unused (every create resolves its version here first).
+func (t *TemplateHost) dropCopies(ctx context.Context, ref string) {
+	r := t.Registry
+	type other struct {
+		id string
+		b  tmplbuild.Builder
+	}
+	var others []other
+	r.mu.Lock()
+	for id, m := range r.members {
+		if id != t.ID && m.client != nil && m.rec.State != catalog.HostLost {
+			others = append(others, other{id, m.client.Builds()})
+		}
+	}
+	r.mu.Unlock()
+	for _, o := range others {
+		err := o.b.Remove(ctx, ref)
+		switch {
+		case err == nil:
+			r.log.Info("removed a host's copy of a deleted template", "host_id", o.id, "template", ref)
+		case !errors.Is(err, template.ErrNotFound):
+			r.log.Warn("a host keeps its copy of a deleted template", "host_id", o.id, "template", ref, "err", err)
+		}
+	}
 }
 
 func (t *TemplateHost) SetPublic(ctx context.Context, name string, public bool) error {

@@ -454,7 +454,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	if m.cfg.Publish != nil {
 		iu, err := m.cfg.Store.UserRootFS(ref)
 		if err == nil {
-			say(fmt.Sprintf("uploading template %s to the object store (%d MiB), for the other hosts", ref, iu.SizeBytes>>20))
+			say(fmt.Sprintf("uploading template %s to the object store (%d MiB of data), for the other hosts", ref, iu.DiskBytes>>20))
 			t0 := time.Now()
 			err = m.cfg.Publish(ctx, iu, dir)
 			log.Info("template uploaded", "version", v, "dur_ms", time.Since(t0).Milliseconds(), "err", err)
