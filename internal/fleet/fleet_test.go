@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host/hosttest"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
 // The registry's logic over a real catalog, with a clock of the test's;
@@ -313,4 +314,35 @@ func TestInventoryCountsPlacementsSinceTheLoad(t *testing.T) {
 	if got := free(); got != 29000 {
 		t.Errorf("free memory after a new report: %d MiB, want the report's 29000", got)
 	}
+}
+
+// TestTemplateHostAway: the template builds of a fleet whose template host
+// has not joined, or has not been reached yet, answer unavailable, saying
+// which host and why; a refused build's context is removed.
+func TestTemplateHostAway(t *testing.T) {
+	r, _, _, reg := newRegistry(t)
+	ctx := t.Context()
+	th := &fleet.TemplateHost{Registry: r, ID: "h1"}
+	unavailable := func(err error, why string) {
+		t.Helper()
+		var ce *control.Error
+		if !errors.As(err, &ce) || ce.Kind != control.Unavailable || !strings.Contains(ce.Msg, "host h1") || !strings.Contains(ce.Msg, why) {
+			t.Errorf("got %v, want unavailable: host h1 %s", err, why)
+		}
+	}
+	tar := filepath.Join(t.TempDir(), "context.tar")
+	if err := os.WriteFile(tar, []byte("a build context"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := th.Start(ctx, tmplbuild.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar})
+	unavailable(err, "has not joined")
+	if _, err := os.Stat(tar); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused build's context: %v, want it removed", err)
+	}
+	if _, err := r.Register(ctx, reg); err != nil {
+		t.Fatal(err)
+	}
+	_, err = th.UserTemplates(ctx)
+	unavailable(err, "not connected yet")
+	unavailable(th.Remove(ctx, "app"), "not connected yet")
 }
