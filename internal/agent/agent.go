@@ -36,6 +36,7 @@ import (
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/volume"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 )
 
@@ -183,9 +184,9 @@ type Agent struct {
 	store *chunkstore.Store
 	storeJobs
 	lazyState
-	// replicas serializes the downloads of user templates built on other
-	// hosts (usertemplates.go).
-	replicas replicaLocks
+	// replicas runs one download at a time of each user template version
+	// built on another host (usertemplates.go).
+	replicas singleflight.Group
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,

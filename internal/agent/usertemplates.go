@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/objstore"
@@ -73,36 +72,17 @@ func (a *Agent) UnpublishUserTemplate(ctx context.Context, name string, versions
 	return errors.Join(errs...)
 }
 
-// replicaLocks serializes the downloads of one version.
-type replicaLocks struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-func (l *replicaLocks) lock(ref string) func() {
-	l.mu.Lock()
-	if l.locks == nil {
-		l.locks = map[string]*sync.Mutex{}
-	}
-	m := l.locks[ref]
-	if m == nil {
-		m = &sync.Mutex{}
-		l.locks[ref] = m
-	}
-	l.mu.Unlock()
-	m.Lock()
-	return m.Unlock
-}
-
 // replicateUserTemplate makes sure this host holds user template ref when
 // ref pins a version ("NAME:N", as the control plane names the template of
 // every create): if it lacks it and the object store has it, it downloads
 // and installs it. Otherwise, and for every other ref, it does nothing:
 // the template store's Lookup then says whether the template exists.
 func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress template.Progress) error {
-	if a.store == nil || ref == "" || a.templates.IsBuiltin(ref) {
+	if a.store == nil {
 		return nil
 	}
+	// A built-in has no versions, and a user template's name is never a
+	// built-in's: a pinned ref is a user template's.
 	name, v, err := template.SplitRef(ref)
 	if err != nil || v == 0 {
 		return nil
@@ -110,11 +90,20 @@ func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress 
 	if _, err := a.templates.UserRootFS(ref); err == nil {
 		return nil
 	}
-	unlock := a.replicas.lock(ref)
-	defer unlock()
-	if _, err := a.templates.UserRootFS(ref); err == nil {
-		return nil // another create fetched it meanwhile
-	}
+	// One download per version: concurrent creates share it.
+	_, err, _ = a.replicas.Do(ref, func() (any, error) {
+		if _, err := a.templates.UserRootFS(ref); err == nil {
+			return nil, nil // fetched by a download that just ended
+		}
+		return nil, a.fetchUserTemplate(ctx, name, v, progress)
+	})
+	return err
+}
+
+// fetchUserTemplate downloads version v of user template name from the
+// object store and installs it; nothing if the store has no such version.
+func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progress template.Progress) error {
+	ref := template.Ref(name, v)
 	m, err := a.store.Manifest(ctx, userfsName(name, v))
 	if errors.Is(err, objstore.ErrNotFound) {
 		return nil

@@ -18,9 +18,9 @@ import (
 // flags) and runs every build. Each version it builds is in the object
 // store before the build succeeds, so every other host can create
 // sandboxes of it (it fetches the version on first use: see package
-// agent, usertemplates.go); while the template host is away, builds and
-// the template endpoints answer 503, and sandboxes of versions the hosts
-// hold or the store keeps still start.
+// agent, usertemplates.go); while the template host is away, builds, the
+// template endpoints and creates of user templates (whose version it
+// resolves) answer 503, and the sandboxes that run go on.
 type TemplateHost struct {
 	// Registry is the fleet's; set before the first call.
 	Registry *Registry

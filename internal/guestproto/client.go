@@ -645,11 +645,14 @@ func (c *Client) open(ctx context.Context, req *OpenRequest, dataIn int) (*Strea
 		s.abort(c.connErr(err), nil)
 		return nil, c.connErr(err)
 	}
-	time.AfterFunc(c.cfg.ProbeAfter, func() {
+	op := req.Op
+	s.mu.Lock()
+	s.probe = time.AfterFunc(c.cfg.ProbeAfter, func() {
 		if !s.replied.Load() && s.Err() == nil {
-			c.probe(req.Op)
+			c.probe(op)
 		}
 	})
+	s.mu.Unlock()
 	return s, nil
 }
 

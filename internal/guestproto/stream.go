@@ -56,6 +56,9 @@ type Stream struct {
 	deadline *time.Timer
 	// replied is set when the guest's REPLY arrives (host side).
 	replied atomic.Bool
+	// probe, if set, starts the client's liveness probe should the REPLY
+	// be late (Client.probe); guarded by mu, stopped by detach.
+	probe *time.Timer
 }
 
 type rxState struct {
@@ -470,6 +473,10 @@ func (s *Stream) detach() {
 	if s.deadline != nil {
 		s.deadline.Stop()
 		s.deadline = nil
+	}
+	if s.probe != nil {
+		s.probe.Stop()
+		s.probe = nil
 	}
 	s.mu.Unlock()
 	if stop != nil {
