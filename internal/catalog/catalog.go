@@ -13,6 +13,7 @@ package catalog
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -241,9 +242,69 @@ type Catalog interface {
 	// DeleteHost removes the host's record. ErrNotFound.
 	DeleteHost(ctx context.Context, id string) error
 
+	// CreateTemplate stores a new user template (with a build or a
+	// version) if its owner owns fewer than maxPerOwner templates (<= 0:
+	// no bound), checked and inserted atomically. ErrConflict if the name
+	// is taken, ErrQuota (not a *QuotaError) over the bound.
+	CreateTemplate(ctx context.Context, t Template, maxPerOwner int) error
+	// GetTemplate returns the user template. ErrNotFound.
+	GetTemplate(ctx context.Context, name string) (Template, error)
+	// ListTemplates returns every user template, by name.
+	ListTemplates(ctx context.Context) ([]Template, error)
+	// UpdateTemplate reads the template, calls fn on it and writes the
+	// result back in one transaction, as UpdateSandbox does; a template
+	// left with neither versions nor builds is deleted. fn may not change
+	// the name or the owner. ErrNotFound.
+	UpdateTemplate(ctx context.Context, name string, fn func(*Template) error) (Template, error)
+
 	// Close releases the store. It is idempotent; other methods must not be
 	// called after it.
 	Close() error
+}
+
+// Template is a user template of a fleet's registry (panda server
+// --fleet): who owns it, whether every key may use it, and its versions,
+// whose images the hosts hold (and the object store a copy of each). A
+// template exists while it has a version or a build.
+type Template struct {
+	Name string
+	// Owner is the id of the key that built its first version.
+	Owner  string
+	Public bool
+	// LastVersion is the highest version number given out: a build takes
+	// the next one, and a number is never given out twice while the
+	// template exists.
+	LastVersion int
+	// Versions are those built, oldest first.
+	Versions []TemplateVersion
+	// Builds are the builds queued or running, in the order started.
+	Builds    []TemplateBuild
+	CreatedAt time.Time
+}
+
+// TemplateVersion is one version of a user template: Info is the building
+// host's description of it (JSON, package template's UserRootFS).
+type TemplateVersion struct {
+	Version int             `json:"version"`
+	Info    json.RawMessage `json:"info"`
+}
+
+// TemplateBuild is a build of a user template queued or running on a host:
+// when it succeeds, its version becomes one of the template's Versions.
+type TemplateBuild struct {
+	ID        string    `json:"id"`
+	HostID    string    `json:"host_id"`
+	Version   int       `json:"version"`
+	Owner     string    `json:"owner"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Latest returns the template's latest version (false: none yet).
+func (t Template) Latest() (TemplateVersion, bool) {
+	if len(t.Versions) == 0 {
+		return TemplateVersion{}, false
+	}
+	return t.Versions[len(t.Versions)-1], true
 }
 
 // Limits bound what one key holds at once. A limit <= 0 is unlimited.

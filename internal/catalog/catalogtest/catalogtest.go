@@ -42,6 +42,8 @@ func Run(t *testing.T, open func(t *testing.T) catalog.Catalog) {
 		{"PurgeStopped", testPurgeStopped},
 		{"Snapshots", testSnapshots},
 		{"Hosts", testHosts},
+		{"Templates", testTemplates},
+		{"TemplateQuotaConcurrent", testTemplateQuotaConcurrent},
 		{"CloseTwice", testCloseTwice},
 	}
 	for _, tc := range tests {
@@ -965,6 +967,99 @@ func testHosts(t *testing.T, c catalog.Catalog) {
 	}
 	if err := c.DeleteHost(ctx, "h1"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("DeleteHost twice: got %v, want ErrNotFound", err)
+	}
+}
+
+func testTemplates(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	build := catalog.TemplateBuild{ID: "b1", HostID: "h1", Version: 1, Owner: "key_a", CreatedAt: t0.In(elsewhere)}
+	app := catalog.Template{Name: "app", Owner: "key_a", LastVersion: 1, Builds: []catalog.TemplateBuild{build}, CreatedAt: t0}
+	if err := c.CreateTemplate(ctx, catalog.Template{Name: "empty", Owner: "key_a", CreatedAt: t0}, 0); err == nil {
+		t.Errorf("CreateTemplate of a template with neither a version nor a build succeeded")
+	}
+	if err := c.CreateTemplate(ctx, app, 0); err != nil {
+		t.Fatalf("CreateTemplate: %v", err)
+	}
+	if err := c.CreateTemplate(ctx, app, 0); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("CreateTemplate of a taken name: got %v, want ErrConflict", err)
+	}
+	got, err := c.GetTemplate(ctx, "app")
+	if err != nil {
+		t.Fatalf("GetTemplate: %v", err)
+	}
+	want := app
+	want.CreatedAt = t0.Truncate(time.Microsecond)
+	want.Builds = []catalog.TemplateBuild{build}
+	want.Builds[0].CreatedAt = t0.Truncate(time.Microsecond)
+	if !got.CreatedAt.Equal(want.CreatedAt) || got.Builds[0].CreatedAt.Location() != time.UTC || !got.Builds[0].CreatedAt.Equal(want.Builds[0].CreatedAt) {
+		t.Errorf("GetTemplate times: %v, %v; want %v in UTC", got.CreatedAt, got.Builds[0].CreatedAt, want.CreatedAt)
+	}
+	got.CreatedAt, want.CreatedAt = time.Time{}, time.Time{}
+	got.Builds[0].CreatedAt, want.Builds[0].CreatedAt = time.Time{}, time.Time{}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("GetTemplate = %+v; want %+v", got, want)
+	}
+	// The build succeeds: its version is recorded, in one update.
+	info := []byte(`{"name":"app","version":1,"source":"alpine:3"}`)
+	got, err = c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error {
+		tp.Builds = nil
+		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: 1, Info: info})
+		tp.Public = true
+		return nil
+	})
+	if err != nil || len(got.Versions) != 1 || got.Builds != nil || !got.Public {
+		t.Fatalf("UpdateTemplate = %+v, %v", got, err)
+	}
+	got, err = c.GetTemplate(ctx, "app")
+	if l, ok := got.Latest(); err != nil || !ok || l.Version != 1 || string(l.Info) != string(info) || !got.Public || got.LastVersion != 1 {
+		t.Errorf("GetTemplate after the version = %+v, %v", got, err)
+	}
+	errFn := errors.New("no")
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Public = false; return errFn }); err != errFn {
+		t.Errorf("UpdateTemplate whose fn fails: got %v, want fn's error unwrapped", err)
+	}
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Owner = "key_b"; return nil }); err == nil {
+		t.Errorf("UpdateTemplate that changes the owner succeeded")
+	}
+	if got, _ := c.GetTemplate(ctx, "app"); !got.Public || got.Owner != "key_a" {
+		t.Errorf("a failed UpdateTemplate wrote: %+v", got)
+	}
+	if _, err := c.UpdateTemplate(ctx, "nope", func(*catalog.Template) error { return nil }); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("UpdateTemplate(unknown): got %v, want ErrNotFound", err)
+	}
+	other := catalog.Template{Name: "aaa", Owner: "key_b", LastVersion: 3,
+		Versions: []catalog.TemplateVersion{{Version: 3, Info: []byte(`{}`)}}, CreatedAt: t0}
+	if err := c.CreateTemplate(ctx, other, 1); err != nil {
+		t.Fatalf("CreateTemplate(aaa): %v", err)
+	}
+	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 2 || ts[0].Name != "aaa" || ts[1].Name != "app" {
+		t.Errorf("ListTemplates = %+v, %v; want aaa, app", ts, err)
+	}
+	// No versions and no builds left: gone.
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Versions = nil; return nil }); err != nil {
+		t.Fatalf("UpdateTemplate that removes every version: %v", err)
+	}
+	if _, err := c.GetTemplate(ctx, "app"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("GetTemplate of a template left empty: got %v, want ErrNotFound", err)
+	}
+	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 1 {
+		t.Errorf("ListTemplates after the removal = %+v, %v", ts, err)
+	}
+}
+
+// testTemplateQuotaConcurrent: creates of one owner's templates racing
+// never take it over its bound.
+func testTemplateQuotaConcurrent(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	const max = 3
+	ok, quota := reserveAtOnce(t, 8, func(i int) error {
+		return c.CreateTemplate(ctx, catalog.Template{Name: fmt.Sprintf("t%d", i), Owner: "key_a", LastVersion: 1,
+			Builds: []catalog.TemplateBuild{{ID: "b", Version: 1}}, CreatedAt: t0}, max)
+	})
+	if ok != max || quota != 8-max {
+		t.Errorf("8 creates at once with a bound of %d: %d succeeded, %d over quota", max, ok, quota)
 	}
 }
 

@@ -1,0 +1,11 @@
+-- The registry of a fleet's user templates (panda server --fleet): one row
+-- a name. doc is a JSON object (public flag, last version number given
+-- out, the versions built with their descriptions, the builds running):
+-- see catalog.Template. A name with neither versions nor builds has no row.
+CREATE TABLE templates (
+	name       text COLLATE "C" PRIMARY KEY CHECK (name <> ''),
+	owner      text NOT NULL,
+	doc        text NOT NULL,
+	created_at timestamptz NOT NULL
+);
+CREATE INDEX templates_owner ON templates (owner);
