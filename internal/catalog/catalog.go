@@ -242,19 +242,26 @@ type Catalog interface {
 	// DeleteHost removes the host's record. ErrNotFound.
 	DeleteHost(ctx context.Context, id string) error
 
-	// CreateTemplate stores a new user template (with a build or a
-	// version) if its owner owns fewer than maxPerOwner templates (<= 0:
-	// no bound), checked and inserted atomically. ErrConflict if the name
-	// is taken, ErrQuota (not a *QuotaError) over the bound.
-	CreateTemplate(ctx context.Context, t Template, maxPerOwner int) error
-	// GetTemplate returns the user template. ErrNotFound.
+	// ReserveTemplateBuild adds build b to user template name, with the
+	// template's next version number (b.Version is set to it), atomically:
+	// the version numbers of a name are never given out twice, even after
+	// its template was deleted. A name without a template (none yet, or
+	// deleted) becomes b.Owner's if the key owns fewer than maxPerOwner
+	// templates (<= 0: no bound; ErrQuota, not a *QuotaError, otherwise).
+	// A name whose template has no version yet is refused (ErrConflict)
+	// while another owner's build of it is running. A new template's
+	// CreatedAt is b's. It returns the template as written.
+	ReserveTemplateBuild(ctx context.Context, name string, b TemplateBuild, maxPerOwner int) (Template, error)
+	// GetTemplate returns the user template (ErrNotFound if there is
+	// none: never any, or deleted).
 	GetTemplate(ctx context.Context, name string) (Template, error)
 	// ListTemplates returns every user template, by name.
 	ListTemplates(ctx context.Context) ([]Template, error)
 	// UpdateTemplate reads the template, calls fn on it and writes the
-	// result back in one transaction, as UpdateSandbox does; a template
-	// left with neither versions nor builds is deleted. fn may not change
-	// the name or the owner. ErrNotFound.
+	// result back in one transaction, as UpdateSandbox does. A template
+	// left with neither versions nor builds is deleted (its name keeps
+	// only its last version number). fn may not change the name, the
+	// owner or LastVersion. ErrNotFound.
 	UpdateTemplate(ctx context.Context, name string, fn func(*Template) error) (Template, error)
 
 	// Close releases the store. It is idempotent; other methods must not be
@@ -298,6 +305,9 @@ type TemplateBuild struct {
 	Owner     string    `json:"owner"`
 	CreatedAt time.Time `json:"created_at"`
 }
+
+// Exists reports whether the template has a version or a build.
+func (t Template) Exists() bool { return len(t.Versions) > 0 || len(t.Builds) > 0 }
 
 // Latest returns the template's latest version (false: none yet).
 func (t Template) Latest() (TemplateVersion, bool) {

@@ -56,6 +56,8 @@ type buildSpec struct {
 	Startup      template.Startup  `json:"startup"`
 	Owner        string            `json:"owner,omitempty"`
 	MaxTemplates int               `json:"max_templates,omitempty"`
+	ID           string            `json:"id,omitempty"`
+	Version      int               `json:"version,omitempty"`
 }
 
 // buildStatus is tmplbuild.Status with its owner, which the API checks.
@@ -185,7 +187,7 @@ func (s *Server) startBuild(r *http.Request) (any, error) {
 		return nil, fmt.Errorf("%w: malformed build spec: %v", host.ErrInvalid, err)
 	}
 	spec := tmplbuild.Spec{Name: ws.Name, FromImage: ws.FromImage, Dockerfile: ws.Dockerfile, BuildArgs: ws.BuildArgs,
-		Startup: ws.Startup, Owner: ws.Owner, MaxTemplates: ws.MaxTemplates}
+		Startup: ws.Startup, Owner: ws.Owner, MaxTemplates: ws.MaxTemplates, ID: ws.ID, Version: ws.Version}
 	part, err = mr.NextPart()
 	switch {
 	case err == io.EOF:
@@ -251,7 +253,7 @@ func (b Builds) Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Statu
 		defer os.Remove(spec.ContextTar)
 	}
 	ws, err := json.Marshal(buildSpec{Name: spec.Name, FromImage: spec.FromImage, Dockerfile: spec.Dockerfile, BuildArgs: spec.BuildArgs,
-		Startup: spec.Startup, Owner: spec.Owner, MaxTemplates: spec.MaxTemplates})
+		Startup: spec.Startup, Owner: spec.Owner, MaxTemplates: spec.MaxTemplates, ID: spec.ID, Version: spec.Version})
 	if err != nil {
 		return tmplbuild.Status{}, err
 	}

@@ -419,8 +419,9 @@ func (s *Store) StageUserRootFS(name string) (string, error) {
 
 // InstallUserRootFS makes dir (from StageUserRootFS, holding rootfs.ext4)
 // the latest version of user root filesystem u.Name, atomically: version
-// one more than the highest installed, with the Owner and Public of the
-// version it follows (u's own when it is the first). The versions before
+// one more than the highest installed (or u.Version if set, which must be
+// higher: ErrConflict), with the Owner and Public of the version it
+// follows (u's own when it is the first). The versions before
 // it are kept. Callers serialize installs and removals of one name.
 func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
 	_, err := s.installUser(dir, u)
@@ -505,6 +506,7 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 	if old == filepath.Base(dir) {
 		return "", fmt.Errorf("install user template %s: %s is installed already", u.Name, dir)
 	}
+	want := u.Version
 	u.Version = 1
 	if prev, err := readUserConfig(filepath.Join(s.cfg.UserDir, u.Name)); err == nil {
 		u.Version, u.Owner, u.Public = prev.Version+1, prev.Owner, prev.Public
@@ -512,6 +514,13 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 		old = "" // a dangling link: nothing to carry over or go back to
 	}
 	u.Version = max(u.Version, s.lastVersion(u.Name)+1)
+	if want > 0 {
+		// A number given by a fleet's registry: it must be new here too.
+		if want < u.Version {
+			return "", fmt.Errorf("%w: install user template %s as version %d: this host has had version %d", ErrConflict, u.Name, want, u.Version-1)
+		}
+		u.Version = want
+	}
 	for _, d := range s.versionDirs(u.Name) {
 		if d.u.Version >= u.Version && d.dir != dir {
 			// An install interrupted before its link: never a version.

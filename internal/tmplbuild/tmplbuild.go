@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -82,6 +83,13 @@ type Spec struct {
 	// name is refused (ErrLimit) when Owner has that many already,
 	// counting new names queued. 0: no bound.
 	MaxTemplates int
+	// ID and Version are given by a fleet's control plane, which keeps
+	// the registry of its user templates (package fleet): the build's id
+	// (20 hex digits; ErrConflict if taken) and the version number it
+	// installs, which must be newer than every version of the name this
+	// host has held. Zero values: a new id, and the next number here.
+	ID      string
+	Version int
 }
 
 // source is how a build's status names what it builds from.
@@ -325,6 +333,12 @@ func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 			return Status{}, fmt.Errorf("%w: %w", template.ErrInvalid, err)
 		}
 	}
+	if spec.ID != "" && !buildIDRE.MatchString(spec.ID) {
+		return Status{}, fmt.Errorf("%w: a build id is 20 lowercase hex digits", template.ErrInvalid)
+	}
+	if spec.Version < 0 {
+		return Status{}, fmt.Errorf("%w: a negative template version", template.ErrInvalid)
+	}
 	src := spec.source()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -335,9 +349,15 @@ func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	if err := m.checkOwner(spec); err != nil {
 		return Status{}, err
 	}
+	id := spec.ID
+	if id == "" {
+		id = newID()
+	} else if _, taken := m.builds[id]; taken {
+		return Status{}, fmt.Errorf("%w: template build %s exists already", ErrConflict, id)
+	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timeout)
 	b := &build{
-		st:      Status{ID: newID(), Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner},
+		st:      Status{ID: id, Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner},
 		spec:    spec,
 		changed: make(chan struct{}),
 		cancel:  cancel,
@@ -417,7 +437,8 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup, BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds(), Owner: b.spec.Owner}
+	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup,
+		BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds(), Owner: b.spec.Owner, Version: b.spec.Version}
 	bake := !b.spec.Startup.IsZero() && m.cfg.Bake != nil
 	if !bake && m.cfg.Publish == nil {
 		if err := m.cfg.Store.InstallUserRootFS(dir, u); err != nil {
@@ -785,6 +806,12 @@ func (m *Manager) Close() error {
 	m.wg.Wait()
 	return nil
 }
+
+// buildIDRE is what newID makes.
+var buildIDRE = regexp.MustCompile(`^[0-9a-f]{20}$`)
+
+// NewID returns a new build id.
+func NewID() string { return newID() }
 
 func newID() string {
 	b := make([]byte, 10)

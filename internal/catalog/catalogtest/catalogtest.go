@@ -973,93 +973,117 @@ func testHosts(t *testing.T, c catalog.Catalog) {
 func testTemplates(t *testing.T, c catalog.Catalog) {
 	ctx := t.Context()
 	createKey(t, c, newKey("key_a", t0))
-	build := catalog.TemplateBuild{ID: "b1", HostID: "h1", Version: 1, Owner: "key_a", CreatedAt: t0.In(elsewhere)}
-	app := catalog.Template{Name: "app", Owner: "key_a", LastVersion: 1, Builds: []catalog.TemplateBuild{build}, CreatedAt: t0}
-	if err := c.CreateTemplate(ctx, catalog.Template{Name: "empty", Owner: "key_a", CreatedAt: t0}, 0); err == nil {
-		t.Errorf("CreateTemplate of a template with neither a version nor a build succeeded")
+	createKey(t, c, newKey("key_b", t0))
+	if _, err := c.GetTemplate(ctx, "app"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("GetTemplate of nothing: got %v, want ErrNotFound", err)
 	}
-	if err := c.CreateTemplate(ctx, app, 0); err != nil {
-		t.Fatalf("CreateTemplate: %v", err)
-	}
-	if err := c.CreateTemplate(ctx, app, 0); !errors.Is(err, catalog.ErrConflict) {
-		t.Errorf("CreateTemplate of a taken name: got %v, want ErrConflict", err)
-	}
-	got, err := c.GetTemplate(ctx, "app")
+	b1 := catalog.TemplateBuild{ID: "b1", HostID: "h1", Owner: "key_a", CreatedAt: t0.In(elsewhere)}
+	got, err := c.ReserveTemplateBuild(ctx, "app", b1, 0)
 	if err != nil {
-		t.Fatalf("GetTemplate: %v", err)
+		t.Fatalf("ReserveTemplateBuild: %v", err)
 	}
-	want := app
-	want.CreatedAt = t0.Truncate(time.Microsecond)
-	want.Builds = []catalog.TemplateBuild{build}
-	want.Builds[0].CreatedAt = t0.Truncate(time.Microsecond)
-	if !got.CreatedAt.Equal(want.CreatedAt) || got.Builds[0].CreatedAt.Location() != time.UTC || !got.Builds[0].CreatedAt.Equal(want.Builds[0].CreatedAt) {
-		t.Errorf("GetTemplate times: %v, %v; want %v in UTC", got.CreatedAt, got.Builds[0].CreatedAt, want.CreatedAt)
+	if got.Owner != "key_a" || got.LastVersion != 1 || len(got.Builds) != 1 || got.Builds[0].Version != 1 || got.Public ||
+		!got.CreatedAt.Equal(t0.Truncate(time.Microsecond)) || got.CreatedAt.Location() != time.UTC {
+		t.Errorf("ReserveTemplateBuild = %+v", got)
 	}
-	got.CreatedAt, want.CreatedAt = time.Time{}, time.Time{}
-	got.Builds[0].CreatedAt, want.Builds[0].CreatedAt = time.Time{}, time.Time{}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("GetTemplate = %+v; want %+v", got, want)
+	// Another key may not take a name whose first build runs.
+	if _, err := c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: "x", Owner: "key_b", CreatedAt: t0}, 0); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("ReserveTemplateBuild of another key's new name: got %v, want ErrConflict", err)
 	}
-	// The build succeeds: its version is recorded, in one update.
+	b2 := catalog.TemplateBuild{ID: "b2", HostID: "h2", Owner: "key_a", CreatedAt: t0}
+	if got, err = c.ReserveTemplateBuild(ctx, "app", b2, 0); err != nil || got.LastVersion != 2 || got.Builds[1].Version != 2 {
+		t.Fatalf("a second ReserveTemplateBuild = %+v, %v; want version 2", got, err)
+	}
+	got, err = c.GetTemplate(ctx, "app")
+	if err != nil || len(got.Builds) != 2 || got.Builds[0].ID != "b1" || got.Builds[0].HostID != "h1" || got.Builds[0].Owner != "key_a" ||
+		!got.Builds[0].CreatedAt.Equal(t0.Truncate(time.Microsecond)) {
+		t.Fatalf("GetTemplate = %+v, %v", got, err)
+	}
+	// Build 1 succeeds: its version is recorded, in one update; build 2 fails.
 	info := []byte(`{"name":"app","version":1,"source":"alpine:3"}`)
 	got, err = c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error {
-		tp.Builds = nil
+		tp.Builds = tp.Builds[1:]
 		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: 1, Info: info})
 		tp.Public = true
 		return nil
 	})
-	if err != nil || len(got.Versions) != 1 || got.Builds != nil || !got.Public {
+	if err != nil || len(got.Versions) != 1 || len(got.Builds) != 1 || !got.Public {
 		t.Fatalf("UpdateTemplate = %+v, %v", got, err)
 	}
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Builds = nil; return nil }); err != nil {
+		t.Fatalf("UpdateTemplate: %v", err)
+	}
 	got, err = c.GetTemplate(ctx, "app")
-	if l, ok := got.Latest(); err != nil || !ok || l.Version != 1 || string(l.Info) != string(info) || !got.Public || got.LastVersion != 1 {
-		t.Errorf("GetTemplate after the version = %+v, %v", got, err)
+	if l, ok := got.Latest(); err != nil || !ok || l.Version != 1 || string(l.Info) != string(info) || !got.Public || got.LastVersion != 2 || got.Builds != nil {
+		t.Errorf("GetTemplate after the builds = %+v, %v", got, err)
+	}
+	// Another key may build a new version of a template that has one
+	// (the caller checks who may).
+	if got, err := c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: "b3", Owner: "key_b", CreatedAt: t0}, 1); err != nil || got.Owner != "key_a" || got.LastVersion != 3 {
+		t.Errorf("ReserveTemplateBuild of a new version by another key = %+v, %v", got, err)
+	}
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Builds = nil; return nil }); err != nil {
+		t.Fatalf("UpdateTemplate: %v", err)
 	}
 	errFn := errors.New("no")
 	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Public = false; return errFn }); err != errFn {
 		t.Errorf("UpdateTemplate whose fn fails: got %v, want fn's error unwrapped", err)
 	}
-	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Owner = "key_b"; return nil }); err == nil {
-		t.Errorf("UpdateTemplate that changes the owner succeeded")
+	for what, fn := range map[string]func(*catalog.Template){
+		"owner": func(tp *catalog.Template) { tp.Owner = "key_b" }, "last version": func(tp *catalog.Template) { tp.LastVersion = 0 },
+	} {
+		if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { fn(tp); return nil }); err == nil {
+			t.Errorf("UpdateTemplate that changes the %s succeeded", what)
+		}
 	}
-	if got, _ := c.GetTemplate(ctx, "app"); !got.Public || got.Owner != "key_a" {
+	if got, _ := c.GetTemplate(ctx, "app"); !got.Public || got.Owner != "key_a" || got.LastVersion != 3 {
 		t.Errorf("a failed UpdateTemplate wrote: %+v", got)
 	}
 	if _, err := c.UpdateTemplate(ctx, "nope", func(*catalog.Template) error { return nil }); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("UpdateTemplate(unknown): got %v, want ErrNotFound", err)
 	}
-	other := catalog.Template{Name: "aaa", Owner: "key_b", LastVersion: 3,
-		Versions: []catalog.TemplateVersion{{Version: 3, Info: []byte(`{}`)}}, CreatedAt: t0}
-	if err := c.CreateTemplate(ctx, other, 1); err != nil {
-		t.Fatalf("CreateTemplate(aaa): %v", err)
+	if _, err := c.ReserveTemplateBuild(ctx, "aaa", catalog.TemplateBuild{ID: "b4", Owner: "key_b", CreatedAt: t0}, 1); err != nil {
+		t.Fatalf("ReserveTemplateBuild(aaa): %v", err)
 	}
 	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 2 || ts[0].Name != "aaa" || ts[1].Name != "app" {
 		t.Errorf("ListTemplates = %+v, %v; want aaa, app", ts, err)
 	}
-	// No versions and no builds left: gone.
+	// Deleted (no versions, no builds): gone, but its numbers are not
+	// given out again, and the name is anyone's.
 	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Versions = nil; return nil }); err != nil {
 		t.Fatalf("UpdateTemplate that removes every version: %v", err)
 	}
 	if _, err := c.GetTemplate(ctx, "app"); !errors.Is(err, catalog.ErrNotFound) {
-		t.Errorf("GetTemplate of a template left empty: got %v, want ErrNotFound", err)
+		t.Errorf("GetTemplate of a deleted template: got %v, want ErrNotFound", err)
 	}
-	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 1 {
-		t.Errorf("ListTemplates after the removal = %+v, %v", ts, err)
+	if _, err := c.UpdateTemplate(ctx, "app", func(*catalog.Template) error { return nil }); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("UpdateTemplate of a deleted template: got %v, want ErrNotFound", err)
+	}
+	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 1 || ts[0].Name != "aaa" {
+		t.Errorf("ListTemplates after the delete = %+v, %v; want aaa", ts, err)
+	}
+	// key_b owns aaa: with a bound of 1 it may not take app.
+	if _, err := c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: "b5", Owner: "key_b", CreatedAt: t0}, 1); !errors.Is(err, catalog.ErrQuota) {
+		t.Errorf("ReserveTemplateBuild over the bound: got %v, want ErrQuota", err)
+	}
+	got, err = c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: "b5", Owner: "key_b", CreatedAt: t0.Add(time.Hour)}, 2)
+	if err != nil || got.Owner != "key_b" || got.LastVersion != 4 || got.Builds[0].Version != 4 || got.Public || !got.CreatedAt.Equal(t0.Add(time.Hour).Truncate(time.Microsecond)) {
+		t.Errorf("ReserveTemplateBuild of a deleted template's name = %+v, %v; want key_b's, version 4, not public", got, err)
 	}
 }
 
-// testTemplateQuotaConcurrent: creates of one owner's templates racing
-// never take it over its bound.
+// testTemplateQuotaConcurrent: reservations of one owner's new templates
+// racing never take it over its bound.
 func testTemplateQuotaConcurrent(t *testing.T, c catalog.Catalog) {
 	ctx := t.Context()
 	createKey(t, c, newKey("key_a", t0))
 	const max = 3
 	ok, quota := reserveAtOnce(t, 8, func(i int) error {
-		return c.CreateTemplate(ctx, catalog.Template{Name: fmt.Sprintf("t%d", i), Owner: "key_a", LastVersion: 1,
-			Builds: []catalog.TemplateBuild{{ID: "b", Version: 1}}, CreatedAt: t0}, max)
+		_, err := c.ReserveTemplateBuild(ctx, fmt.Sprintf("t%d", i), catalog.TemplateBuild{ID: "b", Owner: "key_a", CreatedAt: t0}, max)
+		return err
 	})
 	if ok != max || quota != 8-max {
-		t.Errorf("8 creates at once with a bound of %d: %d succeeded, %d over quota", max, ok, quota)
+		t.Errorf("8 reservations at once with a bound of %d: %d succeeded, %d over quota", max, ok, quota)
 	}
 }
 

@@ -64,47 +64,96 @@ func normalizeTemplate(t catalog.Template) catalog.Template {
 	return t
 }
 
-func (s *Store) CreateTemplate(ctx context.Context, t catalog.Template, maxPerOwner int) error {
-	if len(t.Versions) == 0 && len(t.Builds) == 0 {
-		return fmt.Errorf("create template %s: it has neither a version nor a build", t.Name)
-	}
-	doc, err := encTemplateDoc(t)
-	if err != nil {
-		return err
-	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		if maxPerOwner > 0 {
-			// The owner's key row serializes its creates (PostgreSQL;
-			// SQLite's writer holds the only write lock already).
-			var id string
-			err := tx.QueryRowContext(ctx, s.d.bind(`SELECT id FROM keys WHERE id = ?`+s.d.LockRow), t.Owner).Scan(&id)
-			if err != nil && !errors.Is(err, sql.ErrNoRows) {
-				return err
+func (s *Store) ReserveTemplateBuild(ctx context.Context, name string, b catalog.TemplateBuild, maxPerOwner int) (catalog.Template, error) {
+	var t catalog.Template
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		t, err = scanTemplate(tx.QueryRowContext(ctx, s.d.bind(`SELECT `+templateCols+` FROM templates WHERE name = ?`+s.d.LockRow), name))
+		row := err == nil
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if !t.Exists() {
+			if maxPerOwner > 0 {
+				if err := s.checkTemplates(ctx, tx, b.Owner, maxPerOwner); err != nil {
+					return err
+				}
 			}
-			var n int
-			if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT count(*) FROM templates WHERE owner = ?`), t.Owner).Scan(&n); err != nil {
-				return err
-			}
-			if n >= maxPerOwner {
-				return fmt.Errorf("%w: the key owns %d templates, its limit", catalog.ErrQuota, n)
+			t = catalog.Template{Name: name, Owner: b.Owner, LastVersion: t.LastVersion, CreatedAt: b.CreatedAt}
+		} else if len(t.Versions) == 0 {
+			for _, o := range t.Builds {
+				if o.Owner != b.Owner {
+					return fmt.Errorf("%w: the name %s is taken: another key is building it", catalog.ErrConflict, name)
+				}
 			}
 		}
-		_, err := tx.ExecContext(ctx, s.d.bind(`INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?)`),
-			t.Name, t.Owner, doc, s.timeArg(t.CreatedAt))
+		t.LastVersion++
+		b.Version = t.LastVersion
+		t.Builds = append(t.Builds, b)
+		doc, err := encTemplateDoc(t)
+		if err != nil {
+			return err
+		}
+		if row {
+			_, err = tx.ExecContext(ctx, s.d.bind(`UPDATE templates SET owner = ?, doc = ?, created_at = ? WHERE name = ?`),
+				t.Owner, doc, s.timeArg(t.CreatedAt), name)
+		} else {
+			_, err = tx.ExecContext(ctx, s.d.bind(`INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?)`),
+				name, t.Owner, doc, s.timeArg(t.CreatedAt))
+		}
 		return s.d.Classify(err)
 	})
 	if err != nil {
-		return fmt.Errorf("create template %s: %w", t.Name, err)
+		return catalog.Template{}, fmt.Errorf("reserve a build of template %s: %w", name, err)
+	}
+	return normalizeTemplate(t), nil
+}
+
+// checkTemplates refuses a new template of owner's if it owns max
+// already (ErrQuota).
+func (s *Store) checkTemplates(ctx context.Context, tx *sql.Tx, owner string, max int) error {
+	// The owner's key row serializes its reservations (PostgreSQL;
+	// SQLite's writer holds the only write lock already).
+	var id string
+	err := tx.QueryRowContext(ctx, s.d.bind(`SELECT id FROM keys WHERE id = ?`+s.d.LockRow), owner).Scan(&id)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	rows, err := tx.QueryContext(ctx, s.d.bind(`SELECT `+templateCols+` FROM templates WHERE owner = ?`), owner)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			return err
+		}
+		if t.Exists() {
+			n++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if n >= max {
+		return fmt.Errorf("%w: the key owns %d templates, its limit", catalog.ErrQuota, n)
 	}
 	return nil
 }
 
 func (s *Store) GetTemplate(ctx context.Context, name string) (catalog.Template, error) {
-	return get(ctx, s, "get template "+name, scanTemplate, `SELECT `+templateCols+` FROM templates WHERE name = ?`, name)
+	t, err := get(ctx, s, "get template "+name, scanTemplate, `SELECT `+templateCols+` FROM templates WHERE name = ?`, name)
+	if err == nil && !t.Exists() {
+		err = fmt.Errorf("get template %s: %w", name, catalog.ErrNotFound)
+	}
+	return t, err
 }
 
 func (s *Store) ListTemplates(ctx context.Context) ([]catalog.Template, error) {
-	return list(ctx, s, "list templates", scanTemplate, `SELECT `+templateCols+` FROM templates ORDER BY name`)
+	ts, err := list(ctx, s, "list templates", scanTemplate, `SELECT `+templateCols+` FROM templates ORDER BY name`)
+	return slices.DeleteFunc(ts, func(t catalog.Template) bool { return !t.Exists() }), err
 }
 
 func (s *Store) UpdateTemplate(ctx context.Context, name string, fn func(*catalog.Template) error) (catalog.Template, error) {
@@ -112,20 +161,20 @@ func (s *Store) UpdateTemplate(ctx context.Context, name string, fn func(*catalo
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		t, err = scanTemplate(tx.QueryRowContext(ctx, s.d.bind(`SELECT `+templateCols+` FROM templates WHERE name = ?`+s.d.LockRow), name))
+		if err == nil && !t.Exists() {
+			err = sql.ErrNoRows
+		}
 		if err != nil {
 			return notFound(err)
 		}
-		owner := t.Owner
+		before := t
 		if err := fn(&t); err != nil {
 			return fnError{err}
 		}
-		if t.Name != name || t.Owner != owner {
-			return fmt.Errorf("fn changed the name or the owner")
+		if t.Name != name || t.Owner != before.Owner || t.LastVersion != before.LastVersion {
+			return fmt.Errorf("fn changed the name, the owner or the last version")
 		}
-		if len(t.Versions) == 0 && len(t.Builds) == 0 {
-			_, err := tx.ExecContext(ctx, s.d.bind(`DELETE FROM templates WHERE name = ?`), name)
-			return s.d.Classify(err)
-		}
+		// Left empty, the row keeps the name's last version number.
 		doc, err := encTemplateDoc(t)
 		if err != nil {
 			return err
