@@ -171,7 +171,7 @@ func printDevCluster(out io.Writer, c *devcluster.Cluster) {
 		fmt.Fprintf(out, "    %-9s %s  (namespace %s, data %s, pid %d)\n", a.ID, a.URL, filepath.Base(a.NetNS), a.DataDir, a.PID())
 	}
 	fmt.Fprintf(out, "\nSandboxes in this cluster have no network (the agents run with --network off).\n")
-	fmt.Fprintf(out, "Templates you build (panda template build) are built on %s; the other agents fetch them from the object store.\n", devcluster.TemplateHost)
+	fmt.Fprintf(out, "Templates you build (panda template build) are built on the agent with the most free memory; the others fetch them from the object store.\n")
 	fmt.Fprintf(out, "\nUse it:\n")
 	fmt.Fprintf(out, "  export PANDASTACK_API_URL=%s PANDASTACK_API_KEY=$(cat %s)\n", c.URL(), keyFile)
 	fmt.Fprintf(out, "  panda create && panda ls\n")

@@ -135,7 +135,7 @@ var configFlags = map[string]configFlag{
 	"fleet":                 {"drive the host agents that join (panda agent --server URL --token T) instead of --agent", func(c *server.Config) any { return &c.Fleet }},
 	"join-token-file":       {"file holding the token host agents join with (default DATA_DIR/join.token, made on first start)", func(c *server.Config) any { return &c.JoinTokenFile }},
 	"host-lost-after":       {"a host that misses heartbeats this long is lost (default 10s)", func(c *server.Config) any { return &c.HostLostAfter }},
-	"template-host":         {"with --fleet: the host (its id) that builds the fleet's user templates and keeps their registry; needs the hosts' object store (default: no template builds)", func(c *server.Config) any { return &c.TemplateHost }},
+	"template-host":         {"with --fleet: the host (its id) that runs every build of the fleet's user templates (default: the ready host with the most free memory)", func(c *server.Config) any { return &c.TemplateHost }},
 	"server":                {"join the control plane at this URL (panda server --fleet), e.g. http://10.0.0.1:7788", func(c *server.Config) any { return &c.ServerURL }},
 	"token":                 {"the join token (the server's DATA_DIR/join.token); env PANDA_JOIN_TOKEN", func(c *server.Config) any { return &c.JoinToken }},
 	"host-id":               {"this host's name in the fleet (default DATA_DIR/host.id, made from the host name)", func(c *server.Config) any { return &c.HostID }},

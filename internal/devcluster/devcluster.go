@@ -53,10 +53,6 @@ const (
 	StoreNone = "none" // no object store: nothing moves between hosts
 )
 
-// TemplateHost is the agent that builds a dev cluster's user templates
-// (panda server --template-host).
-const TemplateHost = "agent-1"
-
 // Config configures a cluster. Zero fields take the defaults of
 // Defaults.
 type Config struct {
@@ -477,10 +473,8 @@ func (c *Cluster) startServer(ctx context.Context) error {
 		c.onClose("forwarder", f.Close)
 		c.agentURL = "http://" + fwd
 	}
-	// The first agent builds the user templates; the others fetch them
-	// from the object store.
 	argv := append([]string{c.cfg.Binary, "server", "--fleet", "--data-dir", c.ServerDataDir(), "--listen", c.cfg.Listen,
-		"--catalog", c.pg.DSN(), "--template-host", TemplateHost}, c.cfg.ServerArgs...)
+		"--catalog", c.pg.DSN()}, c.cfg.ServerArgs...)
 	c.server = &proc{name: "server", argv: argv, env: childEnv(c.cfg.Env), log: filepath.Join(c.logDir(), "server.log"), out: c.out}
 	c.server.onExit = func(err error) {
 		if !c.serverUp.Load() {

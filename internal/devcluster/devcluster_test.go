@@ -85,7 +85,9 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 		Agents: 3, Listen: addr, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
 		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
 		AgentArgs:  []string{"--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"},
-		ServerArgs: []string{"--host-lost-after", lostAfter.String()},
+		// agent-2 builds the user templates: killed below, it shows
+		// that they outlive their building host.
+		ServerArgs: []string{"--host-lost-after", lostAfter.String(), "--template-host", "agent-2"},
 	})
 	if err != nil {
 		t.Fatalf("start the dev cluster: %v\noutput:\n%s", err, out.String())
@@ -422,10 +424,16 @@ func TestDevCluster(t *testing.T) {
 		}
 	})
 
+	// fleetappCopies matches agent-(i+1)'s copies of user template fleetapp.
+	fleetappCopies := func(i int) string {
+		return filepath.Join(c.Agents()[i].DataDir, "store", "rootfs", ".v-fleetapp-*")
+	}
 	t.Run("template built on one host, used on another", func(t *testing.T) {
 		a.t = t
-		// agent-1 builds (--template-host); agent-3 fetches the version
-		// from the object store on its first create.
+		// agent-2 builds (--template-host); agent-3 fetches the version
+		// from the object store on its first create. The registry is the
+		// catalog's: "host killed" uses and deletes the template while
+		// agent-2 is away.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		var lines []string
@@ -462,19 +470,8 @@ func TestDevCluster(t *testing.T) {
 		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
 			t.Errorf("templates %+v, want fleetapp version 1", list.Templates)
 		}
-		copies := filepath.Join(c.Agents()[2].DataDir, "store", "rootfs", ".v-fleetapp-*")
-		if m, _ := filepath.Glob(copies); len(m) != 1 {
-			t.Errorf("agent-3 holds %d copies of fleetapp (%s), want 1", len(m), copies)
-		}
-		if st, out := a.do(http.MethodDelete, "/v1/templates/fleetapp", a.key, nil, nil); st != http.StatusNoContent {
-			t.Fatalf("delete fleetapp: %d %s", st, out)
-		}
-		if m, _ := filepath.Glob(copies); len(m) != 0 {
-			t.Errorf("agent-3 still holds its copy of the deleted fleetapp: %v", m)
-		}
-		body["placement"] = map[string]any{"host": "agent-2"}
-		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, nil); st != http.StatusNotFound {
-			t.Errorf("create of a deleted template: %d %s, want 404", st, out)
+		if m, _ := filepath.Glob(fleetappCopies(2)); len(m) != 1 {
+			t.Errorf("agent-3 holds %d copies of fleetapp (%s), want 1", len(m), fleetappCopies(2))
 		}
 	})
 
@@ -756,6 +753,49 @@ func TestDevCluster(t *testing.T) {
 			t.Fatalf("resumed paused sandbox of lost agent-2: %s on %s, want running elsewhere", got.State, got.HostID)
 		}
 		checkMoved(t, paused.ID)
+
+		// The user template agent-2 built outlives it: listed, created
+		// on agent-1 (which fetches it from the object store), deleted
+		// (agent-1's and agent-3's copies too); new builds wait for
+		// agent-2, the --template-host.
+		type listed struct {
+			Name    string `json:"name"`
+			Version int    `json:"version"`
+		}
+		var list struct {
+			Templates []listed `json:"templates"`
+		}
+		if st, out := a.do(http.MethodGet, "/v1/templates", a.key, nil, &list); st != http.StatusOK {
+			t.Errorf("list templates while agent-2 is lost: %d %s", st, out)
+		}
+		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
+			t.Errorf("templates while agent-2 is lost: %+v, want fleetapp version 1", list.Templates)
+		}
+		body := map[string]any{"ttl_seconds": 600, "template": "fleetapp", "placement": map[string]any{"host": "agent-1"}}
+		var sb sandbox
+		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, &sb); st != http.StatusCreated && st != http.StatusOK {
+			t.Fatalf("create fleetapp on agent-1 while agent-2 is lost: %d %s", st, out)
+		}
+		if got := a.exec(sb.ID, "cat /root/built"); !strings.HasPrefix(got, "built-on-") {
+			t.Errorf("fleetapp's sandbox on agent-1 reads %q, want the build's file", got)
+		}
+		a.do(http.MethodDelete, "/v1/sandboxes/"+sb.ID, a.key, nil, nil)
+		bctx, bcancel := context.WithTimeout(context.Background(), time.Minute)
+		defer bcancel()
+		if _, err := a.sdk.BuildTemplateFromDockerfile(bctx, "fleetapp", "FROM tiny\n", t.TempDir(), nil); err == nil || !strings.Contains(err.Error(), "agent-2") {
+			t.Errorf("a build while the --template-host is lost: %v, want an error naming agent-2", err)
+		}
+		if st, out := a.do(http.MethodDelete, "/v1/templates/fleetapp", a.key, nil, nil); st != http.StatusNoContent {
+			t.Fatalf("delete fleetapp while agent-2 is lost: %d %s", st, out)
+		}
+		for _, i := range []int{0, 2} {
+			if m, _ := filepath.Glob(fleetappCopies(i)); len(m) != 0 {
+				t.Errorf("agent-%d still holds its copy of the deleted fleetapp: %v", i+1, m)
+			}
+		}
+		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, nil); st != http.StatusNotFound {
+			t.Errorf("create of a deleted template: %d %s, want 404", st, out)
+		}
 	})
 
 	t.Run("control plane restart", func(t *testing.T) {

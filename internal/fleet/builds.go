@@ -1,159 +1,558 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
+	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
-// TemplateHost builds a fleet's user templates on one of its hosts (panda
-// server --fleet --template-host ID), through its host API: that host
-// keeps the registry of user templates (names, versions, owners, public
-// flags) and runs every build. Each version it builds is in the object
-// store before the build succeeds, so every other host can create
-// sandboxes of it (it fetches the version on first use: see package
-// agent, usertemplates.go); while the template host is away, builds, the
-// template endpoints and creates of user templates (whose version it
-// resolves) answer 503, and the sandboxes that run go on.
-type TemplateHost struct {
-	// Registry is the fleet's; set before the first call.
-	Registry *Registry
-	// ID is the template host's id.
-	ID string
+// Templates is a fleet's user templates (panda server --fleet), a
+// tmplbuild.Builder. Their registry — names, owners, public flags, the
+// versions and the builds running — is the catalog's (catalog.Template),
+// so listing them and creating sandboxes of them need no particular host.
+// Each build runs on one host (the one --template-host names, or else the
+// ready host with the most free memory), with the version number the
+// catalog gave it; that host uploads the version to the object store
+// before its build succeeds, and every other host fetches it on its first
+// sandbox of it (package agent, usertemplates.go).
+//
+// A build's version is recorded once its host reports it succeeded: a
+// watcher follows each build (Start starts them again for the builds a
+// previous run of the control plane left), and Get and Follow record it
+// themselves before they report a build done, so that a sandbox created
+// right after sees the version. A build whose host is lost or forgotten
+// is failed; its number is not given out again.
+type Templates struct {
+	r   *Registry
+	pin string
+	log *slog.Logger
+
+	life context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	watching map[string]bool // build ids
 }
 
-var _ tmplbuild.Builder = (*TemplateHost)(nil)
+var _ tmplbuild.Builder = (*Templates)(nil)
 
-// builder is the template host's builder, or why there is none now.
-func (t *TemplateHost) builder() (tmplbuild.Builder, error) {
-	r := t.Registry
+// NewTemplates returns the fleet's user templates; pin, if set, is the
+// host that runs every build (--template-host).
+func NewTemplates(r *Registry, pin string) *Templates {
+	t := &Templates{r: r, pin: pin, log: r.log.With("part", "templates"), watching: map[string]bool{}}
+	t.life, t.stop = context.WithCancel(context.Background())
+	return t
+}
+
+// Watch follows the builds the catalog says are running (a previous run's)
+// until they end. Call it once the registry has started.
+func (t *Templates) Watch(ctx context.Context) error {
+	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
+	if err != nil {
+		return fmt.Errorf("template builds: %w", err)
+	}
+	for _, tp := range ts {
+		for _, b := range tp.Builds {
+			t.watch(tp.Name, b)
+		}
+	}
+	return nil
+}
+
+// Close stops the watchers (the builds go on; the next run watches them).
+func (t *Templates) Close() {
+	t.stop()
+	t.wg.Wait()
+}
+
+// builderOf returns host id's template builds, or why it has none now.
+func (t *Templates) builderOf(id string) (tmplbuild.Builder, error) {
+	r := t.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m, ok := r.members[t.ID]
+	what := "host " + id
+	if id == t.pin {
+		what = fmt.Sprintf("template builds run on host %s (--template-host), which", id)
+	} else {
+		what += ", which runs this build,"
+	}
+	m, ok := r.members[id]
 	switch {
 	case !ok:
-		return nil, &control.Error{Kind: control.Unavailable, Msg: fmt.Sprintf(
-			"template builds run on host %s (--template-host), which has not joined this fleet", t.ID)}
+		return nil, &control.Error{Kind: control.Unavailable, Msg: what + " has not joined this fleet"}
 	case m.rec.State == catalog.HostLost:
-		return nil, &control.Error{Kind: control.Unavailable, Msg: fmt.Sprintf(
-			"template builds run on host %s (--template-host), which stopped heartbeating; retry when it is back", t.ID)}
+		return nil, &control.Error{Kind: control.Unavailable, Msg: what + " stopped heartbeating; retry when it is back"}
 	case m.client == nil:
-		return nil, &control.Error{Kind: control.Unavailable, Msg: fmt.Sprintf(
-			"template builds run on host %s (--template-host), which is not connected yet; retry in a few seconds", t.ID)}
+		return nil, &control.Error{Kind: control.Unavailable, Msg: what + " is not connected yet; retry in a few seconds"}
 	}
 	return m.client.Builds(), nil
 }
 
-func (t *TemplateHost) Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Status, error) {
-	b, err := t.builder()
-	if err != nil {
-		if spec.ContextTar != "" {
-			os.Remove(spec.ContextTar) // the builder's from Start on
+// gone reports whether host id will never report on its builds: lost,
+// or not a member (forgotten).
+func (t *Templates) gone(id string) bool {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
+	m, ok := t.r.members[id]
+	return !ok || m.rec.State == catalog.HostLost
+}
+
+// pick returns the host a new build runs on: the pinned one, else the
+// ready host with the most free memory (then the fewest sandboxes, then
+// by id).
+func (t *Templates) pick(ctx context.Context) (string, tmplbuild.Builder, error) {
+	if t.pin != "" {
+		b, err := t.builderOf(t.pin)
+		return t.pin, b, err
+	}
+	var best *scheduler.Host
+	inv := t.r.Inventory(ctx)
+	for i, h := range inv {
+		if h.State != scheduler.Ready {
+			continue
 		}
-		return tmplbuild.Status{}, err
+		if best == nil || h.FreeMemoryMiB > best.FreeMemoryMiB ||
+			(h.FreeMemoryMiB == best.FreeMemoryMiB && h.Sandboxes < best.Sandboxes) {
+			best = &inv[i]
+		}
 	}
-	return b.Start(ctx, spec)
+	if best == nil {
+		return "", nil, &control.Error{Kind: control.Unavailable, Msg: "no host can build templates now: none is ready (see GET /v1/hosts)"}
+	}
+	b, err := t.builderOf(best.ID)
+	return best.ID, b, err
 }
 
-func (t *TemplateHost) Get(ctx context.Context, id string) (tmplbuild.Status, error) {
-	b, err := t.builder()
-	if err != nil {
-		return tmplbuild.Status{}, err
+// checkName refuses a name no user template may take; the building host
+// checks it against its own built-in images too.
+func checkName(name string) error {
+	if n, _, err := template.SplitRef(name); err != nil || n != name {
+		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", template.ErrInvalid, name)
 	}
-	return b.Get(ctx, id)
-}
-
-func (t *TemplateHost) List(ctx context.Context) ([]tmplbuild.Status, error) {
-	b, err := t.builder()
-	if err != nil {
-		return nil, err
+	if slices.Contains(template.Reserved, name) {
+		return fmt.Errorf("%w: %q is a built-in template; pick another name", template.ErrInvalid, name)
 	}
-	return b.List(ctx)
-}
-
-func (t *TemplateHost) Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error) {
-	b, err := t.builder()
-	if err != nil {
-		return tmplbuild.Status{}, err
+	if name == template.NotAName {
+		return fmt.Errorf("%w: %q names the API's list of builds (/v1/templates/builds); pick another name", template.ErrInvalid, name)
 	}
-	return b.Follow(ctx, id, line)
-}
-
-func (t *TemplateHost) Remove(ctx context.Context, ref string) error {
-	b, err := t.builder()
-	if err != nil {
-		return err
-	}
-	if err := b.Remove(ctx, ref); err != nil {
-		return err
-	}
-	t.dropCopies(ctx, ref)
 	return nil
 }
 
-// dropCopies asks every other connected host to remove its copy of what
-// ref named (and the bakes of it), best effort: a host that is away, or
-// holds the version as its latest copy of a template that keeps others,
-// keeps it, unused (every create resolves its version here first).
-func (t *TemplateHost) dropCopies(ctx context.Context, ref string) {
-	r := t.Registry
-	type other struct {
-		id string
-		b  tmplbuild.Builder
+func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuild.Status, err error) {
+	defer func() {
+		if err != nil && spec.ContextTar != "" {
+			os.Remove(spec.ContextTar) // the builder's from Start on
+		}
+	}()
+	if err := checkName(spec.Name); err != nil {
+		return tmplbuild.Status{}, err
 	}
-	var others []other
-	r.mu.Lock()
-	for id, m := range r.members {
-		if id != t.ID && m.client != nil && m.rec.State != catalog.HostLost {
-			others = append(others, other{id, m.client.Builds()})
+	hostID, b, err := t.pick(ctx)
+	if err != nil {
+		return tmplbuild.Status{}, err
+	}
+	bl := catalog.TemplateBuild{ID: tmplbuild.NewID(), HostID: hostID, Owner: spec.Owner, CreatedAt: time.Now().UTC()}
+	var tp catalog.Template
+	for try := 0; ; try++ {
+		// Two first builds of one name racing: one inserts, the other
+		// conflicts once and then sees the template.
+		tp, err = t.r.cfg.Catalog.ReserveTemplateBuild(ctx, spec.Name, bl, spec.MaxTemplates)
+		if !errors.Is(err, catalog.ErrConflict) || try > 0 || strings.Contains(err.Error(), "is taken") {
+			break
 		}
 	}
-	r.mu.Unlock()
-	for _, o := range others {
-		err := o.b.Remove(ctx, ref)
-		switch {
-		case err == nil:
-			r.log.Info("removed a host's copy of a deleted template", "host_id", o.id, "template", ref)
-		case !errors.Is(err, template.ErrNotFound):
-			r.log.Warn("a host keeps its copy of a deleted template", "host_id", o.id, "template", ref, "err", err)
-		}
+	switch {
+	case errors.Is(err, catalog.ErrQuota):
+		return tmplbuild.Status{}, fmt.Errorf("%w: this key has %d templates, its limit; delete one first", tmplbuild.ErrLimit, spec.MaxTemplates)
+	case errors.Is(err, catalog.ErrConflict):
+		return tmplbuild.Status{}, fmt.Errorf("%w: the name %s is taken: another key is building it", tmplbuild.ErrConflict, spec.Name)
+	case err != nil:
+		return tmplbuild.Status{}, err
 	}
+	bl = tp.Builds[len(tp.Builds)-1]
+	spec.ID, spec.Version, spec.MaxTemplates = bl.ID, bl.Version, 0
+	st, err = b.Start(ctx, spec)
+	if err != nil {
+		t.drop(context.WithoutCancel(ctx), spec.Name, bl, err)
+		return tmplbuild.Status{}, err
+	}
+	t.log.Info("template build placed", "template", spec.Name, "version", bl.Version, "build_id", bl.ID, "host_id", hostID)
+	t.watch(spec.Name, bl)
+	return st, nil
 }
 
-func (t *TemplateHost) SetPublic(ctx context.Context, name string, public bool) error {
-	b, err := t.builder()
+// watch follows build bl of template name until it ends and records
+// how; one watcher a build.
+func (t *Templates) watch(name string, bl catalog.TemplateBuild) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.watching[bl.ID] || t.life.Err() != nil {
+		return
+	}
+	t.watching[bl.ID] = true
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer func() {
+			t.mu.Lock()
+			delete(t.watching, bl.ID)
+			t.mu.Unlock()
+		}()
+		wait := time.Second
+		for {
+			err := t.follow(name, bl)
+			if err == nil || t.life.Err() != nil {
+				return
+			}
+			if t.gone(bl.HostID) || errors.Is(err, tmplbuild.ErrNotFound) {
+				t.drop(t.life, name, bl, err)
+				return
+			}
+			t.log.Warn("cannot follow a template build; retrying", "template", name, "build_id", bl.ID, "host_id", bl.HostID, "err", err)
+			select {
+			case <-t.life.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 30*time.Second)
+		}
+	}()
+}
+
+// follow waits for build bl to end on its host and records how it ended.
+func (t *Templates) follow(name string, bl catalog.TemplateBuild) error {
+	b, err := t.builderOf(bl.HostID)
 	if err != nil {
 		return err
 	}
-	return b.SetPublic(ctx, name, public)
+	st, err := b.Follow(t.life, bl.ID, func(string) {})
+	if err != nil {
+		return err
+	}
+	return t.record(t.life, name, bl, st)
 }
 
-func (t *TemplateHost) UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error) {
-	b, err := t.builder()
+// record records how build bl ended (st): its version, or nothing.
+func (t *Templates) record(ctx context.Context, name string, bl catalog.TemplateBuild, st tmplbuild.Status) error {
+	if !st.Done() {
+		return nil
+	}
+	if st.State != tmplbuild.StateSucceeded {
+		t.drop(ctx, name, bl, errors.New(st.Error))
+		return nil
+	}
+	b, err := t.builderOf(bl.HostID)
+	if err != nil {
+		return err
+	}
+	ref := template.Ref(name, bl.Version)
+	u, err := b.UserTemplate(ctx, ref)
+	if errors.Is(err, template.ErrNotFound) {
+		t.drop(ctx, name, bl, fmt.Errorf("the host does not have %s", ref))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	info, err := json.Marshal(versionInfo{UserRootFS: u, DiskBytes: u.DiskBytes})
+	if err != nil {
+		return err
+	}
+	recorded := false
+	_, err = t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
+		i := slices.IndexFunc(tp.Builds, func(x catalog.TemplateBuild) bool { return x.ID == bl.ID })
+		if i < 0 {
+			return nil // recorded already
+		}
+		tp.Builds = slices.Delete(tp.Builds, i, i+1)
+		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: bl.Version, Info: info})
+		slices.SortFunc(tp.Versions, func(a, b catalog.TemplateVersion) int { return cmp.Compare(a.Version, b.Version) })
+		recorded = true
+		return nil
+	})
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if recorded {
+		t.log.Info("template version recorded", "template", ref, "build_id", bl.ID, "host_id", bl.HostID)
+	}
+	return nil
+}
+
+// drop removes build bl from its template (a template left without
+// versions is deleted); its version number is not given out again.
+func (t *Templates) drop(ctx context.Context, name string, bl catalog.TemplateBuild, why error) {
+	_, err := t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
+		tp.Builds = slices.DeleteFunc(tp.Builds, func(x catalog.TemplateBuild) bool { return x.ID == bl.ID })
+		return nil
+	})
+	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		t.log.Error("cannot record a template build's end", "template", name, "build_id", bl.ID, "err", err)
+		return
+	}
+	t.log.Info("template build ended without a version", "template", name, "version", bl.Version, "build_id", bl.ID, "host_id", bl.HostID, "why", why)
+}
+
+// versionInfo is what the catalog keeps of a version (TemplateVersion.Info).
+type versionInfo struct {
+	template.UserRootFS
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// running returns the build with id the catalog says is running, and its
+// template's name.
+func (t *Templates) running(ctx context.Context, id string) (string, catalog.TemplateBuild, bool, error) {
+	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
+	if err != nil {
+		return "", catalog.TemplateBuild{}, false, err
+	}
+	for _, tp := range ts {
+		for _, b := range tp.Builds {
+			if b.ID == id {
+				return tp.Name, b, true, nil
+			}
+		}
+	}
+	return "", catalog.TemplateBuild{}, false, nil
+}
+
+// connected returns the template builds of every host connected, by id.
+func (t *Templates) connected() map[string]tmplbuild.Builder {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
+	out := map[string]tmplbuild.Builder{}
+	for id, m := range t.r.members {
+		if m.client != nil && m.rec.State != catalog.HostLost {
+			out[id] = m.client.Builds()
+		}
+	}
+	return out
+}
+
+// locate returns the builder of the host that runs (or ran) build id, its
+// status, and, while the catalog says it runs, its record.
+func (t *Templates) locate(ctx context.Context, id string) (tmplbuild.Builder, tmplbuild.Status, func(tmplbuild.Status) error, error) {
+	name, bl, ok, err := t.running(ctx, id)
+	if err != nil {
+		return nil, tmplbuild.Status{}, nil, err
+	}
+	if ok {
+		b, err := t.builderOf(bl.HostID)
+		if err != nil {
+			return nil, tmplbuild.Status{}, nil, err
+		}
+		st, err := b.Get(ctx, id)
+		if err != nil {
+			return nil, tmplbuild.Status{}, nil, err
+		}
+		rec := func(st tmplbuild.Status) error {
+			if err := t.record(ctx, name, bl, st); err != nil {
+				return &control.Error{Kind: control.Unavailable, Msg: "the build ended, but its version is not recorded yet; retry in a few seconds", Err: err}
+			}
+			return nil
+		}
+		return b, st, rec, nil
+	}
+	// Ended: its host still remembers it (for tmplbuild's Retention).
+	for _, b := range t.connected() {
+		if st, err := b.Get(ctx, id); err == nil {
+			return b, st, func(tmplbuild.Status) error { return nil }, nil
+		}
+	}
+	return nil, tmplbuild.Status{}, nil, fmt.Errorf("template build %q: %w", id, tmplbuild.ErrNotFound)
+}
+
+func (t *Templates) Get(ctx context.Context, id string) (tmplbuild.Status, error) {
+	_, st, rec, err := t.locate(ctx, id)
+	if err != nil {
+		return tmplbuild.Status{}, err
+	}
+	return st, rec(st)
+}
+
+func (t *Templates) Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error) {
+	b, _, rec, err := t.locate(ctx, id)
+	if err != nil {
+		return tmplbuild.Status{}, err
+	}
+	st, err := b.Follow(ctx, id, line)
+	if err != nil {
+		return st, err
+	}
+	return st, rec(st)
+}
+
+// List returns the builds every connected host remembers, newest first.
+func (t *Templates) List(ctx context.Context) ([]tmplbuild.Status, error) {
+	var out []tmplbuild.Status
+	for id, b := range t.connected() {
+		sts, err := b.List(ctx)
+		if err != nil {
+			t.log.Warn("list a host's template builds", "host_id", id, "err", err)
+			continue
+		}
+		out = append(out, sts...)
+	}
+	slices.SortFunc(out, func(a, b tmplbuild.Status) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, nil
+}
+
+// Remove removes "NAME" (every version) or "NAME:N" from the registry,
+// then asks every connected host to remove its copy and its bakes (each
+// removes what it holds from the object store too), best effort: a host
+// that is away keeps an unused copy.
+func (t *Templates) Remove(ctx context.Context, ref string) error {
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+	}
+	_, err = t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
+		if len(tp.Builds) > 0 {
+			return fmt.Errorf("template %s is being built: %w", name, tmplbuild.ErrConflict)
+		}
+		if v == 0 {
+			tp.Versions = nil
+			return nil
+		}
+		i := slices.IndexFunc(tp.Versions, func(x catalog.TemplateVersion) bool { return x.Version == v })
+		switch {
+		case i < 0:
+			return fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
+		case i == len(tp.Versions)-1:
+			return fmt.Errorf("%w: version %d is the latest of template %s; delete the whole template, or build a newer version first", template.ErrConflict, v, name)
+		}
+		tp.Versions = slices.Delete(tp.Versions, i, i+1)
+		return nil
+	})
+	if errors.Is(err, catalog.ErrNotFound) {
+		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+	}
+	if err != nil {
+		return err
+	}
+	t.log.Info("template removed", "template", ref)
+	for id, b := range t.connected() {
+		err := b.Remove(ctx, ref)
+		switch {
+		case err == nil:
+			t.log.Info("removed a host's copy of a deleted template", "host_id", id, "template", ref)
+		case !errors.Is(err, template.ErrNotFound):
+			t.log.Warn("a host keeps its copy of a deleted template", "host_id", id, "template", ref, "err", err)
+		}
+	}
+	return nil
+}
+
+func (t *Templates) SetPublic(ctx context.Context, name string, public bool) error {
+	_, err := t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
+		if len(tp.Versions) == 0 {
+			return catalog.ErrNotFound
+		}
+		tp.Public = public
+		return nil
+	})
+	if errors.Is(err, catalog.ErrNotFound) {
+		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, name)
+	}
+	return err
+}
+
+// user describes version ver of tp.
+func user(tp catalog.Template, ver catalog.TemplateVersion) (template.UserRootFS, error) {
+	var vi versionInfo
+	if err := json.Unmarshal(ver.Info, &vi); err != nil {
+		return template.UserRootFS{}, fmt.Errorf("template %s: version %d: %w", tp.Name, ver.Version, err)
+	}
+	u := vi.UserRootFS
+	u.Name, u.Version, u.Owner, u.Public, u.DiskBytes = tp.Name, ver.Version, tp.Owner, tp.Public, vi.DiskBytes
+	return u, nil
+}
+
+// get returns template name with at least one version.
+func (t *Templates) get(ctx context.Context, name string) (catalog.Template, error) {
+	tp, err := t.r.cfg.Catalog.GetTemplate(ctx, name)
+	if err == nil && len(tp.Versions) == 0 {
+		err = catalog.ErrNotFound
+	}
+	if errors.Is(err, catalog.ErrNotFound) {
+		return tp, fmt.Errorf("%w: no user template %q", template.ErrNotFound, name)
+	}
+	return tp, err
+}
+
+func (t *Templates) UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error) {
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		return template.UserRootFS{}, fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+	}
+	tp, err := t.get(ctx, name)
 	if err != nil {
 		return template.UserRootFS{}, err
 	}
-	return b.UserTemplate(ctx, ref)
+	if v == 0 {
+		l, _ := tp.Latest()
+		return user(tp, l)
+	}
+	i := slices.IndexFunc(tp.Versions, func(x catalog.TemplateVersion) bool { return x.Version == v })
+	if i < 0 {
+		return template.UserRootFS{}, fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
+	}
+	return user(tp, tp.Versions[i])
 }
 
-func (t *TemplateHost) UserTemplates(ctx context.Context) ([]template.UserRootFS, error) {
-	b, err := t.builder()
+func (t *Templates) UserTemplates(ctx context.Context) ([]template.UserRootFS, error) {
+	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return b.UserTemplates(ctx)
+	var out []template.UserRootFS
+	for _, tp := range ts {
+		if l, ok := tp.Latest(); ok {
+			u, err := user(tp, l)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, u)
+		}
+	}
+	return out, nil
 }
 
-func (t *TemplateHost) Versions(ctx context.Context, name string) ([]template.UserRootFS, error) {
-	b, err := t.builder()
+func (t *Templates) Versions(ctx context.Context, name string) ([]template.UserRootFS, error) {
+	tp, err := t.get(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	return b.Versions(ctx, name)
+	out := make([]template.UserRootFS, 0, len(tp.Versions))
+	for _, ver := range tp.Versions {
+		u, err := user(tp, ver)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host/hosttest"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
@@ -319,30 +320,56 @@ func TestInventoryCountsPlacementsSinceTheLoad(t *testing.T) {
 // TestTemplateHostAway: the template builds of a fleet whose template host
 // has not joined, or has not been reached yet, answer unavailable, saying
 // which host and why; a refused build's context is removed.
-func TestTemplateHostAway(t *testing.T) {
-	r, _, _, reg := newRegistry(t)
+// TestTemplatesWithoutAHost: builds while no host can run them answer 503
+// naming why (the pinned host not joined or not reached; no host ready),
+// the refused build's context is removed and nothing is reserved; the
+// registry, which is the catalog's, answers without any host.
+func TestTemplatesWithoutAHost(t *testing.T) {
+	r, cat, _, reg := newRegistry(t)
 	ctx := t.Context()
-	th := &fleet.TemplateHost{Registry: r, ID: "h1"}
-	unavailable := func(err error, why string) {
+	unavailable := func(err error, want ...string) {
 		t.Helper()
 		var ce *control.Error
-		if !errors.As(err, &ce) || ce.Kind != control.Unavailable || !strings.Contains(ce.Msg, "host h1") || !strings.Contains(ce.Msg, why) {
-			t.Errorf("got %v, want unavailable: host h1 %s", err, why)
+		if !errors.As(err, &ce) || ce.Kind != control.Unavailable {
+			t.Errorf("got %v, want unavailable", err)
+			return
+		}
+		for _, w := range want {
+			if !strings.Contains(ce.Msg, w) {
+				t.Errorf("got %q, want it to say %q", ce.Msg, w)
+			}
 		}
 	}
 	tar := filepath.Join(t.TempDir(), "context.tar")
 	if err := os.WriteFile(tar, []byte("a build context"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := th.Start(ctx, tmplbuild.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar})
-	unavailable(err, "has not joined")
+	pinned := fleet.NewTemplates(r, "h1")
+	defer pinned.Close()
+	_, err := pinned.Start(ctx, tmplbuild.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar, Owner: "key_a"})
+	unavailable(err, "host h1", "has not joined")
 	if _, err := os.Stat(tar); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the refused build's context: %v, want it removed", err)
 	}
+	any := fleet.NewTemplates(r, "")
+	defer any.Close()
+	_, err = any.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
+	unavailable(err, "no host can build templates now")
 	if _, err := r.Register(ctx, reg); err != nil {
 		t.Fatal(err)
 	}
-	_, err = th.UserTemplates(ctx)
-	unavailable(err, "not connected yet")
-	unavailable(th.Remove(ctx, "app"), "not connected yet")
+	_, err = pinned.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
+	unavailable(err, "host h1", "not connected yet")
+	if _, err := cat.GetTemplate(ctx, "app"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("a refused build left a template in the catalog: %v", err)
+	}
+	if us, err := pinned.UserTemplates(ctx); err != nil || len(us) != 0 {
+		t.Errorf("UserTemplates = %v, %v; want none, nil", us, err)
+	}
+	if err := pinned.Remove(ctx, "app"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("Remove of nothing: got %v, want template.ErrNotFound", err)
+	}
+	if _, err := any.Start(ctx, tmplbuild.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, template.ErrInvalid) {
+		t.Errorf("a build of a built-in's name: got %v, want template.ErrInvalid", err)
+	}
 }

@@ -161,9 +161,9 @@ type Config struct {
 	Fleet         bool     `yaml:"fleet"`
 	JoinTokenFile string   `yaml:"join_token_file"`
 	HostLostAfter Duration `yaml:"host_lost_after"`
-	// TemplateHost is the host of a fleet that builds its user templates
-	// and keeps their registry ("": the fleet builds none; see
-	// fleet.TemplateHost).
+	// TemplateHost, if set, is the host of a fleet that runs every build
+	// of its user templates ("": the ready host with the most free memory;
+	// see fleet.Templates). Their registry is the catalog's either way.
 	TemplateHost string `yaml:"template_host"`
 	// ServerURL: `panda agent` joins the control plane there (its REST
 	// API, http(s)://HOST:PORT) with JoinToken, as host HostID (default:
@@ -607,12 +607,12 @@ func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writ
 // openControlPlane opens the catalog, creates the admin key on first
 // start and builds the API over h. The caller closes the catalog.
 func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
-	return openControlPlaneOf(ctx, cfg, func(catalog.Catalog) (host.Host, api.Fleet) { return h, nil }, builds, version, openapi, out, log)
+	return openControlPlaneOf(ctx, cfg, func(catalog.Catalog) (host.Host, api.Fleet, api.TemplateBuilds) { return h, nil, builds }, version, openapi, out, log)
 }
 
-// openControlPlaneOf is openControlPlane with the host (and the fleet, if
-// hosts join) made from the catalog.
-func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, api.Fleet), builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+// openControlPlaneOf is openControlPlane with the host, the template
+// builds (and the fleet, if hosts join) made from the catalog.
+func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, api.Fleet, api.TemplateBuilds), version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
@@ -634,7 +634,7 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	h, fl := hostOf(cat)
+	h, fl, builds := hostOf(cat)
 	srv, err := api.New(api.Config{
 		Fleet:      fl,
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),

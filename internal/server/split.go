@@ -394,20 +394,13 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 		fmt.Fprintf(out, "Created the join token in %s (mode 0600): host agents join with panda agent --server URL --token $(cat %s).\n", tokenFile, tokenFile)
 	}
 	var reg *fleet.Registry
-	var builds api.TemplateBuilds
-	var th *fleet.TemplateHost
-	if cfg.TemplateHost != "" {
-		th = &fleet.TemplateHost{ID: cfg.TemplateHost}
-		builds = th
-	}
-	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, api.Fleet) {
+	var templates *fleet.Templates
+	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, api.Fleet, api.TemplateBuilds) {
 		reg = fleet.New(fleet.Config{Catalog: cat, JoinToken: joinToken, LostAfter: time.Duration(cfg.HostLostAfter),
 			Logger: log.With("part", "fleet")})
-		if th != nil {
-			th.Registry = reg
-		}
-		return fleet.NewRouter(reg, cat), reg
-	}, builds, version, openapi, out, log)
+		templates = fleet.NewTemplates(reg, cfg.TemplateHost)
+		return fleet.NewRouter(reg, cat), reg, templates
+	}, version, openapi, out, log)
 	if err != nil {
 		return err
 	}
@@ -417,6 +410,10 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 		return err
 	}
 	defer reg.Close()
+	if err := templates.Watch(ctx); err != nil {
+		return err
+	}
+	defer templates.Close()
 
 	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run, reg.Run)
 	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
