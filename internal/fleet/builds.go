@@ -47,6 +47,13 @@ type Templates struct {
 
 	mu       sync.Mutex
 	watching map[string]bool // build ids
+
+	// The hosts' builders, by default the registry's members' (tests
+	// set others): builderOf a host, or why it has none now; whether a
+	// host is gone for good; the builders of every host connected.
+	builderOf func(id string) (tmplbuild.Builder, error)
+	gone      func(id string) bool
+	connected func() map[string]tmplbuild.Builder
 }
 
 var _ tmplbuild.Builder = (*Templates)(nil)
@@ -55,6 +62,7 @@ var _ tmplbuild.Builder = (*Templates)(nil)
 // host that runs every build (--template-host).
 func NewTemplates(r *Registry, pin string) *Templates {
 	t := &Templates{r: r, pin: pin, log: r.log.With("part", "templates"), watching: map[string]bool{}}
+	t.builderOf, t.gone, t.connected = t.memberBuilder, t.memberGone, t.members
 	t.life, t.stop = context.WithCancel(context.Background())
 	return t
 }
@@ -80,8 +88,9 @@ func (t *Templates) Close() {
 	t.wg.Wait()
 }
 
-// builderOf returns host id's template builds, or why it has none now.
-func (t *Templates) builderOf(id string) (tmplbuild.Builder, error) {
+// memberBuilder returns host id's template builds, or why it has none
+// now.
+func (t *Templates) memberBuilder(id string) (tmplbuild.Builder, error) {
 	r := t.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -103,9 +112,9 @@ func (t *Templates) builderOf(id string) (tmplbuild.Builder, error) {
 	return m.client.Builds(), nil
 }
 
-// gone reports whether host id will never report on its builds: lost,
-// or not a member (forgotten).
-func (t *Templates) gone(id string) bool {
+// memberGone reports whether host id will never report on its builds:
+// lost, or not a member (forgotten).
+func (t *Templates) memberGone(id string) bool {
 	t.r.mu.Lock()
 	defer t.r.mu.Unlock()
 	m, ok := t.r.members[id]
@@ -334,8 +343,8 @@ func (t *Templates) running(ctx context.Context, id string) (string, catalog.Tem
 	return "", catalog.TemplateBuild{}, false, nil
 }
 
-// connected returns the template builds of every host connected, by id.
-func (t *Templates) connected() map[string]tmplbuild.Builder {
+// members returns the template builds of every host connected, by id.
+func (t *Templates) members() map[string]tmplbuild.Builder {
 	t.r.mu.Lock()
 	defer t.r.mu.Unlock()
 	out := map[string]tmplbuild.Builder{}

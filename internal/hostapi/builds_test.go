@@ -125,8 +125,38 @@ func TestBuilds(t *testing.T) {
 		t.Errorf("a build of a missing image: %+v, %v", failed, err)
 	}
 
+	// A fleet's build: its id and version are the control plane's.
+	const id = "0123456789abcdef0123"
+	fl, err := b.Start(ctx, tmplbuild.Spec{Name: "fleetbuilt", FromImage: "x", Owner: "key-1", ID: id, Version: 7})
+	if err == nil {
+		fl, err = b.Follow(ctx, fl.ID, func(string) {})
+	}
+	if err != nil || fl.ID != id || fl.State != tmplbuild.StateSucceeded || fl.Version != 7 {
+		t.Errorf("a build with an id and a version: %+v, %v; want %s, succeeded as version 7", fl, err, id)
+	}
+	if u, err := b.UserTemplate(ctx, "fleetbuilt:7"); err != nil || u.Version != 7 {
+		t.Errorf("UserTemplate(fleetbuilt:7) = %+v, %v", u, err)
+	}
+	if _, err := b.Start(ctx, tmplbuild.Spec{Name: "fleetbuilt", FromImage: "x", ID: id, Version: 8}); !errors.Is(err, tmplbuild.ErrConflict) {
+		t.Errorf("a build with a taken id: %v, want tmplbuild.ErrConflict", err)
+	}
+	if _, err := b.Start(ctx, tmplbuild.Spec{Name: "fleetbuilt", FromImage: "x", ID: "not-hex"}); !errors.Is(err, template.ErrInvalid) {
+		t.Errorf("a build with a malformed id: %v, want template.ErrInvalid", err)
+	}
+	// A number this host has had already is refused at the install.
+	old, err := b.Start(ctx, tmplbuild.Spec{Name: "fleetbuilt", FromImage: "x", Version: 7})
+	if err == nil {
+		old, err = b.Follow(ctx, old.ID, func(string) {})
+	}
+	if err != nil || old.State != tmplbuild.StateFailed {
+		t.Errorf("a build of a version this host had: %+v, %v; want failed", old, err)
+	}
+	if u, err := b.UserTemplate(ctx, "fleetbuilt"); err != nil || u.Version != 7 {
+		t.Errorf("fleetbuilt after the refused build: %+v, %v; want version 7 still", u, err)
+	}
+
 	// Removed.
-	for _, name := range []string{"wired", "other"} {
+	for _, name := range []string{"wired", "other", "fleetbuilt"} {
 		if _, err := b.Follow(ctx, mustLatestBuild(t, b, name), func(string) {}); err != nil {
 			t.Fatal(err)
 		}

@@ -58,9 +58,11 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 		Logger: log.With("part", "template-builds"),
 	}
 	if host.SharesTemplates() {
-		// A host of a fleet: the other hosts fetch what it builds.
+		// The other hosts fetch what it builds.
 		tc.Publish, tc.Unpublish = host.PublishUserTemplate, host.UnpublishUserTemplate
 	}
+	// A host of a fleet: the catalog keeps the registry.
+	tc.Copies = cfg.ServerURL != ""
 	m, err := tmplbuild.New(tc)
 	if err != nil {
 		return nil, fmt.Errorf("cannot start template builds: %w", err)

@@ -732,6 +732,44 @@ func (s *Store) RemoveUserVersion(name string, v int) error {
 	return nil
 }
 
+// RemoveUserCopy is RemoveUserVersion on a host of a fleet, whose user
+// templates are copies of the versions the fleet's registry (the catalog)
+// lists: the latest version is removed too, the highest one left
+// becoming the latest (if none is left, the template is removed).
+func (s *Store) RemoveUserCopy(name string, v int) error {
+	latest, err := s.UserRootFS(name)
+	if err != nil {
+		return err
+	}
+	if v != latest.Version {
+		return s.RemoveUserVersion(name, v)
+	}
+	s.userMu.Lock()
+	next := ""
+	for _, d := range s.versionDirs(name) {
+		if d.u.Version < v {
+			next = d.dir // by version: the last one below v
+		}
+	}
+	s.userMu.Unlock()
+	if next == "" {
+		return s.RemoveUserRootFS(name)
+	}
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
+	target, err := os.Readlink(filepath.Join(s.cfg.UserDir, name))
+	if err != nil {
+		return fmt.Errorf("remove version %d of template %s: %w", v, name, err)
+	}
+	if err := s.pointUser(name, filepath.Base(next)); err != nil {
+		return fmt.Errorf("remove version %d of template %s: %w", v, name, err)
+	}
+	s.removeVersion(target)
+	ref := Ref(name, v)
+	s.removeBaked(func(t Template) bool { return t.Name == ref })
+	return nil
+}
+
 // removeBaked removes the baked templates for which match is true.
 func (s *Store) removeBaked(match func(Template) bool) {
 	baked, err := s.List()

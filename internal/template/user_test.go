@@ -374,4 +374,34 @@ func TestUserReplica(t *testing.T) {
 	if u, err := st.UserRootFS("web"); err != nil || u.Version != 4 {
 		t.Errorf("a build after the copies: %+v, %v; want version 4", u, err)
 	}
+
+	// A fleet's delete of a version removes the copy even when it is the
+	// latest here: the highest one left becomes the latest.
+	if err := st.RemoveUserVersion("web", 4); !errors.Is(err, ErrConflict) {
+		t.Errorf("RemoveUserVersion of the latest: %v, want ErrConflict", err)
+	}
+	if err := st.RemoveUserCopy("web", 4); err != nil {
+		t.Fatalf("RemoveUserCopy of the latest: %v", err)
+	}
+	if u, err := st.UserRootFS("web"); err != nil || u.Version != 3 || u.Source != "three" {
+		t.Errorf("web after its latest copy was removed: %+v, %v; want version 3", u, err)
+	}
+	if _, err := st.UserRootFS("web:4"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("web:4 after RemoveUserCopy: %v, want ErrNotFound", err)
+	}
+	if err := st.RemoveUserCopy("web", 2); err != nil {
+		t.Fatalf("RemoveUserCopy of an older version: %v", err)
+	}
+	if err := st.RemoveUserCopy("web", 7); !errors.Is(err, ErrNotFound) {
+		t.Errorf("RemoveUserCopy of a version not here: %v, want ErrNotFound", err)
+	}
+	if err := st.RemoveUserCopy("web", 3); err != nil {
+		t.Fatalf("RemoveUserCopy of the last version: %v", err)
+	}
+	if _, err := st.UserRootFS("web"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("web after its last copy was removed: %v, want ErrNotFound", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(st.cfg.UserDir, ".v-web-*")); len(m) != 0 {
+		t.Errorf("version directories left: %v", m)
+	}
 }

@@ -113,6 +113,7 @@ type Store interface {
 	TryUserRootFS(dir string, u template.UserRootFS) (keep func(), undo func() error, err error)
 	RemoveUserRootFS(name string) error
 	RemoveUserVersion(name string, version int) error
+	RemoveUserCopy(name string, version int) error
 	SetUserPublic(name string, public bool) error
 	UserRootFS(ref string) (template.UserRootFS, error)
 	UserRootFSes() ([]template.UserRootFS, error)
@@ -150,6 +151,10 @@ type Config struct {
 	// Unpublish, if set, is called once Remove has removed versions of
 	// template name; its error is logged.
 	Unpublish func(ctx context.Context, name string, versions []int) error
+	// Copies: the templates here are copies of the versions a fleet's
+	// registry lists (a host of a fleet), so Remove removes a template's
+	// latest version alone too (template.Store.RemoveUserCopy).
+	Copies bool
 	// MaxConcurrent bounds the builds running at once; more wait (default 2).
 	MaxConcurrent int
 	// Timeout bounds one build (default 30 minutes).
@@ -711,6 +716,9 @@ func (m *Manager) remove(name string, v int) ([]int, error) {
 		return nil, fmt.Errorf("template %s is being built: %w", name, ErrConflict)
 	}
 	// Under m.mu: no build of name can start installing meanwhile.
+	if v > 0 && m.cfg.Copies {
+		return []int{v}, m.cfg.Store.RemoveUserCopy(name, v)
+	}
 	if v > 0 {
 		return []int{v}, m.cfg.Store.RemoveUserVersion(name, v)
 	}

@@ -1,0 +1,214 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/fleet"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/vmm"
+)
+
+// buildHost is a host's template builds: a real Manager on a real
+// template store, whose conversions write the image's name (images named
+// "missing…" are not found; "slow…" ones wait for release).
+type buildHost struct {
+	m       *tmplbuild.Manager
+	release chan struct{}
+}
+
+func newBuildHost(t *testing.T) *buildHost {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := template.NewStore(template.Config{Dir: filepath.Join(dir, "templates"), Images: template.Images{Dir: dir},
+		UserDir: filepath.Join(dir, "rootfs"), Accel: vmm.AccelTCG})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &buildHost{release: make(chan struct{})}
+	h.m, err = tmplbuild.New(tmplbuild.Config{Store: st, Copies: true,
+		Convert: func(ctx context.Context, src, out string, progress func(string)) (tmplbuild.Result, error) {
+			switch {
+			case strings.HasPrefix(src, "missing"):
+				return tmplbuild.Result{}, tmplbuild.ErrImageNotFound
+			case strings.HasPrefix(src, "slow"):
+				select {
+				case <-h.release:
+				case <-ctx.Done():
+					return tmplbuild.Result{}, ctx.Err()
+				}
+			}
+			return tmplbuild.Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.m.Close() })
+	return h
+}
+
+// TestTemplatesRegistry: the fleet's registry of user templates over two
+// hosts' real build managers: versions numbered by the catalog and
+// recorded before a build is reported done; a failed build records
+// nothing and its number is not given out again (a first build that fails
+// leaves no template); deletes of one version or all, with the host's
+// copy; the public flag; a build no one follows recorded by its watcher;
+// a build left by a previous control plane recorded by the next one's
+// watcher; a build whose host is gone dropped.
+func TestTemplatesRegistry(t *testing.T) {
+	r, cat, _, _ := newRegistry(t)
+	ctx := t.Context()
+	h1, h2 := newBuildHost(t), newBuildHost(t)
+	var h2gone atomic.Bool
+	builders := map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m}
+	gone := func(id string) bool { return id == "h2" && h2gone.Load() }
+	open := func(pin string) *fleet.Templates {
+		tp := fleet.NewTemplates(r, pin)
+		fleet.SetBuilders(tp, builders, gone)
+		t.Cleanup(tp.Close)
+		return tp
+	}
+	ts := open("h1")
+	build := func(ts *fleet.Templates, name, image string) tmplbuild.Status {
+		t.Helper()
+		st, err := ts.Start(ctx, tmplbuild.Spec{Name: name, FromImage: image, Owner: "key_a"})
+		if err != nil {
+			t.Fatalf("Start(%s from %s): %v", name, image, err)
+		}
+		st, err = ts.Follow(ctx, st.ID, func(string) {})
+		if err != nil {
+			t.Fatalf("Follow(%s): %v", name, err)
+		}
+		return st
+	}
+	versions := func(name string) []int {
+		t.Helper()
+		vs, err := ts.Versions(ctx, name)
+		if err != nil {
+			t.Fatalf("Versions(%s): %v", name, err)
+		}
+		var out []int
+		for _, u := range vs {
+			out = append(out, u.Version)
+		}
+		return out
+	}
+
+	// Recorded before Follow returns: a create right after sees it.
+	if st := build(ts, "app", "alpine:1"); st.State != tmplbuild.StateSucceeded || st.Version != 1 {
+		t.Fatalf("the first build: %+v", st)
+	}
+	u, err := ts.UserTemplate(ctx, "app")
+	if err != nil || u.Version != 1 || u.Owner != "key_a" || u.Digest != "sha256:alpine:1" || u.SizeBytes != int64(len("alpine:1")) {
+		t.Errorf("UserTemplate(app) after the build = %+v, %v", u, err)
+	}
+	// A failed first build leaves no template.
+	if st := build(ts, "bad", "missing:1"); st.State != tmplbuild.StateFailed {
+		t.Errorf("a build of a missing image: %+v", st)
+	}
+	if _, err := ts.UserTemplate(ctx, "bad"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("UserTemplate of a template whose only build failed: %v, want template.ErrNotFound", err)
+	}
+	if _, err := cat.GetTemplate(ctx, "bad"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("the catalog after a failed first build: %v, want no template", err)
+	}
+	// Versions on two hosts; a failed one uses up its number.
+	ts2 := open("h2")
+	if st := build(ts2, "app", "alpine:2"); st.Version != 2 {
+		t.Errorf("a build on h2: %+v, want version 2", st)
+	}
+	if st := build(ts, "app", "missing:3"); st.State != tmplbuild.StateFailed {
+		t.Errorf("a build of a missing image: %+v", st)
+	}
+	if st := build(ts, "app", "alpine:4"); st.Version != 4 {
+		t.Errorf("the build after a failed one: %+v, want version 4", st)
+	}
+	if got := versions("app"); !slices.Equal(got, []int{1, 2, 4}) {
+		t.Errorf("versions of app = %v, want 1 2 4", got)
+	}
+	if u, err := ts.UserTemplate(ctx, "app:2"); err != nil || u.Digest != "sha256:alpine:2" {
+		t.Errorf("UserTemplate(app:2) = %+v, %v", u, err)
+	}
+	// Deletes: not the latest alone; a version, from the registry and
+	// from the hosts that hold it.
+	if err := ts.Remove(ctx, "app:4"); !errors.Is(err, template.ErrConflict) {
+		t.Errorf("Remove of the latest version: %v, want template.ErrConflict", err)
+	}
+	if err := ts.Remove(ctx, "app:2"); err != nil {
+		t.Fatalf("Remove(app:2): %v", err)
+	}
+	if got := versions("app"); !slices.Equal(got, []int{1, 4}) {
+		t.Errorf("versions of app after the delete = %v, want 1 4", got)
+	}
+	if _, err := h2.m.UserTemplate(ctx, "app:2"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("h2's copy of the deleted app:2: %v, want it removed", err)
+	}
+	if err := ts.SetPublic(ctx, "app", true); err != nil {
+		t.Fatal(err)
+	}
+	if us, err := ts.UserTemplates(ctx); err != nil || len(us) != 1 || !us[0].Public || us[0].Version != 4 {
+		t.Errorf("UserTemplates = %+v, %v; want app version 4, public", us, err)
+	}
+	if err := ts.SetPublic(ctx, "nope", true); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("SetPublic of nothing: %v, want template.ErrNotFound", err)
+	}
+
+	// Nobody follows: the watcher records it.
+	st, err := ts.Start(ctx, tmplbuild.Spec{Name: "quiet", FromImage: "slow:1", Owner: "key_a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.Remove(ctx, "quiet"); !errors.Is(err, tmplbuild.ErrConflict) {
+		t.Errorf("Remove of a template being built: %v, want tmplbuild.ErrConflict", err)
+	}
+	release(h1)
+	waitFor(t, "the watcher records quiet:1", func() bool { _, err := ts.UserTemplate(ctx, "quiet:1"); return err == nil }, 10*time.Second)
+	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != tmplbuild.StateSucceeded {
+		t.Errorf("Get(%s) = %+v, %v", st.ID, got, err)
+	}
+
+	// A build left by a control plane that stopped: the next one's
+	// watcher records it.
+	h1.release = make(chan struct{})
+	before := open("h1")
+	if _, err := before.Start(ctx, tmplbuild.Spec{Name: "left", FromImage: "slow:2", Owner: "key_a"}); err != nil {
+		t.Fatal(err)
+	}
+	before.Close()
+	release(h1)
+	if _, err := ts.UserTemplate(ctx, "left"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("UserTemplate(left) with no watcher: %v, want not recorded yet", err)
+	}
+	after := open("h1")
+	if err := after.Watch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next control plane records left:1", func() bool { _, err := after.UserTemplate(ctx, "left:1"); return err == nil }, 10*time.Second)
+
+	// A build whose host is gone for good: dropped.
+	h2.release = make(chan struct{})
+	before = open("h2")
+	if _, err := before.Start(ctx, tmplbuild.Spec{Name: "orphan", FromImage: "slow:3", Owner: "key_a"}); err != nil {
+		t.Fatal(err)
+	}
+	before.Close()
+	h2gone.Store(true)
+	after = open("h2")
+	if err := after.Watch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the build of the gone host dropped", func() bool { _, err := cat.GetTemplate(ctx, "orphan"); return errors.Is(err, catalog.ErrNotFound) }, 10*time.Second)
+	release(h2)
+}
+
+// release lets h's slow conversions finish.
+func release(h *buildHost) { close(h.release) }
