@@ -84,7 +84,7 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 	c, err := devcluster.Start(context.Background(), devcluster.Config{
 		Agents: 3, Listen: addr, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
 		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
-		AgentArgs:  []string{"--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"},
+		AgentArgs: []string{"--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"},
 		// agent-2 builds the user templates: killed below, it shows
 		// that they outlive their building host.
 		ServerArgs: []string{"--host-lost-after", lostAfter.String(), "--template-host", "agent-2"},
