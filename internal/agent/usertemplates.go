@@ -138,3 +138,45 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 	a.log.Info("user template fetched from the object store", "template", ref, "dur_ms", time.Since(t0).Milliseconds(), "size_bytes", u.SizeBytes)
 	return nil
 }
+
+// SweepUserCopies removes this host's user template versions whose set
+// the object store does not have, with their bakes, and returns how many
+// it removed. On a host of a fleet, whose user templates are copies of
+// the versions the fleet's registry lists (each in the store from before
+// its build succeeded), such a version is one deleted while this host was
+// away, or one whose build stopped before its upload. Call it before the
+// host builds or creates anything (a build's version is not uploaded
+// yet while it runs). Without a store it does nothing; with a store that
+// cannot be reached it removes nothing.
+func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
+	if a.store == nil {
+		return 0, nil
+	}
+	users, err := a.templates.UserRootFSes()
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	for _, latest := range users {
+		vs, err := a.templates.UserVersions(latest.Name)
+		if err != nil {
+			return removed, err
+		}
+		for _, u := range vs {
+			ref := template.Ref(u.Name, u.Version)
+			_, err := a.store.Manifest(ctx, userfsName(u.Name, u.Version))
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, objstore.ErrNotFound) {
+				return removed, fmt.Errorf("check template %s in the object store: %w", ref, err)
+			}
+			if err := a.templates.RemoveUserCopy(u.Name, u.Version); err != nil && !errors.Is(err, template.ErrNotFound) {
+				return removed, fmt.Errorf("remove template %s: %w", ref, err)
+			}
+			a.log.Info("removed a copy of a user template the object store no longer has", "template", ref)
+			removed++
+		}
+	}
+	return removed, nil
+}

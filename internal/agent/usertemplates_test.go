@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
@@ -79,5 +81,42 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); err != nil {
 		t.Errorf("host A's own version after the unpublish: %v", err)
+	}
+
+	// Host B was away when app was deleted: at its next start it sweeps
+	// the copy whose set is gone, with its bakes; a copy whose set is
+	// there stays.
+	dir2, err := a.Templates().StageUserRootFS("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir2, diskFile), []byte("v2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Templates().InstallUserRootFS(dir2, template.UserRootFS{Name: "app", Source: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	u2, err := a.Templates().UserRootFS("app:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PublishUserTemplate(ctxT(t), u2, dir2); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.SweepUserCopies(ctxT(t)); err != nil || n != 1 {
+		t.Errorf("host A's sweep: %d, %v; want app:1 (unpublished) removed", n, err)
+	}
+	if u, err := a.Templates().UserRootFS("app"); err != nil || u.Version != 2 {
+		t.Errorf("host A's app after its sweep: %+v, %v; want version 2 kept", u, err)
+	}
+	b.Kill(context.Background(), sb.ID)
+	if n, err := b.SweepUserCopies(ctxT(t)); err != nil || n != 1 {
+		t.Errorf("host B's sweep: %d, %v; want its copy of app:1 removed", n, err)
+	}
+	if _, err := b.Templates().UserRootFS("app"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("host B's app after its sweep: %v, want ErrNotFound", err)
+	}
+	if ts, err := b.Templates().List(); err != nil || slices.ContainsFunc(ts, func(tp template.Template) bool { return strings.HasPrefix(tp.Name, "app") }) {
+		t.Errorf("host B's bakes after its sweep: %v, %v; want none of app", ts, err)
 	}
 }

@@ -265,8 +265,8 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 	}
 }
 
-// TestTemplateBuildsNotImplemented: a server without builds (a fleet's
-// control plane) answers 501, saying why.
+// TestTemplateBuildsNotImplemented: a server without builds answers 501,
+// saying so.
 func TestTemplateBuildsNotImplemented(t *testing.T) {
 	rs := newRoutingServer(t)
 	req, _ := http.NewRequest("POST", rs.url+"/v1/templates", strings.NewReader(`{"name":"app","from_image":"r.example/app:1"}`))
@@ -280,7 +280,7 @@ func TestTemplateBuildsNotImplemented(t *testing.T) {
 		Error struct{ Code, Message string }
 	}
 	json.NewDecoder(resp.Body).Decode(&e)
-	if resp.StatusCode != 501 || e.Error.Code != "not_implemented" || !strings.Contains(e.Error.Message, "fleet") {
+	if resp.StatusCode != 501 || e.Error.Code != "not_implemented" || !strings.Contains(e.Error.Message, "does not build templates") {
 		t.Errorf("POST /v1/templates without builds: %d %+v, want 501 not_implemented saying why", resp.StatusCode, e.Error)
 	}
 }

@@ -88,11 +88,16 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	// visible: a built-in, or a user template the key may use.
+	// visible: a built-in, or a user template the key may use. A version
+	// the registry does not list is a deleted one's (a host of a fleet
+	// that was away keeps it until its next start): not listed.
 	visible := func(ref string) bool {
-		name, _, _ := strings.Cut(ref, ":")
+		name, _, pinned := strings.Cut(ref, ":")
 		vs, ok := users[name]
-		return !ok || canUseTemplate(key, vs[len(vs)-1])
+		if !ok {
+			return !pinned
+		}
+		return canUseTemplate(key, vs[len(vs)-1])
 	}
 	if !key.Admin {
 		var defaults []template.Template
@@ -276,7 +281,7 @@ const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
 	if s.cfg.TemplateBuilds == nil {
-		return nil, errorf(control.NotImplemented, "this server does not build templates: a fleet builds them on one of its hosts, named when it starts (panda server --fleet --template-host HOST_ID); built-in templates work everywhere")
+		return nil, errorf(control.NotImplemented, "this server does not build templates; built-in templates work everywhere")
 	}
 	return s.cfg.TemplateBuilds, nil
 }

@@ -181,6 +181,18 @@ func RunAgent(ctx context.Context, cfg Config, out io.Writer, log *slog.Logger) 
 	}
 	defer builds.Close()
 	hsrv.ServeBuilds(builds, cfg.templateContextDir())
+	if cfg.ServerURL != "" {
+		// A host of a fleet: its user templates are copies of what the
+		// fleet's registry lists; those deleted while it was away go.
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		n, err := ag.SweepUserCopies(sctx)
+		cancel()
+		if err != nil {
+			log.Warn("cannot check this host's user templates against the object store; keeping them", "removed", n, "err", err)
+		} else if n > 0 {
+			log.Info("removed copies of user templates deleted while this host was away", "removed", n)
+		}
+	}
 	recovered := ag.Recover(ctx)
 	if n := len(recovered); n > 0 {
 		log.Info("recovered sandboxes from the previous run", "found", n, "adopted", len(adoptedIDs(recovered)))
