@@ -197,12 +197,31 @@ func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuil
 	spec.ID, spec.Version, spec.MaxTemplates = bl.ID, bl.Version, 0
 	st, err = b.Start(ctx, spec)
 	if err != nil {
-		t.drop(context.WithoutCancel(ctx), spec.Name, bl, err)
+		if refused(err) {
+			t.drop(context.WithoutCancel(ctx), spec.Name, bl, err)
+		} else {
+			// The host may have started it (the answer was lost): the
+			// watcher finds out, and drops it if the host has not.
+			t.watch(spec.Name, bl)
+		}
 		return tmplbuild.Status{}, err
 	}
 	t.log.Info("template build placed", "template", spec.Name, "version", bl.Version, "build_id", bl.ID, "host_id", hostID)
 	t.watch(spec.Name, bl)
 	return st, nil
+}
+
+// refused reports whether a host's error for a build's Start says it
+// did not start it.
+func refused(err error) bool {
+	for _, e := range []error{template.ErrInvalid, tmplbuild.ErrConflict, tmplbuild.ErrLimit, tmplbuild.ErrUnsupported,
+		tmplbuild.ErrClosed, errors.ErrUnsupported} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var ce *control.Error
+	return errors.As(err, &ce) // the host's state, before anything was sent
 }
 
 // watch follows build bl of template name until it ends and records

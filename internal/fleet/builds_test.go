@@ -212,3 +212,57 @@ func TestTemplatesRegistry(t *testing.T) {
 
 // release lets h's slow conversions finish.
 func release(h *buildHost) { close(h.release) }
+
+// lostAnswer is a host whose answer to Start is lost: it started the build
+// (started) or not.
+type lostAnswer struct {
+	tmplbuild.Builder
+	started bool
+}
+
+func (l lostAnswer) Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Status, error) {
+	if l.started {
+		if _, err := l.Builder.Start(ctx, spec); err != nil {
+			return tmplbuild.Status{}, err
+		}
+	}
+	return tmplbuild.Status{}, errors.New("read tcp 10.0.0.1:7789: connection reset by peer")
+}
+
+// TestTemplatesLostAnswer: a Start whose answer is lost fails, but the
+// build is not forgotten: recorded if the host had started it, dropped
+// if it had not. A host's refusal drops the reservation at once.
+func TestTemplatesLostAnswer(t *testing.T) {
+	r, cat, _, _ := newRegistry(t)
+	ctx := t.Context()
+	h1, h2 := newBuildHost(t), newBuildHost(t)
+	ts := fleet.NewTemplates(r, "h1")
+	fleet.SetBuilders(ts, map[string]tmplbuild.Builder{"h1": lostAnswer{h1.m, true}}, func(string) bool { return false })
+	defer ts.Close()
+	if _, err := ts.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
+		t.Fatal("Start whose answer was lost succeeded")
+	}
+	waitFor(t, "the started build recorded", func() bool { _, err := ts.UserTemplate(ctx, "app:1"); return err == nil }, 10*time.Second)
+
+	ts2 := fleet.NewTemplates(r, "h2")
+	fleet.SetBuilders(ts2, map[string]tmplbuild.Builder{"h2": lostAnswer{h2.m, false}}, func(string) bool { return false })
+	defer ts2.Close()
+	if _, err := ts2.Start(ctx, tmplbuild.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
+		t.Fatal("Start whose answer was lost succeeded")
+	}
+	waitFor(t, "the build the host never started dropped", func() bool {
+		_, err := cat.GetTemplate(ctx, "never")
+		return errors.Is(err, catalog.ErrNotFound)
+	}, 10*time.Second)
+
+	// Refused by the host (a name its images take, say): nothing kept.
+	ts3 := fleet.NewTemplates(r, "h2")
+	fleet.SetBuilders(ts3, map[string]tmplbuild.Builder{"h2": h2.m}, func(string) bool { return false })
+	defer ts3.Close()
+	if _, err := ts3.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "x", Startup: template.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
+		t.Fatalf("a build the host refuses: %v, want template.ErrInvalid", err)
+	}
+	if tp, err := cat.GetTemplate(ctx, "app"); err != nil || len(tp.Builds) != 0 || tp.LastVersion != 2 {
+		t.Errorf("app after a refused build: %+v, %v; want no build left (its number 2 used up)", tp, err)
+	}
+}
