@@ -139,12 +139,12 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 	return nil
 }
 
-// SweepUserCopies removes this host's user template versions whose set
-// the object store does not have, with their bakes, and returns how many
-// it removed. On a host of a fleet, whose user templates are copies of
-// the versions the fleet's registry lists (each in the store from before
-// its build succeeded), such a version is one deleted while this host was
-// away, or one whose build stopped before its upload. Call it before the
+// SweepUserCopies removes this host's copies of user template versions
+// (template.UserRootFS.Copy: numbered by a fleet's registry, each in the
+// store from before its build succeeded) whose set the object store does
+// not have, with their bakes, and returns how many it removed: versions
+// deleted while this host was away, or whose build stopped before its
+// upload. Versions it built before it joined a fleet are kept. Call it before the
 // host builds or creates anything (a build's version is not uploaded
 // yet while it runs). Without a store it does nothing; with a store that
 // cannot be reached it removes nothing.
@@ -163,6 +163,9 @@ func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
 			return removed, err
 		}
 		for _, u := range vs {
+			if !u.Copy {
+				continue // not the fleet's: built before this host joined one
+			}
 			ref := template.Ref(u.Name, u.Version)
 			_, err := a.store.Manifest(ctx, userfsName(u.Name, u.Version))
 			if err == nil {

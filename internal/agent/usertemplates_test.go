@@ -36,7 +36,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if out, err := cp.CombinedOutput(); err != nil {
 		t.Fatalf("copy tiny's root filesystem: %v: %s", err, out)
 	}
-	if err := a.Templates().InstallUserRootFS(dir, template.UserRootFS{Name: "app", Source: "test", Owner: "k1",
+	if err := a.Templates().InstallUserRootFS(dir, template.UserRootFS{Name: "app", Version: 1, Source: "test", Owner: "k1",
 		Image: template.ImageConfig{Env: []string{"MARK=built-on-a"}, WorkingDir: "/tmp"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 
 	// Host B was away when app was deleted: at its next start it sweeps
 	// the copy whose set is gone, with its bakes; a copy whose set is
-	// there stays.
+	// there stays, and so does a version that is not a fleet's copy.
 	dir2, err := a.Templates().StageUserRootFS("app")
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,19 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir2, diskFile), []byte("v2"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Templates().InstallUserRootFS(dir2, template.UserRootFS{Name: "app", Source: "test"}); err != nil {
+	if err := a.Templates().InstallUserRootFS(dir2, template.UserRootFS{Name: "app", Version: 2, Source: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	// Host B's own template from before it joined a fleet: not a copy,
+	// kept.
+	dir3, err := b.Templates().StageUserRootFS("mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir3, diskFile), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Templates().InstallUserRootFS(dir3, template.UserRootFS{Name: "mine", Source: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	u2, err := a.Templates().UserRootFS("app:2")
@@ -115,6 +127,9 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	}
 	if _, err := b.Templates().UserRootFS("app"); !errors.Is(err, template.ErrNotFound) {
 		t.Errorf("host B's app after its sweep: %v, want ErrNotFound", err)
+	}
+	if _, err := b.Templates().UserRootFS("mine"); err != nil {
+		t.Errorf("host B's own template after its sweep: %v, want it kept", err)
 	}
 	if ts, err := b.Templates().List(); err != nil || slices.ContainsFunc(ts, func(tp template.Template) bool { return strings.HasPrefix(tp.Name, "app") }) {
 		t.Errorf("host B's bakes after its sweep: %v, %v; want none of app", ts, err)

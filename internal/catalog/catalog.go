@@ -252,6 +252,11 @@ type Catalog interface {
 	// while another owner's build of it is running. A new template's
 	// CreatedAt is b's. It returns the template as written.
 	ReserveTemplateBuild(ctx context.Context, name string, b TemplateBuild, maxPerOwner int) (Template, error)
+	// ImportTemplate stores t, a template whose versions were built before
+	// the catalog kept the registry, if its name has no record at all
+	// (not even a deleted template's): ErrConflict otherwise. t must have
+	// a version, no build, and LastVersion at least its highest version.
+	ImportTemplate(ctx context.Context, t Template) error
 	// GetTemplate returns the user template (ErrNotFound if there is
 	// none: never any, or deleted).
 	GetTemplate(ctx context.Context, name string) (Template, error)

@@ -82,6 +82,62 @@ func (t *Templates) Watch(ctx context.Context) error {
 	return nil
 }
 
+// HostConnected runs when host id connects. The --template-host's
+// templates that the catalog has no record of are imported: those it built
+// while it kept the registry itself (before the catalog did), each with
+// its versions, owner and public flag. Errors are logged.
+func (t *Templates) HostConnected(ctx context.Context, id string) {
+	if id != t.pin {
+		return
+	}
+	b, err := t.builderOf(id)
+	if err != nil {
+		return
+	}
+	us, err := b.UserTemplates(ctx)
+	if err != nil {
+		t.log.Warn("cannot list the template host's templates to import them", "host_id", id, "err", err)
+		return
+	}
+	for _, latest := range us {
+		if _, err := t.r.cfg.Catalog.GetTemplate(ctx, latest.Name); err == nil {
+			continue // known: the usual case
+		}
+		if err := t.importTemplate(ctx, b, latest); err != nil && !errors.Is(err, catalog.ErrConflict) {
+			t.log.Warn("cannot import a template of the template host", "host_id", id, "template", latest.Name, "err", err)
+		}
+	}
+}
+
+// importTemplate records template latest.Name of builder b, every version.
+func (t *Templates) importTemplate(ctx context.Context, b tmplbuild.Builder, latest template.UserRootFS) error {
+	vs, err := b.Versions(ctx, latest.Name)
+	if err != nil {
+		return err
+	}
+	tp := catalog.Template{Name: latest.Name, Owner: latest.Owner, Public: latest.Public, CreatedAt: time.Now().UTC()}
+	for _, u := range vs {
+		info, err := json.Marshal(versionInfo{UserRootFS: u, DiskBytes: u.DiskBytes})
+		if err != nil {
+			return err
+		}
+		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: u.Version, Info: info})
+		tp.LastVersion = max(tp.LastVersion, u.Version)
+		if !u.BuiltAt.IsZero() && u.BuiltAt.Before(tp.CreatedAt) {
+			tp.CreatedAt = u.BuiltAt
+		}
+	}
+	if len(tp.Versions) == 0 {
+		return nil
+	}
+	slices.SortFunc(tp.Versions, func(a, b catalog.TemplateVersion) int { return cmp.Compare(a.Version, b.Version) })
+	if err := t.r.cfg.Catalog.ImportTemplate(ctx, tp); err != nil {
+		return err
+	}
+	t.log.Info("imported a template the template host built before the catalog kept the registry", "template", tp.Name, "versions", len(tp.Versions))
+	return nil
+}
+
 // Close stops the watchers (the builds go on; the next run watches them).
 func (t *Templates) Close() {
 	t.stop()

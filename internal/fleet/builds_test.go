@@ -266,3 +266,62 @@ func TestTemplatesLostAnswer(t *testing.T) {
 		t.Errorf("app after a refused build: %+v, %v; want no build left (its number 2 used up)", tp, err)
 	}
 }
+
+// TestTemplatesImport: the templates the --template-host built while it
+// kept the registry itself are imported when it connects, with their
+// versions, owner and public flag; another host's are not, nor a name the
+// catalog knows (even a deleted template's).
+func TestTemplatesImport(t *testing.T) {
+	r, cat, _, _ := newRegistry(t)
+	ctx := t.Context()
+	h1, h2 := newBuildHost(t), newBuildHost(t)
+	for _, h := range []*buildHost{h1, h2} {
+		for _, image := range []string{"alpine:1", "alpine:2"} {
+			st, err := h.m.Start(ctx, tmplbuild.Spec{Name: "old", FromImage: image, Owner: "key_a"})
+			if err == nil {
+				st, err = h.m.Follow(ctx, st.ID, func(string) {})
+			}
+			if err != nil || st.State != tmplbuild.StateSucceeded {
+				t.Fatalf("a build the old way: %+v, %v", st, err)
+			}
+		}
+	}
+	if err := h1.m.SetPublic(ctx, "old", true); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h2.m.Start(ctx, tmplbuild.Spec{Name: "other", FromImage: "alpine:3", Owner: "key_a"})
+	if err == nil {
+		_, err = h2.m.Follow(ctx, st.ID, func(string) {})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := fleet.NewTemplates(r, "h1")
+	fleet.SetBuilders(ts, map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m}, func(string) bool { return false })
+	defer ts.Close()
+	ts.HostConnected(ctx, "h2")
+	if _, err := cat.GetTemplate(ctx, "other"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("a template of a host that is not the --template-host: %v, want not imported", err)
+	}
+	ts.HostConnected(ctx, "h1")
+	vs, err := ts.Versions(ctx, "old")
+	if err != nil || len(vs) != 2 || vs[0].Version != 1 || vs[1].Version != 2 || !vs[1].Public || vs[1].Owner != "key_a" || vs[1].Digest != "sha256:alpine:2" {
+		t.Fatalf("old after the import: %+v, %v; want versions 1 and 2 of key_a, public", vs, err)
+	}
+	// The next build goes on from the imported numbers.
+	st, err = ts.Start(ctx, tmplbuild.Spec{Name: "old", FromImage: "alpine:3", Owner: "key_a"})
+	if err == nil {
+		st, err = ts.Follow(ctx, st.ID, func(string) {})
+	}
+	if err != nil || st.Version != 3 {
+		t.Errorf("a build after the import: %+v, %v; want version 3", st, err)
+	}
+	// Deleted, then connected again: not imported again.
+	if err := ts.Remove(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	ts.HostConnected(ctx, "h1")
+	if _, err := ts.UserTemplate(ctx, "old"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("old after its delete and a reconnect: %v, want not found", err)
+	}
+}

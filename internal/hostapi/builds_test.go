@@ -134,7 +134,7 @@ func TestBuilds(t *testing.T) {
 	if err != nil || fl.ID != id || fl.State != tmplbuild.StateSucceeded || fl.Version != 7 {
 		t.Errorf("a build with an id and a version: %+v, %v; want %s, succeeded as version 7", fl, err, id)
 	}
-	if u, err := b.UserTemplate(ctx, "fleetbuilt:7"); err != nil || u.Version != 7 {
+	if u, err := b.UserTemplate(ctx, "fleetbuilt:7"); err != nil || u.Version != 7 || !u.Copy {
 		t.Errorf("UserTemplate(fleetbuilt:7) = %+v, %v", u, err)
 	}
 	if _, err := b.Start(ctx, tmplbuild.Spec{Name: "fleetbuilt", FromImage: "x", ID: id, Version: 8}); !errors.Is(err, tmplbuild.ErrConflict) {

@@ -417,7 +417,11 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 		return err
 	}
 	defer cat.Close()
-	reg.SetHooks(fleet.Hooks{Connected: srv.ResyncHost, Exited: srv.SandboxExited, LostChanged: srv.HostLostChanged})
+	connected := func(ctx context.Context, id string, list func(context.Context) ([]host.Info, error)) error {
+		templates.HostConnected(ctx, id)
+		return srv.ResyncHost(ctx, id, list)
+	}
+	reg.SetHooks(fleet.Hooks{Connected: connected, Exited: srv.SandboxExited, LostChanged: srv.HostLostChanged})
 	if err := reg.Start(ctx); err != nil {
 		return err
 	}

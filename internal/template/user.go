@@ -159,6 +159,10 @@ type UserRootFS struct {
 	// install carries them over from the version it follows.
 	Owner  string `json:"owner,omitempty"`
 	Public bool   `json:"public,omitempty"`
+	// Copy marks a version a fleet's registry numbered (built for it, or
+	// fetched from the object store): one whose set is gone from the
+	// store was deleted (see agent.SweepUserCopies).
+	Copy bool `json:"copy,omitempty"`
 	// DiskBytes is what rootfs.ext4 takes on disk (its allocated blocks,
 	// SizeBytes being its apparent size); measured when read, not stored.
 	DiskBytes int64 `json:"-"`
@@ -519,7 +523,7 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 		if want < u.Version {
 			return "", fmt.Errorf("%w: install user template %s as version %d: this host has had version %d", ErrConflict, u.Name, want, u.Version-1)
 		}
-		u.Version = want
+		u.Version, u.Copy = want, true
 	}
 	for _, d := range s.versionDirs(u.Name) {
 		if d.u.Version >= u.Version && d.dir != dir {
@@ -568,7 +572,7 @@ func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
 		os.RemoveAll(dir)
 		return nil
 	}
-	u.SizeBytes = st.Size()
+	u.SizeBytes, u.Copy = st.Size(), true
 	if err := writeVersion(dir, u); err != nil {
 		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
 	}

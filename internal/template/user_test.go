@@ -359,7 +359,7 @@ func TestUserReplica(t *testing.T) {
 	}
 	for ref, want := range map[string]string{"web": "three", "web:3": "three", "web:2": "two"} {
 		u, err := st.UserRootFS(ref)
-		if err != nil || u.Source != want || u.Owner != "k1" || u.Image.WorkingDir != "/w" {
+		if err != nil || u.Source != want || u.Owner != "k1" || u.Image.WorkingDir != "/w" || !u.Copy {
 			t.Errorf("UserRootFS(%s) = %+v, %v; want the copy of %q", ref, u, err, want)
 		}
 		b, _ := os.ReadFile(st.rootfsPath(ref))

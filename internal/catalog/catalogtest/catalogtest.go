@@ -1070,6 +1070,30 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 	if err != nil || got.Owner != "key_b" || got.LastVersion != 4 || got.Builds[0].Version != 4 || got.Public || !got.CreatedAt.Equal(t0.Add(time.Hour).Truncate(time.Microsecond)) {
 		t.Errorf("ReserveTemplateBuild of a deleted template's name = %+v, %v; want key_b's, version 4, not public", got, err)
 	}
+
+	// Imports: only of names never recorded (not even deleted ones).
+	legacy := catalog.Template{Name: "legacy", Owner: "key_a", Public: true, LastVersion: 5,
+		Versions: []catalog.TemplateVersion{{Version: 2, Info: []byte(`{"a":1}`)}, {Version: 5, Info: []byte(`{"a":2}`)}}, CreatedAt: t0}
+	if err := c.ImportTemplate(ctx, legacy); err != nil {
+		t.Fatalf("ImportTemplate: %v", err)
+	}
+	if got, err := c.GetTemplate(ctx, "legacy"); err != nil || got.LastVersion != 5 || len(got.Versions) != 2 || !got.Public || got.Owner != "key_a" {
+		t.Errorf("GetTemplate(legacy) = %+v, %v", got, err)
+	}
+	if err := c.ImportTemplate(ctx, legacy); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("ImportTemplate again: %v, want ErrConflict", err)
+	}
+	if _, err := c.UpdateTemplate(ctx, "legacy", func(tp *catalog.Template) error { tp.Versions = nil; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ImportTemplate(ctx, legacy); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("ImportTemplate of a deleted template's name: %v, want ErrConflict", err)
+	}
+	bad := legacy
+	bad.Name, bad.LastVersion = "bad", 4
+	if err := c.ImportTemplate(ctx, bad); err == nil {
+		t.Errorf("ImportTemplate with a version above LastVersion succeeded")
+	}
 }
 
 // testTemplateQuotaConcurrent: reservations of one owner's new templates

@@ -143,6 +143,24 @@ func (s *Store) checkTemplates(ctx context.Context, tx *sql.Tx, owner string, ma
 	return nil
 }
 
+func (s *Store) ImportTemplate(ctx context.Context, t catalog.Template) error {
+	if len(t.Versions) == 0 || len(t.Builds) > 0 {
+		return fmt.Errorf("import template %s: it needs versions and no builds", t.Name)
+	}
+	for _, v := range t.Versions {
+		if v.Version < 1 || v.Version > t.LastVersion {
+			return fmt.Errorf("import template %s: version %d is not within 1..%d", t.Name, v.Version, t.LastVersion)
+		}
+	}
+	doc, err := encTemplateDoc(t)
+	if err != nil {
+		return err
+	}
+	_, err = s.exec(ctx, "import template "+t.Name, `INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?)`,
+		t.Name, t.Owner, doc, s.timeArg(t.CreatedAt))
+	return err
+}
+
 func (s *Store) GetTemplate(ctx context.Context, name string) (catalog.Template, error) {
 	t, err := get(ctx, s, "get template "+name, scanTemplate, `SELECT `+templateCols+` FROM templates WHERE name = ?`, name)
 	if err == nil && !t.Exists() {
