@@ -56,19 +56,28 @@ func (a *Agent) PublishUserTemplate(ctx context.Context, u template.UserRootFS, 
 }
 
 // UnpublishUserTemplate deletes the sets of versions of user template
-// name from the object store (those it has not are fine), then collects
-// the garbage.
+// name from the object store (those it has not are fine), then, if it
+// deleted one, collects the garbage.
 func (a *Agent) UnpublishUserTemplate(ctx context.Context, name string, versions []int) error {
 	if a.store == nil || len(versions) == 0 {
 		return nil
 	}
 	var errs []error
+	deleted := 0
 	for _, v := range versions {
-		if err := a.store.Delete(ctx, userfsName(name, v)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+		err := a.store.Delete(ctx, userfsName(name, v))
+		switch {
+		case err == nil:
+			deleted++
+		case !errors.Is(err, objstore.ErrNotFound):
 			errs = append(errs, err)
 		}
 	}
-	a.startGC()
+	if deleted > 0 {
+		// Another host's delete of the same versions (every copy goes)
+		// collects nothing more.
+		a.startGC()
+	}
 	return errors.Join(errs...)
 }
 
