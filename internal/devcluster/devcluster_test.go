@@ -424,6 +424,23 @@ func TestDevCluster(t *testing.T) {
 		}
 	})
 
+	// listsFleetapp checks that GET /v1/templates lists fleetapp:1.
+	listsFleetapp := func(t *testing.T, when string) {
+		t.Helper()
+		type listed struct {
+			Name    string `json:"name"`
+			Version int    `json:"version"`
+		}
+		var list struct {
+			Templates []listed `json:"templates"`
+		}
+		if st, out := a.do(http.MethodGet, "/v1/templates", a.key, nil, &list); st != http.StatusOK {
+			t.Errorf("list templates %s: %d %s", when, st, out)
+		}
+		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
+			t.Errorf("templates %s: %+v, want fleetapp version 1", when, list.Templates)
+		}
+	}
 	// fleetappCopies matches agent-(i+1)'s copies of user template fleetapp.
 	fleetappCopies := func(i int) string {
 		return filepath.Join(c.Agents()[i].DataDir, "store", "rootfs", ".v-fleetapp-*")
@@ -457,19 +474,7 @@ func TestDevCluster(t *testing.T) {
 			t.Errorf("fleetapp's sandbox on agent-3 reads %q, want the build's file", got)
 		}
 		a.do(http.MethodDelete, "/v1/sandboxes/"+sb.ID, a.key, nil, nil)
-		type listed struct {
-			Name    string `json:"name"`
-			Version int    `json:"version"`
-		}
-		var list struct {
-			Templates []listed `json:"templates"`
-		}
-		if st, out := a.do(http.MethodGet, "/v1/templates", a.key, nil, &list); st != http.StatusOK {
-			t.Errorf("list templates: %d %s", st, out)
-		}
-		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
-			t.Errorf("templates %+v, want fleetapp version 1", list.Templates)
-		}
+		listsFleetapp(t, "after its build")
 		if m, _ := filepath.Glob(fleetappCopies(2)); len(m) != 1 {
 			t.Errorf("agent-3 holds %d copies of fleetapp (%s), want 1", len(m), fleetappCopies(2))
 		}
@@ -758,19 +763,7 @@ func TestDevCluster(t *testing.T) {
 		// on agent-1 (which fetches it from the object store), deleted
 		// (agent-1's and agent-3's copies too); new builds wait for
 		// agent-2, the --template-host.
-		type listed struct {
-			Name    string `json:"name"`
-			Version int    `json:"version"`
-		}
-		var list struct {
-			Templates []listed `json:"templates"`
-		}
-		if st, out := a.do(http.MethodGet, "/v1/templates", a.key, nil, &list); st != http.StatusOK {
-			t.Errorf("list templates while agent-2 is lost: %d %s", st, out)
-		}
-		if !slices.ContainsFunc(list.Templates, func(tp listed) bool { return tp.Name == "fleetapp" && tp.Version == 1 }) {
-			t.Errorf("templates while agent-2 is lost: %+v, want fleetapp version 1", list.Templates)
-		}
+		listsFleetapp(t, "while agent-2 is lost")
 		body := map[string]any{"ttl_seconds": 600, "template": "fleetapp", "placement": map[string]any{"host": "agent-1"}}
 		var sb sandbox
 		if st, out := a.do(http.MethodPost, "/v1/sandboxes", a.key, body, &sb); st != http.StatusCreated && st != http.StatusOK {
