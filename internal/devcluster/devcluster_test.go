@@ -456,8 +456,8 @@ func TestDevCluster(t *testing.T) {
 		var lines []string
 		b, err := a.sdk.BuildTemplateFromDockerfile(ctx, "fleetapp", "FROM tiny\nRUN echo built-on-$(cat /etc/hostname) > /root/built\n", t.TempDir(),
 			func(l string) { lines = append(lines, l) })
-		if err != nil || b.Version != 1 {
-			t.Fatalf("build on the fleet: %+v, %v\n%s", b, err, strings.Join(lines, "\n"))
+		if err != nil || b.Version != 1 || b.HostID != "agent-2" {
+			t.Fatalf("build on the fleet: %+v, %v; want version 1 built on agent-2\n%s", b, err, strings.Join(lines, "\n"))
 		}
 		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "uploading template fleetapp:1 to the object store") }) {
 			t.Errorf("the build's log does not tell of its upload:\n%s", strings.Join(lines, "\n"))

@@ -264,6 +264,7 @@ func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuil
 	}
 	t.log.Info("template build placed", "template", spec.Name, "version", bl.Version, "build_id", bl.ID, "host_id", hostID)
 	t.watch(spec.Name, bl)
+	st.HostID = hostID
 	return st, nil
 }
 
@@ -432,7 +433,8 @@ func (t *Templates) members() map[string]tmplbuild.Builder {
 }
 
 // locate returns the builder of the host that runs (or ran) build id, its
-// status, and, while the catalog says it runs, its record.
+// status (with the host's id), and, while the catalog says it runs, its
+// record.
 func (t *Templates) locate(ctx context.Context, id string) (tmplbuild.Builder, tmplbuild.Status, func(tmplbuild.Status) error, error) {
 	name, bl, ok, err := t.running(ctx, id)
 	if err != nil {
@@ -447,6 +449,7 @@ func (t *Templates) locate(ctx context.Context, id string) (tmplbuild.Builder, t
 		if err != nil {
 			return nil, tmplbuild.Status{}, nil, err
 		}
+		st.HostID = bl.HostID
 		rec := func(st tmplbuild.Status) error {
 			if err := t.record(ctx, name, bl, st); err != nil {
 				return &control.Error{Kind: control.Unavailable, Msg: "the build ended, but its version is not recorded yet; retry in a few seconds", Err: err}
@@ -456,8 +459,9 @@ func (t *Templates) locate(ctx context.Context, id string) (tmplbuild.Builder, t
 		return b, st, rec, nil
 	}
 	// Ended: its host still remembers it (for tmplbuild's Retention).
-	for _, b := range t.connected() {
+	for hostID, b := range t.connected() {
 		if st, err := b.Get(ctx, id); err == nil {
+			st.HostID = hostID
 			return b, st, func(tmplbuild.Status) error { return nil }, nil
 		}
 	}
@@ -473,11 +477,12 @@ func (t *Templates) Get(ctx context.Context, id string) (tmplbuild.Status, error
 }
 
 func (t *Templates) Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error) {
-	b, _, rec, err := t.locate(ctx, id)
+	b, at, rec, err := t.locate(ctx, id)
 	if err != nil {
 		return tmplbuild.Status{}, err
 	}
 	st, err := b.Follow(ctx, id, line)
+	st.HostID = at.HostID
 	if err != nil {
 		return st, err
 	}
@@ -493,7 +498,10 @@ func (t *Templates) List(ctx context.Context) ([]tmplbuild.Status, error) {
 			t.log.Warn("list a host's template builds", "host_id", id, "err", err)
 			continue
 		}
-		out = append(out, sts...)
+		for _, st := range sts {
+			st.HostID = id
+			out = append(out, st)
+		}
 	}
 	slices.SortFunc(out, func(a, b tmplbuild.Status) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {

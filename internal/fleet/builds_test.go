@@ -123,8 +123,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	// Versions on two hosts; a failed one uses up its number.
 	ts2 := open("h2")
-	if st := build(ts2, "app", "alpine:2"); st.Version != 2 {
-		t.Errorf("a build on h2: %+v, want version 2", st)
+	if st := build(ts2, "app", "alpine:2"); st.Version != 2 || st.HostID != "h2" {
+		t.Errorf("a build on h2: %+v, want version 2 on h2", st)
 	}
 	if st := build(ts, "app", "missing:3"); st.State != tmplbuild.StateFailed {
 		t.Errorf("a build of a missing image: %+v", st)
@@ -172,8 +172,11 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	release(h1)
 	waitFor(t, "the watcher records quiet:1", func() bool { _, err := ts.UserTemplate(ctx, "quiet:1"); return err == nil }, 10*time.Second)
-	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != tmplbuild.StateSucceeded {
-		t.Errorf("Get(%s) = %+v, %v", st.ID, got, err)
+	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != tmplbuild.StateSucceeded || got.HostID != "h1" {
+		t.Errorf("Get(%s) = %+v, %v; want succeeded on h1", st.ID, got, err)
+	}
+	if list, err := ts.List(ctx); err != nil || len(list) == 0 || list[0].ID != st.ID || list[0].HostID != "h1" {
+		t.Errorf("List = %+v, %v; want %s on h1 first", list, err, st.ID)
 	}
 
 	// A build left by a control plane that stopped: the next one's

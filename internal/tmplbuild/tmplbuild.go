@@ -235,6 +235,8 @@ type Status struct {
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
 	// Owner is Spec.Owner: who may read the status and the log.
 	Owner string `json:"-"`
+	// HostID is the host of a fleet that runs the build ("" elsewhere).
+	HostID string `json:"host_id,omitempty"`
 }
 
 // Done reports whether the build has ended.

@@ -182,6 +182,8 @@ type TemplateBuild struct {
 	CreatedAt time.Time `json:"created_at"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`
+	// HostID is, on a fleet, the host that runs the build.
+	HostID string `json:"host_id,omitempty"`
 }
 
 // BuildOption is an option of a template build (StartTemplateBuild,

@@ -478,3 +478,7 @@ class VersionsAndOwnersTest(TemplateStubTest):
         b = TemplateBuild.from_dict(dict(BUILD, status="failed", code="interrupted", error="the server restarted during the build; start it again", version=None))
         self.assertEqual((b.code, b.version, b.succeeded), ("interrupted", None, False))
         self.assertEqual(TemplateBuild.from_dict(dict(BUILD, status="succeeded", version=4)).version, 4)
+
+    def test_build_host(self):
+        self.assertEqual(TemplateBuild.from_dict(dict(BUILD, host_id="agent-2")).host_id, "agent-2")
+        self.assertIsNone(TemplateBuild.from_dict(BUILD).host_id)

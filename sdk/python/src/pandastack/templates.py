@@ -82,6 +82,7 @@ class TemplateBuild:
         digest: The image's digest, once it succeeded.
         version: The template version it made, once it succeeded.
         created_at, started_at, ended_at: When it was asked for, started, ended.
+        host_id: On a fleet, the host that runs the build (``None`` elsewhere).
         raw: The JSON object as received.
     """
 
@@ -96,6 +97,7 @@ class TemplateBuild:
     created_at: Optional[datetime] = None
     started_at: Optional[datetime] = None
     ended_at: Optional[datetime] = None
+    host_id: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -113,6 +115,7 @@ class TemplateBuild:
             created_at=parse_time(d.get("created_at")),
             started_at=parse_time(d.get("started_at")),
             ended_at=parse_time(d.get("ended_at")),
+            host_id=_opt_str(d.get("host_id")),
             raw=dict(d),
         )
 
