@@ -34,8 +34,10 @@ import (
 // watcher follows each build (Start starts them again for the builds a
 // previous run of the control plane left), and Get and Follow record it
 // themselves before they report a build done, so that a sandbox created
-// right after sees the version. A build whose host is lost or forgotten
-// is failed; its number is not given out again.
+// right after sees the version. A build whose host is lost is waited for
+// (recorded if the host is back and finishes it; a restart of its agent
+// fails it); one whose host is forgotten (DELETE /v1/hosts/ID) is
+// dropped. A dropped or failed build's number is not given out again.
 type Templates struct {
 	r   *Registry
 	pin string
@@ -169,12 +171,20 @@ func (t *Templates) memberBuilder(id string) (tmplbuild.Builder, error) {
 }
 
 // memberGone reports whether host id will never report on its builds:
-// lost, or not a member (forgotten).
+// not a member (forgotten).
 func (t *Templates) memberGone(id string) bool {
 	t.r.mu.Lock()
 	defer t.r.mu.Unlock()
+	_, ok := t.r.members[id]
+	return !ok
+}
+
+// lost reports whether host id is a member marked lost.
+func (t *Templates) lost(id string) bool {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
 	m, ok := t.r.members[id]
-	return !ok || m.rec.State == catalog.HostLost
+	return ok && m.rec.State == catalog.HostLost
 }
 
 // pick returns the host a new build runs on: the pinned one, else the
@@ -523,7 +533,12 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 	}
 	_, err = t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
 		if len(tp.Builds) > 0 {
-			return fmt.Errorf("template %s is being built: %w", name, tmplbuild.ErrConflict)
+			b := tp.Builds[0]
+			if t.lost(b.HostID) {
+				return fmt.Errorf("%w: template %s is being built on host %s, which stopped heartbeating: its version is recorded if the host comes back and finishes it; forgetting the host (DELETE /v1/hosts/%s) gives up on it",
+					tmplbuild.ErrConflict, name, b.HostID, b.HostID)
+			}
+			return fmt.Errorf("template %s is being built (on host %s): %w", name, b.HostID, tmplbuild.ErrConflict)
 		}
 		if v == 0 {
 			tp.Versions = nil

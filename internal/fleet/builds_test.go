@@ -63,17 +63,24 @@ func newBuildHost(t *testing.T) *buildHost {
 // leaves no template); deletes of one version or all, with the host's
 // copy; the public flag; a build no one follows recorded by its watcher;
 // a build left by a previous control plane recorded by the next one's
-// watcher; a build whose host is gone dropped.
+// watcher; a build whose host is away recorded once it is back; a build
+// whose host is forgotten dropped.
 func TestTemplatesRegistry(t *testing.T) {
 	r, cat, _, _ := newRegistry(t)
 	ctx := t.Context()
 	h1, h2 := newBuildHost(t), newBuildHost(t)
-	var h2gone atomic.Bool
-	builders := map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m}
+	var h2gone, h2away atomic.Bool
+	ids, fixedOf := fixed(map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m})
+	builderOf := func(id string) (tmplbuild.Builder, bool) {
+		if id == "h2" && h2away.Load() {
+			return nil, false
+		}
+		return fixedOf(id)
+	}
 	gone := func(id string) bool { return id == "h2" && h2gone.Load() }
 	open := func(pin string) *fleet.Templates {
 		tp := fleet.NewTemplates(r, pin)
-		fleet.SetBuilders(tp, builders, gone)
+		fleet.SetBuilders(tp, ids, builderOf, gone)
 		t.Cleanup(tp.Close)
 		return tp
 	}
@@ -197,7 +204,26 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	waitFor(t, "the next control plane records left:1", func() bool { _, err := after.UserTemplate(ctx, "left:1"); return err == nil }, 10*time.Second)
 
-	// A build whose host is gone for good: dropped.
+	// A build whose host is away meanwhile (lost): recorded once it is
+	// back; deletes wait for it.
+	h2.release = make(chan struct{})
+	pst, err := ts2.Start(ctx, tmplbuild.Spec{Name: "patient", FromImage: "slow:4", Owner: "key_a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2away.Store(true)
+	release(h2)
+	waitFor(t, "patient's build done on h2", func() bool { st, err := h2.m.Get(ctx, pst.ID); return err == nil && st.Done() }, 10*time.Second)
+	if _, err := ts2.UserTemplate(ctx, "patient"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("UserTemplate(patient) while its host is away: %v, want not recorded yet", err)
+	}
+	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, tmplbuild.ErrConflict) || !strings.Contains(err.Error(), "h2") {
+		t.Errorf("Remove while the build's host is away: %v, want a conflict naming h2", err)
+	}
+	h2away.Store(false)
+	waitFor(t, "patient recorded once h2 is back", func() bool { _, err := ts2.UserTemplate(ctx, "patient"); return err == nil }, 40*time.Second)
+
+	// A build whose host is forgotten: dropped.
 	h2.release = make(chan struct{})
 	before = open("h2")
 	if _, err := before.Start(ctx, tmplbuild.Spec{Name: "orphan", FromImage: "slow:3", Owner: "key_a"}); err != nil {
@@ -211,6 +237,15 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	waitFor(t, "the build of the gone host dropped", func() bool { _, err := cat.GetTemplate(ctx, "orphan"); return errors.Is(err, catalog.ErrNotFound) }, 10*time.Second)
 	release(h2)
+}
+
+// fixed returns the ids of builders and a builderOf over them.
+func fixed(builders map[string]tmplbuild.Builder) ([]string, func(string) (tmplbuild.Builder, bool)) {
+	var ids []string
+	for id := range builders {
+		ids = append(ids, id)
+	}
+	return ids, func(id string) (tmplbuild.Builder, bool) { b, ok := builders[id]; return b, ok }
 }
 
 // release lets h's slow conversions finish.
@@ -240,7 +275,8 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	ctx := t.Context()
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	ts := fleet.NewTemplates(r, "h1")
-	fleet.SetBuilders(ts, map[string]tmplbuild.Builder{"h1": lostAnswer{h1.m, true}}, func(string) bool { return false })
+	ids, of := fixed(map[string]tmplbuild.Builder{"h1": lostAnswer{h1.m, true}})
+	fleet.SetBuilders(ts, ids, of, func(string) bool { return false })
 	defer ts.Close()
 	if _, err := ts.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
@@ -248,7 +284,8 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	waitFor(t, "the started build recorded", func() bool { _, err := ts.UserTemplate(ctx, "app:1"); return err == nil }, 10*time.Second)
 
 	ts2 := fleet.NewTemplates(r, "h2")
-	fleet.SetBuilders(ts2, map[string]tmplbuild.Builder{"h2": lostAnswer{h2.m, false}}, func(string) bool { return false })
+	ids, of = fixed(map[string]tmplbuild.Builder{"h2": lostAnswer{h2.m, false}})
+	fleet.SetBuilders(ts2, ids, of, func(string) bool { return false })
 	defer ts2.Close()
 	if _, err := ts2.Start(ctx, tmplbuild.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
@@ -260,7 +297,8 @@ func TestTemplatesLostAnswer(t *testing.T) {
 
 	// Refused by the host (a name its images take, say): nothing kept.
 	ts3 := fleet.NewTemplates(r, "h2")
-	fleet.SetBuilders(ts3, map[string]tmplbuild.Builder{"h2": h2.m}, func(string) bool { return false })
+	ids, of = fixed(map[string]tmplbuild.Builder{"h2": h2.m})
+	fleet.SetBuilders(ts3, ids, of, func(string) bool { return false })
 	defer ts3.Close()
 	if _, err := ts3.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "x", Startup: template.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
 		t.Fatalf("a build the host refuses: %v, want template.ErrInvalid", err)
@@ -300,7 +338,8 @@ func TestTemplatesImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := fleet.NewTemplates(r, "h1")
-	fleet.SetBuilders(ts, map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m}, func(string) bool { return false })
+	ids, of := fixed(map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m})
+	fleet.SetBuilders(ts, ids, of, func(string) bool { return false })
 	defer ts.Close()
 	ts.HostConnected(ctx, "h2")
 	if _, err := cat.GetTemplate(ctx, "other"); !errors.Is(err, catalog.ErrNotFound) {

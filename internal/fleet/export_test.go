@@ -2,11 +2,12 @@ package fleet
 
 import "github.com/pandastack/pandastack/internal/tmplbuild"
 
-// SetBuilders makes t build on builders instead of the registry's
-// members; a host in gone is gone for good.
-func SetBuilders(t *Templates, builders map[string]tmplbuild.Builder, gone func(id string) bool) {
+// SetBuilders makes t build on the hosts ids, whose builders builderOf
+// returns (false: the host is away now), instead of the registry's
+// members; a host in gone is forgotten.
+func SetBuilders(t *Templates, ids []string, builderOf func(id string) (tmplbuild.Builder, bool), gone func(id string) bool) {
 	t.builderOf = func(id string) (tmplbuild.Builder, error) {
-		if b, ok := builders[id]; ok && !gone(id) {
+		if b, ok := builderOf(id); ok && !gone(id) {
 			return b, nil
 		}
 		return t.memberBuilder(id)
@@ -14,8 +15,8 @@ func SetBuilders(t *Templates, builders map[string]tmplbuild.Builder, gone func(
 	t.gone = gone
 	t.connected = func() map[string]tmplbuild.Builder {
 		out := map[string]tmplbuild.Builder{}
-		for id, b := range builders {
-			if !gone(id) {
+		for _, id := range ids {
+			if b, ok := builderOf(id); ok && !gone(id) {
 				out[id] = b
 			}
 		}
