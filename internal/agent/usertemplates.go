@@ -153,8 +153,9 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 // store from before its build succeeded) whose set the object store does
 // not have, with their bakes, and returns how many it removed: versions
 // deleted while this host was away, or whose build stopped before its
-// upload. Versions it built before it joined a fleet are kept. Call it before the
-// host builds or creates anything (a build's version is not uploaded
+// upload. Versions it built before it joined a fleet are kept. One
+// listing of the store's userfs/ sets. Call it before the host builds or
+// creates anything (a build's version is not uploaded
 // yet while it runs). Without a store it does nothing; with a store that
 // cannot be reached it removes nothing.
 func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
@@ -162,8 +163,16 @@ func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	users, err := a.templates.UserRootFSes()
-	if err != nil {
+	if err != nil || len(users) == 0 {
 		return 0, err
+	}
+	names, err := a.store.NamesUnder(ctx, "userfs/")
+	if err != nil {
+		return 0, fmt.Errorf("list the user templates in the object store: %w", err)
+	}
+	published := map[string]bool{}
+	for _, n := range names {
+		published[n] = true
 	}
 	removed := 0
 	for _, latest := range users {
@@ -175,14 +184,10 @@ func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
 			if !u.Copy {
 				continue // not the fleet's: built before this host joined one
 			}
-			ref := template.Ref(u.Name, u.Version)
-			_, err := a.store.Manifest(ctx, userfsName(u.Name, u.Version))
-			if err == nil {
+			if published[userfsName(u.Name, u.Version)] {
 				continue
 			}
-			if !errors.Is(err, objstore.ErrNotFound) {
-				return removed, fmt.Errorf("check template %s in the object store: %w", ref, err)
-			}
+			ref := template.Ref(u.Name, u.Version)
 			if err := a.templates.RemoveUserCopy(u.Name, u.Version); err != nil && !errors.Is(err, template.ErrNotFound) {
 				return removed, fmt.Errorf("remove template %s: %w", ref, err)
 			}

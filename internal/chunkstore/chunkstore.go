@@ -313,9 +313,13 @@ func (s *Store) putManifest(ctx context.Context, m *Manifest) error {
 }
 
 // Names lists the names of every set in the store, sorted.
-func (s *Store) Names(ctx context.Context) ([]string, error) {
+func (s *Store) Names(ctx context.Context) ([]string, error) { return s.NamesUnder(ctx, "") }
+
+// NamesUnder lists the names of the sets whose name starts with prefix
+// ("userfs/"), sorted, in one listing of the store.
+func (s *Store) NamesUnder(ctx context.Context, prefix string) ([]string, error) {
 	var names []string
-	for in, err := range s.objs.List(ctx, "manifests/") {
+	for in, err := range s.objs.List(ctx, "manifests/"+prefix) {
 		if err != nil {
 			return nil, fmt.Errorf("list manifests: %w", err)
 		}

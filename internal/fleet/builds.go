@@ -119,11 +119,11 @@ func (t *Templates) importTemplate(ctx context.Context, b tmplbuild.Builder, lat
 	}
 	tp := catalog.Template{Name: latest.Name, Owner: latest.Owner, Public: latest.Public, CreatedAt: time.Now().UTC()}
 	for _, u := range vs {
-		info, err := json.Marshal(versionInfo{UserRootFS: u, DiskBytes: u.DiskBytes})
+		ver, err := versionOf(u)
 		if err != nil {
 			return err
 		}
-		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: u.Version, Info: info})
+		tp.Versions = addVersion(tp.Versions, ver)
 		tp.LastVersion = max(tp.LastVersion, u.Version)
 		if !u.BuiltAt.IsZero() && u.BuiltAt.Before(tp.CreatedAt) {
 			tp.CreatedAt = u.BuiltAt
@@ -132,7 +132,6 @@ func (t *Templates) importTemplate(ctx context.Context, b tmplbuild.Builder, lat
 	if len(tp.Versions) == 0 {
 		return nil
 	}
-	slices.SortFunc(tp.Versions, func(a, b catalog.TemplateVersion) int { return cmp.Compare(a.Version, b.Version) })
 	if err := t.r.cfg.Catalog.ImportTemplate(ctx, tp); err != nil {
 		return err
 	}
@@ -243,11 +242,12 @@ func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuil
 	}
 	bl := catalog.TemplateBuild{ID: tmplbuild.NewID(), HostID: hostID, Owner: spec.Owner, CreatedAt: time.Now().UTC()}
 	var tp catalog.Template
-	for try := 0; ; try++ {
+	for try := 0; try < 2; try++ {
 		// Two first builds of one name racing: one inserts, the other
-		// conflicts once and then sees the template.
+		// conflicts once and then sees the template (a name another key
+		// holds conflicts again).
 		tp, err = t.r.cfg.Catalog.ReserveTemplateBuild(ctx, spec.Name, bl, spec.MaxTemplates)
-		if !errors.Is(err, catalog.ErrConflict) || try > 0 || strings.Contains(err.Error(), "is taken") {
+		if !errors.Is(err, catalog.ErrConflict) {
 			break
 		}
 	}
@@ -364,7 +364,7 @@ func (t *Templates) record(ctx context.Context, name string, bl catalog.Template
 	if err != nil {
 		return err
 	}
-	info, err := json.Marshal(versionInfo{UserRootFS: u, DiskBytes: u.DiskBytes})
+	ver, err := versionOf(u)
 	if err != nil {
 		return err
 	}
@@ -375,8 +375,7 @@ func (t *Templates) record(ctx context.Context, name string, bl catalog.Template
 			return nil // recorded already
 		}
 		tp.Builds = slices.Delete(tp.Builds, i, i+1)
-		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: bl.Version, Info: info})
-		slices.SortFunc(tp.Versions, func(a, b catalog.TemplateVersion) int { return cmp.Compare(a.Version, b.Version) })
+		tp.Versions = addVersion(tp.Versions, ver)
 		recorded = true
 		return nil
 	})
@@ -410,6 +409,23 @@ func (t *Templates) drop(ctx context.Context, name string, bl catalog.TemplateBu
 type versionInfo struct {
 	template.UserRootFS
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// versionOf is the catalog's record of version u, as its host describes it.
+func versionOf(u template.UserRootFS) (catalog.TemplateVersion, error) {
+	info, err := json.Marshal(versionInfo{UserRootFS: u, DiskBytes: u.DiskBytes})
+	return catalog.TemplateVersion{Version: u.Version, Info: info}, err
+}
+
+// addVersion adds ver to vs, kept oldest first.
+func addVersion(vs []catalog.TemplateVersion, ver catalog.TemplateVersion) []catalog.TemplateVersion {
+	i, _ := slices.BinarySearchFunc(vs, ver.Version, func(x catalog.TemplateVersion, v int) int { return cmp.Compare(x.Version, v) })
+	return slices.Insert(vs, i, ver)
+}
+
+// versionIndex is the index of version v in tp.Versions, -1 if none.
+func versionIndex(tp catalog.Template, v int) int {
+	return slices.IndexFunc(tp.Versions, func(x catalog.TemplateVersion) bool { return x.Version == v })
 }
 
 // running returns the build with id the catalog says is running, and its
@@ -544,7 +560,7 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 			tp.Versions = nil
 			return nil
 		}
-		i := slices.IndexFunc(tp.Versions, func(x catalog.TemplateVersion) bool { return x.Version == v })
+		i := versionIndex(*tp, v)
 		switch {
 		case i < 0:
 			return fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
@@ -623,7 +639,7 @@ func (t *Templates) UserTemplate(ctx context.Context, ref string) (template.User
 		l, _ := tp.Latest()
 		return user(tp, l)
 	}
-	i := slices.IndexFunc(tp.Versions, func(x catalog.TemplateVersion) bool { return x.Version == v })
+	i := versionIndex(tp, v)
 	if i < 0 {
 		return template.UserRootFS{}, fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
 	}

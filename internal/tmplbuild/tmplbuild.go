@@ -358,7 +358,7 @@ func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	}
 	id := spec.ID
 	if id == "" {
-		id = newID()
+		id = NewID()
 	} else if _, taken := m.builds[id]; taken {
 		return Status{}, fmt.Errorf("%w: template build %s exists already", ErrConflict, id)
 	}
@@ -821,9 +821,7 @@ func (m *Manager) Close() error {
 var buildIDRE = regexp.MustCompile(`^[0-9a-f]{20}$`)
 
 // NewID returns a new build id.
-func NewID() string { return newID() }
-
-func newID() string {
+func NewID() string {
 	b := make([]byte, 10)
 	rand.Read(b)
 	return hex.EncodeToString(b)

@@ -311,11 +311,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f catalog.SandboxFilter) ([]c
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*catalog.Sandbox) error) (catalog.Sandbox, error) {
 	sb, err := s.update(ctx, id, fn)
 	if err != nil {
-		var fe fnError
-		if errors.As(err, &fe) {
-			return catalog.Sandbox{}, fe.err
-		}
-		return catalog.Sandbox{}, fmt.Errorf("update sandbox %s: %w", id, err)
+		return catalog.Sandbox{}, updateError(err, "update sandbox "+id)
 	}
 	return sb, nil
 }
@@ -324,6 +320,16 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*catalog.S
 type fnError struct{ err error }
 
 func (e fnError) Error() string { return e.err.Error() }
+
+// updateError is the error of an update transaction that failed with
+// err: its fn's own error unwrapped, or err saying what was being done.
+func updateError(err error, what string) error {
+	var fe fnError
+	if errors.As(err, &fe) {
+		return fe.err
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
 
 func (s *Store) update(ctx context.Context, id string, fn func(*catalog.Sandbox) error) (catalog.Sandbox, error) {
 	var sb catalog.Sandbox
@@ -453,11 +459,7 @@ func (s *Store) UpdateHost(ctx context.Context, id string, fn func(*catalog.Host
 		return nil
 	})
 	if err != nil {
-		var fe fnError
-		if errors.As(err, &fe) {
-			return catalog.Host{}, fe.err
-		}
-		return catalog.Host{}, fmt.Errorf("update host %s: %w", id, err)
+		return catalog.Host{}, updateError(err, "update host "+id)
 	}
 	return normalizeHost(h), nil
 }

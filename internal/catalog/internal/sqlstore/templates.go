@@ -201,11 +201,7 @@ func (s *Store) UpdateTemplate(ctx context.Context, name string, fn func(*catalo
 		return s.d.Classify(err)
 	})
 	if err != nil {
-		var fe fnError
-		if errors.As(err, &fe) {
-			return catalog.Template{}, fe.err
-		}
-		return catalog.Template{}, fmt.Errorf("update template %s: %w", name, err)
+		return catalog.Template{}, updateError(err, "update template "+name)
 	}
 	return normalizeTemplate(t), nil
 }
