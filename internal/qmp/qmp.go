@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,6 +52,7 @@ type Client struct {
 
 	events    chan Event
 	closeOnce sync.Once
+	closed    atomic.Bool
 	done      chan struct{}
 	readErr   error
 }
@@ -161,10 +163,8 @@ func (c *Client) ExecuteWithFDs(ctx context.Context, cmd string, args any, out a
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	select {
-	case <-c.done:
-		return ErrClosed
-	default:
+	if c.Closed() {
+		return fmt.Errorf("qmp %s: %w", cmd, ErrClosed)
 	}
 	// A deadline from an earlier command must not outlive it.
 	dl, _ := ctx.Deadline()
@@ -193,13 +193,31 @@ func (c *Client) ExecuteWithFDs(ctx context.Context, cmd string, args any, out a
 	case <-ctx.Done():
 		// The reply may still arrive; the connection is now out of step,
 		// so close it rather than hand a stale reply to the next command.
-		c.conn.Close()
+		c.Close()
 		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
 	}
 }
 
 // Close closes the connection. Idempotent.
 func (c *Client) Close() error {
-	c.closeOnce.Do(func() { c.conn.Close() })
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		c.conn.Close()
+	})
 	return nil
+}
+
+// Closed reports whether the connection can no longer carry commands: it
+// was closed (by Close, or by a command whose ctx ended before its reply)
+// or it ended (QEMU exited or closed it).
+func (c *Client) Closed() bool {
+	if c.closed.Load() {
+		return true
+	}
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }

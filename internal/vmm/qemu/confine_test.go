@@ -1226,3 +1226,33 @@ func TestMachineLayouts(t *testing.T) {
 		t.Errorf("unknown layout: %v", err)
 	}
 }
+
+// TestQMPReconnect: a command whose ctx ends before its reply closes the
+// QMP connection (qmp.TestCancelClosesConnection); the machine dials
+// again for the next command, so a capture cancelled while the vCPUs were
+// stopped can still continue them. A released machine dials nothing: the
+// VMM is another process's to drive.
+func TestQMPReconnect(t *testing.T) {
+	d := newDriver(t, Config{})
+	v := restore(t, d, templateFiles(t), 0)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := v.m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := v.m.qmp
+	old.Close() // what a cancelled command leaves
+	if err := v.m.Resume(ctx); err != nil {
+		t.Fatalf("resume after the control connection closed: %v", err)
+	}
+	if v.m.qmp == old {
+		t.Error("the machine kept its closed connection")
+	}
+	if got := strings.TrimSpace(v.sh(t, "echo running")); got != "running" {
+		t.Errorf("guest after resume answered %q", got)
+	}
+	v.m.Release()
+	if err := v.m.Pause(ctx); err == nil {
+		t.Error("a released machine still obeys commands")
+	}
+}

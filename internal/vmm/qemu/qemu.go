@@ -809,7 +809,9 @@ type Machine struct {
 	log    *slog.Logger
 	stderr *bytes.Buffer
 
-	qmp *qmp.Client
+	qmpMu    sync.Mutex
+	qmp      *qmp.Client // dialled again by client if it closes
+	released bool
 
 	done     chan struct{}
 	exitOnce sync.Once
@@ -905,13 +907,43 @@ func (m *Machine) exec(ctx context.Context, cmd string, args, out any) error {
 	return m.execWithFDs(ctx, cmd, args, out, nil)
 }
 
+// client is the machine's QMP connection, dialled again if the last one
+// closed while the process lives on. A command whose ctx ends before its
+// reply closes its connection (a late reply would answer the next
+// command), and the machine must still obey the next caller: above all
+// the one that continues a machine whose capture was cancelled while its
+// vCPUs were stopped.
+func (m *Machine) client(ctx context.Context) (*qmp.Client, error) {
+	m.qmpMu.Lock()
+	defer m.qmpMu.Unlock()
+	if m.released {
+		return nil, errors.New("qmp: the machine was released to another process")
+	}
+	if !m.qmp.Closed() {
+		return m.qmp, nil
+	}
+	select {
+	case <-m.done:
+		return nil, vmm.ErrExited
+	default:
+	}
+	m.log.Info("reconnecting to the vmm's control socket", "pid", m.pid)
+	if err := m.connect(ctx); err != nil {
+		return nil, err
+	}
+	return m.qmp, nil
+}
+
 func (m *Machine) execWithFDs(ctx context.Context, cmd string, args, out any, fds []int) error {
 	select {
 	case <-m.done:
 		return fmt.Errorf("%s: %w", cmd, vmm.ErrExited)
 	default:
 	}
-	err := m.qmp.ExecuteWithFDs(ctx, cmd, args, out, fds)
+	c, err := m.client(ctx)
+	if err == nil {
+		err = c.ExecuteWithFDs(ctx, cmd, args, out, fds)
+	}
 	if err != nil {
 		select {
 		case <-m.done:
@@ -942,7 +974,7 @@ func (m *Machine) LoadState(ctx context.Context, statePath string) error {
 	case !has && m.spec.Net != nil:
 		return errors.New("load state: the saved machine has no network interface and this one has one (vmm.Spec.Net)")
 	}
-	if err := m.qmp.ExecuteWithFDs(ctx, "getfd", map[string]string{"fdname": "state"}, nil, []int{int(f.Fd())}); err != nil {
+	if err := m.execWithFDs(ctx, "getfd", map[string]string{"fdname": "state"}, nil, []int{int(f.Fd())}); err != nil {
 		return fmt.Errorf("load state: pass fd: %w", err)
 	}
 	if err := m.exec(ctx, "migrate-incoming", map[string]string{"uri": "fd:state"}, nil); err != nil {
@@ -1106,9 +1138,7 @@ func (m *Machine) Kill() error {
 		unix.Kill(m.pid, unix.SIGKILL)
 		<-m.done
 	}
-	if m.qmp != nil {
-		m.qmp.Close()
-	}
+	m.closeQMP()
 	os.Remove(agentSocket(m.spec.RunDir))
 	os.Remove(qmpSocket(m.spec.RunDir))
 	os.Remove(PIDFile(m.spec.RunDir))
@@ -1120,6 +1150,15 @@ func (m *Machine) Kill() error {
 // adopt it: QEMU serves one QMP client at a time. The Machine must not be
 // used afterwards.
 func (m *Machine) Release() {
+	m.qmpMu.Lock()
+	m.released = true
+	m.qmpMu.Unlock()
+	m.closeQMP()
+}
+
+func (m *Machine) closeQMP() {
+	m.qmpMu.Lock()
+	defer m.qmpMu.Unlock()
 	if m.qmp != nil {
 		m.qmp.Close()
 	}
