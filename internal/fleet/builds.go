@@ -515,9 +515,13 @@ func (t *Templates) Follow(ctx context.Context, id string, line func(string)) (t
 	return st, rec(st)
 }
 
-// List returns the builds every connected host remembers, newest first.
+// List returns the builds every connected host remembers and those the
+// catalog says run on a host that is not connected (lost, or not back
+// yet: as "running", with their host_id; a Get of one answers 503 naming
+// the host), newest first.
 func (t *Templates) List(ctx context.Context) ([]tmplbuild.Status, error) {
 	var out []tmplbuild.Status
+	seen := map[string]bool{}
 	for id, b := range t.connected() {
 		sts, err := b.List(ctx)
 		if err != nil {
@@ -527,6 +531,19 @@ func (t *Templates) List(ctx context.Context) ([]tmplbuild.Status, error) {
 		for _, st := range sts {
 			st.HostID = id
 			out = append(out, st)
+			seen[st.ID] = true
+		}
+	}
+	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, tp := range ts {
+		for _, bl := range tp.Builds {
+			if !seen[bl.ID] {
+				out = append(out, tmplbuild.Status{ID: bl.ID, Name: tp.Name, State: tmplbuild.StateRunning,
+					CreatedAt: bl.CreatedAt, Owner: bl.Owner, HostID: bl.HostID})
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b tmplbuild.Status) int {

@@ -220,6 +220,15 @@ func TestTemplatesRegistry(t *testing.T) {
 	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, tmplbuild.ErrConflict) || !strings.Contains(err.Error(), "h2") {
 		t.Errorf("Remove while the build's host is away: %v, want a conflict naming h2", err)
 	}
+	// Listed from the catalog while its host cannot say.
+	list, err := ts2.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(list, func(st tmplbuild.Status) bool { return st.ID == pst.ID }); i < 0 ||
+		list[i].HostID != "h2" || list[i].State != tmplbuild.StateRunning || list[i].Name != "patient" || list[i].Owner != "key_a" {
+		t.Errorf("builds listed while h2 is away: %+v, want patient's build running on h2", list)
+	}
 	h2away.Store(false)
 	waitFor(t, "patient recorded once h2 is back", func() bool { _, err := ts2.UserTemplate(ctx, "patient"); return err == nil }, 40*time.Second)
 
