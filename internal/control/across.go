@@ -59,14 +59,10 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		return si, moved, err
 	}
 	tSnap := time.Since(t0)
-	defer func() {
-		if err := src.DeleteSnapshot(context.WithoutCancel(ctx), snapID); err != nil && !errors.Is(err, host.ErrNotFound) {
-			p.log.Warn("delete the capture of a cross-host fork", "snapshot_id", snapID, "host_id", parent.HostID, "err", err)
-		}
-	}()
 	// Each target host keeps the capture it received or fetched as a
-	// snapshot of its own: it goes once the children are made (they keep
-	// what they use).
+	// snapshot of its own. Once the children are made (they keep what
+	// they use) every copy goes, after the answer: removing a capture's
+	// files (a reflinked memory image) takes tens of milliseconds a host.
 	targets := map[string]bool{}
 	var targetOrder []string
 	for _, id := range ids {
@@ -75,17 +71,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 			targetOrder = append(targetOrder, hid)
 		}
 	}
-	defer func() {
-		for hid := range targets {
-			h, err := p.on(hid)
-			if err == nil {
-				err = h.DeleteSnapshot(context.WithoutCancel(ctx), snapID)
-			}
-			if err != nil && !errors.Is(err, host.ErrNotFound) {
-				p.log.Warn("delete the received capture of a cross-host fork", "snapshot_id", snapID, "host_id", hid, "err", err)
-			}
-		}
-	}()
+	defer p.background(func() { p.dropCapture(context.WithoutCancel(ctx), src, parent.HostID, snapID, targetOrder) })
 	viaStore := p.sendDirect(ctx, src, parent.HostID, snapID, targetOrder, &moved)
 	tSent := time.Since(t0)
 	if len(viaStore) > 0 {
@@ -149,6 +135,24 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 	}
 	wg.Wait()
 	return si, moved, nil
+}
+
+// dropCapture deletes a cross-host fork's capture snapID from its host
+// src (srcID) and from the targets that received or fetched it; a host
+// that never had it is fine.
+func (p *Plane) dropCapture(ctx context.Context, src host.Host, srcID, snapID string, targets []string) {
+	if err := src.DeleteSnapshot(ctx, snapID); err != nil && !errors.Is(err, host.ErrNotFound) {
+		p.log.Warn("delete the capture of a cross-host fork", "snapshot_id", snapID, "host_id", srcID, "err", err)
+	}
+	for _, hid := range targets {
+		h, err := p.on(hid)
+		if err == nil {
+			err = h.DeleteSnapshot(ctx, snapID)
+		}
+		if err != nil && !errors.Is(err, host.ErrNotFound) {
+			p.log.Warn("delete the received capture of a cross-host fork", "snapshot_id", snapID, "host_id", hid, "err", err)
+		}
+	}
 }
 
 // acrossBytes is what a cross-host fork moved to the children's hosts:

@@ -95,6 +95,7 @@ type Plane struct {
 	busy    map[string]int
 	ops     map[string]*op // the detached operation of each sandbox
 	opsWG   sync.WaitGroup
+	tailsWG sync.WaitGroup // background's
 	closing bool
 	// resyncAgain is the list of the last Resync that left records
 	// unsettled because their host was still in the middle of an

@@ -186,6 +186,7 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 	}
 	// The capture that travelled is gone from the parent's host and
 	// never was a user's snapshot.
+	control.SettleTails(e.p)
 	for name, h := range map[string]*hosttest.Host{"a": e.a, "b": e.b} {
 		if snaps, _ := h.Snapshots(t.Context()); len(snaps) != 0 {
 			t.Errorf("host %s keeps %d captures after the fork", name, len(snaps))
@@ -435,6 +436,7 @@ func (e *fleetEnv) forkTo(parent catalog.Sandbox, n int) control.Forked {
 			e.t.Errorf("host b: child %s %+v, want restored from the parent's capture", c.Sandbox.ID, info)
 		}
 	}
+	control.SettleTails(e.p) // the capture goes after the answer
 	for name, h := range map[string]*hosttest.Host{"a": e.a, "b": e.b} {
 		if snaps, _ := h.Snapshots(e.t.Context()); len(snaps) != 0 {
 			e.t.Errorf("host %s keeps %d captures after the fork", name, len(snaps))

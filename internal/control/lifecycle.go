@@ -102,6 +102,20 @@ func (p *Plane) detach(id, kind string, fn func(ctx context.Context) (catalog.Sa
 	return o, nil
 }
 
+// background runs fn, the tail of an operation that its caller need not
+// wait for, in a goroutine that Shutdown waits for. Only from within an
+// operation (detach's fn): opsWG is above zero then, so Shutdown's wait
+// cannot have ended.
+func (p *Plane) background(fn func()) {
+	p.opsWG.Add(1)
+	p.tailsWG.Add(1)
+	go func() {
+		defer p.opsWG.Done()
+		defer p.tailsWG.Done()
+		fn()
+	}()
+}
+
 // Shutdown cancels the operations in flight (on the host they roll back:
 // a resume leaves the sandbox paused, a pause leaves it running) and waits
 // for them, at most until ctx ends; later ones are refused (unavailable).
