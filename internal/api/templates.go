@@ -62,6 +62,29 @@ type templateJSON struct {
 	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
+// userVersions returns the versions of every user template, by name
+// (none without template builds).
+func (s *Server) userVersions(ctx context.Context) (map[string][]template.UserRootFS, error) {
+	users := map[string][]template.UserRootFS{}
+	b, err := s.builds()
+	if err != nil {
+		return users, nil
+	}
+	if vl, ok := b.(tmplbuild.VersionLister); ok {
+		return vl.AllVersions(ctx)
+	}
+	latest, err := b.UserTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range latest {
+		if vs, err := b.Versions(ctx, u.Name); err == nil {
+			users[u.Name] = vs
+		}
+	}
+	return users, nil
+}
+
 // listTemplates lists the templates the caller may use: the built-in
 // ones, its own, the published ones (an admin key: all). An admin key sees
 // every shape baked; other keys see each template at its default shape
@@ -75,18 +98,10 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	users := map[string][]template.UserRootFS{} // by name, the versions
-	if b, err := s.builds(); err == nil {
-		latest, err := b.UserTemplates(r.Context())
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		for _, u := range latest {
-			if vs, err := b.Versions(r.Context(), u.Name); err == nil {
-				users[u.Name] = vs
-			}
-		}
+	users, err := s.userVersions(r.Context()) // by name, the versions
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	// visible: a built-in, or a user template the key may use. A version
 	// the registry does not list is a deleted one's (a host of a fleet

@@ -686,6 +686,30 @@ func (t *Templates) Versions(ctx context.Context, name string) ([]template.UserR
 	if err != nil {
 		return nil, err
 	}
+	return versionsOf(tp)
+}
+
+// AllVersions implements tmplbuild.VersionLister: one catalog read.
+func (t *Templates) AllVersions(ctx context.Context) (map[string][]template.UserRootFS, error) {
+	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]template.UserRootFS{}
+	for _, tp := range ts {
+		if len(tp.Versions) == 0 {
+			continue // only its first build runs
+		}
+		if out[tp.Name], err = versionsOf(tp); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+var _ tmplbuild.VersionLister = (*Templates)(nil)
+
+func versionsOf(tp catalog.Template) ([]template.UserRootFS, error) {
 	out := make([]template.UserRootFS, 0, len(tp.Versions))
 	for _, ver := range tp.Versions {
 		u, err := user(tp, ver)

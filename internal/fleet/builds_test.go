@@ -142,6 +142,10 @@ func TestTemplatesRegistry(t *testing.T) {
 	if got := versions("app"); !slices.Equal(got, []int{1, 2, 4}) {
 		t.Errorf("versions of app = %v, want 1 2 4", got)
 	}
+	// The same in one read, as GET /v1/templates lists them.
+	if all, err := ts.AllVersions(ctx); err != nil || len(all["app"]) != 3 || all["app"][2].Version != 4 || all["app"][0].Owner != "key_a" {
+		t.Errorf("AllVersions = %+v, %v; want app's 1, 2, 4", all, err)
+	}
 	if u, err := ts.UserTemplate(ctx, "app:2"); err != nil || u.Digest != "sha256:alpine:2" {
 		t.Errorf("UserTemplate(app:2) = %+v, %v", u, err)
 	}

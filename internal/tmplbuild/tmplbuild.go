@@ -274,6 +274,15 @@ type Builder interface {
 
 var _ Builder = (*Manager)(nil)
 
+// VersionLister is a Builder that can return every template's versions
+// in one read (a fleet's registry is one catalog query), where Versions
+// per name of UserTemplates would take one read each.
+type VersionLister interface {
+	// AllVersions returns the versions of every template, by name, oldest
+	// first.
+	AllVersions(ctx context.Context) (map[string][]template.UserRootFS, error)
+}
+
 // Manager runs builds. Safe for concurrent use.
 type Manager struct {
 	cfg Config
