@@ -189,8 +189,8 @@ func TestNetworkEndToEnd(t *testing.T) {
 		if code != http.StatusOK {
 			t.Fatalf("PATCH network: %d %s", code, body)
 		}
-		if !strings.Contains(string(body), `"deny_out":["denied.test"]`) {
-			t.Errorf("PATCH network answered %s", body)
+		if !strings.Contains(string(body), `"deny_out":["denied.test"]`) || strings.Contains(string(body), "network_off") {
+			t.Errorf("PATCH network answered %s, want the new policy and no network_off (this host has networking)", body)
 		}
 		wantReach(t, ctx, b, "http://other.test/", "hello from "+nettest.OtherAddr.String())
 		wantBlocked(t, ctx, b, "http://denied.test/")

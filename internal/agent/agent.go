@@ -256,6 +256,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 // Accel is the accelerator sandboxes run with.
 func (a *Agent) Accel() vmm.Accel { return a.accel }
 
+// NetworkOff reports that the agent runs without sandbox networking
+// (Config.Network nil): each guest gets an isolated interface only.
+func (a *Agent) NetworkOff() bool { return a.cfg.Network == nil }
+
 // StoreDir is the reflink volume's directory.
 func (a *Agent) StoreDir() string { return a.vol.Dir }
 

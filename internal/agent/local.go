@@ -63,6 +63,11 @@ func (h local) TemplateParams(name string, memoryMiB, vcpus int) template.Params
 
 func (h local) Accel() vmm.Accel { return h.a.Accel() }
 
+// NetworkOff implements host.NetworkReporter.
+func (h local) NetworkOff() bool { return h.a.NetworkOff() }
+
+var _ host.NetworkReporter = local{}
+
 func (h local) Fork(ctx context.Context, id string, childIDs []string) (host.ForkResult, error) {
 	return h.a.Fork(ctx, id, childIDs)
 }

@@ -243,6 +243,7 @@ type sandbox struct {
 	ExpiresAt  *time.Time        `json:"expires_at"`
 	Metadata   map[string]string `json:"metadata"`
 	StopReason string            `json:"stop_reason"`
+	NetworkOff bool              `json:"network_off"`
 }
 
 func newKey(t testing.TB, name string, quota map[string]int) string {
@@ -333,6 +334,11 @@ func TestCreateExecFilesKill(t *testing.T) {
 	sb := create(t, key, map[string]any{"metadata": map[string]string{"team": "a"}, "env": map[string]string{"GREETING": "hello"}})
 	if sb.State != "running" || sb.Template != "tiny" || sb.MemoryMiB != 256 || sb.ExpiresAt == nil || sb.Metadata["team"] != "a" {
 		t.Fatalf("created %+v", sb)
+	}
+	// The test host runs without sandbox networking (in process, or a
+	// remote agent through the host API: from its info).
+	if !sb.NetworkOff {
+		t.Errorf("created %+v on a host without sandbox networking, want network_off", sb)
 	}
 	x := run(t, key, sb.ID, map[string]any{"cmd": "echo $GREETING; echo oops >&2; exit 3"})
 	if x.ExitCode != 3 || x.Stdout != "hello\n" || x.Stderr != "oops\n" {

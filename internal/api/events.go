@@ -94,7 +94,7 @@ func (s *Server) eventLine(ctx context.Context, ev events.Event) eventJSON {
 			out.StopReason = d.StopReason
 			break
 		}
-		sb := toJSON(d)
+		sb := s.toJSON(d)
 		if s.hostLost(d) {
 			sb.State = StateLost
 		}

@@ -54,7 +54,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 			out[i].Error = &errorDetail{Code: ae.Code, Message: ae.Message}
 			continue
 		}
-		j := toJSON(*c.Sandbox)
+		j := s.toJSON(*c.Sandbox)
 		out[i].Sandbox = &j
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
@@ -206,6 +206,9 @@ type hostJSON struct {
 	MemoryAllocatedMiB int     `json:"memory_allocated_mib"`
 	SandboxesPSSMiB    float64 `json:"sandboxes_pss_mib"`
 	SandboxesPrivMiB   float64 `json:"sandboxes_private_mib"`
+	// NetworkOff: the host runs without sandbox networking (--network
+	// off); unknown while a host of a fleet is not connected.
+	NetworkOff bool `json:"network_off,omitempty"`
 }
 
 // listHosts describes the hosts. An admin key sees every sandbox on them;
@@ -215,7 +218,7 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 		s.listFleet(w, r)
 		return
 	}
-	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel())}
+	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel()), NetworkOff: s.networkOff(s.cfg.HostID)}
 	res := host.LocalResources()
 	if rr, ok := s.host.(host.ResourceReporter); ok {
 		var err error

@@ -65,7 +65,7 @@ func (s *Server) listFleet(w http.ResponseWriter, r *http.Request) {
 		rec := st.Record
 		h := fleetHostJSON{
 			hostJSON: hostJSON{ID: rec.ID, State: rec.State, Accel: rec.Capacity.Accel, VCPUs: rec.Capacity.CPUs,
-				MemoryMiB: int(rec.Capacity.MemoryMiB)},
+				MemoryMiB: int(rec.Capacity.MemoryMiB), NetworkOff: s.networkOff(rec.ID)},
 			Draining: rec.Draining, Static: st.Static, DiskMiB: rec.Capacity.DiskMiB,
 			Templates: []string{}, RegisteredAt: rec.RegisteredAt, HeartbeatAt: rec.HeartbeatAt,
 		}

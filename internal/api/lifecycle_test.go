@@ -141,12 +141,13 @@ func TestTenantScopedHostsAndTemplates(t *testing.T) {
 	create(t, mine, nil)
 	var hosts struct {
 		Hosts []struct {
-			Sandboxes int `json:"sandboxes"`
+			Sandboxes  int  `json:"sandboxes"`
+			NetworkOff bool `json:"network_off"`
 		}
 	}
 	do(t, mine, "GET", "/v1/hosts", nil).json(t, &hosts)
-	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes != 1 {
-		t.Errorf("hosts as a tenant with one sandbox: %+v, want one host counting 1", hosts)
+	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes != 1 || !hosts.Hosts[0].NetworkOff {
+		t.Errorf("hosts as a tenant with one sandbox: %+v, want one host counting 1, without sandbox networking", hosts)
 	}
 	do(t, e.admin, "GET", "/v1/hosts", nil).json(t, &hosts)
 	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes < 3 {

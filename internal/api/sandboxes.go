@@ -81,7 +81,11 @@ type sandboxJSON struct {
 	ParentID   string            `json:"parent_id,omitempty"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
 	Network    network.Policy    `json:"network"`
-	Memory     *memoryJSON       `json:"memory,omitempty"`
+	// NetworkOff: the sandbox's host runs without sandbox networking, so
+	// the guest reaches nothing whatever Network says (the policy applies
+	// if it resumes on a host with networking).
+	NetworkOff bool        `json:"network_off,omitempty"`
+	Memory     *memoryJSON `json:"memory,omitempty"`
 	// Stored and StoreError are a paused sandbox's capture in the object
 	// store (its host's: local, uploading, durable).
 	Stored     string `json:"stored,omitempty"`
@@ -111,12 +115,13 @@ func toMemoryJSON(m host.MemStats) *memoryJSON {
 	return out
 }
 
-func toJSON(sb catalog.Sandbox) sandboxJSON {
+func (s *Server) toJSON(sb catalog.Sandbox) sandboxJSON {
 	out := sandboxJSON{
 		ID: sb.ID, Template: sb.Template, State: sb.State, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
 		CreatedAt: sb.CreatedAt.UTC(), TTLSeconds: sb.TTLSeconds, OnExpire: sb.OnExpire,
 		Metadata: sb.Metadata, HostID: sb.HostID, StopReason: sb.StopReason, LastError: sb.LastError,
 		ParentID: sb.ParentID, SnapshotID: sb.SnapshotID, Network: control.PolicyOf(sb.Network),
+		NetworkOff: s.networkOff(sb.HostID),
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
@@ -126,6 +131,20 @@ func toJSON(sb catalog.Sandbox) sandboxJSON {
 		out.ExpiresAt = &t
 	}
 	return out
+}
+
+// networkOff reports that host id is known to run without sandbox
+// networking (a host that cannot say now, lost or not connected: false).
+func (s *Server) networkOff(id string) bool {
+	h := s.host
+	if s.cfg.Fleet != nil {
+		var err error
+		if h, err = s.cfg.Fleet.Host(id); err != nil {
+			return false
+		}
+	}
+	nr, ok := h.(host.NetworkReporter)
+	return ok && nr.NetworkOff()
 }
 
 func mib(b int64) float64 { return float64(b*10/(1<<20)) / 10 }
@@ -146,7 +165,7 @@ func (s *Server) hostLost(sb catalog.Sandbox) bool {
 
 // withMemory adds live memory figures for a running sandbox.
 func (s *Server) withMemory(ctx context.Context, sb catalog.Sandbox) sandboxJSON {
-	out := toJSON(sb)
+	out := s.toJSON(sb)
 	if s.hostLost(sb) {
 		out.State = StateLost
 		return out

@@ -399,6 +399,10 @@ func TestNetworkFlags(t *testing.T) {
 			io.WriteString(w, `{"error":{"code":"bad_request","message":"network policy: deny_out entry \"bad entry\": not a valid domain name (character ' ')"}}`)
 			return
 		}
+		if r.URL.Path == "/v1/sandboxes/off" { // on a host without sandbox networking
+			io.WriteString(w, `{"id":"off","state":"running","network":{"internet":true},"network_off":true}`)
+			return
+		}
 		io.WriteString(w, sandbox)
 	})
 	tests := []struct {
@@ -417,6 +421,7 @@ func TestNetworkFlags(t *testing.T) {
 		{[]string{"network", "abc", "--allow-out", ""}, `PATCH /v1/sandboxes/abc/network {"allow_out":[]}`, nil},
 		{[]string{"network", "abc", "--json"}, `GET /v1/sandboxes/abc`, []string{`"internet": false`, `"allow_out": [`}},
 		{[]string{"get", "abc"}, `GET /v1/sandboxes/abc`, []string{"network:", "no internet; allow pypi.org,10.0.0.0/8"}},
+		{[]string{"get", "off"}, `GET /v1/sandboxes/off`, []string{"network:", "off (its host runs without sandbox networking; policy: internet)"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -208,7 +208,11 @@ func printSandbox(w io.Writer, g *globals, i pandastack.SandboxInfo) error {
 	if i.HostID != "" {
 		t.row("host:", i.HostID)
 	}
-	t.row("network:", networkText(i.Network))
+	if i.NetworkOff {
+		t.row("network:", "off (its host runs without sandbox networking; policy: "+networkText(i.Network)+")")
+	} else {
+		t.row("network:", networkText(i.Network))
+	}
 	t.row("metadata:", labels(i.Metadata))
 	return t.flush()
 }

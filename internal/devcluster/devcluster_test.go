@@ -205,10 +205,11 @@ func (a *api) do(method, path, auth string, body, out any) (int, string) {
 }
 
 type sandbox struct {
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	HostID string `json:"host_id"`
-	Stored string `json:"stored"` // a paused sandbox's: local, uploading or durable
+	ID         string `json:"id"`
+	State      string `json:"state"`
+	HostID     string `json:"host_id"`
+	Stored     string `json:"stored"`      // a paused sandbox's: local, uploading or durable
+	NetworkOff bool   `json:"network_off"` // the dev cluster's agents run --network off
 }
 
 type host struct {
@@ -218,6 +219,8 @@ type host struct {
 	MemoryMiB int    `json:"memory_mib"`
 	FreeMiB   int    `json:"memory_available_mib"`
 	CPUs      int    `json:"vcpus"`
+	// NetworkOff: the dev cluster's agents run --network off.
+	NetworkOff bool `json:"network_off"`
 }
 
 // create creates a sandbox (placement nil: the scheduler's choice) and
@@ -368,6 +371,9 @@ func TestDevCluster(t *testing.T) {
 			if h.CPUs != cpus {
 				t.Errorf("host %s: %d CPUs, want %d", h.ID, h.CPUs, cpus)
 			}
+			if !h.NetworkOff {
+				t.Errorf("host %s: network_off false, want true (its agent runs --network off)", h.ID)
+			}
 		}
 	})
 
@@ -376,8 +382,8 @@ func TestDevCluster(t *testing.T) {
 		a.t = t
 		for _, id := range []string{"agent-2", "agent-3"} {
 			sb := a.create(map[string]any{"host": id})
-			if sb.HostID != id {
-				t.Errorf("create on %s: landed on %s", id, sb.HostID)
+			if sb.HostID != id || !sb.NetworkOff {
+				t.Errorf("create on %s: %+v, want it there, with network_off (a host without sandbox networking)", id, sb)
 			}
 			if id == "agent-2" {
 				onTwo = sb

@@ -204,3 +204,12 @@ type DirectTransferer interface {
 type ResourceReporter interface {
 	Resources(ctx context.Context) (Resources, error)
 }
+
+// NetworkReporter is a host that says whether it gives its sandboxes
+// networking (no I/O: a remote host's as it last reported).
+type NetworkReporter interface {
+	// NetworkOff reports that the host runs without sandbox networking
+	// (--network off): its guests reach nothing beyond their own
+	// interface, whatever their egress policy says.
+	NetworkOff() bool
+}

@@ -148,6 +148,11 @@ func (c *Client) Resources(ctx context.Context) (host.Resources, error) {
 // Accel is the agent's accelerator.
 func (c *Client) Accel() vmm.Accel { return c.Info().Accel }
 
+// NetworkOff implements host.NetworkReporter, from the agent's last info.
+func (c *Client) NetworkOff() bool { return c.Info().NetworkOff }
+
+var _ host.NetworkReporter = (*Client)(nil)
+
 // TemplateParams fills in the agent's defaults, like agent.TemplateParams.
 func (c *Client) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
 	p := c.Info().Defaults

@@ -129,6 +129,9 @@ type Info struct {
 	Defaults template.Params `json:"defaults"`
 	// Resources are the host machine's, when the info was sent.
 	Resources host.Resources `json:"resources"`
+	// NetworkOff: the agent runs without sandbox networking (an older
+	// agent sends nothing: taken as networking on).
+	NetworkOff bool `json:"network_off,omitempty"`
 }
 
 // Event is one line of the event stream.

@@ -197,7 +197,7 @@ func (s *Server) routes() http.Handler {
 }
 
 func (s *Server) info() Info {
-	return Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: host.LocalResources()}
+	return Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: host.LocalResources(), NetworkOff: s.a.NetworkOff()}
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {

@@ -22,6 +22,9 @@ type Host struct {
 	// the sum of their VMMs' proportional set sizes.
 	SandboxesPSSMiB     float64 `json:"sandboxes_pss_mib,omitempty"`
 	SandboxesPrivateMiB float64 `json:"sandboxes_private_mib,omitempty"`
+	// NetworkOff: the host runs without sandbox networking (--network
+	// off). Unknown (false) for a fleet's host that is not connected.
+	NetworkOff bool `json:"network_off,omitempty"`
 	// A fleet's hosts (panda server --fleet) also have these.
 	URL          string    `json:"url,omitempty"` // admin keys only
 	Draining     bool      `json:"draining,omitempty"`

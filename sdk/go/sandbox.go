@@ -54,6 +54,10 @@ type SandboxInfo struct {
 	// Network is the sandbox's egress policy (nil from a server that
 	// reports none).
 	Network *Network `json:"network,omitempty"`
+	// NetworkOff: the sandbox's host runs without sandbox networking
+	// (--network off), so the guest reaches nothing whatever Network
+	// says; the policy applies if it resumes on a host with networking.
+	NetworkOff bool `json:"network_off,omitempty"`
 	// Memory is the host memory of a running sandbox (nil otherwise).
 	Memory *MemoryUsage `json:"memory,omitempty"`
 }

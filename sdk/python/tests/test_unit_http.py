@@ -558,6 +558,8 @@ class NetworkTest(StubTestCase):
         self.assertEqual(sb.network, pandastack.NetworkPolicy(internet=False, allow_out=["pypi.org"], deny_out=[]))
         self.assertIs(sb.network, sb.info.network)
         self.assertIsNone(pandastack.SandboxInfo.from_dict(SANDBOX).network, "a sandbox without network")
+        self.assertFalse(pandastack.SandboxInfo.from_dict(SANDBOX).network_off)
+        self.assertTrue(pandastack.SandboxInfo.from_dict(dict(SANDBOX, network_off=True)).network_off, "a host without sandbox networking")
 
     def test_set_network_sends_only_given_fields(self):
         answer = dict(SANDBOX, network={"internet": True, "allow_out": ["pypi.org"], "deny_out": ["*.example.com"]})

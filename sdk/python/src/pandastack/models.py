@@ -213,6 +213,9 @@ class SandboxInfo:
         snapshot_id: The snapshot it was created from, if any.
         network: Its egress policy (:class:`NetworkPolicy`), or ``None`` from
             a server that reports none.
+        network_off: Its host runs without sandbox networking (``--network
+            off``): the guest reaches nothing whatever ``network`` says (the
+            policy applies if it resumes on a host with networking).
         memory: Host memory it uses, when the server reports it (running sandboxes).
         stored: A paused sandbox's saved state: ``"local"`` (its host's disk
             only), ``"uploading"`` or ``"durable"`` (in the object store: it
@@ -240,6 +243,7 @@ class SandboxInfo:
     on_expire: Optional[str] = None
     stored: Optional[str] = None
     store_error: Optional[str] = None
+    network_off: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -265,6 +269,7 @@ class SandboxInfo:
             on_expire=_opt_str(d.get("on_expire")),
             stored=_opt_str(d.get("stored")),
             store_error=_opt_str(d.get("store_error")),
+            network_off=d.get("network_off") is True,
             raw=dict(d),
         )
 
