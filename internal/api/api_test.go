@@ -900,3 +900,66 @@ func TestOnExpirePause(t *testing.T) {
 		t.Errorf("after resume %q", x.Stdout)
 	}
 }
+
+// TestCreateProgress: a create with ?progress=1 answers NDJSON: the steps
+// of what it must do first (here: bake a shape never baked), then done
+// with the sandbox; an error in the stream; nothing to report, done alone.
+// Against a remote host (PANDA_TEST_HOST=remote) the progress comes
+// through the host API.
+func TestCreateProgress(t *testing.T) {
+	type event struct {
+		Type    string
+		Message string
+		Sandbox sandbox
+		Error   struct{ Code, Message string }
+	}
+	stream := func(key string, body map[string]any) []event {
+		t.Helper()
+		r := do(t, key, "POST", "/v1/sandboxes?progress=1", body)
+		if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "application/x-ndjson") {
+			t.Fatalf("create with progress: %d %s %s", r.status, r.header.Get("Content-Type"), r.body)
+		}
+		var evs []event
+		for _, line := range strings.Split(strings.TrimSpace(string(r.body)), "\n") {
+			var ev event
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			evs = append(evs, ev)
+		}
+		if last := evs[len(evs)-1]; last.Type == "done" {
+			t.Cleanup(func() { do(t, key, "DELETE", "/v1/sandboxes/"+last.Sandbox.ID, nil) })
+		}
+		return evs
+	}
+	evs := stream(e.admin, map[string]any{"memory_mib": 224})
+	last := evs[len(evs)-1]
+	if last.Type != "done" || last.Sandbox.State != "running" || last.Sandbox.MemoryMiB != 224 {
+		t.Fatalf("create of a new shape: %+v, want done with the sandbox running", evs)
+	}
+	var steps []string
+	for _, ev := range evs[:len(evs)-1] {
+		if ev.Type != "progress" || ev.Message == "" {
+			t.Errorf("event %+v before done, want progress lines", ev)
+		}
+		steps = append(steps, ev.Message)
+	}
+	if len(steps) == 0 || !strings.Contains(steps[0], "baking template tiny-224m-1c") {
+		t.Errorf("progress of a create that bakes: %q, want it to start with the bake", steps)
+	}
+	x := run(t, e.admin, last.Sandbox.ID, map[string]any{"cmd": "echo up"})
+	if x.Stdout != "up\n" {
+		t.Errorf("exec in the created sandbox: %+v", x)
+	}
+
+	// The same shape again: nothing to do first.
+	if evs := stream(e.admin, map[string]any{"memory_mib": 224}); len(evs) != 1 || evs[0].Type != "done" {
+		t.Errorf("create of a baked shape: %+v, want done alone", evs)
+	}
+	// An error comes in the stream, classified as ever.
+	if evs := stream(e.admin, map[string]any{"template": "nosuch"}); len(evs) != 1 || evs[0].Type != "error" || evs[0].Error.Code != "not_found" {
+		t.Errorf("create of a missing template: %+v, want one error not_found", evs)
+	}
+	// A malformed request is refused before any stream.
+	expect(t, do(t, e.admin, "POST", "/v1/sandboxes?progress=1", `{"memory_mib": "x"}`), 400, "bad_request")
+}

@@ -101,6 +101,13 @@ type errorDetail struct {
 // writeError sends err as the JSON error body. Internal errors are logged
 // here, where they are handled, with the request's details.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	ae := s.logFailure(r, err)
+	writeJSON(w, ae.Status, errorBody{Error: errorDetail{Code: ae.Code, Message: ae.Message}})
+}
+
+// logFailure logs a request's failure at the level its status calls for
+// and returns its classification.
+func (s *Server) logFailure(r *http.Request, err error) answer {
 	ae := classify(err)
 	if ae.Status >= 500 && ae.Status != http.StatusServiceUnavailable && ae.Status != http.StatusInsufficientStorage && ae.Status != http.StatusBadGateway {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
@@ -109,7 +116,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	} else {
 		s.log.Debug("request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.Status, "err", err)
 	}
-	writeJSON(w, ae.Status, errorBody{Error: errorDetail{Code: ae.Code, Message: ae.Message}})
+	return ae
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

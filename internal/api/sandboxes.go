@@ -197,6 +197,7 @@ type createRequest struct {
 	Network json.RawMessage `json:"network"`
 	// Placement is decoded by scheduler.Placement.
 	Placement scheduler.Placement `json:"placement"`
+	Progress  func(string)        `json:"-"` // set for ?progress=1
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -205,12 +206,26 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err := s.cp.Create(r.Context(), callerOf(r).Key, control.CreateRequest(req))
-	if err != nil {
-		s.writeError(w, r, err)
+	if r.URL.Query().Get("progress") != "1" {
+		sb, err := s.cp.Create(r.Context(), callerOf(r).Key, control.CreateRequest(req))
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s.withMemory(r.Context(), sb))
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.withMemory(r.Context(), sb))
+	// ?progress=1: NDJSON, as a bake's; the progress of what the create
+	// does first (fetch, bake), then done with the sandbox, or error.
+	out := newNDJSON(w)
+	req.Progress = func(msg string) { out.send(map[string]string{"type": "progress", "message": msg}) }
+	sb, err := s.cp.Create(r.Context(), callerOf(r).Key, control.CreateRequest(req))
+	if err != nil {
+		ae := s.logFailure(r, err)
+		out.send(map[string]any{"type": "error", "error": errorDetail{Code: ae.Code, Message: ae.Message}})
+		return
+	}
+	out.send(map[string]any{"type": "done", "sandbox": s.withMemory(r.Context(), sb)})
 }
 
 // owned returns the caller's sandbox id from the URL; another key's

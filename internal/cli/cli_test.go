@@ -262,7 +262,7 @@ func TestPlacementFlags(t *testing.T) {
 		args []string
 		req  string
 	}{
-		{[]string{"create", "--host", "h2"}, `POST /v1/sandboxes {"placement":{"host":"h2"}}`},
+		{[]string{"create", "--host", "h2"}, `POST /v1/sandboxes?progress=1 {"placement":{"host":"h2"}}`},
 		{[]string{"fork", "abc"}, `POST /v1/sandboxes/abc/fork {"count":1}`},
 		{[]string{"fork", "abc", "-n", "3", "--spread"}, `POST /v1/sandboxes/abc/fork {"count":3,"placement":"spread"}`},
 		{[]string{"fork", "abc", "--host", "h2"}, `POST /v1/sandboxes/abc/fork {"count":1,"placement":{"host":"h2"}}`},
@@ -410,11 +410,11 @@ func TestNetworkFlags(t *testing.T) {
 		req  string // the request sent: method, target and body
 		out  []string
 	}{
-		{[]string{"create"}, `POST /v1/sandboxes {}`, []string{"abc\n"}},
+		{[]string{"create"}, `POST /v1/sandboxes?progress=1 {}`, []string{"abc\n"}},
 		{[]string{"create", "--no-internet", "--allow-out", "pypi.org", "--allow-out", "10.0.0.0/8,*.example.com"},
-			`POST /v1/sandboxes {"network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8","*.example.com"]}}`, nil},
-		{[]string{"create", "--ttl", "600", "--on-expire", "pause"}, `POST /v1/sandboxes {"ttl_seconds":600,"on_expire":"pause"}`, []string{"abc\n"}},
-		{[]string{"create", "--deny-out", "example.com"}, `POST /v1/sandboxes {"network":{"internet":true,"deny_out":["example.com"]}}`, nil},
+			`POST /v1/sandboxes?progress=1 {"network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8","*.example.com"]}}`, nil},
+		{[]string{"create", "--ttl", "600", "--on-expire", "pause"}, `POST /v1/sandboxes?progress=1 {"ttl_seconds":600,"on_expire":"pause"}`, []string{"abc\n"}},
+		{[]string{"create", "--deny-out", "example.com"}, `POST /v1/sandboxes?progress=1 {"network":{"internet":true,"deny_out":["example.com"]}}`, nil},
 		{[]string{"network", "abc"}, `GET /v1/sandboxes/abc`, []string{"internet:", "no", "allow_out:", "pypi.org,10.0.0.0/8", "deny_out:", "-"}},
 		{[]string{"network", "abc", "--internet=false"}, `PATCH /v1/sandboxes/abc/network {"internet":false}`, nil},
 		{[]string{"net", "abc", "--internet", "--deny-out", "a.com", "--deny-out", "b.com"}, `PATCH /v1/sandboxes/abc/network {"internet":true,"deny_out":["a.com","b.com"]}`, nil},

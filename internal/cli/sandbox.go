@@ -51,6 +51,9 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// What the create does first (fetch or bake its template) goes
+			// to stderr: stdout holds the id alone.
+			opts.Progress = func(msg string) { fmt.Fprintln(cmd.ErrOrStderr(), msg) }
 			sb, err := c.Create(cmd.Context(), opts)
 			if err != nil {
 				return fmt.Errorf("create sandbox: %w", err)

@@ -33,6 +33,10 @@ type CreateRequest struct {
 	// Placement asks for a host (or spreading); zero: the scheduler
 	// chooses.
 	Placement scheduler.Placement
+	// Progress, if not nil, receives a line for each step of what the
+	// create must do before the restore: fetch the template's set from the
+	// object store, bake it (as a bake's progress).
+	Progress func(string)
 }
 
 // TTL is the TTL a request asks for in seconds (nil: the default one), or
@@ -191,7 +195,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
 	hreq := host.CreateRequest{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
-		Network: policy}
+		Network: policy, Progress: req.Progress}
 	return sb, hreq, nil
 }
 

@@ -262,15 +262,61 @@ func sandboxPath(id string, rest ...string) string {
 	return "/sandboxes/" + url.PathEscape(id) + strings.Join(rest, "")
 }
 
-// Create restores a new sandbox (req.Progress is not called: a remote
-// bake reports no progress here).
+// Create restores a new sandbox. With req.Progress it asks for the
+// create's progress (fetching or baking its template first) as a stream;
+// an agent that does not stream answers the sandbox alone.
 func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
-	var info host.Info
-	err := c.call(ctx, http.MethodPost, "/sandboxes", nil, createRequest{
+	in := createRequest{
 		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
 		Network: req.Network,
-	}, &info)
-	return info, err
+	}
+	var info host.Info
+	if req.Progress == nil {
+		err := c.call(ctx, http.MethodPost, "/sandboxes", nil, in, &info)
+		return info, err
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		return info, err
+	}
+	hr, err := c.request(ctx, http.MethodPost, "/sandboxes", url.Values{"progress": {"1"}}, bytes.NewReader(b))
+	if err != nil {
+		return info, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	res, err := c.do(hr)
+	if err != nil {
+		return info, err
+	}
+	defer res.Body.Close()
+	if !strings.HasPrefix(res.Header.Get("Content-Type"), "application/x-ndjson") {
+		if err := json.NewDecoder(res.Body).Decode(&info); err != nil {
+			return info, c.transportError(ctx, fmt.Errorf("decode POST /sandboxes: %w", err))
+		}
+		return info, nil
+	}
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var ev bakeEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return info, c.transportError(ctx, fmt.Errorf("create stream: %w", err))
+		}
+		switch ev.Type {
+		case "progress":
+			req.Progress(ev.Message)
+		case "done":
+			if ev.Info == nil {
+				return info, c.transportError(ctx, errors.New("create stream: done without the sandbox"))
+			}
+			return *ev.Info, nil
+		case "error":
+			if ev.Error != nil {
+				return info, ev.Error.err()
+			}
+		}
+	}
+	return info, c.transportError(ctx, errors.New("create stream ended without a result"))
 }
 
 // SetNetwork changes a live sandbox's egress policy.

@@ -181,10 +181,14 @@ type (
 		Template    *template.Template `json:"template"`
 		StaleReason string             `json:"stale_reason,omitempty"`
 	}
+	// bakeEvent is a line of a bake's stream, and of a create's that asked
+	// for its progress (?progress=1): done carries the template of a bake,
+	// the sandbox's Info of a create.
 	bakeEvent struct {
 		Type     string             `json:"type"` // progress, done or error
 		Message  string             `json:"message,omitempty"`
 		Template *template.Template `json:"template,omitempty"`
+		Info     *host.Info         `json:"info,omitempty"`
 		Error    *wireError         `json:"error,omitempty"`
 	}
 	pathRequest struct {

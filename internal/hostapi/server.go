@@ -94,7 +94,7 @@ func (s *Server) routes() http.Handler {
 		r.Get(Prefix+"/sandboxes", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"sandboxes": s.a.List()}, nil
 		}))
-		r.Post(Prefix+"/sandboxes", s.json(s.create))
+		r.Post(Prefix+"/sandboxes", s.create)
 		r.Get(Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) { return s.a.Get(chi.URLParam(r, "id")) }))
 		r.Delete(Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) {
 			return nil, s.a.Kill(r.Context(), chi.URLParam(r, "id"))
@@ -462,15 +462,33 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-func (s *Server) create(r *http.Request) (any, error) {
+// create restores a new sandbox. With ?progress=1 it answers NDJSON: the
+// progress of what the create must do first (fetch or bake its template),
+// then done with the sandbox's Info, or error.
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
 	if err := decode(r, &req); err != nil {
-		return nil, err
+		writeError(w, err)
+		return
 	}
-	return s.a.Create(r.Context(), host.CreateRequest{
+	hreq := host.CreateRequest{
 		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
 		Network: req.Network,
-	})
+	}
+	if r.URL.Query().Get("progress") != "1" {
+		s.json(func(r *http.Request) (any, error) { return s.a.Create(r.Context(), hreq) })(w, r)
+		return
+	}
+	out := newNDJSON(w)
+	hreq.Progress = func(msg string) { out.send(bakeEvent{Type: "progress", Message: msg}) }
+	info, err := s.a.Create(r.Context(), hreq)
+	if err != nil {
+		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		_, we := encodeError(err)
+		out.send(bakeEvent{Type: "error", Error: &we})
+		return
+	}
+	out.send(bakeEvent{Type: "done", Info: &info})
 }
 
 func (s *Server) fork(r *http.Request) (any, error) {

@@ -604,6 +604,46 @@ func TestBakeStream(t *testing.T) {
 	}
 }
 
+// TestCreateProgress: CreateOptions.Progress asks for the create's
+// progress (?progress=1) and gets its lines, then the sandbox; an error in
+// the stream is an *Error; a server that answers plain JSON (one that
+// does not stream a create's progress) gives the sandbox alone.
+func TestCreateProgress(t *testing.T) {
+	stream := `{"type":"progress","message":"baking template tiny-224m-1c (not baked yet)"}` + "\n" +
+		`{"type":"done","sandbox":{"id":"abc","template":"tiny","state":"running","memory_mib":224,"vcpus":1}}` + "\n"
+	var query string
+	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
+		query = r.URL.RawQuery
+		chunkedHandler([]string{stream}, 0)(w, r)
+	})
+	var msgs []string
+	sb, err := c.Create(context.Background(), CreateOptions{MemoryMiB: 224, Progress: func(m string) { msgs = append(msgs, m) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if query != "progress=1" || sb.ID != "abc" || sb.Info.MemoryMiB != 224 || !reflect.DeepEqual(msgs, []string{"baking template tiny-224m-1c (not baked yet)"}) {
+		t.Errorf("query %q, sandbox %+v, progress %q", query, sb.Info, msgs)
+	}
+
+	c = testClient(t, chunkedHandler([]string{`{"type":"error","error":{"code":"not_found","message":"template \"x\" not found"}}` + "\n"}, 0))
+	if _, err := c.Create(context.Background(), CreateOptions{Template: "x", Progress: func(string) {}}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("got %v, want ErrNotFound", err)
+	}
+	c = testClient(t, chunkedHandler([]string{`{"type":"progress","message":"baking"}` + "\n"}, 0))
+	if _, err := c.Create(context.Background(), CreateOptions{Progress: func(string) {}}); !errors.Is(err, ErrStreamEnded) {
+		t.Errorf("a stream cut short: %v, want ErrStreamEnded", err)
+	}
+
+	c = testClient(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		io.WriteString(w, `{"id":"old","state":"running"}`)
+	})
+	if sb, err := c.Create(context.Background(), CreateOptions{Progress: func(string) { t.Error("progress from a server that sent none") }}); err != nil || sb.ID != "old" {
+		t.Errorf("create against a server without progress: %v, %v", sb, err)
+	}
+}
+
 // TestJSONRoundTrip checks that SDK values marshal back to the API's shape
 // (the CLI prints them with --json).
 func TestJSONRoundTrip(t *testing.T) {

@@ -2,9 +2,12 @@ package pandastack
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -122,6 +125,12 @@ type CreateOptions struct {
 	Network *Network
 	// Placement chooses the host (OnHost); zero: the server's choice.
 	Placement Placement
+	// Progress, if not nil, receives a line for each step of what the
+	// create does before the sandbox starts: fetching its template to
+	// the host, baking it (a first create of a shape or of a user
+	// template on a host can take tens of seconds). A server that does
+	// not stream progress calls it never.
+	Progress func(string)
 }
 
 type createRequest struct {
@@ -148,10 +157,41 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		OnExpire: opts.OnExpire, Placement: opts.Placement,
 	}
 	var info SandboxInfo
-	if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {
+	if opts.Progress == nil {
+		if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {
+			return nil, err
+		}
+		return c.wrap(info), nil
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	hr, err := c.newRequest(ctx, http.MethodPost, path("sandboxes"), url.Values{"progress": {"1"}}, bytesReader(b), "application/json")
+	if err != nil {
 		return nil, err
 	}
-	return c.wrap(info), nil
+	hr.Header.Set("Accept", "application/x-ndjson")
+	resp, err := c.send(hr)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/x-ndjson") {
+		// A server that does not stream a create's progress.
+		if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+			return nil, fmt.Errorf("decode response: %w", err)
+		}
+		return c.wrap(info), nil
+	}
+	ev, err := readProgressStream(resp.Body, "create", "the sandbox was created", opts.Progress)
+	if err != nil {
+		return nil, err
+	}
+	if ev.Sandbox == nil {
+		return nil, newError(0, CodeInternal, "create: done event without a sandbox")
+	}
+	return c.wrap(*ev.Sandbox), nil
 }
 
 // Sandbox returns a handle on the sandbox id without asking the server;

@@ -115,25 +115,38 @@ func (c *Client) BakeTemplate(ctx context.Context, name string, memoryMiB, vcpus
 		return Template{}, err
 	}
 	defer resp.Body.Close()
-	return readBakeStream(resp.Body, progress)
+	ev, err := readProgressStream(resp.Body, "bake", "the template was baked", progress)
+	if err != nil {
+		return Template{}, err
+	}
+	if ev.Template == nil {
+		return Template{}, newError(0, CodeInternal, "bake: done event without a template")
+	}
+	return *ev.Template, nil
 }
 
-type bakeEvent struct {
-	Type     string    `json:"type"`
-	Message  string    `json:"message"`
-	Template *Template `json:"template"`
-	Error    *Error    `json:"error"`
+// progressEvent is a line of a stream of progress (a bake's, a create's
+// with CreateOptions.Progress): progress lines, then done or error.
+type progressEvent struct {
+	Type     string       `json:"type"`
+	Message  string       `json:"message"`
+	Template *Template    `json:"template"` // a bake's done
+	Sandbox  *SandboxInfo `json:"sandbox"`  // a create's done
+	Error    *Error       `json:"error"`
 }
 
-func readBakeStream(r io.Reader, progress func(string)) (Template, error) {
+// readProgressStream calls progress with each progress line of r and
+// returns its done event, or its error as an *Error. what names the
+// operation in errors, until what a stream cut short never reached.
+func readProgressStream(r io.Reader, what, until string, progress func(string)) (progressEvent, error) {
 	dec := json.NewDecoder(r)
 	for {
-		var ev bakeEvent
+		var ev progressEvent
 		if err := dec.Decode(&ev); err != nil {
 			if errors.Is(err, io.EOF) {
-				return Template{}, fmt.Errorf("bake: %w before the template was baked", ErrStreamEnded)
+				return ev, fmt.Errorf("%s: %w before %s", what, ErrStreamEnded, until)
 			}
-			return Template{}, fmt.Errorf("bake: read progress stream: %w", err)
+			return ev, fmt.Errorf("%s: read progress stream: %w", what, err)
 		}
 		switch ev.Type {
 		case "progress":
@@ -141,15 +154,12 @@ func readBakeStream(r io.Reader, progress func(string)) (Template, error) {
 				progress(ev.Message)
 			}
 		case "done":
-			if ev.Template == nil {
-				return Template{}, newError(0, CodeInternal, "bake: done event without a template")
-			}
-			return *ev.Template, nil
+			return ev, nil
 		case "error":
 			if ev.Error == nil {
-				return Template{}, newError(0, CodeInternal, "bake: error event without an error")
+				return ev, newError(0, CodeInternal, what+": error event without an error")
 			}
-			return Template{}, newError(0, ev.Error.Code, ev.Error.Message)
+			return ev, newError(0, ev.Error.Code, ev.Error.Message)
 		}
 	}
 }

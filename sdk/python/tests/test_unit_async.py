@@ -155,6 +155,21 @@ class LifecycleTest(AsyncStubTestCase):
             self.assertIsInstance(sb3, AsyncSandbox)
         self.assertEqual(self.stub.last.method, "DELETE")
 
+    async def test_create_progress(self):
+        events = [{"type": "progress", "message": "fetching template app:2"}, {"type": "done", "sandbox": SANDBOX}]
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.stub.route("POST", "/v1/sandboxes", lambda rec, h: send_chunked(h, 200, [data]))
+        steps = []
+
+        async def note(msg):
+            steps.append(msg)
+
+        sb = await AsyncSandbox.create(template="app:2", client=self.client, on_progress=note)
+        self.assertEqual((sb.id, steps, self.stub.last.query), ("abc123", ["fetching template app:2"], "progress=1"))
+        self.stub.json_route("POST", "/v1/sandboxes", 201, SANDBOX)  # a server without progress
+        sb = await AsyncSandbox.create(client=self.client, on_progress=steps.append)
+        self.assertEqual((sb.id, len(steps)), ("abc123", 1))
+
     async def test_context_manager_kills_and_keeps_original_exception(self):
         self.stub.json_route("DELETE", "/v1/sandboxes/abc123", 503, {"error": {"code": "unavailable", "message": "down"}})
         with self.assertRaises(KeyError):

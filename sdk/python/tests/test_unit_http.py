@@ -552,6 +552,35 @@ class NetworkTest(StubTestCase):
         Sandbox.create(client=self.client)
         self.assertNotIn("network", self.stub.last.json())
 
+    def test_create_progress(self):
+        events = [
+            {"type": "progress", "message": "baking template tiny-224m-1c (not baked yet)"},
+            {"type": "progress", "message": "booting guest"},
+            {"type": "done", "sandbox": dict(SANDBOX, memory_mib=224)},
+        ]
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.stub.route("POST", "/v1/sandboxes", lambda rec, h: send_chunked(h, 200, [data[i : i + 7] for i in range(0, len(data), 7)]))
+        steps = []
+        sb = Sandbox.create(template="tiny", memory_mib=224, client=self.client, on_progress=steps.append)
+        self.assertEqual((sb.id, sb.info.memory_mib), ("abc123", 224))
+        self.assertEqual(steps, ["baking template tiny-224m-1c (not baked yet)", "booting guest"])
+        self.assertEqual(self.stub.last.query, "progress=1")
+        self.assertEqual(self.stub.last.json()["memory_mib"], 224)
+
+    def test_create_progress_error_and_old_server(self):
+        err = json.dumps({"type": "error", "error": {"code": "not_found", "message": "template \"x\" not found"}}).encode() + b"\n"
+        self.stub.route("POST", "/v1/sandboxes", lambda rec, h: send_chunked(h, 200, [err]))
+        with self.assertRaises(pandastack.NotFoundError):
+            Sandbox.create(template="x", client=self.client, on_progress=lambda m: None)
+        cut = json.dumps({"type": "progress", "message": "baking"}).encode() + b"\n"
+        self.stub.route("POST", "/v1/sandboxes", lambda rec, h: send_chunked(h, 200, [cut]))
+        with self.assertRaises(pandastack.PandaConnectionError):
+            Sandbox.create(client=self.client, on_progress=lambda m: None)
+        # A server that does not stream a create's progress answers JSON.
+        self.stub.json_route("POST", "/v1/sandboxes", 201, SANDBOX)
+        sb = Sandbox.create(client=self.client, on_progress=lambda m: self.fail("progress from a server that sent none"))
+        self.assertEqual(sb.id, "abc123")
+
     def test_network_of_info(self):
         self.stub.json_route("GET", "/v1/sandboxes/abc123", 200, dict(SANDBOX, network={"internet": False, "allow_out": ["pypi.org"]}))
         sb = self.sandbox()

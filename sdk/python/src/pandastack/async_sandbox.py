@@ -12,13 +12,14 @@ iterator.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from typing import IO, Any, AsyncIterator, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
+from typing import IO, Any, AsyncIterator, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from ._command import Output
 from .async_client import AsyncClient, AsyncStreamResponse, _AsyncLines, _call, resolve_async_client
 from .async_processes import AsyncCommands, AsyncPty
-from .client import _long, quote_segment
+from .client import _create_event, _is_ndjson, _long, quote_segment
 from .errors import NotFoundError, PandaConnectionError, PandaError
 from .filesystem import WatchEvent, WriteData, _discard, _watch_event, _entries, _Files, _remove_query, _watch_request, _write_query
 from .models import ExecResult, FileInfo, NetworkPolicy, Port, SandboxInfo, SignedURL
@@ -108,10 +109,12 @@ class AsyncSandbox(_Described):
         on_expire: Optional[str] = None,
         placement: PlacementArg = None,
         client: Optional[AsyncClient] = None,
+        on_progress: Optional[Callable[[str], Any]] = None,
     ) -> _Creating:
         """Create a sandbox: ``sb = await AsyncSandbox.create(...)``, or ``async with AsyncSandbox.create(...) as sb:``.
 
-        Arguments and errors are :meth:`Sandbox.create`'s. The arguments are
+        Arguments and errors are :meth:`Sandbox.create`'s (``on_progress`` may
+        be a plain or an async function). The arguments are
         checked when the call is awaited (or the block entered). Cancelling
         the awaiting task closes the connection; the server abandons a create
         still under way, but one that had just finished leaves a running
@@ -121,8 +124,19 @@ class AsyncSandbox(_Described):
         async def make() -> "AsyncSandbox":
             c = resolve_async_client(client, api_key, api_url)
             body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement)
-            data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
-            return cls(SandboxInfo.from_dict(data or {}), c)
+            if on_progress is None:
+                data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
+                return cls(SandboxInfo.from_dict(data or {}), c)
+            async with await c.stream("POST", "/v1/sandboxes", query={"progress": "1"}, json_body=body, timeout=_long(c.timeout)) as resp:
+                if not _is_ndjson(resp.headers):
+                    return cls(SandboxInfo.from_dict(json.loads(b"".join([ch async for ch in resp.iter_chunks()]) or b"{}")), c)
+                async for ev in resp.iter_ndjson():
+                    progress, done = _create_event(ev)
+                    if progress is not None:
+                        await _call(on_progress, progress)
+                    elif done is not None:
+                        return cls(SandboxInfo.from_dict(done), c)
+            raise PandaConnectionError("the create stream ended before the sandbox was created")
 
         return _Creating(make)
 

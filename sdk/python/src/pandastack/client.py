@@ -896,6 +896,25 @@ def _bake_body(memory_mib: Optional[int], vcpus: Optional[int]) -> Dict[str, Any
     return body
 
 
+def _create_event(ev: Any) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """One event of a create's progress stream: ``(progress message, None)``, ``(None, the sandbox's JSON)``, or ``(None, None)`` to ignore; an error event raises."""
+    if not isinstance(ev, Mapping):
+        return None, None
+    t = ev.get("type")
+    if t == "progress":
+        return str(ev.get("message", "")), None
+    if t == "done":
+        return None, dict(ev.get("sandbox") or {})
+    if t == "error":
+        raise _errors.error_from_body(ev.get("error") or {})
+    return None, None
+
+
+def _is_ndjson(headers: Any) -> bool:
+    """Whether a response's Content-Type is NDJSON (a server that does not stream a create's progress answers JSON)."""
+    return str(headers.get("Content-Type") or "").startswith("application/x-ndjson")
+
+
 def _bake_event(ev: Any) -> Tuple[Optional[str], Optional[Template]]:
     """One event of a bake stream: ``(progress message, None)``, ``(None, baked template)``, or ``(None, None)`` to ignore; an error event raises."""
     if not isinstance(ev, Mapping):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from . import errors as _errors
 from ._command import Command, Output, check_str_map, command_body
-from .client import Client, _long, quote_segment, resolve_client
+from .client import Client, _create_event, _is_ndjson, _long, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
 from .processes import Commands, Pty
@@ -366,6 +367,7 @@ class Sandbox(_Described):
         on_expire: Optional[str] = None,
         placement: PlacementArg = None,
         client: Optional[Client] = None,
+        on_progress: Optional[Callable[[str], None]] = None,
     ) -> "Sandbox":
         """Create a sandbox and return it running.
 
@@ -403,6 +405,11 @@ class Sandbox(_Described):
                 memory (see docs/scheduling.md). ``info.host_id`` says where
                 it went.
             client: Use this :class:`Client` instead of ``api_key``/``api_url``.
+            on_progress: Called with each step of what the create does before
+                the sandbox starts, as it happens: fetching its template to the
+                host, baking it (the first create of a memory size, or of a
+                user template on a host, can take tens of seconds). Never
+                called by a server that does not report it.
 
         Raises:
             ValueError: ``on_expire`` is neither ``"kill"`` nor ``"pause"``;
@@ -421,8 +428,19 @@ class Sandbox(_Described):
         """
         c = resolve_client(client, api_key, api_url)
         body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement)
-        data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
-        return cls(SandboxInfo.from_dict(data or {}), c)
+        if on_progress is None:
+            data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
+            return cls(SandboxInfo.from_dict(data or {}), c)
+        with c.stream("POST", "/v1/sandboxes", query={"progress": "1"}, json_body=body, timeout=_long(c.timeout)) as resp:
+            if not _is_ndjson(resp.headers):
+                return cls(SandboxInfo.from_dict(json.loads(b"".join(resp.iter_chunks()) or b"{}")), c)
+            for ev in resp.iter_ndjson():
+                progress, done = _create_event(ev)
+                if progress is not None:
+                    on_progress(progress)
+                elif done is not None:
+                    return cls(SandboxInfo.from_dict(done), c)
+        raise PandaConnectionError("the create stream ended before the sandbox was created")
 
     @classmethod
     def connect(
