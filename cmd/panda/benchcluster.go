@@ -63,7 +63,8 @@ it exits.`,
 			for _, r := range []struct {
 				name string
 				d    bench.Dist
-			}{{"same-host fork → child exec", res.SameHostForkFirstExec}, {"cross-host fork → child exec", res.CrossHostForkFirstExec},
+			}{{"same-host fork → child exec", res.SameHostForkFirstExec}, {"  of which the fork's answer", res.SameHostForkAnswer},
+				{"cross-host fork → child exec", res.CrossHostForkFirstExec}, {"  of which the fork's answer", res.CrossHostForkAnswer},
 				{"resume on another host → exec", res.ResumeElsewhereFirstExec}} {
 				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms\n", r.name, r.d.P50, r.d.P99)
 			}

@@ -38,6 +38,11 @@ type ClusterResult struct {
 	// another host.
 	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
 	CrossHostForkFirstExec Dist `json:"cross_host_fork_first_exec"`
+	// Fork → the fork's answer (the child running), before its first
+	// exec: the rest of the figures above is that exec, the child's first
+	// (under TCG it pays the translation of the guest's exec path).
+	SameHostForkAnswer  Dist `json:"same_host_fork_answer"`
+	CrossHostForkAnswer Dist `json:"cross_host_fork_answer"`
 	// What a cross-host fork moved (p50 over the rounds): what the
 	// parent's host sent straight to the other host, plus its upload and
 	// the other host's fetch where the capture went through the object
@@ -126,7 +131,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		}
 		return sb, nil
 	}
-	var same, cross, resume []time.Duration
+	var same, cross, resume, sameAnswer, crossAnswer []time.Duration
 	var capture, dirty, direct, up, down, moved []float64
 	for i := range o.N {
 		logf("round %d/%d", i+1, o.N)
@@ -135,15 +140,16 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 			return res, fmt.Errorf("parent: %w", err)
 		}
 		for _, tc := range []struct {
-			to  string
-			out *[]time.Duration
-		}{{a, &same}, {b, &cross}} {
+			to          string
+			out, answer *[]time.Duration
+		}{{a, &same, &sameAnswer}, {b, &cross, &crossAnswer}} {
 			t0 := time.Now()
 			fr, err := parent.ForkWithOptions(ctx, pandastack.ForkOptions{Count: 1, Placement: pandastack.OnHost(tc.to)})
 			made = append(made, fr.Children...)
 			if err != nil {
 				return res, fmt.Errorf("fork to %s: %w", tc.to, err)
 			}
+			*tc.answer = append(*tc.answer, time.Since(t0))
 			if err := firstExec(fr.Children[0]); err != nil {
 				return res, fmt.Errorf("child on %s: %w", tc.to, err)
 			}
@@ -177,6 +183,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	}
 	res.SameHostForkFirstExec = Summarize(same)
 	res.CrossHostForkFirstExec = Summarize(cross)
+	res.SameHostForkAnswer, res.CrossHostForkAnswer = Summarize(sameAnswer), Summarize(crossAnswer)
 	res.ResumeElsewhereFirstExec = Summarize(resume)
 	res.CrossHostCaptureMiBP50 = median(capture)
 	res.CrossHostDirtyMiBP50 = median(dirty)

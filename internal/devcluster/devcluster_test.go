@@ -637,6 +637,12 @@ func TestDevCluster(t *testing.T) {
 		if len(res.Hosts) < 2 || res.SameHostForkFirstExec.N != 1 || res.CrossHostForkFirstExec.N != 1 || res.ResumeElsewhereFirstExec.N != 1 {
 			t.Errorf("bench cluster measured %+v", res)
 		}
+		// The fork's answer comes before the child's first exec answers.
+		for _, d := range []struct{ answer, exec bench.Dist }{{res.SameHostForkAnswer, res.SameHostForkFirstExec}, {res.CrossHostForkAnswer, res.CrossHostForkFirstExec}} {
+			if d.answer.N != 1 || d.answer.P50 <= 0 || d.answer.P50 > d.exec.P50 {
+				t.Errorf("fork answered after %+v, its child's first exec after %+v: want one sample, within the exec's", d.answer, d.exec)
+			}
+		}
 		if res.CrossHostMovedMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
 			t.Errorf("cross-host fork moved %v MiB, dirty %v MiB: want both positive", res.CrossHostMovedMiBP50, res.CrossHostDirtyMiBP50)
 		}
