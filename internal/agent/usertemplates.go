@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/objstore"
@@ -27,6 +29,41 @@ import (
 
 // userfsName is the set name of version v of user template name.
 func userfsName(name string, v int) string { return fmt.Sprintf("userfs/%s/v%d", name, v) }
+
+// parseUserfsName is userfsName's inverse (false: not a set of a user
+// template's version).
+func parseUserfsName(set string) (string, int, bool) {
+	rest, ok := strings.CutPrefix(set, "userfs/")
+	if !ok {
+		return "", 0, false
+	}
+	name, vs, ok := strings.Cut(rest, "/v")
+	v, err := strconv.Atoi(vs)
+	if !ok || err != nil || v < 1 || name == "" || strings.Contains(name, "/") {
+		return "", 0, false
+	}
+	return name, v, true
+}
+
+// StoredUserTemplates lists the versions of user templates whose set the
+// object store holds ("NAME:N", one listing of userfs/): every host's
+// builds, this fleet's. Without a store: none.
+func (a *Agent) StoredUserTemplates(ctx context.Context) ([]string, error) {
+	if a.store == nil {
+		return nil, nil
+	}
+	names, err := a.store.NamesUnder(ctx, "userfs/")
+	if err != nil {
+		return nil, fmt.Errorf("list the user templates in the object store: %w", err)
+	}
+	var out []string
+	for _, n := range names {
+		if name, v, ok := parseUserfsName(n); ok {
+			out = append(out, template.Ref(name, v))
+		}
+	}
+	return out, nil
+}
 
 // SharesTemplates reports whether this host keeps the user templates it
 // builds in an object store, where the other hosts of its fleet find them.

@@ -262,6 +262,9 @@ type Catalog interface {
 	GetTemplate(ctx context.Context, name string) (Template, error)
 	// ListTemplates returns every user template, by name.
 	ListTemplates(ctx context.Context) ([]Template, error)
+	// ListTemplateRecords is ListTemplates with the records of deleted
+	// templates too: empty, each with its name's last version number.
+	ListTemplateRecords(ctx context.Context) ([]Template, error)
 	// UpdateTemplate reads the template, calls fn on it and writes the
 	// result back in one transaction, as UpdateSandbox does. A template
 	// left with neither versions nor builds is deleted (its name keeps

@@ -56,6 +56,9 @@ type Templates struct {
 	builderOf func(id string) (tmplbuild.Builder, error)
 	gone      func(id string) bool
 	connected func() map[string]tmplbuild.Builder
+	sweeperOf func(id string) (StoreSweeper, bool)
+
+	sweep sweepState // of the object store's user template sets
 }
 
 var _ tmplbuild.Builder = (*Templates)(nil)
@@ -64,7 +67,7 @@ var _ tmplbuild.Builder = (*Templates)(nil)
 // host that runs every build (--template-host).
 func NewTemplates(r *Registry, pin string) *Templates {
 	t := &Templates{r: r, pin: pin, log: r.log.With("part", "templates"), watching: map[string]bool{}}
-	t.builderOf, t.gone, t.connected = t.memberBuilder, t.memberGone, t.members
+	t.builderOf, t.gone, t.connected, t.sweeperOf = t.memberBuilder, t.memberGone, t.members, t.memberSweeper
 	t.life, t.stop = context.WithCancel(context.Background())
 	return t
 }
@@ -87,8 +90,11 @@ func (t *Templates) Watch(ctx context.Context) error {
 // HostConnected runs when host id connects. The --template-host's
 // templates that the catalog has no record of are imported: those it built
 // while it kept the registry itself (before the catalog did), each with
-// its versions, owner and public flag. Errors are logged.
+// its versions, owner and public flag. Then, at most once per SweepEvery,
+// the host sweeps the object store of the versions the registry no longer
+// has (SweepStore), in the background. Errors are logged.
 func (t *Templates) HostConnected(ctx context.Context, id string) {
+	defer t.maybeSweep(id)
 	if id != t.pin {
 		return
 	}

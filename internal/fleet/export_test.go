@@ -23,3 +23,8 @@ func SetBuilders(t *Templates, ids []string, builderOf func(id string) (tmplbuil
 		return out
 	}
 }
+
+// SetSweeper makes t sweep the object store through via, for every host.
+func SetSweeper(t *Templates, via StoreSweeper) {
+	t.sweeperOf = func(string) (StoreSweeper, bool) { return via, true }
+}

@@ -148,6 +148,23 @@ func (c *Client) Resources(ctx context.Context) (host.Resources, error) {
 // Accel is the agent's accelerator.
 func (c *Client) Accel() vmm.Accel { return c.Info().Accel }
 
+// StoredUserTemplates lists the versions of user templates whose set the
+// agent's object store holds ("NAME:N").
+func (c *Client) StoredUserTemplates(ctx context.Context) ([]string, error) {
+	var out struct {
+		Templates []string `json:"templates"`
+	}
+	err := c.callShort(ctx, http.MethodGet, "/user-templates/stored", nil, nil, &out)
+	return out.Templates, err
+}
+
+// DropStoredUserTemplate deletes the set of version v of user template
+// name from the agent's object store (none is fine), then collects the
+// garbage.
+func (c *Client) DropStoredUserTemplate(ctx context.Context, name string, v int) error {
+	return c.call(ctx, http.MethodDelete, "/user-templates/stored/"+url.PathEscape(name)+"/"+strconv.Itoa(v), nil, nil, nil)
+}
+
 // NetworkOff implements host.NetworkReporter, from the agent's last info.
 func (c *Client) NetworkOff() bool { return c.Info().NetworkOff }
 

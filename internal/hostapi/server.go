@@ -153,6 +153,19 @@ func (s *Server) routes() http.Handler {
 		}))
 		r.Post(Prefix+"/templates/bake", s.bake)
 		s.buildRoutes(r) // builds.go
+		// The user templates' sets in the object store this agent shares
+		// (the control plane's sweep of sets its registry does not know).
+		r.Get(Prefix+"/user-templates/stored", s.json(func(r *http.Request) (any, error) {
+			refs, err := s.a.StoredUserTemplates(r.Context())
+			return map[string]any{"templates": refs}, err
+		}))
+		r.Delete(Prefix+"/user-templates/stored/{name}/{version}", s.json(func(r *http.Request) (any, error) {
+			v, err := strconv.Atoi(chi.URLParam(r, "version"))
+			if err != nil || v < 1 {
+				return nil, fmt.Errorf("%w: version %q is not a positive number", host.ErrInvalid, chi.URLParam(r, "version"))
+			}
+			return nil, s.a.UnpublishUserTemplate(r.Context(), chi.URLParam(r, "name"), []int{v})
+		}))
 
 		r.Post(Prefix+"/sandboxes/{id}/exec", s.exec)
 		s.processRoutes(r)

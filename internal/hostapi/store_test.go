@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -213,5 +214,50 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	t.Cleanup(func() { hostB.Kill(context.Background(), child.ID) })
 	if got := mustRun(t, hostB, child.ID, "cat /root/d"); got != "direct\n" {
 		t.Errorf("child on B reads %q, want %q", got, "direct\n")
+	}
+}
+
+// TestStoredUserTemplates: the host API lists the user template versions
+// whose set the agent's object store holds ("NAME:N", other sets left out)
+// and deletes one (the control plane's sweep of versions its registry no
+// longer has); a version that is not a number is refused.
+func TestStoredUserTemplates(t *testing.T) {
+	objs, err := objstore.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := storeHost(t, objs)
+	cs, err := chunkstore.New(objs, chunkstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	f := filepath.Join(t.TempDir(), "rootfs.ext4")
+	if err := os.WriteFile(f, []byte("a root filesystem"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range []string{"userfs/app/v1", "userfs/app/v2", "snapshots/abc"} {
+		if _, _, err := cs.Upload(ctx, set, map[string]string{"rootfs.ext4": f}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := c.StoredUserTemplates(ctx)
+	if err != nil || !slices.Equal(got, []string{"app:1", "app:2"}) {
+		t.Fatalf("StoredUserTemplates = %q, %v; want app:1 app:2", got, err)
+	}
+	if err := c.DropStoredUserTemplate(ctx, "app", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.Manifest(ctx, "userfs/app/v1"); !errors.Is(err, objstore.ErrNotFound) {
+		t.Errorf("userfs/app/v1 after its drop: %v, want not found", err)
+	}
+	if got, err := c.StoredUserTemplates(ctx); err != nil || !slices.Equal(got, []string{"app:2"}) {
+		t.Errorf("StoredUserTemplates after the drop = %q, %v; want app:2", got, err)
+	}
+	if err := c.DropStoredUserTemplate(ctx, "app", 1); err != nil {
+		t.Errorf("a drop of a set already gone: %v, want none", err)
+	}
+	if err := c.DropStoredUserTemplate(ctx, "app", 0); !errors.Is(err, host.ErrInvalid) {
+		t.Errorf("a drop of version 0: %v, want ErrInvalid", err)
 	}
 }

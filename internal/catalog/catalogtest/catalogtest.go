@@ -1062,6 +1062,10 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 1 || ts[0].Name != "aaa" {
 		t.Errorf("ListTemplates after the delete = %+v, %v; want aaa", ts, err)
 	}
+	// Its record stays, empty, with the last number it gave out.
+	if ts, err := c.ListTemplateRecords(ctx); err != nil || len(ts) != 2 || ts[1].Name != "app" || ts[1].Exists() || ts[1].LastVersion != 3 {
+		t.Errorf("ListTemplateRecords after the delete = %+v, %v; want aaa and app's empty record at version 3", ts, err)
+	}
 	// key_b owns aaa: with a bound of 1 it may not take app.
 	if _, err := c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: "b5", Owner: "key_b", CreatedAt: t0}, 1); !errors.Is(err, catalog.ErrQuota) {
 		t.Errorf("ReserveTemplateBuild over the bound: got %v, want ErrQuota", err)

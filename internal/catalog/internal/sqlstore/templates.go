@@ -170,8 +170,12 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (catalog.Template,
 }
 
 func (s *Store) ListTemplates(ctx context.Context) ([]catalog.Template, error) {
-	ts, err := list(ctx, s, "list templates", scanTemplate, `SELECT `+templateCols+` FROM templates ORDER BY name`)
+	ts, err := s.ListTemplateRecords(ctx)
 	return slices.DeleteFunc(ts, func(t catalog.Template) bool { return !t.Exists() }), err
+}
+
+func (s *Store) ListTemplateRecords(ctx context.Context) ([]catalog.Template, error) {
+	return list(ctx, s, "list templates", scanTemplate, `SELECT `+templateCols+` FROM templates ORDER BY name`)
 }
 
 func (s *Store) UpdateTemplate(ctx context.Context, name string, fn func(*catalog.Template) error) (catalog.Template, error) {
