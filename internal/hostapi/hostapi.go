@@ -42,7 +42,13 @@
 //     before the body is read to its end) and answers the snapshot kept
 //     (FetchedBytes: the pack's length), or corrupt if the stream was
 //     cut short or damaged. Neither is buffered whole on either side.
-//   - template bake and the event stream (GET /host/v1/events) are NDJSON.
+//   - template bake and the event stream (GET /host/v1/events) are NDJSON;
+//     so is a create (POST /host/v1/sandboxes) with ?progress=1: its
+//     progress lines, then done with the sandbox's Info, or error.
+//   - the user templates' sets in the agent's object store: GET
+//     /user-templates/stored lists them ("NAME:N"), DELETE
+//     /user-templates/stored/{name}/{version} deletes one (the control
+//     plane's sweep of versions its registry no longer has).
 //   - background processes (…/processes: start, list; …/processes/{pid}:
 //     delete, stdin (raw body, at most MaxStdinBody; ?close=true closes
 //     stdin after it), signal, resize, wait, attach). Attach
