@@ -896,18 +896,24 @@ def _bake_body(memory_mib: Optional[int], vcpus: Optional[int]) -> Dict[str, Any
     return body
 
 
-def _create_event(ev: Any) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
-    """One event of a create's progress stream: ``(progress message, None)``, ``(None, the sandbox's JSON)``, or ``(None, None)`` to ignore; an error event raises."""
+def _progress_event(ev: Any, result: str) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """One event of a progress stream (a bake's, a create's): ``(progress message, None)``, ``(None, the done event's
+    ``result`` object)``, or ``(None, None)`` to ignore; an error event raises."""
     if not isinstance(ev, Mapping):
         return None, None
     t = ev.get("type")
     if t == "progress":
         return str(ev.get("message", "")), None
     if t == "done":
-        return None, dict(ev.get("sandbox") or {})
+        return None, dict(ev.get(result) or {})
     if t == "error":
         raise _errors.error_from_body(ev.get("error") or {})
     return None, None
+
+
+def _create_event(ev: Any) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """One event of a create's progress stream; the done event gives the sandbox's JSON."""
+    return _progress_event(ev, "sandbox")
 
 
 def _is_ndjson(headers: Any) -> bool:
@@ -917,8 +923,8 @@ def _is_ndjson(headers: Any) -> bool:
 
 def _bake_event(ev: Any) -> Tuple[Optional[str], Optional[Template]]:
     """One event of a bake stream: ``(progress message, None)``, ``(None, baked template)``, or ``(None, None)`` to ignore; an error event raises."""
-    if not isinstance(ev, Mapping):
-        return None, None
+    progress, done = _progress_event(ev, "template")
+    return progress, (Template.from_dict(done) if done is not None else None)
     t = ev.get("type")
     if t == "progress":
         return str(ev.get("message", "")), None
