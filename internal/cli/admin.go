@@ -639,14 +639,26 @@ func hostsListCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), map[string]any{"hosts": hosts})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "ACCEL", "CPUS", "SANDBOXES", "MEMORY", "AVAILABLE", "ALLOCATED", "SANDBOXES PSS", "TEMPLATES")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "ACCEL", "CPUS", "SANDBOXES", "MEMORY", "AVAILABLE", "ALLOCATED", "SANDBOXES PSS", "NETWORK", "TEMPLATES")
 			for _, h := range hosts {
 				t.row(h.ID, h.State, orDash(h.Accel), strconv.Itoa(h.VCPUs), strconv.Itoa(h.Sandboxes), mib(h.MemoryMiB), mib(h.MemoryAvailableMiB), mib(h.MemoryAllocatedMiB),
-					fmt.Sprintf("%.1f MiB", h.SandboxesPSSMiB), orDash(strings.Join(h.Templates, ",")))
+					fmt.Sprintf("%.1f MiB", h.SandboxesPSSMiB), hostNetwork(h), orDash(strings.Join(h.Templates, ",")))
 			}
 			return t.flush()
 		},
 	}
+}
+
+// hostNetwork is a host's sandbox networking: off, on, or "-" while a
+// fleet's host cannot say (not connected).
+func hostNetwork(h pandastack.Host) string {
+	switch {
+	case h.NetworkOff:
+		return "off"
+	case h.State == "ready" || h.State == "draining":
+		return "on"
+	}
+	return "-"
 }
 
 // eachID runs fn for every id, going on after failures, and returns them

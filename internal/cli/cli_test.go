@@ -300,7 +300,7 @@ func TestHumanOutputs(t *testing.T) {
 		case "/v1/sandboxes/abc/files/list":
 			io.WriteString(w, `{"entries":[{"name":"d","path":"/d","size":4096,"mode":493,"is_dir":true},{"name":"l","path":"/l","size":1,"mode":511,"is_dir":false,"is_symlink":true,"link_target":"/d"}]}`)
 		case "/v1/hosts":
-			io.WriteString(w, `{"hosts":[{"id":"h1","state":"ready","sandboxes":3}]}`)
+			io.WriteString(w, `{"hosts":[{"id":"h1","state":"ready","sandboxes":3},{"id":"h2","state":"ready","network_off":true},{"id":"h3","state":"lost"}]}`)
 		case "/v1/snapshots":
 			io.WriteString(w, `{"snapshots":[{"id":"s1","template":"tiny","memory_mib":256,"stored":"durable"},`+
 				`{"id":"s2","template":"tiny","memory_mib":256,"stored":"uploading","store_error":"the object store is unavailable"}]}`)
@@ -320,7 +320,7 @@ func TestHumanOutputs(t *testing.T) {
 		{[]string{"keys", "ls"}, []string{"key1", "ci", "active", "ps_ab"}},
 		{[]string{"keys", "ls", "--all"}, []string{"key1", "active", "key2", "old", "revoked"}},
 		{[]string{"fs", "ls", "abc", "/"}, []string{"drwxr-xr-x", "d/", "Lrwxrwxrwx", "l -> /d"}},
-		{[]string{"hosts"}, []string{"h1", "ready", "3"}},
+		{[]string{"hosts"}, []string{"NETWORK", "h1", "ready", "3", " on ", " off ", "h3", "lost"}},
 		{[]string{"snapshot", "ls"}, []string{"STORED", "s1", "durable", "s2", "uploading (the object store is unavailable)"}},
 		{[]string{"port", "ls", "abc"}, []string{"PORT", "8000", "::", "yes", "9000", "127.0.0.1", "no: loopback only"}},
 		{[]string{"port", "abc", "8000", "--ttl", "10m"}, []string{"http://h/p/TOKEN/\n"}},
