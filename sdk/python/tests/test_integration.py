@@ -68,6 +68,19 @@ class ServerTest(unittest.TestCase):
         with create() as sb:  # the re-baked template works
             self.assertEqual(sb.exec("echo ok").stdout, "ok\n")
 
+    def test_create_reports_its_bake(self):
+        # A shape no other test bakes: the create bakes it first and says so.
+        steps: List[str] = []
+        sb = Sandbox.create(template="tiny", memory_mib=320, client=ADMIN, on_progress=steps.append)
+        self.addCleanup(sb.kill)
+        self.assertEqual((sb.state, sb.info.memory_mib), ("running", 320))
+        self.assertTrue(steps and steps[0].startswith("baking template tiny-320m-1c"), steps)
+        self.assertEqual(sb.exec("echo ok").stdout, "ok\n")
+        again: List[str] = []
+        sb2 = Sandbox.create(template="tiny", memory_mib=320, client=ADMIN, on_progress=again.append)
+        self.addCleanup(sb2.kill)
+        self.assertEqual(again, [], "a baked shape has nothing to report")
+
     def test_configuration_from_environment(self):
         sb = create(metadata={"env-test": tag()})
         self.addCleanup(sb.kill)
