@@ -107,9 +107,18 @@ func (t *Templates) HostConnected(ctx context.Context, id string) {
 		t.log.Warn("cannot list the template host's templates to import them", "host_id", id, "err", err)
 		return
 	}
+	recs, err := t.r.cfg.Catalog.ListTemplateRecords(ctx)
+	if err != nil {
+		t.log.Warn("cannot read the registry to import the template host's templates", "host_id", id, "err", err)
+		return
+	}
+	recorded := map[string]bool{}
+	for _, rec := range recs {
+		recorded[rec.Name] = true
+	}
 	for _, latest := range us {
-		if _, err := t.r.cfg.Catalog.GetTemplate(ctx, latest.Name); err == nil {
-			continue // known: the usual case
+		if recorded[latest.Name] {
+			continue // known, or deleted (its numbers are taken): the usual case
 		}
 		if err := t.importTemplate(ctx, b, latest); err != nil && !errors.Is(err, catalog.ErrConflict) {
 			t.log.Warn("cannot import a template of the template host", "host_id", id, "template", latest.Name, "err", err)

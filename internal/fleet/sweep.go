@@ -108,13 +108,12 @@ func (t *Templates) maybeSweep(id string) {
 	}()
 }
 
-// memberSweeper is a connected member's client.
+// memberSweeper is a connected member's client (a registered host's).
 func (t *Templates) memberSweeper(id string) (StoreSweeper, bool) {
-	t.r.mu.Lock()
-	defer t.r.mu.Unlock()
-	m, ok := t.r.members[id]
-	if !ok || m.client == nil || m.rec.State == catalog.HostLost {
+	h, err := t.r.Host(id)
+	if err != nil {
 		return nil, false
 	}
-	return m.client, true
+	s, ok := h.(StoreSweeper)
+	return s, ok
 }

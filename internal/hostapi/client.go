@@ -312,28 +312,41 @@ func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info,
 		}
 		return info, nil
 	}
-	sc := bufio.NewScanner(res.Body)
+	ev, err := c.readProgress(ctx, res.Body, "create", req.Progress)
+	if err != nil {
+		return info, err
+	}
+	if ev.Info == nil {
+		return info, c.transportError(ctx, errors.New("create stream: done without the sandbox"))
+	}
+	return *ev.Info, nil
+}
+
+// readProgress reads a stream of bakeEvents (a bake's, a create's with
+// its progress), calls progress (if not nil) with each progress line and
+// returns the done event, or the error the stream ends with.
+func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, progress func(string)) (bakeEvent, error) {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		var ev bakeEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return info, c.transportError(ctx, fmt.Errorf("create stream: %w", err))
+			return ev, c.transportError(ctx, fmt.Errorf("%s stream: %w", what, err))
 		}
 		switch ev.Type {
 		case "progress":
-			req.Progress(ev.Message)
-		case "done":
-			if ev.Info == nil {
-				return info, c.transportError(ctx, errors.New("create stream: done without the sandbox"))
+			if progress != nil {
+				progress(ev.Message)
 			}
-			return *ev.Info, nil
+		case "done":
+			return ev, nil
 		case "error":
 			if ev.Error != nil {
-				return info, ev.Error.err()
+				return ev, ev.Error.err()
 			}
 		}
 	}
-	return info, c.transportError(ctx, errors.New("create stream ended without a result"))
+	return bakeEvent{}, c.transportError(ctx, fmt.Errorf("%s stream ended without a result", what))
 }
 
 // SetNetwork changes a live sandbox's egress policy.
@@ -531,25 +544,9 @@ func (t templates) Bake(ctx context.Context, p template.Params, progress templat
 		return nil, err
 	}
 	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		var ev bakeEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return nil, t.c.transportError(ctx, fmt.Errorf("bake stream: %w", err))
-		}
-		switch ev.Type {
-		case "progress":
-			if progress != nil {
-				progress(ev.Message)
-			}
-		case "done":
-			return ev.Template, nil
-		case "error":
-			if ev.Error != nil {
-				return nil, ev.Error.err()
-			}
-		}
+	ev, err := t.c.readProgress(ctx, res.Body, "bake", progress)
+	if err != nil {
+		return nil, err
 	}
-	return nil, t.c.transportError(ctx, errors.New("bake stream ended without a result"))
+	return ev.Template, nil
 }

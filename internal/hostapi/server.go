@@ -492,16 +492,28 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.json(func(r *http.Request) (any, error) { return s.a.Create(r.Context(), hreq) })(w, r)
 		return
 	}
+	streamProgress(w, func(progress func(string)) (bakeEvent, error) {
+		hreq.Progress = progress
+		info, err := s.a.Create(r.Context(), hreq)
+		if err != nil {
+			s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		}
+		return bakeEvent{Info: &info}, err
+	})
+}
+
+// streamProgress answers NDJSON: a progress event for each line fn reports,
+// then fn's done event (Type set here), or its error.
+func streamProgress(w http.ResponseWriter, fn func(progress func(string)) (bakeEvent, error)) {
 	out := newNDJSON(w)
-	hreq.Progress = func(msg string) { out.send(bakeEvent{Type: "progress", Message: msg}) }
-	info, err := s.a.Create(r.Context(), hreq)
+	done, err := fn(func(msg string) { out.send(bakeEvent{Type: "progress", Message: msg}) })
 	if err != nil {
-		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		_, we := encodeError(err)
 		out.send(bakeEvent{Type: "error", Error: &we})
 		return
 	}
-	out.send(bakeEvent{Type: "done", Info: &info})
+	done.Type = "done"
+	out.send(done)
 }
 
 func (s *Server) fork(r *http.Request) (any, error) {
@@ -530,16 +542,10 @@ func (s *Server) bake(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := newNDJSON(w)
-	t, err := s.a.Templates().Bake(r.Context(), p, func(msg string) {
-		out.send(bakeEvent{Type: "progress", Message: msg})
+	streamProgress(w, func(progress func(string)) (bakeEvent, error) {
+		t, err := s.a.Templates().Bake(r.Context(), p, progress)
+		return bakeEvent{Template: t}, err
 	})
-	if err != nil {
-		_, we := encodeError(err)
-		out.send(bakeEvent{Type: "error", Error: &we})
-		return
-	}
-	out.send(bakeEvent{Type: "done", Template: t})
 }
 
 // writeErrorUnread answers err to a full-duplex request whose body may not
