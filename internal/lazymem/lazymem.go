@@ -52,16 +52,11 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/pandastack/pandastack/internal/objstore"
-	"golang.org/x/sys/unix"
 )
 
 // Source is the content of one lazy file. *chunkstore.Reader is one.
@@ -127,16 +122,39 @@ type Config struct {
 	MaxReadAhead int
 	// Debug logs every FUSE request.
 	Debug bool
+	// Holder, if set, is the executable of the holder process that
+	// serves the mount (holder.go): one whose main calls HolderMain
+	// first (panda itself). Mount attaches to the holder already serving
+	// Dir, or starts one. Empty: the mount is served by this process.
+	Holder string
+	// AgentWait is how long the holder holds a read while no process
+	// serves the files (the agent restarting) before it fails it (EIO:
+	// SIGBUS in the machine); default 5 minutes.
+	AgentWait time.Duration
+	// HolderIdle is how long a holder with no process attached and no
+	// file open waits before it unmounts and exits; default 1 minute.
+	HolderIdle time.Duration
 }
 
-// FS is a mounted lazy file system. Its methods are safe for concurrent
-// use.
+// FS is a host's lazy memory files: the mount (Config.Dir) and what
+// serves its reads. Its methods are safe for concurrent use.
+//
+// The FUSE server is either in this process (Config.Holder empty: the
+// files die with it) or in a holder process (Config.Holder, holder.go)
+// that keeps the mount and asks this process for the files' content over
+// a unix socket: a machine restored lazily then outlives this process,
+// its page-cache misses waiting until the next one attaches.
 type FS struct {
 	cfg    Config
-	root   *rootNode
-	server *fuse.Server
+	front  *front          // the in-process FUSE server, or nil
+	holder *holder         // the link to the holder process, or nil
 	ctx    context.Context // of the background fetches; cancelled by Close
 	cancel context.CancelFunc
+
+	mu    sync.Mutex
+	files map[string]*file // by set name
+	// resolving serialises first lookups of one name.
+	resolving sync.Mutex
 
 	closeOnce sync.Once
 	closeErr  error
@@ -170,12 +188,9 @@ func setOf(file string) (string, bool) {
 	return s, true
 }
 
-// cacheTimeout is how long the kernel caches names and attributes: the
-// files never change size or content.
-const cacheTimeout = time.Hour
-
-// Mount mounts a new FS at cfg.Dir. It needs CAP_SYS_ADMIN (it calls
-// mount(2) itself; no fusermount helper is needed or used).
+// Mount mounts a new FS at cfg.Dir, or with cfg.Holder attaches to the
+// holder process serving it (starting one if none does). It needs
+// CAP_SYS_ADMIN.
 func Mount(cfg Config) (*FS, error) {
 	if cfg.Dir == "" || cfg.Resolve == nil {
 		return nil, errors.New("lazymem: mount: Dir and Resolve are required")
@@ -193,86 +208,20 @@ func Mount(cfg Config) (*FS, error) {
 		cfg.RetryFor = 2 * time.Minute
 	}
 	cfg.MaxReadAhead = max(cfg.MaxReadAhead, 4096)
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("lazymem: mount: %w", err)
-	}
-	// A mount left by a crashed process answers ENOTCONN: detach it.
-	unix.Unmount(cfg.Dir, unix.MNT_DETACH)
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &FS{cfg: cfg, ctx: ctx, cancel: cancel}
-	f.root = &rootNode{fs: f, files: map[string]*fileNode{}}
-	timeout := cacheTimeout
-	neg := time.Duration(0)
-	opts := &fs.Options{
-		EntryTimeout:    &timeout,
-		AttrTimeout:     &timeout,
-		NegativeTimeout: &neg,
-		MountOptions: fuse.MountOptions{
-			AllowOther:        true,
-			DirectMountStrict: true,
-			FsName:            "panda-lazymem",
-			Name:              "lazymem",
-			// The kernel checks modes: a jailed QEMU runs as a user of
-			// its own with the machine's group.
-			Options:       []string{"default_permissions"},
-			DisableXAttrs: true,
-			MaxReadAhead:  cfg.MaxReadAhead,
-			Debug:         cfg.Debug,
-		},
-	}
-	// go-fuse opens /dev/fuse for a direct mount without O_CLOEXEC, so
-	// every process started afterwards (each VMM) would inherit the
-	// connection: a VMM could read and answer the requests for every
-	// sandbox's memory file, and the connection would outlive this
-	// process (a lazily restored VMM then hangs in D state on its next
-	// miss instead of failing). The server is made with forks held off
-	// and its descriptor marked close-on-exec before any fork can see it
-	// (DirectMountStrict: NewServer itself never forks fusermount, which
-	// would wait for the lock forever).
-	syscall.ForkLock.Lock()
-	server, err := fuse.NewServer(fs.NewNodeFS(f.root, opts), cfg.Dir, &opts.MountOptions)
-	if err == nil {
-		if err = closeOnExec("/dev/fuse"); err != nil {
-			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
-		}
-	}
-	syscall.ForkLock.Unlock()
-	if err == nil {
-		go server.Serve()
-		err = server.WaitMount()
+	f := &FS{cfg: cfg, ctx: ctx, cancel: cancel, files: map[string]*file{}}
+	var err error
+	if cfg.Holder != "" {
+		f.holder, err = attachHolder(f)
+	} else {
+		f.front, err = mountFront(cfg.Dir, f, cfg.Log, cfg.MaxReadAhead, cfg.Debug)
 	}
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("lazymem: mount %s: %w", cfg.Dir, err)
+		f.bg.Wait()
+		return nil, err
 	}
-	f.server = server
 	return f, nil
-}
-
-// closeOnExec marks every descriptor of this process open on device
-// path close-on-exec.
-func closeOnExec(path string) error {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || target != path {
-			continue
-		}
-		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, flags|unix.FD_CLOEXEC); err != nil {
-			return fmt.Errorf("%s: close on exec: %w", path, err)
-		}
-	}
-	return nil
 }
 
 // Path is the path of set name's memory file on the mount.
@@ -280,28 +229,54 @@ func (f *FS) Path(name string) string { return f.cfg.Dir + "/" + Name(name) }
 
 // Close stops the background fetches and unmounts; if the mount is busy
 // (a file still open or mapped), it detaches it (MNT_DETACH: it leaves
-// the namespace at once, and its users' next misses fail). Idempotent.
+// the namespace at once, and its users' next misses fail). With a holder
+// process, the holder unmounts and exits, and Close waits for it.
+// Idempotent.
 func (f *FS) Close() error {
 	f.closeOnce.Do(func() {
 		f.cancel()
 		f.bg.Wait()
-		// Unmount asks the kernel to unmount and waits for the serving
-		// loop to end; a busy mount (a file still open) fails it, so
-		// detach then.
-		if err := f.server.Unmount(); err != nil {
-			if derr := unix.Unmount(f.cfg.Dir, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
-				f.closeErr = fmt.Errorf("lazymem: unmount %s: %w (detach: %v)", f.cfg.Dir, err, derr)
-			}
+		if f.front != nil {
+			f.closeErr = f.front.unmount()
 		}
-		f.root.mu.Lock()
-		for _, n := range f.root.files {
-			if n.im.Close != nil {
-				n.im.Close()
-			}
+		if f.holder != nil {
+			f.closeErr = f.holder.shutdown()
 		}
-		f.root.mu.Unlock()
+		f.closeImages()
 	})
 	return f.closeErr
+}
+
+// Leave stops serving the files and lets a holder process keep the mount
+// for the next FS of this host to attach (Mount with the same Config):
+// the machines mapping the files run on, and their page-cache misses
+// wait for it. Without a holder it is Close. Idempotent, and Close after
+// it does nothing.
+func (f *FS) Leave() error {
+	if f.holder == nil {
+		return f.Close()
+	}
+	f.closeOnce.Do(func() {
+		f.cancel()
+		f.bg.Wait()
+		f.holder.leave()
+		f.closeImages()
+	})
+	return f.closeErr
+}
+
+// Held reports whether a holder process serves the mount (so that the
+// machines mapping its files outlive this process).
+func (f *FS) Held() bool { return f.holder != nil }
+
+func (f *FS) closeImages() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range f.files {
+		if n.im.Close != nil {
+			n.im.Close()
+		}
+	}
 }
 
 // Stats are the counts of one file.
@@ -327,7 +302,7 @@ type Stats struct {
 
 // Stats returns the counts of set name's file, if it was looked up.
 func (f *FS) Stats(name string) (Stats, bool) {
-	n := f.root.get(name)
+	n := f.get(name)
 	if n == nil {
 		return Stats{}, false
 	}
@@ -337,7 +312,7 @@ func (f *FS) Stats(name string) (Stats, bool) {
 // Touched returns the chunks of set name's file that the kernel read, in
 // first-touch order (recorded or not).
 func (f *FS) Touched(name string) []int {
-	n := f.root.get(name)
+	n := f.get(name)
 	if n == nil {
 		return nil
 	}
@@ -349,7 +324,7 @@ func (f *FS) Touched(name string) []int {
 // Call it before the set leaves the store while machines may map its
 // file. A set never looked up needs nothing.
 func (f *FS) FetchAll(ctx context.Context, name string) error {
-	n := f.root.get(name)
+	n := f.get(name)
 	if n == nil {
 		return nil
 	}
@@ -393,97 +368,81 @@ feed:
 	return err
 }
 
-// rootNode is the mount's root directory.
-type rootNode struct {
-	fs.Inode
-	fs *FS
-
-	mu    sync.Mutex
-	files map[string]*fileNode // by set name
-	// resolving serialises first lookups of one name.
-	resolving sync.Mutex
+func (f *FS) get(name string) *file {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.files[name]
 }
 
-var (
-	_ fs.NodeLookuper  = (*rootNode)(nil)
-	_ fs.NodeReaddirer = (*rootNode)(nil)
-	_ fs.NodeGetattrer = (*rootNode)(nil)
-)
-
-func (r *rootNode) get(name string) *fileNode {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.files[name]
-}
-
-func (r *rootNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = fuse.S_IFDIR | 0o755
-	return 0
-}
-
-func (r *rootNode) Lookup(ctx context.Context, file string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	set, ok := setOf(file)
-	if !ok {
-		return nil, syscall.ENOENT
+// open returns set's file, resolving it on first use (and starting its
+// background fetch).
+func (f *FS) open(ctx context.Context, set string) (*file, error) {
+	if n := f.get(set); n != nil {
+		return n, nil
 	}
-	if ch := r.GetChild(file); ch != nil {
-		ch.Operations().(*fileNode).fill(&out.Attr)
-		return ch, 0
+	f.resolving.Lock()
+	defer f.resolving.Unlock()
+	if n := f.get(set); n != nil {
+		return n, nil
 	}
-	r.resolving.Lock()
-	defer r.resolving.Unlock()
-	if ch := r.GetChild(file); ch != nil {
-		ch.Operations().(*fileNode).fill(&out.Attr)
-		return ch, 0
+	if f.ctx.Err() != nil {
+		return nil, errors.New("lazymem: closed")
 	}
-	im, err := r.fs.cfg.Resolve(ctx, set)
+	im, err := f.cfg.Resolve(ctx, set)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, syscall.ENOENT
+		if !errors.Is(err, os.ErrNotExist) {
+			f.cfg.Log.Error("lazy memory file: resolve set", "set", set, "err", err)
 		}
-		r.fs.cfg.Log.Error("lazy memory file: resolve set", "set", set, "err", err)
-		return nil, syscall.EIO
+		return nil, err
 	}
-	n := newFileNode(r.fs, set, im)
-	ch := r.NewPersistentInode(ctx, n, fs.StableAttr{Mode: fuse.S_IFREG, Ino: n.ino})
-	r.AddChild(file, ch, false)
-	r.mu.Lock()
-	r.files[set] = n
-	r.mu.Unlock()
-	n.fill(&out.Attr)
+	n := newFile(f, set, im)
+	f.mu.Lock()
+	f.files[set] = n
+	f.mu.Unlock()
 	n.startBackground()
-	return ch, 0
+	return n, nil
 }
 
-func (r *rootNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	var ents []fuse.DirEntry
-	for name := range r.Children() {
-		ents = append(ents, fuse.DirEntry{Name: name, Mode: fuse.S_IFREG})
+// lookup is the backend's: set's file, resolved.
+func (f *FS) lookup(ctx context.Context, set string) (fileInfo, error) {
+	n, err := f.open(ctx, set)
+	if err != nil {
+		return fileInfo{}, err
 	}
-	return fs.NewListDirStream(ents), 0
+	return fileInfo{Size: n.size, ChunkSize: n.im.ChunkSize, Stored: n.im.Stored}, nil
 }
 
-// fileNode is one set's memory file.
-type fileNode struct {
-	fs.Inode
+// read is the backend's: a read of the kernel through the mount.
+func (f *FS) read(ctx context.Context, set string, p []byte, off int64) (int, error) {
+	n, err := f.open(ctx, set)
+	if err != nil {
+		return 0, err
+	}
+	if off >= n.size {
+		return 0, nil
+	}
+	p = p[:min(int64(len(p)), n.size-off)]
+	n.touch(off, int64(len(p)))
+	got, err := n.readRetrying(ctx, p, off)
+	if err != nil && got < len(p) {
+		f.cfg.Log.Error("lazy memory file: read", "set", set, "offset", off, "len", len(p), "err", err)
+		return got, err
+	}
+	return got, nil
+}
+
+// file is one set's memory file: what serves its content.
+type file struct {
 	fs   *FS
 	set  string
 	im   *Image
 	size int64
-	// ino is the file's inode number, the same from lookup to getattr
-	// (the kernel's i_ino, which /proc/PID/maps shows, comes from the
-	// lookup; the driver finds guest RAM there by stat's st_ino) and
-	// across mounts (a fingerprint of the snapshot's files holds it).
-	ino uint64
 
 	mu        sync.Mutex
-	mode      uint32
-	uid, gid  uint32
 	touched   []bool
 	order     []int // first-touch order
 	firstRead time.Time
 	lastRead  time.Time
-	recorded  bool
 	bytesRead int64
 	// localBytes is what reads took from Local.
 	localBytes int64
@@ -497,95 +456,16 @@ type fileNode struct {
 	prefetched int
 }
 
-var (
-	_ fs.NodeGetattrer = (*fileNode)(nil)
-	_ fs.NodeSetattrer = (*fileNode)(nil)
-	_ fs.NodeOpener    = (*fileNode)(nil)
-	_ fs.NodeReader    = (*fileNode)(nil)
-	_ fs.NodeWriter    = (*fileNode)(nil)
-	_ fs.NodeLseeker   = (*fileNode)(nil)
-)
-
-func newFileNode(f *FS, set string, im *Image) *fileNode {
+func newFile(f *FS, set string, im *Image) *file {
 	size := im.Source.Size()
 	chunks := int((size + im.ChunkSize - 1) / im.ChunkSize)
-	return &fileNode{fs: f, set: set, im: im, size: size, ino: inoOf(set), mode: 0o640, touched: make([]bool, chunks), fromSource: make([]bool, chunks),
+	return &file{fs: f, set: set, im: im, size: size, touched: make([]bool, chunks), fromSource: make([]bool, chunks),
 		pages: make([]uint64, (size+4095)/4096/64+1)}
-}
-
-func (n *fileNode) fill(a *fuse.Attr) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	a.Mode = fuse.S_IFREG | n.mode
-	a.Size = uint64(n.size)
-	a.Blocks = (uint64(n.size) + 511) / 512
-	a.Blksize = 4096
-	a.Nlink = 1
-	a.Ino = n.ino
-	a.Owner = fuse.Owner{Uid: n.uid, Gid: n.gid}
-}
-
-func (n *fileNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fill(&out.Attr)
-	out.SetTimeout(cacheTimeout)
-	return 0
-}
-
-// Setattr takes a new mode and owner (the agent gives the file to the
-// machine's group) and refuses any change of size: the content is the
-// set's.
-func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if sz, ok := in.GetSize(); ok && int64(sz) != n.size {
-		return syscall.EROFS
-	}
-	n.mu.Lock()
-	if m, ok := in.GetMode(); ok {
-		n.mode = m & 0o7777
-	}
-	if u, ok := in.GetUID(); ok {
-		n.uid = u
-	}
-	if g, ok := in.GetGID(); ok {
-		n.gid = g
-	}
-	n.mu.Unlock()
-	n.fill(&out.Attr)
-	out.SetTimeout(cacheTimeout)
-	return 0
-}
-
-// Open accepts read-write opens (QEMU 7.2 opens mem-path O_RDWR for a
-// private mapping too) and truncation of nothing; the kernel keeps the
-// file's page cache across opens, so every machine mapping it shares
-// what any of them faulted in.
-func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&syscall.O_TRUNC != 0 && n.size != 0 {
-		return nil, 0, syscall.EROFS
-	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
-}
-
-func (n *fileNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
-	return 0, syscall.EROFS
-}
-
-func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if off >= n.size {
-		return fuse.ReadResultData(nil), 0
-	}
-	dest = dest[:min(int64(len(dest)), n.size-off)]
-	n.touch(off, int64(len(dest)))
-	got, err := n.readRetrying(ctx, dest, off)
-	if err != nil && got < len(dest) {
-		n.fs.cfg.Log.Error("lazy memory file: read", "set", n.set, "offset", off, "len", len(dest), "err", err)
-		return nil, syscall.EIO
-	}
-	return fuse.ReadResultData(dest[:got]), 0
 }
 
 // readAt reads from Local where it holds the chunks, else from the
 // Source.
-func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error) {
+func (n *file) readAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if len(n.im.Local) == 0 {
 		got, err := n.im.Source.ReadAtContext(ctx, p, off)
 		if got > 0 {
@@ -624,7 +504,7 @@ func (n *fileNode) readAt(ctx context.Context, p []byte, off int64) (int, error)
 }
 
 // tookFromSource records that chunk i came from the Source.
-func (n *fileNode) tookFromSource(i int) {
+func (n *file) tookFromSource(i int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if i < 0 || i >= len(n.fromSource) || n.fromSource[i] {
@@ -641,7 +521,7 @@ func (n *fileNode) tookFromSource(i int) {
 // missing chunk for up to Config.RetryFor: a read that fails is a SIGBUS
 // in the machine that faulted (QEMU dies), a read that waits only stalls
 // its vCPU, so a store that is briefly down must not kill machines.
-func (n *fileNode) readRetrying(ctx context.Context, dest []byte, off int64) (int, error) {
+func (n *file) readRetrying(ctx context.Context, dest []byte, off int64) (int, error) {
 	deadline := time.Now().Add(n.fs.cfg.RetryFor)
 	wait := 100 * time.Millisecond
 	for {
@@ -661,28 +541,16 @@ func (n *fileNode) readRetrying(ctx context.Context, dest []byte, off int64) (in
 	}
 }
 
-// Lseek answers SEEK_DATA and SEEK_HOLE from the manifest: a zero chunk
-// is a hole, so a sparse copy of the file reads only stored chunks.
-func (n *fileNode) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
-	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
-		return 0, syscall.EINVAL
-	}
-	o, ok := seekData(n.im, n.size, int64(off), whence == unix.SEEK_DATA)
-	if !ok {
-		return 0, syscall.ENXIO
-	}
-	return uint64(o), 0
-}
-
 // seekData is lseek's SEEK_DATA (data) or SEEK_HOLE (!data) from off in
-// a file of size whose chunks im.Stored says are data; false is ENXIO.
-func seekData(im *Image, size, off int64, data bool) (int64, bool) {
+// a file whose chunks fi.Stored says are data; false is ENXIO.
+func seekData(fi fileInfo, off int64, data bool) (int64, bool) {
+	size := fi.Size
 	if off < 0 || off >= size {
 		return 0, false
 	}
-	cs := im.ChunkSize
+	cs := fi.ChunkSize
 	for i := off / cs; i*cs < size; i++ {
-		stored := im.Stored == nil || (int(i) < len(im.Stored) && im.Stored[i])
+		stored := fi.Stored == nil || (int(i) < len(fi.Stored) && fi.Stored[i])
 		if stored == data {
 			return max(off, i*cs), true
 		}
@@ -694,7 +562,7 @@ func seekData(im *Image, size, off int64, data bool) (int64, bool) {
 }
 
 // touch records a kernel read of [off, off+length).
-func (n *fileNode) touch(off, length int64) {
+func (n *file) touch(off, length int64) {
 	cs := n.im.ChunkSize
 	n.mu.Lock()
 	n.bytesRead += length
@@ -731,13 +599,13 @@ func (n *fileNode) touch(off, length int64) {
 	}
 }
 
-func (n *fileNode) touchedList() []int {
+func (n *file) touchedList() []int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return append([]int(nil), n.order...)
 }
 
-func (n *fileNode) stats() Stats {
+func (n *file) stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return Stats{Size: n.size, BytesRead: n.bytesRead, ChunksTouched: len(n.order), PagesRead: n.nPages, LocalBytes: n.localBytes, Prefetched: n.prefetched, SourceBytes: n.sourceBytes}
@@ -748,7 +616,7 @@ func (n *fileNode) stats() Stats {
 // machines have read nothing through the file for quietFor (and have read
 // something): the rest must not delay the faults of a machine starting.
 // It stops at Close.
-func (n *fileNode) startBackground() {
+func (n *file) startBackground() {
 	order := fetchOrder(n.im, len(n.touched))
 	if len(order) == 0 {
 		return
@@ -807,7 +675,7 @@ const quietFor = 200 * time.Millisecond
 
 // waitQuiet waits until the file was read at least once and not in the
 // last quietFor; false if ctx ended first.
-func (n *fileNode) waitQuiet(ctx context.Context) bool {
+func (n *file) waitQuiet(ctx context.Context) bool {
 	for {
 		n.mu.Lock()
 		last := n.lastRead

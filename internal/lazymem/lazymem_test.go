@@ -21,6 +21,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// TestMain: the test binary is the holder process of the tests that use
+// one (Config.Holder).
+func TestMain(m *testing.M) {
+	HolderMain()
+	os.Exit(m.Run())
+}
+
 func TestName(t *testing.T) {
 	for _, set := range []string{"snapshots/abc", "paused/x1", "a%b", "with space"} {
 		got, ok := setOf(Name(set))
@@ -59,8 +66,7 @@ func TestFetchOrder(t *testing.T) {
 }
 
 func TestSeekData(t *testing.T) {
-	im := &Image{ChunkSize: 10, Stored: []bool{false, true, true, false, true}}
-	const size = 45
+	fi := fileInfo{Size: 45, ChunkSize: 10, Stored: []bool{false, true, true, false, true}}
 	for _, tc := range []struct {
 		off  int64
 		data bool
@@ -70,7 +76,7 @@ func TestSeekData(t *testing.T) {
 		{0, true, 10, true}, {12, true, 12, true}, {25, true, 25, true}, {35, true, 40, true}, {44, true, 44, true}, {45, true, 0, false},
 		{0, false, 0, true}, {10, false, 30, true}, {41, false, 45, true}, {-1, false, 0, false},
 	} {
-		got, ok := seekData(im, size, tc.off, tc.data)
+		got, ok := seekData(fi, tc.off, tc.data)
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("seekData(%d, data=%v) = %d, %v; want %d, %v", tc.off, tc.data, got, ok, tc.want, tc.ok)
 		}
@@ -128,21 +134,45 @@ func needRoot(t *testing.T) {
 // mountT mounts an FS at a temporary directory, unmounted at cleanup.
 func mountT(t *testing.T, resolve Resolver) *FS {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "mnt")
-	f, err := Mount(Config{Dir: dir, Resolve: resolve})
+	return mountCfg(t, Config{Dir: filepath.Join(t.TempDir(), "mnt"), Resolve: resolve})
+}
+
+// mountCfg mounts an FS with cfg, closed at cleanup: nothing may be left
+// mounted, and no holder process running.
+func mountCfg(t *testing.T, cfg Config) *FS {
+	t.Helper()
+	f, err := Mount(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		var pid int
+		if f.holder != nil {
+			pid = f.holder.pid
+		}
 		if err := f.Close(); err != nil {
 			t.Error(err)
 		}
-		if mounted(dir) {
-			t.Errorf("%s still mounted after Close", dir)
-			unix.Unmount(dir, unix.MNT_DETACH)
+		if mounted(cfg.Dir) {
+			t.Errorf("%s still mounted after Close", cfg.Dir)
+			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
+		}
+		if pid > 0 && unix.Kill(pid, 0) == nil {
+			t.Errorf("holder %d runs on after Close", pid)
+			unix.Kill(pid, unix.SIGKILL)
 		}
 	})
 	return f
+}
+
+// testBinary is this test binary: the holder of the tests that use one.
+func testBinary(t *testing.T) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
 }
 
 // mounted reports whether dir is a mount point in this namespace.
@@ -156,21 +186,28 @@ func mounted(dir string) bool {
 	return false
 }
 
+// TestFileThroughFUSE: what QEMU and the agent do to a lazy file, served
+// by this process and by a holder process.
 func TestFileThroughFUSE(t *testing.T) {
 	needRoot(t)
+	t.Run("in-process", func(t *testing.T) { testFileThroughFUSE(t, "") })
+	t.Run("holder", func(t *testing.T) { testFileThroughFUSE(t, testBinary(t)) })
+}
+
+func testFileThroughFUSE(t *testing.T, holder string) {
 	const csize = 64 << 10
 	src := &memSource{b: make([]byte, 8*csize+4096), csize: csize, reads: map[int64]int{}}
 	for i := range src.b {
 		src.b[i] = byte(i * 7 / 4096)
 	}
 	var recorded chan []int = make(chan []int, 1)
-	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+	f := mountCfg(t, Config{Dir: filepath.Join(t.TempDir(), "mnt"), Holder: holder, Resolve: func(ctx context.Context, name string) (*Image, error) {
 		if name != "snapshots/abc" {
 			return nil, fmt.Errorf("no set %s: %w", name, os.ErrNotExist)
 		}
 		return &Image{Source: src, ChunkSize: csize, RecordFor: 200 * time.Millisecond,
 			OnRecorded: func(c []int) { recorded <- c }}, nil
-	})
+	}})
 	if _, err := os.Stat(f.Path("snapshots/nope")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stat of an unknown set: %v, want not exist", err)
 	}
@@ -506,5 +543,121 @@ func TestDeviceNotInherited(t *testing.T) {
 	}
 	if strings.Contains(string(out), "/dev/fuse") {
 		t.Errorf("a child process holds /dev/fuse:\n%s", out)
+	}
+}
+
+// holderSource is a file of 8 chunks of 64 KiB, chunk i all byte i+1,
+// served by a Config whose holder is this test binary.
+func holderSource(t *testing.T) (*memSource, Config) {
+	const csize = 64 << 10
+	src := &memSource{csize: csize, reads: map[int64]int{}}
+	for i := range 8 {
+		src.b = append(src.b, bytes.Repeat([]byte{byte(i + 1)}, csize)...)
+	}
+	return src, Config{Dir: filepath.Join(t.TempDir(), "mnt"), Holder: testBinary(t), Resolve: func(ctx context.Context, name string) (*Image, error) {
+		return &Image{Source: src, ChunkSize: csize}, nil
+	}}
+}
+
+// TestHolderOutlivesFS: with a holder process, a file stays open and
+// readable across FSes (agents): a read made while none is attached
+// waits, and the next FS to attach serves it.
+func TestHolderOutlivesFS(t *testing.T) {
+	needRoot(t)
+	src, cfg := holderSource(t)
+	cfg.AgentWait = time.Minute
+	f1, err := Mount(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f1.Held() {
+		t.Fatal("an FS with a holder: not held")
+	}
+	pid := f1.holder.pid
+	fd, err := os.Open(f1.Path("x"))
+	if err != nil {
+		f1.Close()
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	b := make([]byte, 4096)
+	if _, err := fd.ReadAt(b, 64<<10); err != nil || b[0] != 2 {
+		t.Fatalf("read of chunk 1: %d, %v", b[0], err)
+	}
+	if err := f1.Leave(); err != nil {
+		t.Fatal(err)
+	}
+	if !mounted(cfg.Dir) || unix.Kill(pid, 0) != nil {
+		t.Fatalf("after Leave: mounted %v, holder %d alive %v; want both", mounted(cfg.Dir), pid, unix.Kill(pid, 0) == nil)
+	}
+	// A read while no FS is attached: it waits for the next.
+	type result struct {
+		b   byte
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		b := make([]byte, 4096)
+		_, err := fd.ReadAt(b, 5*64<<10)
+		got <- result{b[0], err}
+	}()
+	reads := src.readsOf(5)
+	f2 := mountCfg(t, cfg)
+	if f2.holder.pid != pid {
+		t.Errorf("the second FS linked to holder %d, want the running one %d", f2.holder.pid, pid)
+	}
+	if r := <-got; r.err != nil || r.b != 6 {
+		t.Errorf("the read made while no FS was attached: %d, %v; want 6", r.b, r.err)
+	}
+	if src.readsOf(5) == reads {
+		t.Errorf("chunk 5 was not read from the source after the second FS attached")
+	}
+	// The second FS knows the file the first looked up (from the
+	// holder's hello), before any read of its own.
+	if _, ok := f2.Stats("x"); !ok {
+		t.Errorf("the second FS has no stats of the held file")
+	}
+	if _, err := fd.ReadAt(b, 64<<10); err != nil || b[0] != 2 {
+		t.Errorf("read of chunk 1 again: %d, %v", b[0], err)
+	}
+}
+
+// TestHolderWaitsBounded: a read while no FS is attached fails (EIO)
+// once Config.AgentWait has passed; and a holder with no FS and no file
+// open unmounts and exits after Config.HolderIdle.
+func TestHolderWaitsBounded(t *testing.T) {
+	needRoot(t)
+	_, cfg := holderSource(t)
+	cfg.AgentWait, cfg.HolderIdle = time.Second, time.Second
+	f, err := Mount(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := f.holder.pid
+	fd, err := os.Open(f.Path("x"))
+	if err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	f.Leave()
+	t0 := time.Now()
+	if _, err := fd.ReadAt(make([]byte, 4096), 3*64<<10); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read with no FS attached past AgentWait: %v, want EIO", err)
+	}
+	if d := time.Since(t0); d < 900*time.Millisecond || d > 10*time.Second {
+		t.Errorf("failed after %v, want about AgentWait (1 s)", d)
+	}
+	fd.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for unix.Kill(pid, 0) == nil || mounted(cfg.Dir) {
+		if time.Now().After(deadline) {
+			unix.Kill(pid, unix.SIGKILL)
+			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
+			t.Fatalf("holder idle (no FS, no file open): still running or mounted after 20 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := os.Stat(socketOf(cfg.Dir)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the idle holder left its socket: %v", err)
 	}
 }
