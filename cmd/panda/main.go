@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/lazymem"
 	"io"
 	"os"
 	"os/signal"
@@ -18,6 +19,9 @@ import (
 )
 
 func main() {
+	// Started as the holder process of lazy restore's mount
+	// (lazymem.Config.Holder): serve it and exit.
+	lazymem.HolderMain()
 	// Tests stop processes at named points of critical sequences to test
 	// crash recovery there (package failpoint); never set otherwise.
 	if spec := os.Getenv("PANDA_FAILPOINTS"); spec != "" {

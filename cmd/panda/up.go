@@ -181,6 +181,11 @@ func daemonCmd(cmd *cobra.Command, defaults func() server.Config, flags []string
 			}
 		}
 		cfg.StoreCredentials = objstore.EnvCredentials(os.Getenv)
+		// This binary is the holder process of lazy restore's mount
+		// (main calls lazymem.HolderMain first).
+		if exe, err := os.Executable(); err == nil {
+			cfg.LazyHolder = exe
+		}
 		if cfg.ImagesDir == "" {
 			cfg.ImagesDir = filepath.Join(cfg.DataDir, "images")
 		}

@@ -1095,6 +1095,9 @@ func (a *Agent) Detach() {
 	a.mu.Lock()
 	a.sandboxes = map[string]*sandbox{}
 	a.mu.Unlock()
+	// A holder process keeps serving the lazily restored machines'
+	// memory until the next agent attaches.
+	a.leaveLazy()
 	for _, s := range all {
 		s.mu.Lock()
 		s.detached = true // the watcher must not clean up a detached sandbox

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/lazymem"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -53,7 +54,12 @@ func testImages() string {
 	return "/var/lib/pandastack/images"
 }
 
-func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+func TestMain(m *testing.M) {
+	// The test binary is the holder process of the lazy restore tests'
+	// mounts (LazyConfig.Holder).
+	lazymem.HolderMain()
+	os.Exit(runMain(m))
+}
 
 // newDriver is the QEMU driver of one agent the tests open (each agent its
 // own, as panda's are).
@@ -110,14 +116,21 @@ func runMain(m *testing.M) int {
 	return code
 }
 
-// leftovers reports QEMU processes serving testDir and a mount of store.
+// leftovers reports QEMU processes serving testDir, lazy restore's
+// holder processes (this test binary in a session of its own) and a
+// mount of store.
 func leftovers(store string) string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	self, _ := os.Executable()
 	for _, p := range procs {
 		b, _ := os.ReadFile(p)
 		if bytes.Contains(b, []byte("qemu")) && bytes.Contains(b, []byte(testDir)) {
 			out = append(out, "qemu "+p)
+		}
+		dir := filepath.Dir(p)
+		if exe, _ := os.Readlink(dir + "/exe"); exe == self && dir != fmt.Sprintf("/proc/%d", os.Getpid()) && isSessionLeader(dir) {
+			out = append(out, "lazy restore holder "+dir)
 		}
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
@@ -131,6 +144,15 @@ func leftovers(store string) string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// isSessionLeader reports whether the process at /proc/PID dir leads its
+// session (as lazy restore's holder does).
+func isSessionLeader(dir string) bool {
+	b, _ := os.ReadFile(dir + "/stat")
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	return ok && len(f) > 3 && "/proc/"+f[3] == dir
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -43,8 +43,12 @@ import (
 // share the file's page cache, as local restores share a memory image's.
 // It is made at start (Recover: links fetched before a restart resolve
 // through it) or on first use, and unmounted by Close after every machine
-// is stopped. A machine restored lazily depends on this process: if the
-// agent dies, its next page-cache miss fails (SIGBUS in QEMU).
+// is stopped. With LazyConfig.Holder, a holder process serves the mount
+// and asks the agent for the files' content: a machine restored lazily
+// outlives the agent (its misses wait for the next one, which attaches
+// at Recover); Detach leaves the holder. Without one, a machine restored
+// lazily depends on this process: if the agent dies, its next page-cache
+// miss fails (SIGBUS in QEMU).
 
 // LazyConfig turns on lazy restore of memory images.
 type LazyConfig struct {
@@ -64,6 +68,12 @@ type LazyConfig struct {
 	// ReadAheadKiB is the kernel's readahead on the lazy files
 	// (lazymem.Config.MaxReadAhead); default 128.
 	ReadAheadKiB int
+	// Holder is the executable of the holder process that serves the
+	// mount (lazymem.Config.Holder; its main calls lazymem.HolderMain):
+	// a lazily restored machine then outlives this agent, its page-cache
+	// misses waiting for the next one. Empty: the agent serves the mount,
+	// and such a machine dies at its next miss once the agent is gone.
+	Holder string
 	// MinRemoteBytes: a set is restored lazily only if its memory image
 	// has at least this much to fetch whole from the store (chunks that
 	// are not zeros, not deltas and not on this host in a seed, its
@@ -134,7 +144,7 @@ func (a *Agent) lazyMount() (*lazymem.FS, error) {
 		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) },
 		Seeds:   a.lazySeeds}
 	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log,
-		MaxReadAhead: lc.ReadAheadKiB << 10})
+		MaxReadAhead: lc.ReadAheadKiB << 10, Holder: lc.Holder})
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +172,27 @@ func (a *Agent) lazySeeds(ctx context.Context, m *chunkstore.Manifest) ([]chunks
 		return nil, func() {}
 	}
 	return a.templateSeeds(ctx, key)
+}
+
+// leaveLazy stops serving the lazymem mount but leaves its holder
+// process (if any) holding it for the next agent: the machines mapping
+// its files run on (Detach).
+func (a *Agent) leaveLazy() {
+	a.lazyMu.Lock()
+	defer a.lazyMu.Unlock()
+	if a.lazyFS == nil {
+		return
+	}
+	a.lazyFS.Leave()
+	a.lazyFS = nil
+}
+
+// lazyHeld reports whether the lazymem mount is served by a holder
+// process, so that lazily restored machines outlive this agent.
+func (a *Agent) lazyHeld() bool {
+	a.lazyMu.Lock()
+	defer a.lazyMu.Unlock()
+	return a.lazyFS != nil && a.lazyFS.Held()
 }
 
 // closeLazy unmounts the lazymem mount; the machines must be stopped.
@@ -395,14 +426,19 @@ func allZero(b []byte) bool {
 }
 
 // PauseLazy pauses every running sandbox whose memory this agent pages
-// in lazily and returns their IDs. Such a machine cannot outlive the
-// agent: the FUSE server behind its memory file runs in this process, and
-// once it has exited the machine's next page-cache miss fails (SIGBUS in
-// QEMU). So an agent that leaves its machines running for the next one to
-// adopt (on-shutdown keep) pauses these first: the next agent finds them
-// paused, their memory on disk, and the control plane records them so.
-// A sandbox that cannot be paused is logged and left running.
+// in lazily and returns their IDs, unless a holder process serves the
+// mount (LazyConfig.Holder; then it does nothing). Without one, such a
+// machine cannot outlive the agent: the FUSE server behind its memory
+// file runs in this process, and once it has exited the machine's next
+// page-cache miss fails (SIGBUS in QEMU). So an agent that leaves its
+// machines running for the next one to adopt (on-shutdown keep) pauses
+// these first: the next agent finds them paused, their memory on disk,
+// and the control plane records them so. A sandbox that cannot be
+// paused is logged and left running.
 func (a *Agent) PauseLazy(ctx context.Context) []string {
+	if a.lazyHeld() {
+		return nil
+	}
 	a.mu.Lock()
 	var lazy []*sandbox
 	for _, s := range a.sandboxes {

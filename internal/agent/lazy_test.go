@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/lazymem"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/pandatest"
 	"golang.org/x/sys/unix"
 )
 
@@ -48,7 +49,11 @@ func lazyHostOpener(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*
 			t.Fatal(err)
 		}
 		c.Store, c.StoreRetry = cs, 100*time.Millisecond
-		c.Lazy = &LazyConfig{Chunks: cs, Objects: objs, RecordFor: 2 * time.Second}
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Lazy = &LazyConfig{Chunks: cs, Objects: objs, RecordFor: 2 * time.Second, Holder: exe}
 		if mod != nil {
 			mod(c.Lazy)
 		}
@@ -508,6 +513,65 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 	if !ok || ls.BytesRead >= ls.Size/2 {
 		t.Errorf("after a restart: %+v, %v; want the image read lazily, not whole", ls, ok)
 	}
+}
+
+// TestLazyRestoreOutlivesAgent: a lazily restored machine outlives its
+// agent: the holder process keeps the mount, and after the next agent
+// attached, the pages the machine never read before (its memory state,
+// evicted from the page cache while no agent ran) are served by it.
+// Without a holder the mount went with the agent and the machine died at
+// its next page-cache miss.
+func TestLazyRestoreOutlivesAgent(t *testing.T) {
+	s3 := s3test.Start(t)
+	objs := s3.Open("fleet")
+	openA, _ := storeHost(t, s3.Open("fleet"))
+	a := openA()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	sum, keeper, secret := memState(t, a, src.ID)
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+
+	b, _, _, reopen := lazyHostOpener(t, objs, func(c *LazyConfig) { c.NoFetchAll = true })
+	c1, err := createFrom(t, b, snap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shOn(t, b, c1.ID, "echo up"); got != "up\n" {
+		t.Fatalf("lazily restored: %q", got)
+	}
+	if !b.lazyHeld() {
+		t.Fatal("the lazy mount is not held by a holder process")
+	}
+	path := b.lazyFS.Path(storeName(snap.ID))
+	before, _ := b.LazyStats(storeName(snap.ID))
+	b.Detach()
+	// No agent: the mount stays, and what the kernel holds of the file
+	// (but for the mapped pages) is dropped, so that the machine's next
+	// reads miss.
+	if !pandatest.Mounted(filepath.Dir(path)) {
+		t.Fatalf("%s not mounted after the agent left", filepath.Dir(path))
+	}
+	dropPages(t, path)
+	b = reopen()
+	if info, err := b.Get(c1.ID); err != nil || info.State != StateRunning {
+		t.Fatalf("after the agent's restart: %+v, %v; want running", info, err)
+	}
+	// The new agent knows the held file before any read of its own.
+	if _, ok := b.LazyStats(storeName(snap.ID)); !ok {
+		t.Errorf("the restarted agent has no figures of the held file")
+	}
+	checkMemState(t, "lazily restored, after its agent restarted", b, c1.ID, sum, keeper, secret)
+	after, _ := b.LazyStats(storeName(snap.ID))
+	if after.BytesRead == 0 {
+		t.Errorf("the restarted agent served nothing of the file (before the restart: %+v)", before)
+	}
+	t.Logf("read through the mount: %d MiB before the restart, %d MiB by the next agent", before.BytesRead>>20, after.BytesRead>>20)
 }
 
 // TestLazyRestoreTemplateLocal: on hosts that hold the snapshot's

@@ -352,6 +352,8 @@ func (h *holder) shutdown() error {
 // takes agents on c.Socket, until told to shut down or idle.
 func runHolder(c holderConfig) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("holder_pid", os.Getpid())
+	// Pin no directory of the agent's (a data directory to unmount).
+	os.Chdir("/")
 	if c.AgentWait <= 0 {
 		c.AgentWait = 5 * time.Minute
 	}

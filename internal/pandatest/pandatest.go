@@ -625,6 +625,17 @@ func RemoveDataDir(dir string) (leftovers []string, err error) {
 			WaitGone(pid, 10*time.Second)
 		}
 	}
+	// Lazy restore's holder process serves a FUSE mount under dir: killed,
+	// its connection is aborted and the mount can go.
+	if pids := HolderPIDs(dir); len(pids) > 0 {
+		leftovers = append(leftovers, fmt.Sprintf("lazy restore holder processes %v of %s (killed)", pids, dir))
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, pid := range pids {
+			WaitGone(pid, 10*time.Second)
+		}
+	}
 	for _, mp := range mountsUnder(dir) {
 		// Files of just-killed processes can take a moment to close.
 		var err error
@@ -646,6 +657,24 @@ func RemoveDataDir(dir string) (leftovers []string, err error) {
 		return leftovers, fmt.Errorf("remove %s: %w", dir, err)
 	}
 	return leftovers, nil
+}
+
+// HolderPIDs lists the live holder processes of lazy restore's mount
+// (lazymem) under dir: those whose standard error is a log file under
+// dir (the holder logs to STORE/lazy.log).
+func HolderPIDs(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", "2")); err == nil && strings.HasPrefix(target, dir+"/") && strings.HasSuffix(target, "lazy.log") && Alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // QEMUPIDs lists the live QEMU processes whose command line mentions a

@@ -36,7 +36,7 @@ func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.
 	if err != nil {
 		return nil, nil, err
 	}
-	return s, &agent.LazyConfig{Chunks: s, Objects: objs}, nil
+	return s, &agent.LazyConfig{Chunks: s, Objects: objs, Holder: cfg.LazyHolder}, nil
 }
 
 // storeOwnerFile holds the data directory's name among the users of an

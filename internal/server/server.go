@@ -122,6 +122,11 @@ type Config struct {
 	// downloading the memory image first (docs/lazy-restore.md).
 	// Experimental; default off.
 	LazyRestore bool `yaml:"lazy_restore"`
+	// LazyHolder is the executable of lazy restore's holder process
+	// (agent.LazyConfig.Holder): cmd/panda sets it to itself. Empty: the
+	// agent serves the mount itself, and its lazily restored machines die
+	// with it.
+	LazyHolder string `yaml:"-"`
 
 	// MaxTemplateBuilds bounds the builds of templates from images
 	// (POST /v1/templates) running at once; more queue (default 2).
