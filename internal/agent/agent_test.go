@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/pandatest"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -117,21 +118,18 @@ func runMain(m *testing.M) int {
 }
 
 // leftovers reports QEMU processes serving testDir, lazy restore's
-// holder processes (this test binary in a session of its own) and a
-// mount of store.
+// holder processes of store and a mount of store.
 func leftovers(store string) string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	self, _ := os.Executable()
 	for _, p := range procs {
 		b, _ := os.ReadFile(p)
 		if bytes.Contains(b, []byte("qemu")) && bytes.Contains(b, []byte(testDir)) {
 			out = append(out, "qemu "+p)
 		}
-		dir := filepath.Dir(p)
-		if exe, _ := os.Readlink(dir + "/exe"); exe == self && dir != fmt.Sprintf("/proc/%d", os.Getpid()) && isSessionLeader(dir) {
-			out = append(out, "lazy restore holder "+dir)
-		}
+	}
+	for _, pid := range pandatest.HolderPIDs(store) {
+		out = append(out, fmt.Sprintf("lazy restore holder %d", pid))
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if bytes.Contains(mounts, []byte(" "+store+" ")) {
@@ -144,15 +142,6 @@ func leftovers(store string) string {
 		}
 	}
 	return strings.Join(out, ", ")
-}
-
-// isSessionLeader reports whether the process at /proc/PID dir leads its
-// session (as lazy restore's holder does).
-func isSessionLeader(dir string) bool {
-	b, _ := os.ReadFile(dir + "/stat")
-	_, rest, ok := strings.Cut(string(b), ") ")
-	f := strings.Fields(rest)
-	return ok && len(f) > 3 && "/proc/"+f[3] == dir
 }
 
 func ctxT(t *testing.T) context.Context {

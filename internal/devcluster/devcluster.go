@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/lazymem"
 	"io"
 	"net"
 	"net/http"
@@ -683,6 +684,10 @@ func (c *Cluster) stopAgents() error {
 	wg.Wait()
 	for _, a := range c.agents {
 		if pids := qemuPIDs(a.DataDir); len(pids) > 0 {
+			killPIDs(pids)
+		}
+		// A killed agent's lazy restore holder (its machines are gone).
+		if pids := lazymem.HolderPIDs(a.DataDir); len(pids) > 0 {
 			killPIDs(pids)
 		}
 		errs = append(errs, unmountUnder(a.DataDir))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/lazymem"
 	"os"
 	"path/filepath"
 	"slices"
@@ -176,6 +177,10 @@ func (c *Cluster) removeLeftovers() error {
 			if pids := qemuPIDs(a); len(pids) > 0 {
 				killPIDs(pids)
 				found = append(found, fmt.Sprintf("VMMs %v of %s", pids, a))
+			}
+			if pids := lazymem.HolderPIDs(a); len(pids) > 0 {
+				killPIDs(pids)
+				found = append(found, fmt.Sprintf("lazy restore holders %v of %s", pids, a))
 			}
 			if m := mountsUnder(a); len(m) > 0 {
 				if err := unmountUnder(a); err != nil {

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,6 +96,28 @@ type wireMsg struct {
 	Data     []byte
 	Err      string
 	NotExist bool
+}
+
+// HolderPIDs lists the live holder processes serving a mount under dir
+// (they log to the mount point's path + ".log", which is their standard
+// error): for tools that clean up after a host whose agent was killed.
+func HolderPIDs(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", "2"))
+		if err != nil || !strings.HasPrefix(target, filepath.Clean(dir)+"/") || !strings.HasSuffix(target, ".log") {
+			continue
+		}
+		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && strings.Contains(string(env), holderEnv+"=") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // socketOf is the holder's socket for mount point dir.

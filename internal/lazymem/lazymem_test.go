@@ -161,6 +161,9 @@ func mountCfg(t *testing.T, cfg Config) *FS {
 			t.Errorf("holder %d runs on after Close", pid)
 			unix.Kill(pid, unix.SIGKILL)
 		}
+		if left := HolderPIDs(filepath.Dir(cfg.Dir)); len(left) > 0 {
+			t.Errorf("holders %v run on after Close", left)
+		}
 	})
 	return f
 }
@@ -574,6 +577,9 @@ func TestHolderOutlivesFS(t *testing.T) {
 		t.Fatal("an FS with a holder: not held")
 	}
 	pid := f1.holder.pid
+	if got := HolderPIDs(filepath.Dir(cfg.Dir)); !slices.Equal(got, []int{pid}) {
+		t.Errorf("HolderPIDs of the mount's directory: %v, want [%d]", got, pid)
+	}
 	fd, err := os.Open(f1.Path("x"))
 	if err != nil {
 		f1.Close()

@@ -28,6 +28,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/pandastack/pandastack/internal/lazymem"
 	"io"
 	"net"
 	"net/http"
@@ -660,22 +661,8 @@ func RemoveDataDir(dir string) (leftovers []string, err error) {
 }
 
 // HolderPIDs lists the live holder processes of lazy restore's mount
-// (lazymem) under dir: those whose standard error is a log file under
-// dir (the holder logs to STORE/lazy.log).
-func HolderPIDs(dir string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", "2")); err == nil && strings.HasPrefix(target, dir+"/") && strings.HasSuffix(target, "lazy.log") && Alive(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
+// under dir (lazymem.HolderPIDs).
+func HolderPIDs(dir string) []int { return lazymem.HolderPIDs(dir) }
 
 // QEMUPIDs lists the live QEMU processes whose command line mentions a
 // path under dir.
