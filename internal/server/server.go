@@ -579,8 +579,9 @@ const lazyPauseWait = 2 * time.Minute
 // store is unmounted too (paused sandboxes live on disk either way).
 func closeHost(host *agent.Agent, nw *hostNetwork, keep bool, log *slog.Logger) {
 	if keep {
-		// A lazily restored machine dies with this process: paused, it
-		// waits on disk for the next start.
+		// A lazily restored machine served by this process (no holder
+		// process: LazyHolder unset) dies with it: paused, it waits on
+		// disk for the next start. With a holder this pauses nothing.
 		ctx, cancel := context.WithTimeout(context.Background(), lazyPauseWait)
 		host.PauseLazy(ctx)
 		cancel()
