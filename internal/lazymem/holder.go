@@ -82,7 +82,8 @@ func HolderMain() {
 // wireMsg is one message between the holder and its agent, gob-encoded
 // on the socket. Holder to agent: "hello" (Sets: the files the mount
 // holds; Pid), "lookup" (Set), "read" (Set, Off, Len). Agent to holder:
-// "reply" (ID of the request: Info, Data, or Err with NotExist), and
+// "reply" (ID of the request: Info, N bytes of data, or Err with
+// NotExist), and
 // "shutdown" (the holder unmounts, replies, and exits).
 type wireMsg struct {
 	ID       uint64
@@ -93,7 +94,10 @@ type wireMsg struct {
 	Off      int64
 	Len      int
 	Info     fileInfo
-	Data     []byte
+	// N is how many bytes of data follow the message on the stream, raw
+	// (a read's reply): the holder reads them straight into the buffer
+	// of the FUSE read waiting for them.
+	N        int
 	Err      string
 	NotExist bool
 }
@@ -294,6 +298,7 @@ func (h *holder) serve(dec *gob.Decoder, hello chan<- wireMsg) {
 // answer serves one request of the holder.
 func (h *holder) answer(m wireMsg) {
 	r := wireMsg{ID: m.ID, Op: "reply"}
+	var data []byte
 	var err error
 	switch m.Op {
 	case "lookup":
@@ -303,21 +308,36 @@ func (h *holder) answer(m wireMsg) {
 			err = fmt.Errorf("read of %d bytes", m.Len)
 			break
 		}
-		buf := make([]byte, m.Len)
+		bp := readBufs.Get().(*[]byte)
+		defer readBufs.Put(bp)
+		if cap(*bp) < m.Len {
+			*bp = make([]byte, m.Len)
+		}
+		buf := (*bp)[:m.Len]
 		var n int
 		n, err = h.fs.read(h.fs.ctx, m.Set, buf, m.Off)
-		r.Data = buf[:n]
+		data = buf[:n]
 	}
 	if err != nil {
 		r.Err, r.NotExist = err.Error(), errors.Is(err, os.ErrNotExist)
 	}
-	h.send(r)
+	h.send(r, data)
 }
 
-func (h *holder) send(m wireMsg) error {
+// readBufs are the buffers of reads answered: fresh memory costs a page
+// fault per page, more than the copy.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}
+
+// send writes m, then data raw (m.N says how much).
+func (h *holder) send(m wireMsg, data []byte) error {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
-	return h.enc.Encode(m)
+	m.N = len(data)
+	if err := h.enc.Encode(m); err != nil {
+		return err
+	}
+	_, err := h.conn.Write(data)
+	return err
 }
 
 // leave closes the link; the holder keeps the mount for the next agent.
@@ -340,7 +360,7 @@ func (h *holder) shutdown() error {
 	var err error
 	if ch == nil {
 		err = errors.New("lazymem: holder link lost before shutdown")
-	} else if err = h.send(wireMsg{ID: id, Op: "shutdown"}); err == nil {
+	} else if err = h.send(wireMsg{ID: id, Op: "shutdown"}, nil); err == nil {
 		select {
 		case m, ok := <-ch:
 			if !ok {
@@ -472,13 +492,20 @@ type agentLink struct {
 	enc  *gob.Encoder
 
 	mu      sync.Mutex
-	pending map[uint64]chan wireMsg
+	pending map[uint64]*call
 	down    chan struct{}
+}
+
+// call is a request of the holder waiting for its reply: dest takes the
+// reply's data.
+type call struct {
+	dest  []byte
+	reply chan wireMsg // gets the reply, its N the bytes read into dest
 }
 
 // attach makes conn the agent link, replacing (closing) an older one.
 func (s *holderServer) attach(conn net.Conn) {
-	l := &agentLink{s: s, conn: conn, enc: gob.NewEncoder(conn), pending: map[uint64]chan wireMsg{}, down: make(chan struct{})}
+	l := &agentLink{s: s, conn: conn, enc: gob.NewEncoder(conn), pending: map[uint64]*call{}, down: make(chan struct{})}
 	s.mu.Lock()
 	old := s.cur
 	s.cur = l
@@ -536,7 +563,10 @@ func (l *agentLink) send(m wireMsg) error {
 
 // serve reads the agent's replies and requests until the link ends.
 func (l *agentLink) serve() {
-	dec := gob.NewDecoder(l.conn)
+	// A bufio.Reader is an io.ByteReader: gob reads from it no further
+	// than each message, and the data after a reply is read from it too.
+	br := bufio.NewReaderSize(l.conn, 256<<10)
+	dec := gob.NewDecoder(br)
 	for {
 		var m wireMsg
 		if err := dec.Decode(&m); err != nil {
@@ -545,11 +575,25 @@ func (l *agentLink) serve() {
 		switch m.Op {
 		case "reply":
 			l.mu.Lock()
-			ch := l.pending[m.ID]
+			c := l.pending[m.ID]
 			delete(l.pending, m.ID)
 			l.mu.Unlock()
-			if ch != nil {
-				ch <- m
+			if m.N < 0 {
+				break
+			}
+			var dest []byte
+			if c != nil {
+				dest = c.dest[:min(m.N, len(c.dest))]
+			}
+			if _, err := io.ReadFull(br, dest); err != nil {
+				break
+			}
+			if _, err := br.Discard(m.N - len(dest)); err != nil {
+				break
+			}
+			m.N = len(dest)
+			if c != nil {
+				c.reply <- m
 			}
 		case "shutdown":
 			id := m.ID
@@ -582,9 +626,9 @@ func (l *agentLink) serve() {
 // errLinkDown is a request whose agent link ended before its answer.
 var errLinkDown = errors.New("agent link down")
 
-// call sends m on l and waits for its answer.
-func (l *agentLink) call(ctx context.Context, m wireMsg) (wireMsg, error) {
-	ch := make(chan wireMsg, 1)
+// call sends m on l and waits for its answer, whose data goes to dest.
+func (l *agentLink) call(ctx context.Context, m wireMsg, dest []byte) (wireMsg, error) {
+	c := &call{dest: dest, reply: make(chan wireMsg, 1)}
 	l.mu.Lock()
 	if l.pending == nil {
 		l.mu.Unlock()
@@ -594,38 +638,47 @@ func (l *agentLink) call(ctx context.Context, m wireMsg) (wireMsg, error) {
 	l.s.nextID++
 	m.ID = l.s.nextID
 	l.s.mu.Unlock()
-	l.pending[m.ID] = ch
+	l.pending[m.ID] = c
 	l.mu.Unlock()
 	if err := l.send(m); err != nil {
 		l.conn.Close()
 		return wireMsg{}, errLinkDown
 	}
 	select {
-	case r := <-ch:
+	case r := <-c.reply:
 		return r, nil
 	case <-l.down:
 		return wireMsg{}, errLinkDown
 	case <-ctx.Done():
 		l.mu.Lock()
-		if l.pending != nil {
-			delete(l.pending, m.ID)
-		}
+		_, waiting := l.pending[m.ID]
+		delete(l.pending, m.ID)
 		l.mu.Unlock()
-		return wireMsg{}, ctx.Err()
+		if waiting {
+			return wireMsg{}, ctx.Err()
+		}
+		// The reader has taken the reply and is writing dest: dest must
+		// not go back to its owner before it is done.
+		select {
+		case r := <-c.reply:
+			return r, nil
+		case <-l.down:
+			return wireMsg{}, errLinkDown
+		}
 	}
 }
 
 // call passes m to the attached agent, waiting (up to s.wait) for one
 // while none is, and asking the next one if the link ends first (reads
-// and lookups may be repeated).
-func (s *holderServer) call(ctx context.Context, m wireMsg) (wireMsg, error) {
+// and lookups may be repeated). A reply's data goes to dest.
+func (s *holderServer) call(ctx context.Context, m wireMsg, dest []byte) (wireMsg, error) {
 	deadline := time.Now().Add(s.wait)
 	for {
 		s.mu.Lock()
 		l, changed := s.cur, s.changed
 		s.mu.Unlock()
 		if l != nil {
-			r, err := l.call(ctx, m)
+			r, err := l.call(ctx, m, dest)
 			if !errors.Is(err, errLinkDown) {
 				return r, err
 			}
@@ -648,7 +701,7 @@ func (s *holderServer) call(ctx context.Context, m wireMsg) (wireMsg, error) {
 }
 
 func (s *holderServer) lookup(ctx context.Context, set string) (fileInfo, error) {
-	r, err := s.call(ctx, wireMsg{Op: "lookup", Set: set})
+	r, err := s.call(ctx, wireMsg{Op: "lookup", Set: set}, nil)
 	if err == nil && r.Err != "" {
 		err = errors.New(r.Err)
 		if r.NotExist {
@@ -659,12 +712,12 @@ func (s *holderServer) lookup(ctx context.Context, set string) (fileInfo, error)
 }
 
 func (s *holderServer) read(ctx context.Context, set string, p []byte, off int64) (int, error) {
-	r, err := s.call(ctx, wireMsg{Op: "read", Set: set, Off: off, Len: len(p)})
+	r, err := s.call(ctx, wireMsg{Op: "read", Set: set, Off: off, Len: len(p)}, p)
 	if err != nil {
 		s.log.Error("read", "set", set, "offset", off, "err", err)
 		return 0, err
 	}
-	n := copy(p, r.Data)
+	n := r.N
 	if r.Err != "" {
 		s.log.Error("read", "set", set, "offset", off, "err", r.Err)
 		return n, errors.New(r.Err)

@@ -667,3 +667,52 @@ func TestHolderWaitsBounded(t *testing.T) {
 		t.Errorf("the idle holder left its socket: %v", err)
 	}
 }
+
+// BenchmarkMiss: a page-cache miss of a 2 MiB-chunked file whose chunks
+// are in memory (the chunk cache's best case), read 128 KiB at a time as
+// the kernel's readahead does, served by this process and by a holder
+// process (a round trip over its socket more):
+//
+//	go test ./internal/lazymem -run XXX -bench Miss -benchtime 2000x
+func BenchmarkMiss(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("mounting FUSE needs root")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []struct{ name, holder string }{{"in-process", ""}, {"holder", exe}} {
+		b.Run(mode.name, func(b *testing.B) {
+			const csize = 2 << 20
+			src := &memSource{b: bytes.Repeat([]byte{3}, 256<<20), csize: csize, reads: map[int64]int{}}
+			f, err := Mount(Config{Dir: filepath.Join(b.TempDir(), "mnt"), Holder: mode.holder, Resolve: func(ctx context.Context, name string) (*Image, error) {
+				return &Image{Source: src, ChunkSize: csize}, nil
+			}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			fd, err := os.Open(f.Path("x"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer fd.Close()
+			buf := make([]byte, 128<<10)
+			pages := int64(len(src.b)) / int64(len(buf))
+			b.SetBytes(int64(len(buf)))
+			b.ResetTimer()
+			for i := range b.N {
+				off := (int64(i) % pages) * int64(len(buf))
+				if i > 0 && off == 0 {
+					b.StopTimer()
+					unix.Fadvise(int(fd.Fd()), 0, 0, unix.FADV_DONTNEED)
+					b.StartTimer()
+				}
+				if _, err := fd.ReadAt(buf, off); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
