@@ -128,6 +128,13 @@ const lazyFile = memFile
 func (a *Agent) lazyMount() (*lazymem.FS, error) {
 	a.lazyMu.Lock()
 	defer a.lazyMu.Unlock()
+	if a.lazyFS != nil && a.lazyFS.Broken() {
+		// The holder process died (its machines fail at their next
+		// miss): new restores need a new one.
+		a.log.Error("lazy memory files: their holder process is gone; starting another")
+		a.lazyFS.Leave()
+		a.lazyFS = nil
+	}
 	if a.lazyFS != nil {
 		return a.lazyFS, nil
 	}

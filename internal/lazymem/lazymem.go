@@ -269,6 +269,22 @@ func (f *FS) Leave() error {
 // machines mapping its files outlive this process).
 func (f *FS) Held() bool { return f.holder != nil }
 
+// Broken reports whether the link to the holder process is gone (the
+// holder died: the kernel aborted its mount, and the machines mapping
+// its files fail at their next miss). The caller Leaves the FS and
+// mounts a new one for new restores.
+func (f *FS) Broken() bool {
+	if f.holder == nil {
+		return false
+	}
+	select {
+	case <-f.holder.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (f *FS) closeImages() {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -716,3 +716,42 @@ func BenchmarkMiss(b *testing.B) {
 		})
 	}
 }
+
+// TestHolderKilled: an FS whose holder died says so (Broken), and a new
+// Mount starts another holder over the dead mount.
+func TestHolderKilled(t *testing.T) {
+	needRoot(t)
+	_, cfg := holderSource(t)
+	f, err := Mount(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := f.holder.pid
+	if f.Broken() {
+		t.Fatal("a new FS is broken")
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !f.Broken() {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder was killed: the FS is not broken after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.Leave()
+	f2 := mountCfg(t, cfg)
+	if f2.holder.pid == pid {
+		t.Fatalf("the new FS linked to the dead holder %d", pid)
+	}
+	b := make([]byte, 4096)
+	fd, err := os.Open(f2.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	if _, err := fd.ReadAt(b, 2*64<<10); err != nil || b[0] != 3 {
+		t.Errorf("read through the new holder: %d, %v; want 3", b[0], err)
+	}
+}
