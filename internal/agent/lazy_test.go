@@ -474,12 +474,13 @@ func dropPages(t *testing.T, path string) {
 	}
 }
 
-// TestLazyRestoreAfterRestart: a snapshot fetched lazily stays restorable
-// after the agent restarts: its memory image's link resolves through the
-// new mount, and the files check without reading the image.
-func TestLazyRestoreAfterRestart(t *testing.T) {
+// durableMemSnapshot makes a sandbox on a host of a new S3 store, with
+// memory-held state (memState), and a snapshot of it durable in the
+// store; it returns the store and what checkMemState needs.
+func durableMemSnapshot(t *testing.T) (objs objstore.Store, snap SnapshotInfo, sum, keeper, secret string) {
+	t.Helper()
 	s3 := s3test.Start(t)
-	objs := s3.Open("fleet")
+	objs = s3.Open("fleet")
 	openA, _ := storeHost(t, s3.Open("fleet"))
 	a := openA()
 	a.Recover(ctxT(t))
@@ -488,10 +489,18 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
-	sum, keeper, secret := memState(t, a, src.ID)
-	snap := snapOn(t, a, src.ID)
+	sum, keeper, secret = memState(t, a, src.ID)
+	snap = snapOn(t, a, src.ID)
 	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
 		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	return objs, snap, sum, keeper, secret
+}
+
+// TestLazyRestoreAfterRestart: a snapshot fetched lazily stays restorable
+// after the agent restarts: its memory image's link resolves through the
+// new mount, and the files check without reading the image.
+func TestLazyRestoreAfterRestart(t *testing.T) {
+	objs, snap, sum, keeper, secret := durableMemSnapshot(t)
 
 	b, _, _, reopen := lazyHostOpener(t, objs, nil)
 	c1, err := createFrom(t, b, snap.ID)
@@ -522,20 +531,7 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 // Without a holder the mount went with the agent and the machine died at
 // its next page-cache miss.
 func TestLazyRestoreOutlivesAgent(t *testing.T) {
-	s3 := s3test.Start(t)
-	objs := s3.Open("fleet")
-	openA, _ := storeHost(t, s3.Open("fleet"))
-	a := openA()
-	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
-	sum, keeper, secret := memState(t, a, src.ID)
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	objs, snap, sum, keeper, secret := durableMemSnapshot(t)
 
 	b, _, _, reopen := lazyHostOpener(t, objs, func(c *LazyConfig) { c.NoFetchAll = true })
 	c1, err := createFrom(t, b, snap.ID)

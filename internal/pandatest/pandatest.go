@@ -617,23 +617,21 @@ func moduleRoot() (string, error) {
 // mounted under it (unmounted, or detached if busy). err is what kept it
 // from removing dir.
 func RemoveDataDir(dir string) (leftovers []string, err error) {
-	if pids := QEMUPIDs(dir); len(pids) > 0 {
-		leftovers = append(leftovers, fmt.Sprintf("QEMU processes %v of %s (killed)", pids, dir))
-		for _, pid := range pids {
+	// QEMU first; then lazy restore's holder process, which serves a FUSE
+	// mount under dir: killed, its connection is aborted and the mount
+	// can go.
+	for _, p := range []struct {
+		what string
+		pids []int
+	}{{"QEMU processes", QEMUPIDs(dir)}, {"lazy restore holder processes", HolderPIDs(dir)}} {
+		if len(p.pids) == 0 {
+			continue
+		}
+		leftovers = append(leftovers, fmt.Sprintf("%s %v of %s (killed)", p.what, p.pids, dir))
+		for _, pid := range p.pids {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
-		for _, pid := range pids {
-			WaitGone(pid, 10*time.Second)
-		}
-	}
-	// Lazy restore's holder process serves a FUSE mount under dir: killed,
-	// its connection is aborted and the mount can go.
-	if pids := HolderPIDs(dir); len(pids) > 0 {
-		leftovers = append(leftovers, fmt.Sprintf("lazy restore holder processes %v of %s (killed)", pids, dir))
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-		for _, pid := range pids {
+		for _, pid := range p.pids {
 			WaitGone(pid, 10*time.Second)
 		}
 	}
