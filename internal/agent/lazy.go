@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -348,19 +350,135 @@ func verifyExcept(dir, skip string) error {
 
 // cloneMemory is the Cloner of a capture's memory image (fork, snapshot,
 // pause): volume.Clone, except that the image of a lazily restored
-// machine, on the lazymem mount where nothing can be reflinked, is copied
-// (sparse) through the mount. That reads the whole image — from the chunk
-// cache once the background fetch is done — while the machine is paused.
+// machine, on the lazymem mount where nothing can be reflinked, is made
+// from its chunks' own files (assembleLazy: the template's chunks
+// reflinked, the chunk cache's reflinked or copied), or failing that
+// copied (sparse) through the mount. Either runs while the machine is
+// paused.
 func (a *Agent) cloneMemory(src, dst string) error {
 	err := volume.Clone(src, dst)
 	if !errors.Is(err, volume.ErrNoReflink) || !a.isLazyFile(src) {
 		return err
 	}
+	err = a.assembleLazy(src, dst)
+	if err == nil {
+		return nil
+	}
+	os.Remove(dst)
+	a.log.Warn("assemble a lazily restored memory image from its chunks: copying it through the mount", "err", err)
 	if err := copySparse(src, dst); err != nil {
 		os.Remove(dst)
 		return fmt.Errorf("copy lazily restored memory image: %w", err)
 	}
 	return nil
+}
+
+// assembleLazy makes dst a copy of src, a file of the lazymem mount, from
+// where its chunks are on this host (lazymem.FS.Layout): reflinked where
+// the file system can (the template's chunks, in the store), else copied
+// in the kernel (copy_file_range), else read and written; chunks of
+// zeros stay holes. Chunks the host lacks are fetched first.
+func (a *Agent) assembleLazy(src, dst string) error {
+	a.lazyMu.Lock()
+	fsys := a.lazyFS
+	a.lazyMu.Unlock()
+	target, err := filepath.EvalSymlinks(src)
+	if err != nil {
+		return err
+	}
+	set, ok := lazymem.SetOf(filepath.Base(target))
+	if fsys == nil || !ok {
+		return fmt.Errorf("%s is no lazy file of this agent: %w", src, errors.ErrUnsupported)
+	}
+	st, err := os.Stat(target)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	locs, err := fsys.Layout(ctx, set)
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	var reflinked, copied int
+	var off int64
+	for _, l := range locs {
+		at := off
+		off += l.Len
+		in := l.File
+		if in == nil {
+			if l.Path == "" {
+				continue // zeros: a hole
+			}
+			if in, err = os.Open(l.Path); err != nil {
+				return err
+			}
+		}
+		cloned, err := cloneRange(out, in, l.Off, l.Len, at)
+		if l.File == nil {
+			in.Close()
+		}
+		if err != nil {
+			return err
+		}
+		if cloned {
+			reflinked++
+		} else {
+			copied++
+		}
+	}
+	if off != st.Size() {
+		return fmt.Errorf("the chunks of %s make %d bytes, the file has %d", set, off, st.Size())
+	}
+	a.log.Debug("assembled a lazily restored memory image from its chunks", "set", set, "chunks_reflinked", reflinked, "chunks_copied", copied,
+		"dur_ms", time.Since(t0).Milliseconds())
+	return out.Close()
+}
+
+// cloneRange puts n bytes at off of in at at of out: a reflink if the
+// file system can (true), else a copy.
+func cloneRange(out, in *os.File, off, n, at int64) (bool, error) {
+	err := unix.IoctlFileCloneRange(int(out.Fd()), &unix.FileCloneRange{Src_fd: int64(in.Fd()), Src_offset: uint64(off), Src_length: uint64(n), Dest_offset: uint64(at)})
+	if err == nil {
+		return true, nil
+	}
+	src, dst, left := off, at, n
+	for left > 0 {
+		c, err := unix.CopyFileRange(int(in.Fd()), &src, int(out.Fd()), &dst, int(left), 0)
+		if err != nil || c == 0 {
+			break
+		}
+		left -= int64(c)
+	}
+	if left == 0 {
+		return false, nil
+	}
+	// No copy_file_range between these files (across file systems of
+	// different kinds): read and write, leaving zero pages holes.
+	buf := make([]byte, min(left, 2<<20))
+	for left > 0 {
+		m, err := in.ReadAt(buf[:min(int64(len(buf)), left)], src)
+		if m == 0 {
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return false, err
+		}
+		if err := writeData(out, buf[:m], dst); err != nil {
+			return false, err
+		}
+		src, dst, left = src+int64(m), dst+int64(m), left-int64(m)
+	}
+	return false, nil
 }
 
 // isLazyFile reports whether path leads to a file on the lazymem mount.
@@ -409,13 +527,8 @@ func copySparse(src, dst string) error {
 			if n == 0 && err != nil {
 				return err
 			}
-			for p := 0; p < n; p += 4096 {
-				page := buf[p:min(p+4096, n)]
-				if !allZero(page) {
-					if _, err := out.WriteAt(page, off+int64(p)); err != nil {
-						return err
-					}
-				}
+			if err := writeData(out, buf[:n], off); err != nil {
+				return err
 			}
 			off += int64(n)
 		}
@@ -423,14 +536,32 @@ func copySparse(src, dst string) error {
 	return out.Close()
 }
 
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
+// writeData writes b at off of out, one write per run of pages that are
+// not all zeros: those stay holes.
+func writeData(out *os.File, b []byte, off int64) error {
+	start := -1
+	for p := 0; ; p += 4096 {
+		end := p >= len(b)
+		data := !end && !allZero(b[p:min(p+4096, len(b))])
+		switch {
+		case data && start < 0:
+			start = p
+		case !data && start >= 0:
+			if _, err := out.WriteAt(b[start:min(p, len(b))], off+int64(start)); err != nil {
+				return err
+			}
+			start = -1
+		}
+		if end {
+			return nil
 		}
 	}
-	return true
 }
+
+// allZero reports whether b (at most a page) is all zeros.
+func allZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
+
+var zeroPage [4096]byte
 
 // PauseLazy pauses every running sandbox whose memory this agent pages
 // in lazily and returns their IDs, unless a holder process serves the

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -78,7 +79,7 @@ type restoreLog struct {
 }
 
 func (l *restoreLog) Write(p []byte) (int, error) {
-	if s := string(p); strings.Contains(s, "sandbox restored") || strings.Contains(s, "fetched from the object store") || strings.Contains(s, "level=ERROR") || strings.Contains(s, "level=WARN") {
+	if s := string(p); strings.Contains(s, "sandbox restored") || strings.Contains(s, "fetched from the object store") || strings.Contains(s, "assembled a lazily restored") || strings.Contains(s, "level=ERROR") || strings.Contains(s, "level=WARN") {
 		l.mu.Lock()
 		l.lines = append(l.lines, strings.TrimSpace(s))
 		l.mu.Unlock()
@@ -112,6 +113,7 @@ type lazyRun struct {
 	prefetched    int
 	id            string
 	agent         *Agent
+	log           *restoreLog
 	memSize       int64
 	storedBytes   int64
 	storedChunks  int
@@ -146,7 +148,7 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 		}
 	})
 	f, _ := m.File("vm.mem")
-	r := lazyRun{agent: b, memSize: f.Size}
+	r := lazyRun{agent: b, memSize: f.Size, log: rl}
 	for _, h := range f.Chunks {
 		if h != "" {
 			r.storedChunks++
@@ -268,6 +270,12 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 		t.Fatalf("snapshot of a lazily restored sandbox: %v", err)
 	}
 	t.Logf("snapshot of a lazily restored sandbox: %v (paused %.0f ms)", time.Since(t0).Round(time.Millisecond), snap2.Capture.PausedMS)
+	// Its memory image was made of its chunks' files, not read through
+	// the mount (the agent says when it falls back to that).
+	if l := first.log.last("assemble a lazily restored memory image"); l != "" {
+		t.Errorf("the capture of a lazily restored sandbox was copied through the mount: %s", l)
+	}
+	t.Logf("its memory image: %s", first.log.last("assembled a lazily restored memory image from its chunks"))
 	b.Kill(ctxT(t), first.id)
 	grand, err := createFrom(t, b, snap2.ID)
 	if err != nil {
@@ -643,5 +651,38 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 		}
 		checkMemState(t, "template on the host", b, c.ID, sum, keeper, secret)
 		b.Kill(ctxT(t), c.ID)
+	}
+}
+
+// TestWriteData: the pages of a buffer that hold data are written, in
+// runs; the zero pages stay holes; a short page at the end is written.
+func TestWriteData(t *testing.T) {
+	b := make([]byte, 5*4096+100)
+	for _, p := range []int{0, 1, 4} {
+		b[p*4096+7] = byte(p + 1)
+	}
+	b[5*4096+99] = 9
+	path := filepath.Join(t.TempDir(), "f")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(len(b)) + 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeData(f, b, 4096); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(b))
+	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read back: %v, equal %v", err, bytes.Equal(got, b))
+	}
+	// Pages 2 and 3 of b (3 and 4 of the file) are a hole.
+	if off, err := unix.Seek(int(f.Fd()), 3*4096, unix.SEEK_HOLE); err != nil || off != 3*4096 {
+		t.Errorf("SEEK_HOLE from page 3: %d, %v; want a hole there", off, err)
+	}
+	if off, err := unix.Seek(int(f.Fd()), 3*4096, unix.SEEK_DATA); err != nil || off != 5*4096 {
+		t.Errorf("SEEK_DATA from page 3: %d, %v; want data from page 5", off, err)
 	}
 }

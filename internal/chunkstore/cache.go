@@ -185,6 +185,20 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	return done, nil
 }
 
+// ChunkPath returns the path of chunk i of the file in the cache,
+// fetching it first if it is not there (a whole file of the chunk's
+// length); "" for a chunk of zeros, which is never stored.
+func (r *Reader) ChunkPath(ctx context.Context, i int) (string, error) {
+	if i < 0 || i >= len(r.file.Chunks) {
+		return "", fmt.Errorf("chunk %d of %s: out of range", i, r.file.Name)
+	}
+	h := r.file.Chunks[i]
+	if h == "" {
+		return "", nil
+	}
+	return r.cache.get(ctx, r.s, h, chunkLen(r.file.Size, r.csize, i), r.delta(i))
+}
+
 // delta is how chunk i is made if it is a delta (nil: it is stored
 // whole).
 func (r *Reader) delta(i int) *Delta {

@@ -99,6 +99,22 @@ type LocalChunk struct {
 	Off  int64
 }
 
+// Locator is a Source that can say where a chunk is on this host: the
+// path of a file holding exactly that chunk, fetched there first if it
+// was not; "" for a chunk of zeros. *chunkstore.Reader is one.
+type Locator interface {
+	ChunkPath(ctx context.Context, i int) (string, error)
+}
+
+// ChunkLoc is where one chunk of a file is on this host: Len bytes at Off
+// of File (open, the FS's: not to be closed) or of the file at Path;
+// neither is a chunk of zeros.
+type ChunkLoc struct {
+	File     *os.File
+	Path     string
+	Off, Len int64
+}
+
 // Resolver returns the Image of set name; an error wrapping fs.ErrNotExist
 // (os.ErrNotExist) makes the lookup ENOENT, any other EIO.
 type Resolver func(ctx context.Context, name string) (*Image, error)
@@ -382,6 +398,49 @@ feed:
 		}
 	}
 	return err
+}
+
+// Layout returns where every chunk of set name's file is on this host,
+// fetching those that are not (into the chunk cache): for a copy of the
+// file made of its chunks' files (reflinked where the file system can)
+// rather than read through the mount. errors.ErrUnsupported if a chunk
+// can be read only through the Source or Local's reader (no Locator, no
+// *os.File). The FS must stay open while the locations are used.
+func (f *FS) Layout(ctx context.Context, name string) ([]ChunkLoc, error) {
+	n, err := f.open(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	loc, isLoc := n.im.Source.(Locator)
+	cs := n.im.ChunkSize
+	out := make([]ChunkLoc, len(n.touched))
+	for i := range out {
+		ln := min(cs, n.size-int64(i)*cs)
+		if lc, ok := n.im.Local[i]; ok {
+			of, ok := lc.File.(*os.File)
+			if !ok {
+				return nil, fmt.Errorf("chunk %d of %s: local, not a file: %w", i, name, errors.ErrUnsupported)
+			}
+			out[i] = ChunkLoc{File: of, Off: lc.Off, Len: ln}
+			continue
+		}
+		if n.im.Stored != nil && (i >= len(n.im.Stored) || !n.im.Stored[i]) {
+			out[i] = ChunkLoc{Len: ln}
+			continue
+		}
+		if !isLoc {
+			return nil, fmt.Errorf("chunk %d of %s: %w", i, name, errors.ErrUnsupported)
+		}
+		p, err := loc.ChunkPath(ctx, i)
+		if err != nil {
+			return nil, fmt.Errorf("chunk %d of %s: %w", i, name, err)
+		}
+		if p != "" {
+			n.tookFromSource(i)
+		}
+		out[i] = ChunkLoc{Path: p, Len: ln}
+	}
+	return out, nil
 }
 
 func (f *FS) get(name string) *file {

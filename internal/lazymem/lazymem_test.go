@@ -755,3 +755,61 @@ func TestHolderKilled(t *testing.T) {
 		t.Errorf("read through the new holder: %d, %v; want 3", b[0], err)
 	}
 }
+
+// locSource is a memSource that is a Locator: each chunk it is asked for
+// is written to a file of its own (as the chunk cache does).
+type locSource struct {
+	*memSource
+	dir string
+}
+
+func (l *locSource) ChunkPath(ctx context.Context, i int) (string, error) {
+	p := filepath.Join(l.dir, fmt.Sprint(i))
+	end := min(int64(i+1)*l.csize, int64(len(l.b)))
+	return p, os.WriteFile(p, l.b[int64(i)*l.csize:end], 0o600)
+}
+
+// TestLayout: where each chunk of a file is: the source's files, a local
+// file's offset, nothing for zeros; a source that cannot say is
+// unsupported.
+func TestLayout(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	src := &memSource{b: bytes.Repeat([]byte{5}, 4*csize-4096), csize: csize, reads: map[int64]int{}}
+	seed, err := os.Create(filepath.Join(t.TempDir(), "seed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	dir := t.TempDir()
+	var locate bool
+	f := mountT(t, func(ctx context.Context, name string) (*Image, error) {
+		im := &Image{Source: src, ChunkSize: csize, Stored: []bool{true, true, false, true},
+			Local: map[int]LocalChunk{1: {File: seed, Off: 3 * csize}}}
+		if locate {
+			im.Source = &locSource{src, dir}
+		}
+		return im, nil
+	})
+	if _, err := f.Layout(ctxT(t), "plain"); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("layout of a file whose source is no Locator: %v, want unsupported", err)
+	}
+	locate = true
+	locs, err := f.Layout(ctxT(t), "located")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ChunkLoc{{Path: filepath.Join(dir, "0"), Len: csize}, {File: seed, Off: 3 * csize, Len: csize}, {Len: csize}, {Path: filepath.Join(dir, "3"), Len: csize - 4096}}
+	if !slices.Equal(locs, want) {
+		t.Errorf("layout:\n%+v\nwant\n%+v", locs, want)
+	}
+	if st, _ := f.Stats("located"); st.SourceBytes != 2*csize-4096 {
+		t.Errorf("after the layout: %d bytes from the source, want %d", st.SourceBytes, 2*csize-4096)
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
