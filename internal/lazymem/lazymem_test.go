@@ -228,21 +228,34 @@ func testFileThroughFUSE(t *testing.T, holder string) {
 	if st.Ino != inoOf("snapshots/abc") {
 		t.Errorf("inode %d, want %d", st.Ino, inoOf("snapshots/abc"))
 	}
-	mem, err := unix.Mmap(fd, 0, len(src.b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatalf("mmap private: %v", err)
-	}
-	defer unix.Munmap(mem)
-	// The driver finds guest RAM by the inode /proc/PID/maps shows: it
-	// must be the one stat gives.
-	if ino := mappedIno(t, p); ino != st.Ino {
-		t.Errorf("maps shows inode %d, fstat %d", ino, st.Ino)
-	}
 	off := 5*csize + 100
-	if mem[off] != src.b[off] {
-		t.Errorf("mapped byte %d: %d, want %d", off, mem[off], src.b[off])
+	// A process must not map a file its own FUSE server serves: a page
+	// fault blocks its thread without giving up the Go scheduler's P, so
+	// a stop-the-world (GC) waits for it while the fault waits for the
+	// server, forever. The agent never maps these files (QEMU does, in
+	// its own process); this test maps them only when a holder process
+	// serves them.
+	if holder != "" {
+		mem, err := unix.Mmap(fd, 0, len(src.b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+		if err != nil {
+			t.Fatalf("mmap private: %v", err)
+		}
+		defer unix.Munmap(mem)
+		// The driver finds guest RAM by the inode /proc/PID/maps shows:
+		// it must be the one stat gives.
+		if ino := mappedIno(t, p); ino != st.Ino {
+			t.Errorf("maps shows inode %d, fstat %d", ino, st.Ino)
+		}
+		if mem[off] != src.b[off] {
+			t.Errorf("mapped byte %d: %d, want %d", off, mem[off], src.b[off])
+		}
+		mem[off] = ^src.b[off] // a private copy of the page
+	} else {
+		b := make([]byte, 1)
+		if _, err := unix.Pread(fd, b, int64(off)); err != nil || b[0] != src.b[off] {
+			t.Errorf("byte %d: %d, %v; want %d", off, b[0], err, src.b[off])
+		}
 	}
-	mem[off] = ^src.b[off] // a private copy of the page
 	if _, err := unix.Pwrite(fd, []byte{1}, 0); !errors.Is(err, unix.EROFS) {
 		t.Errorf("pwrite: %v, want EROFS", err)
 	}
