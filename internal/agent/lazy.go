@@ -54,7 +54,8 @@ import (
 
 // LazyConfig turns on lazy restore of memory images.
 type LazyConfig struct {
-	// Chunks is the agent's Store with a chunk cache (chunkstore.Config.Cache).
+	// Chunks is the agent's Store with a chunk cache (chunkstore.Config.Cache),
+	// best in STORE/ChunkCacheDir (DATA_DIR/store/chunk-cache).
 	Chunks *chunkstore.Store
 	// Objects is the object store under Chunks: working sets are kept there.
 	Objects objstore.Store
@@ -122,6 +123,12 @@ type lazyState struct {
 	lazyMu sync.Mutex
 	lazyFS *lazymem.FS
 }
+
+// ChunkCacheDir is where in the store a host with lazy restore keeps its
+// chunk cache (LazyConfig.Chunks' chunkstore.Cache): inside the store
+// volume, its chunks can be reflinked into the capture of a lazily
+// restored machine (assembleLazy).
+const ChunkCacheDir = "chunk-cache"
 
 // lazyFile is the name of a set's file that lazy restore serves.
 const lazyFile = memFile

@@ -38,10 +38,10 @@ func lazyHostOpener(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*
 	t.Helper()
 	var cache *chunkstore.Cache
 	rl := &restoreLog{}
-	_, open := restartableWith(t, func(c *Config) {
+	dir, open := restartableWith(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(rl, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		var err error
-		cache, err = chunkstore.OpenCache(filepath.Join(c.DataDir, "chunk-cache"))
+		cache, err = chunkstore.OpenCache(filepath.Join(c.DataDir, "store", ChunkCacheDir))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,6 +60,15 @@ func lazyHostOpener(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*
 		}
 		if c.Lazy.NoPrefetch && c.Lazy.RecordFor < 0 { // the baseline: no lazy restore
 			c.Lazy = nil
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			rl.mu.Lock()
+			t.Logf("the lazy host's log, errors and warnings:\n%s", strings.Join(rl.lines, "\n"))
+			rl.mu.Unlock()
+			b, _ := os.ReadFile(filepath.Join(dir, "store", "lazy.log"))
+			t.Logf("its lazy restore holder's log:\n%s", b)
 		}
 	})
 	a := open()
@@ -294,9 +303,9 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 		if err := b.closeLazy(); err != nil {
 			t.Fatal(err)
 		}
-		ents, _ := os.ReadDir(filepath.Join(b.cfg.DataDir, "chunk-cache"))
+		ents, _ := os.ReadDir(filepath.Join(b.vol.Dir, ChunkCacheDir))
 		for _, e := range ents {
-			os.Remove(filepath.Join(b.cfg.DataDir, "chunk-cache", e.Name()))
+			os.Remove(filepath.Join(b.vol.Dir, ChunkCacheDir, e.Name()))
 		}
 		b.cfg.Lazy.NoPrefetch = !prefetch
 		if _, err := b.lazyMount(); err != nil {

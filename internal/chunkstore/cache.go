@@ -40,10 +40,12 @@ type CacheStats struct {
 	BytesFetched int64
 }
 
-// OpenCache opens (making it if missing) the cache in dir.
+// OpenCache opens the cache in dir. dir is made at the first fetch, not now: it may be inside a file
+// system mounted later (the agent's store volume, so that a chunk can be
+// reflinked into a memory image).
 func OpenCache(dir string) (*Cache, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("open chunk cache: %w", err)
+	if dir == "" {
+		return nil, errors.New("open chunk cache: no directory")
 	}
 	return &Cache{dir: dir, inflight: map[string]*fetchCall{}}, nil
 }
@@ -94,6 +96,9 @@ func (c *Cache) fill(ctx context.Context, s *Store, hash string, n int64, d *Del
 		}
 	} else if err := s.fetch(ctx, hash, buf); err != nil {
 		return err
+	}
+	if err := os.MkdirAll(c.dir, 0o700); err != nil {
+		return fmt.Errorf("chunk cache: %w", err)
 	}
 	tmp, err := os.CreateTemp(c.dir, ".fetch-*")
 	if err != nil {

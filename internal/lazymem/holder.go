@@ -83,17 +83,16 @@ func HolderMain() {
 // on the socket. Holder to agent: "hello" (Sets: the files the mount
 // holds; Pid), "lookup" (Set), "read" (Set, Off, Len). Agent to holder:
 // "reply" (ID of the request: Info, N bytes of data, or Err with
-// NotExist), and
-// "shutdown" (the holder unmounts, replies, and exits).
+// NotExist), and "shutdown" (the holder unmounts, replies, and exits).
 type wireMsg struct {
-	ID       uint64
-	Op       string
-	Set      string
-	Sets     []string
-	Pid      int
-	Off      int64
-	Len      int
-	Info     fileInfo
+	ID   uint64
+	Op   string
+	Set  string
+	Sets []string
+	Pid  int
+	Off  int64
+	Len  int
+	Info fileInfo
 	// N is how many bytes of data follow the message on the stream, raw
 	// (a read's reply): the holder reads them straight into the buffer
 	// of the FUSE read waiting for them.
@@ -150,14 +149,17 @@ type holder struct {
 }
 
 // attachHolder links f to the holder serving f.cfg.Dir, starting one if
-// none answers.
-func attachHolder(f *FS) (*holder, error) {
+// none answers and start says so.
+func attachHolder(f *FS, start bool) (*holder, error) {
 	sock := socketOf(f.cfg.Dir)
 	if len(sock) > maxSocketPath {
 		return nil, fmt.Errorf("lazymem: holder socket path %s is longer than %d bytes", sock, maxSocketPath)
 	}
 	h := &holder{fs: f, pending: map[uint64]chan wireMsg{}, done: make(chan struct{})}
 	conn, err := net.Dial("unix", sock)
+	if err != nil && !start {
+		return nil, fmt.Errorf("lazymem: holder: %w", err)
+	}
 	if err != nil {
 		if err := h.start(sock); err != nil {
 			return nil, err
@@ -266,7 +268,7 @@ func (h *holder) serve(dec *gob.Decoder, hello chan<- wireMsg) {
 	for {
 		var m wireMsg
 		if err := dec.Decode(&m); err != nil {
-			if h.fs.ctx.Err() == nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if h.fs.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 				h.fs.cfg.Log.Error("lazy memory files: link to their holder lost", "err", err)
 			}
 			h.mu.Lock()
@@ -321,7 +323,9 @@ func (h *holder) answer(m wireMsg) {
 	if err != nil {
 		r.Err, r.NotExist = err.Error(), errors.Is(err, os.ErrNotExist)
 	}
-	h.send(r, data)
+	if err := h.send(r, data); err != nil && h.fs.ctx.Err() == nil {
+		h.fs.cfg.Log.Warn("lazy memory files: answer their holder", "op", m.Op, "set", m.Set, "err", err)
+	}
 }
 
 // readBufs are the buffers of reads answered: fresh memory costs a page
@@ -372,6 +376,16 @@ func (h *holder) shutdown() error {
 			err = errors.New("lazymem: holder did not shut down in a minute")
 		}
 	}
+	if err != nil {
+		log := filepath.Clean(h.fs.cfg.Dir) + ".log"
+		err = fmt.Errorf("%w (the holder's log %s ends: %s)", err, log, tail(log))
+		// It did not hear: SIGTERM also makes it unmount and exit (its
+		// machines are gone: this is Close).
+		if h.pid > 0 && unix.Kill(h.pid, unix.SIGTERM) == nil {
+			h.fs.cfg.Log.Warn("lazy memory files: their holder did not take the shutdown; sent it SIGTERM", "pid", h.pid, "err", err)
+			err = nil
+		}
+	}
 	h.conn.Close()
 	<-h.done
 	// Wait for the process to be gone: a caller checks that nothing of
@@ -408,10 +422,10 @@ func runHolder(c holderConfig) error {
 	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE)
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
-	if conn, err := net.Dial("unix", c.Socket); err == nil {
-		conn.Close()
-		return fmt.Errorf("a holder already serves %s", c.Socket)
-	}
+	// The agent found no holder answering on the socket (it dials before
+	// it starts one; its data directory is its alone): a file there is a
+	// dead holder's. (Dialling it to make sure would attach to a live one
+	// as its agent, and drop the real agent's link.)
 	os.Remove(c.Socket)
 	ln, err := net.Listen("unix", c.Socket)
 	if err != nil {
@@ -567,9 +581,10 @@ func (l *agentLink) serve() {
 	// than each message, and the data after a reply is read from it too.
 	br := bufio.NewReaderSize(l.conn, 256<<10)
 	dec := gob.NewDecoder(br)
-	for {
+	var why error
+	for why == nil {
 		var m wireMsg
-		if err := dec.Decode(&m); err != nil {
+		if why = dec.Decode(&m); why != nil {
 			break
 		}
 		switch m.Op {
@@ -579,16 +594,17 @@ func (l *agentLink) serve() {
 			delete(l.pending, m.ID)
 			l.mu.Unlock()
 			if m.N < 0 {
+				why = fmt.Errorf("reply of %d bytes", m.N)
 				break
 			}
 			var dest []byte
 			if c != nil {
 				dest = c.dest[:min(m.N, len(c.dest))]
 			}
-			if _, err := io.ReadFull(br, dest); err != nil {
+			if _, why = io.ReadFull(br, dest); why != nil {
 				break
 			}
-			if _, err := br.Discard(m.N - len(dest)); err != nil {
+			if _, why = br.Discard(m.N - len(dest)); why != nil {
 				break
 			}
 			m.N = len(dest)
@@ -618,7 +634,7 @@ func (l *agentLink) serve() {
 	if l.s.cur == l {
 		l.s.cur = nil
 		l.s.detached = time.Now()
-		l.s.log.Info("agent left: reads wait for the next one", "wait", l.s.wait)
+		l.s.log.Info("agent left: reads wait for the next one", "wait", l.s.wait, "why", why)
 	}
 	l.s.mu.Unlock()
 }

@@ -161,9 +161,12 @@ type Config struct {
 // a unix socket: a machine restored lazily then outlives this process,
 // its page-cache misses waiting until the next one attaches.
 type FS struct {
-	cfg    Config
-	front  *front          // the in-process FUSE server, or nil
-	holder *holder         // the link to the holder process, or nil
+	cfg   Config
+	front *front // the in-process FUSE server, or nil
+	// holder is the link to the holder process (nil without one); a lost
+	// link is made again (watchHolder).
+	hmu    sync.Mutex
+	holder *holder
 	ctx    context.Context // of the background fetches; cancelled by Close
 	cancel context.CancelFunc
 
@@ -228,7 +231,10 @@ func Mount(cfg Config) (*FS, error) {
 	f := &FS{cfg: cfg, ctx: ctx, cancel: cancel, files: map[string]*file{}}
 	var err error
 	if cfg.Holder != "" {
-		f.holder, err = attachHolder(f)
+		var h *holder
+		if h, err = attachHolder(f, true); err == nil {
+			f.setLink(h)
+		}
 	} else {
 		f.front, err = mountFront(cfg.Dir, f, cfg.Log, cfg.MaxReadAhead, cfg.Debug)
 	}
@@ -255,8 +261,8 @@ func (f *FS) Close() error {
 		if f.front != nil {
 			f.closeErr = f.front.unmount()
 		}
-		if f.holder != nil {
-			f.closeErr = f.holder.shutdown()
+		if h := f.link(); h != nil {
+			f.closeErr = h.shutdown()
 		}
 		f.closeImages()
 	})
@@ -269,13 +275,15 @@ func (f *FS) Close() error {
 // wait for it. Without a holder it is Close. Idempotent, and Close after
 // it does nothing.
 func (f *FS) Leave() error {
-	if f.holder == nil {
+	if f.cfg.Holder == "" {
 		return f.Close()
 	}
 	f.closeOnce.Do(func() {
 		f.cancel()
 		f.bg.Wait()
-		f.holder.leave()
+		if h := f.link(); h != nil {
+			h.leave()
+		}
 		f.closeImages()
 	})
 	return f.closeErr
@@ -283,18 +291,69 @@ func (f *FS) Leave() error {
 
 // Held reports whether a holder process serves the mount (so that the
 // machines mapping its files outlive this process).
-func (f *FS) Held() bool { return f.holder != nil }
+func (f *FS) Held() bool { return f.cfg.Holder != "" }
+
+// link is the current link to the holder process.
+func (f *FS) link() *holder {
+	f.hmu.Lock()
+	defer f.hmu.Unlock()
+	return f.holder
+}
+
+// setLink makes h the link to the holder process and watches it.
+func (f *FS) setLink(h *holder) {
+	f.hmu.Lock()
+	f.holder = h
+	f.hmu.Unlock()
+	f.bg.Add(1)
+	go func() {
+		defer f.bg.Done()
+		f.watchHolder(h)
+	}()
+}
+
+// watchHolder links f to its holder again if link h ends while f is
+// open (the holder may have dropped it; it waits for an agent): a few
+// dials over about three seconds. A holder that does not answer is
+// gone (Broken).
+func (f *FS) watchHolder(h *holder) {
+	select {
+	case <-h.done:
+	case <-f.ctx.Done():
+		return
+	}
+	if f.ctx.Err() != nil {
+		return // Close or Leave ended it
+	}
+	wait := 100 * time.Millisecond
+	for try := 0; try < 5; try++ {
+		nh, err := attachHolder(f, false)
+		if err == nil {
+			f.cfg.Log.Warn("lazy memory files: the link to their holder ended; linked again", "pid", nh.pid)
+			f.setLink(nh)
+			return
+		}
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+	f.cfg.Log.Error("lazy memory files: their holder is gone (its machines fail at their next page-cache miss)", "dir", f.cfg.Dir)
+}
 
 // Broken reports whether the link to the holder process is gone (the
 // holder died: the kernel aborted its mount, and the machines mapping
 // its files fail at their next miss). The caller Leaves the FS and
 // mounts a new one for new restores.
 func (f *FS) Broken() bool {
-	if f.holder == nil {
-		return false
+	h := f.link()
+	if h == nil {
+		return f.cfg.Holder != ""
 	}
 	select {
-	case <-f.holder.done:
+	case <-h.done:
 		return true
 	default:
 		return false

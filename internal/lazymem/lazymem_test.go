@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,8 +148,8 @@ func mountCfg(t *testing.T, cfg Config) *FS {
 	}
 	t.Cleanup(func() {
 		var pid int
-		if f.holder != nil {
-			pid = f.holder.pid
+		if h := f.link(); h != nil {
+			pid = h.pid
 		}
 		if err := f.Close(); err != nil {
 			t.Error(err)
@@ -589,7 +590,7 @@ func TestHolderOutlivesFS(t *testing.T) {
 	if !f1.Held() {
 		t.Fatal("an FS with a holder: not held")
 	}
-	pid := f1.holder.pid
+	pid := f1.link().pid
 	if got := HolderPIDs(filepath.Dir(cfg.Dir)); !slices.Equal(got, []int{pid}) {
 		t.Errorf("HolderPIDs of the mount's directory: %v, want [%d]", got, pid)
 	}
@@ -622,8 +623,8 @@ func TestHolderOutlivesFS(t *testing.T) {
 	}()
 	reads := src.readsOf(5)
 	f2 := mountCfg(t, cfg)
-	if f2.holder.pid != pid {
-		t.Errorf("the second FS linked to holder %d, want the running one %d", f2.holder.pid, pid)
+	if f2.link().pid != pid {
+		t.Errorf("the second FS linked to holder %d, want the running one %d", f2.link().pid, pid)
 	}
 	if r := <-got; r.err != nil || r.b != 6 {
 		t.Errorf("the read made while no FS was attached: %d, %v; want 6", r.b, r.err)
@@ -652,7 +653,7 @@ func TestHolderWaitsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := f.holder.pid
+	pid := f.link().pid
 	fd, err := os.Open(f.Path("x"))
 	if err != nil {
 		f.Close()
@@ -739,7 +740,7 @@ func TestHolderKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := f.holder.pid
+	pid := f.link().pid
 	if f.Broken() {
 		t.Fatal("a new FS is broken")
 	}
@@ -755,7 +756,7 @@ func TestHolderKilled(t *testing.T) {
 	}
 	f.Leave()
 	f2 := mountCfg(t, cfg)
-	if f2.holder.pid == pid {
+	if f2.link().pid == pid {
 		t.Fatalf("the new FS linked to the dead holder %d", pid)
 	}
 	b := make([]byte, 4096)
@@ -825,4 +826,37 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestHolderRelinks: when the holder drops an FS's link (here: another
+// connection took its place), the FS links again, and reads go on.
+func TestHolderRelinks(t *testing.T) {
+	needRoot(t)
+	_, cfg := holderSource(t)
+	f := mountCfg(t, cfg)
+	first := f.link()
+	other, err := net.Dial("unix", socketOf(cfg.Dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.link() == first {
+		if time.Now().After(deadline) {
+			t.Fatal("the FS did not link again in 10 s after the holder dropped its link")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f.Broken() || f.link().pid != first.pid {
+		t.Errorf("after linking again: broken %v, holder %d, want %d", f.Broken(), f.link().pid, first.pid)
+	}
+	fd, err := os.Open(f.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	b := make([]byte, 4096)
+	if _, err := fd.ReadAt(b, 6*64<<10); err != nil || b[0] != 7 {
+		t.Errorf("read after linking again: %d, %v; want 7", b[0], err)
+	}
 }

@@ -17,7 +17,7 @@ import (
 
 // openChunkStore opens the host agent's chunkstore over objs, its leases
 // owned by the data directory (storeOwner), and, with cfg.LazyRestore,
-// its lazy restore (a chunk cache in DATA_DIR/chunk-cache, shared by
+// its lazy restore (a chunk cache in DATA_DIR/store/chunk-cache, shared by
 // every lazily restored machine of the host).
 func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.LazyConfig, error) {
 	owner, err := storeOwner(cfg.DataDir)
@@ -28,9 +28,15 @@ func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.
 		s, err := chunkstore.New(objs, chunkstore.Config{Owner: owner})
 		return s, nil, err
 	}
-	cache, err := chunkstore.OpenCache(filepath.Join(cfg.DataDir, "chunk-cache"))
+	// In the store volume (made by the agent, after this), so that the
+	// capture of a lazily restored machine reflinks its chunks from here.
+	cache, err := chunkstore.OpenCache(filepath.Join(cfg.DataDir, "store", agent.ChunkCacheDir))
 	if err != nil {
 		return nil, nil, fmt.Errorf("lazy restore: %w", err)
+	}
+	// Where the cache was before 2026-12-05: only a cache.
+	if old := filepath.Join(cfg.DataDir, "chunk-cache"); dirExists(old) {
+		os.RemoveAll(old)
 	}
 	s, err := chunkstore.New(objs, chunkstore.Config{Cache: cache, Owner: owner})
 	if err != nil {
@@ -66,4 +72,9 @@ func storeOwner(dataDir string) (string, error) {
 		return "", fmt.Errorf("object store owner: %w", err)
 	}
 	return owner, nil
+}
+
+func dirExists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }

@@ -118,7 +118,7 @@ type Config struct {
 	StoreCredentials objstore.Credentials `yaml:"-"`
 	// LazyRestore, with Store, restores snapshots and paused sandboxes this
 	// host does not hold with their memory paged in on first touch through
-	// a FUSE file and a chunk cache in DATA_DIR/chunk-cache, instead of
+	// a FUSE file and a chunk cache in DATA_DIR/store/chunk-cache, instead of
 	// downloading the memory image first (docs/lazy-restore.md).
 	// Experimental; default off.
 	LazyRestore bool `yaml:"lazy_restore"`
