@@ -408,14 +408,11 @@ func (a *Agent) assembleLazy(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	out, err := createLike(dst, st)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	if err := out.Truncate(st.Size()); err != nil {
-		return err
-	}
 	var reflinked, copied int
 	var off int64
 	for _, l := range locs {
@@ -507,14 +504,11 @@ func copySparse(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	out, err := createLike(dst, st)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	if err := out.Truncate(st.Size()); err != nil {
-		return err
-	}
 	buf := make([]byte, 2<<20)
 	fd := int(in.Fd())
 	for off := int64(0); off < st.Size(); {
@@ -541,6 +535,20 @@ func copySparse(src, dst string) error {
 		}
 	}
 	return out.Close()
+}
+
+// createLike creates dst, a new file of st's mode and size (a hole), for
+// a copy of the file st describes.
+func createLike(dst string, st os.FileInfo) (*os.File, error) {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	if err != nil {
+		return nil, err
+	}
+	if err := out.Truncate(st.Size()); err != nil {
+		out.Close()
+		return nil, err
+	}
+	return out, nil
 }
 
 // writeData writes b at off of out, one write per run of pages that are
