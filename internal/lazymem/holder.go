@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -143,9 +142,9 @@ type holder struct {
 	wmu sync.Mutex
 	enc *gob.Encoder
 
-	// replies gets the holder's replies: the agent asks it one thing
-	// only, to shut down.
-	replies chan wireMsg
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]chan wireMsg
 	done    chan struct{} // closed when the connection ends
 }
 
@@ -156,7 +155,7 @@ func attachHolder(f *FS, start bool) (*holder, error) {
 	if len(sock) > maxSocketPath {
 		return nil, fmt.Errorf("lazymem: holder socket path %s is longer than %d bytes", sock, maxSocketPath)
 	}
-	h := &holder{fs: f, replies: make(chan wireMsg, 1), done: make(chan struct{})}
+	h := &holder{fs: f, pending: map[uint64]chan wireMsg{}, done: make(chan struct{})}
 	conn, err := net.Dial("unix", sock)
 	if err != nil && !start {
 		return nil, fmt.Errorf("lazymem: holder: %w", err)
@@ -272,6 +271,12 @@ func (h *holder) serve(dec *gob.Decoder, hello chan<- wireMsg) {
 			if h.fs.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 				h.fs.cfg.Log.Error("lazy memory files: link to their holder lost", "err", err)
 			}
+			h.mu.Lock()
+			for _, ch := range h.pending {
+				close(ch)
+			}
+			h.pending = nil
+			h.mu.Unlock()
 			return
 		}
 		switch {
@@ -279,9 +284,12 @@ func (h *holder) serve(dec *gob.Decoder, hello chan<- wireMsg) {
 			first = false
 			hello <- m
 		case m.Op == "reply":
-			select {
-			case h.replies <- m:
-			default:
+			h.mu.Lock()
+			ch := h.pending[m.ID]
+			delete(h.pending, m.ID)
+			h.mu.Unlock()
+			if ch != nil {
+				ch <- m
 			}
 		case m.Op == "lookup" || m.Op == "read":
 			go h.answer(m)
@@ -344,25 +352,25 @@ func (h *holder) leave() {
 
 // shutdown asks the holder to unmount and exit, and waits until it has.
 func (h *holder) shutdown() error {
-	var err error
-	select {
-	case <-h.done:
-		err = errors.New("lazymem: holder link lost before shutdown")
-	default:
-		err = h.send(wireMsg{Op: "shutdown"}, nil)
+	h.mu.Lock()
+	var ch chan wireMsg
+	if h.pending != nil {
+		h.nextID++
+		ch = make(chan wireMsg, 1)
+		h.pending[h.nextID] = ch
 	}
-	if err == nil {
+	id := h.nextID
+	h.mu.Unlock()
+	var err error
+	if ch == nil {
+		err = errors.New("lazymem: holder link lost before shutdown")
+	} else if err = h.send(wireMsg{ID: id, Op: "shutdown"}, nil); err == nil {
 		select {
-		case m := <-h.replies:
-			err = replyErr(m)
-		case <-h.done:
-			// The holder closes the link right after its reply: take the
-			// reply if it came.
-			select {
-			case m := <-h.replies:
-				err = replyErr(m)
-			default:
+		case m, ok := <-ch:
+			if !ok {
 				err = errors.New("lazymem: holder link lost during shutdown")
+			} else if m.Err != "" {
+				err = fmt.Errorf("lazymem: holder: %s", m.Err)
 			}
 		case <-time.After(time.Minute):
 			err = errors.New("lazymem: holder did not shut down in a minute")
@@ -395,14 +403,6 @@ func (h *holder) shutdown() error {
 		}
 	}
 	return err
-}
-
-// replyErr is the error a reply of the holder carries, if any.
-func replyErr(m wireMsg) error {
-	if m.Err == "" {
-		return nil
-	}
-	return fmt.Errorf("lazymem: holder: %s", m.Err)
 }
 
 // runHolder is the holder process: it mounts c.Dir, serves it, and
@@ -495,7 +495,7 @@ type holderServer struct {
 	detached time.Time     // when the last agent left (zero: one is attached or none came yet)
 	started  time.Time
 	shutdown chan func(error) // a shutdown's reply, called after the unmount
-	nextID   atomic.Uint64
+	nextID   uint64
 }
 
 // agentLink is the holder's connection to one agent.
@@ -650,7 +650,10 @@ func (l *agentLink) call(ctx context.Context, m wireMsg, dest []byte) (wireMsg, 
 		l.mu.Unlock()
 		return wireMsg{}, errLinkDown
 	}
-	m.ID = l.s.nextID.Add(1)
+	l.s.mu.Lock()
+	l.s.nextID++
+	m.ID = l.s.nextID
+	l.s.mu.Unlock()
 	l.pending[m.ID] = c
 	l.mu.Unlock()
 	if err := l.send(m); err != nil {
