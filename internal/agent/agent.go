@@ -363,16 +363,25 @@ func (s *sandbox) setFetched(n int64) {
 // CreateRequest asks for a new sandbox: the host contract's.
 type CreateRequest = host.CreateRequest
 
-// Create restores a new sandbox from a template and returns once its guest
-// agent has answered (clock set, RNG reseeded, identity written).
-func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
+// checkCreate checks a create's ID (giving it one if it has none) and
+// owner.
+func checkCreate(req *CreateRequest) error {
 	if req.ID == "" {
 		req.ID = host.NewID()
 	} else if !host.ValidID(req.ID) {
-		return Info{}, fmt.Errorf("create sandbox: %w: id %q must be lowercase letters and digits", ErrInvalid, req.ID)
+		return fmt.Errorf("create sandbox: %w: id %q must be lowercase letters and digits", ErrInvalid, req.ID)
 	}
 	if req.Owner != "" && !validOwner(req.Owner) {
-		return Info{}, fmt.Errorf("create sandbox: %w: owner %q", ErrInvalid, req.Owner)
+		return fmt.Errorf("create sandbox: %w: owner %q", ErrInvalid, req.Owner)
+	}
+	return nil
+}
+
+// Create restores a new sandbox from a template and returns once its guest
+// agent has answered (clock set, RNG reseeded, identity written).
+func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if err := checkCreate(&req); err != nil {
+		return Info{}, err
 	}
 	var im image
 	var fetched chunkstore.DownloadStats // what this create downloaded
@@ -422,6 +431,12 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			im.memFile = mem
 		}
 	}
+	return a.createFrom(ctx, req, im, fetched)
+}
+
+// createFrom registers sandbox req and starts it from im (Create's end);
+// fetched is what was downloaded to make im.
+func (a *Agent) createFrom(ctx context.Context, req CreateRequest, im image, fetched chunkstore.DownloadStats) (Info, error) {
 	if err := a.checkSpace(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -652,6 +667,11 @@ type image struct {
 	// baseline that `panda bench fork` compares against. Nothing else
 	// uses it.
 	fullCopy bool
+	// arrival, if set, is a snapshot still being received (Dir unused):
+	// restore takes its files from where the receive has them once its
+	// disk is in, and loads the machine once all of it is
+	// (ReceiveAndCreate).
+	arrival *arrival
 }
 
 func (im image) mem() string {
@@ -710,16 +730,18 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	for _, f := range []string{disk, mem, state} {
 		os.Remove(f) // a leftover of an interrupted restore
 	}
-	if err := volume.Clone(im.rootfs(), disk); err != nil {
-		return classifyIOError(err)
+	if im.arrival == nil {
+		err = restoreFiles(im, disk, mem, state)
+	} else if err = im.arrival.waitDisk(ctx); err == nil {
+		// The memory image and device state are linked while they
+		// arrive: the same inodes, written on.
+		err = im.arrival.withDir(func(dir string) error {
+			im.Dir = dir
+			return restoreFiles(im, disk, mem, state)
+		})
 	}
-	// A hard link keeps the same inode, hence the same page cache as
-	// every other sandbox restored from im, and survives im's deletion.
-	if err := os.Link(im.mem(), mem); err != nil {
-		return classifyIOError(fmt.Errorf("link memory image: %w", err))
-	}
-	if err := os.Link(im.state(), state); err != nil {
-		return classifyIOError(fmt.Errorf("link device state: %w", err))
+	if err != nil {
+		return err
 	}
 	spec := im.Spec
 	spec.MemoryFile = mem
@@ -771,6 +793,14 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if s.stopping() { // killed before it could see the machine
 		return errStopped(s, "restore")
 	}
+	if im.arrival != nil {
+		// The VMM started while the memory image arrived; nothing
+		// of it runs before all of it is in.
+		if err := im.arrival.wait(ctx); err != nil {
+			return fmt.Errorf("receive the snapshot: %w", err)
+		}
+	}
+	tArrived := time.Since(t0)
 	if err := m.LoadState(ctx, state); err != nil {
 		return err
 	}
@@ -785,8 +815,26 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	close(ready)
 	go a.watch(s, m)
 	go a.keepGuest(s, m, client)
-	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart),
+	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart), "arrived_ms", ms(tArrived),
 		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "ready_ms", ms(time.Since(t0)))
+	return nil
+}
+
+// restoreFiles gives a sandbox its files from im: disk, mem and state
+// (paths in its directory). The disk is a reflink clone; the memory image
+// and device state are hard links, which keep the same inode, hence the
+// same page cache as every other sandbox restored from im, and survive
+// im's deletion.
+func restoreFiles(im image, disk, mem, state string) error {
+	if err := volume.Clone(im.rootfs(), disk); err != nil {
+		return classifyIOError(err)
+	}
+	if err := os.Link(im.mem(), mem); err != nil {
+		return classifyIOError(fmt.Errorf("link memory image: %w", err))
+	}
+	if err := os.Link(im.state(), state); err != nil {
+		return classifyIOError(fmt.Errorf("link device state: %w", err))
+	}
 	return nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/chunkstore"
@@ -80,6 +82,17 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 // written (the caller sends it another way); ErrCorrupt if the stream is
 // cut short or damaged; ErrInvalid if it is not snapshot id's.
 func (a *Agent) ReceiveSnapshot(ctx context.Context, id string, r io.Reader) (SnapshotInfo, error) {
+	return a.receiveSnapshot(ctx, id, r, nil)
+}
+
+// receiveSnapshot is ReceiveSnapshot telling arr (if not nil) what
+// arrives as it does: the snapshot's description and where its files are
+// once they are made, when its disk is complete, and how the receive
+// ended. arr is ended on every return.
+func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr *arrival) (_ SnapshotInfo, err error) {
+	if arr != nil {
+		defer func() { arr.end(err) }()
+	}
 	if !host.ValidID(id) {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot: %w: id %q must be lowercase letters and digits", ErrInvalid, id)
 	}
@@ -117,21 +130,35 @@ func (a *Agent) ReceiveSnapshot(ctx context.Context, id string, r io.Reader) (Sn
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, classifyIOError(err))
 	}
-	st, err := chunkstore.ReadPack(ctx, br, h, tmp, seeds)
+	var filesDone func(int)
+	if arr != nil {
+		arr.begin(si, tmp)
+		disk := slices.IndexFunc(h.Files, func(f chunkstore.PackFile) bool { return f.Name == diskFile })
+		filesDone = func(n int) {
+			if n > disk {
+				arr.diskIn()
+			}
+		}
+	}
+	st, err := chunkstore.ReadPackNotify(ctx, br, h, tmp, seeds, filesDone)
 	if err == nil {
 		if verr := checkDownloaded(tmp); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}
 	if err == nil {
-		if si.Transient {
-			err = os.Rename(tmp, dir) // as the capture itself: unflushed
-		} else {
-			err = manifest.Rename(tmp, dir)
+		err = arr.withDir(func(string) error {
+			if si.Transient {
+				return os.Rename(tmp, dir) // as the capture itself: unflushed
+			}
+			return manifest.Rename(tmp, dir)
+		})
+		if err == nil {
+			arr.moved(dir)
 		}
 	}
 	if err != nil {
-		os.RemoveAll(tmp)
+		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
 		switch {
 		case errors.Is(err, chunkstore.ErrPackBase):
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, template.ErrNotFound, si.Template, err)
@@ -155,4 +182,144 @@ func (a *Agent) ReceiveSnapshot(ctx context.Context, id string, r io.Reader) (Sn
 	out, err := a.GetSnapshot(id)
 	out.FetchedBytes = st.Bytes
 	return out, err
+}
+
+// ReceiveAndCreate receives a pack of snapshot req.SnapshotID from r, as
+// ReceiveSnapshot, and creates sandbox req from it, as Create, starting
+// the sandbox's VMM while the pack still arrives: its files are linked
+// once the disk is in (the pack's files come in name order: the disk,
+// then the memory image and the device state), and the machine is loaded
+// once all of it is, its records checked. The VMM's start, about a
+// hundred milliseconds under TCG, so overlaps the memory's transfer;
+// nothing of the guest runs before its memory is complete.
+//
+// It returns the sandbox and the snapshot kept. A pack that is not
+// received (ReceiveSnapshot's errors) returns that error and a zero
+// SnapshotInfo, and no sandbox remains; one that is received keeps the
+// snapshot (its SnapshotInfo) whether the create succeeds or fails (its
+// error: Create's).
+func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Reader) (Info, SnapshotInfo, error) {
+	if req.SnapshotID == "" {
+		return Info{}, SnapshotInfo{}, fmt.Errorf("create sandbox: %w: a snapshot id is required", ErrInvalid)
+	}
+	if err := checkCreate(&req); err != nil {
+		return Info{}, SnapshotInfo{}, err
+	}
+	arr := newArrival()
+	type received struct {
+		si  SnapshotInfo
+		err error
+	}
+	recv := make(chan received, 1)
+	go func() {
+		si, err := a.receiveSnapshot(ctx, req.SnapshotID, r, arr)
+		recv <- received{si, err}
+	}()
+	select {
+	case <-arr.begun:
+	case rv := <-recv: // refused before its files were made
+		return Info{}, SnapshotInfo{}, rv.err
+	}
+	si := arr.snapshot()
+	info, cerr := a.createFrom(ctx, req, image{Spec: si.Spec, Template: si.Template, arrival: arr}, chunkstore.DownloadStats{})
+	rv := <-recv
+	if rv.err != nil {
+		return Info{}, SnapshotInfo{}, rv.err // the create, waiting for it, failed too
+	}
+	return info, rv.si, cerr
+}
+
+// arrival is a snapshot being received (receiveSnapshot) for a create
+// that starts from it before all of it is in (ReceiveAndCreate). Its
+// methods are safe for concurrent use; those of a nil arrival do nothing.
+type arrival struct {
+	begun chan struct{} // closed by begin
+	disk  chan struct{} // closed by diskIn
+	ended chan struct{} // closed by end; err then says how
+
+	mu   sync.Mutex
+	si   SnapshotInfo
+	dir  string // where its files are now
+	err  error
+	once sync.Once // of diskIn
+}
+
+func newArrival() *arrival {
+	return &arrival{begun: make(chan struct{}), disk: make(chan struct{}), ended: make(chan struct{})}
+}
+
+// begin says the receive will write the snapshot si into dir.
+func (ar *arrival) begin(si SnapshotInfo, dir string) {
+	ar.mu.Lock()
+	ar.si, ar.dir = si, dir
+	ar.mu.Unlock()
+	close(ar.begun)
+}
+
+// snapshot is the snapshot's description (after begun).
+func (ar *arrival) snapshot() SnapshotInfo {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	return ar.si
+}
+
+// diskIn says the disk is complete (its records read and checked).
+func (ar *arrival) diskIn() { ar.once.Do(func() { close(ar.disk) }) }
+
+// moved says the files are now in dir.
+func (ar *arrival) moved(dir string) {
+	if ar == nil {
+		return
+	}
+	ar.mu.Lock()
+	ar.dir = dir
+	ar.mu.Unlock()
+}
+
+// end says the receive ended with err (nil: the snapshot is complete).
+func (ar *arrival) end(err error) {
+	ar.mu.Lock()
+	ar.err = err
+	ar.mu.Unlock()
+	close(ar.ended)
+}
+
+// withDir runs fn with the directory the files are in, which does not
+// change meanwhile (the receive renames it with withDir too).
+func (ar *arrival) withDir(fn func(dir string) error) error {
+	if ar == nil {
+		return fn("")
+	}
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	return fn(ar.dir)
+}
+
+// waitDisk waits until the disk is complete (or the receive ended: its
+// error) or ctx ends.
+func (ar *arrival) waitDisk(ctx context.Context) error {
+	select {
+	case <-ar.disk:
+		return nil
+	case <-ar.ended:
+		return ar.result()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wait waits until the receive ends and returns its error, or ctx's.
+func (ar *arrival) wait(ctx context.Context) error {
+	select {
+	case <-ar.ended:
+		return ar.result()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (ar *arrival) result() error {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	return ar.err
 }

@@ -30,6 +30,7 @@ var (
 	_ host.SnapshotLister   = local{}
 	_ host.Transferer       = local{}
 	_ host.DirectTransferer = local{}
+	_ host.PackCreator      = local{}
 	_ host.ProcessGuest     = localGuest{}
 	_ host.DirWatcher       = localGuest{}
 	_ host.Templates        = localTemplates{}
@@ -99,6 +100,10 @@ func (h local) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadClos
 
 func (h local) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
 	return h.a.ReceiveSnapshot(ctx, snapshotID, r)
+}
+
+func (h local) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
+	return h.a.ReceiveAndCreate(ctx, req, r)
 }
 
 func (h local) DeleteSnapshot(_ context.Context, snapshotID string) error {

@@ -592,6 +592,21 @@ func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
 // the caller to remove; a stream cut short, damaged, or naming a chunk
 // the seeds do not hold matches ErrPack (or ErrPackBase).
 func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed) (st PackStats, err error) {
+	return ReadPackNotify(ctx, r, h, dir, seeds, nil)
+}
+
+// ReadPackNotify is ReadPack that calls filesDone(n), if not nil, each
+// time the first n files of h.Files are complete in dir: when the first
+// record of a later file arrives (a pack holds its files' records in the
+// order of h.Files, which WritePack sorts by name; a record of an earlier
+// file after that is ErrPack), and with len(h.Files) once the trailer
+// is checked. A receiver can so use a file (the disk of a capture) while
+// the next (its memory) still arrives — but only as long as the pack
+// then reads without error: a sender that breaks the order is caught only
+// when its late record comes, and a pack cut short or damaged after
+// filesDone leaves what was said done void with the rest. filesDone runs
+// on the reading goroutine: it must not block for long.
+func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed, filesDone func(n int)) (st PackStats, err error) {
 	t0 := time.Now()
 	cs := h.ChunkSize
 	st.Bytes = h.size
@@ -631,6 +646,7 @@ func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, se
 	payload := make([]byte, maxPayload)
 	buf := make([]byte, cs)
 	records := 0
+	current := 0 // the file of the last record
 	sent := map[[2]int]bool{}
 	for {
 		if err := ctx.Err(); err != nil {
@@ -664,6 +680,15 @@ func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, se
 		records++
 		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) || sent[[2]int{fi, ci}] {
 			return st, fmt.Errorf("%w: record %d: chunk %d of file %d", ErrPack, records, ci, fi)
+		}
+		if fi < current {
+			return st, fmt.Errorf("%w: record %d: chunk %d of file %d after file %d", ErrPack, records, ci, fi, current)
+		}
+		if fi > current {
+			current = fi
+			if filesDone != nil {
+				filesDone(fi)
+			}
 		}
 		sent[[2]int{fi, ci}] = true
 		f := h.Files[fi]
@@ -708,6 +733,9 @@ func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, se
 	}
 	st.ZeroChunks = st.Chunks - st.BaseChunks - st.PatchChunks - st.WholeChunks
 	st.Dur = time.Since(t0)
+	if filesDone != nil {
+		filesDone(len(h.Files))
+	}
 	return st, nil
 }
 

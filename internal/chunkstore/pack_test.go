@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -218,5 +220,65 @@ func TestSharedRuns(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// TestPackFilesDone: ReadPackNotify says when each file is complete —
+// vm.mem (the first) before vm.state's record is read, every file at the
+// end — and refuses a record of a file it has said was complete (what it
+// said is then void: the pack fails).
+func TestPackFilesDone(t *testing.T) {
+	fx := newPackFixture(t)
+	pack, _ := fx.write(t)
+	readNotify := func(pack []byte, check bool) (string, []int, error) {
+		dir := t.TempDir()
+		r := bufio.NewReader(bytes.NewReader(pack))
+		h, err := ReadPackHeader(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls []int
+		_, err = ReadPackNotify(context.Background(), r, h, dir, fx.dstSeeds, func(n int) {
+			calls = append(calls, n)
+			for _, f := range h.Files[:n] {
+				if !check {
+					break
+				}
+				want, _ := os.ReadFile(fx.files[f.Name])
+				if got, err := os.ReadFile(filepath.Join(dir, f.Name)); err != nil || !bytes.Equal(got, want) {
+					t.Errorf("told %d files are done: %s is not complete (%d of %d bytes, err %v)", n, f.Name, len(got), len(want), err)
+				}
+			}
+		})
+		return dir, calls, err
+	}
+	_, calls, err := readNotify(pack, true)
+	if err != nil {
+		t.Fatalf("ReadPackNotify: %v", err)
+	}
+	if !slices.Equal(calls, []int{1, 2}) {
+		t.Errorf("files done %v, want [1 2] (vm.mem, then both)", calls)
+	}
+
+	// The same records with vm.state's first: each record intact, the
+	// count right, but vm.mem's records then come after vm.state began.
+	hdrLen := 12 + int(binary.LittleEndian.Uint32(pack[8:])) + 4
+	var recs [][]byte
+	for off := hdrLen; off < len(pack); {
+		n := 10 + int(binary.LittleEndian.Uint32(pack[off+6:])) + 4
+		recs = append(recs, pack[off:off+n])
+		off += n
+	}
+	last := len(recs) - 2 // before the trailer: vm.state's only record
+	if recs[last][1] != 1 {
+		t.Fatalf("record %d is of file %d, want vm.state's", last, recs[last][1])
+	}
+	bad := slices.Clone(pack[:hdrLen])
+	bad = append(bad, recs[last]...)
+	for _, rec := range append(slices.Clone(recs[:last]), recs[last+1]) {
+		bad = append(bad, rec...)
+	}
+	if _, _, err := readNotify(bad, false); !errors.Is(err, ErrPack) {
+		t.Errorf("records out of file order: got %v, want ErrPack", err)
 	}
 }

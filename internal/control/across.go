@@ -72,7 +72,26 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 		}
 	}
 	defer p.background(func() { p.dropCapture(context.WithoutCancel(ctx), src, parent.HostID, snapID, targetOrder) })
-	viaStore := p.sendDirect(ctx, src, parent.HostID, snapID, targetOrder, &moved)
+	pol := PolicyOf(parent.Network)
+	reqOf := func(id string) host.CreateRequest {
+		return host.CreateRequest{ID: id, Owner: key.ID, SnapshotID: snapID, Template: parent.Template,
+			MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, Env: parent.Env, Network: pol}
+	}
+	// The first child of each host is made as its pack arrives (where
+	// the host can: host.PackCreator), the others from what it received.
+	first := map[string]host.CreateRequest{}
+	for _, id := range ids {
+		if _, ok := first[hostOf(id)]; !ok {
+			first[hostOf(id)] = reqOf(id)
+		}
+	}
+	made := map[string]bool{}
+	viaStore := p.sendDirect(ctx, src, parent.HostID, snapID, targetOrder, first, func(id string, err error) {
+		made[id] = true
+		if err != nil {
+			fail(id, err)
+		}
+	}, &moved)
 	tSent := time.Since(t0)
 	if len(viaStore) > 0 {
 		durable, err := p.awaitStore(ctx, src, tr, parent.HostID, snapID)
@@ -112,18 +131,19 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 			"restore_ms", (time.Since(t0) - tReady).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(),
 			"direct_bytes", moved.direct, "uploaded_bytes", si.UploadedBytes, "fetched_bytes", moved.fetched)
 	}()
-	pol := PolicyOf(parent.Network)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, id := range ids {
+		if made[id] {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			h, err := p.on(hostOf(id))
 			var in host.Info
 			if err == nil {
-				in, err = h.Create(ctx, host.CreateRequest{ID: id, Owner: key.ID, SnapshotID: snapID, Template: parent.Template,
-					MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, Env: parent.Env, Network: pol})
+				in, err = h.Create(ctx, reqOf(id))
 			}
 			mu.Lock()
 			moved.fetched += in.FetchedBytes
@@ -167,9 +187,13 @@ type acrossBytes struct {
 // and returns the targets it could not send it to (the caller goes
 // through the object store for those): the source or the target cannot
 // do it (an older agent), the target lacks the capture's template (or
-// holds another bake of it), or the stream broke. It adds the bytes sent
-// to moved.direct.
-func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID string, targets []string, moved *acrossBytes) (viaStore []string) {
+// holds another bake of it), or the stream broke. A target that can
+// (host.PackCreator) makes the child first[target] from the pack as it
+// arrives: made gets its id and the create's error (nil: made), called
+// on sendDirect's goroutine once every stream has ended. It adds the
+// bytes sent to moved.direct.
+func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID string, targets []string, first map[string]host.CreateRequest,
+	made func(id string, err error), moved *acrossBytes) (viaStore []string) {
 	dsrc, ok := src.(host.DirectTransferer)
 	if !ok {
 		return targets
@@ -178,13 +202,29 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 	defer cancel()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
+	type child struct {
+		id  string
+		err error
+	}
+	var children []child
 	for _, hid := range targets {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := p.sendTo(ctx, dsrc, hid, snapID)
+			req, ok := first[hid]
+			var n int64
+			var cerr error
+			var err error
+			if ok {
+				n, ok, cerr, err = p.sendCreate(ctx, dsrc, hid, req)
+			} else {
+				n, err = p.sendTo(ctx, dsrc, hid, snapID)
+			}
 			mu.Lock()
 			defer mu.Unlock()
+			if ok {
+				children = append(children, child{req.ID, cerr})
+			}
 			if err != nil {
 				p.log.Warn("direct transfer of a cross-host fork's capture failed: through the object store", "snapshot_id", snapID,
 					"from_host", srcID, "host_id", hid, "err", err)
@@ -195,7 +235,46 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 		}()
 	}
 	wg.Wait()
+	for _, c := range children {
+		made(c.id, c.err)
+	}
 	return viaStore
+}
+
+// sendCreate streams the pack of snapshot req.SnapshotID from dsrc to
+// host hid and creates req from it there at once, where hid can
+// (host.PackCreator; else as sendTo, and tried is false). It returns the
+// bytes of the pack; tried, whether the child was created or failed on
+// its own (the pack was received: cerr is the create's error); err, why
+// the pack was not received (tried is then false: the caller sends it
+// another way, and the child is still to be made).
+func (p *Plane) sendCreate(ctx context.Context, dsrc host.DirectTransferer, hid string, req host.CreateRequest) (n int64, tried bool, cerr, err error) {
+	h, err := p.on(hid)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	pc, ok := h.(host.PackCreator)
+	if !ok {
+		n, err = p.sendTo(ctx, dsrc, hid, req.SnapshotID)
+		return n, false, nil, err
+	}
+	rc, err := dsrc.SnapshotPack(ctx, req.SnapshotID)
+	if err != nil {
+		return 0, false, nil, fmt.Errorf("open the capture's pack: %w", err)
+	}
+	defer rc.Close()
+	_, si, err := pc.ReceiveAndCreate(ctx, req, rc)
+	if si.ID == "" {
+		if errors.Is(err, errors.ErrUnsupported) {
+			// An older agent, refused before the pack was read: the
+			// pack as before.
+			rc.Close()
+			n, err = p.sendTo(ctx, dsrc, hid, req.SnapshotID)
+			return n, false, nil, err
+		}
+		return 0, false, nil, fmt.Errorf("receive the capture's pack: %w", err)
+	}
+	return si.FetchedBytes, true, err, nil
 }
 
 // sendTo streams snapshot snapID from dsrc to host hid and returns the

@@ -198,6 +198,21 @@ type DirectTransferer interface {
 	ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (SnapshotInfo, error)
 }
 
+// PackCreator is an optional ability of a Host that is a DirectTransferer:
+// receiving a pack and creating a sandbox from it in one call, so that the
+// sandbox's VMM starts while the pack still arrives (a cross-host fork's
+// first child on a host).
+type PackCreator interface {
+	// ReceiveAndCreate receives a pack of snapshot req.SnapshotID from
+	// r, as ReceiveSnapshot, and creates sandbox req from it, as
+	// Create. A pack that is not received returns ReceiveSnapshot's
+	// errors (the caller may send it another way) and a zero
+	// SnapshotInfo; one that is received is kept as snapshot
+	// req.SnapshotID (its SnapshotInfo returned) even if the create then
+	// fails (Create's errors).
+	ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Reader) (Info, SnapshotInfo, error)
+}
+
 // ResourceReporter is an optional ability of a Host that runs on another
 // machine: that machine's resources (an error: it cannot be reached). A
 // Host without it runs on this machine (LocalResources).

@@ -50,6 +50,7 @@ var (
 	_ host.SnapshotLister   = (*Client)(nil)
 	_ host.Transferer       = (*Client)(nil)
 	_ host.DirectTransferer = (*Client)(nil)
+	_ host.PackCreator      = (*Client)(nil)
 	_ host.ResourceReporter = (*Client)(nil)
 )
 
@@ -470,6 +471,53 @@ func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Re
 	}
 	si.Capture = capture(si.Capture)
 	return si, nil
+}
+
+// ReceiveAndCreate streams the pack r to the agent and creates sandbox req
+// from it (POST /snapshots/{id}/pack/create; host.PackCreator): the body
+// is the create request as one JSON line, then the pack. The snapshot is
+// kept if the answer says so, even with the create's error. An older
+// agent answers unsupported before reading the pack.
+func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
+	line, err := json.Marshal(createRequest{
+		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, Owner: req.Owner, Network: req.Network,
+	})
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	src := &srcReader{r: r}
+	hr, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(req.SnapshotID)+"/pack/create", nil,
+		io.MultiReader(bytes.NewReader(append(line, '\n')), src))
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	hr.Header.Set("Content-Type", "application/octet-stream")
+	res, err := c.http.Do(hr)
+	if err != nil {
+		err = c.transportError(ctx, err)
+		if src.err != nil {
+			err = fmt.Errorf("send snapshot %s: read the pack: %w", req.SnapshotID, src.err)
+		}
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		var kept host.SnapshotInfo
+		if res.Header.Get(headerSnapshotKept) == "true" {
+			kept.ID = req.SnapshotID
+		}
+		err := readError(res)
+		if kept.ID == "" && src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, template.ErrNotFound) {
+			err = fmt.Errorf("send snapshot %s: read the pack: %w", req.SnapshotID, src.err)
+		}
+		return host.Info{}, kept, err
+	}
+	var out packCreateResponse
+	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
+		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s and create: %w", req.SnapshotID, err))
+	}
+	out.Snapshot.Capture = capture(out.Snapshot.Capture)
+	return out.Sandbox, out.Snapshot, nil
 }
 
 // Snapshots lists the snapshots the agent holds, oldest first: the server

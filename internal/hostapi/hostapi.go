@@ -42,6 +42,12 @@
 //     before the body is read to its end) and answers the snapshot kept
 //     (FetchedBytes: the pack's length), or corrupt if the stream was
 //     cut short or damaged. Neither is buffered whole on either side.
+//     POST …/snapshots/{id}/pack/create receives a pack and creates a
+//     sandbox from it at once (host.PackCreator): the body is the create
+//     request as one JSON line, then the pack; the sandbox's VMM starts
+//     while the pack arrives. It answers {"sandbox", "snapshot"}, or an
+//     error — with X-Panda-Snapshot-Kept: true if the pack was received
+//     and kept as the snapshot (only the create failed).
 //   - template bake and the event stream (GET /host/v1/events) are NDJSON;
 //     so is a create (POST /host/v1/sandboxes) with ?progress=1: its
 //     progress lines, then done with the sandbox's Info, or error.
@@ -157,6 +163,11 @@ const (
 	reasonShutdown = "host_shutdown"
 )
 
+// headerSnapshotKept, "true" on an error answer of POST
+// …/snapshots/{id}/pack/create, says the pack was received and kept as
+// the snapshot: only the create failed.
+const headerSnapshotKept = "X-Panda-Snapshot-Kept"
+
 // wire types of requests and replies.
 type (
 	createRequest struct {
@@ -168,6 +179,11 @@ type (
 		SnapshotID string            `json:"snapshot_id,omitempty"`
 		Owner      string            `json:"owner,omitempty"`
 		Network    network.Policy    `json:"network"`
+	}
+	// packCreateResponse answers POST …/snapshots/{id}/pack/create.
+	packCreateResponse struct {
+		Sandbox  host.Info         `json:"sandbox"`
+		Snapshot host.SnapshotInfo `json:"snapshot"`
 	}
 	forkRequest struct {
 		IDs []string `json:"ids"`

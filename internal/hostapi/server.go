@@ -120,6 +120,7 @@ func (s *Server) routes() http.Handler {
 		}))
 		r.Get(Prefix+"/snapshots/{snapID}/pack", s.sendPack)
 		r.Post(Prefix+"/snapshots/{snapID}/pack", s.receivePack)
+		r.Post(Prefix+"/snapshots/{snapID}/pack/create", s.receivePackCreate)
 		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"snapshots": s.a.Snapshots()}, nil
 		}))
@@ -712,6 +713,45 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close") // junk after the pack: not read on
 	}
 	writeJSON(w, http.StatusOK, si)
+}
+
+// receivePackCreate receives a pack and creates a sandbox from it
+// (agent.Agent.ReceiveAndCreate): see the package documentation.
+func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).EnableFullDuplex()
+	body := bufio.NewReaderSize(r.Body, 64<<10)
+	var req createRequest
+	if err := readJSONLine(body, &req); err != nil {
+		if errors.Is(err, errLineTooLong) {
+			err = fmt.Errorf("%w: create request longer than %d bytes", host.ErrInvalid, MaxLine)
+		} else {
+			err = fmt.Errorf("%w: malformed create request: %v", host.ErrInvalid, err)
+		}
+		writeErrorUnread(w, err)
+		return
+	}
+	hreq := host.CreateRequest{
+		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: chi.URLParam(r, "snapID"),
+		Owner: req.Owner, Network: req.Network,
+	}
+	info, si, err := s.a.ReceiveAndCreate(r.Context(), hreq, body)
+	if err != nil {
+		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		if si.ID != "" {
+			w.Header().Set(headerSnapshotKept, "true")
+			// The pack was read to its trailer: only the body's end
+			// is left (see receivePack).
+			io.Copy(io.Discard, io.LimitReader(body, 1<<16))
+			writeError(w, err)
+			return
+		}
+		writeErrorUnread(w, err)
+		return
+	}
+	if n, _ := io.Copy(io.Discard, io.LimitReader(body, 1<<16)); n == 1<<16 {
+		w.Header().Set("Connection", "close")
+	}
+	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
