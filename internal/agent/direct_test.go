@@ -1,15 +1,22 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"os"
+	"slices"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/template"
 )
@@ -134,4 +141,164 @@ func TestDirectTransfer(t *testing.T) {
 	if job != nil || hasManifest(csA, storeName(id)) {
 		t.Errorf("the capture sent directly is being uploaded (%v) or is in the store", job != nil)
 	}
+}
+
+// TestReceiveAndCreate: a host makes a sandbox from a pack as it arrives
+// (a cross-host fork's first child): the child's VMM runs before the
+// pack's memory image has come, and once it has the child has the
+// parent's files and memory state. A pack cut short in the memory image
+// kills that VMM, keeps nothing and leaves no sandbox; a create that
+// fails on its own keeps the received snapshot.
+func TestReceiveAndCreate(t *testing.T) {
+	s3 := s3test.Start(t)
+	openA, csA := storeHost(t, s3.Open("fleet"))
+	openB, _ := storeHost(t, s3.Open("fleet"))
+	a, b := openA(), openB()
+	a.Recover(ctxT(t))
+	b.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	key := src.Template
+	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
+	tA, _ := a.templates.ByKey(key)
+	waitFor(t, func() string { return "a chunk index of A's template " + key }, func() bool {
+		return a.templates.HasChunkIndex(tA, csA.ChunkSize())
+	})
+	if _, err := b.templates.Get(ctxT(t), b.TemplateParams("", 0, 0), nil); err != nil {
+		t.Fatal(err)
+	}
+	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
+	sum, keeper, secret := memState(t, a, src.ID)
+	capture := func() (string, []byte) {
+		id := host.NewID()
+		if _, err := a.SnapshotTransient(ctxT(t), src.ID, id); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
+		var pack bytes.Buffer
+		if _, err := a.SendSnapshot(ctxT(t), id, &pack); err != nil {
+			t.Fatal(err)
+		}
+		return id, pack.Bytes()
+	}
+
+	// Cut short in the memory image, after the VMM started.
+	id, pack := capture()
+	memAt := packFileOffset(t, pack, memFile)
+	req := CreateRequest{ID: host.NewID(), SnapshotID: id}
+	pid, _, si, err := receiveGated(t, b, req, pack[:memAt+(len(pack)-memAt)/2], memAt)
+	if !errors.Is(err, ErrCorrupt) || si.ID != "" {
+		t.Errorf("pack cut in the memory image: %v, kept %q; want ErrCorrupt, nothing kept", err, si.ID)
+	}
+	if _, err := b.Get(req.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the child of a pack cut short remains: %v", err)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the VMM (pid %d) of the child of a pack cut short still runs: %v", pid, err)
+	}
+	if _, err := b.GetSnapshot(id); !errors.Is(err, ErrNotFound) {
+		t.Errorf("B keeps the snapshot of a pack cut short: %v", err)
+	}
+	if _, err := os.Stat(b.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("B keeps the partial files of a pack cut short: %v", err)
+	}
+
+	// Whole: the VMM starts before the memory arrives, then the child
+	// runs on it.
+	req.ID = host.NewID()
+	_, child, si, err := receiveGated(t, b, req, pack, memAt)
+	if err != nil {
+		t.Fatalf("receive and create on B: %v", err)
+	}
+	t.Cleanup(func() { b.Kill(context.Background(), child.ID) })
+	if si.ID != id || si.FetchedBytes != int64(len(pack)) || child.ID != req.ID || child.State != StateRunning {
+		t.Errorf("got snapshot %s of %d bytes, child %s %s; want %s of %d bytes, %s running", si.ID, si.FetchedBytes, child.ID, child.State,
+			id, len(pack), req.ID)
+	}
+	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "on-a\n" {
+		t.Errorf("child on B reads %q, want %q", got, "on-a\n")
+	}
+	checkMemState(t, "child made as its pack arrived", b, child.ID, sum, keeper, secret)
+	// The snapshot is B's as a received one: another child from it.
+	if _, err := createFrom(t, b, id); err != nil {
+		t.Errorf("a second child from the received snapshot: %v", err)
+	}
+
+	// A create that fails on its own (a bad network policy) keeps the
+	// snapshot it received.
+	id2, pack2 := capture()
+	bad := CreateRequest{ID: host.NewID(), SnapshotID: id2, Network: network.Policy{AllowOut: []string{"not an address"}}}
+	_, si, err = b.ReceiveAndCreate(ctxT(t), bad, bytes.NewReader(pack2))
+	if !errors.Is(err, ErrInvalid) || si.ID != id2 {
+		t.Errorf("create with a bad policy: %v, kept %q; want ErrInvalid, %s kept", err, si.ID, id2)
+	}
+	if _, err := b.GetSnapshot(id2); err != nil {
+		t.Errorf("the snapshot received for a create that failed: %v", err)
+	}
+	if _, err := b.Get(bad.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the create that failed left its sandbox: %v", err)
+	}
+}
+
+// packFileOffset is the offset in pack of the first record of file name.
+func packFileOffset(t *testing.T, pack []byte, name string) int {
+	t.Helper()
+	h, err := chunkstore.ReadPackHeader(bufio.NewReader(bytes.NewReader(pack)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi := slices.IndexFunc(h.Files, func(f chunkstore.PackFile) bool { return f.Name == name })
+	off := 12 + int(binary.LittleEndian.Uint32(pack[8:])) + 4 // the header
+	for off+10 <= len(pack) {
+		if int(pack[off+1]) >= fi && pack[off] != 'E' {
+			return off
+		}
+		off += 10 + int(binary.LittleEndian.Uint32(pack[off+6:])) + 4
+	}
+	t.Fatalf("no record of %s (file %d) in the pack", name, fi)
+	return 0
+}
+
+// receiveGated runs b.ReceiveAndCreate(req) on pack, holding the bytes
+// from gate on until the sandbox's VMM runs, whose PID it returns.
+func receiveGated(t *testing.T, b *Agent, req CreateRequest, pack []byte, gate int) (int, Info, SnapshotInfo, error) {
+	t.Helper()
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+	type result struct {
+		in  Info
+		si  SnapshotInfo
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r := io.MultiReader(bytes.NewReader(pack[:gate]), &afterReader{wait: release, r: bytes.NewReader(pack[gate:])})
+		in, si, err := b.ReceiveAndCreate(ctxT(t), req, r)
+		done <- result{in, si, err}
+	}()
+	pid := 0
+	waitFor(t, func() string { return "the VMM of " + req.ID + " before its memory image arrives" }, func() bool {
+		in, err := b.Get(req.ID)
+		pid = in.PID
+		return err == nil && in.PID != 0
+	})
+	open()
+	r := <-done
+	return pid, r.in, r.si, r.err
+}
+
+// afterReader reads r once wait is closed.
+type afterReader struct {
+	wait <-chan struct{}
+	r    io.Reader
+}
+
+func (ar *afterReader) Read(p []byte) (int, error) {
+	<-ar.wait
+	return ar.r.Read(p)
 }

@@ -467,6 +467,37 @@ func (e *fleetEnv) paths() (packs, received, waits int) {
 	return packs, received, waits
 }
 
+// TestFleetForkAcrossFirstChildFails: the host that receives a
+// cross-host fork's capture makes the first child from it at once
+// (host.PackCreator); when that create fails, only that child fails: the
+// capture was received, the other child is made from it, and nothing
+// goes through the object store.
+func TestFleetForkAcrossFirstChildFails(t *testing.T) {
+	e := newFleetEnv(t, true)
+	parent := e.createOn("a")
+	e.b.Fail(hosttest.Create, "", fmt.Errorf("%w: boom", host.ErrUnavailable))
+	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"})
+	if err != nil {
+		t.Fatalf("fork to b: %v", err)
+	}
+	failed := 0
+	for _, c := range got.Children {
+		if c.Err != nil {
+			failed++
+			continue
+		}
+		if c.Sandbox.HostID != "b" || c.Sandbox.State != catalog.StateRunning {
+			t.Errorf("child %+v, want running on b", c.Sandbox)
+		}
+	}
+	if failed != 1 {
+		t.Errorf("%d children failed, want 1 (the one whose create failed)", failed)
+	}
+	if packs, received, waits := e.paths(); packs != 1 || received != 1 || waits != 0 {
+		t.Errorf("%d packs sent, %d received, %d waits for the store; want 1, 1, 0", packs, received, waits)
+	}
+}
+
 // TestFleetForkAcrossDirect: the capture of a cross-host fork goes
 // straight from the parent's host to the child's, once for all the
 // children there, and the object store is not waited for.
@@ -497,13 +528,25 @@ func TestFleetForkAcrossFallsBack(t *testing.T) {
 		setup func(e *fleetEnv)
 		// packs, received: calls of SnapshotPack on a, ReceiveSnapshot on b
 		packs, received int
+		// direct: the capture went straight to b after all
+		direct bool
 	}{
-		{"target lacks the template", func(e *fleetEnv) { e.b.DropTemplate("base") }, 1, 1},
-		{"older source agent", func(e *fleetEnv) { e.a.Fail(hosttest.SnapshotPack, "", unsupported("GET")) }, 1, 0},
-		{"older target agent", func(e *fleetEnv) { e.b.Fail(hosttest.ReceiveSnapshot, "", unsupported("POST")) }, 1, 1},
+		{"target lacks the template", func(e *fleetEnv) { e.b.DropTemplate("base") }, 1, 1, false},
+		{"older source agent", func(e *fleetEnv) { e.a.Fail(hosttest.SnapshotPack, "", unsupported("GET")) }, 1, 0, false},
+		// No pack and create (POST …/pack/create), no plain receive
+		// either: two refusals.
+		{"older target agent", func(e *fleetEnv) {
+			e.b.Fail(hosttest.ReceiveSnapshot, "", unsupported("POST"))
+			e.b.Fail(hosttest.ReceiveSnapshot, "", unsupported("POST"))
+		}, 2, 2, false},
+		// A plain receive, but no pack and create: the pack, then the
+		// creates.
+		{"target agent without pack and create", func(e *fleetEnv) {
+			e.b.Fail(hosttest.ReceiveSnapshot, "", unsupported("POST"))
+		}, 2, 2, true},
 		{"stream breaks", func(e *fleetEnv) {
 			e.a.BreakPack(fmt.Errorf("%w: connection reset", host.ErrUnavailable))
-		}, 1, 1},
+		}, 1, 1, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newFleetEnv(t, true)
@@ -511,8 +554,14 @@ func TestFleetForkAcrossFallsBack(t *testing.T) {
 			c.setup(e)
 			got := e.forkTo(parent, 2)
 			packs, received, waits := e.paths()
-			if packs != c.packs || received != c.received || waits == 0 {
-				t.Errorf("%d packs sent, %d received, %d waits for the store; want %d, %d, some", packs, received, waits, c.packs, c.received)
+			if packs != c.packs || received != c.received || (waits == 0) != c.direct {
+				t.Errorf("%d packs sent, %d received, %d waits for the store; want %d, %d, waits: %v", packs, received, waits, c.packs, c.received, !c.direct)
+			}
+			if c.direct {
+				if got.CrossHostDirectBytes <= 0 || got.CrossHostCaptureBytes <= 0 {
+					t.Errorf("direct %d bytes, capture %d; want the capture sent directly", got.CrossHostDirectBytes, got.CrossHostCaptureBytes)
+				}
+				return
 			}
 			if got.CrossHostDirectBytes != 0 || got.CrossHostCaptureBytes <= 0 {
 				t.Errorf("direct %d bytes, capture %d; want none direct, the capture through the store", got.CrossHostDirectBytes, got.CrossHostCaptureBytes)

@@ -17,6 +17,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
@@ -214,6 +215,55 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	t.Cleanup(func() { hostB.Kill(context.Background(), child.ID) })
 	if got := mustRun(t, hostB, child.ID, "cat /root/d"); got != "direct\n" {
 		t.Errorf("child on B reads %q, want %q", got, "direct\n")
+	}
+
+	// Received and created at once (POST …/pack/create), as a
+	// cross-host fork makes its first child on a host.
+	capture := func() string {
+		id := host.NewID()
+		if _, err := hostA.SnapshotTransient(ctx, sb.ID, id); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			hostA.DeleteSnapshot(context.Background(), id)
+			hostB.DeleteSnapshot(context.Background(), id)
+		})
+		return id
+	}
+	sendCreate := func(req host.CreateRequest, limit int64) (host.Info, host.SnapshotInfo, error) {
+		rc, err := hostA.SnapshotPack(ctx, req.SnapshotID)
+		if err != nil {
+			t.Fatalf("open A's pack: %v", err)
+		}
+		defer rc.Close()
+		var r io.Reader = rc
+		if limit > 0 {
+			r = io.LimitReader(rc, limit)
+		}
+		return hostB.ReceiveAndCreate(ctx, req, r)
+	}
+	if _, kept, err := sendCreate(host.CreateRequest{SnapshotID: id}, 0); !errors.Is(err, host.ErrConflict) || kept.ID != "" {
+		t.Errorf("pack and create of a capture B has: %v, kept %q; want host.ErrConflict, nothing kept", err, kept.ID)
+	}
+	id2 := capture()
+	if _, kept, err := sendCreate(host.CreateRequest{SnapshotID: id2}, 64<<10); !errors.Is(err, host.ErrCorrupt) || kept.ID != "" {
+		t.Errorf("pack cut short, with a create: %v, kept %q; want host.ErrCorrupt, nothing kept", err, kept.ID)
+	}
+	made, si2, err := sendCreate(host.CreateRequest{SnapshotID: id2}, 0)
+	if err != nil {
+		t.Fatalf("pack and create A → B: %v", err)
+	}
+	t.Cleanup(func() { hostB.Kill(context.Background(), made.ID) })
+	if si2.ID != id2 || si2.FetchedBytes <= 0 || made.State != lifecycle.Running {
+		t.Errorf("pack and create: snapshot %+v, sandbox %+v", si2, made)
+	}
+	if got := mustRun(t, hostB, made.ID, "cat /root/d"); got != "direct\n" {
+		t.Errorf("child made as its pack arrived reads %q, want %q", got, "direct\n")
+	}
+	id3 := capture()
+	bad := host.CreateRequest{SnapshotID: id3, Network: network.Policy{AllowOut: []string{"not an address"}}}
+	if _, kept, err := sendCreate(bad, 0); !errors.Is(err, host.ErrInvalid) || kept.ID != id3 {
+		t.Errorf("pack and a create with a bad policy: %v, kept %q; want host.ErrInvalid, %s kept", err, kept.ID, id3)
 	}
 }
 

@@ -67,7 +67,8 @@ type Call struct {
 // host.Transferer: a transient capture is a snapshot marked Transient,
 // and its calls are Snapshot's; host.DirectTransferer: a pack is the
 // snapshot's record and 1 MiB of filler, and a host refuses one of a
-// template it does not know). The zero value
+// template it does not know; host.PackCreator: ReceiveSnapshot then
+// Create). The zero value
 // is not usable; use New. Safe for concurrent use.
 type Host struct {
 	// OnExit, if set, is told when Exit reports a sandbox gone (the
@@ -149,6 +150,7 @@ var (
 	_ host.SnapshotLister   = (*Host)(nil)
 	_ host.Transferer       = (*Host)(nil)
 	_ host.DirectTransferer = (*Host)(nil)
+	_ host.PackCreator      = (*Host)(nil)
 )
 
 // fault is what a test told the host to do to one call.
@@ -673,6 +675,18 @@ func (h *Host) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Read
 	h.snapshots[snapshotID] = si
 	si.FetchedBytes = int64(len(line)) + n
 	return si, nil
+}
+
+// ReceiveAndCreate is ReceiveSnapshot, then Create from what it received
+// (host.PackCreator), each a call of its own (the fault of either
+// applies).
+func (h *Host) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
+	si, err := h.ReceiveSnapshot(ctx, req.SnapshotID, r)
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	in, err := h.Create(ctx, req)
+	return in, si, err
 }
 
 // DeleteSnapshot removes a snapshot (ErrNotFound if there is none).
