@@ -211,6 +211,18 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		used[n] = sd
 	}
 	hdr.Base = BaseDigest(used)
+	// The header goes out at once: the receiver checks it and prepares
+	// (and may start a machine from the files that come first) while
+	// the files' extents are mapped.
+	cw := &countWriter{w: w}
+	bw := bufio.NewWriterSize(cw, packBuffer)
+	pw := &packWriter{w: bw}
+	if err := pw.header(hdr); err != nil {
+		return st, fmt.Errorf("write pack: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return st, fmt.Errorf("write pack: %w", err)
+	}
 	exts := make([]extentMap, len(hdr.Files))
 	for fi, f := range hdr.Files {
 		if b := bases[f.Name]; b != nil && b.ext != nil {
@@ -218,13 +230,6 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		}
 	}
 	st.SetupDur = time.Since(t0)
-
-	cw := &countWriter{w: w}
-	bw := bufio.NewWriterSize(cw, 1<<20)
-	pw := &packWriter{w: bw}
-	if err := pw.header(hdr); err != nil {
-		return st, fmt.Errorf("write pack: %w", err)
-	}
 	// Chunks are read and diffed by packWorkers workers, a few ahead of
 	// the stream, and written in order: reading a chunk overlaps sending
 	// the one before.
@@ -356,6 +361,11 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 
 // packWorkers read and diff chunks for WritePack.
 const packWorkers = 2
+
+// packBuffer is what WritePack buffers before it writes to its writer:
+// large enough for few writes, small enough that the stream flows
+// (records of base chunks are small).
+const packBuffer = 256 << 10
 
 type packJob struct {
 	fi, ci int

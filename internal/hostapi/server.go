@@ -686,12 +686,31 @@ func (s *Server) sendPack(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Trailer", "X-Panda-Error")
 	w.WriteHeader(http.StatusOK)
-	if _, err := s.a.SendSnapshot(r.Context(), id, w); err != nil {
+	// Every write goes out as it is made (the pack's writer buffers):
+	// the answer's headers now, then the pack's header at once, so that
+	// the receiving host starts early.
+	fw := flushWriter{w: w, rc: http.NewResponseController(w)}
+	fw.rc.Flush()
+	if _, err := s.a.SendSnapshot(r.Context(), id, fw); err != nil {
 		s.log.Warn("send snapshot", "snapshot_id", id, "err", err)
 		_, we := encodeError(err)
 		b, _ := json.Marshal(we)
 		w.Header().Set("X-Panda-Error", string(b))
 	}
+}
+
+// flushWriter flushes each write to the client.
+type flushWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if err == nil {
+		err = f.rc.Flush()
+	}
+	return n, err
 }
 
 // receivePack keeps the pack of the request body as a snapshot
