@@ -21,29 +21,24 @@ import (
 	"github.com/pandastack/pandastack/internal/template"
 )
 
-// TestDirectTransfer: a transient capture goes from one host straight to
-// another that holds the same template (SendSnapshot → ReceiveSnapshot),
-// carrying about what the sandbox dirtied, never touching the object
-// store; a sandbox created from it there has the parent's files and the
-// state of its memory (a file in /dev/shm, a process holding a secret).
-// A pack cut short is refused and leaves nothing, and a host without the
-// template refuses the pack before writing anything.
-func TestDirectTransfer(t *testing.T) {
+// sharingHosts starts two hosts sharing an object store (A's chunk store
+// csA) and a sandbox src on A; B holds A's bake of its template, taken
+// from the store as hosts sharing a store do: the same bytes, the base a
+// pack is diffed against.
+func sharingHosts(t *testing.T) (a, b *Agent, csA *chunkstore.Store, src Info) {
+	t.Helper()
 	s3 := s3test.Start(t)
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	openB, _ := storeHost(t, s3.Open("fleet"))
-	a, b := openA(), openB()
+	a, b = openA(), openB()
 	a.Recover(ctxT(t))
 	b.Recover(ctxT(t))
-
 	src, err := a.Create(ctxT(t), CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
 	key := src.Template
-	// B takes A's bake of the template from the store (as hosts sharing a
-	// store do): the same bytes, the base the pack is diffed against.
 	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
 	tA, _ := a.templates.ByKey(key)
 	waitFor(t, func() string { return "a chunk index of A's template " + key }, func() bool {
@@ -56,7 +51,18 @@ func TestDirectTransfer(t *testing.T) {
 	if tB.BootID != tA.BootID {
 		t.Fatalf("B's template %s is boot %s, A's %s: B baked its own", key, tB.BootID, tA.BootID)
 	}
+	return a, b, csA, src
+}
 
+// TestDirectTransfer: a transient capture goes from one host straight to
+// another that holds the same template (SendSnapshot → ReceiveSnapshot),
+// carrying about what the sandbox dirtied, never touching the object
+// store; a sandbox created from it there has the parent's files and the
+// state of its memory (a file in /dev/shm, a process holding a secret).
+// A pack cut short is refused and leaves nothing, and a host without the
+// template refuses the pack before writing anything.
+func TestDirectTransfer(t *testing.T) {
+	a, b, csA, src := sharingHosts(t)
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
 	id := host.NewID()
@@ -150,26 +156,7 @@ func TestDirectTransfer(t *testing.T) {
 // kills that VMM, keeps nothing and leaves no sandbox; a create that
 // fails on its own keeps the received snapshot.
 func TestReceiveAndCreate(t *testing.T) {
-	s3 := s3test.Start(t)
-	openA, csA := storeHost(t, s3.Open("fleet"))
-	openB, _ := storeHost(t, s3.Open("fleet"))
-	a, b := openA(), openB()
-	a.Recover(ctxT(t))
-	b.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
-	key := src.Template
-	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
-	tA, _ := a.templates.ByKey(key)
-	waitFor(t, func() string { return "a chunk index of A's template " + key }, func() bool {
-		return a.templates.HasChunkIndex(tA, csA.ChunkSize())
-	})
-	if _, err := b.templates.Get(ctxT(t), b.TemplateParams("", 0, 0), nil); err != nil {
-		t.Fatal(err)
-	}
+	a, b, _, src := sharingHosts(t)
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
 	capture := func() (string, []byte) {

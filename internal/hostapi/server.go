@@ -559,6 +559,20 @@ func writeErrorUnread(w http.ResponseWriter, err error) {
 	writeError(w, err)
 }
 
+// readRequestLine reads the JSON line that begins a request's body (a
+// what request) into v; its errors are invalid.
+func readRequestLine(body *bufio.Reader, v any, what string) error {
+	err := readJSONLine(body, v)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errLineTooLong):
+		return fmt.Errorf("%w: %s request longer than %d bytes", host.ErrInvalid, what, MaxLine)
+	default:
+		return fmt.Errorf("%w: malformed %s request: %v", host.ErrInvalid, what, err)
+	}
+}
+
 // exec runs a command, full duplex: see the package documentation.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
@@ -566,12 +580,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	rc.EnableFullDuplex()
 	body := bufio.NewReader(r.Body)
 	var req guestproto.ExecRequest
-	if err := readJSONLine(body, &req); err != nil {
-		if errors.Is(err, errLineTooLong) {
-			err = fmt.Errorf("%w: exec request longer than %d bytes", host.ErrInvalid, MaxLine)
-		} else {
-			err = fmt.Errorf("%w: malformed exec request: %v", host.ErrInvalid, err)
-		}
+	if err := readRequestLine(body, &req, "exec"); err != nil {
 		writeErrorUnread(w, err)
 		return
 	}
@@ -740,12 +749,7 @@ func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).EnableFullDuplex()
 	body := bufio.NewReaderSize(r.Body, 64<<10)
 	var req createRequest
-	if err := readJSONLine(body, &req); err != nil {
-		if errors.Is(err, errLineTooLong) {
-			err = fmt.Errorf("%w: create request longer than %d bytes", host.ErrInvalid, MaxLine)
-		} else {
-			err = fmt.Errorf("%w: malformed create request: %v", host.ErrInvalid, err)
-		}
+	if err := readRequestLine(body, &req, "create"); err != nil {
 		writeErrorUnread(w, err)
 		return
 	}

@@ -151,24 +151,35 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	}
 	t.Cleanup(func() { hostA.Kill(context.Background(), sb.ID) })
 	mustRun(t, hostA, sb.ID, "echo direct > /root/d")
-	id := host.NewID()
-	if _, err := hostA.SnapshotTransient(ctx, sb.ID, id); err != nil {
-		t.Fatal(err)
+	// capture takes a transient capture of sb on A, deleted from both
+	// hosts at the end.
+	capture := func() string {
+		id := host.NewID()
+		if _, err := hostA.SnapshotTransient(ctx, sb.ID, id); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			hostA.DeleteSnapshot(context.Background(), id)
+			hostB.DeleteSnapshot(context.Background(), id)
+		})
+		return id
 	}
-	t.Cleanup(func() {
-		hostA.DeleteSnapshot(context.Background(), id)
-		hostB.DeleteSnapshot(context.Background(), id)
-	})
-	send := func(limit int64) (host.SnapshotInfo, error) {
+	id := capture()
+	// pack opens A's pack of snapshot id, cut to limit bytes if limit > 0;
+	// the caller closes it.
+	pack := func(id string, limit int64) (io.Reader, io.Closer) {
 		rc, err := hostA.SnapshotPack(ctx, id)
 		if err != nil {
 			t.Fatalf("open A's pack: %v", err)
 		}
-		defer rc.Close()
-		var r io.Reader = rc
 		if limit > 0 {
-			r = io.LimitReader(rc, limit)
+			return io.LimitReader(rc, limit), rc
 		}
+		return rc, rc
+	}
+	send := func(limit int64) (host.SnapshotInfo, error) {
+		r, c := pack(id, limit)
+		defer c.Close()
 		return hostB.ReceiveSnapshot(ctx, id, r)
 	}
 	if _, err := send(0); !errors.Is(err, template.ErrNotFound) {
@@ -219,27 +230,9 @@ func TestSnapshotGoesDirect(t *testing.T) {
 
 	// Received and created at once (POST …/pack/create), as a
 	// cross-host fork makes its first child on a host.
-	capture := func() string {
-		id := host.NewID()
-		if _, err := hostA.SnapshotTransient(ctx, sb.ID, id); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			hostA.DeleteSnapshot(context.Background(), id)
-			hostB.DeleteSnapshot(context.Background(), id)
-		})
-		return id
-	}
 	sendCreate := func(req host.CreateRequest, limit int64) (host.Info, host.SnapshotInfo, error) {
-		rc, err := hostA.SnapshotPack(ctx, req.SnapshotID)
-		if err != nil {
-			t.Fatalf("open A's pack: %v", err)
-		}
-		defer rc.Close()
-		var r io.Reader = rc
-		if limit > 0 {
-			r = io.LimitReader(rc, limit)
-		}
+		r, c := pack(req.SnapshotID, limit)
+		defer c.Close()
 		return hostB.ReceiveAndCreate(ctx, req, r)
 	}
 	if _, kept, err := sendCreate(host.CreateRequest{SnapshotID: id}, 0); !errors.Is(err, host.ErrConflict) || kept.ID != "" {
