@@ -332,13 +332,19 @@ func (h *holder) answer(m wireMsg) {
 // fault per page, more than the copy.
 var readBufs = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}
 
-// send writes m, then data raw (m.N says how much).
+// send writes m, then data raw (m.N says how much). Without data it
+// writes nothing more: the holder may have taken m and closed the
+// connection already (a shutdown), and a write to a socket whose peer is
+// gone fails (EPIPE) even when it is empty.
 func (h *holder) send(m wireMsg, data []byte) error {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	m.N = len(data)
 	if err := h.enc.Encode(m); err != nil {
 		return err
+	}
+	if len(data) == 0 {
+		return nil
 	}
 	_, err := h.conn.Write(data)
 	return err

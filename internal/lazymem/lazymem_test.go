@@ -3,6 +3,7 @@ package lazymem
 import (
 	"bytes"
 	"context"
+	"encoding/gob"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -859,4 +861,61 @@ func TestHolderRelinks(t *testing.T) {
 	if _, err := fd.ReadAt(b, 6*64<<10); err != nil || b[0] != 7 {
 		t.Errorf("read after linking again: %d, %v; want 7", b[0], err)
 	}
+}
+
+// TestSendThenPeerCloses: a message without data that the holder takes
+// and answers by closing the connection (a shutdown: it unmounts, replies
+// and exits, fast) is sent, not failed with EPIPE by a write after it.
+// Before the fix, send also wrote the empty data, and that write failed
+// once the holder had closed: Close then reported a failed shutdown.
+func TestSendThenPeerCloses(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := fileConn(t, fds[0])
+	peer := fileConn(t, fds[1])
+	// The peer closes as soon as the next write (the message) is made,
+	// once the encoder has sent its type (as it has on a link in use).
+	c := &closingPeer{Conn: conn, peer: peer}
+	h := &holder{conn: c, enc: gob.NewEncoder(c)}
+	if err := h.send(wireMsg{ID: 0, Op: "reply"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.armed.Store(true)
+	if err := h.send(wireMsg{ID: 1, Op: "shutdown"}, nil); err != nil {
+		t.Errorf("send of a message the peer took and then closed: %v", err)
+	}
+	// With data, a write after the peer closed still fails.
+	if err := h.send(wireMsg{ID: 2, Op: "reply"}, []byte("data")); err == nil {
+		t.Errorf("send to a closed peer succeeded")
+	}
+}
+
+func fileConn(t *testing.T, fd int) net.Conn {
+	t.Helper()
+	f := os.NewFile(uintptr(fd), "socketpair")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// closingPeer closes peer after its first write once armed.
+type closingPeer struct {
+	net.Conn
+	peer  net.Conn
+	armed atomic.Bool
+	once  sync.Once
+}
+
+func (c *closingPeer) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if c.armed.Load() {
+		c.once.Do(func() { c.peer.Close() })
+	}
+	return n, err
 }
