@@ -108,8 +108,9 @@ type PackStats struct {
 	Reflinked   int   // on the receiver: base chunks (and bases of patches) reflinked
 	Bytes       int64 // length of the stream
 	Dur         time.Duration
-	// SetupDur is the sender's time to open the files and map their
-	// extents (flushing them: FIEMAP_FLAG_SYNC), before the first chunk.
+	// SetupDur is the sender's time to open the files and send the
+	// header (each file's extents are mapped, flushing it:
+	// FIEMAP_FLAG_SYNC, when its chunks are reached).
 	SetupDur time.Duration
 }
 
@@ -213,7 +214,9 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	hdr.Base = BaseDigest(used)
 	// The header goes out at once: the receiver checks it and prepares
 	// (and may start a machine from the files that come first) while
-	// the files' extents are mapped.
+	// the files' extents are mapped, each as its chunks are reached
+	// (mapping flushes the file: a large memory image's mapping must
+	// not hold back the disk's records before it).
 	cw := &countWriter{w: w}
 	bw := bufio.NewWriterSize(cw, packBuffer)
 	pw := &packWriter{w: bw}
@@ -223,12 +226,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	if err := bw.Flush(); err != nil {
 		return st, fmt.Errorf("write pack: %w", err)
 	}
-	exts := make([]extentMap, len(hdr.Files))
-	for fi, f := range hdr.Files {
-		if b := bases[f.Name]; b != nil && b.ext != nil {
-			exts[fi] = extentsOf(fds[fi])
-		}
-	}
+	exts := make([]extentMap, len(hdr.Files)) // set by the dispatcher, file by file
 	st.SetupDur = time.Since(t0)
 	// Chunks are read and diffed by packWorkers workers, a few ahead of
 	// the stream, and written in order: reading a chunk overlaps sending
@@ -254,6 +252,10 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		defer close(order)
 		defer close(jobs)
 		for fi, f := range hdr.Files {
+			if b := bases[f.Name]; b != nil && b.ext != nil {
+				// Before the file's first job: its workers see it.
+				exts[fi] = extentsOf(fds[fi])
+			}
 			for ci := range int((f.Size + cs - 1) / cs) {
 				hole, err := inHole(fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
 				if err != nil {
