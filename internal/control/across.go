@@ -128,7 +128,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 	defer func() {
 		p.log.Info("cross-host fork", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient, "path", path,
 			"snapshot_ms", tSnap.Milliseconds(), "direct_ms", (tSent - tSnap).Milliseconds(), "upload_wait_ms", (tReady - tSent).Milliseconds(),
-			"restore_ms", (time.Since(t0) - tReady).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(),
+			"restore_ms", (time.Since(t0) - tReady).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(), "made_with_pack", len(made),
 			"direct_bytes", moved.direct, "uploaded_bytes", si.UploadedBytes, "fetched_bytes", moved.fetched)
 	}()
 	var wg sync.WaitGroup
