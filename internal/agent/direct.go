@@ -147,15 +147,12 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		}
 	}
 	if err == nil {
-		err = arr.withDir(func(string) error {
+		err = arr.move(dir, func() error {
 			if si.Transient {
 				return os.Rename(tmp, dir) // as the capture itself: unflushed
 			}
 			return manifest.Rename(tmp, dir)
 		})
-		if err == nil {
-			arr.moved(dir)
-		}
 	}
 	if err != nil {
 		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
@@ -220,8 +217,7 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 	case rv := <-recv: // refused before its files were made
 		return Info{}, SnapshotInfo{}, rv.err
 	}
-	si := arr.snapshot()
-	info, cerr := a.createFrom(ctx, req, image{Spec: si.Spec, Template: si.Template, arrival: arr}, chunkstore.DownloadStats{})
+	info, cerr := a.createFrom(ctx, req, image{Spec: arr.si.Spec, Template: arr.si.Template, arrival: arr}, chunkstore.DownloadStats{})
 	rv := <-recv
 	if rv.err != nil {
 		return Info{}, SnapshotInfo{}, rv.err // the create, waiting for it, failed too
@@ -236,9 +232,9 @@ type arrival struct {
 	begun chan struct{} // closed by begin
 	disk  chan struct{} // closed by diskIn
 	ended chan struct{} // closed by end; err then says how
+	si    SnapshotInfo  // set by begin: read it once begun is closed
 
 	mu   sync.Mutex
-	si   SnapshotInfo
 	dir  string // where its files are now
 	err  error
 	once sync.Once // of diskIn
@@ -250,30 +246,29 @@ func newArrival() *arrival {
 
 // begin says the receive will write the snapshot si into dir.
 func (ar *arrival) begin(si SnapshotInfo, dir string) {
+	ar.si = si
 	ar.mu.Lock()
-	ar.si, ar.dir = si, dir
+	ar.dir = dir
 	ar.mu.Unlock()
 	close(ar.begun)
-}
-
-// snapshot is the snapshot's description (after begun).
-func (ar *arrival) snapshot() SnapshotInfo {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	return ar.si
 }
 
 // diskIn says the disk is complete (its records read and checked).
 func (ar *arrival) diskIn() { ar.once.Do(func() { close(ar.disk) }) }
 
-// moved says the files are now in dir.
-func (ar *arrival) moved(dir string) {
+// move runs fn, which moves the files to dir, with no withDir meanwhile;
+// if it succeeds they are in dir from then on. A nil arrival just runs fn.
+func (ar *arrival) move(dir string, fn func() error) error {
 	if ar == nil {
-		return
+		return fn()
 	}
 	ar.mu.Lock()
-	ar.dir = dir
-	ar.mu.Unlock()
+	defer ar.mu.Unlock()
+	err := fn()
+	if err == nil {
+		ar.dir = dir
+	}
+	return err
 }
 
 // end says the receive ended with err (nil: the snapshot is complete).
@@ -285,7 +280,7 @@ func (ar *arrival) end(err error) {
 }
 
 // withDir runs fn with the directory the files are in, which does not
-// change meanwhile (the receive renames it with withDir too).
+// change meanwhile (the receive moves it with move).
 func (ar *arrival) withDir(fn func(dir string) error) error {
 	if ar == nil {
 		return fn("")

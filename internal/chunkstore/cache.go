@@ -40,9 +40,9 @@ type CacheStats struct {
 	BytesFetched int64
 }
 
-// OpenCache opens the cache in dir. dir is made at the first fetch, not now: it may be inside a file
-// system mounted later (the agent's store volume, so that a chunk can be
-// reflinked into a memory image).
+// OpenCache opens the cache in dir. dir is made at the first fetch, not
+// now: it may be inside a file system mounted later (the agent's store
+// volume, so that a chunk can be reflinked into a memory image).
 func OpenCache(dir string) (*Cache, error) {
 	if dir == "" {
 		return nil, errors.New("open chunk cache: no directory")

@@ -85,13 +85,12 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 			first[hostOf(id)] = reqOf(id)
 		}
 	}
-	made := map[string]bool{}
-	viaStore := p.sendDirect(ctx, src, parent.HostID, snapID, targetOrder, first, func(id string, err error) {
-		made[id] = true
+	viaStore, made := p.sendDirect(ctx, src, parent.HostID, snapID, targetOrder, first, &moved)
+	for id, err := range made {
 		if err != nil {
 			fail(id, err)
 		}
-	}, &moved)
+	}
 	tSent := time.Since(t0)
 	if len(viaStore) > 0 {
 		durable, err := p.awaitStore(ctx, src, tr, parent.HostID, snapID)
@@ -134,7 +133,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, id := range ids {
-		if made[id] {
+		if _, ok := made[id]; ok {
 			continue
 		}
 		wg.Add(1)
@@ -189,24 +188,19 @@ type acrossBytes struct {
 // do it (an older agent), the target lacks the capture's template (or
 // holds another bake of it), or the stream broke. A target that can
 // (host.PackCreator) makes the child first[target] from the pack as it
-// arrives: made gets its id and the create's error (nil: made), called
-// on sendDirect's goroutine once every stream has ended. It adds the
-// bytes sent to moved.direct.
+// arrives: made holds those children's ids, each with its create's error
+// (nil: made). It adds the bytes sent to moved.direct.
 func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID string, targets []string, first map[string]host.CreateRequest,
-	made func(id string, err error), moved *acrossBytes) (viaStore []string) {
+	moved *acrossBytes) (viaStore []string, made map[string]error) {
+	made = map[string]error{}
 	dsrc, ok := src.(host.DirectTransferer)
 	if !ok {
-		return targets
+		return targets, made
 	}
 	ctx, cancel := context.WithTimeout(ctx, acrossTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	type child struct {
-		id  string
-		err error
-	}
-	var children []child
 	for _, hid := range targets {
 		wg.Add(1)
 		go func() {
@@ -223,7 +217,7 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 			mu.Lock()
 			defer mu.Unlock()
 			if ok {
-				children = append(children, child{req.ID, cerr})
+				made[req.ID] = cerr
 			}
 			if err != nil {
 				p.log.Warn("direct transfer of a cross-host fork's capture failed: through the object store", "snapshot_id", snapID,
@@ -235,10 +229,7 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 		}()
 	}
 	wg.Wait()
-	for _, c := range children {
-		made(c.id, c.err)
-	}
-	return viaStore
+	return viaStore, made
 }
 
 // sendCreate streams the pack of snapshot req.SnapshotID from dsrc to

@@ -284,10 +284,7 @@ func sandboxPath(id string, rest ...string) string {
 // create's progress (fetching or baking its template first) as a stream;
 // an agent that does not stream answers the sandbox alone.
 func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
-	in := createRequest{
-		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
-		Network: req.Network,
-	}
+	in := wireCreate(req)
 	var info host.Info
 	if req.Progress == nil {
 		err := c.call(ctx, http.MethodPost, "/sandboxes", nil, in, &info)
@@ -459,10 +456,7 @@ func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Re
 	req.Header.Set("Content-Type", "application/octet-stream")
 	res, err := c.do(req)
 	if err != nil {
-		if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, template.ErrNotFound) {
-			return host.SnapshotInfo{}, fmt.Errorf("send snapshot %s: read the pack: %w", snapshotID, src.err)
-		}
-		return host.SnapshotInfo{}, err
+		return host.SnapshotInfo{}, packError(snapshotID, err, src)
 	}
 	defer res.Body.Close()
 	var si host.SnapshotInfo
@@ -479,9 +473,9 @@ func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Re
 // kept if the answer says so, even with the create's error. An older
 // agent answers unsupported before reading the pack.
 func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
-	line, err := json.Marshal(createRequest{
-		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, Owner: req.Owner, Network: req.Network,
-	})
+	wire := wireCreate(req)
+	wire.SnapshotID = "" // the path's
+	line, err := json.Marshal(wire)
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, err
 	}
@@ -494,23 +488,14 @@ func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r
 	hr.Header.Set("Content-Type", "application/octet-stream")
 	res, err := c.http.Do(hr)
 	if err != nil {
-		err = c.transportError(ctx, err)
-		if src.err != nil {
-			err = fmt.Errorf("send snapshot %s: read the pack: %w", req.SnapshotID, src.err)
-		}
-		return host.Info{}, host.SnapshotInfo{}, err
+		return host.Info{}, host.SnapshotInfo{}, packError(req.SnapshotID, c.transportError(ctx, err), src)
 	}
 	defer res.Body.Close()
 	if res.StatusCode/100 != 2 {
-		var kept host.SnapshotInfo
 		if res.Header.Get(headerSnapshotKept) == "true" {
-			kept.ID = req.SnapshotID
+			return host.Info{}, host.SnapshotInfo{ID: req.SnapshotID}, readError(res) // the create's
 		}
-		err := readError(res)
-		if kept.ID == "" && src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, template.ErrNotFound) {
-			err = fmt.Errorf("send snapshot %s: read the pack: %w", req.SnapshotID, src.err)
-		}
-		return host.Info{}, kept, err
+		return host.Info{}, host.SnapshotInfo{}, packError(req.SnapshotID, readError(res), src)
 	}
 	var out packCreateResponse
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
@@ -518,6 +503,17 @@ func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r
 	}
 	out.Snapshot.Capture = capture(out.Snapshot.Capture)
 	return out.Sandbox, out.Snapshot, nil
+}
+
+// packError is err of a request that streamed the pack src of snapshot
+// id, or the failure to read src if there was one: the agent refused an
+// incomplete pack because of it. Refusals that come before the pack is
+// read (an older agent, a template it lacks) stay as they are.
+func packError(id string, err error, src *srcReader) error {
+	if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, template.ErrNotFound) {
+		return fmt.Errorf("send snapshot %s: read the pack: %w", id, src.err)
+	}
+	return err
 }
 
 // Snapshots lists the snapshots the agent holds, oldest first: the server

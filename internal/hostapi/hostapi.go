@@ -163,6 +163,18 @@ const (
 	reasonShutdown = "host_shutdown"
 )
 
+// wireCreate is req on the wire.
+func wireCreate(req host.CreateRequest) createRequest {
+	return createRequest{ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env,
+		SnapshotID: req.SnapshotID, Owner: req.Owner, Network: req.Network}
+}
+
+// host is the create request r carries.
+func (r createRequest) host() host.CreateRequest {
+	return host.CreateRequest{ID: r.ID, Template: r.Template, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, Env: r.Env,
+		SnapshotID: r.SnapshotID, Owner: r.Owner, Network: r.Network}
+}
+
 // headerSnapshotKept, "true" on an error answer of POST
 // …/snapshots/{id}/pack/create, says the pack was received and kept as
 // the snapshot: only the create failed.

@@ -485,10 +485,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	hreq := host.CreateRequest{
-		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID, Owner: req.Owner,
-		Network: req.Network,
-	}
+	hreq := req.host()
 	if r.URL.Query().Get("progress") != "1" {
 		s.json(func(r *http.Request) (any, error) { return s.a.Create(r.Context(), hreq) })(w, r)
 		return
@@ -732,15 +729,20 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request) {
 		writeErrorUnread(w, err)
 		return
 	}
-	// The pack ends at its trailer record; the body's own end (the last
-	// chunk of its encoding) is read here, not after the handler: a full
-	// duplex request whose body reaches EOF once the handler has returned
-	// leaves the server reading the connection twice (Go 1.26's
-	// "invalid concurrent Body.Read call").
-	if n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, 1<<16)); n == 1<<16 {
-		w.Header().Set("Connection", "close") // junk after the pack: not read on
-	}
+	endBody(w, r.Body)
 	writeJSON(w, http.StatusOK, si)
+}
+
+// endBody reads the end of a request body whose pack was read to its
+// trailer record: the body's own end (the last chunk of its encoding) is
+// read here, not after the handler, since a full duplex request whose
+// body reaches EOF once the handler has returned leaves the server
+// reading the connection twice (Go 1.26's "invalid concurrent Body.Read
+// call"). Junk after the pack closes the connection.
+func endBody(w http.ResponseWriter, body io.Reader) {
+	if n, _ := io.Copy(io.Discard, io.LimitReader(body, 1<<16)); n == 1<<16 {
+		w.Header().Set("Connection", "close") // not read on
+	}
 }
 
 // receivePackCreate receives a pack and creates a sandbox from it
@@ -753,27 +755,21 @@ func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
 		writeErrorUnread(w, err)
 		return
 	}
-	hreq := host.CreateRequest{
-		ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env, SnapshotID: chi.URLParam(r, "snapID"),
-		Owner: req.Owner, Network: req.Network,
-	}
+	hreq := req.host()
+	hreq.SnapshotID = chi.URLParam(r, "snapID")
 	info, si, err := s.a.ReceiveAndCreate(r.Context(), hreq, body)
 	if err != nil {
 		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		if si.ID != "" {
 			w.Header().Set(headerSnapshotKept, "true")
-			// The pack was read to its trailer: only the body's end
-			// is left (see receivePack).
-			io.Copy(io.Discard, io.LimitReader(body, 1<<16))
+			endBody(w, body) // the pack was read to its trailer
 			writeError(w, err)
 			return
 		}
 		writeErrorUnread(w, err)
 		return
 	}
-	if n, _ := io.Copy(io.Discard, io.LimitReader(body, 1<<16)); n == 1<<16 {
-		w.Header().Set("Connection", "close")
-	}
+	endBody(w, body)
 	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
 }
 

@@ -34,10 +34,9 @@ func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.
 	if err != nil {
 		return nil, nil, fmt.Errorf("lazy restore: %w", err)
 	}
-	// Where the cache was before 2026-12-05: only a cache.
-	if old := filepath.Join(cfg.DataDir, "chunk-cache"); dirExists(old) {
-		os.RemoveAll(old)
-	}
+	// Where the cache was before 2026-12-05: only a cache (gone already:
+	// nothing to do).
+	os.RemoveAll(filepath.Join(cfg.DataDir, "chunk-cache"))
 	s, err := chunkstore.New(objs, chunkstore.Config{Cache: cache, Owner: owner})
 	if err != nil {
 		return nil, nil, err
@@ -72,9 +71,4 @@ func storeOwner(dataDir string) (string, error) {
 		return "", fmt.Errorf("object store owner: %w", err)
 	}
 	return owner, nil
-}
-
-func dirExists(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.IsDir()
 }
