@@ -25,7 +25,12 @@ import (
 
 // lazyHost opens an agent on a host of its own (data directory, chunk
 // cache, lazymem mount) restoring lazily from objs; mod tunes its
-// LazyConfig. It returns the agent and its chunk cache.
+// LazyConfig. It returns the agent and its chunk cache. Its restores are
+// lazy however little a snapshot has to fetch (MinRemoteBytes -1): a
+// small sandbox's snapshot has about as much as the default threshold,
+// more or less from run to run (a test that relied on the default saw
+// its "lazy" restore download now and then). A test of the threshold
+// sets it back (0: the default).
 func lazyHost(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*Agent, *chunkstore.Cache, *restoreLog) {
 	t.Helper()
 	a, cache, rl, _ := lazyHostOpener(t, objs, mod)
@@ -54,7 +59,7 @@ func lazyHostOpener(t *testing.T, objs objstore.Store, mod func(*LazyConfig)) (*
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Lazy = &LazyConfig{Chunks: cs, Objects: objs, RecordFor: 2 * time.Second, Holder: exe}
+		c.Lazy = &LazyConfig{Chunks: cs, Objects: objs, RecordFor: 2 * time.Second, Holder: exe, MinRemoteBytes: -1}
 		if mod != nil {
 			mod(c.Lazy)
 		}
@@ -145,17 +150,9 @@ func pct(a, b int64) string {
 
 // lazyCreate creates a sandbox from snapshot snapID (manifest m) on a new
 // host of objs (its LazyConfig changed by mod) and measures it (lazyRun).
-// The restore is lazy however little the snapshot has to fetch
-// (MinRemoteBytes -1): a small sandbox's snapshot has about as much as the
-// default threshold, more or less from run to run.
 func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapID string, mod func(*LazyConfig)) lazyRun {
 	t.Helper()
-	b, cache, rl := lazyHost(t, objs, func(l *LazyConfig) {
-		l.MinRemoteBytes = -1
-		if mod != nil {
-			mod(l)
-		}
-	})
+	b, cache, rl := lazyHost(t, objs, mod)
 	f, _ := m.File("vm.mem")
 	r := lazyRun{agent: b, memSize: f.Size, log: rl}
 	for _, h := range f.Chunks {
@@ -562,7 +559,10 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 		t.Fatal("the lazy mount is not held by a holder process")
 	}
 	path := b.lazyFS.Path(storeName(snap.ID))
-	before, _ := b.LazyStats(storeName(snap.ID))
+	before, ok := b.LazyStats(storeName(snap.ID))
+	if !ok {
+		t.Fatal("the sandbox was not restored lazily")
+	}
 	b.Detach()
 	// No agent: the mount stays, and what the kernel holds of the file
 	// (but for the mapped pages) is dropped, so that the machine's next
@@ -633,6 +633,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	})
 	for _, lazy := range []bool{false, true} {
 		b, cache, rl := lazyHost(t, objs, func(l *LazyConfig) {
+			l.MinRemoteBytes = 0 // the default: what this test is about
 			if !lazy {
 				l.NoPrefetch, l.RecordFor = true, -1
 			}

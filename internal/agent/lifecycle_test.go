@@ -16,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/pandatest"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,26 +63,21 @@ func restartableWith(t *testing.T, mod func(*Config)) (dir string, open func() *
 		if last != nil {
 			last.Close()
 		}
-		if left := leftoversIn(dir); left != "" {
-			t.Errorf("left behind: %s", left)
+		// What is left (the machines of an agent the test detached and
+		// never reopened, a failed Open's mounts) is reported, and
+		// killed or unmounted.
+		left, err := pandatest.RemoveDataDir(dir)
+		for _, l := range left {
+			t.Errorf("left behind: %s", l)
 		}
-		// Whatever a failed Open left mounted goes too (the failure is
-		// reported above, or by the test itself).
-		unix.Unmount(filepath.Join(dir, "store"), unix.MNT_DETACH)
-		os.RemoveAll(dir)
+		if err != nil {
+			t.Error(err)
+		}
 	})
 	return dir, func() *Agent {
 		last = openSecondWith(t, dir, mod)
 		return last
 	}
-}
-
-// leftoversIn reports QEMU processes serving dir and mounts under it.
-func leftoversIn(dir string) string {
-	saved := testDir
-	testDir = dir
-	defer func() { testDir = saved }()
-	return leftovers(filepath.Join(dir, "store"))
 }
 
 func shOn(t *testing.T, a *Agent, id, cmd string) string {

@@ -157,7 +157,9 @@ func attachHolder(f *FS, start bool) (*holder, error) {
 	}
 	h := &holder{fs: f, pending: map[uint64]chan wireMsg{}, done: make(chan struct{})}
 	conn, err := net.Dial("unix", sock)
-	if err != nil && !start {
+	// Another holder only where none listens: one that answers late (a
+	// full backlog) still serves the mount, which a second would detach.
+	if err != nil && (!start || !(errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED))) {
 		return nil, fmt.Errorf("lazymem: holder: %w", err)
 	}
 	if err != nil {
