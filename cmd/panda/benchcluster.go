@@ -68,8 +68,8 @@ it exits.`,
 				{"resume on another host → exec", res.ResumeElsewhereFirstExec}} {
 				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms\n", r.name, r.d.P50, r.d.P99)
 			}
-			fmt.Fprintf(out, "cross-host fork moved p50 %.1f MiB (direct %.1f + uploaded %.1f + fetched %.1f; parent dirty %.1f MiB: %.2f×; %.2f of its RAM; capture %.1f MiB)\n",
-				res.CrossHostMovedMiBP50, res.CrossHostDirectMiBP50, res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostDirtyMiBP50,
+			fmt.Fprintf(out, "cross-host fork moved p50 %.1f MiB (direct %.1f, pulled host to host %.1f, + uploaded %.1f + fetched %.1f; parent dirty %.1f MiB: %.2f×; %.2f of its RAM; capture %.1f MiB)\n",
+				res.CrossHostMovedMiBP50, res.CrossHostDirectMiBP50, res.CrossHostPulledMiBP50, res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostDirtyMiBP50,
 				res.MovedPerDirty, res.MovedPerRAM, res.CrossHostCaptureMiBP50)
 			if d := res.LazyResumeFirstExec; d != nil {
 				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms  (%d MiB dirty; fetched by then p50 %.1f MiB of %.0f: %.1f %%)\n", "lazy resume elsewhere → exec",

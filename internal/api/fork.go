@@ -65,6 +65,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		"cross_host_direct_bytes":   res.CrossHostDirectBytes,
 		"cross_host_uploaded_bytes": res.CrossHostUploadedBytes,
 		"cross_host_fetched_bytes":  res.CrossHostFetchedBytes,
+		"cross_host_pulled_bytes":   res.CrossHostPulledBytes,
 	})
 }
 

@@ -50,8 +50,11 @@ type ClusterResult struct {
 	// the template travel when both hold it), against the parent's dirty memory and its RAM; and the
 	// capture's own size, for comparison (what moved before templates
 	// were seeds).
-	CrossHostMovedMiBP50     float64 `json:"cross_host_moved_mib_p50"`
-	CrossHostDirectMiBP50    float64 `json:"cross_host_direct_mib_p50"`
+	CrossHostMovedMiBP50  float64 `json:"cross_host_moved_mib_p50"`
+	CrossHostDirectMiBP50 float64 `json:"cross_host_direct_mib_p50"`
+	// CrossHostPulledMiBP50: of the direct bytes, those the child's host
+	// fetched from the parent's itself (not relayed by the control plane).
+	CrossHostPulledMiBP50    float64 `json:"cross_host_pulled_mib_p50"`
 	CrossHostUploadedMiBP50  float64 `json:"cross_host_uploaded_mib_p50"`
 	CrossHostFetchedMiBP50   float64 `json:"cross_host_fetched_mib_p50"`
 	CrossHostDirtyMiBP50     float64 `json:"cross_host_dirty_mib_p50"`
@@ -132,7 +135,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		return sb, nil
 	}
 	var same, cross, resume, sameAnswer, crossAnswer []time.Duration
-	var capture, dirty, direct, up, down, moved []float64
+	var capture, dirty, direct, pulled, up, down, moved []float64
 	for i := range o.N {
 		logf("round %d/%d", i+1, o.N)
 		parent, err := parentOn(a, o.DirtyMiB)
@@ -157,6 +160,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 			if tc.to == b {
 				capture = append(capture, float64(fr.CrossHostCaptureBytes)/(1<<20))
 				direct = append(direct, float64(fr.CrossHostDirectBytes)/(1<<20))
+				pulled = append(pulled, float64(fr.CrossHostPulledBytes)/(1<<20))
 				up = append(up, float64(fr.CrossHostUploadedBytes)/(1<<20))
 				down = append(down, float64(fr.CrossHostFetchedBytes)/(1<<20))
 				moved = append(moved, float64(fr.CrossHostDirectBytes+fr.CrossHostUploadedBytes+fr.CrossHostFetchedBytes)/(1<<20))
@@ -188,6 +192,7 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 	res.CrossHostCaptureMiBP50 = median(capture)
 	res.CrossHostDirtyMiBP50 = median(dirty)
 	res.CrossHostDirectMiBP50 = median(direct)
+	res.CrossHostPulledMiBP50 = median(pulled)
 	res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostMovedMiBP50 = median(up), median(down), median(moved)
 	if res.CrossHostDirtyMiBP50 > 0 {
 		res.MovedPerDirty = round2(res.CrossHostMovedMiBP50 / res.CrossHostDirtyMiBP50)

@@ -127,7 +127,7 @@ func (p *Plane) forkAcross(ctx context.Context, key catalog.Key, parent catalog.
 	defer func() {
 		p.log.Info("cross-host fork", "sandbox_id", parent.ID, "snapshot_id", snapID, "transient", si.Transient, "path", path,
 			"snapshot_ms", tSnap.Milliseconds(), "direct_ms", (tSent - tSnap).Milliseconds(), "upload_wait_ms", (tReady - tSent).Milliseconds(),
-			"restore_ms", (time.Since(t0) - tReady).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(), "made_with_pack", len(made),
+			"restore_ms", (time.Since(t0) - tReady).Milliseconds(), "dur_ms", time.Since(t0).Milliseconds(), "made_with_pack", len(made), "pulled_bytes", moved.pulled,
 			"direct_bytes", moved.direct, "uploaded_bytes", si.UploadedBytes, "fetched_bytes", moved.fetched)
 	}()
 	var wg sync.WaitGroup
@@ -175,10 +175,11 @@ func (p *Plane) dropCapture(ctx context.Context, src host.Host, srcID, snapID st
 }
 
 // acrossBytes is what a cross-host fork moved to the children's hosts:
-// sent straight from the parent's host (packs), and fetched from the
-// object store.
+// sent straight from the parent's host (packs; pulled: those the
+// children's hosts fetched from there themselves, not through this
+// process), and fetched from the object store.
 type acrossBytes struct {
-	direct, fetched int64
+	direct, pulled, fetched int64
 }
 
 // sendDirect sends snapshot snapID of host srcID (src) straight to each
@@ -209,8 +210,9 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 			var n int64
 			var cerr error
 			var err error
+			pulled := false
 			if ok {
-				n, ok, cerr, err = p.sendCreate(ctx, dsrc, hid, req)
+				n, ok, pulled, cerr, err = p.sendCreate(ctx, dsrc, hid, req)
 			} else {
 				n, err = p.sendTo(ctx, dsrc, hid, snapID)
 			}
@@ -226,6 +228,9 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 				return
 			}
 			moved.direct += n
+			if pulled {
+				moved.pulled += n
+			}
 		}()
 	}
 	wg.Wait()
@@ -234,24 +239,29 @@ func (p *Plane) sendDirect(ctx context.Context, src host.Host, srcID, snapID str
 
 // sendCreate streams the pack of snapshot req.SnapshotID from dsrc to
 // host hid and creates req from it there at once, where hid can
-// (host.PackCreator; else as sendTo, and tried is false). It returns the
-// bytes of the pack; tried, whether the child was created or failed on
-// its own (the pack was received: cerr is the create's error); err, why
-// the pack was not received (tried is then false: the caller sends it
-// another way, and the child is still to be made).
-func (p *Plane) sendCreate(ctx context.Context, dsrc host.DirectTransferer, hid string, req host.CreateRequest) (n int64, tried bool, cerr, err error) {
+// (host.PackCreator; else as sendTo, and tried is false): hid fetches
+// the pack from dsrc itself where both can (host.PackPuller,
+// host.PackSourcer: pulled), else this process relays it. It returns
+// the bytes of the pack; tried, whether the child was created or failed
+// on its own (the pack was received: cerr is the create's error); err,
+// why the pack was not received (tried is then false: the caller sends
+// it another way, and the child is still to be made).
+func (p *Plane) sendCreate(ctx context.Context, dsrc host.DirectTransferer, hid string, req host.CreateRequest) (n int64, tried, pulled bool, cerr, err error) {
 	h, err := p.on(hid)
 	if err != nil {
-		return 0, false, nil, err
+		return 0, false, false, nil, err
 	}
 	pc, ok := h.(host.PackCreator)
 	if !ok {
 		n, err = p.sendTo(ctx, dsrc, hid, req.SnapshotID)
-		return n, false, nil, err
+		return n, false, false, nil, err
+	}
+	if n, tried, cerr, err := p.pullCreate(ctx, dsrc, h, hid, req); tried || ctx.Err() != nil {
+		return n, tried, tried, cerr, err
 	}
 	rc, err := dsrc.SnapshotPack(ctx, req.SnapshotID)
 	if err != nil {
-		return 0, false, nil, fmt.Errorf("open the capture's pack: %w", err)
+		return 0, false, false, nil, fmt.Errorf("open the capture's pack: %w", err)
 	}
 	defer rc.Close()
 	_, si, err := pc.ReceiveAndCreate(ctx, req, rc)
@@ -261,9 +271,43 @@ func (p *Plane) sendCreate(ctx context.Context, dsrc host.DirectTransferer, hid 
 			// pack as before.
 			rc.Close()
 			n, err = p.sendTo(ctx, dsrc, hid, req.SnapshotID)
-			return n, false, nil, err
+			return n, false, false, nil, err
 		}
-		return 0, false, nil, fmt.Errorf("receive the capture's pack: %w", err)
+		return 0, false, false, nil, fmt.Errorf("receive the capture's pack: %w", err)
+	}
+	return si.FetchedBytes, true, false, err, nil
+}
+
+// packTicketTTL is how long the child's host of a cross-host fork may
+// start fetching the capture's pack from the parent's host.
+const packTicketTTL = 2 * time.Minute
+
+// pullCreate has host hid (h) fetch the pack of snapshot req.SnapshotID
+// straight from dsrc and create req from it, where both can: the pack
+// then crosses the network once, host to host. Its results are
+// sendCreate's; a pull that was not tried or did not receive the pack
+// (the hosts cannot reach each other, an older agent) is not tried, and
+// the caller relays the pack.
+func (p *Plane) pullCreate(ctx context.Context, dsrc host.DirectTransferer, h host.Host, hid string, req host.CreateRequest) (n int64, tried bool, cerr, err error) {
+	ps, ok := dsrc.(host.PackSourcer)
+	if !ok {
+		return 0, false, nil, nil
+	}
+	pp, ok := h.(host.PackPuller)
+	if !ok {
+		return 0, false, nil, nil
+	}
+	from, ok := ps.PackSource(req.SnapshotID, packTicketTTL)
+	if !ok {
+		return 0, false, nil, nil
+	}
+	_, si, err := pp.PullAndCreate(ctx, req, from)
+	if si.ID == "" {
+		if ctx.Err() == nil && !errors.Is(err, errors.ErrUnsupported) {
+			p.log.Warn("the host of a cross-host fork's child could not fetch the capture from the parent's host: relaying it",
+				"snapshot_id", req.SnapshotID, "host_id", hid, "from", from.URL, "err", err)
+		}
+		return 0, false, nil, err
 	}
 	return si.FetchedBytes, true, err, nil
 }

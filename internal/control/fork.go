@@ -39,6 +39,11 @@ type Forked struct {
 	CrossHostDirectBytes   int64
 	CrossHostUploadedBytes int64
 	CrossHostFetchedBytes  int64
+	// CrossHostPulledBytes is the part of CrossHostDirectBytes that the
+	// other hosts fetched from the parent's host themselves; the rest
+	// went through this process (hosts that cannot reach each other, an
+	// older agent).
+	CrossHostPulledBytes int64
 }
 
 // ForkChild is one child of a fork: its record (running), or why it
@@ -209,7 +214,7 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "capture_mib", moved>>20,
 			"direct_bytes", across.direct, "uploaded_bytes", uploaded, "fetched_bytes", across.fetched, "dur_ms", time.Since(t0).Milliseconds())
 		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes,
-			CrossHostCaptureBytes: moved, CrossHostDirectBytes: across.direct, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: across.fetched}, nil
+			CrossHostCaptureBytes: moved, CrossHostDirectBytes: across.direct, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: across.fetched, CrossHostPulledBytes: across.pulled}, nil
 	})
 }
 

@@ -535,6 +535,17 @@ func TestDevCluster(t *testing.T) {
 		if len(on) < 2 {
 			t.Errorf("fork with spread: children on %v, want at least 2 hosts; answer %s", on, b)
 		}
+		// What went straight from host to host, the children's hosts
+		// fetched from the parent's themselves (a pack ticket, the
+		// parent's host's CA): the control plane relayed none of it.
+		var moved struct {
+			Direct int64 `json:"cross_host_direct_bytes"`
+			Pulled int64 `json:"cross_host_pulled_bytes"`
+		}
+		if err := json.Unmarshal([]byte(b), &moved); err != nil || moved.Pulled != moved.Direct {
+			t.Errorf("fork with spread: %+v, %v; want every byte sent directly pulled by the children's hosts", moved, err)
+		}
+		t.Logf("fork with spread: %+v", moved)
 	})
 
 	t.Run("drain and activate", func(t *testing.T) {
@@ -646,6 +657,10 @@ func TestDevCluster(t *testing.T) {
 		if res.CrossHostMovedMiBP50 <= 0 || res.CrossHostDirtyMiBP50 <= 0 {
 			t.Errorf("cross-host fork moved %v MiB, dirty %v MiB: want both positive", res.CrossHostMovedMiBP50, res.CrossHostDirtyMiBP50)
 		}
+		if res.CrossHostPulledMiBP50 != res.CrossHostDirectMiBP50 {
+			t.Errorf("cross-host fork: %v MiB sent directly, %v MiB of it pulled by the child's host; want it all pulled", res.CrossHostDirectMiBP50, res.CrossHostPulledMiBP50)
+		}
+		t.Logf("cross-host fork: %v MiB sent directly, %v MiB of it pulled by the child's host", res.CrossHostDirectMiBP50, res.CrossHostPulledMiBP50)
 		if res.LazyResumeFirstExec != nil || !strings.Contains(res.LazyNote, "--lazy-restore") {
 			t.Errorf("lazy restore rounds on hosts without it: %+v, note %q; want no figures and a note naming --lazy-restore", res.LazyResumeFirstExec, res.LazyNote)
 		}

@@ -240,7 +240,7 @@ func (r *Registry) dial(ctx context.Context, rec catalog.Host) (*hostapi.Client,
 	for {
 		if err == nil {
 			var c *hostapi.Client
-			c, err = hostapi.Dial(rec.URL, rec.Token, hostapi.WithTLS(tlsCfg), hostapi.WithLogger(r.log.With("host_id", rec.ID)))
+			c, err = hostapi.Dial(rec.URL, rec.Token, hostapi.WithTLS(tlsCfg), hostapi.WithCACert(rec.CACert), hostapi.WithLogger(r.log.With("host_id", rec.ID)))
 			if err == nil {
 				return c, nil
 			}

@@ -213,6 +213,34 @@ type PackCreator interface {
 	ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Reader) (Info, SnapshotInfo, error)
 }
 
+// PackSource is where a host fetches a snapshot's pack straight from the
+// host that holds it: that host agent's URL, the CA certificate (PEM)
+// its TLS certificate must verify against, and a ticket that grants
+// reading that one snapshot's pack, and nothing else, until it expires.
+type PackSource struct {
+	URL    string `json:"url"`
+	CACert string `json:"ca_cert,omitempty"`
+	Ticket string `json:"ticket"`
+}
+
+// PackSourcer is an optional ability of a remote DirectTransferer: saying
+// where another host can fetch a snapshot's pack from it (PackSource,
+// valid for ttl); false if it cannot.
+type PackSourcer interface {
+	PackSource(snapshotID string, ttl time.Duration) (PackSource, bool)
+}
+
+// PackPuller is an optional ability of a PackCreator: fetching the pack
+// of snapshot req.SnapshotID straight from another host (from) and
+// creating sandbox req from it as it arrives, so that the pack crosses
+// the network once, host to host. Errors and the SnapshotInfo are
+// ReceiveAndCreate's; an error with a zero SnapshotInfo means the pack
+// was not received (the host cannot reach from, say): the caller may
+// send it another way.
+type PackPuller interface {
+	PullAndCreate(ctx context.Context, req CreateRequest, from PackSource) (Info, SnapshotInfo, error)
+}
+
 // ResourceReporter is an optional ability of a Host that runs on another
 // machine: that machine's resources (an error: it cannot be reached). A
 // Host without it runs on this machine (LocalResources).

@@ -35,7 +35,11 @@ import (
 type Client struct {
 	base  string
 	token string
+	// authz, if set, is the Authorization header instead of the token's
+	// (a peer's pack ticket).
+	authz string
 	tls   *tls.Config
+	caPEM string // the agent's CA certificate, for hosts that fetch packs from it
 	http  *http.Client
 	log   *slog.Logger
 
@@ -51,6 +55,8 @@ var (
 	_ host.Transferer       = (*Client)(nil)
 	_ host.DirectTransferer = (*Client)(nil)
 	_ host.PackCreator      = (*Client)(nil)
+	_ host.PackPuller       = (*Client)(nil)
+	_ host.PackSourcer      = (*Client)(nil)
 	_ host.ResourceReporter = (*Client)(nil)
 )
 
@@ -66,6 +72,11 @@ func WithLogger(log *slog.Logger) Option { return func(c *Client) { c.log = log 
 // WithTLS sets the TLS configuration of an https:// agent: ClientTLS(the
 // agent's CA file). Without it the system's roots are trusted.
 func WithTLS(cfg *tls.Config) Option { return func(c *Client) { c.tls = cfg } }
+
+// WithCACert records the agent's CA certificate (PEM), which the client
+// hands to other host agents that fetch packs straight from this one
+// (PackSource); WithTLS still says what the client itself trusts.
+func WithCACert(pem string) Option { return func(c *Client) { c.caPEM = pem } }
 
 // ErrUntrusted: the agent's certificate does not verify against the CA the
 // client trusts for it (the wrong CA file, or the agent's credentials were
@@ -95,6 +106,18 @@ func Dial(rawURL, token string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(c)
 	}
+	c.http = &http.Client{Transport: transport(c.tls)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Resources(ctx); err != nil {
+		return nil, fmt.Errorf("dial host agent %s: %w", rawURL, err)
+	}
+	return c, nil
+}
+
+// transport is the HTTP transport of a client trusting tlsCfg (nil: the
+// system's roots).
+func transport(tlsCfg *tls.Config) *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
 	tr.MaxIdleConnsPerHost = 64
@@ -104,16 +127,27 @@ func Dial(rawURL, token string, opts ...Option) (*Client, error) {
 	// never share a connection's flow control.
 	tr.ForceAttemptHTTP2 = false
 	tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
-	if c.tls != nil {
-		tr.TLSClientConfig = c.tls.Clone()
+	if tlsCfg != nil {
+		tr.TLSClientConfig = tlsCfg.Clone()
 	}
-	c.http = &http.Client{Transport: tr}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.Resources(ctx); err != nil {
-		return nil, fmt.Errorf("dial host agent %s: %w", rawURL, err)
+	return tr
+}
+
+// peer is a client of the host agent from names, allowed only to fetch
+// the pack its ticket grants.
+func peer(from host.PackSource) (*Client, error) {
+	u, err := url.Parse(from.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: pack source url %q: want https://host:port", host.ErrInvalid, from.URL)
 	}
-	return c, nil
+	var tlsCfg *tls.Config
+	if u.Scheme == "https" {
+		if tlsCfg, err = ClientTLSFromPEM([]byte(from.CACert)); err != nil {
+			return nil, fmt.Errorf("%w: pack source's CA certificate: %v", host.ErrInvalid, err)
+		}
+	}
+	return &Client{base: strings.TrimRight(u.String(), "/") + Prefix, authz: "Ticket " + from.Ticket,
+		http: &http.Client{Transport: transport(tlsCfg)}, log: slog.New(slog.DiscardHandler)}, nil
 }
 
 // Close releases idle connections.
@@ -196,7 +230,11 @@ func (c *Client) request(ctx context.Context, method, path string, q url.Values,
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	if c.authz != "" {
+		req.Header.Set("Authorization", c.authz)
+	} else {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	return req, nil
 }
 
@@ -500,6 +538,54 @@ func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r
 	var out packCreateResponse
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
 		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s and create: %w", req.SnapshotID, err))
+	}
+	out.Snapshot.Capture = capture(out.Snapshot.Capture)
+	return out.Sandbox, out.Snapshot, nil
+}
+
+// PackSource says where another host agent can fetch snapshot
+// snapshotID's pack from this one (host.PackSourcer): the agent's URL, its
+// CA certificate (WithCACert) and a ticket for that pack, valid for ttl.
+// False for an https:// agent whose CA the client does not have.
+func (c *Client) PackSource(snapshotID string, ttl time.Duration) (host.PackSource, bool) {
+	u := strings.TrimSuffix(c.base, Prefix)
+	if strings.HasPrefix(u, "https://") && c.caPEM == "" {
+		return host.PackSource{}, false
+	}
+	return host.PackSource{URL: u, CACert: c.caPEM, Ticket: PackTicket(c.token, snapshotID, time.Now().Add(ttl))}, true
+}
+
+// PullAndCreate has the agent fetch the pack of snapshot req.SnapshotID
+// straight from the host agent from names, and create sandbox req from it
+// as it arrives (POST /snapshots/{id}/pack/pull; host.PackPuller). The
+// snapshot is kept if the answer says so, even with the create's error.
+// An older agent answers unsupported.
+func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from host.PackSource) (host.Info, host.SnapshotInfo, error) {
+	wire := wireCreate(req)
+	wire.SnapshotID = "" // the path's
+	b, err := json.Marshal(pullRequest{Create: wire, From: from})
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	hr, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(req.SnapshotID)+"/pack/pull", nil, bytes.NewReader(b))
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	res, err := c.http.Do(hr)
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		if res.Header.Get(headerSnapshotKept) == "true" {
+			return host.Info{}, host.SnapshotInfo{ID: req.SnapshotID}, readError(res) // the create's
+		}
+		return host.Info{}, host.SnapshotInfo{}, readError(res)
+	}
+	var out packCreateResponse
+	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
+		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("pull snapshot %s and create: %w", req.SnapshotID, err))
 	}
 	out.Snapshot.Capture = capture(out.Snapshot.Capture)
 	return out.Sandbox, out.Snapshot, nil

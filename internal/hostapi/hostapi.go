@@ -192,7 +192,13 @@ type (
 		Owner      string            `json:"owner,omitempty"`
 		Network    network.Policy    `json:"network"`
 	}
-	// packCreateResponse answers POST …/snapshots/{id}/pack/create.
+	// pullRequest is the body of POST …/snapshots/{id}/pack/pull.
+	pullRequest struct {
+		Create createRequest   `json:"create"`
+		From   host.PackSource `json:"from"`
+	}
+	// packCreateResponse answers POST …/snapshots/{id}/pack/create and
+	// …/pack/pull.
 	packCreateResponse struct {
 		Sandbox  host.Info         `json:"sandbox"`
 		Snapshot host.SnapshotInfo `json:"snapshot"`

@@ -121,6 +121,7 @@ func (s *Server) routes() http.Handler {
 		r.Get(Prefix+"/snapshots/{snapID}/pack", s.sendPack)
 		r.Post(Prefix+"/snapshots/{snapID}/pack", s.receivePack)
 		r.Post(Prefix+"/snapshots/{snapID}/pack/create", s.receivePackCreate)
+		r.Post(Prefix+"/snapshots/{snapID}/pack/pull", s.pullPackCreate)
 		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"snapshots": s.a.Snapshots()}, nil
 		}))
@@ -216,6 +217,16 @@ func (s *Server) info() Info {
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Another host agent fetching a pack the control plane sent it
+		// for (PackTicket): that pack, and nothing else.
+		if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Ticket "); ok {
+			if id, ok := packOf(r); ok && ticketGrants(s.token, t, id, time.Now()) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			writeError(w, fmt.Errorf("%w: the ticket does not grant %s %s (expired, or another snapshot's)", ErrUnauthorized, r.Method, r.URL.Path))
+			return
+		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		sum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
@@ -224,6 +235,22 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// packOf is the snapshot whose pack r asks for (GET
+// /snapshots/{id}/pack), if it does.
+func packOf(r *http.Request) (string, bool) {
+	if r.Method != http.MethodGet {
+		return "", false
+	}
+	id, ok := strings.CutPrefix(r.URL.Path, Prefix+"/snapshots/")
+	if !ok {
+		return "", false
+	}
+	if id, ok = strings.CutSuffix(id, "/pack"); !ok || !host.ValidID(id) {
+		return "", false
+	}
+	return id, true
 }
 
 // track counts requests in flight so that Shutdown can wait for them, and
@@ -770,6 +797,43 @@ func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	endBody(w, body)
+	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
+}
+
+// pullPackCreate fetches the pack of snapshot {snapID} straight from the
+// host agent the request names (with the ticket it gives) and creates a
+// sandbox from it as it arrives, as receivePackCreate. A pack that cannot
+// be fetched at all is unavailable (the control plane sends it another
+// way).
+func (s *Server) pullPackCreate(w http.ResponseWriter, r *http.Request) {
+	var req pullRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	hreq := req.Create.host()
+	hreq.SnapshotID = chi.URLParam(r, "snapID")
+	src, err := peer(req.From)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer src.Close()
+	rc, err := src.SnapshotPack(r.Context(), hreq.SnapshotID)
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: fetch the pack of snapshot %s from %s: %v", host.ErrUnavailable, hreq.SnapshotID, req.From.URL, err))
+		return
+	}
+	defer rc.Close()
+	info, si, err := s.a.ReceiveAndCreate(r.Context(), hreq, rc)
+	if err != nil {
+		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		if si.ID != "" {
+			w.Header().Set(headerSnapshotKept, "true")
+		}
+		writeError(w, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -257,6 +258,65 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	bad := host.CreateRequest{SnapshotID: id3, Network: network.Policy{AllowOut: []string{"not an address"}}}
 	if _, kept, err := sendCreate(bad, 0); !errors.Is(err, host.ErrInvalid) || kept.ID != id3 {
 		t.Errorf("pack and a create with a bad policy: %v, kept %q; want host.ErrInvalid, %s kept", err, kept.ID, id3)
+	}
+
+	// Fetched by B straight from A (POST …/pack/pull, with a ticket made
+	// from A's token), as a cross-host fork's child host does.
+	id4 := capture()
+	from, ok := hostA.PackSource(id4, time.Minute)
+	if !ok || from.Ticket == "" {
+		t.Fatalf("A's client gives no pack source: %+v", from)
+	}
+	// The ticket grants that pack and nothing else.
+	get := func(path, ticket string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, from.URL+hostapi.Prefix+path, nil)
+		req.Header.Set("Authorization", "Ticket "+ticket)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	forged := []byte(from.Ticket)
+	forged[len(forged)-1] ^= 1 // a hex digit still, another one
+	for _, tc := range []struct{ what, path, ticket string }{
+		{"another snapshot's pack", "/snapshots/" + id + "/pack", from.Ticket},
+		{"a sandbox", "/sandboxes/" + sb.ID, from.Ticket},
+		{"the same snapshot's state in the store", "/snapshots/" + id4 + "/stored?wait_ms=0", from.Ticket},
+		{"an expired ticket", "/snapshots/" + id4 + "/pack", hostapi.PackTicket(testToken, id4, time.Now().Add(-time.Second))},
+		{"another agent's ticket", "/snapshots/" + id4 + "/pack", hostapi.PackTicket("pandaagent_another", id4, time.Now().Add(time.Minute))},
+		{"a forged ticket", "/snapshots/" + id4 + "/pack", string(forged)},
+	} {
+		if code := get(tc.path, tc.ticket); code != http.StatusUnauthorized {
+			t.Errorf("%s with a pack ticket: %d, want 401", tc.what, code)
+		}
+	}
+	if code := get("/snapshots/"+id4+"/pack", from.Ticket); code != http.StatusOK {
+		t.Errorf("the pack its ticket grants: %d, want 200", code)
+	}
+	badTicket := from
+	badTicket.Ticket = string(forged)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for _, tc := range []struct {
+		what string
+		from host.PackSource
+	}{{"a refused ticket", badTicket}, {"a host that does not answer", host.PackSource{URL: closed.URL, Ticket: from.Ticket}}} {
+		if _, kept, err := hostB.PullAndCreate(ctx, host.CreateRequest{SnapshotID: id4}, tc.from); !errors.Is(err, host.ErrUnavailable) || kept.ID != "" {
+			t.Errorf("pull with %s: %v, kept %q; want host.ErrUnavailable, nothing kept", tc.what, err, kept.ID)
+		}
+	}
+	pulled, si4, err := hostB.PullAndCreate(ctx, host.CreateRequest{SnapshotID: id4}, from)
+	if err != nil {
+		t.Fatalf("pull and create A → B: %v", err)
+	}
+	t.Cleanup(func() { hostB.Kill(context.Background(), pulled.ID) })
+	if si4.ID != id4 || si4.FetchedBytes <= 0 || pulled.State != lifecycle.Running {
+		t.Errorf("pull and create: snapshot %+v, sandbox %+v", si4, pulled)
+	}
+	if got := mustRun(t, hostB, pulled.ID, "cat /root/d"); got != "direct\n" {
+		t.Errorf("child made from a pulled pack reads %q, want %q", got, "direct\n")
 	}
 }
 

@@ -343,6 +343,10 @@ type ForkResult struct {
 	CrossHostDirectBytes   int64
 	CrossHostUploadedBytes int64
 	CrossHostFetchedBytes  int64
+	// CrossHostPulledBytes is the part of CrossHostDirectBytes that the
+	// other hosts fetched from the parent's host themselves (the rest
+	// the control plane relayed).
+	CrossHostPulledBytes int64
 }
 
 // ForkWithStats is Fork that also reports what the fork cost the parent.
@@ -393,12 +397,13 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 		CrossHostDirect       int64   `json:"cross_host_direct_bytes"`
 		CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
 		CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
+		CrossHostPulled       int64   `json:"cross_host_pulled_bytes"`
 	}
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err
 	}
 	res := ForkResult{ParentPausedMS: out.ParentPausedMS, DirtyBytes: out.DirtyBytes, CrossHostCaptureBytes: out.CrossHostCaptureBytes,
-		CrossHostDirectBytes: out.CrossHostDirect, CrossHostUploadedBytes: out.CrossHostUploaded, CrossHostFetchedBytes: out.CrossHostFetched}
+		CrossHostDirectBytes: out.CrossHostDirect, CrossHostUploadedBytes: out.CrossHostUploaded, CrossHostFetchedBytes: out.CrossHostFetched, CrossHostPulledBytes: out.CrossHostPulled}
 	ferr := &ForkError{Requested: count}
 	for _, ch := range out.Children {
 		switch {
