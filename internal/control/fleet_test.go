@@ -515,6 +515,42 @@ func TestFleetForkAcrossDirect(t *testing.T) {
 	}
 }
 
+// TestFleetForkAcrossPulled: where the hosts can reach each other (the
+// parent's host gives a host.PackSource), the child's host fetches the
+// capture from the parent's host itself (host.PackPuller): every byte sent
+// directly was pulled, none relayed by the control plane. Where that pull
+// fails without receiving the pack, the control plane relays it, and the
+// fork works the same.
+func TestFleetForkAcrossPulled(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pull fails: %v", fail), func(t *testing.T) {
+			e := newFleetEnv(t, true)
+			e.a.AllowPulls()
+			parent := e.createOn("a")
+			if fail {
+				e.b.Fail(hosttest.PullAndCreate, "", fmt.Errorf("%w: no route to host", host.ErrUnavailable))
+			}
+			got := e.forkTo(parent, 2)
+			pulls := 0
+			for _, c := range e.b.Calls() {
+				if c.Method == hosttest.PullAndCreate {
+					pulls++
+				}
+			}
+			if packs, received, waits := e.paths(); pulls != 1 || packs != 1 || received != 1 || waits != 0 {
+				t.Errorf("%d pulls, %d packs sent, %d received, %d waits for the store; want 1, 1, 1, 0", pulls, packs, received, waits)
+			}
+			want := got.CrossHostDirectBytes
+			if fail {
+				want = 0
+			}
+			if got.CrossHostDirectBytes < 1<<20 || got.CrossHostPulledBytes != want {
+				t.Errorf("direct %d bytes, pulled %d; want the pack direct, %d of it pulled", got.CrossHostDirectBytes, got.CrossHostPulledBytes, want)
+			}
+		})
+	}
+}
+
 // TestFleetForkAcrossFallsBack: where the capture cannot go straight to
 // the child's host, it goes through the object store and the fork works
 // the same: the target lacks the template (it refuses the pack), either

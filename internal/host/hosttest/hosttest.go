@@ -54,6 +54,8 @@ const (
 	// snapshot id.
 	SnapshotPack    Method = "SnapshotPack"
 	ReceiveSnapshot Method = "ReceiveSnapshot"
+	// PullAndCreate (host.PackPuller) names the snapshot id.
+	PullAndCreate Method = "PullAndCreate"
 )
 
 // Call is one call the host received: its method and the sandbox (or, for
@@ -68,7 +70,8 @@ type Call struct {
 // and its calls are Snapshot's; host.DirectTransferer: a pack is the
 // snapshot's record and 1 MiB of filler, and a host refuses one of a
 // template it does not know; host.PackCreator: ReceiveSnapshot then
-// Create). The zero value
+// Create; host.PackPuller: SnapshotPack of the host AllowPulls named,
+// then ReceiveAndCreate; host.PackSourcer once AllowPulls). The zero value
 // is not usable; use New. Safe for concurrent use.
 type Host struct {
 	// OnExit, if set, is told when Exit reports a sandbox gone (the
@@ -86,7 +89,21 @@ type Host struct {
 	// pausedBytes is what a pause capture holds (CaptureStats.SizeBytes).
 	pausedBytes int64
 	store       *Store
-	breakPack   error // the next SnapshotPack's stream fails with it halfway
+	breakPack   error  // the next SnapshotPack's stream fails with it halfway
+	pullURL     string // where other fake hosts pull this one's packs (AllowPulls)
+}
+
+// pullable are the fake hosts that AllowPulls made reachable, by URL.
+var pullable sync.Map
+
+// AllowPulls lets other fake hosts fetch this host's packs themselves
+// (PackSource names it; their PullAndCreate reaches it): hosts that can
+// reach each other. Without it PackSource says it cannot.
+func (h *Host) AllowPulls() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pullURL = "hosttest://" + host.NewID()
+	pullable.Store(h.pullURL, h)
 }
 
 // Store is an object store several fake hosts share (UseStore): their
@@ -151,6 +168,8 @@ var (
 	_ host.Transferer       = (*Host)(nil)
 	_ host.DirectTransferer = (*Host)(nil)
 	_ host.PackCreator      = (*Host)(nil)
+	_ host.PackPuller       = (*Host)(nil)
+	_ host.PackSourcer      = (*Host)(nil)
 )
 
 // fault is what a test told the host to do to one call.
@@ -687,6 +706,34 @@ func (h *Host) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r i
 	}
 	in, err := h.Create(ctx, req)
 	return in, si, err
+}
+
+// PackSource names this host for another's PullAndCreate, if AllowPulls
+// was called; the ticket is the snapshot's id.
+func (h *Host) PackSource(snapshotID string, ttl time.Duration) (host.PackSource, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return host.PackSource{URL: h.pullURL, Ticket: snapshotID}, h.pullURL != ""
+}
+
+// PullAndCreate fetches the pack of req.SnapshotID from the host from
+// names (SnapshotPack there) and makes req from it (ReceiveAndCreate);
+// host.ErrUnavailable, nothing received, if that host cannot be reached
+// or refuses the ticket.
+func (h *Host) PullAndCreate(ctx context.Context, req host.CreateRequest, from host.PackSource) (host.Info, host.SnapshotInfo, error) {
+	if err := h.enter(ctx, PullAndCreate, req.SnapshotID); err != nil {
+		return host.Info{}, host.SnapshotInfo{}, err
+	}
+	src, ok := pullable.Load(from.URL)
+	if !ok || from.Ticket != req.SnapshotID {
+		return host.Info{}, host.SnapshotInfo{}, fmt.Errorf("%w: cannot fetch the pack of %s from %q", host.ErrUnavailable, req.SnapshotID, from.URL)
+	}
+	rc, err := src.(*Host).SnapshotPack(ctx, req.SnapshotID)
+	if err != nil {
+		return host.Info{}, host.SnapshotInfo{}, fmt.Errorf("%w: fetch the pack of %s: %v", host.ErrUnavailable, req.SnapshotID, err)
+	}
+	defer rc.Close()
+	return h.ReceiveAndCreate(ctx, req, rc)
 }
 
 // DeleteSnapshot removes a snapshot (ErrNotFound if there is none).
