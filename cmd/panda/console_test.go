@@ -142,11 +142,21 @@ func (b *browser) fail(what string, err error) {
 	b.t.Fatalf("%s: %v", what, err)
 }
 
-// wait waits until the JavaScript expression is true.
+// wait waits until the JavaScript expression is true. A page that
+// navigates while the expression is polled (a sign-in by URL replaces the
+// document) destroys the context the poll runs in; the poll then starts
+// again in the new one, until the timeout.
 func (b *browser) wait(what, expr string, timeout time.Duration) {
 	b.t.Helper()
-	if _, err := chromedp.Run(b.ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
-		b.fail("wait for "+what, err)
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := chromedp.Run(b.ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(time.Until(deadline)), chromedp.WithPollingInterval(100*time.Millisecond)))
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Cannot find context with specified id") || time.Now().After(deadline) {
+			b.fail("wait for "+what, err)
+		}
 	}
 }
 

@@ -158,6 +158,12 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
 		switch {
 		case errors.Is(err, chunkstore.ErrPackBase):
+			// Two hosts that baked the template at once each uploaded
+			// their bake, and the one whose upload lost saw its own
+			// in the store (it looked before the other's landed): check
+			// now, and adopt the store's copy if this host's differs,
+			// so that the next pack from a host holding it comes here.
+			a.startTemplateSync(si.Template, false)
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, template.ErrNotFound, si.Template, err)
 		case errors.Is(err, chunkstore.ErrPack):
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %w", id, ErrCorrupt, err)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -146,6 +147,82 @@ func TestDirectTransfer(t *testing.T) {
 	a.upMu.Unlock()
 	if job != nil || hasManifest(csA, storeName(id)) {
 		t.Errorf("the capture sent directly is being uploaded (%v) or is in the store", job != nil)
+	}
+}
+
+// TestDirectTransferOtherBake: a host whose copy of the template is not
+// the object store's (two hosts baked it at once, and this one's check
+// after its upload came before the other's upload landed) refuses a pack
+// from a host that holds the store's copy, then adopts the store's copy:
+// the next pack comes in. B bakes its own copy before it has a store,
+// and is not recovered with one (Recover would adopt the store's copy at
+// once), which leaves it as that race does.
+func TestDirectTransferOtherBake(t *testing.T) {
+	s3 := s3test.Start(t)
+	withStore := false
+	csB, err := chunkstore.New(s3.Open("fleet"), chunkstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, openB := restartableWith(t, func(c *Config) {
+		if withStore {
+			c.Store, c.StoreRetry = csB, 100*time.Millisecond
+		}
+	})
+	b := openB()
+	b.Recover(ctxT(t))
+	own, err := b.templates.Get(ctxT(t), b.TemplateParams("", 0, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	openA, csA := storeHost(t, s3.Open("fleet"))
+	a := openA()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	tA, _ := a.templates.ByKey(src.Template)
+	waitFor(t, func() string { return "A's template in the store" }, func() bool {
+		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
+		var meta template.Meta
+		return err == nil && json.Unmarshal(m.Meta, &meta) == nil && meta.BootID == tA.BootID
+	})
+	withStore = true
+	b = openB()
+	if tB, _ := b.templates.ByKey(src.Template); tB == nil || tB.BootID != own.BootID || tB.BootID == tA.BootID {
+		t.Fatalf("B's copy of %s: %+v, want its own bake %s (A's: %s)", src.Template, tB, own.BootID, tA.BootID)
+	}
+
+	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
+	id := host.NewID()
+	if _, err := a.SnapshotTransient(ctxT(t), src.ID, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
+	var pack bytes.Buffer
+	if _, err := a.SendSnapshot(ctxT(t), id, &pack); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); !errors.Is(err, template.ErrNotFound) {
+		t.Fatalf("pack from another bake of the template: %v, want template.ErrNotFound", err)
+	}
+	waitFor(t, func() string { return "B adopting the store's copy of " + src.Template }, func() bool {
+		tB, _ := b.templates.ByKey(src.Template)
+		return tB != nil && tB.BootID == tA.BootID
+	})
+	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); err != nil {
+		t.Fatalf("the same pack once B adopted the store's copy: %v", err)
+	}
+	child, err := createFrom(t, b, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "from-a\n" {
+		t.Errorf("child on B reads %q, want %q", got, "from-a\n")
 	}
 }
 
