@@ -31,14 +31,9 @@ func sharingHosts(t *testing.T) (a, b *Agent, csA *chunkstore.Store, src Info) {
 	s3 := s3test.Start(t)
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	openB, _ := storeHost(t, s3.Open("fleet"))
-	a, b = openA(), openB()
-	a.Recover(ctxT(t))
+	a, src = sourceSandbox(t, openA)
+	b = openB()
 	b.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
 	key := src.Template
 	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
 	tA, _ := a.templates.ByKey(key)
@@ -178,13 +173,7 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	b.Close()
 
 	openA, csA := storeHost(t, s3.Open("fleet"))
-	a := openA()
-	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	a, src := sourceSandbox(t, openA)
 	tA, _ := a.templates.ByKey(src.Template)
 	waitFor(t, func() string { return "A's template in the store" }, func() bool {
 		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
@@ -198,23 +187,15 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	}
 
 	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
-	id := host.NewID()
-	if _, err := a.SnapshotTransient(ctxT(t), src.ID, id); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
-	var pack bytes.Buffer
-	if _, err := a.SendSnapshot(ctxT(t), id, &pack); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); !errors.Is(err, template.ErrNotFound) {
+	id, pack := capturePack(t, a, b, src.ID)
+	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
 		t.Fatalf("pack from another bake of the template: %v, want template.ErrNotFound", err)
 	}
 	waitFor(t, func() string { return "B adopting the store's copy of " + src.Template }, func() bool {
 		tB, _ := b.templates.ByKey(src.Template)
 		return tB != nil && tB.BootID == tA.BootID
 	})
-	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); err != nil {
+	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); err != nil {
 		t.Fatalf("the same pack once B adopted the store's copy: %v", err)
 	}
 	child, err := createFrom(t, b, id)
@@ -224,6 +205,22 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "from-a\n" {
 		t.Errorf("child on B reads %q, want %q", got, "from-a\n")
 	}
+}
+
+// capturePack takes a transient capture of sandbox srcID on a, deleted
+// from a and b when the test ends, and returns its id and its pack.
+func capturePack(t *testing.T, a, b *Agent, srcID string) (string, []byte) {
+	t.Helper()
+	id := host.NewID()
+	if _, err := a.SnapshotTransient(ctxT(t), srcID, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
+	var pack bytes.Buffer
+	if _, err := a.SendSnapshot(ctxT(t), id, &pack); err != nil {
+		t.Fatal(err)
+	}
+	return id, pack.Bytes()
 }
 
 // TestReceiveAndCreate: a host makes a sandbox from a pack as it arrives
@@ -236,18 +233,7 @@ func TestReceiveAndCreate(t *testing.T) {
 	a, b, _, src := sharingHosts(t)
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
-	capture := func() (string, []byte) {
-		id := host.NewID()
-		if _, err := a.SnapshotTransient(ctxT(t), src.ID, id); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
-		var pack bytes.Buffer
-		if _, err := a.SendSnapshot(ctxT(t), id, &pack); err != nil {
-			t.Fatal(err)
-		}
-		return id, pack.Bytes()
-	}
+	capture := func() (string, []byte) { return capturePack(t, a, b, src.ID) }
 
 	// Cut short in the memory image, after the VMM started.
 	id, pack := capture()

@@ -496,13 +496,7 @@ func durableMemSnapshot(t *testing.T) (objs objstore.Store, snap SnapshotInfo, s
 	s3 := s3test.Start(t)
 	objs = s3.Open("fleet")
 	openA, _ := storeHost(t, s3.Open("fleet"))
-	a := openA()
-	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	a, src := sourceSandbox(t, openA)
 	sum, keeper, secret = memState(t, a, src.ID)
 	snap = snapOn(t, a, src.ID)
 	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
@@ -606,12 +600,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	openA, csA := storeHost(t, s3.Open("fleet"))
-	a := openA()
-	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, src := sourceSandbox(t, openA)
 	sum, keeper, secret := memState(t, a, src.ID)
 	if fillMiB > 0 {
 		shOn(t, a, src.ID, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/fill bs=1M count=%d 2>/dev/null", fillMiB))

@@ -34,6 +34,20 @@ func storeHost(t *testing.T, objs objstore.Store) (open func() *Agent, cs *chunk
 	return open, cs
 }
 
+// sourceSandbox opens an agent with open, recovers it and creates a
+// sandbox there, killed when the test ends.
+func sourceSandbox(t *testing.T, open func() *Agent) (*Agent, Info) {
+	t.Helper()
+	a := open()
+	a.Recover(ctxT(t))
+	src, err := a.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	return a, src
+}
+
 // memState puts state in sandbox id that lives only in its memory: a 4
 // MiB file of random bytes in /dev/shm (its MD5 returned) and a process
 // holding a random secret (startKeeperOn; its pid and secret returned).
@@ -403,13 +417,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	objs := s3.Open("fleet")
 	gated := &gatedStore{Store: objs, entered: make(chan struct{}, 1)}
 	open, cs := storeHost(t, gated)
-	a := open()
-	a.Recover(ctxT(t))
-	sb, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), sb.ID) })
+	a, sb := sourceSandbox(t, open)
 	shOn(t, a, sb.ID, "echo kept > /root/p.txt")
 	sum, keeper, secret := memState(t, a, sb.ID)
 	noPausedState := func() bool {

@@ -239,13 +239,7 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 	s3 := s3test.Start(t)
 	objs := s3.Open("gc")
 	open, cs := storeHost(t, objs)
-	a := open()
-	a.Recover(ctxT(t))
-	src, err := a.Create(ctxT(t), CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
+	a, src := sourceSandbox(t, open)
 	shOn(t, a, src.ID, "head -c 4194304 /dev/urandom > /dev/shm/own") // chunks of its own
 	snap := snapOn(t, a, src.ID)
 	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },

@@ -528,16 +528,24 @@ func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, packError(req.SnapshotID, c.transportError(ctx, err), src)
 	}
+	return c.packCreated(ctx, res, req.SnapshotID, func(err error) error { return packError(req.SnapshotID, err, src) })
+}
+
+// packCreated is the answer res to a pack and create of snapshot id
+// (…/pack/create, …/pack/pull): the sandbox and the snapshot, or the
+// create's error with the snapshot kept if the answer says so, or the
+// receive's error (passed through recvErr).
+func (c *Client) packCreated(ctx context.Context, res *http.Response, id string, recvErr func(error) error) (host.Info, host.SnapshotInfo, error) {
 	defer res.Body.Close()
 	if res.StatusCode/100 != 2 {
 		if res.Header.Get(headerSnapshotKept) == "true" {
-			return host.Info{}, host.SnapshotInfo{ID: req.SnapshotID}, readError(res) // the create's
+			return host.Info{}, host.SnapshotInfo{ID: id}, readError(res) // the create's
 		}
-		return host.Info{}, host.SnapshotInfo{}, packError(req.SnapshotID, readError(res), src)
+		return host.Info{}, host.SnapshotInfo{}, recvErr(readError(res))
 	}
 	var out packCreateResponse
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
-		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s and create: %w", req.SnapshotID, err))
+		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s and create: %w", id, err))
 	}
 	out.Snapshot.Capture = capture(out.Snapshot.Capture)
 	return out.Sandbox, out.Snapshot, nil
@@ -576,19 +584,7 @@ func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, err)
 	}
-	defer res.Body.Close()
-	if res.StatusCode/100 != 2 {
-		if res.Header.Get(headerSnapshotKept) == "true" {
-			return host.Info{}, host.SnapshotInfo{ID: req.SnapshotID}, readError(res) // the create's
-		}
-		return host.Info{}, host.SnapshotInfo{}, readError(res)
-	}
-	var out packCreateResponse
-	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
-		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("pull snapshot %s and create: %w", req.SnapshotID, err))
-	}
-	out.Snapshot.Capture = capture(out.Snapshot.Capture)
-	return out.Sandbox, out.Snapshot, nil
+	return c.packCreated(ctx, res, req.SnapshotID, func(err error) error { return err })
 }
 
 // packError is err of a request that streamed the pack src of snapshot

@@ -243,17 +243,22 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	if _, kept, err := sendCreate(host.CreateRequest{SnapshotID: id2}, 64<<10); !errors.Is(err, host.ErrCorrupt) || kept.ID != "" {
 		t.Errorf("pack cut short, with a create: %v, kept %q; want host.ErrCorrupt, nothing kept", err, kept.ID)
 	}
-	made, si2, err := sendCreate(host.CreateRequest{SnapshotID: id2}, 0)
-	if err != nil {
-		t.Fatalf("pack and create A → B: %v", err)
+	// made checks a child made from capture id as its pack arrived.
+	made := func(what, id string, child host.Info, si host.SnapshotInfo, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s A → B: %v", what, err)
+		}
+		t.Cleanup(func() { hostB.Kill(context.Background(), child.ID) })
+		if si.ID != id || si.FetchedBytes <= 0 || child.State != lifecycle.Running {
+			t.Errorf("%s: snapshot %+v, sandbox %+v", what, si, child)
+		}
+		if got := mustRun(t, hostB, child.ID, "cat /root/d"); got != "direct\n" {
+			t.Errorf("child made by %s reads %q, want %q", what, got, "direct\n")
+		}
 	}
-	t.Cleanup(func() { hostB.Kill(context.Background(), made.ID) })
-	if si2.ID != id2 || si2.FetchedBytes <= 0 || made.State != lifecycle.Running {
-		t.Errorf("pack and create: snapshot %+v, sandbox %+v", si2, made)
-	}
-	if got := mustRun(t, hostB, made.ID, "cat /root/d"); got != "direct\n" {
-		t.Errorf("child made as its pack arrived reads %q, want %q", got, "direct\n")
-	}
+	child, si2, err := sendCreate(host.CreateRequest{SnapshotID: id2}, 0)
+	made("pack and create", id2, child, si2, err)
 	id3 := capture()
 	bad := host.CreateRequest{SnapshotID: id3, Network: network.Policy{AllowOut: []string{"not an address"}}}
 	if _, kept, err := sendCreate(bad, 0); !errors.Is(err, host.ErrInvalid) || kept.ID != id3 {
@@ -307,17 +312,8 @@ func TestSnapshotGoesDirect(t *testing.T) {
 			t.Errorf("pull with %s: %v, kept %q; want host.ErrUnavailable, nothing kept", tc.what, err, kept.ID)
 		}
 	}
-	pulled, si4, err := hostB.PullAndCreate(ctx, host.CreateRequest{SnapshotID: id4}, from)
-	if err != nil {
-		t.Fatalf("pull and create A → B: %v", err)
-	}
-	t.Cleanup(func() { hostB.Kill(context.Background(), pulled.ID) })
-	if si4.ID != id4 || si4.FetchedBytes <= 0 || pulled.State != lifecycle.Running {
-		t.Errorf("pull and create: snapshot %+v, sandbox %+v", si4, pulled)
-	}
-	if got := mustRun(t, hostB, pulled.ID, "cat /root/d"); got != "direct\n" {
-		t.Errorf("child made from a pulled pack reads %q, want %q", got, "direct\n")
-	}
+	child, si4, err := hostB.PullAndCreate(ctx, host.CreateRequest{SnapshotID: id4}, from)
+	made("pull and create", id4, child, si4, err)
 }
 
 // TestStoredUserTemplates: the host API lists the user template versions
