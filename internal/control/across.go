@@ -289,12 +289,9 @@ const packTicketTTL = 2 * time.Minute
 // (the hosts cannot reach each other, an older agent) is not tried, and
 // the caller relays the pack.
 func (p *Plane) pullCreate(ctx context.Context, dsrc host.DirectTransferer, h host.Host, hid string, req host.CreateRequest) (n int64, tried bool, cerr, err error) {
-	ps, ok := dsrc.(host.PackSourcer)
-	if !ok {
-		return 0, false, nil, nil
-	}
-	pp, ok := h.(host.PackPuller)
-	if !ok {
+	ps, sourcer := dsrc.(host.PackSourcer)
+	pp, puller := h.(host.PackPuller)
+	if !sourcer || !puller {
 		return 0, false, nil, nil
 	}
 	from, ok := ps.PackSource(req.SnapshotID, packTicketTTL)

@@ -784,19 +784,33 @@ func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	hreq := req.host()
 	hreq.SnapshotID = chi.URLParam(r, "snapID")
-	info, si, err := s.a.ReceiveAndCreate(r.Context(), hreq, body)
+	s.createFromPack(w, r, hreq, body, body)
+}
+
+// createFromPack creates sandbox hreq from pack (agent.ReceiveAndCreate)
+// and answers the sandbox and the snapshot, or the error, saying whether
+// the snapshot was kept. body, if not nil, is the request body the pack
+// comes in: read to its end before the answer, or the connection closed
+// after it if the pack was refused unread.
+func (s *Server) createFromPack(w http.ResponseWriter, r *http.Request, hreq host.CreateRequest, pack io.Reader, body io.Reader) {
+	info, si, err := s.a.ReceiveAndCreate(r.Context(), hreq, pack)
 	if err != nil {
 		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		if si.ID != "" {
-			w.Header().Set(headerSnapshotKept, "true")
-			endBody(w, body) // the pack was read to its trailer
-			writeError(w, err)
+		if si.ID == "" && body != nil {
+			writeErrorUnread(w, err)
 			return
 		}
-		writeErrorUnread(w, err)
+		if si.ID != "" {
+			w.Header().Set(headerSnapshotKept, "true")
+		}
+	}
+	if body != nil {
+		endBody(w, body) // the pack was read to its trailer
+	}
+	if err != nil {
+		writeError(w, err)
 		return
 	}
-	endBody(w, body)
 	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
 }
 
@@ -825,16 +839,7 @@ func (s *Server) pullPackCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer rc.Close()
-	info, si, err := s.a.ReceiveAndCreate(r.Context(), hreq, rc)
-	if err != nil {
-		s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		if si.ID != "" {
-			w.Header().Set(headerSnapshotKept, "true")
-		}
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
+	s.createFromPack(w, r, hreq, rc, nil)
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
