@@ -29,8 +29,11 @@ bin/panda: $(GOFILES) $(CONSOLE)
 # esbuild) into internal/console/dist, which bin/panda embeds. Its npm
 # packages are pinned by web/console/package-lock.json and installed with
 # npm ci from the npm registry when the lock file changes; the bundle is
-# rebuilt when a source changes. Without Node.js, setup.sh deps installs it
-# (Debian's). The bundle is not committed: see docs/architecture.md.
+# rebuilt when a source changes. package.json's allowScripts lets esbuild's
+# install script (it checks its platform binary) run, the one script among
+# them: npm 11 warns of unlisted ones, npm 12 skips them. Without Node.js,
+# setup.sh deps installs it (Debian's). The bundle is not committed: see
+# docs/architecture.md.
 
 console: $(CONSOLE)
 
