@@ -153,39 +153,8 @@ func TestDirectTransfer(t *testing.T) {
 // and is not recovered with one (Recover would adopt the store's copy at
 // once), which leaves it as that race does.
 func TestDirectTransferOtherBake(t *testing.T) {
-	s3 := s3test.Start(t)
-	withStore := false
-	csB, err := chunkstore.New(s3.Open("fleet"), chunkstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, openB := restartableWith(t, func(c *Config) {
-		if withStore {
-			c.Store, c.StoreRetry = csB, 100*time.Millisecond
-		}
-	})
-	b := openB()
-	b.Recover(ctxT(t))
-	own, err := b.templates.Get(ctxT(t), b.TemplateParams("", 0, 0), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.Close()
-
-	openA, csA := storeHost(t, s3.Open("fleet"))
-	a, src := sourceSandbox(t, openA)
+	a, src, b, _ := otherBakes(t)
 	tA, _ := a.templates.ByKey(src.Template)
-	waitFor(t, func() string { return "A's template in the store" }, func() bool {
-		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
-		var meta template.Meta
-		return err == nil && json.Unmarshal(m.Meta, &meta) == nil && meta.BootID == tA.BootID
-	})
-	withStore = true
-	b = openB()
-	if tB, _ := b.templates.ByKey(src.Template); tB == nil || tB.BootID != own.BootID || tB.BootID == tA.BootID {
-		t.Fatalf("B's copy of %s: %+v, want its own bake %s (A's: %s)", src.Template, tB, own.BootID, tA.BootID)
-	}
-
 	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
 	id, pack := capturePack(t, a, b, src.ID)
 	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
@@ -205,6 +174,72 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "from-a\n" {
 		t.Errorf("child on B reads %q, want %q", got, "from-a\n")
 	}
+}
+
+// TestTemplateUploadedAtOnce: two hosts that baked a template at once
+// both found none in the store and upload their own; the first upload
+// to land is the fleet's copy, and the other host adopts it instead of
+// replacing it (its manifest is put only where there is none).
+func TestTemplateUploadedAtOnce(t *testing.T) {
+	a, src, b, csB := otherBakes(t)
+	tA, _ := a.templates.ByKey(src.Template)
+	tB, _ := b.templates.ByKey(src.Template)
+	// B checked the store before A's upload landed: it uploads its own.
+	if err := b.uploadTemplate(ctxT(t), tB, true); err != nil {
+		t.Fatalf("B's upload of its own bake: %v", err)
+	}
+	m, err := csB.Manifest(ctxT(t), templateName(src.Template))
+	var meta template.Meta
+	if err != nil || json.Unmarshal(m.Meta, &meta) != nil || meta.BootID != tA.BootID {
+		t.Errorf("the store's copy after B's upload: boot %q (%v), want A's %s, the first to land", meta.BootID, err, tA.BootID)
+	}
+	if got, ok := b.templates.ByKey(src.Template); !ok {
+		t.Errorf("B has no copy of %s after its upload lost, want A's bake", src.Template)
+	} else if got.BootID != tA.BootID {
+		t.Errorf("B's copy after its upload lost: boot %s, want A's bake %s", got.BootID, tA.BootID)
+	}
+}
+
+// otherBakes returns two agents sharing a real S3 server that hold
+// different bakes of one template: a, which baked it with the store and
+// uploaded it (with a sandbox src made from it), and b, which baked its
+// own before it had a store (not recovered since: it has not looked at
+// the store's copy yet), with b's chunkstore.
+func otherBakes(t *testing.T) (a *Agent, src Info, b *Agent, csB *chunkstore.Store) {
+	t.Helper()
+	s3 := s3test.Start(t)
+	withStore := false
+	csB, err := chunkstore.New(s3.Open("fleet"), chunkstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, openB := restartableWith(t, func(c *Config) {
+		if withStore {
+			c.Store, c.StoreRetry = csB, 100*time.Millisecond
+		}
+	})
+	b = openB()
+	b.Recover(ctxT(t))
+	own, err := b.templates.Get(ctxT(t), b.TemplateParams("", 0, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	openA, csA := storeHost(t, s3.Open("fleet"))
+	a, src = sourceSandbox(t, openA)
+	tA, _ := a.templates.ByKey(src.Template)
+	waitFor(t, func() string { return "A's template in the store" }, func() bool {
+		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
+		var meta template.Meta
+		return err == nil && json.Unmarshal(m.Meta, &meta) == nil && meta.BootID == tA.BootID
+	})
+	withStore = true
+	b = openB()
+	if tB, _ := b.templates.ByKey(src.Template); tB == nil || tB.BootID != own.BootID || tB.BootID == tA.BootID {
+		t.Fatalf("B's copy of %s: %+v, want its own bake %s (A's: %s)", src.Template, tB, own.BootID, tA.BootID)
+	}
+	return a, src, b, csB
 }
 
 // capturePack takes a transient capture of sandbox srcID on a, deleted

@@ -32,11 +32,15 @@ import (
 //     the seed) and fetches only the rest.
 //
 // The store's copy is the fleet's: hosts that baked a template at the
-// same time (each found none in the store) both upload it; the last
-// manifest written wins, and a host whose copy differs from the store's
-// replaces its own with it (template.Store.Adopt). A host checks when it
-// starts, after each bake and upload, and before each upload of a capture
-// (one read of the manifest). A set is not needed to restore anything:
+// same time (each found none in the store) both upload it, but only the
+// first manifest to land is written (a conditional put: the others'
+// uploads fail with objstore.ErrExists), and a host whose copy differs
+// from the store's replaces its own with it (template.Store.Adopt). A
+// host checks when it starts, after each bake and upload, before each
+// upload of a capture (one read of the manifest) and when it refuses a
+// pack made against another copy; on a store that cannot put
+// conditionally, the last manifest written wins and these checks
+// converge the hosts. A set is not needed to restore anything:
 // every capture's manifest lists all its chunks, template chunks
 // included, so a host without the template (or with another bake of it)
 // fetches them, and garbage collection keeps them while any manifest
@@ -164,14 +168,14 @@ func (a *Agent) syncTemplate(ctx context.Context, key string) error {
 	}
 	m, err := a.store.Manifest(ctx, templateName(key))
 	if errors.Is(err, objstore.ErrNotFound) {
-		return a.uploadTemplate(ctx, t)
+		return a.uploadTemplate(ctx, t, true)
 	}
 	if err != nil {
 		return err
 	}
 	var meta template.Meta
 	if json.Unmarshal(m.Meta, &meta) != nil || !a.templates.Fits(meta) {
-		return a.uploadTemplate(ctx, t) // the store's copy is stale
+		return a.uploadTemplate(ctx, t, false) // the store's copy is stale
 	}
 	if meta.BootID != t.BootID {
 		return a.adoptTemplate(ctx, t, meta)
@@ -187,8 +191,11 @@ func (a *Agent) syncTemplate(ctx context.Context, key string) error {
 
 // uploadTemplate stores this host's template t as templates/<key>, then
 // adopts the store's copy if another host's upload of the same template
-// replaced it meanwhile.
-func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template) error {
+// replaced it meanwhile. With first (the store held none), the manifest
+// is written only if there is still none (UploadOptions.IfAbsent): of
+// hosts that baked the template at once, the first upload to land is the
+// fleet's copy, and the others adopt it at once.
+func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first bool) error {
 	key := t.Key()
 	files := map[string]string{}
 	for _, f := range templateFiles {
@@ -199,23 +206,34 @@ func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template) error 
 		return err
 	}
 	t0 := time.Now()
-	m, st, err := a.store.UploadMeta(ctx, templateName(key), files, meta, nil)
-	if err != nil {
+	m, st, err := a.store.UploadWith(ctx, templateName(key), files, chunkstore.UploadOptions{Meta: meta, IfAbsent: first}, nil)
+	lost := errors.Is(err, objstore.ErrExists)
+	switch {
+	case lost:
+		a.log.Info("template: another host's upload of it landed first", "template", key, "boot_id", t.BootID)
+	case err != nil:
 		return err
-	}
-	a.log.Info("template durable in the object store", "template", key, "boot_id", t.BootID, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
-		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
-	if err := a.templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
-		a.log.Warn("template chunk index", "template", key, "err", err)
+	default:
+		a.log.Info("template durable in the object store", "template", key, "boot_id", t.BootID, "dur_ms", time.Since(t0).Milliseconds(),
+			"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
+			"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
+		if err := a.templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
+			a.log.Warn("template chunk index", "template", key, "err", err)
+		}
 	}
 	now, err := a.store.Manifest(ctx, templateName(key))
 	if err != nil {
+		if lost {
+			return err // the sync is retried
+		}
 		return nil // checked again before the next upload of a capture
 	}
 	var got template.Meta
 	if json.Unmarshal(now.Meta, &got) == nil && got.BootID != t.BootID && a.templates.Fits(got) {
 		return a.adoptTemplate(ctx, t, got)
+	}
+	if lost {
+		return fmt.Errorf("template %s: the object store's copy (boot %s) is not one this host can use", key, got.BootID) // the sync is retried: it replaces a stale copy
 	}
 	return nil
 }

@@ -301,12 +301,18 @@ func validHash(h string) bool {
 	return len(h) == 64 && err == nil && strings.ToLower(h) == h
 }
 
-func (s *Store) putManifest(ctx context.Context, m *Manifest) error {
+// putManifest writes m; with ifAbsent only if the store holds no manifest
+// of its name (objstore.ErrExists), where the store can tell.
+func (s *Store) putManifest(ctx context.Context, m *Manifest, ifAbsent bool) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	if err := s.objs.Put(ctx, manifestKey(m.Name), bytes.NewReader(b), int64(len(b))); err != nil {
+	put := s.objs.Put
+	if c, ok := s.objs.(objstore.Creator); ok && ifAbsent {
+		put = c.Create
+	}
+	if err := put(ctx, manifestKey(m.Name), bytes.NewReader(b), int64(len(b))); err != nil {
 		return fmt.Errorf("write manifest %s: %w", m.Name, err)
 	}
 	return nil

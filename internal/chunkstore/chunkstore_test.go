@@ -540,3 +540,43 @@ func untimed(st Stats) Stats {
 	st.SetupDur, st.ChunksDur, st.ManifestDur = 0, 0, 0
 	return st
 }
+
+// An upload IfAbsent writes its manifest only where the set is not:
+// of two hosts uploading a set at once, the first one's stays.
+func TestUploadIfAbsent(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		f := filepath.Join(t.TempDir(), "f")
+		writeSparseFile(t, f, 3*cs, 1, [2]int64{0, 3 * cs})
+		g := filepath.Join(t.TempDir(), "f")
+		writeSparseFile(t, g, 3*cs, 2, [2]int64{0, 3 * cs})
+		first, _, err := s.UploadWith(ctx, "templates/x", map[string]string{"f": f}, UploadOptions{Meta: json.RawMessage(`{"boot":"a"}`), IfAbsent: true}, nil)
+		if err != nil {
+			t.Fatalf("first upload: %v", err)
+		}
+		_, _, err = s.UploadWith(ctx, "templates/x", map[string]string{"f": g}, UploadOptions{Meta: json.RawMessage(`{"boot":"b"}`), IfAbsent: true}, nil)
+		if !errors.Is(err, objstore.ErrExists) {
+			t.Errorf("second upload IfAbsent: %v, want ErrExists", err)
+		}
+		m, err := s.Manifest(ctx, "templates/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Meta) != `{"boot":"a"}` || m.Files[0].Chunks[0] != first.Files[0].Chunks[0] {
+			t.Errorf("after the refused upload the set is %s (chunk 0 %s), want the first's", m.Meta, m.Files[0].Chunks[0])
+		}
+		dst := t.TempDir()
+		if _, err := s.Download(ctx, "templates/x", dst); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := os.ReadFile(f)
+		sameFile(t, filepath.Join(dst, "f"), want)
+		// Without IfAbsent the upload replaces the set.
+		if _, _, err := s.UploadWith(ctx, "templates/x", map[string]string{"f": g}, UploadOptions{Meta: json.RawMessage(`{"boot":"b"}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := s.Manifest(ctx, "templates/x"); err != nil || string(m.Meta) != `{"boot":"b"}` {
+			t.Errorf("after a plain upload: %v, %v; want the set replaced", m, err)
+		}
+	})
+}

@@ -79,6 +79,14 @@ type UploadOptions struct {
 	// every object a manifest names is in the store and stays there until
 	// the upload ends (see GC). A set that cannot be read is ignored.
 	Known []string
+	// IfAbsent writes the manifest only if the store holds no set of this
+	// name: otherwise the upload fails with an error wrapping
+	// objstore.ErrExists and leaves the set as it was (the chunks it
+	// stored are GC's, unless the set that is there names them). Hosts
+	// uploading one set at once so agree on the first. A store that is no
+	// objstore.Creator (or an S3 server that ignores conditional PUTs)
+	// replaces the set, as without IfAbsent.
+	IfAbsent bool
 }
 
 // UploadWith is Upload with options.
@@ -223,7 +231,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 			m.Version = manifestVersionDelta
 		}
 	}
-	if err := s.putManifest(ctx, m); err != nil {
+	if err := s.putManifest(ctx, m, opts.IfAbsent); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
 	}
 	u.st.ManifestDur = time.Since(t2)

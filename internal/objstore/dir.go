@@ -76,7 +76,7 @@ func classify(op, key string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case op == "put" && (errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR)):
+	case (op == "put" || op == "create") && (errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR)):
 		// A key below another object's key, or one whose key is also a
 		// directory of other keys: a file system cannot hold both.
 		return fmt.Errorf("%s %s: %w: an object and a directory of objects cannot share a name in a directory store", op, key, ErrInvalidKey)
@@ -89,53 +89,84 @@ func classify(op, key string, err error) error {
 	}
 }
 
-func (d *Dir) Put(ctx context.Context, key string, r io.Reader, size int64) (err error) {
+var _ Creator = (*Dir)(nil)
+
+func (d *Dir) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	return d.put(ctx, "put", key, r, size, false)
+}
+
+// Create links the object into place (link(2) does not replace an
+// existing name, as rename(2) does).
+func (d *Dir) Create(ctx context.Context, key string, r io.Reader, size int64) error {
+	if size > MaxCreate {
+		return fmt.Errorf("create %s: %d bytes, more than %d", key, size, MaxCreate)
+	}
+	return d.put(ctx, "create", key, r, size, true)
+}
+
+// put writes the object to a temporary file, flushes it and moves it into
+// place: renamed over any object of that key, or with excl linked only if
+// there is none (ErrExists).
+func (d *Dir) put(ctx context.Context, op, key string, r io.Reader, size int64, excl bool) (err error) {
 	p, err := d.path(key)
 	if err != nil {
-		return fmt.Errorf("put: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	if size < 0 {
-		return fmt.Errorf("put %s: negative size %d", key, size)
+		return fmt.Errorf("%s %s: negative size %d", op, key, size)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+		return fmt.Errorf("%s %s: %w", op, key, err)
 	}
 	f, err := os.CreateTemp(filepath.Join(d.root, tmpDir), "put-*")
 	if err != nil {
-		return classify("put", key, err)
+		return classify(op, key, err)
 	}
+	linked := false
 	defer func() {
 		if err != nil {
 			f.Close()
+		}
+		if err != nil || linked {
 			os.Remove(f.Name())
 		}
 	}()
 	// One byte more than size shows a reader that is too long.
 	n, err := io.Copy(f, io.LimitReader(ctxReader{ctx, r}, size+1))
 	if err != nil {
-		return classify("put", key, err)
+		return classify(op, key, err)
 	}
 	if n != size {
-		return fmt.Errorf("put %s: reader has %s bytes, size says %d", key, countText(n, size), size)
+		return fmt.Errorf("%s %s: reader has %s bytes, size says %d", op, key, countText(n, size), size)
 	}
 	if err := f.Sync(); err != nil {
-		return classify("put", key, err)
+		return classify(op, key, err)
 	}
 	if err := f.Close(); err != nil {
-		return classify("put", key, err)
+		return classify(op, key, err)
 	}
 	parent := filepath.Dir(p)
 	made, err := mkdirs(d.root, parent)
 	if err != nil {
-		return classify("put", key, err)
+		return classify(op, key, err)
 	}
-	if err := os.Rename(f.Name(), p); err != nil {
-		return classify("put", key, err)
+	if excl {
+		if err := os.Link(f.Name(), p); errors.Is(err, fs.ErrExist) {
+			if fi, serr := os.Stat(p); serr == nil && fi.IsDir() {
+				return classify(op, key, syscall.EISDIR)
+			}
+			return fmt.Errorf("%s %s: %w", op, key, ErrExists)
+		} else if err != nil {
+			return classify(op, key, err)
+		}
+		linked = true
+	} else if err := os.Rename(f.Name(), p); err != nil {
+		return classify(op, key, err)
 	}
 	// Flush the entry of the object and of every directory made for it.
 	for _, dir := range append([]string{parent}, made...) {
 		if err := syncDir(dir); err != nil {
-			return classify("put", key, err)
+			return classify(op, key, err)
 		}
 	}
 	return nil

@@ -35,6 +35,8 @@ var (
 	ErrUnavailable  = errors.New("object store unavailable")
 	ErrInvalidKey   = errors.New("invalid object key")
 	ErrInvalidRange = errors.New("invalid range")
+	// ErrExists: Create found the key taken.
+	ErrExists = errors.New("object exists")
 )
 
 // Info describes one stored object.
@@ -73,6 +75,22 @@ type Store interface {
 	// String names the store for logs and messages (no credentials).
 	String() string
 }
+
+// Creator is a Store that can put an object only where there is none, in
+// one step: of hosts creating the same key at once, one succeeds and the
+// others get ErrExists. Dir and S3 are Creators. (An S3-compatible server
+// that ignores a conditional PUT's If-None-Match replaces the object
+// instead, as Put does: callers must still work then, only with a wider
+// window for a race.)
+type Creator interface {
+	// Create is Put of an object of at most MaxCreate bytes that stores
+	// nothing and returns an error wrapping ErrExists if key exists.
+	Create(ctx context.Context, key string, r io.Reader, size int64) error
+}
+
+// MaxCreate bounds the size of an object put with Create (one request on
+// S3: conditional multipart uploads are not asked of every server).
+const MaxCreate = 64 << 20
 
 // Exists reports whether key exists in s; only errors other than
 // ErrNotFound are returned.

@@ -8,7 +8,9 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,6 +225,55 @@ func TestConformance(t *testing.T) {
 			}
 			if got := listKeys(t, s, "w/"); len(got) != 0 {
 				t.Errorf("after failed Puts, List(w/) = %v, want none", got)
+			}
+		})
+		t.Run("create only where there is none", func(t *testing.T) {
+			c, ok := s.(objstore.Creator)
+			if !ok {
+				t.Fatalf("%T is no Creator", s)
+			}
+			if err := c.Create(ctx, "c/one", bytes.NewReader([]byte("first")), 5); err != nil {
+				t.Fatalf("Create of a new key: %v", err)
+			}
+			if err := c.Create(ctx, "c/one", bytes.NewReader([]byte("second")), 6); !errors.Is(err, objstore.ErrExists) {
+				t.Errorf("Create of a taken key = %v, want ErrExists", err)
+			}
+			if got := get(t, s, "c/one"); string(got) != "first" {
+				t.Errorf("after a refused Create the object holds %q, want the first", got)
+			}
+			if err := c.Create(ctx, "c/short", bytes.NewReader([]byte("ab")), 3); err == nil {
+				t.Errorf("Create of 2 bytes with size 3 succeeded")
+			}
+			// Of many hosts creating one key at once, exactly one wins
+			// and the object is the winner's.
+			const n = 8
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					errs[i] = c.Create(ctx, "c/race", bytes.NewReader([]byte{byte('a' + i)}), 1)
+				})
+			}
+			wg.Wait()
+			won := -1
+			for i, err := range errs {
+				switch {
+				case err == nil && won >= 0:
+					t.Errorf("Create by %d and by %d both succeeded", won, i)
+				case err == nil:
+					won = i
+				case !errors.Is(err, objstore.ErrExists):
+					t.Errorf("Create by %d: %v, want nil or ErrExists", i, err)
+				}
+			}
+			if won < 0 {
+				t.Fatalf("no Create succeeded: %v", errs)
+			}
+			if got := get(t, s, "c/race"); string(got) != string(rune('a'+won)) {
+				t.Errorf("c/race holds %q, want the winner's %q", got, string(rune('a'+won)))
+			}
+			if got := listKeys(t, s, "c/"); !slices.Equal(got, []string{"c/one", "c/race"}) {
+				t.Errorf("List(c/) = %v, want c/one and c/race only", got)
 			}
 		})
 		t.Run("invalid keys", func(t *testing.T) {

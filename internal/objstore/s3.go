@@ -159,6 +159,34 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	return nil
 }
 
+var _ Creator = (*S3)(nil)
+
+// Create is a conditional PUT (If-None-Match: *): 412 Precondition
+// Failed if the key exists.
+func (s *S3) Create(ctx context.Context, key string, r io.Reader, size int64) error {
+	if err := ValidKey(key); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	if size < 0 || size > MaxCreate {
+		return fmt.Errorf("create %s: %d bytes: want 0 to %d", key, size, MaxCreate)
+	}
+	cr := &countReader{r: r}
+	opts := minio.PutObjectOptions{DisableMultipart: true}
+	opts.SetMatchETagExcept("*")
+	_, err := s.client.PutObject(ctx, s.bucket, s.prefix+key, io.LimitReader(cr, size), size, opts)
+	if resp := minio.ToErrorResponse(err); resp.StatusCode == http.StatusPreconditionFailed || resp.Code == "PreconditionFailed" {
+		return fmt.Errorf("create %s: %w", key, ErrExists)
+	}
+	if err != nil {
+		return classifyS3("create", key, err)
+	}
+	if n, _ := io.ReadFull(cr, make([]byte, 1)); n > 0 {
+		s.Delete(ctx, key)
+		return fmt.Errorf("create %s: reader has more than %d bytes", key, size)
+	}
+	return nil
+}
+
 type countReader struct {
 	r io.Reader
 	n int64
