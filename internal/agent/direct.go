@@ -123,6 +123,7 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	seeds, release := a.templateSeeds(ctx, si.Template)
 	defer release()
 	if h.Base != "" && len(seeds) == 0 {
+		a.startTemplateFetch(si.Template, si.Spec) // for the next pack
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, template.ErrNotFound, si.Template)
 	}
 	tmp := dir + fetchSuffix

@@ -176,6 +176,45 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	}
 }
 
+// TestDirectTransferFetchesTemplate: a host sent a pack of a capture whose
+// template it lacks refuses it, and fetches that template from the store
+// (never bakes it), so that the next pack comes in.
+func TestDirectTransferFetchesTemplate(t *testing.T) {
+	s3 := s3test.Start(t)
+	openA, csA := storeHost(t, s3.Open("fleet"))
+	a, src := sourceSandbox(t, openA)
+	tA, _ := a.templates.ByKey(src.Template)
+	waitFor(t, func() string { return "A's template in the store" }, func() bool {
+		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
+		return err == nil && m != nil
+	})
+	openB, _ := storeHost(t, s3.Open("fleet"))
+	b := openB()
+	b.Recover(ctxT(t))
+	if _, ok := b.templates.ByKey(src.Template); ok {
+		t.Fatalf("B holds %s before any pack", src.Template)
+	}
+	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
+	id, pack := capturePack(t, a, b, src.ID)
+	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
+		t.Fatalf("pack to a host without its template: %v, want template.ErrNotFound", err)
+	}
+	waitFor(t, func() string { return "B fetching " + src.Template + " from the store" }, func() bool {
+		tB, ok := b.templates.ByKey(src.Template)
+		return ok && tB.BootID == tA.BootID
+	})
+	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); err != nil {
+		t.Fatalf("the same pack once B fetched the template: %v", err)
+	}
+	child, err := createFrom(t, b, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "from-a\n" {
+		t.Errorf("child on B reads %q, want %q", got, "from-a\n")
+	}
+}
+
 // TestTemplateUploadedAtOnce: two hosts that baked a template at once
 // both found none in the store and upload their own; the first upload
 // to land is the fleet's copy, and the other host adopts it instead of

@@ -71,7 +71,7 @@ type storeRecord struct {
 
 // job is one background upload or store delete of a set.
 type job struct {
-	kind   string // jobUpload or jobDelete
+	kind   string // jobUpload, jobDelete, jobFetch or jobGC
 	cancel context.CancelFunc
 	done   chan struct{}
 	prev   *job // the job of the same set it was chained after (nil: none)
@@ -81,6 +81,7 @@ type job struct {
 const (
 	jobUpload = "upload"
 	jobDelete = "delete"
+	jobFetch  = "fetch" // of a template (startTemplateFetch)
 	jobGC     = "gc" // of key gcKey
 )
 

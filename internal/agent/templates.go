@@ -12,6 +12,7 @@ import (
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 // Templates in the object store (Config.Store; docs/storage.md).
@@ -154,6 +155,40 @@ func (a *Agent) startTemplateSync(key string, after bool) {
 	defer a.upMu.Unlock()
 	a.startJobLocked(templateName(key), jobUpload, "keep template in the object store", after, func(ctx context.Context) error {
 		return a.syncTemplate(ctx, key)
+	})
+}
+
+// startTemplateFetch fetches template key (of a capture whose machine
+// spec is spec) from the object store in the background if this host
+// holds no fresh copy of it: a host that was sent a capture of a template
+// it lacks (a cross-host fork's pack, refused: it had nothing to take the
+// unsent chunks from) then holds the fleet's copy for the next one, which
+// comes straight from host to host instead of through the store. It only
+// fetches, never bakes: a copy of its own would not be the sender's. A
+// store without the template (or a user template deleted since) ends it.
+func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
+	p, ok := template.ParamsOfKey(key, spec.MemoryMiB, spec.VCPUs)
+	if a.store == nil || !ok {
+		return
+	}
+	a.upMu.Lock()
+	defer a.upMu.Unlock()
+	a.startJobLocked(templateName(key), jobFetch, "fetch template", false, func(ctx context.Context) error {
+		if t, ok := a.templates.ByKey(key); ok && a.templates.Fits(t.Meta) {
+			return nil
+		}
+		if err := a.replicateUserTemplate(ctx, p.Name, nil); err != nil {
+			return err
+		}
+		_, err := a.templates.Adopt(ctx, p)
+		if errors.Is(err, template.ErrNotFound) {
+			a.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
+			return nil
+		}
+		if err == nil {
+			a.log.Info("template fetched for the captures sent here", "template", key)
+		}
+		return err
 	})
 }
 

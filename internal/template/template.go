@@ -73,6 +73,21 @@ func (p Params) Key() string {
 	return fmt.Sprintf("%s-%dm-%dc", p.Name, p.MemoryMiB, p.VCPUs)
 }
 
+// ParamsOfKey returns the Params whose Key is key, given its memory and
+// vCPUs (a capture's machine spec: the key alone does not say where the
+// name ends); false if no valid Params has that key.
+func ParamsOfKey(key string, memoryMiB, vcpus int) (Params, bool) {
+	name, ok := strings.CutSuffix(key, fmt.Sprintf("-%dm-%dc", memoryMiB, vcpus))
+	if !ok {
+		return Params{}, false
+	}
+	if base, v, pinned := strings.Cut(name, ".v"); pinned {
+		name = base + ":" + v // a user template's version: names have no '.'
+	}
+	p := Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+	return p, p.Validate() == nil && p.Key() == key
+}
+
 // Limits on template parameters.
 const (
 	MinMemoryMiB = 128

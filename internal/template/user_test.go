@@ -405,3 +405,30 @@ func TestUserReplica(t *testing.T) {
 		t.Errorf("version directories left: %v", m)
 	}
 }
+
+// ParamsOfKey is Key's inverse, given the memory and vCPUs.
+func TestParamsOfKey(t *testing.T) {
+	for _, p := range []Params{{"base", 1024, 1}, {"my-app_2", 512, 4}, {"my-app:3", 256, 1}, {"a-1m-1c", 128, 2}} {
+		got, ok := ParamsOfKey(p.Key(), p.MemoryMiB, p.VCPUs)
+		if !ok || got != p {
+			t.Errorf("ParamsOfKey(%q, %d, %d) = %+v, %v; want %+v", p.Key(), p.MemoryMiB, p.VCPUs, got, ok, p)
+		}
+	}
+	for _, c := range []struct {
+		key       string
+		mem, cpus int
+	}{
+		{"base-1024m-1c", 512, 1},     // another size
+		{"base-1024m-1c", 1024, 2},    // other vCPUs
+		{"-1024m-1c", 1024, 1},        // no name
+		{"Base-1024m-1c", 1024, 1},    // not a name
+		{"app.v0-256m-1c", 256, 1},    // no version 0
+		{"app.vx-256m-1c", 256, 1},    // not a version
+		{"base-64m-1c", 64, 1},        // too little memory
+		{"app.v3.v4-256m-1c", 256, 1}, // two versions
+	} {
+		if p, ok := ParamsOfKey(c.key, c.mem, c.cpus); ok {
+			t.Errorf("ParamsOfKey(%q, %d, %d) = %+v, want none", c.key, c.mem, c.cpus, p)
+		}
+	}
+}
