@@ -165,7 +165,8 @@ func (a *Agent) startTemplateSync(key string, after bool) {
 // unsent chunks from) then holds the fleet's copy for the next one, which
 // comes straight from host to host instead of through the store. It only
 // fetches, never bakes: a copy of its own would not be the sender's. A
-// store without the template (or a user template deleted since) ends it.
+// store without the template (or a user template deleted since) ends it;
+// another failure is logged, and the next pack refused tries again.
 func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
 	p, ok := template.ParamsOfKey(key, spec.MemoryMiB, spec.VCPUs)
 	if a.store == nil || !ok {
@@ -177,18 +178,21 @@ func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
 		if t, ok := a.templates.ByKey(key); ok && a.templates.Fits(t.Meta) {
 			return nil
 		}
-		if err := a.replicateUserTemplate(ctx, p.Name, nil); err != nil {
-			return err
-		}
-		_, err := a.templates.Adopt(ctx, p)
-		if errors.Is(err, template.ErrNotFound) {
-			a.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
-			return nil
-		}
+		err := a.replicateUserTemplate(ctx, p.Name, nil)
 		if err == nil {
-			a.log.Info("template fetched for the captures sent here", "template", key)
+			_, err = a.templates.Adopt(ctx, p)
 		}
-		return err
+		switch {
+		case err == nil:
+			a.log.Info("template fetched for the captures sent here", "template", key)
+		case errors.Is(err, template.ErrNotFound):
+			a.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
+		case ctx.Err() == nil:
+			// Tried once, not retried: the next pack refused tries again
+			// (a full disk would otherwise be filled again and again).
+			a.log.Warn("fetch template for the captures sent here", "template", key, "err", err)
+		}
+		return nil
 	})
 }
 
