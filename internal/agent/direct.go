@@ -96,6 +96,17 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if !host.ValidID(id) {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot: %w: id %q must be lowercase letters and digits", ErrInvalid, id)
 	}
+	br := bufio.NewReaderSize(r, 1<<20)
+	h, err := chunkstore.ReadPackHeader(br)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %w", id, ErrCorrupt, err)
+	}
+	var si SnapshotInfo
+	if err := json.Unmarshal(h.Meta, &si); err != nil || si.ID != id {
+		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: the pack holds snapshot %q", id, ErrInvalid, si.ID)
+	}
+	a.awaitTemplate(ctx, h, si)
+	t0 := time.Now()
 	// One at a time, and never while a delete of it runs (fetchMu: as a
 	// download from the store).
 	a.fetchMu.Lock()
@@ -110,20 +121,9 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err := a.checkSpace(); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, err)
 	}
-	t0 := time.Now()
-	br := bufio.NewReaderSize(r, 1<<20)
-	h, err := chunkstore.ReadPackHeader(br)
-	if err != nil {
-		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %w", id, ErrCorrupt, err)
-	}
-	var si SnapshotInfo
-	if err := json.Unmarshal(h.Meta, &si); err != nil || si.ID != id {
-		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: the pack holds snapshot %q", id, ErrInvalid, si.ID)
-	}
 	seeds, release := a.templateSeeds(ctx, si.Template)
 	defer release()
 	if h.Base != "" && len(seeds) == 0 {
-		a.startTemplateFetch(si.Template, si.Spec) // for the next pack
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, template.ErrNotFound, si.Template)
 	}
 	tmp := dir + fetchSuffix
@@ -159,11 +159,8 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
 		switch {
 		case errors.Is(err, chunkstore.ErrPackBase):
-			// Two hosts that baked the template at once each uploaded
-			// their bake, and the one whose upload lost saw its own
-			// in the store (it looked before the other's landed): check
-			// now, and adopt the store's copy if this host's differs,
-			// so that the next pack from a host holding it comes here.
+			// This host's copy changed since awaitTemplate (or the store
+			// holds neither host's): check again for the next pack.
 			a.startTemplateSync(si.Template, false)
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, template.ErrNotFound, si.Template, err)
 		case errors.Is(err, chunkstore.ErrPack):
@@ -186,6 +183,54 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	out, err := a.GetSnapshot(id)
 	out.FetchedBytes = st.Bytes
 	return out, err
+}
+
+// packTemplateWait bounds how long a pack waits for this host to fetch
+// the template it was made against (awaitTemplate).
+const packTemplateWait = 30 * time.Second
+
+// awaitTemplate is called with the header of a pack of snapshot si: if
+// the pack was made against a template this host lacks, or holds another
+// bake of (hosts that baked it at once, before they converged), it has
+// this host fetch or adopt the object store's copy and waits for that,
+// for at most packTemplateWait, so that the pack can come in. Refused,
+// the capture would go through the store, whose download needs the same
+// template chunks and the capture's besides; taken, it comes straight,
+// and so do the next ones. It only fetches, never bakes (a bake of its
+// own would not be the sender's). The caller checks the template again:
+// a store without it (or holding another copy than the sender's) ends
+// the wait at once, and the pack is refused as before.
+func (a *Agent) awaitTemplate(ctx context.Context, h chunkstore.PackHeader, si SnapshotInfo) {
+	if h.Base == "" || a.store == nil {
+		return
+	}
+	seeds, release := a.templateSeeds(ctx, si.Template)
+	held := h.BaseHeld(seeds)
+	release()
+	if held {
+		return
+	}
+	if len(seeds) == 0 {
+		a.startTemplateFetch(si.Template, si.Spec)
+	} else {
+		a.startTemplateSync(si.Template, false)
+	}
+	a.upMu.Lock()
+	j := a.jobs[templateName(si.Template)]
+	a.upMu.Unlock()
+	if j == nil {
+		return
+	}
+	t0 := time.Now()
+	t := time.NewTimer(packTemplateWait)
+	defer t.Stop()
+	select {
+	case <-j.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	a.log.Info("a pack waited for this host to fetch its template", "snapshot_id", si.ID, "template", si.Template,
+		"waited_ms", time.Since(t0).Milliseconds())
 }
 
 // ReceiveAndCreate receives a pack of snapshot req.SnapshotID from r, as

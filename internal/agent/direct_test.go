@@ -155,17 +155,29 @@ func TestDirectTransfer(t *testing.T) {
 func TestDirectTransferOtherBake(t *testing.T) {
 	a, src, b, _ := otherBakes(t)
 	tA, _ := a.templates.ByKey(src.Template)
+	// A pack from B, made against B's bake, which the store does not
+	// hold: A keeps the store's copy and refuses it.
+	onB, err := b.Create(ctxT(t), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Kill(context.Background(), onB.ID) })
+	idB, packB := capturePack(t, b, a, onB.ID)
+	if _, err := a.ReceiveSnapshot(ctxT(t), idB, bytes.NewReader(packB)); !errors.Is(err, template.ErrNotFound) {
+		t.Fatalf("pack made against a bake the store does not hold: %v, want template.ErrNotFound", err)
+	}
+	if got, _ := a.templates.ByKey(src.Template); got == nil || got.BootID != tA.BootID {
+		t.Errorf("A's copy after refusing B's pack: boot %q, want A's own bake %s, the store's", bootOf(got), tA.BootID)
+	}
+	// A pack from A, made against the store's copy: B adopts that copy
+	// while the pack waits, and takes it.
 	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
 	id, pack := capturePack(t, a, b, src.ID)
-	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
-		t.Fatalf("pack from another bake of the template: %v, want template.ErrNotFound", err)
-	}
-	waitFor(t, func() string { return "B adopting the store's copy of " + src.Template }, func() bool {
-		tB, _ := b.templates.ByKey(src.Template)
-		return tB != nil && tB.BootID == tA.BootID
-	})
 	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); err != nil {
-		t.Fatalf("the same pack once B adopted the store's copy: %v", err)
+		t.Fatalf("pack made against the store's copy, to a host holding another bake: %v", err)
+	}
+	if tB, ok := b.templates.ByKey(src.Template); !ok || tB.BootID != tA.BootID {
+		t.Errorf("B's copy after the pack: boot %q, want the store's (A's bake %s)", bootOf(tB), tA.BootID)
 	}
 	child, err := createFrom(t, b, id)
 	if err != nil {
@@ -177,8 +189,9 @@ func TestDirectTransferOtherBake(t *testing.T) {
 }
 
 // TestDirectTransferFetchesTemplate: a host sent a pack of a capture whose
-// template it lacks refuses it, and fetches that template from the store
-// (never bakes it), so that the next pack comes in.
+// template it lacks fetches that template from the store (never bakes
+// it) while the pack waits, and takes the pack; a host whose store lacks
+// the template refuses it at once.
 func TestDirectTransferFetchesTemplate(t *testing.T) {
 	s3 := s3test.Start(t)
 	openA, csA := storeHost(t, s3.Open("fleet"))
@@ -188,23 +201,32 @@ func TestDirectTransferFetchesTemplate(t *testing.T) {
 		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
 		return err == nil && m != nil
 	})
+	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
+
+	// Another fleet's host: its store has no such template.
+	openC, _ := storeHost(t, s3.Open("elsewhere"))
+	c := openC()
+	c.Recover(ctxT(t))
+	idC, packC := capturePack(t, a, c, src.ID)
+	if _, err := c.ReceiveSnapshot(ctxT(t), idC, bytes.NewReader(packC)); !errors.Is(err, template.ErrNotFound) {
+		t.Fatalf("pack to a host whose store lacks its template: %v, want template.ErrNotFound", err)
+	}
+	if _, ok := c.templates.ByKey(src.Template); ok {
+		t.Errorf("a host whose store lacks %s holds it after refusing the pack (baked it?)", src.Template)
+	}
+
 	openB, _ := storeHost(t, s3.Open("fleet"))
 	b := openB()
 	b.Recover(ctxT(t))
 	if _, ok := b.templates.ByKey(src.Template); ok {
 		t.Fatalf("B holds %s before any pack", src.Template)
 	}
-	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
 	id, pack := capturePack(t, a, b, src.ID)
-	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
-		t.Fatalf("pack to a host without its template: %v, want template.ErrNotFound", err)
-	}
-	waitFor(t, func() string { return "B fetching " + src.Template + " from the store" }, func() bool {
-		tB, ok := b.templates.ByKey(src.Template)
-		return ok && tB.BootID == tA.BootID
-	})
 	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); err != nil {
-		t.Fatalf("the same pack once B fetched the template: %v", err)
+		t.Fatalf("pack to a host without its template: %v", err)
+	}
+	if tB, ok := b.templates.ByKey(src.Template); !ok || tB.BootID != tA.BootID {
+		t.Errorf("B's copy of %s after the pack: boot %q, want A's bake %s, fetched", src.Template, bootOf(tB), tA.BootID)
 	}
 	child, err := createFrom(t, b, id)
 	if err != nil {
@@ -237,6 +259,14 @@ func TestTemplateUploadedAtOnce(t *testing.T) {
 	} else if got.BootID != tA.BootID {
 		t.Errorf("B's copy after its upload lost: boot %s, want A's bake %s", got.BootID, tA.BootID)
 	}
+}
+
+// bootOf is t's boot id; "" for none.
+func bootOf(t *template.Template) string {
+	if t == nil {
+		return ""
+	}
+	return t.BootID
 }
 
 // otherBakes returns two agents sharing a real S3 server that hold

@@ -160,13 +160,13 @@ func (a *Agent) startTemplateSync(key string, after bool) {
 
 // startTemplateFetch fetches template key (of a capture whose machine
 // spec is spec) from the object store in the background if this host
-// holds no fresh copy of it: a host that was sent a capture of a template
-// it lacks (a cross-host fork's pack, refused: it had nothing to take the
-// unsent chunks from) then holds the fleet's copy for the next one, which
-// comes straight from host to host instead of through the store. It only
-// fetches, never bakes: a copy of its own would not be the sender's. A
-// store without the template (or a user template deleted since) ends it;
-// another failure is logged, and the next pack refused tries again.
+// holds no fresh copy of it: a host sent a pack of a capture of a
+// template it lacks (awaitTemplate) then takes that pack, and the next
+// ones, straight from the host that sent it instead of through the
+// store. It only fetches, never bakes: a copy of its own would not be
+// the sender's. A store without the template (or a user template
+// deleted since) ends it; another failure is logged, and the next pack
+// tries again.
 func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
 	p, ok := template.ParamsOfKey(key, spec.MemoryMiB, spec.VCPUs)
 	if a.store == nil || !ok {
@@ -188,7 +188,7 @@ func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
 		case errors.Is(err, template.ErrNotFound):
 			a.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
 		case ctx.Err() == nil:
-			// Tried once, not retried: the next pack refused tries again
+			// Tried once, not retried: the next pack tries again
 			// (a full disk would otherwise be filled again and again).
 			a.log.Warn("fetch template for the captures sent here", "template", key, "err", err)
 		}

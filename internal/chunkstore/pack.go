@@ -596,6 +596,22 @@ func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
 	return h, nil
 }
 
+// BaseHeld reports whether seeds (the receiver's copy of the base) are
+// the base the pack was made against (its BaseDigest, by file name, is
+// h.Base), or the pack needs none.
+func (h PackHeader) BaseHeld(seeds []Seed) bool {
+	if h.Base == "" {
+		return true
+	}
+	byName := map[string]Seed{}
+	for _, sd := range seeds {
+		if _, ok := byName[filepath.Base(sd.Path)]; !ok && slices.ContainsFunc(h.Files, func(f PackFile) bool { return f.Name == filepath.Base(sd.Path) }) && sd.ChunkSize == h.ChunkSize {
+			byName[filepath.Base(sd.Path)] = sd
+		}
+	}
+	return BaseDigest(byName) == h.Base
+}
+
 // ReadPack reads the records of a pack whose header h was read from r
 // (ReadPackHeader) into dir (which must exist), one file per PackFile,
 // taking base chunks from seeds (the receiver's copy of the base: its
@@ -622,16 +638,8 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 	t0 := time.Now()
 	cs := h.ChunkSize
 	st.Bytes = h.size
-	if h.Base != "" {
-		byName := map[string]Seed{}
-		for _, sd := range seeds {
-			if _, ok := byName[filepath.Base(sd.Path)]; !ok && slices.ContainsFunc(h.Files, func(f PackFile) bool { return f.Name == filepath.Base(sd.Path) }) && sd.ChunkSize == cs {
-				byName[filepath.Base(sd.Path)] = sd
-			}
-		}
-		if BaseDigest(byName) != h.Base {
-			return st, fmt.Errorf("%w: this host's copy of the template differs from the sender's", ErrPackBase)
-		}
+	if !h.BaseHeld(seeds) {
+		return st, fmt.Errorf("%w: this host's copy of the template differs from the sender's", ErrPackBase)
 	}
 	ss := openSeeds(seeds, cs)
 	defer ss.close()

@@ -20,7 +20,6 @@ import (
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/objstore"
-	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
@@ -136,9 +135,9 @@ func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
 
 // TestSnapshotGoesDirect drives a direct transfer through the host API as
 // a cross-host fork does: A's transient capture, streamed from A's pack
-// endpoint into B's, before B holds A's template (refused: the template
-// class, so the caller falls back), cut short (refused: corrupt), then
-// whole once B has A's template; B then creates from it with A's files.
+// endpoint into B's, before B holds A's template (B fetches it from the
+// store while the pack waits), cut short (refused: corrupt), then whole;
+// B then creates from it with A's files.
 func TestSnapshotGoesDirect(t *testing.T) {
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
@@ -183,14 +182,12 @@ func TestSnapshotGoesDirect(t *testing.T) {
 		defer c.Close()
 		return hostB.ReceiveSnapshot(ctx, id, r)
 	}
-	if _, err := send(0); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("B without A's template: %v, want template.ErrNotFound", err)
-	}
 	if _, err := hostA.SnapshotPack(ctx, host.NewID()); !errors.Is(err, host.ErrNotFound) {
 		t.Errorf("pack of no snapshot: %v, want host.ErrNotFound", err)
 	}
 
-	// B takes A's template from the store (a create there fetches it).
+	// B, without A's template, fetches it from the store while the pack
+	// waits, and takes the pack.
 	cs, err := chunkstore.New(objs, chunkstore.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -201,11 +198,13 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	}) {
 		t.Fatalf("A's template %s never reached the store", sb.Template)
 	}
-	other, err := hostB.Create(ctx, host.CreateRequest{})
+	first := capture()
+	r, c := pack(first, 0)
+	_, err = hostB.ReceiveSnapshot(ctx, first, r)
+	c.Close()
 	if err != nil {
-		t.Fatal(err)
+		t.Errorf("B without A's template: %v, want it fetched and the pack taken", err)
 	}
-	hostB.Kill(ctx, other.ID)
 
 	if _, err := send(64 << 10); !errors.Is(err, host.ErrCorrupt) {
 		t.Errorf("pack cut short: %v, want host.ErrCorrupt", err)
