@@ -62,6 +62,15 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 		return chunkstore.PackStats{}, err
 	}
 	bases, release := a.templateBases(ctx, si.Template)
+	if bases == nil && a.store != nil {
+		// A capture of a sandbox restored here from the store, whose
+		// template this host lacks: without it every chunk would go
+		// whole (the whole memory image, not what the sandbox wrote).
+		release()
+		a.startTemplateFetch(si.Template, si.Spec)
+		a.awaitTemplateJob(ctx, si, "a pack waited for this host to fetch the template to diff it against")
+		bases, release = a.templateBases(ctx, si.Template)
+	}
 	defer release()
 	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.chunkSize(), Meta: meta, Bases: bases})
 	if err != nil {
@@ -215,6 +224,13 @@ func (a *Agent) awaitTemplate(ctx context.Context, h chunkstore.PackHeader, si S
 	} else {
 		a.startTemplateSync(si.Template, false)
 	}
+	a.awaitTemplateJob(ctx, si, "a pack waited for this host to fetch its template")
+}
+
+// awaitTemplateJob waits for the background job of si's template (a
+// fetch, an adoption, an upload), if one runs, for at most
+// packTemplateWait, and logs msg with the time waited.
+func (a *Agent) awaitTemplateJob(ctx context.Context, si SnapshotInfo, msg string) {
 	a.upMu.Lock()
 	j := a.jobs[templateName(si.Template)]
 	a.upMu.Unlock()
@@ -229,8 +245,7 @@ func (a *Agent) awaitTemplate(ctx context.Context, h chunkstore.PackHeader, si S
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	a.log.Info("a pack waited for this host to fetch its template", "snapshot_id", si.ID, "template", si.Template,
-		"waited_ms", time.Since(t0).Milliseconds())
+	a.log.Info(msg, "snapshot_id", si.ID, "template", si.Template, "waited_ms", time.Since(t0).Milliseconds())
 }
 
 // ReceiveAndCreate receives a pack of snapshot req.SnapshotID from r, as

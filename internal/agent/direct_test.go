@@ -237,6 +237,58 @@ func TestDirectTransferFetchesTemplate(t *testing.T) {
 	}
 }
 
+// TestDirectTransferFromARestore: a host that restored a snapshot from the
+// store without holding its template fetches the template, and a pack of
+// a capture of that sandbox is diffed against it (only what the sandbox
+// changed goes, not its whole memory image).
+func TestDirectTransferFromARestore(t *testing.T) {
+	s3 := s3test.Start(t)
+	openA, _ := storeHost(t, s3.Open("fleet"))
+	a, src := sourceSandbox(t, openA)
+	tA, _ := a.templates.ByKey(src.Template)
+	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+
+	openB, _ := storeHost(t, s3.Open("fleet"))
+	b := openB()
+	b.Recover(ctxT(t))
+	onB, err := createFrom(t, b, snap.ID)
+	if err != nil {
+		t.Fatalf("create on B, which lacks the template, from A's snapshot: %v", err)
+	}
+	t.Cleanup(func() { b.Kill(context.Background(), onB.ID) })
+	shOn(t, b, onB.ID, "echo from-b >> /root/f.txt")
+	id := host.NewID()
+	if _, err := b.SnapshotTransient(ctxT(t), onB.ID, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
+	var pack bytes.Buffer
+	st, err := b.SendSnapshot(ctxT(t), id, &pack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tB, ok := b.templates.ByKey(src.Template); !ok || tB.BootID != tA.BootID {
+		t.Errorf("B's copy of %s after restoring A's snapshot and sending a capture: boot %q, want A's %s, fetched", src.Template, bootOf(tB), tA.BootID)
+	}
+	if st.BaseChunks == 0 {
+		t.Errorf("B's pack: %+v; want it diffed against the template (chunks sent as the template's)", st)
+	}
+	t.Logf("B's pack of its capture: %d bytes, %d chunks as the template's, %d patched, %d whole", st.Bytes, st.BaseChunks, st.PatchChunks, st.WholeChunks)
+	if _, err := a.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); err != nil {
+		t.Fatalf("A receiving B's pack: %v", err)
+	}
+	child, err := createFrom(t, a, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shOn(t, a, child.ID, "cat /root/f.txt"); got != "from-a\nfrom-b\n" {
+		t.Errorf("child on A reads %q, want both hosts' lines", got)
+	}
+}
+
 // TestTemplateUploadedAtOnce: two hosts that baked a template at once
 // both found none in the store and upload their own; the first upload
 // to land is the fleet's copy, and the other host adopts it instead of
