@@ -173,19 +173,7 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	// while the pack waits, and takes it.
 	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
 	id, pack := capturePack(t, a, b, src.ID)
-	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); err != nil {
-		t.Fatalf("pack made against the store's copy, to a host holding another bake: %v", err)
-	}
-	if tB, ok := b.templates.ByKey(src.Template); !ok || tB.BootID != tA.BootID {
-		t.Errorf("B's copy after the pack: boot %q, want the store's (A's bake %s)", bootOf(tB), tA.BootID)
-	}
-	child, err := createFrom(t, b, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "from-a\n" {
-		t.Errorf("child on B reads %q, want %q", got, "from-a\n")
-	}
+	packComesIn(t, b, id, pack, src.Template, tA.BootID, "from-a\n")
 }
 
 // TestDirectTransferFetchesTemplate: a host sent a pack of a capture whose
@@ -222,18 +210,27 @@ func TestDirectTransferFetchesTemplate(t *testing.T) {
 		t.Fatalf("B holds %s before any pack", src.Template)
 	}
 	id, pack := capturePack(t, a, b, src.ID)
+	packComesIn(t, b, id, pack, src.Template, tA.BootID, "from-a\n")
+}
+
+// packComesIn has b receive pack, of capture id of a sandbox made from
+// the bake wantBoot of template key, and checks that b then holds that
+// bake and that a child made there from the capture reads want in
+// /root/f.txt.
+func packComesIn(t *testing.T, b *Agent, id string, pack []byte, key, wantBoot, want string) {
+	t.Helper()
 	if _, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); err != nil {
-		t.Fatalf("pack to a host without its template: %v", err)
+		t.Fatalf("receive the pack: %v", err)
 	}
-	if tB, ok := b.templates.ByKey(src.Template); !ok || tB.BootID != tA.BootID {
-		t.Errorf("B's copy of %s after the pack: boot %q, want A's bake %s, fetched", src.Template, bootOf(tB), tA.BootID)
+	if tB, ok := b.templates.ByKey(key); !ok || tB.BootID != wantBoot {
+		t.Errorf("the host's copy of %s after the pack: boot %q, want the sender's %s", key, bootOf(tB), wantBoot)
 	}
 	child, err := createFrom(t, b, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "from-a\n" {
-		t.Errorf("child on B reads %q, want %q", got, "from-a\n")
+	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != want {
+		t.Errorf("child reads %q, want %q", got, want)
 	}
 }
 
@@ -277,16 +274,7 @@ func TestDirectTransferFromARestore(t *testing.T) {
 		t.Errorf("B's pack: %+v; want it diffed against the template (chunks sent as the template's)", st)
 	}
 	t.Logf("B's pack of its capture: %d bytes, %d chunks as the template's, %d patched, %d whole", st.Bytes, st.BaseChunks, st.PatchChunks, st.WholeChunks)
-	if _, err := a.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); err != nil {
-		t.Fatalf("A receiving B's pack: %v", err)
-	}
-	child, err := createFrom(t, a, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := shOn(t, a, child.ID, "cat /root/f.txt"); got != "from-a\nfrom-b\n" {
-		t.Errorf("child on A reads %q, want both hosts' lines", got)
-	}
+	packComesIn(t, a, id, pack.Bytes(), src.Template, tA.BootID, "from-a\nfrom-b\n")
 }
 
 // TestTemplateUploadedAtOnce: two hosts that baked a template at once
