@@ -82,7 +82,7 @@ const (
 	jobUpload = "upload"
 	jobDelete = "delete"
 	jobFetch  = "fetch" // of a template (startTemplateFetch)
-	jobGC     = "gc" // of key gcKey
+	jobGC     = "gc"    // of key gcKey
 )
 
 // gcKey is the job key of the store's garbage collection (not a set's).
