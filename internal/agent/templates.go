@@ -163,8 +163,12 @@ func (a *Agent) startTemplateSync(key string, after bool) {
 // holds no fresh copy of it: a host sent a pack of a capture of a
 // template it lacks (awaitTemplate) then takes that pack, and the next
 // ones, straight from the host that sent it instead of through the
-// store. It only fetches, never bakes: a copy of its own would not be
-// the sender's. A store without the template (or a user template
+// store; a host that downloaded a capture without its template (a resume
+// elsewhere, a create from another host's snapshot) can then send
+// captures of that sandbox as what differs from the template (a send
+// waits for it: SendSnapshot). Not after a lazy restore, whose page-ins
+// it would compete with: its first send fetches it. It only fetches,
+// never bakes: a copy of its own would not be the sender's. A store without the template (or a user template
 // deleted since) ends it; another failure is logged, and the next pack
 // tries again.
 func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
