@@ -85,9 +85,11 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 // ReceiveSnapshot reads a pack of snapshot id (SendSnapshot's, from
 // another host) from r and keeps it as this host's snapshot id, complete
 // or not at all; a create from it then restores as from any snapshot. Its
-// FetchedBytes is the length of the pack. Errors: ErrConflict if the host
-// has a snapshot id already; template.ErrNotFound if the host lacks the
-// snapshot's template, or holds another bake of it, before anything is
+// FetchedBytes is the length of the pack. A pack made against a template
+// the host lacks, or holds another bake of, waits while the host fetches
+// the object store's copy (awaitTemplate). Errors: ErrConflict if the
+// host has a snapshot id already; template.ErrNotFound if the host still
+// lacks the sender's copy of the template then, before anything is
 // written (the caller sends it another way); ErrCorrupt if the stream is
 // cut short or damaged; ErrInvalid if it is not snapshot id's.
 func (a *Agent) ReceiveSnapshot(ctx context.Context, id string, r io.Reader) (SnapshotInfo, error) {
