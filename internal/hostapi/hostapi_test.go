@@ -1004,3 +1004,63 @@ func TestShutdownDeliversQueuedExits(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcileRefusedKeepsExits: a control plane whose reconcile on
+// connect fails (the agent began shutting down meanwhile) still takes the
+// exits already on that stream — the host_shutdown exits of the
+// sandboxes the agent stops — before it drops the stream.
+func TestReconcileRefusedKeepsExits(t *testing.T) {
+	s2 := hostapi.NewServer(ag, testToken, nil)
+	hs2 := httptest.NewServer(s2)
+	defer hs2.Close()
+	defer s2.Close()
+	c2, err := hostapi.Dial(hs2.URL, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	const n = 20
+	got := make(chan string, n)
+	refuse := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		first := true
+		c2.Watch(ctx, hostapi.Watcher{
+			Connected: func(context.Context) error {
+				if !first {
+					return nil
+				}
+				first = false
+				<-refuse
+				return errors.New("host agent unavailable: the host agent is shutting down")
+			},
+			Exited: func(id string, err error) {
+				if errors.Is(err, host.ErrHostShutdown) {
+					got <- id
+				}
+			},
+		})
+	}()
+	defer func() { cancel(); <-watchDone }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if !s2.WaitSubscriber(wctx) {
+		t.Fatal("WaitSubscriber: the client never subscribed")
+	}
+	// The agent shuts down: it sends the exits of what it stops on the
+	// stream it saw subscribe, while the client's reconcile is refused.
+	for i := range n {
+		s2.SandboxExited(fmt.Sprintf("sb%d", i), host.ErrHostShutdown)
+	}
+	close(refuse)
+	s2.Close()
+	for i := range n {
+		select {
+		case <-got:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d shutdown exits reached a client whose reconcile was refused", i, n)
+		}
+	}
+}

@@ -16,7 +16,9 @@ import (
 type Watcher struct {
 	// Connected is called on every (re)connection, once the stream is
 	// live: reconcile with List here, since events sent while
-	// the stream was down are lost. An error drops the stream and retries.
+	// the stream was down are lost. An error drops the stream and retries,
+	// once the exits the stream already carries are taken (see
+	// drainAfterConnectError).
 	Connected func(ctx context.Context) error
 	// Exited is called when a sandbox stopped without being killed
 	// through the API: its VMM exited, or (err wraps host.ErrHostShutdown)
@@ -71,20 +73,25 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error
 	sc := bufio.NewScanner(res.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	hello := false
+	var connErr error // Connected's: the stream is drained, then dropped
 	for sc.Scan() {
-		idle.Reset(3 * PingInterval)
+		if connErr == nil {
+			idle.Reset(3 * PingInterval)
+		}
 		var ev Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return hello, fmt.Errorf("event stream: %w", err)
 		}
 		switch {
-		case ev.Type == "hello" && ev.Info != nil:
+		case ev.Type == "hello" && ev.Info != nil && !hello:
 			c.setInfo(*ev.Info)
 			hello = true
 			if w.Connected != nil {
 				idle.Stop() // however long reconciling takes
 				if err := w.Connected(ctx); err != nil {
-					return hello, fmt.Errorf("on connect: %w", err)
+					connErr = fmt.Errorf("on connect: %w", err)
+					time.AfterFunc(drainAfterConnectError, cancel)
+					continue
 				}
 				idle.Reset(3 * PingInterval)
 			}
@@ -98,8 +105,20 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error
 			w.Exited(ev.ID, cause)
 		}
 	}
+	if connErr != nil {
+		return hello, connErr
+	}
 	if err := sc.Err(); err != nil {
 		return hello, c.transportError(ctx, err)
 	}
 	return hello, errors.New("event stream ended")
 }
+
+// drainAfterConnectError is how long a stream whose Connected failed is
+// still read, for its exits, before it is dropped. Connected fails most
+// often because the agent is shutting down (its reconcile is refused):
+// the agent has seen this stream subscribe and sends on it the
+// host_shutdown exits of the sandboxes it stops, then ends it; dropping
+// it at once lost them, and the next reconcile recorded those sandboxes
+// as exited by themselves.
+const drainAfterConnectError = 5 * time.Second
