@@ -960,10 +960,52 @@ func TestDownloadCutShort(t *testing.T) {
 // control plane to follow its events, and every exit it reports before
 // Close reaches that control plane, however many are queued.
 func TestShutdownDeliversQueuedExits(t *testing.T) {
+	const n = 200
+	s2, got := shutdownExits(t, n, nil)
+	for i := range n {
+		s2.SandboxExited(fmt.Sprintf("sb%d", i), host.ErrHostShutdown)
+	}
+	s2.Close()
+	awaitExits(t, got, n, "exits reported before Close reached the client")
+}
+
+// TestReconcileRefusedKeepsExits: a control plane whose reconcile on
+// connect fails (the agent began shutting down meanwhile) still takes the
+// exits already on that stream — the host_shutdown exits of the
+// sandboxes the agent stops — before it drops the stream.
+func TestReconcileRefusedKeepsExits(t *testing.T) {
+	const n = 20
+	refuse := make(chan struct{})
+	first := true
+	s2, got := shutdownExits(t, n, func(context.Context) error {
+		if !first {
+			return nil
+		}
+		first = false
+		<-refuse
+		return errors.New("host agent unavailable: the host agent is shutting down")
+	})
+	// The agent shuts down: it sends the exits of what it stops on the
+	// stream it saw subscribe, while the client's reconcile is refused.
+	for i := range n {
+		s2.SandboxExited(fmt.Sprintf("sb%d", i), host.ErrHostShutdown)
+	}
+	close(refuse)
+	s2.Close()
+	awaitExits(t, got, n, "shutdown exits reached a client whose reconcile was refused")
+}
+
+// shutdownExits serves the test agent with a host API server of its own
+// and follows its events with a client (its Watcher's Connected:
+// connected) until the test ends; it returns the server, once the client
+// has subscribed, and the ids of the host_shutdown exits the client gets
+// (room for n).
+func shutdownExits(t *testing.T, n int, connected func(context.Context) error) (*hostapi.Server, <-chan string) {
+	t.Helper()
 	s2 := hostapi.NewServer(ag, testToken, nil)
 	hs2 := httptest.NewServer(s2)
-	defer hs2.Close()
-	defer s2.Close()
+	t.Cleanup(hs2.Close)
+	t.Cleanup(func() { s2.Close() })
 	nobody, cancel0 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel0()
 	if s2.WaitSubscriber(nobody) {
@@ -973,94 +1015,35 @@ func TestShutdownDeliversQueuedExits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c2.Close()
-	const n = 200
+	t.Cleanup(func() { c2.Close() })
 	got := make(chan string, n)
 	ctx, cancel := context.WithCancel(context.Background())
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		c2.Watch(ctx, hostapi.Watcher{Exited: func(id string, err error) {
+		c2.Watch(ctx, hostapi.Watcher{Connected: connected, Exited: func(id string, err error) {
 			if errors.Is(err, host.ErrHostShutdown) {
 				got <- id
 			}
 		}})
 	}()
-	defer func() { cancel(); <-watchDone }()
+	t.Cleanup(func() { cancel(); <-watchDone })
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
 	if !s2.WaitSubscriber(wctx) {
 		t.Fatal("WaitSubscriber: the client never subscribed")
 	}
-	for i := range n {
-		s2.SandboxExited(fmt.Sprintf("sb%d", i), host.ErrHostShutdown)
-	}
-	s2.Close()
-	for i := range n {
-		select {
-		case <-got:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%d of %d exits reported before Close reached the client", i, n)
-		}
-	}
+	return s2, got
 }
 
-// TestReconcileRefusedKeepsExits: a control plane whose reconcile on
-// connect fails (the agent began shutting down meanwhile) still takes the
-// exits already on that stream — the host_shutdown exits of the
-// sandboxes the agent stops — before it drops the stream.
-func TestReconcileRefusedKeepsExits(t *testing.T) {
-	s2 := hostapi.NewServer(ag, testToken, nil)
-	hs2 := httptest.NewServer(s2)
-	defer hs2.Close()
-	defer s2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	const n = 20
-	got := make(chan string, n)
-	refuse := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		first := true
-		c2.Watch(ctx, hostapi.Watcher{
-			Connected: func(context.Context) error {
-				if !first {
-					return nil
-				}
-				first = false
-				<-refuse
-				return errors.New("host agent unavailable: the host agent is shutting down")
-			},
-			Exited: func(id string, err error) {
-				if errors.Is(err, host.ErrHostShutdown) {
-					got <- id
-				}
-			},
-		})
-	}()
-	defer func() { cancel(); <-watchDone }()
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer wcancel()
-	if !s2.WaitSubscriber(wctx) {
-		t.Fatal("WaitSubscriber: the client never subscribed")
-	}
-	// The agent shuts down: it sends the exits of what it stops on the
-	// stream it saw subscribe, while the client's reconcile is refused.
-	for i := range n {
-		s2.SandboxExited(fmt.Sprintf("sb%d", i), host.ErrHostShutdown)
-	}
-	close(refuse)
-	s2.Close()
+// awaitExits waits for n ids on got.
+func awaitExits(t *testing.T, got <-chan string, n int, what string) {
+	t.Helper()
 	for i := range n {
 		select {
 		case <-got:
 		case <-time.After(30 * time.Second):
-			t.Fatalf("%d of %d shutdown exits reached a client whose reconcile was refused", i, n)
+			t.Fatalf("%d of %d %s", i, n, what)
 		}
 	}
 }
