@@ -87,7 +87,7 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 // or not at all; a create from it then restores as from any snapshot. Its
 // FetchedBytes is the length of the pack. A pack made against a template
 // the host lacks, or holds another bake of, waits while the host fetches
-// the object store's copy (awaitTemplate). Errors: ErrConflict if the
+// the object store's copy (packSeeds). Errors: ErrConflict if the
 // host has a snapshot id already; template.ErrNotFound if the host still
 // lacks the sender's copy of the template then, before anything is
 // written (the caller sends it another way); ErrCorrupt if the stream is
@@ -116,7 +116,8 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err := json.Unmarshal(h.Meta, &si); err != nil || si.ID != id {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: the pack holds snapshot %q", id, ErrInvalid, si.ID)
 	}
-	a.awaitTemplate(ctx, h, si)
+	seeds, release := a.packSeeds(ctx, h, si)
+	defer release()
 	t0 := time.Now()
 	// One at a time, and never while a delete of it runs (fetchMu: as a
 	// download from the store).
@@ -132,8 +133,6 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err := a.checkSpace(); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, err)
 	}
-	seeds, release := a.templateSeeds(ctx, si.Template)
-	defer release()
 	if h.Base != "" && len(seeds) == 0 {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, template.ErrNotFound, si.Template)
 	}
@@ -170,7 +169,7 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
 		switch {
 		case errors.Is(err, chunkstore.ErrPackBase):
-			// This host's copy changed since awaitTemplate (or the store
+			// This host's copy changed since packSeeds (or the store
 			// holds neither host's): check again for the next pack.
 			a.startTemplateSync(si.Template, false)
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, template.ErrNotFound, si.Template, err)
@@ -197,36 +196,34 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 }
 
 // packTemplateWait bounds how long a pack waits for this host to fetch
-// the template it was made against (awaitTemplate).
+// the template it was made against (packSeeds).
 const packTemplateWait = 30 * time.Second
 
-// awaitTemplate is called with the header of a pack of snapshot si: if
-// the pack was made against a template this host lacks, or holds another
-// bake of (hosts that baked it at once, before they converged), it has
-// this host fetch or adopt the object store's copy and waits for that,
-// for at most packTemplateWait, so that the pack can come in. Refused,
-// the capture would go through the store, whose download needs the same
-// template chunks and the capture's besides; taken, it comes straight,
-// and so do the next ones. It only fetches, never bakes (a bake of its
-// own would not be the sender's). The caller checks the template again:
-// a store without it (or holding another copy than the sender's) ends
-// the wait at once, and the pack is refused as before.
-func (a *Agent) awaitTemplate(ctx context.Context, h chunkstore.PackHeader, si SnapshotInfo) {
-	if h.Base == "" || a.store == nil {
-		return
-	}
+// packSeeds returns this host's copy of the template a pack of snapshot
+// si was made against (h's), as seeds of its receive (templateSeeds).
+// If this host lacks that template, or holds another bake of it (hosts
+// that baked it at once, before they converged), it first has the host
+// fetch or adopt the object store's copy and waits for that, for at most
+// packTemplateWait, so that the pack can come in. Refused, the capture
+// would go through the store, whose download needs the same template
+// chunks and the capture's besides; taken, it comes straight, and so do
+// the next ones. It only fetches, never bakes (a bake of its own would
+// not be the sender's). A store without a copy (or holding another than
+// the sender's) ends the wait at once, and the caller refuses the pack
+// as before.
+func (a *Agent) packSeeds(ctx context.Context, h chunkstore.PackHeader, si SnapshotInfo) ([]chunkstore.Seed, func()) {
 	seeds, release := a.templateSeeds(ctx, si.Template)
-	held := h.BaseHeld(seeds)
-	release()
-	if held {
-		return
+	if h.Base == "" || a.store == nil || h.BaseHeld(seeds) {
+		return seeds, release
 	}
+	release()
 	if len(seeds) == 0 {
 		a.startTemplateFetch(si.Template, si.Spec)
 	} else {
 		a.startTemplateSync(si.Template, false)
 	}
 	a.awaitTemplateJob(ctx, si, "a pack waited for this host to fetch its template")
+	return a.templateSeeds(ctx, si.Template)
 }
 
 // awaitTemplateJob waits for the background job of si's template (a

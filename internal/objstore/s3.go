@@ -135,28 +135,11 @@ func classifyS3(op, key string, err error) error {
 }
 
 func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	if err := ValidKey(key); err != nil {
-		return fmt.Errorf("put: %w", err)
-	}
 	if size < 0 {
 		return fmt.Errorf("put %s: negative size %d", key, size)
 	}
-	// minio-go sends exactly size bytes and fails on a short reader; the
-	// counting reader catches a reader that has more.
-	cr := &countReader{r: r}
-	_, err := s.client.PutObject(ctx, s.bucket, s.prefix+key, io.LimitReader(cr, size), size, minio.PutObjectOptions{
-		// Small objects in one request; chunks are a few MiB.
-		DisableMultipart: size <= 64<<20,
-	})
-	if err != nil {
-		return classifyS3("put", key, err)
-	}
-	if n, _ := io.ReadFull(cr, make([]byte, 1)); n > 0 {
-		// Too late to keep the object from existing: remove it again.
-		s.Delete(ctx, key)
-		return fmt.Errorf("put %s: reader has more than %d bytes", key, size)
-	}
-	return nil
+	// Small objects in one request; chunks are a few MiB.
+	return s.put(ctx, "put", key, r, size, minio.PutObjectOptions{DisableMultipart: size <= 64<<20})
 }
 
 var _ Creator = (*S3)(nil)
@@ -164,25 +147,34 @@ var _ Creator = (*S3)(nil)
 // Create is a conditional PUT (If-None-Match: *): 412 Precondition
 // Failed if the key exists.
 func (s *S3) Create(ctx context.Context, key string, r io.Reader, size int64) error {
-	if err := ValidKey(key); err != nil {
-		return fmt.Errorf("create: %w", err)
-	}
 	if size < 0 || size > MaxCreate {
 		return fmt.Errorf("create %s: %d bytes: want 0 to %d", key, size, MaxCreate)
 	}
-	cr := &countReader{r: r}
 	opts := minio.PutObjectOptions{DisableMultipart: true}
 	opts.SetMatchETagExcept("*")
+	return s.put(ctx, "create", key, r, size, opts)
+}
+
+// put is a PUT of size bytes from r with opts (op names it in errors); a
+// failed precondition is ErrExists.
+func (s *S3) put(ctx context.Context, op, key string, r io.Reader, size int64, opts minio.PutObjectOptions) error {
+	if err := ValidKey(key); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	// minio-go sends exactly size bytes and fails on a short reader; the
+	// counting reader catches a reader that has more.
+	cr := &countReader{r: r}
 	_, err := s.client.PutObject(ctx, s.bucket, s.prefix+key, io.LimitReader(cr, size), size, opts)
-	if resp := minio.ToErrorResponse(err); resp.StatusCode == http.StatusPreconditionFailed || resp.Code == "PreconditionFailed" {
-		return fmt.Errorf("create %s: %w", key, ErrExists)
+	if resp := minio.ToErrorResponse(err); err != nil && (resp.StatusCode == http.StatusPreconditionFailed || resp.Code == "PreconditionFailed") {
+		return fmt.Errorf("%s %s: %w", op, key, ErrExists)
 	}
 	if err != nil {
-		return classifyS3("create", key, err)
+		return classifyS3(op, key, err)
 	}
 	if n, _ := io.ReadFull(cr, make([]byte, 1)); n > 0 {
+		// Too late to keep the object from existing: remove it again.
 		s.Delete(ctx, key)
-		return fmt.Errorf("create %s: reader has more than %d bytes", key, size)
+		return fmt.Errorf("%s %s: reader has more than %d bytes", op, key, size)
 	}
 	return nil
 }
