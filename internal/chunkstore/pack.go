@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -34,7 +35,10 @@ import (
 //	record:  u8 type | u8 file | u32 chunk | u32 n | n bytes of payload | u32 crc of all before it in the record
 //	trailer: a record of type 'E', file 0, chunk 0, payload u32 count of records before it
 //
-// Records, per chunk of a file (a chunk absent from the stream is zeros):
+// Records come file by file in the order of the header's Files (name
+// order, but for PackOptions.Last), each file's in chunk order; a record
+// out of that order is refused. Per chunk of a file (a chunk absent from
+// the stream is zeros):
 //
 //	'B' base:  payload the SHA-256 (32 bytes) of a chunk of the receiver's
 //	           base (its template): the chunk is that chunk, taken from
@@ -145,6 +149,11 @@ type PackOptions struct {
 	// base's chunk at the same offset is sent as its hash, one that
 	// differs in a few pages as a patch over it.
 	Bases map[string]Seed
+	// Last names files that go after all the others, in this order (the
+	// others go in name order): a receiver can use the files before
+	// them while these arrive (a memory image served as it arrives needs
+	// the device state first).
+	Last []string
 }
 
 // WritePack writes files (name → local path) to w as a pack. The files
@@ -165,7 +174,13 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		}
 		names = append(names, n)
 	}
-	slices.Sort(names)
+	slices.SortFunc(names, func(x, y string) int {
+		// Files of Last after the others (index -1), in Last's order.
+		if ix, iy := slices.Index(opts.Last, x), slices.Index(opts.Last, y); ix != iy {
+			return ix - iy
+		}
+		return strings.Compare(x, y)
+	})
 	if len(names) > 255 {
 		return st, fmt.Errorf("write pack: %d files: at most 255", len(names))
 	}
@@ -620,21 +635,32 @@ func (h PackHeader) BaseHeld(seeds []Seed) bool {
 // the caller to remove; a stream cut short, damaged, or naming a chunk
 // the seeds do not hold matches ErrPack (or ErrPackBase).
 func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed) (st PackStats, err error) {
-	return ReadPackNotify(ctx, r, h, dir, seeds, nil)
+	return ReadPackNotify(ctx, r, h, dir, seeds, PackNotify{})
 }
 
-// ReadPackNotify is ReadPack that calls filesDone(n), if not nil, each
-// time the first n files of h.Files are complete in dir: when the first
-// record of a later file arrives (a pack holds its files' records in the
-// order of h.Files, which WritePack sorts by name; a record of an earlier
-// file after that is ErrPack), and with len(h.Files) once the trailer
-// is checked. A receiver can so use a file (the disk of a capture) while
-// the next (its memory) still arrives — but only as long as the pack
-// then reads without error: a sender that breaks the order is caught only
-// when its late record comes, and a pack cut short or damaged after
-// filesDone leaves what was said done void with the rest. filesDone runs
-// on the reading goroutine: it must not block for long.
-func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed, filesDone func(n int)) (st PackStats, err error) {
+// PackNotify tells the caller of ReadPackNotify what has arrived, so
+// that it can use a pack's files before the whole pack is in — but only
+// as long as the pack then reads without error: a pack cut short or
+// damaged later leaves what was said to be in void with the rest. Both
+// run on the reading goroutine: they must not block for long.
+type PackNotify struct {
+	// FilesDone(n): the first n files of the header's Files are complete
+	// in dir. Called when the first record of a later file arrives (a
+	// pack holds its files' records in the order of Files; a record of
+	// an earlier file after that is ErrPack), and with len(Files) once
+	// the trailer is checked.
+	FilesDone func(n int)
+	// ChunksIn(file, n): the first n chunks of Files[file] are complete
+	// in dir (a pack holds a file's records in chunk order; a record
+	// out of it is ErrPack). Called after each record is written.
+	ChunksIn func(file, n int)
+}
+
+// ReadPackNotify is ReadPack telling notify what arrives as it does.
+// A receiver can so use a file (the disk of a capture), or the first
+// chunks of one (a memory image served as it arrives), while the rest of
+// the pack still arrives.
+func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed, notify PackNotify) (st PackStats, err error) {
 	t0 := time.Now()
 	cs := h.ChunkSize
 	st.Bytes = h.size
@@ -666,8 +692,7 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 	payload := make([]byte, maxPayload)
 	buf := make([]byte, cs)
 	records := 0
-	current := 0 // the file of the last record
-	sent := map[[2]int]bool{}
+	current, next := 0, 0 // the file of the last record, and the chunk after it
 	for {
 		if err := ctx.Err(); err != nil {
 			return st, err
@@ -698,19 +723,22 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 			break
 		}
 		records++
-		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) || sent[[2]int{fi, ci}] {
+		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) {
 			return st, fmt.Errorf("%w: record %d: chunk %d of file %d", ErrPack, records, ci, fi)
 		}
 		if fi < current {
 			return st, fmt.Errorf("%w: record %d: chunk %d of file %d after file %d", ErrPack, records, ci, fi, current)
 		}
 		if fi > current {
-			current = fi
-			if filesDone != nil {
-				filesDone(fi)
+			current, next = fi, 0
+			if notify.FilesDone != nil {
+				notify.FilesDone(fi)
 			}
 		}
-		sent[[2]int{fi, ci}] = true
+		if ci < next {
+			return st, fmt.Errorf("%w: record %d: chunk %d of file %d after its chunk %d", ErrPack, records, ci, fi, next-1)
+		}
+		next = ci + 1
 		f := h.Files[fi]
 		off := int64(ci) * cs
 		c := buf[:chunkLen(f.Size, cs, ci)]
@@ -750,11 +778,14 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 		default:
 			return st, fmt.Errorf("%w: record %d: type %q", ErrPack, records, typ)
 		}
+		if notify.ChunksIn != nil {
+			notify.ChunksIn(fi, next)
+		}
 	}
 	st.ZeroChunks = st.Chunks - st.BaseChunks - st.PatchChunks - st.WholeChunks
 	st.Dur = time.Since(t0)
-	if filesDone != nil {
-		filesDone(len(h.Files))
+	if notify.FilesDone != nil {
+		notify.FilesDone(len(h.Files))
 	}
 	return st, nil
 }

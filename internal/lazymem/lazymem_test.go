@@ -919,3 +919,120 @@ func (c *closingPeer) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// TestReady: a file whose content still arrives (Image.Ready) is read
+// only once Ready lets the range through, so the reader gets what
+// arrived meanwhile; Layout waits for all of it; a range that will never
+// arrive (ErrLost) fails at once, not after RetryFor; Drop releases the
+// Image and a later lookup resolves the name again.
+func TestReady(t *testing.T) {
+	needRoot(t)
+	const csize = 64 << 10
+	data, err := os.Create(filepath.Join(t.TempDir(), "arriving"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
+	if err := data.Truncate(4 * csize); err != nil {
+		t.Fatal(err)
+	}
+	type ask struct {
+		off, n int64
+		answer chan error
+	}
+	asks := make(chan ask)
+	var resolved, closed atomic.Int32
+	f := mountCfg(t, Config{Dir: filepath.Join(t.TempDir(), "mnt"), RetryFor: time.Minute, Resolve: func(ctx context.Context, name string) (*Image, error) {
+		resolved.Add(1)
+		local := map[int]LocalChunk{}
+		for i := range 4 {
+			local[i] = LocalChunk{File: data, Off: int64(i) * csize}
+		}
+		return &Image{Source: &memSource{b: make([]byte, 4*csize), csize: csize, reads: map[int64]int{}}, ChunkSize: csize, Local: local,
+			Close: func() { closed.Add(1) },
+			Ready: func(ctx context.Context, off, n int64) error {
+				a := ask{off, n, make(chan error)}
+				asks <- a
+				return <-a.answer
+			}}, nil
+	}})
+	fd, err := os.Open(f.Path("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	got := make(chan []byte)
+	go func() {
+		b := make([]byte, 4096)
+		if _, err := fd.ReadAt(b, 2*csize+8192); err != nil {
+			t.Errorf("read of an arrived range: %v", err)
+		}
+		got <- b
+	}()
+	a := <-asks
+	if a.off > 2*csize+8192 || a.off+a.n < 2*csize+8192+4096 {
+		t.Errorf("Ready asked for [%d, %d), want it to hold the page read at %d", a.off, a.off+a.n, 2*csize+8192)
+	}
+	// It arrives only now: a read that did not wait would get zeros.
+	if _, err := data.WriteAt(bytes.Repeat([]byte{0x42}, 4*csize), 0); err != nil {
+		t.Fatal(err)
+	}
+	a.answer <- nil
+	if b := <-got; !bytes.Equal(b, bytes.Repeat([]byte{0x42}, 4096)) {
+		t.Errorf("read %x..., want what arrived before Ready let it through", b[:8])
+	}
+
+	layout := make(chan error)
+	go func() {
+		_, err := f.Layout(ctxT(t), "x")
+		layout <- err
+	}()
+	if a := <-asks; a.off != 0 || a.n != 4*csize {
+		t.Errorf("Layout asked Ready for [%d, %d), want all of the file", a.off, a.off+a.n)
+	} else {
+		a.answer <- nil
+	}
+	if err := <-layout; err != nil {
+		t.Errorf("Layout: %v", err)
+	}
+
+	failed := make(chan error)
+	go func() {
+		_, err := fd.ReadAt(make([]byte, 4096), 0)
+		failed <- err
+	}()
+	var calls int
+	for done := false; !done; {
+		select {
+		case a := <-asks:
+			calls++
+			a.answer <- fmt.Errorf("receive failed: %w", ErrLost)
+		case err := <-failed:
+			if !errors.Is(err, syscall.EIO) {
+				t.Errorf("read of a lost range: %v, want EIO", err)
+			}
+			done = true
+		}
+	}
+	if calls > 3 { // the kernel may retry a failed read itself, but not for a minute
+		t.Errorf("Ready asked %d times for a lost range: retried", calls)
+	}
+
+	f.Drop("x")
+	if closed.Load() != 1 {
+		t.Errorf("Drop closed the Image %d times, want 1", closed.Load())
+	}
+	go func() { // a read after Drop resolves the name again
+		for a := range asks {
+			a.answer <- nil
+		}
+	}()
+	if _, err := fd.ReadAt(make([]byte, 4096), 0); err != nil { // failed above: not cached
+		t.Errorf("read after Drop: %v", err)
+	}
+	f.Drop("x")
+	close(asks)
+	if resolved.Load() != 2 || closed.Load() != 2 {
+		t.Errorf("after a Drop and a new lookup: resolved %d times, closed %d; want 2 and 2", resolved.Load(), closed.Load())
+	}
+}
