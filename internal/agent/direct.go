@@ -310,15 +310,15 @@ type arrival struct {
 	// memLast (set by begin) says the pack's memory image comes after
 	// its disk and device state, so that its guest can run while the
 	// memory arrives (lazyArrival); memSize and chunk describe it.
-	memLast       bool
+	memLast        bool
 	memSize, chunk int64
 
-	mu      sync.Mutex
-	dir     string // where its files are now
-	err     error
-	memIn   int           // the first memIn chunks of the memory image are in
-	memAll  bool          // all of it is
-	changed chan struct{} // closed (and replaced) when memIn or memAll change
+	mu                  sync.Mutex
+	dir                 string // where its files are now
+	err                 error
+	memIn               int           // the first memIn chunks of the memory image are in
+	memAll              bool          // all of it is
+	changed             chan struct{} // closed (and replaced) when memIn or memAll change
 	diskOnce, stateOnce sync.Once
 }
 
