@@ -309,9 +309,9 @@ type arrival struct {
 	si    SnapshotInfo  // set by begin: read it once begun is closed
 	// memLast (set by begin) says the pack's memory image comes after
 	// its disk and device state, so that its guest can run while the
-	// memory arrives (lazyArrival); memSize and chunk describe it.
-	memLast        bool
-	memSize, chunk int64
+	// memory arrives (lazyArrival); chunk is the pack's chunk size.
+	memLast bool
+	chunk   int64
 
 	mu                  sync.Mutex
 	dir                 string // where its files are now
@@ -335,9 +335,6 @@ func (ar *arrival) begin(si SnapshotInfo, h chunkstore.PackHeader, dir string) c
 	disk, state, mem := index(diskFile), index(stateFile), index(memFile)
 	ar.si = si
 	ar.memLast = mem >= 0 && mem == len(h.Files)-1 && disk >= 0 && state >= 0
-	if mem >= 0 {
-		ar.memSize = h.Files[mem].Size
-	}
 	ar.chunk = h.ChunkSize
 	ar.mu.Lock()
 	ar.dir = dir
