@@ -273,6 +273,7 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 		err error
 	}
 	recv := make(chan received, 1)
+	t0 := time.Now()
 	go func() {
 		si, err := a.receiveSnapshot(ctx, req.SnapshotID, r, arr)
 		recv <- received{si, err}
@@ -283,6 +284,7 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 		return Info{}, SnapshotInfo{}, rv.err
 	}
 	info, cerr := a.createFrom(ctx, req, image{Spec: arr.si.Spec, Template: arr.si.Template, arrival: arr}, chunkstore.DownloadStats{})
+	tCreated := time.Since(t0)
 	rv := <-recv
 	if rv.err != nil {
 		if s, err := a.get(req.ID); cerr == nil && err == nil {
@@ -292,8 +294,9 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 		}
 		return Info{}, SnapshotInfo{}, rv.err // else the create, waiting for it, failed too
 	}
-	if cerr == nil {
-		a.arrived(req.ID)
+	if cerr == nil && a.arrived(req.ID) {
+		a.log.Info("sandbox ran while its memory arrived", "sandbox_id", req.ID, "snapshot_id", req.SnapshotID, "running_ms", tCreated.Milliseconds(),
+			"received_ms", time.Since(t0).Milliseconds(), "bytes", rv.si.FetchedBytes)
 	}
 	return info, rv.si, cerr
 }
@@ -309,21 +312,24 @@ type arrival struct {
 	si    SnapshotInfo  // set by begin: read it once begun is closed
 	// memLast (set by begin) says the pack's memory image comes after
 	// its disk and device state, so that its guest can run while the
-	// memory arrives (lazyArrival); chunk is the pack's chunk size.
-	memLast bool
-	chunk   int64
+	// memory arrives (lazyArrival); chunk is the pack's chunk size, and
+	// memHoles the image's chunks that are holes (zeros: in at once).
+	memLast  bool
+	chunk    int64
+	memHoles chunkstore.PackFile
 
 	mu                  sync.Mutex
 	dir                 string // where its files are now
 	err                 error
-	memIn               int           // the first memIn chunks of the memory image are in
+	memIn               map[int]bool  // the chunks of the memory image that are in
 	memAll              bool          // all of it is
 	changed             chan struct{} // closed (and replaced) when memIn or memAll change
 	diskOnce, stateOnce sync.Once
 }
 
 func newArrival() *arrival {
-	return &arrival{begun: make(chan struct{}), disk: make(chan struct{}), state: make(chan struct{}), ended: make(chan struct{}), changed: make(chan struct{})}
+	return &arrival{begun: make(chan struct{}), disk: make(chan struct{}), state: make(chan struct{}), ended: make(chan struct{}), changed: make(chan struct{}),
+		memIn: map[int]bool{}}
 }
 
 // begin says the receive will write the snapshot si, whose pack's header
@@ -336,6 +342,9 @@ func (ar *arrival) begin(si SnapshotInfo, h chunkstore.PackHeader, dir string) c
 	ar.si = si
 	ar.memLast = mem >= 0 && mem == len(h.Files)-1 && disk >= 0 && state >= 0
 	ar.chunk = h.ChunkSize
+	if mem >= 0 {
+		ar.memHoles = h.Files[mem]
+	}
 	ar.mu.Lock()
 	ar.dir = dir
 	ar.mu.Unlock()
@@ -352,9 +361,9 @@ func (ar *arrival) begin(si SnapshotInfo, h chunkstore.PackHeader, dir string) c
 				ar.memChanged(func() { ar.memAll = true })
 			}
 		},
-		ChunksIn: func(file, n int) {
+		ChunkIn: func(file, i int) {
 			if file == mem {
-				ar.memChanged(func() { ar.memIn = n })
+				ar.memChanged(func() { ar.memIn[i] = true })
 			}
 		},
 	}
@@ -429,11 +438,19 @@ func (ar *arrival) waitFile(ctx context.Context, in chan struct{}) error {
 // read of its lazy file (lazymem.Image.Ready). A receive that failed
 // fails it with lazymem.ErrLost: the guest reading there dies.
 func (ar *arrival) memReady(ctx context.Context, off, n int64) error {
-	last := int((off + max(n, 1) - 1) / ar.chunk)
+	first, last := int(off/ar.chunk), int((off+max(n, 1)-1)/ar.chunk)
 	in := func() (bool, chan struct{}) {
 		ar.mu.Lock()
 		defer ar.mu.Unlock()
-		return ar.memAll || last < ar.memIn, ar.changed
+		if ar.memAll {
+			return true, ar.changed
+		}
+		for i := first; i <= last; i++ {
+			if !ar.memIn[i] && !ar.memHoles.Hole(i) {
+				return false, ar.changed
+			}
+		}
+		return true, ar.changed
 	}
 	for {
 		ok, changed := in()
@@ -553,19 +570,21 @@ func (a *Agent) restoreArriving(ctx context.Context, s *sandbox, ar *arrival, fs
 }
 
 // arrived says sandbox id's memory image, if it started while that
-// arrived, is complete: a restarted agent may serve it from then on.
-func (a *Agent) arrived(id string) {
+// arrived (which it reports), is complete: a restarted agent may serve it
+// from then on.
+func (a *Agent) arrived(id string) bool {
 	a.arrMu.Lock()
 	_, ok := a.arriving[id]
 	delete(a.arriving, id)
 	a.arrMu.Unlock()
 	if !ok {
-		return
+		return false
 	}
 	dir := filepath.Join(a.sbDir, id)
 	if err := os.Rename(filepath.Join(dir, arrivingFile), filepath.Join(dir, arrivedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		a.log.Error("keep a received memory image for a restart", "sandbox_id", id, "err", err)
 	}
+	return true
 }
 
 // dropArrival forgets the memory file of sandbox id, whose machine is

@@ -36,9 +36,11 @@ import (
 //	trailer: a record of type 'E', file 0, chunk 0, payload u32 count of records before it
 //
 // Records come file by file in the order of the header's Files (name
-// order, but for PackOptions.Last), each file's in chunk order; a record
-// out of that order is refused. Per chunk of a file (a chunk absent from
-// the stream is zeros):
+// order, but for PackOptions.Last), each file's in chunk order but for
+// the whole chunks of a file of Last, which come after its others; a
+// record of an earlier file, or of a chunk already sent, is refused. The
+// header lists each file's holes (PackFile.Holes), which have no record. Per chunk of a file (a chunk
+// absent from the stream is zeros):
 //
 //	'B' base:  payload the SHA-256 (32 bytes) of a chunk of the receiver's
 //	           base (its template): the chunk is that chunk, taken from
@@ -98,6 +100,21 @@ type PackHeader struct {
 type PackFile struct {
 	Name string `json:"name"`
 	Size int64  `json:"size"`
+	// Holes are the file's chunks that are holes on the sender (ranges
+	// [from, to) of chunk indexes): zeros, which come as no record. A
+	// receiver knows them zeros from the header on, before the records
+	// after them come (a memory image served as it arrives).
+	Holes [][2]int `json:"holes,omitempty"`
+}
+
+// Hole reports whether chunk i is one of f's Holes.
+func (f PackFile) Hole(i int) bool {
+	for _, h := range f.Holes {
+		if i >= h[0] && i < h[1] {
+			return true
+		}
+	}
+	return false
 }
 
 // PackStats counts what a pack held (the same on both sides).
@@ -152,7 +169,11 @@ type PackOptions struct {
 	// Last names files that go after all the others, in this order (the
 	// others go in name order): a receiver can use the files before
 	// them while these arrive (a memory image served as it arrives needs
-	// the device state first).
+	// the device state first). Within each, the chunks sent whole (the
+	// bulk a sandbox wrote) come after its other chunks (the few pages
+	// it changed here and there), each part in chunk order: a machine
+	// whose memory is served as it arrives mostly touches the latter
+	// first.
 	Last []string
 }
 
@@ -204,7 +225,21 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		if !fi.Mode().IsRegular() {
 			return st, fmt.Errorf("write pack: %s is not a regular file", files[n])
 		}
-		hdr.Files = append(hdr.Files, PackFile{Name: n, Size: fi.Size()})
+		pf := PackFile{Name: n, Size: fi.Size()}
+		for ci := range int((pf.Size + cs - 1) / cs) {
+			hole, err := inHole(f, int64(ci)*cs, chunkLen(pf.Size, cs, ci))
+			if err != nil {
+				return st, fmt.Errorf("write pack: %s: %w", n, err)
+			}
+			switch last := len(pf.Holes) - 1; {
+			case !hole:
+			case last >= 0 && pf.Holes[last][1] == ci:
+				pf.Holes[last][1]++
+			default:
+				pf.Holes = append(pf.Holes, [2]int{ci, ci + 1})
+			}
+		}
+		hdr.Files = append(hdr.Files, pf)
 	}
 	bases := map[string]*base{}
 	used := map[string]Seed{}
@@ -260,7 +295,6 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	}
 	var wg sync.WaitGroup
 	holes := 0
-	var dispatchErr error
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -272,12 +306,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 				exts[fi] = extentsOf(fds[fi])
 			}
 			for ci := range int((f.Size + cs - 1) / cs) {
-				hole, err := inHole(fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
-				if err != nil {
-					dispatchErr = fmt.Errorf("write pack: %s: %w", f.Name, err)
-					return
-				}
-				if hole {
+				if f.Hole(ci) {
 					holes++
 					continue
 				}
@@ -316,6 +345,28 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			}
 		}()
 	}
+	// The whole chunks of a file of Last wait until its other records
+	// are out (deferred), and are then read again, from the page cache.
+	// (A buffer of their own: the pool's may all be held by records in
+	// flight.)
+	var deferred []packRec
+	var deferBuf []byte
+	flushDeferred := func() error {
+		for _, r := range deferred {
+			if deferBuf == nil {
+				deferBuf = make([]byte, cs)
+			}
+			c := deferBuf[:chunkLen(hdr.Files[r.fi].Size, cs, r.ci)]
+			if _, err := fds[r.fi].ReadAt(c, int64(r.ci)*cs); err != nil {
+				return fmt.Errorf("write pack: read %s chunk %d: %w", hdr.Files[r.fi].Name, r.ci, err)
+			}
+			if err := pw.record(recWhole, r.fi, r.ci, c); err != nil {
+				return err
+			}
+		}
+		deferred = nil
+		return nil
+	}
 	err = func() error {
 		for out := range order {
 			var r packRec
@@ -326,6 +377,11 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			}
 			if r.err != nil {
 				return r.err
+			}
+			if len(deferred) > 0 && deferred[0].fi != r.fi {
+				if err := flushDeferred(); err != nil {
+					return err
+				}
 			}
 			st.BytesRead += r.read
 			if r.unread {
@@ -341,7 +397,10 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			case recWhole:
 				st.WholeChunks++
 			}
-			if r.typ != 0 {
+			switch {
+			case r.typ == recWhole && slices.Contains(opts.Last, hdr.Files[r.fi].Name):
+				deferred = append(deferred, packRec{fi: r.fi, ci: r.ci})
+			case r.typ != 0:
 				if err := pw.record(r.typ, r.fi, r.ci, r.parts...); err != nil {
 					return err
 				}
@@ -350,13 +409,10 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 				pool <- r.bufs
 			}
 		}
-		return nil
+		return flushDeferred()
 	}()
 	cancel()
 	wg.Wait()
-	if err == nil {
-		err = dispatchErr
-	}
 	if err != nil {
 		return st, err
 	}
@@ -607,6 +663,13 @@ func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
 			return h, fmt.Errorf("%w: file %q of %d bytes", ErrPack, f.Name, f.Size)
 		}
 		seen[f.Name] = true
+		prev := 0
+		for _, r := range f.Holes {
+			if r[0] < prev || r[1] <= r[0] || int64(r[1]) > (f.Size+h.ChunkSize-1)/h.ChunkSize {
+				return h, fmt.Errorf("%w: file %q: holes %v", ErrPack, f.Name, f.Holes)
+			}
+			prev = r[1]
+		}
 	}
 	return h, nil
 }
@@ -650,10 +713,11 @@ type PackNotify struct {
 	// an earlier file after that is ErrPack), and with len(Files) once
 	// the trailer is checked.
 	FilesDone func(n int)
-	// ChunksIn(file, n): the first n chunks of Files[file] are complete
-	// in dir (a pack holds a file's records in chunk order; a record
-	// out of it is ErrPack). Called after each record is written.
-	ChunksIn func(file, n int)
+	// ChunkIn(file, i): chunk i of Files[file] is complete in dir.
+	// Called after each record is written. A chunk with no record is a
+	// hole (PackFile.Holes: known from the header) or zeros the sender
+	// found (known when FilesDone says the file is complete).
+	ChunkIn func(file, i int)
 }
 
 // ReadPackNotify is ReadPack telling notify what arrives as it does.
@@ -692,7 +756,8 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 	payload := make([]byte, maxPayload)
 	buf := make([]byte, cs)
 	records := 0
-	current, next := 0, 0 // the file of the last record, and the chunk after it
+	current := 0 // the file of the last record
+	sent := map[[2]int]bool{}
 	for {
 		if err := ctx.Err(); err != nil {
 			return st, err
@@ -730,15 +795,15 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 			return st, fmt.Errorf("%w: record %d: chunk %d of file %d after file %d", ErrPack, records, ci, fi, current)
 		}
 		if fi > current {
-			current, next = fi, 0
+			current = fi
 			if notify.FilesDone != nil {
 				notify.FilesDone(fi)
 			}
 		}
-		if ci < next {
-			return st, fmt.Errorf("%w: record %d: chunk %d of file %d after its chunk %d", ErrPack, records, ci, fi, next-1)
+		if sent[[2]int{fi, ci}] || h.Files[fi].Hole(ci) {
+			return st, fmt.Errorf("%w: record %d: chunk %d of file %d, sent before or a hole", ErrPack, records, ci, fi)
 		}
-		next = ci + 1
+		sent[[2]int{fi, ci}] = true
 		f := h.Files[fi]
 		off := int64(ci) * cs
 		c := buf[:chunkLen(f.Size, cs, ci)]
@@ -778,8 +843,8 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 		default:
 			return st, fmt.Errorf("%w: record %d: type %q", ErrPack, records, typ)
 		}
-		if notify.ChunksIn != nil {
-			notify.ChunksIn(fi, next)
+		if notify.ChunkIn != nil {
+			notify.ChunkIn(fi, ci)
 		}
 	}
 	st.ZeroChunks = st.Chunks - st.BaseChunks - st.PatchChunks - st.WholeChunks
