@@ -184,7 +184,6 @@ type Agent struct {
 	store *chunkstore.Store
 	storeJobs
 	lazyState
-	arrivals
 	// replicas runs one download at a time of each user template version
 	// built on another host (usertemplates.go).
 	replicas singleflight.Group
@@ -731,11 +730,8 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	for _, f := range []string{disk, mem, state} {
 		os.Remove(f) // a leftover of an interrupted restore
 	}
-	fsys := a.lazyArrival(im.arrival)
 	if im.arrival == nil {
 		err = restoreFiles(im, disk, mem, state)
-	} else if fsys != nil {
-		err = a.restoreArriving(ctx, s, im.arrival, fsys, disk, mem, state) // direct.go
 	} else if err = im.arrival.waitDisk(ctx); err == nil {
 		// The memory image and device state are linked while they
 		// arrive: the same inodes, written on.
@@ -797,9 +793,9 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if s.stopping() { // killed before it could see the machine
 		return errStopped(s, "restore")
 	}
-	if im.arrival != nil && fsys == nil {
-		// The VMM started while the memory image arrived; without a
-		// lazy memory file nothing of it runs before all of it is in.
+	if im.arrival != nil {
+		// The VMM started while the memory image arrived; nothing
+		// of it runs before all of it is in.
 		if err := im.arrival.wait(ctx); err != nil {
 			return fmt.Errorf("receive the snapshot: %w", err)
 		}
@@ -862,8 +858,7 @@ func (a *Agent) undoRestore(s *sandbox) {
 // removeLiveFiles removes the files of s's machine (not its record or
 // pause capture) and its run directory.
 func (a *Agent) removeLiveFiles(s *sandbox) {
-	a.dropArrival(s.rec.ID)
-	for _, f := range []string{diskFile, memFile, stateFile, arrivingFile, arrivedFile} {
+	for _, f := range []string{diskFile, memFile, stateFile} {
 		os.Remove(filepath.Join(s.dir, f))
 	}
 	os.RemoveAll(s.runDir)

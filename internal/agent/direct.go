@@ -15,10 +15,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/lazymem"
 	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/volume"
 )
 
 // Direct transfers: a snapshot (in practice a cross-host fork's transient
@@ -74,10 +72,7 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 		bases, release = a.templateBases(ctx, si.Template)
 	}
 	defer release()
-	// The memory image last: a receiver can start the guest once the
-	// disk and the device state are in, serving its memory as it comes
-	// (arrivalImage).
-	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.chunkSize(), Meta: meta, Bases: bases, Last: []string{memFile}})
+	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.chunkSize(), Meta: meta, Bases: bases})
 	if err != nil {
 		return st, fmt.Errorf("send snapshot %s: %w", id, err)
 	}
@@ -146,11 +141,17 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, classifyIOError(err))
 	}
-	var notify chunkstore.PackNotify
+	var filesDone func(int)
 	if arr != nil {
-		notify = arr.begin(si, h, tmp)
+		arr.begin(si, tmp)
+		disk := slices.IndexFunc(h.Files, func(f chunkstore.PackFile) bool { return f.Name == diskFile })
+		filesDone = func(n int) {
+			if n > disk {
+				arr.diskIn()
+			}
+		}
 	}
-	st, err := chunkstore.ReadPackNotify(ctx, br, h, tmp, seeds, notify)
+	st, err := chunkstore.ReadPackNotify(ctx, br, h, tmp, seeds, filesDone)
 	if err == nil {
 		if verr := checkDownloaded(tmp); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
@@ -273,7 +274,6 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 		err error
 	}
 	recv := make(chan received, 1)
-	t0 := time.Now()
 	go func() {
 		si, err := a.receiveSnapshot(ctx, req.SnapshotID, r, arr)
 		recv <- received{si, err}
@@ -284,19 +284,9 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 		return Info{}, SnapshotInfo{}, rv.err
 	}
 	info, cerr := a.createFrom(ctx, req, image{Spec: arr.si.Spec, Template: arr.si.Template, arrival: arr}, chunkstore.DownloadStats{})
-	tCreated := time.Since(t0)
 	rv := <-recv
 	if rv.err != nil {
-		if s, err := a.get(req.ID); cerr == nil && err == nil {
-			// It started while its memory arrived, which now never
-			// will be whole.
-			a.stop(s)
-		}
-		return Info{}, SnapshotInfo{}, rv.err // else the create, waiting for it, failed too
-	}
-	if cerr == nil && a.arrived(req.ID) {
-		a.log.Info("sandbox ran while its memory arrived", "sandbox_id", req.ID, "snapshot_id", req.SnapshotID, "running_ms", tCreated.Milliseconds(),
-			"received_ms", time.Since(t0).Milliseconds(), "bytes", rv.si.FetchedBytes)
+		return Info{}, SnapshotInfo{}, rv.err // the create, waiting for it, failed too
 	}
 	return info, rv.si, cerr
 }
@@ -306,78 +296,31 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 // methods are safe for concurrent use; those of a nil arrival do nothing.
 type arrival struct {
 	begun chan struct{} // closed by begin
-	disk  chan struct{} // closed once the disk is in
-	state chan struct{} // closed once the device state is in
+	disk  chan struct{} // closed by diskIn
 	ended chan struct{} // closed by end; err then says how
 	si    SnapshotInfo  // set by begin: read it once begun is closed
-	// memLast (set by begin) says the pack's memory image comes after
-	// its disk and device state, so that its guest can run while the
-	// memory arrives (lazyArrival); chunk is the pack's chunk size, and
-	// memHoles the image's chunks that are holes (zeros: in at once).
-	memLast  bool
-	chunk    int64
-	memHoles chunkstore.PackFile
 
-	mu                  sync.Mutex
-	dir                 string // where its files are now
-	err                 error
-	memIn               map[int]bool  // the chunks of the memory image that are in
-	memAll              bool          // all of it is
-	changed             chan struct{} // closed (and replaced) when memIn or memAll change
-	diskOnce, stateOnce sync.Once
+	mu   sync.Mutex
+	dir  string // where its files are now
+	err  error
+	once sync.Once // of diskIn
 }
 
 func newArrival() *arrival {
-	return &arrival{begun: make(chan struct{}), disk: make(chan struct{}), state: make(chan struct{}), ended: make(chan struct{}), changed: make(chan struct{}),
-		memIn: map[int]bool{}}
+	return &arrival{begun: make(chan struct{}), disk: make(chan struct{}), ended: make(chan struct{})}
 }
 
-// begin says the receive will write the snapshot si, whose pack's header
-// is h, into dir, and returns what the receive tells it as it reads.
-func (ar *arrival) begin(si SnapshotInfo, h chunkstore.PackHeader, dir string) chunkstore.PackNotify {
-	index := func(name string) int {
-		return slices.IndexFunc(h.Files, func(f chunkstore.PackFile) bool { return f.Name == name })
-	}
-	disk, state, mem := index(diskFile), index(stateFile), index(memFile)
+// begin says the receive will write the snapshot si into dir.
+func (ar *arrival) begin(si SnapshotInfo, dir string) {
 	ar.si = si
-	ar.memLast = mem >= 0 && mem == len(h.Files)-1 && disk >= 0 && state >= 0
-	ar.chunk = h.ChunkSize
-	if mem >= 0 {
-		ar.memHoles = h.Files[mem]
-	}
 	ar.mu.Lock()
 	ar.dir = dir
 	ar.mu.Unlock()
 	close(ar.begun)
-	return chunkstore.PackNotify{
-		FilesDone: func(n int) {
-			if n > disk {
-				ar.diskOnce.Do(func() { close(ar.disk) })
-			}
-			if n > state {
-				ar.stateOnce.Do(func() { close(ar.state) })
-			}
-			if n > mem {
-				ar.memChanged(func() { ar.memAll = true })
-			}
-		},
-		ChunkIn: func(file, i int) {
-			if file == mem {
-				ar.memChanged(func() { ar.memIn[i] = true })
-			}
-		},
-	}
 }
 
-// memChanged runs fn, which changes memIn or memAll, and wakes memReady's
-// waiters.
-func (ar *arrival) memChanged(fn func()) {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	fn()
-	close(ar.changed)
-	ar.changed = make(chan struct{})
-}
+// diskIn says the disk is complete (its records read and checked).
+func (ar *arrival) diskIn() { ar.once.Do(func() { close(ar.disk) }) }
 
 // move runs fn, which moves the files to dir, with no withDir meanwhile;
 // if it succeeds they are in dir from then on. A nil arrival just runs fn.
@@ -415,62 +358,14 @@ func (ar *arrival) withDir(fn func(dir string) error) error {
 
 // waitDisk waits until the disk is complete (or the receive ended: its
 // error) or ctx ends.
-func (ar *arrival) waitDisk(ctx context.Context) error { return ar.waitFile(ctx, ar.disk) }
-
-// waitState waits until the device state is complete, as waitDisk.
-func (ar *arrival) waitState(ctx context.Context) error { return ar.waitFile(ctx, ar.state) }
-
-func (ar *arrival) waitFile(ctx context.Context, in chan struct{}) error {
+func (ar *arrival) waitDisk(ctx context.Context) error {
 	select {
-	case <-in:
+	case <-ar.disk:
 		return nil
 	case <-ar.ended:
-		if err := ar.result(); err != nil {
-			return err
-		}
-		return nil // complete (its done was told before the end)
+		return ar.result()
 	case <-ctx.Done():
 		return ctx.Err()
-	}
-}
-
-// memReady waits until bytes [off, off+n) of the memory image are in: a
-// read of its lazy file (lazymem.Image.Ready). A receive that failed
-// fails it with lazymem.ErrLost: the guest reading there dies.
-func (ar *arrival) memReady(ctx context.Context, off, n int64) error {
-	first, last := int(off/ar.chunk), int((off+max(n, 1)-1)/ar.chunk)
-	in := func() (bool, chan struct{}) {
-		ar.mu.Lock()
-		defer ar.mu.Unlock()
-		if ar.memAll {
-			return true, ar.changed
-		}
-		for i := first; i <= last; i++ {
-			if !ar.memIn[i] && !ar.memHoles.Hole(i) {
-				return false, ar.changed
-			}
-		}
-		return true, ar.changed
-	}
-	for {
-		ok, changed := in()
-		if ok {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ar.ended:
-			if ok, _ := in(); ok {
-				return nil
-			}
-			err := ar.result()
-			if err == nil {
-				err = errors.New("it ended without it")
-			}
-			return fmt.Errorf("%w: the receive of the memory image failed: %w", lazymem.ErrLost, err)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
 	}
 }
 
@@ -488,168 +383,4 @@ func (ar *arrival) result() error {
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
 	return ar.err
-}
-
-// Lazy arrivals. On a host with lazy restore (Config.Lazy), a sandbox
-// created from a pack whose memory image comes last (SendSnapshot's)
-// runs its guest as soon as its disk and device state are in: its
-// vm.mem is a symbolic link to the file arrivalSet+<sandbox> of the
-// host's lazymem mount, whose reads come from the memory image being
-// received, each waiting until its chunks are in (arrival.memReady). A
-// receive that fails fails the reads still waiting (EIO: the machine
-// dies) and ReceiveAndCreate stops the sandbox. The file stays the
-// machine's memory for its life (a mapping cannot change its file): its
-// later page-cache misses read the received image through the mount, and
-// a capture of the machine is made from that image's blocks
-// (cloneMemory, assembleLazy). A hard link to the image in the
-// sandbox's directory (arrivingFile, arrivedFile once complete) keeps it
-// for a restart of the agent, whose mount then serves it from there.
-
-// arrivalSet is the lazymem set name prefix of the memory images of
-// sandboxes that started while they arrived, by sandbox id.
-const arrivalSet = "arrivals/"
-
-// The hard link, in a sandbox's directory, to the memory image it was
-// created from while that arrived: arrivingFile until the receive
-// completed, arrivedFile after (which alone a restarted agent serves).
-const (
-	arrivingFile = "vm.mem.arriving"
-	arrivedFile  = "vm.mem.arrived"
-)
-
-// arrivals are the receives that sandboxes' lazy memory files read from,
-// by sandbox id, until the receive completes.
-type arrivals struct {
-	arrMu    sync.Mutex
-	arriving map[string]*arrival
-}
-
-// lazyArrival returns the host's lazymem mount if a machine created from
-// ar can run while ar's memory image arrives: the host has lazy restore
-// and the pack brings the image after the disk and device state.
-func (a *Agent) lazyArrival(ar *arrival) *lazymem.FS {
-	if ar == nil || !ar.memLast || a.cfg.Lazy == nil {
-		return nil
-	}
-	fsys, err := a.lazyMount()
-	if err != nil {
-		a.log.Warn("start a sandbox while its memory arrives: no lazy memory files; it starts once its memory is in", "err", err)
-		return nil
-	}
-	return fsys
-}
-
-// restoreArriving gives sandbox s its files from ar, which lazyArrival
-// accepted, once the disk and device state are in: disk, state and mem
-// as restoreFiles, but mem a symbolic link to s's file on fsys.
-func (a *Agent) restoreArriving(ctx context.Context, s *sandbox, ar *arrival, fsys *lazymem.FS, disk, mem, state string) error {
-	if err := ar.waitDisk(ctx); err != nil {
-		return err
-	}
-	if err := ar.waitState(ctx); err != nil {
-		return err
-	}
-	a.arrMu.Lock()
-	if a.arriving == nil {
-		a.arriving = map[string]*arrival{}
-	}
-	a.arriving[s.rec.ID] = ar
-	a.arrMu.Unlock()
-	return ar.withDir(func(dir string) error {
-		if err := volume.Clone(filepath.Join(dir, diskFile), disk); err != nil {
-			return classifyIOError(err)
-		}
-		if err := os.Link(filepath.Join(dir, stateFile), state); err != nil {
-			return classifyIOError(fmt.Errorf("link device state: %w", err))
-		}
-		if err := os.Link(filepath.Join(dir, memFile), filepath.Join(s.dir, arrivingFile)); err != nil {
-			return classifyIOError(fmt.Errorf("link memory image: %w", err))
-		}
-		return os.Symlink(fsys.Path(arrivalSet+s.rec.ID), mem)
-	})
-}
-
-// arrived says sandbox id's memory image, if it started while that
-// arrived (which it reports), is complete: a restarted agent may serve it
-// from then on.
-func (a *Agent) arrived(id string) bool {
-	a.arrMu.Lock()
-	_, ok := a.arriving[id]
-	delete(a.arriving, id)
-	a.arrMu.Unlock()
-	if !ok {
-		return false
-	}
-	dir := filepath.Join(a.sbDir, id)
-	if err := os.Rename(filepath.Join(dir, arrivingFile), filepath.Join(dir, arrivedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		a.log.Error("keep a received memory image for a restart", "sandbox_id", id, "err", err)
-	}
-	return true
-}
-
-// dropArrival forgets the memory file of sandbox id, whose machine is
-// gone, if it had one: the mount no longer holds the image open.
-func (a *Agent) dropArrival(id string) {
-	a.arrMu.Lock()
-	delete(a.arriving, id)
-	a.arrMu.Unlock()
-	a.lazyMu.Lock()
-	fsys := a.lazyFS
-	a.lazyMu.Unlock()
-	if fsys != nil {
-		fsys.Drop(arrivalSet + id)
-	}
-}
-
-// arrivalImage is the lazymem Image of sandbox id's memory file: the
-// image being received, its reads waiting for their chunks, or after a
-// restart the complete image its directory keeps (arrivedFile).
-// os.ErrNotExist if there is neither (the receive never completed).
-func (a *Agent) arrivalImage(id string) (*lazymem.Image, error) {
-	if !host.ValidID(id) {
-		return nil, fmt.Errorf("memory image of sandbox %q: %w", id, os.ErrNotExist)
-	}
-	a.arrMu.Lock()
-	ar := a.arriving[id]
-	a.arrMu.Unlock()
-	im := &lazymem.Image{ChunkSize: a.chunkSize()}
-	var f *os.File
-	var err error
-	if ar != nil {
-		err = ar.withDir(func(dir string) (err error) {
-			f, err = os.Open(filepath.Join(dir, memFile))
-			return err
-		})
-		im.ChunkSize, im.Ready = ar.chunk, ar.memReady
-	} else {
-		f, err = os.Open(filepath.Join(a.sbDir, id, arrivedFile))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("memory image of sandbox %s: %w", id, err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	// Every chunk is local (the Source is never read): so a capture's
-	// Layout reflinks the image's own blocks.
-	im.Source = fileSource{f, fi.Size()}
-	im.Local = map[int]lazymem.LocalChunk{}
-	for i := int64(0); i*im.ChunkSize < fi.Size(); i++ {
-		im.Local[int(i)] = lazymem.LocalChunk{File: f, Off: i * im.ChunkSize}
-	}
-	im.Close = func() { f.Close() }
-	return im, nil
-}
-
-// fileSource is a lazymem.Source over a local file.
-type fileSource struct {
-	f    *os.File
-	size int64
-}
-
-func (s fileSource) Size() int64 { return s.size }
-func (s fileSource) ReadAtContext(_ context.Context, p []byte, off int64) (int, error) {
-	return s.f.ReadAt(p, off)
 }

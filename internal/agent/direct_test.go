@@ -9,7 +9,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -19,7 +18,6 @@ import (
 	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/template"
 )
@@ -30,21 +28,12 @@ import (
 // pack is diffed against.
 func sharingHosts(t *testing.T) (a, b *Agent, csA *chunkstore.Store, src Info) {
 	t.Helper()
-	return sharingHostsWith(t, func(objs objstore.Store) *Agent {
-		openB, _ := storeHost(t, objs)
-		b := openB()
-		b.Recover(ctxT(t))
-		return b
-	})
-}
-
-// sharingHostsWith is sharingHosts whose B is newB's, on the store.
-func sharingHostsWith(t *testing.T, newB func(objstore.Store) *Agent) (a, b *Agent, csA *chunkstore.Store, src Info) {
-	t.Helper()
 	s3 := s3test.Start(t)
 	openA, csA := storeHost(t, s3.Open("fleet"))
+	openB, _ := storeHost(t, s3.Open("fleet"))
 	a, src = sourceSandbox(t, openA)
-	b = newB(s3.Open("fleet"))
+	b = openB()
+	b.Recover(ctxT(t))
 	key := src.Template
 	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
 	tA, _ := a.templates.ByKey(key)
@@ -394,7 +383,7 @@ func TestReceiveAndCreate(t *testing.T) {
 	id, pack := capture()
 	memAt := packFileOffset(t, pack, memFile)
 	req := CreateRequest{ID: host.NewID(), SnapshotID: id}
-	pid, _, si, err := receiveGated(t, b, req, pack[:memAt+(len(pack)-memAt)/2], memAt, vmmRuns)
+	pid, _, si, err := receiveGated(t, b, req, pack[:memAt+(len(pack)-memAt)/2], memAt)
 	if !errors.Is(err, ErrCorrupt) || si.ID != "" {
 		t.Errorf("pack cut in the memory image: %v, kept %q; want ErrCorrupt, nothing kept", err, si.ID)
 	}
@@ -414,7 +403,7 @@ func TestReceiveAndCreate(t *testing.T) {
 	// Whole: the VMM starts before the memory arrives, then the child
 	// runs on it.
 	req.ID = host.NewID()
-	_, child, si, err := receiveGated(t, b, req, pack, memAt, vmmRuns)
+	_, child, si, err := receiveGated(t, b, req, pack, memAt)
 	if err != nil {
 		t.Fatalf("receive and create on B: %v", err)
 	}
@@ -468,9 +457,8 @@ func packFileOffset(t *testing.T, pack []byte, name string) int {
 }
 
 // receiveGated runs b.ReceiveAndCreate(req) on pack, holding the bytes
-// from gate on until until(b, the sandbox) holds (its description says
-// what), and returns the sandbox's VMM's PID then.
-func receiveGated(t *testing.T, b *Agent, req CreateRequest, pack []byte, gate int, until gateCond) (int, Info, SnapshotInfo, error) {
+// from gate on until the sandbox's VMM runs, whose PID it returns.
+func receiveGated(t *testing.T, b *Agent, req CreateRequest, pack []byte, gate int) (int, Info, SnapshotInfo, error) {
 	t.Helper()
 	release := make(chan struct{})
 	var once sync.Once
@@ -488,129 +476,14 @@ func receiveGated(t *testing.T, b *Agent, req CreateRequest, pack []byte, gate i
 		done <- result{in, si, err}
 	}()
 	pid := 0
-	waitFor(t, func() string { return until.what + " (" + req.ID + ") before its memory image arrives" }, func() bool {
+	waitFor(t, func() string { return "the VMM of " + req.ID + " before its memory image arrives" }, func() bool {
 		in, err := b.Get(req.ID)
 		pid = in.PID
-		return err == nil && in.PID != 0 && until.holds(b, in)
+		return err == nil && in.PID != 0
 	})
 	open()
 	r := <-done
 	return pid, r.in, r.si, r.err
-}
-
-// gateCond is what receiveGated waits for.
-type gateCond struct {
-	what  string
-	holds func(b *Agent, child Info) bool
-}
-
-// vmmRuns: the child's VMM runs.
-var vmmRuns = gateCond{"the VMM", func(*Agent, Info) bool { return true }}
-
-// memoryRead: the child's machine read memory through its lazy file
-// (it was loaded and runs).
-var memoryRead = gateCond{"memory read by the machine", func(b *Agent, child Info) bool {
-	st, ok := b.LazyStats(arrivalSet + child.ID)
-	return ok && st.BytesRead > 0
-}}
-
-// TestReceiveAndCreateLazy: on a host with lazy restore, a child made from
-// a pack as it arrives runs before its memory image has arrived — its
-// machine reads its memory through the host's lazymem mount while the
-// pack is held in the middle of the image (the image comes last) — and
-// once it has, it has the parent's files and memory state, and so has a
-// child forked from it (a capture of a machine whose memory is such a
-// file). A pack cut short in the memory image after the machine ran
-// stops the child and keeps nothing.
-func TestReceiveAndCreateLazy(t *testing.T) {
-	var reopen func() *Agent
-	a, b, _, src := sharingHostsWith(t, func(objs objstore.Store) *Agent {
-		var b *Agent
-		b, _, _, reopen = lazyHostOpener(t, objs, nil)
-		return b
-	})
-	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
-	sum, keeper, secret := memState(t, a, src.ID)
-	id, pack := capturePack(t, a, b, src.ID)
-	memAt := packFileOffset(t, pack, memFile)
-	if stateAt, diskAt := packFileOffset(t, pack, stateFile), packFileOffset(t, pack, diskFile); stateAt > memAt || diskAt > memAt {
-		t.Fatalf("the pack's records: disk at %d, device state at %d, memory image at %d; want the memory image last", diskAt, stateAt, memAt)
-	}
-	gate := memAt + (len(pack)-memAt)/2
-
-	// Cut short in the memory image, after the machine ran.
-	req := CreateRequest{ID: host.NewID(), SnapshotID: id}
-	pid, _, si, err := receiveGated(t, b, req, pack[:gate+(len(pack)-gate)/2], gate, memoryRead)
-	if !errors.Is(err, ErrCorrupt) || si.ID != "" {
-		t.Errorf("pack cut in the memory image: %v, kept %q; want ErrCorrupt, nothing kept", err, si.ID)
-	}
-	if _, err := b.Get(req.ID); !errors.Is(err, ErrNotFound) {
-		t.Errorf("the child of a pack cut short remains: %v", err)
-	}
-	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Errorf("the VMM (pid %d) of the child of a pack cut short still runs: %v", pid, err)
-	}
-	if _, err := b.GetSnapshot(id); !errors.Is(err, ErrNotFound) {
-		t.Errorf("B keeps the snapshot of a pack cut short: %v", err)
-	}
-	if _, ok := b.LazyStats(arrivalSet + req.ID); ok {
-		t.Errorf("B's mount still serves the memory of the child of a pack cut short")
-	}
-
-	// Whole.
-	req.ID = host.NewID()
-	_, child, si, err := receiveGated(t, b, req, pack, gate, memoryRead)
-	if err != nil {
-		t.Fatalf("receive and create on B: %v", err)
-	}
-	t.Cleanup(func() { b.Kill(context.Background(), child.ID) })
-	if si.ID != id || child.State != StateRunning {
-		t.Errorf("got snapshot %s, child %s; want %s, running", si.ID, child.State, id)
-	}
-	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "on-a\n" {
-		t.Errorf("child on B reads %q, want %q", got, "on-a\n")
-	}
-	checkMemState(t, "child that ran as its memory arrived", b, child.ID, sum, keeper, secret)
-	if ms, err := b.Memory(child.ID); err != nil || ms.Lazy == nil || ms.Lazy.ReadBytes == 0 || ms.Lazy.FetchedBytes != 0 {
-		t.Errorf("child's memory stats %+v (%v): want its lazy file read, nothing fetched from the store", ms.Lazy, err)
-	}
-	if _, err := os.Stat(filepath.Join(b.sbDir, child.ID, arrivedFile)); err != nil {
-		t.Errorf("the child's directory does not keep its complete memory image for a restart: %v", err)
-	}
-
-	// A fork of it: its capture is made from the received image.
-	shOn(t, b, child.ID, "echo on-b >> /root/f.txt")
-	gid := host.NewID()
-	if _, err := b.Fork(ctxT(t), child.ID, []string{gid}); err != nil {
-		t.Fatalf("fork of the child: %v", err)
-	}
-	t.Cleanup(func() { b.Kill(context.Background(), gid) })
-	if got := shOn(t, b, gid, "cat /root/f.txt"); got != "on-a\non-b\n" {
-		t.Errorf("grandchild reads %q, want %q", got, "on-a\non-b\n")
-	}
-	checkMemState(t, "grandchild", b, gid, sum, keeper, secret)
-
-	// The agent restarts (its holder keeps the mount): the child runs
-	// on, its memory served from the image its directory keeps.
-	path := b.lazyFS.Path(arrivalSet + child.ID)
-	b.Detach()
-	dropPages(t, path)
-	b = reopen()
-	if info, err := b.Get(child.ID); err != nil || info.State != StateRunning {
-		t.Fatalf("after the agent's restart: %+v, %v; want running", info, err)
-	}
-	checkMemState(t, "child that ran as its memory arrived, after its agent restarted", b, child.ID, sum, keeper, secret)
-	if st, ok := b.LazyStats(arrivalSet + child.ID); !ok || st.BytesRead == 0 {
-		t.Errorf("the restarted agent served nothing of the child's memory: %+v", st)
-	}
-
-	// Gone: its file is no longer served.
-	if err := b.Kill(ctxT(t), child.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := b.LazyStats(arrivalSet + child.ID); ok {
-		t.Errorf("B's mount still serves the memory of a killed child")
-	}
 }
 
 // afterReader reads r once wait is closed.

@@ -159,13 +159,7 @@ func (a *Agent) lazyMount() (*lazymem.FS, error) {
 		FetchAll: !lc.NoFetchAll, NoPrefetch: lc.NoPrefetch,
 		OnError: func(name string, err error) { a.log.Warn("working set of a lazy restore", "set", name, "err", err) },
 		Seeds:   a.lazySeeds}
-	resolve := func(ctx context.Context, name string) (*lazymem.Image, error) {
-		if id, ok := strings.CutPrefix(name, arrivalSet); ok {
-			return a.arrivalImage(id) // direct.go
-		}
-		return images.Resolve(ctx, name)
-	}
-	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: resolve, Log: a.log,
+	fsys, err := lazymem.Mount(lazymem.Config{Dir: filepath.Join(a.vol.Dir, "lazy"), Resolve: images.Resolve, Log: a.log,
 		MaxReadAhead: lc.ReadAheadKiB << 10, Holder: lc.Holder})
 	if err != nil {
 		return nil, err

@@ -175,7 +175,6 @@ func (a *Agent) stop(s *sandbox) {
 		m2.Kill()
 	}
 	a.releaseNet(s)
-	a.dropArrival(s.rec.ID)
 	if err := a.removeSandboxDir(s.dir); err != nil {
 		a.log.Error("remove sandbox files", "sandbox_id", s.rec.ID, "err", err)
 	}

@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 )
@@ -35,12 +34,7 @@ import (
 //	record:  u8 type | u8 file | u32 chunk | u32 n | n bytes of payload | u32 crc of all before it in the record
 //	trailer: a record of type 'E', file 0, chunk 0, payload u32 count of records before it
 //
-// Records come file by file in the order of the header's Files (name
-// order, but for PackOptions.Last), each file's in chunk order but for
-// the whole chunks of a file of Last, which come after its others; a
-// record of an earlier file, or of a chunk already sent, is refused. The
-// header lists each file's holes (PackFile.Holes), which have no record. Per chunk of a file (a chunk
-// absent from the stream is zeros):
+// Records, per chunk of a file (a chunk absent from the stream is zeros):
 //
 //	'B' base:  payload the SHA-256 (32 bytes) of a chunk of the receiver's
 //	           base (its template): the chunk is that chunk, taken from
@@ -100,21 +94,6 @@ type PackHeader struct {
 type PackFile struct {
 	Name string `json:"name"`
 	Size int64  `json:"size"`
-	// Holes are the file's chunks that are holes on the sender (ranges
-	// [from, to) of chunk indexes): zeros, which come as no record. A
-	// receiver knows them zeros from the header on, before the records
-	// after them come (a memory image served as it arrives).
-	Holes [][2]int `json:"holes,omitempty"`
-}
-
-// Hole reports whether chunk i is one of f's Holes.
-func (f PackFile) Hole(i int) bool {
-	for _, h := range f.Holes {
-		if i >= h[0] && i < h[1] {
-			return true
-		}
-	}
-	return false
 }
 
 // PackStats counts what a pack held (the same on both sides).
@@ -166,15 +145,6 @@ type PackOptions struct {
 	// base's chunk at the same offset is sent as its hash, one that
 	// differs in a few pages as a patch over it.
 	Bases map[string]Seed
-	// Last names files that go after all the others, in this order (the
-	// others go in name order): a receiver can use the files before
-	// them while these arrive (a memory image served as it arrives needs
-	// the device state first). Within each, the chunks sent whole (the
-	// bulk a sandbox wrote) come after its other chunks (the few pages
-	// it changed here and there), each part in chunk order: a machine
-	// whose memory is served as it arrives mostly touches the latter
-	// first.
-	Last []string
 }
 
 // WritePack writes files (name → local path) to w as a pack. The files
@@ -195,13 +165,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		}
 		names = append(names, n)
 	}
-	slices.SortFunc(names, func(x, y string) int {
-		// Files of Last after the others (index -1), in Last's order.
-		if ix, iy := slices.Index(opts.Last, x), slices.Index(opts.Last, y); ix != iy {
-			return ix - iy
-		}
-		return strings.Compare(x, y)
-	})
+	slices.Sort(names)
 	if len(names) > 255 {
 		return st, fmt.Errorf("write pack: %d files: at most 255", len(names))
 	}
@@ -225,21 +189,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		if !fi.Mode().IsRegular() {
 			return st, fmt.Errorf("write pack: %s is not a regular file", files[n])
 		}
-		pf := PackFile{Name: n, Size: fi.Size()}
-		for ci := range int((pf.Size + cs - 1) / cs) {
-			hole, err := inHole(f, int64(ci)*cs, chunkLen(pf.Size, cs, ci))
-			if err != nil {
-				return st, fmt.Errorf("write pack: %s: %w", n, err)
-			}
-			switch last := len(pf.Holes) - 1; {
-			case !hole:
-			case last >= 0 && pf.Holes[last][1] == ci:
-				pf.Holes[last][1]++
-			default:
-				pf.Holes = append(pf.Holes, [2]int{ci, ci + 1})
-			}
-		}
-		hdr.Files = append(hdr.Files, pf)
+		hdr.Files = append(hdr.Files, PackFile{Name: n, Size: fi.Size()})
 	}
 	bases := map[string]*base{}
 	used := map[string]Seed{}
@@ -295,6 +245,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	}
 	var wg sync.WaitGroup
 	holes := 0
+	var dispatchErr error
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -306,7 +257,12 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 				exts[fi] = extentsOf(fds[fi])
 			}
 			for ci := range int((f.Size + cs - 1) / cs) {
-				if f.Hole(ci) {
+				hole, err := inHole(fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
+				if err != nil {
+					dispatchErr = fmt.Errorf("write pack: %s: %w", f.Name, err)
+					return
+				}
+				if hole {
 					holes++
 					continue
 				}
@@ -345,28 +301,6 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			}
 		}()
 	}
-	// The whole chunks of a file of Last wait until its other records
-	// are out (deferred), and are then read again, from the page cache.
-	// (A buffer of their own: the pool's may all be held by records in
-	// flight.)
-	var deferred []packRec
-	var deferBuf []byte
-	flushDeferred := func() error {
-		for _, r := range deferred {
-			if deferBuf == nil {
-				deferBuf = make([]byte, cs)
-			}
-			c := deferBuf[:chunkLen(hdr.Files[r.fi].Size, cs, r.ci)]
-			if _, err := fds[r.fi].ReadAt(c, int64(r.ci)*cs); err != nil {
-				return fmt.Errorf("write pack: read %s chunk %d: %w", hdr.Files[r.fi].Name, r.ci, err)
-			}
-			if err := pw.record(recWhole, r.fi, r.ci, c); err != nil {
-				return err
-			}
-		}
-		deferred = nil
-		return nil
-	}
 	err = func() error {
 		for out := range order {
 			var r packRec
@@ -377,11 +311,6 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			}
 			if r.err != nil {
 				return r.err
-			}
-			if len(deferred) > 0 && deferred[0].fi != r.fi {
-				if err := flushDeferred(); err != nil {
-					return err
-				}
 			}
 			st.BytesRead += r.read
 			if r.unread {
@@ -397,10 +326,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 			case recWhole:
 				st.WholeChunks++
 			}
-			switch {
-			case r.typ == recWhole && slices.Contains(opts.Last, hdr.Files[r.fi].Name):
-				deferred = append(deferred, packRec{fi: r.fi, ci: r.ci})
-			case r.typ != 0:
+			if r.typ != 0 {
 				if err := pw.record(r.typ, r.fi, r.ci, r.parts...); err != nil {
 					return err
 				}
@@ -409,10 +335,13 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 				pool <- r.bufs
 			}
 		}
-		return flushDeferred()
+		return nil
 	}()
 	cancel()
 	wg.Wait()
+	if err == nil {
+		err = dispatchErr
+	}
 	if err != nil {
 		return st, err
 	}
@@ -663,13 +592,6 @@ func ReadPackHeader(r *bufio.Reader) (PackHeader, error) {
 			return h, fmt.Errorf("%w: file %q of %d bytes", ErrPack, f.Name, f.Size)
 		}
 		seen[f.Name] = true
-		prev := 0
-		for _, r := range f.Holes {
-			if r[0] < prev || r[1] <= r[0] || int64(r[1]) > (f.Size+h.ChunkSize-1)/h.ChunkSize {
-				return h, fmt.Errorf("%w: file %q: holes %v", ErrPack, f.Name, f.Holes)
-			}
-			prev = r[1]
-		}
 	}
 	return h, nil
 }
@@ -698,33 +620,21 @@ func (h PackHeader) BaseHeld(seeds []Seed) bool {
 // the caller to remove; a stream cut short, damaged, or naming a chunk
 // the seeds do not hold matches ErrPack (or ErrPackBase).
 func ReadPack(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed) (st PackStats, err error) {
-	return ReadPackNotify(ctx, r, h, dir, seeds, PackNotify{})
+	return ReadPackNotify(ctx, r, h, dir, seeds, nil)
 }
 
-// PackNotify tells the caller of ReadPackNotify what has arrived, so
-// that it can use a pack's files before the whole pack is in — but only
-// as long as the pack then reads without error: a pack cut short or
-// damaged later leaves what was said to be in void with the rest. Both
-// run on the reading goroutine: they must not block for long.
-type PackNotify struct {
-	// FilesDone(n): the first n files of the header's Files are complete
-	// in dir. Called when the first record of a later file arrives (a
-	// pack holds its files' records in the order of Files; a record of
-	// an earlier file after that is ErrPack), and with len(Files) once
-	// the trailer is checked.
-	FilesDone func(n int)
-	// ChunkIn(file, i): chunk i of Files[file] is complete in dir.
-	// Called after each record is written. A chunk with no record is a
-	// hole (PackFile.Holes: known from the header) or zeros the sender
-	// found (known when FilesDone says the file is complete).
-	ChunkIn func(file, i int)
-}
-
-// ReadPackNotify is ReadPack telling notify what arrives as it does.
-// A receiver can so use a file (the disk of a capture), or the first
-// chunks of one (a memory image served as it arrives), while the rest of
-// the pack still arrives.
-func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed, notify PackNotify) (st PackStats, err error) {
+// ReadPackNotify is ReadPack that calls filesDone(n), if not nil, each
+// time the first n files of h.Files are complete in dir: when the first
+// record of a later file arrives (a pack holds its files' records in the
+// order of h.Files, which WritePack sorts by name; a record of an earlier
+// file after that is ErrPack), and with len(h.Files) once the trailer
+// is checked. A receiver can so use a file (the disk of a capture) while
+// the next (its memory) still arrives — but only as long as the pack
+// then reads without error: a sender that breaks the order is caught only
+// when its late record comes, and a pack cut short or damaged after
+// filesDone leaves what was said done void with the rest. filesDone runs
+// on the reading goroutine: it must not block for long.
+func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir string, seeds []Seed, filesDone func(n int)) (st PackStats, err error) {
 	t0 := time.Now()
 	cs := h.ChunkSize
 	st.Bytes = h.size
@@ -788,7 +698,7 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 			break
 		}
 		records++
-		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) {
+		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) || sent[[2]int{fi, ci}] {
 			return st, fmt.Errorf("%w: record %d: chunk %d of file %d", ErrPack, records, ci, fi)
 		}
 		if fi < current {
@@ -796,12 +706,9 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 		}
 		if fi > current {
 			current = fi
-			if notify.FilesDone != nil {
-				notify.FilesDone(fi)
+			if filesDone != nil {
+				filesDone(fi)
 			}
-		}
-		if sent[[2]int{fi, ci}] || h.Files[fi].Hole(ci) {
-			return st, fmt.Errorf("%w: record %d: chunk %d of file %d, sent before or a hole", ErrPack, records, ci, fi)
 		}
 		sent[[2]int{fi, ci}] = true
 		f := h.Files[fi]
@@ -843,14 +750,11 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 		default:
 			return st, fmt.Errorf("%w: record %d: type %q", ErrPack, records, typ)
 		}
-		if notify.ChunkIn != nil {
-			notify.ChunkIn(fi, ci)
-		}
 	}
 	st.ZeroChunks = st.Chunks - st.BaseChunks - st.PatchChunks - st.WholeChunks
 	st.Dur = time.Since(t0)
-	if notify.FilesDone != nil {
-		notify.FilesDone(len(h.Files))
+	if filesDone != nil {
+		filesDone(len(h.Files))
 	}
 	return st, nil
 }

@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // packFixture is a "template" (a memory image and a small state file) on
@@ -240,7 +238,7 @@ func TestPackFilesDone(t *testing.T) {
 			t.Fatal(err)
 		}
 		var calls []int
-		_, err = ReadPackNotify(context.Background(), r, h, dir, fx.dstSeeds, PackNotify{FilesDone: func(n int) {
+		_, err = ReadPackNotify(context.Background(), r, h, dir, fx.dstSeeds, func(n int) {
 			calls = append(calls, n)
 			for _, f := range h.Files[:n] {
 				if !check {
@@ -251,7 +249,7 @@ func TestPackFilesDone(t *testing.T) {
 					t.Errorf("told %d files are done: %s is not complete (%d of %d bytes, err %v)", n, f.Name, len(got), len(want), err)
 				}
 			}
-		}})
+		})
 		return dir, calls, err
 	}
 	_, calls, err := readNotify(pack, true)
@@ -282,87 +280,5 @@ func TestPackFilesDone(t *testing.T) {
 	}
 	if _, _, err := readNotify(bad, false); !errors.Is(err, ErrPack) {
 		t.Errorf("records out of file order: got %v, want ErrPack", err)
-	}
-}
-
-// TestPackChunksIn: with PackOptions.Last a file goes after the others,
-// its holes named in the header and its whole chunks after its other
-// chunks; ReadPackNotify says, record by record, which chunk is complete
-// — each time it is, byte for byte — and refuses a chunk sent twice.
-func TestPackChunksIn(t *testing.T) {
-	fx := newPackFixture(t)
-	// Its zero chunks as holes (the copy of the template wrote them).
-	mem, err := os.OpenFile(fx.files["vm.mem"], os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range [][2]int64{{8, 10}, {11, 12}} {
-		if err := unix.Fallocate(int(mem.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0]*cs, (r[1]-r[0])*cs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mem.Close()
-	var b bytes.Buffer
-	if _, err := WritePack(context.Background(), &b, fx.files, PackOptions{ChunkSize: cs, Bases: fx.srcBases, Last: []string{"vm.mem"}}); err != nil {
-		t.Fatalf("WritePack: %v", err)
-	}
-	pack := b.Bytes()
-	want, _ := os.ReadFile(fx.files["vm.mem"])
-	read := func(pack []byte, check bool) ([]int, error) {
-		dir := t.TempDir()
-		r := bufio.NewReader(bytes.NewReader(pack))
-		h, err := ReadPackHeader(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if names := []string{h.Files[0].Name, h.Files[1].Name}; !slices.Equal(names, []string{"vm.state", "vm.mem"}) {
-			t.Fatalf("files %v, want vm.mem last", names)
-		}
-		if got := h.Files[1].Holes; !slices.Equal(got, [][2]int{{8, 10}, {11, 12}}) {
-			t.Errorf("vm.mem's holes %v, want [[8 10] [11 12]]", got)
-		}
-		var ins []int
-		_, err = ReadPackNotify(context.Background(), r, h, dir, fx.dstSeeds, PackNotify{ChunkIn: func(fi, i int) {
-			if fi != 1 {
-				return
-			}
-			ins = append(ins, i)
-			if !check {
-				return
-			}
-			got := make([]byte, cs)
-			f, err := os.Open(filepath.Join(dir, "vm.mem"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			if _, err := f.ReadAt(got, int64(i)*cs); err != nil || !bytes.Equal(got, want[int64(i)*cs:int64(i+1)*cs]) {
-				t.Errorf("told chunk %d is in: it differs from the sender's (err %v)", i, err)
-			}
-		}})
-		return ins, err
-	}
-	ins, err := read(pack, true)
-	if err != nil {
-		t.Fatalf("ReadPackNotify: %v", err)
-	}
-	// Chunks 0-7 and 10 are data, 3 rewritten whole: it comes last.
-	if !slices.Equal(ins, []int{0, 1, 2, 4, 5, 6, 7, 10, 3}) {
-		t.Errorf("chunks in %v, want [0 1 2 4 5 6 7 10 3]", ins)
-	}
-
-	// vm.mem's first record twice (the count of records right).
-	hdrLen := 12 + int(binary.LittleEndian.Uint32(pack[8:])) + 4
-	var recs [][]byte
-	for off := hdrLen; off < len(pack); {
-		n := 10 + int(binary.LittleEndian.Uint32(pack[off+6:])) + 4
-		recs = append(recs, pack[off:off+n])
-		off += n
-	}
-	first := slices.IndexFunc(recs, func(r []byte) bool { return r[1] == 1 })
-	recs[first+1] = recs[first]
-	bad := slices.Concat(append([][]byte{pack[:hdrLen]}, recs...)...)
-	if _, err := read(bad, false); !errors.Is(err, ErrPack) {
-		t.Errorf("a chunk sent twice: got %v, want ErrPack", err)
 	}
 }

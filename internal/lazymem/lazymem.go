@@ -91,17 +91,7 @@ type Image struct {
 	// first-touch order (called once, from its own goroutine).
 	RecordFor  time.Duration
 	OnRecorded func(chunks []int)
-	// Ready, if set, is waited for before every read of [off, off+n)
-	// (from Local or the Source) and before Layout (of all of it): for a
-	// file whose content is still arriving (a memory image received from
-	// another host, served to its machine as it comes). Its error fails
-	// the read (EIO); one matching ErrLost is not retried.
-	Ready func(ctx context.Context, off, n int64) error
 }
-
-// ErrLost: a file's content will never be there (Image.Ready); reads of
-// it fail at once instead of being retried.
-var ErrLost = errors.New("lazy memory file: its content is lost")
 
 // LocalChunk is where a chunk of a file is on this host: Off in File.
 type LocalChunk struct {
@@ -370,20 +360,6 @@ func (f *FS) Broken() bool {
 	}
 }
 
-// Drop forgets set name's file and releases its Image (Image.Close): for
-// a file that will not be read again (its only machine is gone), whose
-// Image would otherwise hold its files open for the life of the mount. A
-// later lookup resolves the name again.
-func (f *FS) Drop(name string) {
-	f.mu.Lock()
-	n := f.files[name]
-	delete(f.files, name)
-	f.mu.Unlock()
-	if n != nil && n.im.Close != nil {
-		n.im.Close()
-	}
-}
-
 func (f *FS) closeImages() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -493,11 +469,6 @@ func (f *FS) Layout(ctx context.Context, name string) ([]ChunkLoc, error) {
 	n, err := f.open(ctx, name)
 	if err != nil {
 		return nil, err
-	}
-	if n.im.Ready != nil {
-		if err := n.im.Ready(ctx, 0, n.size); err != nil {
-			return nil, err
-		}
 	}
 	loc, isLoc := n.im.Source.(Locator)
 	cs := n.im.ChunkSize
@@ -629,11 +600,6 @@ func newFile(f *FS, set string, im *Image) *file {
 // readAt reads from Local where it holds the chunks, else from the
 // Source.
 func (n *file) readAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if n.im.Ready != nil {
-		if err := n.im.Ready(ctx, off, int64(len(p))); err != nil {
-			return 0, err
-		}
-	}
 	if len(n.im.Local) == 0 {
 		got, err := n.im.Source.ReadAtContext(ctx, p, off)
 		if got > 0 {
@@ -694,7 +660,7 @@ func (n *file) readRetrying(ctx context.Context, dest []byte, off int64) (int, e
 	wait := 100 * time.Millisecond
 	for {
 		got, err := n.readAt(ctx, dest, off)
-		if err == nil || got == len(dest) || errors.Is(err, objstore.ErrNotFound) || errors.Is(err, ErrLost) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		if err == nil || got == len(dest) || errors.Is(err, objstore.ErrNotFound) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return got, err
 		}
 		n.fs.cfg.Log.Warn("lazy memory file: read failed, retrying", "set", n.set, "offset", off, "err", err, "retry_in_ms", wait.Milliseconds())
