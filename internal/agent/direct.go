@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,8 +41,11 @@ func (a *Agent) chunkSize() int64 {
 
 // SendSnapshot writes snapshot id, held on this host, to w as a pack
 // diffed against this host's copy of its template (whole chunks if it has
-// none). ErrNotFound if the host does not hold the snapshot's files.
-func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunkstore.PackStats, error) {
+// none) — or, if the receiver holds (held: its HeldSnapshots) the
+// snapshot the capture's sandbox was created from, against that
+// (lineage.go). ErrNotFound if the host does not hold the snapshot's
+// files.
+func (a *Agent) SendSnapshot(ctx context.Context, id string, held []string, w io.Writer) (chunkstore.PackStats, error) {
 	si, err := a.GetSnapshot(id)
 	if err != nil {
 		return chunkstore.PackStats{}, err
@@ -61,7 +65,17 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 	if err != nil {
 		return chunkstore.PackStats{}, err
 	}
-	bases, release := a.templateBases(ctx, si.Template)
+	var bases map[string]chunkstore.Seed
+	release := func() {}
+	baseName := ""
+	if from := a.lineageBase(si, held); from != "" {
+		if bases, release = a.snapshotBases(ctx, from); bases != nil {
+			baseName = storeName(from)
+		}
+	}
+	if bases == nil {
+		bases, release = a.templateBases(ctx, si.Template)
+	}
 	if bases == nil && a.store != nil {
 		// A capture of a sandbox restored here from the store, whose
 		// template this host lacks: without it every chunk would go
@@ -72,11 +86,11 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, w io.Writer) (chunk
 		bases, release = a.templateBases(ctx, si.Template)
 	}
 	defer release()
-	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.chunkSize(), Meta: meta, Bases: bases})
+	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.chunkSize(), Meta: meta, Bases: bases, BaseName: baseName})
 	if err != nil {
 		return st, fmt.Errorf("send snapshot %s: %w", id, err)
 	}
-	a.log.Info("snapshot sent", "snapshot_id", id, "dur_ms", st.Dur.Milliseconds(), "setup_ms", st.SetupDur.Milliseconds(), "bytes", st.Bytes, "chunks_base", st.BaseChunks,
+	a.log.Info("snapshot sent", "snapshot_id", id, "base", cmp.Or(baseName, "template"), "dur_ms", st.Dur.Milliseconds(), "setup_ms", st.SetupDur.Milliseconds(), "bytes", st.Bytes, "chunks_base", st.BaseChunks,
 		"chunks_patch", st.PatchChunks, "chunks_whole", st.WholeChunks, "zero_chunks", st.ZeroChunks, "chunks_unread", st.Unread,
 		"bytes_read", st.BytesRead, "dirty_bytes", si.Capture.DirtyBytes)
 	return st, nil
@@ -116,7 +130,20 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err := json.Unmarshal(h.Meta, &si); err != nil || si.ID != id {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: the pack holds snapshot %q", id, ErrInvalid, si.ID)
 	}
-	seeds, release := a.packSeeds(ctx, h, si)
+	from, err := baseOfPack(h)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, err)
+	}
+	var seeds []chunkstore.Seed
+	var release func()
+	if from != "" {
+		// Diffed against a snapshot this host said it holds.
+		var bases map[string]chunkstore.Seed
+		bases, release = a.snapshotBases(ctx, from)
+		seeds = seedsOf(bases)
+	} else {
+		seeds, release = a.packSeeds(ctx, h, si)
+	}
 	defer release()
 	t0 := time.Now()
 	// One at a time, and never while a delete of it runs (fetchMu: as a
@@ -134,6 +161,9 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, err)
 	}
 	if h.Base != "" && len(seeds) == 0 {
+		if from != "" {
+			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of snapshot %s, the pack's base; send it another way", id, template.ErrNotFound, from)
+		}
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, template.ErrNotFound, si.Template)
 	}
 	tmp := dir + fetchSuffix
@@ -168,6 +198,8 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err != nil {
 		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
 		switch {
+		case errors.Is(err, chunkstore.ErrPackBase) && from != "":
+			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of snapshot %s is not the sender's: %w", id, template.ErrNotFound, from, err)
 		case errors.Is(err, chunkstore.ErrPackBase):
 			// This host's copy changed since packSeeds (or the store
 			// holds neither host's): check again for the next pack.

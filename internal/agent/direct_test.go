@@ -70,7 +70,7 @@ func TestDirectTransfer(t *testing.T) {
 
 	var pack bytes.Buffer
 	t0 := time.Now()
-	st, err := a.SendSnapshot(ctxT(t), id, &pack)
+	st, err := a.SendSnapshot(ctxT(t), id, nil, &pack)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestDirectTransfer(t *testing.T) {
 	// Streamed as a fork does it: A writes as B reads.
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := a.SendSnapshot(ctxT(t), id, pw)
+		_, err := a.SendSnapshot(ctxT(t), id, nil, pw)
 		pw.CloseWithError(err)
 	}()
 	t0 = time.Now()
@@ -263,7 +263,7 @@ func TestDirectTransferFromARestore(t *testing.T) {
 	}
 	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
 	var pack bytes.Buffer
-	st, err := b.SendSnapshot(ctxT(t), id, &pack)
+	st, err := b.SendSnapshot(ctxT(t), id, nil, &pack)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func capturePack(t *testing.T, a, b *Agent, srcID string) (string, []byte) {
 	}
 	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
 	var pack bytes.Buffer
-	if _, err := a.SendSnapshot(ctxT(t), id, &pack); err != nil {
+	if _, err := a.SendSnapshot(ctxT(t), id, nil, &pack); err != nil {
 		t.Fatal(err)
 	}
 	return id, pack.Bytes()
@@ -495,4 +495,92 @@ type afterReader struct {
 func (ar *afterReader) Read(p []byte) (int, error) {
 	<-ar.wait
 	return ar.r.Read(p)
+}
+
+// TestDirectTransferFromSnapshot: a capture of a sandbox created from a
+// snapshot S (an environment: 48 MiB on its disk, 32 MiB in its memory)
+// is diffed against S when the receiving host says it holds S: the pack
+// carries what the sandbox changed since S, not S's own data again, and
+// the child made from it has both. A host that does not hold S refuses
+// that pack before writing anything; without held the pack is diffed
+// against the template, as before.
+func TestDirectTransferFromSnapshot(t *testing.T) {
+	a, b, _, src := sharingHosts(t)
+	shOn(t, a, src.ID, "head -c 50331648 /dev/urandom > /root/env.bin && head -c 33554432 /dev/urandom > /dev/shm/env && sync")
+	envSums := shOn(t, a, src.ID, "md5sum /root/env.bin /dev/shm/env")
+	snap := snapOn(t, a, src.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	// B holds S once it made a sandbox from it.
+	onB, err := createFrom(t, b, snap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Kill(ctxT(t), onB.ID)
+	held := b.HeldSnapshots()
+	if !slices.Contains(held, snap.ID) {
+		t.Fatalf("B holds snapshots %v, want %s among them", held, snap.ID)
+	}
+
+	x, err := createFrom(t, a, snap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shOn(t, a, x.ID, "echo since-s > /root/x.txt && head -c 1048576 /dev/urandom > /dev/shm/x")
+	xSum := shOn(t, a, x.ID, "md5sum /dev/shm/x")
+	id := host.NewID()
+	if _, err := a.SnapshotTransient(ctxT(t), x.ID, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.DeleteSnapshot(id); b.DeleteSnapshot(id) })
+	send := func(held []string) ([]byte, chunkstore.PackStats) {
+		var pack bytes.Buffer
+		st, err := a.SendSnapshot(ctxT(t), id, held, &pack)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pack.Bytes(), st
+	}
+	_, stT := send(nil)
+	pack, stS := send(held)
+	t.Logf("pack against the template: %.1f MiB (%+v); against S: %.1f MiB (%+v)", mib(stT.Bytes), stT, mib(stS.Bytes), stS)
+	if stT.Bytes < 80<<20 {
+		t.Errorf("pack against the template: %d bytes, want at least S's 80 MiB of data", stT.Bytes)
+	}
+	if stS.Bytes > 16<<20 || stS.BaseChunks == 0 {
+		t.Errorf("pack against S: %d bytes, %d chunks as S's; want what changed since S (~1 MiB and some pages), S's chunks as references", stS.Bytes, stS.BaseChunks)
+	}
+	h, err := chunkstore.ReadPackHeader(bufio.NewReader(bytes.NewReader(pack)))
+	if err != nil || h.BaseName != storeName(snap.ID) {
+		t.Errorf("the pack's base %q (%v), want %s", h.BaseName, err, storeName(snap.ID))
+	}
+
+	// A host that does not hold S refuses it before writing anything.
+	_, openC := restartable(t)
+	c := openC()
+	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("host without S: %v, want template.ErrNotFound", err)
+	}
+	if _, err := os.Stat(c.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the host without S wrote files: %v", err)
+	}
+
+	// B takes it, and the child has S's data and what changed since.
+	si, err := b.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack))
+	if err != nil {
+		t.Fatalf("receive on B: %v", err)
+	}
+	if si.FetchedBytes != stS.Bytes {
+		t.Errorf("B received %d bytes, A sent %d", si.FetchedBytes, stS.Bytes)
+	}
+	child, err := createFrom(t, b, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shOn(t, b, child.ID, "md5sum /root/env.bin /dev/shm/env"); got != envSums {
+		t.Errorf("child on B: S's data %q, want %q", got, envSums)
+	}
+	if got := shOn(t, b, child.ID, "cat /root/x.txt; md5sum /dev/shm/x"); got != "since-s\n"+xSum {
+		t.Errorf("child on B: what changed since S %q, want %q", got, "since-s\n"+xSum)
+	}
 }

@@ -92,7 +92,7 @@ func (h local) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadClos
 	}
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := h.a.SendSnapshot(ctx, snapshotID, pw)
+		_, err := h.a.SendSnapshot(ctx, snapshotID, nil, pw)
 		pw.CloseWithError(err) // nil: EOF
 	}()
 	return pr, nil

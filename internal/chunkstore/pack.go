@@ -83,6 +83,9 @@ type PackHeader struct {
 	// Base is the BaseDigest of the bases the sender diffed against; ""
 	// if none (every chunk is whole or a patch of zeros).
 	Base string `json:"base,omitempty"`
+	// BaseName is the sender's name for those bases (PackOptions), ""
+	// for the default the receiver knows (a capture's template).
+	BaseName string `json:"base_name,omitempty"`
 	// Meta is the sender's description of the set (a snapshot's
 	// SnapshotInfo).
 	Meta json.RawMessage `json:"meta,omitempty"`
@@ -145,6 +148,8 @@ type PackOptions struct {
 	// base's chunk at the same offset is sent as its hash, one that
 	// differs in a few pages as a patch over it.
 	Bases map[string]Seed
+	// BaseName names Bases for the receiver (PackHeader.BaseName).
+	BaseName string
 }
 
 // WritePack writes files (name → local path) to w as a pack. The files
@@ -169,7 +174,7 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	if len(names) > 255 {
 		return st, fmt.Errorf("write pack: %d files: at most 255", len(names))
 	}
-	hdr := PackHeader{ChunkSize: cs, Meta: opts.Meta}
+	hdr := PackHeader{ChunkSize: cs, Meta: opts.Meta, BaseName: opts.BaseName}
 	var fds []*os.File
 	defer func() {
 		for _, f := range fds {
@@ -212,6 +217,9 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 		used[n] = sd
 	}
 	hdr.Base = BaseDigest(used)
+	if hdr.Base == "" {
+		hdr.BaseName = "" // none used
+	}
 	// The header goes out at once: the receiver checks it and prepares
 	// (and may start a machine from the files that come first) while
 	// the files' extents are mapped, each as its chunks are reached

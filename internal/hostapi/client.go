@@ -469,7 +469,19 @@ func (c *Client) AwaitStored(ctx context.Context, snapshotID string, wait time.D
 // once the stream has begun ends it with that error (the X-Panda-Error
 // trailer), not EOF. An older agent answers unsupported.
 func (c *Client) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCloser, error) {
-	req, err := c.request(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/pack", nil, nil)
+	return c.SnapshotPackFor(ctx, snapshotID, nil)
+}
+
+// SnapshotPackFor is SnapshotPack for a host that holds the durable
+// snapshots held (agent.Agent.HeldSnapshots): if the snapshot's sandbox
+// was created from one of them, the pack is diffed against that one
+// rather than the template. An older agent ignores held.
+func (c *Client) SnapshotPackFor(ctx context.Context, snapshotID string, held []string) (io.ReadCloser, error) {
+	var q url.Values
+	if len(held) > 0 {
+		q = url.Values{"held": {strings.Join(held, ",")}}
+	}
+	req, err := c.request(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/pack", q, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -724,13 +724,29 @@ func (s *Server) sendPack(w http.ResponseWriter, r *http.Request) {
 	// the receiving host starts early.
 	fw := flushWriter{w: w, rc: http.NewResponseController(w)}
 	fw.rc.Flush()
-	if _, err := s.a.SendSnapshot(r.Context(), id, fw); err != nil {
+	if _, err := s.a.SendSnapshot(r.Context(), id, heldOf(r), fw); err != nil {
 		s.log.Warn("send snapshot", "snapshot_id", id, "err", err)
 		_, we := encodeError(err)
 		b, _ := json.Marshal(we)
 		w.Header().Set("X-Panda-Error", string(b))
 	}
 }
+
+// heldOf is the snapshots the requester of a pack says it holds (the
+// query's held, comma separated; SnapshotPackFor): what the pack may be
+// diffed against. Names that are no snapshot ids are dropped.
+func heldOf(r *http.Request) []string {
+	var out []string
+	for _, id := range strings.Split(r.URL.Query().Get("held"), ",") {
+		if host.ValidID(id) && len(out) < maxHeld {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// maxHeld bounds the snapshots a request for a pack may name.
+const maxHeld = 256
 
 // flushWriter flushes each write to the client.
 type flushWriter struct {
@@ -833,7 +849,7 @@ func (s *Server) pullPackCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer src.Close()
-	rc, err := src.SnapshotPack(r.Context(), hreq.SnapshotID)
+	rc, err := src.SnapshotPackFor(r.Context(), hreq.SnapshotID, s.a.HeldSnapshots())
 	if err != nil {
 		writeError(w, fmt.Errorf("%w: fetch the pack of snapshot %s from %s: %v", host.ErrUnavailable, hreq.SnapshotID, req.From.URL, err))
 		return

@@ -315,6 +315,90 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	made("pull and create", id4, child, si4, err)
 }
 
+// TestPullDiffsAgainstSnapshot: a host that pulls a capture of a sandbox
+// created from a snapshot it holds says so (its held snapshots go with
+// the request), and gets only what the sandbox changed since that
+// snapshot; the pack relayed without that is diffed against the template
+// and carries the snapshot's data again.
+func TestPullDiffsAgainstSnapshot(t *testing.T) {
+	objs, err := objstore.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostA, hostB := storeHost(t, objs), storeHost(t, objs)
+	ctx := ctxT(t)
+	sb, err := hostA.Create(ctx, host.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hostA.Kill(context.Background(), sb.ID) })
+	sum := mustRun(t, hostA, sb.ID, "head -c 25165824 /dev/urandom > /root/env && sync && md5sum /root/env")
+	snapID := host.NewID()
+	if _, err := hostA.Snapshot(ctx, sb.ID, snapID); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		hostA.DeleteSnapshot(context.Background(), snapID)
+		hostB.DeleteSnapshot(context.Background(), snapID)
+	})
+	if si, err := hostA.AwaitStored(ctx, snapID, hostapi.MaxStoredWait); err != nil || si.Stored != host.StoredDurable {
+		t.Fatalf("snapshot in the store: %+v, %v", si, err)
+	}
+	onB, err := hostB.Create(ctx, host.CreateRequest{SnapshotID: snapID}) // B holds it from now on
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostB.Kill(ctx, onB.ID)
+	x, err := hostA.Create(ctx, host.CreateRequest{SnapshotID: snapID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hostA.Kill(context.Background(), x.ID) })
+	mustRun(t, hostA, x.ID, "echo since > /root/since")
+	capture := func() string {
+		id := host.NewID()
+		if _, err := hostA.SnapshotTransient(ctx, x.ID, id); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			hostA.DeleteSnapshot(context.Background(), id)
+			hostB.DeleteSnapshot(context.Background(), id)
+		})
+		return id
+	}
+	check := func(what string, child host.Info, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Cleanup(func() { hostB.Kill(context.Background(), child.ID) })
+		if got := mustRun(t, hostB, child.ID, "md5sum /root/env; cat /root/since"); got != sum+"since\n" {
+			t.Errorf("child made by %s reads %q, want %q", what, got, sum+"since\n")
+		}
+	}
+
+	relayed := capture()
+	rc, err := hostA.SnapshotPack(ctx, relayed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, siR, err := hostB.ReceiveAndCreate(ctx, host.CreateRequest{SnapshotID: relayed}, rc)
+	rc.Close()
+	check("a relayed pack", child, err)
+
+	pulled := capture()
+	from, ok := hostA.PackSource(pulled, time.Minute)
+	if !ok {
+		t.Fatal("A's client gives no pack source")
+	}
+	child, siP, err := hostB.PullAndCreate(ctx, host.CreateRequest{SnapshotID: pulled}, from)
+	check("a pull", child, err)
+	t.Logf("relayed (against the template): %d bytes; pulled (against the snapshot B holds): %d bytes", siR.FetchedBytes, siP.FetchedBytes)
+	if siR.FetchedBytes < 24<<20 || siP.FetchedBytes > siR.FetchedBytes/4 {
+		t.Errorf("relayed %d bytes, pulled %d: want the relayed pack to carry the snapshot's 24 MiB, the pulled one only what changed since", siR.FetchedBytes, siP.FetchedBytes)
+	}
+}
+
 // TestStoredUserTemplates: the host API lists the user template versions
 // whose set the agent's object store holds ("NAME:N", other sets left out)
 // and deletes one (the control plane's sweep of versions its registry no
