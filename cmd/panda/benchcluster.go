@@ -14,6 +14,7 @@ func benchClusterCmd() *cobra.Command {
 		tmpl          string
 		n, mem, dirty int
 		lazyDirty     int
+		env           int
 	)
 	cmd := &cobra.Command{
 		Use:   "cluster",
@@ -29,6 +30,11 @@ random data to its memory (/dev/shm), then:
     plus the other host's fetch) against its dirty memory and RAM
   - pauses it and resumes it on the second host, which never saw it →
     first exec answered
+
+With --env MiB the parents are created from a snapshot (an environment of
+that many MiB of random data, half on its disk, half in its memory) that
+both hosts hold, not from the template: a cross-host fork then moves what
+the parent dirtied since the snapshot, not the snapshot's data again.
 
 Then --n rounds of lazy restore (unless --lazy-dirty 0): a parent that
 writes --lazy-dirty MiB is paused and resumed on the second host → first
@@ -49,7 +55,7 @@ it exits.`,
 				return err
 			}
 			res, err := bench.ClusterBench(cmd.Context(), c, bench.ClusterOptions{Template: tmpl, MemoryMiB: mem, DirtyMiB: dirty, N: n,
-				LazyDirtyMiB: lazyDirty, Log: cmd.ErrOrStderr()})
+				LazyDirtyMiB: lazyDirty, EnvMiB: env, Log: cmd.ErrOrStderr()})
 			if err != nil {
 				return err
 			}
@@ -60,6 +66,9 @@ it exits.`,
 				return enc.Encode(res)
 			}
 			fmt.Fprintf(out, "hosts %v, template %s, %d MiB, %d MiB dirty, %d rounds\n", res.Hosts, res.Template, res.MemoryMiB, res.DirtyMiB, res.SameHostForkFirstExec.N)
+			if res.EnvSnapshot != "" {
+				fmt.Fprintf(out, "parents created from snapshot %s (%d MiB environment), which both hosts hold\n", res.EnvSnapshot, res.EnvMiB)
+			}
 			for _, r := range []struct {
 				name string
 				d    bench.Dist
@@ -87,6 +96,7 @@ it exits.`,
 	f.IntVar(&mem, "memory", 1024, "guest memory in MiB")
 	f.IntVar(&dirty, "dirty", 16, "MiB each parent writes to memory before it is forked")
 	f.IntVar(&n, "n", 10, "rounds")
+	f.IntVar(&env, "env", 0, "MiB of an environment snapshot both hosts hold that the parents are created from (0: from the template)")
 	f.IntVar(&lazyDirty, "lazy-dirty", 96, "MiB each lazy-restore round's parent writes to memory (0: no lazy-restore rounds)")
 	return cmd
 }

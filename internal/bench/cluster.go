@@ -25,7 +25,13 @@ type ClusterOptions struct {
 	// that its image is paged in lazily there (at least 64 MiB to fetch,
 	// docs/lazy-restore.md). 0 skips those rounds.
 	LazyDirtyMiB int
-	Log          io.Writer
+	// EnvMiB, if > 0, creates the fork rounds' parents from a snapshot
+	// (an environment: EnvMiB of random data, half on its disk, half in
+	// its memory) that both hosts hold, rather than from the template:
+	// a cross-host fork then moves what the parent dirtied since the
+	// snapshot, not the snapshot's data too.
+	EnvMiB int
+	Log    io.Writer
 }
 
 // ClusterResult is what ClusterBench measured, in one run.
@@ -34,6 +40,9 @@ type ClusterResult struct {
 	Template  string   `json:"template"`
 	MemoryMiB int      `json:"memory_mib"`
 	DirtyMiB  int      `json:"dirty_mib"`
+	// EnvMiB is ClusterOptions.EnvMiB; EnvSnapshot the snapshot made.
+	EnvMiB      int    `json:"env_mib,omitempty"`
+	EnvSnapshot string `json:"env_snapshot,omitempty"`
 	// Fork → the child's first exec answered, on the parent's host and on
 	// another host.
 	SameHostForkFirstExec  Dist `json:"same_host_fork_first_exec"`
@@ -116,23 +125,59 @@ func ClusterBench(ctx context.Context, c *pandastack.Client, o ClusterOptions) (
 		}
 		return err
 	}
+	sh := func(sb *pandastack.Sandbox, what, cmd string) error {
+		r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", cmd}})
+		if err == nil && r.ExitCode != 0 {
+			err = fmt.Errorf("exit %d: %s", r.ExitCode, r.Stderr)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+	fromSnapshot := ""
 	parentOn := func(hostID string, dirtyMiB int) (*pandastack.Sandbox, error) {
-		sb, err := c.Create(ctx, pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB,
-			Metadata: map[string]string{"panda_bench": run}, Placement: pandastack.OnHost(hostID)})
+		co := pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB, Metadata: map[string]string{"panda_bench": run}, Placement: pandastack.OnHost(hostID)}
+		if fromSnapshot != "" {
+			co.Template, co.MemoryMiB, co.SnapshotID = "", 0, fromSnapshot
+		}
+		sb, err := c.Create(ctx, co)
 		if err != nil {
 			return nil, err
 		}
 		made = append(made, sb)
 		if dirtyMiB > 0 {
-			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/dirty bs=1048576 count=%d 2>/dev/null", dirtyMiB)}})
-			if err == nil && r.ExitCode != 0 {
-				err = fmt.Errorf("dirtying memory: exit %d: %s", r.ExitCode, r.Stderr)
-			}
-			if err != nil {
+			if err := sh(sb, "dirtying memory", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/dirty bs=1048576 count=%d 2>/dev/null", dirtyMiB)); err != nil {
 				return nil, err
 			}
 		}
 		return sb, nil
+	}
+	if o.EnvMiB > 0 {
+		// The environment: a snapshot both hosts hold (b once it made a
+		// sandbox from it).
+		logf("environment snapshot of %d MiB", o.EnvMiB)
+		env, err := parentOn(a, 0)
+		if err != nil {
+			return res, fmt.Errorf("environment: %w", err)
+		}
+		half := o.EnvMiB / 2
+		if err := sh(env, "environment", fmt.Sprintf("dd if=/dev/urandom of=/root/env.bin bs=1048576 count=%d 2>/dev/null && dd if=/dev/urandom of=/dev/shm/env bs=1048576 count=%d 2>/dev/null && sync", half, o.EnvMiB-half)); err != nil {
+			return res, err
+		}
+		snap, err := env.Snapshot(ctx, run+"-env")
+		if err != nil {
+			return res, fmt.Errorf("environment: snapshot: %w", err)
+		}
+		defer c.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID)
+		env.Kill(ctx)
+		fromSnapshot = snap.ID
+		onB, err := parentOn(b, 0)
+		if err != nil {
+			return res, fmt.Errorf("environment on %s: %w", b, err)
+		}
+		onB.Kill(ctx)
+		res.EnvMiB, res.EnvSnapshot = o.EnvMiB, snap.ID
 	}
 	var same, cross, resume, sameAnswer, crossAnswer []time.Duration
 	var capture, dirty, direct, pulled, up, down, moved []float64
