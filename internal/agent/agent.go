@@ -305,10 +305,15 @@ type record struct {
 	State    State  `json:"state"`
 	// Op is the operation in flight that recovery must finish or roll
 	// back: opPause or opResume ("" for none).
-	Op        string            `json:"op,omitempty"`
-	Owner     string            `json:"owner,omitempty"`
-	ParentID  string            `json:"parent_id,omitempty"`
-	Snapshot  string            `json:"snapshot_id,omitempty"`
+	Op       string `json:"op,omitempty"`
+	Owner    string `json:"owner,omitempty"`
+	ParentID string `json:"parent_id,omitempty"`
+	Snapshot string `json:"snapshot_id,omitempty"`
+	// Lineage is the durable snapshot the sandbox derives from: the one
+	// it was created from, or that one's lineage if it was a transient
+	// capture (a cross-host fork's), or its parent's for a fork child;
+	// "" for its template (lineage.go).
+	Lineage   string            `json:"lineage,omitempty"`
 	Spec      vmm.Spec          `json:"spec"`
 	Hostname  string            `json:"hostname"`
 	MachineID string            `json:"machine_id"`
@@ -444,7 +449,7 @@ func (a *Agent) createFrom(ctx context.Context, req CreateRequest, im image, fet
 		return Info{}, fmt.Errorf("create sandbox: %w: %w", ErrInvalid, err)
 	}
 	env, cwd, user := a.imageDefaults(req.Template, req.Env)
-	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Network: req.Network})
+	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Lineage: im.lineage, Network: req.Network})
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -667,6 +672,9 @@ type image struct {
 	// baseline that `panda bench fork` compares against. Nothing else
 	// uses it.
 	fullCopy bool
+	// lineage is the durable snapshot a sandbox restored from im derives
+	// from (record.Lineage).
+	lineage string
 	// arrival, if set, is a snapshot still being received (Dir unused):
 	// restore takes its files from where the receive has them once its
 	// disk is in, and loads the machine once all of it is

@@ -197,7 +197,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	im := parent.imageOf(dir)
 	im.fullCopy = naive
 	parent.mu.Lock()
-	env, cwd, user, owner, policy := parent.rec.Env, parent.rec.Cwd, parent.rec.User, parent.rec.Owner, parent.rec.Network
+	env, cwd, user, owner, policy, lineage := parent.rec.Env, parent.rec.Cwd, parent.rec.User, parent.rec.Owner, parent.rec.Network, parent.rec.lineage()
 	parent.mu.Unlock()
 	end()
 	if err != nil {
@@ -216,7 +216,7 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := a.register(record{ID: cid, Env: env, Cwd: cwd, User: user, Owner: owner, ParentID: id, Network: policy})
+			s, err := a.register(record{ID: cid, Env: env, Cwd: cwd, User: user, Owner: owner, ParentID: id, Lineage: lineage, Network: policy})
 			if err != nil {
 				res.Children[i].Err = err
 				return
@@ -237,7 +237,7 @@ type SnapshotInfo = host.SnapshotInfo
 
 // snapshotImage is the image a snapshot restores.
 func (a *Agent) snapshotImage(si SnapshotInfo) image {
-	return image{Dir: a.snapshotDir(si.ID), Spec: si.Spec, Template: si.Template}
+	return image{Dir: a.snapshotDir(si.ID), Spec: si.Spec, Template: si.Template, lineage: lineageOf(si)}
 }
 
 func (a *Agent) snapshotDir(id string) string { return filepath.Join(a.vol.Dir, "snapshots", id) }
@@ -302,7 +302,7 @@ func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool)
 	}
 	tCapture := time.Since(t0)
 	s.mu.Lock()
-	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st, Transient: transient}
+	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st, Transient: transient, Lineage: s.rec.lineage()}
 	s.mu.Unlock()
 	// Per-machine paths are not part of a snapshot.
 	si.Spec.MemoryFile, si.Spec.Disk, si.Spec.RunDir, si.Spec.ConsoleLog = "", "", "", ""

@@ -315,7 +315,7 @@ func (a *Agent) ReceiveAndCreate(ctx context.Context, req CreateRequest, r io.Re
 	case rv := <-recv: // refused before its files were made
 		return Info{}, SnapshotInfo{}, rv.err
 	}
-	info, cerr := a.createFrom(ctx, req, image{Spec: arr.si.Spec, Template: arr.si.Template, arrival: arr}, chunkstore.DownloadStats{})
+	info, cerr := a.createFrom(ctx, req, image{Spec: arr.si.Spec, Template: arr.si.Template, lineage: lineageOf(arr.si), arrival: arr}, chunkstore.DownloadStats{})
 	rv := <-recv
 	if rv.err != nil {
 		return Info{}, SnapshotInfo{}, rv.err // the create, waiting for it, failed too

@@ -583,4 +583,31 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 	if got := shOn(t, b, child.ID, "cat /root/x.txt; md5sum /dev/shm/x"); got != "since-s\n"+xSum {
 		t.Errorf("child on B: what changed since S %q, want %q", got, "since-s\n"+xSum)
 	}
+
+	// Children keep the lineage: a fork child of x on A, and the child
+	// on B (made from a transient capture), are sent diffed against S.
+	yID := host.NewID()
+	if _, err := a.Fork(ctxT(t), x.ID, []string{yID}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Kill(context.Background(), yID) })
+	for _, tc := range []struct {
+		what     string
+		from, to *Agent
+		sb       string
+	}{{"a fork child of x", a, b, yID}, {"the child on B", b, a, child.ID}} {
+		cid := host.NewID()
+		if _, err := tc.from.SnapshotTransient(ctxT(t), tc.sb, cid); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tc.from.DeleteSnapshot(cid) })
+		var p bytes.Buffer
+		st, err := tc.from.SendSnapshot(ctxT(t), cid, tc.to.HeldSnapshots(), &p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Bytes > 16<<20 {
+			t.Errorf("pack of %s: %.1f MiB, want it diffed against S (a few MiB)", tc.what, mib(st.Bytes))
+		}
+	}
 }

@@ -84,23 +84,34 @@ func (a *Agent) snapshotBaseFiles(id string) (string, bool) {
 	return dir, true
 }
 
-// lineageBase returns the snapshot the sandbox of capture si was created
-// from, if held names it: the base SendSnapshot diffs against.
+// lineageBase returns the durable snapshot capture si derives from
+// (SnapshotInfo.Lineage), if held names it: the base SendSnapshot diffs
+// against.
 func (a *Agent) lineageBase(si SnapshotInfo, held []string) string {
-	if len(held) == 0 || si.SandboxID == "" {
+	if si.Lineage == "" || si.Lineage == si.ID || !slices.Contains(held, si.Lineage) {
 		return ""
 	}
-	s, err := a.get(si.SandboxID)
-	if err != nil {
-		return ""
+	return si.Lineage
+}
+
+// lineageOf is the lineage of a sandbox restored from snapshot si: si
+// itself if it is a user's (durable) snapshot, else (a transient
+// capture) what si derives from.
+func lineageOf(si SnapshotInfo) string {
+	if si.Transient {
+		return si.Lineage
 	}
-	s.mu.Lock()
-	from := s.rec.Snapshot
-	s.mu.Unlock()
-	if from == "" || from == si.ID || !slices.Contains(held, from) {
-		return ""
+	return si.ID
+}
+
+// lineage is the durable snapshot the sandbox of r derives from: its
+// Lineage, or for a record made before lineages were kept, the snapshot
+// it was created from.
+func (r record) lineage() string {
+	if r.Lineage != "" {
+		return r.Lineage
 	}
-	return from
+	return r.Snapshot
 }
 
 // snapshotBases are this host's files of snapshot id as the bases of a

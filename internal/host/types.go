@@ -168,6 +168,11 @@ type SnapshotInfo struct {
 	// hosts (Transferer.SnapshotTransient): not sealed, removed by a
 	// restart of any host that holds it, never a user's snapshot.
 	Transient bool `json:"transient,omitempty"`
+	// Lineage is the durable snapshot the captured sandbox's memory and
+	// disk derive from (the one it, or the sandbox it was forked from,
+	// was created from), "" for its template: a host that holds it can
+	// be sent captures diffed against it.
+	Lineage string `json:"lineage,omitempty"`
 }
 
 // The values of SnapshotInfo.Stored and Info.Stored.
