@@ -36,7 +36,9 @@
 //     chunkstore's): GET …/snapshots/{id}/pack answers the pack of a
 //     snapshot the agent holds as the body, an error after the first
 //     byte in the X-Panda-Error trailer (and the pack lacks its trailer
-//     record, so a receiver refuses it anyway); POST …/snapshots/{id}/pack
+//     record, so a receiver refuses it anyway); ?held=<id>,… names the
+//     durable snapshots the requester holds, one of which the pack may
+//     be diffed against (agent.Agent.SendSnapshot); POST …/snapshots/{id}/pack
 //     streams a pack up (full duplex: a refusal — template_not_found when
 //     the agent lacks the capture's template, conflict — is answered
 //     before the body is read to its end) and answers the snapshot kept
