@@ -503,7 +503,10 @@ func (ar *afterReader) Read(p []byte) (int, error) {
 // carries what the sandbox changed since S, not S's own data again, and
 // the child made from it has both. A host that does not hold S refuses
 // that pack before writing anything; without held the pack is diffed
-// against the template, as before.
+// against the template, as before. Fork children and children made on
+// another host keep S as their lineage, and a snapshot of the sandbox
+// restored from the store on a host holding S takes S's chunks from
+// there.
 func TestDirectTransferFromSnapshot(t *testing.T) {
 	a, b, _, src := sharingHosts(t)
 	shOn(t, a, src.ID, "head -c 50331648 /dev/urandom > /root/env.bin && head -c 33554432 /dev/urandom > /dev/shm/env && sync")
@@ -609,5 +612,24 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 		if st.Bytes > 16<<20 {
 			t.Errorf("pack of %s: %.1f MiB, want it diffed against S (a few MiB)", tc.what, mib(st.Bytes))
 		}
+	}
+
+	// Through the store too: a snapshot of x, restored on B, takes S's
+	// chunks from B's copy of S rather than the store.
+	s2 := snapOn(t, a, x.ID)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, s2.ID).Stored },
+		func() bool { return stored(a, s2.ID).Stored == host.StoredDurable })
+	fromS2, err := createFrom(t, b, s2.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (Whole chunks: any it changed, unlike a pack's pages; 139 MiB
+	// without S's chunks, S's 80 MiB of data among them.)
+	t.Logf("B fetched %.1f MiB from the store to restore a snapshot of x", mib(fromS2.FetchedBytes))
+	if fromS2.FetchedBytes > 48<<20 {
+		t.Errorf("B fetched %.1f MiB from the store to restore a snapshot of x, want the chunks x changed since S, not S's 80 MiB of data", mib(fromS2.FetchedBytes))
+	}
+	if got := shOn(t, b, fromS2.ID, "md5sum /root/env.bin /dev/shm/env"); got != envSums {
+		t.Errorf("sandbox on B from a snapshot of x: S's data %q, want %q", got, envSums)
 	}
 }

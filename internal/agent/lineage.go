@@ -26,6 +26,12 @@ import (
 // snapshot's chunk hashes from its manifest in the object store (the
 // snapshot is durable there, its files the same bytes on every host that
 // holds it), so neither hashes its files.
+//
+// A sandbox keeps its lineage (record.Lineage, SnapshotInfo.Lineage on
+// its captures): fork children and children made on another host derive
+// from what their parent did. And a download from the store of a set
+// derived from a snapshot this host holds (a snapshot of such a sandbox,
+// its pause) takes that snapshot's chunks from here (lineageSeeds).
 
 // maxHeldSnapshots bounds the snapshots a host names when it asks for a
 // pack (the newest first).
@@ -172,6 +178,20 @@ func baseOfPack(h chunkstore.PackHeader) (string, error) {
 		return "", fmt.Errorf("%w: the pack's base %q is no snapshot", ErrInvalid, h.BaseName)
 	}
 	return id, nil
+}
+
+// lineageSeeds adds to seeds (a download's, released by release) this
+// host's copy of durable snapshot lineage, if it holds one: the chunks of
+// a set derived from it come from there rather than the store.
+func (a *Agent) lineageSeeds(ctx context.Context, lineage string, seeds []chunkstore.Seed, release func()) ([]chunkstore.Seed, func()) {
+	if lineage == "" {
+		return seeds, release
+	}
+	bases, rel := a.snapshotBases(ctx, lineage)
+	if bases == nil {
+		return seeds, release
+	}
+	return append(seeds, seedsOf(bases)...), func() { release(); rel() }
 }
 
 // seedsOf are bases as seeds of a receive.

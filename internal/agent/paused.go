@@ -424,12 +424,14 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	t0 := time.Now()
 	// Chunks this host's copy of its template holds come from there.
 	seeds, release := a.templateSeeds(ctx, rec.Template)
+	hasTemplate := len(seeds) > 0
+	seeds, release = a.lineageSeeds(ctx, rec.lineage(), seeds, release) // lineage.go
 	var st chunkstore.DownloadStats
 	if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
 		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)
 	} else {
 		st, err = a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
-		if err == nil && len(seeds) == 0 {
+		if err == nil && !hasTemplate {
 			a.startTemplateFetch(rec.Template, rec.Spec) // templates.go
 		}
 	}

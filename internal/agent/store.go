@@ -384,11 +384,13 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 		var si SnapshotInfo
 		json.Unmarshal(m.Meta, &si) // no metadata: no template to take chunks from
 		seeds, release := a.templateSeeds(ctx, si.Template)
+		hasTemplate := len(seeds) > 0
+		seeds, release = a.lineageSeeds(ctx, si.Lineage, seeds, release) // lineage.go
 		if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
 			st, err = a.downloadLazy(ctx, m, tmp, seeds)
 		} else {
 			st, err = a.store.DownloadSeeded(ctx, m, tmp, seeds)
-			if err == nil && len(seeds) == 0 {
+			if err == nil && !hasTemplate {
 				a.startTemplateFetch(si.Template, si.Spec) // templates.go
 			}
 		}
