@@ -130,6 +130,11 @@ func (a *Agent) snapshotBases(ctx context.Context, id string) (bases map[string]
 	if !ok {
 		return nil, release
 	}
+	// Its files as sealed (checked once, then while they keep their
+	// fingerprint): a chunk reflinked from here is not hashed again.
+	if si, err := a.GetSnapshot(id); err != nil || a.verifySnapshot(si) != nil {
+		return nil, release
+	}
 	m, err := a.store.Manifest(ctx, storeName(id))
 	if err != nil || m.ChunkSize != a.chunkSize() {
 		if err != nil {
