@@ -673,6 +673,21 @@ func TestDevCluster(t *testing.T) {
 				t.Errorf("the benchmark left sandbox %s %s", sb.ID, sb.Info.State)
 			}
 		}
+
+		// Parents made from a snapshot both hosts hold (48 MiB of it):
+		// a cross-host fork moves what the parent changed since, through
+		// the control plane, the pull and the held snapshots it names.
+		res, err = bench.ClusterBench(t.Context(), a.sdk, bench.ClusterOptions{Template: "tiny", MemoryMiB: 256, DirtyMiB: 2, N: 1, EnvMiB: 48})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("from a 48 MiB environment snapshot: cross-host fork moved %v MiB (%v MiB dirty)", res.CrossHostMovedMiBP50, res.CrossHostDirtyMiBP50)
+		if res.EnvSnapshot == "" || res.CrossHostMovedMiBP50 <= 0 || res.CrossHostMovedMiBP50 > 24 {
+			t.Errorf("cross-host fork of a sandbox made from a 48 MiB snapshot %q both hosts hold moved %v MiB: want what it changed since (a few MiB)", res.EnvSnapshot, res.CrossHostMovedMiBP50)
+		}
+		if _, err := a.sdk.GetSnapshot(t.Context(), res.EnvSnapshot); err == nil {
+			t.Errorf("the benchmark left its environment snapshot %s", res.EnvSnapshot)
+		}
 	})
 
 	t.Run("bad input", func(t *testing.T) {
