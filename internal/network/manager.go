@@ -54,13 +54,17 @@ type Manager struct {
 	// while holding mu.
 	hostMu sync.RWMutex
 
-	mu      sync.Mutex
-	closed  bool
-	pool    []*Namespace          // prepared, not handed out
-	owned   map[string]*Namespace // every live namespace of this Manager, pool included
-	used    map[int]bool          // /30 indexes in use (or found taken)
-	htable  hostTable
-	created int // namespaces made on the spot by Acquire (metric)
+	mu     sync.Mutex
+	closed bool
+	pool   []*Namespace          // prepared, not handed out
+	owned  map[string]*Namespace // every live namespace of this Manager, pool included
+	// creating names the namespaces being made (create), from before
+	// they exist until they are owned: Cleanup must not take them for
+	// an earlier process's leftovers.
+	creating map[string]bool
+	used     map[int]bool // /30 indexes in use (or found taken)
+	htable   hostTable
+	created  int // namespaces made on the spot by Acquire (metric)
 }
 
 // New checks cfg, installs the host table (replacing one an earlier
@@ -77,7 +81,7 @@ func New(cfg Config) (*Manager, error) {
 		log:    cfg.Logger,
 		refill: make(chan struct{}, 1),
 		hostFD: -1,
-		owned:  map[string]*Namespace{},
+		owned:  map[string]*Namespace{}, creating: map[string]bool{},
 		used:   map[int]bool{},
 		nameRE: regexp.MustCompile(`^` + cfg.Prefix + `-[0-9a-f]{8}$`),
 		vethRE: regexp.MustCompile(`^` + cfg.Prefix + `([0-9]+)$`),
@@ -406,6 +410,7 @@ func (m *Manager) create() (*Namespace, error) {
 		return nil, err
 	}
 	m.mu.Lock()
+	delete(m.creating, ns.name)
 	if m.closed {
 		m.mu.Unlock()
 		ns.destroyObjects() // hostMu is held
@@ -416,12 +421,27 @@ func (m *Manager) create() (*Namespace, error) {
 	return ns, nil
 }
 
+// createStep, if set (by tests), runs in createAt at each step of making
+// namespace name before the manager owns it: "netns" once the namespace
+// exists, "veth" once its host veth does (before that names it).
+var createStep func(step, name string)
+
 var errVethTaken = errors.New("veth name taken")
 
 func (m *Manager) createAt(idx int) (*Namespace, error) {
 	var name string
+	// The name is the manager's before the namespace exists (creating),
+	// until create owns it or this fails.
+	forget := func(name string) {
+		m.mu.Lock()
+		delete(m.creating, name)
+		m.mu.Unlock()
+	}
 	for {
 		name = m.cfg.Prefix + "-" + randomHex8()
+		m.mu.Lock()
+		m.creating[name] = true
+		m.mu.Unlock()
 		err := createNetns(name, func() error {
 			if err := nsSysctls(); err != nil {
 				return err
@@ -429,12 +449,17 @@ func (m *Manager) createAt(idx int) (*Namespace, error) {
 			return createTap(TapName)
 		})
 		if errors.Is(err, os.ErrExist) {
+			forget(name)
 			continue
 		}
 		if err != nil {
+			forget(name)
 			return nil, fmt.Errorf("create namespace %s: %w", name, err)
 		}
 		break
+	}
+	if createStep != nil {
+		createStep("netns", name)
 	}
 	ns := &Namespace{m: m, name: name, idx: idx, hostVeth: m.vethName(idx), fd: -1,
 		hostAddr: m.subnetAddr(idx, 1), nsAddr: m.subnetAddr(idx, 2)}
@@ -442,6 +467,7 @@ func (m *Manager) createAt(idx int) (*Namespace, error) {
 	defer func() {
 		if !ok {
 			ns.destroyObjects()
+			forget(name)
 		}
 	}()
 	if err := ns.open(); err != nil {
@@ -455,6 +481,9 @@ func (m *Manager) createAt(idx int) (*Namespace, error) {
 			return nil, fmt.Errorf("%w: %s", errVethTaken, m.vethName(idx))
 		}
 		return nil, fmt.Errorf("create veth %s: %w", ns.hostVeth, err)
+	}
+	if createStep != nil {
+		createStep("veth", name)
 	}
 	if err := ns.configureLinks(); err != nil {
 		return nil, err
@@ -585,11 +614,18 @@ func (m *Manager) Cleanup(ctx context.Context, keep func(name string) bool) erro
 		m.mu.Unlock()
 		return ErrClosed
 	}
-	owned := map[string]bool{}
-	for n := range m.owned {
-		owned[n] = true
-	}
 	m.mu.Unlock()
+	// Whether a name is this manager's is asked when it is met, not from
+	// a list made before: a namespace the pool is making meanwhile exists
+	// only once its name is (creating), so it is never taken for a
+	// leftover (a race seen at start: the pool's first namespace removed
+	// as it was made, and the sandbox given it had a TAP that never came
+	// up).
+	owned := func(name string) bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.owned[name] != nil || m.creating[name]
+	}
 	m.hostMu.RLock()
 	defer m.hostMu.RUnlock()
 	if m.host == nil {
@@ -603,7 +639,7 @@ func (m *Manager) Cleanup(ctx context.Context, keep func(name string) bool) erro
 	kept := map[string]bool{}
 	for _, e := range entries {
 		name := e.Name()
-		if !m.nameRE.MatchString(name) || owned[name] {
+		if !m.nameRE.MatchString(name) || owned(name) {
 			continue
 		}
 		if keep(name) {
@@ -622,7 +658,7 @@ func (m *Manager) Cleanup(ctx context.Context, keep func(name string) bool) erro
 	}
 	for _, l := range links {
 		a := l.Attrs()
-		if !m.vethRE.MatchString(a.Name) || owned[a.Alias] || kept[a.Alias] {
+		if !m.vethRE.MatchString(a.Name) || owned(a.Alias) || kept[a.Alias] || (a.Alias == "" && m.indexInUse(a.Name)) {
 			continue
 		}
 		if err := m.host.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
@@ -632,6 +668,19 @@ func (m *Manager) Cleanup(ctx context.Context, keep func(name string) bool) erro
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// indexInUse reports whether host veth name (of vethRE) is of a /30 this
+// manager holds: a namespace being made has its veth before the veth
+// names it (LinkSetAlias).
+func (m *Manager) indexInUse(name string) bool {
+	idx, err := strconv.Atoi(m.vethRE.FindStringSubmatch(name)[1])
+	if err != nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.used[idx]
 }
 
 // removeLeftover deletes the links of a namespace nobody owns (its veth's
