@@ -139,9 +139,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	sum, keeper, secret := memState(t, a, src.ID)
 
 	// A snapshot on A: only what the template lacks is uploaded.
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 	snapSet, err := csA.Manifest(ctxT(t), storeName(snap.ID))
 	if err != nil {
 		t.Fatal(err)

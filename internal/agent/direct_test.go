@@ -244,9 +244,7 @@ func TestDirectTransferFromARestore(t *testing.T) {
 	a, src := sourceSandbox(t, openA)
 	tA, _ := a.templates.ByKey(src.Template)
 	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 
 	openB, _ := storeHost(t, s3.Open("fleet"))
 	b := openB()
@@ -511,9 +509,7 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 	a, b, _, src := sharingHosts(t)
 	shOn(t, a, src.ID, "head -c 50331648 /dev/urandom > /root/env.bin && head -c 33554432 /dev/urandom > /dev/shm/env && sync")
 	envSums := shOn(t, a, src.ID, "md5sum /root/env.bin /dev/shm/env")
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 	// B holds S once it made a sandbox from it.
 	onB, err := createFrom(t, b, snap.ID)
 	if err != nil {
@@ -616,9 +612,7 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 
 	// Through the store too: a snapshot of x, restored on B, takes S's
 	// chunks from B's copy of S rather than the store.
-	s2 := snapOn(t, a, x.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, s2.ID).Stored },
-		func() bool { return stored(a, s2.ID).Stored == host.StoredDurable })
+	s2 := durableSnapOn(t, a, x.ID)
 	fromS2, err := createFrom(t, b, s2.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -221,9 +221,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	if fillMiB > 0 {
 		shOn(t, a, src.ID, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/fill bs=1M count=%d 2>/dev/null", fillMiB))
 	}
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 	a.Kill(ctxT(t), src.ID) // its CPU is the measured hosts'
 	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
 	if err != nil {
@@ -498,9 +496,7 @@ func durableMemSnapshot(t *testing.T) (objs objstore.Store, snap SnapshotInfo, s
 	openA, _ := storeHost(t, s3.Open("fleet"))
 	a, src := sourceSandbox(t, openA)
 	sum, keeper, secret = memState(t, a, src.ID)
-	snap = snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap = durableSnapOn(t, a, src.ID)
 	return objs, snap, sum, keeper, secret
 }
 
@@ -605,9 +601,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	if fillMiB > 0 {
 		shOn(t, a, src.ID, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/fill bs=1M count=%d 2>/dev/null", fillMiB))
 	}
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 	a.Kill(ctxT(t), src.ID)
 	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
 	if err != nil {

@@ -425,7 +425,8 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	// Chunks this host's copy of its template holds come from there.
 	seeds, release := a.templateSeeds(ctx, rec.Template)
 	hasTemplate := len(seeds) > 0
-	seeds, release = a.lineageSeeds(ctx, rec.lineage(), seeds, release) // lineage.go
+	// And the snapshot it derives from, if held here (lineage.go).
+	seeds, release = a.lineageSeeds(ctx, rec.lineage(), seeds, release)
 	var st chunkstore.DownloadStats
 	if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
 		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)

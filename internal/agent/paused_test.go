@@ -170,9 +170,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	sum, keeper, secret := memState(t, a, src.ID)
 
 	// (a) A snapshot on A, created from on B.
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 	if _, err := b.GetSnapshot(snap.ID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("B knows snapshot %s before any create from it: %v", snap.ID, err)
 	}
@@ -196,9 +194,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 
 	// A snapshot uploaded before manifests carried metadata: B reads it
 	// from the set's snapshot.json.
-	old := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, old.ID).Stored },
-		func() bool { return stored(a, old.ID).Stored == host.StoredDurable })
+	old := durableSnapOn(t, a, src.ID)
 	stripMeta(t, objs, "manifests/snapshots/"+old.ID+".json")
 	child, err = createFrom(t, b, old.ID)
 	if err != nil {

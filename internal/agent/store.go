@@ -385,7 +385,8 @@ func (a *Agent) fetchSnapshot(ctx context.Context, id string, m *chunkstore.Mani
 		json.Unmarshal(m.Meta, &si) // no metadata: no template to take chunks from
 		seeds, release := a.templateSeeds(ctx, si.Template)
 		hasTemplate := len(seeds) > 0
-		seeds, release = a.lineageSeeds(ctx, si.Lineage, seeds, release) // lineage.go
+		// And the snapshot it derives from, if held here (lineage.go).
+		seeds, release = a.lineageSeeds(ctx, si.Lineage, seeds, release)
 		if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
 			st, err = a.downloadLazy(ctx, m, tmp, seeds)
 		} else {

@@ -44,6 +44,16 @@ func snapOn(t *testing.T, a *Agent, id string) SnapshotInfo {
 	return si
 }
 
+// durableSnapOn is snapOn, returning once the snapshot is durable in the
+// object store.
+func durableSnapOn(t *testing.T, a *Agent, id string) SnapshotInfo {
+	t.Helper()
+	snap := snapOn(t, a, id)
+	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	return snap
+}
+
 func createFrom(t *testing.T, a *Agent, snapID string) (Info, error) {
 	t.Helper()
 	info, err := a.Create(ctxT(t), CreateRequest{SnapshotID: snapID})
@@ -241,9 +251,7 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 	open, cs := storeHost(t, objs)
 	a, src := sourceSandbox(t, open)
 	shOn(t, a, src.ID, "head -c 4194304 /dev/urandom > /dev/shm/own") // chunks of its own
-	snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
-		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
+	snap := durableSnapOn(t, a, src.ID)
 	idle := func() bool { // no upload or delete of this host runs
 		a.upMu.Lock()
 		defer a.upMu.Unlock()

@@ -151,19 +151,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	}
 	t.Cleanup(func() { hostA.Kill(context.Background(), sb.ID) })
 	mustRun(t, hostA, sb.ID, "echo direct > /root/d")
-	// capture takes a transient capture of sb on A, deleted from both
-	// hosts at the end.
-	capture := func() string {
-		id := host.NewID()
-		if _, err := hostA.SnapshotTransient(ctx, sb.ID, id); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			hostA.DeleteSnapshot(context.Background(), id)
-			hostB.DeleteSnapshot(context.Background(), id)
-		})
-		return id
-	}
+	capture := transientCaptures(t, hostA, hostB, sb.ID)
 	id := capture()
 	// pack opens A's pack of snapshot id, cut to limit bytes if limit > 0;
 	// the caller closes it.
@@ -315,6 +303,23 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	made("pull and create", id4, child, si4, err)
 }
 
+// transientCaptures returns a function that takes a transient capture of
+// sandbox id on a (a cross-host fork's), deleted from a and b when the
+// test ends, and returns its id.
+func transientCaptures(t *testing.T, a, b *hostapi.Client, id string) func() string {
+	return func() string {
+		snap := host.NewID()
+		if _, err := a.SnapshotTransient(ctxT(t), id, snap); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			a.DeleteSnapshot(context.Background(), snap)
+			b.DeleteSnapshot(context.Background(), snap)
+		})
+		return snap
+	}
+}
+
 // TestPullDiffsAgainstSnapshot: a host that pulls a capture of a sandbox
 // created from a snapshot it holds says so (its held snapshots go with
 // the request), and gets only what the sandbox changed since that
@@ -355,17 +360,7 @@ func TestPullDiffsAgainstSnapshot(t *testing.T) {
 	}
 	t.Cleanup(func() { hostA.Kill(context.Background(), x.ID) })
 	mustRun(t, hostA, x.ID, "echo since > /root/since")
-	capture := func() string {
-		id := host.NewID()
-		if _, err := hostA.SnapshotTransient(ctx, x.ID, id); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			hostA.DeleteSnapshot(context.Background(), id)
-			hostB.DeleteSnapshot(context.Background(), id)
-		})
-		return id
-	}
+	capture := transientCaptures(t, hostA, hostB, x.ID)
 	check := func(what string, child host.Info, err error) {
 		t.Helper()
 		if err != nil {
