@@ -50,6 +50,9 @@ it exits.`,
 			if n < 1 {
 				return fmt.Errorf("--n %d: want at least 1", n)
 			}
+			if env < 0 {
+				return fmt.Errorf("--env %d: want 0 (parents from the template) or more MiB", env)
+			}
 			c, _, err := rem.client()
 			if err != nil {
 				return err
