@@ -39,7 +39,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
+func TestMain(m *testing.M) {
+	code := pandatest.Main(m) // stops every server, the security world's too
+	closeSecWorld()
+	os.Exit(code)
+}
 
 // e2e marks a test as slow (real servers, real VMs) and checks what it needs.
 func e2e(t *testing.T) {
