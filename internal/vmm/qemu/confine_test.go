@@ -1057,6 +1057,13 @@ func TestCgroupV2(t *testing.T) {
 		!strings.Contains(string(b), "/"+cfg.Cgroup+"/vm-"+strconv.Itoa(v.m.UID())+"\n") {
 		t.Errorf("vmm cgroups:\n%s\nwant it in %s", b, dir)
 	}
+	// CLONE_INTO_CGROUP and the namespaces' clone flags, in one clone3.
+	for _, ns := range []string{"net", "ipc", "pid"} {
+		mine, _ := os.Readlink("/proc/self/ns/" + ns)
+		if its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", v.m.PID(), ns)); err != nil || its == mine {
+			t.Errorf("vmm %s namespace %q (%v), the test's %q: want a different one", ns, its, err, mine)
+		}
+	}
 	v.m.Kill()
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("cgroup %s left: %v", dir, err)
