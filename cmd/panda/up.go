@@ -117,7 +117,7 @@ var configFlags = map[string]configFlag{
 	"network-prefix":        {"name prefix of this host's network namespaces, veths and nftables table", func(c *server.Config) any { return &c.NetworkPrefix }},
 	"network-pool":          {"IPv4 range of the sandboxes' veth pairs, a /30 each (default 10.234.0.0/16)", func(c *server.Config) any { return &c.NetworkPool }},
 	"network-pool-size":     {"network namespaces kept prepared (default 4; negative: none)", func(c *server.Config) any { return &c.NetworkPoolSize }},
-	"dns-upstream":          {"resolver the sandboxes' DNS goes to, ip or ip:port (repeatable; default: /etc/resolv.conf's)", func(c *server.Config) any { return &c.DNSUpstreams }},
+	"dns-upstream":          {"resolver the sandboxes' DNS goes to, ip or ip:port (repeatable; default: the host's, from /etc/resolv.conf or systemd-resolved's upstreams)", func(c *server.Config) any { return &c.DNSUpstreams }},
 	"allow-host-net":        {"a CIDR of the host's or private networks sandboxes may reach after all (repeatable)", func(c *server.Config) any { return &c.AllowedHostNets }},
 	"bake-network":          {"let template bakes reach the network (default policy), for set-ups that install packages", func(c *server.Config) any { return &c.BakeNetwork }},
 	"store":                 {"object store keeping snapshots durable: DIR, file:///DIR or s3://BUCKET/PREFIX?endpoint=HOST:PORT (credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; docs/storage.md); default none", func(c *server.Config) any { return &c.Store }},

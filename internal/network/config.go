@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -64,11 +65,17 @@ type Config struct {
 	HostNetNS string
 	// Upstreams are the DNS servers ("ip" or "ip:port") the forwarders
 	// ask, from the host namespace. Default: the nameservers of
-	// ResolvConf.
+	// ResolvConf, unless those are only systemd-resolved's local stub
+	// (127.0.0.53, 127.0.0.54), which answers the host's own names too
+	// (/etc/hosts, LLMNR, mDNS, every link's DNS): then the upstream
+	// servers resolved itself uses, from ResolvedConf, if it names any.
 	Upstreams []string
 	// ResolvConf is read for Upstreams when those are not given. Default
 	// /etc/resolv.conf.
 	ResolvConf string
+	// ResolvedConf is systemd-resolved's list of its upstream servers.
+	// Default /run/systemd/resolve/resolv.conf.
+	ResolvedConf string
 	// AllowedHostNets are the operator's exceptions to the always-blocked
 	// ranges: sandboxes may reach them, including services of the host
 	// itself on addresses inside them (a proxy on a private address, say).
@@ -110,6 +117,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ResolvConf == "" {
 		c.ResolvConf = "/etc/resolv.conf"
+	}
+	if c.ResolvedConf == "" {
+		c.ResolvedConf = "/run/systemd/resolve/resolv.conf"
 	}
 	if c.DNSQueriesPerSecond == 0 {
 		c.DNSQueriesPerSecond = 100
@@ -176,14 +186,54 @@ func upstreamAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a, 53), nil
 }
 
+// resolvedStubs are the addresses of systemd-resolved's local stub
+// resolver.
+var resolvedStubs = []netip.AddrPort{
+	netip.MustParseAddrPort("127.0.0.53:53"),
+	netip.MustParseAddrPort("127.0.0.54:53"),
+}
+
+// hostUpstreams are the default upstreams (see Config.Upstreams): the
+// host's resolvers. It logs where they come from, with a warning when
+// they are the host's own resolver, which answers whatever the host can
+// resolve.
+func (m *Manager) hostUpstreams() ([]string, error) {
+	ups, err := readResolvConf(m.cfg.ResolvConf)
+	if err != nil {
+		return nil, err
+	}
+	from := m.cfg.ResolvConf
+	if !slices.ContainsFunc(ups, func(a netip.AddrPort) bool { return !slices.Contains(resolvedStubs, a) }) {
+		// Only systemd-resolved's stub: ask its upstreams (the loopback
+		// ones among them would be the host's own resolver again).
+		real, err := readResolvConf(m.cfg.ResolvedConf)
+		real = slices.DeleteFunc(real, func(a netip.AddrPort) bool { return a.Addr().IsLoopback() })
+		if err == nil && len(real) > 0 {
+			ups, from = real, m.cfg.ResolvedConf
+		}
+	}
+	out := make([]string, len(ups))
+	for i, a := range ups {
+		out[i] = a.String()
+	}
+	if slices.ContainsFunc(ups, func(a netip.AddrPort) bool { return a.Addr().IsLoopback() }) {
+		m.log.Warn("network: the sandboxes' DNS goes to the host's own resolver, so sandboxes resolve the names only the host should (its /etc/hosts, local and VPN zones); set dns_upstreams (--dns-upstream) to resolvers meant for sandboxes",
+			"upstreams", strings.Join(out, ","), "from", from)
+	} else {
+		m.log.Info("network: the sandboxes' DNS goes to the host's resolvers; set dns_upstreams (--dns-upstream) to give sandboxes their own",
+			"upstreams", strings.Join(out, ","), "from", from)
+	}
+	return out, nil
+}
+
 // readResolvConf returns the nameservers of a resolv.conf file.
-func readResolvConf(path string) ([]string, error) {
+func readResolvConf(path string) ([]netip.AddrPort, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var out []string
+	var out []netip.AddrPort
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -192,7 +242,7 @@ func readResolvConf(path string) ([]string, error) {
 			if err != nil || a.Zone() != "" {
 				continue
 			}
-			out = append(out, netip.AddrPortFrom(a, 53).String())
+			out = append(out, netip.AddrPortFrom(a.Unmap(), 53))
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -17,18 +17,22 @@ import (
 
 // forwarder is one sandbox's DNS server: it listens on GatewayAddr:53 (UDP
 // and TCP) inside the sandbox's namespace, answers NXDOMAIN for the names
-// the policy denies, forwards the others to the host's upstream
-// resolvers (it does no recursion of its own) and has the addresses of
-// allow-listed names allowed before it answers. Bounded: queries per
-// second (token bucket, excess REFUSED), upstream queries in flight, TCP
-// connections, answer size.
+// the policy denies and for the reverse names of ranges no sandbox
+// reaches, forwards the others to the host's upstream resolvers (it does
+// no recursion of its own), removes from their answers the addresses no
+// sandbox reaches (see rebind.go) and has the addresses of allow-listed
+// names allowed before it answers. Bounded: queries per second (token
+// bucket, excess REFUSED), upstream queries in flight, TCP connections,
+// answer size.
 type forwarder struct {
 	upstreams []string
 	timeout   time.Duration
 	maxAnswer int
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	// learn allows addrs, answered for the allow-listed name, for ttl.
-	learn  func(name string, addrs []netip.Addr, ttl time.Duration) error
+	learn func(name string, addrs []netip.Addr, ttl time.Duration) error
+	// filter is the Manager's current set of addresses no sandbox reaches.
+	filter func() *addrFilter
 	policy atomic.Pointer[compiled]
 	log    *slog.Logger
 
@@ -134,6 +138,11 @@ func (f *forwarder) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		fail(dns.RcodeNameError)
 		return
 	}
+	filter := f.filter()
+	if p, ok := reversePrefix(name); ok && filter.blocksPrefix(p) {
+		fail(dns.RcodeNameError)
+		return
+	}
 	select {
 	case f.inflight <- struct{}{}:
 		defer func() { <-f.inflight }()
@@ -148,9 +157,12 @@ func (f *forwarder) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	resp.Id = req.Id
-	// IPv4 only: the guest gets no AAAA record, so it never tries an
-	// address family it has no route for.
-	resp.Answer = dropType(resp.Answer, dns.TypeAAAA)
+	var dropped, extra int
+	resp.Answer, dropped = scrub(resp.Answer, filter)
+	resp.Extra, extra = scrub(resp.Extra, filter)
+	if dropped+extra > 0 {
+		f.log.Debug("dns: dropped addresses no sandbox reaches from an answer", "name", name, "dropped", dropped+extra)
+	}
 	if verdict == nameAllowListed && resp.Rcode == dns.RcodeSuccess {
 		var addrs []netip.Addr
 		ttl := uint32(1<<32 - 1)
@@ -206,16 +218,6 @@ func (f *forwarder) exchange(req *dns.Msg, isTCP bool) (*dns.Msg, error) {
 		return nil, errors.New("no upstream resolver")
 	}
 	return nil, errors.Join(errs...)
-}
-
-func dropType(rrs []dns.RR, t uint16) []dns.RR {
-	out := rrs[:0]
-	for _, rr := range rrs {
-		if rr.Header().Rrtype != t {
-			out = append(out, rr)
-		}
-	}
-	return out
 }
 
 // tokenBucket allows rate events per second with a burst of twice that; a

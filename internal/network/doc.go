@@ -58,11 +58,18 @@
 //
 // Each namespace runs a forwarder on GatewayAddr:53, UDP and TCP, bound
 // inside the namespace and served by this process. It does no recursion:
-// it forwards to Config.Upstreams (default: the host's resolv.conf) from
-// the host namespace, over the transport the guest used. A name the
-// policy rejects gets NXDOMAIN without an upstream query; AAAA records
-// are removed from answers (guests are IPv4 only, so they never try an
-// address they cannot reach); AXFR, IXFR, ANY and non-IN classes get
+// it forwards to Config.Upstreams (default: the host's resolv.conf, or
+// systemd-resolved's upstreams where that names only resolved's stub)
+// from the host namespace, over the transport the guest used. A name the
+// policy rejects gets NXDOMAIN without an upstream query, and so does a
+// name in the reverse zone of a range no sandbox reaches (PTR of private
+// addresses, say); A records of addresses no sandbox reaches (the
+// always-blocked ranges, the pool and the host's subnets, less the
+// operator's exceptions) are removed from answers, as are AAAA records
+// (guests are IPv4 only, so they never try an address they cannot
+// reach), and the same from SVCB/HTTPS address hints: an internal zone
+// behind the host's resolver tells a sandbox no address, and a public
+// name cannot be rebound to one. AXFR, IXFR, ANY and non-IN classes get
 // REFUSED; an upstream failure SERVFAIL. Bounds per sandbox:
 // Config.DNSQueriesPerSecond (burst twice that; excess REFUSED), 32
 // upstream queries in flight (excess SERVFAIL), 16 TCP connections,

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -48,6 +49,11 @@ type Manager struct {
 	vethRE      *regexp.Regexp // our host veth names
 
 	refill chan struct{} // a namespace left the pool
+
+	// filter is what the DNS forwarders keep out of answers: htable's
+	// blocked ranges less the operator's exceptions, replaced whenever
+	// htable's are.
+	filter atomic.Pointer[addrFilter]
 
 	// hostMu guards host, hostNFT and hostFD against closeHost: whatever
 	// uses them holds it for reading, closeHost for writing. Never taken
@@ -86,15 +92,13 @@ func New(cfg Config) (*Manager, error) {
 		nameRE: regexp.MustCompile(`^` + cfg.Prefix + `-[0-9a-f]{8}$`),
 		vethRE: regexp.MustCompile(`^` + cfg.Prefix + `([0-9]+)$`),
 	}
-	m.upstreams = cfg.Upstreams
-	if len(m.upstreams) == 0 {
-		ups, err := readResolvConf(cfg.ResolvConf)
+	if len(cfg.Upstreams) == 0 {
+		ups, err := m.hostUpstreams()
 		if err != nil {
 			return nil, fmt.Errorf("dns upstreams: %w", err)
 		}
 		m.upstreams = ups
 	} else {
-		m.upstreams = nil
 		for _, u := range cfg.Upstreams {
 			ap, _ := upstreamAddr(u)
 			m.upstreams = append(m.upstreams, ap.String())
@@ -135,6 +139,7 @@ func New(cfg Config) (*Manager, error) {
 		}
 	}
 	m.htable = hostTable{prefix: cfg.Prefix, pool: cfg.Pool, allowed: cfg.AllowedHostNets, blocked: m.blockedNets(nets)}
+	m.filter.Store(m.htable.filter())
 	if err := m.htable.queue(m.hostNFT); err != nil {
 		return nil, err
 	}
@@ -226,6 +231,7 @@ func (m *Manager) refreshHostNets() error {
 		return fmt.Errorf("update blocked host networks: %w", err)
 	}
 	m.htable = h
+	m.filter.Store(h.filter())
 	m.log.Info("network: host networks changed", "blocked", fmt.Sprint(blocked))
 	return nil
 }

@@ -383,6 +383,7 @@ func (ns *Namespace) start(c *compiled) error {
 		maxAnswer: m.cfg.DNSMaxAnswer,
 		dial:      m.hostDialer().DialContext,
 		learn:     ns.learn,
+		filter:    m.filter.Load,
 		log:       m.log.With("netns", ns.name),
 		limiter:   newTokenBucket(m.cfg.DNSQueriesPerSecond),
 	}

@@ -95,7 +95,8 @@ type Config struct {
 	// 4; negative: none).
 	NetworkPoolSize int `yaml:"network_pool_size"`
 	// DNSUpstreams are the resolvers ("ip" or "ip:port") the sandboxes'
-	// DNS forwarders ask (default: the nameservers of /etc/resolv.conf).
+	// DNS forwarders ask (default: the host's, see
+	// network.Config.Upstreams).
 	DNSUpstreams []string `yaml:"dns_upstreams"`
 	// AllowedHostNets are CIDRs of the host's own or private networks that
 	// sandboxes may reach after all (always blocked otherwise: the host,

@@ -43,7 +43,7 @@ const (
 // Records are the names every Env's resolver knows at first (A records,
 // TTL 300; besides, "cname.test" is a CNAME to allowed.test and
 // "big.test" has 100 A records; other names are NXDOMAIN). Env.AddRecord
-// adds more.
+// and Env.AddPTR add more.
 var Records = map[string][]netip.Addr{
 	"allowed.test":  {WebAddr},
 	"other.test":    {OtherAddr},
@@ -67,6 +67,7 @@ type Env struct {
 	dnsQueries int
 	records    map[string][]netip.Addr
 	ttls       map[string]uint32
+	ptrs       map[string]string // reverse name (no trailing dot): target
 }
 
 // NewEnv builds the test world; everything is removed at the test's end.
@@ -93,7 +94,7 @@ func Build() (_ *Env, err error) {
 	}
 	var b [2]byte
 	rand.Read(b[:])
-	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:]), records: map[string][]netip.Addr{}, ttls: map[string]uint32{}}
+	e := &Env{Prefix: "nt" + hex.EncodeToString(b[:]), records: map[string][]netip.Addr{}, ttls: map[string]uint32{}, ptrs: map[string]string{}}
 	for n, a := range Records {
 		e.records[n] = a
 	}
@@ -257,6 +258,10 @@ func (e *Env) serveDNS(w dns.ResponseWriter, r *dns.Msg) {
 				m.Answer = append(m.Answer, &dns.A{Hdr: hdr(q.Name, dns.TypeA), A: net.IPv4(198, 51, 100, byte(100+i))})
 			}
 		}
+	case e.ptr(name) != "":
+		if q.Qtype == dns.TypePTR {
+			m.Answer = append(m.Answer, &dns.PTR{Hdr: hdr(q.Name, dns.TypePTR), Ptr: dns.Fqdn(e.ptr(name))})
+		}
 	case e.lookup(name) != nil:
 		for _, a := range e.lookup(name) {
 			switch q.Qtype {
@@ -299,6 +304,21 @@ func (e *Env) AddRecord(name string, addrs ...netip.Addr) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.records[name] = addrs
+}
+
+// AddPTR makes the test resolver answer the reverse name of a (in
+// in-addr.arpa) with a PTR record to name.
+func (e *Env) AddPTR(a netip.Addr, name string) {
+	rev, _ := dns.ReverseAddr(a.String())
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ptrs[strings.TrimSuffix(rev, ".")] = name
+}
+
+func (e *Env) ptr(name string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ptrs[name]
 }
 
 // SetTTL sets the TTL of name's A records (default 300 s).

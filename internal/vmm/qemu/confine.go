@@ -31,6 +31,21 @@ import (
 //     Nothing in it is writable but the disk, the memory file and the
 //     console log: the agent and QMP sockets are bound by the host in the
 //     run directory and handed to QEMU as listening descriptors;
+//   - in network, IPC and PID namespaces of its own (vmmNamespaces), made
+//     by the clone that starts it. QEMU opens no socket of its own: its
+//     TAP and its agent and QMP sockets are descriptors the host opened,
+//     which work whatever namespace their holder is in. So its network
+//     namespace holds a loopback device that is down and no route: a
+//     process that escaped QEMU reaches no address at all (not the cloud
+//     metadata service, not a service on the host's loopback), and no
+//     abstract unix socket of the host (their names are per network
+//     namespace). Its IPC namespace hides the host's System V IPC objects
+//     and POSIX message queues. In its PID namespace it is PID 1 and sees
+//     no other process; the host knows it by its host PID (Machine.PID,
+//     the PID file, Adopt's and the fork's /proc/PID/...), and as the init
+//     of a namespace it gets from the host only the signals it handles
+//     (SIGTERM, SIGINT, SIGHUP: QEMU's orderly exit) and SIGKILL, which is
+//     what Kill sends; a fault still kills it;
 //   - in a cgroup of its own (see cgroup.go) with cpu, memory and pids
 //     limits, entered before the process runs, so before it allocates
 //     anything;
@@ -61,7 +76,9 @@ import (
 // instead of reusing it (threads the runtime creates meanwhile are cloned
 // from its template thread, not from this one). Nothing is mounted in the
 // host's namespace, no helper binary runs, and the namespace disappears
-// with the QEMU process. pivot_root rather than chroot: with chroot alone the
+// with the QEMU process. The network, IPC and PID namespaces are made by
+// the clone itself (clone3, with CLONE_INTO_CGROUP under v2): a PID
+// namespace can only be entered at birth. pivot_root rather than chroot: with chroot alone the
 // namespace would still hold a copy of every host mount, one chroot escape
 // away; after pivot_root and the detach, /proc/PID/mountinfo of a VMM lists
 // its jail's mounts and nothing else.
@@ -74,6 +91,12 @@ const (
 	jailInitrd  = "/vm/initrd"
 	jailConsole = "/vm/console.log"
 )
+
+// vmmNamespaces are the namespaces a confined VMM is born in (clone
+// flags of its exec, besides the mount namespace its thread made): an
+// empty network namespace, and IPC and PID namespaces of its own. See the
+// comment at the top of the file.
+const vmmNamespaces = unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWPID
 
 // rlimitNOFILE bounds a VMM's open files: a microvm with one disk and two
 // sockets uses a few dozen (more under KVM: eventfds per virtqueue).
@@ -276,6 +299,7 @@ func (d *Driver) spawn(cmd *exec.Cmd, c confinement) (*box, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setsid:     true,
 		Credential: &syscall.Credential{Uid: b.uid, Gid: b.gid, Groups: []uint32{}},
+		Cloneflags: vmmNamespaces,
 	}
 	if d.cgroups.v2 {
 		fd, err := unix.Open(b.cg.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,8 @@ import (
 	"github.com/pandastack/pandastack/internal/memimage"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -321,11 +324,95 @@ func TestConfinedMachine(t *testing.T) {
 			}
 		}
 	})
-	t.Run("mount namespace", func(t *testing.T) {
-		mine, _ := os.Readlink("/proc/self/ns/mnt")
-		its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
-		if err != nil || its == mine {
-			t.Errorf("vmm mount namespace %q (%v), the test's %q: want a different one", its, err, mine)
+	t.Run("namespaces", func(t *testing.T) {
+		for _, ns := range []string{"mnt", "net", "ipc", "pid"} {
+			mine, _ := os.Readlink("/proc/self/ns/" + ns)
+			its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+			if err != nil || its == mine {
+				t.Errorf("vmm %s namespace %q (%v), the test's %q: want a different one", ns, its, err, mine)
+			}
+		}
+		// PID 1 of its own PID namespace, known to the host by pid.
+		if got, want := procStatus(t, pid)["NSpid"], strconv.Itoa(pid)+" 1"; got != want {
+			t.Errorf("NSpid: %q, want %q", got, want)
+		}
+	})
+	t.Run("empty network namespace", func(t *testing.T) {
+		links, routes := netnsContents(t, pid)
+		if len(links) != 1 || links[0].Attrs().Name != "lo" || links[0].Attrs().Flags&net.FlagUp != 0 {
+			var got []string
+			for _, l := range links {
+				got = append(got, l.Attrs().Name+" "+l.Attrs().Flags.String())
+			}
+			t.Errorf("vmm network namespace has links %q, want only lo, down", got)
+		}
+		if len(routes) != 0 {
+			t.Errorf("vmm network namespace has routes %v, want none", routes)
+		}
+	})
+	t.Run("escape to the host's network", func(t *testing.T) {
+		// What a process that took QEMU over could reach: a service on
+		// the host's loopback and an abstract unix socket (named per
+		// network namespace), both of the test's namespace. The test
+		// reaches both; from the VMM's namespace neither answers.
+		tcp, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tcp.Close()
+		abstract, err := net.Listen("unix", fmt.Sprintf("@pandastack-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer abstract.Close()
+		targets := []struct{ network, addr string }{
+			{"tcp4", tcp.Addr().String()},
+			{"unix", abstract.Addr().String()},
+		}
+		dial := func(network, addr string) error {
+			c, err := net.DialTimeout(network, addr, 5*time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
+		for _, tg := range targets {
+			if err := dial(tg.network, tg.addr); err != nil {
+				t.Fatalf("the test cannot reach its own %s %s: %v", tg.network, tg.addr, err)
+			}
+		}
+		err = inNamespaceOf(pid, "net", unix.CLONE_NEWNET, func() error {
+			for _, tg := range targets {
+				if err := dial(tg.network, tg.addr); err == nil {
+					t.Errorf("from the vmm's network namespace, %s %s answered: want no way there", tg.network, tg.addr)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("escape to the host's ipc", func(t *testing.T) {
+		// A System V shared memory segment of the test's: invisible in
+		// the VMM's IPC namespace.
+		key := int((uint32(os.Getpid())*2654435761^uint32(time.Now().UnixNano()))&0x7fffffff | 1)
+		id, err := unix.SysvShmGet(key, 4096, unix.IPC_CREAT|unix.IPC_EXCL|0o600)
+		if err != nil {
+			t.Fatalf("shmget: %v", err)
+		}
+		defer unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+		if _, err := unix.SysvShmGet(key, 0, 0); err != nil {
+			t.Fatalf("the test cannot find its own segment: %v", err)
+		}
+		err = inNamespaceOf(pid, "ipc", unix.CLONE_NEWIPC, func() error {
+			if _, err := unix.SysvShmGet(key, 0, 0); !errors.Is(err, unix.ENOENT) {
+				t.Errorf("from the vmm's ipc namespace, the host's segment: %v, want ENOENT", err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	})
 	t.Run("root", func(t *testing.T) {
@@ -507,6 +594,53 @@ func TestConfinedMachine(t *testing.T) {
 			t.Errorf("guest RAM is mergeable: %q", flags)
 		}
 	})
+}
+
+// inNamespaceOf runs fn on an OS thread that has entered the namespace
+// kind ("net", "ipc": one a thread may enter alone) of process pid; the
+// thread is discarded afterwards.
+func inNamespaceOf(pid int, kind string, nstype int, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Not unlocked: the runtime ends the thread with the goroutine.
+		runtime.LockOSThread()
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, nstype); err != nil {
+			errc <- fmt.Errorf("enter the %s namespace of %d: %w", kind, pid, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// netnsContents lists the links and routes of pid's network namespace.
+func netnsContents(t *testing.T, pid int) ([]netlink.Link, []netlink.Route) {
+	t.Helper()
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return links, routes
 }
 
 // vmFlags returns the VmFlags of the mapping that starts at start.
@@ -922,6 +1056,13 @@ func TestCgroupV2(t *testing.T) {
 	if !strings.Contains(string(b), "0::") || !strings.HasSuffix(dir, "/vm-"+strconv.Itoa(v.m.UID())) ||
 		!strings.Contains(string(b), "/"+cfg.Cgroup+"/vm-"+strconv.Itoa(v.m.UID())+"\n") {
 		t.Errorf("vmm cgroups:\n%s\nwant it in %s", b, dir)
+	}
+	// CLONE_INTO_CGROUP and the namespaces' clone flags, in one clone3.
+	for _, ns := range []string{"net", "ipc", "pid"} {
+		mine, _ := os.Readlink("/proc/self/ns/" + ns)
+		if its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", v.m.PID(), ns)); err != nil || its == mine {
+			t.Errorf("vmm %s namespace %q (%v), the test's %q: want a different one", ns, its, err, mine)
+		}
 	}
 	v.m.Kill()
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {

@@ -1,7 +1,8 @@
 // Package qemu implements vmm.Driver with QEMU's microvm machine: one
 // qemu-system-x86_64 process per machine, controlled over QMP, running
-// confined (its own user, mount namespace holding only its files, cgroup and
-// rlimits: see confine.go) and under QEMU's seccomp sandbox, with only a
+// confined (its own user; a mount namespace holding only its files, an
+// empty network namespace and IPC and PID namespaces of its own; a cgroup
+// and rlimits: see confine.go) and under QEMU's seccomp sandbox, with only a
 // virtio-blk disk, a virtio-serial port for the guest agent and, if the spec
 // has one, a virtio-net device on a TAP the caller opened. Device state
 // is saved with xen-save-devices-state and loaded with migrate-incoming, both
@@ -38,8 +39,9 @@ type Config struct {
 	Binary string
 	// NoSandbox disables QEMU's seccomp sandbox (debugging only).
 	NoSandbox bool
-	// NoConfine runs QEMU as the driver's user, in the host's mount
-	// namespace, with no cgroup and no rlimits (debugging only).
+	// NoConfine runs QEMU as the driver's user, in the driver's
+	// namespaces (mount, network, IPC, PID), with no cgroup and no
+	// rlimits (debugging only).
 	// Confinement needs root: New fails without it unless NoConfine.
 	NoConfine bool
 	// ExtraArgs are appended to every QEMU command line (debugging only,
