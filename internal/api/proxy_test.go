@@ -790,6 +790,7 @@ func TestProxyDomain(t *testing.T) {
 			{"another port of the same sandbox", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Origin": "http://9000-" + sb.ID + "." + domain}, 200},
 			{"an old browser on a sibling", map[string]string{"Origin": sibling}, 403},
 			{"a sibling's fetch with an API key", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": sibling, "Authorization": "Bearer " + key}, 200},
+			{"a sibling's fetch with the guest's own Authorization", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": sibling, "Authorization": "Basic YXBwOmFwcA=="}, 403},
 		} {
 			hdr := maps.Clone(tc.hdr)
 			hdr["Host"], hdr["Cookie"] = host, cookie

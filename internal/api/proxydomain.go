@@ -145,11 +145,13 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 	} else {
 		var c *caller
 		if c, err = s.keyOf(r, "missing credentials: open a signed URL of this port (POST /v1/sandboxes/{id}/ports/{port}/url) or send Authorization: Bearer <key>"); err != nil {
-			if _, cerr := r.Cookie(tokenCookie); cerr == nil && r.Header.Get("Authorization") == "" {
+			// Say why the cookie did not do, unless a key was tried.
+			_, cerr := r.Cookie(tokenCookie)
+			switch auth := r.Header.Get("Authorization"); {
+			case crossSite != nil && !strings.HasPrefix(auth, "Bearer "):
 				err = crossSite
-				if err == nil {
-					err = s.cookieError(r, id, port, now) // say why the cookie did not do
-				}
+			case cerr == nil && auth == "":
+				err = s.cookieError(r, id, port, now)
 			}
 			fail(err)
 			return
