@@ -39,10 +39,23 @@ type browser struct {
 // that no process of it is left.
 func newBrowser(t *testing.T, timeout time.Duration) *browser {
 	t.Helper()
+	return startBrowser(t, timeout, chromiumPath(t))
+}
+
+// chromiumPath is where Debian's chromium is.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
-		t.Fatal("the console test needs Debian's chromium (make setup installs it): ", err)
+		t.Fatal("the browser tests need Debian's chromium (make setup installs it): ", err)
 	}
+	return bin
+}
+
+// startBrowser is newBrowser with the chromium to run: bin, a program
+// that takes chromium's arguments.
+func startBrowser(t *testing.T, timeout time.Duration, bin string) *browser {
+	t.Helper()
 	profile := t.TempDir()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(bin),

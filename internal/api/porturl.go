@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -9,7 +10,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -150,4 +153,99 @@ func LoadOrCreateURLSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("write url secret: %w", err)
 	}
 	return []byte(sec), nil
+}
+
+// Signed tokens are credentials: whoever reads one in a log reaches its
+// port. The server's logger (Config.Logger, wrapped by New) therefore
+// never writes one: in every message and attribute, a /p/{token} path
+// segment, a panda_token=… parameter and an API key become [redacted].
+// (Request paths are logged with failures: a 5xx of the port proxy, a
+// panic, the router's.)
+
+// secretInText matches what redactSecrets hides: the token of a signed
+// path (the router's {token} segment: up to the next slash), a
+// panda_token parameter's value, an API key.
+var secretInText = regexp.MustCompile(`(/p/)[^/?#\s"]+|(` + tokenParam + `=)[^&\s"]+|` + apiKeyPrefix + `[a-z0-9]{16,}`)
+
+// redactSecrets returns s without signed tokens and API keys.
+func redactSecrets(s string) string {
+	if !strings.Contains(s, "/p/") && !strings.Contains(s, tokenParam) && !strings.Contains(s, apiKeyPrefix) {
+		return s
+	}
+	return secretInText.ReplaceAllStringFunc(s, func(m string) string {
+		switch {
+		case strings.HasPrefix(m, "/p/"):
+			return "/p/[redacted]"
+		case strings.HasPrefix(m, tokenParam+"="):
+			return tokenParam + "=[redacted]"
+		}
+		return apiKeyPrefix + "[redacted]"
+	})
+}
+
+// redactingHandler is a slog.Handler that passes records on with
+// redactSecrets applied to the message and to every string, error and
+// Stringer value, in groups too.
+type redactingHandler struct{ next slog.Handler }
+
+// redactingLogger wraps l so that it never logs a signed token or a key.
+func redactingLogger(l *slog.Logger) *slog.Logger {
+	if _, ok := l.Handler().(redactingHandler); ok {
+		return l
+	}
+	return slog.New(redactingHandler{l.Handler()})
+}
+
+func (h redactingHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.next.Enabled(ctx, l)
+}
+
+func (h redactingHandler) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, r.Level, redactSecrets(r.Message), r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		out.AddAttrs(redactAttr(a))
+		return true
+	})
+	return h.next.Handle(ctx, out)
+}
+
+func (h redactingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	red := make([]slog.Attr, len(as))
+	for i, a := range as {
+		red[i] = redactAttr(a)
+	}
+	return redactingHandler{h.next.WithAttrs(red)}
+}
+
+func (h redactingHandler) WithGroup(name string) slog.Handler {
+	return redactingHandler{h.next.WithGroup(name)}
+}
+
+func redactAttr(a slog.Attr) slog.Attr {
+	v := a.Value.Resolve()
+	switch v.Kind() {
+	case slog.KindString:
+		return slog.String(a.Key, redactSecrets(v.String()))
+	case slog.KindGroup:
+		g := v.Group()
+		red := make([]any, len(g))
+		for i, ga := range g {
+			red[i] = redactAttr(ga)
+		}
+		return slog.Group(a.Key, red...)
+	case slog.KindAny:
+		var text string
+		switch x := v.Any().(type) {
+		case error:
+			text = x.Error()
+		case fmt.Stringer:
+			text = x.String()
+		default:
+			return slog.Attr{Key: a.Key, Value: v}
+		}
+		if r := redactSecrets(text); r != text {
+			return slog.String(a.Key, r)
+		}
+	}
+	return slog.Attr{Key: a.Key, Value: v}
 }

@@ -35,10 +35,29 @@ import (
 //     token given once as ?panda_token= and then kept in a cookie of that
 //     host (proxyDomain).
 //
-// The credential that let a request in is never passed to the guest (the
-// API key's Authorization header, the panda_token cookie and query
-// parameter); anything else is the guest's (an Authorization header that
-// came with a signed URL is the guest application's own).
+// No credential of this server is passed to the guest, whichever way the
+// request came in (guardRequest): not the API key's Authorization header,
+// nor any other header value that is an API key (X-API-Key, E2B's), nor a
+// "bearer.<key>" WebSocket subprotocol, nor the sandbox's E2B access token
+// (X-Access-Token), nor a signed token (the panda_token cookie and query
+// parameter). Anything else is the guest's: an Authorization header that
+// came with a signed URL is the guest application's own, unless it holds
+// an API key.
+//
+// Guest answers are served to browsers, so the proxy adds what keeps a
+// guest's page from reaching anything but its own port (guardResponse).
+// Under the API's own address (the two path routes) the page would share
+// the origin of the web console, which keeps the signed-in key in
+// sessionStorage: each answer gets Content-Security-Policy "sandbox"
+// without allow-same-origin, so the page runs in an opaque origin of its
+// own (no access to the console's storage, cookies or windows, no service
+// worker on the origin), plus nosniff and no-referrer (the token in the
+// path must not leak to third parties); Service-Worker-Allowed and
+// Clear-Site-Data are dropped, and a request for a service worker script
+// is refused before it reaches the guest. On the proxy domain every port
+// is an origin of its own already: the sandbox CSP keeps allow-same-origin
+// there, so browser applications keep their cookies, storage and service
+// workers.
 //
 // Requests in flight through the proxy, WebSockets for their whole life,
 // count against their own limits per sandbox and per key
@@ -74,8 +93,11 @@ type proxyTarget struct {
 	path   string // the guest's path, escaped, starting with "/"
 	query  string // raw, without our token
 	// keepAuth: the Authorization header is not the credential that let
-	// the request in; pass it on.
+	// the request in; pass it on (unless it holds an API key).
 	keepAuth bool
+	// domain: the request came in on the proxy domain ({port}-{id}.DOMAIN,
+	// an origin of its own), not under the API's address.
+	domain bool
 }
 
 type proxyCtxKey struct{}
@@ -233,15 +255,13 @@ func (p *guestProxy) open() int {
 // public Host, X-Forwarded-* and without our credentials.
 func (p *guestProxy) rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(proxyCtxKey{}).(*proxyTarget)
-	u := &url.URL{Scheme: "http", Host: net.JoinHostPort(t.sb.ID, strconv.Itoa(t.port)), RawQuery: t.query}
+	u := &url.URL{Scheme: "http", Host: net.JoinHostPort(t.sb.ID, strconv.Itoa(t.port))}
 	u.Path, _ = url.PathUnescape(t.path) // checked by proxyTo
 	u.RawPath = t.path
+	u.RawQuery, _ = withoutParam(t.query, tokenParam)
 	pr.Out.URL = u
 	pr.Out.Host = pr.In.Host
-	if !t.keepAuth {
-		pr.Out.Header.Del("Authorization")
-	}
-	dropCookie(pr.Out.Header, tokenCookie)
+	p.guardRequest(pr.Out.Header, t)
 	if xff, ok := pr.In.Header["X-Forwarded-For"]; ok {
 		pr.Out.Header["X-Forwarded-For"] = xff // SetXForwarded appends to it
 	}
@@ -253,14 +273,117 @@ func (p *guestProxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
+// guardRequest removes from h, a request on its way to the guest, every
+// credential of this server (see the top of this file).
+func (p *guestProxy) guardRequest(h http.Header, t *proxyTarget) {
+	if !t.keepAuth {
+		h.Del("Authorization")
+	} else {
+		dropValues(h, "Authorization", holdsAPIKey)
+	}
+	dropValues(h, "X-Api-Key", holdsAPIKey)
+	if len(h.Values("X-Access-Token")) > 0 { // an HMAC: only when there is one
+		tok := p.s.e2b.AccessToken(t.sb.ID)
+		dropValues(h, "X-Access-Token", func(v string) bool { return strings.TrimSpace(v) == tok })
+	}
+	dropCookie(h, tokenCookie)
+	dropBearerProtocols(h)
+}
+
+// holdsAPIKey reports whether a header value holds an API key of this
+// server: any of its words (an Authorization header's scheme and
+// credentials) starts with the prefix every key has.
+func holdsAPIKey(v string) bool {
+	for _, f := range strings.Fields(v) {
+		if strings.HasPrefix(f, apiKeyPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// dropValues removes the values of header name that drop reports.
+func dropValues(h http.Header, name string, drop func(string) bool) {
+	vals := h.Values(name)
+	if len(vals) == 0 {
+		return
+	}
+	var keep []string
+	for _, v := range vals {
+		if !drop(v) {
+			keep = append(keep, v)
+		}
+	}
+	h.Del(name)
+	for _, v := range keep {
+		h.Add(name, v)
+	}
+}
+
+// dropBearerProtocols removes from a WebSocket handshake's
+// Sec-WebSocket-Protocol every subprotocol that carries a key (bearer.…,
+// in any case, or any that holds the key prefix), keeping the others in
+// their order: the guest then chooses among the client's own, and the
+// client accepts its choice (or none).
+func dropBearerProtocols(h http.Header) {
+	const name = "Sec-WebSocket-Protocol"
+	vals := h.Values(name)
+	if len(vals) == 0 {
+		return
+	}
+	var keep []string
+	for _, v := range vals {
+		for p := range strings.SplitSeq(v, ",") {
+			p = strings.TrimSpace(p)
+			if p == "" || strings.HasPrefix(strings.ToLower(p), wsBearerPrefix) || strings.Contains(p, apiKeyPrefix) {
+				continue
+			}
+			keep = append(keep, p)
+		}
+	}
+	h.Del(name)
+	if len(keep) > 0 {
+		h.Set(name, strings.Join(keep, ", "))
+	}
+}
+
+// The Content-Security-Policy the proxy adds to every guest answer (a
+// further header: browsers enforce every policy they get, so a guest's own
+// cannot loosen it). Under the API's address the sandbox has no
+// allow-same-origin: the page's origin is opaque, apart from the console's.
+const (
+	sandboxFlags = "allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox allow-modals allow-downloads"
+	pathCSP      = "sandbox " + sandboxFlags
+	domainCSP    = "sandbox allow-same-origin " + sandboxFlags
+)
+
 // modifyResponse keeps redirects to an absolute path under the prefix the
-// guest is served at.
+// guest is served at, and guards the answer.
 func (p *guestProxy) modifyResponse(res *http.Response) error {
 	t := res.Request.Context().Value(proxyCtxKey{}).(*proxyTarget)
 	if loc := res.Header.Get("Location"); t.prefix != "" && strings.HasPrefix(loc, "/") && !strings.HasPrefix(loc, "//") {
 		res.Header.Set("Location", t.prefix+loc)
 	}
+	guardResponse(res.Header, t.domain)
 	return nil
+}
+
+// guardResponse sets the headers of a guest's answer that keep its page to
+// itself (see the top of this file). The guest's own headers of the same
+// names are replaced; its Content-Security-Policy stays, next to ours.
+func guardResponse(h http.Header, domain bool) {
+	if domain {
+		h.Add("Content-Security-Policy", domainCSP)
+		return
+	}
+	// A script at a path under the API's origin could widen a service
+	// worker's scope to the whole origin; Clear-Site-Data would sign the
+	// console out.
+	h.Del("Service-Worker-Allowed")
+	h.Del("Clear-Site-Data")
+	h.Add("Content-Security-Policy", pathCSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
 }
 
 // fail answers a request the guest could not be reached for (before any of
@@ -312,6 +435,14 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, t *proxyTarget)
 	if _, err := url.PathUnescape(t.path); err != nil {
 		drain(r.Body)
 		s.writeError(w, r, badRequest("the path %q is not validly escaped", t.path))
+		return
+	}
+	if !t.domain && r.Header.Get("Service-Worker") != "" {
+		// A browser fetching a service worker's script: under the API's
+		// address it would be registered for the console's origin.
+		drain(r.Body)
+		s.writeError(w, r, errorf(control.Forbidden,
+			"service workers cannot be served from a sandbox port under the API's address (/p/… or /v1/sandboxes/…/ports/…); serve the application on the proxy domain ({port}-{id}.DOMAIN), where each port is an origin of its own"))
 		return
 	}
 	release, err := s.proxies.acquire(t.sb.ID, t.sb.KeyID)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -611,6 +612,47 @@ func TestSignedURL(t *testing.T) {
 			t.Errorf("url %q, want https://panda.example.com/p/…", got.URL)
 		}
 	})
+	t.Run("not in the logs", func(t *testing.T) {
+		// Issue 31, finding 12: the token is a credential; failures that
+		// log the request's path (any 5xx at warn or error, every 4xx at
+		// debug: here a refused service worker and an altered token) log
+		// it redacted.
+		var mu sync.Mutex
+		var buf bytes.Buffer
+		logw := writerFunc(func(p []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return buf.Write(p)
+		})
+		srv2, err := api.New(api.Config{URLSecret: []byte("a secret of the logging server"),
+			ProxyHeaderTimeout: proxyHeaderTimeout, OpenAPI: []byte("openapi: 3.0.3\n"),
+			Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))}, e.cat, e.h, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(srv2.Handler())
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			srv2.Shutdown(ctx)
+			hs.Close()
+		})
+		u2 := signURL(t, hs.URL, key, sb.ID, 8000, nil)
+		call(t, "GET", u2.URL+"sw.js", nil, map[string]string{"Service-Worker": "script"}) // 403 (TestPortProxyGuards)
+		expect(t, call(t, "GET", strings.Replace(u2.URL, "/p/A", "/p/B", 1)+"page", nil, nil), 403, "forbidden")
+		mu.Lock()
+		out := buf.String()
+		mu.Unlock()
+		tok2 := strings.Trim(strings.TrimPrefix(u2.URL, hs.URL+"/p/"), "/")
+		if strings.Contains(out, tok2[1:]) || strings.Contains(out, key) {
+			t.Errorf("the log holds a signed token or the key:\n%s", out)
+		}
+		for _, want := range []string{"path=/p/[redacted]/sw.js", "path=/p/[redacted]/page"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the log lacks %s:\n%s", want, out)
+			}
+		}
+	})
 	t.Run("stopped sandbox", func(t *testing.T) {
 		expect(t, do(t, key, "DELETE", "/v1/sandboxes/"+sb.ID, nil), 204, "")
 		expect(t, call(t, "GET", u.URL, nil, nil), 409, "conflict")
@@ -645,7 +687,12 @@ func TestProxyDomain(t *testing.T) {
 	host := "8000-" + sb.ID + "." + domain
 
 	t.Run("api key", func(t *testing.T) {
-		got := call(t, "PUT", hs.URL+"/any/path?q=1", strings.NewReader("x"), map[string]string{"Host": host, "Authorization": "Bearer " + key}).echo(t)
+		r := call(t, "PUT", hs.URL+"/any/path?q=1", strings.NewReader("x"), map[string]string{"Host": host, "Authorization": "Bearer " + key})
+		// Each port is an origin of its own: the page keeps it.
+		if csp := r.header.Values("Content-Security-Policy"); !slices.Equal(csp, []string{"sandbox allow-same-origin allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox allow-modals allow-downloads"}) {
+			t.Errorf("Content-Security-Policy %q, want the sandbox with allow-same-origin", csp)
+		}
+		got := r.echo(t)
 		if got.Method != "PUT" || got.Path != "/any/path" || got.Query != "q=1" || got.Body != "x" || got.Host != host {
 			t.Errorf("guest saw %+v", got)
 		}
@@ -723,6 +770,55 @@ func TestProxyDomain(t *testing.T) {
 		}
 		defer c.CloseNow()
 		wsRoundTrip(t, c, []byte("on the proxy domain"))
+	})
+	t.Run("cross-site cookie", func(t *testing.T) {
+		// Issue 31, finding 8: the hosts of the proxy domain are one site,
+		// so a page of another sandbox gets the cookie sent with its
+		// requests; only navigations and the port's own pages may use it.
+		cookie := "panda_token=" + tok
+		sibling := "http://8000-" + strings.Repeat("z", 20) + "." + domain
+		for _, tc := range []struct {
+			name string
+			hdr  map[string]string
+			want int
+		}{
+			{"its own page", map[string]string{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}, 200},
+			{"a link followed from a sibling", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, 200},
+			{"a sibling's fetch", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty", "Origin": sibling}, 403},
+			{"a sibling's image", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image", "Referer": sibling + "/"}, 403},
+			{"another site's fetch", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Origin": "https://evil.example"}, 403},
+			{"another port of the same sandbox", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Origin": "http://9000-" + sb.ID + "." + domain}, 200},
+			{"an old browser on a sibling", map[string]string{"Origin": sibling}, 403},
+			{"a sibling's fetch with an API key", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": sibling, "Authorization": "Bearer " + key}, 200},
+			{"a sibling's fetch with the guest's own Authorization", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": sibling, "Authorization": "Basic YXBwOmFwcA=="}, 403},
+		} {
+			hdr := maps.Clone(tc.hdr)
+			hdr["Host"], hdr["Cookie"] = host, cookie
+			r := call(t, "GET", hs.URL+"/", nil, hdr)
+			if r.status != tc.want {
+				t.Errorf("%s: got %d %s, want %d", tc.name, r.status, r.body, tc.want)
+			}
+			if tc.want == 403 && !strings.Contains(r.message(), "another site") {
+				t.Errorf("%s: message %q does not say why", tc.name, r.message())
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		wsHost := "9000-" + sb.ID + "." + domain
+		ws := signURL(t, hs.URL, key, sb.ID, 9000, nil)
+		wsCookie := "panda_token=" + strings.SplitN(ws.URL, "panda_token=", 2)[1]
+		_, res, err := websocket.Dial(ctx, wsURL(hs.URL)+"/socket", &websocket.DialOptions{Host: wsHost,
+			HTTPHeader: http.Header{"Cookie": {wsCookie}, "Origin": {sibling}, "Sec-Fetch-Site": {"same-site"}, "Sec-Fetch-Mode": {"websocket"}}})
+		if err == nil || res == nil || res.StatusCode != http.StatusForbidden {
+			t.Errorf("a sibling's WebSocket with the cookie: %v (%+v), want 403", err, res)
+		}
+		c, _, err := websocket.Dial(ctx, wsURL(hs.URL)+"/socket", &websocket.DialOptions{Host: wsHost,
+			HTTPHeader: http.Header{"Cookie": {wsCookie}, "Origin": {"http://" + wsHost}, "Sec-Fetch-Site": {"same-origin"}, "Sec-Fetch-Mode": {"websocket"}}})
+		if err != nil {
+			t.Fatalf("its own page's WebSocket: %v", err)
+		}
+		defer c.CloseNow()
+		wsRoundTrip(t, c, []byte("from its own page"))
 	})
 	t.Run("expired cookie", func(t *testing.T) {
 		short := signURL(t, hs.URL, key, sb.ID, 8000, map[string]any{"ttl_seconds": 1})
@@ -911,3 +1007,235 @@ func BenchmarkPortProxy(b *testing.B) {
 		})
 	}
 }
+
+// hostile is a guest server whose answers carry what a page would send to
+// take over the origin it is served on (a service worker scope for all of
+// it, clearing its storage, sniffing, its own CSP, the full URL as
+// Referer), after a 103 Early Hints if ?hints=1; /sw.js counts the
+// requests for it that reach the guest.
+type hostile struct {
+	mu  sync.Mutex
+	sws int
+}
+
+func (g *hostile) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/sw.js" {
+		g.mu.Lock()
+		g.sws++
+		g.mu.Unlock()
+	}
+	if r.URL.Query().Get("hints") == "1" {
+		w.Header().Set("Link", "</app.css>; rel=preload; as=style")
+		w.WriteHeader(http.StatusEarlyHints)
+	}
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src *")
+	h.Set("Service-Worker-Allowed", "/")
+	h.Set("Clear-Site-Data", `"storage"`)
+	h.Set("X-Content-Type-Options", "sniff")
+	h.Set("Referrer-Policy", "unsafe-url")
+	echoHandler(w, r)
+}
+
+func (g *hostile) workerRequests() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.sws
+}
+
+// wsRecorder is a WebSocket echo server that speaks the subprotocol
+// "chat" and keeps the headers of the last handshake it got.
+type wsRecorder struct {
+	mu   sync.Mutex
+	last http.Header
+}
+
+func (g *wsRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	g.last = r.Header.Clone()
+	g.mu.Unlock()
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"chat"}})
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	for {
+		typ, b, err := c.Read(r.Context())
+		if err != nil {
+			return
+		}
+		if err := c.Write(r.Context(), typ, b); err != nil {
+			return
+		}
+	}
+}
+
+func (g *wsRecorder) lastHeader() http.Header {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.last
+}
+
+// TestPortProxyGuards replays issue 31's findings 1 and 3 against the
+// proxy's two routes under the API's address: a guest's answers cannot
+// take over the console's origin (the sandbox CSP, nosniff, no-referrer,
+// no Service-Worker-Allowed or Clear-Site-Data, even after a 1xx answer;
+// a service worker's script refused before the guest), and no credential
+// of this server reaches the guest, however the client sent it (the key as
+// a WebSocket subprotocol, X-API-Key, the E2B access token, a signed
+// token as cookie or parameter); the key as a subprotocol counts only on
+// the terminal's route.
+func TestPortProxyGuards(t *testing.T) {
+	key := newKey(t, "proxy-guards", nil)
+	sb := create(t, key, nil)
+	g := &hostile{}
+	rec := &wsRecorder{}
+	serve(t, sb.ID, 8000, g)
+	serve(t, sb.ID, 9000, rec)
+	withKey := e.url + "/v1/sandboxes/" + sb.ID + "/ports/8000/"
+	signed := signURL(t, e.url, key, sb.ID, 8000, nil).URL
+
+	for name, base := range map[string]string{"with a key": withKey, "signed URL": signed} {
+		t.Run("answers "+name, func(t *testing.T) {
+			for _, q := range []string{"", "?hints=1"} {
+				r := call(t, "GET", base+q, nil, bearer(key))
+				if r.status != 200 {
+					t.Fatalf("GET %s%s: %d %s", base, q, r.status, r.body)
+				}
+				h := r.header
+				if csp := h.Values("Content-Security-Policy"); !slices.Contains(csp, "default-src *") ||
+					!slices.Contains(csp, "sandbox allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox allow-modals allow-downloads") {
+					t.Errorf("GET %s: Content-Security-Policy %q, want the guest's and the sandbox without allow-same-origin", q, csp)
+				}
+				for name, want := range map[string][]string{
+					"X-Content-Type-Options": {"nosniff"}, "Referrer-Policy": {"no-referrer"},
+					"Service-Worker-Allowed": nil, "Clear-Site-Data": nil,
+				} {
+					if got := h.Values(name); !slices.Equal(got, want) {
+						t.Errorf("GET %s: %s %q, want %q", q, name, got, want)
+					}
+				}
+			}
+			// A browser fetching a service worker's script says so.
+			before := g.workerRequests()
+			r := call(t, "GET", base+"sw.js", nil, map[string]string{"Authorization": "Bearer " + key, "Service-Worker": "script"})
+			expect(t, r, 403, "forbidden")
+			if !strings.Contains(r.message(), "proxy domain") {
+				t.Errorf("service worker refused with %q, want it to name the proxy domain", r.message())
+			}
+			if g.workerRequests() != before {
+				t.Error("the service worker's request reached the guest")
+			}
+			call(t, "GET", base+"sw.js", nil, bearer(key)).echo(t)
+		})
+	}
+
+	// The sandbox's E2B access token, as the E2B SDK sends it.
+	r := call(t, "POST", e.url+"/sandboxes/"+sb.ID+"/connect", strings.NewReader(`{"timeout": 600}`), map[string]string{"X-API-KEY": key, "Content-Type": "application/json"})
+	var conn struct{ EnvdAccessToken string }
+	r.json(t, &conn)
+	if conn.EnvdAccessToken == "" {
+		t.Fatalf("E2B connect: %d %s, want the access token", r.status, r.body)
+	}
+	// A signed token as the proxy domain takes it, cookie or parameter:
+	// another port's (this one's is in X-Forwarded-Prefix of the signed
+	// route: the guest is served under it).
+	other := signURL(t, e.url, key, sb.ID, 9000, nil).URL
+	otherTok := strings.TrimSuffix(strings.TrimPrefix(other, e.url+"/p/"), "/")
+	creds := map[string]string{
+		"X-Api-Key": key, "X-Access-Token": conn.EnvdAccessToken,
+		"Sec-WebSocket-Protocol": "chat, bearer." + key, "Cookie": "theirs=1; panda_token=" + otherTok,
+	}
+	secrets := []string{key, conn.EnvdAccessToken, otherTok}
+	for name, u := range map[string]string{"with a key": withKey, "signed URL": signed} {
+		t.Run("credentials "+name, func(t *testing.T) {
+			hdr := maps.Clone(creds)
+			hdr["Authorization"] = "Bearer " + key
+			r := call(t, "GET", u+"x?a=1&panda_token="+otherTok, nil, hdr)
+			got := r.echo(t)
+			for _, s := range secrets {
+				if strings.Contains(string(r.body), s) {
+					t.Errorf("the guest got a credential of the server: %s", r.body)
+				}
+			}
+			if got.Query != "a=1" || got.Header.Get("Cookie") != "theirs=1" || got.Header.Get("Sec-WebSocket-Protocol") != "chat" {
+				t.Errorf("the guest's own lost: query %q, Cookie %q, Sec-WebSocket-Protocol %q", got.Query, got.Header.Get("Cookie"), got.Header.Get("Sec-WebSocket-Protocol"))
+			}
+			// What is not ours stays: another X-Api-Key, another token.
+			r = call(t, "GET", u+"x", nil, map[string]string{"Authorization": "Bearer " + key, "X-Api-Key": "their-key", "X-Access-Token": "their-token"})
+			if got := r.echo(t); got.Header.Get("X-Api-Key") != "their-key" || got.Header.Get("X-Access-Token") != "their-token" {
+				t.Errorf("the guest's own headers lost: %v", got.Header)
+			}
+		})
+	}
+
+	t.Run("websocket subprotocols", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		ws := signURL(t, e.url, key, sb.ID, 9000, nil).URL
+		for name, dial := range map[string]struct {
+			url string
+			hdr http.Header
+		}{
+			"with a key": {wsURL(e.url) + "/v1/sandboxes/" + sb.ID + "/ports/9000/ws", http.Header{"Authorization": {"Bearer " + key}}},
+			"signed URL": {wsURL(ws) + "ws", nil},
+		} {
+			c, res, err := websocket.Dial(ctx, dial.url, &websocket.DialOptions{HTTPHeader: dial.hdr, Subprotocols: []string{"bearer." + key, "chat"}})
+			if err != nil {
+				t.Fatalf("%s: dial: %v (%+v)", name, err, res)
+			}
+			if c.Subprotocol() != "chat" {
+				t.Errorf("%s: subprotocol %q, want the guest's choice, chat", name, c.Subprotocol())
+			}
+			wsRoundTrip(t, c, []byte("hello"))
+			c.CloseNow()
+			if got := rec.lastHeader().Values("Sec-Websocket-Protocol"); !slices.Equal(got, []string{"chat"}) {
+				t.Errorf("%s: the guest got Sec-WebSocket-Protocol %q, want [chat]", name, got)
+			}
+		}
+		// The key as a subprotocol alone is no credential here.
+		_, res, err := websocket.Dial(ctx, wsURL(e.url)+"/v1/sandboxes/"+sb.ID+"/ports/9000/ws", &websocket.DialOptions{Subprotocols: []string{"bearer." + key}})
+		if err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("the key as a subprotocol on the port proxy: %v (%+v), want 401", err, res)
+		}
+		ws101 := map[string]string{"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+			"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol": "bearer." + key}
+		expect(t, call(t, "GET", e.url+"/v1/sandboxes/"+sb.ID, nil, ws101), 401, "unauthorized")
+	})
+
+	t.Run("the terminal takes the key as a subprotocol", func(t *testing.T) {
+		r := do(t, key, "POST", "/v1/sandboxes/"+sb.ID+"/processes", map[string]any{"cmd": "cat", "pty": map[string]int{"rows": 24, "cols": 80}})
+		expect(t, r, 201, "")
+		var p struct{ PID int }
+		r.json(t, &p)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c, res, err := websocket.Dial(ctx, fmt.Sprintf("%s/v1/sandboxes/%s/processes/%d/tty", wsURL(e.url), sb.ID, p.PID),
+			&websocket.DialOptions{Subprotocols: []string{"pandastack.v1", "bearer." + key}})
+		if err != nil {
+			t.Fatalf("dial the terminal as a browser does: %v (%+v)", err, res)
+		}
+		defer c.CloseNow()
+		if c.Subprotocol() != "pandastack.v1" {
+			t.Errorf("subprotocol %q, want pandastack.v1", c.Subprotocol())
+		}
+		if err := c.Write(ctx, websocket.MessageBinary, []byte("typed\r")); err != nil {
+			t.Fatal(err)
+		}
+		var screen []byte
+		for !bytes.Contains(screen, []byte("typed")) {
+			typ, b, err := c.Read(ctx)
+			if err != nil {
+				t.Fatalf("read the terminal: %v; so far %q", err, screen)
+			}
+			if typ == websocket.MessageBinary {
+				screen = append(screen, b...)
+			}
+		}
+	})
+}
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -26,7 +26,10 @@ import (
 //     without it (the token leaves the address bar); other methods are
 //     proxied without it.
 //  2. a panda_token cookie valid for this host (any of them: a guest on a
-//     sibling host can set cookies for the whole domain, not remove ours).
+//     sibling host can set cookies for the whole domain, not remove ours),
+//     on a request the browser did not make for another site's page
+//     (cookieSite): sibling hosts are the same site, so SameSite=Lax alone
+//     would let tenant A's page use tenant B's cookie.
 //  3. Authorization: Bearer {API key}, whose sandbox it must be.
 
 // validProxyDomain reports whether d can be a proxy domain: a lowercase
@@ -105,6 +108,7 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 	now := time.Now()
 	query, given := withoutParam(r.URL.RawQuery, tokenParam)
 	keepAuth := false
+	var crossSite error // why a valid cookie did not count
 	switch {
 	case len(given) > 0:
 		tok, err := s.tokenFor(given[0], id, port, now)
@@ -128,7 +132,8 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 		}
 		keepAuth = true
 	case s.validCookie(r, id, port, now):
-		keepAuth = true
+		crossSite = s.cookieSite(r, id)
+		keepAuth = crossSite == nil
 	}
 	var sb catalog.Sandbox
 	var err error
@@ -140,8 +145,13 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 	} else {
 		var c *caller
 		if c, err = s.keyOf(r, "missing credentials: open a signed URL of this port (POST /v1/sandboxes/{id}/ports/{port}/url) or send Authorization: Bearer <key>"); err != nil {
-			if _, cerr := r.Cookie(tokenCookie); cerr == nil && r.Header.Get("Authorization") == "" {
-				err = s.cookieError(r, id, port, now) // say why the cookie did not do
+			// Say why the cookie did not do, unless a key was tried.
+			_, cerr := r.Cookie(tokenCookie)
+			switch auth := r.Header.Get("Authorization"); {
+			case crossSite != nil && !strings.HasPrefix(auth, "Bearer "):
+				err = crossSite
+			case cerr == nil && auth == "":
+				err = s.cookieError(r, id, port, now)
 			}
 			fail(err)
 			return
@@ -152,7 +162,64 @@ func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, 
 		fail(err)
 		return
 	}
-	s.proxyTo(w, r, &proxyTarget{sb: sb, port: port, path: r.URL.EscapedPath(), query: query, keepAuth: keepAuth})
+	s.proxyTo(w, r, &proxyTarget{sb: sb, port: port, path: r.URL.EscapedPath(), query: query, keepAuth: keepAuth, domain: true})
+}
+
+// cookieSite returns nil if r, which carries a valid panda_token cookie of
+// a port of sandbox id, may use it, and a 403 error if a browser sent it
+// for another site's page. The proxy domain's hosts are one site (a
+// sibling host is same-site, and gets SameSite=Lax cookies), so the
+// browser's own word counts (Sec-Fetch-Site, which pages cannot set):
+//
+//   - same-origin, or none (the user typed the URL, a bookmark): allowed;
+//   - same-site or cross-site: only a top-level navigation (GET or HEAD,
+//     Sec-Fetch-Mode navigate, Sec-Fetch-Dest document: a link followed),
+//     or a request from a page of another port of the same sandbox (its
+//     Origin, else its Referer), which is the sandbox's own code anyway;
+//     never a WebSocket, a fetch, a form POST, a frame of another
+//     sandbox's page;
+//   - no Sec-Fetch-Site (an older browser, curl): allowed without an
+//     Origin, or with one of the same sandbox.
+func (s *Server) cookieSite(r *http.Request, id string) error {
+	sameSandbox := func(from string) bool {
+		u, err := url.Parse(from)
+		if err != nil || u.Host == "" {
+			return false
+		}
+		oid, _, ok := s.proxyHost(u.Host)
+		return ok && oid == id
+	}
+	origin := r.Header.Get("Origin")
+	var why string
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "same-origin", "none":
+		return nil
+	case "":
+		if origin == "" || sameSandbox(origin) {
+			return nil
+		}
+		why = "its Origin is another host"
+	default:
+		ws := strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+		if !ws && (r.Method == http.MethodGet || r.Method == http.MethodHead) &&
+			r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document" {
+			return nil
+		}
+		from := origin
+		if from == "" {
+			from = r.Header.Get("Referer")
+		}
+		if from != "" && sameSandbox(from) {
+			return nil
+		}
+		if len(site) > 32 {
+			site = site[:32] + "…"
+		}
+		why = "Sec-Fetch-Site: " + strings.ToValidUTF8(site, "\uFFFD")
+	}
+	return errorf(control.Forbidden,
+		"refused: a page of another site made this request (%s), which would have used this host's panda_token cookie; "+
+			"only this port's own pages, a link followed to it, or a request with an API key (Authorization: Bearer) may use it", why)
 }
 
 // tokenFor checks that tok is valid and is for port of sandbox id.

@@ -265,6 +265,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("api config: %w", err)
 	}
+	cfg.Logger = redactingLogger(cfg.Logger) // no signed token or key in a log (porturl.go)
 	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger,
 		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
 		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
@@ -439,9 +440,17 @@ func HashKey(secret string) string {
 	return hex.EncodeToString(h[:])
 }
 
+// apiKeyPrefix begins every API key's secret (NewKey): the port proxy
+// drops any header value that holds one (holdsAPIKey).
+const apiKeyPrefix = "panda_"
+
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := s.keyOf(r, "missing API key: send Authorization: Bearer <key>")
+		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok && r.Header.Get("Authorization") == "" && ttyRoute(r) {
+			secret, ok = wsProtocolKey(r)
+		}
+		c, err := s.lookUpKey(r.Context(), secret, ok, "missing API key: send Authorization: Bearer <key>")
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -455,13 +464,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 // or a 401 error (missing says what to do when there is none).
 func (s *Server) keyOf(r *http.Request, missing string) (*caller, error) {
 	secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok && r.Header.Get("Authorization") == "" {
-		secret, ok = wsProtocolKey(r)
-	}
+	return s.lookUpKey(r.Context(), secret, ok, missing)
+}
+
+// lookUpKey returns the API key whose secret is given (ok: one was), or a
+// 401 error (missing says what to do when there is none).
+func (s *Server) lookUpKey(ctx context.Context, secret string, ok bool, missing string) (*caller, error) {
 	if !ok || strings.TrimSpace(secret) == "" {
 		return nil, errorf(control.Unauthorized, "%s", missing)
 	}
-	key, err := s.cat.KeyByHash(r.Context(), HashKey(strings.TrimSpace(secret)))
+	key, err := s.cat.KeyByHash(ctx, HashKey(strings.TrimSpace(secret)))
 	if errors.Is(err, catalog.ErrNotFound) || (err == nil && !key.RevokedAt.IsZero()) {
 		return nil, errorf(control.Unauthorized, "unknown or revoked API key")
 	}
@@ -471,9 +483,32 @@ func (s *Server) keyOf(r *http.Request, missing string) (*caller, error) {
 	return &caller{Key: key}, nil
 }
 
+// ttyRoute reports whether r is for GET
+// /v1/sandboxes/{id}/processes/{pid}/tty, the one route that takes the
+// key as a WebSocket subprotocol: browsers open it (the console's
+// terminal) and cannot set headers on a WebSocket. Anywhere else a
+// subprotocol is not a credential, so that a key a client offers there
+// is never taken for one, nor passed on (the port proxy drops it).
+// The path is the one the router matches (the escaped one if it differs).
+func ttyRoute(r *http.Request) bool {
+	if r.Method != http.MethodGet {
+		return false
+	}
+	p := r.URL.RawPath
+	if p == "" {
+		p = r.URL.Path
+	}
+	rest, ok := strings.CutPrefix(p, "/v1/sandboxes/")
+	if !ok {
+		return false
+	}
+	seg := strings.Split(rest, "/")
+	return len(seg) == 4 && seg[0] != "" && seg[1] == "processes" && seg[2] != "" && seg[3] == "tty"
+}
+
 // wsProtocolKey returns the API key a WebSocket handshake offers as the
 // subprotocol "bearer.<key>", for browsers, which cannot set headers on
-// a WebSocket (see processTTY).
+// a WebSocket (see processTTY; only there: ttyRoute).
 func wsProtocolKey(r *http.Request) (string, bool) {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return "", false

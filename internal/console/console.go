@@ -26,11 +26,13 @@ const AssetPrefix = "/console/"
 
 // csp is the Content-Security-Policy of every answer: scripts and styles
 // from this origin only (no inline script), requests to this origin only
-// (the REST API and the terminal's WebSocket), no frames, no plugins.
+// (the REST API and the terminal's WebSocket), no frames, no plugins, no
+// workers (the console has none, so no service worker is registered from
+// its pages either).
 // Inline styles are allowed: xterm.js's renderer sets its colours in a
 // <style> element it creates; no script can be injected through a style.
 const csp = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; " +
-	"img-src 'self' data: blob:; font-src 'self'; connect-src 'self'; " +
+	"img-src 'self' data: blob:; font-src 'self'; connect-src 'self'; worker-src 'none'; " +
 	"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // notBuilt is the page served at / by a binary built without the bundle.
@@ -56,6 +58,11 @@ func Handler() http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("X-Frame-Options", "DENY")
+		// A window of another origin that opened the console, or that the
+		// console opened, gets no handle on it (and it none on them):
+		// pages of sandboxes are such origins (internal/api/proxy.go).
+		h.Set("Cross-Origin-Opener-Policy", "same-origin")
+		h.Set("Cross-Origin-Resource-Policy", "same-origin")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			h.Set("Allow", "GET, HEAD")
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)

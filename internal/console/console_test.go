@@ -7,10 +7,10 @@ import (
 	"testing"
 )
 
-// TestHandler checks what every answer carries (the CSP, nosniff), the
-// page, the cache policy of assets and the redirects of other paths. It
-// runs against the embedded bundle when `make build` made one, and
-// against the "not built" page otherwise.
+// TestHandler checks what every answer carries (the CSP, nosniff, COOP,
+// no frames, no referrer), the page, the cache policy of assets and the
+// redirects of other paths. It runs against the embedded bundle when
+// `make build` made one, and against the "not built" page otherwise.
 func TestHandler(t *testing.T) {
 	h := Handler()
 	get := func(method, path string) *httptest.ResponseRecorder {
@@ -19,8 +19,16 @@ func TestHandler(t *testing.T) {
 		if got := w.Header().Get("Content-Security-Policy"); !strings.Contains(got, "script-src 'self'") || strings.Contains(got, "unsafe-eval") {
 			t.Errorf("%s %s: Content-Security-Policy %q", method, path, got)
 		}
-		if got := w.Header().Get("X-Content-Type-Options"); got != "nosniff" {
-			t.Errorf("%s %s: X-Content-Type-Options %q, want nosniff", method, path, got)
+		for h, want := range map[string]string{
+			"X-Content-Type-Options":       "nosniff",
+			"X-Frame-Options":              "DENY",
+			"Referrer-Policy":              "no-referrer",
+			"Cross-Origin-Opener-Policy":   "same-origin",
+			"Cross-Origin-Resource-Policy": "same-origin",
+		} {
+			if got := w.Header().Get(h); got != want {
+				t.Errorf("%s %s: %s %q, want %q", method, path, h, got, want)
+			}
 		}
 		return w
 	}

@@ -2,10 +2,10 @@
 // sandbox pages, hosts, templates and keys, all through the public REST
 // API with that key. Routes are in the URL's fragment (#/sandboxes/ID).
 import { html, render } from 'htm/preact';
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 import { api, getKey, setKey, setUnauthorizedHandler, ApiError } from './api.js';
 import { start, useStore } from './store.js';
-import { Notes, Dialogs, clearNotes } from './ui.js';
+import { Notes, Dialogs, clearNotes, confirm, notify, notifyError } from './ui.js';
 import { TreePage } from './tree.js';
 import { SandboxPage } from './sandbox.js';
 import { HostsPage, TemplatesPage, KeysPage } from './admin.js';
@@ -122,56 +122,107 @@ function Shell({ admin, onSignOut }) {
   </div>`;
 }
 
+// hint shows a key as its prefix and last characters, enough to tell two
+// apart without showing either.
+const hint = (k) => (k.length > 12 ? k.slice(0, 6) + '…' + k.slice(-4) : '…');
+
 function App() {
-  const [session, setSession] = useState(null); // {key, admin, ctl}
+  const [session, setSession] = useState(null); // {key, admin, n}
   const [message, setMessage] = useState('');
   const [checking, setChecking] = useState(true);
+  // linked: a key from a /#key= link while another key is signed in in
+  // this tab, until the user says whether to switch.
+  const [linked, setLinked] = useState('');
+  const live = useRef(null); // the AbortController of the signed-in session
 
   const signIn = (key, who) => {
+    if (live.current) live.current.abort();
     setKey(key);
     const ctl = new AbortController();
+    live.current = ctl;
     start(ctl.signal);
     setMessage('');
-    setSession({ key, admin: who.admin, ctl });
+    setSession((s) => ({ key, admin: who.admin, n: (s ? s.n : 0) + 1 }));
   };
   const signOut = (msg) => {
     setKey('');
     clearNotes();
-    setSession((s) => {
-      if (s) s.ctl.abort();
-      return null;
-    });
+    if (live.current) live.current.abort();
+    live.current = null;
+    setSession(null);
     setMessage(msg);
   };
   setUnauthorizedHandler((m) => signOut('Signed out: the server no longer accepts this API key (' + m + '). It may have been revoked.'));
 
+  // tryKey signs in with key if it is valid, else shows why on the form.
+  const tryKey = async (key) => {
+    try {
+      signIn(key, await checkKey(key));
+      return true;
+    } catch (e) {
+      setKey('');
+      setMessage(e.status === 401 ? 'That API key is not valid: ' + e.message + '.' : e.message);
+      return false;
+    }
+  };
+
   useEffect(() => {
-    // /#key=… signs in (for scripts); the key leaves the URL at once.
-    let key = getKey();
+    // /#key=… signs in (for scripts); the key leaves the URL at once. A
+    // link never silently replaces the key this tab is signed in with
+    // (a page could send you a link with a key of its own): the user is
+    // asked first (below).
+    const current = getKey();
+    let fromLink = '';
     const m = location.hash.match(/^#key=([^&]+)/);
     if (m) {
-      key = decodeURIComponent(m[1]);
+      try {
+        fromLink = decodeURIComponent(m[1]);
+      } catch (_) {
+        fromLink = m[1];
+      }
       history.replaceState(null, '', location.pathname + location.search + '#/');
     }
-    if (!key) {
+    (async () => {
+      if (current && (await tryKey(current))) {
+        if (fromLink && fromLink !== current) setLinked(fromLink);
+      } else if (fromLink) {
+        await tryKey(fromLink);
+      }
       setChecking(false);
-      return;
-    }
-    checkKey(key).then(
-      (who) => {
-        signIn(key, who);
-        setChecking(false);
-      },
-      (e) => {
-        setKey('');
-        setMessage(e.status === 401 ? 'That API key is not valid: ' + e.message + '.' : e.message);
-        setChecking(false);
-      },
-    );
+    })();
   }, []);
 
+  // Asked once the page (and its dialogs) is shown.
+  useEffect(() => {
+    if (checking || !linked) return;
+    (async () => {
+      const key = linked;
+      const ok = await confirm({
+        title: 'Sign in with another API key?',
+        body: html`<p>The link you opened signs in with the key <span class="mono">${hint(key)}</span>; this tab is signed in
+            with <span class="mono">${hint(getKey())}</span>.</p>
+          <p>Switch only if you made this link yourself: a page that sent you here could have put a key of its own in it,
+            and what you then did in the console would happen in its sandboxes.</p>`,
+        action: 'Switch key',
+      });
+      setLinked('');
+      if (!ok) {
+        notify('Kept the API key you were signed in with.');
+        return;
+      }
+      try {
+        signIn(key, await checkKey(key));
+        notify('Signed in with the key of the link.');
+      } catch (e) {
+        notifyError('Cannot sign in with the key of the link', e);
+      }
+    })();
+  }, [checking, linked]);
+
   if (checking) return html`<p class="empty">Signing in…</p>`;
-  return html`${session ? html`<${Shell} admin=${session.admin} onSignOut=${signOut} />` : html`<${SignIn} onSignedIn=${signIn} message=${message} />`}
+  return html`${session
+      ? html`<${Shell} key=${session.n} admin=${session.admin} onSignOut=${signOut} />`
+      : html`<${SignIn} onSignedIn=${signIn} message=${message} />`}
     <${Dialogs} />`;
 }
 

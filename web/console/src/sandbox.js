@@ -405,22 +405,27 @@ function Commands({ id }) {
 
 function Ports({ id }) {
   const [list, err] = usePoll((signal) => api(sbPath(id) + '/ports', { signal }), 5000, [id]);
+  const [signed, setSigned] = useState(null); // {port, url}: the last signed URL
   const open = async (p) => {
     // A browser cannot send the key with a link: a signed URL carries its
-    // own credential (for an hour).
-    const w = window.open('', '_blank');
+    // own credential (for an hour). What the port serves is untrusted: its
+    // window gets no handle on this one (noopener) and no Referer. With
+    // noopener, window.open answers null whether or not a popup blocker
+    // stopped it (the request above may outlast the click's permission),
+    // so the URL is also shown as a link.
     try {
       const r = await api(sbPath(id) + '/ports/' + p.port + '/url', { method: 'POST', json: { ttl_seconds: 3600 } });
-      if (w) w.location = r.url;
-      else notify('Signed URL: ' + r.url);
+      setSigned({ port: p.port, url: r.url });
+      window.open(r.url, '_blank', 'noopener,noreferrer');
     } catch (e) {
-      if (w) w.close();
       notifyError('Cannot open port ' + p.port, e);
     }
   };
   const ports = (list && list.ports) || [];
   return html`<div>
     ${err && html`<p class="error-text" role="alert">${err.message}</p>`}
+    ${signed && html`<p class="muted port-link" data-testid="port-link">Port ${signed.port}, for an hour, without a key:
+      <a href=${signed.url} target="_blank" rel="noopener noreferrer">${signed.url}</a></p>`}
     <ul class="ports" data-testid="ports">
       ${ports.map(
         (p) => html`<li key=${p.port + p.address}>

@@ -146,7 +146,7 @@ export function confirm({ title, body, action = 'OK', danger = false }) {
       <h2 id="dialog-title">${title}</h2>
       <div class="dialog-body">${body}</div>
       <div class="dialog-actions">
-        <button type="button" onClick=${() => close(false)}>Cancel</button>
+        <button type="button" onClick=${() => close(false)} data-testid="cancel">Cancel</button>
         <button type="submit" class=${danger ? 'danger' : 'primary'} data-testid="confirm" autofocus>${action}</button>
       </div>
     </form>`,
