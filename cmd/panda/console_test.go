@@ -437,6 +437,8 @@ func TestConsole(t *testing.T) {
 	// Another key, signed in through /#key=; revoked while signed in.
 	b.run("sign out", chromedp.Click(chromedp.CSS(`[data-testid=signout]`)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=key]`)))
 	b.run("sign in by URL", chromedp.Navigate("about:blank"), chromedp.Navigate(url+"#key="+k.Key))
+	b.wait("asked to sign in with the link's key", `!!document.querySelector('[data-testid=dialog] [data-testid=confirm]')`, 20*time.Second)
+	b.run("sign in with it", chromedp.Click(chromedp.CSS(`[data-testid=dialog] [data-testid=confirm]`)))
 	b.wait("signed in as the user", `!!document.querySelector('[data-testid=tree]') && location.hash === '#/' && !document.querySelector('[data-testid=nav-keys]')`, 20*time.Second)
 	keyInURL := eval[bool](b, `location.href.includes(`+js(k.Key)+`)`)
 	if keyInURL {

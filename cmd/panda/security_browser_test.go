@@ -303,4 +303,15 @@ func TestSecurityConsoleKeyLink(t *testing.T) {
 	follow()
 	b.run("switch", chromedp.Click(chromedp.CSS(`[data-testid=dialog] [data-testid=confirm]`)))
 	b.wait("alice signed in", `!!document.querySelector('[data-testid=tree]') && !document.querySelector('[data-testid=nav-keys]') && sessionStorage.getItem('pandastack.key') === `+js(w.Alice), 20*time.Second)
+
+	// Signed out (a new tab's state), a link does not sign in silently
+	// either.
+	b.run("sign out", chromedp.Click(chromedp.CSS(`[data-testid=signout]`)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=key]`)))
+	b.run("follow a link with bob's key", chromedp.Navigate("about:blank"), chromedp.Navigate(url+"#key="+w.Bob))
+	b.wait("the question", `!!document.querySelector('[data-testid=dialog] [data-testid=confirm]')`, 30*time.Second)
+	if none := eval[bool](b, `sessionStorage.getItem('pandastack.key') === null`); !none {
+		t.Error("signed out and asked, the tab holds a key already")
+	}
+	b.run("refuse", chromedp.Click(chromedp.CSS(`[data-testid=dialog] [data-testid=cancel]`)))
+	b.wait("still signed out", `!document.querySelector('[data-testid=dialog] [data-testid=confirm]') && !!document.querySelector('[data-testid=key]') && sessionStorage.getItem('pandastack.key') === null`, 20*time.Second)
 }

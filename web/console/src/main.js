@@ -168,9 +168,10 @@ function App() {
 
   useEffect(() => {
     // /#key=… signs in (for scripts); the key leaves the URL at once. A
-    // link never silently replaces the key this tab is signed in with
-    // (a page could send you a link with a key of its own): the user is
-    // asked first (below).
+    // link never signs in silently, neither replacing the key this tab is
+    // signed in with nor in a new tab (a page could send you a link with
+    // a key of its own, and what you did next would happen in its
+    // sandboxes): the user is asked first (below).
     const current = getKey();
     let fromLink = '';
     const m = location.hash.match(/^#key=([^&]+)/);
@@ -183,11 +184,9 @@ function App() {
       history.replaceState(null, '', location.pathname + location.search + '#/');
     }
     (async () => {
-      if (current && (await tryKey(current))) {
-        if (fromLink && fromLink !== current) setLinked(fromLink);
-      } else if (fromLink) {
-        await tryKey(fromLink);
-      }
+      const signedIn = current && (await tryKey(current));
+      if (fromLink && fromLink !== current) setLinked(fromLink);
+      else if (!signedIn && fromLink) setLinked(fromLink);
       setChecking(false);
     })();
   }, []);
@@ -197,17 +196,23 @@ function App() {
     if (checking || !linked) return;
     (async () => {
       const key = linked;
+      const current = getKey();
       const ok = await confirm({
-        title: 'Sign in with another API key?',
-        body: html`<p>The link you opened signs in with the key <span class="mono">${hint(key)}</span>; this tab is signed in
-            with <span class="mono">${hint(getKey())}</span>.</p>
-          <p>Switch only if you made this link yourself: a page that sent you here could have put a key of its own in it,
+        title: current ? 'Sign in with another API key?' : 'Sign in with the key of this link?',
+        body: html`<p>The link you opened signs in with the key <span class="mono">${hint(key)}</span>${current
+              ? html`; this tab is signed in with <span class="mono">${hint(current)}</span>`
+              : ''}.</p>
+          <p>Go on only if you made this link yourself: a page that sent you here could have put a key of its own in it,
             and what you then did in the console would happen in its sandboxes.</p>`,
-        action: 'Switch key',
+        action: current ? 'Switch key' : 'Sign in',
       });
       setLinked('');
       if (!ok) {
-        notify('Kept the API key you were signed in with.');
+        if (current) notify('Kept the API key you were signed in with.');
+        return;
+      }
+      if (!current) {
+        await tryKey(key);
         return;
       }
       try {
