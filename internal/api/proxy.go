@@ -365,7 +365,36 @@ func (p *guestProxy) modifyResponse(res *http.Response) error {
 		res.Header.Set("Location", t.prefix+loc)
 	}
 	guardResponse(res.Header, t.domain)
+	scopeCookies(res.Header, t.prefix)
 	return nil
+}
+
+// scopeCookies keeps the cookies a guest sets to itself: without a Domain
+// attribute (a guest could otherwise set cookies for the API's parent
+// domain, or for every sandbox of the proxy domain, tossing cookies at
+// other tenants' ports), and, on a path route (prefix, the public path the
+// guest is served under), with a Path under that prefix, so that they are
+// not sent with the console's or another sandbox's requests. A line that
+// does not parse as a cookie is dropped.
+func scopeCookies(h http.Header, prefix string) {
+	lines := h.Values("Set-Cookie")
+	if len(lines) == 0 {
+		return
+	}
+	h.Del("Set-Cookie")
+	for _, line := range lines {
+		c, err := http.ParseSetCookie(line)
+		if err != nil {
+			continue
+		}
+		c.Domain = ""
+		if prefix != "" && c.Path != "" {
+			c.Path = prefix + "/" + strings.TrimLeft(c.Path, "/")
+		}
+		if v := c.String(); v != "" {
+			h.Add("Set-Cookie", v)
+		}
+	}
 }
 
 // guardResponse sets the headers of a guest's answer that keep its page to

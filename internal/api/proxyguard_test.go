@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -163,5 +164,23 @@ func TestRedactingLogger(t *testing.T) {
 	}
 	if got := redactSecrets("/v1/sandboxes/x/ports/8000/ panda_sandboxes_running"); got != "/v1/sandboxes/x/ports/8000/ panda_sandboxes_running" {
 		t.Errorf("redacted what holds no secret: %q", got)
+	}
+}
+
+func TestScopeCookies(t *testing.T) {
+	for _, tc := range []struct {
+		prefix string
+		in     []string
+		want   []string
+	}{
+		{"/p/tok", []string{"a=1; Domain=example.com; Path=/", "b=2", "c=3; Path=/app; HttpOnly; SameSite=Strict", "bad"},
+			[]string{"a=1; Path=/p/tok/", "b=2", "c=3; Path=/p/tok/app; HttpOnly; SameSite=Strict"}},
+		{"", []string{"a=1; Domain=sandboxes.example.com; Path=/; Secure"}, []string{"a=1; Path=/; Secure"}},
+	} {
+		h := http.Header{"Set-Cookie": tc.in}
+		scopeCookies(h, tc.prefix)
+		if got := h.Values("Set-Cookie"); !slices.Equal(got, tc.want) {
+			t.Errorf("prefix %q: Set-Cookie %q, want %q", tc.prefix, got, tc.want)
+		}
 	}
 }
