@@ -77,7 +77,8 @@ func (b *fakeBackend) Status(err error) (int, string) {
 }
 
 // fakeGuest is a sandbox's guest: a tree whose every directory holds
-// list (subdirectories among them), and files written to the void.
+// list (subdirectories among them; nil: none), and files written to the
+// void.
 type fakeGuest struct {
 	host.Guest
 	list    func(dir string) []guestproto.FileInfo
@@ -90,6 +91,9 @@ func (g *fakeGuest) Stat(_ context.Context, p string) (guestproto.FileInfo, erro
 }
 
 func (g *fakeGuest) ListDir(_ context.Context, dir string) ([]guestproto.FileInfo, error) {
+	if g.list == nil {
+		return nil, nil
+	}
 	l := g.list(dir)
 	g.listed.Add(int64(len(l)))
 	return l, nil
@@ -236,7 +240,11 @@ func TestEnvdAuthenticatesBeforeReading(t *testing.T) {
 		{name: "health, wrong token", method: "GET", target: "/health", token: bad, status: 401},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			body := &countingReader{r: bytes.NewReader(bomb)}
+			sent := bomb
+			if tc.rpc == "stream" {
+				sent = envelope(1, bomb)
+			}
+			body := &countingReader{r: bytes.NewReader(sent)}
 			r := envdRequest(tc.method, tc.target, tc.rpc, tc.token, body)
 			if strings.Contains(tc.target, "signature=") {
 				r.Header.Del("E2b-Sandbox-Id") // as a browser sends it
@@ -400,8 +408,9 @@ func TestEnvdGuestSlots(t *testing.T) {
 // TestListDirBound replays finding 10's second half: a hostile guest
 // whose tree has endless directories of entries with 8 KiB names makes a
 // recursive ListDir fail once it would hold maxListBytes, instead of
-// holding up to 100,000 such entries (800 MB); a listing under the
-// bounds is answered whole.
+// holding up to 100,000 such entries (GBs); a listing under the bounds is
+// answered whole. (Depth 3 is 5,550 entries, 110 MB: enough to show the
+// bound, little enough for a server without it to survive the test.)
 func TestListDirBound(t *testing.T) {
 	long := strings.Repeat("n", 8<<10)
 	g := &fakeGuest{list: func(dir string) []guestproto.FileInfo {
@@ -415,7 +424,7 @@ func TestListDirBound(t *testing.T) {
 	b := &fakeBackend{running: []string{testSandbox}, guest: g, slots: 8, upload: 1 << 20}
 	s := newTestServer(t, b)
 	token := s.AccessToken(testSandbox)
-	w := serve(s, envdRequest("POST", "/filesystem.Filesystem/ListDir", "unary", token, strings.NewReader(`{"path":"/d","depth":100}`)))
+	w := serve(s, envdRequest("POST", "/filesystem.Filesystem/ListDir", "unary", token, strings.NewReader(`{"path":"/d","depth":3}`)))
 	if code, msg := rpcCode(t, w); code != "invalid_argument" || !strings.Contains(msg, "larger than 16 MiB") {
 		t.Errorf("Connect error %q %q, want invalid_argument saying the listing is larger than 16 MiB", code, msg)
 	}
