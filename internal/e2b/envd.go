@@ -104,10 +104,10 @@ type envdTarget struct {
 // not proved access to a sandbox cost the server a byte of body: it
 // authenticates the request (the sandbox's X-Access-Token, or a file
 // URL's signature) from its headers and URL alone, and answers a failure
-// at once, unread (refuse); then
-// it takes one of the sandbox's guest-request slots (the REST API's
-// limits), caps the body (maxRPCMessage, the upload limit, maxOtherBody)
-// and only then passes the request to its route, which reads the body.
+// at once, unread (refuse); then it takes one of the sandbox's
+// guest-request slots (the REST API's limits), caps the body
+// (maxRPCMessage, the upload limit, maxOtherBody) and only then passes
+// the request to its route, which reads the body.
 func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
 	id, err := s.authenticate(r)
 	if err != nil {
