@@ -88,6 +88,23 @@ func (b e2bBackend) Running(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
+// AcquireGuest counts an envd request against the same guest-request
+// limits as the REST API's exec and file calls (limitGuest): per sandbox,
+// and per key for the key that owns the sandbox (the request proved
+// access with the sandbox's token, which names no key).
+func (b e2bBackend) AcquireGuest(ctx context.Context, id string) (func(), error) {
+	sb, err := b.s.cat.GetSandbox(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil, notFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	return b.s.guests.acquire(sb.ID, sb.KeyID)
+}
+
+func (b e2bBackend) MaxUploadBytes() int64 { return b.s.cfg.MaxUploadBytes }
+
 func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
 	sb, err := b.s.cp.Sandbox(ctx, keyID, id)
 	if err != nil {

@@ -24,13 +24,17 @@ func errStatus(status int, format string, args ...any) error {
 	return &apiError{status: status, msg: fmt.Sprintf(format, args...)}
 }
 
-// status classifies err for E2B: its own errors as they are, the
-// Backend's by Backend.Status, with PandaStack's 422 (invalid) as E2B's
+// status classifies err for E2B: its own errors as they are, a body over
+// its cap (http.MaxBytesReader) as 413, the Backend's by Backend.Status, with PandaStack's 422 (invalid) as E2B's
 // 400.
 func (s *Server) status(err error) (int, string) {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae.status, ae.msg
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", mbe.Limit)
 	}
 	st, msg := s.b.Status(err)
 	if st == http.StatusUnprocessableEntity {
@@ -80,7 +84,8 @@ func (s *Server) controlRoutes() *http.ServeMux {
 }
 
 // auth authenticates the X-API-KEY header (a PandaStack API key) and
-// passes the key's id on.
+// passes the key's id on. It reads no body: a request it refuses is
+// answered at once, unread (see refuse).
 func (s *Server) auth(h func(w http.ResponseWriter, r *http.Request, keyID string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		secret := strings.TrimSpace(r.Header.Get("X-API-KEY"))
@@ -88,11 +93,11 @@ func (s *Server) auth(h func(w http.ResponseWriter, r *http.Request, keyID strin
 			secret, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			secret = strings.TrimSpace(secret)
 		}
-		if secret == "" {
-			s.writeError(w, r, errStatus(http.StatusUnauthorized, "missing API key: send X-API-KEY with a PandaStack API key"))
-			return
+		var keyID string
+		err := errStatus(http.StatusUnauthorized, "missing API key: send X-API-KEY with a PandaStack API key")
+		if secret != "" {
+			keyID, err = s.b.Authenticate(r.Context(), secret)
 		}
-		keyID, err := s.b.Authenticate(r.Context(), secret)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -101,11 +106,18 @@ func (s *Server) auth(h func(w http.ResponseWriter, r *http.Request, keyID strin
 	}
 }
 
-// decode reads a JSON body; an empty one leaves v as it is.
+// maxJSONBody bounds a control-plane request's JSON body.
+const maxJSONBody = 1 << 20
+
+// decode reads a JSON body of at most maxJSONBody bytes (413 beyond); an
+// empty one leaves v as it is.
 func decode(r *http.Request, v any) error {
-	b, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
 	if err != nil {
 		return errStatus(http.StatusBadRequest, "read request body: %v", err)
+	}
+	if len(b) > maxJSONBody {
+		return errStatus(http.StatusRequestEntityTooLarge, "the JSON body is larger than %d bytes", maxJSONBody)
 	}
 	if len(strings.TrimSpace(string(b))) == 0 {
 		return nil

@@ -23,8 +23,10 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/pandastack/pandastack/internal/host"
 )
 
@@ -116,6 +118,15 @@ type Backend interface {
 	// signed file URL (uploadUrl, downloadUrl) names no sandbox, only its
 	// signature, made with one sandbox's access token, tells which.
 	Running(ctx context.Context) ([]string, error)
+	// AcquireGuest takes one of the guest-request slots of sandbox id and
+	// of the key that owns it (the limits of the REST API's exec and file
+	// calls), held until release is called; an error that Status
+	// classifies as 429 when none is free, as 404 if there is no such
+	// sandbox. The caller has proved access with the sandbox's token.
+	AcquireGuest(ctx context.Context, id string) (release func(), err error)
+	// MaxUploadBytes bounds the body of one upload (POST /files): the
+	// REST API's upload limit.
+	MaxUploadBytes() int64
 	// Status classifies err: an HTTP status and a message for users.
 	Status(err error) (status int, message string)
 }
@@ -130,6 +141,18 @@ type Server struct {
 
 	control *http.ServeMux
 	envd    *http.ServeMux
+	// errs writes the errors of Connect RPCs refused before their handler
+	// (serveEnvd) as connect's own handlers would.
+	errs *connect.ErrorWriter
+
+	// search lets one search for the signer of an anonymous signed file
+	// URL run at a time (signer); it guards tokens, the access tokens of
+	// the running sandboxes the last search tried.
+	search chan struct{}
+	tokens map[string]string
+	// work counts the access tokens derived and the signatures checked,
+	// for the tests of what an unauthenticated request may cost.
+	work struct{ tokens, signatures atomic.Int64 }
 
 	mu    sync.Mutex
 	users map[string]defaultUser // sandbox id → its default user
@@ -148,7 +171,8 @@ func New(b Backend, secret []byte, domain string, log *slog.Logger) (*Server, er
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{b: b, secret: secret, domain: domain, log: log, users: map[string]defaultUser{}, procs: map[procKey]procMeta{}}
+	s := &Server{b: b, secret: secret, domain: domain, log: log, users: map[string]defaultUser{}, procs: map[procKey]procMeta{},
+		errs: connect.NewErrorWriter(), search: make(chan struct{}, 1)}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()
 	return s, nil
@@ -158,11 +182,13 @@ func New(b Backend, secret []byte, domain string, log *slog.Logger) (*Server, er
 // next: a request with an E2b-Sandbox-Id header is envd's, and so is a
 // signed file URL (GET or POST /files?…&signature=…); one whose
 // method and path are a route of E2B's control plane is the control
-// plane's. Neither set of paths overlaps PandaStack's /v1 API.
+// plane's. Neither set of paths overlaps PandaStack's /v1 API. Both
+// authenticate a request before they read a byte of its body
+// (serveEnvd, auth).
 func (s *Server) Intercept(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") != "" || signedFileURL(r) {
-			s.envd.ServeHTTP(w, r)
+			s.serveEnvd(w, r)
 			return
 		}
 		if _, pattern := s.control.Handler(r); pattern != "" {
@@ -176,6 +202,7 @@ func (s *Server) Intercept(next http.Handler) http.Handler {
 // AccessToken is sandbox id's envd access token: an HMAC of its id, so
 // that it needs no storage and dies with the secret.
 func (s *Server) AccessToken(id string) string {
+	s.work.tokens.Add(1)
 	m := hmac.New(sha256.New, s.secret)
 	m.Write([]byte("e2b envd access token\x00" + id))
 	return hex.EncodeToString(m.Sum(nil))

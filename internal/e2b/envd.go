@@ -29,9 +29,31 @@ type defaultUser struct {
 	home string
 }
 
+// Bounds of envd request bodies (serveEnvd); an upload's is the
+// Backend's MaxUploadBytes.
+const (
+	// maxRPCMessage bounds a Connect RPC's request message, after
+	// decompression (connect.WithReadMaxBytes and boundedGzip).
+	maxRPCMessage = 1 << 20
+	// maxOtherBody bounds the body of any other envd request (GET /files,
+	// GET /health and unknown routes have none to read).
+	maxOtherBody = 1 << 20
+	// rpcFraming is what a Connect request may carry beyond its message:
+	// a streaming request's 5-byte envelope prefix and end of stream.
+	rpcFraming = 64 << 10
+)
+
 func (s *Server) envdRoutes() *http.ServeMux {
 	m := http.NewServeMux()
-	opt := connect.WithCodec(jsonCodec{})
+	// The JSON codec; request messages of at most maxRPCMessage bytes,
+	// compressed or not. Connect checks that limit on the decompressed
+	// message too (it reads at most the limit + 1 bytes out of the
+	// decompressor), but to say how large a message over it was, it then
+	// decompresses the rest into io.Discard: a gzip bomb would cost a GiB
+	// of inflating per MiB sent. boundedGzip stops there instead.
+	opt := connect.WithHandlerOptions(connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxRPCMessage),
+		connect.WithCompression("gzip", func() connect.Decompressor { return &boundedGzip{} },
+			func() connect.Compressor { return gzip.NewWriter(io.Discard) }))
 	m.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", s.start, opt))
 	m.Handle("/filesystem.Filesystem/Stat", connect.NewUnaryHandler("/filesystem.Filesystem/Stat", unary(s, s.stat), opt))
 	m.Handle("/filesystem.Filesystem/ListDir", connect.NewUnaryHandler("/filesystem.Filesystem/ListDir", unary(s, s.listDir), opt))
@@ -78,29 +100,102 @@ type envdTarget struct {
 	user defaultUser
 }
 
-// target authenticates an envd request (E2b-Sandbox-Id, X-Access-Token)
-// and reaches its sandbox. user is the user the request names (Basic
-// auth, or the username query of /files); "" is the sandbox's default.
-func (s *Server) target(ctx context.Context, h http.Header, user string) (envdTarget, error) {
-	id := h.Get("E2b-Sandbox-Id")
-	if !s.validToken(id, h.Get("X-Access-Token")) {
-		return envdTarget{}, errStatus(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %q", id)
+// serveEnvd serves an envd request in an order that makes nobody who has
+// not proved access to a sandbox cost the server a byte of body: it
+// authenticates the request (the sandbox's X-Access-Token, or a file
+// URL's signature) from its headers and URL alone, and answers a failure
+// at once, unread (refuse); then it takes one of the sandbox's
+// guest-request slots (the REST API's limits), caps the body
+// (maxRPCMessage, the upload limit, maxOtherBody) and only then passes
+// the request to its route, which reads the body.
+func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
+	id, err := s.authenticate(r)
+	if err != nil {
+		s.refuse(w, r, err)
+		return
 	}
-	return s.reach(ctx, id, h, user)
+	release, err := s.b.AcquireGuest(r.Context(), id)
+	if err != nil {
+		s.refuse(w, r, s.unreachable(id, err))
+		return
+	}
+	defer release()
+	limit, what := s.bodyLimit(r)
+	if r.ContentLength > limit {
+		s.refuse(w, r, tooLarge(r, "%s of %d bytes is over the limit of %d bytes", what, r.ContentLength, limit))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	s.envd.ServeHTTP(w, r.WithContext(signerContext(r.Context(), id)))
 }
 
-// reach reaches the guest of sandbox id, whose access the request proved,
-// as target does.
-func (s *Server) reach(ctx context.Context, id string, h http.Header, user string) (envdTarget, error) {
+// authenticate returns the sandbox an envd request proved access to: the
+// one whose access token is its X-Access-Token (compared in constant
+// time), or, for a signed file URL, the one whose token signed it.
+func (s *Server) authenticate(r *http.Request) (string, error) {
+	if signedFileURL(r) {
+		return s.signer(r)
+	}
+	id := r.Header.Get("E2b-Sandbox-Id")
+	if !s.validToken(id, r.Header.Get("X-Access-Token")) {
+		return "", errStatus(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %q", id)
+	}
+	return id, nil
+}
+
+// bodyLimit is the most r's body may hold, and what it is.
+func (s *Server) bodyLimit(r *http.Request) (int64, string) {
+	switch {
+	case rpcRoute(r):
+		return maxRPCMessage + rpcFraming, "a Connect request"
+	case r.Method == http.MethodPost && r.URL.Path == "/files":
+		return s.b.MaxUploadBytes(), "an upload"
+	}
+	return maxOtherBody, "a request body"
+}
+
+// rpcRoute reports whether r is for one of envd's Connect services.
+func rpcRoute(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/process.Process/") || strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/")
+}
+
+// tooLarge is the error of a body over its limit: resource_exhausted for
+// a Connect RPC (what connect says of a message over WithReadMaxBytes),
+// else 413.
+func tooLarge(r *http.Request, format string, args ...any) error {
+	if rpcRoute(r) {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(format, args...))
+	}
+	return errStatus(http.StatusRequestEntityTooLarge, format, args...)
+}
+
+// refuse answers err to an envd request whose body has not been read and
+// will not be: in the shape of a Connect error for an RPC (connect's
+// ErrorWriter, which reads nothing), else E2B's JSON. What net/http does
+// with the unread body is bounded: it reads at most 256 KiB of it into
+// nothing to keep the connection, else closes the connection after the
+// answer. (Closing it at once, with Connection: close, would reset it
+// under a client still sending, and lose the answer.)
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if rpcRoute(r) {
+		s.errs.Write(w, r, s.rpcError(err))
+		return
+	}
+	s.writeError(w, r, err)
+}
+
+// target reaches the sandbox an envd request proved access to
+// (serveEnvd). user is the user the request names (Basic auth, or the
+// username query of /files); "" is the sandbox's default.
+func (s *Server) target(ctx context.Context, h http.Header, user string) (envdTarget, error) {
+	id, ok := ctx.Value(sandboxKey{}).(string)
+	if !ok {
+		// Not reached: serveEnvd authenticates every envd request.
+		return envdTarget{}, errStatus(http.StatusUnauthorized, "the request did not prove access to a sandbox")
+	}
 	g, err := s.b.Guest(ctx, id)
 	if err != nil {
-		// E2B's proxy answers 502 for a sandbox that is not running; the
-		// SDK reads it as the sandbox having timed out.
-		st, msg := s.status(err)
-		if st == http.StatusNotFound || st == http.StatusConflict {
-			return envdTarget{}, errStatus(http.StatusBadGateway, "sandbox %q is not running (killed or timed out)", id)
-		}
-		return envdTarget{}, errStatus(st, "%s", msg)
+		return envdTarget{}, s.unreachable(id, err)
 	}
 	t := envdTarget{id: id, g: g}
 	if user == "" {
@@ -118,6 +213,17 @@ func (s *Server) reach(ctx context.Context, id string, h http.Header, user strin
 		t.user = defaultUser{name: user, home: "/home/" + user}
 	}
 	return t, nil
+}
+
+// unreachable is the error of a request for sandbox id that err (the
+// Backend's) keeps from it: E2B's proxy answers 502 for a sandbox that is
+// not running, which the SDK reads as the sandbox having timed out.
+func (s *Server) unreachable(id string, err error) error {
+	st, msg := s.status(err)
+	if st == http.StatusNotFound || st == http.StatusConflict {
+		return errStatus(http.StatusBadGateway, "sandbox %q is not running (killed or timed out)", id)
+	}
+	return errStatus(st, "%s", msg)
 }
 
 // basicUser is the user of an "Authorization: Basic base64(user:)" header.
@@ -379,8 +485,28 @@ func (s *Server) stat(ctx context.Context, t envdTarget, m *pathRequest) (*entry
 	return statEntry(ctx, t, p)
 }
 
-// maxListEntries bounds a recursive ListDir's answer.
-const maxListEntries = 100000
+// A recursive ListDir reads at most maxListEntries entries and
+// maxListBytes bytes of them (listingSize), counted as each directory's
+// listing arrives: the answer is a part of them, and so are the listings
+// of the directories it is inside of, which the walk holds while it lists
+// their subdirectories. Each directory's listing is bounded by the guest
+// protocol (guestproto.ClientConfig.MaxListEntries, MaxListBytes); these
+// bound the sum over a tree, whose names and paths come from the guest
+// and may each be kilobytes long.
+const (
+	maxListEntries = 100000
+	maxListBytes   = 16 << 20
+)
+
+// listingSize is what a directory's listing costs: its strings, and a
+// fixed part per entry for the rest of it and of its JSON.
+func listingSize(list []guestproto.FileInfo) int {
+	n := 0
+	for _, fi := range list {
+		n += len(fi.Name) + len(fi.Path) + len(fi.LinkTarget) + 200
+	}
+	return n
+}
 
 func (s *Server) listDir(ctx context.Context, t envdTarget, m *listDirRequest) (*listDirResponse, error) {
 	p, err := t.resolve(m.Path)
@@ -392,18 +518,22 @@ func (s *Server) listDir(ctx context.Context, t envdTarget, m *listDirRequest) (
 		depth = 1
 	}
 	out := &listDirResponse{Entries: []entryInfo{}}
+	entries, size := 0, 0
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
 		list, err := t.g.ListDir(ctx, dir)
 		if err != nil {
 			return err
 		}
+		if entries += len(list); entries > maxListEntries {
+			return errStatus(http.StatusBadRequest, "the listing of %s has more than %d entries: list with a smaller depth or a subdirectory", p, maxListEntries)
+		}
+		if size += listingSize(list); size > maxListBytes {
+			return errStatus(http.StatusBadRequest, "the listing of %s is larger than %d MiB: list with a smaller depth or a subdirectory", p, maxListBytes>>20)
+		}
 		for _, fi := range list {
 			if fi.Path == "" {
 				fi.Path = path.Join(dir, fi.Name)
-			}
-			if len(out.Entries) >= maxListEntries {
-				return errStatus(http.StatusBadRequest, "more than %d entries: list with a smaller depth", maxListEntries)
 			}
 			out.Entries = append(out.Entries, entry(fi))
 			if fi.IsDir && !fi.IsSymlink && level < depth {
@@ -473,7 +603,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 // readFile answers GET /files?path=&username=: the file's bytes.
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	t, err := s.fileTarget(r, "read")
+	t, err := s.target(r.Context(), r.Header, r.URL.Query().Get("username"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -508,7 +638,7 @@ type writeInfo struct {
 // application/octet-stream (optionally gzip) to ?path=.
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	t, err := s.fileTarget(r, "write")
+	t, err := s.target(r.Context(), r.Header, q.Get("username"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -576,7 +706,10 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 				s.writeError(w, r, errStatus(http.StatusBadRequest, "invalid gzip body: %v", err))
 				return
 			}
-			body = zr
+			// The body's size is capped (serveEnvd); so is what it
+			// inflates to.
+			max := s.b.MaxUploadBytes()
+			body = &cappedReader{r: zr, left: max + 1, err: errStatus(http.StatusRequestEntityTooLarge, "the upload is larger than %d bytes once decompressed", max)}
 		}
 		if err := write(q.Get("path"), body); err != nil {
 			s.writeError(w, r, err)
@@ -592,3 +725,40 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// cappedReader reads r until left bytes have been read, then fails with
+// err (where io.LimitReader's EOF would pass a cut stream for a whole one).
+type cappedReader struct {
+	r    io.Reader
+	left int64
+	err  error
+}
+
+func (c *cappedReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, c.err
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
+}
+
+// boundedGzip is connect's gzip decompressor producing at most
+// maxRPCMessage + 1 bytes: enough for connect to see that a message is
+// over WithReadMaxBytes, after which it fails instead of inflating the
+// rest of the message for connect to measure it.
+type boundedGzip struct {
+	zr gzip.Reader
+	cappedReader
+}
+
+func (z *boundedGzip) Reset(r io.Reader) error {
+	z.cappedReader = cappedReader{r: &z.zr, left: maxRPCMessage + 1,
+		err: fmt.Errorf("the message is larger than %d bytes once decompressed", maxRPCMessage)}
+	return z.zr.Reset(r)
+}
+
+func (z *boundedGzip) Close() error { return z.zr.Close() }
