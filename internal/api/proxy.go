@@ -457,32 +457,27 @@ func (p *guestProxy) classify(t *proxyTarget, err error) *control.Error {
 // proxyTo proxies r to t, whose sandbox the caller may reach.
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, t *proxyTarget) {
 	if t.sb.State != catalog.StateRunning {
-		drain(r.Body)
 		s.writeError(w, r, conflict("sandbox %s is %s, not running", t.sb.ID, t.sb.State))
 		return
 	}
 	if _, err := url.PathUnescape(t.path); err != nil {
-		drain(r.Body)
 		s.writeError(w, r, badRequest("the path %q is not validly escaped", t.path))
 		return
 	}
 	if !t.domain && r.Header.Get("Service-Worker") != "" {
 		// A browser fetching a service worker's script: under the API's
 		// address it would be registered for the console's origin.
-		drain(r.Body)
 		s.writeError(w, r, errorf(control.Forbidden,
 			"service workers cannot be served from a sandbox port under the API's address (/p/… or /v1/sandboxes/…/ports/…); serve the application on the proxy domain ({port}-{id}.DOMAIN), where each port is an origin of its own"))
 		return
 	}
 	release, err := s.proxies.acquire(t.sb.ID, t.sb.KeyID)
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}
 	defer release()
 	if s.proxy.dialer == nil {
-		drain(r.Body)
 		s.writeError(w, r, errNoNetworking)
 		return
 	}
@@ -511,7 +506,6 @@ func redirectSlash(w http.ResponseWriter, r *http.Request) {
 	if r.URL.RawQuery != "" {
 		loc += "?" + r.URL.RawQuery
 	}
-	drain(r.Body)
 	w.Header().Set("Location", loc)
 	w.WriteHeader(http.StatusPermanentRedirect)
 }
@@ -521,20 +515,17 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	portParam := chi.URLParam(r, "port")
 	port, err := parsePort(portParam)
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}
 	sb, err := s.owned(r)
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}
 	prefix := "/v1/sandboxes/" + chi.URLParam(r, "id") + "/ports/" + portParam
 	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), prefix)
 	if !ok {
-		drain(r.Body)
 		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
 		return
 	}
@@ -550,7 +541,6 @@ func (s *Server) signedProxy(w http.ResponseWriter, r *http.Request) {
 	tokParam := chi.URLParam(r, "token")
 	tok, err := parseToken(s.urlSecret, tokParam, time.Now())
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}
@@ -559,14 +549,12 @@ func (s *Server) signedProxy(w http.ResponseWriter, r *http.Request) {
 		err = notFound("sandbox %s not found", tok.SandboxID)
 	}
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}
 	prefix := "/p/" + tokParam
 	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), prefix)
 	if !ok {
-		drain(r.Body)
 		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
 		return
 	}

@@ -1239,3 +1239,50 @@ func TestPortProxyGuards(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// countingBody is a request body that counts what the server reads of it.
+type countingBody struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingBody) Close() error { return nil }
+
+// TestUnauthenticatedBodiesUnread: a request the server refuses before it
+// knows who sent it (a forged signed URL, a missing or unknown key) is
+// answered without reading its body (issue 31: the server reads no body
+// before it knows the sender).
+func TestUnauthenticatedBodiesUnread(t *testing.T) {
+	for _, tc := range []struct{ name, path, key string }{
+		{"forged signed URL", "/p/AAAAforgedtokenAAAA/upload", ""},
+		{"no key", "/v1/sandboxes/sbx0/exec", ""},
+		{"unknown key", "/v1/sandboxes/sbx0/files?path=/x", "panda_notakey"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := &countingBody{r: io.LimitReader(zeros{}, 8<<20)}
+			req := httptest.NewRequest("POST", tc.path, nil)
+			req.Body = body
+			if tc.key != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.key)
+			}
+			rec := httptest.NewRecorder()
+			e.srv.Handler().ServeHTTP(rec, req)
+			if rec.Code != http.StatusUnauthorized && rec.Code != http.StatusForbidden {
+				t.Errorf("status %d %s, want 401 or 403", rec.Code, rec.Body)
+			}
+			if body.n != 0 {
+				t.Errorf("the server read %d bytes of the body before refusing", body.n)
+			}
+		})
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }

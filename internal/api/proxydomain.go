@@ -98,7 +98,6 @@ func (s *Server) proxyDomain(next http.Handler) http.Handler {
 
 func (s *Server) domainProxy(w http.ResponseWriter, r *http.Request, id string, port int) {
 	fail := func(err error) {
-		drain(r.Body)
 		s.writeError(w, r, err)
 	}
 	if !host.ValidID(id) {
