@@ -43,7 +43,10 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 		Store:   host.Templates(),
 		Convert: convert,
 		Dockerfile: func(ctx context.Context, spec tmplbuild.Spec, out string, progress func(string)) (tmplbuild.Result, error) {
-			r, err := df.Build(ctx, spec.Dockerfile, spec.ContextTar, spec.BuildArgs, out, progress)
+			// The cache is the building key's: no other key's build
+			// reuses (or sees as cached) what its steps made.
+			r, err := df.Build(ctx, dockerfile.Request{Dockerfile: spec.Dockerfile, ContextTar: spec.ContextTar,
+				BuildArgs: spec.BuildArgs, Scope: spec.Owner}, out, progress)
 			return tmplbuild.Result(r), err
 		},
 		CheckDockerfile: dockerfile.Check,
