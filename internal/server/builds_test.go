@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pandastack/pandastack/internal/rootfs"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
@@ -58,7 +60,16 @@ func TestImageConverter(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	convert := imageConverter(64)
+	// The registry is on loopback: refused unless the operator allows it.
+	refused := imageConverter(64, &rootfs.Pull{}, slog.New(slog.DiscardHandler))
+	if _, err := refused(context.Background(), host+"/t/hello:1", filepath.Join(t.TempDir(), "x.ext4"), func(string) {}); !errors.Is(err, rootfs.ErrRefused) {
+		t.Errorf("a pull from loopback without an allow-list: %v, want rootfs.ErrRefused", err)
+	}
+	pull, err := Config{RegistryAllowNets: []string{"127.0.0.1"}}.registryPull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	convert := imageConverter(64, pull, slog.New(slog.DiscardHandler))
 	out := filepath.Join(t.TempDir(), "rootfs.ext4")
 	var lines []string
 	res, err := convert(context.Background(), host+"/t/hello:1", out, func(l string) { lines = append(lines, l) })
