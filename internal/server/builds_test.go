@@ -87,3 +87,25 @@ func TestImageConverter(t *testing.T) {
 		t.Errorf("missing image: %v, want ErrImageNotFound", err)
 	}
 }
+
+// TestRegistryPullConfig: the registry allow-lists are checked when the
+// configuration is.
+func TestRegistryPullConfig(t *testing.T) {
+	for _, tc := range []struct {
+		nets, hosts []string
+		ok          bool
+	}{
+		{nil, nil, true},
+		{[]string{"10.0.0.0/8", "127.0.0.1", "fd00::/8"}, []string{"registry.internal", "registry.internal:5000"}, true},
+		{[]string{"10.0.0.0/33"}, nil, false},
+		{[]string{"registry.internal"}, nil, false},
+		{nil, []string{"https://registry.internal/"}, false},
+		{nil, []string{""}, false},
+	} {
+		c := Defaults()
+		c.RegistryAllowNets, c.RegistryAllowHosts = tc.nets, tc.hosts
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("nets %q, hosts %q: Validate() = %v, want ok %v", tc.nets, tc.hosts, err, tc.ok)
+		}
+	}
+}
