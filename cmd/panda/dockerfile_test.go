@@ -62,7 +62,8 @@ func TestTemplateDockerfile(t *testing.T) {
 	pushImage(t, busyboxLayer(t), host+"/test/hello:v1", "hello from v1") // USER nobody, WORKDIR /srv
 
 	dataDir := newDataDir(t)
-	s := startServer(t, "up", dataDir)
+	// The registry is on loopback: allowed to builds by the operator.
+	s := startServer(t, "up", dataDir, "--registry-allow-net", "127.0.0.1")
 	c := s.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()

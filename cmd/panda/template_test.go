@@ -148,7 +148,8 @@ func TestTemplateFromImage(t *testing.T) {
 	base := busyboxLayer(t)
 	pushImage(t, base, host+"/test/hello:v1", "hello from v1")
 
-	s := startServer(t, "up", newDataDir(t))
+	// The registry is on loopback: allowed to builds by the operator.
+	s := startServer(t, "up", newDataDir(t), "--registry-allow-net", "127.0.0.1")
 	c := s.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -313,7 +314,8 @@ func TestTemplateStartCmd(t *testing.T) {
 	host := strings.TrimPrefix(reg.URL, "http://")
 	pushImage(t, busyboxLayer(t), host+"/test/web:v1", "web")
 
-	s := startServer(t, "up", newDataDir(t))
+	// The registry is on loopback: allowed to builds by the operator.
+	s := startServer(t, "up", newDataDir(t), "--registry-allow-net", "127.0.0.1")
 	c := s.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

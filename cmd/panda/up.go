@@ -24,7 +24,7 @@ state in SQLite in the data directory, sandboxes on this host.
 
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stop it with Ctrl-C or SIGTERM.`,
-	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max", "build-cache-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max", "build-cache-max", "registry-allow-net", "registry-allow-host"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.Run(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
@@ -67,7 +67,7 @@ host's name, the listen address and --tls-host. SIGTERM kills the
 running sandboxes (--on-shutdown kill) or leaves them for the next start to
 adopt (keep). See docs/deployment.md.`,
 	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory", "host-cpus",
-		"max-template-builds", "template-max-size", "build-cache-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
+		"max-template-builds", "template-max-size", "build-cache-max", "registry-allow-net", "registry-allow-host"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
 		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
 	})
 }
@@ -128,6 +128,8 @@ var configFlags = map[string]configFlag{
 	"template-context-max":  {"largest build context (MiB) a Dockerfile build may upload", func(c *server.Config) any { return &c.TemplateContextMaxMiB }},
 	"build-cache-max":       {"largest size (MiB) of the layers Dockerfile builds keep for later builds", func(c *server.Config) any { return &c.BuildCacheMaxMiB }},
 	"max-templates-per-key": {"templates a key other than an admin one may own (-1: no bound)", func(c *server.Config) any { return &c.MaxTemplatesPerKey }},
+	"registry-allow-net":    {"a CIDR (or address) template builds may pull images from although it is private, loopback or the host's (repeatable)", func(c *server.Config) any { return &c.RegistryAllowNets }},
+	"registry-allow-host":   {"a registry host name (HOST or HOST:PORT) template builds may pull from wherever it resolves (repeatable)", func(c *server.Config) any { return &c.RegistryAllowHosts }},
 	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
 	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
 	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},

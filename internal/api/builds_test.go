@@ -38,6 +38,7 @@ type buildServer struct {
 	builds           *tmplbuild.Manager
 	convert          tmplbuild.Convert
 	hs               *httptest.Server
+	srv              *api.Server
 	maxTemplates     int
 	set              func(*tmplbuild.Config, *api.Config)
 }
@@ -118,7 +119,7 @@ func (b *buildServer) start(t *testing.T) {
 	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
-	b.builds, b.hs, b.url = builds, hs, hs.URL
+	b.builds, b.hs, b.url, b.srv = builds, hs, hs.URL, srv
 }
 
 // restart stops the builds and the API server, as a server restart does,
@@ -327,6 +328,101 @@ func (b *buildServer) list(t *testing.T, key string) map[string]listedTemplate {
 		m[tm.Name] = tm
 	}
 	return m
+}
+
+// TestTemplatePublishVersions: publishing makes versions public, not a
+// name: the owner's rebuild after a publish is its own until published in
+// turn, other keys' NAME is the latest published version and NAME:N is
+// theirs only if N is published; withdrawing one version or all.
+func TestTemplatePublishVersions(t *testing.T) {
+	b := newBuildServer(t)
+	ctx := context.Background()
+	otherKey, other, err := api.NewKey(ctx, b.cat, "other", false, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	userKey, err := b.cat.GetKey(ctx, b.userID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(img string, version int) {
+		t.Helper()
+		if code, st := b.build(t, b.user, `{"name":"app","from_image":"`+img+`"}`); code != 202 || st["status"] != "succeeded" || st["version"] != float64(version) {
+			t.Fatalf("build of app from %s: %d %v, want version %d", img, code, st, version)
+		}
+	}
+	resolve := func(key catalog.Key, ref, want string) {
+		t.Helper()
+		got, err := b.srv.ResolveTemplate(ctx, key, ref)
+		if want == "" {
+			if !strings.Contains(fmt.Sprint(err), "not found") || got != "" {
+				t.Errorf("%s resolves %s to %q, %v; want not found", key.Name, ref, got, err)
+			}
+			return
+		}
+		if err != nil || got != want {
+			t.Errorf("%s resolves %s to %q, %v; want %s", key.Name, ref, got, err, want)
+		}
+	}
+	publish := func(verb, ref string, status int, want string) {
+		t.Helper()
+		resp, out := b.do(t, b.admin, "POST", "/v1/templates/"+ref+"/"+verb, "")
+		if resp.StatusCode != status || (want != "" && fmt.Sprint(out["published_versions"]) != want) {
+			t.Errorf("%s %s: %d %v, want %d with published_versions %s", verb, ref, resp.StatusCode, out, status, want)
+		}
+	}
+	listed := func(key string) (latest int, versions []int) {
+		t.Helper()
+		got, ok := b.list(t, key)["app"]
+		if !ok {
+			return 0, nil
+		}
+		for _, v := range got.Versions {
+			versions = append(versions, v.Version)
+		}
+		return got.LatestVersion, versions
+	}
+
+	build("r.example/app:1", 1)
+	publish("publish", "app", 200, "[1]")
+	resolve(otherKey, "app", "app:1")
+	// The owner rebuilds: its own app is version 2; everyone else's is
+	// still version 1, and version 2 is not there for them.
+	build("r.example/app:2", 2)
+	resolve(userKey, "app", "app:2")
+	resolve(otherKey, "app", "app:1")
+	resolve(otherKey, "app:1", "app:1")
+	resolve(otherKey, "app:2", "")
+	if resp, out := b.do(t, other, "POST", "/v1/sandboxes", `{"template":"app:2"}`); resp.StatusCode != 404 || !strings.Contains(fmt.Sprint(out), `template "app:2" not found`) {
+		t.Errorf("another key creates from the unpublished app:2: %d %v, want 404 as for nothing", resp.StatusCode, out)
+	}
+	if latest, vs := listed(other); latest != 1 || fmt.Sprint(vs) != "[1]" {
+		t.Errorf("another key lists app at %d with versions %v, want 1 and [1]", latest, vs)
+	}
+	if latest, vs := listed(b.user); latest != 2 || fmt.Sprint(vs) != "[1 2]" {
+		t.Errorf("the owner lists app at %d with versions %v, want 2 and [1 2]", latest, vs)
+	}
+	// Publishing NAME:N publishes that version; NAME then means it.
+	publish("publish", "app:2", 200, "[1 2]")
+	resolve(otherKey, "app", "app:2")
+	publish("unpublish", "app:2", 200, "[1]")
+	resolve(otherKey, "app", "app:1")
+	// Withdrawing NAME withdraws every version.
+	publish("publish", "app:2", 200, "[1 2]")
+	publish("unpublish", "app", 200, "[]")
+	resolve(otherKey, "app", "")
+	resolve(otherKey, "app:1", "")
+	if latest, _ := listed(other); latest != 0 {
+		t.Errorf("another key lists app after it was withdrawn")
+	}
+	resolve(userKey, "app:1", "app:1")
+	publish("publish", "app:9", 404, "")
+	publish("publish", "tiny", 422, "")
+	publish("publish", "Bad", 422, "")
+	publish("publish", "nope", 404, "")
+	if resp, _ := b.do(t, b.user, "POST", "/v1/templates/app:2/publish", ""); resp.StatusCode != 403 {
+		t.Errorf("publish as the owner: %d, want 403 (admin keys only)", resp.StatusCode)
+	}
 }
 
 // TestTemplateVersionsOwnersPublish: builds make versions; a key's

@@ -1,4 +1,16 @@
 package api
 
+import (
+	"context"
+
+	"github.com/pandastack/pandastack/internal/catalog"
+)
+
 // EventSubscribers is how many event streams are subscribed.
 func (s *Server) EventSubscribers() int { return s.events.Len() }
+
+// ResolveTemplate is resolveTemplate: the reference a create of ref by key
+// is made from.
+func (s *Server) ResolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
+	return s.resolveTemplate(ctx, key, ref)
+}

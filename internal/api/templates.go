@@ -20,9 +20,11 @@ import (
 )
 
 // versionJSON is one version of a user template: SizeBytes is its root
-// filesystem's apparent size, DiskBytes what it takes on disk.
+// filesystem's apparent size, DiskBytes what it takes on disk; Published
+// whether every key may use it.
 type versionJSON struct {
 	Version   int       `json:"version"`
+	Published bool      `json:"published"`
 	BuiltAt   time.Time `json:"built_at"`
 	BuildMS   int64     `json:"build_ms"`
 	SizeBytes int64     `json:"size_bytes"`
@@ -41,9 +43,11 @@ type templateJSON struct {
 	BakeMS      int64      `json:"bake_ms,omitempty"`
 	// A user template's image (built with POST /v1/templates): the
 	// version of this row (Version; the latest for shapes baked from
-	// plain NAME), the template's LatestVersion, Public flag, Owner (the
-	// building key's id, shown to admin keys only; "" for one built before
-	// owners were recorded, an admin keys' template) and every Versions.
+	// plain NAME), the template's LatestVersion (for a key other than its
+	// owner's or an admin one, the latest published), Public (some
+	// version is published), Owner (the building key's id, shown to
+	// admin keys only; "" for one built before owners were recorded, an
+	// admin keys' template) and every Versions the key may use.
 	FromImage     string        `json:"from_image,omitempty"`
 	Digest        string        `json:"digest,omitempty"`
 	BuiltAt       *time.Time    `json:"built_at,omitempty"`
@@ -103,16 +107,36 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	// visible: a built-in, or a user template the key may use. A version
-	// the registry does not list is a deleted one's (a host of a fleet
-	// that was away keeps it until its next start): not listed.
-	visible := func(ref string) bool {
-		name, _, pinned := strings.Cut(ref, ":")
-		vs, ok := users[name]
-		if !ok {
-			return !pinned
+	// usable: the versions of each user template the key may use (its
+	// own and an admin key's: all; others': the published ones), by
+	// name; a template with none is not listed. visible: a built-in, or
+	// a version the key may use (for a shape of plain NAME, the latest
+	// version's: only if that one is usable). A version the registry
+	// does not list is a deleted one's (a host of a fleet that was away
+	// keeps it until its next start): not listed.
+	usable := map[string][]template.UserRootFS{}
+	for name, vs := range users {
+		if uv := usableVersions(key, vs); len(uv) > 0 {
+			usable[name] = uv
 		}
-		return canUseTemplate(key, vs[len(vs)-1])
+	}
+	visible := func(ref string) bool {
+		name, v, err := template.SplitRef(ref)
+		vs, ok := users[name]
+		switch {
+		case err != nil:
+			return false
+		case !ok:
+			return v == 0
+		case v == 0:
+			uv := usable[name]
+			return len(uv) > 0 && uv[len(uv)-1].Version == vs[len(vs)-1].Version
+		}
+		return slices.ContainsFunc(usable[name], func(u template.UserRootFS) bool { return u.Version == v })
+	}
+	visibleName := func(name string) bool {
+		_, user := users[name]
+		return !user || len(usable[name]) > 0
 	}
 	if !key.Admin {
 		var defaults []template.Template
@@ -151,13 +175,13 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("list template names of host", "host_id", s.cfg.HostID, "err", err)
 	}
 	for _, name := range names {
-		if !seen[name] && visible(name) {
+		if !seen[name] && visibleName(name) {
 			p := s.host.TemplateParams(name, 0, 0)
 			out = append(out, templateJSON{Name: name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, State: "not_baked"})
 		}
 	}
 	for i := range out {
-		vs, ok := users[out[i].Name]
+		vs, ok := usable[out[i].Name]
 		if !ok {
 			continue
 		}
@@ -165,14 +189,14 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		if out[i].Version == 0 {
 			out[i].Version = latest.Version
 		}
-		pub := latest.Public
+		pub := slices.ContainsFunc(vs, func(u template.UserRootFS) bool { return u.Published })
 		out[i].LatestVersion, out[i].Public = latest.Version, &pub
 		if key.Admin {
 			out[i].Owner = latest.Owner
 			out[i].StartCmd, out[i].ReadyCmd, out[i].ReadyTimeoutSeconds = latest.StartCmd, latest.ReadyCmd, latest.ReadyTimeoutSeconds
 		}
 		for _, u := range vs {
-			out[i].Versions = append(out[i].Versions, versionJSON{Version: u.Version, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
+			out[i].Versions = append(out[i].Versions, versionJSON{Version: u.Version, Published: u.Published, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
 				SizeBytes: u.SizeBytes, DiskBytes: u.DiskBytes, FromImage: u.Source, Digest: u.Digest})
 			if u.Version == out[i].Version {
 				at := u.BuiltAt
@@ -196,18 +220,52 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
 }
 
-// canUseTemplate reports whether key may see and use user template u
-// (its latest version, which holds its owner and flag): an admin key
-// always; others their own and published ones. A template without an owner
-// (built before owners were recorded) is the admin keys'.
-func canUseTemplate(key catalog.Key, u template.UserRootFS) bool {
-	return key.Admin || u.Public || (u.Owner != "" && u.Owner == key.ID)
+// ownsTemplate reports whether key may see and use every version of user
+// template u (any of its versions: it holds the template's owner): an
+// admin key always, else the key that built it. A template without an
+// owner (built before owners were recorded) is the admin keys'.
+func ownsTemplate(key catalog.Key, u template.UserRootFS) bool {
+	return key.Admin || (u.Owner != "" && u.Owner == key.ID)
+}
+
+// usableVersions returns the versions of vs (a template's, oldest first)
+// key may see and use: every one for the template's owner and admin keys
+// (ownsTemplate), the published ones for other keys. Publishing is per
+// version: a version its owner builds after publishing is the owner's
+// alone until it is published in turn.
+func usableVersions(key catalog.Key, vs []template.UserRootFS) []template.UserRootFS {
+	if len(vs) == 0 || ownsTemplate(key, vs[len(vs)-1]) {
+		return vs
+	}
+	var out []template.UserRootFS
+	for _, u := range vs {
+		if u.Published {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// templateVersions returns the versions of user template name key may
+// use (usableVersions) and whether key owns it (ownsTemplate); none (and
+// no error) if there is no such template.
+func templateVersions(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) ([]template.UserRootFS, bool, error) {
+	vs, err := b.Versions(ctx, name)
+	if errors.Is(err, template.ErrNotFound) || (err == nil && len(vs) == 0) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return usableVersions(key, vs), ownsTemplate(key, vs[len(vs)-1]), nil
 }
 
 // resolveTemplate returns the reference a sandbox of template ref is
-// created from: a built-in's name as is; for a user template, "NAME:N"
-// (the latest version for plain NAME). A user template key may not use is
-// not found, exactly like a missing one.
+// created from: a built-in's name as is; for a user template, "NAME:N":
+// for plain NAME the latest version the key may use (its owner and admin
+// keys: the latest; other keys: the latest published), for NAME:N that
+// version if the key may use it. A user template (or version) the key may
+// not use is not found, exactly like a missing one.
 func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
 	name, v, err := template.SplitRef(ref)
 	if err != nil {
@@ -230,8 +288,19 @@ func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref strin
 	if err != nil {
 		return "", err
 	}
-	if !canUseTemplate(key, u) {
-		return "", notFound("template %q not found", ref)
+	if !ownsTemplate(key, u) {
+		vs, _, err := templateVersions(ctx, b, key, name)
+		if err != nil {
+			return "", err
+		}
+		i := len(vs) - 1
+		if v > 0 {
+			i = slices.IndexFunc(vs, func(u template.UserRootFS) bool { return u.Version == v })
+		}
+		if i < 0 {
+			return "", notFound("template %q not found", ref)
+		}
+		return template.Ref(name, vs[i].Version), nil
 	}
 	if v == 0 {
 		return template.Ref(name, u.Version), nil
@@ -478,16 +547,16 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
 		return
 	}
-	u, err := b.UserTemplate(r.Context(), name)
-	if errors.Is(err, template.ErrNotFound) || (err == nil && !canUseTemplate(key, u)) {
-		s.writeError(w, r, notFound("no template %q built from an image", name))
-		return
-	}
+	vs, owns, err := templateVersions(r.Context(), b, key, name)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if !key.Admin && u.Owner != key.ID {
+	if len(vs) == 0 {
+		s.writeError(w, r, notFound("no template %q built from an image", name))
+		return
+	}
+	if !owns {
 		s.writeError(w, r, errorf(control.Forbidden, "only the key that built template %s, or an admin key, may delete it", name))
 		return
 	}
@@ -559,9 +628,13 @@ func templateParam(r *http.Request) string {
 	return p
 }
 
-// publishTemplate makes a user template usable and listed for every key
-// (public true), or only its owner's and admin keys' again. Admin keys
-// only.
+// publishTemplate publishes versions of a user template (public true):
+// "NAME" its latest version, "NAME:N" version N; every key may then list
+// and use them, and other keys' plain NAME means the latest published
+// version. A version built later is not published until it is published
+// in turn. Unpublishing (false) withdraws "NAME:N", or every version of
+// "NAME"; sandboxes made already keep running. Admin keys only. It answers
+// the versions published after the change.
 func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := requireAdmin(r); err != nil {
@@ -572,16 +645,46 @@ func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		name := templateParam(r)
-		if strings.Contains(name, ":") {
-			s.writeError(w, r, invalid("publish a template, not one of its versions: %s", strings.Split(name, ":")[0]))
+		ref := templateParam(r)
+		name, v, err := template.SplitRef(ref)
+		if err != nil {
+			s.writeError(w, r, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: ")))
 			return
 		}
-		if err := b.SetPublic(r.Context(), name, public); err != nil {
+		if slices.Contains(template.Reserved, name) {
+			s.writeError(w, r, invalid("%s is a built-in template: every key may use it already", name))
+			return
+		}
+		if public && v == 0 {
+			// The latest now, named: a build that lands meanwhile is
+			// not what the caller saw, and stays unpublished.
+			u, err := b.UserTemplate(r.Context(), name)
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+			v = u.Version
+		}
+		if err := b.SetPublished(r.Context(), template.Ref(name, v), public); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"name": name, "public": public})
+		vs, err := b.Versions(r.Context(), name)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		published := []int{}
+		for _, u := range vs {
+			if u.Published {
+				published = append(published, u.Version)
+			}
+		}
+		out := map[string]any{"name": name, "public": len(published) > 0, "published_versions": published}
+		if v > 0 {
+			out["version"] = v
+		}
+		writeJSON(w, http.StatusOK, out)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/lifecycle"
@@ -278,14 +279,19 @@ type Catalog interface {
 }
 
 // Template is a user template of a fleet's registry (panda server
-// --fleet): who owns it, whether every key may use it, and its versions,
-// whose images the hosts hold (and the object store a copy of each). A
-// template exists while it has a version or a build.
+// --fleet): who owns it, which of its versions every key may use, and its
+// versions, whose images the hosts hold (and the object store a copy of
+// each). A template exists while it has a version or a build.
 type Template struct {
 	Name string
 	// Owner is the id of the key that built its first version.
-	Owner  string
-	Public bool
+	Owner string
+	// Published are the versions every key may use, ascending: the
+	// stores keep only those of Versions (a removed version is no longer
+	// published). A template written before versions were published one
+	// by one with its public flag set reads as its latest version
+	// published; the next write keeps it so.
+	Published []int
 	// LastVersion is the highest version number given out: a build takes
 	// the next one, and a number is never given out twice while the
 	// template exists.
@@ -313,6 +319,9 @@ type TemplateBuild struct {
 	Owner     string    `json:"owner"`
 	CreatedAt time.Time `json:"created_at"`
 }
+
+// IsPublished reports whether version v is published.
+func (t Template) IsPublished(v int) bool { return slices.Contains(t.Published, v) }
 
 // Exists reports whether the template has a version or a build.
 func (t Template) Exists() bool { return len(t.Versions) > 0 || len(t.Builds) > 0 }

@@ -27,10 +27,11 @@ func templateCmd(g *globals) *cobra.Command {
 		Use:   "ls [NAME]",
 		Short: "List templates, one line per baked shape; with NAME, that template's versions",
 		Long: `List the templates this key may use, one line per baked shape: the
-built-in ones, its own and the published ones (an admin key: all). A
-user template's VERSION is the version of that line (NAME:VERSION pins it
-for --template), SIZE the disk space its root filesystem takes, BUILT
-when it was built. With NAME, list that template's versions instead.`,
+built-in ones, its own and the published versions of others' (an admin
+key: all). A user template's VERSION is the version of that line
+(NAME:VERSION pins it for --template), SIZE the disk space its root
+filesystem takes, BUILT when it was built. With NAME, list that
+template's versions instead.`,
 		Args: args(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -66,8 +67,10 @@ when it was built. With NAME, list that template's versions instead.`,
 					if tp.Version == tp.LatestVersion {
 						version += " (latest)"
 					}
-					if tp.Public {
-						version += ", public"
+					for _, v := range tp.Versions {
+						if v.Version == tp.Version && v.Published {
+							version += ", published"
+						}
 					}
 				}
 				t.row(tp.Name, version, mib(tp.MemoryMiB), num(tp.VCPUs), state, when(tp.BakedAt), bake,
@@ -131,8 +134,15 @@ func listTemplateVersions(cmd *cobra.Command, g *globals, ts []pandastack.Templa
 	t := newTable(cmd.OutOrStdout(), "TEMPLATE", "SIZE", "APPARENT", "BUILT", "BUILD TIME", "IMAGE", "DIGEST")
 	for _, v := range tp.Versions {
 		ref := pandastack.TemplateRef(name, v.Version)
+		var notes []string
 		if v.Version == tp.LatestVersion {
-			ref += " (latest)"
+			notes = append(notes, "latest")
+		}
+		if v.Published {
+			notes = append(notes, "published")
+		}
+		if len(notes) > 0 {
+			ref += " (" + strings.Join(notes, ", ") + ")"
 		}
 		t.row(ref, diskSize(v.DiskBytes), diskSize(v.SizeBytes), when(v.BuiltAt), fmt.Sprintf("%.1fs", float64(v.BuildMS)/1000),
 			orDash(v.FromImage), orDash(v.Digest))
@@ -152,13 +162,21 @@ func diskSize(n int64) string {
 }
 
 func templatePublishCmd(g *globals, public bool) *cobra.Command {
-	use, short := "publish NAME", "Make a template usable and listed for every key (admin keys only)"
+	use, short := "publish NAME[:VERSION]", "Publish a version of a template (the latest, or VERSION) for every key (admin keys only)"
+	long := `Publish one version of a user template: NAME publishes its latest version
+(as it is now), NAME:VERSION that version. Every key may then list it and
+create sandboxes from it; for keys other than the owner, --template NAME
+means the latest published version. Publishing is per version: a version
+the owner builds later is its own until it is published in turn.`
 	if !public {
-		use, short = "unpublish NAME", "Make a published template private to its owner (and admin keys) again (admin keys only)"
+		use, short = "unpublish NAME[:VERSION]", "Withdraw a published version of a template, or every version of NAME (admin keys only)"
+		long = `Withdraw published versions of a user template: NAME:VERSION that version,
+NAME every version. Sandboxes made from them keep running.`
 	}
 	return &cobra.Command{
 		Use:   use,
 		Short: short,
+		Long:  long,
 		Args:  args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -187,7 +205,8 @@ image's ENV, WORKDIR and USER become the defaults of their commands (an
 exec's own env, cwd and --user win). Building NAME again makes a new
 version: sandboxes made earlier keep theirs, and --template NAME:VERSION
 pins one (panda template ls NAME). A new NAME is this key's own, private
-to it until an admin key publishes it (panda template publish NAME).
+to it until an admin key publishes a version (panda template publish
+NAME[:VERSION]); a rebuild is private again until it is published.
 
 With -f, the build context is CONTEXT_DIR (default: the Dockerfile's
 directory), sent to the server as a compressed tar archive, streamed from

@@ -293,7 +293,7 @@ func TestHumanOutputs(t *testing.T) {
 		case "/v1/templates":
 			io.WriteString(w, `{"templates":[{"name":"tiny","memory_mib":256,"vcpus":1,"state":"ready","bake_ms":1500},`+
 				`{"name":"app","version":2,"latest_version":2,"public":true,"memory_mib":256,"vcpus":1,"state":"not_baked","disk_bytes":52428800,"from_image":"r/app:2",`+
-				`"versions":[{"version":1,"size_bytes":104857600,"disk_bytes":31457280,"from_image":"r/app:1","build_ms":2500},{"version":2,"size_bytes":104857600,"disk_bytes":52428800,"from_image":"r/app:2"}]}]}`)
+				`"versions":[{"version":1,"size_bytes":104857600,"disk_bytes":31457280,"from_image":"r/app:1","build_ms":2500},{"version":2,"published":true,"size_bytes":104857600,"disk_bytes":52428800,"from_image":"r/app:2"}]}]}`)
 		case "/v1/keys":
 			io.WriteString(w, `{"keys":[{"id":"key1","name":"ci","admin":false,"prefix":"ps_ab","created_at":"2025-01-01T00:00:00Z"},`+
 				`{"id":"key2","name":"old","admin":false,"prefix":"ps_cd","created_at":"2025-01-01T00:00:00Z","revoked":true}]}`)
@@ -315,8 +315,8 @@ func TestHumanOutputs(t *testing.T) {
 		want []string
 	}{
 		{[]string{"ls"}, []string{"ID", "HOST", "k3v9", "tiny", "running", "h7", "256 MiB", "a=1,b=2"}},
-		{[]string{"template", "ls"}, []string{"tiny", "ready", "1.5s", "SIZE", "BUILT", "2 (latest), public", "50.0 MiB", "r/app:2"}},
-		{[]string{"template", "ls", "app"}, []string{"app:1 ", "30.0 MiB", "100.0 MiB", "2.5s", "r/app:1", "app:2 (latest)"}},
+		{[]string{"template", "ls"}, []string{"tiny", "ready", "1.5s", "SIZE", "BUILT", "2 (latest), published", "50.0 MiB", "r/app:2"}},
+		{[]string{"template", "ls", "app"}, []string{"app:1 ", "30.0 MiB", "100.0 MiB", "2.5s", "r/app:1", "app:2 (latest, published)"}},
 		{[]string{"keys", "ls"}, []string{"key1", "ci", "active", "ps_ab"}},
 		{[]string{"keys", "ls", "--all"}, []string{"key1", "active", "key2", "old", "revoked"}},
 		{[]string{"fs", "ls", "abc", "/"}, []string{"drwxr-xr-x", "d/", "Lrwxrwxrwx", "l -> /d"}},

@@ -75,7 +75,8 @@ func (c *Config) Validate() error {
 }
 
 // Builder runs Dockerfile builds. Its methods are safe for concurrent use;
-// builds running at once share the cache.
+// builds running at once share the cache directory, each using only the
+// entries of its own scope (Request.Scope).
 type Builder struct {
 	cfg   Config
 	cache *layerCache
@@ -109,16 +110,33 @@ func Check(dockerfile []byte, buildArgs map[string]string) error {
 // ClearCache removes every cache entry no running build uses.
 func (b *Builder) ClearCache() error { return b.cache.evict(-1) }
 
-// Build builds dockerfile with the build context contextTar (a tar file,
-// plain or gzip; "" for none) and buildArgs, writing the final root
-// filesystem to the ext4 image out (created). It reports progress lines
-// (see docs/dockerfile.md for their form). Errors the user can fix wrap
-// ErrInvalid or ErrRunFailed; FromImage's errors are returned wrapped.
-// It returns soon after ctx ends.
-func (b *Builder) Build(ctx context.Context, dockerfile []byte, contextTar string, buildArgs map[string]string, out string, progress func(string)) (Result, error) {
+// Request is what one build builds, and for whom.
+type Request struct {
+	Dockerfile []byte
+	// ContextTar is the build context, a tar file (plain or gzip); ""
+	// for none.
+	ContextTar string
+	BuildArgs  map[string]string
+	// Scope is whose cache entries the build may use: the id of the API
+	// key running it. Every layer key includes it, so a build never
+	// reuses (nor reports as cached) a layer, nor restores the build VM
+	// snapshot of a layer, that a build of another scope made: a layer
+	// holds what its tenant's steps wrote and its build VM's memory, and
+	// one made by another tenant may hold anything. "" is a scope like
+	// any other.
+	Scope string
+}
+
+// Build builds req.Dockerfile with its build context and build args,
+// writing the final root filesystem to the ext4 image out (created). It
+// reports progress lines (see docs/dockerfile.md for their form). Errors
+// the user can fix wrap ErrInvalid or ErrRunFailed; FromImage's errors
+// are returned wrapped. It returns soon after ctx ends.
+func (b *Builder) Build(ctx context.Context, req Request, out string, progress func(string)) (Result, error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
+	dockerfile, contextTar, buildArgs := req.Dockerfile, req.ContextTar, req.BuildArgs
 	start := time.Now()
 	f, err := parse(dockerfile)
 	if err != nil {
@@ -143,7 +161,7 @@ func (b *Builder) Build(ctx context.Context, dockerfile []byte, contextTar strin
 		}
 	}
 
-	r := &run{b: b, progress: progress, total: len(f.steps) + 1}
+	r := &run{b: b, scope: req.Scope, progress: progress, total: len(f.steps) + 1}
 	defer r.release()
 	baseKey, base, err := r.base(ctx, f.from, ref)
 	if err != nil {
@@ -166,7 +184,10 @@ func (b *Builder) Build(ctx context.Context, dockerfile []byte, contextTar strin
 
 // run is one build's state.
 type run struct {
-	b        *Builder
+	b *Builder
+	// scope is Request.Scope, part of the base layer's key and so of
+	// every key after it.
+	scope    string
 	progress func(string)
 	total    int
 	pinned   []string
@@ -223,13 +244,15 @@ func hashKey(parts ...string) string {
 // by the reference and converted only once; any other is converted on
 // every build (its tag may have moved) and keyed by the digest the
 // conversion reports, so an unchanged image still reuses every cached
-// step after it.
+// step after it. Both keys are the build's scope's: not even the base
+// layer is shared between scopes (one scope learning, from a "cached"
+// line, that another pulled an image would be a leak of its own).
 func (r *run) base(ctx context.Context, from instr, ref string) (string, Result, error) {
 	start := time.Now()
 	r.stepLine(1, from)
 	var key string
 	if strings.Contains(ref, "@sha256:") {
-		key = hashKey("image-ref", ref)
+		key = hashKey("scope", r.scope, "image-ref", ref)
 		if r.pin(key) {
 			res, err := r.b.cache.config(key)
 			if err == nil {
@@ -249,10 +272,10 @@ func (r *run) base(ctx context.Context, from instr, ref string) (string, Result,
 	}
 	if key == "" {
 		if res.Digest != "" {
-			key = hashKey("image", res.Digest)
+			key = hashKey("scope", r.scope, "image", res.Digest)
 		} else {
 			// Nothing identifies the image: its layers are not reused.
-			key = hashKey("image-once", ref, rand.Text())
+			key = hashKey("scope", r.scope, "image-once", ref, rand.Text())
 		}
 		r.pin(key)
 	}

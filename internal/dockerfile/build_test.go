@@ -20,6 +20,8 @@ type testBuild struct {
 	w     *fakeWorld
 	b     *Builder
 	cache string
+	// scope is the scope of the builds build runs (Request.Scope).
+	scope string
 }
 
 func newTestBuilder(t *testing.T) *testBuild {
@@ -40,7 +42,7 @@ func (tb *testBuild) build(t *testing.T, df, contextTar string, args map[string]
 	out := filepath.Join(t.TempDir(), "out.ext4")
 	var lines []string
 	var mu sync.Mutex
-	res, err := tb.b.Build(context.Background(), []byte(df), contextTar, args, out, func(s string) {
+	res, err := tb.b.Build(context.Background(), Request{Dockerfile: []byte(df), ContextTar: contextTar, BuildArgs: args, Scope: tb.scope}, out, func(s string) {
 		mu.Lock()
 		lines = append(lines, s)
 		mu.Unlock()
@@ -497,6 +499,62 @@ func TestRestore(t *testing.T) {
 		}
 		if e.bytes != want || len(files) < 2 {
 			t.Errorf("entry %s: %d bytes counted, its %d files take %d", e.key, e.bytes, len(files), want)
+		}
+	}
+}
+
+// TestCacheScoped: the cache is per scope (the building key). Another
+// scope's build of the same Dockerfile reuses nothing — no "cached" line,
+// every step run, no snapshot restored, nothing of the first build's in
+// its layers — while the first scope's rebuild reuses everything; a build
+// differing only in a proxy build arg runs its RUN steps again.
+func TestCacheScoped(t *testing.T) {
+	tb := newTestBuilder(t)
+	tb.b.cfg.Restore = tb.w.restore
+	tb.w.snapshots = true
+	df := "FROM node@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nRUN one\nRUN two\n"
+	build := func(scope string, args map[string]string) (fakeDisk, Result, string) {
+		t.Helper()
+		tb.w.reset()
+		tb.scope = scope
+		d, res, lines, err := tb.build(t, df, "", args)
+		if err != nil {
+			t.Fatalf("build as %q: %v", scope, err)
+		}
+		return d, res, strings.Join(lines, "\n")
+	}
+	_, alice, _ := build("key_alice", nil)
+
+	// Bob: every step runs, from a FROM of his own.
+	d, bob, log := build("key_bob", nil)
+	if strings.Contains(log, "cached") {
+		t.Errorf("another key's build of the same Dockerfile reports cached steps:\n%s", log)
+	}
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"one", "two"}) || tb.w.froms != 1 || len(tb.w.restores) != 0 {
+		t.Errorf("another key's build: ran %q, %d FROM conversions, %d restores; want one, two, 1 and 0", got, tb.w.froms, len(tb.w.restores))
+	}
+	if want := []string{"from node@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "run one", "run two"}; !reflect.DeepEqual(d.Log, want) {
+		t.Errorf("another key's build made %q, want %q", d.Log, want)
+	}
+	if bob.Digest == alice.Digest {
+		t.Errorf("two keys' builds share the final layer %s", bob.Digest)
+	}
+
+	// Alice again: everything cached, nothing run.
+	_, again, log := build("key_alice", nil)
+	if n := strings.Count(log, "  cached"); n != 3 || len(tb.w.runs) != 0 || tb.w.froms != 0 || again.Digest != alice.Digest {
+		t.Errorf("the same key's rebuild: %d cached lines, %d runs, %d FROMs, digest %s (was %s); want 3, 0, 0, the same:\n%s",
+			n, len(tb.w.runs), tb.w.froms, again.Digest, alice.Digest, log)
+	}
+
+	// Alice through a proxy: the FROM is hers, the RUN steps run again.
+	_, proxied, log := build("key_alice", map[string]string{"HTTP_PROXY": "http://proxy.example:3128"})
+	if got := tb.w.shells(); !reflect.DeepEqual(got, []string{"one", "two"}) || strings.Count(log, "  cached") != 1 || proxied.Digest == alice.Digest {
+		t.Errorf("a build differing in HTTP_PROXY: ran %q, log:\n%s\nwant both RUN steps run, only FROM cached", got, log)
+	}
+	for _, r := range tb.w.runs {
+		if r.Env["HTTP_PROXY"] != "http://proxy.example:3128" {
+			t.Errorf("RUN %q ran without the proxy: env %v", r.Shell, r.Env)
 		}
 	}
 }

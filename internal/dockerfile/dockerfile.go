@@ -11,11 +11,14 @@
 //   - Each step that changes the disk (RUN, COPY, ADD, WORKDIR) is a layer
 //     with a cache key: sha256 of its parent's key, the instruction after
 //     ARG/ENV expansion, the working directory and user it runs with (and
-//     for RUN its environment: ENV and ARG values), and for COPY/ADD the
-//     hash of exactly what is copied. The base layer's key is the image's
-//     digest (a tag is converted again on every build, since it may have
-//     moved) or, for a digest-pinned reference, the reference (converted
-//     once).
+//     for RUN its environment: ENV and ARG values and the proxy build
+//     args), and for COPY/ADD the hash of exactly what is copied. The base
+//     layer's key is the build's scope (Request.Scope: the building API
+//     key) with the image's digest (a tag is converted again on every
+//     build, since it may have moved) or, for a digest-pinned reference,
+//     the reference (converted once). So every key is one scope's: a
+//     build never reuses, reports as cached or restores the VM snapshot
+//     of a layer another scope's build made.
 //   - A build finds the last step whose layer is cached, starts one VM
 //     from it, runs the remaining steps in order and commits a layer into
 //     the cache after each. The final layer is cloned to the output file.
@@ -31,7 +34,7 @@
 // root (VM.Extract).
 //
 // The cache (Config.CacheDir) holds one directory per layer, named by its
-// key, written atomically (a temporary directory renamed into place; a
+// key (so by scope too), written atomically (a temporary directory renamed into place; a
 // build that loses a race discards its copy). It is kept under
 // Config.CacheMaxBytes by removing the least recently used layers that no
 // running build uses. One process owns a cache directory.

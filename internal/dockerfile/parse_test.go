@@ -203,18 +203,29 @@ ENTRYPOINT ["run"]
 	}
 }
 
-func TestProxyArgsNotInKey(t *testing.T) {
-	src := "FROM img\nRUN make\n"
+// TestProxyArgsInKey: a proxy build arg reaches the RUN steps' keys (a
+// layer fetched through one proxy is not one fetched through another),
+// in either case, as every other build arg that reaches a step does.
+func TestProxyArgsInKey(t *testing.T) {
+	src := "FROM img\nWORKDIR /w\nRUN make\nRUN make install\n"
 	a, err := planOf(t, src, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := planOf(t, src, map[string]string{"https_proxy": "http://p:1"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.steps[0].key != b.steps[0].key {
-		t.Errorf("a proxy build arg changed the RUN's key")
+	for _, name := range []string{"HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "FTP_PROXY", "ftp_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"} {
+		b, err := planOf(t, src, map[string]string{name: "http://p:1"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.steps[0].key != b.steps[0].key {
+			t.Errorf("%s changed the key of the WORKDIR before any RUN", name)
+		}
+		if a.steps[1].key == b.steps[1].key || a.steps[2].key == b.steps[2].key {
+			t.Errorf("%s kept the RUN steps' keys", name)
+		}
+		if b.steps[1].exec.Env[name] != "http://p:1" {
+			t.Errorf("%s does not reach the RUN: env %v", name, b.steps[1].exec.Env)
+		}
 	}
 	c, err := planOf(t, "FROM img\nARG X\nRUN make\n", map[string]string{"X": "1"}, nil)
 	if err != nil {

@@ -18,7 +18,9 @@ import (
 )
 
 // proxyArgs are Docker's predefined ARGs: build args of these names need
-// no ARG, are visible to RUN only, and are not part of cache keys.
+// no ARG and are visible to RUN only. Unlike Docker, they are part of the
+// keys of the RUN steps they reach (and so of every layer after): a layer
+// made through one proxy is not what a build through another expects.
 var proxyArgs = map[string]bool{
 	"HTTP_PROXY": true, "http_proxy": true, "HTTPS_PROXY": true, "https_proxy": true,
 	"FTP_PROXY": true, "ftp_proxy": true, "NO_PROXY": true, "no_proxy": true,
@@ -248,7 +250,7 @@ func makePlan(ctx context.Context, f *file, base template.ImageConfig, baseKey s
 			} else {
 				s.exec.Shell = strings.Join(in.args, " ")
 			}
-			s.exec.Env = envMap(append(slices.Clone(args), img.Env...))
+			s.exec.Env = withProxyArgs(envMap(append(slices.Clone(args), img.Env...)), buildArgs)
 			s.exec.Cwd = workdir()
 			s.exec.User = img.User
 		case "COPY", "ADD":
@@ -265,24 +267,26 @@ func makePlan(ctx context.Context, f *file, base template.ImageConfig, baseKey s
 		s.image = cloneImage(img)
 		p.steps = append(p.steps, s)
 	}
-	// Proxy build args reach RUN steps but not cache keys or the image.
-	for i := range p.steps {
-		if p.steps[i].kind != runStep {
-			continue
-		}
-		for k, v := range buildArgs {
-			if proxyArgs[k] {
-				if _, ok := p.steps[i].exec.Env[k]; !ok {
-					if p.steps[i].exec.Env == nil {
-						p.steps[i].exec.Env = map[string]string{}
-					}
-					p.steps[i].exec.Env[k] = v
-				}
-			}
-		}
-	}
 	p.image = cloneImage(img)
 	return p, nil
+}
+
+// withProxyArgs adds the proxy build args of buildArgs that env (a RUN's
+// environment) does not set already; they reach RUN steps, and with their
+// environment their keys, but never the image.
+func withProxyArgs(env, buildArgs map[string]string) map[string]string {
+	for k, v := range buildArgs {
+		if !proxyArgs[k] {
+			continue
+		}
+		if _, ok := env[k]; !ok {
+			if env == nil {
+				env = map[string]string{}
+			}
+			env[k] = v
+		}
+	}
+	return env
 }
 
 // evalCopy expands a COPY or ADD and resolves its sources in bctx.

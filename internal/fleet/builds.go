@@ -21,8 +21,8 @@ import (
 )
 
 // Templates is a fleet's user templates (panda server --fleet), a
-// tmplbuild.Builder. Their registry — names, owners, public flags, the
-// versions and the builds running — is the catalog's (catalog.Template),
+// tmplbuild.Builder. Their registry — names, owners, the versions (and
+// which of them are published) and the builds running — is the catalog's (catalog.Template),
 // so listing them and creating sandboxes of them need no particular host.
 // Each build runs on one host (the one --template-host names, or else the
 // ready host with the most free memory), with the version number the
@@ -90,7 +90,7 @@ func (t *Templates) Watch(ctx context.Context) error {
 // HostConnected runs when host id connects. The --template-host's
 // templates that the catalog has no record of are imported: those it built
 // while it kept the registry itself (before the catalog did), each with
-// its versions, owner and public flag. Then, at most once per SweepEvery,
+// its versions, owner and published versions. Then, at most once per SweepEvery,
 // the host sweeps the object store of the versions the registry no longer
 // has (SweepStore), in the background. Errors are logged.
 func (t *Templates) HostConnected(ctx context.Context, id string) {
@@ -132,13 +132,16 @@ func (t *Templates) importTemplate(ctx context.Context, b tmplbuild.Builder, lat
 	if err != nil {
 		return err
 	}
-	tp := catalog.Template{Name: latest.Name, Owner: latest.Owner, Public: latest.Public, CreatedAt: time.Now().UTC()}
+	tp := catalog.Template{Name: latest.Name, Owner: latest.Owner, CreatedAt: time.Now().UTC()}
 	for _, u := range vs {
 		ver, err := versionOf(u)
 		if err != nil {
 			return err
 		}
 		tp.Versions = addVersion(tp.Versions, ver)
+		if u.Published {
+			tp.Published = append(tp.Published, u.Version)
+		}
 		tp.LastVersion = max(tp.LastVersion, u.Version)
 		if !u.BuiltAt.IsZero() && u.BuiltAt.Before(tp.CreatedAt) {
 			tp.CreatedAt = u.BuiltAt
@@ -621,12 +624,31 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 	return nil
 }
 
-func (t *Templates) SetPublic(ctx context.Context, name string, public bool) error {
-	_, err := t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
-		if len(tp.Versions) == 0 {
-			return catalog.ErrNotFound
+// SetPublished publishes or withdraws versions of ref in the registry:
+// "NAME:N" version N alone; "NAME" its latest version when publishing,
+// every version when withdrawing (as template.Store.SetUserPublished).
+func (t *Templates) SetPublished(ctx context.Context, ref string, published bool) error {
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+	}
+	_, err = t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
+		l, ok := tp.Latest()
+		switch {
+		case !ok:
+			return catalog.ErrNotFound // only its first build runs
+		case v == 0 && published:
+			v = l.Version
+		case v == 0:
+			tp.Published = nil
+			return nil
+		case versionIndex(*tp, v) < 0:
+			return fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
 		}
-		tp.Public = public
+		tp.Published = slices.DeleteFunc(tp.Published, func(x int) bool { return x == v })
+		if published {
+			tp.Published = append(tp.Published, v)
+		}
 		return nil
 	})
 	if errors.Is(err, catalog.ErrNotFound) {
@@ -642,7 +664,9 @@ func user(tp catalog.Template, ver catalog.TemplateVersion) (template.UserRootFS
 		return template.UserRootFS{}, fmt.Errorf("template %s: version %d: %w", tp.Name, ver.Version, err)
 	}
 	u := vi.UserRootFS
-	u.Name, u.Version, u.Owner, u.Public, u.DiskBytes = tp.Name, ver.Version, tp.Owner, tp.Public, vi.DiskBytes
+	u.Name, u.Version, u.Owner, u.DiskBytes = tp.Name, ver.Version, tp.Owner, vi.DiskBytes
+	// The registry's, not the building host's description's.
+	u.Published = tp.IsPublished(ver.Version)
 	return u, nil
 }
 

@@ -163,14 +163,53 @@ func TestTemplatesRegistry(t *testing.T) {
 	if _, err := h2.m.UserTemplate(ctx, "app:2"); !errors.Is(err, template.ErrNotFound) {
 		t.Errorf("h2's copy of the deleted app:2: %v, want it removed", err)
 	}
-	if err := ts.SetPublic(ctx, "app", true); err != nil {
+	if err := ts.SetPublished(ctx, "app", true); err != nil {
 		t.Fatal(err)
 	}
-	if us, err := ts.UserTemplates(ctx); err != nil || len(us) != 1 || !us[0].Public || us[0].Version != 4 {
-		t.Errorf("UserTemplates = %+v, %v; want app version 4, public", us, err)
+	if us, err := ts.UserTemplates(ctx); err != nil || len(us) != 1 || !us[0].Published || us[0].Version != 4 {
+		t.Errorf("UserTemplates = %+v, %v; want app version 4, published", us, err)
 	}
-	if err := ts.SetPublic(ctx, "nope", true); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("SetPublic of nothing: %v, want template.ErrNotFound", err)
+	if u, err := ts.UserTemplate(ctx, "app:1"); err != nil || u.Published {
+		t.Errorf("UserTemplate(app:1) = %+v, %v; want it not published: publishing app published its latest", u, err)
+	}
+	for _, ref := range []string{"nope", "app:2", "app:9"} {
+		if err := ts.SetPublished(ctx, ref, true); !errors.Is(err, template.ErrNotFound) {
+			t.Errorf("SetPublished(%s): %v, want template.ErrNotFound", ref, err)
+		}
+	}
+	// A rebuild is not published: publishing granted version 4 alone.
+	if st := build(ts, "app", "alpine:5"); st.State != tmplbuild.StateSucceeded || st.Version != 5 {
+		t.Fatalf("a rebuild of the published app: %+v", st)
+	}
+	published := func() (out []int) {
+		vs, err := ts.Versions(ctx, "app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range vs {
+			if u.Published {
+				out = append(out, u.Version)
+			}
+		}
+		return out
+	}
+	if got := published(); !slices.Equal(got, []int{4}) {
+		t.Errorf("published versions after the rebuild: %v, want [4]", got)
+	}
+	if err := ts.SetPublished(ctx, "app:5", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.SetPublished(ctx, "app:4", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(); !slices.Equal(got, []int{5}) {
+		t.Errorf("published versions: %v, want [5]", got)
+	}
+	if err := ts.SetPublished(ctx, "app", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(); len(got) != 0 {
+		t.Errorf("published versions after withdrawing app: %v, want none", got)
 	}
 
 	// Nobody follows: the watcher records it.
@@ -340,7 +379,7 @@ func TestTemplatesImport(t *testing.T) {
 			}
 		}
 	}
-	if err := h1.m.SetPublic(ctx, "old", true); err != nil {
+	if err := h1.m.SetPublished(ctx, "old", true); err != nil {
 		t.Fatal(err)
 	}
 	st, err := h2.m.Start(ctx, tmplbuild.Spec{Name: "other", FromImage: "alpine:3", Owner: "key_a"})
@@ -360,8 +399,8 @@ func TestTemplatesImport(t *testing.T) {
 	}
 	ts.HostConnected(ctx, "h1")
 	vs, err := ts.Versions(ctx, "old")
-	if err != nil || len(vs) != 2 || vs[0].Version != 1 || vs[1].Version != 2 || !vs[1].Public || vs[1].Owner != "key_a" || vs[1].Digest != "sha256:alpine:2" {
-		t.Fatalf("old after the import: %+v, %v; want versions 1 and 2 of key_a, public", vs, err)
+	if err != nil || len(vs) != 2 || vs[0].Version != 1 || vs[1].Version != 2 || vs[0].Published || !vs[1].Published || vs[1].Owner != "key_a" || vs[1].Digest != "sha256:alpine:2" {
+		t.Fatalf("old after the import: %+v, %v; want versions 1 and 2 of key_a, 2 published", vs, err)
 	}
 	// The next build goes on from the imported numbers.
 	st, err = ts.Start(ctx, tmplbuild.Spec{Name: "old", FromImage: "alpine:3", Owner: "key_a"})

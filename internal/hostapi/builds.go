@@ -32,7 +32,7 @@ import (
 //	GET    /user-templates/{ref}              userTemplate
 //	GET    /user-templates/{name}/versions    {"versions": [userTemplate]}, oldest first
 //	DELETE /user-templates/{ref}
-//	PUT    /user-templates/{name}/public      {"public": bool}
+//	PUT    /user-templates/{ref}/public       {"public": bool}: publish or withdraw versions (tmplbuild.Builder.SetPublished)
 //
 // An agent without builds (ServeBuilds not called) answers 501.
 
@@ -145,14 +145,14 @@ func (s *Server) buildRoutes(r chi.Router) {
 	r.Delete(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
 		return nil, b.Remove(r.Context(), chi.URLParam(r, "ref"))
 	}))
-	r.Put(Prefix+"/user-templates/{name}/public", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
+	r.Put(Prefix+"/user-templates/{ref}/public", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
 		var req struct {
 			Public bool `json:"public"`
 		}
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
-		return nil, b.SetPublic(r.Context(), chi.URLParam(r, "name"), req.Public)
+		return nil, b.SetPublished(r.Context(), chi.URLParam(r, "ref"), req.Public)
 	}))
 }
 
@@ -365,9 +365,10 @@ func (b Builds) Remove(ctx context.Context, ref string) error {
 	return b.c.callShort(ctx, http.MethodDelete, "/user-templates/"+url.PathEscape(ref), nil, nil, nil)
 }
 
-// SetPublic publishes or unpublishes user template name.
-func (b Builds) SetPublic(ctx context.Context, name string, public bool) error {
-	return b.c.callShort(ctx, http.MethodPut, "/user-templates/"+url.PathEscape(name)+"/public", nil, map[string]bool{"public": public}, nil)
+// SetPublished publishes or withdraws versions of user template ref
+// ("NAME" or "NAME:N").
+func (b Builds) SetPublished(ctx context.Context, ref string, published bool) error {
+	return b.c.callShort(ctx, http.MethodPut, "/user-templates/"+url.PathEscape(ref)+"/public", nil, map[string]bool{"public": published}, nil)
 }
 
 // UserTemplate returns user template ref ("NAME": its latest version).

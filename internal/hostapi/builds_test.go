@@ -91,11 +91,11 @@ func TestBuilds(t *testing.T) {
 	if err != nil || u.Version != 1 || u.Owner != "key-1" || u.SizeBytes != int64(len("FROM tiny")) || u.DiskBytes == 0 {
 		t.Errorf("UserTemplate: %+v, %v", u, err)
 	}
-	if err := b.SetPublic(ctx, "wired", true); err != nil {
-		t.Errorf("SetPublic: %v", err)
+	if err := b.SetPublished(ctx, "wired", true); err != nil {
+		t.Errorf("SetPublished: %v", err)
 	}
 	us, err := b.UserTemplates(ctx)
-	if err != nil || len(us) != 1 || !us[0].Public {
+	if err != nil || len(us) != 1 || !us[0].Published {
 		t.Errorf("UserTemplates: %+v, %v; want wired, public", us, err)
 	}
 	if vs, err := b.Versions(ctx, "wired"); err != nil || len(vs) != 1 || vs[0].Version != 1 {

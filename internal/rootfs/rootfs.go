@@ -34,7 +34,29 @@ var (
 	ErrPlatform = errors.New("wrong platform")
 	// ErrTooLarge: the files do not fit in the size asked for or allowed.
 	ErrTooLarge = errors.New("image too large")
+	// ErrRefused: the registry's address is one a Pull may not reach
+	// (loopback, private, link-local, the host's own networks...).
+	ErrRefused = errors.New("registry address refused")
+	// ErrUnreachable: the registry could not be reached, or it broke off
+	// (DNS, connection, TLS, a reset or cut answer).
+	ErrUnreachable = errors.New("registry unreachable")
+	// ErrBadImage: the registry answered with something that is not a
+	// valid image (a manifest, index, config or layer that does not
+	// parse or match its digest), or with an unexpected HTTP status.
+	ErrBadImage = errors.New("bad image manifest")
 )
+
+// Detail returns what lies under one of FromImage's classified errors (a
+// registry's own answer, a network error), for the operator's log: its
+// Error text is written for users and never holds what a registry sent.
+// nil if err is not one.
+func Detail(err error) error {
+	var ue *userError
+	if errors.As(err, &ue) {
+		return ue.err
+	}
+	return nil
+}
 
 // Options tune FromImage. The zero value is usable.
 type Options struct {
@@ -59,6 +81,12 @@ type Options struct {
 	// 2/5 (12.3 MiB)", "making ext4 (256 MiB)"). Called from FromImage's
 	// goroutine only.
 	Progress func(string)
+	// Pull, if set, is how registries are reached: only public addresses
+	// (and its allow-lists), with its credentials (none by default). A
+	// server pulling the images its users name must set it. nil: the
+	// operator's own pull (panda rootfs build): any address, credentials
+	// from the Docker config.
+	Pull *Pull
 }
 
 // Config is what the image says about running it: the template's defaults
@@ -78,11 +106,14 @@ type Config struct {
 // returns the image's config.
 //
 // src is a registry reference ("registry:5000/repo:tag", "name@sha256:...",
-// optionally prefixed "docker://"; credentials from the Docker config via
-// authn.DefaultKeychain, else anonymous), "oci:DIR" or a directory holding
+// optionally prefixed "docker://"; reached as opts.Pull says, or else with
+// credentials from the Docker config via authn.DefaultKeychain, else
+// anonymous), "oci:DIR" or a directory holding
 // an OCI layout (index.json), or "docker-archive:FILE" or a ".tar" file made
 // by `docker save` (one image in it). A multi-platform index yields its
-// linux/amd64 image.
+// linux/amd64 image. A registry's failures are reported by class
+// (ErrRefused, ErrUnreachable, ErrDenied, ErrNotFound, ErrBadImage), with
+// messages that never hold what the registry sent (Detail has it).
 //
 // The image is written to a temporary file next to out and renamed over out
 // at the end; on any error out is untouched and no temporary file or
@@ -104,7 +135,7 @@ func FromImage(ctx context.Context, src string, out string, opts Options) (Confi
 	if err != nil {
 		return Config{}, err
 	}
-	cfg, err := img.config()
+	cfg, err := img.config(ctx)
 	if err != nil {
 		return Config{}, err
 	}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -32,6 +35,8 @@ type source struct {
 	src    string // as the user gave it
 	img    v1.Image
 	remote bool // layers come over the network ("pulling", not "reading")
+	// creds ends the hint of a registry's refusal (remoteError).
+	creds string
 }
 
 // unsupported names the transports of skopeo-style references that FromImage
@@ -87,44 +92,62 @@ func openRemote(ctx context.Context, src, refStr string, opts Options) (*source,
 	if err != nil {
 		return nil, errorf(ErrInvalid, err, "bad image reference %q: %v", refStr, err)
 	}
-	desc, err := remote.Get(ref,
-		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(authn.DefaultKeychain),
-		remote.WithUserAgent("pandastack"),
-	)
+	ropts := []remote.Option{remote.WithContext(ctx), remote.WithUserAgent("pandastack")}
+	creds := "credentials (docker login)"
+	if opts.Pull != nil {
+		ropts = append(ropts, opts.Pull.options()...)
+		if opts.Pull.Keychain == nil {
+			creds = "credentials, and pulls here are anonymous"
+		}
+	} else {
+		ropts = append(ropts, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	}
+	fail := func(err error) error { return remoteError(ctx, src, creds, err) }
+	desc, err := remote.Get(ref, ropts...)
 	if err != nil {
-		return nil, remoteError(ctx, src, err)
+		return nil, fail(err)
 	}
 	var img v1.Image
 	switch {
 	case desc.MediaType.IsIndex():
 		idx, err := desc.ImageIndex()
 		if err != nil {
-			return nil, remoteError(ctx, src, err)
+			return nil, fail(err)
 		}
 		img, err = pick(src, idx)
 		if err != nil {
-			return nil, err
+			return nil, fail(err)
 		}
 	case desc.MediaType.IsImage():
 		img, err = desc.Image()
 		if err != nil {
-			return nil, remoteError(ctx, src, err)
+			return nil, fail(err)
 		}
 		if err := checkPlatform(src, img); err != nil {
-			return nil, err
+			return nil, fail(err)
 		}
 	default:
-		return nil, errorf(ErrInvalid, nil, "%s is not a container image (media type %s)", src, desc.MediaType)
+		// Its media type only in the detail: the registry's words.
+		return nil, errorf(ErrBadImage, fmt.Errorf("media type %.100q", desc.MediaType), "image %s: bad manifest: the registry's answer is not a container image", src)
 	}
-	return &source{src: src, img: img, remote: true}, nil
+	return &source{src: src, img: img, remote: true, creds: creds}, nil
 }
 
-// remoteError turns a registry's answer into an error class and a message
-// naming the reference.
-func remoteError(ctx context.Context, src string, err error) error {
+// remoteError turns the failure of a request to a registry into an error
+// of one class with a message naming the reference (the user's words) and
+// nothing the registry sent: no body, no error text of its own, not even
+// a header. userErrors (ours) are kept. creds ends the hint of a refusal
+// ("...it needs <creds>").
+func remoteError(ctx context.Context, src, creds string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	var ue *userError
+	if errors.As(err, &ue) {
+		return err
+	}
+	if re, ok := errorsAsRefused(err); ok {
+		return errorf(ErrRefused, err, "image %s: refused: its registry is at %s; this server pulls only from public addresses, unless its operator allows more (registry_allow_nets, registry_allow_hosts)", src, re.Class)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {
@@ -132,18 +155,31 @@ func remoteError(ctx context.Context, src string, err error) error {
 		case http.StatusNotFound:
 			return errorf(ErrNotFound, err, "image %s not found in its registry", src)
 		case http.StatusUnauthorized, http.StatusForbidden:
-			return errorf(ErrDenied, err, "the registry refused access to %s (HTTP %d): the image may not exist, or it needs credentials (docker login)", src, te.StatusCode)
+			return errorf(ErrDenied, err, "image %s: unauthorized: the registry refused access (HTTP %d): the image may not exist, or it needs %s", src, te.StatusCode, creds)
 		}
 		for _, d := range te.Errors {
 			switch d.Code {
 			case transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode, transport.BlobUnknownErrorCode:
 				return errorf(ErrNotFound, err, "image %s not found in its registry", src)
 			case transport.UnauthorizedErrorCode, transport.DeniedErrorCode:
-				return errorf(ErrDenied, err, "the registry refused access to %s: the image may not exist, or it needs credentials (docker login)", src)
+				return errorf(ErrDenied, err, "image %s: unauthorized: the registry refused access: the image may not exist, or it needs %s", src, creds)
 			}
 		}
+		if te.StatusCode >= 500 {
+			return errorf(ErrUnreachable, err, "image %s: registry unreachable: it answered HTTP %d", src, te.StatusCode)
+		}
+		return errorf(ErrBadImage, err, "image %s: bad manifest: the registry answered HTTP %d", src, te.StatusCode)
 	}
-	return fmt.Errorf("fetch image %s: %w", src, err)
+	var ue2 *url.Error
+	var oe *net.OpError
+	var de *net.DNSError
+	switch {
+	case errors.As(err, &de):
+		return errorf(ErrUnreachable, err, "image %s: registry unreachable: its name does not resolve", src)
+	case errors.As(err, &ue2), errors.As(err, &oe), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		return errorf(ErrUnreachable, err, "image %s: registry unreachable", src)
+	}
+	return errorf(ErrBadImage, err, "image %s: bad manifest: the registry's answer is not a valid image", src)
 }
 
 func openLayout(src, dir string) (*source, error) {
@@ -267,14 +303,14 @@ func platformOf(cf *v1.ConfigFile) string {
 }
 
 // config is the image's run settings.
-func (s *source) config() (Config, error) {
+func (s *source) config(ctx context.Context) (Config, error) {
 	cf, err := s.img.ConfigFile()
 	if err != nil {
-		return Config{}, fmt.Errorf("read the config of %s: %w", s.src, err)
+		return Config{}, s.fail(ctx, fmt.Errorf("read the config of %s: %w", s.src, err))
 	}
 	d, err := s.img.Digest()
 	if err != nil {
-		return Config{}, fmt.Errorf("digest of %s: %w", s.src, err)
+		return Config{}, s.fail(ctx, fmt.Errorf("digest of %s: %w", s.src, err))
 	}
 	return Config{
 		Digest:     d.String(),
@@ -333,10 +369,17 @@ func (s *source) layerError(ctx context.Context, what string, err error) error {
 		return errorf(ue.class, err, "image %s, %s: %s", s.src, what, ue.msg)
 	}
 	if s.remote {
-		var te *transport.Error
-		if errors.As(err, &te) {
-			return remoteError(ctx, s.src, err)
-		}
+		// What came over the network: by class, never its text.
+		return remoteError(ctx, s.src, s.creds, err)
 	}
 	return fmt.Errorf("image %s, %s: %w", s.src, what, err)
+}
+
+// fail is err as remoteError says for an image from a registry, as it is
+// for others.
+func (s *source) fail(ctx context.Context, err error) error {
+	if s.remote {
+		return remoteError(ctx, s.src, s.creds, err)
+	}
+	return err
 }

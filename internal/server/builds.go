@@ -34,7 +34,11 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 	for _, f := range old {
 		os.Remove(f)
 	}
-	convert := imageConverter(cfg.TemplateMaxSizeMiB)
+	pull, err := cfg.registryPull()
+	if err != nil {
+		return nil, fmt.Errorf("cannot start template builds: %w", err)
+	}
+	convert := imageConverter(cfg.TemplateMaxSizeMiB, pull, log.With("part", "template-builds"))
 	df, err := dockerfileBuilder(cfg, host, convert, log)
 	if err != nil {
 		return nil, err
@@ -43,7 +47,10 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 		Store:   host.Templates(),
 		Convert: convert,
 		Dockerfile: func(ctx context.Context, spec tmplbuild.Spec, out string, progress func(string)) (tmplbuild.Result, error) {
-			r, err := df.Build(ctx, spec.Dockerfile, spec.ContextTar, spec.BuildArgs, out, progress)
+			// The cache is the building key's: no other key's build
+			// reuses (or sees as cached) what its steps made.
+			r, err := df.Build(ctx, dockerfile.Request{Dockerfile: spec.Dockerfile, ContextTar: spec.ContextTar,
+				BuildArgs: spec.BuildArgs, Scope: spec.Owner}, out, progress)
 			return tmplbuild.Result(r), err
 		},
 		CheckDockerfile: dockerfile.Check,
@@ -152,17 +159,39 @@ func builtinBase(images template.Images, name, out string, progress func(string)
 	}, nil
 }
 
+// registryPull is how template builds reach registries: public
+// addresses only, but for RegistryAllowNets and RegistryAllowHosts;
+// anonymously.
+func (c Config) registryPull() (*rootfs.Pull, error) {
+	nets, err := rootfs.ParseAllowNets(c.RegistryAllowNets)
+	if err != nil {
+		return nil, fmt.Errorf("registry_allow_nets: %w", err)
+	}
+	for _, h := range c.RegistryAllowHosts {
+		if h == "" || strings.ContainsAny(h, "/ \t@") {
+			return nil, fmt.Errorf("registry_allow_hosts: %q is not a registry host name (registry.example.com or registry.example.com:5000)", h)
+		}
+	}
+	return &rootfs.Pull{AllowNets: nets, AllowHosts: c.RegistryAllowHosts}, nil
+}
+
 // imageConverter adapts rootfs.FromImage to tmplbuild.Convert. Sources
 // are registry references only (the API refuses the others, which name
-// the host's files; the "docker://" prefix makes sure of it). Registry
-// credentials are the server's own (its Docker config), if any.
-func imageConverter(maxSizeMiB int) tmplbuild.Convert {
+// the host's files; the "docker://" prefix makes sure of it), pulled as
+// pull says: public addresses only (unless the operator allowed more),
+// anonymously — never with the server's own Docker credentials. A failed
+// pull's error says what kind of failure it was, never what the registry
+// sent: that is logged.
+func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) tmplbuild.Convert {
 	return func(ctx context.Context, src, out string, progress func(string)) (tmplbuild.Result, error) {
 		ref := src
 		if !strings.HasPrefix(ref, "docker://") {
 			ref = "docker://" + ref
 		}
-		c, err := rootfs.FromImage(ctx, ref, out, rootfs.Options{MaxSizeMiB: maxSizeMiB, Progress: progress})
+		c, err := rootfs.FromImage(ctx, ref, out, rootfs.Options{MaxSizeMiB: maxSizeMiB, Progress: progress, Pull: pull})
+		if d := rootfs.Detail(err); d != nil {
+			log.Info("image pull failed", "from_image", src, "err", err, "detail", d)
+		}
 		if err != nil && ref != src {
 			err = renamed{strings.ReplaceAll(err.Error(), ref, src), err} // as the user wrote it
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pandastack/pandastack/internal/rootfs"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
@@ -58,7 +60,16 @@ func TestImageConverter(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	convert := imageConverter(64)
+	// The registry is on loopback: refused unless the operator allows it.
+	refused := imageConverter(64, &rootfs.Pull{}, slog.New(slog.DiscardHandler))
+	if _, err := refused(context.Background(), host+"/t/hello:1", filepath.Join(t.TempDir(), "x.ext4"), func(string) {}); !errors.Is(err, rootfs.ErrRefused) {
+		t.Errorf("a pull from loopback without an allow-list: %v, want rootfs.ErrRefused", err)
+	}
+	pull, err := Config{RegistryAllowNets: []string{"127.0.0.1"}}.registryPull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	convert := imageConverter(64, pull, slog.New(slog.DiscardHandler))
 	out := filepath.Join(t.TempDir(), "rootfs.ext4")
 	var lines []string
 	res, err := convert(context.Background(), host+"/t/hello:1", out, func(l string) { lines = append(lines, l) })
@@ -74,5 +85,27 @@ func TestImageConverter(t *testing.T) {
 	_, err = convert(context.Background(), host+"/t/nothing:1", filepath.Join(t.TempDir(), "x.ext4"), func(string) {})
 	if !errors.Is(err, tmplbuild.ErrImageNotFound) || strings.Contains(err.Error(), "docker://") {
 		t.Errorf("missing image: %v, want ErrImageNotFound", err)
+	}
+}
+
+// TestRegistryPullConfig: the registry allow-lists are checked when the
+// configuration is.
+func TestRegistryPullConfig(t *testing.T) {
+	for _, tc := range []struct {
+		nets, hosts []string
+		ok          bool
+	}{
+		{nil, nil, true},
+		{[]string{"10.0.0.0/8", "127.0.0.1", "fd00::/8"}, []string{"registry.internal", "registry.internal:5000"}, true},
+		{[]string{"10.0.0.0/33"}, nil, false},
+		{[]string{"registry.internal"}, nil, false},
+		{nil, []string{"https://registry.internal/"}, false},
+		{nil, []string{""}, false},
+	} {
+		c := Defaults()
+		c.RegistryAllowNets, c.RegistryAllowHosts = tc.nets, tc.hosts
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("nets %q, hosts %q: Validate() = %v, want ok %v", tc.nets, tc.hosts, err, tc.ok)
+		}
 	}
 }

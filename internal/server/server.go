@@ -148,6 +148,15 @@ type Config struct {
 	// MaxTemplatesPerKey bounds the templates a key other than an admin
 	// one may own (default 20; -1: no bound).
 	MaxTemplatesPerKey int `yaml:"max_templates_per_key"`
+	// RegistryAllowNets are CIDRs (or addresses) that template builds may
+	// pull images from although they are refused by default (loopback,
+	// link-local, private, shared, multicast, reserved and the host's own
+	// subnets): the operator's own registries. RegistryAllowHosts are
+	// registry names ("registry.internal" or "registry.internal:5000")
+	// whose connections are not checked at all. Pulls are anonymous
+	// either way (rootfs.Pull).
+	RegistryAllowNets  []string `yaml:"registry_allow_nets"`
+	RegistryAllowHosts []string `yaml:"registry_allow_hosts"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -307,6 +316,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxTemplatesPerKey < -1 {
 		return errors.New("max_templates_per_key must be -1 (no bound) or more")
+	}
+	if _, err := c.registryPull(); err != nil {
+		return err
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":

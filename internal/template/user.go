@@ -35,9 +35,17 @@ import (
 // Installing a new version writes its directory completely, then renames a
 // new symlink over NAME: a reader sees the old version or the new one,
 // never a mix of an old rootfs.ext4 and a new config.json. The template's
-// owner (the key that built its first version) and its public flag are
-// those of the latest version's config.json; an install carries them over
-// from the version it follows.
+// owner (the key that built its first version) is the latest version's
+// config.json's; an install carries it over from the version it follows.
+//
+// Publishing is per version (UserRootFS.Published, SetUserPublished): a
+// published version is usable by every key, and an install never
+// publishes the version it makes, so a rebuild of a published template is
+// its owner's alone until it is published in turn. Configs written before
+// that (a "public" flag in the latest version's config.json, meaning every
+// version, later ones too) count as the latest version published and the
+// others not; the first change of the template's versions or flags
+// rewrites them so (settleLegacyPublic).
 //
 // A version number never names two builds: UserDir/.last-NAME keeps the
 // highest version NAME ever had, and removing versions (or the whole
@@ -154,11 +162,12 @@ type UserRootFS struct {
 	Version int `json:"version,omitempty"`
 	// Owner is the id of the API key that built the template's first
 	// version ("" for templates built before owners were recorded: they
-	// belong to admin keys). Public makes it usable and listed for every
-	// key. Both are the template's, read from its latest version; an
-	// install carries them over from the version it follows.
-	Owner  string `json:"owner,omitempty"`
-	Public bool   `json:"public,omitempty"`
+	// belong to admin keys): the template's, read from its latest
+	// version; an install carries it over from the version it follows.
+	Owner string `json:"owner,omitempty"`
+	// Published makes this version, and only it, usable and listed for
+	// every key (SetUserPublished). An install never sets it.
+	Published bool `json:"published,omitempty"`
 	// Copy marks a version a fleet's registry numbered (built for it, or
 	// fetched from the object store): one whose set is gone from the
 	// store was deleted (see agent.SweepUserCopies).
@@ -292,14 +301,31 @@ func (s *Store) versionDirs(name string) []versionDirEnt {
 // readUserConfig reads dir's config.json, Version defaulted to 1 and
 // DiskBytes measured.
 func readUserConfig(dir string) (UserRootFS, error) {
+	u, _, err := readUserConfigLegacy(dir)
+	return u, err
+}
+
+// legacyConfig is what a config.json written before versions were
+// published one by one may hold besides a UserRootFS.
+type legacyConfig struct {
+	// Public: the template was published, every version of it. Only the
+	// latest version's counts (installs copied it into every version).
+	Public bool `json:"public"`
+}
+
+// readUserConfigLegacy is readUserConfig that also returns the config's
+// legacy public flag.
+func readUserConfigLegacy(dir string) (UserRootFS, bool, error) {
 	var u UserRootFS
 	b, err := os.ReadFile(filepath.Join(dir, userConfigFile))
 	if err != nil {
-		return u, err
+		return u, false, err
 	}
+	var lc legacyConfig
 	if err := json.Unmarshal(b, &u); err != nil {
-		return u, err
+		return u, false, err
 	}
+	json.Unmarshal(b, &lc) // cannot fail where the above did not
 	if u.Version == 0 {
 		u.Version = 1
 	}
@@ -307,7 +333,15 @@ func readUserConfig(dir string) (UserRootFS, error) {
 	if unix.Stat(filepath.Join(dir, "rootfs.ext4"), &st) == nil {
 		u.DiskBytes = st.Blocks * 512
 	}
-	return u, nil
+	return u, lc.Public, nil
+}
+
+// readLatest reads user template name's latest version (through its
+// link), a legacy public flag making it published.
+func (s *Store) readLatest(name string) (UserRootFS, error) {
+	u, legacy, err := readUserConfigLegacy(filepath.Join(s.cfg.UserDir, name))
+	u.Published = u.Published || legacy
+	return u, err
 }
 
 func fileExists(p string) bool {
@@ -333,15 +367,15 @@ func (s *Store) userNames() []string {
 
 // UserRootFS returns the description of user root filesystem ref: its
 // latest version ("NAME") or the version ref pins ("NAME:N"); ErrNotFound
-// if there is none. Owner and Public are the template's (its latest
-// version's) either way.
+// if there is none. Owner is the template's (its latest version's) either
+// way; Published the version's own.
 func (s *Store) UserRootFS(ref string) (UserRootFS, error) {
 	var u UserRootFS
 	name, v, err := SplitRef(ref)
 	if err != nil || s.cfg.UserDir == "" || s.IsBuiltin(name) {
 		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
 	}
-	latest, err := readUserConfig(filepath.Join(s.cfg.UserDir, name))
+	latest, err := s.readLatest(name)
 	if errors.Is(err, os.ErrNotExist) {
 		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
 	}
@@ -359,12 +393,13 @@ func (s *Store) UserRootFS(ref string) (UserRootFS, error) {
 	if err != nil {
 		return u, fmt.Errorf("read user template %s: %w", ref, err)
 	}
-	u.Owner, u.Public = latest.Owner, latest.Public
+	u.Owner = latest.Owner
 	return u, nil
 }
 
 // UserVersions lists the versions of user template name, oldest first
-// (ErrNotFound if there is none). Owner and Public are the template's.
+// (ErrNotFound if there is none). Owner is the template's; Published each
+// version's own.
 func (s *Store) UserVersions(name string) ([]UserRootFS, error) {
 	latest, err := s.UserRootFS(name)
 	if err != nil {
@@ -375,7 +410,10 @@ func (s *Store) UserVersions(name string) ([]UserRootFS, error) {
 		if d.u.Version > latest.Version {
 			continue // an install interrupted before its link
 		}
-		d.u.Owner, d.u.Public = latest.Owner, latest.Public
+		if d.u.Version == latest.Version {
+			d.u = latest // its legacy flag counted
+		}
+		d.u.Owner = latest.Owner
 		out = append(out, d.u)
 	}
 	if len(out) == 0 || out[len(out)-1].Version != latest.Version {
@@ -424,9 +462,10 @@ func (s *Store) StageUserRootFS(name string) (string, error) {
 // InstallUserRootFS makes dir (from StageUserRootFS, holding rootfs.ext4)
 // the latest version of user root filesystem u.Name, atomically: version
 // one more than the highest installed (or u.Version if set, which must be
-// higher: ErrConflict), with the Owner and Public of the version it
-// follows (u's own when it is the first). The versions before
-// it are kept. Callers serialize installs and removals of one name.
+// higher: ErrConflict), with the Owner of the version it follows (u's own
+// when it is the first), not published (whatever u says). The versions
+// before it are kept, published or not. Callers serialize installs and
+// removals of one name.
 func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
 	_, err := s.installUser(dir, u)
 	return err
@@ -510,10 +549,14 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 	if old == filepath.Base(dir) {
 		return "", fmt.Errorf("install user template %s: %s is installed already", u.Name, dir)
 	}
+	// Before the link moves: a legacy flag is the latest version's.
+	if err := s.settleLegacyPublic(u.Name); err != nil {
+		return "", fmt.Errorf("install user template %s: %w", u.Name, err)
+	}
 	want := u.Version
-	u.Version = 1
+	u.Version, u.Published = 1, false
 	if prev, err := readUserConfig(filepath.Join(s.cfg.UserDir, u.Name)); err == nil {
-		u.Version, u.Owner, u.Public = prev.Version+1, prev.Owner, prev.Public
+		u.Version, u.Owner = prev.Version+1, prev.Owner
 	} else {
 		old = "" // a dangling link: nothing to carry over or go back to
 	}
@@ -641,39 +684,112 @@ func (s *Store) setLastVersion(name string, v int, lower bool) error {
 	return syncPath(s.cfg.UserDir)
 }
 
-// SetUserPublic sets user template name's public flag (ErrNotFound if
-// there is none).
-func (s *Store) SetUserPublic(name string, public bool) error {
+// SetUserPublished publishes (or withdraws) versions of user template
+// ref: "NAME:N" version N alone; "NAME" its latest version when
+// publishing, every version when withdrawing. Other versions keep their
+// flags. ErrNotFound if there is no such template or version.
+func (s *Store) SetUserPublished(ref string, published bool) error {
+	name, v, err := SplitRef(ref)
+	if err != nil || s.cfg.UserDir == "" || s.IsBuiltin(name) {
+		return fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
+	}
 	s.userMu.Lock()
 	defer s.userMu.Unlock()
-	if _, _, err := SplitRef(name); err != nil || strings.Contains(name, ":") {
+	if err := s.settleLegacyPublic(name); err != nil {
+		return fmt.Errorf("publish user template %s: %w", ref, err)
+	}
+	latest, err := s.readLatest(name)
+	if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("%w: no user template %q", ErrNotFound, name)
 	}
-	u, err := s.UserRootFS(name)
+	if err != nil {
+		return fmt.Errorf("read user template %s: %w", name, err)
+	}
+	var dirs []string // the version directories to change
+	switch {
+	case v == 0 && published, v == latest.Version:
+		target, err := os.Readlink(filepath.Join(s.cfg.UserDir, name))
+		if err != nil {
+			return fmt.Errorf("publish user template %s: %w", ref, err)
+		}
+		dirs = []string{filepath.Join(s.cfg.UserDir, target)}
+	case v == 0:
+		for _, d := range s.versionDirs(name) {
+			if d.u.Version <= latest.Version {
+				dirs = append(dirs, d.dir)
+			}
+		}
+	default:
+		dir := s.versionDir(name, v)
+		if dir == "" || v > latest.Version {
+			return fmt.Errorf("%w: template %s has no version %d", ErrNotFound, name, v)
+		}
+		dirs = []string{dir}
+	}
+	for _, dir := range dirs {
+		u, err := readUserConfig(dir)
+		if err != nil {
+			return fmt.Errorf("publish user template %s: %w", ref, err)
+		}
+		if u.Published == published {
+			continue
+		}
+		u.Published = published
+		if err := rewriteConfig(dir, u); err != nil {
+			return fmt.Errorf("publish user template %s: %w", ref, err)
+		}
+	}
+	return nil
+}
+
+// settleLegacyPublic rewrites the configs of user template name that hold
+// a legacy public flag (legacyConfig): the latest version's as published,
+// the others' without it (installs had copied it into them). Called with
+// userMu held, before anything changes which version is the latest or
+// which are published.
+func (s *Store) settleLegacyPublic(name string) error {
+	target, err := os.Readlink(filepath.Join(s.cfg.UserDir, name))
+	if err != nil {
+		return nil // no template: nothing to settle
+	}
+	if _, legacy, err := readUserConfigLegacy(filepath.Join(s.cfg.UserDir, target)); err != nil || !legacy {
+		return nil // settled already (or unreadable: the caller finds out)
+	}
+	// The others first: a crash midway leaves the latest's flag to redo it.
+	for _, d := range s.versionDirs(name) {
+		if filepath.Base(d.dir) == target {
+			continue
+		}
+		if _, legacy, err := readUserConfigLegacy(d.dir); err == nil && legacy {
+			if err := rewriteConfig(d.dir, d.u); err != nil {
+				return err
+			}
+		}
+	}
+	dir := filepath.Join(s.cfg.UserDir, target)
+	u, err := readUserConfig(dir)
 	if err != nil {
 		return err
 	}
-	if u.Public == public {
-		return nil
-	}
-	u.Public = public
-	target, err := os.Readlink(filepath.Join(s.cfg.UserDir, name))
-	if err != nil {
-		return fmt.Errorf("publish user template %s: %w", name, err)
-	}
-	dir := filepath.Join(s.cfg.UserDir, target)
+	u.Published = true
+	return rewriteConfig(dir, u)
+}
+
+// rewriteConfig replaces version directory dir's config.json with u,
+// atomically (legacy fields dropped).
+func rewriteConfig(dir string, u UserRootFS) error {
+	u.DiskBytes = 0
 	b, _ := json.MarshalIndent(u, "", "  ")
 	tmp := filepath.Join(dir, userConfigFile+".tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("publish user template %s: %w", name, err)
+		return err
 	}
 	syncPath(tmp)
 	if err := os.Rename(tmp, filepath.Join(dir, userConfigFile)); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("publish user template %s: %w", name, err)
+		return err
 	}
-	syncPath(dir)
-	return nil
+	return syncPath(dir)
 }
 
 // RemoveUserRootFS removes every version of user root filesystem name and

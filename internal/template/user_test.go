@@ -243,25 +243,67 @@ func TestUserOwnerAndPublic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	published := func(name string) []int {
+		t.Helper()
+		vs, err := st.UserVersions(name)
+		if err != nil {
+			t.Fatalf("UserVersions(%s): %v", name, err)
+		}
+		var out []int
+		for _, u := range vs {
+			if u.Published {
+				out = append(out, u.Version)
+			}
+		}
+		return out
+	}
 	stage("app", "key-a")
-	if err := st.SetUserPublic("app", true); err != nil {
+	if got := published("app"); len(got) != 0 {
+		t.Errorf("a new template's published versions: %v, want none", got)
+	}
+	if err := st.SetUserPublished("app", true); err != nil {
 		t.Fatal(err)
 	}
-	stage("app", "key-admin") // a rebuild keeps the owner and the flag
-	for _, ref := range []string{"app", "app:1", "app:2"} {
-		u, err := st.UserRootFS(ref)
-		if err != nil || u.Owner != "key-a" || !u.Public {
-			t.Errorf("%s = owner %q public %v, %v; want key-a, public", ref, u.Owner, u.Public, err)
+	// A rebuild keeps the owner, and is not published: publishing
+	// granted version 1, not what the owner builds next.
+	stage("app", "key-admin")
+	for _, tc := range []struct {
+		ref       string
+		published bool
+	}{{"app", false}, {"app:1", true}, {"app:2", false}} {
+		u, err := st.UserRootFS(tc.ref)
+		if err != nil || u.Owner != "key-a" || u.Published != tc.published {
+			t.Errorf("%s = owner %q published %v, %v; want key-a, published %v", tc.ref, u.Owner, u.Published, err, tc.published)
 		}
 	}
-	if err := st.SetUserPublic("app", false); err != nil {
+	if got := published("app"); fmt.Sprint(got) != "[1]" {
+		t.Errorf("published versions after the rebuild: %v, want [1]", got)
+	}
+	// NAME publishes the latest; NAME:N that version; the others keep theirs.
+	if err := st.SetUserPublished("app", true); err != nil {
 		t.Fatal(err)
 	}
-	if u, _ := st.UserRootFS("app:1"); u.Public {
-		t.Errorf("app:1 still public after unpublishing the template")
+	stage("app", "key-a")
+	if err := st.SetUserPublished("app:3", true); err != nil {
+		t.Fatal(err)
 	}
-	if err := st.SetUserPublic("nope", true); !errors.Is(err, ErrNotFound) {
-		t.Errorf("publishing a missing template: %v", err)
+	if err := st.SetUserPublished("app:2", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := published("app"); fmt.Sprint(got) != "[1 3]" {
+		t.Errorf("published versions: %v, want [1 3]", got)
+	}
+	// Withdrawing NAME withdraws every version.
+	if err := st.SetUserPublished("app", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := published("app"); len(got) != 0 {
+		t.Errorf("published versions after withdrawing the template: %v, want none", got)
+	}
+	for _, ref := range []string{"nope", "app:9", "tiny", "Bad"} {
+		if err := st.SetUserPublished(ref, true); !errors.Is(err, ErrNotFound) {
+			t.Errorf("publishing %s: %v, want ErrNotFound", ref, err)
+		}
 	}
 
 	// A config written before versions and owners: version 1, no owner.
@@ -277,6 +319,58 @@ func TestUserOwnerAndPublic(t *testing.T) {
 	if u, err := st.UserRootFS("old:1"); err != nil || u.Version != 1 {
 		t.Errorf("legacy template old:1 = %+v, %v", u, err)
 	}
+}
+
+// TestUserLegacyPublic: a template published before versions were
+// published one by one (a "public" flag in its configs, copied into every
+// version by the installs) counts as its latest version published; the
+// next rebuild is not, and the flag is rewritten away.
+func TestUserLegacyPublic(t *testing.T) {
+	st := fakeStore(t)
+	installUser(t, st, "app", "one")
+	installUser(t, st, "app", "two")
+	// As the code before wrote them: public in both, the older a copy.
+	for _, d := range st.versionDirs("app") {
+		b, err := os.ReadFile(filepath.Join(d.dir, userConfigFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		json.Unmarshal(b, &m)
+		m["public"] = true
+		b, _ = json.Marshal(m)
+		if err := os.WriteFile(filepath.Join(d.dir, userConfigFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, want map[int]bool) {
+		t.Helper()
+		vs, err := st.UserVersions("app")
+		if err != nil || len(vs) != len(want) {
+			t.Fatalf("%s: versions %+v, %v", when, vs, err)
+		}
+		for _, u := range vs {
+			if u.Published != want[u.Version] {
+				t.Errorf("%s: app:%d published %v, want %v", when, u.Version, u.Published, want[u.Version])
+			}
+			if got, _ := st.UserRootFS(Ref("app", u.Version)); got.Published != want[u.Version] {
+				t.Errorf("%s: UserRootFS(app:%d).Published = %v, want %v", when, u.Version, got.Published, want[u.Version])
+			}
+		}
+	}
+	check("before any change", map[int]bool{1: false, 2: true})
+	installUser(t, st, "app", "three")
+	check("after a rebuild", map[int]bool{1: false, 2: true, 3: false})
+	for _, d := range st.versionDirs("app") {
+		if _, legacy, err := readUserConfigLegacy(d.dir); err != nil || legacy {
+			t.Errorf("%s still holds the legacy flag (%v)", d.dir, err)
+		}
+	}
+	// Withdrawn, app:1 must not come back through its copied flag.
+	if err := st.SetUserPublished("app", false); err != nil {
+		t.Fatal(err)
+	}
+	check("after withdrawing", map[int]bool{1: false, 2: false, 3: false})
 }
 
 // fakeBake writes the metadata of a template baked with inputs (no VM).

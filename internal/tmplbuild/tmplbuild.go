@@ -114,7 +114,7 @@ type Store interface {
 	RemoveUserRootFS(name string) error
 	RemoveUserVersion(name string, version int) error
 	RemoveUserCopy(name string, version int) error
-	SetUserPublic(name string, public bool) error
+	SetUserPublished(ref string, published bool) error
 	UserRootFS(ref string) (template.UserRootFS, error)
 	UserRootFSes() ([]template.UserRootFS, error)
 	UserVersions(name string) ([]template.UserRootFS, error)
@@ -266,7 +266,9 @@ type Builder interface {
 	Follow(ctx context.Context, id string, line func(string)) (Status, error)
 	// Remove removes "NAME" (every version) or "NAME:N" (one).
 	Remove(ctx context.Context, ref string) error
-	SetPublic(ctx context.Context, name string, public bool) error
+	// SetPublished publishes or withdraws versions of ref: see
+	// template.Store.SetUserPublished.
+	SetPublished(ctx context.Context, ref string, published bool) error
 	UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error)
 	UserTemplates(ctx context.Context) ([]template.UserRootFS, error)
 	Versions(ctx context.Context, name string) ([]template.UserRootFS, error)
@@ -742,10 +744,10 @@ func (m *Manager) remove(name string, v int) ([]int, error) {
 	return versions, m.cfg.Store.RemoveUserRootFS(name)
 }
 
-// SetPublic publishes (or unpublishes) user template name: see
-// template.Store.SetUserPublic.
-func (m *Manager) SetPublic(_ context.Context, name string, public bool) error {
-	return m.cfg.Store.SetUserPublic(name, public)
+// SetPublished publishes (or withdraws) versions of user template ref:
+// see template.Store.SetUserPublished.
+func (m *Manager) SetPublished(_ context.Context, ref string, published bool) error {
+	return m.cfg.Store.SetUserPublished(ref, published)
 }
 
 // UserTemplate returns user template ref (see template.Store.UserRootFS).

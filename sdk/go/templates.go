@@ -41,12 +41,15 @@ type Template struct {
 	SizeBytes int64     `json:"size_bytes,omitempty"`
 	DiskBytes int64     `json:"disk_bytes,omitempty"`
 	// Version is the version of a user template this entry is (0 for
-	// built-in templates); LatestVersion the one "NAME" means; Versions
-	// all of them, oldest first.
+	// built-in templates); LatestVersion the one "NAME" means for this
+	// key (the latest for its owner and admin keys, the latest published
+	// for other keys); Versions all of them this key may use, oldest
+	// first.
 	Version       int               `json:"version,omitempty"`
 	LatestVersion int               `json:"latest_version,omitempty"`
 	Versions      []TemplateVersion `json:"versions,omitempty"`
-	// Public: every key may use the user template (PublishTemplate).
+	// Public: some version of the user template is published, usable by
+	// every key (PublishTemplate; TemplateVersion.Published says which).
 	// Owner is the id of the key that built it, listed for admin keys
 	// only ("" also for templates built before owners were recorded).
 	Public bool   `json:"public,omitempty"`
@@ -60,7 +63,9 @@ type Template struct {
 
 // TemplateVersion is one version of a user template.
 type TemplateVersion struct {
-	Version   int       `json:"version"`
+	Version int `json:"version"`
+	// Published: every key may use this version (PublishTemplate).
+	Published bool      `json:"published"`
 	BuiltAt   time.Time `json:"built_at"`
 	BuildMS   int64     `json:"build_ms"`
 	SizeBytes int64     `json:"size_bytes"`
@@ -345,9 +350,12 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string, force bool) er
 	return c.doJSON(ctx, http.MethodDelete, path("templates", name), q, nil, nil)
 }
 
-// PublishTemplate makes user template name usable and listed for every
-// key (public true), or private to its owner and admin keys again (false).
-// Admin keys only.
+// PublishTemplate publishes a version of user template name for every key
+// (public true): "NAME" its latest version (as it is now), "NAME:N"
+// version N. Publishing is per version: other keys' "NAME" means the
+// latest published version, and a version built later is its owner's
+// alone until it is published in turn. With public false it withdraws
+// "NAME:N", or every version of "NAME". Admin keys only.
 func (c *Client) PublishTemplate(ctx context.Context, name string, public bool) error {
 	if name == "" {
 		return newError(0, CodeInvalid, "template name is empty")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,7 @@ func Run(t *testing.T, open func(t *testing.T) catalog.Catalog) {
 		{"Snapshots", testSnapshots},
 		{"Hosts", testHosts},
 		{"Templates", testTemplates},
+		{"TemplatePublished", testTemplatePublished},
 		{"TemplateQuotaConcurrent", testTemplateQuotaConcurrent},
 		{"CloseTwice", testCloseTwice},
 	}
@@ -102,6 +104,96 @@ func NewerSchema[C catalog.Catalog](t *testing.T, open func() (C, error), addVer
 	}
 	if !strings.Contains(err.Error(), "9999") {
 		t.Errorf("Open: %v; want it to name the newer version", err)
+	}
+}
+
+// LegacyPublic checks that a template row written before versions were
+// published one by one, whose doc says "public": true (every version,
+// later ones too), reads as its latest version published, and that a
+// version recorded after it is not. insert writes the row of template
+// "old" (owner key_a, versions 1 and 2) with doc as it is.
+func LegacyPublic(t *testing.T, c catalog.Catalog, insert func(doc string) error) {
+	ctx := t.Context()
+	doc := `{"public":true,"last_version":3,"versions":[{"version":1,"info":{"a":1}},{"version":2,"info":{"a":2}}],` +
+		`"builds":[{"id":"b3","host_id":"h1","version":3,"owner":"key_a","created_at":"2025-03-04T05:06:07Z"}]}`
+	if err := insert(doc); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.GetTemplate(ctx, "old")
+	if err != nil || !slices.Equal(got.Published, []int{2}) || got.Owner != "key_a" || got.LastVersion != 3 {
+		t.Fatalf("GetTemplate(old) = %+v, %v; want version 2 published", got, err)
+	}
+	// Build 3 ends: its version is recorded, and is not published.
+	if _, err := c.UpdateTemplate(ctx, "old", func(tp *catalog.Template) error {
+		tp.Builds = nil
+		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: 3, Info: []byte(`{"a":3}`)})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetTemplate(ctx, "old"); err != nil || !slices.Equal(got.Published, []int{2}) || len(got.Versions) != 3 {
+		t.Errorf("GetTemplate(old) after version 3 = %+v, %v; want only version 2 published", got, err)
+	}
+	// Withdrawn, it stays so (the legacy flag is gone with the write).
+	if _, err := c.UpdateTemplate(ctx, "old", func(tp *catalog.Template) error { tp.Published = nil; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetTemplate(ctx, "old"); err != nil || got.Published != nil {
+		t.Errorf("GetTemplate(old) after withdrawing = %+v, %v; want nothing published", got, err)
+	}
+}
+
+// testTemplatePublished: published versions are kept per version, and a
+// removed version is no longer published.
+func testTemplatePublished(t *testing.T, c catalog.Catalog) {
+	ctx := t.Context()
+	createKey(t, c, newKey("key_a", t0))
+	record := func(v int) {
+		t.Helper()
+		if _, err := c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: fmt.Sprint("b", v), Owner: "key_a", CreatedAt: t0}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error {
+			tp.Builds = nil
+			tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: v, Info: []byte(`{}`)})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish := func(vs ...int) {
+		t.Helper()
+		if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Published = vs; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	published := func() []int {
+		t.Helper()
+		tp, err := c.GetTemplate(ctx, "app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp.Published
+	}
+	record(1)
+	publish(1)
+	record(2)
+	if got := published(); !slices.Equal(got, []int{1}) {
+		t.Errorf("published after version 2 was recorded: %v, want [1]", got)
+	}
+	record(3)
+	publish(3, 1)
+	if got := published(); !slices.Equal(got, []int{1, 3}) {
+		t.Errorf("published: %v, want [1 3]", got)
+	}
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Versions = tp.Versions[1:]; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(); !slices.Equal(got, []int{3}) {
+		t.Errorf("published after version 1 was removed: %v, want [3]", got)
+	}
+	if ts, err := c.ListTemplates(ctx); err != nil || len(ts) != 1 || !slices.Equal(ts[0].Published, []int{3}) {
+		t.Errorf("ListTemplates = %+v, %v; want app with version 3 published", ts, err)
 	}
 }
 
@@ -982,7 +1074,7 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 	if err != nil {
 		t.Fatalf("ReserveTemplateBuild: %v", err)
 	}
-	if got.Owner != "key_a" || got.LastVersion != 1 || len(got.Builds) != 1 || got.Builds[0].Version != 1 || got.Public ||
+	if got.Owner != "key_a" || got.LastVersion != 1 || len(got.Builds) != 1 || got.Builds[0].Version != 1 || got.Published != nil ||
 		!got.CreatedAt.Equal(t0.Truncate(time.Microsecond)) || got.CreatedAt.Location() != time.UTC {
 		t.Errorf("ReserveTemplateBuild = %+v", got)
 	}
@@ -1004,17 +1096,18 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 	got, err = c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error {
 		tp.Builds = tp.Builds[1:]
 		tp.Versions = append(tp.Versions, catalog.TemplateVersion{Version: 1, Info: info})
-		tp.Public = true
+		// Version 2 is not built yet: not kept as published.
+		tp.Published = []int{2, 1, 1}
 		return nil
 	})
-	if err != nil || len(got.Versions) != 1 || len(got.Builds) != 1 || !got.Public {
+	if err != nil || len(got.Versions) != 1 || len(got.Builds) != 1 || !slices.Equal(got.Published, []int{1}) {
 		t.Fatalf("UpdateTemplate = %+v, %v", got, err)
 	}
 	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Builds = nil; return nil }); err != nil {
 		t.Fatalf("UpdateTemplate: %v", err)
 	}
 	got, err = c.GetTemplate(ctx, "app")
-	if l, ok := got.Latest(); err != nil || !ok || l.Version != 1 || string(l.Info) != string(info) || !got.Public || got.LastVersion != 2 || got.Builds != nil {
+	if l, ok := got.Latest(); err != nil || !ok || l.Version != 1 || string(l.Info) != string(info) || !slices.Equal(got.Published, []int{1}) || got.LastVersion != 2 || got.Builds != nil {
 		t.Errorf("GetTemplate after the builds = %+v, %v", got, err)
 	}
 	// Another key may build a new version of a template that has one
@@ -1026,7 +1119,7 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 		t.Fatalf("UpdateTemplate: %v", err)
 	}
 	errFn := errors.New("no")
-	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Public = false; return errFn }); err != errFn {
+	if _, err := c.UpdateTemplate(ctx, "app", func(tp *catalog.Template) error { tp.Published = nil; return errFn }); err != errFn {
 		t.Errorf("UpdateTemplate whose fn fails: got %v, want fn's error unwrapped", err)
 	}
 	for what, fn := range map[string]func(*catalog.Template){
@@ -1036,7 +1129,7 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 			t.Errorf("UpdateTemplate that changes the %s succeeded", what)
 		}
 	}
-	if got, _ := c.GetTemplate(ctx, "app"); !got.Public || got.Owner != "key_a" || got.LastVersion != 3 {
+	if got, _ := c.GetTemplate(ctx, "app"); !got.IsPublished(1) || got.Owner != "key_a" || got.LastVersion != 3 {
 		t.Errorf("a failed UpdateTemplate wrote: %+v", got)
 	}
 	if _, err := c.UpdateTemplate(ctx, "nope", func(*catalog.Template) error { return nil }); !errors.Is(err, catalog.ErrNotFound) {
@@ -1071,17 +1164,17 @@ func testTemplates(t *testing.T, c catalog.Catalog) {
 		t.Errorf("ReserveTemplateBuild over the bound: got %v, want ErrQuota", err)
 	}
 	got, err = c.ReserveTemplateBuild(ctx, "app", catalog.TemplateBuild{ID: "b5", Owner: "key_b", CreatedAt: t0.Add(time.Hour)}, 2)
-	if err != nil || got.Owner != "key_b" || got.LastVersion != 4 || got.Builds[0].Version != 4 || got.Public || !got.CreatedAt.Equal(t0.Add(time.Hour).Truncate(time.Microsecond)) {
+	if err != nil || got.Owner != "key_b" || got.LastVersion != 4 || got.Builds[0].Version != 4 || got.Published != nil || !got.CreatedAt.Equal(t0.Add(time.Hour).Truncate(time.Microsecond)) {
 		t.Errorf("ReserveTemplateBuild of a deleted template's name = %+v, %v; want key_b's, version 4, not public", got, err)
 	}
 
 	// Imports: only of names never recorded (not even deleted ones).
-	legacy := catalog.Template{Name: "legacy", Owner: "key_a", Public: true, LastVersion: 5,
+	legacy := catalog.Template{Name: "legacy", Owner: "key_a", Published: []int{5}, LastVersion: 5,
 		Versions: []catalog.TemplateVersion{{Version: 2, Info: []byte(`{"a":1}`)}, {Version: 5, Info: []byte(`{"a":2}`)}}, CreatedAt: t0}
 	if err := c.ImportTemplate(ctx, legacy); err != nil {
 		t.Fatalf("ImportTemplate: %v", err)
 	}
-	if got, err := c.GetTemplate(ctx, "legacy"); err != nil || got.LastVersion != 5 || len(got.Versions) != 2 || !got.Public || got.Owner != "key_a" {
+	if got, err := c.GetTemplate(ctx, "legacy"); err != nil || got.LastVersion != 5 || len(got.Versions) != 2 || !slices.Equal(got.Published, []int{5}) || got.Owner != "key_a" {
 		t.Errorf("GetTemplate(legacy) = %+v, %v", got, err)
 	}
 	if err := c.ImportTemplate(ctx, legacy); !errors.Is(err, catalog.ErrConflict) {

@@ -29,6 +29,7 @@ func TestPostgres(t *testing.T) {
 	})
 	t.Run("Replicas", func(t *testing.T) { testReplicas(t, pgtest.NewDatabase(t, server)) })
 	t.Run("NewerSchema", func(t *testing.T) { testNewerSchema(t, pgtest.NewDatabase(t, server)) })
+	t.Run("LegacyPublic", func(t *testing.T) { testLegacyPublic(t, pgtest.NewDatabase(t, server)) })
 }
 
 // testReplicas opens the same database from several catalogs at once, as
@@ -70,6 +71,23 @@ func testReplicas(t *testing.T, dsn string) {
 	}
 
 	catalogtest.Shared(t, cats)
+}
+
+func testLegacyPublic(t *testing.T, dsn string) {
+	c, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer c.Close()
+	catalogtest.LegacyPublic(t, c, func(doc string) error {
+		conn, err := pgx.Connect(t.Context(), dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(t.Context()))
+		_, err = conn.Exec(t.Context(), `INSERT INTO templates (name, owner, doc, created_at) VALUES ('old', 'key_a', $1, now())`, doc)
+		return err
+	})
 }
 
 func testNewerSchema(t *testing.T, dsn string) {

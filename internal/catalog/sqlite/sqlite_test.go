@@ -66,6 +66,24 @@ func TestTwoCatalogs(t *testing.T) {
 	catalogtest.Shared(t, cats)
 }
 
+func TestLegacyPublic(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "catalog.db")
+	c, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer c.Close()
+	catalogtest.LegacyPublic(t, c, func(doc string) error {
+		db, err := sql.Open("sqlite", path)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.Exec(`INSERT INTO templates (name, owner, doc, created_at) VALUES ('old', 'key_a', ?, '2025-03-04T05:06:07.000000Z')`, doc)
+		return err
+	})
+}
+
 func TestNewerSchema(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "catalog.db")
 	open := func() (*sqlite.Catalog, error) { return sqlite.Open(t.Context(), path) }

@@ -77,6 +77,9 @@ class PandaServer:
             "--accel", self.accel,
             # Sandboxes of tests never reach the machine's uplink.
             "--network", "off",
+            # The template tests' registries listen on loopback, which
+            # builds may pull from only when the operator allows it.
+            "--registry-allow-net", "127.0.0.1",
         ]  # fmt: skip
         env = dict(os.environ)
         for k in ("PANDA_DATA_DIR", "PANDASTACK_API_KEY", "PANDASTACK_API_URL"):

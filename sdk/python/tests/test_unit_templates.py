@@ -441,14 +441,15 @@ class VersionsAndOwnersTest(TemplateStubTest):
             {"name": "app", "state": "not_baked", "version": 2, "latest_version": 2, "public": False,
              "from_image": "r/app:2", "size_bytes": 1048576, "disk_bytes": 4096,
              "versions": [{"version": 1, "from_image": "r/app:1", "size_bytes": 10, "disk_bytes": 4096, "build_ms": 1200,
-                           "built_at": "2025-01-02T03:04:05Z"},
+                           "built_at": "2025-01-02T03:04:05Z", "published": True},
                           {"version": 2, "from_image": "r/app:2", "size_bytes": 1048576, "disk_bytes": 4096, "build_ms": 900,
                            "built_at": "2025-01-03T03:04:05Z"}]},
         ]})
         tiny, app = self.client.list_templates()
         self.assertEqual((tiny.version, tiny.public, tiny.versions, tiny.ref), (None, None, [], "tiny"))
         self.assertEqual((app.version, app.latest_version, app.public, app.ref), (2, 2, False, "app:2"))
-        self.assertEqual([(v.version, v.image, v.build_ms) for v in app.versions], [(1, "r/app:1", 1200), (2, "r/app:2", 900)])
+        self.assertEqual([(v.version, v.image, v.build_ms, v.published) for v in app.versions],
+                         [(1, "r/app:1", 1200, True), (2, "r/app:2", 900, False)])
         self.assertIsInstance(app.versions[0], pandastack.TemplateVersion)
         self.assertIsNotNone(app.versions[0].built_at)
 
@@ -468,6 +469,11 @@ class VersionsAndOwnersTest(TemplateStubTest):
         self.assertEqual(self.stub.last.target, "/v1/templates/app/publish")
         self.client.publish_template("app", public=False)
         self.assertEqual(self.stub.last.target, "/v1/templates/app/unpublish")
+        # One version: NAME:N.
+        self.stub.json_route("POST", "/v1/templates/app%3A2/publish", 200,
+                             {"name": "app", "version": 2, "public": True, "published_versions": [2]})
+        self.client.publish_template("app:2")
+        self.assertEqual(self.stub.last.target, "/v1/templates/app%3A2/publish")
 
     def test_name_taken(self):
         self.stub.json_route("POST", "/v1/templates", 409, {"error": {"code": "conflict", "message": "the template name app is taken; pick another"}})

@@ -157,7 +157,7 @@ export function TemplatesPage({ admin }) {
       <tbody>
         ${tpls.map(
           (t) => html`<tr key=${t.name + t.memory_mib + t.vcpus}>
-            <td><strong>${t.name}</strong>${t.version && html` <span class="muted">v${t.version}${t.public ? ' · public' : ''}</span>`}</td>
+            <td><strong>${t.name}</strong>${t.version && html` <span class="muted">v${t.version}${(t.versions || []).some((v) => v.version === t.version && v.published) ? ' · published' : ''}</span>`}</td>
             <td>${t.memory_mib} MiB, ${t.vcpus} vCPU</td>
             <td><span class=${'badge state-' + t.state}>${t.state}</span>${t.stale_reason && html` <span class="muted">${t.stale_reason}</span>`}</td>
             <td class="hide-narrow mono clip" title=${t.from_image || ''}>${t.from_image || 'built in'}${t.disk_bytes ? html` <span class="muted">(${bytes(t.disk_bytes)})</span>` : ''}</td>

@@ -18,7 +18,11 @@ const templateCols = "name, owner, doc, created_at"
 
 // templateDoc is a template's doc column.
 type templateDoc struct {
+	// Public is the flag of docs written before versions were published
+	// one by one (every version, later ones too): read as the latest
+	// version published, never written.
 	Public      bool                      `json:"public,omitempty"`
+	Published   []int                     `json:"published,omitempty"`
 	LastVersion int                       `json:"last_version"`
 	Versions    []catalog.TemplateVersion `json:"versions,omitempty"`
 	Builds      []catalog.TemplateBuild   `json:"builds,omitempty"`
@@ -33,14 +37,21 @@ func scanTemplate(row scanner) (catalog.Template, error) {
 		if jerr := json.Unmarshal([]byte(doc), &d); jerr != nil {
 			return t, fmt.Errorf("decode template %s: %w", t.Name, jerr)
 		}
-		t.Public, t.LastVersion, t.Versions, t.Builds = d.Public, d.LastVersion, d.Versions, d.Builds
+		t.Published, t.LastVersion, t.Versions, t.Builds = d.Published, d.LastVersion, d.Versions, d.Builds
+		if l, ok := t.Latest(); d.Public && ok && !t.IsPublished(l.Version) {
+			// The version that was the latest when versions came to be
+			// published one by one: a write (a build recorded, a
+			// publish) keeps it so, whatever is built after it.
+			t.Published = append(t.Published, l.Version)
+		}
+		t = normalizeTemplate(t)
 	}
 	return t, err
 }
 
 func encTemplateDoc(t catalog.Template) (string, error) {
 	t = normalizeTemplate(t)
-	b, err := json.Marshal(templateDoc{Public: t.Public, LastVersion: t.LastVersion, Versions: t.Versions, Builds: t.Builds})
+	b, err := json.Marshal(templateDoc{Published: t.Published, LastVersion: t.LastVersion, Versions: t.Versions, Builds: t.Builds})
 	if err != nil {
 		return "", fmt.Errorf("encode template %s: %w", t.Name, err)
 	}
@@ -53,6 +64,15 @@ func normalizeTemplate(t catalog.Template) catalog.Template {
 	if len(t.Versions) == 0 {
 		t.Versions = nil
 	}
+	// Published: ascending, once each, versions of Versions only.
+	var pub []int
+	for _, v := range t.Versions {
+		if slices.Contains(t.Published, v.Version) && !slices.Contains(pub, v.Version) {
+			pub = append(pub, v.Version)
+		}
+	}
+	slices.Sort(pub)
+	t.Published = pub
 	if len(t.Builds) == 0 {
 		t.Builds = nil
 	} else {

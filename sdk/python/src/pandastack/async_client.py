@@ -568,7 +568,7 @@ class AsyncClient(_Settings):
         await self.request("DELETE", "/v1/templates/%s" % quote_segment(name), query={"force": True} if force else None)
 
     async def publish_template(self, name: str, public: bool = True) -> None:
-        """Make user template ``name`` public (or private again); admin keys only."""
+        """Publish (or withdraw) versions of user template ``name``. See :meth:`Client.publish_template`."""
         verb = "publish" if public else "unpublish"
         await self.request("POST", "/v1/templates/%s/%s" % (quote_segment(name), verb))
 

@@ -706,7 +706,14 @@ class Client(_Settings):
         self.request("DELETE", "/v1/templates/%s" % quote_segment(name), query={"force": True} if force else None)
 
     def publish_template(self, name: str, public: bool = True) -> None:
-        """Make user template ``name`` usable and listed for every key (``public=False``: private to its owner again); admin keys only."""
+        """Publish a version of user template ``name`` for every key; admin keys only.
+
+        Publishing is per version: ``"NAME"`` publishes its latest version
+        (as it is now), ``"NAME:N"`` version N. Other keys' ``"NAME"`` then
+        means the latest published version; a version built later is its
+        owner's alone until it is published in turn. ``public=False``
+        withdraws ``"NAME:N"``, or every version of ``"NAME"``.
+        """
         verb = "publish" if public else "unpublish"
         self.request("POST", "/v1/templates/%s/%s" % (quote_segment(name), verb))
 

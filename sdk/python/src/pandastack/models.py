@@ -422,11 +422,14 @@ class Template:
         version: The version of a user template this entry is (each build
             makes one; ``"NAME:3"`` pins version 3 for
             ``Sandbox.create(template=...)``); ``None`` for built-in ones.
-        latest_version: The version ``"NAME"`` means.
-        versions: Every version of a user template, oldest first
-            (:class:`TemplateVersion`).
-        public: Whether every key may use the user template (an admin key
-            publishes it); ``None`` for built-in ones.
+        latest_version: The version ``"NAME"`` means for this key: the
+            latest (for its owner and admin keys) or the latest published
+            (for other keys).
+        versions: Every version of a user template this key may use,
+            oldest first (:class:`TemplateVersion`).
+        public: Whether some version of the user template is published
+            (usable by every key; an admin key publishes versions);
+            ``None`` for built-in ones.
         owner: Id of the key that built it (listed for admin keys only).
         raw: The JSON object as received.
 
@@ -523,6 +526,7 @@ class TemplateVersion:
 
     Attributes:
         version: Its number (from 1).
+        published: Whether every key may use this version.
         built_at: When it was built.
         build_ms: How long its build took.
         size_bytes: Apparent size of its root filesystem.
@@ -538,6 +542,7 @@ class TemplateVersion:
     disk_bytes: Optional[int] = None
     image: Optional[str] = None
     digest: Optional[str] = None
+    published: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TemplateVersion":
@@ -550,6 +555,7 @@ class TemplateVersion:
             disk_bytes=_opt_int(d.get("disk_bytes")),
             image=_opt_str(d.get("from_image")),
             digest=_opt_str(d.get("digest")),
+            published=d.get("published") is True,
         )
 
 
