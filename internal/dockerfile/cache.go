@@ -76,7 +76,7 @@ func (c *layerCache) unpin(key string) {
 // directory so that the rename that publishes it is atomic and a clone
 // into it can be a reflink.
 func (c *layerCache) tempDir() (string, error) {
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return "", fmt.Errorf("build cache: %w", err)
 	}
 	d, err := os.MkdirTemp(c.dir, tmpPrefix)
@@ -94,7 +94,7 @@ func (c *layerCache) commit(tmp, key string, cfg Result) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, configFile), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, configFile), b, 0o600); err != nil {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("build cache: %w", err)
 	}

@@ -19,7 +19,7 @@ func CloneFile(src, dst string) (err error) {
 		return fmt.Errorf("clone %s: %w", src, err)
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("clone to %s: %w", dst, err)
 	}
