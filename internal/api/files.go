@@ -74,9 +74,10 @@ func (s *Server) pathAndGuest(w http.ResponseWriter, r *http.Request) (p string,
 	return p, g, true
 }
 
-// guestFor returns the guest client of the caller's running sandbox.
+// guestFor returns the guest client of the caller's running sandbox
+// (limitGuest's).
 func (s *Server) guestFor(r *http.Request) (host.Guest, error) {
-	sb, err := s.running(r)
+	sb, err := s.guestSandbox(r)
 	if err != nil {
 		return nil, err
 	}
