@@ -53,6 +53,37 @@ func (l *limiter) acquire(sb, k string) (release func(), err error) {
 	}, nil
 }
 
+// perKey counts something each key holds (event streams) and refuses
+// more than max of it (<= 0: unlimited).
+type perKey struct {
+	max int
+
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newPerKey(max int) *perKey { return &perKey{max: max, n: map[string]int{}} }
+
+// take takes one for key k; false when k holds max already.
+func (p *perKey) take(k string) (release func(), ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.max > 0 && p.n[k] >= p.max {
+		return nil, false
+	}
+	p.n[k]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.n[k]--; p.n[k] == 0 {
+				delete(p.n, k)
+			}
+		})
+	}, true
+}
+
 func tooMany(format string, args ...any) *control.Error {
 	return errorf(control.TooManyRequests, format, args...)
 }
