@@ -434,6 +434,7 @@ func (s *Server) routes() http.Handler {
 		r.Post("/keys", s.createKey)
 		r.Get("/keys", s.listKeys)
 		r.Delete("/keys/{keyID}", s.revokeKey)
+		r.Post("/keys/{keyID}/purge", s.purgeKey)
 	})
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
