@@ -8,10 +8,13 @@ package api
 //	dockerfile  the Dockerfile's text (at most 1 MiB); optional if the
 //	            context holds it (at its root as "Dockerfile", or at the
 //	            spec's dockerfile_path)
-//	context     a tar or gzip-compressed tar of the build context
+//	context     a tar or gzip-compressed tar of the build context; after
+//	            the spec part, so that the build is checked before its
+//	            context is received (buildadmit.go)
 //
 // The context is streamed to a file of Config.TemplateContextDir, at most
-// Config.TemplateContextMaxBytes (413 beyond), and handed to the builder
+// Config.TemplateContextMaxBytes (413 beyond) and while the disk keeps
+// tmplbuild.MinFreeBytes free (507), and handed to the builder
 // (tmplbuild.Spec.ContextTar), which removes it; every path that does not
 // hand it over removes it here.
 
@@ -130,12 +133,17 @@ func isMultipart(r *http.Request) bool {
 }
 
 // buildSpecOf reads the build request of r (JSON or multipart) into a
-// tmplbuild.Spec. On success the caller owns spec.ContextTar (if any) and
-// must hand it to the builder or remove it; on error nothing is left.
-func (s *Server) buildSpecOf(r *http.Request) (tmplbuild.Spec, error) {
+// tmplbuild.Spec, calling check with the template's name as soon as it is
+// read: before the context. On success the caller owns spec.ContextTar (if
+// any) and must hand it to the builder or remove it; on error nothing is
+// left.
+func (s *Server) buildSpecOf(r *http.Request, check func(name string) error) (tmplbuild.Spec, error) {
 	if !isMultipart(r) {
 		var req buildSpec
 		if err := decodeJSON(r, &req, false); err != nil {
+			return tmplbuild.Spec{}, err
+		}
+		if err := check(req.Name); err != nil {
 			return tmplbuild.Spec{}, err
 		}
 		if req.DockerfilePath != "" {
@@ -147,7 +155,7 @@ func (s *Server) buildSpecOf(r *http.Request) (tmplbuild.Spec, error) {
 		}
 		return checkBuildSpec(req, df, "")
 	}
-	return s.multipartBuildSpec(r)
+	return s.multipartBuildSpec(r, check)
 }
 
 // checkBuildSpec turns a decoded request into a Spec: exactly one of an
@@ -181,8 +189,9 @@ func checkBuildSpec(req buildSpec, dockerfile []byte, contextTar string) (tmplbu
 }
 
 // multipartBuildSpec reads a multipart build request (see the top of this
-// file). Parts may come in any order, each at most once.
-func (s *Server) multipartBuildSpec(r *http.Request) (spec tmplbuild.Spec, err error) {
+// file). Parts may come in any order, each at most once, but for the
+// context, which must follow the spec: check(name) runs on the spec.
+func (s *Server) multipartBuildSpec(r *http.Request, check func(name string) error) (spec tmplbuild.Spec, err error) {
 	maxContext := s.cfg.TemplateContextMaxBytes
 	// The whole body: the context, the spec and the Dockerfile, and room
 	// for the parts' headers.
@@ -219,6 +228,9 @@ func (s *Server) multipartBuildSpec(r *http.Request) (spec tmplbuild.Spec, err e
 			if err := decodeSpecPart(p, req); err != nil {
 				return tmplbuild.Spec{}, err
 			}
+			if err := check(req.Name); err != nil {
+				return tmplbuild.Spec{}, err
+			}
 		case "dockerfile":
 			if dockerfile != nil {
 				return tmplbuild.Spec{}, badRequest("the dockerfile part is given twice")
@@ -234,6 +246,9 @@ func (s *Server) multipartBuildSpec(r *http.Request) (spec tmplbuild.Spec, err e
 		case "context":
 			if contextTar != "" {
 				return tmplbuild.Spec{}, badRequest("the context part is given twice")
+			}
+			if req == nil {
+				return tmplbuild.Spec{}, badRequest("the context part comes before the spec part: send the spec first, so that the build is checked before its context is uploaded")
 			}
 			if contextTar, err = s.saveContext(p); err != nil {
 				return tmplbuild.Spec{}, err
@@ -292,8 +307,12 @@ func decodeSpecPart(p io.Reader, req *buildSpec) error {
 // multipartError is the answer to an error reading a multipart body.
 func multipartError(err error) error {
 	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
+	var ce *control.Error
+	switch {
+	case errors.As(err, &mbe):
 		return errorf(control.TooLarge, "request body is larger than %d bytes", mbe.Limit)
+	case errors.As(err, &ce):
+		return ce // the key was revoked meanwhile (ctxBody)
 	}
 	return badRequest("read multipart body: %v", err)
 }
@@ -320,11 +339,17 @@ func (s *Server) saveContext(p io.Reader) (string, error) {
 		}
 	}()
 	max := s.cfg.TemplateContextMaxBytes
-	n, err := io.Copy(f, io.LimitReader(p, max+1))
+	n, err := io.Copy(&spaceWriter{w: f, dir: dir}, io.LimitReader(p, max+1))
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) || n > max {
+		var ce *control.Error
+		switch {
+		case errors.As(err, &mbe) || n > max:
 			return "", contextTooLarge(max)
+		case errors.Is(err, tmplbuild.ErrNoSpace):
+			return "", err
+		case errors.As(err, &ce):
+			return "", ce // the key was revoked meanwhile (ctxBody)
 		}
 		return "", badRequest("read the context part: %v", err)
 	}

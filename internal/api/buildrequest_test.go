@@ -147,7 +147,8 @@ func TestTemplateBuildDockerfileRequestRefused(t *testing.T) {
 		{"both image and dockerfile", []part{{"spec", `{"name":"app","from_image":"r.example/app:1"}`}, {"dockerfile", "FROM alpine\n"}}, 400, "not both"},
 		{"image and context", []part{{"spec", `{"name":"app","from_image":"r.example/app:1"}`}, {"context", ctxTar}}, 400, "takes none"},
 		{"neither", []part{{"spec", spec}}, 400, "nothing to build from"},
-		{"no spec", []part{{"dockerfile", "FROM alpine\n"}, {"context", ctxTar}}, 400, "spec part is missing"},
+		{"no spec", []part{{"dockerfile", "FROM alpine\n"}}, 400, "spec part is missing"},
+		{"context before spec", []part{{"dockerfile", "FROM alpine\n"}, {"context", ctxTar}, {"spec", spec}}, 400, "comes before the spec part"},
 		{"bad JSON in spec", []part{{"spec", `{"name":"app",`}, {"dockerfile", "FROM alpine\n"}, {"context", ctxTar}}, 400, "malformed JSON in the spec part"},
 		{"unknown field in spec", []part{{"spec", `{"name":"app","extra":1}`}, {"dockerfile", "FROM alpine\n"}}, 400, "malformed JSON"},
 		{"dockerfile in spec", []part{{"spec", `{"name":"app","dockerfile":"FROM alpine"}`}, {"context", ctxTar}}, 400, "dockerfile part"},
@@ -236,9 +237,9 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			name: "multipart with every part",
 			body: func() (io.Reader, string) {
 				return multipartBody(t,
-					part{"context", ctxGz}, // the context may come first
 					part{"spec", `{"name":"app","build_args":{"VERSION":"1.2","_X":""},"start_cmd":"exec srv","ready_cmd":"true","ready_timeout_seconds":30}`},
-					part{"dockerfile", "FROM alpine:3.20\nARG VERSION\n"})
+					part{"context", ctxGz},
+					part{"dockerfile", "FROM alpine:3.20\nARG VERSION\n"}) // the Dockerfile may come last
 			},
 			want: tmplbuild.Spec{Name: "app", Dockerfile: []byte("FROM alpine:3.20\nARG VERSION\n"),
 				BuildArgs: map[string]string{"VERSION": "1.2", "_X": ""},

@@ -36,11 +36,13 @@ type buildServer struct {
 	store            *template.Store
 	dir              string
 	builds           *tmplbuild.Manager
+	srv              *api.Server
 	convert          tmplbuild.Convert
 	hs               *httptest.Server
-	srv              *api.Server
 	maxTemplates     int
 	set              func(*tmplbuild.Config, *api.Config)
+	// wrap, if set, wraps the API's handler.
+	wrap func(http.Handler) http.Handler
 }
 
 func newBuildServer(t *testing.T) *buildServer { return newBuildServerLimit(t, 0) }
@@ -58,6 +60,13 @@ func newBuildServerWith(t *testing.T, set func(*tmplbuild.Config, *api.Config)) 
 }
 
 func newBuildServerOpts(t *testing.T, maxTemplates int, set func(*tmplbuild.Config, *api.Config)) *buildServer {
+	t.Helper()
+	return newBuildServerWrapped(t, maxTemplates, set, nil)
+}
+
+// newBuildServerWrapped is newBuildServerOpts whose API handler is wrapped
+// by wrap (if set).
+func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*tmplbuild.Config, *api.Config), wrap func(http.Handler) http.Handler) *buildServer {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -94,7 +103,7 @@ func newBuildServerOpts(t *testing.T, maxTemplates int, set func(*tmplbuild.Conf
 		t.Fatal(err)
 	}
 	b := &buildServer{admin: admin, adminID: adminKey.ID, user: user, userID: userKey.ID, cat: cat, store: store,
-		dir: dir, convert: convert, maxTemplates: maxTemplates, set: set}
+		dir: dir, convert: convert, maxTemplates: maxTemplates, set: set, wrap: wrap}
 	b.start(t)
 	return b
 }
@@ -117,7 +126,11 @@ func (b *buildServer) start(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv.Handler())
+	h := srv.Handler()
+	if b.wrap != nil {
+		h = b.wrap(h)
+	}
+	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
 	b.builds, b.hs, b.url, b.srv = builds, hs, hs.URL, srv
 }

@@ -29,6 +29,10 @@ type eventJSON struct {
 	StopReason string `json:"stop_reason,omitempty"`
 }
 
+// DefaultMaxEventStreamsPerKey is Config.MaxEventStreamsPerKey's
+// default.
+const DefaultMaxEventStreamsPerKey = 8
+
 // eventWriteTimeout bounds one write of an event stream: a client that
 // stopped reading is cut off instead of holding its handler forever.
 const eventWriteTimeout = 30 * time.Second
@@ -37,9 +41,16 @@ const eventWriteTimeout = 30 * time.Second
 // as NDJSON until the client goes away, the key is revoked, the server
 // shuts down or the client falls behind ({"type":"overflow"}, then the
 // end). The first line, "hello", is sent once the subscription is in
-// place: a client that lists after it misses nothing.
+// place: a client that lists after it misses nothing. A key has at most
+// Config.MaxEventStreamsPerKey streams open at once (429 beyond).
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	key := callerOf(r).Key
+	release, ok := s.streams.take(key.ID)
+	if !ok {
+		s.writeError(w, r, tooMany("this API key has %d event streams open, the most allowed at once; close one first", s.cfg.MaxEventStreamsPerKey))
+		return
+	}
+	defer release()
 	sub, seq, err := s.events.Subscribe(key.ID, s.cfg.EventBuffer)
 	if err != nil {
 		s.writeError(w, r, errorf(control.Unavailable, "the server is shutting down"))

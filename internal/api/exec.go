@@ -65,7 +65,7 @@ func (req *execRequest) toGuest() (guestproto.ExecRequest, error) {
 }
 
 // startExec validates the request and starts the process in the caller's
-// running sandbox, recorded in its command history. The process dies if
+// running sandbox (limitGuest's), recorded in its command history. The process dies if
 // ctx ends. The caller calls done with its Wait's outcome.
 func (s *Server) startExec(ctx context.Context, r *http.Request) (p host.Process, done func(guestproto.ExecResult, error), err error) {
 	var req execRequest
@@ -76,7 +76,7 @@ func (s *Server) startExec(ctx context.Context, r *http.Request) (p host.Process
 	if err != nil {
 		return nil, nil, err
 	}
-	sb, err := s.running(r)
+	sb, err := s.guestSandbox(r)
 	if err != nil {
 		return nil, nil, err
 	}

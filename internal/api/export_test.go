@@ -14,3 +14,10 @@ func (s *Server) EventSubscribers() int { return s.events.Len() }
 func (s *Server) ResolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
 	return s.resolveTemplate(ctx, key, ref)
 }
+
+// GuestSlots is how many guest request slots of sandbox id are taken.
+func (s *Server) GuestSlots(id string) int {
+	s.guests.mu.Lock()
+	defer s.guests.mu.Unlock()
+	return s.guests.sandboxes[id]
+}

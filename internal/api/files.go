@@ -74,9 +74,10 @@ func (s *Server) pathAndGuest(w http.ResponseWriter, r *http.Request) (p string,
 	return p, g, true
 }
 
-// guestFor returns the guest client of the caller's running sandbox.
+// guestFor returns the guest client of the caller's running sandbox
+// (limitGuest's).
 func (s *Server) guestFor(r *http.Request) (host.Guest, error) {
-	sb, err := s.running(r)
+	sb, err := s.guestSandbox(r)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +110,6 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	p, err := queryPath(r, "path")
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}
@@ -117,7 +117,6 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if m := r.URL.Query().Get("mode"); m != "" {
 		v, err := strconv.ParseUint(m, 8, 32)
 		if err != nil || v > 0o7777 {
-			drain(r.Body)
 			s.writeError(w, r, invalid("mode %q must be octal permission bits like 644 or 755", m))
 			return
 		}
@@ -129,7 +128,6 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	}
 	c, err := s.guestFor(r)
 	if err != nil {
-		drain(r.Body)
 		s.writeError(w, r, err)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/template"
 )
 
 // Fleet is the registry of the hosts that joined this server (package
@@ -43,10 +45,16 @@ type fleetHostJSON struct {
 }
 
 // listFleet describes the hosts of the fleet. Admin keys see every
-// sandbox on them and their addresses; other keys see capacity and load,
-// and only their own sandboxes.
+// sandbox on them, every template they hold and their addresses; other
+// keys see capacity and load, only their own sandboxes, and of the
+// templates only those they may use (visibleTemplates).
 func (s *Server) listFleet(w http.ResponseWriter, r *http.Request) {
 	key := callerOf(r).Key
+	visible, err := s.visibleTemplates(r.Context(), key)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	f := catalog.SandboxFilter{States: []string{catalog.StateRunning}}
 	if !key.Admin {
 		f.KeyID = key.ID
@@ -74,8 +82,10 @@ func (s *Server) listFleet(w http.ResponseWriter, r *http.Request) {
 		}
 		if st.Loaded {
 			h.MemoryAvailableMiB, h.DiskFreeMiB = int(st.Load.FreeMemoryMiB), st.Load.DiskFreeMiB
-			if st.Load.Templates != nil {
-				h.Templates = st.Load.Templates
+			for _, t := range st.Load.Templates {
+				if visible(t) {
+					h.Templates = append(h.Templates, t)
+				}
 			}
 		}
 		if st.Static {
@@ -107,6 +117,35 @@ func (s *Server) listFleet(w http.ResponseWriter, r *http.Request) {
 		out = append(out, h)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"hosts": out})
+}
+
+// visibleTemplates returns whether key may see a template a host holds,
+// by its reference ("NAME", "NAME:N"): an admin key every one; another key
+// the built-in ones and the user templates it may use (every version of
+// its own, the published versions of others', usableVersions), as GET
+// /v1/templates lists them. A
+// pinned version of a template the registry does not know (a deleted
+// one, still on a host) is nobody's but the admin keys'.
+func (s *Server) visibleTemplates(ctx context.Context, key catalog.Key) (func(string) bool, error) {
+	if key.Admin {
+		return func(string) bool { return true }, nil
+	}
+	users, err := s.userVersions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func(ref string) bool {
+		name, v, err := template.SplitRef(ref)
+		vs, ok := users[name]
+		if err != nil || !ok || len(vs) == 0 {
+			return err == nil && v == 0
+		}
+		usable := usableVersions(key, vs)
+		if v == 0 {
+			return len(usable) > 0
+		}
+		return slices.ContainsFunc(usable, func(u template.UserRootFS) bool { return u.Version == v })
+	}, nil
 }
 
 // joinToken checks the join token of a host agent's request.

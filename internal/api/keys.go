@@ -153,8 +153,14 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	// Its event streams end (later requests are refused: 401).
+	// Its event streams end (later requests are refused: 401), its build
+	// requests being received end, its builds are canceled (their status
+	// says why).
 	s.events.CloseKey(id)
+	s.endBuildRequests(id)
+	if _, err := s.cancelBuilds(r.Context(), id); err != nil {
+		s.log.Error("cancel template builds of revoked key", "key_id", id, "err", err)
+	}
 	// A revoked key's sandboxes go with it.
 	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: id, States: control.LiveStates})
 	if err == nil {

@@ -1,11 +1,12 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"sync/atomic"
 
-	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/control"
 )
 
@@ -52,22 +53,90 @@ func (l *limiter) acquire(sb, k string) (release func(), err error) {
 	}, nil
 }
 
+// perKey counts something each key holds (event streams) and refuses
+// more than max of it (<= 0: unlimited).
+type perKey struct {
+	max int
+
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newPerKey(max int) *perKey { return &perKey{max: max, n: map[string]int{}} }
+
+// take takes one for key k; false when k holds max already.
+func (p *perKey) take(k string) (release func(), ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.max > 0 && p.n[k] >= p.max {
+		return nil, false
+	}
+	p.n[k]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.n[k]--; p.n[k] == 0 {
+				delete(p.n, k)
+			}
+		})
+	}, true
+}
+
 func tooMany(format string, args ...any) *control.Error {
 	return errorf(control.TooManyRequests, format, args...)
 }
 
-// limitGuest is middleware for requests that hold a guest stream.
+// guestSandboxKey is the request context's key of the sandbox limitGuest
+// resolved.
+type guestSandboxKey struct{}
+
+// limitGuest is middleware for requests that hold a guest stream (exec,
+// files, watch, ports, processes, tty). In this order, so that one key
+// cannot spend another's slots: it resolves the caller's running sandbox
+// of the URL (another key's sandbox is 404, exactly like an unknown one),
+// then takes a slot of the sandbox and of the key, and only then runs the
+// handler, which may read the body; the handler finds the sandbox with
+// guestSandbox, without looking it up again. A refusal reads nothing of
+// the body (refuse).
 func (s *Server) limitGuest(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		release, err := s.guests.acquire(chi.URLParam(r, "id"), callerOf(r).Key.ID)
+		sb, err := s.running(r)
 		if err != nil {
-			drain(r.Body)
-			s.writeError(w, r, err)
+			s.refuse(w, r, err)
+			return
+		}
+		release, err := s.guests.acquire(sb.ID, callerOf(r).Key.ID)
+		if err != nil {
+			s.refuse(w, r, err)
 			return
 		}
 		defer release()
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), guestSandboxKey{}, sb)))
 	})
+}
+
+// guestSandbox is the caller's running sandbox of r's URL: the one
+// limitGuest resolved (as it was then: the guest says if it has stopped
+// since), or, for a request that did not pass limitGuest, looked up now.
+func (s *Server) guestSandbox(r *http.Request) (catalog.Sandbox, error) {
+	if sb, ok := r.Context().Value(guestSandboxKey{}).(catalog.Sandbox); ok {
+		return sb, nil
+	}
+	return s.running(r)
+}
+
+// refuse answers err to a request whose body it has not read and will
+// not read: the connection is closed after the answer instead of being
+// drained for reuse, so that a slow or endless body costs the server
+// nothing more (net/http would otherwise read up to 256 KiB of it before
+// answering).
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
+	s.writeError(w, r, err)
 }
 
 // outputBudget bounds the bytes all buffered execs hold together.

@@ -77,10 +77,10 @@ func toProcessInfo(p guestproto.ProcInfo) processInfo {
 	return out
 }
 
-// processGuest returns the caller's running sandbox's guest, which must
-// keep background processes.
+// processGuest returns the caller's running sandbox's guest
+// (limitGuest's), which must keep background processes.
 func (s *Server) processGuest(r *http.Request) (host.ProcessGuest, error) {
-	sb, err := s.running(r)
+	sb, err := s.guestSandbox(r)
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -58,6 +57,15 @@ type Config struct {
 	// MaxTemplatesPerKey bounds the user templates a key other than an
 	// admin one may own (default 20; < 0 unlimited).
 	MaxTemplatesPerKey int
+	// MaxTemplateBuildsPerKey bounds the template builds of a key other
+	// than an admin one: those queued or running and its build requests
+	// being received, together (default DefaultMaxTemplateBuildsPerKey;
+	// < 0 unlimited; 429 beyond). MaxTemplateVersions bounds the versions
+	// one of its templates keeps (default DefaultMaxTemplateVersions; < 0
+	// unlimited): a rebuild of a template with that many is refused (429
+	// template_limit) until old versions are deleted. See buildadmit.go.
+	MaxTemplateBuildsPerKey int
+	MaxTemplateVersions     int
 	// Requests that reach a sandbox's guest agent (exec, exec streams, file
 	// operations) in flight at once, per sandbox and per key; more are
 	// refused with 429.
@@ -110,6 +118,10 @@ type Config struct {
 	// ended with an overflow line (default events.DefaultBuffer).
 	EventPing   time.Duration
 	EventBuffer int
+	// MaxEventStreamsPerKey bounds the event streams one key has open
+	// at once (default DefaultMaxEventStreamsPerKey; < 0: unlimited);
+	// more are refused with 429.
+	MaxEventStreamsPerKey int
 
 	// OpenAPI is the document served at /v1/openapi.yaml.
 	OpenAPI []byte
@@ -158,6 +170,12 @@ func (c *Config) SetDefaults() {
 	if c.MaxTemplatesPerKey == 0 {
 		c.MaxTemplatesPerKey = DefaultMaxTemplatesPerKey
 	}
+	if c.MaxTemplateBuildsPerKey == 0 {
+		c.MaxTemplateBuildsPerKey = DefaultMaxTemplateBuildsPerKey
+	}
+	if c.MaxTemplateVersions == 0 {
+		c.MaxTemplateVersions = DefaultMaxTemplateVersions
+	}
 	if c.MaxGuestRequestsPerSandbox == 0 {
 		c.MaxGuestRequestsPerSandbox = DefaultMaxGuestRequestsPerSandbox
 	}
@@ -184,6 +202,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.EventBuffer == 0 {
 		c.EventBuffer = events.DefaultBuffer
+	}
+	if c.MaxEventStreamsPerKey == 0 {
+		c.MaxEventStreamsPerKey = DefaultMaxEventStreamsPerKey
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -239,8 +260,9 @@ type Server struct {
 	handler http.Handler
 	console http.Handler // the web console's files (internal/console)
 
-	guests *limiter      // guest requests in flight
-	output *outputBudget // buffered exec output held
+	guests  *limiter      // guest requests in flight
+	streams *perKey       // event streams open
+	output  *outputBudget // buffered exec output held
 
 	proxy   *guestProxy
 	proxies *limiter // proxied requests in flight
@@ -251,6 +273,8 @@ type Server struct {
 	// publicPath is publicURL's path ("" or "/prefix"): the public path
 	// prefix of every route.
 	publicPath string
+
+	buildGate buildGate // build requests being received (buildadmit.go)
 
 	// cp is the control plane the handlers call: create, kill, TTLs,
 	// network, fork, snapshots, pause and resume, expiry, reconciling.
@@ -269,6 +293,7 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger,
 		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
 		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
+		streams: newPerKey(cfg.MaxEventStreamsPerKey),
 		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
 		events:  events.New(nil),
 	}
@@ -409,6 +434,7 @@ func (s *Server) routes() http.Handler {
 		r.Post("/keys", s.createKey)
 		r.Get("/keys", s.listKeys)
 		r.Delete("/keys/{keyID}", s.revokeKey)
+		r.Post("/keys/{keyID}/purge", s.purgeKey)
 	})
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notFound("no such endpoint: %s %s", r.Method, r.URL.Path))
@@ -546,9 +572,6 @@ func requireAdmin(r *http.Request) error {
 	return nil
 }
 
-// drain discards what is left of a request body (bounded) so that the
-// connection can be reused.
-func drain(r io.Reader) { io.CopyN(io.Discard, r, 1<<20) }
 
 // The control plane's lifecycle, for the server that wires the API
 // (internal/server): see control.Plane.

@@ -381,14 +381,19 @@ func (s *Server) callerBuilds(w http.ResponseWriter, r *http.Request) (TemplateB
 	return b, true
 }
 
-// buildSpecOwner fills in the owner of a build of spec.Name by key: any key
-// may build a new name, which it then owns (up to MaxTemplatesPerKey of
-// them, admin keys unbounded); only the owner or an admin key may rebuild
-// one (another key's name is taken: 409, whether it may see it or not).
+// buildSpecOwner fills in the owner of a build of spec.Name by key and the
+// bounds the builder checks again when it starts it (buildadmit.go): any
+// key may build a new name, which it then owns (up to MaxTemplatesPerKey
+// of them, admin keys unbounded); only the owner or an admin key may
+// rebuild one (another key's name is taken: 409, whether it may see it or
+// not), up to MaxTemplateVersions versions; a key has at most
+// MaxTemplateBuildsPerKey builds queued or running.
 func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catalog.Key, spec *tmplbuild.Spec) error {
 	spec.Owner = key.ID
-	if !key.Admin && s.cfg.MaxTemplatesPerKey > 0 {
-		spec.MaxTemplates = s.cfg.MaxTemplatesPerKey
+	if !key.Admin {
+		spec.MaxTemplates = max(s.cfg.MaxTemplatesPerKey, 0)
+		spec.MaxBuilds = max(s.cfg.MaxTemplateBuildsPerKey, 0)
+		spec.MaxVersions = max(s.cfg.MaxTemplateVersions, 0)
 	}
 	u, err := b.UserTemplate(ctx, spec.Name)
 	if errors.Is(err, template.ErrNotFound) {
@@ -435,26 +440,54 @@ func checkImageRef(ref string) error {
 
 // startBuild starts building a user template from an image or a
 // Dockerfile (the request: buildrequest.go): 202 with the build's id; its
-// outcome is the build's status.
+// outcome is the build's status. What can refuse it is checked before its
+// context is received (buildadmit.go).
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.callerBuilds(w, r)
-	if !ok {
-		return
-	}
-	spec, err := s.buildSpecOf(r)
+	b, err := s.builds()
 	if err != nil {
-		s.writeError(w, r, err)
+		s.refuse(w, r, err)
 		return
 	}
-	if err := s.buildSpecOwner(r.Context(), b, callerOf(r).Key, &spec); err != nil {
+	key := callerOf(r).Key
+	ctx, done, err := s.admitBuild(r.Context(), b, key)
+	if err == nil && isMultipart(r) {
+		err = s.checkContextSpace(r)
+	}
+	if err != nil {
+		if done != nil {
+			done()
+		}
+		s.refuse(w, r, err)
+		return
+	}
+	defer done()
+	r.Body = ctxBody{ctx: ctx, ReadCloser: r.Body}
+	spec, err := s.buildSpecOf(r, func(name string) error { return s.checkBuildName(ctx, b, key, name) })
+	if err != nil {
+		s.refuse(w, r, err)
+		return
+	}
+	err = s.buildSpecOwner(ctx, b, key, &spec)
+	if err == nil {
+		// Revoked while its context was received (the upload may have
+		// ended first).
+		k, kerr := s.cat.GetKey(ctx, key.ID)
+		switch {
+		case errors.Is(kerr, catalog.ErrNotFound) || (kerr == nil && k.Revoked()):
+			err = errKeyRevoked
+		case kerr != nil:
+			err = fmt.Errorf("look up api key: %w", kerr)
+		}
+	}
+	if err != nil {
 		if spec.ContextTar != "" {
 			os.Remove(spec.ContextTar)
 		}
-		s.writeError(w, r, err)
+		s.refuse(w, r, err)
 		return
 	}
 	// From here spec.ContextTar is the builder's, whatever Start returns.
-	st, err := b.Start(r.Context(), spec)
+	st, err := b.Start(ctx, spec)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

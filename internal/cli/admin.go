@@ -496,17 +496,66 @@ func keysCmd(g *globals) *cobra.Command {
 	}
 	ls.Flags().BoolVar(&all, "all", false, "include revoked keys")
 	cmd.AddCommand(ls)
-	cmd.AddCommand(&cobra.Command{
+	var purge bool
+	revoke := &cobra.Command{
 		Use:   "revoke ID...",
-		Short: "Revoke API keys; their sandboxes are killed",
+		Short: "Revoke API keys; their sandboxes are killed, their template builds canceled (--purge: their snapshots and templates deleted too)",
 		Args:  args(1, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return eachID(cmd, g, args, "revoke", func(ctx context.Context, c *pandastack.Client, id string) error {
-				return c.RevokeKey(ctx, id)
+				if err := c.RevokeKey(ctx, id); err != nil {
+					return err
+				}
+				if !purge {
+					return nil
+				}
+				return purgeKey(cmd, g, c, id)
+			})
+		},
+	}
+	revoke.Flags().BoolVar(&purge, "purge", false, "then delete what the key left: its snapshots and templates (as keys purge)")
+	cmd.AddCommand(revoke)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "purge ID...",
+		Short: "Delete what revoked API keys left: their snapshots (disk and object store) and templates; nothing of other keys",
+		Args:  args(1, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return eachID(cmd, g, args, "purge", func(ctx context.Context, c *pandastack.Client, id string) error {
+				return purgeKey(cmd, g, c, id)
 			})
 		},
 	})
 	return cmd
+}
+
+// purgeKey purges key id and prints what went (JSON with --json); what
+// could not be removed is an error.
+func purgeKey(cmd *cobra.Command, g *globals, c *pandastack.Client, id string) error {
+	res, err := c.PurgeKey(cmd.Context(), id)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		if err := printJSON(cmd.OutOrStdout(), res); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(cmd.OutOrStdout(), "Purged key %s: %d template builds canceled, %d sandboxes stopped, %d snapshots deleted, %d templates deleted%s\n",
+			id, res.BuildsCanceled, res.SandboxesStopped, res.SnapshotsDeleted, len(res.TemplatesDeleted), listed(res.TemplatesDeleted))
+	}
+	var failed []error
+	for _, f := range res.Failed {
+		failed = append(failed, fmt.Errorf("%s: %s (run keys purge %s again to retry)", f.What, f.Error.Message, id))
+	}
+	return errors.Join(failed...)
+}
+
+// listed is names as " (a, b)", or "" for none.
+func listed(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(names, ", ") + ")"
 }
 
 func snapshotCmd(g *globals) *cobra.Command {

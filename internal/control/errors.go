@@ -131,6 +131,11 @@ func classify(err error) *Error {
 		return Errorf(NotImplemented, "this server does not build templates from Dockerfiles yet; build and push an image, and build the template with from_image")
 	case errors.Is(err, tmplbuild.ErrLimit):
 		return Errorf(TemplateLimit, "%s", userMessage(err))
+	case errors.Is(err, tmplbuild.ErrBusy):
+		return Errorf(TooManyRequests, "%s", userMessage(err))
+	case errors.Is(err, tmplbuild.ErrNoSpace):
+		// Its text is written for users (tmplbuild.Config.CheckSpace).
+		return Errorf(NoSpace, "%s", userMessage(err))
 	case errors.Is(err, tmplbuild.ErrClosed):
 		return Errorf(Unavailable, "%s", userMessage(err))
 	case errors.Is(err, host.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):

@@ -61,7 +61,10 @@ type Templates struct {
 	sweep sweepState // of the object store's user template sets
 }
 
-var _ tmplbuild.Builder = (*Templates)(nil)
+var (
+	_ tmplbuild.Builder  = (*Templates)(nil)
+	_ tmplbuild.Canceler = (*Templates)(nil)
+)
 
 // NewTemplates returns the fleet's user templates; pin, if set, is the
 // host that runs every build (--template-host).
@@ -254,6 +257,9 @@ func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuil
 	if err := checkName(spec.Name); err != nil {
 		return tmplbuild.Status{}, err
 	}
+	if err := t.checkLimits(ctx, spec); err != nil {
+		return tmplbuild.Status{}, err
+	}
 	hostID, b, err := t.pick(ctx)
 	if err != nil {
 		return tmplbuild.Status{}, err
@@ -278,7 +284,8 @@ func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuil
 		return tmplbuild.Status{}, err
 	}
 	bl = tp.Builds[len(tp.Builds)-1]
-	spec.ID, spec.Version, spec.MaxTemplates = bl.ID, bl.Version, 0
+	// The registry's bounds are checked: the host's copies count nothing.
+	spec.ID, spec.Version, spec.MaxTemplates, spec.MaxBuilds, spec.MaxVersions = bl.ID, bl.Version, 0, 0, 0
 	st, err = b.Start(ctx, spec)
 	if err != nil {
 		if refused(err) {
@@ -296,11 +303,60 @@ func (t *Templates) Start(ctx context.Context, spec tmplbuild.Spec) (st tmplbuil
 	return st, nil
 }
 
+// checkLimits refuses spec when its owner has spec.MaxBuilds builds
+// running on the fleet (tmplbuild.ErrBusy), or its template has
+// spec.MaxVersions versions, counting its builds (tmplbuild.ErrLimit), as
+// the catalog says now. Unlike MaxTemplates (ReserveTemplateBuild), two
+// Starts racing may both pass: the API admits one build request of a key
+// at a time.
+func (t *Templates) checkLimits(ctx context.Context, spec tmplbuild.Spec) error {
+	if spec.MaxBuilds <= 0 && spec.MaxVersions <= 0 {
+		return nil
+	}
+	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
+	if err != nil {
+		return fmt.Errorf("template builds: %w", err)
+	}
+	builds := 0
+	for _, tp := range ts {
+		for _, b := range tp.Builds {
+			if b.Owner == spec.Owner {
+				builds++
+			}
+		}
+		if tp.Name == spec.Name && spec.MaxVersions > 0 && len(tp.Versions) > 0 {
+			if n := len(tp.Versions) + len(tp.Builds); n >= spec.MaxVersions {
+				return tmplbuild.VersionLimit(spec.Name, n)
+			}
+		}
+	}
+	if spec.MaxBuilds > 0 && builds >= spec.MaxBuilds {
+		return fmt.Errorf("%w: this key has %d template builds queued or running, the most allowed at once; wait for one to end", tmplbuild.ErrBusy, builds)
+	}
+	return nil
+}
+
+// Cancel implements tmplbuild.Canceler: the build's host cancels it, and
+// its watcher records that it ended without a version.
+func (t *Templates) Cancel(ctx context.Context, id, why string) (tmplbuild.Status, error) {
+	b, at, _, err := t.locate(ctx, id)
+	if err != nil {
+		return tmplbuild.Status{}, err
+	}
+	c, ok := b.(tmplbuild.Canceler)
+	if !ok {
+		return tmplbuild.Status{}, fmt.Errorf("%w: host %s cannot cancel template builds", errors.ErrUnsupported, at.HostID)
+	}
+	st, err := c.Cancel(ctx, id, why)
+	st.HostID = at.HostID
+	return st, err
+}
+
 // refused reports whether a host's error for a build's Start says it
 // did not start it.
 func refused(err error) bool {
 	for _, e := range []error{template.ErrInvalid, tmplbuild.ErrConflict, tmplbuild.ErrLimit, tmplbuild.ErrUnsupported,
-		tmplbuild.ErrClosed, errors.ErrUnsupported} {
+		tmplbuild.ErrClosed, tmplbuild.ErrBusy, tmplbuild.ErrNoSpace, errors.ErrUnsupported} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -28,6 +28,7 @@ import (
 //	GET    /template-builds                   {"builds": [buildStatus]}
 //	GET    /template-builds/{id}              buildStatus
 //	GET    /template-builds/{id}/log          NDJSON: {"line": "..."}..., then {"status": buildStatus} or {"error": wireError}
+//	POST   /template-builds/{id}/cancel       {"why": "..."} -> buildStatus (tmplbuild.Canceler)
 //	GET    /user-templates                    {"templates": [userTemplate]}, the latest version of each
 //	GET    /user-templates/{ref}              userTemplate
 //	GET    /user-templates/{name}/versions    {"versions": [userTemplate]}, oldest first
@@ -44,7 +45,10 @@ type Builds struct{ c *Client }
 // answers every call with errors.ErrUnsupported.
 func (c *Client) Builds() Builds { return Builds{c: c} }
 
-var _ tmplbuild.Builder = Builds{}
+var (
+	_ tmplbuild.Builder  = Builds{}
+	_ tmplbuild.Canceler = Builds{}
+)
 
 // buildSpec is tmplbuild.Spec on the wire, without ContextTar (the
 // request's "context" part).
@@ -56,6 +60,8 @@ type buildSpec struct {
 	Startup      template.Startup  `json:"startup"`
 	Owner        string            `json:"owner,omitempty"`
 	MaxTemplates int               `json:"max_templates,omitempty"`
+	MaxBuilds    int               `json:"max_builds,omitempty"`
+	MaxVersions  int               `json:"max_versions,omitempty"`
 	ID           string            `json:"id,omitempty"`
 	Version      int               `json:"version,omitempty"`
 }
@@ -130,6 +136,20 @@ func (s *Server) buildRoutes(r chi.Router) {
 		st, err := b.Get(r.Context(), chi.URLParam(r, "buildID"))
 		return wireStatus(st), err
 	}))
+	r.Post(Prefix+"/template-builds/{buildID}/cancel", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
+		c, ok := b.(tmplbuild.Canceler)
+		if !ok {
+			return nil, fmt.Errorf("%w: this host agent cannot cancel template builds", errors.ErrUnsupported)
+		}
+		var req struct {
+			Why string `json:"why"`
+		}
+		if err := decode(r, &req); err != nil {
+			return nil, err
+		}
+		st, err := c.Cancel(r.Context(), chi.URLParam(r, "buildID"), req.Why)
+		return wireStatus(st), err
+	}))
 	r.Get(Prefix+"/user-templates", s.buildsJSON(func(r *http.Request, b tmplbuild.Builder) (any, error) {
 		us, err := b.UserTemplates(r.Context())
 		return map[string]any{"templates": wireUsers(us)}, err
@@ -187,7 +207,8 @@ func (s *Server) startBuild(r *http.Request) (any, error) {
 		return nil, fmt.Errorf("%w: malformed build spec: %v", host.ErrInvalid, err)
 	}
 	spec := tmplbuild.Spec{Name: ws.Name, FromImage: ws.FromImage, Dockerfile: ws.Dockerfile, BuildArgs: ws.BuildArgs,
-		Startup: ws.Startup, Owner: ws.Owner, MaxTemplates: ws.MaxTemplates, ID: ws.ID, Version: ws.Version}
+		Startup: ws.Startup, Owner: ws.Owner, MaxTemplates: ws.MaxTemplates, MaxBuilds: ws.MaxBuilds, MaxVersions: ws.MaxVersions,
+		ID: ws.ID, Version: ws.Version}
 	part, err = mr.NextPart()
 	switch {
 	case err == io.EOF:
@@ -253,7 +274,8 @@ func (b Builds) Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Statu
 		defer os.Remove(spec.ContextTar)
 	}
 	ws, err := json.Marshal(buildSpec{Name: spec.Name, FromImage: spec.FromImage, Dockerfile: spec.Dockerfile, BuildArgs: spec.BuildArgs,
-		Startup: spec.Startup, Owner: spec.Owner, MaxTemplates: spec.MaxTemplates, ID: spec.ID, Version: spec.Version})
+		Startup: spec.Startup, Owner: spec.Owner, MaxTemplates: spec.MaxTemplates, MaxBuilds: spec.MaxBuilds, MaxVersions: spec.MaxVersions,
+		ID: spec.ID, Version: spec.Version})
 	if err != nil {
 		return tmplbuild.Status{}, err
 	}
@@ -311,6 +333,13 @@ func writeBuildRequest(mw *multipart.Writer, spec []byte, contextTar string) err
 func (b Builds) Get(ctx context.Context, id string) (tmplbuild.Status, error) {
 	var st buildStatus
 	err := b.c.callShort(ctx, http.MethodGet, "/template-builds/"+url.PathEscape(id), nil, nil, &st)
+	return st.status(), err
+}
+
+// Cancel cancels build id (tmplbuild.Canceler).
+func (b Builds) Cancel(ctx context.Context, id, why string) (tmplbuild.Status, error) {
+	var st buildStatus
+	err := b.c.callShort(ctx, http.MethodPost, "/template-builds/"+url.PathEscape(id)+"/cancel", nil, map[string]string{"why": why}, &st)
 	return st.status(), err
 }
 

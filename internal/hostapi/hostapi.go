@@ -265,6 +265,8 @@ var classes = []struct {
 	{"no_space", http.StatusInsufficientStorage, host.ErrNoSpace},
 	{"builds_unsupported", http.StatusNotImplemented, tmplbuild.ErrUnsupported},
 	{"template_limit", http.StatusTooManyRequests, tmplbuild.ErrLimit},
+	{"builds_busy", http.StatusTooManyRequests, tmplbuild.ErrBusy},
+	{"builds_no_space", http.StatusInsufficientStorage, tmplbuild.ErrNoSpace},
 	{"builds_closed", http.StatusServiceUnavailable, tmplbuild.ErrClosed},
 	{"build_not_found", http.StatusNotFound, tmplbuild.ErrNotFound},
 	{"corrupt", http.StatusConflict, host.ErrCorrupt},

@@ -55,6 +55,8 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 		},
 		CheckDockerfile: dockerfile.Check,
 		MaxConcurrent:   cfg.MaxTemplateBuilds,
+		// A build writes its root filesystem and its layers to the store.
+		CheckSpace: tmplbuild.DiskSpace(host.StoreDir(), tmplbuild.MinFreeBytes),
 		// Beside the template store: the builds' status and logs outlive
 		// a restart.
 		Dir: filepath.Join(host.StoreDir(), "template-builds"),

@@ -157,6 +157,15 @@ type Config struct {
 	// either way (rootfs.Pull).
 	RegistryAllowNets  []string `yaml:"registry_allow_nets"`
 	RegistryAllowHosts []string `yaml:"registry_allow_hosts"`
+	// MaxTemplateBuildsPerKey bounds the template builds a key other than
+	// an admin one has queued, running or being uploaded at once (default
+	// 2; -1: no bound); MaxTemplateVersions the versions one of its
+	// templates keeps (default 10; -1: no bound). See api.Config.
+	MaxTemplateBuildsPerKey int `yaml:"max_template_builds_per_key"`
+	MaxTemplateVersions     int `yaml:"max_template_versions"`
+	// MaxEventStreamsPerKey bounds the event streams (GET /v1/events) one
+	// key has open at once (default 8; -1: no bound).
+	MaxEventStreamsPerKey int `yaml:"max_event_streams_per_key"`
 
 	// AgentURL is the host agent's API that `panda server` drives
 	// (https://host:7789); `panda up` and `panda agent` ignore it.
@@ -255,6 +264,11 @@ func Defaults() Config {
 		LogLevel:              "info",
 		LogFormat:             "text",
 
+		// The API's defaults, spelled out.
+		MaxTemplateBuildsPerKey: api.DefaultMaxTemplateBuildsPerKey,
+		MaxTemplateVersions:     api.DefaultMaxTemplateVersions,
+		MaxEventStreamsPerKey:   api.DefaultMaxEventStreamsPerKey,
+
 		HTTPReadHeaderTimeout: Duration(10 * time.Second),
 		HTTPIdleTimeout:       Duration(2 * time.Minute),
 		HTTPBodyReadTimeout:   Duration(time.Minute),
@@ -319,6 +333,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.registryPull(); err != nil {
 		return err
+	}
+	if c.MaxTemplateBuildsPerKey < -1 || c.MaxTemplateVersions < -1 || c.MaxEventStreamsPerKey < -1 {
+		return errors.New("max_template_builds_per_key, max_template_versions and max_event_streams_per_key must be -1 (no bound) or more")
 	}
 	switch c.OnShutdown {
 	case "kill", "keep":
@@ -664,6 +681,9 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 		TemplateBuilds: builds, TemplateContextDir: cfg.templateContextDir(),
 		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
 		MaxTemplatesPerKey:      cfg.MaxTemplatesPerKey,
+		MaxTemplateBuildsPerKey: cfg.MaxTemplateBuildsPerKey,
+		MaxTemplateVersions:     cfg.MaxTemplateVersions,
+		MaxEventStreamsPerKey:   cfg.MaxEventStreamsPerKey,
 	}, cat, h, reg)
 	if err != nil {
 		cat.Close()

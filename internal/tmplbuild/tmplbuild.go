@@ -2,7 +2,9 @@
 // container image into a root filesystem of the template store (see
 // template.Store.StageUserRootFS) through a Convert function (package
 // rootfs). It owns the builds' queue (at most Config.MaxConcurrent at
-// once, one at a time per template name), their status, and their
+// once, shared fairly between owners; one at a time per template name;
+// per owner and per template at most what each Spec allows), their
+// status, and their
 // progress lines, kept in memory for whoever follows them and, with
 // Config.Dir, on disk (ID.json, the status; ID.log, the lines), so that
 // they outlive a restart of the server. Finished builds are forgotten
@@ -42,8 +44,14 @@ var (
 	// registry does not have the image; a build failing with it has
 	// Status.Code CodeImageNotFound.
 	ErrImageNotFound = errors.New("image not found")
-	// ErrLimit: the key owns Spec.MaxTemplates templates already.
+	// ErrLimit: the key owns Spec.MaxTemplates templates already, or the
+	// template has Spec.MaxVersions versions.
 	ErrLimit = errors.New("template limit reached")
+	// ErrBusy: the key has Spec.MaxBuilds builds queued or running.
+	ErrBusy = errors.New("too many template builds")
+	// ErrNoSpace is what Config.CheckSpace returns (wrapped) when the
+	// disk has no room for a build.
+	ErrNoSpace = errors.New("no space for template builds")
 )
 
 // Result is what a Convert found in the image.
@@ -83,6 +91,13 @@ type Spec struct {
 	// name is refused (ErrLimit) when Owner has that many already,
 	// counting new names queued. 0: no bound.
 	MaxTemplates int
+	// MaxBuilds bounds Owner's builds queued or running here, this one
+	// included: Start refuses one more (ErrBusy). 0: no bound.
+	MaxBuilds int
+	// MaxVersions bounds the versions of the template: a build of a name
+	// that has that many, counting the builds of it queued or running, is
+	// refused (ErrLimit). 0: no bound.
+	MaxVersions int
 	// ID and Version are given by a fleet's control plane, which keeps
 	// the registry of its user templates (package fleet): the build's id
 	// (20 hex digits; ErrConflict if taken) and the version number it
@@ -155,8 +170,14 @@ type Config struct {
 	// registry lists (a host of a fleet), so Remove removes a template's
 	// latest version alone too (template.Store.RemoveUserCopy).
 	Copies bool
-	// MaxConcurrent bounds the builds running at once; more wait (default 2).
+	// MaxConcurrent bounds the builds running at once; more wait (default
+	// 2), and the slots are shared fairly between owners (slots).
 	MaxConcurrent int
+	// CheckSpace, if set, reports whether the disk has room for a build:
+	// an error wrapping ErrNoSpace when it has not (its text is for
+	// users). Start refuses a build then, and a build that gets its slot
+	// then fails with CodeNoSpace.
+	CheckSpace func() error
 	// Timeout bounds one build (default 30 minutes).
 	Timeout time.Duration
 	// Retention is how long a finished build stays visible (default 1 h).
@@ -216,6 +237,8 @@ const (
 	// CodeInterrupted: the server stopped while the build was queued or
 	// running.
 	CodeInterrupted = "interrupted"
+	// CodeNoSpace: the disk had no room for the build when it was to run.
+	CodeNoSpace = "insufficient_storage"
 )
 
 // Status is a build's state.
@@ -250,6 +273,8 @@ type build struct {
 	// changed is closed (and replaced) whenever lines or st change.
 	changed chan struct{}
 	cancel  context.CancelFunc
+	// canceled is why Cancel canceled it ("": it did not).
+	canceled string
 	// log is the open ID.log (nil without Config.Dir, or once ended).
 	log *os.File
 }
@@ -285,13 +310,25 @@ type VersionLister interface {
 	AllVersions(ctx context.Context) (map[string][]template.UserRootFS, error)
 }
 
+// Canceler is a Builder that can cancel builds (a Manager, a fleet's, a
+// remote agent's).
+type Canceler interface {
+	// Cancel ends build id if it is queued or running: it fails with
+	// CodeCanceled and why as its error. A build that has ended is left
+	// as it was. It returns the build's status (perhaps not ended yet: the
+	// build stops soon after). Errors: ErrNotFound.
+	Cancel(ctx context.Context, id, why string) (Status, error)
+}
+
+var _ Canceler = (*Manager)(nil)
+
 // Manager runs builds. Safe for concurrent use.
 type Manager struct {
-	cfg Config
-	sem chan struct{}
-	ctx context.Context // ends at Close
-	end context.CancelFunc
-	wg  sync.WaitGroup
+	cfg   Config
+	slots *slots
+	ctx   context.Context // ends at Close
+	end   context.CancelFunc
+	wg    sync.WaitGroup
 
 	mu     sync.Mutex
 	closed bool
@@ -311,7 +348,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	ctx, end := context.WithCancel(context.Background())
 	m := &Manager{
-		cfg: cfg, sem: make(chan struct{}, cfg.MaxConcurrent), ctx: ctx, end: end,
+		cfg: cfg, slots: newSlots(cfg.MaxConcurrent), ctx: ctx, end: end,
 		builds: map[string]*build{}, names: map[string][]*build{}, turn: map[*build]chan struct{}{},
 	}
 	if err := m.load(); err != nil {
@@ -323,7 +360,9 @@ func New(cfg Config) (*Manager, error) {
 // Start queues a build of spec and returns its status (queued); the
 // template's bakes start spec.Startup's commands. Errors:
 // template.ErrInvalid (a bad or built-in name, neither or both of an image
-// and a Dockerfile, an invalid Startup), ErrUnsupported, ErrClosed. From
+// and a Dockerfile, an invalid Startup), ErrUnsupported, ErrClosed,
+// ErrConflict and ErrLimit (checkOwner), ErrBusy (spec.MaxBuilds), an
+// error wrapping ErrNoSpace (Config.CheckSpace). From
 // Start on, spec.ContextTar is the Manager's to remove, whatever the error.
 func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	defer func() {
@@ -356,6 +395,11 @@ func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	}
 	if spec.Version < 0 {
 		return Status{}, fmt.Errorf("%w: a negative template version", template.ErrInvalid)
+	}
+	if m.cfg.CheckSpace != nil {
+		if err := m.cfg.CheckSpace(); err != nil {
+			return Status{}, err
+		}
 	}
 	src := spec.source()
 	m.mu.Lock()
@@ -407,12 +451,15 @@ func (m *Manager) run(ctx context.Context, b *build, turn chan struct{}) {
 		err = ctx.Err()
 	}
 	if err == nil {
-		select {
-		case m.sem <- struct{}{}:
-			err = m.build(ctx, b, say)
-			<-m.sem
-		case <-ctx.Done():
-			err = ctx.Err()
+		w := m.slots.enqueue(b.spec.Owner)
+		if err = m.slots.wait(ctx, w); err == nil {
+			if m.cfg.CheckSpace != nil {
+				err = m.cfg.CheckSpace()
+			}
+			if err == nil {
+				err = m.build(ctx, b, say)
+			}
+			m.slots.release(w)
 		}
 	}
 	// Before the build is seen to end: whoever follows it may look for
@@ -536,6 +583,10 @@ func (m *Manager) finish(b *build, err error) {
 		var pe publishError
 		var re *template.ReadyError
 		switch {
+		case b.canceled != "":
+			b.st.Code, b.st.Error = CodeCanceled, b.canceled
+		case errors.Is(err, ErrNoSpace):
+			b.st.Code, b.st.Error = CodeNoSpace, err.Error()
 		case errors.As(err, &se):
 			// Names the server's paths: users get the gist, the log the rest.
 			b.st.Error = "the server could not store the root filesystem (see its log)"
@@ -693,6 +744,25 @@ func (m *Manager) Follow(ctx context.Context, id string, line func(string)) (Sta
 	}
 }
 
+// Cancel implements Canceler.
+func (m *Manager) Cancel(_ context.Context, id, why string) (Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.builds[id]
+	if !ok {
+		return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
+	}
+	if !b.st.Done() && b.canceled == "" {
+		if why == "" {
+			why = "the build was canceled"
+		}
+		b.canceled = why
+		b.cancel()
+		m.cfg.Logger.Info("template build canceled", "template", b.st.Name, "build_id", id, "why", why)
+	}
+	return b.st, nil
+}
+
 // Building reports whether template name has a build queued or running.
 func (m *Manager) Building(name string) bool {
 	m.mu.Lock()
@@ -760,12 +830,37 @@ func (m *Manager) Versions(_ context.Context, name string) ([]template.UserRootF
 	return m.cfg.Store.UserVersions(name)
 }
 
-// checkOwner refuses spec when its name is new and another owner's build
-// of it is queued (ErrConflict), or when its owner has MaxTemplates
-// templates already (ErrLimit); m.mu is held.
+// checkOwner refuses spec when its owner has MaxBuilds builds queued or
+// running (ErrBusy), when its name exists with MaxVersions versions
+// (ErrLimit), when its name is new and another owner's build of it is
+// queued (ErrConflict), or when its owner has MaxTemplates templates
+// already (ErrLimit); m.mu is held.
 func (m *Manager) checkOwner(spec Spec) error {
+	if spec.MaxBuilds > 0 {
+		n := 0
+		for _, q := range m.names {
+			for _, b := range q {
+				if b.spec.Owner == spec.Owner {
+					n++
+				}
+			}
+		}
+		if n >= spec.MaxBuilds {
+			return fmt.Errorf("%w: this key has %d template builds queued or running, the most allowed at once; wait for one to end", ErrBusy, n)
+		}
+	}
 	if _, err := m.cfg.Store.UserRootFS(spec.Name); err == nil {
-		return nil // a rebuild: the caller checked who may
+		// A rebuild (the caller checked who may): a new version.
+		if spec.MaxVersions > 0 {
+			vs, err := m.cfg.Store.UserVersions(spec.Name)
+			if err != nil {
+				return err
+			}
+			if n := len(vs) + len(m.names[spec.Name]); n >= spec.MaxVersions {
+				return VersionLimit(spec.Name, n)
+			}
+		}
+		return nil
 	}
 	for _, q := range m.names[spec.Name] {
 		if q.spec.Owner != spec.Owner {
@@ -794,6 +889,12 @@ func (m *Manager) checkOwner(spec Spec) error {
 		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", ErrLimit, len(owned))
 	}
 	return nil
+}
+
+// VersionLimit is the error of a build of template name, which has n
+// versions (and builds of new ones), at its limit.
+func VersionLimit(name string, n int) error {
+	return fmt.Errorf("%w: template %s has %d versions (counting its builds in progress), the most a template keeps; delete old ones (DELETE /v1/templates/%s:N) first", ErrLimit, name, n, name)
 }
 
 // installedVersion is the version b installed: the latest (installs of a

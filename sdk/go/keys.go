@@ -62,7 +62,43 @@ func (c *Client) ListKeys(ctx context.Context) ([]APIKey, error) {
 	return out.Keys, nil
 }
 
-// RevokeKey revokes the key id and kills its sandboxes. Admin keys only.
+// PurgeResult is what PurgeKey removed.
+type PurgeResult struct {
+	KeyID            string   `json:"key_id"`
+	BuildsCanceled   int      `json:"builds_canceled"`
+	SandboxesStopped int      `json:"sandboxes_stopped"`
+	SnapshotsDeleted int      `json:"snapshots_deleted"`
+	TemplatesDeleted []string `json:"templates_deleted"`
+	// Failed are what it could not remove; purging again retries them.
+	Failed []PurgeFailure `json:"failed"`
+}
+
+// PurgeFailure is something PurgeKey could not remove, and why.
+type PurgeFailure struct {
+	What  string `json:"what"`
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// PurgeKey deletes what the revoked key id left: its snapshots (from the
+// hosts' disks and the object store) and its templates, every version;
+// it cancels its builds still running and stops its sandboxes still
+// live. Nothing of another key's is touched; purging twice is harmless.
+// A key that is not revoked is refused (409). Admin keys only.
+func (c *Client) PurgeKey(ctx context.Context, id string) (PurgeResult, error) {
+	if err := checkID("key", id); err != nil {
+		return PurgeResult{}, err
+	}
+	var out PurgeResult
+	err := c.doJSON(ctx, http.MethodPost, path("keys", id, "purge"), nil, nil, &out)
+	return out, err
+}
+
+// RevokeKey revokes the key id, kills its sandboxes and cancels its
+// template builds; PurgeKey deletes its snapshots and templates. Admin
+// keys only.
 func (c *Client) RevokeKey(ctx context.Context, id string) error {
 	if err := checkID("key", id); err != nil {
 		return err
