@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,10 +41,14 @@ func (b countedBody) Read(p []byte) (int, error) {
 }
 
 // endless is a multipart build request: the spec part, then a context
-// part that never ends.
+// part that never ends. It sends 128 KiB of the context (four times what a
+// refusal may read), then nothing more until it is closed, like a slow
+// client: a client that kept writing into a connection the server is
+// closing would race its own write errors against reading the answer.
 func endless(spec string) (io.ReadCloser, string) {
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
+	stop := make(chan struct{})
 	go func() {
 		p, _ := mw.CreateFormField("spec")
 		io.WriteString(p, spec)
@@ -53,13 +58,27 @@ func endless(spec string) (io.ReadCloser, string) {
 			return
 		}
 		chunk := make([]byte, 1<<10)
-		for {
+		for range 128 {
 			if _, err := c.Write(chunk); err != nil {
 				return // the request ended
 			}
 		}
+		<-stop
+		pw.CloseWithError(io.ErrClosedPipe)
 	}()
-	return pr, mw.FormDataContentType()
+	return &stoppingReader{pr, stop, sync.Once{}}, mw.FormDataContentType()
+}
+
+// stoppingReader is endless's body: closing it ends the writer.
+type stoppingReader struct {
+	*io.PipeReader
+	stop chan struct{}
+	once sync.Once
+}
+
+func (r *stoppingReader) Close() error {
+	r.once.Do(func() { close(r.stop) })
+	return r.PipeReader.Close()
 }
 
 // postEndless sends an endless build request as key (with the declared

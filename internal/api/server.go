@@ -572,7 +572,6 @@ func requireAdmin(r *http.Request) error {
 	return nil
 }
 
-
 // The control plane's lifecycle, for the server that wires the API
 // (internal/server): see control.Plane.
 
