@@ -108,7 +108,7 @@ func FuzzApplyLayers(f *testing.F) {
 		for _, p := range []string{filepath.Join(outside, "secret"), filepath.Join(outside, "d"), outside} {
 			os.Chtimes(p, past, past)
 		}
-		before := snapshot(t, root, treeDir)
+		before := fuzzSnapshot(t, root, treeDir)
 
 		const limit = 1 << 20
 		tr, err := newTree(treeDir, limit)
@@ -119,7 +119,7 @@ func FuzzApplyLayers(f *testing.F) {
 		err = nil
 		for _, l := range [][]byte{a, b} {
 			if mode&1 != 0 {
-				l = rewrite(l, root)
+				l = fuzzRewrite(l, root)
 			}
 			if err = tr.applyLayer(context.Background(), bytes.NewReader(l)); err != nil {
 				break
@@ -135,7 +135,7 @@ func FuzzApplyLayers(f *testing.F) {
 			t.Fatalf("%d bytes of files written, limit %d", tr.written, limit)
 		}
 
-		after := snapshot(t, root, treeDir)
+		after := fuzzSnapshot(t, root, treeDir)
 		for p, want := range before {
 			if got, ok := after[p]; !ok || got != want {
 				t.Fatalf("outside the tree, %s changed: %+v, was %+v (layers applied with %v)", p, got, want, err)
@@ -152,8 +152,8 @@ func FuzzApplyLayers(f *testing.F) {
 	})
 }
 
-// entryState is what an entry outside the tree looks like.
-type entryState struct {
+// fuzzEntry is what an entry outside the tree looks like.
+type fuzzEntry struct {
 	mode       fs.FileMode
 	uid, gid   uint32
 	size       int64
@@ -162,10 +162,10 @@ type entryState struct {
 	linkTarget string
 }
 
-// snapshot records every entry below root except the tree and what is
+// fuzzSnapshot records every entry below root except the tree and what is
 // below it.
-func snapshot(t *testing.T, root, tree string) map[string]entryState {
-	out := map[string]entryState{}
+func fuzzSnapshot(t *testing.T, root, tree string) map[string]fuzzEntry {
+	out := map[string]fuzzEntry{}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -178,7 +178,7 @@ func snapshot(t *testing.T, root, tree string) map[string]entryState {
 			return err
 		}
 		st := fi.Sys().(*syscall.Stat_t)
-		e := entryState{mode: fi.Mode(), uid: st.Uid, gid: st.Gid, size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+		e := fuzzEntry{mode: fi.Mode(), uid: st.Uid, gid: st.Gid, size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			e.linkTarget, _ = os.Readlink(p)
@@ -198,10 +198,10 @@ func snapshot(t *testing.T, root, tree string) map[string]entryState {
 	return out
 }
 
-// rewrite re-encodes a tar stream with "@ROOT@" in its names and link
+// fuzzRewrite re-encodes a tar stream with "@ROOT@" in its names and link
 // targets replaced by root; what does not decode is dropped from there
 // on, and the result is PAX (long names survive).
-func rewrite(l []byte, root string) []byte {
+func fuzzRewrite(l []byte, root string) []byte {
 	var out bytes.Buffer
 	tw := tar.NewWriter(&out)
 	tr := tar.NewReader(bytes.NewReader(l))
@@ -226,16 +226,16 @@ func rewrite(l []byte, root string) []byte {
 			break
 		}
 		if h.Size > 0 {
-			io.Copy(tw, io.LimitReader(io.MultiReader(tr, zeroReader{}), h.Size))
+			io.Copy(tw, io.LimitReader(io.MultiReader(tr, fuzzZeros{}), h.Size))
 		}
 	}
 	tw.Close()
 	return out.Bytes()
 }
 
-type zeroReader struct{}
+type fuzzZeros struct{}
 
-func (zeroReader) Read(p []byte) (int, error) {
+func (fuzzZeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
 }
