@@ -55,7 +55,8 @@ type world struct {
 	cat      catalog.Catalog
 	host     *fuzzHost
 	log      *syncBuffer
-	admin    string // API key secrets
+	quiet    *slog.Logger // for servers other than srv
+	admin    string       // API key secrets
 	user     string
 	adminKey catalog.Key
 	userKey  catalog.Key
@@ -82,7 +83,7 @@ func newWorld(f *testing.F) *world {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { cat.Close() })
-	w := &world{cat: cat, log: &syncBuffer{}, envd: map[string]string{}, ports: map[string]string{},
+	w := &world{cat: cat, log: &syncBuffer{}, quiet: slog.New(slog.DiscardHandler), envd: map[string]string{}, ports: map[string]string{},
 		host: &fuzzHost{Host: hosttest.New()}}
 	srv, err := api.New(api.Config{
 		HostID: hostID, MaxUploadBytes: 1 << 20, OpenAPI: []byte("openapi: 3.0.3\n"),
