@@ -7,15 +7,18 @@
 package apifuzz
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,7 +65,9 @@ const (
 //     Sec-WebSocket-Protocol), or a signed token (panda_token, as a
 //     parameter or a cookie);
 //   - no answer holds an API key or a sandbox's access token the request
-//     did not send, but to that sandbox's owner.
+//     did not send, but to that sandbox's owner;
+//   - a template build's context is never left on disk: it is handed to
+//     the builder or removed.
 //
 // In target, host, headers and body, $ADMIN and $USER stand for the keys,
 // $ENVD and $ENVDA for the access tokens of the user's and the admin's
@@ -148,6 +153,11 @@ func FuzzAPI(f *testing.F) {
 		w.checkAnswer(t, where, req, res, out)
 		w.checkHost(t, where, req, body)
 		w.checkSecrets(t, where, req, body, res, out)
+		// A build's context is the builder's once handed over (which
+		// removes it); every other way out removes it.
+		if left, _ := filepath.Glob(filepath.Join(w.contexts, "*")); len(left) > 0 {
+			t.Fatalf("%s: build contexts left behind: %v", where, left)
+		}
 	})
 }
 
@@ -437,6 +447,12 @@ var seeds = []struct {
 	{"POST", "/v1/templates/base/bake", `{"memory_mib":512,"vcpus":1}`, authAdmin, "", ""},
 	{"POST", "/v1/templates/..%2Fx/bake", `{}`, authAdmin, "", ""},
 	{"POST", "/v1/templates", `{"name":"t","from_image":"127.0.0.1:9999/x"}`, authUser | jsonType, "", ""},
+	{"POST", "/v1/templates", `{"name":"app","dockerfile":"FROM base\nRUN echo hi\n","build_args":{"A":"1"}}`, authUser | jsonType, "", ""},
+	{"POST", "/v1/templates", buildBody(`{"name":"app"}`, "FROM base\nCOPY . /app\n", true), authUser, "", "Content-Type: multipart/form-data; boundary=" + buildBoundary},
+	{"POST", "/v1/templates", buildBody(`{"name":"app","dockerfile_path":"Dockerfile"}`, "", true), authUser, "", "Content-Type: multipart/form-data; boundary=" + buildBoundary},
+	{"POST", "/v1/templates", buildBody(`{"name":"app","from_image":"busybox"}`, "", true), authUser, "", "Content-Type: multipart/form-data; boundary=" + buildBoundary},
+	{"POST", "/v1/templates", buildBody(`{"name":"app","bogus":1}`, "FROM base\n", true), authUser, "", "Content-Type: multipart/form-data; boundary=" + buildBoundary},
+	{"POST", "/v1/templates", strings.Replace(buildBody(`{"name":"app"}`, "FROM base\n", true), "Dockerfile", "../../x", 1), authUser, "", "Content-Type: multipart/form-data; boundary=" + buildBoundary},
 	{"POST", "/v1/templates/base/publish", "", authUser, "", ""},
 	{"GET", "/v1/templates/builds", "", authUser, "", ""},
 	{"POST", "/v1/keys", `{"name":"k","admin":false,"max_sandboxes":2,"max_memory_mib":512}`, authAdmin, "", ""},
@@ -465,4 +481,35 @@ var seeds = []struct {
 	{"GET", "/health", "", envdUser, "", ""},
 	{"GET", "/files?path=/x&signature=v1_x&signature_expiration=99999999999", "", 0, "", ""},
 	{"POST", "/v1/fleet/join", `{"token":"x"}`, 0, "", ""},
+}
+
+// buildBoundary is the multipart boundary of buildBody's requests.
+const buildBoundary = "fuzzboundary"
+
+// buildBody is a multipart build request (POST /v1/templates): its spec,
+// a dockerfile part unless dockerfile is "", and a context tar (holding a
+// Dockerfile and a file) if withContext.
+func buildBody(spec, dockerfile string, withContext bool) string {
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	mw.SetBoundary(buildBoundary)
+	if spec != "" {
+		pw, _ := mw.CreateFormField("spec")
+		pw.Write([]byte(spec))
+	}
+	if dockerfile != "" {
+		pw, _ := mw.CreateFormField("dockerfile")
+		pw.Write([]byte(dockerfile))
+	}
+	if withContext {
+		pw, _ := mw.CreateFormFile("context", "context.tar")
+		tw := tar.NewWriter(pw)
+		for _, f := range []struct{ name, body string }{{"Dockerfile", "FROM base\n"}, {"app/main.py", "print(1)\n"}} {
+			tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
+			tw.Write([]byte(f.body))
+		}
+		tw.Close()
+	}
+	mw.Close()
+	return b.String()
 }

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -28,6 +29,8 @@ import (
 	"github.com/pandastack/pandastack/internal/host/hosttest"
 	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -66,6 +69,9 @@ type world struct {
 	ports map[string]string
 	// initial records, which heal restores.
 	records map[string]catalog.Sandbox
+	// contexts is where build contexts are received
+	// (Config.TemplateContextDir).
+	contexts string
 }
 
 // owner is the key secret that owns sandbox id.
@@ -85,9 +91,11 @@ func newWorld(f *testing.F) *world {
 	f.Cleanup(func() { cat.Close() })
 	w := &world{cat: cat, log: &syncBuffer{}, quiet: slog.New(slog.DiscardHandler), envd: map[string]string{}, ports: map[string]string{},
 		host: &fuzzHost{Host: hosttest.New()}}
+	w.contexts = filepath.Join(f.TempDir(), "contexts")
 	srv, err := api.New(api.Config{
 		HostID: hostID, MaxUploadBytes: 1 << 20, OpenAPI: []byte("openapi: 3.0.3\n"),
 		URLSecret: urlSecret, ProxyDomain: proxyDomain,
+		TemplateBuilds: &fuzzBuilds{}, TemplateContextDir: w.contexts, TemplateContextMaxBytes: 1 << 20,
 		Logger: slog.New(slog.NewTextHandler(w.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}, cat, w.host, prometheus.NewRegistry())
 	if err != nil {
@@ -206,6 +214,58 @@ func (w *world) heal(t *testing.T) {
 			w.host.Lose(info.ID)
 		}
 	}
+}
+
+// fuzzBuilds is a template builder that knows no templates and takes
+// every build it is given (removing its context, as the real one does
+// once done). Embedding the interface keeps it compiling when Builder
+// grows; a handler calling a new method then panics (500), and the seeds
+// say which to add.
+type fuzzBuilds struct {
+	tmplbuild.Builder
+	mu sync.Mutex
+	n  int
+}
+
+func (b *fuzzBuilds) Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Status, error) {
+	if spec.ContextTar != "" {
+		os.Remove(spec.ContextTar)
+	}
+	b.mu.Lock()
+	b.n++
+	id := fmt.Sprintf("build%d", b.n)
+	b.mu.Unlock()
+	return tmplbuild.Status{ID: id, Name: spec.Name, Source: spec.FromImage, State: tmplbuild.StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner}, nil
+}
+
+func (b *fuzzBuilds) Get(ctx context.Context, id string) (tmplbuild.Status, error) {
+	return tmplbuild.Status{}, fmt.Errorf("build %s: %w", id, tmplbuild.ErrNotFound)
+}
+
+func (b *fuzzBuilds) List(ctx context.Context) ([]tmplbuild.Status, error) { return nil, nil }
+
+func (b *fuzzBuilds) Follow(ctx context.Context, id string, line func(string)) (tmplbuild.Status, error) {
+	return b.Get(ctx, id)
+}
+
+func (b *fuzzBuilds) Remove(ctx context.Context, ref string) error {
+	return fmt.Errorf("template %s: %w", ref, template.ErrNotFound)
+}
+
+func (b *fuzzBuilds) SetPublic(ctx context.Context, name string, public bool) error {
+	return fmt.Errorf("template %s: %w", name, template.ErrNotFound)
+}
+
+func (b *fuzzBuilds) UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error) {
+	return template.UserRootFS{}, fmt.Errorf("template %s: %w", ref, template.ErrNotFound)
+}
+
+func (b *fuzzBuilds) UserTemplates(ctx context.Context) ([]template.UserRootFS, error) {
+	return nil, nil
+}
+
+func (b *fuzzBuilds) Versions(ctx context.Context, name string) ([]template.UserRootFS, error) {
+	return nil, nil
 }
 
 // reach is one time a request reached a sandbox: its guest agent (Guest)
