@@ -255,6 +255,9 @@ func FuzzProxyDomain(f *testing.F) {
 			}
 			hostHdr = name
 		}
+		if strings.ContainsFunc(hostHdr, func(c rune) bool { return c < 0x21 || c == 0x7f }) {
+			return // a Host header net/http's server refuses (400) before any handler
+		}
 		req := httptest.NewRequest("GET", "/page", nil)
 		req.Host = hostHdr
 		req.Header.Set("Authorization", "Bearer "+w.user)
