@@ -83,6 +83,10 @@ import (
 // DefaultChunkSize is the chunk size of new uploads (see the package doc).
 const DefaultChunkSize = 2 << 20
 
+// maxChunkSize bounds the chunk size of uploads and of the manifests a
+// Store reads: a download holds a chunk per worker in memory.
+const maxChunkSize = 64 << 20
+
 // ErrBusy is GC finding an Upload in progress; try again later.
 var ErrBusy = errors.New("an upload is in progress")
 
@@ -128,7 +132,7 @@ func New(objs objstore.Store, cfg Config) (*Store, error) {
 	if cfg.ChunkSize == 0 {
 		cfg.ChunkSize = DefaultChunkSize
 	}
-	if cfg.ChunkSize%4096 != 0 || cfg.ChunkSize <= 0 || cfg.ChunkSize > 64<<20 {
+	if cfg.ChunkSize%4096 != 0 || cfg.ChunkSize <= 0 || cfg.ChunkSize > maxChunkSize {
 		return nil, fmt.Errorf("chunk size %d: want a multiple of 4096 up to 64 MiB", cfg.ChunkSize)
 	}
 	if cfg.Workers == 0 {
@@ -249,8 +253,8 @@ func (m *Manifest) check() error {
 	if m.Version != manifestVersion && m.Version != manifestVersionDelta {
 		return fmt.Errorf("version %d, want %d or %d", m.Version, manifestVersion, manifestVersionDelta)
 	}
-	if m.ChunkSize <= 0 {
-		return fmt.Errorf("chunk size %d", m.ChunkSize)
+	if m.ChunkSize <= 0 || m.ChunkSize > maxChunkSize {
+		return fmt.Errorf("chunk size %d, want 1 to %d", m.ChunkSize, maxChunkSize)
 	}
 	for _, f := range m.Files {
 		if err := validFileName(f.Name); err != nil {

@@ -671,7 +671,7 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 		st.Chunks += int((f.Size + cs - 1) / cs)
 	}
 	maxPayload := sha256.Size + maxPatch(cs)
-	payload := make([]byte, maxPayload)
+	payload := make([]byte, maxPayload+4) // and its CRC
 	buf := make([]byte, cs)
 	records := 0
 	current := 0 // the file of the last record

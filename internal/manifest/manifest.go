@@ -172,7 +172,9 @@ func Seal(dir string, names ...string) (Manifest, error) {
 }
 
 // Read returns dir's manifest: ErrNoManifest if it has none, ErrCorrupt if
-// it cannot be decoded.
+// it cannot be decoded or names something other than a file of dir (a
+// manifest may come from another host or the object store with the files
+// it lists: it never makes Check, Verify or Fingerprint look outside dir).
 func Read(dir string) (Manifest, error) {
 	b, err := os.ReadFile(filepath.Join(dir, Name))
 	if errors.Is(err, os.ErrNotExist) {
@@ -184,6 +186,11 @@ func Read(dir string) (Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil || m.Version != version {
 		return Manifest{}, fmt.Errorf("%w: unreadable manifest", ErrCorrupt)
+	}
+	for _, f := range m.Files {
+		if f.Name == "" || f.Name == "." || f.Name == ".." || strings.ContainsAny(f.Name, "/\x00") || f.Size < 0 {
+			return Manifest{}, fmt.Errorf("%w: the manifest lists %q of %d bytes", ErrCorrupt, f.Name, f.Size)
+		}
 	}
 	return m, nil
 }

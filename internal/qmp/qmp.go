@@ -91,7 +91,7 @@ func newClient(ctx context.Context, c *net.UnixConn) (*Client, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetReadDeadline(dl)
 	}
-	line, err := br.ReadBytes('\n')
+	line, err := readLine(br)
 	if err != nil {
 		return nil, fmt.Errorf("read qmp greeting: %w", err)
 	}
@@ -114,9 +114,12 @@ func (c *Client) readLoop(br *bufio.Reader) {
 	defer close(c.done)
 	defer close(c.events)
 	for {
-		line, err := br.ReadBytes('\n')
+		line, err := readLine(br)
 		if err != nil {
 			c.readErr = err
+			if errors.Is(err, errLineTooLong) {
+				c.Close() // out of step for good; stop it sending
+			}
 			return
 		}
 		var r reply
@@ -133,6 +136,29 @@ func (c *Client) readLoop(br *bufio.Reader) {
 		select {
 		case c.replies <- r:
 		default:
+		}
+	}
+}
+
+// maxLine bounds one line from QEMU (a reply or an event; the largest,
+// human-monitor-command's text, are kilobytes): a peer that never ends its
+// line (a VMM taken over by its guest) must not make the client buffer
+// without bound.
+const maxLine = 16 << 20
+
+var errLineTooLong = fmt.Errorf("qmp line longer than %d bytes", maxLine)
+
+// readLine reads one line, its newline included, of at most maxLine bytes.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(line)+len(frag) > maxLine {
+			return nil, errLineTooLong
+		}
+		line = append(line, frag...)
+		if err != bufio.ErrBufferFull {
+			return line, err
 		}
 	}
 }
@@ -179,16 +205,15 @@ func (c *Client) ExecuteWithFDs(ctx context.Context, cmd string, args any, out a
 	}
 	select {
 	case r := <-c.replies:
-		if r.Error != nil {
-			return fmt.Errorf("qmp %s: %w", cmd, r.Error)
-		}
-		if out != nil && len(r.Return) > 0 {
-			if err := json.Unmarshal(r.Return, out); err != nil {
-				return fmt.Errorf("decode qmp %s reply: %w", cmd, err)
-			}
-		}
-		return nil
+		return r.result(cmd, out)
 	case <-c.done:
+		// The read loop hands a reply over before it ends: one that came
+		// just before QEMU hung up (or exited) is the answer.
+		select {
+		case r := <-c.replies:
+			return r.result(cmd, out)
+		default:
+		}
 		return fmt.Errorf("qmp %s: %w", cmd, ErrClosed)
 	case <-ctx.Done():
 		// The reply may still arrive; the connection is now out of step,
@@ -196,6 +221,20 @@ func (c *Client) ExecuteWithFDs(ctx context.Context, cmd string, args any, out a
 		c.Close()
 		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
 	}
+}
+
+// result is what the reply r to cmd means: its error, or its return
+// value decoded into out (nil to ignore).
+func (r reply) result(cmd string, out any) error {
+	if r.Error != nil {
+		return fmt.Errorf("qmp %s: %w", cmd, r.Error)
+	}
+	if out != nil && len(r.Return) > 0 {
+		if err := json.Unmarshal(r.Return, out); err != nil {
+			return fmt.Errorf("decode qmp %s reply: %w", cmd, err)
+		}
+	}
+	return nil
 }
 
 // Close closes the connection. Idempotent.
