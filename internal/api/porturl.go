@@ -81,7 +81,9 @@ var errTokenInvalid = errorf(control.Forbidden,
 // parseToken verifies s against secret and returns what it grants, or a
 // 403 error: errTokenInvalid, or one that says when it expired.
 func parseToken(secret []byte, s string, now time.Time) (portToken, error) {
-	if len(s) > maxTokenLen {
+	if len(s) > maxTokenLen || strings.IndexFunc(s, notBase64URL) >= 0 {
+		// base64's decoder skips CR and LF: a token with them inserted
+		// would verify, and carry them into a cookie.
 		return portToken{}, errTokenInvalid
 	}
 	b, err := base64.RawURLEncoding.DecodeString(s)
@@ -105,6 +107,12 @@ func parseToken(secret []byte, s string, now time.Time) (portToken, error) {
 			"this signed URL for port %d of sandbox %s expired at %s; ask for a new one", port, id, t.Expires.Format(time.RFC3339))
 	}
 	return t, nil
+}
+
+// notBase64URL reports whether c is outside the unpadded base64url
+// alphabet of tokens.
+func notBase64URL(c rune) bool {
+	return !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_')
 }
 
 // URLSecretFile is the usual name of the URL secret's file in a data

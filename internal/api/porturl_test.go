@@ -43,7 +43,8 @@ func TestPortToken(t *testing.T) {
 			t.Errorf("bit 0 of byte %d flipped: got %v, want 403 invalid", i, err)
 		}
 	}
-	for _, bad := range []string{"", "!!!", s[:len(s)-1], s + "A", strings.Repeat("A", 64), strings.Repeat("A", 1000)} {
+	for _, bad := range []string{"", "!!!", s[:len(s)-1], s + "A", strings.Repeat("A", 64), strings.Repeat("A", 1000),
+		s[:10] + "\r\n" + s[10:], s[:10] + "\n" + s[10:], s + "="} {
 		if _, err := parseToken(secret, bad, now); !isForbidden(err, "invalid signed URL") {
 			t.Errorf("token %q: got %v, want 403 invalid", bad, err)
 		}

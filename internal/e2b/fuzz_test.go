@@ -694,6 +694,17 @@ func (b *fuzzBackend) Guest(ctx context.Context, id string) (host.Guest, error) 
 	return g, nil
 }
 
+// AcquireGuest grants a slot of every sandbox of the world (the caller
+// proved access with its token); an unknown one is not found.
+func (b *fuzzBackend) AcquireGuest(ctx context.Context, id string) (func(), error) {
+	if _, ok := fuzzSandboxes[id]; !ok {
+		return nil, &fuzzErr{http.StatusNotFound, "no such sandbox"}
+	}
+	return func() {}, nil
+}
+
+func (b *fuzzBackend) MaxUploadBytes() int64 { return 1 << 20 }
+
 func (b *fuzzBackend) Running(ctx context.Context) ([]string, error) {
 	return []string{"sbx1", "other1"}, nil
 }

@@ -373,6 +373,9 @@ var seeds = []struct {
 	{"GET", "/v1/sandboxes", "", 0, "", "Authorization: Bearer  $USER "},
 	{"GET", "/v1/sandboxes", "", 0, "", "Authorization: bearer $USER"},
 	{"GET", "/v1/sandboxes", "", 0, "", "Upgrade: websocket\nSec-WebSocket-Protocol: bearer.$USER"},
+	// Issue 31, finding 3: the subprotocol key must not reach the guest.
+	{"GET", "/v1/sandboxes/fuzzuser000000000001/ports/8000/ws", "", 0, "", "Upgrade: websocket\nConnection: Upgrade\nSec-WebSocket-Protocol: bearer.$USER"},
+	{"GET", "/ws", "", 0, "8000-fuzzuser000000000001.sb.test", "Upgrade: websocket\nConnection: Upgrade\nSec-WebSocket-Protocol: bearer.$USER"},
 	{"POST", "/v1/sandboxes", `{"template":"base","memory_mib":512,"vcpus":1,"ttl_seconds":60,"on_expire":"pause","metadata":{"a":"b"},"env":{"X":"1"}}`, authUser | jsonType, "", ""},
 	{"POST", "/v1/sandboxes", `{"template":"base","network":{"internet":false,"allow_out":["example.com","*.x.example","10.0.0.0/8"]}}`, authUser | jsonType, "", ""},
 	{"POST", "/v1/sandboxes", `{"template":"../etc","memory_mib":-1}`, authUser | jsonType, "", ""},
