@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -227,6 +228,7 @@ func FuzzDNS(f *testing.F) {
 		}
 		up := &fakeUpstream{answer: answer, keepID: mode&dnsKeepID != 0, fail: mode&dnsUpstreamFails != 0}
 		var learned []learnCall
+		filt := fuzzFilter()
 		fw := &forwarder{
 			upstreams: []string{"192.0.2.53:53"},
 			timeout:   5 * time.Second,
@@ -236,6 +238,7 @@ func FuzzDNS(f *testing.F) {
 				learned = append(learned, learnCall{name, addrs, ttl})
 				return nil
 			},
+			filter:   func() *addrFilter { return filt },
 			log:      log,
 			limiter:  newTokenBucket(0),
 			inflight: make(chan struct{}, maxUpstreamInflight),
@@ -269,6 +272,11 @@ func FuzzDNS(f *testing.F) {
 			if rr.Header().Rrtype == dns.TypeAAAA {
 				t.Fatalf("the answer holds an AAAA record: %v", rr)
 			}
+			if a, ok := rr.(*dns.A); ok {
+				if ip, ok := netip.AddrFromSlice(a.A.To4()); ok && filt.blocks(ip) {
+					t.Fatalf("the answer holds %v, an address no sandbox may reach", ip)
+				}
+			}
 		}
 
 		// What the forwarder may do with the query.
@@ -293,6 +301,10 @@ func FuzzDNS(f *testing.F) {
 			if up.dials != 0 || resp.Rcode != dns.RcodeNameError {
 				t.Fatalf("denied name %q: %d upstream dials, rcode %s; want none and NXDOMAIN", name, up.dials, dns.RcodeToString[resp.Rcode])
 			}
+		case isBlockedReverse(filt, name):
+			if up.dials != 0 || resp.Rcode != dns.RcodeNameError {
+				t.Fatalf("reverse name %q of a blocked range: %d upstream dials, rcode %s; want none and NXDOMAIN", name, up.dials, dns.RcodeToString[resp.Rcode])
+			}
 		case up.dials != 1:
 			t.Fatalf("allowed name %q: %d upstream dials, want 1", name, up.dials)
 		}
@@ -313,12 +325,29 @@ func FuzzDNS(f *testing.F) {
 				}
 			}
 			for _, ip := range learned[0].addrs {
+				if filt.blocks(ip) {
+					t.Fatalf("name %q: allowed %v, an address no sandbox may reach", name, ip)
+				}
 				if !ip.Is4() || !want[ip] {
 					t.Fatalf("name %q: allowed %v, not an A record of the upstream's answer %v", name, ip, ans.Answer)
 				}
 			}
 		}
 	})
+}
+
+// fuzzFilter is FuzzDNS's set of unreachable addresses: the always-blocked
+// ranges and a pool, as a Manager has them.
+func fuzzFilter() *addrFilter {
+	pool := netip.MustParsePrefix("10.234.0.0/16")
+	return &addrFilter{pool: pool, blocked: append(slices.Clone(alwaysBlocked), pool)}
+}
+
+// isBlockedReverse reports whether name is in the reverse zone of a range
+// f blocks (the forwarder answers it itself).
+func isBlockedReverse(f *addrFilter, name string) bool {
+	p, ok := reversePrefix(name)
+	return ok && f.blocksPrefix(p)
 }
 
 // Mode bits of FuzzDNS (the low two choose the policy).
