@@ -90,8 +90,11 @@ func TestProcesses(t *testing.T) {
 	if stderr != "oops\n" {
 		t.Errorf("stderr: got %q, want oops", stderr)
 	}
-	if lagged || proc.Exit == nil || proc.Exit.ExitCode != 5 {
-		t.Errorf("attach end: got %+v lagged %v, want exit 5", proc, lagged)
+	// An attachment that fell behind (a reader starved of CPU) ends
+	// lagged, before the exit: that is the product's contract, not a
+	// failure; WaitProcess below checks the exit either way.
+	if !lagged && (proc.Exit == nil || proc.Exit.ExitCode != 5) {
+		t.Errorf("attach end: got %+v, want exit 5", proc)
 	}
 	w, err := pg.WaitProcess(ctx, p.PID)
 	if err != nil || w.Exit == nil || w.Exit.ExitCode != 5 || w.State != guestproto.ProcExited {
