@@ -203,28 +203,28 @@ func TestEventStream(t *testing.T) {
 // subscriber behind.
 func TestEventStreamEnds(t *testing.T) {
 	secret, id := newKeyWithID(t, "events-revoked", nil, false)
-	before := e.srv.EventSubscribers()
 	s := openEvents(t, e.url, secret)
 	gone := openEvents(t, e.url, secret)
-	if n := e.srv.EventSubscribers(); n != before+2 {
-		t.Errorf("subscribers: %d, want %d", n, before+2)
+	// Counted by key: other tests' streams come and go meanwhile.
+	if n := e.srv.KeySubscribers(id); n != 2 {
+		t.Errorf("subscribers of the key: %d, want 2", n)
 	}
 	gone.close()
-	waitSubscribers(t, before+1)
+	waitSubscribers(t, id, 1)
 	expect(t, do(t, e.admin, "DELETE", "/v1/keys/"+id, nil), 204, "")
 	s.ended()
-	waitSubscribers(t, before)
+	waitSubscribers(t, id, 0)
 	expect(t, do(t, secret, "GET", "/v1/events", nil), 401, "unauthorized")
 }
 
-// waitSubscribers waits (at most 30 s) until the server has n event
-// subscribers.
-func waitSubscribers(t *testing.T, n int) {
+// waitSubscribers waits (at most 30 s) until key (its id) has n event
+// subscribers on the server.
+func waitSubscribers(t *testing.T, key string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for e.srv.EventSubscribers() != n {
+	for e.srv.KeySubscribers(key) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("subscribers: %d, want %d", e.srv.EventSubscribers(), n)
+			t.Fatalf("subscribers of key %s: %d, want %d", key, e.srv.KeySubscribers(key), n)
 		}
 		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by the deadline
 	}

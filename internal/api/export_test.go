@@ -6,8 +6,8 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 )
 
-// EventSubscribers is how many event streams are subscribed.
-func (s *Server) EventSubscribers() int { return s.events.Len() }
+// KeySubscribers is how many event streams key (its id) has subscribed.
+func (s *Server) KeySubscribers(key string) int { return s.events.KeyLen(key) }
 
 // ResolveTemplate is resolveTemplate: the reference a create of ref by key
 // is made from.

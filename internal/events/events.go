@@ -169,3 +169,16 @@ func (h *Hub) Len() int {
 	defer h.mu.Unlock()
 	return len(h.subs)
 }
+
+// KeyLen is the number of subscriptions of key.
+func (h *Hub) KeyLen(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for s := range h.subs {
+		if s.key == key {
+			n++
+		}
+	}
+	return n
+}
