@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/devcluster"
-	"github.com/pandastack/pandastack/internal/objstore/versitygw"
+	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
 	"github.com/spf13/cobra"
 )
 

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
-	"github.com/pandastack/pandastack/internal/objstore"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

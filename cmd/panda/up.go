@@ -9,8 +9,8 @@ import (
 	"time"
 
 	apispec "github.com/pandastack/pandastack/api"
-	"github.com/pandastack/pandastack/internal/objstore"
 	"github.com/pandastack/pandastack/internal/server"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )

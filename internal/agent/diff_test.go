@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/objstore"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 )
 
 // notIn sums the bytes of m's chunks whose hash the set base does not

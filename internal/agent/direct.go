@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lazymem"
-	"github.com/pandastack/pandastack/internal/manifest"
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/volume"
 	"golang.org/x/sys/unix"
 )

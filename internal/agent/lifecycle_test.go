@@ -15,8 +15,8 @@ import (
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/lifecycle"
-	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"golang.org/x/sys/unix"
 )
 

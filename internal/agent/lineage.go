@@ -9,8 +9,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 )
 
 // Ancestor snapshots as the base of a pack. A sandbox created from a

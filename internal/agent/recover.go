@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"golang.org/x/sys/unix"
 )

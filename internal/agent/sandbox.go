@@ -11,8 +11,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/guestproto"
 	"github.com/pandastack/pandastack/internal/lifecycle"
-	"github.com/pandastack/pandastack/internal/manifest"
 	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 

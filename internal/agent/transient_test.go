@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/manifest"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 )
 
 // TestTransientCapture: a transient capture (a cross-host fork's) is not

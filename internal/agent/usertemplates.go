@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

@@ -15,10 +15,10 @@ import (
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
-	"github.com/pandastack/pandastack/internal/chunkstore"
 	"github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 )

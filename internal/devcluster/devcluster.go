@@ -43,8 +43,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/catalog/pgserver"
 	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/objstore/versitygw"
 	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
 )
 
 // Store kinds of Config.Store.

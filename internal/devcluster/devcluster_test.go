@@ -32,9 +32,9 @@ import (
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/devcluster"
 	hostpkg "github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -56,7 +56,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // Source is the content of one lazy file. *chunkstore.Reader is one.

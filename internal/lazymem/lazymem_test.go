@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"golang.org/x/sys/unix"
 )
 

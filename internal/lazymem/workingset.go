@@ -10,8 +10,8 @@ import (
 	"io/fs"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // WorkingSet is the list of chunks of a set's memory file that its first

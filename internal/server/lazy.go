@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/chunkstore"
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // openChunkStore opens the host agent's chunkstore over objs, its leases

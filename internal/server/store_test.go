@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // TestStoreURLIsRefusedAtStart: a --store the agent cannot use stops the

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/chunkstore"
-	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 

@@ -29,7 +29,7 @@ import (
 	"github.com/pandastack/pandastack/internal/failpoint"
 	"github.com/pandastack/pandastack/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 

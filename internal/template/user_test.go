@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guestnet"
-	"github.com/pandastack/pandastack/internal/manifest"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 

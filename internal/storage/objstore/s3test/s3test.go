@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/objstore"
-	"github.com/pandastack/pandastack/internal/objstore/versitygw"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
 )
 
 // Version is the versitygw release the tests run; the Makefile's

@@ -77,7 +77,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // DefaultChunkSize is the chunk size of new uploads (see the package doc).

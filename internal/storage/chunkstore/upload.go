@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // Stats counts what an Upload did.

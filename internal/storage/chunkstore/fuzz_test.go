@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // fuzzChunk is the chunk size of the fuzz targets' packs: two pages, so

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/objstore"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 )
 
 const cs = 1 << 20 // chunk size of the tests: small files, many chunks

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // countingStore counts the chunks read from the store it wraps.

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/objstore"
-	"github.com/pandastack/pandastack/internal/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 )
 
 // backends gives each test a fresh, empty store of every kind.

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/child"
-	"github.com/pandastack/pandastack/internal/objstore"
+	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
 // Version is the versitygw release PandaStack runs; the Makefile's
