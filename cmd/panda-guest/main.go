@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/guest"
-	"github.com/pandastack/pandastack/internal/guestproto"
 )
 
 // version is set at build time with -ldflags '-X main.version=...'.

@@ -38,7 +38,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/api"
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -455,7 +455,7 @@ func hostileImages(t *testing.T) string {
 		goBin = "/usr/local/go/bin/go"
 	}
 	build := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", agent,
-		"github.com/pandastack/pandastack/internal/guestproto/guestprototest/hostileguest")
+		"github.com/pandastack/pandastack/internal/testing/hostileguest")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the hostile guest agent: %v\n%s", err, out)

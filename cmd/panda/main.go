@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"github.com/pandastack/pandastack/internal/cli"
-	"github.com/pandastack/pandastack/internal/failpoint"
+	"github.com/pandastack/pandastack/internal/contract/failpoint"
 	"github.com/spf13/cobra"
 )
 

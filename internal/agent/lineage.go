@@ -9,7 +9,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 )
 

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"golang.org/x/sys/unix"

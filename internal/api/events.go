@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/events"
-	"github.com/pandastack/pandastack/internal/host"
 )
 
 // eventJSON is a line of GET /v1/events (docs/api.md, "Events").

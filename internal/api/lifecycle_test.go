@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 )
 
 // waitFor polls sandbox id until cond holds (at most a minute).

@@ -13,8 +13,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // portJSON is one listening TCP socket of a guest.

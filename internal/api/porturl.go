@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
 )
 
 // Signed port URLs. A token names one port of one sandbox until a time,

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/host"
 )
 
 // processRequest starts a background process: exec's fields, but stdin

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
 )
 
 // The proxy domain (Config.ProxyDomain): a request whose Host is

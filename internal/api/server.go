@@ -28,11 +28,11 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/console"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/recoverer"
 	"github.com/pandastack/pandastack/internal/control"
 	"github.com/pandastack/pandastack/internal/e2b"
 	"github.com/pandastack/pandastack/internal/events"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/recoverer"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

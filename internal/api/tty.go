@@ -10,7 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // The WebSocket subprotocols of GET …/processes/{pid}/tty: the server

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -19,7 +19,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 )
 
 // Error classes. Methods wrap them with detail; test with errors.Is.

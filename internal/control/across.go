@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/network"
 )
 

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/events"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/lifecycle"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/host/hosttest"
 	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
 
 // Each child of a fork has its own outcome: over the key's quota (not

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
-	"github.com/pandastack/pandastack/internal/failpoint"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/failpoint"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 )
 
 // The control plane's half of a sandbox's lifecycle (see Plane): state

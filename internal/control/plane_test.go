@@ -12,7 +12,7 @@ import (
 	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host/hosttest"
+	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
 
 // The tests of this package's logic run a Plane over a real catalog

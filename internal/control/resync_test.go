@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/host/hosttest"
-	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/testing/hosttest"
 	"github.com/pandastack/pandastack/internal/vmm"
 )
 

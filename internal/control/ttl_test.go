@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/control"
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/host/hosttest"
-	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
 
 // The TTL loop stops a running sandbox past its expiry, pauses one that

@@ -42,7 +42,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/catalog/pgserver"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
 )

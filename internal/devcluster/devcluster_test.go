@@ -30,8 +30,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/bench"
+	hostpkg "github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/devcluster"
-	hostpkg "github.com/pandastack/pandastack/internal/host"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"

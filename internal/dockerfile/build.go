@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

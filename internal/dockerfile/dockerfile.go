@@ -45,7 +45,7 @@ import (
 	"errors"
 	"io"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

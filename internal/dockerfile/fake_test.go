@@ -16,7 +16,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

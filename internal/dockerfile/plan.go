@@ -13,7 +13,7 @@ import (
 
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/template"
 )
 

@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // EnvdVersion is the envd version reported to SDKs. The SDK gates

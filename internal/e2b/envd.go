@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // defaultUser is who runs a sandbox's commands and owns its relative

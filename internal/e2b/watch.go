@@ -7,8 +7,8 @@ import (
 	"path"
 
 	"connectrpc.com/connect"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // watchDir is WatchDir: a start event once the guest's watches are in

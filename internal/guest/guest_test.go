@@ -21,9 +21,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/guest"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/guestproto/guestprototest"
 )
 
 const testTimeout = 60 * time.Second

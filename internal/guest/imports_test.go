@@ -17,10 +17,10 @@ func TestGuestImportsNoHostCode(t *testing.T) {
 		return !strings.Contains(first, ".") ||
 			strings.HasPrefix(path, "golang.org/x/sys/") ||
 			path == "github.com/pandastack/pandastack/internal/guest" ||
-			path == "github.com/pandastack/pandastack/internal/guestproto" ||
-			strings.HasPrefix(path, "github.com/pandastack/pandastack/internal/guestproto/")
+			path == "github.com/pandastack/pandastack/internal/contract/guestproto" ||
+			strings.HasPrefix(path, "github.com/pandastack/pandastack/internal/contract/guestproto/")
 	}
-	for _, dir := range []string{".", "../guestproto", "../guestproto/guestprototest", "../../cmd/panda-guest"} {
+	for _, dir := range []string{".", "../contract/guestproto", "../contract/guestproto/guestprototest", "../../cmd/panda-guest"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

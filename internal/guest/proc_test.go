@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // readUntil reads r until what has been seen and returns all read; it

@@ -5,7 +5,7 @@ import (
 	"io"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 func TestPTYProcess(t *testing.T) {

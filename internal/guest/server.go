@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // Config configures a Server.

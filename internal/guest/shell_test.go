@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/guest"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/guestproto/guestprototest"
 )
 
 // shellClient is a client of a guest whose bash is at bash and whose

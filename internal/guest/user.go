@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // execUser is who an exec runs as: ids for the kernel and, when the user has

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/guest"
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/guestproto/guestprototest"
 )
 
 // accountsRoot makes a root with etc/passwd and etc/group, and alice's home

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // nextEvent is the next event of w other than a probe of ready.

@@ -14,7 +14,7 @@ import (
 	"os"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/tmplbuild"
 )

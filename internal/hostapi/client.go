@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/vmm"

@@ -13,8 +13,8 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // Guest returns the guest agent of sandbox id. It does not call the agent:

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 

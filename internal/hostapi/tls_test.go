@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 

@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // Watcher receives what the agent's event stream says.

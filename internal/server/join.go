@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/fleet"
-	"github.com/pandastack/pandastack/internal/host"
 	"golang.org/x/sys/unix"
 )
 

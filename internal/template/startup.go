@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // ReadyError is how a bake fails when a template's ready command did not

@@ -14,7 +14,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"io"
 	"net/http"
 	"os"

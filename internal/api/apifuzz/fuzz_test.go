@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/console"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // Flags of a fuzz input: which credentials the request carries.

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/api"
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
-	"github.com/pandastack/pandastack/internal/guestproto/guestprototest"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 )
 
 // testTimeout bounds every wait in these tests; nothing should come close.

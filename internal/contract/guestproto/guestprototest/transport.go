@@ -10,7 +10,7 @@ import (
 	"net"
 	"sync"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // Transport is the agent's end. Bytes that connected hosts write are queued

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // peer plays the guest agent over a unix socketpair (the kernel buffers a

@@ -16,7 +16,7 @@ func deps(t *testing.T, pkg string) map[string]bool {
 	seen := map[string]bool{}
 	var walk func(p string)
 	walk = func(p string) {
-		bp, err := build.ImportDir(filepath.Join("../..", strings.TrimPrefix(p, module)), 0)
+		bp, err := build.ImportDir(filepath.Join("../../..", strings.TrimPrefix(p, module)), 0)
 		if err != nil {
 			t.Fatalf("import %s: %v", p, err)
 		}
@@ -44,7 +44,7 @@ func TestSeam(t *testing.T) {
 		{"internal/api", []string{"internal/agent", "internal/hostapi", "internal/vmm/qemu"}, "the control plane reaches hosts only through host.Host"},
 		{"internal/hostapi", []string{"internal/api"}, "the host API carries the host contract, not the REST API"},
 		{"internal/agent", []string{"internal/api", "internal/hostapi", "internal/vmm/qemu"}, "the agent implements host.Host and drives a vmm.Driver it is given"},
-		{"internal/host", []string{"internal/api", "internal/hostapi", "internal/agent", "internal/vmm/qemu"}, "the contract depends on neither side"},
+		{"internal/contract/host", []string{"internal/api", "internal/hostapi", "internal/agent", "internal/vmm/qemu"}, "the contract depends on neither side"},
 	} {
 		got := deps(t, tc.pkg)
 		for _, p := range tc.mustNot {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // TestProcessesNeedFeature: an agent that does not list FeatureProcesses

@@ -43,7 +43,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/pandastack/pandastack/internal/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // Guest is both the Transport and the Handler of a guestproto.Agent:

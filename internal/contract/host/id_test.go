@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/host"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // validIDRef is the contract of ValidID, written out byte by byte:

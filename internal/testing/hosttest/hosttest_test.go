@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/host"
-	"github.com/pandastack/pandastack/internal/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 )
 
 // The fake keeps the contract's states and error classes.
