@@ -11,7 +11,7 @@ VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mod $(wildcard go.sum)
 # The web console's sources and its bundle (see the console target).
 CONSOLE_SRC := $(shell find web/console/src -type f 2>/dev/null) web/console/build.mjs
-CONSOLE     := internal/console/dist/index.html
+CONSOLE     := internal/controlplane/console/dist/index.html
 
 .PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps console
 
@@ -26,7 +26,7 @@ bin/panda: $(GOFILES) $(CONSOLE)
 	$(GO) build -ldflags='-X main.version=$(VERSION)' -o $@ ./cmd/panda
 
 # console bundles the web console (web/console: Preact, htm, xterm.js, by
-# esbuild) into internal/console/dist, which bin/panda embeds. Its npm
+# esbuild) into internal/controlplane/console/dist, which bin/panda embeds. Its npm
 # packages are pinned by web/console/package-lock.json and installed with
 # npm ci from the npm registry when the lock file changes; the bundle is
 # rebuilt when a source changes. package.json's allowScripts lets esbuild's
@@ -94,7 +94,7 @@ $(VERSITYGW):
 test: setup e2b-deps s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./internal/agent/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v '/internal/agent$$')
-	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/api/
+	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/controlplane/rest/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
 	@$(MAKE) --no-print-directory fuzz
 

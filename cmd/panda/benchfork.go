@@ -14,9 +14,9 @@ import (
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/bench"
-	"github.com/pandastack/pandastack/internal/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/vmm"
 	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -39,7 +39,7 @@ type localStack struct {
 // Accel, Network; it adopts a mounted store and logs nothing) with an
 // API server over it on a random loopback port.
 func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error) {
-	var srv *api.Server
+	var srv *rest.Server
 	dataDir := cfg.DataDir
 	cfg.AdoptMount = true
 	cfg.OnExit = func(id string, err error) {
@@ -58,13 +58,13 @@ func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error)
 		a.Close()
 		return nil, err
 	}
-	srv, err = api.New(api.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, agent.Local(a), prometheus.NewRegistry())
+	srv, err = rest.New(rest.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, agent.Local(a), prometheus.NewRegistry())
 	if err != nil {
 		cat.Close()
 		a.Close()
 		return nil, err
 	}
-	_, secret, err := api.NewKey(ctx, cat, "bench", true, 0, 0)
+	_, secret, err := rest.NewKey(ctx, cat, "bench", true, 0, 0)
 	if err != nil {
 		cat.Close()
 		a.Close()

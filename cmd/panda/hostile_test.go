@@ -37,8 +37,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -150,9 +150,9 @@ func TestHostileGuest(t *testing.T) {
 		defer scancel()
 		cmd := hostileCmd("hang")
 		cmd.Timeout = time.Minute
-		started := make(chan error, api.DefaultMaxGuestRequestsPerSandbox)
-		ended := make(chan error, api.DefaultMaxGuestRequestsPerSandbox)
-		for range api.DefaultMaxGuestRequestsPerSandbox {
+		started := make(chan error, rest.DefaultMaxGuestRequestsPerSandbox)
+		ended := make(chan error, rest.DefaultMaxGuestRequestsPerSandbox)
+		for range rest.DefaultMaxGuestRequestsPerSandbox {
 			go func() {
 				hanging := make(chan struct{})
 				done := make(chan error, 1)
@@ -170,23 +170,23 @@ func TestHostileGuest(t *testing.T) {
 				}
 			}()
 		}
-		for range api.DefaultMaxGuestRequestsPerSandbox {
+		for range rest.DefaultMaxGuestRequestsPerSandbox {
 			select {
 			case err := <-started:
 				if err != nil {
-					t.Fatalf("one of %d concurrent execs: %v", api.DefaultMaxGuestRequestsPerSandbox, err)
+					t.Fatalf("one of %d concurrent execs: %v", rest.DefaultMaxGuestRequestsPerSandbox, err)
 				}
 			case <-time.After(2 * promptBound):
-				t.Fatalf("%d concurrent execs not all running within %v", api.DefaultMaxGuestRequestsPerSandbox, 2*promptBound)
+				t.Fatalf("%d concurrent execs not all running within %v", rest.DefaultMaxGuestRequestsPerSandbox, 2*promptBound)
 			}
 		}
-		err := timed(t, promptBound, fmt.Sprintf("a request beyond %d operations in flight", api.DefaultMaxGuestRequestsPerSandbox), func() error {
+		err := timed(t, promptBound, fmt.Sprintf("a request beyond %d operations in flight", rest.DefaultMaxGuestRequestsPerSandbox), func() error {
 			_, err := sb.Stat(ctx, "/")
 			return err
 		})
 		wantAPIError(t, err, 429, "requests in flight")
 		timed(t, killBound, "DELETE with every stream taken", func() error { return mustKill(t, ctx, sb) })
-		for range api.DefaultMaxGuestRequestsPerSandbox {
+		for range rest.DefaultMaxGuestRequestsPerSandbox {
 			select {
 			case <-ended:
 			case <-time.After(promptBound):

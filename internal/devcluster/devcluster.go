@@ -41,10 +41,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/catalog/pgserver"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
+	"github.com/pandastack/pandastack/internal/testing/pgserver"
 )
 
 // Store kinds of Config.Store.

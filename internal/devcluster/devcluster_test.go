@@ -31,9 +31,9 @@ import (
 
 	"github.com/pandastack/pandastack/internal/bench"
 	hostpkg "github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 	"github.com/pandastack/pandastack/internal/devcluster"
 	"github.com/pandastack/pandastack/internal/pandatest"
-	"github.com/pandastack/pandastack/internal/scheduler"
 	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/dockerfile"
 	"github.com/pandastack/pandastack/internal/rootfs"
 	"github.com/pandastack/pandastack/internal/template"
@@ -30,7 +30,7 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cannot start template builds: %w", err)
 	}
-	old, _ := filepath.Glob(filepath.Join(dir, api.ContextFilePattern))
+	old, _ := filepath.Glob(filepath.Join(dir, rest.ContextFilePattern))
 	for _, f := range old {
 		os.Remove(f)
 	}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/fleet"
+	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"golang.org/x/sys/unix"
 )
 

@@ -21,10 +21,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
-	"github.com/pandastack/pandastack/internal/api"
-	"github.com/pandastack/pandastack/internal/catalog"
-	"github.com/pandastack/pandastack/internal/catalog/opencatalog"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog/opencatalog"
+	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -260,14 +260,14 @@ func Defaults() Config {
 		// api.DefaultTemplateContextMaxBytes
 		TemplateContextMaxMiB: 2 << 10,
 		BuildCacheMaxMiB:      50 << 10,
-		MaxTemplatesPerKey:    api.DefaultMaxTemplatesPerKey,
+		MaxTemplatesPerKey:    rest.DefaultMaxTemplatesPerKey,
 		LogLevel:              "info",
 		LogFormat:             "text",
 
 		// The API's defaults, spelled out.
-		MaxTemplateBuildsPerKey: api.DefaultMaxTemplateBuildsPerKey,
-		MaxTemplateVersions:     api.DefaultMaxTemplateVersions,
-		MaxEventStreamsPerKey:   api.DefaultMaxEventStreamsPerKey,
+		MaxTemplateBuildsPerKey: rest.DefaultMaxTemplateBuildsPerKey,
+		MaxTemplateVersions:     rest.DefaultMaxTemplateVersions,
+		MaxEventStreamsPerKey:   rest.DefaultMaxEventStreamsPerKey,
 
 		HTTPReadHeaderTimeout: Duration(10 * time.Second),
 		HTTPIdleTimeout:       Duration(2 * time.Minute),
@@ -642,13 +642,13 @@ func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writ
 
 // openControlPlane opens the catalog, creates the admin key on first
 // start and builds the API over h. The caller closes the catalog.
-func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds api.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
-	return openControlPlaneOf(ctx, cfg, func(catalog.Catalog) (host.Host, api.Fleet, api.TemplateBuilds) { return h, nil, builds }, version, openapi, out, log)
+func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds rest.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*rest.Server, catalog.Catalog, error) {
+	return openControlPlaneOf(ctx, cfg, func(catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds) { return h, nil, builds }, version, openapi, out, log)
 }
 
 // openControlPlaneOf is openControlPlane with the host, the template
 // builds (and the fleet, if hosts join) made from the catalog.
-func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, api.Fleet, api.TemplateBuilds), version string, openapi []byte, out io.Writer, log *slog.Logger) (*api.Server, catalog.Catalog, error) {
+func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds), version string, openapi []byte, out io.Writer, log *slog.Logger) (*rest.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
@@ -663,7 +663,7 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 	}
 	// The secret of signed port URLs: made on first start, kept so that
 	// URLs outlive restarts.
-	secret, err := api.LoadOrCreateURLSecret(filepath.Join(cfg.DataDir, api.URLSecretFile))
+	secret, err := rest.LoadOrCreateURLSecret(filepath.Join(cfg.DataDir, rest.URLSecretFile))
 	if err != nil {
 		cat.Close()
 		return nil, nil, err
@@ -671,7 +671,7 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h, fl, builds := hostOf(cat)
-	srv, err := api.New(api.Config{
+	srv, err := rest.New(rest.Config{
 		Fleet:      fl,
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
@@ -783,7 +783,7 @@ func bootstrapAdmin(ctx context.Context, cat catalog.Catalog, dataDir string, ou
 	if n > 0 {
 		return nil
 	}
-	k, secret, err := api.NewKey(ctx, cat, "admin", true, 0, 0)
+	k, secret, err := rest.NewKey(ctx, cat, "admin", true, 0, 0)
 	if err != nil {
 		return err
 	}

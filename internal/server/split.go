@@ -14,10 +14,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/api"
-	"github.com/pandastack/pandastack/internal/catalog"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/fleet"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/controlplane/fleet"
+	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostapi"
 )
 
@@ -407,7 +407,7 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 	}
 	var reg *fleet.Registry
 	var templates *fleet.Templates
-	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, api.Fleet, api.TemplateBuilds) {
+	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds) {
 		reg = fleet.New(fleet.Config{Catalog: cat, JoinToken: joinToken, LostAfter: time.Duration(cfg.HostLostAfter),
 			Logger: log.With("part", "fleet")})
 		templates = fleet.NewTemplates(reg, cfg.TemplateHost)

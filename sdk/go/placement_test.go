@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/scheduler"
+	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 )
 
 func TestPlacementJSON(t *testing.T) {

@@ -1,4 +1,4 @@
-// build.mjs bundles the console into internal/console/dist (embedded in the
+// build.mjs bundles the console into internal/controlplane/console/dist (embedded in the
 // panda binary): src/main.js and src/style.css with everything they import,
 // minified, under names that carry a hash of their content, and an
 // index.html that loads them. Run by `make build` (see the Makefile).
@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
-const out = path.resolve(here, '../../internal/console/dist');
+const out = path.resolve(here, '../../internal/controlplane/console/dist');
 
 fs.mkdirSync(out, { recursive: true });
 for (const f of fs.readdirSync(out)) {

@@ -1,5 +1,0 @@
-package control
-
-// SettleTails waits for the tails of operations that run after their
-// answer (Plane.background): a cross-host fork's deletes of its capture.
-func SettleTails(p *Plane) { p.tailsWG.Wait() }

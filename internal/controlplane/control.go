@@ -1,0 +1,210 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/controlplane/events"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Plane. internal/api fills it from its own Config,
+// whose fields document the limits.
+type Config struct {
+	HostID string // name of the host in sandbox records
+	// DefaultTTL applies when a create has no TTL; MaxTTL bounds every TTL.
+	DefaultTTL time.Duration
+	MaxTTL     time.Duration
+	// Default per-key quotas (a key's own limits override them).
+	MaxSandboxesPerKey int
+	MaxMemoryMiBPerKey int
+	MaxVCPUsPerKey     int
+	MaxDiskMiBPerKey   int
+	// StoppedRetention is how long stopped sandboxes stay in the catalog.
+	StoppedRetention time.Duration
+	// ResolveTemplate turns the template a create names into the one the
+	// sandbox records (a user template's version, "NAME:N") for key, or
+	// refuses it; nil: the name as given.
+	ResolveTemplate func(ctx context.Context, key catalog.Key, name string) (string, error)
+	// Gone is told when a sandbox's guest goes away (it stopped or
+	// paused), so that connections to it are closed; nil: nothing to tell.
+	Gone   func(id string)
+	Logger *slog.Logger
+	// Now is the clock of the times records hold (creation, expiry,
+	// stops) and of the TTL loop's decisions; nil: the system clock. Tick,
+	// if set, replaces the TTL loop's ticker (every 200 ms). Both are for
+	// tests that drive expiry without waiting for it; durations reported
+	// in metrics and logs are always measured with the system clock.
+	Now  func() time.Time
+	Tick <-chan time.Time
+	// Events, if set, is told of every change of a sandbox or snapshot
+	// record the plane writes (publish.go: the Event* types), for its
+	// key's subscribers.
+	Events *events.Hub
+	// StoreDownAfter is how long a cross-host fork or move waits for a
+	// capture whose uploads fail before it gives up with a 503 (default
+	// 5 s).
+	StoreDownAfter time.Duration
+}
+
+// Plane is the control plane of the sandboxes of a fleet of hosts: it
+// keeps their records in a catalog and drives each through its host's
+// host.Host (Fleet), placing new ones (package scheduler). It creates
+// (quota, record, host, rollback), kills, sets TTLs and network policies,
+// forks, snapshots, pauses and resumes sandboxes, expires them (Run), and
+// reconciles the catalog with its host (Resync). It knows nothing of HTTP:
+// its errors are *Error or classified by Classify.
+//
+// The catalog record is the owner of a sandbox's state as users see it;
+// every change of it goes through transition, which applies the lifecycle
+// table in the same transaction as the change, so that two actors (a
+// request, the TTL loop, a VMM exit, a reconcile) can never silently
+// overwrite each other: the second one's transition fails and it knows.
+//
+// Long operations (pause, resume, snapshot, fork) run detached from the
+// request that asked for them: a client that goes away does not cancel
+// them, and it learns the outcome later (its record). Pause and resume
+// have states of their own (pausing, resuming), so a crash of this server
+// in the middle is visible afterwards, and Resync settles them from what
+// the host has.
+type Plane struct {
+	cfg Config
+	// cat is the catalog wrapped by publishing: the plane's record writes
+	// go through it, and it publishes them (Config.Events).
+	cat     catalog.Catalog
+	fleet   Fleet
+	log     *slog.Logger
+	metrics *metrics
+	// commands is the sandboxes' command histories (commands.go).
+	commands *commands
+
+	// life is the context of detached operations; stopLife cancels it.
+	life     context.Context
+	stopLife context.CancelFunc
+
+	mu sync.Mutex
+	// busy counts what works on a sandbox (a create, an operation, a TTL
+	// expiry) so that Resync and the TTL loop leave it alone.
+	busy    map[string]int
+	ops     map[string]*op // the detached operation of each sandbox
+	opsWG   sync.WaitGroup
+	tailsWG sync.WaitGroup // background's
+	closing bool
+	// resyncAgain is the list of the last Resync that left records
+	// unsettled because their host was still in the middle of an
+	// operation (one an earlier server started); the TTL loop runs Resync
+	// again with it until they settle. Nil: nothing to settle.
+	resyncAgain map[string]func(context.Context) ([]host.Info, error)
+}
+
+// New returns a control plane over cat and the one host h, named
+// cfg.HostID; its metrics are registered with reg. It starts no goroutines
+// (Run enforces TTLs).
+func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer) (*Plane, error) {
+	if cfg.HostID == "" {
+		return nil, errors.New("control config: host id must be set")
+	}
+	return NewFleet(cfg, cat, SingleHost(cfg.HostID, h), reg)
+}
+
+// NewFleet returns a control plane over cat and the hosts of f (cfg.HostID
+// unused); its metrics are registered with reg. It starts no goroutines.
+func NewFleet(cfg Config, cat catalog.Catalog, f Fleet, reg prometheus.Registerer) (*Plane, error) {
+	if cfg.DefaultTTL <= 0 || cfg.MaxTTL <= 0 {
+		return nil, errors.New("control config: host id and ttls must be set")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plane{cfg: cfg, fleet: f, commands: newCommands(), resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
+	p.cat = &publishing{Catalog: cat, p: p}
+	p.life, p.stopLife = context.WithCancel(context.Background())
+	return p, nil
+}
+
+// LiveStates are every state but stopped, as the catalog filters them.
+var LiveStates = func() []string {
+	var out []string
+	for _, st := range lifecycle.Live {
+		out = append(out, string(st))
+	}
+	return out
+}()
+
+type metrics struct {
+	createSeconds    prometheus.Histogram
+	creates          *prometheus.CounterVec
+	expired          prometheus.Counter
+	forks            prometheus.Counter
+	forkPauseSeconds prometheus.Histogram
+	snapshots        prometheus.Counter
+	pauses           prometheus.Counter
+}
+
+var latencyBuckets = []float64{.025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10, 30}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		createSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "panda_sandbox_create_seconds", Help: "Time to create a sandbox until its guest agent answers.", Buckets: latencyBuckets}),
+		creates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "panda_sandbox_creates_total", Help: "Sandbox creates by result."}, []string{"result"}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "panda_sandbox_expired_total", Help: "Sandboxes stopped because their TTL ran out."}),
+		forks: prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_forks_total", Help: "Fork requests that captured their parent."}),
+		forkPauseSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "panda_fork_parent_pause_seconds", Help: "How long a fork kept its parent's vCPUs stopped.",
+			Buckets: []float64{.005, .01, .025, .05, .075, .1, .15, .25, .5, 1}}),
+		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_snapshots_total", Help: "Snapshots taken."}),
+		pauses:    prometheus.NewCounter(prometheus.CounterOpts{Name: "panda_pauses_total", Help: "Sandboxes paused."}),
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	for _, c := range []prometheus.Collector{m.createSeconds, m.creates, m.expired, m.forks, m.forkPauseSeconds, m.snapshots, m.pauses} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("control metrics: %w", err)
+		}
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.creates.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+func (p *Plane) storeDownAfter() time.Duration {
+	if p.cfg.StoreDownAfter > 0 {
+		return p.cfg.StoreDownAfter
+	}
+	return storeDownAfter
+}
+
+// now is the time by the plane's clock, in UTC (as records hold it).
+func (p *Plane) now() time.Time { return p.clock().UTC() }
+
+// clock is the time by the plane's clock; the system's keeps its monotonic
+// reading, which intervals of the TTL loop are measured with.
+func (p *Plane) clock() time.Time {
+	if p.cfg.Now != nil {
+		return p.cfg.Now()
+	}
+	return time.Now()
+}
+
+// gone tells Config.Gone that sandbox id's guest went away.
+func (p *Plane) gone(id string) {
+	if p.cfg.Gone != nil {
+		p.cfg.Gone(id)
+	}
+}

@@ -1,0 +1,5 @@
+package controlplane
+
+// SettleTails waits for the tails of operations that run after their
+// answer (Plane.background): a cross-host fork's deletes of its capture.
+func SettleTails(p *Plane) { p.tailsWG.Wait() }

@@ -1,0 +1,361 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/failpoint"
+	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
+)
+
+// MaxForkCount bounds the children of one fork.
+const MaxForkCount = 64
+
+// Forked is the outcome of a fork.
+type Forked struct {
+	// Children has one entry per child asked for, in order.
+	Children []ForkChild
+	// ParentPausedMS is how long the parent's vCPUs were stopped;
+	// DirtyBytes how much of its RAM the capture copied.
+	ParentPausedMS float64
+	DirtyBytes     int64
+	// CrossHostCaptureBytes is the size of the parent's capture that went
+	// to other hosts for children there (its own blocks); 0 when all are
+	// on the parent's host.
+	CrossHostCaptureBytes int64
+	// CrossHostDirectBytes is what the parent's host sent straight to the
+	// other hosts (packs: what differs from the template they hold, one
+	// per host). CrossHostUploadedBytes is what it sent to the object
+	// store for hosts it could not send to directly (the capture's chunks
+	// the store did not hold: not those of its template),
+	// CrossHostFetchedBytes what those hosts read from the store (the
+	// chunks their copy of the template did not hold). Their sum is the
+	// bytes the fork moved.
+	CrossHostDirectBytes   int64
+	CrossHostUploadedBytes int64
+	CrossHostFetchedBytes  int64
+	// CrossHostPulledBytes is the part of CrossHostDirectBytes that the
+	// other hosts fetched from the parent's host themselves; the rest
+	// went through this process (hosts that cannot reach each other, an
+	// older agent).
+	CrossHostPulledBytes int64
+}
+
+// ForkChild is one child of a fork: its record (running), or why it
+// failed.
+type ForkChild struct {
+	Sandbox *catalog.Sandbox
+	Err     *Error
+}
+
+// Fork forks running sandbox parent into count children of key's and
+// waits for them. Children go to the parent's host unless pl asks
+// otherwise (a host, or spread over hosts): children on another host are
+// restored from a capture of the parent that goes there straight from the
+// parent's host, or through the object store the hosts share where it
+// cannot (forkAcross). The fork runs detached from ctx: children a
+// caller never hears of still end up recorded (running, or gone if they
+// failed). A child over quota is reported in its slot and not attempted;
+// if no child fits, the quota error is returned.
+func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbox, count int, pl scheduler.Placement) (Forked, error) {
+	if count < 1 || count > MaxForkCount {
+		return Forked{}, Errorf(Invalid, "count must be between 1 and %d", MaxForkCount)
+	}
+	choices, err := p.place(ctx, scheduler.Request{Template: parent.Template, MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs,
+		Count: count, ParentHost: parent.HostID, Placement: pl})
+	if err != nil {
+		return Forked{}, err
+	}
+	for i, c := range choices {
+		p.log.Info("placed fork child", "parent_id", parent.ID, "child", i, "host_id", c.Host, "reason", c.Reason)
+	}
+	o, err := p.fork(key, parent, choices)
+	if err != nil {
+		return Forked{}, err
+	}
+	_, val, err := o.wait(ctx)
+	if err != nil {
+		return Forked{}, err
+	}
+	return val.(Forked), nil
+}
+
+// fork reserves one child of parent per choice against the key's quota
+// and forks them on the chosen hosts, detached from the request.
+func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []scheduler.Choice) (*op, error) {
+	return p.detach(parent.ID, "fork", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		t0 := time.Now()
+		count := len(choices)
+		out := make([]ForkChild, count)
+		byHost := map[string][]string{} // child ids by host, in request order
+		slot := map[string]int{}
+		var hostOrder []string
+		now := p.now()
+		ttl := p.ttlOf(parent)
+		var quotaErr error
+		for i, c := range choices {
+			child := catalog.Sandbox{
+				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: c.Host, State: catalog.StateStarting,
+				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
+				// The host gives a child its parent's egress policy.
+				Network:    parent.Network,
+				TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
+				CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
+			}
+			p.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
+			if err := p.reserve(ctx, key, child); err != nil {
+				p.setBusy(child.ID, false)
+				quotaErr = err
+				out[i].Err = Classify(err)
+				continue
+			}
+			slot[child.ID] = i
+			if byHost[c.Host] == nil {
+				hostOrder = append(hostOrder, c.Host)
+			}
+			byHost[c.Host] = append(byHost[c.Host], child.ID)
+		}
+		defer func() {
+			for _, ids := range byHost {
+				for _, id := range ids {
+					p.setBusy(id, false)
+				}
+			}
+		}()
+		if len(slot) == 0 {
+			return catalog.Sandbox{}, nil, quotaErr
+		}
+		drop := func(ids []string, err error) {
+			for _, id := range ids {
+				p.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
+				out[slot[id]].Err = Classify(err)
+			}
+		}
+		var res host.ForkResult
+		var forkErr error
+		local := byHost[parent.HostID]
+		if len(local) > 0 {
+			res, forkErr = p.forkOnHost(ctx, parent, local)
+			if forkErr != nil {
+				drop(local, forkErr)
+			} else {
+				for j, id := range local { // children come back in request order
+					if c := res.Children[j]; c.Err != nil {
+						drop([]string{id}, c.Err)
+						if out[slot[id]].Err.Kind == Internal {
+							p.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
+						}
+					}
+				}
+			}
+		}
+		var moved, uploaded int64
+		var across acrossBytes
+		if len(local) < len(slot) {
+			var remote []string
+			for _, hid := range hostOrder {
+				if hid != parent.HostID {
+					remote = append(remote, byHost[hid]...)
+				}
+			}
+			var err error
+			var mu sync.Mutex
+			var si host.SnapshotInfo
+			si, across, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
+				func(id string, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					drop([]string{id}, err)
+				})
+			moved, uploaded = si.SizeBytes, si.UploadedBytes
+			if len(local) == 0 {
+				res.Capture = si.Capture
+			}
+			if err != nil {
+				drop(remote, err)
+				if forkErr == nil {
+					forkErr = err
+				}
+			}
+		}
+		for _, hid := range hostOrder {
+			h, err := p.on(hid)
+			for _, id := range byHost[hid] {
+				if out[slot[id]].Err != nil {
+					continue
+				}
+				if err != nil {
+					out[slot[id]].Err = Classify(err)
+					continue
+				}
+				sb, err := p.started(ctx, h, id)
+				if err != nil {
+					out[slot[id]].Err = Classify(err)
+					continue
+				}
+				out[slot[id]].Sandbox = &sb
+			}
+		}
+		ok := false
+		for _, c := range out {
+			ok = ok || c.Sandbox != nil
+		}
+		if !ok && forkErr != nil && quotaErr == nil {
+			return catalog.Sandbox{}, nil, forkErr
+		}
+		p.metrics.forks.Inc()
+		p.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
+		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(slot), "other_hosts", len(slot)-len(local),
+			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "capture_mib", moved>>20,
+			"direct_bytes", across.direct, "uploaded_bytes", uploaded, "fetched_bytes", across.fetched, "dur_ms", time.Since(t0).Milliseconds())
+		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes,
+			CrossHostCaptureBytes: moved, CrossHostDirectBytes: across.direct, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: across.fetched, CrossHostPulledBytes: across.pulled}, nil
+	})
+}
+
+// forkOnHost forks children ids of parent on the parent's own host.
+func (p *Plane) forkOnHost(ctx context.Context, parent catalog.Sandbox, ids []string) (host.ForkResult, error) {
+	h, err := p.on(parent.HostID)
+	if err != nil {
+		return host.ForkResult{}, err
+	}
+	return h.Fork(ctx, parent.ID, ids)
+}
+
+// Limits are key's quota limits: its own, else the configured defaults.
+func (p *Plane) Limits(key catalog.Key) catalog.Limits {
+	pick := func(own, def int) int {
+		if own != 0 {
+			return own
+		}
+		return def
+	}
+	return catalog.Limits{
+		Sandboxes: pick(key.MaxSandboxes, p.cfg.MaxSandboxesPerKey),
+		MemoryMiB: pick(key.MaxMemoryMiB, p.cfg.MaxMemoryMiBPerKey),
+		VCPUs:     pick(key.MaxVCPUs, p.cfg.MaxVCPUsPerKey),
+		DiskMiB:   pick(key.MaxDiskMiB, p.cfg.MaxDiskMiBPerKey),
+	}
+}
+
+// reserve records a new sandbox against the key's quota.
+func (p *Plane) reserve(ctx context.Context, key catalog.Key, sb catalog.Sandbox) error {
+	if err := p.cat.ReserveSandbox(ctx, sb, p.Limits(key)); err != nil {
+		return fmt.Errorf("reserve sandbox: %w", err)
+	}
+	return nil
+}
+
+// Snapshot takes a snapshot named name of running sandbox sb for key and
+// waits for it. It runs detached from ctx: once the host has it on stable
+// storage it is recorded for the key (a crash in between is repaired by
+// Resync).
+func (p *Plane) Snapshot(ctx context.Context, key catalog.Key, sb catalog.Sandbox, name string) (catalog.Snapshot, error) {
+	o, err := p.detach(sb.ID, "snapshot", func(ctx context.Context) (catalog.Sandbox, any, error) {
+		id := host.NewID()
+		h, err := p.on(sb.HostID)
+		if err != nil {
+			return sb, nil, err
+		}
+		si, err := h.Snapshot(ctx, sb.ID, id)
+		if err != nil {
+			return sb, nil, err
+		}
+		failpoint.Hit("api-snapshot-taken")
+		sn := catalog.Snapshot{
+			ID: id, KeyID: key.ID, SandboxID: sb.ID, Name: name, HostID: sb.HostID,
+			Template: sb.Template, MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs, SizeBytes: si.SizeBytes,
+			CreatedAt: si.CreatedAt,
+		}
+		if err := p.cat.CreateSnapshot(ctx, sn, p.Limits(key)); err != nil {
+			if derr := h.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
+				p.log.Error("delete unrecorded snapshot", "snapshot_id", id, "err", derr)
+			}
+			return sb, nil, err
+		}
+		p.metrics.snapshots.Inc()
+		return sb, sn, nil
+	})
+	if err != nil {
+		return catalog.Snapshot{}, err
+	}
+	_, val, err := o.wait(ctx)
+	if err != nil {
+		return catalog.Snapshot{}, err
+	}
+	return val.(catalog.Snapshot), nil
+}
+
+// DeleteSnapshot deletes snapshot id from its host, then its record.
+func (p *Plane) DeleteSnapshot(ctx context.Context, id string) error {
+	sn, err := p.cat.GetSnapshot(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil // a reconciliation finished this delete meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	h, err := p.on(sn.HostID)
+	if err != nil {
+		return err
+	}
+	if err := h.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, host.ErrNotFound) {
+		return err
+	}
+	// Not found: a reconciliation finished this delete meanwhile.
+	if err := p.cat.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// SnapshotStorage is where the host keeps its snapshots, by ID: each one's
+// host.SnapshotInfo with Stored and StoreError (local, uploading to the
+// object store, durable there). Nil if the host cannot list its snapshots
+// or cannot be reached now (the snapshots themselves are the catalog's;
+// only their storage state is unknown then).
+func (p *Plane) SnapshotStorage(ctx context.Context) map[string]host.SnapshotInfo {
+	var ids []string
+	for _, hi := range p.fleet.Inventory(ctx) {
+		ids = append(ids, hi.ID)
+	}
+	return p.snapshotStorage(ctx, ids)
+}
+
+// SnapshotStorageOf is SnapshotStorage asking only snapshot sn's host.
+func (p *Plane) SnapshotStorageOf(ctx context.Context, sn catalog.Snapshot) map[string]host.SnapshotInfo {
+	return p.snapshotStorage(ctx, []string{sn.HostID})
+}
+
+func (p *Plane) snapshotStorage(ctx context.Context, hostIDs []string) map[string]host.SnapshotInfo {
+	out := map[string]host.SnapshotInfo{}
+	for _, id := range hostIDs {
+		h, err := p.fleet.Host(id)
+		if err != nil {
+			continue
+		}
+		sl, ok := h.(host.SnapshotLister)
+		if !ok {
+			continue
+		}
+		list, err := sl.Snapshots(ctx)
+		if err != nil {
+			p.log.Warn("list the host's snapshots", "host_id", id, "err", err)
+			continue
+		}
+		for _, si := range list {
+			if old, ok := out[si.ID]; !ok || old.Stored != host.StoredDurable {
+				out[si.ID] = si
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}

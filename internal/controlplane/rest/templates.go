@@ -1,0 +1,724 @@
+package rest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/controlplane"
+	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/tmplbuild"
+)
+
+// versionJSON is one version of a user template: SizeBytes is its root
+// filesystem's apparent size, DiskBytes what it takes on disk; Published
+// whether every key may use it.
+type versionJSON struct {
+	Version   int       `json:"version"`
+	Published bool      `json:"published"`
+	BuiltAt   time.Time `json:"built_at"`
+	BuildMS   int64     `json:"build_ms"`
+	SizeBytes int64     `json:"size_bytes"`
+	DiskBytes int64     `json:"disk_bytes"`
+	FromImage string    `json:"from_image"`
+	Digest    string    `json:"digest,omitempty"`
+}
+
+type templateJSON struct {
+	Name        string     `json:"name"`
+	MemoryMiB   int        `json:"memory_mib,omitempty"`
+	VCPUs       int        `json:"vcpus,omitempty"`
+	State       string     `json:"state"`
+	StaleReason string     `json:"stale_reason,omitempty"`
+	BakedAt     *time.Time `json:"baked_at"`
+	BakeMS      int64      `json:"bake_ms,omitempty"`
+	// A user template's image (built with POST /v1/templates): the
+	// version of this row (Version; the latest for shapes baked from
+	// plain NAME), the template's LatestVersion (for a key other than its
+	// owner's or an admin one, the latest published), Public (some
+	// version is published), Owner (the building key's id, shown to
+	// admin keys only; "" for one built before owners were recorded, an
+	// admin keys' template) and every Versions the key may use.
+	FromImage     string        `json:"from_image,omitempty"`
+	Digest        string        `json:"digest,omitempty"`
+	BuiltAt       *time.Time    `json:"built_at,omitempty"`
+	BuildMS       int64         `json:"build_ms,omitempty"`
+	SizeBytes     int64         `json:"size_bytes,omitempty"`
+	DiskBytes     int64         `json:"disk_bytes,omitempty"`
+	Version       int           `json:"version,omitempty"`
+	LatestVersion int           `json:"latest_version,omitempty"`
+	Public        *bool         `json:"public,omitempty"`
+	Owner         string        `json:"owner,omitempty"`
+	Versions      []versionJSON `json:"versions,omitempty"`
+	// Its start and ready commands, shown to admin keys only (they may
+	// hold secrets).
+	StartCmd            string `json:"start_cmd,omitempty"`
+	ReadyCmd            string `json:"ready_cmd,omitempty"`
+	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
+}
+
+// userVersions returns the versions of every user template, by name
+// (none without template builds).
+func (s *Server) userVersions(ctx context.Context) (map[string][]template.UserRootFS, error) {
+	users := map[string][]template.UserRootFS{}
+	b, err := s.builds()
+	if err != nil {
+		return users, nil
+	}
+	if vl, ok := b.(tmplbuild.VersionLister); ok {
+		return vl.AllVersions(ctx)
+	}
+	latest, err := b.UserTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range latest {
+		if vs, err := b.Versions(ctx, u.Name); err == nil {
+			users[u.Name] = vs
+		}
+	}
+	return users, nil
+}
+
+// listTemplates lists the templates the caller may use: the built-in
+// ones, its own, the published ones (an admin key: all). An admin key sees
+// every shape baked; other keys see each template at its default shape
+// (which shapes others had baked is theirs to know). A user template's
+// rows carry its versions.
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	key := callerOf(r).Key
+	store := s.host.Templates()
+	baked, err := store.List(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	users, err := s.userVersions(r.Context()) // by name, the versions
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// usable: the versions of each user template the key may use (its
+	// own and an admin key's: all; others': the published ones), by
+	// name; a template with none is not listed. visible: a built-in, or
+	// a version the key may use (for a shape of plain NAME, the latest
+	// version's: only if that one is usable). A version the registry
+	// does not list is a deleted one's (a host of a fleet that was away
+	// keeps it until its next start): not listed.
+	usable := map[string][]template.UserRootFS{}
+	for name, vs := range users {
+		if uv := usableVersions(key, vs); len(uv) > 0 {
+			usable[name] = uv
+		}
+	}
+	visible := func(ref string) bool {
+		name, v, err := template.SplitRef(ref)
+		vs, ok := users[name]
+		switch {
+		case err != nil:
+			return false
+		case !ok:
+			return v == 0
+		case v == 0:
+			uv := usable[name]
+			return len(uv) > 0 && uv[len(uv)-1].Version == vs[len(vs)-1].Version
+		}
+		return slices.ContainsFunc(usable[name], func(u template.UserRootFS) bool { return u.Version == v })
+	}
+	visibleName := func(name string) bool {
+		_, user := users[name]
+		return !user || len(usable[name]) > 0
+	}
+	if !key.Admin {
+		var defaults []template.Template
+		for _, t := range baked {
+			if t.Params == s.host.TemplateParams(t.Name, 0, 0) {
+				defaults = append(defaults, t)
+			}
+		}
+		baked = defaults
+	}
+	var out []templateJSON
+	seen := map[string]bool{}
+	for _, t := range baked {
+		if !visible(t.Name) {
+			continue
+		}
+		name, v, _ := template.SplitRef(t.Name)
+		_, reason, err := store.Lookup(r.Context(), t.Params)
+		if errors.Is(err, template.ErrNotFound) {
+			continue // its root filesystem is gone
+		}
+		if _, ok := users[name]; ok && v == 0 && reason != "" {
+			continue // a shape of an earlier latest version: the pinned rows say more
+		}
+		seen[name] = true
+		tj := templateJSON{Name: name, Version: v, MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, State: "ready", BakeMS: t.BakeMS}
+		at := t.BakedAt
+		tj.BakedAt = &at
+		if reason != "" {
+			tj.State, tj.StaleReason = "stale", reason
+		}
+		out = append(out, tj)
+	}
+	names, err := store.Names(r.Context())
+	if err != nil {
+		s.log.Warn("list template names of host", "host_id", s.cfg.HostID, "err", err)
+	}
+	for _, name := range names {
+		if !seen[name] && visibleName(name) {
+			p := s.host.TemplateParams(name, 0, 0)
+			out = append(out, templateJSON{Name: name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, State: "not_baked"})
+		}
+	}
+	for i := range out {
+		vs, ok := usable[out[i].Name]
+		if !ok {
+			continue
+		}
+		latest := vs[len(vs)-1]
+		if out[i].Version == 0 {
+			out[i].Version = latest.Version
+		}
+		pub := slices.ContainsFunc(vs, func(u template.UserRootFS) bool { return u.Published })
+		out[i].LatestVersion, out[i].Public = latest.Version, &pub
+		if key.Admin {
+			out[i].Owner = latest.Owner
+			out[i].StartCmd, out[i].ReadyCmd, out[i].ReadyTimeoutSeconds = latest.StartCmd, latest.ReadyCmd, latest.ReadyTimeoutSeconds
+		}
+		for _, u := range vs {
+			out[i].Versions = append(out[i].Versions, versionJSON{Version: u.Version, Published: u.Published, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
+				SizeBytes: u.SizeBytes, DiskBytes: u.DiskBytes, FromImage: u.Source, Digest: u.Digest})
+			if u.Version == out[i].Version {
+				at := u.BuiltAt
+				out[i].FromImage, out[i].Digest, out[i].BuiltAt, out[i].BuildMS = u.Source, u.Digest, &at, u.BuildMS
+				out[i].SizeBytes, out[i].DiskBytes = u.SizeBytes, u.DiskBytes
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		if out[i].Version != out[j].Version {
+			return out[i].Version > out[j].Version
+		}
+		return out[i].MemoryMiB < out[j].MemoryMiB
+	})
+	if out == nil {
+		out = []templateJSON{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
+}
+
+// ownsTemplate reports whether key may see and use every version of user
+// template u (any of its versions: it holds the template's owner): an
+// admin key always, else the key that built it. A template without an
+// owner (built before owners were recorded) is the admin keys'.
+func ownsTemplate(key catalog.Key, u template.UserRootFS) bool {
+	return key.Admin || (u.Owner != "" && u.Owner == key.ID)
+}
+
+// usableVersions returns the versions of vs (a template's, oldest first)
+// key may see and use: every one for the template's owner and admin keys
+// (ownsTemplate), the published ones for other keys. Publishing is per
+// version: a version its owner builds after publishing is the owner's
+// alone until it is published in turn.
+func usableVersions(key catalog.Key, vs []template.UserRootFS) []template.UserRootFS {
+	if len(vs) == 0 || ownsTemplate(key, vs[len(vs)-1]) {
+		return vs
+	}
+	var out []template.UserRootFS
+	for _, u := range vs {
+		if u.Published {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// templateVersions returns the versions of user template name key may
+// use (usableVersions) and whether key owns it (ownsTemplate); none (and
+// no error) if there is no such template.
+func templateVersions(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) ([]template.UserRootFS, bool, error) {
+	vs, err := b.Versions(ctx, name)
+	if errors.Is(err, template.ErrNotFound) || (err == nil && len(vs) == 0) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return usableVersions(key, vs), ownsTemplate(key, vs[len(vs)-1]), nil
+}
+
+// resolveTemplate returns the reference a sandbox of template ref is
+// created from: a built-in's name as is; for a user template, "NAME:N":
+// for plain NAME the latest version the key may use (its owner and admin
+// keys: the latest; other keys: the latest published), for NAME:N that
+// version if the key may use it. A user template (or version) the key may
+// not use is not found, exactly like a missing one.
+func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		return "", invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
+	}
+	if slices.Contains(template.Reserved, name) || s.cfg.TemplateBuilds == nil {
+		if v > 0 {
+			return "", invalid("template %s is built in: it has no versions", name)
+		}
+		return ref, nil
+	}
+	b := s.cfg.TemplateBuilds
+	u, err := b.UserTemplate(ctx, name)
+	if errors.Is(err, template.ErrNotFound) {
+		if v > 0 {
+			return "", notFound("template %q not found", ref)
+		}
+		return ref, nil // a built-in of this host, or nothing: Lookup says
+	}
+	if err != nil {
+		return "", err
+	}
+	if !ownsTemplate(key, u) {
+		vs, _, err := templateVersions(ctx, b, key, name)
+		if err != nil {
+			return "", err
+		}
+		i := len(vs) - 1
+		if v > 0 {
+			i = slices.IndexFunc(vs, func(u template.UserRootFS) bool { return u.Version == v })
+		}
+		if i < 0 {
+			return "", notFound("template %q not found", ref)
+		}
+		return template.Ref(name, vs[i].Version), nil
+	}
+	if v == 0 {
+		return template.Ref(name, u.Version), nil
+	}
+	if _, err := b.UserTemplate(ctx, ref); errors.Is(err, template.ErrNotFound) {
+		return "", notFound("template %s has no version %d (its latest is %d)", name, v, u.Version)
+	} else if err != nil {
+		return "", err
+	}
+	return ref, nil
+}
+
+func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
+	if err := requireAdmin(r); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var req struct {
+		MemoryMiB int `json:"memory_mib"`
+		VCPUs     int `json:"vcpus"`
+	}
+	if err := decodeJSON(r, &req, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	p := s.host.TemplateParams(templateParam(r), req.MemoryMiB, req.VCPUs)
+	if err := p.Validate(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if _, _, err := s.host.Templates().Lookup(r.Context(), p); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := newNDJSON(w)
+	t, err := s.host.Templates().Bake(r.Context(), p, func(msg string) {
+		out.send(map[string]string{"type": "progress", "message": msg})
+	})
+	if err != nil {
+		s.metrics.bakes.WithLabelValues("error").Inc()
+		ae := classify(err)
+		if ae.Code == "internal" {
+			ae.Message = err.Error() // bake failures explain themselves (console tail)
+		}
+		out.send(map[string]any{"type": "error", "error": errorDetail{Code: ae.Code, Message: ae.Message}})
+		return
+	}
+	s.metrics.bakes.WithLabelValues("ok").Inc()
+	at := t.BakedAt
+	out.send(map[string]any{"type": "done", "template": templateJSON{
+		Name: t.Name, MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, State: "ready", BakedAt: &at, BakeMS: t.BakeMS,
+	}})
+}
+
+// TemplateBuilds builds user templates from container images: a
+// tmplbuild.Manager in the server's process, or a remote host agent's
+// (hostapi.Client). A server without it answers 501.
+type TemplateBuilds = tmplbuild.Builder
+
+// DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.
+const DefaultMaxTemplatesPerKey = 20
+
+func (s *Server) builds() (TemplateBuilds, error) {
+	if s.cfg.TemplateBuilds == nil {
+		return nil, errorf(controlplane.NotImplemented, "this server does not build templates; built-in templates work everywhere")
+	}
+	return s.cfg.TemplateBuilds, nil
+}
+
+// callerBuilds is the template builder for a request of the build
+// endpoints; on false the error was answered.
+func (s *Server) callerBuilds(w http.ResponseWriter, r *http.Request) (TemplateBuilds, bool) {
+	b, err := s.builds()
+	if err != nil {
+		s.writeError(w, r, err)
+		return nil, false
+	}
+	return b, true
+}
+
+// buildSpecOwner fills in the owner of a build of spec.Name by key and the
+// bounds the builder checks again when it starts it (buildadmit.go): any
+// key may build a new name, which it then owns (up to MaxTemplatesPerKey
+// of them, admin keys unbounded); only the owner or an admin key may
+// rebuild one (another key's name is taken: 409, whether it may see it or
+// not), up to MaxTemplateVersions versions; a key has at most
+// MaxTemplateBuildsPerKey builds queued or running.
+func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catalog.Key, spec *tmplbuild.Spec) error {
+	spec.Owner = key.ID
+	if !key.Admin {
+		spec.MaxTemplates = max(s.cfg.MaxTemplatesPerKey, 0)
+		spec.MaxBuilds = max(s.cfg.MaxTemplateBuildsPerKey, 0)
+		spec.MaxVersions = max(s.cfg.MaxTemplateVersions, 0)
+	}
+	u, err := b.UserTemplate(ctx, spec.Name)
+	if errors.Is(err, template.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !key.Admin && (u.Owner == "" || u.Owner != key.ID) {
+		return conflict("the template name %s is taken; pick another", spec.Name)
+	}
+	return nil
+}
+
+// visibleBuild returns build id's status if key may read it: the key that
+// started it, or an admin key; another key's build is not found.
+func visibleBuild(ctx context.Context, b TemplateBuilds, key catalog.Key, id string) (tmplbuild.Status, error) {
+	st, err := b.Get(ctx, id)
+	if err != nil {
+		return st, err
+	}
+	if !key.Admin && st.Owner != key.ID {
+		return tmplbuild.Status{}, notFound("template build %q not found", id)
+	}
+	return st, nil
+}
+
+// checkImageRef accepts registry references only: the other sources the
+// builder knows (oci:DIR, docker-archive:FILE, paths) name files of the
+// server's host.
+func checkImageRef(ref string) error {
+	r := strings.TrimPrefix(ref, "docker://")
+	switch {
+	case r == "":
+		return invalid("from_image is required: an image reference such as registry.example.com/app:1.0")
+	case len(r) > 512 || strings.ContainsAny(r, " \t\r\n\x00"):
+		return invalid("from_image %q is not an image reference", ref)
+	case strings.HasPrefix(r, "/") || strings.HasPrefix(r, ".") || strings.HasSuffix(r, ".tar") ||
+		strings.HasPrefix(r, "oci:") || strings.HasPrefix(r, "docker-archive:"):
+		return invalid("from_image must be a registry reference (registry.example.com/app:1.0); files of the server cannot be built from")
+	}
+	return nil
+}
+
+// startBuild starts building a user template from an image or a
+// Dockerfile (the request: buildrequest.go): 202 with the build's id; its
+// outcome is the build's status. What can refuse it is checked before its
+// context is received (buildadmit.go).
+func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
+	b, err := s.builds()
+	if err != nil {
+		s.refuse(w, r, err)
+		return
+	}
+	key := callerOf(r).Key
+	ctx, done, err := s.admitBuild(r.Context(), b, key)
+	if err == nil && isMultipart(r) {
+		err = s.checkContextSpace(r)
+	}
+	if err != nil {
+		if done != nil {
+			done()
+		}
+		s.refuse(w, r, err)
+		return
+	}
+	defer done()
+	r.Body = ctxBody{ctx: ctx, ReadCloser: r.Body}
+	spec, err := s.buildSpecOf(r, func(name string) error { return s.checkBuildName(ctx, b, key, name) })
+	if err != nil {
+		s.refuse(w, r, err)
+		return
+	}
+	err = s.buildSpecOwner(ctx, b, key, &spec)
+	if err == nil {
+		// Revoked while its context was received (the upload may have
+		// ended first).
+		k, kerr := s.cat.GetKey(ctx, key.ID)
+		switch {
+		case errors.Is(kerr, catalog.ErrNotFound) || (kerr == nil && k.Revoked()):
+			err = errKeyRevoked
+		case kerr != nil:
+			err = fmt.Errorf("look up api key: %w", kerr)
+		}
+	}
+	if err != nil {
+		if spec.ContextTar != "" {
+			os.Remove(spec.ContextTar)
+		}
+		s.refuse(w, r, err)
+		return
+	}
+	// From here spec.ContextTar is the builder's, whatever Start returns.
+	st, err := b.Start(ctx, spec)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/templates/builds/"+st.ID)
+	writeJSON(w, http.StatusAccepted, st)
+}
+
+func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.callerBuilds(w, r)
+	if !ok {
+		return
+	}
+	st, err := visibleBuild(r.Context(), b, callerOf(r).Key, chi.URLParam(r, "buildID"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// listBuilds lists the builds the key may read (its own; every build for
+// an admin key), newest first, optionally of one template (?name=NAME).
+func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.callerBuilds(w, r)
+	if !ok {
+		return
+	}
+	key, name := callerOf(r).Key, r.URL.Query().Get("name")
+	list, err := b.List(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := []tmplbuild.Status{}
+	for _, st := range list {
+		if (key.Admin || st.Owner == key.ID) && (name == "" || st.Name == name) {
+			out = append(out, st)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"builds": out})
+}
+
+// buildLogs streams a build's progress lines as NDJSON, from the first,
+// until it ends: {"line": "..."} each, then its final status
+// ({"status": "succeeded"|"failed", "code", "error", ...}).
+func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.callerBuilds(w, r)
+	if !ok {
+		return
+	}
+	id := chi.URLParam(r, "buildID")
+	if _, err := visibleBuild(r.Context(), b, callerOf(r).Key, id); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := newNDJSON(w)
+	st, err := b.Follow(r.Context(), id, func(line string) {
+		out.send(map[string]string{"line": line})
+	})
+	if err != nil {
+		return // the client went away, or the build was forgotten
+	}
+	out.send(st)
+}
+
+// deleteTemplate removes a user template, NAME (every version and every
+// shape baked from them) or NAME:N (that version; not the latest). Only
+// its owner or an admin key may; a template the key may not use is not
+// found. Refused (409) while live sandboxes or snapshots made from it (of
+// that version, for NAME:N) are in the catalog, unless ?force=true: they
+// keep running, and restoring, from their own files either way.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if templateParam(r) == template.NotAName {
+		s.methodNotAllowed(w, r) // the list of builds, not a template
+		return
+	}
+	b, ok := s.callerBuilds(w, r)
+	if !ok {
+		return
+	}
+	key := callerOf(r).Key
+	ref := templateParam(r)
+	name, v, err := template.SplitRef(ref)
+	if err != nil {
+		s.writeError(w, r, notFound("no template %q built from an image", ref))
+		return
+	}
+	if slices.Contains(template.Reserved, name) {
+		s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
+		return
+	}
+	vs, owns, err := templateVersions(r.Context(), b, key, name)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if len(vs) == 0 {
+		s.writeError(w, r, notFound("no template %q built from an image", name))
+		return
+	}
+	if !owns {
+		s.writeError(w, r, errorf(controlplane.Forbidden, "only the key that built template %s, or an admin key, may delete it", name))
+		return
+	}
+	if v > 0 {
+		if _, err := b.UserTemplate(r.Context(), ref); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	force := false
+	switch r.URL.Query().Get("force") {
+	case "", "false":
+	case "true":
+		force = true
+	default:
+		s.writeError(w, r, invalid("force must be true or false"))
+		return
+	}
+	// uses reports whether a sandbox or snapshot of template t goes away
+	// with this delete.
+	uses := func(t string) bool {
+		if v > 0 {
+			return t == ref
+		}
+		return t == name || strings.HasPrefix(t, name+":")
+	}
+	if !force {
+		live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{States: controlplane.LiveStates})
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("list sandboxes: %w", err))
+			return
+		}
+		nsb := 0
+		for _, sb := range live {
+			if uses(sb.Template) {
+				nsb++
+			}
+		}
+		snaps, err := s.cat.ListSnapshots(r.Context(), "")
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("list snapshots: %w", err))
+			return
+		}
+		nsn := 0
+		for _, sn := range snaps {
+			if uses(sn.Template) {
+				nsn++
+			}
+		}
+		if nsb > 0 || nsn > 0 {
+			s.writeError(w, r, conflict("template %s is in use: %d sandboxes not stopped and %d snapshots were made from it; kill and delete them first, or delete with ?force=true (they keep working from their own files)", ref, nsb, nsn))
+			return
+		}
+	}
+	if err := b.Remove(r.Context(), ref); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// templateParam is the URL's {name}, unescaped: clients may escape the
+// colon of NAME:N (%3A), and the router matches the escaped path.
+func templateParam(r *http.Request) string {
+	p := chi.URLParam(r, "name")
+	if u, err := url.PathUnescape(p); err == nil {
+		return u
+	}
+	return p
+}
+
+// publishTemplate publishes versions of a user template (public true):
+// "NAME" its latest version, "NAME:N" version N; every key may then list
+// and use them, and other keys' plain NAME means the latest published
+// version. A version built later is not published until it is published
+// in turn. Unpublishing (false) withdraws "NAME:N", or every version of
+// "NAME"; sandboxes made already keep running. Admin keys only. It answers
+// the versions published after the change.
+func (s *Server) publishTemplate(public bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := requireAdmin(r); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		b, ok := s.callerBuilds(w, r)
+		if !ok {
+			return
+		}
+		ref := templateParam(r)
+		name, v, err := template.SplitRef(ref)
+		if err != nil {
+			s.writeError(w, r, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: ")))
+			return
+		}
+		if slices.Contains(template.Reserved, name) {
+			s.writeError(w, r, invalid("%s is a built-in template: every key may use it already", name))
+			return
+		}
+		if public && v == 0 {
+			// The latest now, named: a build that lands meanwhile is
+			// not what the caller saw, and stays unpublished.
+			u, err := b.UserTemplate(r.Context(), name)
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+			v = u.Version
+		}
+		if err := b.SetPublished(r.Context(), template.Ref(name, v), public); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		vs, err := b.Versions(r.Context(), name)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		published := []int{}
+		for _, u := range vs {
+			if u.Published {
+				published = append(published, u.Version)
+			}
+		}
+		out := map[string]any{"name": name, "public": len(published) > 0, "published_versions": published}
+		if v > 0 {
+			out["version"] = v
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+var _ TemplateBuilds = (*tmplbuild.Manager)(nil)
