@@ -88,12 +88,12 @@ $(VERSITYGW):
 	mv $(TOOLS_DIR)/.build/versitygw $@ && rm -rf $(TOOLS_DIR)/.build
 
 # test runs every test, then every fuzz target for a few seconds (fuzz).
-# The host agent's tests (internal/agent: many guests, several agents
+# The host agent's tests (internal/hostagent: many guests, several agents
 # sharing an object store, lazy restore) run first and alone: next to the
 # other packages' guests their disk writes starved bakes on 2 cores.
 test: setup e2b-deps s3-deps
-	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./internal/agent/
-	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v '/internal/agent$$')
+	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./internal/hostagent/
+	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v '/internal/hostagent$$')
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/controlplane/rest/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
 	@$(MAKE) --no-print-directory fuzz

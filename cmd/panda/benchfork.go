@@ -13,12 +13,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/vmm"
-	"github.com/pandastack/pandastack/internal/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/hostagent"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -28,7 +28,7 @@ import (
 // localStack is a private all-in-one server for benchmarks that need the
 // host agent next to the API (memory figures, the naive fork baseline).
 type localStack struct {
-	agent  *agent.Agent
+	agent  *hostagent.Agent
 	client *pandastack.Client
 	url    string // the API server's
 	key    string // the client's, an admin key
@@ -38,7 +38,7 @@ type localStack struct {
 // startLocalStack opens a host agent as cfg says (DataDir, ImagesDir,
 // Accel, Network; it adopts a mounted store and logs nothing) with an
 // API server over it on a random loopback port.
-func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error) {
+func startLocalStack(ctx context.Context, cfg hostagent.Config) (*localStack, error) {
 	var srv *rest.Server
 	dataDir := cfg.DataDir
 	cfg.AdoptMount = true
@@ -58,7 +58,7 @@ func startLocalStack(ctx context.Context, cfg agent.Config) (*localStack, error)
 		a.Close()
 		return nil, err
 	}
-	srv, err = rest.New(rest.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, agent.Local(a), prometheus.NewRegistry())
+	srv, err = rest.New(rest.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, hostagent.Local(a), prometheus.NewRegistry())
 	if err != nil {
 		cat.Close()
 		a.Close()
@@ -200,14 +200,14 @@ func (l *localBench) imagesDir() string {
 // agentConfig configures a host agent on DATA_DIR/sub that logs nothing:
 // a data directory of its own (next to the server's), so that a running
 // server and the benchmark never share sandboxes.
-func (l *localBench) agentConfig(sub string) agent.Config {
-	return agent.Config{DataDir: filepath.Join(l.dataDir, sub), ImagesDir: l.imagesDir(), Accel: vmm.Accel(l.accel),
+func (l *localBench) agentConfig(sub string) hostagent.Config {
+	return hostagent.Config{DataDir: filepath.Join(l.dataDir, sub), ImagesDir: l.imagesDir(), Accel: vmm.Accel(l.accel),
 		Logger: slog.New(slog.DiscardHandler)}
 }
 
 // openAgent opens a host agent as cfg says, with a QEMU driver of its own
 // unless cfg has a driver.
-func openAgent(ctx context.Context, cfg agent.Config) (*agent.Agent, error) {
+func openAgent(ctx context.Context, cfg hostagent.Config) (*hostagent.Agent, error) {
 	if cfg.Driver == nil {
 		drv, err := qemu.New(qemu.Config{Logger: cfg.Logger})
 		if err != nil {
@@ -215,7 +215,7 @@ func openAgent(ctx context.Context, cfg agent.Config) (*agent.Agent, error) {
 		}
 		cfg.Driver = drv
 	}
-	return agent.Open(ctx, cfg)
+	return hostagent.Open(ctx, cfg)
 }
 
 func writeJSON(w io.Writer, v any) error {

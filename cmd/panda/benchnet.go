@@ -11,8 +11,8 @@ import (
 	"net"
 
 	"github.com/pandastack/pandastack/internal/bench"
-	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 	"github.com/spf13/cobra"
 )
 

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

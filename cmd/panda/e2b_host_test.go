@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 )
 
 // TestNetworkE2BGetHost: with a proxy domain, E2B's create answers it as

@@ -7,7 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"io"
 	"os"
 	"os/signal"

@@ -32,7 +32,7 @@ import (
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
-	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

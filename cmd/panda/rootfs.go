@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/rootfs"
+	"github.com/pandastack/pandastack/internal/hostagent/template/rootfs"
 	"github.com/spf13/cobra"
 )
 

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

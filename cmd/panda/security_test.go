@@ -22,8 +22,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -24,7 +24,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
-	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"

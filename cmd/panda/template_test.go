@@ -27,8 +27,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/pandatest"
-	"github.com/pandastack/pandastack/internal/template"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -11,8 +11,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/hostagent"
 )
 
 // Dist summarizes samples in milliseconds.
@@ -93,14 +93,14 @@ type CreateResult struct {
 
 // CreateBench measures create → first exec, exec round trips and idle
 // memory through the host agent directly (no HTTP).
-func CreateBench(ctx context.Context, a *agent.Agent, o CreateOptions) (CreateResult, error) {
+func CreateBench(ctx context.Context, a *hostagent.Agent, o CreateOptions) (CreateResult, error) {
 	logf := func(format string, args ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, format+"\n", args...)
 		}
 	}
 	res := CreateResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel())}
-	req := agent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs,
+	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs,
 		Progress: func(m string) { logf("  %s", m) }}
 	// Bake (if needed) and warm the host page cache with one untimed create.
 	logf("warming up (bakes the template if needed)")
@@ -206,7 +206,7 @@ func CreateBench(ctx context.Context, a *agent.Agent, o CreateOptions) (CreateRe
 }
 
 // firstExecCPU is the CPU sandbox id's VMM has used so far.
-func firstExecCPU(a *agent.Agent, id string) (VMMCPU, error) {
+func firstExecCPU(a *hostagent.Agent, id string) (VMMCPU, error) {
 	info, err := a.Get(id)
 	if err != nil {
 		return VMMCPU{}, err

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent"
 )
 
 // DensityOptions configures DensityBench.
@@ -89,7 +89,7 @@ type DensityResult struct {
 // settle, and measures what each costs the host while idle (memory, CPU)
 // and how quickly one of many answers. It kills every sandbox it started
 // before it returns, also on errors and when ctx ends.
-func DensityBench(ctx context.Context, a *agent.Agent, o DensityOptions) (res DensityResult, err error) {
+func DensityBench(ctx context.Context, a *hostagent.Agent, o DensityOptions) (res DensityResult, err error) {
 	logf := func(format string, args ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, format+"\n", args...)

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -86,7 +86,7 @@ type ForkResult struct {
 
 // ForkBench measures fork through the HTTP API (c) of a server whose host
 // agent is a (for the naive baseline and memory figures).
-func ForkBench(ctx context.Context, c *pandastack.Client, a *agent.Agent, o ForkOptions) (ForkResult, error) {
+func ForkBench(ctx context.Context, c *pandastack.Client, a *hostagent.Agent, o ForkOptions) (ForkResult, error) {
 	logf := func(format string, args ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, format+"\n", args...)
@@ -329,7 +329,7 @@ func forkN(ctx context.Context, sb *pandastack.Sandbox, n int) ([]*pandastack.Sa
 }
 
 // hostPSS sums the PSS of every running sandbox's VMM.
-func hostPSS(a *agent.Agent) int64 {
+func hostPSS(a *hostagent.Agent) int64 {
 	var total int64
 	for _, info := range a.List() {
 		if m, err := a.Memory(info.ID); err == nil {

@@ -15,10 +15,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/hostagent"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -29,7 +29,7 @@ import (
 // that stands in for the internet: no sandbox traffic of the benchmark
 // may leave them. Off gives none (Config.Network nil).
 type NetWorld struct {
-	Off, On *agent.Agent
+	Off, On *hostagent.Agent
 	// API is a client of an api.Server over On (for its port proxy),
 	// with APIKey, a key that may create sandboxes.
 	API    *pandastack.Client
@@ -113,13 +113,13 @@ func NetBench(ctx context.Context, w NetWorld, o NetOptions) (NetResult, error) 
 	b := &netRun{w: w, o: o}
 	defer b.killAll()
 	// Online, as the API makes every sandbox that asks for no policy.
-	req := agent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, Network: network.DefaultPolicy()}
+	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, Network: network.DefaultPolicy()}
 	b.req = req
 
 	b.logf("warming up (bakes the template if needed)")
 	wreq := req
 	wreq.Progress = func(m string) { b.logf("  %s", m) }
-	for _, a := range []*agent.Agent{w.Off, w.On} {
+	for _, a := range []*hostagent.Agent{w.Off, w.On} {
 		id, err := b.create(ctx, a, wreq)
 		if err != nil {
 			return res, err
@@ -223,9 +223,9 @@ func ratio(a, b float64) float64 {
 type netRun struct {
 	w    NetWorld
 	o    NetOptions
-	req  agent.CreateRequest // of every sandbox but the API's
+	req  hostagent.CreateRequest // of every sandbox but the API's
 	live []struct {
-		a  *agent.Agent
+		a  *hostagent.Agent
 		id string
 	}
 }
@@ -237,7 +237,7 @@ func (b *netRun) logf(format string, args ...any) {
 }
 
 // create makes a sandbox and runs true in it.
-func (b *netRun) create(ctx context.Context, a *agent.Agent, req agent.CreateRequest) (string, error) {
+func (b *netRun) create(ctx context.Context, a *hostagent.Agent, req hostagent.CreateRequest) (string, error) {
 	info, err := a.Create(ctx, req)
 	if err != nil {
 		return "", err
@@ -248,7 +248,7 @@ func (b *netRun) create(ctx context.Context, a *agent.Agent, req agent.CreateReq
 
 // fork forks parent once and returns the time until the child answered
 // true; the child is killed.
-func (b *netRun) fork(ctx context.Context, a *agent.Agent, parent string) (time.Duration, error) {
+func (b *netRun) fork(ctx context.Context, a *hostagent.Agent, parent string) (time.Duration, error) {
 	cid := host.NewID()
 	t0 := time.Now()
 	fr, err := a.Fork(ctx, parent, []string{cid})
@@ -268,7 +268,7 @@ func (b *netRun) fork(ctx context.Context, a *agent.Agent, parent string) (time.
 	return d, nil
 }
 
-func (b *netRun) execTrue(ctx context.Context, a *agent.Agent, id string) error {
+func (b *netRun) execTrue(ctx context.Context, a *hostagent.Agent, id string) error {
 	r, err := a.Exec(ctx, id, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
 	if err == nil && r.ExitCode != 0 {
 		err = fmt.Errorf("exit %d", r.ExitCode)
@@ -283,7 +283,7 @@ func (b *netRun) execTrue(ctx context.Context, a *agent.Agent, id string) error 
 const shTimeout = 5 * time.Minute
 
 // sh runs a shell command in id and fails unless it exits 0.
-func (b *netRun) sh(ctx context.Context, a *agent.Agent, id, cmd string) (string, error) {
+func (b *netRun) sh(ctx context.Context, a *hostagent.Agent, id, cmd string) (string, error) {
 	var out, errb bytes.Buffer
 	r, err := a.Exec(ctx, id, guestproto.ExecRequest{Shell: cmd, TimeoutMS: shTimeout.Milliseconds()}, nil, &out, &errb)
 	if err == nil && r.ExitCode != 0 {
@@ -295,14 +295,14 @@ func (b *netRun) sh(ctx context.Context, a *agent.Agent, id, cmd string) (string
 	return out.String(), nil
 }
 
-func (b *netRun) track(a *agent.Agent, id string) {
+func (b *netRun) track(a *hostagent.Agent, id string) {
 	b.live = append(b.live, struct {
-		a  *agent.Agent
+		a  *hostagent.Agent
 		id string
 	}{a, id})
 }
 
-func (b *netRun) kill(a *agent.Agent, id string) {
+func (b *netRun) kill(a *hostagent.Agent, id string) {
 	a.Kill(context.Background(), id)
 	for i, l := range b.live {
 		if l.a == a && l.id == id {

@@ -6,8 +6,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/hostagent"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -54,14 +54,14 @@ type PathResult struct {
 // host agent a and through the API client c over the same agent (and the
 // Python SDK's, if o.Python), interleaving the paths round by round (which
 // goes first rotates too).
-func PathBench(ctx context.Context, a *agent.Agent, c *pandastack.Client, o PathOptions) (PathResult, error) {
+func PathBench(ctx context.Context, a *hostagent.Agent, c *pandastack.Client, o PathOptions) (PathResult, error) {
 	res := PathResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel())}
 	logf := func(format string, args ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, format+"\n", args...)
 		}
 	}
-	req := agent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs}
+	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs}
 	opts := pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs, TTLSeconds: 600}
 	viaHost := func() (time.Duration, string, error) {
 		t0 := time.Now()

@@ -32,8 +32,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/nettest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
 )
 
 // acrossTimeout bounds how long a cross-host fork or move waits for a

@@ -10,8 +10,8 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
-	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 // A key's quota (count, memory, vCPUs, disk; its own limit over the

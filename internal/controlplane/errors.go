@@ -9,10 +9,10 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
-	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Kind is the class of an error as users see it. Its value is the `code`
@@ -127,22 +127,22 @@ func classify(err error) *Error {
 			msg = qe.Error() // says which limit and the numbers, without our wrapping
 		}
 		return Errorf(QuotaExceeded, "%s", msg)
-	case errors.Is(err, tmplbuild.ErrUnsupported):
+	case errors.Is(err, build.ErrUnsupported):
 		return Errorf(NotImplemented, "this server does not build templates from Dockerfiles yet; build and push an image, and build the template with from_image")
-	case errors.Is(err, tmplbuild.ErrLimit):
+	case errors.Is(err, build.ErrLimit):
 		return Errorf(TemplateLimit, "%s", userMessage(err))
-	case errors.Is(err, tmplbuild.ErrBusy):
+	case errors.Is(err, build.ErrBusy):
 		return Errorf(TooManyRequests, "%s", userMessage(err))
-	case errors.Is(err, tmplbuild.ErrNoSpace):
+	case errors.Is(err, build.ErrNoSpace):
 		// Its text is written for users (tmplbuild.Config.CheckSpace).
 		return Errorf(NoSpace, "%s", userMessage(err))
-	case errors.Is(err, tmplbuild.ErrClosed):
+	case errors.Is(err, build.ErrClosed):
 		return Errorf(Unavailable, "%s", userMessage(err))
-	case errors.Is(err, host.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, tmplbuild.ErrNotFound):
+	case errors.Is(err, host.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, build.ErrNotFound):
 		return Errorf(NotFound, "%s", userMessage(err))
 	case errors.Is(err, host.ErrInvalid), errors.Is(err, template.ErrInvalid):
 		return Errorf(Invalid, "%s", userMessage(err))
-	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, tmplbuild.ErrConflict), errors.Is(err, template.ErrConflict):
+	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, build.ErrConflict), errors.Is(err, template.ErrConflict):
 		return Errorf(Conflict, "%s", userMessage(err))
 	case errors.As(err, new(*host.UnreachableError)):
 		// Its text names the agent's address: for the logs only.

@@ -10,8 +10,8 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
-	"github.com/pandastack/pandastack/internal/vmm"
 )
 
 // setState puts a record in a state as a crash of an earlier server would

@@ -25,7 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"io"
 	"net"
 	"net/http"

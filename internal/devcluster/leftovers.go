@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"os"
 	"path/filepath"
 	"slices"

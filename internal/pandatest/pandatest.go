@@ -28,7 +28,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/lazymem"
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"io"
 	"net"
 	"net/http"

@@ -10,19 +10,19 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/dockerfile"
-	"github.com/pandastack/pandastack/internal/rootfs"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/hostagent"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/hostagent/template/dockerfile"
+	"github.com/pandastack/pandastack/internal/hostagent/template/rootfs"
 )
 
 // openTemplateBuilds returns the builder of user templates on host's
 // store: images become root filesystems through rootfs.FromImage; a
 // template with start or ready commands is baked at the host's default
 // shape before its build succeeds.
-func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplbuild.Manager, error) {
+func openTemplateBuilds(cfg Config, host *hostagent.Agent, log *slog.Logger) (*build.Manager, error) {
 	// The build contexts a previous run received and did not build: no
 	// build of this run has any yet. Only the API's own files: the
 	// directory may be a shared one.
@@ -43,20 +43,20 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 	if err != nil {
 		return nil, err
 	}
-	tc := tmplbuild.Config{
+	tc := build.Config{
 		Store:   host.Templates(),
 		Convert: convert,
-		Dockerfile: func(ctx context.Context, spec tmplbuild.Spec, out string, progress func(string)) (tmplbuild.Result, error) {
+		Dockerfile: func(ctx context.Context, spec build.Spec, out string, progress func(string)) (build.Result, error) {
 			// The cache is the building key's: no other key's build
 			// reuses (or sees as cached) what its steps made.
 			r, err := df.Build(ctx, dockerfile.Request{Dockerfile: spec.Dockerfile, ContextTar: spec.ContextTar,
 				BuildArgs: spec.BuildArgs, Scope: spec.Owner}, out, progress)
-			return tmplbuild.Result(r), err
+			return build.Result(r), err
 		},
 		CheckDockerfile: dockerfile.Check,
 		MaxConcurrent:   cfg.MaxTemplateBuilds,
 		// A build writes its root filesystem and its layers to the store.
-		CheckSpace: tmplbuild.DiskSpace(host.StoreDir(), tmplbuild.MinFreeBytes),
+		CheckSpace: build.DiskSpace(host.StoreDir(), build.MinFreeBytes),
 		// Beside the template store: the builds' status and logs outlive
 		// a restart.
 		Dir: filepath.Join(host.StoreDir(), "template-builds"),
@@ -72,7 +72,7 @@ func openTemplateBuilds(cfg Config, host *agent.Agent, log *slog.Logger) (*tmplb
 	}
 	// A host of a fleet: the catalog keeps the registry.
 	tc.Copies = cfg.ServerURL != ""
-	m, err := tmplbuild.New(tc)
+	m, err := build.New(tc)
 	if err != nil {
 		return nil, fmt.Errorf("cannot start template builds: %w", err)
 	}
@@ -94,7 +94,7 @@ func (c Config) templateContextDir() string {
 // image, or one of the built-in root filesystems (base, tiny). Layers are
 // cached in STORE/build-cache (the store reflinks where it can), bounded
 // by cfg.BuildCacheMaxMiB.
-func dockerfileBuilder(cfg Config, host *agent.Agent, convert tmplbuild.Convert, log *slog.Logger) (*dockerfile.Builder, error) {
+func dockerfileBuilder(cfg Config, host *hostagent.Agent, convert build.Convert, log *slog.Logger) (*dockerfile.Builder, error) {
 	shape := host.TemplateParams("", 0, 0)
 	images := template.Images{Dir: cfg.ImagesDir}
 	maxDisk := cfg.TemplateMaxSizeMiB
@@ -149,7 +149,7 @@ func builtinBase(images template.Images, name, out string, progress func(string)
 	src := images.RootFS(name)
 	st, err := os.Stat(src)
 	if err != nil {
-		return dockerfile.Result{}, fmt.Errorf("%w: the built-in root filesystem %s is missing on this server", tmplbuild.ErrImageNotFound, name)
+		return dockerfile.Result{}, fmt.Errorf("%w: the built-in root filesystem %s is missing on this server", build.ErrImageNotFound, name)
 	}
 	progress(fmt.Sprintf("copying the built-in root filesystem %s (%d MiB)", name, st.Size()>>20))
 	if err := dockerfile.CloneFile(src, out); err != nil {
@@ -184,8 +184,8 @@ func (c Config) registryPull() (*rootfs.Pull, error) {
 // anonymously — never with the server's own Docker credentials. A failed
 // pull's error says what kind of failure it was, never what the registry
 // sent: that is logged.
-func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) tmplbuild.Convert {
-	return func(ctx context.Context, src, out string, progress func(string)) (tmplbuild.Result, error) {
+func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) build.Convert {
+	return func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
 		ref := src
 		if !strings.HasPrefix(ref, "docker://") {
 			ref = "docker://" + ref
@@ -199,11 +199,11 @@ func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) tmplbui
 		}
 		if err != nil {
 			if errors.Is(err, rootfs.ErrNotFound) {
-				return tmplbuild.Result{}, fmt.Errorf("%w: %w", tmplbuild.ErrImageNotFound, err)
+				return build.Result{}, fmt.Errorf("%w: %w", build.ErrImageNotFound, err)
 			}
-			return tmplbuild.Result{}, err
+			return build.Result{}, err
 		}
-		return tmplbuild.Result{Digest: c.Digest, Image: template.ImageConfig{
+		return build.Result{Digest: c.Digest, Image: template.ImageConfig{
 			Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
 		}}, nil
 	}

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
 // Short timeouts, so that the tests take seconds.

@@ -17,9 +17,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
+	"github.com/pandastack/pandastack/internal/hostagent"
 	"golang.org/x/sys/unix"
 )
 
@@ -110,7 +110,7 @@ func loadOrCreateHostID(dir string) (string, error) {
 // fleet.DefaultHeartbeat until ctx ends; it registers again whenever the
 // control plane does not know it (it restarted with another catalog, or an
 // operator forgot the host). Failures are logged and retried.
-func join(ctx context.Context, jc *joinConfig, ag *agent.Agent, dataDir string, out io.Writer, log *slog.Logger) {
+func join(ctx context.Context, jc *joinConfig, ag *hostagent.Agent, dataDir string, out io.Writer, log *slog.Logger) {
 	client := &http.Client{Timeout: 10 * time.Second}
 	registered := false
 	backoff := 500 * time.Millisecond
@@ -181,7 +181,7 @@ func post(ctx context.Context, client *http.Client, jc *joinConfig, path string,
 // capacity is what this host offers: its CPUs or cpus of them, its
 // memory or memMiB of it (each if set and smaller), its data directory's
 // disk, its accelerator.
-func capacity(ag *agent.Agent, dataDir string, memMiB, cpus int) host.Capacity {
+func capacity(ag *hostagent.Agent, dataDir string, memMiB, cpus int) host.Capacity {
 	res := host.LocalResources()
 	c := host.Capacity{CPUs: res.VCPUs, MemoryMiB: int64(res.MemoryMiB), Accel: string(ag.Accel())}
 	if memMiB > 0 {
@@ -208,7 +208,7 @@ func freeMemoryMiB(availMiB int64, memMiB int, inUse func() int64) int64 {
 }
 
 // load is this host's state now.
-func load(ag *agent.Agent, dataDir string, memMiB int) host.Load {
+func load(ag *hostagent.Agent, dataDir string, memMiB int) host.Load {
 	res := host.LocalResources()
 	l := host.Load{FreeMemoryMiB: freeMemoryMiB(int64(res.MemoryAvailableMiB), memMiB, ag.MemoryInUse), Sandboxes: len(ag.List()), Templates: []string{}}
 	var st unix.Statfs_t

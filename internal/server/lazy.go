@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
@@ -19,7 +19,7 @@ import (
 // owned by the data directory (storeOwner), and, with cfg.LazyRestore,
 // its lazy restore (a chunk cache in DATA_DIR/store/chunk-cache, shared by
 // every lazily restored machine of the host).
-func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.LazyConfig, error) {
+func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *hostagent.LazyConfig, error) {
 	owner, err := storeOwner(cfg.DataDir)
 	if err != nil {
 		return nil, nil, err
@@ -30,7 +30,7 @@ func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.
 	}
 	// In the store volume (made by the agent, after this), so that the
 	// capture of a lazily restored machine reflinks its chunks from here.
-	cache, err := chunkstore.OpenCache(filepath.Join(cfg.DataDir, "store", agent.ChunkCacheDir))
+	cache, err := chunkstore.OpenCache(filepath.Join(cfg.DataDir, "store", hostagent.ChunkCacheDir))
 	if err != nil {
 		return nil, nil, fmt.Errorf("lazy restore: %w", err)
 	}
@@ -41,7 +41,7 @@ func openChunkStore(cfg Config, objs objstore.Store) (*chunkstore.Store, *agent.
 	if err != nil {
 		return nil, nil, err
 	}
-	return s, &agent.LazyConfig{Chunks: s, Objects: objs, Holder: cfg.LazyHolder}, nil
+	return s, &hostagent.LazyConfig{Chunks: s, Objects: objs, Holder: cfg.LazyHolder}, nil
 }
 
 // storeOwnerFile holds the data directory's name among the users of an

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 
-	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
 )
 
 // networkConfig is the network manager's configuration from c, nil when

@@ -20,17 +20,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/opencatalog"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/hostagent"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
-	"github.com/pandastack/pandastack/internal/vmm"
-	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sys/unix"
@@ -255,7 +255,7 @@ func Defaults() Config {
 		MaxDiskMiBPerKey:   1 << 20,
 		OnShutdown:         "kill",
 		Network:            "on",
-		MaxTemplateBuilds:  tmplbuild.DefaultMaxConcurrent,
+		MaxTemplateBuilds:  build.DefaultMaxConcurrent,
 		TemplateMaxSizeMiB: 16 << 10,
 		// api.DefaultTemplateContextMaxBytes
 		TemplateContextMaxMiB: 2 << 10,
@@ -406,7 +406,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 
 	// 3. Catalog, admin key, API; reconcile the catalog with what
 	// survived a restart.
-	srv, cat, err := openControlPlane(ctx, cfg, agent.Local(host), builds, version, openapi, out, log)
+	srv, cat, err := openControlPlane(ctx, cfg, hostagent.Local(host), builds, version, openapi, out, log)
 	if err != nil {
 		return err
 	}
@@ -465,9 +465,9 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 
 // stopRunning calls stop for each sandbox of host that has a VMM: paused
 // sandboxes live on disk and survive the restart.
-func stopRunning(host *agent.Agent, stop func(id string) error, log *slog.Logger) {
+func stopRunning(host *hostagent.Agent, stop func(id string) error, log *slog.Logger) {
 	for _, info := range host.List() {
-		if info.State == agent.StatePaused {
+		if info.State == hostagent.StatePaused {
 			continue
 		}
 		if err := stop(info.ID); err != nil {
@@ -531,13 +531,13 @@ func prepare(cfg Config, locks ...string) (ln net.Listener, release func(), err 
 // openHost opens the host agent of cfg and, with networking on, its
 // network manager (nw, nil when off). Its VMM exits go to exits, which
 // forwards them once told where (the consumer is built after the agent).
-func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Agent, nw *hostNetwork, exits *exitRelay, err error) {
+func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *hostagent.Agent, nw *hostNetwork, exits *exitRelay, err error) {
 	exits = &exitRelay{}
 	if nw, err = openNetwork(cfg, log.With("part", "network")); err != nil {
 		return nil, nil, nil, err
 	}
 	var store *chunkstore.Store
-	var lazy *agent.LazyConfig
+	var lazy *hostagent.LazyConfig
 	if cfg.Store != "" {
 		objs, err := objstore.Open(cfg.Store, cfg.StoreCredentials)
 		if err == nil {
@@ -553,7 +553,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 		nw.close(false)
 		return nil, nil, nil, fmt.Errorf("cannot start host agent: open host agent: %w", err)
 	}
-	acfg := agent.Config{
+	acfg := hostagent.Config{
 		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), Driver: drv,
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
@@ -569,7 +569,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *agent.Ag
 			acfg.BakeNetwork = &p
 		}
 	}
-	host, err = agent.Open(ctx, acfg)
+	host, err = hostagent.Open(ctx, acfg)
 	if err != nil {
 		nw.close(false)
 		return nil, nil, nil, fmt.Errorf("cannot start host agent: %w", err)
@@ -607,7 +607,7 @@ const lazyPauseWait = 2 * time.Minute
 // closeHost closes the host agent, or with keep, leaves its VMMs running
 // for the next start to adopt. No VMM running: nothing to keep, so the
 // store is unmounted too (paused sandboxes live on disk either way).
-func closeHost(host *agent.Agent, nw *hostNetwork, keep bool, log *slog.Logger) {
+func closeHost(host *hostagent.Agent, nw *hostNetwork, keep bool, log *slog.Logger) {
 	if keep {
 		// A lazily restored machine served by this process (no holder
 		// process: LazyHolder unset) dies with it: paused, it waits on
@@ -629,7 +629,7 @@ func closeHost(host *agent.Agent, nw *hostNetwork, keep bool, log *slog.Logger) 
 }
 
 // bakeOnStart bakes the default template if cfg asks for it.
-func bakeOnStart(ctx context.Context, cfg Config, host *agent.Agent, out io.Writer) error {
+func bakeOnStart(ctx context.Context, cfg Config, host *hostagent.Agent, out io.Writer) error {
 	if !cfg.BakeOnStart {
 		return nil
 	}
@@ -755,9 +755,9 @@ func serveMetrics(addr string, hs *http.Server, log *slog.Logger) (stop func(), 
 }
 
 // vmmsRunning reports whether any sandbox of host has a VMM process.
-func vmmsRunning(host *agent.Agent) bool {
+func vmmsRunning(host *hostagent.Agent) bool {
 	for _, info := range host.List() {
-		if info.State != agent.StatePaused {
+		if info.State != hostagent.StatePaused {
 			return true
 		}
 	}
@@ -765,7 +765,7 @@ func vmmsRunning(host *agent.Agent) bool {
 }
 
 // adoptedIDs are the sandboxes a recovery kept.
-func adoptedIDs(rs []agent.Recovered) []string {
+func adoptedIDs(rs []hostagent.Recovered) []string {
 	var ids []string
 	for _, r := range rs {
 		if r.Err == nil {

@@ -18,7 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
 // AgentDefaults returns the configuration `panda agent` runs with when

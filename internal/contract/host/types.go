@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
-	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Info describes a sandbox on its host.

@@ -13,16 +13,16 @@ import (
 
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
-	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // buildHost is a host's template builds: a real Manager on a real
 // template store, whose conversions write the image's name (images named
 // "missing…" are not found; "slow…" ones wait for release).
 type buildHost struct {
-	m       *tmplbuild.Manager
+	m       *build.Manager
 	release chan struct{}
 }
 
@@ -35,19 +35,19 @@ func newBuildHost(t *testing.T) *buildHost {
 		t.Fatal(err)
 	}
 	h := &buildHost{release: make(chan struct{})}
-	h.m, err = tmplbuild.New(tmplbuild.Config{Store: st, Copies: true,
-		Convert: func(ctx context.Context, src, out string, progress func(string)) (tmplbuild.Result, error) {
+	h.m, err = build.New(build.Config{Store: st, Copies: true,
+		Convert: func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
 			switch {
 			case strings.HasPrefix(src, "missing"):
-				return tmplbuild.Result{}, tmplbuild.ErrImageNotFound
+				return build.Result{}, build.ErrImageNotFound
 			case strings.HasPrefix(src, "slow"):
 				select {
 				case <-h.release:
 				case <-ctx.Done():
-					return tmplbuild.Result{}, ctx.Err()
+					return build.Result{}, ctx.Err()
 				}
 			}
-			return tmplbuild.Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+			return build.Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -70,8 +70,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	ctx := t.Context()
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	var h2gone, h2away atomic.Bool
-	ids, fixedOf := fixed(map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m})
-	builderOf := func(id string) (tmplbuild.Builder, bool) {
+	ids, fixedOf := fixed(map[string]build.Builder{"h1": h1.m, "h2": h2.m})
+	builderOf := func(id string) (build.Builder, bool) {
 		if id == "h2" && h2away.Load() {
 			return nil, false
 		}
@@ -85,9 +85,9 @@ func TestTemplatesRegistry(t *testing.T) {
 		return tp
 	}
 	ts := open("h1")
-	build := func(ts *fleet.Templates, name, image string) tmplbuild.Status {
+	runBuild := func(ts *fleet.Templates, name, image string) build.Status {
 		t.Helper()
-		st, err := ts.Start(ctx, tmplbuild.Spec{Name: name, FromImage: image, Owner: "key_a"})
+		st, err := ts.Start(ctx, build.Spec{Name: name, FromImage: image, Owner: "key_a"})
 		if err != nil {
 			t.Fatalf("Start(%s from %s): %v", name, image, err)
 		}
@@ -111,7 +111,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 
 	// Recorded before Follow returns: a create right after sees it.
-	if st := build(ts, "app", "alpine:1"); st.State != tmplbuild.StateSucceeded || st.Version != 1 {
+	if st := runBuild(ts, "app", "alpine:1"); st.State != build.StateSucceeded || st.Version != 1 {
 		t.Fatalf("the first build: %+v", st)
 	}
 	u, err := ts.UserTemplate(ctx, "app")
@@ -119,7 +119,7 @@ func TestTemplatesRegistry(t *testing.T) {
 		t.Errorf("UserTemplate(app) after the build = %+v, %v", u, err)
 	}
 	// A failed first build leaves no template.
-	if st := build(ts, "bad", "missing:1"); st.State != tmplbuild.StateFailed {
+	if st := runBuild(ts, "bad", "missing:1"); st.State != build.StateFailed {
 		t.Errorf("a build of a missing image: %+v", st)
 	}
 	if _, err := ts.UserTemplate(ctx, "bad"); !errors.Is(err, template.ErrNotFound) {
@@ -130,13 +130,13 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	// Versions on two hosts; a failed one uses up its number.
 	ts2 := open("h2")
-	if st := build(ts2, "app", "alpine:2"); st.Version != 2 || st.HostID != "h2" {
+	if st := runBuild(ts2, "app", "alpine:2"); st.Version != 2 || st.HostID != "h2" {
 		t.Errorf("a build on h2: %+v, want version 2 on h2", st)
 	}
-	if st := build(ts, "app", "missing:3"); st.State != tmplbuild.StateFailed {
+	if st := runBuild(ts, "app", "missing:3"); st.State != build.StateFailed {
 		t.Errorf("a build of a missing image: %+v", st)
 	}
-	if st := build(ts, "app", "alpine:4"); st.Version != 4 {
+	if st := runBuild(ts, "app", "alpine:4"); st.Version != 4 {
 		t.Errorf("the build after a failed one: %+v, want version 4", st)
 	}
 	if got := versions("app"); !slices.Equal(got, []int{1, 2, 4}) {
@@ -178,7 +178,7 @@ func TestTemplatesRegistry(t *testing.T) {
 		}
 	}
 	// A rebuild is not published: publishing granted version 4 alone.
-	if st := build(ts, "app", "alpine:5"); st.State != tmplbuild.StateSucceeded || st.Version != 5 {
+	if st := runBuild(ts, "app", "alpine:5"); st.State != build.StateSucceeded || st.Version != 5 {
 		t.Fatalf("a rebuild of the published app: %+v", st)
 	}
 	published := func() (out []int) {
@@ -213,16 +213,16 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 
 	// Nobody follows: the watcher records it.
-	st, err := ts.Start(ctx, tmplbuild.Spec{Name: "quiet", FromImage: "slow:1", Owner: "key_a"})
+	st, err := ts.Start(ctx, build.Spec{Name: "quiet", FromImage: "slow:1", Owner: "key_a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ts.Remove(ctx, "quiet"); !errors.Is(err, tmplbuild.ErrConflict) {
+	if err := ts.Remove(ctx, "quiet"); !errors.Is(err, build.ErrConflict) {
 		t.Errorf("Remove of a template being built: %v, want tmplbuild.ErrConflict", err)
 	}
 	release(h1)
 	waitFor(t, "the watcher records quiet:1", func() bool { _, err := ts.UserTemplate(ctx, "quiet:1"); return err == nil }, 10*time.Second)
-	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != tmplbuild.StateSucceeded || got.HostID != "h1" {
+	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != build.StateSucceeded || got.HostID != "h1" {
 		t.Errorf("Get(%s) = %+v, %v; want succeeded on h1", st.ID, got, err)
 	}
 	if list, err := ts.List(ctx); err != nil || len(list) == 0 || list[0].ID != st.ID || list[0].HostID != "h1" {
@@ -233,7 +233,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	// watcher records it.
 	h1.release = make(chan struct{})
 	before := open("h1")
-	if _, err := before.Start(ctx, tmplbuild.Spec{Name: "left", FromImage: "slow:2", Owner: "key_a"}); err != nil {
+	if _, err := before.Start(ctx, build.Spec{Name: "left", FromImage: "slow:2", Owner: "key_a"}); err != nil {
 		t.Fatal(err)
 	}
 	before.Close()
@@ -250,7 +250,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	// A build whose host is away meanwhile (lost): recorded once it is
 	// back; deletes wait for it.
 	h2.release = make(chan struct{})
-	pst, err := ts2.Start(ctx, tmplbuild.Spec{Name: "patient", FromImage: "slow:4", Owner: "key_a"})
+	pst, err := ts2.Start(ctx, build.Spec{Name: "patient", FromImage: "slow:4", Owner: "key_a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	if _, err := ts2.UserTemplate(ctx, "patient"); !errors.Is(err, template.ErrNotFound) {
 		t.Errorf("UserTemplate(patient) while its host is away: %v, want not recorded yet", err)
 	}
-	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, tmplbuild.ErrConflict) || !strings.Contains(err.Error(), "h2") {
+	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, build.ErrConflict) || !strings.Contains(err.Error(), "h2") {
 		t.Errorf("Remove while the build's host is away: %v, want a conflict naming h2", err)
 	}
 	// Listed from the catalog while its host cannot say.
@@ -268,8 +268,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := slices.IndexFunc(list, func(st tmplbuild.Status) bool { return st.ID == pst.ID }); i < 0 ||
-		list[i].HostID != "h2" || list[i].State != tmplbuild.StateRunning || list[i].Name != "patient" || list[i].Owner != "key_a" {
+	if i := slices.IndexFunc(list, func(st build.Status) bool { return st.ID == pst.ID }); i < 0 ||
+		list[i].HostID != "h2" || list[i].State != build.StateRunning || list[i].Name != "patient" || list[i].Owner != "key_a" {
 		t.Errorf("builds listed while h2 is away: %+v, want patient's build running on h2", list)
 	}
 	h2away.Store(false)
@@ -278,7 +278,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	// A build whose host is forgotten: dropped.
 	h2.release = make(chan struct{})
 	before = open("h2")
-	if _, err := before.Start(ctx, tmplbuild.Spec{Name: "orphan", FromImage: "slow:3", Owner: "key_a"}); err != nil {
+	if _, err := before.Start(ctx, build.Spec{Name: "orphan", FromImage: "slow:3", Owner: "key_a"}); err != nil {
 		t.Fatal(err)
 	}
 	before.Close()
@@ -292,12 +292,12 @@ func TestTemplatesRegistry(t *testing.T) {
 }
 
 // fixed returns the ids of builders and a builderOf over them.
-func fixed(builders map[string]tmplbuild.Builder) ([]string, func(string) (tmplbuild.Builder, bool)) {
+func fixed(builders map[string]build.Builder) ([]string, func(string) (build.Builder, bool)) {
 	var ids []string
 	for id := range builders {
 		ids = append(ids, id)
 	}
-	return ids, func(id string) (tmplbuild.Builder, bool) { b, ok := builders[id]; return b, ok }
+	return ids, func(id string) (build.Builder, bool) { b, ok := builders[id]; return b, ok }
 }
 
 // release lets h's slow conversions finish.
@@ -306,17 +306,17 @@ func release(h *buildHost) { close(h.release) }
 // lostAnswer is a host whose answer to Start is lost: it started the build
 // (started) or not.
 type lostAnswer struct {
-	tmplbuild.Builder
+	build.Builder
 	started bool
 }
 
-func (l lostAnswer) Start(ctx context.Context, spec tmplbuild.Spec) (tmplbuild.Status, error) {
+func (l lostAnswer) Start(ctx context.Context, spec build.Spec) (build.Status, error) {
 	if l.started {
 		if _, err := l.Builder.Start(ctx, spec); err != nil {
-			return tmplbuild.Status{}, err
+			return build.Status{}, err
 		}
 	}
-	return tmplbuild.Status{}, errors.New("read tcp 10.0.0.1:7789: connection reset by peer")
+	return build.Status{}, errors.New("read tcp 10.0.0.1:7789: connection reset by peer")
 }
 
 // TestTemplatesLostAnswer: a Start whose answer is lost fails, but the
@@ -327,19 +327,19 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	ctx := t.Context()
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	ts := fleet.NewTemplates(r, "h1")
-	ids, of := fixed(map[string]tmplbuild.Builder{"h1": lostAnswer{h1.m, true}})
+	ids, of := fixed(map[string]build.Builder{"h1": lostAnswer{h1.m, true}})
 	fleet.SetBuilders(ts, ids, of, func(string) bool { return false })
 	defer ts.Close()
-	if _, err := ts.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
+	if _, err := ts.Start(ctx, build.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
 	}
 	waitFor(t, "the started build recorded", func() bool { _, err := ts.UserTemplate(ctx, "app:1"); return err == nil }, 10*time.Second)
 
 	ts2 := fleet.NewTemplates(r, "h2")
-	ids, of = fixed(map[string]tmplbuild.Builder{"h2": lostAnswer{h2.m, false}})
+	ids, of = fixed(map[string]build.Builder{"h2": lostAnswer{h2.m, false}})
 	fleet.SetBuilders(ts2, ids, of, func(string) bool { return false })
 	defer ts2.Close()
-	if _, err := ts2.Start(ctx, tmplbuild.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
+	if _, err := ts2.Start(ctx, build.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
 	}
 	waitFor(t, "the build the host never started dropped", func() bool {
@@ -349,10 +349,10 @@ func TestTemplatesLostAnswer(t *testing.T) {
 
 	// Refused by the host (a name its images take, say): nothing kept.
 	ts3 := fleet.NewTemplates(r, "h2")
-	ids, of = fixed(map[string]tmplbuild.Builder{"h2": h2.m})
+	ids, of = fixed(map[string]build.Builder{"h2": h2.m})
 	fleet.SetBuilders(ts3, ids, of, func(string) bool { return false })
 	defer ts3.Close()
-	if _, err := ts3.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "x", Startup: template.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
+	if _, err := ts3.Start(ctx, build.Spec{Name: "app", FromImage: "x", Startup: template.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
 		t.Fatalf("a build the host refuses: %v, want template.ErrInvalid", err)
 	}
 	if tp, err := cat.GetTemplate(ctx, "app"); err != nil || len(tp.Builds) != 0 || tp.LastVersion != 2 {
@@ -370,11 +370,11 @@ func TestTemplatesImport(t *testing.T) {
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	for _, h := range []*buildHost{h1, h2} {
 		for _, image := range []string{"alpine:1", "alpine:2"} {
-			st, err := h.m.Start(ctx, tmplbuild.Spec{Name: "old", FromImage: image, Owner: "key_a"})
+			st, err := h.m.Start(ctx, build.Spec{Name: "old", FromImage: image, Owner: "key_a"})
 			if err == nil {
 				st, err = h.m.Follow(ctx, st.ID, func(string) {})
 			}
-			if err != nil || st.State != tmplbuild.StateSucceeded {
+			if err != nil || st.State != build.StateSucceeded {
 				t.Fatalf("a build the old way: %+v, %v", st, err)
 			}
 		}
@@ -382,7 +382,7 @@ func TestTemplatesImport(t *testing.T) {
 	if err := h1.m.SetPublished(ctx, "old", true); err != nil {
 		t.Fatal(err)
 	}
-	st, err := h2.m.Start(ctx, tmplbuild.Spec{Name: "other", FromImage: "alpine:3", Owner: "key_a"})
+	st, err := h2.m.Start(ctx, build.Spec{Name: "other", FromImage: "alpine:3", Owner: "key_a"})
 	if err == nil {
 		_, err = h2.m.Follow(ctx, st.ID, func(string) {})
 	}
@@ -390,7 +390,7 @@ func TestTemplatesImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := fleet.NewTemplates(r, "h1")
-	ids, of := fixed(map[string]tmplbuild.Builder{"h1": h1.m, "h2": h2.m})
+	ids, of := fixed(map[string]build.Builder{"h1": h1.m, "h2": h2.m})
 	fleet.SetBuilders(ts, ids, of, func(string) bool { return false })
 	defer ts.Close()
 	ts.HostConnected(ctx, "h2")
@@ -403,7 +403,7 @@ func TestTemplatesImport(t *testing.T) {
 		t.Fatalf("old after the import: %+v, %v; want versions 1 and 2 of key_a, 2 published", vs, err)
 	}
 	// The next build goes on from the imported numbers.
-	st, err = ts.Start(ctx, tmplbuild.Spec{Name: "old", FromImage: "alpine:3", Owner: "key_a"})
+	st, err = ts.Start(ctx, build.Spec{Name: "old", FromImage: "alpine:3", Owner: "key_a"})
 	if err == nil {
 		st, err = ts.Follow(ctx, st.ID, func(string) {})
 	}

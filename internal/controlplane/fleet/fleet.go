@@ -31,7 +31,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
 // Defaults.

@@ -16,10 +16,10 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostapi"
-	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
 )
 
 // The registry's logic over a real catalog, with a clock of the test's;
@@ -346,19 +346,19 @@ func TestTemplatesWithoutAHost(t *testing.T) {
 	}
 	pinned := fleet.NewTemplates(r, "h1")
 	defer pinned.Close()
-	_, err := pinned.Start(ctx, tmplbuild.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar, Owner: "key_a"})
+	_, err := pinned.Start(ctx, build.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar, Owner: "key_a"})
 	unavailable(err, "host h1", "has not joined")
 	if _, err := os.Stat(tar); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the refused build's context: %v, want it removed", err)
 	}
 	any := fleet.NewTemplates(r, "")
 	defer any.Close()
-	_, err = any.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
+	_, err = any.Start(ctx, build.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
 	unavailable(err, "no host can build templates now")
 	if _, err := r.Register(ctx, reg); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pinned.Start(ctx, tmplbuild.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
+	_, err = pinned.Start(ctx, build.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
 	unavailable(err, "host h1", "not connected yet")
 	if _, err := cat.GetTemplate(ctx, "app"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("a refused build left a template in the catalog: %v", err)
@@ -369,7 +369,7 @@ func TestTemplatesWithoutAHost(t *testing.T) {
 	if err := pinned.Remove(ctx, "app"); !errors.Is(err, template.ErrNotFound) {
 		t.Errorf("Remove of nothing: got %v, want template.ErrNotFound", err)
 	}
-	if _, err := any.Start(ctx, tmplbuild.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, template.ErrInvalid) {
+	if _, err := any.Start(ctx, build.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, template.ErrInvalid) {
 		t.Errorf("a build of a built-in's name: got %v, want template.ErrInvalid", err)
 	}
 }

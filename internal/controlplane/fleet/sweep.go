@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostapi"
-	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // StoreSweeper is a host that lists and drops the sets of user template

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // storeSets stands for a host's view of the object store's user template
@@ -57,13 +57,13 @@ func TestSweepStore(t *testing.T) {
 	r, _, _, _ := newRegistry(t)
 	ctx := t.Context()
 	h1 := newBuildHost(t)
-	ids, builderOf := fixed(map[string]tmplbuild.Builder{"h1": h1.m})
+	ids, builderOf := fixed(map[string]build.Builder{"h1": h1.m})
 	ts := fleet.NewTemplates(r, "h1")
 	fleet.SetBuilders(ts, ids, builderOf, func(string) bool { return false })
 	t.Cleanup(ts.Close)
-	build := func(name, image string) tmplbuild.Status {
+	runBuild := func(name, image string) build.Status {
 		t.Helper()
-		st, err := ts.Start(ctx, tmplbuild.Spec{Name: name, FromImage: image, Owner: "key_a"})
+		st, err := ts.Start(ctx, build.Spec{Name: name, FromImage: image, Owner: "key_a"})
 		if err == nil && image[:4] != "slow" {
 			st, err = ts.Follow(ctx, st.ID, func(string) {})
 		}
@@ -72,17 +72,17 @@ func TestSweepStore(t *testing.T) {
 		}
 		return st
 	}
-	build("app", "alpine:1")
-	build("app", "alpine:2")
+	runBuild("app", "alpine:1")
+	runBuild("app", "alpine:2")
 	if err := ts.Remove(ctx, "app:1"); err != nil {
 		t.Fatal(err)
 	}
-	build("gone", "alpine:1")
+	runBuild("gone", "alpine:1")
 	if err := ts.Remove(ctx, "gone"); err != nil {
 		t.Fatal(err)
 	}
 	h1.release = make(chan struct{})
-	running := build("app", "slow:3") // version 3, building
+	running := runBuild("app", "slow:3") // version 3, building
 	defer release(h1)
 
 	store := &storeSets{sets: []string{"app:1", "app:2", "app:3", "app:9", "gone:1", "other:1"}}

@@ -18,13 +18,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostapi"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
-	"github.com/pandastack/pandastack/internal/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/hostagent"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -34,7 +34,7 @@ type env struct {
 	url   string
 	admin string
 	srv   *rest.Server
-	host  *agent.Agent
+	host  *hostagent.Agent
 	h     host.Host // what srv uses: host, or a hostapi.Client over it
 	cat   *sqlite.Catalog
 }
@@ -79,7 +79,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "qemu driver:", err)
 		return 1
 	}
-	host, err := agent.Open(ctx, agent.Config{
+	host, err := hostagent.Open(ctx, hostagent.Config{
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { onExit(id, err) },
@@ -95,7 +95,7 @@ func runMain(m *testing.M) int {
 	defer host.Close()
 	// PANDA_TEST_HOST=remote runs the suite with the agent behind the
 	// host API (package hostapi), as panda server drives panda agent.
-	h := agent.Local(host)
+	h := hostagent.Local(host)
 	if os.Getenv("PANDA_TEST_HOST") == "remote" {
 		hsrv := hostapi.NewServer(host, "test-token", log)
 		onExit = hsrv.SandboxExited
@@ -131,7 +131,7 @@ func runMain(m *testing.M) int {
 	defer cat.Close()
 	// Template builds from "images" that are the tiny root filesystem
 	// with a file of their own (template_vm_test.go).
-	builds, err := tmplbuild.New(tmplbuild.Config{Store: host.Templates(), Convert: tinyWithVersionFile,
+	builds, err := build.New(build.Config{Store: host.Templates(), Convert: tinyWithVersionFile,
 		Dir: filepath.Join(dir, "template-builds"), Logger: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // bodyCounter counts the bytes the API's handlers read of request bodies.
@@ -109,7 +109,7 @@ func postEndless(t *testing.T, b *buildServer, key, spec string, size int64) (in
 
 func TestBuildAdmittedBeforeItsContext(t *testing.T) {
 	var read bodyCounter
-	b := newBuildServerWrapped(t, 2, func(_ *tmplbuild.Config, ac *rest.Config) {
+	b := newBuildServerWrapped(t, 2, func(_ *build.Config, ac *rest.Config) {
 		ac.TemplateContextDir = t.TempDir()
 		ac.TemplateContextMaxBytes = 64 << 20
 		ac.MaxTemplateVersions = 2

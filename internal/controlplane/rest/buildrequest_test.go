@@ -23,15 +23,15 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
 // gotSpec is what the Dockerfile hook saw: the Spec, and its context's
 // bytes (read while the build runs; the Manager removes the file after).
 type gotSpec struct {
-	spec    tmplbuild.Spec
+	spec    build.Spec
 	context []byte
 }
 
@@ -43,22 +43,22 @@ func newDockerfileServer(t *testing.T, hook bool, maxContext int64) (*buildServe
 	t.Helper()
 	dir := t.TempDir()
 	got := make(chan gotSpec, 1)
-	b := newBuildServerWith(t, func(bc *tmplbuild.Config, ac *rest.Config) {
+	b := newBuildServerWith(t, func(bc *build.Config, ac *rest.Config) {
 		ac.TemplateContextDir, ac.TemplateContextMaxBytes = dir, maxContext
 		if !hook {
 			return
 		}
-		bc.Dockerfile = func(ctx context.Context, spec tmplbuild.Spec, out string, progress func(string)) (tmplbuild.Result, error) {
+		bc.Dockerfile = func(ctx context.Context, spec build.Spec, out string, progress func(string)) (build.Result, error) {
 			var ctxBytes []byte
 			if spec.ContextTar != "" {
 				var err error
 				if ctxBytes, err = os.ReadFile(spec.ContextTar); err != nil {
-					return tmplbuild.Result{}, err
+					return build.Result{}, err
 				}
 			}
 			got <- gotSpec{spec, ctxBytes}
 			progress("building")
-			return tmplbuild.Result{Digest: "sha256:def"}, os.WriteFile(out, []byte("rootfs"), 0o644)
+			return build.Result{Digest: "sha256:def"}, os.WriteFile(out, []byte("rootfs"), 0o644)
 		}
 	})
 	return b, dir, got
@@ -230,7 +230,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		body        func() (io.Reader, string)
-		want        tmplbuild.Spec
+		want        build.Spec
 		wantContext string
 	}{
 		{
@@ -241,7 +241,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 					part{"context", ctxGz},
 					part{"dockerfile", "FROM alpine:3.20\nARG VERSION\n"}) // the Dockerfile may come last
 			},
-			want: tmplbuild.Spec{Name: "app", Dockerfile: []byte("FROM alpine:3.20\nARG VERSION\n"),
+			want: build.Spec{Name: "app", Dockerfile: []byte("FROM alpine:3.20\nARG VERSION\n"),
 				BuildArgs: map[string]string{"VERSION": "1.2", "_X": ""},
 				Startup:   template.Startup{StartCmd: "exec srv", ReadyCmd: "true", ReadyTimeoutSeconds: 30}},
 			wantContext: ctxGz,
@@ -251,7 +251,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			body: func() (io.Reader, string) {
 				return multipartBody(t, part{"spec", `{"name":"plain"}`}, part{"context", ctxPlain})
 			},
-			want:        tmplbuild.Spec{Name: "plain", Dockerfile: []byte("FROM debian\n")},
+			want:        build.Spec{Name: "plain", Dockerfile: []byte("FROM debian\n")},
 			wantContext: ctxPlain,
 		},
 		{
@@ -259,7 +259,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			body: func() (io.Reader, string) {
 				return multipartBody(t, part{"spec", `{"name":"dev","dockerfile_path":"./docker/Dockerfile.dev"}`}, part{"context", ctxGz})
 			},
-			want:        tmplbuild.Spec{Name: "dev", Dockerfile: []byte("FROM busybox\n")},
+			want:        build.Spec{Name: "dev", Dockerfile: []byte("FROM busybox\n")},
 			wantContext: ctxGz,
 		},
 		{
@@ -267,14 +267,14 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			body: func() (io.Reader, string) {
 				return multipartBody(t, part{"spec", `{"name":"bare"}`}, part{"dockerfile", "FROM scratch\n"})
 			},
-			want: tmplbuild.Spec{Name: "bare", Dockerfile: []byte("FROM scratch\n")},
+			want: build.Spec{Name: "bare", Dockerfile: []byte("FROM scratch\n")},
 		},
 		{
 			name: "JSON",
 			body: func() (io.Reader, string) {
 				return strings.NewReader(`{"name":"json","dockerfile":"FROM alpine\n","build_args":{"A":"b"}}`), "application/json"
 			},
-			want: tmplbuild.Spec{Name: "json", Dockerfile: []byte("FROM alpine\n"), BuildArgs: map[string]string{"A": "b"}},
+			want: build.Spec{Name: "json", Dockerfile: []byte("FROM alpine\n"), BuildArgs: map[string]string{"A": "b"}},
 		},
 	} {
 		body, ct := tc.body()

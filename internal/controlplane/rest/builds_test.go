@@ -23,9 +23,9 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
-	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -35,12 +35,12 @@ type buildServer struct {
 	cat              *sqlite.Catalog
 	store            *template.Store
 	dir              string
-	builds           *tmplbuild.Manager
+	builds           *build.Manager
 	srv              *rest.Server
-	convert          tmplbuild.Convert
+	convert          build.Convert
 	hs               *httptest.Server
 	maxTemplates     int
-	set              func(*tmplbuild.Config, *rest.Config)
+	set              func(*build.Config, *rest.Config)
 	// wrap, if set, wraps the API's handler.
 	wrap func(http.Handler) http.Handler
 }
@@ -54,19 +54,19 @@ func newBuildServerLimit(t *testing.T, maxTemplates int) *buildServer {
 
 // newBuildServerWith is newBuildServer with the builder's and the API's
 // configuration changed by set before they start.
-func newBuildServerWith(t *testing.T, set func(*tmplbuild.Config, *rest.Config)) *buildServer {
+func newBuildServerWith(t *testing.T, set func(*build.Config, *rest.Config)) *buildServer {
 	t.Helper()
 	return newBuildServerOpts(t, 0, set)
 }
 
-func newBuildServerOpts(t *testing.T, maxTemplates int, set func(*tmplbuild.Config, *rest.Config)) *buildServer {
+func newBuildServerOpts(t *testing.T, maxTemplates int, set func(*build.Config, *rest.Config)) *buildServer {
 	t.Helper()
 	return newBuildServerWrapped(t, maxTemplates, set, nil)
 }
 
 // newBuildServerWrapped is newBuildServerOpts whose API handler is wrapped
 // by wrap (if set).
-func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*tmplbuild.Config, *rest.Config), wrap func(http.Handler) http.Handler) *buildServer {
+func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Config, *rest.Config), wrap func(http.Handler) http.Handler) *buildServer {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -77,17 +77,17 @@ func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*tmplbuild.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	convert := func(ctx context.Context, src, out string, progress func(string)) (tmplbuild.Result, error) {
+	convert := func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
 		progress("pulling " + src)
 		if strings.Contains(src, "missing") {
-			return tmplbuild.Result{}, fmt.Errorf("%w: image %s not found in its registry", tmplbuild.ErrImageNotFound, src)
+			return build.Result{}, fmt.Errorf("%w: image %s not found in its registry", build.ErrImageNotFound, src)
 		}
 		progress("writing the root filesystem")
 		if strings.Contains(src, "hang") {
 			<-ctx.Done()
-			return tmplbuild.Result{}, ctx.Err()
+			return build.Result{}, ctx.Err()
 		}
-		return tmplbuild.Result{Digest: "sha256:abc", Image: template.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
+		return build.Result{Digest: "sha256:abc", Image: template.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
 	}
 	cat, err := sqlite.Open(ctx, filepath.Join(dir, "panda.db"))
 	if err != nil {
@@ -111,12 +111,12 @@ func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*tmplbuild.C
 // start starts the builds and the API server over b's store and catalog.
 func (b *buildServer) start(t *testing.T) {
 	t.Helper()
-	bcfg := tmplbuild.Config{Store: b.store, Convert: b.convert, Dir: filepath.Join(b.dir, "builds")}
+	bcfg := build.Config{Store: b.store, Convert: b.convert, Dir: filepath.Join(b.dir, "builds")}
 	acfg := rest.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler), MaxTemplatesPerKey: b.maxTemplates}
 	if b.set != nil {
 		b.set(&bcfg, &acfg)
 	}
-	builds, err := tmplbuild.New(bcfg)
+	builds, err := build.New(bcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/e2b"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
 )
 
 // e2bBackend gives package e2b (the E2B-compatible API served on the same

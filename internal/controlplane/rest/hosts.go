@@ -12,7 +12,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // Fleet is the registry of the hosts that joined this server (package

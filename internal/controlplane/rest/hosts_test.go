@@ -12,8 +12,8 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostapi"
-	"github.com/pandastack/pandastack/internal/tmplbuild"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // A fleet's GET /v1/hosts lists the templates each host holds: every one
@@ -30,7 +30,7 @@ func TestFleetHostsListVisibleTemplates(t *testing.T) {
 	t.Cleanup(func() { regCat.Close() })
 	reg := fleet.New(fleet.Config{Catalog: regCat, JoinToken: "join-secret", LostAfter: time.Hour})
 	t.Cleanup(reg.Close)
-	b := newBuildServerWith(t, func(_ *tmplbuild.Config, ac *rest.Config) { ac.Fleet = reg })
+	b := newBuildServerWith(t, func(_ *build.Config, ac *rest.Config) { ac.Fleet = reg })
 	_, other, err := rest.NewKey(ctx, b.cat, "other", false, 0, 0)
 	if err != nil {
 		t.Fatal(err)

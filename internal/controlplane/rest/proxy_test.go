@@ -34,7 +34,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -12,14 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent"
+	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
-	"github.com/pandastack/pandastack/internal/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -27,7 +27,7 @@ import (
 // snapshots in cs (through the host API with PANDA_TEST_HOST=remote, as
 // the package's server does); everything is closed and removed when t
 // ends.
-func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *agent.Agent) {
+func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *hostagent.Agent) {
 	t.Helper()
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "pst") // short: unix socket paths
@@ -40,7 +40,7 @@ func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *agent
 	if err != nil {
 		t.Fatal(err)
 	}
-	ag, err = agent.Open(ctx, agent.Config{
+	ag, err = hostagent.Open(ctx, hostagent.Config{
 		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256, Store: cs, StoreRetry: 100 * time.Millisecond, Logger: log,
 	})
@@ -48,7 +48,7 @@ func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *agent
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ag.Close() })
-	var h host.Host = agent.Local(ag)
+	var h host.Host = hostagent.Local(ag)
 	if os.Getenv("PANDA_TEST_HOST") == "remote" {
 		hsrv := hostapi.NewServer(ag, "store-token", log)
 		hh := httptest.NewServer(hsrv)

@@ -28,9 +28,9 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
-	"github.com/pandastack/pandastack/internal/network"
-	"github.com/pandastack/pandastack/internal/template"
-	"github.com/pandastack/pandastack/internal/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Method names a method of host.Host, for Fail, Block and Calls.

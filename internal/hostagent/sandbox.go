@@ -1,0 +1,245 @@
+package hostagent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/storage/manifest"
+)
+
+// sandbox is one sandbox of this host. It owns its state: every change goes
+// through transition (the lifecycle table), under mu.
+//
+// Operations that take time (create, pause, resume, snapshot, fork) run one
+// at a time: each holds the operation slot from begin to its end function.
+// Stopping never waits for the slot first: it cancels the operation in
+// flight, kills the VMM (which makes every QMP and guest call of that
+// operation fail at once), and only then waits for the operation to unwind,
+// so a kill takes seconds whatever the guest or the VMM is doing.
+type sandbox struct {
+	dir    string // store directory: disk, memory link, state, sandbox.json, paused/
+	runDir string
+
+	slot    chan struct{} // the operation slot (capacity 1)
+	gone    chan struct{} // closed when the sandbox starts stopping
+	stopped chan struct{} // closed when it is stopped and its files are gone
+
+	mu       sync.Mutex
+	rec      record
+	state    lifecycle.State
+	m        vmm.Machine
+	client   *guestproto.Client
+	ready    chan struct{}      // closed once the guest answered HELLO on client
+	ns       *network.Namespace // its network namespace while it has a VMM
+	opCancel context.CancelFunc
+	detached bool // forgotten by Detach: its VMM runs on for the next agent
+	// durablePause is the PauseID of the capture the object store holds
+	// durably as paused/<id> ("" if none is known to): paused.go.
+	durablePause string
+	// fetched is Info.FetchedBytes: what was read from the object store
+	// to start the sandbox as it runs now (0 once paused).
+	fetched int64
+}
+
+func newSandbox(rec record, dir, runDir string, state lifecycle.State) *sandbox {
+	return &sandbox{
+		rec: rec, dir: dir, runDir: runDir, state: state,
+		slot: make(chan struct{}, 1), gone: make(chan struct{}), stopped: make(chan struct{}),
+	}
+}
+
+func (s *sandbox) id() string { return s.rec.ID }
+
+// transition applies ev to s's state. Called with s.mu held.
+func (s *sandbox) transitionLocked(ev lifecycle.Event) error {
+	next, err := lifecycle.Next(s.state, ev)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w: %v", s.rec.ID, ErrConflict, err)
+	}
+	s.state = next
+	return nil
+}
+
+func (s *sandbox) transition(ev lifecycle.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.transitionLocked(ev)
+}
+
+func (s *sandbox) getState() lifecycle.State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// begin takes the operation slot (waiting at most until ctx ends) for an
+// operation that needs the sandbox in one of the states want, and returns
+// a context that stopping the sandbox cancels. Call end when done.
+func (s *sandbox) begin(ctx context.Context, what string, want ...lifecycle.State) (opCtx context.Context, end func(), err error) {
+	select {
+	case s.slot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("%s: waiting for another operation on sandbox %s: %w", what, s.rec.ID, ctx.Err())
+	case <-s.gone:
+		return nil, nil, fmt.Errorf("%s: sandbox %s is stopping: %w", what, s.rec.ID, ErrNotFound)
+	}
+	s.mu.Lock()
+	ok := len(want) == 0
+	for _, w := range want {
+		ok = ok || s.state == w
+	}
+	if !ok || s.state == lifecycle.Stopping || s.state == lifecycle.Stopped {
+		st := s.state
+		s.mu.Unlock()
+		<-s.slot
+		if st == lifecycle.Stopping || st == lifecycle.Stopped {
+			return nil, nil, fmt.Errorf("%s: sandbox %s is %s: %w", what, s.rec.ID, st, ErrNotFound)
+		}
+		return nil, nil, fmt.Errorf("%s: sandbox %s is %s: %w", what, s.rec.ID, st, ErrConflict)
+	}
+	opCtx, cancel := context.WithCancel(ctx)
+	s.opCancel = cancel
+	s.mu.Unlock()
+	return opCtx, func() {
+		s.mu.Lock()
+		s.opCancel = nil
+		s.mu.Unlock()
+		cancel()
+		<-s.slot
+	}, nil
+}
+
+// stopping reports whether s has started stopping.
+func (s *sandbox) stopping() bool {
+	select {
+	case <-s.gone:
+		return true
+	default:
+		return false
+	}
+}
+
+// errStopped is the error of an operation that a kill overtook.
+func errStopped(s *sandbox, what string) error {
+	return fmt.Errorf("%s: sandbox %s was killed meanwhile: %w", what, s.rec.ID, ErrNotFound)
+}
+
+// opUnwindTimeout bounds how long stopping waits for the operation in
+// flight once its VMM is dead and its context canceled. Operations unwind
+// in milliseconds then; the bound only keeps a bug from hanging a kill.
+const opUnwindTimeout = 30 * time.Second
+
+// stop kills s's VMM (if any) and removes its files and its entry, after
+// cancelling and waiting for the operation in flight. Idempotent; a second
+// call waits for the first to finish.
+func (a *Agent) stop(s *sandbox) {
+	s.mu.Lock()
+	if s.state == lifecycle.Stopping || s.state == lifecycle.Stopped {
+		s.mu.Unlock()
+		<-s.stopped
+		return
+	}
+	s.transitionLocked(lifecycle.Stop)
+	close(s.gone)
+	cancel, m, client := s.opCancel, s.m, s.client
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if client != nil {
+		client.Close()
+	}
+	if m != nil {
+		m.Kill()
+	}
+	select {
+	case s.slot <- struct{}{}: // never released: nothing runs on s again
+	case <-time.After(opUnwindTimeout):
+		a.log.Error("operation did not end after its sandbox was killed; removing its files anyway", "sandbox_id", s.rec.ID)
+	}
+	// The operation may have started a new VMM (a restore) before it saw
+	// the cancellation.
+	s.mu.Lock()
+	m2 := s.m
+	s.mu.Unlock()
+	if m2 != nil && m2 != m {
+		m2.Kill()
+	}
+	a.releaseNet(s)
+	if err := a.removeSandboxDir(s.dir); err != nil {
+		a.log.Error("remove sandbox files", "sandbox_id", s.rec.ID, "err", err)
+	}
+	os.RemoveAll(s.runDir)
+	s.mu.Lock()
+	s.transitionLocked(lifecycle.StopDone)
+	s.mu.Unlock()
+	a.mu.Lock()
+	if a.sandboxes[s.rec.ID] == s {
+		delete(a.sandboxes, s.rec.ID)
+	}
+	a.mu.Unlock()
+	close(s.stopped)
+}
+
+// setMachine records s's VMM and guest client (nil, nil: none).
+func (s *sandbox) setMachine(m vmm.Machine, client *guestproto.Client, ready chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m, s.client, s.ready = m, client, ready
+}
+
+// writeRecord writes sandbox.json. With durable it is flushed to stable
+// storage (for states that outlive the VMM: paused); otherwise a crash of
+// this process keeps it (the page cache survives) but a crash of the
+// machine may not, which is fine: the VMM dies with the machine.
+func (s *sandbox) writeRecord(durable bool) error {
+	s.mu.Lock()
+	rec := s.rec
+	rec.State = s.state
+	s.mu.Unlock()
+	return writeJSON(filepath.Join(s.dir, "sandbox.json"), rec, durable)
+}
+
+// setOp records the operation in flight in sandbox.json, so that recovery
+// after a crash knows what to finish or roll back.
+func (s *sandbox) setOp(op string, durable bool) error {
+	s.mu.Lock()
+	s.rec.Op = op
+	s.mu.Unlock()
+	return s.writeRecord(durable)
+}
+
+func writeJSON(path string, v any, durable bool) error {
+	b, err := jsonIndent(v)
+	if err != nil {
+		return err
+	}
+	if durable {
+		return manifest.WriteFile(path, b, 0o600)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// newClient returns a guest client on conn with the sandbox's exec
+// defaults. rec.Cwd and rec.User never change after register, so s.mu is
+// not needed (and may be held).
+func (s *sandbox) newClient(conn io.ReadWriteCloser) *guestproto.Client {
+	c, err := guestproto.NewClientConfig(conn, guestproto.ClientConfig{ExecCwd: s.rec.Cwd, ExecUser: s.rec.User})
+	if err != nil { // a relative Cwd or bad User from a bad sandbox.json: ignore them
+		return guestproto.NewClient(conn)
+	}
+	return c
+}
