@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"

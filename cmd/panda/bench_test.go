@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/bench"
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/bench"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 )
 
 // TestBenchNet: `panda bench net --json` with tiny counts runs through in

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 	"github.com/spf13/cobra"
 )
 

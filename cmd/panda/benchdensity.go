@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 )
 
 func benchDensityCmd() *cobra.Command {

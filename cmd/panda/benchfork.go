@@ -13,12 +13,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"

@@ -10,8 +10,8 @@ import (
 	"log/slog"
 	"net"
 
-	"github.com/pandastack/pandastack/internal/bench"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 	"github.com/spf13/cobra"
 )

@@ -5,7 +5,7 @@ import (
 	"os"
 	"runtime/pprof"
 
-	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 	"github.com/spf13/cobra"
 )
 

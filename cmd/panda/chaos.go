@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chaos"
+	"github.com/pandastack/pandastack/internal/testing/chaos"
 	"github.com/spf13/cobra"
 )
 

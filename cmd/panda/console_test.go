@@ -23,7 +23,7 @@ import (
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -34,7 +34,7 @@ import (
 	"time"
 
 	apispec "github.com/pandastack/pandastack/api"
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )

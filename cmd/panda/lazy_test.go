@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

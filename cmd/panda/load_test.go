@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/bench"
+	"github.com/pandastack/pandastack/internal/testing/bench"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

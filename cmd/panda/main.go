@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/pandastack/pandastack/internal/cli"
+	"github.com/pandastack/pandastack/cmd/panda/internal/cli"
 	"github.com/pandastack/pandastack/internal/contract/failpoint"
 	"github.com/spf13/cobra"
 )

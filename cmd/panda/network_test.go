@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )

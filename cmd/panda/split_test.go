@@ -25,7 +25,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )

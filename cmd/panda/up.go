@@ -9,7 +9,7 @@ import (
 	"time"
 
 	apispec "github.com/pandastack/pandastack/api"
-	"github.com/pandastack/pandastack/internal/server"
+	"github.com/pandastack/pandastack/cmd/panda/internal/daemon"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -24,8 +24,8 @@ state in SQLite in the data directory, sandboxes on this host.
 
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stop it with Ctrl-C or SIGTERM.`,
-	}, server.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max", "build-cache-max", "registry-allow-net", "registry-allow-host"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
-		return server.Run(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
+	}, daemon.Defaults, flagGroups(hostFlags, controlFlags, []string{"max-template-builds", "template-max-size", "template-context-max", "build-cache-max", "registry-allow-net", "registry-allow-host"}), func(cmd *cobra.Command, cfg daemon.Config, log *slog.Logger) error {
+		return daemon.Run(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
 
@@ -45,8 +45,8 @@ serving and on every reconnect.
 On first start it creates an admin API key, prints it once and saves it to
 DATA_DIR/admin.key (mode 0600). Stopping it leaves the sandboxes running on
 the agent. See docs/deployment.md.`,
-	}, server.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after", "template-host", "template-context-max"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
-		return server.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
+	}, daemon.ServerDefaults, flagGroups(controlFlags, []string{"agent", "agent-token-file", "agent-ca-file", "fleet", "join-token-file", "host-lost-after", "template-host", "template-context-max"}), func(cmd *cobra.Command, cfg daemon.Config, log *slog.Logger) error {
+		return daemon.RunServer(cmd.Context(), cfg, version, apispec.OpenAPI, cmd.OutOrStdout(), log)
 	})
 }
 
@@ -66,9 +66,9 @@ serving certificate (agent-cert.pem, agent-key.pem) for localhost, this
 host's name, the listen address and --tls-host. SIGTERM kills the
 running sandboxes (--on-shutdown kill) or leaves them for the next start to
 adopt (keep). See docs/deployment.md.`,
-	}, server.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory", "host-cpus",
-		"max-template-builds", "template-max-size", "build-cache-max", "registry-allow-net", "registry-allow-host"}), func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error {
-		return server.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+	}, daemon.AgentDefaults, flagGroups(hostFlags, []string{"token-file", "tls-host", "server", "token", "host-id", "advertise-url", "host-memory", "host-cpus",
+		"max-template-builds", "template-max-size", "build-cache-max", "registry-allow-net", "registry-allow-host"}), func(cmd *cobra.Command, cfg daemon.Config, log *slog.Logger) error {
+		return daemon.RunAgent(cmd.Context(), cfg, cmd.OutOrStdout(), log)
 	})
 }
 
@@ -93,68 +93,68 @@ func flagGroups(groups ...[]string) []string {
 // configFlag is a flag that sets one field of server.Config.
 type configFlag struct {
 	usage string
-	field func(c *server.Config) any // a pointer to the field
+	field func(c *daemon.Config) any // a pointer to the field
 }
 
 var configFlags = map[string]configFlag{
-	"listen":                {"address to listen on", func(c *server.Config) any { return &c.Listen }},
-	"data-dir":              {"data directory (env PANDA_DATA_DIR)", func(c *server.Config) any { return &c.DataDir }},
-	"images":                {"guest images from make setup (default DATA_DIR/images)", func(c *server.Config) any { return &c.ImagesDir }},
-	"catalog":               {"catalog: a SQLite file (default DATA_DIR/panda.db) or postgres://...", func(c *server.Config) any { return &c.Catalog }},
-	"accel":                 {"auto (probe KVM), kvm or tcg", func(c *server.Config) any { return &c.Accel }},
-	"default-template":      {"template of creates that name none", func(c *server.Config) any { return &c.DefaultTemplate }},
-	"default-memory":        {"guest memory (MiB) of creates that give none", func(c *server.Config) any { return &c.DefaultMemoryMiB }},
-	"default-ttl":           {"TTL of creates that give none", func(c *server.Config) any { return &c.DefaultTTL }},
-	"max-ttl":               {"longest TTL allowed", func(c *server.Config) any { return &c.MaxTTL }},
-	"max-sandboxes-per-key": {"concurrent sandboxes per API key (keys can override)", func(c *server.Config) any { return &c.MaxSandboxesPerKey }},
-	"max-memory-per-key":    {"total guest memory (MiB) per API key", func(c *server.Config) any { return &c.MaxMemoryMiBPerKey }},
-	"max-vcpus-per-key":     {"total vCPUs per API key", func(c *server.Config) any { return &c.MaxVCPUsPerKey }},
-	"max-disk-per-key":      {"disk (MiB) per API key: sandbox disks, paused sandboxes, snapshots", func(c *server.Config) any { return &c.MaxDiskMiBPerKey }},
-	"metrics-listen":        {"serve /metrics without a key on this address too (e.g. 127.0.0.1:9788)", func(c *server.Config) any { return &c.MetricsListen }},
-	"public-url":            {"the API's base URL as clients reach it, in signed port URLs (default: from each request)", func(c *server.Config) any { return &c.PublicURL }},
-	"proxy-domain":          {"also serve sandbox ports at PORT-ID.DOMAIN (wildcard DNS and TLS in front)", func(c *server.Config) any { return &c.ProxyDomain }},
-	"network":               {"on: every sandbox gets a network with NAT, DNS and its egress policy; off: none (docs/networking.md)", func(c *server.Config) any { return &c.Network }},
-	"network-prefix":        {"name prefix of this host's network namespaces, veths and nftables table", func(c *server.Config) any { return &c.NetworkPrefix }},
-	"network-pool":          {"IPv4 range of the sandboxes' veth pairs, a /30 each (default 10.234.0.0/16)", func(c *server.Config) any { return &c.NetworkPool }},
-	"network-pool-size":     {"network namespaces kept prepared (default 4; negative: none)", func(c *server.Config) any { return &c.NetworkPoolSize }},
-	"dns-upstream":          {"resolver the sandboxes' DNS goes to, ip or ip:port (repeatable; default: the host's, from /etc/resolv.conf or systemd-resolved's upstreams)", func(c *server.Config) any { return &c.DNSUpstreams }},
-	"allow-host-net":        {"a CIDR of the host's or private networks sandboxes may reach after all (repeatable)", func(c *server.Config) any { return &c.AllowedHostNets }},
-	"bake-network":          {"let template bakes reach the network (default policy), for set-ups that install packages", func(c *server.Config) any { return &c.BakeNetwork }},
-	"store":                 {"object store keeping snapshots durable: DIR, file:///DIR or s3://BUCKET/PREFIX?endpoint=HOST:PORT (credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; docs/storage.md); default none", func(c *server.Config) any { return &c.Store }},
-	"lazy-restore":          {"with --store: restore snapshots and paused sandboxes this host does not hold with their memory paged in on first touch (experimental; docs/lazy-restore.md)", func(c *server.Config) any { return &c.LazyRestore }},
-	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *server.Config) any { return &c.OnShutdown }},
-	"max-template-builds":   {"template builds from images running at once (more queue)", func(c *server.Config) any { return &c.MaxTemplateBuilds }},
-	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *server.Config) any { return &c.TemplateMaxSizeMiB }},
-	"template-context-max":  {"largest build context (MiB) a Dockerfile build may upload", func(c *server.Config) any { return &c.TemplateContextMaxMiB }},
-	"build-cache-max":       {"largest size (MiB) of the layers Dockerfile builds keep for later builds", func(c *server.Config) any { return &c.BuildCacheMaxMiB }},
-	"max-templates-per-key": {"templates a key other than an admin one may own (-1: no bound)", func(c *server.Config) any { return &c.MaxTemplatesPerKey }},
-	"registry-allow-net":    {"a CIDR (or address) template builds may pull images from although it is private, loopback or the host's (repeatable)", func(c *server.Config) any { return &c.RegistryAllowNets }},
-	"registry-allow-host":   {"a registry host name (HOST or HOST:PORT) template builds may pull from wherever it resolves (repeatable)", func(c *server.Config) any { return &c.RegistryAllowHosts }},
-	"bake":                  {"bake the default template before serving", func(c *server.Config) any { return &c.BakeOnStart }},
-	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *server.Config) any { return &c.AgentURL }},
-	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
-	"agent-ca-file":         {"the agent's CA certificate, the only one trusted for it (default DATA_DIR/agent-ca.pem)", func(c *server.Config) any { return &c.AgentCAFile }},
-	"fleet":                 {"drive the host agents that join (panda agent --server URL --token T) instead of --agent", func(c *server.Config) any { return &c.Fleet }},
-	"join-token-file":       {"file holding the token host agents join with (default DATA_DIR/join.token, made on first start)", func(c *server.Config) any { return &c.JoinTokenFile }},
-	"host-lost-after":       {"a host that misses heartbeats this long is lost (default 10s)", func(c *server.Config) any { return &c.HostLostAfter }},
-	"template-host":         {"with --fleet: the host (its id) that runs every build of the fleet's user templates (default: the ready host with the most free memory)", func(c *server.Config) any { return &c.TemplateHost }},
-	"server":                {"join the control plane at this URL (panda server --fleet), e.g. http://10.0.0.1:7788", func(c *server.Config) any { return &c.ServerURL }},
-	"token":                 {"the join token (the server's DATA_DIR/join.token); env PANDA_JOIN_TOKEN", func(c *server.Config) any { return &c.JoinToken }},
-	"host-id":               {"this host's name in the fleet (default DATA_DIR/host.id, made from the host name)", func(c *server.Config) any { return &c.HostID }},
-	"host-cpus":             {"CPUs this host offers the fleet, if fewer than the machine's: its capacity, which the scheduler counts vCPUs against", func(c *server.Config) any { return &c.HostCPUs }},
-	"host-memory":           {"memory (MiB) this host offers the fleet, if less than the machine's: its capacity, and the most free memory it reports", func(c *server.Config) any { return &c.HostMemoryMiB }},
-	"advertise-url":         {"the host API's URL as the control plane reaches it (default https://LISTEN)", func(c *server.Config) any { return &c.AdvertiseURL }},
-	"tls-host":              {"another host name or address for the agent's certificate (repeatable)", func(c *server.Config) any { return &c.TLSHosts }},
-	"token-file":            {"file holding the agent token, created on first start (default DATA_DIR/agent.token)", func(c *server.Config) any { return &c.AgentTokenFile }},
-	"log-level":             {"debug, info, warn or error", func(c *server.Config) any { return &c.LogLevel }},
-	"log-format":            {"text or json", func(c *server.Config) any { return &c.LogFormat }},
+	"listen":                {"address to listen on", func(c *daemon.Config) any { return &c.Listen }},
+	"data-dir":              {"data directory (env PANDA_DATA_DIR)", func(c *daemon.Config) any { return &c.DataDir }},
+	"images":                {"guest images from make setup (default DATA_DIR/images)", func(c *daemon.Config) any { return &c.ImagesDir }},
+	"catalog":               {"catalog: a SQLite file (default DATA_DIR/panda.db) or postgres://...", func(c *daemon.Config) any { return &c.Catalog }},
+	"accel":                 {"auto (probe KVM), kvm or tcg", func(c *daemon.Config) any { return &c.Accel }},
+	"default-template":      {"template of creates that name none", func(c *daemon.Config) any { return &c.DefaultTemplate }},
+	"default-memory":        {"guest memory (MiB) of creates that give none", func(c *daemon.Config) any { return &c.DefaultMemoryMiB }},
+	"default-ttl":           {"TTL of creates that give none", func(c *daemon.Config) any { return &c.DefaultTTL }},
+	"max-ttl":               {"longest TTL allowed", func(c *daemon.Config) any { return &c.MaxTTL }},
+	"max-sandboxes-per-key": {"concurrent sandboxes per API key (keys can override)", func(c *daemon.Config) any { return &c.MaxSandboxesPerKey }},
+	"max-memory-per-key":    {"total guest memory (MiB) per API key", func(c *daemon.Config) any { return &c.MaxMemoryMiBPerKey }},
+	"max-vcpus-per-key":     {"total vCPUs per API key", func(c *daemon.Config) any { return &c.MaxVCPUsPerKey }},
+	"max-disk-per-key":      {"disk (MiB) per API key: sandbox disks, paused sandboxes, snapshots", func(c *daemon.Config) any { return &c.MaxDiskMiBPerKey }},
+	"metrics-listen":        {"serve /metrics without a key on this address too (e.g. 127.0.0.1:9788)", func(c *daemon.Config) any { return &c.MetricsListen }},
+	"public-url":            {"the API's base URL as clients reach it, in signed port URLs (default: from each request)", func(c *daemon.Config) any { return &c.PublicURL }},
+	"proxy-domain":          {"also serve sandbox ports at PORT-ID.DOMAIN (wildcard DNS and TLS in front)", func(c *daemon.Config) any { return &c.ProxyDomain }},
+	"network":               {"on: every sandbox gets a network with NAT, DNS and its egress policy; off: none (docs/networking.md)", func(c *daemon.Config) any { return &c.Network }},
+	"network-prefix":        {"name prefix of this host's network namespaces, veths and nftables table", func(c *daemon.Config) any { return &c.NetworkPrefix }},
+	"network-pool":          {"IPv4 range of the sandboxes' veth pairs, a /30 each (default 10.234.0.0/16)", func(c *daemon.Config) any { return &c.NetworkPool }},
+	"network-pool-size":     {"network namespaces kept prepared (default 4; negative: none)", func(c *daemon.Config) any { return &c.NetworkPoolSize }},
+	"dns-upstream":          {"resolver the sandboxes' DNS goes to, ip or ip:port (repeatable; default: the host's, from /etc/resolv.conf or systemd-resolved's upstreams)", func(c *daemon.Config) any { return &c.DNSUpstreams }},
+	"allow-host-net":        {"a CIDR of the host's or private networks sandboxes may reach after all (repeatable)", func(c *daemon.Config) any { return &c.AllowedHostNets }},
+	"bake-network":          {"let template bakes reach the network (default policy), for set-ups that install packages", func(c *daemon.Config) any { return &c.BakeNetwork }},
+	"store":                 {"object store keeping snapshots durable: DIR, file:///DIR or s3://BUCKET/PREFIX?endpoint=HOST:PORT (credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; docs/storage.md); default none", func(c *daemon.Config) any { return &c.Store }},
+	"lazy-restore":          {"with --store: restore snapshots and paused sandboxes this host does not hold with their memory paged in on first touch (experimental; docs/lazy-restore.md)", func(c *daemon.Config) any { return &c.LazyRestore }},
+	"on-shutdown":           {"what SIGTERM does to sandboxes: kill, or keep (adopted at next start)", func(c *daemon.Config) any { return &c.OnShutdown }},
+	"max-template-builds":   {"template builds from images running at once (more queue)", func(c *daemon.Config) any { return &c.MaxTemplateBuilds }},
+	"template-max-size":     {"largest root filesystem (MiB) of a template built from an image (0: no cap)", func(c *daemon.Config) any { return &c.TemplateMaxSizeMiB }},
+	"template-context-max":  {"largest build context (MiB) a Dockerfile build may upload", func(c *daemon.Config) any { return &c.TemplateContextMaxMiB }},
+	"build-cache-max":       {"largest size (MiB) of the layers Dockerfile builds keep for later builds", func(c *daemon.Config) any { return &c.BuildCacheMaxMiB }},
+	"max-templates-per-key": {"templates a key other than an admin one may own (-1: no bound)", func(c *daemon.Config) any { return &c.MaxTemplatesPerKey }},
+	"registry-allow-net":    {"a CIDR (or address) template builds may pull images from although it is private, loopback or the host's (repeatable)", func(c *daemon.Config) any { return &c.RegistryAllowNets }},
+	"registry-allow-host":   {"a registry host name (HOST or HOST:PORT) template builds may pull from wherever it resolves (repeatable)", func(c *daemon.Config) any { return &c.RegistryAllowHosts }},
+	"bake":                  {"bake the default template before serving", func(c *daemon.Config) any { return &c.BakeOnStart }},
+	"agent":                 {"URL of the host agent (panda agent): https://HOST:PORT", func(c *daemon.Config) any { return &c.AgentURL }},
+	"agent-token-file":      {"file holding the agent token (default DATA_DIR/agent.token)", func(c *daemon.Config) any { return &c.AgentTokenFile }},
+	"agent-ca-file":         {"the agent's CA certificate, the only one trusted for it (default DATA_DIR/agent-ca.pem)", func(c *daemon.Config) any { return &c.AgentCAFile }},
+	"fleet":                 {"drive the host agents that join (panda agent --server URL --token T) instead of --agent", func(c *daemon.Config) any { return &c.Fleet }},
+	"join-token-file":       {"file holding the token host agents join with (default DATA_DIR/join.token, made on first start)", func(c *daemon.Config) any { return &c.JoinTokenFile }},
+	"host-lost-after":       {"a host that misses heartbeats this long is lost (default 10s)", func(c *daemon.Config) any { return &c.HostLostAfter }},
+	"template-host":         {"with --fleet: the host (its id) that runs every build of the fleet's user templates (default: the ready host with the most free memory)", func(c *daemon.Config) any { return &c.TemplateHost }},
+	"server":                {"join the control plane at this URL (panda server --fleet), e.g. http://10.0.0.1:7788", func(c *daemon.Config) any { return &c.ServerURL }},
+	"token":                 {"the join token (the server's DATA_DIR/join.token); env PANDA_JOIN_TOKEN", func(c *daemon.Config) any { return &c.JoinToken }},
+	"host-id":               {"this host's name in the fleet (default DATA_DIR/host.id, made from the host name)", func(c *daemon.Config) any { return &c.HostID }},
+	"host-cpus":             {"CPUs this host offers the fleet, if fewer than the machine's: its capacity, which the scheduler counts vCPUs against", func(c *daemon.Config) any { return &c.HostCPUs }},
+	"host-memory":           {"memory (MiB) this host offers the fleet, if less than the machine's: its capacity, and the most free memory it reports", func(c *daemon.Config) any { return &c.HostMemoryMiB }},
+	"advertise-url":         {"the host API's URL as the control plane reaches it (default https://LISTEN)", func(c *daemon.Config) any { return &c.AdvertiseURL }},
+	"tls-host":              {"another host name or address for the agent's certificate (repeatable)", func(c *daemon.Config) any { return &c.TLSHosts }},
+	"token-file":            {"file holding the agent token, created on first start (default DATA_DIR/agent.token)", func(c *daemon.Config) any { return &c.AgentTokenFile }},
+	"log-level":             {"debug, info, warn or error", func(c *daemon.Config) any { return &c.LogLevel }},
+	"log-format":            {"text or json", func(c *daemon.Config) any { return &c.LogFormat }},
 }
 
 // daemonCmd completes cmd into a daemon command with the named flags and
 // --config. Its configuration comes from defaults < config file <
 // environment < flags.
-func daemonCmd(cmd *cobra.Command, defaults func() server.Config, flags []string,
-	run func(cmd *cobra.Command, cfg server.Config, log *slog.Logger) error) *cobra.Command {
+func daemonCmd(cmd *cobra.Command, defaults func() daemon.Config, flags []string,
+	run func(cmd *cobra.Command, cfg daemon.Config, log *slog.Logger) error) *cobra.Command {
 	var configFile string
 	set := defaults() // what the flags parse into
 	f := cmd.Flags()
@@ -210,7 +210,7 @@ func addConfigFlag(f *pflag.FlagSet, name, usage string, p any) {
 		f.IntVar(p, name, *p, usage)
 	case *bool:
 		f.BoolVar(p, name, *p, usage)
-	case *server.Duration:
+	case *daemon.Duration:
 		f.DurationVar((*time.Duration)(p), name, time.Duration(*p), usage)
 	case *[]string:
 		f.StringArrayVar(p, name, *p, usage)
@@ -228,8 +228,8 @@ func copyField(dst, src any) {
 		*d = *src.(*int)
 	case *bool:
 		*d = *src.(*bool)
-	case *server.Duration:
-		*d = *src.(*server.Duration)
+	case *daemon.Duration:
+		*d = *src.(*daemon.Duration)
 	case *[]string:
 		*d = *src.(*[]string)
 	}

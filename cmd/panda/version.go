@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/cli"
+	"github.com/pandastack/pandastack/cmd/panda/internal/cli"
 	"github.com/spf13/cobra"
 )
 

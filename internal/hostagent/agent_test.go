@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"log/slog"
 	"os"
 	"path/filepath"

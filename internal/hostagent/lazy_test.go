@@ -16,10 +16,10 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
-	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"golang.org/x/sys/unix"
 )
 

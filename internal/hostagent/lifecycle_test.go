@@ -15,8 +15,8 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
-	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"golang.org/x/sys/unix"
 )
 

@@ -29,7 +29,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pandastack/pandastack/internal/child"
+	"github.com/pandastack/pandastack/internal/testing/child"
 )
 
 const (

@@ -24,8 +24,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/child"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/child"
 )
 
 // Version is the versitygw release PandaStack runs; the Makefile's

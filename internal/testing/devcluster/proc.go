@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/child"
+	"github.com/pandastack/pandastack/internal/testing/child"
 )
 
 // proc is one child process of the cluster (the control plane or an

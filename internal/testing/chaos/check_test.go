@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 )
 
 // The invariant checker on situations built by hand: real processes and

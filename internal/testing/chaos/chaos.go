@@ -32,8 +32,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -4,7 +4,7 @@
 // RunServer) and a host agent behind its host API (`panda agent`,
 // RunAgent). Each starts its parts in order and shuts them down in reverse
 // order. It owns their configuration.
-package server
+package daemon
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package server
+package daemon
 
 // Tests of the HTTP servers' timeouts (startServing with serveOptions) on a
 // real listener, with raw clients that misbehave on purpose. The pauses

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/chaos"
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/chaos"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }

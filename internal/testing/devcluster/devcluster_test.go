@@ -29,12 +29,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/bench"
 	hostpkg "github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/devcluster"
-	"github.com/pandastack/pandastack/internal/pandatest"
 	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/bench"
+	"github.com/pandastack/pandastack/internal/testing/devcluster"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
