@@ -70,7 +70,7 @@ e2e/e2b/node_modules/.installed: e2e/e2b/package.json e2e/e2b/package-lock.json
 	touch $@
 
 # s3-deps builds versitygw, the S3-compatible server the object-store
-# tests run as a process (internal/storage/objstore/s3test), with `go install`
+# tests run as a process (internal/testing/s3test), with `go install`
 # from the Go module proxy into TOOLS_DIR (outside the tree: `make clean`
 # keeps it). The file name carries the version, so the build runs once
 # per version. s3test.Version names the same version (a test checks).

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
 	"github.com/pandastack/pandastack/internal/testing/devcluster"
+	"github.com/pandastack/pandastack/internal/testing/versitygw"
 	"github.com/spf13/cobra"
 )
 

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

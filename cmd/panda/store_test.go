@@ -9,7 +9,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

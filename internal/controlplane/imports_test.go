@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// The control plane knows nothing of HTTP and reaches hosts only through
-// host.Host: its handlers (internal/api, internal/e2b) import it, never the
-// reverse, and it imports no host implementation.
+// The Plane knows nothing of HTTP: its handlers (rest, e2b) import it,
+// never the reverse. (That no control-plane package reaches host code is
+// internal/tiers_test.go's rule.)
 func TestImports(t *testing.T) {
 	bp, err := build.ImportDir(".", 0)
 	if err != nil {
@@ -16,10 +16,9 @@ func TestImports(t *testing.T) {
 	}
 	const module = "github.com/pandastack/pandastack/"
 	for _, imp := range bp.Imports {
-		for _, bad := range []string{"net/http", module + "internal/api", module + "internal/e2b", module + "internal/agent",
-			module + "internal/hostapi", module + "internal/vmm/qemu"} {
+		for _, bad := range []string{"net/http", module + "internal/controlplane/rest", module + "internal/controlplane/e2b"} {
 			if imp == bad || strings.HasPrefix(imp, bad+"/") {
-				t.Errorf("control imports %s; it must not", imp)
+				t.Errorf("controlplane imports %s; it must not", imp)
 			}
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // notIn sums the bytes of m's chunks whose hash the set base does not

@@ -19,7 +19,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // sharingHosts starts two hosts sharing an object store (A's chunk store

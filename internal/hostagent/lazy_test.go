@@ -18,8 +18,8 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 	"golang.org/x/sys/unix"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // storeHost returns an opener of agents on a data directory of their own

@@ -13,7 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // waitFor polls cond (every 50 ms) until it holds, failing the test with

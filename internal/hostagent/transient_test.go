@@ -10,7 +10,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // TestTransientCapture: a transient capture (a cross-host fork's) is not

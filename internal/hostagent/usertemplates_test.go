@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // TestUserTemplateFromAnotherHost: a version of a user template one host

@@ -19,7 +19,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 const cs = 1 << 20 // chunk size of the tests: small files, many chunks

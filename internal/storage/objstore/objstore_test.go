@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
 
 // backends gives each test a fresh, empty store of every kind.

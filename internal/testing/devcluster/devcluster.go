@@ -43,8 +43,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
 	"github.com/pandastack/pandastack/internal/testing/pgserver"
+	"github.com/pandastack/pandastack/internal/testing/versitygw"
 )
 
 // Store kinds of Config.Store.

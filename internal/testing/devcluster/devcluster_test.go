@@ -31,10 +31,10 @@ import (
 
 	hostpkg "github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/storage/objstore/s3test"
 	"github.com/pandastack/pandastack/internal/testing/bench"
 	"github.com/pandastack/pandastack/internal/testing/devcluster"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/s3test"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 

@@ -8,9 +8,9 @@ import (
 
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/opencatalog"
-	"github.com/pandastack/pandastack/internal/controlplane/catalog/pgtest"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/postgres"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/testing/pgtest"
 )
 
 func TestOpen(t *testing.T) {

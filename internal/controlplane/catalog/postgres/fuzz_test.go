@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/catalogtest"
-	"github.com/pandastack/pandastack/internal/controlplane/catalog/pgtest"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/postgres"
+	"github.com/pandastack/pandastack/internal/testing/pgtest"
 )
 
 // FuzzMetadataFilter: see catalogtest.MetadataFilter. Each fuzzing process

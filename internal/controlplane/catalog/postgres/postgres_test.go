@@ -10,8 +10,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/catalogtest"
-	"github.com/pandastack/pandastack/internal/controlplane/catalog/pgtest"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/postgres"
+	"github.com/pandastack/pandastack/internal/testing/pgtest"
 )
 
 // TestPostgres runs every test against one server, each in its own

@@ -9,7 +9,7 @@ import (
 
 // The Makefile builds the version the tests look for.
 func TestMakefileVersion(t *testing.T) {
-	b, err := os.ReadFile("../../../../Makefile")
+	b, err := os.ReadFile("../../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}

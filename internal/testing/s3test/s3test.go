@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/storage/objstore/versitygw"
+	"github.com/pandastack/pandastack/internal/testing/versitygw"
 )
 
 // Version is the versitygw release the tests run; the Makefile's

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pandastack/pandastack/internal/controlplane/catalog/pgtest"
+	"github.com/pandastack/pandastack/internal/testing/pgtest"
 )
 
 // TestStart checks that the server answers, that NewDatabase gives a
