@@ -10,7 +10,7 @@
 # default route and DNS server are the gateway, whose MAC is fixed too (a
 # permanent neighbour entry: a restored guest never ARPs for it, so the
 # host side of every sandbox's TAP must carry GATEWAY_MAC and GATEWAY).
-# internal/guestnet holds the same values for the host; a test checks that
+# internal/hostagent/internal/guestnet holds the same values for the host; a test checks that
 # they agree.
 B=/bin/busybox
 GUEST_IP=100.96.0.2

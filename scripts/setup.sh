@@ -40,7 +40,7 @@ SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # iproute2 and git serve the networking tests (ip -n, a git HTTP server);
 # chromium (headless) drives the web console in its browser test;
 HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git chromium)
-# nodejs and npm run the official e2b SDK's suite (e2e/e2b, internal/e2b).
+# nodejs and npm run the official e2b SDK's suite (e2e/e2b, internal/controlplane/e2b).
 # They are installed from Debian only when the commands are missing: a
 # host may have another Node.js (NodeSource's bundles npm and conflicts
 # with Debian's npm package).
@@ -391,7 +391,7 @@ rootfs() {
 		local sources=/etc/apt/sources.list.d/debian.sources
 		[ -f "$sources" ] || sources=/etc/apt/sources.list
 		# useradd: E2B's templates run commands as user "user" (home
-		# /home/user), and so do e2b SDKs against base (internal/e2b).
+		# /home/user), and so do e2b SDKs against base (internal/controlplane/e2b).
 		mmdebstrap --variant=minbase --include="$BASE_PACKAGES" \
 			--aptopt='Acquire::Retries "3"' \
 			--dpkgopt='path-exclude=/usr/share/doc/*' \

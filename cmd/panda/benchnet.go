@@ -28,7 +28,7 @@ func benchNetCmd() *cobra.Command {
 		Use:   "net",
 		Short: "What sandbox networking costs: create and fork with it and without, TCP throughput, the port proxy",
 		Long: `Builds a network world of its own — a "host" namespace whose only uplink
-goes to an "internet" namespace holding the test servers (internal/network/nettest)
+goes to an "internet" namespace holding the test servers (internal/testing/nettest)
 — and runs two host agents on DATA_DIR/bench-net: one giving every sandbox a
 network namespace joined to that host (its DNS upstream the world's
 resolver), one without networking. No sandbox traffic leaves the world.

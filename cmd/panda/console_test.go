@@ -1,6 +1,6 @@
 package main
 
-// The web console (internal/console, web/console) in a real browser:
+// The web console (internal/controlplane/console, web/console) in a real browser:
 // Debian's headless chromium, driven over the DevTools protocol by
 // chromedp, against a real `panda up` with real guests. Every wait is on a
 // condition of the page (chromedp.Poll with a deadline), never a sleep.

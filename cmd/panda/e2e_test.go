@@ -5,7 +5,7 @@ package main
 // paths under it are limited to 108 bytes), with QEMU under TCG and the tiny
 // template at 256 MiB. The tests crash it, stop it and restart it on the
 // same data directory, and check what survives. The processes are started
-// by internal/pandatest.
+// by internal/testing/pandatest.
 //
 // Whatever happens, each test leaves nothing behind: its servers are
 // stopped (SIGTERM, then SIGKILL), then any QEMU process still serving its

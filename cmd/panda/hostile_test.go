@@ -1,7 +1,7 @@
 package main
 
 // TestHostileGuest: a real `panda up` whose guests run a hostile agent
-// (internal/guestproto/guestprototest/hostileguest: the real guest agent,
+// (internal/testing/hostileguest: the real guest agent,
 // which bakes and serves normally until an exec of ["hostile", MODE] turns
 // it against the host). Each mode is triggered through the REST API, and
 // the test checks that nothing a guest does costs the server unbounded

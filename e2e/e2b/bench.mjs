@@ -1,4 +1,4 @@
-// The E2B half of `panda bench exec`'s E2B comparison (internal/bench,
+// The E2B half of `panda bench exec`'s E2B comparison (internal/testing/bench,
 // E2BBench): the official e2b SDK, unmodified, configured only by
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY.
 //

@@ -1,5 +1,5 @@
 // The official e2b SDK, unmodified, against a real `panda up`: run by
-// TestNodeSDK (internal/e2b), which sets E2B_API_URL, E2B_SANDBOX_URL and
+// TestNodeSDK (internal/controlplane/e2b), which sets E2B_API_URL, E2B_SANDBOX_URL and
 // E2B_API_KEY.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'

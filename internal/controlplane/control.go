@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Config configures a Plane. internal/api fills it from its own Config,
+// Config configures a Plane. internal/controlplane/rest fills it from its own Config,
 // whose fields document the limits.
 type Config struct {
 	HostID string // name of the host in sandbox records

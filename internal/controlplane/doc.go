@@ -5,6 +5,6 @@
 // reconciling the catalog with the host), and the one error vocabulary the
 // REST API and the E2B API answer with (Kind, Error and Classify: a kind, a
 // message written for users and the internal cause, which is logged and
-// never shown). The HTTP layers (internal/api, and internal/e2b through
+// never shown). The HTTP layers (internal/controlplane/rest, and internal/controlplane/e2b through
 // api's adapter) decode requests, call Plane and map kinds to statuses.
 package controlplane

@@ -19,7 +19,7 @@ import (
 // of the REST API's error body ({"error": {"code": ..., "message": ...}}):
 // api/openapi.yaml and the SDKs depend on these strings, so they never
 // change. What HTTP status a kind is answered with is decided in one place,
-// internal/api (E2B's API uses the same mapping).
+// internal/controlplane/rest (E2B's API uses the same mapping).
 type Kind string
 
 // The kinds. Request-level ones (BadRequest, Unauthorized, TooLarge,

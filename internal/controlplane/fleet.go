@@ -14,7 +14,7 @@ import (
 
 // Fleet is the hosts a Plane drives: one (SingleHost: `panda up`, or
 // `panda server --agent URL`) or those that registered with the control
-// plane (internal/fleet). Sandbox records name their host (HostID); the
+// plane (internal/controlplane/fleet). Sandbox records name their host (HostID); the
 // plane reaches it through Host.
 type Fleet interface {
 	// Host returns the client of host id. Errors wrap ErrHostLost (the

@@ -9,7 +9,7 @@ import (
 
 // TestQuietKnobs holds quietKnobs to their form: absolute, clean paths
 // under /proc/sys or /sys, each once, each with a whole number to write
-// (TestCreateExec in internal/agent reads them back in a real guest).
+// (TestCreateExec in internal/hostagent reads them back in a real guest).
 func TestQuietKnobs(t *testing.T) {
 	seen := map[string]bool{}
 	for _, k := range quietKnobs {

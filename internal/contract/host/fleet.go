@@ -1,7 +1,7 @@
 package host
 
 // What a host agent tells the control plane it joins (`panda agent
-// --server URL --token T`): internal/fleet keeps it; the REST API carries
+// --server URL --token T`): internal/controlplane/fleet keeps it; the REST API carries
 // it (POST /v1/fleet/join and /v1/fleet/hosts/{id}/heartbeat).
 
 // Registration is a host agent joining the control plane: how to reach it

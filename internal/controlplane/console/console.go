@@ -3,7 +3,7 @@
 // esbuild) into dist/ and embedded in the binary. It serves files only:
 // the application talks to the public REST API with the API key its user
 // signs in with, like any other client, so it shows exactly what that key
-// may see. internal/api mounts Handler at / and /console/.
+// may see. internal/controlplane/rest mounts Handler at / and /console/.
 //
 // The bundle is built by `make build`, not committed (only dist/README.md
 // is): a binary built without it serves a page saying so at /.
@@ -60,7 +60,7 @@ func Handler() http.Handler {
 		h.Set("X-Frame-Options", "DENY")
 		// A window of another origin that opened the console, or that the
 		// console opened, gets no handle on it (and it none on them):
-		// pages of sandboxes are such origins (internal/api/proxy.go).
+		// pages of sandboxes are such origins (internal/controlplane/rest/proxy.go).
 		h.Set("Cross-Origin-Opener-Policy", "same-origin")
 		h.Set("Cross-Origin-Resource-Policy", "same-origin")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {

@@ -258,7 +258,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
-	console http.Handler // the web console's files (internal/console)
+	console http.Handler // the web console's files (internal/controlplane/console)
 
 	guests  *limiter      // guest requests in flight
 	streams *perKey       // event streams open
@@ -573,7 +573,7 @@ func requireAdmin(r *http.Request) error {
 }
 
 // The control plane's lifecycle, for the server that wires the API
-// (internal/server): see control.Plane.
+// (cmd/panda/internal/daemon): see control.Plane.
 
 // Run enforces TTLs and settles records a Resync left unsettled, until ctx
 // ends (control.Plane.Run).

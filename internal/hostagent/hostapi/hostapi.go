@@ -254,7 +254,7 @@ func capture(st host.CaptureStats) host.CaptureStats {
 	return st
 }
 
-// Error classes, in the order the API classifies them (internal/api
+// Error classes, in the order the API classifies them (internal/controlplane/rest
 // classify), so that an error matching several is sent as the class that
 // decides its HTTP status.
 var classes = []struct {

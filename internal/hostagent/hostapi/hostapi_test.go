@@ -497,7 +497,7 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // TestErrorsMatchLocal runs failing operations on the agent locally and
 // through the client: the errors must have the same text and the same
-// classes (what internal/api's classify looks at).
+// classes (what internal/controlplane/rest's classify looks at).
 func TestErrorsMatchLocal(t *testing.T) {
 	sb := create(t, client)
 	paused := create(t, client)

@@ -96,7 +96,7 @@ const (
 // sparse file in the run directory for a booted VM, the snapshot's
 // memory (the caller's copy) for a restored one, never modified. Commit
 // snapshots it as a fork capture does: a clone of the file patched with
-// the pages the guest wrote (internal/memimage), so a snapshot costs what
+// the pages the guest wrote (internal/hostagent/internal/memimage), so a snapshot costs what
 // the guest touched since its boot or restore.
 //
 // Run, Extract and Commit must not be called concurrently with each

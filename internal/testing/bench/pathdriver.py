@@ -1,4 +1,4 @@
-# The Python SDK's leg of `panda bench path` (internal/bench/pathpy.go).
+# The Python SDK's leg of `panda bench path` (internal/testing/bench/pathpy.go).
 # It reads one JSON request a line from stdin and answers one JSON line on
 # stdout: {"op": "create"} times Sandbox.create and a first exec of true,
 # then kills the sandbox (untimed); {"op": "exec", "id": ID} times one
