@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 )
 
 // acrossTimeout bounds how long a cross-host fork or move waits for a
@@ -419,8 +419,8 @@ func durableOrNot(si host.SnapshotInfo, hostID string) (done bool, err error) {
 }
 
 // PolicyOf is the egress policy a record holds.
-func PolicyOf(n catalog.Network) network.Policy {
-	p := network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+func PolicyOf(n catalog.Network) netpolicy.Policy {
+	p := netpolicy.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
 	if p.AllowOut == nil {
 		p.AllowOut = []string{}
 	}

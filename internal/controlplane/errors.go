@@ -8,8 +8,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -104,9 +104,9 @@ func classify(err error) *Error {
 		// The template's own commands failed in its bake: what the user
 		// gave is what does not work, and its output says why.
 		return Errorf(Invalid, "the template's bake failed: %s", re.Msg)
-	case errors.Is(err, network.ErrInvalidPolicy):
+	case errors.Is(err, netpolicy.ErrInvalid):
 		// The message names the entry: a bad request, as a malformed body.
-		var pe *network.PolicyError
+		var pe *netpolicy.Error
 		if errors.As(err, &pe) {
 			return Errorf(BadRequest, "%s", pe.Error())
 		}

@@ -9,10 +9,10 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
 
@@ -380,7 +380,7 @@ func TestSnapshot(t *testing.T) {
 func TestSetNetwork(t *testing.T) {
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
-	deny := network.Policy{Internet: false, AllowOut: []string{"10.0.0.0/8"}}
+	deny := netpolicy.Policy{Internet: false, AllowOut: []string{"10.0.0.0/8"}}
 	got, err := e.p.SetNetwork(t.Context(), sb, deny)
 	if err != nil {
 		t.Fatal(err)
@@ -392,11 +392,11 @@ func TestSetNetwork(t *testing.T) {
 		t.Errorf("host's policy %+v, want %+v", np, deny)
 	}
 	e.h.Fail(hosttest.SetNetwork, sb.ID, fmt.Errorf("nft: %w", host.ErrUnavailable))
-	_, err = e.p.SetNetwork(t.Context(), got, network.DefaultPolicy())
+	_, err = e.p.SetNetwork(t.Context(), got, netpolicy.Default())
 	wantKind(t, "set network with the host away", err, controlplane.Unavailable, nil)
 	if rec := e.get(sb.ID); rec.Network.Internet {
 		t.Error("the record took a policy its host refused")
 	}
-	_, err = e.p.SetNetwork(t.Context(), got, network.Policy{AllowOut: []string{"not a cidr/99"}})
+	_, err = e.p.SetNetwork(t.Context(), got, netpolicy.Policy{AllowOut: []string{"not a cidr/99"}})
 	wantKind(t, "set a bad policy", err, controlplane.BadRequest, []string{"not a cidr/99"})
 }

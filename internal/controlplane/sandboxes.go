@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -105,10 +105,10 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 	default:
 		return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "on_expire must be \"kill\" or \"pause\"")
 	}
-	policy := network.DefaultPolicy()
+	policy := netpolicy.Default()
 	if len(req.Network) > 0 && string(req.Network) != "null" {
 		var err error
-		if policy, err = network.ParsePolicy(req.Network); err != nil {
+		if policy, err = netpolicy.Parse(req.Network); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 	}
@@ -229,14 +229,14 @@ func (p *Plane) SetTTL(ctx context.Context, id string, ttl time.Duration) (catal
 	})
 }
 
-func toCatalogNetwork(p network.Policy) catalog.Network {
+func toCatalogNetwork(p netpolicy.Policy) catalog.Network {
 	return catalog.Network{Internet: p.Internet, AllowOut: p.AllowOut, DenyOut: p.DenyOut}
 }
 
 // SetNetwork gives sandbox sb the egress policy np: on its host, then in
 // its record. A running sandbox's rules change at once; a paused one's at
 // its resume; a stopped or stopping one's is a conflict.
-func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np network.Policy) (catalog.Sandbox, error) {
+func (p *Plane) SetNetwork(ctx context.Context, sb catalog.Sandbox, np netpolicy.Policy) (catalog.Sandbox, error) {
 	if err := np.Validate(); err != nil {
 		return sb, err
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -104,7 +105,7 @@ type Config struct {
 	// BakeNetwork, with Network, lets bakes reach the network under this
 	// policy (a template's set-up may install packages); nil: bakes get
 	// an isolated namespace with no way out.
-	BakeNetwork *network.Policy
+	BakeNetwork *netpolicy.Policy
 	// Store, if set, keeps snapshots and paused sandboxes durable in an
 	// object store shared with other hosts: each new snapshot and each
 	// pause is uploaded in the background; a create from a snapshot whose
@@ -327,8 +328,8 @@ type record struct {
 	CreatedAt time.Time `json:"created_at"`
 	// Network is the sandbox's egress policy; NetNS the network namespace
 	// it runs in (while it has a VMM), to adopt after a restart.
-	Network network.Policy `json:"network"`
-	NetNS   string         `json:"netns,omitempty"`
+	Network netpolicy.Policy `json:"network"`
+	NetNS   string           `json:"netns,omitempty"`
 	// PauseID names the pause capture of a paused sandbox (new at each
 	// pause, "" once resumed): its set paused/<id> in the object store
 	// carries it, so that a host deletes that set only while it holds the
@@ -1266,7 +1267,7 @@ func ReadMemStats(pid int) (MemStats, error) {
 // SetNetwork changes a live sandbox's egress policy: at once for a sandbox
 // that runs (its namespace's rules are replaced in one batch; established
 // connections stay up), from its resume for a paused one.
-func (a *Agent) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+func (a *Agent) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("set network: %w: %w", ErrInvalid, err)
 	}

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -422,7 +422,7 @@ func TestReceiveAndCreate(t *testing.T) {
 	// A create that fails on its own (a bad network policy) keeps the
 	// snapshot it received.
 	id2, pack2 := capture()
-	bad := CreateRequest{ID: host.NewID(), SnapshotID: id2, Network: network.Policy{AllowOut: []string{"not an address"}}}
+	bad := CreateRequest{ID: host.NewID(), SnapshotID: id2, Network: netpolicy.Policy{AllowOut: []string{"not an address"}}}
 	_, si, err = b.ReceiveAndCreate(ctxT(t), bad, bytes.NewReader(pack2))
 	if !errors.Is(err, ErrInvalid) || si.ID != id2 {
 		t.Errorf("create with a bad policy: %v, kept %q; want ErrInvalid, %s kept", err, si.ID, id2)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -116,7 +116,7 @@ func (h local) Pause(ctx context.Context, id string) (host.CaptureStats, error) 
 
 func (h local) Resume(ctx context.Context, id string) (host.Info, error) { return h.a.Resume(ctx, id) }
 
-func (h local) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+func (h local) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
 	return h.a.SetNetwork(ctx, id, p)
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
@@ -24,7 +25,7 @@ func TestBakeNIC(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	p := network.DefaultPolicy()
+	p := netpolicy.Default()
 	for _, tc := range []struct {
 		cfg      Config
 		isolated bool

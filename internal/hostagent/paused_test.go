@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -225,7 +225,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 
 	// A new egress policy for the paused sandbox: the copy in the store
 	// is uploaded again to carry it (its chunks are there already).
-	policy := network.Policy{AllowOut: []string{"192.0.2.0/24"}}
+	policy := netpolicy.Policy{AllowOut: []string{"192.0.2.0/24"}}
 	if err := a.SetNetwork(ctxT(t), src.ID, policy); err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if _, err := a.Resume(ctxT(t), src.ID); !errors.Is(err, ErrConflict) {
 		t.Errorf("resume on A of its stale copy: %v, want ErrConflict", err)
 	}
-	if err := a.SetNetwork(ctxT(t), src.ID, network.Policy{}); err != nil {
+	if err := a.SetNetwork(ctxT(t), src.ID, netpolicy.Policy{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() string { return "A's upload of its stale copy given up: " + infoOf(a, src.ID).StoreError },

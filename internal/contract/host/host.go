@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -70,7 +70,7 @@ type Host interface {
 	// Resume restores a paused sandbox.
 	Resume(ctx context.Context, id string) (Info, error)
 	// SetNetwork changes a live sandbox's egress policy.
-	SetNetwork(ctx context.Context, id string, p network.Policy) error
+	SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error
 }
 
 // Templates is a host's template store (a local host's is

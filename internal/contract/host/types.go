@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -75,7 +75,7 @@ type CreateRequest struct {
 	// Network is the sandbox's egress policy. The zero Policy denies
 	// everything: callers that mean "online" pass network.DefaultPolicy()
 	// (the API always sets one).
-	Network network.Policy
+	Network netpolicy.Policy
 }
 
 // MemStats is the host memory a sandbox's VMM uses, from smaps_rollup.

@@ -11,9 +11,9 @@ import (
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -182,7 +182,7 @@ func (rt *Router) Resume(ctx context.Context, id string) (host.Info, error) {
 	return h.Resume(ctx, id)
 }
 
-func (rt *Router) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+func (rt *Router) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
 	h, err := rt.of(ctx, id)
 	if err != nil {
 		return err

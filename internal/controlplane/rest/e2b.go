@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/e2b"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 )
 
 // e2bBackend gives package e2b (the E2B-compatible API served on the same
@@ -153,7 +153,7 @@ func (b e2bBackend) SetNetwork(ctx context.Context, keyID, id string, n e2b.Netw
 	if err != nil {
 		return err
 	}
-	_, err = b.s.cp.SetNetwork(ctx, sb, network.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
+	_, err = b.s.cp.SetNetwork(ctx, sb, netpolicy.Policy{Internet: n.Internet, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
 	return err
 }
 

@@ -15,10 +15,10 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 )
 
 const maxJSONBody = 1 << 20
@@ -80,7 +80,7 @@ type sandboxJSON struct {
 	LastError  string            `json:"last_error,omitempty"`
 	ParentID   string            `json:"parent_id,omitempty"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
-	Network    network.Policy    `json:"network"`
+	Network    netpolicy.Policy  `json:"network"`
 	// NetworkOff: the sandbox's host runs without sandbox networking, so
 	// the guest reaches nothing whatever Network says (the policy applies
 	// if it resumes on a host with networking).

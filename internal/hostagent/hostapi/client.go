@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -386,7 +386,7 @@ func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, 
 }
 
 // SetNetwork changes a live sandbox's egress policy.
-func (c *Client) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+func (c *Client) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
 	return c.call(ctx, http.MethodPut, sandboxPath(id, "/network"), nil, p, nil)
 }
 

@@ -113,7 +113,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -192,7 +192,7 @@ type (
 		Env        map[string]string `json:"env,omitempty"`
 		SnapshotID string            `json:"snapshot_id,omitempty"`
 		Owner      string            `json:"owner,omitempty"`
-		Network    network.Policy    `json:"network"`
+		Network    netpolicy.Policy  `json:"network"`
 	}
 	// pullRequest is the body of POST …/snapshots/{id}/pack/pull.
 	pullRequest struct {

@@ -33,9 +33,9 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"golang.org/x/sys/unix"
@@ -289,16 +289,16 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("template params: got %+v, want %+v", got, want)
 	}
 	// The egress policy of a live sandbox reaches the agent, which checks it.
-	if err := client.SetNetwork(ctx, info.ID, network.Policy{AllowOut: []string{"10.1.0.0/16"}}); err != nil {
+	if err := client.SetNetwork(ctx, info.ID, netpolicy.Policy{AllowOut: []string{"10.1.0.0/16"}}); err != nil {
 		t.Errorf("set network: %v", err)
 	}
-	if err := client.SetNetwork(ctx, info.ID, network.Policy{Internet: true, DenyOut: []string{"not an address!"}}); !errors.Is(err, host.ErrInvalid) {
+	if err := client.SetNetwork(ctx, info.ID, netpolicy.Policy{Internet: true, DenyOut: []string{"not an address!"}}); !errors.Is(err, host.ErrInvalid) {
 		t.Errorf("set an invalid network: got %v, want host.ErrInvalid", err)
 	}
 	if err := client.Kill(ctx, info.ID); err != nil {
 		t.Fatalf("kill: %v", err)
 	}
-	if err := client.SetNetwork(ctx, info.ID, network.Policy{Internet: true}); !errors.Is(err, host.ErrNotFound) {
+	if err := client.SetNetwork(ctx, info.ID, netpolicy.Policy{Internet: true}); !errors.Is(err, host.ErrNotFound) {
 		t.Errorf("set network after kill: got %v, want host.ErrNotFound", err)
 	}
 	if _, err := client.Get(ctx, info.ID); !errors.Is(err, host.ErrNotFound) {

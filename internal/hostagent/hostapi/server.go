@@ -20,9 +20,9 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/recoverer"
 	"github.com/pandastack/pandastack/internal/hostagent"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
@@ -131,7 +131,7 @@ func (s *Server) routes() http.Handler {
 		r.Post(Prefix+"/sandboxes/{id}/pause", s.json(func(r *http.Request) (any, error) { return s.a.Pause(r.Context(), chi.URLParam(r, "id")) }))
 		r.Post(Prefix+"/sandboxes/{id}/resume", s.json(func(r *http.Request) (any, error) { return s.a.Resume(r.Context(), chi.URLParam(r, "id")) }))
 		r.Put(Prefix+"/sandboxes/{id}/network", s.json(func(r *http.Request) (any, error) {
-			var p network.Policy
+			var p netpolicy.Policy
 			if err := decode(r, &p); err != nil {
 				return nil, err
 			}

@@ -15,9 +15,9 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -247,7 +247,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	child, si2, err := sendCreate(host.CreateRequest{SnapshotID: id2}, 0)
 	made("pack and create", id2, child, si2, err)
 	id3 := capture()
-	bad := host.CreateRequest{SnapshotID: id3, Network: network.Policy{AllowOut: []string{"not an address"}}}
+	bad := host.CreateRequest{SnapshotID: id3, Network: netpolicy.Policy{AllowOut: []string{"not an address"}}}
 	if _, kept, err := sendCreate(bad, 0); !errors.Is(err, host.ErrInvalid) || kept.ID != id3 {
 		t.Errorf("pack and a create with a bad policy: %v, kept %q; want host.ErrInvalid, %s kept", err, kept.ID, id3)
 	}

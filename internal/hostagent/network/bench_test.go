@@ -10,6 +10,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 )
@@ -32,7 +33,7 @@ func TestManyAtOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nss[i], errs[i] = m.Acquire(ctxT(t, 30*time.Second), network.DefaultPolicy())
+			nss[i], errs[i] = m.Acquire(ctxT(t, 30*time.Second), netpolicy.Default())
 		}()
 	}
 	wg.Wait()
@@ -111,7 +112,7 @@ func BenchmarkAcquire(b *testing.B) {
 					b.StartTimer()
 				}
 				start := time.Now()
-				ns, err := m.Acquire(ctxT(b, 10*time.Second), network.DefaultPolicy())
+				ns, err := m.Acquire(ctxT(b, 10*time.Second), netpolicy.Default())
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -138,11 +139,11 @@ func BenchmarkAcquire(b *testing.B) {
 func BenchmarkSetPolicy(b *testing.B) {
 	env := nettest.NewEnv(b)
 	m := newManager(b, env, network.Config{})
-	ns, err := m.Acquire(ctxT(b, 10*time.Second), network.DefaultPolicy())
+	ns, err := m.Acquire(ctxT(b, 10*time.Second), netpolicy.Default())
 	if err != nil {
 		b.Fatal(err)
 	}
-	var p [2]network.Policy
+	var p [2]netpolicy.Policy
 	p[0].Internet = true
 	for i := range 50 {
 		p[0].DenyOut = append(p[0].DenyOut, fmt.Sprintf("198.51.%d.0/24", i))
@@ -174,7 +175,7 @@ func BenchmarkSetPolicy(b *testing.B) {
 func BenchmarkDNS(b *testing.B) {
 	env := nettest.NewEnv(b)
 	m := newManager(b, env, network.Config{DNSQueriesPerSecond: 1_000_000})
-	ns, err := m.Acquire(ctxT(b, 10*time.Second), network.Policy{AllowOut: []string{"allowed.test"}})
+	ns, err := m.Acquire(ctxT(b, 10*time.Second), netpolicy.Policy{AllowOut: []string{"allowed.test"}})
 	if err != nil {
 		b.Fatal(err)
 	}

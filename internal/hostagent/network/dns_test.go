@@ -8,6 +8,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 )
@@ -23,7 +24,7 @@ func TestDNSRebinding(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{AllowedHostNets: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	ctx := ctxT(t, 20*time.Second)
-	ns, err := m.Acquire(ctx, network.DefaultPolicy())
+	ns, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

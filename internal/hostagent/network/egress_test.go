@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 )
@@ -25,12 +26,12 @@ func TestAlwaysBlocked(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
 	ctx := ctxT(t, 20*time.Second)
-	ns, err := m.Acquire(ctx, network.DefaultPolicy())
+	ns, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := attach(t, env, ns)
-	other, err := m.Acquire(ctx, network.DefaultPolicy())
+	other, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestAlwaysBlocked(t *testing.T) {
 func TestPolicy(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
-	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.Policy{})
+	ns, err := m.Acquire(ctxT(t, 10*time.Second), netpolicy.Policy{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,32 +162,32 @@ func TestPolicy(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		policy network.Policy
+		policy netpolicy.Policy
 		steps  []step
 	}{
-		{"internet off", network.Policy{}, []step{
+		{"internet off", netpolicy.Policy{}, []step{
 			{"web refused", refused(nettest.WebAddr)},
 			{"names NXDOMAIN", nx("allowed.test.")},
 		}},
-		{"allow an address", network.Policy{AllowOut: []string{nettest.WebAddr.String()}}, []step{
+		{"allow an address", netpolicy.Policy{AllowOut: []string{nettest.WebAddr.String()}}, []step{
 			{"web", ok(nettest.WebAddr)},
 			{"other refused", refused(nettest.OtherAddr)},
 		}},
-		{"allow a CIDR", network.Policy{AllowOut: []string{"198.51.100.0/24"}}, []step{
+		{"allow a CIDR", netpolicy.Policy{AllowOut: []string{"198.51.100.0/24"}}, []step{
 			{"other", ok(nettest.OtherAddr)},
 			{"denied host in the CIDR", ok(nettest.DeniedAddr)},
 			{"web refused", refused(nettest.WebAddr)},
 		}},
-		{"deny a CIDR", network.Policy{Internet: true, DenyOut: []string{"198.51.100.0/24"}}, []step{
+		{"deny a CIDR", netpolicy.Policy{Internet: true, DenyOut: []string{"198.51.100.0/24"}}, []step{
 			{"web", ok(nettest.WebAddr)},
 			{"other refused", refused(nettest.OtherAddr)},
 		}},
-		{"allow wins over deny", network.Policy{Internet: true, DenyOut: []string{"198.51.100.0/24"},
+		{"allow wins over deny", netpolicy.Policy{Internet: true, DenyOut: []string{"198.51.100.0/24"},
 			AllowOut: []string{nettest.OtherAddr.String() + "/32"}}, []step{
 			{"other", ok(nettest.OtherAddr)},
 			{"denied refused", refused(nettest.DeniedAddr)},
 		}},
-		{"allow a domain", network.Policy{AllowOut: []string{"allowed.test"}}, []step{
+		{"allow a domain", netpolicy.Policy{AllowOut: []string{"allowed.test"}}, []step{
 			{"its address refused before it is resolved", refused(nettest.WebAddr)},
 			{"by name", okName("allowed.test", nettest.WebAddr)},
 			{"its address once resolved", ok(nettest.WebAddr)},
@@ -194,34 +195,34 @@ func TestPolicy(t *testing.T) {
 			{"other addresses refused", refused(nettest.OtherAddr)},
 			{"no AAAA", noAAAA("allowed.test")},
 		}},
-		{"allow a domain behind a CNAME", network.Policy{AllowOut: []string{"cname.test"}}, []step{
+		{"allow a domain behind a CNAME", netpolicy.Policy{AllowOut: []string{"cname.test"}}, []step{
 			{"the old name's address is no longer allowed", refused(nettest.WebAddr)},
 			{"by name", okName("cname.test", nettest.WebAddr)},
 		}},
-		{"allow a wildcard", network.Policy{AllowOut: []string{"*.wild.test"}}, []step{
+		{"allow a wildcard", netpolicy.Policy{AllowOut: []string{"*.wild.test"}}, []step{
 			{"a name below", okName("www.wild.test", nettest.WildAddr)},
 			{"not the apex", nx("wild.test.")},
 			{"not others", nx("allowed.test.")},
 		}},
-		{"deny a domain", network.Policy{Internet: true, DenyOut: []string{"denied.test"}}, []step{
+		{"deny a domain", netpolicy.Policy{Internet: true, DenyOut: []string{"denied.test"}}, []step{
 			{"NXDOMAIN", nx("denied.test.")},
 			{"not through another resolver (udp)", bypass("denied.test", "udp")},
 			{"not through another resolver (tcp)", bypass("denied.test", "tcp")},
 			{"others resolve", okName("allowed.test", nettest.WebAddr)},
 		}},
-		{"deny a wildcard, allow one name", network.Policy{Internet: true, DenyOut: []string{"*.test"},
+		{"deny a wildcard, allow one name", netpolicy.Policy{Internet: true, DenyOut: []string{"*.test"},
 			AllowOut: []string{"allowed.test"}}, []step{
 			{"the allowed one", okName("allowed.test", nettest.WebAddr)},
 			{"the rest NXDOMAIN", nx("other.test.")},
 		}},
-		{"always-blocked wins over allow", network.Policy{Internet: true,
+		{"always-blocked wins over allow", netpolicy.Policy{Internet: true,
 			AllowOut: []string{"metadata.test", "169.254.0.0/16", "10.0.0.0/8", "private.test"}}, []step{
 			{"the name answers no address", noAddress("metadata.test")},
 			{"metadata refused", refused(nettest.MetadataAddr)},
 			{"private network refused", refused(nettest.PrivateNetAddr)},
 			{"host refused", refused(nettest.HostPrivateAddr)},
 		}},
-		{"back to the default", network.DefaultPolicy(), []step{
+		{"back to the default", netpolicy.Default(), []step{
 			{"other", ok(nettest.OtherAddr)},
 			{"other by name", okName("other.test", nettest.OtherAddr)},
 		}},
@@ -246,7 +247,7 @@ func TestPolicyChangeKeepsConnections(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
 	ctx := ctxT(t, 20*time.Second)
-	ns, err := m.Acquire(ctx, network.DefaultPolicy())
+	ns, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,12 +258,12 @@ func TestPolicyChangeKeepsConnections(t *testing.T) {
 	}
 	defer c.Close()
 	echo(t, c, "before")
-	if err := ns.SetPolicy(ctx, network.Policy{}); err != nil {
+	if err := ns.SetPolicy(ctx, netpolicy.Policy{}); err != nil {
 		t.Fatal(err)
 	}
 	wantRefused(t, g, hostPort(nettest.WebAddr, nettest.EchoPort))
 	echo(t, c, "after the change")
-	if err := ns.SetPolicy(ctx, network.DefaultPolicy()); err != nil {
+	if err := ns.SetPolicy(ctx, netpolicy.Default()); err != nil {
 		t.Fatal(err)
 	}
 	wantGet(t, g, url(nettest.WebAddr), nettest.WebAddr)
@@ -286,16 +287,16 @@ func TestInvalidPolicy(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
 	ctx := ctxT(t, 10*time.Second)
-	_, err := m.Acquire(ctx, network.Policy{AllowOut: []string{"example.com", "10.0.0.0/33"}})
-	var pe *network.PolicyError
-	if !errors.As(err, &pe) || !errors.Is(err, network.ErrInvalidPolicy) || pe.Entry != "10.0.0.0/33" {
-		t.Fatalf("Acquire with a bad CIDR: got %v, want a PolicyError naming 10.0.0.0/33", err)
+	_, err := m.Acquire(ctx, netpolicy.Policy{AllowOut: []string{"example.com", "10.0.0.0/33"}})
+	var pe *netpolicy.Error
+	if !errors.As(err, &pe) || !errors.Is(err, netpolicy.ErrInvalid) || pe.Entry != "10.0.0.0/33" {
+		t.Fatalf("Acquire with a bad CIDR: got %v, want a netpolicy.Error naming 10.0.0.0/33", err)
 	}
-	ns, err := m.Acquire(ctx, network.DefaultPolicy())
+	ns, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = ns.SetPolicy(ctx, network.Policy{DenyOut: []string{"bad domain"}})
+	err = ns.SetPolicy(ctx, netpolicy.Policy{DenyOut: []string{"bad domain"}})
 	if !errors.As(err, &pe) || pe.Entry != "bad domain" || pe.Field != "deny_out" {
 		t.Fatalf("SetPolicy with a bad name: got %v", err)
 	}
@@ -307,7 +308,7 @@ func TestInvalidPolicy(t *testing.T) {
 func TestDNSBounds(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{DNSQueriesPerSecond: 5, DNSMaxAnswer: 1024})
-	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.DefaultPolicy())
+	ns, err := m.Acquire(ctxT(t, 10*time.Second), netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestOperatorException(t *testing.T) {
 	m := newManager(t, env, network.Config{AllowedHostNets: []netip.Prefix{
 		netip.MustParsePrefix("10.77.0.0/16"), netip.MustParsePrefix("10.0.0.0/8")}})
 	ctx := ctxT(t, 10*time.Second)
-	ns, err := m.Acquire(ctx, network.DefaultPolicy())
+	ns, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +357,7 @@ func TestOperatorException(t *testing.T) {
 	wantRefused(t, g, hostPort(ns.HostAddr(), 80))                       // the pool: never
 	wantRefused(t, g, hostPort(nettest.MetadataAddr, 80))
 	// The sandbox's own policy still applies on top.
-	if err := ns.SetPolicy(ctx, network.Policy{Internet: true, DenyOut: []string{"10.77.0.0/16"}}); err != nil {
+	if err := ns.SetPolicy(ctx, netpolicy.Policy{Internet: true, DenyOut: []string{"10.77.0.0/16"}}); err != nil {
 		t.Fatal(err)
 	}
 	wantRefused(t, g, hostPort(nettest.PrivateNetAddr, 80))
@@ -368,7 +369,7 @@ func TestOperatorException(t *testing.T) {
 func TestDNSAddressTimeout(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{DNSMinTimeout: 2 * time.Second})
-	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.Policy{AllowOut: []string{"other.test"}})
+	ns, err := m.Acquire(ctxT(t, 10*time.Second), netpolicy.Policy{AllowOut: []string{"other.test"}})
 	if err != nil {
 		t.Fatal(err)
 	}

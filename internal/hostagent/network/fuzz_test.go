@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 )
 
 // FuzzPolicy parses arbitrary policies (the JSON a create or PATCH
@@ -51,25 +52,26 @@ func FuzzPolicy(f *testing.F) {
 		f.Add([]byte(s[0]), s[1])
 	}
 	f.Fuzz(func(t *testing.T, data []byte, name string) {
-		p, err := ParsePolicy(data)
+		p, err := netpolicy.Parse(data)
 		if err != nil {
-			var pe *PolicyError
-			if !errors.Is(err, ErrInvalidPolicy) || !errors.As(err, &pe) {
-				t.Fatalf("ParsePolicy(%q): %v, want a *PolicyError matching ErrInvalidPolicy", data, err)
+			var pe *netpolicy.Error
+			if !errors.Is(err, netpolicy.ErrInvalid) || !errors.As(err, &pe) {
+				t.Fatalf("netpolicy.Parse(%q): %v, want a *netpolicy.Error matching netpolicy.ErrInvalid", data, err)
 			}
 			return
 		}
-		if n := len(p.AllowOut) + len(p.DenyOut); n > MaxPolicyEntries {
-			t.Fatalf("ParsePolicy(%q) accepted %d entries", data, n)
+		if n := len(p.AllowOut) + len(p.DenyOut); n > netpolicy.MaxEntries {
+			t.Fatalf("netpolicy.Parse(%q) accepted %d entries", data, n)
 		}
 		if c := p.Canonical(); !reflect.DeepEqual(c, p) {
-			t.Fatalf("ParsePolicy(%q) = %+v, not canonical (%+v)", data, p, c)
+			t.Fatalf("netpolicy.Parse(%q) = %+v, not canonical (%+v)", data, p, c)
 		}
 		for _, e := range append(append([]string(nil), p.AllowOut...), p.DenyOut...) {
-			if got := canonical([]string{e}); got[0] != e {
+			if got := (netpolicy.Policy{AllowOut: []string{e}}).Canonical().AllowOut; got[0] != e {
 				t.Fatalf("entry %q of an accepted policy reparses as %q", e, got[0])
 			}
-			pfx, _, _, reason := parseEntry(e)
+			en, reason := netpolicy.ParseEntry(e)
+			pfx := en.Prefix
 			if reason != "" {
 				t.Fatalf("entry %q of an accepted policy: %s", e, reason)
 			}
@@ -81,12 +83,12 @@ func FuzzPolicy(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := ParsePolicy(b)
+		again, err := netpolicy.Parse(b)
 		if err != nil || !reflect.DeepEqual(normalPolicy(again), normalPolicy(p)) {
 			t.Fatalf("policy %+v encoded as %s parses as %+v, %v", p, b, again, err)
 		}
 
-		c, err := p.compile()
+		c, err := compile(p)
 		if err != nil {
 			t.Fatalf("an accepted policy does not compile: %v", err)
 		}
@@ -98,7 +100,7 @@ func FuzzPolicy(f *testing.F) {
 }
 
 // normalPolicy treats empty and nil lists alike (JSON omits both).
-func normalPolicy(p Policy) Policy {
+func normalPolicy(p netpolicy.Policy) netpolicy.Policy {
 	if len(p.AllowOut) == 0 {
 		p.AllowOut = nil
 	}
@@ -110,7 +112,7 @@ func normalPolicy(p Policy) Policy {
 
 // naiveVerdict reads the policy's precedence rules for a lower-case name
 // without trailing dot, entry by entry.
-func naiveVerdict(p Policy, name string) nameVerdict {
+func naiveVerdict(p netpolicy.Policy, name string) nameVerdict {
 	matches := func(entries []string) bool {
 		for _, e := range entries {
 			if rest, ok := strings.CutPrefix(e, "*."); ok {
@@ -137,7 +139,7 @@ func naiveVerdict(p Policy, name string) nameVerdict {
 }
 
 // The policies FuzzDNS's forwarder runs with, by the input's choice.
-var dnsPolicies = []Policy{
+var dnsPolicies = []netpolicy.Policy{
 	{Internet: true, DenyOut: []string{"blocked.example", "*.ads.example", "10.0.0.0/8"}},
 	{Internet: false, AllowOut: []string{"allowed.example", "*.ok.example", "203.0.113.0/24"}},
 	{Internet: false},
@@ -222,7 +224,7 @@ func FuzzDNS(f *testing.F) {
 			return // the server answers FORMERR itself; the forwarder never sees it
 		}
 		pol := dnsPolicies[int(mode&3)]
-		c, err := pol.compile()
+		c, err := compile(pol)
 		if err != nil {
 			t.Fatal(err)
 		}

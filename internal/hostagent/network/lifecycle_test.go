@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 )
@@ -26,7 +27,7 @@ func TestNamespace(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
 	ctx := ctxT(t, 20*time.Second)
-	ns, err := m.Acquire(ctx, network.Policy{}) // no internet: DialContext works anyway
+	ns, err := m.Acquire(ctx, netpolicy.Policy{}) // no internet: DialContext works anyway
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestPool(t *testing.T) {
 		}
 	})
 	eventually(t, 10*time.Second, "pool filled to 2", func() bool { return m.PoolLen() == 2 })
-	ns, err := m.Acquire(ctxT(t, 5*time.Second), network.DefaultPolicy())
+	ns, err := m.Acquire(ctxT(t, 5*time.Second), netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestPool(t *testing.T) {
 
 	// Pool namespaces deny everything until acquired: their forwarder
 	// answers NXDOMAIN (checked by taking one with the zero policy).
-	ns2, err := m.Acquire(ctxT(t, 5*time.Second), network.Policy{})
+	ns2, err := m.Acquire(ctxT(t, 5*time.Second), netpolicy.Policy{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestPool(t *testing.T) {
 	}
 
 	m2 := newManager(t, env, network.Config{PoolSize: -1})
-	if _, err := m2.Acquire(ctxT(t, 5*time.Second), network.DefaultPolicy()); err != nil {
+	if _, err := m2.Acquire(ctxT(t, 5*time.Second), netpolicy.Default()); err != nil {
 		t.Fatal(err)
 	}
 	if s := m2.Stats(); s.Created != 1 {
@@ -184,7 +185,7 @@ func crashHelper() {
 	go m.Run(context.Background())
 	var names []string
 	for range 2 {
-		ns, err := m.Acquire(context.Background(), network.DefaultPolicy())
+		ns, err := m.Acquire(context.Background(), netpolicy.Default())
 		if err != nil {
 			fmt.Println("ERR", err)
 			os.Exit(1)
@@ -240,10 +241,10 @@ func TestCrashCleanupAdopt(t *testing.T) {
 	if count(left, "namespace ") != 1 || !slices.Contains(left, "namespace "+keep) || count(left, "veth ") != 1 {
 		t.Fatalf("after Cleanup keeping %s: %v", keep, left)
 	}
-	if _, err := m.Adopt(ctxT(t, 5*time.Second), acquired[1], network.DefaultPolicy()); !errors.Is(err, network.ErrNotFound) {
+	if _, err := m.Adopt(ctxT(t, 5*time.Second), acquired[1], netpolicy.Default()); !errors.Is(err, network.ErrNotFound) {
 		t.Fatalf("Adopt of a removed namespace: %v, want ErrNotFound", err)
 	}
-	ns, err := m.Adopt(ctxT(t, 5*time.Second), keep, network.Policy{AllowOut: []string{"allowed.test"}})
+	ns, err := m.Adopt(ctxT(t, 5*time.Second), keep, netpolicy.Policy{AllowOut: []string{"allowed.test"}})
 	if err != nil {
 		t.Fatalf("Adopt: %v", err)
 	}
@@ -270,7 +271,7 @@ func TestCleanupWhileCreating(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { network.SetCreateStep(nil) })
-	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.Policy{AllowOut: []string{"allowed.test"}})
+	ns, err := m.Acquire(ctxT(t, 10*time.Second), netpolicy.Policy{AllowOut: []string{"allowed.test"}})
 	network.SetCreateStep(nil)
 	if err != nil {
 		t.Fatalf("Acquire with a Cleanup at each step: %v", err)
@@ -303,7 +304,7 @@ func TestDetach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, err := m1.Acquire(ctxT(t, 5*time.Second), network.DefaultPolicy())
+	ns, err := m1.Acquire(ctxT(t, 5*time.Second), netpolicy.Default())
 	if err != nil {
 		m1.Close()
 		t.Fatal(err)
@@ -324,7 +325,7 @@ func TestDetach(t *testing.T) {
 	if err := m2.Cleanup(ctxT(t, 5*time.Second), func(n string) bool { return n == name }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m2.Adopt(ctxT(t, 5*time.Second), name, network.DefaultPolicy()); err != nil {
+	if _, err := m2.Adopt(ctxT(t, 5*time.Second), name, netpolicy.Default()); err != nil {
 		t.Fatalf("Adopt: %v", err)
 	}
 	wantGet(t, g, "http://other.test/", nettest.OtherAddr)
@@ -455,7 +456,7 @@ func TestForkInheritedConnection(t *testing.T) {
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
 	ctx := ctxT(t, 30*time.Second)
-	parent, err := m.Acquire(ctx, network.DefaultPolicy())
+	parent, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +474,7 @@ func TestForkInheritedConnection(t *testing.T) {
 	if err != nil {
 		t.Fatalf("capture the parent's connection: %v", err)
 	}
-	child, err := m.Acquire(ctx, network.DefaultPolicy())
+	child, err := m.Acquire(ctx, netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,7 +541,7 @@ func TestCloseWhileBusy(t *testing.T) {
 	acquired := make(chan error, 4)
 	for range 4 {
 		go func() {
-			_, err := m.Acquire(context.Background(), network.DefaultPolicy())
+			_, err := m.Acquire(context.Background(), netpolicy.Default())
 			acquired <- err
 		}()
 	}
@@ -560,7 +561,7 @@ func TestCloseWhileBusy(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after Close")
 	}
-	if _, err := m.Acquire(context.Background(), network.DefaultPolicy()); !errors.Is(err, network.ErrClosed) {
+	if _, err := m.Acquire(context.Background(), netpolicy.Default()); !errors.Is(err, network.ErrClosed) {
 		t.Errorf("Acquire after Close: %v, want ErrClosed", err)
 	}
 }

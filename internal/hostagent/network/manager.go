@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -310,8 +311,8 @@ func (m *Manager) PoolLen() int {
 // caller's until it calls Release (or the Manager is closed). Errors: a
 // *PolicyError (ErrInvalidPolicy) for a bad policy, ErrClosed,
 // ErrExhausted, or a failure of the kernel.
-func (m *Manager) Acquire(ctx context.Context, p Policy) (*Namespace, error) {
-	c, err := p.compile()
+func (m *Manager) Acquire(ctx context.Context, p netpolicy.Policy) (*Namespace, error) {
+	c, err := compile(p)
 	if err != nil {
 		return nil, err
 	}
@@ -534,8 +535,8 @@ func writeSysctl(key, val string) error {
 // it), rebuilds its table with policy p and starts its DNS forwarder
 // again. Errors: ErrNotFound if there is no such namespace of this
 // prefix, a *PolicyError, ErrClosed.
-func (m *Manager) Adopt(ctx context.Context, name string, p Policy) (*Namespace, error) {
-	c, err := p.compile()
+func (m *Manager) Adopt(ctx context.Context, name string, p netpolicy.Policy) (*Namespace, error) {
+	c, err := compile(p)
 	if err != nil {
 		return nil, err
 	}

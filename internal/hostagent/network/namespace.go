@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -66,11 +67,11 @@ func (ns *Namespace) HostAddr() netip.Addr      { return ns.hostAddr }
 func (ns *Namespace) NamespaceAddr() netip.Addr { return ns.nsAddr }
 
 // Policy is the policy in force.
-func (ns *Namespace) Policy() Policy {
+func (ns *Namespace) Policy() netpolicy.Policy {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if ns.policy == nil {
-		return Policy{}
+		return netpolicy.Policy{}
 	}
 	p := ns.policy.policy
 	p.AllowOut, p.DenyOut = append([]string(nil), p.AllowOut...), append([]string(nil), p.DenyOut...)
@@ -143,8 +144,8 @@ func (ns *Namespace) DialContext(ctx context.Context, network, addr string) (net
 // established stay up. Addresses the forwarder allowed for names that the
 // new policy still allows stay allowed. Errors: a *PolicyError
 // (ErrInvalidPolicy), ErrClosed.
-func (ns *Namespace) SetPolicy(ctx context.Context, p Policy) error {
-	c, err := p.compile()
+func (ns *Namespace) SetPolicy(ctx context.Context, p netpolicy.Policy) error {
+	c, err := compile(p)
 	if err != nil {
 		return err
 	}

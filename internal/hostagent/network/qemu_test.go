@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 )
@@ -27,7 +28,7 @@ func TestQEMUTakesTapFD(t *testing.T) {
 	}
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})
-	ns, err := m.Acquire(ctxT(t, 10*time.Second), network.DefaultPolicy())
+	ns, err := m.Acquire(ctxT(t, 10*time.Second), netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -113,7 +113,7 @@ func NetBench(ctx context.Context, w NetWorld, o NetOptions) (NetResult, error) 
 	b := &netRun{w: w, o: o}
 	defer b.killAll()
 	// Online, as the API makes every sandbox that asks for no policy.
-	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, Network: network.DefaultPolicy()}
+	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, Network: netpolicy.Default()}
 	b.req = req
 
 	b.logf("warming up (bakes the template if needed)")

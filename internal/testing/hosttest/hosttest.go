@@ -28,7 +28,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -148,7 +148,7 @@ func (h *Host) UseStore(s *Store) {
 type sandbox struct {
 	info    host.Info
 	seq     int
-	network network.Policy
+	network netpolicy.Policy
 }
 
 // New returns a host without sandboxes whose template store knows the
@@ -330,12 +330,12 @@ func (h *Host) Sandbox(id string) (host.Info, bool) {
 }
 
 // Network is the egress policy sandbox id has on the host.
-func (h *Host) Network(id string) (network.Policy, bool) {
+func (h *Host) Network(id string) (netpolicy.Policy, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	sb, ok := h.sandboxes[id]
 	if !ok {
-		return network.Policy{}, false
+		return netpolicy.Policy{}, false
 	}
 	return sb.network, true
 }
@@ -831,7 +831,7 @@ func (h *Host) Resume(ctx context.Context, id string) (host.Info, error) {
 }
 
 // SetNetwork sets a live sandbox's egress policy.
-func (h *Host) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+func (h *Host) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
 	if err := h.enter(ctx, SetNetwork, id); err != nil {
 		return err
 	}

@@ -21,11 +21,11 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/opencatalog"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -565,7 +565,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *hostagen
 	if nw != nil {
 		acfg.Network = nw.m
 		if cfg.BakeNetwork {
-			p := network.DefaultPolicy()
+			p := netpolicy.Default()
 			acfg.BakeNetwork = &p
 		}
 	}

@@ -24,10 +24,10 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
@@ -361,7 +361,7 @@ func (h *fuzzHost) Resume(ctx context.Context, id string) (host.Info, error) {
 	return h.Host.Resume(ctx, id)
 }
 
-func (h *fuzzHost) SetNetwork(ctx context.Context, id string, p network.Policy) error {
+func (h *fuzzHost) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
 	h.saw(id)
 	return h.Host.SetNetwork(ctx, id, p)
 }
