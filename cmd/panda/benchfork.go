@@ -13,10 +13,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/testing/bench"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -201,7 +201,7 @@ func (l *localBench) imagesDir() string {
 // a data directory of its own (next to the server's), so that a running
 // server and the benchmark never share sandboxes.
 func (l *localBench) agentConfig(sub string) hostagent.Config {
-	return hostagent.Config{DataDir: filepath.Join(l.dataDir, sub), ImagesDir: l.imagesDir(), Accel: vmm.Accel(l.accel),
+	return hostagent.Config{DataDir: filepath.Join(l.dataDir, sub), ImagesDir: l.imagesDir(), Accel: accel.Accel(l.accel),
 		Logger: slog.New(slog.DiscardHandler)}
 }
 

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
@@ -63,7 +64,7 @@ type Config struct {
 	// short: unix socket paths are limited to 108 bytes.
 	RunDir string
 	// Accel is auto (probe KVM once, cache the answer), kvm or tcg.
-	Accel vmm.Accel
+	Accel accel.Accel
 	// Driver starts and adopts the sandboxes' VMMs and bakes' (required;
 	// qemu.New in production). The agent does not close it.
 	Driver vmm.Driver
@@ -132,7 +133,7 @@ func (c *Config) setDefaults() {
 		c.RunDir = filepath.Join(c.DataDir, "run")
 	}
 	if c.Accel == "" {
-		c.Accel = vmm.AccelAuto
+		c.Accel = accel.Auto
 	}
 	if c.MinFreeBytes == 0 {
 		c.MinFreeBytes = 256 << 20
@@ -163,7 +164,7 @@ type Agent struct {
 	log       *slog.Logger
 	vol       *volume.Volume
 	driver    vmm.Driver
-	accel     vmm.Accel
+	accel     accel.Accel
 	templates *template.Store
 	images    template.Images
 	sbDir     string
@@ -212,12 +213,12 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
-	accel, why, err := drv.ResolveAccel(ctx, cfg.Accel, a.images.Kernel(), filepath.Join(cfg.DataDir, "accel.cache"))
+	acc, why, err := drv.ResolveAccel(ctx, cfg.Accel, a.images.Kernel(), filepath.Join(cfg.DataDir, "accel.cache"))
 	if err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
-	a.accel = accel
-	a.log.Info("accelerator", "accel", accel, "why", why)
+	a.accel = acc
+	a.log.Info("accelerator", "accel", acc, "why", why)
 	vol, err := volume.Open(ctx, cfg.DataDir, volume.Options{ImageSize: cfg.VolumeSize, AdoptMount: cfg.AdoptMount, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("open host agent: %w", err)
@@ -234,7 +235,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		Images:  a.images,
 		UserDir: filepath.Join(vol.Dir, "rootfs"),
 		Driver:  drv,
-		Accel:   accel,
+		Accel:   acc,
 		TSCkHz:  drv.TSCkHz(),
 		Net:     a.bakeNIC(),
 		Remote:  remote,
@@ -255,7 +256,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 }
 
 // Accel is the accelerator sandboxes run with.
-func (a *Agent) Accel() vmm.Accel { return a.accel }
+func (a *Agent) Accel() accel.Accel { return a.accel }
 
 // NetworkOff reports that the agent runs without sandbox networking
 // (Config.Network nil): each guest gets an isolated interface only.

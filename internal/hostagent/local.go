@@ -6,11 +6,11 @@ import (
 	"net"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Local is a as the control plane's host (host.Host), in this process:
@@ -62,7 +62,7 @@ func (h local) TemplateParams(name string, memoryMiB, vcpus int) template.Params
 	return h.a.TemplateParams(name, memoryMiB, vcpus)
 }
 
-func (h local) Accel() vmm.Accel { return h.a.Accel() }
+func (h local) Accel() accel.Accel { return h.a.Accel() }
 
 // NetworkOff implements host.NetworkReporter.
 func (h local) NetworkOff() bool { return h.a.NetworkOff() }

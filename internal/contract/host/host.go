@@ -19,10 +19,10 @@ import (
 	"net"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Host is a host agent as the control plane uses it. Methods are safe for
@@ -54,7 +54,7 @@ type Host interface {
 	// (no I/O: a remote host's defaults are those it last reported).
 	TemplateParams(name string, memoryMiB, vcpus int) template.Params
 	// Accel is the accelerator the host's sandboxes run with (no I/O).
-	Accel() vmm.Accel
+	Accel() accel.Accel
 
 	// Fork captures the running sandbox id once and restores one child per
 	// id of childIDs from it; a child that fails is reported in its

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // buildHost is a host's template builds: a real Manager on a real
@@ -30,7 +30,7 @@ func newBuildHost(t *testing.T) *buildHost {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := template.NewStore(template.Config{Dir: filepath.Join(dir, "templates"), Images: template.Images{Dir: dir},
-		UserDir: filepath.Join(dir, "rootfs"), Accel: vmm.AccelTCG})
+		UserDir: filepath.Join(dir, "rootfs"), Accel: accel.TCG})
 	if err != nil {
 		t.Fatal(err)
 	}

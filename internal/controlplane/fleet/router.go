@@ -10,12 +10,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Router is the fleet as one host.Host for the REST API's handlers, which
@@ -128,7 +128,7 @@ func (rt *Router) TemplateParams(name string, memoryMiB, vcpus int) template.Par
 	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
 }
 
-func (rt *Router) Accel() vmm.Accel {
+func (rt *Router) Accel() accel.Accel {
 	if h, err := rt.first(); err == nil {
 		return h.Accel()
 	}

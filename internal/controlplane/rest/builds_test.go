@@ -20,12 +20,12 @@ import (
 	"time"
 
 	apispec "github.com/pandastack/pandastack/api"
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -72,7 +72,7 @@ func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Confi
 	dir := t.TempDir()
 	store, err := template.NewStore(template.Config{
 		Dir: filepath.Join(dir, "templates"), Images: template.Images{Dir: filepath.Join(dir, "no-images")},
-		UserDir: filepath.Join(dir, "rootfs"), Accel: vmm.AccelTCG,
+		UserDir: filepath.Join(dir, "rootfs"), Accel: accel.TCG,
 	})
 	if err != nil {
 		t.Fatal(err)

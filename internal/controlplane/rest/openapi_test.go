@@ -25,11 +25,11 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	apispec "github.com/pandastack/pandastack/api"
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 )
@@ -100,7 +100,7 @@ func newRoutingServer(t *testing.T) *routingServer {
 	dir := t.TempDir()
 	store, err := template.NewStore(template.Config{
 		Dir: filepath.Join(dir, "templates"), RunDir: filepath.Join(dir, "run"),
-		Images: template.Images{Dir: filepath.Join(dir, "no-images")}, Accel: vmm.AccelTCG,
+		Images: template.Images{Dir: filepath.Join(dir, "no-images")}, Accel: accel.TCG,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,10 +18,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Client is a remote host agent, as host.Host. Safe for concurrent use.
@@ -181,7 +181,7 @@ func (c *Client) Resources(ctx context.Context) (host.Resources, error) {
 }
 
 // Accel is the agent's accelerator.
-func (c *Client) Accel() vmm.Accel { return c.Info().Accel }
+func (c *Client) Accel() accel.Accel { return c.Info().Accel }
 
 // StoredUserTemplates lists the versions of user templates whose set the
 // agent's object store holds ("NAME:N").

@@ -111,12 +111,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Prefix is the path prefix of every endpoint.
@@ -137,7 +137,7 @@ var ErrUnauthorized = errors.New("host agent rejected the token")
 // Info describes a host agent: what host.Host's Accel and TemplateParams
 // answer.
 type Info struct {
-	Accel vmm.Accel `json:"accel"`
+	Accel accel.Accel `json:"accel"`
 	// Defaults are the template parameters of a request that names none
 	// (TemplateParams("", 0, 0)).
 	Defaults template.Params `json:"defaults"`

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 )
 
@@ -50,7 +50,7 @@ func buildStore(t *testing.T) (*Store, string) {
 		os.RemoveAll(run)
 	})
 	st, err := NewStore(Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv,
-		Accel: vmm.AccelTCG, TSCkHz: qemu.TSCkHz()})
+		Accel: accel.TCG, TSCkHz: qemu.TSCkHz()})
 	if err != nil {
 		t.Fatal(err)
 	}

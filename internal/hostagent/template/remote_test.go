@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 )
@@ -41,7 +41,7 @@ func fakeTemplate(t *testing.T, s *Store, key string) *Template {
 // directory, given when an upload or download listed it, and not used
 // once its files change.
 func TestChunkIndex(t *testing.T) {
-	s, err := NewStore(Config{Dir: t.TempDir(), Accel: vmm.AccelTCG})
+	s, err := NewStore(Config{Dir: t.TempDir(), Accel: accel.TCG})
 	if err != nil {
 		t.Fatal(err)
 	}

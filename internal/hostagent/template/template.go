@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/failpoint"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
@@ -124,8 +125,8 @@ const metaFile = "template.json"
 // Meta is a baked template's metadata (template.json).
 type Meta struct {
 	Params
-	Accel   vmm.Accel `json:"accel"`
-	Cmdline string    `json:"cmdline"`
+	Accel   accel.Accel `json:"accel"`
+	Cmdline string      `json:"cmdline"`
 	// Inputs are the SHA-256 hashes of kernel, initramfs, agent and rootfs,
 	// and for a template whose bake starts commands (Startup) "startup",
 	// the hash of those commands.
@@ -182,7 +183,7 @@ type Config struct {
 	// Images.
 	UserDir string
 	Driver  vmm.Driver
-	Accel   vmm.Accel // kvm or tcg
+	Accel   accel.Accel // kvm or tcg
 	// BakeTimeout bounds one boot attempt (default 120 s).
 	BakeTimeout time.Duration
 	// ExtraCmdline is appended to the guest kernel command line.
@@ -249,7 +250,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.Net == nil {
 		cfg.Net = guestnet.IsolatedNIC
 	}
-	if cfg.Accel != vmm.AccelKVM && cfg.Accel != vmm.AccelTCG {
+	if cfg.Accel != accel.KVM && cfg.Accel != accel.TCG {
 		return nil, fmt.Errorf("template store: accel must be kvm or tcg, got %q", cfg.Accel)
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
@@ -467,7 +468,7 @@ func (s *Store) inputs(name string) (map[string]string, error) {
 
 func (s *Store) cmdline() string {
 	c := "console=ttyS0 quiet loglevel=3 panic=-1 pci=off reboot=t mitigations=off 8250.nr_uarts=1"
-	if s.cfg.Accel == vmm.AccelTCG {
+	if s.cfg.Accel == accel.TCG {
 		if s.cfg.TSCkHz > 0 {
 			c += fmt.Sprintf(" tsc_early_khz=%d", s.cfg.TSCkHz)
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -58,7 +59,7 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(run)
-	st, err := NewStore(Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv, Accel: vmm.AccelTCG, TSCkHz: qemu.TSCkHz()})
+	st, err := NewStore(Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv, Accel: accel.TCG, TSCkHz: qemu.TSCkHz()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestBakeNetHook(t *testing.T) {
 	var purposes []string
 	released := 0
 	var hookErr error
-	cfg := Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv, Accel: vmm.AccelTCG, TSCkHz: qemu.TSCkHz(),
+	cfg := Config{Dir: filepath.Join(t.TempDir(), "templates"), RunDir: run, Images: images, Driver: drv, Accel: accel.TCG, TSCkHz: qemu.TSCkHz(),
 		Net: func(ctx context.Context, purpose string) (*vmm.Net, func(), error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -246,7 +247,7 @@ func openFDs(t *testing.T) int {
 }
 
 func TestUnknownTemplate(t *testing.T) {
-	st, err := NewStore(Config{Dir: t.TempDir(), Images: Images{Dir: testImages()}, Accel: vmm.AccelTCG})
+	st, err := NewStore(Config{Dir: t.TempDir(), Images: Images{Dir: testImages()}, Accel: accel.TCG})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
@@ -27,7 +28,7 @@ func fakeStore(t *testing.T) *Store {
 			t.Fatal(err)
 		}
 	}
-	st, err := NewStore(Config{Dir: filepath.Join(dir, "templates"), Images: im, UserDir: filepath.Join(dir, "rootfs"), Accel: vmm.AccelTCG})
+	st, err := NewStore(Config{Dir: filepath.Join(dir, "templates"), Images: im, UserDir: filepath.Join(dir, "rootfs"), Accel: accel.TCG})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,15 +11,8 @@ import (
 	"errors"
 	"os"
 	"time"
-)
 
-// Accel is the CPU virtualization back end.
-type Accel string
-
-const (
-	AccelAuto Accel = "auto" // probe KVM by booting a canary guest, else TCG
-	AccelKVM  Accel = "kvm"
-	AccelTCG  Accel = "tcg"
+	"github.com/pandastack/pandastack/internal/contract/accel"
 )
 
 // Spec describes one machine. The same Spec (except the fields that name
@@ -32,7 +25,7 @@ type Spec struct {
 	Cmdline   string // kernel command line
 	MemoryMiB int
 	VCPUs     int
-	Accel     Accel // must be kvm or tcg (resolve auto before Start)
+	Accel     accel.Accel // must be kvm or tcg (resolve auto before Start)
 
 	// MemoryFile backs guest RAM. With MemoryShared the guest writes
 	// through to the file (used when baking a template); otherwise the file
@@ -161,11 +154,11 @@ type Driver interface {
 	// Start.
 	CleanupStale() (Leftovers, error)
 
-	// ResolveAccel turns AccelAuto into AccelKVM or AccelTCG by booting
+	// ResolveAccel turns accel.Auto into accel.KVM or accel.TCG by booting
 	// kernel once (a canary), and returns the accelerator with why it was
-	// chosen; AccelKVM and AccelTCG are returned as they are. cache, if not
+	// chosen; accel.KVM and accel.TCG are returned as they are. cache, if not
 	// empty, is a file that remembers the answer for this kernel.
-	ResolveAccel(ctx context.Context, want Accel, kernel, cache string) (accel Accel, why string, err error)
+	ResolveAccel(ctx context.Context, want accel.Accel, kernel, cache string) (resolved accel.Accel, why string, err error)
 
 	// TSCkHz is the host's TSC frequency in kHz (0 if unknown), which a
 	// guest kernel is told so that it need not calibrate under emulation.

@@ -26,6 +26,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
@@ -537,7 +538,7 @@ func (h *Host) TemplateParams(name string, memoryMiB, vcpus int) template.Params
 }
 
 // Accel is TCG.
-func (h *Host) Accel() vmm.Accel { return vmm.AccelTCG }
+func (h *Host) Accel() accel.Accel { return accel.TCG }
 
 // Fork creates one running child of running sandbox id per child id,
 // except those FailForkChild named, which report their error.

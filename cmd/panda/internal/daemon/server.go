@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
@@ -27,7 +28,6 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -305,8 +305,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("metrics_listen %q: %w", c.MetricsListen, err)
 		}
 	}
-	switch vmm.Accel(c.Accel) {
-	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
+	switch accel.Accel(c.Accel) {
+	case accel.Auto, accel.KVM, accel.TCG:
 	default:
 		return fmt.Errorf("accel %q must be auto, kvm or tcg", c.Accel)
 	}
@@ -554,7 +554,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (host *hostagen
 		return nil, nil, nil, fmt.Errorf("cannot start host agent: open host agent: %w", err)
 	}
 	acfg := hostagent.Config{
-		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: vmm.Accel(cfg.Accel), Driver: drv,
+		DataDir: cfg.DataDir, ImagesDir: cfg.ImagesDir, Accel: accel.Accel(cfg.Accel), Driver: drv,
 		DefaultTemplate: cfg.DefaultTemplate, DefaultMemoryMiB: cfg.DefaultMemoryMiB, DefaultVCPUs: cfg.DefaultVCPUs,
 		AdoptMount: true,
 		Store:      store,

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // ctx is the context of the tests' calls.
@@ -22,7 +22,7 @@ var ctx = context.Background()
 func newStore(t *testing.T) *template.Store {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := template.NewStore(template.Config{Dir: filepath.Join(dir, "templates"), Images: template.Images{Dir: dir}, UserDir: filepath.Join(dir, "rootfs"), Accel: vmm.AccelTCG})
+	st, err := template.NewStore(template.Config{Dir: filepath.Join(dir, "templates"), Images: template.Images{Dir: dir}, UserDir: filepath.Join(dir, "rootfs"), Accel: accel.TCG})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
@@ -80,7 +81,7 @@ func tiny(t *testing.T) *template.Template {
 		var st *template.Store
 		st, bakeErr = template.NewStore(template.Config{
 			Dir: filepath.Join(bakeDir, "templates"), RunDir: bakeDir,
-			Images: template.Images{Dir: testImages()}, Driver: d, Accel: vmm.AccelTCG, TSCkHz: TSCkHz(),
+			Images: template.Images{Dir: testImages()}, Driver: d, Accel: accel.TCG, TSCkHz: TSCkHz(),
 		})
 		if bakeErr != nil {
 			return
@@ -1167,7 +1168,7 @@ func TestSetupV2Files(t *testing.T) {
 
 func TestIsVMMOf(t *testing.T) {
 	d := &Driver{}
-	spec := vmm.Spec{RunDir: "/x/run,1", MemoryMiB: 256, VCPUs: 1, Accel: vmm.AccelTCG, Incoming: true}
+	spec := vmm.Spec{RunDir: "/x/run,1", MemoryMiB: 256, VCPUs: 1, Accel: accel.TCG, Incoming: true}
 	args, err := d.args(spec, jailPaths(spec))
 	if err != nil {
 		t.Fatal(err)
@@ -1350,7 +1351,7 @@ func (l *spawnLog) get(i int) time.Duration {
 // this driver does not know is refused before anything starts.
 func TestMachineLayouts(t *testing.T) {
 	d := newDriver(t, Config{})
-	spec := vmm.Spec{MemoryMiB: 256, Accel: vmm.AccelTCG}
+	spec := vmm.Spec{MemoryMiB: 256, Accel: accel.TCG}
 	for layout, want := range map[string]string{vmm.MachineLegacy: "pit=on,", vmm.MachineNoPIT: "pit=off,"} {
 		spec.Machine = layout
 		args, err := d.args(spec, hostPaths(spec))

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
@@ -422,7 +423,7 @@ func TestNetworkBase(t *testing.T) {
 	d := newDriver(t, Config{})
 	st, err := template.NewStore(template.Config{
 		Dir: filepath.Join(shortDir(t), "templates"), RunDir: shortDir(t),
-		Images: template.Images{Dir: testImages()}, Driver: d, Accel: vmm.AccelTCG, TSCkHz: TSCkHz(),
+		Images: template.Images{Dir: testImages()}, Driver: d, Accel: accel.TCG, TSCkHz: TSCkHz(),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/contract/accel"
 )
 
 // ProbeKVM reports whether KVM can actually run a guest here: opening
@@ -90,11 +90,11 @@ func (d *Driver) TSCkHz() int { return TSCkHz() }
 // ResolveAccel turns auto into kvm or tcg, probing with kernel. cache, if
 // not empty, is a file that remembers the answer for this kernel so that the
 // probe runs once per host.
-func (d *Driver) ResolveAccel(ctx context.Context, want vmm.Accel, kernel, cache string) (vmm.Accel, string, error) {
+func (d *Driver) ResolveAccel(ctx context.Context, want accel.Accel, kernel, cache string) (accel.Accel, string, error) {
 	switch want {
-	case vmm.AccelKVM, vmm.AccelTCG:
+	case accel.KVM, accel.TCG:
 		return want, "configured", nil
-	case vmm.AccelAuto, "":
+	case accel.Auto, "":
 	default:
 		return "", "", fmt.Errorf("unknown accel %q (want auto, kvm or tcg)", want)
 	}
@@ -107,14 +107,14 @@ func (d *Driver) ResolveAccel(ctx context.Context, want vmm.Accel, kernel, cache
 		if b, err := os.ReadFile(cache); err == nil {
 			k, v, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 			if k == key && (v == "kvm" || v == "tcg") {
-				return vmm.Accel(v), "cached probe result", nil
+				return accel.Accel(v), "cached probe result", nil
 			}
 		}
 	}
 	ok, reason := d.ProbeKVM(ctx, kernel, 5*time.Second)
-	got := vmm.AccelTCG
+	got := accel.TCG
 	if ok {
-		got, reason = vmm.AccelKVM, "kvm boots a guest"
+		got, reason = accel.KVM, "kvm boots a guest"
 	}
 	if cache != "" {
 		os.WriteFile(cache, []byte(key+"\n"+string(got)+"\n"), 0o644)

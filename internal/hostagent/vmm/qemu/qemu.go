@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/qmp"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"golang.org/x/sys/unix"
@@ -295,16 +296,16 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 	if spec.VCPUs <= 0 {
 		spec.VCPUs = 1
 	}
-	accel := ""
+	accelArg := ""
 	switch spec.Accel {
-	case vmm.AccelKVM:
-		accel = "kvm"
-	case vmm.AccelTCG:
+	case accel.KVM:
+		accelArg = "kvm"
+	case accel.TCG:
 		tb := spec.TBCacheMiB
 		if tb <= 0 {
 			tb = defaultTBCacheMiB
 		}
-		accel = fmt.Sprintf("tcg,thread=multi,tb-size=%d", tb)
+		accelArg = fmt.Sprintf("tcg,thread=multi,tb-size=%d", tb)
 	default:
 		return nil, fmt.Errorf("accel %q must be resolved to kvm or tcg before start", spec.Accel)
 	}
@@ -333,7 +334,7 @@ func (d *Driver) args(spec vmm.Spec, p paths) ([]string, error) {
 		// mem-merge=off and merge=off: no KSM on guest RAM (pages merged
 		// across guests leak through timing and cost a scan).
 		"-machine", "microvm,acpi=on,pit=" + pit + ",pic=on,rtc=on,isa-serial=on,memory-backend=mem,mem-merge=off",
-		"-accel", accel,
+		"-accel", accelArg,
 		"-cpu", cpuModel(spec.Accel),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
 		"-smp", strconv.Itoa(spec.VCPUs),
@@ -426,8 +427,8 @@ func checkTAP(f *os.File) error {
 	return nil
 }
 
-func cpuModel(a vmm.Accel) string {
-	if a == vmm.AccelKVM {
+func cpuModel(a accel.Accel) string {
+	if a == accel.KVM {
 		return "host"
 	}
 	return "max"
@@ -590,7 +591,7 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 		gid:    spec.GID,
 		limits: d.limits(spec.MemoryMiB, spec.VCPUs),
 		files:  jailFiles(spec),
-		kvm:    spec.Accel == vmm.AccelKVM,
+		kvm:    spec.Accel == accel.KVM,
 		prepare: func(uid, gid int) error {
 			return giveFiles(spec, uid, gid)
 		},
