@@ -27,7 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -373,7 +373,7 @@ echo serving $(cat /dev/shm/www/token) && exec httpd -f -p 8000 -h /dev/shm/www`
 		if got := mustExec(t, ctx, sb, "grep -c ' /dev/shm tmpfs ' /proc/mounts"); got != "1\n" {
 			t.Errorf("sandbox %s: /dev/shm is not one tmpfs: %q", sb.ID, got)
 		}
-		if got := mustExec(t, ctx, sb, "cat "+template.StartLog); got != "serving "+token+"\n" {
+		if got := mustExec(t, ctx, sb, "cat "+templates.StartLog); got != "serving "+token+"\n" {
 			t.Errorf("sandbox %s: start log %q", sb.ID, got)
 		}
 	}

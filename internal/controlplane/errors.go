@@ -9,8 +9,8 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -98,7 +98,7 @@ func Classify(err error) *Error {
 }
 
 func classify(err error) *Error {
-	var re *template.ReadyError
+	var re *templates.ReadyError
 	switch {
 	case errors.As(err, &re):
 		// The template's own commands failed in its bake: what the user
@@ -138,11 +138,11 @@ func classify(err error) *Error {
 		return Errorf(NoSpace, "%s", userMessage(err))
 	case errors.Is(err, build.ErrClosed):
 		return Errorf(Unavailable, "%s", userMessage(err))
-	case errors.Is(err, host.ErrNotFound), errors.Is(err, template.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, build.ErrNotFound):
+	case errors.Is(err, host.ErrNotFound), errors.Is(err, templates.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, build.ErrNotFound):
 		return Errorf(NotFound, "%s", userMessage(err))
-	case errors.Is(err, host.ErrInvalid), errors.Is(err, template.ErrInvalid):
+	case errors.Is(err, host.ErrInvalid), errors.Is(err, templates.ErrInvalid):
 		return Errorf(Invalid, "%s", userMessage(err))
-	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, build.ErrConflict), errors.Is(err, template.ErrConflict):
+	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, build.ErrConflict), errors.Is(err, templates.ErrConflict):
 		return Errorf(Conflict, "%s", userMessage(err))
 	case errors.As(err, new(*host.UnreachableError)):
 		// Its text names the agent's address: for the logs only.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
@@ -27,7 +27,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("create sandbox: %w", host.ErrNoSpace), NoSpace, "out of disk space", ""},
 		{fmt.Errorf("create sandbox: reserve sandbox: %w", quota), QuotaExceeded, "8192 MiB", "reserve sandbox"},
 		{fmt.Errorf("x: %w", host.ErrNotFound), NotFound, "", ""},
-		{fmt.Errorf("x: %w", template.ErrInvalid), Invalid, "", ""},
+		{fmt.Errorf("x: %w", templates.ErrInvalid), Invalid, "", ""},
 		{fmt.Errorf("x: %w", host.ErrConflict), Conflict, "", ""},
 		{fmt.Errorf("exec: %w", guestproto.Errorf(guestproto.CodeNotFound, "no such file: /x")), NotFound, "no such file: /x", "exec:"},
 		{guestproto.Errorf(guestproto.CodeNotEmpty, "dir"), Conflict, "", ""},
@@ -50,8 +50,8 @@ func TestClassify(t *testing.T) {
 			Unavailable, "cannot be reached", "10.0.0.21"},
 		{fmt.Errorf("x: %w", host.ErrUnavailable), Unavailable, "host agent unavailable", ""},
 		{fmt.Errorf("start: %w", vmm.ErrExhausted), Unavailable, "no room", ""},
-		{fmt.Errorf("x: %w", template.ErrNotFound), NotFound, "", "/"},
-		{fmt.Errorf("create: bake web-256m-1c: %w", &template.ReadyError{Msg: "the ready command did not succeed within 1s (3 tries); its last run: exit 1: no"}),
+		{fmt.Errorf("x: %w", templates.ErrNotFound), NotFound, "", "/"},
+		{fmt.Errorf("create: bake web-256m-1c: %w", &templates.ReadyError{Msg: "the ready command did not succeed within 1s (3 tries); its last run: exit 1: no"}),
 			Invalid, "its last run: exit 1: no", "web-256m-1c"},
 	} {
 		got := Classify(tc.err)

@@ -10,9 +10,9 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // CreateRequest is what a create asks for (the REST API's create body and
@@ -112,7 +112,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 	}
-	var tp template.Params
+	var tp templates.Params
 	var h host.Host
 	var hostID string
 	diskMiB := 0
@@ -124,7 +124,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		if (req.Template != "" && req.Template != sn.Template && req.Template+":" != strings.SplitAfter(sn.Template, ":")[0]) || (req.MemoryMiB != 0 && req.MemoryMiB != sn.MemoryMiB) || (req.VCPUs != 0 && req.VCPUs != sn.VCPUs) {
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "a sandbox created from a snapshot has the snapshot's template (%s), memory (%d MiB) and vcpus (%d)", sn.Template, sn.MemoryMiB, sn.VCPUs)
 		}
-		tp = template.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
+		tp = templates.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
 		// A snapshot restores on its host unless asked otherwise (another
 		// host fetches it from the object store).
 		if h, hostID, err = p.placeOne(ctx, scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
@@ -162,13 +162,13 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 		t, reason, err := h.Templates().Lookup(ctx, tp)
-		if _, v, _ := template.SplitRef(tp.Name); v > 0 && errors.Is(err, template.ErrNotFound) {
+		if _, v, _ := templates.SplitRef(tp.Name); v > 0 && errors.Is(err, templates.ErrNotFound) {
 			// A version of a user template that the registry knows
 			// (ResolveTemplate) and this host of a fleet has not fetched
 			// yet: its create fetches it from the object store.
 			t, reason, err = nil, "not on this host yet", nil
 		}
-		if errors.Is(err, template.ErrNotFound) && !key.Admin {
+		if errors.Is(err, templates.ErrNotFound) && !key.Admin {
 			// The store's message lists every template, others' too.
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(NotFound, "template %q not found", tp.Name)
 		}
@@ -202,7 +202,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 // allowedShape reports whether a key without admin rights may bake p's
 // shape by creating a sandbox with it: powers of two only, so that the
 // templates any key can make are few.
-func allowedShape(p template.Params) bool {
+func allowedShape(p templates.Params) bool {
 	pow2 := func(n int) bool { return n > 0 && n&(n-1) == 0 }
 	return pow2(p.MemoryMiB) && pow2(p.VCPUs)
 }

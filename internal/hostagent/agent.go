@@ -32,6 +32,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -269,7 +270,7 @@ func (a *Agent) StoreDir() string { return a.vol.Dir }
 func (a *Agent) Templates() *template.Store { return a.templates }
 
 // TemplateParams fills in defaults for a template request.
-func (a *Agent) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+func (a *Agent) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	if name == "" {
 		name = a.cfg.DefaultTemplate
 	}
@@ -279,7 +280,7 @@ func (a *Agent) TemplateParams(name string, memoryMiB, vcpus int) template.Param
 	if vcpus == 0 {
 		vcpus = a.cfg.DefaultVCPUs
 	}
-	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+	return templates.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
 }
 
 // State of a sandbox: the lifecycle package's.
@@ -421,10 +422,10 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		}
 		tmpl, err := a.templates.Get(ctx, p, req.Progress)
 		if err != nil {
-			if errors.Is(err, template.ErrNotFound) {
+			if errors.Is(err, templates.ErrNotFound) {
 				return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrNotFound, err)
 			}
-			if errors.Is(err, template.ErrInvalid) {
+			if errors.Is(err, templates.ErrInvalid) {
 				return Info{}, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
 			}
 			return Info{}, fmt.Errorf("create sandbox: %w", err)

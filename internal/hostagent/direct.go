@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 )
@@ -102,7 +102,7 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, held []string, w io
 // FetchedBytes is the length of the pack. A pack made against a template
 // the host lacks, or holds another bake of, waits while the host fetches
 // the object store's copy (packSeeds). Errors: ErrConflict if the
-// host has a snapshot id already; template.ErrNotFound if the host still
+// host has a snapshot id already; templates.ErrNotFound if the host still
 // lacks the sender's copy of the template then, before anything is
 // written (the caller sends it another way); ErrCorrupt if the stream is
 // cut short or damaged; ErrInvalid if it is not snapshot id's.
@@ -162,9 +162,9 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	}
 	if h.Base != "" && len(seeds) == 0 {
 		if from != "" {
-			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of snapshot %s, the pack's base; send it another way", id, template.ErrNotFound, from)
+			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of snapshot %s, the pack's base; send it another way", id, templates.ErrNotFound, from)
 		}
-		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, template.ErrNotFound, si.Template)
+		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, templates.ErrNotFound, si.Template)
 	}
 	tmp := dir + fetchSuffix
 	os.RemoveAll(tmp)
@@ -199,12 +199,12 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		arr.withDir(func(string) error { return os.RemoveAll(tmp) })
 		switch {
 		case errors.Is(err, chunkstore.ErrPackBase) && from != "":
-			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of snapshot %s is not the sender's: %w", id, template.ErrNotFound, from, err)
+			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of snapshot %s is not the sender's: %w", id, templates.ErrNotFound, from, err)
 		case errors.Is(err, chunkstore.ErrPackBase):
 			// This host's copy changed since packSeeds (or the store
 			// holds neither host's): check again for the next pack.
 			a.startTemplateSync(si.Template, false)
-			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, template.ErrNotFound, si.Template, err)
+			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, templates.ErrNotFound, si.Template, err)
 		case errors.Is(err, chunkstore.ErrPack):
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %w", id, ErrCorrupt, err)
 		case ctx.Err() != nil:

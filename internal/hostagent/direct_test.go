@@ -17,6 +17,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -101,8 +102,8 @@ func TestDirectTransfer(t *testing.T) {
 	// A host without the template refuses it before writing anything.
 	_, openC := restartable(t)
 	c := openC()
-	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("host without the template: %v, want template.ErrNotFound", err)
+	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("host without the template: %v, want templates.ErrNotFound", err)
 	}
 	if _, err := os.Stat(c.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the host without the template wrote files: %v", err)
@@ -163,8 +164,8 @@ func TestDirectTransferOtherBake(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Kill(context.Background(), onB.ID) })
 	idB, packB := capturePack(t, b, a, onB.ID)
-	if _, err := a.ReceiveSnapshot(ctxT(t), idB, bytes.NewReader(packB)); !errors.Is(err, template.ErrNotFound) {
-		t.Fatalf("pack made against a bake the store does not hold: %v, want template.ErrNotFound", err)
+	if _, err := a.ReceiveSnapshot(ctxT(t), idB, bytes.NewReader(packB)); !errors.Is(err, templates.ErrNotFound) {
+		t.Fatalf("pack made against a bake the store does not hold: %v, want templates.ErrNotFound", err)
 	}
 	if got, _ := a.templates.ByKey(src.Template); got == nil || got.BootID != tA.BootID {
 		t.Errorf("A's copy after refusing B's pack: boot %q, want A's own bake %s, the store's", bootOf(got), tA.BootID)
@@ -196,8 +197,8 @@ func TestDirectTransferFetchesTemplate(t *testing.T) {
 	c := openC()
 	c.Recover(ctxT(t))
 	idC, packC := capturePack(t, a, c, src.ID)
-	if _, err := c.ReceiveSnapshot(ctxT(t), idC, bytes.NewReader(packC)); !errors.Is(err, template.ErrNotFound) {
-		t.Fatalf("pack to a host whose store lacks its template: %v, want template.ErrNotFound", err)
+	if _, err := c.ReceiveSnapshot(ctxT(t), idC, bytes.NewReader(packC)); !errors.Is(err, templates.ErrNotFound) {
+		t.Fatalf("pack to a host whose store lacks its template: %v, want templates.ErrNotFound", err)
 	}
 	if _, ok := c.templates.ByKey(src.Template); ok {
 		t.Errorf("a host whose store lacks %s holds it after refusing the pack (baked it?)", src.Template)
@@ -288,7 +289,7 @@ func TestTemplateUploadedAtOnce(t *testing.T) {
 		t.Fatalf("B's upload of its own bake: %v", err)
 	}
 	m, err := csB.Manifest(ctxT(t), templateName(src.Template))
-	var meta template.Meta
+	var meta templates.Meta
 	if err != nil || json.Unmarshal(m.Meta, &meta) != nil || meta.BootID != tA.BootID {
 		t.Errorf("the store's copy after B's upload: boot %q (%v), want A's %s, the first to land", meta.BootID, err, tA.BootID)
 	}
@@ -338,7 +339,7 @@ func otherBakes(t *testing.T) (a *Agent, src Info, b *Agent, csB *chunkstore.Sto
 	tA, _ := a.templates.ByKey(src.Template)
 	waitFor(t, func() string { return "A's template in the store" }, func() bool {
 		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
-		var meta template.Meta
+		var meta templates.Meta
 		return err == nil && json.Unmarshal(m.Meta, &meta) == nil && meta.BootID == tA.BootID
 	})
 	withStore = true
@@ -557,8 +558,8 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 	// A host that does not hold S refuses it before writing anything.
 	_, openC := restartable(t)
 	c := openC()
-	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("host without S: %v, want template.ErrNotFound", err)
+	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("host without S: %v, want templates.ErrNotFound", err)
 	}
 	if _, err := os.Stat(c.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the host without S wrote files: %v", err)

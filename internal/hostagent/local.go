@@ -10,6 +10,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -58,7 +59,7 @@ func (h local) Memory(_ context.Context, id string) (host.MemStats, error) { ret
 
 func (h local) Templates() host.Templates { return localTemplates{h.a.Templates()} }
 
-func (h local) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+func (h local) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	return h.a.TemplateParams(name, memoryMiB, vcpus)
 }
 
@@ -129,7 +130,7 @@ func (h local) Snapshots(context.Context) ([]host.SnapshotInfo, error) { return 
 // localTemplates is the agent's template store as host.Templates.
 type localTemplates struct{ s *template.Store }
 
-func (t localTemplates) Lookup(_ context.Context, p template.Params) (*template.Template, string, error) {
+func (t localTemplates) Lookup(_ context.Context, p templates.Params) (*template.Template, string, error) {
 	return t.s.Lookup(p)
 }
 
@@ -137,7 +138,7 @@ func (t localTemplates) List(context.Context) ([]template.Template, error) { ret
 
 func (t localTemplates) Names(context.Context) ([]string, error) { return t.s.Names(), nil }
 
-func (t localTemplates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+func (t localTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
 	return t.s.Bake(ctx, p, progress)
 }
 

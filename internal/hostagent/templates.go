@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
@@ -19,7 +20,7 @@ import (
 //
 // Every template this host bakes is uploaded in the background as the
 // chunkstore set templates/<key> (vm.mem, vm.state, rootfs.ext4; its
-// template.Meta as the set's Meta), and a template this host lacks, or
+// templates.Meta as the set's Meta), and a template this host lacks, or
 // holds stale, is fetched from there when the set was baked from the same
 // inputs (template.Remote) instead of being baked again. So the hosts of
 // a fleet hold the same bytes for a template, which is what makes moving
@@ -62,25 +63,25 @@ var _ template.Remote = templateRemote{}
 // Fetch downloads the set templates/<key> into dir if its Meta passes
 // accept, taking what this host's own copy of the template holds from
 // there.
-func (r templateRemote) Fetch(ctx context.Context, key string, accept func(template.Meta) bool, dir string) (template.Meta, *template.ChunkIndex, error) {
+func (r templateRemote) Fetch(ctx context.Context, key string, accept func(templates.Meta) bool, dir string) (templates.Meta, *template.ChunkIndex, error) {
 	a := r.a
 	m, err := a.store.Manifest(ctx, templateName(key))
 	if errors.Is(err, objstore.ErrNotFound) {
-		return template.Meta{}, nil, fmt.Errorf("template %s: %w: not in the object store", key, template.ErrNotFound)
+		return templates.Meta{}, nil, fmt.Errorf("template %s: %w: not in the object store", key, templates.ErrNotFound)
 	}
 	if err != nil {
-		return template.Meta{}, nil, err
+		return templates.Meta{}, nil, err
 	}
-	var meta template.Meta
+	var meta templates.Meta
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || !accept(meta) {
-		return template.Meta{}, nil, fmt.Errorf("template %s: %w: the object store's copy was baked from other inputs", key, template.ErrNotFound)
+		return templates.Meta{}, nil, fmt.Errorf("template %s: %w: the object store's copy was baked from other inputs", key, templates.ErrNotFound)
 	}
 	t0 := time.Now()
 	seeds, release := a.templateSeeds(ctx, key)
 	defer release()
 	st, err := a.store.DownloadSeeded(ctx, m, dir, seeds)
 	if err != nil {
-		return template.Meta{}, nil, err
+		return templates.Meta{}, nil, err
 	}
 	a.log.Info("template fetched from the object store", "template", key, "boot_id", meta.BootID, "dur_ms", time.Since(t0).Milliseconds(),
 		"chunks_fetched", st.ChunksFetched, "bytes_fetched", st.BytesFetched, "chunks_local", st.ChunksSeeded, "bytes_local", st.BytesSeeded)
@@ -172,7 +173,7 @@ func (a *Agent) startTemplateSync(key string, after bool) {
 // without the template (or a user template deleted since) ends it;
 // another failure is logged, and the next pack tries again.
 func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
-	p, ok := template.ParamsOfKey(key, spec.MemoryMiB, spec.VCPUs)
+	p, ok := templates.ParamsOfKey(key, spec.MemoryMiB, spec.VCPUs)
 	if a.store == nil || !ok {
 		return
 	}
@@ -189,7 +190,7 @@ func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
 		switch {
 		case err == nil:
 			a.log.Info("template fetched for the captures sent here", "template", key)
-		case errors.Is(err, template.ErrNotFound):
+		case errors.Is(err, templates.ErrNotFound):
 			a.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
 		case ctx.Err() == nil:
 			// Tried once, not retried: the next pack tries again
@@ -216,7 +217,7 @@ func (a *Agent) syncTemplate(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	var meta template.Meta
+	var meta templates.Meta
 	if json.Unmarshal(m.Meta, &meta) != nil || !a.templates.Fits(meta) {
 		return a.uploadTemplate(ctx, t, false) // the store's copy is stale
 	}
@@ -271,7 +272,7 @@ func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first 
 		}
 		return nil // checked again before the next upload of a capture
 	}
-	var got template.Meta
+	var got templates.Meta
 	if json.Unmarshal(now.Meta, &got) == nil && got.BootID != t.BootID && a.templates.Fits(got) {
 		return a.adoptTemplate(ctx, t, got)
 	}
@@ -283,7 +284,7 @@ func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first 
 
 // adoptTemplate replaces this host's copy t of a template with the
 // store's, another bake of the same inputs (meta).
-func (a *Agent) adoptTemplate(ctx context.Context, t *template.Template, meta template.Meta) error {
+func (a *Agent) adoptTemplate(ctx context.Context, t *template.Template, meta templates.Meta) error {
 	a.log.Info("template: this host's copy differs from the object store's; adopting the store's", "template", t.Key(),
 		"boot_id", t.BootID, "store_boot_id", meta.BootID)
 	if _, err := a.templates.Adopt(ctx, t.Params); err != nil {

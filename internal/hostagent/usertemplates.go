@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
@@ -19,7 +19,7 @@ import (
 //
 // The host that builds a version of a user template uploads it, before
 // the build succeeds, as the chunkstore set userfs/NAME/vN (rootfs.ext4;
-// its template.UserRootFS as the set's Meta). Any other host asked to
+// its templates.UserRootFS as the set's Meta). Any other host asked to
 // create a sandbox of NAME:N that it lacks downloads that set and installs
 // it under the same number (template.Store.InstallUserReplica), then bakes
 // it as it would its own. A version number never names two builds (the
@@ -59,7 +59,7 @@ func (a *Agent) StoredUserTemplates(ctx context.Context) ([]string, error) {
 	var out []string
 	for _, n := range names {
 		if name, v, ok := parseUserfsName(n); ok {
-			out = append(out, template.Ref(name, v))
+			out = append(out, templates.Ref(name, v))
 		}
 	}
 	return out, nil
@@ -72,7 +72,7 @@ func (a *Agent) SharesTemplates() bool { return a.store != nil }
 // PublishUserTemplate uploads version u of a user template, whose
 // directory dir holds its rootfs.ext4. Without an object store it does
 // nothing.
-func (a *Agent) PublishUserTemplate(ctx context.Context, u template.UserRootFS, dir string) error {
+func (a *Agent) PublishUserTemplate(ctx context.Context, u templates.UserRootFS, dir string) error {
 	if a.store == nil {
 		return nil
 	}
@@ -87,7 +87,7 @@ func (a *Agent) PublishUserTemplate(ctx context.Context, u template.UserRootFS, 
 	if err != nil {
 		return err
 	}
-	a.log.Info("user template uploaded to the object store", "template", template.Ref(u.Name, u.Version),
+	a.log.Info("user template uploaded to the object store", "template", templates.Ref(u.Name, u.Version),
 		"chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared, "bytes_uploaded", st.BytesUploaded)
 	return nil
 }
@@ -123,13 +123,13 @@ func (a *Agent) UnpublishUserTemplate(ctx context.Context, name string, versions
 // every create): if it lacks it and the object store has it, it downloads
 // and installs it. Otherwise, and for every other ref, it does nothing:
 // the template store's Lookup then says whether the template exists.
-func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress template.Progress) error {
+func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress templates.Progress) error {
 	if a.store == nil {
 		return nil
 	}
 	// A built-in has no versions, and a user template's name is never a
 	// built-in's: a pinned ref is a user template's.
-	name, v, err := template.SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil || v == 0 {
 		return nil
 	}
@@ -148,8 +148,8 @@ func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress 
 
 // fetchUserTemplate downloads version v of user template name from the
 // object store and installs it; nothing if the store has no such version.
-func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progress template.Progress) error {
-	ref := template.Ref(name, v)
+func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progress templates.Progress) error {
+	ref := templates.Ref(name, v)
 	m, err := a.store.Manifest(ctx, userfsName(name, v))
 	if errors.Is(err, objstore.ErrNotFound) {
 		return nil
@@ -157,7 +157,7 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 	if err != nil {
 		return a.storeLookupError(ctx, "template", ref, err)
 	}
-	var u template.UserRootFS
+	var u templates.UserRootFS
 	if err := json.Unmarshal(m.Meta, &u); err != nil || u.Name != name || u.Version != v {
 		a.log.Error("user template's metadata in the object store is unreadable", "template", ref, "err", err)
 		return fmt.Errorf("template %s: %w: its record in the object store is unreadable", ref, ErrCorrupt)
@@ -186,7 +186,7 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 }
 
 // SweepUserCopies removes this host's copies of user template versions
-// (template.UserRootFS.Copy: numbered by a fleet's registry, each in the
+// (templates.UserRootFS.Copy: numbered by a fleet's registry, each in the
 // store from before its build succeeded) whose set the object store does
 // not have, with their bakes, and returns how many it removed: versions
 // deleted while this host was away, or whose build stopped before its
@@ -224,8 +224,8 @@ func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
 			if published[userfsName(u.Name, u.Version)] {
 				continue
 			}
-			ref := template.Ref(u.Name, u.Version)
-			if err := a.templates.RemoveUserCopy(u.Name, u.Version); err != nil && !errors.Is(err, template.ErrNotFound) {
+			ref := templates.Ref(u.Name, u.Version)
+			if err := a.templates.RemoveUserCopy(u.Name, u.Version); err != nil && !errors.Is(err, templates.ErrNotFound) {
 				return removed, fmt.Errorf("remove template %s: %w", ref, err)
 			}
 			a.log.Info("removed a copy of a user template the object store no longer has", "template", ref)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
 )
@@ -36,8 +37,8 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if out, err := cp.CombinedOutput(); err != nil {
 		t.Fatalf("copy tiny's root filesystem: %v: %s", err, out)
 	}
-	if err := a.Templates().InstallUserRootFS(dir, template.UserRootFS{Name: "app", Version: 1, Source: "test", Owner: "k1",
-		Image: template.ImageConfig{Env: []string{"MARK=built-on-a"}, WorkingDir: "/tmp"}}); err != nil {
+	if err := a.Templates().InstallUserRootFS(dir, templates.UserRootFS{Name: "app", Version: 1, Source: "test", Owner: "k1",
+		Image: templates.ImageConfig{Env: []string{"MARK=built-on-a"}, WorkingDir: "/tmp"}}); err != nil {
 		t.Fatal(err)
 	}
 	u, err := a.Templates().UserRootFS("app")
@@ -52,7 +53,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	}
 
 	// Host B has never seen it: a create of app:1 fetches it.
-	if _, err := b.Templates().UserRootFS("app:1"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := b.Templates().UserRootFS("app:1"); !errors.Is(err, templates.ErrNotFound) {
 		t.Fatalf("app:1 on host B before any create: %v, want ErrNotFound", err)
 	}
 	sb, err := b.Create(ctxT(t), CreateRequest{Template: "app:1"})
@@ -93,7 +94,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir2, diskFile), []byte("v2"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Templates().InstallUserRootFS(dir2, template.UserRootFS{Name: "app", Version: 2, Source: "test"}); err != nil {
+	if err := a.Templates().InstallUserRootFS(dir2, templates.UserRootFS{Name: "app", Version: 2, Source: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	// Host B's own template from before it joined a fleet: not a copy,
@@ -105,7 +106,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir3, diskFile), []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Templates().InstallUserRootFS(dir3, template.UserRootFS{Name: "mine", Source: "test"}); err != nil {
+	if err := b.Templates().InstallUserRootFS(dir3, templates.UserRootFS{Name: "mine", Source: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	u2, err := a.Templates().UserRootFS("app:2")
@@ -125,7 +126,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if n, err := b.SweepUserCopies(ctxT(t)); err != nil || n != 1 {
 		t.Errorf("host B's sweep: %d, %v; want its copy of app:1 removed", n, err)
 	}
-	if _, err := b.Templates().UserRootFS("app"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := b.Templates().UserRootFS("app"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("host B's app after its sweep: %v, want ErrNotFound", err)
 	}
 	if _, err := b.Templates().UserRootFS("mine"); err != nil {

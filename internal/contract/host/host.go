@@ -22,6 +22,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -29,7 +30,7 @@ import (
 // concurrent use. Errors are classified with this package's sentinels
 // (ErrNotFound, ErrConflict, ErrInvalid, ErrNoSpace, ErrCorrupt,
 // ErrNotReady, and ErrUnavailable when a remote host cannot be reached),
-// the template package's (template.ErrNotFound, ErrInvalid) and
+// the template package's (templates.ErrNotFound, ErrInvalid) and
 // guestproto's error codes; ctx ending ends the call with ctx's error.
 type Host interface {
 	// Create restores a new sandbox from a template or snapshot and returns
@@ -52,7 +53,7 @@ type Host interface {
 	Templates() Templates
 	// TemplateParams fills in the host's defaults for a template request
 	// (no I/O: a remote host's defaults are those it last reported).
-	TemplateParams(name string, memoryMiB, vcpus int) template.Params
+	TemplateParams(name string, memoryMiB, vcpus int) templates.Params
 	// Accel is the accelerator the host's sandboxes run with (no I/O).
 	Accel() accel.Accel
 
@@ -76,10 +77,10 @@ type Host interface {
 // Templates is a host's template store (a local host's is
 // *template.Store; see there for the contracts).
 type Templates interface {
-	Lookup(ctx context.Context, p template.Params) (t *template.Template, staleReason string, err error)
+	Lookup(ctx context.Context, p templates.Params) (t *template.Template, staleReason string, err error)
 	List(ctx context.Context) ([]template.Template, error)
 	Names(ctx context.Context) ([]string, error)
-	Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error)
+	Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error)
 }
 
 // Guest is a running sandbox's guest agent. Methods are safe for
@@ -189,7 +190,7 @@ type DirectTransferer interface {
 	// and keeps it as snapshot snapshotID, complete or not at all: a
 	// Create from snapshotID then restores from it, and DeleteSnapshot
 	// removes it. SnapshotInfo.FetchedBytes is the length of the pack.
-	// Errors: template.ErrNotFound when the host lacks the capture's
+	// Errors: templates.ErrNotFound when the host lacks the capture's
 	// template (or holds another bake of it), before it writes anything;
 	// ErrCorrupt when the stream is cut short or damaged; ErrConflict if
 	// the host has snapshotID already; errors.ErrUnsupported from an

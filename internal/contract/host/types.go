@@ -9,7 +9,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
@@ -71,7 +71,7 @@ type CreateRequest struct {
 	Owner string
 	// Progress receives bake progress if the template must be baked first
 	// (a remote host reports none).
-	Progress template.Progress
+	Progress templates.Progress
 	// Network is the sandbox's egress policy. The zero Policy denies
 	// everything: callers that mean "online" pass network.DefaultPolicy()
 	// (the API always sets one).

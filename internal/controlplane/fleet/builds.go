@@ -13,10 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -130,7 +130,7 @@ func (t *Templates) HostConnected(ctx context.Context, id string) {
 }
 
 // importTemplate records template latest.Name of builder b, every version.
-func (t *Templates) importTemplate(ctx context.Context, b build.Builder, latest template.UserRootFS) error {
+func (t *Templates) importTemplate(ctx context.Context, b build.Builder, latest templates.UserRootFS) error {
 	vs, err := b.Versions(ctx, latest.Name)
 	if err != nil {
 		return err
@@ -236,14 +236,14 @@ func (t *Templates) pick(ctx context.Context) (string, build.Builder, error) {
 // checkName refuses a name no user template may take; the building host
 // checks it against its own built-in images too.
 func checkName(name string) error {
-	if n, _, err := template.SplitRef(name); err != nil || n != name {
-		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", template.ErrInvalid, name)
+	if n, _, err := templates.SplitRef(name); err != nil || n != name {
+		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", templates.ErrInvalid, name)
 	}
-	if slices.Contains(template.Reserved, name) {
-		return fmt.Errorf("%w: %q is a built-in template; pick another name", template.ErrInvalid, name)
+	if slices.Contains(templates.Reserved, name) {
+		return fmt.Errorf("%w: %q is a built-in template; pick another name", templates.ErrInvalid, name)
 	}
-	if name == template.NotAName {
-		return fmt.Errorf("%w: %q names the API's list of builds (/v1/templates/builds); pick another name", template.ErrInvalid, name)
+	if name == templates.NotAName {
+		return fmt.Errorf("%w: %q names the API's list of builds (/v1/templates/builds); pick another name", templates.ErrInvalid, name)
 	}
 	return nil
 }
@@ -355,7 +355,7 @@ func (t *Templates) Cancel(ctx context.Context, id, why string) (build.Status, e
 // refused reports whether a host's error for a build's Start says it
 // did not start it.
 func refused(err error) bool {
-	for _, e := range []error{template.ErrInvalid, build.ErrConflict, build.ErrLimit, build.ErrUnsupported,
+	for _, e := range []error{templates.ErrInvalid, build.ErrConflict, build.ErrLimit, build.ErrUnsupported,
 		build.ErrClosed, build.ErrBusy, build.ErrNoSpace, errors.ErrUnsupported} {
 		if errors.Is(err, e) {
 			return true
@@ -429,9 +429,9 @@ func (t *Templates) record(ctx context.Context, name string, bl catalog.Template
 	if err != nil {
 		return err
 	}
-	ref := template.Ref(name, bl.Version)
+	ref := templates.Ref(name, bl.Version)
 	u, err := b.UserTemplate(ctx, ref)
-	if errors.Is(err, template.ErrNotFound) {
+	if errors.Is(err, templates.ErrNotFound) {
 		t.drop(ctx, name, bl, fmt.Errorf("the host does not have %s", ref))
 		return nil
 	}
@@ -481,12 +481,12 @@ func (t *Templates) drop(ctx context.Context, name string, bl catalog.TemplateBu
 
 // versionInfo is what the catalog keeps of a version (TemplateVersion.Info).
 type versionInfo struct {
-	template.UserRootFS
+	templates.UserRootFS
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // versionOf is the catalog's record of version u, as its host describes it.
-func versionOf(u template.UserRootFS) (catalog.TemplateVersion, error) {
+func versionOf(u templates.UserRootFS) (catalog.TemplateVersion, error) {
 	info, err := json.Marshal(versionInfo{UserRootFS: u, DiskBytes: u.DiskBytes})
 	return catalog.TemplateVersion{Version: u.Version, Info: info}, err
 }
@@ -634,9 +634,9 @@ func (t *Templates) List(ctx context.Context) ([]build.Status, error) {
 // removes what it holds from the object store too), best effort: a host
 // that is away keeps an unused copy.
 func (t *Templates) Remove(ctx context.Context, ref string) error {
-	name, v, err := template.SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
-		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	_, err = t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
 		if len(tp.Builds) > 0 {
@@ -654,15 +654,15 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 		i := versionIndex(*tp, v)
 		switch {
 		case i < 0:
-			return fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
+			return fmt.Errorf("%w: template %s has no version %d", templates.ErrNotFound, name, v)
 		case i == len(tp.Versions)-1:
-			return fmt.Errorf("%w: version %d is the latest of template %s; delete the whole template, or build a newer version first", template.ErrConflict, v, name)
+			return fmt.Errorf("%w: version %d is the latest of template %s; delete the whole template, or build a newer version first", templates.ErrConflict, v, name)
 		}
 		tp.Versions = slices.Delete(tp.Versions, i, i+1)
 		return nil
 	})
 	if errors.Is(err, catalog.ErrNotFound) {
-		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	if err != nil {
 		return err
@@ -673,7 +673,7 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 		switch {
 		case err == nil:
 			t.log.Info("removed a host's copy of a deleted template", "host_id", id, "template", ref)
-		case !errors.Is(err, template.ErrNotFound):
+		case !errors.Is(err, templates.ErrNotFound):
 			t.log.Warn("a host keeps its copy of a deleted template", "host_id", id, "template", ref, "err", err)
 		}
 	}
@@ -684,9 +684,9 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 // "NAME:N" version N alone; "NAME" its latest version when publishing,
 // every version when withdrawing (as template.Store.SetUserPublished).
 func (t *Templates) SetPublished(ctx context.Context, ref string, published bool) error {
-	name, v, err := template.SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
-		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	_, err = t.r.cfg.Catalog.UpdateTemplate(ctx, name, func(tp *catalog.Template) error {
 		l, ok := tp.Latest()
@@ -699,7 +699,7 @@ func (t *Templates) SetPublished(ctx context.Context, ref string, published bool
 			tp.Published = nil
 			return nil
 		case versionIndex(*tp, v) < 0:
-			return fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
+			return fmt.Errorf("%w: template %s has no version %d", templates.ErrNotFound, name, v)
 		}
 		tp.Published = slices.DeleteFunc(tp.Published, func(x int) bool { return x == v })
 		if published {
@@ -708,16 +708,16 @@ func (t *Templates) SetPublished(ctx context.Context, ref string, published bool
 		return nil
 	})
 	if errors.Is(err, catalog.ErrNotFound) {
-		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, name)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, name)
 	}
 	return err
 }
 
 // user describes version ver of tp.
-func user(tp catalog.Template, ver catalog.TemplateVersion) (template.UserRootFS, error) {
+func user(tp catalog.Template, ver catalog.TemplateVersion) (templates.UserRootFS, error) {
 	var vi versionInfo
 	if err := json.Unmarshal(ver.Info, &vi); err != nil {
-		return template.UserRootFS{}, fmt.Errorf("template %s: version %d: %w", tp.Name, ver.Version, err)
+		return templates.UserRootFS{}, fmt.Errorf("template %s: version %d: %w", tp.Name, ver.Version, err)
 	}
 	u := vi.UserRootFS
 	u.Name, u.Version, u.Owner, u.DiskBytes = tp.Name, ver.Version, tp.Owner, vi.DiskBytes
@@ -733,19 +733,19 @@ func (t *Templates) get(ctx context.Context, name string) (catalog.Template, err
 		err = catalog.ErrNotFound
 	}
 	if errors.Is(err, catalog.ErrNotFound) {
-		return tp, fmt.Errorf("%w: no user template %q", template.ErrNotFound, name)
+		return tp, fmt.Errorf("%w: no user template %q", templates.ErrNotFound, name)
 	}
 	return tp, err
 }
 
-func (t *Templates) UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error) {
-	name, v, err := template.SplitRef(ref)
+func (t *Templates) UserTemplate(ctx context.Context, ref string) (templates.UserRootFS, error) {
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
-		return template.UserRootFS{}, fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+		return templates.UserRootFS{}, fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	tp, err := t.get(ctx, name)
 	if err != nil {
-		return template.UserRootFS{}, err
+		return templates.UserRootFS{}, err
 	}
 	if v == 0 {
 		l, _ := tp.Latest()
@@ -753,17 +753,17 @@ func (t *Templates) UserTemplate(ctx context.Context, ref string) (template.User
 	}
 	i := versionIndex(tp, v)
 	if i < 0 {
-		return template.UserRootFS{}, fmt.Errorf("%w: template %s has no version %d", template.ErrNotFound, name, v)
+		return templates.UserRootFS{}, fmt.Errorf("%w: template %s has no version %d", templates.ErrNotFound, name, v)
 	}
 	return user(tp, tp.Versions[i])
 }
 
-func (t *Templates) UserTemplates(ctx context.Context) ([]template.UserRootFS, error) {
+func (t *Templates) UserTemplates(ctx context.Context) ([]templates.UserRootFS, error) {
 	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var out []template.UserRootFS
+	var out []templates.UserRootFS
 	for _, tp := range ts {
 		if l, ok := tp.Latest(); ok {
 			u, err := user(tp, l)
@@ -776,7 +776,7 @@ func (t *Templates) UserTemplates(ctx context.Context) ([]template.UserRootFS, e
 	return out, nil
 }
 
-func (t *Templates) Versions(ctx context.Context, name string) ([]template.UserRootFS, error) {
+func (t *Templates) Versions(ctx context.Context, name string) ([]templates.UserRootFS, error) {
 	tp, err := t.get(ctx, name)
 	if err != nil {
 		return nil, err
@@ -785,12 +785,12 @@ func (t *Templates) Versions(ctx context.Context, name string) ([]template.UserR
 }
 
 // AllVersions implements tmplbuild.VersionLister: one catalog read.
-func (t *Templates) AllVersions(ctx context.Context) (map[string][]template.UserRootFS, error) {
+func (t *Templates) AllVersions(ctx context.Context) (map[string][]templates.UserRootFS, error) {
 	ts, err := t.r.cfg.Catalog.ListTemplates(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string][]template.UserRootFS{}
+	out := map[string][]templates.UserRootFS{}
 	for _, tp := range ts {
 		if len(tp.Versions) == 0 {
 			continue // only its first build runs
@@ -804,8 +804,8 @@ func (t *Templates) AllVersions(ctx context.Context) (map[string][]template.User
 
 var _ build.VersionLister = (*Templates)(nil)
 
-func versionsOf(tp catalog.Template) ([]template.UserRootFS, error) {
-	out := make([]template.UserRootFS, 0, len(tp.Versions))
+func versionsOf(tp catalog.Template) ([]templates.UserRootFS, error) {
+	out := make([]templates.UserRootFS, 0, len(tp.Versions))
 	for _, ver := range tp.Versions {
 		u, err := user(tp, ver)
 		if err != nil {

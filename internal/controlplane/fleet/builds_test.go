@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -122,8 +123,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	if st := runBuild(ts, "bad", "missing:1"); st.State != build.StateFailed {
 		t.Errorf("a build of a missing image: %+v", st)
 	}
-	if _, err := ts.UserTemplate(ctx, "bad"); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("UserTemplate of a template whose only build failed: %v, want template.ErrNotFound", err)
+	if _, err := ts.UserTemplate(ctx, "bad"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("UserTemplate of a template whose only build failed: %v, want templates.ErrNotFound", err)
 	}
 	if _, err := cat.GetTemplate(ctx, "bad"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("the catalog after a failed first build: %v, want no template", err)
@@ -151,8 +152,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	// Deletes: not the latest alone; a version, from the registry and
 	// from the hosts that hold it.
-	if err := ts.Remove(ctx, "app:4"); !errors.Is(err, template.ErrConflict) {
-		t.Errorf("Remove of the latest version: %v, want template.ErrConflict", err)
+	if err := ts.Remove(ctx, "app:4"); !errors.Is(err, templates.ErrConflict) {
+		t.Errorf("Remove of the latest version: %v, want templates.ErrConflict", err)
 	}
 	if err := ts.Remove(ctx, "app:2"); err != nil {
 		t.Fatalf("Remove(app:2): %v", err)
@@ -160,7 +161,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	if got := versions("app"); !slices.Equal(got, []int{1, 4}) {
 		t.Errorf("versions of app after the delete = %v, want 1 4", got)
 	}
-	if _, err := h2.m.UserTemplate(ctx, "app:2"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := h2.m.UserTemplate(ctx, "app:2"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("h2's copy of the deleted app:2: %v, want it removed", err)
 	}
 	if err := ts.SetPublished(ctx, "app", true); err != nil {
@@ -173,8 +174,8 @@ func TestTemplatesRegistry(t *testing.T) {
 		t.Errorf("UserTemplate(app:1) = %+v, %v; want it not published: publishing app published its latest", u, err)
 	}
 	for _, ref := range []string{"nope", "app:2", "app:9"} {
-		if err := ts.SetPublished(ctx, ref, true); !errors.Is(err, template.ErrNotFound) {
-			t.Errorf("SetPublished(%s): %v, want template.ErrNotFound", ref, err)
+		if err := ts.SetPublished(ctx, ref, true); !errors.Is(err, templates.ErrNotFound) {
+			t.Errorf("SetPublished(%s): %v, want templates.ErrNotFound", ref, err)
 		}
 	}
 	// A rebuild is not published: publishing granted version 4 alone.
@@ -238,7 +239,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	before.Close()
 	release(h1)
-	if _, err := ts.UserTemplate(ctx, "left"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := ts.UserTemplate(ctx, "left"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("UserTemplate(left) with no watcher: %v, want not recorded yet", err)
 	}
 	after := open("h1")
@@ -257,7 +258,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	h2away.Store(true)
 	release(h2)
 	waitFor(t, "patient's build done on h2", func() bool { st, err := h2.m.Get(ctx, pst.ID); return err == nil && st.Done() }, 10*time.Second)
-	if _, err := ts2.UserTemplate(ctx, "patient"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := ts2.UserTemplate(ctx, "patient"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("UserTemplate(patient) while its host is away: %v, want not recorded yet", err)
 	}
 	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, build.ErrConflict) || !strings.Contains(err.Error(), "h2") {
@@ -352,8 +353,8 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	ids, of = fixed(map[string]build.Builder{"h2": h2.m})
 	fleet.SetBuilders(ts3, ids, of, func(string) bool { return false })
 	defer ts3.Close()
-	if _, err := ts3.Start(ctx, build.Spec{Name: "app", FromImage: "x", Startup: template.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
-		t.Fatalf("a build the host refuses: %v, want template.ErrInvalid", err)
+	if _, err := ts3.Start(ctx, build.Spec{Name: "app", FromImage: "x", Startup: templates.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, templates.ErrInvalid) {
+		t.Fatalf("a build the host refuses: %v, want templates.ErrInvalid", err)
 	}
 	if tp, err := cat.GetTemplate(ctx, "app"); err != nil || len(tp.Builds) != 0 || tp.LastVersion != 2 {
 		t.Errorf("app after a refused build: %+v, %v; want no build left (its number 2 used up)", tp, err)
@@ -415,7 +416,7 @@ func TestTemplatesImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts.HostConnected(ctx, "h1")
-	if _, err := ts.UserTemplate(ctx, "old"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := ts.UserTemplate(ctx, "old"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("old after its delete and a reconnect: %v, want not found", err)
 	}
 }

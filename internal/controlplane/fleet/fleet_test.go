@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
@@ -366,10 +366,10 @@ func TestTemplatesWithoutAHost(t *testing.T) {
 	if us, err := pinned.UserTemplates(ctx); err != nil || len(us) != 0 {
 		t.Errorf("UserTemplates = %v, %v; want none, nil", us, err)
 	}
-	if err := pinned.Remove(ctx, "app"); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("Remove of nothing: got %v, want template.ErrNotFound", err)
+	if err := pinned.Remove(ctx, "app"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("Remove of nothing: got %v, want templates.ErrNotFound", err)
 	}
-	if _, err := any.Start(ctx, build.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, template.ErrInvalid) {
-		t.Errorf("a build of a built-in's name: got %v, want template.ErrInvalid", err)
+	if _, err := any.Start(ctx, build.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, templates.ErrInvalid) {
+		t.Errorf("a build of a built-in's name: got %v, want templates.ErrInvalid", err)
 	}
 }

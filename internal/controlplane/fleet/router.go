@@ -13,6 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -121,11 +122,11 @@ func (rt *Router) Memory(ctx context.Context, id string) (host.MemStats, error) 
 
 func (rt *Router) Templates() host.Templates { return routerTemplates{rt} }
 
-func (rt *Router) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+func (rt *Router) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	if h, err := rt.first(); err == nil {
 		return h.TemplateParams(name, memoryMiB, vcpus)
 	}
-	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+	return templates.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
 }
 
 func (rt *Router) Accel() accel.Accel {
@@ -254,7 +255,7 @@ func (t routerTemplates) stores() ([]host.Templates, error) {
 
 // Lookup answers as the first host that holds p baked and fresh, else as
 // the first that holds it stale, else as the first host.
-func (t routerTemplates) Lookup(ctx context.Context, p template.Params) (*template.Template, string, error) {
+func (t routerTemplates) Lookup(ctx context.Context, p templates.Params) (*template.Template, string, error) {
 	ss, err := t.stores()
 	if err != nil {
 		return nil, "", err
@@ -336,7 +337,7 @@ func (t routerTemplates) Names(ctx context.Context) ([]string, error) {
 	return slices.Sorted(maps.Keys(seen)), nil
 }
 
-func (t routerTemplates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+func (t routerTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
 	s, err := t.store()
 	if err != nil {
 		return nil, err

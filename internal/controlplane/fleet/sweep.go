@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // StoreSweeper is a host that lists and drops the sets of user template
@@ -59,7 +59,7 @@ func (t *Templates) SweepStore(ctx context.Context, via StoreSweeper) ([]string,
 	}
 	var removed []string
 	for _, ref := range stored {
-		name, v, err := template.SplitRef(ref)
+		name, v, err := templates.SplitRef(ref)
 		if err != nil || v == 0 {
 			continue
 		}

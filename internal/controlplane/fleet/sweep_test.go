@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -35,7 +35,7 @@ func (s *storeSets) StoredUserTemplates(context.Context) ([]string, error) {
 func (s *storeSets) DropStoredUserTemplate(_ context.Context, name string, v int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ref := template.Ref(name, v)
+	ref := templates.Ref(name, v)
 	s.dropped = append(s.dropped, ref)
 	s.sets = slices.DeleteFunc(s.sets, func(x string) bool { return x == ref })
 	return nil

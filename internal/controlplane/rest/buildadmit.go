@@ -31,9 +31,9 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -136,17 +136,17 @@ func (s *Server) contextDir() string {
 // checkBuildName checks a build of template name by key before its
 // context is received (step 2 above).
 func (s *Server) checkBuildName(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) error {
-	if n, v, err := template.SplitRef(name); err != nil || v != 0 || n != name {
+	if n, v, err := templates.SplitRef(name); err != nil || v != 0 || n != name {
 		return invalid("template name %q must be 1-32 lowercase letters, digits, - or _", name)
 	}
-	if slices.Contains(template.Reserved, name) {
+	if slices.Contains(templates.Reserved, name) {
 		return invalid("%q is a built-in template; pick another name", name)
 	}
-	if name == template.NotAName {
+	if name == templates.NotAName {
 		return invalid("%q names the API's list of builds (/v1/templates/builds); pick another name", name)
 	}
 	u, err := b.UserTemplate(ctx, name)
-	if err != nil && !errors.Is(err, template.ErrNotFound) {
+	if err != nil && !errors.Is(err, templates.ErrNotFound) {
 		return err
 	}
 	exists := err == nil

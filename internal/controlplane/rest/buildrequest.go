@@ -36,8 +36,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -67,7 +67,7 @@ type buildSpec struct {
 	// bodies without a dockerfile part; default "Dockerfile").
 	DockerfilePath string          `json:"dockerfile_path"`
 	BuildArgs      json.RawMessage `json:"build_args"`
-	template.Startup
+	templates.Startup
 }
 
 // buildArgName is what an ARG's name may be (as Docker's: letters,

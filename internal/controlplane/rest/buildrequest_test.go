@@ -22,8 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
@@ -243,7 +243,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			},
 			want: build.Spec{Name: "app", Dockerfile: []byte("FROM alpine:3.20\nARG VERSION\n"),
 				BuildArgs: map[string]string{"VERSION": "1.2", "_X": ""},
-				Startup:   template.Startup{StartCmd: "exec srv", ReadyCmd: "true", ReadyTimeoutSeconds: 30}},
+				Startup:   templates.Startup{StartCmd: "exec srv", ReadyCmd: "true", ReadyTimeoutSeconds: 30}},
 			wantContext: ctxGz,
 		},
 		{

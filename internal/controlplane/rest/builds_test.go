@@ -21,6 +21,7 @@ import (
 
 	apispec "github.com/pandastack/pandastack/api"
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -87,7 +88,7 @@ func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Confi
 			<-ctx.Done()
 			return build.Result{}, ctx.Err()
 		}
-		return build.Result{Digest: "sha256:abc", Image: template.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
+		return build.Result{Digest: "sha256:abc", Image: templates.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
 	}
 	cat, err := sqlite.Open(ctx, filepath.Join(dir, "panda.db"))
 	if err != nil {
@@ -274,7 +275,7 @@ func TestTemplateBuildEndpoints(t *testing.T) {
 			t.Errorf("DELETE %s: %d %v, want %d", tc.path, resp.StatusCode, out, tc.status)
 		}
 	}
-	if _, err := b.store.UserRootFS("app"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := b.store.UserRootFS("app"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("after delete: %v", err)
 	}
 }

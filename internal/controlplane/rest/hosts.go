@@ -10,9 +10,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // Fleet is the registry of the hosts that joined this server (package
@@ -135,7 +135,7 @@ func (s *Server) visibleTemplates(ctx context.Context, key catalog.Key) (func(st
 		return nil, err
 	}
 	return func(ref string) bool {
-		name, v, err := template.SplitRef(ref)
+		name, v, err := templates.SplitRef(ref)
 		vs, ok := users[name]
 		if err != nil || !ok || len(vs) == 0 {
 			return err == nil && v == 0
@@ -144,7 +144,7 @@ func (s *Server) visibleTemplates(ctx context.Context, key catalog.Key) (func(st
 		if v == 0 {
 			return len(usable) > 0
 		}
-		return slices.ContainsFunc(usable, func(u template.UserRootFS) bool { return u.Version == v })
+		return slices.ContainsFunc(usable, func(u templates.UserRootFS) bool { return u.Version == v })
 	}, nil
 }
 

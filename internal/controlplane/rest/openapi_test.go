@@ -27,6 +27,7 @@ import (
 	apispec "github.com/pandastack/pandastack/api"
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -38,12 +39,12 @@ import (
 // are the agent's own).
 type storeTemplates struct{ s *template.Store }
 
-func (t storeTemplates) Lookup(_ context.Context, p template.Params) (*template.Template, string, error) {
+func (t storeTemplates) Lookup(_ context.Context, p templates.Params) (*template.Template, string, error) {
 	return t.s.Lookup(p)
 }
 func (t storeTemplates) List(context.Context) ([]template.Template, error) { return t.s.List() }
 func (t storeTemplates) Names(context.Context) ([]string, error)           { return t.s.Names(), nil }
-func (t storeTemplates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+func (t storeTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
 	return t.s.Bake(ctx, p, progress)
 }
 
@@ -72,7 +73,7 @@ func (h routingHost) Memory(context.Context, string) (host.MemStats, error) {
 	return host.MemStats{}, host.ErrNotFound
 }
 func (h routingHost) Templates() host.Templates { return storeTemplates{h.templates} }
-func (h routingHost) TemplateParams(name string, mem, vcpus int) template.Params {
+func (h routingHost) TemplateParams(name string, mem, vcpus int) templates.Params {
 	if name == "" {
 		name = "base"
 	}
@@ -82,7 +83,7 @@ func (h routingHost) TemplateParams(name string, mem, vcpus int) template.Params
 	if vcpus == 0 {
 		vcpus = 1
 	}
-	return template.Params{Name: name, MemoryMiB: mem, VCPUs: vcpus}
+	return templates.Params{Name: name, MemoryMiB: mem, VCPUs: vcpus}
 }
 
 // routingServer is an API server over routingHost, its router, and an

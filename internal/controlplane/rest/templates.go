@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -68,8 +69,8 @@ type templateJSON struct {
 
 // userVersions returns the versions of every user template, by name
 // (none without template builds).
-func (s *Server) userVersions(ctx context.Context) (map[string][]template.UserRootFS, error) {
-	users := map[string][]template.UserRootFS{}
+func (s *Server) userVersions(ctx context.Context) (map[string][]templates.UserRootFS, error) {
+	users := map[string][]templates.UserRootFS{}
 	b, err := s.builds()
 	if err != nil {
 		return users, nil
@@ -114,14 +115,14 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	// version's: only if that one is usable). A version the registry
 	// does not list is a deleted one's (a host of a fleet that was away
 	// keeps it until its next start): not listed.
-	usable := map[string][]template.UserRootFS{}
+	usable := map[string][]templates.UserRootFS{}
 	for name, vs := range users {
 		if uv := usableVersions(key, vs); len(uv) > 0 {
 			usable[name] = uv
 		}
 	}
 	visible := func(ref string) bool {
-		name, v, err := template.SplitRef(ref)
+		name, v, err := templates.SplitRef(ref)
 		vs, ok := users[name]
 		switch {
 		case err != nil:
@@ -132,7 +133,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 			uv := usable[name]
 			return len(uv) > 0 && uv[len(uv)-1].Version == vs[len(vs)-1].Version
 		}
-		return slices.ContainsFunc(usable[name], func(u template.UserRootFS) bool { return u.Version == v })
+		return slices.ContainsFunc(usable[name], func(u templates.UserRootFS) bool { return u.Version == v })
 	}
 	visibleName := func(name string) bool {
 		_, user := users[name]
@@ -153,9 +154,9 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		if !visible(t.Name) {
 			continue
 		}
-		name, v, _ := template.SplitRef(t.Name)
+		name, v, _ := templates.SplitRef(t.Name)
 		_, reason, err := store.Lookup(r.Context(), t.Params)
-		if errors.Is(err, template.ErrNotFound) {
+		if errors.Is(err, templates.ErrNotFound) {
 			continue // its root filesystem is gone
 		}
 		if _, ok := users[name]; ok && v == 0 && reason != "" {
@@ -189,7 +190,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		if out[i].Version == 0 {
 			out[i].Version = latest.Version
 		}
-		pub := slices.ContainsFunc(vs, func(u template.UserRootFS) bool { return u.Published })
+		pub := slices.ContainsFunc(vs, func(u templates.UserRootFS) bool { return u.Published })
 		out[i].LatestVersion, out[i].Public = latest.Version, &pub
 		if key.Admin {
 			out[i].Owner = latest.Owner
@@ -224,7 +225,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 // template u (any of its versions: it holds the template's owner): an
 // admin key always, else the key that built it. A template without an
 // owner (built before owners were recorded) is the admin keys'.
-func ownsTemplate(key catalog.Key, u template.UserRootFS) bool {
+func ownsTemplate(key catalog.Key, u templates.UserRootFS) bool {
 	return key.Admin || (u.Owner != "" && u.Owner == key.ID)
 }
 
@@ -233,11 +234,11 @@ func ownsTemplate(key catalog.Key, u template.UserRootFS) bool {
 // (ownsTemplate), the published ones for other keys. Publishing is per
 // version: a version its owner builds after publishing is the owner's
 // alone until it is published in turn.
-func usableVersions(key catalog.Key, vs []template.UserRootFS) []template.UserRootFS {
+func usableVersions(key catalog.Key, vs []templates.UserRootFS) []templates.UserRootFS {
 	if len(vs) == 0 || ownsTemplate(key, vs[len(vs)-1]) {
 		return vs
 	}
-	var out []template.UserRootFS
+	var out []templates.UserRootFS
 	for _, u := range vs {
 		if u.Published {
 			out = append(out, u)
@@ -249,9 +250,9 @@ func usableVersions(key catalog.Key, vs []template.UserRootFS) []template.UserRo
 // templateVersions returns the versions of user template name key may
 // use (usableVersions) and whether key owns it (ownsTemplate); none (and
 // no error) if there is no such template.
-func templateVersions(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) ([]template.UserRootFS, bool, error) {
+func templateVersions(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) ([]templates.UserRootFS, bool, error) {
 	vs, err := b.Versions(ctx, name)
-	if errors.Is(err, template.ErrNotFound) || (err == nil && len(vs) == 0) {
+	if errors.Is(err, templates.ErrNotFound) || (err == nil && len(vs) == 0) {
 		return nil, false, nil
 	}
 	if err != nil {
@@ -267,11 +268,11 @@ func templateVersions(ctx context.Context, b TemplateBuilds, key catalog.Key, na
 // version if the key may use it. A user template (or version) the key may
 // not use is not found, exactly like a missing one.
 func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
-	name, v, err := template.SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
 		return "", invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 	}
-	if slices.Contains(template.Reserved, name) || s.cfg.TemplateBuilds == nil {
+	if slices.Contains(templates.Reserved, name) || s.cfg.TemplateBuilds == nil {
 		if v > 0 {
 			return "", invalid("template %s is built in: it has no versions", name)
 		}
@@ -279,7 +280,7 @@ func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref strin
 	}
 	b := s.cfg.TemplateBuilds
 	u, err := b.UserTemplate(ctx, name)
-	if errors.Is(err, template.ErrNotFound) {
+	if errors.Is(err, templates.ErrNotFound) {
 		if v > 0 {
 			return "", notFound("template %q not found", ref)
 		}
@@ -295,17 +296,17 @@ func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref strin
 		}
 		i := len(vs) - 1
 		if v > 0 {
-			i = slices.IndexFunc(vs, func(u template.UserRootFS) bool { return u.Version == v })
+			i = slices.IndexFunc(vs, func(u templates.UserRootFS) bool { return u.Version == v })
 		}
 		if i < 0 {
 			return "", notFound("template %q not found", ref)
 		}
-		return template.Ref(name, vs[i].Version), nil
+		return templates.Ref(name, vs[i].Version), nil
 	}
 	if v == 0 {
-		return template.Ref(name, u.Version), nil
+		return templates.Ref(name, u.Version), nil
 	}
-	if _, err := b.UserTemplate(ctx, ref); errors.Is(err, template.ErrNotFound) {
+	if _, err := b.UserTemplate(ctx, ref); errors.Is(err, templates.ErrNotFound) {
 		return "", notFound("template %s has no version %d (its latest is %d)", name, v, u.Version)
 	} else if err != nil {
 		return "", err
@@ -396,7 +397,7 @@ func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catal
 		spec.MaxVersions = max(s.cfg.MaxTemplateVersions, 0)
 	}
 	u, err := b.UserTemplate(ctx, spec.Name)
-	if errors.Is(err, template.ErrNotFound) {
+	if errors.Is(err, templates.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -561,7 +562,7 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 // that version, for NAME:N) are in the catalog, unless ?force=true: they
 // keep running, and restoring, from their own files either way.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	if templateParam(r) == template.NotAName {
+	if templateParam(r) == templates.NotAName {
 		s.methodNotAllowed(w, r) // the list of builds, not a template
 		return
 	}
@@ -571,12 +572,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	key := callerOf(r).Key
 	ref := templateParam(r)
-	name, v, err := template.SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
 		s.writeError(w, r, notFound("no template %q built from an image", ref))
 		return
 	}
-	if slices.Contains(template.Reserved, name) {
+	if slices.Contains(templates.Reserved, name) {
 		s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
 		return
 	}
@@ -679,12 +680,12 @@ func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 			return
 		}
 		ref := templateParam(r)
-		name, v, err := template.SplitRef(ref)
+		name, v, err := templates.SplitRef(ref)
 		if err != nil {
 			s.writeError(w, r, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: ")))
 			return
 		}
-		if slices.Contains(template.Reserved, name) {
+		if slices.Contains(templates.Reserved, name) {
 			s.writeError(w, r, invalid("%s is a built-in template: every key may use it already", name))
 			return
 		}
@@ -698,7 +699,7 @@ func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 			}
 			v = u.Version
 		}
-		if err := b.SetPublished(r.Context(), template.Ref(name, v), public); err != nil {
+		if err := b.SetPublished(r.Context(), templates.Ref(name, v), public); err != nil {
 			s.writeError(w, r, err)
 			return
 		}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -57,7 +57,7 @@ type buildSpec struct {
 	FromImage    string            `json:"from_image,omitempty"`
 	Dockerfile   []byte            `json:"dockerfile,omitempty"`
 	BuildArgs    map[string]string `json:"build_args,omitempty"`
-	Startup      template.Startup  `json:"startup"`
+	Startup      templates.Startup `json:"startup"`
 	Owner        string            `json:"owner,omitempty"`
 	MaxTemplates int               `json:"max_templates,omitempty"`
 	MaxBuilds    int               `json:"max_builds,omitempty"`
@@ -80,18 +80,18 @@ func (b buildStatus) status() build.Status {
 	return st
 }
 
-// userTemplate is template.UserRootFS with what it takes on disk, which
+// userTemplate is templates.UserRootFS with what it takes on disk, which
 // is measured when read.
 type userTemplate struct {
-	template.UserRootFS
+	templates.UserRootFS
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
-func wireUser(u template.UserRootFS) userTemplate {
+func wireUser(u templates.UserRootFS) userTemplate {
 	return userTemplate{UserRootFS: u, DiskBytes: u.DiskBytes}
 }
 
-func wireUsers(us []template.UserRootFS) []userTemplate {
+func wireUsers(us []templates.UserRootFS) []userTemplate {
 	out := make([]userTemplate, len(us))
 	for i, u := range us {
 		out[i] = wireUser(u)
@@ -99,7 +99,7 @@ func wireUsers(us []template.UserRootFS) []userTemplate {
 	return out
 }
 
-func (u userTemplate) user() template.UserRootFS {
+func (u userTemplate) user() templates.UserRootFS {
 	r := u.UserRootFS
 	r.DiskBytes = u.DiskBytes
 	return r
@@ -401,14 +401,14 @@ func (b Builds) SetPublished(ctx context.Context, ref string, published bool) er
 }
 
 // UserTemplate returns user template ref ("NAME": its latest version).
-func (b Builds) UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error) {
+func (b Builds) UserTemplate(ctx context.Context, ref string) (templates.UserRootFS, error) {
 	var u userTemplate
 	err := b.c.callShort(ctx, http.MethodGet, "/user-templates/"+url.PathEscape(ref), nil, nil, &u)
 	return u.user(), err
 }
 
 // UserTemplates lists the latest version of every user template.
-func (b Builds) UserTemplates(ctx context.Context) ([]template.UserRootFS, error) {
+func (b Builds) UserTemplates(ctx context.Context) ([]templates.UserRootFS, error) {
 	var out struct {
 		Templates []userTemplate `json:"templates"`
 	}
@@ -417,7 +417,7 @@ func (b Builds) UserTemplates(ctx context.Context) ([]template.UserRootFS, error
 }
 
 // Versions lists the versions of user template name, oldest first.
-func (b Builds) Versions(ctx context.Context, name string) ([]template.UserRootFS, error) {
+func (b Builds) Versions(ctx context.Context, name string) ([]templates.UserRootFS, error) {
 	var out struct {
 		Versions []userTemplate `json:"versions"`
 	}
@@ -425,8 +425,8 @@ func (b Builds) Versions(ctx context.Context, name string) ([]template.UserRootF
 	return users(out.Versions), err
 }
 
-func users(us []userTemplate) []template.UserRootFS {
-	out := make([]template.UserRootFS, len(us))
+func users(us []userTemplate) []templates.UserRootFS {
+	out := make([]templates.UserRootFS, len(us))
 	for i, u := range us {
 		out[i] = u.user()
 	}

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -106,11 +106,11 @@ func TestBuilds(t *testing.T) {
 	if _, err := b.Get(ctx, "nope"); !errors.Is(err, build.ErrNotFound) {
 		t.Errorf("Get of no build: %v, want tmplbuild.ErrNotFound", err)
 	}
-	if _, err := b.UserTemplate(ctx, "wired:7"); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("UserTemplate of no version: %v, want template.ErrNotFound", err)
+	if _, err := b.UserTemplate(ctx, "wired:7"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("UserTemplate of no version: %v, want templates.ErrNotFound", err)
 	}
-	if _, err := b.Start(ctx, build.Spec{Name: "Bad Name", FromImage: "x"}); !errors.Is(err, template.ErrInvalid) {
-		t.Errorf("Start with a bad name: %v, want template.ErrInvalid", err)
+	if _, err := b.Start(ctx, build.Spec{Name: "Bad Name", FromImage: "x"}); !errors.Is(err, templates.ErrInvalid) {
+		t.Errorf("Start with a bad name: %v, want templates.ErrInvalid", err)
 	}
 	if _, err := b.Start(ctx, build.Spec{Name: "other", FromImage: "x", Owner: "key-2", MaxTemplates: 0}); err != nil {
 		t.Fatal(err)
@@ -140,8 +140,8 @@ func TestBuilds(t *testing.T) {
 	if _, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", ID: id, Version: 8}); !errors.Is(err, build.ErrConflict) {
 		t.Errorf("a build with a taken id: %v, want tmplbuild.ErrConflict", err)
 	}
-	if _, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", ID: "not-hex"}); !errors.Is(err, template.ErrInvalid) {
-		t.Errorf("a build with a malformed id: %v, want template.ErrInvalid", err)
+	if _, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", ID: "not-hex"}); !errors.Is(err, templates.ErrInvalid) {
+		t.Errorf("a build with a malformed id: %v, want templates.ErrInvalid", err)
 	}
 	// A number this host has had already is refused at the install.
 	old, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", Version: 7})
@@ -164,8 +164,8 @@ func TestBuilds(t *testing.T) {
 			t.Errorf("Remove %s: %v", name, err)
 		}
 	}
-	if _, err := b.UserTemplate(ctx, "wired"); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("UserTemplate after Remove: %v, want template.ErrNotFound", err)
+	if _, err := b.UserTemplate(ctx, "wired"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("UserTemplate after Remove: %v, want templates.ErrNotFound", err)
 	}
 
 	// The shared test server does not build.

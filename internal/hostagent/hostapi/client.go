@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -206,7 +207,7 @@ func (c *Client) NetworkOff() bool { return c.Info().NetworkOff }
 var _ host.NetworkReporter = (*Client)(nil)
 
 // TemplateParams fills in the agent's defaults, like agent.TemplateParams.
-func (c *Client) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+func (c *Client) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	p := c.Info().Defaults
 	if name != "" {
 		p.Name = name
@@ -604,7 +605,7 @@ func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from
 // incomplete pack because of it. Refusals that come before the pack is
 // read (an older agent, a template it lacks) stay as they are.
 func packError(id string, err error, src *srcReader) error {
-	if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, template.ErrNotFound) {
+	if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, templates.ErrNotFound) {
 		return fmt.Errorf("send snapshot %s: read the pack: %w", id, src.err)
 	}
 	return err
@@ -643,11 +644,11 @@ func (c *Client) Resume(ctx context.Context, id string) (host.Info, error) {
 }
 
 // Templates is the agent's template store.
-func (c *Client) Templates() host.Templates { return templates{c} }
+func (c *Client) Templates() host.Templates { return remoteTemplates{c} }
 
-type templates struct{ c *Client }
+type remoteTemplates struct{ c *Client }
 
-func (t templates) Lookup(ctx context.Context, p template.Params) (*template.Template, string, error) {
+func (t remoteTemplates) Lookup(ctx context.Context, p templates.Params) (*template.Template, string, error) {
 	var out lookupReply
 	if err := t.c.callShort(ctx, http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
 		return nil, "", err
@@ -655,7 +656,7 @@ func (t templates) Lookup(ctx context.Context, p template.Params) (*template.Tem
 	return out.Template, out.StaleReason, nil
 }
 
-func (t templates) List(ctx context.Context) ([]template.Template, error) {
+func (t remoteTemplates) List(ctx context.Context) ([]template.Template, error) {
 	var out struct {
 		Templates []template.Template `json:"templates"`
 	}
@@ -663,7 +664,7 @@ func (t templates) List(ctx context.Context) ([]template.Template, error) {
 	return out.Templates, err
 }
 
-func (t templates) Names(ctx context.Context) ([]string, error) {
+func (t remoteTemplates) Names(ctx context.Context) ([]string, error) {
 	var out struct {
 		Names []string `json:"names"`
 	}
@@ -671,7 +672,7 @@ func (t templates) Names(ctx context.Context) ([]string, error) {
 	return out.Names, err
 }
 
-func (t templates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+func (t remoteTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
 	b, _ := json.Marshal(p)
 	req, err := t.c.request(ctx, http.MethodPost, "/templates/bake", nil, bytes.NewReader(b))
 	if err != nil {

@@ -115,6 +115,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
@@ -140,7 +141,7 @@ type Info struct {
 	Accel accel.Accel `json:"accel"`
 	// Defaults are the template parameters of a request that names none
 	// (TemplateParams("", 0, 0)).
-	Defaults template.Params `json:"defaults"`
+	Defaults templates.Params `json:"defaults"`
 	// Resources are the host machine's, when the info was sent.
 	Resources host.Resources `json:"resources"`
 	// NetworkOff: the agent runs without sandbox networking (an older
@@ -272,12 +273,12 @@ var classes = []struct {
 	{"corrupt", http.StatusConflict, host.ErrCorrupt},
 	{"not_ready", http.StatusServiceUnavailable, host.ErrNotReady},
 	{"not_found", http.StatusNotFound, host.ErrNotFound},
-	{"template_not_found", http.StatusNotFound, template.ErrNotFound},
+	{"template_not_found", http.StatusNotFound, templates.ErrNotFound},
 	{"invalid", http.StatusUnprocessableEntity, host.ErrInvalid},
-	{"template_invalid", http.StatusUnprocessableEntity, template.ErrInvalid},
+	{"template_invalid", http.StatusUnprocessableEntity, templates.ErrInvalid},
 	{"conflict", http.StatusConflict, host.ErrConflict},
 	{"build_conflict", http.StatusConflict, build.ErrConflict},
-	{"template_conflict", http.StatusConflict, template.ErrConflict},
+	{"template_conflict", http.StatusConflict, templates.ErrConflict},
 	{"unavailable", http.StatusServiceUnavailable, host.ErrUnavailable},
 	{"unsupported", http.StatusNotImplemented, errors.ErrUnsupported},
 	{"refused", http.StatusBadGateway, syscall.ECONNREFUSED}, // nothing listens on a guest's port

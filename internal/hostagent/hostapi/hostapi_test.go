@@ -34,9 +34,9 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
@@ -515,7 +515,7 @@ func TestErrorsMatchLocal(t *testing.T) {
 	}
 	classes := []error{
 		host.ErrNotFound, host.ErrConflict, host.ErrInvalid, host.ErrNoSpace, host.ErrCorrupt, host.ErrNotReady,
-		template.ErrNotFound, template.ErrInvalid, context.DeadlineExceeded,
+		templates.ErrNotFound, templates.ErrInvalid, context.DeadlineExceeded,
 		guestproto.ErrNotFound, guestproto.ErrExists, guestproto.ErrNotDir, guestproto.ErrIsDir,
 		guestproto.ErrNotEmpty, guestproto.ErrPermission, guestproto.ErrInvalid, guestproto.ErrTimeout,
 	}
@@ -558,13 +558,13 @@ func TestErrorsMatchLocal(t *testing.T) {
 			return err
 		}, host.ErrNotFound},
 		{"lookup unknown template", func(h host.Host) error {
-			_, _, err := h.Templates().Lookup(ctx, template.Params{Name: "nosuchtemplate", MemoryMiB: 256, VCPUs: 1})
+			_, _, err := h.Templates().Lookup(ctx, templates.Params{Name: "nosuchtemplate", MemoryMiB: 256, VCPUs: 1})
 			return err
-		}, template.ErrNotFound},
+		}, templates.ErrNotFound},
 		{"bake invalid", func(h host.Host) error {
-			_, err := h.Templates().Bake(ctx, template.Params{Name: "tiny", MemoryMiB: 1, VCPUs: 1}, nil)
+			_, err := h.Templates().Bake(ctx, templates.Params{Name: "tiny", MemoryMiB: 1, VCPUs: 1}, nil)
 			return err
-		}, template.ErrInvalid},
+		}, templates.ErrInvalid},
 		{"fork no children", func(h host.Host) error { _, err := h.Fork(ctx, sb.ID, nil); return err }, host.ErrInvalid},
 		{"fork paused", func(h host.Host) error { _, err := h.Fork(ctx, paused.ID, []string{"child1"}); return err }, host.ErrConflict},
 		{"pause paused", func(h host.Host) error { _, err := h.Pause(ctx, paused.ID); return err }, host.ErrConflict},
@@ -731,7 +731,7 @@ func TestTemplates(t *testing.T) {
 		t.Skip("bake: skipped with -short")
 	}
 	var progress []string
-	bp := template.Params{Name: "tiny", MemoryMiB: 128, VCPUs: 1}
+	bp := templates.Params{Name: "tiny", MemoryMiB: 128, VCPUs: 1}
 	tm, err := client.Templates().Bake(ctxT(t), bp, func(m string) { progress = append(progress, m) })
 	if err != nil {
 		t.Fatalf("bake: %v", err)

@@ -22,8 +22,8 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/recoverer"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -146,7 +146,7 @@ func (s *Server) routes() http.Handler {
 			return map[string]any{"names": s.a.Templates().Names()}, nil
 		}))
 		r.Post(Prefix+"/templates/lookup", s.json(func(r *http.Request) (any, error) {
-			var p template.Params
+			var p templates.Params
 			if err := decode(r, &p); err != nil {
 				return nil, err
 			}
@@ -562,7 +562,7 @@ func (s *Server) fork(r *http.Request) (any, error) {
 }
 
 func (s *Server) bake(w http.ResponseWriter, r *http.Request) {
-	var p template.Params
+	var p templates.Params
 	if err := decode(r, &p); err != nil {
 		writeError(w, err)
 		return

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -65,12 +66,12 @@ func (o *BuildVMOptions) setDefaults() error {
 		o.MaxDiskMiB = DefaultBuildMaxDiskMiB
 	}
 	switch {
-	case o.MemoryMiB < MinMemoryMiB || o.MemoryMiB > MaxMemoryMiB:
-		return fmt.Errorf("%w: build VM memory %d MiB must be between %d and %d", ErrInvalid, o.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
-	case o.VCPUs < 1 || o.VCPUs > MaxVCPUs:
-		return fmt.Errorf("%w: build VM vcpus %d must be between 1 and %d", ErrInvalid, o.VCPUs, MaxVCPUs)
+	case o.MemoryMiB < templates.MinMemoryMiB || o.MemoryMiB > templates.MaxMemoryMiB:
+		return fmt.Errorf("%w: build VM memory %d MiB must be between %d and %d", templates.ErrInvalid, o.MemoryMiB, templates.MinMemoryMiB, templates.MaxMemoryMiB)
+	case o.VCPUs < 1 || o.VCPUs > templates.MaxVCPUs:
+		return fmt.Errorf("%w: build VM vcpus %d must be between 1 and %d", templates.ErrInvalid, o.VCPUs, templates.MaxVCPUs)
 	case o.MaxDiskMiB < 0:
-		return fmt.Errorf("%w: build VM max disk %d MiB is negative", ErrInvalid, o.MaxDiskMiB)
+		return fmt.Errorf("%w: build VM max disk %d MiB is negative", templates.ErrInvalid, o.MaxDiskMiB)
 	}
 	return nil
 }
@@ -386,7 +387,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // guest refuses is an error holding the guest's reason.
 func (v *BuildVM) Extract(ctx context.Context, r io.Reader, chown string) error {
 	if err := guestproto.ValidateUser(chown); err != nil {
-		return fmt.Errorf("%w: chown %q: %v", ErrInvalid, chown, err)
+		return fmt.Errorf("%w: chown %q: %v", templates.ErrInvalid, chown, err)
 	}
 	argv := []string{GuestAgentPath, "extract"}
 	if chown != "" {

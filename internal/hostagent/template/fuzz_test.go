@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -42,11 +43,11 @@ func validNameRef(ref string) bool {
 // ErrInvalid, and a valid template's directory (Key) and root filesystem
 // are single path components that map back to one set of parameters.
 func FuzzParamsValidate(f *testing.F) {
-	seeds := []template.Params{
+	seeds := []templates.Params{
 		{Name: "base", MemoryMiB: 1024, VCPUs: 1},
 		{Name: "tiny", MemoryMiB: 256, VCPUs: 2},
-		{Name: "a", MemoryMiB: template.MinMemoryMiB, VCPUs: 1},
-		{Name: strings.Repeat("z", 32), MemoryMiB: template.MaxMemoryMiB, VCPUs: template.MaxVCPUs},
+		{Name: "a", MemoryMiB: templates.MinMemoryMiB, VCPUs: 1},
+		{Name: strings.Repeat("z", 32), MemoryMiB: templates.MaxMemoryMiB, VCPUs: templates.MaxVCPUs},
 		{Name: strings.Repeat("z", 33), MemoryMiB: 512, VCPUs: 1},
 		{Name: "x-128m-1c", MemoryMiB: 128, VCPUs: 1},
 		{Name: "0_a-b", MemoryMiB: 4096, VCPUs: 4},
@@ -63,28 +64,28 @@ func FuzzParamsValidate(f *testing.F) {
 		{Name: "a\n", MemoryMiB: 512, VCPUs: 1},
 		{Name: "a\x00", MemoryMiB: 512, VCPUs: 1},
 		{Name: "é", MemoryMiB: 512, VCPUs: 1},
-		{Name: "base", MemoryMiB: template.MinMemoryMiB - 1, VCPUs: 1},
-		{Name: "base", MemoryMiB: template.MaxMemoryMiB + 1, VCPUs: 1},
+		{Name: "base", MemoryMiB: templates.MinMemoryMiB - 1, VCPUs: 1},
+		{Name: "base", MemoryMiB: templates.MaxMemoryMiB + 1, VCPUs: 1},
 		{Name: "base", MemoryMiB: -1 << 63, VCPUs: -1},
 		{Name: "base", MemoryMiB: 512, VCPUs: 0},
-		{Name: "base", MemoryMiB: 512, VCPUs: template.MaxVCPUs + 1},
+		{Name: "base", MemoryMiB: 512, VCPUs: templates.MaxVCPUs + 1},
 		{Name: "base", MemoryMiB: 1<<63 - 1, VCPUs: 1<<63 - 1},
 	}
 	for _, p := range seeds {
 		f.Add(p.Name, p.MemoryMiB, p.VCPUs)
 	}
 	f.Fuzz(func(t *testing.T, name string, memoryMiB, vcpus int) {
-		p := template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+		p := templates.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
 		err := p.Validate()
 		want := validNameRef(name) &&
-			template.MinMemoryMiB <= memoryMiB && memoryMiB <= template.MaxMemoryMiB &&
-			1 <= vcpus && vcpus <= template.MaxVCPUs
+			templates.MinMemoryMiB <= memoryMiB && memoryMiB <= templates.MaxMemoryMiB &&
+			1 <= vcpus && vcpus <= templates.MaxVCPUs
 		if (err == nil) != want {
 			t.Fatalf("%+v: Validate() = %v, want valid = %v", p, err, want)
 		}
 		if err != nil {
-			if !errors.Is(err, template.ErrInvalid) {
-				t.Fatalf("%+v: Validate() = %v, not ErrInvalid", p, err)
+			if !errors.Is(err, templates.ErrInvalid) {
+				t.Fatalf("%+v: Validate() = %v, not templates.ErrInvalid", p, err)
 			}
 			return
 		}
@@ -104,8 +105,8 @@ func FuzzParamsValidate(f *testing.F) {
 
 // parseKey inverts Params.Key ("NAME-MEMm-VCPUSc", NAME:V written
 // NAME.vV: names have no dot), reading from the right.
-func parseKey(key string) (template.Params, error) {
-	var p template.Params
+func parseKey(key string) (templates.Params, error) {
+	var p templates.Params
 	rest, c, ok := cutLast(key, "-")
 	if !ok || !strings.HasSuffix(c, "c") {
 		return p, fmt.Errorf("no -VCPUSc in %q", key)

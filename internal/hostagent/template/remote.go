@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
@@ -26,26 +27,26 @@ type Remote interface {
 	// passes accept, and returns that Meta and the files' chunk hashes
 	// (kept as the template's ChunkIndex; nil if unknown). ErrNotFound if
 	// the remote holds no template key that accept takes.
-	Fetch(ctx context.Context, key string, accept func(Meta) bool, dir string) (Meta, *ChunkIndex, error)
+	Fetch(ctx context.Context, key string, accept func(templates.Meta) bool, dir string) (templates.Meta, *ChunkIndex, error)
 	// Baked tells of a template this store has just baked (not fetched),
 	// for the remote to keep. It must not block.
 	Baked(t *Template)
 }
 
 // fetch fills t.Dir from the Remote with a template of t's inputs.
-func (s *Store) fetch(ctx context.Context, t *Template, say func(string, ...any)) (Meta, *ChunkIndex, error) {
+func (s *Store) fetch(ctx context.Context, t *Template, say func(string, ...any)) (templates.Meta, *ChunkIndex, error) {
 	want := t.Meta
-	accept := func(m Meta) bool { return fits(want, m) }
+	accept := func(m templates.Meta) bool { return fits(want, m) }
 	m, idx, err := s.cfg.Remote.Fetch(ctx, t.Key(), accept, t.Dir)
 	if err != nil {
-		return Meta{}, nil, err
+		return templates.Meta{}, nil, err
 	}
 	if !accept(m) {
-		return Meta{}, nil, fmt.Errorf("fetch template %s: %w: the remote's copy was baked from other inputs", t.Key(), ErrNotFound)
+		return templates.Meta{}, nil, fmt.Errorf("fetch template %s: %w: the remote's copy was baked from other inputs", t.Key(), templates.ErrNotFound)
 	}
 	for _, f := range indexedFiles {
 		if _, err := os.Stat(filepath.Join(t.Dir, f)); err != nil {
-			return Meta{}, nil, fmt.Errorf("fetch template %s: %w", t.Key(), err)
+			return templates.Meta{}, nil, fmt.Errorf("fetch template %s: %w", t.Key(), err)
 		}
 	}
 	say("fetched template %s (baked by another host, boot %s)", t.Key(), m.BootID)
@@ -54,7 +55,7 @@ func (s *Store) fetch(ctx context.Context, t *Template, say func(string, ...any)
 
 // fits reports whether got is a template made the way want would be: the
 // same parameters, inputs, accelerator, command line and MAC address.
-func fits(want, got Meta) bool {
+func fits(want, got templates.Meta) bool {
 	return got.Params == want.Params && got.Accel == want.Accel && got.Cmdline == want.Cmdline && got.Machine == want.Machine &&
 		got.MAC == want.MAC && maps.Equal(got.Inputs, want.Inputs) && got.BootID != ""
 }
@@ -62,24 +63,24 @@ func fits(want, got Meta) bool {
 // Fits reports whether m describes a template this store would make for
 // m.Params now (same inputs, accelerator, command line and MAC address):
 // one it can use in place of its own.
-func (s *Store) Fits(m Meta) bool {
+func (s *Store) Fits(m templates.Meta) bool {
 	inputs, err := s.inputs(m.Name)
 	if err != nil {
 		return false
 	}
-	return fits(Meta{Params: m.Params, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Machine: vmm.MachineCurrent, Inputs: inputs, MAC: guestnet.GuestMAC}, m)
+	return fits(templates.Meta{Params: m.Params, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Machine: vmm.MachineCurrent, Inputs: inputs, MAC: guestnet.GuestMAC}, m)
 }
 
 // Adopt replaces template p with the Remote's copy (which must Fit), even
 // if the one here is fresh: hosts that baked the same template at the
 // same time converge on one copy. Sandboxes running from the old copy
 // keep their files. ErrNotFound if the Remote holds no copy that fits.
-func (s *Store) Adopt(ctx context.Context, p Params) (*Template, error) {
+func (s *Store) Adopt(ctx context.Context, p templates.Params) (*Template, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	if s.cfg.Remote == nil {
-		return nil, fmt.Errorf("adopt template %s: %w: no remote", p.Key(), ErrNotFound)
+		return nil, fmt.Errorf("adopt template %s: %w: no remote", p.Key(), templates.ErrNotFound)
 	}
 	return s.bakeOnce(ctx, p, "another host's copy replaces this host's", nil, fetchOnly)
 }
@@ -173,7 +174,7 @@ func (s *Store) setChunkIndex(t *Template, idx *ChunkIndex) error {
 	idx.Fingerprint = fp
 	for _, name := range indexedFiles {
 		if _, ok := idx.Files[name]; !ok {
-			return fmt.Errorf("chunk index of template %s: %w: no %s", t.Key(), ErrInvalid, name)
+			return fmt.Errorf("chunk index of template %s: %w: no %s", t.Key(), templates.ErrInvalid, name)
 		}
 	}
 	s.indexMu.Lock()

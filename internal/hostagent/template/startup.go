@@ -12,22 +12,13 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 )
-
-// ReadyError is how a bake fails when a template's ready command did not
-// succeed in time (or its start command could not be started). Its
-// message is written for users: it holds the commands' own output, never
-// the host's paths.
-type ReadyError struct {
-	Msg string
-}
-
-func (e *ReadyError) Error() string { return e.Msg }
 
 // guestRun is what the commands of a bake's Startup run with: the image's
 // environment, working directory and user (as the template's execs).
 type guestRun struct {
-	Startup
+	templates.Startup
 	Env  map[string]string
 	Cwd  string
 	User string
@@ -40,7 +31,7 @@ func (s *Store) startupOf(name string) (guestRun, error) {
 		return guestRun{}, nil
 	}
 	u, err := s.UserRootFS(name)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, templates.ErrNotFound) {
 		return guestRun{}, nil
 	}
 	if err != nil {
@@ -56,7 +47,7 @@ func (s *Store) startupOf(name string) (guestRun, error) {
 // startupHash is the "startup" input of a template whose bake starts u:
 // "" when it starts nothing, so templates without commands keep their
 // inputs.
-func startupHash(u Startup) string {
+func startupHash(u templates.Startup) string {
 	if u.IsZero() {
 		return ""
 	}
@@ -70,9 +61,9 @@ func startupHash(u Startup) string {
 // StartLog. The exec itself ends at once.
 const startScript = `mkdir -p /var/log 2>/dev/null
 if command -v setsid >/dev/null 2>&1; then
-	setsid /bin/sh -c "$1" </dev/null >` + StartLog + ` 2>&1 &
+	setsid /bin/sh -c "$1" </dev/null >` + templates.StartLog + ` 2>&1 &
 else
-	/bin/sh -c "$1" </dev/null >` + StartLog + ` 2>&1 &
+	/bin/sh -c "$1" </dev/null >` + templates.StartLog + ` 2>&1 &
 fi`
 
 // runStartup starts g.StartCmd and waits for g.ReadyCmd to succeed.
@@ -84,42 +75,42 @@ func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say 
 			// The image's user runs the command: its log is made for it
 			// first, as root.
 			res, err := client.Exec(ctx, guestproto.ExecRequest{
-				Argv:      []string{"/bin/sh", "-c", `mkdir -p /var/log && : >` + StartLog + ` && chown "$1" ` + StartLog, "sh", g.User},
-				TimeoutMS: ReadyRunTimeout.Milliseconds(),
+				Argv:      []string{"/bin/sh", "-c", `mkdir -p /var/log && : >` + templates.StartLog + ` && chown "$1" ` + templates.StartLog, "sh", g.User},
+				TimeoutMS: templates.ReadyRunTimeout.Milliseconds(),
 			}, nil, &out, &out)
 			if err == nil && res.ExitCode != 0 {
 				err = fmt.Errorf("exit %d: %s", res.ExitCode, lastLines(out.String(), 10))
 			}
 			if err != nil {
-				return &ReadyError{Msg: fmt.Sprintf("the start command's log could not be made for user %q: %v", g.User, err)}
+				return &templates.ReadyError{Msg: fmt.Sprintf("the start command's log could not be made for user %q: %v", g.User, err)}
 			}
 			out.Reset()
 		}
 		res, err := client.Exec(ctx, guestproto.ExecRequest{
 			Argv: []string{"/bin/sh", "-c", startScript, "sh", g.StartCmd}, Env: g.Env, Cwd: g.Cwd, User: g.User,
-			TimeoutMS: ReadyRunTimeout.Milliseconds(),
+			TimeoutMS: templates.ReadyRunTimeout.Milliseconds(),
 		}, nil, &out, &out)
 		if err != nil {
 			var ge *guestproto.Error
 			if errors.As(err, &ge) {
-				return &ReadyError{Msg: fmt.Sprintf("the start command could not be started: %s", ge.Message)}
+				return &templates.ReadyError{Msg: fmt.Sprintf("the start command could not be started: %s", ge.Message)}
 			}
 			return fmt.Errorf("start command: %w", err)
 		}
 		if res.ExitCode != 0 {
-			return &ReadyError{Msg: fmt.Sprintf("the start command could not be started (exit %d): %s", res.ExitCode, lastLines(out.String(), 10))}
+			return &templates.ReadyError{Msg: fmt.Sprintf("the start command could not be started (exit %d): %s", res.ExitCode, lastLines(out.String(), 10))}
 		}
 	}
 	if g.ReadyCmd == "" {
 		return nil
 	}
-	timeout := g.readyTimeout()
+	timeout := g.ReadyTimeout()
 	say("waiting for the ready command to succeed (at most %s)", timeout)
 	start := time.Now()
 	deadline := start.Add(timeout)
 	var last string
 	for tries := 1; ; tries++ {
-		run := ReadyRunTimeout
+		run := templates.ReadyRunTimeout
 		if left := time.Until(deadline); left < run {
 			run = max(left, time.Second)
 		}
@@ -146,9 +137,9 @@ func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say 
 		if time.Now().After(deadline) {
 			msg := fmt.Sprintf("the ready command did not succeed within %s (%d tries); its last run: %s", timeout, tries, last)
 			if g.StartCmd != "" {
-				msg += fmt.Sprintf("; the start command's output (%s): %s", StartLog, startLog(ctx, client))
+				msg += fmt.Sprintf("; the start command's output (%s): %s", templates.StartLog, startLog(ctx, client))
 			}
-			return &ReadyError{Msg: msg}
+			return &templates.ReadyError{Msg: msg}
 		}
 		select {
 		case <-ctx.Done():
@@ -160,7 +151,7 @@ func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say 
 
 // startLog returns the last lines of the start command's output.
 func startLog(ctx context.Context, client *guestproto.Client) string {
-	r, _, err := client.ReadFile(ctx, StartLog)
+	r, _, err := client.ReadFile(ctx, templates.StartLog)
 	if err != nil {
 		return "(unreadable: " + err.Error() + ")"
 	}

@@ -5,40 +5,19 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
-)
 
-func TestStartupValidate(t *testing.T) {
-	for _, tc := range []struct {
-		su Startup
-		ok bool
-	}{
-		{Startup{}, true},
-		{Startup{StartCmd: "exec server"}, true},
-		{Startup{StartCmd: "exec server", ReadyCmd: "check", ReadyTimeoutSeconds: 120}, true},
-		{Startup{ReadyCmd: "check"}, true},
-		{Startup{StartCmd: "x", ReadyTimeoutSeconds: 10}, false}, // a timeout without a ready command
-		{Startup{ReadyCmd: "check", ReadyTimeoutSeconds: -1}, false},
-		{Startup{ReadyCmd: "check", ReadyTimeoutSeconds: 31 * 60}, false},
-		{Startup{StartCmd: strings.Repeat("x", MaxStartupCmdBytes+1)}, false},
-		{Startup{ReadyCmd: "a\x00b"}, false},
-	} {
-		err := tc.su.Validate()
-		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
-			t.Errorf("Validate(%+v) = %v, want ok %v", tc.su, err, tc.ok)
-		}
-	}
-}
+	"github.com/pandastack/pandastack/internal/contract/templates"
+)
 
 // A template's start and ready commands are part of its identity: the
 // same root filesystem installed with other commands makes its baked
 // shapes stale; the ready timeout does not.
 func TestStartupIsIdentity(t *testing.T) {
 	st := fakeStore(t)
-	p := Params{Name: "app", MemoryMiB: 256, VCPUs: 1}
-	install := func(su Startup) map[string]string {
+	p := templates.Params{Name: "app", MemoryMiB: 256, VCPUs: 1}
+	install := func(su templates.Startup) map[string]string {
 		t.Helper()
 		dir, err := st.StageUserRootFS("app")
 		if err != nil {
@@ -47,7 +26,7 @@ func TestStartupIsIdentity(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte("same"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.InstallUserRootFS(dir, UserRootFS{Name: "app", Startup: su, BuiltAt: time.Now()}); err != nil {
+		if err := st.InstallUserRootFS(dir, templates.UserRootFS{Name: "app", Startup: su, BuiltAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 		in, err := st.inputs("app")
@@ -60,7 +39,7 @@ func TestStartupIsIdentity(t *testing.T) {
 		t.Helper()
 		tdir := filepath.Join(st.cfg.Dir, p.Key())
 		os.MkdirAll(tdir, 0o700)
-		b, _ := json.Marshal(Meta{Params: p, Inputs: in, Accel: st.cfg.Accel, Cmdline: st.cmdline()})
+		b, _ := json.Marshal(templates.Meta{Params: p, Inputs: in, Accel: st.cfg.Accel, Cmdline: st.cmdline()})
 		if err := os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -77,14 +56,14 @@ func TestStartupIsIdentity(t *testing.T) {
 		}
 	}
 
-	in := install(Startup{})
+	in := install(templates.Startup{})
 	if _, ok := in["startup"]; ok {
 		t.Errorf("inputs of a template without commands: %v, want no startup", in)
 	}
 	fakeBake(in)
 	stale(false)
 
-	su := Startup{StartCmd: "exec server", ReadyCmd: "check"}
+	su := templates.Startup{StartCmd: "exec server", ReadyCmd: "check"}
 	in = install(su)
 	if in["startup"] == "" {
 		t.Fatalf("inputs with commands: %v, want a startup hash", in)
@@ -124,7 +103,7 @@ func TestTryUserRootFS(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		keep, undo, err := st.TryUserRootFS(dir, UserRootFS{Name: "app", Source: content})
+		keep, undo, err := st.TryUserRootFS(dir, templates.UserRootFS{Name: "app", Source: content})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +121,7 @@ func TestTryUserRootFS(t *testing.T) {
 	if err := undo(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.UserRootFS("app"); !errors.Is(err, ErrNotFound) || versions() != 0 {
+	if _, err := st.UserRootFS("app"); !errors.Is(err, templates.ErrNotFound) || versions() != 0 {
 		t.Errorf("after undoing the first version: %v, %d versions; want none", err, versions())
 	}
 

@@ -20,7 +20,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -29,6 +28,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/failpoint"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
@@ -53,103 +53,12 @@ func (i Images) rootfsNames() (names []string) {
 	return names
 }
 
-// Params selects a template: the root filesystem name and the machine
-// shape, which a restore cannot change.
-type Params struct {
-	Name      string `json:"name"`
-	MemoryMiB int    `json:"memory_mib"`
-	VCPUs     int    `json:"vcpus"`
-}
-
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
-
-// Key names the directory of a template with these parameters:
-// NAME-MEMm-CPUc, or NAME.vN-MEMm-CPUc for version N of a user template
-// (Name "NAME:N"; the dot is in no name, so keys never collide).
-func (p Params) Key() string {
-	name, v, err := SplitRef(p.Name)
-	if err == nil && v > 0 {
-		return fmt.Sprintf("%s.v%d-%dm-%dc", name, v, p.MemoryMiB, p.VCPUs)
-	}
-	return fmt.Sprintf("%s-%dm-%dc", p.Name, p.MemoryMiB, p.VCPUs)
-}
-
-// ParamsOfKey returns the Params whose Key is key, given its memory and
-// vCPUs (a capture's machine spec: the key alone does not say where the
-// name ends); false if no valid Params has that key.
-func ParamsOfKey(key string, memoryMiB, vcpus int) (Params, bool) {
-	name, ok := strings.CutSuffix(key, fmt.Sprintf("-%dm-%dc", memoryMiB, vcpus))
-	if !ok {
-		return Params{}, false
-	}
-	if base, v, pinned := strings.Cut(name, ".v"); pinned {
-		name = base + ":" + v // a user template's version: names have no '.'
-	}
-	p := Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
-	return p, p.Validate() == nil && p.Key() == key
-}
-
-// Limits on template parameters.
-const (
-	MinMemoryMiB = 128
-	MaxMemoryMiB = 64 << 10
-	MaxVCPUs     = 32
-)
-
-// Validate checks p's fields (not that the root filesystem exists).
-func (p Params) Validate() error {
-	if _, _, err := SplitRef(p.Name); err != nil {
-		return err
-	}
-	switch {
-	case p.MemoryMiB < MinMemoryMiB || p.MemoryMiB > MaxMemoryMiB:
-		return fmt.Errorf("%w: memory_mib %d must be between %d and %d", ErrInvalid, p.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
-	case p.VCPUs < 1 || p.VCPUs > MaxVCPUs:
-		return fmt.Errorf("%w: vcpus %d must be between 1 and %d", ErrInvalid, p.VCPUs, MaxVCPUs)
-	}
-	return nil
-}
-
-// Errors returned by the store.
-var (
-	ErrNotFound = errors.New("template not found")
-	ErrInvalid  = errors.New("invalid template parameters")
-	// ErrConflict: the operation does not fit the template's state (e.g.
-	// removing the latest version on its own).
-	ErrConflict = errors.New("template conflict")
-)
-
 // metaFile holds a baked template's Meta.
 const metaFile = "template.json"
 
-// Meta is a baked template's metadata (template.json).
-type Meta struct {
-	Params
-	Accel   accel.Accel `json:"accel"`
-	Cmdline string      `json:"cmdline"`
-	// Inputs are the SHA-256 hashes of kernel, initramfs, agent and rootfs,
-	// and for a template whose bake starts commands (Startup) "startup",
-	// the hash of those commands.
-	Inputs  map[string]string `json:"inputs"`
-	BakedAt time.Time         `json:"baked_at"`
-	BakeMS  int64             `json:"bake_ms"`
-	// BootID of the guest that was snapshotted.
-	BootID string `json:"boot_id"`
-	// DiskMiB is the size of the template's disk: what each of its
-	// sandboxes may fill (and counts against its key's disk quota).
-	DiskMiB int `json:"disk_mib"`
-	// MAC is the MAC address of the guest's network interface
-	// (guestnet.GuestMAC); "" for a template baked before guests had one,
-	// which is stale.
-	MAC string `json:"mac,omitempty"`
-	// Machine is the device layout the template was baked on (see
-	// vmm.MachineCurrent); a template of another layout is stale.
-	Machine string `json:"machine,omitempty"`
-}
-
 // Template is a baked template on disk.
 type Template struct {
-	Meta
+	templates.Meta
 	Dir string
 }
 
@@ -277,12 +186,9 @@ func userHashCache(dir string) string {
 	return filepath.Join(dir, ".hashes.json")
 }
 
-// Progress receives human-readable progress lines during a bake.
-type Progress func(msg string)
-
 // Get returns the template for p, baking it first if it is missing or
 // stale. progress may be nil.
-func (s *Store) Get(ctx context.Context, p Params, progress Progress) (*Template, error) {
+func (s *Store) Get(ctx context.Context, p templates.Params, progress templates.Progress) (*Template, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
@@ -347,7 +253,7 @@ func (s *Store) RemoveLeftovers() int {
 }
 
 // Bake re-bakes the template for p even if it is fresh.
-func (s *Store) Bake(ctx context.Context, p Params, progress Progress) (*Template, error) {
+func (s *Store) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*Template, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
@@ -360,14 +266,14 @@ func (s *Store) Bake(ctx context.Context, p Params, progress Progress) (*Templat
 func (s *Store) unknown(name string) error {
 	names := s.Names()
 	if len(names) == 0 {
-		return fmt.Errorf("%w: %q: the host has no root filesystems (run make setup)", ErrNotFound, name)
+		return fmt.Errorf("%w: %q: the host has no root filesystems (run make setup)", templates.ErrNotFound, name)
 	}
-	return fmt.Errorf("%w: %q (available: %s)", ErrNotFound, name, strings.Join(names, ", "))
+	return fmt.Errorf("%w: %q (available: %s)", templates.ErrNotFound, name, strings.Join(names, ", "))
 }
 
 // Lookup returns the baked template for p and why it cannot be used as
 // is ("" when it is fresh; t is nil when it was never baked).
-func (s *Store) Lookup(p Params) (t *Template, staleReason string, err error) {
+func (s *Store) Lookup(p templates.Params) (t *Template, staleReason string, err error) {
 	if s.rootfsPath(p.Name) == "" {
 		return nil, "", s.unknown(p.Name)
 	}
@@ -494,10 +400,10 @@ type makeMode int
 const (
 	fetchOrBake makeMode = iota // from the Remote if it holds it, else baked
 	bakeOnly                    // baked
-	fetchOnly                   // from the Remote, or ErrNotFound
+	fetchOnly                   // from the Remote, or templates.ErrNotFound
 )
 
-func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress Progress, mode makeMode) (*Template, error) {
+func (s *Store) bakeOnce(ctx context.Context, p templates.Params, reason string, progress templates.Progress, mode makeMode) (*Template, error) {
 	key := p.Key()
 	s.mu.Lock()
 	if b, ok := s.baking[key]; ok {
@@ -524,7 +430,7 @@ func (s *Store) bakeOnce(ctx context.Context, p Params, reason string, progress 
 	return b.t, b.err
 }
 
-func (s *Store) bake(ctx context.Context, p Params, reason string, progress Progress, mode makeMode) (*Template, error) {
+func (s *Store) bake(ctx context.Context, p templates.Params, reason string, progress templates.Progress, mode makeMode) (*Template, error) {
 	say := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Info("bake: "+msg, "template", p.Key())
@@ -554,7 +460,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 	}
 	defer os.RemoveAll(tmp)
-	t := &Template{Dir: tmp, Meta: Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Machine: vmm.MachineCurrent, Inputs: inputs, MAC: guestnet.GuestMAC}}
+	t := &Template{Dir: tmp, Meta: templates.Meta{Params: p, Accel: s.cfg.Accel, Cmdline: s.cmdline(), Machine: vmm.MachineCurrent, Inputs: inputs, MAC: guestnet.GuestMAC}}
 
 	if mode != bakeOnly && s.cfg.Remote != nil {
 		fetched, idx, err := s.fetch(ctx, t, say)
@@ -569,7 +475,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 			return ft, err
 		case mode == fetchOnly:
 			return nil, err
-		case !errors.Is(err, ErrNotFound):
+		case !errors.Is(err, templates.ErrNotFound):
 			s.log.Warn("fetch template from the object store; baking it instead", "template", p.Key(), "err", err)
 		}
 	}
@@ -595,7 +501,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 		if err == nil {
 			break
 		}
-		var re *ReadyError
+		var re *templates.ReadyError
 		if attempt == attempts || ctx.Err() != nil || errors.As(err, &re) {
 			return nil, fmt.Errorf("bake %s: %w", p.Key(), err)
 		}
@@ -617,7 +523,7 @@ func (s *Store) bake(ctx context.Context, p Params, reason string, progress Prog
 // install writes meta into the template directory tmp (its files made),
 // seals it and moves it into place as the template p, replacing the one
 // there.
-func (s *Store) install(p Params, tmp string, meta Meta, done func()) (*Template, error) {
+func (s *Store) install(p templates.Params, tmp string, meta templates.Meta, done func()) (*Template, error) {
 	t := &Template{Dir: tmp, Meta: meta}
 	b, _ := json.MarshalIndent(t.Meta, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, metaFile), b, 0o600); err != nil {
@@ -658,7 +564,7 @@ func (s *Store) install(p Params, tmp string, meta Meta, done func()) (*Template
 func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string, run guestRun, say func(string, ...any)) (bootID string, err error) {
 	timeout := s.cfg.BakeTimeout
 	if run.ReadyCmd != "" {
-		timeout += run.readyTimeout()
+		timeout += run.ReadyTimeout()
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -65,7 +66,7 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	p := Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}
+	p := templates.Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}
 
 	if _, reason, err := st.Lookup(p); err != nil || reason != "not baked yet" {
 		t.Fatalf("Lookup before bake: %q, %v", reason, err)
@@ -176,7 +177,7 @@ func TestBakeNetHook(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	p := Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}
+	p := templates.Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}
 	tp, err := st.Get(ctx, p, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -251,13 +252,13 @@ func TestUnknownTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.Get(context.Background(), Params{Name: "nosuch", MemoryMiB: 256, VCPUs: 1}, nil)
-	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "tiny") {
-		t.Errorf("got %v, want ErrNotFound listing the available templates", err)
+	_, err = st.Get(context.Background(), templates.Params{Name: "nosuch", MemoryMiB: 256, VCPUs: 1}, nil)
+	if !errors.Is(err, templates.ErrNotFound) || !strings.Contains(err.Error(), "tiny") {
+		t.Errorf("got %v, want templates.ErrNotFound listing the available templates", err)
 	}
-	for _, p := range []Params{{Name: "Bad", MemoryMiB: 256, VCPUs: 1}, {Name: "tiny", MemoryMiB: 1, VCPUs: 1}, {Name: "tiny", MemoryMiB: 256, VCPUs: 0}} {
-		if _, err := st.Get(context.Background(), p, nil); !errors.Is(err, ErrInvalid) {
-			t.Errorf("Get(%+v): %v, want ErrInvalid", p, err)
+	for _, p := range []templates.Params{{Name: "Bad", MemoryMiB: 256, VCPUs: 1}, {Name: "tiny", MemoryMiB: 1, VCPUs: 1}, {Name: "tiny", MemoryMiB: 256, VCPUs: 0}} {
+		if _, err := st.Get(context.Background(), p, nil); !errors.Is(err, templates.ErrInvalid) {
+			t.Errorf("Get(%+v): %v, want templates.ErrInvalid", p, err)
 		}
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,155 +59,11 @@ import (
 // userConfigFile holds a user root filesystem's UserRootFS.
 const userConfigFile = "config.json"
 
-// Reserved are the names of the built-in root filesystems, which user
-// templates may never take (even on a host that lacks them).
-var Reserved = []string{"base", "tiny"}
-
-// ImageConfig is what a container image's configuration says about how its
-// processes run. The agent applies Env and WorkingDir to the sandboxes of a
-// user template (agent.Create) as the defaults of their execs, and User as
-// their default user; Entrypoint and Cmd are recorded only.
-type ImageConfig struct {
-	Env        []string `json:"env,omitempty"`
-	WorkingDir string   `json:"working_dir,omitempty"`
-	User       string   `json:"user,omitempty"`
-	Entrypoint []string `json:"entrypoint,omitempty"`
-	Cmd        []string `json:"cmd,omitempty"`
-}
-
-// EnvMap is Env ("KEY=value" each) as a map; entries without a key or
-// with a NUL byte (which no process environment can hold) are left out.
-// Nil when there are none.
-func (c ImageConfig) EnvMap() map[string]string {
-	var out map[string]string
-	for _, kv := range c.Env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && !strings.ContainsRune(v, 0) {
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[k] = v
-		}
-	}
-	return out
-}
-
-// Startup names what a template's bake starts in its guest before the
-// capture, so that every sandbox restored from it finds the process
-// running already (each its own copy). Both commands are /bin/sh -c
-// scripts run with the image's Env and WorkingDir. They are part of the
-// template's identity: a change makes its baked shapes stale.
-type Startup struct {
-	// StartCmd is started detached (its own session, stdin /dev/null,
-	// output to StartLog) once the guest agent answers; "" for none.
-	StartCmd string `json:"start_cmd,omitempty"`
-	// ReadyCmd is run until it exits 0 (each run at most ReadyRunTimeout)
-	// before the capture; "" to capture as soon as StartCmd is started.
-	ReadyCmd string `json:"ready_cmd,omitempty"`
-	// ReadyTimeoutSeconds bounds the wait for ReadyCmd to succeed
-	// (0: DefaultReadyTimeout).
-	ReadyTimeoutSeconds int `json:"ready_timeout_seconds,omitempty"`
-}
-
-// Limits and defaults of a Startup.
-const (
-	DefaultReadyTimeout = 60 * time.Second
-	MaxReadyTimeout     = 30 * time.Minute
-	ReadyRunTimeout     = 10 * time.Second
-	MaxStartupCmdBytes  = 16 << 10
-	// StartLog is where, in the guest, StartCmd's output goes.
-	StartLog = "/var/log/start.log"
-)
-
-// IsZero reports whether u starts nothing.
-func (u Startup) IsZero() bool { return u.StartCmd == "" && u.ReadyCmd == "" }
-
-// Validate checks u's fields.
-func (u Startup) Validate() error {
-	switch {
-	case len(u.StartCmd) > MaxStartupCmdBytes || len(u.ReadyCmd) > MaxStartupCmdBytes:
-		return fmt.Errorf("%w: start_cmd and ready_cmd must be at most %d bytes", ErrInvalid, MaxStartupCmdBytes)
-	case strings.ContainsRune(u.StartCmd, 0) || strings.ContainsRune(u.ReadyCmd, 0):
-		return fmt.Errorf("%w: start_cmd and ready_cmd must not contain NUL bytes", ErrInvalid)
-	case u.ReadyTimeoutSeconds < 0 || time.Duration(u.ReadyTimeoutSeconds)*time.Second > MaxReadyTimeout:
-		return fmt.Errorf("%w: ready_timeout_seconds %d must be between 0 (the default, %s) and %d",
-			ErrInvalid, u.ReadyTimeoutSeconds, DefaultReadyTimeout, int(MaxReadyTimeout/time.Second))
-	case u.ReadyTimeoutSeconds > 0 && u.ReadyCmd == "":
-		return fmt.Errorf("%w: ready_timeout_seconds needs a ready_cmd", ErrInvalid)
-	}
-	return nil
-}
-
-// readyTimeout is u's wait for ReadyCmd, its default filled in.
-func (u Startup) readyTimeout() time.Duration {
-	if u.ReadyTimeoutSeconds > 0 {
-		return time.Duration(u.ReadyTimeoutSeconds) * time.Second
-	}
-	return DefaultReadyTimeout
-}
-
-// UserRootFS describes a root filesystem built from a user's image
-// (config.json beside its rootfs.ext4).
-type UserRootFS struct {
-	Name string `json:"name"`
-	// Source is the image reference it was built from, Digest the image's
-	// manifest digest.
-	Source string      `json:"source"`
-	Digest string      `json:"digest,omitempty"`
-	Image  ImageConfig `json:"image"`
-	Startup
-	SizeBytes int64     `json:"size_bytes"`
-	BuiltAt   time.Time `json:"built_at"`
-	BuildMS   int64     `json:"build_ms"`
-	// Version numbers the builds of Name from 1; set at install.
-	Version int `json:"version,omitempty"`
-	// Owner is the id of the API key that built the template's first
-	// version ("" for templates built before owners were recorded: they
-	// belong to admin keys): the template's, read from its latest
-	// version; an install carries it over from the version it follows.
-	Owner string `json:"owner,omitempty"`
-	// Published makes this version, and only it, usable and listed for
-	// every key (SetUserPublished). An install never sets it.
-	Published bool `json:"published,omitempty"`
-	// Copy marks a version a fleet's registry numbered (built for it, or
-	// fetched from the object store): one whose set is gone from the
-	// store was deleted (see agent.SweepUserCopies).
-	Copy bool `json:"copy,omitempty"`
-	// DiskBytes is what rootfs.ext4 takes on disk (its allocated blocks,
-	// SizeBytes being its apparent size); measured when read, not stored.
-	DiskBytes int64 `json:"-"`
-}
-
-// SplitRef splits a template reference: "NAME" (version 0: the latest of
-// a user template, or a built-in) or "NAME:N" (version N >= 1 of a user
-// template). Errors are ErrInvalid.
-func SplitRef(ref string) (name string, version int, err error) {
-	name, vs, pinned := strings.Cut(ref, ":")
-	if !nameRE.MatchString(name) {
-		return "", 0, fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", ErrInvalid, name)
-	}
-	if !pinned {
-		return name, 0, nil
-	}
-	v, err := strconv.Atoi(vs)
-	if err != nil || v < 1 || v > 1e9 || strconv.Itoa(v) != vs {
-		return "", 0, fmt.Errorf("%w: template %q: a version is a number from 1 (NAME:3)", ErrInvalid, ref)
-	}
-	return name, v, nil
-}
-
-// Ref is the reference of version v of template name ("NAME" for 0).
-func Ref(name string, v int) string {
-	if v == 0 {
-		return name
-	}
-	return name + ":" + strconv.Itoa(v)
-}
-
 // IsBuiltin reports whether name is, or is reserved for, a built-in root
 // filesystem.
 func (s *Store) IsBuiltin(name string) bool {
 	name, _, _ = strings.Cut(name, ":")
-	for _, r := range Reserved {
+	for _, r := range templates.Reserved {
 		if name == r {
 			return true
 		}
@@ -219,27 +75,23 @@ func (s *Store) IsBuiltin(name string) bool {
 // ValidateUserName checks that name can name a user template: the rules
 // of template names, and not a built-in one's.
 func (s *Store) ValidateUserName(name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", ErrInvalid, name)
+	if !templates.ValidName(name) {
+		return fmt.Errorf("%w: template name %q must be 1-32 lowercase letters, digits, - or _", templates.ErrInvalid, name)
 	}
 	if s.IsBuiltin(name) {
-		return fmt.Errorf("%w: %q is a built-in template; pick another name", ErrInvalid, name)
+		return fmt.Errorf("%w: %q is a built-in template; pick another name", templates.ErrInvalid, name)
 	}
-	if name == NotAName {
-		return fmt.Errorf("%w: %q names the API's list of builds (/v1/templates/builds); pick another name", ErrInvalid, name)
+	if name == templates.NotAName {
+		return fmt.Errorf("%w: %q names the API's list of builds (/v1/templates/builds); pick another name", templates.ErrInvalid, name)
 	}
 	return nil
 }
-
-// NotAName is the one valid-looking name no template may take: the REST
-// API's /v1/templates/builds is the list of template builds.
-const NotAName = "builds"
 
 // rootfsPath returns the root filesystem image of template reference ref:
 // the built-in one if there is one, else the user's (its latest version,
 // or the version ref pins); "" if neither exists.
 func (s *Store) rootfsPath(ref string) string {
-	name, v, err := SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
 		return ""
 	}
@@ -275,7 +127,7 @@ func (s *Store) versionDir(name string, v int) string {
 
 type versionDirEnt struct {
 	dir string
-	u   UserRootFS
+	u   templates.UserRootFS
 }
 
 // versionDirs returns the installed-or-staged version directories of user
@@ -300,7 +152,7 @@ func (s *Store) versionDirs(name string) []versionDirEnt {
 
 // readUserConfig reads dir's config.json, Version defaulted to 1 and
 // DiskBytes measured.
-func readUserConfig(dir string) (UserRootFS, error) {
+func readUserConfig(dir string) (templates.UserRootFS, error) {
 	u, _, err := readUserConfigLegacy(dir)
 	return u, err
 }
@@ -315,8 +167,8 @@ type legacyConfig struct {
 
 // readUserConfigLegacy is readUserConfig that also returns the config's
 // legacy public flag.
-func readUserConfigLegacy(dir string) (UserRootFS, bool, error) {
-	var u UserRootFS
+func readUserConfigLegacy(dir string) (templates.UserRootFS, bool, error) {
+	var u templates.UserRootFS
 	b, err := os.ReadFile(filepath.Join(dir, userConfigFile))
 	if err != nil {
 		return u, false, err
@@ -338,7 +190,7 @@ func readUserConfigLegacy(dir string) (UserRootFS, bool, error) {
 
 // readLatest reads user template name's latest version (through its
 // link), a legacy public flag making it published.
-func (s *Store) readLatest(name string) (UserRootFS, error) {
+func (s *Store) readLatest(name string) (templates.UserRootFS, error) {
 	u, legacy, err := readUserConfigLegacy(filepath.Join(s.cfg.UserDir, name))
 	u.Published = u.Published || legacy
 	return u, err
@@ -357,7 +209,7 @@ func (s *Store) userNames() []string {
 	ents, _ := os.ReadDir(s.cfg.UserDir)
 	var names []string
 	for _, e := range ents {
-		if e.Type()&os.ModeSymlink != 0 && nameRE.MatchString(e.Name()) && !s.IsBuiltin(e.Name()) &&
+		if e.Type()&os.ModeSymlink != 0 && templates.ValidName(e.Name()) && !s.IsBuiltin(e.Name()) &&
 			fileExists(filepath.Join(s.cfg.UserDir, e.Name(), "rootfs.ext4")) {
 			names = append(names, e.Name())
 		}
@@ -369,15 +221,15 @@ func (s *Store) userNames() []string {
 // latest version ("NAME") or the version ref pins ("NAME:N"); ErrNotFound
 // if there is none. Owner is the template's (its latest version's) either
 // way; Published the version's own.
-func (s *Store) UserRootFS(ref string) (UserRootFS, error) {
-	var u UserRootFS
-	name, v, err := SplitRef(ref)
+func (s *Store) UserRootFS(ref string) (templates.UserRootFS, error) {
+	var u templates.UserRootFS
+	name, v, err := templates.SplitRef(ref)
 	if err != nil || s.cfg.UserDir == "" || s.IsBuiltin(name) {
-		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
+		return u, fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	latest, err := s.readLatest(name)
 	if errors.Is(err, os.ErrNotExist) {
-		return u, fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
+		return u, fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	if err != nil {
 		return u, fmt.Errorf("read user template %s: %w", name, err)
@@ -387,7 +239,7 @@ func (s *Store) UserRootFS(ref string) (UserRootFS, error) {
 	}
 	dir := s.versionDir(name, v)
 	if dir == "" {
-		return u, fmt.Errorf("%w: template %s has no version %d", ErrNotFound, name, v)
+		return u, fmt.Errorf("%w: template %s has no version %d", templates.ErrNotFound, name, v)
 	}
 	u, err = readUserConfig(dir)
 	if err != nil {
@@ -400,12 +252,12 @@ func (s *Store) UserRootFS(ref string) (UserRootFS, error) {
 // UserVersions lists the versions of user template name, oldest first
 // (ErrNotFound if there is none). Owner is the template's; Published each
 // version's own.
-func (s *Store) UserVersions(name string) ([]UserRootFS, error) {
+func (s *Store) UserVersions(name string) ([]templates.UserRootFS, error) {
 	latest, err := s.UserRootFS(name)
 	if err != nil {
 		return nil, err
 	}
-	var out []UserRootFS
+	var out []templates.UserRootFS
 	for _, d := range s.versionDirs(name) {
 		if d.u.Version > latest.Version {
 			continue // an install interrupted before its link
@@ -423,11 +275,11 @@ func (s *Store) UserVersions(name string) ([]UserRootFS, error) {
 }
 
 // UserRootFSes lists the user root filesystems, by name.
-func (s *Store) UserRootFSes() ([]UserRootFS, error) {
-	var out []UserRootFS
+func (s *Store) UserRootFSes() ([]templates.UserRootFS, error) {
+	var out []templates.UserRootFS
 	for _, name := range s.userNames() {
 		u, err := s.UserRootFS(name)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, templates.ErrNotFound) {
 			continue // removed meanwhile
 		}
 		if err != nil {
@@ -444,7 +296,7 @@ func (s *Store) UserRootFSes() ([]UserRootFS, error) {
 // as the installed versions.
 func (s *Store) StageUserRootFS(name string) (string, error) {
 	if s.cfg.UserDir == "" {
-		return "", fmt.Errorf("%w: this host keeps no user templates", ErrInvalid)
+		return "", fmt.Errorf("%w: this host keeps no user templates", templates.ErrInvalid)
 	}
 	if err := s.ValidateUserName(name); err != nil {
 		return "", err
@@ -466,7 +318,7 @@ func (s *Store) StageUserRootFS(name string) (string, error) {
 // when it is the first), not published (whatever u says). The versions
 // before it are kept, published or not. Callers serialize installs and
 // removals of one name.
-func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
+func (s *Store) InstallUserRootFS(dir string, u templates.UserRootFS) error {
 	_, err := s.installUser(dir, u)
 	return err
 }
@@ -477,7 +329,7 @@ func (s *Store) InstallUserRootFS(dir string, u UserRootFS) error {
 // version, like RemoveUserRootFS) and removes dir's version, whose number
 // the next install takes again. Call exactly one of them, with installs
 // and removals of the name still serialized.
-func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func() error, err error) {
+func (s *Store) TryUserRootFS(dir string, u templates.UserRootFS) (keep func(), undo func() error, err error) {
 	last := s.lastVersion(u.Name)
 	old, err := s.installUser(dir, u)
 	if err != nil {
@@ -499,7 +351,7 @@ func (s *Store) TryUserRootFS(dir string, u UserRootFS) (keep func(), undo func(
 			return fmt.Errorf("restore user template %s: %w", u.Name, err)
 		}
 		if nu, err := readUserConfig(dir); err == nil {
-			s.removeBaked(func(t Template) bool { return t.Name == Ref(u.Name, nu.Version) })
+			s.removeBaked(func(t Template) bool { return t.Name == templates.Ref(u.Name, nu.Version) })
 		}
 		s.removeVersion(filepath.Base(dir))
 		return nil
@@ -531,7 +383,7 @@ func (s *Store) pointUser(name, v string) error {
 
 // installUser makes dir the latest version of u.Name and returns the
 // version directory it follows ("" if none), which it leaves in place.
-func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
+func (s *Store) installUser(dir string, u templates.UserRootFS) (old string, err error) {
 	if err := s.ValidateUserName(u.Name); err != nil {
 		return "", err
 	}
@@ -564,7 +416,7 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 	if want > 0 {
 		// A number given by a fleet's registry: it must be new here too.
 		if want < u.Version {
-			return "", fmt.Errorf("%w: install user template %s as version %d: this host has had version %d", ErrConflict, u.Name, want, u.Version-1)
+			return "", fmt.Errorf("%w: install user template %s as version %d: this host has had version %d", templates.ErrConflict, u.Name, want, u.Version-1)
 		}
 		u.Version, u.Copy = want, true
 	}
@@ -594,12 +446,12 @@ func (s *Store) installUser(dir string, u UserRootFS) (old string, err error) {
 // version if it is newer than every one installed, one of the older ones
 // otherwise. If that version is installed already, dir is removed and
 // nothing changes: a version's bytes never change.
-func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
+func (s *Store) InstallUserReplica(dir string, u templates.UserRootFS) error {
 	if err := s.ValidateUserName(u.Name); err != nil {
 		return err
 	}
 	if u.Version < 1 {
-		return fmt.Errorf("%w: a copy of template %s needs its version", ErrInvalid, u.Name)
+		return fmt.Errorf("%w: a copy of template %s needs its version", templates.ErrInvalid, u.Name)
 	}
 	if filepath.Dir(dir) != filepath.Clean(s.cfg.UserDir) || !strings.HasPrefix(filepath.Base(dir), ".v-"+u.Name+"-") {
 		return fmt.Errorf("install user template %s: %s is not one of its staged versions", u.Name, dir)
@@ -617,14 +469,14 @@ func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
 	}
 	u.SizeBytes, u.Copy = st.Size(), true
 	if err := writeVersion(dir, u); err != nil {
-		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+		return fmt.Errorf("install user template %s: %w", templates.Ref(u.Name, u.Version), err)
 	}
 	if err := s.setLastVersion(u.Name, u.Version, false); err != nil {
-		return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+		return fmt.Errorf("install user template %s: %w", templates.Ref(u.Name, u.Version), err)
 	}
 	if lerr != nil || latest.Version < u.Version {
 		if err := s.pointUser(u.Name, filepath.Base(dir)); err != nil {
-			return fmt.Errorf("install user template %s: %w", Ref(u.Name, u.Version), err)
+			return fmt.Errorf("install user template %s: %w", templates.Ref(u.Name, u.Version), err)
 		}
 	}
 	return nil
@@ -632,7 +484,7 @@ func (s *Store) InstallUserReplica(dir string, u UserRootFS) error {
 
 // writeVersion writes u as version directory dir's config.json and
 // flushes it, the root filesystem and the directory to stable storage.
-func writeVersion(dir string, u UserRootFS) error {
+func writeVersion(dir string, u templates.UserRootFS) error {
 	u.DiskBytes = 0
 	b, _ := json.MarshalIndent(u, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, userConfigFile), b, 0o600); err != nil {
@@ -689,9 +541,9 @@ func (s *Store) setLastVersion(name string, v int, lower bool) error {
 // publishing, every version when withdrawing. Other versions keep their
 // flags. ErrNotFound if there is no such template or version.
 func (s *Store) SetUserPublished(ref string, published bool) error {
-	name, v, err := SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil || s.cfg.UserDir == "" || s.IsBuiltin(name) {
-		return fmt.Errorf("%w: no user template %q", ErrNotFound, ref)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	s.userMu.Lock()
 	defer s.userMu.Unlock()
@@ -700,7 +552,7 @@ func (s *Store) SetUserPublished(ref string, published bool) error {
 	}
 	latest, err := s.readLatest(name)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%w: no user template %q", ErrNotFound, name)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, name)
 	}
 	if err != nil {
 		return fmt.Errorf("read user template %s: %w", name, err)
@@ -722,7 +574,7 @@ func (s *Store) SetUserPublished(ref string, published bool) error {
 	default:
 		dir := s.versionDir(name, v)
 		if dir == "" || v > latest.Version {
-			return fmt.Errorf("%w: template %s has no version %d", ErrNotFound, name, v)
+			return fmt.Errorf("%w: template %s has no version %d", templates.ErrNotFound, name, v)
 		}
 		dirs = []string{dir}
 	}
@@ -777,7 +629,7 @@ func (s *Store) settleLegacyPublic(name string) error {
 
 // rewriteConfig replaces version directory dir's config.json with u,
 // atomically (legacy fields dropped).
-func rewriteConfig(dir string, u UserRootFS) error {
+func rewriteConfig(dir string, u templates.UserRootFS) error {
 	u.DiskBytes = 0
 	b, _ := json.MarshalIndent(u, "", "  ")
 	tmp := filepath.Join(dir, userConfigFile+".tmp")
@@ -797,7 +649,7 @@ func rewriteConfig(dir string, u UserRootFS) error {
 // restored from those templates keep running: they hold their own files.
 func (s *Store) RemoveUserRootFS(name string) error {
 	if strings.Contains(name, ":") {
-		return fmt.Errorf("%w: no user template %q", ErrNotFound, name)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, name)
 	}
 	if _, err := s.UserRootFS(name); err != nil {
 		return err
@@ -834,20 +686,20 @@ func (s *Store) RemoveUserVersion(name string, v int) error {
 		return err
 	}
 	if v == latest.Version {
-		return fmt.Errorf("%w: version %d is the latest of template %s; delete the whole template, or build a newer version first", ErrConflict, v, name)
+		return fmt.Errorf("%w: version %d is the latest of template %s; delete the whole template, or build a newer version first", templates.ErrConflict, v, name)
 	}
 	s.userMu.Lock()
 	defer s.userMu.Unlock()
 	dir := s.versionDir(name, v)
 	if dir == "" || v > latest.Version {
-		return fmt.Errorf("%w: template %s has no version %d", ErrNotFound, name, v)
+		return fmt.Errorf("%w: template %s has no version %d", templates.ErrNotFound, name, v)
 	}
 	// Its config first: a crash midway leaves no half a version listed.
 	if err := os.Remove(filepath.Join(dir, userConfigFile)); err != nil {
 		return fmt.Errorf("remove version %d of template %s: %w", v, name, err)
 	}
 	s.removeVersion(filepath.Base(dir))
-	ref := Ref(name, v)
+	ref := templates.Ref(name, v)
 	s.removeBaked(func(t Template) bool { return t.Name == ref })
 	return nil
 }
@@ -885,7 +737,7 @@ func (s *Store) RemoveUserCopy(name string, v int) error {
 		return fmt.Errorf("remove version %d of template %s: %w", v, name, err)
 	}
 	s.removeVersion(target)
-	ref := Ref(name, v)
+	ref := templates.Ref(name, v)
 	s.removeBaked(func(t Template) bool { return t.Name == ref })
 	return nil
 }

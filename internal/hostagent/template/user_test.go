@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
@@ -45,7 +46,7 @@ func installUser(t *testing.T, st *Store, name, content string) {
 	if err := os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	u := UserRootFS{Name: name, Source: "127.0.0.1:5000/x:" + content, Image: ImageConfig{Env: []string{"A=" + content}, WorkingDir: "/srv"}, BuiltAt: time.Now()}
+	u := templates.UserRootFS{Name: name, Source: "127.0.0.1:5000/x:" + content, Image: templates.ImageConfig{Env: []string{"A=" + content}, WorkingDir: "/srv"}, BuiltAt: time.Now()}
 	if err := st.InstallUserRootFS(dir, u); err != nil {
 		t.Fatal(err)
 	}
@@ -64,20 +65,20 @@ func TestUserRootFSNames(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("ValidateUserName(%q) = %v, want ok %v", tc.name, err, tc.ok)
 		}
-		if err != nil && !errors.Is(err, ErrInvalid) {
-			t.Errorf("ValidateUserName(%q) = %v, want ErrInvalid", tc.name, err)
+		if err != nil && !errors.Is(err, templates.ErrInvalid) {
+			t.Errorf("ValidateUserName(%q) = %v, want templates.ErrInvalid", tc.name, err)
 		}
 	}
-	if _, err := st.StageUserRootFS("tiny"); !errors.Is(err, ErrInvalid) {
-		t.Errorf("StageUserRootFS(tiny) = %v, want ErrInvalid", err)
+	if _, err := st.StageUserRootFS("tiny"); !errors.Is(err, templates.ErrInvalid) {
+		t.Errorf("StageUserRootFS(tiny) = %v, want templates.ErrInvalid", err)
 	}
 }
 
 func TestUserRootFSInstallReplaceRemove(t *testing.T) {
 	st := fakeStore(t)
-	p := Params{Name: "app", MemoryMiB: 256, VCPUs: 1}
-	if _, _, err := st.Lookup(p); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Lookup before install: %v, want ErrNotFound", err)
+	p := templates.Params{Name: "app", MemoryMiB: 256, VCPUs: 1}
+	if _, _, err := st.Lookup(p); !errors.Is(err, templates.ErrNotFound) {
+		t.Fatalf("Lookup before install: %v, want templates.ErrNotFound", err)
 	}
 	installUser(t, st, "app", "one")
 	if got, want := strings.Join(st.Names(), ","), "app,tiny"; got != want {
@@ -98,7 +99,7 @@ func TestUserRootFSInstallReplaceRemove(t *testing.T) {
 	// A template baked from version one (faked: metadata and checksums).
 	tdir := filepath.Join(st.cfg.Dir, p.Key())
 	os.MkdirAll(tdir, 0o700)
-	b, _ := json.Marshal(Meta{Params: p, Inputs: in1})
+	b, _ := json.Marshal(templates.Meta{Params: p, Inputs: in1})
 	os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600)
 
 	installUser(t, st, "app", "two")
@@ -137,14 +138,14 @@ func TestUserRootFSInstallReplaceRemove(t *testing.T) {
 	if _, err := os.Stat(tdir); !os.IsNotExist(err) {
 		t.Errorf("baked template survives removal: %v", err)
 	}
-	if _, _, err := st.Lookup(p); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Lookup after removal: %v, want ErrNotFound", err)
+	if _, _, err := st.Lookup(p); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("Lookup after removal: %v, want templates.ErrNotFound", err)
 	}
-	if err := st.RemoveUserRootFS("app"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("second removal: %v, want ErrNotFound", err)
+	if err := st.RemoveUserRootFS("app"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("second removal: %v, want templates.ErrNotFound", err)
 	}
-	if err := st.RemoveUserRootFS("tiny"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("removing a built-in: %v, want ErrNotFound", err)
+	if err := st.RemoveUserRootFS("tiny"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("removing a built-in: %v, want templates.ErrNotFound", err)
 	}
 	if ents, _ := os.ReadDir(st.cfg.UserDir); len(ents) != 2 { // .hashes.json, .last-app
 		t.Errorf("user dir after removal: %v", ents)
@@ -174,14 +175,14 @@ func TestUserVersions(t *testing.T) {
 		t.Errorf("app:1 = %+v, %v", u, err)
 	}
 	for _, ref := range []string{"app:4", "app:0", "app:x", "app:01", "tiny:1"} {
-		if _, err := st.UserRootFS(ref); !errors.Is(err, ErrNotFound) {
-			t.Errorf("UserRootFS(%s) = %v, want ErrNotFound", ref, err)
+		if _, err := st.UserRootFS(ref); !errors.Is(err, templates.ErrNotFound) {
+			t.Errorf("UserRootFS(%s) = %v, want templates.ErrNotFound", ref, err)
 		}
 	}
 
 	// Each version is baked under its own key: a pinned version's shapes
 	// stay fresh whatever the latest becomes.
-	p1 := Params{Name: "app:1", MemoryMiB: 256, VCPUs: 1}
+	p1 := templates.Params{Name: "app:1", MemoryMiB: 256, VCPUs: 1}
 	if got, want := p1.Key(), "app.v1-256m-1c"; got != want {
 		t.Errorf("Key = %s, want %s", got, want)
 	}
@@ -196,20 +197,20 @@ func TestUserVersions(t *testing.T) {
 	}
 
 	// Removing one version: not the latest.
-	if err := st.RemoveUserVersion("app", 4); !errors.Is(err, ErrConflict) {
-		t.Errorf("removing the latest version: %v, want ErrConflict", err)
+	if err := st.RemoveUserVersion("app", 4); !errors.Is(err, templates.ErrConflict) {
+		t.Errorf("removing the latest version: %v, want templates.ErrConflict", err)
 	}
 	if err := st.RemoveUserVersion("app", 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.Lookup(p1); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Lookup(app:1) after its removal: %v, want ErrNotFound", err)
+	if _, _, err := st.Lookup(p1); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("Lookup(app:1) after its removal: %v, want templates.ErrNotFound", err)
 	}
 	if _, err := os.Stat(filepath.Join(st.cfg.Dir, p1.Key())); !os.IsNotExist(err) {
 		t.Errorf("shape of a removed version survives: %v", err)
 	}
-	if err := st.RemoveUserVersion("app", 1); !errors.Is(err, ErrNotFound) {
-		t.Errorf("removing a removed version: %v, want ErrNotFound", err)
+	if err := st.RemoveUserVersion("app", 1); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("removing a removed version: %v, want templates.ErrNotFound", err)
 	}
 	// Numbers are never reused while the template lives.
 	installUser(t, st, "app", "five")
@@ -240,7 +241,7 @@ func TestUserOwnerAndPublic(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(owner), 0o644)
-		if err := st.InstallUserRootFS(dir, UserRootFS{Name: name, Owner: owner}); err != nil {
+		if err := st.InstallUserRootFS(dir, templates.UserRootFS{Name: name, Owner: owner}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -302,8 +303,8 @@ func TestUserOwnerAndPublic(t *testing.T) {
 		t.Errorf("published versions after withdrawing the template: %v, want none", got)
 	}
 	for _, ref := range []string{"nope", "app:9", "tiny", "Bad"} {
-		if err := st.SetUserPublished(ref, true); !errors.Is(err, ErrNotFound) {
-			t.Errorf("publishing %s: %v, want ErrNotFound", ref, err)
+		if err := st.SetUserPublished(ref, true); !errors.Is(err, templates.ErrNotFound) {
+			t.Errorf("publishing %s: %v, want templates.ErrNotFound", ref, err)
 		}
 	}
 
@@ -354,7 +355,7 @@ func TestUserLegacyPublic(t *testing.T) {
 			if u.Published != want[u.Version] {
 				t.Errorf("%s: app:%d published %v, want %v", when, u.Version, u.Published, want[u.Version])
 			}
-			if got, _ := st.UserRootFS(Ref("app", u.Version)); got.Published != want[u.Version] {
+			if got, _ := st.UserRootFS(templates.Ref("app", u.Version)); got.Published != want[u.Version] {
 				t.Errorf("%s: UserRootFS(app:%d).Published = %v, want %v", when, u.Version, got.Published, want[u.Version])
 			}
 		}
@@ -375,11 +376,11 @@ func TestUserLegacyPublic(t *testing.T) {
 }
 
 // fakeBake writes the metadata of a template baked with inputs (no VM).
-func fakeBake(t *testing.T, st *Store, p Params, inputs map[string]string) {
+func fakeBake(t *testing.T, st *Store, p templates.Params, inputs map[string]string) {
 	t.Helper()
 	tdir := filepath.Join(st.cfg.Dir, p.Key())
 	os.MkdirAll(tdir, 0o700)
-	b, _ := json.Marshal(Meta{Params: p, Inputs: inputs, Accel: st.cfg.Accel, Cmdline: st.cmdline(), MAC: guestnet.GuestMAC, Machine: vmm.MachineCurrent})
+	b, _ := json.Marshal(templates.Meta{Params: p, Inputs: inputs, Accel: st.cfg.Accel, Cmdline: st.cmdline(), MAC: guestnet.GuestMAC, Machine: vmm.MachineCurrent})
 	os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600)
 	if _, err := manifest.Seal(tdir, metaFile); err != nil {
 		t.Fatal(err)
@@ -401,15 +402,15 @@ func TestUserVersionsNeverReused(t *testing.T) {
 	if err != nil || u.Version != 3 {
 		t.Fatalf("app after remove and rebuild: %+v, %v; want version 3", u, err)
 	}
-	if _, err := st.UserRootFS("app:1"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("app:1 after the remove: %v, want ErrNotFound", err)
+	if _, err := st.UserRootFS("app:1"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("app:1 after the remove: %v, want templates.ErrNotFound", err)
 	}
 	dir, err := st.StageUserRootFS("app")
 	if err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte("four"), 0o644)
-	_, undo, err := st.TryUserRootFS(dir, UserRootFS{Name: "app"})
+	_, undo, err := st.TryUserRootFS(dir, templates.UserRootFS{Name: "app"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +435,7 @@ func TestUserReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, "rootfs.ext4"), []byte(content), 0o644)
-		err = st.InstallUserReplica(dir, UserRootFS{Name: "web", Version: v, Owner: "k1", Source: content, Image: ImageConfig{WorkingDir: "/w"}})
+		err = st.InstallUserReplica(dir, templates.UserRootFS{Name: "web", Version: v, Owner: "k1", Source: content, Image: templates.ImageConfig{WorkingDir: "/w"}})
 		if err != nil {
 			os.RemoveAll(dir) // the caller's, when refused
 		}
@@ -449,8 +450,8 @@ func TestUserReplica(t *testing.T) {
 	if err := replica(3, "other"); err != nil {
 		t.Fatal(err)
 	}
-	if err := replica(0, "none"); !errors.Is(err, ErrInvalid) {
-		t.Errorf("a copy without a version: %v, want ErrInvalid", err)
+	if err := replica(0, "none"); !errors.Is(err, templates.ErrInvalid) {
+		t.Errorf("a copy without a version: %v, want templates.ErrInvalid", err)
 	}
 	for ref, want := range map[string]string{"web": "three", "web:3": "three", "web:2": "two"} {
 		u, err := st.UserRootFS(ref)
@@ -472,8 +473,8 @@ func TestUserReplica(t *testing.T) {
 
 	// A fleet's delete of a version removes the copy even when it is the
 	// latest here: the highest one left becomes the latest.
-	if err := st.RemoveUserVersion("web", 4); !errors.Is(err, ErrConflict) {
-		t.Errorf("RemoveUserVersion of the latest: %v, want ErrConflict", err)
+	if err := st.RemoveUserVersion("web", 4); !errors.Is(err, templates.ErrConflict) {
+		t.Errorf("RemoveUserVersion of the latest: %v, want templates.ErrConflict", err)
 	}
 	if err := st.RemoveUserCopy("web", 4); err != nil {
 		t.Fatalf("RemoveUserCopy of the latest: %v", err)
@@ -481,49 +482,22 @@ func TestUserReplica(t *testing.T) {
 	if u, err := st.UserRootFS("web"); err != nil || u.Version != 3 || u.Source != "three" {
 		t.Errorf("web after its latest copy was removed: %+v, %v; want version 3", u, err)
 	}
-	if _, err := st.UserRootFS("web:4"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("web:4 after RemoveUserCopy: %v, want ErrNotFound", err)
+	if _, err := st.UserRootFS("web:4"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("web:4 after RemoveUserCopy: %v, want templates.ErrNotFound", err)
 	}
 	if err := st.RemoveUserCopy("web", 2); err != nil {
 		t.Fatalf("RemoveUserCopy of an older version: %v", err)
 	}
-	if err := st.RemoveUserCopy("web", 7); !errors.Is(err, ErrNotFound) {
-		t.Errorf("RemoveUserCopy of a version not here: %v, want ErrNotFound", err)
+	if err := st.RemoveUserCopy("web", 7); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("RemoveUserCopy of a version not here: %v, want templates.ErrNotFound", err)
 	}
 	if err := st.RemoveUserCopy("web", 3); err != nil {
 		t.Fatalf("RemoveUserCopy of the last version: %v", err)
 	}
-	if _, err := st.UserRootFS("web"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("web after its last copy was removed: %v, want ErrNotFound", err)
+	if _, err := st.UserRootFS("web"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("web after its last copy was removed: %v, want templates.ErrNotFound", err)
 	}
 	if m, _ := filepath.Glob(filepath.Join(st.cfg.UserDir, ".v-web-*")); len(m) != 0 {
 		t.Errorf("version directories left: %v", m)
-	}
-}
-
-// ParamsOfKey is Key's inverse, given the memory and vCPUs.
-func TestParamsOfKey(t *testing.T) {
-	for _, p := range []Params{{"base", 1024, 1}, {"my-app_2", 512, 4}, {"my-app:3", 256, 1}, {"a-1m-1c", 128, 2}} {
-		got, ok := ParamsOfKey(p.Key(), p.MemoryMiB, p.VCPUs)
-		if !ok || got != p {
-			t.Errorf("ParamsOfKey(%q, %d, %d) = %+v, %v; want %+v", p.Key(), p.MemoryMiB, p.VCPUs, got, ok, p)
-		}
-	}
-	for _, c := range []struct {
-		key       string
-		mem, cpus int
-	}{
-		{"base-1024m-1c", 512, 1},     // another size
-		{"base-1024m-1c", 1024, 2},    // other vCPUs
-		{"-1024m-1c", 1024, 1},        // no name
-		{"Base-1024m-1c", 1024, 1},    // not a name
-		{"app.v0-256m-1c", 256, 1},    // no version 0
-		{"app.vx-256m-1c", 256, 1},    // not a version
-		{"base-64m-1c", 64, 1},        // too little memory
-		{"app.v3.v4-256m-1c", 256, 1}, // two versions
-	} {
-		if p, ok := ParamsOfKey(c.key, c.mem, c.cpus); ok {
-			t.Errorf("ParamsOfKey(%q, %d, %d) = %+v, want none", c.key, c.mem, c.cpus, p)
-		}
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
@@ -521,10 +522,10 @@ func (h *Host) Memory(ctx context.Context, id string) (host.MemStats, error) {
 }
 
 // Templates is the fake's template store.
-func (h *Host) Templates() host.Templates { return templates{h} }
+func (h *Host) Templates() host.Templates { return fakeTemplates{h} }
 
 // TemplateParams fills in defaults: template "base", 512 MiB, 1 vCPU.
-func (h *Host) TemplateParams(name string, memoryMiB, vcpus int) template.Params {
+func (h *Host) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	if name == "" {
 		name = "base"
 	}
@@ -534,7 +535,7 @@ func (h *Host) TemplateParams(name string, memoryMiB, vcpus int) template.Params
 	if vcpus == 0 {
 		vcpus = 1
 	}
-	return template.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
+	return templates.Params{Name: name, MemoryMiB: memoryMiB, VCPUs: vcpus}
 }
 
 // Accel is TCG.
@@ -660,7 +661,7 @@ func (h *Host) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadClos
 }
 
 // ReceiveSnapshot reads a fake pack (SnapshotPack's) and keeps its
-// snapshot; template.ErrNotFound if the host does not know its template
+// snapshot; templates.ErrNotFound if the host does not know its template
 // (before reading the rest), host.ErrCorrupt if the stream is short or
 // fails.
 func (h *Host) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
@@ -680,7 +681,7 @@ func (h *Host) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Read
 	_, known := h.templates[si.Template]
 	h.mu.Unlock()
 	if !known {
-		return host.SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: no template %q here", snapshotID, template.ErrNotFound, si.Template)
+		return host.SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: no template %q here", snapshotID, templates.ErrNotFound, si.Template)
 	}
 	n, err := io.Copy(io.Discard, br)
 	if err != nil || n != packFiller {
@@ -846,23 +847,23 @@ func (h *Host) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) er
 	return nil
 }
 
-// templates is the fake's template store: the names AddTemplate added,
+// fakeTemplates is the fake's template store: the names AddTemplate added,
 // baked at every shape.
-type templates struct{ h *Host }
+type fakeTemplates struct{ h *Host }
 
-func (t templates) Lookup(ctx context.Context, p template.Params) (*template.Template, string, error) {
+func (t fakeTemplates) Lookup(ctx context.Context, p templates.Params) (*template.Template, string, error) {
 	t.h.mu.Lock()
 	defer t.h.mu.Unlock()
 	disk, ok := t.h.templates[p.Name]
 	if !ok {
-		return nil, "", fmt.Errorf("template %q: %w", p.Name, template.ErrNotFound)
+		return nil, "", fmt.Errorf("template %q: %w", p.Name, templates.ErrNotFound)
 	}
-	return &template.Template{Meta: template.Meta{Params: p, DiskMiB: disk}}, "", nil
+	return &template.Template{Meta: templates.Meta{Params: p, DiskMiB: disk}}, "", nil
 }
 
-func (t templates) List(ctx context.Context) ([]template.Template, error) { return nil, nil }
+func (t fakeTemplates) List(ctx context.Context) ([]template.Template, error) { return nil, nil }
 
-func (t templates) Names(ctx context.Context) ([]string, error) {
+func (t fakeTemplates) Names(ctx context.Context) ([]string, error) {
 	t.h.mu.Lock()
 	defer t.h.mu.Unlock()
 	var names []string
@@ -873,7 +874,7 @@ func (t templates) Names(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-func (t templates) Bake(ctx context.Context, p template.Params, progress template.Progress) (*template.Template, error) {
+func (t fakeTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
 	tm, _, err := t.Lookup(ctx, p)
 	return tm, err
 }

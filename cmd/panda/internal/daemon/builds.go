@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -61,7 +62,7 @@ func openTemplateBuilds(cfg Config, host *hostagent.Agent, log *slog.Logger) (*b
 		// a restart.
 		Dir: filepath.Join(host.StoreDir(), "template-builds"),
 		Bake: func(ctx context.Context, ref string, progress func(string)) error {
-			_, err := host.Templates().Bake(ctx, host.TemplateParams(ref, 0, 0), template.Progress(progress))
+			_, err := host.Templates().Bake(ctx, host.TemplateParams(ref, 0, 0), templates.Progress(progress))
 			return err
 		},
 		Logger: log.With("part", "template-builds"),
@@ -124,7 +125,7 @@ func dockerfileBuilder(cfg Config, host *hostagent.Agent, convert build.Convert,
 			return vm, nil
 		},
 		FromImage: func(ctx context.Context, ref, out string, progress func(string)) (dockerfile.Result, error) {
-			if slices.Contains(template.Reserved, ref) {
+			if slices.Contains(templates.Reserved, ref) {
 				return builtinBase(images, ref, out, progress)
 			}
 			r, err := convert(ctx, ref, out, progress)
@@ -156,7 +157,7 @@ func builtinBase(images template.Images, name, out string, progress func(string)
 		return dockerfile.Result{}, fmt.Errorf("copy the built-in root filesystem %s: %w", name, err)
 	}
 	return dockerfile.Result{
-		Image:  template.ImageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}},
+		Image:  templates.ImageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}},
 		Digest: fmt.Sprintf("builtin:%s@%d-%d", name, st.Size(), st.ModTime().UnixNano()),
 	}, nil
 }
@@ -203,7 +204,7 @@ func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) build.C
 			}
 			return build.Result{}, err
 		}
-		return build.Result{Digest: c.Digest, Image: template.ImageConfig{
+		return build.Result{Digest: c.Digest, Image: templates.ImageConfig{
 			Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
 		}}, nil
 	}

@@ -25,10 +25,10 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -249,22 +249,22 @@ func (b *fuzzBuilds) Follow(ctx context.Context, id string, line func(string)) (
 }
 
 func (b *fuzzBuilds) Remove(ctx context.Context, ref string) error {
-	return fmt.Errorf("template %s: %w", ref, template.ErrNotFound)
+	return fmt.Errorf("template %s: %w", ref, templates.ErrNotFound)
 }
 
 func (b *fuzzBuilds) SetPublic(ctx context.Context, name string, public bool) error {
-	return fmt.Errorf("template %s: %w", name, template.ErrNotFound)
+	return fmt.Errorf("template %s: %w", name, templates.ErrNotFound)
 }
 
-func (b *fuzzBuilds) UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error) {
-	return template.UserRootFS{}, fmt.Errorf("template %s: %w", ref, template.ErrNotFound)
+func (b *fuzzBuilds) UserTemplate(ctx context.Context, ref string) (templates.UserRootFS, error) {
+	return templates.UserRootFS{}, fmt.Errorf("template %s: %w", ref, templates.ErrNotFound)
 }
 
-func (b *fuzzBuilds) UserTemplates(ctx context.Context) ([]template.UserRootFS, error) {
+func (b *fuzzBuilds) UserTemplates(ctx context.Context) ([]templates.UserRootFS, error) {
 	return nil, nil
 }
 
-func (b *fuzzBuilds) Versions(ctx context.Context, name string) ([]template.UserRootFS, error) {
+func (b *fuzzBuilds) Versions(ctx context.Context, name string) ([]templates.UserRootFS, error) {
 	return nil, nil
 }
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
 // TestBuildsSurviveRestart: a new Manager over the same Dir answers for
@@ -101,13 +101,13 @@ func TestBuildVersionsAndOwners(t *testing.T) {
 	if err != nil || len(vs) != 3 || vs[2].Owner != "key-a" || vs[0].Source != "one" {
 		t.Errorf("versions: %+v, %v", vs, err)
 	}
-	if err := m.Remove(ctx, "app:3"); !errors.Is(err, template.ErrConflict) {
-		t.Errorf("Remove(app:3), the latest: %v, want template.ErrConflict", err)
+	if err := m.Remove(ctx, "app:3"); !errors.Is(err, templates.ErrConflict) {
+		t.Errorf("Remove(app:3), the latest: %v, want templates.ErrConflict", err)
 	}
 	if err := m.Remove(ctx, "app:2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.UserTemplate(ctx, "app:2"); !errors.Is(err, template.ErrNotFound) {
+	if _, err := m.UserTemplate(ctx, "app:2"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("app:2 after its removal: %v", err)
 	}
 

@@ -29,7 +29,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
 // Errors of the manager. A failed build's own error is in its Status.
@@ -56,7 +56,7 @@ var (
 
 // Result is what a Convert found in the image.
 type Result struct {
-	Image  template.ImageConfig
+	Image  templates.ImageConfig
 	Digest string
 }
 
@@ -80,7 +80,7 @@ type Spec struct {
 	ContextTar string
 	// BuildArgs set the Dockerfile's ARGs.
 	BuildArgs map[string]string
-	Startup   template.Startup
+	Startup   templates.Startup
 	// Owner is the id of the API key building the template: the owner of
 	// the template if this build makes its first version (a rebuild keeps
 	// the template's owner), and of the build's status and log. A build of
@@ -124,15 +124,15 @@ type BuildDockerfile func(ctx context.Context, spec Spec, out string, progress f
 type Store interface {
 	ValidateUserName(name string) error
 	StageUserRootFS(name string) (dir string, err error)
-	InstallUserRootFS(dir string, u template.UserRootFS) error
-	TryUserRootFS(dir string, u template.UserRootFS) (keep func(), undo func() error, err error)
+	InstallUserRootFS(dir string, u templates.UserRootFS) error
+	TryUserRootFS(dir string, u templates.UserRootFS) (keep func(), undo func() error, err error)
 	RemoveUserRootFS(name string) error
 	RemoveUserVersion(name string, version int) error
 	RemoveUserCopy(name string, version int) error
 	SetUserPublished(ref string, published bool) error
-	UserRootFS(ref string) (template.UserRootFS, error)
-	UserRootFSes() ([]template.UserRootFS, error)
-	UserVersions(name string) ([]template.UserRootFS, error)
+	UserRootFS(ref string) (templates.UserRootFS, error)
+	UserRootFSes() ([]templates.UserRootFS, error)
+	UserVersions(name string) ([]templates.UserRootFS, error)
 }
 
 // Config configures a Manager.
@@ -144,7 +144,7 @@ type Config struct {
 	Dockerfile BuildDockerfile
 	// CheckDockerfile, if set, checks a Dockerfile and its build args when
 	// its build is started, so that a malformed one is refused at once
-	// (its errors are wrapped in template.ErrInvalid).
+	// (its errors are wrapped in templates.ErrInvalid).
 	CheckDockerfile func(dockerfile []byte, buildArgs map[string]string) error
 	// Dir keeps the builds' status and log lines, so that they outlive
 	// a restart; "" keeps them in memory only.
@@ -152,9 +152,9 @@ type Config struct {
 	// Bake bakes user template ref (the version just installed,
 	// "NAME:N") at the host's
 	// default shape, reporting progress lines. A build whose template
-	// starts commands (template.Startup) calls it, so that a start or
+	// starts commands (templates.Startup) calls it, so that a start or
 	// ready command that fails, fails the build: the template is then
-	// as it was before the build (its previous version, or none). Errors of the ready command are *template.ReadyError. nil:
+	// as it was before the build (its previous version, or none). Errors of the ready command are *templates.ReadyError. nil:
 	// such templates are baked on first use like the others.
 	Bake func(ctx context.Context, name string, progress func(string)) error
 	// Publish, if set, is given each version a build installed (its
@@ -162,7 +162,7 @@ type Config struct {
 	// rootfs.ext4) before the build succeeds: a host of a fleet uploads
 	// it to the object store, from which the other hosts fetch it. A
 	// build whose Publish fails fails, and its version is undone.
-	Publish func(ctx context.Context, u template.UserRootFS, dir string) error
+	Publish func(ctx context.Context, u templates.UserRootFS, dir string) error
 	// Unpublish, if set, is called once Remove has removed versions of
 	// template name; its error is logged.
 	Unpublish func(ctx context.Context, name string, versions []int) error
@@ -294,9 +294,9 @@ type Builder interface {
 	// SetPublished publishes or withdraws versions of ref: see
 	// template.Store.SetUserPublished.
 	SetPublished(ctx context.Context, ref string, published bool) error
-	UserTemplate(ctx context.Context, ref string) (template.UserRootFS, error)
-	UserTemplates(ctx context.Context) ([]template.UserRootFS, error)
-	Versions(ctx context.Context, name string) ([]template.UserRootFS, error)
+	UserTemplate(ctx context.Context, ref string) (templates.UserRootFS, error)
+	UserTemplates(ctx context.Context) ([]templates.UserRootFS, error)
+	Versions(ctx context.Context, name string) ([]templates.UserRootFS, error)
 }
 
 var _ Builder = (*Manager)(nil)
@@ -307,7 +307,7 @@ var _ Builder = (*Manager)(nil)
 type VersionLister interface {
 	// AllVersions returns the versions of every template, by name, oldest
 	// first.
-	AllVersions(ctx context.Context) (map[string][]template.UserRootFS, error)
+	AllVersions(ctx context.Context) (map[string][]templates.UserRootFS, error)
 }
 
 // Canceler is a Builder that can cancel builds (a Manager, a fleet's, a
@@ -359,7 +359,7 @@ func New(cfg Config) (*Manager, error) {
 
 // Start queues a build of spec and returns its status (queued); the
 // template's bakes start spec.Startup's commands. Errors:
-// template.ErrInvalid (a bad or built-in name, neither or both of an image
+// templates.ErrInvalid (a bad or built-in name, neither or both of an image
 // and a Dockerfile, an invalid Startup), ErrUnsupported, ErrClosed,
 // ErrConflict and ErrLimit (checkOwner), ErrBusy (spec.MaxBuilds), an
 // error wrapping ErrNoSpace (Config.CheckSpace). From
@@ -379,22 +379,22 @@ func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	}
 	switch {
 	case spec.FromImage == "" && spec.Dockerfile == nil:
-		return Status{}, fmt.Errorf("%w: no image or Dockerfile to build from", template.ErrInvalid)
+		return Status{}, fmt.Errorf("%w: no image or Dockerfile to build from", templates.ErrInvalid)
 	case spec.FromImage != "" && spec.Dockerfile != nil:
-		return Status{}, fmt.Errorf("%w: build from an image or from a Dockerfile, not both", template.ErrInvalid)
+		return Status{}, fmt.Errorf("%w: build from an image or from a Dockerfile, not both", templates.ErrInvalid)
 	case spec.Dockerfile != nil && m.cfg.Dockerfile == nil:
 		return Status{}, ErrUnsupported
 	}
 	if spec.Dockerfile != nil && m.cfg.CheckDockerfile != nil {
 		if err := m.cfg.CheckDockerfile(spec.Dockerfile, spec.BuildArgs); err != nil {
-			return Status{}, fmt.Errorf("%w: %w", template.ErrInvalid, err)
+			return Status{}, fmt.Errorf("%w: %w", templates.ErrInvalid, err)
 		}
 	}
 	if spec.ID != "" && !buildIDRE.MatchString(spec.ID) {
-		return Status{}, fmt.Errorf("%w: a build id is 20 lowercase hex digits", template.ErrInvalid)
+		return Status{}, fmt.Errorf("%w: a build id is 20 lowercase hex digits", templates.ErrInvalid)
 	}
 	if spec.Version < 0 {
-		return Status{}, fmt.Errorf("%w: a negative template version", template.ErrInvalid)
+		return Status{}, fmt.Errorf("%w: a negative template version", templates.ErrInvalid)
 	}
 	if m.cfg.CheckSpace != nil {
 		if err := m.cfg.CheckSpace(); err != nil {
@@ -502,7 +502,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	u := template.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup,
+	u := templates.UserRootFS{Name: name, Source: src, Digest: res.Digest, Image: res.Image, Startup: b.spec.Startup,
 		BuiltAt: time.Now().UTC(), BuildMS: time.Since(now).Milliseconds(), Owner: b.spec.Owner, Version: b.spec.Version}
 	bake := !b.spec.Startup.IsZero() && m.cfg.Bake != nil
 	if !bake && m.cfg.Publish == nil {
@@ -518,7 +518,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	}
 	installed = true
 	v := m.installedVersion(b)
-	ref := template.Ref(name, v)
+	ref := templates.Ref(name, v)
 	// undone takes the version back: a failed step makes the template
 	// as it was before the build (its previous version, or none).
 	undone := func(err error) error {
@@ -581,7 +581,7 @@ func (m *Manager) finish(b *build, err error) {
 		var se storeError
 		var be bakeError
 		var pe publishError
-		var re *template.ReadyError
+		var re *templates.ReadyError
 		switch {
 		case b.canceled != "":
 			b.st.Code, b.st.Error = CodeCanceled, b.canceled
@@ -771,13 +771,13 @@ func (m *Manager) Building(name string) bool {
 }
 
 // Remove removes user template ref: every version of "NAME", or version
-// N of "NAME:N" (template.ErrNotFound if there is none;
-// template.ErrConflict for the latest version alone), unless a build of it
+// N of "NAME:N" (templates.ErrNotFound if there is none;
+// templates.ErrConflict for the latest version alone), unless a build of it
 // is queued or running (ErrConflict).
 func (m *Manager) Remove(ctx context.Context, ref string) error {
-	name, v, err := template.SplitRef(ref)
+	name, v, err := templates.SplitRef(ref)
 	if err != nil {
-		return fmt.Errorf("%w: no user template %q", template.ErrNotFound, ref)
+		return fmt.Errorf("%w: no user template %q", templates.ErrNotFound, ref)
 	}
 	versions, err := m.remove(name, v)
 	if err == nil && m.cfg.Unpublish != nil {
@@ -821,12 +821,12 @@ func (m *Manager) SetPublished(_ context.Context, ref string, published bool) er
 }
 
 // UserTemplate returns user template ref (see template.Store.UserRootFS).
-func (m *Manager) UserTemplate(_ context.Context, ref string) (template.UserRootFS, error) {
+func (m *Manager) UserTemplate(_ context.Context, ref string) (templates.UserRootFS, error) {
 	return m.cfg.Store.UserRootFS(ref)
 }
 
 // Versions lists the versions of user template name, oldest first.
-func (m *Manager) Versions(_ context.Context, name string) ([]template.UserRootFS, error) {
+func (m *Manager) Versions(_ context.Context, name string) ([]templates.UserRootFS, error) {
 	return m.cfg.Store.UserVersions(name)
 }
 
@@ -940,6 +940,6 @@ func NewID() string {
 }
 
 // UserTemplates lists the user templates built.
-func (m *Manager) UserTemplates(context.Context) ([]template.UserRootFS, error) {
+func (m *Manager) UserTemplates(context.Context) ([]templates.UserRootFS, error) {
 	return m.cfg.Store.UserRootFSes()
 }

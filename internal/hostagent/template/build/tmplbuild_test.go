@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -66,7 +67,7 @@ func (f *fakeConvert) convert(ctx context.Context, src, out string, progress fun
 		return Result{}, errors.New("layer 2: invalid tar header")
 	}
 	progress("writing " + out)
-	return Result{Image: template.ImageConfig{Env: []string{"SRC=" + src}, WorkingDir: "/srv"}, Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+	return Result{Image: templates.ImageConfig{Env: []string{"SRC=" + src}, WorkingDir: "/srv"}, Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
 }
 
 func follow(t *testing.T, m *Manager, id string) (Status, []string) {
@@ -98,7 +99,7 @@ func TestBuildOutcomes(t *testing.T) {
 		{"app2", "missing", StateFailed, CodeImageNotFound},
 		{"app3", "bad", StateFailed, CodeFailed},
 	} {
-		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}})
+		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: templates.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,12 +116,12 @@ func TestBuildOutcomes(t *testing.T) {
 		t.Errorf("installed: %+v, %v", u, err)
 	}
 	for _, name := range []string{"app2", "app3"} {
-		if _, err := store.UserRootFS(name); !errors.Is(err, template.ErrNotFound) {
+		if _, err := store.UserRootFS(name); !errors.Is(err, templates.ErrNotFound) {
 			t.Errorf("failed build %s installed something: %v", name, err)
 		}
 	}
 	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
-		if _, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: template.Startup{}}); !errors.Is(err, template.ErrInvalid) {
+		if _, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: templates.Startup{}}); !errors.Is(err, templates.ErrInvalid) {
 			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
 		}
 	}
@@ -139,7 +140,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	defer m.Close()
 	var ids []string
 	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
-		st, err := m.Start(ctx, Spec{Name: b[0], FromImage: b[1], Startup: template.Startup{}})
+		st, err := m.Start(ctx, Spec{Name: b[0], FromImage: b[1], Startup: templates.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,8 +177,8 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	if err := m.Remove(ctx, "a"); err != nil {
 		t.Errorf("Remove(a) = %v", err)
 	}
-	if err := m.Remove(ctx, "a"); !errors.Is(err, template.ErrNotFound) {
-		t.Errorf("Remove(a) again = %v, want template.ErrNotFound", err)
+	if err := m.Remove(ctx, "a"); !errors.Is(err, templates.ErrNotFound) {
+		t.Errorf("Remove(a) again = %v, want templates.ErrNotFound", err)
 	}
 }
 
@@ -188,8 +189,8 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st1, _ := m.Start(ctx, Spec{Name: "a", FromImage: "a1", Startup: template.Startup{}})
-	st2, _ := m.Start(ctx, Spec{Name: "b", FromImage: "b1", Startup: template.Startup{}}) // waits for a slot
+	st1, _ := m.Start(ctx, Spec{Name: "a", FromImage: "a1", Startup: templates.Startup{}})
+	st2, _ := m.Start(ctx, Spec{Name: "b", FromImage: "b1", Startup: templates.Startup{}}) // waits for a slot
 	time.Sleep(100 * time.Millisecond)
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
@@ -198,7 +199,7 @@ func TestCloseCancelsBuilds(t *testing.T) {
 			t.Errorf("build after Close: %+v", st)
 		}
 	}
-	if _, err := m.Start(ctx, Spec{Name: "c", FromImage: "c1", Startup: template.Startup{}}); !errors.Is(err, ErrClosed) {
+	if _, err := m.Start(ctx, Spec{Name: "c", FromImage: "c1", Startup: templates.Startup{}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Start after Close = %v", err)
 	}
 	m.Close()
@@ -219,7 +220,7 @@ func TestBuildBakesStartup(t *testing.T) {
 		}
 		switch u.ReadyCmd {
 		case "never":
-			return fmt.Errorf("bake %s-256m-1c: %w", name, &template.ReadyError{Msg: "the ready command did not succeed: not-ready"})
+			return fmt.Errorf("bake %s-256m-1c: %w", name, &templates.ReadyError{Msg: "the ready command did not succeed: not-ready"})
 		case "crash":
 			return errors.New("guest agent did not answer: dial unix /host/path")
 		}
@@ -233,14 +234,14 @@ func TestBuildBakesStartup(t *testing.T) {
 	defer m.Close()
 	for _, tc := range []struct {
 		name  string
-		su    template.Startup
+		su    templates.Startup
 		state string
 		err   string
 	}{
-		{"plain", template.Startup{}, StateSucceeded, ""},
-		{"web", template.Startup{StartCmd: "serve", ReadyCmd: "check"}, StateSucceeded, ""},
-		{"never", template.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
-		{"crash", template.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
+		{"plain", templates.Startup{}, StateSucceeded, ""},
+		{"web", templates.Startup{StartCmd: "serve", ReadyCmd: "check"}, StateSucceeded, ""},
+		{"never", templates.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
+		{"crash", templates.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
 	} {
 		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: "good", Startup: tc.su})
 		if err != nil {
@@ -262,7 +263,7 @@ func TestBuildBakesStartup(t *testing.T) {
 		t.Errorf("baked %s, want %s", got, want)
 	}
 	// A rebuild whose bake fails leaves the version it was to replace.
-	st, err := m.Start(ctx, Spec{Name: "web", FromImage: "other", Startup: template.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
+	st, err := m.Start(ctx, Spec{Name: "web", FromImage: "other", Startup: templates.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +273,7 @@ func TestBuildBakesStartup(t *testing.T) {
 	if u, err := store.UserRootFS("web"); err != nil || u.Source != "good" || u.StartCmd != "serve" {
 		t.Errorf("web after a failed rebuild: %+v, %v; want its first version", u, err)
 	}
-	if _, err := m.Start(ctx, Spec{Name: "bad", FromImage: "good", Startup: template.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, template.ErrInvalid) {
+	if _, err := m.Start(ctx, Spec{Name: "bad", FromImage: "good", Startup: templates.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, templates.ErrInvalid) {
 		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
 	}
 }
@@ -287,7 +288,7 @@ func TestPublish(t *testing.T) {
 	var unpublished []string
 	fail := atomic.Bool{}
 	m, err := New(Config{Store: store, Convert: (&fakeConvert{}).convert,
-		Publish: func(ctx context.Context, u template.UserRootFS, dir string) error {
+		Publish: func(ctx context.Context, u templates.UserRootFS, dir string) error {
 			b, err := os.ReadFile(filepath.Join(dir, "rootfs.ext4"))
 			if err != nil {
 				return err

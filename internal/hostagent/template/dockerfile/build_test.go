@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -103,7 +104,7 @@ func TestBuildAndCache(t *testing.T) {
 	if f := d.Files["/app/src/main.js"]; f.Data != "v1" {
 		t.Errorf("got main.js %+v, want v1", f)
 	}
-	wantImg := template.ImageConfig{Env: []string{"PATH=/usr/bin:/bin", "LANG=C", "NODE_ENV=production"}, WorkingDir: "/app", Cmd: []string{"node", "src/main.js"}}
+	wantImg := templates.ImageConfig{Env: []string{"PATH=/usr/bin:/bin", "LANG=C", "NODE_ENV=production"}, WorkingDir: "/app", Cmd: []string{"node", "src/main.js"}}
 	if !reflect.DeepEqual(res.Image, wantImg) || !strings.HasPrefix(res.Digest, "sha256:") {
 		t.Errorf("got result %+v, want image %+v", res, wantImg)
 	}

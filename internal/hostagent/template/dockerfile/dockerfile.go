@@ -46,7 +46,7 @@ import (
 	"io"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
 // Error classes of a build. The messages are written for users.
@@ -71,7 +71,7 @@ const (
 // Result is an image's configuration and an identifying digest: what
 // FromImage learnt of the base image, or what Build made.
 type Result struct {
-	Image template.ImageConfig
+	Image templates.ImageConfig
 	// Digest is the image's manifest digest ("sha256:..."); for a Build,
 	// the final layer's cache key ("sha256:...").
 	Digest string

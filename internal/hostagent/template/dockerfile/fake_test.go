@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
@@ -85,7 +86,7 @@ func (w *fakeWorld) fromImage(ctx context.Context, ref, out string, progress fun
 	if err := writeDisk(out, d); err != nil {
 		return Result{}, err
 	}
-	return Result{Image: template.ImageConfig{Env: []string{"PATH=/usr/bin:/bin", "LANG=C"}, Cmd: []string{"sh"}}, Digest: dg}, nil
+	return Result{Image: templates.ImageConfig{Env: []string{"PATH=/usr/bin:/bin", "LANG=C"}, Cmd: []string{"sh"}}, Digest: dg}, nil
 }
 
 func (w *fakeWorld) boot(ctx context.Context, disk string, progress func(string)) (VM, error) {

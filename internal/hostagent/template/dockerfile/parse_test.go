@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
 func TestParseSupported(t *testing.T) {
@@ -123,7 +123,7 @@ func planOf(t *testing.T, src string, buildArgs map[string]string, bctx *buildCo
 	if err != nil {
 		return nil, err
 	}
-	base := template.ImageConfig{Env: []string{"PATH=/usr/bin", "LANG=C"}, Cmd: []string{"bash"}, WorkingDir: "/srv"}
+	base := templates.ImageConfig{Env: []string{"PATH=/usr/bin", "LANG=C"}, Cmd: []string{"bash"}, WorkingDir: "/srv"}
 	return makePlan(context.Background(), f, base, "basekey", buildArgs, globals, bctx)
 }
 
@@ -186,7 +186,7 @@ ENTRYPOINT ["run"]
 	if p.steps[6].dir != "/home/app" || p.steps[7].dir != "/home/app/sub" {
 		t.Errorf("WORKDIRs: got %q, %q", p.steps[6].dir, p.steps[7].dir)
 	}
-	want := template.ImageConfig{
+	want := templates.ImageConfig{
 		Env:        []string{"PATH=/usr/bin", "LANG=en", "APP_VER=2.0", "HOME_DIR=/home/app", "VER=env-wins"},
 		WorkingDir: "/home/app/sub",
 		User:       "g:staff",
@@ -310,7 +310,7 @@ func FuzzParse(f *testing.F) {
 		}
 		// Evaluation must not panic either.
 		if _, _, err := fromRef(fl, nil); err == nil {
-			makePlan(context.Background(), fl, template.ImageConfig{}, "k", nil, nil, nil)
+			makePlan(context.Background(), fl, templates.ImageConfig{}, "k", nil, nil, nil)
 		}
 	})
 }

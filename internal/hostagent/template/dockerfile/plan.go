@@ -14,7 +14,7 @@ import (
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
 // proxyArgs are Docker's predefined ARGs: build args of these names need
@@ -53,13 +53,13 @@ type step struct {
 	// key is a disk step's layer key (hex sha256).
 	key string
 	// image is the image config after this step.
-	image template.ImageConfig
+	image templates.ImageConfig
 }
 
 // plan is an evaluated Dockerfile.
 type plan struct {
 	steps []step
-	image template.ImageConfig
+	image templates.ImageConfig
 }
 
 // declaredArgs checks that every build arg is declared by an ARG (or is one
@@ -149,7 +149,7 @@ func fromRef(f *file, buildArgs map[string]string) (ref string, globals map[stri
 
 // makePlan evaluates f's steps over the base image, resolving COPY and ADD
 // sources in bctx (nil: no context). baseKey is the base layer's key.
-func makePlan(ctx context.Context, f *file, base template.ImageConfig, baseKey string, buildArgs, globals map[string]string, bctx *buildContext) (*plan, error) {
+func makePlan(ctx context.Context, f *file, base templates.ImageConfig, baseKey string, buildArgs, globals map[string]string, bctx *buildContext) (*plan, error) {
 	lex := shell.NewLex(f.escape)
 	img := base
 	img.Env = slices.Clone(base.Env)
@@ -410,7 +410,7 @@ func envMap(env []string) map[string]string {
 	return m
 }
 
-func cloneImage(c template.ImageConfig) template.ImageConfig {
+func cloneImage(c templates.ImageConfig) templates.ImageConfig {
 	c.Env = slices.Clone(c.Env)
 	c.Entrypoint = slices.Clone(c.Entrypoint)
 	c.Cmd = slices.Clone(c.Cmd)

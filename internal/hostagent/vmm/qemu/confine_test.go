@@ -22,6 +22,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -88,7 +89,7 @@ func tiny(t *testing.T) *template.Template {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		baked, bakeErr = st.Get(ctx, template.Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}, nil)
+		baked, bakeErr = st.Get(ctx, templates.Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}, nil)
 	})
 	if bakeErr != nil {
 		t.Fatalf("bake tiny template confined: %v", bakeErr)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
@@ -430,7 +431,7 @@ func TestNetworkBase(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	tp, err := st.Get(ctx, template.Params{Name: "base", MemoryMiB: 512, VCPUs: 1}, nil)
+	tp, err := st.Get(ctx, templates.Params{Name: "base", MemoryMiB: 512, VCPUs: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
