@@ -10,7 +10,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
 
@@ -183,7 +182,7 @@ func TestResyncSnapshots(t *testing.T) {
 	ctx := t.Context()
 	sb := e.create(controlplane.CreateRequest{})
 	e.h.PutSnapshot(host.SnapshotInfo{ID: "unrecorded", SandboxID: sb.ID, Template: "base",
-		Spec: vmm.Spec{MemoryMiB: 512, VCPUs: 1}, CreatedAt: t0, SizeBytes: 5 << 20})
+		Spec: host.Shape{MemoryMiB: 512, VCPUs: 1}, CreatedAt: t0, SizeBytes: 5 << 20})
 	e.h.PutSnapshot(host.SnapshotInfo{ID: "noowner", SandboxID: "nosuchsandbox", CreatedAt: t0})
 	if err := e.cat.CreateSnapshot(ctx, catalog.Snapshot{ID: "deleted", KeyID: e.key.ID, SandboxID: sb.ID, HostID: "local",
 		Template: "base", MemoryMiB: 512, VCPUs: 1, CreatedAt: t0}, catalog.Limits{}); err != nil {

@@ -232,8 +232,21 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	return res, nil
 }
 
-// SnapshotInfo describes a durable snapshot: the host contract's.
-type SnapshotInfo = host.SnapshotInfo
+// SnapshotInfo is a snapshot as this host records it (snapshot.json, and
+// the header of its packs): the contract's description (host.SnapshotInfo)
+// with the whole machine spec a restore needs, which shadows the
+// contract's Shape under the same JSON name.
+type SnapshotInfo struct {
+	host.SnapshotInfo
+	Spec vmm.Spec `json:"spec"`
+}
+
+// Contract is si as the control plane sees it.
+func (si SnapshotInfo) Contract() host.SnapshotInfo {
+	c := si.SnapshotInfo
+	c.Spec = host.Shape{MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs}
+	return c
+}
 
 // snapshotImage is the image a snapshot restores.
 func (a *Agent) snapshotImage(si SnapshotInfo) image {
@@ -302,7 +315,7 @@ func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool)
 	}
 	tCapture := time.Since(t0)
 	s.mu.Lock()
-	si := SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, Spec: s.rec.Spec, CreatedAt: time.Now().UTC(), Capture: st, Transient: transient, Lineage: s.rec.lineage()}
+	si := SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: snapID, SandboxID: id, Template: s.rec.Template, CreatedAt: time.Now().UTC(), Capture: st, Transient: transient, Lineage: s.rec.lineage()}, Spec: s.rec.Spec}
 	s.mu.Unlock()
 	// Per-machine paths are not part of a snapshot.
 	si.Spec.MemoryFile, si.Spec.Disk, si.Spec.RunDir, si.Spec.ConsoleLog = "", "", "", ""
@@ -434,7 +447,7 @@ func (a *Agent) Snapshots() []SnapshotInfo {
 			continue // deleted, its directory not removed yet
 		}
 		if err != nil {
-			si = SnapshotInfo{ID: e.Name()}
+			si = SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: e.Name()}}
 		}
 		out = append(out, si)
 	}
@@ -473,7 +486,7 @@ func (a *Agent) DeleteSnapshot(id string) error {
 		if _, serr := os.Stat(dir); serr != nil {
 			return fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 		}
-		si = SnapshotInfo{ID: id} // unreadable metadata: delete it all the same
+		si = SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: id}} // unreadable metadata: delete it all the same
 	}
 	if a.store != nil {
 		// Not while a create downloads it (that would put it back).

@@ -132,7 +132,7 @@ func (a *Agent) snapshotBases(ctx context.Context, id string) (bases map[string]
 	}
 	// Its files as sealed (checked once, then while they keep their
 	// fingerprint): a chunk reflinked from here is not hashed again.
-	if a.verifySnapshot(SnapshotInfo{ID: id}) != nil {
+	if a.verifySnapshot(SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: id}}) != nil {
 		return nil, release
 	}
 	m, err := a.store.Manifest(ctx, storeName(id))

@@ -75,15 +75,15 @@ func (h local) Fork(ctx context.Context, id string, childIDs []string) (host.For
 }
 
 func (h local) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
-	return h.a.Snapshot(ctx, id, snapshotID)
+	return contract(h.a.Snapshot(ctx, id, snapshotID))
 }
 
 func (h local) SnapshotTransient(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
-	return h.a.SnapshotTransient(ctx, id, snapshotID)
+	return contract(h.a.SnapshotTransient(ctx, id, snapshotID))
 }
 
 func (h local) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
-	return h.a.AwaitStored(ctx, snapshotID, wait)
+	return contract(h.a.AwaitStored(ctx, snapshotID, wait))
 }
 
 // SnapshotPack streams the pack through a pipe, written as it is read.
@@ -100,11 +100,12 @@ func (h local) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadClos
 }
 
 func (h local) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
-	return h.a.ReceiveSnapshot(ctx, snapshotID, r)
+	return contract(h.a.ReceiveSnapshot(ctx, snapshotID, r))
 }
 
 func (h local) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
-	return h.a.ReceiveAndCreate(ctx, req, r)
+	info, si, err := h.a.ReceiveAndCreate(ctx, req, r)
+	return info, si.Contract(), err
 }
 
 func (h local) DeleteSnapshot(_ context.Context, snapshotID string) error {
@@ -125,21 +126,49 @@ func (h local) DialGuest(ctx context.Context, id string, port int) (net.Conn, er
 	return h.a.DialGuest(ctx, id, port)
 }
 
-func (h local) Snapshots(context.Context) ([]host.SnapshotInfo, error) { return h.a.Snapshots(), nil }
+func (h local) Snapshots(context.Context) ([]host.SnapshotInfo, error) {
+	sis := h.a.Snapshots()
+	out := make([]host.SnapshotInfo, len(sis))
+	for i, si := range sis {
+		out[i] = si.Contract()
+	}
+	return out, nil
+}
+
+// contract is an agent's answer about a snapshot as the contract's.
+func contract(si SnapshotInfo, err error) (host.SnapshotInfo, error) { return si.Contract(), err }
 
 // localTemplates is the agent's template store as host.Templates.
 type localTemplates struct{ s *template.Store }
 
-func (t localTemplates) Lookup(_ context.Context, p templates.Params) (*template.Template, string, error) {
-	return t.s.Lookup(p)
+func (t localTemplates) Lookup(_ context.Context, p templates.Params) (*templates.Meta, string, error) {
+	tp, reason, err := t.s.Lookup(p)
+	return metaOf(tp), reason, err
 }
 
-func (t localTemplates) List(context.Context) ([]template.Template, error) { return t.s.List() }
+func (t localTemplates) List(context.Context) ([]templates.Meta, error) {
+	ts, err := t.s.List()
+	out := make([]templates.Meta, len(ts))
+	for i := range ts {
+		out[i] = ts[i].Meta
+	}
+	return out, err
+}
 
 func (t localTemplates) Names(context.Context) ([]string, error) { return t.s.Names(), nil }
 
-func (t localTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
-	return t.s.Bake(ctx, p, progress)
+func (t localTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*templates.Meta, error) {
+	tp, err := t.s.Bake(ctx, p, progress)
+	return metaOf(tp), err
+}
+
+// metaOf is a baked template's description (nil for none).
+func metaOf(t *template.Template) *templates.Meta {
+	if t == nil {
+		return nil
+	}
+	m := t.Meta
+	return &m
 }
 
 // localGuest is a guest agent client as host.Guest.

@@ -66,7 +66,7 @@ func createFrom(t *testing.T, a *Agent, snapID string) (Info, error) {
 func stored(a *Agent, id string) SnapshotInfo {
 	si, err := a.GetSnapshot(id)
 	if err != nil {
-		return SnapshotInfo{ID: id, StoreError: "GetSnapshot: " + err.Error()}
+		return SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: id, StoreError: "GetSnapshot: " + err.Error()}}
 	}
 	return si
 }

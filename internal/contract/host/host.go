@@ -23,7 +23,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // Host is a host agent as the control plane uses it. Methods are safe for
@@ -74,13 +73,16 @@ type Host interface {
 	SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error
 }
 
-// Templates is a host's template store (a local host's is
-// *template.Store; see there for the contracts).
+// Templates is a host's template store as the control plane sees it: what
+// is baked (a template's Meta, never where its files are) and baking.
+// Lookup's t is nil when the shape is not baked, with staleReason saying
+// why a baked one would be rebaked ("" if it is current); Bake bakes p
+// (again, if stale) and returns it. Errors are templates' classes.
 type Templates interface {
-	Lookup(ctx context.Context, p templates.Params) (t *template.Template, staleReason string, err error)
-	List(ctx context.Context) ([]template.Template, error)
+	Lookup(ctx context.Context, p templates.Params) (t *templates.Meta, staleReason string, err error)
+	List(ctx context.Context) ([]templates.Meta, error)
 	Names(ctx context.Context) ([]string, error)
-	Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error)
+	Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*templates.Meta, error)
 }
 
 // Guest is a running sandbox's guest agent. Methods are safe for

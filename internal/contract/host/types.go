@@ -10,7 +10,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Info describes a sandbox on its host.
@@ -134,12 +133,22 @@ type ForkResult struct {
 	Capture  CaptureStats
 }
 
+// Shape is what the control plane knows of a captured machine: its memory
+// and vCPUs, under the names its host's full machine spec gives them (so
+// that a snapshot's "spec" reads the same from hosts of any version).
+type Shape struct {
+	MemoryMiB int `json:"MemoryMiB"`
+	VCPUs     int `json:"VCPUs"`
+}
+
 // SnapshotInfo describes a durable snapshot.
 type SnapshotInfo struct {
-	ID        string       `json:"id"`
-	SandboxID string       `json:"sandbox_id"`
-	Template  string       `json:"template"`
-	Spec      vmm.Spec     `json:"spec"`
+	ID        string `json:"id"`
+	SandboxID string `json:"sandbox_id"`
+	Template  string `json:"template"`
+	// Spec is the shape of the machine the snapshot was taken from (its
+	// host records the whole machine: hostagent.SnapshotInfo).
+	Spec      Shape        `json:"spec"`
 	CreatedAt time.Time    `json:"created_at"`
 	Capture   CaptureStats `json:"capture"`
 	// SizeBytes is the disk space the snapshot holds on its own (blocks

@@ -16,7 +16,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // Router is the fleet as one host.Host for the REST API's handlers, which
@@ -255,13 +254,13 @@ func (t routerTemplates) stores() ([]host.Templates, error) {
 
 // Lookup answers as the first host that holds p baked and fresh, else as
 // the first that holds it stale, else as the first host.
-func (t routerTemplates) Lookup(ctx context.Context, p templates.Params) (*template.Template, string, error) {
+func (t routerTemplates) Lookup(ctx context.Context, p templates.Params) (*templates.Meta, string, error) {
 	ss, err := t.stores()
 	if err != nil {
 		return nil, "", err
 	}
 	var (
-		t1      *template.Template
+		t1      *templates.Meta
 		reason1 string
 		err1    error
 	)
@@ -302,8 +301,8 @@ func (t routerTemplates) eachStore(f func(host.Templates) error) error {
 
 // List lists the templates baked on any host, each shape once (the most
 // recent bake).
-func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) {
-	byKey := map[string]template.Template{}
+func (t routerTemplates) List(ctx context.Context) ([]templates.Meta, error) {
+	byKey := map[string]templates.Meta{}
 	err := t.eachStore(func(s host.Templates) error {
 		ts, err := s.List(ctx)
 		for _, tp := range ts {
@@ -317,7 +316,7 @@ func (t routerTemplates) List(ctx context.Context) ([]template.Template, error) 
 		return nil, err
 	}
 	out := slices.Collect(maps.Values(byKey))
-	slices.SortFunc(out, func(a, b template.Template) int { return strings.Compare(a.Key(), b.Key()) })
+	slices.SortFunc(out, func(a, b templates.Meta) int { return strings.Compare(a.Key(), b.Key()) })
 	return out, nil
 }
 
@@ -337,7 +336,7 @@ func (t routerTemplates) Names(ctx context.Context) ([]string, error) {
 	return slices.Sorted(maps.Keys(seen)), nil
 }
 
-func (t routerTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
+func (t routerTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*templates.Meta, error) {
 	s, err := t.store()
 	if err != nil {
 		return nil, err

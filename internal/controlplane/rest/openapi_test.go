@@ -39,13 +39,28 @@ import (
 // are the agent's own).
 type storeTemplates struct{ s *template.Store }
 
-func (t storeTemplates) Lookup(_ context.Context, p templates.Params) (*template.Template, string, error) {
-	return t.s.Lookup(p)
+func (t storeTemplates) Lookup(_ context.Context, p templates.Params) (*templates.Meta, string, error) {
+	tp, reason, err := t.s.Lookup(p)
+	if tp == nil {
+		return nil, reason, err
+	}
+	return &tp.Meta, reason, err
 }
-func (t storeTemplates) List(context.Context) ([]template.Template, error) { return t.s.List() }
-func (t storeTemplates) Names(context.Context) ([]string, error)           { return t.s.Names(), nil }
-func (t storeTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
-	return t.s.Bake(ctx, p, progress)
+func (t storeTemplates) List(context.Context) ([]templates.Meta, error) {
+	ts, err := t.s.List()
+	out := make([]templates.Meta, len(ts))
+	for i := range ts {
+		out[i] = ts[i].Meta
+	}
+	return out, err
+}
+func (t storeTemplates) Names(context.Context) ([]string, error) { return t.s.Names(), nil }
+func (t storeTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*templates.Meta, error) {
+	tp, err := t.s.Bake(ctx, p, progress)
+	if tp == nil {
+		return nil, err
+	}
+	return &tp.Meta, err
 }
 
 // routingHost is a host.Host with no sandboxes and no templates (its

@@ -16,7 +16,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -140,7 +139,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		return !user || len(usable[name]) > 0
 	}
 	if !key.Admin {
-		var defaults []template.Template
+		var defaults []templates.Meta
 		for _, t := range baked {
 			if t.Params == s.host.TemplateParams(t.Name, 0, 0) {
 				defaults = append(defaults, t)

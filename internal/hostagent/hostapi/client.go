@@ -22,7 +22,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
 
 // Client is a remote host agent, as host.Host. Safe for concurrent use.
@@ -648,7 +647,7 @@ func (c *Client) Templates() host.Templates { return remoteTemplates{c} }
 
 type remoteTemplates struct{ c *Client }
 
-func (t remoteTemplates) Lookup(ctx context.Context, p templates.Params) (*template.Template, string, error) {
+func (t remoteTemplates) Lookup(ctx context.Context, p templates.Params) (*templates.Meta, string, error) {
 	var out lookupReply
 	if err := t.c.callShort(ctx, http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
 		return nil, "", err
@@ -656,9 +655,9 @@ func (t remoteTemplates) Lookup(ctx context.Context, p templates.Params) (*templ
 	return out.Template, out.StaleReason, nil
 }
 
-func (t remoteTemplates) List(ctx context.Context) ([]template.Template, error) {
+func (t remoteTemplates) List(ctx context.Context) ([]templates.Meta, error) {
 	var out struct {
-		Templates []template.Template `json:"templates"`
+		Templates []templates.Meta `json:"templates"`
 	}
 	err := t.c.callShort(ctx, http.MethodGet, "/templates", nil, nil, &out)
 	return out.Templates, err
@@ -672,7 +671,7 @@ func (t remoteTemplates) Names(ctx context.Context) ([]string, error) {
 	return out.Names, err
 }
 
-func (t remoteTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
+func (t remoteTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*templates.Meta, error) {
 	b, _ := json.Marshal(p)
 	req, err := t.c.request(ctx, http.MethodPost, "/templates/bake", nil, bytes.NewReader(b))
 	if err != nil {

@@ -116,7 +116,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
@@ -221,18 +220,18 @@ type (
 		SnapshotID string `json:"snapshot_id"`
 	}
 	lookupReply struct {
-		Template    *template.Template `json:"template"`
-		StaleReason string             `json:"stale_reason,omitempty"`
+		Template    *templates.Meta `json:"template"`
+		StaleReason string          `json:"stale_reason,omitempty"`
 	}
 	// bakeEvent is a line of a bake's stream, and of a create's that asked
 	// for its progress (?progress=1): done carries the template of a bake,
 	// the sandbox's Info of a create.
 	bakeEvent struct {
-		Type     string             `json:"type"` // progress, done or error
-		Message  string             `json:"message,omitempty"`
-		Template *template.Template `json:"template,omitempty"`
-		Info     *host.Info         `json:"info,omitempty"`
-		Error    *wireError         `json:"error,omitempty"`
+		Type     string          `json:"type"` // progress, done or error
+		Message  string          `json:"message,omitempty"`
+		Template *templates.Meta `json:"template,omitempty"`
+		Info     *host.Info      `json:"info,omitempty"`
+		Error    *wireError      `json:"error,omitempty"`
 	}
 	pathRequest struct {
 		Path string `json:"path"`

@@ -724,7 +724,7 @@ func TestTemplates(t *testing.T) {
 	p := ag.TemplateParams("tiny", 256, 1)
 	ltm, lr, lerr := ag.Templates().Lookup(p)
 	rtm, rr, rerr := client.Templates().Lookup(ctxT(t), p)
-	if lerr != nil || rerr != nil || lr != rr || ltm == nil || rtm == nil || ltm.Dir != rtm.Dir || ltm.Inputs["rootfs"] != rtm.Inputs["rootfs"] {
+	if lerr != nil || rerr != nil || lr != rr || ltm == nil || rtm == nil || ltm.Key() != rtm.Key() || !ltm.BakedAt.Equal(rtm.BakedAt) || ltm.Inputs["rootfs"] != rtm.Inputs["rootfs"] {
 		t.Errorf("lookup: local %+v %q %v, remote %+v %q %v", ltm, lr, lerr, rtm, rr, rerr)
 	}
 	if testing.Short() {

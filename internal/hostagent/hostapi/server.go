@@ -107,23 +107,28 @@ func (s *Server) routes() http.Handler {
 				return nil, err
 			}
 			if r.URL.Query().Get("transient") == "true" {
-				return s.a.SnapshotTransient(r.Context(), chi.URLParam(r, "id"), req.SnapshotID)
+				return contract(s.a.SnapshotTransient(r.Context(), chi.URLParam(r, "id"), req.SnapshotID))
 			}
-			return s.a.Snapshot(r.Context(), chi.URLParam(r, "id"), req.SnapshotID)
+			return contract(s.a.Snapshot(r.Context(), chi.URLParam(r, "id"), req.SnapshotID))
 		}))
 		r.Get(Prefix+"/snapshots/{snapID}/stored", s.json(func(r *http.Request) (any, error) {
 			ms, err := strconv.ParseInt(r.URL.Query().Get("wait_ms"), 10, 64)
 			if err != nil || ms < 0 {
 				return nil, fmt.Errorf("%w: wait_ms must be a number of milliseconds", host.ErrInvalid)
 			}
-			return s.a.AwaitStored(r.Context(), chi.URLParam(r, "snapID"), min(time.Duration(ms)*time.Millisecond, MaxStoredWait))
+			return contract(s.a.AwaitStored(r.Context(), chi.URLParam(r, "snapID"), min(time.Duration(ms)*time.Millisecond, MaxStoredWait)))
 		}))
 		r.Get(Prefix+"/snapshots/{snapID}/pack", s.sendPack)
 		r.Post(Prefix+"/snapshots/{snapID}/pack", s.receivePack)
 		r.Post(Prefix+"/snapshots/{snapID}/pack/create", s.receivePackCreate)
 		r.Post(Prefix+"/snapshots/{snapID}/pack/pull", s.pullPackCreate)
 		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
-			return map[string]any{"snapshots": s.a.Snapshots()}, nil
+			sis := s.a.Snapshots()
+			out := make([]host.SnapshotInfo, len(sis))
+			for i, si := range sis {
+				out[i] = si.Contract()
+			}
+			return map[string]any{"snapshots": out}, nil
 		}))
 		r.Delete(Prefix+"/snapshots/{snapID}", s.json(func(r *http.Request) (any, error) {
 			return nil, s.a.DeleteSnapshot(chi.URLParam(r, "snapID"))
@@ -139,7 +144,7 @@ func (s *Server) routes() http.Handler {
 		}))
 
 		r.Get(Prefix+"/templates", s.json(func(r *http.Request) (any, error) {
-			list, err := s.a.Templates().List()
+			list, err := hostagent.Local(s.a).Templates().List(r.Context())
 			return map[string]any{"templates": list}, err
 		}))
 		r.Get(Prefix+"/templates/names", s.json(func(r *http.Request) (any, error) {
@@ -150,7 +155,7 @@ func (s *Server) routes() http.Handler {
 			if err := decode(r, &p); err != nil {
 				return nil, err
 			}
-			t, reason, err := s.a.Templates().Lookup(p)
+			t, reason, err := hostagent.Local(s.a).Templates().Lookup(r.Context(), p)
 			return lookupReply{Template: t, StaleReason: reason}, err
 		}))
 		r.Post(Prefix+"/templates/bake", s.bake)
@@ -568,7 +573,7 @@ func (s *Server) bake(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	streamProgress(w, func(progress func(string)) (bakeEvent, error) {
-		t, err := s.a.Templates().Bake(r.Context(), p, progress)
+		t, err := hostagent.Local(s.a).Templates().Bake(r.Context(), p, progress)
 		return bakeEvent{Template: t}, err
 	})
 }
@@ -773,7 +778,7 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	endBody(w, r.Body)
-	writeJSON(w, http.StatusOK, si)
+	writeJSON(w, http.StatusOK, si.Contract())
 }
 
 // endBody reads the end of a request body whose pack was read to its
@@ -827,7 +832,7 @@ func (s *Server) createFromPack(w http.ResponseWriter, r *http.Request, hreq hos
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si})
+	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si.Contract()})
 }
 
 // pullPackCreate fetches the pack of snapshot {snapID} straight from the
@@ -906,4 +911,10 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, writeReply{Written: n})
+}
+
+// contract is an agent's answer about a snapshot as the host contract's,
+// what the wire carries.
+func contract(si hostagent.SnapshotInfo, err error) (host.SnapshotInfo, error) {
+	return si.Contract(), err
 }

@@ -31,8 +31,6 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Method names a method of host.Host, for Fail, Block and Calls.
@@ -621,7 +619,7 @@ func (h *Host) snapshot(ctx context.Context, id, snapshotID string, transient bo
 		return host.SnapshotInfo{}, err
 	}
 	si := host.SnapshotInfo{ID: snapshotID, SandboxID: id, Template: sb.info.Template,
-		Spec: vmm.Spec{MemoryMiB: sb.info.MemoryMiB, VCPUs: sb.info.VCPUs}, CreatedAt: time.Now().UTC(), SizeBytes: 1 << 20, Transient: transient}
+		Spec: host.Shape{MemoryMiB: sb.info.MemoryMiB, VCPUs: sb.info.VCPUs}, CreatedAt: time.Now().UTC(), SizeBytes: 1 << 20, Transient: transient}
 	if h.store != nil {
 		h.store.mu.Lock()
 		if h.store.down {
@@ -851,17 +849,17 @@ func (h *Host) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) er
 // baked at every shape.
 type fakeTemplates struct{ h *Host }
 
-func (t fakeTemplates) Lookup(ctx context.Context, p templates.Params) (*template.Template, string, error) {
+func (t fakeTemplates) Lookup(ctx context.Context, p templates.Params) (*templates.Meta, string, error) {
 	t.h.mu.Lock()
 	defer t.h.mu.Unlock()
 	disk, ok := t.h.templates[p.Name]
 	if !ok {
 		return nil, "", fmt.Errorf("template %q: %w", p.Name, templates.ErrNotFound)
 	}
-	return &template.Template{Meta: templates.Meta{Params: p, DiskMiB: disk}}, "", nil
+	return &templates.Meta{Params: p, DiskMiB: disk}, "", nil
 }
 
-func (t fakeTemplates) List(ctx context.Context) ([]template.Template, error) { return nil, nil }
+func (t fakeTemplates) List(ctx context.Context) ([]templates.Meta, error) { return nil, nil }
 
 func (t fakeTemplates) Names(ctx context.Context) ([]string, error) {
 	t.h.mu.Lock()
@@ -874,7 +872,7 @@ func (t fakeTemplates) Names(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-func (t fakeTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*template.Template, error) {
+func (t fakeTemplates) Bake(ctx context.Context, p templates.Params, progress templates.Progress) (*templates.Meta, error) {
 	tm, _, err := t.Lookup(ctx, p)
 	return tm, err
 }
