@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
-	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 )
 
 // Kind is the class of an error as users see it. Its value is the `code`
@@ -116,7 +115,7 @@ func classify(err error) *Error {
 		return Errorf(NoSpace, "the host is out of disk space for sandboxes; kill sandboxes or delete snapshots")
 	case errors.Is(err, host.ErrCorrupt):
 		return Errorf(Corrupt, "%s", userMessage(err))
-	case errors.Is(err, vmm.ErrExhausted):
+	case errors.Is(err, host.ErrExhausted):
 		return Errorf(Unavailable, "the host has no room for more sandboxes right now; retry later")
 	case errors.Is(err, host.ErrNotReady):
 		return Errorf(Unavailable, "the sandbox's guest agent has not answered since the server restarted; retry in a few seconds")
@@ -127,22 +126,22 @@ func classify(err error) *Error {
 			msg = qe.Error() // says which limit and the numbers, without our wrapping
 		}
 		return Errorf(QuotaExceeded, "%s", msg)
-	case errors.Is(err, build.ErrUnsupported):
+	case errors.Is(err, builds.ErrUnsupported):
 		return Errorf(NotImplemented, "this server does not build templates from Dockerfiles yet; build and push an image, and build the template with from_image")
-	case errors.Is(err, build.ErrLimit):
+	case errors.Is(err, builds.ErrLimit):
 		return Errorf(TemplateLimit, "%s", userMessage(err))
-	case errors.Is(err, build.ErrBusy):
+	case errors.Is(err, builds.ErrBusy):
 		return Errorf(TooManyRequests, "%s", userMessage(err))
-	case errors.Is(err, build.ErrNoSpace):
+	case errors.Is(err, builds.ErrNoSpace):
 		// Its text is written for users (tmplbuild.Config.CheckSpace).
 		return Errorf(NoSpace, "%s", userMessage(err))
-	case errors.Is(err, build.ErrClosed):
+	case errors.Is(err, builds.ErrClosed):
 		return Errorf(Unavailable, "%s", userMessage(err))
-	case errors.Is(err, host.ErrNotFound), errors.Is(err, templates.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, build.ErrNotFound):
+	case errors.Is(err, host.ErrNotFound), errors.Is(err, templates.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, builds.ErrNotFound):
 		return Errorf(NotFound, "%s", userMessage(err))
 	case errors.Is(err, host.ErrInvalid), errors.Is(err, templates.ErrInvalid):
 		return Errorf(Invalid, "%s", userMessage(err))
-	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, build.ErrConflict), errors.Is(err, templates.ErrConflict):
+	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, builds.ErrConflict), errors.Is(err, templates.ErrConflict):
 		return Errorf(Conflict, "%s", userMessage(err))
 	case errors.As(err, new(*host.UnreachableError)):
 		// Its text names the agent's address: for the logs only.

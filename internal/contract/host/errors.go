@@ -12,6 +12,9 @@ var (
 	ErrConflict = errors.New("wrong state")
 	ErrInvalid  = errors.New("invalid request")
 	ErrNoSpace  = errors.New("out of disk space")
+	// ErrExhausted: a per-host resource for machines (VMM user ids, say)
+	// is used up; retry later, or on another host.
+	ErrExhausted = errors.New("host resources exhausted")
 	// ErrCorrupt: a capture (snapshot, paused sandbox) failed its checksum
 	// and was not restored.
 	ErrCorrupt = errors.New("corrupt")

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // A fleet checks a key's builds in progress and a template's versions
@@ -15,14 +15,14 @@ func TestTemplatesLimitsAndCancel(t *testing.T) {
 	r, _, _, _ := newRegistry(t)
 	ctx := t.Context()
 	h := newBuildHost(t)
-	ids, builderOf := fixed(map[string]build.Builder{"h1": h.m})
+	ids, builderOf := fixed(map[string]builds.Builder{"h1": h.m})
 	ts := fleet.NewTemplates(r, "h1")
 	fleet.SetBuilders(ts, ids, builderOf, func(string) bool { return false })
 	t.Cleanup(ts.Close)
-	start := func(name, image, owner string) (build.Status, error) {
-		return ts.Start(ctx, build.Spec{Name: name, FromImage: image, Owner: owner, MaxBuilds: 2, MaxVersions: 2})
+	start := func(name, image, owner string) (builds.Status, error) {
+		return ts.Start(ctx, builds.Spec{Name: name, FromImage: image, Owner: owner, MaxBuilds: 2, MaxVersions: 2})
 	}
-	follow := func(id string) build.Status {
+	follow := func(id string) builds.Status {
 		t.Helper()
 		st, err := ts.Follow(ctx, id, func(string) {})
 		if err != nil {
@@ -39,7 +39,7 @@ func TestTemplatesLimitsAndCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := start("c", "alpine:1", "key_a"); !errors.Is(err, build.ErrBusy) {
+	if _, err := start("c", "alpine:1", "key_a"); !errors.Is(err, builds.ErrBusy) {
 		t.Errorf("key_a's third build at once = %v, want ErrBusy", err)
 	}
 	d, err := start("d", "alpine:1", "key_b") // another key: queued for a slot
@@ -49,14 +49,14 @@ func TestTemplatesLimitsAndCancel(t *testing.T) {
 	if _, err := ts.Cancel(ctx, a.ID, "its key was revoked"); err != nil {
 		t.Fatalf("Cancel: %v", err)
 	}
-	if st := follow(a.ID); st.State != build.StateFailed || st.Code != build.CodeCanceled || st.Error != "its key was revoked" {
+	if st := follow(a.ID); st.State != builds.StateFailed || st.Code != builds.CodeCanceled || st.Error != "its key was revoked" {
 		t.Errorf("canceled build: %+v", st)
 	}
-	if st := follow(d.ID); st.State != build.StateSucceeded {
+	if st := follow(d.ID); st.State != builds.StateSucceeded {
 		t.Errorf("key_b's build, once a slot was free: %+v", st)
 	}
 	release(h)
-	if st := follow(b.ID); st.State != build.StateSucceeded {
+	if st := follow(b.ID); st.State != builds.StateSucceeded {
 		t.Fatalf("build b: %+v", st)
 	}
 	if _, err := ts.UserTemplate(ctx, "a"); err == nil {
@@ -64,10 +64,10 @@ func TestTemplatesLimitsAndCancel(t *testing.T) {
 	}
 	// b has one version; a second is the last one MaxVersions allows.
 	st, err := start("b", "alpine:2", "key_a")
-	if err != nil || follow(st.ID).State != build.StateSucceeded {
+	if err != nil || follow(st.ID).State != builds.StateSucceeded {
 		t.Fatalf("b's second version: %v", err)
 	}
-	if _, err := start("b", "alpine:3", "key_a"); !errors.Is(err, build.ErrLimit) {
+	if _, err := start("b", "alpine:3", "key_a"); !errors.Is(err, builds.ErrLimit) {
 		t.Errorf("b's third version = %v, want ErrLimit", err)
 	}
 }

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // Templates is a fleet's user templates (panda server --fleet), a
@@ -53,17 +53,17 @@ type Templates struct {
 	// The hosts' builders, by default the registry's members' (tests
 	// set others): builderOf a host, or why it has none now; whether a
 	// host is gone for good; the builders of every host connected.
-	builderOf func(id string) (build.Builder, error)
+	builderOf func(id string) (builds.Builder, error)
 	gone      func(id string) bool
-	connected func() map[string]build.Builder
+	connected func() map[string]builds.Builder
 	sweeperOf func(id string) (StoreSweeper, bool)
 
 	sweep sweepState // of the object store's user template sets
 }
 
 var (
-	_ build.Builder  = (*Templates)(nil)
-	_ build.Canceler = (*Templates)(nil)
+	_ builds.Builder  = (*Templates)(nil)
+	_ builds.Canceler = (*Templates)(nil)
 )
 
 // NewTemplates returns the fleet's user templates; pin, if set, is the
@@ -130,7 +130,7 @@ func (t *Templates) HostConnected(ctx context.Context, id string) {
 }
 
 // importTemplate records template latest.Name of builder b, every version.
-func (t *Templates) importTemplate(ctx context.Context, b build.Builder, latest templates.UserRootFS) error {
+func (t *Templates) importTemplate(ctx context.Context, b builds.Builder, latest templates.UserRootFS) error {
 	vs, err := b.Versions(ctx, latest.Name)
 	if err != nil {
 		return err
@@ -168,7 +168,7 @@ func (t *Templates) Close() {
 
 // memberBuilder returns host id's template builds, or why it has none
 // now.
-func (t *Templates) memberBuilder(id string) (build.Builder, error) {
+func (t *Templates) memberBuilder(id string) (builds.Builder, error) {
 	r := t.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -210,7 +210,7 @@ func (t *Templates) lost(id string) bool {
 // pick returns the host a new build runs on: the pinned one, else the
 // ready host with the most free memory (then the fewest sandboxes, then
 // by id).
-func (t *Templates) pick(ctx context.Context) (string, build.Builder, error) {
+func (t *Templates) pick(ctx context.Context) (string, builds.Builder, error) {
 	if t.pin != "" {
 		b, err := t.builderOf(t.pin)
 		return t.pin, b, err
@@ -248,23 +248,23 @@ func checkName(name string) error {
 	return nil
 }
 
-func (t *Templates) Start(ctx context.Context, spec build.Spec) (st build.Status, err error) {
+func (t *Templates) Start(ctx context.Context, spec builds.Spec) (st builds.Status, err error) {
 	defer func() {
 		if err != nil && spec.ContextTar != "" {
 			os.Remove(spec.ContextTar) // the builder's from Start on
 		}
 	}()
 	if err := checkName(spec.Name); err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	if err := t.checkLimits(ctx, spec); err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	hostID, b, err := t.pick(ctx)
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
-	bl := catalog.TemplateBuild{ID: build.NewID(), HostID: hostID, Owner: spec.Owner, CreatedAt: time.Now().UTC()}
+	bl := catalog.TemplateBuild{ID: builds.NewID(), HostID: hostID, Owner: spec.Owner, CreatedAt: time.Now().UTC()}
 	var tp catalog.Template
 	for try := 0; try < 2; try++ {
 		// Two first builds of one name racing: one inserts, the other
@@ -277,11 +277,11 @@ func (t *Templates) Start(ctx context.Context, spec build.Spec) (st build.Status
 	}
 	switch {
 	case errors.Is(err, catalog.ErrQuota):
-		return build.Status{}, fmt.Errorf("%w: this key has %d templates, its limit; delete one first", build.ErrLimit, spec.MaxTemplates)
+		return builds.Status{}, fmt.Errorf("%w: this key has %d templates, its limit; delete one first", builds.ErrLimit, spec.MaxTemplates)
 	case errors.Is(err, catalog.ErrConflict):
-		return build.Status{}, fmt.Errorf("%w: the name %s is taken: another key is building it", build.ErrConflict, spec.Name)
+		return builds.Status{}, fmt.Errorf("%w: the name %s is taken: another key is building it", builds.ErrConflict, spec.Name)
 	case err != nil:
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	bl = tp.Builds[len(tp.Builds)-1]
 	// The registry's bounds are checked: the host's copies count nothing.
@@ -295,7 +295,7 @@ func (t *Templates) Start(ctx context.Context, spec build.Spec) (st build.Status
 			// watcher finds out, and drops it if the host has not.
 			t.watch(spec.Name, bl)
 		}
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	t.log.Info("template build placed", "template", spec.Name, "version", bl.Version, "build_id", bl.ID, "host_id", hostID)
 	t.watch(spec.Name, bl)
@@ -309,7 +309,7 @@ func (t *Templates) Start(ctx context.Context, spec build.Spec) (st build.Status
 // the catalog says now. Unlike MaxTemplates (ReserveTemplateBuild), two
 // Starts racing may both pass: the API admits one build request of a key
 // at a time.
-func (t *Templates) checkLimits(ctx context.Context, spec build.Spec) error {
+func (t *Templates) checkLimits(ctx context.Context, spec builds.Spec) error {
 	if spec.MaxBuilds <= 0 && spec.MaxVersions <= 0 {
 		return nil
 	}
@@ -317,35 +317,35 @@ func (t *Templates) checkLimits(ctx context.Context, spec build.Spec) error {
 	if err != nil {
 		return fmt.Errorf("template builds: %w", err)
 	}
-	builds := 0
+	running := 0
 	for _, tp := range ts {
 		for _, b := range tp.Builds {
 			if b.Owner == spec.Owner {
-				builds++
+				running++
 			}
 		}
 		if tp.Name == spec.Name && spec.MaxVersions > 0 && len(tp.Versions) > 0 {
 			if n := len(tp.Versions) + len(tp.Builds); n >= spec.MaxVersions {
-				return build.VersionLimit(spec.Name, n)
+				return builds.VersionLimit(spec.Name, n)
 			}
 		}
 	}
-	if spec.MaxBuilds > 0 && builds >= spec.MaxBuilds {
-		return fmt.Errorf("%w: this key has %d template builds queued or running, the most allowed at once; wait for one to end", build.ErrBusy, builds)
+	if spec.MaxBuilds > 0 && running >= spec.MaxBuilds {
+		return fmt.Errorf("%w: this key has %d template builds queued or running, the most allowed at once; wait for one to end", builds.ErrBusy, running)
 	}
 	return nil
 }
 
 // Cancel implements tmplbuild.Canceler: the build's host cancels it, and
 // its watcher records that it ended without a version.
-func (t *Templates) Cancel(ctx context.Context, id, why string) (build.Status, error) {
+func (t *Templates) Cancel(ctx context.Context, id, why string) (builds.Status, error) {
 	b, at, _, err := t.locate(ctx, id)
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
-	c, ok := b.(build.Canceler)
+	c, ok := b.(builds.Canceler)
 	if !ok {
-		return build.Status{}, fmt.Errorf("%w: host %s cannot cancel template builds", errors.ErrUnsupported, at.HostID)
+		return builds.Status{}, fmt.Errorf("%w: host %s cannot cancel template builds", errors.ErrUnsupported, at.HostID)
 	}
 	st, err := c.Cancel(ctx, id, why)
 	st.HostID = at.HostID
@@ -355,8 +355,8 @@ func (t *Templates) Cancel(ctx context.Context, id, why string) (build.Status, e
 // refused reports whether a host's error for a build's Start says it
 // did not start it.
 func refused(err error) bool {
-	for _, e := range []error{templates.ErrInvalid, build.ErrConflict, build.ErrLimit, build.ErrUnsupported,
-		build.ErrClosed, build.ErrBusy, build.ErrNoSpace, errors.ErrUnsupported} {
+	for _, e := range []error{templates.ErrInvalid, builds.ErrConflict, builds.ErrLimit, builds.ErrUnsupported,
+		builds.ErrClosed, builds.ErrBusy, builds.ErrNoSpace, errors.ErrUnsupported} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -388,7 +388,7 @@ func (t *Templates) watch(name string, bl catalog.TemplateBuild) {
 			if err == nil || t.life.Err() != nil {
 				return
 			}
-			if t.gone(bl.HostID) || errors.Is(err, build.ErrNotFound) {
+			if t.gone(bl.HostID) || errors.Is(err, builds.ErrNotFound) {
 				t.drop(t.life, name, bl, err)
 				return
 			}
@@ -417,11 +417,11 @@ func (t *Templates) follow(name string, bl catalog.TemplateBuild) error {
 }
 
 // record records how build bl ended (st): its version, or nothing.
-func (t *Templates) record(ctx context.Context, name string, bl catalog.TemplateBuild, st build.Status) error {
+func (t *Templates) record(ctx context.Context, name string, bl catalog.TemplateBuild, st builds.Status) error {
 	if !st.Done() {
 		return nil
 	}
-	if st.State != build.StateSucceeded {
+	if st.State != builds.StateSucceeded {
 		t.drop(ctx, name, bl, errors.New(st.Error))
 		return nil
 	}
@@ -520,10 +520,10 @@ func (t *Templates) running(ctx context.Context, id string) (string, catalog.Tem
 }
 
 // members returns the template builds of every host connected, by id.
-func (t *Templates) members() map[string]build.Builder {
+func (t *Templates) members() map[string]builds.Builder {
 	t.r.mu.Lock()
 	defer t.r.mu.Unlock()
-	out := map[string]build.Builder{}
+	out := map[string]builds.Builder{}
 	for id, m := range t.r.members {
 		if m.client != nil && m.rec.State != catalog.HostLost {
 			out[id] = m.client.Builds()
@@ -535,22 +535,22 @@ func (t *Templates) members() map[string]build.Builder {
 // locate returns the builder of the host that runs (or ran) build id, its
 // status (with the host's id), and, while the catalog says it runs, its
 // record.
-func (t *Templates) locate(ctx context.Context, id string) (build.Builder, build.Status, func(build.Status) error, error) {
+func (t *Templates) locate(ctx context.Context, id string) (builds.Builder, builds.Status, func(builds.Status) error, error) {
 	name, bl, ok, err := t.running(ctx, id)
 	if err != nil {
-		return nil, build.Status{}, nil, err
+		return nil, builds.Status{}, nil, err
 	}
 	if ok {
 		b, err := t.builderOf(bl.HostID)
 		if err != nil {
-			return nil, build.Status{}, nil, err
+			return nil, builds.Status{}, nil, err
 		}
 		st, err := b.Get(ctx, id)
 		if err != nil {
-			return nil, build.Status{}, nil, err
+			return nil, builds.Status{}, nil, err
 		}
 		st.HostID = bl.HostID
-		rec := func(st build.Status) error {
+		rec := func(st builds.Status) error {
 			if err := t.record(ctx, name, bl, st); err != nil {
 				return &controlplane.Error{Kind: controlplane.Unavailable, Msg: "the build ended, but its version is not recorded yet; retry in a few seconds", Err: err}
 			}
@@ -562,24 +562,24 @@ func (t *Templates) locate(ctx context.Context, id string) (build.Builder, build
 	for hostID, b := range t.connected() {
 		if st, err := b.Get(ctx, id); err == nil {
 			st.HostID = hostID
-			return b, st, func(build.Status) error { return nil }, nil
+			return b, st, func(builds.Status) error { return nil }, nil
 		}
 	}
-	return nil, build.Status{}, nil, fmt.Errorf("template build %q: %w", id, build.ErrNotFound)
+	return nil, builds.Status{}, nil, fmt.Errorf("template build %q: %w", id, builds.ErrNotFound)
 }
 
-func (t *Templates) Get(ctx context.Context, id string) (build.Status, error) {
+func (t *Templates) Get(ctx context.Context, id string) (builds.Status, error) {
 	_, st, rec, err := t.locate(ctx, id)
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	return st, rec(st)
 }
 
-func (t *Templates) Follow(ctx context.Context, id string, line func(string)) (build.Status, error) {
+func (t *Templates) Follow(ctx context.Context, id string, line func(string)) (builds.Status, error) {
 	b, at, rec, err := t.locate(ctx, id)
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	st, err := b.Follow(ctx, id, line)
 	st.HostID = at.HostID
@@ -593,8 +593,8 @@ func (t *Templates) Follow(ctx context.Context, id string, line func(string)) (b
 // catalog says run on a host that is not connected (lost, or not back
 // yet: as "running", with their host_id; a Get of one answers 503 naming
 // the host), newest first.
-func (t *Templates) List(ctx context.Context) ([]build.Status, error) {
-	var out []build.Status
+func (t *Templates) List(ctx context.Context) ([]builds.Status, error) {
+	var out []builds.Status
 	seen := map[string]bool{}
 	for id, b := range t.connected() {
 		sts, err := b.List(ctx)
@@ -615,12 +615,12 @@ func (t *Templates) List(ctx context.Context) ([]build.Status, error) {
 	for _, tp := range ts {
 		for _, bl := range tp.Builds {
 			if !seen[bl.ID] {
-				out = append(out, build.Status{ID: bl.ID, Name: tp.Name, State: build.StateRunning,
+				out = append(out, builds.Status{ID: bl.ID, Name: tp.Name, State: builds.StateRunning,
 					CreatedAt: bl.CreatedAt, Owner: bl.Owner, HostID: bl.HostID})
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b build.Status) int {
+	slices.SortFunc(out, func(a, b builds.Status) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 			return c
 		}
@@ -643,9 +643,9 @@ func (t *Templates) Remove(ctx context.Context, ref string) error {
 			b := tp.Builds[0]
 			if t.lost(b.HostID) {
 				return fmt.Errorf("%w: template %s is being built on host %s, which stopped heartbeating: its version is recorded if the host comes back and finishes it; forgetting the host (DELETE /v1/hosts/%s) gives up on it",
-					build.ErrConflict, name, b.HostID, b.HostID)
+					builds.ErrConflict, name, b.HostID, b.HostID)
 			}
-			return fmt.Errorf("template %s is being built (on host %s): %w", name, b.HostID, build.ErrConflict)
+			return fmt.Errorf("template %s is being built (on host %s): %w", name, b.HostID, builds.ErrConflict)
 		}
 		if v == 0 {
 			tp.Versions = nil
@@ -802,7 +802,7 @@ func (t *Templates) AllVersions(ctx context.Context) (map[string][]templates.Use
 	return out, nil
 }
 
-var _ build.VersionLister = (*Templates)(nil)
+var _ builds.VersionLister = (*Templates)(nil)
 
 func versionsOf(tp catalog.Template) ([]templates.UserRootFS, error) {
 	out := make([]templates.UserRootFS, 0, len(tp.Versions))

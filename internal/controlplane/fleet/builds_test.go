@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
@@ -37,18 +38,18 @@ func newBuildHost(t *testing.T) *buildHost {
 	}
 	h := &buildHost{release: make(chan struct{})}
 	h.m, err = build.New(build.Config{Store: st, Copies: true,
-		Convert: func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
+		Convert: func(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 			switch {
 			case strings.HasPrefix(src, "missing"):
-				return build.Result{}, build.ErrImageNotFound
+				return builds.Result{}, builds.ErrImageNotFound
 			case strings.HasPrefix(src, "slow"):
 				select {
 				case <-h.release:
 				case <-ctx.Done():
-					return build.Result{}, ctx.Err()
+					return builds.Result{}, ctx.Err()
 				}
 			}
-			return build.Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+			return builds.Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -71,8 +72,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	ctx := t.Context()
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	var h2gone, h2away atomic.Bool
-	ids, fixedOf := fixed(map[string]build.Builder{"h1": h1.m, "h2": h2.m})
-	builderOf := func(id string) (build.Builder, bool) {
+	ids, fixedOf := fixed(map[string]builds.Builder{"h1": h1.m, "h2": h2.m})
+	builderOf := func(id string) (builds.Builder, bool) {
 		if id == "h2" && h2away.Load() {
 			return nil, false
 		}
@@ -86,9 +87,9 @@ func TestTemplatesRegistry(t *testing.T) {
 		return tp
 	}
 	ts := open("h1")
-	runBuild := func(ts *fleet.Templates, name, image string) build.Status {
+	runBuild := func(ts *fleet.Templates, name, image string) builds.Status {
 		t.Helper()
-		st, err := ts.Start(ctx, build.Spec{Name: name, FromImage: image, Owner: "key_a"})
+		st, err := ts.Start(ctx, builds.Spec{Name: name, FromImage: image, Owner: "key_a"})
 		if err != nil {
 			t.Fatalf("Start(%s from %s): %v", name, image, err)
 		}
@@ -112,7 +113,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 
 	// Recorded before Follow returns: a create right after sees it.
-	if st := runBuild(ts, "app", "alpine:1"); st.State != build.StateSucceeded || st.Version != 1 {
+	if st := runBuild(ts, "app", "alpine:1"); st.State != builds.StateSucceeded || st.Version != 1 {
 		t.Fatalf("the first build: %+v", st)
 	}
 	u, err := ts.UserTemplate(ctx, "app")
@@ -120,7 +121,7 @@ func TestTemplatesRegistry(t *testing.T) {
 		t.Errorf("UserTemplate(app) after the build = %+v, %v", u, err)
 	}
 	// A failed first build leaves no template.
-	if st := runBuild(ts, "bad", "missing:1"); st.State != build.StateFailed {
+	if st := runBuild(ts, "bad", "missing:1"); st.State != builds.StateFailed {
 		t.Errorf("a build of a missing image: %+v", st)
 	}
 	if _, err := ts.UserTemplate(ctx, "bad"); !errors.Is(err, templates.ErrNotFound) {
@@ -134,7 +135,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	if st := runBuild(ts2, "app", "alpine:2"); st.Version != 2 || st.HostID != "h2" {
 		t.Errorf("a build on h2: %+v, want version 2 on h2", st)
 	}
-	if st := runBuild(ts, "app", "missing:3"); st.State != build.StateFailed {
+	if st := runBuild(ts, "app", "missing:3"); st.State != builds.StateFailed {
 		t.Errorf("a build of a missing image: %+v", st)
 	}
 	if st := runBuild(ts, "app", "alpine:4"); st.Version != 4 {
@@ -179,7 +180,7 @@ func TestTemplatesRegistry(t *testing.T) {
 		}
 	}
 	// A rebuild is not published: publishing granted version 4 alone.
-	if st := runBuild(ts, "app", "alpine:5"); st.State != build.StateSucceeded || st.Version != 5 {
+	if st := runBuild(ts, "app", "alpine:5"); st.State != builds.StateSucceeded || st.Version != 5 {
 		t.Fatalf("a rebuild of the published app: %+v", st)
 	}
 	published := func() (out []int) {
@@ -214,16 +215,16 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 
 	// Nobody follows: the watcher records it.
-	st, err := ts.Start(ctx, build.Spec{Name: "quiet", FromImage: "slow:1", Owner: "key_a"})
+	st, err := ts.Start(ctx, builds.Spec{Name: "quiet", FromImage: "slow:1", Owner: "key_a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ts.Remove(ctx, "quiet"); !errors.Is(err, build.ErrConflict) {
+	if err := ts.Remove(ctx, "quiet"); !errors.Is(err, builds.ErrConflict) {
 		t.Errorf("Remove of a template being built: %v, want tmplbuild.ErrConflict", err)
 	}
 	release(h1)
 	waitFor(t, "the watcher records quiet:1", func() bool { _, err := ts.UserTemplate(ctx, "quiet:1"); return err == nil }, 10*time.Second)
-	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != build.StateSucceeded || got.HostID != "h1" {
+	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != builds.StateSucceeded || got.HostID != "h1" {
 		t.Errorf("Get(%s) = %+v, %v; want succeeded on h1", st.ID, got, err)
 	}
 	if list, err := ts.List(ctx); err != nil || len(list) == 0 || list[0].ID != st.ID || list[0].HostID != "h1" {
@@ -234,7 +235,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	// watcher records it.
 	h1.release = make(chan struct{})
 	before := open("h1")
-	if _, err := before.Start(ctx, build.Spec{Name: "left", FromImage: "slow:2", Owner: "key_a"}); err != nil {
+	if _, err := before.Start(ctx, builds.Spec{Name: "left", FromImage: "slow:2", Owner: "key_a"}); err != nil {
 		t.Fatal(err)
 	}
 	before.Close()
@@ -251,7 +252,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	// A build whose host is away meanwhile (lost): recorded once it is
 	// back; deletes wait for it.
 	h2.release = make(chan struct{})
-	pst, err := ts2.Start(ctx, build.Spec{Name: "patient", FromImage: "slow:4", Owner: "key_a"})
+	pst, err := ts2.Start(ctx, builds.Spec{Name: "patient", FromImage: "slow:4", Owner: "key_a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +262,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	if _, err := ts2.UserTemplate(ctx, "patient"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("UserTemplate(patient) while its host is away: %v, want not recorded yet", err)
 	}
-	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, build.ErrConflict) || !strings.Contains(err.Error(), "h2") {
+	if err := ts2.Remove(ctx, "patient"); !errors.Is(err, builds.ErrConflict) || !strings.Contains(err.Error(), "h2") {
 		t.Errorf("Remove while the build's host is away: %v, want a conflict naming h2", err)
 	}
 	// Listed from the catalog while its host cannot say.
@@ -269,8 +270,8 @@ func TestTemplatesRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := slices.IndexFunc(list, func(st build.Status) bool { return st.ID == pst.ID }); i < 0 ||
-		list[i].HostID != "h2" || list[i].State != build.StateRunning || list[i].Name != "patient" || list[i].Owner != "key_a" {
+	if i := slices.IndexFunc(list, func(st builds.Status) bool { return st.ID == pst.ID }); i < 0 ||
+		list[i].HostID != "h2" || list[i].State != builds.StateRunning || list[i].Name != "patient" || list[i].Owner != "key_a" {
 		t.Errorf("builds listed while h2 is away: %+v, want patient's build running on h2", list)
 	}
 	h2away.Store(false)
@@ -279,7 +280,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	// A build whose host is forgotten: dropped.
 	h2.release = make(chan struct{})
 	before = open("h2")
-	if _, err := before.Start(ctx, build.Spec{Name: "orphan", FromImage: "slow:3", Owner: "key_a"}); err != nil {
+	if _, err := before.Start(ctx, builds.Spec{Name: "orphan", FromImage: "slow:3", Owner: "key_a"}); err != nil {
 		t.Fatal(err)
 	}
 	before.Close()
@@ -293,12 +294,12 @@ func TestTemplatesRegistry(t *testing.T) {
 }
 
 // fixed returns the ids of builders and a builderOf over them.
-func fixed(builders map[string]build.Builder) ([]string, func(string) (build.Builder, bool)) {
+func fixed(builders map[string]builds.Builder) ([]string, func(string) (builds.Builder, bool)) {
 	var ids []string
 	for id := range builders {
 		ids = append(ids, id)
 	}
-	return ids, func(id string) (build.Builder, bool) { b, ok := builders[id]; return b, ok }
+	return ids, func(id string) (builds.Builder, bool) { b, ok := builders[id]; return b, ok }
 }
 
 // release lets h's slow conversions finish.
@@ -307,17 +308,17 @@ func release(h *buildHost) { close(h.release) }
 // lostAnswer is a host whose answer to Start is lost: it started the build
 // (started) or not.
 type lostAnswer struct {
-	build.Builder
+	builds.Builder
 	started bool
 }
 
-func (l lostAnswer) Start(ctx context.Context, spec build.Spec) (build.Status, error) {
+func (l lostAnswer) Start(ctx context.Context, spec builds.Spec) (builds.Status, error) {
 	if l.started {
 		if _, err := l.Builder.Start(ctx, spec); err != nil {
-			return build.Status{}, err
+			return builds.Status{}, err
 		}
 	}
-	return build.Status{}, errors.New("read tcp 10.0.0.1:7789: connection reset by peer")
+	return builds.Status{}, errors.New("read tcp 10.0.0.1:7789: connection reset by peer")
 }
 
 // TestTemplatesLostAnswer: a Start whose answer is lost fails, but the
@@ -328,19 +329,19 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	ctx := t.Context()
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	ts := fleet.NewTemplates(r, "h1")
-	ids, of := fixed(map[string]build.Builder{"h1": lostAnswer{h1.m, true}})
+	ids, of := fixed(map[string]builds.Builder{"h1": lostAnswer{h1.m, true}})
 	fleet.SetBuilders(ts, ids, of, func(string) bool { return false })
 	defer ts.Close()
-	if _, err := ts.Start(ctx, build.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
+	if _, err := ts.Start(ctx, builds.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
 	}
 	waitFor(t, "the started build recorded", func() bool { _, err := ts.UserTemplate(ctx, "app:1"); return err == nil }, 10*time.Second)
 
 	ts2 := fleet.NewTemplates(r, "h2")
-	ids, of = fixed(map[string]build.Builder{"h2": lostAnswer{h2.m, false}})
+	ids, of = fixed(map[string]builds.Builder{"h2": lostAnswer{h2.m, false}})
 	fleet.SetBuilders(ts2, ids, of, func(string) bool { return false })
 	defer ts2.Close()
-	if _, err := ts2.Start(ctx, build.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
+	if _, err := ts2.Start(ctx, builds.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
 	}
 	waitFor(t, "the build the host never started dropped", func() bool {
@@ -350,10 +351,10 @@ func TestTemplatesLostAnswer(t *testing.T) {
 
 	// Refused by the host (a name its images take, say): nothing kept.
 	ts3 := fleet.NewTemplates(r, "h2")
-	ids, of = fixed(map[string]build.Builder{"h2": h2.m})
+	ids, of = fixed(map[string]builds.Builder{"h2": h2.m})
 	fleet.SetBuilders(ts3, ids, of, func(string) bool { return false })
 	defer ts3.Close()
-	if _, err := ts3.Start(ctx, build.Spec{Name: "app", FromImage: "x", Startup: templates.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, templates.ErrInvalid) {
+	if _, err := ts3.Start(ctx, builds.Spec{Name: "app", FromImage: "x", Startup: templates.Startup{ReadyCmd: "true", ReadyTimeoutSeconds: -1}}); !errors.Is(err, templates.ErrInvalid) {
 		t.Fatalf("a build the host refuses: %v, want templates.ErrInvalid", err)
 	}
 	if tp, err := cat.GetTemplate(ctx, "app"); err != nil || len(tp.Builds) != 0 || tp.LastVersion != 2 {
@@ -371,11 +372,11 @@ func TestTemplatesImport(t *testing.T) {
 	h1, h2 := newBuildHost(t), newBuildHost(t)
 	for _, h := range []*buildHost{h1, h2} {
 		for _, image := range []string{"alpine:1", "alpine:2"} {
-			st, err := h.m.Start(ctx, build.Spec{Name: "old", FromImage: image, Owner: "key_a"})
+			st, err := h.m.Start(ctx, builds.Spec{Name: "old", FromImage: image, Owner: "key_a"})
 			if err == nil {
 				st, err = h.m.Follow(ctx, st.ID, func(string) {})
 			}
-			if err != nil || st.State != build.StateSucceeded {
+			if err != nil || st.State != builds.StateSucceeded {
 				t.Fatalf("a build the old way: %+v, %v", st, err)
 			}
 		}
@@ -383,7 +384,7 @@ func TestTemplatesImport(t *testing.T) {
 	if err := h1.m.SetPublished(ctx, "old", true); err != nil {
 		t.Fatal(err)
 	}
-	st, err := h2.m.Start(ctx, build.Spec{Name: "other", FromImage: "alpine:3", Owner: "key_a"})
+	st, err := h2.m.Start(ctx, builds.Spec{Name: "other", FromImage: "alpine:3", Owner: "key_a"})
 	if err == nil {
 		_, err = h2.m.Follow(ctx, st.ID, func(string) {})
 	}
@@ -391,7 +392,7 @@ func TestTemplatesImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := fleet.NewTemplates(r, "h1")
-	ids, of := fixed(map[string]build.Builder{"h1": h1.m, "h2": h2.m})
+	ids, of := fixed(map[string]builds.Builder{"h1": h1.m, "h2": h2.m})
 	fleet.SetBuilders(ts, ids, of, func(string) bool { return false })
 	defer ts.Close()
 	ts.HostConnected(ctx, "h2")
@@ -404,7 +405,7 @@ func TestTemplatesImport(t *testing.T) {
 		t.Fatalf("old after the import: %+v, %v; want versions 1 and 2 of key_a, 2 published", vs, err)
 	}
 	// The next build goes on from the imported numbers.
-	st, err = ts.Start(ctx, build.Spec{Name: "old", FromImage: "alpine:3", Owner: "key_a"})
+	st, err = ts.Start(ctx, builds.Spec{Name: "old", FromImage: "alpine:3", Owner: "key_a"})
 	if err == nil {
 		st, err = ts.Follow(ctx, st.ID, func(string) {})
 	}

@@ -1,20 +1,20 @@
 package fleet
 
-import "github.com/pandastack/pandastack/internal/hostagent/template/build"
+import "github.com/pandastack/pandastack/internal/contract/builds"
 
 // SetBuilders makes t build on the hosts ids, whose builders builderOf
 // returns (false: the host is away now), instead of the registry's
 // members; a host in gone is forgotten.
-func SetBuilders(t *Templates, ids []string, builderOf func(id string) (build.Builder, bool), gone func(id string) bool) {
-	t.builderOf = func(id string) (build.Builder, error) {
+func SetBuilders(t *Templates, ids []string, builderOf func(id string) (builds.Builder, bool), gone func(id string) bool) {
+	t.builderOf = func(id string) (builds.Builder, error) {
 		if b, ok := builderOf(id); ok && !gone(id) {
 			return b, nil
 		}
 		return t.memberBuilder(id)
 	}
 	t.gone = gone
-	t.connected = func() map[string]build.Builder {
-		out := map[string]build.Builder{}
+	t.connected = func() map[string]builds.Builder {
+		out := map[string]builds.Builder{}
 		for _, id := range ids {
 			if b, ok := builderOf(id); ok && !gone(id) {
 				out[id] = b

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
@@ -18,7 +19,6 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
 )
 
@@ -346,19 +346,19 @@ func TestTemplatesWithoutAHost(t *testing.T) {
 	}
 	pinned := fleet.NewTemplates(r, "h1")
 	defer pinned.Close()
-	_, err := pinned.Start(ctx, build.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar, Owner: "key_a"})
+	_, err := pinned.Start(ctx, builds.Spec{Name: "app", Dockerfile: []byte("FROM tiny\n"), ContextTar: tar, Owner: "key_a"})
 	unavailable(err, "host h1", "has not joined")
 	if _, err := os.Stat(tar); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the refused build's context: %v, want it removed", err)
 	}
 	any := fleet.NewTemplates(r, "")
 	defer any.Close()
-	_, err = any.Start(ctx, build.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
+	_, err = any.Start(ctx, builds.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
 	unavailable(err, "no host can build templates now")
 	if _, err := r.Register(ctx, reg); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pinned.Start(ctx, build.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
+	_, err = pinned.Start(ctx, builds.Spec{Name: "app", FromImage: "alpine", Owner: "key_a"})
 	unavailable(err, "host h1", "not connected yet")
 	if _, err := cat.GetTemplate(ctx, "app"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("a refused build left a template in the catalog: %v", err)
@@ -369,7 +369,7 @@ func TestTemplatesWithoutAHost(t *testing.T) {
 	if err := pinned.Remove(ctx, "app"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("Remove of nothing: got %v, want templates.ErrNotFound", err)
 	}
-	if _, err := any.Start(ctx, build.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, templates.ErrInvalid) {
+	if _, err := any.Start(ctx, builds.Spec{Name: "base", FromImage: "alpine"}); !errors.Is(err, templates.ErrInvalid) {
 		t.Errorf("a build of a built-in's name: got %v, want templates.ErrInvalid", err)
 	}
 }

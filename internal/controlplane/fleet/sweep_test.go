@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // storeSets stands for a host's view of the object store's user template
@@ -57,13 +57,13 @@ func TestSweepStore(t *testing.T) {
 	r, _, _, _ := newRegistry(t)
 	ctx := t.Context()
 	h1 := newBuildHost(t)
-	ids, builderOf := fixed(map[string]build.Builder{"h1": h1.m})
+	ids, builderOf := fixed(map[string]builds.Builder{"h1": h1.m})
 	ts := fleet.NewTemplates(r, "h1")
 	fleet.SetBuilders(ts, ids, builderOf, func(string) bool { return false })
 	t.Cleanup(ts.Close)
-	runBuild := func(name, image string) build.Status {
+	runBuild := func(name, image string) builds.Status {
 		t.Helper()
-		st, err := ts.Start(ctx, build.Spec{Name: name, FromImage: image, Owner: "key_a"})
+		st, err := ts.Start(ctx, builds.Spec{Name: name, FromImage: image, Owner: "key_a"})
 		if err == nil && image[:4] != "slow" {
 			st, err = ts.Follow(ctx, st.ID, func(string) {})
 		}

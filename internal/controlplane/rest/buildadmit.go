@@ -31,10 +31,10 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // Defaults of Config.MaxTemplateBuildsPerKey and MaxTemplateVersions.
@@ -99,12 +99,12 @@ func (s *Server) admitBuild(ctx context.Context, b TemplateBuilds, key catalog.K
 }
 
 // keyBuilds returns the builds of key keyID that have not ended.
-func keyBuilds(ctx context.Context, b TemplateBuilds, keyID string) ([]build.Status, error) {
+func keyBuilds(ctx context.Context, b TemplateBuilds, keyID string) ([]builds.Status, error) {
 	list, err := b.List(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(list, func(st build.Status) bool { return st.Owner != keyID || st.Done() }), nil
+	return slices.DeleteFunc(list, func(st builds.Status) bool { return st.Owner != keyID || st.Done() }), nil
 }
 
 // endBuildRequests ends the build requests of key keyID being received
@@ -122,7 +122,7 @@ func (s *Server) endBuildRequests(keyID string) {
 // context directory's disk keeps less than tmplbuild.MinFreeBytes free
 // besides the request's declared length (507).
 func (s *Server) checkContextSpace(r *http.Request) error {
-	return build.CheckFree(s.contextDir(), build.MinFreeBytes, max(r.ContentLength, 0))
+	return builds.CheckFree(s.contextDir(), builds.MinFreeBytes, max(r.ContentLength, 0))
 }
 
 // contextDir is where build contexts are received.
@@ -179,7 +179,7 @@ func (s *Server) checkBuildName(ctx context.Context, b TemplateBuilds, key catal
 			}
 		}
 		if n >= max {
-			return build.VersionLimit(name, n)
+			return builds.VersionLimit(name, n)
 		}
 		return nil
 	}
@@ -197,7 +197,7 @@ func (s *Server) checkBuildName(ctx context.Context, b TemplateBuilds, key catal
 		owned[st.Name] = true
 	}
 	if len(owned) >= max {
-		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", build.ErrLimit, len(owned))
+		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", builds.ErrLimit, len(owned))
 	}
 	return nil
 }
@@ -228,14 +228,14 @@ const spaceCheckEvery = 64 << 20
 
 func (sw *spaceWriter) Write(p []byte) (int, error) {
 	if sw.written/spaceCheckEvery != (sw.written+int64(len(p)))/spaceCheckEvery {
-		if err := build.CheckFree(sw.dir, build.MinFreeBytes, 0); err != nil {
+		if err := builds.CheckFree(sw.dir, builds.MinFreeBytes, 0); err != nil {
 			return 0, err
 		}
 	}
 	n, err := sw.w.Write(p)
 	sw.written += int64(n)
 	if errors.Is(err, syscall.ENOSPC) {
-		err = fmt.Errorf("%w: the server's disk is full", build.ErrNoSpace)
+		err = fmt.Errorf("%w: the server's disk is full", builds.ErrNoSpace)
 	}
 	return n, err
 }

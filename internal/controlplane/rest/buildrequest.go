@@ -36,9 +36,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // Limits of a build request.
@@ -137,17 +137,17 @@ func isMultipart(r *http.Request) bool {
 // read: before the context. On success the caller owns spec.ContextTar (if
 // any) and must hand it to the builder or remove it; on error nothing is
 // left.
-func (s *Server) buildSpecOf(r *http.Request, check func(name string) error) (build.Spec, error) {
+func (s *Server) buildSpecOf(r *http.Request, check func(name string) error) (builds.Spec, error) {
 	if !isMultipart(r) {
 		var req buildSpec
 		if err := decodeJSON(r, &req, false); err != nil {
-			return build.Spec{}, err
+			return builds.Spec{}, err
 		}
 		if err := check(req.Name); err != nil {
-			return build.Spec{}, err
+			return builds.Spec{}, err
 		}
 		if req.DockerfilePath != "" {
-			return build.Spec{}, badRequest("dockerfile_path names a file of the context: send the build as multipart/form-data with a context part")
+			return builds.Spec{}, badRequest("dockerfile_path names a file of the context: send the build as multipart/form-data with a context part")
 		}
 		var df []byte
 		if req.Dockerfile != nil {
@@ -160,45 +160,45 @@ func (s *Server) buildSpecOf(r *http.Request, check func(name string) error) (bu
 
 // checkBuildSpec turns a decoded request into a Spec: exactly one of an
 // image and a Dockerfile, and build arguments only with a Dockerfile.
-func checkBuildSpec(req buildSpec, dockerfile []byte, contextTar string) (build.Spec, error) {
+func checkBuildSpec(req buildSpec, dockerfile []byte, contextTar string) (builds.Spec, error) {
 	switch {
 	case req.FromImage != "" && dockerfile != nil:
-		return build.Spec{}, badRequest("give from_image or a Dockerfile, not both")
+		return builds.Spec{}, badRequest("give from_image or a Dockerfile, not both")
 	case req.FromImage == "" && dockerfile == nil:
-		return build.Spec{}, badRequest("nothing to build from: give from_image (an image reference such as registry.example.com/app:1.0) or a Dockerfile")
+		return builds.Spec{}, badRequest("nothing to build from: give from_image (an image reference such as registry.example.com/app:1.0) or a Dockerfile")
 	case dockerfile != nil && len(bytes.TrimSpace(dockerfile)) == 0:
-		return build.Spec{}, badRequest("the Dockerfile is empty")
+		return builds.Spec{}, badRequest("the Dockerfile is empty")
 	case len(dockerfile) > MaxDockerfileBytes:
-		return build.Spec{}, badRequest("the Dockerfile is larger than %d bytes", MaxDockerfileBytes)
+		return builds.Spec{}, badRequest("the Dockerfile is larger than %d bytes", MaxDockerfileBytes)
 	case dockerfile != nil && !utf8.Valid(dockerfile):
-		return build.Spec{}, badRequest("the Dockerfile is not valid UTF-8")
+		return builds.Spec{}, badRequest("the Dockerfile is not valid UTF-8")
 	}
 	args, err := decodeBuildArgs(req.BuildArgs)
 	if err != nil {
-		return build.Spec{}, err
+		return builds.Spec{}, err
 	}
 	if req.FromImage != "" {
 		if args != nil {
-			return build.Spec{}, badRequest("build_args are for Dockerfile builds; an image build takes none")
+			return builds.Spec{}, badRequest("build_args are for Dockerfile builds; an image build takes none")
 		}
 		if err := checkImageRef(req.FromImage); err != nil {
-			return build.Spec{}, err
+			return builds.Spec{}, err
 		}
 	}
-	return build.Spec{Name: req.Name, FromImage: req.FromImage, Dockerfile: dockerfile, ContextTar: contextTar, BuildArgs: args, Startup: req.Startup}, nil
+	return builds.Spec{Name: req.Name, FromImage: req.FromImage, Dockerfile: dockerfile, ContextTar: contextTar, BuildArgs: args, Startup: req.Startup}, nil
 }
 
 // multipartBuildSpec reads a multipart build request (see the top of this
 // file). Parts may come in any order, each at most once, but for the
 // context, which must follow the spec: check(name) runs on the spec.
-func (s *Server) multipartBuildSpec(r *http.Request, check func(name string) error) (spec build.Spec, err error) {
+func (s *Server) multipartBuildSpec(r *http.Request, check func(name string) error) (spec builds.Spec, err error) {
 	maxContext := s.cfg.TemplateContextMaxBytes
 	// The whole body: the context, the spec and the Dockerfile, and room
 	// for the parts' headers.
 	r.Body = http.MaxBytesReader(nil, r.Body, maxContext+maxJSONBody+MaxDockerfileBytes+1<<20)
 	mr, err := r.MultipartReader()
 	if err != nil {
-		return build.Spec{}, badRequest("read multipart body: %v", err)
+		return builds.Spec{}, badRequest("read multipart body: %v", err)
 	}
 	var (
 		req        *buildSpec
@@ -216,59 +216,59 @@ func (s *Server) multipartBuildSpec(r *http.Request, check func(name string) err
 			break
 		}
 		if err != nil {
-			return build.Spec{}, multipartError(err)
+			return builds.Spec{}, multipartError(err)
 		}
 		name := p.FormName()
 		switch name {
 		case "spec":
 			if req != nil {
-				return build.Spec{}, badRequest("the spec part is given twice")
+				return builds.Spec{}, badRequest("the spec part is given twice")
 			}
 			req = new(buildSpec)
 			if err := decodeSpecPart(p, req); err != nil {
-				return build.Spec{}, err
+				return builds.Spec{}, err
 			}
 			if err := check(req.Name); err != nil {
-				return build.Spec{}, err
+				return builds.Spec{}, err
 			}
 		case "dockerfile":
 			if dockerfile != nil {
-				return build.Spec{}, badRequest("the dockerfile part is given twice")
+				return builds.Spec{}, badRequest("the dockerfile part is given twice")
 			}
 			b, err := io.ReadAll(io.LimitReader(p, MaxDockerfileBytes+1))
 			if err != nil {
-				return build.Spec{}, multipartError(err)
+				return builds.Spec{}, multipartError(err)
 			}
 			if len(b) > MaxDockerfileBytes {
-				return build.Spec{}, badRequest("the Dockerfile is larger than %d bytes", MaxDockerfileBytes)
+				return builds.Spec{}, badRequest("the Dockerfile is larger than %d bytes", MaxDockerfileBytes)
 			}
 			dockerfile = b
 		case "context":
 			if contextTar != "" {
-				return build.Spec{}, badRequest("the context part is given twice")
+				return builds.Spec{}, badRequest("the context part is given twice")
 			}
 			if req == nil {
-				return build.Spec{}, badRequest("the context part comes before the spec part: send the spec first, so that the build is checked before its context is uploaded")
+				return builds.Spec{}, badRequest("the context part comes before the spec part: send the spec first, so that the build is checked before its context is uploaded")
 			}
 			if contextTar, err = s.saveContext(p); err != nil {
-				return build.Spec{}, err
+				return builds.Spec{}, err
 			}
 		default:
-			return build.Spec{}, badRequest("unknown part %q: a build's parts are spec, dockerfile and context", name)
+			return builds.Spec{}, badRequest("unknown part %q: a build's parts are spec, dockerfile and context", name)
 		}
 		p.Close()
 	}
 	switch {
 	case req == nil:
-		return build.Spec{}, badRequest("the spec part is missing: a JSON object with the template's name")
+		return builds.Spec{}, badRequest("the spec part is missing: a JSON object with the template's name")
 	case req.Dockerfile != nil:
-		return build.Spec{}, badRequest("the spec's dockerfile field is for JSON bodies; send the Dockerfile as the dockerfile part")
+		return builds.Spec{}, badRequest("the spec's dockerfile field is for JSON bodies; send the Dockerfile as the dockerfile part")
 	case req.FromImage != "" && contextTar != "":
-		return build.Spec{}, badRequest("a context is for Dockerfile builds; an image build (from_image) takes none")
+		return builds.Spec{}, badRequest("a context is for Dockerfile builds; an image build (from_image) takes none")
 	case req.DockerfilePath != "" && dockerfile != nil:
-		return build.Spec{}, badRequest("give a dockerfile part or a dockerfile_path in the context, not both")
+		return builds.Spec{}, badRequest("give a dockerfile part or a dockerfile_path in the context, not both")
 	case req.DockerfilePath != "" && contextTar == "":
-		return build.Spec{}, badRequest("dockerfile_path names a file of the context, and there is no context part")
+		return builds.Spec{}, badRequest("dockerfile_path names a file of the context, and there is no context part")
 	}
 	if dockerfile == nil && contextTar != "" && req.FromImage == "" {
 		name := req.DockerfilePath
@@ -276,7 +276,7 @@ func (s *Server) multipartBuildSpec(r *http.Request, check func(name string) err
 			name = "Dockerfile"
 		}
 		if dockerfile, err = dockerfileInContext(contextTar, name); err != nil {
-			return build.Spec{}, err
+			return builds.Spec{}, err
 		}
 	}
 	return checkBuildSpec(*req, dockerfile, contextTar)
@@ -346,7 +346,7 @@ func (s *Server) saveContext(p io.Reader) (string, error) {
 		switch {
 		case errors.As(err, &mbe) || n > max:
 			return "", contextTooLarge(max)
-		case errors.Is(err, build.ErrNoSpace):
+		case errors.Is(err, builds.ErrNoSpace):
 			return "", err
 		case errors.As(err, &ce):
 			return "", ce // the key was revoked meanwhile (ctxBody)

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
@@ -31,7 +32,7 @@ import (
 // gotSpec is what the Dockerfile hook saw: the Spec, and its context's
 // bytes (read while the build runs; the Manager removes the file after).
 type gotSpec struct {
-	spec    build.Spec
+	spec    builds.Spec
 	context []byte
 }
 
@@ -48,17 +49,17 @@ func newDockerfileServer(t *testing.T, hook bool, maxContext int64) (*buildServe
 		if !hook {
 			return
 		}
-		bc.Dockerfile = func(ctx context.Context, spec build.Spec, out string, progress func(string)) (build.Result, error) {
+		bc.Dockerfile = func(ctx context.Context, spec builds.Spec, out string, progress func(string)) (builds.Result, error) {
 			var ctxBytes []byte
 			if spec.ContextTar != "" {
 				var err error
 				if ctxBytes, err = os.ReadFile(spec.ContextTar); err != nil {
-					return build.Result{}, err
+					return builds.Result{}, err
 				}
 			}
 			got <- gotSpec{spec, ctxBytes}
 			progress("building")
-			return build.Result{Digest: "sha256:def"}, os.WriteFile(out, []byte("rootfs"), 0o644)
+			return builds.Result{Digest: "sha256:def"}, os.WriteFile(out, []byte("rootfs"), 0o644)
 		}
 	})
 	return b, dir, got
@@ -230,7 +231,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		body        func() (io.Reader, string)
-		want        build.Spec
+		want        builds.Spec
 		wantContext string
 	}{
 		{
@@ -241,7 +242,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 					part{"context", ctxGz},
 					part{"dockerfile", "FROM alpine:3.20\nARG VERSION\n"}) // the Dockerfile may come last
 			},
-			want: build.Spec{Name: "app", Dockerfile: []byte("FROM alpine:3.20\nARG VERSION\n"),
+			want: builds.Spec{Name: "app", Dockerfile: []byte("FROM alpine:3.20\nARG VERSION\n"),
 				BuildArgs: map[string]string{"VERSION": "1.2", "_X": ""},
 				Startup:   templates.Startup{StartCmd: "exec srv", ReadyCmd: "true", ReadyTimeoutSeconds: 30}},
 			wantContext: ctxGz,
@@ -251,7 +252,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			body: func() (io.Reader, string) {
 				return multipartBody(t, part{"spec", `{"name":"plain"}`}, part{"context", ctxPlain})
 			},
-			want:        build.Spec{Name: "plain", Dockerfile: []byte("FROM debian\n")},
+			want:        builds.Spec{Name: "plain", Dockerfile: []byte("FROM debian\n")},
 			wantContext: ctxPlain,
 		},
 		{
@@ -259,7 +260,7 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			body: func() (io.Reader, string) {
 				return multipartBody(t, part{"spec", `{"name":"dev","dockerfile_path":"./docker/Dockerfile.dev"}`}, part{"context", ctxGz})
 			},
-			want:        build.Spec{Name: "dev", Dockerfile: []byte("FROM busybox\n")},
+			want:        builds.Spec{Name: "dev", Dockerfile: []byte("FROM busybox\n")},
 			wantContext: ctxGz,
 		},
 		{
@@ -267,14 +268,14 @@ func TestTemplateBuildDockerfileReachesBuilder(t *testing.T) {
 			body: func() (io.Reader, string) {
 				return multipartBody(t, part{"spec", `{"name":"bare"}`}, part{"dockerfile", "FROM scratch\n"})
 			},
-			want: build.Spec{Name: "bare", Dockerfile: []byte("FROM scratch\n")},
+			want: builds.Spec{Name: "bare", Dockerfile: []byte("FROM scratch\n")},
 		},
 		{
 			name: "JSON",
 			body: func() (io.Reader, string) {
 				return strings.NewReader(`{"name":"json","dockerfile":"FROM alpine\n","build_args":{"A":"b"}}`), "application/json"
 			},
-			want: build.Spec{Name: "json", Dockerfile: []byte("FROM alpine\n"), BuildArgs: map[string]string{"A": "b"}},
+			want: builds.Spec{Name: "json", Dockerfile: []byte("FROM alpine\n"), BuildArgs: map[string]string{"A": "b"}},
 		},
 	} {
 		body, ct := tc.body()

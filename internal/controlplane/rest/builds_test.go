@@ -21,6 +21,7 @@ import (
 
 	apispec "github.com/pandastack/pandastack/api"
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
@@ -78,17 +79,17 @@ func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	convert := func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
+	convert := func(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 		progress("pulling " + src)
 		if strings.Contains(src, "missing") {
-			return build.Result{}, fmt.Errorf("%w: image %s not found in its registry", build.ErrImageNotFound, src)
+			return builds.Result{}, fmt.Errorf("%w: image %s not found in its registry", builds.ErrImageNotFound, src)
 		}
 		progress("writing the root filesystem")
 		if strings.Contains(src, "hang") {
 			<-ctx.Done()
-			return build.Result{}, ctx.Err()
+			return builds.Result{}, ctx.Err()
 		}
-		return build.Result{Digest: "sha256:abc", Image: templates.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
+		return builds.Result{Digest: "sha256:abc", Image: templates.ImageConfig{WorkingDir: "/srv"}}, os.WriteFile(out, []byte(src), 0o644)
 	}
 	cat, err := sqlite.Open(ctx, filepath.Join(dir, "panda.db"))
 	if err != nil {

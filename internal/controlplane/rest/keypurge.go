@@ -21,9 +21,9 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // revokedWhy is the error of a build canceled because its key was revoked.
@@ -31,7 +31,7 @@ const revokedWhy = "the build was canceled: its API key was revoked"
 
 // cancelBuilds cancels the builds of key keyID that are queued or running
 // and returns them.
-func (s *Server) cancelBuilds(ctx context.Context, keyID string) ([]build.Status, error) {
+func (s *Server) cancelBuilds(ctx context.Context, keyID string) ([]builds.Status, error) {
 	b, err := s.builds()
 	if err != nil {
 		return nil, nil // this server builds nothing
@@ -40,14 +40,14 @@ func (s *Server) cancelBuilds(ctx context.Context, keyID string) ([]build.Status
 	if err != nil || len(active) == 0 {
 		return nil, err
 	}
-	c, ok := b.(build.Canceler)
+	c, ok := b.(builds.Canceler)
 	if !ok {
 		return nil, errorf(controlplane.NotImplemented, "this server's template builder cannot cancel builds")
 	}
-	var out []build.Status
+	var out []builds.Status
 	var errs []error
 	for _, st := range active {
-		if _, err := c.Cancel(ctx, st.ID, revokedWhy); err != nil && !errors.Is(err, build.ErrNotFound) {
+		if _, err := c.Cancel(ctx, st.ID, revokedWhy); err != nil && !errors.Is(err, builds.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("cancel template build %s: %w", st.ID, err))
 			continue
 		}

@@ -13,27 +13,27 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 )
 
 // tinyWithVersionFile is a tmplbuild.Convert: src's root filesystem is the
 // tiny one with src written to /panda-version.
-func tinyWithVersionFile(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
+func tinyWithVersionFile(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 	progress("copying the tiny root filesystem")
 	cp := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", filepath.Join(testImages(), "rootfs-tiny.ext4"), out)
 	if b, err := cp.CombinedOutput(); err != nil {
-		return build.Result{}, fmt.Errorf("cp: %v: %s", err, b)
+		return builds.Result{}, fmt.Errorf("cp: %v: %s", err, b)
 	}
 	f := out + ".version"
 	defer os.Remove(f)
 	if err := os.WriteFile(f, []byte(src), 0o644); err != nil {
-		return build.Result{}, err
+		return builds.Result{}, err
 	}
 	dbg := exec.CommandContext(ctx, "debugfs", "-w", "-R", "write "+f+" /panda-version", out)
 	if b, err := dbg.CombinedOutput(); err != nil {
-		return build.Result{}, fmt.Errorf("debugfs: %v: %s", err, b)
+		return builds.Result{}, fmt.Errorf("debugfs: %v: %s", err, b)
 	}
-	return build.Result{Digest: "sha256:" + src}, nil
+	return builds.Result{Digest: "sha256:" + src}, nil
 }
 
 func buildTemplate(t *testing.T, key, name, src string) map[string]any {

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // versionJSON is one version of a user template: SizeBytes is its root
@@ -74,7 +74,7 @@ func (s *Server) userVersions(ctx context.Context) (map[string][]templates.UserR
 	if err != nil {
 		return users, nil
 	}
-	if vl, ok := b.(build.VersionLister); ok {
+	if vl, ok := b.(builds.VersionLister); ok {
 		return vl.AllVersions(ctx)
 	}
 	latest, err := b.UserTemplates(ctx)
@@ -358,7 +358,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 // TemplateBuilds builds user templates from container images: a
 // tmplbuild.Manager in the server's process, or a remote host agent's
 // (hostapi.Client). A server without it answers 501.
-type TemplateBuilds = build.Builder
+type TemplateBuilds = builds.Builder
 
 // DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.
 const DefaultMaxTemplatesPerKey = 20
@@ -388,7 +388,7 @@ func (s *Server) callerBuilds(w http.ResponseWriter, r *http.Request) (TemplateB
 // rebuild one (another key's name is taken: 409, whether it may see it or
 // not), up to MaxTemplateVersions versions; a key has at most
 // MaxTemplateBuildsPerKey builds queued or running.
-func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catalog.Key, spec *build.Spec) error {
+func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catalog.Key, spec *builds.Spec) error {
 	spec.Owner = key.ID
 	if !key.Admin {
 		spec.MaxTemplates = max(s.cfg.MaxTemplatesPerKey, 0)
@@ -410,13 +410,13 @@ func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catal
 
 // visibleBuild returns build id's status if key may read it: the key that
 // started it, or an admin key; another key's build is not found.
-func visibleBuild(ctx context.Context, b TemplateBuilds, key catalog.Key, id string) (build.Status, error) {
+func visibleBuild(ctx context.Context, b TemplateBuilds, key catalog.Key, id string) (builds.Status, error) {
 	st, err := b.Get(ctx, id)
 	if err != nil {
 		return st, err
 	}
 	if !key.Admin && st.Owner != key.ID {
-		return build.Status{}, notFound("template build %q not found", id)
+		return builds.Status{}, notFound("template build %q not found", id)
 	}
 	return st, nil
 }
@@ -522,7 +522,7 @@ func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	out := []build.Status{}
+	out := []builds.Status{}
 	for _, st := range list {
 		if (key.Admin || st.Owner == key.ID) && (name == "" || st.Name == name) {
 			out = append(out, st)
@@ -720,5 +720,3 @@ func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 		writeJSON(w, http.StatusOK, out)
 	}
 }
-
-var _ TemplateBuilds = (*build.Manager)(nil)

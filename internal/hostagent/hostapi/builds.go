@@ -14,9 +14,9 @@ import (
 	"os"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // Template builds over the host API: a control plane whose host is a
@@ -46,8 +46,8 @@ type Builds struct{ c *Client }
 func (c *Client) Builds() Builds { return Builds{c: c} }
 
 var (
-	_ build.Builder  = Builds{}
-	_ build.Canceler = Builds{}
+	_ builds.Builder  = Builds{}
+	_ builds.Canceler = Builds{}
 )
 
 // buildSpec is tmplbuild.Spec on the wire, without ContextTar (the
@@ -68,13 +68,13 @@ type buildSpec struct {
 
 // buildStatus is tmplbuild.Status with its owner, which the API checks.
 type buildStatus struct {
-	build.Status
+	builds.Status
 	Owner string `json:"owner,omitempty"`
 }
 
-func wireStatus(st build.Status) buildStatus { return buildStatus{Status: st, Owner: st.Owner} }
+func wireStatus(st builds.Status) buildStatus { return buildStatus{Status: st, Owner: st.Owner} }
 
-func (b buildStatus) status() build.Status {
+func (b buildStatus) status() builds.Status {
 	st := b.Status
 	st.Owner = b.Owner
 	return st
@@ -114,7 +114,7 @@ type buildLogEvent struct {
 // ServeBuilds makes the agent's API serve template builds with b, which
 // receives each build's context as a file in contextDir (b removes it,
 // see tmplbuild.Spec.ContextTar). Call it before serving.
-func (s *Server) ServeBuilds(b build.Builder, contextDir string) {
+func (s *Server) ServeBuilds(b builds.Builder, contextDir string) {
 	s.builds, s.contextDir = b, contextDir
 }
 
@@ -124,7 +124,7 @@ var errNoBuilds = fmt.Errorf("%w: this host agent does not build templates", err
 // tracked by the caller).
 func (s *Server) buildRoutes(r chi.Router) {
 	r.Post(Prefix+"/template-builds", s.json(s.startBuild))
-	r.Get(Prefix+"/template-builds", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Get(Prefix+"/template-builds", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		list, err := b.List(r.Context())
 		out := make([]buildStatus, len(list))
 		for i, st := range list {
@@ -132,12 +132,12 @@ func (s *Server) buildRoutes(r chi.Router) {
 		}
 		return map[string]any{"builds": out}, err
 	}))
-	r.Get(Prefix+"/template-builds/{buildID}", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Get(Prefix+"/template-builds/{buildID}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		st, err := b.Get(r.Context(), chi.URLParam(r, "buildID"))
 		return wireStatus(st), err
 	}))
-	r.Post(Prefix+"/template-builds/{buildID}/cancel", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
-		c, ok := b.(build.Canceler)
+	r.Post(Prefix+"/template-builds/{buildID}/cancel", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+		c, ok := b.(builds.Canceler)
 		if !ok {
 			return nil, fmt.Errorf("%w: this host agent cannot cancel template builds", errors.ErrUnsupported)
 		}
@@ -150,22 +150,22 @@ func (s *Server) buildRoutes(r chi.Router) {
 		st, err := c.Cancel(r.Context(), chi.URLParam(r, "buildID"), req.Why)
 		return wireStatus(st), err
 	}))
-	r.Get(Prefix+"/user-templates", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Get(Prefix+"/user-templates", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		us, err := b.UserTemplates(r.Context())
 		return map[string]any{"templates": wireUsers(us)}, err
 	}))
-	r.Get(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Get(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		u, err := b.UserTemplate(r.Context(), chi.URLParam(r, "ref"))
 		return wireUser(u), err
 	}))
-	r.Get(Prefix+"/user-templates/{name}/versions", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Get(Prefix+"/user-templates/{name}/versions", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		vs, err := b.Versions(r.Context(), chi.URLParam(r, "name"))
 		return map[string]any{"versions": wireUsers(vs)}, err
 	}))
-	r.Delete(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Delete(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		return nil, b.Remove(r.Context(), chi.URLParam(r, "ref"))
 	}))
-	r.Put(Prefix+"/user-templates/{ref}/public", s.buildsJSON(func(r *http.Request, b build.Builder) (any, error) {
+	r.Put(Prefix+"/user-templates/{ref}/public", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		var req struct {
 			Public bool `json:"public"`
 		}
@@ -177,7 +177,7 @@ func (s *Server) buildRoutes(r chi.Router) {
 }
 
 // buildsJSON is json for an operation on the agent's builds.
-func (s *Server) buildsJSON(fn func(r *http.Request, b build.Builder) (any, error)) http.HandlerFunc {
+func (s *Server) buildsJSON(fn func(r *http.Request, b builds.Builder) (any, error)) http.HandlerFunc {
 	return s.json(func(r *http.Request) (any, error) {
 		if s.builds == nil {
 			return nil, errNoBuilds
@@ -206,7 +206,7 @@ func (s *Server) startBuild(r *http.Request) (any, error) {
 	if err := dec.Decode(&ws); err != nil {
 		return nil, fmt.Errorf("%w: malformed build spec: %v", host.ErrInvalid, err)
 	}
-	spec := build.Spec{Name: ws.Name, FromImage: ws.FromImage, Dockerfile: ws.Dockerfile, BuildArgs: ws.BuildArgs,
+	spec := builds.Spec{Name: ws.Name, FromImage: ws.FromImage, Dockerfile: ws.Dockerfile, BuildArgs: ws.BuildArgs,
 		Startup: ws.Startup, Owner: ws.Owner, MaxTemplates: ws.MaxTemplates, MaxBuilds: ws.MaxBuilds, MaxVersions: ws.MaxVersions,
 		ID: ws.ID, Version: ws.Version}
 	part, err = mr.NextPart()
@@ -269,7 +269,7 @@ func (s *Server) buildLog(w http.ResponseWriter, r *http.Request) {
 
 // Start sends spec and its context file (which it removes, sent or not,
 // as a Manager's Start would) to the agent.
-func (b Builds) Start(ctx context.Context, spec build.Spec) (build.Status, error) {
+func (b Builds) Start(ctx context.Context, spec builds.Spec) (builds.Status, error) {
 	if spec.ContextTar != "" {
 		defer os.Remove(spec.ContextTar)
 	}
@@ -277,7 +277,7 @@ func (b Builds) Start(ctx context.Context, spec build.Spec) (build.Status, error
 		Startup: spec.Startup, Owner: spec.Owner, MaxTemplates: spec.MaxTemplates, MaxBuilds: spec.MaxBuilds, MaxVersions: spec.MaxVersions,
 		ID: spec.ID, Version: spec.Version})
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
@@ -285,18 +285,18 @@ func (b Builds) Start(ctx context.Context, spec build.Spec) (build.Status, error
 	req, err := b.c.request(ctx, http.MethodPost, "/template-builds", nil, pr)
 	if err != nil {
 		pr.Close()
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	res, err := b.c.do(req)
 	pr.Close() // ends the writer if the agent answered before reading it all
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	defer res.Body.Close()
 	var st buildStatus
 	if err := json.NewDecoder(res.Body).Decode(&st); err != nil {
-		return build.Status{}, b.c.transportError(ctx, fmt.Errorf("decode build status: %w", err))
+		return builds.Status{}, b.c.transportError(ctx, fmt.Errorf("decode build status: %w", err))
 	}
 	return st.status(), nil
 }
@@ -330,28 +330,28 @@ func writeBuildRequest(mw *multipart.Writer, spec []byte, contextTar string) err
 }
 
 // Get returns build id's status.
-func (b Builds) Get(ctx context.Context, id string) (build.Status, error) {
+func (b Builds) Get(ctx context.Context, id string) (builds.Status, error) {
 	var st buildStatus
 	err := b.c.callShort(ctx, http.MethodGet, "/template-builds/"+url.PathEscape(id), nil, nil, &st)
 	return st.status(), err
 }
 
 // Cancel cancels build id (tmplbuild.Canceler).
-func (b Builds) Cancel(ctx context.Context, id, why string) (build.Status, error) {
+func (b Builds) Cancel(ctx context.Context, id, why string) (builds.Status, error) {
 	var st buildStatus
 	err := b.c.callShort(ctx, http.MethodPost, "/template-builds/"+url.PathEscape(id)+"/cancel", nil, map[string]string{"why": why}, &st)
 	return st.status(), err
 }
 
 // List returns the builds the agent remembers, newest first.
-func (b Builds) List(ctx context.Context) ([]build.Status, error) {
+func (b Builds) List(ctx context.Context) ([]builds.Status, error) {
 	var out struct {
 		Builds []buildStatus `json:"builds"`
 	}
 	if err := b.c.callShort(ctx, http.MethodGet, "/template-builds", nil, nil, &out); err != nil {
 		return nil, err
 	}
-	list := make([]build.Status, len(out.Builds))
+	list := make([]builds.Status, len(out.Builds))
 	for i, b := range out.Builds {
 		list[i] = b.status()
 	}
@@ -360,14 +360,14 @@ func (b Builds) List(ctx context.Context) ([]build.Status, error) {
 
 // Follow calls line for each of build id's lines until it ends, and
 // returns its final status.
-func (b Builds) Follow(ctx context.Context, id string, line func(string)) (build.Status, error) {
+func (b Builds) Follow(ctx context.Context, id string, line func(string)) (builds.Status, error) {
 	req, err := b.c.request(ctx, http.MethodGet, "/template-builds/"+url.PathEscape(id)+"/log", nil, nil)
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	res, err := b.c.do(req)
 	if err != nil {
-		return build.Status{}, err
+		return builds.Status{}, err
 	}
 	defer res.Body.Close()
 	sc := bufio.NewScanner(res.Body)
@@ -375,7 +375,7 @@ func (b Builds) Follow(ctx context.Context, id string, line func(string)) (build
 	for sc.Scan() {
 		var ev buildLogEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return build.Status{}, b.c.transportError(ctx, fmt.Errorf("build log stream: %w", err))
+			return builds.Status{}, b.c.transportError(ctx, fmt.Errorf("build log stream: %w", err))
 		}
 		switch {
 		case ev.Line != nil:
@@ -383,10 +383,10 @@ func (b Builds) Follow(ctx context.Context, id string, line func(string)) (build
 		case ev.Status != nil:
 			return ev.Status.status(), nil
 		case ev.Error != nil:
-			return build.Status{}, ev.Error.err()
+			return builds.Status{}, ev.Error.err()
 		}
 	}
-	return build.Status{}, b.c.transportError(ctx, errors.New("build log stream ended before the build"))
+	return builds.Status{}, b.c.transportError(ctx, errors.New("build log stream ended before the build"))
 }
 
 // Remove removes user template "NAME" (every version) or "NAME:N".

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
@@ -27,21 +28,21 @@ func TestBuilds(t *testing.T) {
 	gotContext := make(chan string, 1)
 	m, err := build.New(build.Config{
 		Store: ag.Templates(),
-		Convert: func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
+		Convert: func(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 			if strings.Contains(src, "missing") {
-				return build.Result{}, build.ErrImageNotFound
+				return builds.Result{}, builds.ErrImageNotFound
 			}
 			progress("converting " + src)
-			return build.Result{Digest: "sha256:abc"}, os.WriteFile(out, []byte(src), 0o644)
+			return builds.Result{Digest: "sha256:abc"}, os.WriteFile(out, []byte(src), 0o644)
 		},
-		Dockerfile: func(ctx context.Context, spec build.Spec, out string, progress func(string)) (build.Result, error) {
+		Dockerfile: func(ctx context.Context, spec builds.Spec, out string, progress func(string)) (builds.Result, error) {
 			b, err := os.ReadFile(spec.ContextTar)
 			if err != nil {
-				return build.Result{}, err
+				return builds.Result{}, err
 			}
 			gotContext <- string(b)
 			progress("dockerfile: " + string(spec.Dockerfile) + " arg " + spec.BuildArgs["A"])
-			return build.Result{}, os.WriteFile(out, spec.Dockerfile, 0o644)
+			return builds.Result{}, os.WriteFile(out, spec.Dockerfile, 0o644)
 		},
 	})
 	if err != nil {
@@ -57,7 +58,7 @@ func TestBuilds(t *testing.T) {
 	if err := os.WriteFile(ctxFile, []byte("the context"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	st, err := b.Start(ctx, build.Spec{Name: "wired", Dockerfile: []byte("FROM tiny"), ContextTar: ctxFile,
+	st, err := b.Start(ctx, builds.Spec{Name: "wired", Dockerfile: []byte("FROM tiny"), ContextTar: ctxFile,
 		BuildArgs: map[string]string{"A": "1"}, Owner: "key-1"})
 	if err != nil || st.Owner != "key-1" || st.Name != "wired" || st.Source != "Dockerfile" {
 		t.Fatalf("Start: %+v, %v", st, err)
@@ -67,7 +68,7 @@ func TestBuilds(t *testing.T) {
 	}
 	var lines []string
 	final, err := b.Follow(ctx, st.ID, func(l string) { lines = append(lines, l) })
-	if err != nil || final.State != build.StateSucceeded || final.Version != 1 || final.Owner != "key-1" {
+	if err != nil || final.State != builds.StateSucceeded || final.Version != 1 || final.Owner != "key-1" {
 		t.Fatalf("Follow: %+v, %v (lines %q)", final, err, lines)
 	}
 	if got := <-gotContext; got != "the context" {
@@ -79,7 +80,7 @@ func TestBuilds(t *testing.T) {
 	if left, _ := os.ReadDir(contexts); len(left) != 0 {
 		t.Errorf("context files left on the agent: %v", left)
 	}
-	if got, err := b.Get(ctx, st.ID); err != nil || got.State != build.StateSucceeded || got.Owner != "key-1" {
+	if got, err := b.Get(ctx, st.ID); err != nil || got.State != builds.StateSucceeded || got.Owner != "key-1" {
 		t.Errorf("Get: %+v, %v", got, err)
 	}
 	if list, err := b.List(ctx); err != nil || len(list) != 1 || list[0].ID != st.ID {
@@ -103,52 +104,52 @@ func TestBuilds(t *testing.T) {
 	}
 
 	// Errors keep their classes.
-	if _, err := b.Get(ctx, "nope"); !errors.Is(err, build.ErrNotFound) {
+	if _, err := b.Get(ctx, "nope"); !errors.Is(err, builds.ErrNotFound) {
 		t.Errorf("Get of no build: %v, want tmplbuild.ErrNotFound", err)
 	}
 	if _, err := b.UserTemplate(ctx, "wired:7"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("UserTemplate of no version: %v, want templates.ErrNotFound", err)
 	}
-	if _, err := b.Start(ctx, build.Spec{Name: "Bad Name", FromImage: "x"}); !errors.Is(err, templates.ErrInvalid) {
+	if _, err := b.Start(ctx, builds.Spec{Name: "Bad Name", FromImage: "x"}); !errors.Is(err, templates.ErrInvalid) {
 		t.Errorf("Start with a bad name: %v, want templates.ErrInvalid", err)
 	}
-	if _, err := b.Start(ctx, build.Spec{Name: "other", FromImage: "x", Owner: "key-2", MaxTemplates: 0}); err != nil {
+	if _, err := b.Start(ctx, builds.Spec{Name: "other", FromImage: "x", Owner: "key-2", MaxTemplates: 0}); err != nil {
 		t.Fatal(err)
-	} else if _, err := b.Start(ctx, build.Spec{Name: "third", FromImage: "x", Owner: "key-2", MaxTemplates: 1}); !errors.Is(err, build.ErrLimit) {
+	} else if _, err := b.Start(ctx, builds.Spec{Name: "third", FromImage: "x", Owner: "key-2", MaxTemplates: 1}); !errors.Is(err, builds.ErrLimit) {
 		t.Errorf("Start over the owner's limit: %v, want tmplbuild.ErrLimit", err)
 	}
-	failed, err := b.Start(ctx, build.Spec{Name: "gone", FromImage: "r.example/missing:1"})
+	failed, err := b.Start(ctx, builds.Spec{Name: "gone", FromImage: "r.example/missing:1"})
 	if err == nil {
 		failed, err = b.Follow(ctx, failed.ID, func(string) {})
 	}
-	if err != nil || failed.State != build.StateFailed || failed.Code != build.CodeImageNotFound {
+	if err != nil || failed.State != builds.StateFailed || failed.Code != builds.CodeImageNotFound {
 		t.Errorf("a build of a missing image: %+v, %v", failed, err)
 	}
 
 	// A fleet's build: its id and version are the control plane's.
 	const id = "0123456789abcdef0123"
-	fl, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", Owner: "key-1", ID: id, Version: 7})
+	fl, err := b.Start(ctx, builds.Spec{Name: "fleetbuilt", FromImage: "x", Owner: "key-1", ID: id, Version: 7})
 	if err == nil {
 		fl, err = b.Follow(ctx, fl.ID, func(string) {})
 	}
-	if err != nil || fl.ID != id || fl.State != build.StateSucceeded || fl.Version != 7 {
+	if err != nil || fl.ID != id || fl.State != builds.StateSucceeded || fl.Version != 7 {
 		t.Errorf("a build with an id and a version: %+v, %v; want %s, succeeded as version 7", fl, err, id)
 	}
 	if u, err := b.UserTemplate(ctx, "fleetbuilt:7"); err != nil || u.Version != 7 || !u.Copy {
 		t.Errorf("UserTemplate(fleetbuilt:7) = %+v, %v", u, err)
 	}
-	if _, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", ID: id, Version: 8}); !errors.Is(err, build.ErrConflict) {
+	if _, err := b.Start(ctx, builds.Spec{Name: "fleetbuilt", FromImage: "x", ID: id, Version: 8}); !errors.Is(err, builds.ErrConflict) {
 		t.Errorf("a build with a taken id: %v, want tmplbuild.ErrConflict", err)
 	}
-	if _, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", ID: "not-hex"}); !errors.Is(err, templates.ErrInvalid) {
+	if _, err := b.Start(ctx, builds.Spec{Name: "fleetbuilt", FromImage: "x", ID: "not-hex"}); !errors.Is(err, templates.ErrInvalid) {
 		t.Errorf("a build with a malformed id: %v, want templates.ErrInvalid", err)
 	}
 	// A number this host has had already is refused at the install.
-	old, err := b.Start(ctx, build.Spec{Name: "fleetbuilt", FromImage: "x", Version: 7})
+	old, err := b.Start(ctx, builds.Spec{Name: "fleetbuilt", FromImage: "x", Version: 7})
 	if err == nil {
 		old, err = b.Follow(ctx, old.ID, func(string) {})
 	}
-	if err != nil || old.State != build.StateFailed {
+	if err != nil || old.State != builds.StateFailed {
 		t.Errorf("a build of a version this host had: %+v, %v; want failed", old, err)
 	}
 	if u, err := b.UserTemplate(ctx, "fleetbuilt"); err != nil || u.Version != 7 {

@@ -112,11 +112,11 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // Prefix is the path prefix of every endpoint.
@@ -263,12 +263,12 @@ var classes = []struct {
 	class  error
 }{
 	{"no_space", http.StatusInsufficientStorage, host.ErrNoSpace},
-	{"builds_unsupported", http.StatusNotImplemented, build.ErrUnsupported},
-	{"template_limit", http.StatusTooManyRequests, build.ErrLimit},
-	{"builds_busy", http.StatusTooManyRequests, build.ErrBusy},
-	{"builds_no_space", http.StatusInsufficientStorage, build.ErrNoSpace},
-	{"builds_closed", http.StatusServiceUnavailable, build.ErrClosed},
-	{"build_not_found", http.StatusNotFound, build.ErrNotFound},
+	{"builds_unsupported", http.StatusNotImplemented, builds.ErrUnsupported},
+	{"template_limit", http.StatusTooManyRequests, builds.ErrLimit},
+	{"builds_busy", http.StatusTooManyRequests, builds.ErrBusy},
+	{"builds_no_space", http.StatusInsufficientStorage, builds.ErrNoSpace},
+	{"builds_closed", http.StatusServiceUnavailable, builds.ErrClosed},
+	{"build_not_found", http.StatusNotFound, builds.ErrNotFound},
 	{"corrupt", http.StatusConflict, host.ErrCorrupt},
 	{"not_ready", http.StatusServiceUnavailable, host.ErrNotReady},
 	{"not_found", http.StatusNotFound, host.ErrNotFound},
@@ -276,7 +276,7 @@ var classes = []struct {
 	{"invalid", http.StatusUnprocessableEntity, host.ErrInvalid},
 	{"template_invalid", http.StatusUnprocessableEntity, templates.ErrInvalid},
 	{"conflict", http.StatusConflict, host.ErrConflict},
-	{"build_conflict", http.StatusConflict, build.ErrConflict},
+	{"build_conflict", http.StatusConflict, builds.ErrConflict},
 	{"template_conflict", http.StatusConflict, templates.ErrConflict},
 	{"unavailable", http.StatusServiceUnavailable, host.ErrUnavailable},
 	{"unsupported", http.StatusNotImplemented, errors.ErrUnsupported},

@@ -18,13 +18,13 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/recoverer"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
 
 // Server serves one host agent's API. Create it with NewServer, wire
@@ -48,7 +48,7 @@ type Server struct {
 	tunnels    map[*tunnel]struct{}
 
 	// builds and contextDir serve template builds (ServeBuilds; builds.go).
-	builds     build.Builder
+	builds     builds.Builder
 	contextDir string
 }
 

@@ -9,10 +9,12 @@ package vmm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/host"
 )
 
 // Spec describes one machine. The same Spec (except the fields that name
@@ -236,7 +238,7 @@ var ErrExited = errors.New("vmm process exited")
 
 // ErrExhausted is returned by Driver.Start when a per-host resource of the
 // driver (such as the user ids of confined VMMs) is used up.
-var ErrExhausted = errors.New("vmm resources exhausted")
+var ErrExhausted = fmt.Errorf("vmm: %w", host.ErrExhausted)
 
 // DefaultStartTimeout bounds how long Start waits for the control channel.
 const DefaultStartTimeout = 10 * time.Second

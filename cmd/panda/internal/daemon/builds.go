@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
@@ -18,6 +19,9 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/template/dockerfile"
 	"github.com/pandastack/pandastack/internal/hostagent/template/rootfs"
 )
+
+// A host's build manager serves the REST API's template builds in panda up.
+var _ rest.TemplateBuilds = (*build.Manager)(nil)
 
 // openTemplateBuilds returns the builder of user templates on host's
 // store: images become root filesystems through rootfs.FromImage; a
@@ -47,17 +51,17 @@ func openTemplateBuilds(cfg Config, host *hostagent.Agent, log *slog.Logger) (*b
 	tc := build.Config{
 		Store:   host.Templates(),
 		Convert: convert,
-		Dockerfile: func(ctx context.Context, spec build.Spec, out string, progress func(string)) (build.Result, error) {
+		Dockerfile: func(ctx context.Context, spec builds.Spec, out string, progress func(string)) (builds.Result, error) {
 			// The cache is the building key's: no other key's build
 			// reuses (or sees as cached) what its steps made.
 			r, err := df.Build(ctx, dockerfile.Request{Dockerfile: spec.Dockerfile, ContextTar: spec.ContextTar,
 				BuildArgs: spec.BuildArgs, Scope: spec.Owner}, out, progress)
-			return build.Result(r), err
+			return builds.Result(r), err
 		},
 		CheckDockerfile: dockerfile.Check,
 		MaxConcurrent:   cfg.MaxTemplateBuilds,
 		// A build writes its root filesystem and its layers to the store.
-		CheckSpace: build.DiskSpace(host.StoreDir(), build.MinFreeBytes),
+		CheckSpace: build.DiskSpace(host.StoreDir(), builds.MinFreeBytes),
 		// Beside the template store: the builds' status and logs outlive
 		// a restart.
 		Dir: filepath.Join(host.StoreDir(), "template-builds"),
@@ -150,7 +154,7 @@ func builtinBase(images template.Images, name, out string, progress func(string)
 	src := images.RootFS(name)
 	st, err := os.Stat(src)
 	if err != nil {
-		return dockerfile.Result{}, fmt.Errorf("%w: the built-in root filesystem %s is missing on this server", build.ErrImageNotFound, name)
+		return dockerfile.Result{}, fmt.Errorf("%w: the built-in root filesystem %s is missing on this server", builds.ErrImageNotFound, name)
 	}
 	progress(fmt.Sprintf("copying the built-in root filesystem %s (%d MiB)", name, st.Size()>>20))
 	if err := dockerfile.CloneFile(src, out); err != nil {
@@ -186,7 +190,7 @@ func (c Config) registryPull() (*rootfs.Pull, error) {
 // pull's error says what kind of failure it was, never what the registry
 // sent: that is logged.
 func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) build.Convert {
-	return func(ctx context.Context, src, out string, progress func(string)) (build.Result, error) {
+	return func(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 		ref := src
 		if !strings.HasPrefix(ref, "docker://") {
 			ref = "docker://" + ref
@@ -200,11 +204,11 @@ func imageConverter(maxSizeMiB int, pull *rootfs.Pull, log *slog.Logger) build.C
 		}
 		if err != nil {
 			if errors.Is(err, rootfs.ErrNotFound) {
-				return build.Result{}, fmt.Errorf("%w: %w", build.ErrImageNotFound, err)
+				return builds.Result{}, fmt.Errorf("%w: %w", builds.ErrImageNotFound, err)
 			}
-			return build.Result{}, err
+			return builds.Result{}, err
 		}
-		return build.Result{Digest: c.Digest, Image: templates.ImageConfig{
+		return builds.Result{Digest: c.Digest, Image: templates.ImageConfig{
 			Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
 		}}, nil
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/hostagent/template/rootfs"
 )
 
@@ -83,7 +83,7 @@ func TestImageConverter(t *testing.T) {
 		t.Errorf("ext4 %v, progress %q", err, lines)
 	}
 	_, err = convert(context.Background(), host+"/t/nothing:1", filepath.Join(t.TempDir(), "x.ext4"), func(string) {})
-	if !errors.Is(err, build.ErrImageNotFound) || strings.Contains(err.Error(), "docker://") {
+	if !errors.Is(err, builds.ErrImageNotFound) || strings.Contains(err.Error(), "docker://") {
 		t.Errorf("missing image: %v, want ErrImageNotFound", err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
@@ -29,7 +30,6 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -222,12 +222,12 @@ func (w *world) heal(t *testing.T) {
 // grows; a handler calling a new method then panics (500), and the seeds
 // say which to add.
 type fuzzBuilds struct {
-	build.Builder
+	builds.Builder
 	mu sync.Mutex
 	n  int
 }
 
-func (b *fuzzBuilds) Start(ctx context.Context, spec build.Spec) (build.Status, error) {
+func (b *fuzzBuilds) Start(ctx context.Context, spec builds.Spec) (builds.Status, error) {
 	if spec.ContextTar != "" {
 		os.Remove(spec.ContextTar)
 	}
@@ -235,16 +235,16 @@ func (b *fuzzBuilds) Start(ctx context.Context, spec build.Spec) (build.Status, 
 	b.n++
 	id := fmt.Sprintf("build%d", b.n)
 	b.mu.Unlock()
-	return build.Status{ID: id, Name: spec.Name, Source: spec.FromImage, State: build.StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner}, nil
+	return builds.Status{ID: id, Name: spec.Name, Source: spec.FromImage, State: builds.StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner}, nil
 }
 
-func (b *fuzzBuilds) Get(ctx context.Context, id string) (build.Status, error) {
-	return build.Status{}, fmt.Errorf("build %s: %w", id, build.ErrNotFound)
+func (b *fuzzBuilds) Get(ctx context.Context, id string) (builds.Status, error) {
+	return builds.Status{}, fmt.Errorf("build %s: %w", id, builds.ErrNotFound)
 }
 
-func (b *fuzzBuilds) List(ctx context.Context) ([]build.Status, error) { return nil, nil }
+func (b *fuzzBuilds) List(ctx context.Context) ([]builds.Status, error) { return nil, nil }
 
-func (b *fuzzBuilds) Follow(ctx context.Context, id string, line func(string)) (build.Status, error) {
+func (b *fuzzBuilds) Follow(ctx context.Context, id string, line func(string)) (builds.Status, error) {
 	return b.Get(ctx, id)
 }
 

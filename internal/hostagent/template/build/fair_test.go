@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/builds"
 )
 
 // granted reports whether w holds a slot.
@@ -84,14 +86,14 @@ func newGatedConvert(srcs ...string) *gatedConvert {
 	return g
 }
 
-func (g *gatedConvert) convert(ctx context.Context, src, out string, progress func(string)) (Result, error) {
+func (g *gatedConvert) convert(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 	g.started <- src
 	select {
 	case <-g.gates[src]:
 	case <-ctx.Done():
-		return Result{}, ctx.Err()
+		return builds.Result{}, ctx.Err()
 	}
-	return Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+	return builds.Result{Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
 }
 
 func (g *gatedConvert) release(src string) { close(g.gates[src]) }
@@ -119,7 +121,7 @@ func TestBuildSlotsSharedBetweenKeys(t *testing.T) {
 	defer m.Close()
 	start := func(owner, name, src string) string {
 		t.Helper()
-		st, err := m.Start(ctx, Spec{Name: name, FromImage: src, Owner: owner})
+		st, err := m.Start(ctx, builds.Spec{Name: name, FromImage: src, Owner: owner})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +143,7 @@ func TestBuildSlotsSharedBetweenKeys(t *testing.T) {
 	g.release("a3")
 	g.release("a4")
 	for _, id := range ids {
-		if st, _ := follow(t, m, id); st.State != StateSucceeded {
+		if st, _ := follow(t, m, id); st.State != builds.StateSucceeded {
 			t.Errorf("build %s: %+v", id, st)
 		}
 	}
@@ -176,8 +178,8 @@ func TestBuildLimitsPerOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	lim := func(name, src, owner string) (Status, error) {
-		return m.Start(ctx, Spec{Name: name, FromImage: src, Owner: owner, MaxBuilds: 2, MaxVersions: 3})
+	lim := func(name, src, owner string) (builds.Status, error) {
+		return m.Start(ctx, builds.Spec{Name: name, FromImage: src, Owner: owner, MaxBuilds: 2, MaxVersions: 3})
 	}
 	x1, err := lim("x", "x1", "alice")
 	if err != nil {
@@ -186,8 +188,8 @@ func TestBuildLimitsPerOwner(t *testing.T) {
 	if _, err := lim("x", "x2", "alice"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lim("y", "y1", "alice"); !errors.Is(err, ErrBusy) {
-		t.Errorf("alice's third build at once = %v, want ErrBusy", err)
+	if _, err := lim("y", "y1", "alice"); !errors.Is(err, builds.ErrBusy) {
+		t.Errorf("alice's third build at once = %v, want builds.ErrBusy", err)
 	}
 	if _, err := lim("z", "y1", "bob"); err != nil {
 		t.Errorf("bob's build while alice has two: %v", err)
@@ -205,8 +207,8 @@ func TestBuildLimitsPerOwner(t *testing.T) {
 	if _, err := lim("x", "v3", "alice"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Start(ctx, Spec{Name: "x", FromImage: "v4", Owner: "alice", MaxVersions: 3}); !errors.Is(err, ErrLimit) {
-		t.Errorf("a fourth version of x (two of them in progress) = %v, want ErrLimit", err)
+	if _, err := m.Start(ctx, builds.Spec{Name: "x", FromImage: "v4", Owner: "alice", MaxVersions: 3}); !errors.Is(err, builds.ErrLimit) {
+		t.Errorf("a fourth version of x (two of them in progress) = %v, want builds.ErrLimit", err)
 	}
 	g.release("v2")
 	g.release("v3")
@@ -214,14 +216,14 @@ func TestBuildLimitsPerOwner(t *testing.T) {
 	if vs, _ := store.UserVersions("x"); len(vs) != 3 {
 		t.Errorf("x has %d versions, want 3", len(vs))
 	}
-	if _, err := m.Start(ctx, Spec{Name: "x", FromImage: "v4", Owner: "alice", MaxVersions: 3}); !errors.Is(err, ErrLimit) {
-		t.Errorf("a fourth version of x = %v, want ErrLimit", err)
+	if _, err := m.Start(ctx, builds.Spec{Name: "x", FromImage: "v4", Owner: "alice", MaxVersions: 3}); !errors.Is(err, builds.ErrLimit) {
+		t.Errorf("a fourth version of x = %v, want builds.ErrLimit", err)
 	}
 	if err := m.Remove(ctx, "x:1"); err != nil {
 		t.Fatal(err)
 	}
 	g.release("v4")
-	if _, err := m.Start(ctx, Spec{Name: "x", FromImage: "v4", Owner: "alice", MaxVersions: 3}); err != nil {
+	if _, err := m.Start(ctx, builds.Spec{Name: "x", FromImage: "v4", Owner: "alice", MaxVersions: 3}); err != nil {
 		t.Errorf("a new version after deleting an old one: %v", err)
 	}
 	waitIdle(t, m)
@@ -255,14 +257,14 @@ func TestCancelBuilds(t *testing.T) {
 	}
 	defer m.Close()
 	g.release("done")
-	done, _ := m.Start(ctx, Spec{Name: "done", FromImage: "done", Owner: "k"})
-	if st, _ := follow(t, m, done.ID); st.State != StateSucceeded {
+	done, _ := m.Start(ctx, builds.Spec{Name: "done", FromImage: "done", Owner: "k"})
+	if st, _ := follow(t, m, done.ID); st.State != builds.StateSucceeded {
 		t.Fatalf("build: %+v", st)
 	}
 	g.next(t)
-	running, _ := m.Start(ctx, Spec{Name: "r", FromImage: "r", Owner: "k"})
+	running, _ := m.Start(ctx, builds.Spec{Name: "r", FromImage: "r", Owner: "k"})
 	g.next(t)
-	queued, _ := m.Start(ctx, Spec{Name: "q", FromImage: "q", Owner: "k"})
+	queued, _ := m.Start(ctx, builds.Spec{Name: "q", FromImage: "q", Owner: "k"})
 	const why = "the build was canceled: its API key was revoked"
 	for _, id := range []string{running.ID, queued.ID, done.ID} {
 		if _, err := m.Cancel(ctx, id, why); err != nil {
@@ -270,14 +272,14 @@ func TestCancelBuilds(t *testing.T) {
 		}
 	}
 	for _, id := range []string{running.ID, queued.ID} {
-		if st, _ := follow(t, m, id); st.State != StateFailed || st.Code != CodeCanceled || st.Error != why {
+		if st, _ := follow(t, m, id); st.State != builds.StateFailed || st.Code != builds.CodeCanceled || st.Error != why {
 			t.Errorf("canceled build: %s %s %q, want failed canceled %q", st.State, st.Code, st.Error, why)
 		}
 	}
-	if st, _ := m.Get(ctx, done.ID); st.State != StateSucceeded {
+	if st, _ := m.Get(ctx, done.ID); st.State != builds.StateSucceeded {
 		t.Errorf("Cancel of an ended build changed it: %+v", st)
 	}
-	if _, err := m.Cancel(ctx, "nope", why); !errors.Is(err, ErrNotFound) {
+	if _, err := m.Cancel(ctx, "nope", why); !errors.Is(err, builds.ErrNotFound) {
 		t.Errorf("Cancel(nope) = %v", err)
 	}
 }
@@ -292,7 +294,7 @@ func TestBuildsNeedSpace(t *testing.T) {
 		f := <-full
 		full <- f
 		if f {
-			return fmt.Errorf("%w: the server has 10 MiB free for template builds and keeps 1024 MiB", ErrNoSpace)
+			return fmt.Errorf("%w: the server has 10 MiB free for template builds and keeps 1024 MiB", builds.ErrNoSpace)
 		}
 		return nil
 	}
@@ -302,24 +304,24 @@ func TestBuildsNeedSpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	a, err := m.Start(ctx, Spec{Name: "a", FromImage: "a"})
+	a, err := m.Start(ctx, builds.Spec{Name: "a", FromImage: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.next(t)
-	b, err := m.Start(ctx, Spec{Name: "b", FromImage: "b"})
+	b, err := m.Start(ctx, builds.Spec{Name: "b", FromImage: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	setFull(true)
-	if _, err := m.Start(ctx, Spec{Name: "c", FromImage: "c"}); !errors.Is(err, ErrNoSpace) {
-		t.Errorf("Start on a full disk = %v, want ErrNoSpace", err)
+	if _, err := m.Start(ctx, builds.Spec{Name: "c", FromImage: "c"}); !errors.Is(err, builds.ErrNoSpace) {
+		t.Errorf("Start on a full disk = %v, want builds.ErrNoSpace", err)
 	}
 	g.release("a")
-	if st, _ := follow(t, m, a.ID); st.State != StateSucceeded {
+	if st, _ := follow(t, m, a.ID); st.State != builds.StateSucceeded {
 		t.Errorf("the build running when the disk filled: %+v", st)
 	}
-	if st, _ := follow(t, m, b.ID); st.State != StateFailed || st.Code != CodeNoSpace || !strings.Contains(st.Error, "MiB free") {
-		t.Errorf("the build queued when the disk filled: %s %s %q, want failed %s", st.State, st.Code, st.Error, CodeNoSpace)
+	if st, _ := follow(t, m, b.ID); st.State != builds.StateFailed || st.Code != builds.CodeNoSpace || !strings.Contains(st.Error, "MiB free") {
+		t.Errorf("the build queued when the disk filled: %s %s %q, want failed %s", st.State, st.Code, st.Error, builds.CodeNoSpace)
 	}
 }

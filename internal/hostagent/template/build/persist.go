@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/builds"
 )
 
 // On disk, with Config.Dir, build ID is
@@ -23,7 +25,7 @@ import (
 
 // record is a build's ID.json.
 type record struct {
-	Status
+	builds.Status
 	Owner   string `json:"owner,omitempty"`
 	Dropped int    `json:"dropped,omitempty"`
 }
@@ -43,7 +45,7 @@ func (m *Manager) load() error {
 	}
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !validID(id) {
+		if !ok || !builds.ValidID(id) {
 			if strings.HasSuffix(e.Name(), ".tmp") {
 				os.Remove(filepath.Join(m.cfg.Dir, e.Name()))
 			}
@@ -61,8 +63,8 @@ func (m *Manager) load() error {
 		bd.lines = m.readLines(id)
 		if !bd.st.Done() {
 			now := time.Now().UTC()
-			bd.st.State, bd.st.EndedAt = StateFailed, &now
-			bd.st.Code, bd.st.Error = CodeInterrupted, "the server restarted during the build; start it again"
+			bd.st.State, bd.st.EndedAt = builds.StateFailed, &now
+			bd.st.Code, bd.st.Error = builds.CodeInterrupted, "the server restarted during the build; start it again"
 			m.save(bd)
 		}
 		m.builds[id] = bd
@@ -162,7 +164,7 @@ func (m *Manager) appendLine(b *build, line string) {
 }
 
 func (m *Manager) removeFiles(id string) {
-	if m.cfg.Dir == "" || !validID(id) {
+	if m.cfg.Dir == "" || !builds.ValidID(id) {
 		return
 	}
 	for _, ext := range []string{".json", ".log"} {
@@ -170,17 +172,4 @@ func (m *Manager) removeFiles(id string) {
 			m.cfg.Logger.Warn("remove template build file", "build_id", id, "err", err)
 		}
 	}
-}
-
-// validID reports whether id is one newID makes.
-func validID(id string) bool {
-	if len(id) != 20 {
-		return false
-	}
-	for _, c := range id {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }

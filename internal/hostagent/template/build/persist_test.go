@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
@@ -21,18 +22,18 @@ func TestBuildsSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done, err := m.Start(ctx, Spec{Name: "app", FromImage: "good", Owner: "key-a"})
+	done, err := m.Start(ctx, builds.Spec{Name: "app", FromImage: "good", Owner: "key-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	close(fc.gate)
 	_, wantLines := follow(t, m, done.ID)
 	fc.gate = make(chan struct{}) // the next one hangs until Close
-	hung, err := m.Start(ctx, Spec{Name: "app2", FromImage: "good", Owner: "key-b"})
+	hung, err := m.Start(ctx, builds.Spec{Name: "app2", FromImage: "good", Owner: "key-b"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for st, _ := m.Get(ctx, hung.ID); st.State != StateRunning; st, _ = m.Get(ctx, hung.ID) {
+	for st, _ := m.Get(ctx, hung.ID); st.State != builds.StateRunning; st, _ = m.Get(ctx, hung.ID) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// A crash, as far as the files go: the record says running.
@@ -46,11 +47,11 @@ func TestBuildsSurviveRestart(t *testing.T) {
 	}
 	defer m2.Close()
 	st, lines := follow(t, m2, done.ID)
-	if st.State != StateSucceeded || st.Version != 1 || st.Owner != "key-a" || len(lines) != len(wantLines) {
+	if st.State != builds.StateSucceeded || st.Version != 1 || st.Owner != "key-a" || len(lines) != len(wantLines) {
 		t.Errorf("after restart: %+v, %q; want succeeded, version 1, owner key-a, lines %q", st, lines, wantLines)
 	}
 	st, err = m2.Get(ctx, hung.ID)
-	if err != nil || st.State != StateFailed || st.Code != CodeInterrupted || st.Owner != "key-b" || st.EndedAt == nil {
+	if err != nil || st.State != builds.StateFailed || st.Code != builds.CodeInterrupted || st.Owner != "key-b" || st.EndedAt == nil {
 		t.Errorf("interrupted build after restart: %+v, %v", st, err)
 	}
 
@@ -60,8 +61,8 @@ func TestBuildsSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m3.Close()
-	if _, err := m3.Get(ctx, done.ID); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Get after retention: %v, want ErrNotFound", err)
+	if _, err := m3.Get(ctx, done.ID); !errors.Is(err, builds.ErrNotFound) {
+		t.Errorf("Get after retention: %v, want builds.ErrNotFound", err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("files after retention: %v", ents)
@@ -76,7 +77,7 @@ func TestBuildVersionsAndOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	build := func(spec Spec) (Status, error) {
+	build := func(spec builds.Spec) (builds.Status, error) {
 		st, err := m.Start(ctx, spec)
 		if err != nil {
 			return st, err
@@ -85,16 +86,16 @@ func TestBuildVersionsAndOwners(t *testing.T) {
 		return st, nil
 	}
 	for i, src := range []string{"one", "two"} {
-		st, err := build(Spec{Name: "app", FromImage: src, Owner: "key-a", MaxTemplates: 1})
-		if err != nil || st.State != StateSucceeded || st.Version != i+1 {
+		st, err := build(builds.Spec{Name: "app", FromImage: src, Owner: "key-a", MaxTemplates: 1})
+		if err != nil || st.State != builds.StateSucceeded || st.Version != i+1 {
 			t.Fatalf("build %d: %+v, %v", i+1, st, err)
 		}
 	}
-	if _, err := build(Spec{Name: "app2", FromImage: "x", Owner: "key-a", MaxTemplates: 1}); !errors.Is(err, ErrLimit) {
-		t.Errorf("a second template past the limit: %v, want ErrLimit", err)
+	if _, err := build(builds.Spec{Name: "app2", FromImage: "x", Owner: "key-a", MaxTemplates: 1}); !errors.Is(err, builds.ErrLimit) {
+		t.Errorf("a second template past the limit: %v, want builds.ErrLimit", err)
 	}
 	// An admin's rebuild keeps the owner.
-	if st, err := build(Spec{Name: "app", FromImage: "three", Owner: "key-admin"}); err != nil || st.Version != 3 {
+	if st, err := build(builds.Spec{Name: "app", FromImage: "three", Owner: "key-admin"}); err != nil || st.Version != 3 {
 		t.Fatalf("rebuild by another key: %+v, %v", st, err)
 	}
 	vs, err := m.Versions(ctx, "app")
@@ -114,13 +115,13 @@ func TestBuildVersionsAndOwners(t *testing.T) {
 	// A new name another owner is building is taken.
 	fc.gate = make(chan struct{})
 	defer close(fc.gate)
-	if _, err := m.Start(ctx, Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
+	if _, err := m.Start(ctx, builds.Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Start(ctx, Spec{Name: "new", FromImage: "x", Owner: "key-b"}); !errors.Is(err, ErrConflict) {
-		t.Errorf("building a name another key is building: %v, want ErrConflict", err)
+	if _, err := m.Start(ctx, builds.Spec{Name: "new", FromImage: "x", Owner: "key-b"}); !errors.Is(err, builds.ErrConflict) {
+		t.Errorf("building a name another key is building: %v, want builds.ErrConflict", err)
 	}
-	if _, err := m.Start(ctx, Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
+	if _, err := m.Start(ctx, builds.Spec{Name: "new", FromImage: "x", Owner: "key-a"}); err != nil {
 		t.Errorf("building it again as its builder: %v", err)
 	}
 }

@@ -16,109 +16,30 @@ package build
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
-
-// Errors of the manager. A failed build's own error is in its Status.
-var (
-	ErrNotFound = errors.New("not found")
-	// ErrConflict: the template has a build queued or running.
-	ErrConflict = errors.New("conflict")
-	ErrClosed   = errors.New("template builds are shutting down")
-	// ErrUnsupported: this server does not run Dockerfile builds.
-	ErrUnsupported = errors.New("Dockerfile builds are not supported here")
-	// ErrImageNotFound is what a Convert returns (wrapped) when the
-	// registry does not have the image; a build failing with it has
-	// Status.Code CodeImageNotFound.
-	ErrImageNotFound = errors.New("image not found")
-	// ErrLimit: the key owns Spec.MaxTemplates templates already, or the
-	// template has Spec.MaxVersions versions.
-	ErrLimit = errors.New("template limit reached")
-	// ErrBusy: the key has Spec.MaxBuilds builds queued or running.
-	ErrBusy = errors.New("too many template builds")
-	// ErrNoSpace is what Config.CheckSpace returns (wrapped) when the
-	// disk has no room for a build.
-	ErrNoSpace = errors.New("no space for template builds")
-)
-
-// Result is what a Convert found in the image.
-type Result struct {
-	Image  templates.ImageConfig
-	Digest string
-}
 
 // Convert writes the root filesystem of image src to the ext4 image out
 // (which it creates), reporting progress lines. Errors for an image the
 // registry does not have wrap ErrImageNotFound. It must return soon after
 // ctx ends.
-type Convert func(ctx context.Context, src, out string, progress func(string)) (Result, error)
-
-// Spec is what a build makes a template from: an image (FromImage) or a
-// Dockerfile (Dockerfile, with the files of ContextTar).
-type Spec struct {
-	Name string
-	// FromImage is an image reference; "" for a Dockerfile build.
-	FromImage string
-	// Dockerfile is the Dockerfile's text; nil for an image build.
-	Dockerfile []byte
-	// ContextTar is the path of the build context, a tar file (possibly
-	// gzip-compressed) the Manager owns from Start on: it removes it once
-	// the build has ended. "" for none.
-	ContextTar string
-	// BuildArgs set the Dockerfile's ARGs.
-	BuildArgs map[string]string
-	Startup   templates.Startup
-	// Owner is the id of the API key building the template: the owner of
-	// the template if this build makes its first version (a rebuild keeps
-	// the template's owner), and of the build's status and log. A build of
-	// a name that does not exist yet is refused (ErrConflict) while
-	// another owner's build of that name is queued or running.
-	Owner string
-	// MaxTemplates bounds the templates Owner owns: a build of a new
-	// name is refused (ErrLimit) when Owner has that many already,
-	// counting new names queued. 0: no bound.
-	MaxTemplates int
-	// MaxBuilds bounds Owner's builds queued or running here, this one
-	// included: Start refuses one more (ErrBusy). 0: no bound.
-	MaxBuilds int
-	// MaxVersions bounds the versions of the template: a build of a name
-	// that has that many, counting the builds of it queued or running, is
-	// refused (ErrLimit). 0: no bound.
-	MaxVersions int
-	// ID and Version are given by a fleet's control plane, which keeps
-	// the registry of its user templates (package fleet): the build's id
-	// (20 hex digits; ErrConflict if taken) and the version number it
-	// installs, which must be newer than every version of the name this
-	// host has held. Zero values: a new id, and the next number here.
-	ID      string
-	Version int
-}
-
-// source is how a build's status names what it builds from.
-func (s Spec) source() string {
-	if s.Dockerfile != nil {
-		return "Dockerfile"
-	}
-	return s.FromImage
-}
+type Convert func(ctx context.Context, src, out string, progress func(string)) (builds.Result, error)
 
 // BuildDockerfile writes the root filesystem a Dockerfile build of spec
 // makes to the ext4 image out (which it creates), reporting progress lines.
 // It must return soon after ctx ends.
-type BuildDockerfile func(ctx context.Context, spec Spec, out string, progress func(string)) (Result, error)
+type BuildDockerfile func(ctx context.Context, spec builds.Spec, out string, progress func(string)) (builds.Result, error)
 
 // Store is the template store as builds use it (*template.Store).
 type Store interface {
@@ -221,53 +142,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// States of a build.
-const (
-	StateQueued    = "queued"
-	StateRunning   = "running"
-	StateSucceeded = "succeeded"
-	StateFailed    = "failed"
-)
-
-// Codes classify a failed build's error.
-const (
-	CodeImageNotFound = "image_not_found"
-	CodeCanceled      = "canceled"
-	CodeFailed        = "build_failed"
-	// CodeInterrupted: the server stopped while the build was queued or
-	// running.
-	CodeInterrupted = "interrupted"
-	// CodeNoSpace: the disk had no room for the build when it was to run.
-	CodeNoSpace = "insufficient_storage"
-)
-
-// Status is a build's state.
-type Status struct {
-	ID     string `json:"build_id"`
-	Name   string `json:"name"`
-	Source string `json:"from_image"`
-	State  string `json:"status"`
-	// Code and Error say why a failed build failed, for users.
-	Code   string `json:"code,omitempty"`
-	Error  string `json:"error,omitempty"`
-	Digest string `json:"digest,omitempty"`
-	// Version is the template version the build made (once succeeded).
-	Version   int        `json:"version,omitempty"`
-	CreatedAt time.Time  `json:"created_at"`
-	StartedAt *time.Time `json:"started_at,omitempty"`
-	EndedAt   *time.Time `json:"ended_at,omitempty"`
-	// Owner is Spec.Owner: who may read the status and the log.
-	Owner string `json:"-"`
-	// HostID is the host of a fleet that runs the build ("" elsewhere).
-	HostID string `json:"host_id,omitempty"`
-}
-
-// Done reports whether the build has ended.
-func (s Status) Done() bool { return s.State == StateSucceeded || s.State == StateFailed }
-
 type build struct {
-	st      Status
-	spec    Spec
+	st      builds.Status
+	spec    builds.Spec
 	lines   []string
 	dropped int
 	// changed is closed (and replaced) whenever lines or st change.
@@ -278,49 +155,6 @@ type build struct {
 	// log is the open ID.log (nil without Config.Dir, or once ended).
 	log *os.File
 }
-
-// Builder runs builds, as the API uses it: a Manager in the server's
-// process, or a remote host agent's behind the host API (hostapi.Client).
-// Every call takes a context (a remote one does I/O); Follow and List are
-// Manager's, the others its Store's through it.
-type Builder interface {
-	Start(ctx context.Context, spec Spec) (Status, error)
-	Get(ctx context.Context, id string) (Status, error)
-	// List returns every build remembered, newest first.
-	List(ctx context.Context) ([]Status, error)
-	Follow(ctx context.Context, id string, line func(string)) (Status, error)
-	// Remove removes "NAME" (every version) or "NAME:N" (one).
-	Remove(ctx context.Context, ref string) error
-	// SetPublished publishes or withdraws versions of ref: see
-	// template.Store.SetUserPublished.
-	SetPublished(ctx context.Context, ref string, published bool) error
-	UserTemplate(ctx context.Context, ref string) (templates.UserRootFS, error)
-	UserTemplates(ctx context.Context) ([]templates.UserRootFS, error)
-	Versions(ctx context.Context, name string) ([]templates.UserRootFS, error)
-}
-
-var _ Builder = (*Manager)(nil)
-
-// VersionLister is a Builder that can return every template's versions
-// in one read (a fleet's registry is one catalog query), where Versions
-// per name of UserTemplates would take one read each.
-type VersionLister interface {
-	// AllVersions returns the versions of every template, by name, oldest
-	// first.
-	AllVersions(ctx context.Context) (map[string][]templates.UserRootFS, error)
-}
-
-// Canceler is a Builder that can cancel builds (a Manager, a fleet's, a
-// remote agent's).
-type Canceler interface {
-	// Cancel ends build id if it is queued or running: it fails with
-	// CodeCanceled and why as its error. A build that has ended is left
-	// as it was. It returns the build's status (perhaps not ended yet: the
-	// build stops soon after). Errors: ErrNotFound.
-	Cancel(ctx context.Context, id, why string) (Status, error)
-}
-
-var _ Canceler = (*Manager)(nil)
 
 // Manager runs builds. Safe for concurrent use.
 type Manager struct {
@@ -364,7 +198,7 @@ func New(cfg Config) (*Manager, error) {
 // ErrConflict and ErrLimit (checkOwner), ErrBusy (spec.MaxBuilds), an
 // error wrapping ErrNoSpace (Config.CheckSpace). From
 // Start on, spec.ContextTar is the Manager's to remove, whatever the error.
-func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
+func (m *Manager) Start(_ context.Context, spec builds.Spec) (st builds.Status, err error) {
 	defer func() {
 		if err != nil && spec.ContextTar != "" {
 			os.Remove(spec.ContextTar)
@@ -372,61 +206,61 @@ func (m *Manager) Start(_ context.Context, spec Spec) (st Status, err error) {
 	}()
 	name, su := spec.Name, spec.Startup
 	if err := m.cfg.Store.ValidateUserName(name); err != nil {
-		return Status{}, err
+		return builds.Status{}, err
 	}
 	if err := su.Validate(); err != nil {
-		return Status{}, err
+		return builds.Status{}, err
 	}
 	switch {
 	case spec.FromImage == "" && spec.Dockerfile == nil:
-		return Status{}, fmt.Errorf("%w: no image or Dockerfile to build from", templates.ErrInvalid)
+		return builds.Status{}, fmt.Errorf("%w: no image or Dockerfile to build from", templates.ErrInvalid)
 	case spec.FromImage != "" && spec.Dockerfile != nil:
-		return Status{}, fmt.Errorf("%w: build from an image or from a Dockerfile, not both", templates.ErrInvalid)
+		return builds.Status{}, fmt.Errorf("%w: build from an image or from a Dockerfile, not both", templates.ErrInvalid)
 	case spec.Dockerfile != nil && m.cfg.Dockerfile == nil:
-		return Status{}, ErrUnsupported
+		return builds.Status{}, builds.ErrUnsupported
 	}
 	if spec.Dockerfile != nil && m.cfg.CheckDockerfile != nil {
 		if err := m.cfg.CheckDockerfile(spec.Dockerfile, spec.BuildArgs); err != nil {
-			return Status{}, fmt.Errorf("%w: %w", templates.ErrInvalid, err)
+			return builds.Status{}, fmt.Errorf("%w: %w", templates.ErrInvalid, err)
 		}
 	}
-	if spec.ID != "" && !buildIDRE.MatchString(spec.ID) {
-		return Status{}, fmt.Errorf("%w: a build id is 20 lowercase hex digits", templates.ErrInvalid)
+	if spec.ID != "" && !builds.ValidID(spec.ID) {
+		return builds.Status{}, fmt.Errorf("%w: a build id is 20 lowercase hex digits", templates.ErrInvalid)
 	}
 	if spec.Version < 0 {
-		return Status{}, fmt.Errorf("%w: a negative template version", templates.ErrInvalid)
+		return builds.Status{}, fmt.Errorf("%w: a negative template version", templates.ErrInvalid)
 	}
 	if m.cfg.CheckSpace != nil {
 		if err := m.cfg.CheckSpace(); err != nil {
-			return Status{}, err
+			return builds.Status{}, err
 		}
 	}
-	src := spec.source()
+	src := spec.Source()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return Status{}, ErrClosed
+		return builds.Status{}, builds.ErrClosed
 	}
 	m.prune()
 	if err := m.checkOwner(spec); err != nil {
-		return Status{}, err
+		return builds.Status{}, err
 	}
 	id := spec.ID
 	if id == "" {
-		id = NewID()
+		id = builds.NewID()
 	} else if _, taken := m.builds[id]; taken {
-		return Status{}, fmt.Errorf("%w: template build %s exists already", ErrConflict, id)
+		return builds.Status{}, fmt.Errorf("%w: template build %s exists already", builds.ErrConflict, id)
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timeout)
 	b := &build{
-		st:      Status{ID: id, Name: name, Source: src, State: StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner},
+		st:      builds.Status{ID: id, Name: name, Source: src, State: builds.StateQueued, CreatedAt: time.Now().UTC(), Owner: spec.Owner},
 		spec:    spec,
 		changed: make(chan struct{}),
 		cancel:  cancel,
 	}
 	if err := m.create(b); err != nil {
 		cancel()
-		return Status{}, err
+		return builds.Status{}, err
 	}
 	m.builds[b.st.ID] = b
 	turn := make(chan struct{})
@@ -473,7 +307,7 @@ func (m *Manager) run(ctx context.Context, b *build, turn chan struct{}) {
 func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 	now := time.Now().UTC()
 	m.mu.Lock()
-	b.st.State, b.st.StartedAt = StateRunning, &now
+	b.st.State, b.st.StartedAt = builds.StateRunning, &now
 	m.save(b)
 	m.mu.Unlock()
 	name, src := b.st.Name, b.st.Source
@@ -490,7 +324,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 			os.RemoveAll(dir)
 		}
 	}()
-	var res Result
+	var res builds.Result
 	if b.spec.Dockerfile != nil {
 		res, err = m.cfg.Dockerfile(ctx, b.spec, filepath.Join(dir, "rootfs.ext4"), say)
 	} else {
@@ -558,7 +392,7 @@ func (m *Manager) build(ctx context.Context, b *build, say func(string)) error {
 }
 
 // succeeded records the version b installed and says it is ready.
-func (m *Manager) succeeded(b *build, res Result, start time.Time, how string, say func(string), log *slog.Logger) error {
+func (m *Manager) succeeded(b *build, res builds.Result, start time.Time, how string, say func(string), log *slog.Logger) error {
 	v := m.installedVersion(b)
 	m.mu.Lock()
 	b.st.Digest, b.st.Version = res.Digest, v
@@ -575,18 +409,18 @@ func (m *Manager) finish(b *build, err error) {
 	defer m.mu.Unlock()
 	b.st.EndedAt = &now
 	if err == nil {
-		b.st.State = StateSucceeded
+		b.st.State = builds.StateSucceeded
 	} else {
-		b.st.State, b.st.Code, b.st.Error = StateFailed, classify(err), err.Error()
+		b.st.State, b.st.Code, b.st.Error = builds.StateFailed, classify(err), err.Error()
 		var se storeError
 		var be bakeError
 		var pe publishError
 		var re *templates.ReadyError
 		switch {
 		case b.canceled != "":
-			b.st.Code, b.st.Error = CodeCanceled, b.canceled
-		case errors.Is(err, ErrNoSpace):
-			b.st.Code, b.st.Error = CodeNoSpace, err.Error()
+			b.st.Code, b.st.Error = builds.CodeCanceled, b.canceled
+		case errors.Is(err, builds.ErrNoSpace):
+			b.st.Code, b.st.Error = builds.CodeNoSpace, err.Error()
 		case errors.As(err, &se):
 			// Names the server's paths: users get the gist, the log the rest.
 			b.st.Error = "the server could not store the root filesystem (see its log)"
@@ -653,12 +487,12 @@ func (e bakeError) Unwrap() error { return e.err }
 
 func classify(err error) string {
 	switch {
-	case errors.Is(err, ErrImageNotFound):
-		return CodeImageNotFound
+	case errors.Is(err, builds.ErrImageNotFound):
+		return builds.CodeImageNotFound
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		return CodeCanceled
+		return builds.CodeCanceled
 	}
-	return CodeFailed
+	return builds.CodeFailed
 }
 
 func (m *Manager) addLine(b *build, line string) {
@@ -683,26 +517,26 @@ func (m *Manager) notify(b *build) {
 }
 
 // Get returns the status of build id (ErrNotFound).
-func (m *Manager) Get(_ context.Context, id string) (Status, error) {
+func (m *Manager) Get(_ context.Context, id string) (builds.Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	b, ok := m.builds[id]
 	if !ok {
-		return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
+		return builds.Status{}, fmt.Errorf("template build %q: %w", id, builds.ErrNotFound)
 	}
 	return b.st, nil
 }
 
 // List returns the status of every build it remembers (running, waiting
 // and ended ones not forgotten yet), the newest first.
-func (m *Manager) List(context.Context) ([]Status, error) {
+func (m *Manager) List(context.Context) ([]builds.Status, error) {
 	m.mu.Lock()
-	out := make([]Status, 0, len(m.builds))
+	out := make([]builds.Status, 0, len(m.builds))
 	for _, b := range m.builds {
 		out = append(out, b.st)
 	}
 	m.mu.Unlock()
-	slices.SortFunc(out, func(a, b Status) int {
+	slices.SortFunc(out, func(a, b builds.Status) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 			return c
 		}
@@ -714,14 +548,14 @@ func (m *Manager) List(context.Context) ([]Status, error) {
 // Follow calls line for each progress line of build id, from the first,
 // as they come, and returns its final status once it has ended; or
 // ctx's error. Errors: ErrNotFound.
-func (m *Manager) Follow(ctx context.Context, id string, line func(string)) (Status, error) {
+func (m *Manager) Follow(ctx context.Context, id string, line func(string)) (builds.Status, error) {
 	next := 0
 	for {
 		m.mu.Lock()
 		b, ok := m.builds[id]
 		if !ok {
 			m.mu.Unlock()
-			return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
+			return builds.Status{}, fmt.Errorf("template build %q: %w", id, builds.ErrNotFound)
 		}
 		lines := b.lines[next:]
 		next = len(b.lines)
@@ -745,12 +579,12 @@ func (m *Manager) Follow(ctx context.Context, id string, line func(string)) (Sta
 }
 
 // Cancel implements Canceler.
-func (m *Manager) Cancel(_ context.Context, id, why string) (Status, error) {
+func (m *Manager) Cancel(_ context.Context, id, why string) (builds.Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	b, ok := m.builds[id]
 	if !ok {
-		return Status{}, fmt.Errorf("template build %q: %w", id, ErrNotFound)
+		return builds.Status{}, fmt.Errorf("template build %q: %w", id, builds.ErrNotFound)
 	}
 	if !b.st.Done() && b.canceled == "" {
 		if why == "" {
@@ -796,7 +630,7 @@ func (m *Manager) remove(name string, v int) ([]int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.names[name]) > 0 {
-		return nil, fmt.Errorf("template %s is being built: %w", name, ErrConflict)
+		return nil, fmt.Errorf("template %s is being built: %w", name, builds.ErrConflict)
 	}
 	// Under m.mu: no build of name can start installing meanwhile.
 	if v > 0 && m.cfg.Copies {
@@ -835,7 +669,7 @@ func (m *Manager) Versions(_ context.Context, name string) ([]templates.UserRoot
 // (ErrLimit), when its name is new and another owner's build of it is
 // queued (ErrConflict), or when its owner has MaxTemplates templates
 // already (ErrLimit); m.mu is held.
-func (m *Manager) checkOwner(spec Spec) error {
+func (m *Manager) checkOwner(spec builds.Spec) error {
 	if spec.MaxBuilds > 0 {
 		n := 0
 		for _, q := range m.names {
@@ -846,7 +680,7 @@ func (m *Manager) checkOwner(spec Spec) error {
 			}
 		}
 		if n >= spec.MaxBuilds {
-			return fmt.Errorf("%w: this key has %d template builds queued or running, the most allowed at once; wait for one to end", ErrBusy, n)
+			return fmt.Errorf("%w: this key has %d template builds queued or running, the most allowed at once; wait for one to end", builds.ErrBusy, n)
 		}
 	}
 	if _, err := m.cfg.Store.UserRootFS(spec.Name); err == nil {
@@ -857,14 +691,14 @@ func (m *Manager) checkOwner(spec Spec) error {
 				return err
 			}
 			if n := len(vs) + len(m.names[spec.Name]); n >= spec.MaxVersions {
-				return VersionLimit(spec.Name, n)
+				return builds.VersionLimit(spec.Name, n)
 			}
 		}
 		return nil
 	}
 	for _, q := range m.names[spec.Name] {
 		if q.spec.Owner != spec.Owner {
-			return fmt.Errorf("%w: the name %s is taken: another key is building it", ErrConflict, spec.Name)
+			return fmt.Errorf("%w: the name %s is taken: another key is building it", builds.ErrConflict, spec.Name)
 		}
 	}
 	if spec.MaxTemplates <= 0 {
@@ -886,15 +720,9 @@ func (m *Manager) checkOwner(spec Spec) error {
 		}
 	}
 	if len(owned) >= spec.MaxTemplates {
-		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", ErrLimit, len(owned))
+		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", builds.ErrLimit, len(owned))
 	}
 	return nil
-}
-
-// VersionLimit is the error of a build of template name, which has n
-// versions (and builds of new ones), at its limit.
-func VersionLimit(name string, n int) error {
-	return fmt.Errorf("%w: template %s has %d versions (counting its builds in progress), the most a template keeps; delete old ones (DELETE /v1/templates/%s:N) first", ErrLimit, name, n, name)
 }
 
 // installedVersion is the version b installed: the latest (installs of a
@@ -927,16 +755,6 @@ func (m *Manager) Close() error {
 	m.end()
 	m.wg.Wait()
 	return nil
-}
-
-// buildIDRE is what newID makes.
-var buildIDRE = regexp.MustCompile(`^[0-9a-f]{20}$`)
-
-// NewID returns a new build id.
-func NewID() string {
-	b := make([]byte, 10)
-	rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // UserTemplates lists the user templates built.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 )
@@ -40,7 +41,7 @@ type fakeConvert struct {
 	order   []string
 }
 
-func (f *fakeConvert) convert(ctx context.Context, src, out string, progress func(string)) (Result, error) {
+func (f *fakeConvert) convert(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 	n := f.running.Add(1)
 	defer f.running.Add(-1)
 	for {
@@ -57,20 +58,20 @@ func (f *fakeConvert) convert(ctx context.Context, src, out string, progress fun
 		select {
 		case <-f.gate:
 		case <-ctx.Done():
-			return Result{}, ctx.Err()
+			return builds.Result{}, ctx.Err()
 		}
 	}
 	switch src {
 	case "missing":
-		return Result{}, fmt.Errorf("pull %s: %w: MANIFEST_UNKNOWN", src, ErrImageNotFound)
+		return builds.Result{}, fmt.Errorf("pull %s: %w: MANIFEST_UNKNOWN", src, builds.ErrImageNotFound)
 	case "bad":
-		return Result{}, errors.New("layer 2: invalid tar header")
+		return builds.Result{}, errors.New("layer 2: invalid tar header")
 	}
 	progress("writing " + out)
-	return Result{Image: templates.ImageConfig{Env: []string{"SRC=" + src}, WorkingDir: "/srv"}, Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
+	return builds.Result{Image: templates.ImageConfig{Env: []string{"SRC=" + src}, WorkingDir: "/srv"}, Digest: "sha256:" + src}, os.WriteFile(out, []byte(src), 0o644)
 }
 
-func follow(t *testing.T, m *Manager, id string) (Status, []string) {
+func follow(t *testing.T, m *Manager, id string) (builds.Status, []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -95,11 +96,11 @@ func TestBuildOutcomes(t *testing.T) {
 		state     string
 		code      string
 	}{
-		{"app", "good", StateSucceeded, ""},
-		{"app2", "missing", StateFailed, CodeImageNotFound},
-		{"app3", "bad", StateFailed, CodeFailed},
+		{"app", "good", builds.StateSucceeded, ""},
+		{"app2", "missing", builds.StateFailed, builds.CodeImageNotFound},
+		{"app3", "bad", builds.StateFailed, builds.CodeFailed},
 	} {
-		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: templates.Startup{}})
+		st, err := m.Start(ctx, builds.Spec{Name: tc.name, FromImage: tc.src, Startup: templates.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,11 +122,11 @@ func TestBuildOutcomes(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ name, src string }{{"base", "x"}, {"tiny", "x"}, {"Bad", "x"}, {"ok", ""}} {
-		if _, err := m.Start(ctx, Spec{Name: tc.name, FromImage: tc.src, Startup: templates.Startup{}}); !errors.Is(err, templates.ErrInvalid) {
+		if _, err := m.Start(ctx, builds.Spec{Name: tc.name, FromImage: tc.src, Startup: templates.Startup{}}); !errors.Is(err, templates.ErrInvalid) {
 			t.Errorf("Start(%q, %q) = %v, want ErrInvalid", tc.name, tc.src, err)
 		}
 	}
-	if _, err := m.Get(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := m.Get(ctx, "nope"); !errors.Is(err, builds.ErrNotFound) {
 		t.Errorf("Get(nope) = %v", err)
 	}
 }
@@ -140,7 +141,7 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	defer m.Close()
 	var ids []string
 	for _, b := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"c", "c1"}} {
-		st, err := m.Start(ctx, Spec{Name: b[0], FromImage: b[1], Startup: templates.Startup{}})
+		st, err := m.Start(ctx, builds.Spec{Name: b[0], FromImage: b[1], Startup: templates.Startup{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,12 +154,12 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 	if !m.Building("a") {
 		t.Errorf("Building(a) = false")
 	}
-	if err := m.Remove(ctx, "a"); !errors.Is(err, ErrConflict) {
-		t.Errorf("Remove during a build = %v, want ErrConflict", err)
+	if err := m.Remove(ctx, "a"); !errors.Is(err, builds.ErrConflict) {
+		t.Errorf("Remove during a build = %v, want builds.ErrConflict", err)
 	}
 	close(fc.gate)
 	for _, id := range ids {
-		if st, _ := follow(t, m, id); st.State != StateSucceeded {
+		if st, _ := follow(t, m, id); st.State != builds.StateSucceeded {
 			t.Errorf("build %s: %+v", id, st)
 		}
 	}
@@ -189,17 +190,17 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st1, _ := m.Start(ctx, Spec{Name: "a", FromImage: "a1", Startup: templates.Startup{}})
-	st2, _ := m.Start(ctx, Spec{Name: "b", FromImage: "b1", Startup: templates.Startup{}}) // waits for a slot
+	st1, _ := m.Start(ctx, builds.Spec{Name: "a", FromImage: "a1", Startup: templates.Startup{}})
+	st2, _ := m.Start(ctx, builds.Spec{Name: "b", FromImage: "b1", Startup: templates.Startup{}}) // waits for a slot
 	time.Sleep(100 * time.Millisecond)
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
 		st, _ := m.Get(ctx, id)
-		if st.State != StateFailed || st.Code != CodeCanceled {
+		if st.State != builds.StateFailed || st.Code != builds.CodeCanceled {
 			t.Errorf("build after Close: %+v", st)
 		}
 	}
-	if _, err := m.Start(ctx, Spec{Name: "c", FromImage: "c1", Startup: templates.Startup{}}); !errors.Is(err, ErrClosed) {
+	if _, err := m.Start(ctx, builds.Spec{Name: "c", FromImage: "c1", Startup: templates.Startup{}}); !errors.Is(err, builds.ErrClosed) {
 		t.Errorf("Start after Close = %v", err)
 	}
 	m.Close()
@@ -238,12 +239,12 @@ func TestBuildBakesStartup(t *testing.T) {
 		state string
 		err   string
 	}{
-		{"plain", templates.Startup{}, StateSucceeded, ""},
-		{"web", templates.Startup{StartCmd: "serve", ReadyCmd: "check"}, StateSucceeded, ""},
-		{"never", templates.Startup{StartCmd: "serve", ReadyCmd: "never"}, StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
-		{"crash", templates.Startup{StartCmd: "serve", ReadyCmd: "crash"}, StateFailed, "the build was undone: its first boot failed (see the server's log)"},
+		{"plain", templates.Startup{}, builds.StateSucceeded, ""},
+		{"web", templates.Startup{StartCmd: "serve", ReadyCmd: "check"}, builds.StateSucceeded, ""},
+		{"never", templates.Startup{StartCmd: "serve", ReadyCmd: "never"}, builds.StateFailed, "the build was undone: the ready command did not succeed: not-ready"},
+		{"crash", templates.Startup{StartCmd: "serve", ReadyCmd: "crash"}, builds.StateFailed, "the build was undone: its first boot failed (see the server's log)"},
 	} {
-		st, err := m.Start(ctx, Spec{Name: tc.name, FromImage: "good", Startup: tc.su})
+		st, err := m.Start(ctx, builds.Spec{Name: tc.name, FromImage: "good", Startup: tc.su})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,7 +253,7 @@ func TestBuildBakesStartup(t *testing.T) {
 			t.Errorf("build %s: %s %q, want %s %q", tc.name, st.State, st.Error, tc.state, tc.err)
 		}
 		u, err := store.UserRootFS(tc.name)
-		if kept := err == nil; kept != (tc.state == StateSucceeded) {
+		if kept := err == nil; kept != (tc.state == builds.StateSucceeded) {
 			t.Errorf("build %s (%s): template kept %v (%v)", tc.name, st.State, kept, err)
 		}
 		if err == nil && u.Startup != tc.su {
@@ -263,17 +264,17 @@ func TestBuildBakesStartup(t *testing.T) {
 		t.Errorf("baked %s, want %s", got, want)
 	}
 	// A rebuild whose bake fails leaves the version it was to replace.
-	st, err := m.Start(ctx, Spec{Name: "web", FromImage: "other", Startup: templates.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
+	st, err := m.Start(ctx, builds.Spec{Name: "web", FromImage: "other", Startup: templates.Startup{StartCmd: "serve2", ReadyCmd: "never"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, _ = follow(t, m, st.ID); st.State != StateFailed {
+	if st, _ = follow(t, m, st.ID); st.State != builds.StateFailed {
 		t.Errorf("failed rebuild: %s", st.State)
 	}
 	if u, err := store.UserRootFS("web"); err != nil || u.Source != "good" || u.StartCmd != "serve" {
 		t.Errorf("web after a failed rebuild: %+v, %v; want its first version", u, err)
 	}
-	if _, err := m.Start(ctx, Spec{Name: "bad", FromImage: "good", Startup: templates.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, templates.ErrInvalid) {
+	if _, err := m.Start(ctx, builds.Spec{Name: "bad", FromImage: "good", Startup: templates.Startup{ReadyCmd: "x", ReadyTimeoutSeconds: -1}}); !errors.Is(err, templates.ErrInvalid) {
 		t.Errorf("Start with a negative ready timeout: %v, want ErrInvalid", err)
 	}
 }
@@ -312,27 +313,27 @@ func TestPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	build := func(src string) Status {
+	build := func(src string) builds.Status {
 		t.Helper()
-		st, err := m.Start(ctx, Spec{Name: "app", FromImage: src, Owner: "k1"})
+		st, err := m.Start(ctx, builds.Spec{Name: "app", FromImage: src, Owner: "k1"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		st, _ = follow(t, m, st.ID)
 		return st
 	}
-	if st := build("one"); st.State != StateSucceeded || st.Version != 1 {
+	if st := build("one"); st.State != builds.StateSucceeded || st.Version != 1 {
 		t.Fatalf("first build: %+v", st)
 	}
 	fail.Store(true)
-	if st := build("two"); st.State != StateFailed || !strings.Contains(st.Error, "object store") {
+	if st := build("two"); st.State != builds.StateFailed || !strings.Contains(st.Error, "object store") {
 		t.Errorf("build whose upload fails: %s %q, want failed naming the store", st.State, st.Error)
 	}
 	if u, err := store.UserRootFS("app"); err != nil || u.Version != 1 || u.Source != "one" {
 		t.Errorf("app after the failed upload: %+v, %v; want version 1", u, err)
 	}
 	fail.Store(false)
-	if st := build("three"); st.State != StateSucceeded || st.Version != 2 {
+	if st := build("three"); st.State != builds.StateSucceeded || st.Version != 2 {
 		t.Errorf("build after the failed one: %+v; want version 2 (the undone one's number is free again)", st)
 	}
 	if err := m.Remove(ctx, "app:1"); err != nil {
