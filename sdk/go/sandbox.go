@@ -360,6 +360,21 @@ type ForkOptions struct {
 	Placement Placement
 }
 
+// forkAnswer is the answer of POST /v1/sandboxes/{id}/fork.
+type forkAnswer struct {
+	Children []struct {
+		Sandbox *SandboxInfo `json:"sandbox"`
+		Error   *Error       `json:"error"`
+	} `json:"children"`
+	ParentPausedMS        float64 `json:"parent_paused_ms"`
+	DirtyBytes            int64   `json:"dirty_bytes"`
+	CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
+	CrossHostDirect       int64   `json:"cross_host_direct_bytes"`
+	CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
+	CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
+	CrossHostPulled       int64   `json:"cross_host_pulled_bytes"`
+}
+
 // ForkWithOptions is ForkWithStats with options: how many children, and
 // on which hosts. If some children could not be made, the error is a
 // *ForkError and the result holds the others.
@@ -382,19 +397,7 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 		return ForkResult{}, err
 	}
 	in := wire.ForkSandboxJSONRequestBody{Count: &count, Placement: pl}
-	var out struct {
-		Children []struct {
-			Sandbox *SandboxInfo `json:"sandbox"`
-			Error   *Error       `json:"error"`
-		} `json:"children"`
-		ParentPausedMS        float64 `json:"parent_paused_ms"`
-		DirtyBytes            int64   `json:"dirty_bytes"`
-		CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
-		CrossHostDirect       int64   `json:"cross_host_direct_bytes"`
-		CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
-		CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
-		CrossHostPulled       int64   `json:"cross_host_pulled_bytes"`
-	}
+	var out forkAnswer
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err
 	}

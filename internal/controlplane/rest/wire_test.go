@@ -22,6 +22,7 @@ import (
 	"testing"
 
 	apispec "github.com/pandastack/pandastack/api"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/apischema"
 )
@@ -91,6 +92,9 @@ var serverWire = []wireCheck{
 		"registered_at": "a fleet's only (fleetHostJSON)", "heartbeat_at": "a fleet's only (fleetHostJSON)",
 	}},
 	{typ: reflect.TypeFor[fleetHostJSON](), component: "Host", sent: true},
+	// Drain and activate answer a map of {id, state, draining} and, with
+	// migrate, these.
+	{typ: reflect.TypeFor[controlplane.Migrated](), component: "Migrated", sent: true},
 	{typ: reflect.TypeFor[purgeJSON](), answer: "POST /v1/keys/{key_id}/purge 200", sent: true},
 	{typ: reflect.TypeFor[keyJSON](), component: "APIKey", sent: true, ignore: map[string]string{
 		"key": "the secret, in createKey's answer only (checked against it below)",

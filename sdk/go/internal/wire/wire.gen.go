@@ -218,6 +218,27 @@ func (e HostState) Valid() bool {
 	}
 }
 
+// Defines values for HostDrainState.
+const (
+	HostDrainStateDraining HostDrainState = "draining"
+	HostDrainStateLost     HostDrainState = "lost"
+	HostDrainStateReady    HostDrainState = "ready"
+)
+
+// Valid indicates whether the value is a known member of the HostDrainState enum.
+func (e HostDrainState) Valid() bool {
+	switch e {
+	case HostDrainStateDraining:
+		return true
+	case HostDrainStateLost:
+		return true
+	case HostDrainStateReady:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ProcessState.
 const (
 	ProcessStateExited  ProcessState = "exited"
@@ -732,6 +753,22 @@ type HostAccel string
 // HostState draining: no new placements; lost: no heartbeat for --host-lost-after; connecting: registered, not reached yet; unreachable: the control plane cannot reach the host's agent (one host)
 type HostState string
 
+// HostDrain A host's drain state, as draining and activating it answer
+type HostDrain struct {
+	Draining bool `json:"draining"`
+
+	// Failed With migrate: the sandboxes that could not move (they run on where they were)
+	Failed *[]Migrated `json:"failed,omitempty"`
+	Id     string      `json:"id"`
+
+	// Migrated With migrate: the sandboxes moved to other hosts
+	Migrated *[]Migrated    `json:"migrated,omitempty"`
+	State    HostDrainState `json:"state"`
+}
+
+// HostDrainState defines model for HostDrain.State.
+type HostDrainState string
+
 // ListeningPort defines model for ListeningPort.
 type ListeningPort struct {
 	// Address The address it listens on: 0.0.0.0 or :: for every address
@@ -741,6 +778,16 @@ type ListeningPort struct {
 
 	// Port Example: 8000
 	Port int `json:"port"`
+}
+
+// Migrated A sandbox a drain with migrate tried to move
+type Migrated struct {
+	// Error Why it could not move
+	Error     *string `json:"error,omitempty"`
+	SandboxId string  `json:"sandbox_id"`
+
+	// To The host it moved to
+	To *string `json:"to,omitempty"`
 }
 
 // NetworkPolicy A sandbox's egress policy. Entries are IPv4 addresses, CIDRs, domain names
