@@ -814,16 +814,16 @@ type Placement = json.RawMessage
 // Process defines model for Process.
 type Process struct {
 	// Cmd The command line
-	Cmd     *string    `json:"cmd,omitempty"`
+	Cmd     string     `json:"cmd"`
 	EndedAt *time.Time `json:"ended_at,omitempty"`
 
 	// ExitCode null while running; 128+N when killed by signal N
 	ExitCode      *int          `json:"exit_code,omitempty"`
-	Pid           *int          `json:"pid,omitempty"`
+	Pid           int           `json:"pid"`
 	Pty           *TerminalSize `json:"pty,omitempty"`
 	Signal        *string       `json:"signal,omitempty"`
 	StartedAt     *time.Time    `json:"started_at,omitempty"`
-	State         *ProcessState `json:"state,omitempty"`
+	State         ProcessState  `json:"state"`
 	StderrBytes   *int          `json:"stderr_bytes,omitempty"`
 	StderrDropped *int          `json:"stderr_dropped,omitempty"`
 	StdinOpen     *bool         `json:"stdin_open,omitempty"`
@@ -894,26 +894,26 @@ type Sandbox struct {
 		// Lazy Only when the memory image is paged in lazily from the object store (docs/lazy-restore.md). The image's figures on its host, shared by every sandbox of that host restored from the same snapshot or paused sandbox.
 		Lazy *struct {
 			// FetchedMib What came from the object store so far (whole 2 MiB chunks, by faults or the background fetch)
-			FetchedMib *float64 `json:"fetched_mib,omitempty"`
+			FetchedMib float64 `json:"fetched_mib"`
 
 			// ImageMib Size of the memory image
-			ImageMib *float64 `json:"image_mib,omitempty"`
+			ImageMib float64 `json:"image_mib"`
 
 			// LocalMib What came from the host's copy of the template instead
-			LocalMib *float64 `json:"local_mib,omitempty"`
+			LocalMib float64 `json:"local_mib"`
 
 			// ReadMib What the host's kernel read of it so far (page faults, readahead)
-			ReadMib *float64 `json:"read_mib,omitempty"`
+			ReadMib float64 `json:"read_mib"`
 		} `json:"lazy,omitempty"`
 
 		// PrivateMib Pages only this sandbox maps: what it dirtied, plus VMM overhead
-		PrivateMib *float64 `json:"private_mib,omitempty"`
+		PrivateMib float64 `json:"private_mib"`
 
 		// PssMib Proportional set size: shared pages divided among their sharers
-		PssMib *float64 `json:"pss_mib,omitempty"`
+		PssMib float64 `json:"pss_mib"`
 
 		// SharedMib Pages it shares with others: its template's or parent's memory image, binaries
-		SharedMib *float64 `json:"shared_mib,omitempty"`
+		SharedMib float64 `json:"shared_mib"`
 	} `json:"memory,omitempty"`
 	MemoryMib int               `json:"memory_mib"`
 	Metadata  map[string]string `json:"metadata"`
@@ -1058,7 +1058,7 @@ type Template struct {
 		// Published Whether every key may use this version
 		Published *bool `json:"published,omitempty"`
 		SizeBytes *int  `json:"size_bytes,omitempty"`
-		Version   *int  `json:"version,omitempty"`
+		Version   int   `json:"version"`
 	} `json:"versions,omitempty"`
 }
 
