@@ -98,6 +98,42 @@ func TestWireTypesMatchOpenAPI(t *testing.T) {
 	}
 }
 
+// TestErrorCodesMatchOpenAPI: the SDK knows the status of every error
+// code of the document (ErrorDetail.code), as the document's table gives
+// it, and no other code.
+func TestErrorCodesMatchOpenAPI(t *testing.T) {
+	doc, err := apischema.Load(apispec.OpenAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := doc.Component("ErrorDetail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := s.Properties["code"].Enum
+	if len(enum) == 0 {
+		t.Fatal("ErrorDetail.code has no enum in api/openapi.yaml")
+	}
+	if got, want := len(codeStatus), len(enum); got != want {
+		t.Errorf("codeStatus has %d codes, ErrorDetail.code %d", got, want)
+	}
+	table := doc.ErrorStatuses()
+	for _, c := range enum {
+		if got, want := codeStatus[c], table[c]; got != want || got == 0 {
+			t.Errorf("code %q: codeStatus says %d, api/openapi.yaml's error table %d", c, got, want)
+		}
+	}
+	for _, c := range codes {
+		if codeStatus[c.code] != c.status {
+			t.Errorf("code %q: codes says %d, codeStatus %d", c.code, c.status, codeStatus[c.code])
+		}
+	}
+	// A stream's error has its code's status.
+	if e := newError(0, "timeout", "took too long"); e.Status != 504 {
+		t.Errorf("newError(0, timeout): status %d, want 504", e.Status)
+	}
+}
+
 // TestEveryWireTypeIsChecked: every named struct of the package with a
 // JSON tag is in sdkWire (or in one it holds), or in notWire.
 func TestEveryWireTypeIsChecked(t *testing.T) {

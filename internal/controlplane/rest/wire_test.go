@@ -135,6 +135,51 @@ func TestHandlerStructsMatchOpenAPI(t *testing.T) {
 	}
 }
 
+// TestErrorCodesMatchOpenAPI: the codes of the server's error answers
+// (the kinds that have an HTTP status) are ErrorDetail's codes in the
+// document, both ways, with the status the document's table gives.
+func TestErrorCodesMatchOpenAPI(t *testing.T) {
+	doc, err := apischema.Load(apispec.OpenAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := doc.Component("ErrorDetail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, c := range s.Properties["code"].Enum {
+		documented[c] = true
+	}
+	if len(documented) == 0 {
+		t.Fatal("ErrorDetail.code has no enum in api/openapi.yaml")
+	}
+	table := doc.ErrorStatuses()
+	answered := map[string]bool{}
+	for k := range statuses {
+		if k == controlplane.Canceled {
+			continue // the client went away: nobody reads that answer
+		}
+		answered[string(k)] = true
+		if !documented[string(k)] {
+			t.Errorf("the server answers errors with code %q (HTTP %d), which ErrorDetail.code in api/openapi.yaml does not list", k, statuses[k])
+		}
+		if st, ok := table[string(k)]; !ok || st != statuses[k] {
+			t.Errorf("the server answers code %q with HTTP %d; the error table of api/openapi.yaml's description says %d (0: no row)", k, statuses[k], st)
+		}
+	}
+	for c := range table {
+		if !documented[c] {
+			t.Errorf("the error table of api/openapi.yaml's description has %q, which ErrorDetail.code does not list", c)
+		}
+	}
+	for c := range documented {
+		if !answered[c] {
+			t.Errorf("ErrorDetail.code in api/openapi.yaml lists %q, which no error kind of the server has", c)
+		}
+	}
+}
+
 // TestEveryHandlerStructIsChecked: every named struct type of the package
 // with a JSON tag is in serverWire (or in one it holds), or in notWire.
 func TestEveryHandlerStructIsChecked(t *testing.T) {

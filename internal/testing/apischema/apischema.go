@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,6 +53,25 @@ type Schema struct {
 	Required   map[string]bool
 	Items      *Schema // an array's items
 	Values     *Schema // an object's additionalProperties (a map)
+	// Enum are the values a string may have (none: any).
+	Enum []string
+}
+
+// errorRow is a row of the error table in info.description:
+// | 404 | not_found | when |.
+var errorRow = regexp.MustCompile(`(?m)^\|\s*(\d{3})\s*\|\s*([a-z_]+)\s*\|`)
+
+// ErrorStatuses returns the table of error codes in the document's
+// description: code → HTTP status.
+func (d *Doc) ErrorStatuses() map[string]int {
+	info, _ := d.root["info"].(map[string]any)
+	desc, _ := info["description"].(string)
+	out := map[string]int{}
+	for _, m := range errorRow.FindAllStringSubmatch(desc, -1) {
+		st, _ := strconv.Atoi(m[1])
+		out[m[2]] = st
+	}
+	return out
 }
 
 // Component returns #/components/schemas/NAME.
@@ -178,6 +199,13 @@ func (d *Doc) resolve(n any, depth int) (*Schema, error) {
 	s.Type, _ = m["type"].(string)
 	s.Format, _ = m["format"].(string)
 	s.Nullable, _ = m["nullable"].(bool)
+	if enum, ok := m["enum"].([]any); ok {
+		for _, e := range enum {
+			if v, ok := e.(string); ok {
+				s.Enum = append(s.Enum, v)
+			}
+		}
+	}
 	if _, ok := m["oneOf"]; ok {
 		s.OneOf = true
 		return s, nil

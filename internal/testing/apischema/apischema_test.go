@@ -9,6 +9,12 @@ import (
 
 const doc = `
 openapi: 3.0.3
+info:
+  description: |
+    | status | code | when |
+    |---|---|---|
+    | 404 | not_found | unknown |
+    | 429 | too_many_requests | busy |
 paths:
   /v1/things:
     post:
@@ -156,6 +162,14 @@ func TestMatchFindsDifferences(t *testing.T) {
 	}})
 	if len(got) > 0 {
 		t.Errorf("with the differences ignored: got %q, want none", got)
+	}
+}
+
+func TestErrorStatuses(t *testing.T) {
+	got := load(t).ErrorStatuses()
+	want := map[string]int{"not_found": 404, "too_many_requests": 429}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }
 

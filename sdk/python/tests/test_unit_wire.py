@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import pkgutil
+import re
 import unittest
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -287,6 +288,16 @@ class WireTest(unittest.TestCase):
             s = Schema(self.doc, pointer(self.doc, m.schema))
             fields = _fields(m.make(s.sample(0, cls)))
             self.assertTrue(name in s.properties or name in fields, "EXCEPTIONS[%r] (%s): neither the schema nor the model has %r" % ((cls, name), why, name))
+
+    def test_error_codes_match_the_spec(self) -> None:
+        """The error codes the SDK knows are the document's, with its statuses."""
+        from pandastack import errors
+
+        codes = Schema(self.doc, pointer(self.doc, component("ErrorDetail"))).properties["code"].enum
+        table = {m.group(2): int(m.group(1)) for m in re.finditer(r"(?m)^\|\s*(\d{3})\s*\|\s*([a-z_]+)\s*\|", self.doc["info"]["description"])}
+        self.assertEqual(sorted(errors.CODE_TO_STATUS), sorted(codes), "CODE_TO_STATUS vs ErrorDetail.code")
+        self.assertEqual(errors.CODE_TO_STATUS, table, "CODE_TO_STATUS vs the error table of the document's description")
+        self.assertEqual(sorted(set(errors.CODE_TO_CLASS) - set(codes)), [], "CODE_TO_CLASS has codes the document does not list")
 
     def test_the_check_finds_drift(self) -> None:
         """A model that lost a property, gained one, or made one required is caught."""

@@ -63,6 +63,7 @@ const (
 	NotImplemented      ErrorDetailCode = "not_implemented"
 	PayloadTooLarge     ErrorDetailCode = "payload_too_large"
 	QuotaExceeded       ErrorDetailCode = "quota_exceeded"
+	TemplateLimit       ErrorDetailCode = "template_limit"
 	Timeout             ErrorDetailCode = "timeout"
 	TooManyRequests     ErrorDetailCode = "too_many_requests"
 	Unauthorized        ErrorDetailCode = "unauthorized"
@@ -99,6 +100,8 @@ func (e ErrorDetailCode) Valid() bool {
 	case PayloadTooLarge:
 		return true
 	case QuotaExceeded:
+		return true
+	case TemplateLimit:
 		return true
 	case Timeout:
 		return true
