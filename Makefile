@@ -13,7 +13,7 @@ GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mo
 CONSOLE_SRC := $(shell find web/console/src -type f 2>/dev/null) web/console/build.mjs
 CONSOLE     := internal/controlplane/console/dist/index.html
 
-.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps console
+.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps console generate
 
 all: build
 
@@ -97,6 +97,16 @@ test: setup e2b-deps s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/controlplane/rest/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
 	@$(MAKE) --no-print-directory fuzz
+
+# generate writes what is generated from the REST contract,
+# api/openapi.yaml: the Go SDK's wire types
+# (sdk/go/internal/wire/wire.gen.go, by oapi-codegen, whose version its
+# go:generate line pins) and the JSON copy of the document that the
+# Python SDK's tests read (sdk/python/tests/openapi.json). Run it after
+# changing the document and commit what it wrote: tests fail while
+# either is stale (docs/api.md, "Changing the contract").
+generate: check-go
+	$(GO) generate ./api/... ./sdk/go/...
 
 # fuzz runs each Go fuzz target (func FuzzX) for FUZZTIME (default 5s; e.g.
 # `make fuzz FUZZTIME=10m` for a longer run). See README.md, "Tests".

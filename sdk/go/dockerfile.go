@@ -60,13 +60,13 @@ func (c *Client) StartDockerfileBuild(ctx context.Context, name, dockerfile, con
 		}
 		in.Dockerfile = &dockerfile
 		var out TemplateBuild
-		err := c.doJSON(ctx, http.MethodPost, path("templates"), nil, in, &out)
+		err := c.doJSON(ctx, http.MethodPost, path("templates"), nil, in.body(), &out)
 		return out, err
 	}
 	if err := checkContextDir(contextDir); err != nil {
 		return TemplateBuild{}, err
 	}
-	spec, err := json.Marshal(in)
+	spec, err := json.Marshal(in.body())
 	if err != nil {
 		return TemplateBuild{}, fmt.Errorf("encode request: %w", err)
 	}

@@ -97,6 +97,22 @@ func (e *Error) Is(target error) bool {
 	return false
 }
 
+// codeStatus is the HTTP status of each error code of the API (the table
+// of api/openapi.yaml; wire_test.go holds it to it), for the errors that
+// come without one: inside a stream, a fork's children.
+var codeStatus = map[string]int{
+	CodeBadRequest: http.StatusBadRequest, CodeUnauthorized: http.StatusUnauthorized,
+	CodeForbidden: http.StatusForbidden, CodeNotFound: http.StatusNotFound,
+	"method_not_allowed": http.StatusMethodNotAllowed, CodeConflict: http.StatusConflict,
+	"corrupt": http.StatusConflict, CodePayloadTooLarge: http.StatusRequestEntityTooLarge,
+	CodeInvalid: http.StatusUnprocessableEntity, CodeQuotaExceeded: http.StatusTooManyRequests,
+	"too_many_requests": http.StatusTooManyRequests, CodeTemplateLimit: http.StatusTooManyRequests,
+	CodeInternal: http.StatusInternalServerError, "not_implemented": http.StatusNotImplemented,
+	"guest_error": http.StatusBadGateway, "bad_gateway": http.StatusBadGateway,
+	CodeUnavailable: http.StatusServiceUnavailable, "timeout": http.StatusGatewayTimeout,
+	CodeInsufficientStorage: http.StatusInsufficientStorage,
+}
+
 // newError fills in whichever of status and code is missing.
 func newError(status int, code, message string) *Error {
 	for _, c := range codes {
@@ -106,6 +122,9 @@ func newError(status int, code, message string) *Error {
 		if status == 0 && code == c.code {
 			status = c.status
 		}
+	}
+	if status == 0 {
+		status = codeStatus[code]
 	}
 	if code == "" {
 		switch {

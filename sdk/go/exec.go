@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // NoTimeout as Command.Timeout lets the command run until it exits.
@@ -56,33 +58,40 @@ type PTYSize struct {
 	Cols int `json:"cols"`
 }
 
-type execRequest struct {
-	Cmd     string            `json:"cmd,omitempty"`
-	Argv    []string          `json:"argv,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Cwd     string            `json:"cwd,omitempty"`
-	User    string            `json:"user,omitempty"`
-	Timeout *float64          `json:"timeout_seconds,omitempty"`
-	Stdin   string            `json:"stdin,omitempty"`
+// check rejects a Command the API has no form for.
+func (cmd Command) check() error {
+	if (cmd.Cmd == "") == (len(cmd.Argv) == 0) {
+		return newError(0, CodeInvalid, "a command needs exactly one of Cmd and Argv")
+	}
+	return nil
 }
 
-func (cmd Command) request() (execRequest, error) {
-	if (cmd.Cmd == "") == (len(cmd.Argv) == 0) {
-		return execRequest{}, newError(0, CodeInvalid, "a command needs exactly one of Cmd and Argv")
-	}
-	if cmd.PTY != nil {
-		return execRequest{}, newError(0, CodeInvalid, "a terminal (PTY) is for StartProcess, not Exec")
-	}
-	r := execRequest{Cmd: cmd.Cmd, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User, Stdin: cmd.Stdin}
+// timeoutSeconds is Timeout as the API's timeout_seconds: nil for the
+// server's default, 0 for none.
+func (cmd Command) timeoutSeconds() *float64 {
 	switch {
 	case cmd.Timeout < 0:
 		zero := 0.0
-		r.Timeout = &zero
+		return &zero
 	case cmd.Timeout > 0:
 		s := cmd.Timeout.Seconds()
-		r.Timeout = &s
+		return &s
 	}
-	return r, nil
+	return nil
+}
+
+// request is cmd as the body of an exec.
+func (cmd Command) request() (wire.ExecRequest, error) {
+	if err := cmd.check(); err != nil {
+		return wire.ExecRequest{}, err
+	}
+	if cmd.PTY != nil {
+		return wire.ExecRequest{}, newError(0, CodeInvalid, "a terminal (PTY) is for StartProcess, not Exec")
+	}
+	return wire.ExecRequest{
+		Cmd: optional(cmd.Cmd), Argv: optionalSlice(cmd.Argv), Env: optionalMap(cmd.Env), Cwd: optional(cmd.Cwd),
+		User: optional(cmd.User), TimeoutSeconds: cmd.timeoutSeconds(), Stdin: optional(cmd.Stdin),
+	}, nil
 }
 
 // ExecResult is how a command ended. A non-zero exit is not a Go error.

@@ -9,6 +9,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // FileInfo describes a file in a sandbox.
@@ -129,9 +131,7 @@ func (s *Sandbox) Mkdir(ctx context.Context, p string) (FileInfo, error) {
 	if err := checkID("sandbox", s.ID); err != nil {
 		return FileInfo{}, err
 	}
-	in := struct {
-		Path string `json:"path"`
-	}{p}
+	in := wire.MakeDirJSONRequestBody{Path: p}
 	var fi FileInfo
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "files", "mkdir"), nil, in, &fi); err != nil {
 		return FileInfo{}, fmt.Errorf("mkdir %s: %w", p, err)
@@ -160,10 +160,7 @@ func (s *Sandbox) Rename(ctx context.Context, from, to string) (FileInfo, error)
 	if err := checkID("sandbox", s.ID); err != nil {
 		return FileInfo{}, err
 	}
-	in := struct {
-		From string `json:"from"`
-		To   string `json:"to"`
-	}{from, to}
+	in := wire.RenameFileJSONRequestBody{From: from, To: to}
 	var fi FileInfo
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "files", "rename"), nil, in, &fi); err != nil {
 		return FileInfo{}, fmt.Errorf("rename %s: %w", from, err)

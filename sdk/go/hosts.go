@@ -9,7 +9,9 @@ import (
 
 // Host is a machine that runs sandboxes.
 type Host struct {
-	ID                 string `json:"id"`
+	ID string `json:"id"`
+	// Deprecated: no server sends an address, so Address is always
+	// empty; URL is a fleet's host's address (admin keys only).
 	Address            string `json:"address,omitempty"`
 	State              string `json:"state"` // e.g. ready, draining, unreachable
 	Sandboxes          int    `json:"sandboxes"`

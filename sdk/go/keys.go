@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // APIKey describes an API key, without its secret.
@@ -38,14 +40,10 @@ type Quotas struct {
 
 // CreateKey creates an API key. Admin keys only.
 func (c *Client) CreateKey(ctx context.Context, name string, admin bool, q Quotas) (KeyWithSecret, error) {
-	in := struct {
-		Name         string `json:"name"`
-		Admin        bool   `json:"admin,omitempty"`
-		MaxSandboxes int    `json:"max_sandboxes,omitempty"`
-		MaxMemoryMiB int    `json:"max_memory_mib,omitempty"`
-		MaxVCPUs     int    `json:"max_vcpus,omitempty"`
-		MaxDiskMiB   int    `json:"max_disk_mib,omitempty"`
-	}{name, admin, q.MaxSandboxes, q.MaxMemoryMiB, q.MaxVCPUs, q.MaxDiskMiB}
+	in := wire.CreateKeyJSONRequestBody{
+		Name: name, Admin: optional(admin), MaxSandboxes: optional(q.MaxSandboxes),
+		MaxMemoryMib: optional(q.MaxMemoryMiB), MaxVcpus: optional(q.MaxVCPUs), MaxDiskMib: optional(q.MaxDiskMiB),
+	}
 	var k KeyWithSecret
 	err := c.doJSON(ctx, http.MethodPost, path("keys"), nil, in, &k)
 	return k, err

@@ -3,6 +3,8 @@ package pandastack
 import (
 	"context"
 	"net/http"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // Network is a sandbox's egress policy: what the sandbox may connect to.
@@ -50,5 +52,6 @@ func (s *Sandbox) SetNetwork(ctx context.Context, u NetworkUpdate) error {
 			*l = &[]string{}
 		}
 	}
-	return s.update(ctx, http.MethodPatch, path("sandboxes", s.ID, "network"), u)
+	body := wire.SetNetworkJSONRequestBody{Internet: u.Internet, AllowOut: u.AllowOut, DenyOut: u.DenyOut}
+	return s.update(ctx, http.MethodPatch, path("sandboxes", s.ID, "network"), body)
 }

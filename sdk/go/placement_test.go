@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
@@ -59,7 +60,7 @@ func TestPlacementRequests(t *testing.T) {
 	var bodies []string
 	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		bodies = append(bodies, r.URL.Path+" "+string(b))
+		bodies = append(bodies, r.URL.Path+" "+canonJSON(string(b)))
 		if r.URL.Path == "/v1/sandboxes" {
 			writeJSON(w, 200, map[string]any{"id": "abc", "state": "running", "host_id": "h2"})
 			return
@@ -96,7 +97,8 @@ func TestPlacementRequests(t *testing.T) {
 		t.Fatalf("got requests %q, want %q", bodies, want)
 	}
 	for i := range want {
-		if bodies[i] != want[i] {
+		path, body, _ := strings.Cut(want[i], " ")
+		if bodies[i] != path+" "+canonJSON(body) {
 			t.Errorf("request %d: got %s, want %s", i, bodies[i], want[i])
 		}
 	}

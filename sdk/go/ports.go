@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // Port is a TCP port listening in a sandbox.
@@ -54,10 +56,7 @@ func (s *Sandbox) URL(ctx context.Context, port int, ttl time.Duration) (PortURL
 	if ttl < 0 {
 		return PortURL{}, newError(0, CodeInvalid, "ttl must not be negative")
 	}
-	var in struct {
-		TTLSeconds int64 `json:"ttl_seconds,omitempty"`
-	}
-	in.TTLSeconds = int64((ttl + time.Second - 1) / time.Second)
+	in := wire.SignPortURLJSONRequestBody{TtlSeconds: optional(int((ttl + time.Second - 1) / time.Second))}
 	var out PortURL
 	err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "ports", strconv.Itoa(port), "url"), nil, in, &out)
 	return out, err

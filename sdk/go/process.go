@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // Process is a background process in a sandbox, started by
@@ -44,17 +46,6 @@ type ProcessInfo struct {
 	StderrDropped int64 `json:"stderr_dropped"`
 }
 
-type processRequest struct {
-	Cmd     string            `json:"cmd,omitempty"`
-	Argv    []string          `json:"argv,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Cwd     string            `json:"cwd,omitempty"`
-	User    string            `json:"user,omitempty"`
-	Timeout *float64          `json:"timeout_seconds,omitempty"`
-	Stdin   bool              `json:"stdin,omitempty"`
-	PTY     *PTYSize          `json:"pty,omitempty"`
-}
-
 // StartProcess starts cmd in the background and returns once it runs.
 // Unlike Exec, a zero Timeout means none. With cmd.OpenStdin the process's
 // stdin stays open for WriteStdin (cmd.Stdin, if set, is written first);
@@ -63,15 +54,18 @@ func (s *Sandbox) StartProcess(ctx context.Context, cmd Command) (*Process, erro
 	if err := checkID("sandbox", s.ID); err != nil {
 		return nil, err
 	}
-	pty := cmd.PTY
-	cmd.PTY = nil
-	r, err := cmd.request()
-	if err != nil {
+	if err := cmd.check(); err != nil {
 		return nil, err
 	}
-	req := processRequest{Cmd: r.Cmd, Argv: r.Argv, Env: r.Env, Cwd: r.Cwd, User: r.User, Stdin: cmd.OpenStdin || cmd.Stdin != "", PTY: pty}
+	req := wire.ProcessRequest{
+		Cmd: optional(cmd.Cmd), Argv: optionalSlice(cmd.Argv), Env: optionalMap(cmd.Env), Cwd: optional(cmd.Cwd),
+		User: optional(cmd.User), Stdin: optional(cmd.OpenStdin || cmd.Stdin != ""),
+	}
+	if cmd.PTY != nil {
+		req.Pty = &wire.TerminalSize{Rows: cmd.PTY.Rows, Cols: cmd.PTY.Cols}
+	}
 	if cmd.Timeout > 0 {
-		req.Timeout = r.Timeout
+		req.TimeoutSeconds = cmd.timeoutSeconds()
 	}
 	var info ProcessInfo
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "processes"), nil, req, &info); err != nil {
@@ -243,14 +237,14 @@ func (pr *Process) stdin(ctx context.Context, b []byte, closeIt bool) error {
 // process's group (ErrInvalid for an unknown one, ErrConflict once it has
 // exited).
 func (pr *Process) Signal(ctx context.Context, signal string) error {
-	return pr.sb.c.doJSON(ctx, http.MethodPost, procPath(pr.sb.ID, pr.PID, "signal"), nil, map[string]string{"signal": signal}, nil)
+	return pr.sb.c.doJSON(ctx, http.MethodPost, procPath(pr.sb.ID, pr.PID, "signal"), nil, wire.SignalProcessJSONRequestBody{Signal: signal}, nil)
 }
 
 // Resize sets the terminal size of a process started with Command.PTY
 // (rows and cols 1 to 1000; ErrInvalid otherwise or for a process
 // without a terminal, ErrConflict once it has exited).
 func (pr *Process) Resize(ctx context.Context, rows, cols int) error {
-	return pr.sb.c.doJSON(ctx, http.MethodPost, procPath(pr.sb.ID, pr.PID, "resize"), nil, PTYSize{Rows: rows, Cols: cols}, nil)
+	return pr.sb.c.doJSON(ctx, http.MethodPost, procPath(pr.sb.ID, pr.PID, "resize"), nil, wire.ResizeProcessJSONRequestBody{Rows: rows, Cols: cols}, nil)
 }
 
 // Wait waits until the process has exited and returns how.

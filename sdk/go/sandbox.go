@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // SandboxState is the lifecycle state of a sandbox.
@@ -133,28 +135,20 @@ type CreateOptions struct {
 	Progress func(string)
 }
 
-type createRequest struct {
-	Template   string            `json:"template,omitempty"`
-	TTLSeconds int               `json:"ttl_seconds,omitempty"`
-	MemoryMiB  int               `json:"memory_mib,omitempty"`
-	VCPUs      int               `json:"vcpus,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	SnapshotID string            `json:"snapshot_id,omitempty"`
-	OnExpire   string            `json:"on_expire,omitempty"`
-	Network    *Network          `json:"network,omitempty"`
-	Placement  Placement         `json:"placement,omitzero"`
-}
-
 // Create creates a sandbox and returns it running.
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
 	if err := opts.Placement.check(); err != nil {
 		return nil, err
 	}
-	req := createRequest{
-		Template: opts.Template, TTLSeconds: opts.TTLSeconds, MemoryMiB: opts.MemoryMiB, VCPUs: opts.VCPUs,
-		Metadata: opts.Metadata, Env: opts.Env, SnapshotID: opts.SnapshotID, Network: opts.Network,
-		OnExpire: opts.OnExpire, Placement: opts.Placement,
+	pl, err := optionalPlacement(opts.Placement)
+	if err != nil {
+		return nil, err
+	}
+	req := wire.CreateSandboxRequest{
+		Template: optional(opts.Template), TtlSeconds: optional(opts.TTLSeconds), MemoryMib: optional(opts.MemoryMiB),
+		Vcpus: optional(opts.VCPUs), Metadata: optionalMap(opts.Metadata), Env: optionalMap(opts.Env),
+		SnapshotId: optional(opts.SnapshotID), Network: wireNetwork(opts.Network),
+		OnExpire: optional(wire.CreateSandboxRequestOnExpire(opts.OnExpire)), Placement: pl,
 	}
 	var info SandboxInfo
 	if opts.Progress == nil {
@@ -272,10 +266,7 @@ func (s *Sandbox) update(ctx context.Context, method, p string, in any) error {
 
 // SetTTL sets the sandbox to expire seconds from now and updates Info.
 func (s *Sandbox) SetTTL(ctx context.Context, seconds int) error {
-	body := struct {
-		TTLSeconds int `json:"ttl_seconds"`
-	}{seconds}
-	return s.update(ctx, http.MethodPut, path("sandboxes", s.ID, "ttl"), body)
+	return s.update(ctx, http.MethodPut, path("sandboxes", s.ID, "ttl"), wire.SetSandboxTTLJSONRequestBody{TtlSeconds: seconds})
 }
 
 // Kill kills the sandbox and frees everything it used.
@@ -310,7 +301,11 @@ func (s *Sandbox) ResumeOn(ctx context.Context, pl Placement) error {
 	if err := pl.check(); err != nil {
 		return err
 	}
-	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "resume"), map[string]any{"placement": pl})
+	w, err := wirePlacement(pl)
+	if err != nil {
+		return err
+	}
+	return s.update(ctx, http.MethodPost, path("sandboxes", s.ID, "resume"), wire.ResumeSandboxJSONRequestBody{Placement: w})
 }
 
 // Fork makes count copies of the running sandbox (memory, disk and
@@ -365,6 +360,21 @@ type ForkOptions struct {
 	Placement Placement
 }
 
+// forkAnswer is the answer of POST /v1/sandboxes/{id}/fork.
+type forkAnswer struct {
+	Children []struct {
+		Sandbox *SandboxInfo `json:"sandbox"`
+		Error   *Error       `json:"error"`
+	} `json:"children"`
+	ParentPausedMS        float64 `json:"parent_paused_ms"`
+	DirtyBytes            int64   `json:"dirty_bytes"`
+	CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
+	CrossHostDirect       int64   `json:"cross_host_direct_bytes"`
+	CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
+	CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
+	CrossHostPulled       int64   `json:"cross_host_pulled_bytes"`
+}
+
 // ForkWithOptions is ForkWithStats with options: how many children, and
 // on which hosts. If some children could not be made, the error is a
 // *ForkError and the result holds the others.
@@ -382,23 +392,12 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 	if err := opts.Placement.check(); err != nil {
 		return ForkResult{}, err
 	}
-	in := struct {
-		Count     int       `json:"count"`
-		Placement Placement `json:"placement,omitzero"`
-	}{count, opts.Placement}
-	var out struct {
-		Children []struct {
-			Sandbox *SandboxInfo `json:"sandbox"`
-			Error   *Error       `json:"error"`
-		} `json:"children"`
-		ParentPausedMS        float64 `json:"parent_paused_ms"`
-		DirtyBytes            int64   `json:"dirty_bytes"`
-		CrossHostCaptureBytes int64   `json:"cross_host_capture_bytes"`
-		CrossHostDirect       int64   `json:"cross_host_direct_bytes"`
-		CrossHostUploaded     int64   `json:"cross_host_uploaded_bytes"`
-		CrossHostFetched      int64   `json:"cross_host_fetched_bytes"`
-		CrossHostPulled       int64   `json:"cross_host_pulled_bytes"`
+	pl, err := optionalPlacement(opts.Placement)
+	if err != nil {
+		return ForkResult{}, err
 	}
+	in := wire.ForkSandboxJSONRequestBody{Count: &count, Placement: pl}
+	var out forkAnswer
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err
 	}

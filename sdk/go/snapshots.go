@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // Snapshot is a saved sandbox (memory and disk) that new sandboxes can be
@@ -30,9 +32,7 @@ func (s *Sandbox) Snapshot(ctx context.Context, name string) (Snapshot, error) {
 	if err := checkID("sandbox", s.ID); err != nil {
 		return Snapshot{}, err
 	}
-	in := struct {
-		Name string `json:"name,omitempty"`
-	}{name}
+	in := wire.CreateSnapshotJSONRequestBody{Name: optional(name)}
 	var snap Snapshot
 	err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "snapshots"), nil, in, &snap)
 	return snap, err

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // Template states.
@@ -102,10 +104,7 @@ func (c *Client) BakeTemplate(ctx context.Context, name string, memoryMiB, vcpus
 	if name == "" {
 		return Template{}, newError(0, CodeInvalid, "template name is empty")
 	}
-	in := struct {
-		MemoryMiB int `json:"memory_mib,omitempty"`
-		VCPUs     int `json:"vcpus,omitempty"`
-	}{memoryMiB, vcpus}
+	in := wire.BakeTemplateJSONRequestBody{MemoryMib: optional(memoryMiB), Vcpus: optional(vcpus)}
 	b, err := json.Marshal(in)
 	if err != nil {
 		return Template{}, fmt.Errorf("encode request: %w", err)
@@ -205,17 +204,27 @@ type TemplateBuild struct {
 // BuildTemplate).
 type BuildOption func(*buildRequest)
 
+// buildRequest is what a build's options made: body() is its JSON.
 type buildRequest struct {
-	Name                string            `json:"name"`
-	FromImage           string            `json:"from_image,omitempty"`
-	Dockerfile          *string           `json:"dockerfile,omitempty"`
-	DockerfilePath      string            `json:"dockerfile_path,omitempty"`
-	BuildArgs           map[string]string `json:"build_args,omitempty"`
-	StartCmd            string            `json:"start_cmd,omitempty"`
-	ReadyCmd            string            `json:"ready_cmd,omitempty"`
-	ReadyTimeoutSeconds int               `json:"ready_timeout_seconds,omitempty"`
+	Name                string
+	FromImage           string
+	Dockerfile          *string
+	DockerfilePath      string
+	BuildArgs           map[string]string
+	StartCmd            string
+	ReadyCmd            string
+	ReadyTimeoutSeconds int
 
 	contextProgress func(ContextStats)
+}
+
+// body is r as the JSON body of POST /v1/templates (or its spec part).
+func (r *buildRequest) body() wire.BuildTemplateJSONRequestBody {
+	return wire.BuildTemplateJSONRequestBody{
+		Name: r.Name, FromImage: optional(r.FromImage), Dockerfile: r.Dockerfile, DockerfilePath: optional(r.DockerfilePath),
+		BuildArgs: optionalMap(r.BuildArgs), StartCmd: optional(r.StartCmd), ReadyCmd: optional(r.ReadyCmd),
+		ReadyTimeoutSeconds: optional(r.ReadyTimeoutSeconds),
+	}
 }
 
 // WithStartCmd makes the template's bake start cmd (a /bin/sh -c script,
@@ -252,7 +261,7 @@ func (c *Client) StartTemplateBuild(ctx context.Context, name, fromImage string,
 		o(in)
 	}
 	var out TemplateBuild
-	err := c.doJSON(ctx, http.MethodPost, path("templates"), nil, in, &out)
+	err := c.doJSON(ctx, http.MethodPost, path("templates"), nil, in.body(), &out)
 	return out, err
 }
 

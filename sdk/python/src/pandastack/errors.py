@@ -207,12 +207,16 @@ CODE_TO_STATUS: Dict[str, int] = {
     "corrupt": 409,
     "payload_too_large": 413,
     "invalid": 422,
+    "method_not_allowed": 405,
     "quota_exceeded": 429,
     "template_limit": 429,
     "too_many_requests": 429,
     "internal": 500,
+    "not_implemented": 501,
     "guest_error": 502,
+    "bad_gateway": 502,
     "unavailable": 503,
+    "timeout": 504,
     "insufficient_storage": 507,
 }
 

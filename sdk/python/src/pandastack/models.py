@@ -431,6 +431,11 @@ class Template:
             (usable by every key; an admin key publishes versions);
             ``None`` for built-in ones.
         owner: Id of the key that built it (listed for admin keys only).
+        start_cmd: A user template's start command, run in the background
+            before its snapshot (listed for admin keys only).
+        ready_cmd: Its ready command (listed for admin keys only).
+        ready_timeout_seconds: Its ready timeout in seconds, if not the
+            default (listed for admin keys only).
         raw: The JSON object as received.
 
     ``Template.from_image(ref)`` starts the description of a new template
@@ -456,6 +461,9 @@ class Template:
     public: Optional[bool] = None
     owner: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    start_cmd: Optional[str] = None
+    ready_cmd: Optional[str] = None
+    ready_timeout_seconds: Optional[int] = None
 
     @property
     def ref(self) -> str:
@@ -517,6 +525,9 @@ class Template:
             public=d.get("public") if isinstance(d.get("public"), bool) else None,
             owner=_opt_str(d.get("owner")),
             raw=dict(d),
+            start_cmd=_opt_str(d.get("start_cmd")),
+            ready_cmd=_opt_str(d.get("ready_cmd")),
+            ready_timeout_seconds=_opt_int(d.get("ready_timeout_seconds")),
         )
 
 

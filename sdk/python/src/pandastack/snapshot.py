@@ -27,6 +27,7 @@ class Snapshot:
         sandbox_id: The sandbox it was taken from.
         template: Template of that sandbox.
         memory_mib: Guest memory in MiB.
+        vcpus: Guest vCPUs.
         created_at: When it was taken.
         size_bytes: Storage it uses, if the server reports it.
         stored: Where it is kept: ``"local"`` (only on its host's disk),
@@ -47,6 +48,7 @@ class Snapshot:
         self.sandbox_id: Optional[str] = _opt_str(d.get("sandbox_id"))
         self.template: str = _str(d.get("template"))
         self.memory_mib: int = _int(d.get("memory_mib"))
+        self.vcpus: int = _int(d.get("vcpus"))
         self.created_at: Optional[datetime] = parse_time(d.get("created_at"))
         self.size_bytes: Optional[int] = _opt_int(d.get("size_bytes"))
         self.stored: Optional[str] = _opt_str(d.get("stored"))
