@@ -23,8 +23,8 @@ import (
 	"testing"
 
 	apispec "github.com/pandastack/pandastack/api"
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/controlplane"
-	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/apischema"
 )
 
@@ -109,7 +109,7 @@ var serverWire = []wireCheck{
 	{typ: reflect.TypeFor[portURLRequest](), request: "POST /v1/sandboxes/{id}/ports/{port}/url"},
 	{typ: reflect.TypeFor[templateJSON](), component: "Template", sent: true},
 	{typ: reflect.TypeFor[buildSpec](), request: "POST /v1/templates"},
-	{typ: reflect.TypeFor[build.Status](), component: "TemplateBuild", sent: true},
+	{typ: reflect.TypeFor[builds.Status](), component: "TemplateBuild", sent: true},
 }
 
 // notWire are this package's named structs with JSON tags that are not
