@@ -20,6 +20,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
@@ -44,7 +45,7 @@ type Client struct {
 	log   *slog.Logger
 
 	mu   sync.Mutex
-	info Info
+	info hostwire.Info
 }
 
 // The client is a host (and can do what agent.Local can).
@@ -99,7 +100,7 @@ func Dial(rawURL, token string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("host agent url %q: want https://host:port", rawURL)
 	}
 	c := &Client{
-		base:  strings.TrimRight(u.String(), "/") + Prefix,
+		base:  strings.TrimRight(u.String(), "/") + hostwire.Prefix,
 		token: token,
 		log:   slog.New(slog.DiscardHandler),
 	}
@@ -146,7 +147,7 @@ func peer(from host.PackSource) (*Client, error) {
 			return nil, fmt.Errorf("%w: pack source's CA certificate: %v", host.ErrInvalid, err)
 		}
 	}
-	return &Client{base: strings.TrimRight(u.String(), "/") + Prefix, authz: "Ticket " + from.Ticket,
+	return &Client{base: strings.TrimRight(u.String(), "/") + hostwire.Prefix, authz: "Ticket " + from.Ticket,
 		http: &http.Client{Transport: transport(tlsCfg)}, log: slog.New(slog.DiscardHandler)}, nil
 }
 
@@ -156,14 +157,14 @@ func (c *Client) Close() error {
 	return nil
 }
 
-func (c *Client) setInfo(info Info) {
+func (c *Client) setInfo(info hostwire.Info) {
 	c.mu.Lock()
 	c.info = info
 	c.mu.Unlock()
 }
 
 // Info is what the agent last said about itself.
-func (c *Client) Info() Info {
+func (c *Client) Info() hostwire.Info {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.info
@@ -172,7 +173,7 @@ func (c *Client) Info() Info {
 // Resources asks the agent for its machine's resources (and refreshes
 // Info).
 func (c *Client) Resources(ctx context.Context) (host.Resources, error) {
-	var info Info
+	var info hostwire.Info
 	if err := c.call(ctx, http.MethodGet, "/info", nil, nil, &info); err != nil {
 		return host.Resources{}, err
 	}
@@ -246,7 +247,7 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	}
 	if res.StatusCode/100 != 2 {
 		defer res.Body.Close()
-		return nil, readError(res)
+		return nil, hostwire.ReadError(res)
 	}
 	return res, nil
 }
@@ -263,15 +264,6 @@ func (c *Client) transportError(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", ErrUntrusted, ue)
 	}
 	return ue
-}
-
-func readError(res *http.Response) error {
-	var eb errorBody
-	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
-		return fmt.Errorf("%w: host agent answered %s: %.200s", host.ErrUnavailable, res.Status, b)
-	}
-	return eb.Error.err()
 }
 
 // call sends in (if not nil) as JSON and decodes the reply into out (if
@@ -322,7 +314,7 @@ func sandboxPath(id string, rest ...string) string {
 // create's progress (fetching or baking its template first) as a stream;
 // an agent that does not stream answers the sandbox alone.
 func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
-	in := wireCreate(req)
+	in := hostwire.CreateRequestOf(req)
 	var info host.Info
 	if req.Progress == nil {
 		err := c.call(ctx, http.MethodPost, "/sandboxes", nil, in, &info)
@@ -361,28 +353,28 @@ func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info,
 // readProgress reads a stream of bakeEvents (a bake's, a create's with
 // its progress), calls progress (if not nil) with each progress line and
 // returns the done event, or the error the stream ends with.
-func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, progress func(string)) (bakeEvent, error) {
+func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, progress func(string)) (hostwire.ProgressEvent, error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
-		var ev bakeEvent
+		var ev hostwire.ProgressEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return ev, c.transportError(ctx, fmt.Errorf("%s stream: %w", what, err))
 		}
 		switch ev.Type {
-		case "progress":
+		case hostwire.ProgressLine:
 			if progress != nil {
 				progress(ev.Message)
 			}
-		case "done":
+		case hostwire.ProgressDone:
 			return ev, nil
-		case "error":
+		case hostwire.ProgressError:
 			if ev.Error != nil {
-				return ev, ev.Error.err()
+				return ev, ev.Error.Err()
 			}
 		}
 	}
-	return bakeEvent{}, c.transportError(ctx, fmt.Errorf("%s stream ended without a result", what))
+	return hostwire.ProgressEvent{}, c.transportError(ctx, fmt.Errorf("%s stream ended without a result", what))
 }
 
 // SetNetwork changes a live sandbox's egress policy.
@@ -420,15 +412,15 @@ func (c *Client) Memory(ctx context.Context, id string) (host.MemStats, error) {
 
 // Fork forks a running sandbox into children with ids.
 func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.ForkResult, error) {
-	var out forkReply
-	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, forkRequest{IDs: childIDs}, &out); err != nil {
+	var out hostwire.ForkReply
+	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, hostwire.ForkRequest{IDs: childIDs}, &out); err != nil {
 		return host.ForkResult{}, err
 	}
 	res := host.ForkResult{Capture: capture(out.Capture), Children: make([]host.ForkChild, len(out.Children))}
 	for i, ch := range out.Children {
 		res.Children[i].Info = ch.Info
 		if ch.Error != nil {
-			res.Children[i].Err = ch.Error.err()
+			res.Children[i].Err = ch.Error.Err()
 		}
 	}
 	return res, nil
@@ -437,7 +429,7 @@ func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.F
 // Snapshot captures a running sandbox into snapshot snapshotID.
 func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, snapshotRequest{SnapshotID: snapshotID}, &si)
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, hostwire.SnapshotRequest{SnapshotID: snapshotID}, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
 }
@@ -448,7 +440,7 @@ func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (host.Snap
 // false).
 func (c *Client) SnapshotTransient(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), url.Values{"transient": {"true"}}, snapshotRequest{SnapshotID: snapshotID}, &si)
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), url.Values{"transient": {"true"}}, hostwire.SnapshotRequest{SnapshotID: snapshotID}, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
 }
@@ -458,7 +450,7 @@ func (c *Client) SnapshotTransient(ctx context.Context, id, snapshotID string) (
 // (host.Transferer). An older agent answers unsupported.
 func (c *Client) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
-	q := url.Values{"wait_ms": {strconv.FormatInt(min(wait, MaxStoredWait).Milliseconds(), 10)}}
+	q := url.Values{"wait_ms": {strconv.FormatInt(min(wait, hostwire.MaxStoredWait).Milliseconds(), 10)}}
 	err := c.call(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/stored", q, nil, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
@@ -497,7 +489,7 @@ func (c *Client) SnapshotPackFor(ctx context.Context, snapshotID string, held []
 // the request (the agent refuses the incomplete pack) and is returned as
 // it is. An older agent answers unsupported.
 func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
-	src := &srcReader{r: r}
+	src := &hostwire.SourceReader{R: r}
 	// Not a bytes.Reader or the like: always streamed (chunked).
 	req, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(snapshotID)+"/pack", nil, io.MultiReader(src))
 	if err != nil {
@@ -523,13 +515,13 @@ func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Re
 // kept if the answer says so, even with the create's error. An older
 // agent answers unsupported before reading the pack.
 func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
-	wire := wireCreate(req)
+	wire := hostwire.CreateRequestOf(req)
 	wire.SnapshotID = "" // the path's
 	line, err := json.Marshal(wire)
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, err
 	}
-	src := &srcReader{r: r}
+	src := &hostwire.SourceReader{R: r}
 	hr, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(req.SnapshotID)+"/pack/create", nil,
 		io.MultiReader(bytes.NewReader(append(line, '\n')), src))
 	if err != nil {
@@ -550,12 +542,12 @@ func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r
 func (c *Client) packCreated(ctx context.Context, res *http.Response, id string, recvErr func(error) error) (host.Info, host.SnapshotInfo, error) {
 	defer res.Body.Close()
 	if res.StatusCode/100 != 2 {
-		if res.Header.Get(headerSnapshotKept) == "true" {
-			return host.Info{}, host.SnapshotInfo{ID: id}, readError(res) // the create's
+		if res.Header.Get(hostwire.HeaderSnapshotKept) == "true" {
+			return host.Info{}, host.SnapshotInfo{ID: id}, hostwire.ReadError(res) // the create's
 		}
-		return host.Info{}, host.SnapshotInfo{}, recvErr(readError(res))
+		return host.Info{}, host.SnapshotInfo{}, recvErr(hostwire.ReadError(res))
 	}
-	var out packCreateResponse
+	var out hostwire.PackCreateResponse
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
 		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s and create: %w", id, err))
 	}
@@ -568,11 +560,11 @@ func (c *Client) packCreated(ctx context.Context, res *http.Response, id string,
 // CA certificate (WithCACert) and a ticket for that pack, valid for ttl.
 // False for an https:// agent whose CA the client does not have.
 func (c *Client) PackSource(snapshotID string, ttl time.Duration) (host.PackSource, bool) {
-	u := strings.TrimSuffix(c.base, Prefix)
+	u := strings.TrimSuffix(c.base, hostwire.Prefix)
 	if strings.HasPrefix(u, "https://") && c.caPEM == "" {
 		return host.PackSource{}, false
 	}
-	return host.PackSource{URL: u, CACert: c.caPEM, Ticket: PackTicket(c.token, snapshotID, time.Now().Add(ttl))}, true
+	return host.PackSource{URL: u, CACert: c.caPEM, Ticket: hostwire.PackTicket(c.token, snapshotID, time.Now().Add(ttl))}, true
 }
 
 // PullAndCreate has the agent fetch the pack of snapshot req.SnapshotID
@@ -581,9 +573,9 @@ func (c *Client) PackSource(snapshotID string, ttl time.Duration) (host.PackSour
 // snapshot is kept if the answer says so, even with the create's error.
 // An older agent answers unsupported.
 func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from host.PackSource) (host.Info, host.SnapshotInfo, error) {
-	wire := wireCreate(req)
+	wire := hostwire.CreateRequestOf(req)
 	wire.SnapshotID = "" // the path's
-	b, err := json.Marshal(pullRequest{Create: wire, From: from})
+	b, err := json.Marshal(hostwire.PullRequest{Create: wire, From: from})
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, err
 	}
@@ -603,9 +595,9 @@ func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from
 // id, or the failure to read src if there was one: the agent refused an
 // incomplete pack because of it. Refusals that come before the pack is
 // read (an older agent, a template it lacks) stay as they are.
-func packError(id string, err error, src *srcReader) error {
-	if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, templates.ErrNotFound) {
-		return fmt.Errorf("send snapshot %s: read the pack: %w", id, src.err)
+func packError(id string, err error, src *hostwire.SourceReader) error {
+	if src.Err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, templates.ErrNotFound) {
+		return fmt.Errorf("send snapshot %s: read the pack: %w", id, src.Err)
 	}
 	return err
 }
@@ -648,7 +640,7 @@ func (c *Client) Templates() host.Templates { return remoteTemplates{c} }
 type remoteTemplates struct{ c *Client }
 
 func (t remoteTemplates) Lookup(ctx context.Context, p templates.Params) (*templates.Meta, string, error) {
-	var out lookupReply
+	var out hostwire.LookupReply
 	if err := t.c.callShort(ctx, http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
 		return nil, "", err
 	}
@@ -687,4 +679,51 @@ func (t remoteTemplates) Bake(ctx context.Context, p templates.Params, progress 
 		return nil, err
 	}
 	return ev.Template, nil
+}
+
+// capture fills in CaptureStats.Paused, which travels as PausedMS.
+func capture(st host.CaptureStats) host.CaptureStats {
+	st.Paused = time.Duration(st.PausedMS * float64(time.Millisecond))
+	return st
+}
+
+// demuxFrames reads the frames of an exec or attach response: it copies
+// stdout and stderr frames into the pipes until the stream's last frame,
+// an error frame or one of type last, whose payload decodeLast takes. It
+// closes body and the pipes, with the error it returns: nil after a clean
+// end, else prefixed with op (but a guest's error as sent).
+func demuxFrames(c *Client, ctx context.Context, op string, body io.ReadCloser, stdout, stderr *io.PipeWriter, last byte, decodeLast func([]byte) error) error {
+	defer body.Close()
+	err := func() error {
+		buf := make([]byte, 0, 64<<10)
+		for {
+			typ, payload, err := hostwire.ReadFrame(body, buf)
+			if err != nil {
+				return fmt.Errorf("%s: %w", op, c.transportError(ctx, err))
+			}
+			buf = payload[:0]
+			switch typ {
+			case hostwire.FrameStdout:
+				stdout.Write(payload)
+			case hostwire.FrameStderr:
+				stderr.Write(payload)
+			case last:
+				if err := decodeLast(payload); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+				return nil
+			case hostwire.FrameError:
+				var we hostwire.Error
+				if err := json.Unmarshal(payload, &we); err != nil {
+					return fmt.Errorf("%s: decode error: %w", op, err)
+				}
+				return we.Err()
+			default:
+				return fmt.Errorf("%s: unknown frame %q", op, typ)
+			}
+		}
+	}()
+	stdout.CloseWithError(err)
+	stderr.CloseWithError(err)
+	return err
 }

@@ -17,19 +17,15 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
-
-// UpgradeProtocol is the Upgrade token of a dial (GET …/dial?port=N): after
-// the agent's 101 Switching Protocols the connection carries the bytes of
-// a TCP connection to that port of the guest, both ways.
-const UpgradeProtocol = "panda-tcp"
 
 // dial connects the client to a port of a guest: see the package
 // documentation. The connection is not counted by Shutdown (it may last
 // for hours); Close ends it.
 func (s *Server) dial(w http.ResponseWriter, r *http.Request) {
-	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), UpgradeProtocol) {
-		writeError(w, fmt.Errorf("%w: a dial asks for Connection: Upgrade and Upgrade: %s", host.ErrInvalid, UpgradeProtocol))
+	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), hostwire.UpgradeProtocol) {
+		writeError(w, fmt.Errorf("%w: a dial asks for Connection: Upgrade and Upgrade: %s", host.ErrInvalid, hostwire.UpgradeProtocol))
 		return
 	}
 	port, err := strconv.Atoi(r.URL.Query().Get("port"))
@@ -63,7 +59,7 @@ func (s *Server) dial(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.removeTunnel(t)
 	client.SetDeadline(time.Time{})
-	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + UpgradeProtocol + "\r\n\r\n")
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + hostwire.UpgradeProtocol + "\r\n\r\n")
 	if err := brw.Flush(); err != nil {
 		t.close()
 		return
@@ -175,7 +171,7 @@ func (c *Client) DialGuest(ctx context.Context, id string, port int) (net.Conn, 
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", UpgradeProtocol)
+	req.Header.Set("Upgrade", hostwire.UpgradeProtocol)
 
 	conn, err := c.dialAgent(ctx, u)
 	if err != nil {
@@ -202,7 +198,7 @@ func (c *Client) DialGuest(ctx context.Context, id string, port int) (net.Conn, 
 		if res.StatusCode/100 == 2 {
 			return nil, c.transportError(ctx, fmt.Errorf("dial port %d of sandbox %s: host agent answered %s, not 101", port, id, res.Status))
 		}
-		return nil, readError(res)
+		return nil, hostwire.ReadError(res)
 	}
 	conn.SetDeadline(time.Time{})
 	if br.Buffered() == 0 {

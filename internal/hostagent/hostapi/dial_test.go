@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
@@ -225,9 +226,9 @@ func TestDialGuestErrors(t *testing.T) {
 		status        int
 	}{
 		{"Bearer " + testToken, "", http.StatusUnprocessableEntity},
-		{"Bearer nope", hostapi.UpgradeProtocol, http.StatusUnauthorized},
+		{"Bearer nope", hostwire.UpgradeProtocol, http.StatusUnauthorized},
 	} {
-		req, _ := http.NewRequest("GET", hs.URL+hostapi.Prefix+"/sandboxes/"+sb.ID+"/dial?port=80", nil)
+		req, _ := http.NewRequest("GET", hs.URL+hostwire.Prefix+"/sandboxes/"+sb.ID+"/dial?port=80", nil)
 		req.Header.Set("Authorization", tc.auth)
 		if tc.upgrade != "" {
 			req.Header.Set("Connection", "Upgrade")

@@ -32,6 +32,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
@@ -774,11 +775,11 @@ func TestWatchReconnects(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	if _, err := hostapi.Dial(hs.URL, "wrong-token", hostapi.WithTLS(tlsCfg)); !errors.Is(err, hostapi.ErrUnauthorized) {
-		t.Errorf("dial with a wrong token: got %v, want hostapi.ErrUnauthorized", err)
+	if _, err := hostapi.Dial(hs.URL, "wrong-token", hostapi.WithTLS(tlsCfg)); !errors.Is(err, hostwire.ErrUnauthorized) {
+		t.Errorf("dial with a wrong token: got %v, want hostwire.ErrUnauthorized", err)
 	}
 	for _, h := range []string{"", "Bearer ", "Bearer wrong", "Basic " + testToken, testToken, "Bearer " + testToken + "x", "Bearer " + testToken[:len(testToken)-1]} {
-		req, _ := http.NewRequest(http.MethodGet, hs.URL+hostapi.Prefix+"/sandboxes", nil)
+		req, _ := http.NewRequest(http.MethodGet, hs.URL+hostwire.Prefix+"/sandboxes", nil)
 		if h != "" {
 			req.Header.Set("Authorization", h)
 		}
@@ -796,7 +797,7 @@ func TestAuth(t *testing.T) {
 	// 501 unsupported, whether the path or only the method is unknown.
 	for _, m := range []string{http.MethodGet + " /nothing", http.MethodPut + " /sandboxes/abc"} {
 		method, path, _ := strings.Cut(m, " ")
-		req, _ := http.NewRequest(method, hs.URL+hostapi.Prefix+path, nil)
+		req, _ := http.NewRequest(method, hs.URL+hostwire.Prefix+path, nil)
 		req.Header.Set("Authorization", "Bearer "+testToken)
 		res, err := hc.Do(req)
 		if err != nil {
@@ -895,7 +896,7 @@ func TestShutdown(t *testing.T) {
 	}
 	s2.Close()
 	// The stream ends; reconnecting is refused.
-	req, _ := http.NewRequest(http.MethodGet, hs2.URL+hostapi.Prefix+"/events", nil)
+	req, _ := http.NewRequest(http.MethodGet, hs2.URL+hostwire.Prefix+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+testToken)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -920,14 +921,14 @@ func TestToken(t *testing.T) {
 	if err != nil || created || again != tok {
 		t.Errorf("second start: got %q, created %v, %v; want %q again", again, created, err, tok)
 	}
-	if got, err := hostapi.ReadToken(path); err != nil || got != tok {
+	if got, err := hostwire.ReadToken(path); err != nil || got != tok {
 		t.Errorf("read: got %q, %v; want %q", got, err, tok)
 	}
 	os.WriteFile(path, []byte(" \n"), 0o600)
 	if _, _, err := hostapi.LoadOrCreateToken(path); err == nil {
 		t.Errorf("empty token file: got no error")
 	}
-	if _, err := hostapi.ReadToken(path + ".missing"); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := hostwire.ReadToken(path + ".missing"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing token file: got %v, want fs.ErrNotExist", err)
 	}
 }

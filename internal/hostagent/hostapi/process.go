@@ -16,76 +16,37 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
 // Background processes and directory watches: the server side (handlers on
 // the agent) and the client side (methods of the remote guest), one wire
 // format each, described in the package documentation.
 
-// MaxStdinBody bounds the body of one POST …/processes/{pid}/stdin; the
-// client sends larger writes in several.
-const MaxStdinBody = 1 << 20
-
-// Attach response frames, besides frameStdout, frameStderr and frameError.
-const (
-	frameAttach    byte = 'A' // JSON attachFrame; first
-	frameAttachEnd byte = 'X' // JSON attachEndFrame; last
-)
-
-type (
-	attachFrame struct {
-		Start guestproto.AttachStart `json:"start"`
-		Proc  guestproto.ProcInfo    `json:"proc"`
-	}
-	attachEndFrame struct {
-		Proc   guestproto.ProcInfo `json:"proc"`
-		Lagged bool                `json:"lagged,omitempty"`
-	}
-	signalRequest struct {
-		Signal string `json:"signal"`
-	}
-	resizeRequest struct {
-		Rows int `json:"rows"`
-		Cols int `json:"cols"`
-	}
-	// watchLine is a line of GET …/watch: a guestproto.WatchEvent, or,
-	// last, {"type":"end"} (the guest ended the watch: io.EOF) or
-	// {"type":"error","error":{…}}.
-	watchLine struct {
-		guestproto.WatchEvent
-		Error *wireError `json:"error,omitempty"`
-	}
-)
-
-const (
-	watchEnd   = "end"
-	watchError = "error"
-)
-
 // processRoutes adds the routes of requests that answer promptly (tracked
 // like any request).
 func (s *Server) processRoutes(r chi.Router) {
-	r.Post(Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 		var req guestproto.ExecRequest
-		if err := decodeN(r, &req, MaxLine); err != nil {
+		if err := decodeN(r, &req, hostwire.MaxLine); err != nil {
 			return nil, err
 		}
 		return g.StartProcess(r.Context(), req)
 	}))
-	r.Get(Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+	r.Get(hostwire.Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 		ps, err := g.ListProcesses(r.Context())
 		return map[string]any{"processes": ps}, err
 	}))
-	r.Delete(Prefix+"/sandboxes/{id}/processes/{pid}", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+	r.Delete(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
 		return g.RemoveProcess(r.Context(), pid)
 	}))
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/stdin", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
-		data, err := io.ReadAll(io.LimitReader(r.Body, MaxStdinBody+1))
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/stdin", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+		data, err := io.ReadAll(io.LimitReader(r.Body, hostwire.MaxStdinBody+1))
 		if err != nil {
 			return fmt.Errorf("%w: stdin body: %v", host.ErrInvalid, err)
 		}
-		if len(data) > MaxStdinBody {
-			return fmt.Errorf("%w: stdin body over %d bytes", host.ErrInvalid, MaxStdinBody)
+		if len(data) > hostwire.MaxStdinBody {
+			return fmt.Errorf("%w: stdin body over %d bytes", host.ErrInvalid, hostwire.MaxStdinBody)
 		}
 		if len(data) > 0 {
 			if err := g.WriteProcessStdin(r.Context(), pid, data); err != nil {
@@ -97,15 +58,15 @@ func (s *Server) processRoutes(r chi.Router) {
 		}
 		return nil
 	}))
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/signal", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
-		var req signalRequest
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/signal", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+		var req hostwire.SignalRequest
 		if err := decode(r, &req); err != nil {
 			return err
 		}
 		return g.SignalProcess(r.Context(), pid, req.Signal)
 	}))
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/resize", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
-		var req resizeRequest
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/resize", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+		var req hostwire.ResizeRequest
 		if err := decode(r, &req); err != nil {
 			return err
 		}
@@ -117,15 +78,15 @@ func (s *Server) processRoutes(r chi.Router) {
 // wants (attach, wait, watch): like event streams they are not requests
 // in flight for Shutdown, and Close ends them.
 func (s *Server) streamRoutes(r chi.Router) {
-	r.Get(Prefix+"/sandboxes/{id}/processes/{pid}/attach", s.attach)
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/wait", s.json(func(r *http.Request) (any, error) {
+	r.Get(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/attach", s.attach)
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/wait", s.json(func(r *http.Request) (any, error) {
 		pid, g, err := s.procGuest(r)
 		if err != nil {
 			return nil, err
 		}
 		return g.WaitProcess(r.Context(), pid)
 	}))
-	r.Get(Prefix+"/sandboxes/{id}/watch", s.watchDir)
+	r.Get(hostwire.Prefix+"/sandboxes/{id}/watch", s.watchDir)
 }
 
 // untilClosed cancels the request's context when Close is called, and
@@ -213,17 +174,17 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-panda-attach")
 	w.WriteHeader(http.StatusOK)
 	send := frameSender(w, rc)
-	if send(jsonFrame(frameAttach, attachFrame{Start: a.Start, Proc: a.Proc})) != nil {
+	if send(hostwire.JSONFrame(hostwire.FrameAttach, hostwire.AttachFrame{Start: a.Start, Proc: a.Proc})) != nil {
 		return
 	}
 	pumpOutput(send, a.Stdout, a.Stderr, cancel) // client gone: detach
 	proc, lagged, err := a.End()
 	if err != nil {
-		_, we := encodeError(err)
-		send(jsonFrame(frameError, we))
+		_, we := hostwire.EncodeError(err)
+		send(hostwire.JSONFrame(hostwire.FrameError, we))
 		return
 	}
-	send(jsonFrame(frameAttachEnd, attachEndFrame{Proc: proc, Lagged: lagged}))
+	send(hostwire.JSONFrame(hostwire.FrameAttachEnd, hostwire.AttachEndFrame{Proc: proc, Lagged: lagged}))
 }
 
 // watchDir streams a directory's changes as watchLines; the 200 is sent
@@ -248,14 +209,14 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF):
-				out.send(watchLine{WatchEvent: guestproto.WatchEvent{Type: watchEnd}})
+				out.send(hostwire.WatchLine{WatchEvent: guestproto.WatchEvent{Type: hostwire.WatchEnd}})
 			case r.Context().Err() == nil:
-				_, we := encodeError(err)
-				out.send(watchLine{WatchEvent: guestproto.WatchEvent{Type: watchError}, Error: &we})
+				_, we := hostwire.EncodeError(err)
+				out.send(hostwire.WatchLine{WatchEvent: guestproto.WatchEvent{Type: hostwire.WatchError}, Error: &we})
 			}
 			return
 		}
-		if out.send(watchLine{WatchEvent: ev}) != nil {
+		if out.send(hostwire.WatchLine{WatchEvent: ev}) != nil {
 			return
 		}
 	}
@@ -284,7 +245,7 @@ func (g guest) ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)
 // WriteProcessStdin writes p in requests of at most MaxStdinBody bytes.
 func (g guest) WriteProcessStdin(ctx context.Context, pid int, p []byte) error {
 	for len(p) > 0 {
-		n := min(len(p), MaxStdinBody)
+		n := min(len(p), hostwire.MaxStdinBody)
 		if err := g.stdin(ctx, pid, p[:n], false); err != nil {
 			return err
 		}
@@ -316,11 +277,11 @@ func (g guest) stdin(ctx context.Context, pid int, data []byte, close bool) erro
 }
 
 func (g guest) SignalProcess(ctx context.Context, pid int, signal string) error {
-	return g.call(ctx, http.MethodPost, pidPath(pid, "/signal"), nil, signalRequest{Signal: signal}, nil)
+	return g.call(ctx, http.MethodPost, pidPath(pid, "/signal"), nil, hostwire.SignalRequest{Signal: signal}, nil)
 }
 
 func (g guest) ResizeProcess(ctx context.Context, pid, rows, cols int) error {
-	return g.call(ctx, http.MethodPost, pidPath(pid, "/resize"), nil, resizeRequest{Rows: rows, Cols: cols}, nil)
+	return g.call(ctx, http.MethodPost, pidPath(pid, "/resize"), nil, hostwire.ResizeRequest{Rows: rows, Cols: cols}, nil)
 }
 
 func (g guest) RemoveProcess(ctx context.Context, pid int) error {
@@ -349,8 +310,8 @@ func (g guest) AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrO
 		cancel()
 		return nil, err
 	}
-	typ, payload, err := readFrame(res.Body, nil)
-	if err != nil || typ != frameAttach {
+	typ, payload, err := hostwire.ReadFrame(res.Body, nil)
+	if err != nil || typ != hostwire.FrameAttach {
 		res.Body.Close()
 		cancel()
 		if err == nil {
@@ -358,7 +319,7 @@ func (g guest) AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrO
 		}
 		return nil, g.c.transportError(ctx, err)
 	}
-	var st attachFrame
+	var st hostwire.AttachFrame
 	if err := json.Unmarshal(payload, &st); err != nil {
 		res.Body.Close()
 		cancel()
@@ -380,7 +341,7 @@ func (g guest) AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrO
 // attachment is a remote attach's end.
 type attachment struct {
 	done chan struct{}
-	end_ attachEndFrame
+	end_ hostwire.AttachEndFrame
 	err  error
 }
 
@@ -392,7 +353,7 @@ func (a *attachment) end() (guestproto.ProcInfo, bool, error) {
 // demux reads the response until the attach end or error frame.
 func (a *attachment) demux(c *Client, ctx context.Context, body io.ReadCloser, stdout, stderr *io.PipeWriter) {
 	defer close(a.done)
-	a.err = demuxFrames(c, ctx, "attach process", body, stdout, stderr, frameAttachEnd, func(payload []byte) error {
+	a.err = demuxFrames(c, ctx, "attach process", body, stdout, stderr, hostwire.FrameAttachEnd, func(payload []byte) error {
 		if err := json.Unmarshal(payload, &a.end_); err != nil {
 			return fmt.Errorf("decode end: %w", err)
 		}
@@ -431,19 +392,19 @@ func (g guest) WatchDir(ctx context.Context, path string, recursive bool) (*gues
 			ended = g.c.transportError(ctx, fmt.Errorf("watch %s: %w", path, ended))
 			return guestproto.WatchEvent{}, ended
 		}
-		var l watchLine
+		var l hostwire.WatchLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			ended = fmt.Errorf("watch %s: malformed event: %w", path, err)
 			return guestproto.WatchEvent{}, ended
 		}
 		switch l.Type {
-		case watchEnd:
+		case hostwire.WatchEnd:
 			ended = io.EOF
 			return guestproto.WatchEvent{}, ended
-		case watchError:
+		case hostwire.WatchError:
 			ended = errors.New("watch ended")
 			if l.Error != nil {
-				ended = l.Error.err()
+				ended = l.Error.Err()
 			}
 			return guestproto.WatchEvent{}, ended
 		}

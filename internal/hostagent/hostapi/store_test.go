@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent"
@@ -261,7 +262,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	}
 	// The ticket grants that pack and nothing else.
 	get := func(path, ticket string) int {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, from.URL+hostapi.Prefix+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, from.URL+hostwire.Prefix+path, nil)
 		req.Header.Set("Authorization", "Ticket "+ticket)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -276,8 +277,8 @@ func TestSnapshotGoesDirect(t *testing.T) {
 		{"another snapshot's pack", "/snapshots/" + id + "/pack", from.Ticket},
 		{"a sandbox", "/sandboxes/" + sb.ID, from.Ticket},
 		{"the same snapshot's state in the store", "/snapshots/" + id4 + "/stored?wait_ms=0", from.Ticket},
-		{"an expired ticket", "/snapshots/" + id4 + "/pack", hostapi.PackTicket(testToken, id4, time.Now().Add(-time.Second))},
-		{"another agent's ticket", "/snapshots/" + id4 + "/pack", hostapi.PackTicket("pandaagent_another", id4, time.Now().Add(time.Minute))},
+		{"an expired ticket", "/snapshots/" + id4 + "/pack", hostwire.PackTicket(testToken, id4, time.Now().Add(-time.Second))},
+		{"another agent's ticket", "/snapshots/" + id4 + "/pack", hostwire.PackTicket("pandaagent_another", id4, time.Now().Add(time.Minute))},
 		{"a forged ticket", "/snapshots/" + id4 + "/pack", string(forged)},
 	} {
 		if code := get(tc.path, tc.ticket); code != http.StatusUnauthorized {
@@ -346,7 +347,7 @@ func TestPullDiffsAgainstSnapshot(t *testing.T) {
 		hostA.DeleteSnapshot(context.Background(), snapID)
 		hostB.DeleteSnapshot(context.Background(), snapID)
 	})
-	if si, err := hostA.AwaitStored(ctx, snapID, hostapi.MaxStoredWait); err != nil || si.Stored != host.StoredDurable {
+	if si, err := hostA.AwaitStored(ctx, snapID, hostwire.MaxStoredWait); err != nil || si.Stored != host.StoredDurable {
 		t.Fatalf("snapshot in the store: %+v, %v", si, err)
 	}
 	onB, err := hostB.Create(ctx, host.CreateRequest{SnapshotID: snapID}) // B holds it from now on

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -283,7 +284,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 		return err
 	}
 	defer release()
-	token, err := hostapi.ReadToken(ep.TokenFile)
+	token, err := hostwire.ReadToken(ep.TokenFile)
 	if err != nil {
 		return err
 	}
