@@ -26,6 +26,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/hostwire"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
@@ -255,7 +256,7 @@ func TestDialEndsAtClose(t *testing.T) {
 	hs2.TLS = serverTLS(creds)
 	hs2.StartTLS()
 	defer hs2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken, hostapi.WithTLS(tlsCfg))
+	c2, err := hostclient.Dial(hs2.URL, testToken, hostclient.WithTLS(tlsCfg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@ package hostapi_test
 // The tests run one real host agent (QEMU under TCG, the tiny template at
 // 256 MiB) behind hostapi.NewServer on an httptest server with the agent's
 // TLS credentials (hostapi.LoadOrCreateTLS), and drive it through
-// hostapi.Client trusting that CA only, comparing with the same agent used
+// hostclient.Client trusting that CA only, comparing with the same agent used
 // locally (agent.Local) where the two must agree.
 
 import (
@@ -36,6 +36,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -47,7 +48,7 @@ const testToken = "test-token-0123456789"
 var (
 	ag       *hostagent.Agent
 	local    host.Host // the same agent, as panda up uses it
-	client   *hostapi.Client
+	client   *hostclient.Client
 	hsrv     *hostapi.Server
 	hs       *httptest.Server
 	creds    *hostapi.AgentTLS
@@ -134,7 +135,7 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if tlsCfg, err = hostapi.ClientTLS(creds.CAFile); err != nil {
+	if tlsCfg, err = hostclient.ClientTLS(creds.CAFile); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -155,7 +156,7 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "bake:", err)
 		return 1
 	}
-	client, err = hostapi.Dial(hs.URL, testToken, hostapi.WithLogger(log), hostapi.WithTLS(tlsCfg))
+	client, err = hostclient.Dial(hs.URL, testToken, hostclient.WithLogger(log), hostclient.WithTLS(tlsCfg))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dial:", err)
 		return 1
@@ -165,7 +166,7 @@ func runMain(m *testing.M) (code int) {
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		client.Watch(watchCtx, hostapi.Watcher{
+		client.Watch(watchCtx, hostclient.Watcher{
 			Connected: func(context.Context) error { connects.Add(1); return nil },
 			Exited:    func(id string, err error) { exits <- exit{id, err} },
 		})
@@ -775,7 +776,7 @@ func TestWatchReconnects(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	if _, err := hostapi.Dial(hs.URL, "wrong-token", hostapi.WithTLS(tlsCfg)); !errors.Is(err, hostwire.ErrUnauthorized) {
+	if _, err := hostclient.Dial(hs.URL, "wrong-token", hostclient.WithTLS(tlsCfg)); !errors.Is(err, hostwire.ErrUnauthorized) {
 		t.Errorf("dial with a wrong token: got %v, want hostwire.ErrUnauthorized", err)
 	}
 	for _, h := range []string{"", "Bearer ", "Bearer wrong", "Basic " + testToken, testToken, "Bearer " + testToken + "x", "Bearer " + testToken[:len(testToken)-1]} {
@@ -819,10 +820,10 @@ func TestAuth(t *testing.T) {
 	}
 	// In clear, the TLS server answers nothing but an error.
 	plain := "http://" + strings.TrimPrefix(hs.URL, "https://")
-	if _, err := hostapi.Dial(plain, testToken); err == nil {
+	if _, err := hostclient.Dial(plain, testToken); err == nil {
 		t.Errorf("dial %s (no TLS) of a TLS agent: got no error", plain)
 	}
-	_, err = hostapi.Dial("http://127.0.0.1:1", testToken)
+	_, err = hostclient.Dial("http://127.0.0.1:1", testToken)
 	var ue *host.UnreachableError
 	if !errors.Is(err, host.ErrUnavailable) || !errors.As(err, &ue) || !strings.HasPrefix(ue.Addr, "http://127.0.0.1:1/") {
 		t.Errorf("dial nothing: got %v, want a host.UnreachableError (host.ErrUnavailable) naming the address", err)
@@ -833,7 +834,7 @@ func TestAuth(t *testing.T) {
 // set, if not nil, before it serves) and returns it with a client of it;
 // the client, the server and its HTTP server end with the test, in that
 // order.
-func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *hostapi.Client) {
+func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *hostclient.Client) {
 	t.Helper()
 	s2 := hostapi.NewServer(ag, testToken, nil)
 	if set != nil {
@@ -842,7 +843,7 @@ func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *ho
 	hs2 := httptest.NewServer(s2)
 	t.Cleanup(hs2.Close)
 	t.Cleanup(func() { s2.Close() })
-	c2, err := hostapi.Dial(hs2.URL, testToken)
+	c2, err := hostclient.Dial(hs2.URL, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -857,7 +858,7 @@ func TestShutdown(t *testing.T) {
 	hs2 := httptest.NewServer(s2)
 	defer hs2.Close()
 	defer s2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken)
+	c2, err := hostclient.Dial(hs2.URL, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -868,7 +869,7 @@ func TestShutdown(t *testing.T) {
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		c2.Watch(ctx, hostapi.Watcher{
+		c2.Watch(ctx, hostclient.Watcher{
 			Connected: func(context.Context) error { connected <- struct{}{}; return nil },
 			Exited:    func(id string, err error) { got <- err },
 		})
@@ -1012,7 +1013,7 @@ func shutdownExits(t *testing.T, n int, connected func(context.Context) error) (
 	if s2.WaitSubscriber(nobody) {
 		t.Fatal("WaitSubscriber with no client: true")
 	}
-	c2, err := hostapi.Dial(hs2.URL, testToken)
+	c2, err := hostclient.Dial(hs2.URL, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1022,7 +1023,7 @@ func shutdownExits(t *testing.T, n int, connected func(context.Context) error) (
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		c2.Watch(ctx, hostapi.Watcher{Connected: connected, Exited: func(id string, err error) {
+		c2.Watch(ctx, hostclient.Watcher{Connected: connected, Exited: func(id string, err error) {
 			if errors.Is(err, host.ErrHostShutdown) {
 				got <- id
 			}

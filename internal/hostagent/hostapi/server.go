@@ -603,7 +603,7 @@ func readRequestLine(body *bufio.Reader, v any, what string) error {
 	}
 }
 
-// exec runs a command, full duplex: see the package documentation.
+// exec runs a command, full duplex: see hostwire's package documentation.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	// Read stdin while writing output (HTTP/1; HTTP/2 always can).
@@ -795,7 +795,7 @@ func endBody(w http.ResponseWriter, body io.Reader) {
 }
 
 // receivePackCreate receives a pack and creates a sandbox from it
-// (agent.Agent.ReceiveAndCreate): see the package documentation.
+// (agent.Agent.ReceiveAndCreate): see hostwire's package documentation.
 func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).EnableFullDuplex()
 	body := bufio.NewReaderSize(r.Body, 64<<10)
@@ -849,13 +849,13 @@ func (s *Server) pullPackCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	hreq := req.Create.Contract()
 	hreq.SnapshotID = chi.URLParam(r, "snapID")
-	src, err := peer(req.From)
+	src, err := newPeer(req.From)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	defer src.Close()
-	rc, err := src.SnapshotPackFor(r.Context(), hreq.SnapshotID, s.a.HeldSnapshots())
+	defer src.close()
+	rc, err := src.pack(r.Context(), hreq.SnapshotID, s.a.HeldSnapshots())
 	if err != nil {
 		writeError(w, fmt.Errorf("%w: fetch the pack of snapshot %s from %s: %v", host.ErrUnavailable, hreq.SnapshotID, req.From.URL, err))
 		return

@@ -17,6 +17,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -28,7 +29,7 @@ import (
 // storeHost runs a host agent of its own (own data directory, object
 // store objs) behind a host API server, and returns a client of it; all
 // of it is closed and removed when the test ends.
-func storeHost(t *testing.T, objs objstore.Store) *hostapi.Client {
+func storeHost(t *testing.T, objs objstore.Store) *hostclient.Client {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "phs") // short: unix socket paths under it
 	if err != nil {
@@ -55,7 +56,7 @@ func storeHost(t *testing.T, objs objstore.Store) *hostapi.Client {
 	}
 	srv := hostapi.NewServer(a, testToken, log)
 	hts := httptest.NewServer(srv)
-	c, err := hostapi.Dial(hts.URL, testToken)
+	c, err := hostclient.Dial(hts.URL, testToken)
 	t.Cleanup(func() {
 		if c != nil {
 			c.Close()
@@ -307,7 +308,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 // transientCaptures returns a function that takes a transient capture of
 // sandbox id on a (a cross-host fork's), deleted from a and b when the
 // test ends, and returns its id.
-func transientCaptures(t *testing.T, a, b *hostapi.Client, id string) func() string {
+func transientCaptures(t *testing.T, a, b *hostclient.Client, id string) func() string {
 	return func() string {
 		snap := host.NewID()
 		if _, err := a.SnapshotTransient(ctxT(t), id, snap); err != nil {

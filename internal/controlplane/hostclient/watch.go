@@ -1,4 +1,4 @@
-package hostapi
+package hostclient
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ type Watcher struct {
 	// Exited is called when a sandbox stopped without being killed
 	// through the API: its VMM exited, or (err wraps host.ErrHostShutdown)
 	// the agent stopped it as it shut down. Same contract as
-	// agent.Config.OnExit.
+	// the host agent's OnExit (hostagent.Config).
 	Exited func(id string, err error)
 }
 

@@ -1,4 +1,17 @@
-package hostapi
+// Package hostclient is the control plane's side of the host RPC: Client
+// is a remote host agent (`panda agent`) as host.Host, with its optional
+// abilities (guests, processes, watches, dials to guest ports, snapshot
+// packs, template builds), so that the REST API runs the same against a
+// remote host as against the local one. Watch follows the agent's event
+// stream. The wire format is internal/contract/hostwire's, whose package
+// documentation describes the protocol; the server is
+// internal/hostagent/hostapi, which this package does not import: the
+// control plane reaches no host-side code.
+//
+// Credentials: the client trusts the agent's own CA only (ClientTLS,
+// ClientTLSFromPEM, WithTLS) and sends the agent's token (hostwire.ReadToken
+// reads it from the file the agent wrote).
+package hostclient
 
 import (
 	"bufio"
@@ -36,9 +49,6 @@ import (
 type Client struct {
 	base  string
 	token string
-	// authz, if set, is the Authorization header instead of the token's
-	// (a peer's pack ticket).
-	authz string
 	tls   *tls.Config
 	caPEM string // the agent's CA certificate, for hosts that fetch packs from it
 	http  *http.Client
@@ -48,7 +58,7 @@ type Client struct {
 	info hostwire.Info
 }
 
-// The client is a host (and can do what agent.Local can).
+// The client is a host (and can do what the host agent's local Host can).
 var (
 	_ host.Host             = (*Client)(nil)
 	_ host.GuestDialer      = (*Client)(nil)
@@ -134,23 +144,6 @@ func transport(tlsCfg *tls.Config) *http.Transport {
 	return tr
 }
 
-// peer is a client of the host agent from names, allowed only to fetch
-// the pack its ticket grants.
-func peer(from host.PackSource) (*Client, error) {
-	u, err := url.Parse(from.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: pack source url %q: want https://host:port", host.ErrInvalid, from.URL)
-	}
-	var tlsCfg *tls.Config
-	if u.Scheme == "https" {
-		if tlsCfg, err = ClientTLSFromPEM([]byte(from.CACert)); err != nil {
-			return nil, fmt.Errorf("%w: pack source's CA certificate: %v", host.ErrInvalid, err)
-		}
-	}
-	return &Client{base: strings.TrimRight(u.String(), "/") + hostwire.Prefix, authz: "Ticket " + from.Ticket,
-		http: &http.Client{Transport: transport(tlsCfg)}, log: slog.New(slog.DiscardHandler)}, nil
-}
-
 // Close releases idle connections.
 func (c *Client) Close() error {
 	c.http.CloseIdleConnections()
@@ -206,7 +199,8 @@ func (c *Client) NetworkOff() bool { return c.Info().NetworkOff }
 
 var _ host.NetworkReporter = (*Client)(nil)
 
-// TemplateParams fills in the agent's defaults, like agent.TemplateParams.
+// TemplateParams fills in the agent's defaults, as the agent's own
+// TemplateParams does.
 func (c *Client) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	p := c.Info().Defaults
 	if name != "" {
@@ -231,11 +225,7 @@ func (c *Client) request(ctx context.Context, method, path string, q url.Values,
 	if err != nil {
 		return nil, err
 	}
-	if c.authz != "" {
-		req.Header.Set("Authorization", c.authz)
-	} else {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
 	return req, nil
 }
 
@@ -350,7 +340,7 @@ func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info,
 	return *ev.Info, nil
 }
 
-// readProgress reads a stream of bakeEvents (a bake's, a create's with
+// readProgress reads a stream of ProgressEvents (a bake's, a create's with
 // its progress), calls progress (if not nil) with each progress line and
 // returns the done event, or the error the stream ends with.
 func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, progress func(string)) (hostwire.ProgressEvent, error) {
@@ -465,7 +455,7 @@ func (c *Client) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCl
 }
 
 // SnapshotPackFor is SnapshotPack for a host that holds the durable
-// snapshots held (agent.Agent.HeldSnapshots): if the snapshot's sandbox
+// snapshots held (the agent's HeldSnapshots): if the snapshot's sandbox
 // was created from one of them, the pack is diffed against that one
 // rather than the template. An older agent ignores held.
 func (c *Client) SnapshotPackFor(ctx context.Context, snapshotID string, held []string) (io.ReadCloser, error) {

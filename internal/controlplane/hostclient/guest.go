@@ -1,4 +1,4 @@
-package hostapi
+package hostclient
 
 import (
 	"bufio"
@@ -147,7 +147,7 @@ type pipeBody struct {
 
 func (b pipeBody) Close() error { return b.pr.Close() }
 
-// StartExec starts a process; see the package documentation for the
+// StartExec starts a process; see hostwire's package documentation for the
 // stream. Cancelling ctx kills it.
 func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (host.Process, error) {
 	line, err := hostwire.EncodeLine(req)
