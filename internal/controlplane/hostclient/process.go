@@ -17,7 +17,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
-// The client side: the remote guest keeps background processes and
+// The remote guest keeps background processes and
 // watches directories, as the local one does.
 var _ host.ProcessGuest = guest{}
 

@@ -15,7 +15,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
-// dial connects the client to a port of a guest: see the package
+// dial connects the client to a port of a guest: see hostwire's package
 // documentation. The connection is not counted by Shutdown (it may last
 // for hours); Close ends it.
 func (s *Server) dial(w http.ResponseWriter, r *http.Request) {
