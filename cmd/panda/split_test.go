@@ -24,6 +24,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -309,7 +310,7 @@ func TestSplitTimeoutsAndLongRequests(t *testing.T) {
 		t.Errorf("headers trickled for %v before the connection closed, want about %v", d, header)
 	}
 	// Idle keep-alive connections, on both APIs.
-	agentTLS, err := hostapi.ClientTLS(filepath.Join(dir, "agent-ca.pem"))
+	agentTLS, err := hostclient.ClientTLS(filepath.Join(dir, "agent-ca.pem"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ type Status struct {
 func (s Status) Done() bool { return s.State == StateSucceeded || s.State == StateFailed }
 
 // Builder runs builds, as the API uses it: a Manager in the server's
-// process, or a remote host agent's behind the host API (hostapi.Client).
+// process, or a remote host agent's behind the host API (hostclient.Client).
 // Every call takes a context (a remote one does I/O); Follow and List are
 // Manager's, the others its Store's through it.
 type Builder interface {

@@ -4,7 +4,7 @@
 // about a sandbox (Info, MemStats, SnapshotInfo, ...), and the error classes
 // a host reports. Two implementations exist: the host agent of this process
 // (agent.Local) and a host agent in another process reached over HTTP
-// (hostapi.Client); both are checked against Host at compile time.
+// (hostclient.Client); both are checked against Host at compile time.
 // Sandbox states are package lifecycle's.
 //
 // Every method that does I/O takes a ctx first; methods without one answer
@@ -100,7 +100,7 @@ type Guest interface {
 
 // ProcessGuest is a Guest that keeps background processes (see
 // guestproto.Client for the contracts). A local host's guests are, and so
-// are a remote host's (hostapi).
+// are a remote host's (hostclient).
 type ProcessGuest interface {
 	StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error)
 	ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error)

@@ -30,8 +30,8 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
-	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
 // Defaults.
@@ -95,8 +95,8 @@ type Registry struct {
 
 type member struct {
 	rec    catalog.Host
-	h      host.Host       // nil until a registered host could be dialled
-	client *hostapi.Client // a registered host's
+	h      host.Host          // nil until a registered host could be dialled
+	client *hostclient.Client // a registered host's
 	static bool
 	load   host.Load
 	loaded bool      // load was reported
@@ -216,7 +216,7 @@ func (r *Registry) connect(m *member) {
 		hooks := r.hooks
 		r.mu.Unlock()
 		r.log.Info("connected to host", "host_id", rec.ID, "url", rec.URL)
-		c.Watch(ctx, hostapi.Watcher{
+		c.Watch(ctx, hostclient.Watcher{
 			Connected: func(ctx context.Context) error {
 				if hooks.Connected == nil {
 					return nil
@@ -234,13 +234,13 @@ func (r *Registry) connect(m *member) {
 
 // dial connects to a registered host, retrying with backoff until it
 // answers or ctx ends.
-func (r *Registry) dial(ctx context.Context, rec catalog.Host) (*hostapi.Client, error) {
-	tlsCfg, err := hostapi.ClientTLSFromPEM([]byte(rec.CACert))
+func (r *Registry) dial(ctx context.Context, rec catalog.Host) (*hostclient.Client, error) {
+	tlsCfg, err := hostclient.ClientTLSFromPEM([]byte(rec.CACert))
 	backoff := 100 * time.Millisecond
 	for {
 		if err == nil {
-			var c *hostapi.Client
-			c, err = hostapi.Dial(rec.URL, rec.Token, hostapi.WithTLS(tlsCfg), hostapi.WithCACert(rec.CACert), hostapi.WithLogger(r.log.With("host_id", rec.ID)))
+			var c *hostclient.Client
+			c, err = hostclient.Dial(rec.URL, rec.Token, hostclient.WithTLS(tlsCfg), hostclient.WithCACert(rec.CACert), hostclient.WithLogger(r.log.With("host_id", rec.ID)))
 			if err == nil {
 				return c, nil
 			}
@@ -253,7 +253,7 @@ func (r *Registry) dial(ctx context.Context, rec catalog.Host) (*hostapi.Client,
 		}
 		backoff = min(2*backoff, 5*time.Second)
 		if tlsCfg == nil {
-			tlsCfg, err = hostapi.ClientTLSFromPEM([]byte(rec.CACert))
+			tlsCfg, err = hostclient.ClientTLSFromPEM([]byte(rec.CACert))
 		}
 	}
 }
@@ -278,7 +278,7 @@ func (r *Registry) Register(ctx context.Context, reg host.Registration) (catalog
 	if reg.Token == "" {
 		return catalog.Host{}, fmt.Errorf("%w: no agent token", ErrInvalid)
 	}
-	if _, err := hostapi.ClientTLSFromPEM([]byte(reg.CACert)); err != nil {
+	if _, err := hostclient.ClientTLSFromPEM([]byte(reg.CACert)); err != nil {
 		return catalog.Host{}, fmt.Errorf("%w: ca_cert: %v", ErrInvalid, err)
 	}
 	now := r.cfg.Now()

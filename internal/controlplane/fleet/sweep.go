@@ -8,11 +8,11 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 )
 
 // StoreSweeper is a host that lists and drops the sets of user template
-// versions in the object store the fleet shares (hostapi.Client).
+// versions in the object store the fleet shares (hostclient.Client).
 type StoreSweeper interface {
 	// StoredUserTemplates lists the versions whose set the store holds
 	// ("NAME:N").
@@ -22,7 +22,7 @@ type StoreSweeper interface {
 	DropStoredUserTemplate(ctx context.Context, name string, v int) error
 }
 
-var _ StoreSweeper = (*hostapi.Client)(nil)
+var _ StoreSweeper = (*hostclient.Client)(nil)
 
 // SweepEvery is how often, at most, a host's connection starts a sweep of
 // the object store's user template sets (Templates.SweepStore).

@@ -20,6 +20,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
@@ -35,7 +36,7 @@ type env struct {
 	admin string
 	srv   *rest.Server
 	host  *hostagent.Agent
-	h     host.Host // what srv uses: host, or a hostapi.Client over it
+	h     host.Host // what srv uses: host, or a hostclient.Client over it
 	cat   *sqlite.Catalog
 }
 
@@ -102,7 +103,7 @@ func runMain(m *testing.M) int {
 		hh := httptest.NewServer(hsrv)
 		defer hh.Close()
 		defer hsrv.Close()
-		c, err := hostapi.Dial(hh.URL, "test-token", hostapi.WithLogger(log))
+		c, err := hostclient.Dial(hh.URL, "test-token", hostclient.WithLogger(log))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -115,7 +116,7 @@ func runMain(m *testing.M) int {
 		go func() {
 			defer close(watchDone)
 			var once sync.Once
-			c.Watch(watchCtx, hostapi.Watcher{
+			c.Watch(watchCtx, hostclient.Watcher{
 				Connected: func(context.Context) error { once.Do(func() { close(synced) }); return nil },
 				Exited:    func(id string, err error) { srv.SandboxExited(id, err) },
 			})

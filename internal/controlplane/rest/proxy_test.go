@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/prometheus/client_golang/prometheus"
@@ -924,7 +925,7 @@ func BenchmarkPortProxy(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	clientTLS, err := hostapi.ClientTLS(creds.CAFile)
+	clientTLS, err := hostclient.ClientTLS(creds.CAFile)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -939,7 +940,7 @@ func BenchmarkPortProxy(b *testing.B) {
 	hh.TLS = serverTLS
 	hh.StartTLS()
 	b.Cleanup(func() { hsrv.Close(); hh.Close() })
-	hc, err := hostapi.Dial(hh.URL, "bench-token", hostapi.WithTLS(clientTLS))
+	hc, err := hostclient.Dial(hh.URL, "bench-token", hostclient.WithTLS(clientTLS))
 	if err != nil {
 		b.Fatal(err)
 	}

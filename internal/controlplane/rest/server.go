@@ -8,7 +8,7 @@
 // its handlers decode, call it and encode. It keeps durable state in a
 // catalog.Catalog and reaches sandboxes through a host.Host, the contract
 // with a host: the host agent of this process (agent.Local, `panda up`) or
-// a remote one (hostapi.Client, `panda server`). Error kinds
+// a remote one (hostclient.Client, `panda server`). Error kinds
 // (control.Kind) become HTTP statuses only here (errors.go).
 package rest
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
@@ -52,7 +53,7 @@ func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *hosta
 	if os.Getenv("PANDA_TEST_HOST") == "remote" {
 		hsrv := hostapi.NewServer(ag, "store-token", log)
 		hh := httptest.NewServer(hsrv)
-		c, err := hostapi.Dial(hh.URL, "store-token", hostapi.WithLogger(log))
+		c, err := hostclient.Dial(hh.URL, "store-token", hostclient.WithLogger(log))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -357,7 +357,7 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 
 // TemplateBuilds builds user templates from container images: a
 // tmplbuild.Manager in the server's process, or a remote host agent's
-// (hostapi.Client). A server without it answers 501.
+// (hostclient.Client). A server without it answers 501.
 type TemplateBuilds = builds.Builder
 
 // DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.

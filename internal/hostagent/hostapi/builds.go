@@ -1,119 +1,22 @@
 package hostapi
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net/http"
-	"net/textproto"
-	"net/url"
 	"os"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
-
-// Template builds over the host API: a control plane whose host is a
-// remote agent builds user templates on that agent, whose template store
-// keeps them (see tmplbuild). Client.Builds is a tmplbuild.Builder
-// over these endpoints:
-//
-//	POST   /template-builds                   multipart: part "spec" (JSON buildSpec), then part "context" (the tar, optional)
-//	GET    /template-builds                   {"builds": [buildStatus]}
-//	GET    /template-builds/{id}              buildStatus
-//	GET    /template-builds/{id}/log          NDJSON: {"line": "..."}..., then {"status": buildStatus} or {"error": wireError}
-//	POST   /template-builds/{id}/cancel       {"why": "..."} -> buildStatus (tmplbuild.Canceler)
-//	GET    /user-templates                    {"templates": [userTemplate]}, the latest version of each
-//	GET    /user-templates/{ref}              userTemplate
-//	GET    /user-templates/{name}/versions    {"versions": [userTemplate]}, oldest first
-//	DELETE /user-templates/{ref}
-//	PUT    /user-templates/{ref}/public       {"public": bool}: publish or withdraw versions (tmplbuild.Builder.SetPublished)
-//
-// An agent without builds (ServeBuilds not called) answers 501.
-
-// Builds is the agent's template builds as a tmplbuild.Builder
-// (Client.Builds).
-type Builds struct{ c *Client }
-
-// Builds returns the agent's template builds; an agent that has none
-// answers every call with errors.ErrUnsupported.
-func (c *Client) Builds() Builds { return Builds{c: c} }
-
-var (
-	_ builds.Builder  = Builds{}
-	_ builds.Canceler = Builds{}
-)
-
-// buildSpec is tmplbuild.Spec on the wire, without ContextTar (the
-// request's "context" part).
-type buildSpec struct {
-	Name         string            `json:"name"`
-	FromImage    string            `json:"from_image,omitempty"`
-	Dockerfile   []byte            `json:"dockerfile,omitempty"`
-	BuildArgs    map[string]string `json:"build_args,omitempty"`
-	Startup      templates.Startup `json:"startup"`
-	Owner        string            `json:"owner,omitempty"`
-	MaxTemplates int               `json:"max_templates,omitempty"`
-	MaxBuilds    int               `json:"max_builds,omitempty"`
-	MaxVersions  int               `json:"max_versions,omitempty"`
-	ID           string            `json:"id,omitempty"`
-	Version      int               `json:"version,omitempty"`
-}
-
-// buildStatus is tmplbuild.Status with its owner, which the API checks.
-type buildStatus struct {
-	builds.Status
-	Owner string `json:"owner,omitempty"`
-}
-
-func wireStatus(st builds.Status) buildStatus { return buildStatus{Status: st, Owner: st.Owner} }
-
-func (b buildStatus) status() builds.Status {
-	st := b.Status
-	st.Owner = b.Owner
-	return st
-}
-
-// userTemplate is templates.UserRootFS with what it takes on disk, which
-// is measured when read.
-type userTemplate struct {
-	templates.UserRootFS
-	DiskBytes int64 `json:"disk_bytes,omitempty"`
-}
-
-func wireUser(u templates.UserRootFS) userTemplate {
-	return userTemplate{UserRootFS: u, DiskBytes: u.DiskBytes}
-}
-
-func wireUsers(us []templates.UserRootFS) []userTemplate {
-	out := make([]userTemplate, len(us))
-	for i, u := range us {
-		out[i] = wireUser(u)
-	}
-	return out
-}
-
-func (u userTemplate) user() templates.UserRootFS {
-	r := u.UserRootFS
-	r.DiskBytes = u.DiskBytes
-	return r
-}
-
-type buildLogEvent struct {
-	Line   *string      `json:"line,omitempty"`
-	Status *buildStatus `json:"status,omitempty"`
-	Error  *wireError   `json:"error,omitempty"`
-}
 
 // ServeBuilds makes the agent's API serve template builds with b, which
 // receives each build's context as a file in contextDir (b removes it,
-// see tmplbuild.Spec.ContextTar). Call it before serving.
+// see builds.Spec.ContextTar). Call it before serving.
 func (s *Server) ServeBuilds(b builds.Builder, contextDir string) {
 	s.builds, s.contextDir = b, contextDir
 }
@@ -123,20 +26,20 @@ var errNoBuilds = fmt.Errorf("%w: this host agent does not build templates", err
 // buildRoutes are the endpoints above but the log's (authenticated and
 // tracked by the caller).
 func (s *Server) buildRoutes(r chi.Router) {
-	r.Post(Prefix+"/template-builds", s.json(s.startBuild))
-	r.Get(Prefix+"/template-builds", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Post(hostwire.Prefix+"/template-builds", s.json(s.startBuild))
+	r.Get(hostwire.Prefix+"/template-builds", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		list, err := b.List(r.Context())
-		out := make([]buildStatus, len(list))
+		out := make([]hostwire.BuildStatus, len(list))
 		for i, st := range list {
-			out[i] = wireStatus(st)
+			out[i] = hostwire.BuildStatusOf(st)
 		}
 		return map[string]any{"builds": out}, err
 	}))
-	r.Get(Prefix+"/template-builds/{buildID}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Get(hostwire.Prefix+"/template-builds/{buildID}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		st, err := b.Get(r.Context(), chi.URLParam(r, "buildID"))
-		return wireStatus(st), err
+		return hostwire.BuildStatusOf(st), err
 	}))
-	r.Post(Prefix+"/template-builds/{buildID}/cancel", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Post(hostwire.Prefix+"/template-builds/{buildID}/cancel", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		c, ok := b.(builds.Canceler)
 		if !ok {
 			return nil, fmt.Errorf("%w: this host agent cannot cancel template builds", errors.ErrUnsupported)
@@ -148,24 +51,24 @@ func (s *Server) buildRoutes(r chi.Router) {
 			return nil, err
 		}
 		st, err := c.Cancel(r.Context(), chi.URLParam(r, "buildID"), req.Why)
-		return wireStatus(st), err
+		return hostwire.BuildStatusOf(st), err
 	}))
-	r.Get(Prefix+"/user-templates", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Get(hostwire.Prefix+"/user-templates", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		us, err := b.UserTemplates(r.Context())
-		return map[string]any{"templates": wireUsers(us)}, err
+		return map[string]any{"templates": hostwire.UserTemplatesOf(us)}, err
 	}))
-	r.Get(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Get(hostwire.Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		u, err := b.UserTemplate(r.Context(), chi.URLParam(r, "ref"))
-		return wireUser(u), err
+		return hostwire.UserTemplateOf(u), err
 	}))
-	r.Get(Prefix+"/user-templates/{name}/versions", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Get(hostwire.Prefix+"/user-templates/{name}/versions", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		vs, err := b.Versions(r.Context(), chi.URLParam(r, "name"))
-		return map[string]any{"versions": wireUsers(vs)}, err
+		return map[string]any{"versions": hostwire.UserTemplatesOf(vs)}, err
 	}))
-	r.Delete(Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Delete(hostwire.Prefix+"/user-templates/{ref}", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		return nil, b.Remove(r.Context(), chi.URLParam(r, "ref"))
 	}))
-	r.Put(Prefix+"/user-templates/{ref}/public", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
+	r.Put(hostwire.Prefix+"/user-templates/{ref}/public", s.buildsJSON(func(r *http.Request, b builds.Builder) (any, error) {
 		var req struct {
 			Public bool `json:"public"`
 		}
@@ -200,15 +103,13 @@ func (s *Server) startBuild(r *http.Request) (any, error) {
 	if err != nil || part.FormName() != "spec" {
 		return nil, fmt.Errorf("%w: a build request starts with its spec", host.ErrInvalid)
 	}
-	var ws buildSpec
+	var ws hostwire.BuildSpec
 	dec := json.NewDecoder(io.LimitReader(part, 8<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&ws); err != nil {
 		return nil, fmt.Errorf("%w: malformed build spec: %v", host.ErrInvalid, err)
 	}
-	spec := builds.Spec{Name: ws.Name, FromImage: ws.FromImage, Dockerfile: ws.Dockerfile, BuildArgs: ws.BuildArgs,
-		Startup: ws.Startup, Owner: ws.Owner, MaxTemplates: ws.MaxTemplates, MaxBuilds: ws.MaxBuilds, MaxVersions: ws.MaxVersions,
-		ID: ws.ID, Version: ws.Version}
+	spec := ws.Contract()
 	part, err = mr.NextPart()
 	switch {
 	case err == io.EOF:
@@ -222,7 +123,7 @@ func (s *Server) startBuild(r *http.Request) (any, error) {
 		}
 	}
 	st, err := s.builds.Start(r.Context(), spec) // removes ContextTar whatever the error
-	return wireStatus(st), err
+	return hostwire.BuildStatusOf(st), err
 }
 
 // receiveContext copies a build context into a new file of dir.
@@ -257,178 +158,12 @@ func (s *Server) buildLog(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := newNDJSON(w)
-	st, err := s.builds.Follow(r.Context(), id, func(line string) { out.send(buildLogEvent{Line: &line}) })
+	st, err := s.builds.Follow(r.Context(), id, func(line string) { out.send(hostwire.BuildLogEvent{Line: &line}) })
 	if err != nil {
-		_, we := encodeError(err)
-		out.send(buildLogEvent{Error: &we})
+		_, we := hostwire.EncodeError(err)
+		out.send(hostwire.BuildLogEvent{Error: &we})
 		return
 	}
-	ws := wireStatus(st)
-	out.send(buildLogEvent{Status: &ws})
-}
-
-// Start sends spec and its context file (which it removes, sent or not,
-// as a Manager's Start would) to the agent.
-func (b Builds) Start(ctx context.Context, spec builds.Spec) (builds.Status, error) {
-	if spec.ContextTar != "" {
-		defer os.Remove(spec.ContextTar)
-	}
-	ws, err := json.Marshal(buildSpec{Name: spec.Name, FromImage: spec.FromImage, Dockerfile: spec.Dockerfile, BuildArgs: spec.BuildArgs,
-		Startup: spec.Startup, Owner: spec.Owner, MaxTemplates: spec.MaxTemplates, MaxBuilds: spec.MaxBuilds, MaxVersions: spec.MaxVersions,
-		ID: spec.ID, Version: spec.Version})
-	if err != nil {
-		return builds.Status{}, err
-	}
-	pr, pw := io.Pipe()
-	mw := multipart.NewWriter(pw)
-	go func() { pw.CloseWithError(writeBuildRequest(mw, ws, spec.ContextTar)) }()
-	req, err := b.c.request(ctx, http.MethodPost, "/template-builds", nil, pr)
-	if err != nil {
-		pr.Close()
-		return builds.Status{}, err
-	}
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	res, err := b.c.do(req)
-	pr.Close() // ends the writer if the agent answered before reading it all
-	if err != nil {
-		return builds.Status{}, err
-	}
-	defer res.Body.Close()
-	var st buildStatus
-	if err := json.NewDecoder(res.Body).Decode(&st); err != nil {
-		return builds.Status{}, b.c.transportError(ctx, fmt.Errorf("decode build status: %w", err))
-	}
-	return st.status(), nil
-}
-
-// writeBuildRequest writes the parts of a build request: the spec, then
-// the file at contextTar if there is one.
-func writeBuildRequest(mw *multipart.Writer, spec []byte, contextTar string) error {
-	h := textproto.MIMEHeader{}
-	h.Set("Content-Disposition", `form-data; name="spec"`)
-	h.Set("Content-Type", "application/json")
-	p, err := mw.CreatePart(h)
-	if err == nil {
-		_, err = p.Write(spec)
-	}
-	if err == nil && contextTar != "" {
-		var f *os.File
-		if f, err = os.Open(contextTar); err == nil {
-			defer f.Close()
-			h := textproto.MIMEHeader{}
-			h.Set("Content-Disposition", `form-data; name="context"; filename="context.tar"`)
-			h.Set("Content-Type", "application/octet-stream")
-			if p, err = mw.CreatePart(h); err == nil {
-				_, err = io.Copy(p, f)
-			}
-		}
-	}
-	if err != nil {
-		return err
-	}
-	return mw.Close()
-}
-
-// Get returns build id's status.
-func (b Builds) Get(ctx context.Context, id string) (builds.Status, error) {
-	var st buildStatus
-	err := b.c.callShort(ctx, http.MethodGet, "/template-builds/"+url.PathEscape(id), nil, nil, &st)
-	return st.status(), err
-}
-
-// Cancel cancels build id (tmplbuild.Canceler).
-func (b Builds) Cancel(ctx context.Context, id, why string) (builds.Status, error) {
-	var st buildStatus
-	err := b.c.callShort(ctx, http.MethodPost, "/template-builds/"+url.PathEscape(id)+"/cancel", nil, map[string]string{"why": why}, &st)
-	return st.status(), err
-}
-
-// List returns the builds the agent remembers, newest first.
-func (b Builds) List(ctx context.Context) ([]builds.Status, error) {
-	var out struct {
-		Builds []buildStatus `json:"builds"`
-	}
-	if err := b.c.callShort(ctx, http.MethodGet, "/template-builds", nil, nil, &out); err != nil {
-		return nil, err
-	}
-	list := make([]builds.Status, len(out.Builds))
-	for i, b := range out.Builds {
-		list[i] = b.status()
-	}
-	return list, nil
-}
-
-// Follow calls line for each of build id's lines until it ends, and
-// returns its final status.
-func (b Builds) Follow(ctx context.Context, id string, line func(string)) (builds.Status, error) {
-	req, err := b.c.request(ctx, http.MethodGet, "/template-builds/"+url.PathEscape(id)+"/log", nil, nil)
-	if err != nil {
-		return builds.Status{}, err
-	}
-	res, err := b.c.do(req)
-	if err != nil {
-		return builds.Status{}, err
-	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		var ev buildLogEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return builds.Status{}, b.c.transportError(ctx, fmt.Errorf("build log stream: %w", err))
-		}
-		switch {
-		case ev.Line != nil:
-			line(*ev.Line)
-		case ev.Status != nil:
-			return ev.Status.status(), nil
-		case ev.Error != nil:
-			return builds.Status{}, ev.Error.err()
-		}
-	}
-	return builds.Status{}, b.c.transportError(ctx, errors.New("build log stream ended before the build"))
-}
-
-// Remove removes user template "NAME" (every version) or "NAME:N".
-func (b Builds) Remove(ctx context.Context, ref string) error {
-	return b.c.callShort(ctx, http.MethodDelete, "/user-templates/"+url.PathEscape(ref), nil, nil, nil)
-}
-
-// SetPublished publishes or withdraws versions of user template ref
-// ("NAME" or "NAME:N").
-func (b Builds) SetPublished(ctx context.Context, ref string, published bool) error {
-	return b.c.callShort(ctx, http.MethodPut, "/user-templates/"+url.PathEscape(ref)+"/public", nil, map[string]bool{"public": published}, nil)
-}
-
-// UserTemplate returns user template ref ("NAME": its latest version).
-func (b Builds) UserTemplate(ctx context.Context, ref string) (templates.UserRootFS, error) {
-	var u userTemplate
-	err := b.c.callShort(ctx, http.MethodGet, "/user-templates/"+url.PathEscape(ref), nil, nil, &u)
-	return u.user(), err
-}
-
-// UserTemplates lists the latest version of every user template.
-func (b Builds) UserTemplates(ctx context.Context) ([]templates.UserRootFS, error) {
-	var out struct {
-		Templates []userTemplate `json:"templates"`
-	}
-	err := b.c.callShort(ctx, http.MethodGet, "/user-templates", nil, nil, &out)
-	return users(out.Templates), err
-}
-
-// Versions lists the versions of user template name, oldest first.
-func (b Builds) Versions(ctx context.Context, name string) ([]templates.UserRootFS, error) {
-	var out struct {
-		Versions []userTemplate `json:"versions"`
-	}
-	err := b.c.callShort(ctx, http.MethodGet, "/user-templates/"+url.PathEscape(name)+"/versions", nil, nil, &out)
-	return users(out.Versions), err
-}
-
-func users(us []userTemplate) []templates.UserRootFS {
-	out := make([]templates.UserRootFS, len(us))
-	for i, u := range us {
-		out[i] = u.user()
-	}
-	return out
+	ws := hostwire.BuildStatusOf(st)
+	out.send(hostwire.BuildLogEvent{Status: &ws})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 )
@@ -176,7 +177,7 @@ func TestBuilds(t *testing.T) {
 }
 
 // mustLatestBuild returns the id of the newest build of name.
-func mustLatestBuild(t *testing.T, b hostapi.Builds, name string) string {
+func mustLatestBuild(t *testing.T, b hostclient.Builds, name string) string {
 	t.Helper()
 	list, err := b.List(context.Background())
 	if err != nil {

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
@@ -225,9 +227,9 @@ func TestDialGuestErrors(t *testing.T) {
 		status        int
 	}{
 		{"Bearer " + testToken, "", http.StatusUnprocessableEntity},
-		{"Bearer nope", hostapi.UpgradeProtocol, http.StatusUnauthorized},
+		{"Bearer nope", hostwire.UpgradeProtocol, http.StatusUnauthorized},
 	} {
-		req, _ := http.NewRequest("GET", hs.URL+hostapi.Prefix+"/sandboxes/"+sb.ID+"/dial?port=80", nil)
+		req, _ := http.NewRequest("GET", hs.URL+hostwire.Prefix+"/sandboxes/"+sb.ID+"/dial?port=80", nil)
 		req.Header.Set("Authorization", tc.auth)
 		if tc.upgrade != "" {
 			req.Header.Set("Connection", "Upgrade")
@@ -254,7 +256,7 @@ func TestDialEndsAtClose(t *testing.T) {
 	hs2.TLS = serverTLS(creds)
 	hs2.StartTLS()
 	defer hs2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken, hostapi.WithTLS(tlsCfg))
+	c2, err := hostclient.Dial(hs2.URL, testToken, hostclient.WithTLS(tlsCfg))
 	if err != nil {
 		t.Fatal(err)
 	}

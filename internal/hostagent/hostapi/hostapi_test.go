@@ -3,7 +3,7 @@ package hostapi_test
 // The tests run one real host agent (QEMU under TCG, the tiny template at
 // 256 MiB) behind hostapi.NewServer on an httptest server with the agent's
 // TLS credentials (hostapi.LoadOrCreateTLS), and drive it through
-// hostapi.Client trusting that CA only, comparing with the same agent used
+// hostclient.Client trusting that CA only, comparing with the same agent used
 // locally (agent.Local) where the two must agree.
 
 import (
@@ -32,9 +32,11 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -46,7 +48,7 @@ const testToken = "test-token-0123456789"
 var (
 	ag       *hostagent.Agent
 	local    host.Host // the same agent, as panda up uses it
-	client   *hostapi.Client
+	client   *hostclient.Client
 	hsrv     *hostapi.Server
 	hs       *httptest.Server
 	creds    *hostapi.AgentTLS
@@ -133,7 +135,7 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if tlsCfg, err = hostapi.ClientTLS(creds.CAFile); err != nil {
+	if tlsCfg, err = hostclient.ClientTLS(creds.CAFile); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -154,7 +156,7 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "bake:", err)
 		return 1
 	}
-	client, err = hostapi.Dial(hs.URL, testToken, hostapi.WithLogger(log), hostapi.WithTLS(tlsCfg))
+	client, err = hostclient.Dial(hs.URL, testToken, hostclient.WithLogger(log), hostclient.WithTLS(tlsCfg))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dial:", err)
 		return 1
@@ -164,7 +166,7 @@ func runMain(m *testing.M) (code int) {
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		client.Watch(watchCtx, hostapi.Watcher{
+		client.Watch(watchCtx, hostclient.Watcher{
 			Connected: func(context.Context) error { connects.Add(1); return nil },
 			Exited:    func(id string, err error) { exits <- exit{id, err} },
 		})
@@ -774,11 +776,11 @@ func TestWatchReconnects(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	if _, err := hostapi.Dial(hs.URL, "wrong-token", hostapi.WithTLS(tlsCfg)); !errors.Is(err, hostapi.ErrUnauthorized) {
-		t.Errorf("dial with a wrong token: got %v, want hostapi.ErrUnauthorized", err)
+	if _, err := hostclient.Dial(hs.URL, "wrong-token", hostclient.WithTLS(tlsCfg)); !errors.Is(err, hostwire.ErrUnauthorized) {
+		t.Errorf("dial with a wrong token: got %v, want hostwire.ErrUnauthorized", err)
 	}
 	for _, h := range []string{"", "Bearer ", "Bearer wrong", "Basic " + testToken, testToken, "Bearer " + testToken + "x", "Bearer " + testToken[:len(testToken)-1]} {
-		req, _ := http.NewRequest(http.MethodGet, hs.URL+hostapi.Prefix+"/sandboxes", nil)
+		req, _ := http.NewRequest(http.MethodGet, hs.URL+hostwire.Prefix+"/sandboxes", nil)
 		if h != "" {
 			req.Header.Set("Authorization", h)
 		}
@@ -796,7 +798,7 @@ func TestAuth(t *testing.T) {
 	// 501 unsupported, whether the path or only the method is unknown.
 	for _, m := range []string{http.MethodGet + " /nothing", http.MethodPut + " /sandboxes/abc"} {
 		method, path, _ := strings.Cut(m, " ")
-		req, _ := http.NewRequest(method, hs.URL+hostapi.Prefix+path, nil)
+		req, _ := http.NewRequest(method, hs.URL+hostwire.Prefix+path, nil)
 		req.Header.Set("Authorization", "Bearer "+testToken)
 		res, err := hc.Do(req)
 		if err != nil {
@@ -818,10 +820,10 @@ func TestAuth(t *testing.T) {
 	}
 	// In clear, the TLS server answers nothing but an error.
 	plain := "http://" + strings.TrimPrefix(hs.URL, "https://")
-	if _, err := hostapi.Dial(plain, testToken); err == nil {
+	if _, err := hostclient.Dial(plain, testToken); err == nil {
 		t.Errorf("dial %s (no TLS) of a TLS agent: got no error", plain)
 	}
-	_, err = hostapi.Dial("http://127.0.0.1:1", testToken)
+	_, err = hostclient.Dial("http://127.0.0.1:1", testToken)
 	var ue *host.UnreachableError
 	if !errors.Is(err, host.ErrUnavailable) || !errors.As(err, &ue) || !strings.HasPrefix(ue.Addr, "http://127.0.0.1:1/") {
 		t.Errorf("dial nothing: got %v, want a host.UnreachableError (host.ErrUnavailable) naming the address", err)
@@ -832,7 +834,7 @@ func TestAuth(t *testing.T) {
 // set, if not nil, before it serves) and returns it with a client of it;
 // the client, the server and its HTTP server end with the test, in that
 // order.
-func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *hostapi.Client) {
+func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *hostclient.Client) {
 	t.Helper()
 	s2 := hostapi.NewServer(ag, testToken, nil)
 	if set != nil {
@@ -841,7 +843,7 @@ func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *ho
 	hs2 := httptest.NewServer(s2)
 	t.Cleanup(hs2.Close)
 	t.Cleanup(func() { s2.Close() })
-	c2, err := hostapi.Dial(hs2.URL, testToken)
+	c2, err := hostclient.Dial(hs2.URL, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -856,7 +858,7 @@ func TestShutdown(t *testing.T) {
 	hs2 := httptest.NewServer(s2)
 	defer hs2.Close()
 	defer s2.Close()
-	c2, err := hostapi.Dial(hs2.URL, testToken)
+	c2, err := hostclient.Dial(hs2.URL, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -867,7 +869,7 @@ func TestShutdown(t *testing.T) {
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		c2.Watch(ctx, hostapi.Watcher{
+		c2.Watch(ctx, hostclient.Watcher{
 			Connected: func(context.Context) error { connected <- struct{}{}; return nil },
 			Exited:    func(id string, err error) { got <- err },
 		})
@@ -895,7 +897,7 @@ func TestShutdown(t *testing.T) {
 	}
 	s2.Close()
 	// The stream ends; reconnecting is refused.
-	req, _ := http.NewRequest(http.MethodGet, hs2.URL+hostapi.Prefix+"/events", nil)
+	req, _ := http.NewRequest(http.MethodGet, hs2.URL+hostwire.Prefix+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+testToken)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -920,14 +922,14 @@ func TestToken(t *testing.T) {
 	if err != nil || created || again != tok {
 		t.Errorf("second start: got %q, created %v, %v; want %q again", again, created, err, tok)
 	}
-	if got, err := hostapi.ReadToken(path); err != nil || got != tok {
+	if got, err := hostwire.ReadToken(path); err != nil || got != tok {
 		t.Errorf("read: got %q, %v; want %q", got, err, tok)
 	}
 	os.WriteFile(path, []byte(" \n"), 0o600)
 	if _, _, err := hostapi.LoadOrCreateToken(path); err == nil {
 		t.Errorf("empty token file: got no error")
 	}
-	if _, err := hostapi.ReadToken(path + ".missing"); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := hostwire.ReadToken(path + ".missing"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing token file: got %v, want fs.ErrNotExist", err)
 	}
 }
@@ -1011,7 +1013,7 @@ func shutdownExits(t *testing.T, n int, connected func(context.Context) error) (
 	if s2.WaitSubscriber(nobody) {
 		t.Fatal("WaitSubscriber with no client: true")
 	}
-	c2, err := hostapi.Dial(hs2.URL, testToken)
+	c2, err := hostclient.Dial(hs2.URL, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1021,7 +1023,7 @@ func shutdownExits(t *testing.T, n int, connected func(context.Context) error) (
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		c2.Watch(ctx, hostapi.Watcher{Connected: connected, Exited: func(id string, err error) {
+		c2.Watch(ctx, hostclient.Watcher{Connected: connected, Exited: func(id string, err error) {
 			if errors.Is(err, host.ErrHostShutdown) {
 				got <- id
 			}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
 // tryExec runs req through h and returns its output, or the error of
@@ -39,7 +39,7 @@ func tryExec(t *testing.T, h host.Host, id string, req guestproto.ExecRequest) (
 }
 
 // TestLongExecRequest: an exec request's JSON line may be of any length up
-// to hostapi.MaxLine (it used to fail beyond 4 KiB, a bufio.Reader's
+// to hostwire.MaxLine (it used to fail beyond 4 KiB, a bufio.Reader's
 // buffer). Through the client it does what the same request does locally,
 // success or the guest's own error; beyond MaxLine it is refused, by the
 // client before sending and by the server.
@@ -77,7 +77,7 @@ func TestLongExecRequest(t *testing.T) {
 	}
 
 	// Beyond MaxLine: the client refuses before sending.
-	huge := guestproto.ExecRequest{Shell: strings.Repeat("d", hostapi.MaxLine)}
+	huge := guestproto.ExecRequest{Shell: strings.Repeat("d", hostwire.MaxLine)}
 	if _, err := tryExec(t, client, sb.ID, huge); !errors.Is(err, guestproto.ErrInvalid) || !strings.Contains(err.Error(), "exceeds") {
 		t.Errorf("exec request over MaxLine: got %v, want guestproto.ErrInvalid saying it exceeds the limit", err)
 	}
@@ -89,10 +89,10 @@ func TestLongExecRequest(t *testing.T) {
 		code   string
 		msg    string
 	}{
-		{"over MaxLine", append(append([]byte(`{"shell":"`), bytes.Repeat([]byte("e"), hostapi.MaxLine)...), "\"}\n"...), http.StatusUnprocessableEntity, "invalid", "longer than"},
+		{"over MaxLine", append(append([]byte(`{"shell":"`), bytes.Repeat([]byte("e"), hostwire.MaxLine)...), "\"}\n"...), http.StatusUnprocessableEntity, "invalid", "longer than"},
 		{"no newline", []byte(`{"shell":"true"}`), http.StatusUnprocessableEntity, "invalid", "malformed"},
 	} {
-		req, _ := http.NewRequest(http.MethodPost, hs.URL+hostapi.Prefix+"/sandboxes/"+sb.ID+"/exec", bytes.NewReader(tc.line))
+		req, _ := http.NewRequest(http.MethodPost, hs.URL+hostwire.Prefix+"/sandboxes/"+sb.ID+"/exec", bytes.NewReader(tc.line))
 		req.Header.Set("Authorization", "Bearer "+testToken)
 		res, err := hc.Do(req)
 		if err != nil {

@@ -1,91 +1,48 @@
 package hostapi
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
-// Background processes and directory watches: the server side (handlers on
-// the agent) and the client side (methods of the remote guest), one wire
-// format each, described in the package documentation.
-
-// MaxStdinBody bounds the body of one POST …/processes/{pid}/stdin; the
-// client sends larger writes in several.
-const MaxStdinBody = 1 << 20
-
-// Attach response frames, besides frameStdout, frameStderr and frameError.
-const (
-	frameAttach    byte = 'A' // JSON attachFrame; first
-	frameAttachEnd byte = 'X' // JSON attachEndFrame; last
-)
-
-type (
-	attachFrame struct {
-		Start guestproto.AttachStart `json:"start"`
-		Proc  guestproto.ProcInfo    `json:"proc"`
-	}
-	attachEndFrame struct {
-		Proc   guestproto.ProcInfo `json:"proc"`
-		Lagged bool                `json:"lagged,omitempty"`
-	}
-	signalRequest struct {
-		Signal string `json:"signal"`
-	}
-	resizeRequest struct {
-		Rows int `json:"rows"`
-		Cols int `json:"cols"`
-	}
-	// watchLine is a line of GET …/watch: a guestproto.WatchEvent, or,
-	// last, {"type":"end"} (the guest ended the watch: io.EOF) or
-	// {"type":"error","error":{…}}.
-	watchLine struct {
-		guestproto.WatchEvent
-		Error *wireError `json:"error,omitempty"`
-	}
-)
-
-const (
-	watchEnd   = "end"
-	watchError = "error"
-)
+// Background processes and directory watches: the handlers on the agent,
+// for the wire format hostwire's package documentation describes.
 
 // processRoutes adds the routes of requests that answer promptly (tracked
 // like any request).
 func (s *Server) processRoutes(r chi.Router) {
-	r.Post(Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 		var req guestproto.ExecRequest
-		if err := decodeN(r, &req, MaxLine); err != nil {
+		if err := decodeN(r, &req, hostwire.MaxLine); err != nil {
 			return nil, err
 		}
 		return g.StartProcess(r.Context(), req)
 	}))
-	r.Get(Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+	r.Get(hostwire.Prefix+"/sandboxes/{id}/processes", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 		ps, err := g.ListProcesses(r.Context())
 		return map[string]any{"processes": ps}, err
 	}))
-	r.Delete(Prefix+"/sandboxes/{id}/processes/{pid}", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+	r.Delete(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
 		return g.RemoveProcess(r.Context(), pid)
 	}))
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/stdin", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
-		data, err := io.ReadAll(io.LimitReader(r.Body, MaxStdinBody+1))
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/stdin", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+		data, err := io.ReadAll(io.LimitReader(r.Body, hostwire.MaxStdinBody+1))
 		if err != nil {
 			return fmt.Errorf("%w: stdin body: %v", host.ErrInvalid, err)
 		}
-		if len(data) > MaxStdinBody {
-			return fmt.Errorf("%w: stdin body over %d bytes", host.ErrInvalid, MaxStdinBody)
+		if len(data) > hostwire.MaxStdinBody {
+			return fmt.Errorf("%w: stdin body over %d bytes", host.ErrInvalid, hostwire.MaxStdinBody)
 		}
 		if len(data) > 0 {
 			if err := g.WriteProcessStdin(r.Context(), pid, data); err != nil {
@@ -97,15 +54,15 @@ func (s *Server) processRoutes(r chi.Router) {
 		}
 		return nil
 	}))
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/signal", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
-		var req signalRequest
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/signal", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+		var req hostwire.SignalRequest
 		if err := decode(r, &req); err != nil {
 			return err
 		}
 		return g.SignalProcess(r.Context(), pid, req.Signal)
 	}))
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/resize", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
-		var req resizeRequest
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/resize", s.procJSON(func(r *http.Request, g *guestproto.Client, pid int) error {
+		var req hostwire.ResizeRequest
 		if err := decode(r, &req); err != nil {
 			return err
 		}
@@ -117,15 +74,15 @@ func (s *Server) processRoutes(r chi.Router) {
 // wants (attach, wait, watch): like event streams they are not requests
 // in flight for Shutdown, and Close ends them.
 func (s *Server) streamRoutes(r chi.Router) {
-	r.Get(Prefix+"/sandboxes/{id}/processes/{pid}/attach", s.attach)
-	r.Post(Prefix+"/sandboxes/{id}/processes/{pid}/wait", s.json(func(r *http.Request) (any, error) {
+	r.Get(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/attach", s.attach)
+	r.Post(hostwire.Prefix+"/sandboxes/{id}/processes/{pid}/wait", s.json(func(r *http.Request) (any, error) {
 		pid, g, err := s.procGuest(r)
 		if err != nil {
 			return nil, err
 		}
 		return g.WaitProcess(r.Context(), pid)
 	}))
-	r.Get(Prefix+"/sandboxes/{id}/watch", s.watchDir)
+	r.Get(hostwire.Prefix+"/sandboxes/{id}/watch", s.watchDir)
 }
 
 // untilClosed cancels the request's context when Close is called, and
@@ -213,17 +170,17 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-panda-attach")
 	w.WriteHeader(http.StatusOK)
 	send := frameSender(w, rc)
-	if send(jsonFrame(frameAttach, attachFrame{Start: a.Start, Proc: a.Proc})) != nil {
+	if send(hostwire.JSONFrame(hostwire.FrameAttach, hostwire.AttachFrame{Start: a.Start, Proc: a.Proc})) != nil {
 		return
 	}
 	pumpOutput(send, a.Stdout, a.Stderr, cancel) // client gone: detach
 	proc, lagged, err := a.End()
 	if err != nil {
-		_, we := encodeError(err)
-		send(jsonFrame(frameError, we))
+		_, we := hostwire.EncodeError(err)
+		send(hostwire.JSONFrame(hostwire.FrameError, we))
 		return
 	}
-	send(jsonFrame(frameAttachEnd, attachEndFrame{Proc: proc, Lagged: lagged}))
+	send(hostwire.JSONFrame(hostwire.FrameAttachEnd, hostwire.AttachEndFrame{Proc: proc, Lagged: lagged}))
 }
 
 // watchDir streams a directory's changes as watchLines; the 200 is sent
@@ -248,209 +205,15 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF):
-				out.send(watchLine{WatchEvent: guestproto.WatchEvent{Type: watchEnd}})
+				out.send(hostwire.WatchLine{WatchEvent: guestproto.WatchEvent{Type: hostwire.WatchEnd}})
 			case r.Context().Err() == nil:
-				_, we := encodeError(err)
-				out.send(watchLine{WatchEvent: guestproto.WatchEvent{Type: watchError}, Error: &we})
+				_, we := hostwire.EncodeError(err)
+				out.send(hostwire.WatchLine{WatchEvent: guestproto.WatchEvent{Type: hostwire.WatchError}, Error: &we})
 			}
 			return
 		}
-		if out.send(watchLine{WatchEvent: ev}) != nil {
+		if out.send(hostwire.WatchLine{WatchEvent: ev}) != nil {
 			return
 		}
 	}
-}
-
-// The client side: the remote guest keeps background processes and
-// watches directories, as the local one does.
-var _ host.ProcessGuest = guest{}
-
-func pidPath(pid int, rest string) string { return "/processes/" + strconv.Itoa(pid) + rest }
-
-func (g guest) StartProcess(ctx context.Context, req guestproto.ExecRequest) (guestproto.ProcInfo, error) {
-	var p guestproto.ProcInfo
-	err := g.call(ctx, http.MethodPost, "/processes", nil, req, &p)
-	return p, err
-}
-
-func (g guest) ListProcesses(ctx context.Context) ([]guestproto.ProcInfo, error) {
-	var out struct {
-		Processes []guestproto.ProcInfo `json:"processes"`
-	}
-	err := g.call(ctx, http.MethodGet, "/processes", nil, nil, &out)
-	return out.Processes, err
-}
-
-// WriteProcessStdin writes p in requests of at most MaxStdinBody bytes.
-func (g guest) WriteProcessStdin(ctx context.Context, pid int, p []byte) error {
-	for len(p) > 0 {
-		n := min(len(p), MaxStdinBody)
-		if err := g.stdin(ctx, pid, p[:n], false); err != nil {
-			return err
-		}
-		p = p[n:]
-	}
-	return nil
-}
-
-func (g guest) CloseProcessStdin(ctx context.Context, pid int) error {
-	return g.stdin(ctx, pid, nil, true)
-}
-
-func (g guest) stdin(ctx context.Context, pid int, data []byte, close bool) error {
-	var q url.Values
-	if close {
-		q = url.Values{"close": {"true"}}
-	}
-	req, err := g.c.request(ctx, http.MethodPost, sandboxPath(g.id, pidPath(pid, "/stdin")), q, bytes.NewReader(data))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	res, err := g.c.do(req)
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, res.Body)
-	return res.Body.Close()
-}
-
-func (g guest) SignalProcess(ctx context.Context, pid int, signal string) error {
-	return g.call(ctx, http.MethodPost, pidPath(pid, "/signal"), nil, signalRequest{Signal: signal}, nil)
-}
-
-func (g guest) ResizeProcess(ctx context.Context, pid, rows, cols int) error {
-	return g.call(ctx, http.MethodPost, pidPath(pid, "/resize"), nil, resizeRequest{Rows: rows, Cols: cols}, nil)
-}
-
-func (g guest) RemoveProcess(ctx context.Context, pid int) error {
-	return g.call(ctx, http.MethodDelete, pidPath(pid, ""), nil, nil, nil)
-}
-
-// WaitProcess holds one request open until the process exits or ctx ends.
-func (g guest) WaitProcess(ctx context.Context, pid int) (guestproto.ProcInfo, error) {
-	var p guestproto.ProcInfo
-	err := g.call(ctx, http.MethodPost, pidPath(pid, "/wait"), nil, nil, &p)
-	return p, err
-}
-
-// AttachProcess streams the process's output; see the package
-// documentation. Cancelling ctx or Close detaches.
-func (g guest) AttachProcess(ctx context.Context, pid int, stdoutOffset, stderrOffset int64) (*guestproto.Attachment, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	q := url.Values{"stdout_offset": {strconv.FormatInt(stdoutOffset, 10)}, "stderr_offset": {strconv.FormatInt(stderrOffset, 10)}}
-	req, err := g.c.request(ctx, http.MethodGet, sandboxPath(g.id, pidPath(pid, "/attach")), q, nil)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	res, err := g.c.do(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	typ, payload, err := readFrame(res.Body, nil)
-	if err != nil || typ != frameAttach {
-		res.Body.Close()
-		cancel()
-		if err == nil {
-			err = fmt.Errorf("attach stream began with frame %q", typ)
-		}
-		return nil, g.c.transportError(ctx, err)
-	}
-	var st attachFrame
-	if err := json.Unmarshal(payload, &st); err != nil {
-		res.Body.Close()
-		cancel()
-		return nil, fmt.Errorf("attach process %d: decode start: %w", pid, err)
-	}
-	at := &attachment{done: make(chan struct{})}
-	stdout, stdoutW := io.Pipe()
-	stderr, stderrW := io.Pipe()
-	go at.demux(g.c, ctx, res.Body, stdoutW, stderrW)
-	return guestproto.NewAttachment(st.Start, st.Proc, stdout, stderr, at.end, func() {
-		cancel()
-		// Unblocks demux if nobody reads the output any more.
-		detached := guestproto.Errorf(guestproto.CodeCanceled, "detached by host")
-		stdout.CloseWithError(detached)
-		stderr.CloseWithError(detached)
-	}), nil
-}
-
-// attachment is a remote attach's end.
-type attachment struct {
-	done chan struct{}
-	end_ attachEndFrame
-	err  error
-}
-
-func (a *attachment) end() (guestproto.ProcInfo, bool, error) {
-	<-a.done
-	return a.end_.Proc, a.end_.Lagged, a.err
-}
-
-// demux reads the response until the attach end or error frame.
-func (a *attachment) demux(c *Client, ctx context.Context, body io.ReadCloser, stdout, stderr *io.PipeWriter) {
-	defer close(a.done)
-	a.err = demuxFrames(c, ctx, "attach process", body, stdout, stderr, frameAttachEnd, func(payload []byte) error {
-		if err := json.Unmarshal(payload, &a.end_); err != nil {
-			return fmt.Errorf("decode end: %w", err)
-		}
-		return nil
-	})
-}
-
-// WatchDir watches a directory on the guest; see guestproto.Client.WatchDir
-// for the contract. Cancelling ctx or Close ends the watch.
-func (g guest) WatchDir(ctx context.Context, path string, recursive bool) (*guestproto.DirWatch, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	q := pathQuery(path)
-	q.Set("recursive", strconv.FormatBool(recursive))
-	req, err := g.c.request(ctx, http.MethodGet, sandboxPath(g.id, "/watch"), q, nil)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	res, err := g.c.do(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 0, 4<<10), 64<<10)
-	var ended error // sticky: the watch's end
-	next := func() (guestproto.WatchEvent, error) {
-		if ended != nil {
-			return guestproto.WatchEvent{}, ended
-		}
-		if !sc.Scan() {
-			ended = sc.Err()
-			if ended == nil {
-				ended = io.ErrUnexpectedEOF
-			}
-			ended = g.c.transportError(ctx, fmt.Errorf("watch %s: %w", path, ended))
-			return guestproto.WatchEvent{}, ended
-		}
-		var l watchLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			ended = fmt.Errorf("watch %s: malformed event: %w", path, err)
-			return guestproto.WatchEvent{}, ended
-		}
-		switch l.Type {
-		case watchEnd:
-			ended = io.EOF
-			return guestproto.WatchEvent{}, ended
-		case watchError:
-			ended = errors.New("watch ended")
-			if l.Error != nil {
-				ended = l.Error.err()
-			}
-			return guestproto.WatchEvent{}, ended
-		}
-		return l.WatchEvent, nil
-	}
-	return guestproto.NewDirWatch(next, func() error {
-		cancel()
-		return res.Body.Close()
-	}), nil
 }

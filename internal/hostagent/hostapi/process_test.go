@@ -13,7 +13,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
 // processGuest is sandbox id's guest through h, which must keep
@@ -261,7 +261,7 @@ func TestProcessRoutesAuth(t *testing.T) {
 		{"GET", "/sandboxes/x/processes/1/attach"}, {"POST", "/sandboxes/x/processes/1/wait"},
 		{"GET", "/sandboxes/x/watch?path=/tmp"},
 	} {
-		req, _ := http.NewRequest(r.method, hs.URL+hostapi.Prefix+r.path, nil)
+		req, _ := http.NewRequest(r.method, hs.URL+hostwire.Prefix+r.path, nil)
 		req.Header.Set("Authorization", "Bearer wrong")
 		res, err := hc.Do(req)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/recoverer"
 	"github.com/pandastack/pandastack/internal/contract/templates"
@@ -37,7 +38,7 @@ type Server struct {
 	handler http.Handler
 
 	mu   sync.Mutex
-	subs map[chan Event]struct{}
+	subs map[chan hostwire.Event]struct{}
 	// subscribed is closed when the next client subscribes to events (for
 	// WaitSubscriber); nil when nobody waits.
 	subscribed chan struct{}
@@ -58,7 +59,7 @@ func NewServer(a *hostagent.Agent, token string, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{a: a, token: sha256.Sum256([]byte(token)), log: log, subs: map[chan Event]struct{}{}, closed: make(chan struct{}), tunnels: map[*tunnel]struct{}{}}
+	s := &Server{a: a, token: sha256.Sum256([]byte(token)), log: log, subs: map[chan hostwire.Event]struct{}{}, closed: make(chan struct{}), tunnels: map[*tunnel]struct{}{}}
 	s.handler = s.routes()
 	return s
 }
@@ -68,7 +69,7 @@ func NewServer(a *hostagent.Agent, token string, log *slog.Logger) *Server {
 // server's body read timeout must not apply to it (the process's own
 // timeout does).
 func BodyMayIdle(r *http.Request) bool {
-	return r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, Prefix+"/sandboxes/") && strings.HasSuffix(r.URL.Path, "/exec")
+	return r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, hostwire.Prefix+"/sandboxes/") && strings.HasSuffix(r.URL.Path, "/exec")
 }
 
 // ServeHTTP serves the API.
@@ -81,28 +82,28 @@ func (s *Server) routes() http.Handler {
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.With(s.authenticate).Get(Prefix+"/events", s.events)
+	r.With(s.authenticate).Get(hostwire.Prefix+"/events", s.events)
 	// Dials outlive requests: not tracked, ended by Close.
-	r.With(s.authenticate).Get(Prefix+"/sandboxes/{id}/dial", s.dial)
+	r.With(s.authenticate).Get(hostwire.Prefix+"/sandboxes/{id}/dial", s.dial)
 	// Attaches, waits and watches last as long as the client wants: not
 	// tracked either, ended by Close.
 	r.With(s.authenticate, s.untilClosed).Group(s.streamRoutes)
-	r.With(s.authenticate, s.untilClosed).Get(Prefix+"/template-builds/{buildID}/log", s.buildLog)
+	r.With(s.authenticate, s.untilClosed).Get(hostwire.Prefix+"/template-builds/{buildID}/log", s.buildLog)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.track)
-		r.Get(Prefix+"/info", s.json(func(r *http.Request) (any, error) { return s.info(), nil }))
-		r.Get(Prefix+"/sandboxes", s.json(func(r *http.Request) (any, error) {
+		r.Get(hostwire.Prefix+"/info", s.json(func(r *http.Request) (any, error) { return s.info(), nil }))
+		r.Get(hostwire.Prefix+"/sandboxes", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"sandboxes": s.a.List()}, nil
 		}))
-		r.Post(Prefix+"/sandboxes", s.create)
-		r.Get(Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) { return s.a.Get(chi.URLParam(r, "id")) }))
-		r.Delete(Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) {
+		r.Post(hostwire.Prefix+"/sandboxes", s.create)
+		r.Get(hostwire.Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) { return s.a.Get(chi.URLParam(r, "id")) }))
+		r.Delete(hostwire.Prefix+"/sandboxes/{id}", s.json(func(r *http.Request) (any, error) {
 			return nil, s.a.Kill(r.Context(), chi.URLParam(r, "id"))
 		}))
-		r.Get(Prefix+"/sandboxes/{id}/memory", s.json(func(r *http.Request) (any, error) { return s.a.Memory(chi.URLParam(r, "id")) }))
-		r.Post(Prefix+"/sandboxes/{id}/fork", s.json(s.fork))
-		r.Post(Prefix+"/sandboxes/{id}/snapshot", s.json(func(r *http.Request) (any, error) {
-			var req snapshotRequest
+		r.Get(hostwire.Prefix+"/sandboxes/{id}/memory", s.json(func(r *http.Request) (any, error) { return s.a.Memory(chi.URLParam(r, "id")) }))
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/fork", s.json(s.fork))
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/snapshot", s.json(func(r *http.Request) (any, error) {
+			var req hostwire.SnapshotRequest
 			if err := decode(r, &req); err != nil {
 				return nil, err
 			}
@@ -111,18 +112,18 @@ func (s *Server) routes() http.Handler {
 			}
 			return contract(s.a.Snapshot(r.Context(), chi.URLParam(r, "id"), req.SnapshotID))
 		}))
-		r.Get(Prefix+"/snapshots/{snapID}/stored", s.json(func(r *http.Request) (any, error) {
+		r.Get(hostwire.Prefix+"/snapshots/{snapID}/stored", s.json(func(r *http.Request) (any, error) {
 			ms, err := strconv.ParseInt(r.URL.Query().Get("wait_ms"), 10, 64)
 			if err != nil || ms < 0 {
 				return nil, fmt.Errorf("%w: wait_ms must be a number of milliseconds", host.ErrInvalid)
 			}
-			return contract(s.a.AwaitStored(r.Context(), chi.URLParam(r, "snapID"), min(time.Duration(ms)*time.Millisecond, MaxStoredWait)))
+			return contract(s.a.AwaitStored(r.Context(), chi.URLParam(r, "snapID"), min(time.Duration(ms)*time.Millisecond, hostwire.MaxStoredWait)))
 		}))
-		r.Get(Prefix+"/snapshots/{snapID}/pack", s.sendPack)
-		r.Post(Prefix+"/snapshots/{snapID}/pack", s.receivePack)
-		r.Post(Prefix+"/snapshots/{snapID}/pack/create", s.receivePackCreate)
-		r.Post(Prefix+"/snapshots/{snapID}/pack/pull", s.pullPackCreate)
-		r.Get(Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
+		r.Get(hostwire.Prefix+"/snapshots/{snapID}/pack", s.sendPack)
+		r.Post(hostwire.Prefix+"/snapshots/{snapID}/pack", s.receivePack)
+		r.Post(hostwire.Prefix+"/snapshots/{snapID}/pack/create", s.receivePackCreate)
+		r.Post(hostwire.Prefix+"/snapshots/{snapID}/pack/pull", s.pullPackCreate)
+		r.Get(hostwire.Prefix+"/snapshots", s.json(func(r *http.Request) (any, error) {
 			sis := s.a.Snapshots()
 			out := make([]host.SnapshotInfo, len(sis))
 			for i, si := range sis {
@@ -130,12 +131,12 @@ func (s *Server) routes() http.Handler {
 			}
 			return map[string]any{"snapshots": out}, nil
 		}))
-		r.Delete(Prefix+"/snapshots/{snapID}", s.json(func(r *http.Request) (any, error) {
+		r.Delete(hostwire.Prefix+"/snapshots/{snapID}", s.json(func(r *http.Request) (any, error) {
 			return nil, s.a.DeleteSnapshot(chi.URLParam(r, "snapID"))
 		}))
-		r.Post(Prefix+"/sandboxes/{id}/pause", s.json(func(r *http.Request) (any, error) { return s.a.Pause(r.Context(), chi.URLParam(r, "id")) }))
-		r.Post(Prefix+"/sandboxes/{id}/resume", s.json(func(r *http.Request) (any, error) { return s.a.Resume(r.Context(), chi.URLParam(r, "id")) }))
-		r.Put(Prefix+"/sandboxes/{id}/network", s.json(func(r *http.Request) (any, error) {
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/pause", s.json(func(r *http.Request) (any, error) { return s.a.Pause(r.Context(), chi.URLParam(r, "id")) }))
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/resume", s.json(func(r *http.Request) (any, error) { return s.a.Resume(r.Context(), chi.URLParam(r, "id")) }))
+		r.Put(hostwire.Prefix+"/sandboxes/{id}/network", s.json(func(r *http.Request) (any, error) {
 			var p netpolicy.Policy
 			if err := decode(r, &p); err != nil {
 				return nil, err
@@ -143,30 +144,30 @@ func (s *Server) routes() http.Handler {
 			return nil, s.a.SetNetwork(r.Context(), chi.URLParam(r, "id"), p)
 		}))
 
-		r.Get(Prefix+"/templates", s.json(func(r *http.Request) (any, error) {
+		r.Get(hostwire.Prefix+"/templates", s.json(func(r *http.Request) (any, error) {
 			list, err := hostagent.Local(s.a).Templates().List(r.Context())
 			return map[string]any{"templates": list}, err
 		}))
-		r.Get(Prefix+"/templates/names", s.json(func(r *http.Request) (any, error) {
+		r.Get(hostwire.Prefix+"/templates/names", s.json(func(r *http.Request) (any, error) {
 			return map[string]any{"names": s.a.Templates().Names()}, nil
 		}))
-		r.Post(Prefix+"/templates/lookup", s.json(func(r *http.Request) (any, error) {
+		r.Post(hostwire.Prefix+"/templates/lookup", s.json(func(r *http.Request) (any, error) {
 			var p templates.Params
 			if err := decode(r, &p); err != nil {
 				return nil, err
 			}
 			t, reason, err := hostagent.Local(s.a).Templates().Lookup(r.Context(), p)
-			return lookupReply{Template: t, StaleReason: reason}, err
+			return hostwire.LookupReply{Template: t, StaleReason: reason}, err
 		}))
-		r.Post(Prefix+"/templates/bake", s.bake)
+		r.Post(hostwire.Prefix+"/templates/bake", s.bake)
 		s.buildRoutes(r) // builds.go
 		// The user templates' sets in the object store this agent shares
 		// (the control plane's sweep of sets its registry does not know).
-		r.Get(Prefix+"/user-templates/stored", s.json(func(r *http.Request) (any, error) {
+		r.Get(hostwire.Prefix+"/user-templates/stored", s.json(func(r *http.Request) (any, error) {
 			refs, err := s.a.StoredUserTemplates(r.Context())
 			return map[string]any{"templates": refs}, err
 		}))
-		r.Delete(Prefix+"/user-templates/stored/{name}/{version}", s.json(func(r *http.Request) (any, error) {
+		r.Delete(hostwire.Prefix+"/user-templates/stored/{name}/{version}", s.json(func(r *http.Request) (any, error) {
 			v, err := strconv.Atoi(chi.URLParam(r, "version"))
 			if err != nil || v < 1 {
 				return nil, fmt.Errorf("%w: version %q is not a positive number", host.ErrInvalid, chi.URLParam(r, "version"))
@@ -174,30 +175,30 @@ func (s *Server) routes() http.Handler {
 			return nil, s.a.UnpublishUserTemplate(r.Context(), chi.URLParam(r, "name"), []int{v})
 		}))
 
-		r.Post(Prefix+"/sandboxes/{id}/exec", s.exec)
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/exec", s.exec)
 		s.processRoutes(r)
-		r.Get(Prefix+"/sandboxes/{id}/files", s.readFile)
-		r.Put(Prefix+"/sandboxes/{id}/files", s.writeFile)
-		r.Delete(Prefix+"/sandboxes/{id}/files", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+		r.Get(hostwire.Prefix+"/sandboxes/{id}/files", s.readFile)
+		r.Put(hostwire.Prefix+"/sandboxes/{id}/files", s.writeFile)
+		r.Delete(hostwire.Prefix+"/sandboxes/{id}/files", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 			recursive, _ := strconv.ParseBool(r.URL.Query().Get("recursive"))
 			return nil, g.Remove(r.Context(), r.URL.Query().Get("path"), recursive)
 		}))
-		r.Get(Prefix+"/sandboxes/{id}/files/list", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+		r.Get(hostwire.Prefix+"/sandboxes/{id}/files/list", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 			list, err := g.ListDir(r.Context(), r.URL.Query().Get("path"))
 			return map[string]any{"entries": list}, err
 		}))
-		r.Get(Prefix+"/sandboxes/{id}/files/stat", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+		r.Get(hostwire.Prefix+"/sandboxes/{id}/files/stat", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
 			return g.Stat(r.Context(), r.URL.Query().Get("path"))
 		}))
-		r.Post(Prefix+"/sandboxes/{id}/files/mkdir", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
-			var req pathRequest
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/files/mkdir", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			var req hostwire.PathRequest
 			if err := decode(r, &req); err != nil {
 				return nil, err
 			}
 			return nil, g.Mkdir(r.Context(), req.Path)
 		}))
-		r.Post(Prefix+"/sandboxes/{id}/files/rename", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
-			var req renameRequest
+		r.Post(hostwire.Prefix+"/sandboxes/{id}/files/rename", s.guestJSON(func(r *http.Request, g *guestproto.Client) (any, error) {
+			var req hostwire.RenameRequest
 			if err := decode(r, &req); err != nil {
 				return nil, err
 			}
@@ -216,8 +217,8 @@ func (s *Server) routes() http.Handler {
 	return r
 }
 
-func (s *Server) info() Info {
-	return Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: host.LocalResources(), NetworkOff: s.a.NetworkOff()}
+func (s *Server) info() hostwire.Info {
+	return hostwire.Info{Accel: s.a.Accel(), Defaults: s.a.TemplateParams("", 0, 0), Resources: host.LocalResources(), NetworkOff: s.a.NetworkOff()}
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
@@ -225,17 +226,17 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		// Another host agent fetching a pack the control plane sent it
 		// for (PackTicket): that pack, and nothing else.
 		if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Ticket "); ok {
-			if id, ok := packOf(r); ok && ticketGrants(s.token, t, id, time.Now()) {
+			if id, ok := packOf(r); ok && hostwire.TicketGrants(s.token, t, id, time.Now()) {
 				next.ServeHTTP(w, r)
 				return
 			}
-			writeError(w, fmt.Errorf("%w: the ticket does not grant %s %s (expired, or another snapshot's)", ErrUnauthorized, r.Method, r.URL.Path))
+			writeError(w, fmt.Errorf("%w: the ticket does not grant %s %s (expired, or another snapshot's)", hostwire.ErrUnauthorized, r.Method, r.URL.Path))
 			return
 		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		sum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
-			writeError(w, fmt.Errorf("%w: send Authorization: Bearer <agent token>", ErrUnauthorized))
+			writeError(w, fmt.Errorf("%w: send Authorization: Bearer <agent token>", hostwire.ErrUnauthorized))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -248,7 +249,7 @@ func packOf(r *http.Request) (string, bool) {
 	if r.Method != http.MethodGet {
 		return "", false
 	}
-	id, ok := strings.CutPrefix(r.URL.Path, Prefix+"/snapshots/")
+	id, ok := strings.CutPrefix(r.URL.Path, hostwire.Prefix+"/snapshots/")
 	if !ok {
 		return "", false
 	}
@@ -350,9 +351,9 @@ func (s *Server) Close() error {
 // stopped it as it shut down. A client too slow to take the event loses
 // its stream and reconciles when it reconnects.
 func (s *Server) SandboxExited(id string, err error) {
-	ev := Event{Type: "exit", ID: id, Reason: reasonExited}
+	ev := hostwire.Event{Type: hostwire.EventExit, ID: id, Reason: hostwire.ReasonExited}
 	if errors.Is(err, host.ErrHostShutdown) {
-		ev.Reason = reasonShutdown
+		ev.Reason = hostwire.ReasonShutdown
 	}
 	if err != nil {
 		ev.Error = err.Error()
@@ -370,7 +371,7 @@ func (s *Server) SandboxExited(id string, err error) {
 }
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	ch := make(chan Event, 256)
+	ch := make(chan hostwire.Event, 256)
 	s.mu.Lock()
 	select {
 	case <-s.closed:
@@ -397,13 +398,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// Subscribed before hello: whatever happens after the client's
 	// reconciliation on hello reaches it.
 	info := s.info()
-	if out.send(Event{Type: "hello", Info: &info}) != nil {
+	if out.send(hostwire.Event{Type: hostwire.EventHello, Info: &info}) != nil {
 		return
 	}
-	ping := time.NewTicker(PingInterval)
+	ping := time.NewTicker(hostwire.PingInterval)
 	defer ping.Stop()
 	for {
-		var ev Event
+		var ev hostwire.Event
 		select {
 		case <-r.Context().Done():
 			return
@@ -421,7 +422,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case <-ping.C:
-			ev = Event{Type: "ping"}
+			ev = hostwire.Event{Type: hostwire.EventPing}
 		case e, ok := <-ch:
 			if !ok {
 				s.log.Warn("event stream too slow; dropping it", "remote", r.RemoteAddr)
@@ -494,8 +495,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	status, we := encodeError(err)
-	writeJSON(w, status, errorBody{Error: we})
+	status, we := hostwire.EncodeError(err)
+	writeJSON(w, status, hostwire.ErrorBody{Error: we})
 }
 
 // decode reads a JSON request body (at most 1 MiB).
@@ -512,42 +513,42 @@ func decode(r *http.Request, v any) error {
 // progress of what the create must do first (fetch or bake its template),
 // then done with the sandbox's Info, or error.
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
-	var req createRequest
+	var req hostwire.CreateRequest
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	hreq := req.host()
+	hreq := req.Contract()
 	if r.URL.Query().Get("progress") != "1" {
 		s.json(func(r *http.Request) (any, error) { return s.a.Create(r.Context(), hreq) })(w, r)
 		return
 	}
-	streamProgress(w, func(progress func(string)) (bakeEvent, error) {
+	streamProgress(w, func(progress func(string)) (hostwire.ProgressEvent, error) {
 		hreq.Progress = progress
 		info, err := s.a.Create(r.Context(), hreq)
 		if err != nil {
 			s.log.Debug("host api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		}
-		return bakeEvent{Info: &info}, err
+		return hostwire.ProgressEvent{Info: &info}, err
 	})
 }
 
 // streamProgress answers NDJSON: a progress event for each line fn reports,
 // then fn's done event (Type set here), or its error.
-func streamProgress(w http.ResponseWriter, fn func(progress func(string)) (bakeEvent, error)) {
+func streamProgress(w http.ResponseWriter, fn func(progress func(string)) (hostwire.ProgressEvent, error)) {
 	out := newNDJSON(w)
-	done, err := fn(func(msg string) { out.send(bakeEvent{Type: "progress", Message: msg}) })
+	done, err := fn(func(msg string) { out.send(hostwire.ProgressEvent{Type: hostwire.ProgressLine, Message: msg}) })
 	if err != nil {
-		_, we := encodeError(err)
-		out.send(bakeEvent{Type: "error", Error: &we})
+		_, we := hostwire.EncodeError(err)
+		out.send(hostwire.ProgressEvent{Type: hostwire.ProgressError, Error: &we})
 		return
 	}
-	done.Type = "done"
+	done.Type = hostwire.ProgressDone
 	out.send(done)
 }
 
 func (s *Server) fork(r *http.Request) (any, error) {
-	var req forkRequest
+	var req hostwire.ForkRequest
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
@@ -555,11 +556,11 @@ func (s *Server) fork(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := forkReply{Capture: res.Capture, Children: make([]forkChild, len(res.Children))}
+	out := hostwire.ForkReply{Capture: res.Capture, Children: make([]hostwire.ForkChild, len(res.Children))}
 	for i, c := range res.Children {
 		out.Children[i].Info = c.Info
 		if c.Err != nil {
-			_, we := encodeError(c.Err)
+			_, we := hostwire.EncodeError(c.Err)
 			out.Children[i].Error = &we
 		}
 	}
@@ -572,9 +573,9 @@ func (s *Server) bake(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	streamProgress(w, func(progress func(string)) (bakeEvent, error) {
+	streamProgress(w, func(progress func(string)) (hostwire.ProgressEvent, error) {
 		t, err := hostagent.Local(s.a).Templates().Bake(r.Context(), p, progress)
-		return bakeEvent{Template: t}, err
+		return hostwire.ProgressEvent{Template: t}, err
 	})
 }
 
@@ -591,18 +592,18 @@ func writeErrorUnread(w http.ResponseWriter, err error) {
 // readRequestLine reads the JSON line that begins a request's body (a
 // what request) into v; its errors are invalid.
 func readRequestLine(body *bufio.Reader, v any, what string) error {
-	err := readJSONLine(body, v)
+	err := hostwire.ReadJSONLine(body, v)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, errLineTooLong):
-		return fmt.Errorf("%w: %s request longer than %d bytes", host.ErrInvalid, what, MaxLine)
+	case errors.Is(err, hostwire.ErrLineTooLong):
+		return fmt.Errorf("%w: %s request longer than %d bytes", host.ErrInvalid, what, hostwire.MaxLine)
 	default:
 		return fmt.Errorf("%w: malformed %s request: %v", host.ErrInvalid, what, err)
 	}
 }
 
-// exec runs a command, full duplex: see the package documentation.
+// exec runs a command, full duplex: see hostwire's package documentation.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	// Read stdin while writing output (HTTP/1; HTTP/2 always can).
@@ -635,15 +636,15 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-panda-exec")
 	w.WriteHeader(http.StatusOK)
 	send := frameSender(w, rc)
-	send(jsonFrame(frameStart, startFrame{PID: p.PID}))
+	send(hostwire.JSONFrame(hostwire.FrameStart, hostwire.StartFrame{PID: p.PID}))
 
 	stdinDone := make(chan struct{})
 	if req.Stdin {
 		go func() {
 			defer close(stdinDone)
-			src := &srcReader{r: body}
+			src := &hostwire.SourceReader{R: body}
 			io.Copy(p.Stdin, src)
-			if src.err != nil {
+			if src.Err != nil {
 				// The client went away mid-stdin (or the process ended
 				// and the read was cut short below: then this is moot).
 				cancel()
@@ -656,10 +657,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	pumpOutput(send, p.Stdout, p.Stderr, cancel) // client gone: kill the command
 	res, err := p.Wait()
 	if err != nil {
-		_, we := encodeError(err)
-		send(jsonFrame(frameError, we))
+		_, we := hostwire.EncodeError(err)
+		send(hostwire.JSONFrame(hostwire.FrameError, we))
 	} else {
-		send(jsonFrame(frameExit, res))
+		send(hostwire.JSONFrame(hostwire.FrameExit, res))
 	}
 	select {
 	case <-stdinDone:
@@ -696,7 +697,7 @@ func pumpOutput(send func([]byte) error, stdout, stderr io.Reader, gone func()) 
 		frame := make([]byte, 0, len(buf)+5)
 		for {
 			n, err := rd.Read(buf)
-			if n > 0 && send(appendFrame(frame[:0], typ, buf[:n])) != nil {
+			if n > 0 && send(hostwire.AppendFrame(frame[:0], typ, buf[:n])) != nil {
 				gone()
 				io.Copy(io.Discard, rd)
 				return
@@ -707,8 +708,8 @@ func pumpOutput(send func([]byte) error, stdout, stderr io.Reader, gone func()) 
 		}
 	}
 	wg.Add(2)
-	go pump(frameStdout, stdout)
-	go pump(frameStderr, stderr)
+	go pump(hostwire.FrameStdout, stdout)
+	go pump(hostwire.FrameStderr, stderr)
 	wg.Wait()
 }
 
@@ -722,7 +723,7 @@ func (s *Server) sendPack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Trailer", "X-Panda-Error")
+	w.Header().Set("Trailer", hostwire.HeaderError)
 	w.WriteHeader(http.StatusOK)
 	// Every write goes out as it is made (the pack's writer buffers):
 	// the answer's headers now, then the pack's header at once, so that
@@ -731,9 +732,9 @@ func (s *Server) sendPack(w http.ResponseWriter, r *http.Request) {
 	fw.rc.Flush()
 	if _, err := s.a.SendSnapshot(r.Context(), id, heldOf(r), fw); err != nil {
 		s.log.Warn("send snapshot", "snapshot_id", id, "err", err)
-		_, we := encodeError(err)
+		_, we := hostwire.EncodeError(err)
 		b, _ := json.Marshal(we)
-		w.Header().Set("X-Panda-Error", string(b))
+		w.Header().Set(hostwire.HeaderError, string(b))
 	}
 }
 
@@ -794,16 +795,16 @@ func endBody(w http.ResponseWriter, body io.Reader) {
 }
 
 // receivePackCreate receives a pack and creates a sandbox from it
-// (agent.Agent.ReceiveAndCreate): see the package documentation.
+// (agent.Agent.ReceiveAndCreate): see hostwire's package documentation.
 func (s *Server) receivePackCreate(w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).EnableFullDuplex()
 	body := bufio.NewReaderSize(r.Body, 64<<10)
-	var req createRequest
+	var req hostwire.CreateRequest
 	if err := readRequestLine(body, &req, "create"); err != nil {
 		writeErrorUnread(w, err)
 		return
 	}
-	hreq := req.host()
+	hreq := req.Contract()
 	hreq.SnapshotID = chi.URLParam(r, "snapID")
 	s.createFromPack(w, r, hreq, body, body)
 }
@@ -822,7 +823,7 @@ func (s *Server) createFromPack(w http.ResponseWriter, r *http.Request, hreq hos
 			return
 		}
 		if si.ID != "" {
-			w.Header().Set(headerSnapshotKept, "true")
+			w.Header().Set(hostwire.HeaderSnapshotKept, "true")
 		}
 	}
 	if body != nil {
@@ -832,7 +833,7 @@ func (s *Server) createFromPack(w http.ResponseWriter, r *http.Request, hreq hos
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, packCreateResponse{Sandbox: info, Snapshot: si.Contract()})
+	writeJSON(w, http.StatusOK, hostwire.PackCreateResponse{Sandbox: info, Snapshot: si.Contract()})
 }
 
 // pullPackCreate fetches the pack of snapshot {snapID} straight from the
@@ -841,20 +842,20 @@ func (s *Server) createFromPack(w http.ResponseWriter, r *http.Request, hreq hos
 // be fetched at all is unavailable (the control plane sends it another
 // way).
 func (s *Server) pullPackCreate(w http.ResponseWriter, r *http.Request) {
-	var req pullRequest
+	var req hostwire.PullRequest
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	hreq := req.Create.host()
+	hreq := req.Create.Contract()
 	hreq.SnapshotID = chi.URLParam(r, "snapID")
-	src, err := peer(req.From)
+	src, err := newPeer(req.From)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	defer src.Close()
-	rc, err := src.SnapshotPackFor(r.Context(), hreq.SnapshotID, s.a.HeldSnapshots())
+	defer src.close()
+	rc, err := src.pack(r.Context(), hreq.SnapshotID, s.a.HeldSnapshots())
 	if err != nil {
 		writeError(w, fmt.Errorf("%w: fetch the pack of snapshot %s from %s: %v", host.ErrUnavailable, hreq.SnapshotID, req.From.URL, err))
 		return
@@ -876,17 +877,17 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer rd.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Trailer", "X-Panda-Error")
+	w.Header().Set("Trailer", hostwire.HeaderError)
 	w.WriteHeader(http.StatusOK)
 	line, _ := json.Marshal(fi)
 	if _, err := w.Write(append(line, '\n')); err != nil {
 		return
 	}
-	src := &srcReader{r: rd}
-	if _, err := io.Copy(w, src); err != nil && src.err != nil {
-		_, we := encodeError(src.err)
+	src := &hostwire.SourceReader{R: rd}
+	if _, err := io.Copy(w, src); err != nil && src.Err != nil {
+		_, we := hostwire.EncodeError(src.Err)
 		b, _ := json.Marshal(we)
-		w.Header().Set("X-Panda-Error", string(b))
+		w.Header().Set(hostwire.HeaderError, string(b))
 	}
 }
 
@@ -910,7 +911,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		writeErrorUnread(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, writeReply{Written: n})
+	writeJSON(w, http.StatusOK, hostwire.WriteReply{Written: n})
 }
 
 // contract is an agent's answer about a snapshot as the host contract's,

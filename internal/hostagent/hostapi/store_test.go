@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
@@ -27,7 +29,7 @@ import (
 // storeHost runs a host agent of its own (own data directory, object
 // store objs) behind a host API server, and returns a client of it; all
 // of it is closed and removed when the test ends.
-func storeHost(t *testing.T, objs objstore.Store) *hostapi.Client {
+func storeHost(t *testing.T, objs objstore.Store) *hostclient.Client {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "phs") // short: unix socket paths under it
 	if err != nil {
@@ -54,7 +56,7 @@ func storeHost(t *testing.T, objs objstore.Store) *hostapi.Client {
 	}
 	srv := hostapi.NewServer(a, testToken, log)
 	hts := httptest.NewServer(srv)
-	c, err := hostapi.Dial(hts.URL, testToken)
+	c, err := hostclient.Dial(hts.URL, testToken)
 	t.Cleanup(func() {
 		if c != nil {
 			c.Close()
@@ -261,7 +263,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	}
 	// The ticket grants that pack and nothing else.
 	get := func(path, ticket string) int {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, from.URL+hostapi.Prefix+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, from.URL+hostwire.Prefix+path, nil)
 		req.Header.Set("Authorization", "Ticket "+ticket)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -276,8 +278,8 @@ func TestSnapshotGoesDirect(t *testing.T) {
 		{"another snapshot's pack", "/snapshots/" + id + "/pack", from.Ticket},
 		{"a sandbox", "/sandboxes/" + sb.ID, from.Ticket},
 		{"the same snapshot's state in the store", "/snapshots/" + id4 + "/stored?wait_ms=0", from.Ticket},
-		{"an expired ticket", "/snapshots/" + id4 + "/pack", hostapi.PackTicket(testToken, id4, time.Now().Add(-time.Second))},
-		{"another agent's ticket", "/snapshots/" + id4 + "/pack", hostapi.PackTicket("pandaagent_another", id4, time.Now().Add(time.Minute))},
+		{"an expired ticket", "/snapshots/" + id4 + "/pack", hostwire.PackTicket(testToken, id4, time.Now().Add(-time.Second))},
+		{"another agent's ticket", "/snapshots/" + id4 + "/pack", hostwire.PackTicket("pandaagent_another", id4, time.Now().Add(time.Minute))},
 		{"a forged ticket", "/snapshots/" + id4 + "/pack", string(forged)},
 	} {
 		if code := get(tc.path, tc.ticket); code != http.StatusUnauthorized {
@@ -306,7 +308,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 // transientCaptures returns a function that takes a transient capture of
 // sandbox id on a (a cross-host fork's), deleted from a and b when the
 // test ends, and returns its id.
-func transientCaptures(t *testing.T, a, b *hostapi.Client, id string) func() string {
+func transientCaptures(t *testing.T, a, b *hostclient.Client, id string) func() string {
 	return func() string {
 		snap := host.NewID()
 		if _, err := a.SnapshotTransient(ctxT(t), id, snap); err != nil {
@@ -346,7 +348,7 @@ func TestPullDiffsAgainstSnapshot(t *testing.T) {
 		hostA.DeleteSnapshot(context.Background(), snapID)
 		hostB.DeleteSnapshot(context.Background(), snapID)
 	})
-	if si, err := hostA.AwaitStored(ctx, snapID, hostapi.MaxStoredWait); err != nil || si.Stored != host.StoredDurable {
+	if si, err := hostA.AwaitStored(ctx, snapID, hostwire.MaxStoredWait); err != nil || si.Stored != host.StoredDurable {
 		t.Fatalf("snapshot in the store: %+v, %v", si, err)
 	}
 	onB, err := hostB.Create(ctx, host.CreateRequest{SnapshotID: snapID}) // B holds it from now on

@@ -48,7 +48,7 @@ var (
 // AgentTLS is a host agent's TLS identity, from LoadOrCreateTLS.
 type AgentTLS struct {
 	// Config serves the host API: TLS 1.3, HTTP/1.1 only (exec is full
-	// duplex over one HTTP/1.1 request; see the package documentation).
+	// duplex over one HTTP/1.1 request; see hostwire's package documentation).
 	Config *tls.Config
 	// CAFile is the CA certificate that the control plane must trust
 	// (panda server --agent-ca-file).
@@ -270,30 +270,6 @@ func loadCert(dir string) (*tls.Certificate, error) {
 		}
 	}
 	return &cert, nil
-}
-
-// ClientTLS is the TLS configuration with which the control plane talks to
-// the agent whose CA certificate is in caFile: it trusts that CA only.
-func ClientTLS(caFile string) (*tls.Config, error) {
-	b, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("read agent CA: %w", err)
-	}
-	c, err := ClientTLSFromPEM(b)
-	if err != nil {
-		return nil, fmt.Errorf("%w in %s", err, caFile)
-	}
-	return c, nil
-}
-
-// ClientTLSFromPEM is ClientTLS for the agent whose CA certificate is
-// caPEM (as `panda agent --server` sends it when it registers).
-func ClientTLSFromPEM(caPEM []byte) (*tls.Config, error) {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, errors.New("read agent CA: no PEM certificate")
-	}
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}, nil
 }
 
 func serial() *big.Int {

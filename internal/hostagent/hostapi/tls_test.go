@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
@@ -74,7 +75,7 @@ func TestTLSFiles(t *testing.T) {
 	}
 	// The certificate verifies against the CA file alone, as the server's
 	// client does.
-	cfg, err := hostapi.ClientTLS(first.CAFile)
+	cfg, err := hostclient.ClientTLS(first.CAFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,12 +136,12 @@ func TestTLSFiles(t *testing.T) {
 	if _, err := hostapi.LoadOrCreateTLS(t.TempDir(), nil); err == nil {
 		t.Error("no hosts: got no error")
 	}
-	if _, err := hostapi.ClientTLS(filepath.Join(dir, hostapi.CertFile+".missing")); err == nil {
+	if _, err := hostclient.ClientTLS(filepath.Join(dir, hostapi.CertFile+".missing")); err == nil {
 		t.Error("ClientTLS of a missing file: got no error")
 	}
 	bad := filepath.Join(t.TempDir(), "bad.pem")
 	os.WriteFile(bad, []byte("not pem"), 0o644)
-	if _, err := hostapi.ClientTLS(bad); err == nil {
+	if _, err := hostclient.ClientTLS(bad); err == nil {
 		t.Error("ClientTLS of a file without a certificate: got no error")
 	}
 }
@@ -194,7 +195,7 @@ func TestTLSTrust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherCfg, err := hostapi.ClientTLS(other.CAFile)
+	otherCfg, err := hostclient.ClientTLS(other.CAFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestTLSTrust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wrongNameCfg, _ := hostapi.ClientTLS(wrongName.CAFile)
+	wrongNameCfg, _ := hostclient.ClientTLS(wrongName.CAFile)
 	hsName := httptest.NewUnstartedServer(hsrv)
 	hsName.TLS = serverTLS(wrongName)
 	hsName.StartTLS()
@@ -211,19 +212,19 @@ func TestTLSTrust(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		url  string
-		opts []hostapi.Option
+		opts []hostclient.Option
 	}{
-		{"another agent's CA", hs.URL, []hostapi.Option{hostapi.WithTLS(otherCfg)}},
+		{"another agent's CA", hs.URL, []hostclient.Option{hostclient.WithTLS(otherCfg)}},
 		{"system roots", hs.URL, nil},
-		{"certificate for another name", hsName.URL, []hostapi.Option{hostapi.WithTLS(wrongNameCfg)}},
+		{"certificate for another name", hsName.URL, []hostclient.Option{hostclient.WithTLS(wrongNameCfg)}},
 	} {
-		_, err := hostapi.Dial(tc.url, testToken, tc.opts...)
-		if !errors.Is(err, hostapi.ErrUntrusted) || !errors.Is(err, host.ErrUnavailable) {
-			t.Errorf("%s: got %v, want hostapi.ErrUntrusted and host.ErrUnavailable", tc.name, err)
+		_, err := hostclient.Dial(tc.url, testToken, tc.opts...)
+		if !errors.Is(err, hostclient.ErrUntrusted) || !errors.Is(err, host.ErrUnavailable) {
+			t.Errorf("%s: got %v, want hostclient.ErrUntrusted and host.ErrUnavailable", tc.name, err)
 		}
 	}
 	// The right CA for the name works.
-	c, err := hostapi.Dial(hs.URL, testToken, hostapi.WithTLS(tlsCfg))
+	c, err := hostclient.Dial(hs.URL, testToken, hostclient.WithTLS(tlsCfg))
 	if err != nil {
 		t.Fatalf("dial with the agent's CA: %v", err)
 	}

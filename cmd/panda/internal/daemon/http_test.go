@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
 
@@ -143,7 +144,7 @@ func TestTLSHandshakeTimeout(t *testing.T) {
 	// No ClientHello at all.
 	closedWithin(t, dial(t, addr), 10*time.Second)
 	// A real TLS client still works.
-	tlsCfg, err := hostapi.ClientTLS(creds.CAFile)
+	tlsCfg, err := hostclient.ClientTLS(creds.CAFile)
 	if err != nil {
 		t.Fatal(err)
 	}

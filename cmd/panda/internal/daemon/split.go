@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
+	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 )
@@ -283,11 +285,11 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 		return err
 	}
 	defer release()
-	token, err := hostapi.ReadToken(ep.TokenFile)
+	token, err := hostwire.ReadToken(ep.TokenFile)
 	if err != nil {
 		return err
 	}
-	tlsCfg, err := hostapi.ClientTLS(ep.CAFile)
+	tlsCfg, err := hostclient.ClientTLS(ep.CAFile)
 	if err != nil {
 		return fmt.Errorf("%w (panda agent writes its CA to DATA_DIR/%s; give it with --agent-ca-file)", err, hostapi.CAFile)
 	}
@@ -311,7 +313,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	go func() {
 		defer close(watchDone)
 		first := true
-		client.Watch(watchCtx, hostapi.Watcher{
+		client.Watch(watchCtx, hostclient.Watcher{
 			Connected: func(ctx context.Context) error {
 				if err := srv.Resync(ctx, client.List); err != nil {
 					return err
@@ -351,17 +353,17 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 
 // dialAgent connects to the host agent, waiting for it to come up; a
 // rejected token or an untrusted certificate is an error at once.
-func dialAgent(ctx context.Context, url, token string, tlsCfg *tls.Config, log *slog.Logger) (*hostapi.Client, error) {
+func dialAgent(ctx context.Context, url, token string, tlsCfg *tls.Config, log *slog.Logger) (*hostclient.Client, error) {
 	backoff := 100 * time.Millisecond
 	for waited := false; ; waited = true {
-		c, err := hostapi.Dial(url, token, hostapi.WithLogger(log.With("part", "hostapi")), hostapi.WithTLS(tlsCfg))
+		c, err := hostclient.Dial(url, token, hostclient.WithLogger(log.With("part", "hostapi")), hostclient.WithTLS(tlsCfg))
 		if err == nil {
 			if waited {
 				log.Info("host agent is up", "agent", url)
 			}
 			return c, nil
 		}
-		if errors.Is(err, hostapi.ErrUntrusted) {
+		if errors.Is(err, hostclient.ErrUntrusted) {
 			return nil, fmt.Errorf("cannot connect to host agent: %w (is agent_ca_file the CA the agent made, DATA_DIR/%s of the agent?)", err, hostapi.CAFile)
 		}
 		if !errors.Is(err, host.ErrUnavailable) {

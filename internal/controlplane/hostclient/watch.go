@@ -1,4 +1,4 @@
-package hostapi
+package hostclient
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
 // Watcher receives what the agent's event stream says.
@@ -23,7 +24,7 @@ type Watcher struct {
 	// Exited is called when a sandbox stopped without being killed
 	// through the API: its VMM exited, or (err wraps host.ErrHostShutdown)
 	// the agent stopped it as it shut down. Same contract as
-	// agent.Config.OnExit.
+	// the host agent's OnExit (hostagent.Config).
 	Exited func(id string, err error)
 }
 
@@ -68,7 +69,7 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error
 	}
 	defer res.Body.Close()
 	// Silence for three pings: the agent or the network is gone.
-	idle := time.AfterFunc(3*PingInterval, cancel)
+	idle := time.AfterFunc(3*hostwire.PingInterval, cancel)
 	defer idle.Stop()
 	sc := bufio.NewScanner(res.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -76,14 +77,14 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error
 	var connErr error // Connected's: the stream is drained, then dropped
 	for sc.Scan() {
 		if connErr == nil {
-			idle.Reset(3 * PingInterval)
+			idle.Reset(3 * hostwire.PingInterval)
 		}
-		var ev Event
+		var ev hostwire.Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return hello, fmt.Errorf("event stream: %w", err)
 		}
 		switch {
-		case ev.Type == "hello" && ev.Info != nil && !hello:
+		case ev.Type == hostwire.EventHello && ev.Info != nil && !hello:
 			c.setInfo(*ev.Info)
 			hello = true
 			if w.Connected != nil {
@@ -93,11 +94,11 @@ func (c *Client) watchOnce(ctx context.Context, w Watcher) (live bool, err error
 					time.AfterFunc(drainAfterConnectError, cancel)
 					continue
 				}
-				idle.Reset(3 * PingInterval)
+				idle.Reset(3 * hostwire.PingInterval)
 			}
-		case ev.Type == "exit" && hello && w.Exited != nil:
+		case ev.Type == hostwire.EventExit && hello && w.Exited != nil:
 			var cause error
-			if ev.Reason == reasonShutdown {
+			if ev.Reason == hostwire.ReasonShutdown {
 				cause = fmt.Errorf("%w: %s", host.ErrHostShutdown, ev.Error)
 			} else if ev.Error != "" {
 				cause = errors.New(ev.Error)

@@ -1,4 +1,17 @@
-package hostapi
+// Package hostclient is the control plane's side of the host RPC: Client
+// is a remote host agent (`panda agent`) as host.Host, with its optional
+// abilities (guests, processes, watches, dials to guest ports, snapshot
+// packs, template builds), so that the REST API runs the same against a
+// remote host as against the local one. Watch follows the agent's event
+// stream. The wire format is internal/contract/hostwire's, whose package
+// documentation describes the protocol; the server is
+// internal/hostagent/hostapi, which this package does not import: the
+// control plane reaches no host-side code.
+//
+// Credentials: the client trusts the agent's own CA only (ClientTLS,
+// ClientTLSFromPEM, WithTLS) and sends the agent's token (hostwire.ReadToken
+// reads it from the file the agent wrote).
+package hostclient
 
 import (
 	"bufio"
@@ -20,6 +33,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
@@ -35,19 +49,16 @@ import (
 type Client struct {
 	base  string
 	token string
-	// authz, if set, is the Authorization header instead of the token's
-	// (a peer's pack ticket).
-	authz string
 	tls   *tls.Config
 	caPEM string // the agent's CA certificate, for hosts that fetch packs from it
 	http  *http.Client
 	log   *slog.Logger
 
 	mu   sync.Mutex
-	info Info
+	info hostwire.Info
 }
 
-// The client is a host (and can do what agent.Local can).
+// The client is a host (and can do what the host agent's local Host can).
 var (
 	_ host.Host             = (*Client)(nil)
 	_ host.GuestDialer      = (*Client)(nil)
@@ -99,7 +110,7 @@ func Dial(rawURL, token string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("host agent url %q: want https://host:port", rawURL)
 	}
 	c := &Client{
-		base:  strings.TrimRight(u.String(), "/") + Prefix,
+		base:  strings.TrimRight(u.String(), "/") + hostwire.Prefix,
 		token: token,
 		log:   slog.New(slog.DiscardHandler),
 	}
@@ -133,37 +144,20 @@ func transport(tlsCfg *tls.Config) *http.Transport {
 	return tr
 }
 
-// peer is a client of the host agent from names, allowed only to fetch
-// the pack its ticket grants.
-func peer(from host.PackSource) (*Client, error) {
-	u, err := url.Parse(from.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: pack source url %q: want https://host:port", host.ErrInvalid, from.URL)
-	}
-	var tlsCfg *tls.Config
-	if u.Scheme == "https" {
-		if tlsCfg, err = ClientTLSFromPEM([]byte(from.CACert)); err != nil {
-			return nil, fmt.Errorf("%w: pack source's CA certificate: %v", host.ErrInvalid, err)
-		}
-	}
-	return &Client{base: strings.TrimRight(u.String(), "/") + Prefix, authz: "Ticket " + from.Ticket,
-		http: &http.Client{Transport: transport(tlsCfg)}, log: slog.New(slog.DiscardHandler)}, nil
-}
-
 // Close releases idle connections.
 func (c *Client) Close() error {
 	c.http.CloseIdleConnections()
 	return nil
 }
 
-func (c *Client) setInfo(info Info) {
+func (c *Client) setInfo(info hostwire.Info) {
 	c.mu.Lock()
 	c.info = info
 	c.mu.Unlock()
 }
 
 // Info is what the agent last said about itself.
-func (c *Client) Info() Info {
+func (c *Client) Info() hostwire.Info {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.info
@@ -172,7 +166,7 @@ func (c *Client) Info() Info {
 // Resources asks the agent for its machine's resources (and refreshes
 // Info).
 func (c *Client) Resources(ctx context.Context) (host.Resources, error) {
-	var info Info
+	var info hostwire.Info
 	if err := c.call(ctx, http.MethodGet, "/info", nil, nil, &info); err != nil {
 		return host.Resources{}, err
 	}
@@ -205,7 +199,8 @@ func (c *Client) NetworkOff() bool { return c.Info().NetworkOff }
 
 var _ host.NetworkReporter = (*Client)(nil)
 
-// TemplateParams fills in the agent's defaults, like agent.TemplateParams.
+// TemplateParams fills in the agent's defaults, as the agent's own
+// TemplateParams does.
 func (c *Client) TemplateParams(name string, memoryMiB, vcpus int) templates.Params {
 	p := c.Info().Defaults
 	if name != "" {
@@ -230,11 +225,7 @@ func (c *Client) request(ctx context.Context, method, path string, q url.Values,
 	if err != nil {
 		return nil, err
 	}
-	if c.authz != "" {
-		req.Header.Set("Authorization", c.authz)
-	} else {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
 	return req, nil
 }
 
@@ -246,7 +237,7 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	}
 	if res.StatusCode/100 != 2 {
 		defer res.Body.Close()
-		return nil, readError(res)
+		return nil, hostwire.ReadError(res)
 	}
 	return res, nil
 }
@@ -263,15 +254,6 @@ func (c *Client) transportError(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", ErrUntrusted, ue)
 	}
 	return ue
-}
-
-func readError(res *http.Response) error {
-	var eb errorBody
-	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
-		return fmt.Errorf("%w: host agent answered %s: %.200s", host.ErrUnavailable, res.Status, b)
-	}
-	return eb.Error.err()
 }
 
 // call sends in (if not nil) as JSON and decodes the reply into out (if
@@ -322,7 +304,7 @@ func sandboxPath(id string, rest ...string) string {
 // create's progress (fetching or baking its template first) as a stream;
 // an agent that does not stream answers the sandbox alone.
 func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info, error) {
-	in := wireCreate(req)
+	in := hostwire.CreateRequestOf(req)
 	var info host.Info
 	if req.Progress == nil {
 		err := c.call(ctx, http.MethodPost, "/sandboxes", nil, in, &info)
@@ -358,31 +340,31 @@ func (c *Client) Create(ctx context.Context, req host.CreateRequest) (host.Info,
 	return *ev.Info, nil
 }
 
-// readProgress reads a stream of bakeEvents (a bake's, a create's with
+// readProgress reads a stream of ProgressEvents (a bake's, a create's with
 // its progress), calls progress (if not nil) with each progress line and
 // returns the done event, or the error the stream ends with.
-func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, progress func(string)) (bakeEvent, error) {
+func (c *Client) readProgress(ctx context.Context, body io.Reader, what string, progress func(string)) (hostwire.ProgressEvent, error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
-		var ev bakeEvent
+		var ev hostwire.ProgressEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return ev, c.transportError(ctx, fmt.Errorf("%s stream: %w", what, err))
 		}
 		switch ev.Type {
-		case "progress":
+		case hostwire.ProgressLine:
 			if progress != nil {
 				progress(ev.Message)
 			}
-		case "done":
+		case hostwire.ProgressDone:
 			return ev, nil
-		case "error":
+		case hostwire.ProgressError:
 			if ev.Error != nil {
-				return ev, ev.Error.err()
+				return ev, ev.Error.Err()
 			}
 		}
 	}
-	return bakeEvent{}, c.transportError(ctx, fmt.Errorf("%s stream ended without a result", what))
+	return hostwire.ProgressEvent{}, c.transportError(ctx, fmt.Errorf("%s stream ended without a result", what))
 }
 
 // SetNetwork changes a live sandbox's egress policy.
@@ -420,15 +402,15 @@ func (c *Client) Memory(ctx context.Context, id string) (host.MemStats, error) {
 
 // Fork forks a running sandbox into children with ids.
 func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.ForkResult, error) {
-	var out forkReply
-	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, forkRequest{IDs: childIDs}, &out); err != nil {
+	var out hostwire.ForkReply
+	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, hostwire.ForkRequest{IDs: childIDs}, &out); err != nil {
 		return host.ForkResult{}, err
 	}
 	res := host.ForkResult{Capture: capture(out.Capture), Children: make([]host.ForkChild, len(out.Children))}
 	for i, ch := range out.Children {
 		res.Children[i].Info = ch.Info
 		if ch.Error != nil {
-			res.Children[i].Err = ch.Error.err()
+			res.Children[i].Err = ch.Error.Err()
 		}
 	}
 	return res, nil
@@ -437,7 +419,7 @@ func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.F
 // Snapshot captures a running sandbox into snapshot snapshotID.
 func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, snapshotRequest{SnapshotID: snapshotID}, &si)
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil, hostwire.SnapshotRequest{SnapshotID: snapshotID}, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
 }
@@ -448,7 +430,7 @@ func (c *Client) Snapshot(ctx context.Context, id, snapshotID string) (host.Snap
 // false).
 func (c *Client) SnapshotTransient(ctx context.Context, id, snapshotID string) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), url.Values{"transient": {"true"}}, snapshotRequest{SnapshotID: snapshotID}, &si)
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), url.Values{"transient": {"true"}}, hostwire.SnapshotRequest{SnapshotID: snapshotID}, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
 }
@@ -458,7 +440,7 @@ func (c *Client) SnapshotTransient(ctx context.Context, id, snapshotID string) (
 // (host.Transferer). An older agent answers unsupported.
 func (c *Client) AwaitStored(ctx context.Context, snapshotID string, wait time.Duration) (host.SnapshotInfo, error) {
 	var si host.SnapshotInfo
-	q := url.Values{"wait_ms": {strconv.FormatInt(min(wait, MaxStoredWait).Milliseconds(), 10)}}
+	q := url.Values{"wait_ms": {strconv.FormatInt(min(wait, hostwire.MaxStoredWait).Milliseconds(), 10)}}
 	err := c.call(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(snapshotID)+"/stored", q, nil, &si)
 	si.Capture = capture(si.Capture)
 	return si, err
@@ -473,7 +455,7 @@ func (c *Client) SnapshotPack(ctx context.Context, snapshotID string) (io.ReadCl
 }
 
 // SnapshotPackFor is SnapshotPack for a host that holds the durable
-// snapshots held (agent.Agent.HeldSnapshots): if the snapshot's sandbox
+// snapshots held (the agent's HeldSnapshots): if the snapshot's sandbox
 // was created from one of them, the pack is diffed against that one
 // rather than the template. An older agent ignores held.
 func (c *Client) SnapshotPackFor(ctx context.Context, snapshotID string, held []string) (io.ReadCloser, error) {
@@ -497,7 +479,7 @@ func (c *Client) SnapshotPackFor(ctx context.Context, snapshotID string, held []
 // the request (the agent refuses the incomplete pack) and is returned as
 // it is. An older agent answers unsupported.
 func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Reader) (host.SnapshotInfo, error) {
-	src := &srcReader{r: r}
+	src := &hostwire.SourceReader{R: r}
 	// Not a bytes.Reader or the like: always streamed (chunked).
 	req, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(snapshotID)+"/pack", nil, io.MultiReader(src))
 	if err != nil {
@@ -523,13 +505,13 @@ func (c *Client) ReceiveSnapshot(ctx context.Context, snapshotID string, r io.Re
 // kept if the answer says so, even with the create's error. An older
 // agent answers unsupported before reading the pack.
 func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r io.Reader) (host.Info, host.SnapshotInfo, error) {
-	wire := wireCreate(req)
+	wire := hostwire.CreateRequestOf(req)
 	wire.SnapshotID = "" // the path's
 	line, err := json.Marshal(wire)
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, err
 	}
-	src := &srcReader{r: r}
+	src := &hostwire.SourceReader{R: r}
 	hr, err := c.request(ctx, http.MethodPost, "/snapshots/"+url.PathEscape(req.SnapshotID)+"/pack/create", nil,
 		io.MultiReader(bytes.NewReader(append(line, '\n')), src))
 	if err != nil {
@@ -550,12 +532,12 @@ func (c *Client) ReceiveAndCreate(ctx context.Context, req host.CreateRequest, r
 func (c *Client) packCreated(ctx context.Context, res *http.Response, id string, recvErr func(error) error) (host.Info, host.SnapshotInfo, error) {
 	defer res.Body.Close()
 	if res.StatusCode/100 != 2 {
-		if res.Header.Get(headerSnapshotKept) == "true" {
-			return host.Info{}, host.SnapshotInfo{ID: id}, readError(res) // the create's
+		if res.Header.Get(hostwire.HeaderSnapshotKept) == "true" {
+			return host.Info{}, host.SnapshotInfo{ID: id}, hostwire.ReadError(res) // the create's
 		}
-		return host.Info{}, host.SnapshotInfo{}, recvErr(readError(res))
+		return host.Info{}, host.SnapshotInfo{}, recvErr(hostwire.ReadError(res))
 	}
-	var out packCreateResponse
+	var out hostwire.PackCreateResponse
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
 		return host.Info{}, host.SnapshotInfo{}, c.transportError(ctx, fmt.Errorf("receive snapshot %s and create: %w", id, err))
 	}
@@ -568,11 +550,11 @@ func (c *Client) packCreated(ctx context.Context, res *http.Response, id string,
 // CA certificate (WithCACert) and a ticket for that pack, valid for ttl.
 // False for an https:// agent whose CA the client does not have.
 func (c *Client) PackSource(snapshotID string, ttl time.Duration) (host.PackSource, bool) {
-	u := strings.TrimSuffix(c.base, Prefix)
+	u := strings.TrimSuffix(c.base, hostwire.Prefix)
 	if strings.HasPrefix(u, "https://") && c.caPEM == "" {
 		return host.PackSource{}, false
 	}
-	return host.PackSource{URL: u, CACert: c.caPEM, Ticket: PackTicket(c.token, snapshotID, time.Now().Add(ttl))}, true
+	return host.PackSource{URL: u, CACert: c.caPEM, Ticket: hostwire.PackTicket(c.token, snapshotID, time.Now().Add(ttl))}, true
 }
 
 // PullAndCreate has the agent fetch the pack of snapshot req.SnapshotID
@@ -581,9 +563,9 @@ func (c *Client) PackSource(snapshotID string, ttl time.Duration) (host.PackSour
 // snapshot is kept if the answer says so, even with the create's error.
 // An older agent answers unsupported.
 func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from host.PackSource) (host.Info, host.SnapshotInfo, error) {
-	wire := wireCreate(req)
+	wire := hostwire.CreateRequestOf(req)
 	wire.SnapshotID = "" // the path's
-	b, err := json.Marshal(pullRequest{Create: wire, From: from})
+	b, err := json.Marshal(hostwire.PullRequest{Create: wire, From: from})
 	if err != nil {
 		return host.Info{}, host.SnapshotInfo{}, err
 	}
@@ -603,9 +585,9 @@ func (c *Client) PullAndCreate(ctx context.Context, req host.CreateRequest, from
 // id, or the failure to read src if there was one: the agent refused an
 // incomplete pack because of it. Refusals that come before the pack is
 // read (an older agent, a template it lacks) stay as they are.
-func packError(id string, err error, src *srcReader) error {
-	if src.err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, templates.ErrNotFound) {
-		return fmt.Errorf("send snapshot %s: read the pack: %w", id, src.err)
+func packError(id string, err error, src *hostwire.SourceReader) error {
+	if src.Err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, templates.ErrNotFound) {
+		return fmt.Errorf("send snapshot %s: read the pack: %w", id, src.Err)
 	}
 	return err
 }
@@ -648,7 +630,7 @@ func (c *Client) Templates() host.Templates { return remoteTemplates{c} }
 type remoteTemplates struct{ c *Client }
 
 func (t remoteTemplates) Lookup(ctx context.Context, p templates.Params) (*templates.Meta, string, error) {
-	var out lookupReply
+	var out hostwire.LookupReply
 	if err := t.c.callShort(ctx, http.MethodPost, "/templates/lookup", nil, p, &out); err != nil {
 		return nil, "", err
 	}
@@ -687,4 +669,51 @@ func (t remoteTemplates) Bake(ctx context.Context, p templates.Params, progress 
 		return nil, err
 	}
 	return ev.Template, nil
+}
+
+// capture fills in CaptureStats.Paused, which travels as PausedMS.
+func capture(st host.CaptureStats) host.CaptureStats {
+	st.Paused = time.Duration(st.PausedMS * float64(time.Millisecond))
+	return st
+}
+
+// demuxFrames reads the frames of an exec or attach response: it copies
+// stdout and stderr frames into the pipes until the stream's last frame,
+// an error frame or one of type last, whose payload decodeLast takes. It
+// closes body and the pipes, with the error it returns: nil after a clean
+// end, else prefixed with op (but a guest's error as sent).
+func demuxFrames(c *Client, ctx context.Context, op string, body io.ReadCloser, stdout, stderr *io.PipeWriter, last byte, decodeLast func([]byte) error) error {
+	defer body.Close()
+	err := func() error {
+		buf := make([]byte, 0, 64<<10)
+		for {
+			typ, payload, err := hostwire.ReadFrame(body, buf)
+			if err != nil {
+				return fmt.Errorf("%s: %w", op, c.transportError(ctx, err))
+			}
+			buf = payload[:0]
+			switch typ {
+			case hostwire.FrameStdout:
+				stdout.Write(payload)
+			case hostwire.FrameStderr:
+				stderr.Write(payload)
+			case last:
+				if err := decodeLast(payload); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+				return nil
+			case hostwire.FrameError:
+				var we hostwire.Error
+				if err := json.Unmarshal(payload, &we); err != nil {
+					return fmt.Errorf("%s: decode error: %w", op, err)
+				}
+				return we.Err()
+			default:
+				return fmt.Errorf("%s: unknown frame %q", op, typ)
+			}
+		}
+	}()
+	stdout.CloseWithError(err)
+	stderr.CloseWithError(err)
+	return err
 }

@@ -1,4 +1,4 @@
-package hostapi
+package hostclient
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 )
 
 // Guest returns the guest agent of sandbox id. It does not call the agent:
@@ -50,7 +51,7 @@ func (g guest) Stat(ctx context.Context, path string) (guestproto.FileInfo, erro
 }
 
 func (g guest) Mkdir(ctx context.Context, path string) error {
-	return g.call(ctx, http.MethodPost, "/files/mkdir", nil, pathRequest{Path: path}, nil)
+	return g.call(ctx, http.MethodPost, "/files/mkdir", nil, hostwire.PathRequest{Path: path}, nil)
 }
 
 func (g guest) Remove(ctx context.Context, path string, recursive bool) error {
@@ -60,7 +61,7 @@ func (g guest) Remove(ctx context.Context, path string, recursive bool) error {
 }
 
 func (g guest) Rename(ctx context.Context, oldpath, newpath string) error {
-	return g.call(ctx, http.MethodPost, "/files/rename", nil, renameRequest{From: oldpath, To: newpath}, nil)
+	return g.call(ctx, http.MethodPost, "/files/rename", nil, hostwire.RenameRequest{From: oldpath, To: newpath}, nil)
 }
 
 // ReadFile streams a file down. Close the reader (before EOF it aborts the
@@ -76,7 +77,7 @@ func (g guest) ReadFile(ctx context.Context, path string) (io.ReadCloser, guestp
 	}
 	br := bufio.NewReader(res.Body)
 	var fi guestproto.FileInfo
-	if err := readJSONLine(br, &fi); err != nil {
+	if err := hostwire.ReadJSONLine(br, &fi); err != nil {
 		res.Body.Close()
 		return nil, guestproto.FileInfo{}, g.c.transportError(ctx, fmt.Errorf("read %s: file info: %w", path, err))
 	}
@@ -96,11 +97,8 @@ func (f *fileReader) Read(p []byte) (int, error) {
 	n, err := f.r.Read(p)
 	switch {
 	case err == io.EOF: // the end itself, not an error wrapping EOF
-		if v := f.res.Trailer.Get("X-Panda-Error"); v != "" {
-			var we wireError
-			if json.Unmarshal([]byte(v), &we) == nil {
-				return n, we.err()
-			}
+		if terr := hostwire.TrailerError(f.res); terr != nil {
+			return n, terr
 		}
 	case err != nil:
 		err = f.c.transportError(f.ctx, err)
@@ -114,7 +112,7 @@ func (f *fileReader) Close() error { return f.res.Body.Close() }
 func (g guest) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
 	q := pathQuery(path)
 	q.Set("mode", strconv.FormatUint(uint64(mode), 10))
-	src := &srcReader{r: r}
+	src := &hostwire.SourceReader{R: r}
 	// Not a bytes.Reader or the like: always streamed (chunked).
 	req, err := g.c.request(ctx, http.MethodPut, sandboxPath(g.id, "/files"), q, io.MultiReader(src))
 	if err != nil {
@@ -122,17 +120,17 @@ func (g guest) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
 	res, err := g.c.do(req)
-	if src.err != nil {
+	if src.Err != nil {
 		if res != nil {
 			res.Body.Close()
 		}
-		return 0, fmt.Errorf("write %s: read source: %w", path, src.err)
+		return 0, fmt.Errorf("write %s: read source: %w", path, src.Err)
 	}
 	if err != nil {
 		return 0, err
 	}
 	defer res.Body.Close()
-	var out writeReply
+	var out hostwire.WriteReply
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
 		return 0, g.c.transportError(ctx, fmt.Errorf("write %s: %w", path, err))
 	}
@@ -149,16 +147,16 @@ type pipeBody struct {
 
 func (b pipeBody) Close() error { return b.pr.Close() }
 
-// StartExec starts a process; see the package documentation for the
+// StartExec starts a process; see hostwire's package documentation for the
 // stream. Cancelling ctx kills it.
 func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (host.Process, error) {
-	line, err := encodeLine(req)
+	line, err := hostwire.EncodeLine(req)
 	if err != nil {
 		return nil, err
 	}
-	if len(line) > MaxLine {
+	if len(line) > hostwire.MaxLine {
 		// The same class as the guest's own limit, which is lower.
-		return nil, guestproto.Errorf(guestproto.CodeInvalid, "exec request of %d bytes exceeds the host API's %d", len(line), MaxLine)
+		return nil, guestproto.Errorf(guestproto.CodeInvalid, "exec request of %d bytes exceeds the host API's %d", len(line), hostwire.MaxLine)
 	}
 	var body io.Reader = bytes.NewReader(line)
 	p := &process{done: make(chan struct{})}
@@ -179,8 +177,8 @@ func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (host.
 		p.closeStdin(guestproto.ErrStreamDone)
 		return nil, err
 	}
-	typ, payload, err := readFrame(res.Body, nil)
-	if err != nil || typ != frameStart {
+	typ, payload, err := hostwire.ReadFrame(res.Body, nil)
+	if err != nil || typ != hostwire.FrameStart {
 		res.Body.Close()
 		p.closeStdin(guestproto.ErrStreamDone)
 		if err == nil {
@@ -188,7 +186,7 @@ func (g guest) StartExec(ctx context.Context, req guestproto.ExecRequest) (host.
 		}
 		return nil, g.c.transportError(ctx, err)
 	}
-	var st startFrame
+	var st hostwire.StartFrame
 	json.Unmarshal(payload, &st)
 	p.pid = st.PID
 	var stdoutW, stderrW *io.PipeWriter
@@ -239,7 +237,7 @@ func (p *process) demux(c *Client, ctx context.Context, body io.ReadCloser, stdo
 	defer close(p.done)
 	// Readers see EOF after a clean exit, the error otherwise; stdin
 	// writes after the end fail as they do locally.
-	p.err = demuxFrames(c, ctx, "exec", body, stdout, stderr, frameExit, func(payload []byte) error {
+	p.err = demuxFrames(c, ctx, "exec", body, stdout, stderr, hostwire.FrameExit, func(payload []byte) error {
 		if err := json.Unmarshal(payload, &p.res); err != nil {
 			return fmt.Errorf("decode exit: %w", err)
 		}
