@@ -818,3 +818,75 @@ func (w *docWorld) cleanUp(t *testing.T) {
 		}
 	}
 }
+
+var (
+	mdLinkRE = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	mdNameRE = regexp.MustCompile("(?:^|[\\s(`\"])((?:[\\w.-]+/)*[\\w.-]+\\.md)\\b")
+)
+
+// TestDocsReferences: every relative link of the documentation leads to
+// a file of the repository, and every file name "NAME.md" it mentions is
+// one of the repository's (fork.md cited a DESIGN.md it does not have).
+func TestDocsReferences(t *testing.T) {
+	root := repoRoot(t)
+	var mdFiles []string // every .md of the repository, relative to it
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".") && p != root) {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(p, ".md") {
+			rel, _ := filepath.Rel(root, p)
+			mdFiles = append(mdFiles, rel)
+		}
+		return nil
+	})
+	for _, f := range docFiles(t, root) {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Dir(filepath.Join(root, f))
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range mdLinkRE.FindAllStringSubmatch(line, -1) {
+				target, _, _ := strings.Cut(m[1], "#")
+				if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				if _, err := os.Stat(filepath.Join(dir, target)); err != nil {
+					t.Errorf("%s:%d: a link to %s, which does not exist", f, i+1, m[1])
+				}
+			}
+			for _, m := range mdNameRE.FindAllStringSubmatch(line, -1) {
+				name := m[1]
+				_, err := os.Stat(filepath.Join(dir, name))
+				found := err == nil || slices.ContainsFunc(mdFiles, func(p string) bool { return p == name || strings.HasSuffix(p, "/"+name) })
+				if !found {
+					t.Errorf("%s:%d: mentions %s, which the repository does not have", f, i+1, name)
+				}
+			}
+		}
+	}
+}
+
+// TestDocsWorldIsMakeUp: the documents' examples run against panda up as
+// `make up` starts it (docs/README.md says so): its recipe still has the
+// flags TestDocs gives.
+func TestDocsWorldIsMakeUp(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, recipe, ok := strings.Cut(string(b), "\nup: ")
+	recipe, _, _ = strings.Cut(recipe, "\n\n")
+	if !ok || !strings.Contains(recipe, "bin/panda up ") {
+		t.Fatalf("no up target running bin/panda up in the Makefile")
+	}
+	for _, flag := range []string{"--bake ", "--bake-network"} {
+		if !strings.Contains(recipe+" ", flag) {
+			t.Errorf("make up runs without %s, which TestDocs's world has:\n%s", strings.TrimSpace(flag), recipe)
+		}
+	}
+}
