@@ -22,7 +22,7 @@ func execCmd(g *globals) *cobra.Command {
 		keep    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "exec ID [flags] -- CMD [ARGS...]",
+		Use:   "exec ID [flags] [--] CMD [ARGS...]",
 		Short: "Run a command in a sandbox, streaming its output; exits with its exit code",
 		Long: `Run a command in a sandbox. Its output is streamed as it is produced and
 panda exits with the command's exit code.
