@@ -56,8 +56,12 @@ setup: build
 	@IMAGES=$(IMAGES) scripts/setup.sh deps
 	@IMAGES=$(IMAGES) scripts/setup.sh images bin/panda-guest
 
+# --bake-network: a Dockerfile's RUN steps reach the network (pip install,
+# apt-get, git clone), under the same default egress policy as sandboxes,
+# which are online anyway: a build VM reaches nothing a sandbox of the same
+# key could not. panda up's own default stays off (docs/dockerfile.md).
 up: setup
-	bin/panda up --data-dir $(DATA_DIR) --bake
+	bin/panda up --data-dir $(DATA_DIR) --bake --bake-network
 
 # e2b-deps installs the official e2b SDK the E2B suite and `panda bench
 # exec` run (e2e/e2b, pinned by its package-lock.json; from the npm

@@ -38,8 +38,10 @@ PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # xz-utils and zstd unpack kernel modules if the kernel package compresses them;
 # iproute2 and git serve the networking tests (ip -n, a git HTTP server);
-# chromium (headless) drives the web console in its browser test;
-HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git chromium)
+# chromium (headless) drives the web console in its browser test; curl and
+# jq run the documentation's API examples (cmd/panda/docs_test.go), as
+# they do for its readers;
+HOST_PACKAGES=(qemu-system-x86 qemu-utils xfsprogs e2fsprogs mmdebstrap busybox-static cpio kmod util-linux xz-utils zstd python3 postgresql iproute2 git chromium curl jq)
 # nodejs and npm run the official e2b SDK's suite (e2e/e2b, internal/controlplane/e2b).
 # They are installed from Debian only when the commands are missing: a
 # host may have another Node.js (NodeSource's bundles npm and conflicts

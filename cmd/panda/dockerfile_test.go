@@ -150,12 +150,17 @@ stat -c '%U %a' /home/nobody/hello.txt; stat -c '%u:%g %a' /opt/data/f; cat /etc
 	}
 
 	// A failing RUN fails the build with its line, exit code and output,
-	// and registers nothing.
-	b, err = c.BuildTemplateFromDockerfile(ctx, "broken", "FROM tiny\nRUN echo step-output; exit 3\n", "", nil)
+	// and registers nothing. Here RUN steps have no network (the server
+	// runs with --network off): a connection fails at once (it hung until
+	// TCP gave up), and the error says why.
+	b, err = c.BuildTemplateFromDockerfile(ctx, "broken", "FROM tiny\nRUN echo step-output; wget -q -O /dev/null http://198.51.100.7/ || exit 3\n", "", nil)
 	var pe *pandastack.Error
 	if !errors.As(err, &pe) || b.Status != pandastack.BuildFailed ||
-		!strings.Contains(pe.Message, "line 2") || !strings.Contains(pe.Message, "3") || !strings.Contains(pe.Message, "step-output") {
+		!strings.Contains(pe.Message, "line 2") || !strings.Contains(pe.Message, "exit code 3") || !strings.Contains(pe.Message, "step-output") {
 		t.Errorf("a failing RUN: %+v, %v", b, err)
+	}
+	if err != nil && (!strings.Contains(err.Error(), "Network is unreachable") || !strings.Contains(err.Error(), "RUN steps have no network: this server runs with --network off")) {
+		t.Errorf("a RUN without network: %v; want the connection refused at once, and the note", err)
 	}
 	if _, err := c.Create(ctx, pandastack.CreateOptions{Template: "broken", MemoryMiB: 256}); !errors.Is(err, pandastack.ErrNotFound) {
 		t.Errorf("create from a failed build: %v, want not found", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 )
 
 func upCmd() *cobra.Command {
@@ -146,7 +148,7 @@ var configFlags = map[string]configFlag{
 	"advertise-url":         {"the host API's URL as the control plane reaches it (default https://LISTEN)", func(c *daemon.Config) any { return &c.AdvertiseURL }},
 	"tls-host":              {"another host name or address for the agent's certificate (repeatable)", func(c *daemon.Config) any { return &c.TLSHosts }},
 	"token-file":            {"file holding the agent token, created on first start (default DATA_DIR/agent.token)", func(c *daemon.Config) any { return &c.AgentTokenFile }},
-	"log-level":             {"debug, info, warn or error", func(c *daemon.Config) any { return &c.LogLevel }},
+	"log-level":             {"debug, info, warn or error (default: warn when standard error is a terminal, else info)", func(c *daemon.Config) any { return &c.LogLevel }},
 	"log-format":            {"text or json", func(c *daemon.Config) any { return &c.LogFormat }},
 }
 
@@ -157,6 +159,7 @@ func daemonCmd(cmd *cobra.Command, defaults func() daemon.Config, flags []string
 	run func(cmd *cobra.Command, cfg daemon.Config, log *slog.Logger) error) *cobra.Command {
 	var configFile string
 	set := defaults() // what the flags parse into
+	set.LogLevel = "" // the flag's default depends on the terminal: logLevel
 	f := cmd.Flags()
 	f.StringVar(&configFile, "config", "", "YAML config file (see docs/configuration.md)")
 	for _, name := range flags {
@@ -165,6 +168,7 @@ func daemonCmd(cmd *cobra.Command, defaults func() daemon.Config, flags []string
 	cmd.Args = cobra.NoArgs
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		cfg := defaults()
+		cfg.LogLevel = "" // unless the file or a flag sets it: logLevel
 		if configFile != "" {
 			if err := cfg.LoadFile(configFile); err != nil {
 				return err
@@ -191,6 +195,9 @@ func daemonCmd(cmd *cobra.Command, defaults func() daemon.Config, flags []string
 		if cfg.ImagesDir == "" {
 			cfg.ImagesDir = filepath.Join(cfg.DataDir, "images")
 		}
+		if cfg.LogLevel == "" {
+			cfg.LogLevel = logLevel(cmd.ErrOrStderr())
+		}
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
@@ -200,6 +207,20 @@ func daemonCmd(cmd *cobra.Command, defaults func() daemon.Config, flags []string
 		return run(cmd, cfg, cfg.Logger(cmd.ErrOrStderr()))
 	}
 	return cmd
+}
+
+// logLevel is the log level of a daemon that was given none: warn when
+// its logs go to a terminal, where a person runs it (panda up in a shell:
+// what it prints on stdout — the admin key, the bake's steps, the address
+// it listens on — must not drown in the info lines), else info (a service
+// manager's journal, a file, a test).
+func logLevel(stderr io.Writer) string {
+	if f, ok := stderr.(*os.File); ok {
+		if _, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS); err == nil {
+			return "warn"
+		}
+	}
+	return "info"
 }
 
 func addConfigFlag(f *pflag.FlagSet, name, usage string, p any) {

@@ -234,6 +234,22 @@ func (s *Server) readFile(st *guestproto.Stream, req *guestproto.OpenRequest) {
 	}
 }
 
+// uploadError is err of an upload, without the name of the temporary
+// file next to the target that the user never named (".panda-upload-…"):
+// its errno alone, which toProtoError classifies; the host names the
+// target ("write PATH: ...").
+func uploadError(err error) error {
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Err
+	case errors.As(err, &le):
+		return le.Err
+	}
+	return err
+}
+
 // writeFile: REPLY {} once a temporary file next to path is open (parents
 // are created), then the host's DATA is written to it; at the host's CLOSE
 // the file gets its mode and is renamed over path; EXIT {written} or EXIT
@@ -255,7 +271,7 @@ func (s *Server) writeFile(st *guestproto.Stream, req *guestproto.OpenRequest) {
 	}
 	f, err := os.CreateTemp(dir, ".panda-upload-*")
 	if err != nil {
-		replyErr(st, err)
+		replyErr(st, uploadError(err))
 		return
 	}
 	tmp := f.Name()
@@ -275,7 +291,7 @@ func (s *Server) writeFile(st *guestproto.Stream, req *guestproto.OpenRequest) {
 		n, err := st.Read(buf)
 		if n > 0 {
 			if _, werr := f.Write(buf[:n]); werr != nil {
-				_ = st.Exit(guestproto.Reply{Error: toProtoError(werr)})
+				_ = st.Exit(guestproto.Reply{Error: toProtoError(uploadError(werr))})
 				return
 			}
 			written += int64(n)
@@ -299,7 +315,7 @@ func (s *Server) writeFile(st *guestproto.Stream, req *guestproto.OpenRequest) {
 		err = os.Rename(tmp, p)
 	}
 	if err != nil {
-		_ = st.Exit(guestproto.Reply{Error: toProtoError(err)})
+		_ = st.Exit(guestproto.Reply{Error: toProtoError(uploadError(err))})
 		return
 	}
 	done = true

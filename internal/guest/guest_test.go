@@ -617,6 +617,24 @@ func TestFileOpErrors(t *testing.T) {
 	}
 }
 
+// TestUploadErrorNamesTarget: an upload that cannot be written names the
+// path the caller gave, never the temporary file next to it.
+func TestUploadErrorNamesTarget(t *testing.T) {
+	c := newClient(t)
+	// Nothing can be created in /proc, not even as root.
+	const target = "/proc/panda-test-upload.txt"
+	_, err := c.WriteFile(testContext(t), target, strings.NewReader("x"), 0o644)
+	if err == nil {
+		t.Fatalf("an upload to %s succeeded", target)
+	}
+	if msg := err.Error(); !strings.Contains(msg, target) || strings.Contains(msg, ".panda-upload") {
+		t.Errorf("got %q, want an error naming %s and not the temporary file", msg, target)
+	}
+	if guestproto.CodeOf(err) == guestproto.CodeInternal {
+		t.Errorf("got code %q for %v, want the errno's class", guestproto.CodeOf(err), err)
+	}
+}
+
 // TestFailedUploadLeavesNothing aborts an upload midway: neither the target
 // nor a temporary file may remain.
 func TestFailedUploadLeavesNothing(t *testing.T) {

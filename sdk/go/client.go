@@ -1,6 +1,8 @@
 // Package pandastack is the Go client of PandaStack, a self-hostable microVM
 // sandbox platform for AI agents. It speaks the REST API described by
-// api/openapi.yaml and uses only the standard library.
+// api/openapi.yaml with the standard library, and with Docker's own
+// .dockerignore matcher (github.com/moby/patternmatcher, itself
+// standard-library only) for the build contexts it sends.
 //
 //	c, err := pandastack.NewClient(pandastack.Options{}) // PANDASTACK_API_KEY, PANDASTACK_API_URL
 //	sb, err := c.Create(ctx, pandastack.CreateOptions{Template: "base"})

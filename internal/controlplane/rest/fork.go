@@ -3,6 +3,7 @@ package rest
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -210,6 +211,9 @@ type hostJSON struct {
 	// NetworkOff: the host runs without sandbox networking (--network
 	// off); unknown while a host of a fleet is not connected.
 	NetworkOff bool `json:"network_off,omitempty"`
+	// Templates are the templates whose memory image the host holds, those
+	// the key may see (visibleTemplates).
+	Templates []string `json:"templates"`
 }
 
 // listHosts describes the hosts. An admin key sees every sandbox on them;
@@ -262,5 +266,20 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.SandboxesPSSMiB, h.SandboxesPrivMiB = mib(pss), mib(priv)
+	h.Templates = []string{}
+	if ts, err := s.host.Templates().List(r.Context()); err != nil {
+		s.log.Warn("list templates of host", "host_id", s.cfg.HostID, "err", err)
+	} else {
+		visible, err := s.visibleTemplates(r.Context(), key)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		for _, t := range ts {
+			if visible(t.Name) && !slices.Contains(h.Templates, t.Name) {
+				h.Templates = append(h.Templates, t.Name)
+			}
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"hosts": []hostJSON{h}})
 }

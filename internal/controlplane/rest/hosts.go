@@ -39,7 +39,6 @@ type fleetHostJSON struct {
 	Static       bool      `json:"static"`
 	DiskMiB      int64     `json:"disk_mib"`
 	DiskFreeMiB  int64     `json:"disk_free_mib"`
-	Templates    []string  `json:"templates"`
 	RegisteredAt time.Time `json:"registered_at,omitzero"`
 	HeartbeatAt  time.Time `json:"heartbeat_at,omitzero"`
 }
@@ -73,9 +72,9 @@ func (s *Server) listFleet(w http.ResponseWriter, r *http.Request) {
 		rec := st.Record
 		h := fleetHostJSON{
 			hostJSON: hostJSON{ID: rec.ID, State: rec.State, Accel: rec.Capacity.Accel, VCPUs: rec.Capacity.CPUs,
-				MemoryMiB: int(rec.Capacity.MemoryMiB), NetworkOff: s.networkOff(rec.ID)},
+				MemoryMiB: int(rec.Capacity.MemoryMiB), NetworkOff: s.networkOff(rec.ID), Templates: []string{}},
 			Draining: rec.Draining, Static: st.Static, DiskMiB: rec.Capacity.DiskMiB,
-			Templates: []string{}, RegisteredAt: rec.RegisteredAt, HeartbeatAt: rec.HeartbeatAt,
+			RegisteredAt: rec.RegisteredAt, HeartbeatAt: rec.HeartbeatAt,
 		}
 		if key.Admin {
 			h.URL = rec.URL

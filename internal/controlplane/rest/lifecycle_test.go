@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,13 +142,19 @@ func TestTenantScopedHostsAndTemplates(t *testing.T) {
 	create(t, mine, nil)
 	var hosts struct {
 		Hosts []struct {
-			Sandboxes  int  `json:"sandboxes"`
-			NetworkOff bool `json:"network_off"`
+			Sandboxes  int      `json:"sandboxes"`
+			NetworkOff bool     `json:"network_off"`
+			Templates  []string `json:"templates"`
 		}
 	}
 	do(t, mine, "GET", "/v1/hosts", nil).json(t, &hosts)
 	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes != 1 || !hosts.Hosts[0].NetworkOff {
 		t.Errorf("hosts as a tenant with one sandbox: %+v, want one host counting 1, without sandbox networking", hosts)
+	}
+	// The templates the host holds (a baked tiny), as a fleet's hosts list
+	// them (panda hosts showed none on panda up).
+	if len(hosts.Hosts) == 1 && !slices.Contains(hosts.Hosts[0].Templates, "tiny") {
+		t.Errorf("hosts as a tenant: templates %q, want the baked tiny", hosts.Hosts[0].Templates)
 	}
 	do(t, e.admin, "GET", "/v1/hosts", nil).json(t, &hosts)
 	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Sandboxes < 3 {

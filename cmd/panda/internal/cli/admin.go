@@ -411,13 +411,26 @@ keep working from their own files). Its owner or an admin key only.`,
 				return err
 			}
 			if err := c.DeleteTemplate(cmd.Context(), args[0], force); err != nil {
-				return fmt.Errorf("remove template %s: %w", args[0], err)
+				return fmt.Errorf("remove template %s: %w", args[0], cliForce(err))
 			}
 			return nil
 		},
 	}
 	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes or snapshots of it exist (they keep working)")
 	return rm
+}
+
+// cliForce turns the API's "?force=true" in the refusal of a template in
+// use into the CLI's flag, --force.
+func cliForce(err error) error {
+	var pe *pandastack.Error
+	if !errors.As(err, &pe) || pe.Code != pandastack.CodeConflict || !strings.Contains(pe.Message, "?force=true") {
+		return err
+	}
+	e := *pe
+	e.Message = strings.ReplaceAll(e.Message, "delete with ?force=true", "remove it with --force")
+	e.Message = strings.ReplaceAll(e.Message, "?force=true", "--force")
+	return &e
 }
 
 func keysCmd(g *globals) *cobra.Command {

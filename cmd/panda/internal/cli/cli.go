@@ -58,9 +58,34 @@ func Commands() []*cobra.Command {
 		pf.StringVar(&g.apiURL, "api-url", "", "API URL (default $PANDASTACK_API_URL or "+pandastack.DefaultAPIURL+")")
 		pf.StringVar(&g.apiKey, "api-key", "", "API key (default $PANDASTACK_API_KEY, else the local server's admin key file)")
 		pf.BoolVar(&g.json, "json", false, "print JSON (the API's objects) instead of tables")
+		c.SetFlagErrorFunc(flagError)
 		wrapRunE(c, g)
 	}
 	return cmds
+}
+
+// flagError adds a hint to an unknown flag, which is often an argument
+// that starts with "-" (a negative number, a remote path, a command's own
+// flag): after "--" nothing is taken for a flag.
+func flagError(cmd *cobra.Command, err error) error {
+	msg := err.Error()
+	var arg string
+	switch {
+	case strings.HasPrefix(msg, "unknown shorthand flag: "):
+		_, arg, _ = strings.Cut(msg, " in ")
+	case strings.HasPrefix(msg, "unknown flag: "):
+		arg = strings.TrimPrefix(msg, "unknown flag: ")
+	default:
+		return err
+	}
+	var operands []string
+	for _, w := range strings.Fields(cmd.Use)[1:] {
+		if w != "[flags]" && w != "--" && !strings.HasPrefix(w, "[-") {
+			operands = append(operands, w)
+		}
+	}
+	return fmt.Errorf("%w\nif %s is an argument, not a flag of %s, put it after --: %s [flags] -- %s",
+		err, arg, cmd.CommandPath(), cmd.CommandPath(), strings.Join(operands, " "))
 }
 
 // wrapRunE adds hints to the errors of c and its subcommands.

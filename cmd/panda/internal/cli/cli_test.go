@@ -458,3 +458,77 @@ func TestShort(t *testing.T) {
 		}
 	}
 }
+
+// TestExecCommandWithoutDashes: as with docker exec, panda's flags go
+// before the command and everything from its first word on is the
+// command's, with or without "--" ("panda exec ID ls -la" failed with
+// "unknown shorthand flag").
+func TestExecCommandWithoutDashes(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, body string) {
+		io.WriteString(w, `{"type":"exit","exit_code":0,"duration_ms":1}`+"\n")
+	})
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"abc", "ls", "-la"},
+		{"abc", "--", "ls", "-la"},
+		{"abc", "--cwd", "/tmp", "ls", "-la", "--json", "-i"},
+		{"--cwd", "/tmp", "abc", "-e", "A=1", "--", "ls", "-la"},
+		{"abc", "echo hi; ls -la"},
+	} {
+		if r := runCLI(ctx, "", append([]string{"exec", "--api-url", f.url, "--api-key", "k"}, args...)...); r.err != nil {
+			t.Errorf("exec %q: %v", args, r.err)
+		}
+	}
+	want := []string{
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"]} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"]} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la","--json","-i"],"cwd":"/tmp"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"],"env":{"A":"1"},"cwd":"/tmp"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"cmd":"echo hi; ls -la"} Bearer k`,
+	}
+	if !slices.Equal(f.reqs, want) {
+		t.Errorf("requests:\n%s\nwant:\n%s", strings.Join(f.reqs, "\n"), strings.Join(want, "\n"))
+	}
+	for _, args := range [][]string{{"exec", "abc", "--"}, {"exec", "abc", "--cwd", "/tmp"}} {
+		if r := runCLI(ctx, "", args...); r.err == nil || !strings.Contains(r.err.Error(), "usage: panda exec ID") {
+			t.Errorf("%q: got %v, want the usage", args, r.err)
+		}
+	}
+	if r := runCLI(ctx, "", "exec", "abc", "--help"); r.err != nil || !strings.Contains(r.stdout, "Usage:") {
+		t.Errorf("exec ID --help: %v, stdout %q; want the help", r.err, r.stdout)
+	}
+}
+
+// TestFlagErrorHint: an argument taken for an unknown flag (a negative
+// number) gets a hint that names "--".
+func TestFlagErrorHint(t *testing.T) {
+	isolateEnv(t)
+	r := runCLI(context.Background(), "", "ttl", "abc", "-1")
+	want := "if -1 is an argument, not a flag of panda ttl, put it after --: panda ttl [flags] -- ID SECONDS"
+	if r.err == nil || !strings.Contains(r.err.Error(), "unknown shorthand flag") || !strings.Contains(r.err.Error(), want) {
+		t.Errorf("ttl ID -1: got %v, want the flag error and %q", r.err, want)
+	}
+	r = runCLI(context.Background(), "", "ttl", "abc", "--", "-1")
+	if r.err == nil || !strings.Contains(r.err.Error(), `SECONDS "-1": want a whole number of seconds, at least 1`) {
+		t.Errorf("ttl ID -- -1: got %v, want the SECONDS error", r.err)
+	}
+	r = runCLI(context.Background(), "", "fs", "rm", "abc", "-x")
+	if r.err == nil || !strings.Contains(r.err.Error(), "put it after --: panda fs rm [flags] -- ID PATH...") {
+		t.Errorf("fs rm ID -x: got %v, want the hint", r.err)
+	}
+}
+
+// TestTemplateRmInUse: the server's refusal of a template in use names
+// the API's ?force=true; the CLI says --force.
+func TestTemplateRmInUse(t *testing.T) {
+	isolateEnv(t)
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request, _ string) {
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"error":{"code":"conflict","message":"template app is in use: 1 sandboxes not stopped and 0 snapshots were made from it; kill and delete them first, or delete with ?force=true (they keep working from their own files)"}}`)
+	})
+	r := runCLI(context.Background(), "", "template", "rm", "--api-url", f.url, "--api-key", "k", "app")
+	if r.err == nil || !strings.Contains(r.err.Error(), "or remove it with --force (they keep working") || strings.Contains(r.err.Error(), "?force") {
+		t.Errorf("got %v, want the refusal naming --force", r.err)
+	}
+}

@@ -22,15 +22,16 @@ func execCmd(g *globals) *cobra.Command {
 		keep    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "exec ID [flags] -- CMD [ARGS...]",
+		Use:   "exec ID [flags] [--] CMD [ARGS...]",
 		Short: "Run a command in a sandbox, streaming its output; exits with its exit code",
 		Long: `Run a command in a sandbox. Its output is streamed as it is produced and
 panda exits with the command's exit code.
 
 A single CMD is run as a shell string (bash -c CMD, or /bin/sh -c CMD in a
 sandbox without bash); several words are run
-directly as a program and its arguments. Put the command after -- so that its
-own flags are not taken for panda's.
+directly as a program and its arguments. panda's flags go before the
+command: from the command's first word on, everything is the command's
+(panda exec ID ls -la), with or without a -- before it.
 
 With --json the output is collected and printed at the end as the API's
 ExecResult object (exit_code, stdout, stderr, ...); the exit code is still
@@ -42,12 +43,17 @@ is given; see panda proc for its output, stdin and signals. With -i its
 stdin is what panda reads; with --keep-stdin it stays open for panda proc
 stdin.`,
 		Example: `  panda exec $ID -- 'echo hello && uname -a'
+  panda exec $ID ls -la /work
   panda exec $ID --cwd /tmp --env DEBUG=1 -- ls -la
   panda exec $ID --user 1000:1000 -- id
   echo 'print(1+1)' | panda exec $ID -i -- python3
   panda exec $ID --background -- 'python3 -m http.server 8000'`,
 		Args: args(2, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			args, err := commandArgs(cmd, args, 1)
+			if err != nil || len(args) < 2 {
+				return orUsage(cmd, err)
+			}
 			e, err := pairs("env", env)
 			if err != nil {
 				return err
@@ -121,6 +127,7 @@ stdin.`,
 		},
 	}
 	f := cmd.Flags()
+	f.SetInterspersed(false) // the command's flags are its own: commandArgs
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringVarP(&cwd, "cwd", "w", "", "working directory (default the user's home, /root for root)")
 	f.StringVarP(&user, "user", "u", "", "run as USER, NAME|UID[:GROUP|GID] as Docker's (default the template image's user, else root)")
@@ -132,3 +139,40 @@ stdin.`,
 }
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+// commandArgs finishes parsing the arguments of a verb that runs a
+// command in a sandbox (exec, shell), whose flag set does not intersperse
+// (SetInterspersed(false)): as with docker exec, panda's flags go before
+// the command — before or after the n arguments of the verb itself (the
+// ID) — and from the command's first word on everything is the command's,
+// with or without a "--" before it: panda exec ID ls -la runs ls -la.
+// args are what cobra left after the flags before the first argument; it
+// returns the verb's arguments followed by the command.
+func commandArgs(cmd *cobra.Command, args []string, n int) ([]string, error) {
+	if len(args) <= n {
+		return args, nil
+	}
+	f := cmd.Flags()
+	if err := f.Parse(args[n:]); err != nil {
+		return nil, cmd.FlagErrorFunc()(cmd, err)
+	}
+	if help, _ := f.GetBool("help"); help {
+		return nil, errHelp
+	}
+	return append(args[:n:n], f.Args()...), nil
+}
+
+// errHelp: the verb's help was asked for after its arguments.
+var errHelp = errors.New("help requested")
+
+// orUsage is err, the help if that was asked for, or else the usage error
+// of a command that lacks arguments.
+func orUsage(cmd *cobra.Command, err error) error {
+	switch {
+	case errors.Is(err, errHelp):
+		return cmd.Help()
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("wrong number of arguments\nusage: %s", cmd.UseLine())
+}

@@ -54,6 +54,10 @@ end), so a script can drive a shell.`,
   echo 'uname -a; exit' | panda shell $ID`,
 		Args: args(1, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			args, err := commandArgs(cmd, args, 1)
+			if err != nil {
+				return orUsage(cmd, err)
+			}
 			e, err := pairs("env", env)
 			if err != nil {
 				return err

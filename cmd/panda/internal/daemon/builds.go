@@ -138,12 +138,28 @@ func dockerfileBuilder(cfg Config, host *hostagent.Agent, convert build.Convert,
 		CacheDir:      filepath.Join(host.StoreDir(), "build-cache"),
 		CacheMaxBytes: int64(cfg.BuildCacheMaxMiB) << 20,
 		TempDir:       tmp,
+		RunNote:       cfg.runNote(),
 		Logger:        log.With("part", "dockerfile"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot start Dockerfile builds: %w", err)
 	}
 	return b, nil
+}
+
+// runNote is what a Dockerfile build says about its RUN steps: that they
+// have no network, unless the build VM gets one (bakes do: --bake-network
+// on a host with networking). Without it a RUN that needs the network
+// fails with the tool's own words (a name that does not resolve, a
+// network that is unreachable), which do not say why.
+func (c Config) runNote() string {
+	switch {
+	case c.Network == "off":
+		return "RUN steps have no network: this server runs with --network off"
+	case !c.BakeNetwork:
+		return "RUN steps have no network: this server runs without --bake-network"
+	}
+	return ""
 }
 
 // builtinBase copies the built-in root filesystem name (FROM base) to

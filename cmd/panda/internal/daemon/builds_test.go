@@ -109,3 +109,23 @@ func TestRegistryPullConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestRunNote: Dockerfile builds say that their RUN steps have no network
+// unless the build VM gets one (networking on and --bake-network).
+func TestRunNote(t *testing.T) {
+	for _, tc := range []struct {
+		network string
+		bake    bool
+		want    string
+	}{
+		{"on", true, ""},
+		{"on", false, "without --bake-network"},
+		{"off", true, "with --network off"},
+		{"off", false, "with --network off"},
+	} {
+		got := Config{Network: tc.network, BakeNetwork: tc.bake}.runNote()
+		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+			t.Errorf("network %s, bake network %v: note %q, want one with %q", tc.network, tc.bake, got, tc.want)
+		}
+	}
+}

@@ -122,7 +122,28 @@ func isolatedOnThread() (f *os.File, back bool, err error) {
 		f.Close()
 		return nil, back, err
 	}
+	if err := refuseBeyondGateway(isolatedTAP); err != nil {
+		f.Close()
+		return nil, back, err
+	}
 	return f, back, nil
+}
+
+// refuseBeyondGateway makes the gateway answer what the guest sends
+// beyond it with ICMP "network unreachable", in the calling thread's
+// network namespace, which must have no route but the guest's network:
+// without it the kernel drops such packets silently (a host that does not
+// forward answers nothing), and a guest's connection to an address hangs
+// until its TCP gives up, minutes later (a Dockerfile RUN step with no
+// network, a sandbox on a host whose networking is off). With forwarding
+// on the TAP and no route, the kernel refuses them at once; nothing can be
+// forwarded anywhere, since the namespace has no other interface.
+func refuseBeyondGateway(name string) error {
+	// /proc/sys/net is the opening thread's namespace's.
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+name+"/forwarding", []byte("1"), 0); err != nil {
+		return fmt.Errorf("answer for the unreachable on %s: %w", name, err)
+	}
+	return nil
 }
 
 // OpenTAP creates the TAP device name (TAPFlags, not persistent: it goes

@@ -179,3 +179,100 @@ func openFDs(t *testing.T) int {
 	}
 	return len(ents)
 }
+
+// TestIsolatedRefusesBeyondGateway plays the guest on an isolated TAP: a
+// datagram to an address beyond the gateway must be answered with ICMP
+// "network unreachable" (so that a guest's connection fails at once, as a
+// Dockerfile RUN step without network must), not dropped silently.
+func TestIsolatedRefusesBeyondGateway(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	nic, release, err := IsolatedNIC(context.Background(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	// The guest's neighbour entry, so that the kernel answers without
+	// asking for the guest's MAC first.
+	nsfd, err := unix.IoctlRetInt(int(nic.TAP.Fd()), unix.TUNGETDEVNETNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := netns.NsHandle(nsfd)
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(isolatedTAP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guestMAC, _ := net.ParseMAC(GuestMAC)
+	gwMAC, _ := net.ParseMAC(GatewayMAC)
+	if err := h.NeighAdd(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+		IP: netip(t, GuestIP), HardwareAddr: guestMAC}); err != nil {
+		t.Fatal(err)
+	}
+
+	far := net.ParseIP("198.51.100.7").To4() // beyond the gateway
+	udp := []byte{0x9c, 0x40, 0, 9, 0, 12, 0, 0, 'p', 'i', 'n', 'g'}
+	ip := []byte{0x45, 0, 0, byte(20 + len(udp)), 0, 1, 0, 0, 64, unix.IPPROTO_UDP, 0, 0}
+	ip = append(append(ip, netip(t, GuestIP).To4()...), far...)
+	sum := ipChecksum(ip)
+	ip[10], ip[11] = byte(sum>>8), byte(sum)
+	frame := make([]byte, 10) // the virtio-net header (IFF_VNET_HDR), all zero
+	frame = append(append(append(frame, gwMAC...), guestMAC...), 0x08, 0x00)
+	frame = append(append(frame, ip...), udp...)
+	if _, err := nic.TAP.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+
+	buf := make([]byte, 2048)
+	for {
+		// A bound on the wait, not a timing goal: without an answer the
+		// kernel dropped the datagram, which is the failure.
+		fds := []unix.PollFd{{Fd: int32(nic.TAP.Fd()), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 10_000)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Fatal("no answer to a datagram sent beyond the gateway: dropped silently, so the guest's connections there hang")
+		}
+		n, err = nic.TAP.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := buf[10:n]
+		if len(f) < 14+20+8 || f[12] != 0x08 || f[13] != 0x00 || f[14+9] != unix.IPPROTO_ICMP {
+			continue // not IPv4 ICMP (a frame of the kernel's own)
+		}
+		ipHdr := f[14:]
+		icmp := ipHdr[int(ipHdr[0]&0x0f)*4:]
+		if src, dst := net.IP(ipHdr[12:16]), net.IP(ipHdr[16:20]); !src.Equal(netip(t, GatewayIP)) || !dst.Equal(netip(t, GuestIP)) {
+			t.Fatalf("ICMP from %s to %s, want from the gateway %s to the guest %s", src, dst, GatewayIP, GuestIP)
+		}
+		if icmp[0] != 3 || icmp[1] != 0 {
+			t.Fatalf("ICMP type %d code %d, want 3 (destination unreachable) code 0 (network)", icmp[0], icmp[1])
+		}
+		return
+	}
+}
+
+// ipChecksum is the Internet checksum of an IPv4 header.
+func ipChecksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
+}

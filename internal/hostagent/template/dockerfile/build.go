@@ -44,8 +44,12 @@ type Config struct {
 	// TempDir is where build contexts are unpacked (default os.TempDir()).
 	TempDir string
 	// Clone copies a disk image file (default CloneFile).
-	Clone  func(src, dst string) error
-	Logger *slog.Logger
+	Clone func(src, dst string) error
+	// RunNote, if set, is said once per build before the first RUN step
+	// that runs, and after the output of a RUN step that fails: what the
+	// user should know about RUN steps here (that they have no network).
+	RunNote string
+	Logger  *slog.Logger
 }
 
 // Validate checks c and fills in defaults.
@@ -191,6 +195,8 @@ type run struct {
 	progress func(string)
 	total    int
 	pinned   []string
+	// noted: Config.RunNote was said.
+	noted bool
 
 	vm VM
 	// work is the directory of the VM's disk.
@@ -416,6 +422,10 @@ func (r *run) runCmd(ctx context.Context, s step) error {
 		r.vm.Run(ctx, guestproto.ExecRequest{Argv: []string{"mkdir", "-p", cwd}}, io.Discard)
 		r.dirs[cwd] = true
 	}
+	if note := r.b.cfg.RunNote; note != "" && !r.noted {
+		r.progress("  " + note)
+		r.noted = true
+	}
 	lw := newLineWriter(r.progress, 20)
 	code, err := r.vm.Run(ctx, s.exec, lw)
 	lw.Flush()
@@ -429,6 +439,9 @@ func (r *run) runCmd(ctx context.Context, s step) error {
 		msg := fmt.Sprintf("Dockerfile line %d: %s: exit code %d", s.in.line, cut(strings.Join(strings.Fields(s.in.text), " "), 200), code)
 		if tail := lw.Tail(); len(tail) > 0 {
 			msg += "; its last output lines:\n" + strings.Join(tail, "\n")
+		}
+		if note := r.b.cfg.RunNote; note != "" {
+			msg += "\n(" + note + ")"
 		}
 		return &userError{msg: msg, class: ErrRunFailed}
 	}

@@ -568,3 +568,31 @@ func slicesContain(lines []string, sub string) bool {
 	}
 	return false
 }
+
+// TestRunNote: a builder whose RUN steps have no network says so once,
+// before the first RUN step that runs, and in a failed RUN's error.
+func TestRunNote(t *testing.T) {
+	w := &fakeWorld{}
+	note := "RUN steps have no network here"
+	b, err := New(Config{Boot: w.boot, FromImage: w.fromImage, CacheDir: t.TempDir(), TempDir: t.TempDir(), RunNote: note})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &testBuild{w: w, b: b}
+	_, _, lines, err := tb.build(t, "FROM img\nRUN echo ok\nRUN fetch; exit 6\n", "", nil)
+	if !errors.Is(err, ErrRunFailed) {
+		t.Fatalf("got %v, want ErrRunFailed", err)
+	}
+	if !strings.HasSuffix(err.Error(), "\n("+note+")") {
+		t.Errorf("error %q does not end with the note", err)
+	}
+	var said []int
+	for i, l := range lines {
+		if strings.Contains(l, note) {
+			said = append(said, i)
+		}
+	}
+	if len(said) != 1 || said[0] == 0 || lines[said[0]-1] != "step 2/3: RUN echo ok" {
+		t.Errorf("progress %q: want the note once, right after the first RUN step's line", lines)
+	}
+}
