@@ -69,22 +69,12 @@ func PathBench(ctx context.Context, a *hostagent.Agent, c *pandastack.Client, o 
 	if err != nil {
 		return res, err
 	}
-	res.HostCreate, res.APICreate = Summarize(creates.host), Summarize(creates.api)
-	res.APIOverCreate = ratioP50(res.APICreate, res.HostCreate)
-	if o.Python != nil {
-		d := Summarize(creates.py)
-		res.PythonCreate, res.PythonOverCreate = &d, ratioP50(d, res.HostCreate)
-	}
+	res.HostCreate, res.APICreate, res.APIOverCreate, res.PythonCreate, res.PythonOverCreate = creates.summary(o.Python != nil)
 	execs, err := pr.execs(ctx)
 	if err != nil {
 		return res, err
 	}
-	res.HostExec, res.APIExec = Summarize(execs.host), Summarize(execs.api)
-	res.APIOverExec = ratioP50(res.APIExec, res.HostExec)
-	if o.Python != nil {
-		d := Summarize(execs.py)
-		res.PythonExec, res.PythonOverExec = &d, ratioP50(d, res.HostExec)
-	}
+	res.HostExec, res.APIExec, res.APIOverExec, res.PythonExec, res.PythonOverExec = execs.summary(o.Python != nil)
 	return res, nil
 }
 
@@ -100,6 +90,19 @@ type pathRun struct {
 
 // pathSamples are one measurement's samples on each path.
 type pathSamples struct{ host, api, py []time.Duration }
+
+// summary is the distributions of the samples of the host and API paths,
+// and the API's p50 over the host's; with python, also the Python SDK's
+// distribution and p50 over the host's (else nil and 0).
+func (s pathSamples) summary(python bool) (host, api Dist, apiOver float64, py *Dist, pyOver float64) {
+	host, api = Summarize(s.host), Summarize(s.api)
+	apiOver = ratioP50(api, host)
+	if python {
+		d := Summarize(s.py)
+		py, pyOver = &d, ratioP50(d, host)
+	}
+	return host, api, apiOver, py, pyOver
+}
 
 // interleave runs round i of paths: each once, the first being path i
 // modulo their number.
