@@ -228,3 +228,60 @@ func TestBenchPath(t *testing.T) {
 		t.Errorf("bench path --python-sdk EMPTY: %v, want an error naming the missing package", err)
 	}
 }
+
+// TestBenchFork: `panda bench fork` with tiny counts measures fork →
+// first exec, the fan-out and the memory of forked against naive
+// children, reports each figure, and leaves no VMM behind.
+func TestBenchFork(t *testing.T) {
+	e2e(t)
+	dir := newDataDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	got, stdout := runBenchJSON(ctx, t, "fork", "--data-dir", dir, "--images", pandatest.Images(),
+		"--template", "tiny", "--sizes", "256", "--rounds", "1", "--dirty", "2", "--fanout", "2", "--fanout-runs", "1",
+		"--memory", "256", "--mem-children", "2", "--child-dirty", "2")
+	wantPositive(t, got, "fanout.count", "fanout.all_ready.n", "fanout.all_ready.p50_ms",
+		"memory.children", "memory.idle_sandbox_pss_mib", "memory.budget_mib", "memory.fork_added_pss_mib",
+		"memory.naive_added_pss_mib", "memory.fork_ms", "memory.naive_fork_ms")
+	sizes, _ := got["by_memory_size"].([]any)
+	if len(sizes) != 1 {
+		t.Fatalf("by_memory_size: got %v, want one size", got["by_memory_size"])
+	}
+	wantPositive(t, sizes[0].(map[string]any), "memory_mib", "fork_to_first_exec.n", "fork_to_first_exec.p50_ms", "parent_pause.p50_ms", "dirty_mib")
+	if t.Failed() {
+		t.Logf("output:\n%s", stdout)
+	}
+	noVMMLeft(t, dir)
+}
+
+// TestBenchTemplate: `panda bench template` with a Dockerfile of its
+// own builds it twice (the second time from the layer cache but for its
+// last step), compares creates from it and from its FROM, reports each
+// figure, and removes the template it built.
+func TestBenchTemplate(t *testing.T) {
+	e2e(t)
+	srv := startServer(t, "server", newDataDir(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	df := filepath.Join(t.TempDir(), "Dockerfile")
+	// The rebuild appends a write to /opt, which tiny does not have.
+	if err := os.WriteFile(df, []byte("FROM tiny\nRUN mkdir -p /opt && echo one > /opt/one\nRUN echo two > /opt/two\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, stdout := runBenchJSON(ctx, t, "template", "--api-url", srv.URL(), "--api-key", srv.AdminKey(),
+		"--file", df, "--n", "1", "--memory", "256")
+	wantPositive(t, got, "cold_build_s", "rebuild_s", "rebuild_cached_steps", "first_create_s",
+		"create_to_first_exec_built.n", "create_to_first_exec_from.n", "create_ratio")
+	ts, err := srv.client(t).Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range ts {
+		if strings.HasPrefix(tp.Name, "bench-") {
+			t.Errorf("template %s left behind", tp.Name)
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", stdout)
+	}
+}

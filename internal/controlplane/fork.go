@@ -90,119 +90,30 @@ func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbo
 func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []scheduler.Choice) (*op, error) {
 	return p.detach(parent.ID, "fork", func(ctx context.Context) (catalog.Sandbox, any, error) {
 		t0 := time.Now()
-		count := len(choices)
-		out := make([]ForkChild, count)
-		byHost := map[string][]string{} // child ids by host, in request order
-		slot := map[string]int{}
-		var hostOrder []string
-		now := p.now()
-		ttl := p.ttlOf(parent)
-		var quotaErr error
-		for i, c := range choices {
-			child := catalog.Sandbox{
-				ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: c.Host, State: catalog.StateStarting,
-				MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
-				// The host gives a child its parent's egress policy.
-				Network:    parent.Network,
-				TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
-				CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
-			}
-			p.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
-			if err := p.reserve(ctx, key, child); err != nil {
-				p.setBusy(child.ID, false)
-				quotaErr = err
-				out[i].Err = Classify(err)
-				continue
-			}
-			slot[child.ID] = i
-			if byHost[c.Host] == nil {
-				hostOrder = append(hostOrder, c.Host)
-			}
-			byHost[c.Host] = append(byHost[c.Host], child.ID)
-		}
-		defer func() {
-			for _, ids := range byHost {
-				for _, id := range ids {
-					p.setBusy(id, false)
-				}
-			}
-		}()
-		if len(slot) == 0 {
+		b, quotaErr := p.reserveChildren(ctx, key, parent, choices)
+		defer b.unbusy(p)
+		if len(b.slot) == 0 {
 			return catalog.Sandbox{}, nil, quotaErr
 		}
-		drop := func(ids []string, err error) {
-			for _, id := range ids {
-				p.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
-				out[slot[id]].Err = Classify(err)
-			}
-		}
-		var res host.ForkResult
-		var forkErr error
-		local := byHost[parent.HostID]
-		if len(local) > 0 {
-			res, forkErr = p.forkOnHost(ctx, parent, local)
-			if forkErr != nil {
-				drop(local, forkErr)
-			} else {
-				for j, id := range local { // children come back in request order
-					if c := res.Children[j]; c.Err != nil {
-						drop([]string{id}, c.Err)
-						if out[slot[id]].Err.Kind == Internal {
-							p.log.Error("fork child failed", "parent_id", parent.ID, "sandbox_id", id, "err", c.Err)
-						}
-					}
-				}
-			}
-		}
+		res, forkErr := p.forkLocal(ctx, b)
+		local := len(b.byHost[parent.HostID])
 		var moved, uploaded int64
 		var across acrossBytes
-		if len(local) < len(slot) {
-			var remote []string
-			for _, hid := range hostOrder {
-				if hid != parent.HostID {
-					remote = append(remote, byHost[hid]...)
-				}
-			}
-			var err error
-			var mu sync.Mutex
+		if local < len(b.slot) {
 			var si host.SnapshotInfo
-			si, across, err = p.forkAcross(ctx, key, parent, remote, func(id string) string { return choices[slot[id]].Host },
-				func(id string, err error) {
-					mu.Lock()
-					defer mu.Unlock()
-					drop([]string{id}, err)
-				})
+			var err error
+			si, across, err = p.forkRemote(ctx, key, b)
 			moved, uploaded = si.SizeBytes, si.UploadedBytes
-			if len(local) == 0 {
+			if local == 0 {
 				res.Capture = si.Capture
 			}
-			if err != nil {
-				drop(remote, err)
-				if forkErr == nil {
-					forkErr = err
-				}
+			if err != nil && forkErr == nil {
+				forkErr = err
 			}
 		}
-		for _, hid := range hostOrder {
-			h, err := p.on(hid)
-			for _, id := range byHost[hid] {
-				if out[slot[id]].Err != nil {
-					continue
-				}
-				if err != nil {
-					out[slot[id]].Err = Classify(err)
-					continue
-				}
-				sb, err := p.started(ctx, h, id)
-				if err != nil {
-					out[slot[id]].Err = Classify(err)
-					continue
-				}
-				out[slot[id]].Sandbox = &sb
-			}
-		}
+		p.collectChildren(ctx, b)
 		ok := false
-		for _, c := range out {
+		for _, c := range b.out {
 			ok = ok || c.Sandbox != nil
 		}
 		if !ok && forkErr != nil && quotaErr == nil {
@@ -210,12 +121,144 @@ func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []schedule
 		}
 		p.metrics.forks.Inc()
 		p.metrics.forkPauseSeconds.Observe(res.Capture.Paused.Seconds())
-		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(slot), "other_hosts", len(slot)-len(local),
+		p.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(b.slot), "other_hosts", len(b.slot)-local,
 			"paused_ms", res.Capture.PausedMS, "dirty_mib", res.Capture.DirtyBytes>>20, "capture_mib", moved>>20,
 			"direct_bytes", across.direct, "uploaded_bytes", uploaded, "fetched_bytes", across.fetched, "dur_ms", time.Since(t0).Milliseconds())
-		return parent, Forked{Children: out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes,
+		return parent, Forked{Children: b.out, ParentPausedMS: res.Capture.PausedMS, DirtyBytes: res.Capture.DirtyBytes,
 			CrossHostCaptureBytes: moved, CrossHostDirectBytes: across.direct, CrossHostUploadedBytes: uploaded, CrossHostFetchedBytes: across.fetched, CrossHostPulledBytes: across.pulled}, nil
 	})
+}
+
+// forkBatch is the children of one fork: the answer, one slot per
+// child asked for, and the children reserved, by host.
+type forkBatch struct {
+	parent  catalog.Sandbox
+	choices []scheduler.Choice
+	out     []ForkChild         // in request order
+	slot    map[string]int      // index in out of each reserved child
+	byHost  map[string][]string // reserved child ids by host, in request order
+	hosts   []string            // the hosts of byHost, in request order
+}
+
+// reserveChildren makes one child record of parent per choice (busy, so
+// that Resync leaves it alone) and reserves it against key's quota. A
+// child over quota gets its error in its slot and is not reserved;
+// quotaErr is the last such error. The caller unbusies the batch.
+func (p *Plane) reserveChildren(ctx context.Context, key catalog.Key, parent catalog.Sandbox, choices []scheduler.Choice) (b *forkBatch, quotaErr error) {
+	b = &forkBatch{parent: parent, choices: choices, out: make([]ForkChild, len(choices)), slot: map[string]int{}, byHost: map[string][]string{}}
+	now := p.now()
+	ttl := p.ttlOf(parent)
+	for i, c := range choices {
+		child := catalog.Sandbox{
+			ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: c.Host, State: catalog.StateStarting,
+			MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
+			// The host gives a child its parent's egress policy.
+			Network:    parent.Network,
+			TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
+			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
+		}
+		p.setBusy(child.ID, true) // before the record exists: Resync leaves it alone
+		if err := p.reserve(ctx, key, child); err != nil {
+			p.setBusy(child.ID, false)
+			quotaErr = err
+			b.out[i].Err = Classify(err)
+			continue
+		}
+		b.slot[child.ID] = i
+		if b.byHost[c.Host] == nil {
+			b.hosts = append(b.hosts, c.Host)
+		}
+		b.byHost[c.Host] = append(b.byHost[c.Host], child.ID)
+	}
+	return b, quotaErr
+}
+
+// unbusy ends the busy mark of every child reserved.
+func (b *forkBatch) unbusy(p *Plane) {
+	for _, ids := range b.byHost {
+		for _, id := range ids {
+			p.setBusy(id, false)
+		}
+	}
+}
+
+// dropChildren deletes the records of children ids, which failed with err, and
+// puts the error in their slots.
+func (p *Plane) dropChildren(ctx context.Context, b *forkBatch, ids []string, err error) {
+	for _, id := range ids {
+		p.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
+		b.out[b.slot[id]].Err = Classify(err)
+	}
+}
+
+// forkLocal forks the children on the parent's own host, if any, and
+// drops those that failed (all of them if the fork failed: its error is
+// returned).
+func (p *Plane) forkLocal(ctx context.Context, b *forkBatch) (host.ForkResult, error) {
+	local := b.byHost[b.parent.HostID]
+	if len(local) == 0 {
+		return host.ForkResult{}, nil
+	}
+	res, err := p.forkOnHost(ctx, b.parent, local)
+	if err != nil {
+		p.dropChildren(ctx, b, local, err)
+		return res, err
+	}
+	for j, id := range local { // children come back in request order
+		if c := res.Children[j]; c.Err != nil {
+			p.dropChildren(ctx, b, []string{id}, c.Err)
+			if b.out[b.slot[id]].Err.Kind == Internal {
+				p.log.Error("fork child failed", "parent_id", b.parent.ID, "sandbox_id", id, "err", c.Err)
+			}
+		}
+	}
+	return res, nil
+}
+
+// forkRemote forks the children on other hosts than the parent's from one
+// capture of the parent (forkAcross), and drops those that failed (all of
+// them if the capture failed: its error is returned).
+func (p *Plane) forkRemote(ctx context.Context, key catalog.Key, b *forkBatch) (host.SnapshotInfo, acrossBytes, error) {
+	var remote []string
+	for _, hid := range b.hosts {
+		if hid != b.parent.HostID {
+			remote = append(remote, b.byHost[hid]...)
+		}
+	}
+	var mu sync.Mutex
+	si, across, err := p.forkAcross(ctx, key, b.parent, remote, func(id string) string { return b.choices[b.slot[id]].Host },
+		func(id string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			p.dropChildren(ctx, b, []string{id}, err)
+		})
+	if err != nil {
+		p.dropChildren(ctx, b, remote, err)
+	}
+	return si, across, err
+}
+
+// collectChildren waits for each child not dropped to run on its host and
+// puts its record, or why it did not start, in its slot.
+func (p *Plane) collectChildren(ctx context.Context, b *forkBatch) {
+	for _, hid := range b.hosts {
+		h, err := p.on(hid)
+		for _, id := range b.byHost[hid] {
+			if b.out[b.slot[id]].Err != nil {
+				continue
+			}
+			if err != nil {
+				b.out[b.slot[id]].Err = Classify(err)
+				continue
+			}
+			sb, err := p.started(ctx, h, id)
+			if err != nil {
+				b.out[b.slot[id]].Err = Classify(err)
+				continue
+			}
+			b.out[b.slot[id]].Sandbox = &sb
+		}
+	}
 }
 
 // forkOnHost forks children ids of parent on the parent's own host.

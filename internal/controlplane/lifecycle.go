@@ -567,73 +567,107 @@ func (p *Plane) ResyncHost(ctx context.Context, hostID string, list func(context
 			continue
 		}
 		st, ok := alive[sb.ID]
-		settled := ok && (st == lifecycle.Running || st == lifecycle.Paused)
-		var update func(x *catalog.Sandbox) error
-		switch {
-		case ok && !settled:
-			// An operation in flight on the host that no request of this
-			// server waits for (an earlier server started it): the TTL
-			// loop resyncs again until it ends.
+		update, inFlight := p.resyncUpdate(ctx, h, sb, st, ok)
+		if inFlight {
 			unsettled = true
-			continue
-		case sb.State == catalog.StateStopping:
-			if ok {
-				h.Kill(ctx, sb.ID)
-			}
-			reason := sb.StopReason // recorded as the stop began
-			if reason == "" {
-				reason = "killed"
-			}
-			update = p.stoppedBy(reason)
-		case settled && sb.State == string(st):
-			continue
-		case settled && sb.State != catalog.StateStarting:
-			p.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
-			update = func(x *catalog.Sandbox) error {
-				if x.State == catalog.StateResuming && st == lifecycle.Paused {
-					x.LastError = "resume failed: interrupted by a restart; resume it again"
-				}
-				if x.State == catalog.StatePausing && st == lifecycle.Running {
-					x.LastError = "pause failed: interrupted by a restart; the sandbox runs on"
-				}
-				x.State = string(st)
-				if st == lifecycle.Paused {
-					x.ExpiresAt = time.Time{}
-				} else if x.ExpiresAt.IsZero() {
-					x.ExpiresAt = p.now().Add(p.ttlOf(*x))
-				}
-				if st == lifecycle.Running {
-					x.PausedBytes = 0
-				}
-				return nil
-			}
-		default:
-			if ok {
-				h.Kill(ctx, sb.ID) // a create that never finished
-			}
-			reason := "vmm_exited"
-			if sb.State == catalog.StateStarting {
-				reason = "host_restarted"
-			}
-			update = p.stoppedBy(reason)
 		}
-		_, err := p.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
-			if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
-				return errChanged
-			}
-			if err := update(x); err != nil {
-				return err
-			}
-			x.UpdatedAt = p.now()
-			return nil
-		})
-		if errors.Is(err, errChanged) || errors.Is(err, catalog.ErrNotFound) {
+		if update == nil {
 			continue
 		}
-		if err != nil {
+		if err := p.updateUnchanged(ctx, sb, update); err != nil {
 			return fmt.Errorf("reconcile %s: %w", sb.ID, err)
 		}
 	}
+	p.killStrangers(ctx, h, hostID, alive, known)
+	p.resyncSnapshots(ctx, hostID, h)
+	return nil
+}
+
+// resyncUpdate decides what live record sb must become given the host's
+// sandbox of its id (onHost: the host has one, in state st), as Resync
+// lists, and kills the host's sandbox where the record ends. It returns
+// the update to make, nil for none; inFlight when an operation is still
+// running on the host that no request of this server waits for (an
+// earlier server started it): the TTL loop resyncs again until it ends.
+func (p *Plane) resyncUpdate(ctx context.Context, h host.Host, sb catalog.Sandbox, st lifecycle.State, onHost bool) (update func(x *catalog.Sandbox) error, inFlight bool) {
+	settled := onHost && (st == lifecycle.Running || st == lifecycle.Paused)
+	switch {
+	case onHost && !settled:
+		return nil, true
+	case sb.State == catalog.StateStopping:
+		if onHost {
+			h.Kill(ctx, sb.ID)
+		}
+		reason := sb.StopReason // recorded as the stop began
+		if reason == "" {
+			reason = "killed"
+		}
+		return p.stoppedBy(reason), false
+	case settled && sb.State == string(st):
+		return nil, false
+	case settled && sb.State != catalog.StateStarting:
+		p.log.Info("sandbox state from its host", "sandbox_id", sb.ID, "state", st, "recorded", sb.State)
+		return p.settledAs(st), false
+	default:
+		if onHost {
+			h.Kill(ctx, sb.ID) // a create that never finished
+		}
+		reason := "vmm_exited"
+		if sb.State == catalog.StateStarting {
+			reason = "host_restarted"
+		}
+		return p.stoppedBy(reason), false
+	}
+}
+
+// settledAs is the update of a record to the settled state st its host
+// has: a pause or resume that a crash interrupted ends as the host
+// finished or rolled it back (a resume rolled back says so in
+// last_error); a paused sandbox does not expire, a running one does.
+func (p *Plane) settledAs(st lifecycle.State) func(x *catalog.Sandbox) error {
+	return func(x *catalog.Sandbox) error {
+		if x.State == catalog.StateResuming && st == lifecycle.Paused {
+			x.LastError = "resume failed: interrupted by a restart; resume it again"
+		}
+		if x.State == catalog.StatePausing && st == lifecycle.Running {
+			x.LastError = "pause failed: interrupted by a restart; the sandbox runs on"
+		}
+		x.State = string(st)
+		if st == lifecycle.Paused {
+			x.ExpiresAt = time.Time{}
+		} else if x.ExpiresAt.IsZero() {
+			x.ExpiresAt = p.now().Add(p.ttlOf(*x))
+		}
+		if st == lifecycle.Running {
+			x.PausedBytes = 0
+		}
+		return nil
+	}
+}
+
+// updateUnchanged applies update to record sb unless the record changed
+// since sb was read or is gone: then it does nothing.
+func (p *Plane) updateUnchanged(ctx context.Context, sb catalog.Sandbox, update func(x *catalog.Sandbox) error) error {
+	_, err := p.cat.UpdateSandbox(ctx, sb.ID, func(x *catalog.Sandbox) error {
+		if x.State != sb.State || !x.UpdatedAt.Equal(sb.UpdatedAt) {
+			return errChanged
+		}
+		if err := update(x); err != nil {
+			return err
+		}
+		x.UpdatedAt = p.now()
+		return nil
+	})
+	if errors.Is(err, errChanged) || errors.Is(err, catalog.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// killStrangers kills each sandbox host h (hostID) has (alive) that the
+// catalog does not list live there (known: the live records read), unless
+// it is busy or its record appeared since the catalog was read.
+func (p *Plane) killStrangers(ctx context.Context, h host.Host, hostID string, alive map[string]lifecycle.State, known map[string]bool) {
 	for id := range alive {
 		if known[id] || p.isBusy(id) {
 			continue
@@ -647,8 +681,6 @@ func (p *Plane) ResyncHost(ctx context.Context, hostID string, list func(context
 		p.log.Warn("killing a sandbox the catalog does not place on this host (a create that never finished, or a copy of one that moved)", "sandbox_id", id, "host_id", hostID)
 		h.Kill(ctx, id)
 	}
-	p.resyncSnapshots(ctx, hostID, h)
-	return nil
 }
 
 func (p *Plane) stoppedBy(reason string) func(x *catalog.Sandbox) error {

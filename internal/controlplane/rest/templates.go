@@ -107,37 +107,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	// usable: the versions of each user template the key may use (its
-	// own and an admin key's: all; others': the published ones), by
-	// name; a template with none is not listed. visible: a built-in, or
-	// a version the key may use (for a shape of plain NAME, the latest
-	// version's: only if that one is usable). A version the registry
-	// does not list is a deleted one's (a host of a fleet that was away
-	// keeps it until its next start): not listed.
-	usable := map[string][]templates.UserRootFS{}
-	for name, vs := range users {
-		if uv := usableVersions(key, vs); len(uv) > 0 {
-			usable[name] = uv
-		}
-	}
-	visible := func(ref string) bool {
-		name, v, err := templates.SplitRef(ref)
-		vs, ok := users[name]
-		switch {
-		case err != nil:
-			return false
-		case !ok:
-			return v == 0
-		case v == 0:
-			uv := usable[name]
-			return len(uv) > 0 && uv[len(uv)-1].Version == vs[len(vs)-1].Version
-		}
-		return slices.ContainsFunc(usable[name], func(u templates.UserRootFS) bool { return u.Version == v })
-	}
-	visibleName := func(name string) bool {
-		_, user := users[name]
-		return !user || len(usable[name]) > 0
-	}
+	view := newTemplateView(key, users)
 	if !key.Admin {
 		var defaults []templates.Meta
 		for _, t := range baked {
@@ -150,7 +120,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	var out []templateJSON
 	seen := map[string]bool{}
 	for _, t := range baked {
-		if !visible(t.Name) {
+		if !view.visible(t.Name) {
 			continue
 		}
 		name, v, _ := templates.SplitRef(t.Name)
@@ -175,36 +145,99 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("list template names of host", "host_id", s.cfg.HostID, "err", err)
 	}
 	for _, name := range names {
-		if !seen[name] && visibleName(name) {
+		if !seen[name] && view.visibleName(name) {
 			p := s.host.TemplateParams(name, 0, 0)
 			out = append(out, templateJSON{Name: name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, State: "not_baked"})
 		}
 	}
 	for i := range out {
-		vs, ok := usable[out[i].Name]
-		if !ok {
-			continue
-		}
-		latest := vs[len(vs)-1]
-		if out[i].Version == 0 {
-			out[i].Version = latest.Version
-		}
-		pub := slices.ContainsFunc(vs, func(u templates.UserRootFS) bool { return u.Published })
-		out[i].LatestVersion, out[i].Public = latest.Version, &pub
-		if key.Admin {
-			out[i].Owner = latest.Owner
-			out[i].StartCmd, out[i].ReadyCmd, out[i].ReadyTimeoutSeconds = latest.StartCmd, latest.ReadyCmd, latest.ReadyTimeoutSeconds
-		}
-		for _, u := range vs {
-			out[i].Versions = append(out[i].Versions, versionJSON{Version: u.Version, Published: u.Published, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
-				SizeBytes: u.SizeBytes, DiskBytes: u.DiskBytes, FromImage: u.Source, Digest: u.Digest})
-			if u.Version == out[i].Version {
-				at := u.BuiltAt
-				out[i].FromImage, out[i].Digest, out[i].BuiltAt, out[i].BuildMS = u.Source, u.Digest, &at, u.BuildMS
-				out[i].SizeBytes, out[i].DiskBytes = u.SizeBytes, u.DiskBytes
-			}
+		view.describe(&out[i], key.Admin)
+	}
+	sortTemplateRows(out)
+	if out == nil {
+		out = []templateJSON{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
+}
+
+// templateView is what one key may see of the user templates: users
+// holds every user template's versions by name; usable, by name, the
+// versions the key may use (its own and an admin key's: all; others':
+// the published ones). A template with none usable is not listed. A
+// version the registry does not list is a deleted one's (a host of a
+// fleet that was away keeps it until its next start): not listed.
+type templateView struct {
+	users, usable map[string][]templates.UserRootFS
+}
+
+func newTemplateView(key catalog.Key, users map[string][]templates.UserRootFS) templateView {
+	usable := map[string][]templates.UserRootFS{}
+	for name, vs := range users {
+		if uv := usableVersions(key, vs); len(uv) > 0 {
+			usable[name] = uv
 		}
 	}
+	return templateView{users: users, usable: usable}
+}
+
+// visible reports whether a template baked as ref is listed: a built-in,
+// or a version the key may use (for a shape of plain NAME, the latest
+// version's: only if that one is usable).
+func (tv templateView) visible(ref string) bool {
+	name, v, err := templates.SplitRef(ref)
+	vs, ok := tv.users[name]
+	switch {
+	case err != nil:
+		return false
+	case !ok:
+		return v == 0
+	case v == 0:
+		uv := tv.usable[name]
+		return len(uv) > 0 && uv[len(uv)-1].Version == vs[len(vs)-1].Version
+	}
+	return slices.ContainsFunc(tv.usable[name], func(u templates.UserRootFS) bool { return u.Version == v })
+}
+
+// visibleName reports whether template name, not baked, is listed: a
+// built-in, or a user template with a version the key may use.
+func (tv templateView) visibleName(name string) bool {
+	_, user := tv.users[name]
+	return !user || len(tv.usable[name]) > 0
+}
+
+// describe fills in a user template's row with what the key may see of
+// it: its row's version (the latest for a shape of plain NAME), the
+// latest and every usable version, whether it is public, and for an
+// admin key its owner and commands. Other rows stay as they are.
+func (tv templateView) describe(tj *templateJSON, admin bool) {
+	vs, ok := tv.usable[tj.Name]
+	if !ok {
+		return
+	}
+	latest := vs[len(vs)-1]
+	if tj.Version == 0 {
+		tj.Version = latest.Version
+	}
+	pub := slices.ContainsFunc(vs, func(u templates.UserRootFS) bool { return u.Published })
+	tj.LatestVersion, tj.Public = latest.Version, &pub
+	if admin {
+		tj.Owner = latest.Owner
+		tj.StartCmd, tj.ReadyCmd, tj.ReadyTimeoutSeconds = latest.StartCmd, latest.ReadyCmd, latest.ReadyTimeoutSeconds
+	}
+	for _, u := range vs {
+		tj.Versions = append(tj.Versions, versionJSON{Version: u.Version, Published: u.Published, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
+			SizeBytes: u.SizeBytes, DiskBytes: u.DiskBytes, FromImage: u.Source, Digest: u.Digest})
+		if u.Version == tj.Version {
+			at := u.BuiltAt
+			tj.FromImage, tj.Digest, tj.BuiltAt, tj.BuildMS = u.Source, u.Digest, &at, u.BuildMS
+			tj.SizeBytes, tj.DiskBytes = u.SizeBytes, u.DiskBytes
+		}
+	}
+}
+
+// sortTemplateRows sorts rows by name, then newest version first, then
+// smallest memory first.
+func sortTemplateRows(out []templateJSON) {
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Name != out[j].Name {
 			return out[i].Name < out[j].Name
@@ -214,10 +247,6 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		}
 		return out[i].MemoryMiB < out[j].MemoryMiB
 	})
-	if out == nil {
-		out = []templateJSON{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
 }
 
 // ownsTemplate reports whether key may see and use every version of user

@@ -163,59 +163,24 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	if len(opts.Meta) > MaxMeta || (opts.Meta != nil && !json.Valid(opts.Meta)) {
 		return st, fmt.Errorf("write pack: metadata of %d bytes: want valid JSON of at most %d", len(opts.Meta), MaxMeta)
 	}
-	names := make([]string, 0, len(files))
-	for n := range files {
-		if err := validFileName(n); err != nil {
-			return st, fmt.Errorf("write pack: %w", err)
-		}
-		names = append(names, n)
+	names, err := fileNames(files)
+	if err != nil {
+		return st, fmt.Errorf("write pack: %w", err)
 	}
-	slices.Sort(names)
 	if len(names) > 255 {
 		return st, fmt.Errorf("write pack: %d files: at most 255", len(names))
 	}
+	fds, sizes, err := openFiles(names, files)
+	if err != nil {
+		return st, fmt.Errorf("write pack: %w", err)
+	}
+	defer closeFiles(fds)
 	hdr := PackHeader{ChunkSize: cs, Meta: opts.Meta, BaseName: opts.BaseName}
-	var fds []*os.File
-	defer func() {
-		for _, f := range fds {
-			f.Close()
-		}
-	}()
-	for _, n := range names {
-		f, err := os.Open(files[n])
-		if err != nil {
-			return st, fmt.Errorf("write pack: %w", err)
-		}
-		fds = append(fds, f)
-		fi, err := f.Stat()
-		if err != nil {
-			return st, fmt.Errorf("write pack: %w", err)
-		}
-		if !fi.Mode().IsRegular() {
-			return st, fmt.Errorf("write pack: %s is not a regular file", files[n])
-		}
-		hdr.Files = append(hdr.Files, PackFile{Name: n, Size: fi.Size()})
+	for i, n := range names {
+		hdr.Files = append(hdr.Files, PackFile{Name: n, Size: sizes[i]})
 	}
-	bases := map[string]*base{}
-	used := map[string]Seed{}
-	for n, sd := range opts.Bases {
-		if _, ok := files[n]; !ok || sd.ChunkSize != cs {
-			continue
-		}
-		f, owned, err := sd.open()
-		if err != nil {
-			continue // no base: patches of zeros and whole chunks
-		}
-		if owned {
-			defer f.Close()
-		}
-		b := &base{f: f, chunks: sd.Chunks, current: sd.Current && sd.File != nil}
-		if fi, err := f.Stat(); err == nil {
-			b.size, b.ext = fi.Size(), extentsOf(f)
-		}
-		bases[n] = b
-		used[n] = sd
-	}
+	bases, used, closeBases := openBases(opts.Bases, files, cs)
+	defer closeBases()
 	hdr.Base = BaseDigest(used)
 	if hdr.Base == "" {
 		hdr.BaseName = "" // none used
@@ -234,126 +199,11 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 	if err := bw.Flush(); err != nil {
 		return st, fmt.Errorf("write pack: %w", err)
 	}
-	exts := make([]extentMap, len(hdr.Files)) // set by the dispatcher, file by file
 	st.SetupDur = time.Since(t0)
-	// Chunks are read and diffed by packWorkers workers, a few ahead of
-	// the stream, and written in order: reading a chunk overlaps sending
-	// the one before.
-	prep := &packPrep{cs: cs, fds: fds, files: hdr.Files, bases: bases, exts: exts}
-	gctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// Memory: a chunk buffer per record in flight (a whole chunk's
-	// record holds its buffer until written), a base buffer per worker.
-	const ahead = 4
-	jobs := make(chan packJob)
-	order := make(chan chan packRec, ahead)
-	pool := make(chan *packBufs, packWorkers+ahead+1)
-	for range cap(pool) {
-		pool <- &packBufs{c: make([]byte, cs)}
-	}
-	var wg sync.WaitGroup
-	holes := 0
-	var dispatchErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer close(order)
-		defer close(jobs)
-		for fi, f := range hdr.Files {
-			if b := bases[f.Name]; b != nil && b.ext != nil {
-				// Before the file's first job: its workers see it.
-				exts[fi] = extentsOf(fds[fi])
-			}
-			for ci := range int((f.Size + cs - 1) / cs) {
-				hole, err := inHole(fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
-				if err != nil {
-					dispatchErr = fmt.Errorf("write pack: %s: %w", f.Name, err)
-					return
-				}
-				if hole {
-					holes++
-					continue
-				}
-				out := make(chan packRec, 1)
-				select {
-				case order <- out:
-				case <-gctx.Done():
-					return
-				}
-				select {
-				case jobs <- packJob{fi: fi, ci: ci, out: out}:
-				case <-gctx.Done():
-					return
-				}
-			}
-		}
-	}()
-	for range packWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			baseBuf := make([]byte, cs)
-			for j := range jobs {
-				var bufs *packBufs
-				select {
-				case bufs = <-pool:
-				case <-gctx.Done():
-					j.out <- packRec{err: gctx.Err()}
-					continue
-				}
-				r := prep.chunk(j.fi, j.ci, bufs, baseBuf)
-				if r.bufs == nil {
-					pool <- bufs
-				}
-				j.out <- r
-			}
-		}()
-	}
-	err = func() error {
-		for out := range order {
-			var r packRec
-			select {
-			case r = <-out:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			if r.err != nil {
-				return r.err
-			}
-			st.BytesRead += r.read
-			if r.unread {
-				st.Unread++
-			}
-			switch r.typ {
-			case 0:
-				st.ZeroChunks++
-			case recBase:
-				st.BaseChunks++
-			case recPatch:
-				st.PatchChunks++
-			case recWhole:
-				st.WholeChunks++
-			}
-			if r.typ != 0 {
-				if err := pw.record(r.typ, r.fi, r.ci, r.parts...); err != nil {
-					return err
-				}
-			}
-			if r.bufs != nil {
-				pool <- r.bufs
-			}
-		}
-		return nil
-	}()
-	cancel()
-	wg.Wait()
-	if err == nil {
-		err = dispatchErr
-	}
-	if err != nil {
+	prep := &packPrep{cs: cs, fds: fds, files: hdr.Files, bases: bases, exts: make([]extentMap, len(hdr.Files))}
+	if err := prep.send(ctx, pw, &st); err != nil {
 		return st, err
 	}
-	st.ZeroChunks += holes
 	for _, f := range hdr.Files {
 		st.Chunks += int((f.Size + cs - 1) / cs)
 	}
@@ -372,10 +222,164 @@ func WritePack(ctx context.Context, w io.Writer, files map[string]string, opts P
 // packWorkers read and diff chunks for WritePack.
 const packWorkers = 2
 
+// packAhead is how many records WritePack's workers may prepare ahead of
+// the one it writes.
+const packAhead = 4
+
 // packBuffer is what WritePack buffers before it writes to its writer:
 // large enough for few writes, small enough that the stream flows
 // (records of base chunks are small).
 const packBuffer = 256 << 10
+
+// send writes the records of every chunk of pp's files to pw, in order
+// of file and chunk, and counts them in st (ZeroChunks includes the
+// holes, which have no record). Chunks are read and diffed by packWorkers
+// workers (work), at most packAhead ahead of the stream, and written in
+// order (writeRecords): reading a chunk overlaps sending the one before.
+// On error (the first of a record, a hole that cannot be told, or ctx
+// ending) every goroutine has stopped when send returns.
+func (pp *packPrep) send(ctx context.Context, pw *packWriter, st *PackStats) error {
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Memory: a chunk buffer per record in flight (a whole chunk's
+	// record holds its buffer until written), a base buffer per worker.
+	jobs := make(chan packJob)
+	order := make(chan chan packRec, packAhead)
+	pool := make(chan *packBufs, packWorkers+packAhead+1)
+	for range cap(pool) {
+		pool <- &packBufs{c: make([]byte, pp.cs)}
+	}
+	var wg sync.WaitGroup
+	holes := 0
+	var dispatchErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		holes, dispatchErr = pp.dispatch(gctx, jobs, order)
+	}()
+	for range packWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pp.work(gctx, jobs, pool)
+		}()
+	}
+	err := writeRecords(ctx, pw, order, pool, st)
+	cancel()
+	wg.Wait()
+	if err == nil {
+		err = dispatchErr
+	}
+	if err != nil {
+		return err
+	}
+	st.ZeroChunks += holes
+	return nil
+}
+
+// dispatch hands each chunk of pp's files that is not a hole to the
+// workers (jobs), in order of file and chunk, first queueing on order the
+// channel its record will come back on. It maps a file's extents (if its
+// base has a map) before handing out the file's first chunk, so that the
+// workers see them. It returns the number of holes skipped and closes
+// jobs and order; it stops early, with no error, once ctx ends, and with
+// an error if it cannot tell whether a chunk is a hole.
+func (pp *packPrep) dispatch(ctx context.Context, jobs chan<- packJob, order chan<- chan packRec) (holes int, err error) {
+	defer close(order)
+	defer close(jobs)
+	cs := pp.cs
+	for fi, f := range pp.files {
+		if b := pp.bases[f.Name]; b != nil && b.ext != nil {
+			// Before the file's first job: its workers see it.
+			pp.exts[fi] = extentsOf(pp.fds[fi])
+		}
+		for ci := range int((f.Size + cs - 1) / cs) {
+			hole, err := inHole(pp.fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
+			if err != nil {
+				return holes, fmt.Errorf("write pack: %s: %w", f.Name, err)
+			}
+			if hole {
+				holes++
+				continue
+			}
+			out := make(chan packRec, 1)
+			select {
+			case order <- out:
+			case <-ctx.Done():
+				return holes, nil
+			}
+			select {
+			case jobs <- packJob{fi: fi, ci: ci, out: out}:
+			case <-ctx.Done():
+				return holes, nil
+			}
+		}
+	}
+	return holes, nil
+}
+
+// work makes the record of each job until jobs is closed, each in a
+// chunk buffer from pool that goes back to pool at once unless the record
+// holds it (a whole chunk). Once ctx ends, each job left gets ctx's error
+// as its record.
+func (pp *packPrep) work(ctx context.Context, jobs <-chan packJob, pool chan *packBufs) {
+	baseBuf := make([]byte, pp.cs)
+	for j := range jobs {
+		var bufs *packBufs
+		select {
+		case bufs = <-pool:
+		case <-ctx.Done():
+			j.out <- packRec{err: ctx.Err()}
+			continue
+		}
+		r := pp.chunk(j.fi, j.ci, bufs, baseBuf)
+		if r.bufs == nil {
+			pool <- bufs
+		}
+		j.out <- r
+	}
+}
+
+// writeRecords writes to pw the records that come through the channels
+// of order, in that order, counts them in st and gives each buffer a
+// record held back to pool once it is written. It returns nil once order
+// is closed, else the first record's error, pw's, or ctx's once it ends.
+func writeRecords(ctx context.Context, pw *packWriter, order <-chan chan packRec, pool chan<- *packBufs, st *PackStats) error {
+	for out := range order {
+		var r packRec
+		select {
+		case r = <-out:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if r.err != nil {
+			return r.err
+		}
+		st.BytesRead += r.read
+		if r.unread {
+			st.Unread++
+		}
+		switch r.typ {
+		case 0:
+			st.ZeroChunks++
+		case recBase:
+			st.BaseChunks++
+		case recPatch:
+			st.PatchChunks++
+		case recWhole:
+			st.WholeChunks++
+		}
+		if r.typ != 0 {
+			if err := pw.record(r.typ, r.fi, r.ci, r.parts...); err != nil {
+				return err
+			}
+		}
+		if r.bufs != nil {
+			pool <- r.bufs
+		}
+	}
+	return nil
+}
 
 type packJob struct {
 	fi, ci int
@@ -652,111 +656,40 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 	ss := openSeeds(seeds, cs)
 	defer ss.close()
 	fds := make([]*os.File, len(h.Files))
-	defer func() {
-		for _, f := range fds {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
+	defer closeFiles(fds)
 	for i, f := range h.Files {
-		fd, err := os.OpenFile(filepath.Join(dir, f.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return st, fmt.Errorf("read pack: %w", err)
-		}
-		fds[i] = fd
-		if err := fd.Truncate(f.Size); err != nil {
+		if fds[i], err = createPackFile(dir, f); err != nil {
 			return st, fmt.Errorf("read pack: %w", err)
 		}
 		st.Chunks += int((f.Size + cs - 1) / cs)
 	}
 	maxPayload := sha256.Size + maxPatch(cs)
-	payload := make([]byte, maxPayload+4) // and its CRC
-	buf := make([]byte, cs)
-	records := 0
-	current := 0 // the file of the last record
-	sent := map[[2]int]bool{}
+	rd := &packReader{
+		r: r, h: h, fds: fds, ss: ss, st: &st,
+		payload: make([]byte, maxPayload+4), // and its CRC
+		buf:     make([]byte, cs),
+		sent:    map[[2]int]bool{},
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return st, err
 		}
-		var hdr [10]byte
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return st, fmt.Errorf("%w: record %d: %w", ErrPack, records, unexpected(err))
+		typ, fi, ci, p, err := rd.next()
+		if err != nil {
+			return st, err
 		}
-		typ, fi, ci := hdr[0], int(hdr[1]), int(binary.LittleEndian.Uint32(hdr[2:]))
-		n := int64(binary.LittleEndian.Uint32(hdr[6:]))
-		if n > maxPayload {
-			return st, fmt.Errorf("%w: record %d of %d bytes", ErrPack, records, n)
-		}
-		p := payload[:n+4]
-		if _, err := io.ReadFull(r, p); err != nil {
-			return st, fmt.Errorf("%w: record %d: %w", ErrPack, records, unexpected(err))
-		}
-		crc := crc32.Update(crc32.Checksum(hdr[:], castagnoli), castagnoli, p[:n])
-		if crc != binary.LittleEndian.Uint32(p[n:]) {
-			return st, fmt.Errorf("%w: record %d: checksum", ErrPack, records)
-		}
-		st.Bytes += int64(len(hdr)) + n + 4
-		p = p[:n]
 		if typ == recEnd {
-			if n != 4 || int(binary.LittleEndian.Uint32(p)) != records {
-				return st, fmt.Errorf("%w: trailer: %d records received", ErrPack, records)
+			if len(p) != 4 || int(binary.LittleEndian.Uint32(p)) != rd.records {
+				return st, fmt.Errorf("%w: trailer: %d records received", ErrPack, rd.records)
 			}
 			break
 		}
-		records++
-		if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) || sent[[2]int{fi, ci}] {
-			return st, fmt.Errorf("%w: record %d: chunk %d of file %d", ErrPack, records, ci, fi)
+		rd.records++
+		if err := rd.place(fi, ci, filesDone); err != nil {
+			return st, err
 		}
-		if fi < current {
-			return st, fmt.Errorf("%w: record %d: chunk %d of file %d after file %d", ErrPack, records, ci, fi, current)
-		}
-		if fi > current {
-			current = fi
-			if filesDone != nil {
-				filesDone(fi)
-			}
-		}
-		sent[[2]int{fi, ci}] = true
-		f := h.Files[fi]
-		off := int64(ci) * cs
-		c := buf[:chunkLen(f.Size, cs, ci)]
-		switch typ {
-		case recBase:
-			if n != sha256.Size {
-				return st, fmt.Errorf("%w: record %d: base of %d bytes", ErrPack, records, n)
-			}
-			hash := hex.EncodeToString(p)
-			ok, cloned, err := ss.take(fds[fi], hash, off, c)
-			if err != nil {
-				return st, fmt.Errorf("read pack: %s chunk %d: %w", f.Name, ci, err)
-			}
-			if !ok {
-				return st, fmt.Errorf("%w: %s chunk %d: base chunk %s not held here", ErrPackBase, f.Name, ci, hash)
-			}
-			st.BaseChunks++
-			if cloned {
-				st.Reflinked++
-			}
-		case recPatch:
-			if n < sha256.Size {
-				return st, fmt.Errorf("%w: record %d: patch of %d bytes", ErrPack, records, n)
-			}
-			if err := readPatch(fds[fi], ss, p, off, c, &st); err != nil {
-				return st, fmt.Errorf("%s chunk %d: %w", f.Name, ci, err)
-			}
-			st.PatchChunks++
-		case recWhole:
-			if n != int64(len(c)) {
-				return st, fmt.Errorf("%w: record %d: chunk of %d bytes, want %d", ErrPack, records, n, len(c))
-			}
-			if err := writeSparse(fds[fi], p, off); err != nil {
-				return st, fmt.Errorf("read pack: %w", err)
-			}
-			st.WholeChunks++
-		default:
-			return st, fmt.Errorf("%w: record %d: type %q", ErrPack, records, typ)
+		if err := rd.write(typ, fi, ci, p); err != nil {
+			return st, err
 		}
 	}
 	st.ZeroChunks = st.Chunks - st.BaseChunks - st.PatchChunks - st.WholeChunks
@@ -765,6 +698,127 @@ func ReadPackNotify(ctx context.Context, r *bufio.Reader, h PackHeader, dir stri
 		filesDone(len(h.Files))
 	}
 	return st, nil
+}
+
+// createPackFile creates f in dir (which must not hold it yet), of f's
+// size: a hole until records are written into it.
+func createPackFile(dir string, f PackFile) (*os.File, error) {
+	fd, err := os.OpenFile(filepath.Join(dir, f.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := fd.Truncate(f.Size); err != nil {
+		fd.Close()
+		return nil, err
+	}
+	return fd, nil
+}
+
+// packReader is ReadPackNotify's state between records.
+type packReader struct {
+	r       *bufio.Reader
+	h       PackHeader
+	fds     []*os.File // of h.Files, created
+	ss      *seedSet
+	st      *PackStats
+	payload []byte // a record's payload and CRC
+	buf     []byte // a chunk
+	records int    // counted so far, the trailer excepted
+	current int    // the file of the last record
+	sent    map[[2]int]bool
+}
+
+// next reads the next record and checks its length and checksum; it
+// counts its bytes in st.Bytes. p, the payload, is valid until the next
+// call. Errors match ErrPack.
+func (rd *packReader) next() (typ byte, fi, ci int, p []byte, err error) {
+	var hdr [10]byte
+	if _, err := io.ReadFull(rd.r, hdr[:]); err != nil {
+		return 0, 0, 0, nil, fmt.Errorf("%w: record %d: %w", ErrPack, rd.records, unexpected(err))
+	}
+	typ, fi, ci = hdr[0], int(hdr[1]), int(binary.LittleEndian.Uint32(hdr[2:]))
+	n := int64(binary.LittleEndian.Uint32(hdr[6:]))
+	if n > int64(len(rd.payload)-4) {
+		return 0, 0, 0, nil, fmt.Errorf("%w: record %d of %d bytes", ErrPack, rd.records, n)
+	}
+	p = rd.payload[:n+4]
+	if _, err := io.ReadFull(rd.r, p); err != nil {
+		return 0, 0, 0, nil, fmt.Errorf("%w: record %d: %w", ErrPack, rd.records, unexpected(err))
+	}
+	crc := crc32.Update(crc32.Checksum(hdr[:], castagnoli), castagnoli, p[:n])
+	if crc != binary.LittleEndian.Uint32(p[n:]) {
+		return 0, 0, 0, nil, fmt.Errorf("%w: record %d: checksum", ErrPack, rd.records)
+	}
+	rd.st.Bytes += int64(len(hdr)) + n + 4
+	return typ, fi, ci, p[:n], nil
+}
+
+// place checks that chunk ci of file fi exists and comes for the first
+// time, in file order, and calls filesDone (if not nil) when it is the
+// first record of a later file. Errors match ErrPack.
+func (rd *packReader) place(fi, ci int, filesDone func(n int)) error {
+	h, cs := rd.h, rd.h.ChunkSize
+	if fi >= len(h.Files) || ci >= int((h.Files[fi].Size+cs-1)/cs) || rd.sent[[2]int{fi, ci}] {
+		return fmt.Errorf("%w: record %d: chunk %d of file %d", ErrPack, rd.records, ci, fi)
+	}
+	if fi < rd.current {
+		return fmt.Errorf("%w: record %d: chunk %d of file %d after file %d", ErrPack, rd.records, ci, fi, rd.current)
+	}
+	if fi > rd.current {
+		rd.current = fi
+		if filesDone != nil {
+			filesDone(fi)
+		}
+	}
+	rd.sent[[2]int{fi, ci}] = true
+	return nil
+}
+
+// write writes chunk ci of file fi from a record of type typ and payload
+// p, and counts it in st. A payload that does not fit its type matches
+// ErrPack; a base chunk the seeds do not hold, ErrPackBase.
+func (rd *packReader) write(typ byte, fi, ci int, p []byte) error {
+	f, st := rd.h.Files[fi], rd.st
+	off := int64(ci) * rd.h.ChunkSize
+	c := rd.buf[:chunkLen(f.Size, rd.h.ChunkSize, ci)]
+	n := int64(len(p))
+	switch typ {
+	case recBase:
+		if n != sha256.Size {
+			return fmt.Errorf("%w: record %d: base of %d bytes", ErrPack, rd.records, n)
+		}
+		hash := hex.EncodeToString(p)
+		ok, cloned, err := rd.ss.take(rd.fds[fi], hash, off, c)
+		if err != nil {
+			return fmt.Errorf("read pack: %s chunk %d: %w", f.Name, ci, err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s chunk %d: base chunk %s not held here", ErrPackBase, f.Name, ci, hash)
+		}
+		st.BaseChunks++
+		if cloned {
+			st.Reflinked++
+		}
+	case recPatch:
+		if n < sha256.Size {
+			return fmt.Errorf("%w: record %d: patch of %d bytes", ErrPack, rd.records, n)
+		}
+		if err := readPatch(rd.fds[fi], rd.ss, p, off, c, st); err != nil {
+			return fmt.Errorf("%s chunk %d: %w", f.Name, ci, err)
+		}
+		st.PatchChunks++
+	case recWhole:
+		if n != int64(len(c)) {
+			return fmt.Errorf("%w: record %d: chunk of %d bytes, want %d", ErrPack, rd.records, n, len(c))
+		}
+		if err := writeSparse(rd.fds[fi], p, off); err != nil {
+			return fmt.Errorf("read pack: %w", err)
+		}
+		st.WholeChunks++
+	default:
+		return fmt.Errorf("%w: record %d: type %q", ErrPack, rd.records, typ)
+	}
+	return nil
 }
 
 // readPatch writes a patch record's chunk at off of dst: its base (from a

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -98,48 +97,23 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	if len(meta) > MaxMeta || (meta != nil && !json.Valid(meta)) {
 		return nil, Stats{}, fmt.Errorf("upload %s: metadata of %d bytes: want valid JSON of at most %d", name, len(meta), MaxMeta)
 	}
-	m := &Manifest{Version: manifestVersion, Name: name, ChunkSize: s.cfg.ChunkSize, Meta: meta}
-	var fds []*os.File
-	defer func() {
-		for _, f := range fds {
-			f.Close()
-		}
-	}()
+	names, err := fileNames(files)
+	if err != nil {
+		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+	}
+	fds, sizes, err := openFiles(names, files)
+	if err != nil {
+		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
+	}
+	defer closeFiles(fds)
+	m := &Manifest{Version: manifestVersion, Name: name, ChunkSize: s.cfg.ChunkSize, Meta: meta, Files: make([]File, 0, len(names))}
 	var st Stats
-	for fname, path := range files {
-		if err := validFileName(fname); err != nil {
-			return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
-		}
-		fds = append(fds, f)
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
-		}
-		if !fi.Mode().IsRegular() {
-			return nil, Stats{}, fmt.Errorf("upload %s: %s is not a regular file", name, path)
-		}
-		n := (fi.Size() + s.cfg.ChunkSize - 1) / s.cfg.ChunkSize
-		m.Files = append(m.Files, File{Name: fname, Size: fi.Size(), Chunks: make([]string, n)})
+	for i, fname := range names {
+		n := (sizes[i] + s.cfg.ChunkSize - 1) / s.cfg.ChunkSize
+		m.Files = append(m.Files, File{Name: fname, Size: sizes[i], Chunks: make([]string, n)})
 		st.ChunksTotal += int(n)
-		st.BytesTotal += fi.Size()
+		st.BytesTotal += sizes[i]
 	}
-	// Keep fds in the order of m.Files once sorted.
-	order := make([]int, len(m.Files))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		return strings.Compare(m.Files[a].Name, m.Files[b].Name)
-	})
-	sortedFiles, sortedFds := make([]File, len(order)), make([]*os.File, len(order))
-	for i, j := range order {
-		sortedFiles[i], sortedFds[i] = m.Files[j], fds[j]
-	}
-	m.Files, fds = sortedFiles, sortedFds
 
 	t0 := time.Now()
 	l, err := s.acquire(ctx, "upload")
@@ -151,29 +125,15 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 		return nil, Stats{}, fmt.Errorf("upload %s: %w", name, err)
 	}
 
-	u := &uploader{s: s, st: st, progress: progress, seen: map[string]*seenChunk{}, bases: map[string]*base{}, baseIn: map[string]bool{}}
+	u := &uploader{s: s, st: st, progress: progress, seen: map[string]*seenChunk{}, baseIn: map[string]bool{}}
 	for _, k := range opts.Known {
 		if km, err := s.Manifest(ctx, k); err == nil {
 			km.Objects(func(h string) { u.baseIn[h] = true })
 		}
 	}
-	for fname, sd := range opts.Bases {
-		if _, ok := files[fname]; !ok || sd.ChunkSize != s.cfg.ChunkSize {
-			continue
-		}
-		f, owned, err := sd.open()
-		if err != nil {
-			continue // no base: whole chunks
-		}
-		if owned {
-			defer f.Close()
-		}
-		b := &base{f: f, chunks: sd.Chunks, current: sd.Current && sd.File != nil}
-		if fi, err := f.Stat(); err == nil {
-			b.size, b.ext = fi.Size(), extentsOf(f)
-		}
-		u.bases[fname] = b
-	}
+	bases, _, closeBases := openBases(opts.Bases, files, s.cfg.ChunkSize)
+	defer closeBases()
+	u.bases = bases
 	exts := make([]extentMap, len(m.Files))
 	for fi, f := range m.Files {
 		if b := u.bases[f.Name]; b != nil && b.ext != nil {
@@ -182,41 +142,7 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	}
 	u.st.SetupDur = time.Since(t0)
 	t1 := time.Now()
-	g, gctx := errgroup.WithContext(ctx)
-	jobs := make(chan job)
-	g.Go(func() error {
-		defer close(jobs)
-		for fi, f := range m.Files {
-			for ci := range f.Chunks {
-				hole, err := inHole(fds[fi], int64(ci)*s.cfg.ChunkSize, chunkLen(f.Size, s.cfg.ChunkSize, ci))
-				if err != nil {
-					return fmt.Errorf("%s: %w", f.Name, err)
-				}
-				if hole {
-					u.done(func(st *Stats) { st.ZeroChunks++ })
-					continue
-				}
-				select {
-				case jobs <- job{fd: fds[fi], file: &m.Files[fi], i: ci, ext: exts[fi]}:
-				case <-gctx.Done():
-					return gctx.Err()
-				}
-			}
-		}
-		return nil
-	})
-	for range s.cfg.Workers {
-		g.Go(func() error {
-			buf := make([]byte, s.cfg.ChunkSize)
-			for j := range jobs {
-				if err := u.chunk(gctx, j, buf); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	if err := u.chunks(ctx, m.Files, fds, exts); err != nil {
 		return nil, u.stats(), fmt.Errorf("upload %s: %w", name, err)
 	}
 	u.st.ChunksDur = time.Since(t1)
@@ -236,6 +162,129 @@ func (s *Store) UploadWith(ctx context.Context, name string, files map[string]st
 	}
 	u.st.ManifestDur = time.Since(t2)
 	return m, u.stats(), nil
+}
+
+// fileNames returns the names of files (file name → local path), sorted,
+// or an error if one is not a valid file name.
+func fileNames(files map[string]string) ([]string, error) {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		if err := validFileName(n); err != nil {
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// openFiles opens files[n] for each of names, in that order, and returns
+// them with their sizes. Each must be a regular file. On error it leaves
+// none open; else the caller closes them (closeFiles).
+func openFiles(names []string, files map[string]string) (fds []*os.File, sizes []int64, err error) {
+	defer func() {
+		if err != nil {
+			closeFiles(fds)
+		}
+	}()
+	for _, n := range names {
+		f, err := os.Open(files[n])
+		if err != nil {
+			return fds, nil, err
+		}
+		fds = append(fds, f)
+		fi, err := f.Stat()
+		if err != nil {
+			return fds, nil, err
+		}
+		if !fi.Mode().IsRegular() {
+			return fds, nil, fmt.Errorf("%s is not a regular file", files[n])
+		}
+		sizes = append(sizes, fi.Size())
+	}
+	return fds, sizes, nil
+}
+
+// closeFiles closes each file of fds that is not nil.
+func closeFiles(fds []*os.File) {
+	for _, f := range fds {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// openBases opens the bases (UploadOptions.Bases, PackOptions.Bases) of
+// files chunked by chunkSize, by file name. A base of a file not among
+// files, of another chunk size, or that cannot be opened is left out:
+// its file's chunks are diffed against zeros. used holds the seeds of the
+// bases returned; closeAll closes the files openBases opened (not a
+// Seed's File), once the bases are no longer read.
+func openBases(seeds map[string]Seed, files map[string]string, chunkSize int64) (bases map[string]*base, used map[string]Seed, closeAll func()) {
+	bases, used = map[string]*base{}, map[string]Seed{}
+	var owned []*os.File
+	for n, sd := range seeds {
+		if _, ok := files[n]; !ok || sd.ChunkSize != chunkSize {
+			continue
+		}
+		f, own, err := sd.open()
+		if err != nil {
+			continue // no base
+		}
+		if own {
+			owned = append(owned, f)
+		}
+		b := &base{f: f, chunks: sd.Chunks, current: sd.Current && sd.File != nil}
+		if fi, err := f.Stat(); err == nil {
+			b.size, b.ext = fi.Size(), extentsOf(f)
+		}
+		bases[n] = b
+		used[n] = sd
+	}
+	return bases, used, func() { closeFiles(owned) }
+}
+
+// chunks stores the chunks of files (fds, in the same order, with the
+// extent maps exts of those with a base) with s.cfg.Workers workers,
+// counting holes as they are skipped. It returns the first error, once
+// every worker has stopped.
+func (u *uploader) chunks(ctx context.Context, files []File, fds []*os.File, exts []extentMap) error {
+	cs := u.s.cfg.ChunkSize
+	g, gctx := errgroup.WithContext(ctx)
+	jobs := make(chan job)
+	g.Go(func() error {
+		defer close(jobs)
+		for fi, f := range files {
+			for ci := range f.Chunks {
+				hole, err := inHole(fds[fi], int64(ci)*cs, chunkLen(f.Size, cs, ci))
+				if err != nil {
+					return fmt.Errorf("%s: %w", f.Name, err)
+				}
+				if hole {
+					u.done(func(st *Stats) { st.ZeroChunks++ })
+					continue
+				}
+				select {
+				case jobs <- job{fd: fds[fi], file: &files[fi], i: ci, ext: exts[fi]}:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+			}
+		}
+		return nil
+	})
+	for range u.s.cfg.Workers {
+		g.Go(func() error {
+			buf := make([]byte, cs)
+			for j := range jobs {
+				if err := u.chunk(gctx, j, buf); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 // waitNoGC returns once no live GC lease exists (see the package doc).

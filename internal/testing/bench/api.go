@@ -69,11 +69,7 @@ var ErrBatchFailed = errors.New("some sandboxes of a concurrent batch failed")
 // metadata label panda_bench=<run id> and is killed before it returns,
 // also when ctx is cancelled or a step fails.
 func APIBench(ctx context.Context, c *pandastack.Client, o APIOptions) (res APIResult, err error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	logf := logTo(o.Log)
 	if o.TTLSeconds == 0 {
 		o.TTLSeconds = 900
 	}

@@ -53,6 +53,16 @@ func Percentile(sorted []float64, p float64) float64 {
 
 func round(v float64) float64 { return math.Round(v*10) / 10 }
 
+// logTo returns a benchmark's progress log: one line to w per call, or
+// nothing if w is nil.
+func logTo(w io.Writer) func(format string, args ...any) {
+	return func(format string, args ...any) {
+		if w != nil {
+			fmt.Fprintf(w, format+"\n", args...)
+		}
+	}
+}
+
 // CreateOptions configures CreateBench.
 type CreateOptions struct {
 	Template  string
@@ -94,11 +104,7 @@ type CreateResult struct {
 // CreateBench measures create → first exec, exec round trips and idle
 // memory through the host agent directly (no HTTP).
 func CreateBench(ctx context.Context, a *hostagent.Agent, o CreateOptions) (CreateResult, error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	logf := logTo(o.Log)
 	res := CreateResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel())}
 	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs,
 		Progress: func(m string) { logf("  %s", m) }}

@@ -90,29 +90,17 @@ type DensityResult struct {
 // and how quickly one of many answers. It kills every sandbox it started
 // before it returns, also on errors and when ctx ends.
 func DensityBench(ctx context.Context, a *hostagent.Agent, o DensityOptions) (res DensityResult, err error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	d := &densityRun{a: a, o: o, logf: logTo(o.Log), req: host.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs}}
 	res = DensityResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel()), CPUs: runtime.NumCPU(), Asked: o.N}
-	req := host.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs}
-
-	var (
-		mu  sync.Mutex
-		ids []string
-	)
 	defer func() {
-		logf("killing %d sandboxes", len(ids))
-		for _, id := range ids {
-			if kerr := a.Kill(context.Background(), id); kerr != nil && !errors.Is(kerr, host.ErrNotFound) && err == nil {
-				err = fmt.Errorf("kill %s: %w", id, kerr)
-			}
+		if kerr := d.killAll(); kerr != nil && err == nil {
+			err = kerr
 		}
 	}()
 
-	logf("warming up (bakes the template if needed)")
-	req.Progress = func(m string) { logf("  %s", m) }
+	d.logf("warming up (bakes the template if needed)")
+	req := d.req
+	req.Progress = func(m string) { d.logf("  %s", m) }
 	info, err := a.Create(ctx, req)
 	if err != nil {
 		return res, err
@@ -120,9 +108,8 @@ func DensityBench(ctx context.Context, a *hostagent.Agent, o DensityOptions) (re
 	if err := a.Kill(ctx, info.ID); err != nil {
 		return res, err
 	}
-	req.Progress = nil
 
-	logf("host CPU baseline over %s", o.Window)
+	d.logf("host CPU baseline over %s", o.Window)
 	if res.HostCPUPctBaseline, err = hostCPU(ctx, o.Window); err != nil {
 		return res, err
 	}
@@ -131,53 +118,97 @@ func DensityBench(ctx context.Context, a *hostagent.Agent, o DensityOptions) (re
 		return res, err
 	}
 
-	logf("starting %d idle sandboxes, %d at a time", o.N, o.Parallel)
+	d.logf("starting %d idle sandboxes, %d at a time", o.N, o.Parallel)
 	t0 := time.Now()
+	stop, err := d.start(ctx, t0)
+	if err != nil {
+		return res, err
+	}
+	res.CreateSeconds = round(time.Since(t0).Seconds())
+	res.Sandboxes, res.StoppedEarly = len(d.ids), stop
+	if stop != "" {
+		d.logf("stopped at %d sandboxes: %s", len(d.ids), stop)
+	}
+	if len(d.ids) == 0 {
+		return res, errors.New("no sandbox started")
+	}
+
+	d.logf("settling for %s", o.Settle)
+	if err := sleepCtx(ctx, o.Settle); err != nil {
+		return res, err
+	}
+	if err := d.measureIdle(ctx, &res, availBefore); err != nil {
+		return res, err
+	}
+	execs, err := d.execs(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.Exec = Summarize(execs)
+	res.ExecP50MS, res.ExecP99MS = res.Exec.P50, res.Exec.P99
+	return res, nil
+}
+
+// densityRun is one DensityBench: the sandboxes it started (ids, in
+// order) are killed when it ends.
+type densityRun struct {
+	a    *hostagent.Agent
+	o    DensityOptions
+	req  host.CreateRequest // of every idle sandbox
+	logf func(format string, args ...any)
+
+	mu  sync.Mutex
+	ids []string
+}
+
+// killAll kills every sandbox started, and returns the first error but
+// for one already gone.
+func (d *densityRun) killAll() error {
+	d.logf("killing %d sandboxes", len(d.ids))
+	var err error
+	for _, id := range d.ids {
+		if kerr := d.a.Kill(context.Background(), id); kerr != nil && !errors.Is(kerr, host.ErrNotFound) && err == nil {
+			err = fmt.Errorf("kill %s: %w", id, kerr)
+		}
+	}
+	return err
+}
+
+// start creates up to o.N sandboxes, o.Parallel at a time, each until its
+// first exec answered. It stops early, saying why in stop, when the
+// host's MemAvailable falls below o.ReserveMiB; on the first failed create
+// or first exec, with that error; and when ctx ends, with ctx's error.
+// Its progress log counts from t0.
+func (d *densityRun) start(ctx context.Context, t0 time.Time) (stop string, err error) {
 	var (
 		next     int
-		stop     string
 		firstErr error
 		wg       sync.WaitGroup
 	)
-	for range max(o.Parallel, 1) {
+	for range max(d.o.Parallel, 1) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				mu.Lock()
-				if next >= o.N || stop != "" || firstErr != nil || ctx.Err() != nil {
-					mu.Unlock()
+				d.mu.Lock()
+				if next >= d.o.N || stop != "" || firstErr != nil || ctx.Err() != nil {
+					d.mu.Unlock()
 					return
 				}
 				next++
-				mu.Unlock()
-				if avail, err := memAvailable(); err == nil && avail < int64(o.ReserveMiB)<<20 {
-					mu.Lock()
-					stop = fmt.Sprintf("MemAvailable %d MiB fell below the reserve of %d MiB", avail>>20, o.ReserveMiB)
-					mu.Unlock()
+				d.mu.Unlock()
+				if avail, err := memAvailable(); err == nil && avail < int64(d.o.ReserveMiB)<<20 {
+					d.mu.Lock()
+					stop = fmt.Sprintf("MemAvailable %d MiB fell below the reserve of %d MiB", avail>>20, d.o.ReserveMiB)
+					d.mu.Unlock()
 					return
 				}
-				info, err := a.Create(ctx, req)
-				if err == nil {
-					mu.Lock()
-					ids = append(ids, info.ID)
-					n := len(ids)
-					mu.Unlock()
-					// The first exec: the guest agent has answered once.
-					var r guestproto.ExecResult
-					if r, err = a.Exec(ctx, info.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil); err == nil && r.ExitCode != 0 {
-						err = fmt.Errorf("exit %d", r.ExitCode)
-					}
-					if n%25 == 0 {
-						logf("started %d/%d (%.0f s)", n, o.N, time.Since(t0).Seconds())
-					}
-				}
-				if err != nil {
-					mu.Lock()
+				if err := d.startOne(ctx, t0); err != nil {
+					d.mu.Lock()
 					if firstErr == nil {
-						firstErr = fmt.Errorf("create/first exec %d: %w", len(ids), err)
+						firstErr = fmt.Errorf("create/first exec %d: %w", len(d.ids), err)
 					}
-					mu.Unlock()
+					d.mu.Unlock()
 					return
 				}
 			}
@@ -185,41 +216,55 @@ func DensityBench(ctx context.Context, a *hostagent.Agent, o DensityOptions) (re
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return res, firstErr
+		return stop, firstErr
 	}
-	if err := ctx.Err(); err != nil {
-		return res, err
-	}
-	res.CreateSeconds = round(time.Since(t0).Seconds())
-	res.Sandboxes, res.StoppedEarly = len(ids), stop
-	if stop != "" {
-		logf("stopped at %d sandboxes: %s", len(ids), stop)
-	}
-	if len(ids) == 0 {
-		return res, errors.New("no sandbox started")
-	}
+	return stop, ctx.Err()
+}
 
-	logf("settling for %s", o.Settle)
-	if err := sleepCtx(ctx, o.Settle); err != nil {
-		return res, err
+// startOne creates one sandbox, records it, and runs its first exec
+// (the guest agent has answered once); it logs every 25th since t0.
+func (d *densityRun) startOne(ctx context.Context, t0 time.Time) error {
+	info, err := d.a.Create(ctx, d.req)
+	if err != nil {
+		return err
 	}
+	d.mu.Lock()
+	d.ids = append(d.ids, info.ID)
+	n := len(d.ids)
+	d.mu.Unlock()
+	var r guestproto.ExecResult
+	if r, err = d.a.Exec(ctx, info.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil); err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("exit %d", r.ExitCode)
+	}
+	if n%25 == 0 {
+		d.logf("started %d/%d (%.0f s)", n, d.o.N, time.Since(t0).Seconds())
+	}
+	return err
+}
+
+// measureIdle sets res's figures of the idle sandboxes: host CPU over
+// o.Window against the baseline, the VMMs' and the agent's own CPU over
+// the same window, the drop of MemAvailable since availBefore, and the
+// VMMs' PSS and private memory, each per sandbox.
+func (d *densityRun) measureIdle(ctx context.Context, res *DensityResult, availBefore int64) error {
+	a, ids := d.a, d.ids
 	availAfter, err := memAvailable()
 	if err != nil {
-		return res, err
+		return err
 	}
-	logf("host CPU with %d idle sandboxes over %s", len(ids), o.Window)
+	d.logf("host CPU with %d idle sandboxes over %s", len(ids), d.o.Window)
 	var pids []int
 	for _, id := range ids {
 		info, err := a.Get(id)
 		if err != nil {
-			return res, fmt.Errorf("get %s: %w", id, err)
+			return fmt.Errorf("get %s: %w", id, err)
 		}
 		pids = append(pids, info.PID)
 	}
 	vmm0, self0 := procTicks(pids...), procTicks(os.Getpid())
 	w0 := time.Now()
-	if res.HostCPUPctIdle, err = hostCPU(ctx, o.Window); err != nil {
-		return res, err
+	if res.HostCPUPctIdle, err = hostCPU(ctx, d.o.Window); err != nil {
+		return err
 	}
 	vmm1, self1, w := procTicks(pids...), procTicks(os.Getpid()), time.Since(w0).Seconds()
 	n := float64(len(ids))
@@ -231,31 +276,35 @@ func DensityBench(ctx context.Context, a *hostagent.Agent, o DensityOptions) (re
 	for _, id := range ids {
 		m, err := a.Memory(id)
 		if err != nil {
-			return res, fmt.Errorf("memory of %s: %w", id, err)
+			return fmt.Errorf("memory of %s: %w", id, err)
 		}
 		pss += m.PSSBytes
 		priv += m.PrivateBytes
 	}
 	res.PSSMiBPerSandbox = round(float64(pss) / n / (1 << 20))
 	res.PrivateMiBPerSandbox = round(float64(priv) / n / (1 << 20))
+	return nil
+}
 
-	sample := min(max(o.Sample, 1), len(ids))
-	logf("exec round trips in %d of them, %d rounds", sample, o.Rounds)
+// execs measures exec round trips of true in o.Sample of the sandboxes,
+// spread evenly, o.Rounds times each, round-robin.
+func (d *densityRun) execs(ctx context.Context) ([]time.Duration, error) {
+	ids := d.ids
+	sample := min(max(d.o.Sample, 1), len(ids))
+	d.logf("exec round trips in %d of them, %d rounds", sample, d.o.Rounds)
 	var execs []time.Duration
-	for range max(o.Rounds, 1) {
+	for range max(d.o.Rounds, 1) {
 		for i := range sample {
 			id := ids[i*len(ids)/sample]
 			t := time.Now()
-			r, err := a.Exec(ctx, id, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
+			r, err := d.a.Exec(ctx, id, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
 			if err != nil || r.ExitCode != 0 {
-				return res, fmt.Errorf("exec in %s: %v (exit %d)", id, err, r.ExitCode)
+				return nil, fmt.Errorf("exec in %s: %v (exit %d)", id, err, r.ExitCode)
 			}
 			execs = append(execs, time.Since(t))
 		}
 	}
-	res.Exec = Summarize(execs)
-	res.ExecP50MS, res.ExecP99MS = res.Exec.P50, res.Exec.P99
-	return res, nil
+	return execs, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

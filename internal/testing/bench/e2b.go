@@ -142,11 +142,7 @@ func (n e2bNode) read() (e2bLine, error) {
 // one iteration to the next. Every sandbox, of either SDK, carries the
 // label panda_bench=<run id> and is killed before it returns.
 func E2BBench(ctx context.Context, c *pandastack.Client, o E2BOptions) (res E2BResult, err error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	logf := logTo(o.Log)
 	if o.Template == "" {
 		o.Template = "base"
 	}

@@ -77,11 +77,7 @@ var errFirstByte = errors.New("first byte")
 // running server, in one sandbox it creates (labelled and killed before
 // it returns, as APIBench's).
 func ExecBench(ctx context.Context, c *pandastack.Client, o ExecOptions) (res ExecResult, err error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	logf := logTo(o.Log)
 	res = ExecResult{APIURL: c.APIURL(), Template: o.Template, MemoryMiB: o.MemoryMiB}
 	run := &apiRun{c: c, label: map[string]string{"panda_bench": runID()}, opts: APIOptions{Template: o.Template, MemoryMiB: o.MemoryMiB, TTLSeconds: 900}, ids: map[string]bool{}}
 	defer func() {

@@ -58,11 +58,7 @@ var ErrLoadFailed = errors.New("some operations of the load failed")
 // BigExecMiB MiB, while the server's peak memory is measured. Every
 // sandbox is labelled panda_bench=<run id> and killed before it returns.
 func LoadBench(ctx context.Context, c *pandastack.Client, o LoadOptions) (res LoadResult, err error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	logf := logTo(o.Log)
 	if o.Creates == 0 {
 		o.Creates = 100
 	}

@@ -56,61 +56,87 @@ type PathResult struct {
 // goes first rotates too).
 func PathBench(ctx context.Context, a *hostagent.Agent, c *pandastack.Client, o PathOptions) (PathResult, error) {
 	res := PathResult{Template: o.Template, MemoryMiB: o.MemoryMiB, Accel: string(a.Accel())}
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
-	req := hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs}
-	opts := pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs, TTLSeconds: 600}
-	viaHost := func() (time.Duration, string, error) {
-		t0 := time.Now()
-		info, err := a.Create(ctx, req)
-		if err != nil {
-			return 0, "", err
-		}
-		r, err := a.Exec(ctx, info.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
-		if err == nil && r.ExitCode != 0 {
-			err = fmt.Errorf("true exited %d", r.ExitCode)
-		}
-		return time.Since(t0), info.ID, err
-	}
-	viaAPI := func() (time.Duration, *pandastack.Sandbox, error) {
-		t0 := time.Now()
-		sb, err := c.Create(ctx, opts)
-		if err != nil {
-			return 0, nil, err
-		}
-		r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"true"}})
-		if err == nil && r.ExitCode != 0 {
-			err = fmt.Errorf("true exited %d", r.ExitCode)
-		}
-		return time.Since(t0), sb, err
-	}
-	viaPython := func() (time.Duration, error) { return o.Python.call(map[string]string{"op": "create"}) }
+	pr := &pathRun{a: a, c: c, o: o, logf: logTo(o.Log),
+		req:  hostagent.CreateRequest{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs},
+		opts: pandastack.CreateOptions{Template: o.Template, MemoryMiB: o.MemoryMiB, VCPUs: o.VCPUs, TTLSeconds: 600}}
 	if o.Python != nil {
 		if err := o.Python.start(ctx, o); err != nil {
 			return res, err
 		}
 		defer o.Python.stop()
 	}
-	var host, api, py []time.Duration
-	creates := []func(record bool) error{
-		func(record bool) error {
-			d, id, err := viaHost()
+	creates, err := pr.creates(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.HostCreate, res.APICreate, res.APIOverCreate, res.PythonCreate, res.PythonOverCreate = creates.summary(o.Python != nil)
+	execs, err := pr.execs(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.HostExec, res.APIExec, res.APIOverExec, res.PythonExec, res.PythonOverExec = execs.summary(o.Python != nil)
+	return res, nil
+}
+
+// pathRun is one PathBench.
+type pathRun struct {
+	a    *hostagent.Agent
+	c    *pandastack.Client
+	o    PathOptions
+	req  hostagent.CreateRequest  // a create on the host path
+	opts pandastack.CreateOptions // a create on the API path
+	logf func(format string, args ...any)
+}
+
+// pathSamples are one measurement's samples on each path.
+type pathSamples struct{ host, api, py []time.Duration }
+
+// summary is the distributions of the samples of the host and API paths,
+// and the API's p50 over the host's; with python, also the Python SDK's
+// distribution and p50 over the host's (else nil and 0).
+func (s pathSamples) summary(python bool) (host, api Dist, apiOver float64, py *Dist, pyOver float64) {
+	host, api = Summarize(s.host), Summarize(s.api)
+	apiOver = ratioP50(api, host)
+	if python {
+		d := Summarize(s.py)
+		py, pyOver = &d, ratioP50(d, host)
+	}
+	return host, api, apiOver, py, pyOver
+}
+
+// interleave runs round i of paths: each once, the first being path i
+// modulo their number.
+func interleave(i int, paths []func() error) error {
+	for j := range paths {
+		if err := paths[(i+j)%len(paths)](); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// creates measures create → first exec on each path, o.N rounds
+// interleaved, after one unmeasured round that warms every path (a bake
+// if needed, the page cache, connections).
+func (pr *pathRun) creates(ctx context.Context) (pathSamples, error) {
+	var s pathSamples
+	record := false
+	paths := []func() error{
+		func() error {
+			d, id, err := pr.viaHost(ctx)
 			if id != "" {
-				a.Kill(ctx, id)
+				pr.a.Kill(ctx, id)
 			}
 			if err != nil {
 				return fmt.Errorf("host path: %w", err)
 			}
 			if record {
-				host = append(host, d)
+				s.host = append(s.host, d)
 			}
 			return nil
 		},
-		func(record bool) error {
-			d, sb, err := viaAPI()
+		func() error {
+			d, sb, err := pr.viaAPI(ctx)
 			if sb != nil {
 				sb.Kill(ctx)
 			}
@@ -118,59 +144,83 @@ func PathBench(ctx context.Context, a *hostagent.Agent, c *pandastack.Client, o 
 				return fmt.Errorf("api path: %w", err)
 			}
 			if record {
-				api = append(api, d)
+				s.api = append(s.api, d)
 			}
 			return nil
 		},
 	}
-	if o.Python != nil {
-		creates = append(creates, func(record bool) error {
-			d, err := viaPython()
+	if pr.o.Python != nil {
+		paths = append(paths, func() error {
+			d, err := pr.o.Python.call(map[string]string{"op": "create"})
 			if err != nil {
 				return fmt.Errorf("python SDK path: %w", err)
 			}
 			if record {
-				py = append(py, d)
+				s.py = append(s.py, d)
 			}
 			return nil
 		})
 	}
-	// Warm every path (a bake if needed, the page cache, connections).
-	logf("warming up (bakes the template if needed)")
-	for _, create := range creates {
-		if err := create(false); err != nil {
-			return res, err
+	pr.logf("warming up (bakes the template if needed)")
+	for _, create := range paths {
+		if err := create(); err != nil {
+			return s, err
 		}
 	}
-	for i := range o.N {
-		for j := range creates {
-			if err := creates[(i+j)%len(creates)](true); err != nil {
-				return res, err
-			}
+	record = true
+	for i := range pr.o.N {
+		if err := interleave(i, paths); err != nil {
+			return s, err
 		}
 		if (i+1)%10 == 0 {
-			logf("create %d/%d", i+1, o.N)
+			pr.logf("create %d/%d", i+1, pr.o.N)
 		}
 	}
-	res.HostCreate, res.APICreate = Summarize(host), Summarize(api)
-	res.APIOverCreate = ratioP50(res.APICreate, res.HostCreate)
-	if o.Python != nil {
-		d := Summarize(py)
-		res.PythonCreate, res.PythonOverCreate = &d, ratioP50(d, res.HostCreate)
-	}
-	// Exec round trips in one sandbox, both paths alternating.
-	sb, err := c.Create(ctx, opts)
+	return s, nil
+}
+
+// viaHost creates a sandbox through the agent and runs its first exec;
+// it returns the time both took and the sandbox's id, once it has one.
+func (pr *pathRun) viaHost(ctx context.Context) (time.Duration, string, error) {
+	t0 := time.Now()
+	info, err := pr.a.Create(ctx, pr.req)
 	if err != nil {
-		return res, err
+		return 0, "", err
+	}
+	r, err := pr.a.Exec(ctx, info.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("true exited %d", r.ExitCode)
+	}
+	return time.Since(t0), info.ID, err
+}
+
+// viaAPI creates a sandbox through the API and runs its first exec; it
+// returns the time both took and the sandbox, once it exists.
+func (pr *pathRun) viaAPI(ctx context.Context) (time.Duration, *pandastack.Sandbox, error) {
+	t0 := time.Now()
+	sb, err := pr.c.Create(ctx, pr.opts)
+	if err != nil {
+		return 0, nil, err
+	}
+	err = execTrue(ctx, sb)
+	return time.Since(t0), sb, err
+}
+
+// execs measures exec round trips of true in one sandbox on each path,
+// o.Execs rounds interleaved; an exec that exits non-zero is not counted.
+func (pr *pathRun) execs(ctx context.Context) (pathSamples, error) {
+	var s pathSamples
+	sb, err := pr.c.Create(ctx, pr.opts)
+	if err != nil {
+		return s, err
 	}
 	defer sb.Kill(context.WithoutCancel(ctx))
-	var hostExec, apiExec, pyExec []time.Duration
-	execs := []func() error{
+	paths := []func() error{
 		func() error {
 			t0 := time.Now()
-			r, err := a.Exec(ctx, sb.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
+			r, err := pr.a.Exec(ctx, sb.ID, guestproto.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
 			if err == nil && r.ExitCode == 0 {
-				hostExec = append(hostExec, time.Since(t0))
+				s.host = append(s.host, time.Since(t0))
 			}
 			return err
 		},
@@ -178,34 +228,26 @@ func PathBench(ctx context.Context, a *hostagent.Agent, c *pandastack.Client, o 
 			t0 := time.Now()
 			r, err := sb.Exec(ctx, pandastack.Command{Argv: []string{"true"}})
 			if err == nil && r.ExitCode == 0 {
-				apiExec = append(apiExec, time.Since(t0))
+				s.api = append(s.api, time.Since(t0))
 			}
 			return err
 		},
 	}
-	if o.Python != nil {
-		execs = append(execs, func() error {
-			d, err := o.Python.call(map[string]string{"op": "exec", "id": sb.ID})
+	if pr.o.Python != nil {
+		paths = append(paths, func() error {
+			d, err := pr.o.Python.call(map[string]string{"op": "exec", "id": sb.ID})
 			if err == nil {
-				pyExec = append(pyExec, d)
+				s.py = append(s.py, d)
 			}
 			return err
 		})
 	}
-	for i := range o.Execs {
-		for j := range execs {
-			if err := execs[(i+j)%len(execs)](); err != nil {
-				return res, fmt.Errorf("exec: %w", err)
-			}
+	for i := range pr.o.Execs {
+		if err := interleave(i, paths); err != nil {
+			return s, fmt.Errorf("exec: %w", err)
 		}
 	}
-	res.HostExec, res.APIExec = Summarize(hostExec), Summarize(apiExec)
-	res.APIOverExec = ratioP50(res.APIExec, res.HostExec)
-	if o.Python != nil {
-		d := Summarize(pyExec)
-		res.PythonExec, res.PythonOverExec = &d, ratioP50(d, res.HostExec)
-	}
-	return res, nil
+	return s, nil
 }
 
 // ratioP50 is d's p50 over base's, to two decimals (0 without a base).

@@ -70,11 +70,7 @@ type TemplateResult struct {
 // template (named bench-<run id>), its versions and every sandbox are
 // removed before it returns, also on errors and when ctx is cancelled.
 func TemplateBench(ctx context.Context, c *pandastack.Client, o TemplateOptions) (res TemplateResult, err error) {
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
-	}
+	logf := logTo(o.Log)
 	if o.From == "" {
 		o.From = "base"
 	}
@@ -85,20 +81,10 @@ func TemplateBench(ctx context.Context, c *pandastack.Client, o TemplateOptions)
 		o.TTLSeconds = 900
 	}
 	id := runID()
-	df := o.Dockerfile
-	if df == "" {
-		// The run's id in the first step: nothing of an earlier run is
-		// reused.
-		steps := slices.Clone(DefaultTemplateSteps)
-		steps[0] = strings.Replace(steps[0], "RUN ", "RUN echo "+id+" > /opt/bench-run && ", 1)
-		df = "FROM " + o.From + "\n" + strings.Join(steps, "\n") + "\n"
+	df, rebuilt, err := benchDockerfiles(o, id)
+	if err != nil {
+		return res, err
 	}
-	lines := strings.Split(strings.TrimRight(df, "\n"), "\n")
-	if last := strings.TrimSpace(lines[len(lines)-1]); !strings.HasPrefix(strings.ToUpper(last), "RUN ") {
-		return res, fmt.Errorf("the Dockerfile's last line must be a RUN step (the rebuild changes it): %q", last)
-	}
-	// The last step changed: its command plus an echo.
-	rebuilt := strings.TrimRight(df, "\n") + " && echo rebuilt > /opt/bench-rebuilt\n"
 	name := "bench-" + id
 	res = TemplateResult{APIURL: c.APIURL(), From: o.From, Dockerfile: df}
 
@@ -106,43 +92,19 @@ func TemplateBench(ctx context.Context, c *pandastack.Client, o TemplateOptions)
 		opts: APIOptions{Template: name, MemoryMiB: o.MemoryMiB, TTLSeconds: o.TTLSeconds}}
 	from := &apiRun{c: c, label: built.label, ids: map[string]bool{},
 		opts: APIOptions{Template: o.From, MemoryMiB: o.MemoryMiB, TTLSeconds: o.TTLSeconds}}
-	madeTemplate := false
+	tb := &templateBuilder{c: c, name: name, log: o.Log, logf: logf}
 	defer func() {
-		cerr := errors.Join(built.cleanup(), from.cleanup())
-		if madeTemplate {
-			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if derr := c.DeleteTemplate(dctx, name, true); derr != nil && !errors.Is(derr, pandastack.ErrNotFound) {
-				cerr = errors.Join(cerr, fmt.Errorf("delete template %s: %w", name, derr))
-			}
-		}
+		cerr := errors.Join(built.cleanup(), from.cleanup(), tb.cleanup())
 		if cerr != nil && err == nil {
 			err = cerr
 		}
 	}()
 
-	build := func(what, text string) (time.Duration, string, error) {
-		logf("%s build of %s", what, name)
-		var log strings.Builder
-		t0 := time.Now()
-		madeTemplate = true
-		b, err := c.BuildTemplateFromDockerfile(ctx, name, text, "", func(l string) {
-			log.WriteString(l + "\n")
-			if o.Log != nil {
-				fmt.Fprintln(o.Log, "  "+l)
-			}
-		})
-		d := time.Since(t0)
-		if err != nil {
-			return d, log.String(), fmt.Errorf("%s build: %w (%s)", what, err, b.Error)
-		}
-		return d, log.String(), nil
-	}
-	cold, _, err := build("cold", df)
+	cold, _, err := tb.build(ctx, "cold", df)
 	if err != nil {
 		return res, err
 	}
-	warm, log, err := build("changed-last-step", rebuilt)
+	warm, log, err := tb.build(ctx, "changed-last-step", rebuilt)
 	if err != nil {
 		return res, err
 	}
@@ -151,47 +113,128 @@ func TemplateBench(ctx context.Context, c *pandastack.Client, o TemplateOptions)
 	res.CachedSteps = strings.Count(log, "  cached")
 	logf("cold build %.1f s, rebuild %.1f s (%.2f of it, %d steps from the cache)", res.ColdBuildS, res.RebuildS, res.RebuildRatio, res.CachedSteps)
 
-	// Warm both: the first create of each bakes its template.
+	if res.FirstCreateS, err = warmTemplates(ctx, built, from); err != nil {
+		return res, err
+	}
+	db, df2, err := compareCreates(ctx, built, from, o.N)
+	if err != nil {
+		return res, err
+	}
+	res.CreateBuilt, res.CreateFrom = Summarize(db), Summarize(df2)
+	res.CreateRatio = ratio(res.CreateBuilt.P50, res.CreateFrom.P50)
+	return res, nil
+}
+
+// benchDockerfiles returns TemplateBench's Dockerfile (o.Dockerfile, or
+// the default steps with the run's id in the first, so that nothing of an
+// earlier run is reused) and the rebuild's, whose last step, which must
+// be a RUN, gets an echo appended.
+func benchDockerfiles(o TemplateOptions, id string) (df, rebuilt string, err error) {
+	df = o.Dockerfile
+	if df == "" {
+		steps := slices.Clone(DefaultTemplateSteps)
+		steps[0] = strings.Replace(steps[0], "RUN ", "RUN echo "+id+" > /opt/bench-run && ", 1)
+		df = "FROM " + o.From + "\n" + strings.Join(steps, "\n") + "\n"
+	}
+	lines := strings.Split(strings.TrimRight(df, "\n"), "\n")
+	if last := strings.TrimSpace(lines[len(lines)-1]); !strings.HasPrefix(strings.ToUpper(last), "RUN ") {
+		return "", "", fmt.Errorf("the Dockerfile's last line must be a RUN step (the rebuild changes it): %q", last)
+	}
+	rebuilt = strings.TrimRight(df, "\n") + " && echo rebuilt > /opt/bench-rebuilt\n"
+	return df, rebuilt, nil
+}
+
+// templateBuilder builds TemplateBench's template, and deletes it
+// (cleanup) once a build was attempted.
+type templateBuilder struct {
+	c    *pandastack.Client
+	name string
+	log  io.Writer // the build's own log, indented; nil: none
+	logf func(format string, args ...any)
+	made bool
+}
+
+// build builds the template from the Dockerfile text; what names the build
+// in the log and errors. It returns how long the build took and its log.
+func (tb *templateBuilder) build(ctx context.Context, what, text string) (time.Duration, string, error) {
+	tb.logf("%s build of %s", what, tb.name)
+	var log strings.Builder
+	t0 := time.Now()
+	tb.made = true
+	b, err := tb.c.BuildTemplateFromDockerfile(ctx, tb.name, text, "", func(l string) {
+		log.WriteString(l + "\n")
+		if tb.log != nil {
+			fmt.Fprintln(tb.log, "  "+l)
+		}
+	})
+	d := time.Since(t0)
+	if err != nil {
+		return d, log.String(), fmt.Errorf("%s build: %w (%s)", what, err, b.Error)
+	}
+	return d, log.String(), nil
+}
+
+// cleanup deletes the template with its versions, within a minute, if a
+// build was attempted.
+func (tb *templateBuilder) cleanup() error {
+	if !tb.made {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if derr := tb.c.DeleteTemplate(dctx, tb.name, true); derr != nil && !errors.Is(derr, pandastack.ErrNotFound) {
+		return fmt.Errorf("delete template %s: %w", tb.name, derr)
+	}
+	return nil
+}
+
+// warmTemplates creates a sandbox from each template in turn and runs its
+// first exec: the first create of each bakes its template. It returns how
+// long the built template's create took, in seconds.
+func warmTemplates(ctx context.Context, built, from *apiRun) (firstCreateS float64, err error) {
 	for i, r := range []*apiRun{built, from} {
 		t0 := time.Now()
 		sb, _, err := r.create(ctx)
 		if err != nil {
-			return res, fmt.Errorf("first create from %s: %w", r.opts.Template, err)
+			return firstCreateS, fmt.Errorf("first create from %s: %w", r.opts.Template, err)
 		}
 		if i == 0 {
-			res.FirstCreateS = secs(time.Since(t0))
+			firstCreateS = secs(time.Since(t0))
 		}
 		if err := r.firstExec(ctx, sb); err != nil {
-			return res, err
+			return firstCreateS, err
 		}
 		if err := r.kill(ctx, sb); err != nil {
-			return res, err
+			return firstCreateS, err
 		}
 	}
-	var db, df2 []time.Duration
-	for i := range o.N {
+	return firstCreateS, nil
+}
+
+// compareCreates measures create → first exec from built and from from,
+// n rounds, alternating which goes first.
+func compareCreates(ctx context.Context, built, from *apiRun, n int) (db, dfrom []time.Duration, err error) {
+	for i := range n {
 		for _, builtFirst := range order(i) {
-			r, out := from, &df2
+			r, out := from, &dfrom
 			if builtFirst {
 				r, out = built, &db
 			}
 			t0 := time.Now()
 			sb, _, err := r.create(ctx)
 			if err != nil {
-				return res, fmt.Errorf("create from %s: %w", r.opts.Template, err)
+				return nil, nil, fmt.Errorf("create from %s: %w", r.opts.Template, err)
 			}
 			if err := r.firstExec(ctx, sb); err != nil {
-				return res, err
+				return nil, nil, err
 			}
 			*out = append(*out, time.Since(t0))
 			if err := r.kill(ctx, sb); err != nil {
-				return res, err
+				return nil, nil, err
 			}
 		}
 	}
-	res.CreateBuilt, res.CreateFrom = Summarize(db), Summarize(df2)
-	res.CreateRatio = ratio(res.CreateBuilt.P50, res.CreateFrom.P50)
-	return res, nil
+	return db, dfrom, nil
 }
 
 func secs(d time.Duration) float64 { return round(d.Seconds()) }

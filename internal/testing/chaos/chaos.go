@@ -337,29 +337,68 @@ func (r *runner) iteration(ctx context.Context) error {
 	fmt.Fprintf(&line, "it %d:", r.it)
 	// A process that runs with a failpoint may crash in any operation.
 	faulted := r.cl.anyArmed()
-	crashed := false
 
 	f := r.planFault()
-	want := ""
+	crashed, want, err := r.armFault(ctx, f)
+	if err != nil {
+		return err
+	}
+	faulted = faulted || f != nil
+	ops := r.planOps(1+r.rng.IntN(r.cfg.MaxOps), want)
+	if r.doAll(ctx, ops, f) {
+		crashed = true
+	}
 	if f != nil {
-		r.rep.Faults[f.kind]++
-		faulted = true
-		if f.kind == faultFailpoint {
-			// Crash the process now and start it again with the point
-			// enabled; an operation of this iteration aims at it.
-			r.cl.kill(f.role)
-			if err := r.restart(f.role, f.point); err != nil {
-				return err
-			}
-			if err := r.ready(ctx); err != nil {
-				return err
-			}
-			crashed = true
-			want = f.op
+		fmt.Fprintf(&line, " fault %s;", f)
+		r.noteFault(f)
+	}
+
+	died, err := r.recoverProcesses(&line)
+	if err != nil {
+		return err
+	}
+	if died {
+		crashed, faulted = true, true
+	}
+	if f != nil && f.err != nil {
+		if err := r.fail([]string{f.err.Error()}); err != nil {
+			return err
 		}
 	}
-	ops := r.planOps(1+r.rng.IntN(r.cfg.MaxOps), want)
+	if err := r.ready(ctx); err != nil {
+		return err
+	}
+	return r.verify(ctx, ops, faulted, crashed, &line)
+}
 
+// armFault counts fault f (nil: none) in the report and, for a failpoint,
+// crashes its process now and starts it again with the point enabled: it
+// then reports a crash, and the kind of operation of this iteration that
+// must aim at the point (want).
+func (r *runner) armFault(ctx context.Context, f *fault) (crashed bool, want string, err error) {
+	if f == nil {
+		return false, "", nil
+	}
+	r.rep.Faults[f.kind]++
+	if f.kind != faultFailpoint {
+		return false, "", nil
+	}
+	r.cl.kill(f.role)
+	if err := r.restart(f.role, f.point); err != nil {
+		return false, "", err
+	}
+	if err := r.ready(ctx); err != nil {
+		return false, "", err
+	}
+	return true, f.op, nil
+}
+
+// doAll runs ops at once, each within opTimeout, and injects fault f (if
+// any, and not a failpoint, which armFault set) after its delay, or once
+// the operations are over if they end first. It returns when all are
+// done, reporting whether the fault crashed a process (any but a
+// kill-qemu).
+func (r *runner) doAll(ctx context.Context, ops []*op, f *fault) (crashed bool) {
 	var wg sync.WaitGroup
 	for _, o := range ops {
 		wg.Add(1)
@@ -381,58 +420,65 @@ func (r *runner) iteration(ctx context.Context) error {
 		}
 		t.Stop()
 		r.inject(f)
-		crashed = crashed || f.kind != faultKillQEMU
+		crashed = f.kind != faultKillQEMU
 	}
 	wg.Wait()
-	if f != nil {
-		fmt.Fprintf(&line, " fault %s;", f)
-		switch {
-		case f.kind == faultKillQEMU && f.pid != 0:
-			f.sb.vmmKilled = true
-		case f.kind == faultTermServer && !r.cfg.Split:
-			r.m.shutdown = "server_shutdown"
-		case f.kind == faultTermAgent:
-			r.m.shutdown = "host_shutdown"
-		}
-	}
+	return crashed
+}
 
-	// Processes that crashed at their failpoint, or died otherwise.
+// noteFault tells the model what fault f did: a VMM killed, or the
+// shutdown that stopped the sandboxes of the process terminated.
+func (r *runner) noteFault(f *fault) {
+	switch {
+	case f.kind == faultKillQEMU && f.pid != 0:
+		f.sb.vmmKilled = true
+	case f.kind == faultTermServer && !r.cfg.Split:
+		r.m.shutdown = "server_shutdown"
+	case f.kind == faultTermAgent:
+		r.m.shutdown = "host_shutdown"
+	}
+}
+
+// recoverProcesses reaps the processes that crashed at their failpoint
+// (counted in the report) or died otherwise (a violation), and starts
+// every process that is not running again, noting both on line. It
+// reports whether any had died.
+func (r *runner) recoverProcesses(line *strings.Builder) (died bool, err error) {
 	for _, role := range r.cl.roles() {
 		if r.cl.procs[role] == nil || !r.cl.waitExitedOrHealthy(role, 10*time.Second) {
 			continue
 		}
 		point := r.cl.armed[role]
 		r.cl.reap(role)
-		crashed, faulted = true, true
+		died = true
 		if point == "" {
 			if err := r.fail([]string{fmt.Sprintf("panda %s exited by itself", role)}); err != nil {
-				return err
+				return died, err
 			}
 			continue
 		}
 		r.rep.FailpointsHit[point]++
-		fmt.Fprintf(&line, " crashed at %s;", point)
+		fmt.Fprintf(line, " crashed at %s;", point)
 	}
 	for _, role := range r.cl.roles() {
 		if r.cl.procs[role] == nil {
 			if err := r.restart(role, ""); err != nil {
-				return err
+				return died, err
 			}
-			fmt.Fprintf(&line, " restarted %s;", role)
+			fmt.Fprintf(line, " restarted %s;", role)
 		}
 	}
-	if f != nil && f.err != nil {
-		if err := r.fail([]string{f.err.Error()}); err != nil {
-			return err
-		}
-	}
-	if err := r.ready(ctx); err != nil {
-		return err
-	}
+	return died, nil
+}
 
+// verify applies the outcomes of ops to the model (faulted: a fault or a
+// crash may have cut them short) and fails on what they violated; then,
+// once the deployment settled, it probes the running sandboxes (all of
+// them after a crash) and logs the iteration's line and a census.
+func (r *runner) verify(ctx context.Context, ops []*op, faulted, crashed bool, line *strings.Builder) error {
 	var vs []string
 	for _, o := range ops {
-		fmt.Fprintf(&line, " [%s: %s]", o, outcomeText(o))
+		fmt.Fprintf(line, " [%s: %s]", o, outcomeText(o))
 		if v := r.apply(o, faulted); v != "" {
 			vs = append(vs, v)
 		}

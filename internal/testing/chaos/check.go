@@ -164,18 +164,41 @@ const (
 //     capture or lost+found entry is left;
 //   - nothing is mounted under the data directory but its store.
 func Check(exp Expectation, obs Observation) []string {
-	var v []string
-	add := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	c := &checker{exp: exp, obs: obs}
+	c.catalog()
+	byID := c.processes()
+	c.directories(byID)
+	c.snapshots()
+	c.network()
+	c.mounts()
+	sort.Strings(c.v)
+	return c.v
+}
 
+// checker gathers the violations Check finds, in any order.
+type checker struct {
+	exp Expectation
+	obs Observation
+	v   []string
+}
+
+func (c *checker) add(format string, args ...any) { c.v = append(c.v, fmt.Sprintf(format, args...)) }
+
+// catalog checks the catalog's sandboxes against the suite's: each it
+// holds is listed in an allowed settled state, each known stopped stays
+// stopped for its reason, and any other is one an interrupted operation
+// may have made, settled but not paused.
+func (c *checker) catalog() {
+	exp, obs := c.exp, c.obs
 	for id, want := range exp.Sandboxes {
 		rec, ok := obs.Sandboxes[id]
 		switch {
 		case !ok:
-			add("sandbox %s is lost: the catalog does not list it (want %s)", id, want)
+			c.add("sandbox %s is lost: the catalog does not list it (want %s)", id, want)
 		case transitional(rec.State):
-			add("sandbox %s is still %s (want %s)", id, rec.State, want)
+			c.add("sandbox %s is still %s (want %s)", id, rec.State, want)
 		case !want.allows(rec):
-			add("sandbox %s is %s (last_error %q); want %s", id, describe(rec), rec.LastError, want)
+			c.add("sandbox %s is %s (last_error %q); want %s", id, describe(rec), rec.LastError, want)
 		}
 	}
 	for id, rec := range obs.Sandboxes {
@@ -184,63 +207,76 @@ func Check(exp Expectation, obs Observation) []string {
 		}
 		if reason, ok := exp.Gone[id]; ok {
 			if rec.State != stateStopped || rec.StopReason != reason {
-				add("sandbox %s was stopped (%s) and is now %s", id, reason, describe(rec))
+				c.add("sandbox %s was stopped (%s) and is now %s", id, reason, describe(rec))
 			}
 			continue
 		}
 		switch {
 		case !adoptable(exp, rec):
-			add("sandbox %s is %s but the suite never made it (parent %q, metadata %v)", id, describe(rec), rec.ParentID, rec.Metadata)
+			c.add("sandbox %s is %s but the suite never made it (parent %q, metadata %v)", id, describe(rec), rec.ParentID, rec.Metadata)
 		case transitional(rec.State):
-			add("sandbox %s (made by an interrupted operation) is still %s", id, rec.State)
+			c.add("sandbox %s (made by an interrupted operation) is still %s", id, rec.State)
 		case rec.State == statePaused:
-			add("sandbox %s (made by an interrupted operation) is paused, which no create or fork does", id)
+			c.add("sandbox %s (made by an interrupted operation) is paused, which no create or fork does", id)
 		}
 	}
+}
 
+// processes checks that every QEMU process serves one live, running
+// sandbox, alone, and returns the processes by sandbox.
+func (c *checker) processes() map[string][]int {
 	byID := map[string][]int{}
-	for pid, id := range obs.QEMU {
+	for pid, id := range c.obs.QEMU {
 		if id == "" {
-			add("QEMU process %d serves no sandbox", pid)
+			c.add("QEMU process %d serves no sandbox", pid)
 			continue
 		}
 		byID[id] = append(byID[id], pid)
 	}
 	for id, pids := range byID {
 		slices.Sort(pids)
-		rec, ok := obs.Sandboxes[id]
+		rec, ok := c.obs.Sandboxes[id]
 		switch {
 		case !ok:
-			add("QEMU process %v serves sandbox %s, which the catalog does not list", pids, id)
+			c.add("QEMU process %v serves sandbox %s, which the catalog does not list", pids, id)
 		case rec.State == stateStopped || rec.State == statePaused:
-			add("QEMU process %v serves sandbox %s, which is %s", pids, id, describe(rec))
+			c.add("QEMU process %v serves sandbox %s, which is %s", pids, id, describe(rec))
 		case len(pids) > 1:
-			add("sandbox %s has %d QEMU processes %v, want one", id, len(pids), pids)
+			c.add("sandbox %s has %d QEMU processes %v, want one", id, len(pids), pids)
 		}
 	}
+	return byID
+}
+
+// directories checks that a running sandbox has a QEMU process (byID: by
+// sandbox), a sandbox directory and a run directory, and a paused one a
+// complete pause capture; and that no sandbox or run directory belongs
+// to no live sandbox (nor a run directory to a paused one).
+func (c *checker) directories(byID map[string][]int) {
+	obs := c.obs
 	runDirs := toSet(obs.RunDirs)
 	for id, rec := range obs.Sandboxes {
 		_, hasDir := obs.SandboxDirs[id]
 		switch rec.State {
 		case stateRunning:
 			if len(byID[id]) == 0 {
-				add("running sandbox %s has no QEMU process", id)
+				c.add("running sandbox %s has no QEMU process", id)
 			}
 			if !hasDir {
-				add("running sandbox %s has no directory in store/sandboxes", id)
+				c.add("running sandbox %s has no directory in store/sandboxes", id)
 			}
 			if !runDirs[id] {
-				add("running sandbox %s has no run directory", id)
+				c.add("running sandbox %s has no run directory", id)
 			}
 		case statePaused:
 			if !obs.SandboxDirs[id] {
-				add("paused sandbox %s has no complete pause capture (store/sandboxes/%s/paused/manifest.json)", id, id)
+				c.add("paused sandbox %s has no complete pause capture (store/sandboxes/%s/paused/manifest.json)", id, id)
 			}
 		}
 	}
 	for id := range obs.SandboxDirs {
 		if rec, ok := obs.Sandboxes[id]; !ok || rec.State == stateStopped {
-			add("store/sandboxes/%s belongs to no live sandbox", id)
+			c.add("store/sandboxes/%s belongs to no live sandbox", id)
 		}
 	}
 	for id := range runDirs {
@@ -250,75 +286,91 @@ func Check(exp Expectation, obs Observation) []string {
 			if ok {
 				what = "sandbox " + id + ", which is " + describe(rec)
 			}
-			add("run/%s belongs to %s", id, what)
+			c.add("run/%s belongs to %s", id, what)
 		}
 	}
+}
 
+// snapshots checks that every snapshot acknowledged is listed and has its
+// files, that every snapshot listed was acknowledged or may have been
+// made, and that no snapshot directory is left over (nor a *.tmp one, a
+// fork capture or a lost+found entry).
+func (c *checker) snapshots() {
+	exp, obs := c.exp, c.obs
 	snapDirs := map[string]bool{}
 	for _, d := range obs.SnapshotDirs {
 		if strings.HasSuffix(d, ".tmp") {
-			add("store/snapshots/%s is left from an interrupted snapshot", d)
+			c.add("store/snapshots/%s is left from an interrupted snapshot", d)
 			continue
 		}
 		snapDirs[d] = true
 		if _, ok := obs.Snapshots[d]; !ok && !exp.MaybeSnapshots[d] {
-			add("store/snapshots/%s belongs to no snapshot in the catalog", d)
+			c.add("store/snapshots/%s belongs to no snapshot in the catalog", d)
 		}
 	}
 	for id := range exp.Snapshots {
 		if _, ok := obs.Snapshots[id]; !ok {
-			add("snapshot %s was acknowledged but the catalog does not list it", id)
+			c.add("snapshot %s was acknowledged but the catalog does not list it", id)
 		}
 	}
 	for id, sn := range obs.Snapshots {
 		if !snapDirs[id] {
-			add("snapshot %s (of sandbox %s) is listed but its files are gone", id, sn.SandboxID)
+			c.add("snapshot %s (of sandbox %s) is listed but its files are gone", id, sn.SandboxID)
 		}
 		if !exp.Snapshots[id] && !exp.MaybeSnapshots[id] && !exp.PendingSnapshots[sn.SandboxID] {
-			add("snapshot %s of sandbox %s was never acknowledged nor interrupted", id, sn.SandboxID)
+			c.add("snapshot %s of sandbox %s was never acknowledged nor interrupted", id, sn.SandboxID)
 		}
 	}
 	for _, d := range obs.ForkDirs {
-		add("store/forks/%s is left from a fork", d)
+		c.add("store/forks/%s is left from a fork", d)
 	}
 	for _, d := range obs.LostFound {
-		add("store/lost+found/%s: recovery gave up on a sandbox's data", d)
+		c.add("store/lost+found/%s: recovery gave up on a sandbox's data", d)
 	}
-	if obs.NetPrefix != "" {
-		// Every running sandbox has its namespace, and every namespace is
-		// a running sandbox's (the deployment keeps no pool).
-		live := toSet(obs.Namespaces)
-		owner := map[string]string{}
-		for id, rec := range obs.Sandboxes {
-			if rec.State != stateRunning {
-				continue
-			}
-			ns := obs.NetNS[id]
-			switch {
-			case ns == "":
-				add("running sandbox %s names no network namespace", id)
-			case !live[ns]:
-				add("running sandbox %s has lost its network namespace %s", id, ns)
-			case owner[ns] != "":
-				add("sandboxes %s and %s share the network namespace %s", owner[ns], id, ns)
-			default:
-				owner[ns] = id
-			}
+}
+
+// network checks, with networking, that every running sandbox has a
+// network namespace of its own and every namespace is a running
+// sandbox's (the deployment keeps no pool).
+func (c *checker) network() {
+	obs := c.obs
+	if obs.NetPrefix == "" {
+		return
+	}
+	live := toSet(obs.Namespaces)
+	owner := map[string]string{}
+	for id, rec := range obs.Sandboxes {
+		if rec.State != stateRunning {
+			continue
 		}
-		for _, ns := range obs.Namespaces {
-			if owner[ns] == "" {
-				add("network namespace %s belongs to no running sandbox", ns)
-			}
+		ns := obs.NetNS[id]
+		switch {
+		case ns == "":
+			c.add("running sandbox %s names no network namespace", id)
+		case !live[ns]:
+			c.add("running sandbox %s has lost its network namespace %s", id, ns)
+		case owner[ns] != "":
+			c.add("sandboxes %s and %s share the network namespace %s", owner[ns], id, ns)
+		default:
+			owner[ns] = id
 		}
 	}
-	store := filepath.Join(obs.DataDir, "store")
-	for _, mp := range obs.Mounts {
+	for _, ns := range obs.Namespaces {
+		if owner[ns] == "" {
+			c.add("network namespace %s belongs to no running sandbox", ns)
+		}
+	}
+}
+
+// mounts checks that nothing is mounted under the data directory but its
+// store.
+func (c *checker) mounts() {
+	store := filepath.Join(c.obs.DataDir, "store")
+	for _, mp := range c.obs.Mounts {
 		if mp != store {
-			add("%s is mounted", mp)
+			c.add("%s is mounted", mp)
 		}
 	}
-	sort.Strings(v)
-	return v
 }
 
 // adoptable reports whether an interrupted operation may have made rec: a

@@ -150,125 +150,192 @@ func fromRef(f *file, buildArgs map[string]string) (ref string, globals map[stri
 // makePlan evaluates f's steps over the base image, resolving COPY and ADD
 // sources in bctx (nil: no context). baseKey is the base layer's key.
 func makePlan(ctx context.Context, f *file, base templates.ImageConfig, baseKey string, buildArgs, globals map[string]string, bctx *buildContext) (*plan, error) {
-	lex := shell.NewLex(f.escape)
-	img := base
-	img.Env = slices.Clone(base.Env)
-	var args []string // NAME=value of the stage's ARGs with a value
-	cmdSet := false
+	pl := &planner{lex: shell.NewLex(f.escape), img: base, buildArgs: buildArgs, globals: globals, bctx: bctx}
+	pl.img.Env = slices.Clone(base.Env)
 	p := &plan{}
 	parent := baseKey
-	// exp is the environment instructions are expanded with: ARGs, then
-	// ENV over them (ENV wins, as in Docker).
-	exp := func() []string { return append(slices.Clone(args), img.Env...) }
-	workdir := func() string {
-		if img.WorkingDir == "" {
-			return "/"
-		}
-		return img.WorkingDir
-	}
 	for i, in := range f.steps {
 		s := step{n: i + 2, in: in}
-		switch in.cmd {
-		case "ARG":
-			for _, w := range in.args {
-				name, v, set, err := argValue(lex, in, w, exp(), buildArgs, globals)
-				if err != nil {
-					return nil, err
-				}
-				args = slices.DeleteFunc(args, func(e string) bool { return strings.HasPrefix(e, name+"=") })
-				if set {
-					args = append(args, name+"="+v)
-				}
-			}
-		case "ENV":
-			env := exp()
-			var kv []string
-			for j := 0; j+1 < len(in.args); j += 2 {
-				k, err := expand(lex, in, in.args[j], env)
-				if err != nil {
-					return nil, err
-				}
-				v, err := expand(lex, in, in.args[j+1], env)
-				if err != nil {
-					return nil, err
-				}
-				if k == "" || strings.ContainsAny(k, "= \t\x00") {
-					return nil, lineErr(in.line, "ENV: %q is not a variable name", cut(k, 60))
-				}
-				kv = append(kv, k, v)
-			}
-			for j := 0; j < len(kv); j += 2 {
-				img.Env = setEnv(img.Env, kv[j], kv[j+1])
-			}
-		case "WORKDIR":
-			d, err := expand(lex, in, in.args[0], exp())
-			if err != nil {
-				return nil, err
-			}
-			if d == "" {
-				return nil, lineErr(in.line, "WORKDIR needs a directory")
-			}
-			if !path.IsAbs(d) {
-				d = path.Join(workdir(), d)
-			}
-			img.WorkingDir = path.Clean(d)
-			s.kind, s.dir, s.user = workdirStep, img.WorkingDir, img.User
-		case "USER":
-			u, err := expand(lex, in, in.args[0], exp())
-			if err != nil {
-				return nil, err
-			}
-			if err := guestproto.ValidateUser(u); err != nil {
-				return nil, lineErr(in.line, "USER %q: %v", cut(u, 60), err)
-			}
-			img.User = u
-		case "CMD", "ENTRYPOINT":
-			argv := slices.Clone(in.args)
-			if !in.json {
-				argv = []string{"/bin/sh", "-c", strings.Join(in.args, " ")}
-			}
-			if in.cmd == "CMD" {
-				img.Cmd, cmdSet = argv, true
-			} else {
-				img.Entrypoint = argv
-				if !cmdSet {
-					// Docker: an ENTRYPOINT resets the base image's CMD.
-					img.Cmd = nil
-				}
-			}
-		case "LABEL", "MAINTAINER":
-			s.note = "  ignored: templates keep no labels"
-		case "EXPOSE":
-			s.note = "  ignored: a sandbox's ports are all reachable from its host"
-		case "RUN":
-			s.kind = runStep
-			if in.json {
-				s.exec.Argv = slices.Clone(in.args)
-				if len(s.exec.Argv) == 0 || s.exec.Argv[0] == "" {
-					return nil, lineErr(in.line, "RUN needs a command")
-				}
-			} else {
-				s.exec.Shell = strings.Join(in.args, " ")
-			}
-			s.exec.Env = withProxyArgs(envMap(append(slices.Clone(args), img.Env...)), buildArgs)
-			s.exec.Cwd = workdir()
-			s.exec.User = img.User
-		case "COPY", "ADD":
-			cs, err := evalCopy(ctx, lex, in, exp(), workdir(), bctx)
-			if err != nil {
-				return nil, err
-			}
-			s.kind, s.copy, s.user = copyStep, cs, img.User
+		if err := pl.eval(ctx, &s); err != nil {
+			return nil, err
 		}
 		if s.kind != metaStep {
-			s.key = stepKey(parent, s, workdir(), img.User)
+			s.key = stepKey(parent, s, pl.workdir(), pl.img.User)
 			parent = s.key
 		}
-		s.image = cloneImage(img)
+		s.image = cloneImage(pl.img)
 		p.steps = append(p.steps, s)
 	}
-	p.image = cloneImage(img)
+	p.image = cloneImage(pl.img)
 	return p, nil
+}
+
+// planner is makePlan's state between instructions: the image config as
+// the steps so far leave it, and the stage's ARGs.
+type planner struct {
+	lex       *shell.Lex
+	img       templates.ImageConfig
+	args      []string // NAME=value of the stage's ARGs with a value
+	cmdSet    bool     // a CMD set img.Cmd: an ENTRYPOINT keeps it
+	buildArgs map[string]string
+	globals   map[string]string // the ARGs before FROM
+	bctx      *buildContext
+}
+
+// exp is the environment instructions are expanded with: ARGs, then ENV
+// over them (ENV wins, as in Docker).
+func (pl *planner) exp() []string { return append(slices.Clone(pl.args), pl.img.Env...) }
+
+// workdir is the working directory of the steps so far ("/" if none).
+func (pl *planner) workdir() string {
+	if pl.img.WorkingDir == "" {
+		return "/"
+	}
+	return pl.img.WorkingDir
+}
+
+// eval evaluates instruction s.in: it updates the image config and the
+// ARGs, and sets what s does (its kind and, for a disk step, what it runs,
+// copies or creates; a note for an instruction templates ignore).
+func (pl *planner) eval(ctx context.Context, s *step) error {
+	in := s.in
+	switch in.cmd {
+	case "ARG":
+		return pl.evalArg(in)
+	case "ENV":
+		return pl.evalEnv(in)
+	case "WORKDIR":
+		return pl.evalWorkdir(s)
+	case "USER":
+		return pl.evalUser(in)
+	case "CMD", "ENTRYPOINT":
+		pl.evalCmd(in)
+	case "LABEL", "MAINTAINER":
+		s.note = "  ignored: templates keep no labels"
+	case "EXPOSE":
+		s.note = "  ignored: a sandbox's ports are all reachable from its host"
+	case "RUN":
+		return pl.evalRun(s)
+	case "COPY", "ADD":
+		cs, err := evalCopy(ctx, pl.lex, in, pl.exp(), pl.workdir(), pl.bctx)
+		if err != nil {
+			return err
+		}
+		s.kind, s.copy, s.user = copyStep, cs, pl.img.User
+	}
+	return nil
+}
+
+// evalArg declares the ARGs of in, each with its value (a build arg, its
+// default, or the global of its name) or none.
+func (pl *planner) evalArg(in instr) error {
+	for _, w := range in.args {
+		name, v, set, err := argValue(pl.lex, in, w, pl.exp(), pl.buildArgs, pl.globals)
+		if err != nil {
+			return err
+		}
+		pl.args = slices.DeleteFunc(pl.args, func(e string) bool { return strings.HasPrefix(e, name+"=") })
+		if set {
+			pl.args = append(pl.args, name+"="+v)
+		}
+	}
+	return nil
+}
+
+// evalEnv sets the variables of in (key, value pairs, all expanded over
+// the environment before it) in the image's environment.
+func (pl *planner) evalEnv(in instr) error {
+	env := pl.exp()
+	var kv []string
+	for j := 0; j+1 < len(in.args); j += 2 {
+		k, err := expand(pl.lex, in, in.args[j], env)
+		if err != nil {
+			return err
+		}
+		v, err := expand(pl.lex, in, in.args[j+1], env)
+		if err != nil {
+			return err
+		}
+		if k == "" || strings.ContainsAny(k, "= \t\x00") {
+			return lineErr(in.line, "ENV: %q is not a variable name", cut(k, 60))
+		}
+		kv = append(kv, k, v)
+	}
+	for j := 0; j < len(kv); j += 2 {
+		pl.img.Env = setEnv(pl.img.Env, kv[j], kv[j+1])
+	}
+	return nil
+}
+
+// evalWorkdir sets the working directory (relative to the one before)
+// and makes s the step that creates it, owned by the current user.
+func (pl *planner) evalWorkdir(s *step) error {
+	in := s.in
+	d, err := expand(pl.lex, in, in.args[0], pl.exp())
+	if err != nil {
+		return err
+	}
+	if d == "" {
+		return lineErr(in.line, "WORKDIR needs a directory")
+	}
+	if !path.IsAbs(d) {
+		d = path.Join(pl.workdir(), d)
+	}
+	pl.img.WorkingDir = path.Clean(d)
+	s.kind, s.dir, s.user = workdirStep, pl.img.WorkingDir, pl.img.User
+	return nil
+}
+
+// evalUser sets the user of the steps after it and of the image.
+func (pl *planner) evalUser(in instr) error {
+	u, err := expand(pl.lex, in, in.args[0], pl.exp())
+	if err != nil {
+		return err
+	}
+	if err := guestproto.ValidateUser(u); err != nil {
+		return lineErr(in.line, "USER %q: %v", cut(u, 60), err)
+	}
+	pl.img.User = u
+	return nil
+}
+
+// evalCmd sets the image's CMD or ENTRYPOINT (shell form: through
+// /bin/sh -c). As in Docker, an ENTRYPOINT resets the base image's CMD,
+// not one the Dockerfile set.
+func (pl *planner) evalCmd(in instr) {
+	argv := slices.Clone(in.args)
+	if !in.json {
+		argv = []string{"/bin/sh", "-c", strings.Join(in.args, " ")}
+	}
+	if in.cmd == "CMD" {
+		pl.img.Cmd, pl.cmdSet = argv, true
+		return
+	}
+	pl.img.Entrypoint = argv
+	if !pl.cmdSet {
+		// Docker: an ENTRYPOINT resets the base image's CMD.
+		pl.img.Cmd = nil
+	}
+}
+
+// evalRun makes s a RUN step: its command, with the stage's ARGs, the
+// image's environment and the proxy build args, in the working directory
+// as the current user.
+func (pl *planner) evalRun(s *step) error {
+	in := s.in
+	s.kind = runStep
+	if in.json {
+		s.exec.Argv = slices.Clone(in.args)
+		if len(s.exec.Argv) == 0 || s.exec.Argv[0] == "" {
+			return lineErr(in.line, "RUN needs a command")
+		}
+	} else {
+		s.exec.Shell = strings.Join(in.args, " ")
+	}
+	s.exec.Env = withProxyArgs(envMap(append(slices.Clone(pl.args), pl.img.Env...)), pl.buildArgs)
+	s.exec.Cwd = pl.workdir()
+	s.exec.User = pl.img.User
+	return nil
 }
 
 // withProxyArgs adds the proxy build args of buildArgs that env (a RUN's

@@ -197,17 +197,7 @@ func (t *tree) entry(hdr *tar.Header, r io.Reader) error {
 		return nil // global headers, and kinds no root filesystem needs
 	}
 	if name == "" {
-		// The root itself ("./"): its owner, mode and times only.
-		if hdr.Typeflag != tar.TypeDir {
-			return invalid("entry %q replaces the root with a non-directory", hdr.Name)
-		}
-		fd, err := t.resolve("", unix.O_RDONLY|unix.O_DIRECTORY)
-		if err != nil {
-			return fmt.Errorf("open the root: %w", err)
-		}
-		defer unix.Close(fd)
-		t.dirTimes[""] = hdr.ModTime
-		return t.setMeta(fd, -1, "", hdr)
+		return t.setRoot(hdr)
 	}
 
 	pfd, base, err := t.parent(name)
@@ -215,10 +205,46 @@ func (t *tree) entry(hdr *tar.Header, r io.Reader) error {
 		return err
 	}
 	defer unix.Close(pfd)
+	if err := t.makeRoom(pfd, base, name, hdr); err != nil {
+		return err
+	}
+	t.made[name] = true
 
-	// What is there already goes, unless both are directories.
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		return t.makeDir(pfd, base, name, hdr)
+	case tar.TypeReg, tar.TypeGNUSparse: // the reader fills a sparse file's holes
+		return t.makeFile(pfd, base, name, hdr, r)
+	case tar.TypeSymlink:
+		return t.makeSymlink(pfd, base, name, hdr)
+	case tar.TypeLink:
+		return t.makeHardLink(pfd, base, name, hdr)
+	default: // tar.TypeChar, tar.TypeBlock, tar.TypeFifo
+		return t.makeNode(pfd, base, name, hdr)
+	}
+}
+
+// setRoot applies the entry of the root itself ("./"): its owner, mode and
+// times only; it must be a directory.
+func (t *tree) setRoot(hdr *tar.Header) error {
+	if hdr.Typeflag != tar.TypeDir {
+		return invalid("entry %q replaces the root with a non-directory", hdr.Name)
+	}
+	fd, err := t.resolve("", unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("open the root: %w", err)
+	}
+	defer unix.Close(fd)
+	t.dirTimes[""] = hdr.ModTime
+	return t.setMeta(fd, -1, "", hdr)
+}
+
+// makeRoom removes what is at base in directory pfd (name in the tree)
+// before hdr's entry takes its place, unless both are directories: a
+// directory entry then only sets the existing one's metadata.
+func (t *tree) makeRoom(pfd int, base, name string, hdr *tar.Header) error {
 	var st unix.Stat_t
-	err = unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
+	err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	switch {
 	case err == unix.ENOENT:
 	case err != nil:
@@ -229,99 +255,113 @@ func (t *tree) entry(hdr *tar.Header, r io.Reader) error {
 			return fmt.Errorf("replace %s: %w", name, err)
 		}
 	}
-	t.made[name] = true
+	return nil
+}
 
-	switch hdr.Typeflag {
-	case tar.TypeDir:
-		if err := unix.Mkdirat(pfd, base, 0o700); err != nil && err != unix.EEXIST {
-			return fmt.Errorf("make directory %s: %w", name, err)
-		}
-		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open directory %s: %w", name, err)
-		}
-		defer unix.Close(fd)
-		t.dirTimes[name] = hdr.ModTime
-		return t.setMeta(fd, -1, "", hdr)
+// makeDir makes directory base in pfd (or keeps the one there) and sets
+// its owner and mode; its times are set last (finish), after everything
+// that goes into it.
+func (t *tree) makeDir(pfd int, base, name string, hdr *tar.Header) error {
+	if err := unix.Mkdirat(pfd, base, 0o700); err != nil && err != unix.EEXIST {
+		return fmt.Errorf("make directory %s: %w", name, err)
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", name, err)
+	}
+	defer unix.Close(fd)
+	t.dirTimes[name] = hdr.ModTime
+	return t.setMeta(fd, -1, "", hdr)
+}
 
-	case tar.TypeReg, tar.TypeGNUSparse: // the reader fills a sparse file's holes
-		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fmt.Errorf("create %s: %w", name, err)
-		}
-		f := os.NewFile(uintptr(fd), name)
-		defer f.Close()
-		if err := t.copy(f, r, name); err != nil {
-			return err
-		}
-		if err := t.setMeta(fd, -1, "", hdr); err != nil {
-			return err
-		}
-		return t.setTimes(pfd, base, name, hdr.ModTime)
+// makeFile creates regular file base in pfd with the contents r holds
+// (within the tree's byte limit), and its owner, mode and times.
+func (t *tree) makeFile(pfd int, base, name string, hdr *tar.Header, r io.Reader) error {
+	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	if err := t.copy(f, r, name); err != nil {
+		return err
+	}
+	if err := t.setMeta(fd, -1, "", hdr); err != nil {
+		return err
+	}
+	return t.setTimes(pfd, base, name, hdr.ModTime)
+}
 
-	case tar.TypeSymlink:
-		if strings.IndexByte(hdr.Linkname, 0) >= 0 || hdr.Linkname == "" {
-			return invalid("symlink %s has a bad target %q", name, hdr.Linkname)
-		}
-		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
-			return fmt.Errorf("make symlink %s: %w", name, err)
-		}
-		if err := t.setMeta(-1, pfd, base, hdr); err != nil {
-			return err
-		}
-		return t.setTimes(pfd, base, name, hdr.ModTime)
+// makeSymlink makes symlink base in pfd to hdr's (non-empty) target, with its
+// owner and times.
+func (t *tree) makeSymlink(pfd int, base, name string, hdr *tar.Header) error {
+	if strings.IndexByte(hdr.Linkname, 0) >= 0 || hdr.Linkname == "" {
+		return invalid("symlink %s has a bad target %q", name, hdr.Linkname)
+	}
+	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
+		return fmt.Errorf("make symlink %s: %w", name, err)
+	}
+	if err := t.setMeta(-1, pfd, base, hdr); err != nil {
+		return err
+	}
+	return t.setTimes(pfd, base, name, hdr.ModTime)
+}
 
-	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil {
-			return err
-		}
-		if target == "" {
-			return invalid("hard link %s points at the root", name)
-		}
-		tdir, tbase := path.Split(target)
-		tpfd, err := t.resolve(strings.TrimSuffix(tdir, "/"), unix.O_PATH|unix.O_DIRECTORY)
-		if err == unix.ENOENT || err == unix.ENOTDIR {
+// makeHardLink links base in pfd to hdr's target, which must be in the tree
+// already (a link to a symlink links the symlink). The inode keeps its
+// own owner, mode and times.
+func (t *tree) makeHardLink(pfd int, base, name string, hdr *tar.Header) error {
+	target, err := cleanName(hdr.Linkname)
+	if err != nil {
+		return err
+	}
+	if target == "" {
+		return invalid("hard link %s points at the root", name)
+	}
+	tdir, tbase := path.Split(target)
+	tpfd, err := t.resolve(strings.TrimSuffix(tdir, "/"), unix.O_PATH|unix.O_DIRECTORY)
+	if err == unix.ENOENT || err == unix.ENOTDIR {
+		return invalid("hard link %s points at %s, which the image does not have", name, hdr.Linkname)
+	}
+	if err != nil {
+		return fmt.Errorf("open the directory of %s: %w", hdr.Linkname, err)
+	}
+	defer unix.Close(tpfd)
+	// Without AT_SYMLINK_FOLLOW a link to a symlink links the symlink.
+	if err := unix.Linkat(tpfd, tbase, pfd, base, 0); err != nil {
+		if err == unix.ENOENT {
 			return invalid("hard link %s points at %s, which the image does not have", name, hdr.Linkname)
 		}
-		if err != nil {
-			return fmt.Errorf("open the directory of %s: %w", hdr.Linkname, err)
-		}
-		defer unix.Close(tpfd)
-		// Without AT_SYMLINK_FOLLOW a link to a symlink links the symlink.
-		if err := unix.Linkat(tpfd, tbase, pfd, base, 0); err != nil {
-			if err == unix.ENOENT {
-				return invalid("hard link %s points at %s, which the image does not have", name, hdr.Linkname)
-			}
-			return fmt.Errorf("make hard link %s to %s: %w", name, hdr.Linkname, err)
-		}
-		return nil // the inode keeps its own owner, mode and times
-
-	default: // tar.TypeChar, tar.TypeBlock, tar.TypeFifo
-		mode := uint32(unix.S_IFIFO)
-		switch hdr.Typeflag {
-		case tar.TypeChar:
-			mode = unix.S_IFCHR
-		case tar.TypeBlock:
-			mode = unix.S_IFBLK
-		}
-		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-		err := unix.Mknodat(pfd, base, mode|0o600, int(dev))
-		if err == unix.EPERM && mode != unix.S_IFIFO {
-			// No CAP_MKNOD (a container): images rarely need their own
-			// device nodes, the guest's devtmpfs has them.
-			delete(t.made, name)
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("make device node %s: %w", name, err)
-		}
-		if err := t.setMeta(-1, pfd, base, hdr); err != nil {
-			return err
-		}
-		return t.setTimes(pfd, base, name, hdr.ModTime)
-
+		return fmt.Errorf("make hard link %s to %s: %w", name, hdr.Linkname, err)
 	}
+	return nil
+}
+
+// makeNode makes device node or FIFO base in pfd, with its owner, mode and
+// times. Without CAP_MKNOD (in a container) a device node is left out.
+func (t *tree) makeNode(pfd int, base, name string, hdr *tar.Header) error {
+	mode := uint32(unix.S_IFIFO)
+	switch hdr.Typeflag {
+	case tar.TypeChar:
+		mode = unix.S_IFCHR
+	case tar.TypeBlock:
+		mode = unix.S_IFBLK
+	}
+	dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+	err := unix.Mknodat(pfd, base, mode|0o600, int(dev))
+	if err == unix.EPERM && mode != unix.S_IFIFO {
+		// No CAP_MKNOD (a container): images rarely need their own
+		// device nodes, the guest's devtmpfs has them.
+		delete(t.made, name)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("make device node %s: %w", name, err)
+	}
+	if err := t.setMeta(-1, pfd, base, hdr); err != nil {
+		return err
+	}
+	return t.setTimes(pfd, base, name, hdr.ModTime)
 }
 
 // copy writes a regular file's contents, within the tree's byte limit.
