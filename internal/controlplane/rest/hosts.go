@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
@@ -270,4 +271,91 @@ func (s *Server) forgetHost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+type hostJSON struct {
+	ID                 string  `json:"id"`
+	State              string  `json:"state"`
+	Accel              string  `json:"accel"`
+	Sandboxes          int     `json:"sandboxes"`
+	VCPUs              int     `json:"vcpus"`
+	MemoryMiB          int     `json:"memory_mib"`
+	MemoryAvailableMiB int     `json:"memory_available_mib"`
+	MemoryAllocatedMiB int     `json:"memory_allocated_mib"`
+	SandboxesPSSMiB    float64 `json:"sandboxes_pss_mib"`
+	SandboxesPrivMiB   float64 `json:"sandboxes_private_mib"`
+	// NetworkOff: the host runs without sandbox networking (--network
+	// off); unknown while a host of a fleet is not connected.
+	NetworkOff bool `json:"network_off,omitempty"`
+	// Templates are the templates whose memory image the host holds, those
+	// the key may see (visibleTemplates).
+	Templates []string `json:"templates"`
+}
+
+// listHosts describes the hosts. An admin key sees every sandbox on them;
+// other keys see the machines' capacity and only their own sandboxes.
+func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Fleet != nil {
+		s.listFleet(w, r)
+		return
+	}
+	h := hostJSON{ID: s.cfg.HostID, State: "ready", Accel: string(s.host.Accel()), NetworkOff: s.networkOff(s.cfg.HostID)}
+	res := host.LocalResources()
+	if rr, ok := s.host.(host.ResourceReporter); ok {
+		var err error
+		if res, err = rr.Resources(r.Context()); err != nil {
+			h.State = "unreachable"
+			s.log.Warn("host resources", "host_id", s.cfg.HostID, "err", err)
+		}
+	}
+	h.VCPUs, h.MemoryMiB, h.MemoryAvailableMiB = res.VCPUs, res.MemoryMiB, res.MemoryAvailableMiB
+	var running []string
+	key := callerOf(r).Key
+	if key.Admin {
+		infos, err := s.host.List(r.Context())
+		if err != nil {
+			s.log.Warn("list sandboxes of host", "host_id", s.cfg.HostID, "err", err)
+		}
+		for _, info := range infos {
+			if info.State == lifecycle.Running {
+				running = append(running, info.ID)
+				h.MemoryAllocatedMiB += info.MemoryMiB
+			}
+		}
+	} else {
+		own, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{KeyID: key.ID, HostID: s.cfg.HostID, States: []string{catalog.StateRunning}})
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		for _, sb := range own {
+			running = append(running, sb.ID)
+			h.MemoryAllocatedMiB += sb.MemoryMiB
+		}
+	}
+	var pss, priv int64
+	for _, id := range running {
+		h.Sandboxes++
+		if m, err := s.host.Memory(r.Context(), id); err == nil {
+			pss += m.PSSBytes
+			priv += m.PrivateBytes
+		}
+	}
+	h.SandboxesPSSMiB, h.SandboxesPrivMiB = mib(pss), mib(priv)
+	h.Templates = []string{}
+	if ts, err := s.host.Templates().List(r.Context()); err != nil {
+		s.log.Warn("list templates of host", "host_id", s.cfg.HostID, "err", err)
+	} else {
+		visible, err := s.visibleTemplates(r.Context(), key)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		for _, t := range ts {
+			if visible(t.Name) && !slices.Contains(h.Templates, t.Name) {
+				h.Templates = append(h.Templates, t.Name)
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"hosts": []hostJSON{h}})
 }
