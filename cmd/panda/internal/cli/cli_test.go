@@ -59,12 +59,24 @@ func newFakeAPI(t *testing.T, h func(w http.ResponseWriter, r *http.Request, bod
 	f := &fakeAPI{t: t}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		f.reqs = append(f.reqs, strings.TrimSpace(r.Method+" "+r.URL.RequestURI()+" "+string(b)+" "+r.Header.Get("Authorization")))
+		f.reqs = append(f.reqs, strings.TrimSpace(r.Method+" "+r.URL.RequestURI()+" "+canonJSON(b)+" "+r.Header.Get("Authorization")))
 		h(w, r, string(b))
 	}))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return f
+}
+
+// canonJSON is a JSON body with its object keys sorted (what a field's
+// place in a struct decides is not part of the wire contract), or b as it
+// is when it is not JSON.
+func canonJSON(b []byte) string {
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return string(b)
+	}
+	out, _ := json.Marshal(v)
+	return string(out)
 }
 
 func isolateEnv(t *testing.T) {
@@ -199,7 +211,7 @@ func TestExecStreamsAndExits(t *testing.T) {
 	runCLI(ctx, "", "exec", "--api-url", f.url, "--api-key", "k", "abc", "--timeout", "2.5", "--", "true")
 	want := []string{
 		`POST /v1/sandboxes/abc/exec/stream {"cmd":"echo hi; exit 7"} Bearer k`,
-		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-l","a b"],"env":{"A":"1"},"cwd":"/tmp","user":"1000:1000","timeout_seconds":0,"stdin":"in"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-l","a b"],"cwd":"/tmp","env":{"A":"1"},"stdin":"in","timeout_seconds":0,"user":"1000:1000"} Bearer k`,
 		`POST /v1/sandboxes/abc/exec/stream {"cmd":"true","timeout_seconds":2.5} Bearer k`,
 	}
 	for i := range want {
@@ -412,12 +424,12 @@ func TestNetworkFlags(t *testing.T) {
 	}{
 		{[]string{"create"}, `POST /v1/sandboxes?progress=1 {}`, []string{"abc\n"}},
 		{[]string{"create", "--no-internet", "--allow-out", "pypi.org", "--allow-out", "10.0.0.0/8,*.example.com"},
-			`POST /v1/sandboxes?progress=1 {"network":{"internet":false,"allow_out":["pypi.org","10.0.0.0/8","*.example.com"]}}`, nil},
-		{[]string{"create", "--ttl", "600", "--on-expire", "pause"}, `POST /v1/sandboxes?progress=1 {"ttl_seconds":600,"on_expire":"pause"}`, []string{"abc\n"}},
-		{[]string{"create", "--deny-out", "example.com"}, `POST /v1/sandboxes?progress=1 {"network":{"internet":true,"deny_out":["example.com"]}}`, nil},
+			`POST /v1/sandboxes?progress=1 {"network":{"allow_out":["pypi.org","10.0.0.0/8","*.example.com"],"internet":false}}`, nil},
+		{[]string{"create", "--ttl", "600", "--on-expire", "pause"}, `POST /v1/sandboxes?progress=1 {"on_expire":"pause","ttl_seconds":600}`, []string{"abc\n"}},
+		{[]string{"create", "--deny-out", "example.com"}, `POST /v1/sandboxes?progress=1 {"network":{"deny_out":["example.com"],"internet":true}}`, nil},
 		{[]string{"network", "abc"}, `GET /v1/sandboxes/abc`, []string{"internet:", "no", "allow_out:", "pypi.org,10.0.0.0/8", "deny_out:", "-"}},
 		{[]string{"network", "abc", "--internet=false"}, `PATCH /v1/sandboxes/abc/network {"internet":false}`, nil},
-		{[]string{"net", "abc", "--internet", "--deny-out", "a.com", "--deny-out", "b.com"}, `PATCH /v1/sandboxes/abc/network {"internet":true,"deny_out":["a.com","b.com"]}`, nil},
+		{[]string{"net", "abc", "--internet", "--deny-out", "a.com", "--deny-out", "b.com"}, `PATCH /v1/sandboxes/abc/network {"deny_out":["a.com","b.com"],"internet":true}`, nil},
 		{[]string{"network", "abc", "--allow-out", ""}, `PATCH /v1/sandboxes/abc/network {"allow_out":[]}`, nil},
 		{[]string{"network", "abc", "--json"}, `GET /v1/sandboxes/abc`, []string{`"internet": false`, `"allow_out": [`}},
 		{[]string{"get", "abc"}, `GET /v1/sandboxes/abc`, []string{"network:", "no internet; allow pypi.org,10.0.0.0/8"}},
@@ -484,7 +496,7 @@ func TestExecCommandWithoutDashes(t *testing.T) {
 		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"]} Bearer k`,
 		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"]} Bearer k`,
 		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la","--json","-i"],"cwd":"/tmp"} Bearer k`,
-		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"],"env":{"A":"1"},"cwd":"/tmp"} Bearer k`,
+		`POST /v1/sandboxes/abc/exec/stream {"argv":["ls","-la"],"cwd":"/tmp","env":{"A":"1"}} Bearer k`,
 		`POST /v1/sandboxes/abc/exec/stream {"cmd":"echo hi; ls -la"} Bearer k`,
 	}
 	if !slices.Equal(f.reqs, want) {
