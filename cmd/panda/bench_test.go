@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/bench"
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestBenchNet: `panda bench net --json` with tiny counts runs through in
@@ -24,7 +24,7 @@ func TestBenchNet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	before := benchNamespaces()
-	got, stdout := runBenchJSON(ctx, t, "net", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "net", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "3", "--mib", "4", "--transfers", "2", "--requests", "10")
 	wantPositive(t, got,
 		"create_to_first_exec_off.p50_ms", "create_to_first_exec_off.p99_ms",
@@ -66,7 +66,7 @@ func runBenchJSON(ctx context.Context, t *testing.T, name string, args ...string
 // DIR/bench is still running.
 func noVMMLeft(t *testing.T, dir string) {
 	t.Helper()
-	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
+	if pids := testkit.QEMUProcs(filepath.Join(dir, "bench")); len(pids) != 0 {
 		t.Errorf("QEMU processes left by the benchmark: %v", pids)
 	}
 }
@@ -158,7 +158,7 @@ func TestBenchDensity(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	got, stdout := runBenchJSON(ctx, t, "density", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "density", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "3", "--settle", "100ms", "--window", "300ms", "--sample", "2", "--rounds", "2")
 	wantPositive(t, got, "sandboxes", "asked", "create_seconds", "pss_mib_per_sandbox", "private_mib_per_sandbox",
 		"exec_p50_ms", "exec_p99_ms", "exec.n", "host_cpus")
@@ -184,7 +184,7 @@ func TestBenchCreate(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	got, stdout := runBenchJSON(ctx, t, "create", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "create", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "2", "--idle", "1")
 	wantPositive(t, got, "p50_ms", "exec_p50_ms", "pss_mib_per_sandbox", "create_to_first_exec.n",
 		"first_exec_vcpu_cpu.n", "first_exec_vcpu_cpu.p50_ms", "first_exec_vmm_cpu.p50_ms")
@@ -207,7 +207,7 @@ func TestBenchPath(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	got, _ := runBenchJSON(ctx, t, "path", "--data-dir", dir, "--images", pandatest.Images(),
+	got, _ := runBenchJSON(ctx, t, "path", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3", "--python-sdk", "../../sdk/python/src")
 	wantPositive(t, got, "host_create_first_exec.n", "api_create_first_exec.n", "host_create_first_exec.p50_ms", "api_create_first_exec.p50_ms",
 		"host_exec.p50_ms", "api_exec.p50_ms", "api_over_host_create_p50", "api_over_host_exec_p50",
@@ -223,7 +223,7 @@ func TestBenchPath(t *testing.T) {
 	noVMMLeft(t, dir)
 	// A directory without the SDK is refused before anything starts.
 	var out bytes.Buffer
-	err := run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", pandatest.Images(), "--python-sdk", t.TempDir()}, &out, &out)
+	err := run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", testkit.Images(), "--python-sdk", t.TempDir()}, &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "no pandastack package") {
 		t.Errorf("bench path --python-sdk EMPTY: %v, want an error naming the missing package", err)
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -434,7 +435,7 @@ func vmRSS(pid int) (int64, error) {
 // as /panda-guest. It is removed when the test ends.
 func hostileImages(t *testing.T) string {
 	t.Helper()
-	src := pandatest.Images()
+	src := testkit.Images()
 	dir, err := os.MkdirTemp("", "hostile-images")
 	if err != nil {
 		t.Fatal(err)

@@ -18,8 +18,8 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -557,7 +557,7 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 	// No agent: the mount stays, and what the kernel holds of the file
 	// (but for the mapped pages) is dropped, so that the machine's next
 	// reads miss.
-	if !pandatest.Mounted(filepath.Dir(path)) {
+	if !testkit.Mounted(filepath.Dir(path)) {
 		t.Fatalf("%s not mounted after the agent left", filepath.Dir(path))
 	}
 	dropPages(t, path)

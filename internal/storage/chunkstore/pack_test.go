@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // packFixture is a "template" (a memory image and a small state file) on
@@ -30,7 +32,7 @@ func newPackFixture(t *testing.T) packFixture {
 	// The template, identical on both hosts: 12 chunks, data in 0-7.
 	tmpl := filepath.Join(fx.src, "tmpl", "vm.mem")
 	os.MkdirAll(filepath.Dir(tmpl), 0o700)
-	writeSparseFile(t, tmpl, 12*cs, 7, [2]int64{0, 8 * cs})
+	testkit.WriteSparse(t, tmpl, 12*cs, 7, [2]int64{0, 8 * cs})
 	dstTmpl := filepath.Join(fx.dst, "tmpl", "vm.mem")
 	os.MkdirAll(filepath.Dir(dstTmpl), 0o700)
 	copyFile(t, tmpl, dstTmpl)
@@ -168,7 +170,7 @@ func TestPackRefusesOtherBase(t *testing.T) {
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	other := filepath.Join(fx.dst, "other.mem")
-	writeSparseFile(t, other, 12*cs, 99, [2]int64{0, 8 * cs})
+	testkit.WriteSparse(t, other, 12*cs, 99, [2]int64{0, 8 * cs})
 	idx, err := HashFile(context.Background(), other, cs)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // countingStore counts the chunks read from the store it wraps.
@@ -43,7 +44,7 @@ func TestDownloadSeeded(t *testing.T) {
 
 			// The "template": 16 chunks, data in 0-5 and 9, holes elsewhere.
 			tmpl := filepath.Join(src, "template.mem")
-			writeSparseFile(t, tmpl, 16*cs, 1, [2]int64{0, 6 * cs}, [2]int64{9 * cs, cs})
+			testkit.WriteSparse(t, tmpl, 16*cs, 1, [2]int64{0, 6 * cs}, [2]int64{9 * cs, cs})
 			// The "capture": the template with chunks 2 and 3 changed, data
 			// added in 12, and the template's chunk 9 moved to chunk 14
 			// (found by hash, wherever it is). 12.5 chunks long.
@@ -205,7 +206,7 @@ func TestDeltas(t *testing.T) {
 			src := t.TempDir()
 
 			tmpl := filepath.Join(src, "template.mem")
-			writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 5 * cs}) // chunks 5-7 holes
+			testkit.WriteSparse(t, tmpl, 8*cs, 1, [2]int64{0, 5 * cs}) // chunks 5-7 holes
 			// The template's chunk 4 is its chunk 1 (so is the capture's).
 			func() {
 				f, _ := os.OpenFile(tmpl, os.O_RDWR, 0)
@@ -355,7 +356,7 @@ func TestUploadKnown(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	tmpl := filepath.Join(dir, "tmpl")
-	writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 6 * cs})
+	testkit.WriteSparse(t, tmpl, 8*cs, 1, [2]int64{0, 6 * cs})
 	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +519,7 @@ func templateAndCapture(t *testing.T, s *Store, n int64, pages ...int64) (tmpl s
 	ctx := context.Background()
 	dir := t.TempDir()
 	tmpl = filepath.Join(dir, "tmpl")
-	writeSparseFile(t, tmpl, n*cs, 1, [2]int64{0, n * cs})
+	testkit.WriteSparse(t, tmpl, n*cs, 1, [2]int64{0, n * cs})
 	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/testing/chaos"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
@@ -33,7 +34,7 @@ func e2e(t *testing.T) string {
 	if os.Geteuid() != 0 {
 		t.Fatal("the chaos suite needs root: panda loop-mounts an XFS image")
 	}
-	if _, err := os.Stat(filepath.Join(pandatest.Images(), "rootfs-tiny.ext4")); err != nil {
+	if _, err := os.Stat(filepath.Join(testkit.Images(), "rootfs-tiny.ext4")); err != nil {
 		t.Fatalf("guest images missing (run make setup or set PANDA_TEST_IMAGES): %v", err)
 	}
 	bin, err := pandatest.Binary()
@@ -89,7 +90,7 @@ func (w *logWriter) last() string {
 func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	t.Helper()
 	cfg.Bin = e2e(t)
-	cfg.Images = pandatest.Images()
+	cfg.Images = testkit.Images()
 	lw := &logWriter{t: t}
 	cfg.Log = lw
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

@@ -35,6 +35,7 @@ import (
 	"github.com/pandastack/pandastack/internal/testing/devcluster"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -82,7 +83,7 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 	out := &syncBuffer{}
 	began := time.Now()
 	c, err := devcluster.Start(context.Background(), devcluster.Config{
-		Agents: 3, Listen: addr, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+		Agents: 3, Listen: addr, Images: testkit.Images(), Binary: bin, Versitygw: gw,
 		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
 		AgentArgs: []string{"--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"},
 		// agent-2 builds the user templates: killed below, it shows
@@ -117,7 +118,7 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 	t.Helper()
 	for _, pid := range pids {
-		if pandatest.Alive(pid) {
+		if testkit.Alive(pid) {
 			t.Errorf("process %d still runs after Close", pid)
 		}
 	}
@@ -150,7 +151,7 @@ func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 	}
 }
 
-func qemuUnder(dir string) []int { return pandatest.QEMUPIDs(dir) }
+func qemuUnder(dir string) []int { return testkit.QEMUProcs(dir) }
 
 // api is the REST API as the admin, in raw requests: the tests check the
 // HTTP statuses themselves.
@@ -892,7 +893,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	}
 	out := &syncBuffer{}
 	cmd := exec.Command(bin, "dev", "cluster", "--agents", "1", "--name", name, "--subnet", subnet.String(),
-		"--listen", addr, "--data-dir", dataDir, "--images", pandatest.Images(),
+		"--listen", addr, "--data-dir", dataDir, "--images", testkit.Images(),
 		"--default-template", "tiny", "--default-memory", "256")
 	cmd.Env = append(os.Environ(), "PANDA_VERSITYGW="+gw)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -901,7 +902,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	cfg := devcluster.Config{Agents: 1, Listen: addr, DataDir: dataDir, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+	cfg := devcluster.Config{Agents: 1, Listen: addr, DataDir: dataDir, Images: testkit.Images(), Binary: bin, Versitygw: gw,
 		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
 		AgentArgs: []string{"--default-template", "tiny", "--default-memory", "256"}}
 	var second *devcluster.Cluster
@@ -953,7 +954,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	a := &api{t: t, url: "http://" + addr, key: strings.TrimSpace(string(key))}
 	a.create(nil)
 	agentDir := filepath.Join(dataDir, "agent-1")
-	vmms := pandatest.QEMUPIDs(agentDir)
+	vmms := testkit.QEMUProcs(agentDir)
 	if len(vmms) != 1 {
 		t.Fatalf("VMMs of agent-1: %v, want one", vmms)
 	}
@@ -965,13 +966,13 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 		t.Fatal("no agent-1 process found")
 	}
 	syscall.Kill(agentPID, syscall.SIGKILL)
-	if !pandatest.WaitGone(agentPID, 10*time.Second) {
+	if !testkit.WaitGone(agentPID, 10*time.Second) {
 		t.Fatal("agent-1 survives SIGKILL")
 	}
 	cmd.Process.Kill()
 	<-exited
-	if !pandatest.Alive(vmms[0]) || !pandatest.Mounted(filepath.Join(agentDir, "store")) {
-		t.Fatalf("after the kills: VMM alive %v, store mounted %v; want both left behind", pandatest.Alive(vmms[0]), pandatest.Mounted(filepath.Join(agentDir, "store")))
+	if !testkit.Alive(vmms[0]) || !testkit.Mounted(filepath.Join(agentDir, "store")) {
+		t.Fatalf("after the kills: VMM alive %v, store mounted %v; want both left behind", testkit.Alive(vmms[0]), testkit.Mounted(filepath.Join(agentDir, "store")))
 	}
 	if _, err := os.Stat("/run/netns/" + name + "-a1"); err != nil {
 		t.Fatalf("namespace %s-a1 after the kill: %v, want it left behind", name, err)
@@ -983,8 +984,8 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the next cluster of the name: %v\n%s", err, out2.String())
 	}
-	if !strings.Contains(out2.String(), "Cleaned up after an earlier run") || pandatest.Alive(vmms[0]) {
-		t.Errorf("the next cluster: VMM %d alive %v; output:\n%s", vmms[0], pandatest.Alive(vmms[0]), out2.String())
+	if !strings.Contains(out2.String(), "Cleaned up after an earlier run") || testkit.Alive(vmms[0]) {
+		t.Errorf("the next cluster: VMM %d alive %v; output:\n%s", vmms[0], testkit.Alive(vmms[0]), out2.String())
 	}
 	if hs := a.hosts(); len(hs) != 1 || hs[0].State != "ready" {
 		t.Errorf("hosts of the next cluster: %+v, want agent-1 ready", hs)
@@ -992,7 +993,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	if err := second.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
-	if m := pandatest.Mounted(filepath.Join(agentDir, "store")); m {
+	if m := testkit.Mounted(filepath.Join(agentDir, "store")); m {
 		t.Errorf("agent-1's store still mounted after Close")
 	}
 	if _, err := os.Stat("/run/netns/" + name + "-a1"); !errors.Is(err, os.ErrNotExist) {

@@ -9,9 +9,8 @@ import (
 )
 
 // WriteSparse makes a file of size bytes that holds data only in the
-// given [offset, length] ranges (random bytes from seed), holes elsewhere,
-// and returns its contents.
-func WriteSparse(t testing.TB, path string, size int64, seed int64, ranges ...[2]int64) []byte {
+// given [offset, length] ranges (random bytes from seed), holes elsewhere.
+func WriteSparse(t testing.TB, path string, size int64, seed int64, ranges ...[2]int64) {
 	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
@@ -29,6 +28,16 @@ func WriteSparse(t testing.TB, path string, size int64, seed int64, ranges ...[2
 			t.Fatal(err)
 		}
 	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// MakeSparse is WriteSparse returning the file's contents (for files
+// small enough to hold in memory).
+func MakeSparse(t testing.TB, path string, size int64, seed int64, ranges ...[2]int64) []byte {
+	t.Helper()
+	WriteSparse(t, path, size, seed, ranges...)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

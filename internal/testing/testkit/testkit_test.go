@@ -128,7 +128,7 @@ func TestSparse(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	p := filepath.Join(dir, "f")
-	b := WriteSparse(t, p, 64<<20, 1, [2]int64{4096, 4096}, [2]int64{32 << 20, 100})
+	b := MakeSparse(t, p, 64<<20, 1, [2]int64{4096, 4096}, [2]int64{32 << 20, 100})
 	if len(b) != 64<<20 || b[4095] != 0 || b[64<<20-1] != 0 {
 		t.Fatalf("contents: %d bytes", len(b))
 	}
