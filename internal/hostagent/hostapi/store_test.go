@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,7 +44,7 @@ func storeHost(t *testing.T, objs objstore.Store) *hostapi.Client {
 		t.Fatal(err)
 	}
 	a, err := hostagent.Open(context.Background(), hostagent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
+		DataDir: dir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		Store: cs, StoreRetry: 100 * time.Millisecond,
 		Logger: log,
@@ -77,6 +78,8 @@ func storeHost(t *testing.T, objs objstore.Store) *hostapi.Client {
 // is durable, is resumed on B, which never held it, with its files and
 // memory; a stale copy's kill on A and the kill on B both succeed.
 func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +97,7 @@ func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last host.Info
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		last, err = hostA.Get(ctx, sb.ID)
 		return err == nil && last.Stored == host.StoredDurable
 	}) {
@@ -139,6 +142,8 @@ func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
 // store while the pack waits), cut short (refused: corrupt), then whole;
 // B then creates from it with A's files.
 func TestSnapshotGoesDirect(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +185,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		_, err := cs.Manifest(ctx, "templates/"+sb.Template)
 		return err == nil
 	}) {
@@ -326,6 +331,8 @@ func transientCaptures(t *testing.T, a, b *hostapi.Client, id string) func() str
 // snapshot; the pack relayed without that is diffed against the template
 // and carries the snapshot's data again.
 func TestPullDiffsAgainstSnapshot(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -399,6 +406,8 @@ func TestPullDiffsAgainstSnapshot(t *testing.T) {
 // and deletes one (the control plane's sweep of versions its registry no
 // longer has); a version that is not a number is refused.
 func TestStoredUserTemplates(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -5,20 +5,27 @@ import (
 	"time"
 )
 
-// PollInterval is how often Poll and WaitFor check their condition.
-const PollInterval = 10 * time.Millisecond
+// Poll intervals: the first check after 10 ms, then each wait 1.5 times
+// the last, up to 100 ms (a condition that holds soon is seen soon; one
+// that takes seconds costs few checks).
+const (
+	firstInterval = 10 * time.Millisecond
+	maxInterval   = 100 * time.Millisecond
+)
 
-// Poll calls cond every PollInterval until it returns true or d has
-// passed, and reports whether it returned true. Every poll in a test has a
+// Poll calls cond until it returns true or d has passed, and reports
+// whether it returned true. Every poll in a test has a
 // deadline: a condition that never holds must fail the test, not hang it
 // until the test binary's timeout.
 func Poll(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
+	interval := firstInterval
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(PollInterval) // polling a condition, bounded by the deadline
+		time.Sleep(interval) // polling a condition, bounded by the deadline
+		interval = min(interval*3/2, maxInterval)
 	}
 	return true
 }
