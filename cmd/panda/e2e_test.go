@@ -46,18 +46,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// e2e marks a test as slow (real servers, real VMs) and checks what it needs.
+// e2e gates an end-to-end test (real servers, real VMs; root, since
+// panda up loop-mounts an XFS image) through testkit.
 func e2e(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("end-to-end test: skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("end-to-end tests need root: panda up loop-mounts an XFS image")
-	}
-	if _, err := os.Stat(filepath.Join(testkit.Images(), "rootfs-tiny.ext4")); err != nil {
-		t.Fatalf("guest images missing (run make setup or set PANDA_TEST_IMAGES): %v", err)
-	}
+	testkit.VM(t)
+	testkit.Root(t)
 }
 
 // newDataDir makes a short temporary data directory and registers its

@@ -14,7 +14,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"io"
 	"net/http"
 	"os"
@@ -28,7 +27,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
+
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -37,6 +39,8 @@ func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
 // testServer returns the shared server, starting it on first use.
 func testServer(t *testing.T) *pandatest.Server {
 	t.Helper()
+	testkit.VM(t)
+	testkit.Root(t) // panda up loop-mounts an XFS image
 	s, err := pandatest.Shared()
 	if err != nil {
 		t.Fatalf("cannot start the server: %v", err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -126,11 +127,9 @@ func (m *memSource) readsOf(i int64) int {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE needs root")
-	}
+	testkit.Root(t) // mounting FUSE
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
+		t.Fatalf("no /dev/fuse: %v", err)
 	}
 }
 
@@ -691,9 +690,7 @@ func TestHolderWaitsBounded(t *testing.T) {
 //
 //	go test ./internal/lazymem -run XXX -bench Miss -benchtime 2000x
 func BenchmarkMiss(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("mounting FUSE needs root")
-	}
+	testkit.Root(b) // mounting FUSE
 	exe, err := os.Executable()
 	if err != nil {
 		b.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // Every test of this package runs in a network namespace of its own (see
@@ -231,8 +232,9 @@ func query(t *testing.T, g *nettest.Guest, name string, qtype uint16, nw, server
 // TestIsolation: the test binary runs in a namespace of its own that has
 // nothing but lo, so no test can reach the machine's uplink by mistake.
 func TestIsolation(t *testing.T) {
+	testkit.Root(t)
 	if !nettest.InChild() {
-		t.Skip("not re-executed in a new namespace (not root)")
+		t.Fatal("the test binary was not re-executed in a new network namespace")
 	}
 	ifaces, err := net.Interfaces()
 	if err != nil {

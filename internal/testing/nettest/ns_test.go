@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,9 +29,7 @@ func TestRemoveAfterNetnsDirMounted(t *testing.T) {
 		removeAfterNetnsDirMounted(t)
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testkit.Root(t) // mounts, network namespaces
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRemoveAfterNetnsDirMounted$", "-test.v")
 	cmd.Env = append(os.Environ(), envMountChild+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}

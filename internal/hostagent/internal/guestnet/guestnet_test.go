@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -61,9 +62,7 @@ func netip(t *testing.T, s string) net.IP {
 // address and MAC, no route out) and that nothing of it is left once its
 // descriptors are closed.
 func TestIsolated(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
+	testkit.Root(t) // network namespaces
 	fdsBefore := openFDs(t)
 	nic, release, err := IsolatedNIC(context.Background(), "test")
 	if err != nil {
