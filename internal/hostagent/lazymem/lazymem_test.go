@@ -155,7 +155,7 @@ func mountCfg(t *testing.T, cfg Config) *FS {
 		if err := f.Close(); err != nil {
 			t.Error(err)
 		}
-		if mounted(cfg.Dir) {
+		if testkit.Mounted(cfg.Dir) {
 			t.Errorf("%s still mounted after Close", cfg.Dir)
 			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
 		}
@@ -178,17 +178,6 @@ func testBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return exe
-}
-
-// mounted reports whether dir is a mount point in this namespace.
-func mounted(dir string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
 }
 
 // TestFileThroughFUSE: what QEMU and the agent do to a lazy file, served
@@ -608,8 +597,8 @@ func TestHolderOutlivesFS(t *testing.T) {
 	if err := f1.Leave(); err != nil {
 		t.Fatal(err)
 	}
-	if !mounted(cfg.Dir) || unix.Kill(pid, 0) != nil {
-		t.Fatalf("after Leave: mounted %v, holder %d alive %v; want both", mounted(cfg.Dir), pid, unix.Kill(pid, 0) == nil)
+	if !testkit.Mounted(cfg.Dir) || unix.Kill(pid, 0) != nil {
+		t.Fatalf("after Leave: mounted %v, holder %d alive %v; want both", testkit.Mounted(cfg.Dir), pid, unix.Kill(pid, 0) == nil)
 	}
 	// A read while no FS is attached: it waits for the next.
 	type result struct {
@@ -670,7 +659,7 @@ func TestHolderWaitsBounded(t *testing.T) {
 	}
 	fd.Close()
 	deadline := time.Now().Add(20 * time.Second)
-	for unix.Kill(pid, 0) == nil || mounted(cfg.Dir) {
+	for unix.Kill(pid, 0) == nil || testkit.Mounted(cfg.Dir) {
 		if time.Now().After(deadline) {
 			unix.Kill(pid, unix.SIGKILL)
 			unix.Unmount(cfg.Dir, unix.MNT_DETACH)

@@ -73,12 +73,8 @@ func (s *syncBuffer) String() string {
 // leftovers) when the test ends.
 func startCluster(t *testing.T) *devcluster.Cluster {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("dev cluster: real processes and VMs; skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
-	}
+	testkit.VM(t)
+	testkit.Root(t) // namespaces, XFS stores
 	bin, gw, addr := binaries(t)
 	out := &syncBuffer{}
 	began := time.Now()
@@ -145,9 +141,8 @@ func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 			t.Errorf("%s after Close: %v, want it removed", f, err)
 		}
 	}
-	mounts, _ := os.ReadFile("/proc/self/mounts")
-	if bytes.Contains(mounts, []byte(dataDir+"/")) {
-		t.Errorf("mounts under %s left after Close", dataDir)
+	if left := testkit.MountsUnder(dataDir); len(left) != 0 {
+		t.Errorf("mounts under %s left after Close: %q", dataDir, left)
 	}
 }
 
@@ -878,12 +873,8 @@ func TestDevCluster(t *testing.T) {
 // namespaces outlive it) is cleaned up by the next cluster of its name;
 // a second cluster of a running one's name is refused.
 func TestKilledRunIsCleanedUp(t *testing.T) {
-	if testing.Short() {
-		t.Skip("dev cluster: real processes and VMs; skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
-	}
+	testkit.VM(t)
+	testkit.Root(t) // namespaces, XFS stores
 	const name = "pdk"
 	subnet := netip.MustParsePrefix("10.237.0.0/24")
 	bin, gw, addr := binaries(t)
@@ -959,7 +950,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 		t.Fatalf("VMMs of agent-1: %v, want one", vmms)
 	}
 	agentPID := 0
-	for _, pid := range procsWith("agent", "--data-dir", agentDir) {
+	for _, pid := range testkit.Procs("agent\x00--data-dir\x00" + agentDir) {
 		agentPID = pid
 	}
 	if agentPID == 0 {
@@ -1002,27 +993,6 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, "postgres", "data", "PG_VERSION")); err != nil {
 		t.Errorf("the kept data directory lost its catalog: %v", err)
 	}
-}
-
-// procsWith lists the processes whose command line holds args in order,
-// next to each other.
-func procsWith(args ...string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	want := strings.Join(args, "\x00")
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if strings.Contains(string(b), want) {
-			var pid int
-			if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	return pids
 }
 
 // binaries are the panda and versitygw binaries the cluster runs and a

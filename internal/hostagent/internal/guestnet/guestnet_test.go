@@ -63,7 +63,7 @@ func netip(t *testing.T, s string) net.IP {
 // descriptors are closed.
 func TestIsolated(t *testing.T) {
 	testkit.Root(t) // network namespaces
-	fdsBefore := openFDs(t)
+	fdsBefore := testkit.OpenFDs(t)
 	nic, release, err := IsolatedNIC(context.Background(), "test")
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestIsolated(t *testing.T) {
 	if refs := nsRefs(t, nsIno); len(refs) != 0 {
 		t.Errorf("the namespace is still referred to by %q after its TAP was closed", refs)
 	}
-	if got := openFDs(t); got != fdsBefore {
+	if got := testkit.OpenFDs(t); got != fdsBefore {
 		t.Errorf("the test has %d descriptors open, %d before", got, fdsBefore)
 	}
 }
@@ -168,13 +168,4 @@ func nsRefs(t *testing.T, ino uint64) []string {
 		}
 	}
 	return refs
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
 }
