@@ -19,6 +19,7 @@ import (
 	"github.com/pandastack/pandastack/internal/testing/testkit"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"golang.org/x/sys/unix"
@@ -315,7 +316,7 @@ func TestOneGiBFileRoundTrip(t *testing.T) {
 	// TCG the serial channel moves 12-35 MB/s, so this takes a while.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	sum, err := guestproto.VerifyFileRoundTrip(ctx, c, "/root/big.bin", 1<<30)
+	sum, err := guestprototest.VerifyFileRoundTrip(ctx, c, "/root/big.bin", 1<<30)
 	t.Logf("sha256 %x", sum)
 	if err != nil {
 		t.Fatal(err)

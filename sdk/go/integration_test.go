@@ -27,8 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/contract/guestproto"
-
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -311,7 +310,7 @@ func TestIntegrationFiles(t *testing.T) {
 	t.Run("20 MiB round trip", func(t *testing.T) {
 		const size = 20 << 20
 		up := sha256.New()
-		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(guestproto.PatternReader(1, size), up), 0o600)
+		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(guestprototest.PatternReader(1, size), up), 0o600)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 )
 
 // peer plays the guest agent over a unix socketpair (the kernel buffers a
@@ -432,7 +433,7 @@ func TestHostileGrantsCreditWithoutReading(t *testing.T) {
 	const writeTimeout = 300 * time.Millisecond
 	c, p := newPeer(t, guestproto.ClientConfig{WriteTimeout: writeTimeout}, nil)
 	ctx := testContext(t)
-	src := &countingReader{r: guestproto.PatternReader(1, 1<<30)}
+	src := &countingReader{r: guestprototest.PatternReader(1, 1<<30)}
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.WriteFile(ctx, "/upload", src, 0o644)
