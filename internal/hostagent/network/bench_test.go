@@ -12,6 +12,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestManyAtOnce: 20 sandboxes acquired concurrently, each online through
@@ -107,7 +108,7 @@ func BenchmarkAcquire(b *testing.B) {
 			for range b.N {
 				if pooled {
 					b.StopTimer()
-					eventually(b, 10*time.Second, "pool full", func() bool { return m.PoolLen() == 4 })
+					testkit.WaitFor(b, 10*time.Second, "pool full", func() bool { return m.PoolLen() == 4 })
 					b.StartTimer()
 				}
 				start := time.Now()
