@@ -13,7 +13,7 @@ GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mo
 CONSOLE_SRC := $(shell find web/console/src -type f 2>/dev/null) web/console/build.mjs
 CONSOLE     := internal/controlplane/console/dist/index.html
 
-.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps console
+.PHONY: all build setup up unit test test-go test-race fuzz bench clean check-go e2b-deps s3-deps console
 
 all: build
 
@@ -87,6 +87,35 @@ $(VERSITYGW):
 	GOBIN=$(TOOLS_DIR)/.build $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 	mv $(TOOLS_DIR)/.build/versitygw $@ && rm -rf $(TOOLS_DIR)/.build
 
+# unit is the fast tier: every test that needs no root, guest VM,
+# PostgreSQL or S3 server, with the race detector. -short makes testkit's
+# gates skip the others (internal/testing/testkit); `make test` runs them.
+# Test results are cached: a package whose code and tests did not change
+# answers at once (UNITFLAGS=-count=1 runs everything again). The race
+# runtime sleeps a second at the exit of every test binary to catch late
+# reports; GORACE=atexit_sleep_ms=0 saves that half-minute over the tree.
+UNITFLAGS ?=
+unit: check-go
+	GORACE=atexit_sleep_ms=0 $(GO) test -short -race -timeout 5m $(UNITFLAGS) ./...
+
+# RACE_PKGS are the concurrent packages test-race runs with the race
+# detector beyond `make unit` (which covers every package's fast tests):
+# the host agent's operation slots (internal/hostagent), the host RPC's
+# streams (hostapi), the guest protocol's mux (guestproto) and the
+# control loops (controlplane, fleet, events), with their VM tests.
+RACE_PKGS := ./internal/hostagent/hostapi/ ./internal/contract/guestproto/ \
+	./internal/controlplane/ ./internal/controlplane/fleet/ ./internal/controlplane/events/
+# RACE_AGENT are the host agent's tests of concurrent operations on one
+# sandbox (kill against a create, a capture, a fork; creates at once):
+# the whole agent suite under -race would take most of an hour here.
+RACE_AGENT := 'TestConcurrentCreates|TestKillWinsOverACreate|TestKillDuringAHungCapture|TestStreamSurvivesFork|TestForkOfPausedSandboxConflicts|TestKillLeavesNoHalfSandbox|TestPauseResumeThreeTimes|TestVMMDeathAfterAPauseCapture'
+
+# test-race runs RACE_PKGS and RACE_AGENT with the race detector, bounded
+# in time; `make test` runs it after the other Go tests.
+test-race: check-go
+	PANDA_TEST_IMAGES=$(IMAGES) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
+	PANDA_TEST_IMAGES=$(IMAGES) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m -run $(RACE_AGENT) ./internal/hostagent/
+
 # test runs every test, then every fuzz target for a few seconds (fuzz).
 # The host agent's tests (internal/hostagent: many guests, several agents
 # sharing an object store, lazy restore) run first and alone: next to the
@@ -95,6 +124,7 @@ test: setup e2b-deps s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./internal/hostagent/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v '/internal/hostagent$$')
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/controlplane/rest/
+	@$(MAKE) --no-print-directory test-race
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
 	@$(MAKE) --no-print-directory fuzz
 

@@ -182,16 +182,14 @@ func TestIntegrationCreateExec(t *testing.T) {
 		})
 	}
 	t.Run("timeout", func(t *testing.T) {
-		start := time.Now()
+		// The server's verdict, not a stopwatch: timed out, killed by a
+		// signal.
 		res, err := sb.Exec(ctx, pandastack.Command{Cmd: "sleep 30", Timeout: 1 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !res.TimedOut || res.ExitCode == 0 || res.Signal == "" {
 			t.Errorf("got %+v, want timed_out, a signal and a non-zero exit code", res)
-		}
-		if d := time.Since(start); d > 20*time.Second {
-			t.Errorf("took %v, want about 1 s", d)
 		}
 	})
 	t.Run("killed by signal", func(t *testing.T) {

@@ -443,13 +443,11 @@ func TestHostileGrantsCreditWithoutReading(t *testing.T) {
 	p.sendJSON(guestproto.FrameReply, open.Stream, guestproto.Reply{})
 	p.send(guestproto.Frame{Type: guestproto.FrameWindow, Stream: open.Stream, Payload: binary.BigEndian.AppendUint32(nil, 1<<30-guestproto.InitialWindow)})
 	p.stopReading()
-	start := time.Now()
+	// ErrUnresponsive is the stalled write's own verdict (nothing else
+	// makes it): the host gave up on the write, not on the whole call.
 	err := await(t, done, testTimeout, "WriteFile to a guest that stopped reading")
 	if !errors.Is(err, guestproto.ErrUnresponsive) || !errors.Is(err, guestproto.ErrClosed) {
 		t.Errorf("WriteFile = %v, want ErrUnresponsive and ErrClosed", err)
-	}
-	if d := time.Since(start); d > 20*writeTimeout {
-		t.Errorf("WriteFile failed %v after the guest stopped reading, want about %v", d, writeTimeout)
 	}
 	// Credit is charged as bytes go to the connection: what left the source
 	// is what the peer read, what the socket buffers hold, and a frame or

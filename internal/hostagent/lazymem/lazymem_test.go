@@ -519,7 +519,8 @@ func TestLocalChunks(t *testing.T) {
 			t.Errorf("chunk %d: not all %d", i, want)
 		}
 	}
-	time.Sleep(3 * quietFor)
+	// The background fetch of the other three chunks ends.
+	testkit.Poll(10*time.Second, func() bool { st, _ := f.Stats("x"); return st.Prefetched == 3 })
 	if n := src.readsOf(2); n != 0 {
 		t.Errorf("the local chunk was read %d times from the source", n)
 	}
