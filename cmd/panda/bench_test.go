@@ -151,6 +151,26 @@ func TestBenchExecE2BSkippedText(t *testing.T) {
 	}
 }
 
+// TestBenchTailLabel: a distribution of fewer than 100 runs shows its
+// tail as "max", 100 or more as "p99".
+func TestBenchTailLabel(t *testing.T) {
+	var buf bytes.Buffer
+	printExecResult(&buf, bench.ExecResult{
+		KeystrokeEcho:     bench.Dist{N: 20, P50: 1, P99: 9, Max: 9},
+		StartToFirstByte:  bench.Dist{N: 200, P50: 2, P99: 8, Max: 12},
+		AttachToFirstByte: bench.Dist{N: 99, P50: 3, P99: 7, Max: 7},
+	})
+	for _, want := range []string{
+		"keystroke → echo (WebSocket):   p50     1.0 ms  max     9.0 ms  (n=20)",
+		"background start → first byte:  p50     2.0 ms  p99     8.0 ms  (n=200)",
+		"attach → first byte:            p50     3.0 ms  max     7.0 ms  (n=99)",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
 // TestBenchDensity: `panda bench density` starts the idle sandboxes it is
 // asked for, reports each figure, and leaves no VMM behind.
 func TestBenchDensity(t *testing.T) {
