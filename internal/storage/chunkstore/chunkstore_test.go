@@ -75,6 +75,7 @@ func sameFile(t *testing.T, path string, want []byte) {
 }
 
 func TestChunkstore(t *testing.T) {
+	t.Parallel() // a store of its own
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		src := t.TempDir()
@@ -258,6 +259,7 @@ func garbage(t *testing.T, s *Store, name, src string) {
 
 // GC and Upload exclude each other through leases (package doc).
 func TestLeases(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -332,6 +334,7 @@ func TestLeases(t *testing.T) {
 // goes before the Store's next lease; those an earlier process of the
 // Store's Owner left go before its first. Another owner's stay.
 func TestLeasesLeftBehind(t *testing.T) {
+	t.Parallel() // a store of its own
 	srv := s3test.Start(t)
 	objs := srv.Open("leases")
 	ctx := context.Background()
@@ -397,6 +400,7 @@ func TestLeasesLeftBehind(t *testing.T) {
 // A store that is down: every operation is ErrUnavailable; once it is
 // back, nothing is lost and the failed upload succeeds when tried again.
 func TestStoreDown(t *testing.T) {
+	t.Parallel() // a store of its own
 	srv := s3test.Start(t)
 	s := newStore(t, srv.Open("down"))
 	ctx := context.Background()
@@ -443,6 +447,7 @@ func TestStoreDown(t *testing.T) {
 }
 
 func TestNewAndNames(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs, _ := objstore.OpenDir(t.TempDir())
 	for _, cfg := range []Config{{ChunkSize: 1000}, {ChunkSize: 128 << 20}, {Workers: -1}, {LeaseTTL: time.Millisecond}} {
 		if _, err := New(objs, cfg); err == nil {
@@ -479,6 +484,7 @@ func TestNewAndNames(t *testing.T) {
 // TestMeta: the metadata given to UploadMeta comes back in the manifest;
 // Upload writes none; a new upload of the set replaces it.
 func TestMeta(t *testing.T) {
+	t.Parallel() // a store of its own
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		f := filepath.Join(t.TempDir(), "f")
@@ -507,6 +513,7 @@ func untimed(st Stats) Stats {
 // An upload IfAbsent writes its manifest only where the set is not:
 // of two hosts uploading a set at once, the first one's stays.
 func TestUploadIfAbsent(t *testing.T) {
+	t.Parallel() // a store of its own
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		f := filepath.Join(t.TempDir(), "f")

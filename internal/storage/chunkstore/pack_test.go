@@ -103,6 +103,7 @@ func (fx packFixture) read(t *testing.T, pack []byte, seeds []Seed) (string, Pac
 // and carries only what differs from the receiver's base: the changed
 // pages, the chunk rewritten whole, and the small file.
 func TestPackRoundTrip(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, st := fx.write(t)
 	dir, h, rst, err := fx.read(t, pack, fx.dstSeeds)
@@ -141,6 +142,7 @@ func TestPackRoundTrip(t *testing.T) {
 // TestPackRejectsDamage: a pack cut short anywhere, or with any byte
 // changed, is refused with ErrPack.
 func TestPackRejectsDamage(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	cuts := []int{0, 3, 20, len(pack) / 3, len(pack) / 2, len(pack) - 20, len(pack) - 5, len(pack) - 1}
@@ -167,6 +169,7 @@ func TestPackRejectsDamage(t *testing.T) {
 // TestPackRefusesOtherBase: a receiver without the sender's base (none,
 // or another copy) refuses the pack before writing any chunk.
 func TestPackRefusesOtherBase(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	other := filepath.Join(fx.dst, "other.mem")
@@ -196,6 +199,7 @@ func TestPackRefusesOtherBase(t *testing.T) {
 // TestSharedRuns: the parts of a range two files map to the same disk
 // blocks, however their extents are split.
 func TestSharedRuns(t *testing.T) {
+	t.Parallel() // a store of its own
 	e := func(l, p, n int64) extent { return extent{logical: l, physical: p, length: n} }
 	for _, c := range []struct {
 		name   string
@@ -230,6 +234,7 @@ func TestSharedRuns(t *testing.T) {
 // end — and refuses a record of a file it has said was complete (what it
 // said is then void: the pack fails).
 func TestPackFilesDone(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	readNotify := func(pack []byte, check bool) (string, []int, error) {

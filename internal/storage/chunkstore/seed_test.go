@@ -35,6 +35,7 @@ func (c *countingStore) Get(ctx context.Context, key string) (io.ReadCloser, err
 // it (at any offset) and fetches only the others; a seed whose index is
 // stale costs a fetch, not a wrong file.
 func TestDownloadSeeded(t *testing.T) {
+	t.Parallel() // a store of its own
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -198,6 +199,7 @@ func cloned(t *testing.T, dir string) bool {
 // give the file back; garbage collection keeps the base chunks a delta
 // needs after the base's own set is gone.
 func TestDeltas(t *testing.T) {
+	t.Parallel() // a store of its own
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -313,6 +315,7 @@ func fileLen(t *testing.T, objs objstore.Store, hash string) int64 {
 }
 
 func TestSameBlocks(t *testing.T) {
+	t.Parallel() // a store of its own
 	tmpl := extentMap{{0, 1000, 100}, {100, 5000, 100}, {300, 9000, 100}}
 	for _, tc := range []struct {
 		name   string
@@ -351,6 +354,7 @@ func (c *statCounter) Stat(ctx context.Context, key string) (objstore.Info, erro
 // set that downloads whole; a known set that does not exist changes
 // nothing.
 func TestUploadKnown(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs := &statCounter{Store: backends[0].open(t)}
 	s := newStore(t, objs)
 	ctx := context.Background()
@@ -423,6 +427,7 @@ func (c *headCounter) Put(ctx context.Context, key string, r io.Reader, size int
 // when it is uploaded again; with a base the caller proved current
 // (Seed.Current) it does the same, and the set downloads as it was.
 func TestUploadPatchesWithoutHead(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs := &headCounter{Store: backends[0].open(t)}
 	s := newStore(t, objs)
 	ctx := context.Background()
@@ -469,6 +474,7 @@ func TestUploadPatchesWithoutHead(t *testing.T) {
 // index says after all, the chunk is made from the store's base instead,
 // never written wrong.
 func TestDownloadCurrentSeed(t *testing.T) {
+	t.Parallel() // a store of its own
 	s := newStore(t, backends[0].open(t))
 	ctx := context.Background()
 	tmpl, idx, capFile, b := templateAndCapture(t, s, 4, 2*cs+4096) // chunk 2: one page
