@@ -303,18 +303,6 @@ func (a *api) exec(id, cmd string) string {
 	return r.Stdout
 }
 
-// poll calls cond every 50 ms until it returns true or d has passed.
-func poll(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-}
-
 func hostState(hs []host, id string) string {
 	for _, h := range hs {
 		if h.ID == id {
@@ -387,7 +375,7 @@ func TestDevCluster(t *testing.T) {
 		}
 		// What its machines hold counts against what a host offers, in
 		// its next heartbeats.
-		poll(t, 20*time.Second, "agent-2's free memory to count its sandbox", func() bool {
+		testkit.WaitFor(t, 20*time.Second, "agent-2's free memory to count its sandbox", func() bool {
 			for _, h := range a.hosts() {
 				if h.ID == "agent-2" {
 					return h.FreeMiB > 0 && h.FreeMiB < h.MemoryMiB
@@ -729,7 +717,7 @@ func TestDevCluster(t *testing.T) {
 		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
 			t.Fatalf("pause: %d %s", st, b)
 		}
-		poll(t, time.Minute, "paused sandbox "+paused.ID+" durable in the store", func() bool {
+		testkit.WaitFor(t, time.Minute, "paused sandbox "+paused.ID+" durable in the store", func() bool {
 			return a.get(paused.ID).Stored == "durable"
 		})
 
@@ -766,7 +754,7 @@ func TestDevCluster(t *testing.T) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		killed := time.Now()
-		poll(t, lostAfter+20*time.Second, "sandbox "+onTwo.ID+" of the killed agent-2 shows lost", func() bool {
+		testkit.WaitFor(t, lostAfter+20*time.Second, "sandbox "+onTwo.ID+" of the killed agent-2 shows lost", func() bool {
 			return a.get(onTwo.ID).State == "lost"
 		})
 		t.Logf("lost %v after the kill", time.Since(killed).Round(10*time.Millisecond))
@@ -849,7 +837,7 @@ func TestDevCluster(t *testing.T) {
 		if c.ServerPID() == oldPID {
 			t.Fatal("RestartServer kept the old process")
 		}
-		poll(t, 30*time.Second, "agent-1 and agent-3 ready after the restart", func() bool {
+		testkit.WaitFor(t, 30*time.Second, "agent-1 and agent-3 ready after the restart", func() bool {
 			hs := a.hosts()
 			return len(hs) == 3 && hostState(hs, "agent-1") == "ready" && hostState(hs, "agent-3") == "ready"
 		})
@@ -912,7 +900,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	poll(t, 3*time.Minute, "panda dev cluster ready", func() bool {
+	testkit.WaitFor(t, 3*time.Minute, "panda dev cluster ready", func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("panda dev cluster exited:\n%s", out.String())
