@@ -13,7 +13,7 @@ GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mo
 CONSOLE_SRC := $(shell find web/console/src -type f 2>/dev/null) web/console/build.mjs
 CONSOLE     := internal/controlplane/console/dist/index.html
 
-.PHONY: all build setup up test test-go fuzz bench clean check-go e2b-deps s3-deps console generate
+.PHONY: all build setup up unit test test-go test-race fuzz bench clean check-go e2b-deps s3-deps console generate
 
 all: build
 
@@ -91,13 +91,49 @@ $(VERSITYGW):
 	GOBIN=$(TOOLS_DIR)/.build $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 	mv $(TOOLS_DIR)/.build/versitygw $@ && rm -rf $(TOOLS_DIR)/.build
 
+# unit is the fast tier: every test that needs no root, guest VM,
+# PostgreSQL or S3 server, with the race detector. -short makes testkit's
+# gates skip the others (internal/testing/testkit); `make test` runs them.
+# Test results are cached: a package whose code and tests did not change
+# answers at once (UNITFLAGS=-count=1 runs everything again). The race
+# runtime sleeps a second at the exit of every test binary to catch late
+# reports; GORACE=atexit_sleep_ms=0 saves that half-minute over the tree.
+UNITFLAGS ?=
+unit: check-go
+	GORACE=atexit_sleep_ms=0 $(GO) test -short -race -timeout 5m $(UNITFLAGS) ./...
+
+# RACE_PKGS are the concurrent packages whose whole suites, VM tests
+# included, `make test` runs with the race detector (test-race) instead of
+# without it: the host RPC's streams (hostapi), the guest protocol's mux
+# (guestproto) and the control loops (controlplane, fleet, events).
+# `make unit` covers every package's fast tests with it.
+RACE_PKGS := internal/hostagent/hostapi internal/contract/guestproto \
+	internal/controlplane internal/controlplane/fleet internal/controlplane/events
+# RACE_AGENT are the host agent's tests of concurrent operations on one
+# sandbox (a kill against a create, a capture, a fork; creates at once;
+# pauses) and of its store jobs (uploads, garbage collection), which
+# test-race runs again with the race detector: its whole suite under
+# -race would take most of an hour here.
+RACE_AGENT := 'TestConcurrentCreates|TestKillWinsOverACreate|TestKillDuringAHungCapture|TestStreamSurvivesFork|TestForkOfPausedSandboxConflicts|TestKillLeavesNoHalfSandbox|TestPauseResumeThreeTimes|TestVMMDeathAfterAPauseCapture|TestSnapshotsDurableInTheStore|TestGarbageCollectionPutOff'
+null :=
+space := $(null) $(null)
+RACE_RE := $(subst $(space),|,$(strip $(RACE_PKGS)))
+
+# test-race runs RACE_PKGS and RACE_AGENT with the race detector (about
+# three minutes); `make test` runs it after the other Go tests.
+test-race: check-go s3-deps
+	PANDA_TEST_IMAGES=$(IMAGES) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m $(addprefix ./,$(RACE_PKGS))
+	PANDA_TEST_IMAGES=$(IMAGES) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m -run $(RACE_AGENT) ./internal/hostagent/
+
 # test runs every test, then every fuzz target for a few seconds (fuzz).
 # The host agent's tests (internal/hostagent: many guests, several agents
 # sharing an object store, lazy restore) run first and alone: next to the
-# other packages' guests their disk writes starved bakes on 2 cores.
+# other packages' guests their disk writes starved bakes on 2 cores. The
+# packages of RACE_PKGS run in test-race, with the race detector.
 test: setup e2b-deps s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./internal/hostagent/
-	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v '/internal/hostagent$$')
+	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v -E '/internal/hostagent$$|/($(RACE_RE))$$')
+	@$(MAKE) --no-print-directory test-race
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/controlplane/rest/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
 	@$(MAKE) --no-print-directory fuzz

@@ -4,7 +4,6 @@
 package scripts
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // guestModules is setup.sh's GUEST_MODULES: what the guest needs loaded.
@@ -38,12 +39,7 @@ var imageSteps = []string{"kernel", "guest agent", "initramfs", "rootfs tiny", "
 // checks that the next run removes it and rebuilds only that output.
 // It never touches the real images directory.
 func TestSetupImages(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds every guest image (about a minute): skipped with -short")
-	}
-	if os.Getuid() != 0 {
-		t.Fatal("setup.sh builds root filesystems as root: run the tests as root, as make test does")
-	}
+	testkit.Root(t) // setup.sh builds root filesystems as root
 	// The tools setup.sh and the checks use live in sbin too.
 	t.Setenv("PATH", os.Getenv("PATH")+":/usr/local/sbin:/usr/sbin:/sbin")
 	images := filepath.Join(t.TempDir(), "images")
@@ -349,21 +345,7 @@ func snapshotFiles(t *testing.T, dir string) map[string]fileID {
 // mmdebstrap mounts into while it runs, and must have unmounted), and
 // unmounts it so that removing the temp directory stays inside it.
 func checkNoMounts(t *testing.T, dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	defer f.Close()
-	var mounts []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			mounts = append(mounts, fields[4])
-		}
-	}
-	slices.Reverse(mounts)
-	for _, m := range mounts {
+	for _, m := range testkit.MountsUnder(dir) { // deepest first
 		t.Errorf("%s is still mounted after setup.sh", m)
 		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
 			t.Errorf("unmount %s: %v", m, err)

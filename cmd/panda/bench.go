@@ -53,11 +53,11 @@ func benchCreateCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "template %s, %d MiB, %s\n", res.Template, res.MemoryMiB, res.Accel)
-			fmt.Fprintf(out, "create → first exec: p50 %.1f ms  p99 %.1f ms  (n=%d)\n", res.Create.P50, res.Create.P99, res.Create.N)
-			fmt.Fprintf(out, "restore (agent ready): p50 %.1f ms  p99 %.1f ms\n", res.Restore.P50, res.Restore.P99)
-			fmt.Fprintf(out, "CPU of the sandbox's VMM until its first exec answered: vCPU p50 %.1f ms  p99 %.1f ms, whole VMM p50 %.1f ms\n",
-				res.FirstExecVCPU.P50, res.FirstExecVCPU.P99, res.FirstExecVMM.P50)
-			fmt.Fprintf(out, "exec true: p50 %.1f ms  p99 %.1f ms  (n=%d)\n", res.Exec.P50, res.Exec.P99, res.Exec.N)
+			fmt.Fprintf(out, "create → first exec: p50 %.1f ms  %s %.1f ms  (n=%d)\n", res.Create.P50, res.Create.TailName(), res.Create.P99, res.Create.N)
+			fmt.Fprintf(out, "restore (agent ready): p50 %.1f ms  %s %.1f ms\n", res.Restore.P50, res.Restore.TailName(), res.Restore.P99)
+			fmt.Fprintf(out, "CPU of the sandbox's VMM until its first exec answered: vCPU p50 %.1f ms  %s %.1f ms, whole VMM p50 %.1f ms\n",
+				res.FirstExecVCPU.P50, res.FirstExecVCPU.TailName(), res.FirstExecVCPU.P99, res.FirstExecVMM.P50)
+			fmt.Fprintf(out, "exec true: p50 %.1f ms  %s %.1f ms  (n=%d)\n", res.Exec.P50, res.Exec.TailName(), res.Exec.P99, res.Exec.N)
 			if res.IdleSandboxes > 0 {
 				fmt.Fprintf(out, "idle PSS: %.1f MiB per sandbox (%d sandboxes, private %.1f MiB each)\n",
 					res.PSSMiBPerSandbox, res.IdleSandboxes, res.PrivateMiBPerSbx)
@@ -274,13 +274,13 @@ func printExecResult(out io.Writer, res bench.ExecResult) {
 		name string
 		d    bench.Dist
 	}{{"keystroke → echo (WebSocket):", res.KeystrokeEcho}, {"background start → first byte:", res.StartToFirstByte}, {"attach → first byte:", res.AttachToFirstByte}} {
-		fmt.Fprintf(out, "%-31s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
+		fmt.Fprintf(out, "%-31s p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.TailName(), l.d.P99, l.d.N)
 	}
 	if len(res.Shells) > 0 {
 		fmt.Fprintln(out, "exec round trip, interleaved:")
 	}
 	for _, d := range res.Shells {
-		fmt.Fprintf(out, "  %-29s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.Name, d.P50, d.P99, d.N)
+		fmt.Fprintf(out, "  %-29s p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", d.Name, d.P50, bench.TailName(d.N), d.P99, d.N)
 	}
 	e := res.E2B
 	if e == nil {
@@ -299,7 +299,7 @@ func printExecResult(out io.Writer, res bench.ExecResult) {
 		{"pandastack Create + Exec argv [true]:", e.PandaStack},
 		{"pandastack Create + Exec argv [/bin/bash -l -c true]:", e.PandaStackLogin},
 	} {
-		fmt.Fprintf(out, "  %-60s p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.P99, l.d.N)
+		fmt.Fprintf(out, "  %-60s p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", l.name, l.d.P50, l.d.TailName(), l.d.P99, l.d.N)
 	}
 	fmt.Fprintf(out, "  ratio e2b/pandastack at p50, each SDK's own command:        %.3f\n", e.Ratio)
 	fmt.Fprintf(out, "  ratio e2b/pandastack at p50, same command (bash -l -c true): %.3f  (protocol overhead; target ≤ 1.15)\n", e.RatioLogin)
@@ -327,14 +327,14 @@ func printAPIResult(out io.Writer, res bench.APIResult, asJSON bool) error {
 	}
 	fmt.Fprintf(out, "server %s, template %s, %d MiB\n", res.APIURL, res.Template, res.MemoryMiB)
 	d := res.CreateToFirstExec
-	fmt.Fprintf(out, "create → first exec:  p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.P50, d.P99, d.N)
+	fmt.Fprintf(out, "create → first exec:  p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", d.P50, d.TailName(), d.P99, d.N)
 	d = res.Create
-	fmt.Fprintf(out, "create request alone: p50 %7.1f ms  p99 %7.1f ms\n", d.P50, d.P99)
+	fmt.Fprintf(out, "create request alone: p50 %7.1f ms  %s %7.1f ms\n", d.P50, d.TailName(), d.P99)
 	d = res.Exec
-	fmt.Fprintf(out, "exec true:            p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.P50, d.P99, d.N)
+	fmt.Fprintf(out, "exec true:            p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", d.P50, d.TailName(), d.P99, d.N)
 	for _, c := range res.Concurrent {
-		fmt.Fprintf(out, "%d concurrent creates: all ready in %.1f ms; each p50 %.1f ms  p99 %.1f ms; %d ok, %d failed\n",
-			c.Concurrency, c.AllReadyMS, c.P50MS, c.P99MS, c.OK, c.Failed)
+		fmt.Fprintf(out, "%d concurrent creates: all ready in %.1f ms; each p50 %.1f ms  %s %.1f ms; %d ok, %d failed\n",
+			c.Concurrency, c.AllReadyMS, c.P50MS, bench.TailName(c.OK), c.P99MS, c.OK, c.Failed)
 		for _, e := range c.Errors {
 			fmt.Fprintf(out, "  failed: %s\n", e)
 		}
@@ -390,13 +390,13 @@ non-zero if any operation failed.`,
 			}
 			out := cmd.OutOrStdout()
 			cr := res.Creates
-			fmt.Fprintf(out, "%d creates at once: %d ok, %d failed; all ready in %.1f s; per sandbox p50 %.0f ms p99 %.0f ms\n",
-				cr.Concurrency, cr.OK, cr.Failed, cr.AllReadyMS/1000, cr.P50MS, cr.P99MS)
+			fmt.Fprintf(out, "%d creates at once: %d ok, %d failed; all ready in %.1f s; per sandbox p50 %.0f ms %s %.0f ms\n",
+				cr.Concurrency, cr.OK, cr.Failed, cr.AllReadyMS/1000, cr.P50MS, bench.TailName(cr.OK), cr.P99MS)
 			for _, e := range cr.Errors {
 				fmt.Fprintf(out, "  create failed: %s\n", e)
 			}
-			fmt.Fprintf(out, "%d buffered execs of %d MiB at once: %d ok; answered p50 %.0f ms p99 %.0f ms\n",
-				bigExecs, res.BigExecMiB, res.BigExecsOK, res.BigExecs.P50, res.BigExecs.P99)
+			fmt.Fprintf(out, "%d buffered execs of %d MiB at once: %d ok; answered p50 %.0f ms %s %.0f ms\n",
+				bigExecs, res.BigExecMiB, res.BigExecsOK, res.BigExecs.P50, res.BigExecs.TailName(), res.BigExecs.P99)
 			for _, e := range res.BigExecErrs {
 				fmt.Fprintf(out, "  exec failed: %s\n", e)
 			}
@@ -505,8 +505,8 @@ exits, also on errors and Ctrl-C.`,
 			fmt.Fprintf(out, "rebuild, last step changed: %5.1f s  (%.2f of the cold build; %d steps cached)\n", res.RebuildS, res.RebuildRatio, res.CachedSteps)
 			fmt.Fprintf(out, "first create (bakes it):  %7.1f s\n", res.FirstCreateS)
 			d, f := res.CreateBuilt, res.CreateFrom
-			fmt.Fprintf(out, "create → first exec, built: p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", d.P50, d.P99, d.N)
-			fmt.Fprintf(out, "create → first exec, FROM:  p50 %7.1f ms  p99 %7.1f ms  (n=%d)\n", f.P50, f.P99, f.N)
+			fmt.Fprintf(out, "create → first exec, built: p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", d.P50, d.TailName(), d.P99, d.N)
+			fmt.Fprintf(out, "create → first exec, FROM:  p50 %7.1f ms  %s %7.1f ms  (n=%d)\n", f.P50, f.TailName(), f.P99, f.N)
 			fmt.Fprintf(out, "ratio built/FROM at p50:    %.2f\n", res.CreateRatio)
 			return nil
 		},

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/bench"
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestBenchNet: `panda bench net --json` with tiny counts runs through in
@@ -24,7 +24,7 @@ func TestBenchNet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	before := benchNamespaces()
-	got, stdout := runBenchJSON(ctx, t, "net", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "net", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "3", "--mib", "4", "--transfers", "2", "--requests", "10")
 	wantPositive(t, got,
 		"create_to_first_exec_off.p50_ms", "create_to_first_exec_off.p99_ms",
@@ -66,7 +66,7 @@ func runBenchJSON(ctx context.Context, t *testing.T, name string, args ...string
 // DIR/bench is still running.
 func noVMMLeft(t *testing.T, dir string) {
 	t.Helper()
-	if pids := pandatest.QEMUPIDs(filepath.Join(dir, "bench")); len(pids) != 0 {
+	if pids := testkit.QEMUProcs(filepath.Join(dir, "bench")); len(pids) != 0 {
 		t.Errorf("QEMU processes left by the benchmark: %v", pids)
 	}
 }
@@ -151,6 +151,26 @@ func TestBenchExecE2BSkippedText(t *testing.T) {
 	}
 }
 
+// TestBenchTailLabel: a distribution of fewer than 100 runs shows its
+// tail as "max", 100 or more as "p99".
+func TestBenchTailLabel(t *testing.T) {
+	var buf bytes.Buffer
+	printExecResult(&buf, bench.ExecResult{
+		KeystrokeEcho:     bench.Dist{N: 20, P50: 1, P99: 9, Max: 9},
+		StartToFirstByte:  bench.Dist{N: 200, P50: 2, P99: 8, Max: 12},
+		AttachToFirstByte: bench.Dist{N: 99, P50: 3, P99: 7, Max: 7},
+	})
+	for _, want := range []string{
+		"keystroke → echo (WebSocket):   p50     1.0 ms  max     9.0 ms  (n=20)",
+		"background start → first byte:  p50     2.0 ms  p99     8.0 ms  (n=200)",
+		"attach → first byte:            p50     3.0 ms  max     7.0 ms  (n=99)",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
 // TestBenchDensity: `panda bench density` starts the idle sandboxes it is
 // asked for, reports each figure, and leaves no VMM behind.
 func TestBenchDensity(t *testing.T) {
@@ -158,7 +178,7 @@ func TestBenchDensity(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	got, stdout := runBenchJSON(ctx, t, "density", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "density", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "3", "--settle", "100ms", "--window", "300ms", "--sample", "2", "--rounds", "2")
 	wantPositive(t, got, "sandboxes", "asked", "create_seconds", "pss_mib_per_sandbox", "private_mib_per_sandbox",
 		"exec_p50_ms", "exec_p99_ms", "exec.n", "host_cpus")
@@ -184,7 +204,7 @@ func TestBenchCreate(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	got, stdout := runBenchJSON(ctx, t, "create", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "create", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "2", "--idle", "1")
 	wantPositive(t, got, "p50_ms", "exec_p50_ms", "pss_mib_per_sandbox", "create_to_first_exec.n",
 		"first_exec_vcpu_cpu.n", "first_exec_vcpu_cpu.p50_ms", "first_exec_vmm_cpu.p50_ms")
@@ -207,7 +227,7 @@ func TestBenchPath(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	got, _ := runBenchJSON(ctx, t, "path", "--data-dir", dir, "--images", pandatest.Images(),
+	got, _ := runBenchJSON(ctx, t, "path", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--memory", "256", "--n", "2", "--execs", "3", "--python-sdk", "../../sdk/python/src")
 	wantPositive(t, got, "host_create_first_exec.n", "api_create_first_exec.n", "host_create_first_exec.p50_ms", "api_create_first_exec.p50_ms",
 		"host_exec.p50_ms", "api_exec.p50_ms", "api_over_host_create_p50", "api_over_host_exec_p50",
@@ -223,7 +243,7 @@ func TestBenchPath(t *testing.T) {
 	noVMMLeft(t, dir)
 	// A directory without the SDK is refused before anything starts.
 	var out bytes.Buffer
-	err := run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", pandatest.Images(), "--python-sdk", t.TempDir()}, &out, &out)
+	err := run(ctx, []string{"bench", "path", "--data-dir", dir, "--images", testkit.Images(), "--python-sdk", t.TempDir()}, &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "no pandastack package") {
 		t.Errorf("bench path --python-sdk EMPTY: %v, want an error naming the missing package", err)
 	}
@@ -237,7 +257,7 @@ func TestBenchFork(t *testing.T) {
 	dir := newDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	got, stdout := runBenchJSON(ctx, t, "fork", "--data-dir", dir, "--images", pandatest.Images(),
+	got, stdout := runBenchJSON(ctx, t, "fork", "--data-dir", dir, "--images", testkit.Images(),
 		"--template", "tiny", "--sizes", "256", "--rounds", "1", "--dirty", "2", "--fanout", "2", "--fanout-runs", "1",
 		"--memory", "256", "--mem-children", "2", "--child-dirty", "2")
 	wantPositive(t, got, "fanout.count", "fanout.all_ready.n", "fanout.all_ready.p50_ms",

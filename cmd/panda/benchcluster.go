@@ -78,14 +78,14 @@ it exits.`,
 			}{{"same-host fork → child exec", res.SameHostForkFirstExec}, {"  of which the fork's answer", res.SameHostForkAnswer},
 				{"cross-host fork → child exec", res.CrossHostForkFirstExec}, {"  of which the fork's answer", res.CrossHostForkAnswer},
 				{"resume on another host → exec", res.ResumeElsewhereFirstExec}} {
-				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms\n", r.name, r.d.P50, r.d.P99)
+				fmt.Fprintf(out, "%-32s p50 %7.1f ms  %s %7.1f ms\n", r.name, r.d.P50, r.d.TailName(), r.d.P99)
 			}
 			fmt.Fprintf(out, "cross-host fork moved p50 %.1f MiB (direct %.1f, pulled host to host %.1f, + uploaded %.1f + fetched %.1f; parent dirty %.1f MiB: %.2f×; %.2f of its RAM; capture %.1f MiB)\n",
 				res.CrossHostMovedMiBP50, res.CrossHostDirectMiBP50, res.CrossHostPulledMiBP50, res.CrossHostUploadedMiBP50, res.CrossHostFetchedMiBP50, res.CrossHostDirtyMiBP50,
 				res.MovedPerDirty, res.MovedPerRAM, res.CrossHostCaptureMiBP50)
 			if d := res.LazyResumeFirstExec; d != nil {
-				fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms  (%d MiB dirty; fetched by then p50 %.1f MiB of %.0f: %.1f %%)\n", "lazy resume elsewhere → exec",
-					d.P50, d.P99, res.LazyDirtyMiB, res.LazyFetchedMiBP50, res.LazyImageMiB, 100*res.LazyFetchedFractionP50)
+				fmt.Fprintf(out, "%-32s p50 %7.1f ms  %s %7.1f ms  (%d MiB dirty; fetched by then p50 %.1f MiB of %.0f: %.1f %%)\n", "lazy resume elsewhere → exec",
+					d.P50, d.TailName(), d.P99, res.LazyDirtyMiB, res.LazyFetchedMiBP50, res.LazyImageMiB, 100*res.LazyFetchedFractionP50)
 			}
 			if res.LazyNote != "" {
 				fmt.Fprintf(out, "lazy restore: not measured: %s\n", res.LazyNote)

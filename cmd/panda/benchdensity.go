@@ -73,7 +73,7 @@ Creates stop early, and the result says so, when MemAvailable falls below
 			fmt.Fprintf(out, "host CPU:              %.1f %% of a core idle baseline, %.1f %% with all idle\n", res.HostCPUPctBaseline, res.HostCPUPctIdle)
 			fmt.Fprintf(out, "CPU per idle sandbox:  %.3f %% of a core (host-wide); its VMM process alone %.3f %%; host agent %.1f %% for all\n",
 				res.CPUPctOfCorePerSandbox, res.VMMCPUPctOfCorePerSandbox, res.AgentCPUPctOfCore)
-			fmt.Fprintf(out, "exec true among them:  p50 %.1f ms  p99 %.1f ms  (n=%d)\n", res.Exec.P50, res.Exec.P99, res.Exec.N)
+			fmt.Fprintf(out, "exec true among them:  p50 %.1f ms  %s %.1f ms  (n=%d)\n", res.Exec.P50, res.Exec.TailName(), res.Exec.P99, res.Exec.N)
 			return nil
 		},
 	}

@@ -139,13 +139,13 @@ through the HTTP API:
 			}
 			fmt.Fprintf(out, "template %s, %s\n", res.Template, res.Accel)
 			for _, s := range res.BySize {
-				fmt.Fprintf(out, "%5d MiB: fork → first exec p50 %.1f ms p99 %.1f ms; parent paused p50 %.1f ms p99 %.1f ms; %.1f MiB dirty\n",
-					s.MemoryMiB, s.ForkToExec.P50, s.ForkToExec.P99, s.ParentPause.P50, s.ParentPause.P99, s.DirtyMiB)
-				fmt.Fprintf(out, "           the child's VMM until its first exec answered: vCPU p50 %.1f ms p99 %.1f ms, whole VMM p50 %.1f ms of CPU\n",
-					s.ChildVCPU.P50, s.ChildVCPU.P99, s.ChildVMM.P50)
+				fmt.Fprintf(out, "%5d MiB: fork → first exec p50 %.1f ms %s %.1f ms; parent paused p50 %.1f ms %s %.1f ms; %.1f MiB dirty\n",
+					s.MemoryMiB, s.ForkToExec.P50, s.ForkToExec.TailName(), s.ForkToExec.P99, s.ParentPause.P50, s.ParentPause.TailName(), s.ParentPause.P99, s.DirtyMiB)
+				fmt.Fprintf(out, "           the child's VMM until its first exec answered: vCPU p50 %.1f ms %s %.1f ms, whole VMM p50 %.1f ms of CPU\n",
+					s.ChildVCPU.P50, s.ChildVCPU.TailName(), s.ChildVCPU.P99, s.ChildVMM.P50)
 			}
 			fmt.Fprintf(out, "spread of fork → exec p50 across sizes: %.1f %%\n", res.SpreadPct)
-			fmt.Fprintf(out, "fork(count=%d) all ready: p50 %.1f ms p99 %.1f ms\n", res.Fanout.Count, res.Fanout.AllReadyMS.P50, res.Fanout.AllReadyMS.P99)
+			fmt.Fprintf(out, "fork(count=%d) all ready: p50 %.1f ms %s %.1f ms\n", res.Fanout.Count, res.Fanout.AllReadyMS.P50, res.Fanout.AllReadyMS.TailName(), res.Fanout.AllReadyMS.P99)
 			m := res.Memory
 			fmt.Fprintf(out, "%d children dirtying %d MiB each: fork added %.1f MiB PSS (budget %.1f), naive copies %.1f MiB: %.1fx\n",
 				m.Children, m.ChildDirtyMiB, m.ForkAddedPSSMiB, m.BudgetMiB, m.NaiveAddedPSSMiB, m.Ratio)

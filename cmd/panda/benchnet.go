@@ -136,16 +136,16 @@ func runNetBench(ctx context.Context, loc localBench, o bench.NetOptions) (res b
 
 func printNetResult(out io.Writer, res bench.NetResult) {
 	fmt.Fprintf(out, "template %s, %d MiB, %s; networking in the benchmark's own namespaces\n", res.Template, res.MemoryMiB, res.Accel)
-	fmt.Fprintf(out, "create → first exec: without networking p50 %.1f ms p99 %.1f ms; with p50 %.1f ms p99 %.1f ms (n=%d); ratio %.2f (target ≤ 1.10)\n",
-		res.CreateOff.P50, res.CreateOff.P99, res.CreateOn.P50, res.CreateOn.P99, res.CreateOn.N, res.CreateRatio)
-	fmt.Fprintf(out, "fork → child exec:   without networking p50 %.1f ms p99 %.1f ms; with p50 %.1f ms p99 %.1f ms (n=%d); ratio %.2f (target ≤ 1.10)\n",
-		res.ForkOff.P50, res.ForkOff.P99, res.ForkOn.P50, res.ForkOn.P99, res.ForkOn.N, res.ForkRatio)
+	fmt.Fprintf(out, "create → first exec: without networking p50 %.1f ms %s %.1f ms; with p50 %.1f ms %s %.1f ms (n=%d); ratio %.2f (target ≤ 1.10)\n",
+		res.CreateOff.P50, res.CreateOff.TailName(), res.CreateOff.P99, res.CreateOn.P50, res.CreateOn.TailName(), res.CreateOn.P99, res.CreateOn.N, res.CreateRatio)
+	fmt.Fprintf(out, "fork → child exec:   without networking p50 %.1f ms %s %.1f ms; with p50 %.1f ms %s %.1f ms (n=%d); ratio %.2f (target ≤ 1.10)\n",
+		res.ForkOff.P50, res.ForkOff.TailName(), res.ForkOff.P99, res.ForkOn.P50, res.ForkOn.TailName(), res.ForkOn.P99, res.ForkOn.N, res.ForkRatio)
 	if res.Download.N > 0 {
 		fmt.Fprintf(out, "TCP, %d MiB each (n=%d): download p50 %.1f MB/s (slowest %.1f); upload p50 %.1f MB/s (slowest %.1f) (target ≥ 100)\n",
 			res.TransferMiB, res.Download.N, res.Download.P50, res.Download.Min, res.Upload.P50, res.Upload.Min)
 	}
 	if res.Direct.N > 0 {
-		fmt.Fprintf(out, "HTTP request to the guest (n=%d): direct p50 %.0f µs p99 %.0f µs; port proxy p50 %.0f µs p99 %.0f µs; proxy adds %.0f µs at p50 (target ≤ 5000)\n",
-			res.Direct.N, res.Direct.P50, res.Direct.P99, res.Proxy.P50, res.Proxy.P99, res.ProxyOverheadUS)
+		fmt.Fprintf(out, "HTTP request to the guest (n=%d): direct p50 %.0f µs %s %.0f µs; port proxy p50 %.0f µs %s %.0f µs; proxy adds %.0f µs at p50 (target ≤ 5000)\n",
+			res.Direct.N, res.Direct.P50, res.Direct.TailName(), res.Direct.P99, res.Proxy.P50, res.Proxy.TailName(), res.Proxy.P99, res.ProxyOverheadUS)
 	}
 }

@@ -93,7 +93,7 @@ included: they run in this process).`,
 				{"Python SDK: exec round trip", res.PythonExec}}
 			for _, r := range rows {
 				if r.d != nil {
-					fmt.Fprintf(out, "%-32s p50 %7.1f ms  p99 %7.1f ms  (n %d)\n", r.name, r.d.P50, r.d.P99, r.d.N)
+					fmt.Fprintf(out, "%-32s p50 %7.1f ms  %s %7.1f ms  (n %d)\n", r.name, r.d.P50, r.d.TailName(), r.d.P99, r.d.N)
 				}
 			}
 			fmt.Fprintf(out, "API (Go SDK) over host, p50: create %.2f×, exec %.2f×\n", res.APIOverCreate, res.APIOverExec)

@@ -24,6 +24,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -89,7 +90,7 @@ func startBrowser(t *testing.T, timeout time.Duration, bin string) *browser {
 		// Its helper processes follow it; none may outlive the test.
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			left := processesWith(profile)
+			left := testkit.Procs(profile)
 			if len(left) == 0 {
 				return
 			}
@@ -115,23 +116,6 @@ func startBrowser(t *testing.T, timeout time.Duration, bin string) *browser {
 		t.Fatal(err)
 	}
 	return &browser{t: t, ctx: bctx, artifacts: dir}
-}
-
-// processesWith returns the PIDs whose command line contains s.
-func processesWith(s string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(b), s) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {

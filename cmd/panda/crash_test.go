@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -102,7 +103,7 @@ func TestCrashRecoveryKeepsEveryState(t *testing.T) {
 	if info := mustGet(t, ctx, c, sb.ID); info.State != pandastack.StatePaused {
 		t.Fatalf("after a crash late in a pause: state %s (%s), want paused", info.State, info.StopReason)
 	}
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 0 {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 0 {
 		t.Errorf("after a crash late in a pause: QEMU processes %v, want none (the pause stops the VMM)", pids)
 	}
 
@@ -116,7 +117,7 @@ func TestCrashRecoveryKeepsEveryState(t *testing.T) {
 	if info.State != pandastack.StatePaused || !strings.Contains(info.LastError, "interrupted") {
 		t.Fatalf("after a crash in a resume: state %s, last_error %q; want paused, interrupted", info.State, info.LastError)
 	}
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 0 {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 0 {
 		t.Errorf("after a crash in a resume: QEMU processes %v, want none (rolled back)", pids)
 	}
 	if err := sb.Resume(ctx); err != nil {
@@ -281,12 +282,12 @@ func TestCrashDuringABake(t *testing.T) {
 	if err == nil {
 		t.Fatalf("panda up --bake with a crash in the bake exited 0; output:\n%s", out)
 	}
-	bakes := pandatest.QEMUPIDs(dir)
+	bakes := testkit.QEMUProcs(dir)
 	if len(bakes) != 1 {
 		t.Fatalf("after a crash in a bake: QEMU processes %v, want the bake's (one)", bakes)
 	}
 	s := crashAt(t, "after the bake crash", dir, "")
-	if !pandatest.WaitGone(bakes[0], 30*time.Second) {
+	if !testkit.WaitGone(bakes[0], 30*time.Second) {
 		t.Errorf("the interrupted bake's QEMU %d still runs after the next start", bakes[0])
 	}
 	if m, _ := filepath.Glob(filepath.Join(dir, "store", "templates", ".bake-*")); len(m) != 0 {

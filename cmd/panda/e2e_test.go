@@ -35,6 +35,7 @@ import (
 
 	apispec "github.com/pandastack/pandastack/api"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )
@@ -45,18 +46,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// e2e marks a test as slow (real servers, real VMs) and checks what it needs.
+// e2e gates an end-to-end test (real servers, real VMs; root, since
+// panda up loop-mounts an XFS image) through testkit.
 func e2e(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("end-to-end test: skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("end-to-end tests need root: panda up loop-mounts an XFS image")
-	}
-	if _, err := os.Stat(filepath.Join(pandatest.Images(), "rootfs-tiny.ext4")); err != nil {
-		t.Fatalf("guest images missing (run make setup or set PANDA_TEST_IMAGES): %v", err)
-	}
+	testkit.VM(t)
+	testkit.Root(t)
 }
 
 // newDataDir makes a short temporary data directory and registers its
@@ -237,14 +232,14 @@ func TestRestartAfterCrash(t *testing.T) {
 
 	s1.Kill()
 	// The VMMs run in their own sessions: they outlive the server.
-	if !pandatest.Alive(keepPID) || !pandatest.Alive(lostPID) {
+	if !testkit.Alive(keepPID) || !testkit.Alive(lostPID) {
 		t.Fatalf("after SIGKILL of the server: VMM %d alive %v, VMM %d alive %v; want both alive",
-			keepPID, pandatest.Alive(keepPID), lostPID, pandatest.Alive(lostPID))
+			keepPID, testkit.Alive(keepPID), lostPID, testkit.Alive(lostPID))
 	}
 	if err := unix.Kill(lostPID, unix.SIGKILL); err != nil {
 		t.Fatalf("kill VMM %d: %v", lostPID, err)
 	}
-	if !pandatest.WaitGone(lostPID, 10*time.Second) {
+	if !testkit.WaitGone(lostPID, 10*time.Second) {
 		t.Fatalf("VMM %d still alive 10 s after SIGKILL", lostPID)
 	}
 
@@ -260,7 +255,7 @@ func TestRestartAfterCrash(t *testing.T) {
 	if info.State != pandastack.StateStopped || info.StopReason != "vmm_exited" {
 		t.Errorf("sandbox whose VMM died: got state %s, stop_reason %q; want stopped, vmm_exited", info.State, info.StopReason)
 	}
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 1 || pids[0] != keepPID {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 1 || pids[0] != keepPID {
 		t.Errorf("QEMU processes of %s: got %v, want exactly [%d] (the adopted one)", dir, pids, keepPID)
 	}
 	for _, p := range []string{filepath.Join(dir, "run", lost.ID), filepath.Join(dir, "store", "sandboxes", lost.ID)} {
@@ -281,17 +276,17 @@ func TestGracefulShutdownKills(t *testing.T) {
 	s1 := startServer(t, "first", dir)
 	c := s1.client(t)
 	a, b := mustCreate(t, ctx, c), mustCreate(t, ctx, c)
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 2 {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 2 {
 		t.Fatalf("QEMU processes with two sandboxes: got %v, want two", pids)
 	}
 
 	if !mustStop(t, s1) {
 		t.FailNow()
 	}
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 0 {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 0 {
 		t.Errorf("QEMU processes after a graceful stop: got %v, want none", pids)
 	}
-	if store := filepath.Join(dir, "store"); pandatest.Mounted(store) {
+	if store := filepath.Join(dir, "store"); testkit.Mounted(store) {
 		t.Errorf("%s is still mounted after a graceful stop", store)
 	}
 
@@ -324,10 +319,10 @@ func TestShutdownKeep(t *testing.T) {
 	if !mustStop(t, s1) {
 		t.FailNow()
 	}
-	if !pandatest.Alive(pid) {
+	if !testkit.Alive(pid) {
 		t.Fatalf("VMM %d of %s is gone after SIGTERM with --on-shutdown keep", pid, sb.ID)
 	}
-	if store := filepath.Join(dir, "store"); !pandatest.Mounted(store) {
+	if store := filepath.Join(dir, "store"); !testkit.Mounted(store) {
 		t.Errorf("%s was unmounted under a running VMM", store)
 	}
 
@@ -341,7 +336,7 @@ func TestShutdownKeep(t *testing.T) {
 	if err == nil || !strings.Contains(out, "cannot listen") {
 		t.Errorf("start on a taken port: got %v, want a failure saying cannot listen; output:\n%s", err, out)
 	}
-	if !pandatest.Alive(pid) {
+	if !testkit.Alive(pid) {
 		t.Fatalf("VMM %d of %s was killed by a start that failed", pid, sb.ID)
 	}
 
@@ -353,7 +348,7 @@ func TestShutdownKeep(t *testing.T) {
 	if got := mustExec(t, ctx, c.Sandbox(sb.ID), "cat /root/kept.txt"); got != "kept\n" {
 		t.Errorf("file in the kept sandbox: got %q, want %q", got, "kept\n")
 	}
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 1 || pids[0] != pid {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 1 || pids[0] != pid {
 		t.Errorf("QEMU processes after adoption: got %v, want [%d]", pids, pid)
 	}
 	mustStop(t, s2)

@@ -38,8 +38,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -221,7 +223,7 @@ func TestHostileGuest(t *testing.T) {
 		if _, err := sb.Exec(ctx, hostileCmd("grant-and-stop")); err != nil {
 			t.Fatalf("arm grant-and-stop: %v", err)
 		}
-		src := &countingReader{r: guestproto.PatternReader(7, 1<<30)}
+		src := &countingReader{r: guestprototest.PatternReader(7, 1<<30)}
 		err := timed(t, guestproto.DefaultWriteTimeout+promptBound, "upload to a guest that stopped reading", func() error {
 			_, err := sb.WriteFile(ctx, "/root/big", src, 0o644)
 			return err
@@ -434,7 +436,7 @@ func vmRSS(pid int) (int64, error) {
 // as /panda-guest. It is removed when the test ends.
 func hostileImages(t *testing.T) string {
 	t.Helper()
-	src := pandatest.Images()
+	src := testkit.Images()
 	dir, err := os.MkdirTemp("", "hostile-images")
 	if err != nil {
 		t.Fatal(err)

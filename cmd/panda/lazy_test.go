@@ -10,6 +10,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -86,7 +87,7 @@ func TestUpLazyRestore(t *testing.T) {
 		t.Errorf("a sandbox created from its template: memory %+v, want figures without lazy ones", m)
 	}
 	lazy := filepath.Join(dataDir, "store", "lazy")
-	if !pandatest.Mounted(lazy) {
+	if !testkit.Mounted(lazy) {
 		t.Errorf("%s is not mounted", lazy)
 	}
 	if target, err := os.Readlink(filepath.Join(dataDir, "store", "snapshots", s1.ID, "vm.mem")); err != nil || !strings.HasPrefix(target, lazy+"/") {
@@ -103,9 +104,9 @@ func TestUpLazyRestore(t *testing.T) {
 	// served by the holder process, which the next panda attaches to.
 	pid := vmmPID(t, dataDir, c1.ID)
 	p.Kill()
-	if !pandatest.Alive(pid) || !pandatest.Alive(holders[0]) || !pandatest.Mounted(lazy) {
+	if !testkit.Alive(pid) || !testkit.Alive(holders[0]) || !testkit.Mounted(lazy) {
 		t.Fatalf("after panda was SIGKILLed: VMM %d alive %v, holder %d alive %v, %s mounted %v; want all",
-			pid, pandatest.Alive(pid), holders[0], pandatest.Alive(holders[0]), lazy, pandatest.Mounted(lazy))
+			pid, testkit.Alive(pid), holders[0], testkit.Alive(holders[0]), lazy, testkit.Mounted(lazy))
 	}
 	p2 := start(t, "up after the crash", opts)
 	c = p2.client(t)
@@ -124,7 +125,7 @@ func TestUpLazyRestore(t *testing.T) {
 	// A shutdown that keeps sandboxes running leaves it running too (no
 	// pause needed any more), and the next start adopts it.
 	mustStop(t, p2)
-	if !pandatest.Alive(pid) {
+	if !testkit.Alive(pid) {
 		t.Errorf("the lazily restored sandbox's VMM %d stopped at a shutdown with --on-shutdown keep; want it running", pid)
 	}
 	again := opts
@@ -140,7 +141,7 @@ func TestUpLazyRestore(t *testing.T) {
 	}
 	// A shutdown that stops the sandboxes unmounts, and the holder exits.
 	mustStop(t, p3)
-	if pandatest.Mounted(lazy) || len(pandatest.HolderPIDs(dataDir)) > 0 {
-		t.Errorf("after panda stopped its sandboxes: %s mounted %v, holders %v; want neither", lazy, pandatest.Mounted(lazy), pandatest.HolderPIDs(dataDir))
+	if testkit.Mounted(lazy) || len(pandatest.HolderPIDs(dataDir)) > 0 {
+		t.Errorf("after panda stopped its sandboxes: %s mounted %v, holders %v; want neither", lazy, testkit.Mounted(lazy), pandatest.HolderPIDs(dataDir))
 	}
 }

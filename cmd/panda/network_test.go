@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/nettest"
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )
@@ -266,7 +266,7 @@ func TestNetworkSurvivesACrash(t *testing.T) {
 	if err := unix.Kill(bPID, unix.SIGKILL); err != nil {
 		t.Fatalf("kill VMM %d: %v", bPID, err)
 	}
-	if !pandatest.WaitGone(bPID, 10*time.Second) {
+	if !testkit.WaitGone(bPID, 10*time.Second) {
 		t.Fatalf("VMM %d still alive 10 s after SIGKILL", bPID)
 	}
 

@@ -27,6 +27,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )
@@ -48,10 +49,10 @@ func serverOptions(dataDir, agentURL string, extra ...string) pandatest.Options 
 func stopAgentClean(t *testing.T, ag *proc, dir string) {
 	t.Helper()
 	mustStop(t, ag)
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 0 {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 0 {
 		t.Errorf("QEMU processes after the agent's graceful stop: got %v, want none", pids)
 	}
-	if store := filepath.Join(dir, "store"); pandatest.Mounted(store) {
+	if store := filepath.Join(dir, "store"); testkit.Mounted(store) {
 		t.Errorf("%s is still mounted after the agent's graceful stop", store)
 	}
 }
@@ -161,14 +162,14 @@ func TestSplitServerAgent(t *testing.T) {
 	if info := mustGet(t, ctx, c, kids[1].ID); info.State != pandastack.StateStopped || info.StopReason != "killed" {
 		t.Errorf("killed child: got %s (%s), want stopped (killed)", info.State, info.StopReason)
 	}
-	if pids := pandatest.QEMUPIDs(agentDir); len(pids) != 1 {
+	if pids := testkit.QEMUProcs(agentDir); len(pids) != 1 {
 		t.Errorf("QEMU processes with one sandbox left: got %v", pids)
 	}
 
 	// The server's restart leaves the agent's sandboxes alone.
 	pid := vmmPID(t, agentDir, parent.ID)
 	mustStop(t, sv)
-	if !pandatest.Alive(pid) {
+	if !testkit.Alive(pid) {
 		t.Fatalf("the VMM of %s died with the server", parent.ID)
 	}
 	sv2 := start(t, "server2", serverOptions(serverDir, ag.URL(), creds...))
@@ -217,14 +218,14 @@ func TestSplitAgentRestart(t *testing.T) {
 	if !mustStop(t, ag) {
 		t.FailNow()
 	}
-	if !pandatest.Alive(keepPID) || !pandatest.Alive(lostPID) {
-		t.Fatalf("VMMs after the agent stopped with --on-shutdown keep: alive %v, %v; want both", pandatest.Alive(keepPID), pandatest.Alive(lostPID))
+	if !testkit.Alive(keepPID) || !testkit.Alive(lostPID) {
+		t.Fatalf("VMMs after the agent stopped with --on-shutdown keep: alive %v, %v; want both", testkit.Alive(keepPID), testkit.Alive(lostPID))
 	}
 	if _, err := keep.Exec(ctx, pandastack.Command{Cmd: "true"}); !errors.Is(err, pandastack.ErrUnavailable) {
 		t.Errorf("exec while the agent is down: got %v, want ErrUnavailable", err)
 	}
 	unix.Kill(lostPID, unix.SIGKILL)
-	if !pandatest.WaitGone(lostPID, 10*time.Second) {
+	if !testkit.WaitGone(lostPID, 10*time.Second) {
 		t.Fatalf("VMM %d alive 10 s after SIGKILL", lostPID)
 	}
 
@@ -239,7 +240,7 @@ func TestSplitAgentRestart(t *testing.T) {
 	if got := mustExec(t, ctx, keep, "cat /root/kept.txt"); got != "kept\n" {
 		t.Errorf("survivor's file: got %q, want %q", got, "kept\n")
 	}
-	if pids := pandatest.QEMUPIDs(dir); len(pids) != 1 || pids[0] != keepPID {
+	if pids := testkit.QEMUProcs(dir); len(pids) != 1 || pids[0] != keepPID {
 		t.Errorf("QEMU processes: got %v, want [%d]", pids, keepPID)
 	}
 	mustStop(t, sv)

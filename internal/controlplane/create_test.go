@@ -18,6 +18,7 @@ import (
 // configured default) is checked at the reservation: the create over it
 // never reaches the host, and a stop frees the slot.
 func TestCreateQuota(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		cfg    func(*controlplane.Config)
@@ -73,6 +74,7 @@ func TestCreateQuota(t *testing.T) {
 // A create the host fails leaves no record and no reservation, and users
 // see the failure's kind, never its internal text.
 func TestCreateHostFailureRollsBack(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err    error
 		kind   controlplane.Kind
@@ -118,6 +120,7 @@ func TestCreateHostFailureRollsBack(t *testing.T) {
 // A create records the sandbox running, its TTL counted from when the host
 // restored it, and passes the host what it asked for.
 func TestCreate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	g := e.h.Block(hosttest.Create, "")
 	type result struct {
@@ -157,6 +160,7 @@ func TestCreate(t *testing.T) {
 // A kill that arrives while the host restores the sandbox wins: the create
 // fails with a conflict and the host's sandbox is stopped too.
 func TestCreateKilledWhileStarting(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	g := e.h.Block(hosttest.Create, "")
 	done := make(chan error)
@@ -180,6 +184,7 @@ func TestCreateKilledWhileStarting(t *testing.T) {
 // Requests that cannot be served are refused before anything is reserved
 // or asked of the host, with a message that says what is wrong.
 func TestCreateRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *controlplane.Config) { c.MaxTTL = time.Hour })
 	other := e.newKey("key_other")
 	if err := e.cat.CreateSnapshot(t.Context(), catalog.Snapshot{ID: "othersnap", KeyID: other.ID, HostID: "local", Template: "base",
@@ -216,6 +221,7 @@ func TestCreateRefused(t *testing.T) {
 // asking for another is invalid, and a snapshot of another key or of no
 // valid id is not found.
 func TestCreateFromSnapshot(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	from := e.create(controlplane.CreateRequest{MemoryMiB: 1024, VCPUs: 2})
 	sn, err := e.p.Snapshot(t.Context(), e.key, from, "s")
@@ -240,6 +246,7 @@ func TestCreateFromSnapshot(t *testing.T) {
 // A user template is created from the version ResolveTemplate picks, which
 // the record keeps; its refusal is what users see.
 func TestCreateResolvesTemplate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *controlplane.Config) {
 		c.ResolveTemplate = func(_ context.Context, key catalog.Key, name string) (string, error) {
 			if name == "web" {

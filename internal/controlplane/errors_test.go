@@ -17,6 +17,7 @@ import (
 )
 
 func TestClassify(t *testing.T) {
+	t.Parallel()
 	quota := &catalog.QuotaError{KeyID: "k1", Limit: catalog.QuotaMemory, Used: 0, Requested: 8192, Max: 4096}
 	for _, tc := range []struct {
 		err  error
@@ -66,6 +67,7 @@ func TestClassify(t *testing.T) {
 
 // An *Error anywhere in the chain is what users see, as it is.
 func TestClassifyKeepsErrors(t *testing.T) {
+	t.Parallel()
 	e := Errorf(Conflict, "sandbox %s is %s", "x", "paused")
 	got := Classify(fmt.Errorf("pause: %w", e))
 	if got != e {

@@ -128,6 +128,7 @@ func (e *fleetEnv) get(id string) catalog.Sandbox {
 }
 
 func TestFleetPlacement(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, false)
 	sb := e.createOn("b")
 	if _, ok := e.b.Sandbox(sb.ID); !ok {
@@ -164,6 +165,7 @@ func TestFleetPlacement(t *testing.T) {
 }
 
 func TestFleetForkAcrossHosts(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
 	got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Host: "b"})
@@ -204,6 +206,7 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 // wait for durability (501 unsupported) is polled through its snapshot
 // list instead, and the fork works the same.
 func TestFleetForkAcrossOlderAgent(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
 	e.a.Fail(hosttest.SnapshotPack, "", fmt.Errorf("GET /host/v1/snapshots/x/pack: %w", errors.ErrUnsupported))
@@ -234,6 +237,7 @@ func TestFleetForkAcrossOlderAgent(t *testing.T) {
 // go straight to the other host (here: the target has no template) has
 // no way there: the fork is refused and leaves nothing.
 func TestFleetForkAcrossNeedsAStore(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, false)
 	parent := e.createOn("a")
 	e.b.DropTemplate("base")
@@ -248,6 +252,7 @@ func TestFleetForkAcrossNeedsAStore(t *testing.T) {
 }
 
 func TestFleetLostHost(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	run := e.createOn("a")
 	paused := e.createOn("a")
@@ -276,6 +281,7 @@ func TestFleetLostHost(t *testing.T) {
 }
 
 func TestFleetResumeElsewhereWithoutCapture(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, false)
 	sb := e.createOn("a")
 	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
@@ -295,6 +301,7 @@ func TestFleetResumeElsewhereWithoutCapture(t *testing.T) {
 }
 
 func TestFleetMoveTo(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
 	before := e.get(sb.ID).ExpiresAt
@@ -332,6 +339,7 @@ func TestFleetMoveTo(t *testing.T) {
 }
 
 func TestFleetResumeOnAnotherHost(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
 	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
@@ -370,6 +378,7 @@ func TestFleetResumeOnAnotherHost(t *testing.T) {
 // (its paused copy, resumed elsewhere while it was lost) drops that copy
 // at its resync; the sandbox on its new host is left alone.
 func TestFleetReturningHostDropsMovedCopies(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
 	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
@@ -400,6 +409,7 @@ func TestFleetReturningHostDropsMovedCopies(t *testing.T) {
 // straight to the other host, and a move, give up soon with a 503 and
 // leave everything as it was.
 func TestFleetStoreDown(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
 	e.store.SetDown(true)
@@ -473,6 +483,7 @@ func (e *fleetEnv) paths() (packs, received, waits int) {
 // capture was received, the other child is made from it, and nothing
 // goes through the object store.
 func TestFleetForkAcrossFirstChildFails(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
 	e.b.Fail(hosttest.Create, "", fmt.Errorf("%w: boom", host.ErrUnavailable))
@@ -502,6 +513,7 @@ func TestFleetForkAcrossFirstChildFails(t *testing.T) {
 // straight from the parent's host to the child's, once for all the
 // children there, and the object store is not waited for.
 func TestFleetForkAcrossDirect(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
 	got := e.forkTo(parent, 3)
@@ -522,6 +534,7 @@ func TestFleetForkAcrossDirect(t *testing.T) {
 // fails without receiving the pack, the control plane relays it, and the
 // fork works the same.
 func TestFleetForkAcrossPulled(t *testing.T) {
+	t.Parallel()
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("pull fails: %v", fail), func(t *testing.T) {
 			e := newFleetEnv(t, true)
@@ -556,6 +569,7 @@ func TestFleetForkAcrossPulled(t *testing.T) {
 // the same: the target lacks the template (it refuses the pack), either
 // agent predates direct transfers (501), the stream breaks halfway.
 func TestFleetForkAcrossFallsBack(t *testing.T) {
+	t.Parallel()
 	unsupported := func(what string) error {
 		return fmt.Errorf("%s /host/v1/snapshots/x/pack: %w", what, errors.ErrUnsupported)
 	}
@@ -610,6 +624,7 @@ func TestFleetForkAcrossFallsBack(t *testing.T) {
 // none at all), a capture that can go straight to the child's host still
 // makes the fork.
 func TestFleetForkAcrossStoreDownDirect(t *testing.T) {
+	t.Parallel()
 	t.Run("store down", func(t *testing.T) {
 		e := newFleetEnv(t, true)
 		parent := e.createOn("a")
@@ -649,6 +664,7 @@ func (e *fleetEnv) addHost(id string) *hosttest.Host {
 // store to the other; with the store down, only the children of the host
 // the capture could not reach fail.
 func TestFleetForkAcrossDirectAndStore(t *testing.T) {
+	t.Parallel()
 	for _, storeDown := range []bool{false, true} {
 		t.Run(fmt.Sprintf("store down %v", storeDown), func(t *testing.T) {
 			e := newFleetEnv(t, true)
@@ -725,6 +741,7 @@ func countCalls(h *hosttest.Host, m hosttest.Method) int {
 // other host fetches it from; until then the create is refused as the
 // store's trouble (503), not as an unknown snapshot, and leaves no record.
 func TestFleetRestoreSnapshotElsewhere(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, true)
 	sb := e.createOn("a")
 	restoreOn := func(sn catalog.Snapshot, hostID string) (catalog.Sandbox, error) {
@@ -785,6 +802,7 @@ func TestFleetRestoreSnapshotElsewhere(t *testing.T) {
 // TestFleetRestoreSnapshotWithoutStore: hosts without an object store
 // cannot restore each other's snapshots; the error says what to do.
 func TestFleetRestoreSnapshotWithoutStore(t *testing.T) {
+	t.Parallel()
 	e := newFleetEnv(t, false)
 	sb := e.createOn("a")
 	sn, err := e.p.Snapshot(t.Context(), e.key, sb, "")
@@ -800,6 +818,7 @@ func TestFleetRestoreSnapshotWithoutStore(t *testing.T) {
 // left alone (no pause is even tried: it would flap its record) and is
 // paused once its host is back.
 func TestFleetExpiryOnLostHost(t *testing.T) {
+	t.Parallel()
 	clk := &clock{now: t0}
 	tick := make(chan time.Time)
 	e := newFleetEnv(t, true, func(c *controlplane.Config) { c.Now, c.Tick = clk.Now, tick })
@@ -846,6 +865,7 @@ func TestFleetExpiryOnLostHost(t *testing.T) {
 // its host), and stays on its own host when none other can take it or the
 // capture cannot travel.
 func TestFleetResumeOffDrainingHost(t *testing.T) {
+	t.Parallel()
 	resume := func(e *fleetEnv, wantHost string) {
 		t.Helper()
 		sb := e.createOn("a")

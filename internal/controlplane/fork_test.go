@@ -16,6 +16,7 @@ import (
 // Each child of a fork has its own outcome: over the key's quota (not
 // attempted), failed on the host (its reservation removed), or running.
 func TestForkChildren(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil, func(k *catalog.Key) { k.MaxSandboxes = 4 })
 	parent := e.create(controlplane.CreateRequest{TTLSeconds: ptr(90), Metadata: map[string]string{"app": "x"}})
 	// 3 children fit beside the parent; the host fails the second.
@@ -74,6 +75,7 @@ func TestForkChildren(t *testing.T) {
 // A fork that fails as a whole leaves no child reserved; one whose
 // children all are over the quota never reaches the host.
 func TestForkFails(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil, func(k *catalog.Key) { k.MaxSandboxes = 3 })
 	parent := e.create(controlplane.CreateRequest{})
 
@@ -118,6 +120,7 @@ func TestForkFails(t *testing.T) {
 // it), and its record says so: the record is what users see and what a
 // partial network update starts from.
 func TestForkChildNetwork(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	parent := e.create(controlplane.CreateRequest{Network: []byte(`{"internet": true, "deny_out": ["10.0.0.0/8"]}`)})
 	got, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{})

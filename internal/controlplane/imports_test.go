@@ -10,6 +10,7 @@ import (
 // never the reverse. (That no control-plane package reaches host code is
 // internal/tiers_test.go's rule.)
 func TestImports(t *testing.T) {
+	t.Parallel()
 	bp, err := build.ImportDir(".", 0)
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 // Pause and resume move the record and the host's sandbox together; each
 // from the wrong state is a conflict naming the state.
 func TestPauseResume(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	e.h.SetPausedBytes(3<<20 + 1)
 	sb := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60)})
@@ -69,6 +70,7 @@ func TestPauseResume(t *testing.T) {
 
 // A pause's capture counts against its key's disk quota while it is paused.
 func TestPausedCaptureCountsAgainstDisk(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil, func(k *catalog.Key) { k.MaxDiskMiB = 2048 + 10 })
 	e.h.SetPausedBytes(20 << 20)
 	sb := e.create(controlplane.CreateRequest{})
@@ -90,6 +92,7 @@ func TestPausedCaptureCountsAgainstDisk(t *testing.T) {
 // does not cancel them; a second request of the same kind joins the one in
 // flight; another operation meanwhile is a conflict.
 func TestPauseDetached(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	g := e.h.Block(hosttest.Pause, sb.ID)
@@ -140,6 +143,7 @@ func TestPauseDetached(t *testing.T) {
 // paused with its capture; the record's last_error says why in words for
 // users; a sandbox the host no longer has is recorded stopped.
 func TestOperationFailures(t *testing.T) {
+	t.Parallel()
 	secret := "/var/lib/pandastack/store/sandboxes/x/paused.tmp/vm.mem"
 	for _, tc := range []struct {
 		name      string
@@ -196,6 +200,7 @@ func TestOperationFailures(t *testing.T) {
 // A kill while a pause is in flight wins: the sandbox ends stopped with
 // the kill's reason, and the pause fails.
 func TestKillDuringPause(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	g := e.h.Block(hosttest.Pause, sb.ID)
@@ -221,6 +226,7 @@ func TestKillDuringPause(t *testing.T) {
 // sandbox runs on), waits for them, and refuses later ones as unavailable
 // without asking the host.
 func TestShutdown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	paused := e.create(controlplane.CreateRequest{})
@@ -293,6 +299,7 @@ func TestShutdown(t *testing.T) {
 // A sandbox its host reports exited is recorded stopped, with the reason
 // the cause gives, and Gone is told.
 func TestSandboxExited(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	crashed := e.create(controlplane.CreateRequest{})
 	shut := e.create(controlplane.CreateRequest{})
@@ -335,6 +342,7 @@ func TestSandboxExited(t *testing.T) {
 // A snapshot is recorded for its key once its host has it; one the key's
 // disk quota cannot hold is deleted from the host again.
 func TestSnapshot(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil, func(k *catalog.Key) { k.MaxDiskMiB = 1024 + 1 })
 	sb := e.create(controlplane.CreateRequest{})
 	sn, err := e.p.Snapshot(t.Context(), e.key, sb, "first")
@@ -378,6 +386,7 @@ func TestSnapshot(t *testing.T) {
 // A network policy is applied on the host first: if the host refuses it,
 // the record keeps the old one.
 func TestSetNetwork(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	deny := netpolicy.Policy{Internet: false, AllowOut: []string{"10.0.0.0/8"}}

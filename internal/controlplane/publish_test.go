@@ -44,6 +44,7 @@ func take(sub *events.Sub) []string {
 // kill, a failed create, a VMM exit; and a stopped sandbox loses its
 // command history.
 func TestEventsOfRecordChanges(t *testing.T) {
+	t.Parallel()
 	hub := events.New(nil)
 	e := newEnv(t, func(c *controlplane.Config) { c.Events = hub })
 	other := e.newKey("key_other")
@@ -121,6 +122,7 @@ func TestEventsOfRecordChanges(t *testing.T) {
 }
 
 func TestCommandHistory(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	for i := 0; i < controlplane.MaxCommands+5; i++ {
@@ -157,6 +159,7 @@ func TestCommandHistory(t *testing.T) {
 }
 
 func TestCommandLine(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("é", controlplane.MaxCommandLine) // 2 bytes each
 	for _, tc := range []struct {
 		shell string

@@ -41,6 +41,7 @@ func (e *env) reserve(id, hostID string) {
 // Resync makes the catalog agree with what the host lists: the host is the
 // truth about what exists and in which settled state.
 func TestResync(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	ctx := t.Context()
 
@@ -140,6 +141,7 @@ func TestResync(t *testing.T) {
 // A record Resync left because its host was in the middle of an operation
 // is settled by the TTL loop once the host's operation ends.
 func TestResyncAgain(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	e.setState(sb.ID, catalog.StatePausing, "")
@@ -164,6 +166,7 @@ func TestResyncAgain(t *testing.T) {
 // Reconcile after a restart of the all-in-one server: what the host did
 // not adopt is gone.
 func TestReconcile(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	kept := e.create(controlplane.CreateRequest{})
 	notAdopted := e.create(controlplane.CreateRequest{})
@@ -178,6 +181,7 @@ func TestReconcile(t *testing.T) {
 // recorded, for the key that owns its sandbox, and forgets the record of
 // one the host deleted.
 func TestResyncSnapshots(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	ctx := t.Context()
 	sb := e.create(controlplane.CreateRequest{})
@@ -208,6 +212,7 @@ func TestResyncSnapshots(t *testing.T) {
 
 // A Resync whose host cannot list leaves every record as it was.
 func TestResyncHostAway(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{})
 	e.h.Fail(hosttest.List, "", host.ErrUnavailable)

@@ -16,6 +16,7 @@ import (
 // The TTL loop stops a running sandbox past its expiry, pauses one that
 // asked for that, and leaves the others alone.
 func TestExpiry(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	kill := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60)})
 	pause := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60), OnExpire: "pause"})
@@ -72,6 +73,7 @@ func TestExpiry(t *testing.T) {
 // its host cannot be reached (lost, or its agent restarting): it may run
 // there still, and the pause is retried until the host answers.
 func TestExpiryPauseWaitsForHost(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60), OnExpire: "pause"})
 	stop := e.loop()
@@ -107,6 +109,7 @@ func TestExpiryPauseWaitsForHost(t *testing.T) {
 
 // A paused sandbox never expires.
 func TestPausedDoesNotExpire(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60)})
 	if _, err := e.p.Pause(t.Context(), sb.ID); err != nil {
@@ -125,6 +128,7 @@ func TestPausedDoesNotExpire(t *testing.T) {
 // A sandbox that asked to be paused at expiry, whose pause fails, is
 // stopped instead.
 func TestExpiryPauseFailsKills(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60), OnExpire: "pause"})
 	e.h.Fail(hosttest.Pause, sb.ID, fmt.Errorf("capture: %w", host.ErrNoSpace))
@@ -146,6 +150,7 @@ func TestExpiryPauseFailsKills(t *testing.T) {
 // A stop whose host cannot be reached leaves the record stopping with the
 // reason it was given; the TTL loop finishes it once the host is back.
 func TestStopRetriedByTheLoop(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60)})
 	e.h.Fail(hosttest.Kill, sb.ID, fmt.Errorf("kill: %w", host.ErrUnavailable))
@@ -169,6 +174,7 @@ func TestStopRetriedByTheLoop(t *testing.T) {
 // SetTTL counts a new TTL from now; a paused sandbox's from its resume; a
 // stopped sandbox's is a conflict.
 func TestSetTTL(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	sb := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60)})
 	now := e.clock.advance(30 * time.Second)
@@ -200,6 +206,7 @@ func TestSetTTL(t *testing.T) {
 // next tick, whatever the sandbox's expiry was: a paused sandbox (which
 // never expires) or one with hours left.
 func TestStopRetriedAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	paused := e.create(controlplane.CreateRequest{TTLSeconds: ptr(60)})
 	if _, err := e.p.Pause(t.Context(), paused.ID); err != nil {
@@ -227,6 +234,7 @@ func TestStopRetriedAtOnce(t *testing.T) {
 // A TTL is between 1 s and MaxTTL, however large the number asked for:
 // one whose nanoseconds overflow is refused, not wrapped around.
 func TestTTLBounds(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *controlplane.Config) { c.MaxTTL = time.Hour })
 	for _, tc := range []struct {
 		seconds int
@@ -258,6 +266,7 @@ func TestTTLBounds(t *testing.T) {
 // A TTL set while the sandbox starts is the one it runs with: its expiry
 // agrees with its recorded TTL.
 func TestSetTTLWhileStarting(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, nil)
 	g := e.h.Block(hosttest.Create, "")
 	done := make(chan error)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/guest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // entry is one tar entry of a test archive.
@@ -122,9 +123,7 @@ func TestExtract(t *testing.T) {
 // ArchiveOwner each entry gets the owner the archive records, and the
 // directories made for them are root's.
 func TestExtractExistingDirAndArchiveOwner(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to give files to other users") // make test runs as root
-	}
+	testkit.Root(t) // gives files to other users
 	root := t.TempDir()
 	os.Mkdir(filepath.Join(root, "tmp"), 0o700)
 	os.Chmod(filepath.Join(root, "tmp"), os.ModeSticky|0o777)

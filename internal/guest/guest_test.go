@@ -481,7 +481,7 @@ func TestFileRoundTrip(t *testing.T) {
 			}
 		}
 	}()
-	_, err := guestproto.VerifyFileRoundTrip(testContext(t), c, path, size)
+	_, err := guestprototest.VerifyFileRoundTrip(testContext(t), c, path, size)
 	close(stop)
 	if err != nil {
 		t.Fatal(err)
@@ -640,7 +640,7 @@ func TestUploadErrorNamesTarget(t *testing.T) {
 func TestFailedUploadLeavesNothing(t *testing.T) {
 	c := newClient(t)
 	dir := t.TempDir()
-	src := io.MultiReader(guestproto.PatternReader(1, 1<<20), errReader{errors.New("source broke")})
+	src := io.MultiReader(guestprototest.PatternReader(1, 1<<20), errReader{errors.New("source broke")})
 	if _, err := c.WriteFile(testContext(t), dir+"/up.bin", src, 0o644); err == nil {
 		t.Fatal("WriteFile succeeded with a failing source")
 	}

@@ -44,7 +44,7 @@ func shellClient(t *testing.T, bash, home string, session map[string]string) *gu
 // execs are not touched.
 func TestShellChoice(t *testing.T) {
 	if _, err := os.Stat(guest.DefaultBash); err != nil {
-		t.Skipf("this machine has no %s", guest.DefaultBash)
+		t.Fatalf("this machine has no %s (make setup installs bash)", guest.DefaultBash)
 	}
 	// A bash that appears after the first exec (a template build that
 	// installs it) is used from the next exec on.
@@ -104,7 +104,7 @@ func TestShellChoice(t *testing.T) {
 // the agent's helper variables do not reach the command or its children.
 func TestLoginShellKeepsExplicitEnv(t *testing.T) {
 	if _, err := os.Stat(guest.DefaultBash); err != nil {
-		t.Skipf("this machine has no %s", guest.DefaultBash)
+		t.Fatalf("this machine has no %s (make setup installs bash)", guest.DefaultBash)
 	}
 	home := t.TempDir()
 	profile := "export PATH=/profile/bin:$PATH FOO=profile SESSION=profile FROMPROFILE=yes\n"

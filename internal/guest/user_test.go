@@ -14,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/guest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // accountsRoot makes a root with etc/passwd and etc/group, and alice's home
@@ -55,11 +56,10 @@ func accountsRoot(t *testing.T) (root, home string) {
 	return root, home
 }
 
+// requireRoot gates a test that runs commands as other users.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("running as another user needs root")
-	}
+	testkit.Root(t)
 }
 
 // TestExecUser runs commands as users named in a made-up root's accounts,
@@ -133,6 +133,7 @@ func TestExecUser(t *testing.T) {
 }
 
 func TestExecUserErrors(t *testing.T) {
+	requireRoot(t) // accountsRoot gives a home to another user
 	root, _ := accountsRoot(t)
 	c := startGuestRoot(t, root).connect(t, guestproto.HelloRequest{}, true)
 	tests := []struct {

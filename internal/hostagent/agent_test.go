@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,17 +14,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
+	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
+
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
 
 // The package's tests share one host agent with real QEMU guests, on a
-// temporary data directory (an XFS image loop-mounted inside it).
+// temporary data directory (an XFS image loop-mounted inside it), opened
+// by shared on first use. Every test here boots guests as root: it starts
+// with shared(t), or with the gates (testkit.VM, testkit.Root) when it
+// opens agents of its own.
 var (
-	testAgent *Agent
+	testAgent *Agent // set by shared
 	testDir   string
+	openOnce  sync.Once
+	openErr   error
 	exits     = newExitLog()
 )
 
@@ -47,13 +55,6 @@ func (l *exitLog) wait(id string) chan error {
 }
 
 func (l *exitLog) record(id string, err error) { l.wait(id) <- err }
-
-func testImages() string {
-	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
-		return d
-	}
-	return "/var/lib/pandastack/images"
-}
 
 func TestMain(m *testing.M) {
 	// The test binary is the holder process of the lazy restore tests'
@@ -78,33 +79,53 @@ func driverT(t *testing.T, log *slog.Logger) vmm.Driver {
 	return d
 }
 
-func runMain(m *testing.M) int {
+// shared gates a test on guest VMs and root and returns the package's
+// shared agent, opened on first use.
+func shared(t *testing.T) *Agent {
+	t.Helper()
+	testkit.VM(t)
+	testkit.Root(t)
+	openOnce.Do(func() { openErr = openShared() })
+	if openErr != nil {
+		t.Fatalf("open the shared agent: %v", openErr)
+	}
+	return testAgent
+}
+
+// openShared opens the shared agent on a new temporary directory.
+func openShared() error {
 	var err error
 	// Short: the run directory holds unix sockets (108-byte limit).
 	testDir, err = os.MkdirTemp("", "pag")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	defer os.RemoveAll(testDir)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	drv, err := newDriver(log)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "qemu driver:", err)
-		return 1
+		return fmt.Errorf("qemu driver: %w", err)
 	}
 	testAgent, err = Open(context.Background(), Config{
-		DataDir: testDir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30,
+		DataDir: testDir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 8 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: exits.record,
 		Driver: drv,
 		Logger: log,
 	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "open agent:", err)
-		return 1
-	}
+	return err
+}
+
+// runMain runs the tests, then closes the shared agent if a test opened
+// it and fails the run if it left anything behind.
+func runMain(m *testing.M) int {
 	code := m.Run()
+	if testDir == "" {
+		return code
+	}
+	defer os.RemoveAll(testDir)
+	if testAgent == nil {
+		return code
+	}
 	store := testAgent.StoreDir()
 	if err := testAgent.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "close agent:", err)
@@ -121,25 +142,18 @@ func runMain(m *testing.M) int {
 // holder processes of store and a mount of store.
 func leftovers(store string) string {
 	var out []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		if bytes.Contains(b, []byte("qemu")) && bytes.Contains(b, []byte(testDir)) {
-			out = append(out, "qemu "+p)
-		}
+	for _, pid := range testkit.QEMUProcs(testDir) {
+		out = append(out, fmt.Sprintf("qemu %d", pid))
 	}
 	for _, pid := range pandatest.HolderPIDs(store) {
 		out = append(out, fmt.Sprintf("lazy restore holder %d", pid))
 	}
-	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	if bytes.Contains(mounts, []byte(" "+store+" ")) {
+	if testkit.Mounted(store) {
 		out = append(out, "mount "+store)
 	}
-	for _, line := range strings.Split(string(mounts), "\n") {
-		// Mounts inside the store: lazy restore's FUSE mount.
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], store+"/") {
-			out = append(out, "mount "+f[4])
-		}
+	// Mounts inside the store: lazy restore's FUSE mount.
+	for _, mp := range testkit.MountsUnder(store) {
+		out = append(out, "mount "+mp)
 	}
 	return strings.Join(out, ", ")
 }
@@ -166,6 +180,7 @@ func sh(t *testing.T, id, cmd string) string {
 }
 
 func TestCreateExec(t *testing.T) {
+	shared(t)
 	info := create(t)
 	if info.State != StateRunning || info.MemoryMiB != 256 || info.PID == 0 {
 		t.Errorf("got %+v", info)
@@ -202,6 +217,7 @@ func TestCreateExec(t *testing.T) {
 // sandbox starts with: same kernel boot, and the agent binary the
 // initramfs put on a tmpfs at boot is still there.
 func TestStateFromBeforeTheSnapshot(t *testing.T) {
+	shared(t)
 	info := create(t)
 	tmpl, reason, err := testAgent.Templates().Lookup(testAgent.TemplateParams("tiny", 256, 1))
 	if err != nil || reason != "" {
@@ -216,6 +232,7 @@ func TestStateFromBeforeTheSnapshot(t *testing.T) {
 }
 
 func TestSandboxesAreIsolated(t *testing.T) {
+	shared(t)
 	a, b := create(t), create(t)
 	sh(t, a.ID, "echo mine > /root/a.txt; echo ram > /dev/shm/a")
 	if got := sh(t, b.ID, "ls /root/a.txt /dev/shm/a 2>&1 || true"); !strings.Contains(got, "No such file") {
@@ -233,6 +250,7 @@ func TestSandboxesAreIsolated(t *testing.T) {
 }
 
 func TestFirstRandomBytesDiffer(t *testing.T) {
+	shared(t)
 	// The first read after restore is the one the reseed must fix.
 	seen := map[string]bool{}
 	for i := 0; i < 3; i++ {
@@ -250,6 +268,7 @@ func TestFirstRandomBytesDiffer(t *testing.T) {
 }
 
 func TestClockIsSetOnRestore(t *testing.T) {
+	shared(t)
 	tmpl, _, _ := testAgent.Templates().Lookup(testAgent.TemplateParams("tiny", 256, 1))
 	info := create(t)
 	out := strings.TrimSpace(sh(t, info.ID, "date +%s"))
@@ -265,6 +284,7 @@ func TestClockIsSetOnRestore(t *testing.T) {
 }
 
 func TestExecTimeoutKillsProcessTree(t *testing.T) {
+	shared(t)
 	info := create(t)
 	var out bytes.Buffer
 	res, err := testAgent.Exec(ctxT(t), info.ID, guestproto.ExecRequest{
@@ -286,6 +306,7 @@ func TestExecTimeoutKillsProcessTree(t *testing.T) {
 }
 
 func TestOneGiBFileRoundTrip(t *testing.T) {
+	shared(t)
 	info := create(t)
 	c, err := testAgent.Guest(info.ID)
 	if err != nil {
@@ -295,7 +316,7 @@ func TestOneGiBFileRoundTrip(t *testing.T) {
 	// TCG the serial channel moves 12-35 MB/s, so this takes a while.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	sum, err := guestproto.VerifyFileRoundTrip(ctx, c, "/root/big.bin", 1<<30)
+	sum, err := guestprototest.VerifyFileRoundTrip(ctx, c, "/root/big.bin", 1<<30)
 	t.Logf("sha256 %x", sum)
 	if err != nil {
 		t.Fatal(err)
@@ -303,6 +324,7 @@ func TestOneGiBFileRoundTrip(t *testing.T) {
 }
 
 func TestKilledVMMIsDetectedAndCleanedUp(t *testing.T) {
+	shared(t)
 	info, err := testAgent.Create(ctxT(t), CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -331,6 +353,7 @@ func TestKilledVMMIsDetectedAndCleanedUp(t *testing.T) {
 }
 
 func TestKillRemovesEverything(t *testing.T) {
+	shared(t)
 	info, err := testAgent.Create(ctxT(t), CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -350,6 +373,7 @@ func TestKillRemovesEverything(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
+	shared(t)
 	ctx := ctxT(t)
 	for _, tc := range []struct {
 		name string
@@ -383,12 +407,14 @@ func TestMissingKernel(t *testing.T) {
 }
 
 func TestFullDisk(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	dir, err := os.MkdirTemp("", "pfull")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	a, err := Open(ctxT(t), Config{DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 1 << 30,
+	a, err := Open(ctxT(t), Config{DataDir: dir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 1 << 30,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256, Driver: driverT(t, nil)})
 	if err != nil {
 		t.Fatal(err)
@@ -398,9 +424,7 @@ func TestFullDisk(t *testing.T) {
 	if _, err := a.Templates().Get(ctxT(t), a.TemplateParams("", 0, 0), nil); err != nil {
 		t.Fatal(err)
 	}
-	var st unix.Statfs_t
-	unix.Statfs(a.StoreDir(), &st)
-	free := int64(st.Bavail) * st.Bsize
+	free := testkit.FreeBytes(t, a.StoreDir())
 	f, err := os.Create(filepath.Join(a.StoreDir(), "filler"))
 	if err != nil {
 		t.Fatal(err)
@@ -419,6 +443,7 @@ func TestFullDisk(t *testing.T) {
 }
 
 func TestConcurrentCreates(t *testing.T) {
+	shared(t)
 	const n = 8
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -447,6 +472,7 @@ func TestConcurrentCreates(t *testing.T) {
 // Sandboxes of one owner map the same memory image; sandboxes of different
 // owners never share one (so they share no page cache page).
 func TestMemoryIsSharedOnlyWithinAnOwner(t *testing.T) {
+	shared(t)
 	inode := func(owner string) (uint64, string) {
 		info, err := testAgent.Create(ctxT(t), CreateRequest{Owner: owner})
 		if err != nil {

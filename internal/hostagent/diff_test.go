@@ -11,6 +11,7 @@ import (
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // notIn sums the bytes of m's chunks whose hash the set base does not
@@ -91,6 +92,8 @@ func hashesOf(m *chunkstore.Manifest) map[string]bool {
 // store's when it starts. Memory-held state and files are checked each
 // time.
 func TestMovesOnlyTheDiff(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	openA, csA := storeHost(t, s3.Open("fleet"))
@@ -107,7 +110,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	}
 	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
 	key := src.Template
-	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
+	testkit.WaitForf(t, time.Minute, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
 	tmplSet, err := csA.Manifest(ctxT(t), templateName(key))
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +120,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		t.Fatalf("A's template %s not found", key)
 	}
 	// The index is saved once the upload's manifest is written: just after.
-	waitFor(t, func() string { return "a chunk index of A's template " + key }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "a chunk index of A's template " + key }, func() bool {
 		return a.templates.HasChunkIndex(tA, csA.ChunkSize())
 	})
 
@@ -205,7 +208,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	// The create needed no template (it fetched all of the set); C then
 	// fetches the template in the background, for its own captures of
 	// the sandbox to be diffed against it.
-	waitFor(t, func() string { return "C fetching template " + key }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "C fetching template " + key }, func() bool {
 		_, ok := c.templates.ByKey(key)
 		return ok
 	})
@@ -215,7 +218,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	if _, err := a.Pause(ctxT(t), src.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
 		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
 	pausedSet, err := csA.Manifest(ctxT(t), pausedName(src.ID))
 	if err != nil {
@@ -270,7 +273,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		}
 		return t.BootID
 	}
-	waitFor(t, func() string { return "D adopts the store's template: boot " + bootOf() }, func() bool { return bootOf() == tA.BootID })
+	testkit.WaitForf(t, time.Minute, func() string { return "D adopts the store's template: boot " + bootOf() }, func() bool { return bootOf() == tA.BootID })
 	if set, err := csA.Manifest(ctxT(t), templateName(key)); err != nil || string(set.Meta) != string(tmplSet.Meta) {
 		t.Errorf("the store's template changed when D started: %v", err)
 	}
@@ -280,7 +283,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		m, _ := filepath.Glob(filepath.Join(d.StoreDir(), "templates", ".*"))
 		return m
 	}
-	waitFor(t, func() string { return fmt.Sprintf("D's adoption to leave nothing; left %v", left()) }, func() bool { return len(left()) == 0 })
+	testkit.WaitForf(t, time.Minute, func() string { return fmt.Sprintf("D's adoption to leave nothing; left %v", left()) }, func() bool { return len(left()) == 0 })
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }

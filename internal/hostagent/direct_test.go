@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // sharingHosts starts two hosts sharing an object store (A's chunk store
@@ -36,9 +37,9 @@ func sharingHosts(t *testing.T) (a, b *Agent, csA *chunkstore.Store, src Info) {
 	b = openB()
 	b.Recover(ctxT(t))
 	key := src.Template
-	waitFor(t, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
+	testkit.WaitForf(t, time.Minute, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
 	tA, _ := a.templates.ByKey(key)
-	waitFor(t, func() string { return "a chunk index of A's template " + key }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "a chunk index of A's template " + key }, func() bool {
 		return a.templates.HasChunkIndex(tA, csA.ChunkSize())
 	})
 	tB, err := b.templates.Get(ctxT(t), b.TemplateParams("", 0, 0), nil)
@@ -59,6 +60,8 @@ func sharingHosts(t *testing.T) (a, b *Agent, csA *chunkstore.Store, src Info) {
 // A pack cut short is refused and leaves nothing, and a host without the
 // template refuses the pack before writing anything.
 func TestDirectTransfer(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	a, b, csA, src := sharingHosts(t)
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
@@ -154,6 +157,8 @@ func TestDirectTransfer(t *testing.T) {
 // and is not recovered with one (Recover would adopt the store's copy at
 // once), which leaves it as that race does.
 func TestDirectTransferOtherBake(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	a, src, b, _ := otherBakes(t)
 	tA, _ := a.templates.ByKey(src.Template)
 	// A pack from B, made against B's bake, which the store does not
@@ -182,11 +187,13 @@ func TestDirectTransferOtherBake(t *testing.T) {
 // it) while the pack waits, and takes the pack; a host whose store lacks
 // the template refuses it at once.
 func TestDirectTransferFetchesTemplate(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	a, src := sourceSandbox(t, openA)
 	tA, _ := a.templates.ByKey(src.Template)
-	waitFor(t, func() string { return "A's template in the store" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "A's template in the store" }, func() bool {
 		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
 		return err == nil && m != nil
 	})
@@ -240,6 +247,8 @@ func packComesIn(t *testing.T, b *Agent, id string, pack []byte, key, wantBoot, 
 // a capture of that sandbox is diffed against it (only what the sandbox
 // changed goes, not its whole memory image).
 func TestDirectTransferFromARestore(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	openA, _ := storeHost(t, s3.Open("fleet"))
 	a, src := sourceSandbox(t, openA)
@@ -281,6 +290,8 @@ func TestDirectTransferFromARestore(t *testing.T) {
 // to land is the fleet's copy, and the other host adopts it instead of
 // replacing it (its manifest is put only where there is none).
 func TestTemplateUploadedAtOnce(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	a, src, b, csB := otherBakes(t)
 	tA, _ := a.templates.ByKey(src.Template)
 	tB, _ := b.templates.ByKey(src.Template)
@@ -337,7 +348,7 @@ func otherBakes(t *testing.T) (a *Agent, src Info, b *Agent, csB *chunkstore.Sto
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	a, src = sourceSandbox(t, openA)
 	tA, _ := a.templates.ByKey(src.Template)
-	waitFor(t, func() string { return "A's template in the store" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "A's template in the store" }, func() bool {
 		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
 		var meta templates.Meta
 		return err == nil && json.Unmarshal(m.Meta, &meta) == nil && meta.BootID == tA.BootID
@@ -373,6 +384,8 @@ func capturePack(t *testing.T, a, b *Agent, srcID string) (string, []byte) {
 // kills that VMM, keeps nothing and leaves no sandbox; a create that
 // fails on its own keeps the received snapshot.
 func TestReceiveAndCreate(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	a, b, _, src := sharingHosts(t)
 	shOn(t, a, src.ID, "echo on-a > /root/f.txt")
 	sum, keeper, secret := memState(t, a, src.ID)
@@ -475,7 +488,7 @@ func receiveGated(t *testing.T, b *Agent, req CreateRequest, pack []byte, gate i
 		done <- result{in, si, err}
 	}()
 	pid := 0
-	waitFor(t, func() string { return "the VMM of " + req.ID + " before its memory image arrives" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "the VMM of " + req.ID + " before its memory image arrives" }, func() bool {
 		in, err := b.Get(req.ID)
 		pid = in.PID
 		return err == nil && in.PID != 0
@@ -507,6 +520,8 @@ func (ar *afterReader) Read(p []byte) (int, error) {
 // restored from the store on a host holding S takes S's chunks from
 // there.
 func TestDirectTransferFromSnapshot(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	a, b, _, src := sharingHosts(t)
 	shOn(t, a, src.ID, "head -c 50331648 /dev/urandom > /root/env.bin && head -c 33554432 /dev/urandom > /dev/shm/env && sync")
 	envSums := shOn(t, a, src.ID, "md5sum /root/env.bin /dev/shm/env")

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,6 +53,7 @@ func fork(t *testing.T, id string, n int) []Info {
 }
 
 func TestForkSharesStateAndIsolatesWrites(t *testing.T) {
+	shared(t)
 	parent := create(t)
 	sh(t, parent.ID, "echo before > /root/file; echo shm > /dev/shm/mem")
 	keeper := startKeeper(t, parent.ID)
@@ -103,10 +104,10 @@ func TestForkSharesStateAndIsolatesWrites(t *testing.T) {
 }
 
 func TestForkChainTenDeep(t *testing.T) {
+	shared(t)
 	cur := create(t)
 	sh(t, cur.ID, "echo 0 > /root/level-0")
-	var st0 unix.Statfs_t
-	unix.Statfs(testAgent.StoreDir(), &st0)
+	free0 := testkit.FreeBytes(t, testAgent.StoreDir())
 	var dirtied int64
 	for level := 1; level <= 10; level++ {
 		ids := []string{host.NewID()}
@@ -128,9 +129,7 @@ func TestForkChainTenDeep(t *testing.T) {
 	if got != want {
 		t.Errorf("leaf of the chain sees %q, want %q", got, want)
 	}
-	var st1 unix.Statfs_t
-	unix.Statfs(testAgent.StoreDir(), &st1)
-	used := (int64(st0.Bavail) - int64(st1.Bavail)) * st0.Bsize
+	used := free0 - testkit.FreeBytes(t, testAgent.StoreDir())
 	t.Logf("10-deep chain, all alive: store grew %d MiB; the forks captured %d MiB of dirty memory", used>>20, dirtied>>20)
 	// Full copies would be 10 x 256 MiB of memory images alone; allow the
 	// dirty pages plus 8 MiB per level for disk writes and metadata.
@@ -140,6 +139,7 @@ func TestForkChainTenDeep(t *testing.T) {
 }
 
 func TestStreamSurvivesFork(t *testing.T) {
+	shared(t)
 	parent := create(t)
 	c, err := testAgent.Guest(parent.ID)
 	if err != nil {
@@ -175,6 +175,7 @@ func TestStreamSurvivesFork(t *testing.T) {
 }
 
 func TestSnapshotAndCreateFromIt(t *testing.T) {
+	shared(t)
 	src := create(t)
 	sh(t, src.ID, "echo snap > /root/s.txt")
 	keeper := startKeeper(t, src.ID)
@@ -221,6 +222,7 @@ func TestSnapshotAndCreateFromIt(t *testing.T) {
 }
 
 func TestPauseResumeThreeTimes(t *testing.T) {
+	shared(t)
 	sb := create(t)
 	sh(t, sb.ID, "echo kept > /root/p.txt")
 	keeper := startKeeper(t, sb.ID)
@@ -262,6 +264,7 @@ func TestPauseResumeThreeTimes(t *testing.T) {
 }
 
 func TestForkOfPausedSandboxConflicts(t *testing.T) {
+	shared(t)
 	sb := create(t)
 	if _, err := testAgent.Pause(ctxT(t), sb.ID); err != nil {
 		t.Fatal(err)
@@ -281,7 +284,8 @@ func TestForkOfPausedSandboxConflicts(t *testing.T) {
 // address) and reach their gateway (until host networking is wired, the
 // isolated namespace's); none leaves a descriptor in the host agent.
 func TestSandboxesHaveTheGuestNetwork(t *testing.T) {
-	fds := openFDs(t)
+	shared(t)
+	fds := testkit.OpenFDs(t)
 	parent := create(t)
 	check := func(who, id string) {
 		t.Helper()
@@ -307,16 +311,7 @@ func TestSandboxesHaveTheGuestNetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := openFDs(t); got != fds {
+	if got := testkit.OpenFDs(t); got != fds {
 		t.Errorf("the host agent has %d descriptors open, %d before the sandboxes", got, fds)
 	}
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -194,6 +194,8 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 // next ones prefetch it; a lazily restored sandbox can be snapshotted.
 // Nothing stays mounted (restartableWith checks).
 func TestLazyRestore(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	lazyScenario(t, CreateRequest{}, 2, 0)
 }
 
@@ -242,7 +244,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 		t.Errorf("the first exec fetched %d bytes of a %d-byte image: not lazy", first.fetched, first.memSize)
 	}
 	var ws lazymem.WorkingSet
-	waitFor(t, func() string { return "working set recorded" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "working set recorded" }, func() bool {
 		ws, err = lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
 		return err == nil
 	})
@@ -358,7 +360,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	r := lazyCreate(t, objs, m, snap.ID, nil)
 	t.Logf("lazy, default (prefetch, then fetch all): %v", r)
 	checkMemState(t, "lazily restored sandbox, fetch all", r.agent, r.id, sum, keeper, secret)
-	waitFor(t, func() string { return "whole image fetched" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "whole image fetched" }, func() bool {
 		st, _ := r.agent.LazyStats(storeName(snap.ID))
 		return st.Prefetched >= first.storedChunks
 	})
@@ -367,6 +369,8 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 // TestLazyRestoreSetMissing: a lazy create from a snapshot that no one
 // has is ErrNotFound, as without lazy restore.
 func TestLazyRestoreSetMissing(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	b, _, _ := lazyHost(t, s3.Open("fleet"), nil)
 	if _, err := createFrom(t, b, host.NewID()); !errors.Is(err, ErrNotFound) {
@@ -379,6 +383,8 @@ func TestLazyRestoreSetMissing(t *testing.T) {
 // intact, and stay so after B removed the stale capture from the store
 // and collected its garbage (B fetches the whole image first).
 func TestLazyResumePaused(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	lazyResumeScenario(t, CreateRequest{}, 0)
 }
 
@@ -387,9 +393,8 @@ func TestLazyResumePaused(t *testing.T) {
 // -short). The figures of docs/lazy-restore.md came from a 1 GiB base
 // sandbox with 400 MiB.
 func TestLazyResumePausedFull(t *testing.T) {
-	if testing.Short() {
-		t.Skip("slow")
-	}
+	testkit.VM(t)
+	testkit.Root(t)
 	lazyResumeScenario(t, CreateRequest{}, 96)
 }
 
@@ -421,7 +426,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 		}
 	}
 	for _, id := range ids {
-		waitFor(t, func() string { return "paused sandbox durable: " + infoOf(a, id).Stored },
+		testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable: " + infoOf(a, id).Stored },
 			func() bool { return infoOf(a, id).Stored == host.StoredDurable })
 	}
 	id := ids[0]
@@ -455,7 +460,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	checkMemState(t, "lazily resumed on B", b, id, sum, keeper, secret)
 	// The stale capture leaves the store (after B fetched all of it),
 	// its chunks are collected: the sandbox does not notice.
-	waitFor(t, func() string { return "stale capture removed from the store" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "stale capture removed from the store" }, func() bool {
 		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+pausedName(id)+".json")
 		return err == nil && !ok
 	})
@@ -504,6 +509,8 @@ func durableMemSnapshot(t *testing.T) (objs objstore.Store, snap SnapshotInfo, s
 // after the agent restarts: its memory image's link resolves through the
 // new mount, and the files check without reading the image.
 func TestLazyRestoreAfterRestart(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, snap, sum, keeper, secret := durableMemSnapshot(t)
 
 	b, _, _, reopen := lazyHostOpener(t, objs, nil)
@@ -535,6 +542,8 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 // Without a holder the mount went with the agent and the machine died at
 // its next page-cache miss.
 func TestLazyRestoreOutlivesAgent(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, snap, sum, keeper, secret := durableMemSnapshot(t)
 
 	b, _, _, reopen := lazyHostOpener(t, objs, func(c *LazyConfig) { c.NoFetchAll = true })
@@ -557,7 +566,7 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 	// No agent: the mount stays, and what the kernel holds of the file
 	// (but for the mapped pages) is dropped, so that the machine's next
 	// reads miss.
-	if !pandatest.Mounted(filepath.Dir(path)) {
+	if !testkit.Mounted(filepath.Dir(path)) {
 		t.Fatalf("%s not mounted after the agent left", filepath.Dir(path))
 	}
 	dropPages(t, path)
@@ -584,9 +593,8 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 // read from there. Against the baseline on such hosts (slow: not with
 // -short).
 func TestLazyRestoreTemplateLocal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("slow")
-	}
+	testkit.VM(t)
+	testkit.Root(t)
 	for _, fill := range []int{0, 96} {
 		t.Run(fmt.Sprintf("fill %d MiB", fill), func(t *testing.T) { lazyTemplateLocal(t, fill) })
 	}
@@ -610,7 +618,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	// Working set recorded once, by a host without the template.
 	r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
 	r.agent.Kill(ctxT(t), r.id)
-	waitFor(t, func() string { return "working set recorded" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "working set recorded" }, func() bool {
 		_, err := lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
 		return err == nil
 	})

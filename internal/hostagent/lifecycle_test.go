@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,7 +28,7 @@ func openSecondWith(t *testing.T, dir string, mod func(*Config)) *Agent {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg := Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, AdoptMount: true,
+		DataDir: dir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 8 << 30, AdoptMount: true,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		Driver: driverT(t, log),
 		Logger: log,
@@ -98,6 +97,8 @@ func shOn(t *testing.T, a *Agent, id, cmd string) string {
 // agent give up on the guest and delete the sandbox. The next agent now
 // continues the VMM: the sandbox runs with its memory and files.
 func TestRecoverContinuesAStoppedVMM(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	_, open := restartable(t)
 	a := open()
 	info, err := a.Create(ctxT(t), CreateRequest{})
@@ -132,6 +133,8 @@ func TestRecoverContinuesAStoppedVMM(t *testing.T) {
 // leave that VMM running forever next to the paused sandbox (found by
 // panda chaos at the failpoint pause-recorded); it is stopped.
 func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	for _, tc := range []struct {
 		name             string
 		sealed, recorded bool
@@ -182,7 +185,7 @@ func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
 				t.Fatalf("Recover = %+v, want %s %s", rec, info.ID, want)
 			}
 			if sealed {
-				if alive(vmm) {
+				if testkit.Alive(vmm) {
 					t.Errorf("the paused sandbox's old VMM %d still runs", vmm)
 				}
 				if _, err := os.Stat(s.runDir); !errors.Is(err, os.ErrNotExist) {
@@ -206,6 +209,8 @@ func TestRecoverFinishesOrRollsBackAPause(t *testing.T) {
 // is rolled back: the VMM is stopped and the sandbox is paused with its
 // capture, which a later resume restores.
 func TestRecoverRollsBackAResume(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	_, open := restartable(t)
 	a := open()
 	info, err := a.Create(ctxT(t), CreateRequest{})
@@ -235,7 +240,7 @@ func TestRecoverRollsBackAResume(t *testing.T) {
 	if len(rec) != 1 || rec[0].Err != nil || rec[0].State != StatePaused {
 		t.Fatalf("Recover = %+v, want %s paused", rec, info.ID)
 	}
-	if alive(vmm) {
+	if testkit.Alive(vmm) {
 		t.Errorf("the interrupted resume's VMM %d still runs", vmm)
 	}
 	if _, err := b.Resume(ctxT(t), info.ID); err != nil {
@@ -250,6 +255,7 @@ func TestRecoverRollsBackAResume(t *testing.T) {
 // the VMM cannot load) leaves the sandbox paused with its capture, and a
 // later resume works once the capture is whole again.
 func TestFailedResumeStaysPaused(t *testing.T) {
+	shared(t)
 	info := create(t)
 	sh(t, info.ID, "echo kept > /root/f")
 	if _, err := testAgent.Pause(ctxT(t), info.ID); err != nil {
@@ -293,6 +299,7 @@ func TestFailedResumeStaysPaused(t *testing.T) {
 // no longer match their checksums is not restored (ErrCorrupt), and the
 // paused sandbox stays paused.
 func TestCorruptCapturesAreRefused(t *testing.T) {
+	shared(t)
 	info := create(t)
 	sh(t, info.ID, "head -c 1000000 /dev/urandom > /dev/shm/blob")
 	snap, err := testAgent.Snapshot(ctxT(t), info.ID, host.NewID())
@@ -337,6 +344,7 @@ func corrupt(t *testing.T, path string) {
 // answer (stopped with SIGSTOP: neither QMP nor the guest respond). Kill
 // still returns within seconds, the snapshot fails, and nothing is left.
 func TestKillDuringAHungCapture(t *testing.T) {
+	shared(t)
 	info := create(t)
 	if err := unix.Kill(info.PID, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -348,34 +356,33 @@ func TestKillDuringAHungCapture(t *testing.T) {
 	}()
 	// Wait until the snapshot holds the operation slot.
 	s, _ := testAgent.get(info.ID)
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testkit.WaitFor(t, 30*time.Second, "the snapshot holding the sandbox", func() bool {
 		s.mu.Lock()
-		busy := s.opCancel != nil
-		s.mu.Unlock()
-		if busy {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the snapshot never started")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t0 := time.Now()
-	if err := testAgent.Kill(context.Background(), info.ID); err != nil {
+		defer s.mu.Unlock()
+		return s.opCancel != nil
+	})
+	if err := testAgent.Kill(ctxT(t), info.ID); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(t0); d > 15*time.Second {
-		t.Errorf("kill during a hung capture took %v", d)
+	// The kill cancelled the capture and killed its VMM, and the capture
+	// unwound: its operation has ended when Kill returns. (A kill that
+	// gave up waiting for it, after opUnwindTimeout, returns while the
+	// capture still holds the sandbox.)
+	s.mu.Lock()
+	unwound := s.opCancel == nil
+	s.mu.Unlock()
+	if !unwound {
+		t.Error("Kill returned while the hung capture still held the sandbox: it did not unwind")
 	}
 	select {
 	case err := <-done:
-		if err == nil {
-			t.Error("the snapshot of a killed sandbox succeeded")
+		if !errors.Is(err, ErrNotFound) {
+			t.Errorf("the snapshot of a killed sandbox: %v, want ErrNotFound (killed meanwhile)", err)
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the snapshot did not return after its sandbox was killed")
 	}
-	if alive(info.PID) {
+	if testkit.Alive(info.PID) {
 		t.Errorf("VMM %d of the killed sandbox still runs", info.PID)
 	}
 	if _, err := os.Stat(s.dir); !errors.Is(err, os.ErrNotExist) {
@@ -390,6 +397,7 @@ func TestKillDuringAHungCapture(t *testing.T) {
 // chaos). The pause's outcome now decides: the sandbox is paused and
 // resumes with its files.
 func TestVMMDeathAfterAPauseCapture(t *testing.T) {
+	shared(t)
 	info := create(t)
 	shOn(t, testAgent, info.ID, "echo disk > /root/f; echo mem > /dev/shm/m")
 	s, _ := testAgent.get(info.ID)
@@ -441,21 +449,17 @@ func TestVMMDeathAfterAPauseCapture(t *testing.T) {
 // TestKillWinsOverACreate: a kill while a sandbox starts stops it, and the
 // create fails instead of resurrecting it.
 func TestKillWinsOverACreate(t *testing.T) {
+	shared(t)
 	id := host.NewID()
 	done := make(chan error, 1)
 	go func() {
 		_, err := testAgent.Create(ctxT(t), CreateRequest{ID: id})
 		done <- err
 	}()
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if _, err := testAgent.get(id); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the create never registered its sandbox")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, 30*time.Second, "the create registering its sandbox", func() bool {
+		_, err := testAgent.get(id)
+		return err == nil
+	})
 	if err := testAgent.Kill(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
@@ -472,27 +476,14 @@ func TestKillWinsOverACreate(t *testing.T) {
 	}
 }
 
-// alive reports whether process pid exists and is not a zombie.
-func alive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: comm may hold spaces and parentheses.
-	rest := b[bytes.LastIndexByte(b, ')')+1:]
-	f := strings.Fields(string(rest))
-	return len(f) > 0 && f[0] != "Z"
-}
-
 // TestDeleteSnapshotLeavesNoHalfSnapshot: deleting a snapshot renames its
 // directory away before removing it, so that a crash in the middle leaves
 // no half-deleted snapshot (its memory gone, its metadata listed: found
 // by panda chaos, an agent crash during a delete); recovery removes what
 // such a crash leaves.
 func TestDeleteSnapshotLeavesNoHalfSnapshot(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	dir, open := restartable(t)
 	a := open()
 	info, err := a.Create(ctxT(t), CreateRequest{})
@@ -543,6 +534,8 @@ func TestDeleteSnapshotLeavesNoHalfSnapshot(t *testing.T) {
 // PID file only (found by panda chaos). Recovery now kills every VMM that
 // serves one of its run directories and no sandbox it runs.
 func TestRecoverKillsAVMMWhoseStartWasInterrupted(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	_, open := restartable(t)
 	a := open()
 	info, err := a.Create(ctxT(t), CreateRequest{})
@@ -566,12 +559,8 @@ func TestRecoverKillsAVMMWhoseStartWasInterrupted(t *testing.T) {
 	if got := b.Recover(ctxT(t)); len(got) != 1 || got[0].Err == nil {
 		t.Fatalf("Recover = %+v, want %s not recovered (it was starting)", got, info.ID)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(info.PID) {
-		if time.Now().After(deadline) {
-			t.Fatalf("VMM %d of the interrupted create still runs after recovery", info.PID)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by the deadline
+	if !testkit.WaitGone(info.PID, 10*time.Second) {
+		t.Fatalf("VMM %d of the interrupted create still runs after recovery", info.PID)
 	}
 	if _, err := os.Stat(s.runDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("run directory of the interrupted create: %v, want it removed", err)
@@ -585,6 +574,8 @@ func TestRecoverKillsAVMMWhoseStartWasInterrupted(t *testing.T) {
 // seed 14 it 150, the server killed during a kill); recovery removes what
 // such a crash leaves.
 func TestKillLeavesNoHalfSandbox(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	dir, open := restartable(t)
 	a := open()
 	info, err := a.Create(ctxT(t), CreateRequest{})

@@ -11,12 +11,14 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestBakeNIC: bakes are isolated unless both Network and BakeNetwork are
 // set; then a bake's NIC is a TAP in a namespace of the Manager (in a
 // test-made host namespace), removed by release.
 func TestBakeNIC(t *testing.T) {
+	testkit.Root(t) // network namespaces
 	env := nettest.NewEnv(t)
 	prefix := "b" + strings.TrimPrefix(env.Prefix, "nt")
 	m, err := network.New(network.Config{Prefix: prefix, HostNetNS: env.Host.Path, PoolSize: -1,

@@ -19,6 +19,7 @@ import (
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // storeHost returns an opener of agents on a data directory of their own
@@ -130,12 +131,12 @@ func unreferenced(t *testing.T, cs *chunkstore.Store, m *chunkstore.Manifest) []
 // collection has removed the chunks only it referenced.
 func waitCollected(t *testing.T, cs *chunkstore.Store, objs objstore.Store, m *chunkstore.Manifest) {
 	t.Helper()
-	waitFor(t, func() string { return "manifest " + m.Name + " gone from the store" }, func() bool { return !hasManifest(cs, m.Name) })
+	testkit.WaitForf(t, time.Minute, func() string { return "manifest " + m.Name + " gone from the store" }, func() bool { return !hasManifest(cs, m.Name) })
 	only := unreferenced(t, cs, m)
 	if len(only) == 0 {
 		t.Errorf("%s had no chunk of its own: the test proves nothing about garbage collection", m.Name)
 	}
-	waitFor(t, func() string { return "garbage collection of the chunks of " + m.Name }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "garbage collection of the chunks of " + m.Name }, func() bool {
 		for _, h := range only {
 			if ok, err := objstore.Exists(context.Background(), objs, "chunks/"+h); err != nil || ok {
 				return false
@@ -153,6 +154,8 @@ func waitCollected(t *testing.T, cs *chunkstore.Store, objs objstore.Store, m *c
 // paused sandbox killed on A never deletes a later pause made on B; and a
 // paused sandbox whose host is gone is killed through another host.
 func TestSandboxesMoveBetweenHosts(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	openA, csA := storeHost(t, s3.Open("fleet"))
@@ -215,7 +218,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if in := infoOf(a, src.ID); in.State != StatePaused || (in.Stored != host.StoredUploading && in.Stored != host.StoredDurable) {
 		t.Errorf("just paused: %+v", in)
 	}
-	waitFor(t, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
 		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
 	pidA := pauseIDOf(t, a, src.ID)
 	rec, _ := a.pausedRecord(src.ID, pidA)
@@ -229,7 +232,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err := a.SetNetwork(ctxT(t), src.ID, policy); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() string { return "paused sandbox durable again: " + infoOf(a, src.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable again: " + infoOf(a, src.ID).Stored },
 		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
 	pausedSet, err := csA.Manifest(ctxT(t), "paused/"+src.ID)
 	if err != nil {
@@ -275,7 +278,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if _, err := b.Pause(ctxT(t), src.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() string { return "paused on B durable: " + infoOf(b, src.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "paused on B durable: " + infoOf(b, src.ID).Stored },
 		func() bool { return infoOf(b, src.ID).Stored == host.StoredDurable })
 	if in := infoOf(a, src.ID); in.State != StatePaused {
 		t.Fatalf("A's stale copy: %+v", in)
@@ -288,7 +291,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err := a.SetNetwork(ctxT(t), src.ID, netpolicy.Policy{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() string { return "A's upload of its stale copy given up: " + infoOf(a, src.ID).StoreError },
+	testkit.WaitForf(t, time.Minute, func() string { return "A's upload of its stale copy given up: " + infoOf(a, src.ID).StoreError },
 		func() bool {
 			return strings.Contains(infoOf(a, src.ID).StoreError, "resumed or killed on another host")
 		})
@@ -300,7 +303,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	if err := a.Kill(ctxT(t), src.ID); err != nil {
 		t.Fatalf("kill of A's stale copy: %v", err)
 	}
-	waitFor(t, func() string { return "A's tombstone of its capture gone" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "A's tombstone of its capture gone" }, func() bool {
 		_, ok := a.pausedRecord(src.ID, pidA)
 		return !ok
 	})
@@ -409,6 +412,8 @@ func (g *gatedStore) Put(ctx context.Context, key string, r io.Reader, size int6
 // and becomes durable once the store is back, across an agent restart; a
 // kill of a durable paused sandbox removes its capture from the store.
 func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	objs := s3.Open("fleet")
 	gated := &gatedStore{Store: objs, entered: make(chan struct{}, 1)}
@@ -440,7 +445,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	}
 	close(gate)
 	checkMemState(t, "resumed while its upload ran", a, sb.ID, sum, keeper, secret)
-	waitFor(t, func() string { return "no paused capture left in the store or its records" }, noPausedState)
+	testkit.WaitForf(t, time.Minute, func() string { return "no paused capture left in the store or its records" }, noPausedState)
 
 	// The store down: the pause works, says why it is not durable, and
 	// the sandbox resumes locally.
@@ -448,7 +453,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	if _, err := a.Pause(ctxT(t), sb.ID); err != nil {
 		t.Fatalf("pause with the store down: %v", err)
 	}
-	waitFor(t, func() string { return "an upload error on Info: " + infoOf(a, sb.ID).StoreError },
+	testkit.WaitForf(t, time.Minute, func() string { return "an upload error on Info: " + infoOf(a, sb.ID).StoreError },
 		func() bool { return infoOf(a, sb.ID).StoreError != "" })
 	if in := infoOf(a, sb.ID); in.Stored != host.StoredUploading || in.StoreError != "the object store is unavailable" {
 		t.Errorf("paused with the store down: stored %q, error %q", in.Stored, in.StoreError)
@@ -464,7 +469,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	if _, err := a.Pause(ctxT(t), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() string { return "an upload error on Info: " + infoOf(a, sb.ID).StoreError },
+	testkit.WaitForf(t, time.Minute, func() string { return "an upload error on Info: " + infoOf(a, sb.ID).StoreError },
 		func() bool { return infoOf(a, sb.ID).StoreError != "" })
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
@@ -473,7 +478,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	a = open()
 	a.Recover(ctxT(t))
 	t0 := time.Now()
-	waitFor(t, func() string { return "paused sandbox durable after a restart: " + infoOf(a, sb.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable after a restart: " + infoOf(a, sb.ID).Stored },
 		func() bool { return infoOf(a, sb.ID).Stored == host.StoredDurable })
 	rec, _ := a.pausedRecord(sb.ID, pauseIDOf(t, a, sb.ID))
 	t.Logf("paused %d MiB sandbox durable %v after the agent's restart: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
@@ -492,5 +497,5 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCollected(t, cs, objs, m)
-	waitFor(t, func() string { return "no paused capture left in the store or its records" }, noPausedState)
+	testkit.WaitForf(t, time.Minute, func() string { return "no paused capture left in the store or its records" }, noPausedState)
 }

@@ -14,22 +14,8 @@ import (
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
-
-// waitFor polls cond (every 50 ms) until it holds, failing the test with
-// what() after a minute.
-func waitFor(t *testing.T, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting: %s", what())
-		}
-		<-tick.C
-	}
-}
 
 // snapOn snapshots sandbox id on a and returns the snapshot's ID.
 func snapOn(t *testing.T, a *Agent, id string) SnapshotInfo {
@@ -49,7 +35,7 @@ func snapOn(t *testing.T, a *Agent, id string) SnapshotInfo {
 func durableSnapOn(t *testing.T, a *Agent, id string) SnapshotInfo {
 	t.Helper()
 	snap := snapOn(t, a, id)
-	waitFor(t, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "snapshot durable: " + stored(a, snap.ID).Stored },
 		func() bool { return stored(a, snap.ID).Stored == host.StoredDurable })
 	return snap
 }
@@ -80,6 +66,8 @@ func stored(a *Agent, id string) SnapshotInfo {
 // interrupted completes later; deleting a snapshot removes its manifest,
 // and garbage collection its chunks.
 func TestSnapshotsDurableInTheStore(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	objs := s3.Open("agent")
 	cs, err := chunkstore.New(objs, chunkstore.Config{})
@@ -98,7 +86,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	// Taken, uploaded, durable.
 	t0 := time.Now()
 	s1 := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "snapshot 1 durable: " + stored(a, s1.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "snapshot 1 durable: " + stored(a, s1.ID).Stored },
 		func() bool { return stored(a, s1.ID).Stored == host.StoredDurable })
 	rec, _ := a.storedRecord(s1.ID)
 	t.Logf("snapshot of a %d MiB tiny sandbox durable in %v: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
@@ -157,7 +145,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	// says why it is not durable.
 	shOn(t, a, src.ID, "echo second > /root/d.txt")
 	s2 := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "an upload error: " + stored(a, s2.ID).StoreError },
+	testkit.WaitForf(t, time.Minute, func() string { return "an upload error: " + stored(a, s2.ID).StoreError },
 		func() bool { return stored(a, s2.ID).StoreError != "" })
 	if si := stored(a, s2.ID); si.Stored != host.StoredUploading || si.StoreError != "the object store is unavailable" {
 		t.Errorf("snapshot taken with the store down: stored %q, error %q", si.Stored, si.StoreError)
@@ -173,7 +161,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	// The store comes back: the upload completes, and the lost snapshot
 	// can be restored again.
 	s3.Restart()
-	waitFor(t, func() string { return "snapshot 2 durable: " + stored(a, s2.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "snapshot 2 durable: " + stored(a, s2.ID).Stored },
 		func() bool { return stored(a, s2.ID).Stored == host.StoredDurable })
 	if si := stored(a, s2.ID); si.StoreError != "" {
 		t.Errorf("durable snapshot keeps the error %q", si.StoreError)
@@ -191,7 +179,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	// An upload an agent restart interrupts completes after the restart.
 	s3.Stop()
 	s3snap := snapOn(t, a, src.ID)
-	waitFor(t, func() string { return "an upload error: " + stored(a, s3snap.ID).StoreError },
+	testkit.WaitForf(t, time.Minute, func() string { return "an upload error: " + stored(a, s3snap.ID).StoreError },
 		func() bool { return stored(a, s3snap.ID).StoreError != "" })
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
@@ -199,7 +187,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	s3.Restart()
 	a = open()
 	a.Recover(ctxT(t))
-	waitFor(t, func() string { return "snapshot 3 durable after a restart: " + stored(a, s3snap.ID).Stored },
+	testkit.WaitForf(t, time.Minute, func() string { return "snapshot 3 durable after a restart: " + stored(a, s3snap.ID).Stored },
 		func() bool { return stored(a, s3snap.ID).Stored == host.StoredDurable })
 
 	// Deletes remove the manifests, then the chunks no manifest uses.
@@ -210,7 +198,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 		if _, err := a.GetSnapshot(id); !errors.Is(err, ErrNotFound) {
 			t.Errorf("deleted snapshot %s: %v, want ErrNotFound", id, err)
 		}
-		waitFor(t, func() string { return "manifest of " + id + " gone from the store" }, func() bool {
+		testkit.WaitForf(t, time.Minute, func() string { return "manifest of " + id + " gone from the store" }, func() bool {
 			_, err := cs.Manifest(context.Background(), "snapshots/"+id)
 			return errors.Is(err, objstore.ErrNotFound)
 		})
@@ -225,7 +213,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	keep := hashesOf(tmplSet)
-	waitFor(t, func() string { return "no chunks left in the store but the template's" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "no chunks left in the store but the template's" }, func() bool {
 		for in, err := range objs.List(context.Background(), "chunks/") {
 			if err != nil || !keep[strings.TrimPrefix(in.Key, "chunks/")] {
 				return false
@@ -246,6 +234,8 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 // then loses them although this host uploads nothing more: the put-off
 // collection is tried again.
 func TestGarbageCollectionPutOff(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	objs := s3.Open("gc")
 	open, cs := storeHost(t, objs)
@@ -257,7 +247,7 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 		defer a.upMu.Unlock()
 		return len(a.jobs) == 0
 	}
-	waitFor(t, func() string { return "this host's store jobs ended" }, idle)
+	testkit.WaitForf(t, time.Minute, func() string { return "this host's store jobs ended" }, idle)
 	m, err := cs.Manifest(ctxT(t), storeName(snap.ID))
 	if err != nil {
 		t.Fatal(err)
@@ -288,9 +278,9 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 	if err := a.DeleteSnapshot(snap.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() string { return "manifest gone from the store" }, func() bool { return !hasManifest(cs, m.Name) })
+	testkit.WaitForf(t, time.Minute, func() string { return "manifest gone from the store" }, func() bool { return !hasManifest(cs, m.Name) })
 	only := unreferenced(t, cs, m)
-	waitFor(t, func() string { return "a garbage collection put off" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "a garbage collection put off" }, func() bool {
 		a.upMu.Lock()
 		defer a.upMu.Unlock()
 		return a.storeErrs[gcKey] != ""
@@ -305,5 +295,5 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCollected(t, cs, objs, m)
-	waitFor(t, func() string { return "the collection's job ended" }, idle)
+	testkit.WaitForf(t, time.Minute, func() string { return "the collection's job ended" }, idle)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestTransientCapture: a transient capture (a cross-host fork's) is not
@@ -18,6 +19,8 @@ import (
 // is), restores on another host, and a restart of either host removes it,
 // from the store too, while the sandbox made from it runs on.
 func TestTransientCapture(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	openA, csA := storeHost(t, s3.Open("fleet"))
 	openB, _ := storeHost(t, s3.Open("fleet"))
@@ -78,8 +81,8 @@ func TestTransientCapture(t *testing.T) {
 			t.Errorf("%s after a restart: the capture's directory is still there (%v)", name, err)
 		}
 	}
-	waitFor(t, func() string { return "the capture's set gone from the store" }, func() bool { return !hasManifest(csA, storeName(id)) })
-	waitFor(t, func() string { return "the capture's store records gone" }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return "the capture's set gone from the store" }, func() bool { return !hasManifest(csA, storeName(id)) })
+	testkit.WaitForf(t, time.Minute, func() string { return "the capture's store records gone" }, func() bool {
 		_, errA := os.Stat(a.recordPath(id))
 		_, errB := os.Stat(b.recordPath(id))
 		return errors.Is(errA, os.ErrNotExist) && errors.Is(errB, os.ErrNotExist)

@@ -13,6 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestUserTemplateFromAnotherHost: a version of a user template one host
@@ -21,6 +22,8 @@ import (
 // image's defaults; a version the store lacks is not found; unpublishing
 // removes the set.
 func TestUserTemplateFromAnotherHost(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	objs := s3.Open("usertemplates")
 	openA, cs := storeHost(t, objs)
@@ -33,7 +36,7 @@ func TestUserTemplateFromAnotherHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := exec.Command("cp", "--reflink=auto", "--sparse=always", filepath.Join(testImages(), "rootfs-tiny.ext4"), filepath.Join(dir, diskFile))
+	cp := exec.Command("cp", "--reflink=auto", "--sparse=always", filepath.Join(testkit.Images(), "rootfs-tiny.ext4"), filepath.Join(dir, diskFile))
 	if out, err := cp.CombinedOutput(); err != nil {
 		t.Fatalf("copy tiny's root filesystem: %v: %s", err, out)
 	}

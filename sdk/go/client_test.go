@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"go/parser"
 	"go/token"
 	"io"
@@ -21,6 +20,8 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 )
 
 // testClient returns a client for a test double of the HTTP layer.
@@ -518,7 +519,7 @@ func TestWriteFileStreams(t *testing.T) {
 
 	// Unknown length: chunked.
 	h := sha256.New()
-	fi, err := sb.WriteFile(ctx, "/f", io.TeeReader(guestproto.PatternReader(1, size), h), 0o600)
+	fi, err := sb.WriteFile(ctx, "/f", io.TeeReader(guestprototest.PatternReader(1, size), h), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"io"
 	"net/http"
 	"os"
@@ -28,7 +27,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -37,6 +38,8 @@ func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
 // testServer returns the shared server, starting it on first use.
 func testServer(t *testing.T) *pandatest.Server {
 	t.Helper()
+	testkit.VM(t)
+	testkit.Root(t) // panda up loop-mounts an XFS image
 	s, err := pandatest.Shared()
 	if err != nil {
 		t.Fatalf("cannot start the server: %v", err)
@@ -179,16 +182,14 @@ func TestIntegrationCreateExec(t *testing.T) {
 		})
 	}
 	t.Run("timeout", func(t *testing.T) {
-		start := time.Now()
+		// The server's verdict, not a stopwatch: timed out, killed by a
+		// signal.
 		res, err := sb.Exec(ctx, pandastack.Command{Cmd: "sleep 30", Timeout: 1 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !res.TimedOut || res.ExitCode == 0 || res.Signal == "" {
 			t.Errorf("got %+v, want timed_out, a signal and a non-zero exit code", res)
-		}
-		if d := time.Since(start); d > 20*time.Second {
-			t.Errorf("took %v, want about 1 s", d)
 		}
 	})
 	t.Run("killed by signal", func(t *testing.T) {
@@ -307,7 +308,7 @@ func TestIntegrationFiles(t *testing.T) {
 	t.Run("20 MiB round trip", func(t *testing.T) {
 		const size = 20 << 20
 		up := sha256.New()
-		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(guestproto.PatternReader(1, size), up), 0o600)
+		fi, err := sb.WriteFile(ctx, "/work/big/blob.bin", io.TeeReader(guestprototest.PatternReader(1, size), up), 0o600)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -133,7 +133,7 @@ func fuzzClientOp(t *testing.T, ctx context.Context, c *guestproto.Client, op by
 	case fuzzExec:
 		_, _ = c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"x"}}, nil, io.Discard, io.Discard)
 	case fuzzWrite:
-		_, _ = c.WriteFile(ctx, "/x", guestproto.PatternReader(1, 300<<10), 0o644)
+		_, _ = c.WriteFile(ctx, "/x", guestprototest.PatternReader(1, 300<<10), 0o644)
 	case fuzzBarrier:
 		if c.Barrier(ctx) == nil {
 			_ = c.Resume(ctx)

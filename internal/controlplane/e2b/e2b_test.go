@@ -1,7 +1,10 @@
 package e2b
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -12,13 +15,27 @@ import (
 )
 
 func TestAccessToken(t *testing.T) {
-	s, err := New(nil, []byte("0123456789abcdef"), "", nil)
+	secret := []byte("0123456789abcdef")
+	s, err := New(nil, secret, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, b := s.AccessToken("sbx1"), s.AccessToken("sbx2")
 	if a == b || len(a) != 64 {
 		t.Fatalf("tokens %q and %q: want distinct 64-hex-digit tokens", a, b)
+	}
+	// The token is HMAC-SHA256 of the sandbox id under the server's
+	// secret, computed here apart from the code under test: SDKs hold
+	// tokens across server restarts, so the derivation may not drift.
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("e2b envd access token\x00sbx1"))
+	if want := hex.EncodeToString(m.Sum(nil)); a != want {
+		t.Errorf("AccessToken(sbx1) = %s, want %s", a, want)
+	}
+	// Another secret, another token: a server's tokens are its own.
+	other, err := New(nil, []byte("fedcba9876543210"), "", nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		id, token string
@@ -27,7 +44,10 @@ func TestAccessToken(t *testing.T) {
 		{"sbx1", a, true},
 		{"sbx2", a, false},
 		{"sbx1", "", false},
-		{"", s.AccessToken(""), true},
+		{"", "", false},
+		{"sbx1", other.AccessToken("sbx1"), false},
+		{"sbx1", strings.ToUpper(a), false},
+		{"sbx1", a[:63], false},
 	} {
 		if got := s.validToken(tc.id, tc.token); got != tc.want {
 			t.Errorf("validToken(%q, %q) = %v, want %v", tc.id, tc.token, got, tc.want)

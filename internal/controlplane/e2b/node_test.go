@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
@@ -56,9 +57,8 @@ func TestNodeSDKSplit(t *testing.T) {
 // nodeSuite checks for node and npm and returns the suite's directory,
 // its dependencies installed.
 func nodeSuite(t *testing.T) string {
-	if testing.Short() {
-		t.Skip("slow: boots sandboxes (QEMU)")
-	}
+	testkit.VM(t)
+	testkit.Root(t) // panda up loop-mounts an XFS image
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is not installed: run `make setup` (it installs nodejs and npm)", tool)

@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // buildHost is a host's template builds: a real Manager on a real
@@ -223,7 +224,7 @@ func TestTemplatesRegistry(t *testing.T) {
 		t.Errorf("Remove of a template being built: %v, want tmplbuild.ErrConflict", err)
 	}
 	release(h1)
-	waitFor(t, "the watcher records quiet:1", func() bool { _, err := ts.UserTemplate(ctx, "quiet:1"); return err == nil }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "the watcher records quiet:1", func() bool { _, err := ts.UserTemplate(ctx, "quiet:1"); return err == nil })
 	if got, err := ts.Get(ctx, st.ID); err != nil || got.State != builds.StateSucceeded || got.HostID != "h1" {
 		t.Errorf("Get(%s) = %+v, %v; want succeeded on h1", st.ID, got, err)
 	}
@@ -247,7 +248,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	if err := after.Watch(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the next control plane records left:1", func() bool { _, err := after.UserTemplate(ctx, "left:1"); return err == nil }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "the next control plane records left:1", func() bool { _, err := after.UserTemplate(ctx, "left:1"); return err == nil })
 
 	// A build whose host is away meanwhile (lost): recorded once it is
 	// back; deletes wait for it.
@@ -258,7 +259,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	}
 	h2away.Store(true)
 	release(h2)
-	waitFor(t, "patient's build done on h2", func() bool { st, err := h2.m.Get(ctx, pst.ID); return err == nil && st.Done() }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "patient's build done on h2", func() bool { st, err := h2.m.Get(ctx, pst.ID); return err == nil && st.Done() })
 	if _, err := ts2.UserTemplate(ctx, "patient"); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("UserTemplate(patient) while its host is away: %v, want not recorded yet", err)
 	}
@@ -275,7 +276,7 @@ func TestTemplatesRegistry(t *testing.T) {
 		t.Errorf("builds listed while h2 is away: %+v, want patient's build running on h2", list)
 	}
 	h2away.Store(false)
-	waitFor(t, "patient recorded once h2 is back", func() bool { _, err := ts2.UserTemplate(ctx, "patient"); return err == nil }, 40*time.Second)
+	testkit.WaitFor(t, 40*time.Second, "patient recorded once h2 is back", func() bool { _, err := ts2.UserTemplate(ctx, "patient"); return err == nil })
 
 	// A build whose host is forgotten: dropped.
 	h2.release = make(chan struct{})
@@ -289,7 +290,7 @@ func TestTemplatesRegistry(t *testing.T) {
 	if err := after.Watch(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the build of the gone host dropped", func() bool { _, err := cat.GetTemplate(ctx, "orphan"); return errors.Is(err, catalog.ErrNotFound) }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "the build of the gone host dropped", func() bool { _, err := cat.GetTemplate(ctx, "orphan"); return errors.Is(err, catalog.ErrNotFound) })
 	release(h2)
 }
 
@@ -335,7 +336,7 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	if _, err := ts.Start(ctx, builds.Spec{Name: "app", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
 	}
-	waitFor(t, "the started build recorded", func() bool { _, err := ts.UserTemplate(ctx, "app:1"); return err == nil }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "the started build recorded", func() bool { _, err := ts.UserTemplate(ctx, "app:1"); return err == nil })
 
 	ts2 := fleet.NewTemplates(r, "h2")
 	ids, of = fixed(map[string]builds.Builder{"h2": lostAnswer{h2.m, false}})
@@ -344,10 +345,10 @@ func TestTemplatesLostAnswer(t *testing.T) {
 	if _, err := ts2.Start(ctx, builds.Spec{Name: "never", FromImage: "alpine:1", Owner: "key_a"}); err == nil {
 		t.Fatal("Start whose answer was lost succeeded")
 	}
-	waitFor(t, "the build the host never started dropped", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the build the host never started dropped", func() bool {
 		_, err := cat.GetTemplate(ctx, "never")
 		return errors.Is(err, catalog.ErrNotFound)
-	}, 10*time.Second)
+	})
 
 	// Refused by the host (a name its images take, say): nothing kept.
 	ts3 := fleet.NewTemplates(r, "h2")

@@ -20,6 +20,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/testing/hosttest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // The registry's logic over a real catalog, with a clock of the test's;
@@ -154,9 +155,9 @@ func TestLostAndBack(t *testing.T) {
 	go func() { defer close(done); r.Run(runCtx) }()
 	defer func() { stop(); <-done }()
 	c.add(9 * time.Second)
-	waitFor(t, "a host within its heartbeat window stays", func() bool { return !lost() }, 2*time.Second)
+	testkit.WaitFor(t, 2*time.Second, "a host within its heartbeat window stays", func() bool { return !lost() })
 	c.add(2 * time.Second)
-	waitFor(t, "a silent host is lost", lost, 5*time.Second)
+	testkit.WaitFor(t, 5*time.Second, "a silent host is lost", lost)
 	if h, _ := cat.GetHost(ctx, "h1"); h.State != catalog.HostLost {
 		t.Errorf("catalog: %s, want lost", h.State)
 	}
@@ -252,18 +253,6 @@ func TestRestartLoadsHosts(t *testing.T) {
 	}
 	if err := r2.Heartbeat(ctx, "h1", "agent-1", host.Load{}); err != nil {
 		t.Errorf("heartbeat to the restarted registry: %v", err)
-	}
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, what string, cond func() bool, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

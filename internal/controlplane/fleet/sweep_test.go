@@ -11,6 +11,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // storeSets stands for a host's view of the object store's user template
@@ -101,12 +102,12 @@ func TestSweepStore(t *testing.T) {
 	fleet.SetSweeper(ts, store)
 	store.listErr = errors.New("store down")
 	ts.HostConnected(ctx, "h1")
-	waitFor(t, "a sweep at the first connection", func() bool { return store.count() == 2 }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "a sweep at the first connection", func() bool { return store.count() == 2 })
 	store.mu.Lock()
 	store.listErr = nil
 	store.mu.Unlock()
 	ts.HostConnected(ctx, "h1") // the failed one is tried again
-	waitFor(t, "a sweep after the failed one", func() bool { return store.count() == 3 }, 10*time.Second)
+	testkit.WaitFor(t, 10*time.Second, "a sweep after the failed one", func() bool { return store.count() == 3 })
 	ts.Close() // waits for the sweep
 	ts.HostConnected(ctx, "h1")
 	ts.Close()

@@ -50,7 +50,11 @@ func endless(spec string) (io.ReadCloser, string) {
 	mw := multipart.NewWriter(pw)
 	stop := make(chan struct{})
 	go func() {
-		p, _ := mw.CreateFormField("spec")
+		p, err := mw.CreateFormField("spec")
+		if err != nil { // the request ended before its first part
+			pw.CloseWithError(err)
+			return
+		}
 		io.WriteString(p, spec)
 		c, err := mw.CreateFormFile("context", "context.tar")
 		if err != nil {

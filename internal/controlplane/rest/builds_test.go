@@ -28,6 +28,7 @@ import (
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -604,12 +605,10 @@ func TestTemplateBuildsAfterRestart(t *testing.T) {
 		t.Fatalf("start: %d %v", resp.StatusCode, out)
 	}
 	hungID := out["build_id"].(string)
-	for {
-		if _, st := b.do(t, b.user, "GET", "/v1/templates/builds/"+hungID, ""); st["status"] == "running" {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 30*time.Second, "the hanging build running", func() bool {
+		_, st := b.do(t, b.user, "GET", "/v1/templates/builds/"+hungID, "")
+		return st["status"] == "running"
+	})
 	// As if the server died mid-build: its record still says running.
 	rec := filepath.Join(b.dir, "builds", hungID+".json")
 	running, err := os.ReadFile(rec)

@@ -29,6 +29,7 @@ func eventsStatus(t *testing.T, key string) int {
 // one more is 429, another key's still opens, and a closed one frees its
 // place (issue 31, finding 12).
 func TestEventStreamsPerKey(t *testing.T) {
+	world(t)
 	hog, other := newKey(t, "events-hog", nil), newKey(t, "events-other", nil)
 	var open []*eventStream
 	for range rest.DefaultMaxEventStreamsPerKey {

@@ -153,6 +153,7 @@ func (s *eventStream) expectEvents(what string, want ...string) []eventLine {
 // A key's stream carries its own sandboxes' and snapshots' changes, in
 // order, numbered; another key's carries none of them.
 func TestEventStream(t *testing.T) {
+	world(t)
 	keyA, keyB := newKey(t, "events-a", nil), newKey(t, "events-b", nil)
 	a := openEvents(t, e.url, keyA)
 	b := openEvents(t, e.url, keyB)
@@ -202,6 +203,7 @@ func TestEventStream(t *testing.T) {
 // A revoked key's streams end; a client that goes away leaves no
 // subscriber behind.
 func TestEventStreamEnds(t *testing.T) {
+	world(t)
 	secret, id := newKeyWithID(t, "events-revoked", nil, false)
 	s := openEvents(t, e.url, secret)
 	gone := openEvents(t, e.url, secret)
@@ -242,6 +244,7 @@ func TestEventStreamShutdown(t *testing.T) {
 // The command history: exec, streamed exec and background processes,
 // with their exit codes; never stdin or env values; only the owner's.
 func TestCommandHistoryAPI(t *testing.T) {
+	world(t)
 	key := newKey(t, "history", nil)
 	sb := create(t, key, nil)
 	run(t, key, sb.ID, map[string]any{"cmd": "echo hi"})

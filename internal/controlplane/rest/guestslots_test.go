@@ -13,6 +13,7 @@ import (
 // while its body never ends, and the owner's requests go through
 // (issue 31, finding 9).
 func TestGuestSlotsNeedOwnership(t *testing.T) {
+	world(t)
 	alice := newKey(t, "slots-owner", nil)
 	bob := newKey(t, "slots-other", nil)
 	sb := create(t, alice, nil)

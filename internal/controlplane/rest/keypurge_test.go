@@ -2,10 +2,12 @@ package rest_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // Revoking a key cancels its builds, queued and running, and says why;
@@ -74,15 +76,10 @@ func TestRevokeAndPurgeKeyBuilds(t *testing.T) {
 // at most 30 s, and returns it.
 func endedBuild(t *testing.T, b *buildServer, id string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, st := b.do(t, b.admin, "GET", "/v1/templates/builds/"+id, "")
-		if st["status"] == "succeeded" || st["status"] == "failed" {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("build %s is still %v after 30 s", id, st["status"])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var st map[string]any
+	testkit.WaitForf(t, 30*time.Second, func() string { return fmt.Sprintf("build %s ended (it is %v)", id, st["status"]) }, func() bool {
+		_, st = b.do(t, b.admin, "GET", "/v1/templates/builds/"+id, "")
+		return st["status"] == "succeeded" || st["status"] == "failed"
+	})
+	return st
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -42,7 +43,7 @@ func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *hosta
 		t.Fatal(err)
 	}
 	ag, err = hostagent.Open(ctx, hostagent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
+		DataDir: dir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256, Store: cs, StoreRetry: 100 * time.Millisecond, Logger: log,
 	})
 	if err != nil {
@@ -96,6 +97,8 @@ type snapshotState struct {
 // 503 unavailable and a new snapshot shows the upload error, until the
 // store is back; a delete removes the snapshot from the store.
 func TestSnapshotStoreAPI(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	s3 := s3test.Start(t)
 	cs, err := chunkstore.New(s3.Open("api"), chunkstore.Config{})
 	if err != nil {
@@ -113,7 +116,7 @@ func TestSnapshotStoreAPI(t *testing.T) {
 	waitStored := func(id, want string) {
 		t.Helper()
 		var s snapshotState
-		pollFor(t, func() string {
+		testkit.WaitForf(t, time.Minute, func() string {
 			return "snapshot " + id + " stored " + want + ": it is " + s.Stored + " (" + s.StoreError + ")"
 		},
 			func() bool { s = get(id); return s.Stored == want })
@@ -186,7 +189,7 @@ func TestSnapshotStoreAPI(t *testing.T) {
 	expect(t, r, 201, "")
 	var s2 snapshotState
 	r.json(t, &s2)
-	pollFor(t, func() string { return "an upload error on the snapshot taken with the store down" },
+	testkit.WaitForf(t, time.Minute, func() string { return "an upload error on the snapshot taken with the store down" },
 		func() bool { return get(s2.ID).StoreError != "" })
 	if s := get(s2.ID); s.Stored != "uploading" {
 		t.Errorf("snapshot taken with the store down: %+v", s)
@@ -201,7 +204,7 @@ func TestSnapshotStoreAPI(t *testing.T) {
 		expect(t, req("GET", "/v1/snapshots/"+id, nil), 404, "not_found")
 	}
 	var names []string
-	pollFor(t, func() string { return fmt.Sprintf("no snapshot manifests left in the store, have %v", names) }, func() bool {
+	testkit.WaitForf(t, time.Minute, func() string { return fmt.Sprintf("no snapshot manifests left in the store, have %v", names) }, func() bool {
 		all, err := cs.Names(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -210,19 +213,4 @@ func TestSnapshotStoreAPI(t *testing.T) {
 		names = slices.DeleteFunc(all, func(n string) bool { return strings.HasPrefix(n, "templates/") })
 		return len(names) == 0
 	})
-}
-
-// pollFor checks cond every 50 ms until it holds, failing the test with
-// what() after a minute.
-func pollFor(t *testing.T, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what())
-		}
-		<-tick.C
-	}
 }

@@ -14,13 +14,14 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // tinyWithVersionFile is a tmplbuild.Convert: src's root filesystem is the
 // tiny one with src written to /panda-version.
 func tinyWithVersionFile(ctx context.Context, src, out string, progress func(string)) (builds.Result, error) {
 	progress("copying the tiny root filesystem")
-	cp := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", filepath.Join(testImages(), "rootfs-tiny.ext4"), out)
+	cp := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", filepath.Join(testkit.Images(), "rootfs-tiny.ext4"), out)
 	if b, err := cp.CombinedOutput(); err != nil {
 		return builds.Result{}, fmt.Errorf("cp: %v: %s", err, b)
 	}
@@ -59,6 +60,7 @@ func buildTemplate(t *testing.T, key, name, src string) map[string]any {
 // key cannot use the template until an admin publishes it; deleting is
 // refused while sandboxes of it live.
 func TestTemplateVersionsVM(t *testing.T) {
+	world(t)
 	if os.Getenv("PANDA_TEST_HOST") == "remote" {
 		t.Skip("template builds run beside a local host only")
 	}

@@ -25,6 +25,7 @@ import (
 // tested where it lives, and end to end in cmd/panda's
 // TestSplitTemplateBuild.)
 func TestBuilds(t *testing.T) {
+	world(t)
 	ctx := context.Background()
 	gotContext := make(chan string, 1)
 	m, err := build.New(build.Config{

@@ -122,6 +122,7 @@ func hosts() map[string]host.GuestDialer {
 }
 
 func TestDialGuest(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	// Answers once the client has finished sending (a half-close).
 	tcpServer(t, sb.ID, 7000, func(c net.Conn) {
@@ -179,6 +180,7 @@ func TestDialGuest(t *testing.T) {
 }
 
 func TestDialGuestErrors(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	for name, h := range hosts() {
 		t.Run(name, func(t *testing.T) {
@@ -249,6 +251,7 @@ func TestDialGuestErrors(t *testing.T) {
 // TestDialEndsAtClose: a host API server's Close ends the dials it
 // carries, and it takes no more.
 func TestDialEndsAtClose(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	tcpServer(t, sb.ID, 7001, func(c net.Conn) { io.Copy(c, c) })
 	srv := hostapi.NewServer(ag, testToken, nil)

@@ -40,6 +40,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,13 +82,6 @@ func waitExit(t *testing.T, id string) error {
 	}
 }
 
-func testImages() string {
-	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
-		return d
-	}
-	return "/var/lib/pandastack/images"
-}
-
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 // panicWatch passes the HTTP server's log on to stderr and notes a panic.
@@ -100,68 +94,90 @@ func (p *panicWatch) Write(b []byte) (int, error) {
 	return os.Stderr.Write(b)
 }
 
-func runMain(m *testing.M) (code int) {
+// The shared world (the agent, its server, the client following its
+// events) is made by world on first use; teardown undoes it after the
+// tests, in reverse order.
+var (
+	setupOnce sync.Once
+	setupErr  error
+	teardown  []func()
+	watch     panicWatch // the HTTP server's own log
+)
+
+// runMain runs the tests, then tears down the shared world if a test made
+// it. A handler panic (net/http recovers it) fails the run.
+func runMain(m *testing.M) int {
+	code := m.Run()
+	for i := len(teardown) - 1; i >= 0; i-- {
+		teardown[i]()
+	}
+	if watch.seen.Load() {
+		fmt.Fprintln(os.Stderr, "FAIL: the HTTP server logged a panic (above)")
+		code = 1
+	}
+	return code
+}
+
+// world gates a test on guest VMs and root and makes the shared world on
+// first use.
+func world(t *testing.T) {
+	t.Helper()
+	testkit.VM(t)
+	testkit.Root(t)
+	setupOnce.Do(func() { setupErr = setup() })
+	if setupErr != nil {
+		t.Fatalf("set up the host agent and its server: %v", setupErr)
+	}
+}
+
+// setup opens the shared agent (QEMU under TCG, the tiny template baked),
+// serves it with TLS and connects a client that follows its events.
+func setup() error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "ph") // short: unix socket paths under it
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	defer os.RemoveAll(dir)
+	teardown = append(teardown, func() { os.RemoveAll(dir) })
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	drv, err := qemu.New(qemu.Config{Logger: log})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "qemu driver:", err)
-		return 1
+		return fmt.Errorf("qemu driver: %w", err)
 	}
 	ag, err = hostagent.Open(ctx, hostagent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
+		DataDir: dir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		OnExit: func(id string, err error) { hsrv.SandboxExited(id, err) },
 		Dial:   guestDial, // dial_test.go
 		Logger: log,
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "open host agent:", err)
-		return 1
+		return fmt.Errorf("open host agent: %w", err)
 	}
-	defer ag.Close() // kills what a failed test left running, unmounts the store
+	teardown = append(teardown, func() { ag.Close() }) // kills what a failed test left running, unmounts the store
 	local = hostagent.Local(ag)
 	hsrv = hostapi.NewServer(ag, testToken, log)
-	// The HTTP server's own log: a handler panic (net/http recovers it)
-	// fails the run.
-	var watch panicWatch
 	if creds, err = hostapi.LoadOrCreateTLS(dir, []string{"127.0.0.1"}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
 	if tlsCfg, err = hostclient.ClientTLS(creds.CAFile); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
 	hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	hs = httptest.NewUnstartedServer(hsrv)
 	hs.Config.ErrorLog = stdlog.New(&watch, "http server: ", 0)
 	hs.TLS = serverTLS(creds)
 	hs.StartTLS()
-	defer hs.Close()
-	defer func() {
-		if watch.seen.Load() {
-			fmt.Fprintln(os.Stderr, "FAIL: the HTTP server logged a panic (above)")
-			code = 1
-		}
-	}()
-	defer hsrv.Close() // before hs.Close: event streams end
+	teardown = append(teardown, hs.Close)
+	teardown = append(teardown, func() { hsrv.Close() }) // before hs.Close: event streams end
 	if _, err := ag.Templates().Get(ctx, ag.TemplateParams("tiny", 256, 1), nil); err != nil {
-		fmt.Fprintln(os.Stderr, "bake:", err)
-		return 1
+		return fmt.Errorf("bake: %w", err)
 	}
 	client, err = hostclient.Dial(hs.URL, testToken, hostclient.WithLogger(log), hostclient.WithTLS(tlsCfg))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dial:", err)
-		return 1
+		return fmt.Errorf("dial: %w", err)
 	}
-	defer client.Close()
+	teardown = append(teardown, func() { client.Close() })
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan struct{})
 	go func() {
@@ -171,12 +187,11 @@ func runMain(m *testing.M) (code int) {
 			Exited:    func(id string, err error) { exits <- exit{id, err} },
 		})
 	}()
-	defer func() { stopWatch(); <-watchDone }()
-	if !waitFor(30*time.Second, func() bool { return connects.Load() > 0 }) {
-		fmt.Fprintln(os.Stderr, "the event stream never connected")
-		return 1
+	teardown = append(teardown, func() { stopWatch(); <-watchDone })
+	if !testkit.Poll(30*time.Second, func() bool { return connects.Load() > 0 }) {
+		return errors.New("the event stream never connected")
 	}
-	return m.Run()
+	return nil
 }
 
 // serverTLS is creds' configuration for httptest, which serves a
@@ -189,18 +204,6 @@ func serverTLS(creds *hostapi.AgentTLS) *tls.Config {
 	}
 	cfg.Certificates = []tls.Certificate{*c}
 	return cfg
-}
-
-// waitFor polls cond every 10 ms until it holds or timeout passes.
-func waitFor(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -262,6 +265,7 @@ func mustRun(t *testing.T, h host.Host, id, cmd string) string {
 }
 
 func TestLifecycle(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	info := create(t, client)
 	if info.State != lifecycle.Running || info.PID == 0 {
@@ -321,6 +325,7 @@ func containsID(list []host.Info, id string) bool {
 }
 
 func TestExec(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	t.Run("output and exit code", func(t *testing.T) {
 		r := run(t, client, sb.ID, "echo out; echo err >&2; exit 3", nil)
@@ -403,7 +408,7 @@ func TestExec(t *testing.T) {
 		go io.Copy(io.Discard, p.Stdout())
 		go io.Copy(io.Discard, p.Stderr())
 		var pid string
-		if !waitFor(30*time.Second, func() bool {
+		if !testkit.Poll(30*time.Second, func() bool {
 			pid = strings.TrimSpace(run(t, local, sb.ID, "cat /tmp/sleeper.pid 2>/dev/null", nil).stdout)
 			return pid != ""
 		}) {
@@ -413,7 +418,7 @@ func TestExec(t *testing.T) {
 		if _, err := p.Wait(); err == nil {
 			t.Errorf("wait after cancel: got no error")
 		}
-		if !waitFor(30*time.Second, func() bool {
+		if !testkit.Poll(30*time.Second, func() bool {
 			return run(t, local, sb.ID, "kill -0 "+pid, nil).res.ExitCode != 0
 		}) {
 			t.Errorf("process %s still runs 30 s after its exec was cancelled", pid)
@@ -422,6 +427,7 @@ func TestExec(t *testing.T) {
 }
 
 func TestFiles(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	sb := create(t, client)
 	g, _ := client.Guest(ctxT(t), sb.ID)
@@ -501,6 +507,7 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // through the client: the errors must have the same text and the same
 // classes (what internal/controlplane/rest's classify looks at).
 func TestErrorsMatchLocal(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	paused := create(t, client)
 	if _, err := client.Pause(ctxT(t), paused.ID); err != nil {
@@ -628,6 +635,7 @@ func TestErrorsMatchLocal(t *testing.T) {
 }
 
 func TestForkSnapshotPauseResume(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	parent := create(t, client)
 	mustRun(t, client, parent.ID, "echo from-parent > /root/mark")
@@ -705,6 +713,7 @@ func TestForkSnapshotPauseResume(t *testing.T) {
 }
 
 func TestTemplates(t *testing.T) {
+	world(t)
 	lt, err := ag.Templates().List()
 	if err != nil {
 		t.Fatal(err)
@@ -749,6 +758,7 @@ func TestTemplates(t *testing.T) {
 // TestVMMExit: a VMM killed behind the agent's back reaches the client's
 // Watcher as an exit of that sandbox.
 func TestVMMExit(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	if err := unix.Kill(sb.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -764,9 +774,10 @@ func TestVMMExit(t *testing.T) {
 // TestWatchReconnects: when the stream breaks the client reconnects and
 // calls Connected again.
 func TestWatchReconnects(t *testing.T) {
+	world(t)
 	before := connects.Load()
 	hs.CloseClientConnections()
-	if !waitFor(30*time.Second, func() bool { return connects.Load() > before }) {
+	if !testkit.Poll(30*time.Second, func() bool { return connects.Load() > before }) {
 		t.Fatalf("Connected not called again within 30 s of the stream breaking")
 	}
 	// Events flow on the new stream.
@@ -776,6 +787,7 @@ func TestWatchReconnects(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
+	world(t)
 	if _, err := hostclient.Dial(hs.URL, "wrong-token", hostclient.WithTLS(tlsCfg)); !errors.Is(err, hostwire.ErrUnauthorized) {
 		t.Errorf("dial with a wrong token: got %v, want hostwire.ErrUnauthorized", err)
 	}
@@ -836,11 +848,28 @@ func TestAuth(t *testing.T) {
 // order.
 func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *hostclient.Client) {
 	t.Helper()
+	s2, c2, _ := secondServerNoting(t, set, "")
+	return s2, c2
+}
+
+// secondServerNoting is secondServer whose requests are noted: the
+// channel it returns is closed when a request whose path ends in suffix
+// reaches the server. A test waits on it for a request to be in flight on
+// the server instead of sleeping.
+func secondServerNoting(t *testing.T, set func(*hostapi.Server), suffix string) (*hostapi.Server, *hostclient.Client, <-chan struct{}) {
+	t.Helper()
 	s2 := hostapi.NewServer(ag, testToken, nil)
 	if set != nil {
 		set(s2)
 	}
-	hs2 := httptest.NewServer(s2)
+	arrived := make(chan struct{})
+	var once sync.Once
+	hs2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if suffix != "" && strings.HasSuffix(r.URL.Path, suffix) {
+			once.Do(func() { close(arrived) })
+		}
+		s2.ServeHTTP(w, r)
+	}))
 	t.Cleanup(hs2.Close)
 	t.Cleanup(func() { s2.Close() })
 	c2, err := hostclient.Dial(hs2.URL, testToken)
@@ -848,12 +877,24 @@ func secondServer(t *testing.T, set func(*hostapi.Server)) (*hostapi.Server, *ho
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c2.Close() })
-	return s2, c2
+	return s2, c2, arrived
+}
+
+// inFlight waits until arrived (of secondServerNoting) is closed: the
+// request is on the server.
+func inFlight(t *testing.T, arrived <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s never reached the server", what)
+	}
 }
 
 // TestShutdown: a server that shuts down refuses new requests, still
 // sends exit events until Close, and then ends its streams.
 func TestShutdown(t *testing.T) {
+	world(t)
 	s2 := hostapi.NewServer(ag, testToken, nil)
 	hs2 := httptest.NewServer(s2)
 	defer hs2.Close()
@@ -937,6 +978,7 @@ func TestToken(t *testing.T) {
 // TestDownloadCutShort: a download whose guest dies midway ends with an
 // error, never with a short file and EOF.
 func TestDownloadCutShort(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	sb := create(t, client)
 	mustRun(t, client, sb.ID, "head -c 16777216 /dev/zero > /tmp/big")
@@ -962,6 +1004,7 @@ func TestDownloadCutShort(t *testing.T) {
 // control plane to follow its events, and every exit it reports before
 // Close reaches that control plane, however many are queued.
 func TestShutdownDeliversQueuedExits(t *testing.T) {
+	world(t)
 	const n = 200
 	s2, got := shutdownExits(t, n, nil)
 	for i := range n {
@@ -976,6 +1019,7 @@ func TestShutdownDeliversQueuedExits(t *testing.T) {
 // exits already on that stream — the host_shutdown exits of the
 // sandboxes the agent stops — before it drops the stream.
 func TestReconcileRefusedKeepsExits(t *testing.T) {
+	world(t)
 	const n = 20
 	refuse := make(chan struct{})
 	first := true

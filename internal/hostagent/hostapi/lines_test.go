@@ -44,6 +44,7 @@ func tryExec(t *testing.T, h host.Host, id string, req guestproto.ExecRequest) (
 // success or the guest's own error; beyond MaxLine it is refused, by the
 // client before sending and by the server.
 func TestLongExecRequest(t *testing.T) {
+	world(t)
 	sb := create(t, client)
 	for _, tc := range []struct {
 		name string

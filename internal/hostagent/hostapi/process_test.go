@@ -48,6 +48,7 @@ func readAttach(t *testing.T, a *guestproto.Attachment) (stdout, stderr string, 
 }
 
 func TestProcesses(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	sb := create(t, client)
 	pg := processGuest(t, client, sb.ID)
@@ -127,15 +128,18 @@ func TestProcesses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The wait goes through a server that notes its arrival: the
+		// signal comes while the wait is in flight.
+		_, cw, waiting := secondServerNoting(t, nil, "/wait")
 		done := make(chan error, 1)
 		go func() {
-			w, err := pg.WaitProcess(ctx, p.PID)
+			w, err := processGuest(t, cw, sb.ID).WaitProcess(ctx, p.PID)
 			if err == nil && (w.Exit == nil || w.Exit.Signal == "") {
 				err = errors.New("exited without a signal")
 			}
 			done <- err
 		}()
-		time.Sleep(200 * time.Millisecond) // the wait is in flight
+		inFlight(t, waiting, "the wait")
 		if err := pg.SignalProcess(ctx, p.PID, "TERM"); err != nil {
 			t.Fatalf("signal: %v", err)
 		}
@@ -201,6 +205,7 @@ type dirWatcher interface {
 }
 
 func TestWatchDir(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	sb := create(t, client)
 	g, _ := client.Guest(ctxT(t), sb.ID)
@@ -254,6 +259,7 @@ func TestWatchDir(t *testing.T) {
 
 // TestProcessRoutesAuth: every process and watch route wants the token.
 func TestProcessRoutesAuth(t *testing.T) {
+	world(t)
 	for _, r := range []struct{ method, path string }{
 		{"POST", "/sandboxes/x/processes"}, {"GET", "/sandboxes/x/processes"},
 		{"DELETE", "/sandboxes/x/processes/1"}, {"POST", "/sandboxes/x/processes/1/stdin"},
@@ -277,9 +283,10 @@ func TestProcessRoutesAuth(t *testing.T) {
 // TestCloseEndsProcessStreams: a server's Close ends attaches, waits and
 // watches in flight (Shutdown does not wait for them) and refuses new ones.
 func TestCloseEndsProcessStreams(t *testing.T) {
+	world(t)
 	ctx := ctxT(t)
 	sb := create(t, client)
-	s2, c2 := secondServer(t, nil)
+	s2, c2, waiting := secondServerNoting(t, nil, "/wait")
 	pg := processGuest(t, c2, sb.ID)
 	p, err := pg.StartProcess(ctx, guestproto.ExecRequest{Shell: "sleep 600"})
 	if err != nil {
@@ -300,7 +307,9 @@ func TestCloseEndsProcessStreams(t *testing.T) {
 	go func() { _, err := pg.WaitProcess(ctx, p.PID); waited <- err }()
 	watched := make(chan error, 1)
 	go func() { _, err := w.Next(); watched <- err }()
-	time.Sleep(200 * time.Millisecond)
+	// The watch is open (WatchDir returned after its 200); the wait is
+	// in flight once it reached the server.
+	inFlight(t, waiting, "the wait")
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := s2.Shutdown(sctx); err != nil {

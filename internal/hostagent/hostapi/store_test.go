@@ -23,6 +23,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,7 +46,7 @@ func storeHost(t *testing.T, objs objstore.Store) *hostclient.Client {
 		t.Fatal(err)
 	}
 	a, err := hostagent.Open(context.Background(), hostagent.Config{
-		DataDir: dir, ImagesDir: testImages(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
+		DataDir: dir, ImagesDir: testkit.Images(), Accel: "tcg", VolumeSize: 8 << 30, Driver: drv,
 		DefaultTemplate: "tiny", DefaultMemoryMiB: 256,
 		Store: cs, StoreRetry: 100 * time.Millisecond,
 		Logger: log,
@@ -79,6 +80,8 @@ func storeHost(t *testing.T, objs objstore.Store) *hostclient.Client {
 // is durable, is resumed on B, which never held it, with its files and
 // memory; a stale copy's kill on A and the kill on B both succeed.
 func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +99,7 @@ func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last host.Info
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		last, err = hostA.Get(ctx, sb.ID)
 		return err == nil && last.Stored == host.StoredDurable
 	}) {
@@ -141,6 +144,8 @@ func TestPausedSandboxMovesBetweenHosts(t *testing.T) {
 // store while the pack waits), cut short (refused: corrupt), then whole;
 // B then creates from it with A's files.
 func TestSnapshotGoesDirect(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +187,7 @@ func TestSnapshotGoesDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		_, err := cs.Manifest(ctx, "templates/"+sb.Template)
 		return err == nil
 	}) {
@@ -328,6 +333,8 @@ func transientCaptures(t *testing.T, a, b *hostclient.Client, id string) func() 
 // snapshot; the pack relayed without that is diffed against the template
 // and carries the snapshot's data again.
 func TestPullDiffsAgainstSnapshot(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -401,6 +408,8 @@ func TestPullDiffsAgainstSnapshot(t *testing.T) {
 // and deletes one (the control plane's sweep of versions its registry no
 // longer has); a version that is not a number is refused.
 func TestStoredUserTemplates(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -191,6 +191,7 @@ func TestTLSRenewal(t *testing.T) {
 // system's roots or a certificate for another name are refused at once,
 // as ErrUntrusted (which is also host.ErrUnavailable).
 func TestTLSTrust(t *testing.T) {
+	world(t)
 	other, err := hostapi.LoadOrCreateTLS(t.TempDir(), []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -126,11 +127,9 @@ func (m *memSource) readsOf(i int64) int {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE needs root")
-	}
+	testkit.Root(t) // mounting FUSE
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
+		t.Fatalf("no /dev/fuse: %v", err)
 	}
 }
 
@@ -156,7 +155,7 @@ func mountCfg(t *testing.T, cfg Config) *FS {
 		if err := f.Close(); err != nil {
 			t.Error(err)
 		}
-		if mounted(cfg.Dir) {
+		if testkit.Mounted(cfg.Dir) {
 			t.Errorf("%s still mounted after Close", cfg.Dir)
 			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
 		}
@@ -179,17 +178,6 @@ func testBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return exe
-}
-
-// mounted reports whether dir is a mount point in this namespace.
-func mounted(dir string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
 }
 
 // TestFileThroughFUSE: what QEMU and the agent do to a lazy file, served
@@ -531,7 +519,8 @@ func TestLocalChunks(t *testing.T) {
 			t.Errorf("chunk %d: not all %d", i, want)
 		}
 	}
-	time.Sleep(3 * quietFor)
+	// The background fetch of the other three chunks ends.
+	testkit.Poll(10*time.Second, func() bool { st, _ := f.Stats("x"); return st.Prefetched == 3 })
 	if n := src.readsOf(2); n != 0 {
 		t.Errorf("the local chunk was read %d times from the source", n)
 	}
@@ -609,8 +598,8 @@ func TestHolderOutlivesFS(t *testing.T) {
 	if err := f1.Leave(); err != nil {
 		t.Fatal(err)
 	}
-	if !mounted(cfg.Dir) || unix.Kill(pid, 0) != nil {
-		t.Fatalf("after Leave: mounted %v, holder %d alive %v; want both", mounted(cfg.Dir), pid, unix.Kill(pid, 0) == nil)
+	if !testkit.Mounted(cfg.Dir) || unix.Kill(pid, 0) != nil {
+		t.Fatalf("after Leave: mounted %v, holder %d alive %v; want both", testkit.Mounted(cfg.Dir), pid, unix.Kill(pid, 0) == nil)
 	}
 	// A read while no FS is attached: it waits for the next.
 	type result struct {
@@ -671,7 +660,7 @@ func TestHolderWaitsBounded(t *testing.T) {
 	}
 	fd.Close()
 	deadline := time.Now().Add(20 * time.Second)
-	for unix.Kill(pid, 0) == nil || mounted(cfg.Dir) {
+	for unix.Kill(pid, 0) == nil || testkit.Mounted(cfg.Dir) {
 		if time.Now().After(deadline) {
 			unix.Kill(pid, unix.SIGKILL)
 			unix.Unmount(cfg.Dir, unix.MNT_DETACH)
@@ -691,9 +680,7 @@ func TestHolderWaitsBounded(t *testing.T) {
 //
 //	go test ./internal/lazymem -run XXX -bench Miss -benchtime 2000x
 func BenchmarkMiss(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("mounting FUSE needs root")
-	}
+	testkit.Root(b) // mounting FUSE
 	exe, err := os.Executable()
 	if err != nil {
 		b.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestManyAtOnce: 20 sandboxes acquired concurrently, each online through
@@ -108,7 +109,7 @@ func BenchmarkAcquire(b *testing.B) {
 			for range b.N {
 				if pooled {
 					b.StopTimer()
-					eventually(b, 10*time.Second, "pool full", func() bool { return m.PoolLen() == 4 })
+					testkit.WaitFor(b, 10*time.Second, "pool full", func() bool { return m.PoolLen() == 4 })
 					b.StartTimer()
 				}
 				start := time.Now()

@@ -19,6 +19,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestNamespace checks what a namespace holds: names, sysctls, the TAP's
@@ -133,7 +134,7 @@ func TestPool(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	eventually(t, 10*time.Second, "pool filled to 2", func() bool { return m.PoolLen() == 2 })
+	testkit.WaitFor(t, 10*time.Second, "pool filled to 2", func() bool { return m.PoolLen() == 2 })
 	ns, err := m.Acquire(ctxT(t, 5*time.Second), netpolicy.Default())
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,7 @@ func TestPool(t *testing.T) {
 	if s := m.Stats(); s.Created != 0 {
 		t.Fatalf("Acquire made a namespace (%+v) with a full pool", s)
 	}
-	eventually(t, 10*time.Second, "pool refilled to 2", func() bool { return m.PoolLen() == 2 })
+	testkit.WaitFor(t, 10*time.Second, "pool refilled to 2", func() bool { return m.PoolLen() == 2 })
 	if s := m.Stats(); s.Owned != 3 {
 		t.Fatalf("stats %+v, want 3 owned", s)
 	}
@@ -192,8 +193,9 @@ func crashHelper() {
 		}
 		names = append(names, ns.Name())
 	}
-	for m.PoolLen() < 2 {
-		time.Sleep(10 * time.Millisecond)
+	if !testkit.Poll(time.Minute, func() bool { return m.PoolLen() >= 2 }) {
+		fmt.Println("ERR the pool never filled to 2")
+		os.Exit(1)
 	}
 	fmt.Println("NS", strings.Join(names, " "))
 	select {} // until killed
@@ -492,7 +494,6 @@ func TestForkInheritedConnection(t *testing.T) {
 		return l.Attrs().Statistics.TxPackets
 	}
 	txBefore := txPackets()
-	start := time.Now()
 	cc, err := restoreTCP(gc, st, pc.RemoteAddr().(*net.TCPAddr))
 	if err != nil {
 		t.Fatalf("restore the connection in the child: %v", err)
@@ -504,9 +505,8 @@ func TestForkInheritedConnection(t *testing.T) {
 	if !errors.Is(werr, unix.ECONNRESET) && !errors.Is(werr, unix.EPIPE) && !errors.Is(rerr, unix.ECONNRESET) {
 		t.Fatalf("the child's inherited connection: write %v, read %v; want a reset", werr, rerr)
 	}
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("the child's reset took %v, want it at once", d)
-	}
+	// The reset is the namespace's own (a write or read error, not the
+	// deadline), and nothing went out: checked by the packet count.
 	if tx := txPackets(); tx != txBefore {
 		t.Fatalf("the child's namespace sent %d packets out of %s: the inherited connection reached the network", tx-txBefore, network.UplinkName)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestQEMUTakesTapFD: QEMU accepts a TapFD as `-netdev tap,fd=3` on a
@@ -22,9 +23,10 @@ import (
 // runs and frees it when it exits. No guest boots (-S): the data path is
 // tested with nettest.Guest until the guest has a NIC.
 func TestQEMUTakesTapFD(t *testing.T) {
+	testkit.VM(t)
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Skip("no qemu-system-x86_64")
+		t.Fatal(err)
 	}
 	env := nettest.NewEnv(t)
 	m := newManager(t, env, network.Config{})

@@ -16,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // buildStore is a store with a real (confined) QEMU driver under TCG and
@@ -23,10 +24,9 @@ import (
 // directory.
 func buildStore(t *testing.T) (*Store, string) {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("build VMs need root (a confined QEMU)")
-	}
-	images := Images{Dir: testImages()}
+	testkit.VM(t)
+	testkit.Root(t) // build VMs run confined
+	images := Images{Dir: testkit.Images()}
 	for _, f := range []string{images.Kernel(), images.Initramfs(), images.RootFS("tiny")} {
 		if _, err := os.Stat(f); err != nil {
 			t.Fatalf("guest images missing (run make setup, or set PANDA_TEST_IMAGES): %v", err)
@@ -41,7 +41,7 @@ func buildStore(t *testing.T) (*Store, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if pids := vmmsOf(run); len(pids) != 0 {
+		if pids := testkit.Procs("guest=panda:" + run + "/"); len(pids) != 0 {
 			t.Errorf("VMMs %v still run", pids)
 		}
 		if ents, _ := os.ReadDir(run); len(ents) != 0 {
@@ -125,7 +125,7 @@ func TestBuildVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	fds := openFDs(t)
+	fds := testkit.OpenFDs(t)
 	disk := filepath.Join(dir, "disk.ext4")
 	if err := copySparse(st.cfg.Images.RootFS("tiny"), disk); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestBuildVM(t *testing.T) {
 		t.Errorf("Close: %v", err)
 	}
 	// No descriptor left: no TAP, no network namespace, no socket.
-	if got := openFDs(t); got != fds {
+	if got := testkit.OpenFDs(t); got != fds {
 		t.Errorf("%d descriptors open after Close, %d before", got, fds)
 	}
 }
@@ -245,7 +245,7 @@ func TestBuildVM(t *testing.T) {
 func TestGrowExt4(t *testing.T) {
 	mkfs, err := findTool("mkfs.ext4")
 	if err != nil {
-		t.Skip(err)
+		t.Fatalf("%v (make setup installs e2fsprogs)", err)
 	}
 	ctx := context.Background()
 	say := func(f string, a ...any) { t.Logf(f, a...) }
@@ -357,7 +357,7 @@ func TestBuildVMRestore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	fds := openFDs(t)
+	fds := testkit.OpenFDs(t)
 	disk := filepath.Join(dir, "disk.ext4")
 	if err := copySparse(st.cfg.Images.RootFS("tiny"), disk); err != nil {
 		t.Fatal(err)
@@ -461,7 +461,7 @@ func TestBuildVMRestore(t *testing.T) {
 		}
 		v.Close()
 	})
-	if got := openFDs(t); got != fds {
+	if got := testkit.OpenFDs(t); got != fds {
 		t.Errorf("%d descriptors open after Close, %d before", got, fds)
 	}
 }

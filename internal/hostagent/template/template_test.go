@@ -3,7 +3,6 @@ package template
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,20 +16,14 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
-
-func testImages() string {
-	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
-		return d
-	}
-	return "/var/lib/pandastack/images"
-}
 
 // copyImages makes a private copy of the guest images that the test may
 // change.
 func copyImages(t *testing.T) Images {
 	t.Helper()
-	src := Images{Dir: testImages()}
+	src := Images{Dir: testkit.Images()}
 	dst := Images{Dir: t.TempDir()}
 	os.MkdirAll(filepath.Dir(dst.Kernel()), 0o755)
 	for _, f := range [][2]string{{src.Kernel(), dst.Kernel()}, {src.Initramfs(), dst.Initramfs()}, {src.Agent(), dst.Agent()}} {
@@ -50,6 +43,7 @@ func copyImages(t *testing.T) Images {
 }
 
 func TestStaleTemplateIsRebaked(t *testing.T) {
+	testkit.VM(t)
 	images := copyImages(t)
 	drv, err := qemu.New(qemu.Config{})
 	if err != nil {
@@ -72,7 +66,7 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 		t.Fatalf("Lookup before bake: %q, %v", reason, err)
 	}
 	var progress []string
-	fds := openFDs(t)
+	fds := testkit.OpenFDs(t)
 	first, err := st.Get(ctx, p, func(m string) { progress = append(progress, m) })
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +80,7 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 	if spec := first.Spec(images); first.MAC != guestnet.GuestMAC || spec.Net == nil || spec.Net.MAC != guestnet.GuestMAC || spec.Net.TAP != nil {
 		t.Errorf("template MAC %q, spec Net %+v; want %s and no TAP", first.MAC, spec.Net, guestnet.GuestMAC)
 	}
-	if got := openFDs(t); got != fds {
+	if got := testkit.OpenFDs(t); got != fds {
 		t.Errorf("%d descriptors open after the bake, %d before", got, fds)
 	}
 	for _, f := range []string{first.MemFile(), first.StateFile(), first.RootFS()} {
@@ -130,6 +124,7 @@ func TestStaleTemplateIsRebaked(t *testing.T) {
 // releases it once, after its machine exited; a hook's failure fails the
 // bake before any machine starts. A template without a NIC is stale.
 func TestBakeNetHook(t *testing.T) {
+	testkit.VM(t)
 	images := copyImages(t)
 	drv, err := qemu.New(qemu.Config{})
 	if err != nil {
@@ -162,7 +157,7 @@ func TestBakeNetHook(t *testing.T) {
 				// the TAP, whose namespace then has one user left.
 				if _, err := tap.Stat(); err != nil {
 					t.Errorf("TAP closed before its release: %v", err)
-				} else if pids := vmmsOf(run); len(pids) != 0 {
+				} else if pids := testkit.Procs("guest=panda:" + run + "/"); len(pids) != 0 {
 					t.Errorf("VMM %v of the bake still runs at the release of its TAP", pids)
 				}
 				mu.Lock()
@@ -223,32 +218,9 @@ func TestBakeNetHook(t *testing.T) {
 	}
 }
 
-// vmmsOf lists the VMM processes whose run directory is in run.
-func vmmsOf(run string) []int {
-	var pids []int
-	files, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err == nil && strings.Contains(string(b), "guest=panda:"+run+"/") {
-			var pid int
-			fmt.Sscanf(f, "/proc/%d/", &pid)
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
 func TestUnknownTemplate(t *testing.T) {
-	st, err := NewStore(Config{Dir: t.TempDir(), Images: Images{Dir: testImages()}, Accel: accel.TCG})
+	testkit.VM(t)
+	st, err := NewStore(Config{Dir: t.TempDir(), Images: Images{Dir: testkit.Images()}, Accel: accel.TCG})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 // small file in one chunk passes every other check) would take the host
 // agent down. maxChunkSize itself still reads.
 func TestManifestChunkSizeBounded(t *testing.T) {
+	t.Parallel() // a store of its own
 	ctx := context.Background()
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {

@@ -5,16 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math/rand"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 const cs = 1 << 20 // chunk size of the tests: small files, many chunks
@@ -52,42 +51,6 @@ func forEachBackend(t *testing.T, f func(t *testing.T, s *Store)) {
 	}
 }
 
-// writeSparseFile makes a file of size bytes holding random data (from
-// seed) only in the given [off, len) ranges, holes elsewhere.
-func writeSparseFile(t *testing.T, path string, size int64, seed int64, ranges ...[2]int64) []byte {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	r := rand.New(rand.NewSource(seed))
-	for _, rg := range ranges {
-		b := make([]byte, rg[1])
-		r.Read(b)
-		if _, err := f.WriteAt(b, rg[0]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func allocated(t *testing.T, path string) int64 {
-	t.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Blocks * 512
-}
-
 func countChunks(t *testing.T, s *Store) int {
 	t.Helper()
 	n := 0
@@ -112,6 +75,7 @@ func sameFile(t *testing.T, path string, want []byte) {
 }
 
 func TestChunkstore(t *testing.T) {
+	t.Parallel() // a store of its own
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		src := t.TempDir()
@@ -120,14 +84,14 @@ func TestChunkstore(t *testing.T) {
 		// boundary), a zero-filled (not hole) chunk 10, and 4 KiB in 20.
 		// 24 chunks: 4 with data, 20 zero.
 		mem := filepath.Join(src, "vm.mem")
-		memData := writeSparseFile(t, mem, 24*cs, 1, [2]int64{0, 100 << 10}, [2]int64{5*cs + 7, cs + 100}, [2]int64{20 * cs, 4096})
+		memData := testkit.MakeSparse(t, mem, 24*cs, 1, [2]int64{0, 100 << 10}, [2]int64{5*cs + 7, cs + 100}, [2]int64{20 * cs, 4096})
 		func() { // a chunk of written zeros: read, found zero, not stored
 			f, _ := os.OpenFile(mem, os.O_WRONLY, 0)
 			defer f.Close()
 			f.WriteAt(make([]byte, cs), 10*cs)
 		}()
 		state := filepath.Join(src, "vm.state")
-		stateData := writeSparseFile(t, state, 12345, 2, [2]int64{0, 12345})
+		stateData := testkit.MakeSparse(t, state, 12345, 2, [2]int64{0, 12345})
 
 		var calls int
 		m, st, err := s.Upload(ctx, "snap/a", map[string]string{"vm.mem": mem, "vm.state": state}, func(Stats) { calls++ })
@@ -160,7 +124,7 @@ func TestChunkstore(t *testing.T) {
 			sameFile(t, filepath.Join(dst, "vm.state"), stateData)
 			// Data is 100 KiB + 1 MiB+100 + 4 KiB; holes stay holes (and
 			// zero pages inside chunks become holes too).
-			if got, limit := allocated(t, filepath.Join(dst, "vm.mem")), int64(cs+256<<10); got > limit {
+			if got, limit := testkit.Allocated(t, filepath.Join(dst, "vm.mem")), int64(cs+256<<10); got > limit {
 				t.Errorf("restored vm.mem allocates %d bytes, want at most %d (holes filled?)", got, limit)
 			}
 			if ents, _ := os.ReadDir(dst); len(ents) != 2 {
@@ -295,6 +259,7 @@ func garbage(t *testing.T, s *Store, name, src string) {
 
 // GC and Upload exclude each other through leases (package doc).
 func TestLeases(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs, err := objstore.OpenDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +268,7 @@ func TestLeases(t *testing.T) {
 	s.pollEvery = 10 * time.Millisecond
 	ctx := context.Background()
 	src := filepath.Join(t.TempDir(), "f")
-	data := writeSparseFile(t, src, 3*cs, 3, [2]int64{0, 3 * cs})
+	data := testkit.MakeSparse(t, src, 3*cs, 3, [2]int64{0, 3 * cs})
 	garbage(t, s, "x", src)
 
 	// An upload in progress: GC deletes nothing.
@@ -369,6 +334,7 @@ func TestLeases(t *testing.T) {
 // goes before the Store's next lease; those an earlier process of the
 // Store's Owner left go before its first. Another owner's stay.
 func TestLeasesLeftBehind(t *testing.T) {
+	t.Parallel() // a store of its own
 	srv := s3test.Start(t)
 	objs := srv.Open("leases")
 	ctx := context.Background()
@@ -384,7 +350,7 @@ func TestLeasesLeftBehind(t *testing.T) {
 	}
 	s := open("h1")
 	src := filepath.Join(t.TempDir(), "f")
-	writeSparseFile(t, src, 2*cs, 7, [2]int64{0, 2 * cs})
+	testkit.WriteSparse(t, src, 2*cs, 7, [2]int64{0, 2 * cs})
 	garbage(t, s, "x", src)
 
 	// Released while the store is down: the lease stays in the store.
@@ -434,17 +400,18 @@ func TestLeasesLeftBehind(t *testing.T) {
 // A store that is down: every operation is ErrUnavailable; once it is
 // back, nothing is lost and the failed upload succeeds when tried again.
 func TestStoreDown(t *testing.T) {
+	t.Parallel() // a store of its own
 	srv := s3test.Start(t)
 	s := newStore(t, srv.Open("down"))
 	ctx := context.Background()
 	src := t.TempDir()
 	a := filepath.Join(src, "a")
-	aData := writeSparseFile(t, a, 4*cs, 4, [2]int64{0, 4 * cs})
+	aData := testkit.MakeSparse(t, a, 4*cs, 4, [2]int64{0, 4 * cs})
 	if _, _, err := s.Upload(ctx, "a", map[string]string{"f": a}, nil); err != nil {
 		t.Fatal(err)
 	}
 	b := filepath.Join(src, "b")
-	writeSparseFile(t, b, 2*cs, 5, [2]int64{0, 2 * cs})
+	testkit.WriteSparse(t, b, 2*cs, 5, [2]int64{0, 2 * cs})
 	r, err := s.Open(ctx, "a", "f")
 	if err != nil {
 		t.Fatal(err)
@@ -480,6 +447,7 @@ func TestStoreDown(t *testing.T) {
 }
 
 func TestNewAndNames(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs, _ := objstore.OpenDir(t.TempDir())
 	for _, cfg := range []Config{{ChunkSize: 1000}, {ChunkSize: 128 << 20}, {Workers: -1}, {LeaseTTL: time.Millisecond}} {
 		if _, err := New(objs, cfg); err == nil {
@@ -489,7 +457,7 @@ func TestNewAndNames(t *testing.T) {
 	s := newStore(t, objs)
 	ctx := context.Background()
 	f := filepath.Join(t.TempDir(), "f")
-	writeSparseFile(t, f, 10, 1, [2]int64{0, 10})
+	testkit.WriteSparse(t, f, 10, 1, [2]int64{0, 10})
 	for _, tt := range []struct {
 		name  string
 		files map[string]string
@@ -516,10 +484,11 @@ func TestNewAndNames(t *testing.T) {
 // TestMeta: the metadata given to UploadMeta comes back in the manifest;
 // Upload writes none; a new upload of the set replaces it.
 func TestMeta(t *testing.T) {
+	t.Parallel() // a store of its own
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		f := filepath.Join(t.TempDir(), "f")
-		writeSparseFile(t, f, 10, 1, [2]int64{0, 10})
+		testkit.WriteSparse(t, f, 10, 1, [2]int64{0, 10})
 		for _, meta := range []json.RawMessage{json.RawMessage(`{"id":"a","n":1}`), json.RawMessage(`{"id":"a","n":2}`), nil} {
 			if _, _, err := s.UploadMeta(ctx, "paused/a", map[string]string{"f": f}, meta, nil); err != nil {
 				t.Fatal(err)
@@ -544,12 +513,13 @@ func untimed(st Stats) Stats {
 // An upload IfAbsent writes its manifest only where the set is not:
 // of two hosts uploading a set at once, the first one's stays.
 func TestUploadIfAbsent(t *testing.T) {
+	t.Parallel() // a store of its own
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		f := filepath.Join(t.TempDir(), "f")
-		writeSparseFile(t, f, 3*cs, 1, [2]int64{0, 3 * cs})
+		testkit.WriteSparse(t, f, 3*cs, 1, [2]int64{0, 3 * cs})
 		g := filepath.Join(t.TempDir(), "f")
-		writeSparseFile(t, g, 3*cs, 2, [2]int64{0, 3 * cs})
+		testkit.WriteSparse(t, g, 3*cs, 2, [2]int64{0, 3 * cs})
 		first, _, err := s.UploadWith(ctx, "templates/x", map[string]string{"f": f}, UploadOptions{Meta: json.RawMessage(`{"boot":"a"}`), IfAbsent: true}, nil)
 		if err != nil {
 			t.Fatalf("first upload: %v", err)

@@ -17,6 +17,7 @@ import (
 // after it, so such a record (which any sender can write) crashed the
 // receiving host with a slice out of range (found by FuzzReadPack).
 func TestReadPackLargestRecord(t *testing.T) {
+	t.Parallel() // a store of its own
 	const chunk = 8192
 	hdr := []byte(`{"chunk_size":8192,"files":[{"name":"vm.mem","size":8192}]}`)
 	var b bytes.Buffer

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // packFixture is a "template" (a memory image and a small state file) on
@@ -30,7 +32,7 @@ func newPackFixture(t *testing.T) packFixture {
 	// The template, identical on both hosts: 12 chunks, data in 0-7.
 	tmpl := filepath.Join(fx.src, "tmpl", "vm.mem")
 	os.MkdirAll(filepath.Dir(tmpl), 0o700)
-	writeSparseFile(t, tmpl, 12*cs, 7, [2]int64{0, 8 * cs})
+	testkit.WriteSparse(t, tmpl, 12*cs, 7, [2]int64{0, 8 * cs})
 	dstTmpl := filepath.Join(fx.dst, "tmpl", "vm.mem")
 	os.MkdirAll(filepath.Dir(dstTmpl), 0o700)
 	copyFile(t, tmpl, dstTmpl)
@@ -101,6 +103,7 @@ func (fx packFixture) read(t *testing.T, pack []byte, seeds []Seed) (string, Pac
 // and carries only what differs from the receiver's base: the changed
 // pages, the chunk rewritten whole, and the small file.
 func TestPackRoundTrip(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, st := fx.write(t)
 	dir, h, rst, err := fx.read(t, pack, fx.dstSeeds)
@@ -139,6 +142,7 @@ func TestPackRoundTrip(t *testing.T) {
 // TestPackRejectsDamage: a pack cut short anywhere, or with any byte
 // changed, is refused with ErrPack.
 func TestPackRejectsDamage(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	cuts := []int{0, 3, 20, len(pack) / 3, len(pack) / 2, len(pack) - 20, len(pack) - 5, len(pack) - 1}
@@ -165,10 +169,11 @@ func TestPackRejectsDamage(t *testing.T) {
 // TestPackRefusesOtherBase: a receiver without the sender's base (none,
 // or another copy) refuses the pack before writing any chunk.
 func TestPackRefusesOtherBase(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	other := filepath.Join(fx.dst, "other.mem")
-	writeSparseFile(t, other, 12*cs, 99, [2]int64{0, 8 * cs})
+	testkit.WriteSparse(t, other, 12*cs, 99, [2]int64{0, 8 * cs})
 	idx, err := HashFile(context.Background(), other, cs)
 	if err != nil {
 		t.Fatal(err)
@@ -194,6 +199,7 @@ func TestPackRefusesOtherBase(t *testing.T) {
 // TestSharedRuns: the parts of a range two files map to the same disk
 // blocks, however their extents are split.
 func TestSharedRuns(t *testing.T) {
+	t.Parallel() // a store of its own
 	e := func(l, p, n int64) extent { return extent{logical: l, physical: p, length: n} }
 	for _, c := range []struct {
 		name   string
@@ -228,6 +234,7 @@ func TestSharedRuns(t *testing.T) {
 // end — and refuses a record of a file it has said was complete (what it
 // said is then void: the pack fails).
 func TestPackFilesDone(t *testing.T) {
+	t.Parallel() // a store of its own
 	fx := newPackFixture(t)
 	pack, _ := fx.write(t)
 	readNotify := func(pack []byte, check bool) (string, []int, error) {

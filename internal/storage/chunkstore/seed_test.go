@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // countingStore counts the chunks read from the store it wraps.
@@ -34,6 +35,7 @@ func (c *countingStore) Get(ctx context.Context, key string) (io.ReadCloser, err
 // it (at any offset) and fetches only the others; a seed whose index is
 // stale costs a fetch, not a wrong file.
 func TestDownloadSeeded(t *testing.T) {
+	t.Parallel() // a store of its own
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -43,7 +45,7 @@ func TestDownloadSeeded(t *testing.T) {
 
 			// The "template": 16 chunks, data in 0-5 and 9, holes elsewhere.
 			tmpl := filepath.Join(src, "template.mem")
-			writeSparseFile(t, tmpl, 16*cs, 1, [2]int64{0, 6 * cs}, [2]int64{9 * cs, cs})
+			testkit.WriteSparse(t, tmpl, 16*cs, 1, [2]int64{0, 6 * cs}, [2]int64{9 * cs, cs})
 			// The "capture": the template with chunks 2 and 3 changed, data
 			// added in 12, and the template's chunk 9 moved to chunk 14
 			// (found by hash, wherever it is). 12.5 chunks long.
@@ -197,6 +199,7 @@ func cloned(t *testing.T, dir string) bool {
 // give the file back; garbage collection keeps the base chunks a delta
 // needs after the base's own set is gone.
 func TestDeltas(t *testing.T) {
+	t.Parallel() // a store of its own
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -205,7 +208,7 @@ func TestDeltas(t *testing.T) {
 			src := t.TempDir()
 
 			tmpl := filepath.Join(src, "template.mem")
-			writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 5 * cs}) // chunks 5-7 holes
+			testkit.WriteSparse(t, tmpl, 8*cs, 1, [2]int64{0, 5 * cs}) // chunks 5-7 holes
 			// The template's chunk 4 is its chunk 1 (so is the capture's).
 			func() {
 				f, _ := os.OpenFile(tmpl, os.O_RDWR, 0)
@@ -312,6 +315,7 @@ func fileLen(t *testing.T, objs objstore.Store, hash string) int64 {
 }
 
 func TestSameBlocks(t *testing.T) {
+	t.Parallel() // a store of its own
 	tmpl := extentMap{{0, 1000, 100}, {100, 5000, 100}, {300, 9000, 100}}
 	for _, tc := range []struct {
 		name   string
@@ -350,12 +354,13 @@ func (c *statCounter) Stat(ctx context.Context, key string) (objstore.Info, erro
 // set that downloads whole; a known set that does not exist changes
 // nothing.
 func TestUploadKnown(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs := &statCounter{Store: backends[0].open(t)}
 	s := newStore(t, objs)
 	ctx := context.Background()
 	dir := t.TempDir()
 	tmpl := filepath.Join(dir, "tmpl")
-	writeSparseFile(t, tmpl, 8*cs, 1, [2]int64{0, 6 * cs})
+	testkit.WriteSparse(t, tmpl, 8*cs, 1, [2]int64{0, 6 * cs})
 	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -422,6 +427,7 @@ func (c *headCounter) Put(ctx context.Context, key string, r io.Reader, size int
 // when it is uploaded again; with a base the caller proved current
 // (Seed.Current) it does the same, and the set downloads as it was.
 func TestUploadPatchesWithoutHead(t *testing.T) {
+	t.Parallel() // a store of its own
 	objs := &headCounter{Store: backends[0].open(t)}
 	s := newStore(t, objs)
 	ctx := context.Background()
@@ -468,6 +474,7 @@ func TestUploadPatchesWithoutHead(t *testing.T) {
 // index says after all, the chunk is made from the store's base instead,
 // never written wrong.
 func TestDownloadCurrentSeed(t *testing.T) {
+	t.Parallel() // a store of its own
 	s := newStore(t, backends[0].open(t))
 	ctx := context.Background()
 	tmpl, idx, capFile, b := templateAndCapture(t, s, 4, 2*cs+4096) // chunk 2: one page
@@ -518,7 +525,7 @@ func templateAndCapture(t *testing.T, s *Store, n int64, pages ...int64) (tmpl s
 	ctx := context.Background()
 	dir := t.TempDir()
 	tmpl = filepath.Join(dir, "tmpl")
-	writeSparseFile(t, tmpl, n*cs, 1, [2]int64{0, n * cs})
+	testkit.WriteSparse(t, tmpl, n*cs, 1, [2]int64{0, n * cs})
 	if _, _, err := s.Upload(ctx, "templates/t", map[string]string{"vm.mem": tmpl}, nil); err != nil {
 		t.Fatal(err)
 	}

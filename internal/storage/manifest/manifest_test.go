@@ -3,39 +3,18 @@ package manifest
 import (
 	"bytes"
 	"errors"
-	"math/rand"
 	"os"
 	"path/filepath"
 	"testing"
-)
 
-// writeSparse makes a file of size bytes that holds data only in the given
-// [off, len) ranges (random bytes from seed), holes elsewhere.
-func writeSparse(t testing.TB, path string, size int64, seed int64, ranges ...[2]int64) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	r := rand.New(rand.NewSource(seed))
-	for _, rg := range ranges {
-		b := make([]byte, rg[1])
-		r.Read(b)
-		if _, err := f.WriteAt(b, rg[0]); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
+	"github.com/pandastack/pandastack/internal/testing/testkit"
+)
 
 func TestSealVerify(t *testing.T) {
 	dir := t.TempDir()
-	writeSparse(t, filepath.Join(dir, "vm.mem"), 64<<20, 1, [2]int64{0, 4096}, [2]int64{10 << 20, 3 << 20}, [2]int64{(64 << 20) - 100, 100})
-	writeSparse(t, filepath.Join(dir, "vm.state"), 12345, 2, [2]int64{0, 12345})
-	writeSparse(t, filepath.Join(dir, "empty"), 0, 3)
+	testkit.WriteSparse(t, filepath.Join(dir, "vm.mem"), 64<<20, 1, [2]int64{0, 4096}, [2]int64{10 << 20, 3 << 20}, [2]int64{(64 << 20) - 100, 100})
+	testkit.WriteSparse(t, filepath.Join(dir, "vm.state"), 12345, 2, [2]int64{0, 12345})
+	testkit.WriteSparse(t, filepath.Join(dir, "empty"), 0, 3)
 	m, err := Seal(dir, "vm.mem", "vm.state", "empty")
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +46,8 @@ func TestVerifyFindsCorruption(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			writeSparse(t, filepath.Join(dir, "vm.mem"), 64<<20, 1, [2]int64{0, 4096}, [2]int64{10 << 20, 3 << 20})
-			writeSparse(t, filepath.Join(dir, "vm.state"), 12345, 2, [2]int64{0, 12345})
+			testkit.WriteSparse(t, filepath.Join(dir, "vm.mem"), 64<<20, 1, [2]int64{0, 4096}, [2]int64{10 << 20, 3 << 20})
+			testkit.WriteSparse(t, filepath.Join(dir, "vm.state"), 12345, 2, [2]int64{0, 12345})
 			if _, err := Seal(dir, "vm.mem", "vm.state"); err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +81,7 @@ func flip(t *testing.T, path string, off int64) {
 func TestSumIgnoresLayout(t *testing.T) {
 	dir := t.TempDir()
 	sparse, dense := filepath.Join(dir, "sparse"), filepath.Join(dir, "dense")
-	writeSparse(t, sparse, 8<<20, 7, [2]int64{3 << 20, 1000})
+	testkit.WriteSparse(t, sparse, 8<<20, 7, [2]int64{3 << 20, 1000})
 	b, _ := os.ReadFile(sparse)
 	if err := os.WriteFile(dense, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -119,7 +98,7 @@ func TestSumIgnoresLayout(t *testing.T) {
 		t.Errorf("sparse %s != dense %s", a.Sum, d.Sum)
 	}
 	other := filepath.Join(dir, "other")
-	writeSparse(t, other, 8<<20, 8, [2]int64{3 << 20, 1000})
+	testkit.WriteSparse(t, other, 8<<20, 8, [2]int64{3 << 20, 1000})
 	if o, _ := Sum(other); o.Sum == a.Sum {
 		t.Errorf("different content, same sum %s", o.Sum)
 	}
@@ -161,7 +140,7 @@ func BenchmarkSum(b *testing.B) {
 	for off := int64(0); off < 1<<30; off += 5 << 20 {
 		ranges = append(ranges, [2]int64{off, 1 << 20})
 	}
-	writeSparse(b, p, 1<<30, 1, ranges...)
+	testkit.WriteSparse(b, p, 1<<30, 1, ranges...)
 	b.SetBytes(1 << 30)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -173,7 +152,7 @@ func BenchmarkSum(b *testing.B) {
 
 func TestFingerprintChangesOnWrite(t *testing.T) {
 	dir := t.TempDir()
-	writeSparse(t, filepath.Join(dir, "vm.state"), 4096, 1, [2]int64{0, 4096})
+	testkit.WriteSparse(t, filepath.Join(dir, "vm.state"), 4096, 1, [2]int64{0, 4096})
 	if _, err := Seal(dir, "vm.state"); err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,8 @@ type ConcurrentResult struct {
 	// sandbox of it had answered its first exec.
 	AllReadyMS float64 `json:"all_ready_ms"`
 	// P50MS and P99MS are the per-sandbox times from the start of the
-	// batch to its first successful exec.
+	// batch to its first successful exec (P99MS: the maximum when fewer
+	// than 100 succeeded; TailName(OK) names it).
 	P50MS  float64  `json:"p50_ms"`
 	P99MS  float64  `json:"p99_ms"`
 	OK     int      `json:"ok"`

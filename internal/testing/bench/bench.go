@@ -20,10 +20,25 @@ type Dist struct {
 	N   int     `json:"n"`
 	P50 float64 `json:"p50_ms"`
 	P90 float64 `json:"p90_ms"`
+	// P99 is the nearest-rank 99th percentile: with fewer than 100
+	// samples it is the maximum (output labels it so: TailName).
 	P99 float64 `json:"p99_ms"`
 	Min float64 `json:"min_ms"`
 	Max float64 `json:"max_ms"`
 }
+
+// TailName is how output names the P99 of n samples: "p99" for 100 or
+// more; "max" below that, where the nearest-rank 99th percentile is the
+// largest sample and calling it p99 would promise a tail it did not see.
+func TailName(n int) string {
+	if n >= 100 {
+		return "p99"
+	}
+	return "max"
+}
+
+// TailName is TailName(d.N).
+func (d Dist) TailName() string { return TailName(d.N) }
 
 // Summarize computes nearest-rank percentiles of d.
 func Summarize(d []time.Duration) Dist {

@@ -93,8 +93,11 @@ type Throughput struct {
 type LatencyUS struct {
 	N   int     `json:"n"`
 	P50 float64 `json:"p50_us"`
-	P99 float64 `json:"p99_us"`
+	P99 float64 `json:"p99_us"` // the maximum when N < 100 (TailName)
 }
+
+// TailName is TailName(l.N).
+func (l LatencyUS) TailName() string { return TailName(l.N) }
 
 // Ports of NetBench's servers: in the internet namespace (download and
 // upload) and in the guest (httpd).

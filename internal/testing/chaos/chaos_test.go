@@ -11,7 +11,6 @@ package chaos_test
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,23 +18,17 @@ import (
 
 	"github.com/pandastack/pandastack/internal/testing/chaos"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
 
-// e2e marks a test as slow (real processes, real VMs) and checks what it
-// needs.
+// e2e gates an end-to-end test (real processes, real VMs; root, since
+// panda loop-mounts an XFS image) and returns the panda binary.
 func e2e(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("end-to-end test: skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("the chaos suite needs root: panda loop-mounts an XFS image")
-	}
-	if _, err := os.Stat(filepath.Join(pandatest.Images(), "rootfs-tiny.ext4")); err != nil {
-		t.Fatalf("guest images missing (run make setup or set PANDA_TEST_IMAGES): %v", err)
-	}
+	testkit.VM(t)
+	testkit.Root(t)
 	bin, err := pandatest.Binary()
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +82,7 @@ func (w *logWriter) last() string {
 func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	t.Helper()
 	cfg.Bin = e2e(t)
-	cfg.Images = pandatest.Images()
+	cfg.Images = testkit.Images()
 	lw := &logWriter{t: t}
 	cfg.Log = lw
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // The invariant checker on situations built by hand: real processes and
@@ -304,16 +304,16 @@ func TestFlat(t *testing.T) {
 	}
 }
 
-// QEMUProcesses sees the processes pandatest.QEMUPIDs sees (the clean-up
+// QEMUProcesses sees the processes testkit.QEMUProcs sees (the clean-up
 // that ends a run) and no other.
 func TestQEMUProcessesAgreesWithPandatest(t *testing.T) {
 	dir, obs, _ := dataDir(t)
 	fakeQEMU(t, filepath.Join(dir, "store", "qemu-system-x86_64"))
 	got := slices.Sorted(maps.Keys(QEMUProcesses(dir)))
-	want := pandatest.QEMUPIDs(dir)
+	want := testkit.QEMUProcs(dir)
 	slices.Sort(want)
 	if !slices.Equal(got, want) || len(got) != len(obs.QEMU)+1 {
-		t.Errorf("QEMUProcesses %v, pandatest.QEMUPIDs %v; want the same two", got, want)
+		t.Errorf("QEMUProcesses %v, testkit.QEMUProcs %v; want the same two", got, want)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/testing/nettest"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 	"golang.org/x/sys/unix"
 )
@@ -307,7 +308,7 @@ func (c *cluster) killQEMU(id string) int {
 	if unix.Kill(pid, unix.SIGKILL) != nil {
 		return 0
 	}
-	pandatest.WaitGone(pid, 10*time.Second)
+	testkit.WaitGone(pid, 10*time.Second)
 	return pid
 }
 

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // helperEnv makes the test binary the helper parent of
@@ -29,17 +31,6 @@ func TestMain(m *testing.M) {
 		select {}
 	}
 	os.Exit(m.Run())
-}
-
-// alive reports whether pid runs (not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
 // TestSurvivesThreadExits: goroutines that lock their threads and return
@@ -90,17 +81,13 @@ func TestDiesWithParent(t *testing.T) {
 		helper.Wait()
 		t.Fatalf("helper said %q (%v)", line, err)
 	}
-	if !alive(pid) {
+	if !testkit.Alive(pid) {
 		t.Fatalf("child %d is not running", pid)
 	}
 	helper.Process.Kill()
 	helper.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("child %d still runs 10 s after its parent was killed", pid)
-		}
-		time.Sleep(10 * time.Millisecond) // poll
+	if !testkit.WaitGone(pid, 10*time.Second) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("child %d still runs 10 s after its parent was killed", pid)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/pandastack/pandastack/internal/testing/devcluster"
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -72,17 +73,13 @@ func (s *syncBuffer) String() string {
 // leftovers) when the test ends.
 func startCluster(t *testing.T) *devcluster.Cluster {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("dev cluster: real processes and VMs; skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
-	}
+	testkit.VM(t)
+	testkit.Root(t) // namespaces, XFS stores
 	bin, gw, addr := binaries(t)
 	out := &syncBuffer{}
 	began := time.Now()
 	c, err := devcluster.Start(context.Background(), devcluster.Config{
-		Agents: 3, Listen: addr, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+		Agents: 3, Listen: addr, Images: testkit.Images(), Binary: bin, Versitygw: gw,
 		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
 		AgentArgs: []string{"--accel", "tcg", "--default-template", "tiny", "--default-memory", "256"},
 		// agent-2 builds the user templates: killed below, it shows
@@ -117,7 +114,7 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 	t.Helper()
 	for _, pid := range pids {
-		if pandatest.Alive(pid) {
+		if testkit.Alive(pid) {
 			t.Errorf("process %d still runs after Close", pid)
 		}
 	}
@@ -144,13 +141,12 @@ func checkNothingLeft(t *testing.T, dataDir string, pids []int) {
 			t.Errorf("%s after Close: %v, want it removed", f, err)
 		}
 	}
-	mounts, _ := os.ReadFile("/proc/self/mounts")
-	if bytes.Contains(mounts, []byte(dataDir+"/")) {
-		t.Errorf("mounts under %s left after Close", dataDir)
+	if left := testkit.MountsUnder(dataDir); len(left) != 0 {
+		t.Errorf("mounts under %s left after Close: %q", dataDir, left)
 	}
 }
 
-func qemuUnder(dir string) []int { return pandatest.QEMUPIDs(dir) }
+func qemuUnder(dir string) []int { return testkit.QEMUProcs(dir) }
 
 // api is the REST API as the admin, in raw requests: the tests check the
 // HTTP statuses themselves.
@@ -307,18 +303,6 @@ func (a *api) exec(id, cmd string) string {
 	return r.Stdout
 }
 
-// poll calls cond every 50 ms until it returns true or d has passed.
-func poll(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-}
-
 func hostState(hs []host, id string) string {
 	for _, h := range hs {
 		if h.ID == id {
@@ -391,7 +375,7 @@ func TestDevCluster(t *testing.T) {
 		}
 		// What its machines hold counts against what a host offers, in
 		// its next heartbeats.
-		poll(t, 20*time.Second, "agent-2's free memory to count its sandbox", func() bool {
+		testkit.WaitFor(t, 20*time.Second, "agent-2's free memory to count its sandbox", func() bool {
 			for _, h := range a.hosts() {
 				if h.ID == "agent-2" {
 					return h.FreeMiB > 0 && h.FreeMiB < h.MemoryMiB
@@ -733,7 +717,7 @@ func TestDevCluster(t *testing.T) {
 		if st, b := a.do(http.MethodPost, "/v1/sandboxes/"+paused.ID+"/pause", a.key, nil, nil); st != http.StatusOK {
 			t.Fatalf("pause: %d %s", st, b)
 		}
-		poll(t, time.Minute, "paused sandbox "+paused.ID+" durable in the store", func() bool {
+		testkit.WaitFor(t, time.Minute, "paused sandbox "+paused.ID+" durable in the store", func() bool {
 			return a.get(paused.ID).Stored == "durable"
 		})
 
@@ -770,7 +754,7 @@ func TestDevCluster(t *testing.T) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		killed := time.Now()
-		poll(t, lostAfter+20*time.Second, "sandbox "+onTwo.ID+" of the killed agent-2 shows lost", func() bool {
+		testkit.WaitFor(t, lostAfter+20*time.Second, "sandbox "+onTwo.ID+" of the killed agent-2 shows lost", func() bool {
 			return a.get(onTwo.ID).State == "lost"
 		})
 		t.Logf("lost %v after the kill", time.Since(killed).Round(10*time.Millisecond))
@@ -853,7 +837,7 @@ func TestDevCluster(t *testing.T) {
 		if c.ServerPID() == oldPID {
 			t.Fatal("RestartServer kept the old process")
 		}
-		poll(t, 30*time.Second, "agent-1 and agent-3 ready after the restart", func() bool {
+		testkit.WaitFor(t, 30*time.Second, "agent-1 and agent-3 ready after the restart", func() bool {
 			hs := a.hosts()
 			return len(hs) == 3 && hostState(hs, "agent-1") == "ready" && hostState(hs, "agent-3") == "ready"
 		})
@@ -877,12 +861,8 @@ func TestDevCluster(t *testing.T) {
 // namespaces outlive it) is cleaned up by the next cluster of its name;
 // a second cluster of a running one's name is refused.
 func TestKilledRunIsCleanedUp(t *testing.T) {
-	if testing.Short() {
-		t.Skip("dev cluster: real processes and VMs; skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("the dev cluster needs root (namespaces, XFS stores)")
-	}
+	testkit.VM(t)
+	testkit.Root(t) // namespaces, XFS stores
 	const name = "pdk"
 	subnet := netip.MustParsePrefix("10.237.0.0/24")
 	bin, gw, addr := binaries(t)
@@ -892,7 +872,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	}
 	out := &syncBuffer{}
 	cmd := exec.Command(bin, "dev", "cluster", "--agents", "1", "--name", name, "--subnet", subnet.String(),
-		"--listen", addr, "--data-dir", dataDir, "--images", pandatest.Images(),
+		"--listen", addr, "--data-dir", dataDir, "--images", testkit.Images(),
 		"--default-template", "tiny", "--default-memory", "256")
 	cmd.Env = append(os.Environ(), "PANDA_VERSITYGW="+gw)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -901,7 +881,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	cfg := devcluster.Config{Agents: 1, Listen: addr, DataDir: dataDir, Images: pandatest.Images(), Binary: bin, Versitygw: gw,
+	cfg := devcluster.Config{Agents: 1, Listen: addr, DataDir: dataDir, Images: testkit.Images(), Binary: bin, Versitygw: gw,
 		Name: name, Subnet: subnet, Env: os.Environ(), Out: out, ReadyTimeout: 3 * time.Minute,
 		AgentArgs: []string{"--default-template", "tiny", "--default-memory", "256"}}
 	var second *devcluster.Cluster
@@ -920,7 +900,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	poll(t, 3*time.Minute, "panda dev cluster ready", func() bool {
+	testkit.WaitFor(t, 3*time.Minute, "panda dev cluster ready", func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("panda dev cluster exited:\n%s", out.String())
@@ -953,25 +933,25 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	a := &api{t: t, url: "http://" + addr, key: strings.TrimSpace(string(key))}
 	a.create(nil)
 	agentDir := filepath.Join(dataDir, "agent-1")
-	vmms := pandatest.QEMUPIDs(agentDir)
+	vmms := testkit.QEMUProcs(agentDir)
 	if len(vmms) != 1 {
 		t.Fatalf("VMMs of agent-1: %v, want one", vmms)
 	}
 	agentPID := 0
-	for _, pid := range procsWith("agent", "--data-dir", agentDir) {
+	for _, pid := range testkit.Procs("agent\x00--data-dir\x00" + agentDir) {
 		agentPID = pid
 	}
 	if agentPID == 0 {
 		t.Fatal("no agent-1 process found")
 	}
 	syscall.Kill(agentPID, syscall.SIGKILL)
-	if !pandatest.WaitGone(agentPID, 10*time.Second) {
+	if !testkit.WaitGone(agentPID, 10*time.Second) {
 		t.Fatal("agent-1 survives SIGKILL")
 	}
 	cmd.Process.Kill()
 	<-exited
-	if !pandatest.Alive(vmms[0]) || !pandatest.Mounted(filepath.Join(agentDir, "store")) {
-		t.Fatalf("after the kills: VMM alive %v, store mounted %v; want both left behind", pandatest.Alive(vmms[0]), pandatest.Mounted(filepath.Join(agentDir, "store")))
+	if !testkit.Alive(vmms[0]) || !testkit.Mounted(filepath.Join(agentDir, "store")) {
+		t.Fatalf("after the kills: VMM alive %v, store mounted %v; want both left behind", testkit.Alive(vmms[0]), testkit.Mounted(filepath.Join(agentDir, "store")))
 	}
 	if _, err := os.Stat("/run/netns/" + name + "-a1"); err != nil {
 		t.Fatalf("namespace %s-a1 after the kill: %v, want it left behind", name, err)
@@ -983,8 +963,8 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the next cluster of the name: %v\n%s", err, out2.String())
 	}
-	if !strings.Contains(out2.String(), "Cleaned up after an earlier run") || pandatest.Alive(vmms[0]) {
-		t.Errorf("the next cluster: VMM %d alive %v; output:\n%s", vmms[0], pandatest.Alive(vmms[0]), out2.String())
+	if !strings.Contains(out2.String(), "Cleaned up after an earlier run") || testkit.Alive(vmms[0]) {
+		t.Errorf("the next cluster: VMM %d alive %v; output:\n%s", vmms[0], testkit.Alive(vmms[0]), out2.String())
 	}
 	if hs := a.hosts(); len(hs) != 1 || hs[0].State != "ready" {
 		t.Errorf("hosts of the next cluster: %+v, want agent-1 ready", hs)
@@ -992,7 +972,7 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	if err := second.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
-	if m := pandatest.Mounted(filepath.Join(agentDir, "store")); m {
+	if m := testkit.Mounted(filepath.Join(agentDir, "store")); m {
 		t.Errorf("agent-1's store still mounted after Close")
 	}
 	if _, err := os.Stat("/run/netns/" + name + "-a1"); !errors.Is(err, os.ErrNotExist) {
@@ -1001,27 +981,6 @@ func TestKilledRunIsCleanedUp(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, "postgres", "data", "PG_VERSION")); err != nil {
 		t.Errorf("the kept data directory lost its catalog: %v", err)
 	}
-}
-
-// procsWith lists the processes whose command line holds args in order,
-// next to each other.
-func procsWith(args ...string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	want := strings.Join(args, "\x00")
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if strings.Contains(string(b), want) {
-			var pid int
-			if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	return pids
 }
 
 // binaries are the panda and versitygw binaries the cluster runs and a

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/guestproto/guestprototest"
 	"github.com/pandastack/pandastack/internal/testing/hostile"
 )
 
@@ -164,7 +165,7 @@ func TestStopReading(t *testing.T) {
 	}
 	fed := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(p.Stdin, guestproto.PatternReader(1, 1<<30))
+		_, err := io.Copy(p.Stdin, guestprototest.PatternReader(1, 1<<30))
 		fed <- err
 	}()
 	if _, err := c.Stat(context.Background(), "/x"); !errors.Is(err, guestproto.ErrTimeout) {
@@ -229,7 +230,7 @@ func TestGrantAndStop(t *testing.T) {
 	if err := hostileExec(ctx, c, "grant-and-stop"); err != nil {
 		t.Fatalf("arming grant-and-stop: %v", err)
 	}
-	src := &countingReader{r: guestproto.PatternReader(2, 1<<30)}
+	src := &countingReader{r: guestprototest.PatternReader(2, 1<<30)}
 	_, err := c.WriteFile(ctx, "/upload", src, 0o644)
 	if !errors.Is(err, guestproto.ErrUnresponsive) {
 		t.Fatalf("upload to a guest that granted a GiB and stopped reading = %v, want ErrUnresponsive", err)

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/miekg/dns"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/vishvananda/netlink"
 )
 
@@ -71,12 +72,10 @@ type Env struct {
 }
 
 // NewEnv builds the test world; everything is removed at the test's end.
-// It skips the test without root.
+// It passes testkit's root gate first (network namespaces).
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("nettest needs root (network namespaces)")
-	}
+	testkit.Root(t)
 	e, err := Build()
 	if err != nil {
 		t.Fatal(err)

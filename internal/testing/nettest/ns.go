@@ -34,6 +34,7 @@ package nettest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -56,10 +57,11 @@ const envChild = "PANDA_NETTEST_NETNS_CHILD"
 
 // MainInNewNetns runs the tests (m.Run) in a new, empty network namespace:
 // the test binary re-executes itself there and exits with the child's
-// status. Without root it runs the tests as they are (tests that need
-// root skip themselves through NewEnv).
+// status. Without root, and under -short (where testkit's root gate skips
+// every test that needs the namespace), it runs the tests as they are.
 func MainInNewNetns(m *testing.M) {
-	if os.Getenv(envChild) != "" || os.Geteuid() != 0 {
+	flag.Parse()
+	if os.Getenv(envChild) != "" || os.Geteuid() != 0 || testing.Short() {
 		os.Exit(m.Run())
 	}
 	exe, err := os.Executable()

@@ -1,7 +1,6 @@
 package nettest
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/hostagent/network"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,9 +28,7 @@ func TestRemoveAfterNetnsDirMounted(t *testing.T) {
 		removeAfterNetnsDirMounted(t)
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testkit.Root(t) // mounts, network namespaces
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRemoveAfterNetnsDirMounted$", "-test.v")
 	cmd.Env = append(os.Environ(), envMountChild+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
@@ -62,24 +60,7 @@ func removeAfterNetnsDirMounted(t *testing.T) {
 	if _, err := os.Stat(ns.Path); !os.IsNotExist(err) {
 		t.Errorf("%s after Remove: %v, want it gone", ns.Path, err)
 	}
-	if m := mountsAt(t, ns.Path); m != 0 {
+	if m := testkit.MountsAt(ns.Path); m != 0 {
 		t.Errorf("%d mounts left at %s", m, ns.Path)
 	}
-}
-
-// mountsAt counts the mounts whose mount point is path.
-func mountsAt(t *testing.T, path string) int {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	n := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) > 4 && f[4] == path {
-			n++
-		}
-	}
-	return n
 }

@@ -12,7 +12,7 @@
 //
 // Environment (read here because only tests use this package): PANDA_BIN,
 // the binary (default: go build ./cmd/panda of this module, once per test
-// binary), and PANDA_TEST_IMAGES, the guest images (default
+// binary), and PANDA_TEST_IMAGES, the guest images (testkit.Images; default
 // /var/lib/pandastack/images, from `make setup`).
 //
 // It imports only the standard library and golang.org/x/sys: the tests of
@@ -21,14 +21,12 @@
 package pandatest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"io"
 	"net"
 	"net/http"
@@ -42,6 +40,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -58,7 +59,7 @@ type Options struct {
 	// Addr is the address to listen on; "" is a free port on 127.0.0.1.
 	Addr string
 	// Images is the guest images directory (up and agent only); "" is
-	// Images().
+	// testkit.Images().
 	Images string
 	// Bin is the panda binary; "" is Binary().
 	Bin string
@@ -83,15 +84,6 @@ const startTimeout = 3 * time.Minute
 
 // stopTimeout is how long Stop waits after SIGTERM before SIGKILL.
 const stopTimeout = time.Minute
-
-// Images is the guest images directory of tests: $PANDA_TEST_IMAGES, or
-// /var/lib/pandastack/images.
-func Images() string {
-	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
-		return d
-	}
-	return "/var/lib/pandastack/images"
-}
 
 // FreeAddr returns a 127.0.0.1 address with a port that was free a moment
 // ago.
@@ -139,7 +131,7 @@ func Command(ctx context.Context, opts Options) (*exec.Cmd, error) {
 	case "up", "agent":
 		images := opts.Images
 		if images == "" {
-			images = Images()
+			images = testkit.Images()
 		}
 		args = append(args, "--images", images, "--accel", "tcg")
 		if opts.NetNS == "" {
@@ -623,7 +615,7 @@ func RemoveDataDir(dir string) (leftovers []string, err error) {
 	for _, p := range []struct {
 		what string
 		pids []int
-	}{{"QEMU processes", QEMUPIDs(dir)}, {"lazy restore holder processes", HolderPIDs(dir)}} {
+	}{{"QEMU processes", testkit.QEMUProcs(dir)}, {"lazy restore holder processes", HolderPIDs(dir)}} {
 		if len(p.pids) == 0 {
 			continue
 		}
@@ -632,10 +624,10 @@ func RemoveDataDir(dir string) (leftovers []string, err error) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		for _, pid := range p.pids {
-			WaitGone(pid, 10*time.Second)
+			testkit.WaitGone(pid, 10*time.Second)
 		}
 	}
-	for _, mp := range mountsUnder(dir) {
+	for _, mp := range testkit.MountsUnder(dir) {
 		// Files of just-killed processes can take a moment to close.
 		var err error
 		for range 50 {
@@ -661,91 +653,6 @@ func RemoveDataDir(dir string) (leftovers []string, err error) {
 // HolderPIDs lists the live holder processes of lazy restore's mount
 // under dir (lazymem.HolderPIDs).
 func HolderPIDs(dir string) []int { return lazymem.HolderPIDs(dir) }
-
-// QEMUPIDs lists the live QEMU processes whose command line mentions a
-// path under dir.
-func QEMUPIDs(dir string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(b) == 0 { // gone, or a zombie
-			continue
-		}
-		argv := bytes.Split(b, []byte{0})
-		if strings.Contains(filepath.Base(string(argv[0])), "qemu-system") && bytes.Contains(b, []byte(dir+"/")) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// Alive reports whether pid is a running (not zombie) process.
-func Alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...; comm may contain spaces and parentheses.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
-}
-
-// WaitGone waits until pid is not Alive, for at most timeout, and reports
-// whether it is gone.
-func WaitGone(pid int, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for Alive(pid) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
-}
-
-// Mounted reports whether path is a mount point of this process's mount
-// namespace.
-func Mounted(path string) bool {
-	return slices.Contains(mountPoints(), path)
-}
-
-// mountsUnder lists the mount points under dir, deepest first.
-func mountsUnder(dir string) []string {
-	var out []string
-	for _, mp := range mountPoints() {
-		if strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return out
-}
-
-// mountInfoEscapes undoes the octal escapes of /proc/self/mountinfo.
-var mountInfoEscapes = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-
-// mountPoints lists the mount points in /proc/self/mountinfo.
-func mountPoints() []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
-			out = append(out, mountInfoEscapes.Replace(fields[4]))
-		}
-	}
-	return out
-}
 
 // holders lists the processes with files open or mapped under dir.
 func holders(dir string) string {

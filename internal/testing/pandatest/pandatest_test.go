@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -181,7 +183,7 @@ func TestStartStop(t *testing.T) {
 			if err := s.Stop(); err != nil {
 				t.Errorf("Stop: %v", err)
 			}
-			if Alive(s.PID()) {
+			if testkit.Alive(s.PID()) {
 				t.Errorf("process %d alive after Stop", s.PID())
 			}
 			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
@@ -205,7 +207,7 @@ func TestKillKeepsDataDir(t *testing.T) {
 	dir := t.TempDir()
 	s := startFake(t, "exit3", Options{DataDir: dir})
 	s.Kill()
-	if Alive(s.PID()) || s.Healthy() {
+	if testkit.Alive(s.PID()) || s.Healthy() {
 		t.Fatalf("process %d alive after Kill", s.PID())
 	}
 	if err := s.Stop(); err != nil {
@@ -256,9 +258,7 @@ func TestMainStopsServers(t *testing.T) {
 }
 
 func TestRemoveDataDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
+	testkit.Root(t) // mounts
 	dir, err := os.MkdirTemp("", "pt")
 	if err != nil {
 		t.Fatal(err)
@@ -275,8 +275,8 @@ func TestRemoveDataDir(t *testing.T) {
 	if err := syscall.Mount("tmpfs", store, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatalf("mount tmpfs: %v", err)
 	}
-	if !Mounted(store) {
-		t.Fatalf("Mounted(%s) = false after mounting it", store)
+	if !testkit.Mounted(store) {
+		t.Fatalf("testkit.Mounted(%s) = false after mounting it", store)
 	}
 	qemu := filepath.Join(t.TempDir(), "qemu-system-x86_64")
 	copyFile(t, os.Args[0], qemu)
@@ -288,12 +288,9 @@ func TestRemoveDataDir(t *testing.T) {
 	}
 	go cmd.Wait()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	deadline := time.Now().Add(10 * time.Second)
-	for len(QEMUPIDs(dir)) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got := QEMUPIDs(dir); len(got) != 1 || got[0] != cmd.Process.Pid {
-		t.Fatalf("QEMUPIDs: got %v, want [%d]", got, cmd.Process.Pid)
+	testkit.Poll(10*time.Second, func() bool { return len(testkit.QEMUProcs(dir)) > 0 })
+	if got := testkit.QEMUProcs(dir); len(got) != 1 || got[0] != cmd.Process.Pid {
+		t.Fatalf("QEMUProcs: got %v, want [%d]", got, cmd.Process.Pid)
 	}
 
 	left, err := RemoveDataDir(dir)
@@ -303,8 +300,8 @@ func TestRemoveDataDir(t *testing.T) {
 	if len(left) != 2 || !strings.Contains(left[0], "QEMU processes") || !strings.Contains(left[1], store+" mounted (unmounted)") {
 		t.Errorf("got leftovers %q, want the QEMU process and the mount", left)
 	}
-	if Alive(cmd.Process.Pid) || Mounted(store) {
-		t.Errorf("after RemoveDataDir: QEMU alive %v, store mounted %v; want neither", Alive(cmd.Process.Pid), Mounted(store))
+	if testkit.Alive(cmd.Process.Pid) || testkit.Mounted(store) {
+		t.Errorf("after RemoveDataDir: QEMU alive %v, store mounted %v; want neither", testkit.Alive(cmd.Process.Pid), testkit.Mounted(store))
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s after RemoveDataDir: got %v, want it removed", dir, err)
@@ -379,6 +376,7 @@ func TestProblemLines(t *testing.T) {
 // DialerIn reaches a server that listens inside another network namespace,
 // which the test's own namespace cannot reach.
 func TestDialerIn(t *testing.T) {
+	testkit.Root(t) // network namespaces
 	name := fmt.Sprintf("ptdial%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)

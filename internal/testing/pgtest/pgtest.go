@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pandastack/pandastack/internal/testing/pgserver"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // startTimeout bounds the creation of a database.
@@ -27,10 +28,13 @@ const startTimeout = 60 * time.Second
 // returns the URL of its "postgres" database, e.g.
 // postgres://postgres@/postgres?host=/tmp/pgtest-123&sslmode=disable.
 // The server stops (and its files are removed) in t.Cleanup, whether the
-// test passed or not. When the test runs as root the server runs as the
-// postgres system user (or nobody), since PostgreSQL refuses root.
+// test passed or not. Under -short it skips the test (testkit.Postgres);
+// otherwise it fails it when PostgreSQL is missing. When the test runs
+// as root the server runs as the postgres system user (or nobody), since
+// PostgreSQL refuses root.
 func Start(t testing.TB) string {
 	t.Helper()
+	testkit.Postgres(t)
 	dir, err := socketDir()
 	if err != nil {
 		t.Fatalf("start postgres: %v", err)

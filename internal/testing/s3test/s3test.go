@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/storage/objstore"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/pandastack/pandastack/internal/testing/versitygw"
 )
 
@@ -53,9 +54,10 @@ type Server struct {
 }
 
 // Start runs a server with an empty bucket named Bucket; it is stopped
-// when t ends.
+// when t ends. Under -short it skips the test (testkit.S3).
 func Start(t testing.TB) *Server {
 	t.Helper()
+	testkit.S3(t)
 	bin, err := Binary()
 	if err != nil {
 		t.Fatalf("s3test: %v", err)

@@ -55,6 +55,8 @@ class StubServer:
         self.routes: Dict[Tuple[str, str], Route] = {}
         self.early_routes: Dict[Tuple[str, str], Route] = {}
         self.connections = 0
+        self.closed = 0  # connections the server has closed (see wait_closed)
+        self._closed_cond = threading.Condition()
         stub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -109,6 +111,12 @@ class StubServer:
             allow_reuse_address = True
             request_queue_size = 256  # the asyncio tests connect 100 at once (the default backlog is 5)
 
+            def shutdown_request(self, request) -> None:
+                super().shutdown_request(request)
+                with stub._closed_cond:
+                    stub.closed += 1
+                    stub._closed_cond.notify_all()
+
         self.httpd = Server(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         self.url = "http://127.0.0.1:%d" % self.port
@@ -121,6 +129,13 @@ class StubServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def wait_closed(self, n: int, timeout: float = 30) -> None:
+        """Wait until the server has closed n connections (a test's event
+        to go on from, instead of a sleep); fail after timeout."""
+        with self._closed_cond:
+            if not self._closed_cond.wait_for(lambda: self.closed >= n, timeout):
+                raise AssertionError("the stub closed %d connections in %d s, want %d" % (self.closed, timeout, n))
 
     def route(self, method: str, path: str, fn: Route) -> None:
         self.routes[(method, path)] = fn

@@ -98,13 +98,18 @@ class StreamTest(AsyncCase):
     share_sandbox = True
 
     async def test_output_arrives_before_the_command_exits(self):
-        s = self.sb.exec_stream("echo first; sleep 2; echo second >&2")
-        t0 = time.monotonic()
+        # The command prints its first line, then waits (a minute at most)
+        # for a file that the test makes only once that line has arrived:
+        # a stream that held the line until the exit never sees "second".
+        flag = "/tmp/stream-go-on-%d" % os.getpid()
+        s = self.sb.exec_stream("echo first; i=0; while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+                                "[ -e %s ] && echo second >&2" % (flag, flag))
         got = []
         async for kind, text in s:
-            got.append((kind, text, time.monotonic() - t0))
-        self.assertEqual([(k, t) for k, t, _ in got], [("stdout", "first\n"), ("stderr", "second\n")])
-        self.assertLess(got[0][2], 1.5, "the first line arrived only with the exit")
+            got.append((kind, text))
+            if text == "first\n":
+                await self.sb.exec("touch " + flag)
+        self.assertEqual(got, [("stdout", "first\n"), ("stderr", "second\n")], "the first line arrived only with the exit")
         self.assertEqual((s.result.exit_code, s.result.stdout, s.result.stderr), (0, "first\n", "second\n"))
 
     async def test_async_callbacks(self):
@@ -119,22 +124,39 @@ class StreamTest(AsyncCase):
 
     async def test_breaking_out_kills_the_command(self):
         marker = "/tmp/async-survived-" + tag()
-        async with self.sb.exec_stream("echo started; sleep 2; touch %s" % marker) as s:
+        # The command's first line is its shell's PID.
+        async with self.sb.exec_stream("echo $$; sleep 2; touch %s" % marker) as s:
             async for kind, text in s:
+                pid = int(text)
                 break
         self.assertIsNone(s.result)
-        await asyncio.sleep(3)
+        await self.until_gone(pid)
         self.assertFalse(await self.sb.filesystem.exists(marker), "the command ran on after the stream was closed")
 
     async def test_cancelling_exec_kills_the_command(self):
-        marker = "/tmp/async-cancelled-" + tag()
-        task = asyncio.ensure_future(self.sb.exec("sleep 2; touch %s" % marker))
-        await asyncio.sleep(0.5)
+        t = tag()
+        pidfile, marker = "/tmp/async-pid-" + t, "/tmp/async-cancelled-" + t
+        task = asyncio.ensure_future(self.sb.exec("echo $$ > %s.new && mv %s.new %s; sleep 2; touch %s" % (pidfile, pidfile, pidfile, marker)))
+        await self.until(lambda: self.sb.filesystem.exists(pidfile), "the command to start")
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(3)
+        await self.until_gone(int(await self.sb.filesystem.read_text(pidfile)))
         self.assertFalse(await self.sb.filesystem.exists(marker), "the command ran on after its exec was cancelled")
+
+    async def until(self, cond, what: str, timeout: float = 30) -> None:
+        """Poll the coroutine function cond until it returns true; fail after timeout."""
+        deadline = time.monotonic() + timeout
+        while not await cond():
+            if time.monotonic() > deadline:
+                self.fail("%s: not within %d s" % (what, timeout))
+            await asyncio.sleep(0.05)  # polling a condition, bounded by the deadline
+
+    async def until_gone(self, pid: int) -> None:
+        """Wait until process pid of the sandbox has ended (killed, or done on its own)."""
+        async def gone() -> bool:
+            return (await self.sb.exec("test -d /proc/%d" % pid)).exit_code != 0
+        await self.until(gone, "process %d to end" % pid)
 
 
 

@@ -56,7 +56,12 @@ class ForkTest(unittest.TestCase):
         self.addCleanup(self.parent.kill)
         self.parent.filesystem.write("/work/state.txt", "parent")
         self.parent.exec(COUNTER)
-        time.sleep(0.5)
+        # The counter runs before anything is forked.
+        deadline = time.monotonic() + 30
+        while counter(self.parent) == 0:
+            if time.monotonic() > deadline:
+                self.fail("the counter of %s never started" % self.parent.id)
+            time.sleep(0.05)  # polling a condition, bounded by the deadline
 
     def track(self, *sbs: Sandbox) -> None:
         for sb in sbs:
@@ -92,9 +97,13 @@ class ForkTest(unittest.TestCase):
         for c in children:
             self.assertEqual(c.filesystem.read_text("/work/state.txt"), "parent")
             rand.add(c.exec("head -c 16 /dev/urandom | od -An -tx1").stdout)
-            # The clock was set on restore.
+            # The clock was set on restore: the guest's time falls within
+            # the call that read it (a second either side for rounding).
+            before = time.time()
             guest_now = int(c.exec("date +%s").stdout)
-            self.assertLess(abs(guest_now - time.time()), 10)
+            after = time.time()
+            self.assertGreaterEqual(guest_now, int(before) - 1)
+            self.assertLessEqual(guest_now, after + 1)
         self.assertEqual(len(rand), 3, "children read identical random bytes: the RNG was not reseeded")
 
     def test_placement_on_one_host(self):

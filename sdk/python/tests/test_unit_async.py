@@ -268,14 +268,19 @@ class ErrorMappingTest(AsyncStubTestCase):
         self.assertIsInstance(cm.exception, ConnectionError)
 
     async def test_read_timeout(self):
-        ev = threading.Event()
-        self.addCleanup(ev.set)
-        self.stub.route("GET", "/v1/sandboxes/slow", lambda rec, h: ev.wait(5))
+        release, answered = threading.Event(), threading.Event()
+        self.addCleanup(release.set)
+
+        def hold(rec, h):
+            release.wait(60)
+            answered.set()
+
+        self.stub.route("GET", "/v1/sandboxes/slow", hold)
         c = AsyncClient(api_key="k", api_url=self.stub.url, timeout=0.3)
-        t0 = time.monotonic()
         with self.assertRaises(pandastack.RequestTimeoutError):
             await AsyncSandbox.connect("slow", client=c)
-        self.assertLess(time.monotonic() - t0, 3)
+        # The client's own timeout: the server still holds the request.
+        self.assertFalse(answered.is_set(), "the server answered before the client timed out")
         self.assertEqual(c._idle, [])
 
 
@@ -299,7 +304,8 @@ class KeepAliveTest(AsyncStubTestCase):
     async def test_server_closed_idle_connection_is_not_reused(self):
         calls = self._closing_route()
         sb = await self.sandbox()
-        await asyncio.sleep(0.05)
+        # The server hung up the idle connection.
+        await asyncio.get_running_loop().run_in_executor(None, self.stub.wait_closed, 1)
         await sb.refresh()
         await sb.refresh()
         self.assertEqual(len(calls), 3)
@@ -308,7 +314,8 @@ class KeepAliveTest(AsyncStubTestCase):
     async def test_stale_connection_is_retried_for_idempotent_requests(self):
         calls = self._closing_route()
         sb = await self.sandbox()
-        await asyncio.sleep(0.05)
+        # The server hung up the idle connection.
+        await asyncio.get_running_loop().run_in_executor(None, self.stub.wait_closed, 1)
         with mock.patch.object(_Conn, "dropped", return_value=False):
             await sb.refresh()  # sent on the dead connection, then retried on a new one
         self.assertEqual(len(calls), 2)
@@ -530,9 +537,10 @@ class CancellationTest(AsyncStubTestCase):
         return hung_up
 
     async def test_cancelled_request_closes_its_connection(self):
-        ev = threading.Event()
+        ev, arrived = threading.Event(), threading.Event()
         self.addCleanup(ev.set)
         def slow(rec, h):
+            arrived.set()
             ev.wait(5)
             try:
                 send_json(h, 201, SANDBOX)
@@ -541,7 +549,8 @@ class CancellationTest(AsyncStubTestCase):
 
         self.stub.route("POST", "/v1/sandboxes", slow)
         task = asyncio.ensure_future(AsyncSandbox.create(template="tiny", client=self.client))
-        await asyncio.sleep(0.2)
+        # Cancel once the request is on the server.
+        self.assertTrue(await asyncio.get_running_loop().run_in_executor(None, arrived.wait, 30), "the create never reached the server")
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
@@ -559,7 +568,9 @@ class CancellationTest(AsyncStubTestCase):
                 got.append(text)
 
         task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # polling for the first output, bounded by the deadline
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
@@ -678,15 +689,21 @@ class ProcessesTest(AsyncStubTestCase):
     async def test_wait_timeout_and_stop(self):
         sb = await self.sandbox()
 
+        release = threading.Event()
+        self.addCleanup(release.set)
+        started, ended = [], []  # output requests the server streamed to, and ended
+
         def slow(rec, h):
             send_chunked(h, 200, ndjson_lines({"type": "start", "pid": 3}), end=False)
-            time.sleep(2)
+            started.append(rec)
+            release.wait(60)
+            ended.append(rec)
 
         self.stub.route("GET", P + "/3/output", slow)
-        t0 = time.monotonic()
         with self.assertRaises(pandastack.RequestTimeoutError):
             await AsyncCommandHandle(sb, 3).wait(timeout=0.3)
-        self.assertLess(time.monotonic() - t0, 1.5)
+        # The wait's own timeout: the server still holds the stream open.
+        self.assertEqual(ended, [], "the stream ended before the wait timed out")
         # stop() from another task ends an iteration that waits for output.
         stream = AsyncCommandHandle(sb, 3).output()
 
@@ -694,9 +711,12 @@ class ProcessesTest(AsyncStubTestCase):
             return [c async for c in stream]
 
         task = asyncio.ensure_future(follow())
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while len(started) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # polling the stub, bounded by the deadline
+        self.assertEqual(len(started), 2, "the iteration's request never reached the server")
         await stream.stop()
-        self.assertEqual(await asyncio.wait_for(task, 1), [])
+        self.assertEqual(await asyncio.wait_for(task, 30), [])
         self.assertIsNone(stream.result)
 
     async def test_errors_list_connect_pty(self):

@@ -348,7 +348,7 @@ class KeepAliveTest(StubTestCase):
     def test_server_closed_idle_connection_is_not_reused(self):
         calls = self._closing_route()
         sb = self.sandbox()
-        time.sleep(0.05)
+        self.stub.wait_closed(1)  # the server hung up the idle connection
         sb.refresh()
         sb.refresh()
         self.assertEqual(len(calls), 3)
@@ -357,7 +357,7 @@ class KeepAliveTest(StubTestCase):
     def test_stale_connection_is_retried_for_idempotent_requests(self):
         calls = self._closing_route()
         sb = self.sandbox()
-        time.sleep(0.05)
+        self.stub.wait_closed(1)  # the server hung up the idle connection
         with mock.patch("pandastack.client._dropped", return_value=False):
             sb.refresh()  # sent on the dead connection, then retried on a new one
         self.assertEqual(len(calls), 2)

@@ -113,14 +113,18 @@ class ProcessesStubTest(unittest.TestCase):
             CommandHandle(self.sb, 2).output(from_="middle")
 
     def test_wait_timeout(self):
+        release, ended = threading.Event(), threading.Event()
+        self.addCleanup(release.set)
+
         def slow(rec, h):
             send_chunked(h, 200, ndjson({"type": "start", "pid": 3}), end=False)
-            time.sleep(2)
+            release.wait(60)
+            ended.set()
         self.stub.route("GET", P + "/3/output", slow)
-        t0 = time.monotonic()
         with self.assertRaises(RequestTimeoutError):
             CommandHandle(self.sb, 3).wait(timeout=0.3)
-        self.assertLess(time.monotonic() - t0, 1.5)
+        # The wait's own timeout: the server still holds the stream open.
+        self.assertFalse(ended.is_set(), "the stream ended before the wait timed out")
 
     def test_unknown_pid_not_found(self):
         self.stub.json_route("GET", P + "/999", 404, {"error": {"code": "not_found", "message": "no process 999"}})

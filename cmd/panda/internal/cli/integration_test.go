@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
@@ -32,6 +33,8 @@ func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
 // itEnv points the CLI at the shared test server with its admin key.
 func itEnv(t *testing.T) *pandatest.Server {
 	t.Helper()
+	testkit.VM(t)
+	testkit.Root(t) // panda up loop-mounts an XFS image
 	s, err := pandatest.Shared()
 	if err != nil {
 		t.Fatalf("cannot start the server: %v", err)

@@ -22,15 +22,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/hostagent/template/rootfs"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestImageConverter pulls an image from a registry on loopback through
 // the converter panda up uses: its config comes back, a missing image is
 // tmplbuild.ErrImageNotFound.
 func TestImageConverter(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("building a root filesystem needs root")
-	}
+	testkit.Root(t) // building a root filesystem
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	host := strings.TrimPrefix(reg.URL, "http://")

@@ -2,7 +2,9 @@ package daemon
 
 // Tests of the HTTP servers' timeouts (startServing with serveOptions) on a
 // real listener, with raw clients that misbehave on purpose. The pauses
-// (time.Sleep) in them are a slow client's, not synchronization.
+// (time.Sleep) in them are a slow client's, not synchronization. Each
+// test has a server of its own and spends its time waiting on timeouts:
+// they run in parallel.
 
 import (
 	"bufio"
@@ -82,6 +84,7 @@ var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 })
 
 func TestSilentConnectionClosed(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	addr := serve(t, okHandler, testOptions(), nil)
 	d := closedWithin(t, dial(t, addr), 10*time.Second)
 	if d < testHeader/2 {
@@ -90,6 +93,7 @@ func TestSilentConnectionClosed(t *testing.T) {
 }
 
 func TestSlowHeadersClosed(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	addr := serve(t, okHandler, testOptions(), nil)
 	c := dial(t, addr)
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n")
@@ -113,6 +117,7 @@ func isTimeout(err error) bool {
 }
 
 func TestIdleKeepAliveClosed(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	addr := serve(t, okHandler, testOptions(), nil)
 	c := dial(t, addr)
 	br := bufio.NewReader(c)
@@ -136,6 +141,7 @@ func TestIdleKeepAliveClosed(t *testing.T) {
 }
 
 func TestTLSHandshakeTimeout(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	creds, err := hostapi.LoadOrCreateTLS(t.TempDir(), []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +185,7 @@ func bodyHandler(got chan<- bodyResult) http.Handler {
 }
 
 func TestStalledBodyFails(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	got := make(chan bodyResult, 1)
 	addr := serve(t, bodyHandler(got), testOptions(), nil)
 	c := dial(t, addr)
@@ -200,6 +207,7 @@ func TestStalledBodyFails(t *testing.T) {
 // A body that keeps moving is read for longer than the timeout, and a
 // handler that does not read for a while is not timed meanwhile.
 func TestSlowBodyWorks(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	pause := make(chan struct{})
 	got := make(chan bodyResult, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -246,6 +254,7 @@ func TestSlowBodyWorks(t *testing.T) {
 // After its body, a handler may run and stream for far longer than every
 // timeout: its context is not cancelled, its writes go through.
 func TestLongStreamAfterBody(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		rc := http.NewResponseController(w)
@@ -273,6 +282,7 @@ func TestLongStreamAfterBody(t *testing.T) {
 
 // A request that the options say may idle (an exec's stdin) is not cut.
 func TestBodyMayIdle(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waiting on timeouts
 	opts := testOptions()
 	opts.bodyMayIdle = func(r *http.Request) bool { return r.URL.Path == "/stdin" }
 	got := make(chan bodyResult, 1)

@@ -2,6 +2,9 @@
 // of the agent: hosts connect and disconnect as they do on a virtio-serial
 // port, and a host can take over a stream mid-session as a restored VM's new
 // host does.
+// It also holds what tests of file transfers share: a reader of
+// deterministic pseudo-random bytes (PatternReader) and an upload and
+// download checked end to end (VerifyFileRoundTrip). Only tests import it.
 package guestprototest
 
 import (

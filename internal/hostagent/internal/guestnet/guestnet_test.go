@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -61,10 +62,8 @@ func netip(t *testing.T, s string) net.IP {
 // address and MAC, no route out) and that nothing of it is left once its
 // descriptors are closed.
 func TestIsolated(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	fdsBefore := openFDs(t)
+	testkit.Root(t) // network namespaces
+	fdsBefore := testkit.OpenFDs(t)
 	nic, release, err := IsolatedNIC(context.Background(), "test")
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +129,7 @@ func TestIsolated(t *testing.T) {
 	if refs := nsRefs(t, nsIno); len(refs) != 0 {
 		t.Errorf("the namespace is still referred to by %q after its TAP was closed", refs)
 	}
-	if got := openFDs(t); got != fdsBefore {
+	if got := testkit.OpenFDs(t); got != fdsBefore {
 		t.Errorf("the test has %d descriptors open, %d before", got, fdsBefore)
 	}
 }
@@ -171,23 +170,12 @@ func nsRefs(t *testing.T, ino uint64) []string {
 	return refs
 }
 
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
 // TestIsolatedRefusesBeyondGateway plays the guest on an isolated TAP: a
 // datagram to an address beyond the gateway must be answered with ICMP
 // "network unreachable" (so that a guest's connection fails at once, as a
 // Dockerfile RUN step without network must), not dropped silently.
 func TestIsolatedRefusesBeyondGateway(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
+	testkit.Root(t)
 	nic, release, err := IsolatedNIC(context.Background(), "test")
 	if err != nil {
 		t.Fatal(err)

@@ -8,10 +8,12 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
 func TestOpenMountsReflinkImageAndCloses(t *testing.T) {
+	testkit.Root(t) // loop-mounts an XFS image
 	dir := t.TempDir()
 	v, err := Open(context.Background(), dir, Options{ImageSize: 2 << 30})
 	if err != nil {
@@ -94,6 +96,7 @@ func TestUnescapeMount(t *testing.T) {
 // Writing a page into a reflinked file must allocate about a page, not an
 // XFS copy-on-write extent of 128 KiB (see setSmallCoW).
 func TestCloneWritesAllocatePages(t *testing.T) {
+	testkit.Root(t) // loop-mounts an XFS image
 	dir := t.TempDir()
 	v, err := Open(context.Background(), dir, Options{ImageSize: 2 << 30})
 	if err != nil {
@@ -110,21 +113,23 @@ func TestCloneWritesAllocatePages(t *testing.T) {
 	if err := Clone(src, dst); err != nil {
 		t.Fatal(err)
 	}
-	var before, after unix.Statfs_t
 	unix.Sync()
-	unix.Statfs(v.Dir, &before)
+	before := testkit.FreeBytes(t, v.Dir)
 	f, err := os.OpenFile(dst, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	page := bytes.Repeat([]byte{2}, 4096)
 	for i := int64(0); i < 32; i++ {
-		f.WriteAt(page, i*(2<<20)) // 32 pages, 2 MiB apart
+		if _, err := f.WriteAt(page, i*(2<<20)); err != nil { // 32 pages, 2 MiB apart
+			t.Fatal(err)
+		}
 	}
-	f.Close()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 	unix.Sync()
-	unix.Statfs(v.Dir, &after)
-	used := (int64(before.Bfree) - int64(after.Bfree)) * before.Bsize
+	used := before - testkit.FreeBytes(t, v.Dir)
 	t.Logf("32 scattered page writes into a clone allocated %d KiB", used>>10)
 	if used > 1<<20 {
 		t.Errorf("32 page writes allocated %d KiB, want about 128 KiB", used>>10)

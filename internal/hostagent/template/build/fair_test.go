@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // granted reports whether w holds a slot.
@@ -155,17 +156,11 @@ func TestBuildSlotsSharedBetweenKeys(t *testing.T) {
 // waitWaiting waits until n builds of m wait for a slot.
 func waitWaiting(t *testing.T, m *Manager, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, waiting := m.slots.counts(); waiting == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			_, waiting := m.slots.counts()
-			t.Fatalf("%d builds wait for a slot, want %d", waiting, n)
-		}
-		time.Sleep(time.Millisecond) // the builds' goroutines queue themselves
-	}
+	waiting := 0
+	testkit.WaitForf(t, 10*time.Second, func() string { return fmt.Sprintf("%d builds wait for a slot, want %d", waiting, n) }, func() bool {
+		_, waiting = m.slots.counts()
+		return waiting == n
+	})
 }
 
 // Per key and per template bounds: MaxBuilds builds queued or running,
@@ -232,19 +227,13 @@ func TestBuildLimitsPerOwner(t *testing.T) {
 // waitIdle waits until m has no build queued or running.
 func waitIdle(t *testing.T, m *Manager) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	n := 0
+	testkit.WaitForf(t, 10*time.Second, func() string { return fmt.Sprintf("%d templates still building", n) }, func() bool {
 		m.mu.Lock()
-		n := len(m.names)
+		n = len(m.names)
 		m.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d templates still building", n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return n == 0
+	})
 }
 
 // Cancel ends a running and a queued build with the reason given; an

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // TestBuildsSurviveRestart: a new Manager over the same Dir answers for
@@ -33,9 +34,10 @@ func TestBuildsSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for st, _ := m.Get(ctx, hung.ID); st.State != builds.StateRunning; st, _ = m.Get(ctx, hung.ID) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 30*time.Second, "the second build running", func() bool {
+		st, _ := m.Get(ctx, hung.ID)
+		return st.State == builds.StateRunning
+	})
 	// A crash, as far as the files go: the record says running.
 	b, _ := os.ReadFile(filepath.Join(dir, hung.ID+".json"))
 	m.Close()

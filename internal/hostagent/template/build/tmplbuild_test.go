@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // ctx is the context of the tests' calls.
@@ -147,9 +149,17 @@ func TestBuildsSerializedPerNameAndBounded(t *testing.T) {
 		}
 		ids = append(ids, st.ID)
 	}
-	time.Sleep(200 * time.Millisecond)
-	if got := fc.running.Load(); got != 2 {
-		t.Errorf("running builds = %d, want 2", got)
+	// Two builds run (a1 and one of b1, c1); a2 waits for a1 and the
+	// other for a slot. The peak, checked below, says no third one ran.
+	testkit.WaitFor(t, 30*time.Second, "two builds running", func() bool { return fc.running.Load() == 2 })
+	var queued []string
+	for _, id := range ids {
+		if st, _ := m.Get(ctx, id); st.State == builds.StateQueued {
+			queued = append(queued, st.Source)
+		}
+	}
+	if len(queued) != 2 || !slices.Contains(queued, "a2") {
+		t.Errorf("queued builds: %q, want a2 and one of b1, c1", queued)
 	}
 	if !m.Building("a") {
 		t.Errorf("Building(a) = false")
@@ -192,7 +202,8 @@ func TestCloseCancelsBuilds(t *testing.T) {
 	}
 	st1, _ := m.Start(ctx, builds.Spec{Name: "a", FromImage: "a1", Startup: templates.Startup{}})
 	st2, _ := m.Start(ctx, builds.Spec{Name: "b", FromImage: "b1", Startup: templates.Startup{}}) // waits for a slot
-	time.Sleep(100 * time.Millisecond)
+	// Close while a runs (in its conversion) and b waits for the slot.
+	testkit.WaitFor(t, 30*time.Second, "build a converting", func() bool { return fc.running.Load() == 1 })
 	m.Close()
 	for _, id := range []string{st1.ID, st2.ID} {
 		st, _ := m.Get(ctx, id)

@@ -174,6 +174,7 @@ func registryTrap(t *testing.T, addr string, status int, body string) (string, *
 // allowed to reach a service that is no registry, its errors say what
 // kind of failure it was and nothing the service sent.
 func TestPullNoSSRF(t *testing.T) {
+	needRoot(t)
 	const secret = "SECRET-BODY-4242"
 	loop := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	teapot, teapotHits := registryTrap(t, "127.0.0.1:0", http.StatusTeapot, secret)
@@ -228,6 +229,7 @@ func TestPullNoSSRF(t *testing.T) {
 // TestPullAnonymous: a Pull sends no credentials from the Docker config
 // (the operator's); the operator's own pull (no Pull) does.
 func TestPullAnonymous(t *testing.T) {
+	needRoot(t)
 	var auths atomic.Int32
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

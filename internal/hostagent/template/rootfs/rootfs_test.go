@@ -30,21 +30,19 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/pandastack/pandastack/internal/hostagent/template/rootfs"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
-func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		// Owners are part of what is tested; the suite runs as root.
-		log.Print("rootfs tests need root: skipped")
-		os.Exit(0)
-	}
+// needRoot gates a test that builds file systems with their owners (as
+// root) and checks e2fsprogs, which builds them.
+func needRoot(t *testing.T) {
+	t.Helper()
+	testkit.Root(t)
 	for _, tool := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			log.Printf("rootfs tests need %s (e2fsprogs)", tool)
-			os.Exit(1)
+			t.Fatalf("rootfs tests need %s (e2fsprogs; make setup installs it)", tool)
 		}
 	}
-	os.Exit(m.Run())
 }
 
 // entry is one tar entry of a test layer: a header and a regular file's body.
@@ -342,6 +340,7 @@ func treeLayers(t *testing.T) []v1.Layer {
 }
 
 func TestFromImageRegistryTree(t *testing.T) {
+	needRoot(t)
 	host := startRegistry(t)
 	cfg := v1.Config{
 		Env:        []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8"},
@@ -469,6 +468,7 @@ func checkTree(t *testing.T, img string) {
 }
 
 func TestFromImageLocal(t *testing.T) {
+	needRoot(t)
 	img := image(t, "linux/amd64", v1.Config{Cmd: []string{"/bin/true"}}, treeLayers(t)...)
 	digest, err := img.Digest()
 	if err != nil {
@@ -510,6 +510,7 @@ func TestFromImageLocal(t *testing.T) {
 }
 
 func TestFromImagePlatforms(t *testing.T) {
+	needRoot(t)
 	host := startRegistry(t)
 	of := func(platform string) v1.Image {
 		return image(t, platform, v1.Config{}, layer(t, file("platform", 0o644, platform)))
@@ -569,6 +570,7 @@ func TestFromImagePlatforms(t *testing.T) {
 }
 
 func TestFromImageErrors(t *testing.T) {
+	needRoot(t)
 	host := startRegistry(t)
 	plumbing, err := random.Image(1024, 3) // a platform-less config: accepted
 	if err != nil {
@@ -623,6 +625,7 @@ func TestFromImageErrors(t *testing.T) {
 // TestFromImageEscapes builds images whose layers try to write outside the
 // tree: refused, or contained in it.
 func TestFromImageEscapes(t *testing.T) {
+	needRoot(t)
 	host := t.TempDir() // stands for the host's file system
 	hostFile := filepath.Join(host, "victim")
 	rel := strings.Repeat("../", 20) + strings.TrimPrefix(host, "/")
@@ -701,6 +704,7 @@ func TestFromImageEscapes(t *testing.T) {
 }
 
 func TestFromImageSize(t *testing.T) {
+	needRoot(t)
 	zeros := strings.Repeat("\x00", 24<<20) // compresses to little
 	img := image(t, "linux/amd64", v1.Config{}, layer(t, file("big", 0o644, zeros), file("small", 0o644, "s")))
 	src := filepath.Join(t.TempDir(), "big.tar")
@@ -749,6 +753,7 @@ func TestFromImageSize(t *testing.T) {
 // TestFromImageReplacesOut checks that out is replaced whole and that a
 // failed build leaves an existing out as it was.
 func TestFromImageReplacesOut(t *testing.T) {
+	needRoot(t)
 	src := filepath.Join(t.TempDir(), "img.tar")
 	if err := tarball.WriteToFile(src, name.MustParseReference("example.com/img:v1").(name.Tag),
 		image(t, "linux/amd64", v1.Config{}, layer(t, file("f", 0o644, "new")))); err != nil {
@@ -783,6 +788,7 @@ func TestFromImageReplacesOut(t *testing.T) {
 // TestFromImageRootDir checks that the root directory gets the owner and mode
 // the image's "./" entry gives it, which mke2fs -d does not copy.
 func TestFromImageRootDir(t *testing.T) {
+	needRoot(t)
 	src := filepath.Join(t.TempDir(), "img.tar")
 	img := image(t, "linux/amd64", v1.Config{}, layer(t, owned(dir("./", 0o711), 5, 6), file("f", 0o644, "f")))
 	if err := tarball.WriteToFile(src, name.MustParseReference("example.com/img:v1").(name.Tag), img); err != nil {
@@ -804,6 +810,7 @@ func TestFromImageRootDir(t *testing.T) {
 // say what / is gets a 0755 one, and directories the layers imply but do
 // not list are 0755 too (0700 ones would lock every user but root out).
 func TestFromImageUmask(t *testing.T) {
+	needRoot(t)
 	old := syscall.Umask(0o077)
 	defer syscall.Umask(old)
 	src := filepath.Join(t.TempDir(), "img.tar")

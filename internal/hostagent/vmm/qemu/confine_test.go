@@ -27,6 +27,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -35,13 +36,6 @@ import (
 // These tests run real QEMU guests confined, as root. A tiny 256 MiB
 // template is baked once (by a confined driver: a cold boot with shared
 // RAM and a console log) into a temporary directory.
-
-func testImages() string {
-	if d := os.Getenv("PANDA_TEST_IMAGES"); d != "" {
-		return d
-	}
-	return "/var/lib/pandastack/images"
-}
 
 var (
 	bakeOnce sync.Once
@@ -58,17 +52,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func needRoot(t *testing.T) {
+// needRoot gates a test that confines VMMs (their own users, cgroups,
+// namespaces) or reads what confinement made.
+func needRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("confined VMMs need root")
-	}
+	testkit.Root(t)
+}
+
+// needVM gates a test that boots confined guests.
+func needVM(t testing.TB) {
+	t.Helper()
+	testkit.VM(t)
+	testkit.Root(t)
 }
 
 // tiny returns the baked template, baking it on first use.
-func tiny(t *testing.T) *template.Template {
+func tiny(t testing.TB) *template.Template {
 	t.Helper()
-	needRoot(t)
+	needVM(t)
 	bakeOnce.Do(func() {
 		bakeDir, bakeErr = os.MkdirTemp("", "pvq")
 		if bakeErr != nil {
@@ -82,7 +83,7 @@ func tiny(t *testing.T) *template.Template {
 		var st *template.Store
 		st, bakeErr = template.NewStore(template.Config{
 			Dir: filepath.Join(bakeDir, "templates"), RunDir: bakeDir,
-			Images: template.Images{Dir: testImages()}, Driver: d, Accel: accel.TCG, TSCkHz: TSCkHz(),
+			Images: template.Images{Dir: testkit.Images()}, Driver: d, Accel: accel.TCG, TSCkHz: TSCkHz(),
 		})
 		if bakeErr != nil {
 			return
@@ -100,7 +101,7 @@ func tiny(t *testing.T) *template.Template {
 // testConfig is a driver configuration of the test's own: its own UID
 // range, cgroup and host directory, so that tests of other packages
 // running at the same time never share them.
-func testConfig(t *testing.T, uids int) Config {
+func testConfig(t testing.TB, uids int) Config {
 	t.Helper()
 	needRoot(t)
 	pid := os.Getpid()
@@ -115,7 +116,7 @@ func testConfig(t *testing.T, uids int) Config {
 
 // newDriver returns a driver for cfg and removes its parent cgroups when
 // the test ends (after the machines' cleanups, registered later).
-func newDriver(t *testing.T, cfg Config) *Driver {
+func newDriver(t testing.TB, cfg Config) *Driver {
 	t.Helper()
 	d, err := New(cfg)
 	if err != nil {
@@ -136,7 +137,7 @@ func newDriver(t *testing.T, cfg Config) *Driver {
 }
 
 // shortDir is a temporary directory short enough for unix socket paths.
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "pvm")
 	if err != nil {
@@ -144,13 +145,6 @@ func shortDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
-}
-
-func copySparse(t *testing.T, src, dst string) {
-	t.Helper()
-	if out, err := exec.Command("cp", "--sparse=always", src, dst).CombinedOutput(); err != nil {
-		t.Fatalf("copy %s: %v: %s", src, err, out)
-	}
 }
 
 // vm is a running test machine.
@@ -163,7 +157,7 @@ type vm struct {
 // files are what a restore needs: a memory image, device state, a disk.
 type files struct{ mem, state, disk string }
 
-func templateFiles(t *testing.T) files {
+func templateFiles(t testing.TB) files {
 	tp := tiny(t)
 	return files{tp.MemFile(), tp.StateFile(), tp.RootFS()}
 }
@@ -171,7 +165,7 @@ func templateFiles(t *testing.T) files {
 // restore starts a machine on d from f (memory hard-linked, disk copied),
 // loads its state, resumes it and says HELLO. The machine is killed when
 // the test ends.
-func restore(t *testing.T, d *Driver, f files, gid uint32) *vm {
+func restore(t testing.TB, d *Driver, f files, gid uint32) *vm {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -195,10 +189,10 @@ func restore(t *testing.T, d *Driver, f files, gid uint32) *vm {
 }
 
 // startIncoming starts a machine waiting for its state, without loading it.
-func startIncoming(t *testing.T, d *Driver, f files, gid uint32) *vm {
+func startIncoming(t testing.TB, d *Driver, f files, gid uint32) *vm {
 	t.Helper()
 	dir := shortDir(t)
-	spec := tiny(t).Spec(template.Images{Dir: testImages()})
+	spec := tiny(t).Spec(template.Images{Dir: testkit.Images()})
 	spec.RunDir = filepath.Join(dir, "run")
 	spec.Disk = filepath.Join(dir, "disk")
 	spec.MemoryFile = filepath.Join(dir, "mem")
@@ -206,7 +200,7 @@ func startIncoming(t *testing.T, d *Driver, f files, gid uint32) *vm {
 	if err := os.Mkdir(spec.RunDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	copySparse(t, f.disk, spec.Disk)
+	testkit.CopySparse(t, f.disk, spec.Disk)
 	if err := os.Link(f.mem, spec.MemoryFile); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +221,7 @@ func startIncoming(t *testing.T, d *Driver, f files, gid uint32) *vm {
 // withNIC returns spec with a network interface of its own: a TAP device
 // in an isolated namespace (guestnet.Isolated), closed when the test ends
 // if the test has not closed it.
-func withNIC(t *testing.T, spec vmm.Spec) vmm.Spec {
+func withNIC(t testing.TB, spec vmm.Spec) vmm.Spec {
 	t.Helper()
 	if spec.Net == nil {
 		t.Fatal("the template has no network interface")
@@ -241,7 +235,7 @@ func withNIC(t *testing.T, spec vmm.Spec) vmm.Spec {
 	return spec
 }
 
-func (v *vm) sh(t *testing.T, cmd string) string {
+func (v *vm) sh(t testing.TB, cmd string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -271,6 +265,7 @@ func procStatus(t *testing.T, pid int) map[string]string {
 }
 
 func TestConfinedMachine(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	const gid = 1_600_999_001
 	v := restore(t, d, templateFiles(t), gid)
@@ -443,7 +438,7 @@ func TestConfinedMachine(t *testing.T) {
 				t.Errorf("jail %s holds %q, want %q", dir, got, w)
 			}
 		}
-		for _, p := range []string{"/etc/shadow", "/root", "/proc", "/sys", "/tmp", v.spec.Disk, testImages()} {
+		for _, p := range []string{"/etc/shadow", "/root", "/proc", "/sys", "/tmp", v.spec.Disk, testkit.Images()} {
 			if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("jail has %s (%v)", p, err)
 			}
@@ -671,6 +666,7 @@ func vmFlags(t *testing.T, pid int, start uint64) string {
 // and restores a second confined machine from it: it must continue with
 // what the first wrote in RAM.
 func TestSaveLoadRoundTrip(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	f := templateFiles(t)
 	a := restore(t, d, f, 0)
@@ -726,7 +722,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	if _, err := memimage.Write(c.mem, a.spec.MemoryFile, copyFile, region, pm.Dirty); err != nil {
 		t.Fatal(err)
 	}
-	copySparse(t, a.spec.Disk, c.disk)
+	testkit.CopySparse(t, a.spec.Disk, c.disk)
 	// The first machine keeps running, with what it had.
 	if err := a.m.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -779,6 +775,7 @@ func assertGone(t *testing.T, d *Driver, m *Machine, dirs []string) {
 }
 
 func TestKillLeavesNothing(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, testConfig(t, 4))
 	f := templateFiles(t)
 	v := startIncoming(t, d, f, 0)
@@ -809,6 +806,7 @@ func TestKillLeavesNothing(t *testing.T) {
 }
 
 func TestUIDReusedOnlyAfterRelease(t *testing.T) {
+	needVM(t)
 	cfg := testConfig(t, 2)
 	d := newDriver(t, cfg)
 	f := templateFiles(t)
@@ -827,7 +825,7 @@ func TestUIDReusedOnlyAfterRelease(t *testing.T) {
 	spec := withNIC(t, a.spec)
 	spec.RunDir = dir
 	spec.Disk = filepath.Join(dir, "disk")
-	copySparse(t, f.disk, spec.Disk)
+	testkit.CopySparse(t, f.disk, spec.Disk)
 	if m, err := d.Start(context.Background(), spec); !errors.Is(err, vmm.ErrExhausted) {
 		if err == nil {
 			m.Kill()
@@ -843,6 +841,7 @@ func TestUIDReusedOnlyAfterRelease(t *testing.T) {
 }
 
 func TestAdopt(t *testing.T) {
+	needVM(t)
 	cfg := testConfig(t, 3)
 	d1 := newDriver(t, cfg)
 	v := restore(t, d1, templateFiles(t), 0)
@@ -901,6 +900,7 @@ func TestAdopt(t *testing.T) {
 }
 
 func TestCleanupStale(t *testing.T) {
+	needVM(t)
 	cfg := testConfig(t, 4)
 	d := newDriver(t, cfg)
 	live := startIncoming(t, d, templateFiles(t), 0)
@@ -985,7 +985,7 @@ func TestColdBootConsoleLog(t *testing.T) {
 	log := filepath.Join(tp.Dir, "console.log")
 	st, err := os.Stat(log)
 	if err != nil {
-		t.Skipf("bake kept no console log: %v", err)
+		t.Fatalf("the confined bake kept no console log: %v", err)
 	}
 	sys := st.Sys().(*syscall.Stat_t)
 	if sys.Uid < DefaultUIDBase || sys.Uid >= DefaultUIDBase+DefaultUIDCount || st.Mode() != 0o600 {
@@ -1004,10 +1004,11 @@ func TestColdBootConsoleLog(t *testing.T) {
 // KVM vCPU (it fails to set an MSR) both exit at once, and the confined
 // one must not have failed to open the module.
 func TestProbeKVMConfined(t *testing.T) {
+	needVM(t)
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		t.Skip("no /dev/kvm")
 	}
-	kernel := template.Images{Dir: testImages()}.Kernel()
+	kernel := template.Images{Dir: testkit.Images()}.Kernel()
 	cfg := testConfig(t, 1)
 	var logs bytes.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -1041,6 +1042,7 @@ func TestProbeKVMConfined(t *testing.T) {
 // one (on a v1 host, the hybrid "unified" mount without controllers: the
 // limits cannot be tested there, CLONE_INTO_CGROUP can).
 func TestCgroupV2(t *testing.T) {
+	needVM(t)
 	cfg := testConfig(t, 1)
 	d := newDriver(t, cfg)
 	if !d.cgroups.v2 {
@@ -1084,6 +1086,7 @@ func TestCgroupV2(t *testing.T) {
 }
 
 func TestCgroupLimitFiles(t *testing.T) {
+	needRoot(t)
 	lim := cgroupLimits{cpuQuotaUs: 200000, memBytes: 768 << 20, pids: 99}
 	all := map[string]bool{"cpu": true, "memory": true, "pids": true}
 	for _, c := range []struct {
@@ -1162,6 +1165,7 @@ func TestDisposableThread(t *testing.T) {
 // TestSetupV2Files checks the delegation setupV2 writes (on a plain
 // directory: this host has no cgroup v2 controllers to delegate).
 func TestSetupV2Files(t *testing.T) {
+	needRoot(t)
 	self := t.TempDir()
 	set, err := setupV2(self, "vms", map[string]bool{"cpu": true, "memory": true, "pids": true})
 	if err != nil {
@@ -1210,6 +1214,7 @@ func TestIsVMMOf(t *testing.T) {
 // TestUnconfined: the debugging switch still runs machines, as root, in
 // the host's namespace, with save/load through file descriptors.
 func TestUnconfined(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{NoConfine: true})
 	v := restore(t, d, templateFiles(t), 0)
 	if v.m.UID() != 0 || v.m.box != nil {
@@ -1232,16 +1237,16 @@ func TestUnconfined(t *testing.T) {
 	}
 }
 
-// TestStartLatency measures what confinement adds to the spawn (UID,
+// BenchmarkStartLatency measures what confinement adds to the spawn (UID,
 // cgroup, files, jail, rlimits and the exec), to Start (spawn to QMP
-// ready) and to a whole restore (Start, load, resume, HELLO, a
-// first exec of true), confined and unconfined alternately. Not a check:
-// run it with PANDA_MEASURE_STARTS=N (N >= 30).
-func TestStartLatency(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("PANDA_MEASURE_STARTS"))
-	if n <= 0 {
-		t.Skip("set PANDA_MEASURE_STARTS to measure")
-	}
+// ready) and to a whole restore (Start, load, resume, HELLO, a first exec
+// of true), confined and unconfined alternately, b.N restores of each:
+//
+//	go test ./internal/hostagent/vmm/qemu -run '^$' -bench StartLatency -benchtime 30x
+func BenchmarkStartLatency(b *testing.B) {
+	t := b
+	needVM(t)
+	n := b.N
 	f := templateFiles(t)
 	spawns := map[string]*spawnLog{"confined": {}, "unconfined": {}}
 	cfg := testConfig(t, 4)
@@ -1253,13 +1258,13 @@ func TestStartLatency(t *testing.T) {
 	specs := map[string]vmm.Spec{}
 	for name := range drivers {
 		dir := shortDir(t)
-		spec := tiny(t).Spec(template.Images{Dir: testImages()})
+		spec := tiny(t).Spec(template.Images{Dir: testkit.Images()})
 		spec.RunDir = filepath.Join(dir, "run")
 		spec.Disk = filepath.Join(dir, "disk")
 		spec.MemoryFile = filepath.Join(dir, "mem")
 		os.Mkdir(spec.RunDir, 0o755)
 		if err := os.Link(f.mem, spec.MemoryFile); err != nil {
-			t.Fatal(err)
+			b.Fatal(err)
 		}
 		specs[name] = spec
 	}
@@ -1271,13 +1276,13 @@ func TestStartLatency(t *testing.T) {
 		for _, name := range []string{"confined", "unconfined"} {
 			spec := specs[name]
 			os.Remove(spec.Disk)
-			copySparse(t, f.disk, spec.Disk)
+			testkit.CopySparse(t, f.disk, spec.Disk)
 			spec = withNIC(t, spec)
 			t0 := time.Now()
 			m, err := drivers[name].Start(ctx, spec)
 			spec.Net.TAP.Close()
 			if err != nil {
-				t.Fatal(err)
+				b.Fatal(err)
 			}
 			s := sample{start: time.Since(t0)}
 			err = func() error {
@@ -1304,11 +1309,12 @@ func TestStartLatency(t *testing.T) {
 				return nil
 			}()
 			if err != nil {
-				t.Fatalf("%s restore: %v", name, err)
+				b.Fatalf("%s restore: %v", name, err)
 			}
 			times[name] = append(times[name], s)
 		}
 	}
+	b.StopTimer()
 	for _, name := range []string{"confined", "unconfined"} {
 		for _, what := range []string{"spawn", "start", "first exec"} {
 			var ts []time.Duration
@@ -1322,12 +1328,27 @@ func TestStartLatency(t *testing.T) {
 					ts = append(ts, s.exec)
 				}
 			}
-			slices.Sort(ts)
-			p := func(q float64) time.Duration { return ts[min(len(ts)-1, int(q*float64(len(ts))))] }
-			t.Logf("%-10s %-10s n=%d  p50 %6.1f ms  p90 %6.1f ms  p99 %6.1f ms  max %6.1f ms", name, what, len(ts),
-				ms(p(0.5)), ms(p(0.9)), ms(p(0.99)), ms(ts[len(ts)-1]))
+			t.Logf("%-10s %-10s %s", name, what, latencies(ts))
+			b.ReportMetric(ms(quantile(ts, 0.5)), name+"-"+strings.ReplaceAll(what, " ", "-")+"-p50-ms")
 		}
 	}
+}
+
+// quantile is the q-quantile of ts, which must be sorted.
+func quantile(ts []time.Duration, q float64) time.Duration {
+	return ts[min(len(ts)-1, int(q*float64(len(ts))))]
+}
+
+// latencies sorts ts and sums them up in ms: the median, the 90th
+// percentile and the maximum; the 99th percentile only over 100 samples
+// or more (below that it would be the maximum under another name).
+func latencies(ts []time.Duration) string {
+	slices.Sort(ts)
+	s := fmt.Sprintf("n=%d  p50 %6.1f ms  p90 %6.1f ms", len(ts), ms(quantile(ts, 0.5)), ms(quantile(ts, 0.9)))
+	if len(ts) >= 100 {
+		s += fmt.Sprintf("  p99 %6.1f ms", ms(quantile(ts, 0.99)))
+	}
+	return s + fmt.Sprintf("  max %6.1f ms", ms(ts[len(ts)-1]))
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -1362,6 +1383,7 @@ func (l *spawnLog) get(i int) time.Duration {
 // TestMachineLayouts: the PIT is in the legacy layout only, and a layout
 // this driver does not know is refused before anything starts.
 func TestMachineLayouts(t *testing.T) {
+	needRoot(t)
 	d := newDriver(t, Config{})
 	spec := vmm.Spec{MemoryMiB: 256, Accel: accel.TCG}
 	for layout, want := range map[string]string{vmm.MachineLegacy: "pit=on,", vmm.MachineNoPIT: "pit=off,"} {
@@ -1387,6 +1409,7 @@ func TestMachineLayouts(t *testing.T) {
 // stopped can still continue them. A released machine dials nothing: the
 // VMM is another process's to drive.
 func TestQMPReconnect(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	v := restore(t, d, templateFiles(t), 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -11,8 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +22,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -43,7 +42,7 @@ type testNet struct {
 
 // newTestNet makes a testNet, removed when the test ends (the namespace
 // and the TAP vanish with the last descriptor: the test's and a VMM's).
-func newTestNet(t *testing.T) *testNet {
+func newTestNet(t testing.TB) *testNet {
 	t.Helper()
 	needRoot(t)
 	type made struct {
@@ -99,7 +98,7 @@ func newTestNet(t *testing.T) *testNet {
 	return n
 }
 
-func (n *testNet) handle(t *testing.T) *netlink.Handle {
+func (n *testNet) handle(t testing.TB) *netlink.Handle {
 	t.Helper()
 	h, err := netlink.NewHandleAt(n.ns, unix.NETLINK_ROUTE)
 	if err != nil {
@@ -119,7 +118,7 @@ func (n *testNet) run(ctx context.Context, argv ...string) (string, error) {
 }
 
 // ping pings addr from n until it answers, for up to 20 s.
-func (n *testNet) ping(t *testing.T, addr string) {
+func (n *testNet) ping(t testing.TB, addr string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -135,7 +134,7 @@ func (n *testNet) ping(t *testing.T, addr string) {
 }
 
 // neighbourMAC is the MAC n's namespace has learnt for ip.
-func (n *testNet) neighbourMAC(t *testing.T, ip string) string {
+func (n *testNet) neighbourMAC(t testing.TB, ip string) string {
 	t.Helper()
 	h := n.handle(t)
 	defer h.Close()
@@ -153,7 +152,7 @@ func (n *testNet) neighbourMAC(t *testing.T, ip string) string {
 
 // serveDNS answers DNS queries sent to the gateway's port 53 in n: A
 // records of names, NXDOMAIN for other names, no AAAA records.
-func (n *testNet) serveDNS(t *testing.T, names map[string]string) {
+func (n *testNet) serveDNS(t testing.TB, names map[string]string) {
 	t.Helper()
 	c := make(chan net.PacketConn, 1)
 	errc := make(chan error, 1)
@@ -244,16 +243,16 @@ func dnsAnswer(q []byte, names map[string]string) []byte {
 
 // restoreOn restores a machine from f attached to nic (nil: none) and
 // says HELLO.
-func restoreOn(t *testing.T, d *Driver, f files, nic *vmm.Net) *vm {
+func restoreOn(t testing.TB, d *Driver, f files, nic *vmm.Net) *vm {
 	t.Helper()
 	return restoreTemplate(t, d, tiny(t), f, nic)
 }
 
 // restoreTemplate restores a machine of template tp from f attached to nic.
-func restoreTemplate(t *testing.T, d *Driver, tp *template.Template, f files, nic *vmm.Net) *vm {
+func restoreTemplate(t testing.TB, d *Driver, tp *template.Template, f files, nic *vmm.Net) *vm {
 	t.Helper()
 	dir := shortDir(t)
-	spec := tp.Spec(template.Images{Dir: testImages()})
+	spec := tp.Spec(template.Images{Dir: testkit.Images()})
 	spec.RunDir = filepath.Join(dir, "run")
 	spec.Disk = filepath.Join(dir, "disk")
 	spec.MemoryFile = filepath.Join(dir, "mem")
@@ -261,7 +260,7 @@ func restoreTemplate(t *testing.T, d *Driver, tp *template.Template, f files, ni
 	if err := os.Mkdir(spec.RunDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	copySparse(t, f.disk, spec.Disk)
+	testkit.CopySparse(t, f.disk, spec.Disk)
 	if err := os.Link(f.mem, spec.MemoryFile); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +335,7 @@ func capture(t *testing.T, v *vm) files {
 	if _, err := memimage.Write(c.mem, v.spec.MemoryFile, copyFile, region, pm.Dirty); err != nil {
 		t.Fatal(err)
 	}
-	copySparse(t, v.spec.Disk, c.disk)
+	testkit.CopySparse(t, v.spec.Disk, c.disk)
 	if err := v.m.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -395,6 +394,7 @@ func hexMask(bits int) string {
 // test's and checks its network from both sides: addresses, route, MAC,
 // DNS through the gateway, pings both ways.
 func TestNetwork(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	n := newTestNet(t)
 	n.serveDNS(t, map[string]string{"probe.panda.test": "192.0.2.7", "localhost": "192.0.2.99"})
@@ -417,14 +417,11 @@ func TestNetwork(t *testing.T) {
 // TestNetworkBase: names resolve in the Debian root filesystem (glibc,
 // /etc/nsswitch.conf: /etc/hosts, then the DNS server at the gateway).
 func TestNetworkBase(t *testing.T) {
-	if testing.Short() {
-		t.Skip("bakes the base template: skipped with -short")
-	}
-	needRoot(t)
+	needVM(t)
 	d := newDriver(t, Config{})
 	st, err := template.NewStore(template.Config{
 		Dir: filepath.Join(shortDir(t), "templates"), RunDir: shortDir(t),
-		Images: template.Images{Dir: testImages()}, Driver: d, Accel: accel.TCG, TSCkHz: TSCkHz(),
+		Images: template.Images{Dir: testkit.Images()}, Driver: d, Accel: accel.TCG, TSCkHz: TSCkHz(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -457,6 +454,7 @@ func TestNetworkBase(t *testing.T) {
 // guest's IP and MAC, each on a TAP of its own, and the parent keeps its
 // network through the capture.
 func TestNetworkForkAndRestore(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	netA, netB, netC := newTestNet(t), newTestNet(t), newTestNet(t)
 	a := restoreOn(t, d, templateFiles(t), netA.nic())
@@ -519,15 +517,16 @@ func nsInode(t *testing.T, fd int) uint64 {
 // without one (nor the reverse); a NIC without a proper TAP is refused
 // before anything starts.
 func TestNICMismatch(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	f := templateFiles(t)
 	dir := shortDir(t)
-	spec := tiny(t).Spec(template.Images{Dir: testImages()})
+	spec := tiny(t).Spec(template.Images{Dir: testkit.Images()})
 	spec.RunDir = filepath.Join(dir, "run")
 	spec.Disk = filepath.Join(dir, "disk")
 	spec.MemoryFile = filepath.Join(dir, "mem")
 	os.Mkdir(spec.RunDir, 0o755)
-	copySparse(t, f.disk, spec.Disk)
+	testkit.CopySparse(t, f.disk, spec.Disk)
 	if err := os.Link(f.mem, spec.MemoryFile); err != nil {
 		t.Fatal(err)
 	}
@@ -643,16 +642,17 @@ func TestSavedNIC(t *testing.T) {
 	}
 }
 
-// TestNICCost measures what the NIC adds to a restore: from nothing to
-// the answer of a first exec (for the NIC: an isolated namespace and TAP,
-// then Start, LoadState, Resume, HELLO, exec of true), with a NIC (the
-// tiny template) and without (the same guest baked without one here),
-// alternately. Not a check: run it with PANDA_MEASURE_NIC=N (N >= 30).
-func TestNICCost(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("PANDA_MEASURE_NIC"))
-	if n <= 0 {
-		t.Skip("set PANDA_MEASURE_NIC to measure")
-	}
+// BenchmarkNICCost measures what the NIC adds to a restore: from nothing
+// to the answer of a first exec (for the NIC: an isolated namespace and
+// TAP, then Start, LoadState, Resume, HELLO, exec of true), with a NIC
+// (the tiny template) and without (the same guest baked without one
+// here), alternately, b.N restores of each:
+//
+//	go test ./internal/hostagent/vmm/qemu -run '^$' -bench NICCost -benchtime 30x
+func BenchmarkNICCost(b *testing.B) {
+	t := b
+	needVM(t)
+	n := b.N
 	d := newDriver(t, Config{})
 	with := templateFiles(t)
 	without := bakeWithoutNIC(t, d)
@@ -667,7 +667,7 @@ func TestNICCost(t *testing.T) {
 			if name == "without NIC" {
 				f = without
 			}
-			spec := tiny(t).Spec(template.Images{Dir: testImages()})
+			spec := tiny(t).Spec(template.Images{Dir: testkit.Images()})
 			spec.RunDir = filepath.Join(dir, "run")
 			spec.Disk = filepath.Join(dir, "disk")
 			spec.MemoryFile = filepath.Join(dir, "mem")
@@ -675,16 +675,16 @@ func TestNICCost(t *testing.T) {
 			os.Remove(spec.Disk)
 			os.Remove(spec.MemoryFile)
 			os.Mkdir(spec.RunDir, 0o755)
-			copySparse(t, f.disk, spec.Disk)
+			testkit.CopySparse(t, f.disk, spec.Disk)
 			if err := os.Link(f.mem, spec.MemoryFile); err != nil {
-				t.Fatal(err)
+				b.Fatal(err)
 			}
 			t0 := time.Now()
 			spec.Net = nil
 			if name == "with NIC" {
 				nic, err := guestnet.Isolated()
 				if err != nil {
-					t.Fatal(err)
+					b.Fatal(err)
 				}
 				nsTimes = append(nsTimes, time.Since(t0))
 				spec.Net = nic
@@ -694,7 +694,7 @@ func TestNICCost(t *testing.T) {
 				spec.Net.TAP.Close()
 			}
 			if err != nil {
-				t.Fatal(err)
+				b.Fatal(err)
 			}
 			err = func() error {
 				defer m.Kill()
@@ -720,37 +720,37 @@ func TestNICCost(t *testing.T) {
 				return nil
 			}()
 			if err != nil {
-				t.Fatalf("%s: %v", name, err)
+				b.Fatalf("%s: %v", name, err)
 			}
 		}
 	}
+	b.StopTimer()
 	report := func(what string, ts []time.Duration) {
-		slices.Sort(ts)
-		p := func(q float64) time.Duration { return ts[min(len(ts)-1, int(q*float64(len(ts))))] }
-		t.Logf("%-26s n=%d  p50 %6.1f ms  p90 %6.1f ms  p99 %6.1f ms  max %6.1f ms", what, len(ts),
-			ms(p(0.5)), ms(p(0.9)), ms(p(0.99)), ms(ts[len(ts)-1]))
+		t.Logf("%-26s %s", what, latencies(ts))
 	}
 	report("with NIC: first exec", times["with NIC"])
 	report("without NIC: first exec", times["without NIC"])
+	b.ReportMetric(ms(quantile(times["with NIC"], 0.5)), "with-nic-p50-ms")
+	b.ReportMetric(ms(quantile(times["without NIC"], 0.5)), "without-nic-p50-ms")
 	report("namespace + TAP (in it)", nsTimes)
 }
 
 // bakeWithoutNIC boots the tiny root filesystem without a NIC, as a bake
 // does (shared RAM, agent answers, warm-up, barrier, pause, save), and
 // returns the saved machine.
-func bakeWithoutNIC(t *testing.T, d *Driver) files {
+func bakeWithoutNIC(t testing.TB, d *Driver) files {
 	t.Helper()
 	tp := tiny(t)
 	dir := shortDir(t)
 	f := files{mem: filepath.Join(dir, "mem"), state: filepath.Join(dir, "state"), disk: filepath.Join(dir, "disk")}
-	copySparse(t, template.Images{Dir: testImages()}.RootFS("tiny"), f.disk)
+	testkit.CopySparse(t, template.Images{Dir: testkit.Images()}.RootFS("tiny"), f.disk)
 	if err := os.WriteFile(f.mem, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Truncate(f.mem, int64(tp.MemoryMiB)<<20); err != nil {
 		t.Fatal(err)
 	}
-	spec := tp.Spec(template.Images{Dir: testImages()})
+	spec := tp.Spec(template.Images{Dir: testkit.Images()})
 	spec.Incoming, spec.MemoryShared, spec.Net = false, true, nil
 	spec.Disk, spec.MemoryFile = f.disk, f.mem
 	spec.RunDir = filepath.Join(dir, "run")
@@ -796,6 +796,7 @@ func bakeWithoutNIC(t *testing.T, d *Driver) files {
 // users never do now) boots with loopback only and says so; its state is
 // restored only onto a machine without a NIC.
 func TestGuestWithoutNIC(t *testing.T) {
+	needVM(t)
 	d := newDriver(t, Config{})
 	f := bakeWithoutNIC(t, d)
 	v := restoreOn(t, d, f, nil)
@@ -807,12 +808,12 @@ func TestGuestWithoutNIC(t *testing.T) {
 	}
 
 	dir := shortDir(t)
-	spec := tiny(t).Spec(template.Images{Dir: testImages()})
+	spec := tiny(t).Spec(template.Images{Dir: testkit.Images()})
 	spec.RunDir = filepath.Join(dir, "run")
 	spec.Disk = filepath.Join(dir, "disk")
 	spec.MemoryFile = filepath.Join(dir, "mem")
 	os.Mkdir(spec.RunDir, 0o755)
-	copySparse(t, f.disk, spec.Disk)
+	testkit.CopySparse(t, f.disk, spec.Disk)
 	if err := os.Link(f.mem, spec.MemoryFile); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package guestproto
+package guestprototest
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 )
 
 // PatternReader returns a reader of size deterministic pseudo-random bytes
@@ -23,7 +25,7 @@ func PatternReader(seed uint64, size int64) io.Reader {
 // downloads them with ReadFile, and checks that size and SHA-256 match, with
 // both transfers streamed. It returns the hex SHA-256. The VM integration test
 // runs it with 1 GiB.
-func VerifyFileRoundTrip(ctx context.Context, c *Client, path string, size int64) (string, error) {
+func VerifyFileRoundTrip(ctx context.Context, c *guestproto.Client, path string, size int64) (string, error) {
 	up := sha256.New()
 	n, err := c.WriteFile(ctx, path, io.TeeReader(PatternReader(uint64(size), size), up), 0o644)
 	if err != nil {
