@@ -296,7 +296,10 @@ func TestConfinedMachine(t *testing.T) {
 		if st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" {
 			t.Errorf("capabilities: effective %s permitted %s, want none", st["CapEff"], st["CapPrm"])
 		}
-		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			t.Fatal(err) // an empty answer must mean an empty environment
+		}
 		if len(env) != 0 {
 			t.Errorf("environment %q, want empty", env)
 		}
@@ -761,7 +764,10 @@ func assertGone(t *testing.T, d *Driver, m *Machine, dirs []string) {
 	if d.uids.inUse(uint32(m.UID())) {
 		t.Errorf("UID %d still in use", m.UID())
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err) // an empty table would hide a mount left behind
+	}
 	for _, s := range []string{d.jailDir, m.spec.RunDir, filepath.Dir(m.spec.Disk), "panda-vm"} {
 		if bytes.Contains(mi, []byte(s)) {
 			t.Errorf("a mount of %s is in the test's mount table", s)
@@ -781,7 +787,10 @@ func TestKillLeavesNothing(t *testing.T) {
 	v := startIncoming(t, d, f, 0)
 	dirs := slices.Clone(v.m.box.cg.dirs)
 	// Nothing on the host while it runs either.
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err) // an empty table would hide a mount left behind
+	}
 	if bytes.Contains(mi, []byte(d.jailDir)) || bytes.Contains(mi, []byte("panda-vm")) {
 		t.Errorf("the jail of a running vmm is in the host's mount table:\n%s", mi)
 	}
