@@ -157,6 +157,11 @@ type Plane struct {
 	opsWG   sync.WaitGroup
 	tailsWG sync.WaitGroup // background's
 	closing bool
+	// hostsMu guards the hosts placements claim and those leaving the
+	// fleet (forgethost.go). Its holders call only the fleet's HostState.
+	hostsMu    sync.Mutex
+	claims     map[string]int  // placements writing a record of each host
+	forgetting map[string]bool // hosts ForgetHost is removing
 	// resyncAgain is the list of the last Resync that left records
 	// unsettled because their host was still in the middle of an
 	// operation (one an earlier server started); the TTL loop runs Resync
@@ -184,7 +189,8 @@ func NewFleet(cfg Config, cat catalog.Catalog, f Fleet, reg prometheus.Registere
 	if err != nil {
 		return nil, err
 	}
-	p := &Plane{cfg: cfg, fleet: f, commands: newCommands(), resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
+	p := &Plane{cfg: cfg, fleet: f, commands: newCommands(), resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{},
+		claims: map[string]int{}, forgetting: map[string]bool{}}
 	p.cat = &publishing{Catalog: cat, p: p}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	return p, nil

@@ -11,7 +11,8 @@ import (
 )
 
 // Registry is a Fleet that hosts join and leave (package fleet's
-// Registry): a Plane over one answers for each of its hosts (Hosts).
+// Registry): a Plane over one answers for each of its hosts (Hosts) and
+// removes them (ForgetHost).
 type Registry interface {
 	Fleet
 	// Statuses describes every host, by id.

@@ -2,7 +2,6 @@ package rest
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -130,33 +129,11 @@ func (s *Server) activateHost(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": rec.ID, "state": rec.State, "draining": rec.Draining})
 }
 
-// forgetHost is DELETE /v1/hosts/{id} (admin): the host leaves the fleet.
-// Refused while it holds live sandboxes, unless it is lost.
+// forgetHost is DELETE /v1/hosts/{id} (admin): the host leaves the fleet
+// (controlplane.Plane.ForgetHost).
 func (s *Server) forgetHost(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.Fleet == nil {
-		s.writeError(w, r, errorf(controlplane.NotImplemented, "this server has one host, which cannot be removed"))
-		return
-	}
-	id := chi.URLParam(r, "id")
-	live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{HostID: id, States: controlplane.LiveStates})
-	if err != nil {
+	if err := s.cp.ForgetHost(r.Context(), chi.URLParam(r, "id")); err != nil {
 		s.writeError(w, r, err)
-		return
-	}
-	lost := false
-	for _, st := range s.cfg.Fleet.Statuses() {
-		lost = lost || (st.Record.ID == id && st.Record.State == catalog.HostLost)
-	}
-	if len(live) > 0 && !lost {
-		s.writeError(w, r, errorf(controlplane.Conflict, "host %s holds %d live sandboxes: drain it (POST /v1/hosts/%s/drain?migrate=true) or kill them first", id, len(live), id))
-		return
-	}
-	if err := s.cfg.Fleet.Forget(r.Context(), id); err != nil {
-		if errors.Is(err, catalog.ErrNotFound) {
-			s.writeError(w, r, errorf(controlplane.NotFound, "host %s not found", id))
-			return
-		}
-		s.writeError(w, r, s.cfg.Fleet.Classify(err))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
