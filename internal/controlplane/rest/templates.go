@@ -504,61 +504,23 @@ func templateParam(r *http.Request) string {
 	return p
 }
 
-// publishTemplate publishes versions of a user template (public true):
-// "NAME" its latest version, "NAME:N" version N; every key may then list
-// and use them, and other keys' plain NAME means the latest published
-// version. A version built later is not published until it is published
-// in turn. Unpublishing (false) withdraws "NAME:N", or every version of
-// "NAME"; sandboxes made already keep running. Admin keys only. It answers
-// the versions published after the change.
+// publishTemplate is POST /v1/templates/{name}/publish (public) and
+// /unpublish (controlplane.Plane.PublishTemplate), admin keys only. It
+// answers the versions published after the change.
 func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := requireAdmin(r); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		b, ok := s.callerBuilds(w, r)
-		if !ok {
-			return
-		}
-		ref := templateParam(r)
-		name, v, err := templates.SplitRef(ref)
-		if err != nil {
-			s.writeError(w, r, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: ")))
-			return
-		}
-		if slices.Contains(templates.Reserved, name) {
-			s.writeError(w, r, invalid("%s is a built-in template: every key may use it already", name))
-			return
-		}
-		if public && v == 0 {
-			// The latest now, named: a build that lands meanwhile is
-			// not what the caller saw, and stays unpublished.
-			u, err := b.UserTemplate(r.Context(), name)
-			if err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-			v = u.Version
-		}
-		if err := b.SetPublished(r.Context(), templates.Ref(name, v), public); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		vs, err := b.Versions(r.Context(), name)
+		pub, err := s.cp.PublishTemplate(r.Context(), templateParam(r), public)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		published := []int{}
-		for _, u := range vs {
-			if u.Published {
-				published = append(published, u.Version)
-			}
-		}
-		out := map[string]any{"name": name, "public": len(published) > 0, "published_versions": published}
-		if v > 0 {
-			out["version"] = v
+		out := map[string]any{"name": pub.Name, "public": len(pub.Versions) > 0, "published_versions": pub.Versions}
+		if pub.Version > 0 {
+			out["version"] = pub.Version
 		}
 		writeJSON(w, http.StatusOK, out)
 	}
