@@ -27,7 +27,7 @@ type snapshotJSON struct {
 }
 
 // snapToJSON describes sn; storage is where its host keeps it (from
-// control.Plane.SnapshotStorage, or the host's answer to the snapshot).
+// controlplane.Plane.SnapshotStorage, or the host's answer to the snapshot).
 func snapToJSON(sn catalog.Snapshot, storage map[string]host.SnapshotInfo) snapshotJSON {
 	si := storage[sn.ID]
 	return snapshotJSON{ID: sn.ID, Name: sn.Name, SandboxID: sn.SandboxID, Template: sn.Template,
