@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent"
@@ -39,12 +41,12 @@ type localStack struct {
 // Accel, Network; it adopts a mounted store and logs nothing) with an
 // API server over it on a random loopback port.
 func startLocalStack(ctx context.Context, cfg hostagent.Config) (*localStack, error) {
-	var srv *rest.Server
+	var exited atomic.Pointer[controlplane.Plane]
 	dataDir := cfg.DataDir
 	cfg.AdoptMount = true
 	cfg.OnExit = func(id string, err error) {
-		if srv != nil {
-			srv.SandboxExited(id, err)
+		if cp := exited.Load(); cp != nil {
+			cp.SandboxExited(id, err)
 		}
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -58,7 +60,15 @@ func startLocalStack(ctx context.Context, cfg hostagent.Config) (*localStack, er
 		a.Close()
 		return nil, err
 	}
-	srv, err = rest.New(rest.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, hostagent.Local(a), prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	cp, err := controlplane.New(controlplane.Config{MaxSandboxesPerKey: 1000, MaxMemoryMiBPerKey: 1 << 30}, cat, hostagent.Local(a), reg)
+	if err != nil {
+		cat.Close()
+		a.Close()
+		return nil, err
+	}
+	exited.Store(cp)
+	srv, err := rest.New(rest.Config{}, cp, cat, hostagent.Local(a), reg)
 	if err != nil {
 		cat.Close()
 		a.Close()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
@@ -15,26 +16,37 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Config configures a Plane. internal/controlplane/rest fills it from its own Config,
-// whose fields document the limits.
+// Config configures a Plane: the daemon that serves it fills it
+// (cmd/panda/internal/daemon) and SetDefaults the rest.
 type Config struct {
-	HostID string // name of the host in sandbox records
-	// DefaultTTL applies when a create has no TTL; MaxTTL bounds every TTL.
+	// HostID names the one host of New (default "local"); NewFleet's
+	// hosts are the fleet's.
+	HostID string
+	// DefaultTTL applies when a create has no TTL (default 5 min); MaxTTL
+	// bounds every TTL (default 24 h).
 	DefaultTTL time.Duration
 	MaxTTL     time.Duration
-	// Default per-key quotas (a key's own limits override them).
+	// Default per-key quotas (a key's own limits override them; < 0 is
+	// unlimited). Disk counts sandbox disks, paused sandboxes and
+	// snapshots.
 	MaxSandboxesPerKey int
 	MaxMemoryMiBPerKey int
 	MaxVCPUsPerKey     int
 	MaxDiskMiBPerKey   int
-	// StoppedRetention is how long stopped sandboxes stay in the catalog.
+	// StoppedRetention is how long stopped sandboxes stay in the catalog
+	// (default 1 h).
 	StoppedRetention time.Duration
+	// Templates is the registry of user templates, those built from
+	// images (templates.go says who may use them); nil: built-in
+	// templates only.
+	Templates builds.Builder
 	// ResolveTemplate turns the template a create names into the one the
 	// sandbox records (a user template's version, "NAME:N") for key, or
-	// refuses it; nil: the name as given.
+	// refuses it; nil: Plane.ResolveTemplate, over Templates.
 	ResolveTemplate func(ctx context.Context, key catalog.Key, name string) (string, error)
 	// Gone is told when a sandbox's guest goes away (it stopped or
 	// paused), so that connections to it are closed; nil: nothing to tell.
+	// OnGone adds more.
 	Gone   func(id string)
 	Logger *slog.Logger
 	// Now is the clock of the times records hold (creation, expiry,
@@ -44,14 +56,59 @@ type Config struct {
 	// in metrics and logs are always measured with the system clock.
 	Now  func() time.Time
 	Tick <-chan time.Time
-	// Events, if set, is told of every change of a sandbox or snapshot
-	// record the plane writes (publish.go: the Event* types), for its
-	// key's subscribers.
+	// Events is told of every change of a sandbox or snapshot record the
+	// plane writes (publish.go: the Event* types), for its key's
+	// subscribers (GET /v1/events); default a hub of its own (Events).
 	Events *events.Hub
 	// StoreDownAfter is how long a cross-host fork or move waits for a
 	// capture whose uploads fail before it gives up with a 503 (default
 	// 5 s).
 	StoreDownAfter time.Duration
+}
+
+// SetDefaults fills in zero fields.
+func (c *Config) SetDefaults() {
+	if c.HostID == "" {
+		c.HostID = "local"
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = 5 * time.Minute
+	}
+	if c.MaxTTL == 0 {
+		c.MaxTTL = 24 * time.Hour
+	}
+	if c.MaxSandboxesPerKey == 0 {
+		c.MaxSandboxesPerKey = 64
+	}
+	if c.MaxMemoryMiBPerKey == 0 {
+		c.MaxMemoryMiBPerKey = 64 << 10
+	}
+	if c.MaxVCPUsPerKey == 0 {
+		c.MaxVCPUsPerKey = 128
+	}
+	if c.MaxDiskMiBPerKey == 0 {
+		c.MaxDiskMiBPerKey = 1 << 20 // 1 TiB
+	}
+	if c.StoppedRetention == 0 {
+		c.StoppedRetention = time.Hour
+	}
+	if c.Events == nil {
+		c.Events = events.New(nil)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports configuration errors.
+func (c *Config) Validate() error {
+	switch {
+	case c.DefaultTTL <= 0 || c.MaxTTL <= 0:
+		return errors.New("ttl defaults must be positive")
+	case c.DefaultTTL > c.MaxTTL:
+		return fmt.Errorf("default ttl %s exceeds max ttl %s", c.DefaultTTL, c.MaxTTL)
+	}
+	return nil
 }
 
 // Plane is the control plane of the sandboxes of a fleet of hosts: it
@@ -90,6 +147,9 @@ type Plane struct {
 	stopLife context.CancelFunc
 
 	mu sync.Mutex
+	// goneFns are told when a sandbox's guest goes away (Config.Gone,
+	// OnGone).
+	goneFns []func(id string)
 	// busy counts what works on a sandbox (a create, an operation, a TTL
 	// expiry) so that Resync and the TTL loop leave it alone.
 	busy    map[string]int
@@ -97,6 +157,11 @@ type Plane struct {
 	opsWG   sync.WaitGroup
 	tailsWG sync.WaitGroup // background's
 	closing bool
+	// hostsMu guards the hosts placements claim and those leaving the
+	// fleet (forgethost.go). Its holders call only the fleet's HostState.
+	hostsMu    sync.Mutex
+	claims     map[string]int  // placements writing a record of each host
+	forgetting map[string]bool // hosts ForgetHost is removing
 	// resyncAgain is the list of the last Resync that left records
 	// unsettled because their host was still in the middle of an
 	// operation (one an earlier server started); the TTL loop runs Resync
@@ -108,26 +173,24 @@ type Plane struct {
 // cfg.HostID; its metrics are registered with reg. It starts no goroutines
 // (Run enforces TTLs).
 func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer) (*Plane, error) {
-	if cfg.HostID == "" {
-		return nil, errors.New("control config: host id must be set")
-	}
+	cfg.SetDefaults()
 	return NewFleet(cfg, cat, SingleHost(cfg.HostID, h), reg)
 }
 
 // NewFleet returns a control plane over cat and the hosts of f (cfg.HostID
-// unused); its metrics are registered with reg. It starts no goroutines.
+// names none of them then); its metrics are registered with reg. It starts
+// no goroutines.
 func NewFleet(cfg Config, cat catalog.Catalog, f Fleet, reg prometheus.Registerer) (*Plane, error) {
-	if cfg.DefaultTTL <= 0 || cfg.MaxTTL <= 0 {
-		return nil, errors.New("control config: host id and ttls must be set")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("control plane config: %w", err)
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	p := &Plane{cfg: cfg, fleet: f, commands: newCommands(), resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{}}
+	p := &Plane{cfg: cfg, fleet: f, commands: newCommands(), resyncAgain: map[string]func(context.Context) ([]host.Info, error){}, log: cfg.Logger, metrics: m, busy: map[string]int{}, ops: map[string]*op{},
+		claims: map[string]int{}, forgetting: map[string]bool{}}
 	p.cat = &publishing{Catalog: cat, p: p}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	return p, nil
@@ -202,9 +265,31 @@ func (p *Plane) clock() time.Time {
 	return time.Now()
 }
 
-// gone tells Config.Gone that sandbox id's guest went away.
+// Config is the plane's configuration, its defaults filled in.
+func (p *Plane) Config() Config { return p.cfg }
+
+// Events is the hub the plane publishes its record changes to
+// (Config.Events).
+func (p *Plane) Events() *events.Hub { return p.cfg.Events }
+
+// OnGone adds f to those told when a sandbox's guest goes away (it
+// stopped or paused; Config.Gone), so that connections to it are closed.
+// f must not block.
+func (p *Plane) OnGone(f func(id string)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.goneFns = append(p.goneFns, f)
+}
+
+// gone tells Config.Gone and OnGone's that sandbox id's guest went away.
 func (p *Plane) gone(id string) {
 	if p.cfg.Gone != nil {
 		p.cfg.Gone(id)
+	}
+	p.mu.Lock()
+	fns := p.goneFns
+	p.mu.Unlock()
+	for _, f := range fns {
+		f(id)
 	}
 }

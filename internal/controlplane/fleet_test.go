@@ -23,6 +23,9 @@ type testFleet struct {
 	hosts map[string]*hosttest.Host
 	state map[string]scheduler.HostState
 	ids   []string
+	// onStatuses, if set, is called (once, then cleared) when Statuses
+	// is, before it answers (forgethost_test.go).
+	onStatuses func()
 }
 
 func (f *testFleet) Host(id string) (host.Host, error) {

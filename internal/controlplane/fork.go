@@ -284,8 +284,14 @@ func (p *Plane) Limits(key catalog.Key) catalog.Limits {
 	}
 }
 
-// reserve records a new sandbox against the key's quota.
+// reserve records a new sandbox against the key's quota, its host
+// claimed while it does (claimHost: it cannot be forgotten meanwhile).
 func (p *Plane) reserve(ctx context.Context, key catalog.Key, sb catalog.Sandbox) error {
+	release, err := p.claimHost(sb.HostID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := p.cat.ReserveSandbox(ctx, sb, p.Limits(key)); err != nil {
 		return fmt.Errorf("reserve sandbox: %w", err)
 	}

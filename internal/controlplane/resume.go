@@ -35,6 +35,14 @@ func (p *Plane) resumeOn(id, to string) (*op, error) {
 				}
 			}
 		}
+		if hostID != sb.HostID {
+			// On another host: claimed until the record names it.
+			release, err := p.claimHost(hostID)
+			if err != nil {
+				return p.failed(ctx, id, lifecycle.ResumeFailed, "resume", err)
+			}
+			defer release()
+		}
 		h, err := p.on(hostID)
 		if err == nil {
 			_, err = h.Resume(ctx, id)

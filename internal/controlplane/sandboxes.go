@@ -147,13 +147,15 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		tp = dh.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)
 		// A user template is created from one version, which the sandbox
 		// records ("NAME:N"): a rebuild does not change what it runs.
+		resolve := p.ResolveTemplate
 		if p.cfg.ResolveTemplate != nil {
-			ref, err := p.cfg.ResolveTemplate(ctx, key, tp.Name)
-			if err != nil {
-				return catalog.Sandbox{}, host.CreateRequest{}, err
-			}
-			tp.Name = ref
+			resolve = p.cfg.ResolveTemplate
 		}
+		ref, err := resolve(ctx, key, tp.Name)
+		if err != nil {
+			return catalog.Sandbox{}, host.CreateRequest{}, err
+		}
+		tp.Name = ref
 		if err := tp.Validate(); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 		}

@@ -3,17 +3,31 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/pandastack/pandastack/internal/contract/failpoint"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 )
 
-// Snapshot takes a snapshot named name of running sandbox sb for key and
-// waits for it. It runs detached from ctx: once the host has it on stable
-// storage it is recorded for the key (a crash in between is repaired by
-// Resync).
+// CheckSnapshotName refuses (Invalid) a snapshot name users may not
+// give: more than 128 bytes, not UTF-8, or holding NUL ("" is no name).
+func CheckSnapshotName(name string) error {
+	if len(name) > 128 || strings.ContainsRune(name, 0) || !utf8.ValidString(name) {
+		return Errorf(Invalid, "name must be at most 128 bytes of UTF-8, without NUL")
+	}
+	return nil
+}
+
+// Snapshot takes a snapshot named name (CheckSnapshotName) of running
+// sandbox sb for key and waits for it. It runs detached from ctx: once
+// the host has it on stable storage it is recorded for the key (a crash
+// in between is repaired by Resync).
 func (p *Plane) Snapshot(ctx context.Context, key catalog.Key, sb catalog.Sandbox, name string) (catalog.Snapshot, error) {
+	if err := CheckSnapshotName(name); err != nil {
+		return catalog.Snapshot{}, err
+	}
 	o, err := p.detach(sb.ID, "snapshot", func(ctx context.Context) (catalog.Sandbox, any, error) {
 		id := host.NewID()
 		h, err := p.on(sb.HostID)

@@ -106,7 +106,7 @@ type member struct {
 	done   chan struct{}
 }
 
-var _ controlplane.Fleet = (*Registry)(nil)
+var _ controlplane.Registry = (*Registry)(nil)
 
 // Errors of registration.
 var (

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -28,7 +29,6 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm/qemu"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // env is one real server for the whole package: a host agent with real
@@ -37,6 +37,7 @@ type env struct {
 	url   string
 	admin string
 	srv   *rest.Server
+	cp    *controlplane.Plane // srv's
 	host  *hostagent.Agent
 	h     host.Host // what srv uses: host, or a hostclient.Client over it
 	cat   *sqlite.Catalog
@@ -95,8 +96,8 @@ func makeWorld() error {
 	}
 	teardown = append(teardown, func() { os.RemoveAll(dir) })
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var srv *rest.Server
-	onExit := func(id string, err error) { srv.SandboxExited(id, err) }
+	var cp *controlplane.Plane
+	onExit := func(id string, err error) { cp.SandboxExited(id, err) }
 	drv, err := qemu.New(qemu.Config{Logger: log})
 	if err != nil {
 		return fmt.Errorf("qemu driver: %w", err)
@@ -137,7 +138,7 @@ func makeWorld() error {
 			var once sync.Once
 			c.Watch(watchCtx, hostclient.Watcher{
 				Connected: func(context.Context) error { once.Do(func() { close(synced) }); return nil },
-				Exited:    func(id string, err error) { srv.SandboxExited(id, err) },
+				Exited:    func(id string, err error) { cp.SandboxExited(id, err) },
 			})
 		}()
 		teardown = append(teardown, func() { stopWatch(); <-watchDone })
@@ -160,14 +161,13 @@ func makeWorld() error {
 		return err
 	}
 	teardown = append(teardown, func() { builds.Close() })
-	srv, err = rest.New(rest.Config{
-		TemplateBuilds:     builds,
-		MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256, MaxUploadBytes: 64 << 20,
+	srv, cp, err := newServer(rest.Config{
+		MaxUploadBytes:             64 << 20,
 		MaxGuestRequestsPerSandbox: guestLimit,
 		MaxProxyRequestsPerSandbox: proxyLimit, ProxyHeaderTimeout: proxyHeaderTimeout,
 		EventPing: 500 * time.Millisecond,
 		OpenAPI:   []byte("openapi: 3.0.3\n"), Logger: log,
-	}, cat, h, prometheus.NewRegistry())
+	}, controlplane.Config{Templates: builds, MaxSandboxesPerKey: 40, MaxMemoryMiBPerKey: 40 * 256}, cat, h)
 	if err != nil {
 		return err
 	}
@@ -179,13 +179,13 @@ func makeWorld() error {
 	teardown = append(teardown, hs.Close)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { srv.Run(runCtx); close(done) }()
+	go func() { cp.Run(runCtx); close(done) }()
 	teardown = append(teardown, func() { stop(); <-done })
 	// Bake the template once, outside any test's timing.
 	if _, err := host.Templates().Get(ctx, host.TemplateParams("tiny", 256, 1), nil); err != nil {
 		return fmt.Errorf("bake: %w", err)
 	}
-	e = &env{url: hs.URL, admin: secret, srv: srv, host: host, h: h, cat: cat}
+	e = &env{url: hs.URL, admin: secret, srv: srv, cp: cp, host: host, h: h, cat: cat}
 	return nil
 }
 

@@ -23,13 +23,13 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 type buildServer struct {
@@ -124,8 +124,7 @@ func (b *buildServer) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { builds.Close() })
-	acfg.TemplateBuilds = builds
-	srv, err := rest.New(acfg, b.cat, routingHost{templates: b.store}, prometheus.NewRegistry())
+	srv, _, err := newServer(acfg, controlplane.Config{Templates: builds}, b.cat, routingHost{templates: b.store})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ func (s *Server) KeySubscribers(key string) int { return s.events.KeyLen(key) }
 // ResolveTemplate is resolveTemplate: the reference a create of ref by key
 // is made from.
 func (s *Server) ResolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
-	return s.resolveTemplate(ctx, key, ref)
+	return s.cp.ResolveTemplate(ctx, key, ref)
 }
 
 // GuestSlots is how many guest request slots of sandbox id are taken.

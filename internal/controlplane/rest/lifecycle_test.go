@@ -319,7 +319,7 @@ func TestResyncSettlesAnOperationInFlightOnTheHost(t *testing.T) {
 		}
 		return infos, nil
 	}
-	if err := e.srv.Resync(ctx, list); err != nil {
+	if err := e.cp.Resync(ctx, list); err != nil {
 		t.Fatal(err)
 	}
 	var got struct {
@@ -365,7 +365,7 @@ func TestResyncRecordsASnapshotFinishedAfterIt(t *testing.T) {
 		}
 		return infos, nil
 	}
-	if err := e.srv.Resync(ctx, list); err != nil {
+	if err := e.cp.Resync(ctx, list); err != nil {
 		t.Fatal(err)
 	}
 	// The snapshot ends on the host; nothing records it but a resync.
@@ -403,7 +403,7 @@ func TestResyncForgetsASnapshotItsHostDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := e.srv.Resync(ctx, func(context.Context) ([]host.Info, error) { return e.host.List(), nil }); err != nil {
+	if err := e.cp.Resync(ctx, func(context.Context) ([]host.Info, error) { return e.host.List(), nil }); err != nil {
 		t.Fatal(err)
 	}
 	expect(t, do(t, key, "GET", "/v1/snapshots/"+gone.ID, nil), 404, "not_found")
@@ -450,7 +450,7 @@ func TestResyncFinishesAStopWithItsReason(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.srv.Resync(ctx, func(context.Context) ([]host.Info, error) { return e.host.List(), nil }); err != nil {
+	if err := e.cp.Resync(ctx, func(context.Context) ([]host.Info, error) { return e.host.List(), nil }); err != nil {
 		t.Fatal(err)
 	}
 	var got sandbox

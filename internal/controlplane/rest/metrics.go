@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 }
 
 func (s *Server) countState(state string) float64 {
-	list, err := s.cat.ListSandboxes(context.Background(), catalog.SandboxFilter{States: []string{state}, HostID: s.cfg.HostID})
+	list, err := s.cat.ListSandboxes(context.Background(), catalog.SandboxFilter{States: []string{state}, HostID: s.cp.Config().HostID})
 	if err != nil {
 		return 0
 	}

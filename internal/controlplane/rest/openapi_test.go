@@ -28,10 +28,10 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
-	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 )
 
@@ -130,8 +130,7 @@ func newRoutingServer(t *testing.T) *routingServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := rest.New(rest.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler)},
-		cat, routingHost{templates: store}, prometheus.NewRegistry())
+	srv, _, err := newServer(rest.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler)}, controlplane.Config{}, cat, routingHost{templates: store})
 	if err != nil {
 		t.Fatal(err)
 	}

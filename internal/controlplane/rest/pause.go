@@ -21,7 +21,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// lifecycleOp serves pause and resume (run: control.Plane's): the sandbox
+// lifecycleOp serves pause and resume (run: controlplane.Plane's): the sandbox
 // must be in the state the operation starts from (or already in the
 // operation: the request joins it), the operation runs detached, and the
 // answer is the sandbox as it left it. A client that goes away does not

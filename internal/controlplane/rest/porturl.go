@@ -196,8 +196,8 @@ func redactSecrets(s string) string {
 // Stringer value, in groups too.
 type redactingHandler struct{ next slog.Handler }
 
-// redactingLogger wraps l so that it never logs a signed token or a key.
-func redactingLogger(l *slog.Logger) *slog.Logger {
+// RedactingLogger wraps l so that it never logs a signed token or a key.
+func RedactingLogger(l *slog.Logger) *slog.Logger {
 	if _, ok := l.Handler().(redactingHandler); ok {
 		return l
 	}

@@ -586,11 +586,11 @@ func (s *Server) portURL(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	ttl := min(DefaultPortURLTTL, s.cfg.MaxTTL)
+	ttl := min(DefaultPortURLTTL, s.cp.Config().MaxTTL)
 	if req.TTLSeconds != nil {
 		d := time.Duration(*req.TTLSeconds) * time.Second
-		if *req.TTLSeconds < 1 || d > s.cfg.MaxTTL {
-			s.writeError(w, r, invalid("ttl_seconds must be between 1 and %d", int(s.cfg.MaxTTL.Seconds())))
+		if *req.TTLSeconds < 1 || d > s.cp.Config().MaxTTL {
+			s.writeError(w, r, invalid("ttl_seconds must be between 1 and %d", int(s.cp.Config().MaxTTL.Seconds())))
 			return
 		}
 		ttl = d

@@ -33,11 +33,11 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/hostapi"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // guestNet stands in for the sandboxes' network.
@@ -634,9 +634,9 @@ func TestSignedURL(t *testing.T) {
 			defer mu.Unlock()
 			return buf.Write(p)
 		})
-		srv2, err := rest.New(rest.Config{URLSecret: []byte("a secret of the logging server"),
+		srv2, cp2, err := newServer(rest.Config{URLSecret: []byte("a secret of the logging server"),
 			ProxyHeaderTimeout: proxyHeaderTimeout, OpenAPI: []byte("openapi: 3.0.3\n"),
-			Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))}, e.cat, e.h, prometheus.NewRegistry())
+			Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))}, controlplane.Config{}, e.cat, e.h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -644,7 +644,8 @@ func TestSignedURL(t *testing.T) {
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			srv2.Shutdown(ctx)
+			srv2.Shutdown()
+			cp2.Shutdown(ctx)
 			hs.Close()
 		})
 		u2 := signURL(t, hs.URL, key, sb.ID, 8000, nil)
@@ -675,10 +676,10 @@ func TestSignedURL(t *testing.T) {
 func TestProxyDomain(t *testing.T) {
 	world(t)
 	const domain = "sbx.test"
-	srv2, err := rest.New(rest.Config{
+	srv2, cp2, err := newServer(rest.Config{
 		ProxyDomain: domain, PublicURL: "https://panda.example.com:8443/base",
 		ProxyHeaderTimeout: proxyHeaderTimeout, OpenAPI: []byte("openapi: 3.0.3\n"), Logger: slog.New(slog.DiscardHandler),
-	}, e.cat, e.h, prometheus.NewRegistry())
+	}, controlplane.Config{}, e.cat, e.h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,7 +687,8 @@ func TestProxyDomain(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		srv2.Shutdown(ctx)
+		srv2.Shutdown()
+		cp2.Shutdown(ctx)
 		hs.Close()
 	})
 	key := newKey(t, "domain", nil)
@@ -957,7 +959,7 @@ func BenchmarkPortProxy(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { hc.Close() })
-	srv2, err := rest.New(rest.Config{OpenAPI: []byte("openapi: 3.0.3\n"), Logger: slog.New(slog.DiscardHandler)}, e.cat, hc, prometheus.NewRegistry())
+	srv2, cp2, err := newServer(rest.Config{OpenAPI: []byte("openapi: 3.0.3\n"), Logger: slog.New(slog.DiscardHandler)}, controlplane.Config{}, e.cat, hc)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -965,7 +967,8 @@ func BenchmarkPortProxy(b *testing.B) {
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		srv2.Shutdown(ctx)
+		srv2.Shutdown()
+		cp2.Shutdown(ctx)
 		hs2.Close()
 	})
 

@@ -145,8 +145,8 @@ func TestRedactingLogger(t *testing.T) {
 		if format == "json" {
 			h = slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})
 		}
-		log := redactingLogger(slog.New(h))
-		if redactingLogger(log) != log {
+		log := RedactingLogger(slog.New(h))
+		if RedactingLogger(log) != log {
 			t.Error("a redacting logger is wrapped again")
 		}
 		log.Warn("request failed: GET /p/"+tok+"/x", "path", "/p/"+tok+"/index.html", "status", 502,

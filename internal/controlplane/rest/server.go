@@ -1,15 +1,17 @@
-// Package api is PandaStack's REST API under /v1 (api/openapi.yaml): API-key
-// authentication and per-key ownership, request decoding and validation,
-// exec (buffered and streamed), files, processes, the port proxy,
-// templates and keys, /healthz and /metrics, and E2B's API on the same
-// listener (package e2b, over e2b.go's adapter). The sandboxes' lifecycle
-// (create with its quota, kill, TTLs and their expiry, network, fork,
-// snapshots, pause/resume, reconciling with the host) is control.Plane's:
-// its handlers decode, call it and encode. It keeps durable state in a
-// catalog.Catalog and reaches sandboxes through a host.Host, the contract
-// with a host: the host agent of this process (agent.Local, `panda up`) or
-// a remote one (hostclient.Client, `panda server`). Error kinds
-// (control.Kind) become HTTP statuses only here (errors.go).
+// Package rest is PandaStack's REST API under /v1 (api/openapi.yaml):
+// API-key authentication and per-key ownership, request decoding and
+// validation, exec (buffered and streamed), files, processes, the port
+// proxy, templates and keys, /healthz and /metrics, and E2B's API on the
+// same listener (package e2b, over e2b.go's adapter). The sandboxes'
+// lifecycle and the rules about them (create with its quota, kill, TTLs
+// and their expiry, network, fork, snapshots, pause/resume, templates in
+// use, the hosts, reconciling with the host) are controlplane.Plane's,
+// which the daemon builds and gives to New: its handlers decode, call it
+// and encode. It keeps durable state in a catalog.Catalog and reaches
+// sandboxes through a host.Host, the contract with a host: the host agent
+// of this process (hostagent.Local, `panda up`) or a remote one
+// (hostclient.Client, `panda server`). Error kinds (controlplane.Kind)
+// become HTTP statuses only here (errors.go).
 package rest
 
 import (
@@ -36,24 +38,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Config configures the API server.
+// Config configures the API server. What the control plane decides with
+// (TTLs, quotas, the user templates' registry) is its own Config's
+// (controlplane.Config).
 type Config struct {
-	HostID string // name of the local host in sandbox records
 	// Fleet, if set, is the registry of the hosts this server places
-	// sandboxes on (HostID is then unused), and the host.Host given to New
-	// routes each sandbox's calls to its host.
+	// sandboxes on, the Plane given to New drives them, and the host.Host
+	// given to New routes each sandbox's calls to its host.
 	Fleet Fleet
-	// DefaultTTL applies when a create request has no ttl_seconds; MaxTTL
-	// bounds every TTL.
-	DefaultTTL time.Duration
-	MaxTTL     time.Duration
-	// Default per-key quotas (a key's own limits override them; < 0 is
-	// unlimited). Disk counts sandbox disks, paused sandboxes and
-	// snapshots.
-	MaxSandboxesPerKey int
-	MaxMemoryMiBPerKey int
-	MaxVCPUsPerKey     int
-	MaxDiskMiBPerKey   int
 	// MaxTemplatesPerKey bounds the user templates a key other than an
 	// admin one may own (default 20; < 0 unlimited).
 	MaxTemplatesPerKey int
@@ -80,8 +72,6 @@ type Config struct {
 	MaxUploadBytes int64
 	// MaxExecOutputBytes bounds stdout and stderr each in buffered exec.
 	MaxExecOutputBytes int
-	// StoppedRetention is how long stopped sandboxes stay visible.
-	StoppedRetention time.Duration
 
 	// The port proxy (proxy.go). MaxProxyRequestsPerSandbox and
 	// MaxProxyRequestsPerKey bound the proxied requests in flight (a
@@ -102,9 +92,6 @@ type Config struct {
 	// {port}-{id}.{ProxyDomain} (proxydomain.go): a lowercase DNS name.
 	ProxyDomain string
 
-	// TemplateBuilds builds user templates from images (POST
-	// /v1/templates); nil: those endpoints answer 501.
-	TemplateBuilds TemplateBuilds
 	// TemplateContextDir is where the build contexts of Dockerfile builds
 	// are received, one tar file each, before the builder takes them
 	// ("": the system's temporary directory). TemplateContextMaxBytes
@@ -146,27 +133,6 @@ func (c *Config) SetDefaults() {
 	if c.ProxyHeaderTimeout == 0 {
 		c.ProxyHeaderTimeout = DefaultProxyHeaderTimeout
 	}
-	if c.HostID == "" {
-		c.HostID = "local"
-	}
-	if c.DefaultTTL == 0 {
-		c.DefaultTTL = 5 * time.Minute
-	}
-	if c.MaxTTL == 0 {
-		c.MaxTTL = 24 * time.Hour
-	}
-	if c.MaxSandboxesPerKey == 0 {
-		c.MaxSandboxesPerKey = 64
-	}
-	if c.MaxMemoryMiBPerKey == 0 {
-		c.MaxMemoryMiBPerKey = 64 << 10
-	}
-	if c.MaxVCPUsPerKey == 0 {
-		c.MaxVCPUsPerKey = 128
-	}
-	if c.MaxDiskMiBPerKey == 0 {
-		c.MaxDiskMiBPerKey = 1 << 20 // 1 TiB
-	}
 	if c.MaxTemplatesPerKey == 0 {
 		c.MaxTemplatesPerKey = DefaultMaxTemplatesPerKey
 	}
@@ -194,9 +160,6 @@ func (c *Config) SetDefaults() {
 	if c.TemplateContextMaxBytes == 0 {
 		c.TemplateContextMaxBytes = DefaultTemplateContextMaxBytes
 	}
-	if c.StoppedRetention == 0 {
-		c.StoppedRetention = time.Hour
-	}
 	if c.EventPing == 0 {
 		c.EventPing = 15 * time.Second
 	}
@@ -214,10 +177,6 @@ func (c *Config) SetDefaults() {
 // Validate reports configuration errors.
 func (c *Config) Validate() error {
 	switch {
-	case c.DefaultTTL <= 0 || c.MaxTTL <= 0:
-		return errors.New("ttl defaults must be positive")
-	case c.DefaultTTL > c.MaxTTL:
-		return fmt.Errorf("default ttl %s exceeds max ttl %s", c.DefaultTTL, c.MaxTTL)
 	case c.TemplateContextMaxBytes < 0:
 		return errors.New("template context max bytes must not be negative")
 	case c.EventPing < 0 || c.EventBuffer < 0:
@@ -277,25 +236,30 @@ type Server struct {
 	buildGate buildGate // build requests being received (buildadmit.go)
 
 	// cp is the control plane the handlers call: create, kill, TTLs,
-	// network, fork, snapshots, pause and resume, expiry, reconciling.
+	// network, fork, snapshots, pause and resume, templates in use, the
+	// hosts, expiry, reconciling.
 	cp *controlplane.Plane
 	// events is what cp publishes record changes to, for GET /v1/events.
 	events *events.Hub
 }
 
-// New returns a server. It starts no goroutines.
-func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer) (*Server, error) {
+// New returns a server of the control plane cp, whose catalog is cat and
+// whose sandboxes h reaches (cp's one host, or a fleet's router). It
+// closes the port proxy's connections to a sandbox whose guest cp says is
+// gone, and streams what cp publishes. It starts no goroutines.
+func New(cfg Config, cp *controlplane.Plane, cat catalog.Catalog, h host.Host, reg prometheus.Registerer) (*Server, error) {
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("api config: %w", err)
 	}
-	cfg.Logger = redactingLogger(cfg.Logger) // no signed token or key in a log (porturl.go)
+	cfg.Logger = RedactingLogger(cfg.Logger) // no signed token or key in a log (porturl.go)
 	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger,
 		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
 		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
 		streams: newPerKey(cfg.MaxEventStreamsPerKey),
 		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
-		events:  events.New(nil),
+		cp:      cp,
+		events:  cp.Events(),
 	}
 	s.urlSecret = cfg.URLSecret
 	if len(s.urlSecret) == 0 {
@@ -310,24 +274,8 @@ func New(cfg Config, cat catalog.Catalog, h host.Host, reg prometheus.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	cp.OnGone(s.proxy.closeSandbox)
 	var err error
-	var fl controlplane.Fleet = controlplane.SingleHost(cfg.HostID, h)
-	if cfg.Fleet != nil {
-		fl = cfg.Fleet
-	}
-	s.cp, err = controlplane.NewFleet(controlplane.Config{
-		HostID: cfg.HostID, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
-		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
-		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
-		StoppedRetention: cfg.StoppedRetention,
-		ResolveTemplate:  s.resolveTemplate,
-		Gone:             s.proxy.closeSandbox,
-		Events:           s.events,
-		Logger:           cfg.Logger,
-	}, cat, fl, reg)
-	if err != nil {
-		return nil, err
-	}
 	if s.e2b, err = s.newE2B(); err != nil {
 		return nil, err
 	}
@@ -572,45 +520,12 @@ func requireAdmin(r *http.Request) error {
 	return nil
 }
 
-// The control plane's lifecycle, for the server that wires the API
-// (cmd/panda/internal/daemon): see control.Plane.
-
-// Run enforces TTLs and settles records a Resync left unsettled, until ctx
-// ends (control.Plane.Run).
-func (s *Server) Run(ctx context.Context) error { return s.cp.Run(ctx) }
-
-// Shutdown ends the event streams (CloseStreams), closes the port proxy's
-// connections to guests, which ends the WebSockets the HTTP server's own
-// shutdown does not wait for, and cancels
-// the operations in flight and waits for them, at most until ctx ends
-// (control.Plane.Shutdown). Requests must have stopped first.
-func (s *Server) Shutdown(ctx context.Context) {
+// Shutdown ends the event streams (CloseStreams) and closes the port
+// proxy's connections to guests, which ends the WebSockets the HTTP
+// server's own shutdown does not wait for. Requests must have stopped
+// first; the control plane's operations in flight are its own
+// (controlplane.Plane.Shutdown).
+func (s *Server) Shutdown() {
 	s.CloseStreams()
 	s.proxy.close()
-	s.cp.Shutdown(ctx)
-}
-
-// Resync makes the catalog agree with what the host lists
-// (control.Plane.Resync).
-// ResyncHost is Resync for host hostID of a fleet.
-func (s *Server) ResyncHost(ctx context.Context, hostID string, list func(context.Context) ([]host.Info, error)) error {
-	return s.cp.ResyncHost(ctx, hostID, list)
-}
-
-func (s *Server) Resync(ctx context.Context, list func(context.Context) ([]host.Info, error)) error {
-	return s.cp.Resync(ctx, list)
-}
-
-// Reconcile makes the catalog and the host agree after a restart of the
-// all-in-one server (control.Plane.Reconcile).
-func (s *Server) Reconcile(ctx context.Context, adopted []string) error {
-	return s.cp.Reconcile(ctx, adopted)
-}
-
-// SandboxExited is the host's OnExit callback (control.Plane.SandboxExited).
-func (s *Server) SandboxExited(id string, cause error) { s.cp.SandboxExited(id, cause) }
-
-// StopForShutdown stops a sandbox because the server is shutting down.
-func (s *Server) StopForShutdown(ctx context.Context, id string) error {
-	return s.cp.StopForShutdown(ctx, id)
 }

@@ -3,12 +3,11 @@ package rest
 import (
 	"context"
 	"net/http"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 )
 
@@ -28,7 +27,7 @@ type snapshotJSON struct {
 }
 
 // snapToJSON describes sn; storage is where its host keeps it (from
-// control.Plane.SnapshotStorage, or the host's answer to the snapshot).
+// controlplane.Plane.SnapshotStorage, or the host's answer to the snapshot).
 func snapToJSON(sn catalog.Snapshot, storage map[string]host.SnapshotInfo) snapshotJSON {
 	si := storage[sn.ID]
 	return snapshotJSON{ID: sn.ID, Name: sn.Name, SandboxID: sn.SandboxID, Template: sn.Template,
@@ -44,8 +43,9 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if len(req.Name) > 128 || strings.ContainsRune(req.Name, 0) || !utf8.ValidString(req.Name) {
-		s.writeError(w, r, invalid("name must be at most 128 bytes of UTF-8, without NUL"))
+	// Checked before the sandbox is looked up, as every request's body.
+	if err := controlplane.CheckSnapshotName(req.Name); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	sb, err := s.running(r)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/hostclient"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -22,7 +23,6 @@ import (
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // storeServer is an API server of its own whose host agent keeps
@@ -66,7 +66,7 @@ func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *hosta
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cat.Close() })
-	srv, err := rest.New(rest.Config{OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log}, cat, h, prometheus.NewRegistry())
+	srv, cp, err := newServer(rest.Config{OpenAPI: []byte("openapi: 3.0.3\n"), Logger: log}, controlplane.Config{}, cat, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,8 @@ func storeServer(t *testing.T, cs *chunkstore.Store) (url, key string, ag *hosta
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
+		srv.Shutdown()
+		cp.Shutdown(ctx)
 		hs.Close()
 	})
 	_, key, err = rest.NewKey(ctx, cat, "store", true, 0, 0)

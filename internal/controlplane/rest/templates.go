@@ -66,29 +66,6 @@ type templateJSON struct {
 	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
-// userVersions returns the versions of every user template, by name
-// (none without template builds).
-func (s *Server) userVersions(ctx context.Context) (map[string][]templates.UserRootFS, error) {
-	users := map[string][]templates.UserRootFS{}
-	b, err := s.builds()
-	if err != nil {
-		return users, nil
-	}
-	if vl, ok := b.(builds.VersionLister); ok {
-		return vl.AllVersions(ctx)
-	}
-	latest, err := b.UserTemplates(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, u := range latest {
-		if vs, err := b.Versions(ctx, u.Name); err == nil {
-			users[u.Name] = vs
-		}
-	}
-	return users, nil
-}
-
 // listTemplates lists the templates the caller may use: the built-in
 // ones, its own, the published ones (an admin key: all). An admin key sees
 // every shape baked; other keys see each template at its default shape
@@ -102,7 +79,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	users, err := s.userVersions(r.Context()) // by name, the versions
+	users, err := s.cp.UserVersions(r.Context()) // by name, the versions
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -142,7 +119,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	}
 	names, err := store.Names(r.Context())
 	if err != nil {
-		s.log.Warn("list template names of host", "host_id", s.cfg.HostID, "err", err)
+		s.log.Warn("list template names of host", "host_id", s.cp.Config().HostID, "err", err)
 	}
 	for _, name := range names {
 		if !seen[name] && view.visibleName(name) {
@@ -173,7 +150,7 @@ type templateView struct {
 func newTemplateView(key catalog.Key, users map[string][]templates.UserRootFS) templateView {
 	usable := map[string][]templates.UserRootFS{}
 	for name, vs := range users {
-		if uv := usableVersions(key, vs); len(uv) > 0 {
+		if uv := controlplane.UsableVersions(key, vs); len(uv) > 0 {
 			usable[name] = uv
 		}
 	}
@@ -249,99 +226,6 @@ func sortTemplateRows(out []templateJSON) {
 	})
 }
 
-// ownsTemplate reports whether key may see and use every version of user
-// template u (any of its versions: it holds the template's owner): an
-// admin key always, else the key that built it. A template without an
-// owner (built before owners were recorded) is the admin keys'.
-func ownsTemplate(key catalog.Key, u templates.UserRootFS) bool {
-	return key.Admin || (u.Owner != "" && u.Owner == key.ID)
-}
-
-// usableVersions returns the versions of vs (a template's, oldest first)
-// key may see and use: every one for the template's owner and admin keys
-// (ownsTemplate), the published ones for other keys. Publishing is per
-// version: a version its owner builds after publishing is the owner's
-// alone until it is published in turn.
-func usableVersions(key catalog.Key, vs []templates.UserRootFS) []templates.UserRootFS {
-	if len(vs) == 0 || ownsTemplate(key, vs[len(vs)-1]) {
-		return vs
-	}
-	var out []templates.UserRootFS
-	for _, u := range vs {
-		if u.Published {
-			out = append(out, u)
-		}
-	}
-	return out
-}
-
-// templateVersions returns the versions of user template name key may
-// use (usableVersions) and whether key owns it (ownsTemplate); none (and
-// no error) if there is no such template.
-func templateVersions(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) ([]templates.UserRootFS, bool, error) {
-	vs, err := b.Versions(ctx, name)
-	if errors.Is(err, templates.ErrNotFound) || (err == nil && len(vs) == 0) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	return usableVersions(key, vs), ownsTemplate(key, vs[len(vs)-1]), nil
-}
-
-// resolveTemplate returns the reference a sandbox of template ref is
-// created from: a built-in's name as is; for a user template, "NAME:N":
-// for plain NAME the latest version the key may use (its owner and admin
-// keys: the latest; other keys: the latest published), for NAME:N that
-// version if the key may use it. A user template (or version) the key may
-// not use is not found, exactly like a missing one.
-func (s *Server) resolveTemplate(ctx context.Context, key catalog.Key, ref string) (string, error) {
-	name, v, err := templates.SplitRef(ref)
-	if err != nil {
-		return "", invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
-	}
-	if slices.Contains(templates.Reserved, name) || s.cfg.TemplateBuilds == nil {
-		if v > 0 {
-			return "", invalid("template %s is built in: it has no versions", name)
-		}
-		return ref, nil
-	}
-	b := s.cfg.TemplateBuilds
-	u, err := b.UserTemplate(ctx, name)
-	if errors.Is(err, templates.ErrNotFound) {
-		if v > 0 {
-			return "", notFound("template %q not found", ref)
-		}
-		return ref, nil // a built-in of this host, or nothing: Lookup says
-	}
-	if err != nil {
-		return "", err
-	}
-	if !ownsTemplate(key, u) {
-		vs, _, err := templateVersions(ctx, b, key, name)
-		if err != nil {
-			return "", err
-		}
-		i := len(vs) - 1
-		if v > 0 {
-			i = slices.IndexFunc(vs, func(u templates.UserRootFS) bool { return u.Version == v })
-		}
-		if i < 0 {
-			return "", notFound("template %q not found", ref)
-		}
-		return templates.Ref(name, vs[i].Version), nil
-	}
-	if v == 0 {
-		return templates.Ref(name, u.Version), nil
-	}
-	if _, err := b.UserTemplate(ctx, ref); errors.Is(err, templates.ErrNotFound) {
-		return "", notFound("template %s has no version %d (its latest is %d)", name, v, u.Version)
-	} else if err != nil {
-		return "", err
-	}
-	return ref, nil
-}
-
 func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 	if err := requireAdmin(r); err != nil {
 		s.writeError(w, r, err)
@@ -393,10 +277,11 @@ type TemplateBuilds = builds.Builder
 const DefaultMaxTemplatesPerKey = 20
 
 func (s *Server) builds() (TemplateBuilds, error) {
-	if s.cfg.TemplateBuilds == nil {
+	b := s.cp.Config().Templates
+	if b == nil {
 		return nil, errorf(controlplane.NotImplemented, "this server does not build templates; built-in templates work everywhere")
 	}
-	return s.cfg.TemplateBuilds, nil
+	return b, nil
 }
 
 // callerBuilds is the template builder for a request of the build
@@ -583,50 +468,15 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 	out.send(st)
 }
 
-// deleteTemplate removes a user template, NAME (every version and every
-// shape baked from them) or NAME:N (that version; not the latest). Only
-// its owner or an admin key may; a template the key may not use is not
-// found. Refused (409) while live sandboxes or snapshots made from it (of
-// that version, for NAME:N) are in the catalog, unless ?force=true: they
-// keep running, and restoring, from their own files either way.
+// deleteTemplate is DELETE /v1/templates/{name}[?force=true]
+// (controlplane.Plane.DeleteTemplate).
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	if templateParam(r) == templates.NotAName {
 		s.methodNotAllowed(w, r) // the list of builds, not a template
 		return
 	}
-	b, ok := s.callerBuilds(w, r)
-	if !ok {
+	if _, ok := s.callerBuilds(w, r); !ok {
 		return
-	}
-	key := callerOf(r).Key
-	ref := templateParam(r)
-	name, v, err := templates.SplitRef(ref)
-	if err != nil {
-		s.writeError(w, r, notFound("no template %q built from an image", ref))
-		return
-	}
-	if slices.Contains(templates.Reserved, name) {
-		s.writeError(w, r, invalid("%s is a built-in template; it cannot be deleted", name))
-		return
-	}
-	vs, owns, err := templateVersions(r.Context(), b, key, name)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if len(vs) == 0 {
-		s.writeError(w, r, notFound("no template %q built from an image", name))
-		return
-	}
-	if !owns {
-		s.writeError(w, r, errorf(controlplane.Forbidden, "only the key that built template %s, or an admin key, may delete it", name))
-		return
-	}
-	if v > 0 {
-		if _, err := b.UserTemplate(r.Context(), ref); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 	}
 	force := false
 	switch r.URL.Query().Get("force") {
@@ -637,43 +487,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("force must be true or false"))
 		return
 	}
-	// uses reports whether a sandbox or snapshot of template t goes away
-	// with this delete.
-	uses := func(t string) bool {
-		if v > 0 {
-			return t == ref
-		}
-		return t == name || strings.HasPrefix(t, name+":")
-	}
-	if !force {
-		live, err := s.cat.ListSandboxes(r.Context(), catalog.SandboxFilter{States: controlplane.LiveStates})
-		if err != nil {
-			s.writeError(w, r, fmt.Errorf("list sandboxes: %w", err))
-			return
-		}
-		nsb := 0
-		for _, sb := range live {
-			if uses(sb.Template) {
-				nsb++
-			}
-		}
-		snaps, err := s.cat.ListSnapshots(r.Context(), "")
-		if err != nil {
-			s.writeError(w, r, fmt.Errorf("list snapshots: %w", err))
-			return
-		}
-		nsn := 0
-		for _, sn := range snaps {
-			if uses(sn.Template) {
-				nsn++
-			}
-		}
-		if nsb > 0 || nsn > 0 {
-			s.writeError(w, r, conflict("template %s is in use: %d sandboxes not stopped and %d snapshots were made from it; kill and delete them first, or delete with ?force=true (they keep working from their own files)", ref, nsb, nsn))
-			return
-		}
-	}
-	if err := b.Remove(r.Context(), ref); err != nil {
+	if err := s.cp.DeleteTemplate(r.Context(), callerOf(r).Key, templateParam(r), force); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -690,61 +504,23 @@ func templateParam(r *http.Request) string {
 	return p
 }
 
-// publishTemplate publishes versions of a user template (public true):
-// "NAME" its latest version, "NAME:N" version N; every key may then list
-// and use them, and other keys' plain NAME means the latest published
-// version. A version built later is not published until it is published
-// in turn. Unpublishing (false) withdraws "NAME:N", or every version of
-// "NAME"; sandboxes made already keep running. Admin keys only. It answers
-// the versions published after the change.
+// publishTemplate is POST /v1/templates/{name}/publish (public) and
+// /unpublish (controlplane.Plane.PublishTemplate), admin keys only. It
+// answers the versions published after the change.
 func (s *Server) publishTemplate(public bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := requireAdmin(r); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		b, ok := s.callerBuilds(w, r)
-		if !ok {
-			return
-		}
-		ref := templateParam(r)
-		name, v, err := templates.SplitRef(ref)
-		if err != nil {
-			s.writeError(w, r, invalid("%v", strings.TrimPrefix(err.Error(), "invalid template parameters: ")))
-			return
-		}
-		if slices.Contains(templates.Reserved, name) {
-			s.writeError(w, r, invalid("%s is a built-in template: every key may use it already", name))
-			return
-		}
-		if public && v == 0 {
-			// The latest now, named: a build that lands meanwhile is
-			// not what the caller saw, and stays unpublished.
-			u, err := b.UserTemplate(r.Context(), name)
-			if err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-			v = u.Version
-		}
-		if err := b.SetPublished(r.Context(), templates.Ref(name, v), public); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		vs, err := b.Versions(r.Context(), name)
+		pub, err := s.cp.PublishTemplate(r.Context(), templateParam(r), public)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		published := []int{}
-		for _, u := range vs {
-			if u.Published {
-				published = append(published, u.Version)
-			}
-		}
-		out := map[string]any{"name": name, "public": len(published) > 0, "published_versions": published}
-		if v > 0 {
-			out["version"] = v
+		out := map[string]any{"name": pub.Name, "public": len(pub.Versions) > 0, "published_versions": pub.Versions}
+		if pub.Version > 0 {
+			out["version"] = pub.Version
 		}
 		writeJSON(w, http.StatusOK, out)
 	}

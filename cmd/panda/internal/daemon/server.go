@@ -23,6 +23,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/opencatalog"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -404,20 +405,20 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	}
 	defer builds.Close()
 
-	// 3. Catalog, admin key, API; reconcile the catalog with what
-	// survived a restart.
-	srv, cat, err := openControlPlane(ctx, cfg, hostagent.Local(host), builds, version, openapi, out, log)
+	// 3. Catalog, admin key, control plane, API; reconcile the catalog
+	// with what survived a restart.
+	cp, srv, cat, err := openControlPlane(ctx, cfg, hostagent.Local(host), builds, version, openapi, out, log)
 	if err != nil {
 		return err
 	}
 	defer cat.Close()
-	exits.set(srv.SandboxExited)
+	exits.set(cp.SandboxExited)
 	recovered := host.Recover(ctx)
 	// Until it serves, a start that fails leaves the sandboxes it adopted
 	// running for the next start to adopt: they are not its to kill.
 	keepRunning = true
 	adopted := adoptedIDs(recovered)
-	if err := srv.Reconcile(ctx, adopted); err != nil {
+	if err := cp.Reconcile(ctx, adopted); err != nil {
 		return err
 	}
 	if n := len(recovered); n > 0 {
@@ -429,7 +430,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 
 	// 4. Serve. From here on, shutdown follows cfg.OnShutdown.
 	keepRunning = false
-	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run)
+	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), cp.Run)
 	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
 	if cfg.MetricsListen != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsListen, cfg.serveOptions(log).httpServer(srv.MetricsHandler()), log)
@@ -450,8 +451,9 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	sv.stop()
 	// Operations in flight (pause, resume, snapshot, fork) are cancelled
 	// and roll back on the host: nothing is left half done.
+	srv.Shutdown()
 	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
-	srv.Shutdown(octx)
+	cp.Shutdown(octx)
 	ocancel()
 	if cfg.OnShutdown == "keep" {
 		keepRunning = true
@@ -459,7 +461,7 @@ func Run(ctx context.Context, cfg Config, version string, openapi []byte, out io
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stopRunning(host, func(id string) error { return srv.StopForShutdown(sctx, id) }, log)
+	stopRunning(host, func(id string) error { return cp.StopForShutdown(sctx, id) }, log)
 	return nil
 }
 
@@ -641,55 +643,72 @@ func bakeOnStart(ctx context.Context, cfg Config, host *hostagent.Agent, out io.
 }
 
 // openControlPlane opens the catalog, creates the admin key on first
-// start and builds the API over h. The caller closes the catalog.
-func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds rest.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*rest.Server, catalog.Catalog, error) {
+// start, and builds the control plane over h and the API over both. The
+// caller closes the catalog.
+func openControlPlane(ctx context.Context, cfg Config, h host.Host, builds rest.TemplateBuilds, version string, openapi []byte, out io.Writer, log *slog.Logger) (*controlplane.Plane, *rest.Server, catalog.Catalog, error) {
 	return openControlPlaneOf(ctx, cfg, func(catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds) { return h, nil, builds }, version, openapi, out, log)
 }
 
 // openControlPlaneOf is openControlPlane with the host, the template
 // builds (and the fleet, if hosts join) made from the catalog.
-func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds), version string, openapi []byte, out io.Writer, log *slog.Logger) (*rest.Server, catalog.Catalog, error) {
+func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds), version string, openapi []byte, out io.Writer, log *slog.Logger) (*controlplane.Plane, *rest.Server, catalog.Catalog, error) {
 	catURL := cfg.Catalog
 	if catURL == "" {
 		catURL = filepath.Join(cfg.DataDir, "panda.db")
 	}
 	cat, err := opencatalog.Open(ctx, catURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("cannot open catalog: %w", err)
+		return nil, nil, nil, fmt.Errorf("cannot open catalog: %w", err)
+	}
+	fail := func(err error) (*controlplane.Plane, *rest.Server, catalog.Catalog, error) {
+		cat.Close()
+		return nil, nil, nil, err
 	}
 	if err := bootstrapAdmin(ctx, cat, cfg.DataDir, out, log); err != nil {
-		cat.Close()
-		return nil, nil, err
+		return fail(err)
 	}
 	// The secret of signed port URLs: made on first start, kept so that
 	// URLs outlive restarts.
 	secret, err := rest.LoadOrCreateURLSecret(filepath.Join(cfg.DataDir, rest.URLSecretFile))
 	if err != nil {
-		cat.Close()
-		return nil, nil, err
+		return fail(err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h, fl, builds := hostOf(cat)
-	srv, err := rest.New(rest.Config{
-		Fleet:      fl,
+	// The control plane: the API's handlers, E2B's and the daemon's
+	// loops (TTLs, reconciling, host events) all drive this one.
+	pcfg := controlplane.Config{
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
+		Templates: builds,
+		Logger:    rest.RedactingLogger(log.With("part", "api")),
+	}
+	var cp *controlplane.Plane
+	if fl != nil {
+		cp, err = controlplane.NewFleet(pcfg, cat, fl, reg)
+	} else {
+		cp, err = controlplane.New(pcfg, cat, h, reg)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	srv, err := rest.New(rest.Config{
+		Fleet:          fl,
 		MaxUploadBytes: cfg.MaxUploadBytes, OpenAPI: openapi, Version: version, Logger: log.With("part", "api"),
 		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
-		TemplateBuilds: builds, TemplateContextDir: cfg.templateContextDir(),
+		TemplateContextDir:      cfg.templateContextDir(),
 		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
 		MaxTemplatesPerKey:      cfg.MaxTemplatesPerKey,
 		MaxTemplateBuildsPerKey: cfg.MaxTemplateBuildsPerKey,
 		MaxTemplateVersions:     cfg.MaxTemplateVersions,
 		MaxEventStreamsPerKey:   cfg.MaxEventStreamsPerKey,
-	}, cat, h, reg)
+	}, cp, cat, h, reg)
 	if err != nil {
-		cat.Close()
-		return nil, nil, err
+		return fail(err)
 	}
-	return srv, cat, nil
+	return cp, srv, cat, nil
 }
 
 // serving is an HTTP server and the loops that run beside it.

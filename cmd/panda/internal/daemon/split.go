@@ -299,7 +299,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	}
 	defer client.Close()
 
-	srv, cat, err := openControlPlane(ctx, cfg, client, client.Builds(), version, openapi, out, log)
+	cp, srv, cat, err := openControlPlane(ctx, cfg, client, client.Builds(), version, openapi, out, log)
 	if err != nil {
 		return err
 	}
@@ -315,7 +315,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 		first := true
 		client.Watch(watchCtx, hostclient.Watcher{
 			Connected: func(ctx context.Context) error {
-				if err := srv.Resync(ctx, client.List); err != nil {
+				if err := cp.Resync(ctx, client.List); err != nil {
 					return err
 				}
 				if first {
@@ -324,7 +324,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 				}
 				return nil
 			},
-			Exited: srv.SandboxExited,
+			Exited: cp.SandboxExited,
 		})
 	}()
 	defer func() { stopWatch(); <-watchDone }()
@@ -334,7 +334,7 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 		return nil
 	}
 
-	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run)
+	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), cp.Run)
 	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
 	fmt.Fprintf(out, "PandaStack listening on http://%s (host agent %s, accel %s)\n", ln.Addr(), cfg.AgentURL, client.Accel())
 	log.Info("serving", "addr", ln.Addr().String(), "agent", cfg.AgentURL)
@@ -345,8 +345,9 @@ func RunServer(ctx context.Context, cfg Config, version string, openapi []byte, 
 	// event stream, the catalog, the connection to the agent.
 	log.Info("shutting down")
 	sv.stop()
+	srv.Shutdown()
 	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
-	srv.Shutdown(octx)
+	cp.Shutdown(octx)
 	ocancel()
 	return nil
 }
@@ -409,7 +410,7 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 	}
 	var reg *fleet.Registry
 	var templates *fleet.Templates
-	srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds) {
+	cp, srv, cat, err := openControlPlaneOf(ctx, cfg, func(cat catalog.Catalog) (host.Host, rest.Fleet, rest.TemplateBuilds) {
 		reg = fleet.New(fleet.Config{Catalog: cat, JoinToken: joinToken, LostAfter: time.Duration(cfg.HostLostAfter),
 			Logger: log.With("part", "fleet")})
 		templates = fleet.NewTemplates(reg, cfg.TemplateHost)
@@ -421,9 +422,9 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 	defer cat.Close()
 	connected := func(ctx context.Context, id string, list func(context.Context) ([]host.Info, error)) error {
 		templates.HostConnected(ctx, id)
-		return srv.ResyncHost(ctx, id, list)
+		return cp.ResyncHost(ctx, id, list)
 	}
-	reg.SetHooks(fleet.Hooks{Connected: connected, Exited: srv.SandboxExited, LostChanged: srv.HostLostChanged})
+	reg.SetHooks(fleet.Hooks{Connected: connected, Exited: cp.SandboxExited, LostChanged: srv.HostLostChanged})
 	if err := reg.Start(ctx); err != nil {
 		return err
 	}
@@ -433,7 +434,7 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 	}
 	defer templates.Close()
 
-	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), srv.Run, reg.Run)
+	sv := startServing(ln, srv.Handler(), cfg.serveOptions(log), cp.Run, reg.Run)
 	sv.hs.RegisterOnShutdown(srv.CloseStreams) // event streams would hold Shutdown
 	fmt.Fprintf(out, "PandaStack listening on http://%s (a fleet: hosts join with the token in %s)\n", ln.Addr(), tokenFile)
 	log.Info("serving", "addr", ln.Addr().String(), "fleet", true)
@@ -442,8 +443,9 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 	}
 	log.Info("shutting down")
 	sv.stop()
+	srv.Shutdown()
 	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
-	srv.Shutdown(octx)
+	cp.Shutdown(octx)
 	ocancel()
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -234,8 +235,13 @@ func FuzzProxyDomain(f *testing.F) {
 	}
 	w := newWorld(f)
 	f.Fuzz(func(t *testing.T, domain, hostHdr string, port uint16, variant uint8) {
-		srv, err := rest.New(rest.Config{HostID: hostID, URLSecret: urlSecret, ProxyDomain: domain, OpenAPI: []byte("openapi: 3.0.3\n"),
-			Logger: w.quiet}, w.cat, w.host, prometheus.NewRegistry())
+		reg := prometheus.NewRegistry()
+		cp, err := controlplane.New(controlplane.Config{HostID: hostID, Logger: w.quiet}, w.cat, w.host, reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := rest.New(rest.Config{URLSecret: urlSecret, ProxyDomain: domain, OpenAPI: []byte("openapi: 3.0.3\n"),
+			Logger: w.quiet}, cp, w.cat, w.host, reg)
 		if err != nil {
 			return
 		}

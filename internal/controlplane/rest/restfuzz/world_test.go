@@ -27,6 +27,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -92,12 +93,18 @@ func newWorld(f *testing.F) *world {
 	w := &world{cat: cat, log: &syncBuffer{}, quiet: slog.New(slog.DiscardHandler), envd: map[string]string{}, ports: map[string]string{},
 		host: &fuzzHost{Host: hosttest.New()}}
 	w.contexts = filepath.Join(f.TempDir(), "contexts")
+	log := slog.New(slog.NewTextHandler(w.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	reg := prometheus.NewRegistry()
+	cp, err := controlplane.New(controlplane.Config{HostID: hostID, Templates: &fuzzBuilds{}, Logger: rest.RedactingLogger(log)}, cat, w.host, reg)
+	if err != nil {
+		f.Fatal(err)
+	}
 	srv, err := rest.New(rest.Config{
-		HostID: hostID, MaxUploadBytes: 1 << 20, OpenAPI: []byte("openapi: 3.0.3\n"),
+		MaxUploadBytes: 1 << 20, OpenAPI: []byte("openapi: 3.0.3\n"),
 		URLSecret: urlSecret, ProxyDomain: proxyDomain,
-		TemplateBuilds: &fuzzBuilds{}, TemplateContextDir: w.contexts, TemplateContextMaxBytes: 1 << 20,
-		Logger: slog.New(slog.NewTextHandler(w.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	}, cat, w.host, prometheus.NewRegistry())
+		TemplateContextDir: w.contexts, TemplateContextMaxBytes: 1 << 20,
+		Logger: log,
+	}, cp, cat, w.host, reg)
 	if err != nil {
 		f.Fatal(err)
 	}
