@@ -7,7 +7,6 @@ package main
 // bounded per key.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/testing/pandatest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -142,21 +142,17 @@ func (w *secWorld) postSlowContext(t *testing.T, ctx context.Context, key, spec 
 	if size != 0 {
 		req.ContentLength = size
 	}
-	// The request goes over a connection of its own, written and read
-	// apart: the server answers while bob is still sending and then
-	// closes, and what it answered is read from the socket whatever the
-	// writes meet (an http.Client may report its write's broken pipe
-	// instead of the answer that came before it).
+	// The request goes over a connection of its own, its answer read
+	// apart from its writes (testkit.EarlyAnswer).
 	conn, err := pandatest.DialerIn(w.env.Host.Path)(ctx, "tcp", strings.TrimPrefix(w.URL(), "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	context.AfterFunc(ctx, func() { conn.Close() })
-	go req.Write(conn)
 	answer := make(chan string, 1)
 	go func() {
-		res, err := http.ReadResponse(bufio.NewReader(conn), req)
+		res, err := testkit.EarlyAnswer(conn, req)
 		if err != nil {
 			answer <- "no answer: " + err.Error()
 			return

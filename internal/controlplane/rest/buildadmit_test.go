@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"mime/multipart"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // bodyCounter counts the bytes the API's handlers read of request bodies.
@@ -99,7 +102,12 @@ func postEndless(t *testing.T, b *buildServer, key, spec string, size int64) (in
 	if size != 0 {
 		req.ContentLength = size
 	}
-	resp, err := http.DefaultClient.Do(req)
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", strings.TrimPrefix(b.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := testkit.EarlyAnswer(conn, req)
 	if err != nil {
 		t.Fatalf("endless build request %s: no answer: %v", spec, err)
 	}
