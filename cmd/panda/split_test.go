@@ -92,9 +92,14 @@ func TestSplitServerAgent(t *testing.T) {
 			t.Errorf("agent's %s: %v, %v; want mode %o", name, st, err, mode)
 		}
 	}
-	if out := ag.Stdout(); !strings.Contains(out, tokenFile) || !strings.Contains(out, "Created the agent's CA in "+caFile) ||
-		!strings.Contains(out, "listening on https://") {
-		t.Errorf("agent output does not name the token file %s and the CA %s, listening on https:\n%s", tokenFile, caFile, out)
+	// The output is read from the agent's pipe as it comes: its lines may
+	// land a little after the agent answers its health check.
+	says := func(out string) bool {
+		return strings.Contains(out, tokenFile) && strings.Contains(out, "Created the agent's CA in "+caFile) &&
+			strings.Contains(out, "listening on https://")
+	}
+	if !testkit.Poll(10*time.Second, func() bool { return says(ag.Stdout()) }) {
+		t.Errorf("agent output does not name the token file %s and the CA %s, listening on https:\n%s", tokenFile, caFile, ag.Stdout())
 	}
 	creds := []string{"--agent-token-file", tokenFile, "--agent-ca-file", caFile}
 
