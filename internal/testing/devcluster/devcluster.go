@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"io"
 	"net"
 	"net/http"
@@ -41,9 +40,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
+
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane/scheduler"
 	"github.com/pandastack/pandastack/internal/testing/pgserver"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	"github.com/pandastack/pandastack/internal/testing/versitygw"
 )
 
@@ -204,7 +206,7 @@ func (a *Agent) Stop() error { return a.p.stop(agentGrace) }
 func (a *Agent) Start() error { return a.p.start() }
 
 // VMMPIDs are the QEMU processes serving the agent's sandboxes.
-func (a *Agent) VMMPIDs() []int { return qemuPIDs(a.DataDir) }
+func (a *Agent) VMMPIDs() []int { return testkit.QEMUProcs(a.DataDir) }
 
 // agentGrace is how long an agent may take to stop after SIGTERM: it
 // waits up to 10 s for requests, up to 5 s for the control plane to
@@ -683,7 +685,7 @@ func (c *Cluster) stopAgents() error {
 	}
 	wg.Wait()
 	for _, a := range c.agents {
-		if pids := qemuPIDs(a.DataDir); len(pids) > 0 {
+		if pids := testkit.QEMUProcs(a.DataDir); len(pids) > 0 {
 			killPIDs(pids)
 		}
 		// A killed agent's lazy restore holder (its machines are gone).
@@ -795,34 +797,12 @@ func childEnv(env []string) []string {
 	return out
 }
 
-// qemuPIDs lists the live QEMU processes whose command line mentions a
-// path under dir.
-func qemuPIDs(dir string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		argv0, _, _ := strings.Cut(string(b), "\x00")
-		if strings.Contains(filepath.Base(argv0), "qemu-system") && strings.Contains(string(b), dir+"/") {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // killPIDs SIGKILLs pids and waits until they are gone.
 func killPIDs(pids []int) {
 	for _, pid := range pids {
 		killPID(pid)
 	}
 	for _, pid := range pids {
-		waitGone(pid, 10*time.Second)
+		testkit.WaitGone(pid, 10*time.Second)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +13,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // stateDir holds a state file per running cluster name: what a run that
@@ -174,7 +176,7 @@ func (c *Cluster) removeLeftovers() error {
 	for _, d := range dirs {
 		agents, _ := filepath.Glob(filepath.Join(d, "agent-*"))
 		for _, a := range agents {
-			if pids := qemuPIDs(a); len(pids) > 0 {
+			if pids := testkit.QEMUProcs(a); len(pids) > 0 {
 				killPIDs(pids)
 				found = append(found, fmt.Sprintf("VMMs %v of %s", pids, a))
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/testing/nettest"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // The cluster's network, all named after Config.Name (here "pdev"):
@@ -237,32 +238,9 @@ func killIn(path string) []int {
 		}
 	}
 	for _, pid := range pids {
-		waitGone(pid, 10*time.Second)
+		testkit.WaitGone(pid, 10*time.Second)
 	}
 	return pids
-}
-
-// alive reports whether pid is a running (not zombie) process.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
-}
-
-// waitGone polls until pid is not alive or timeout has passed.
-func waitGone(pid int, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 // retryDump runs a netlink dump again while the kernel reports it was
