@@ -16,6 +16,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -232,21 +233,8 @@ func (a *Agent) fork(ctx context.Context, id string, ids []string, naive bool) (
 	return res, nil
 }
 
-// SnapshotInfo is a snapshot as this host records it (snapshot.json, and
-// the header of its packs): the contract's description (host.SnapshotInfo)
-// with the whole machine spec a restore needs, which shadows the
-// contract's Shape under the same JSON name.
-type SnapshotInfo struct {
-	host.SnapshotInfo
-	Spec vmm.Spec `json:"spec"`
-}
-
-// Contract is si as the control plane sees it.
-func (si SnapshotInfo) Contract() host.SnapshotInfo {
-	c := si.SnapshotInfo
-	c.Spec = host.Shape{MemoryMiB: si.Spec.MemoryMiB, VCPUs: si.Spec.VCPUs}
-	return c
-}
+// SnapshotInfo is a snapshot as this host records it: capture.Info.
+type SnapshotInfo = capture.Info
 
 // snapshotImage is the image a snapshot restores.
 func (a *Agent) snapshotImage(si SnapshotInfo) image {
@@ -256,7 +244,7 @@ func (a *Agent) snapshotImage(si SnapshotInfo) image {
 func (a *Agent) snapshotDir(id string) string { return filepath.Join(a.vol.Dir, "snapshots", id) }
 
 // snapshotMeta is the snapshot's metadata file inside its directory.
-const snapshotMeta = "snapshot.json"
+const snapshotMeta = capture.MetaFile
 
 // Snapshot captures the running sandbox id into a durable snapshot
 // snapID. The sandbox runs on. When Snapshot returns, the snapshot's files
@@ -399,7 +387,7 @@ func (a *Agent) verifySnapshot(si SnapshotInfo) error {
 			return nil
 		}
 	}
-	if err := verifyCapture(a.snapshotDir(si.ID)); err != nil {
+	if err := capture.Verify(a.snapshotDir(si.ID)); err != nil {
 		a.log.Error("snapshot failed its checksums", "snapshot_id", si.ID, "err", err)
 		return fmt.Errorf("snapshot %s: %w: its files do not match their checksums; delete it", si.ID, ErrCorrupt)
 	}
@@ -409,24 +397,6 @@ func (a *Agent) verifySnapshot(si SnapshotInfo) error {
 		a.mu.Unlock()
 	}
 	return nil
-}
-
-// verifyCapture checks a sealed capture directory; a directory sealed by
-// no one (made before checksums existed) passes if its files exist.
-func verifyCapture(dir string) error {
-	if isLazyCapture(dir) { // lazy.go: its memory comes checked chunk by chunk
-		return verifyExcept(dir, lazyFile)
-	}
-	err := manifest.Verify(dir)
-	if errors.Is(err, manifest.ErrNoManifest) {
-		for _, f := range []string{memFile, stateFile, diskFile} {
-			if _, serr := os.Stat(filepath.Join(dir, f)); serr != nil {
-				return fmt.Errorf("%w: %s is missing", manifest.ErrCorrupt, f)
-			}
-		}
-		return nil
-	}
-	return err
 }
 
 // Snapshots lists the snapshots on this host, and those durable in its
@@ -637,7 +607,7 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 		if err := a.checkResumable(ctx, s); err != nil {
 			return Info{}, err
 		}
-		if err := verifyCapture(dir); err != nil {
+		if err := capture.Verify(dir); err != nil {
 			a.log.Error("paused sandbox failed its checksums", "sandbox_id", id, "err", err)
 			a.startPausedUpload(s)
 			return Info{}, fmt.Errorf("resume %s: %w: its saved memory or disk does not match its checksums", id, ErrCorrupt)

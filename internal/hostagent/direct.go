@@ -16,6 +16,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 )
@@ -183,7 +184,7 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	}
 	st, err := chunkstore.ReadPackNotify(ctx, br, h, tmp, seeds, filesDone)
 	if err == nil {
-		if verr := checkDownloaded(tmp); verr != nil {
+		if verr := capture.CheckDownloaded(tmp); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}

@@ -265,7 +265,7 @@ func (a *Agent) LazyStats(name string) (lazymem.Stats, bool) {
 // hold its chunks); the memory image becomes a symbolic link to its lazy
 // file. Its file is looked up first, so that its working set is
 // prefetched while the rest downloads. The caller checks the files
-// (checkDownloaded: sizes, through the link for the memory image, whose
+// (capture.CheckDownloaded: sizes, through the link for the memory image, whose
 // chunks are checked one by one as they arrive). Errors keep their
 // classes (objstore.ErrUnavailable, ErrNotFound, manifest.ErrCorrupt).
 func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir string, seeds []chunkstore.Seed) (chunkstore.DownloadStats, error) {
@@ -318,41 +318,6 @@ func (a *Agent) mountLazy() {
 	if _, err := a.lazyMount(); err != nil {
 		a.log.Error("mount lazy memory files", "err", err)
 	}
-}
-
-// isLazyCapture reports whether dir's memory image is a lazy one (a
-// symbolic link to the lazymem mount, which only lazy restores make).
-func isLazyCapture(dir string) bool {
-	fi, err := os.Lstat(filepath.Join(dir, lazyFile))
-	return err == nil && fi.Mode()&os.ModeSymlink != 0
-}
-
-// verifyExcept is manifest.Verify of dir but for file skip, whose size
-// only is checked (its content comes checked chunk by chunk).
-func verifyExcept(dir, skip string) error {
-	if err := manifest.Check(dir); err != nil {
-		return err
-	}
-	m, err := manifest.Read(dir)
-	if errors.Is(err, manifest.ErrNoManifest) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, f := range m.Files {
-		if f.Name == skip {
-			continue
-		}
-		got, err := manifest.Sum(filepath.Join(dir, f.Name))
-		if err != nil {
-			return fmt.Errorf("%w: %s: %v", manifest.ErrCorrupt, f.Name, err)
-		}
-		if got.Sum != f.Sum {
-			return fmt.Errorf("%w: %s does not match its checksum", manifest.ErrCorrupt, f.Name)
-		}
-	}
-	return nil
 }
 
 // cloneMemory is the Cloner of a capture's memory image (fork, snapshot,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -60,9 +61,9 @@ const restoreTimeout = 90 * time.Second
 
 // The files of a sandbox's running machine, in its directory.
 const (
-	diskFile  = "rootfs.ext4"
-	memFile   = "vm.mem"
-	stateFile = "vm.state"
+	diskFile  = capture.DiskFile
+	memFile   = capture.MemFile
+	stateFile = capture.StateFile
 )
 
 // restore gives s its own files from im and starts its VMM: the disk is a

@@ -12,7 +12,6 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
-	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
@@ -104,7 +103,7 @@ func (r templateRemote) Baked(t *template.Template) {
 // reflinks from a seed on trust: the template's files passed their
 // checksums, and its index was made from them as they are (it is tied to
 // their fingerprint), so a restore need not read it all again
-// (checkDownloaded).
+// (capture.CheckDownloaded).
 func (a *Agent) templateSeeds(ctx context.Context, key string) (seeds []chunkstore.Seed, release func()) {
 	none := func() {}
 	t, ok := a.templates.ByKey(key)
@@ -303,20 +302,4 @@ func (a *Agent) syncTemplates() {
 	for _, t := range list {
 		a.startTemplateSync(t.Key(), false)
 	}
-}
-
-// checkDownloaded checks a capture just downloaded from the object store
-// (its directory dir). The download checked every chunk against its hash
-// as it came (fetched, made from a patch, or copied from a seed) or
-// reflinked it from a template whose files passed their checksums and
-// whose index was made from them (templateSeeds): reading all of it again
-// against the capture's checksums would find nothing new. So this checks
-// that the files are there with their sizes; a set older than checksums
-// has no manifest and is checked as verifyCapture does.
-func checkDownloaded(dir string) error {
-	err := manifest.Check(dir)
-	if errors.Is(err, manifest.ErrNoManifest) {
-		return verifyCapture(dir)
-	}
-	return err
 }
