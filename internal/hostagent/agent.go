@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -67,10 +68,15 @@ type Agent struct {
 	// last passed their checksums: unchanged files need no new check.
 	verified map[string]string
 
-	// store keeps snapshots in the object store (Config.Store; nil: none),
-	// with its background jobs (store.go).
+	// store is the object store (Config.Store; nil: none); sync keeps
+	// snapshots, paused sandboxes and templates there, with its
+	// background jobs (store.go), and gives the seeds and bases of
+	// downloads and packs (made with or without a store).
 	store *chunkstore.Store
-	storeJobs
+	sync  *storesync.Sync
+	// adoptMu is held by a resume downloading a paused sandbox from the
+	// store (adoptPaused), one at a time.
+	adoptMu sync.Mutex
 	lazyState
 	// replicas runs one download at a time of each user template version
 	// built on another host (usertemplates.go).
@@ -86,8 +92,6 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w: data directory not set", ErrInvalid)
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, verified: map[string]string{}, gids: map[string]uint32{}, starts: make(chan struct{}, cfg.MaxConcurrentStarts), images: template.Images{Dir: cfg.ImagesDir}, store: cfg.Store}
-	a.jobs, a.storeErrs = map[string]*job{}, map[string]string{}
-	a.bgCtx, a.bgCancel = context.WithCancel(context.Background())
 	if _, err := os.Stat(a.images.Kernel()); err != nil {
 		return nil, fmt.Errorf("open host agent: guest kernel missing: %w (run make setup)", err)
 	}
@@ -132,7 +136,8 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
-	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storedDir), filepath.Join(vol.Dir, storedDir, pausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
+	a.sync = a.newSync()
+	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storesync.StoredDir), filepath.Join(vol.Dir, storesync.StoredDir, pausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			vol.Close()
 			return nil, fmt.Errorf("open host agent: %w", err)
@@ -303,7 +308,7 @@ func (a *Agent) quiesce() []*sandbox {
 // captures stay on disk for the next Open. Idempotent.
 func (a *Agent) Close() error {
 	all := a.quiesce()
-	a.stopBackground()
+	a.sync.Stop()
 	var wg sync.WaitGroup
 	for _, s := range all {
 		if s.getState() == StatePaused {
@@ -326,7 +331,7 @@ func (a *Agent) Close() error {
 // agent can adopt them (Recover). The volume stays mounted. Idempotent.
 func (a *Agent) Detach() {
 	all := a.quiesce()
-	a.stopBackground()
+	a.sync.Stop()
 	a.mu.Lock()
 	a.sandboxes = map[string]*sandbox{}
 	a.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/memimage"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
@@ -283,7 +284,7 @@ func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool)
 	if _, err := os.Stat(dir); err == nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: exists", snapID, ErrConflict)
 	}
-	if _, ok := a.storedRecord(snapID); ok {
+	if _, ok := a.sync.Record(snapID); ok {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w: exists (in the object store)", snapID, ErrConflict)
 	}
 	ctx, end, err := s.begin(ctx, "snapshot", StateRunning)
@@ -336,7 +337,7 @@ func (a *Agent) snapshot(ctx context.Context, id, snapID string, transient bool)
 	if !transient {
 		// A transient capture is uploaded once someone waits for it
 		// (AwaitStored): one sent straight to another host never is.
-		a.startUpload(snapID)
+		a.sync.StartUpload(snapID)
 	}
 	return si, nil
 }
@@ -348,7 +349,7 @@ func (a *Agent) GetSnapshot(id string) (SnapshotInfo, error) {
 	if !host.ValidID(id) {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
-	rec, stored := a.storedRecord(id)
+	rec, stored := a.sync.Record(id)
 	if stored && rec.Deleted {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
@@ -422,7 +423,7 @@ func (a *Agent) Snapshots() []SnapshotInfo {
 		out = append(out, si)
 	}
 	if a.store != nil {
-		recs, _ := os.ReadDir(filepath.Join(a.vol.Dir, storedDir))
+		recs, _ := os.ReadDir(filepath.Join(a.vol.Dir, storesync.StoredDir))
 		for _, e := range recs {
 			id, ok := strings.CutSuffix(e.Name(), ".json")
 			if !ok || seen[id] || !host.ValidID(id) {
@@ -460,11 +461,10 @@ func (a *Agent) DeleteSnapshot(id string) error {
 	}
 	if a.store != nil {
 		// Not while a create downloads it (that would put it back).
-		a.fetchMu.Lock()
-		defer a.fetchMu.Unlock()
+		defer a.sync.LockSnapshots()()
 		// The tombstone first: from here the snapshot is gone, and a
 		// crash leaves the rest to the next start.
-		if err := a.forgetInStore(id, si); err != nil {
+		if err := a.sync.Forget(id, si); err != nil {
 			return err
 		}
 	}
@@ -479,7 +479,7 @@ func (a *Agent) DeleteSnapshot(id string) error {
 	delete(a.verified, id)
 	a.mu.Unlock()
 	if a.store != nil {
-		a.startStoreDelete(id)
+		a.sync.StartDelete(id)
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		}
 		if _, err := os.Stat(a.snapshotDir(snap.ID)); errors.Is(err, os.ErrNotExist) && a.store != nil {
 			// Durable in the store, lost here: fetch it first.
-			if fetched, err = a.fetchSnapshot(ctx, snap.ID, nil); err != nil {
+			if fetched, err = a.sync.FetchSnapshot(ctx, snap.ID, nil); err != nil {
 				return Info{}, fmt.Errorf("create sandbox: %w", err)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 )
@@ -30,15 +31,6 @@ import (
 // the store, and creates from it as usual. Nothing of this touches the
 // store: a transient capture is uploaded only once someone waits for it
 // to be durable (AwaitStored), which a fork that went direct never does.
-
-// chunkSize is the chunk size of template indexes: the store's, or the
-// default without one.
-func (a *Agent) chunkSize() int64 {
-	if a.store != nil {
-		return a.store.ChunkSize()
-	}
-	return chunkstore.DefaultChunkSize
-}
 
 // SendSnapshot writes snapshot id, held on this host, to w as a pack
 // diffed against this host's copy of its template (whole chunks if it has
@@ -70,24 +62,24 @@ func (a *Agent) SendSnapshot(ctx context.Context, id string, held []string, w io
 	release := func() {}
 	baseName := ""
 	if from := a.lineageBase(si, held); from != "" {
-		if bases, release = a.snapshotBases(ctx, from); bases != nil {
-			baseName = storeName(from)
+		if bases, release = a.sync.SnapshotBases(ctx, from); bases != nil {
+			baseName = storesync.SnapshotSet(from)
 		}
 	}
 	if bases == nil {
-		bases, release = a.templateBases(ctx, si.Template)
+		bases, release = a.sync.TemplateBases(ctx, si.Template)
 	}
 	if bases == nil && a.store != nil {
 		// A capture of a sandbox restored here from the store, whose
 		// template this host lacks: without it every chunk would go
 		// whole (the whole memory image, not what the sandbox wrote).
 		release()
-		a.startTemplateFetch(si.Template, si.Spec)
-		a.awaitTemplateJob(ctx, si, "a pack waited for this host to fetch the template to diff it against")
-		bases, release = a.templateBases(ctx, si.Template)
+		a.sync.StartTemplateFetch(si.Template, si.Spec)
+		a.sync.AwaitTemplateJob(ctx, si, "a pack waited for this host to fetch the template to diff it against")
+		bases, release = a.sync.TemplateBases(ctx, si.Template)
 	}
 	defer release()
-	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.chunkSize(), Meta: meta, Bases: bases, BaseName: baseName})
+	st, err := chunkstore.WritePack(ctx, w, files, chunkstore.PackOptions{ChunkSize: a.sync.ChunkSize(), Meta: meta, Bases: bases, BaseName: baseName})
 	if err != nil {
 		return st, fmt.Errorf("send snapshot %s: %w", id, err)
 	}
@@ -131,7 +123,7 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if err := json.Unmarshal(h.Meta, &si); err != nil || si.ID != id {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: the pack holds snapshot %q", id, ErrInvalid, si.ID)
 	}
-	from, err := baseOfPack(h)
+	from, err := storesync.BaseOfPack(h)
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, err)
 	}
@@ -140,22 +132,21 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	if from != "" {
 		// Diffed against a snapshot this host said it holds.
 		var bases map[string]chunkstore.Seed
-		bases, release = a.snapshotBases(ctx, from)
-		seeds = seedsOf(bases)
+		bases, release = a.sync.SnapshotBases(ctx, from)
+		seeds = storesync.SeedsOf(bases)
 	} else {
 		seeds, release = a.packSeeds(ctx, h, si)
 	}
 	defer release()
 	t0 := time.Now()
-	// One at a time, and never while a delete of it runs (fetchMu: as a
+	// One at a time, and never while a delete of it runs (LockSnapshots: as a
 	// download from the store).
-	a.fetchMu.Lock()
-	defer a.fetchMu.Unlock()
+	defer a.sync.LockSnapshots()()
 	dir := a.snapshotDir(id)
 	if _, err := os.Stat(dir); err == nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: exists", id, ErrConflict)
 	}
-	if _, ok := a.storedRecord(id); ok {
+	if _, ok := a.sync.Record(id); ok {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: exists (or was deleted) here", id, ErrConflict)
 	}
 	if err := a.checkSpace(); err != nil {
@@ -167,7 +158,7 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		}
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host has no usable copy of template %s; send it through the object store", id, templates.ErrNotFound, si.Template)
 	}
-	tmp := dir + fetchSuffix
+	tmp := dir + storesync.FetchSuffix
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w", id, classifyIOError(err))
@@ -204,7 +195,7 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 		case errors.Is(err, chunkstore.ErrPackBase):
 			// This host's copy changed since packSeeds (or the store
 			// holds neither host's): check again for the next pack.
-			a.startTemplateSync(si.Template, false)
+			a.sync.StartTemplateSync(si.Template, false)
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: this host's copy of template %s is not the sender's: %w", id, templates.ErrNotFound, si.Template, err)
 		case errors.Is(err, chunkstore.ErrPack):
 			return SnapshotInfo{}, fmt.Errorf("receive snapshot %s: %w: %w", id, ErrCorrupt, err)
@@ -221,19 +212,18 @@ func (a *Agent) receiveSnapshot(ctx context.Context, id string, r io.Reader, arr
 	a.log.Info("snapshot received", "snapshot_id", id, "transient", si.Transient, "dur_ms", time.Since(t0).Milliseconds(), "bytes", st.Bytes,
 		"chunks_base", st.BaseChunks, "chunks_patch", st.PatchChunks, "chunks_whole", st.WholeChunks, "chunks_reflinked", st.Reflinked)
 	if !si.Transient {
-		a.startUpload(id) // a snapshot of this host's now: durable as its own
+		a.sync.StartUpload(id) // a snapshot of this host's now: durable as its own
 	}
 	out, err := a.GetSnapshot(id)
 	out.FetchedBytes = st.Bytes
 	return out, err
 }
 
-// packTemplateWait bounds how long a pack waits for this host to fetch
 // the template it was made against (packSeeds).
 const packTemplateWait = 30 * time.Second
 
 // packSeeds returns this host's copy of the template a pack of snapshot
-// si was made against (h's), as seeds of its receive (templateSeeds).
+// si was made against (h's), as seeds of its receive (storesync.Sync.TemplateSeeds).
 // If this host lacks that template, or holds another bake of it (hosts
 // that baked it at once, before they converged), it first has the host
 // fetch or adopt the object store's copy and waits for that, for at most
@@ -245,39 +235,18 @@ const packTemplateWait = 30 * time.Second
 // the sender's) ends the wait at once, and the caller refuses the pack
 // as before.
 func (a *Agent) packSeeds(ctx context.Context, h chunkstore.PackHeader, si SnapshotInfo) ([]chunkstore.Seed, func()) {
-	seeds, release := a.templateSeeds(ctx, si.Template)
+	seeds, release := a.sync.TemplateSeeds(ctx, si.Template)
 	if h.Base == "" || a.store == nil || h.BaseHeld(seeds) {
 		return seeds, release
 	}
 	release()
 	if len(seeds) == 0 {
-		a.startTemplateFetch(si.Template, si.Spec)
+		a.sync.StartTemplateFetch(si.Template, si.Spec)
 	} else {
-		a.startTemplateSync(si.Template, false)
+		a.sync.StartTemplateSync(si.Template, false)
 	}
-	a.awaitTemplateJob(ctx, si, "a pack waited for this host to fetch its template")
-	return a.templateSeeds(ctx, si.Template)
-}
-
-// awaitTemplateJob waits for the background job of si's template (a
-// fetch, an adoption, an upload), if one runs, for at most
-// packTemplateWait, and logs msg with the time waited.
-func (a *Agent) awaitTemplateJob(ctx context.Context, si SnapshotInfo, msg string) {
-	a.upMu.Lock()
-	j := a.jobs[templateName(si.Template)]
-	a.upMu.Unlock()
-	if j == nil {
-		return
-	}
-	t0 := time.Now()
-	t := time.NewTimer(packTemplateWait)
-	defer t.Stop()
-	select {
-	case <-j.done:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	a.log.Info(msg, "snapshot_id", si.ID, "template", si.Template, "waited_ms", time.Since(t0).Milliseconds())
+	a.sync.AwaitTemplateJob(ctx, si, "a pack waited for this host to fetch its template")
+	return a.sync.TemplateSeeds(ctx, si.Template)
 }
 
 // ReceiveAndCreate receives a pack of snapshot req.SnapshotID from r, as

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
@@ -187,7 +188,7 @@ func (a *Agent) lazySeeds(ctx context.Context, m *chunkstore.Manifest) ([]chunks
 	if key == "" {
 		return nil, func() {}
 	}
-	return a.templateSeeds(ctx, key)
+	return a.sync.TemplateSeeds(ctx, key)
 }
 
 // leaveLazy stops serving the lazymem mount but leaves its holder
@@ -291,6 +292,23 @@ func (a *Agent) downloadLazy(ctx context.Context, m *chunkstore.Manifest, dir st
 		return st, err
 	}
 	return st, os.Symlink(fsys.Path(m.Name), filepath.Join(dir, lazyFile))
+}
+
+// lazyRestore is lazy restore as the store sync uses it.
+type lazyRestore struct{ a *Agent }
+
+var _ storesync.Lazy = lazyRestore{}
+
+func (l lazyRestore) Worth(m *chunkstore.Manifest, seeds []chunkstore.Seed) bool {
+	return l.a.lazyWorth(m, seeds)
+}
+
+func (l lazyRestore) Download(ctx context.Context, m *chunkstore.Manifest, dir string, seeds []chunkstore.Seed) (chunkstore.DownloadStats, error) {
+	return l.a.downloadLazy(ctx, m, dir, seeds)
+}
+
+func (l lazyRestore) FetchAll(ctx context.Context, name string) error {
+	return l.a.lazyFetchAll(ctx, name)
 }
 
 // lazyFetchAll is called before set name leaves the store: machines of

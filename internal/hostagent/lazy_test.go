@@ -15,6 +15,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -173,7 +174,7 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 	r.id = child.ID
 	st := cache.Stats()
 	r.fetched, r.fetchedChunks = st.BytesFetched, st.Fetches
-	ls, ok := b.LazyStats(storeName(snapID))
+	ls, ok := b.LazyStats(storesync.SnapshotSet(snapID))
 	if !ok && b.cfg.Lazy != nil {
 		t.Fatalf("create from snapshot %s was not lazy", snapID)
 	}
@@ -225,7 +226,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	}
 	snap := durableSnapOn(t, a, src.ID)
 	a.Kill(ctxT(t), src.ID) // its CPU is the measured hosts'
-	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	m, err := csA.Manifest(ctxT(t), storesync.SnapshotSet(snap.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +246,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	}
 	var ws lazymem.WorkingSet
 	testkit.WaitForf(t, time.Minute, func() string { return "working set recorded" }, func() bool {
-		ws, err = lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
+		ws, err = lazymem.LoadWorkingSet(ctxT(t), objs, storesync.SnapshotSet(snap.ID))
 		return err == nil
 	})
 	t.Logf("working set recorded: %d chunks (%d MiB)", len(ws.Chunks), int64(len(ws.Chunks))*ws.ChunkSize>>20)
@@ -254,14 +255,14 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	}
 	// A second sandbox on the same host shares the file's page cache: no
 	// new reads for what the first one faulted in.
-	before, _ := b.LazyStats(storeName(snap.ID))
+	before, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	t0 := time.Now()
 	second, err := createFrom(t, b, snap.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	shOn(t, b, second.ID, "true")
-	after, _ := b.LazyStats(storeName(snap.ID))
+	after, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	t.Logf("second lazy create on the same host: first exec %v, %d KiB more read through FUSE",
 		time.Since(t0).Round(time.Millisecond), (after.BytesRead-before.BytesRead)>>10)
 	checkMemState(t, "second lazily restored sandbox", b, second.ID, sum, keeper, secret)
@@ -314,7 +315,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 			t.Fatal(err)
 		}
 		shOn(t, b, c.ID, "true")
-		ls, _ := b.LazyStats(storeName(snap.ID))
+		ls, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 		t.Logf("disk local, memory lazy (prefetch %v): first exec %v, %d MiB read through FUSE, %d chunks prefetched",
 			prefetch, time.Since(t0).Round(time.Millisecond), ls.BytesRead>>20, ls.Prefetched)
 		b.Kill(ctxT(t), c.ID)
@@ -361,7 +362,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	t.Logf("lazy, default (prefetch, then fetch all): %v", r)
 	checkMemState(t, "lazily restored sandbox, fetch all", r.agent, r.id, sum, keeper, secret)
 	testkit.WaitForf(t, time.Minute, func() string { return "whole image fetched" }, func() bool {
-		st, _ := r.agent.LazyStats(storeName(snap.ID))
+		st, _ := r.agent.LazyStats(storesync.SnapshotSet(snap.ID))
 		return st.Prefetched >= first.storedChunks
 	})
 }
@@ -529,7 +530,7 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 		t.Fatalf("create from a lazily fetched snapshot after a restart: %v", err)
 	}
 	checkMemState(t, "lazily restored after a restart", b, c2.ID, sum, keeper, secret)
-	ls, ok := b.LazyStats(storeName(snap.ID))
+	ls, ok := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if !ok || ls.BytesRead >= ls.Size/2 {
 		t.Errorf("after a restart: %+v, %v; want the image read lazily, not whole", ls, ok)
 	}
@@ -557,8 +558,8 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 	if !b.lazyHeld() {
 		t.Fatal("the lazy mount is not held by a holder process")
 	}
-	path := b.lazyFS.Path(storeName(snap.ID))
-	before, ok := b.LazyStats(storeName(snap.ID))
+	path := b.lazyFS.Path(storesync.SnapshotSet(snap.ID))
+	before, ok := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if !ok {
 		t.Fatal("the sandbox was not restored lazily")
 	}
@@ -575,11 +576,11 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 		t.Fatalf("after the agent's restart: %+v, %v; want running", info, err)
 	}
 	// The new agent knows the held file before any read of its own.
-	if _, ok := b.LazyStats(storeName(snap.ID)); !ok {
+	if _, ok := b.LazyStats(storesync.SnapshotSet(snap.ID)); !ok {
 		t.Errorf("the restarted agent has no figures of the held file")
 	}
 	checkMemState(t, "lazily restored, after its agent restarted", b, c1.ID, sum, keeper, secret)
-	after, _ := b.LazyStats(storeName(snap.ID))
+	after, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if after.BytesRead == 0 {
 		t.Errorf("the restarted agent served nothing of the file (before the restart: %+v)", before)
 	}
@@ -611,7 +612,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	}
 	snap := durableSnapOn(t, a, src.ID)
 	a.Kill(ctxT(t), src.ID)
-	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	m, err := csA.Manifest(ctxT(t), storesync.SnapshotSet(snap.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,7 +620,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
 	r.agent.Kill(ctxT(t), r.id)
 	testkit.WaitForf(t, time.Minute, func() string { return "working set recorded" }, func() bool {
-		_, err := lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
+		_, err := lazymem.LoadWorkingSet(ctxT(t), objs, storesync.SnapshotSet(snap.ID))
 		return err == nil
 	})
 	for _, lazy := range []bool{false, true} {
@@ -641,7 +642,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 		}
 		shOn(t, b, c.ID, "true")
 		d := time.Since(t0)
-		ls, wasLazy := b.LazyStats(storeName(snap.ID))
+		ls, wasLazy := b.LazyStats(storesync.SnapshotSet(snap.ID))
 		t.Logf("template on the host, lazy %v (chosen: %v): first exec %v, %d MiB fetched through the chunk cache, %d MiB read from the template; %s",
 			lazy, wasLazy, d.Round(time.Millisecond), cache.Stats().BytesFetched>>20, ls.LocalBytes>>20, rl.last("snapshot fetched from the object store"))
 		if lazy && wasLazy != (fillMiB > 0) {

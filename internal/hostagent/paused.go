@@ -12,6 +12,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -46,7 +47,7 @@ import (
 // sandbox whose upload still runs cancels the upload (and waits for it)
 // before it touches the capture; the set, complete or not, is then
 // deleted like any stale capture. The uploads and deletes of one set run
-// one after the other (startJobLocked chains them).
+// one after the other (storesync chains them: Sync.StartLocked).
 
 // pausedName is a paused sandbox's set name in the chunkstore.
 func pausedName(id string) string { return "paused/" + id }
@@ -75,14 +76,14 @@ type pausedRecord struct {
 	Upload     chunkstore.Stats `json:"upload"`
 }
 
-const pausedRecordDir = "paused" // under storedDir
+const pausedRecordDir = "paused" // under storesync.StoredDir
 
 // fetchDir (in the store volume) holds captures being downloaded from the
 // object store.
 const fetchDir = "fetch"
 
 func (a *Agent) pausedRecordPath(id, pauseID string) string {
-	return filepath.Join(a.vol.Dir, storedDir, pausedRecordDir, id+"."+pauseID+".json")
+	return filepath.Join(a.vol.Dir, storesync.StoredDir, pausedRecordDir, id+"."+pauseID+".json")
 }
 
 func (a *Agent) pausedRecord(id, pauseID string) (pausedRecord, bool) {
@@ -101,7 +102,7 @@ func (a *Agent) tombstoned(id, pauseID string) bool {
 		r, ok := a.pausedRecord(id, pauseID)
 		return ok && r.Deleted
 	}
-	files, _ := filepath.Glob(filepath.Join(a.vol.Dir, storedDir, pausedRecordDir, id+".*.json"))
+	files, _ := filepath.Glob(filepath.Join(a.vol.Dir, storesync.StoredDir, pausedRecordDir, id+".*.json"))
 	for _, f := range files {
 		if _, pid, ok := parsePausedRecordName(filepath.Base(f)); ok {
 			if r, ok := a.pausedRecord(id, pid); ok && r.Deleted {
@@ -137,12 +138,12 @@ func (a *Agent) startPausedUpload(s *sandbox) {
 	if pid == "" || durable {
 		return
 	}
-	a.upMu.Lock()
-	defer a.upMu.Unlock()
-	if j := a.jobs[pausedName(s.id())]; j != nil && j.kind == jobUpload {
+	a.sync.Lock()
+	defer a.sync.Unlock()
+	if j := a.sync.JobLocked(pausedName(s.id())); j != nil && j.Kind() == storesync.KindUpload {
 		return // uploading already
 	}
-	a.startJobLocked(pausedName(s.id()), jobUpload, "upload paused sandbox", true, func(ctx context.Context) error {
+	a.sync.StartLocked(pausedName(s.id()), storesync.KindUpload, "upload paused sandbox", true, func(ctx context.Context) error {
 		return a.uploadPaused(ctx, s, pid)
 	})
 }
@@ -186,10 +187,10 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	if err != nil {
 		return err
 	}
-	a.startTemplateSync(rec.Template, false) // templates.go
+	a.sync.StartTemplateSync(rec.Template, false) // storesync
 	t0 := time.Now()
-	bases, release := a.templateBases(ctx, rec.Template)
-	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{templateName(rec.Template)}}, nil)
+	bases, release := a.sync.TemplateBases(ctx, rec.Template)
+	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{storesync.TemplateSet(rec.Template)}}, nil)
 	release()
 	if err != nil {
 		return err
@@ -223,7 +224,7 @@ func (s *sandbox) pauseID() string {
 // upload reads).
 func (a *Agent) stopPausedUpload(id string) {
 	if a.store != nil {
-		a.cancelJob(pausedName(id), jobUpload)
+		a.sync.CancelJob(pausedName(id), storesync.KindUpload)
 	}
 }
 
@@ -232,9 +233,9 @@ func (a *Agent) stopPausedUpload(id string) {
 // then calls startPausedDelete.
 func (a *Agent) tombstonePaused(id, pauseID string) error {
 	a.stopPausedUpload(id)
-	a.upMu.Lock()
-	delete(a.storeErrs, pausedName(id))
-	a.upMu.Unlock()
+	a.sync.Lock()
+	a.sync.ClearErrorLocked(pausedName(id))
+	a.sync.Unlock()
 	r, _ := a.pausedRecord(id, pauseID)
 	r.SandboxID, r.PauseID, r.Deleted = id, pauseID, true
 	if err := writeJSON(a.pausedRecordPath(id, pauseID), r, true); err != nil {
@@ -250,10 +251,10 @@ func (a *Agent) startPausedDelete(id, pauseID string) {
 	if a.store == nil {
 		return
 	}
-	a.upMu.Lock()
-	defer a.upMu.Unlock()
-	a.startJobLocked(pausedName(id), jobDelete, "delete paused sandbox from the object store", true, func(ctx context.Context) error {
-		if err := a.lazyFetchAll(ctx, pausedName(id)); err != nil { // lazy.go
+	a.sync.Lock()
+	defer a.sync.Unlock()
+	a.sync.StartLocked(pausedName(id), storesync.KindDelete, "delete paused sandbox from the object store", true, func(ctx context.Context) error {
+		if err := a.sync.FetchAllLazy(ctx, pausedName(id)); err != nil {
 			return err
 		}
 		removed := false
@@ -276,7 +277,7 @@ func (a *Agent) startPausedDelete(id, pauseID string) {
 		}
 		if removed {
 			a.log.Info("paused sandbox's capture deleted from the object store", "sandbox_id", id, "pause_id", pauseID)
-			a.startGC()
+			a.sync.StartGC()
 		}
 		return nil
 	})
@@ -396,7 +397,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	}
 	m, err := a.store.Manifest(ctx, pausedName(id))
 	if err != nil {
-		return nil, a.storeLookupError(ctx, "sandbox", id, err)
+		return nil, a.sync.LookupError(ctx, "sandbox", id, err)
 	}
 	var meta pausedMeta
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.Sandbox.ID != id || meta.Sandbox.PauseID == "" {
@@ -423,21 +424,9 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	tmp := filepath.Join(a.vol.Dir, fetchDir, id)
 	os.RemoveAll(tmp)
 	t0 := time.Now()
-	// Chunks this host's copy of its template holds come from there.
-	seeds, release := a.templateSeeds(ctx, rec.Template)
-	hasTemplate := len(seeds) > 0
-	// And the snapshot it derives from, if held here (lineage.go).
-	seeds, release = a.lineageSeeds(ctx, rec.lineage(), seeds, release)
-	var st chunkstore.DownloadStats
-	if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
-		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)
-	} else {
-		st, err = a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
-		if err == nil && !hasTemplate {
-			a.startTemplateFetch(rec.Template, rec.Spec) // templates.go
-		}
-	}
-	release()
+	// Chunks this host's copy of its template holds come from there, and
+	// those of the snapshot it derives from if held here.
+	st, err := a.sync.Download(ctx, m, filepath.Join(tmp, pausedDir), rec.Template, rec.lineage(), rec.Spec)
 	if err == nil {
 		if verr := capture.CheckDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
@@ -456,10 +445,10 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	if err != nil {
 		os.RemoveAll(tmp)
 		a.log.Error("fetch paused sandbox from the object store", "sandbox_id", id, "err", err)
-		return nil, fetchFailed(ctx, "sandbox", id, err, fetchWhy{
-			unavailable: fmt.Sprintf("sandbox %s is paused in the object store, which cannot be reached; retry when it is back", id),
-			notFound:    "its capture left the object store while it was downloaded",
-			corrupt:     "its capture in the object store does not match its checksums",
+		return nil, storesync.FetchFailed(ctx, "sandbox", id, err, storesync.FetchWhy{
+			Unavailable: fmt.Sprintf("sandbox %s is paused in the object store, which cannot be reached; retry when it is back", id),
+			NotFound:    "its capture left the object store while it was downloaded",
+			Corrupt:     "its capture in the object store does not match its checksums",
 		})
 	}
 	pr := pausedRecord{SandboxID: id, PauseID: rec.PauseID, Durable: true, Adopted: true}
@@ -494,7 +483,7 @@ func (a *Agent) killInStore(ctx context.Context, id string) error {
 	}
 	m, err := a.store.Manifest(ctx, pausedName(id))
 	if err != nil {
-		return a.storeLookupError(ctx, "sandbox", id, err)
+		return a.sync.LookupError(ctx, "sandbox", id, err)
 	}
 	var meta pausedMeta
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.Sandbox.ID != id || meta.Sandbox.PauseID == "" {
@@ -512,7 +501,7 @@ func (a *Agent) killInStore(ctx context.Context, id string) error {
 // earlier run left, forgets records no paused sandbox of this host needs,
 // and uploads every paused sandbox's capture not yet durable.
 func (a *Agent) resumePausedStore() {
-	dir := filepath.Join(a.vol.Dir, storedDir, pausedRecordDir)
+	dir := filepath.Join(a.vol.Dir, storesync.StoredDir, pausedRecordDir)
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		id, pid, ok := parsePausedRecordName(e.Name())

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -422,7 +423,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	shOn(t, a, sb.ID, "echo kept > /root/p.txt")
 	sum, keeper, secret := memState(t, a, sb.ID)
 	noPausedState := func() bool {
-		recs, _ := os.ReadDir(filepath.Join(a.StoreDir(), storedDir, pausedRecordDir))
+		recs, _ := os.ReadDir(filepath.Join(a.StoreDir(), storesync.StoredDir, pausedRecordDir))
 		return len(recs) == 0 && !hasManifest(cs, "paused/"+sb.ID)
 	}
 

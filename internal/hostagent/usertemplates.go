@@ -113,7 +113,7 @@ func (a *Agent) UnpublishUserTemplate(ctx context.Context, name string, versions
 	if deleted > 0 {
 		// Another host's delete of the same versions (every copy goes)
 		// collects nothing more.
-		a.startGC()
+		a.sync.StartGC()
 	}
 	return errors.Join(errs...)
 }
@@ -155,7 +155,7 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 		return nil
 	}
 	if err != nil {
-		return a.storeLookupError(ctx, "template", ref, err)
+		return a.sync.LookupError(ctx, "template", ref, err)
 	}
 	var u templates.UserRootFS
 	if err := json.Unmarshal(m.Meta, &u); err != nil || u.Name != name || u.Version != v {
@@ -173,7 +173,7 @@ func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progr
 	if err := a.store.DownloadManifest(ctx, m, dir); err != nil {
 		os.RemoveAll(dir)
 		if errors.Is(err, objstore.ErrUnavailable) {
-			return a.storeLookupError(ctx, "template", ref, err)
+			return a.sync.LookupError(ctx, "template", ref, err)
 		}
 		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
 	}
