@@ -26,6 +26,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/transfer"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -74,6 +75,9 @@ type Agent struct {
 	// downloads and packs (made with or without a store).
 	store *chunkstore.Store
 	sync  *storesync.Sync
+	// transfers sends and receives packs of snapshots, host to host
+	// (direct.go).
+	transfers *transfer.Transfers
 	// adoptMu is held by a resume downloading a paused sandbox from the
 	// store (adoptPaused), one at a time.
 	adoptMu sync.Mutex
@@ -137,6 +141,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.templates = ts
 	a.sync = a.newSync()
+	a.transfers = transfer.New(transfer.Config{Sync: a.sync, CheckSpace: a.checkSpace, Verified: a.setVerified, Log: a.log})
 	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storesync.StoredDir), filepath.Join(vol.Dir, storesync.StoredDir, pausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			vol.Close()

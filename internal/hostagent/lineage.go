@@ -1,10 +1,7 @@
 package hostagent
 
-import (
-	"slices"
-)
-
-// Ancestor snapshots as the base of a pack. A sandbox created from a
+// Ancestor snapshots as the base of a pack (transfer.LineageBase) and of
+// a download (storesync.Sync.LineageSeeds). A sandbox created from a
 // snapshot S (a prepared environment: packages installed, a repository
 // cloned) holds everything S added to its template; a pack of its capture
 // diffed against the template carries all of that again, though the
@@ -30,16 +27,6 @@ import (
 // sent to it may be diffed against (SendSnapshot's held). Nil without an
 // object store.
 func (a *Agent) HeldSnapshots() []string { return a.sync.HeldSnapshots() }
-
-// lineageBase returns the durable snapshot capture si derives from
-// (SnapshotInfo.Lineage), if held names it: the base SendSnapshot diffs
-// against.
-func (a *Agent) lineageBase(si SnapshotInfo, held []string) string {
-	if si.Lineage == "" || si.Lineage == si.ID || !slices.Contains(held, si.Lineage) {
-		return ""
-	}
-	return si.Lineage
-}
 
 // lineageOf is the lineage of a sandbox restored from snapshot si: si
 // itself if it is a user's (durable) snapshot, else (a transient

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/transfer"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -38,7 +39,7 @@ type image struct {
 	// restore takes its files from where the receive has them once its
 	// disk is in, and loads the machine once all of it is
 	// (ReceiveAndCreate).
-	arrival *arrival
+	arrival *transfer.Arrival
 }
 
 func (im image) mem() string {
@@ -101,10 +102,10 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	}
 	if im.arrival == nil {
 		err = restoreFiles(im, disk, mem, state)
-	} else if err = im.arrival.waitDisk(ctx); err == nil {
+	} else if err = im.arrival.WaitDisk(ctx); err == nil {
 		// The memory image and device state are linked while they
 		// arrive: the same inodes, written on.
-		err = im.arrival.withDir(func(dir string) error {
+		err = im.arrival.WithDir(func(dir string) error {
 			im.Dir = dir
 			return restoreFiles(im, disk, mem, state)
 		})
@@ -165,7 +166,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if im.arrival != nil {
 		// The VMM started while the memory image arrived; nothing
 		// of it runs before all of it is in.
-		if err := im.arrival.wait(ctx); err != nil {
+		if err := im.arrival.Wait(ctx); err != nil {
 			return fmt.Errorf("receive the snapshot: %w", err)
 		}
 	}

@@ -36,11 +36,7 @@ func (a *Agent) newSync() *storesync.Sync {
 		VerifySnapshot: func(id string) error {
 			return a.verifySnapshot(SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: id}})
 		},
-		Verified: func(id, fp string) {
-			a.mu.Lock()
-			a.verified[id] = fp
-			a.mu.Unlock()
-		},
+		Verified: a.setVerified,
 		ReplicateUserTemplate: func(ctx context.Context, ref string) error {
 			return a.replicateUserTemplate(ctx, ref, nil)
 		},
@@ -49,6 +45,14 @@ func (a *Agent) newSync() *storesync.Sync {
 		cfg.Lazy = lazyRestore{a}
 	}
 	return storesync.New(cfg)
+}
+
+// setVerified records that snapshot id's files, of fingerprint fp, just
+// passed their checks (verifySnapshot need not read them again).
+func (a *Agent) setVerified(id, fp string) {
+	a.mu.Lock()
+	a.verified[id] = fp
+	a.mu.Unlock()
 }
 
 // templateRemote is the store sync as the templates' Remote, made before
