@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/lazyrestore"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/transfer"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
@@ -81,7 +82,9 @@ type Agent struct {
 	// adoptMu is held by a resume downloading a paused sandbox from the
 	// store (adoptPaused), one at a time.
 	adoptMu sync.Mutex
-	lazyState
+	// lazy restores memory images lazily (Config.Lazy), and serves the
+	// mount of those an earlier run restored (lazy.go).
+	lazy *lazyrestore.Restorer
 	// replicas runs one download at a time of each user template version
 	// built on another host (usertemplates.go).
 	replicas singleflight.Group
@@ -140,6 +143,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
+	a.lazy = lazyrestore.New(cfg.Lazy, lazyrestore.Host{Dir: vol.Dir, Store: a.store, Log: a.log,
+		TemplateSeeds: func(ctx context.Context, key string) ([]chunkstore.Seed, func()) {
+			return a.sync.TemplateSeeds(ctx, key)
+		}})
 	a.sync = a.newSync()
 	a.transfers = transfer.New(transfer.Config{Sync: a.sync, CheckSpace: a.checkSpace, Verified: a.setVerified, Log: a.log})
 	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storesync.StoredDir), filepath.Join(vol.Dir, storesync.StoredDir, pausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
@@ -326,7 +333,7 @@ func (a *Agent) Close() error {
 		go func() { defer wg.Done(); a.stop(s) }()
 	}
 	wg.Wait()
-	if err := a.closeLazy(); err != nil {
+	if err := a.lazy.Close(); err != nil {
 		a.log.Error("unmount lazy memory files", "err", err)
 	}
 	return a.vol.Close()
@@ -342,7 +349,7 @@ func (a *Agent) Detach() {
 	a.mu.Unlock()
 	// A holder process keeps serving the lazily restored machines'
 	// memory until the next agent attaches.
-	a.leaveLazy()
+	a.lazy.Leave()
 	for _, s := range all {
 		s.mu.Lock()
 		s.detached = true // the watcher must not clean up a detached sandbox

@@ -125,7 +125,7 @@ func (a *Agent) saveMachine(ctx context.Context, s *sandbox, m vmm.Machine, dir 
 	s.mu.Lock()
 	spec := s.rec.Spec
 	s.mu.Unlock()
-	if _, err := memimage.Write(filepath.Join(dir, memFile), spec.MemoryFile, a.cloneMemory, region, pm.Dirty); err != nil {
+	if _, err := memimage.Write(filepath.Join(dir, memFile), spec.MemoryFile, a.lazy.CloneMemory, region, pm.Dirty); err != nil {
 		return classifyIOError(err)
 	}
 	if err := volume.Clone(spec.Disk, filepath.Join(dir, diskFile)); err != nil {

@@ -1,7 +1,6 @@
 package hostagent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -298,7 +297,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	// holds the template's disk would see): B keeps the snapshot's files
 	// but forgets its memory (a new mount, an empty chunk cache).
 	for _, prefetch := range []bool{true, false, true, false} {
-		if err := b.closeLazy(); err != nil {
+		if err := b.lazy.Close(); err != nil {
 			t.Fatal(err)
 		}
 		ents, _ := os.ReadDir(filepath.Join(b.vol.Dir, ChunkCacheDir))
@@ -306,7 +305,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 			os.Remove(filepath.Join(b.vol.Dir, ChunkCacheDir, e.Name()))
 		}
 		b.cfg.Lazy.NoPrefetch = !prefetch
-		if _, err := b.lazyMount(); err != nil {
+		if _, err := b.lazy.Mount(); err != nil {
 			t.Fatal(err)
 		}
 		t0 := time.Now()
@@ -472,7 +471,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	// Drop the file's clean pages that no machine maps, so that the
 	// guest's next touches come through the mount again (from the chunk
 	// cache now).
-	dropPages(t, b.lazyFS.Path(pausedName(id)))
+	dropPages(t, b.lazy.Path(pausedName(id)))
 	if fillMiB > 0 {
 		shOn(t, b, id, "md5sum /dev/shm/fill > /dev/null")
 	}
@@ -555,10 +554,10 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 	if got := shOn(t, b, c1.ID, "echo up"); got != "up\n" {
 		t.Fatalf("lazily restored: %q", got)
 	}
-	if !b.lazyHeld() {
+	if !b.lazy.Held() {
 		t.Fatal("the lazy mount is not held by a holder process")
 	}
-	path := b.lazyFS.Path(storesync.SnapshotSet(snap.ID))
+	path := b.lazy.Path(storesync.SnapshotSet(snap.ID))
 	before, ok := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if !ok {
 		t.Fatal("the sandbox was not restored lazily")
@@ -653,38 +652,5 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 		}
 		checkMemState(t, "template on the host", b, c.ID, sum, keeper, secret)
 		b.Kill(ctxT(t), c.ID)
-	}
-}
-
-// TestWriteData: the pages of a buffer that hold data are written, in
-// runs; the zero pages stay holes; a short page at the end is written.
-func TestWriteData(t *testing.T) {
-	b := make([]byte, 5*4096+100)
-	for _, p := range []int{0, 1, 4} {
-		b[p*4096+7] = byte(p + 1)
-	}
-	b[5*4096+99] = 9
-	path := filepath.Join(t.TempDir(), "f")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(int64(len(b)) + 4096); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeData(f, b, 4096); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(b))
-	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, b) {
-		t.Fatalf("read back: %v, equal %v", err, bytes.Equal(got, b))
-	}
-	// Pages 2 and 3 of b (3 and 4 of the file) are a hole.
-	if off, err := unix.Seek(int(f.Fd()), 3*4096, unix.SEEK_HOLE); err != nil || off != 3*4096 {
-		t.Errorf("SEEK_HOLE from page 3: %d, %v; want a hole there", off, err)
-	}
-	if off, err := unix.Seek(int(f.Fd()), 3*4096, unix.SEEK_DATA); err != nil || off != 5*4096 {
-		t.Errorf("SEEK_DATA from page 3: %d, %v; want data from page 5", off, err)
 	}
 }

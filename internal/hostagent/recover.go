@@ -56,7 +56,7 @@ const (
 // uploads and deletes from the store that the earlier agent did not finish
 // start again in the background (store.go).
 func (a *Agent) Recover(ctx context.Context) []Recovered {
-	a.mountLazy() // lazy.go: lazily fetched images point into it
+	a.lazy.MountAtStart() // lazy.go: lazily fetched images point into it
 	ents, _ := os.ReadDir(a.sbDir)
 	out := make([]Recovered, len(ents))
 	sem := make(chan struct{}, adoptParallel)

@@ -42,7 +42,7 @@ func (a *Agent) newSync() *storesync.Sync {
 		},
 	}
 	if a.cfg.Lazy != nil {
-		cfg.Lazy = lazyRestore{a}
+		cfg.Lazy = a.lazy
 	}
 	return storesync.New(cfg)
 }
