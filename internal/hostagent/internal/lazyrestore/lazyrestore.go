@@ -48,8 +48,8 @@ import (
 //
 // Before this host removes a set from the store (a stale capture after a
 // resume, a deleted snapshot), it fetches every chunk of the set's lazy
-// file it lacks (lazyFetchAll); a capture of a lazily restored machine
-// copies its image through the mount (cloneMemory).
+// file it lacks (FetchAll); a capture of a lazily restored machine
+// copies its image through the mount (CloneMemory).
 //
 // One mount per host, not per machine: machines restored from one set
 // share the file's page cache, as local restores share a memory image's.

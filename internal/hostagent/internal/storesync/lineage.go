@@ -39,7 +39,7 @@ const MaxHeldSnapshots = 64
 
 // HeldSnapshots lists the durable snapshots whose files this host holds
 // (newest first, at most MaxHeldSnapshots): the bases a pack sent to it
-// may be diffed against (SendSnapshot's held). Nil without an object
+// may be diffed against (transfer.Transfers.Send's held). Nil without an object
 // store.
 func (s *Sync) HeldSnapshots() []string {
 	if s.cfg.Store == nil {

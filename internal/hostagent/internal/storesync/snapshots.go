@@ -78,7 +78,7 @@ func (s *Sync) uploadSnapshot(ctx context.Context, id string) error {
 		return err
 	}
 	// Its chunks that its template shares are in the store with the
-	// template (or go there now): TemplateSync, templates.go.
+	// template (or go there now): StartTemplateSync.
 	s.StartTemplateSync(si.Template, false)
 	t0 := time.Now()
 	bases, release := s.TemplateBases(ctx, si.Template)

@@ -155,12 +155,12 @@ func (s *Sync) StartTemplateSync(key string, after bool) {
 // StartTemplateFetch fetches template key (of a capture whose machine
 // spec is spec) from the object store in the background if this host
 // holds no fresh copy of it: a host sent a pack of a capture of a
-// template it lacks (packSeeds) then takes that pack, and the next ones,
+// template it lacks (transfer's packSeeds) then takes that pack, and the next ones,
 // straight from the host that sent it instead of through the store; a
 // host that downloaded a capture without its template (a resume
 // elsewhere, a create from another host's snapshot) can then send
 // captures of that sandbox as what differs from the template (a send
-// waits for it: SendSnapshot). Not after a lazy restore, whose page-ins
+// waits for it: transfer.Transfers.Send). Not after a lazy restore, whose page-ins
 // it would compete with: its first send fetches it. It only fetches,
 // never bakes: a copy of its own would not be the sender's. A store
 // without the template (or a user template deleted since) ends it;
