@@ -32,7 +32,6 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
-	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 )
 
@@ -85,9 +84,6 @@ type Agent struct {
 	// lazy restores memory images lazily (Config.Lazy), and serves the
 	// mount of those an earlier run restored (lazy.go).
 	lazy *lazyrestore.Restorer
-	// replicas runs one download at a time of each user template version
-	// built on another host (usertemplates.go).
-	replicas singleflight.Group
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,

@@ -61,7 +61,7 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		}
 		im = a.snapshotImage(snap)
 	} else {
-		if err := a.replicateUserTemplate(ctx, req.Template, req.Progress); err != nil {
+		if err := a.sync.ReplicateUserTemplate(ctx, req.Template, req.Progress); err != nil {
 			return Info{}, fmt.Errorf("create sandbox: %w", err)
 		}
 		p := a.TemplateParams(req.Template, req.MemoryMiB, req.VCPUs)

@@ -37,9 +37,6 @@ func (a *Agent) newSync() *storesync.Sync {
 			return a.verifySnapshot(SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: id}})
 		},
 		Verified: a.setVerified,
-		ReplicateUserTemplate: func(ctx context.Context, ref string) error {
-			return a.replicateUserTemplate(ctx, ref, nil)
-		},
 	}
 	if a.cfg.Lazy != nil {
 		cfg.Lazy = a.lazy

@@ -21,6 +21,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"golang.org/x/sync/singleflight"
 )
 
 // Config is what a Sync works with: the store, the host's templates and
@@ -58,10 +59,6 @@ type Config struct {
 	// CheckSpace fails with host.ErrNoSpace when the host's disk is
 	// nearly full.
 	CheckSpace func() error
-	// ReplicateUserTemplate makes the user template version ref names
-	// (NAME or NAME:N) present on this host if it is built elsewhere;
-	// nil for a builtin template.
-	ReplicateUserTemplate func(ctx context.Context, ref string) error
 	// Lazy, if set, restores downloaded memory images lazily.
 	Lazy Lazy
 }
@@ -100,6 +97,9 @@ type Sync struct {
 	// files, so that a delete never races a download that would put the
 	// files back (LockSnapshots).
 	fetchMu sync.Mutex
+	// replicas runs one download at a time of each user template version
+	// built on another host (usertemplates.go).
+	replicas singleflight.Group
 }
 
 // New makes the store sync of cfg.

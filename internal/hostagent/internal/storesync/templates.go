@@ -174,10 +174,7 @@ func (s *Sync) StartTemplateFetch(key string, spec vmm.Spec) {
 		if t, ok := s.cfg.Templates.ByKey(key); ok && s.cfg.Templates.Fits(t.Meta) {
 			return nil
 		}
-		var err error
-		if s.cfg.ReplicateUserTemplate != nil {
-			err = s.cfg.ReplicateUserTemplate(ctx, p.Name)
-		}
+		err := s.ReplicateUserTemplate(ctx, p.Name, nil)
 		if err == nil {
 			_, err = s.cfg.Templates.Adopt(ctx, p)
 		}
