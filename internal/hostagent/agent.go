@@ -145,7 +145,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		}})
 	a.sync = a.newSync()
 	a.transfers = transfer.New(transfer.Config{Sync: a.sync, CheckSpace: a.checkSpace, Verified: a.setVerified, Log: a.log})
-	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storesync.StoredDir), filepath.Join(vol.Dir, storesync.StoredDir, pausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
+	for _, d := range []string{a.sbDir, filepath.Join(vol.Dir, "forks"), filepath.Join(vol.Dir, "snapshots"), filepath.Join(vol.Dir, "tenants"), filepath.Join(vol.Dir, storesync.StoredDir), filepath.Join(vol.Dir, storesync.StoredDir, storesync.PausedRecordDir), filepath.Join(vol.Dir, fetchDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			vol.Close()
 			return nil, fmt.Errorf("open host agent: %w", err)
@@ -215,12 +215,12 @@ func (a *Agent) info(s *sandbox) Info {
 	s.mu.Unlock()
 	if durable {
 		in.Stored = host.StoredDurable
-		if r, ok := a.pausedRecord(s.id(), s.pauseID()); ok {
+		if r, ok := a.sync.PausedRecord(s.id(), s.pauseID()); ok {
 			in.UploadedBytes = r.Upload.BytesUploaded
 		}
 	} else {
 		in.Stored = host.StoredUploading
-		in.StoreError = a.storeError(pausedName(s.rec.ID))
+		in.StoreError = a.storeError(storesync.PausedSet(s.rec.ID))
 	}
 	return in
 }
@@ -260,7 +260,7 @@ func (a *Agent) Kill(ctx context.Context, id string) error {
 	pid := ""
 	if a.store != nil {
 		if pid = s.pauseID(); pid != "" {
-			if err := a.tombstonePaused(id, pid); err != nil {
+			if err := a.sync.TombstonePaused(id, pid); err != nil {
 				// Killed all the same (a full disk must not keep a
 				// sandbox from being killed); the store's copy is
 				// deleted below, but a crash now would leave it.
@@ -270,7 +270,7 @@ func (a *Agent) Kill(ctx context.Context, id string) error {
 	}
 	a.stop(s)
 	if pid != "" {
-		a.startPausedDelete(id, pid)
+		a.sync.StartPausedDelete(id, pid)
 	}
 	return nil
 }

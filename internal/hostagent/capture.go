@@ -601,7 +601,7 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 	}
 	defer end()
 	// An upload of the capture must not read it while it is resumed.
-	a.stopPausedUpload(id)
+	a.sync.StopPausedUpload(id)
 	dir := filepath.Join(s.dir, pausedDir)
 	if !adopted { // a capture just adopted was checked as it was downloaded
 		if err := a.checkResumable(ctx, s); err != nil {
@@ -642,7 +642,7 @@ func (a *Agent) Resume(ctx context.Context, id string) (Info, error) {
 	s.setOp("", false)
 	os.RemoveAll(dir) // the sandbox holds links to what it needs
 	if stale != "" {
-		a.startPausedDelete(id, stale)
+		a.sync.StartPausedDelete(id, stale)
 	}
 	if adopted {
 		a.log.Info("sandbox resumed from the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds())

@@ -221,7 +221,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	}
 	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
 		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
-	pausedSet, err := csA.Manifest(ctxT(t), pausedName(src.ID))
+	pausedSet, err := csA.Manifest(ctxT(t), storesync.PausedSet(src.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -450,7 +450,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	}
 	t.Cleanup(func() { b.Kill(context.Background(), id) })
 	shOn(t, b, id, "true")
-	ls, _ := b.LazyStats(pausedName(id))
+	ls, _ := b.LazyStats(storesync.PausedSet(id))
 	t.Logf("lazy resume on B: first exec %v, %d MiB fetched by then (%.1f %% of the image), %d MiB read through FUSE",
 		time.Since(t0).Round(time.Millisecond), cache.Stats().BytesFetched>>20,
 		100*float64(cache.Stats().BytesFetched)/float64(ls.Size), ls.BytesRead>>20)
@@ -461,7 +461,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	// The stale capture leaves the store (after B fetched all of it),
 	// its chunks are collected: the sandbox does not notice.
 	testkit.WaitForf(t, time.Minute, func() string { return "stale capture removed from the store" }, func() bool {
-		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+pausedName(id)+".json")
+		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+storesync.PausedSet(id)+".json")
 		return err == nil && !ok
 	})
 	a.Kill(ctxT(t), id) // A's stale copy, as the control plane would
@@ -471,7 +471,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	// Drop the file's clean pages that no machine maps, so that the
 	// guest's next touches come through the mount again (from the chunk
 	// cache now).
-	dropPages(t, b.lazy.Path(pausedName(id)))
+	dropPages(t, b.lazy.Path(storesync.PausedSet(id)))
 	if fillMiB > 0 {
 		shOn(t, b, id, "md5sum /dev/shm/fill > /dev/null")
 	}
