@@ -1,11 +1,13 @@
 // Package storesync keeps a host agent's captures and templates in the
 // object store shared by the hosts (docs/storage.md): the background
-// jobs that upload, delete and fetch sets with retries, the records
-// (STORE/stored/<id>.json) that say which snapshots are durable, the
-// download and adoption of snapshots this host lacks, templates kept the
-// same across hosts, and the bases and seeds (a template's, an ancestor
-// snapshot's) that let an upload, a download or a pack carry only what
-// differs. It is a package of its own so that the agent's package keeps
+// jobs that upload, delete and fetch sets with retries and the store's
+// garbage collection; snapshots (snapshots/<id>) with the records that
+// say which are durable (STORE/stored/<id>.json), their download and
+// adoption; paused sandboxes' captures (paused/<id>) and their records;
+// templates kept the same across hosts (templates/<key>) and user
+// template versions (userfs/NAME/vN); and the bases and seeds (a
+// template's, an ancestor snapshot's) that let an upload, a download or
+// a pack carry only what differs. It is a package of its own so that the agent's package keeps
 // the sandboxes' lifecycle and reaches the store through one narrow type:
 // what it needs of the agent it is given as functions (Config), never
 // the agent itself.
@@ -63,8 +65,8 @@ type Config struct {
 	Lazy Lazy
 }
 
-// Lazy is lazy restore as store sync uses it (the agent's lazy.go). Safe
-// for concurrent use.
+// Lazy is lazy restore as store sync uses it (lazyrestore.Restorer).
+// Safe for concurrent use.
 type Lazy interface {
 	// Worth reports whether set m is worth restoring lazily on this
 	// host, whose copies of its chunks are seeds.
