@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -110,8 +111,8 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	}
 	t.Cleanup(func() { a.Kill(context.Background(), src.ID) })
 	key := src.Template
-	testkit.WaitForf(t, time.Minute, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
-	tmplSet, err := csA.Manifest(ctxT(t), templateName(key))
+	testkit.WaitForf(t, time.Minute, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, storesync.TemplateSet(key)) })
+	tmplSet, err := csA.Manifest(ctxT(t), storesync.TemplateSet(key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,13 +144,13 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 
 	// A snapshot on A: only what the template lacks is uploaded.
 	snap := durableSnapOn(t, a, src.ID)
-	snapSet, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	snapSet, err := csA.Manifest(ctxT(t), storesync.SnapshotSet(snap.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
 	occ, distinct := notIn(snapSet, tmplSet)
 	si := stored(a, snap.ID)
-	rec, _ := a.storedRecord(snap.ID)
+	rec, _ := a.sync.Record(snap.ID)
 	t.Logf("snapshot: %.1f MiB dirty, set of %d MiB of chunks, %.1f MiB in %d chunks not the template's; uploaded %.1f MiB (%d chunks whole, %d as patches)",
 		mib(snap.Capture.DirtyBytes), storedBytes(snapSet)>>20, mib(occ), rec.Upload.ChunksUploaded+rec.Upload.ChunksDelta, mib(si.UploadedBytes),
 		rec.Upload.ChunksUploaded, rec.Upload.ChunksDelta)
@@ -176,7 +177,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	if si := stored(b, snap.ID); si.FetchedBytes != child.FetchedBytes {
 		t.Errorf("B's snapshot says it fetched %d bytes, the create %d", si.FetchedBytes, child.FetchedBytes)
 	}
-	if r, _ := b.storedRecord(snap.ID); r.Fetch == nil || r.Fetch.ChunksCloned == 0 {
+	if r, _ := b.sync.Record(snap.ID); r.Fetch == nil || r.Fetch.ChunksCloned == 0 {
 		t.Errorf("B's download reflinked no chunk from its template: %+v", r.Fetch)
 	}
 	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "on-a\n" {
@@ -220,7 +221,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 	}
 	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
 		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
-	pausedSet, err := csA.Manifest(ctxT(t), pausedName(src.ID))
+	pausedSet, err := csA.Manifest(ctxT(t), storesync.PausedSet(src.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +275,7 @@ func TestMovesOnlyTheDiff(t *testing.T) {
 		return t.BootID
 	}
 	testkit.WaitForf(t, time.Minute, func() string { return "D adopts the store's template: boot " + bootOf() }, func() bool { return bootOf() == tA.BootID })
-	if set, err := csA.Manifest(ctxT(t), templateName(key)); err != nil || string(set.Meta) != string(tmplSet.Meta) {
+	if set, err := csA.Manifest(ctxT(t), storesync.TemplateSet(key)); err != nil || string(set.Meta) != string(tmplSet.Meta) {
 		t.Errorf("the store's template changed when D started: %v", err)
 	}
 	// The adoption ends by removing the copy it replaced, just after the

@@ -18,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -37,7 +38,7 @@ func sharingHosts(t *testing.T) (a, b *Agent, csA *chunkstore.Store, src Info) {
 	b = openB()
 	b.Recover(ctxT(t))
 	key := src.Template
-	testkit.WaitForf(t, time.Minute, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, templateName(key)) })
+	testkit.WaitForf(t, time.Minute, func() string { return "template " + key + " in the store" }, func() bool { return hasManifest(csA, storesync.TemplateSet(key)) })
 	tA, _ := a.templates.ByKey(key)
 	testkit.WaitForf(t, time.Minute, func() string { return "a chunk index of A's template " + key }, func() bool {
 		return a.templates.HasChunkIndex(tA, csA.ChunkSize())
@@ -97,7 +98,7 @@ func TestDirectTransfer(t *testing.T) {
 		if _, err := b.GetSnapshot(id); !errors.Is(err, ErrNotFound) {
 			t.Errorf("after a pack cut to %d bytes, B has the snapshot: %v", n, err)
 		}
-		if _, err := os.Stat(b.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(b.snapshotDir(id) + storesync.FetchSuffix); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("after a pack cut to %d bytes, B keeps its partial files: %v", n, err)
 		}
 	}
@@ -108,7 +109,7 @@ func TestDirectTransfer(t *testing.T) {
 	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack.Bytes())); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("host without the template: %v, want templates.ErrNotFound", err)
 	}
-	if _, err := os.Stat(c.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(c.snapshotDir(id) + storesync.FetchSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the host without the template wrote files: %v", err)
 	}
 
@@ -141,10 +142,8 @@ func TestDirectTransfer(t *testing.T) {
 
 	// Nobody waited for the capture to be durable: it never went to the
 	// store.
-	a.upMu.Lock()
-	job := a.jobs[storeName(id)]
-	a.upMu.Unlock()
-	if job != nil || hasManifest(csA, storeName(id)) {
+	job := a.sync.Job(storesync.SnapshotSet(id))
+	if job != nil || hasManifest(csA, storesync.SnapshotSet(id)) {
 		t.Errorf("the capture sent directly is being uploaded (%v) or is in the store", job != nil)
 	}
 }
@@ -194,7 +193,7 @@ func TestDirectTransferFetchesTemplate(t *testing.T) {
 	a, src := sourceSandbox(t, openA)
 	tA, _ := a.templates.ByKey(src.Template)
 	testkit.WaitForf(t, time.Minute, func() string { return "A's template in the store" }, func() bool {
-		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
+		m, err := csA.Manifest(ctxT(t), storesync.TemplateSet(src.Template))
 		return err == nil && m != nil
 	})
 	shOn(t, a, src.ID, "echo from-a > /root/f.txt")
@@ -296,10 +295,10 @@ func TestTemplateUploadedAtOnce(t *testing.T) {
 	tA, _ := a.templates.ByKey(src.Template)
 	tB, _ := b.templates.ByKey(src.Template)
 	// B checked the store before A's upload landed: it uploads its own.
-	if err := b.uploadTemplate(ctxT(t), tB, true); err != nil {
+	if err := b.sync.UploadTemplate(ctxT(t), tB, true); err != nil {
 		t.Fatalf("B's upload of its own bake: %v", err)
 	}
-	m, err := csB.Manifest(ctxT(t), templateName(src.Template))
+	m, err := csB.Manifest(ctxT(t), storesync.TemplateSet(src.Template))
 	var meta templates.Meta
 	if err != nil || json.Unmarshal(m.Meta, &meta) != nil || meta.BootID != tA.BootID {
 		t.Errorf("the store's copy after B's upload: boot %q (%v), want A's %s, the first to land", meta.BootID, err, tA.BootID)
@@ -349,7 +348,7 @@ func otherBakes(t *testing.T) (a *Agent, src Info, b *Agent, csB *chunkstore.Sto
 	a, src = sourceSandbox(t, openA)
 	tA, _ := a.templates.ByKey(src.Template)
 	testkit.WaitForf(t, time.Minute, func() string { return "A's template in the store" }, func() bool {
-		m, err := csA.Manifest(ctxT(t), templateName(src.Template))
+		m, err := csA.Manifest(ctxT(t), storesync.TemplateSet(src.Template))
 		var meta templates.Meta
 		return err == nil && json.Unmarshal(m.Meta, &meta) == nil && meta.BootID == tA.BootID
 	})
@@ -408,7 +407,7 @@ func TestReceiveAndCreate(t *testing.T) {
 	if _, err := b.GetSnapshot(id); !errors.Is(err, ErrNotFound) {
 		t.Errorf("B keeps the snapshot of a pack cut short: %v", err)
 	}
-	if _, err := os.Stat(b.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(b.snapshotDir(id) + storesync.FetchSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("B keeps the partial files of a pack cut short: %v", err)
 	}
 
@@ -566,8 +565,8 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 		t.Errorf("pack against S: %d bytes, %d chunks as S's; want what changed since S (~1 MiB and some pages), S's chunks as references", stS.Bytes, stS.BaseChunks)
 	}
 	h, err := chunkstore.ReadPackHeader(bufio.NewReader(bytes.NewReader(pack)))
-	if err != nil || h.BaseName != storeName(snap.ID) {
-		t.Errorf("the pack's base %q (%v), want %s", h.BaseName, err, storeName(snap.ID))
+	if err != nil || h.BaseName != storesync.SnapshotSet(snap.ID) {
+		t.Errorf("the pack's base %q (%v), want %s", h.BaseName, err, storesync.SnapshotSet(snap.ID))
 	}
 
 	// A host that does not hold S refuses it before writing anything.
@@ -576,7 +575,7 @@ func TestDirectTransferFromSnapshot(t *testing.T) {
 	if _, err := c.ReceiveSnapshot(ctxT(t), id, bytes.NewReader(pack)); !errors.Is(err, templates.ErrNotFound) {
 		t.Errorf("host without S: %v, want templates.ErrNotFound", err)
 	}
-	if _, err := os.Stat(c.snapshotDir(id) + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(c.snapshotDir(id) + storesync.FetchSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the host without S wrote files: %v", err)
 	}
 

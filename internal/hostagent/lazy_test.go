@@ -1,7 +1,6 @@
 package hostagent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/lazymem"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -173,7 +173,7 @@ func lazyCreate(t *testing.T, objs objstore.Store, m *chunkstore.Manifest, snapI
 	r.id = child.ID
 	st := cache.Stats()
 	r.fetched, r.fetchedChunks = st.BytesFetched, st.Fetches
-	ls, ok := b.LazyStats(storeName(snapID))
+	ls, ok := b.LazyStats(storesync.SnapshotSet(snapID))
 	if !ok && b.cfg.Lazy != nil {
 		t.Fatalf("create from snapshot %s was not lazy", snapID)
 	}
@@ -225,7 +225,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	}
 	snap := durableSnapOn(t, a, src.ID)
 	a.Kill(ctxT(t), src.ID) // its CPU is the measured hosts'
-	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	m, err := csA.Manifest(ctxT(t), storesync.SnapshotSet(snap.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	}
 	var ws lazymem.WorkingSet
 	testkit.WaitForf(t, time.Minute, func() string { return "working set recorded" }, func() bool {
-		ws, err = lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
+		ws, err = lazymem.LoadWorkingSet(ctxT(t), objs, storesync.SnapshotSet(snap.ID))
 		return err == nil
 	})
 	t.Logf("working set recorded: %d chunks (%d MiB)", len(ws.Chunks), int64(len(ws.Chunks))*ws.ChunkSize>>20)
@@ -254,14 +254,14 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	}
 	// A second sandbox on the same host shares the file's page cache: no
 	// new reads for what the first one faulted in.
-	before, _ := b.LazyStats(storeName(snap.ID))
+	before, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	t0 := time.Now()
 	second, err := createFrom(t, b, snap.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	shOn(t, b, second.ID, "true")
-	after, _ := b.LazyStats(storeName(snap.ID))
+	after, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	t.Logf("second lazy create on the same host: first exec %v, %d KiB more read through FUSE",
 		time.Since(t0).Round(time.Millisecond), (after.BytesRead-before.BytesRead)>>10)
 	checkMemState(t, "second lazily restored sandbox", b, second.ID, sum, keeper, secret)
@@ -297,7 +297,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	// holds the template's disk would see): B keeps the snapshot's files
 	// but forgets its memory (a new mount, an empty chunk cache).
 	for _, prefetch := range []bool{true, false, true, false} {
-		if err := b.closeLazy(); err != nil {
+		if err := b.lazy.Close(); err != nil {
 			t.Fatal(err)
 		}
 		ents, _ := os.ReadDir(filepath.Join(b.vol.Dir, ChunkCacheDir))
@@ -305,7 +305,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 			os.Remove(filepath.Join(b.vol.Dir, ChunkCacheDir, e.Name()))
 		}
 		b.cfg.Lazy.NoPrefetch = !prefetch
-		if _, err := b.lazyMount(); err != nil {
+		if _, err := b.lazy.Mount(); err != nil {
 			t.Fatal(err)
 		}
 		t0 := time.Now()
@@ -314,7 +314,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 			t.Fatal(err)
 		}
 		shOn(t, b, c.ID, "true")
-		ls, _ := b.LazyStats(storeName(snap.ID))
+		ls, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 		t.Logf("disk local, memory lazy (prefetch %v): first exec %v, %d MiB read through FUSE, %d chunks prefetched",
 			prefetch, time.Since(t0).Round(time.Millisecond), ls.BytesRead>>20, ls.Prefetched)
 		b.Kill(ctxT(t), c.ID)
@@ -361,7 +361,7 @@ func lazyScenario(t *testing.T, req CreateRequest, samples, fillMiB int) {
 	t.Logf("lazy, default (prefetch, then fetch all): %v", r)
 	checkMemState(t, "lazily restored sandbox, fetch all", r.agent, r.id, sum, keeper, secret)
 	testkit.WaitForf(t, time.Minute, func() string { return "whole image fetched" }, func() bool {
-		st, _ := r.agent.LazyStats(storeName(snap.ID))
+		st, _ := r.agent.LazyStats(storesync.SnapshotSet(snap.ID))
 		return st.Prefetched >= first.storedChunks
 	})
 }
@@ -450,7 +450,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	}
 	t.Cleanup(func() { b.Kill(context.Background(), id) })
 	shOn(t, b, id, "true")
-	ls, _ := b.LazyStats(pausedName(id))
+	ls, _ := b.LazyStats(storesync.PausedSet(id))
 	t.Logf("lazy resume on B: first exec %v, %d MiB fetched by then (%.1f %% of the image), %d MiB read through FUSE",
 		time.Since(t0).Round(time.Millisecond), cache.Stats().BytesFetched>>20,
 		100*float64(cache.Stats().BytesFetched)/float64(ls.Size), ls.BytesRead>>20)
@@ -461,7 +461,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	// The stale capture leaves the store (after B fetched all of it),
 	// its chunks are collected: the sandbox does not notice.
 	testkit.WaitForf(t, time.Minute, func() string { return "stale capture removed from the store" }, func() bool {
-		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+pausedName(id)+".json")
+		ok, err := objstore.Exists(ctxT(t), objs, "manifests/"+storesync.PausedSet(id)+".json")
 		return err == nil && !ok
 	})
 	a.Kill(ctxT(t), id) // A's stale copy, as the control plane would
@@ -471,7 +471,7 @@ func lazyResumeScenario(t *testing.T, req CreateRequest, fillMiB int) {
 	// Drop the file's clean pages that no machine maps, so that the
 	// guest's next touches come through the mount again (from the chunk
 	// cache now).
-	dropPages(t, b.lazyFS.Path(pausedName(id)))
+	dropPages(t, b.lazy.Path(storesync.PausedSet(id)))
 	if fillMiB > 0 {
 		shOn(t, b, id, "md5sum /dev/shm/fill > /dev/null")
 	}
@@ -529,7 +529,7 @@ func TestLazyRestoreAfterRestart(t *testing.T) {
 		t.Fatalf("create from a lazily fetched snapshot after a restart: %v", err)
 	}
 	checkMemState(t, "lazily restored after a restart", b, c2.ID, sum, keeper, secret)
-	ls, ok := b.LazyStats(storeName(snap.ID))
+	ls, ok := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if !ok || ls.BytesRead >= ls.Size/2 {
 		t.Errorf("after a restart: %+v, %v; want the image read lazily, not whole", ls, ok)
 	}
@@ -554,11 +554,11 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 	if got := shOn(t, b, c1.ID, "echo up"); got != "up\n" {
 		t.Fatalf("lazily restored: %q", got)
 	}
-	if !b.lazyHeld() {
+	if !b.lazy.Held() {
 		t.Fatal("the lazy mount is not held by a holder process")
 	}
-	path := b.lazyFS.Path(storeName(snap.ID))
-	before, ok := b.LazyStats(storeName(snap.ID))
+	path := b.lazy.Path(storesync.SnapshotSet(snap.ID))
+	before, ok := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if !ok {
 		t.Fatal("the sandbox was not restored lazily")
 	}
@@ -575,11 +575,11 @@ func TestLazyRestoreOutlivesAgent(t *testing.T) {
 		t.Fatalf("after the agent's restart: %+v, %v; want running", info, err)
 	}
 	// The new agent knows the held file before any read of its own.
-	if _, ok := b.LazyStats(storeName(snap.ID)); !ok {
+	if _, ok := b.LazyStats(storesync.SnapshotSet(snap.ID)); !ok {
 		t.Errorf("the restarted agent has no figures of the held file")
 	}
 	checkMemState(t, "lazily restored, after its agent restarted", b, c1.ID, sum, keeper, secret)
-	after, _ := b.LazyStats(storeName(snap.ID))
+	after, _ := b.LazyStats(storesync.SnapshotSet(snap.ID))
 	if after.BytesRead == 0 {
 		t.Errorf("the restarted agent served nothing of the file (before the restart: %+v)", before)
 	}
@@ -611,7 +611,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	}
 	snap := durableSnapOn(t, a, src.ID)
 	a.Kill(ctxT(t), src.ID)
-	m, err := csA.Manifest(ctxT(t), storeName(snap.ID))
+	m, err := csA.Manifest(ctxT(t), storesync.SnapshotSet(snap.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,7 +619,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 	r := lazyCreate(t, objs, m, snap.ID, func(l *LazyConfig) { l.NoFetchAll = true })
 	r.agent.Kill(ctxT(t), r.id)
 	testkit.WaitForf(t, time.Minute, func() string { return "working set recorded" }, func() bool {
-		_, err := lazymem.LoadWorkingSet(ctxT(t), objs, storeName(snap.ID))
+		_, err := lazymem.LoadWorkingSet(ctxT(t), objs, storesync.SnapshotSet(snap.ID))
 		return err == nil
 	})
 	for _, lazy := range []bool{false, true} {
@@ -641,7 +641,7 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 		}
 		shOn(t, b, c.ID, "true")
 		d := time.Since(t0)
-		ls, wasLazy := b.LazyStats(storeName(snap.ID))
+		ls, wasLazy := b.LazyStats(storesync.SnapshotSet(snap.ID))
 		t.Logf("template on the host, lazy %v (chosen: %v): first exec %v, %d MiB fetched through the chunk cache, %d MiB read from the template; %s",
 			lazy, wasLazy, d.Round(time.Millisecond), cache.Stats().BytesFetched>>20, ls.LocalBytes>>20, rl.last("snapshot fetched from the object store"))
 		if lazy && wasLazy != (fillMiB > 0) {
@@ -652,38 +652,5 @@ func lazyTemplateLocal(t *testing.T, fillMiB int) {
 		}
 		checkMemState(t, "template on the host", b, c.ID, sum, keeper, secret)
 		b.Kill(ctxT(t), c.ID)
-	}
-}
-
-// TestWriteData: the pages of a buffer that hold data are written, in
-// runs; the zero pages stay holes; a short page at the end is written.
-func TestWriteData(t *testing.T) {
-	b := make([]byte, 5*4096+100)
-	for _, p := range []int{0, 1, 4} {
-		b[p*4096+7] = byte(p + 1)
-	}
-	b[5*4096+99] = 9
-	path := filepath.Join(t.TempDir(), "f")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(int64(len(b)) + 4096); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeData(f, b, 4096); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(b))
-	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, b) {
-		t.Fatalf("read back: %v, equal %v", err, bytes.Equal(got, b))
-	}
-	// Pages 2 and 3 of b (3 and 4 of the file) are a hole.
-	if off, err := unix.Seek(int(f.Fd()), 3*4096, unix.SEEK_HOLE); err != nil || off != 3*4096 {
-		t.Errorf("SEEK_HOLE from page 3: %d, %v; want a hole there", off, err)
-	}
-	if off, err := unix.Seek(int(f.Fd()), 3*4096, unix.SEEK_DATA); err != nil || off != 5*4096 {
-		t.Errorf("SEEK_DATA from page 3: %d, %v; want data from page 5", off, err)
 	}
 }

@@ -1,19 +1,7 @@
 package hostagent
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"path/filepath"
-	"slices"
-	"sort"
-	"strings"
-
-	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/storage/chunkstore"
-)
-
-// Ancestor snapshots as the base of a pack. A sandbox created from a
+// Ancestor snapshots as the base of a pack (transfer.LineageBase) and of
+// a download (storesync.Sync.LineageSeeds). A sandbox created from a
 // snapshot S (a prepared environment: packages installed, a repository
 // cloned) holds everything S added to its template; a pack of its capture
 // diffed against the template carries all of that again, though the
@@ -31,74 +19,14 @@ import (
 // its captures): fork children and children made on another host derive
 // from what their parent did. And a download from the store of a set
 // derived from a snapshot this host holds (a snapshot of such a sandbox,
-// its pause) takes that snapshot's chunks from here (lineageSeeds).
-
-// maxHeldSnapshots bounds the snapshots a host names when it asks for a
-// pack (the newest first).
-const maxHeldSnapshots = 64
+// its pause) takes that snapshot's chunks from here
+// (storesync.Sync.LineageSeeds).
 
 // HeldSnapshots lists the durable snapshots whose files this host holds
-// (newest first, at most maxHeldSnapshots): the bases a pack sent to it
-// may be diffed against (SendSnapshot's held). Nil without an object
-// store.
-func (a *Agent) HeldSnapshots() []string {
-	if a.store == nil {
-		return nil
-	}
-	ents, _ := os.ReadDir(filepath.Join(a.vol.Dir, "snapshots"))
-	type held struct {
-		id  string
-		mod int64
-	}
-	var out []held
-	for _, e := range ents {
-		if !host.ValidID(e.Name()) {
-			continue
-		}
-		if _, ok := a.snapshotBaseFiles(e.Name()); !ok {
-			continue
-		}
-		fi, err := e.Info()
-		if err != nil {
-			continue
-		}
-		out = append(out, held{e.Name(), fi.ModTime().UnixNano()})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].mod > out[j].mod })
-	ids := make([]string, 0, min(len(out), maxHeldSnapshots))
-	for _, h := range out[:min(len(out), maxHeldSnapshots)] {
-		ids = append(ids, h.id)
-	}
-	return ids
-}
-
-// snapshotBaseFiles returns the directory of snapshot id if it can be a
-// pack's base here: durable in the store, not deleted, its files on this
-// host (not a lazy restore's link to the store).
-func (a *Agent) snapshotBaseFiles(id string) (string, bool) {
-	rec, ok := a.storedRecord(id)
-	if !ok || !rec.Durable || rec.Deleted || rec.Snapshot.Transient {
-		return "", false
-	}
-	dir := a.snapshotDir(id)
-	for _, f := range []string{memFile, diskFile} {
-		fi, err := os.Lstat(filepath.Join(dir, f))
-		if err != nil || !fi.Mode().IsRegular() {
-			return "", false
-		}
-	}
-	return dir, true
-}
-
-// lineageBase returns the durable snapshot capture si derives from
-// (SnapshotInfo.Lineage), if held names it: the base SendSnapshot diffs
-// against.
-func (a *Agent) lineageBase(si SnapshotInfo, held []string) string {
-	if si.Lineage == "" || si.Lineage == si.ID || !slices.Contains(held, si.Lineage) {
-		return ""
-	}
-	return si.Lineage
-}
+// (newest first, at most storesync.MaxHeldSnapshots): the bases a pack
+// sent to it may be diffed against (SendSnapshot's held). Nil without an
+// object store.
+func (a *Agent) HeldSnapshots() []string { return a.sync.HeldSnapshots() }
 
 // lineageOf is the lineage of a sandbox restored from snapshot si: si
 // itself if it is a user's (durable) snapshot, else (a transient
@@ -118,92 +46,4 @@ func (r record) lineage() string {
 		return r.Lineage
 	}
 	return r.Snapshot
-}
-
-// snapshotBases are this host's files of snapshot id as the bases of a
-// pack (by file name, as templateBases), with the chunk hashes of its
-// manifest in the object store, open (the caller calls release). Nil if
-// it cannot be one (snapshotBaseFiles) or its manifest cannot be read.
-func (a *Agent) snapshotBases(ctx context.Context, id string) (bases map[string]chunkstore.Seed, release func()) {
-	release = func() {}
-	dir, ok := a.snapshotBaseFiles(id)
-	if !ok {
-		return nil, release
-	}
-	// Its files as sealed (checked once, then while they keep their
-	// fingerprint): a chunk reflinked from here is not hashed again.
-	if a.verifySnapshot(SnapshotInfo{SnapshotInfo: host.SnapshotInfo{ID: id}}) != nil {
-		return nil, release
-	}
-	m, err := a.store.Manifest(ctx, storeName(id))
-	if err != nil || m.ChunkSize != a.chunkSize() {
-		if err != nil {
-			a.log.Warn("snapshot not used as a pack's base", "snapshot_id", id, "err", err)
-		}
-		return nil, release
-	}
-	var files []*os.File
-	release = func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}
-	bases = map[string]chunkstore.Seed{}
-	for _, name := range []string{memFile, diskFile} {
-		mf, ok := m.File(name)
-		if !ok {
-			release()
-			return nil, func() {}
-		}
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			release()
-			return nil, func() {}
-		}
-		files = append(files, f)
-		if fi, err := f.Stat(); err != nil || fi.Size() != mf.Size {
-			release()
-			return nil, func() {}
-		}
-		sd := chunkstore.SeedOf(f.Name(), m.ChunkSize, mf)
-		sd.File = f
-		bases[name] = sd
-	}
-	return bases, release
-}
-
-// baseOfPack is the snapshot a pack's header names as its base (""
-// for its template).
-func baseOfPack(h chunkstore.PackHeader) (string, error) {
-	if h.BaseName == "" {
-		return "", nil
-	}
-	id, ok := strings.CutPrefix(h.BaseName, storeName(""))
-	if !ok || !host.ValidID(id) {
-		return "", fmt.Errorf("%w: the pack's base %q is no snapshot", ErrInvalid, h.BaseName)
-	}
-	return id, nil
-}
-
-// lineageSeeds adds to seeds (a download's, released by release) this
-// host's copy of durable snapshot lineage, if it holds one: the chunks of
-// a set derived from it come from there rather than the store.
-func (a *Agent) lineageSeeds(ctx context.Context, lineage string, seeds []chunkstore.Seed, release func()) ([]chunkstore.Seed, func()) {
-	if lineage == "" {
-		return seeds, release
-	}
-	bases, rel := a.snapshotBases(ctx, lineage)
-	if bases == nil {
-		return seeds, release
-	}
-	return append(seeds, seedsOf(bases)...), func() { release(); rel() }
-}
-
-// seedsOf are bases as seeds of a receive.
-func seedsOf(bases map[string]chunkstore.Seed) []chunkstore.Seed {
-	var out []chunkstore.Seed
-	for _, sd := range bases {
-		out = append(out, sd)
-	}
-	return out
 }

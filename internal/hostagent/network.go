@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/internal/guestnet"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
@@ -148,4 +149,40 @@ func (a *Agent) bakeNIC() func(ctx context.Context, purpose string) (*vmm.Net, f
 		}
 		return &vmm.Net{TAP: tap, MAC: guestnet.GuestMAC}, release, nil
 	}
+}
+
+// SetNetwork changes a live sandbox's egress policy: at once for a sandbox
+// that runs (its namespace's rules are replaced in one batch; established
+// connections stay up), from its resume for a paused one.
+func (a *Agent) SetNetwork(ctx context.Context, id string, p netpolicy.Policy) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("set network: %w: %w", ErrInvalid, err)
+	}
+	s, err := a.get(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.state == StateStopping || s.state == StateStopped {
+		s.mu.Unlock()
+		return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	ns := s.ns
+	s.mu.Unlock()
+	if ns != nil {
+		if err := ns.SetPolicy(ctx, p); err != nil {
+			return fmt.Errorf("set network of %s: %w", id, err)
+		}
+	}
+	s.mu.Lock()
+	s.rec.Network = p
+	s.mu.Unlock()
+	paused := s.getState() == StatePaused
+	if err := s.writeRecord(paused); err != nil {
+		return classifyIOError(err)
+	}
+	if paused {
+		a.restagePaused(s) // the copy in the object store says what it resumes with
+	}
+	return nil
 }

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
-	"github.com/pandastack/pandastack/internal/storage/chunkstore"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
@@ -45,80 +45,17 @@ import (
 // sandbox whose upload still runs cancels the upload (and waits for it)
 // before it touches the capture; the set, complete or not, is then
 // deleted like any stale capture. The uploads and deletes of one set run
-// one after the other (startJobLocked chains them).
-
-// pausedName is a paused sandbox's set name in the chunkstore.
-func pausedName(id string) string { return "paused/" + id }
+// one after the other (storesync chains them: Sync.StartLocked).
 
 // pausedMeta is the Meta of a set paused/<id>: what another host needs to
-// adopt the sandbox.
+// adopt the sandbox (storesync.PausedMeta reads its PauseID).
 type pausedMeta struct {
 	Sandbox record `json:"sandbox"`
 }
 
-// pausedRecord is STORE/stored/paused/<id>.<pause id>.json.
-type pausedRecord struct {
-	SandboxID string `json:"sandbox_id"`
-	PauseID   string `json:"pause_id"`
-	// Durable: the store holds this capture's manifest and chunks.
-	Durable bool `json:"durable,omitempty"`
-	// Deleted: the capture no longer serves (its sandbox resumed or was
-	// killed); its set in the store is still to be removed.
-	Deleted bool `json:"deleted,omitempty"`
-	// Adopted: downloaded from the store (resumed from another host).
-	Adopted bool `json:"adopted,omitempty"`
-	// Refresh: the sandbox's record changed since the upload (SetNetwork);
-	// the set is uploaded again so that its Meta says so.
-	Refresh    bool             `json:"refresh,omitempty"`
-	UploadedAt time.Time        `json:"uploaded_at,omitzero"`
-	Upload     chunkstore.Stats `json:"upload"`
-}
-
-const pausedRecordDir = "paused" // under storedDir
-
 // fetchDir (in the store volume) holds captures being downloaded from the
 // object store.
 const fetchDir = "fetch"
-
-func (a *Agent) pausedRecordPath(id, pauseID string) string {
-	return filepath.Join(a.vol.Dir, storedDir, pausedRecordDir, id+"."+pauseID+".json")
-}
-
-func (a *Agent) pausedRecord(id, pauseID string) (pausedRecord, bool) {
-	var r pausedRecord
-	b, err := os.ReadFile(a.pausedRecordPath(id, pauseID))
-	if err != nil || json.Unmarshal(b, &r) != nil {
-		return pausedRecord{}, false
-	}
-	return r, true
-}
-
-// tombstoned reports whether this host holds a tombstone of sandbox id's
-// capture pauseID ("": of any capture of id).
-func (a *Agent) tombstoned(id, pauseID string) bool {
-	if pauseID != "" {
-		r, ok := a.pausedRecord(id, pauseID)
-		return ok && r.Deleted
-	}
-	files, _ := filepath.Glob(filepath.Join(a.vol.Dir, storedDir, pausedRecordDir, id+".*.json"))
-	for _, f := range files {
-		if _, pid, ok := parsePausedRecordName(filepath.Base(f)); ok {
-			if r, ok := a.pausedRecord(id, pid); ok && r.Deleted {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func parsePausedRecordName(name string) (id, pauseID string, ok bool) {
-	base, ok := strings.CutSuffix(name, ".json")
-	if !ok {
-		return "", "", false
-	}
-	id, pauseID, ok = strings.Cut(base, ".")
-	return id, pauseID, ok && host.ValidID(id) && host.ValidID(pauseID)
-}
 
 // newPauseID names a new pause capture.
 func newPauseID() string { return randHex(8) }
@@ -136,12 +73,12 @@ func (a *Agent) startPausedUpload(s *sandbox) {
 	if pid == "" || durable {
 		return
 	}
-	a.upMu.Lock()
-	defer a.upMu.Unlock()
-	if j := a.jobs[pausedName(s.id())]; j != nil && j.kind == jobUpload {
+	a.sync.Lock()
+	defer a.sync.Unlock()
+	if j := a.sync.JobLocked(storesync.PausedSet(s.id())); j != nil && j.Kind() == storesync.KindUpload {
 		return // uploading already
 	}
-	a.startJobLocked(pausedName(s.id()), jobUpload, "upload paused sandbox", true, func(ctx context.Context) error {
+	a.sync.StartLocked(storesync.PausedSet(s.id()), storesync.KindUpload, "upload paused sandbox", true, func(ctx context.Context) error {
 		return a.uploadPaused(ctx, s, pid)
 	})
 }
@@ -157,7 +94,7 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 	if s.stopping() || state != StatePaused || rec.PauseID != pauseID {
 		return nil
 	}
-	r, ok := a.pausedRecord(id, pauseID)
+	r, ok := a.sync.PausedRecord(id, pauseID)
 	if ok && r.Durable && !r.Deleted && !r.Refresh {
 		s.setDurablePause(pauseID)
 		return nil
@@ -170,37 +107,15 @@ func (a *Agent) uploadPaused(ctx context.Context, s *sandbox, pauseID string) er
 			return err
 		}
 	}
-	dir := filepath.Join(s.dir, pausedDir)
-	files := map[string]string{}
-	for _, f := range []string{memFile, stateFile, diskFile, manifest.Name} {
-		p := filepath.Join(dir, f)
-		if _, err := os.Stat(p); err == nil {
-			files[f] = p
-		} else if f != manifest.Name { // captures older than checksums have none
-			return fmt.Errorf("upload paused sandbox %s: %w", id, err)
-		}
-	}
 	rec.State, rec.Op, rec.NetNS = StatePaused, "", ""
 	meta, err := json.Marshal(pausedMeta{Sandbox: rec})
 	if err != nil {
 		return err
 	}
-	a.startTemplateSync(rec.Template, false) // templates.go
-	t0 := time.Now()
-	bases, release := a.templateBases(ctx, rec.Template)
-	_, st, err := a.store.UploadWith(ctx, pausedName(id), files, chunkstore.UploadOptions{Meta: meta, Bases: bases, Known: []string{templateName(rec.Template)}}, nil)
-	release()
-	if err != nil {
+	if err := a.sync.UploadPaused(ctx, id, pauseID, filepath.Join(s.dir, pausedDir), rec.Template, meta); err != nil {
 		return err
 	}
-	pr := pausedRecord{SandboxID: id, PauseID: pauseID, Durable: true, UploadedAt: time.Now().UTC(), Upload: st}
-	if err := writeJSON(a.pausedRecordPath(id, pauseID), pr, true); err != nil {
-		return fmt.Errorf("upload paused sandbox %s: record: %w", id, classifyIOError(err))
-	}
 	s.setDurablePause(pauseID)
-	a.log.Info("paused sandbox durable in the object store", "sandbox_id", id, "dur_ms", time.Since(t0).Milliseconds(),
-		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_delta", st.ChunksDelta, "chunks_shared", st.ChunksShared, "chunks_unread", st.ChunksUnread,
-		"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
 	return nil
 }
 
@@ -217,70 +132,6 @@ func (s *sandbox) pauseID() string {
 	return s.rec.PauseID
 }
 
-// stopPausedUpload cancels the upload of sandbox id's capture, if one
-// runs, and waits for it to end (a resume must not touch the capture an
-// upload reads).
-func (a *Agent) stopPausedUpload(id string) {
-	if a.store != nil {
-		a.cancelJob(pausedName(id), jobUpload)
-	}
-}
-
-// tombstonePaused marks capture pauseID of sandbox id stale (its sandbox
-// was resumed or killed), durably, after stopping its upload; the caller
-// then calls startPausedDelete.
-func (a *Agent) tombstonePaused(id, pauseID string) error {
-	a.stopPausedUpload(id)
-	a.upMu.Lock()
-	delete(a.storeErrs, pausedName(id))
-	a.upMu.Unlock()
-	r, _ := a.pausedRecord(id, pauseID)
-	r.SandboxID, r.PauseID, r.Deleted = id, pauseID, true
-	if err := writeJSON(a.pausedRecordPath(id, pauseID), r, true); err != nil {
-		return fmt.Errorf("sandbox %s: record its capture stale: %w", id, classifyIOError(err))
-	}
-	return nil
-}
-
-// startPausedDelete removes the set paused/<id> from the store in the
-// background if it still holds capture pauseID (retried until it
-// succeeds), then its tombstone, then collects garbage.
-func (a *Agent) startPausedDelete(id, pauseID string) {
-	if a.store == nil {
-		return
-	}
-	a.upMu.Lock()
-	defer a.upMu.Unlock()
-	a.startJobLocked(pausedName(id), jobDelete, "delete paused sandbox from the object store", true, func(ctx context.Context) error {
-		if err := a.lazyFetchAll(ctx, pausedName(id)); err != nil { // lazy.go
-			return err
-		}
-		removed := false
-		m, err := a.store.Manifest(ctx, pausedName(id))
-		switch {
-		case errors.Is(err, objstore.ErrNotFound):
-		case err != nil:
-			return err
-		default:
-			var meta pausedMeta
-			if json.Unmarshal(m.Meta, &meta) == nil && meta.Sandbox.PauseID == pauseID {
-				if err := a.store.Delete(ctx, pausedName(id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
-					return err
-				}
-				removed = true
-			}
-		}
-		if err := os.Remove(a.pausedRecordPath(id, pauseID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		if removed {
-			a.log.Info("paused sandbox's capture deleted from the object store", "sandbox_id", id, "pause_id", pauseID)
-			a.startGC()
-		}
-		return nil
-	})
-}
-
 // dropPaused is called by a resume that succeeded, holding s's operation
 // slot: the capture it resumed from is stale. It is tombstoned (its
 // upload stopped) and forgotten; the caller removes the local files and
@@ -289,7 +140,7 @@ func (a *Agent) startPausedDelete(id, pauseID string) {
 func (a *Agent) dropPaused(s *sandbox) (string, error) {
 	pid := s.pauseID()
 	if a.store != nil && pid != "" {
-		if err := a.tombstonePaused(s.id(), pid); err != nil {
+		if err := a.sync.TombstonePaused(s.id(), pid); err != nil {
 			return "", err
 		}
 	}
@@ -311,7 +162,7 @@ func (a *Agent) restagePaused(s *sandbox) {
 	if a.store == nil {
 		return
 	}
-	a.stopPausedUpload(s.id())
+	a.sync.StopPausedUpload(s.id())
 	s.mu.Lock()
 	pid := s.rec.PauseID
 	paused := s.state == StatePaused
@@ -320,9 +171,9 @@ func (a *Agent) restagePaused(s *sandbox) {
 	if !paused || pid == "" {
 		return
 	}
-	if r, ok := a.pausedRecord(s.id(), pid); ok && r.Durable && !r.Deleted && !r.Refresh {
+	if r, ok := a.sync.PausedRecord(s.id(), pid); ok && r.Durable && !r.Deleted && !r.Refresh {
 		r.Refresh = true
-		if err := writeJSON(a.pausedRecordPath(s.id(), pid), r, true); err != nil {
+		if err := a.sync.WritePausedRecord(r); err != nil {
 			a.log.Warn("mark a paused sandbox for upload", "sandbox_id", s.id(), "err", err)
 		}
 	}
@@ -338,7 +189,7 @@ var errMoved = errors.New("the object store no longer holds this capture: the sa
 // pauseID of sandbox id as paused/<id> (it held it: the caller knows the
 // capture was durable).
 func (a *Agent) checkNotMoved(ctx context.Context, id, pauseID string) error {
-	m, err := a.store.Manifest(ctx, pausedName(id))
+	m, err := a.store.Manifest(ctx, storesync.PausedSet(id))
 	if errors.Is(err, objstore.ErrNotFound) {
 		return errMoved
 	}
@@ -362,7 +213,7 @@ func (a *Agent) checkResumable(ctx context.Context, s *sandbox) error {
 		return nil
 	}
 	pid := s.pauseID()
-	if r, ok := a.pausedRecord(s.id(), pid); pid == "" || !ok || !r.Durable || r.Deleted {
+	if r, ok := a.sync.PausedRecord(s.id(), pid); pid == "" || !ok || !r.Durable || r.Deleted {
 		return nil // never in the store: no other host can have resumed it
 	}
 	err := a.checkNotMoved(ctx, s.id(), pid)
@@ -393,9 +244,9 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	if s, err := a.get(id); err == nil {
 		return s, nil // adopted by a resume before this one
 	}
-	m, err := a.store.Manifest(ctx, pausedName(id))
+	m, err := a.store.Manifest(ctx, storesync.PausedSet(id))
 	if err != nil {
-		return nil, a.storeLookupError(ctx, "sandbox", id, err)
+		return nil, a.sync.LookupError(ctx, "sandbox", id, err)
 	}
 	var meta pausedMeta
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.Sandbox.ID != id || meta.Sandbox.PauseID == "" {
@@ -403,7 +254,7 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 		return nil, fmt.Errorf("sandbox %s: %w: its record in the object store is unreadable", id, ErrCorrupt)
 	}
 	rec := meta.Sandbox
-	if a.tombstoned(id, rec.PauseID) {
+	if a.sync.Tombstoned(id, rec.PauseID) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 	}
 	if err := a.checkSpace(); err != nil {
@@ -422,23 +273,11 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	tmp := filepath.Join(a.vol.Dir, fetchDir, id)
 	os.RemoveAll(tmp)
 	t0 := time.Now()
-	// Chunks this host's copy of its template holds come from there.
-	seeds, release := a.templateSeeds(ctx, rec.Template)
-	hasTemplate := len(seeds) > 0
-	// And the snapshot it derives from, if held here (lineage.go).
-	seeds, release = a.lineageSeeds(ctx, rec.lineage(), seeds, release)
-	var st chunkstore.DownloadStats
-	if a.cfg.Lazy != nil && a.lazyWorth(m, seeds) { // lazy restore: lazy.go
-		st, err = a.downloadLazy(ctx, m, filepath.Join(tmp, pausedDir), seeds)
-	} else {
-		st, err = a.store.DownloadSeeded(ctx, m, filepath.Join(tmp, pausedDir), seeds)
-		if err == nil && !hasTemplate {
-			a.startTemplateFetch(rec.Template, rec.Spec) // templates.go
-		}
-	}
-	release()
+	// Chunks this host's copy of its template holds come from there, and
+	// those of the snapshot it derives from if held here.
+	st, err := a.sync.Download(ctx, m, filepath.Join(tmp, pausedDir), rec.Template, rec.lineage(), rec.Spec)
 	if err == nil {
-		if verr := checkDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {
+		if verr := capture.CheckDownloaded(filepath.Join(tmp, pausedDir)); verr != nil {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, verr)
 		}
 	}
@@ -455,14 +294,14 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 	if err != nil {
 		os.RemoveAll(tmp)
 		a.log.Error("fetch paused sandbox from the object store", "sandbox_id", id, "err", err)
-		return nil, fetchFailed(ctx, "sandbox", id, err, fetchWhy{
-			unavailable: fmt.Sprintf("sandbox %s is paused in the object store, which cannot be reached; retry when it is back", id),
-			notFound:    "its capture left the object store while it was downloaded",
-			corrupt:     "its capture in the object store does not match its checksums",
+		return nil, storesync.FetchFailed(ctx, "sandbox", id, err, storesync.FetchWhy{
+			Unavailable: fmt.Sprintf("sandbox %s is paused in the object store, which cannot be reached; retry when it is back", id),
+			NotFound:    "its capture left the object store while it was downloaded",
+			Corrupt:     "its capture in the object store does not match its checksums",
 		})
 	}
-	pr := pausedRecord{SandboxID: id, PauseID: rec.PauseID, Durable: true, Adopted: true}
-	if err := writeJSON(a.pausedRecordPath(id, rec.PauseID), pr, true); err != nil {
+	pr := storesync.PausedRecord{SandboxID: id, PauseID: rec.PauseID, Durable: true, Adopted: true}
+	if err := a.sync.WritePausedRecord(pr); err != nil {
 		// Not fatal: the capture is uploaded again (its chunks are there).
 		a.log.Warn("record adopted paused sandbox durable", "sandbox_id", id, "err", err)
 	}
@@ -488,21 +327,21 @@ func (a *Agent) adoptPaused(ctx context.Context, id string) (*sandbox, error) {
 // here and removed in the background. ErrNotFound if the store has no
 // paused/<id> (or this host removes it already).
 func (a *Agent) killInStore(ctx context.Context, id string) error {
-	if !host.ValidID(id) || a.tombstoned(id, "") {
+	if !host.ValidID(id) || a.sync.Tombstoned(id, "") {
 		return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 	}
-	m, err := a.store.Manifest(ctx, pausedName(id))
+	m, err := a.store.Manifest(ctx, storesync.PausedSet(id))
 	if err != nil {
-		return a.storeLookupError(ctx, "sandbox", id, err)
+		return a.sync.LookupError(ctx, "sandbox", id, err)
 	}
 	var meta pausedMeta
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.Sandbox.ID != id || meta.Sandbox.PauseID == "" {
 		return fmt.Errorf("sandbox %s: %w: its record in the object store is unreadable", id, ErrCorrupt)
 	}
-	if err := a.tombstonePaused(id, meta.Sandbox.PauseID); err != nil {
+	if err := a.sync.TombstonePaused(id, meta.Sandbox.PauseID); err != nil {
 		return err
 	}
-	a.startPausedDelete(id, meta.Sandbox.PauseID)
+	a.sync.StartPausedDelete(id, meta.Sandbox.PauseID)
 	a.log.Info("killed a paused sandbox held only in the object store", "sandbox_id", id)
 	return nil
 }
@@ -511,17 +350,17 @@ func (a *Agent) killInStore(ctx context.Context, id string) error {
 // earlier run left, forgets records no paused sandbox of this host needs,
 // and uploads every paused sandbox's capture not yet durable.
 func (a *Agent) resumePausedStore() {
-	dir := filepath.Join(a.vol.Dir, storedDir, pausedRecordDir)
+	dir := filepath.Join(a.vol.Dir, storesync.StoredDir, storesync.PausedRecordDir)
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		id, pid, ok := parsePausedRecordName(e.Name())
+		id, pid, ok := storesync.ParsePausedRecordName(e.Name())
 		if !ok {
 			continue
 		}
-		r, ok := a.pausedRecord(id, pid)
+		r, ok := a.sync.PausedRecord(id, pid)
 		switch {
 		case ok && r.Deleted:
-			a.startPausedDelete(id, pid)
+			a.sync.StartPausedDelete(id, pid)
 			continue
 		case ok && r.Durable:
 			if s, err := a.get(id); err == nil && s.pauseID() == pid && s.getState() == StatePaused {

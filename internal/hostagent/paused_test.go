@@ -16,6 +16,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
@@ -221,7 +222,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable: " + infoOf(a, src.ID).Stored },
 		func() bool { return infoOf(a, src.ID).Stored == host.StoredDurable })
 	pidA := pauseIDOf(t, a, src.ID)
-	rec, _ := a.pausedRecord(src.ID, pidA)
+	rec, _ := a.sync.PausedRecord(src.ID, pidA)
 	t.Logf("paused %d MiB sandbox durable %v after Pause began: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
 		src.MemoryMiB, time.Since(t0).Round(time.Millisecond), rec.Upload.ChunksTotal, rec.Upload.ChunksUploaded,
 		rec.Upload.BytesUploaded>>20, rec.Upload.ZeroChunks, rec.Upload.ChunksShared)
@@ -304,7 +305,7 @@ func TestSandboxesMoveBetweenHosts(t *testing.T) {
 		t.Fatalf("kill of A's stale copy: %v", err)
 	}
 	testkit.WaitForf(t, time.Minute, func() string { return "A's tombstone of its capture gone" }, func() bool {
-		_, ok := a.pausedRecord(src.ID, pidA)
+		_, ok := a.sync.PausedRecord(src.ID, pidA)
 		return !ok
 	})
 	if m, err := csA.Manifest(ctxT(t), "paused/"+src.ID); err != nil {
@@ -422,7 +423,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	shOn(t, a, sb.ID, "echo kept > /root/p.txt")
 	sum, keeper, secret := memState(t, a, sb.ID)
 	noPausedState := func() bool {
-		recs, _ := os.ReadDir(filepath.Join(a.StoreDir(), storedDir, pausedRecordDir))
+		recs, _ := os.ReadDir(filepath.Join(a.StoreDir(), storesync.StoredDir, storesync.PausedRecordDir))
 		return len(recs) == 0 && !hasManifest(cs, "paused/"+sb.ID)
 	}
 
@@ -480,7 +481,7 @@ func TestPausedSandboxesAndTheStoreDown(t *testing.T) {
 	t0 := time.Now()
 	testkit.WaitForf(t, time.Minute, func() string { return "paused sandbox durable after a restart: " + infoOf(a, sb.ID).Stored },
 		func() bool { return infoOf(a, sb.ID).Stored == host.StoredDurable })
-	rec, _ := a.pausedRecord(sb.ID, pauseIDOf(t, a, sb.ID))
+	rec, _ := a.sync.PausedRecord(sb.ID, pauseIDOf(t, a, sb.ID))
 	t.Logf("paused %d MiB sandbox durable %v after the agent's restart: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
 		sb.MemoryMiB, time.Since(t0).Round(time.Millisecond), rec.Upload.ChunksTotal, rec.Upload.ChunksUploaded,
 		rec.Upload.BytesUploaded>>20, rec.Upload.ZeroChunks, rec.Upload.ChunksShared)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"golang.org/x/sys/unix"
@@ -55,7 +56,7 @@ const (
 // uploads and deletes from the store that the earlier agent did not finish
 // start again in the background (store.go).
 func (a *Agent) Recover(ctx context.Context) []Recovered {
-	a.mountLazy() // lazy.go: lazily fetched images point into it
+	a.lazy.MountAtStart() // lazy.go: lazily fetched images point into it
 	ents, _ := os.ReadDir(a.sbDir)
 	out := make([]Recovered, len(ents))
 	sem := make(chan struct{}, adoptParallel)
@@ -308,7 +309,7 @@ func (a *Agent) cleanLeftovers(ctx context.Context) {
 	stale, _ := filepath.Glob(filepath.Join(a.vol.Dir, "forks", "*"))
 	tmps, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*.tmp"))
 	deleted, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+deletingSuffix))
-	fetches, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+fetchSuffix))
+	fetches, _ := filepath.Glob(filepath.Join(a.vol.Dir, "snapshots", "*"+storesync.FetchSuffix))
 	adoptions, _ := filepath.Glob(filepath.Join(a.vol.Dir, fetchDir, "*"))
 	for _, d := range slices.Concat(stale, tmps, deleted, fetches, adoptions) {
 		os.RemoveAll(d)

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
+	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
+	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/hostagent/network"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
@@ -242,4 +244,89 @@ func (s *sandbox) newClient(conn io.ReadWriteCloser) *guestproto.Client {
 		return guestproto.NewClient(conn)
 	}
 	return c
+}
+
+// State of a sandbox: the lifecycle package's.
+type State = lifecycle.State
+
+// The states, named as this package always has.
+const (
+	StateStarting = lifecycle.Starting
+	StateRunning  = lifecycle.Running
+	StatePausing  = lifecycle.Pausing
+	StatePaused   = lifecycle.Paused
+	StateResuming = lifecycle.Resuming
+	StateStopping = lifecycle.Stopping
+	StateStopped  = lifecycle.Stopped
+)
+
+// Info describes a sandbox: the host contract's.
+type Info = host.Info
+
+// record is what sandbox.json holds: enough to adopt the VMM again, or to
+// finish or roll back the operation a crash interrupted (Op).
+type record struct {
+	ID       string `json:"id"`
+	Template string `json:"template"`
+	State    State  `json:"state"`
+	// Op is the operation in flight that recovery must finish or roll
+	// back: opPause or opResume ("" for none).
+	Op       string `json:"op,omitempty"`
+	Owner    string `json:"owner,omitempty"`
+	ParentID string `json:"parent_id,omitempty"`
+	Snapshot string `json:"snapshot_id,omitempty"`
+	// Lineage is the durable snapshot the sandbox derives from: the one
+	// it was created from, or that one's lineage if it was a transient
+	// capture (a cross-host fork's), or its parent's for a fork child;
+	// "" for its template (lineage.go).
+	Lineage   string            `json:"lineage,omitempty"`
+	Spec      vmm.Spec          `json:"spec"`
+	Hostname  string            `json:"hostname"`
+	MachineID string            `json:"machine_id"`
+	Env       map[string]string `json:"env,omitempty"`
+	// Cwd is the working directory of execs that name none ("" for the
+	// guest's default): the WORKDIR of a user template's image.
+	Cwd string `json:"cwd,omitempty"`
+	// User is the user of execs that name none ("" for root): the USER of a
+	// user template's image.
+	User      string    `json:"user,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// Network is the sandbox's egress policy; NetNS the network namespace
+	// it runs in (while it has a VMM), to adopt after a restart.
+	Network netpolicy.Policy `json:"network"`
+	NetNS   string           `json:"netns,omitempty"`
+	// PauseID names the pause capture of a paused sandbox (new at each
+	// pause, "" once resumed): its set paused/<id> in the object store
+	// carries it, so that a host deletes that set only while it holds the
+	// capture this host made or adopted, never a later pause's (paused.go).
+	PauseID string `json:"pause_id,omitempty"`
+}
+
+// Operations recorded in record.Op.
+const (
+	opPause  = "pause"
+	opResume = "resume"
+)
+
+func (s *sandbox) info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pid := 0
+	if s.m != nil {
+		pid = s.m.PID()
+	}
+	return Info{
+		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
+		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
+		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot, Busy: len(s.slot) > 0,
+		FetchedBytes: s.fetched,
+	}
+}
+
+// setFetched records what was read from the object store to start s as
+// it runs now (Info.FetchedBytes).
+func (s *sandbox) setFetched(n int64) {
+	s.mu.Lock()
+	s.fetched = n
+	s.mu.Unlock()
 }

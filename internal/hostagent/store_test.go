@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
@@ -88,7 +89,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	s1 := snapOn(t, a, src.ID)
 	testkit.WaitForf(t, time.Minute, func() string { return "snapshot 1 durable: " + stored(a, s1.ID).Stored },
 		func() bool { return stored(a, s1.ID).Stored == host.StoredDurable })
-	rec, _ := a.storedRecord(s1.ID)
+	rec, _ := a.sync.Record(s1.ID)
 	t.Logf("snapshot of a %d MiB tiny sandbox durable in %v: %d chunks, %d uploaded (%d MiB), %d zero, %d shared",
 		s1.Spec.MemoryMiB, time.Since(t0).Round(time.Millisecond), rec.Upload.ChunksTotal, rec.Upload.ChunksUploaded,
 		rec.Upload.BytesUploaded>>20, rec.Upload.ZeroChunks, rec.Upload.ChunksShared)
@@ -134,8 +135,8 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	if _, err := createFrom(t, a, s1.ID); !errors.Is(err, host.ErrUnavailable) {
 		t.Fatalf("create from a lost snapshot with the store down: %v, want ErrUnavailable", err)
 	}
-	if _, err := os.Stat(local + fetchSuffix); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a failed fetch left %s: %v", local+fetchSuffix, err)
+	if _, err := os.Stat(local + storesync.FetchSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed fetch left %s: %v", local+storesync.FetchSuffix, err)
 	}
 	if si := stored(a, s1.ID); si.Stored != host.StoredDurable {
 		t.Errorf("after a failed fetch: %+v", si)
@@ -166,7 +167,7 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 	if si := stored(a, s2.ID); si.StoreError != "" {
 		t.Errorf("durable snapshot keeps the error %q", si.StoreError)
 	}
-	rec2, _ := a.storedRecord(s2.ID)
+	rec2, _ := a.sync.Record(s2.ID)
 	t.Logf("a second snapshot of the same sandbox: %d chunks, %d uploaded (%d MiB), %d already in the store",
 		rec2.Upload.ChunksTotal, rec2.Upload.ChunksUploaded, rec2.Upload.BytesUploaded>>20, rec2.Upload.ChunksShared)
 	if rec2.Upload.ChunksShared == 0 {
@@ -221,8 +222,8 @@ func TestSnapshotsDurableInTheStore(t *testing.T) {
 		}
 		return true
 	})
-	if recs, _ := filepath.Glob(filepath.Join(a.StoreDir(), storedDir, "*.json")); len(recs) != 0 {
-		t.Errorf("%d records left in %s after deleting every snapshot", len(recs), storedDir)
+	if recs, _ := filepath.Glob(filepath.Join(a.StoreDir(), storesync.StoredDir, "*.json")); len(recs) != 0 {
+		t.Errorf("%d records left in %s after deleting every snapshot", len(recs), storesync.StoredDir)
 	}
 	if n := len(a.Snapshots()); n != 0 {
 		t.Errorf("%d snapshots left after deleting all", n)
@@ -243,12 +244,10 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 	shOn(t, a, src.ID, "head -c 4194304 /dev/urandom > /dev/shm/own") // chunks of its own
 	snap := durableSnapOn(t, a, src.ID)
 	idle := func() bool { // no upload or delete of this host runs
-		a.upMu.Lock()
-		defer a.upMu.Unlock()
-		return len(a.jobs) == 0
+		return a.sync.Idle()
 	}
 	testkit.WaitForf(t, time.Minute, func() string { return "this host's store jobs ended" }, idle)
-	m, err := cs.Manifest(ctxT(t), storeName(snap.ID))
+	m, err := cs.Manifest(ctxT(t), storesync.SnapshotSet(snap.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,9 +280,7 @@ func TestGarbageCollectionPutOff(t *testing.T) {
 	testkit.WaitForf(t, time.Minute, func() string { return "manifest gone from the store" }, func() bool { return !hasManifest(cs, m.Name) })
 	only := unreferenced(t, cs, m)
 	testkit.WaitForf(t, time.Minute, func() string { return "a garbage collection put off" }, func() bool {
-		a.upMu.Lock()
-		defer a.upMu.Unlock()
-		return a.storeErrs[gcKey] != ""
+		return a.sync.LastError(storesync.GCKey) != nil
 	})
 	for _, h := range only {
 		if ok, err := objstore.Exists(ctxT(t), objs, "chunks/"+h); err != nil || !ok {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/storesync"
 	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/testing/s3test"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
@@ -81,10 +82,10 @@ func TestTransientCapture(t *testing.T) {
 			t.Errorf("%s after a restart: the capture's directory is still there (%v)", name, err)
 		}
 	}
-	testkit.WaitForf(t, time.Minute, func() string { return "the capture's set gone from the store" }, func() bool { return !hasManifest(csA, storeName(id)) })
+	testkit.WaitForf(t, time.Minute, func() string { return "the capture's set gone from the store" }, func() bool { return !hasManifest(csA, storesync.SnapshotSet(id)) })
 	testkit.WaitForf(t, time.Minute, func() string { return "the capture's store records gone" }, func() bool {
-		_, errA := os.Stat(a.recordPath(id))
-		_, errB := os.Stat(b.recordPath(id))
+		_, errA := os.Stat(a.sync.RecordPath(id))
+		_, errB := os.Stat(b.sync.RecordPath(id))
 		return errors.Is(errA, os.ErrNotExist) && errors.Is(errB, os.ErrNotExist)
 	})
 	if got := shOn(t, b, child.ID, "cat /root/f.txt"); got != "on-a\n" {

@@ -2,67 +2,19 @@ package hostagent
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/templates"
-	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
-// User templates in the object store (Config.Store; docs/storage.md).
-//
-// The host that builds a version of a user template uploads it, before
-// the build succeeds, as the chunkstore set userfs/NAME/vN (rootfs.ext4;
-// its templates.UserRootFS as the set's Meta). Any other host asked to
-// create a sandbox of NAME:N that it lacks downloads that set and installs
-// it under the same number (template.Store.InstallUserReplica), then bakes
-// it as it would its own. A version number never names two builds (the
-// template store never reuses one), so a host's copy of NAME:N is never
-// stale. Removing versions deletes their sets; garbage collection then
-// removes the chunks no other set uses.
-
-// userfsName is the set name of version v of user template name.
-func userfsName(name string, v int) string { return fmt.Sprintf("userfs/%s/v%d", name, v) }
-
-// parseUserfsName is userfsName's inverse (false: not a set of a user
-// template's version).
-func parseUserfsName(set string) (string, int, bool) {
-	rest, ok := strings.CutPrefix(set, "userfs/")
-	if !ok {
-		return "", 0, false
-	}
-	name, vs, ok := strings.Cut(rest, "/v")
-	v, err := strconv.Atoi(vs)
-	if !ok || err != nil || v < 1 || name == "" || strings.Contains(name, "/") {
-		return "", 0, false
-	}
-	return name, v, true
-}
+// User templates in the object store (Config.Store; docs/storage.md) are
+// package storesync's (usertemplates.go there); these are the agent's
+// calls of it.
 
 // StoredUserTemplates lists the versions of user templates whose set the
-// object store holds ("NAME:N", one listing of userfs/): every host's
-// builds, this fleet's. Without a store: none.
+// object store holds ("NAME:N"): every host's builds, this fleet's.
+// Without a store: none.
 func (a *Agent) StoredUserTemplates(ctx context.Context) ([]string, error) {
-	if a.store == nil {
-		return nil, nil
-	}
-	names, err := a.store.NamesUnder(ctx, "userfs/")
-	if err != nil {
-		return nil, fmt.Errorf("list the user templates in the object store: %w", err)
-	}
-	var out []string
-	for _, n := range names {
-		if name, v, ok := parseUserfsName(n); ok {
-			out = append(out, templates.Ref(name, v))
-		}
-	}
-	return out, nil
+	return a.sync.StoredUserTemplates(ctx)
 }
 
 // SharesTemplates reports whether this host keeps the user templates it
@@ -73,164 +25,20 @@ func (a *Agent) SharesTemplates() bool { return a.store != nil }
 // directory dir holds its rootfs.ext4. Without an object store it does
 // nothing.
 func (a *Agent) PublishUserTemplate(ctx context.Context, u templates.UserRootFS, dir string) error {
-	if a.store == nil {
-		return nil
-	}
-	if u.Version < 1 {
-		return fmt.Errorf("publish template %s: %w: no version", u.Name, ErrInvalid)
-	}
-	meta, err := json.Marshal(u)
-	if err != nil {
-		return err
-	}
-	_, st, err := a.store.UploadMeta(ctx, userfsName(u.Name, u.Version), map[string]string{diskFile: filepath.Join(dir, diskFile)}, meta, nil)
-	if err != nil {
-		return err
-	}
-	a.log.Info("user template uploaded to the object store", "template", templates.Ref(u.Name, u.Version),
-		"chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared, "bytes_uploaded", st.BytesUploaded)
-	return nil
+	return a.sync.PublishUserTemplate(ctx, u, dir)
 }
 
 // UnpublishUserTemplate deletes the sets of versions of user template
 // name from the object store (those it has not are fine), then, if it
 // deleted one, collects the garbage.
 func (a *Agent) UnpublishUserTemplate(ctx context.Context, name string, versions []int) error {
-	if a.store == nil || len(versions) == 0 {
-		return nil
-	}
-	var errs []error
-	deleted := 0
-	for _, v := range versions {
-		err := a.store.Delete(ctx, userfsName(name, v))
-		switch {
-		case err == nil:
-			deleted++
-		case !errors.Is(err, objstore.ErrNotFound):
-			errs = append(errs, err)
-		}
-	}
-	if deleted > 0 {
-		// Another host's delete of the same versions (every copy goes)
-		// collects nothing more.
-		a.startGC()
-	}
-	return errors.Join(errs...)
-}
-
-// replicateUserTemplate makes sure this host holds user template ref when
-// ref pins a version ("NAME:N", as the control plane names the template of
-// every create): if it lacks it and the object store has it, it downloads
-// and installs it. Otherwise, and for every other ref, it does nothing:
-// the template store's Lookup then says whether the template exists.
-func (a *Agent) replicateUserTemplate(ctx context.Context, ref string, progress templates.Progress) error {
-	if a.store == nil {
-		return nil
-	}
-	// A built-in has no versions, and a user template's name is never a
-	// built-in's: a pinned ref is a user template's.
-	name, v, err := templates.SplitRef(ref)
-	if err != nil || v == 0 {
-		return nil
-	}
-	if _, err := a.templates.UserRootFS(ref); err == nil {
-		return nil
-	}
-	// One download per version: concurrent creates share it.
-	_, err, _ = a.replicas.Do(ref, func() (any, error) {
-		if _, err := a.templates.UserRootFS(ref); err == nil {
-			return nil, nil // fetched by a download that just ended
-		}
-		return nil, a.fetchUserTemplate(ctx, name, v, progress)
-	})
-	return err
-}
-
-// fetchUserTemplate downloads version v of user template name from the
-// object store and installs it; nothing if the store has no such version.
-func (a *Agent) fetchUserTemplate(ctx context.Context, name string, v int, progress templates.Progress) error {
-	ref := templates.Ref(name, v)
-	m, err := a.store.Manifest(ctx, userfsName(name, v))
-	if errors.Is(err, objstore.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return a.storeLookupError(ctx, "template", ref, err)
-	}
-	var u templates.UserRootFS
-	if err := json.Unmarshal(m.Meta, &u); err != nil || u.Name != name || u.Version != v {
-		a.log.Error("user template's metadata in the object store is unreadable", "template", ref, "err", err)
-		return fmt.Errorf("template %s: %w: its record in the object store is unreadable", ref, ErrCorrupt)
-	}
-	if progress != nil {
-		progress(fmt.Sprintf("fetching template %s from the object store (built on another host)", ref))
-	}
-	t0 := time.Now()
-	dir, err := a.templates.StageUserRootFS(name)
-	if err != nil {
-		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
-	}
-	if err := a.store.DownloadManifest(ctx, m, dir); err != nil {
-		os.RemoveAll(dir)
-		if errors.Is(err, objstore.ErrUnavailable) {
-			return a.storeLookupError(ctx, "template", ref, err)
-		}
-		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
-	}
-	if err := a.templates.InstallUserReplica(dir, u); err != nil {
-		os.RemoveAll(dir)
-		return fmt.Errorf("fetch template %s: %w", ref, classifyIOError(err))
-	}
-	a.log.Info("user template fetched from the object store", "template", ref, "dur_ms", time.Since(t0).Milliseconds(), "size_bytes", u.SizeBytes)
-	return nil
+	return a.sync.UnpublishUserTemplate(ctx, name, versions)
 }
 
 // SweepUserCopies removes this host's copies of user template versions
-// (templates.UserRootFS.Copy: numbered by a fleet's registry, each in the
-// store from before its build succeeded) whose set the object store does
-// not have, with their bakes, and returns how many it removed: versions
-// deleted while this host was away, or whose build stopped before its
-// upload. Versions it built before it joined a fleet are kept. One
-// listing of the store's userfs/ sets. Call it before the host builds or
-// creates anything (a build's version is not uploaded
-// yet while it runs). Without a store it does nothing; with a store that
-// cannot be reached it removes nothing.
+// whose set the object store does not have, with their bakes, and
+// returns how many it removed (storesync.Sync.SweepUserCopies). Call it
+// before the host builds or creates anything.
 func (a *Agent) SweepUserCopies(ctx context.Context) (int, error) {
-	if a.store == nil {
-		return 0, nil
-	}
-	users, err := a.templates.UserRootFSes()
-	if err != nil || len(users) == 0 {
-		return 0, err
-	}
-	names, err := a.store.NamesUnder(ctx, "userfs/")
-	if err != nil {
-		return 0, fmt.Errorf("list the user templates in the object store: %w", err)
-	}
-	published := map[string]bool{}
-	for _, n := range names {
-		published[n] = true
-	}
-	removed := 0
-	for _, latest := range users {
-		vs, err := a.templates.UserVersions(latest.Name)
-		if err != nil {
-			return removed, err
-		}
-		for _, u := range vs {
-			if !u.Copy {
-				continue // not the fleet's: built before this host joined one
-			}
-			if published[userfsName(u.Name, u.Version)] {
-				continue
-			}
-			ref := templates.Ref(u.Name, u.Version)
-			if err := a.templates.RemoveUserCopy(u.Name, u.Version); err != nil && !errors.Is(err, templates.ErrNotFound) {
-				return removed, fmt.Errorf("remove template %s: %w", ref, err)
-			}
-			a.log.Info("removed a copy of a user template the object store no longer has", "template", ref)
-			removed++
-		}
-	}
-	return removed, nil
+	return a.sync.SweepUserCopies(ctx)
 }

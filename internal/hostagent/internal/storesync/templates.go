@@ -1,4 +1,4 @@
-package hostagent
+package storesync
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/internal/capture"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
-	"github.com/pandastack/pandastack/internal/storage/manifest"
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
@@ -49,23 +49,18 @@ import (
 // names them. Sets under templates/ are never deleted by the agent; a
 // newer bake of the same key replaces the set.
 
-// templateName is a template's set name in the chunkstore.
-func templateName(key string) string { return "templates/" + key }
-
 // templateFiles are the files of a template's set.
-var templateFiles = []string{memFile, stateFile, diskFile}
+var templateFiles = []string{capture.MemFile, capture.StateFile, capture.DiskFile}
 
-// templateRemote is the agent's object store as the templates' Remote.
-type templateRemote struct{ a *Agent }
-
-var _ template.Remote = templateRemote{}
+// Sync is the templates' Remote (template.Config.Remote) of a host with
+// an object store.
+var _ template.Remote = (*Sync)(nil)
 
 // Fetch downloads the set templates/<key> into dir if its Meta passes
 // accept, taking what this host's own copy of the template holds from
 // there.
-func (r templateRemote) Fetch(ctx context.Context, key string, accept func(templates.Meta) bool, dir string) (templates.Meta, *template.ChunkIndex, error) {
-	a := r.a
-	m, err := a.store.Manifest(ctx, templateName(key))
+func (s *Sync) Fetch(ctx context.Context, key string, accept func(templates.Meta) bool, dir string) (templates.Meta, *template.ChunkIndex, error) {
+	m, err := s.cfg.Store.Manifest(ctx, TemplateSet(key))
 	if errors.Is(err, objstore.ErrNotFound) {
 		return templates.Meta{}, nil, fmt.Errorf("template %s: %w: not in the object store", key, templates.ErrNotFound)
 	}
@@ -77,13 +72,13 @@ func (r templateRemote) Fetch(ctx context.Context, key string, accept func(templ
 		return templates.Meta{}, nil, fmt.Errorf("template %s: %w: the object store's copy was baked from other inputs", key, templates.ErrNotFound)
 	}
 	t0 := time.Now()
-	seeds, release := a.templateSeeds(ctx, key)
+	seeds, release := s.TemplateSeeds(ctx, key)
 	defer release()
-	st, err := a.store.DownloadSeeded(ctx, m, dir, seeds)
+	st, err := s.cfg.Store.DownloadSeeded(ctx, m, dir, seeds)
 	if err != nil {
 		return templates.Meta{}, nil, err
 	}
-	a.log.Info("template fetched from the object store", "template", key, "boot_id", meta.BootID, "dur_ms", time.Since(t0).Milliseconds(),
+	s.log.Info("template fetched from the object store", "template", key, "boot_id", meta.BootID, "dur_ms", time.Since(t0).Milliseconds(),
 		"chunks_fetched", st.ChunksFetched, "bytes_fetched", st.BytesFetched, "chunks_local", st.ChunksSeeded, "bytes_local", st.BytesSeeded)
 	idx := &template.ChunkIndex{ChunkSize: m.ChunkSize, Files: map[string]chunkstore.File{}}
 	for _, f := range m.Files {
@@ -93,46 +88,46 @@ func (r templateRemote) Fetch(ctx context.Context, key string, accept func(templ
 }
 
 // Baked uploads a template this host baked.
-func (r templateRemote) Baked(t *template.Template) {
-	r.a.startTemplateSync(t.Key(), true)
+func (s *Sync) Baked(t *template.Template) {
+	s.StartTemplateSync(t.Key(), true)
 }
 
-// templateSeeds are this host's copy of template key as seeds of a
+// TemplateSeeds are this host's copy of template key as seeds of a
 // download, open (the caller calls release once done), or none if it has
 // no complete copy whose files pass their checksums, or its index cannot
 // be made. A download takes what it
 // reflinks from a seed on trust: the template's files passed their
 // checksums, and its index was made from them as they are (it is tied to
 // their fingerprint), so a restore need not read it all again
-// (checkDownloaded).
-func (a *Agent) templateSeeds(ctx context.Context, key string) (seeds []chunkstore.Seed, release func()) {
+// (capture.CheckDownloaded).
+func (s *Sync) TemplateSeeds(ctx context.Context, key string) (seeds []chunkstore.Seed, release func()) {
 	none := func() {}
-	t, ok := a.templates.ByKey(key)
+	t, ok := s.cfg.Templates.ByKey(key)
 	if !ok {
 		return nil, none
 	}
-	if err := a.templates.Verify(t); err != nil {
-		a.log.Warn("template not used to restore a capture", "template", key, "err", err)
+	if err := s.cfg.Templates.Verify(t); err != nil {
+		s.log.Warn("template not used to restore a capture", "template", key, "err", err)
 		return nil, none
 	}
-	idx, err := a.templates.ChunkIndex(ctx, t, a.chunkSize())
+	idx, err := s.cfg.Templates.ChunkIndex(ctx, t, s.ChunkSize())
 	if err == nil {
 		seeds, release, err = idx.Open(t)
 	}
 	if err != nil {
-		a.log.Warn("template chunk index", "template", key, "err", err)
+		s.log.Warn("template chunk index", "template", key, "err", err)
 		return nil, none
 	}
 	return seeds, release
 }
 
-// templateBases are this host's copy of template key as the bases of an
+// TemplateBases are this host's copy of template key as the bases of an
 // upload of a capture made from it (chunkstore.UploadOptions.Bases), open
 // (the caller calls release): its chunks that differ from the template's
 // in a few pages are stored as patches. Nil if this host has no complete
 // copy.
-func (a *Agent) templateBases(ctx context.Context, key string) (bases map[string]chunkstore.Seed, release func()) {
-	seeds, release := a.templateSeeds(ctx, key)
+func (s *Sync) TemplateBases(ctx context.Context, key string) (bases map[string]chunkstore.Seed, release func()) {
+	seeds, release := s.TemplateSeeds(ctx, key)
 	if len(seeds) == 0 {
 		return nil, release
 	}
@@ -143,59 +138,55 @@ func (a *Agent) templateBases(ctx context.Context, key string) (bases map[string
 	return bases, release
 }
 
-// startTemplateSync keeps template key in the object store in the
+// StartTemplateSync keeps template key in the object store in the
 // background (syncTemplate), retried until it succeeds. Unless after, it
 // does nothing while a sync of key runs; with after, it runs once that
 // one has ended (a new bake must be uploaded even if an upload of the
 // one before it runs).
-func (a *Agent) startTemplateSync(key string, after bool) {
-	if a.store == nil {
+func (s *Sync) StartTemplateSync(key string, after bool) {
+	if s.cfg.Store == nil {
 		return
 	}
-	a.upMu.Lock()
-	defer a.upMu.Unlock()
-	a.startJobLocked(templateName(key), jobUpload, "keep template in the object store", after, func(ctx context.Context) error {
-		return a.syncTemplate(ctx, key)
+	s.Start(TemplateSet(key), KindUpload, "keep template in the object store", after, func(ctx context.Context) error {
+		return s.syncTemplate(ctx, key)
 	})
 }
 
-// startTemplateFetch fetches template key (of a capture whose machine
+// StartTemplateFetch fetches template key (of a capture whose machine
 // spec is spec) from the object store in the background if this host
 // holds no fresh copy of it: a host sent a pack of a capture of a
-// template it lacks (packSeeds) then takes that pack, and the next ones,
+// template it lacks (transfer's packSeeds) then takes that pack, and the next ones,
 // straight from the host that sent it instead of through the store; a
 // host that downloaded a capture without its template (a resume
 // elsewhere, a create from another host's snapshot) can then send
 // captures of that sandbox as what differs from the template (a send
-// waits for it: SendSnapshot). Not after a lazy restore, whose page-ins
+// waits for it: transfer.Transfers.Send). Not after a lazy restore, whose page-ins
 // it would compete with: its first send fetches it. It only fetches,
 // never bakes: a copy of its own would not be the sender's. A store
 // without the template (or a user template deleted since) ends it;
 // another failure is logged, and the next pack tries again.
-func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
+func (s *Sync) StartTemplateFetch(key string, spec vmm.Spec) {
 	p, ok := templates.ParamsOfKey(key, spec.MemoryMiB, spec.VCPUs)
-	if a.store == nil || !ok {
+	if s.cfg.Store == nil || !ok {
 		return
 	}
-	a.upMu.Lock()
-	defer a.upMu.Unlock()
-	a.startJobLocked(templateName(key), jobFetch, "fetch template", false, func(ctx context.Context) error {
-		if t, ok := a.templates.ByKey(key); ok && a.templates.Fits(t.Meta) {
+	s.Start(TemplateSet(key), KindFetch, "fetch template", false, func(ctx context.Context) error {
+		if t, ok := s.cfg.Templates.ByKey(key); ok && s.cfg.Templates.Fits(t.Meta) {
 			return nil
 		}
-		err := a.replicateUserTemplate(ctx, p.Name, nil)
+		err := s.ReplicateUserTemplate(ctx, p.Name, nil)
 		if err == nil {
-			_, err = a.templates.Adopt(ctx, p)
+			_, err = s.cfg.Templates.Adopt(ctx, p)
 		}
 		switch {
 		case err == nil:
-			a.log.Info("template fetched for the captures sent here", "template", key)
+			s.log.Info("template fetched for the captures sent here", "template", key)
 		case errors.Is(err, templates.ErrNotFound):
-			a.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
+			s.log.Info("template not fetched: the object store holds no copy this host can use", "template", key, "err", err)
 		case ctx.Err() == nil:
 			// Tried once, not retried: the next pack tries again
 			// (a full disk would otherwise be filled again and again).
-			a.log.Warn("fetch template for the captures sent here", "template", key, "err", err)
+			s.log.Warn("fetch template for the captures sent here", "template", key, "err", err)
 		}
 		return nil
 	})
@@ -205,41 +196,41 @@ func (a *Agent) startTemplateFetch(key string, spec vmm.Spec) {
 // store's the same: it uploads this host's if the store has none (or a
 // stale one), adopts the store's if that is another bake of the same
 // inputs, and otherwise makes sure the template's chunk index exists.
-func (a *Agent) syncTemplate(ctx context.Context, key string) error {
-	t, ok := a.templates.ByKey(key)
-	if !ok || !a.templates.Fits(t.Meta) {
+func (s *Sync) syncTemplate(ctx context.Context, key string) error {
+	t, ok := s.cfg.Templates.ByKey(key)
+	if !ok || !s.cfg.Templates.Fits(t.Meta) {
 		return nil // nothing fresh to keep
 	}
-	m, err := a.store.Manifest(ctx, templateName(key))
+	m, err := s.cfg.Store.Manifest(ctx, TemplateSet(key))
 	if errors.Is(err, objstore.ErrNotFound) {
-		return a.uploadTemplate(ctx, t, true)
+		return s.UploadTemplate(ctx, t, true)
 	}
 	if err != nil {
 		return err
 	}
 	var meta templates.Meta
-	if json.Unmarshal(m.Meta, &meta) != nil || !a.templates.Fits(meta) {
-		return a.uploadTemplate(ctx, t, false) // the store's copy is stale
+	if json.Unmarshal(m.Meta, &meta) != nil || !s.cfg.Templates.Fits(meta) {
+		return s.UploadTemplate(ctx, t, false) // the store's copy is stale
 	}
 	if meta.BootID != t.BootID {
-		return a.adoptTemplate(ctx, t, meta)
+		return s.adoptTemplate(ctx, t, meta)
 	}
-	a.templates.Verify(t) // now, not in the first restore that uses it
-	if m.ChunkSize == a.store.ChunkSize() && !a.templates.HasChunkIndex(t, m.ChunkSize) {
-		if err := a.templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
-			a.log.Warn("template chunk index", "template", key, "err", err)
+	s.cfg.Templates.Verify(t) // now, not in the first restore that uses it
+	if m.ChunkSize == s.cfg.Store.ChunkSize() && !s.cfg.Templates.HasChunkIndex(t, m.ChunkSize) {
+		if err := s.cfg.Templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
+			s.log.Warn("template chunk index", "template", key, "err", err)
 		}
 	}
 	return nil
 }
 
-// uploadTemplate stores this host's template t as templates/<key>, then
+// UploadTemplate stores this host's template t as templates/<key>, then
 // adopts the store's copy if another host's upload of the same template
 // replaced it meanwhile. With first (the store held none), the manifest
 // is written only if there is still none (UploadOptions.IfAbsent): of
 // hosts that baked the template at once, the first upload to land is the
 // fleet's copy, and the others adopt it at once.
-func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first bool) error {
+func (s *Sync) UploadTemplate(ctx context.Context, t *template.Template, first bool) error {
 	key := t.Key()
 	files := map[string]string{}
 	for _, f := range templateFiles {
@@ -250,22 +241,22 @@ func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first 
 		return err
 	}
 	t0 := time.Now()
-	m, st, err := a.store.UploadWith(ctx, templateName(key), files, chunkstore.UploadOptions{Meta: meta, IfAbsent: first}, nil)
+	m, st, err := s.cfg.Store.UploadWith(ctx, TemplateSet(key), files, chunkstore.UploadOptions{Meta: meta, IfAbsent: first}, nil)
 	lost := errors.Is(err, objstore.ErrExists)
 	switch {
 	case lost:
-		a.log.Info("template: another host's upload of it landed first", "template", key, "boot_id", t.BootID)
+		s.log.Info("template: another host's upload of it landed first", "template", key, "boot_id", t.BootID)
 	case err != nil:
 		return err
 	default:
-		a.log.Info("template durable in the object store", "template", key, "boot_id", t.BootID, "dur_ms", time.Since(t0).Milliseconds(),
+		s.log.Info("template durable in the object store", "template", key, "boot_id", t.BootID, "dur_ms", time.Since(t0).Milliseconds(),
 			"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "chunks_shared", st.ChunksShared,
 			"zero_chunks", st.ZeroChunks, "bytes_uploaded", st.BytesUploaded)
-		if err := a.templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
-			a.log.Warn("template chunk index", "template", key, "err", err)
+		if err := s.cfg.Templates.SetChunkIndex(t, m.ChunkSize, m.Files); err != nil {
+			s.log.Warn("template chunk index", "template", key, "err", err)
 		}
 	}
-	now, err := a.store.Manifest(ctx, templateName(key))
+	now, err := s.cfg.Store.Manifest(ctx, TemplateSet(key))
 	if err != nil {
 		if lost {
 			return err // the sync is retried
@@ -273,8 +264,8 @@ func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first 
 		return nil // checked again before the next upload of a capture
 	}
 	var got templates.Meta
-	if json.Unmarshal(now.Meta, &got) == nil && got.BootID != t.BootID && a.templates.Fits(got) {
-		return a.adoptTemplate(ctx, t, got)
+	if json.Unmarshal(now.Meta, &got) == nil && got.BootID != t.BootID && s.cfg.Templates.Fits(got) {
+		return s.adoptTemplate(ctx, t, got)
 	}
 	if lost {
 		return fmt.Errorf("template %s: the object store's copy (boot %s) is not one this host can use", key, got.BootID) // the sync is retried: it replaces a stale copy
@@ -284,39 +275,46 @@ func (a *Agent) uploadTemplate(ctx context.Context, t *template.Template, first 
 
 // adoptTemplate replaces this host's copy t of a template with the
 // store's, another bake of the same inputs (meta).
-func (a *Agent) adoptTemplate(ctx context.Context, t *template.Template, meta templates.Meta) error {
-	a.log.Info("template: this host's copy differs from the object store's; adopting the store's", "template", t.Key(),
+func (s *Sync) adoptTemplate(ctx context.Context, t *template.Template, meta templates.Meta) error {
+	s.log.Info("template: this host's copy differs from the object store's; adopting the store's", "template", t.Key(),
 		"boot_id", t.BootID, "store_boot_id", meta.BootID)
-	if _, err := a.templates.Adopt(ctx, t.Params); err != nil {
+	if _, err := s.cfg.Templates.Adopt(ctx, t.Params); err != nil {
 		return fmt.Errorf("adopt template %s: %w", t.Key(), err)
 	}
 	return nil
 }
 
-// syncTemplates, at start, keeps every fresh template of this host in the
+// SyncTemplates, at start, keeps every fresh template of this host in the
 // object store (and adopts the store's copies).
-func (a *Agent) syncTemplates() {
-	list, err := a.templates.List()
+func (s *Sync) SyncTemplates() {
+	list, err := s.cfg.Templates.List()
 	if err != nil {
 		return
 	}
 	for _, t := range list {
-		a.startTemplateSync(t.Key(), false)
+		s.StartTemplateSync(t.Key(), false)
 	}
 }
 
-// checkDownloaded checks a capture just downloaded from the object store
-// (its directory dir). The download checked every chunk against its hash
-// as it came (fetched, made from a patch, or copied from a seed) or
-// reflinked it from a template whose files passed their checksums and
-// whose index was made from them (templateSeeds): reading all of it again
-// against the capture's checksums would find nothing new. So this checks
-// that the files are there with their sizes; a set older than checksums
-// has no manifest and is checked as verifyCapture does.
-func checkDownloaded(dir string) error {
-	err := manifest.Check(dir)
-	if errors.Is(err, manifest.ErrNoManifest) {
-		return verifyCapture(dir)
+// packTemplateWait bounds how long a pack waits for this host to fetch
+// the template it was made against (a pack's receive).
+const packTemplateWait = 30 * time.Second
+
+// AwaitTemplateJob waits for the background job of si's template (a
+// fetch, an adoption, an upload), if one runs, for at most
+// packTemplateWait, and logs msg with the time waited.
+func (s *Sync) AwaitTemplateJob(ctx context.Context, si capture.Info, msg string) {
+	j := s.Job(TemplateSet(si.Template))
+	if j == nil {
+		return
 	}
-	return err
+	t0 := time.Now()
+	t := time.NewTimer(packTemplateWait)
+	defer t.Stop()
+	select {
+	case <-j.Done():
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	s.log.Info(msg, "snapshot_id", si.ID, "template", si.Template, "waited_ms", time.Since(t0).Milliseconds())
 }
