@@ -111,8 +111,9 @@
 package hostwire
 
 import (
-	"errors"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
@@ -148,7 +149,7 @@ const (
 )
 
 // ErrUnauthorized: the agent rejected the token (or a ticket).
-var ErrUnauthorized = errors.New("host agent rejected the token")
+var ErrUnauthorized = errs.New(errs.Unauthorized, "host agent rejected the token")
 
 // Info describes a host agent: what host.Host's Accel and TemplateParams
 // answer. GET /info answers it; it is also the hello event's.
