@@ -33,9 +33,11 @@ import (
 
 // named are the errors sent under a name of their own, the codes they
 // have always had, in the order the control plane classifies them: an
-// error matching several goes as the first (of its own class, if it has
-// one). class is the class of an error of the standard library, which
-// has none in errs.
+// error matching several goes as the first. A name goes before the
+// error's class, as it always has: the control plane reads the name (a
+// create refused for its network policy is host.ErrInvalid to it, though
+// the policy's error is errs.BadRequest). class is the class of an error
+// of the standard library, which has none in errs.
 var named = []struct {
 	code  string
 	err   error
@@ -122,21 +124,20 @@ type Error struct {
 // EncodeError classifies err for the wire: the HTTP status of its answer
 // and the Error sent. An error of no class is "internal" (500).
 func EncodeError(err error) (int, Error) {
-	c := errs.ClassOf(err)
 	for _, n := range named {
-		nc := n.class
-		if nc == "" {
-			nc = errs.ClassOf(n.err)
-		}
-		if (c == errs.Internal || c == nc) && errors.Is(err, n.err) {
-			return statusOf(nc), Error{Code: n.code, Message: err.Error()}
+		if errors.Is(err, n.err) {
+			c := n.class
+			if c == "" {
+				c = errs.ClassOf(n.err)
+			}
+			return statusOf(c), Error{Code: n.code, Message: err.Error()}
 		}
 	}
 	var ge *guestproto.Error
 	if errors.As(err, &ge) {
 		return statusOf(ge.Code.Class()), Error{Code: guestCodePrefix + string(ge.Code), Message: err.Error(), GuestMessage: ge.Message}
 	}
-	if c != errs.Internal {
+	if c := errs.ClassOf(err); c != errs.Internal {
 		return statusOf(c), Error{Code: classCodePrefix + string(c), Message: err.Error()}
 	}
 	return http.StatusInternalServerError, Error{Code: string(errs.Internal), Message: err.Error()}

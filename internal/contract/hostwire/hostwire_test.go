@@ -247,23 +247,23 @@ func TestClassesRoundTrip(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		err  error
-		code string
+		err   error
+		code  string
+		named error // what it comes back as
 	}{
-		// A class of the error's own before a name of another class.
-		{fmt.Errorf("%w: %w", host.ErrConflict, errs.NotFound), "class.not_found"},
-		{fmt.Errorf("%w: %w", host.ErrNotFound, errs.Invalid), "not_found"},
-		// A name where the error has no class but the name's.
-		{fmt.Errorf("dial: %w", syscall.ECONNREFUSED), "refused"},
-		{fmt.Errorf("exec: %w", guestproto.Errorf(guestproto.CodeTimeout, "5s")), "timeout"},
-		// The contract's classes of other packages, by their class.
-		{fmt.Errorf("%w: bad entry", netpolicy.ErrInvalid), "class.bad_request"},
-		{fmt.Errorf("%w: 3 images", builds.ErrImageNotFound), "class.not_found"},
+		// A name before the error's class, as the control plane reads it.
+		{fmt.Errorf("%w: %w", host.ErrInvalid, netpolicy.ErrInvalid), "invalid", host.ErrInvalid},
+		{fmt.Errorf("%w: %w", host.ErrConflict, errs.NotFound), "conflict", host.ErrConflict},
+		// Errors of the standard library and guests' by their names.
+		{fmt.Errorf("dial: %w", syscall.ECONNREFUSED), "refused", syscall.ECONNREFUSED},
+		{fmt.Errorf("exec: %w", guestproto.Errorf(guestproto.CodeTimeout, "5s")), "timeout", context.DeadlineExceeded},
+		// The contract's errors of other packages, by their class.
+		{fmt.Errorf("%w: bad entry", netpolicy.ErrInvalid), "class.bad_request", errs.BadRequest},
+		{fmt.Errorf("%w: 3 images", builds.ErrImageNotFound), "class.not_found", errs.NotFound},
 	} {
 		_, we := hostwire.EncodeError(tc.err)
-		back := we.Err()
-		if we.Code != tc.code || errs.ClassOf(back) != errs.ClassOf(tc.err) {
-			t.Errorf("%v: sent as %q, came back of class %q; want %q, %q", tc.err, we.Code, errs.ClassOf(back), tc.code, errs.ClassOf(tc.err))
+		if back := we.Err(); we.Code != tc.code || !errors.Is(back, tc.named) || back.Error() != tc.err.Error() {
+			t.Errorf("%v: sent as %q, came back as %q (Is %v: %v); want %q", tc.err, we.Code, back, tc.named, errors.Is(back, tc.named), tc.code)
 		}
 	}
 	// A class this side does not know (a newer agent's): internal.

@@ -99,6 +99,11 @@ func TestErrorAnswers(t *testing.T) {
 
 		// Network policies'.
 		{"policy entry", fmt.Errorf("create: %w", policyErr), false, 400, "bad_request", policyErr.Error()},
+		// A host refusing a create for its policy: the entry locally; over
+		// the host RPC, the host's class (its name goes first), as always.
+		{"policy on a host", fmt.Errorf("create sandbox: %w: %w", host.ErrInvalid, policyErr), false, 400, "bad_request", policyErr.Error()},
+		{"policy on a host remote", remote(fmt.Errorf("create sandbox: %w: %w", host.ErrInvalid, policyErr)), false,
+			422, "invalid", "create sandbox: invalid request: " + policyErr.Error()},
 		{"policy bare", fmt.Errorf("%w: too many entries", netpolicy.ErrInvalid), false, 400, "bad_request", "invalid network policy: too many entries"},
 
 		// Guests'.
