@@ -126,12 +126,14 @@ func classify(err error) *Error {
 		// to users ("create sandbox: out of disk space: ...").
 		return Errorf(k, "%s", userMessage(err))
 	}
-	// A guest's own classes next: a guest timeout says more than the
-	// context error it also matches.
-	// A stream the guest reset (CodeCanceled) is nothing the user did, and
-	// a code this host does not know says nothing: both are internal.
-	if k := guestproto.CodeOf(err).Class(); k != Internal && k != Canceled {
-		switch code := guestproto.CodeOf(err); {
+	// A guest's own classes next (guestproto.Code.Class), with the guest's
+	// own message: a guest timeout says more than the context error it also
+	// matches. A stream the guest reset (CodeCanceled) is nothing the user
+	// did, and a code this host does not know says nothing: both are
+	// internal.
+	code := guestproto.CodeOf(err)
+	if k := code.Class(); k != Internal && k != Canceled {
+		switch {
 		case code == guestproto.CodeBusy:
 			return Errorf(k, "the sandbox has too many operations in flight (exec, files); wait for some to finish")
 		case k == GuestError && isNoSpace(err):
