@@ -1,62 +1,51 @@
 package controlplane
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
+	"github.com/pandastack/pandastack/internal/contract/errs"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/contract/hostwire"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 )
 
-// Kind is the class of an error as users see it. Its value is the `code`
-// of the REST API's error body ({"error": {"code": ..., "message": ...}}):
-// api/openapi.yaml and the SDKs depend on these strings, so they never
-// change. What HTTP status a kind is answered with is decided in one place,
+// Kind is the class of an error as users see it: the contract's class
+// (internal/contract/errs), whose value is the `code` of the REST API's
+// error body ({"error": {"code": ..., "message": ...}}). What HTTP status
+// a kind is answered with is decided in one place,
 // internal/controlplane/rest (E2B's API uses the same mapping).
-type Kind string
+type Kind = errs.Class
 
-// The kinds. Request-level ones (BadRequest, Unauthorized, TooLarge,
-// MethodNotAllowed) are raised by the HTTP layer itself; the others by the
-// control plane or by Classify.
+// The kinds, the contract's classes under the names the control plane
+// has always used.
 const (
-	BadRequest       Kind = "bad_request"          // malformed request (JSON, a network policy entry)
-	Unauthorized     Kind = "unauthorized"         // no or an unknown API key
-	Forbidden        Kind = "forbidden"            // the key, a signed URL or the guest refused
-	NotFound         Kind = "not_found"            // unknown sandbox, snapshot, template, file, key
-	MethodNotAllowed Kind = "method_not_allowed"   // no such method on a route
-	Conflict         Kind = "conflict"             // wrong state, name or id in use
-	Corrupt          Kind = "corrupt"              // a capture or snapshot fails its checksums
-	TooLarge         Kind = "payload_too_large"    // a request body over its limit
-	Invalid          Kind = "invalid"              // well-formed but bad values
-	QuotaExceeded    Kind = "quota_exceeded"       // over the key's sandbox, memory, vCPU or disk quota
-	TooManyRequests  Kind = "too_many_requests"    // too many requests in flight
-	TemplateLimit    Kind = "template_limit"       // too many templates or builds
-	Canceled         Kind = "canceled"             // the client went away
-	Internal         Kind = "internal"             // a bug or an unexpected failure
-	NotImplemented   Kind = "not_implemented"      // not supported by this server
-	BadGateway       Kind = "bad_gateway"          // a server in a sandbox failed the port proxy
-	GuestError       Kind = "guest_error"          // the guest agent failed or broke its protocol
-	Unavailable      Kind = "unavailable"          // a host, guest or the server cannot serve now; retry
-	Timeout          Kind = "timeout"              // an operation ran out of time
-	NoSpace          Kind = "insufficient_storage" // a host's store or a guest's disk is full
+	BadRequest       = errs.BadRequest
+	Unauthorized     = errs.Unauthorized
+	Forbidden        = errs.Forbidden
+	NotFound         = errs.NotFound
+	MethodNotAllowed = errs.MethodNotAllowed
+	Conflict         = errs.Conflict
+	Corrupt          = errs.Corrupt
+	TooLarge         = errs.TooLarge
+	Invalid          = errs.Invalid
+	QuotaExceeded    = errs.QuotaExceeded
+	TooManyRequests  = errs.TooManyRequests
+	TemplateLimit    = errs.TemplateLimit
+	Canceled         = errs.Canceled
+	Internal         = errs.Internal
+	NotImplemented   = errs.NotImplemented
+	BadGateway       = errs.BadGateway
+	GuestError       = errs.GuestError
+	Unavailable      = errs.Unavailable
+	Timeout          = errs.Timeout
+	NoSpace          = errs.NoSpace
 )
-
-// ServerSide reports whether an error of kind k is a failure of the
-// server, a host or a guest rather than of the request: those are logged
-// where they are handled.
-func (k Kind) ServerSide() bool {
-	switch k {
-	case Internal, NotImplemented, BadGateway, GuestError, Unavailable, Timeout, NoSpace:
-		return true
-	}
-	return false
-}
 
 // Error is an error as users see it: its kind, a message written for users,
 // and the internal error that caused it (logged by whoever handles the
@@ -76,16 +65,18 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// Is makes an *Error of its kind (errors.Is(err, errs.NotFound)).
+func (e *Error) Is(target error) bool { return target == error(e.Kind) }
+
 // Errorf returns an error of kind k with a message for users.
 func Errorf(k Kind, format string, args ...any) *Error {
 	return &Error{Kind: k, Msg: fmt.Sprintf(format, args...)}
 }
 
-// Classify returns what users see of err: the *Error in its chain, or the
-// kind and message of the internal error class it belongs to (host,
-// catalog, template, template build, network policy, guest, context), or
-// Internal ("internal error"). It is the one place where internal error
-// classes become kinds; the result wraps err.
+// Classify returns what users see of err: the *Error in its chain, or
+// its class (errs.ClassOf) with a message for users, or Internal
+// ("internal error"). It is the one place where errors become kinds; the
+// result wraps err.
 func Classify(err error) *Error {
 	var ce *Error
 	if errors.As(err, &ce) {
@@ -97,93 +88,77 @@ func Classify(err error) *Error {
 }
 
 func classify(err error) *Error {
+	// The errors whose text is not for users (it names host paths or
+	// addresses, or the wrapping says less than the error itself): a
+	// message of their own.
 	var re *templates.ReadyError
+	var pe *netpolicy.Error
+	var qe *catalog.QuotaError
 	switch {
 	case errors.As(err, &re):
 		// The template's own commands failed in its bake: what the user
 		// gave is what does not work, and its output says why.
 		return Errorf(Invalid, "the template's bake failed: %s", re.Msg)
-	case errors.Is(err, netpolicy.ErrInvalid):
+	case errors.As(err, &pe):
 		// The message names the entry: a bad request, as a malformed body.
-		var pe *netpolicy.Error
-		if errors.As(err, &pe) {
-			return Errorf(BadRequest, "%s", pe.Error())
-		}
-		return Errorf(BadRequest, "%s", userMessage(err))
+		return Errorf(BadRequest, "%s", pe.Error())
 	case errors.Is(err, host.ErrNoSpace):
-		// The underlying error names host paths: users get the class.
 		return Errorf(NoSpace, "the host is out of disk space for sandboxes; kill sandboxes or delete snapshots")
-	case errors.Is(err, host.ErrCorrupt):
-		return Errorf(Corrupt, "%s", userMessage(err))
 	case errors.Is(err, host.ErrExhausted):
 		return Errorf(Unavailable, "the host has no room for more sandboxes right now; retry later")
 	case errors.Is(err, host.ErrNotReady):
 		return Errorf(Unavailable, "the sandbox's guest agent has not answered since the server restarted; retry in a few seconds")
-	case errors.Is(err, catalog.ErrQuota):
-		msg := userMessage(err)
-		var qe *catalog.QuotaError
-		if errors.As(err, &qe) {
-			msg = qe.Error() // says which limit and the numbers, without our wrapping
-		}
-		return Errorf(QuotaExceeded, "%s", msg)
+	case errors.As(err, &qe):
+		// It says which limit and the numbers, without our wrapping.
+		return Errorf(QuotaExceeded, "%s", qe.Error())
 	case errors.Is(err, builds.ErrUnsupported):
 		return Errorf(NotImplemented, "this server does not build templates from Dockerfiles yet; build and push an image, and build the template with from_image")
-	case errors.Is(err, builds.ErrLimit):
-		return Errorf(TemplateLimit, "%s", userMessage(err))
-	case errors.Is(err, builds.ErrBusy):
-		return Errorf(TooManyRequests, "%s", userMessage(err))
-	case errors.Is(err, builds.ErrNoSpace):
-		// Its text is written for users (tmplbuild.Config.CheckSpace).
-		return Errorf(NoSpace, "%s", userMessage(err))
-	case errors.Is(err, builds.ErrClosed):
-		return Errorf(Unavailable, "%s", userMessage(err))
-	case errors.Is(err, host.ErrNotFound), errors.Is(err, templates.ErrNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, builds.ErrNotFound):
-		return Errorf(NotFound, "%s", userMessage(err))
-	case errors.Is(err, host.ErrInvalid), errors.Is(err, templates.ErrInvalid):
-		return Errorf(Invalid, "%s", userMessage(err))
-	case errors.Is(err, host.ErrConflict), errors.Is(err, catalog.ErrConflict), errors.Is(err, builds.ErrConflict), errors.Is(err, templates.ErrConflict):
-		return Errorf(Conflict, "%s", userMessage(err))
 	case errors.As(err, new(*host.UnreachableError)):
 		// Its text names the agent's address: for the logs only.
 		return Errorf(Unavailable, "a host agent cannot be reached right now; retry in a few seconds")
-	case errors.Is(err, host.ErrUnavailable):
-		return Errorf(Unavailable, "%s", userMessage(err))
-	case errors.Is(err, errors.ErrUnsupported):
+	case errors.Is(err, hostwire.ErrUnauthorized):
+		// A host agent rejected this server's token: the server's fault
+		// (its configuration), not the user's key.
+		return Errorf(Internal, "internal error")
+	}
+	if k, ok := errs.Of(err); ok {
+		// Internal errors are wrapped with short phrases that read well
+		// to users ("create sandbox: out of disk space: ...").
+		return Errorf(k, "%s", userMessage(err))
+	}
+	// A guest's own classes next (guestproto.Code.Class), with the guest's
+	// own message: a guest timeout says more than the context error it also
+	// matches. A stream the guest reset (CodeCanceled) is nothing the user
+	// did, and a code this host does not know says nothing: both are
+	// internal.
+	code := guestproto.CodeOf(err)
+	if k := code.Class(); k != Internal && k != Canceled {
+		switch {
+		case code == guestproto.CodeBusy:
+			return Errorf(k, "the sandbox has too many operations in flight (exec, files); wait for some to finish")
+		case k == GuestError && isNoSpace(err):
+			return Errorf(NoSpace, "the sandbox is out of disk space")
+		case k == GuestError:
+			// The guest agent failed, or broke the protocol (a guest is
+			// untrusted): not the server's fault. Its text is capped.
+			msg := GuestMessage(err)
+			if len(msg) > 512 {
+				msg = strings.ToValidUTF8(msg[:512], "") + "…"
+			}
+			return Errorf(GuestError, "the sandbox's guest agent failed: %s", msg)
+		default:
+			return Errorf(k, "%s", GuestMessage(err))
+		}
+	}
+	switch errs.ClassOf(err) {
+	case Canceled:
+		return Errorf(Canceled, "the request was canceled")
+	case Timeout:
+		return Errorf(Timeout, "the operation timed out")
+	case NotImplemented:
 		return Errorf(NotImplemented, "%s", userMessage(err))
 	}
-	// A guest's own classes first: a guest timeout says more than the
-	// context error it also matches.
-	switch guestproto.CodeOf(err) {
-	case guestproto.CodeNotFound:
-		return Errorf(NotFound, "%s", GuestMessage(err))
-	case guestproto.CodeExists, guestproto.CodeNotEmpty, guestproto.CodeExited:
-		return Errorf(Conflict, "%s", GuestMessage(err))
-	case guestproto.CodeNotDir, guestproto.CodeIsDir, guestproto.CodeInvalid, guestproto.CodeTooLarge:
-		return Errorf(Invalid, "%s", GuestMessage(err))
-	case guestproto.CodePermission:
-		return Errorf(Forbidden, "%s", GuestMessage(err))
-	case guestproto.CodeTimeout:
-		return Errorf(Timeout, "%s", GuestMessage(err))
-	case guestproto.CodeBusy:
-		return Errorf(TooManyRequests, "the sandbox has too many operations in flight (exec, files); wait for some to finish")
-	case guestproto.CodeInternal:
-		if isNoSpace(err) {
-			return Errorf(NoSpace, "the sandbox is out of disk space")
-		}
-		// The guest agent failed, or broke the protocol (a guest is
-		// untrusted): not the server's fault. Its text is capped.
-		msg := GuestMessage(err)
-		if len(msg) > 512 {
-			msg = strings.ToValidUTF8(msg[:512], "") + "…"
-		}
-		return Errorf(GuestError, "the sandbox's guest agent failed: %s", msg)
-	}
-	switch {
-	case errors.Is(err, context.Canceled):
-		return Errorf(Canceled, "the request was canceled")
-	case errors.Is(err, context.DeadlineExceeded):
-		return Errorf(Timeout, "the operation timed out")
-	case errors.Is(err, guestproto.ErrUnresponsive), errors.Is(err, guestproto.ErrInvalidFrame), errors.Is(err, guestproto.ErrClosed):
+	if errors.Is(err, guestproto.ErrUnresponsive) || errors.Is(err, guestproto.ErrInvalidFrame) || errors.Is(err, guestproto.ErrClosed) {
 		// The guest agent broke its channel (stopped reading, sent garbage)
 		// or the sandbox stopped meanwhile: the host reconnects to it.
 		return Errorf(Unavailable, "the sandbox's guest agent stopped answering; retry, or kill the sandbox")

@@ -10,8 +10,9 @@ import (
 
 // TestGuestImportsNoHostCode enforces that the guest agent and the protocol
 // it shares with the host depend on the standard library, golang.org/x/sys
-// and each other only (their tests may also use testkit, which imports
-// the standard library only).
+// and each other only, and the error classes (contract/errs: guestproto's
+// codes are of them), which import the standard library only (their tests
+// may also use testkit, which imports the standard library only).
 func TestGuestImportsNoHostCode(t *testing.T) {
 	allowed := func(path string) bool {
 		first, _, _ := strings.Cut(path, "/")
@@ -19,9 +20,10 @@ func TestGuestImportsNoHostCode(t *testing.T) {
 			strings.HasPrefix(path, "golang.org/x/sys/") ||
 			path == "github.com/pandastack/pandastack/internal/guest" ||
 			path == "github.com/pandastack/pandastack/internal/contract/guestproto" ||
+			path == "github.com/pandastack/pandastack/internal/contract/errs" ||
 			strings.HasPrefix(path, "github.com/pandastack/pandastack/internal/contract/guestproto/")
 	}
-	for _, dir := range []string{".", "../contract/guestproto", "../contract/guestproto/guestprototest", "../../cmd/panda-guest"} {
+	for _, dir := range []string{".", "../contract/guestproto", "../contract/guestproto/guestprototest", "../contract/errs", "../../cmd/panda-guest"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

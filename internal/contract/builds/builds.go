@@ -10,36 +10,38 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"regexp"
 	"syscall"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
+
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
-// The error classes of template builds (wrapped; test with errors.Is).
-// A failed build's own error is in its Status.
+// The errors of template builds (wrapped; test with errors.Is), each of a
+// class of internal/contract/errs. A failed build's own error is in its
+// Status.
 var (
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = errs.New(errs.NotFound, "not found")
 	// ErrConflict: the template has a build queued or running.
-	ErrConflict = errors.New("conflict")
-	ErrClosed   = errors.New("template builds are shutting down")
+	ErrConflict = errs.New(errs.Conflict, "conflict")
+	ErrClosed   = errs.New(errs.Unavailable, "template builds are shutting down")
 	// ErrUnsupported: this server does not run Dockerfile builds.
-	ErrUnsupported = errors.New("Dockerfile builds are not supported here")
+	ErrUnsupported = errs.New(errs.NotImplemented, "Dockerfile builds are not supported here")
 	// ErrImageNotFound is what a Convert returns (wrapped) when the
 	// registry does not have the image; a build failing with it has
 	// Status.Code CodeImageNotFound.
-	ErrImageNotFound = errors.New("image not found")
+	ErrImageNotFound = errs.New(errs.NotFound, "image not found")
 	// ErrLimit: the key owns Spec.MaxTemplates templates already, or the
 	// template has Spec.MaxVersions versions.
-	ErrLimit = errors.New("template limit reached")
+	ErrLimit = errs.New(errs.TemplateLimit, "template limit reached")
 	// ErrBusy: the key has Spec.MaxBuilds builds queued or running.
-	ErrBusy = errors.New("too many template builds")
+	ErrBusy = errs.New(errs.TooManyRequests, "too many template builds")
 	// ErrNoSpace is what Config.CheckSpace returns (wrapped) when the
 	// disk has no room for a build.
-	ErrNoSpace = errors.New("no space for template builds")
+	ErrNoSpace = errs.New(errs.NoSpace, "no space for template builds")
 )
 
 // Result is what a Convert found in the image.

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 )
 
 // Code classifies an error reported by the guest.
 type Code string
 
-// Error codes. The host maps them to HTTP statuses.
+// Error codes. Each is of a class (Code.Class).
 const (
 	CodeNotFound   Code = "not_found"  // no such file, directory or executable (404)
 	CodeExists     Code = "exists"     // the path already exists as something else (409)
@@ -26,6 +28,31 @@ const (
 	CodeExited     Code = "exited"     // the background process has exited or its stdin is closed (409)
 	CodeInternal   Code = "internal"   // anything else
 )
+
+// Class is the error class (internal/contract/errs) of an error of code
+// c, as users see it: a guest's failure of its own (CodeInternal) is
+// errs.GuestError; a code this host does not know is errs.Internal.
+func (c Code) Class() errs.Class {
+	switch c {
+	case CodeNotFound:
+		return errs.NotFound
+	case CodeExists, CodeNotEmpty, CodeExited:
+		return errs.Conflict
+	case CodeNotDir, CodeIsDir, CodeInvalid, CodeTooLarge:
+		return errs.Invalid
+	case CodePermission:
+		return errs.Forbidden
+	case CodeTimeout:
+		return errs.Timeout
+	case CodeCanceled:
+		return errs.Canceled
+	case CodeBusy:
+		return errs.TooManyRequests
+	case CodeInternal:
+		return errs.GuestError
+	}
+	return errs.Internal
+}
 
 // Error is an error the guest reported (a Reply error or a RESET payload),
 // or one the host's Client raised on the guest's behalf when the guest broke

@@ -3,29 +3,33 @@ package host
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 )
 
-// The error classes a host reports (wrapped; test with errors.Is). The
-// control plane turns them into what users see.
+// The errors a host reports (wrapped; test with errors.Is), each of a
+// class of internal/contract/errs. Where the control plane must tell one
+// from another error of its class, it tests for the sentinel; the host
+// RPC keeps each sentinel apart (internal/contract/hostwire).
 var (
-	ErrNotFound = errors.New("not found")
-	ErrConflict = errors.New("wrong state")
-	ErrInvalid  = errors.New("invalid request")
-	ErrNoSpace  = errors.New("out of disk space")
+	ErrNotFound = errs.New(errs.NotFound, "not found")
+	ErrConflict = errs.New(errs.Conflict, "wrong state")
+	ErrInvalid  = errs.New(errs.Invalid, "invalid request")
+	ErrNoSpace  = errs.New(errs.NoSpace, "out of disk space")
 	// ErrExhausted: a per-host resource for machines (VMM user ids, say)
 	// is used up; retry later, or on another host.
-	ErrExhausted = errors.New("host resources exhausted")
+	ErrExhausted = errs.New(errs.Unavailable, "host resources exhausted")
 	// ErrCorrupt: a capture (snapshot, paused sandbox) failed its checksum
 	// and was not restored.
-	ErrCorrupt = errors.New("corrupt")
+	ErrCorrupt = errs.New(errs.Corrupt, "corrupt")
 	// ErrNotReady: the sandbox's guest agent has not answered since the
 	// host agent restarted; retry shortly.
-	ErrNotReady = errors.New("guest agent not answering yet")
+	ErrNotReady = errs.New(errs.Unavailable, "guest agent not answering yet")
 	// ErrUnavailable: a remote host agent cannot be reached (or is shutting
 	// down).
-	ErrUnavailable = errors.New("host agent unavailable")
+	ErrUnavailable = errs.New(errs.Unavailable, "host agent unavailable")
 	// ErrHostShutdown is the cause a sandbox's exit is given when its host
-	// agent stopped it because it was shutting down.
+	// agent stopped it because it was shutting down: a reason, of no class.
 	ErrHostShutdown = errors.New("host agent shut down")
 )
 

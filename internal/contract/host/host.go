@@ -1,8 +1,8 @@
 // Package host is the one contract between the control plane and a host:
 // the Host interface that the REST API (package api) drives, and the
 // vocabulary both sides share — sandbox and snapshot IDs, what a host says
-// about a sandbox (Info, MemStats, SnapshotInfo, ...), and the error classes
-// a host reports. Two implementations exist: the host agent of this process
+// about a sandbox (Info, MemStats, SnapshotInfo, ...), and the errors a
+// host reports (of internal/contract/errs's classes). Two implementations exist: the host agent of this process
 // (agent.Local) and a host agent in another process reached over HTTP
 // (hostclient.Client); both are checked against Host at compile time.
 // Sandbox states are package lifecycle's.

@@ -11,43 +11,97 @@ import (
 	"syscall"
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
+	"github.com/pandastack/pandastack/internal/contract/errs"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
 
-// Error classes, in the order the API classifies them (internal/controlplane/rest
-// classify), so that an error matching several is sent as the class that
-// decides its HTTP status. A code is never renamed: an agent and a server
-// of adjacent versions must read each other's.
-var classes = []struct {
-	code   string
-	status int
-	class  error
+// The host RPC sends an error as a code (Error.Code):
+//
+//   - one of named's, for the errors the control plane tells apart from
+//     others of their class (a missing sandbox from a missing template)
+//     or rewrites (a full disk's text names host paths);
+//   - "guest." and a guest's own code for a *guestproto.Error;
+//   - "class." and its class (internal/contract/errs) for any other error
+//     of a class ("class.too_many_requests");
+//   - "internal" for an error of none.
+//
+// A code is never renamed: an agent and a server of adjacent versions
+// must read each other's (a server that does not know a code reads the
+// error as internal, as it did before the code was sent).
+
+// named are the errors sent under a name of their own, the codes they
+// have always had, in the order the control plane classifies them: an
+// error matching several goes as the first. A name goes before the
+// error's class, as it always has: the control plane reads the name (a
+// create refused for its network policy is host.ErrInvalid to it, though
+// the policy's error is errs.BadRequest). class is the class of an error
+// of the standard library, which has none in errs.
+var named = []struct {
+	code  string
+	err   error
+	class errs.Class // "": errs.ClassOf(err)
 }{
-	{"no_space", http.StatusInsufficientStorage, host.ErrNoSpace},
-	{"builds_unsupported", http.StatusNotImplemented, builds.ErrUnsupported},
-	{"template_limit", http.StatusTooManyRequests, builds.ErrLimit},
-	{"builds_busy", http.StatusTooManyRequests, builds.ErrBusy},
-	{"builds_no_space", http.StatusInsufficientStorage, builds.ErrNoSpace},
-	{"builds_closed", http.StatusServiceUnavailable, builds.ErrClosed},
-	{"build_not_found", http.StatusNotFound, builds.ErrNotFound},
-	{"corrupt", http.StatusConflict, host.ErrCorrupt},
-	{"not_ready", http.StatusServiceUnavailable, host.ErrNotReady},
-	{"not_found", http.StatusNotFound, host.ErrNotFound},
-	{"template_not_found", http.StatusNotFound, templates.ErrNotFound},
-	{"invalid", http.StatusUnprocessableEntity, host.ErrInvalid},
-	{"template_invalid", http.StatusUnprocessableEntity, templates.ErrInvalid},
-	{"conflict", http.StatusConflict, host.ErrConflict},
-	{"build_conflict", http.StatusConflict, builds.ErrConflict},
-	{"template_conflict", http.StatusConflict, templates.ErrConflict},
-	{"unavailable", http.StatusServiceUnavailable, host.ErrUnavailable},
-	{"unsupported", http.StatusNotImplemented, errors.ErrUnsupported},
-	{"refused", http.StatusBadGateway, syscall.ECONNREFUSED}, // nothing listens on a guest's port
-	{"timeout", http.StatusGatewayTimeout, context.DeadlineExceeded},
-	{"canceled", http.StatusServiceUnavailable, context.Canceled},
-	{"unauthorized", http.StatusUnauthorized, ErrUnauthorized},
+	{code: "no_space", err: host.ErrNoSpace},
+	{code: "builds_unsupported", err: builds.ErrUnsupported},
+	{code: "template_limit", err: builds.ErrLimit},
+	{code: "builds_busy", err: builds.ErrBusy},
+	{code: "builds_no_space", err: builds.ErrNoSpace},
+	{code: "builds_closed", err: builds.ErrClosed},
+	{code: "build_not_found", err: builds.ErrNotFound},
+	{code: "corrupt", err: host.ErrCorrupt},
+	{code: "not_ready", err: host.ErrNotReady},
+	{code: "exhausted", err: host.ErrExhausted},
+	{code: "not_found", err: host.ErrNotFound},
+	{code: "template_not_found", err: templates.ErrNotFound},
+	{code: "invalid", err: host.ErrInvalid},
+	{code: "template_invalid", err: templates.ErrInvalid},
+	{code: "conflict", err: host.ErrConflict},
+	{code: "build_conflict", err: builds.ErrConflict},
+	{code: "template_conflict", err: templates.ErrConflict},
+	{code: "unavailable", err: host.ErrUnavailable},
+	{code: "unsupported", err: errors.ErrUnsupported},
+	{code: "refused", err: syscall.ECONNREFUSED, class: errs.BadGateway}, // nothing listens on a guest's port
+	{code: "timeout", err: context.DeadlineExceeded},
+	{code: "canceled", err: context.Canceled},
+	{code: "unauthorized", err: ErrUnauthorized},
 }
+
+// statuses is the HTTP status of an error answer of each class on the
+// host RPC (a class without one: 500). Only people read it (a proxy's
+// log, curl): the server reads the body's code.
+var statuses = map[errs.Class]int{
+	errs.BadRequest:       http.StatusBadRequest,
+	errs.Unauthorized:     http.StatusUnauthorized,
+	errs.Forbidden:        http.StatusForbidden,
+	errs.NotFound:         http.StatusNotFound,
+	errs.MethodNotAllowed: http.StatusMethodNotAllowed,
+	errs.Conflict:         http.StatusConflict,
+	errs.Corrupt:          http.StatusConflict,
+	errs.TooLarge:         http.StatusRequestEntityTooLarge,
+	errs.Invalid:          http.StatusUnprocessableEntity,
+	errs.QuotaExceeded:    http.StatusTooManyRequests,
+	errs.TooManyRequests:  http.StatusTooManyRequests,
+	errs.TemplateLimit:    http.StatusTooManyRequests,
+	errs.Canceled:         http.StatusServiceUnavailable, // the server's request was canceled: the agent did not serve it
+	errs.NotImplemented:   http.StatusNotImplemented,
+	errs.BadGateway:       http.StatusBadGateway,
+	errs.Unavailable:      http.StatusServiceUnavailable,
+	errs.Timeout:          http.StatusGatewayTimeout,
+	errs.NoSpace:          http.StatusInsufficientStorage,
+}
+
+func statusOf(c errs.Class) int {
+	if st, ok := statuses[c]; ok {
+		return st
+	}
+	return http.StatusInternalServerError
+}
+
+// classCodePrefix marks the code of an error sent as its class
+// ("class.too_many_requests").
+const classCodePrefix = "class."
 
 // guestCodePrefix marks the code of a *guestproto.Error ("guest.not_found").
 const guestCodePrefix = "guest."
@@ -70,31 +124,28 @@ type Error struct {
 // EncodeError classifies err for the wire: the HTTP status of its answer
 // and the Error sent. An error of no class is "internal" (500).
 func EncodeError(err error) (int, Error) {
-	for _, c := range classes {
-		if errors.Is(err, c.class) {
-			return c.status, Error{Code: c.code, Message: err.Error()}
+	for _, n := range named {
+		if errors.Is(err, n.err) {
+			c := n.class
+			if c == "" {
+				c = errs.ClassOf(n.err)
+			}
+			return statusOf(c), Error{Code: n.code, Message: err.Error()}
 		}
 	}
 	var ge *guestproto.Error
 	if errors.As(err, &ge) {
-		status := http.StatusUnprocessableEntity
-		switch ge.Code {
-		case guestproto.CodeNotFound:
-			status = http.StatusNotFound
-		case guestproto.CodeExists, guestproto.CodeNotEmpty:
-			status = http.StatusConflict
-		case guestproto.CodePermission:
-			status = http.StatusForbidden
-		case guestproto.CodeInternal, guestproto.CodeCanceled:
-			status = http.StatusInternalServerError
-		}
-		return status, Error{Code: guestCodePrefix + string(ge.Code), Message: err.Error(), GuestMessage: ge.Message}
+		return statusOf(ge.Code.Class()), Error{Code: guestCodePrefix + string(ge.Code), Message: err.Error(), GuestMessage: ge.Message}
 	}
-	return http.StatusInternalServerError, Error{Code: "internal", Message: err.Error()}
+	if c := errs.ClassOf(err); c != errs.Internal {
+		return statusOf(c), Error{Code: classCodePrefix + string(c), Message: err.Error()}
+	}
+	return http.StatusInternalServerError, Error{Code: string(errs.Internal), Message: err.Error()}
 }
 
-// remoteError is an error the agent reported: its text, and the class it
-// had there (nil for internal errors).
+// remoteError is an error the agent reported: its text, and what it was
+// there (nil for internal errors): a named error, a class, or a guest's
+// *guestproto.Error.
 type remoteError struct {
 	msg   string
 	class error
@@ -104,20 +155,22 @@ func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.class }
 
 // Err rebuilds the error the agent sent: with its text (the code if it
-// had none) and, if the code names one, its class (errors.Is), or the
-// guest's *guestproto.Error (errors.As).
+// had none) and what its code names: a named error or a class
+// (errors.Is), or the guest's *guestproto.Error (errors.As).
 func (e Error) Err() error {
 	re := &remoteError{msg: e.Message}
 	if re.msg == "" {
 		re.msg = e.Code
 	}
-	for _, c := range classes {
-		if c.code == e.Code {
-			re.class = c.class
+	for _, n := range named {
+		if n.code == e.Code {
+			re.class = n.err
 			return re
 		}
 	}
-	if code, ok := strings.CutPrefix(e.Code, guestCodePrefix); ok && code != "" {
+	if c, ok := strings.CutPrefix(e.Code, classCodePrefix); ok && errs.Class(c).Known() {
+		re.class = errs.Class(c)
+	} else if code, ok := strings.CutPrefix(e.Code, guestCodePrefix); ok && code != "" {
 		re.class = &guestproto.Error{Code: guestproto.Code(code), Message: e.GuestMessage}
 	}
 	return re

@@ -17,10 +17,11 @@
 // PackTicket).
 //
 // Errors travel as {"error": {"code", "message"}} (ErrorBody); the code
-// names the error class (the agent's, the template store's, a guest's
-// *guestproto.Error, a timeout: EncodeError), and the client rebuilds an
-// error of that same class with the same text (Error.Err), so the API's
-// error classification does not know whether the host is remote.
+// names the error (a sentinel the control plane tells apart, a guest's
+// *guestproto.Error, a timeout) or its class (internal/contract/errs:
+// errors.go), and the client rebuilds an error of that same name or class
+// with the same text (Error.Err), so the API's error classification does
+// not know whether the host is remote.
 //
 // Streams:
 //   - exec (POST …/exec) is full duplex over one HTTP request: the request
@@ -111,8 +112,9 @@
 package hostwire
 
 import (
-	"errors"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 	"github.com/pandastack/pandastack/internal/contract/host"
@@ -148,7 +150,7 @@ const (
 )
 
 // ErrUnauthorized: the agent rejected the token (or a ticket).
-var ErrUnauthorized = errors.New("host agent rejected the token")
+var ErrUnauthorized = errs.New(errs.Unauthorized, "host agent rejected the token")
 
 // Info describes a host agent: what host.Host's Accel and TemplateParams
 // answer. GET /info answers it; it is also the hello event's.

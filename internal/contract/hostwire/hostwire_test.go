@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
+	"github.com/pandastack/pandastack/internal/contract/errs"
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/contract/hostwire"
@@ -165,6 +166,7 @@ func TestErrorClasses(t *testing.T) {
 		{builds.ErrNotFound, "build_not_found", 404},
 		{host.ErrCorrupt, "corrupt", 409},
 		{host.ErrNotReady, "not_ready", 503},
+		{host.ErrExhausted, "exhausted", 503},
 		{host.ErrNotFound, "not_found", 404},
 		{templates.ErrNotFound, "template_not_found", 404},
 		{host.ErrInvalid, "invalid", 422},
@@ -213,6 +215,63 @@ func TestErrorClasses(t *testing.T) {
 	}
 }
 
+// TestClassesRoundTrip: an error of any class that has no name of its own
+// goes as its class and comes back of it, with its text; a named one comes
+// back of its class too.
+func TestClassesRoundTrip(t *testing.T) {
+	want := map[errs.Class]int{
+		errs.BadRequest: 400, errs.Unauthorized: 401, errs.Forbidden: 403, errs.NotFound: 404,
+		errs.MethodNotAllowed: 405, errs.Conflict: 409, errs.Corrupt: 409, errs.TooLarge: 413,
+		errs.Invalid: 422, errs.QuotaExceeded: 429, errs.TooManyRequests: 429, errs.TemplateLimit: 429,
+		errs.Canceled: 503, errs.Internal: 500, errs.NotImplemented: 501, errs.BadGateway: 502,
+		errs.GuestError: 500, errs.Unavailable: 503, errs.Timeout: 504, errs.NoSpace: 507,
+	}
+	if len(want) != len(errs.All) {
+		t.Errorf("%d statuses for %d classes", len(want), len(errs.All))
+	}
+	for _, c := range errs.All {
+		err := fmt.Errorf("op: %w", errs.New(c, "it failed"))
+		status, we := hostwire.EncodeError(err)
+		code := "class." + string(c)
+		if c == errs.Internal {
+			code = "internal"
+		}
+		if status != want[c] || we.Code != code || we.Message != "op: it failed" {
+			t.Errorf("%s: got %d %+v, want %d %s", c, status, we, want[c], code)
+		}
+		var back hostwire.Error
+		roundTrip(t, we, &back)
+		got := back.Err()
+		if got.Error() != err.Error() || (c != errs.Internal && (!errors.Is(got, c) || errs.ClassOf(got) != c)) {
+			t.Errorf("%s: came back as %q of class %q", c, got, errs.ClassOf(got))
+		}
+	}
+	for _, tc := range []struct {
+		err   error
+		code  string
+		named error // what it comes back as
+	}{
+		// A name before the error's class, as the control plane reads it.
+		{fmt.Errorf("%w: %w", host.ErrInvalid, netpolicy.ErrInvalid), "invalid", host.ErrInvalid},
+		{fmt.Errorf("%w: %w", host.ErrConflict, errs.NotFound), "conflict", host.ErrConflict},
+		// Errors of the standard library and guests' by their names.
+		{fmt.Errorf("dial: %w", syscall.ECONNREFUSED), "refused", syscall.ECONNREFUSED},
+		{fmt.Errorf("exec: %w", guestproto.Errorf(guestproto.CodeTimeout, "5s")), "timeout", context.DeadlineExceeded},
+		// The contract's errors of other packages, by their class.
+		{fmt.Errorf("%w: bad entry", netpolicy.ErrInvalid), "class.bad_request", errs.BadRequest},
+		{fmt.Errorf("%w: 3 images", builds.ErrImageNotFound), "class.not_found", errs.NotFound},
+	} {
+		_, we := hostwire.EncodeError(tc.err)
+		if back := we.Err(); we.Code != tc.code || !errors.Is(back, tc.named) || back.Error() != tc.err.Error() {
+			t.Errorf("%v: sent as %q, came back as %q (Is %v: %v); want %q", tc.err, we.Code, back, tc.named, errors.Is(back, tc.named), tc.code)
+		}
+	}
+	// A class this side does not know (a newer agent's): internal.
+	if got := (hostwire.Error{Code: "class.brand_new", Message: "x"}).Err(); got.Error() != "x" || errors.Unwrap(got) != nil {
+		t.Errorf("unknown class: got %q wrapping %v", got, errors.Unwrap(got))
+	}
+}
+
 // TestGuestErrors: a guest's error keeps its code and its own message.
 func TestGuestErrors(t *testing.T) {
 	for _, tc := range []struct {
@@ -224,8 +283,12 @@ func TestGuestErrors(t *testing.T) {
 		{guestproto.CodeNotEmpty, 409},
 		{guestproto.CodePermission, 403},
 		{guestproto.CodeInternal, 500},
-		{guestproto.CodeCanceled, 500},
+		{guestproto.CodeCanceled, 503},
 		{guestproto.CodeInvalid, 422},
+		{guestproto.CodeExited, 409},
+		{guestproto.CodeBusy, 429},
+		{guestproto.CodeTooLarge, 422},
+		{"brand_new", 500},
 	} {
 		err := fmt.Errorf("op: %w", guestproto.Errorf(tc.code, "no such file"))
 		status, we := hostwire.EncodeError(err)

@@ -9,10 +9,11 @@ package netpolicy
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 )
 
 // Policy is a sandbox's egress policy. Entries of AllowOut and DenyOut are
@@ -51,9 +52,10 @@ func Default() Policy { return Policy{Internet: true} }
 // MaxEntries bounds AllowOut plus DenyOut of one policy.
 const MaxEntries = 1024
 
-// ErrInvalid is the class of every error of Parse and Policy.Validate
-// (errors.Is); the error itself is an *Error.
-var ErrInvalid = errors.New("invalid network policy")
+// ErrInvalid is what every error of Parse and Policy.Validate is
+// (errors.Is), of class errs.BadRequest: a policy is part of a request
+// body. The error itself is an *Error.
+var ErrInvalid = errs.New(errs.BadRequest, "invalid network policy")
 
 // Error names the entry of a policy that is wrong and why, in words fit
 // for a user (a 400 answer).
@@ -70,7 +72,7 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("network policy: %s entry %q: %s", e.Field, e.Entry, e.Reason)
 }
 
-func (e *Error) Is(target error) bool { return target == ErrInvalid }
+func (e *Error) Unwrap() error { return ErrInvalid }
 
 // Parse decodes a policy from its JSON form
 // ({"internet": true, "allow_out": [...], "deny_out": [...]}); "internet"

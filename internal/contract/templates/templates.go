@@ -8,12 +8,13 @@
 package templates
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 
 	"github.com/pandastack/pandastack/internal/contract/accel"
 )
@@ -79,15 +80,15 @@ func (p Params) Validate() error {
 	return nil
 }
 
-// The error classes of templates (wrapped; test with errors.Is): a host's
-// template store returns them, the control plane turns them into what
-// users see.
+// The errors of templates (wrapped; test with errors.Is), each of a class
+// of internal/contract/errs: a host's template store returns them, the
+// control plane tells a missing template from a missing sandbox by them.
 var (
-	ErrNotFound = errors.New("template not found")
-	ErrInvalid  = errors.New("invalid template parameters")
+	ErrNotFound = errs.New(errs.NotFound, "template not found")
+	ErrInvalid  = errs.New(errs.Invalid, "invalid template parameters")
 	// ErrConflict: the operation does not fit the template's state (e.g.
 	// removing the latest version on its own).
-	ErrConflict = errors.New("template conflict")
+	ErrConflict = errs.New(errs.Conflict, "template conflict")
 )
 
 // Meta is a baked template's metadata (template.json).

@@ -14,24 +14,26 @@ package catalog
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
+
 	"github.com/pandastack/pandastack/internal/contract/lifecycle"
 )
 
-// Error classes. Methods wrap them with detail; test with errors.Is.
+// Errors, each of a class of internal/contract/errs. Methods wrap them
+// with detail; test with errors.Is.
 var (
 	// ErrNotFound: no key, sandbox or snapshot with that id (or hash).
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = errs.New(errs.NotFound, "not found")
 	// ErrConflict: a key, sandbox or snapshot with that id (or a key with
 	// that hash) already exists.
-	ErrConflict = errors.New("already exists")
+	ErrConflict = errs.New(errs.Conflict, "already exists")
 	// ErrQuota: ReserveSandbox would take the key over one of its limits.
 	// The error is a *QuotaError.
-	ErrQuota = errors.New("quota exceeded")
+	ErrQuota = errs.New(errs.QuotaExceeded, "quota exceeded")
 )
 
 // Sandbox states (the lifecycle package's, as stored). A stopped sandbox

@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
+
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
@@ -108,14 +110,14 @@ type member struct {
 
 var _ controlplane.Registry = (*Registry)(nil)
 
-// Errors of registration.
+// Errors of registration, each of a class of internal/contract/errs.
 var (
 	// ErrJoinToken: the join token is missing or wrong.
-	ErrJoinToken = errors.New("join token rejected")
+	ErrJoinToken = errs.New(errs.Unauthorized, "join token rejected")
 	// ErrHostToken: a known host registered with another agent token.
-	ErrHostToken = errors.New("host already registered with another agent token")
+	ErrHostToken = errs.New(errs.Conflict, "host already registered with another agent token")
 	// ErrInvalid: a registration that cannot be used.
-	ErrInvalid = errors.New("invalid registration")
+	ErrInvalid = errs.New(errs.Invalid, "invalid registration")
 )
 
 // New returns a registry. Start loads the hosts the catalog knows; Run
@@ -576,18 +578,11 @@ func (r *Registry) Inventory(ctx context.Context) []scheduler.Host {
 	return out
 }
 
-// Classify maps the registry's errors to the control plane's user-facing
-// ones.
+// Classify gives the registry's errors that need it a message for users;
+// the others are answered by their class (controlplane.Classify).
 func (r *Registry) Classify(err error) error {
-	switch {
-	case errors.Is(err, ErrJoinToken):
+	if errors.Is(err, ErrJoinToken) {
 		return &controlplane.Error{Kind: controlplane.Unauthorized, Msg: "missing or wrong join token", Err: err}
-	case errors.Is(err, ErrHostToken):
-		return &controlplane.Error{Kind: controlplane.Conflict, Msg: err.Error(), Err: err}
-	case errors.Is(err, ErrInvalid):
-		return &controlplane.Error{Kind: controlplane.Invalid, Msg: err.Error(), Err: err}
-	case errors.Is(err, catalog.ErrNotFound):
-		return &controlplane.Error{Kind: controlplane.NotFound, Msg: err.Error(), Err: err}
 	}
 	return err
 }

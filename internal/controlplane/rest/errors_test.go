@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
 	"github.com/pandastack/pandastack/internal/controlplane"
 )
 
@@ -13,6 +14,11 @@ func TestStatuses(t *testing.T) {
 	for k, st := range statuses {
 		if got, want := k.ServerSide(), st >= 500; got != want {
 			t.Errorf("%s: status %d, ServerSide %v, want %v", k, st, got, want)
+		}
+	}
+	for _, c := range errs.All {
+		if _, ok := statuses[c]; !ok {
+			t.Errorf("%s: no status", c)
 		}
 	}
 	if got := statusOf("no_such_kind"); got != http.StatusInternalServerError {

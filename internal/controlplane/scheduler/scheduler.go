@@ -57,10 +57,11 @@ package scheduler
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 )
 
 // HostState is a host's state as the control plane sees it.
@@ -144,15 +145,16 @@ const (
 	MaxCount = 1024
 )
 
-// Error classes. Place's errors wrap exactly one of them (errors.Is) and
-// carry the detail in their message: which host, its state, what was short.
+// Place's errors, each of a class of internal/contract/errs. Place's
+// errors wrap exactly one of them (errors.Is) and carry the detail in
+// their message: which host, its state, what was short.
 var (
-	ErrUnknownHost  = errors.New("unknown host")
-	ErrHostNotReady = errors.New("host not ready")
-	ErrNoCapacity   = errors.New("no capacity")
+	ErrUnknownHost  = errs.New(errs.NotFound, "unknown host")
+	ErrHostNotReady = errs.New(errs.Conflict, "host not ready")
+	ErrNoCapacity   = errs.New(errs.Unavailable, "no capacity")
 	// ErrInvalid: the request itself is wrong (Count negative or above
 	// MaxCount, a Placement naming a host and asking to spread).
-	ErrInvalid = errors.New("invalid placement request")
+	ErrInvalid = errs.New(errs.Invalid, "invalid placement request")
 )
 
 // placeError is an error whose message is written for users and whose

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
+
 	"github.com/google/nftables"
 	"github.com/pandastack/pandastack/internal/contract/netpolicy"
 	"github.com/vishvananda/netlink"
@@ -25,14 +27,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Error classes of the Manager and its namespaces (errors.Is).
+// Errors of the Manager and its namespaces (errors.Is), each of a class
+// of internal/contract/errs.
 var (
 	// ErrClosed: the Manager was closed, or the namespace released.
-	ErrClosed = errors.New("network manager closed")
+	ErrClosed = errs.New(errs.Unavailable, "network manager closed")
 	// ErrExhausted: no /30 left in Config.Pool.
-	ErrExhausted = errors.New("network address pool exhausted")
+	ErrExhausted = errs.New(errs.Unavailable, "network address pool exhausted")
 	// ErrNotFound: Adopt found no such namespace.
-	ErrNotFound = errors.New("network namespace not found")
+	ErrNotFound = errs.New(errs.NotFound, "network namespace not found")
 )
 
 // Manager owns every namespace, veth, table and DNS forwarder of its

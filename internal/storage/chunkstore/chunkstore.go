@@ -77,6 +77,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
+
 	"github.com/pandastack/pandastack/internal/storage/objstore"
 )
 
@@ -87,8 +89,9 @@ const DefaultChunkSize = 2 << 20
 // Store reads: a download holds a chunk per worker in memory.
 const maxChunkSize = 64 << 20
 
-// ErrBusy is GC finding an Upload in progress; try again later.
-var ErrBusy = errors.New("an upload is in progress")
+// ErrBusy is GC finding an Upload in progress; try again later
+// (errs.Unavailable).
+var ErrBusy = errs.New(errs.Unavailable, "an upload is in progress")
 
 // Config tunes a Store; the zero value takes the defaults.
 type Config struct {

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/pandastack/pandastack/internal/contract/errs"
+
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
@@ -43,7 +45,7 @@ const Name = "manifest.json"
 var (
 	// ErrCorrupt: a file is missing, has another size or another content
 	// than the manifest says, or the manifest itself is unreadable.
-	ErrCorrupt = errors.New("corrupt")
+	ErrCorrupt = errs.New(errs.Corrupt, "corrupt")
 	// ErrNoManifest: the directory was never sealed.
 	ErrNoManifest = errors.New("no manifest")
 )

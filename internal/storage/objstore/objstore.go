@@ -27,16 +27,19 @@ import (
 	"iter"
 	"strings"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 )
 
-// Error classes (see the package doc).
+// Errors (see the package doc), each of a class of
+// internal/contract/errs.
 var (
-	ErrNotFound     = errors.New("object not found")
-	ErrUnavailable  = errors.New("object store unavailable")
-	ErrInvalidKey   = errors.New("invalid object key")
-	ErrInvalidRange = errors.New("invalid range")
+	ErrNotFound     = errs.New(errs.NotFound, "object not found")
+	ErrUnavailable  = errs.New(errs.Unavailable, "object store unavailable")
+	ErrInvalidKey   = errs.New(errs.Invalid, "invalid object key")
+	ErrInvalidRange = errs.New(errs.Invalid, "invalid range")
 	// ErrExists: Create found the key taken.
-	ErrExists = errors.New("object exists")
+	ErrExists = errs.New(errs.Conflict, "object exists")
 )
 
 // Info describes one stored object.

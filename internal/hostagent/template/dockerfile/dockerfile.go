@@ -42,8 +42,9 @@ package dockerfile
 
 import (
 	"context"
-	"errors"
 	"io"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/templates"
@@ -55,9 +56,9 @@ var (
 	// not something this builder can build (a syntax error, an unsupported
 	// instruction, a COPY source that does not exist, an unsafe context
 	// entry...).
-	ErrInvalid = errors.New("invalid Dockerfile build")
+	ErrInvalid = errs.New(errs.Invalid, "invalid Dockerfile build")
 	// ErrRunFailed: a RUN step exited with a non-zero code.
-	ErrRunFailed = errors.New("Dockerfile RUN step failed")
+	ErrRunFailed = errs.New(errs.Invalid, "Dockerfile RUN step failed")
 )
 
 // Limits of a Dockerfile.

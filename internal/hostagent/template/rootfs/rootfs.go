@@ -18,32 +18,34 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/pandastack/pandastack/internal/contract/errs"
 )
 
 // Error classes. FromImage's errors carry one of them (test with errors.Is)
 // and a message written for the user who named the image.
 var (
 	// ErrNotFound: no such image (registry 404, missing file or directory).
-	ErrNotFound = errors.New("image not found")
+	ErrNotFound = errs.New(errs.NotFound, "image not found")
 	// ErrDenied: the registry refused the request (HTTP 401 or 403).
-	ErrDenied = errors.New("access denied")
+	ErrDenied = errs.New(errs.Forbidden, "access denied")
 	// ErrInvalid: a malformed reference, an unsupported kind of source, or an
 	// image whose layers cannot be applied safely (a path leaving the tree).
-	ErrInvalid = errors.New("invalid image")
+	ErrInvalid = errs.New(errs.Invalid, "invalid image")
 	// ErrPlatform: the image has no linux/amd64 variant.
-	ErrPlatform = errors.New("wrong platform")
+	ErrPlatform = errs.New(errs.Invalid, "wrong platform")
 	// ErrTooLarge: the files do not fit in the size asked for or allowed.
-	ErrTooLarge = errors.New("image too large")
+	ErrTooLarge = errs.New(errs.Invalid, "image too large")
 	// ErrRefused: the registry's address is one a Pull may not reach
 	// (loopback, private, link-local, the host's own networks...).
-	ErrRefused = errors.New("registry address refused")
+	ErrRefused = errs.New(errs.Forbidden, "registry address refused")
 	// ErrUnreachable: the registry could not be reached, or it broke off
 	// (DNS, connection, TLS, a reset or cut answer).
-	ErrUnreachable = errors.New("registry unreachable")
+	ErrUnreachable = errs.New(errs.Unavailable, "registry unreachable")
 	// ErrBadImage: the registry answered with something that is not a
 	// valid image (a manifest, index, config or layer that does not
 	// parse or match its digest), or with an unexpected HTTP status.
-	ErrBadImage = errors.New("bad image manifest")
+	ErrBadImage = errs.New(errs.Invalid, "bad image manifest")
 )
 
 // Detail returns what lies under one of FromImage's classified errors (a
