@@ -719,6 +719,7 @@ func TestFleetForkAcrossDirectAndStore(t *testing.T) {
 					}
 				}
 			}
+			controlplane.SettleTails(e.p) // the captures are dropped after Fork returns
 			for name, h := range map[string]*hosttest.Host{"a": e.a, "b": e.b, "c": c} {
 				if snaps, _ := h.Snapshots(t.Context()); len(snaps) != 0 {
 					t.Errorf("host %s keeps %d captures after the fork", name, len(snaps))
