@@ -10,14 +10,7 @@ package pandastack
 // notWire with the reason, so a new one cannot be forgotten.
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"os"
-	"path/filepath"
 	"reflect"
-	"slices"
-	"sort"
 	"strings"
 	"testing"
 
@@ -137,78 +130,18 @@ func TestErrorCodesMatchOpenAPI(t *testing.T) {
 // TestEveryWireTypeIsChecked: every named struct of the package with a
 // JSON tag is in sdkWire (or in one it holds), or in notWire.
 func TestEveryWireTypeIsChecked(t *testing.T) {
-	checked := map[string]bool{}
-	var walk func(reflect.Type)
-	walk = func(t reflect.Type) {
-		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
-			t = t.Elem()
-		}
-		if t.Kind() != reflect.Struct || checked[t.Name()] {
-			return
-		}
-		if t.PkgPath() == reflect.TypeFor[Client]().PkgPath() {
-			checked[t.Name()] = true
-		}
-		for i := range t.NumField() {
-			walk(t.Field(i).Type)
-		}
-	}
+	var roots []reflect.Type
 	for _, c := range sdkWire {
-		walk(c.typ)
+		roots = append(roots, c.typ)
 	}
-	tagged := taggedStructs(t, ".")
-	for name := range notWire {
-		if !slices.Contains(tagged, name) {
-			t.Errorf("notWire lists %s, which is no struct with JSON tags here: remove it", name)
-		}
-	}
-	for _, name := range tagged {
-		if !checked[name] && notWire[name] == "" {
-			t.Errorf("%s has JSON tags but is not held to api/openapi.yaml: add it to sdkWire in wire_test.go (or to notWire, saying why)", name)
-		}
-	}
-}
-
-// taggedStructs lists the named struct types declared in dir's non-test
-// Go files that have a field with a json tag.
-func taggedStructs(t *testing.T, dir string) []string {
-	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	unheld, stale, err := apischema.Unheld(".", reflect.TypeFor[Client]().PkgPath(), roots, notWire)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fset := token.NewFileSet()
-	var out []string
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		af, err := parser.ParseFile(fset, f, src, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ast.Inspect(af, func(n ast.Node) bool {
-			ts, ok := n.(*ast.TypeSpec)
-			if !ok {
-				return true
-			}
-			st, ok := ts.Type.(*ast.StructType)
-			if !ok {
-				return true
-			}
-			for _, fld := range st.Fields.List {
-				if fld.Tag != nil && strings.Contains(fld.Tag.Value, `json:"`) {
-					out = append(out, ts.Name.Name)
-					break
-				}
-			}
-			return true
-		})
+	for _, name := range stale {
+		t.Errorf("notWire lists %s, which is no struct with JSON tags here: remove it", name)
 	}
-	sort.Strings(out)
-	return out
+	for _, name := range unheld {
+		t.Errorf("%s has JSON tags but is not held to api/openapi.yaml: add it to sdkWire in wire_test.go (or to notWire, saying why)", name)
+	}
 }
