@@ -160,18 +160,27 @@ func (s *Server) noteProcesses(id string, ps ...guestproto.ProcInfo) {
 	}
 }
 
-func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
+// listNoting lists the processes of r's sandbox, noting those that have
+// ended in its history (noteProcesses).
+func (s *Server) listNoting(r *http.Request) ([]guestproto.ProcInfo, error) {
 	pg, err := s.processGuest(r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return nil, err
 	}
 	ps, err := pg.ListProcesses(r.Context())
 	if err != nil {
+		return nil, err
+	}
+	s.noteProcesses(chi.URLParam(r, "id"), ps...)
+	return ps, nil
+}
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
+	ps, err := s.listNoting(r)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.noteProcesses(chi.URLParam(r, "id"), ps...)
 	out := make([]processInfo, 0, len(ps))
 	for _, p := range ps {
 		out = append(out, toProcessInfo(p))
@@ -185,17 +194,11 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	pg, err := s.processGuest(r)
+	ps, err := s.listNoting(r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	ps, err := pg.ListProcesses(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.noteProcesses(chi.URLParam(r, "id"), ps...)
 	for _, p := range ps {
 		if p.PID == pid {
 			writeJSON(w, http.StatusOK, toProcessInfo(p))
