@@ -28,14 +28,17 @@ const (
 	DefaultMaxTemplateVersions     = 10
 )
 
-// errNoBuilds answers what needs Config.Templates without it.
-var errNoBuilds = Errorf(NotImplemented, "this server does not build templates; built-in templates work everywhere")
+// noBuilds answers what needs Config.Templates without it (a new error
+// each time: callers may change what they are given).
+func noBuilds() *Error {
+	return Errorf(NotImplemented, "this server does not build templates; built-in templates work everywhere")
+}
 
 // Builds returns the user templates' builder (Config.Templates), or
 // NotImplemented without one.
 func (p *Plane) Builds() (builds.Builder, error) {
 	if p.cfg.Templates == nil {
-		return nil, errNoBuilds
+		return nil, noBuilds()
 	}
 	return p.cfg.Templates, nil
 }

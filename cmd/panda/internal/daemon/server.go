@@ -265,7 +265,7 @@ func Defaults() Config {
 		LogLevel:              "info",
 		LogFormat:             "text",
 
-		// The API's defaults, spelled out.
+		// The control plane's and the API's defaults, spelled out.
 		MaxTemplateBuildsPerKey: controlplane.DefaultMaxTemplateBuildsPerKey,
 		MaxTemplateVersions:     controlplane.DefaultMaxTemplateVersions,
 		MaxEventStreamsPerKey:   rest.DefaultMaxEventStreamsPerKey,
