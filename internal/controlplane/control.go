@@ -40,6 +40,18 @@ type Config struct {
 	// images (templates.go says who may use them); nil: built-in
 	// templates only.
 	Templates builds.Builder
+	// The bounds of a key other than an admin one on user templates
+	// (builds.go; < 0 unlimited): MaxTemplatesPerKey the templates it
+	// owns (default DefaultMaxTemplatesPerKey), MaxTemplateBuildsPerKey
+	// its builds queued or running (default
+	// DefaultMaxTemplateBuildsPerKey; the API counts its build requests
+	// being received too), MaxTemplateVersions the versions one of its
+	// templates keeps (default DefaultMaxTemplateVersions): a rebuild of
+	// a template with that many is refused until old versions are
+	// deleted.
+	MaxTemplatesPerKey      int
+	MaxTemplateBuildsPerKey int
+	MaxTemplateVersions     int
 	// ResolveTemplate turns the template a create names into the one the
 	// sandbox records (a user template's version, "NAME:N") for key, or
 	// refuses it; nil: Plane.ResolveTemplate, over Templates.
@@ -91,6 +103,15 @@ func (c *Config) SetDefaults() {
 	}
 	if c.StoppedRetention == 0 {
 		c.StoppedRetention = time.Hour
+	}
+	if c.MaxTemplatesPerKey == 0 {
+		c.MaxTemplatesPerKey = DefaultMaxTemplatesPerKey
+	}
+	if c.MaxTemplateBuildsPerKey == 0 {
+		c.MaxTemplateBuildsPerKey = DefaultMaxTemplateBuildsPerKey
+	}
+	if c.MaxTemplateVersions == 0 {
+		c.MaxTemplateVersions = DefaultMaxTemplateVersions
 	}
 	if c.Events == nil {
 		c.Events = events.New(nil)

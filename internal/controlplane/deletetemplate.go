@@ -25,7 +25,7 @@ import (
 func (p *Plane) DeleteTemplate(ctx context.Context, key catalog.Key, ref string, force bool) error {
 	b := p.cfg.Templates
 	if b == nil {
-		return Errorf(NotImplemented, "this server does not build templates; built-in templates work everywhere")
+		return noBuilds()
 	}
 	name, v, err := templates.SplitRef(ref)
 	if err != nil {

@@ -58,6 +58,17 @@ type env struct {
 // (limits from keyLimits, if given) and the configuration cfg changes.
 func newEnv(t *testing.T, cfg func(*controlplane.Config), keyLimits ...func(*catalog.Key)) *env {
 	t.Helper()
+	return newEnvWith(t, func(c *controlplane.Config, _ catalog.Catalog) {
+		if cfg != nil {
+			cfg(c)
+		}
+	}, keyLimits...)
+}
+
+// newEnvWith is newEnv whose configuration cfg changes knowing the
+// plane's catalog.
+func newEnvWith(t *testing.T, cfg func(*controlplane.Config, catalog.Catalog), keyLimits ...func(*catalog.Key)) *env {
+	t.Helper()
 	cat, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -75,9 +86,7 @@ func newEnv(t *testing.T, cfg func(*controlplane.Config), keyLimits ...func(*cat
 		},
 		Now: e.clock.Now, Tick: e.tick,
 	}
-	if cfg != nil {
-		cfg(&c)
-	}
+	cfg(&c, cat)
 	if e.p, err = controlplane.New(c, cat, e.h, nil); err != nil {
 		t.Fatal(err)
 	}

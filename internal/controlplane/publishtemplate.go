@@ -28,7 +28,7 @@ type Published struct {
 func (p *Plane) PublishTemplate(ctx context.Context, ref string, public bool) (Published, error) {
 	b := p.cfg.Templates
 	if b == nil {
-		return Published{}, Errorf(NotImplemented, "this server does not build templates; built-in templates work everywhere")
+		return Published{}, noBuilds()
 	}
 	name, v, err := templates.SplitRef(ref)
 	if err != nil {

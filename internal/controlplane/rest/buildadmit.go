@@ -7,18 +7,23 @@ package rest
 //
 //  1. before any of the body (admitBuild): the key's builds — queued or
 //     running, plus its build requests being received — are fewer than
-//     Config.MaxTemplateBuildsPerKey (429 too_many_requests), and a
-//     multipart body fits in the context directory's free space (507);
+//     controlplane.Config.MaxTemplateBuildsPerKey (429
+//     too_many_requests), and a multipart body fits in the context
+//     directory's free space (507);
 //  2. once the spec part is read, before the context part
-//     (checkBuildName): the name's syntax (422), its owner (another key's
-//     name: 409), the key's templates for a new name (429 template_limit)
-//     and the template's versions for a rebuild (429 template_limit);
+//     (controlplane.Plane.CheckBuildName): the name's syntax (422), its
+//     owner (another key's name: 409), the key's templates for a new name
+//     (429 template_limit) and the template's versions for a rebuild (429
+//     template_limit);
 //  3. while the context is received: its size (413) and the disk's free
 //     space (507), and the key's revocation (401: the upload ends).
 //
-// The builder checks 2 again, and the key's builds, when the build starts
-// (tmplbuild.Spec's MaxTemplates, MaxBuilds, MaxVersions): what it says
-// wins. Admin keys have no bound on builds, templates or versions.
+// Who may build what, and the bounds, are the Plane's rules
+// (controlplane/builds.go); what is here is about request bodies. The
+// builder checks 2 again, and the key's builds, when the build starts
+// (Plane.ClaimBuild fills in builds.Spec's MaxTemplates, MaxBuilds,
+// MaxVersions): what it says wins. Admin keys have no bound on builds,
+// templates or versions.
 
 import (
 	"context"
@@ -32,15 +37,8 @@ import (
 	"syscall"
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
-	"github.com/pandastack/pandastack/internal/contract/templates"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
-)
-
-// Defaults of Config.MaxTemplateBuildsPerKey and MaxTemplateVersions.
-const (
-	DefaultMaxTemplateBuildsPerKey = 2
-	DefaultMaxTemplateVersions     = 10
 )
 
 // buildGate holds the build requests being received, by key: they count
@@ -62,14 +60,14 @@ var errKeyRevoked = errorf(controlplane.Unauthorized, "unknown or revoked API ke
 // admitBuild admits a build request of key (step 1 above) and returns
 // the context its reading and its Start run in (canceled if key is
 // revoked meanwhile) and done, to call once Start has returned.
-func (s *Server) admitBuild(ctx context.Context, b TemplateBuilds, key catalog.Key) (context.Context, func(), error) {
+func (s *Server) admitBuild(ctx context.Context, key catalog.Key) (context.Context, func(), error) {
 	g := &s.buildGate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if max := s.cfg.MaxTemplateBuildsPerKey; !key.Admin && max > 0 {
+	if max := s.cp.Config().MaxTemplateBuildsPerKey; !key.Admin && max > 0 {
 		n := len(g.inflight[key.ID])
 		if n < max {
-			active, err := keyBuilds(ctx, b, key.ID)
+			active, err := s.cp.ActiveBuilds(ctx, key.ID)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -98,15 +96,6 @@ func (s *Server) admitBuild(ctx context.Context, b TemplateBuilds, key catalog.K
 	}, nil
 }
 
-// keyBuilds returns the builds of key keyID that have not ended.
-func keyBuilds(ctx context.Context, b TemplateBuilds, keyID string) ([]builds.Status, error) {
-	list, err := b.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return slices.DeleteFunc(list, func(st builds.Status) bool { return st.Owner != keyID || st.Done() }), nil
-}
-
 // endBuildRequests ends the build requests of key keyID being received
 // (it is being revoked).
 func (s *Server) endBuildRequests(keyID string) {
@@ -131,75 +120,6 @@ func (s *Server) contextDir() string {
 		return s.cfg.TemplateContextDir
 	}
 	return os.TempDir()
-}
-
-// checkBuildName checks a build of template name by key before its
-// context is received (step 2 above).
-func (s *Server) checkBuildName(ctx context.Context, b TemplateBuilds, key catalog.Key, name string) error {
-	if n, v, err := templates.SplitRef(name); err != nil || v != 0 || n != name {
-		return invalid("template name %q must be 1-32 lowercase letters, digits, - or _", name)
-	}
-	if slices.Contains(templates.Reserved, name) {
-		return invalid("%q is a built-in template; pick another name", name)
-	}
-	if name == templates.NotAName {
-		return invalid("%q names the API's list of builds (/v1/templates/builds); pick another name", name)
-	}
-	u, err := b.UserTemplate(ctx, name)
-	if err != nil && !errors.Is(err, templates.ErrNotFound) {
-		return err
-	}
-	exists := err == nil
-	if exists && !key.Admin && (u.Owner == "" || u.Owner != key.ID) {
-		return conflict("the template name %s is taken; pick another", name)
-	}
-	if key.Admin {
-		return nil
-	}
-	max := s.cfg.MaxTemplatesPerKey
-	if exists {
-		max = s.cfg.MaxTemplateVersions
-	}
-	if max <= 0 {
-		return nil
-	}
-	active, err := keyBuilds(ctx, b, key.ID)
-	if err != nil {
-		return err
-	}
-	if exists {
-		vs, err := b.Versions(ctx, name)
-		if err != nil {
-			return err
-		}
-		n := len(vs)
-		for _, st := range active {
-			if st.Name == name {
-				n++
-			}
-		}
-		if n >= max {
-			return builds.VersionLimit(name, n)
-		}
-		return nil
-	}
-	owned := map[string]bool{}
-	us, err := b.UserTemplates(ctx)
-	if err != nil {
-		return err
-	}
-	for _, u := range us {
-		if u.Owner == key.ID {
-			owned[u.Name] = true
-		}
-	}
-	for _, st := range active {
-		owned[st.Name] = true
-	}
-	if len(owned) >= max {
-		return fmt.Errorf("%w: this key has %d templates, its limit; delete one first", builds.ErrLimit, len(owned))
-	}
-	return nil
 }
 
 // ctxBody is a request body whose reads fail once ctx ends, with ctx's

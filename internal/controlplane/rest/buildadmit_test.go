@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	"github.com/pandastack/pandastack/internal/testing/testkit"
@@ -121,10 +122,10 @@ func postEndless(t *testing.T, b *buildServer, key, spec string, size int64) (in
 
 func TestBuildAdmittedBeforeItsContext(t *testing.T) {
 	var read bodyCounter
-	b := newBuildServerWrapped(t, 2, func(_ *build.Config, ac *rest.Config) {
+	b := newBuildServerWrapped(t, 2, func(_ *build.Config, ac *rest.Config, pc *controlplane.Config) {
 		ac.TemplateContextDir = t.TempDir()
 		ac.TemplateContextMaxBytes = 64 << 20
-		ac.MaxTemplateVersions = 2
+		pc.MaxTemplateVersions = 2
 	}, read.wrap)
 	ctx := context.Background()
 	_, other, err := rest.NewKey(ctx, b.cat, "other", false, 0, 0)

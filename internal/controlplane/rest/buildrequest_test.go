@@ -24,6 +24,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/builds"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
 	"github.com/pandastack/pandastack/internal/hostagent/template/build"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
@@ -44,7 +45,7 @@ func newDockerfileServer(t *testing.T, hook bool, maxContext int64) (*buildServe
 	t.Helper()
 	dir := t.TempDir()
 	got := make(chan gotSpec, 1)
-	b := newBuildServerWith(t, func(bc *build.Config, ac *rest.Config) {
+	b := newBuildServerWith(t, func(bc *build.Config, ac *rest.Config, _ *controlplane.Config) {
 		ac.TemplateContextDir, ac.TemplateContextMaxBytes = dir, maxContext
 		if !hook {
 			return

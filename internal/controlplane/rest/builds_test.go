@@ -43,7 +43,7 @@ type buildServer struct {
 	convert          build.Convert
 	hs               *httptest.Server
 	maxTemplates     int
-	set              func(*build.Config, *rest.Config)
+	set              func(*build.Config, *rest.Config, *controlplane.Config)
 	// wrap, if set, wraps the API's handler.
 	wrap func(http.Handler) http.Handler
 }
@@ -57,19 +57,19 @@ func newBuildServerLimit(t *testing.T, maxTemplates int) *buildServer {
 
 // newBuildServerWith is newBuildServer with the builder's and the API's
 // configuration changed by set before they start.
-func newBuildServerWith(t *testing.T, set func(*build.Config, *rest.Config)) *buildServer {
+func newBuildServerWith(t *testing.T, set func(*build.Config, *rest.Config, *controlplane.Config)) *buildServer {
 	t.Helper()
 	return newBuildServerOpts(t, 0, set)
 }
 
-func newBuildServerOpts(t *testing.T, maxTemplates int, set func(*build.Config, *rest.Config)) *buildServer {
+func newBuildServerOpts(t *testing.T, maxTemplates int, set func(*build.Config, *rest.Config, *controlplane.Config)) *buildServer {
 	t.Helper()
 	return newBuildServerWrapped(t, maxTemplates, set, nil)
 }
 
 // newBuildServerWrapped is newBuildServerOpts whose API handler is wrapped
 // by wrap (if set).
-func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Config, *rest.Config), wrap func(http.Handler) http.Handler) *buildServer {
+func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Config, *rest.Config, *controlplane.Config), wrap func(http.Handler) http.Handler) *buildServer {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -115,16 +115,18 @@ func newBuildServerWrapped(t *testing.T, maxTemplates int, set func(*build.Confi
 func (b *buildServer) start(t *testing.T) {
 	t.Helper()
 	bcfg := build.Config{Store: b.store, Convert: b.convert, Dir: filepath.Join(b.dir, "builds")}
-	acfg := rest.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler), MaxTemplatesPerKey: b.maxTemplates}
+	acfg := rest.Config{OpenAPI: apispec.OpenAPI, Logger: slog.New(slog.DiscardHandler)}
+	pcfg := controlplane.Config{MaxTemplatesPerKey: b.maxTemplates}
 	if b.set != nil {
-		b.set(&bcfg, &acfg)
+		b.set(&bcfg, &acfg, &pcfg)
 	}
 	builds, err := build.New(bcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { builds.Close() })
-	srv, _, err := newServer(acfg, controlplane.Config{Templates: builds}, b.cat, routingHost{templates: b.store})
+	pcfg.Templates = builds
+	srv, _, err := newServer(acfg, pcfg, b.cat, routingHost{templates: b.store})
 	if err != nil {
 		t.Fatal(err)
 	}

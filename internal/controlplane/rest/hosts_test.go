@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog/sqlite"
 	"github.com/pandastack/pandastack/internal/controlplane/fleet"
 	"github.com/pandastack/pandastack/internal/controlplane/rest"
@@ -30,7 +31,7 @@ func TestFleetHostsListVisibleTemplates(t *testing.T) {
 	t.Cleanup(func() { regCat.Close() })
 	reg := fleet.New(fleet.Config{Catalog: regCat, JoinToken: "join-secret", LostAfter: time.Hour})
 	t.Cleanup(reg.Close)
-	b := newBuildServerWith(t, func(_ *build.Config, ac *rest.Config) { ac.Fleet = reg })
+	b := newBuildServerWith(t, func(_ *build.Config, ac *rest.Config, _ *controlplane.Config) { ac.Fleet = reg })
 	_, other, err := rest.NewKey(ctx, b.cat, "other", false, 0, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -32,11 +32,11 @@ const revokedWhy = "the build was canceled: its API key was revoked"
 // cancelBuilds cancels the builds of key keyID that are queued or running
 // and returns them.
 func (s *Server) cancelBuilds(ctx context.Context, keyID string) ([]builds.Status, error) {
-	b, err := s.builds()
+	b, err := s.cp.Builds()
 	if err != nil {
 		return nil, nil // this server builds nothing
 	}
-	active, err := keyBuilds(ctx, b, keyID)
+	active, err := s.cp.ActiveBuilds(ctx, keyID)
 	if err != nil || len(active) == 0 {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ func (s *Server) purgeKey(w http.ResponseWriter, r *http.Request) {
 		fail("template builds", err)
 	}
 	out.BuildsCanceled = len(canceled)
-	if b, err := s.builds(); err == nil && len(canceled) > 0 {
+	if b, err := s.cp.Builds(); err == nil && len(canceled) > 0 {
 		wctx, cancel := context.WithTimeout(ctx, canceledBuildWait)
 		for _, st := range canceled {
 			b.Follow(wctx, st.ID, func(string) {}) // until it has ended
@@ -150,7 +150,7 @@ func (s *Server) purgeKey(w http.ResponseWriter, r *http.Request) {
 		out.SnapshotsDeleted++
 	}
 
-	if b, err := s.builds(); err == nil {
+	if b, err := s.cp.Builds(); err == nil {
 		us, err := b.UserTemplates(ctx)
 		if err != nil {
 			fail("templates", err)

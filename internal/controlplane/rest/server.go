@@ -5,9 +5,10 @@
 // same listener (package e2b, over e2b.go's adapter). The sandboxes'
 // lifecycle and the rules about them (create with its quota, kill, TTLs
 // and their expiry, network, fork, snapshots, pause/resume, templates in
-// use, the hosts, reconciling with the host) are controlplane.Plane's,
-// which the daemon builds and gives to New: its handlers decode, call it
-// and encode. It keeps durable state in a catalog.Catalog and reaches
+// use, which templates and builds a key sees and may make, the hosts,
+// reconciling with the host) are controlplane.Plane's, which the daemon
+// builds and gives to New: its handlers decode, call it and encode. It
+// keeps durable state in a catalog.Catalog and reaches
 // sandboxes through a host.Host, the contract with a host: the host agent
 // of this process (hostagent.Local, `panda up`) or a remote one
 // (hostclient.Client, `panda server`). Error kinds (controlplane.Kind)
@@ -39,25 +40,13 @@ import (
 )
 
 // Config configures the API server. What the control plane decides with
-// (TTLs, quotas, the user templates' registry) is its own Config's
-// (controlplane.Config).
+// (TTLs, quotas, the user templates' registry and their bounds per key)
+// is its own Config's (controlplane.Config).
 type Config struct {
 	// Fleet, if set, is the registry of the hosts this server places
 	// sandboxes on, the Plane given to New drives them, and the host.Host
 	// given to New routes each sandbox's calls to its host.
 	Fleet Fleet
-	// MaxTemplatesPerKey bounds the user templates a key other than an
-	// admin one may own (default 20; < 0 unlimited).
-	MaxTemplatesPerKey int
-	// MaxTemplateBuildsPerKey bounds the template builds of a key other
-	// than an admin one: those queued or running and its build requests
-	// being received, together (default DefaultMaxTemplateBuildsPerKey;
-	// < 0 unlimited; 429 beyond). MaxTemplateVersions bounds the versions
-	// one of its templates keeps (default DefaultMaxTemplateVersions; < 0
-	// unlimited): a rebuild of a template with that many is refused (429
-	// template_limit) until old versions are deleted. See buildadmit.go.
-	MaxTemplateBuildsPerKey int
-	MaxTemplateVersions     int
 	// Requests that reach a sandbox's guest agent (exec, exec streams, file
 	// operations) in flight at once, per sandbox and per key; more are
 	// refused with 429.
@@ -132,15 +121,6 @@ func (c *Config) SetDefaults() {
 	}
 	if c.ProxyHeaderTimeout == 0 {
 		c.ProxyHeaderTimeout = DefaultProxyHeaderTimeout
-	}
-	if c.MaxTemplatesPerKey == 0 {
-		c.MaxTemplatesPerKey = DefaultMaxTemplatesPerKey
-	}
-	if c.MaxTemplateBuildsPerKey == 0 {
-		c.MaxTemplateBuildsPerKey = DefaultMaxTemplateBuildsPerKey
-	}
-	if c.MaxTemplateVersions == 0 {
-		c.MaxTemplateVersions = DefaultMaxTemplateVersions
 	}
 	if c.MaxGuestRequestsPerSandbox == 0 {
 		c.MaxGuestRequestsPerSandbox = DefaultMaxGuestRequestsPerSandbox

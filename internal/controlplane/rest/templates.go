@@ -1,14 +1,11 @@
 package rest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"os"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -66,164 +63,33 @@ type templateJSON struct {
 	ReadyTimeoutSeconds int    `json:"ready_timeout_seconds,omitempty"`
 }
 
-// listTemplates lists the templates the caller may use: the built-in
-// ones, its own, the published ones (an admin key: all). An admin key sees
-// every shape baked; other keys see each template at its default shape
-// (which shapes others had baked is theirs to know). A user template's
-// rows carry its versions.
+// listTemplates lists the templates the caller may use
+// (controlplane.Plane.ListTemplates) of those this server's host (or
+// fleet) holds.
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	key := callerOf(r).Key
-	store := s.host.Templates()
-	baked, err := store.List(r.Context())
+	rows, err := s.cp.ListTemplates(r.Context(), callerOf(r).Key, s.host)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	users, err := s.cp.UserVersions(r.Context()) // by name, the versions
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	view := newTemplateView(key, users)
-	if !key.Admin {
-		var defaults []templates.Meta
-		for _, t := range baked {
-			if t.Params == s.host.TemplateParams(t.Name, 0, 0) {
-				defaults = append(defaults, t)
-			}
-		}
-		baked = defaults
-	}
-	var out []templateJSON
-	seen := map[string]bool{}
-	for _, t := range baked {
-		if !view.visible(t.Name) {
-			continue
-		}
-		name, v, _ := templates.SplitRef(t.Name)
-		_, reason, err := store.Lookup(r.Context(), t.Params)
-		if errors.Is(err, templates.ErrNotFound) {
-			continue // its root filesystem is gone
-		}
-		if _, ok := users[name]; ok && v == 0 && reason != "" {
-			continue // a shape of an earlier latest version: the pinned rows say more
-		}
-		seen[name] = true
-		tj := templateJSON{Name: name, Version: v, MemoryMiB: t.MemoryMiB, VCPUs: t.VCPUs, State: "ready", BakeMS: t.BakeMS}
-		at := t.BakedAt
-		tj.BakedAt = &at
-		if reason != "" {
-			tj.State, tj.StaleReason = "stale", reason
-		}
-		out = append(out, tj)
-	}
-	names, err := store.Names(r.Context())
-	if err != nil {
-		s.log.Warn("list template names of host", "host_id", s.cp.Config().HostID, "err", err)
-	}
-	for _, name := range names {
-		if !seen[name] && view.visibleName(name) {
-			p := s.host.TemplateParams(name, 0, 0)
-			out = append(out, templateJSON{Name: name, MemoryMiB: p.MemoryMiB, VCPUs: p.VCPUs, State: "not_baked"})
-		}
-	}
-	for i := range out {
-		view.describe(&out[i], key.Admin)
-	}
-	sortTemplateRows(out)
-	if out == nil {
-		out = []templateJSON{}
+	out := make([]templateJSON, len(rows))
+	for i, row := range rows {
+		out[i] = templateOf(row)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
 }
 
-// templateView is what one key may see of the user templates: users
-// holds every user template's versions by name; usable, by name, the
-// versions the key may use (its own and an admin key's: all; others':
-// the published ones). A template with none usable is not listed. A
-// version the registry does not list is a deleted one's (a host of a
-// fleet that was away keeps it until its next start): not listed.
-type templateView struct {
-	users, usable map[string][]templates.UserRootFS
-}
-
-func newTemplateView(key catalog.Key, users map[string][]templates.UserRootFS) templateView {
-	usable := map[string][]templates.UserRootFS{}
-	for name, vs := range users {
-		if uv := controlplane.UsableVersions(key, vs); len(uv) > 0 {
-			usable[name] = uv
-		}
+// templateOf is a template row as the API shows it.
+func templateOf(row controlplane.TemplateRow) templateJSON {
+	tj := templateJSON{Name: row.Name, MemoryMiB: row.MemoryMiB, VCPUs: row.VCPUs, State: row.State, StaleReason: row.StaleReason,
+		BakedAt: row.BakedAt, BakeMS: row.BakeMS, FromImage: row.FromImage, Digest: row.Digest, BuiltAt: row.BuiltAt,
+		BuildMS: row.BuildMS, SizeBytes: row.SizeBytes, DiskBytes: row.DiskBytes, Version: row.Version,
+		LatestVersion: row.LatestVersion, Public: row.Public, Owner: row.Owner,
+		StartCmd: row.StartCmd, ReadyCmd: row.ReadyCmd, ReadyTimeoutSeconds: row.ReadyTimeoutSeconds}
+	for _, v := range row.Versions {
+		tj.Versions = append(tj.Versions, versionJSON(v))
 	}
-	return templateView{users: users, usable: usable}
-}
-
-// visible reports whether a template baked as ref is listed: a built-in,
-// or a version the key may use (for a shape of plain NAME, the latest
-// version's: only if that one is usable).
-func (tv templateView) visible(ref string) bool {
-	name, v, err := templates.SplitRef(ref)
-	vs, ok := tv.users[name]
-	switch {
-	case err != nil:
-		return false
-	case !ok:
-		return v == 0
-	case v == 0:
-		uv := tv.usable[name]
-		return len(uv) > 0 && uv[len(uv)-1].Version == vs[len(vs)-1].Version
-	}
-	return slices.ContainsFunc(tv.usable[name], func(u templates.UserRootFS) bool { return u.Version == v })
-}
-
-// visibleName reports whether template name, not baked, is listed: a
-// built-in, or a user template with a version the key may use.
-func (tv templateView) visibleName(name string) bool {
-	_, user := tv.users[name]
-	return !user || len(tv.usable[name]) > 0
-}
-
-// describe fills in a user template's row with what the key may see of
-// it: its row's version (the latest for a shape of plain NAME), the
-// latest and every usable version, whether it is public, and for an
-// admin key its owner and commands. Other rows stay as they are.
-func (tv templateView) describe(tj *templateJSON, admin bool) {
-	vs, ok := tv.usable[tj.Name]
-	if !ok {
-		return
-	}
-	latest := vs[len(vs)-1]
-	if tj.Version == 0 {
-		tj.Version = latest.Version
-	}
-	pub := slices.ContainsFunc(vs, func(u templates.UserRootFS) bool { return u.Published })
-	tj.LatestVersion, tj.Public = latest.Version, &pub
-	if admin {
-		tj.Owner = latest.Owner
-		tj.StartCmd, tj.ReadyCmd, tj.ReadyTimeoutSeconds = latest.StartCmd, latest.ReadyCmd, latest.ReadyTimeoutSeconds
-	}
-	for _, u := range vs {
-		tj.Versions = append(tj.Versions, versionJSON{Version: u.Version, Published: u.Published, BuiltAt: u.BuiltAt, BuildMS: u.BuildMS,
-			SizeBytes: u.SizeBytes, DiskBytes: u.DiskBytes, FromImage: u.Source, Digest: u.Digest})
-		if u.Version == tj.Version {
-			at := u.BuiltAt
-			tj.FromImage, tj.Digest, tj.BuiltAt, tj.BuildMS = u.Source, u.Digest, &at, u.BuildMS
-			tj.SizeBytes, tj.DiskBytes = u.SizeBytes, u.DiskBytes
-		}
-	}
-}
-
-// sortTemplateRows sorts rows by name, then newest version first, then
-// smallest memory first.
-func sortTemplateRows(out []templateJSON) {
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Name != out[j].Name {
-			return out[i].Name < out[j].Name
-		}
-		if out[i].Version != out[j].Version {
-			return out[i].Version > out[j].Version
-		}
-		return out[i].MemoryMiB < out[j].MemoryMiB
-	})
+	return tj
 }
 
 func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
@@ -273,66 +139,15 @@ func (s *Server) bakeTemplate(w http.ResponseWriter, r *http.Request) {
 // (hostclient.Client). A server without it answers 501.
 type TemplateBuilds = builds.Builder
 
-// DefaultMaxTemplatesPerKey is Config.MaxTemplatesPerKey's default.
-const DefaultMaxTemplatesPerKey = 20
-
-func (s *Server) builds() (TemplateBuilds, error) {
-	b := s.cp.Config().Templates
-	if b == nil {
-		return nil, errorf(controlplane.NotImplemented, "this server does not build templates; built-in templates work everywhere")
-	}
-	return b, nil
-}
-
 // callerBuilds is the template builder for a request of the build
 // endpoints; on false the error was answered.
 func (s *Server) callerBuilds(w http.ResponseWriter, r *http.Request) (TemplateBuilds, bool) {
-	b, err := s.builds()
+	b, err := s.cp.Builds()
 	if err != nil {
 		s.writeError(w, r, err)
 		return nil, false
 	}
 	return b, true
-}
-
-// buildSpecOwner fills in the owner of a build of spec.Name by key and the
-// bounds the builder checks again when it starts it (buildadmit.go): any
-// key may build a new name, which it then owns (up to MaxTemplatesPerKey
-// of them, admin keys unbounded); only the owner or an admin key may
-// rebuild one (another key's name is taken: 409, whether it may see it or
-// not), up to MaxTemplateVersions versions; a key has at most
-// MaxTemplateBuildsPerKey builds queued or running.
-func (s *Server) buildSpecOwner(ctx context.Context, b TemplateBuilds, key catalog.Key, spec *builds.Spec) error {
-	spec.Owner = key.ID
-	if !key.Admin {
-		spec.MaxTemplates = max(s.cfg.MaxTemplatesPerKey, 0)
-		spec.MaxBuilds = max(s.cfg.MaxTemplateBuildsPerKey, 0)
-		spec.MaxVersions = max(s.cfg.MaxTemplateVersions, 0)
-	}
-	u, err := b.UserTemplate(ctx, spec.Name)
-	if errors.Is(err, templates.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if !key.Admin && (u.Owner == "" || u.Owner != key.ID) {
-		return conflict("the template name %s is taken; pick another", spec.Name)
-	}
-	return nil
-}
-
-// visibleBuild returns build id's status if key may read it: the key that
-// started it, or an admin key; another key's build is not found.
-func visibleBuild(ctx context.Context, b TemplateBuilds, key catalog.Key, id string) (builds.Status, error) {
-	st, err := b.Get(ctx, id)
-	if err != nil {
-		return st, err
-	}
-	if !key.Admin && st.Owner != key.ID {
-		return builds.Status{}, notFound("template build %q not found", id)
-	}
-	return st, nil
 }
 
 // checkImageRef accepts registry references only: the other sources the
@@ -357,13 +172,13 @@ func checkImageRef(ref string) error {
 // outcome is the build's status. What can refuse it is checked before its
 // context is received (buildadmit.go).
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
-	b, err := s.builds()
+	b, err := s.cp.Builds()
 	if err != nil {
 		s.refuse(w, r, err)
 		return
 	}
 	key := callerOf(r).Key
-	ctx, done, err := s.admitBuild(r.Context(), b, key)
+	ctx, done, err := s.admitBuild(r.Context(), key)
 	if err == nil && isMultipart(r) {
 		err = s.checkContextSpace(r)
 	}
@@ -376,12 +191,12 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	r.Body = ctxBody{ctx: ctx, ReadCloser: r.Body}
-	spec, err := s.buildSpecOf(r, func(name string) error { return s.checkBuildName(ctx, b, key, name) })
+	spec, err := s.buildSpecOf(r, func(name string) error { return s.cp.CheckBuildName(ctx, key, name) })
 	if err != nil {
 		s.refuse(w, r, err)
 		return
 	}
-	err = s.buildSpecOwner(ctx, b, key, &spec)
+	err = s.cp.ClaimBuild(ctx, key, &spec)
 	if err == nil {
 		// Revoked while its context was received (the upload may have
 		// ended first).
@@ -411,11 +226,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.callerBuilds(w, r)
-	if !ok {
-		return
-	}
-	st, err := visibleBuild(r.Context(), b, callerOf(r).Key, chi.URLParam(r, "buildID"))
+	st, err := s.cp.GetBuild(r.Context(), callerOf(r).Key, chi.URLParam(r, "buildID"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -424,23 +235,13 @@ func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 }
 
 // listBuilds lists the builds the key may read (its own; every build for
-// an admin key), newest first, optionally of one template (?name=NAME).
+// an admin key), newest first, optionally of one template (?name=NAME):
+// controlplane.Plane.ListBuilds.
 func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
-	b, ok := s.callerBuilds(w, r)
-	if !ok {
-		return
-	}
-	key, name := callerOf(r).Key, r.URL.Query().Get("name")
-	list, err := b.List(r.Context())
+	out, err := s.cp.ListBuilds(r.Context(), callerOf(r).Key, r.URL.Query().Get("name"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
-	}
-	out := []builds.Status{}
-	for _, st := range list {
-		if (key.Admin || st.Owner == key.ID) && (name == "" || st.Name == name) {
-			out = append(out, st)
-		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"builds": out})
 }
@@ -454,7 +255,7 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := chi.URLParam(r, "buildID")
-	if _, err := visibleBuild(r.Context(), b, callerOf(r).Key, id); err != nil {
+	if _, err := s.cp.GetBuild(r.Context(), callerOf(r).Key, id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

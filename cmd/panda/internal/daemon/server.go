@@ -261,13 +261,13 @@ func Defaults() Config {
 		// api.DefaultTemplateContextMaxBytes
 		TemplateContextMaxMiB: 2 << 10,
 		BuildCacheMaxMiB:      50 << 10,
-		MaxTemplatesPerKey:    rest.DefaultMaxTemplatesPerKey,
+		MaxTemplatesPerKey:    controlplane.DefaultMaxTemplatesPerKey,
 		LogLevel:              "info",
 		LogFormat:             "text",
 
-		// The API's defaults, spelled out.
-		MaxTemplateBuildsPerKey: rest.DefaultMaxTemplateBuildsPerKey,
-		MaxTemplateVersions:     rest.DefaultMaxTemplateVersions,
+		// The control plane's and the API's defaults, spelled out.
+		MaxTemplateBuildsPerKey: controlplane.DefaultMaxTemplateBuildsPerKey,
+		MaxTemplateVersions:     controlplane.DefaultMaxTemplateVersions,
 		MaxEventStreamsPerKey:   rest.DefaultMaxEventStreamsPerKey,
 
 		HTTPReadHeaderTimeout: Duration(10 * time.Second),
@@ -682,8 +682,10 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
-		Templates: builds,
-		Logger:    rest.RedactingLogger(log.With("part", "api")),
+		Templates:          builds,
+		MaxTemplatesPerKey: cfg.MaxTemplatesPerKey, MaxTemplateBuildsPerKey: cfg.MaxTemplateBuildsPerKey,
+		MaxTemplateVersions: cfg.MaxTemplateVersions,
+		Logger:              rest.RedactingLogger(log.With("part", "api")),
 	}
 	var cp *controlplane.Plane
 	if fl != nil {
@@ -700,9 +702,6 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 		URLSecret: secret, PublicURL: cfg.PublicURL, ProxyDomain: cfg.ProxyDomain,
 		TemplateContextDir:      cfg.templateContextDir(),
 		TemplateContextMaxBytes: int64(cfg.TemplateContextMaxMiB) << 20,
-		MaxTemplatesPerKey:      cfg.MaxTemplatesPerKey,
-		MaxTemplateBuildsPerKey: cfg.MaxTemplateBuildsPerKey,
-		MaxTemplateVersions:     cfg.MaxTemplateVersions,
 		MaxEventStreamsPerKey:   cfg.MaxEventStreamsPerKey,
 	}, cp, cat, h, reg)
 	if err != nil {
