@@ -177,3 +177,28 @@ func TestCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// A host lost or back republishes its live sandboxes to their keys (the
+// API shows them as lost meanwhile), and nothing of other hosts.
+func TestHostLostChangedRepublishes(t *testing.T) {
+	t.Parallel()
+	hub := events.New(nil)
+	e := newEnv(t, func(c *controlplane.Config) { c.Events = hub })
+	live := e.create(controlplane.CreateRequest{})
+	gone := e.create(controlplane.CreateRequest{})
+	if err := e.p.Stop(t.Context(), gone.ID, "killed"); err != nil {
+		t.Fatal(err)
+	}
+	sub, _, err := hub.Subscribe(e.key.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.p.HostLostChanged(t.Context(), "another-host")
+	if got := take(sub); len(got) != 0 {
+		t.Errorf("another host lost: published %q, want nothing", got)
+	}
+	e.p.HostLostChanged(t.Context(), live.HostID)
+	if got, want := take(sub), []string{"sandbox " + live.ID + " running"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("its host lost: published %q, want %q", got, want)
+	}
+}

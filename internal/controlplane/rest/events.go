@@ -119,20 +119,6 @@ func (s *Server) eventLine(ctx context.Context, ev events.Event) eventJSON {
 	return out
 }
 
-// HostLostChanged tells the event streams that host hostID was lost or
-// came back: each live sandbox on it is sent again, its state "lost" or
-// its own (the records themselves do not change).
-func (s *Server) HostLostChanged(ctx context.Context, hostID string) {
-	list, err := s.cat.ListSandboxes(ctx, catalog.SandboxFilter{HostID: hostID, States: controlplane.LiveStates})
-	if err != nil {
-		s.log.Warn("list the sandboxes of a lost host for events", "host_id", hostID, "err", err)
-		return
-	}
-	for _, sb := range list {
-		s.events.Publish(events.Event{Type: controlplane.EventSandbox, ID: sb.ID, Key: sb.KeyID, Data: sb})
-	}
-}
-
 // CloseStreams ends the event streams (the server is shutting down: its
 // HTTP server's Shutdown would wait for them). Later ones are refused.
 func (s *Server) CloseStreams() { s.events.Close() }

@@ -424,7 +424,7 @@ func runFleet(ctx context.Context, cfg Config, version string, openapi []byte, o
 		templates.HostConnected(ctx, id)
 		return cp.ResyncHost(ctx, id, list)
 	}
-	reg.SetHooks(fleet.Hooks{Connected: connected, Exited: cp.SandboxExited, LostChanged: srv.HostLostChanged})
+	reg.SetHooks(fleet.Hooks{Connected: connected, Exited: cp.SandboxExited, LostChanged: cp.HostLostChanged})
 	if err := reg.Start(ctx); err != nil {
 		return err
 	}
