@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 
+	"github.com/pandastack/pandastack/internal/hostagent/internal/osthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -16,22 +17,19 @@ import (
 const NetnsDir = "/run/netns"
 
 // inNetns runs fn on an OS thread that has joined the network namespace
-// fd refers to. The thread is never handed back to the Go scheduler: it
-// ends with fn's goroutine, so no other goroutine ever runs in the wrong
-// namespace, whatever fn did. Sockets fn creates stay in that namespace
-// and may be used from any goroutine afterwards.
+// fd refers to (osthread.Disposable): the thread is never handed back to
+// the Go scheduler, so no other goroutine ever runs in the wrong
+// namespace, whatever fn did, and it is never the main thread, which would
+// stay in the namespace for good (keeping it alive after its sandbox).
+// Sockets fn creates stay in that namespace and may be used from any
+// goroutine afterwards.
 func inNetns(fd int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// No UnlockOSThread: the thread exits with this goroutine.
+	return osthread.Disposable(func() error {
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
+			return fmt.Errorf("setns: %w", err)
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		return fn()
+	})
 }
 
 // EnsureNetnsDir makes NetnsDir exist and be a shared mount point, as `ip

@@ -6,11 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 
+	"github.com/pandastack/pandastack/internal/hostagent/internal/osthread"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
 	"golang.org/x/sys/unix"
 )
@@ -63,7 +63,7 @@ import (
 // start) and copes without every one of them: it finds its firmware and
 // accelerator module from argv[0], the binary's absolute path under /usr.
 //
-// How the namespace is built (onDisposableThread, startInJail): a goroutine
+// How the namespace is built (osthread.Disposable, startInJail): a goroutine
 // locks itself to an OS thread, unshares the mount namespace of that thread
 // only (CLONE_NEWNS implies CLONE_FS, so root, working directory and umask
 // become its own too), makes every mount private, mounts the jail tmpfs on
@@ -321,41 +321,10 @@ func (d *Driver) spawn(cmd *exec.Cmd, c confinement) (*box, error) {
 			}
 		}()
 	}
-	if err := onDisposableThread(func() error { return d.startInJail(cmd, b, c, in, out) }); err != nil {
+	if err := osthread.Disposable(func() error { return d.startInJail(cmd, b, c, in, out) }); err != nil {
 		return fail(err)
 	}
 	return b, nil
-}
-
-// onDisposableThread runs fn on an OS thread of its own that is discarded
-// afterwards: fn may change the thread's namespaces, root and credentials.
-// The goroutine running fn returns without unlocking the thread, and the Go
-// runtime then terminates it instead of running anything else on it.
-//
-// Except the main thread, which the runtime cannot terminate: it wedges it,
-// and the process's /proc/self (mountinfo, ns/mnt, ...) would then show the
-// jail. So fn never runs on the main thread: a goroutine that finds itself
-// there keeps it locked (so that no other goroutine can get it) while a
-// second goroutine, necessarily on another thread, runs fn; then it gives
-// the main thread back, unchanged.
-func onDisposableThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() != unix.Getpid() {
-			errc <- fn()
-			return
-		}
-		inner := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread()
-			inner <- fn()
-		}()
-		err := <-inner
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
 }
 
 // setRlimits lowers pid's limits (never raises one: only lowering is

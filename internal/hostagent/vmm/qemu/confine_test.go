@@ -1139,38 +1139,6 @@ func TestCgroupLimitFiles(t *testing.T) {
 	}
 }
 
-// TestDisposableThread: the jail is built on a thread that is thrown
-// away (a thread is never used twice), never on the main thread (which
-// the runtime cannot throw away: the process's /proc/self would show the
-// jail).
-func TestDisposableThread(t *testing.T) {
-	needRoot(t)
-	mine, _ := os.Readlink("/proc/self/ns/mnt")
-	var mu sync.Mutex
-	tids := map[int]bool{}
-	for i := 0; i < 50; i++ {
-		err := onDisposableThread(func() error {
-			tid := unix.Gettid()
-			mu.Lock()
-			defer mu.Unlock()
-			if tid == unix.Getpid() {
-				return errors.New("ran on the main thread")
-			}
-			if tids[tid] {
-				return fmt.Errorf("thread %d used twice", tid)
-			}
-			tids[tid] = true
-			return unix.Unshare(unix.CLONE_NEWNS)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if now, _ := os.Readlink("/proc/self/ns/mnt"); now != mine {
-		t.Errorf("the process's mount namespace changed from %s to %s", mine, now)
-	}
-}
-
 // TestSetupV2Files checks the delegation setupV2 writes (on a plain
 // directory: this host has no cgroup v2 controllers to delegate).
 func TestSetupV2Files(t *testing.T) {
