@@ -285,7 +285,7 @@ func (r *run) base(ctx context.Context, from instr, ref string) (string, Result,
 		}
 		r.pin(key)
 	}
-	if err := r.b.cache.commit(tmp, key, res); err != nil {
+	if err := r.b.cache.commit(tmp, key, r.scope, res); err != nil {
 		return "", Result{}, err
 	}
 	r.doneLine(1, start)
@@ -332,7 +332,7 @@ func (r *run) steps(ctx context.Context, p *plan, baseKey string) (string, error
 			return "", fmt.Errorf("Dockerfile line %d: save the layer of %s: %w", s.in.line, s.in.cmd, err)
 		}
 		r.pin(s.key)
-		if err := r.b.cache.commit(tmp, s.key, Result{Image: s.image}); err != nil {
+		if err := r.b.cache.commit(tmp, s.key, r.scope, Result{Image: s.image}); err != nil {
 			return "", err
 		}
 		cur = s.key

@@ -1,6 +1,7 @@
 package dockerfile
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -325,7 +326,7 @@ func TestEviction(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(tmp, layerFile), make([]byte, 64<<10), 0o644)
-		if err := c.commit(tmp, key, Result{}); err != nil {
+		if err := c.commit(tmp, key, "", Result{}); err != nil {
 			t.Fatal(err)
 		}
 		when := time.Now().Add(-age)
@@ -361,12 +362,59 @@ func TestEviction(t *testing.T) {
 	}
 }
 
+// TestEvictionByShare: a scope that floods the cache with newer layers
+// evicts its own, not the older ones of a scope that holds less.
+func TestEvictionByShare(t *testing.T) {
+	dir := t.TempDir()
+	c := &layerCache{dir: dir, pins: map[string]int{}, log: discardLogger()}
+	mk := func(key, scope string, age time.Duration) {
+		tmp, err := c.tempDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tmp, layerFile), bytes.Repeat([]byte{1}, 64<<10), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.commit(tmp, key, scope, Result{}); err != nil {
+			t.Fatal(err)
+		}
+		when := time.Now().Add(-age)
+		os.Chtimes(filepath.Join(dir, key), when, when)
+	}
+	mk("alice1", "alice", 5*time.Hour)
+	mk("alice2", "alice", 4*time.Hour)
+	for i, age := range []time.Duration{3, 2, 1, 0} {
+		mk(fmt.Sprintf("bob%d", i+1), "bob", age*time.Hour)
+	}
+	per := allocated(filepath.Join(dir, "bob4", layerFile)) + allocated(filepath.Join(dir, "bob4", configFile))
+	// Room for four: bob, holding four, gives back two of his; LRU alone
+	// would have taken alice's two, the oldest.
+	if err := c.evict(4 * per); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		got = append(got, de.Name())
+	}
+	if want := []string{"alice1", "alice2", "bob3", "bob4"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("after eviction: got %q, want %q (the largest scope's LRU entries gone)", got, want)
+	}
+	// Even shares: the least recently used goes first again.
+	if err := c.evict(3 * per); err != nil {
+		t.Fatal(err)
+	}
+	if des, _ := os.ReadDir(dir); len(des) != 3 || des[0].Name() != "alice2" {
+		t.Errorf("after an eviction at even shares: %v, want alice1 gone", des)
+	}
+}
+
 func TestCommitRace(t *testing.T) {
 	c := &layerCache{dir: t.TempDir(), pins: map[string]int{}, log: discardLogger()}
 	for i := 0; i < 2; i++ {
 		tmp, _ := c.tempDir()
 		os.WriteFile(filepath.Join(tmp, layerFile), []byte(fmt.Sprint(i)), 0o644)
-		if err := c.commit(tmp, "k", Result{}); err != nil {
+		if err := c.commit(tmp, "k", "", Result{}); err != nil {
 			t.Fatalf("commit %d: %v", i, err)
 		}
 	}

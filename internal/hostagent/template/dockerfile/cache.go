@@ -46,6 +46,10 @@ type layerCache struct {
 type entryConfig struct {
 	Result
 	Created time.Time `json:"created"`
+	// Scope is the scope of the build that made the entry (Request.Scope),
+	// whose share of the cache eviction weighs; "" for entries made before
+	// it was recorded.
+	Scope string `json:"scope,omitempty"`
 }
 
 func (c *layerCache) path(key string) string { return filepath.Join(c.dir, key, layerFile) }
@@ -86,11 +90,11 @@ func (c *layerCache) tempDir() (string, error) {
 	return d, nil
 }
 
-// commit publishes tmp (holding the layer file) as entry key, with cfg.
-// If another build published key first, tmp is discarded: both are the
-// same layer.
-func (c *layerCache) commit(tmp, key string, cfg Result) error {
-	b, err := json.Marshal(entryConfig{Result: cfg, Created: time.Now().UTC()})
+// commit publishes tmp (holding the layer file) as entry key, with cfg,
+// made by a build of scope. If another build published key first, tmp is
+// discarded: both are the same layer.
+func (c *layerCache) commit(tmp, key, scope string, cfg Result) error {
+	b, err := json.Marshal(entryConfig{Result: cfg, Created: time.Now().UTC(), Scope: scope})
 	if err != nil {
 		return err
 	}
@@ -144,6 +148,7 @@ func (c *layerCache) config(key string) (Result, error) {
 
 type cacheEntry struct {
 	key   string
+	scope string
 	used  time.Time
 	bytes int64
 }
@@ -170,6 +175,10 @@ func (c *layerCache) entries() ([]cacheEntry, error) {
 			continue
 		}
 		e := cacheEntry{key: de.Name(), used: fi.ModTime()}
+		var ec entryConfig
+		if b, err := os.ReadFile(filepath.Join(c.dir, de.Name(), configFile)); err == nil && json.Unmarshal(b, &ec) == nil {
+			e.scope = ec.Scope
+		}
 		files, _ := os.ReadDir(filepath.Join(c.dir, de.Name()))
 		for _, f := range files {
 			e.bytes += allocated(filepath.Join(c.dir, de.Name(), f.Name()))
@@ -193,8 +202,11 @@ func allocated(p string) int64 {
 	return fi.Size()
 }
 
-// evict removes the least recently used entries that no build uses until
-// the cache holds at most max bytes (all of them if max is negative).
+// evict removes entries that no build uses until the cache holds at most
+// max bytes (all of them if max is negative). Each time it removes the
+// least recently used entry of the scope that holds the most bytes, so a
+// scope that fills the cache evicts its own layers before anyone else's:
+// one tenant's builds cannot flush another's cache.
 func (c *layerCache) evict(max int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -203,17 +215,28 @@ func (c *layerCache) evict(max int64) error {
 		return fmt.Errorf("build cache: %w", err)
 	}
 	var total int64
+	held := map[string]int64{} // bytes per scope
 	for _, e := range es {
 		total += e.bytes
+		held[e.scope] += e.bytes
 	}
 	sort.Slice(es, func(i, j int) bool { return es[i].used.Before(es[j].used) })
-	for _, e := range es {
-		if total <= max && max >= 0 {
-			break
+	done := make([]bool, len(es))
+	for max < 0 || total > max {
+		pick := -1
+		for i, e := range es {
+			if done[i] || c.pins[e.key] > 0 {
+				continue
+			}
+			if pick < 0 || held[e.scope] > held[es[pick].scope] {
+				pick = i
+			}
 		}
-		if c.pins[e.key] > 0 {
-			continue
+		if pick < 0 {
+			break // what is left is in use
 		}
+		done[pick] = true
+		e := es[pick]
 		// Rename first so that a half-removed entry is never seen as one.
 		gone := filepath.Join(c.dir, tmpPrefix+"evict-"+e.key)
 		if err := os.Rename(filepath.Join(c.dir, e.key), gone); err != nil {
@@ -224,6 +247,7 @@ func (c *layerCache) evict(max int64) error {
 			c.log.Warn("build cache: evict", "key", e.key, "err", err)
 		}
 		total -= e.bytes
+		held[e.scope] -= e.bytes
 		c.log.Info("build cache: evicted", "key", e.key, "bytes", e.bytes)
 	}
 	return nil
