@@ -143,8 +143,9 @@ type Config struct {
 	TemplateContextMaxMiB int    `yaml:"template_context_max_mib"`
 	TemplateContextDir    string `yaml:"template_context_dir"`
 	// BuildCacheMaxMiB bounds the layers of Dockerfile builds kept in
-	// STORE/build-cache (the data directory's reflink store) for later builds to reuse (default 51200,
-	// least recently used removed first).
+	// STORE/build-cache (the data directory's reflink store) for later
+	// builds to reuse (default 51200; over it, the least recently used
+	// layer of the key holding the most goes first).
 	BuildCacheMaxMiB int `yaml:"build_cache_max_mib"`
 	// MaxTemplatesPerKey bounds the templates a key other than an admin
 	// one may own (default 20; -1: no bound).
