@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -87,14 +88,7 @@ func (c Class) ServerSide() bool {
 }
 
 // Known reports whether c is one of All.
-func (c Class) Known() bool {
-	for _, k := range All {
-		if c == k {
-			return true
-		}
-	}
-	return false
-}
+func (c Class) Known() bool { return slices.Contains(All, c) }
 
 // classed is an error of a class: errors.Is matches the error itself
 // (a sentinel made with New), its class, and what its text wraps.

@@ -136,16 +136,13 @@ func TestErrorCodesMatchOpenAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := doc.Component("ErrorDetail")
+	enum, err := doc.ErrorCodes()
 	if err != nil {
 		t.Fatal(err)
 	}
 	documented := map[string]bool{}
-	for _, c := range s.Properties["code"].Enum {
+	for _, c := range enum {
 		documented[c] = true
-	}
-	if len(documented) == 0 {
-		t.Fatal("ErrorDetail.code has no enum in api/openapi.yaml")
 	}
 	table := doc.ErrorStatuses()
 	answered := map[string]bool{}

@@ -61,6 +61,20 @@ type Schema struct {
 // | 404 | not_found | when |.
 var errorRow = regexp.MustCompile(`(?m)^\|\s*(\d{3})\s*\|\s*([a-z_]+)\s*\|`)
 
+// ErrorCodes returns the codes of the document's error answers: the enum
+// of ErrorDetail's code.
+func (d *Doc) ErrorCodes() ([]string, error) {
+	s, err := d.Component("ErrorDetail")
+	if err != nil {
+		return nil, err
+	}
+	enum := s.Properties["code"].Enum
+	if len(enum) == 0 {
+		return nil, fmt.Errorf("ErrorDetail.code has no enum")
+	}
+	return enum, nil
+}
+
 // ErrorStatuses returns the table of error codes in the document's
 // description: code → HTTP status.
 func (d *Doc) ErrorStatuses() map[string]int {
