@@ -45,8 +45,8 @@ const (
 
 // codeTimeoutGrace is how long past a cell's timeout the server waits for
 // the guest's own TimeoutError before it interrupts the cell itself and
-// ends the stream (a variable for tests).
-var codeTimeoutGrace = 15 * time.Second
+// ends the stream (Server.codeGrace; tests shorten it).
+const codeTimeoutGrace = 15 * time.Second
 
 // Bounds of what the guest answers outside a cell's stream.
 const (
@@ -409,7 +409,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
-	deadline := time.NewTimer(time.Until(t0.Add(timeout + codeTimeoutGrace)))
+	deadline := time.NewTimer(time.Until(t0.Add(timeout + s.codeGrace)))
 	defer deadline.Stop()
 	var out *ndjson // nil until the guest answered
 	timedOut := func() {
