@@ -322,26 +322,29 @@ func (g *codeGuest) broke(err error) error {
 }
 
 // defaultContext returns the id of language's default context: the
-// guest's context named after the language if there is one, else the
-// first of that language it lists (the code server makes its default
-// contexts first). "" if it has none (the next cell of the language
-// makes one).
+// guest's "default-LANGUAGE" (the code server's name for it) or
+// "LANGUAGE" if it lists one, else the first of that language it lists
+// (a code server makes its default contexts first). "" if it has none
+// (the next cell of the language makes one).
 func (g *codeGuest) defaultContext(ctx context.Context, language string) (string, error) {
 	list, err := g.contexts(ctx)
 	if err != nil {
 		return "", err
 	}
-	first := ""
+	first, named := "", ""
 	for _, c := range list {
-		if c.Language != language {
-			continue
-		}
-		if c.ID == language {
+		switch {
+		case c.Language != language:
+		case c.ID == "default-"+language:
 			return c.ID, nil
-		}
-		if first == "" {
+		case c.ID == language:
+			named = c.ID
+		case first == "":
 			first = c.ID
 		}
+	}
+	if named != "" {
+		return named, nil
 	}
 	return first, nil
 }

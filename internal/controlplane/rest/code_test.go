@@ -68,9 +68,9 @@ func (h *codeHost) dialed() []string {
 // codeWorld is an API server over a codeHost with two keys, each with one
 // running sandbox.
 type codeWorld struct {
-	url        string
-	host       *codeHost
-	key, other string // secrets
+	url         string
+	host        *codeHost
+	key, other  string // secrets
 	sb, otherSB string
 }
 
@@ -299,8 +299,9 @@ func TestCodeHandlerTimeout(t *testing.T) {
 			interrupted <- r.URL.Path
 			io.WriteString(w, `{"interrupted":true}`)
 		case r.URL.Path == "/contexts":
-			io.WriteString(w, `[{"id":"js0","language":"javascript","cwd":"/home/user","state":"idle"},`+
-				`{"id":"def0","language":"python","cwd":"/home/user","state":"busy"}]`)
+			io.WriteString(w, `[{"id":"default-javascript","language":"javascript","cwd":"/home/user","state":"idle"},`+
+				`{"id":"other","language":"python","cwd":"/home/user","state":"idle"},`+
+				`{"id":"default-python","language":"python","cwd":"/home/user","state":"busy"}]`)
 		default:
 			http.NotFound(w, r)
 		}
@@ -310,7 +311,7 @@ func TestCodeHandlerTimeout(t *testing.T) {
 	defer cancel()
 	for _, tt := range []struct{ body, context string }{
 		{`{"code":"while True: pass","timeout_seconds":1,"context_id":"mine"}`, "mine"},
-		{`{"code":"while True: pass","timeout_seconds":1}`, "def0"}, // python's default
+		{`{"code":"while True: pass","timeout_seconds":1}`, "default-python"},
 	} {
 		closed = make(chan struct{})
 		evs := events(t, w.do(t, ctx, w.key, "POST", "/v1/sandboxes/"+w.sb+"/code", tt.body))
