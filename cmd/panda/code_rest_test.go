@@ -219,7 +219,11 @@ func TestCodeREST(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	sb := w.codeSandbox(t, ctx, w.Alice)
+	if err := sb.SetTTL(ctx, 3600); err != nil { // the subtests take longer than its ten minutes under TCG
+		t.Fatal(err)
+	}
 	id := sb.ID
+	defaultPython := "" // python's default context, as the first cell's end names it
 	cell := func(t *testing.T, body map[string]any) []codeEvent {
 		t.Helper()
 		return w.cell(t, ctx, w.Alice, id, body)
@@ -262,8 +266,9 @@ func TestCodeREST(t *testing.T) {
 		wantCell(t, "6 * 7", evs, "42")
 		end := endOf(evs)
 		if end == nil || end["execution_count"].(float64) < 1 || end.str("context_id") == "" || end["truncated"] != false {
-			t.Errorf("end %v: want an execution count, the context, not truncated", end)
+			t.Fatalf("end %v: want an execution count, the context, not truncated", end)
 		}
+		defaultPython = end.str("context_id")
 
 		evs = cell(t, map[string]any{"code": "1 / 0"})
 		e := errorOf(evs)
@@ -288,105 +293,126 @@ func TestCodeREST(t *testing.T) {
 	})
 
 	t.Run("contexts", func(t *testing.T) {
+		// One python context of the test's (each one warms numpy, pandas
+		// and matplotlib up: slow under TCG), the defaults, one of node.
 		c1, err := sb.CreateCodeContext(ctx, pandastack.CodeContextOptions{Cwd: "/tmp"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c2, err := sb.CreateCodeContext(ctx, pandastack.CodeContextOptions{Language: "python3"})
+		js, err := sb.CreateCodeContext(ctx, pandastack.CodeContextOptions{Language: "node"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c1.Language != "python" || c1.Cwd != "/tmp" || c2.Cwd != "/home/user" || c1.ID == c2.ID || c1.State != "idle" {
-			t.Errorf("contexts %+v %+v", c1, c2)
+		if c1.Language != "python" || c1.Cwd != "/tmp" || c1.State != "idle" || js.Language != "javascript" || js.Cwd != "/home/user" || c1.ID == js.ID {
+			t.Errorf("contexts %+v %+v", c1, js)
 		}
 		cell(t, map[string]any{"code": "x = 'one'", "context_id": c1.ID})
-		cell(t, map[string]any{"code": "x = 'two'", "context_id": c2.ID})
+		cell(t, map[string]any{"code": "x = 'two'", "language": "python"})
 		wantCell(t, "x in c1", cell(t, map[string]any{"code": "import os; (x, os.getcwd())", "context_id": c1.ID}), "('one', '/tmp')")
-		wantCell(t, "x in c2", cell(t, map[string]any{"code": "import os; (x, os.getcwd())", "context_id": c2.ID}), "('two', '/home/user')")
+		wantCell(t, "x in the default", cell(t, map[string]any{"code": "import os; (x, os.getcwd())"}), "('two', '/home/user')")
+		wantCell(t, "javascript", cell(t, map[string]any{"code": "typeof x", "context_id": js.ID}), "'undefined'")
 		list, err := sb.ListCodeContexts(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		langs := map[string]bool{}
-		ids := map[string]bool{}
+		langs, ids := map[string]int{}, map[string]bool{}
 		for _, c := range list {
-			langs[c.Language] = true
+			langs[c.Language]++
 			ids[c.ID] = true
 		}
-		if !ids[c1.ID] || !ids[c2.ID] || !langs["python"] || !langs["javascript"] || !langs["bash"] {
+		if !ids[c1.ID] || !ids[js.ID] || langs["python"] < 2 || langs["javascript"] < 2 || langs["bash"] < 1 {
 			t.Errorf("list %+v: want both contexts and the defaults of every language", list)
 		}
+
+		// The interpreter dies: the context is dead until restarted, and
+		// the restart starts it afresh where it was.
+		evs := cell(t, map[string]any{"code": "import os; os._exit(1)", "context_id": c1.ID})
+		if e := errorOf(evs); e == nil || e.str("name") != "KernelDied" || endOf(evs) == nil {
+			t.Errorf("os._exit: %v, want KernelDied and end", evs)
+		}
+		if list, err = sb.ListCodeContexts(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range list {
+			if l.ID == c1.ID && l.State != "dead" {
+				t.Errorf("the context after os._exit: %s, want dead", l.State)
+			}
+		}
+		if e := errorOf(cell(t, map[string]any{"code": "1", "context_id": c1.ID})); e == nil || e.str("name") != "KernelDied" {
+			t.Errorf("a cell in the dead context: %v, want KernelDied", e)
+		}
 		r, err := sb.RestartCodeContext(ctx, c1.ID)
-		if err != nil || r.ID != c1.ID || r.Cwd != "/tmp" {
+		if err != nil || r.ID != c1.ID || r.Cwd != "/tmp" || r.State != "idle" {
 			t.Errorf("restart: %+v, %v", r, err)
 		}
 		if e := errorOf(cell(t, map[string]any{"code": "x", "context_id": c1.ID})); e == nil || e.str("name") != "NameError" {
 			t.Errorf("x after the restart: %v, want a NameError", e)
 		}
-		if err := sb.RemoveCodeContext(ctx, c2.ID); err != nil {
-			t.Fatal(err)
-		}
-		cs := postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": "x", "context_id": c2.ID})
-		if cs.status != http.StatusNotFound || !strings.Contains(string(cs.body), "not found") {
-			t.Errorf("a cell in a removed context: %d %s, want 404", cs.status, cs.body)
-		}
-		if err := sb.RemoveCodeContext(ctx, c2.ID); !errors.Is(err, pandastack.ErrNotFound) {
-			t.Errorf("remove twice: %v, want ErrNotFound", err)
+		wantCell(t, "after the restart", cell(t, map[string]any{"code": "import os; os.getcwd()", "context_id": c1.ID}), "'/tmp'")
+
+		for _, c := range []pandastack.CodeContext{js, c1} {
+			if err := sb.RemoveCodeContext(ctx, c.ID); err != nil {
+				t.Fatal(err)
+			}
+			cs := postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": "1", "context_id": c.ID})
+			if cs.status != http.StatusNotFound || !strings.Contains(string(cs.body), "context "+c.ID+" not found") {
+				t.Errorf("a cell in a removed context: %d %s, want 404", cs.status, cs.body)
+			}
+			if err := sb.RemoveCodeContext(ctx, c.ID); !errors.Is(err, pandastack.ErrNotFound) {
+				t.Errorf("remove twice: %v, want ErrNotFound", err)
+			}
 		}
 	})
 
 	t.Run("interrupt and timeout", func(t *testing.T) {
-		c, err := sb.CreateCodeContext(ctx, pandastack.CodeContextOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cell(t, map[string]any{"code": "kept = 7", "context_id": c.ID})
-		cs := postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(600)", "context_id": c.ID})
+		// Python's default context (one warm interpreter less to wait for).
+		sleeper := map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(600)"}
+		cell(t, map[string]any{"code": "kept = 7"})
+		cs := postCode(t, ctx, w.hc, w.URL(), w.Alice, id, sleeper)
 		if ev := <-cs.events; ev.str("text") != "started\n" {
 			t.Fatalf("first event %v, want started", ev)
 		}
-		if ok, err := sb.InterruptCode(ctx, c.ID); err != nil || !ok {
-			t.Errorf("interrupt: %v, %v; want true", ok, err)
+		if ok, err := sb.InterruptCode(ctx, defaultPython); err != nil || !ok {
+			t.Errorf("interrupt %s: %v, %v; want true", defaultPython, ok, err)
 		}
 		evs := cs.all()
 		if e := errorOf(evs); e == nil || e.str("name") != "KeyboardInterrupt" || endOf(evs) == nil {
 			t.Errorf("the interrupted cell: %v", evs)
 		}
-		if ok, err := sb.InterruptCode(ctx, c.ID); err != nil || ok {
+		if ok, err := sb.InterruptCode(ctx, defaultPython); err != nil || ok {
 			t.Errorf("interrupt an idle context: %v, %v; want false", ok, err)
 		}
-		// Python's default context, by default.
-		cs = postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(600)"})
+		cs = postCode(t, ctx, w.hc, w.URL(), w.Alice, id, sleeper)
 		if ev := <-cs.events; ev.str("text") != "started\n" {
 			t.Fatalf("first event %v, want started", ev)
 		}
 		if ok, err := sb.InterruptCode(ctx, ""); err != nil || !ok {
-			t.Errorf("interrupt the default context: %v, %v; want true", ok, err)
+			t.Errorf("interrupt python's default context: %v, %v; want true", ok, err)
 		}
 		if e := errorOf(cs.all()); e == nil || e.str("name") != "KeyboardInterrupt" {
 			t.Errorf("the default context's interrupted cell: %v", e)
 		}
 
-		evs = cell(t, map[string]any{"code": "import time; time.sleep(600)", "context_id": c.ID, "timeout_seconds": 3})
+		evs = cell(t, map[string]any{"code": "import time; time.sleep(600)", "timeout_seconds": 3})
 		if e := errorOf(evs); e == nil || e.str("name") != "TimeoutError" || endOf(evs) == nil {
 			t.Errorf("past its timeout: %v", evs)
 		}
-		wantCell(t, "state after an interrupt and a timeout", cell(t, map[string]any{"code": "kept", "context_id": c.ID}), "7")
+		wantCell(t, "state after an interrupt and a timeout", cell(t, map[string]any{"code": "kept"}), "7")
 
 		// The client leaving interrupts its cell: the next one runs.
 		lctx, leave := context.WithCancel(ctx)
-		cs = postCode(t, lctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(600)", "context_id": c.ID})
+		cs = postCode(t, lctx, w.hc, w.URL(), w.Alice, id, sleeper)
 		if ev := <-cs.events; ev.str("text") != "started\n" {
 			t.Fatalf("first event %v, want started", ev)
 		}
 		leave()
 		cs.all()
-		wantCell(t, "after the client left", cell(t, map[string]any{"code": "kept + 1", "context_id": c.ID, "timeout_seconds": 120}), "8")
+		wantCell(t, "after the client left", cell(t, map[string]any{"code": "kept + 1", "timeout_seconds": 120}), "8")
 	})
 
 	t.Run("output cap", func(t *testing.T) {
 		cs := postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{
-			"code": "import sys\nfor i in range(100):\n    sys.stdout.write('x' * (1 << 20))\nsys.stdout.flush()\n'done'"})
+			"code": "for i in range(100):\n    print('x' * (1 << 20), flush=True)\n'done'"})
 		if cs.status != http.StatusOK {
 			t.Fatalf("%d %s", cs.status, cs.body)
 		}
@@ -398,7 +424,7 @@ func TestCodeREST(t *testing.T) {
 			}
 		}
 		end := endOf(evs)
-		// The server's MaxExecOutputBytes (16 MiB) and one marker.
+		// The server's MaxExecOutputBytes (16 MiB), and one marker.
 		if markers != 1 || end == nil || end["truncated"] != true || cs.bytes > 16<<20+4096 || cs.bytes < 16<<20 {
 			t.Errorf("100 MiB of output: %d bytes, %d markers, end %v; want 16 MiB, one marker, truncated", cs.bytes, markers, end)
 		}
@@ -408,48 +434,20 @@ func TestCodeREST(t *testing.T) {
 		wantCell(t, "the cell after", cell(t, map[string]any{"code": "print('fine'); 1"}), "1")
 	})
 
-	t.Run("kernel dies", func(t *testing.T) {
-		c, err := sb.CreateCodeContext(ctx, pandastack.CodeContextOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		evs := cell(t, map[string]any{"code": "import os; os._exit(1)", "context_id": c.ID})
-		if e := errorOf(evs); e == nil || e.str("name") != "KernelDied" {
-			t.Errorf("os._exit: %v, want KernelDied", evs)
-		}
-		list, err := sb.ListCodeContexts(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range list {
-			if l.ID == c.ID && l.State != "dead" {
-				t.Errorf("the context after os._exit: %s, want dead", l.State)
-			}
-		}
-		if _, err := sb.RestartCodeContext(ctx, c.ID); err != nil {
-			t.Fatal(err)
-		}
-		wantCell(t, "after the restart", cell(t, map[string]any{"code": "1 + 1", "context_id": c.ID}), "2")
-	})
-
 	t.Run("cells queue in order", func(t *testing.T) {
-		c, err := sb.CreateCodeContext(ctx, pandastack.CodeContextOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cell(t, map[string]any{"code": "import time\nseen = []", "context_id": c.ID})
+		cell(t, map[string]any{"code": "import time\nseen = []"})
 		var streams []*codeStream
 		for i, name := range []string{"a", "b", "c"} {
 			code := fmt.Sprintf("seen.append('%s+'); time.sleep(%d); seen.append('%s-')", name, 2-min(i, 1), name)
 			// Its answer's headers mean the cell is queued: the next is sent after.
-			streams = append(streams, postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": code, "context_id": c.ID}))
+			streams = append(streams, postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": code}))
 		}
 		for i, cs := range streams {
 			if evs := cs.all(); endOf(evs) == nil || errorOf(evs) != nil {
 				t.Errorf("cell %d: %v", i, evs)
 			}
 		}
-		wantCell(t, "the order", cell(t, map[string]any{"code": "''.join(seen)", "context_id": c.ID}), "'a+a-b+b-c+c-'")
+		wantCell(t, "the order", cell(t, map[string]any{"code": "''.join(seen)"}), "'a+a-b+b-c+c-'")
 	})
 
 	t.Run("errors", func(t *testing.T) {
