@@ -595,7 +595,9 @@ type CodeContext struct {
 	// Cwd Example: /home/user
 	Cwd string `json:"cwd"`
 
-	// Id Example: 3f9c2a71b0d44e8a
+	// Id default-python, default-javascript, default-bash for the default contexts
+	//
+	// Example: 4f6c1d0e2a9b47c8b1f0e3d2c5a69788
 	Id       string              `json:"id"`
 	Language CodeContextLanguage `json:"language"`
 
