@@ -199,6 +199,7 @@ class PythonBackend:
 
         env = dict(os.environ)
         env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # debugpy's warning at every start
         env.pop("PANDASTACK_CODE_PORT", None)
         self.km = AsyncKernelManager(kernel_name="python3")
         await self.km.start_kernel(cwd=self.cwd, env=env)
@@ -406,7 +407,8 @@ class NodeBackend:
         env["PANDASTACK_DRIVER_FD"] = str(theirs.fileno())
         env["NODE_DISABLE_COLORS"] = "1"
         self.proc = subprocess.Popen(
-            ["node", os.path.join(HERE, "node_driver.js")],
+            # --expose-internals: the REPL's top-level await rewriting.
+            ["node", "--expose-internals", os.path.join(HERE, "node_driver.js")],
             cwd=self.cwd,
             env=env,
             stdin=subprocess.DEVNULL,

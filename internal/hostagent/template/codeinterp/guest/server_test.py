@@ -363,6 +363,10 @@ class NodeTest(unittest.TestCase):
             self.assertEqual([e["type"] for e in ev][:1], ["error"])
             ev = run(b, "await new Promise(r => setTimeout(r, 10)); console.log(a, process.env.X)", env={"X": "y"})
             self.assertEqual(text(ev, "stdout"), "41 y\n")
+            ev = run(b, "const w = await Promise.resolve(2); w * a")
+            self.assertEqual([e["text"] for e in ev if e["type"] == "result"], ["82"])
+            ev = run(b, "w")  # declared in a cell with top-level await: kept
+            self.assertEqual([e["text"] for e in ev if e["type"] == "result"], ["2"])
             ev = run(b, "process.env.X")
             self.assertEqual([e for e in ev if e["type"] == "result"], [])  # undefined: no result
             self.assertTrue(b.alive())
