@@ -290,6 +290,16 @@ class StreamTest(unittest.TestCase):
         self.assertTrue(all("timestamp" in l for l in lines[:3]))
         self.assertTrue(s.truncated)
 
+    def test_long_output_in_pieces(self):
+        old = server.OUTPUT_PIECE
+        server.OUTPUT_PIECE = 4
+        try:
+            h = FakeHandler()
+            server.Stream(h).send({"type": "stderr", "text": "0123456789"})
+        finally:
+            server.OUTPUT_PIECE = old
+        self.assertEqual([(l["type"], l["text"]) for l in self.lines(h)], [("stderr", "0123"), ("stderr", "4567"), ("stderr", "89")])
+
     def test_nan_in_results(self):
         h = FakeHandler()
         server.Stream(h).send({"type": "result", "json": {"a": float("nan"), "b": [float("inf"), 1.5]}, "is_main_result": True})
@@ -303,6 +313,14 @@ class StreamTest(unittest.TestCase):
         )
         self.assertEqual(ev, {"type": "result", "text": "1", "png": "aGk=", "json": {"a": 1}, "chart": {"type": "line"},
                               "data": {"a": [1]}, "extra": {"application/x-foo": "bar"}, "is_main_result": True})
+
+    def test_result_event_drops_what_cannot_be_carried(self):
+        ev = server.result_event(
+            {"text/html": 5, "text/plain": ["a", "b"], "image/png": "not base64!", "image/jpeg": "aGk",
+             server.CHART_MIME: [1], server.DATA_MIME: "x", "nomime": 1, "a/b c": 2, "application/x-ok": 3},
+            False,
+        )
+        self.assertEqual(ev, {"type": "result", "html": "5", "text": "ab", "extra": {"application/x-ok": 3}, "is_main_result": False})
 
     def test_clean_traceback(self):
         self.assertEqual(server.clean_traceback(["\x1b[0;31mZeroDivisionError\x1b[0m", "line 2"]), "ZeroDivisionError\nline 2")
