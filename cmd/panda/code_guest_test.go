@@ -247,6 +247,9 @@ func TestCodeGuest(t *testing.T) {
 		if code != http.StatusOK || !strings.Contains(string(b), `"ok"`) {
 			t.Fatalf("GET /health: %d %s, want 200 ok", code, b)
 		}
+		if r := g.mustExec(t, ctx, map[string]any{"code": "free -m | sed -n 2p; ps -u user -o rss=,args= | sort -rn | head -4", "language": "bash"}); r.err() == nil {
+			t.Logf("guest memory (MiB) and the largest processes (RSS KiB):\n%s", r.stdout())
+		}
 		cs := g.contexts(t, ctx)
 		for _, lang := range []string{"python", "javascript", "bash"} {
 			c, ok := cs["default-"+lang]
