@@ -319,7 +319,7 @@ func isBase64(s string) bool {
 }
 
 // validMIME reports whether s looks like a MIME type: type/subtype of
-// token characters, at most 255 bytes.
+// token characters (RFC 9110's tchar), at most 255 bytes.
 func validMIME(s string) bool {
 	if len(s) > 255 {
 		return false
@@ -334,7 +334,7 @@ func isToken(s string) bool {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$&^_.+-", c) >= 0) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
 			return false
 		}
 	}

@@ -228,7 +228,7 @@ func TestCodeValidation(t *testing.T) {
 		}
 	}
 	for m, want := range map[string]bool{
-		"text/plain": true, "application/vnd.plotly.v1+json": true,
+		"text/plain": true, "application/vnd.plotly.v1+json": true, "x-a/b*c%d'e`f|g~h": true,
 		"text": false, "/x": false, "x/": false, "a/b/c": false, "text/plain; charset=utf-8": false, strings.Repeat("a", 200) + "/" + strings.Repeat("b", 60): false,
 	} {
 		if got := validMIME(m); got != want {
