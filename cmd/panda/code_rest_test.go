@@ -441,9 +441,10 @@ func TestCodeREST(t *testing.T) {
 			return postCode(t, ctx, w.hc, w.URL(), w.Alice, id, map[string]any{"code": code})
 		}
 		// a runs (its first output says so) when b and c are sent: they
-		// wait for it, then run one at a time. Which of b and c arrived
-		// first the test cannot know: the code server answers a cell's
-		// headers just before it queues it.
+		// wait for it, then run one at a time, in the order they were
+		// sent. A cell's answer comes once the code server has queued it
+		// (postCode returns with the headers), so b is queued before c
+		// is sent.
 		a := run("a", 2)
 		if ev := <-a.events; ev.str("text") != "a\n" {
 			t.Fatalf("a's first event %v, want its output", ev)
@@ -455,8 +456,8 @@ func TestCodeREST(t *testing.T) {
 			}
 		}
 		evs := cell(t, map[string]any{"code": "''.join(seen)"})
-		if got := mainText(evs); got != "'a+a-b+b-c+c-'" && got != "'a+a-c+c-b+b-'" {
-			t.Errorf("the cells ran as %s, want a, then b and c, one at a time", got)
+		if got := mainText(evs); got != "'a+a-b+b-c+c-'" {
+			t.Errorf("the cells ran as %s, want a, b, c, one at a time", got)
 		}
 	})
 

@@ -1107,11 +1107,13 @@ ERROR_TEXT = {
 }
 
 
-def run_cell(server, ctx, code, env, timeout_ms, out, arrived, mid):
+def run_cell(server, ctx, w, code, env, timeout_ms, out, arrived, mid):
     """Runs code in ctx for the client of stream out, from waiting in the
-    FIFO to end_of_execution. Raises Gone when nothing more is to be sent."""
+    FIFO (w: its place, taken before the stream's headers were sent, so
+    that a client that sees them knows its cell is queued) to
+    end_of_execution. Leaves the FIFO. Raises Gone when nothing more is to
+    be sent."""
     deadline = arrived + timeout_ms / 1000.0 if timeout_ms else None
-    w = ctx.fifo.enter()
     try:
         while not ctx.fifo.wait(w, POLL):
             if out.gone() or machine_id() != mid:
@@ -1426,10 +1428,15 @@ class Handler(BaseHTTPRequestHandler):
                     ctx = self.code_server.default_context(lang)
                 except Exception as e:
                     return self.reply(500, text="start the default %s context: %s" % (lang, e))
+        w = ctx.fifo.enter()
         out = Stream(self)
-        out.begin()
         try:
-            run_cell(self.code_server, ctx, code, env, timeout_ms or 0, out, arrived, mid)
+            out.begin()
+        except BaseException:
+            ctx.fifo.leave(w)
+            raise
+        try:
+            run_cell(self.code_server, ctx, w, code, env, timeout_ms or 0, out, arrived, mid)
         except Gone:
             self.close_connection = True
             return

@@ -126,7 +126,7 @@ class RunnerTest(unittest.TestCase):
 
     def run_cell(self, ctx, code, timeout_ms=0, out=None, env=None):
         out = out or FakeStream()
-        server.run_cell(None, ctx, code, env or {}, timeout_ms, out, time.monotonic(), server.machine_id())
+        server.run_cell(None, ctx, ctx.fifo.enter(), code, env or {}, timeout_ms, out, time.monotonic(), server.machine_id())
         return out
 
     def test_cell(self):
