@@ -1,7 +1,7 @@
 // Package rest is PandaStack's REST API under /v1 (api/openapi.yaml):
 // API-key authentication and per-key ownership, request decoding and
-// validation, exec (buffered and streamed), files, processes, the port
-// proxy, templates and keys, /healthz and /metrics, and E2B's API on the
+// validation, exec (buffered and streamed), files, processes, the code
+// interpreter, the port proxy, templates and keys, /healthz and /metrics, and E2B's API on the
 // same listener (package e2b, over e2b.go's adapter). The sandboxes'
 // lifecycle and the rules about them (create with its quota, kill, TTLs
 // and their expiry, network, fork, snapshots, pause/resume, templates in
@@ -349,6 +349,13 @@ func (s *Server) routes() http.Handler {
 			r.Post("/sandboxes/{id}/processes/{pid}/wait", s.waitProcess)
 			r.Post("/sandboxes/{id}/processes/{pid}/resize", s.resizeProcess)
 			r.Get("/sandboxes/{id}/processes/{pid}/tty", s.processTTY)
+			// The code interpreter (code.go).
+			r.Post("/sandboxes/{id}/code", s.runCode)
+			r.Post("/sandboxes/{id}/code/interrupt", s.interruptCode)
+			r.Post("/sandboxes/{id}/code/contexts", s.createCodeContext)
+			r.Get("/sandboxes/{id}/code/contexts", s.listCodeContexts)
+			r.Post("/sandboxes/{id}/code/contexts/{contextID}/restart", s.restartCodeContext)
+			r.Delete("/sandboxes/{id}/code/contexts/{contextID}", s.removeCodeContext)
 		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)
