@@ -267,7 +267,7 @@ class ArgumentsTest(unittest.TestCase):
             code_body("x", "js", None, {"A": "1"}, 10),
             {"code": "x", "language": "js", "env": {"A": "1"}, "timeout_seconds": 10},
         )
-        ctx = CodeContext("c1", "python")
+        ctx = CodeContext("c1", "python", "/home/user", "idle")
         self.assertEqual(code_body("x", None, ctx, None, None), {"code": "x", "context_id": "c1"})
         self.assertEqual(code_body("x", None, "c2", None, None), {"code": "x", "context_id": "c2"})
         self.assertEqual(code_body("x", None, None, None, 2.5)["timeout_seconds"], 3)  # whole seconds, rounded up
@@ -277,7 +277,7 @@ class ArgumentsTest(unittest.TestCase):
         bad = [
             ((b"1+1", None, None, None, None), TypeError, "code must be a str"),
             (("x", "python", "c1", None, None), ValueError, "language or context, not both"),
-            (("x", "python", CodeContext("c1", "python"), None, None), ValueError, "not both"),
+            (("x", "python", CodeContext("c1", "python", "/home/user", "idle"), None, None), ValueError, "not both"),
             (("x", "", None, None, None), ValueError, "language must be"),
             (("x", 3, None, None, None), ValueError, "language must be"),
             (("x", None, 5, None, None), TypeError, "context must be a CodeContext or a context id"),
@@ -363,7 +363,7 @@ class RunCodeTest(StubMixin, unittest.TestCase):
         self.route_events([{"type": "end", "execution_count": 1}])
         self.sb.run_code("echo $A", language="bash", envs={"A": "1"}, timeout=5)
         self.assertEqual(self.stub.last.json(), {"code": "echo $A", "language": "bash", "env": {"A": "1"}, "timeout_seconds": 5})
-        self.sb.run_code("x", context=CodeContext("ctx-1", "python"))
+        self.sb.run_code("x", context=CodeContext("ctx-1", "python", "/tmp", "idle"))
         self.assertEqual(self.stub.last.json(), {"code": "x", "context_id": "ctx-1"})
 
     def test_bad_arguments_send_nothing(self):

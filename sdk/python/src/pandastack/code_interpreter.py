@@ -331,8 +331,8 @@ class CodeContext:
 
     id: str
     language: str
-    cwd: str = ""
-    state: str = ""
+    cwd: str
+    state: str
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
