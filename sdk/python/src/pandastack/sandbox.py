@@ -808,7 +808,8 @@ class Sandbox(_Described):
 
             sb.run_code("import pandas as pd; df = pd.DataFrame({'x': [1, 2, 3]})")
             print(sb.run_code("df.x.sum()").text)  # 6
-            png = sb.run_code("df.plot()").results[-1].png  # bytes
+            ex = sb.run_code("import matplotlib.pyplot as plt; plt.plot(df.x); plt.show()")
+            png = ex.results[0].png  # the chart's bytes
         """
         body = code_body(code, language, context, envs, timeout)
         run = CodeRun(self.id, on_stdout, on_stderr, on_result)
