@@ -45,8 +45,8 @@ const (
 
 // codeTimeoutGrace is how long past a cell's timeout the server waits for
 // the guest's own TimeoutError before it interrupts the cell itself and
-// ends the stream (a variable for tests).
-var codeTimeoutGrace = 15 * time.Second
+// ends the stream (Server.codeGrace; tests shorten it).
+const codeTimeoutGrace = 15 * time.Second
 
 // Bounds of what the guest answers outside a cell's stream.
 const (
@@ -322,26 +322,29 @@ func (g *codeGuest) broke(err error) error {
 }
 
 // defaultContext returns the id of language's default context: the
-// guest's context named after the language if there is one, else the
-// first of that language it lists (the code server makes its default
-// contexts first). "" if it has none (the next cell of the language
-// makes one).
+// guest's "default-LANGUAGE" (the code server's name for it) or
+// "LANGUAGE" if it lists one, else the first of that language it lists
+// (a code server makes its default contexts first). "" if it has none
+// (the next cell of the language makes one).
 func (g *codeGuest) defaultContext(ctx context.Context, language string) (string, error) {
 	list, err := g.contexts(ctx)
 	if err != nil {
 		return "", err
 	}
-	first := ""
+	first, named := "", ""
 	for _, c := range list {
-		if c.Language != language {
-			continue
-		}
-		if c.ID == language {
+		switch {
+		case c.Language != language:
+		case c.ID == "default-"+language:
 			return c.ID, nil
-		}
-		if first == "" {
+		case c.ID == language:
+			named = c.ID
+		case first == "":
 			first = c.ID
 		}
+	}
+	if named != "" {
+		return named, nil
 	}
 	return first, nil
 }
@@ -409,7 +412,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
-	deadline := time.NewTimer(time.Until(t0.Add(timeout + codeTimeoutGrace)))
+	deadline := time.NewTimer(time.Until(t0.Add(timeout + s.codeGrace)))
 	defer deadline.Stop()
 	var out *ndjson // nil until the guest answered
 	timedOut := func() {

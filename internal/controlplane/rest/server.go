@@ -214,6 +214,9 @@ type Server struct {
 	publicPath string
 
 	buildGate buildGate // build requests being received (buildadmit.go)
+	// codeGrace is how long past a cell's timeout the server waits for the
+	// code interpreter's own TimeoutError (code.go).
+	codeGrace time.Duration
 
 	// cp is the control plane the handlers call: create, kill, TTLs,
 	// network, fork, snapshots, pause and resume, templates in use, the
@@ -234,12 +237,13 @@ func New(cfg Config, cp *controlplane.Plane, cat catalog.Catalog, h host.Host, r
 	}
 	cfg.Logger = RedactingLogger(cfg.Logger) // no signed token or key in a log (porturl.go)
 	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger,
-		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
-		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
-		streams: newPerKey(cfg.MaxEventStreamsPerKey),
-		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
-		cp:      cp,
-		events:  cp.Events(),
+		guests:    newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
+		output:    &outputBudget{max: cfg.ExecOutputBudgetBytes},
+		streams:   newPerKey(cfg.MaxEventStreamsPerKey),
+		proxies:   newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
+		cp:        cp,
+		events:    cp.Events(),
+		codeGrace: codeTimeoutGrace,
 	}
 	s.urlSecret = cfg.URLSecret
 	if len(s.urlSecret) == 0 {
