@@ -15,7 +15,7 @@ import json
 import threading
 import unittest
 
-from _helpers import SANDBOX, StubServer, send_chunked, send_json
+from _helpers import SANDBOX, StubServer, send_chunked
 import pandastack
 from pandastack import AsyncClient, AsyncSandbox, Client, CodeContext, Execution, ExecutionError, Logs, Result, Sandbox
 from pandastack.code_interpreter import CodeRun, code_body
