@@ -1,12 +1,12 @@
 """Integration tests of the code interpreter (``sb.run_code`` and the code
-contexts) against a real server whose sandboxes have networking.
+contexts) against a real server.
 
 Not collected by ``unittest discover`` (its name does not match
-``test*.py``): the code interpreter needs sandbox networking, and the
-integration tests that start their own ``panda up`` run it with ``--network
-off`` (tests may reach sandboxes only inside test-made network namespaces).
-cmd/panda's TestCodePythonSDK runs this module inside the network namespace
-of its test world, against that world's server::
+``test*.py``): it runs on the shared server of the code interpreter's Go
+tests in cmd/panda, which bakes the code-interpreter template once for all
+of them (a ``panda up`` of this suite's own would bake it again, minutes
+under TCG). cmd/panda's TestCodePythonSDK runs this module inside the
+network namespace of that server::
 
     PANDASTACK_API_URL=http://... PANDASTACK_API_KEY=... \\
         python3 -m unittest -v code_integration      # from sdk/python/tests
@@ -46,7 +46,7 @@ def setUpModule() -> None:
     missing = [k for k in ("PANDASTACK_API_URL", "PANDASTACK_API_KEY") if not os.environ.get(k)]
     if missing:
         raise RuntimeError(
-            "code_integration needs a server with sandbox networking: set %s (cmd/panda's TestCodePythonSDK runs it)" % " and ".join(missing)
+            "code_integration needs a server: set %s (cmd/panda's TestCodePythonSDK runs it)" % " and ".join(missing)
         )
     CLIENT = Client(timeout=TIMEOUT)
     unittest.addModuleCleanup(CLIENT.close)

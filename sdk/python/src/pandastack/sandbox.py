@@ -764,9 +764,9 @@ class Sandbox(_Described):
     ) -> Execution:
         """Run a cell of code in a live interpreter of the sandbox and wait for it to end.
 
-        The sandbox must come from the ``code-interpreter`` template (and the
-        server must run with sandbox networking). Variables, imports and the
-        working directory persist from one cell to the next of a context.
+        The sandbox must come from the ``code-interpreter`` template.
+        Variables, imports and the working directory persist from one cell
+        to the next of a context.
 
         Args:
             code: The cell's code.
@@ -795,10 +795,12 @@ class Sandbox(_Described):
             BadRequestError: an unknown language.
             NotFoundError: the sandbox or the context does not exist.
             ConflictError: the sandbox is not running.
+            TooManyRequestsError: too many requests or connections in flight on the sandbox.
             PandaError: ``code == "guest_error"``: the sandbox has no code
                 interpreter (not made from the ``code-interpreter``
                 template) or its code server failed during the cell;
-                ``"not_implemented"``: the server runs without sandbox networking.
+                ``"not_implemented"``: the server reaches sandboxes through
+                their guest agents and this one's is too old (recreate the sandbox).
             PandaConnectionError: the stream was cut before the cell ended.
 
         Closing the connection (an exception in a callback, ``KeyboardInterrupt``)
