@@ -35,7 +35,7 @@ class PackagingTest(unittest.TestCase):
             with zipfile.ZipFile(os.path.join(d, name)) as z:
                 names = set(z.namelist())
                 record = z.read("pandastack-%s.dist-info/RECORD" % pandastack.__version__).decode()
-        for mod in ["__init__", "client", "errors", "models", "sandbox", "filesystem", "snapshot", "templates", "_ndjson", "async_client", "async_sandbox", "processes", "async_processes"]:
+        for mod in ["__init__", "client", "errors", "models", "sandbox", "filesystem", "snapshot", "templates", "_ndjson", "async_client", "async_sandbox", "processes", "async_processes", "code_interpreter"]:
             self.assertIn("pandastack/%s.py" % mod, names)
         self.assertIn("pandastack/py.typed", names)
         self.assertFalse([n for n in names if "__pycache__" in n or "/." in n])

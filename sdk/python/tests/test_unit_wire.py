@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import _helpers  # noqa: F401  (puts src on sys.path)
 import pandastack
-from pandastack import events, models, processes, snapshot, templates
+from pandastack import code_interpreter, events, models, processes, snapshot, templates
 from pandastack.filesystem import WatchEvent
 
 SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openapi.json")
@@ -145,6 +145,19 @@ def _event(d: Dict[str, Any]) -> Any:
     return events._event(d, lambda s: dict(s))
 
 
+def _code_stream(d: Dict[str, Any]) -> Any:
+    """The Execution of a stream of events that share d's fields: each event
+    type that has some of them, then end (CodeEvent is all types' fields in
+    one object, each event type reading its own)."""
+    run = code_interpreter.CodeRun("sandbox")
+    kinds = [("stdout", ("text",)), ("result", ("is_main_result", "data", "chart")), ("error", ("name", "value", "traceback"))]
+    for kind, keys in kinds:
+        if any(k in d for k in keys):
+            run.add(dict(d, type=kind))
+    run.add(dict(d, type="end"))
+    return run.execution()
+
+
 MODELS = [
     Model(models.SandboxInfo, component("Sandbox")),
     Model(models.MemoryUsage, component("Sandbox") + "/properties/memory"),
@@ -162,10 +175,15 @@ MODELS = [
     Model(events.CommandRecord, component("Command")),
     Model(WatchEvent, component("WatchEvent")),
     Model(snapshot.Snapshot, component("Snapshot"), _snapshot),
+    Model(code_interpreter.CodeContext, component("CodeContext")),
+    Model(code_interpreter.Execution, component("CodeEvent"), _code_stream),
 ]
 
 # Classes with a from_dict that are no wire type of the document, and why.
-NOT_WIRE: Dict[str, str] = {}
+NOT_WIRE: Dict[str, str] = {
+    "Result": "a result event's part of CodeEvent: held to it through Execution (the decoding of a whole stream)",
+    "ExecutionError": "an error event's part of CodeEvent: held to it through Execution (the decoding of a whole stream)",
+}
 
 # (class name, field or property): why the model and the schema differ there.
 _COMPAT = "always sent, but the model's field has a default: making it required would change the class's constructor"
@@ -177,6 +195,7 @@ EXCEPTIONS: Dict[Tuple[str, str], str] = {
     ("TemplateBuild", "from_image"): _COMPAT,
     ("ExecResult", "stdout"): "required for exec, but the streams' exit events (also ExecResult) carry no output",
     ("ExecResult", "stderr"): "required for exec, but the streams' exit events (also ExecResult) carry no output",
+    ("Execution", "type"): "which event a line is: the check gives each event type the sample's fields in turn",
 }
 
 # Fields that hold the object as received, not a property.

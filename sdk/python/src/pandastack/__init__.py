@@ -14,6 +14,10 @@ Example::
         sb.filesystem.write("/work/goal.md", "make the failing test pass")
         child = sb.fork()
 
+    with Sandbox.create(template="code-interpreter") as sb:
+        sb.run_code("x = 41")
+        print(sb.run_code("x + 1").text)  # 42
+
 The asyncio flavour has the same surface with coroutines::
 
     from pandastack import AsyncSandbox
@@ -27,6 +31,7 @@ Standard library only; Python 3.9 or newer.
 from .async_client import AsyncBuildLogs, AsyncClient, AsyncStreamResponse
 from .async_processes import AsyncCommandHandle, AsyncCommands, AsyncOutputStream, AsyncPty, AsyncTerminalHandle
 from .async_sandbox import AsyncDirWatch, AsyncExecStream, AsyncFilesystem, AsyncSandbox
+from .code_interpreter import CodeContext, Execution, ExecutionError, Logs, Result
 from .client import DEFAULT_API_URL, ENV_API_KEY, ENV_API_URL, Client, __version__
 from .errors import (
     AuthenticationError,
@@ -99,6 +104,11 @@ __all__ = [
     "MemoryUsage",
     "NetworkPolicy",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
+    "Result",
+    "Logs",
+    "CodeContext",
     "FileInfo",
     "Template",
     "TemplateBuilder",

@@ -17,6 +17,21 @@ import os
 from typing import IO, Any, AsyncIterator, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from ._command import Output
+from .code_interpreter import (
+    CodeContext,
+    CodeRun,
+    ContextArg,
+    Execution,
+    ResultCallback,
+    code_body,
+    code_context,
+    code_contexts,
+    code_wait,
+    context_body,
+    context_id,
+    interrupt_body,
+    interrupted,
+)
 from .async_client import AsyncClient, AsyncStreamResponse, _AsyncLines, _call, resolve_async_client
 from .async_processes import AsyncCommands, AsyncPty
 from .client import _create_event, _is_ndjson, _long, quote_segment
@@ -307,6 +322,67 @@ class AsyncSandbox(_Described):
         """
         body = _exec_body(cmd, timeout_seconds, env, cwd, stdin, user)
         return AsyncExecStream(self, body, _exec_wait(self._client.timeout, timeout_seconds))
+
+    # -- code interpreter ----------------------------------------------------
+
+    async def run_code(
+        self,
+        code: str,
+        language: Optional[str] = None,
+        context: Optional[ContextArg] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        on_result: Optional[ResultCallback] = None,
+        envs: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> Execution:
+        """Run a cell of code in a live interpreter of the sandbox (see :meth:`Sandbox.run_code`); callbacks may be plain or async.
+
+        Cancelling the awaiting task closes the connection, which interrupts the cell.
+        """
+        body = code_body(code, language, context, envs, timeout)
+        run = CodeRun(self.id, on_stdout, on_stderr, on_result)
+        wait = code_wait(self._client.timeout, body)
+        async with await self._client.stream("POST", self._path("/code"), json_body=body, timeout=wait, headers={"Accept": "application/x-ndjson"}) as resp:
+            events = resp.iter_ndjson()
+            try:
+                while True:
+                    try:
+                        ev = await events.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except ValueError as e:
+                        raise run.malformed_line(e) from e
+                    call = run.add(ev)
+                    if call is not None:
+                        await _call(call[0], call[1])
+                    if run.done:
+                        return run.execution()
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+        return run.unfinished()
+
+    async def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> CodeContext:
+        """Start a new interpreter (context) with its own state (see :meth:`Sandbox.create_code_context`)."""
+        body = context_body(language, cwd)
+        return code_context(await self._client.request_json("POST", self._path("/code/contexts"), json_body=body, timeout=_long(self._client.timeout)))
+
+    async def list_code_contexts(self) -> List[CodeContext]:
+        """The sandbox's contexts, the default ones included."""
+        return code_contexts(await self._client.request_json("GET", self._path("/code/contexts")))
+
+    async def restart_code_context(self, context: ContextArg) -> CodeContext:
+        """Replace the context's interpreter with a fresh one (see :meth:`Sandbox.restart_code_context`)."""
+        path = self._path("/code/contexts/%s/restart" % quote_segment(context_id(context)))
+        return code_context(await self._client.request_json("POST", path, timeout=_long(self._client.timeout)))
+
+    async def remove_code_context(self, context: ContextArg) -> None:
+        """Stop the context's interpreter and forget it (see :meth:`Sandbox.remove_code_context`)."""
+        await self._client.request("DELETE", self._path("/code/contexts/%s" % quote_segment(context_id(context))))
+
+    async def interrupt_code(self, context: Optional[ContextArg] = None) -> bool:
+        """Interrupt the cell running in ``context`` (default: Python's default context); whether one was running."""
+        return interrupted(await self._client.request_json("POST", self._path("/code/interrupt"), json_body=interrupt_body(context)))
 
     # -- ports -----------------------------------------------------------------
 

@@ -8,6 +8,21 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import errors as _errors
 from ._command import Command, Output, check_str_map, command_body
+from .code_interpreter import (
+    CodeContext,
+    CodeRun,
+    ContextArg,
+    Execution,
+    ResultCallback,
+    code_body,
+    code_context,
+    code_contexts,
+    code_wait,
+    context_body,
+    context_id,
+    interrupt_body,
+    interrupted,
+)
 from .client import Client, _create_event, _is_ndjson, _long, quote_segment, resolve_client
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
@@ -733,6 +748,141 @@ class Sandbox(_Described):
                     if cb is not None:
                         cb(s)
         raise PandaConnectionError(_exec_cut_message(self.id))
+
+    # -- code interpreter ----------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        language: Optional[str] = None,
+        context: Optional[ContextArg] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        on_result: Optional[ResultCallback] = None,
+        envs: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> Execution:
+        """Run a cell of code in a live interpreter of the sandbox and wait for it to end.
+
+        The sandbox must come from the ``code-interpreter`` template.
+        Variables, imports and the working directory persist from one cell
+        to the next of a context.
+
+        Args:
+            code: The cell's code.
+            language: ``"python"`` (the default), ``"javascript"`` or
+                ``"bash"`` (also ``"py"``, ``"js"``, ``"node"``, ``"sh"``...):
+                runs in that language's default context.
+            context: A :class:`CodeContext` (or its id) to run in, from
+                :meth:`create_code_context`. Not with ``language``.
+            on_stdout: Called with each piece of standard output (``str``) as it comes.
+            on_stderr: Same for standard error.
+            on_result: Called with each :class:`Result` (a chart, a table...) as it comes.
+                The callbacks are called in the order of the cell's output; an
+                exception in one ends the call (and interrupts the cell).
+            envs: Environment variables for this cell only.
+            timeout: Interrupt the cell after this many seconds (at most 3600;
+                ``None``: the server's default, 300), time waiting behind
+                other cells of the context included. ``execution.error.name``
+                is then ``"TimeoutError"``; the context and its variables live on.
+
+        Returns:
+            An :class:`Execution`. An exception in the cell is not raised:
+            it is ``execution.error`` (:class:`ExecutionError`).
+
+        Raises:
+            ValueError: both ``language`` and ``context``; a bad ``timeout``.
+            BadRequestError: an unknown language.
+            NotFoundError: the sandbox or the context does not exist.
+            ConflictError: the sandbox is not running.
+            TooManyRequestsError: too many requests or connections in flight on the sandbox.
+            PandaError: ``code == "guest_error"``: the sandbox has no code
+                interpreter (not made from the ``code-interpreter``
+                template) or its code server failed during the cell;
+                ``"not_implemented"``: the server reaches sandboxes through
+                their guest agents and this one's is too old (recreate the sandbox).
+            PandaConnectionError: the stream was cut before the cell ended.
+
+        Closing the connection (an exception in a callback, ``KeyboardInterrupt``)
+        interrupts the cell.
+
+        Example::
+
+            sb.run_code("import pandas as pd; df = pd.DataFrame({'x': [1, 2, 3]})")
+            print(sb.run_code("df.x.sum()").text)  # 6
+            ex = sb.run_code("import matplotlib.pyplot as plt; plt.plot(df.x); plt.show()")
+            png = ex.results[0].png  # the chart's bytes
+        """
+        body = code_body(code, language, context, envs, timeout)
+        run = CodeRun(self.id, on_stdout, on_stderr, on_result)
+        wait = code_wait(self._client.timeout, body)
+        with self._client.stream("POST", self._path("/code"), json_body=body, timeout=wait, headers={"Accept": "application/x-ndjson"}) as resp:
+            events = resp.iter_ndjson()
+            while True:
+                try:
+                    ev = next(events)
+                except StopIteration:
+                    break
+                except ValueError as e:
+                    raise run.malformed_line(e) from e
+                call = run.add(ev)
+                if call is not None:
+                    call[0](call[1])
+                if run.done:
+                    return run.execution()
+        return run.unfinished()
+
+    def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> CodeContext:
+        """Start a new interpreter (context) with its own state.
+
+        Args:
+            language: ``"python"`` (the default), ``"javascript"`` or ``"bash"``.
+            cwd: Its working directory (default ``/home/user``); must exist.
+
+        A Python context imports numpy, pandas and matplotlib as it starts,
+        which takes seconds: this call waits for it (as long as a create).
+
+        Raises:
+            BadRequestError: an unknown language, or ``cwd`` is no directory.
+
+        Example::
+
+            ctx = sb.create_code_context(cwd="/tmp")
+            sb.run_code("x = 1", context=ctx)
+        """
+        body = context_body(language, cwd)
+        return code_context(self._client.request_json("POST", self._path("/code/contexts"), json_body=body, timeout=_long(self._client.timeout)))
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        """The sandbox's contexts, the default one of each language started so far included."""
+        return code_contexts(self._client.request_json("GET", self._path("/code/contexts")))
+
+    def restart_code_context(self, context: ContextArg) -> CodeContext:
+        """Replace the context's interpreter with a fresh one (same id, language and cwd; its variables are gone).
+
+        What to do after a cell killed the interpreter (``execution.error.name == "KernelDied"``).
+        Raises :class:`NotFoundError` for an unknown context.
+        """
+        cid = context_id(context)
+        path = self._path("/code/contexts/%s/restart" % quote_segment(cid))
+        return code_context(self._client.request_json("POST", path, timeout=_long(self._client.timeout)))
+
+    def remove_code_context(self, context: ContextArg) -> None:
+        """Stop the context's interpreter and forget it. Raises :class:`NotFoundError` for an unknown context.
+
+        A language's default context may be removed too: the next cell in that
+        language starts a new one.
+        """
+        cid = context_id(context)
+        self._client.request("DELETE", self._path("/code/contexts/%s" % quote_segment(cid)))
+
+    def interrupt_code(self, context: Optional[ContextArg] = None) -> bool:
+        """Interrupt the cell running in ``context`` (default: Python's default context), as Ctrl-C would.
+
+        The cell ends with ``execution.error.name == "KeyboardInterrupt"``; the
+        context lives on. Returns whether a cell was running.
+        """
+        return interrupted(self._client.request_json("POST", self._path("/code/interrupt"), json_body=interrupt_body(context)))
 
     # -- ports -----------------------------------------------------------------
 
