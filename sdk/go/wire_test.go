@@ -60,6 +60,9 @@ var sdkWire = []wireCheck{
 	{typ: reflect.TypeFor[PurgeResult](), answer: "POST /v1/keys/{key_id}/purge 200"},
 	{typ: reflect.TypeFor[Template](), component: "Template"},
 	{typ: reflect.TypeFor[TemplateBuild](), component: "TemplateBuild"},
+	{typ: reflect.TypeFor[codeEvent](), component: "CodeEvent"},
+	{typ: reflect.TypeFor[CodeContext](), component: "CodeContext"},
+	{typ: reflect.TypeFor[codeContexts](), component: "CodeContextList"},
 }
 
 // notWire are the package's structs with JSON tags that the document does

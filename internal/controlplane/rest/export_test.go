@@ -2,6 +2,7 @@ package rest
 
 import (
 	"context"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
 )
@@ -21,3 +22,7 @@ func (s *Server) GuestSlots(id string) int {
 	defer s.guests.mu.Unlock()
 	return s.guests.sandboxes[id]
 }
+
+// SetCodeTimeoutGrace sets how long past a cell's timeout the server waits
+// for the guest before it ends the cell itself. Call it before serving.
+func (s *Server) SetCodeTimeoutGrace(d time.Duration) { s.codeGrace = d }

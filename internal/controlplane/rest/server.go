@@ -1,7 +1,7 @@
 // Package rest is PandaStack's REST API under /v1 (api/openapi.yaml):
 // API-key authentication and per-key ownership, request decoding and
-// validation, exec (buffered and streamed), files, processes, the port
-// proxy, templates and keys, /healthz and /metrics, and E2B's API on the
+// validation, exec (buffered and streamed), files, processes, the code
+// interpreter, the port proxy, templates and keys, /healthz and /metrics, and E2B's API on the
 // same listener (package e2b, over e2b.go's adapter). The sandboxes'
 // lifecycle and the rules about them (create with its quota, kill, TTLs
 // and their expiry, network, fork, snapshots, pause/resume, templates in
@@ -214,6 +214,9 @@ type Server struct {
 	publicPath string
 
 	buildGate buildGate // build requests being received (buildadmit.go)
+	// codeGrace is how long past a cell's timeout the server waits for the
+	// code interpreter's own TimeoutError (code.go).
+	codeGrace time.Duration
 
 	// cp is the control plane the handlers call: create, kill, TTLs,
 	// network, fork, snapshots, pause and resume, templates in use, the
@@ -234,12 +237,13 @@ func New(cfg Config, cp *controlplane.Plane, cat catalog.Catalog, h host.Host, r
 	}
 	cfg.Logger = RedactingLogger(cfg.Logger) // no signed token or key in a log (porturl.go)
 	s := &Server{cfg: cfg, cat: cat, host: h, log: cfg.Logger,
-		guests:  newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
-		output:  &outputBudget{max: cfg.ExecOutputBudgetBytes},
-		streams: newPerKey(cfg.MaxEventStreamsPerKey),
-		proxies: newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
-		cp:      cp,
-		events:  cp.Events(),
+		guests:    newLimiter(cfg.MaxGuestRequestsPerSandbox, cfg.MaxGuestRequestsPerKey, "exec, streams, file operations"),
+		output:    &outputBudget{max: cfg.ExecOutputBudgetBytes},
+		streams:   newPerKey(cfg.MaxEventStreamsPerKey),
+		proxies:   newLimiter(cfg.MaxProxyRequestsPerSandbox, cfg.MaxProxyRequestsPerKey, "proxied requests and WebSockets"),
+		cp:        cp,
+		events:    cp.Events(),
+		codeGrace: codeTimeoutGrace,
 	}
 	s.urlSecret = cfg.URLSecret
 	if len(s.urlSecret) == 0 {
@@ -349,6 +353,13 @@ func (s *Server) routes() http.Handler {
 			r.Post("/sandboxes/{id}/processes/{pid}/wait", s.waitProcess)
 			r.Post("/sandboxes/{id}/processes/{pid}/resize", s.resizeProcess)
 			r.Get("/sandboxes/{id}/processes/{pid}/tty", s.processTTY)
+			// The code interpreter (code.go).
+			r.Post("/sandboxes/{id}/code", s.runCode)
+			r.Post("/sandboxes/{id}/code/interrupt", s.interruptCode)
+			r.Post("/sandboxes/{id}/code/contexts", s.createCodeContext)
+			r.Get("/sandboxes/{id}/code/contexts", s.listCodeContexts)
+			r.Post("/sandboxes/{id}/code/contexts/{contextID}/restart", s.restartCodeContext)
+			r.Delete("/sandboxes/{id}/code/contexts/{contextID}", s.removeCodeContext)
 		})
 		r.Get("/templates", s.listTemplates)
 		r.Post("/templates/{name}/bake", s.bakeTemplate)

@@ -103,12 +103,22 @@ var serverWire = []wireCheck{
 	{typ: reflect.TypeFor[templateJSON](), component: "Template", sent: true},
 	{typ: reflect.TypeFor[buildSpec](), request: "POST /v1/templates"},
 	{typ: reflect.TypeFor[builds.Status](), component: "TemplateBuild", sent: true},
+	{typ: reflect.TypeFor[codeRequest](), request: "POST /v1/sandboxes/{id}/code"},
+	{typ: reflect.TypeFor[codeEvent](), answer: "POST /v1/sandboxes/{id}/code 200", sent: true},
+	{typ: reflect.TypeFor[codeInterruptRequest](), request: "POST /v1/sandboxes/{id}/code/interrupt"},
+	{typ: reflect.TypeFor[codeInterruptResult](), answer: "POST /v1/sandboxes/{id}/code/interrupt 200", sent: true},
+	{typ: reflect.TypeFor[codeContextRequest](), request: "POST /v1/sandboxes/{id}/code/contexts"},
+	{typ: reflect.TypeFor[codeContextJSON](), answer: "POST /v1/sandboxes/{id}/code/contexts 201", sent: true},
+	{typ: reflect.TypeFor[codeContextJSON](), answer: "POST /v1/sandboxes/{id}/code/contexts/{context_id}/restart 200", sent: true},
+	{typ: reflect.TypeFor[codeContextList](), answer: "GET /v1/sandboxes/{id}/code/contexts 200", sent: true},
 }
 
 // notWire are this package's named structs with JSON tags that are not
 // bodies of the REST API the document describes, and why.
 var notWire = map[string]string{
-	"ttyControl": "text frames of the terminal's WebSocket, described in prose (GET …/tty)",
+	"ttyControl":          "text frames of the terminal's WebSocket, described in prose (GET …/tty)",
+	"guestExecute":        "the body of the guest's code server's POST /execute (api.md, \"Code interpreter\"), not of this API",
+	"guestContextRequest": "the body of the guest's code server's POST /contexts, not of this API",
 }
 
 func TestHandlerStructsMatchOpenAPI(t *testing.T) {

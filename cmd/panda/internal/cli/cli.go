@@ -1,5 +1,5 @@
 // Package cli owns the user-facing verbs of the panda command (create, ls,
-// exec, network, fs, port, template, keys, ...). They are built only on the
+// exec, run, network, fs, port, template, keys, ...). They are built only on the
 // Go SDK (sdk/go), so the CLI uses the API exactly as users' programs do.
 //
 // Every verb prints a human table by default and the API's JSON with
@@ -48,7 +48,7 @@ type globals struct {
 func Commands() []*cobra.Command {
 	g := &globals{}
 	cmds := []*cobra.Command{
-		createCmd(g), lsCmd(g), getCmd(g), execCmd(g), killCmd(g), ttlCmd(g),
+		createCmd(g), lsCmd(g), getCmd(g), execCmd(g), runCmd(g), killCmd(g), ttlCmd(g),
 		pauseCmd(g), resumeCmd(g), forkCmd(g), snapshotCmd(g),
 		networkCmd(g), fsCmd(g), portCmd(g), procCmd(g), shellCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
 		eventsCmd(g),

@@ -195,6 +195,19 @@ func proxied(r *http.Request) bool {
 	return strings.HasPrefix(p, "/p/") || strings.Contains(p, "/ports/") && strings.HasPrefix(p, "/v1/sandboxes/")
 }
 
+// codeRoute reports whether r is for the code interpreter of sandbox id
+// ("": any): /v1/sandboxes/{id}/code…, which reaches the guest's port
+// 49999 (its fake guest's answers are no code server's: 502).
+func codeRoute(r *http.Request, id string) bool {
+	rest, ok := strings.CutPrefix(r.URL.Opaque, "/v1/sandboxes/")
+	if !ok {
+		return false
+	}
+	sb, rest, _ := strings.Cut(rest, "/")
+	rest, _, _ = strings.Cut(rest, "?")
+	return (id == "" || sb == id) && (rest == "code" || strings.HasPrefix(rest, "code/"))
+}
+
 // proxyHost is the sandbox label of a proxy-domain Host as the server
 // reads it ({port}-{id}, the port in decimal, 1 to 65535): lower case,
 // without port or trailing dot.
@@ -221,6 +234,7 @@ func (w *world) checkAnswer(t *testing.T, where string, req *http.Request, res *
 	switch {
 	case res.StatusCode == http.StatusNotImplemented && errorCode(b) == "not_implemented":
 	case res.StatusCode == http.StatusBadGateway && proxied(req):
+	case res.StatusCode == http.StatusBadGateway && codeRoute(req, "") && errorCode(b) == "guest_error":
 	case res.StatusCode >= 500:
 		t.Fatalf("%s: status %d, body %s; server log:\n%s", where, res.StatusCode, b, w.log.String())
 	}
@@ -305,7 +319,8 @@ func (w *world) checkHost(t *testing.T, where string, req *http.Request, body []
 		}
 		named := onDomain && label == strconv.Itoa(r.port)+"-"+r.id ||
 			strings.Contains(text, "/sandboxes/"+r.id+"/ports/"+strconv.Itoa(r.port)) ||
-			r.port == 8000 && strings.Contains(text, w.ports[r.id])
+			r.port == 8000 && strings.Contains(text, w.ports[r.id]) ||
+			r.port == 49999 && codeRoute(req, r.id)
 		if !named {
 			t.Fatalf("%s: dialled port %d of sandbox %s, which the request does not name", where, r.port, r.id)
 		}
@@ -429,6 +444,17 @@ var seeds = []struct {
 	{"GET", "/v1/sandboxes/fuzzuser000000000001/watch?path=/work&recursive=true", "", authUser, "", ""},
 	{"POST", "/v1/sandboxes/fuzzuser000000000001/processes", `{"cmd":"sleep 1","pty":{"rows":24,"cols":80}}`, authUser, "", ""},
 	{"GET", "/v1/sandboxes/fuzzuser000000000001/processes", "", authUser, "", ""},
+	// The code interpreter (port 49999 of the guest).
+	{"POST", "/v1/sandboxes/fuzzuser000000000001/code", `{"code":"1+1","language":"py","env":{"A":"1"},"timeout_seconds":5}`, authUser | jsonType, "", ""},
+	{"POST", "/v1/sandboxes/fuzzuser000000000001/code", `{"code":"x","context_id":"../../contexts"}`, authUser, "", ""},
+	{"POST", "/v1/sandboxes/fuzzuser000000000001/code", `{"code":"x","language":"cobol","context_id":"a"}`, authUser, "", ""},
+	{"POST", "/v1/sandboxes/fuzzadmin00000000001/code", `{"code":"1"}`, authUser, "", ""},
+	{"POST", "/v1/sandboxes/fuzzuser000000000001/code/contexts", `{"language":"js","cwd":"/tmp"}`, authUser, "", ""},
+	{"GET", "/v1/sandboxes/fuzzuser000000000001/code/contexts", "", authUser, "", ""},
+	{"POST", "/v1/sandboxes/fuzzuser000000000001/code/contexts/ctx_1/restart", "", authUser, "", ""},
+	{"DELETE", "/v1/sandboxes/fuzzuser000000000001/code/contexts/a%2F..%2Fb", "", authUser, "", ""},
+	{"POST", "/v1/sandboxes/fuzzuser000000000001/code/interrupt", `{"context_id":"ctx_1"}`, authUser, "", ""},
+	{"POST", "/v1/sandboxes/fuzzuser000000000002/code/interrupt", `{}`, authUser, "", ""},
 	{"GET", "/v1/sandboxes/fuzzuser000000000001/processes/7/output?stdout_offset=0", "", authUser, "", ""},
 	{"POST", "/v1/sandboxes/fuzzuser000000000001/processes/7/stdin", "data", authUser, "", ""},
 	{"POST", "/v1/sandboxes/fuzzuser000000000001/processes/7/signal", `{"signal":"TERM"}`, authUser, "", ""},

@@ -8,6 +8,75 @@ import (
 	"time"
 )
 
+// Defines values for CodeContextLanguage.
+const (
+	Bash       CodeContextLanguage = "bash"
+	Javascript CodeContextLanguage = "javascript"
+	Python     CodeContextLanguage = "python"
+)
+
+// Valid indicates whether the value is a known member of the CodeContextLanguage enum.
+func (e CodeContextLanguage) Valid() bool {
+	switch e {
+	case Bash:
+		return true
+	case Javascript:
+		return true
+	case Python:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CodeContextState.
+const (
+	Busy CodeContextState = "busy"
+	Dead CodeContextState = "dead"
+	Idle CodeContextState = "idle"
+)
+
+// Valid indicates whether the value is a known member of the CodeContextState enum.
+func (e CodeContextState) Valid() bool {
+	switch e {
+	case Busy:
+		return true
+	case Dead:
+		return true
+	case Idle:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CodeEventType.
+const (
+	CodeEventTypeEnd    CodeEventType = "end"
+	CodeEventTypeError  CodeEventType = "error"
+	CodeEventTypeResult CodeEventType = "result"
+	CodeEventTypeStderr CodeEventType = "stderr"
+	CodeEventTypeStdout CodeEventType = "stdout"
+)
+
+// Valid indicates whether the value is a known member of the CodeEventType enum.
+func (e CodeEventType) Valid() bool {
+	switch e {
+	case CodeEventTypeEnd:
+		return true
+	case CodeEventTypeError:
+		return true
+	case CodeEventTypeResult:
+		return true
+	case CodeEventTypeStderr:
+		return true
+	case CodeEventTypeStdout:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for CommandKind.
 const (
 	CommandKindExec    CommandKind = "exec"
@@ -519,6 +588,116 @@ type APIKey struct {
 
 	// Revoked The key was revoked: its requests answer 401 (absent: active)
 	Revoked *bool `json:"revoked,omitempty"`
+}
+
+// CodeContext defines model for CodeContext.
+type CodeContext struct {
+	// Cwd Example: /home/user
+	Cwd string `json:"cwd"`
+
+	// Id Example: 3f9c2a71b0d44e8a
+	Id       string              `json:"id"`
+	Language CodeContextLanguage `json:"language"`
+
+	// State dead: its interpreter died (KernelDied): restart it
+	State CodeContextState `json:"state"`
+}
+
+// CodeContextLanguage defines model for CodeContext.Language.
+type CodeContextLanguage string
+
+// CodeContextState dead: its interpreter died (KernelDied): restart it
+type CodeContextState string
+
+// CodeContextList defines model for CodeContextList.
+type CodeContextList struct {
+	Contexts []CodeContext `json:"contexts"`
+}
+
+// CodeContextRequest defines model for CodeContextRequest.
+type CodeContextRequest struct {
+	// Cwd The context's working directory (absolute, an existing directory)
+	Cwd *string `json:"cwd,omitempty"`
+
+	// Language python, javascript or bash (or an alias: python3, py, js, node, nodejs, sh, shell)
+	Language *string `json:"language,omitempty"`
+}
+
+// CodeEvent A line of POST /v1/sandboxes/{id}/code's stream: which fields an event has depends on its type
+type CodeEvent struct {
+	// Chart result: a chart's data (type, title, elements), when the value is a matplotlib figure
+	Chart *map[string]interface{} `json:"chart,omitempty"`
+
+	// ContextId end: the context the cell ran in
+	ContextId *string `json:"context_id,omitempty"`
+
+	// Data result: the value in each of its MIME types (text/plain, image/png as base64, application/json as any JSON value, ...)
+	//
+	// Example: {"text/plain":"2"}
+	Data *map[string]interface{} `json:"data,omitempty"`
+
+	// DurationMs end: how long the cell ran
+	DurationMs *int `json:"duration_ms,omitempty"`
+
+	// ExecutionCount end: the context's count of cells run (Python's In [N])
+	ExecutionCount *int `json:"execution_count,omitempty"`
+
+	// IsMainResult result: the value of the cell's last expression (false: a value displayed on the way)
+	IsMainResult *bool `json:"is_main_result,omitempty"`
+
+	// Name error: the exception's name (ZeroDivisionError; TimeoutError, KeyboardInterrupt, KernelDied, ExitError, GuestError)
+	Name *string `json:"name,omitempty"`
+
+	// Text stdout, stderr: what the cell printed
+	Text *string `json:"text,omitempty"`
+
+	// Traceback error: the traceback, lines joined by newlines, without colours
+	Traceback *string `json:"traceback,omitempty"`
+
+	// Truncated end: output went over the limit and was cut
+	Truncated *bool         `json:"truncated,omitempty"`
+	Type      CodeEventType `json:"type"`
+
+	// Value error: its message
+	Value *string `json:"value,omitempty"`
+}
+
+// CodeEventType defines model for CodeEvent.Type.
+type CodeEventType string
+
+// CodeInterruptRequest defines model for CodeInterruptRequest.
+type CodeInterruptRequest struct {
+	// ContextId The context to interrupt (default: python's default context)
+	ContextId *string `json:"context_id,omitempty"`
+}
+
+// CodeInterruptResult defines model for CodeInterruptResult.
+type CodeInterruptResult struct {
+	// Interrupted A cell was running and was interrupted
+	Interrupted bool `json:"interrupted"`
+}
+
+// CodeRequest At most one of language and context_id.
+type CodeRequest struct {
+	// Code The cell's code
+	//
+	// Example: import math
+	// math.pi * 2
+	Code string `json:"code"`
+
+	// ContextId Run in this context (POST …/code/contexts)
+	ContextId *string `json:"context_id,omitempty"`
+
+	// Env Environment variables set for this cell only
+	Env *map[string]string `json:"env,omitempty"`
+
+	// Language Run in the default context of this language: python (aliases python3, py; the default), javascript (js, node, nodejs) or bash (sh, shell)
+	//
+	// Example: python
+	Language *string `json:"language,omitempty"`
+
+	// TimeoutSeconds Interrupt the cell after this long (a TimeoutError event; the context lives on)
+	TimeoutSeconds *int `json:"timeout_seconds,omitempty"`
 }
 
 // Command defines model for Command.
@@ -1143,6 +1322,9 @@ type WatchEvent struct {
 // WatchEventType overflow: events were lost (the client read too slowly, or a new directory went over the 8192 watched); it has no path
 type WatchEventType string
 
+// CodeContextID defines model for CodeContextID.
+type CodeContextID = string
+
 // FilePath Example: /work/notes.txt
 type FilePath = string
 
@@ -1420,6 +1602,15 @@ type CreateKeyJSONRequestBody CreateKeyJSONBody
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
+
+// RunCodeJSONRequestBody defines body for RunCode for application/json ContentType.
+type RunCodeJSONRequestBody = CodeRequest
+
+// CreateCodeContextJSONRequestBody defines body for CreateCodeContext for application/json ContentType.
+type CreateCodeContextJSONRequestBody = CodeContextRequest
+
+// InterruptCodeJSONRequestBody defines body for InterruptCode for application/json ContentType.
+type InterruptCodeJSONRequestBody = CodeInterruptRequest
 
 // ExecJSONRequestBody defines body for Exec for application/json ContentType.
 type ExecJSONRequestBody = ExecRequest
