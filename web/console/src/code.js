@@ -80,7 +80,7 @@ const str = (v) => (typeof v === 'string' ? v : '');
 export function CodeTab({ id, running }) {
   const [contexts, setContexts] = useState(null); // [{id, language, cwd, state}]
   const [listErr, setListErr] = useState(null);
-  const [defaults, setDefaults] = useState({}); // language → the id of its default context, once a cell told it
+  const [defaults, setDefaults] = useState({}); // language → the id of its default context (a cell's end tells it)
   const [sel, setSel] = useState(defaultOf('python'));
   const [code, setCode] = useState('');
   const [, setVersion] = useState(0);
@@ -112,8 +112,15 @@ export function CodeTab({ id, running }) {
     try {
       const r = await api(sbPath(id) + '/code/contexts');
       if (!live.current) return;
-      setContexts(Array.isArray(r && r.contexts) ? r.contexts.filter((c) => c && typeof c.id === 'string') : []);
+      const list = Array.isArray(r && r.contexts) ? r.contexts.filter((c) => c && typeof c.id === 'string' && typeof c.language === 'string') : [];
+      setContexts(list);
       setListErr(null);
+      // PandaStack's code server names its default contexts
+      // default-LANGUAGE: taken as such until a cell's end says otherwise
+      // (the API has no field for it; a wrong guess only mislabels).
+      const named = {};
+      for (const c of list) if (c.id === 'default-' + c.language) named[c.language] = c.id;
+      setDefaults((d) => ({ ...named, ...d }));
     } catch (e) {
       if (live.current) setListErr(e);
     }
