@@ -198,7 +198,7 @@ export function CodeTab({ id, running }) {
   };
 
   // placeOf is the context cell runs in, as a picker value: by id when
-  // known (a default context's id is known once a cell of it ended).
+  // known (a default context's, from its name or a cell's end).
   const placeOf = (cell) => {
     const t = cell.target;
     if (t.context_id) return 'ctx:' + t.context_id;
