@@ -316,6 +316,32 @@ func TestCodeGuest(t *testing.T) {
 			t.Errorf("chart %s: want a line chart 'growth', x 'time (s)' in s, linear, one line 'up' of (1,4) (2,5) (3,6)", c)
 		}
 
+		// The other chart types, one figure each.
+		r = g.mustExec(t, ctx, map[string]any{"code": "fig, ax = plt.subplots(); ax.bar(['a', 'b'], [3, 4], label='n'); plt.show()\n" +
+			"fig, ax = plt.subplots(); ax.pie([1, 3], labels=['p', 'q']); plt.show()\n" +
+			"fig, ax = plt.subplots(); ax.boxplot([[1, 2, 3, 4, 50]]); plt.show()\n" +
+			"fig, (a, b) = plt.subplots(1, 2); fig.suptitle('two'); a.scatter([1], [2]); b.plot([1, 2]); plt.show()"})
+		var charts []string
+		for _, l := range r.Lines {
+			if l.typ() == "result" && l["chart"] != nil {
+				b, _ := json.Marshal(l["chart"])
+				charts = append(charts, string(b))
+			}
+		}
+		for i, want := range []string{
+			`"elements":[{"group":"n","label":"a","value":3},{"group":"n","label":"b","value":4}],`,
+			`"elements":[{"angle":90,"label":"p","radius":1},{"angle":270,"label":"q","radius":1}],`,
+			`"elements":[{"first_quartile":2,"label":"1","max":4,"median":3,"min":1,"outliers":[50],"third_quartile":4}],`,
+			`"title":"two","type":"superchart"`,
+		} {
+			if i >= len(charts) || !strings.Contains(charts[i], want) {
+				t.Errorf("chart %d: want one with %s; got %v", i, want, charts)
+			}
+		}
+		if len(charts) == 4 && (!strings.Contains(charts[3], `"type":"scatter"`) || !strings.Contains(charts[3], `"type":"line"`)) {
+			t.Errorf("superchart %s: want a scatter and a line chart", charts[3])
+		}
+
 		r = g.mustExec(t, ctx, map[string]any{"code": "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', None]})"})
 		var data codeLine
 		for _, l := range r.Lines {

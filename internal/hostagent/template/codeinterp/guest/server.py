@@ -523,6 +523,8 @@ class NodeBackend:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            for f in (self.proc.stdout, self.proc.stderr):
+                f.close()
         if self.sock is not None:
             self.sock.close()
 
