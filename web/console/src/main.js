@@ -90,7 +90,7 @@ function Shell({ admin, onSignOut }) {
   let page;
   let m;
   if (path === '/') page = html`<${TreePage} />`;
-  else if ((m = path.match(/^\/sandboxes\/([a-z0-9]+)$/))) page = html`<${SandboxPage} id=${m[1]} key=${m[1]} />`;
+  else if ((m = path.match(/^\/sandboxes\/([a-z0-9]+)(?:\/(code))?$/))) page = html`<${SandboxPage} id=${m[1]} key=${m[1]} tab=${m[2] || 'overview'} />`;
   else if (path === '/hosts') page = html`<${HostsPage} />`;
   else if (path === '/templates') page = html`<${TemplatesPage} admin=${admin} />`;
   else if (path === '/keys') page = html`<${KeysPage} />`;

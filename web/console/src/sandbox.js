@@ -1,6 +1,9 @@
-// One sandbox's page (#/sandboxes/ID): its terminal (a PTY process over
-// the tty WebSocket), files, processes, the commands run so far, open
-// ports, and memory over time.
+// One sandbox's page, in two tabs: the overview (#/sandboxes/ID): its
+// terminal (a PTY process over the tty WebSocket), files, processes, the
+// commands run so far, open ports, and memory over time; and the Code tab
+// (#/sandboxes/ID/code, code.js): cells run in its code interpreter. A
+// tab starts when first shown and stays (hidden) while the page is open,
+// so switching keeps the terminal's shell and the cells run.
 import { html } from 'htm/preact';
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
@@ -9,6 +12,7 @@ import { api, request, apiURL, getKey, enc, ApiError } from './api.js';
 import { useStore } from './store.js';
 import { age, ttlLeft, mib, bytes, when, useNow, StateBadge, MemBar, confirm, form, notify, notifyError } from './ui.js';
 import { SandboxActions } from './actions.js';
+import { CodeTab } from './code.js';
 
 const sbPath = (id) => 'v1/sandboxes/' + enc(id);
 
@@ -40,8 +44,10 @@ function usePoll(f, ms, deps) {
   return [state.v, state.err, () => bump((x) => x + 1)];
 }
 
-export function SandboxPage({ id }) {
+export function SandboxPage({ id, tab = 'overview' }) {
   const st = useStore();
+  const [opened, setOpened] = useState({ [tab]: true });
+  useEffect(() => setOpened((o) => (o[tab] ? o : { ...o, [tab]: true })), [tab]);
   const now = useNow();
   const [info, setInfo] = useState(null);
   const [missing, setMissing] = useState(null);
@@ -104,33 +110,48 @@ export function SandboxPage({ id }) {
       <div><dt>Memory</dt><dd><${MemBar} sb=${sb} id=${id} /></dd></div>
     </dl>
     ${sb.last_error && html`<p class="error-text" role="alert">${sb.last_error}</p>`}
-    ${!running && html`<p class="note note-info">This sandbox is ${sb.state}: terminal, files and processes need it running.</p>`}
-    <div class="grid">
-      <section class="card card-term" aria-labelledby="h-term">
-        <h2 id="h-term">Terminal</h2>
-        ${running ? html`<${Term} id=${id} />` : html`<p class="muted">Not running.</p>`}
-      </section>
-      <section class="card" aria-labelledby="h-mem">
-        <h2 id="h-mem">Memory over time</h2>
-        <${MemChart} samples=${samples} size=${sb.memory_mib} />
-      </section>
-      <section class="card card-files" aria-labelledby="h-files">
-        <h2 id="h-files">Files</h2>
-        ${running ? html`<${Files} id=${id} />` : html`<p class="muted">Not running.</p>`}
-      </section>
-      <section class="card" aria-labelledby="h-ports">
-        <h2 id="h-ports">Open ports</h2>
-        ${running ? html`<${Ports} id=${id} />` : html`<p class="muted">Not running.</p>`}
-      </section>
-      <section class="card" aria-labelledby="h-procs">
-        <h2 id="h-procs">Processes</h2>
-        ${running ? html`<${Processes} id=${id} />` : html`<p class="muted">Not running.</p>`}
-      </section>
-      <section class="card" aria-labelledby="h-cmds">
-        <h2 id="h-cmds">Commands run</h2>
-        <${Commands} id=${id} />
-      </section>
-    </div>
+    <nav class="tabs" aria-label="Views of the sandbox">
+      <a href=${'#/sandboxes/' + id} aria-current=${tab === 'overview' ? 'page' : undefined} data-testid="tab-overview">Overview</a>
+      <a href=${'#/sandboxes/' + id + '/code'} aria-current=${tab === 'code' ? 'page' : undefined} data-testid="tab-code">Code</a>
+    </nav>
+    ${(opened.overview || tab === 'overview') && html`<div hidden=${tab !== 'overview'} data-testid="overview">
+      ${!running && html`<p class="note note-info">This sandbox is ${sb.state}: terminal, files and processes need it running.</p>`}
+      <${Overview} id=${id} sb=${sb} running=${running} samples=${samples} />
+    </div>`}
+    ${(opened.code || tab === 'code') && html`<section hidden=${tab !== 'code'} class="card card-code" aria-labelledby="h-code">
+      <h2 id="h-code" class="sr-only">Code</h2>
+      <${CodeTab} id=${id} running=${running} />
+    </section>`}
+  </div>`;
+}
+
+// Overview is the overview tab's cards.
+function Overview({ id, sb, running, samples }) {
+  return html`<div class="grid">
+    <section class="card card-term" aria-labelledby="h-term">
+      <h2 id="h-term">Terminal</h2>
+      ${running ? html`<${Term} id=${id} />` : html`<p class="muted">Not running.</p>`}
+    </section>
+    <section class="card" aria-labelledby="h-mem">
+      <h2 id="h-mem">Memory over time</h2>
+      <${MemChart} samples=${samples} size=${sb.memory_mib} />
+    </section>
+    <section class="card card-files" aria-labelledby="h-files">
+      <h2 id="h-files">Files</h2>
+      ${running ? html`<${Files} id=${id} />` : html`<p class="muted">Not running.</p>`}
+    </section>
+    <section class="card" aria-labelledby="h-ports">
+      <h2 id="h-ports">Open ports</h2>
+      ${running ? html`<${Ports} id=${id} />` : html`<p class="muted">Not running.</p>`}
+    </section>
+    <section class="card" aria-labelledby="h-procs">
+      <h2 id="h-procs">Processes</h2>
+      ${running ? html`<${Processes} id=${id} />` : html`<p class="muted">Not running.</p>`}
+    </section>
+    <section class="card" aria-labelledby="h-cmds">
+      <h2 id="h-cmds">Commands run</h2>
+      <${Commands} id=${id} />
+    </section>
   </div>`;
 }
 
@@ -165,7 +186,9 @@ function Term({ id }) {
     let pid = null;
     let closed = false;
     const enc8 = new TextEncoder();
+    // Fitted while shown only: in a hidden tab its box has no size.
     const ro = new ResizeObserver(() => {
+      if (!box.current || !box.current.offsetParent) return;
       try {
         fit.fit();
       } catch (_) {}
