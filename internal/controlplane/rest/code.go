@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
@@ -25,7 +26,8 @@ import (
 // of Python, JavaScript or bash run in contexts of the sandbox's code
 // server, the guest's HTTP server on codePort that the code-interpreter
 // template starts (docs/api.md, "Code interpreter"). The handlers reach it
-// over the port proxy's transport (proxy.go: the host's DialGuest, its
+// over the port proxy's transport (proxy.go: the host's DialGuest, over
+// the sandbox's network or, without one, through its guest agent; its
 // pool of connections per sandbox and port, closed when the sandbox
 // stops), never with the caller's credentials. They are guest requests:
 // limitGuest has found the caller's running sandbox (404 before the body
@@ -186,9 +188,15 @@ type codeInterruptResult struct {
 	Interrupted bool `json:"interrupted"`
 }
 
-// errNoCodeNetworking: the code server is reached over sandbox networking.
-var errNoCodeNetworking = errorf(controlplane.NotImplemented,
-	"the code interpreter needs sandbox networking; this server runs with --network off")
+// errNoCodeDialer: the host cannot open connections to its guests at all
+// (every host agent can; a host.Host without GuestDialer).
+var errNoCodeDialer = errorf(controlplane.NotImplemented,
+	"this server cannot reach the code interpreter: its host cannot connect to ports in sandboxes")
+
+// errCodeOldAgent: the host has no network to its guests and reaches their
+// ports through their guest agents, but this one is too old for it.
+var errCodeOldAgent = errorf(controlplane.NotImplemented,
+	"this server reaches the code interpreter through the sandbox's guest agent (its host has no sandbox networking), and this sandbox's is too old for it: recreate the sandbox from a current template")
 
 // codeGuest is a sandbox's code server, reached over the port proxy's
 // transport.
@@ -198,14 +206,14 @@ type codeGuest struct {
 }
 
 // codeGuestOf returns the code server of the caller's running sandbox
-// (limitGuest's), or 501 when the host has no sandbox networking.
+// (limitGuest's), or 501 when the host cannot reach its guests' ports.
 func (s *Server) codeGuestOf(r *http.Request) (*codeGuest, error) {
 	sb, err := s.guestSandbox(r)
 	if err != nil {
 		return nil, err
 	}
 	if s.proxy.dialer == nil {
-		return nil, errNoCodeNetworking
+		return nil, errNoCodeDialer
 	}
 	return &codeGuest{s: s, sb: sb}, nil
 }
@@ -260,7 +268,9 @@ func (g *codeGuest) classify(err error) error {
 	case errors.Is(err, context.Canceled):
 		return err
 	case errors.Is(err, errors.ErrUnsupported):
-		return errNoCodeNetworking
+		return errCodeOldAgent
+	case guestproto.CodeOf(err) == guestproto.CodeBusy:
+		return errorf(controlplane.TooManyRequests, "too many connections to the ports of sandbox %s at once; retry when some have closed", g.sb.ID)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return errorf(controlplane.GuestError, "sandbox %s has no code interpreter: create it from the code-interpreter template", g.sb.ID)
 	case errors.Is(err, host.ErrUnavailable), errors.Is(err, host.ErrNotFound), errors.Is(err, host.ErrConflict),

@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,7 +39,8 @@ import (
 // sandbox: guest (nil: nothing listens, ECONNREFUSED).
 type codeHost struct {
 	*hosttest.Host
-	guest http.Handler
+	guest   http.Handler
+	dialErr error // if set, what every dial fails with
 
 	mu    sync.Mutex
 	dials []string // "id:port"
@@ -52,6 +54,9 @@ func (h *codeHost) DialGuest(ctx context.Context, id string, port int) (net.Conn
 	h.mu.Lock()
 	h.dials = append(h.dials, fmt.Sprintf("%s:%d", id, port))
 	h.mu.Unlock()
+	if h.dialErr != nil {
+		return nil, h.dialErr
+	}
 	if h.guest == nil {
 		return nil, fmt.Errorf("dial %s:%d: %w", id, port, syscall.ECONNREFUSED)
 	}
@@ -452,7 +457,8 @@ func TestCodeHandlerErrors(t *testing.T) {
 }
 
 // TestCodeHandlerNoInterpreter: nothing listening on the port is 502 with
-// what to do; a host without sandbox networking 501.
+// what to do; a guest agent too old to carry connections (the host has no
+// sandbox networking) 501, and so is a host that cannot dial guests.
 func TestCodeHandlerNoInterpreter(t *testing.T) {
 	w := newCodeWorld(t, nil, false, time.Minute)
 	st, c, msg := errorOf(t, w.do(t, t.Context(), w.key, "POST", "/v1/sandboxes/"+w.sb+"/code", `{"code":"1"}`))
@@ -462,8 +468,14 @@ func TestCodeHandlerNoInterpreter(t *testing.T) {
 	w = newCodeWorld(t, nil, true, time.Minute)
 	for p, body := range map[string]string{"/code": `{"code":"1"}`, "/code/contexts": `{}`} {
 		st, c, msg = errorOf(t, w.do(t, t.Context(), w.key, "POST", "/v1/sandboxes/"+w.sb+p, body))
-		if st != 501 || c != "not_implemented" || !strings.Contains(msg, "--network off") {
+		if st != 501 || c != "not_implemented" || !strings.Contains(msg, "cannot connect to ports in sandboxes") {
 			t.Errorf("%s: got %d %s %q, want 501 not_implemented", p, st, c, msg)
 		}
+	}
+	w = newCodeWorld(t, nil, false, time.Minute)
+	w.host.dialErr = fmt.Errorf("dial through the guest agent: %w", errors.ErrUnsupported)
+	st, c, msg = errorOf(t, w.do(t, t.Context(), w.key, "POST", "/v1/sandboxes/"+w.sb+"/code", `{"code":"1"}`))
+	if st != 501 || c != "not_implemented" || !strings.Contains(msg, "recreate the sandbox") {
+		t.Errorf("an old guest agent: got %d %s %q, want 501 not_implemented saying to recreate the sandbox", st, c, msg)
 	}
 }
