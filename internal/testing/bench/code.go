@@ -204,7 +204,7 @@ func CodeBench(ctx context.Context, c *pandastack.Client, o CodeOptions) (res Co
 	var warm, fresh, contexts []time.Duration
 	for range o.Imports {
 		t0 := time.Now()
-		if err := cellIs(ctx, sb, "import pandas\npandas.__name__", "pandas"); err != nil {
+		if err := cellIs(ctx, sb, "import pandas\npandas.__name__", "'pandas'"); err != nil {
 			return res, err
 		}
 		warm = append(warm, time.Since(t0))
