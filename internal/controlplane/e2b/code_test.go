@@ -34,7 +34,6 @@ func (b *codeBackend) Proxy(w http.ResponseWriter, r *http.Request, id string, p
 	return nil
 }
 
-
 func TestTrafficAccessToken(t *testing.T) {
 	secret := []byte("0123456789abcdef")
 	s, err := New(nil, secret, "", nil)
