@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
@@ -75,6 +76,9 @@ type Server struct {
 	sessionEnv map[string]string
 
 	procs procTable
+	// dials counts the dial streams being served (at most
+	// guestproto.MaxGuestDials).
+	dials atomic.Int64
 }
 
 var _ guestproto.Handler = (*Server)(nil)
@@ -161,7 +165,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
-		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses, guestproto.FeaturePTY},
+		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses, guestproto.FeaturePTY, guestproto.FeatureDial},
 	}
 }
 
@@ -192,6 +196,8 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 		s.procList(st)
 	case guestproto.OpProcAttach, guestproto.OpProcStdin, guestproto.OpProcSignal, guestproto.OpProcWait, guestproto.OpProcRemove, guestproto.OpProcResize:
 		s.procOp(ctx, st, req.Op, req.Proc)
+	case guestproto.OpDial:
+		s.dial(ctx, st, req)
 	default:
 		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})
 	}

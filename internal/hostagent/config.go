@@ -55,9 +55,9 @@ type Config struct {
 	// id, which is running (DialGuest checks that first): the sandbox
 	// network's dialer. Its errors are returned wrapped: a refused
 	// connection must match syscall.ECONNREFUSED and a timeout
-	// context.DeadlineExceeded (errors.Is), as net.Dialer's do. Nil: the
-	// host has no sandbox networking (DialGuest fails with
-	// errors.ErrUnsupported).
+	// context.DeadlineExceeded (errors.Is), as net.Dialer's do. Nil:
+	// DialGuest dials over Network if set, else through the sandbox's
+	// guest agent (the host has no network to its guests).
 	Dial func(ctx context.Context, id string, port int) (net.Conn, error)
 	// Network, if set, gives every sandbox a network namespace of its own
 	// joined to the host, with the sandbox's egress policy, DNS and NAT

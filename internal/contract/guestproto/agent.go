@@ -193,7 +193,7 @@ func (a *Agent) ackHello() {
 }
 
 func (a *Agent) open(ctx context.Context, f Frame) {
-	s, _ := a.m.add(f.Stream, a.gen, 0)
+	s, _ := a.m.add(f.Stream, a.gen, 0, false)
 	if s == nil {
 		e := &Error{Code: CodeInvalid, Message: "stream id already in use"}
 		b, _ := json.Marshal(e)

@@ -30,6 +30,7 @@ const (
 	DefaultProbeAfter     = 5 * time.Second
 	DefaultProbeTimeout   = 20 * time.Second
 	DefaultMaxStreams     = 64
+	DefaultMaxDials       = 256
 	DefaultMaxListEntries = 10000
 	DefaultMaxListBytes   = 8 << 20
 )
@@ -75,6 +76,13 @@ type ClientConfig struct {
 	// fail at once with a *Error of CodeBusy (errors.Is ErrTooManyStreams).
 	// Default DefaultMaxStreams (64).
 	MaxStreams int
+	// MaxDials bounds the connections to the guest's ports open at once
+	// (DialPort), counted apart from MaxStreams: a web application's
+	// connections must not starve the sandbox's execs, nor they it.
+	// Beyond it, DialPort fails at once with a *Error of CodeBusy.
+	// Default DefaultMaxDials (256); the guest agent serves at most
+	// MaxGuestDials.
+	MaxDials int
 	// MaxListEntries and MaxListBytes bound a directory listing: ListDir of
 	// a directory with more entries, or whose entries take more bytes of
 	// JSON, fails with a *Error of CodeTooLarge. Defaults
@@ -101,7 +109,7 @@ func (c ClientConfig) Validate() error {
 	}{
 		{"WriteTimeout", int64(c.WriteTimeout)}, {"CallTimeout", int64(c.CallTimeout)},
 		{"ProbeAfter", int64(c.ProbeAfter)}, {"ProbeTimeout", int64(c.ProbeTimeout)},
-		{"ExecGrace", int64(c.ExecGrace)}, {"MaxStreams", int64(c.MaxStreams)},
+		{"ExecGrace", int64(c.ExecGrace)}, {"MaxStreams", int64(c.MaxStreams)}, {"MaxDials", int64(c.MaxDials)},
 		{"MaxListEntries", int64(c.MaxListEntries)}, {"MaxListBytes", int64(c.MaxListBytes)},
 	} {
 		if f.v < 0 {
@@ -134,6 +142,7 @@ func (c ClientConfig) withDefaults() ClientConfig {
 	def(&c.ProbeTimeout, DefaultProbeTimeout)
 	def(&c.ExecGrace, DefaultExecGrace)
 	defInt(&c.MaxStreams, DefaultMaxStreams)
+	defInt(&c.MaxDials, DefaultMaxDials)
 	defInt(&c.MaxListEntries, DefaultMaxListEntries)
 	defInt(&c.MaxListBytes, DefaultMaxListBytes)
 	return c
@@ -162,18 +171,19 @@ func (c ClientConfig) withDefaults() ClientConfig {
 //     for RESUME to be written (at most WriteTimeout, or ctx).
 //   - Stat, Mkdir, Remove, Rename and ListDir take at most CallTimeout (or
 //     ctx) in all.
-//   - ReadFile, WriteFile, StartExec and Exec wait at most CallTimeout (or
-//     ctx) for the guest to start the operation. The transfer that follows
-//     is bounded by ctx, and an exec with TimeoutMS also by TimeoutMS +
-//     ExecGrace. Reading a stream waits for the guest's data; writing waits
-//     for its credit.
+//   - ReadFile, WriteFile, StartExec, Exec and DialPort wait at most
+//     CallTimeout (or ctx) for the guest to start the operation. The
+//     transfer that follows is bounded by ctx (a connection's by its
+//     deadlines and Close), and an exec with TimeoutMS also by TimeoutMS +
+//     ExecGrace. Reading a stream waits for the guest's data; writing
+//     waits for its credit.
 //
 // Memory: a stream buffers at most its credit (256 KiB per channel) of
 // guest data, and credit is granted only on streams that carry data to the
-// host (exec stdout and stderr, downloads, listings), so a Client holds at
-// most about MaxStreams × 1 MiB of guest data (in practice what its readers
-// have not read yet), plus one 64 KiB frame; a listing at most
-// MaxListBytes. Nothing the host sends is queued: a Write waits until the
+// host (exec stdout and stderr, downloads, listings, connections), so a
+// Client holds at most about MaxStreams × 1 MiB + MaxDials × 512 KiB of
+// guest data (in practice what its readers have not read yet), plus one
+// 64 KiB frame; a listing at most MaxListBytes. Nothing the host sends is queued: a Write waits until the
 // connection takes its bytes.
 type Client struct {
 	rwc io.ReadWriteCloser
@@ -188,6 +198,7 @@ type Client struct {
 	watchDir    atomic.Bool // the agent lists FeatureWatchDir
 	procs       atomic.Bool // the agent lists FeatureProcesses
 	pty         atomic.Bool // the agent lists FeaturePTY
+	dials       atomic.Bool // the agent lists FeatureDial
 	closed      chan struct{}
 	closeOnce   sync.Once
 	err         error // set before closed is closed
@@ -362,6 +373,7 @@ func (c *Client) dispatch(f Frame) {
 				c.watchDir.Store(r.HasFeature(FeatureWatchDir))
 				c.procs.Store(r.HasFeature(FeatureProcesses))
 				c.pty.Store(r.HasFeature(FeaturePTY))
+				c.dials.Store(r.HasFeature(FeatureDial))
 				c.established.Store(true)
 			}
 			hw.reply <- r
@@ -602,6 +614,12 @@ func (c *Client) Ping(ctx context.Context) error {
 // cancelling ctx aborts it with RESET. The stream's deadline is armed with
 // CallTimeout for the guest's REPLY.
 func (c *Client) open(ctx context.Context, req *OpenRequest, dataIn int) (*Stream, error) {
+	return c.openStream(ctx, req, dataIn, false)
+}
+
+// openStream is open; dial makes a dial stream (see Stream.dial),
+// counted against MaxDials.
+func (c *Client) openStream(ctx context.Context, req *OpenRequest, dataIn int, dial bool) (*Stream, error) {
 	if err := c.Err(); err != nil {
 		return nil, err
 	}
@@ -627,7 +645,11 @@ func (c *Client) open(ctx context.Context, req *OpenRequest, dataIn int) (*Strea
 		}
 		id := c.nextID
 		c.mu.Unlock()
-		if s, err = c.m.add(id, 0, c.cfg.MaxStreams); err != nil {
+		limit := c.cfg.MaxStreams
+		if dial {
+			limit = c.cfg.MaxDials
+		}
+		if s, err = c.m.add(id, 0, limit, dial); err != nil {
 			return nil, err
 		}
 	}

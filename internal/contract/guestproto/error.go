@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"syscall"
 
 	"github.com/pandastack/pandastack/internal/contract/errs"
 )
@@ -26,6 +27,7 @@ const (
 	CodeTooLarge   Code = "too_large"  // the guest's answer exceeds a host limit, e.g. a listing of too many entries (422)
 	CodeBusy       Code = "busy"       // the host's limit of concurrent operations on this guest is reached; retry later (429)
 	CodeExited     Code = "exited"     // the background process has exited or its stdin is closed (409)
+	CodeRefused    Code = "refused"    // a dial: nothing listens on the guest's port (connection refused; 502)
 	CodeInternal   Code = "internal"   // anything else
 )
 
@@ -48,6 +50,8 @@ func (c Code) Class() errs.Class {
 		return errs.Canceled
 	case CodeBusy:
 		return errs.TooManyRequests
+	case CodeRefused:
+		return errs.BadGateway
 	case CodeInternal:
 		return errs.GuestError
 	}
@@ -76,8 +80,10 @@ func (e *Error) Error() string {
 	return "guest: " + string(e.Code) + ": " + e.Message
 }
 
-// Is makes errors.Is match the sentinel of e's code (ErrNotFound...), and the
-// fs sentinels fs.ErrNotExist, fs.ErrExist and fs.ErrPermission.
+// Is makes errors.Is match the sentinel of e's code (ErrNotFound...), the
+// fs sentinels fs.ErrNotExist, fs.ErrExist and fs.ErrPermission,
+// context.DeadlineExceeded (CodeTimeout) and syscall.ECONNREFUSED
+// (CodeRefused), as a net.Dialer's refused connection does.
 func (e *Error) Is(target error) bool {
 	switch t := target.(type) {
 	case *Error:
@@ -92,6 +98,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == CodePermission
 	case context.DeadlineExceeded:
 		return e.Code == CodeTimeout
+	case syscall.ECONNREFUSED:
+		return e.Code == CodeRefused
 	}
 	return false
 }
@@ -110,6 +118,7 @@ var (
 	ErrTooLarge   = &Error{Code: CodeTooLarge}
 	ErrBusy       = &Error{Code: CodeBusy}
 	ErrExited     = &Error{Code: CodeExited}
+	ErrRefused    = &Error{Code: CodeRefused}
 	ErrInternal   = &Error{Code: CodeInternal}
 )
 

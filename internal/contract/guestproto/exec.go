@@ -105,7 +105,7 @@ type channelReader struct {
 	ch int
 }
 
-func (r channelReader) Read(p []byte) (int, error) { return r.s.read(r.ch, p) }
+func (r channelReader) Read(p []byte) (int, error) { return r.s.read(r.ch, p, nil) }
 
 // Exec runs a process to completion: stdin (nil for none) is streamed to it,
 // its output is copied to stdout and stderr (nil discards) as it is produced.

@@ -20,7 +20,7 @@ func (c *Client) OpenForTest(ctx context.Context, req *OpenRequest) (*Stream, er
 func (c *Client) WaitReplyForTest(s *Stream) (Reply, error) { return c.waitFrame(s, s.reply, "REPLY") }
 func (c *Client) WaitExitForTest(s *Stream) (Reply, error)  { return c.waitFrame(s, s.exit, "EXIT") }
 
-func (s *Stream) ReadStderrForTest(p []byte) (int, error) { return s.read(1, p) }
+func (s *Stream) ReadStderrForTest(p []byte) (int, error) { return s.read(1, p, nil) }
 
 func (s *Stream) CreditForTest(ch int) int {
 	s.mu.Lock()

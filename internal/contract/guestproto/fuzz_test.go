@@ -35,6 +35,7 @@ const (
 	fuzzWrite
 	fuzzBarrier
 	fuzzPing
+	fuzzDial
 	fuzzOps
 )
 
@@ -77,7 +78,7 @@ func FuzzClientRead(f *testing.F) {
 				case fr.Type == guestproto.FrameHello && op == fuzzHello:
 					return
 				case fr.Type == guestproto.FrameHello:
-					b, _ := json.Marshal(guestproto.HelloReply{Session: "fuzz"})
+					b, _ := json.Marshal(guestproto.HelloReply{Session: "fuzz", Features: []string{guestproto.FeatureDial}})
 					_ = guestproto.WriteFrame(guestEnd, guestproto.Frame{Type: guestproto.FrameHelloAck, Payload: b})
 				case fr.Type == guestproto.FrameOpen, fr.Type == guestproto.FrameBarrier, fr.Type == guestproto.FramePing:
 					return
@@ -140,11 +141,23 @@ func fuzzClientOp(t *testing.T, ctx context.Context, c *guestproto.Client, op by
 		}
 	case fuzzPing:
 		_ = c.Ping(ctx)
+	case fuzzDial:
+		conn, err := c.DialPort(ctx, 8080)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		// The guest hangs up after its input: nothing here waits for the
+		// deadline but a bug.
+		_ = conn.SetDeadline(time.Now().Add(fuzzBound))
+		_, _ = conn.Write([]byte("request"))
+		_, _ = io.Copy(io.Discard, conn)
+		_ = conn.(interface{ CloseWrite() error }).CloseWrite()
 	}
 }
 
-// echoHandler serves every stream by echoing it; it never blocks once the
-// stream is aborted.
+// echoHandler serves every stream by echoing it (a dial with ServeConn,
+// to an echo server); it never blocks once the stream is aborted.
 type echoHandler struct{}
 
 func (echoHandler) Hello(context.Context, *guestproto.HelloRequest) guestproto.HelloReply {
@@ -152,6 +165,13 @@ func (echoHandler) Hello(context.Context, *guestproto.HelloRequest) guestproto.H
 }
 
 func (echoHandler) ServeStream(ctx context.Context, s *guestproto.Stream, req *guestproto.OpenRequest) {
+	if req.Op == guestproto.OpDial {
+		// The guest's side of a dial, to an echo server over a pipe.
+		conn, server := net.Pipe()
+		go func() { _, _ = io.Copy(server, server); server.Close() }()
+		guestproto.ServeConn(ctx, s, conn)
+		return
+	}
 	if s.Reply(guestproto.Reply{}) != nil {
 		return
 	}
@@ -257,8 +277,8 @@ func roundTrip[T any](t *testing.T, v *T) {
 	}
 }
 
-// FuzzOpenRequest: the agent's decoding of OPEN, with ExecRequest.Validate
-// and ValidPath on what it carries.
+// FuzzOpenRequest: the agent's decoding of OPEN, with ExecRequest.Validate,
+// ValidPath and ValidPort on what it carries.
 func FuzzOpenRequest(f *testing.F) {
 	f.Add([]byte(`{"op":"exec","exec":{"argv":["ls","-l"],"env":{"K":"V"},"cwd":"/work","timeout_ms":5000,"stdin":true}}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
@@ -269,6 +289,9 @@ func FuzzOpenRequest(f *testing.F) {
 		roundTrip(t, &req)
 		checkPath(t, req.Path)
 		checkPath(t, req.NewPath)
+		if err := guestproto.ValidPort(req.Port); (err == nil) != (req.Port >= 1 && req.Port <= 65535) || err != nil && !errors.Is(err, guestproto.ErrInvalid) {
+			t.Fatalf("ValidPort(%d) = %v", req.Port, err)
+		}
 		if req.Exec != nil {
 			checkExec(t, req.Exec)
 		}

@@ -122,6 +122,8 @@ type OpenRequest struct {
 	Recursive bool `json:"recursive,omitempty"`
 	// Proc names a background process for the proc_* operations.
 	Proc *ProcRequest `json:"proc,omitempty"`
+	// Port is the TCP port on the guest's loopback a dial connects to.
+	Port int `json:"port,omitempty"`
 }
 
 // ExecRequest describes a process to run in the guest.

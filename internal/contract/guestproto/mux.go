@@ -13,6 +13,7 @@ type mux struct {
 
 	mu      sync.Mutex
 	streams map[uint32]*Stream
+	dials   int // of streams, the dial streams (host side)
 }
 
 func newMux(host bool, w *frameWriter) *mux {
@@ -20,18 +21,29 @@ func newMux(host bool, w *frameWriter) *mux {
 }
 
 // add registers a new stream; it returns nil if the id is taken. With
-// limit > 0 it fails with CodeBusy when limit streams are open.
-func (m *mux) add(id uint32, gen uint64, limit int) (*Stream, error) {
+// limit > 0 it fails with CodeBusy when limit streams of its kind are
+// open: dial streams (dial) and the others are counted apart, so that
+// connections to the guest's ports cannot starve its execs and file
+// operations, nor they them.
+func (m *mux) add(id uint32, gen uint64, limit int, dial bool) (*Stream, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if limit > 0 && len(m.streams) >= limit {
+	switch {
+	case limit <= 0:
+	case dial && m.dials >= limit:
+		return nil, Errorf(CodeBusy, "too many connections to this sandbox's ports at once (at most %d); retry when one has closed", limit)
+	case !dial && len(m.streams)-m.dials >= limit:
 		return nil, Errorf(CodeBusy, "too many concurrent operations on this sandbox (at most %d at once); retry when one has finished", limit)
 	}
 	if _, ok := m.streams[id]; ok {
 		return nil, nil
 	}
 	s := newStream(m, id, gen)
+	s.dial = dial
 	m.streams[id] = s
+	if dial {
+		m.dials++
+	}
 	return s, nil
 }
 
@@ -47,6 +59,9 @@ func (m *mux) remove(s *Stream) {
 	defer m.mu.Unlock()
 	if m.streams[s.id] == s {
 		delete(m.streams, s.id)
+		if s.dial {
+			m.dials--
+		}
 	}
 }
 
@@ -62,6 +77,7 @@ func (m *mux) abortAll(err error) {
 	m.mu.Lock()
 	all := m.streams
 	m.streams = make(map[uint32]*Stream)
+	m.dials = 0
 	m.mu.Unlock()
 	for _, s := range all {
 		s.abort(err, nil)
@@ -86,9 +102,9 @@ func (m *mux) streamFrame(f Frame) {
 			s.abort(&Error{Code: CodeInternal, Message: err.Error()}, &Error{Code: CodeInvalid, Message: err.Error()})
 		}
 	case FrameClose:
-		s.onClose()
-		if m.host {
-			// The guest's CLOSE is its last frame: the stream is over.
+		if s.onClose() && m.host {
+			// The guest's CLOSE is its last frame: the stream is over
+			// (a dial stream's once the host has sent its CLOSE too).
 			s.detach()
 		}
 	case FrameReset:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,12 @@ type Stream struct {
 	id  uint32
 	m   *mux
 	gen uint64
+	// dial marks a host's dial stream (OpDial), set before the stream is
+	// used: each side's CLOSE ends only its own direction, so the host
+	// may write after the guest's CLOSE, and the stream ends when both
+	// have sent CLOSE (or at a RESET). It counts against
+	// ClientConfig.MaxDials, not MaxStreams.
+	dial bool
 
 	rxMu [2]sync.Mutex // serializes readers of each channel
 	txMu [2]sync.Mutex // serializes writers of each channel
@@ -112,13 +119,13 @@ func (s *Stream) Err() error {
 
 // Read reads the peer's data (exec stdin, upload bytes, download bytes or
 // exec stdout). It returns io.EOF after the peer's CLOSE.
-func (s *Stream) Read(p []byte) (int, error) { return s.read(0, p) }
+func (s *Stream) Read(p []byte) (int, error) { return s.read(0, p, nil) }
 
 // Write sends p as DATA, waiting for credit.
-func (s *Stream) Write(p []byte) (int, error) { return s.write(0, p) }
+func (s *Stream) Write(p []byte) (int, error) { return s.write(0, p, nil) }
 
 // WriteStderr sends p as DATA flagged STDERR (guest side, exec only).
-func (s *Stream) WriteStderr(p []byte) (int, error) { return s.write(1, p) }
+func (s *Stream) WriteStderr(p []byte) (int, error) { return s.write(1, p, nil) }
 
 // Reply sends the REPLY frame, the guest's first frame on a stream.
 func (s *Stream) Reply(r Reply) error { return s.sendJSON(FrameReply, r) }
@@ -127,6 +134,8 @@ func (s *Stream) Reply(r Reply) error { return s.sendJSON(FrameReply, r) }
 func (s *Stream) Exit(r Reply) error { return s.sendJSON(FrameExit, r) }
 
 // CloseWrite sends CLOSE: no more DATA from this side. It is idempotent.
+// It waits for a Write in progress on the stream to return. On the host,
+// the CLOSE that ends a dial stream's second direction ends the stream.
 func (s *Stream) CloseWrite() error {
 	for i := range s.txMu {
 		s.txMu[i].Lock()
@@ -139,8 +148,13 @@ func (s *Stream) CloseWrite() error {
 		return err
 	}
 	s.localClosed = true
+	over := s.m.host && s.dial && s.remoteClosed
 	s.mu.Unlock()
-	return s.m.w.enqueue(&outFrame{f: Frame{Type: FrameClose, Stream: s.id}, gen: s.gen}, false)
+	err := s.m.w.enqueue(&outFrame{f: Frame{Type: FrameClose, Stream: s.id}, gen: s.gen}, false)
+	if over {
+		s.detach()
+	}
+	return err
 }
 
 // Reset aborts the stream and tells the peer why with a RESET frame.
@@ -182,8 +196,10 @@ func (s *Stream) sendJSON(t FrameType, v any) error {
 // write sends p as DATA on channel ch. It parks p on the stream and waits
 // until the frame writer has taken all of it (see frameWriter): credit is
 // charged as the writer takes bytes, so a transport that does not drain
-// holds the caller here rather than a copy of p in a queue.
-func (s *Stream) write(ch int, p []byte) (int, error) {
+// holds the caller here rather than a copy of p in a queue. A closed
+// cancel (a deadline; nil: none) ends the wait with
+// os.ErrDeadlineExceeded and the count of the bytes the writer took.
+func (s *Stream) write(ch int, p []byte, cancel <-chan struct{}) (int, error) {
 	s.txMu[ch].Lock()
 	defer s.txMu[ch].Unlock()
 	s.mu.Lock()
@@ -191,11 +207,20 @@ func (s *Stream) write(ch int, p []byte) (int, error) {
 	if err := s.writableLocked(); err != nil {
 		return 0, err
 	}
+	if closed(cancel) {
+		return 0, os.ErrDeadlineExceeded
+	}
 	tx := &s.tx[ch]
 	tx.pending = p
 	s.readyLocked(ch)
 	for len(tx.pending) > 0 {
-		if err := s.writableLocked(); err != nil {
+		err := s.writableLocked()
+		if err == nil && closed(cancel) {
+			err = os.ErrDeadlineExceeded
+		}
+		if err != nil {
+			// The writer takes bytes only under s.mu: what it has not
+			// taken yet is not sent.
 			n := len(p) - len(tx.pending)
 			tx.pending = nil
 			return n, err
@@ -204,11 +229,22 @@ func (s *Stream) write(ch int, p []byte) (int, error) {
 		select {
 		case <-tx.wake:
 		case <-s.done:
+		case <-cancel:
 		}
 		s.mu.Lock()
 	}
 	tx.pending = nil
 	return len(p), nil
+}
+
+// closed reports whether c is closed (false for nil).
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // writableLocked reports why DATA can no longer be sent, or nil.
@@ -218,7 +254,7 @@ func (s *Stream) writableLocked() error {
 		return s.err
 	case s.localClosed:
 		return io.ErrClosedPipe
-	case s.m.host && s.remoteClosed:
+	case s.m.host && s.remoteClosed && !s.dial:
 		return ErrStreamDone
 	}
 	return nil
@@ -263,7 +299,9 @@ func (s *Stream) takeData(ch int, buf []byte) (Frame, bool) {
 	return Frame{Type: FrameData, Flags: flags, Stream: s.id, Payload: buf[:k]}, true
 }
 
-func (s *Stream) read(ch int, p []byte) (int, error) {
+// read reads the peer's data of channel ch. A closed cancel (a deadline;
+// nil: none) ends it with os.ErrDeadlineExceeded, buffered data or not.
+func (s *Stream) read(ch int, p []byte, cancel <-chan struct{}) (int, error) {
 	s.rxMu[ch].Lock()
 	defer s.rxMu[ch].Unlock()
 	s.mu.Lock()
@@ -272,6 +310,9 @@ func (s *Stream) read(ch int, p []byte) (int, error) {
 	for {
 		if s.err != nil {
 			return 0, s.err
+		}
+		if closed(cancel) {
+			return 0, os.ErrDeadlineExceeded
 		}
 		if rx.n > 0 {
 			if len(p) == 0 {
@@ -300,6 +341,7 @@ func (s *Stream) read(ch int, p []byte) (int, error) {
 		select {
 		case <-rx.wake:
 		case <-s.done:
+		case <-cancel:
 		}
 		s.mu.Lock()
 	}
@@ -400,14 +442,17 @@ func (s *Stream) onWindow(flags uint8, payload []byte) error {
 	return nil
 }
 
-// onClose records the peer's CLOSE.
-func (s *Stream) onClose() {
+// onClose records the peer's CLOSE. It reports whether the stream is over
+// for the host (the guest's CLOSE is its last frame, but for a dial
+// stream whose host has not sent its own CLOSE yet).
+func (s *Stream) onClose() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.remoteClosed {
-		return
+		return false
 	}
 	s.remoteClosed = true
+	over := !s.dial || s.localClosed
 	if s.rclosed != nil {
 		close(s.rclosed)
 	}
@@ -415,6 +460,7 @@ func (s *Stream) onClose() {
 		notify(s.rx[i].wake)
 		notify(s.tx[i].wake)
 	}
+	return over
 }
 
 // abort ends the stream with err, unless it already ended. If send is not

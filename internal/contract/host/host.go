@@ -132,7 +132,9 @@ type Process interface {
 
 // GuestDialer is an optional ability of a Host: TCP connections to the
 // guests of its running sandboxes (the guest's fixed address on the
-// sandbox's own network). A Host without it has no sandbox networking.
+// sandbox's own network, or, on a host without sandbox networking, the
+// guest's loopback through its guest agent). A Host without it cannot
+// reach its guests' ports.
 type GuestDialer interface {
 	// DialGuest opens a TCP connection to port (1-65535) of the guest of
 	// the running sandbox id. The connection is the caller's to close; the
@@ -142,9 +144,11 @@ type GuestDialer interface {
 	// range), an error matching syscall.ECONNREFUSED (errors.Is) when
 	// nothing listens on the port, one matching context.DeadlineExceeded
 	// when the guest does not answer in time or ctx ends,
-	// errors.ErrUnsupported when the host has no sandbox networking,
-	// ErrUnavailable when a remote host cannot be reached. Safe for
-	// concurrent use.
+	// errors.ErrUnsupported when the host cannot reach the guest's ports
+	// (no sandbox networking, and a guest agent too old to carry
+	// connections), a *guestproto.Error of CodeBusy when the guest agent
+	// carries its limit of connections, ErrUnavailable when a remote host
+	// cannot be reached. Safe for concurrent use.
 	DialGuest(ctx context.Context, id string, port int) (net.Conn, error)
 }
 

@@ -90,15 +90,19 @@
 //     and its Close ends them.
 //   - dial (GET …/sandboxes/{id}/dial?port=N, with Connection: Upgrade and
 //     Upgrade: panda-tcp) opens a TCP connection to port N of the guest
-//     (the agent's DialGuest) and answers 101 Switching Protocols; from
-//     then on the connection, still inside its TLS session, carries that
-//     TCP connection's bytes both ways, unframed, until either side
-//     closes. A side that finishes sending half-closes (TLS close_notify
-//     towards the client, FIN towards the guest) and can still read the
-//     other's answer. A dial that fails is an ordinary error answer:
-//     not_found, conflict (the sandbox is not running), invalid (port),
-//     refused (nothing listens on the port), timeout, unsupported (the
-//     host has no sandbox networking). The client makes a new connection
+//     (the agent's DialGuest: over the sandbox's network, or through its
+//     guest agent on a host without sandbox networking) and answers 101
+//     Switching Protocols; from then on the connection, still inside its
+//     TLS session, carries that TCP connection's bytes both ways,
+//     unframed, until either side closes. A side that finishes sending
+//     half-closes (TLS close_notify towards the client, FIN or the agent
+//     channel's CLOSE towards the guest) and can still read the other's
+//     answer. A dial that fails is an ordinary error answer: not_found,
+//     conflict (the sandbox is not running), invalid (port), refused
+//     (nothing listens on the port), timeout, unsupported (the host has no
+//     sandbox networking and the sandbox's guest agent is too old to carry
+//     connections), guest.busy (too many connections carried by the
+//     sandbox's guest agent). The client makes a new connection
 //     to the agent per dial, never reused: the control plane's port proxy
 //     pools the connections it gets. Dials are not requests in flight for
 //     the server's Shutdown; its Close ends them.

@@ -105,18 +105,15 @@ func (b e2bBackend) AcquireGuest(ctx context.Context, id string) (func(), error)
 
 func (b e2bBackend) MaxUploadBytes() int64 { return b.s.cfg.MaxUploadBytes }
 
-// errCodeNoNetworking: the code interpreter is reached over the sandbox's
-// network (DialGuest), which this server's host does not have.
-var errCodeNoNetworking = errorf(controlplane.NotImplemented,
-	"the code interpreter needs sandbox networking; this server runs with --network off")
-
 // Proxy sends an E2B request for a port of a sandbox's guest (the code
 // interpreter's), which the E2B layer authenticated with the sandbox's
 // token, through the port proxy (proxyTo) as a request of the sandbox's
 // key: its guards drop every credential of this server, E2B's tokens
 // whatever they hold (proxyTarget.e2b), and it counts against the
 // proxy's limits. It came to the API's address (E2B_SANDBOX_URL), or by
-// its host on the proxy domain, an origin of its own.
+// its host on the proxy domain, an origin of its own. What reaching the
+// guest fails with (a host that cannot dial guests, nothing listening) is
+// answered by the proxy (proxyTo, guestProxy.fail).
 func (b e2bBackend) Proxy(w http.ResponseWriter, r *http.Request, id string, port int) error {
 	sb, err := b.s.cat.GetSandbox(r.Context(), id)
 	if errors.Is(err, catalog.ErrNotFound) {
@@ -127,9 +124,6 @@ func (b e2bBackend) Proxy(w http.ResponseWriter, r *http.Request, id string, por
 	}
 	if sb.State != catalog.StateRunning {
 		return conflict("sandbox %s is %s, not running", sb.ID, sb.State)
-	}
-	if b.s.proxy.dialer == nil {
-		return errCodeNoNetworking
 	}
 	_, _, domain := b.s.proxyHost(r.Host)
 	b.s.proxyTo(w, r, &proxyTarget{sb: sb, port: port, path: r.URL.EscapedPath(), query: r.URL.RawQuery, domain: domain, e2b: true})

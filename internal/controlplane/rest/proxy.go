@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
@@ -449,6 +450,11 @@ func (p *guestProxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 var errNoNetworking = errorf(controlplane.NotImplemented,
 	"this server cannot reach ports in sandboxes: its host has no sandbox networking")
 
+// errOldAgent: the host has no network to its guests and reaches their
+// ports through their guest agents, but this one is too old for it.
+var errOldAgent = errorf(controlplane.NotImplemented,
+	"this server reaches ports in sandboxes through their guest agent (its host has no sandbox networking), and this sandbox's is too old for it: recreate the sandbox from a current template")
+
 // classify turns a failure to reach the guest into what users see.
 func (p *guestProxy) classify(t *proxyTarget, err error) *controlplane.Error {
 	var ne net.Error
@@ -457,7 +463,9 @@ func (p *guestProxy) classify(t *proxyTarget, err error) *controlplane.Error {
 		errors.Is(err, host.ErrInvalid), errors.Is(err, host.ErrNotReady):
 		return controlplane.Classify(err)
 	case errors.Is(err, errors.ErrUnsupported):
-		return errNoNetworking
+		return errOldAgent
+	case guestproto.CodeOf(err) == guestproto.CodeBusy:
+		return errorf(controlplane.TooManyRequests, "too many connections to the ports of sandbox %s at once; retry when some have closed", t.sb.ID)
 	case errors.Is(err, syscall.ECONNREFUSED) && t.e2b && t.port == e2b.CodePort:
 		return errorf(controlplane.BadGateway, "sandbox %s has no code interpreter: create it from the code-interpreter template (E2B's code-interpreter-v1)", t.sb.ID)
 	case errors.Is(err, syscall.ECONNREFUSED):
