@@ -6,11 +6,15 @@
 # second time.
 #
 # Usage: scripts/setup.sh deps | kernel | agent AGENT | initramfs AGENT |
-#        rootfs base|tiny | images AGENT | all AGENT
-# `images AGENT` is kernel, agent, initramfs and both root filesystems (what
+#        rootfs base|tiny|code-interpreter | images AGENT | all AGENT
+# `images AGENT` is kernel, agent, initramfs and the root filesystems (what
 # `make setup` runs after deps; scripts/setup_test.go runs it into an empty
 # directory); `all` is deps and images.
-# Environment: IMAGES (default /var/lib/pandastack/images).
+# Environment: IMAGES (default /var/lib/pandastack/images); ROOTFS, the root
+# filesystems `images` builds, in order (default "tiny base
+# code-interpreter"; scripts/setup_test.go passes "tiny base": the code
+# interpreter's is base's recipe with more packages and would only cost it
+# time).
 #
 # Nothing is downloaded except Debian packages through apt.
 #
@@ -53,7 +57,19 @@ KERNEL_PACKAGE=linux-image-cloud-amd64
 # when one is missing from an existing kernel directory.
 GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console virtio_net)
 BASE_PACKAGES=python3,git,curl,ca-certificates,procps,iproute2,less,xz-utils
+# The code-interpreter template's packages, on top of base's: the Jupyter
+# kernel and the data stack its Python contexts import warm, and Node.js for
+# its JavaScript contexts. Without recommends (mmdebstrap's default, made
+# explicit). python3-munkres is the cheap alternative of python3-fonttools's
+# dependency "python3-scipy | python3-munkres" (fonttools comes with
+# matplotlib): without it apt takes scipy, and with it pythran, gcc and
+# boost's headers (1.4 GB instead of about 1 GB).
+# The code server itself is not in the image (internal/hostagent/template/
+# codeinterp: the bake writes it into the guest).
+CODE_PACKAGES=python3-ipykernel,python3-jupyter-client,python3-numpy,python3-pandas,python3-matplotlib,python3-munkres,nodejs
 ROOTFS_BASE_MIB=${ROOTFS_BASE_MIB:-4096}
+ROOTFS_CODE_MIB=${ROOTFS_CODE_MIB:-4096}
+ROOTFS=${ROOTFS:-tiny base code-interpreter}
 ROOTFS_TINY_MIB=${ROOTFS_TINY_MIB:-2048}
 # apt-get waits up to 10 minutes for dpkg's lock instead of failing at once,
 # and retries a failed download.
@@ -363,6 +379,31 @@ quick_login() {
 	fi
 }
 
+# debian_root builds Debian 12 (minbase) with the packages $2 (comma
+# separated) and user "user" into directory $1; further arguments are
+# mmdebstrap options. Commands then start quickly under `bash -l`
+# (quick_login).
+debian_root() {
+	local root=$1 packages=$2
+	shift 2
+	local sources=/etc/apt/sources.list.d/debian.sources
+	[ -f "$sources" ] || sources=/etc/apt/sources.list
+	# useradd: E2B's templates run commands as user "user" (home
+	# /home/user), and so do e2b SDKs against base (internal/controlplane/e2b).
+	mmdebstrap --variant=minbase --include="$packages" \
+		--aptopt='Acquire::Retries "3"' \
+		--dpkgopt='path-exclude=/usr/share/doc/*' \
+		--dpkgopt='path-exclude=/usr/share/man/*' \
+		--dpkgopt='path-exclude=/usr/share/locale/*' \
+		--dpkgopt='path-include=/usr/share/locale/locale.alias' \
+		--customize-hook='echo "127.0.0.1 localhost" > "$1/etc/hosts"' \
+		--customize-hook='rm -f "$1/etc/machine-id" "$1/etc/hostname"' \
+		--customize-hook='chroot "$1" useradd --create-home --shell /bin/bash --uid 1000 --user-group user' \
+		"$@" \
+		bookworm "$root" "$sources" </dev/null
+	quick_login "$root"
+}
+
 # rootfs builds an ext4 image from a directory tree without mounting anything.
 rootfs() {
 	local name=$1 out="$IMAGES/rootfs-$1.ext4"
@@ -370,12 +411,13 @@ rootfs() {
 	local recipe help
 	case "$name" in
 	base) recipe="base ${ROOTFS_BASE_MIB}MiB $BASE_PACKAGES user login" ;;
+	code-interpreter) recipe="code-interpreter ${ROOTFS_CODE_MIB}MiB $BASE_PACKAGES,$CODE_PACKAGES user login norecommends mplcache" ;;
 	tiny)
 		[ -x /bin/busybox ] || die "/bin/busybox is missing: run $0 deps first"
 		help=$(/bin/busybox --help 2>&1) || true
 		recipe="tiny ${ROOTFS_TINY_MIB}MiB ${help%%$'\n'*}"
 		;;
-	*) die "unknown rootfs $name (want base or tiny)" ;;
+	*) die "unknown rootfs $name (want base, tiny or code-interpreter)" ;;
 	esac
 	local stamp=()
 	[ ! -f "$out.stamp" ] || mapfile -t stamp <"$out.stamp"
@@ -390,22 +432,17 @@ rootfs() {
 	case "$name" in
 	base)
 		step "building rootfs base: Debian 12 minbase + $BASE_PACKAGES (about a minute)"
-		local sources=/etc/apt/sources.list.d/debian.sources
-		[ -f "$sources" ] || sources=/etc/apt/sources.list
-		# useradd: E2B's templates run commands as user "user" (home
-		# /home/user), and so do e2b SDKs against base (internal/controlplane/e2b).
-		mmdebstrap --variant=minbase --include="$BASE_PACKAGES" \
-			--aptopt='Acquire::Retries "3"' \
-			--dpkgopt='path-exclude=/usr/share/doc/*' \
-			--dpkgopt='path-exclude=/usr/share/man/*' \
-			--dpkgopt='path-exclude=/usr/share/locale/*' \
-			--dpkgopt='path-include=/usr/share/locale/locale.alias' \
-			--customize-hook='echo "127.0.0.1 localhost" > "$1/etc/hosts"' \
-			--customize-hook='rm -f "$1/etc/machine-id" "$1/etc/hostname"' \
-			--customize-hook='chroot "$1" useradd --create-home --shell /bin/bash --uid 1000 --user-group user' \
-			bookworm "$tmp/root" "$sources" </dev/null
-		quick_login "$tmp/root"
+		debian_root "$tmp/root" "$BASE_PACKAGES"
 		size=$ROOTFS_BASE_MIB
+		;;
+	code-interpreter)
+		step "building rootfs code-interpreter: Debian 12 minbase + base's packages + $CODE_PACKAGES (a few minutes)"
+		debian_root "$tmp/root" "$BASE_PACKAGES,$CODE_PACKAGES" \
+			--aptopt='APT::Install-Recommends "false"' \
+			--customize-hook='chroot "$1" python3 -c "import numpy, pandas, IPython, ipykernel, jupyter_client"' \
+			--customize-hook='chroot "$1" node -e "require(\"vm\")"' \
+			--customize-hook='chroot "$1" runuser -u user -- env HOME=/home/user MPLBACKEND=Agg python3 -c "import io, matplotlib.pyplot as p; p.plot([1, 2]); p.savefig(io.BytesIO(), format=\"png\")"'
+		size=$ROOTFS_CODE_MIB
 		;;
 	tiny)
 		step "building rootfs tiny: busybox"
@@ -435,11 +472,13 @@ images() {
 	kernel
 	agent "$1"
 	initramfs "$IMAGES/panda-guest"
-	rootfs tiny
-	rootfs base
+	local r
+	for r in $ROOTFS; do
+		rootfs "$r"
+	done
 }
 
-usage="usage: $0 deps | kernel | agent AGENT | initramfs AGENT | rootfs base|tiny | images AGENT | all AGENT"
+usage="usage: $0 deps | kernel | agent AGENT | initramfs AGENT | rootfs base|tiny|code-interpreter | images AGENT | all AGENT"
 
 main() {
 	case "${1:-}" in
@@ -452,7 +491,7 @@ main() {
 	kernel) kernel ;;
 	agent) agent "${2:?agent path}" ;;
 	initramfs) initramfs "${2:?agent path}" ;;
-	rootfs) rootfs "${2:?base or tiny}" ;;
+	rootfs) rootfs "${2:?base, tiny or code-interpreter}" ;;
 	images) images "${2:?agent path}" ;;
 	all)
 		deps

@@ -98,7 +98,8 @@ type Meta struct {
 	Cmdline string      `json:"cmdline"`
 	// Inputs are the SHA-256 hashes of kernel, initramfs, agent and rootfs,
 	// and for a template whose bake starts commands (Startup) "startup",
-	// the hash of those commands.
+	// the hash of those commands; for one whose bake writes files into
+	// the guest first (the built-in CodeInterpreter) "files", their hash.
 	Inputs  map[string]string `json:"inputs"`
 	BakedAt time.Time         `json:"baked_at"`
 	BakeMS  int64             `json:"bake_ms"`
@@ -121,7 +122,15 @@ type Progress func(msg string)
 
 // Reserved are the names of the built-in root filesystems, which user
 // templates may never take (even on a host that lacks them).
-var Reserved = []string{"base", "tiny"}
+var Reserved = []string{"base", "tiny", CodeInterpreter}
+
+// CodeInterpreter is the built-in template whose bake starts the code
+// server (internal/hostagent/template/codeinterp): E2B's code-interpreter
+// protocol on CodeInterpreterPort of each of its sandboxes.
+const (
+	CodeInterpreter     = "code-interpreter"
+	CodeInterpreterPort = 49999
+)
 
 // NotAName is the one valid-looking name no template may take: the REST
 // API's /v1/templates/builds is the list of template builds.

@@ -13,21 +13,35 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/template/codeinterp"
 )
 
 // guestRun is what the commands of a bake's Startup run with: the image's
-// environment, working directory and user (as the template's execs).
+// environment, working directory and user (as the template's execs), and
+// the files written into the guest before them.
 type guestRun struct {
 	templates.Startup
 	Env  map[string]string
 	Cwd  string
 	User string
+	// Files are written (as root) before StartCmd runs; FilesHash is
+	// their content hash, the bake's "files" input ("" for none).
+	Files     []codeinterp.File
+	FilesHash string
 }
 
 // startupOf returns what the bake of template name starts in its guest:
-// a user template's Startup and image defaults; nothing for a built-in.
+// a user template's Startup and image defaults; for the built-in
+// code-interpreter its code server (package codeinterp); nothing for the
+// other built-ins.
 func (s *Store) startupOf(name string) (guestRun, error) {
 	if s.rootfsPath(name) == s.cfg.Images.RootFS(name) {
+		if name == templates.CodeInterpreter {
+			return guestRun{
+				Startup: codeinterp.Startup(), User: codeinterp.User, Cwd: codeinterp.Home,
+				Files: codeinterp.Files(), FilesHash: codeinterp.Hash(),
+			}, nil
+		}
 		return guestRun{}, nil
 	}
 	u, err := s.UserRootFS(name)
@@ -66,8 +80,17 @@ else
 	/bin/sh -c "$1" </dev/null >` + templates.StartLog + ` 2>&1 &
 fi`
 
-// runStartup starts g.StartCmd and waits for g.ReadyCmd to succeed.
+// runStartup writes g.Files, starts g.StartCmd and waits for g.ReadyCmd
+// to succeed.
 func runStartup(ctx context.Context, client *guestproto.Client, g guestRun, say func(string, ...any)) error {
+	if len(g.Files) > 0 {
+		say("writing %d files into the guest", len(g.Files))
+		for _, f := range g.Files {
+			if _, err := client.WriteFile(ctx, f.Path, bytes.NewReader(f.Data), f.Mode); err != nil {
+				return fmt.Errorf("write %s into the guest: %w", f.Path, err)
+			}
+		}
+	}
 	if g.StartCmd != "" {
 		say("starting the start command")
 		var out bytes.Buffer

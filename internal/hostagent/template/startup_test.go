@@ -3,12 +3,15 @@ package template
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/templates"
+	"github.com/pandastack/pandastack/internal/hostagent/template/codeinterp"
 )
 
 // A template's start and ready commands are part of its identity: the
@@ -141,5 +144,62 @@ func TestTryUserRootFS(t *testing.T) {
 	keep()
 	if u, err := st.UserRootFS("app"); err != nil || u.Source != "three" || u.Version != 2 || versions() != 2 {
 		t.Errorf("after keep: %+v, %v, %d versions; want three as version 2, 2 versions (the older kept)", u, err, versions())
+	}
+}
+
+// The built-in code-interpreter's bake writes the code server's files and
+// starts it as user "user"; their hash is its "files" input and its
+// commands its "startup" input, so a change to either re-bakes it. The
+// other built-ins start nothing and keep their inputs.
+func TestCodeInterpreterStartup(t *testing.T) {
+	st := fakeStore(t)
+	if err := os.WriteFile(st.cfg.Images.RootFS(templates.CodeInterpreter), []byte("ci"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g, err := st.startupOf(templates.CodeInterpreter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Startup != codeinterp.Startup() || g.User != codeinterp.User || g.Cwd != codeinterp.Home {
+		t.Errorf("startupOf(code-interpreter) = %+v, want codeinterp's startup as %s in %s", g, codeinterp.User, codeinterp.Home)
+	}
+	if len(g.Files) == 0 || g.FilesHash != codeinterp.Hash() {
+		t.Errorf("startupOf(code-interpreter): %d files, hash %q; want codeinterp's files and hash", len(g.Files), g.FilesHash)
+	}
+	in, err := st.inputs(templates.CodeInterpreter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in["files"] != codeinterp.Hash() || in["startup"] != startupHash(codeinterp.Startup()) {
+		t.Errorf("inputs(code-interpreter) = %v, want files %s and the startup's hash", in, codeinterp.Hash())
+	}
+
+	// A template baked with other files is stale for them.
+	p := templates.Params{Name: templates.CodeInterpreter, MemoryMiB: 512, VCPUs: 1}
+	old := maps.Clone(in)
+	old["files"] = "an older server"
+	tdir := filepath.Join(st.cfg.Dir, p.Key())
+	os.MkdirAll(tdir, 0o700)
+	b, _ := json.Marshal(templates.Meta{Params: p, Inputs: old, Accel: st.cfg.Accel, Cmdline: st.cmdline()})
+	if err := os.WriteFile(filepath.Join(tdir, metaFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, reason, err := st.Lookup(p); err != nil || !strings.Contains(reason, "files") {
+		t.Errorf("Lookup of a template baked with other files: reason %q, err %v; want stale for its files", reason, err)
+	}
+
+	g, err = st.startupOf("tiny")
+	if err != nil || !g.IsZero() || len(g.Files) != 0 {
+		t.Errorf("startupOf(tiny) = %+v, %v; want nothing", g, err)
+	}
+	in, err = st.inputs("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := in["files"]; ok {
+		t.Errorf("inputs(tiny) = %v: has files", in)
+	}
+	if _, ok := in["startup"]; ok {
+		t.Errorf("inputs(tiny) = %v: has startup", in)
 	}
 }

@@ -301,6 +301,9 @@ func (s *Store) Lookup(p templates.Params) (t *Template, staleReason string, err
 	if t.Inputs["startup"] != inputs["startup"] {
 		return t, "its start or ready command changed since it was baked", nil
 	}
+	if t.Inputs["files"] != inputs["files"] {
+		return t, "the files its bake writes into the guest changed since it was baked", nil
+	}
 	if t.Accel != s.cfg.Accel {
 		return t, fmt.Sprintf("baked for %s, running %s", t.Accel, s.cfg.Accel), nil
 	}
@@ -368,6 +371,9 @@ func (s *Store) inputs(name string) (map[string]string, error) {
 	}
 	if h := startupHash(g.Startup); h != "" {
 		out["startup"] = h
+	}
+	if g.FilesHash != "" {
+		out["files"] = g.FilesHash
 	}
 	return out, nil
 }
@@ -452,7 +458,7 @@ func (s *Store) bake(ctx context.Context, p templates.Params, reason string, pro
 	if err != nil {
 		return nil, err
 	}
-	if startupHash(run.Startup) != inputs["startup"] {
+	if startupHash(run.Startup) != inputs["startup"] || run.FilesHash != inputs["files"] {
 		return nil, fmt.Errorf("bake %s: its start and ready commands changed while it was being baked", p.Key())
 	}
 	tmp, err := os.MkdirTemp(s.cfg.Dir, ".bake-"+p.Key()+"-")
@@ -623,7 +629,7 @@ func (s *Store) bootAndSave(ctx context.Context, t *Template, dir string, run gu
 			return "", fmt.Errorf("warm-up exec %v: %w", argv, err)
 		}
 	}
-	if !run.IsZero() {
+	if !run.IsZero() || len(run.Files) > 0 {
 		if err := runStartup(ctx, client, run, say); err != nil {
 			return "", err
 		}
