@@ -436,10 +436,11 @@ rootfs() {
 		size=$ROOTFS_BASE_MIB
 		;;
 	code-interpreter)
-		step "building rootfs code-interpreter: Debian 12 minbase + base's packages + $CODE_PACKAGES (a few minutes)"
+		step "building rootfs code-interpreter: Debian 12 minbase + base's packages + $CODE_PACKAGES (about a minute and a half)"
 		debian_root "$tmp/root" "$BASE_PACKAGES,$CODE_PACKAGES" \
 			--aptopt='APT::Install-Recommends "false"' \
 			--customize-hook='chroot "$1" python3 -c "import numpy, pandas, IPython, ipykernel, jupyter_client"' \
+			--customize-hook='chroot "$1" python3 -m ipykernel_launcher --help >/dev/null' \
 			--customize-hook='chroot "$1" node -e "require(\"vm\")"' \
 			--customize-hook='chroot "$1" runuser -u user -- env HOME=/home/user MPLBACKEND=Agg python3 -c "import io, matplotlib.pyplot as p; p.plot([1, 2]); p.savefig(io.BytesIO(), format=\"png\")"'
 		size=$ROOTFS_CODE_MIB

@@ -222,7 +222,8 @@ func (g codeGuest) waitBusy(t *testing.T, ctx context.Context, id string) {
 // and bash contexts keeping state, interrupted by timeout_ms and by
 // /interrupt; two cells of one context running in the order they came; a
 // client leaving mid-cell, which interrupts it and leaves the context
-// usable; contexts created, listed and removed; bad requests; and last a
+// usable; contexts created, listed and removed; bad requests; a fork
+// taken mid-cell, whose child drops its copy of the cell; and last a
 // Python interpreter that dies (os._exit), reported as KernelDied until a
 // restart brings it back warm.
 func TestCodeGuest(t *testing.T) {
@@ -232,12 +233,22 @@ func TestCodeGuest(t *testing.T) {
 	start := time.Now()
 	sb := w.codeSandbox(t, ctx, "")
 	t.Logf("created %s in %.1fs", sb.ID, time.Since(start).Seconds())
+	if ts, err := w.client(t, w.AdminKey()).Templates(ctx); err == nil {
+		for _, tp := range ts {
+			if tp.Name == codeTemplate && tp.MemoryMiB == codeMemoryMiB {
+				t.Logf("the template was baked in %.1fs", float64(tp.BakeMS)/1000)
+			}
+		}
+	}
 	g := codeGuest{w: w, id: sb.ID}
 
 	t.Run("Health", func(t *testing.T) {
 		code, b := g.request(t, ctx, "GET", "/health", nil)
 		if code != http.StatusOK || !strings.Contains(string(b), `"ok"`) {
 			t.Fatalf("GET /health: %d %s, want 200 ok", code, b)
+		}
+		if r := g.mustExec(t, ctx, map[string]any{"code": "free -m | sed -n 2p; ps -u user -o rss=,args= | sort -rn | head -4", "language": "bash"}); r.err() == nil {
+			t.Logf("guest memory (MiB) and the largest processes (RSS KiB):\n%s", r.stdout())
 		}
 		cs := g.contexts(t, ctx)
 		for _, lang := range []string{"python", "javascript", "bash"} {
@@ -314,6 +325,32 @@ func TestCodeGuest(t *testing.T) {
 		if lc.Type != "line" || lc.Title != "growth" || lc.XLabel != "time (s)" || lc.XUnit != "s" || lc.XScale != "linear" ||
 			len(lc.Elements) != 1 || lc.Elements[0].Label != "up" || fmt.Sprint(lc.Elements[0].Points) != "[[1 4] [2 5] [3 6]]" {
 			t.Errorf("chart %s: want a line chart 'growth', x 'time (s)' in s, linear, one line 'up' of (1,4) (2,5) (3,6)", c)
+		}
+
+		// The other chart types, one figure each.
+		r = g.mustExec(t, ctx, map[string]any{"code": "fig, ax = plt.subplots(); ax.bar(['a', 'b'], [3, 4], label='n'); plt.show()\n" +
+			"fig, ax = plt.subplots(); ax.pie([1, 3], labels=['p', 'q']); plt.show()\n" +
+			"fig, ax = plt.subplots(); ax.boxplot([[1, 2, 3, 4, 50]]); plt.show()\n" +
+			"fig, (a, b) = plt.subplots(1, 2); fig.suptitle('two'); a.scatter([1], [2]); b.plot([1, 2]); plt.show()"})
+		var charts []string
+		for _, l := range r.Lines {
+			if l.typ() == "result" && l["chart"] != nil {
+				b, _ := json.Marshal(l["chart"])
+				charts = append(charts, string(b))
+			}
+		}
+		for i, want := range []string{
+			`"elements":[{"group":"n","label":"a","value":3},{"group":"n","label":"b","value":4}],`,
+			`"elements":[{"angle":90,"label":"p","radius":1},{"angle":270,"label":"q","radius":1}],`,
+			`"elements":[{"first_quartile":2,"label":"1","max":4,"median":3,"min":1,"outliers":[50],"third_quartile":4}],`,
+			`"title":"two","type":"superchart"`,
+		} {
+			if i >= len(charts) || !strings.Contains(charts[i], want) {
+				t.Errorf("chart %d: want one with %s; got %v", i, want, charts)
+			}
+		}
+		if len(charts) == 4 && (!strings.Contains(charts[3], `"type":"scatter"`) || !strings.Contains(charts[3], `"type":"line"`)) {
+			t.Errorf("superchart %s: want a scatter and a line chart", charts[3])
 		}
 
 		r = g.mustExec(t, ctx, map[string]any{"code": "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', None]})"})
@@ -513,6 +550,54 @@ func TestCodeGuest(t *testing.T) {
 			if code, _ := g.request(t, ctx, "POST", p, nil); code != http.StatusNotFound {
 				t.Errorf("POST %s: %d, want 404", p, code)
 			}
+		}
+	})
+
+	// A fork taken while a cell runs: the child's copy of the cell is
+	// interrupted at once (its /etc/machine-id is not the parent's, and
+	// nobody listens to it there), so the child's context is free; the
+	// parent's cell runs on until it is interrupted.
+	t.Run("Fork", func(t *testing.T) {
+		started := make(chan struct{})
+		parent := make(chan codeRun, 1)
+		go func() {
+			var once sync.Once
+			r, _ := g.exec(ctx, map[string]any{"code": "import time\nz = 1\nprint('forking', flush=True)\ntime.sleep(600)\nz = 2"}, func(l codeLine) {
+				if strings.Contains(l.str("text"), "forking") {
+					once.Do(func() { close(started) })
+				}
+			})
+			parent <- r
+		}()
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatal("the cell did not start")
+		}
+		kids, err := sb.Fork(ctx, 1)
+		if err != nil {
+			t.Fatalf("fork: %v", err)
+		}
+		child := kids[0]
+		t.Cleanup(func() {
+			kctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			child.Kill(kctx)
+		})
+		cg := codeGuest{w: w, id: child.ID}
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer ccancel()
+		if r, err := cg.exec(cctx, map[string]any{"code": "z"}, nil); err != nil || r.main() != "1" {
+			t.Errorf("z in the child: %v, %v; want 1 (its copy of the cell interrupted)", r, err)
+		}
+		if st := g.contexts(t, ctx)["default-python"]["state"]; st != "busy" {
+			t.Errorf("the parent's context: %v, want busy (its cell runs on)", st)
+		}
+		if code, b := g.request(t, ctx, "POST", "/contexts/default-python/interrupt", nil); code != http.StatusOK || !strings.Contains(string(b), "true") {
+			t.Errorf("interrupt the parent's cell: %d %s", code, b)
+		}
+		if r := <-parent; r.err() == nil || r.err().str("name") != "KeyboardInterrupt" || !r.ended() {
+			t.Errorf("the parent's cell: %v, want it interrupted by the request only", r)
 		}
 	})
 

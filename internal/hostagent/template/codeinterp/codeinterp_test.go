@@ -1,8 +1,12 @@
 package codeinterp
 
 import (
+	"context"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/contract/templates"
 )
@@ -55,5 +59,19 @@ func TestStartup(t *testing.T) {
 	}
 	if u.ReadyTimeout().Minutes() < 5 {
 		t.Errorf("ReadyTimeout %s: too short for pandas under TCG", u.ReadyTimeout())
+	}
+}
+
+// The server's own unit tests (guest/server_test.py: the cell runner over
+// a scripted backend, the stream, the JavaScript and bash backends for
+// real) pass with the host's python3, node and bash.
+func TestServerPython(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "python3", "-W", "error::ResourceWarning", "guest/server_test.py")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3 guest/server_test.py: %v\n%s", err, out)
 	}
 }

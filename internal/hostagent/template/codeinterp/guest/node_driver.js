@@ -15,8 +15,10 @@
 // order with results. A cell whose value is a Promise (or thenable) is
 // awaited. SIGINT interrupts the running cell (vm's breakOnSigint while
 // the script runs, a rejection while its promise is awaited); between
-// cells it is ignored. A cell using top-level await is run as the body of
-// an async function: its declarations do not persist.
+// cells it is ignored. A cell using top-level await is rewritten as
+// Node's REPL does (internal/repl/await, with --expose-internals): its
+// declarations are hoisted so they persist, the rest runs in an async
+// function whose value is the last expression's.
 'use strict';
 
 const net = require('net');
@@ -92,13 +94,24 @@ function describe(e) {
   return { name: 'Error', value: util.inspect(e), traceback: '' };
 }
 
+let processTopLevelAwait = null;
+try {
+  ({ processTopLevelAwait } = require('internal/repl/await'));
+} catch (_) {
+  // Without --expose-internals: the plain async wrapper below.
+}
+
+// compile returns the cell's script and whether its value is wrapped
+// ({value} from an async function: a cell with top-level await).
 function compile(code, filename) {
   try {
-    return new vm.Script(code, { filename });
+    return { script: new vm.Script(code, { filename }), wrapped: false };
   } catch (e) {
     if (!(e instanceof SyntaxError) || !/\bawait\b/.test(code)) throw e;
     try {
-      return new vm.Script('(async () => {\n' + code + '\n})()', { filename, lineOffset: -1 });
+      const rewritten = processTopLevelAwait !== null ? processTopLevelAwait(code) : null;
+      if (rewritten !== null) return { script: new vm.Script(rewritten, { filename }), wrapped: true };
+      return { script: new vm.Script('(async () => {\n' + code + '\n})()', { filename, lineOffset: -1 }), wrapped: false };
     } catch (_) {
       throw e; // the original error says more
     }
@@ -127,13 +140,14 @@ async function run(msg) {
   count++;
   const saved = setEnv(msg.env);
   try {
-    const script = compile(String(msg.code), `cell-${count}.js`);
+    const { script, wrapped } = compile(String(msg.code), `cell-${count}.js`);
     let value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });
     if (value !== null && (typeof value === 'object' || typeof value === 'function') && typeof value.then === 'function') {
       value = await new Promise((resolve, reject) => {
         interruptCell = reject;
         Promise.resolve(value).then(resolve, reject);
       });
+      if (wrapped) value = value !== null && typeof value === 'object' ? value.value : undefined;
     }
     if (value !== undefined) {
       send({ type: 'result', id, text: util.inspect(value, { colors: false, depth: 6, maxArrayLength: 1000, maxStringLength: 1 << 20, breakLength: 100 }) });

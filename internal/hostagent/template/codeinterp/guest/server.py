@@ -48,13 +48,14 @@ MACHINE_ID = "/etc/machine-id"
 MAX_BODY = 64 << 20  # a request body (the code of a cell, mostly)
 MAX_OUTPUT = 100 << 20  # stdout+stderr forwarded per cell
 MAX_RESULT_LINE = 60 << 20  # one result line (the host takes at most 64 MiB)
+OUTPUT_PIECE = 1 << 20  # characters of stdout or stderr per line, at most
 START_TIMEOUT = 600  # seconds a context may take to start (pandas under TCG)
 POLL = 0.1  # seconds between checks while a cell runs or waits
 INTERRUPT_AGAIN = 5.0  # seconds between SIGINTs to a cell that goes on
 INTERRUPT_GIVE_UP = 60.0  # seconds after the first SIGINT: the context is killed
 WRITE_TIMEOUT = 120  # seconds a client may leave a write blocked
 
-TRUNCATED = "[output truncated: the cell wrote more than 100 MiB]\n"
+TRUNCATED = "[output truncated: the cell wrote more than 100 MiB]"
 
 LANGUAGES = {
     "python": "python",
@@ -199,6 +200,7 @@ class PythonBackend:
 
         env = dict(os.environ)
         env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # debugpy's warning at every start
         env.pop("PANDASTACK_CODE_PORT", None)
         self.km = AsyncKernelManager(kernel_name="python3")
         await self.km.start_kernel(cwd=self.cwd, env=env)
@@ -406,7 +408,8 @@ class NodeBackend:
         env["PANDASTACK_DRIVER_FD"] = str(theirs.fileno())
         env["NODE_DISABLE_COLORS"] = "1"
         self.proc = subprocess.Popen(
-            ["node", os.path.join(HERE, "node_driver.js")],
+            # --expose-internals: the REPL's top-level await rewriting.
+            ["node", "--expose-internals", os.path.join(HERE, "node_driver.js")],
             cwd=self.cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -523,6 +526,8 @@ class NodeBackend:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            for f in (self.proc.stdout, self.proc.stderr):
+                f.close()
         if self.sock is not None:
             self.sock.close()
 
@@ -746,20 +751,38 @@ def shquote(s):
 BACKENDS = {"python": PythonBackend, "javascript": NodeBackend, "bash": BashBackend}
 
 
+STRING_KEYS = {"text", "html", "markdown", "svg", "png", "jpeg", "pdf", "latex", "javascript"}
+BASE64_KEYS = {"png", "jpeg", "pdf"}
+MIME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+BASE64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+
+
 def result_event(data, is_main):
     """A Jupyter MIME bundle as a result line: E2B's keys, anything else
-    under "extra"."""
+    under "extra". A cell can display any bundle (display(..., raw=True)):
+    what the protocol could not carry is dropped rather than sent — a
+    string key's value that is not text becomes its JSON text, base64
+    that is not, a chart or data that is not an object, an extra MIME
+    type that is not one."""
     ev = {"type": "result"}
     extra = {}
     for mime, value in (data or {}).items():
         key = RESULT_KEYS.get(mime)
         if key is None:
-            extra[str(mime)] = value
+            if isinstance(mime, str) and len(mime) <= 255 and MIME_RE.match(mime):
+                extra[mime] = value
             continue
-        if key in ("png", "jpeg", "pdf") and isinstance(value, str):
-            value = "".join(value.split())  # base64 without line breaks
-        elif key == "text" and isinstance(value, list):
-            value = "".join(str(v) for v in value)
+        if key in STRING_KEYS and not isinstance(value, str):
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                value = "".join(value)  # Jupyter's multi-line strings
+            else:
+                value = json.dumps(value, default=str)
+        if key in BASE64_KEYS:
+            value = "".join(value.split())  # without line breaks
+            if len(value) % 4 != 0 or not BASE64_RE.match(value):
+                continue
+        if key in ("chart", "data") and not isinstance(value, dict):
+            continue
         ev[key] = value
     if extra:
         ev["extra"] = extra
@@ -1000,6 +1023,13 @@ class Stream:
     def send(self, ev):
         if self.broken:
             return False
+        if ev["type"] in ("stdout", "stderr") and len(ev["text"]) > OUTPUT_PIECE:
+            # Lines stay small: the host bounds each one.
+            t = ev["text"]
+            for i in range(0, len(t), OUTPUT_PIECE):
+                if not self.send({"type": ev["type"], "text": t[i : i + OUTPUT_PIECE]}):
+                    return False
+            return True
         if ev["type"] in ("stdout", "stderr"):
             n = len(ev["text"].encode("utf-8", "surrogatepass"))
             if self.truncated:
