@@ -63,8 +63,9 @@ setup: build
 up: setup
 	bin/panda up --data-dir $(DATA_DIR) --bake --bake-network
 
-# e2b-deps installs the official e2b SDK the E2B suite and `panda bench
-# exec` run (e2e/e2b, pinned by its package-lock.json; from the npm
+# e2b-deps installs the official e2b and @e2b/code-interpreter SDKs the
+# E2B suites and `panda bench exec` run (e2e/e2b, pinned by its
+# package-lock.json; from the npm
 # registry), when node_modules is older than the lock file. Before the Go
 # tests: two packages use it, and npm ci would remove it under the other.
 e2b-deps: e2e/e2b/node_modules/.installed

@@ -180,7 +180,16 @@ func e2bState(st string) string {
 // not there any more (killed or expired).
 func gone(st string) bool { return st == "stopped" || st == "stopping" }
 
-func (s *Server) toJSON(sb Sandbox, withToken bool) sandboxJSON {
+// tokenView is which of a sandbox's tokens toJSON answers.
+type tokenView int
+
+const (
+	noTokens     tokenView = iota // list
+	trafficToken                  // get: the traffic access token
+	allTokens                     // create, connect, fork: envd's access token too
+)
+
+func (s *Server) toJSON(sb Sandbox, tokens tokenView) sandboxJSON {
 	out := sandboxJSON{
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: ClientID, EnvdVersion: EnvdVersion,
 		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), State: e2bState(sb.State),
@@ -189,7 +198,11 @@ func (s *Server) toJSON(sb Sandbox, withToken bool) sandboxJSON {
 		Network:             networkJSON{AllowOut: nonNil(sb.Network.AllowOut), DenyOut: nonNil(sb.Network.DenyOut)},
 		Lifecycle:           lifecycleJSON{OnTimeout: cmp.Or(sb.OnExpire, "kill")},
 	}
-	if withToken {
+	if tokens >= trafficToken {
+		t := s.TrafficAccessToken(sb.ID)
+		out.TrafficAccessToken = &t
+	}
+	if tokens == allTokens {
 		out.EnvdAccessToken = s.AccessToken(sb.ID)
 	}
 	if s.domain != "" {
@@ -301,15 +314,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, keyID string) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+	writeJSON(w, http.StatusCreated, s.toJSON(sb, allTokens))
 }
 
 // templateName maps an E2B template id to a PandaStack template: E2B's
-// default "base" (and none) is PandaStack's base; any other name is
-// looked up as it is.
+// default "base" (and none) is PandaStack's base; the code interpreter
+// SDK's default, "code-interpreter-v1", and "code-interpreter" are
+// PandaStack's code-interpreter; any other name is looked up as it is.
 func templateName(id string) string {
-	if id == "" {
+	switch id {
+	case "":
 		return "base"
+	case "code-interpreter-v1", "code-interpreter":
+		return "code-interpreter"
 	}
 	return id
 }
@@ -386,7 +403,7 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, keyID string, resu
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, status, s.toJSON(sb, true))
+	writeJSON(w, status, s.toJSON(sb, allTokens))
 }
 
 // fork answers POST /sandboxes/{id}/fork {count, timeout}: 201 with one
@@ -429,7 +446,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, keyID string) {
 			out[i].Error = &forkError{Code: st, Message: msg}
 			continue
 		}
-		j := s.toJSON(c.Sandbox, true)
+		j := s.toJSON(c.Sandbox, allTokens)
 		out[i].Sandbox = &j
 	}
 	writeJSON(w, http.StatusCreated, out)
@@ -441,7 +458,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, keyID string) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.toJSON(sb, false))
+	writeJSON(w, http.StatusOK, s.toJSON(sb, trafficToken))
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request, keyID string) {
@@ -545,7 +562,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, keyID string) {
 	tmpl := q.Get("template")
 	for _, sb := range list {
 		if !gone(sb.State) && (tmpl == "" || sb.Template == tmpl || strings.HasPrefix(sb.Template, tmpl+":")) {
-			out = append(out, s.toJSON(sb, false))
+			out = append(out, s.toJSON(sb, noTokens))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

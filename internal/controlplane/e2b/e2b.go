@@ -7,6 +7,12 @@
 // REST API. envd requests are told apart by their E2b-Sandbox-Id header
 // (what the SDK sends when E2B_SANDBOX_URL points here) and authenticated
 // with the sandbox's X-Access-Token, derived from a server secret.
+// Requests for the code interpreter (@e2b/code-interpreter: the same
+// header and E2b-Sandbox-Port 49999) are authenticated with the sandbox's
+// X-Access-Token or E2B-Traffic-Access-Token and reverse-proxied to the
+// guest's own code server on that port (code.go). On the proxy domain,
+// the hosts 49983-ID.DOMAIN and 49999-ID.DOMAIN are envd's and the code
+// interpreter's in the same way (ServePort).
 //
 // It owns only the translation: sandboxes, keys and guests are reached
 // through a Backend (implemented by package api), whose errors it turns
@@ -22,6 +28,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,6 +135,17 @@ type Backend interface {
 	// MaxUploadBytes bounds the body of one upload (POST /files): the
 	// REST API's upload limit.
 	MaxUploadBytes() int64
+	// Proxy reverse-proxies r, whose body it has not read, to port of
+	// sandbox id's guest, whoever owns the sandbox (the caller has proved
+	// access with the sandbox's token), through the REST API's port
+	// proxy: its guards (no credential of this server reaches the guest:
+	// not X-Access-Token, E2B-Traffic-Access-Token, an API key in any
+	// header), its limits per sandbox and key, and its connections, which
+	// end when the sandbox stops. It returns an error, having written
+	// nothing, if the sandbox is not there or not running, or the host
+	// cannot reach guests; otherwise it has answered r (with an error of
+	// its own if the guest could not be reached).
+	Proxy(w http.ResponseWriter, r *http.Request, id string, port int) error
 	// Status classifies err: an HTTP status and a message for users.
 	Status(err error) (status int, message string)
 }
@@ -179,16 +198,22 @@ func New(b Backend, secret []byte, domain string, log *slog.Logger) (*Server, er
 }
 
 // Intercept is middleware that serves E2B requests and passes the rest to
-// next: a request with an E2b-Sandbox-Id header is envd's, and so is a
-// signed file URL (GET or POST /files?…&signature=…); one whose
+// next: a request with an E2b-Sandbox-Id header is the code
+// interpreter's if its E2b-Sandbox-Port is CodePort, else envd's, and so
+// is a signed file URL (GET or POST /files?…&signature=…); one whose
 // method and path are a route of E2B's control plane is the control
-// plane's. Neither set of paths overlaps PandaStack's /v1 API. Both
+// plane's. Neither set of paths overlaps PandaStack's /v1 API. All
 // authenticate a request before they read a byte of its body
-// (serveEnvd, auth).
+// (serveEnvd, serveCode, auth).
 func (s *Server) Intercept(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("E2b-Sandbox-Id") != "" || signedFileURL(r) {
-			s.serveEnvd(w, r)
+		id := r.Header.Get("E2b-Sandbox-Id")
+		if id != "" && strings.TrimSpace(r.Header.Get("E2b-Sandbox-Port")) == strconv.Itoa(CodePort) {
+			s.serveCode(w, r, id)
+			return
+		}
+		if id != "" || signedFileURL(r) {
+			s.serveEnvd(w, r, id)
 			return
 		}
 		if _, pattern := s.control.Handler(r); pattern != "" {

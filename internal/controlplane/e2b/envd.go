@@ -107,9 +107,11 @@ type envdTarget struct {
 // at once, unread (refuse); then it takes one of the sandbox's
 // guest-request slots (the REST API's limits), caps the body
 // (maxRPCMessage, the upload limit, maxOtherBody) and only then passes
-// the request to its route, which reads the body.
-func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
-	id, err := s.authenticate(r)
+// the request to its route, which reads the body. named is the sandbox
+// the request is routed to: its E2b-Sandbox-Id header, or the sandbox of
+// its host on the proxy domain; "" for a signed file URL that names none.
+func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, named string) {
+	id, err := s.authenticate(r, named)
 	if err != nil {
 		s.refuse(w, r, err)
 		return
@@ -129,14 +131,14 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
 	s.envd.ServeHTTP(w, r.WithContext(signerContext(r.Context(), id)))
 }
 
-// authenticate returns the sandbox an envd request proved access to: the
-// one whose access token is its X-Access-Token (compared in constant
-// time), or, for a signed file URL, the one whose token signed it.
-func (s *Server) authenticate(r *http.Request) (string, error) {
+// authenticate returns the sandbox an envd request for sandbox id
+// proved access to: id, if its access token is the request's
+// X-Access-Token (compared in constant time), or, for a signed file URL,
+// the one whose token signed it (id, if id is not "").
+func (s *Server) authenticate(r *http.Request, id string) (string, error) {
 	if signedFileURL(r) {
-		return s.signer(r)
+		return s.signer(r, id)
 	}
-	id := r.Header.Get("E2b-Sandbox-Id")
 	if !s.validToken(id, r.Header.Get("X-Access-Token")) {
 		return "", errStatus(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %q", id)
 	}

@@ -463,7 +463,7 @@ func TestSignedURLWork(t *testing.T) {
 			s := newTestServer(t, b)
 			work := func(r *http.Request) (tokens, signatures int64, id string, err error) {
 				t0, s0 := s.work.tokens.Load(), s.work.signatures.Load()
-				id, err = s.authenticate(r)
+				id, err = s.authenticate(r, r.Header.Get("E2b-Sandbox-Id"))
 				return s.work.tokens.Load() - t0, s.work.signatures.Load() - s0, id, err
 			}
 			named := httptest.NewRequest("GET", "/files?path=/x&signature="+badSig, nil)

@@ -141,6 +141,14 @@ func FuzzE2B(f *testing.F) {
 	f.Add("POST", "/filesystem.Filesystem/Stat", "X-Access-Token: "+tok("sbx1")+"\nE2b-Sandbox-Id: sbx1", []byte(`{"path":"/"}`), uint8(feJSON))
 	f.Add("POST", "/filesystem.Filesystem/Stat", "X-Access-Token: "+tok("other1")+"\nE2b-Sandbox-Id: other1", []byte(`{"path":"/"}`), uint8(feJSON))
 	f.Add("POST", "/filesystem.Filesystem/Stat", "X-Access-Token: "+tok("gone1")+"\nE2b-Sandbox-Id: gone1", []byte(`{"path":"/"}`), uint8(feJSON))
+	traffic := func(id string) string { s, _ := New(nil, fuzzSecret, "", nil); return s.TrafficAccessToken(id) }
+	code := "\nE2b-Sandbox-Port: 49999\nE2b-Sandbox-Id: "
+	f.Add("POST", "/execute", "X-Access-Token: "+tok("sbx1")+"\nE2B-Traffic-Access-Token: "+traffic("sbx1")+code+"sbx1", []byte(`{"code":"1"}`), uint8(0))
+	f.Add("GET", "/contexts", "E2B-Traffic-Access-Token: "+traffic("sbx1")+code+"sbx1", []byte(nil), uint8(0))
+	f.Add("DELETE", "/contexts/abc", "E2B-Traffic-Access-Token: "+traffic("other1")+code+"sbx1", []byte(nil), uint8(0))
+	f.Add("POST", "/contexts/abc/restart", "X-Access-Token: "+tok("sbx1")+"\nE2B-Traffic-Access-Token: "+tok("sbx1")+code+"sbx1", []byte(nil), uint8(0))
+	f.Add("POST", "/execute", "E2B-Traffic-Access-Token: "+traffic("gone1")+code+"gone1", []byte(`{}`), uint8(0))
+	f.Add("POST", "/execute", "X-API-KEY: k1"+code+"sbx1", []byte(`{}`), uint8(0))
 	f.Fuzz(func(t *testing.T, method, target, headers string, body []byte, flags uint8) {
 		if !strings.HasPrefix(target, "/") || strings.ContainsAny(target, " \r\n") {
 			return // no request line an HTTP server would parse
@@ -206,6 +214,11 @@ func FuzzE2B(f *testing.F) {
 		if len(b.calls) > 0 && key == "" {
 			t.Fatalf("%s %s without a valid API key: the Backend did %v", method, target, b.calls)
 		}
+		for _, id := range b.proxied {
+			if !fuzzMayProxy(s, req, id) {
+				t.Fatalf("%s %s (headers %q): sandbox %s's code interpreter reached without its tokens", method, target, headers, id)
+			}
+		}
 		for _, id := range b.guests {
 			if !fuzzMayReach(s, req, id) {
 				t.Fatalf("%s %s (headers %q): sandbox %s's guest reached without its token or a signature it made", method, target, headers, id)
@@ -226,9 +239,10 @@ func FuzzE2B(f *testing.F) {
 		}
 		sent := fmt.Sprint(target, req.Header, string(body))
 		for id, sb := range fuzzSandboxes {
-			tok := s.AccessToken(id)
-			if bytes.Contains(out, []byte(tok)) && !strings.Contains(sent, tok) && (key != sb.key || req.Header.Get("E2b-Sandbox-Id") != "") {
-				t.Fatalf("%s %s: sandbox %s's access token answered to key %q", method, target, id, key)
+			for _, tok := range []string{s.AccessToken(id), s.TrafficAccessToken(id)} {
+				if bytes.Contains(out, []byte(tok)) && !strings.Contains(sent, tok) && (key != sb.key || req.Header.Get("E2b-Sandbox-Id") != "") {
+					t.Fatalf("%s %s: sandbox %s's access or traffic token answered to key %q", method, target, id, key)
+				}
 			}
 		}
 		if len(b.created) > 0 {
@@ -390,6 +404,25 @@ func fuzzMayReach(s *Server, r *http.Request, id string) bool {
 		}
 	}
 	return q.Get("signature") == fileSignature(q.Get("path"), op, q.Get("username"), s.AccessToken(id), exp)
+}
+
+// fuzzMayProxy reports whether r may reach sandbox id's code interpreter:
+// it names it (E2b-Sandbox-Id, E2b-Sandbox-Port 49999) and carries at
+// least one of its tokens and no other value in their headers.
+func fuzzMayProxy(s *Server, r *http.Request, id string) bool {
+	if r.Header.Get("E2b-Sandbox-Id") != id || strings.TrimSpace(r.Header.Get("E2b-Sandbox-Port")) != "49999" {
+		return false
+	}
+	n := 0
+	for h, want := range map[string]string{"X-Access-Token": s.AccessToken(id), "E2b-Traffic-Access-Token": s.TrafficAccessToken(id)} {
+		for _, v := range r.Header.Values(h) {
+			if subtle.ConstantTimeCompare([]byte(v), []byte(want)) != 1 {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
 }
 
 // fuzzCreateModel is the CreateRequest a plain reading of E2B's
@@ -568,6 +601,7 @@ type fuzzBackend struct {
 	mu      sync.Mutex
 	calls   []string // Backend calls made for a key (after Authenticate)
 	guests  []string // sandboxes whose guest was asked for
+	proxied []string // sandboxes whose code interpreter was proxied to
 	created []CreateRequest
 	lists   []ListFilter
 	g       fuzzGuestLog
@@ -692,6 +726,21 @@ func (b *fuzzBackend) Guest(ctx context.Context, id string) (host.Guest, error) 
 		return &fuzzProcGuest{g}, nil
 	}
 	return g, nil
+}
+
+// Proxy answers as a code interpreter of a running sandbox would, having
+// read the body.
+func (b *fuzzBackend) Proxy(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	b.mu.Lock()
+	b.proxied = append(b.proxied, id)
+	b.mu.Unlock()
+	if sb, ok := fuzzSandboxes[id]; !ok || sb.state != "running" || port != CodePort {
+		return &fuzzErr{http.StatusNotFound, "not running"}
+	}
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Write([]byte(`{"type":"end_of_execution"}` + "\n"))
+	return nil
 }
 
 // AcquireGuest grants a slot of every sandbox of the world (the caller

@@ -92,14 +92,14 @@ var errInvalidSignature = errStatus(http.StatusUnauthorized, "invalid signature 
 // request: work.tokens does not grow with requests), a try is one SHA-256
 // of a short string, and one search runs at a time in the whole server,
 // so however many anonymous requests arrive they hold at most one core.
-func (s *Server) signer(r *http.Request) (string, error) {
+func (s *Server) signer(r *http.Request, named string) (string, error) {
 	c, err := parseSignedFile(r)
 	if err != nil {
 		return "", err
 	}
-	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		if c.signedBy(s, s.AccessToken(id)) {
-			return id, nil
+	if named != "" {
+		if c.signedBy(s, s.AccessToken(named)) {
+			return named, nil
 		}
 		return "", errInvalidSignature
 	}

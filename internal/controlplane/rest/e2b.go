@@ -105,6 +105,31 @@ func (b e2bBackend) AcquireGuest(ctx context.Context, id string) (func(), error)
 
 func (b e2bBackend) MaxUploadBytes() int64 { return b.s.cfg.MaxUploadBytes }
 
+// Proxy sends an E2B request for a port of a sandbox's guest (the code
+// interpreter's), which the E2B layer authenticated with the sandbox's
+// token, through the port proxy (proxyTo) as a request of the sandbox's
+// key: its guards drop every credential of this server, E2B's tokens
+// whatever they hold (proxyTarget.e2b), and it counts against the
+// proxy's limits. It came to the API's address (E2B_SANDBOX_URL), or by
+// its host on the proxy domain, an origin of its own. What reaching the
+// guest fails with (a host that cannot dial guests, nothing listening) is
+// answered by the proxy (proxyTo, guestProxy.fail).
+func (b e2bBackend) Proxy(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	sb, err := b.s.cat.GetSandbox(r.Context(), id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return notFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return fmt.Errorf("get sandbox: %w", err)
+	}
+	if sb.State != catalog.StateRunning {
+		return conflict("sandbox %s is %s, not running", sb.ID, sb.State)
+	}
+	_, _, domain := b.s.proxyHost(r.Host)
+	b.s.proxyTo(w, r, &proxyTarget{sb: sb, port: port, path: r.URL.EscapedPath(), query: r.URL.RawQuery, domain: domain, e2b: true})
+	return nil
+}
+
 func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, error) {
 	sb, err := b.s.cp.Sandbox(ctx, keyID, id)
 	if err != nil {

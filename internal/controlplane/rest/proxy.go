@@ -22,11 +22,12 @@ import (
 	"github.com/pandastack/pandastack/internal/contract/host"
 	"github.com/pandastack/pandastack/internal/controlplane"
 	"github.com/pandastack/pandastack/internal/controlplane/catalog"
+	"github.com/pandastack/pandastack/internal/controlplane/e2b"
 )
 
 // The port proxy: HTTP requests (WebSocket upgrades and other streams
 // included) reverse-proxied to a TCP port of a running sandbox's guest,
-// over connections its Host opens (host.GuestDialer). Three ways in, one way
+// over connections its Host opens (host.GuestDialer). Four ways in, one way
 // through (proxyTo):
 //
 //   - /v1/sandboxes/{id}/ports/{port}/{path...}: an API key, the sandbox
@@ -34,14 +35,19 @@ import (
 //   - /p/{token}/{path...}: a signed URL (porturl.go), no key.
 //   - Host {port}-{id}.{ProxyDomain}, any path: an API key, or a signed
 //     token given once as ?panda_token= and then kept in a cookie of that
-//     host (proxyDomain).
+//     host (proxyDomain); but for E2B's ports (envd's 49983, the code
+//     interpreter's 49999), which are the E2B layer's.
+//   - E2B's code interpreter (package e2b, e2bBackend.Proxy): the
+//     sandbox's E2B access or traffic token, by E2b-Sandbox-Id and
+//     E2b-Sandbox-Port headers or by its host on the proxy domain; the
+//     Authorization header is not passed on.
 //
 // No credential of this server is passed to the guest, whichever way the
 // request came in (guardRequest): not the API key's Authorization header,
 // nor any other header value that is an API key (X-API-Key, E2B's), nor a
 // "bearer.<key>" WebSocket subprotocol, nor the sandbox's E2B access token
-// (X-Access-Token), nor a signed token (the panda_token cookie and query
-// parameter). Anything else is the guest's: an Authorization header that
+// (X-Access-Token) or traffic token (E2B-Traffic-Access-Token), nor a
+// signed token (the panda_token cookie and query parameter). Anything else is the guest's: an Authorization header that
 // came with a signed URL is the guest application's own, unless it holds
 // an API key.
 //
@@ -99,6 +105,10 @@ type proxyTarget struct {
 	// domain: the request came in on the proxy domain ({port}-{id}.DOMAIN,
 	// an origin of its own), not under the API's address.
 	domain bool
+	// e2b: the request came through the E2B layer (the code interpreter),
+	// let in by the sandbox's E2B token: X-Access-Token and
+	// E2B-Traffic-Access-Token are dropped whatever they hold.
+	e2b bool
 }
 
 type proxyCtxKey struct{}
@@ -283,9 +293,17 @@ func (p *guestProxy) guardRequest(h http.Header, t *proxyTarget) {
 		dropValues(h, "Authorization", holdsAPIKey)
 	}
 	dropValues(h, "X-Api-Key", holdsAPIKey)
-	if len(h.Values("X-Access-Token")) > 0 { // an HMAC: only when there is one
-		tok := p.s.e2b.AccessToken(t.sb.ID)
-		dropValues(h, "X-Access-Token", func(v string) bool { return strings.TrimSpace(v) == tok })
+	for _, e := range []struct {
+		header string
+		token  func(string) string
+	}{{"X-Access-Token", p.s.e2b.AccessToken}, {"E2b-Traffic-Access-Token", p.s.e2b.TrafficAccessToken}} {
+		switch {
+		case t.e2b:
+			h.Del(e.header)
+		case len(h.Values(e.header)) > 0: // an HMAC: only when there is one
+			tok := e.token(t.sb.ID)
+			dropValues(h, e.header, func(v string) bool { return strings.TrimSpace(v) == tok })
+		}
 	}
 	dropCookie(h, tokenCookie)
 	dropBearerProtocols(h)
@@ -448,6 +466,8 @@ func (p *guestProxy) classify(t *proxyTarget, err error) *controlplane.Error {
 		return errOldAgent
 	case guestproto.CodeOf(err) == guestproto.CodeBusy:
 		return errorf(controlplane.TooManyRequests, "too many connections to the ports of sandbox %s at once; retry when some have closed", t.sb.ID)
+	case errors.Is(err, syscall.ECONNREFUSED) && t.e2b && t.port == e2b.CodePort:
+		return errorf(controlplane.BadGateway, "sandbox %s has no code interpreter: create it from the code-interpreter template (E2B's code-interpreter-v1)", t.sb.ID)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return errorf(controlplane.BadGateway, "nothing listens on port %d in sandbox %s (connection refused)", t.port, t.sb.ID)
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():

@@ -31,6 +31,15 @@ import (
 //     (cookieSite): sibling hosts are the same site, so SameSite=Lax alone
 //     would let tenant A's page use tenant B's cookie.
 //  3. Authorization: Bearer {API key}, whose sandbox it must be.
+//
+// E2B's ports are not proxied that way: 49983-{id}.{domain} is envd and
+// 49999-{id}.{domain} the code interpreter, where E2B's SDKs send their
+// requests when E2B_SANDBOX_URL is not set (the sandboxes' domain that
+// create answers is the proxy domain). The E2B layer serves both
+// (e2b.Server.ServePort), authenticated by the sandbox's E2B tokens
+// alone: envd is PandaStack's own (nothing listens on 49983 in a guest)
+// and the code interpreter's server takes the same credentials as
+// through E2B_SANDBOX_URL.
 
 // validProxyDomain reports whether d can be a proxy domain: a lowercase
 // DNS name of at least two labels, or localhost (*.localhost resolves to
@@ -90,6 +99,9 @@ func (s *Server) proxyDomain(next http.Handler) http.Handler {
 		id, port, ok := s.proxyHost(r.Host)
 		if !ok {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if s.e2b.ServePort(w, r, id, port) {
 			return
 		}
 		s.domainProxy(w, r, id, port)
