@@ -54,6 +54,38 @@ def restore_env():
     _saved_env = {}
 
 
+# A kernel's stdout and stderr are sent every 0.2 s (ipykernel's
+# OutStream.flush_interval): a loop that writes faster keeps everything
+# it wrote meanwhile in memory, and 100 MB written without a flush took a
+# kernel of a 512 MiB sandbox past its memory. Past this many characters
+# buffered, a write flushes (and waits for the send) first.
+MAX_STREAM_BUFFER = 1 << 20
+
+
+def _bound_stream_buffers():
+    """Makes ipykernel's output streams flush once MAX_STREAM_BUFFER
+    characters wait, so that fast output costs a bounded buffer."""
+    try:
+        from ipykernel.iostream import OutStream
+    except ImportError:
+        return
+    write = OutStream.write
+    if getattr(write, "_pandastack_bounded", False):
+        return
+
+    def bounded_write(self, string):
+        n = write(self, string)
+        try:
+            if self._buffer.tell() > MAX_STREAM_BUFFER and self._is_master_process():
+                self.flush()
+        except Exception:
+            pass  # never into the cell: the periodic flush still runs
+        return n
+
+    bounded_write._pandastack_bounded = True
+    OutStream.write = bounded_write
+
+
 def setup(ip):
     """Prepares the IPython shell ip: warm imports, inline PNG figures,
     no colours, the chart and data formatters."""
@@ -98,6 +130,7 @@ def setup(ip):
     df.formatters[DATA_MIME] = data
 
     _record_boxplots(matplotlib.axes.Axes)
+    _bound_stream_buffers()
 
 
 def _safe(fn):

@@ -388,7 +388,24 @@ class Channel:
         threading.Thread(target=run, daemon=True).start()
 
 
-class NodeBackend:
+class ProcessBackend:
+    """What the JavaScript and bash backends share: an interpreter that is
+    one child process (self.proc), the leader of its own process group."""
+
+    proc = None
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+class NodeBackend(ProcessBackend):
     """A Node.js process running node_driver.js."""
 
     language = "javascript"
@@ -440,9 +457,6 @@ class NodeBackend:
             elif tag == "stderr" and data:
                 log("node: %s", data.decode("utf-8", "replace").rstrip())
         raise RuntimeError("node did not start within %ds" % START_TIMEOUT)
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
 
     def begin(self, code, env):
         self.cell += 1
@@ -512,13 +526,6 @@ class NodeBackend:
         except OSError:
             pass
 
-    def kill(self):
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
     def close(self):
         self.kill()
         if self.proc is not None:
@@ -532,7 +539,7 @@ class NodeBackend:
             self.sock.close()
 
 
-class BashBackend:
+class BashBackend(ProcessBackend):
     """An interactive bash on a pseudo-terminal, so that SIGINT (^C) stops
     the cell's foreground job, or bash's own loop, and bash goes back to its
     prompt with its state. Each cell is sourced from a file in the current
@@ -613,9 +620,6 @@ class BashBackend:
             if not self.alive():
                 raise RuntimeError("bash exited with status %s" % self.proc.returncode)
         raise RuntimeError("bash did not start within %ds" % START_TIMEOUT)
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
 
     def begin(self, code, env):
         self.reset()
@@ -705,13 +709,6 @@ class BashBackend:
             os.killpg(os.tcgetpgrp(self.master), signal.SIGINT)
         except OSError as e:
             log("interrupt bash: %s", e)
-
-    def kill(self):
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
 
     def close(self):
         self.kill()
