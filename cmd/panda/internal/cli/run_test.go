@@ -52,8 +52,10 @@ func TestRunPrintsSavesAndExits(t *testing.T) {
 
 	file := filepath.Join(t.TempDir(), "x.sh")
 	os.WriteFile(file, []byte("echo hi"), 0o644)
-	runCLI(ctx, "", "run", "--api-url", f.url, "--api-key", "k", "abc", file)
-	runCLI(ctx, "print(1)", "run", "--api-url", f.url, "--api-key", "k", "abc", "--context", "c1", "--timeout", "2", "-")
+	// Every run saves its images in dir, never in the working directory
+	// (the package's directory, when tests run).
+	runCLI(ctx, "", "run", "--api-url", f.url, "--api-key", "k", "abc", file, "--images-dir", dir)
+	runCLI(ctx, "print(1)", "run", "--api-url", f.url, "--api-key", "k", "abc", "--context", "c1", "--timeout", "2", "--images-dir", dir, "-")
 	want := []string{
 		`POST /v1/sandboxes/abc/code {"code":"plot()","timeout_seconds":90} Bearer k`,
 		`POST /v1/sandboxes/abc/code {"code":"raise"} Bearer k`,
@@ -66,7 +68,7 @@ func TestRunPrintsSavesAndExits(t *testing.T) {
 		}
 	}
 
-	r = runCLI(ctx, "", "run", "--api-url", f.url, "--api-key", "k", "--json", "abc", "-c", "x")
+	r = runCLI(ctx, "", "run", "--api-url", f.url, "--api-key", "k", "--json", "abc", "-c", "x", "--images-dir", dir)
 	var ex struct {
 		Results []struct {
 			Data map[string]any `json:"data"`
