@@ -99,6 +99,7 @@ type codeStream struct {
 
 	output    int  // stdout and stderr bytes forwarded
 	truncated bool // some were dropped (or the guest said it dropped some)
+	marked    bool // the truncation marker was sent
 	count     int  // number_of_executions
 	ended     bool // end_of_execution came
 	started   bool // some line came
@@ -187,8 +188,14 @@ func (c *codeStream) output1(typ, text string) []codeEvent {
 		c.truncated = true
 	}
 	if c.output >= c.maxOutput {
+		// The output reached the cap exactly on an earlier line's end:
+		// the marker goes with the first line that does not fit.
 		c.truncated = true
-		return nil
+		if c.marked {
+			return nil
+		}
+		c.marked = true
+		return []codeEvent{c.marker()}
 	}
 	if c.output+len(text) <= c.maxOutput {
 		c.output += len(text)
@@ -199,13 +206,18 @@ func (c *codeStream) output1(typ, text string) []codeEvent {
 		keep = keep[:len(keep)-1] // never cut a character in two
 	}
 	c.output = c.maxOutput
-	c.truncated = true
-	marker := fmt.Sprintf("[output truncated: the cell wrote more than %d bytes; the rest of its output is dropped]", c.maxOutput)
+	c.truncated, c.marked = true, true
 	var evs []codeEvent
 	if keep != "" {
 		evs = append(evs, codeEvent{Type: typ, Text: &keep})
 	}
-	return append(evs, codeEvent{Type: "stderr", Text: &marker})
+	return append(evs, c.marker())
+}
+
+// marker is the stderr event that says the output was cut.
+func (c *codeStream) marker() codeEvent {
+	m := fmt.Sprintf("[output truncated: the cell wrote more than %d bytes; the rest of its output is dropped]", c.maxOutput)
+	return codeEvent{Type: "stderr", Text: &m}
 }
 
 // resultEvent is the result event of a guest's result line: its known

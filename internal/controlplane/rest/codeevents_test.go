@@ -197,6 +197,38 @@ func TestCodeStreamOutputCap(t *testing.T) {
 	}
 }
 
+// TestCodeStreamOutputCapExact: output that reaches the cap exactly at a
+// line's end gets its one marker with the next line (a kernel flushing
+// 1 MiB at a time reaches 16 MiB so).
+func TestCodeStreamOutputCapExact(t *testing.T) {
+	c := &codeStream{maxOutput: 10}
+	var texts []string
+	for _, l := range []string{
+		`{"type":"stdout","text":"12345"}`,
+		`{"type":"stdout","text":"67890"}`,
+		`{"type":"stdout","text":"more"}`,
+		`{"type":"stderr","text":"more"}`,
+		`{"type":"end_of_execution"}`,
+	} {
+		evs, err := c.line([]byte(l), 0)
+		if err != nil {
+			t.Fatalf("line %s: %v", l, err)
+		}
+		for _, ev := range evs {
+			if ev.Text != nil {
+				texts = append(texts, ev.Type+":"+*ev.Text)
+			}
+			if ev.Type == "end" && (ev.Truncated == nil || !*ev.Truncated) {
+				t.Errorf("end says truncated %v, want true", ev.Truncated)
+			}
+		}
+	}
+	want := "stdout:12345|stdout:67890|stderr:[output truncated: the cell wrote more than 10 bytes; the rest of its output is dropped]"
+	if got := strings.Join(texts, "|"); got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
 // TestReadLine: lines are bounded, a last line without a newline counts,
 // and a line over the bound is refused without being kept.
 func TestReadLine(t *testing.T) {
