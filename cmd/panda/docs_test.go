@@ -256,6 +256,10 @@ func TestDocsMarked(t *testing.T) {
 
 // TestOutputMatches holds the output check to its rules.
 func TestOutputMatches(t *testing.T) {
+	// An id of letters alone (1 in 700 are) is an id too.
+	if a, b := normalizeLine("0 hello from aoeftpubmojrzjicbchm"), normalizeLine("0 hello from k3v9q2m8x7c1b5n4z6a0"); a != b {
+		t.Errorf("a sandbox id without digits: %q, want %q", a, b)
+	}
 	got := "ID                    TEMPLATE  STATE\nk3v9q2m8x7c1b5n4z6a0  tiny      running  in 4m56s\nsomething else\nexit status 3\nhttp://127.0.0.1:7788/p/AQAAAABp-9fkH0AU_m9ha3k2djNnZjl3Z2R6OWNzMzn0XkGyYBwE8Yg6aXUOJ7Dn/\n"
 	for _, tc := range []struct {
 		want string
@@ -280,16 +284,19 @@ func TestOutputMatches(t *testing.T) {
 }
 
 var (
-	idRE     = regexp.MustCompile(`[A-Za-z0-9_-]{16,}`)
-	numberRE = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
-	blanksRE = regexp.MustCompile(`\s+`)
+	idRE = regexp.MustCompile(`[A-Za-z0-9_-]{16,}`)
+	// sandboxIDRE is an id of a sandbox or snapshot: one may be letters
+	// alone (1 in 700 are), which idRE's rule of a digit would miss.
+	sandboxIDRE = regexp.MustCompile(`^[a-z0-9]{20}$`)
+	numberRE    = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+	blanksRE    = regexp.MustCompile(`\s+`)
 )
 
 // normalizeLine is a line as outputMatches compares it.
 func normalizeLine(s string) string {
 	s = strings.TrimSpace(blanksRE.ReplaceAllString(s, " "))
 	s = idRE.ReplaceAllStringFunc(s, func(w string) string {
-		if strings.ContainsAny(w, "0123456789") {
+		if strings.ContainsAny(w, "0123456789") || sandboxIDRE.MatchString(w) {
 			return "<id>"
 		}
 		return w
