@@ -101,9 +101,9 @@ type Sandbox struct {
 	// none (a Catalog returns nil, never an empty slice).
 	Volumes   []VolumeMount
 	CreatedAt time.Time
-	UpdatedAt  time.Time // zero = unset
-	ExpiresAt  time.Time // zero = never
-	StoppedAt  time.Time // zero = not stopped
+	UpdatedAt time.Time // zero = unset
+	ExpiresAt time.Time // zero = never
+	StoppedAt time.Time // zero = not stopped
 }
 
 // Network is a sandbox's egress policy as stored: whether it reaches the
