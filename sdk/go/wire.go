@@ -65,3 +65,15 @@ func wireNetwork(n *Network) *wire.NetworkPolicy {
 	}
 	return &wire.NetworkPolicy{Internet: &n.Internet, AllowOut: optionalSlice(n.AllowOut), DenyOut: optionalSlice(n.DenyOut)}
 }
+
+// createBody and forkBody add volumes to the generated bodies until
+// api/openapi.yaml describes them (issue 34).
+type createBody struct {
+	wire.CreateSandboxRequest
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+type forkBody struct {
+	wire.ForkSandboxJSONRequestBody
+	VolumeMode string `json:"volume_mode,omitempty"`
+}
