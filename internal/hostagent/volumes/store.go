@@ -98,7 +98,8 @@ func Open(dir string) (*Store, error) {
 	return &Store{dir: dir, open: map[string]*handle{}}, nil
 }
 
-// Close closes the volumes' roots. Calls after it fail.
+// Close closes the volumes' roots: whoever serves one from its root sees
+// its operations fail; a later use of the Store opens them again.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
