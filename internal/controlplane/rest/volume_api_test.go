@@ -32,11 +32,11 @@ func TestVolumeAPI(t *testing.T) {
 	key := newKey(t, "volumes", map[string]int{"max_disk_mib": 3000})
 	other := newKey(t, "volumes-other", nil)
 
-	r := do(t, key, "POST", "/v1/volumes", map[string]any{"name": "data", "size_mib": 64})
+	r := do(t, key, "POST", "/v1/volumes", map[string]any{"name": "data", "size_mib": 16})
 	expect(t, r, 201, "")
 	var v volume
 	r.json(t, &v)
-	if v.Name != "data" || v.SizeMiB != 64 || !strings.HasPrefix(v.ID, "vol_") || v.MountedBy == nil || len(v.MountedBy) != 0 || v.Parent != "" {
+	if v.Name != "data" || v.SizeMiB != 16 || !strings.HasPrefix(v.ID, "vol_") || v.MountedBy == nil || len(v.MountedBy) != 0 || v.Parent != "" {
 		t.Fatalf("created %s", r.body)
 	}
 	t.Cleanup(func() { do(t, key, "DELETE", "/v1/volumes/data?force=true", nil) })
@@ -118,23 +118,23 @@ func TestVolumeAPI(t *testing.T) {
 	expect(t, do(t, key, "DELETE", files+"?path=/dir&recursive=true", nil), 204, "")
 	expect(t, do(t, key, "GET", files+"/stat?path=/dir", nil), 404, "not_found")
 	// The size bounds writes.
-	r = do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 65<<20))
+	r = do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 16<<20))
 	expect(t, r, 507, "no_space")
 	if !strings.Contains(string(r.body), "data") {
 		t.Errorf("write over the size: %s, want it to name the volume", r.body)
 	}
 
 	// Grow only.
-	expect(t, do(t, key, "PATCH", "/v1/volumes/data", map[string]any{"size_mib": 32}), 422, "invalid")
+	expect(t, do(t, key, "PATCH", "/v1/volumes/data", map[string]any{"size_mib": 8}), 422, "invalid")
 	expect(t, do(t, key, "PATCH", "/v1/volumes/data", map[string]any{}), 422, "invalid")
 	expect(t, do(t, key, "PATCH", "/v1/volumes/data", map[string]any{"size_mib": 5000}), 429, "quota_exceeded")
-	r = do(t, key, "PATCH", "/v1/volumes/data", map[string]any{"size_mib": 128})
+	r = do(t, key, "PATCH", "/v1/volumes/data", map[string]any{"size_mib": 64})
 	expect(t, r, 200, "")
 	r.json(t, &v)
-	if v.SizeMiB != 128 {
+	if v.SizeMiB != 64 {
 		t.Errorf("grown to %d MiB", v.SizeMiB)
 	}
-	expect(t, do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 65<<20)), 200, "")
+	expect(t, do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 16<<20)), 200, "")
 	expect(t, do(t, key, "POST", "/v1/volumes/data/promote", nil), 422, "invalid")
 	expect(t, do(t, key, "DELETE", "/v1/volumes/data?force=maybe", nil), 422, "invalid")
 }
