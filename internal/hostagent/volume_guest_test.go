@@ -13,6 +13,7 @@ import (
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/host"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 )
 
 // shCode runs cmd in sandbox id and returns its output and exit code.
@@ -210,4 +211,43 @@ func randBytes(n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b)
 	return b
+}
+
+// TestVolumeAdoption: a sandbox's mounts survive a restart of its host
+// agent: the next agent adopts the VMM and serves the volume again, and
+// what the guest wrote before and after is on the host.
+func TestVolumeAdoption(t *testing.T) {
+	testkit.VM(t)
+	testkit.Root(t)
+	_, open := restartable(t)
+	a := open()
+	const vol = "vol_adopt00000000001"
+	if _, err := a.CreateVolume(vol, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	info, err := a.Create(ctxT(t), CreateRequest{Volumes: []host.VolumeMount{{Volume: vol, Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shOn(t, a, info.ID, "echo before > /data/f")
+	a.Detach()
+
+	b := open()
+	if rec := b.Recover(ctxT(t)); len(rec) != 1 || rec[0].Err != nil || rec[0].State != StateRunning {
+		t.Fatalf("Recover = %+v, want %s running", rec, info.ID)
+	}
+	if got, err := b.Get(info.ID); err != nil || len(got.Volumes) != 1 || got.Volumes[0].Volume != vol {
+		t.Errorf("adopted sandbox's Volumes = %+v, %v", got.Volumes, err)
+	}
+	if got := shOn(t, b, info.ID, "cat /data/f; echo after > /data/g; cat /data/g"); got != "before\nafter\n" {
+		t.Errorf("after adoption: %q", got)
+	}
+	rc, _, err := b.vols.ReadFile(vol, "/g")
+	if err != nil {
+		t.Fatalf("the host lacks the adopted guest's write: %v", err)
+	}
+	rc.Close()
+	if err := b.DeleteVolume(vol, false); !errors.Is(err, ErrConflict) {
+		t.Errorf("DeleteVolume of the adopted sandbox's volume = %v, want ErrConflict", err)
+	}
 }
