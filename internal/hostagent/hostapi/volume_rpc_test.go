@@ -2,6 +2,7 @@ package hostapi_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -123,3 +124,67 @@ func TestVolumeRPC(t *testing.T) {
 type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// TestVolumeRPCSandboxes: a create and a branch fork that mount volumes,
+// through the client.
+func TestVolumeRPCSandboxes(t *testing.T) {
+	world(t)
+	ctx := ctxT(t)
+	const vol, branch = "vol_rpcsb00000000001", "vol_rpcsb00000000002"
+	t.Cleanup(func() {
+		ag.DeleteVolume(vol, true)
+		ag.DeleteVolume(branch, true)
+	})
+	if _, err := client.CreateVolume(ctx, vol, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	mounts := []host.VolumeMount{{Volume: vol, Path: "/mnt/v"}}
+	info, err := client.Create(ctx, host.CreateRequest{Volumes: mounts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ag.Kill(context.Background(), info.ID) })
+	if len(info.Volumes) != 1 || info.Volumes[0] != mounts[0] {
+		t.Errorf("Info.Volumes = %+v, want %+v", info.Volumes, mounts)
+	}
+	mustRun(t, client, info.ID, "echo guest > /mnt/v/f")
+	rc, _, err := client.ReadVolumeFile(ctx, vol, "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "guest\n" {
+		t.Errorf("the guest's file through the files API: %q", b)
+	}
+	cid := host.NewID()
+	res, err := client.ForkWithVolumes(ctx, info.ID, []host.ForkSpec{{ID: cid,
+		Volumes:  []host.VolumeMount{{Volume: branch, Path: "/mnt/v"}},
+		Branches: []host.VolumeBranch{{From: vol, To: branch}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Children[0].Err != nil {
+		t.Fatal(res.Children[0].Err)
+	}
+	t.Cleanup(func() { ag.Kill(context.Background(), cid) })
+	if got := res.Children[0].Info.Volumes; len(got) != 1 || got[0].Volume != branch {
+		t.Errorf("child's Volumes = %+v, want the branch", got)
+	}
+	mustRun(t, client, cid, "echo child > /mnt/v/f")
+	if got := mustRun(t, client, info.ID, "cat /mnt/v/f"); got != "guest\n" {
+		t.Errorf("the parent reads the branch's write: %q", got)
+	}
+	if err := client.DeleteVolume(ctx, vol, false); !errors.Is(err, host.ErrConflict) {
+		t.Errorf("DeleteVolume while mounted = %v, want ErrConflict", err)
+	}
+	// A create whose volume is missing fails clearly.
+	_, err = client.Create(ctx, host.CreateRequest{Volumes: []host.VolumeMount{{Volume: "vol_missing000000000", Path: "/mnt/v"}}})
+	if !errors.Is(err, host.ErrNotFound) {
+		t.Errorf("create with a missing volume = %v, want ErrNotFound", err)
+	}
+	_, err = client.Create(ctx, host.CreateRequest{Volumes: []host.VolumeMount{{Volume: vol, Path: "relative"}}})
+	if !errors.Is(err, host.ErrInvalid) {
+		t.Errorf("create with a relative mount path = %v, want ErrInvalid", err)
+	}
+}
