@@ -118,8 +118,8 @@ func TestVolumeAPI(t *testing.T) {
 	expect(t, do(t, key, "DELETE", files+"?path=/dir&recursive=true", nil), 204, "")
 	expect(t, do(t, key, "GET", files+"/stat?path=/dir", nil), 404, "not_found")
 	// The size bounds writes.
-	r = do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 16<<20))
-	expect(t, r, 507, "no_space")
+	r = do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 16<<20+1))
+	expect(t, r, 507, "insufficient_storage")
 	if !strings.Contains(string(r.body), "data") {
 		t.Errorf("write over the size: %s, want it to name the volume", r.body)
 	}
@@ -134,7 +134,7 @@ func TestVolumeAPI(t *testing.T) {
 	if v.SizeMiB != 64 {
 		t.Errorf("grown to %d MiB", v.SizeMiB)
 	}
-	expect(t, do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 16<<20)), 200, "")
+	expect(t, do(t, key, "PUT", files+"?path=/big", bytes.Repeat([]byte{1}, 16<<20+1)), 200, "")
 	expect(t, do(t, key, "POST", "/v1/volumes/data/promote", nil), 422, "invalid")
 	expect(t, do(t, key, "DELETE", "/v1/volumes/data?force=maybe", nil), 422, "invalid")
 }
