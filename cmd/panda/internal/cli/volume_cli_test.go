@@ -23,7 +23,7 @@ func TestVolumeCLIIntegration(t *testing.T) {
 	if r.stdout != name+"\n" {
 		t.Fatalf("volume create: got %q, want the name", r.stdout)
 	}
-	t.Cleanup(func() { runCLI(itCtx(t), "", "volume", "rm", "--force", name, name+"-*") })
+	t.Cleanup(func() { runCLI(itCtx(t), "", "volume", "rm", "--force", name) })
 
 	// Files through the API, before any sandbox.
 	dir := t.TempDir()
