@@ -99,8 +99,11 @@ func (a *Agent) createFrom(ctx context.Context, req CreateRequest, im image, fet
 	if err := req.Network.Validate(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w: %w", ErrInvalid, err)
 	}
+	if err := a.checkMounts(req.Volumes, nil); err != nil {
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
 	env, cwd, user := a.imageDefaults(req.Template, req.Env)
-	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Lineage: im.lineage, Network: req.Network})
+	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Lineage: im.lineage, Network: req.Network, Volumes: req.Volumes})
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}

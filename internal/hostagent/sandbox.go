@@ -300,6 +300,8 @@ type record struct {
 	// carries it, so that a host deletes that set only while it holds the
 	// capture this host made or adopted, never a later pause's (paused.go).
 	PauseID string `json:"pause_id,omitempty"`
+	// Volumes are the volumes the sandbox mounts (volumes.go).
+	Volumes []host.VolumeMount `json:"volumes,omitempty"`
 }
 
 // Operations recorded in record.Op.
@@ -319,7 +321,7 @@ func (s *sandbox) info() Info {
 		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
 		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
 		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot, Busy: len(s.slot) > 0,
-		FetchedBytes: s.fetched,
+		FetchedBytes: s.fetched, Volumes: s.rec.Volumes,
 	}
 }
 

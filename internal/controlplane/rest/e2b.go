@@ -242,7 +242,7 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 	if parent.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", parent.ID, parent.State)
 	}
-	res, err := b.s.cp.Fork(ctx, key, parent, count, scheduler.Placement{})
+	res, err := b.s.cp.Fork(ctx, key, parent, count, scheduler.Placement{}, controlplane.VolumeShare)
 	if err != nil {
 		return nil, err
 	}
