@@ -108,6 +108,9 @@ func (a *Agent) createFrom(ctx context.Context, req CreateRequest, im image, fet
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	s.setFetched(fetched.BytesFetched)
+	s.mu.Lock()
+	s.dropMounts = req.SnapshotID != "" && len(req.Volumes) == 0
+	s.mu.Unlock()
 	if err := a.start(ctx, s, im); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}

@@ -159,6 +159,9 @@ func (a *Agent) fork(ctx context.Context, id string, children []host.ForkSpec, n
 				res.Children[i].Err = err
 				return
 			}
+			s.mu.Lock()
+			s.dropMounts = len(mounts) > 0 && len(vols) == 0
+			s.mu.Unlock()
 			if err := a.start(ctx, s, im); err != nil {
 				res.Children[i].Err = fmt.Errorf("restore child %s: %w", c.ID, err)
 				return

@@ -50,6 +50,10 @@ type sandbox struct {
 	// fetched is Info.FetchedBytes: what was read from the object store
 	// to start the sandbox as it runs now (0 once paused).
 	fetched int64
+	// dropMounts: s mounts no volume but may start from a capture of a
+	// sandbox that did (a snapshot's, or a fork's whose parent mounts
+	// some): its guest is told to unmount them (volumes.go).
+	dropMounts bool
 }
 
 func newSandbox(rec record, dir, runDir string, state lifecycle.State) *sandbox {

@@ -69,9 +69,24 @@ func (a *Agent) checkMounts(mounts []host.VolumeMount, pending map[string]bool) 
 // (ErrInvalid: a bad path; or the guest's error).
 func (a *Agent) openVolumes(ctx context.Context, s *sandbox, client *guestproto.Client) error {
 	s.mu.Lock()
-	mounts := s.rec.Volumes
+	mounts, drop := s.rec.Volumes, s.dropMounts
 	s.mu.Unlock()
 	if len(mounts) == 0 {
+		if !drop {
+			return nil
+		}
+		// The captured guest may have volumes mounted: have it unmount
+		// them, or what touches them would wait forever.
+		// Best effort: an agent without volumes mounted none, and a
+		// sandbox that mounts nothing must not fail for them.
+		conn, err := client.OpenVolumes(ctx, []guestproto.VolumeMount{})
+		if err != nil {
+			if !errors.Is(err, errors.ErrUnsupported) {
+				a.log.Warn("unmount the captured sandbox's volumes", "sandbox_id", s.id(), "err", err)
+			}
+			return nil
+		}
+		conn.Close()
 		return nil
 	}
 	served := make([]volumes.Mount, len(mounts))

@@ -34,7 +34,7 @@ type Op uint8
 const (
 	OpLookup   Op = 1  // lstat Path → Attr
 	OpSetattr  Op = 2  // Flags (Set*) say which of Mode, Size (Offset), UID/GID, Atime, Mtime to set → Attr
-	OpReaddir  Op = 3  // entries of Path after the name Path2, as Data (Dirents); More = 1 if cut short
+	OpReaddir  Op = 3  // entries of Path from the cookie Offset (0: the start) → Data (Dirents), N = the next cookie, M = 1 if cut short
 	OpRead     Op = 4  // Size bytes at Offset → Data (short at end of file)
 	OpWrite    Op = 5  // Data at Offset → N bytes written, Attr
 	OpCreate   Op = 6  // a regular file with Mode (FlagExclusive: it must not exist; FlagTruncate) → Attr
@@ -113,7 +113,7 @@ type Request struct {
 	Mtime  int64  // Unix nanoseconds (SetMtime)
 	Tag    string // the mount (guestproto.VolumeMount.Tag)
 	Path   string
-	Path2  string // OpRename's target, OpSymlink's target, OpReaddir's cursor
+	Path2  string // OpRename's target, OpSymlink's target
 	Data   []byte // OpWrite
 }
 
@@ -139,7 +139,7 @@ type Response struct {
 	HasAttr bool
 	Attr    Attr
 	N       int64 // OpWrite: bytes written; OpStatfs: limit
-	M       int64 // OpStatfs: used; OpReaddir: 1 if more entries follow
+	M       int64 // OpStatfs: used; OpReaddir: 1 if more entries follow (N: the cookie to go on from)
 	Data    []byte
 }
 
@@ -215,10 +215,6 @@ func (r *Request) Validate() error {
 	case OpSymlink:
 		if r.Path2 == "" || len(r.Path2) > MaxPath || strings.IndexByte(r.Path2, 0) >= 0 {
 			return bad("symlink target of %d bytes", len(r.Path2))
-		}
-	case OpReaddir:
-		if r.Path2 != "" && !ValidName(r.Path2) {
-			return bad("readdir cursor %q", r.Path2)
 		}
 	case OpCreate, OpMkdir, OpUnlink, OpRmdir:
 		if r.Path == "" {
@@ -467,21 +463,22 @@ type Dirent struct {
 	Name string
 	Mode uint32 // type bits (S_IFMT) only
 	Ino  uint64
+	Off  int64 // the cookie of the entry after this one
 }
 
 // AppendDirent appends e's encoding to b.
 func AppendDirent(b []byte, e Dirent) []byte {
 	b = appendString(b, e.Name)
 	b = binary.BigEndian.AppendUint32(b, e.Mode)
-	return binary.BigEndian.AppendUint64(b, e.Ino)
+	b = binary.BigEndian.AppendUint64(b, e.Ino)
+	return binary.BigEndian.AppendUint64(b, uint64(e.Off))
 }
 
 // DirentSize is the encoded size of an entry named name.
-func DirentSize(name string) int { return 2 + len(name) + 4 + 8 }
+func DirentSize(name string) int { return 2 + len(name) + 4 + 8 + 8 }
 
 // DecodeDirents decodes OpReaddir's Data; a malformed entry (a name that
-// is not one path element, entries not in strictly increasing name order)
-// fails it.
+// is not one path element) fails it.
 func DecodeDirents(data []byte) ([]Dirent, error) {
 	d := decoder{b: data}
 	var out []Dirent
@@ -490,14 +487,12 @@ func DecodeDirents(data []byte) ([]Dirent, error) {
 		e.Name = d.str(MaxName)
 		e.Mode = d.u32()
 		e.Ino = d.u64()
+		e.Off = int64(d.u64())
 		if d.err != nil {
 			break
 		}
 		if !ValidName(e.Name) {
 			return nil, bad("directory entry name %q", e.Name)
-		}
-		if len(out) > 0 && out[len(out)-1].Name >= e.Name {
-			return nil, bad("directory entries out of order")
 		}
 		out = append(out, e)
 	}

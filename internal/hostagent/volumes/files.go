@@ -389,7 +389,7 @@ func (s *Store) Rename(id, from, to string) error {
 }
 
 // mkdirAll makes directory rel and its missing parents, each accounted.
-func (h *handle) mkdirAll(rel string) error {
+func (h *openVol) mkdirAll(rel string) error {
 	if rel == "." {
 		return nil
 	}
@@ -427,7 +427,7 @@ func (h *handle) mkdirAll(rel string) error {
 }
 
 // syncDir flushes directory rel's entries.
-func (h *handle) syncDir(rel string) error {
+func (h *openVol) syncDir(rel string) error {
 	f, err := h.root.Open(rel)
 	if err != nil {
 		return err
@@ -438,7 +438,7 @@ func (h *handle) syncDir(rel string) error {
 
 // recount counts the volume's bytes again, after a failure left the count
 // unknown.
-func (h *handle) recount() {
+func (h *openVol) recount() {
 	if n, err := walkUsed(h.root); err == nil {
 		h.sp.set(n)
 	}

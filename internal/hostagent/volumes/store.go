@@ -69,11 +69,11 @@ type Store struct {
 	dir string
 
 	mu   sync.Mutex // guards open; held across structural changes (create, delete, branch, promote, resize)
-	open map[string]*handle
+	open map[string]*openVol
 }
 
-// handle is an open volume: its root and its accountant.
-type handle struct {
+// openVol is an open volume: its root and its accountant.
+type openVol struct {
 	id   string
 	root *os.Root
 	sp   *space
@@ -95,7 +95,7 @@ func Open(dir string) (*Store, error) {
 	for _, e := range trash {
 		os.RemoveAll(filepath.Join(dir, trashDir, e.Name()))
 	}
-	return &Store{dir: dir, open: map[string]*handle{}}, nil
+	return &Store{dir: dir, open: map[string]*openVol{}}, nil
 }
 
 // Close closes the volumes' roots: whoever serves one from its root sees
@@ -194,7 +194,7 @@ func (s *Store) install(id string, m meta, fill func(tmp string) error) error {
 
 // get returns volume id's handle, opening it (and counting its bytes) on
 // first use. Called with s.mu held.
-func (s *Store) getLocked(id string) (*handle, meta, error) {
+func (s *Store) getLocked(id string) (*openVol, meta, error) {
 	if err := checkID(id); err != nil {
 		return nil, meta{}, err
 	}
@@ -217,13 +217,13 @@ func (s *Store) getLocked(id string) (*handle, meta, error) {
 		root.Close()
 		return nil, m, fmt.Errorf("count volume %s: %w", id, err)
 	}
-	h := &handle{id: id, root: root, sp: &space{used: used, limit: m.LimitBytes}}
+	h := &openVol{id: id, root: root, sp: &space{used: used, limit: m.LimitBytes}}
 	s.open[id] = h
 	return h, m, nil
 }
 
 // handle returns volume id's handle.
-func (s *Store) handle(id string) (*handle, error) {
+func (s *Store) handle(id string) (*openVol, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h, _, err := s.getLocked(id)

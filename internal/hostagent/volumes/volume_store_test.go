@@ -32,14 +32,14 @@ func newStore(t *testing.T) (*Store, string) {
 	return s, dir
 }
 
-func write(t *testing.T, s *Store, id, p, data string) {
+func putFile(t *testing.T, s *Store, id, p, data string) {
 	t.Helper()
 	if n, err := s.WriteFile(id, p, strings.NewReader(data), 0); err != nil || n != int64(len(data)) {
 		t.Fatalf("WriteFile(%s, %s) = %d, %v", id, p, n, err)
 	}
 }
 
-func read(t *testing.T, s *Store, id, p string) string {
+func getFile(t *testing.T, s *Store, id, p string) string {
 	t.Helper()
 	r, _, err := s.ReadFile(id, p)
 	if err != nil {
@@ -96,7 +96,7 @@ func TestVolumeStoreLifecycle(t *testing.T) {
 	if _, err := s.Get(volC); !errors.Is(err, host.ErrNotFound) {
 		t.Errorf("Get(missing) = %v, want ErrNotFound", err)
 	}
-	write(t, s, volA, "/d/f", "hello")
+	putFile(t, s, volA, "/d/f", "hello")
 	if err := s.Delete(volA); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestVolumeStoreLifecycle(t *testing.T) {
 		t.Errorf("Delete again = %v, want ErrNotFound", err)
 	}
 	// A reopened store keeps the limit and counts what is there.
-	write(t, s, volB, "x", strings.Repeat("y", 5000))
+	putFile(t, s, volB, "x", strings.Repeat("y", 5000))
 	s.Close()
 	s2, err := Open(dir)
 	if err != nil {
@@ -124,9 +124,9 @@ func TestVolumeStoreFiles(t *testing.T) {
 	if _, err := s.Create(volA, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	write(t, s, volA, "/a/b/c.txt", "one")
-	write(t, s, volA, "a/b/c.txt", "two!")
-	if got := read(t, s, volA, "/a/b/c.txt"); got != "two!" {
+	putFile(t, s, volA, "/a/b/c.txt", "one")
+	putFile(t, s, volA, "a/b/c.txt", "two!")
+	if got := getFile(t, s, volA, "/a/b/c.txt"); got != "two!" {
 		t.Errorf("read = %q, want %q", got, "two!")
 	}
 	// a, a/b: two directories; c.txt: one block.
@@ -229,7 +229,7 @@ func TestVolumeStoreConfined(t *testing.T) {
 		t.Error("Mkdir through a symlink to / succeeded")
 	}
 	// Writing over a symlink replaces the symlink, never its target.
-	write(t, s, volA, "/meta", "mine")
+	putFile(t, s, volA, "/meta", "mine")
 	if b, _ := os.ReadFile(secret); strings.Contains(string(b), "mine") {
 		t.Error("write over a symlink wrote its target")
 	}
@@ -240,12 +240,12 @@ func TestVolumeStoreQuota(t *testing.T) {
 	if _, err := s.Create(volA, 3*Block); err != nil {
 		t.Fatal(err)
 	}
-	write(t, s, volA, "/f", "keep")
+	putFile(t, s, volA, "/f", "keep")
 	_, err := s.WriteFile(volA, "/f", bytes.NewReader(make([]byte, 3*Block)), 0)
 	if !errors.Is(err, host.ErrNoSpace) {
 		t.Fatalf("write over the limit = %v, want ErrNoSpace", err)
 	}
-	if got := read(t, s, volA, "/f"); got != "keep" {
+	if got := getFile(t, s, volA, "/f"); got != "keep" {
 		t.Errorf("after a refused write f = %q, want %q", got, "keep")
 	}
 	if got := used(t, s, volA); got != Block {
@@ -256,7 +256,7 @@ func TestVolumeStoreQuota(t *testing.T) {
 		t.Errorf("a refused write left files: %+v", ls)
 	}
 	// Exactly the limit fits.
-	write(t, s, volA, "/g", strings.Repeat("x", 2*Block))
+	putFile(t, s, volA, "/g", strings.Repeat("x", 2*Block))
 	if err := s.Mkdir(volA, "/d"); !errors.Is(err, host.ErrNoSpace) {
 		t.Errorf("mkdir over the limit = %v, want ErrNoSpace", err)
 	}
@@ -297,7 +297,7 @@ func TestVolumeBranchPromote(t *testing.T) {
 	if _, err := s.Create(volA, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	write(t, s, volA, "/d/f", "parent")
+	putFile(t, s, volA, "/d/f", "parent")
 	root, _, err := s.Open(volA)
 	if err != nil {
 		t.Fatal(err)
@@ -318,12 +318,12 @@ func TestVolumeBranchPromote(t *testing.T) {
 	if p, _ := s.Parent(volB); p != volA {
 		t.Errorf("Parent = %q, want %q", p, volA)
 	}
-	if got := read(t, s, volB, "/link"); got != "parent" {
+	if got := getFile(t, s, volB, "/link"); got != "parent" {
 		t.Errorf("branch's link reads %q", got)
 	}
-	write(t, s, volB, "/d/f", "branch")
-	write(t, s, volA, "/d/g", "only parent")
-	if got := read(t, s, volA, "/d/f"); got != "parent" {
+	putFile(t, s, volB, "/d/f", "branch")
+	putFile(t, s, volA, "/d/g", "only parent")
+	if got := getFile(t, s, volA, "/d/f"); got != "parent" {
 		t.Errorf("parent's file after the branch wrote = %q", got)
 	}
 	if _, err := s.Stat(volB, "/d/g"); !errors.Is(err, guestproto.ErrNotFound) {
@@ -336,7 +336,7 @@ func TestVolumeBranchPromote(t *testing.T) {
 	if v.ID != volA || v.UsedBytes != 3*Block {
 		t.Errorf("Promote = %+v", v)
 	}
-	if got := read(t, s, volA, "/d/f"); got != "branch" {
+	if got := getFile(t, s, volA, "/d/f"); got != "branch" {
 		t.Errorf("after promote f = %q, want branch", got)
 	}
 	if _, err := s.Stat(volA, "/d/g"); !errors.Is(err, guestproto.ErrNotFound) {
