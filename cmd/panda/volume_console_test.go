@@ -5,7 +5,7 @@ package main
 // code_console_test.go): the Volumes page lists a volume with its use and
 // the sandbox that mounts it, creates and deletes one; a volume's page
 // browses its files and uploads one, which the mounting sandbox reads; the
-// sandbox's page lists its mounts.
+// create dialog mounts volumes, and the sandbox's page lists its mounts.
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/pandastack/pandastack/internal/testing/testkit"
 	pandastack "github.com/pandastack/pandastack/sdk/go"
 )
 
@@ -44,19 +45,32 @@ func TestVolumeConsole(t *testing.T) {
 	if _, err := c.VolumeFiles(name).WriteFile(ctx, "/docs/readme.txt", strings.NewReader("from the api\n"), 0); err != nil {
 		t.Fatalf("write a file: %v", err)
 	}
-	sb, err := c.Create(ctx, pandastack.CreateOptions{TTLSeconds: 600, Volumes: []pandastack.VolumeMount{{Name: name, Path: "/mnt/data"}}})
-	if err != nil {
-		t.Fatalf("create a sandbox mounting %s: %v", name, err)
-	}
+	b := newBrowserIn(t, 9*time.Minute, w.env.Host.Path)
+	url := w.URL() + "/"
+	b.signInAs(url, w.AdminKey())
+
+	// A sandbox mounting it, created from the tree's dialog.
+	b.run("open the create dialog", chromedp.Click(chromedp.CSS(`[data-testid=new-sandbox]`)), chromedp.WaitVisible(chromedp.CSS(`#f-volumes`)))
+	b.input(`#f-metadata`, "volume-test="+name)
+	b.input(`#f-volumes`, name+":/mnt/data")
+	b.run("create", chromedp.Click(chromedp.CSS(`[data-testid=submit]`)))
+	var sb *pandastack.Sandbox
+	testkit.WaitFor(t, 3*time.Minute, "the sandbox created in the console", func() bool {
+		l, err := c.List(ctx, pandastack.ListOptions{Metadata: map[string]string{"volume-test": name}})
+		if err != nil || len(l) != 1 || l[0].Info.State != pandastack.StateRunning {
+			return false
+		}
+		sb = l[0]
+		return true
+	})
 	t.Cleanup(func() {
 		kctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		sb.Kill(kctx)
 	})
-
-	b := newBrowserIn(t, 9*time.Minute, w.env.Host.Path)
-	url := w.URL() + "/"
-	b.signInAs(url, w.AdminKey())
+	if want := []pandastack.VolumeMount{{Name: name, Path: "/mnt/data"}}; len(sb.Info.Volumes) != 1 || sb.Info.Volumes[0] != want[0] {
+		t.Errorf("the console's sandbox mounts %+v, want %+v", sb.Info.Volumes, want)
+	}
 
 	// The list: the volume, its use, the sandbox mounting it.
 	b.run("the volumes page", chromedp.Click(chromedp.CSS(`[data-testid=nav-volumes]`)))
