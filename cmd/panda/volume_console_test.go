@@ -77,7 +77,7 @@ func TestVolumeConsole(t *testing.T) {
 	row := `[data-testid=volume-` + name + `]`
 	b.wait("the volume listed with its mount", `(() => {
 		const r = document.querySelector(`+js(row)+`);
-		return !!r && r.textContent.includes('of 16 MiB') && r.textContent.includes(`+js(sb.ID)+`);
+		return !!r && r.textContent.includes('of 16.0 MiB') && r.textContent.includes(`+js(sb.ID)+`);
 	})()`, 30*time.Second)
 
 	// Create one from the dialog, then delete it.
@@ -87,7 +87,7 @@ func TestVolumeConsole(t *testing.T) {
 	b.input(`#f-size_mib`, "8")
 	b.run("create", chromedp.Click(chromedp.CSS(`[data-testid=submit]`)))
 	otherRow := `[data-testid=volume-` + other + `]`
-	b.wait("the new volume listed", `(document.querySelector(`+js(otherRow)+`)?.textContent || '').includes('of 8 MiB')`, 30*time.Second)
+	b.wait("the new volume listed", `(document.querySelector(`+js(otherRow)+`)?.textContent || '').includes('of 8.0 MiB')`, 30*time.Second)
 	if v, err := c.GetVolume(ctx, other); err != nil || v.SizeMiB != 8 {
 		t.Errorf("the volume created in the console: got %+v, %v", v, err)
 	}
