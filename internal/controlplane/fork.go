@@ -195,7 +195,7 @@ func (p *Plane) reserveChildren(ctx context.Context, key catalog.Key, parent cat
 			ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: c.Host, State: catalog.StateStarting,
 			MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
 			// The host gives a child its parent's egress policy.
-			Network:    parent.Network,
+			Network: parent.Network,
 			// Children mount their parent's volumes (until
 			// reserveBranches gives them their own).
 			Volumes:    parent.Volumes,

@@ -59,11 +59,19 @@ func (s *Server) ownedVolume(r *http.Request) (catalog.Volume, error) {
 	return s.cp.Volume(r.Context(), callerOf(r).Key.ID, chi.URLParam(r, "name"))
 }
 
+// createVolumeRequest is the body of POST /v1/volumes.
+type createVolumeRequest struct {
+	Name    string `json:"name"`
+	SizeMiB *int   `json:"size_mib"`
+}
+
+// resizeVolumeRequest is the body of PATCH /v1/volumes/{name}.
+type resizeVolumeRequest struct {
+	SizeMiB *int `json:"size_mib"`
+}
+
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Name    string `json:"name"`
-		SizeMiB *int   `json:"size_mib"`
-	}
+	var req createVolumeRequest
 	if err := decodeJSON(r, &req, false); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -112,9 +120,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) resizeVolume(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		SizeMiB *int `json:"size_mib"`
-	}
+	var req resizeVolumeRequest
 	if err := decodeJSON(r, &req, false); err != nil {
 		s.writeError(w, r, err)
 		return

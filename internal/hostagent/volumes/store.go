@@ -372,20 +372,31 @@ func (s *Store) Branch(src, dst string) (host.VolumeInfo, error) {
 }
 
 // Promote makes target's tree branch's (an atomic exchange of the two
-// data directories), then deletes branch with target's old tree. Whoever
-// serves either from its root must open it again (Open): the old roots
-// are closed.
+// data directories), then deletes branch with target's old tree. Target
+// keeps the larger of the two limits (a branch that was grown holds more
+// than its parent's limit may). Whoever serves either from its root must
+// open it again (Open): the old roots are closed.
 func (s *Store) Promote(branch, target string) (host.VolumeInfo, error) {
 	if branch == target {
 		return host.VolumeInfo{}, fmt.Errorf("%w: volume %s cannot be promoted onto itself", host.ErrInvalid, branch)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, _, err := s.getLocked(branch); err != nil {
+	_, bm, err := s.getLocked(branch)
+	if err != nil {
 		return host.VolumeInfo{}, err
 	}
-	if _, _, err := s.getLocked(target); err != nil {
+	_, tm, err := s.getLocked(target)
+	if err != nil {
 		return host.VolumeInfo{}, err
+	}
+	if bm.LimitBytes > tm.LimitBytes {
+		// Grown first: a crash before the exchange leaves target larger,
+		// never a tree over its limit.
+		tm.LimitBytes = bm.LimitBytes
+		if err := writeMeta(s.volDir(target), tm); err != nil {
+			return host.VolumeInfo{}, fmt.Errorf("promote volume %s to %s: %w", branch, target, ioError(err))
+		}
 	}
 	for _, id := range []string{branch, target} {
 		s.open[id].root.Close()

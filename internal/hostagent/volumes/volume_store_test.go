@@ -321,6 +321,9 @@ func TestVolumeBranchPromote(t *testing.T) {
 	if got := getFile(t, s, volB, "/link"); got != "parent" {
 		t.Errorf("branch's link reads %q", got)
 	}
+	if _, err := s.Resize(volB, 2<<20); err != nil {
+		t.Fatal(err)
+	}
 	putFile(t, s, volB, "/d/f", "branch")
 	putFile(t, s, volA, "/d/g", "only parent")
 	if got := getFile(t, s, volA, "/d/f"); got != "parent" {
@@ -333,7 +336,7 @@ func TestVolumeBranchPromote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.ID != volA || v.UsedBytes != 3*Block {
+	if v.ID != volA || v.UsedBytes != 3*Block || v.LimitBytes != 2<<20 {
 		t.Errorf("Promote = %+v", v)
 	}
 	if got := getFile(t, s, volA, "/d/f"); got != "branch" {
