@@ -152,12 +152,13 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	req := createBody{CreateSandboxRequest: wire.CreateSandboxRequest{
+	req := wire.CreateSandboxRequest{
 		Template: optional(opts.Template), TtlSeconds: optional(opts.TTLSeconds), MemoryMib: optional(opts.MemoryMiB),
 		Vcpus: optional(opts.VCPUs), Metadata: optionalMap(opts.Metadata), Env: optionalMap(opts.Env),
 		SnapshotId: optional(opts.SnapshotID), Network: wireNetwork(opts.Network),
 		OnExpire: optional(wire.CreateSandboxRequestOnExpire(opts.OnExpire)), Placement: pl,
-	}, Volumes: opts.Volumes}
+		Volumes: wireMounts(opts.Volumes),
+	}
 	var info SandboxInfo
 	if opts.Progress == nil {
 		if err := c.doJSON(ctx, http.MethodPost, path("sandboxes"), nil, req, &info); err != nil {
@@ -411,7 +412,7 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 	if m := opts.VolumeMode; m != "" && m != VolumeShare && m != VolumeBranch {
 		return ForkResult{}, newError(0, CodeInvalid, `fork volume mode must be "share" or "branch", not `+strconv.Quote(m))
 	}
-	in := forkBody{ForkSandboxJSONRequestBody: wire.ForkSandboxJSONRequestBody{Count: &count, Placement: pl}, VolumeMode: opts.VolumeMode}
+	in := wire.ForkSandboxJSONRequestBody{Count: &count, Placement: pl, VolumeMode: optional(wire.ForkSandboxJSONBodyVolumeMode(opts.VolumeMode))}
 	var out forkAnswer
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"os"
 	"time"
+
+	"github.com/pandastack/pandastack/sdk/go/internal/wire"
 )
 
 // DefaultVolumeSizeMiB is the size a volume gets when CreateVolume is
@@ -51,17 +53,6 @@ const (
 	VolumeBranch = "branch"
 )
 
-// volumeCreate and volumeResize are the bodies of POST /v1/volumes and
-// PATCH /v1/volumes/{name}.
-type volumeCreate struct {
-	Name    string `json:"name"`
-	SizeMiB int    `json:"size_mib,omitempty"`
-}
-
-type volumeResize struct {
-	SizeMiB int `json:"size_mib"`
-}
-
 // CreateVolume creates the empty volume name of sizeMiB MiB (0:
 // DefaultVolumeSizeMiB). A name is 1 to 63 of a-z, 0-9, '.', '_' and '-',
 // starting with a letter or digit. Errors: ErrConflict (the key has a
@@ -72,7 +63,7 @@ func (c *Client) CreateVolume(ctx context.Context, name string, sizeMiB int) (Vo
 		return Volume{}, newError(0, CodeInvalid, "volume size must be positive (MiB)")
 	}
 	var v Volume
-	err := c.doJSON(ctx, http.MethodPost, path("volumes"), nil, volumeCreate{Name: name, SizeMiB: sizeMiB}, &v)
+	err := c.doJSON(ctx, http.MethodPost, path("volumes"), nil, wire.CreateVolumeJSONRequestBody{Name: name, SizeMib: optional(sizeMiB)}, &v)
 	return v, err
 }
 
@@ -108,7 +99,7 @@ func (c *Client) ResizeVolume(ctx context.Context, name string, sizeMiB int) (Vo
 		return Volume{}, newError(0, CodeInvalid, "volume size must be positive (MiB)")
 	}
 	var v Volume
-	err := c.doJSON(ctx, http.MethodPatch, path("volumes", name), nil, volumeResize{SizeMiB: sizeMiB}, &v)
+	err := c.doJSON(ctx, http.MethodPatch, path("volumes", name), nil, wire.ResizeVolumeJSONRequestBody{SizeMib: sizeMiB}, &v)
 	return v, err
 }
 

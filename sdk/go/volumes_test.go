@@ -121,13 +121,16 @@ func TestVolumeLocalValidation(t *testing.T) {
 	})
 	ctx := context.Background()
 	for name, call := range map[string]func() error{
-		"negative size":   func() error { _, err := c.CreateVolume(ctx, "d", -1); return err },
-		"resize to zero":  func() error { _, err := c.ResizeVolume(ctx, "d", 0); return err },
-		"empty get":       func() error { _, err := c.GetVolume(ctx, ""); return err },
-		"empty delete":    func() error { return c.DeleteVolume(ctx, "", true) },
-		"empty promote":   func() error { _, err := c.PromoteVolume(ctx, ""); return err },
-		"empty files":     func() error { _, err := c.VolumeFiles("").Stat(ctx, "/"); return err },
-		"bad volume mode": func() error { _, err := c.Sandbox("abc").ForkWithOptions(ctx, ForkOptions{VolumeMode: "copy"}); return err },
+		"negative size":  func() error { _, err := c.CreateVolume(ctx, "d", -1); return err },
+		"resize to zero": func() error { _, err := c.ResizeVolume(ctx, "d", 0); return err },
+		"empty get":      func() error { _, err := c.GetVolume(ctx, ""); return err },
+		"empty delete":   func() error { return c.DeleteVolume(ctx, "", true) },
+		"empty promote":  func() error { _, err := c.PromoteVolume(ctx, ""); return err },
+		"empty files":    func() error { _, err := c.VolumeFiles("").Stat(ctx, "/"); return err },
+		"bad volume mode": func() error {
+			_, err := c.Sandbox("abc").ForkWithOptions(ctx, ForkOptions{VolumeMode: "copy"})
+			return err
+		},
 	} {
 		if err := call(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)

@@ -66,14 +66,14 @@ func wireNetwork(n *Network) *wire.NetworkPolicy {
 	return &wire.NetworkPolicy{Internet: &n.Internet, AllowOut: optionalSlice(n.AllowOut), DenyOut: optionalSlice(n.DenyOut)}
 }
 
-// createBody and forkBody add volumes to the generated bodies until
-// api/openapi.yaml describes them (issue 34).
-type createBody struct {
-	wire.CreateSandboxRequest
-	Volumes []VolumeMount `json:"volumes,omitempty"`
-}
-
-type forkBody struct {
-	wire.ForkSandboxJSONRequestBody
-	VolumeMode string `json:"volume_mode,omitempty"`
+// wireMounts is m's wire form; nil for none.
+func wireMounts(m []VolumeMount) *[]wire.VolumeMount {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]wire.VolumeMount, len(m))
+	for i, v := range m {
+		out[i] = wire.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: optional(v.ReadOnly)}
+	}
+	return &out
 }

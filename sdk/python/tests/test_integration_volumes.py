@@ -108,7 +108,7 @@ class VolumeSandboxTest(unittest.TestCase):
 
         sb = create_tiny(ADMIN, volumes=[{"name": v.name, "path": "/mnt/data"}, {"volume": ro, "path": "/mnt/ro", "read_only": True}])
         self.addCleanup(sb.kill)
-        self.assertEqual(sb.volumes, [VolumeMount(v.name, "/mnt/data"), VolumeMount(ro.name, "/mnt/ro", True)])
+        self.assertEqual(sb.volumes, [VolumeMount(v.name, "/mnt/data", False), VolumeMount(ro.name, "/mnt/ro", True)])
         self.assertEqual(sb.exec("cat /mnt/data/in.txt /mnt/ro/ref.txt").stdout, "from the api\nreference\n")
         r = sb.exec("echo written > /mnt/data/out.txt && sync")
         self.assertEqual(r.exit_code, 0, r.stderr)

@@ -290,14 +290,19 @@ class VolumeMount:
 
     name: str
     path: str
-    read_only: bool = False
+    read_only: bool
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VolumeMount":
+        """Build from an entry of the API's ``Sandbox.volumes``."""
+        return cls(name=_str(d.get("name")), path=_str(d.get("path")), read_only=d.get("read_only") is True)
 
     @classmethod
     def list_from(cls, v: Any) -> "List[VolumeMount]":
         """The mounts of a sandbox JSON's ``volumes`` (an empty list for anything but a list)."""
         if not isinstance(v, list):
             return []
-        return [cls(name=_str(m.get("name")), path=_str(m.get("path")), read_only=m.get("read_only") is True) for m in v if isinstance(m, Mapping)]
+        return [cls.from_dict(m) for m in v if isinstance(m, Mapping)]
 
 
 @dataclass(frozen=True)
