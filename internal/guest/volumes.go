@@ -103,8 +103,10 @@ func mountVolume(client *volproto.Client, v guestproto.VolumeMount) (*fuse.Serve
 	if fi, err := os.Stat(v.Path); err != nil || !fi.IsDir() {
 		return nil, guestproto.Errorf(guestproto.CodeInvalid, "the mount point %s of volume %s is not a directory", v.Path, v.Tag)
 	}
-	root := &volNode{vfs: &volFS{client: client, tag: v.Tag, readOnly: v.ReadOnly}}
-	srv, err := fs.Mount(v.Path, root, volMountOptions(v))
+	vfs := &volFS{client: client, tag: v.Tag, readOnly: v.ReadOnly}
+	vfs.mounting.Store(true)
+	defer vfs.mounting.Store(false)
+	srv, err := fs.Mount(v.Path, &volNode{vfs: vfs}, volMountOptions(v))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENODEV) {
 			return nil, guestproto.Errorf(guestproto.CodeInternal, "mount volume %s at %s: this guest has no FUSE (/dev/fuse): %v", v.Tag, v.Path, err)
