@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -23,6 +24,11 @@ type volFS struct {
 	client   *volproto.Client
 	tag      string
 	readOnly bool
+	// mounting is set while the mount is being made: the kernel asks the
+	// root's attributes before any volume stream can be attached (the
+	// host attaches it once the OPEN is answered, after mounting), so the
+	// root answers for itself then.
+	mounting atomic.Bool
 }
 
 // volNode is a file, directory or symlink of a volume. Its path is where
@@ -190,6 +196,12 @@ func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 }
 
 func (n *volNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if n.IsRoot() && n.vfs.mounting.Load() {
+		out.Mode = syscall.S_IFDIR | 0o755
+		out.Nlink = 2
+		out.SetTimeout(0)
+		return 0
+	}
 	p, e := n.ownPath()
 	if e != 0 {
 		return e

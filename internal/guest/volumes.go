@@ -3,13 +3,16 @@ package guest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/internal/contract/guestproto"
 	"github.com/pandastack/pandastack/internal/contract/volproto"
@@ -103,8 +106,13 @@ func mountVolume(client *volproto.Client, v guestproto.VolumeMount) (*fuse.Serve
 	if fi, err := os.Stat(v.Path); err != nil || !fi.IsDir() {
 		return nil, guestproto.Errorf(guestproto.CodeInvalid, "the mount point %s of volume %s is not a directory", v.Path, v.Tag)
 	}
-	root := &volNode{vfs: &volFS{client: client, tag: v.Tag, readOnly: v.ReadOnly}}
-	srv, err := fs.Mount(v.Path, root, volMountOptions(v))
+	vfs := &volFS{client: client, tag: v.Tag, readOnly: v.ReadOnly}
+	vfs.mounting.Store(true)
+	defer vfs.mounting.Store(false)
+	srv, err := fs.Mount(v.Path, &volNode{vfs: vfs}, volMountOptions(v))
+	if err == nil {
+		raiseReadahead(v.Path)
+	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENODEV) {
 			return nil, guestproto.Errorf(guestproto.CodeInternal, "mount volume %s at %s: this guest has no FUSE (/dev/fuse): %v", v.Tag, v.Path, err)
@@ -112,6 +120,19 @@ func mountVolume(client *volproto.Client, v guestproto.VolumeMount) (*fuse.Serve
 		return nil, guestproto.Errorf(guestproto.CodeInternal, "mount volume %s at %s: %v", v.Tag, v.Path, err)
 	}
 	return srv, nil
+}
+
+// raiseReadahead lets the kernel read ahead volproto.MaxData on the
+// mount at path: FUSE caps the readahead a file system asks for at its
+// backing device's, 128 KiB by default, and each read is a round trip to
+// the host. Best effort: a guest without sysfs reads ahead less.
+func raiseReadahead(path string) {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return
+	}
+	bdi := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	_ = os.WriteFile(bdi, []byte(strconv.Itoa(volproto.MaxData>>10)), 0)
 }
 
 // volMountOptions are a volume's FUSE options: no kernel caching of

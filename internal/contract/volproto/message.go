@@ -230,7 +230,6 @@ func (r *Request) Validate() error {
 // Message encoding: fixed-size fields, big-endian, then length-prefixed
 // strings and data.
 
-
 // AppendRequest appends r's message (length prefix included) to b.
 func AppendRequest(b []byte, r *Request) []byte {
 	start := len(b)
