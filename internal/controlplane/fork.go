@@ -106,7 +106,7 @@ func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbo
 }
 
 // forkPlacement checks that placement pl keeps the children of parent,
-// which mounts volumes, on its host.
+// which mounts volumes, on its host (or parent itself, for a resume).
 func forkPlacement(parent catalog.Sandbox, pl scheduler.Placement) error {
 	switch {
 	case pl.Spread:
@@ -248,6 +248,9 @@ func (p *Plane) reserveBranches(ctx context.Context, key catalog.Key, b *forkBat
 	for _, id := range b.byHost[b.parent.HostID] {
 		for _, m := range b.parent.Volumes {
 			src, err := p.cat.GetVolume(ctx, m.VolumeID)
+			if errors.Is(err, catalog.ErrNotFound) {
+				return Errorf(Conflict, "the volume sandbox %s mounts at %s was deleted: there is nothing to branch", b.parent.ID, m.Path)
+			}
 			if err != nil {
 				return fmt.Errorf("branch volume %s: %w", m.VolumeID, err)
 			}

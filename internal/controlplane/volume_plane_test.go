@@ -496,3 +496,31 @@ func (e *fleetEnv) createOnWith(hostID string, ms []controlplane.VolumeMountRequ
 	}
 	return sb
 }
+
+// A sandbox that mounts volumes does not move: not by a drain's
+// migration, not to resume elsewhere.
+func TestVolumeSandboxStays(t *testing.T) {
+	t.Parallel()
+	e := newFleetEnv(t, true)
+	ctx := t.Context()
+	e.f.set("b", scheduler.Draining)
+	if _, err := e.p.CreateVolume(ctx, e.key, "v", 16); err != nil {
+		t.Fatal(err)
+	}
+	e.f.set("b", scheduler.Ready)
+	sb := e.createOnWith("a", []controlplane.VolumeMountRequest{{Name: "v", Path: "/v"}})
+	_, err := e.p.MoveTo(ctx, sb.ID)
+	wantKind(t, "move", err, controlplane.Conflict, []string{"volumes", "host a"})
+	if got := e.get(sb.ID); got.HostID != "a" || got.State != catalog.StateRunning {
+		t.Errorf("after a refused move: %s on %s", got.State, got.HostID)
+	}
+	if _, err := e.p.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.p.ResumeOn(ctx, sb.ID, scheduler.Placement{Host: "b"})
+	wantKind(t, "resume elsewhere", err, controlplane.Conflict, []string{"host a"})
+	got, err := e.p.ResumeOn(ctx, sb.ID, scheduler.Placement{})
+	if err != nil || got.HostID != "a" {
+		t.Errorf("resume: on %q, %v; want host a", got.HostID, err)
+	}
+}
