@@ -254,3 +254,42 @@ func TestVolumeMountsAPI(t *testing.T) {
 	}
 	expect(t, do(t, key, "DELETE", "/v1/volumes/shared", nil), 204, "")
 }
+
+// A purge of a revoked key deletes its volumes, with their files, and
+// no other key's.
+func TestVolumePurgeKey(t *testing.T) {
+	world(t)
+	key := newKey(t, "volume-purged", nil)
+	other := newKey(t, "volume-kept", nil)
+	for _, k := range []string{key, other} {
+		expect(t, do(t, k, "POST", "/v1/volumes", map[string]any{"name": "mine", "size_mib": 8}), 201, "")
+		expect(t, do(t, k, "PUT", "/v1/volumes/mine/files?path=/f", "x"), 200, "")
+	}
+	t.Cleanup(func() { do(t, other, "DELETE", "/v1/volumes/mine?force=true", nil) })
+	gone := getVolume(t, key, "mine")
+	var keys struct{ Keys []struct{ ID, Name string } }
+	do(t, e.admin, "GET", "/v1/keys", nil).json(t, &keys)
+	id := ""
+	for _, k := range keys.Keys {
+		if k.Name == "volume-purged" {
+			id = k.ID
+		}
+	}
+	expect(t, do(t, e.admin, "DELETE", "/v1/keys/"+id, nil), 204, "")
+	r := do(t, e.admin, "POST", "/v1/keys/"+id+"/purge", nil)
+	expect(t, r, 200, "")
+	var out struct {
+		VolumesDeleted int `json:"volumes_deleted"`
+		Failed         []any
+	}
+	r.json(t, &out)
+	if out.VolumesDeleted != 1 || len(out.Failed) != 0 {
+		t.Errorf("purge: %s, want one volume deleted", r.body)
+	}
+	if _, err := e.cat.GetVolume(t.Context(), gone.ID); err == nil {
+		t.Error("the purged key's volume is still recorded")
+	}
+	if r := do(t, other, "GET", "/v1/volumes/mine/files?path=/f", nil); r.status != 200 || string(r.body) != "x" {
+		t.Errorf("another key's volume after the purge: %d %q", r.status, r.body)
+	}
+}
