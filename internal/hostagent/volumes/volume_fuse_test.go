@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -114,6 +115,9 @@ func newHostVolume(t testing.TB, limit int64) *hostVolume {
 func mountPoints(t testing.TB, n int) []string {
 	t.Helper()
 	base := t.TempDir()
+	// Other users reach the mounts (t.TempDir's directories are 0700).
+	os.Chmod(base, 0o755)
+	os.Chmod(filepath.Dir(base), 0o755)
 	var ps []string
 	for i := range n {
 		ps = append(ps, filepath.Join(base, fmt.Sprintf("m%d", i)))
@@ -247,6 +251,15 @@ func TestVolumeFUSE(t *testing.T) {
 	must(os.Symlink("/etc", filepath.Join(a, "etc")))
 	if fi, err := os.Lstat(filepath.Join(vol.dir, "etc")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
 		t.Errorf("host entry of the guest's symlink: %v, %v", fi, err)
+	}
+
+	// Any guest user may write: owners and modes are shown, not
+	// enforced (the volume's root is the host's, mode 0700 here).
+	must(os.Chmod(vol.dir, 0o700))
+	cmd := exec.Command("/bin/sh", "-c", "echo user > "+filepath.Join(a, "by-user")+" && stat -c %u "+filepath.Join(a, "by-user"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1234, Gid: 1234}}
+	if out, err := cmd.CombinedOutput(); err != nil || string(out) != "1234\n" {
+		t.Errorf("a guest user's write: %q, %v; want it to succeed and own the file", out, err)
 	}
 
 	// Read-only mount.
