@@ -167,6 +167,14 @@ func TestVolumeGuests(t *testing.T) {
 	if err := a.Kill(ctxT(t), restored.ID); err != nil {
 		t.Fatal(err)
 	}
+	// One that mounts nothing has the captured mount dropped, not hung.
+	bare := createWith(t, CreateRequest{SnapshotID: snapID})
+	if got := sh(t, bare.ID, "grep -c pandavol /proc/mounts; ls /mnt/data 2>&1 | head -1; true"); !strings.HasPrefix(got, "0\n") || strings.Contains(got, "later") {
+		t.Errorf("sandbox from the snapshot without volumes: %q, want no volume mount", got)
+	}
+	if err := a.Kill(ctxT(t), bare.ID); err != nil {
+		t.Fatal(err)
+	}
 
 	// A full volume: ENOSPC in the guest, nothing else breaks.
 	out, code := shCode(t, main.ID, "dd if=/dev/zero of=/mnt/data/big bs=1M count=16 2>&1")
