@@ -533,3 +533,24 @@ func BenchmarkVolumeFUSE(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkVolumeFUSEStat: stat of 1000 files of a volume directory, the
+// metadata cost of the mounts' zero entry and attribute timeouts.
+func BenchmarkVolumeFUSEStat(b *testing.B) {
+	w := startAgent(b)
+	c := w.connect(b)
+	vol := newHostVolume(b, 1<<40)
+	mp := mountPoints(b, 1)
+	open(b, c, []guestproto.VolumeMount{{Tag: "v", Path: mp[0]}}, []volumes.Mount{{Tag: "v", Root: vol.root, Space: vol.space}}, nil)
+	for i := range 1000 {
+		os.WriteFile(filepath.Join(vol.dir, fmt.Sprintf("f%d", i)), nil, 0o644)
+	}
+	b.ResetTimer()
+	for range b.N {
+		for i := range 1000 {
+			if _, err := os.Stat(filepath.Join(mp[0], fmt.Sprintf("f%d", i))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
