@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -262,6 +263,35 @@ func TestVolumeFUSE(t *testing.T) {
 		t.Errorf("a guest user's write: %q, %v; want it to succeed and own the file", out, err)
 	}
 
+	// A file removed while open stays usable through its open file, is
+	// not listed, and is gone from the host at its last close.
+	tmp, err := os.Create(filepath.Join(a, "tmp"))
+	must(err)
+	must(os.Remove(filepath.Join(a, "tmp")))
+	if _, err := tmp.WriteString("still here"); err != nil {
+		t.Errorf("write to a removed open file: %v", err)
+	}
+	if got := make([]byte, 10); func() error { _, err := tmp.ReadAt(got, 0); return err }() != nil || string(got) != "still here" {
+		t.Errorf("read of a removed open file: %q", got)
+	}
+	if ents, _ := os.ReadDir(a); len(ents) > 0 {
+		for _, e := range ents {
+			if strings.Contains(e.Name(), "unlinked") || e.Name() == "tmp" {
+				t.Errorf("a removed open file is listed as %s", e.Name())
+			}
+		}
+	}
+	must(tmp.Close())
+	testkit.WaitForf(t, time.Minute, func() string { return "the removed file gone from the host at its last close" }, func() bool {
+		ents, _ := os.ReadDir(vol.dir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".panda-unlinked-") {
+				return false
+			}
+		}
+		return true
+	})
+
 	// Read-only mount.
 	if err := os.WriteFile(filepath.Join(ro, "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("write on the read-only mount: %v, want EROFS", err)
@@ -501,5 +531,26 @@ func BenchmarkVolumeFUSE(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkVolumeFUSEStat: stat of 1000 files of a volume directory, the
+// metadata cost of the mounts' zero entry and attribute timeouts.
+func BenchmarkVolumeFUSEStat(b *testing.B) {
+	w := startAgent(b)
+	c := w.connect(b)
+	vol := newHostVolume(b, 1<<40)
+	mp := mountPoints(b, 1)
+	open(b, c, []guestproto.VolumeMount{{Tag: "v", Path: mp[0]}}, []volumes.Mount{{Tag: "v", Root: vol.root, Space: vol.space}}, nil)
+	for i := range 1000 {
+		os.WriteFile(filepath.Join(vol.dir, fmt.Sprintf("f%d", i)), nil, 0o644)
+	}
+	b.ResetTimer()
+	for range b.N {
+		for i := range 1000 {
+			if _, err := os.Stat(filepath.Join(mp[0], fmt.Sprintf("f%d", i))); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
