@@ -2,6 +2,9 @@ package guest
 
 import (
 	"context"
+	"crypto/rand"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -41,6 +44,47 @@ type volNode struct {
 	// later lookup of the same name that finds another file makes a new
 	// node.
 	hostIno uint64
+	// opens counts the node's open files; unlinked is set when it was
+	// removed while open and renamed to a hidden name instead (see
+	// sillyRename), to be removed at its last close.
+	opens    atomic.Int32
+	unlinked atomic.Bool
+}
+
+// sillyPrefix starts the hidden name of a file removed while open.
+const sillyPrefix = ".panda-unlinked-"
+
+// sillyRename keeps a file that is removed (or replaced by a rename)
+// while open usable by who holds it open: the protocol names files by
+// path, so instead of removing it the guest renames it to a hidden name
+// in its directory, which its open files then use, and removes it at its
+// last close (as NFS clients do). It reports whether it renamed.
+func (n *volNode) sillyRename(ctx context.Context, name string) (bool, syscall.Errno) {
+	c := n.GetChild(name)
+	if c == nil {
+		return false, 0
+	}
+	cn, ok := c.Operations().(*volNode)
+	if !ok || cn.opens.Load() == 0 || c.StableAttr().Mode != syscall.S_IFREG {
+		return false, 0
+	}
+	from, e := n.childPath(name)
+	if e != 0 {
+		return false, e
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	silly := fmt.Sprintf("%s%x", sillyPrefix, b)
+	to, e := n.childPath(silly)
+	if e != 0 {
+		return false, e
+	}
+	if _, e := n.vfs.do(ctx, &volproto.Request{Op: volproto.OpRename, Path: from, Path2: to, Flags: volproto.FlagNoReplace}); e != 0 {
+		return false, e
+	}
+	n.MvChild(name, &n.Inode, silly, true)
+	cn.unlinked.Store(true)
+	return true, 0
 }
 
 var (
@@ -293,6 +337,9 @@ func (n *volNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 			return nil, syscall.EIO
 		}
 		for _, d := range ents {
+			if strings.HasPrefix(d.Name, sillyPrefix) {
+				continue // removed while open, gone at its last close
+			}
 			list = append(list, fuse.DirEntry{Name: d.Name, Mode: d.Mode & syscall.S_IFMT, Ino: d.Ino})
 		}
 		if resp.M == 0 {
@@ -322,6 +369,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 	}
 	// No FOPEN_KEEP_CACHE: the kernel drops the file's cached pages, so
 	// this open reads what was written before it.
+	n.opens.Add(1)
 	return &volHandle{n: n, writable: writable}, 0, 0
 }
 
@@ -347,7 +395,9 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		return nil, nil, 0, e
 	}
 	child := n.entry(ctx, name, a, out)
-	return child, &volHandle{n: child.Operations().(*volNode), writable: true}, 0, 0
+	cn := child.Operations().(*volNode)
+	cn.opens.Add(1)
+	return child, &volHandle{n: cn, writable: true}, 0, 0
 }
 
 // setCaller makes what req creates the caller's.
@@ -409,6 +459,9 @@ func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 }
 
 func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if done, e := n.sillyRename(ctx, name); done || e != 0 {
+		return e
+	}
 	return n.removeChild(ctx, volproto.OpUnlink, name)
 }
 
@@ -450,6 +503,8 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent fs.InodeEmb
 	req := &volproto.Request{Op: volproto.OpRename, Path: from, Path2: to}
 	if flags&renameNoReplace != 0 {
 		req.Flags |= volproto.FlagNoReplace
+	} else if _, e := np.sillyRename(ctx, newName); e != 0 {
+		return e
 	}
 	_, e = n.vfs.do(ctx, req)
 	return e
@@ -501,10 +556,11 @@ type volHandle struct {
 }
 
 var (
-	_ fs.FileReader  = (*volHandle)(nil)
-	_ fs.FileWriter  = (*volHandle)(nil)
-	_ fs.FileFlusher = (*volHandle)(nil)
-	_ fs.FileFsyncer = (*volHandle)(nil)
+	_ fs.FileReleaser = (*volHandle)(nil)
+	_ fs.FileReader   = (*volHandle)(nil)
+	_ fs.FileWriter   = (*volHandle)(nil)
+	_ fs.FileFlusher  = (*volHandle)(nil)
+	_ fs.FileFsyncer  = (*volHandle)(nil)
 )
 
 func (h *volHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -569,4 +625,16 @@ func (h *volHandle) Flush(ctx context.Context) syscall.Errno {
 
 func (h *volHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return h.n.Fsync(ctx, h, flags)
+}
+
+// Release (the last close of an open file): a file removed while open
+// is removed at last.
+func (h *volHandle) Release(ctx context.Context) syscall.Errno {
+	if h.n.opens.Add(-1) > 0 || !h.n.unlinked.Load() {
+		return 0
+	}
+	if p, ok := h.n.path(); ok {
+		_, _ = h.n.vfs.do(ctx, &volproto.Request{Op: volproto.OpUnlink, Path: p})
+	}
+	return 0
 }

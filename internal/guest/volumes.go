@@ -138,9 +138,15 @@ func raiseReadahead(path string) {
 // volMountOptions are a volume's FUSE options: no kernel caching of
 // entries or attributes (close-to-open consistency across sandboxes),
 // the largest requests the kernel makes (1 MiB reads, writes and
-// readahead: each is a round trip to the host), permissions checked by
-// the kernel against the host's modes and owners (default_permissions)
-// for every guest user (allow_other), and nosuid, nodev.
+// readahead: each is a round trip to the host), every guest user may use
+// it (allow_other), and nosuid, nodev.
+//
+// Owners and modes are kept and shown but not enforced (no
+// default_permissions): a volume is shared by sandboxes whose users
+// differ (root, a template's USER) and by the files API, which writes as
+// the host; one sandbox's user must not be locked out of what another
+// wrote. The sandbox is one tenant's; the host's confinement is what
+// guards the volume.
 func volMountOptions(v guestproto.VolumeMount) *fs.Options {
 	var zero time.Duration
 	flags := uintptr(syscall.MS_NOSUID | syscall.MS_NODEV)
@@ -158,7 +164,6 @@ func volMountOptions(v guestproto.VolumeMount) *fs.Options {
 			MaxReadAhead:       volproto.MaxData,
 			MaxBackground:      64,
 			DisableReadDirPlus: true,
-			Options:            []string{"default_permissions"},
 		},
 		EntryTimeout:    &zero,
 		AttrTimeout:     &zero,

@@ -85,8 +85,12 @@ type Agent struct {
 	// lazy restores memory images lazily (Config.Lazy), and serves the
 	// mount of those an earlier run restored (lazy.go).
 	lazy *lazyrestore.Restorer
-	// vols is the host's volumes (volumes.go).
-	vols *volumes.Store
+	// vols is the host's volumes (volumes.go). mountMu is held for
+	// reading from checking a new sandbox's mounts to registering it, and
+	// for writing by what must see every sandbox that mounts a volume
+	// (delete, promote): none can slip in between.
+	vols    *volumes.Store
+	mountMu sync.RWMutex
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,

@@ -154,7 +154,13 @@ func (a *Agent) fork(ctx context.Context, id string, children []host.ForkSpec, n
 			if c.Volumes != nil {
 				vols = c.Volumes
 			}
-			s, err := a.register(record{ID: c.ID, Env: env, Cwd: cwd, User: user, Owner: owner, ParentID: id, Lineage: lineage, Network: policy, Volumes: vols})
+			a.mountMu.RLock()
+			err := a.checkMounts(vols, nil) // still there?
+			var s *sandbox
+			if err == nil {
+				s, err = a.register(record{ID: c.ID, Env: env, Cwd: cwd, User: user, Owner: owner, ParentID: id, Lineage: lineage, Network: policy, Volumes: vols})
+			}
+			a.mountMu.RUnlock()
 			if err != nil {
 				res.Children[i].Err = err
 				return

@@ -175,6 +175,8 @@ func (a *Agent) ListVolumes() ([]host.VolumeInfo, error) { return a.vols.List() 
 // that is not stopped mounts it, unless force (its guests then see every
 // operation on the volume fail).
 func (a *Agent) DeleteVolume(id string, force bool) error {
+	a.mountMu.Lock()
+	defer a.mountMu.Unlock()
 	if !force {
 		if by := a.mountedBy(id); len(by) > 0 {
 			return fmt.Errorf("delete volume %s: %w: sandbox %s mounts it", id, ErrConflict, by[0].id())
@@ -201,10 +203,13 @@ func (a *Agent) BranchVolume(src, dst string) (host.VolumeInfo, error) {
 // running sandboxes that mount target get a new volume session, on its
 // new tree (a paused one gets it when resumed).
 func (a *Agent) PromoteVolume(branch, target string) (host.VolumeInfo, error) {
+	a.mountMu.Lock()
 	if by := a.mountedBy(branch); len(by) > 0 {
+		a.mountMu.Unlock()
 		return host.VolumeInfo{}, fmt.Errorf("promote volume %s: %w: sandbox %s mounts it", branch, ErrConflict, by[0].id())
 	}
 	v, err := a.vols.Promote(branch, target)
+	a.mountMu.Unlock()
 	if err != nil {
 		return v, err
 	}

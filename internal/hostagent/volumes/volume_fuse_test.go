@@ -9,8 +9,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -114,6 +116,9 @@ func newHostVolume(t testing.TB, limit int64) *hostVolume {
 func mountPoints(t testing.TB, n int) []string {
 	t.Helper()
 	base := t.TempDir()
+	// Other users reach the mounts (t.TempDir's directories are 0700).
+	os.Chmod(base, 0o755)
+	os.Chmod(filepath.Dir(base), 0o755)
 	var ps []string
 	for i := range n {
 		ps = append(ps, filepath.Join(base, fmt.Sprintf("m%d", i)))
@@ -248,6 +253,44 @@ func TestVolumeFUSE(t *testing.T) {
 	if fi, err := os.Lstat(filepath.Join(vol.dir, "etc")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
 		t.Errorf("host entry of the guest's symlink: %v, %v", fi, err)
 	}
+
+	// Any guest user may write: owners and modes are shown, not
+	// enforced (the volume's root is the host's, mode 0700 here).
+	must(os.Chmod(vol.dir, 0o700))
+	cmd := exec.Command("/bin/sh", "-c", "echo user > "+filepath.Join(a, "by-user")+" && stat -c %u "+filepath.Join(a, "by-user"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1234, Gid: 1234}}
+	if out, err := cmd.CombinedOutput(); err != nil || string(out) != "1234\n" {
+		t.Errorf("a guest user's write: %q, %v; want it to succeed and own the file", out, err)
+	}
+
+	// A file removed while open stays usable through its open file, is
+	// not listed, and is gone from the host at its last close.
+	tmp, err := os.Create(filepath.Join(a, "tmp"))
+	must(err)
+	must(os.Remove(filepath.Join(a, "tmp")))
+	if _, err := tmp.WriteString("still here"); err != nil {
+		t.Errorf("write to a removed open file: %v", err)
+	}
+	if got := make([]byte, 10); func() error { _, err := tmp.ReadAt(got, 0); return err }() != nil || string(got) != "still here" {
+		t.Errorf("read of a removed open file: %q", got)
+	}
+	if ents, _ := os.ReadDir(a); len(ents) > 0 {
+		for _, e := range ents {
+			if strings.Contains(e.Name(), "unlinked") || e.Name() == "tmp" {
+				t.Errorf("a removed open file is listed as %s", e.Name())
+			}
+		}
+	}
+	must(tmp.Close())
+	testkit.WaitForf(t, time.Minute, func() string { return "the removed file gone from the host at its last close" }, func() bool {
+		ents, _ := os.ReadDir(vol.dir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".panda-unlinked-") {
+				return false
+			}
+		}
+		return true
+	})
 
 	// Read-only mount.
 	if err := os.WriteFile(filepath.Join(ro, "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
@@ -488,5 +531,26 @@ func BenchmarkVolumeFUSE(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkVolumeFUSEStat: stat of 1000 files of a volume directory, the
+// metadata cost of the mounts' zero entry and attribute timeouts.
+func BenchmarkVolumeFUSEStat(b *testing.B) {
+	w := startAgent(b)
+	c := w.connect(b)
+	vol := newHostVolume(b, 1<<40)
+	mp := mountPoints(b, 1)
+	open(b, c, []guestproto.VolumeMount{{Tag: "v", Path: mp[0]}}, []volumes.Mount{{Tag: "v", Root: vol.root, Space: vol.space}}, nil)
+	for i := range 1000 {
+		os.WriteFile(filepath.Join(vol.dir, fmt.Sprintf("f%d", i)), nil, 0o644)
+	}
+	b.ResetTimer()
+	for range b.N {
+		for i := range 1000 {
+			if _, err := os.Stat(filepath.Join(mp[0], fmt.Sprintf("f%d", i))); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
