@@ -370,7 +370,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 	// No FOPEN_KEEP_CACHE: the kernel drops the file's cached pages, so
 	// this open reads what was written before it.
 	n.opens.Add(1)
-	return &volHandle{n: n, writable: writable}, 0, 0
+	return &volHandle{n: n}, 0, 0
 }
 
 func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
@@ -397,7 +397,7 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	child := n.entry(ctx, name, a, out)
 	cn := child.Operations().(*volNode)
 	cn.opens.Add(1)
-	return child, &volHandle{n: cn, writable: true}, 0, 0
+	return child, &volHandle{n: cn}, 0, 0
 }
 
 // setCaller makes what req creates the caller's.
@@ -551,8 +551,7 @@ func (n *volNode) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) sysc
 // volHandle is an open file. It holds no host state: reads and writes
 // name the file by its path.
 type volHandle struct {
-	n        *volNode
-	writable bool
+	n *volNode
 }
 
 var (
@@ -607,20 +606,14 @@ func (h *volHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	return done, 0
 }
 
-// Flush (each close of the file): the host syncs the file before close
-// returns, so a close acknowledges the data. Any writable open file
-// flushes: the kernel may write a shared mapping's pages through another
-// open file of the same inode.
+// Flush (each close of the file) asks nothing of the host: every write
+// was answered only once the host had written it (no writeback cache;
+// the kernel writes a shared mapping's dirty pages before it sends
+// FLUSH), so a close acknowledges the data as far as any crash of the
+// guest, QEMU or PandaStack goes. Durability across a crash of the
+// host's own kernel or power is fsync's (Fsync), as on a local disk.
 func (h *volHandle) Flush(ctx context.Context) syscall.Errno {
-	if !h.writable {
-		return 0
-	}
-	p, e := h.n.ownPath()
-	if e != 0 {
-		return e
-	}
-	_, e = h.n.vfs.do(ctx, &volproto.Request{Op: volproto.OpFsync, Path: p})
-	return e
+	return 0
 }
 
 func (h *volHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {

@@ -182,6 +182,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if err := a.hello(ctx, s, client); err != nil {
 		return err
 	}
+	tHello := time.Since(t0)
 	if err := a.openVolumes(ctx, s, client); err != nil {
 		return err
 	}
@@ -189,7 +190,7 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	go a.watch(s, m)
 	go a.keepGuest(s, m, client)
 	a.log.Debug("sandbox restored", "sandbox_id", s.rec.ID, "files_ms", ms(tFiles), "vmm_ms", ms(tStart), "arrived_ms", ms(tArrived),
-		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "ready_ms", ms(time.Since(t0)))
+		"load_ms", ms(tLoad), "resume_ms", ms(tResume), "hello_ms", ms(tHello), "ready_ms", ms(time.Since(t0)))
 	return nil
 }
 
