@@ -26,6 +26,8 @@ fail() {
 $B mount -t proc proc /proc
 $B mount -t sysfs sysfs /sys
 $B mount -t devtmpfs devtmpfs /dev
+# The modules include fuse (volumes): devtmpfs, moved to the new root
+# below, then holds /dev/fuse.
 for m in $($B cat /lib/modules/order); do
 	$B insmod /lib/modules/$m.ko || fail "insmod $m failed"
 done

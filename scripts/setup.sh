@@ -54,8 +54,10 @@ NODE_PACKAGES=(nodejs npm)
 KERNEL_PACKAGE=linux-image-cloud-amd64
 # Modules the guest needs (the cloud kernel builds them as modules); their
 # dependencies are added and ordered by the kernel step, which runs again
-# when one is missing from an existing kernel directory.
-GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console virtio_net)
+# when one is missing from an existing kernel directory. fuse carries the
+# volumes (the guest agent mounts a FUSE file system per volume; loading
+# it makes devtmpfs create /dev/fuse).
+GUEST_MODULES=(virtio virtio_ring virtio_mmio virtio_blk virtio_console virtio_net fuse)
 BASE_PACKAGES=python3,git,curl,ca-certificates,procps,iproute2,less,xz-utils
 # The code-interpreter template's packages, on top of base's: the Jupyter
 # kernel and the data stack its Python contexts import warm, and Node.js for

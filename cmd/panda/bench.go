@@ -20,7 +20,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure PandaStack (medians and p99s)"}
-	cmd.AddCommand(benchCreateCmd(), benchDensityCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd(), benchTemplateCmd(), benchExecCmd(), benchClusterCmd(), benchPathCmd(), benchCodeCmd())
+	cmd.AddCommand(benchCreateCmd(), benchDensityCmd(), benchAPICmd(), benchForkCmd(), benchLoadCmd(), benchNetCmd(), benchTemplateCmd(), benchExecCmd(), benchClusterCmd(), benchPathCmd(), benchCodeCmd(), benchVolumeCmd())
 	return cmd
 }
 

@@ -27,12 +27,14 @@ type Config struct {
 	DefaultTTL time.Duration
 	MaxTTL     time.Duration
 	// Default per-key quotas (a key's own limits override them; < 0 is
-	// unlimited). Disk counts sandbox disks, paused sandboxes and
-	// snapshots.
+	// unlimited). Disk counts sandbox disks, paused sandboxes, snapshots
+	// and volumes. MaxVolumesPerKey bounds the number of a key's volumes
+	// (default DefaultMaxVolumesPerKey; no key has its own).
 	MaxSandboxesPerKey int
 	MaxMemoryMiBPerKey int
 	MaxVCPUsPerKey     int
 	MaxDiskMiBPerKey   int
+	MaxVolumesPerKey   int
 	// StoppedRetention is how long stopped sandboxes stay in the catalog
 	// (default 1 h).
 	StoppedRetention time.Duration
@@ -100,6 +102,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxDiskMiBPerKey == 0 {
 		c.MaxDiskMiBPerKey = 1 << 20 // 1 TiB
+	}
+	if c.MaxVolumesPerKey == 0 {
+		c.MaxVolumesPerKey = DefaultMaxVolumesPerKey
 	}
 	if c.StoppedRetention == 0 {
 		c.StoppedRetention = time.Hour

@@ -146,7 +146,7 @@ func TestFleetPlacement(t *testing.T) {
 	_, err = e.p.Create(t.Context(), e.key, controlplane.CreateRequest{Placement: scheduler.Placement{Host: "a"}})
 	wantKind(t, "create on a draining host", err, controlplane.Conflict, []string{"a"})
 	// Default forks stay on the parent's host.
-	got, err := e.p.Fork(t.Context(), e.key, sb, 2, scheduler.Placement{})
+	got, err := e.p.Fork(t.Context(), e.key, sb, 2, scheduler.Placement{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestFleetForkAcrossHosts(t *testing.T) {
 	t.Parallel()
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
-	got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Host: "b"})
+	got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Host: "b"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestFleetForkAcrossOlderAgent(t *testing.T) {
 	e.a.Fail(hosttest.SnapshotPack, "", fmt.Errorf("GET /host/v1/snapshots/x/pack: %w", errors.ErrUnsupported))
 	e.a.Fail(hosttest.AwaitStored, "", fmt.Errorf("GET /host/v1/snapshots/x/stored: %w", errors.ErrUnsupported))
 	before := e.a.CallsOf(hosttest.Snapshots, "")
-	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"})
+	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestFleetForkAcrossNeedsAStore(t *testing.T) {
 	e := newFleetEnv(t, false)
 	parent := e.createOn("a")
 	e.b.DropTemplate("base")
-	_, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{Host: "b"})
+	_, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{Host: "b"}, "")
 	wantKind(t, "cross-host fork without a store", err, controlplane.Invalid, []string{"object store"})
 	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: controlplane.LiveStates}); len(live) != 1 {
 		t.Errorf("%d live records after a failed fork, want the parent only", len(live))
@@ -417,7 +417,7 @@ func TestFleetStoreDown(t *testing.T) {
 	sb := e.createOn("a")
 	e.store.SetDown(true)
 	e.b.DropTemplate("base") // the capture cannot go straight there either
-	_, err := e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{Host: "b"})
+	_, err := e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{Host: "b"}, "")
 	wantKind(t, "cross-host fork with the store down", err, controlplane.Unavailable, []string{"object store"})
 	if live, _ := e.cat.ListSandboxes(t.Context(), catalog.SandboxFilter{States: controlplane.LiveStates}); len(live) != 1 {
 		t.Errorf("%d live records after the failed fork, want the parent only", len(live))
@@ -434,7 +434,7 @@ func TestFleetStoreDown(t *testing.T) {
 // left on either host nor recorded as a snapshot.
 func (e *fleetEnv) forkTo(parent catalog.Sandbox, n int) controlplane.Forked {
 	e.t.Helper()
-	got, err := e.p.Fork(e.t.Context(), e.key, parent, n, scheduler.Placement{Host: "b"})
+	got, err := e.p.Fork(e.t.Context(), e.key, parent, n, scheduler.Placement{Host: "b"}, "")
 	if err != nil {
 		e.t.Fatalf("fork to b: %v", err)
 	}
@@ -490,7 +490,7 @@ func TestFleetForkAcrossFirstChildFails(t *testing.T) {
 	e := newFleetEnv(t, true)
 	parent := e.createOn("a")
 	e.b.Fail(hosttest.Create, "", fmt.Errorf("%w: boom", host.ErrUnavailable))
-	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"})
+	got, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{Host: "b"}, "")
 	if err != nil {
 		t.Fatalf("fork to b: %v", err)
 	}
@@ -677,7 +677,7 @@ func TestFleetForkAcrossDirectAndStore(t *testing.T) {
 			if storeDown {
 				e.store.SetDown(true)
 			}
-			got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Spread: true})
+			got, err := e.p.Fork(t.Context(), e.key, parent, 3, scheduler.Placement{Spread: true}, "")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -60,19 +61,40 @@ type ForkChild struct {
 // caller never hears of still end up recorded (running, or gone if they
 // failed). A child over quota is reported in its slot and not attempted;
 // if no child fits, the quota error is returned.
-func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbox, count int, pl scheduler.Placement) (Forked, error) {
+//
+// A parent that mounts volumes has its children on its own host, where
+// the volumes are. volumeMode says what they mount: VolumeShare (or ""),
+// the parent's volumes; VolumeBranch, each its own branch of each of them
+// (a new volume of key's, named "<volume>-<child id>", cloned while the
+// parent is stopped for the capture), reserved against key's quota before
+// the fork: a fork whose branches do not fit fails.
+func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbox, count int, pl scheduler.Placement, volumeMode string) (Forked, error) {
 	if count < 1 || count > MaxForkCount {
 		return Forked{}, Errorf(Invalid, "count must be between 1 and %d", MaxForkCount)
 	}
-	choices, err := p.place(ctx, scheduler.Request{Template: parent.Template, MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs,
-		Count: count, ParentHost: parent.HostID, Placement: pl})
+	switch volumeMode {
+	case "":
+		volumeMode = VolumeShare
+	case VolumeShare, VolumeBranch:
+	default:
+		return Forked{}, Errorf(Invalid, "volume_mode must be %q or %q", VolumeShare, VolumeBranch)
+	}
+	req := scheduler.Request{Template: parent.Template, MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs,
+		Count: count, ParentHost: parent.HostID, Placement: pl}
+	if len(parent.Volumes) > 0 {
+		if err := forkPlacement(parent, pl); err != nil {
+			return Forked{}, err
+		}
+		req.Placement = scheduler.Placement{Host: parent.HostID}
+	}
+	choices, err := p.place(ctx, req)
 	if err != nil {
 		return Forked{}, err
 	}
 	for i, c := range choices {
 		p.log.Info("placed fork child", "parent_id", parent.ID, "child", i, "host_id", c.Host, "reason", c.Reason)
 	}
-	o, err := p.fork(key, parent, choices)
+	o, err := p.fork(key, parent, choices, volumeMode == VolumeBranch && len(parent.Volumes) > 0)
 	if err != nil {
 		return Forked{}, err
 	}
@@ -83,15 +105,34 @@ func (p *Plane) Fork(ctx context.Context, key catalog.Key, parent catalog.Sandbo
 	return val.(Forked), nil
 }
 
+// forkPlacement checks that placement pl keeps the children of parent,
+// which mounts volumes, on its host (or parent itself, for a resume).
+func forkPlacement(parent catalog.Sandbox, pl scheduler.Placement) error {
+	switch {
+	case pl.Spread:
+		return Errorf(Invalid, "sandbox %s mounts volumes: its children run on its host, placement spread does not apply", parent.ID)
+	case pl.Host != "" && pl.Host != parent.HostID:
+		return Errorf(Conflict, "sandbox %s mounts volumes of host %s: its children run there, not on %s", parent.ID, parent.HostID, pl.Host)
+	}
+	return nil
+}
+
 // fork reserves one child of parent per choice against the key's quota
-// and forks them on the chosen hosts, detached from the request.
-func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []scheduler.Choice) (*op, error) {
+// (with its branches of the parent's volumes if branch) and forks them
+// on the chosen hosts, detached from the request.
+func (p *Plane) fork(key catalog.Key, parent catalog.Sandbox, choices []scheduler.Choice, branch bool) (*op, error) {
 	return p.detach(parent.ID, "fork", func(ctx context.Context) (catalog.Sandbox, any, error) {
 		t0 := time.Now()
 		b, quotaErr := p.reserveChildren(ctx, key, parent, choices)
 		defer b.unbusy(p)
 		if len(b.slot) == 0 {
 			return catalog.Sandbox{}, nil, quotaErr
+		}
+		if branch {
+			if err := p.reserveBranches(ctx, key, b); err != nil {
+				p.dropChildren(ctx, b, b.byHost[parent.HostID], err)
+				return catalog.Sandbox{}, nil, err
+			}
 		}
 		res, forkErr := p.forkLocal(ctx, b)
 		local := len(b.byHost[parent.HostID])
@@ -136,6 +177,9 @@ type forkBatch struct {
 	slot    map[string]int      // index in out of each reserved child
 	byHost  map[string][]string // reserved child ids by host, in request order
 	hosts   []string            // the hosts of byHost, in request order
+	// branches are the volumes each child's branch of its parent's
+	// (reserveBranches); nil: children mount their parent's.
+	branches map[string][]host.VolumeBranch
 }
 
 // reserveChildren makes one child record of parent per choice (busy, so
@@ -151,7 +195,10 @@ func (p *Plane) reserveChildren(ctx context.Context, key catalog.Key, parent cat
 			ID: host.NewID(), KeyID: key.ID, Template: parent.Template, HostID: c.Host, State: catalog.StateStarting,
 			MemoryMiB: parent.MemoryMiB, VCPUs: parent.VCPUs, DiskMiB: parent.DiskMiB, Metadata: parent.Metadata, Env: parent.Env,
 			// The host gives a child its parent's egress policy.
-			Network:    parent.Network,
+			Network: parent.Network,
+			// Children mount their parent's volumes (until
+			// reserveBranches gives them their own).
+			Volumes:    parent.Volumes,
 			TTLSeconds: int(ttl.Seconds()), OnExpire: parent.OnExpire, ParentID: parent.ID,
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 		}
@@ -180,13 +227,65 @@ func (b *forkBatch) unbusy(p *Plane) {
 	}
 }
 
-// dropChildren deletes the records of children ids, which failed with err, and
-// puts the error in their slots.
+// dropChildren deletes the records of children ids, which failed with
+// err, and their branches of volumes, and puts the error in their slots.
 func (p *Plane) dropChildren(ctx context.Context, b *forkBatch, ids []string, err error) {
 	for _, id := range ids {
 		p.cat.DeleteSandbox(context.WithoutCancel(ctx), id)
 		b.out[b.slot[id]].Err = Classify(err)
+		p.dropBranches(ctx, b, id)
 	}
+}
+
+// reserveBranches records, for each child of b (all on the parent's
+// host), a branch of each volume the parent mounts, all at once against
+// key's quota, and makes each child's record mount its branches.
+func (p *Plane) reserveBranches(ctx context.Context, key catalog.Key, b *forkBatch) error {
+	var vs []catalog.Volume
+	branches := map[string][]host.VolumeBranch{}
+	mounts := map[string][]catalog.VolumeMount{}
+	now := p.now()
+	for _, id := range b.byHost[b.parent.HostID] {
+		for _, m := range b.parent.Volumes {
+			src, err := p.cat.GetVolume(ctx, m.VolumeID)
+			if errors.Is(err, catalog.ErrNotFound) {
+				return Errorf(Conflict, "the volume sandbox %s mounts at %s was deleted: there is nothing to branch", b.parent.ID, m.Path)
+			}
+			if err != nil {
+				return fmt.Errorf("branch volume %s: %w", m.VolumeID, err)
+			}
+			v := catalog.Volume{ID: newVolumeID(), KeyID: key.ID, Name: branchName(src.Name, id), HostID: src.HostID,
+				SizeMiB: src.SizeMiB, ParentID: src.ID, CreatedAt: now}
+			vs = append(vs, v)
+			branches[id] = append(branches[id], host.VolumeBranch{From: src.ID, To: v.ID})
+			mounts[id] = append(mounts[id], catalog.VolumeMount{VolumeID: v.ID, Path: m.Path, ReadOnly: m.ReadOnly})
+		}
+	}
+	if err := p.reserveVolumes(ctx, key, vs); err != nil {
+		return err
+	}
+	b.branches = branches
+	for id, ms := range mounts {
+		if _, err := p.cat.UpdateSandbox(ctx, id, func(x *catalog.Sandbox) error { x.Volumes = ms; return nil }); err != nil {
+			return fmt.Errorf("record the branches of child %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// dropBranches deletes the branches of volumes of child id, which did
+// not start: on the host (if it made them) and their records.
+func (p *Plane) dropBranches(ctx context.Context, b *forkBatch, id string) {
+	ctx = context.WithoutCancel(ctx)
+	for _, br := range b.branches[id] {
+		if hv, err := p.volumesOf(b.parent.HostID); err == nil {
+			if err := hv.DeleteVolume(ctx, br.To, true); err != nil && !errors.Is(err, host.ErrNotFound) {
+				p.log.Warn("delete branch of a child that did not start", "volume_id", br.To, "sandbox_id", id, "err", err)
+			}
+		}
+		p.dropVolumeRecord(ctx, br.To)
+	}
+	delete(b.branches, id)
 }
 
 // forkLocal forks the children on the parent's own host, if any, and
@@ -197,7 +296,7 @@ func (p *Plane) forkLocal(ctx context.Context, b *forkBatch) (host.ForkResult, e
 	if len(local) == 0 {
 		return host.ForkResult{}, nil
 	}
-	res, err := p.forkOnHost(ctx, b.parent, local)
+	res, err := p.forkOnHost(ctx, b, local)
 	if err != nil {
 		p.dropChildren(ctx, b, local, err)
 		return res, err
@@ -259,13 +358,32 @@ func (p *Plane) collectChildren(ctx context.Context, b *forkBatch) {
 	}
 }
 
-// forkOnHost forks children ids of parent on the parent's own host.
-func (p *Plane) forkOnHost(ctx context.Context, parent catalog.Sandbox, ids []string) (host.ForkResult, error) {
-	h, err := p.on(parent.HostID)
+// forkOnHost forks children ids of b's parent on the parent's own host,
+// each with its branches of volumes if b has them.
+func (p *Plane) forkOnHost(ctx context.Context, b *forkBatch, ids []string) (host.ForkResult, error) {
+	h, err := p.on(b.parent.HostID)
 	if err != nil {
 		return host.ForkResult{}, err
 	}
-	return h.Fork(ctx, parent.ID, ids)
+	if b.branches == nil {
+		return h.Fork(ctx, b.parent.ID, ids)
+	}
+	vf, ok := h.(host.VolumeForker)
+	if !ok {
+		return host.ForkResult{}, Errorf(NotImplemented, "host %s cannot branch volumes (its agent is older than this server)", b.parent.HostID)
+	}
+	specs := make([]host.ForkSpec, len(ids))
+	for i, id := range ids {
+		specs[i] = host.ForkSpec{ID: id, Branches: b.branches[id]}
+		for _, br := range b.branches[id] {
+			for _, m := range b.parent.Volumes {
+				if m.VolumeID == br.From {
+					specs[i].Volumes = append(specs[i].Volumes, host.VolumeMount{Volume: br.To, Path: m.Path, ReadOnly: m.ReadOnly})
+				}
+			}
+		}
+	}
+	return vf.ForkWithVolumes(ctx, b.parent.ID, specs)
 }
 
 // Limits are key's quota limits: its own, else the configured defaults.
@@ -281,6 +399,7 @@ func (p *Plane) Limits(key catalog.Key) catalog.Limits {
 		MemoryMiB: pick(key.MaxMemoryMiB, p.cfg.MaxMemoryMiBPerKey),
 		VCPUs:     pick(key.MaxVCPUs, p.cfg.MaxVCPUsPerKey),
 		DiskMiB:   pick(key.MaxDiskMiB, p.cfg.MaxDiskMiBPerKey),
+		Volumes:   p.cfg.MaxVolumesPerKey,
 	}
 }
 

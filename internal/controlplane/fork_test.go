@@ -23,7 +23,7 @@ func TestForkChildren(t *testing.T) {
 	secret := "/var/lib/pandastack/store/forks/abc/vm.mem"
 	e.h.FailForkChild(1, fmt.Errorf("restore child: write %s: %w", secret, host.ErrNoSpace))
 	now := e.clock.advance(time.Second)
-	got, err := e.p.Fork(t.Context(), e.key, parent, 5, scheduler.Placement{})
+	got, err := e.p.Fork(t.Context(), e.key, parent, 5, scheduler.Placement{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,21 +80,21 @@ func TestForkFails(t *testing.T) {
 	parent := e.create(controlplane.CreateRequest{})
 
 	e.h.Fail(hosttest.Fork, parent.ID, fmt.Errorf("capture: %w", host.ErrConflict))
-	_, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{})
+	_, err := e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{}, "")
 	wantKind(t, "fork the host refused", err, controlplane.Conflict, nil)
 	if recs := e.records(e.key.ID); len(recs) != 1 {
 		t.Errorf("%d records after a failed fork, want 1 (the parent)", len(recs))
 	}
 
-	_, err = e.p.Fork(t.Context(), e.key, parent, 0, scheduler.Placement{})
+	_, err = e.p.Fork(t.Context(), e.key, parent, 0, scheduler.Placement{}, "")
 	wantKind(t, "fork of 0", err, controlplane.Invalid, []string{"count must be between 1 and 64"})
-	_, err = e.p.Fork(t.Context(), e.key, parent, controlplane.MaxForkCount+1, scheduler.Placement{})
+	_, err = e.p.Fork(t.Context(), e.key, parent, controlplane.MaxForkCount+1, scheduler.Placement{}, "")
 	wantKind(t, "fork of too many", err, controlplane.Invalid, []string{"count must be between 1 and 64"})
 
 	e.create(controlplane.CreateRequest{})
 	e.create(controlplane.CreateRequest{})
 	forks := e.h.CallsOf(hosttest.Fork, parent.ID)
-	_, err = e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{})
+	_, err = e.p.Fork(t.Context(), e.key, parent, 2, scheduler.Placement{}, "")
 	if !errors.Is(err, catalog.ErrQuota) {
 		t.Errorf("fork with no room: %v, want ErrQuota", err)
 	}
@@ -109,7 +109,7 @@ func TestForkFails(t *testing.T) {
 	if _, err := e2.p.Pause(t.Context(), p2.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e2.p.Fork(t.Context(), e2.key, e2.get(p2.ID), 1, scheduler.Placement{})
+	_, err = e2.p.Fork(t.Context(), e2.key, e2.get(p2.ID), 1, scheduler.Placement{}, "")
 	wantKind(t, "fork of a paused sandbox", err, controlplane.Conflict, nil)
 	if recs := e2.records(e2.key.ID); len(recs) != 1 {
 		t.Errorf("%d records after a refused fork, want 1", len(recs))
@@ -123,7 +123,7 @@ func TestForkChildNetwork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	parent := e.create(controlplane.CreateRequest{Network: []byte(`{"internet": true, "deny_out": ["10.0.0.0/8"]}`)})
-	got, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{})
+	got, err := e.p.Fork(t.Context(), e.key, parent, 1, scheduler.Placement{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

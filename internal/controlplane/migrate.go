@@ -42,8 +42,12 @@ func (p *Plane) Migrate(ctx context.Context, hostID string) (moved, failed []Mig
 	return moved, failed
 }
 
-// placeElsewhere chooses a host other than sb's for it.
+// placeElsewhere chooses a host other than sb's for it. A sandbox that
+// mounts volumes has none: it runs where its volumes are.
 func (p *Plane) placeElsewhere(ctx context.Context, sb catalog.Sandbox) (scheduler.Choice, error) {
+	if len(sb.Volumes) > 0 {
+		return scheduler.Choice{}, Errorf(Conflict, "sandbox %s mounts volumes of host %s: it runs there only", sb.ID, sb.HostID)
+	}
 	var others []scheduler.Host
 	for _, h := range p.fleet.Inventory(ctx) {
 		if h.ID != sb.HostID {
@@ -188,6 +192,8 @@ func (p *Plane) ResumeOn(ctx context.Context, id string, pl scheduler.Placement)
 		}
 		c.Reason = fmt.Sprintf("host %s is draining; %s", sb.HostID, c.Reason)
 		cs = []scheduler.Choice{c}
+	} else if len(sb.Volumes) > 0 && forkPlacement(sb, pl) != nil {
+		return catalog.Sandbox{}, forkPlacement(sb, pl)
 	} else if cs, err = p.place(ctx, scheduler.Request{Template: sb.Template, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
 		ParentHost: sb.HostID, Placement: pl}); err != nil {
 		return catalog.Sandbox{}, err

@@ -125,7 +125,7 @@ func TestPauseDetached(t *testing.T) {
 	wantKind(t, "resume during a pause", err, controlplane.Conflict, []string{"busy: a pause is in progress"})
 	_, err = e.p.Snapshot(t.Context(), e.key, sb, "s")
 	wantKind(t, "snapshot during a pause", err, controlplane.Conflict, []string{"busy: a pause is in progress"})
-	_, err = e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{})
+	_, err = e.p.Fork(t.Context(), e.key, sb, 1, scheduler.Placement{}, "")
 	wantKind(t, "fork during a pause", err, controlplane.Conflict, []string{"busy: a pause is in progress"})
 
 	g.Release(nil)
@@ -282,7 +282,7 @@ func TestShutdown(t *testing.T) {
 			return err
 		}(),
 		"fork": func() error {
-			_, err := e.p.Fork(t.Context(), e.key, e.get(sb.ID), 1, scheduler.Placement{})
+			_, err := e.p.Fork(t.Context(), e.key, e.get(sb.ID), 1, scheduler.Placement{}, "")
 			return err
 		}(),
 	} {

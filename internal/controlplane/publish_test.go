@@ -65,7 +65,7 @@ func TestEventsOfRecordChanges(t *testing.T) {
 	if _, err := e.p.Resume(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	forked, err := e.p.Fork(ctx, e.key, e.get(sb.ID), 1, scheduler.Placement{})
+	forked, err := e.p.Fork(ctx, e.key, e.get(sb.ID), 1, scheduler.Placement{}, "")
 	if err != nil || len(forked.Children) != 1 || forked.Children[0].Sandbox == nil {
 		t.Fatalf("fork: %+v %v", forked, err)
 	}

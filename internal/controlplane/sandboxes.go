@@ -31,8 +31,11 @@ type CreateRequest struct {
 	// the default policy.
 	Network json.RawMessage
 	// Placement asks for a host (or spreading); zero: the scheduler
-	// chooses.
+	// chooses. A sandbox that mounts volumes runs on their host.
 	Placement scheduler.Placement
+	// Volumes are key's volumes the sandbox mounts (at most
+	// MaxVolumeMounts, all of one host).
+	Volumes []VolumeMountRequest
 	// Progress, if not nil, receives a line for each step of what the
 	// create must do before the restore: fetch the template's set from the
 	// object store, bake it (as a bake's progress).
@@ -112,6 +115,17 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
 	}
+	mounts, hmounts, home, err := p.resolveMounts(ctx, key.ID, req.Volumes, req.Placement)
+	if err != nil {
+		return catalog.Sandbox{}, host.CreateRequest{}, err
+	}
+	// place places the sandbox: on its volumes' host if it mounts any.
+	place := func(r scheduler.Request) (host.Host, string, error) {
+		if home != "" {
+			return p.placeOnHome(ctx, r, home)
+		}
+		return p.placeOne(ctx, r)
+	}
 	var tp templates.Params
 	var h host.Host
 	var hostID string
@@ -127,7 +141,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		tp = templates.Params{Name: sn.Template, MemoryMiB: sn.MemoryMiB, VCPUs: sn.VCPUs}
 		// A snapshot restores on its host unless asked otherwise (another
 		// host fetches it from the object store).
-		if h, hostID, err = p.placeOne(ctx, scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
+		if h, hostID, err = place(scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
 			ParentHost: sn.HostID, Placement: req.Placement}); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
@@ -159,7 +173,7 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		if err := tp.Validate(); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, Errorf(Invalid, "%v", strings.TrimPrefix(err.Error(), "invalid template parameters: "))
 		}
-		if h, hostID, err = p.placeOne(ctx, scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
+		if h, hostID, err = place(scheduler.Request{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs,
 			Placement: req.Placement}); err != nil {
 			return catalog.Sandbox{}, host.CreateRequest{}, err
 		}
@@ -194,10 +208,11 @@ func (p *Plane) newSandbox(ctx context.Context, key catalog.Key, req CreateReque
 		MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, DiskMiB: diskMiB, Metadata: req.Metadata, Env: req.Env,
 		Network:    toCatalogNetwork(policy),
 		TTLSeconds: int(ttl.Seconds()), OnExpire: req.OnExpire, SnapshotID: req.SnapshotID,
+		Volumes:   mounts,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 	}
 	hreq := host.CreateRequest{Template: tp.Name, MemoryMiB: tp.MemoryMiB, VCPUs: tp.VCPUs, Env: req.Env, SnapshotID: req.SnapshotID,
-		Network: policy, Progress: req.Progress}
+		Network: policy, Progress: req.Progress, Volumes: hmounts}
 	return sb, hreq, nil
 }
 

@@ -79,6 +79,8 @@ type Server struct {
 	// dials counts the dial streams being served (at most
 	// guestproto.MaxGuestDials).
 	dials atomic.Int64
+	// vols holds the volume mounts (OpVolumes).
+	vols volManager
 }
 
 var _ guestproto.Handler = (*Server)(nil)
@@ -165,7 +167,7 @@ func (s *Server) Hello(ctx context.Context, req *guestproto.HelloRequest) guestp
 		PID1:         s.cfg.PID1,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
 		HookErrors:   errs,
-		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses, guestproto.FeaturePTY, guestproto.FeatureDial},
+		Features:     []string{guestproto.FeatureExecUser, guestproto.FeatureWatchDir, guestproto.FeatureProcesses, guestproto.FeaturePTY, guestproto.FeatureDial, guestproto.FeatureVolumes},
 	}
 }
 
@@ -198,6 +200,8 @@ func (s *Server) ServeStream(ctx context.Context, st *guestproto.Stream, req *gu
 		s.procOp(ctx, st, req.Op, req.Proc)
 	case guestproto.OpDial:
 		s.dial(ctx, st, req)
+	case guestproto.OpVolumes:
+		s.volumes(ctx, st, req)
 	default:
 		_ = st.Reply(guestproto.Reply{Error: guestproto.Errorf(guestproto.CodeInvalid, "unknown op %q", req.Op)})
 	}

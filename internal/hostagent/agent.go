@@ -31,6 +31,7 @@ import (
 	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"github.com/pandastack/pandastack/internal/hostagent/template"
 	"github.com/pandastack/pandastack/internal/hostagent/vmm"
+	"github.com/pandastack/pandastack/internal/hostagent/volumes"
 	"github.com/pandastack/pandastack/internal/storage/chunkstore"
 	"golang.org/x/sys/unix"
 )
@@ -84,6 +85,12 @@ type Agent struct {
 	// lazy restores memory images lazily (Config.Lazy), and serves the
 	// mount of those an earlier run restored (lazy.go).
 	lazy *lazyrestore.Restorer
+	// vols is the host's volumes (volumes.go). mountMu is held for
+	// reading from checking a new sandbox's mounts to registering it, and
+	// for writing by what must see every sandbox that mounts a volume
+	// (delete, promote): none can slip in between.
+	vols    *volumes.Store
+	mountMu sync.RWMutex
 }
 
 // Open prepares the host: opens (and if needed mounts) the store volume,
@@ -139,6 +146,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("open host agent: %w", err)
 	}
 	a.templates = ts
+	if a.vols, err = volumes.Open(filepath.Join(vol.Dir, volumesDir)); err != nil {
+		vol.Close()
+		return nil, fmt.Errorf("open host agent: %w", err)
+	}
 	a.lazy = lazyrestore.New(cfg.Lazy, lazyrestore.Host{Dir: vol.Dir, Store: a.store, Log: a.log,
 		TemplateSeeds: func(ctx context.Context, key string) ([]chunkstore.Seed, func()) {
 			return a.sync.TemplateSeeds(ctx, key)
@@ -332,6 +343,7 @@ func (a *Agent) Close() error {
 	if err := a.lazy.Close(); err != nil {
 		a.log.Error("unmount lazy memory files", "err", err)
 	}
+	a.vols.Close()
 	return a.vol.Close()
 }
 
@@ -357,6 +369,7 @@ func (a *Agent) Detach() {
 		}
 		s.mu.Unlock()
 	}
+	a.vols.Close() // the next agent opens the volumes again
 }
 
 func classifyIOError(err error) error {

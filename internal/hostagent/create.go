@@ -99,12 +99,21 @@ func (a *Agent) createFrom(ctx context.Context, req CreateRequest, im image, fet
 	if err := req.Network.Validate(); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w: %w", ErrInvalid, err)
 	}
+	a.mountMu.RLock()
+	if err := a.checkMounts(req.Volumes, nil); err != nil {
+		a.mountMu.RUnlock()
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
 	env, cwd, user := a.imageDefaults(req.Template, req.Env)
-	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Lineage: im.lineage, Network: req.Network})
+	s, err := a.register(record{ID: req.ID, Env: env, Cwd: cwd, User: user, Owner: req.Owner, Snapshot: req.SnapshotID, Lineage: im.lineage, Network: req.Network, Volumes: req.Volumes})
+	a.mountMu.RUnlock()
 	if err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	s.setFetched(fetched.BytesFetched)
+	s.mu.Lock()
+	s.dropMounts = req.SnapshotID != "" && len(req.Volumes) == 0
+	s.mu.Unlock()
 	if err := a.start(ctx, s, im); err != nil {
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}

@@ -357,6 +357,11 @@ func (a *Agent) greet(s *sandbox, client *guestproto.Client, ready chan struct{}
 	for {
 		err := a.hello(ctx, s, client)
 		if err == nil {
+			if err := a.openVolumes(ctx, s, client); err != nil {
+				// The guest runs on; its volumes' requests wait for
+				// the next session.
+				a.log.Error("mount volumes of adopted sandbox", "sandbox_id", s.rec.ID, "err", err)
+			}
 			close(ready)
 			return
 		}

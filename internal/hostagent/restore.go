@@ -182,6 +182,9 @@ func (a *Agent) restore(ctx context.Context, s *sandbox, im image) (err error) {
 	if err := a.hello(ctx, s, client); err != nil {
 		return err
 	}
+	if err := a.openVolumes(ctx, s, client); err != nil {
+		return err
+	}
 	close(ready)
 	go a.watch(s, m)
 	go a.keepGuest(s, m, client)

@@ -50,6 +50,10 @@ type sandbox struct {
 	// fetched is Info.FetchedBytes: what was read from the object store
 	// to start the sandbox as it runs now (0 once paused).
 	fetched int64
+	// dropMounts: s mounts no volume but may start from a capture of a
+	// sandbox that did (a snapshot's, or a fork's whose parent mounts
+	// some): its guest is told to unmount them (volumes.go).
+	dropMounts bool
 }
 
 func newSandbox(rec record, dir, runDir string, state lifecycle.State) *sandbox {
@@ -300,6 +304,8 @@ type record struct {
 	// carries it, so that a host deletes that set only while it holds the
 	// capture this host made or adopted, never a later pause's (paused.go).
 	PauseID string `json:"pause_id,omitempty"`
+	// Volumes are the volumes the sandbox mounts (volumes.go).
+	Volumes []host.VolumeMount `json:"volumes,omitempty"`
 }
 
 // Operations recorded in record.Op.
@@ -319,7 +325,7 @@ func (s *sandbox) info() Info {
 		ID: s.rec.ID, Template: s.rec.Template, MemoryMiB: s.rec.Spec.MemoryMiB, VCPUs: s.rec.Spec.VCPUs,
 		State: s.state, CreatedAt: s.rec.CreatedAt, PID: pid, Hostname: s.rec.Hostname,
 		ParentID: s.rec.ParentID, Snapshot: s.rec.Snapshot, Busy: len(s.slot) > 0,
-		FetchedBytes: s.fetched,
+		FetchedBytes: s.fetched, Volumes: s.rec.Volumes,
 	}
 }
 

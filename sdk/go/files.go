@@ -27,12 +27,35 @@ type FileInfo struct {
 
 func pathQuery(p string) url.Values { return url.Values{"path": {p}} }
 
+// fileAPI is the files routes of one owner: a sandbox
+// (/v1/sandboxes/{id}/files...) or a volume (/v1/volumes/{name}/files...),
+// which take the same query parameters and bodies and answer alike.
+type fileAPI struct {
+	c     *Client
+	owner string // "sandbox" or "volume", for the empty-id error
+	route string // "sandboxes" or "volumes"
+	id    string
+}
+
+func (s *Sandbox) files() fileAPI {
+	return fileAPI{c: s.c, owner: "sandbox", route: "sandboxes", id: s.ID}
+}
+
+// path is the API path of the owner's files route with more segments.
+func (f fileAPI) path(more ...string) string {
+	return path(append([]string{f.route, f.id, "files"}, more...)...)
+}
+
 // WriteFile uploads r to the absolute path p, creating parent directories.
 // r is streamed, never held in memory; if it is a regular *os.File the
 // length is sent up front. The file appears only once complete. mode is
 // the permission bits (0 means 0644). r is not closed.
 func (s *Sandbox) WriteFile(ctx context.Context, p string, r io.Reader, mode os.FileMode) (FileInfo, error) {
-	if err := checkID("sandbox", s.ID); err != nil {
+	return s.files().write(ctx, p, r, mode)
+}
+
+func (f fileAPI) write(ctx context.Context, p string, r io.Reader, mode os.FileMode) (FileInfo, error) {
+	if err := checkID(f.owner, f.id); err != nil {
 		return FileInfo{}, err
 	}
 	q := pathQuery(p)
@@ -42,7 +65,7 @@ func (s *Sandbox) WriteFile(ctx context.Context, p string, r io.Reader, mode os.
 	// Hide r's Close (the transport closes the body) and anything that
 	// would make net/http treat it specially.
 	body := struct{ io.Reader }{r}
-	req, err := s.c.newRequest(ctx, http.MethodPut, path("sandboxes", s.ID, "files"), q, body, "application/octet-stream")
+	req, err := f.c.newRequest(ctx, http.MethodPut, f.path(), q, body, "application/octet-stream")
 	if err != nil {
 		return FileInfo{}, err
 	}
@@ -51,7 +74,7 @@ func (s *Sandbox) WriteFile(ctx context.Context, p string, r io.Reader, mode os.
 		req.Body = http.NoBody
 	}
 	req.Header.Set("Accept", "application/json")
-	resp, err := s.c.send(req)
+	resp, err := f.c.send(req)
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("write %s: %w", p, err)
 	}
@@ -86,14 +109,18 @@ func lengthOf(r io.Reader) int64 {
 // ReadFile downloads the file at p. The content is streamed: read it and
 // close it. Errors (not found, ...) are returned before any content.
 func (s *Sandbox) ReadFile(ctx context.Context, p string) (io.ReadCloser, error) {
-	if err := checkID("sandbox", s.ID); err != nil {
+	return s.files().read(ctx, p)
+}
+
+func (f fileAPI) read(ctx context.Context, p string) (io.ReadCloser, error) {
+	if err := checkID(f.owner, f.id); err != nil {
 		return nil, err
 	}
-	req, err := s.c.newRequest(ctx, http.MethodGet, path("sandboxes", s.ID, "files"), pathQuery(p), nil, "")
+	req, err := f.c.newRequest(ctx, http.MethodGet, f.path(), pathQuery(p), nil, "")
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.c.send(req)
+	resp, err := f.c.send(req)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
@@ -102,13 +129,17 @@ func (s *Sandbox) ReadFile(ctx context.Context, p string) (io.ReadCloser, error)
 
 // ListFiles lists the directory p, sorted by name.
 func (s *Sandbox) ListFiles(ctx context.Context, p string) ([]FileInfo, error) {
-	if err := checkID("sandbox", s.ID); err != nil {
+	return s.files().list(ctx, p)
+}
+
+func (f fileAPI) list(ctx context.Context, p string) ([]FileInfo, error) {
+	if err := checkID(f.owner, f.id); err != nil {
 		return nil, err
 	}
 	var out struct {
 		Entries []FileInfo `json:"entries"`
 	}
-	if err := s.c.doJSON(ctx, http.MethodGet, path("sandboxes", s.ID, "files", "list"), pathQuery(p), nil, &out); err != nil {
+	if err := f.c.doJSON(ctx, http.MethodGet, f.path("list"), pathQuery(p), nil, &out); err != nil {
 		return nil, fmt.Errorf("list %s: %w", p, err)
 	}
 	return out.Entries, nil
@@ -116,11 +147,15 @@ func (s *Sandbox) ListFiles(ctx context.Context, p string) ([]FileInfo, error) {
 
 // Stat describes the file at p, without following a final symlink.
 func (s *Sandbox) Stat(ctx context.Context, p string) (FileInfo, error) {
-	if err := checkID("sandbox", s.ID); err != nil {
+	return s.files().stat(ctx, p)
+}
+
+func (f fileAPI) stat(ctx context.Context, p string) (FileInfo, error) {
+	if err := checkID(f.owner, f.id); err != nil {
 		return FileInfo{}, err
 	}
 	var fi FileInfo
-	if err := s.c.doJSON(ctx, http.MethodGet, path("sandboxes", s.ID, "files", "stat"), pathQuery(p), nil, &fi); err != nil {
+	if err := f.c.doJSON(ctx, http.MethodGet, f.path("stat"), pathQuery(p), nil, &fi); err != nil {
 		return FileInfo{}, fmt.Errorf("stat %s: %w", p, err)
 	}
 	return fi, nil
@@ -128,12 +163,16 @@ func (s *Sandbox) Stat(ctx context.Context, p string) (FileInfo, error) {
 
 // Mkdir creates the directory p and its parents (like mkdir -p).
 func (s *Sandbox) Mkdir(ctx context.Context, p string) (FileInfo, error) {
-	if err := checkID("sandbox", s.ID); err != nil {
+	return s.files().mkdir(ctx, p)
+}
+
+func (f fileAPI) mkdir(ctx context.Context, p string) (FileInfo, error) {
+	if err := checkID(f.owner, f.id); err != nil {
 		return FileInfo{}, err
 	}
 	in := wire.MakeDirJSONRequestBody{Path: p}
 	var fi FileInfo
-	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "files", "mkdir"), nil, in, &fi); err != nil {
+	if err := f.c.doJSON(ctx, http.MethodPost, f.path("mkdir"), nil, in, &fi); err != nil {
 		return FileInfo{}, fmt.Errorf("mkdir %s: %w", p, err)
 	}
 	return fi, nil
@@ -142,14 +181,18 @@ func (s *Sandbox) Mkdir(ctx context.Context, p string) (FileInfo, error) {
 // Remove removes the file or directory p; a non-empty directory needs
 // recursive.
 func (s *Sandbox) Remove(ctx context.Context, p string, recursive bool) error {
-	if err := checkID("sandbox", s.ID); err != nil {
+	return s.files().remove(ctx, p, recursive)
+}
+
+func (f fileAPI) remove(ctx context.Context, p string, recursive bool) error {
+	if err := checkID(f.owner, f.id); err != nil {
 		return err
 	}
 	q := pathQuery(p)
 	if recursive {
 		q.Set("recursive", "true")
 	}
-	if err := s.c.doJSON(ctx, http.MethodDelete, path("sandboxes", s.ID, "files"), q, nil, nil); err != nil {
+	if err := f.c.doJSON(ctx, http.MethodDelete, f.path(), q, nil, nil); err != nil {
 		return fmt.Errorf("remove %s: %w", p, err)
 	}
 	return nil

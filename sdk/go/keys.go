@@ -66,6 +66,7 @@ type PurgeResult struct {
 	BuildsCanceled   int      `json:"builds_canceled"`
 	SandboxesStopped int      `json:"sandboxes_stopped"`
 	SnapshotsDeleted int      `json:"snapshots_deleted"`
+	VolumesDeleted   int      `json:"volumes_deleted"`
 	TemplatesDeleted []string `json:"templates_deleted"`
 	// Failed are what it could not remove; purging again retries them.
 	Failed []PurgeFailure `json:"failed"`

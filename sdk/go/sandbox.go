@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,8 @@ type SandboxInfo struct {
 	NetworkOff bool `json:"network_off,omitempty"`
 	// Memory is the host memory of a running sandbox (nil otherwise).
 	Memory *MemoryUsage `json:"memory,omitempty"`
+	// Volumes are the volumes it mounts, in the order given at creation.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // MemoryUsage is what a running sandbox costs the host, from its VMM's
@@ -127,6 +130,11 @@ type CreateOptions struct {
 	Network *Network
 	// Placement chooses the host (OnHost); zero: the server's choice.
 	Placement Placement
+	// Volumes are the volumes to mount (at most 8): each by name (or id)
+	// at an absolute path that is not /, not under /proc, /sys or /dev,
+	// and not inside another's. The sandbox runs on the volumes' host;
+	// volumes on different hosts are ErrConflict. See docs/volumes.md.
+	Volumes []VolumeMount
 	// Progress, if not nil, receives a line for each step of what the
 	// create does before the sandbox starts: fetching its template to
 	// the host, baking it (a first create of a shape or of a user
@@ -149,6 +157,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		Vcpus: optional(opts.VCPUs), Metadata: optionalMap(opts.Metadata), Env: optionalMap(opts.Env),
 		SnapshotId: optional(opts.SnapshotID), Network: wireNetwork(opts.Network),
 		OnExpire: optional(wire.CreateSandboxRequestOnExpire(opts.OnExpire)), Placement: pl,
+		Volumes: wireMounts(opts.Volumes),
 	}
 	var info SandboxInfo
 	if opts.Progress == nil {
@@ -356,8 +365,12 @@ func (s *Sandbox) ForkWithStats(ctx context.Context, count int) (ForkResult, err
 type ForkOptions struct {
 	Count int // children to make; 0 means 1
 	// Placement chooses the children's hosts (OnHost, Spread); zero: the
-	// parent's host while it has room.
+	// parent's host while it has room. A parent that mounts volumes keeps
+	// its children on its host.
 	Placement Placement
+	// VolumeMode is what the children mount of the parent's volumes:
+	// VolumeShare (the default when empty) or VolumeBranch.
+	VolumeMode string
 }
 
 // forkAnswer is the answer of POST /v1/sandboxes/{id}/fork.
@@ -396,7 +409,10 @@ func (s *Sandbox) ForkWithOptions(ctx context.Context, opts ForkOptions) (ForkRe
 	if err != nil {
 		return ForkResult{}, err
 	}
-	in := wire.ForkSandboxJSONRequestBody{Count: &count, Placement: pl}
+	if m := opts.VolumeMode; m != "" && m != VolumeShare && m != VolumeBranch {
+		return ForkResult{}, newError(0, CodeInvalid, `fork volume mode must be "share" or "branch", not `+strconv.Quote(m))
+	}
+	in := wire.ForkSandboxJSONRequestBody{Count: &count, Placement: pl, VolumeMode: optional(wire.ForkSandboxJSONBodyVolumeMode(opts.VolumeMode))}
 	var out forkAnswer
 	if err := s.c.doJSON(ctx, http.MethodPost, path("sandboxes", s.ID, "fork"), nil, in, &out); err != nil {
 		return ForkResult{}, err

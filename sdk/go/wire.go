@@ -65,3 +65,15 @@ func wireNetwork(n *Network) *wire.NetworkPolicy {
 	}
 	return &wire.NetworkPolicy{Internet: &n.Internet, AllowOut: optionalSlice(n.AllowOut), DenyOut: optionalSlice(n.DenyOut)}
 }
+
+// wireMounts is m's wire form; nil for none.
+func wireMounts(m []VolumeMount) *[]wire.VolumeMount {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]wire.VolumeMount, len(m))
+	for i, v := range m {
+		out[i] = wire.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: optional(v.ReadOnly)}
+	}
+	return &out
+}

@@ -49,6 +49,7 @@ var sdkWire = []wireCheck{
 	{typ: reflect.TypeFor[Event](), component: "Event"},
 	{typ: reflect.TypeFor[CommandRecord](), component: "Command"},
 	{typ: reflect.TypeFor[Snapshot](), component: "Snapshot"},
+	{typ: reflect.TypeFor[Volume](), component: "Volume"},
 	{typ: reflect.TypeFor[Port](), component: "ListeningPort"},
 	{typ: reflect.TypeFor[PortURL](), answer: "POST /v1/sandboxes/{id}/ports/{port}/url 200"},
 	{typ: reflect.TypeFor[Host](), component: "Host", ignore: map[string]string{

@@ -199,6 +199,7 @@ type Client struct {
 	procs       atomic.Bool // the agent lists FeatureProcesses
 	pty         atomic.Bool // the agent lists FeaturePTY
 	dials       atomic.Bool // the agent lists FeatureDial
+	volumes     atomic.Bool // the agent lists FeatureVolumes
 	closed      chan struct{}
 	closeOnce   sync.Once
 	err         error // set before closed is closed
@@ -374,6 +375,7 @@ func (c *Client) dispatch(f Frame) {
 				c.procs.Store(r.HasFeature(FeatureProcesses))
 				c.pty.Store(r.HasFeature(FeaturePTY))
 				c.dials.Store(r.HasFeature(FeatureDial))
+				c.volumes.Store(r.HasFeature(FeatureVolumes))
 				c.established.Store(true)
 			}
 			hw.reply <- r

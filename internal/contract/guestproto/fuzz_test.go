@@ -36,6 +36,7 @@ const (
 	fuzzBarrier
 	fuzzPing
 	fuzzDial
+	fuzzVolumes
 	fuzzOps
 )
 
@@ -78,7 +79,7 @@ func FuzzClientRead(f *testing.F) {
 				case fr.Type == guestproto.FrameHello && op == fuzzHello:
 					return
 				case fr.Type == guestproto.FrameHello:
-					b, _ := json.Marshal(guestproto.HelloReply{Session: "fuzz", Features: []string{guestproto.FeatureDial}})
+					b, _ := json.Marshal(guestproto.HelloReply{Session: "fuzz", Features: []string{guestproto.FeatureDial, guestproto.FeatureVolumes}})
 					_ = guestproto.WriteFrame(guestEnd, guestproto.Frame{Type: guestproto.FrameHelloAck, Payload: b})
 				case fr.Type == guestproto.FrameOpen, fr.Type == guestproto.FrameBarrier, fr.Type == guestproto.FramePing:
 					return
@@ -153,6 +154,15 @@ func fuzzClientOp(t *testing.T, ctx context.Context, c *guestproto.Client, op by
 		_, _ = conn.Write([]byte("request"))
 		_, _ = io.Copy(io.Discard, conn)
 		_ = conn.(interface{ CloseWrite() error }).CloseWrite()
+	case fuzzVolumes:
+		conn, err := c.OpenVolumes(ctx, []guestproto.VolumeMount{{Tag: "v", Path: "/mnt/v"}})
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(fuzzBound))
+		_, _ = conn.Write([]byte("request"))
+		_, _ = io.Copy(io.Discard, conn)
 	}
 }
 
@@ -165,8 +175,9 @@ func (echoHandler) Hello(context.Context, *guestproto.HelloRequest) guestproto.H
 }
 
 func (echoHandler) ServeStream(ctx context.Context, s *guestproto.Stream, req *guestproto.OpenRequest) {
-	if req.Op == guestproto.OpDial {
-		// The guest's side of a dial, to an echo server over a pipe.
+	if req.Op == guestproto.OpDial || req.Op == guestproto.OpVolumes {
+		// The guest's side of a dial (or a volume stream: a byte pipe
+		// too), to an echo server over a pipe.
 		conn, server := net.Pipe()
 		go func() { _, _ = io.Copy(server, server); server.Close() }()
 		guestproto.ServeConn(ctx, s, conn)
@@ -281,6 +292,7 @@ func roundTrip[T any](t *testing.T, v *T) {
 // ValidPath and ValidPort on what it carries.
 func FuzzOpenRequest(f *testing.F) {
 	f.Add([]byte(`{"op":"exec","exec":{"argv":["ls","-l"],"env":{"K":"V"},"cwd":"/work","timeout_ms":5000,"stdin":true}}`))
+	f.Add([]byte(`{"op":"volumes","volumes":[{"tag":"vol_a","path":"/mnt/a"},{"tag":"b","path":"/mnt/a/b","read_only":true}]}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var req guestproto.OpenRequest
 		if json.Unmarshal(payload, &req) != nil {
@@ -295,7 +307,34 @@ func FuzzOpenRequest(f *testing.F) {
 		if req.Exec != nil {
 			checkExec(t, req.Exec)
 		}
+		checkVolumes(t, req.Volumes)
 	})
+}
+
+// checkVolumes: mounts ValidateVolumeMounts accepts are few, tagged,
+// absolute, clean, distinct and apart; what it refuses is CodeInvalid.
+func checkVolumes(t *testing.T, mounts []guestproto.VolumeMount) {
+	t.Helper()
+	err := guestproto.ValidateVolumeMounts(mounts)
+	if err != nil {
+		if !errors.Is(err, guestproto.ErrInvalid) {
+			t.Fatalf("ValidateVolumeMounts(%+v) = %v, want code invalid", mounts, err)
+		}
+		return
+	}
+	if len(mounts) > guestproto.MaxVolumeMounts {
+		t.Fatalf("valid: %d mounts", len(mounts))
+	}
+	for i, m := range mounts {
+		if m.Tag == "" || len(m.Tag) > guestproto.MaxVolumeTagLen || m.Path == "/" || !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path {
+			t.Fatalf("valid mount %+v", m)
+		}
+		for _, o := range mounts[:i] {
+			if o.Tag == m.Tag || o.Path == m.Path || strings.HasPrefix(m.Path+"/", o.Path+"/") || strings.HasPrefix(o.Path+"/", m.Path+"/") {
+				t.Fatalf("valid mounts %+v and %+v collide", o, m)
+			}
+		}
+	}
 }
 
 func checkPath(t *testing.T, p string) {

@@ -124,6 +124,8 @@ type OpenRequest struct {
 	Proc *ProcRequest `json:"proc,omitempty"`
 	// Port is the TCP port on the guest's loopback a dial connects to.
 	Port int `json:"port,omitempty"`
+	// Volumes are the volume mounts of OpVolumes (see Client.OpenVolumes).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // ExecRequest describes a process to run in the guest.

@@ -263,3 +263,35 @@ type NetworkReporter interface {
 	// interface, whatever their egress policy says.
 	NetworkOff() bool
 }
+
+// Volumes is an optional ability of a Host: the volumes it stores.
+// Errors: ErrNotFound, ErrConflict (exists; or, for DeleteVolume without
+// force, a running or paused sandbox of this host mounts it), ErrInvalid
+// (bad id, a smaller limit, a path that is not clean), ErrNoSpace (over the
+// limit), guestproto-style file errors mapped to these classes. Safe for
+// concurrent use.
+type Volumes interface {
+	CreateVolume(ctx context.Context, id string, limitBytes int64) (VolumeInfo, error)
+	GetVolume(ctx context.Context, id string) (VolumeInfo, error)
+	ListVolumes(ctx context.Context) ([]VolumeInfo, error)
+	DeleteVolume(ctx context.Context, id string, force bool) error
+	ResizeVolume(ctx context.Context, id string, limitBytes int64) (VolumeInfo, error)
+	// BranchVolume clones src into the new volume dst (same limit).
+	BranchVolume(ctx context.Context, src, dst string) (VolumeInfo, error)
+	// PromoteVolume makes target's tree branch's, then deletes branch.
+	PromoteVolume(ctx context.Context, branch, target string) (VolumeInfo, error)
+	// Files: paths are slash-separated, relative to the volume root
+	// ("/a/b" and "a/b" alike; "" or "/" is the root).
+	ListVolumeDir(ctx context.Context, id, path string) ([]guestproto.FileInfo, error)
+	StatVolumeFile(ctx context.Context, id, path string) (guestproto.FileInfo, error)
+	ReadVolumeFile(ctx context.Context, id, path string) (io.ReadCloser, guestproto.FileInfo, error)
+	WriteVolumeFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) (int64, error)
+	MkdirVolume(ctx context.Context, id, path string) error
+	RemoveVolumeFile(ctx context.Context, id, path string, recursive bool) error
+}
+
+// VolumeForker is an optional ability of a Host: a fork whose children
+// mount other volumes than their parent (branch mode).
+type VolumeForker interface {
+	ForkWithVolumes(ctx context.Context, id string, children []ForkSpec) (ForkResult, error)
+}

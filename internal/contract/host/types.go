@@ -48,6 +48,9 @@ type Info struct {
 	// file (its template) held. 0 if it started from local files only, and
 	// after a restart of the host agent.
 	FetchedBytes int64 `json:"fetched_bytes,omitempty"`
+	// Volumes are the volumes the sandbox mounts (kept across pause,
+	// resume and restarts of the host agent).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // CreateRequest asks for a new sandbox.
@@ -75,7 +78,40 @@ type CreateRequest struct {
 	// everything: callers that mean "online" pass network.DefaultPolicy()
 	// (the API always sets one).
 	Network netpolicy.Policy
+	// Volumes are the volumes of this host the sandbox mounts (a create
+	// from a snapshot mounts these, not the captured sandbox's). A guest
+	// that cannot mount them fails the create.
+	Volumes []VolumeMount
 }
+
+// VolumeMount is one volume a sandbox mounts.
+type VolumeMount struct {
+	Volume   string `json:"volume"` // volume id, "vol_" + 16 lowercase alnum
+	Path     string `json:"path"`   // absolute guest path
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// VolumeInfo describes a volume on its host.
+type VolumeInfo struct {
+	ID         string    `json:"id"`
+	LimitBytes int64     `json:"limit_bytes"`
+	UsedBytes  int64     `json:"used_bytes"`
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+// ForkSpec is one child of a VolumeForker's fork.
+type ForkSpec struct {
+	ID string
+	// Volumes the child mounts; nil: the parent's. Branches are cloned
+	// (From → To, new volume ids) while the parent is stopped for the
+	// capture, before the child starts; Volumes then names the To ids.
+	Volumes  []VolumeMount
+	Branches []VolumeBranch
+}
+
+// VolumeBranch is a volume cloned for a fork's child: From's tree copied
+// into the new volume To.
+type VolumeBranch struct{ From, To string }
 
 // MemStats is the host memory a sandbox's VMM uses, from smaps_rollup.
 type MemStats struct {

@@ -55,6 +55,16 @@ func TestEncodings(t *testing.T) {
 		{"fork", hostwire.ForkReply{Children: []hostwire.ForkChild{{Info: host.Info{ID: "c1", CreatedAt: ts}}, {Error: &notFound}}, Capture: host.CaptureStats{PausedMS: 1.5, DirtyBytes: 4096, Runs: 2}},
 			`{"children":[{"info":{"id":"c1","template":"","memory_mib":0,"vcpus":0,"state":"","created_at":"2025-01-02T03:04:05Z","pid":0,"hostname":""}},{"info":{"id":"","template":"","memory_mib":0,"vcpus":0,"state":"","created_at":"0001-01-01T00:00:00Z","pid":0,"hostname":""},"error":{"code":"not_found","message":"kill: not found"}}],"capture":{"paused_ms":1.5,"dirty_bytes":4096,"runs":2}}`},
 		{"fork request", hostwire.ForkRequest{IDs: []string{"a", "b"}}, `{"ids":["a","b"]}`},
+		{"create with volumes", hostwire.CreateRequest{ID: "sb1", Volumes: []host.VolumeMount{{Volume: "vol_aaaaaaaaaaaaaaaa", Path: "/mnt/d", ReadOnly: true}}},
+			`{"id":"sb1","network":{"internet":false},"volumes":[{"volume":"vol_aaaaaaaaaaaaaaaa","path":"/mnt/d","read_only":true}]}`},
+		{"volume request", hostwire.VolumeRequest{ID: "vol_aaaaaaaaaaaaaaaa", LimitBytes: 4096}, `{"id":"vol_aaaaaaaaaaaaaaaa","limit_bytes":4096}`},
+		{"volume info", host.VolumeInfo{ID: "vol_aaaaaaaaaaaaaaaa", LimitBytes: 8192, UsedBytes: 4096, CreatedAt: ts},
+			`{"id":"vol_aaaaaaaaaaaaaaaa","limit_bytes":8192,"used_bytes":4096,"created_at":"2025-01-02T03:04:05Z"}`},
+		{"branch request", hostwire.BranchRequest{To: "vol_b"}, `{"to":"vol_b"}`},
+		{"promote request", hostwire.PromoteRequest{Target: "vol_a"}, `{"target":"vol_a"}`},
+		{"fork volumes", hostwire.ForkVolumesRequest{Children: hostwire.ForkSpecsOf([]host.ForkSpec{{ID: "c1"},
+			{ID: "c2", Volumes: []host.VolumeMount{{Volume: "vol_b", Path: "/d"}}, Branches: []host.VolumeBranch{{From: "vol_a", To: "vol_b"}}}})},
+			`{"children":[{"id":"c1","volumes":null},{"id":"c2","volumes":[{"volume":"vol_b","path":"/d"}],"branches":[{"from":"vol_a","to":"vol_b"}]}]}`},
 		{"snapshot request", hostwire.SnapshotRequest{SnapshotID: "sn1"}, `{"snapshot_id":"sn1"}`},
 		{"lookup", hostwire.LookupReply{Template: &templates.Meta{Params: templates.Params{Name: "tiny", MemoryMiB: 256, VCPUs: 1}, BakedAt: ts}, StaleReason: "old"},
 			`{"template":{"name":"tiny","memory_mib":256,"vcpus":1,"accel":"","cmdline":"","inputs":null,"baked_at":"2025-01-02T03:04:05Z","bake_ms":0,"boot_id":"","disk_mib":0},"stale_reason":"old"}`},
@@ -113,6 +123,20 @@ func TestConversions(t *testing.T) {
 	roundTrip(t, hostwire.CreateRequestOf(req), &wire)
 	if got := wire.Contract(); fmt.Sprint(got) != fmt.Sprint(req) {
 		t.Errorf("create request: got %+v, want %+v", got, req)
+	}
+	req.Volumes = []host.VolumeMount{{Volume: "vol_aaaaaaaaaaaaaaaa", Path: "/mnt/d"}}
+	wire = hostwire.CreateRequest{}
+	roundTrip(t, hostwire.CreateRequestOf(req), &wire)
+	if got := wire.Contract(); fmt.Sprint(got) != fmt.Sprint(req) {
+		t.Errorf("create request with volumes: got %+v, want %+v", got, req)
+	}
+	specs := []host.ForkSpec{{ID: "c1"}, {ID: "c2", Volumes: []host.VolumeMount{}}, {ID: "c3", Volumes: []host.VolumeMount{{Volume: "vol_b", Path: "/d"}},
+		Branches: []host.VolumeBranch{{From: "vol_a", To: "vol_b"}}}}
+	var wf hostwire.ForkVolumesRequest
+	roundTrip(t, hostwire.ForkVolumesRequest{Children: hostwire.ForkSpecsOf(specs)}, &wf)
+	got := wf.Contract()
+	if fmt.Sprintf("%#v", got) != fmt.Sprintf("%#v", specs) {
+		t.Errorf("fork specs: got %#v, want %#v", got, specs)
 	}
 
 	st := builds.Status{ID: "b1", Name: "n", State: builds.StateRunning, CreatedAt: ts, Owner: "o"}

@@ -10,27 +10,28 @@ import (
 // /sandboxes, the first line of …/pack/create (without SnapshotID: the
 // path's) and PullRequest's Create.
 type CreateRequest struct {
-	ID         string            `json:"id"`
-	Template   string            `json:"template,omitempty"`
-	MemoryMiB  int               `json:"memory_mib,omitempty"`
-	VCPUs      int               `json:"vcpus,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	SnapshotID string            `json:"snapshot_id,omitempty"`
-	Owner      string            `json:"owner,omitempty"`
-	Network    netpolicy.Policy  `json:"network"`
+	ID         string             `json:"id"`
+	Template   string             `json:"template,omitempty"`
+	MemoryMiB  int                `json:"memory_mib,omitempty"`
+	VCPUs      int                `json:"vcpus,omitempty"`
+	Env        map[string]string  `json:"env,omitempty"`
+	SnapshotID string             `json:"snapshot_id,omitempty"`
+	Owner      string             `json:"owner,omitempty"`
+	Network    netpolicy.Policy   `json:"network"`
+	Volumes    []host.VolumeMount `json:"volumes,omitempty"`
 }
 
 // CreateRequestOf is req on the wire (without its Progress, which the
 // client asks for with ?progress=1).
 func CreateRequestOf(req host.CreateRequest) CreateRequest {
 	return CreateRequest{ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Env: req.Env,
-		SnapshotID: req.SnapshotID, Owner: req.Owner, Network: req.Network}
+		SnapshotID: req.SnapshotID, Owner: req.Owner, Network: req.Network, Volumes: req.Volumes}
 }
 
 // Contract is the create request r carries.
 func (r CreateRequest) Contract() host.CreateRequest {
 	return host.CreateRequest{ID: r.ID, Template: r.Template, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, Env: r.Env,
-		SnapshotID: r.SnapshotID, Owner: r.Owner, Network: r.Network}
+		SnapshotID: r.SnapshotID, Owner: r.Owner, Network: r.Network, Volumes: r.Volumes}
 }
 
 // Requests and replies.

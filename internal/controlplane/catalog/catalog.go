@@ -26,12 +26,15 @@ import (
 // Errors, each of a class of internal/contract/errs. Methods wrap them
 // with detail; test with errors.Is.
 var (
-	// ErrNotFound: no key, sandbox or snapshot with that id (or hash).
+	// ErrNotFound: no key, sandbox, snapshot or volume with that id (or
+	// hash, or name).
 	ErrNotFound = errs.New(errs.NotFound, "not found")
-	// ErrConflict: a key, sandbox or snapshot with that id (or a key with
-	// that hash) already exists.
+	// ErrConflict: a key, sandbox, snapshot or volume with that id (or a
+	// key with that hash, or a volume of the key with that name) already
+	// exists.
 	ErrConflict = errs.New(errs.Conflict, "already exists")
-	// ErrQuota: ReserveSandbox would take the key over one of its limits.
+	// ErrQuota: ReserveSandbox (CreateSnapshot, CreateVolumes,
+	// ResizeVolume) would take the key over one of its limits.
 	// The error is a *QuotaError.
 	ErrQuota = errs.New(errs.QuotaExceeded, "quota exceeded")
 )
@@ -94,10 +97,13 @@ type Sandbox struct {
 	OnExpire   string // "kill" or "pause"
 	ParentID   string // the sandbox it was forked from, if any
 	SnapshotID string // the snapshot it was restored from, if any
-	CreatedAt  time.Time
-	UpdatedAt  time.Time // zero = unset
-	ExpiresAt  time.Time // zero = never
-	StoppedAt  time.Time // zero = not stopped
+	// Volumes are the volumes it mounts, in the order asked; nil when
+	// none (a Catalog returns nil, never an empty slice).
+	Volumes   []VolumeMount
+	CreatedAt time.Time
+	UpdatedAt time.Time // zero = unset
+	ExpiresAt time.Time // zero = never
+	StoppedAt time.Time // zero = not stopped
 }
 
 // Network is a sandbox's egress policy as stored: whether it reaches the
@@ -107,6 +113,34 @@ type Network struct {
 	Internet bool     `json:"internet"`
 	AllowOut []string `json:"allow_out"`
 	DenyOut  []string `json:"deny_out"`
+}
+
+// VolumeMount is a volume a sandbox mounts: the volume's id, the absolute
+// path in the guest, and whether the guest may only read it.
+type VolumeMount struct {
+	VolumeID string `json:"volume_id"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// Volume is a key's persistent directory tree that sandboxes mount. It
+// lives on one host (its home, HostID), which stores its files; its size
+// counts against its key's disk quota whether or not a sandbox mounts it.
+type Volume struct {
+	ID    string // "vol_" + 16 lowercase alnum (host.NewVolumeID)
+	KeyID string // the key that owns it; must exist
+	// Name is unique among the key's volumes ([a-z0-9][a-z0-9._-]{0,62},
+	// checked by the control plane).
+	Name   string
+	HostID string
+	// SizeMiB is its limit; UsedBytes what its files held when the
+	// control plane last asked its host.
+	SizeMiB   int
+	UsedBytes int64
+	// ParentID is the volume it was branched from (a fork's volume_mode
+	// branch), "" if none; a volume whose parent is deleted keeps the id.
+	ParentID  string
+	CreatedAt time.Time
 }
 
 // Snapshot is a saved sandbox (memory and disk) that new sandboxes can
@@ -233,6 +267,31 @@ type Catalog interface {
 	// DeleteSnapshot removes the snapshot's record. ErrNotFound.
 	DeleteSnapshot(ctx context.Context, id string) error
 
+	// CreateVolumes stores the new volumes vs, all of one key, if the key
+	// stays within lim with all of them (lim.Volumes their number,
+	// lim.DiskMiB their SizeMiB with the key's other disk usage), checked
+	// and inserted atomically as ReserveSandbox does: all or none.
+	// ErrQuota (a *QuotaError), ErrConflict if an id is taken or the key
+	// has a volume of one of their names, ErrNotFound if the key is
+	// unknown or revoked.
+	CreateVolumes(ctx context.Context, vs []Volume, lim Limits) error
+	// GetVolume returns the volume. ErrNotFound.
+	GetVolume(ctx context.Context, id string) (Volume, error)
+	// VolumeByName returns key keyID's volume of that name. ErrNotFound.
+	VolumeByName(ctx context.Context, keyID, name string) (Volume, error)
+	// ListVolumes returns the key's volumes ("" = every key's), oldest
+	// first (by CreatedAt, then ID).
+	ListVolumes(ctx context.Context, keyID string) ([]Volume, error)
+	// UpdateVolume reads the volume, calls fn on it and writes the result
+	// back in one transaction, as UpdateSandbox does. fn may not change
+	// the id, the key or the name. If fn grows SizeMiB, the key's disk
+	// quota is checked in the same transaction against lim (ErrQuota, a
+	// *QuotaError, and nothing written); otherwise lim is not used.
+	// ErrNotFound.
+	UpdateVolume(ctx context.Context, id string, lim Limits, fn func(*Volume) error) (Volume, error)
+	// DeleteVolume removes the volume's record. ErrNotFound.
+	DeleteVolume(ctx context.Context, id string) error
+
 	// PutHost stores h, replacing the host with its id if there is one.
 	PutHost(ctx context.Context, h Host) error
 	// GetHost returns the host. ErrNotFound.
@@ -342,18 +401,22 @@ type Limits struct {
 	MemoryMiB int
 	VCPUs     int
 	// DiskMiB bounds the disk of the key's live sandboxes, their pause
-	// captures and its snapshots.
+	// captures, its snapshots and its volumes.
 	DiskMiB int
+	// Volumes bounds the number of the key's volumes.
+	Volumes int
 }
 
 // Usage is what a key holds, or what it asks for: sandboxes not stopped
-// (their number, memory, vCPUs, disk and pause captures) and snapshots
-// (their size, in DiskMiB).
+// (their number, memory, vCPUs, disk and pause captures), snapshots
+// (their size, in DiskMiB) and volumes (their number, and their size in
+// DiskMiB).
 type Usage struct {
 	Sandboxes int
 	MemoryMiB int
 	VCPUs     int
 	DiskMiB   int
+	Volumes   int
 }
 
 // UsageOf is what one live sandbox counts for.
@@ -380,6 +443,7 @@ const (
 	QuotaMemory    = "memory"
 	QuotaVCPUs     = "vcpus"
 	QuotaDisk      = "disk"
+	QuotaVolumes   = "volumes"
 )
 
 func (e *QuotaError) Error() string {
@@ -391,8 +455,11 @@ func (e *QuotaError) Error() string {
 		return fmt.Sprintf("vCPU quota exceeded: key %s uses %d vCPUs, %d more would pass its limit of %d",
 			e.KeyID, e.Used, e.Requested, e.Max)
 	case QuotaDisk:
-		return fmt.Sprintf("disk quota exceeded: key %s holds %d MiB (sandbox disks, paused sandboxes, snapshots), %d MiB more would pass its limit of %d MiB",
+		return fmt.Sprintf("disk quota exceeded: key %s holds %d MiB (sandbox disks, paused sandboxes, snapshots, volumes), %d MiB more would pass its limit of %d MiB",
 			e.KeyID, e.Used, e.Requested, e.Max)
+	case QuotaVolumes:
+		return fmt.Sprintf("volume quota exceeded: key %s has %d of %d volumes, %d more would pass the limit",
+			e.KeyID, e.Used, e.Max, e.Requested)
 	}
 	return fmt.Sprintf("sandbox quota exceeded: key %s has %d of %d sandboxes", e.KeyID, e.Used, e.Max)
 }
@@ -412,6 +479,7 @@ func CheckQuota(keyID string, used, req Usage, lim Limits) error {
 		{QuotaMemory, used.MemoryMiB, req.MemoryMiB, lim.MemoryMiB},
 		{QuotaVCPUs, used.VCPUs, req.VCPUs, lim.VCPUs},
 		{QuotaDisk, used.DiskMiB, req.DiskMiB, lim.DiskMiB},
+		{QuotaVolumes, used.Volumes, req.Volumes, lim.Volumes},
 	} {
 		if c.max > 0 && c.req > 0 && c.used+c.req > c.max {
 			return &QuotaError{KeyID: keyID, Limit: c.name, Used: c.used, Requested: c.req, Max: c.max}

@@ -75,6 +75,7 @@ func (s *Server) controlRoutes() *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/resume", s.auth(s.resume))
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.fork))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.updateNetwork))
+	s.volumeRoutes(m)
 	for _, p := range []string{"GET /sandboxes/{id}/metrics", "POST /sandboxes/{id}/snapshots"} {
 		m.HandleFunc(p, s.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
 			s.writeError(w, r, errStatus(http.StatusNotImplemented, "%s %s is not supported by PandaStack's E2B API yet", r.Method, r.Pattern[strings.Index(r.Pattern, " ")+1:]))
@@ -152,6 +153,8 @@ type sandboxJSON struct {
 	AllowInternetAccess bool          `json:"allowInternetAccess"`
 	Network             networkJSON   `json:"network"`
 	Lifecycle           lifecycleJSON `json:"lifecycle"`
+	// VolumeMounts are the volumes it mounts (by name).
+	VolumeMounts []VolumeMount `json:"volumeMounts"`
 }
 
 // networkJSON is E2B's SandboxNetworkConfig, as far as PandaStack has it.
@@ -197,6 +200,10 @@ func (s *Server) toJSON(sb Sandbox, tokens tokenView) sandboxJSON {
 		AllowInternetAccess: sb.Network.Internet,
 		Network:             networkJSON{AllowOut: nonNil(sb.Network.AllowOut), DenyOut: nonNil(sb.Network.DenyOut)},
 		Lifecycle:           lifecycleJSON{OnTimeout: cmp.Or(sb.OnExpire, "kill")},
+		VolumeMounts:        sb.Volumes,
+	}
+	if out.VolumeMounts == nil {
+		out.VolumeMounts = []VolumeMount{}
 	}
 	if tokens >= trafficToken {
 		t := s.TrafficAccessToken(sb.ID)
@@ -234,6 +241,7 @@ type createBody struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *egressBody       `json:"network"`
 	AutoPause           *bool             `json:"autoPause"`
+	VolumeMounts        []VolumeMount     `json:"volumeMounts"`
 }
 
 // egressBody is the egress part of E2B's network config (create's
@@ -270,7 +278,7 @@ func (b createBody) request() (CreateRequest, error) {
 		d := defaultTimeout
 		ttl = &d
 	}
-	req := CreateRequest{Template: templateName(b.TemplateID), TTLSeconds: ttl, Metadata: b.Metadata, Env: b.EnvVars}
+	req := CreateRequest{Template: templateName(b.TemplateID), TTLSeconds: ttl, Metadata: b.Metadata, Env: b.EnvVars, Volumes: b.VolumeMounts}
 	if b.AllowInternetAccess != nil || b.Network != nil {
 		var e egressBody
 		if b.Network != nil {

@@ -60,6 +60,8 @@ type Sandbox struct {
 	ExpiresAt time.Time // zero: does not expire (paused)
 	Network   Network
 	OnExpire  string // what the TTL's end does: "kill" or "pause"
+	// Volumes are the volumes it mounts, by name.
+	Volumes []VolumeMount
 }
 
 // Network is a sandbox's egress policy in PandaStack's terms (package
@@ -79,6 +81,8 @@ type CreateRequest struct {
 	Env        map[string]string
 	Network    *Network // nil: the server's default policy
 	OnExpire   string   // "": kill
+	// Volumes are the key's volumes it mounts.
+	Volumes []VolumeMount
 }
 
 // ForkChild is one child of a Fork: its sandbox, or why it failed

@@ -17,10 +17,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pandatest.Main(m)) }
 
-// The Node suites of e2e/e2b: the official e2b SDK (sdk.test.mjs) and
-// @e2b/code-interpreter (code.test.mjs), the versions package-lock.json
-// pins, unmodified, configured only by E2B_API_URL, E2B_SANDBOX_URL and
-// E2B_API_KEY. The code interpreter is reached over the sandbox's network
+// The Node suites of e2e/e2b: the official e2b SDK (sdk.test.mjs, its
+// volumes in volume.test.mjs) and @e2b/code-interpreter (code.test.mjs),
+// the versions package-lock.json pins, unmodified, configured only by
+// E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL and E2B_API_KEY. The code interpreter is reached over the sandbox's network
 // (the port proxy dials the guest's port 49999), so the servers run with
 // sandbox networking on, in network namespaces the test makes (nettest:
 // the sandboxes' only "internet" is another test-made namespace), and
@@ -110,7 +110,7 @@ func runNodeSuite(t *testing.T, dir string, env *nettest.Env, url, key string, s
 	// the context's end kills.
 	cmd := exec.CommandContext(ctx, "nsenter", "--net="+env.Host.Path, "--", "node", "--test", "--test-concurrency=1")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key,
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_VOLUME_API_URL="+url, "E2B_API_KEY="+key,
 		"E2B_DOMAIN=", "E2B_DEBUG=")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -406,6 +406,11 @@ func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.F
 	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, hostwire.ForkRequest{IDs: childIDs}, &out); err != nil {
 		return host.ForkResult{}, err
 	}
+	return forkResult(out), nil
+}
+
+// forkResult is a fork's reply as the contract's.
+func forkResult(out hostwire.ForkReply) host.ForkResult {
 	res := host.ForkResult{Capture: capture(out.Capture), Children: make([]host.ForkChild, len(out.Children))}
 	for i, ch := range out.Children {
 		res.Children[i].Info = ch.Info
@@ -413,7 +418,7 @@ func (c *Client) Fork(ctx context.Context, id string, childIDs []string) (host.F
 			res.Children[i].Err = ch.Error.Err()
 		}
 	}
-	return res, nil
+	return res
 }
 
 // Snapshot captures a running sandbox into snapshot snapshotID.

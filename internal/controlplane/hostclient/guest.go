@@ -22,12 +22,24 @@ import (
 // a sandbox that is missing or not running fails the first operation, with
 // the error the local host would have returned here.
 func (c *Client) Guest(_ context.Context, id string) (host.Guest, error) {
-	return guest{c: c, id: id}, nil
+	return guest{c: c, id: id, files: files{c: c, base: sandboxPath(id)}}, nil
 }
 
 type guest struct {
 	c  *Client
 	id string
+	files
+}
+
+// files is the files API under base: a sandbox's guest (…/sandboxes/{id})
+// or a volume (…/volumes/{id}).
+type files struct {
+	c    *Client
+	base string
+}
+
+func (f files) call(ctx context.Context, method, rest string, q url.Values, in, out any) error {
+	return f.c.call(ctx, method, f.base+rest, q, in, out)
 }
 
 func pathQuery(p string) url.Values { return url.Values{"path": {p}} }
@@ -36,7 +48,7 @@ func (g guest) call(ctx context.Context, method, rest string, q url.Values, in, 
 	return g.c.call(ctx, method, sandboxPath(g.id, rest), q, in, out)
 }
 
-func (g guest) ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error) {
+func (g files) ListDir(ctx context.Context, path string) ([]guestproto.FileInfo, error) {
 	var out struct {
 		Entries []guestproto.FileInfo `json:"entries"`
 	}
@@ -44,30 +56,30 @@ func (g guest) ListDir(ctx context.Context, path string) ([]guestproto.FileInfo,
 	return out.Entries, err
 }
 
-func (g guest) Stat(ctx context.Context, path string) (guestproto.FileInfo, error) {
+func (g files) Stat(ctx context.Context, path string) (guestproto.FileInfo, error) {
 	var fi guestproto.FileInfo
 	err := g.call(ctx, http.MethodGet, "/files/stat", pathQuery(path), nil, &fi)
 	return fi, err
 }
 
-func (g guest) Mkdir(ctx context.Context, path string) error {
+func (g files) Mkdir(ctx context.Context, path string) error {
 	return g.call(ctx, http.MethodPost, "/files/mkdir", nil, hostwire.PathRequest{Path: path}, nil)
 }
 
-func (g guest) Remove(ctx context.Context, path string, recursive bool) error {
+func (g files) Remove(ctx context.Context, path string, recursive bool) error {
 	q := pathQuery(path)
 	q.Set("recursive", strconv.FormatBool(recursive))
 	return g.call(ctx, http.MethodDelete, "/files", q, nil, nil)
 }
 
-func (g guest) Rename(ctx context.Context, oldpath, newpath string) error {
+func (g files) Rename(ctx context.Context, oldpath, newpath string) error {
 	return g.call(ctx, http.MethodPost, "/files/rename", nil, hostwire.RenameRequest{From: oldpath, To: newpath}, nil)
 }
 
 // ReadFile streams a file down. Close the reader (before EOF it aborts the
 // transfer).
-func (g guest) ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error) {
-	req, err := g.c.request(ctx, http.MethodGet, sandboxPath(g.id, "/files"), pathQuery(path), nil)
+func (g files) ReadFile(ctx context.Context, path string) (io.ReadCloser, guestproto.FileInfo, error) {
+	req, err := g.c.request(ctx, http.MethodGet, g.base+"/files", pathQuery(path), nil)
 	if err != nil {
 		return nil, guestproto.FileInfo{}, err
 	}
@@ -109,12 +121,12 @@ func (f *fileReader) Read(p []byte) (int, error) {
 func (f *fileReader) Close() error { return f.res.Body.Close() }
 
 // WriteFile streams r up into path.
-func (g guest) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
+func (g files) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
 	q := pathQuery(path)
 	q.Set("mode", strconv.FormatUint(uint64(mode), 10))
 	src := &hostwire.SourceReader{R: r}
 	// Not a bytes.Reader or the like: always streamed (chunked).
-	req, err := g.c.request(ctx, http.MethodPut, sandboxPath(g.id, "/files"), q, io.MultiReader(src))
+	req, err := g.c.request(ctx, http.MethodPut, g.base+"/files", q, io.MultiReader(src))
 	if err != nil {
 		return 0, err
 	}

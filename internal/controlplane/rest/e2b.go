@@ -52,10 +52,14 @@ func (b e2bBackend) Authenticate(ctx context.Context, secret string) (string, er
 	return c.Key.ID, nil
 }
 
-func toE2B(sb catalog.Sandbox) e2b.Sandbox {
-	return e2b.Sandbox{ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata,
+func (b e2bBackend) toE2B(sb catalog.Sandbox) e2b.Sandbox {
+	out := e2b.Sandbox{ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata,
 		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskMiB: sb.DiskMiB, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt,
 		Network: e2b.Network(sb.Network), OnExpire: sb.OnExpire}
+	for _, m := range b.s.toJSON(sb).Volumes {
+		out.Volumes = append(out.Volumes, e2b.VolumeMount{Name: m.Name, Path: m.Path})
+	}
+	return out
 }
 
 func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequest) (e2b.Sandbox, error) {
@@ -64,6 +68,9 @@ func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequ
 		return e2b.Sandbox{}, err
 	}
 	creq := controlplane.CreateRequest{Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Env: req.Env, OnExpire: req.OnExpire}
+	for _, m := range req.Volumes {
+		creq.Volumes = append(creq.Volumes, controlplane.VolumeMountRequest{Name: m.Name, Path: m.Path})
+	}
 	if req.Network != nil {
 		if creq.Network, err = json.Marshal(catalog.Network(*req.Network)); err != nil {
 			return e2b.Sandbox{}, err
@@ -73,7 +80,7 @@ func (b e2bBackend) Create(ctx context.Context, keyID string, req e2b.CreateRequ
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
-	return toE2B(sb), nil
+	return b.toE2B(sb), nil
 }
 
 func (b e2bBackend) Running(ctx context.Context) ([]string, error) {
@@ -135,7 +142,7 @@ func (b e2bBackend) Get(ctx context.Context, keyID, id string) (e2b.Sandbox, err
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
-	return toE2B(sb), nil
+	return b.toE2B(sb), nil
 }
 
 func (b e2bBackend) List(ctx context.Context, keyID string, f e2b.ListFilter) ([]e2b.Sandbox, error) {
@@ -149,7 +156,7 @@ func (b e2bBackend) List(ctx context.Context, keyID string, f e2b.ListFilter) ([
 	}
 	out := make([]e2b.Sandbox, 0, len(list))
 	for _, sb := range list {
-		out = append(out, toE2B(sb))
+		out = append(out, b.toE2B(sb))
 	}
 	return out, nil
 }
@@ -217,7 +224,7 @@ func (b e2bBackend) Resume(ctx context.Context, keyID, id string) (e2b.Sandbox, 
 	if err != nil {
 		return e2b.Sandbox{}, err
 	}
-	return toE2B(sb), nil
+	return b.toE2B(sb), nil
 }
 
 func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSeconds *int) ([]e2b.ForkChild, error) {
@@ -242,7 +249,7 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 	if parent.State != catalog.StateRunning {
 		return nil, conflict("sandbox %s is %s, not running", parent.ID, parent.State)
 	}
-	res, err := b.s.cp.Fork(ctx, key, parent, count, scheduler.Placement{})
+	res, err := b.s.cp.Fork(ctx, key, parent, count, scheduler.Placement{}, controlplane.VolumeShare)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +267,7 @@ func (b e2bBackend) Fork(ctx context.Context, keyID, id string, count int, ttlSe
 				out[i].Err = err
 				continue
 			}
-			out[i].Sandbox = toE2B(sb)
+			out[i].Sandbox = b.toE2B(sb)
 		}
 	}
 	return out, nil

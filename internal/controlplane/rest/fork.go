@@ -14,8 +14,9 @@ type forkChildJSON struct {
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Count     *int                `json:"count"`
-		Placement scheduler.Placement `json:"placement"`
+		Count      *int                `json:"count"`
+		Placement  scheduler.Placement `json:"placement"`
+		VolumeMode string              `json:"volume_mode"`
 	}
 	if err := decodeJSON(r, &req, true); err != nil {
 		s.writeError(w, r, err)
@@ -34,7 +35,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	res, err := s.cp.Fork(r.Context(), callerOf(r).Key, parent, count, req.Placement)
+	res, err := s.cp.Fork(r.Context(), callerOf(r).Key, parent, count, req.Placement, req.VolumeMode)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -3,11 +3,11 @@ package rest
 // What a revoked key leaves behind, and how an operator removes it.
 // Revoking a key (DELETE /v1/keys/{id}) stops its sandboxes, ends its
 // event streams and its build requests being received, and cancels its
-// builds queued or running. Its snapshots and templates stay (another key
-// may use a published template; the operator decides): POST
+// builds queued or running. Its snapshots, volumes and templates stay
+// (another key may use a published template; the operator decides): POST
 // /v1/keys/{id}/purge, on a revoked key only, deletes them — the
-// snapshots from the host's disk and the object store, every version of
-// its templates — and anything a revoke left (a sandbox whose stop
+// snapshots from the host's disk and the object store, the volumes with
+// their files, every version of its templates — and anything a revoke left (a sandbox whose stop
 // failed, a build still running). It touches nothing of another key's
 // (sandboxes and snapshots of other keys made from its published
 // templates keep working from their own files, as after a forced
@@ -62,6 +62,7 @@ type purgeJSON struct {
 	BuildsCanceled   int            `json:"builds_canceled"`
 	SandboxesStopped int            `json:"sandboxes_stopped"`
 	SnapshotsDeleted int            `json:"snapshots_deleted"`
+	VolumesDeleted   int            `json:"volumes_deleted"`
 	TemplatesDeleted []string       `json:"templates_deleted"`
 	Failed           []purgeFailure `json:"failed"`
 }
@@ -99,7 +100,7 @@ func (s *Server) purgeKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !k.Revoked() {
-		s.writeError(w, r, conflict("key %s is not revoked: revoke it first (DELETE /v1/keys/%s); a purge deletes its snapshots and templates", id, id))
+		s.writeError(w, r, conflict("key %s is not revoked: revoke it first (DELETE /v1/keys/%s); a purge deletes its snapshots, volumes and templates", id, id))
 		return
 	}
 	ctx := r.Context()
@@ -150,6 +151,21 @@ func (s *Server) purgeKey(w http.ResponseWriter, r *http.Request) {
 		out.SnapshotsDeleted++
 	}
 
+	vols, err := s.cat.ListVolumes(ctx, id)
+	if err != nil {
+		fail("volumes", fmt.Errorf("list volumes: %w", err))
+	}
+	for _, v := range vols {
+		if v.KeyID != id {
+			continue // never another key's
+		}
+		if err := s.cp.DeleteVolume(ctx, v, true); err != nil {
+			fail("volume "+v.Name, err)
+			continue
+		}
+		out.VolumesDeleted++
+	}
+
 	if b, err := s.cp.Builds(); err == nil {
 		us, err := b.UserTemplates(ctx)
 		if err != nil {
@@ -167,7 +183,7 @@ func (s *Server) purgeKey(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.log.Info("api key purged", "key_id", id, "builds_canceled", out.BuildsCanceled, "sandboxes_stopped", out.SandboxesStopped,
-		"snapshots_deleted", out.SnapshotsDeleted, "templates_deleted", len(out.TemplatesDeleted), "failed", len(out.Failed),
+		"snapshots_deleted", out.SnapshotsDeleted, "volumes_deleted", out.VolumesDeleted, "templates_deleted", len(out.TemplatesDeleted), "failed", len(out.Failed),
 		"by", callerOf(r).Key.ID)
 	writeJSON(w, http.StatusOK, out)
 }

@@ -90,6 +90,15 @@ type sandboxJSON struct {
 	// store (its host's: local, uploading, durable).
 	Stored     string `json:"stored,omitempty"`
 	StoreError string `json:"store_error,omitempty"`
+	// Volumes are the volumes it mounts, by name (their id if deleted).
+	Volumes []sandboxVolumeJSON `json:"volumes,omitempty"`
+}
+
+// sandboxVolumeJSON is one volume a sandbox mounts.
+type sandboxVolumeJSON struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only"`
 }
 
 type memoryJSON struct {
@@ -125,6 +134,13 @@ func (s *Server) toJSON(sb catalog.Sandbox) sandboxJSON {
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
+	}
+	for _, m := range sb.Volumes {
+		name := m.VolumeID
+		if v, err := s.cat.GetVolume(context.Background(), m.VolumeID); err == nil {
+			name = v.Name
+		}
+		out.Volumes = append(out.Volumes, sandboxVolumeJSON{Name: name, Path: m.Path, ReadOnly: m.ReadOnly})
 	}
 	if !sb.ExpiresAt.IsZero() && sb.State != catalog.StateStopped {
 		t := sb.ExpiresAt.UTC()
@@ -196,8 +212,9 @@ type createRequest struct {
 	// fields, entries checked there).
 	Network json.RawMessage `json:"network"`
 	// Placement is decoded by scheduler.Placement.
-	Placement scheduler.Placement `json:"placement"`
-	Progress  func(string)        `json:"-"` // set for ?progress=1
+	Placement scheduler.Placement               `json:"placement"`
+	Volumes   []controlplane.VolumeMountRequest `json:"volumes"`
+	Progress  func(string)                      `json:"-"` // set for ?progress=1
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {

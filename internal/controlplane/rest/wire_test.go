@@ -111,6 +111,10 @@ var serverWire = []wireCheck{
 	{typ: reflect.TypeFor[codeContextJSON](), answer: "POST /v1/sandboxes/{id}/code/contexts 201", sent: true},
 	{typ: reflect.TypeFor[codeContextJSON](), answer: "POST /v1/sandboxes/{id}/code/contexts/{context_id}/restart 200", sent: true},
 	{typ: reflect.TypeFor[codeContextList](), answer: "GET /v1/sandboxes/{id}/code/contexts 200", sent: true},
+	{typ: reflect.TypeFor[volumeJSON](), component: "Volume", sent: true},
+	{typ: reflect.TypeFor[createVolumeRequest](), request: "POST /v1/volumes"},
+	{typ: reflect.TypeFor[resizeVolumeRequest](), request: "PATCH /v1/volumes/{name}"},
+	{typ: reflect.TypeFor[controlplane.VolumeMountRequest](), component: "VolumeMount"},
 }
 
 // notWire are this package's named structs with JSON tags that are not

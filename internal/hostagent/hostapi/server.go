@@ -175,6 +175,7 @@ func (s *Server) routes() http.Handler {
 			return nil, s.a.UnpublishUserTemplate(r.Context(), chi.URLParam(r, "name"), []int{v})
 		}))
 
+		s.volumeRoutes(r) // volumes.go
 		r.Post(hostwire.Prefix+"/sandboxes/{id}/exec", s.exec)
 		s.processRoutes(r)
 		r.Get(hostwire.Prefix+"/sandboxes/{id}/files", s.readFile)
@@ -556,6 +557,11 @@ func (s *Server) fork(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return forkReply(res), nil
+}
+
+// forkReply is res on the wire.
+func forkReply(res hostagent.ForkResult) hostwire.ForkReply {
 	out := hostwire.ForkReply{Capture: res.Capture, Children: make([]hostwire.ForkChild, len(res.Children))}
 	for i, c := range res.Children {
 		out.Children[i].Info = c.Info
@@ -564,7 +570,7 @@ func (s *Server) fork(r *http.Request) (any, error) {
 			out.Children[i].Error = &we
 		}
 	}
-	return out, nil
+	return out
 }
 
 func (s *Server) bake(w http.ResponseWriter, r *http.Request) {
@@ -871,6 +877,12 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rd, fi, err := g.ReadFile(r.Context(), r.URL.Query().Get("path"))
+	sendFile(w, rd, fi, err)
+}
+
+// sendFile answers a download: fi as one JSON line, then rd's bytes (an
+// error after the first byte in the X-Panda-Error trailer); or err.
+func sendFile(w http.ResponseWriter, rd io.ReadCloser, fi guestproto.FileInfo, err error) {
 	if err != nil {
 		writeError(w, err)
 		return
@@ -892,6 +904,18 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
+	receiveFile(w, r, func(path string, mode fs.FileMode) (int64, error) {
+		g, err := s.a.Guest(chi.URLParam(r, "id"))
+		if err != nil {
+			return 0, err
+		}
+		return g.WriteFile(r.Context(), path, r.Body, mode)
+	})
+}
+
+// receiveFile answers an upload (PUT …/files?path=P&mode=M) that write
+// makes of the request's body.
+func receiveFile(w http.ResponseWriter, r *http.Request, write func(path string, mode fs.FileMode) (int64, error)) {
 	// An error can then be answered before the body is read to its end;
 	// the client gets it instead of a broken pipe.
 	http.NewResponseController(w).EnableFullDuplex()
@@ -901,12 +925,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		writeErrorUnread(w, fmt.Errorf("%w: mode %q", host.ErrInvalid, q.Get("mode")))
 		return
 	}
-	g, err := s.a.Guest(chi.URLParam(r, "id"))
-	if err != nil {
-		writeErrorUnread(w, err)
-		return
-	}
-	n, err := g.WriteFile(r.Context(), q.Get("path"), r.Body, fs.FileMode(mode))
+	n, err := write(q.Get("path"), fs.FileMode(mode))
 	if err != nil {
 		writeErrorUnread(w, err)
 		return

@@ -25,7 +25,9 @@ type APIOptions struct {
 	// TTLSeconds bounds the life of every sandbox the benchmark creates,
 	// in case it is killed before it can clean up (default 900).
 	TTLSeconds int
-	Log        io.Writer
+	// Volumes are mounted in every sandbox the run creates.
+	Volumes []pandastack.VolumeMount
+	Log     io.Writer
 }
 
 // APIResult is the output of `panda bench api`.
@@ -182,6 +184,7 @@ func (r *apiRun) create(ctx context.Context) (*pandastack.Sandbox, time.Duration
 	t0 := time.Now()
 	sb, err := r.c.Create(ctx, pandastack.CreateOptions{
 		Template: r.opts.Template, MemoryMiB: r.opts.MemoryMiB, TTLSeconds: r.opts.TTLSeconds, Metadata: r.label,
+		Volumes: r.opts.Volumes,
 	})
 	d := time.Since(t0)
 	if err != nil {

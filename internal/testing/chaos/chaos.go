@@ -163,6 +163,7 @@ type runner struct {
 	opN     int
 	markerN int
 	soak    *soaker
+	vols    []*volState // by key, as clients
 }
 
 // Run runs the suite as cfg says and returns its report. The error is nil
@@ -296,6 +297,9 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	r.clients = []*pandastack.Client{admin, tenant}
+	if err := r.createVolumes(ctx); err != nil {
+		return err
+	}
 	if r.cfg.Soak > 0 {
 		r.soak = newSoaker(r)
 		r.soak.sample(ctx)
@@ -500,6 +504,9 @@ func (r *runner) verify(ctx context.Context, ops []*op, faulted, crashed bool, l
 	}
 	n, err := r.checkContents(ctx)
 	if err != nil {
+		return err
+	}
+	if err := r.checkVolumes(ctx); err != nil {
 		return err
 	}
 	fmt.Fprintf(r.cfg.Log, "it %d: settled in %v, %d probed; %s\n", r.it, time.Since(t0).Round(time.Millisecond), n, r.census())

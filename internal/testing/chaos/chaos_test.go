@@ -105,10 +105,13 @@ func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 	if rep.Checks < rep.Iterations {
 		t.Errorf("%d invariant checks passed in %d iterations, want one per iteration at least", rep.Checks, rep.Iterations)
 	}
-	for _, kind := range []string{"create", "exec", "write", "fork", "snapshot", "pause", "resume", "kill", "ttl"} {
+	for _, kind := range []string{"create", "exec", "write", "fork", "snapshot", "pause", "resume", "kill", "ttl", "volume_write"} {
 		if o := rep.Ops[kind]; o["ok"] == 0 {
 			t.Errorf("no %s succeeded (%v): the run did not exercise it", kind, o)
 		}
+	}
+	if rep.VolumeChecks == 0 {
+		t.Error("no volume's acknowledged writes were checked")
 	}
 	faults, hits, restarts := 0, 0, 0
 	for _, n := range rep.Faults {

@@ -39,7 +39,7 @@ var opWeights = []struct {
 	weight int
 }{
 	{opCreate, 10}, {opCreateSnapshot, 4}, {opExec, 10}, {opWrite, 12}, {opFork, 5}, {opSnapshot, 5},
-	{opDeleteSnapshot, 2}, {opPause, 9}, {opResume, 9}, {opKill, 5}, {opTTL, 3},
+	{opDeleteSnapshot, 2}, {opPause, 9}, {opResume, 9}, {opKill, 5}, {opTTL, 3}, {opVolWrite, 8},
 }
 
 // soakOpWeights is the mix of a soak: churn of creates, execs, forks and
@@ -49,7 +49,7 @@ var soakOpWeights = []struct {
 	weight int
 }{
 	{opCreate, 10}, {opCreateSnapshot, 1}, {opExec, 10}, {opWrite, 4}, {opFork, 6}, {opSnapshot, 1},
-	{opDeleteSnapshot, 1}, {opPause, 2}, {opResume, 2}, {opKill, 8}, {opTTL, 6},
+	{opDeleteSnapshot, 1}, {opPause, 2}, {opResume, 2}, {opKill, 8}, {opTTL, 6}, {opVolWrite, 3},
 }
 
 // longTTL is the TTL of the sandboxes the suite creates: they expire only
@@ -115,7 +115,7 @@ func (o *op) String() string {
 		s += fmt.Sprintf(" ×%d", o.count)
 	case opTTL:
 		s += fmt.Sprintf(" %ds", o.ttl)
-	case opWrite:
+	case opWrite, opVolWrite:
 		s += fmt.Sprintf(" %s (%d bytes)", o.path, len(o.data))
 	}
 	return s
@@ -306,6 +306,9 @@ func (r *runner) plan(kind string, room *int) *op {
 		}
 		h := sha256.Sum256(o.data)
 		o.sum = hex.EncodeToString(h[:])
+	case opVolWrite:
+		o.sb = pick(stateRunning)
+		r.planVolWrite(o)
 	case opPause, opKill:
 		o.sb = pick(stateRunning)
 	case opResume:
@@ -370,7 +373,8 @@ func (r *runner) do(ctx context.Context, o *op) {
 	}
 	switch o.kind {
 	case opCreate, opCreateSnapshot:
-		opts := pandastack.CreateOptions{TTLSeconds: longTTL, Metadata: map[string]string{labelRun: r.runID, labelOp: strconv.Itoa(o.n)}}
+		opts := pandastack.CreateOptions{TTLSeconds: longTTL, Metadata: map[string]string{labelRun: r.runID, labelOp: strconv.Itoa(o.n)},
+			Volumes: r.volMounts(o.key)}
 		if o.snap != nil {
 			opts.SnapshotID = o.snap.id
 		}
@@ -400,6 +404,8 @@ func (r *runner) do(ctx context.Context, o *op) {
 		}
 	case opWrite:
 		_, o.err = h.WriteFile(ctx, o.path, bytes.NewReader(o.data), 0o644)
+	case opVolWrite:
+		o.err = doVolWrite(ctx, h, o)
 	case opSnapshot:
 		var sn pandastack.Snapshot
 		sn, o.err = h.Snapshot(ctx, "")
@@ -507,6 +513,8 @@ func (r *runner) apply(o *op, faulted bool) string {
 		o.sb.out["stopped:killed"] = true
 	case opTTL:
 		o.sb.shortTTL = true
+	case opVolWrite:
+		r.applyVolWrite(o)
 	}
 	// The sandboxes it made.
 	for _, ns := range o.sandboxes {

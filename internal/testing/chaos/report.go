@@ -31,6 +31,8 @@ type Report struct {
 	// sandboxes whose files and processes were probed.
 	Checks        int `json:"checks"`
 	ContentChecks int `json:"content_checks"`
+	// VolumeChecks counts the checks of a volume's acknowledged writes.
+	VolumeChecks int `json:"volume_checks"`
 	// Violations are the invariants that did not hold (only the first,
 	// unless the run kept going).
 	Violations []string `json:"violations,omitempty"`
@@ -85,7 +87,7 @@ func (r Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "faults: %s\n", counts(r.Faults))
 	fmt.Fprintf(w, "failpoints hit: %s\n", counts(r.FailpointsHit))
 	fmt.Fprintf(w, "restarts: %s\n", counts(r.Restarts))
-	fmt.Fprintf(w, "checks passed: %d; sandboxes probed: %d\n", r.Checks, r.ContentChecks)
+	fmt.Fprintf(w, "checks passed: %d; sandboxes probed: %d; volume checks: %d\n", r.Checks, r.ContentChecks, r.VolumeChecks)
 	if r.Soak != nil {
 		r.Soak.writeText(w)
 	}

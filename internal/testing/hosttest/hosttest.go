@@ -431,7 +431,13 @@ func (h *Host) Create(ctx context.Context, req host.CreateRequest) (host.Info, e
 		return host.Info{}, fmt.Errorf("sandbox %s: %w", req.ID, host.ErrConflict)
 	}
 	info := host.Info{ID: req.ID, Template: req.Template, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
-		State: lifecycle.Running, CreatedAt: time.Now().UTC(), Hostname: "sandbox-" + req.ID, Snapshot: req.SnapshotID}
+		State: lifecycle.Running, CreatedAt: time.Now().UTC(), Hostname: "sandbox-" + req.ID, Snapshot: req.SnapshotID,
+		Volumes: req.Volumes}
+	for _, m := range req.Volumes {
+		if !h.HasVolume(m.Volume) {
+			return host.Info{}, fmt.Errorf("volume %s: %w", m.Volume, host.ErrNotFound)
+		}
+	}
 	if req.SnapshotID != "" {
 		si, ok := h.snapshots[req.SnapshotID]
 		if !ok && h.store != nil {

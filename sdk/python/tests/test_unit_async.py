@@ -31,6 +31,7 @@ import pandastack
 from pandastack import AsyncClient, AsyncFilesystem, AsyncSandbox, AsyncSnapshot, Client, Filesystem, Sandbox, Snapshot
 from pandastack import AsyncCommandHandle, AsyncCommands, AsyncPty, AsyncTerminalHandle, CommandHandle, Commands, Pty, TerminalHandle
 from pandastack import Template
+from pandastack import AsyncVolume, AsyncVolumeFiles, Volume, VolumeFiles
 from pandastack.async_client import _Conn
 from test_unit_templates import BUILD, LOGS, make_tree, ndjson, parse_multipart
 
@@ -63,6 +64,8 @@ class SurfaceTest(unittest.TestCase):
         (Sandbox, AsyncSandbox),
         (Filesystem, AsyncFilesystem),
         (Snapshot, AsyncSnapshot),
+        (Volume, AsyncVolume),
+        (VolumeFiles, AsyncVolumeFiles),
         (Commands, AsyncCommands),
         (CommandHandle, AsyncCommandHandle),
         (Pty, AsyncPty),

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import _helpers  # noqa: F401  (puts src on sys.path)
 import pandastack
-from pandastack import code_interpreter, events, models, processes, snapshot, templates
+from pandastack import code_interpreter, events, models, processes, snapshot, templates, volume
 from pandastack.filesystem import WatchEvent
 
 SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openapi.json")
@@ -141,6 +141,10 @@ def _snapshot(d: Dict[str, Any]) -> Any:
     return snapshot.Snapshot(d, client=None)  # type: ignore[arg-type]
 
 
+def _volume(d: Dict[str, Any]) -> Any:
+    return volume.Volume(d, client=None)  # type: ignore[arg-type]
+
+
 def _event(d: Dict[str, Any]) -> Any:
     return events._event(d, lambda s: dict(s))
 
@@ -175,6 +179,8 @@ MODELS = [
     Model(events.CommandRecord, component("Command")),
     Model(WatchEvent, component("WatchEvent")),
     Model(snapshot.Snapshot, component("Snapshot"), _snapshot),
+    Model(volume.Volume, component("Volume"), _volume),
+    Model(models.VolumeMount, component("Sandbox") + "/properties/volumes/items"),
     Model(code_interpreter.CodeContext, component("CodeContext")),
     Model(code_interpreter.Execution, component("CodeEvent"), _code_stream),
 ]

@@ -132,6 +132,20 @@ function parseMetadata(text) {
   return out;
 }
 
+// parseVolumes parses "name:/path[:ro]" entries, separated by commas or
+// lines, into the API's volumes of a create.
+export function parseVolumes(text) {
+  const out = [];
+  for (const line of (text || '').split(/[\n,]/)) {
+    const t = line.trim();
+    if (!t) continue;
+    const m = t.match(/^([^:\s]+):(\/[^:]*)(?::(ro|rw))?$/);
+    if (!m) throw new Error(`volume "${t}": write name:/path or name:/path:ro`);
+    out.push(m[3] === 'ro' ? { name: m[1], path: m[2], read_only: true } : { name: m[1], path: m[2] });
+  }
+  return out;
+}
+
 // create asks for a template (or takes from, a snapshot) and creates a
 // sandbox. Returns it, or null.
 export async function create(from = {}) {
@@ -159,10 +173,13 @@ export async function create(from = {}) {
   }
   fields.push({ name: 'ttl', label: 'TTL (minutes)', type: 'number', value: 30, min: 1, max: 1440, required: true });
   fields.push({ name: 'metadata', label: 'Metadata (optional)', placeholder: 'owner=me, task=42', help: 'key=value pairs, separated by commas' });
+  fields.push({ name: 'volumes', label: 'Volumes (optional)', placeholder: 'data:/mnt/data, refs:/mnt/refs:ro', help: 'volume:/path pairs (:ro for read-only), separated by commas' });
   const v = await form({ title: 'New sandbox', fields, action: 'Create' });
   if (!v) return null;
   try {
     const body = { ttl_seconds: Math.round(Number(v.ttl) * 60), metadata: parseMetadata(v.metadata) };
+    const volumes = parseVolumes(v.volumes);
+    if (volumes.length) body.volumes = volumes;
     if (v.source.startsWith('tpl:')) body.template = v.source.slice(4);
     if (v.source.startsWith('snap:')) body.snapshot_id = v.source.slice(5);
     const note = notify('Creating a sandbox…');

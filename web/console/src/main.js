@@ -1,5 +1,5 @@
 // PandaStack's web console: sign in with an API key, then the fork tree,
-// sandbox pages, hosts, templates and keys, all through the public REST
+// sandbox pages, volumes, hosts, templates and keys, all through the public REST
 // API with that key. Routes are in the URL's fragment (#/sandboxes/ID).
 import { html, render } from 'htm/preact';
 import { useEffect, useRef, useState } from 'preact/hooks';
@@ -9,12 +9,23 @@ import { Notes, Dialogs, clearNotes, confirm, notify, notifyError } from './ui.j
 import { TreePage } from './tree.js';
 import { SandboxPage } from './sandbox.js';
 import { HostsPage, TemplatesPage, KeysPage } from './admin.js';
+import { VolumesPage, VolumePage } from './volumes.js';
 
 const Logo = () => html`<svg class="logo" viewBox="0 0 32 32" width="26" height="26" aria-hidden="true">
   <circle cx="16" cy="17" r="12" fill="#fff" /><circle cx="7" cy="7" r="5" fill="#1b1f24" /><circle cx="25" cy="7" r="5" fill="#1b1f24" />
   <ellipse cx="11.5" cy="16" rx="3.2" ry="4" fill="#1b1f24" /><ellipse cx="20.5" cy="16" rx="3.2" ry="4" fill="#1b1f24" />
   <circle cx="12" cy="16" r="1.2" fill="#fff" /><circle cx="20" cy="16" r="1.2" fill="#fff" /><ellipse cx="16" cy="22.5" rx="2.2" ry="1.5" fill="#1b1f24" />
 </svg>`;
+
+// decode is decodeURIComponent, or s itself when it is no valid encoding
+// (a hand-typed URL).
+function decode(s) {
+  try {
+    return decodeURIComponent(s);
+  } catch (_) {
+    return s;
+  }
+}
 
 function useHash() {
   const [h, set] = useState(location.hash);
@@ -91,6 +102,8 @@ function Shell({ admin, onSignOut }) {
   let m;
   if (path === '/') page = html`<${TreePage} />`;
   else if ((m = path.match(/^\/sandboxes\/([a-z0-9]+)(?:\/(code))?$/))) page = html`<${SandboxPage} id=${m[1]} key=${m[1]} tab=${m[2] || 'overview'} />`;
+  else if (path === '/volumes') page = html`<${VolumesPage} />`;
+  else if ((m = path.match(/^\/volumes\/([^/]+)$/))) page = html`<${VolumePage} name=${decode(m[1])} key=${m[1]} />`;
   else if (path === '/hosts') page = html`<${HostsPage} />`;
   else if (path === '/templates') page = html`<${TemplatesPage} admin=${admin} />`;
   else if (path === '/keys') page = html`<${KeysPage} />`;
@@ -100,6 +113,7 @@ function Shell({ admin, onSignOut }) {
   }
   const nav = [
     ['#/', 'Fork tree', path === '/' || path.startsWith('/sandboxes/')],
+    ['#/volumes', 'Volumes', path.startsWith('/volumes')],
     ['#/hosts', 'Hosts', path === '/hosts'],
     ['#/templates', 'Templates', path === '/templates'],
   ];

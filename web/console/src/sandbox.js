@@ -18,7 +18,7 @@ const sbPath = (id) => 'v1/sandboxes/' + enc(id);
 
 // usePoll calls f now and every ms while the page is visible; f gets an
 // AbortSignal. Returns [value, error, reload].
-function usePoll(f, ms, deps) {
+export function usePoll(f, ms, deps) {
   const [state, set] = useState({ v: undefined, err: null });
   const [n, bump] = useState(0);
   useEffect(() => {
@@ -108,6 +108,9 @@ export function SandboxPage({ id, tab = 'overview' }) {
       <div><dt>Age</dt><dd>${age(sb.created_at, now)}</dd></div>
       <div><dt>TTL left</dt><dd>${ttlLeft(sb, now)}</dd></div>
       <div><dt>Memory</dt><dd><${MemBar} sb=${sb} id=${id} /></dd></div>
+      ${sb.volumes && sb.volumes.length > 0 && html`<div><dt>Volumes</dt><dd data-testid="mounts">${sb.volumes.map(
+        (v, i) => html`${i > 0 && ', '}<a href=${'#/volumes/' + enc(v.name)} data-testid=${'mount-' + v.name}>${v.name}</a> at <span class="mono">${v.path}</span>${v.read_only && html` <span class="muted">(read-only)</span>`}`,
+      )}</dd></div>`}
     </dl>
     ${sb.last_error && html`<p class="error-text" role="alert">${sb.last_error}</p>`}
     <nav class="tabs" aria-label="Views of the sandbox">
@@ -138,7 +141,7 @@ function Overview({ id, sb, running, samples }) {
     </section>
     <section class="card card-files" aria-labelledby="h-files">
       <h2 id="h-files">Files</h2>
-      ${running ? html`<${Files} id=${id} />` : html`<p class="muted">Not running.</p>`}
+      ${running ? html`<${Files} base=${sbPath(id)} />` : html`<p class="muted">Not running.</p>`}
     </section>
     <section class="card" aria-labelledby="h-ports">
       <h2 id="h-ports">Open ports</h2>
@@ -264,12 +267,15 @@ function joinPath(dir, name) {
   return (dir.endsWith('/') ? dir : dir + '/') + name;
 }
 
-function Files({ id }) {
-  const [dir, setDir] = useState('/root');
-  const [input, setInput] = useState('/root');
+// Files browses, uploads to and downloads from the files routes under base
+// (a sandbox's, v1/sandboxes/ID, or a volume's, v1/volumes/NAME: they take
+// the same requests), from the folder start.
+export function Files({ base, start = '/root' }) {
+  const [dir, setDir] = useState(start);
+  const [input, setInput] = useState(start);
   const [busy, setBusy] = useState(false);
   const fileRef = useRef();
-  const [list, err, reload] = usePoll((signal) => api(sbPath(id) + '/files/list?path=' + enc(dir), { signal }), 0, [id, dir]);
+  const [list, err, reload] = usePoll((signal) => api(base + '/files/list?path=' + enc(dir), { signal }), 0, [base, dir]);
   const go = (d) => {
     setDir(d);
     setInput(d);
@@ -281,7 +287,7 @@ function Files({ id }) {
     setBusy(true);
     for (const f of files) {
       try {
-        await api(sbPath(id) + '/files?path=' + enc(joinPath(dir, f.name)), { method: 'PUT', body: f });
+        await api(base + '/files?path=' + enc(joinPath(dir, f.name)), { method: 'PUT', body: f });
         notify('Uploaded ' + f.name);
       } catch (e) {
         notifyError('Upload of ' + f.name + ' failed', e);
@@ -292,7 +298,7 @@ function Files({ id }) {
   };
   const download = async (ent) => {
     try {
-      const res = await request(sbPath(id) + '/files?path=' + enc(ent.path));
+      const res = await request(base + '/files?path=' + enc(ent.path));
       const url = URL.createObjectURL(await res.blob());
       const a = document.createElement('a');
       a.href = url;
@@ -309,7 +315,7 @@ function Files({ id }) {
     const v = await form({ title: 'New folder in ' + dir, fields: [{ name: 'name', label: 'Folder name', required: true }], action: 'Create' });
     if (!v || !v.name) return;
     try {
-      await api(sbPath(id) + '/files/mkdir', { method: 'POST', json: { path: joinPath(dir, v.name) } });
+      await api(base + '/files/mkdir', { method: 'POST', json: { path: joinPath(dir, v.name) } });
       reload();
     } catch (e) {
       notifyError('Create folder failed', e);
@@ -324,7 +330,7 @@ function Files({ id }) {
     });
     if (!ok) return;
     try {
-      await api(sbPath(id) + '/files?path=' + enc(ent.path) + (ent.is_dir ? '&recursive=true' : ''), { method: 'DELETE' });
+      await api(base + '/files?path=' + enc(ent.path) + (ent.is_dir ? '&recursive=true' : ''), { method: 'DELETE' });
       reload();
     } catch (e) {
       notifyError('Delete failed', e);

@@ -51,7 +51,7 @@ func Commands() []*cobra.Command {
 		createCmd(g), lsCmd(g), getCmd(g), execCmd(g), runCmd(g), killCmd(g), ttlCmd(g),
 		pauseCmd(g), resumeCmd(g), forkCmd(g), snapshotCmd(g),
 		networkCmd(g), fsCmd(g), portCmd(g), procCmd(g), shellCmd(g), templateCmd(g), keysCmd(g), hostsCmd(g),
-		eventsCmd(g),
+		eventsCmd(g), volumeCmd(g),
 	}
 	for _, c := range cmds {
 		pf := c.PersistentFlags()

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -34,51 +35,11 @@ directories are created, and the file appears only once complete. The mode is
 LOCAL's permission bits unless --mode is given.`,
 		Args: args(3, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			local, remote := args[1], args[2]
-			var (
-				r    io.Reader
-				mode os.FileMode
-			)
-			if local == "-" {
-				r = cmd.InOrStdin()
-			} else {
-				f, err := os.Open(local)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				st, err := f.Stat()
-				if err != nil {
-					return err
-				}
-				if st.IsDir() {
-					return fmt.Errorf("%s is a directory: fs put uploads one file", local)
-				}
-				r, mode = f, st.Mode().Perm()
-				if strings.HasSuffix(remote, "/") {
-					remote += filepath.Base(local)
-				}
-			}
-			if modeFlag != "" {
-				m, err := strconv.ParseUint(modeFlag, 8, 32)
-				if err != nil || m > 0o7777 {
-					return fmt.Errorf("--mode %q: want octal permission bits like 644", modeFlag)
-				}
-				mode = os.FileMode(m)
-			}
 			sb, err := g.sandbox(args[0])
 			if err != nil {
 				return err
 			}
-			fi, err := sb.WriteFile(cmd.Context(), remote, r, mode)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), fi)
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s  %d bytes  %04o\n", fi.Path, fi.Size, fi.Mode)
-			return err
+			return putFile(cmd, g, args[1], args[2], modeFlag, sb.WriteFile)
 		},
 	}
 	cmd.Flags().StringVar(&modeFlag, "mode", "", "permission bits in octal (default LOCAL's, or 644 for standard input)")
@@ -91,44 +52,122 @@ func fsGetCmd(g *globals) *cobra.Command {
 		Short: "Download REMOTE to LOCAL (default: its name in the current directory; - for standard output)",
 		Args:  args(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			remote := args[1]
-			local := path.Base(remote)
-			if len(args) == 3 {
-				local = args[2]
-			}
-			if local == "/" || local == "." {
-				return fmt.Errorf("REMOTE %q names no file: give LOCAL", remote)
-			}
-			if st, err := os.Stat(local); err == nil && st.IsDir() {
-				local = filepath.Join(local, path.Base(remote))
-			}
 			sb, err := g.sandbox(args[0])
 			if err != nil {
 				return err
 			}
-			rc, err := sb.ReadFile(cmd.Context(), remote)
-			if err != nil {
-				return err
-			}
-			defer rc.Close()
-			if local == "-" {
-				_, err := io.Copy(cmd.OutOrStdout(), rc)
-				if err != nil {
-					return fmt.Errorf("download %s: %w", remote, err)
-				}
-				return nil
-			}
-			n, err := writeLocal(local, rc)
-			if err != nil {
-				return fmt.Errorf("download %s: %w", remote, err)
-			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"path": local, "size": n})
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s  %d bytes\n", local, n)
-			return err
+			return getFile(cmd, g, args[1], args[2:], sb.ReadFile)
 		},
 	}
+}
+
+// writeFunc and readFunc are a sandbox's or a volume's file calls.
+type (
+	writeFunc func(ctx context.Context, p string, r io.Reader, mode os.FileMode) (pandastack.FileInfo, error)
+	readFunc  func(ctx context.Context, p string) (io.ReadCloser, error)
+	listFunc  func(ctx context.Context, p string) ([]pandastack.FileInfo, error)
+)
+
+// putFile uploads local (- for standard input) to remote with write:
+// the body of fs put and volume put.
+func putFile(cmd *cobra.Command, g *globals, local, remote, modeFlag string, write writeFunc) error {
+	var (
+		r    io.Reader
+		mode os.FileMode
+	)
+	if local == "-" {
+		r = cmd.InOrStdin()
+	} else {
+		f, err := os.Open(local)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if st.IsDir() {
+			return fmt.Errorf("%s is a directory: put uploads one file", local)
+		}
+		r, mode = f, st.Mode().Perm()
+		if strings.HasSuffix(remote, "/") {
+			remote += filepath.Base(local)
+		}
+	}
+	if modeFlag != "" {
+		m, err := strconv.ParseUint(modeFlag, 8, 32)
+		if err != nil || m > 0o7777 {
+			return fmt.Errorf("--mode %q: want octal permission bits like 644", modeFlag)
+		}
+		mode = os.FileMode(m)
+	}
+	fi, err := write(cmd.Context(), remote, r, mode)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(cmd.OutOrStdout(), fi)
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s  %d bytes  %04o\n", fi.Path, fi.Size, fi.Mode)
+	return err
+}
+
+// getFile downloads remote with read to args' LOCAL (its base name in the
+// current directory when left out; - for standard output): the body of fs
+// get and volume get.
+func getFile(cmd *cobra.Command, g *globals, remote string, localArg []string, read readFunc) error {
+	local := path.Base(remote)
+	if len(localArg) > 0 {
+		local = localArg[0]
+	}
+	if local == "/" || local == "." {
+		return fmt.Errorf("REMOTE %q names no file: give LOCAL", remote)
+	}
+	if st, err := os.Stat(local); err == nil && st.IsDir() {
+		local = filepath.Join(local, path.Base(remote))
+	}
+	rc, err := read(cmd.Context(), remote)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if local == "-" {
+		_, err := io.Copy(cmd.OutOrStdout(), rc)
+		if err != nil {
+			return fmt.Errorf("download %s: %w", remote, err)
+		}
+		return nil
+	}
+	n, err := writeLocal(local, rc)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", remote, err)
+	}
+	if g.json {
+		return printJSON(cmd.OutOrStdout(), map[string]any{"path": local, "size": n})
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s  %d bytes\n", local, n)
+	return err
+}
+
+// listFiles prints the directory p as listed by list: the body of fs ls
+// and volume ls-files.
+func listFiles(cmd *cobra.Command, g *globals, p string, list listFunc) error {
+	entries, err := list(cmd.Context(), p)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		if entries == nil {
+			entries = []pandastack.FileInfo{}
+		}
+		return printJSON(cmd.OutOrStdout(), map[string]any{"entries": entries})
+	}
+	t := newTable(cmd.OutOrStdout(), "MODE", "SIZE", "MODIFIED", "NAME")
+	for _, e := range entries {
+		t.row(modeText(e), strconv.FormatInt(e.Size, 10), when(e.ModifiedAt), nameText(e))
+	}
+	return t.flush()
 }
 
 // writeLocal writes r to name through a temporary file in the same
@@ -167,21 +206,7 @@ func fsLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			entries, err := sb.ListFiles(cmd.Context(), p)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				if entries == nil {
-					entries = []pandastack.FileInfo{}
-				}
-				return printJSON(cmd.OutOrStdout(), map[string]any{"entries": entries})
-			}
-			t := newTable(cmd.OutOrStdout(), "MODE", "SIZE", "MODIFIED", "NAME")
-			for _, e := range entries {
-				t.row(modeText(e), strconv.FormatInt(e.Size, 10), when(e.ModifiedAt), nameText(e))
-			}
-			return t.flush()
+			return listFiles(cmd, g, p, sb.ListFiles)
 		},
 	}
 }

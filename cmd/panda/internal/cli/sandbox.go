@@ -18,6 +18,7 @@ func createCmd(g *globals) *cobra.Command {
 		meta, env []string
 		network   networkFlags
 		host      string
+		volumes   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -27,6 +28,7 @@ func createCmd(g *globals) *cobra.Command {
   panda create --ttl 600 --on-expire pause
   panda create --no-internet --allow-out pypi.org --allow-out files.pythonhosted.org
   panda create --host h2
+  panda create --volume data:/mnt/data --volume refs:/mnt/refs:ro
   ID=$(panda create) && panda exec $ID -- uname -a`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -46,6 +48,9 @@ func createCmd(g *globals) *cobra.Command {
 			}
 			if opts.OnExpire != "" && opts.OnExpire != "kill" && opts.OnExpire != "pause" {
 				return fmt.Errorf("--on-expire must be kill or pause, not %q", opts.OnExpire)
+			}
+			if opts.Volumes, err = volumeMounts(volumes); err != nil {
+				return err
 			}
 			c, err := g.client()
 			if err != nil {
@@ -75,6 +80,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&opts.SnapshotID, "snapshot", "", "create from this snapshot instead of a template")
 	f.StringVar(&opts.OnExpire, "on-expire", "", "what the TTL's end does: kill or pause (default kill)")
 	f.StringVar(&host, "host", "", "run on this host (see panda hosts; default: the server chooses)")
+	f.StringArrayVar(&volumes, "volume", nil, "mount a volume NAME:/PATH[:ro] (repeatable; see panda volume)")
 	network.add(cmd)
 	return cmd
 }
@@ -217,6 +223,9 @@ func printSandbox(w io.Writer, g *globals, i pandastack.SandboxInfo) error {
 		t.row("network:", networkText(i.Network))
 	}
 	t.row("metadata:", labels(i.Metadata))
+	for _, v := range i.Volumes {
+		t.row("volume:", mountText(v))
+	}
 	return t.flush()
 }
 
@@ -327,22 +336,27 @@ func resumeCmd(g *globals) *cobra.Command {
 
 func forkCmd(g *globals) *cobra.Command {
 	var (
-		n      int
-		host   string
-		spread bool
+		n       int
+		host    string
+		spread  bool
+		volumes string
 	)
 	cmd := &cobra.Command{
 		Use:   "fork ID",
 		Short: "Copy a running sandbox (memory, disk and processes) N times; prints the children's ids",
 		Example: `  panda fork $ID -n 4
   panda fork $ID -n 3 --spread     # children over the fleet's hosts, the parent's first
-  panda fork $ID --host h2         # the child on host h2`,
+  panda fork $ID --host h2         # the child on host h2
+  panda fork $ID --volumes branch  # the child gets its own copy of each volume`,
 		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if n < 1 {
 				return fmt.Errorf("--count must be at least 1, not %d", n)
 			}
-			opts := pandastack.ForkOptions{Count: n}
+			if volumes != "" && volumes != pandastack.VolumeShare && volumes != pandastack.VolumeBranch {
+				return fmt.Errorf("--volumes must be share or branch, not %q", volumes)
+			}
+			opts := pandastack.ForkOptions{Count: n, VolumeMode: volumes}
 			if cmd.Flags().Changed("host") {
 				if spread {
 					return errors.New("--host and --spread cannot be used together: --host puts every child on one host, --spread spreads them over hosts")
@@ -394,6 +408,7 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "children to make")
 	cmd.Flags().StringVar(&host, "host", "", "make the children on this host (see panda hosts; default: the parent's host while it has room)")
 	cmd.Flags().BoolVar(&spread, "spread", false, "spread the children over the ready hosts, the parent's host first")
+	cmd.Flags().StringVar(&volumes, "volumes", "", "the children's volumes: share (the parent's; the default) or branch (a copy each, named VOLUME-CHILD)")
 	return cmd
 }
 

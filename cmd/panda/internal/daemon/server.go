@@ -59,6 +59,7 @@ type Config struct {
 	MaxMemoryMiBPerKey int      `yaml:"max_memory_mib_per_key"`
 	MaxVCPUsPerKey     int      `yaml:"max_vcpus_per_key"`
 	MaxDiskMiBPerKey   int      `yaml:"max_disk_mib_per_key"`
+	MaxVolumesPerKey   int      `yaml:"max_volumes_per_key"`
 	MaxUploadBytes     int64    `yaml:"max_upload_bytes"`
 
 	// OnShutdown is what SIGTERM does to running sandboxes: "kill" (the
@@ -255,6 +256,7 @@ func Defaults() Config {
 		MaxMemoryMiBPerKey: 64 << 10,
 		MaxVCPUsPerKey:     128,
 		MaxDiskMiBPerKey:   1 << 20,
+		MaxVolumesPerKey:   controlplane.DefaultMaxVolumesPerKey,
 		OnShutdown:         "kill",
 		Network:            "on",
 		MaxTemplateBuilds:  build.DefaultMaxConcurrent,
@@ -683,6 +685,7 @@ func openControlPlaneOf(ctx context.Context, cfg Config, hostOf func(catalog.Cat
 		DefaultTTL: time.Duration(cfg.DefaultTTL), MaxTTL: time.Duration(cfg.MaxTTL),
 		MaxSandboxesPerKey: cfg.MaxSandboxesPerKey, MaxMemoryMiBPerKey: cfg.MaxMemoryMiBPerKey,
 		MaxVCPUsPerKey: cfg.MaxVCPUsPerKey, MaxDiskMiBPerKey: cfg.MaxDiskMiBPerKey,
+		MaxVolumesPerKey:   cfg.MaxVolumesPerKey,
 		Templates:          builds,
 		MaxTemplatesPerKey: cfg.MaxTemplatesPerKey, MaxTemplateBuildsPerKey: cfg.MaxTemplateBuildsPerKey,
 		MaxTemplateVersions: cfg.MaxTemplateVersions,

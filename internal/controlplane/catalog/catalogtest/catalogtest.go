@@ -43,6 +43,11 @@ func Run(t *testing.T, open func(t *testing.T) catalog.Catalog) {
 		{"Templates", testTemplates},
 		{"TemplatePublished", testTemplatePublished},
 		{"TemplateQuotaConcurrent", testTemplateQuotaConcurrent},
+		{"VolumeRoundTrip", testVolumeRoundTrip},
+		{"VolumeConflict", testVolumeConflict},
+		{"VolumeQuota", testVolumeQuota},
+		{"VolumeQuotaConcurrent", testVolumeQuotaConcurrent},
+		{"SandboxVolumesUpdate", testSandboxVolumesUpdate},
 		{"CloseTwice", testCloseTwice},
 	}
 	for _, tc := range tests {

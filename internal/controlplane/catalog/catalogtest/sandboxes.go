@@ -28,6 +28,8 @@ func testSandboxRoundTrip(t *testing.T, c catalog.Catalog) {
 		TTLSeconds: 86400, OnExpire: "pause", ParentID: "parent1", SnapshotID: "snap1",
 		CreatedAt: t0.In(elsewhere), UpdatedAt: t0.Add(time.Second), ExpiresAt: t0.Add(24 * time.Hour).In(elsewhere),
 		StoppedAt: t0.Add(2 * time.Second),
+		Volumes: []catalog.VolumeMount{{VolumeID: "vol_aaaaaaaaaaaaaaaa", Path: "/mnt/data"},
+			{VolumeID: "vol_bbbbbbbbbbbbbbbb", Path: "/srv/dé jà", ReadOnly: true}},
 	}
 	minimal := catalog.Sandbox{ID: "minimal", KeyID: "key_a", CreatedAt: t0}
 	for _, sb := range []catalog.Sandbox{full, minimal} {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -175,6 +176,57 @@ func Clone(src, dst string) error {
 	if err := out.Close(); err != nil {
 		os.Remove(dst)
 		return fmt.Errorf("clone: %w", err)
+	}
+	return nil
+}
+
+// CloneOpen makes out, an empty file open for writing, a copy of in: a
+// reflink (FICLONE) where the file system can, else a copy of in's data
+// regions only (CopySparse). out is not synced.
+func CloneOpen(out, in *os.File) error {
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return nil
+	}
+	return CopySparse(in, out)
+}
+
+// CopySparse copies in's data regions to the same offsets of out and sets
+// out's size, leaving holes as holes (SEEK_DATA/SEEK_HOLE; everything
+// where the file system cannot say).
+func CopySparse(in, out *os.File) error {
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	fd := int(in.Fd())
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			// No SEEK_DATA here: copy everything.
+			data = off
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			hole = size
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyBuffer(out, io.LimitReader(in, hole-data), buf); err != nil {
+			return err
+		}
+		off = hole
 	}
 	return nil
 }

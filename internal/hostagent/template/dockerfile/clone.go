@@ -1,11 +1,10 @@
 package dockerfile
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 
+	"github.com/pandastack/pandastack/internal/hostagent/internal/volume"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,48 +33,8 @@ func CloneFile(src, dst string) (err error) {
 	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
 		return nil
 	}
-	if err := sparseCopy(in, out); err != nil {
+	if err := volume.CopySparse(in, out); err != nil {
 		return fmt.Errorf("clone %s to %s: %w", src, dst, err)
 	}
 	return out.Sync()
-}
-
-// sparseCopy copies in's data regions to the same offsets of out and sets
-// out's size, leaving holes as holes.
-func sparseCopy(in, out *os.File) error {
-	fi, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	size := fi.Size()
-	if err := out.Truncate(size); err != nil {
-		return err
-	}
-	fd := int(in.Fd())
-	buf := make([]byte, 1<<20)
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			// No SEEK_DATA here: copy everything.
-			data = off
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			hole = size
-		}
-		if _, err := in.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := out.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := io.CopyBuffer(out, io.LimitReader(in, hole-data), buf); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return nil
 }

@@ -572,6 +572,24 @@ func (e CreateSandboxParamsProgress) Valid() bool {
 	}
 }
 
+// Defines values for ForkSandboxJSONBodyVolumeMode.
+const (
+	Branch ForkSandboxJSONBodyVolumeMode = "branch"
+	Share  ForkSandboxJSONBodyVolumeMode = "share"
+)
+
+// Valid indicates whether the value is a known member of the ForkSandboxJSONBodyVolumeMode enum.
+func (e ForkSandboxJSONBodyVolumeMode) Valid() bool {
+	switch e {
+	case Branch:
+		return true
+	case Share:
+		return true
+	default:
+		return false
+	}
+}
+
 // APIKey defines model for APIKey.
 type APIKey struct {
 	Admin        bool      `json:"admin"`
@@ -773,10 +791,27 @@ type CreateSandboxRequest struct {
 
 	// Vcpus Guest vCPUs (default 1)
 	Vcpus *int `json:"vcpus,omitempty"`
+
+	// Volumes Your volumes the sandbox mounts. It runs on their host (they must all live on one:
+	// 409 otherwise, or if placement names another host; 503 if that host cannot take it).
+	// Paths are absolute and clean, not /, not under /proc, /sys or /dev, and do not
+	// overlap.
+	Volumes *[]VolumeMount `json:"volumes,omitempty"`
 }
 
 // CreateSandboxRequestOnExpire What happens when the TTL runs out
 type CreateSandboxRequestOnExpire string
+
+// CreateVolumeRequest defines model for CreateVolumeRequest.
+type CreateVolumeRequest struct {
+	// Name Unique among your volumes
+	//
+	// Example: data
+	Name string `json:"name"`
+
+	// SizeMib Its size: writes beyond it fail (ENOSPC in the guest, 507 from the files API)
+	SizeMib *int `json:"size_mib,omitempty"`
+}
 
 // Error defines model for Error.
 type Error struct {
@@ -1144,6 +1179,13 @@ type Sandbox struct {
 	Template   string `json:"template"`
 	TtlSeconds *int   `json:"ttl_seconds,omitempty"`
 	Vcpus      int    `json:"vcpus"`
+
+	// Volumes The volumes it mounts (absent if none)
+	Volumes *[]struct {
+		Name     string `json:"name"`
+		Path     string `json:"path"`
+		ReadOnly bool   `json:"read_only"`
+	} `json:"volumes,omitempty"`
 }
 
 // SandboxOnExpire defines model for Sandbox.OnExpire.
@@ -1304,6 +1346,39 @@ type TerminalSize struct {
 	Rows int `json:"rows"`
 }
 
+// Volume defines model for Volume.
+type Volume struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// Id Example: vol_k3v9q2m8x7c1b5n4
+	Id string `json:"id"`
+
+	// MountedBy The sandboxes, not stopped, that mount it
+	MountedBy []string `json:"mounted_by"`
+
+	// Name Example: data
+	Name string `json:"name"`
+
+	// Parent The name of the volume it was branched from (a fork with volume_mode branch); absent if none
+	Parent  *string `json:"parent,omitempty"`
+	SizeMib int     `json:"size_mib"`
+
+	// UsedBytes What its files hold (each file's size rounded up to 4 KiB, 4 KiB per directory and symlink)
+	UsedBytes int `json:"used_bytes"`
+}
+
+// VolumeMount defines model for VolumeMount.
+type VolumeMount struct {
+	// Name The volume's name or id
+	Name string `json:"name"`
+
+	// Path Absolute path in the guest
+	//
+	// Example: /mnt/data
+	Path     string `json:"path"`
+	ReadOnly *bool  `json:"read_only,omitempty"`
+}
+
 // WatchEvent defines model for WatchEvent.
 type WatchEvent struct {
 	// IsDir The path is a directory
@@ -1344,6 +1419,12 @@ type ProxyPath = string
 
 // SandboxID defines model for SandboxID.
 type SandboxID = string
+
+// VolumeFilePath Example: /notes.txt
+type VolumeFilePath = string
+
+// VolumeName defines model for VolumeName.
+type VolumeName = string
 
 // HeartbeatHostJSONBody defines parameters for HeartbeatHost.
 type HeartbeatHostJSONBody struct {
@@ -1466,7 +1547,17 @@ type ForkSandboxJSONBody struct {
 	// children over as many hosts as possible), or {"host": "ID"} (that host; 404 if
 	// unknown, 409 if draining or lost). See docs/scheduling.md.
 	Placement *Placement `json:"placement,omitempty"`
+
+	// VolumeMode What the children of a parent that mounts volumes mount (they run on its host):
+	// share, the parent's volumes; branch, each its own copy of each (a new volume
+	// named VOLUME-CHILDID, whose parent is the volume, made while the parent is
+	// paused for the capture; it outlives the child until deleted or promoted, and
+	// counts in the key's quota: a fork whose branches do not fit fails).
+	VolumeMode *ForkSandboxJSONBodyVolumeMode `json:"volume_mode,omitempty"`
 }
+
+// ForkSandboxJSONBodyVolumeMode defines parameters for ForkSandbox.
+type ForkSandboxJSONBodyVolumeMode string
 
 // SignPortURLJSONBody defines parameters for SignPortURL.
 type SignPortURLJSONBody struct {
@@ -1593,6 +1684,60 @@ type BakeTemplateJSONBody struct {
 	Vcpus     *int `json:"vcpus,omitempty"`
 }
 
+// DeleteVolumeParams defines parameters for DeleteVolume.
+type DeleteVolumeParams struct {
+	// Force Delete it even while sandboxes that are not stopped mount it (their mount stays, empty and failing)
+	Force *bool `form:"force,omitempty" json:"force,omitempty"`
+}
+
+// ResizeVolumeJSONBody defines parameters for ResizeVolume.
+type ResizeVolumeJSONBody struct {
+	// SizeMib The new size; a volume only grows (a smaller size is refused)
+	SizeMib int `json:"size_mib"`
+}
+
+// RemoveVolumeFileParams defines parameters for RemoveVolumeFile.
+type RemoveVolumeFileParams struct {
+	// Recursive Remove a non-empty directory and everything in it
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
+	// Path Path in the volume, from its root ("/" is the root; "a/b" and "/a/b" alike)
+	Path VolumeFilePath `form:"path" json:"path"`
+}
+
+// ReadVolumeFileParams defines parameters for ReadVolumeFile.
+type ReadVolumeFileParams struct {
+	// Path Path in the volume, from its root ("/" is the root; "a/b" and "/a/b" alike)
+	Path VolumeFilePath `form:"path" json:"path"`
+}
+
+// WriteVolumeFileParams defines parameters for WriteVolumeFile.
+type WriteVolumeFileParams struct {
+	// Mode Permission bits in octal (default 644)
+	Mode *string `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Path Path in the volume, from its root ("/" is the root; "a/b" and "/a/b" alike)
+	Path VolumeFilePath `form:"path" json:"path"`
+}
+
+// ListVolumeFilesParams defines parameters for ListVolumeFiles.
+type ListVolumeFilesParams struct {
+	// Path Path in the volume, from its root ("/" is the root; "a/b" and "/a/b" alike)
+	Path VolumeFilePath `form:"path" json:"path"`
+}
+
+// MakeVolumeDirJSONBody defines parameters for MakeVolumeDir.
+type MakeVolumeDirJSONBody struct {
+	// Path Example: /src
+	Path string `json:"path"`
+}
+
+// StatVolumeFileParams defines parameters for StatVolumeFile.
+type StatVolumeFileParams struct {
+	// Path Path in the volume, from its root ("/" is the root; "a/b" and "/a/b" alike)
+	Path VolumeFilePath `form:"path" json:"path"`
+}
+
 // HeartbeatHostJSONRequestBody defines body for HeartbeatHost for application/json ContentType.
 type HeartbeatHostJSONRequestBody HeartbeatHostJSONBody
 
@@ -1658,3 +1803,12 @@ type BuildTemplateJSONRequestBody BuildTemplateJSONBody
 
 // BakeTemplateJSONRequestBody defines body for BakeTemplate for application/json ContentType.
 type BakeTemplateJSONRequestBody BakeTemplateJSONBody
+
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = CreateVolumeRequest
+
+// ResizeVolumeJSONRequestBody defines body for ResizeVolume for application/json ContentType.
+type ResizeVolumeJSONRequestBody ResizeVolumeJSONBody
+
+// MakeVolumeDirJSONRequestBody defines body for MakeVolumeDir for application/json ContentType.
+type MakeVolumeDirJSONRequestBody MakeVolumeDirJSONBody

@@ -6,13 +6,17 @@ an explicit :class:`Client` override them.
 
 Example::
 
-    from pandastack import Sandbox
+    from pandastack import Sandbox, Volume
 
     with Sandbox.create(template="base", ttl_seconds=3600) as sb:
         r = sb.exec("echo hi")
         print(r.exit_code, r.stdout)
         sb.filesystem.write("/work/goal.md", "make the failing test pass")
         child = sb.fork()
+
+    vol = Volume.create("data")  # persistent files, mounted by sandboxes
+    with Sandbox.create(template="base", volumes={"/mnt/data": vol}) as sb:
+        sb.exec("ls /mnt/data")
 
     with Sandbox.create(template="code-interpreter") as sb:
         sb.run_code("x = 41")
@@ -54,10 +58,12 @@ from .errors import (
 )
 from .events import EVENTS_IDLE_TIMEOUT, AsyncEventStream, CommandRecord, Event, EventStream
 from .filesystem import DirWatch, Filesystem, WatchEvent
-from .models import APIKey, ExecResult, FileInfo, LazyMemory, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion
+from .models import APIKey, ExecResult, FileInfo, LazyMemory, MemoryUsage, NetworkPolicy, Port, SandboxInfo, SignedURL, Template, TemplateVersion, VolumeMount
 from .sandbox import Sandbox
 from .processes import CommandHandle, Commands, OutputChunk, OutputStream, ProcessInfo, Pty, TerminalHandle
 from .snapshot import AsyncSnapshot, Snapshot
+from .volume import Volume, VolumeFiles
+from .async_volume import AsyncVolume, AsyncVolumeFiles
 from ._buildcontext import ContextStats
 from .templates import TemplateBuild, TemplateBuilder, TemplateBuildError
 
@@ -71,6 +77,9 @@ __all__ = [
     "Client",
     "Sandbox",
     "Snapshot",
+    "Volume",
+    "VolumeFiles",
+    "VolumeMount",
     "Filesystem",
     "Commands",
     "CommandHandle",
@@ -89,6 +98,8 @@ __all__ = [
     "AsyncClient",
     "AsyncSandbox",
     "AsyncSnapshot",
+    "AsyncVolume",
+    "AsyncVolumeFiles",
     "AsyncFilesystem",
     "AsyncDirWatch",
     "AsyncExecStream",

@@ -61,6 +61,7 @@ from .sandbox import (
     _url_body,
 )
 from .snapshot import AsyncSnapshot, Snapshot
+from .volume import VolumesArg
 
 __all__ = ["AsyncSandbox", "AsyncFilesystem", "AsyncExecStream"]
 
@@ -123,6 +124,7 @@ class AsyncSandbox(_Described):
         network: Optional[NetworkArg] = None,
         on_expire: Optional[str] = None,
         placement: PlacementArg = None,
+        volumes: Optional[VolumesArg] = None,
         client: Optional[AsyncClient] = None,
         on_progress: Optional[Callable[[str], Any]] = None,
     ) -> _Creating:
@@ -138,7 +140,7 @@ class AsyncSandbox(_Described):
 
         async def make() -> "AsyncSandbox":
             c = resolve_async_client(client, api_key, api_url)
-            body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement)
+            body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement, volumes)
             if on_progress is None:
                 data = await c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
                 return cls(SandboxInfo.from_dict(data or {}), c)
@@ -245,15 +247,15 @@ class AsyncSandbox(_Described):
     # -- fork and snapshot ---------------------------------------------------
 
     @overload
-    async def fork(self, count: None = None, placement: PlacementArg = None) -> "AsyncSandbox": ...
+    async def fork(self, count: None = None, placement: PlacementArg = None, *, volumes: Optional[str] = None) -> "AsyncSandbox": ...
 
     @overload
-    async def fork(self, count: int, placement: PlacementArg = None) -> "List[AsyncSandbox]": ...
+    async def fork(self, count: int, placement: PlacementArg = None, *, volumes: Optional[str] = None) -> "List[AsyncSandbox]": ...
 
-    async def fork(self, count: Optional[int] = None, placement: PlacementArg = None) -> "Union[AsyncSandbox, List[AsyncSandbox]]":
+    async def fork(self, count: Optional[int] = None, placement: PlacementArg = None, *, volumes: Optional[str] = None) -> "Union[AsyncSandbox, List[AsyncSandbox]]":
         """Fork this running sandbox into live copies (see :meth:`Sandbox.fork`): one without ``count``, else a list; :class:`ForkError` on partial failure."""
         n = _fork_count(count)
-        body = _fork_body(n, placement)
+        body = _fork_body(n, placement, volumes)
         data = await self._client.request_json("POST", self._path("/fork"), json_body=body, timeout=_long(self._client.timeout))
         return _fork_result(self.id, AsyncSandbox, self._client, data, count, n)  # type: ignore[no-any-return]
 

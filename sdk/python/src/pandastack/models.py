@@ -221,6 +221,8 @@ class SandboxInfo:
             only), ``"uploading"`` or ``"durable"`` (in the object store: it
             can resume on another host); ``None`` otherwise.
         store_error: Why the last upload of that state failed, if it did.
+        volumes: The volumes it mounts (:class:`VolumeMount`), in the order
+            they were given at creation; empty if none.
         raw: The JSON object as received.
     """
 
@@ -244,6 +246,7 @@ class SandboxInfo:
     stored: Optional[str] = None
     store_error: Optional[str] = None
     network_off: bool = False
+    volumes: List["VolumeMount"] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -270,8 +273,36 @@ class SandboxInfo:
             stored=_opt_str(d.get("stored")),
             store_error=_opt_str(d.get("store_error")),
             network_off=d.get("network_off") is True,
+            volumes=VolumeMount.list_from(d.get("volumes")),
             raw=dict(d),
         )
+
+
+@dataclass(frozen=True)
+class VolumeMount:
+    """A volume a sandbox mounts (an entry of :attr:`SandboxInfo.volumes`).
+
+    Attributes:
+        name: The volume's name.
+        path: Where the sandbox sees it (an absolute path).
+        read_only: The sandbox cannot change it.
+    """
+
+    name: str
+    path: str
+    read_only: bool
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VolumeMount":
+        """Build from an entry of the API's ``Sandbox.volumes``."""
+        return cls(name=_str(d.get("name")), path=_str(d.get("path")), read_only=d.get("read_only") is True)
+
+    @classmethod
+    def list_from(cls, v: Any) -> "List[VolumeMount]":
+        """The mounts of a sandbox JSON's ``volumes`` (an empty list for anything but a list)."""
+        if not isinstance(v, list):
+            return []
+        return [cls.from_dict(m) for m in v if isinstance(m, Mapping)]
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,9 @@ from .client import Client, _create_event, _is_ndjson, _long, quote_segment, res
 from .errors import ForkError, NotFoundError, PandaConnectionError, PandaError
 from .filesystem import Filesystem
 from .processes import Commands, Pty
-from .models import ExecResult, NetworkPolicy, Port, SandboxInfo, SignedURL, parse_time
+from .models import ExecResult, NetworkPolicy, Port, SandboxInfo, SignedURL, VolumeMount, parse_time
 from .snapshot import AsyncSnapshot, Snapshot
+from .volume import VolumesArg, _volume_mode, _volumes_body
 
 __all__ = ["Sandbox", "OutputCallback", "Command"]
 
@@ -119,12 +120,15 @@ def _placement_body(placement: PlacementArg) -> Any:
     raise ValueError("placement must be %s, got %r" % (_PLACEMENT_FORMS, placement))
 
 
-def _fork_body(n: int, placement: PlacementArg) -> Dict[str, Any]:
+def _fork_body(n: int, placement: PlacementArg, volumes: Optional[str] = None) -> Dict[str, Any]:
     """The body of ``POST /v1/sandboxes/{id}/fork``."""
     body: Dict[str, Any] = {"count": n}
     p = _placement_body(placement)
     if p is not None:
         body["placement"] = p
+    mode = _volume_mode(volumes)
+    if mode is not None:
+        body["volume_mode"] = mode
     return body
 
 
@@ -139,6 +143,7 @@ def _create_body(
     network: Optional[NetworkArg],
     on_expire: Optional[str] = None,
     placement: PlacementArg = None,
+    volumes: Optional[VolumesArg] = None,
 ) -> Dict[str, Any]:
     """The body of ``POST /v1/sandboxes``; ``snapshot`` is an id or anything with an ``id`` (a sync or async snapshot)."""
     body: Dict[str, Any] = {}
@@ -167,6 +172,9 @@ def _create_body(
     p = _placement_body(placement)
     if p is not None:
         body["placement"] = p
+    v = _volumes_body(volumes)
+    if v is not None:
+        body["volumes"] = v
     return body
 
 
@@ -321,6 +329,11 @@ class _Described:
         return self._info.state
 
     @property
+    def volumes(self) -> "List[VolumeMount]":
+        """Shortcut for ``info.volumes``: the volumes it mounts (:class:`VolumeMount`: name, path, read_only)."""
+        return self._info.volumes
+
+    @property
     def network(self) -> Optional[NetworkPolicy]:
         """Shortcut for ``info.network``: the egress policy as the server last reported it (not refreshed).
 
@@ -381,6 +394,7 @@ class Sandbox(_Described):
         network: Optional[NetworkArg] = None,
         on_expire: Optional[str] = None,
         placement: PlacementArg = None,
+        volumes: Optional[VolumesArg] = None,
         client: Optional[Client] = None,
         on_progress: Optional[Callable[[str], None]] = None,
     ) -> "Sandbox":
@@ -419,6 +433,13 @@ class Sandbox(_Described):
                 the template's memory image, then the one with the most free
                 memory (see docs/scheduling.md). ``info.host_id`` says where
                 it went.
+            volumes: Volumes to mount: ``{"/mnt/data": vol}`` (a
+                :class:`Volume` or its name, by the path the sandbox sees
+                it at), or ``[{"name": "data", "path": "/mnt/data",
+                "read_only": True}]``. At most 8; paths absolute, not ``/``,
+                not under ``/proc``, ``/sys`` or ``/dev``, none inside
+                another. The sandbox runs on the volumes' host. See
+                docs/volumes.md.
             client: Use this :class:`Client` instead of ``api_key``/``api_url``.
             on_progress: Called with each step of what the create does before
                 the sandbox starts, as it happens: fetching its template to the
@@ -428,9 +449,11 @@ class Sandbox(_Described):
 
         Raises:
             ValueError: ``on_expire`` is neither ``"kill"`` nor ``"pause"``;
-                ``placement`` is not ``None``, ``"spread"`` or ``{"host": ...}``.
-            BadRequestError: a bad ``network`` entry (the message names it).
-            NotFoundError: unknown template or snapshot.
+                ``placement`` is not ``None``, ``"spread"`` or ``{"host": ...}``;
+                a malformed ``volumes`` entry.
+            BadRequestError: a bad ``network`` or ``volumes`` entry (the message names it).
+            NotFoundError: unknown template, snapshot or volume.
+            ConflictError: the volumes live on different hosts.
             InvalidArgumentError: a value out of range (e.g. TTL over the max).
             QuotaExceededError: over the key's sandbox or memory quota.
             InsufficientStorageError: the host is out of disk.
@@ -442,7 +465,7 @@ class Sandbox(_Described):
             sb = Sandbox.create(template="tiny", memory_mib=256, metadata={"job": "42"})
         """
         c = resolve_client(client, api_key, api_url)
-        body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement)
+        body = _create_body(template, snapshot, ttl_seconds, memory_mib, vcpus, metadata, env, network, on_expire, placement, volumes)
         if on_progress is None:
             data = c.request_json("POST", "/v1/sandboxes", json_body=body, timeout=_long(c.timeout))
             return cls(SandboxInfo.from_dict(data or {}), c)
@@ -619,12 +642,12 @@ class Sandbox(_Described):
     # -- fork and snapshot ---------------------------------------------------
 
     @overload
-    def fork(self, count: None = None, placement: PlacementArg = None) -> "Sandbox": ...
+    def fork(self, count: None = None, placement: PlacementArg = None, *, volumes: Optional[str] = None) -> "Sandbox": ...
 
     @overload
-    def fork(self, count: int, placement: PlacementArg = None) -> "List[Sandbox]": ...
+    def fork(self, count: int, placement: PlacementArg = None, *, volumes: Optional[str] = None) -> "List[Sandbox]": ...
 
-    def fork(self, count: Optional[int] = None, placement: PlacementArg = None) -> "Union[Sandbox, List[Sandbox]]":
+    def fork(self, count: Optional[int] = None, placement: PlacementArg = None, *, volumes: Optional[str] = None) -> "Union[Sandbox, List[Sandbox]]":
         """Fork this running sandbox into live copies that continue from its current state.
 
         The parent is paused for the copy (milliseconds) and then continues.
@@ -645,6 +668,14 @@ class Sandbox(_Described):
         Each child's ``info.host_id`` says where it went. A bad ``placement``
         raises ValueError before anything is sent.
 
+        ``volumes`` says what the children mount of this sandbox's volumes:
+        ``None`` or ``"share"``, the same volumes (every write is seen by
+        all); ``"branch"``, each child a copy of each volume of its own,
+        named ``<volume>-<child id>``, cloned while the parent is stopped for
+        the fork (copy-on-write on the host). A branch outlives its child
+        until deleted, or promoted over its parent with
+        :meth:`Volume.promote`; it counts in your disk quota.
+
         Example::
 
             children = sb.fork(count=4)
@@ -652,7 +683,7 @@ class Sandbox(_Described):
             spread = sb.fork(count=3, placement="spread")
         """
         n = _fork_count(count)
-        body = _fork_body(n, placement)
+        body = _fork_body(n, placement, volumes)
         data = self._client.request_json("POST", self._path("/fork"), json_body=body, timeout=_long(self._client.timeout))
         return _fork_result(self.id, Sandbox, self._client, data, count, n)
 

@@ -16,7 +16,7 @@ var (
 	sandboxColumns = []string{"id", "key_id", "template", "host_id", "state", "stop_reason", "last_error",
 		"memory_mib", "vcpus", "disk_mib", "paused_bytes", "network",
 		"metadata", "env", "ttl_seconds", "on_expire", "parent_id", "snapshot_id",
-		"created_at", "updated_at", "expires_at", "stopped_at"}
+		"created_at", "updated_at", "expires_at", "stopped_at", "volumes"}
 	snapshotColumns = []string{"id", "key_id", "sandbox_id", "name", "host_id", "template", "memory_mib", "vcpus",
 		"size_bytes", "created_at"}
 
@@ -55,7 +55,8 @@ func scanSandbox(row scanner) (catalog.Sandbox, error) {
 	err := row.Scan(&sb.ID, &sb.KeyID, &sb.Template, &sb.HostID, &sb.State, &sb.StopReason, &sb.LastError,
 		&sb.MemoryMiB, &sb.VCPUs, &sb.DiskMiB, &sb.PausedBytes, networkDest{&sb.Network},
 		mapDest{&sb.Metadata}, mapDest{&sb.Env}, &sb.TTLSeconds, &sb.OnExpire, &sb.ParentID, &sb.SnapshotID,
-		timeDest{&sb.CreatedAt}, timeDest{&sb.UpdatedAt}, timeDest{&sb.ExpiresAt}, timeDest{&sb.StoppedAt})
+		timeDest{&sb.CreatedAt}, timeDest{&sb.UpdatedAt}, timeDest{&sb.ExpiresAt}, timeDest{&sb.StoppedAt},
+		mountsDest{&sb.Volumes})
 	return sb, err
 }
 
@@ -72,10 +73,14 @@ func (s *Store) sandboxArgs(sb catalog.Sandbox) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode network: %w", err)
 	}
+	mounts, err := encMounts(sb.Volumes)
+	if err != nil {
+		return nil, fmt.Errorf("encode volumes: %w", err)
+	}
 	return []any{sb.ID, sb.KeyID, sb.Template, sb.HostID, sb.State, sb.StopReason, sb.LastError,
 		sb.MemoryMiB, sb.VCPUs, sb.DiskMiB, sb.PausedBytes, network,
 		md, env, sb.TTLSeconds, sb.OnExpire, sb.ParentID, sb.SnapshotID,
-		s.timeArg(sb.CreatedAt), s.timeArg(sb.UpdatedAt), s.timeArg(sb.ExpiresAt), s.timeArg(sb.StoppedAt)}, nil
+		s.timeArg(sb.CreatedAt), s.timeArg(sb.UpdatedAt), s.timeArg(sb.ExpiresAt), s.timeArg(sb.StoppedAt), mounts}, nil
 }
 
 func scanSnapshot(row scanner) (catalog.Snapshot, error) {
@@ -193,9 +198,46 @@ func normalizeNetwork(n catalog.Network) catalog.Network {
 	return n
 }
 
+// mountsDest scans a sandbox's stored volume mounts (a JSON array) into
+// *m: nil when there are none.
+type mountsDest struct{ m *[]catalog.VolumeMount }
+
+func (d mountsDest) Scan(src any) error {
+	var b []byte
+	switch v := src.(type) {
+	case string:
+		b = []byte(v)
+	case []byte:
+		b = v
+	default:
+		return fmt.Errorf("decode volumes: unexpected %T", src)
+	}
+	var m []catalog.VolumeMount
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("decode volumes: %w", err)
+	}
+	if len(m) == 0 {
+		m = nil
+	}
+	*d.m = m
+	return nil
+}
+
+// encMounts returns m as stored: a JSON array, "[]" for none.
+func encMounts(m []catalog.VolumeMount) (string, error) {
+	if len(m) == 0 {
+		return "[]", nil
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
+}
+
 // normalize makes sb what reading it back would return.
 func normalize(sb catalog.Sandbox) catalog.Sandbox {
 	sb.Network = normalizeNetwork(sb.Network)
+	if len(sb.Volumes) == 0 {
+		sb.Volumes = nil
+	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
@@ -246,4 +288,20 @@ func normalizeHost(h catalog.Host) catalog.Host {
 		}
 	}
 	return h
+}
+
+var (
+	volumeColumns = []string{"id", "key_id", "name", "host_id", "size_mib", "used_bytes", "parent_id", "created_at"}
+	volumeCols    = strings.Join(volumeColumns, ", ")
+	volumeSet     = strings.Join(volumeColumns[1:], " = ?, ") + " = ?"
+)
+
+func scanVolume(row scanner) (catalog.Volume, error) {
+	var v catalog.Volume
+	err := row.Scan(&v.ID, &v.KeyID, &v.Name, &v.HostID, &v.SizeMiB, &v.UsedBytes, &v.ParentID, timeDest{&v.CreatedAt})
+	return v, err
+}
+
+func (s *Store) volumeArgs(v catalog.Volume) []any {
+	return []any{v.ID, v.KeyID, v.Name, v.HostID, v.SizeMiB, v.UsedBytes, v.ParentID, s.timeArg(v.CreatedAt)}
 }

@@ -243,36 +243,53 @@ func (s *Store) ReserveSandbox(ctx context.Context, sb catalog.Sandbox, lim cata
 // unrevoked) can take req more under lim, checked in the same transaction.
 func (s *Store) withinQuota(ctx context.Context, keyID string, req catalog.Usage, lim catalog.Limits, insert func(*sql.Tx) error) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		// Locking the key's row (or the whole database) serializes every
-		// reservation for the key until this transaction ends, so the
-		// count below cannot go stale before the insert.
-		var revoked time.Time
-		err := tx.QueryRowContext(ctx, s.d.bind(`SELECT revoked_at FROM keys WHERE id = ?`+s.d.LockRow), keyID).
-			Scan(timeDest{&revoked})
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("key %s: %w", keyID, catalog.ErrNotFound)
-		} else if err != nil {
+		revoked, err := s.lockKey(ctx, tx, keyID)
+		if err != nil {
 			return err
 		}
-		if !revoked.IsZero() {
-			return fmt.Errorf("key %s is revoked: %w", keyID, catalog.ErrNotFound)
-		}
-		var used catalog.Usage
-		var disk, paused, snaps int64
-		if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT count(*), coalesce(sum(memory_mib), 0), coalesce(sum(vcpus), 0),
-			coalesce(sum(disk_mib), 0), coalesce(sum(paused_bytes), 0) FROM sandboxes
-			WHERE key_id = ? AND state <> 'stopped'`), keyID).Scan(&used.Sandboxes, &used.MemoryMiB, &used.VCPUs, &disk, &paused); err != nil {
-			return err
-		}
-		if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT coalesce(sum(size_bytes), 0) FROM snapshots WHERE key_id = ?`), keyID).Scan(&snaps); err != nil {
-			return err
-		}
-		used.DiskMiB = int(disk) + catalog.MiBCeil(paused+snaps)
-		if err := catalog.CheckQuota(keyID, used, req, lim); err != nil {
+		if err := s.checkQuota(ctx, tx, keyID, revoked, req, lim); err != nil {
 			return err
 		}
 		return insert(tx)
 	})
+}
+
+// lockKey locks the key's row (or the whole database) in tx, which
+// serializes every reservation for the key until tx ends, so that a
+// count of its usage cannot go stale before tx writes. It returns when
+// the key was revoked (zero: it is not); ErrNotFound if there is none.
+func (s *Store) lockKey(ctx context.Context, tx *sql.Tx, keyID string) (time.Time, error) {
+	var revoked time.Time
+	err := tx.QueryRowContext(ctx, s.d.bind(`SELECT revoked_at FROM keys WHERE id = ?`+s.d.LockRow), keyID).
+		Scan(timeDest{&revoked})
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("key %s: %w", keyID, catalog.ErrNotFound)
+	}
+	return revoked, err
+}
+
+// checkQuota returns nil if the key, whose row tx locked (lockKey), is
+// not revoked and can take req more under lim.
+func (s *Store) checkQuota(ctx context.Context, tx *sql.Tx, keyID string, revoked time.Time, req catalog.Usage, lim catalog.Limits) error {
+	if !revoked.IsZero() {
+		return fmt.Errorf("key %s is revoked: %w", keyID, catalog.ErrNotFound)
+	}
+	var used catalog.Usage
+	var disk, paused, snaps, volumes int64
+	if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT count(*), coalesce(sum(memory_mib), 0), coalesce(sum(vcpus), 0),
+		coalesce(sum(disk_mib), 0), coalesce(sum(paused_bytes), 0) FROM sandboxes
+		WHERE key_id = ? AND state <> 'stopped'`), keyID).Scan(&used.Sandboxes, &used.MemoryMiB, &used.VCPUs, &disk, &paused); err != nil {
+		return err
+	}
+	if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT coalesce(sum(size_bytes), 0) FROM snapshots WHERE key_id = ?`), keyID).Scan(&snaps); err != nil {
+		return err
+	}
+	if err := tx.QueryRowContext(ctx, s.d.bind(`SELECT count(*), coalesce(sum(size_mib), 0) FROM volumes WHERE key_id = ?`), keyID).
+		Scan(&used.Volumes, &volumes); err != nil {
+		return err
+	}
+	used.DiskMiB = int(disk) + catalog.MiBCeil(paused+snaps) + int(volumes)
+	return catalog.CheckQuota(keyID, used, req, lim)
 }
 
 func (s *Store) GetSandbox(ctx context.Context, id string) (catalog.Sandbox, error) {
