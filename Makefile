@@ -13,7 +13,7 @@ GOFILES  := $(shell find cmd internal api sdk/go -name '*.go' 2>/dev/null) go.mo
 CONSOLE_SRC := $(shell find web/console/src -type f 2>/dev/null) web/console/build.mjs
 CONSOLE     := internal/controlplane/console/dist/index.html
 
-.PHONY: all build setup up unit test test-go test-race fuzz bench clean check-go e2b-deps s3-deps console generate
+.PHONY: all build setup up unit test test-main test-clients test-go test-race fuzz bench clean check-go e2b-deps s3-deps console generate
 
 all: build
 
@@ -129,15 +129,33 @@ test-race: check-go s3-deps
 # test runs every test, then every fuzz target for a few seconds (fuzz).
 # The host agent's tests (internal/hostagent: many guests, several agents
 # sharing an object store, lazy restore) run first and alone: next to the
-# other packages' guests their disk writes starved bakes on 2 cores. The
-# packages of RACE_PKGS run in test-race, with the race detector.
+# other packages' guests their disk writes starved bakes on 2 cores. Then
+# the other packages (test-main) and, next to them, the clients' suites
+# (test-clients); then test-race (the packages of RACE_PKGS, with the
+# race detector) and the fuzz targets, each alone: both keep the cores
+# busy by themselves.
 test: setup e2b-deps s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m ./internal/hostagent/
-	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v -E '/internal/hostagent$$|/($(RACE_RE))$$')
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-clients
 	@$(MAKE) --no-print-directory test-race
+	@$(MAKE) --no-print-directory fuzz
+
+# test-main runs the packages but the host agent's and RACE_PKGS, two at
+# a time (go test's -p is the number of cores). cmd/panda is its long
+# pole (about 17 minutes; its tests run one after another, waiting on
+# guests under TCG: 0.8 of a core on average), and the other packages end
+# minutes before it. test-clients, about 0.7 of a core, fills that room:
+# `make test` runs both as jobs of one make -j2, each target's output
+# printed whole when it ends.
+test-main: check-go e2b-deps s3-deps
+	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda $(GO) test -count=1 -timeout 40m $$($(GO) list ./... | grep -v -E '/internal/hostagent$$|/($(RACE_RE))$$')
+
+# test-clients runs the REST suite again with its host behind the host API
+# (PANDA_TEST_HOST=remote) and the Python SDK's suite (sdk/python/tests):
+# one `panda up` or agent at a time, each mostly waiting on its guests.
+test-clients: check-go s3-deps
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_TEST_HOST=remote $(GO) test -count=1 -timeout 20m ./internal/controlplane/rest/
 	PANDA_TEST_IMAGES=$(IMAGES) PANDA_BIN=$(CURDIR)/bin/panda python3 -m unittest discover -s sdk/python/tests
-	@$(MAKE) --no-print-directory fuzz
 
 # generate writes what is generated from the REST contract,
 # api/openapi.yaml: the Go SDK's wire types

@@ -28,6 +28,27 @@ after(async () => {
 // under TCG.
 const run = (code, opts = {}) => sbx.runCode(code, { ...slow, ...opts })
 
+// refused is run for a cell the server is to refuse. The SDK's runCode
+// clears its requestTimeoutMs timer only when the response is a success:
+// after an error answer the timer stays pending, and it keeps this file's
+// node process alive for the whole timeout (five minutes of `slow`)
+// after its last test, the next file waiting for it (`node --test`
+// runs one file at a time; --test-force-exit is Node 20.14's, Debian
+// 12's is 18). So the SDK gets no timer here (requestTimeoutMs 0) and
+// this one, which is cleared, bounds the call as `slow` does; if it
+// fires, the caller's check of the error's class fails.
+async function refused(code, opts = {}) {
+  let timer
+  const bound = new Promise((resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`runCode not answered in ${slow.requestTimeoutMs} ms`)), slow.requestTimeoutMs)
+  })
+  try {
+    return await Promise.race([sbx.runCode(code, { ...opts, requestTimeoutMs: 0 }), bound])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
 // only returns the single result of an execution that has one.
 function only(e) {
   assert.equal(e.error, undefined, `error: ${JSON.stringify(e.error)}`)
@@ -131,7 +152,7 @@ test('code contexts: create with cwd, list, run in, remove', async () => {
 
   await sbx.removeCodeContext(ctx.id)
   assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id), 'a removed context is not listed')
-  await assert.rejects(run('1', { context: ctx }), (e) => e instanceof NotFoundError || (console.log(e), false))
+  await assert.rejects(refused('1', { context: ctx }), (e) => e instanceof NotFoundError || (console.log(e), false))
   await assert.rejects(sbx.removeCodeContext(ctx), (e) => e instanceof NotFoundError || (console.log(e), false))
   await assert.rejects(sbx.restartCodeContext(ctx), (e) => e instanceof NotFoundError || (console.log(e), false))
   await assert.rejects(sbx.createCodeContext({ ...slow, cwd: '/no/such/dir' }), (e) => e instanceof SandboxError || (console.log(e), false))
@@ -223,7 +244,7 @@ test('charts: pie', async () => {
 test('kill: the sandbox is gone and its code interpreter answers no more', async () => {
   assert.equal(await sbx.kill(), true)
   assert.equal(await sbx.kill(), false)
-  await assert.rejects(run('1'), (e) => e instanceof TimeoutError || e instanceof SandboxError || (console.log(e), false))
+  await assert.rejects(refused('1'), (e) => e instanceof TimeoutError || e instanceof SandboxError || (console.log(e), false))
   await assert.rejects(sbx.listCodeContexts(), (e) => e instanceof TimeoutError || e instanceof SandboxError || (console.log(e), false))
   sbx = undefined
 })
