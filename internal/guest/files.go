@@ -32,24 +32,7 @@ func toProtoError(err error) *guestproto.Error {
 	code := guestproto.CodeInternal
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
-		switch errno {
-		case syscall.ENOENT:
-			code = guestproto.CodeNotFound
-		case syscall.EEXIST:
-			code = guestproto.CodeExists
-		case syscall.ENOTDIR:
-			code = guestproto.CodeNotDir
-		case syscall.EISDIR:
-			code = guestproto.CodeIsDir
-		case syscall.ENOTEMPTY:
-			code = guestproto.CodeNotEmpty
-		case syscall.EACCES, syscall.EPERM, syscall.EROFS:
-			code = guestproto.CodePermission
-		case syscall.EINVAL, syscall.ENAMETOOLONG, syscall.ELOOP, syscall.EXDEV:
-			code = guestproto.CodeInvalid
-		case syscall.ETIMEDOUT:
-			code = guestproto.CodeTimeout
-		}
+		code = guestproto.ErrnoCode(errno)
 	}
 	return &guestproto.Error{Code: code, Message: err.Error()}
 }

@@ -104,6 +104,30 @@ func (e *Error) Is(target error) bool {
 	return false
 }
 
+// ErrnoCode is the code of a file operation's errno (CodeInternal for one
+// with no code of its own).
+func ErrnoCode(errno syscall.Errno) Code {
+	switch errno {
+	case syscall.ENOENT:
+		return CodeNotFound
+	case syscall.EEXIST:
+		return CodeExists
+	case syscall.ENOTDIR:
+		return CodeNotDir
+	case syscall.EISDIR:
+		return CodeIsDir
+	case syscall.ENOTEMPTY:
+		return CodeNotEmpty
+	case syscall.EACCES, syscall.EPERM, syscall.EROFS:
+		return CodePermission
+	case syscall.EINVAL, syscall.ENAMETOOLONG, syscall.ELOOP, syscall.EXDEV:
+		return CodeInvalid
+	case syscall.ETIMEDOUT:
+		return CodeTimeout
+	}
+	return CodeInternal
+}
+
 // Sentinels for errors.Is; they match any *Error of the same code.
 var (
 	ErrNotFound   = &Error{Code: CodeNotFound}

@@ -222,7 +222,7 @@ func volumePath(r *http.Request) (string, error) {
 
 // maxListDepth and maxVolumeListEntries bound a recursive listing.
 const (
-	maxListDepth   = 16
+	maxListDepth         = 16
 	maxVolumeListEntries = 10000
 )
 

@@ -113,17 +113,9 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	mode := fs.FileMode(0o644)
-	if m := r.URL.Query().Get("mode"); m != "" {
-		v, err := strconv.ParseUint(m, 8, 32)
-		if err != nil || v > 0o7777 {
-			s.writeError(w, r, invalid("mode %q must be octal permission bits like 644 or 755", m))
-			return
-		}
-		mode = fs.FileMode(v)
-	}
-	if r.ContentLength > s.cfg.MaxUploadBytes {
-		s.writeError(w, r, errorf(controlplane.TooLarge, "upload of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
+	mode, err := s.uploadMode(r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	c, err := s.guestFor(r)
@@ -133,12 +125,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	}
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
 	if _, err := c.WriteFile(r.Context(), p, body, mode); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			s.writeError(w, r, errorf(controlplane.TooLarge, "upload exceeds the limit of %d bytes", s.cfg.MaxUploadBytes))
-			return
-		}
-		s.writeError(w, r, err)
+		s.writeError(w, r, s.uploadError(err))
 		return
 	}
 	s.opThenStat(w, r, c, nil, p, nil)
@@ -249,4 +236,32 @@ func (s *Server) opThenStat(w http.ResponseWriter, r *http.Request, c host.Guest
 		return
 	}
 	writeJSON(w, http.StatusOK, fileJSON(fi))
+}
+
+// uploadMode is the permission bits of a file upload (the mode query
+// parameter, octal; 644 if none), once its declared length is within
+// the server's limit.
+func (s *Server) uploadMode(r *http.Request) (fs.FileMode, error) {
+	mode := fs.FileMode(0o644)
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o7777 {
+			return 0, invalid("mode %q must be octal permission bits like 644 or 755", m)
+		}
+		mode = fs.FileMode(v)
+	}
+	if r.ContentLength > s.cfg.MaxUploadBytes {
+		return 0, errorf(controlplane.TooLarge, "upload of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxUploadBytes)
+	}
+	return mode, nil
+}
+
+// uploadError is the error of an upload that failed: too large if its
+// body went over the server's limit (http.MaxBytesReader), else err.
+func (s *Server) uploadError(err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return errorf(controlplane.TooLarge, "upload exceeds the limit of %d bytes", s.cfg.MaxUploadBytes)
+	}
+	return err
 }

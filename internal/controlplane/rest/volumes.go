@@ -2,9 +2,7 @@ package rest
 
 import (
 	"context"
-	"errors"
 	"io"
-	"io/fs"
 	"net/http"
 	"strconv"
 	"time"
@@ -219,27 +217,14 @@ func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	mode := fs.FileMode(0o644)
-	if m := r.URL.Query().Get("mode"); m != "" {
-		n, err := strconv.ParseUint(m, 8, 32)
-		if err != nil || n > 0o7777 {
-			s.writeError(w, r, invalid("mode %q must be octal permission bits like 644 or 755", m))
-			return
-		}
-		mode = fs.FileMode(n)
-	}
-	if r.ContentLength > s.cfg.MaxUploadBytes {
-		s.writeError(w, r, errorf(controlplane.TooLarge, "upload of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
+	mode, err := s.uploadMode(r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
 	if _, err := s.cp.WriteVolumeFile(r.Context(), v, p, body, mode); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			s.writeError(w, r, errorf(controlplane.TooLarge, "upload exceeds the limit of %d bytes", s.cfg.MaxUploadBytes))
-			return
-		}
-		s.writeError(w, r, err)
+		s.writeError(w, r, s.uploadError(err))
 		return
 	}
 	s.statVolumePath(w, r, v, p)
